@@ -1,0 +1,193 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * librtrs: a reliable multipath transport for IO blocks, modelled on the
+ * Linux kernel's RTRS, running over libfabric.
+ *
+ * Conventions: every function returns 0 or a negative errno (or a handle and
+ * writes the errno through an out parameter). Handles are opaque. Option
+ * structs start with their size: initialise them with the *_opts_init()
+ * function, which fills the documented defaults, then change what you need.
+ * Callbacks run on library threads and must not block.
+ */
+#ifndef RTRS_H
+#define RTRS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct rtrs_clt_sess;
+struct rtrs_permit;
+struct rtrs_srv_ctx;
+struct rtrs_srv_sess;
+struct rtrs_srv_op;
+
+enum rtrs_dir { RTRS_READ = 0, RTRS_WRITE = 1 };
+
+/* Defaults (documented in docs/architecture.md). */
+#define RTRS_DEFAULT_PORT 1234
+#define RTRS_DEFAULT_PROVIDER "tcp"
+#define RTRS_DEFAULT_QUEUE_DEPTH 512
+#define RTRS_DEFAULT_CHUNK_SIZE (128u << 10)
+#define RTRS_DEFAULT_HB_INTERVAL_MS 1000
+#define RTRS_DEFAULT_HB_MISSED_MAX 3
+#define RTRS_DEFAULT_CONNECT_TIMEOUT_MS 10000
+
+/* One path: an optional source address and a destination "host[:port]". */
+struct rtrs_path_addr {
+	const char *src;  /* NULL: any */
+	const char *dst;  /* host name or address; a ":port" suffix overrides opts.port */
+};
+
+enum rtrs_clt_link_ev {
+	RTRS_CLT_LINK_EV_RECONNECTED, /* the first path of the session came up */
+	RTRS_CLT_LINK_EV_DISCONNECTED, /* no path is up any more */
+};
+
+struct rtrs_clt_opts {
+	size_t size;                /* sizeof(struct rtrs_clt_opts) */
+	const char *sessname;       /* 1..255 chars, no '/' or '.' */
+	const struct rtrs_path_addr *paths;
+	size_t paths_num;           /* 1 .. 128 */
+	uint16_t port;              /* default RTRS_DEFAULT_PORT */
+	const char *provider;       /* libfabric provider name; default "tcp" */
+	unsigned nr_io_cons;        /* IO connections per path; 0 = one per CPU */
+	unsigned hb_interval_ms;    /* heartbeat period (default 1000) */
+	unsigned hb_missed_max;     /* missed heartbeats before a path fails (default 3) */
+	unsigned connect_timeout_ms; /* per connection (default 10000) */
+	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
+	void *priv;
+};
+
+/* Fills defaults; returns -EINVAL if size is not one this library knows. */
+int rtrs_clt_opts_init(struct rtrs_clt_opts *opts, size_t size);
+
+/* Opens a session and connects every path; fails as a whole. */
+int rtrs_clt_open(const struct rtrs_clt_opts *opts, struct rtrs_clt_sess **out);
+
+/*
+ * Closes the session. Every request not yet completed is completed exactly
+ * once, with -ECONNABORTED; permit waiters return NULL. Must not be called
+ * from a library callback.
+ */
+void rtrs_clt_close(struct rtrs_clt_sess *sess);
+
+enum rtrs_clt_con_type { RTRS_ADMIN_CON, RTRS_IO_CON };
+enum rtrs_wait { RTRS_PERMIT_NOWAIT, RTRS_PERMIT_WAIT };
+
+/*
+ * Takes a permit (one of queue_depth request slots). NOWAIT returns NULL when
+ * none is free; WAIT sleeps until one is free or the session closes (NULL).
+ */
+struct rtrs_permit *rtrs_clt_get_permit(struct rtrs_clt_sess *sess,
+					enum rtrs_clt_con_type con_type, enum rtrs_wait wait);
+void rtrs_clt_put_permit(struct rtrs_clt_sess *sess, struct rtrs_permit *permit);
+/* The permit's slot number, 0 .. queue_depth - 1. */
+unsigned rtrs_permit_id(const struct rtrs_permit *permit);
+
+struct rtrs_clt_req_ops {
+	void *priv;
+	/* Called exactly once per accepted request, with 0 or a negative errno. */
+	void (*conf)(void *priv, int err);
+};
+
+/*
+ * Sends a request. usr (usr_cnt vectors, total <= max_hdr_size minus the
+ * rtrs header) is delivered to the server with the request; data (data_cnt
+ * vectors, total <= max_io_size) is written to the server (RTRS_WRITE) or
+ * filled from it (RTRS_READ). Buffers must stay valid until conf runs.
+ * Returns 0 (conf will be called) or a negative errno (it will not):
+ * -EMSGSIZE, -EINVAL, -ECONNABORTED (no path up), -ESHUTDOWN (closing).
+ */
+int rtrs_clt_request(struct rtrs_clt_sess *sess, enum rtrs_dir dir,
+		     const struct rtrs_clt_req_ops *ops, struct rtrs_permit *permit,
+		     const struct iovec *usr, size_t usr_cnt,
+		     const struct iovec *data, size_t data_cnt);
+
+struct rtrs_attrs {
+	size_t size;            /* sizeof(struct rtrs_attrs), set by the caller */
+	uint32_t queue_depth;
+	uint32_t max_io_size;   /* largest data length of one request */
+	uint32_t max_hdr_size;  /* user header + rtrs header limit */
+	uint32_t max_segments;  /* data vectors per request */
+	uint32_t paths_up;
+};
+
+/* -ECOMM if no path is connected. */
+int rtrs_clt_query(struct rtrs_clt_sess *sess, struct rtrs_attrs *attrs);
+
+/* ---- server ---------------------------------------------------------------- */
+
+enum rtrs_srv_link_ev {
+	RTRS_SRV_LINK_EV_CONNECTED,    /* first path of a session is up */
+	RTRS_SRV_LINK_EV_DISCONNECTED, /* last path of a session went away */
+};
+
+struct rtrs_srv_ops {
+	/*
+	 * An IO arrived in chunk memory. For RTRS_WRITE, data holds what the
+	 * client wrote; for RTRS_READ, fill data (datalen bytes) before
+	 * answering. Answer later with rtrs_srv_resp_rdma(), from any thread,
+	 * exactly once; or return a negative errno and the library answers
+	 * with it at once.
+	 */
+	int (*rdma_ev)(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir,
+		       void *data, size_t datalen, const void *usr, size_t usrlen);
+	/* Session up/down. A non-zero return on CONNECTED refuses the session. */
+	int (*link_ev)(struct rtrs_srv_sess *sess, enum rtrs_srv_link_ev ev, void *priv);
+	void *priv;
+};
+
+struct rtrs_srv_opts {
+	size_t size;               /* sizeof(struct rtrs_srv_opts) */
+	const char *addr;          /* listen address; NULL = 0.0.0.0 */
+	uint16_t port;             /* 0 = any free port, see rtrs_srv_get_port() */
+	const char *provider;      /* default "tcp" */
+	uint32_t queue_depth;      /* chunks per session (default 512) */
+	uint32_t max_chunk_size;   /* power of two >= 8192 (default 128 KiB) */
+	unsigned hb_interval_ms;
+	unsigned hb_missed_max;
+	unsigned listen_retry_ms;  /* retry period while the address is missing (1000) */
+};
+
+int rtrs_srv_opts_init(struct rtrs_srv_opts *opts, size_t size);
+
+/*
+ * Starts a server. It returns without touching the network: listening starts
+ * on a service thread and is retried until the address exists.
+ */
+int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *opts,
+		  struct rtrs_srv_ctx **out);
+
+/* Waits until the server listens; returns 0, or -ETIMEDOUT. */
+int rtrs_srv_wait_listening(struct rtrs_srv_ctx *ctx, unsigned timeout_ms);
+/* The port the server listens on (after rtrs_srv_wait_listening). */
+int rtrs_srv_get_port(struct rtrs_srv_ctx *ctx);
+
+/* Closes every session and stops listening. Waits for answers to IO in use. */
+void rtrs_srv_close(struct rtrs_srv_ctx *ctx);
+
+/* Answers an IO with 0 or a negative errno (|errno| <= 511). */
+int rtrs_srv_resp_rdma(struct rtrs_srv_op *id, int err);
+
+void rtrs_srv_set_sess_priv(struct rtrs_srv_sess *sess, void *priv);
+void *rtrs_srv_get_sess_priv(struct rtrs_srv_sess *sess);
+int rtrs_srv_get_sess_name(struct rtrs_srv_sess *sess, char *buf, size_t len);
+int rtrs_srv_get_queue_depth(struct rtrs_srv_sess *sess);
+/* The session an op belongs to. */
+struct rtrs_srv_sess *rtrs_srv_op_sess(struct rtrs_srv_op *id);
+
+/* ---- misc -------------------------------------------------------------------- */
+
+/* Log level: 0 error, 1 warn, 2 info, 3 debug (also RTRS_LOG_LEVEL env). */
+void rtrs_set_log_level(int level);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

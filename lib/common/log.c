@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "log.h"
+#include "util.h"
+
+int g_log_level = LOG_WARN;
+
+static const char *const level_names[] = { "error", "warn", "info", "debug" };
+
+__attribute__((constructor)) static void log_init_from_env(void)
+{
+	const char *s = getenv("RTRS_LOG_LEVEL");
+
+	if (!s)
+		return;
+	for (unsigned i = 0; i < ARRAY_SIZE(level_names); i++)
+		if (!strcasecmp(s, level_names[i]) || !strncasecmp(s, level_names[i], 3))
+			g_log_level = (int)i;
+}
+
+void log_msg(enum log_level lvl, const char *fmt, ...)
+{
+	int saved = errno;
+	char line[1024];
+	va_list ap;
+	int n;
+
+	n = snprintf(line, sizeof(line), "rtrs %s: ", level_names[lvl]);
+	va_start(ap, fmt);
+	vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+	va_end(ap);
+	/* One write per line so lines from several threads do not interleave. */
+	fprintf(stderr, "%s\n", line);
+	errno = saved;
+}
+
+int log_ratelimit_ok(struct log_ratelimit *rl)
+{
+	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	uint64_t now = now_ms();
+	int ok;
+
+	pthread_mutex_lock(&lock);
+	if (now - rl->window_start_ms >= 5000) {
+		if (rl->suppressed)
+			log_msg(LOG_WARN, "%u log lines suppressed by the rate limit",
+				rl->suppressed);
+		rl->window_start_ms = now;
+		rl->printed = 0;
+		rl->suppressed = 0;
+	}
+	ok = rl->printed < 10;
+	if (ok)
+		rl->printed++;
+	else
+		rl->suppressed++;
+	pthread_mutex_unlock(&lock);
+	return ok;
+}

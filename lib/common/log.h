@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Logging: levels, an object-name prefix on every line, and a rate limit for
+ * the data path. The level comes from RTRS_LOG_LEVEL (err, warn, info, debug)
+ * or from rtrs_log_set_level(). Loggers preserve errno.
+ */
+#ifndef RTRS_COMMON_LOG_H
+#define RTRS_COMMON_LOG_H
+
+#include <stdint.h>
+
+enum log_level { LOG_ERR = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DBG = 3 };
+
+extern int g_log_level;
+
+void log_msg(enum log_level lvl, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* Per call site: allow a burst of 10 lines per 5 s, then count suppressions. */
+struct log_ratelimit {
+	uint64_t window_start_ms;
+	unsigned printed;
+	unsigned suppressed;
+};
+int log_ratelimit_ok(struct log_ratelimit *rl);
+
+#define log_at(lvl, ...)                                 \
+	do {                                             \
+		if ((int)(lvl) <= g_log_level)           \
+			log_msg((lvl), __VA_ARGS__);     \
+	} while (0)
+
+#define log_err(...) log_at(LOG_ERR, __VA_ARGS__)
+#define log_warn(...) log_at(LOG_WARN, __VA_ARGS__)
+#define log_info(...) log_at(LOG_INFO, __VA_ARGS__)
+#define log_dbg(...) log_at(LOG_DBG, __VA_ARGS__)
+
+#define log_rl(lvl, ...)                                                 \
+	do {                                                             \
+		static struct log_ratelimit rl_;                         \
+		if ((int)(lvl) <= g_log_level && log_ratelimit_ok(&rl_)) \
+			log_msg((lvl), __VA_ARGS__);                     \
+	} while (0)
+
+#define log_err_rl(...) log_rl(LOG_ERR, __VA_ARGS__)
+#define log_warn_rl(...) log_rl(LOG_WARN, __VA_ARGS__)
+
+#endif

@@ -1,0 +1,269 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "loop.h"
+#include "util.h"
+
+struct loop {
+	int epfd;
+	struct loop_fd wake;       /* eventfd: work queued or stop */
+	pthread_t thread;
+	pthread_mutex_t lock;      /* protects the work list and stop */
+	struct loop_work *head, *tail;
+	bool stop;
+	char name[32];
+};
+
+static void loop_run_work(struct loop *l)
+{
+	for (;;) {
+		struct loop_work *w;
+
+		pthread_mutex_lock(&l->lock);
+		w = l->head;
+		if (w) {
+			l->head = w->next;
+			if (!l->head)
+				l->tail = NULL;
+		}
+		pthread_mutex_unlock(&l->lock);
+		if (!w)
+			return;
+		atomic_store(&w->queued, false);
+		w->fn(w);
+	}
+}
+
+static void *loop_thread(void *arg)
+{
+	struct loop *l = arg;
+	struct epoll_event evs[16];
+
+	pthread_setname_np(pthread_self(), l->name);
+	for (;;) {
+		int n = epoll_wait(l->epfd, evs, ARRAY_SIZE(evs), -1);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			log_err("%s: epoll_wait: %s", l->name, strerror(errno));
+			break;
+		}
+		for (int i = 0; i < n; i++) {
+			struct loop_fd *h = evs[i].data.ptr;
+
+			h->cb(h, evs[i].events);
+		}
+		loop_run_work(l);
+		pthread_mutex_lock(&l->lock);
+		bool stop = l->stop && !l->head;
+		pthread_mutex_unlock(&l->lock);
+		if (stop)
+			break;
+	}
+	return NULL;
+}
+
+static void loop_wake_cb(struct loop_fd *h, uint32_t events)
+{
+	uint64_t v;
+
+	if (read(h->fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+		log_warn("loop: eventfd read: %s", strerror(errno));
+}
+
+static void loop_kick(struct loop *l)
+{
+	uint64_t one = 1;
+
+	if (write(l->wake.fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		log_warn("%s: eventfd write: %s", l->name, strerror(errno));
+}
+
+int loop_create(const char *name, struct loop **out)
+{
+	struct loop *l = calloc(1, sizeof(*l));
+	int rc;
+
+	if (!l)
+		return -ENOMEM;
+	snprintf(l->name, sizeof(l->name), "%s", name);
+	pthread_mutex_init(&l->lock, NULL);
+	l->wake.fd = -1;
+	l->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (l->epfd < 0) {
+		rc = -errno;
+		goto out_free;
+	}
+	l->wake.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (l->wake.fd < 0) {
+		rc = -errno;
+		goto out_close_ep;
+	}
+	l->wake.cb = loop_wake_cb;
+	rc = loop_add_fd(l, &l->wake, EPOLLIN);
+	if (rc)
+		goto out_close_wake;
+	rc = -pthread_create(&l->thread, NULL, loop_thread, l);
+	if (rc)
+		goto out_close_wake;
+	*out = l;
+	return 0;
+
+out_close_wake:
+	close(l->wake.fd);
+out_close_ep:
+	close(l->epfd);
+out_free:
+	pthread_mutex_destroy(&l->lock);
+	free(l);
+	return rc;
+}
+
+void loop_destroy(struct loop *l)
+{
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->lock);
+	l->stop = true;
+	pthread_mutex_unlock(&l->lock);
+	loop_kick(l);
+	pthread_join(l->thread, NULL);
+	close(l->wake.fd);
+	close(l->epfd);
+	pthread_mutex_destroy(&l->lock);
+	free(l);
+}
+
+bool loop_in_thread(const struct loop *l)
+{
+	return pthread_equal(pthread_self(), l->thread);
+}
+
+int loop_add_fd(struct loop *l, struct loop_fd *h, uint32_t events)
+{
+	struct epoll_event ev = { .events = events, .data.ptr = h };
+
+	if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, h->fd, &ev))
+		return -errno;
+	return 0;
+}
+
+void loop_del_fd(struct loop *l, struct loop_fd *h)
+{
+	epoll_ctl(l->epfd, EPOLL_CTL_DEL, h->fd, NULL);
+}
+
+static void loop_timer_cb(struct loop_fd *h, uint32_t events)
+{
+	struct loop_timer *t = container_of(h, struct loop_timer, h);
+	uint64_t expirations;
+
+	if (read(h->fd, &expirations, sizeof(expirations)) != sizeof(expirations))
+		return; /* disarmed or re-armed meanwhile */
+	t->cb(t);
+}
+
+int loop_timer_init(struct loop *l, struct loop_timer *t, void (*cb)(struct loop_timer *t))
+{
+	int rc;
+
+	t->loop = l;
+	t->cb = cb;
+	t->h.cb = loop_timer_cb;
+	t->h.fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+	if (t->h.fd < 0)
+		return -errno;
+	rc = loop_add_fd(l, &t->h, EPOLLIN);
+	if (rc) {
+		close(t->h.fd);
+		t->h.fd = -1;
+	}
+	return rc;
+}
+
+static struct timespec ms_to_ts(unsigned ms)
+{
+	return (struct timespec){ .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
+}
+
+void loop_timer_arm(struct loop_timer *t, unsigned first_ms, unsigned period_ms)
+{
+	struct itimerspec its = { .it_value = ms_to_ts(first_ms), .it_interval = ms_to_ts(period_ms) };
+
+	if (t->h.fd >= 0)
+		timerfd_settime(t->h.fd, 0, &its, NULL);
+}
+
+void loop_timer_fini(struct loop_timer *t)
+{
+	if (t->h.fd < 0)
+		return;
+	loop_del_fd(t->loop, &t->h);
+	close(t->h.fd);
+	t->h.fd = -1;
+}
+
+void loop_queue(struct loop *l, struct loop_work *w)
+{
+	if (atomic_exchange(&w->queued, true))
+		return;
+	pthread_mutex_lock(&l->lock);
+	w->next = NULL;
+	if (l->tail)
+		l->tail->next = w;
+	else
+		l->head = w;
+	l->tail = w;
+	pthread_mutex_unlock(&l->lock);
+	loop_kick(l);
+}
+
+struct loop_call_ctx {
+	struct loop_work w;
+	void (*fn)(void *arg);
+	void *arg;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+};
+
+static void loop_call_work(struct loop_work *w)
+{
+	struct loop_call_ctx *c = container_of(w, struct loop_call_ctx, w);
+
+	c->fn(c->arg);
+	pthread_mutex_lock(&c->lock);
+	c->done = true;
+	pthread_cond_signal(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+}
+
+void loop_call(struct loop *l, void (*fn)(void *arg), void *arg)
+{
+	struct loop_call_ctx c = { .fn = fn, .arg = arg };
+
+	if (loop_in_thread(l)) {
+		fn(arg);
+		return;
+	}
+	loop_work_init(&c.w, loop_call_work);
+	pthread_mutex_init(&c.lock, NULL);
+	pthread_cond_init(&c.cond, NULL);
+	loop_queue(l, &c.w);
+	pthread_mutex_lock(&c.lock);
+	while (!c.done)
+		pthread_cond_wait(&c.cond, &c.lock);
+	pthread_mutex_unlock(&c.lock);
+	pthread_mutex_destroy(&c.lock);
+	pthread_cond_destroy(&c.cond);
+}

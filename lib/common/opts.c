@@ -1,0 +1,187 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "opts.h"
+#include "util.h"
+
+static unsigned table_len(const struct opt *t)
+{
+	unsigned n = 0;
+
+	while (t[n].name)
+		n++;
+	return n;
+}
+
+static void print_default(const struct opt *o)
+{
+	switch (o->type) {
+	case OPT_UINT:
+	case OPT_SIZE:
+		printf(" (default %" PRIu64 ")", *(uint64_t *)o->ptr);
+		break;
+	case OPT_STRING:
+		if (*(const char **)o->ptr)
+			printf(" (default %s)", *(const char **)o->ptr);
+		break;
+	case OPT_CHOICE:
+		printf(" (default %s)", o->choices[*(unsigned *)o->ptr]);
+		break;
+	default:
+		break;
+	}
+}
+
+void opts_help(const struct opt *t, const char *prog, const char *usage)
+{
+	printf("Usage: %s %s\n\nOptions:\n", prog, usage);
+	for (unsigned i = 0; t[i].name; i++) {
+		const struct opt *o = &t[i];
+		char lhs[64];
+
+		if (o->short_name)
+			snprintf(lhs, sizeof(lhs), "-%c, --%s%s%s", o->short_name, o->name,
+				 o->arg ? " " : "", o->arg ? o->arg : "");
+		else
+			snprintf(lhs, sizeof(lhs), "    --%s%s%s", o->name, o->arg ? " " : "",
+				 o->arg ? o->arg : "");
+		printf("  %-30s %s", lhs, o->help);
+		if (o->type == OPT_CHOICE) {
+			printf(" [");
+			for (unsigned c = 0; o->choices[c]; c++)
+				printf("%s%s", c ? "|" : "", o->choices[c]);
+			printf("]");
+		}
+		print_default(o);
+		printf("\n");
+	}
+	printf("  %-30s %s\n", "-h, --help", "show this help");
+}
+
+static int set_opt(const struct opt *o, const char *prog, const char *arg)
+{
+	uint64_t v;
+	int rc;
+
+	switch (o->type) {
+	case OPT_FLAG:
+		*(bool *)o->ptr = true;
+		return 0;
+	case OPT_UINT:
+		rc = parse_u64(arg, o->min, o->max, &v);
+		if (rc) {
+			fprintf(stderr, "%s: --%s %s: expected a number in %" PRIu64 "..%" PRIu64 "\n",
+				prog, o->name, arg, o->min, o->max);
+			return -EINVAL;
+		}
+		*(uint64_t *)o->ptr = v;
+		return 0;
+	case OPT_SIZE:
+		rc = parse_size(arg, o->min, o->max, &v);
+		if (rc) {
+			fprintf(stderr, "%s: --%s %s: expected a size (K/M/G) in %" PRIu64 "..%" PRIu64 "\n",
+				prog, o->name, arg, o->min, o->max);
+			return -EINVAL;
+		}
+		*(uint64_t *)o->ptr = v;
+		return 0;
+	case OPT_STRING:
+		*(const char **)o->ptr = arg;
+		return 0;
+	case OPT_CHOICE:
+		for (unsigned c = 0; o->choices[c]; c++) {
+			if (!strcmp(o->choices[c], arg)) {
+				*(unsigned *)o->ptr = c;
+				return 0;
+			}
+		}
+		fprintf(stderr, "%s: --%s %s: not one of", prog, o->name, arg);
+		for (unsigned c = 0; o->choices[c]; c++)
+			fprintf(stderr, " %s", o->choices[c]);
+		fprintf(stderr, "\n");
+		return -EINVAL;
+	case OPT_LIST: {
+		struct opt_list *l = o->ptr;
+		const char **n = realloc(l->items, (l->n + 1) * sizeof(*n));
+
+		if (!n)
+			return -ENOMEM;
+		n[l->n++] = arg;
+		l->items = n;
+		return 0;
+	}
+	}
+	return -EINVAL;
+}
+
+int opts_parse(const struct opt *t, const char *prog, const char *usage, int argc,
+	       char **argv, int *first_pos)
+{
+	unsigned n = table_len(t);
+	struct option *lo = calloc(n + 2, sizeof(*lo));
+	char *so = calloc(2 * n + 3, 1);
+	char *sp = so;
+	int rc = 0;
+
+	if (!lo || !so) {
+		free(lo);
+		free(so);
+		return -ENOMEM;
+	}
+	*sp++ = '+';
+	*sp++ = 'h';
+	for (unsigned i = 0; i < n; i++) {
+		lo[i].name = t[i].name;
+		lo[i].has_arg = t[i].type == OPT_FLAG ? no_argument : required_argument;
+		lo[i].val = 256 + (int)i;
+		if (t[i].short_name) {
+			*sp++ = t[i].short_name;
+			if (t[i].type != OPT_FLAG)
+				*sp++ = ':';
+		}
+	}
+	lo[n] = (struct option){ "help", no_argument, NULL, 'h' };
+	optind = 1;
+	opterr = 0;
+	for (;;) {
+		int c = getopt_long(argc, argv, so, lo, NULL);
+		const struct opt *o = NULL;
+
+		if (c == -1)
+			break;
+		if (c == 'h') {
+			opts_help(t, prog, usage);
+			rc = 1;
+			break;
+		}
+		if (c >= 256) {
+			o = &t[c - 256];
+		} else {
+			for (unsigned i = 0; i < n; i++)
+				if (t[i].short_name && t[i].short_name == c)
+					o = &t[i];
+		}
+		if (!o) {
+			if (optopt >= 256 || (optopt == 0 && optind > 0))
+				fprintf(stderr, "%s: %s: unknown option or missing argument (see --help)\n",
+					prog, argv[optind - 1]);
+			else
+				fprintf(stderr, "%s: -%c: unknown option or missing argument (see --help)\n",
+					prog, optopt);
+			rc = -EINVAL;
+			break;
+		}
+		rc = set_opt(o, prog, optarg);
+		if (rc)
+			break;
+	}
+	*first_pos = optind;
+	free(lo);
+	free(so);
+	return rc;
+}

@@ -1,0 +1,1069 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * RTRS client: sessions, paths, connections, permits and requests.
+ *
+ * Threads: the caller of rtrs_clt_open() establishes the paths; each
+ * connection's completion thread handles responses, heartbeats and info
+ * messages; the session's service loop runs heartbeat timers and path
+ * teardown. Ownership of a request: IDLE (owned by the permit holder) ->
+ * INFLIGHT (owned by the path it was posted on) -> completed exactly once by
+ * whoever wins the INFLIGHT -> DONE compare-and-swap: the response handler,
+ * or the path teardown after the path's threads have stopped.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rtrs-pri.h"
+
+struct rtrs_permit {
+	uint32_t id;
+	enum rtrs_clt_con_type con_type;
+};
+
+enum clt_req_state { REQ_IDLE, REQ_INFLIGHT, REQ_DONE };
+
+struct clt_con;
+
+struct clt_req {
+	struct rtrs_clt_sess *sess;
+	uint32_t id;
+	atomic_int state;
+	enum rtrs_dir dir;
+	struct rtrs_clt_req_ops ops;
+	struct clt_path *path;
+	struct clt_con *con;
+	uint32_t usr_len;
+	uint32_t data_len;
+	uint32_t hdr_len;           /* user header + rtrs header in the slot */
+	size_t data_cnt;
+	struct iovec data[RTRS_MAX_SEGMENTS];
+	struct fab_mr mrs[RTRS_MAX_SEGMENTS];
+	unsigned nr_mrs;
+	size_t next_iov;            /* posting progress after -EAGAIN */
+	uint64_t next_off;
+	struct clt_req *pending_next;
+};
+
+struct clt_con {
+	struct clt_path *path;
+	unsigned cid;
+	struct fab_con *fc;
+	bool connected;             /* under path->lock */
+	int err;                    /* under path->lock: why it went down */
+	struct rtrs_conn_rsp rsp;   /* cid 0: what the server accepted with */
+	pthread_mutex_t pending_lock;
+	struct clt_req *pending_head, *pending_tail;
+};
+
+struct clt_path {
+	struct rtrs_clt_sess *sess;
+	unsigned idx;
+	char name[RTRS_NAME_MAX + 272]; /* "sess/host:port" */
+	char host[256], port[8];
+	uint8_t uuid[RTRS_UUID_LEN];
+	_Atomic enum rtrs_path_state state;
+	pthread_rwlock_t post_lock; /* readers post; the writer changes state */
+	struct fab *fab;
+	unsigned nr_cons;
+	struct clt_con *cons;
+	struct rtrs_desc *rbufs;    /* one per chunk */
+	struct rtrs_desc srv_imm;
+	char imm_buf[RTRS_IMM_REGION];
+	struct fab_mr imm_mr;
+	struct fab_mr hdr_mr;       /* the session's header area in this domain */
+	struct rtrs_msg_info_req info_req;
+	struct fab_mr info_req_mr;
+	uint16_t recon_cnt;
+	pthread_mutex_t lock;       /* connection establishment */
+	pthread_cond_t cond;
+	bool info_done;
+	int info_err;
+	struct rtrs_hb hb;
+	struct loop_work fail_work;
+	atomic_int fail_err;
+	atomic_uint inflight;
+	atomic_uint_fast64_t stat_reads, stat_writes, stat_read_bytes, stat_write_bytes;
+};
+
+struct rtrs_clt_sess {
+	char name[RTRS_NAME_MAX + 1];
+	uint8_t paths_uuid[RTRS_UUID_LEN];
+	char provider[32];
+	uint16_t port;
+	unsigned nr_io_cons;
+	unsigned hb_interval_ms, hb_missed_max, connect_timeout_ms;
+	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
+	void *priv;
+	struct loop *loop;
+
+	/* Limits from the first path's connect response; fixed afterwards. */
+	uint32_t queue_depth, max_io_size, max_hdr_size, chunk_size;
+
+	pthread_mutex_t permit_lock;
+	pthread_cond_t permit_cond;
+	uint32_t *free_ids;
+	uint32_t nr_free;
+	bool closing;
+	struct rtrs_permit *permits;
+	struct clt_req *reqs;
+	char *hdr_area;             /* queue_depth slots of max_hdr_size */
+
+	struct clt_path *paths;
+	size_t paths_num;
+	atomic_uint paths_up;
+};
+
+static void clt_fail_path(struct clt_path *p, int err);
+
+/* ---- requests ------------------------------------------------------------ */
+
+static void req_release_mrs(struct clt_req *req)
+{
+	for (unsigned i = 0; i < req->nr_mrs; i++)
+		fab_mr_dereg(&req->mrs[i]);
+	req->nr_mrs = 0;
+}
+
+/* Completes req once with err; returns false if someone else did. */
+static bool req_complete(struct clt_req *req, int err)
+{
+	int expected = REQ_INFLIGHT;
+	struct rtrs_clt_req_ops ops;
+	struct clt_path *p = req->path;
+
+	if (!atomic_compare_exchange_strong(&req->state, &expected, REQ_DONE))
+		return false;
+	req_release_mrs(req);
+	ops = req->ops;
+	atomic_fetch_sub(&p->inflight, 1);
+	atomic_store(&req->state, REQ_IDLE);
+	/* req may be reused by the permit holder from here on. */
+	ops.conf(ops.priv, err);
+	return true;
+}
+
+static char *req_hdr_slot(const struct clt_req *req)
+{
+	return req->sess->hdr_area + (size_t)req->id * req->sess->max_hdr_size;
+}
+
+/*
+ * Posts what is left of req: data vectors then the header slot, at most
+ * iov_limit vectors per write; the last write carries the immediate. Returns
+ * 0, -EAGAIN (progress saved), or another error. Nothing touches req after
+ * the last write is posted: the response may already be completing it.
+ */
+static int req_post(struct clt_req *req)
+{
+	struct rtrs_clt_sess *s = req->sess;
+	struct clt_path *p = req->path;
+	const struct fab_attr *a = fab_attr(p->fab);
+	struct iovec iov[RTRS_MAX_SEGMENTS + 1];
+	void *desc[RTRS_MAX_SEGMENTS + 1];
+	const struct rtrs_desc *chunk = &p->rbufs[req->id];
+	size_t n = 0;
+	uint32_t imm;
+
+	if (req->dir == RTRS_WRITE) {
+		for (size_t i = 0; i < req->data_cnt; i++) {
+			iov[n] = req->data[i];
+			desc[n++] = req->nr_mrs ? req->mrs[i].desc : NULL;
+		}
+	}
+	iov[n] = (struct iovec){ .iov_base = req_hdr_slot(req), .iov_len = req->hdr_len };
+	desc[n++] = p->hdr_mr.desc;
+	if (req->next_iov == 0)
+		req->next_off = req->dir == RTRS_WRITE ? 0 : req->data_len;
+	imm = rtrs_to_io_req_imm(s->queue_depth, req->id, req->data_len + req->usr_len);
+
+	while (req->next_iov < n) {
+		size_t cnt = MIN(n - req->next_iov, a->iov_limit);
+		bool last = req->next_iov + cnt == n;
+		struct fab_rma rma = { .addr = chunk->addr + req->next_off, .key = chunk->key };
+		int rc;
+
+		for (size_t i = 0; i < cnt; i++)
+			rma.len += iov[req->next_iov + i].iov_len;
+		rc = fab_write(req->con->fc, &iov[req->next_iov], &desc[req->next_iov], cnt,
+			       &rma, 1, last, imm, NULL);
+		if (rc)
+			return rc;
+		if (last)
+			return 0;
+		req->next_iov += cnt;
+		req->next_off += rma.len;
+	}
+	return 0;
+}
+
+static void con_pending_add(struct clt_con *con, struct clt_req *req)
+{
+	pthread_mutex_lock(&con->pending_lock);
+	req->pending_next = NULL;
+	if (con->pending_tail)
+		con->pending_tail->pending_next = req;
+	else
+		con->pending_head = req;
+	con->pending_tail = req;
+	pthread_mutex_unlock(&con->pending_lock);
+	fab_con_kick(con->fc);
+}
+
+/* Completion thread: retry requests that met a full send queue. */
+static void clt_con_kick(void *priv)
+{
+	struct clt_con *con = priv;
+
+	for (;;) {
+		struct clt_req *req;
+		int rc;
+
+		pthread_mutex_lock(&con->pending_lock);
+		req = con->pending_head;
+		if (req) {
+			con->pending_head = req->pending_next;
+			if (!con->pending_head)
+				con->pending_tail = NULL;
+		}
+		pthread_mutex_unlock(&con->pending_lock);
+		if (!req)
+			return;
+		rc = req_post(req);
+		if (rc == -EAGAIN) {
+			pthread_mutex_lock(&con->pending_lock);
+			req->pending_next = con->pending_head;
+			con->pending_head = req;
+			if (!con->pending_tail)
+				con->pending_tail = req;
+			pthread_mutex_unlock(&con->pending_lock);
+			fab_con_kick(con->fc);
+			return;
+		}
+		if (rc) {
+			log_err_rl("%s: posting a request failed: %s", con->path->name, strerror(-rc));
+			clt_fail_path(con->path, rc);
+			return;
+		}
+	}
+}
+
+static int req_map(struct clt_req *req, struct clt_path *p)
+{
+	const struct fab_attr *a = fab_attr(p->fab);
+	unsigned access = req->dir == RTRS_READ ? FAB_MR_REMOTE_WRITE : FAB_MR_LOCAL;
+
+	req->nr_mrs = 0;
+	if (req->dir == RTRS_WRITE && !a->mr_local)
+		return 0;
+	for (size_t i = 0; i < req->data_cnt; i++) {
+		int rc = fab_mr_reg(p->fab, req->data[i].iov_base, req->data[i].iov_len, access,
+				    &req->mrs[i]);
+
+		if (rc) {
+			req_release_mrs(req);
+			return rc;
+		}
+		req->nr_mrs++;
+	}
+	return 0;
+}
+
+static void req_encode_hdr(struct clt_req *req)
+{
+	char *slot = req_hdr_slot(req) + req->usr_len;
+
+	if (req->dir == RTRS_WRITE) {
+		rtrs_write_hdr_encode(slot, req->usr_len);
+		return;
+	}
+	struct rtrs_desc sg[RTRS_MAX_SEGMENTS];
+
+	for (size_t i = 0; i < req->data_cnt; i++)
+		sg[i] = (struct rtrs_desc){ .addr = req->mrs[i].base, .key = req->mrs[i].key,
+					    .len = (uint32_t)req->data[i].iov_len };
+	rtrs_read_hdr_encode(slot, req->usr_len, 0, sg, (unsigned)req->data_cnt);
+}
+
+/* Posts req on path p; with p->post_lock held for reading. */
+static int req_issue(struct clt_req *req, struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = req->sess;
+	unsigned cpu = (unsigned)sched_getcpu();
+	int rc;
+
+	rc = req_map(req, p);
+	if (rc)
+		return rc;
+	req_encode_hdr(req);
+	req->path = p;
+	req->con = &p->cons[1 + (cpu % (p->nr_cons - 1))];
+	req->next_iov = 0;
+	atomic_fetch_add(&p->inflight, 1);
+	if (req->dir == RTRS_WRITE) {
+		atomic_fetch_add_explicit(&p->stat_writes, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&p->stat_write_bytes, req->data_len, memory_order_relaxed);
+	} else {
+		atomic_fetch_add_explicit(&p->stat_reads, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&p->stat_read_bytes, req->data_len, memory_order_relaxed);
+	}
+	atomic_store(&req->state, REQ_INFLIGHT);
+	rc = req_post(req);
+	if (rc == -EAGAIN) {
+		con_pending_add(req->con, req);
+		return 0;
+	}
+	if (rc) {
+		/* Nothing reached the wire: the caller gets the error, conf is not called. */
+		atomic_store(&req->state, REQ_IDLE);
+		atomic_fetch_sub(&p->inflight, 1);
+		req_release_mrs(req);
+		log_err_rl("%s: posting a request failed: %s", p->name, strerror(-rc));
+		(void)s;
+	}
+	return rc;
+}
+
+RTRS_EXPORT
+int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
+		     const struct rtrs_clt_req_ops *ops, struct rtrs_permit *permit,
+		     const struct iovec *usr, size_t usr_cnt,
+		     const struct iovec *data, size_t data_cnt)
+{
+	struct clt_req *req;
+	size_t usr_len = 0, data_len = 0, hdr;
+	char *slot;
+	int rc = -ECONNABORTED;
+
+	if (!s || !ops || !ops->conf || !permit || (dir != RTRS_READ && dir != RTRS_WRITE))
+		return -EINVAL;
+	if (permit->id >= s->queue_depth || (data_cnt && !data) || (usr_cnt && !usr))
+		return -EINVAL;
+	if (data_cnt > RTRS_MAX_SEGMENTS)
+		return -EMSGSIZE;
+	for (size_t i = 0; i < usr_cnt; i++)
+		if (add_overflow(usr_len, usr[i].iov_len, &usr_len))
+			return -EMSGSIZE;
+	for (size_t i = 0; i < data_cnt; i++) {
+		if (data[i].iov_len == 0 || add_overflow(data_len, data[i].iov_len, &data_len))
+			return -EINVAL;
+	}
+	hdr = rtrs_io_hdr_size(dir == RTRS_READ, dir == RTRS_READ ? (unsigned)data_cnt : 0);
+	if (usr_len + hdr > s->max_hdr_size || data_len > s->max_io_size)
+		return -EMSGSIZE;
+	if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
+		return -ESHUTDOWN;
+
+	req = &s->reqs[permit->id];
+	if (atomic_load(&req->state) != REQ_IDLE)
+		return -EBUSY;
+	req->dir = dir;
+	req->ops = *ops;
+	req->usr_len = (uint32_t)usr_len;
+	req->data_len = (uint32_t)data_len;
+	req->hdr_len = (uint32_t)(usr_len + hdr);
+	req->data_cnt = data_cnt;
+	memcpy(req->data, data, data_cnt * sizeof(*data));
+	slot = req_hdr_slot(req);
+	for (size_t i = 0; i < usr_cnt; i++) {
+		memcpy(slot, usr[i].iov_base, usr[i].iov_len);
+		slot += usr[i].iov_len;
+	}
+
+	for (size_t i = 0; i < s->paths_num; i++) {
+		struct clt_path *p = &s->paths[i];
+
+		pthread_rwlock_rdlock(&p->post_lock);
+		if (atomic_load(&p->state) == RTRS_PATH_CONNECTED)
+			rc = req_issue(req, p);
+		pthread_rwlock_unlock(&p->post_lock);
+		if (rc == 0)
+			return 0;
+	}
+	return rc;
+}
+
+/* ---- permits --------------------------------------------------------------- */
+
+RTRS_EXPORT
+struct rtrs_permit *rtrs_clt_get_permit(struct rtrs_clt_sess *s,
+					enum rtrs_clt_con_type con_type, enum rtrs_wait wait)
+{
+	struct rtrs_permit *permit = NULL;
+
+	if (!s)
+		return NULL;
+	pthread_mutex_lock(&s->permit_lock);
+	while (!s->nr_free && !s->closing && wait == RTRS_PERMIT_WAIT)
+		pthread_cond_wait(&s->permit_cond, &s->permit_lock);
+	if (s->nr_free && !s->closing) {
+		permit = &s->permits[s->free_ids[--s->nr_free]];
+		permit->con_type = con_type;
+	}
+	pthread_mutex_unlock(&s->permit_lock);
+	return permit;
+}
+
+RTRS_EXPORT
+void rtrs_clt_put_permit(struct rtrs_clt_sess *s, struct rtrs_permit *permit)
+{
+	if (!s || !permit)
+		return;
+	pthread_mutex_lock(&s->permit_lock);
+	s->free_ids[s->nr_free++] = permit->id;
+	pthread_cond_signal(&s->permit_cond);
+	pthread_mutex_unlock(&s->permit_lock);
+}
+
+RTRS_EXPORT
+unsigned rtrs_permit_id(const struct rtrs_permit *permit)
+{
+	return permit->id;
+}
+
+/* ---- connection callbacks (completion threads) --------------------------- */
+
+static void clt_con_connected(void *priv, const void *data, size_t len)
+{
+	struct clt_con *con = priv;
+	struct clt_path *p = con->path;
+	const char *why = NULL;
+	int rc;
+
+	pthread_mutex_lock(&p->lock);
+	rc = rtrs_conn_rsp_decode(data, len, &con->rsp, &why);
+	if (rc) {
+		log_err("%s: invalid connect response on connection %u: %s", p->name, con->cid, why);
+		con->err = rc;
+	} else if (con->rsp.err) {
+		con->err = con->rsp.err;
+	} else {
+		con->connected = true;
+	}
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+}
+
+static void clt_con_down(void *priv, int err, const void *data, size_t len)
+{
+	struct clt_con *con = priv;
+	struct clt_path *p = con->path;
+	struct rtrs_conn_rsp rsp;
+	const char *why = NULL;
+
+	if (err == -ECONNREFUSED && len) {
+		/* A reject from the server carries its reason. */
+		if (rtrs_conn_rsp_decode(data, len, &rsp, &why) == 0 && rsp.err) {
+			log_err("%s: server rejected connection %u: %s", p->name, con->cid,
+				strerror(-rsp.err));
+			err = rsp.err;
+		} else {
+			log_err("%s: connection %u refused with unreadable reason: %s", p->name,
+				con->cid, why ? why : "?");
+		}
+	}
+	pthread_mutex_lock(&p->lock);
+	bool was_connecting = atomic_load(&p->state) == RTRS_PATH_CONNECTING;
+
+	con->err = err ? err : -ECONNRESET;
+	con->connected = false;
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+	if (!was_connecting) {
+		log_warn("%s: connection %u went down: %s", p->name, con->cid, strerror(-err));
+		clt_fail_path(p, err);
+	}
+}
+
+static void clt_handle_rsp(struct clt_con *con, uint32_t payload)
+{
+	struct clt_path *p = con->path;
+	struct rtrs_clt_sess *s = p->sess;
+	const char *why = NULL;
+	struct clt_req *req;
+	uint32_t id;
+	int err;
+
+	if (rtrs_io_rsp_decode(payload, s->queue_depth, &id, &err, &why)) {
+		log_err_rl("%s: invalid response: %s", p->name, why);
+		clt_fail_path(p, -EPROTO);
+		return;
+	}
+	req = &s->reqs[id];
+	if (atomic_load(&req->state) != REQ_INFLIGHT || req->path != p) {
+		log_err_rl("%s: response for request %u that is not in flight here", p->name, id);
+		clt_fail_path(p, -EPROTO);
+		return;
+	}
+	req_complete(req, err);
+}
+
+static void clt_con_imm(void *priv, uint32_t imm)
+{
+	struct clt_con *con = priv;
+	struct clt_path *p = con->path;
+	uint32_t payload;
+	unsigned type;
+	int rc;
+
+	rtrs_hb_heard(&p->hb);
+	rtrs_from_imm(imm, &type, &payload);
+	switch (type) {
+	case RTRS_IO_RSP_IMM:
+	case RTRS_IO_RSP_W_INV_IMM:
+		clt_handle_rsp(con, payload);
+		break;
+	case RTRS_HB_MSG_IMM:
+		rc = fab_write_imm(con->fc, p->srv_imm.addr, p->srv_imm.key,
+				   rtrs_to_imm(RTRS_HB_ACK_IMM, 0));
+		if (rc && rc != -EAGAIN)
+			clt_fail_path(p, rc);
+		break;
+	case RTRS_HB_ACK_IMM:
+		rtrs_hb_acked(&p->hb);
+		break;
+	default:
+		log_err_rl("%s: unknown immediate type %u", p->name, type);
+		clt_fail_path(p, -EPROTO);
+	}
+}
+
+static void clt_con_recv(void *priv, void *buf, size_t len)
+{
+	struct clt_con *con = priv;
+	struct clt_path *p = con->path;
+	struct rtrs_limits lim = {
+		.queue_depth = p->sess->queue_depth, .chunk_size = p->sess->chunk_size,
+		.max_hdr_size = p->sess->max_hdr_size,
+	};
+	const char *why = NULL;
+	int rc;
+
+	rtrs_hb_heard(&p->hb);
+	pthread_mutex_lock(&p->lock);
+	if (con->cid != 0 || p->info_done) {
+		pthread_mutex_unlock(&p->lock);
+		log_err_rl("%s: unexpected message on connection %u", p->name, con->cid);
+		clt_fail_path(p, -EPROTO);
+		return;
+	}
+	rc = rtrs_info_rsp_decode(buf, len, &lim, p->rbufs, &why);
+	if (rc)
+		log_err("%s: invalid info response: %s", p->name, why);
+	p->info_err = rc;
+	p->info_done = true;
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+}
+
+static void clt_con_done(void *priv, void *ctx)
+{
+	/* Only the info request asks for a completion; nothing to do. */
+}
+
+static const struct fab_con_ops clt_con_ops = {
+	.connected = clt_con_connected,
+	.down = clt_con_down,
+	.imm = clt_con_imm,
+	.recv = clt_con_recv,
+	.done = clt_con_done,
+	.kick = clt_con_kick,
+};
+
+/* ---- path failure and teardown (service loop) --------------------------- */
+
+static void path_change_state(struct clt_path *p, enum rtrs_path_state to)
+{
+	enum rtrs_path_state from = atomic_load(&p->state);
+
+	if (!rtrs_path_state_allowed(from, to)) {
+		log_err("%s: refused state change %s -> %s", p->name, rtrs_path_state_str(from),
+			rtrs_path_state_str(to));
+		return;
+	}
+	atomic_store(&p->state, to);
+	log_dbg("%s: %s -> %s", p->name, rtrs_path_state_str(from), rtrs_path_state_str(to));
+}
+
+static void path_destroy_cons(struct clt_path *p)
+{
+	for (unsigned i = 0; i < p->nr_cons; i++)
+		fab_con_shutdown(p->cons[i].fc);
+	for (unsigned i = 0; i < p->nr_cons; i++) {
+		fab_con_destroy(p->cons[i].fc);
+		p->cons[i].fc = NULL;
+		p->cons[i].connected = false;
+		p->cons[i].pending_head = p->cons[i].pending_tail = NULL;
+	}
+}
+
+/* Stops the path and fails every request in flight on it. Loop thread. */
+static void path_stop(struct clt_path *p, int err)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	bool was_up;
+	unsigned failed = 0;
+
+	pthread_rwlock_wrlock(&p->post_lock);
+	was_up = atomic_load(&p->state) == RTRS_PATH_CONNECTED;
+	if (atomic_load(&p->state) == RTRS_PATH_CLOSED) {
+		pthread_rwlock_unlock(&p->post_lock);
+		return;
+	}
+	path_change_state(p, RTRS_PATH_CLOSING);
+	pthread_rwlock_unlock(&p->post_lock);
+
+	loop_timer_arm(&p->hb.timer, 0, 0);
+	/* After this no completion thread of the path runs any more. */
+	path_destroy_cons(p);
+	for (uint32_t i = 0; s->reqs && i < s->queue_depth; i++) {
+		struct clt_req *req = &s->reqs[i];
+
+		if (atomic_load(&req->state) == REQ_INFLIGHT && req->path == p)
+			failed += req_complete(req, -ECONNABORTED);
+	}
+	path_change_state(p, RTRS_PATH_CLOSED);
+	if (failed)
+		log_warn("%s: path closed (%s), %u requests failed", p->name, strerror(-err), failed);
+	if (was_up && atomic_fetch_sub(&s->paths_up, 1) == 1 && s->link_ev)
+		s->link_ev(s->priv, RTRS_CLT_LINK_EV_DISCONNECTED);
+}
+
+static void path_fail_work(struct loop_work *w)
+{
+	struct clt_path *p = container_of(w, struct clt_path, fail_work);
+
+	path_stop(p, atomic_load(&p->fail_err));
+}
+
+/* Any thread: the path is broken; tear it down on the service loop. */
+static void clt_fail_path(struct clt_path *p, int err)
+{
+	int zero = 0;
+
+	atomic_compare_exchange_strong(&p->fail_err, &zero, err ? err : -EIO);
+	loop_queue(p->sess->loop, &p->fail_work);
+}
+
+static void path_hb_timer(struct loop_timer *t)
+{
+	struct clt_path *p = container_of(t, struct clt_path, hb.timer);
+	int rc;
+
+	if (atomic_load(&p->state) != RTRS_PATH_CONNECTED)
+		return;
+	if (rtrs_hb_tick_expired(&p->hb)) {
+		log_err("%s: no heartbeat from the server for %u ms, failing the path", p->name,
+			p->hb.interval_ms * p->hb.missed_max);
+		clt_fail_path(p, -ETIMEDOUT);
+		return;
+	}
+	rc = fab_write_imm(p->cons[0].fc, p->srv_imm.addr, p->srv_imm.key,
+			   rtrs_to_imm(RTRS_HB_MSG_IMM, 0));
+	if (rc && rc != -EAGAIN) {
+		log_err("%s: sending a heartbeat failed: %s", p->name, strerror(-rc));
+		clt_fail_path(p, rc);
+	}
+}
+
+/* ---- establishing a path (caller's thread) ---------------------------------- */
+
+/* Waits for connection con to connect; 0 or its error. */
+static int path_wait_con(struct clt_path *p, struct clt_con *con)
+{
+	struct timespec dl = deadline_ms(p->sess->connect_timeout_ms);
+	int rc = 0;
+
+	pthread_mutex_lock(&p->lock);
+	while (!con->connected && !con->err && rc != ETIMEDOUT)
+		rc = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
+	rc = con->connected ? 0 : con->err ? con->err : -ETIMEDOUT;
+	pthread_mutex_unlock(&p->lock);
+	return rc;
+}
+
+/* Allocates what depends on the queue depth, once per session. */
+static int sess_set_limits(struct rtrs_clt_sess *s, const struct rtrs_conn_rsp *rsp)
+{
+	uint32_t qd = rsp->queue_depth;
+
+	if (s->queue_depth) {
+		if (qd != s->queue_depth || rsp->chunk_size != s->chunk_size)
+			return -ECONNRESET;
+		return 0;
+	}
+	s->reqs = calloc(qd, sizeof(*s->reqs));
+	s->permits = calloc(qd, sizeof(*s->permits));
+	s->free_ids = calloc(qd, sizeof(*s->free_ids));
+	s->hdr_area = aligned_alloc(4096, (size_t)qd * rsp->max_hdr_size);
+	if (!s->reqs || !s->permits || !s->free_ids || !s->hdr_area)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < qd; i++) {
+		s->reqs[i].sess = s;
+		s->reqs[i].id = i;
+		atomic_init(&s->reqs[i].state, REQ_IDLE);
+		s->permits[i].id = i;
+		s->free_ids[i] = qd - 1 - i;
+	}
+	s->nr_free = qd;
+	s->max_io_size = rsp->max_io_size;
+	s->max_hdr_size = rsp->max_hdr_size;
+	s->chunk_size = rsp->chunk_size;
+	s->queue_depth = qd;
+	return 0;
+}
+
+static int path_connect_con(struct clt_path *p, unsigned cid)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	struct clt_con *con = &p->cons[cid];
+	const struct fab_attr *a = fab_attr(p->fab);
+	struct rtrs_conn_req req = {
+		.cid = (uint16_t)cid, .cid_num = (uint16_t)p->nr_cons,
+		.recon_cnt = p->recon_cnt, .first_conn = true,
+	};
+	struct rtrs_msg_conn_req msg;
+	char name[RTRS_NAME_MAX + 16];
+	struct fab_con_cfg cfg = {
+		.ops = &clt_con_ops, .priv = con, .name = name,
+		.tx_depth = cid ? s->queue_depth + 16 : 64,
+		/* verbs: one receive per incoming immediate (responses) */
+		.rx_depth = cid && a->rx_cq_data ? s->queue_depth + 16 : 0,
+	};
+	int rc;
+
+	snprintf(name, sizeof(name), "%s#%u", s->name, cid);
+	memcpy(req.sess_uuid, p->uuid, RTRS_UUID_LEN);
+	memcpy(req.paths_uuid, s->paths_uuid, RTRS_UUID_LEN);
+	rtrs_conn_req_encode(&msg, &req);
+	con->path = p;
+	con->cid = cid;
+	con->err = 0;
+	con->connected = false;
+	rc = fab_con_connect(p->fab, &cfg, &msg, sizeof(msg), &con->fc);
+	if (rc)
+		return rc;
+	return path_wait_con(p, con);
+}
+
+static int path_after_first_con(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	const struct rtrs_conn_rsp *rsp = &p->cons[0].rsp;
+	size_t rx_size;
+	int rc;
+
+	rc = sess_set_limits(s, rsp);
+	if (rc == -ECONNRESET)
+		log_err("%s: server queue depth %u / chunk %u differs from the session's %u / %u",
+			p->name, rsp->queue_depth, rsp->chunk_size, s->queue_depth, s->chunk_size);
+	if (rc)
+		return rc;
+	p->srv_imm = rsp->imm_desc;
+	free(p->rbufs);
+	p->rbufs = calloc(s->queue_depth, sizeof(*p->rbufs));
+	if (!p->rbufs)
+		return -ENOMEM;
+	rc = fab_mr_reg(p->fab, s->hdr_area, (size_t)s->queue_depth * s->max_hdr_size,
+			FAB_MR_LOCAL, &p->hdr_mr);
+	if (rc)
+		return rc;
+	/* The info response holds up to one descriptor per chunk. */
+	rx_size = MAX(rtrs_info_rsp_size(s->queue_depth), RTRS_ADMIN_MSG_SIZE);
+	return fab_con_rx_setup(p->cons[0].fc, 2, rx_size);
+}
+
+static int path_exchange_info(struct clt_path *p)
+{
+	struct rtrs_info_req r = { .imm_addr = p->imm_mr.base, .imm_key = p->imm_mr.key };
+	struct timespec dl = deadline_ms(p->sess->connect_timeout_ms);
+	int rc, wait = 0;
+
+	snprintf(r.pathname, sizeof(r.pathname), "%s", p->sess->name);
+	rtrs_info_req_encode(&p->info_req, &r);
+	rc = fab_mr_reg(p->fab, &p->info_req, sizeof(p->info_req), FAB_MR_LOCAL, &p->info_req_mr);
+	if (rc)
+		return rc;
+	rc = fab_send(p->cons[0].fc, &p->info_req, sizeof(p->info_req), p->info_req_mr.desc,
+		      NULL);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&p->lock);
+	while (!p->info_done && !p->cons[0].err && wait != ETIMEDOUT)
+		wait = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
+	rc = p->info_done ? p->info_err : p->cons[0].err ? p->cons[0].err : -ETIMEDOUT;
+	pthread_mutex_unlock(&p->lock);
+	return rc;
+}
+
+static void path_release_mrs(struct clt_path *p)
+{
+	fab_mr_dereg(&p->hdr_mr);
+	fab_mr_dereg(&p->info_req_mr);
+	fab_mr_dereg(&p->imm_mr);
+}
+
+static int path_connect(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	int rc;
+
+	p->info_done = false;
+	p->info_err = 0;
+	atomic_store(&p->fail_err, 0);
+	atomic_store(&p->hb.missed, 0);
+	p->recon_cnt++;
+	rc = fab_open(s->provider, p->host, p->port, false, &p->fab);
+	if (rc) {
+		log_err("%s: cannot resolve %s:%s with provider %s: %s", p->name, p->host,
+			p->port, s->provider, strerror(-rc));
+		return rc;
+	}
+	rc = fab_mr_reg(p->fab, p->imm_buf, sizeof(p->imm_buf), FAB_MR_REMOTE_WRITE, &p->imm_mr);
+	if (rc)
+		goto out_fail;
+	for (unsigned cid = 0; cid < p->nr_cons; cid++) {
+		rc = path_connect_con(p, cid);
+		if (rc) {
+			log_err("%s: connection %u of %u failed: %s", p->name, cid, p->nr_cons,
+				strerror(-rc));
+			goto out_fail;
+		}
+		if (cid == 0) {
+			rc = path_after_first_con(p);
+			if (rc)
+				goto out_fail;
+		}
+	}
+	rc = path_exchange_info(p);
+	if (rc) {
+		log_err("%s: info exchange failed: %s", p->name, strerror(-rc));
+		goto out_fail;
+	}
+	pthread_rwlock_wrlock(&p->post_lock);
+	path_change_state(p, RTRS_PATH_CONNECTED);
+	pthread_rwlock_unlock(&p->post_lock);
+	loop_timer_arm(&p->hb.timer, p->hb.interval_ms, p->hb.interval_ms);
+	if (atomic_fetch_add(&s->paths_up, 1) == 0 && s->link_ev)
+		s->link_ev(s->priv, RTRS_CLT_LINK_EV_RECONNECTED);
+	log_info("%s: connected, %u connections, queue depth %u, max io %u", p->name,
+		 p->nr_cons, s->queue_depth, s->max_io_size);
+	return 0;
+
+out_fail:
+	path_destroy_cons(p);
+	path_release_mrs(p);
+	fab_close(p->fab);
+	p->fab = NULL;
+	atomic_store(&p->state, RTRS_PATH_CLOSED);
+	return rc;
+}
+
+/* ---- session ------------------------------------------------------------------ */
+
+static int opts_validate(const struct rtrs_clt_opts *o)
+{
+	if (!o || o->size < sizeof(*o))
+		return -EINVAL;
+	if (!o->sessname || !rtrs_name_valid(o->sessname)) {
+		log_err("session name %s is invalid: 1..255 printable characters without '/' or '.'",
+			o->sessname ? o->sessname : "(null)");
+		return -EINVAL;
+	}
+	if (!o->paths || o->paths_num == 0 || o->paths_num > RTRS_MAX_PATHS) {
+		log_err("%s: %zu paths given, need 1..%d", o->sessname, o->paths_num,
+			RTRS_MAX_PATHS);
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < o->paths_num; i++) {
+		if (!o->paths[i].dst || !*o->paths[i].dst) {
+			log_err("%s: path %zu has no destination", o->sessname, i);
+			return -EINVAL;
+		}
+	}
+	if (o->nr_io_cons > RTRS_MAX_CONNS - 1 || !o->hb_interval_ms || !o->hb_missed_max ||
+	    !o->connect_timeout_ms) {
+		log_err("%s: connection count, heartbeat or timeout out of range", o->sessname);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static void sess_free(struct rtrs_clt_sess *s)
+{
+	for (size_t i = 0; s->paths && i < s->paths_num; i++) {
+		struct clt_path *p = &s->paths[i];
+
+		if (!p->sess)
+			continue; /* never initialised */
+		loop_timer_fini(&p->hb.timer);
+		path_release_mrs(p);
+		fab_close(p->fab);
+		free(p->cons);
+		free(p->rbufs);
+		pthread_rwlock_destroy(&p->post_lock);
+		pthread_mutex_destroy(&p->lock);
+		pthread_cond_destroy(&p->cond);
+	}
+	free(s->paths);
+	free(s->reqs);
+	free(s->permits);
+	free(s->free_ids);
+	free(s->hdr_area);
+	pthread_mutex_destroy(&s->permit_lock);
+	pthread_cond_destroy(&s->permit_cond);
+	free(s);
+}
+
+static void path_close_call(void *arg)
+{
+	struct clt_path *p = arg;
+
+	path_stop(p, -ESHUTDOWN);
+	loop_timer_fini(&p->hb.timer);
+}
+
+RTRS_EXPORT
+void rtrs_clt_close(struct rtrs_clt_sess *s)
+{
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->permit_lock);
+	__atomic_store_n(&s->closing, true, __ATOMIC_RELEASE);
+	pthread_cond_broadcast(&s->permit_cond);
+	pthread_mutex_unlock(&s->permit_lock);
+	for (size_t i = 0; s->loop && i < s->paths_num; i++)
+		if (s->paths[i].sess)
+			loop_call(s->loop, path_close_call, &s->paths[i]);
+	loop_destroy(s->loop);
+	s->loop = NULL;
+	sess_free(s);
+}
+
+static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
+		     const struct rtrs_path_addr *addr)
+{
+	pthread_rwlockattr_t attr;
+	int rc;
+
+	p->sess = s;
+	p->idx = idx;
+	p->hb.timer.h.fd = -1;
+	rc = rtrs_split_hostport(addr->dst, s->port, p->host, sizeof(p->host), p->port,
+				 sizeof(p->port));
+	if (rc) {
+		log_err("%s: path %u: cannot parse destination '%s'", s->name, idx, addr->dst);
+		return rc;
+	}
+	snprintf(p->name, sizeof(p->name), "%s/%s:%s", s->name, p->host, p->port);
+	rc = rand_bytes(p->uuid, sizeof(p->uuid));
+	if (rc)
+		return rc;
+	atomic_init(&p->state, RTRS_PATH_CONNECTING);
+	pthread_rwlockattr_init(&attr);
+	/* Teardown must not starve behind a stream of posters. */
+	pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+	pthread_rwlock_init(&p->post_lock, &attr);
+	pthread_rwlockattr_destroy(&attr);
+	pthread_mutex_init(&p->lock, NULL);
+	cond_init_mono(&p->cond);
+	p->nr_cons = 1 + s->nr_io_cons;
+	p->cons = calloc(p->nr_cons, sizeof(*p->cons));
+	if (!p->cons)
+		return -ENOMEM;
+	for (unsigned i = 0; i < p->nr_cons; i++)
+		pthread_mutex_init(&p->cons[i].pending_lock, NULL);
+	p->hb.interval_ms = s->hb_interval_ms;
+	p->hb.missed_max = s->hb_missed_max;
+	loop_work_init(&p->fail_work, path_fail_work);
+	return loop_timer_init(s->loop, &p->hb.timer, path_hb_timer);
+}
+
+RTRS_EXPORT
+int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
+{
+	struct rtrs_clt_sess *s;
+	long ncpu;
+	int rc;
+
+	rc = opts_validate(o);
+	if (rc)
+		return rc;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	snprintf(s->name, sizeof(s->name), "%s", o->sessname);
+	snprintf(s->provider, sizeof(s->provider), "%s", o->provider ? o->provider : "tcp");
+	s->port = o->port;
+	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	s->nr_io_cons = o->nr_io_cons ? o->nr_io_cons : (unsigned)MAX(ncpu, 1);
+	s->hb_interval_ms = o->hb_interval_ms;
+	s->hb_missed_max = o->hb_missed_max;
+	s->connect_timeout_ms = o->connect_timeout_ms;
+	s->link_ev = o->link_ev;
+	s->priv = o->priv;
+	pthread_mutex_init(&s->permit_lock, NULL);
+	pthread_cond_init(&s->permit_cond, NULL);
+	atomic_init(&s->paths_up, 0);
+	rc = rand_bytes(s->paths_uuid, sizeof(s->paths_uuid));
+	if (rc)
+		goto out_free;
+	rc = loop_create("rtrs-clt", &s->loop);
+	if (rc)
+		goto out_free;
+	s->paths = calloc(o->paths_num, sizeof(*s->paths));
+	if (!s->paths) {
+		rc = -ENOMEM;
+		goto out_free;
+	}
+	s->paths_num = o->paths_num;
+	for (size_t i = 0; i < o->paths_num; i++) {
+		rc = path_init(s, &s->paths[i], (unsigned)i, &o->paths[i]);
+		if (rc)
+			goto out_free;
+	}
+	for (size_t i = 0; i < s->paths_num; i++) {
+		rc = path_connect(&s->paths[i]);
+		if (rc)
+			goto out_free;
+	}
+	*out = s;
+	return 0;
+
+out_free:
+	rtrs_clt_close(s);
+	return rc;
+}
+
+RTRS_EXPORT
+int rtrs_clt_query(struct rtrs_clt_sess *s, struct rtrs_attrs *attrs)
+{
+	if (!s || !attrs || attrs->size < sizeof(*attrs))
+		return -EINVAL;
+	attrs->paths_up = atomic_load(&s->paths_up);
+	if (!attrs->paths_up)
+		return -ECOMM;
+	attrs->queue_depth = s->queue_depth;
+	attrs->max_io_size = s->max_io_size;
+	attrs->max_hdr_size = s->max_hdr_size;
+	attrs->max_segments = RTRS_MAX_SEGMENTS;
+	return 0;
+}
+
+RTRS_EXPORT
+int rtrs_clt_opts_init(struct rtrs_clt_opts *o, size_t size)
+{
+	if (!o || size != sizeof(*o))
+		return -EINVAL;
+	memset(o, 0, sizeof(*o));
+	o->size = size;
+	o->port = RTRS_DEFAULT_PORT;
+	o->provider = RTRS_DEFAULT_PROVIDER;
+	o->hb_interval_ms = RTRS_DEFAULT_HB_INTERVAL_MS;
+	o->hb_missed_max = RTRS_DEFAULT_HB_MISSED_MAX;
+	o->connect_timeout_ms = RTRS_DEFAULT_CONNECT_TIMEOUT_MS;
+	return 0;
+}

@@ -1,0 +1,879 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The fabric layer over libfabric: the only file in the project that calls
+ * fi_*. Behaviour it relies on was measured on these machines and is written
+ * up in ref/libfabric.md; the rules that shape this file:
+ *   - one set of hints for tcp and verbs; act only on what comes back;
+ *   - the tcp provider progresses only while a thread reads the CQ, and CM
+ *     events only inside fi_eq_read: every connection has a thread that
+ *     blocks (fd + fi_trywait + epoll) and reads both;
+ *   - never busy-poll;
+ *   - classify completions by FI_REMOTE_WRITE, errors by op_context only;
+ *   - memory keys come from a per-domain counter that never repeats when the
+ *     provider does not choose them; keys must fit the 32-bit wire field.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include "log.h"
+#include "rtrs-fabric.h"
+#include "util.h"
+
+#define FAB_API_VERSION FI_VERSION(1, 17)
+#define FAB_CQ_BATCH 32
+#define FAB_CM_BUF 256 /* >= any provider's FI_OPT_CM_DATA_SIZE we accept */
+
+struct fab {
+	struct fi_info *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fab_attr attr;
+	bool prov_key;
+	atomic_uint_fast32_t next_key;
+};
+
+struct fab_lst {
+	struct fab *fab;
+	struct fid_pep *pep;
+	struct fid_eq *eq;
+	int fd;
+	int port;
+};
+
+struct fab_connreq {
+	struct fi_info *info;
+};
+
+struct fab_rx {
+	char *buf;
+	struct fab_mr mr;
+	size_t count;
+	size_t size;
+};
+
+struct fab_con {
+	struct fab *fab;
+	struct fab_con_cfg cfg;
+	char name[64];
+	struct fid_ep *ep;
+	struct fid_cq *cq;
+	struct fid_eq *eq;
+	int cq_fd, eq_fd, wake_fd, epfd;
+	struct fab_rx rx;
+	pthread_t thread;
+	bool thread_started;
+	atomic_bool stop;
+	atomic_bool down;      /* down() was called (or the owner shut us down) */
+	atomic_bool shutdown;  /* fab_con_shutdown() was called */
+	atomic_bool kicked;    /* ops->kick is due */
+	pthread_mutex_t rx_lock; /* rx pool set up from another thread */
+};
+
+/* Translate a libfabric return value (negative FI_E*) to a negative errno. */
+static int fab_errno(ssize_t rc)
+{
+	if (rc >= 0)
+		return 0;
+	switch (-rc) {
+	case FI_EAGAIN: return -EAGAIN;
+	case FI_ETRUNC: return -EMSGSIZE;
+	case FI_ENOKEY: return -ENOKEY;
+	case FI_ENOAV: return -EADDRNOTAVAIL;
+	case FI_EOVERRUN: return -EOVERFLOW;
+	case FI_ENOCQ: case FI_ENOEQ: return -ENOENT;
+	case FI_EOTHER: case FI_EAVAIL: case FI_EBADFLAGS: return -EIO;
+	default:
+		/* The common FI_E* codes alias errno values. */
+		return -rc < FI_ERRNO_OFFSET ? (int)rc : -EIO;
+	}
+}
+
+static const char *fab_strerror(ssize_t rc)
+{
+	return fi_strerror((int)(rc < 0 ? -rc : rc));
+}
+
+static void sockaddr_str(const void *sa, char *buf, size_t len)
+{
+	const struct sockaddr *s = sa;
+	char host[INET6_ADDRSTRLEN] = "?";
+
+	if (!sa) {
+		snprintf(buf, len, "?");
+		return;
+	}
+	if (s->sa_family == AF_INET) {
+		const struct sockaddr_in *in = sa;
+
+		inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+		snprintf(buf, len, "%s:%u", host, ntohs(in->sin_port));
+	} else if (s->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = sa;
+
+		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+		snprintf(buf, len, "[%s]:%u", host, ntohs(in6->sin6_port));
+	} else {
+		snprintf(buf, len, "family-%d", s->sa_family);
+	}
+}
+
+/* ---- fabric and domain --------------------------------------------------- */
+
+static struct fi_info *fab_hints(const char *prov)
+{
+	struct fi_info *h = fi_allocinfo();
+
+	if (!h)
+		return NULL;
+	h->ep_attr->type = FI_EP_MSG;
+	h->caps = FI_MSG | FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
+	/*
+	 * No FI_CONTEXT: operations without a requested completion pass the
+	 * connection as context, which a provider needing FI_CONTEXT forbids.
+	 */
+	h->mode = FI_RX_CQ_DATA;
+	h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+				  FI_MR_PROV_KEY;
+	h->domain_attr->cq_data_size = 4;
+	h->domain_attr->threading = FI_THREAD_SAFE;
+	h->fabric_attr->prov_name = strdup(prov);
+	if (!h->fabric_attr->prov_name) {
+		fi_freeinfo(h);
+		return NULL;
+	}
+	return h;
+}
+
+int fab_open(const char *prov, const char *node, const char *service, bool server,
+	     struct fab **out)
+{
+	struct fi_info *hints;
+	struct fab *f;
+	int rc;
+
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	hints = fab_hints(prov);
+	if (!hints) {
+		free(f);
+		return -ENOMEM;
+	}
+	rc = fi_getinfo(FAB_API_VERSION, node, service, server ? FI_SOURCE : 0, hints, &f->info);
+	fi_freeinfo(hints);
+	if (rc) {
+		log_dbg("fabric: no %s provider for %s:%s: %s", prov, node ? node : "*",
+			service, fab_strerror(rc));
+		rc = rc == -FI_ENODATA ? -ENODEV : fab_errno(rc);
+		free(f);
+		return rc;
+	}
+	if (f->info->domain_attr->cq_data_size < 4) {
+		log_err("fabric: provider %s carries no 4-byte immediate data", prov);
+		rc = -EOPNOTSUPP;
+		goto out_free_info;
+	}
+	if (f->info->domain_attr->mr_mode & FI_MR_ENDPOINT) {
+		log_err("fabric: provider %s needs endpoint-bound MRs (not supported)", prov);
+		rc = -EOPNOTSUPP;
+		goto out_free_info;
+	}
+	rc = fi_fabric(f->info->fabric_attr, &f->fabric, NULL);
+	if (rc) {
+		rc = fab_errno(rc);
+		goto out_free_info;
+	}
+	rc = fi_domain(f->fabric, f->info, &f->domain, NULL);
+	if (rc) {
+		rc = fab_errno(rc);
+		goto out_close_fabric;
+	}
+
+	uint64_t mm = f->info->domain_attr->mr_mode;
+	struct fab_attr *a = &f->attr;
+
+	snprintf(a->prov_name, sizeof(a->prov_name), "%s", f->info->fabric_attr->prov_name);
+	a->mr_local = mm & FI_MR_LOCAL;
+	a->virt_addr = mm & FI_MR_VIRT_ADDR;
+	f->prov_key = mm & FI_MR_PROV_KEY;
+	a->rx_cq_data = (f->info->mode | f->info->rx_attr->mode) & FI_RX_CQ_DATA;
+	a->cm_data_size = FAB_CM_BUF;
+	a->iov_limit = MAX(f->info->tx_attr->iov_limit, 1);
+	a->rma_iov_limit = MAX(f->info->tx_attr->rma_iov_limit, 1);
+	a->tx_size_max = f->info->tx_attr->size;
+	a->max_msg_size = f->info->ep_attr->max_msg_size;
+	atomic_init(&f->next_key, 1);
+	log_dbg("fabric: %s mr_local=%d virt_addr=%d prov_key=%d rx_cq_data=%d iov=%zu rma_iov=%zu",
+		a->prov_name, a->mr_local, a->virt_addr, f->prov_key, a->rx_cq_data,
+		a->iov_limit, a->rma_iov_limit);
+	*out = f;
+	return 0;
+
+out_close_fabric:
+	fi_close(&f->fabric->fid);
+out_free_info:
+	fi_freeinfo(f->info);
+	free(f);
+	return rc;
+}
+
+void fab_close(struct fab *f)
+{
+	if (!f)
+		return;
+	if (f->domain)
+		fi_close(&f->domain->fid);
+	if (f->fabric)
+		fi_close(&f->fabric->fid);
+	fi_freeinfo(f->info);
+	free(f);
+}
+
+const struct fab_attr *fab_attr(const struct fab *f)
+{
+	return &f->attr;
+}
+
+int fab_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr)
+{
+	struct fid_mr *fmr;
+	uint64_t acc = 0, key;
+	int rc;
+
+	memset(mr, 0, sizeof(*mr));
+	mr->buf = buf;
+	mr->len = len;
+	/* Local-only memory needs no registration unless the provider says so. */
+	if (access == FAB_MR_LOCAL && !f->attr.mr_local)
+		return 0;
+	if (access & FAB_MR_LOCAL)
+		acc |= FI_SEND | FI_RECV | FI_WRITE | FI_READ;
+	if (access & FAB_MR_REMOTE_WRITE)
+		acc |= FI_REMOTE_WRITE;
+	/*
+	 * Requested keys must be unique in the domain and never reused: a
+	 * stale remote key must not become valid again (ref/libfabric.md 2.2).
+	 */
+	key = f->prov_key ? 0 : atomic_fetch_add(&f->next_key, 1);
+	if (!f->prov_key && key > UINT32_MAX)
+		return -ENOSPC;
+	rc = fi_mr_reg(f->domain, buf, len, acc, 0, key, 0, &fmr, NULL);
+	if (rc) {
+		log_err("fabric: registering %zu bytes failed: %s", len, fab_strerror(rc));
+		return fab_errno(rc);
+	}
+	key = fi_mr_key(fmr);
+	if (key > UINT32_MAX) {
+		log_err("fabric: provider key 0x%llx does not fit 32 bits",
+			(unsigned long long)key);
+		fi_close(&fmr->fid);
+		return -EOVERFLOW;
+	}
+	mr->priv = fmr;
+	mr->key = (uint32_t)key;
+	mr->desc = f->attr.mr_local ? fi_mr_desc(fmr) : NULL;
+	mr->base = f->attr.virt_addr ? (uint64_t)(uintptr_t)buf : 0;
+	return 0;
+}
+
+void fab_mr_dereg(struct fab_mr *mr)
+{
+	if (mr && mr->priv) {
+		fi_close(&((struct fid_mr *)mr->priv)->fid);
+		mr->priv = NULL;
+	}
+}
+
+/* ---- listening --------------------------------------------------------------- */
+
+static int eq_open(struct fab *f, struct fid_eq **eq, int *fd)
+{
+	struct fi_eq_attr attr = { .size = 64, .wait_obj = FI_WAIT_FD };
+	int rc;
+
+	rc = fi_eq_open(f->fabric, &attr, eq, NULL);
+	if (rc)
+		return fab_errno(rc);
+	rc = fi_control(&(*eq)->fid, FI_GETWAIT, fd);
+	if (rc) {
+		fi_close(&(*eq)->fid);
+		*eq = NULL;
+		return fab_errno(rc);
+	}
+	return 0;
+}
+
+int fab_listen(struct fab *f, struct fab_lst **out)
+{
+	struct fab_lst *l = calloc(1, sizeof(*l));
+	struct sockaddr_storage ss;
+	size_t sslen = sizeof(ss);
+	int rc;
+
+	if (!l)
+		return -ENOMEM;
+	l->fab = f;
+	rc = eq_open(f, &l->eq, &l->fd);
+	if (rc)
+		goto out_free;
+	rc = fi_passive_ep(f->fabric, f->info, &l->pep, NULL);
+	if (rc) {
+		rc = fab_errno(rc);
+		goto out_close_eq;
+	}
+	rc = fi_pep_bind(l->pep, &l->eq->fid, 0);
+	if (rc) {
+		rc = fab_errno(rc);
+		goto out_close_pep;
+	}
+	rc = fi_listen(l->pep);
+	if (rc) {
+		rc = fab_errno(rc);
+		goto out_close_pep;
+	}
+	if (fi_getname(&l->pep->fid, &ss, &sslen) == 0) {
+		if (ss.ss_family == AF_INET)
+			l->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+		else if (ss.ss_family == AF_INET6)
+			l->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+	}
+	*out = l;
+	return 0;
+
+out_close_pep:
+	fi_close(&l->pep->fid);
+out_close_eq:
+	fi_close(&l->eq->fid);
+out_free:
+	free(l);
+	return rc;
+}
+
+void fab_lst_close(struct fab_lst *l)
+{
+	if (!l)
+		return;
+	fi_close(&l->pep->fid);
+	fi_close(&l->eq->fid);
+	free(l);
+}
+
+int fab_lst_fd(const struct fab_lst *l)
+{
+	return l->fd;
+}
+
+int fab_lst_port(const struct fab_lst *l)
+{
+	return l->port;
+}
+
+int fab_lst_process(struct fab_lst *l,
+		    void (*cb)(void *priv, struct fab_connreq *req, const void *data, size_t len),
+		    void *priv)
+{
+	struct {
+		struct fi_eq_cm_entry e;
+		uint8_t data[FAB_CM_BUF];
+	} ev;
+	uint32_t event;
+
+	for (;;) {
+		ssize_t rd = fi_eq_read(l->eq, &event, &ev, sizeof(ev), 0);
+
+		if (rd == -FI_EAGAIN) {
+			struct fid *fids[1] = { &l->eq->fid };
+
+			/* Sleep only when the fd is sure to signal new events. */
+			if (fi_trywait(l->fab->fabric, fids, 1) == FI_SUCCESS)
+				return 0;
+			continue;
+		}
+		if (rd == -FI_EAVAIL) {
+			struct fi_eq_err_entry err = { 0 };
+
+			fi_eq_readerr(l->eq, &err, 0);
+			log_warn("listener: connection request error: %s", fi_strerror(err.err));
+			continue;
+		}
+		if (rd < 0) {
+			log_err("listener: fi_eq_read: %s", fab_strerror(rd));
+			return fab_errno(rd);
+		}
+		if (event != FI_CONNREQ) {
+			log_dbg("listener: ignoring event %u", event);
+			continue;
+		}
+		if ((size_t)rd < sizeof(ev.e)) {
+			log_warn("listener: short connection request event");
+			if (ev.e.info)
+				fi_freeinfo(ev.e.info);
+			continue;
+		}
+		struct fab_connreq req = { .info = ev.e.info };
+
+		cb(priv, &req, ev.data, (size_t)rd - sizeof(ev.e));
+		fi_freeinfo(req.info);
+	}
+}
+
+int fab_reject(struct fab_lst *l, struct fab_connreq *req, const void *data, size_t len)
+{
+	return fab_errno(fi_reject(l->pep, req->info->handle, data, len));
+}
+
+void fab_connreq_peer(const struct fab_connreq *req, char *buf, size_t len)
+{
+	sockaddr_str(req->info->dest_addr, buf, len);
+}
+
+/* ---- connections ------------------------------------------------------------- */
+
+static void con_down(struct fab_con *c, int err, const void *data, size_t len)
+{
+	if (atomic_exchange(&c->down, true))
+		return;
+	c->cfg.ops->down(c->cfg.priv, err, data, len);
+}
+
+static int rx_post(struct fab_con *c, size_t i)
+{
+	struct iovec iov = { .iov_base = c->rx.buf + i * c->rx.size, .iov_len = c->rx.size };
+	void *desc = c->rx.mr.desc;
+	struct fi_msg msg = {
+		.msg_iov = &iov, .desc = &desc, .iov_count = c->rx.size ? 1 : 0,
+		.context = iov.iov_base,
+	};
+
+	return fab_errno(fi_recvmsg(c->ep, &msg, FI_COMPLETION));
+}
+
+static bool is_rx_ctx(const struct fab_con *c, const void *ctx)
+{
+	const char *p = ctx;
+
+	return c->rx.count && p >= c->rx.buf && p < c->rx.buf + c->rx.count * c->rx.size;
+}
+
+static void rx_repost(struct fab_con *c, void *ctx)
+{
+	int rc = rx_post(c, (size_t)((char *)ctx - c->rx.buf) / c->rx.size);
+
+	if (rc && !atomic_load(&c->down)) {
+		log_err("%s: reposting a receive failed: %s", c->name, strerror(-rc));
+		con_down(c, rc, NULL, 0);
+	}
+}
+
+static void handle_comp(struct fab_con *c, const struct fi_cq_data_entry *e)
+{
+	if ((e->flags & FI_REMOTE_WRITE) && (e->flags & FI_REMOTE_CQ_DATA)) {
+		/* On verbs an immediate consumed one posted receive. */
+		if (e->op_context && is_rx_ctx(c, e->op_context))
+			rx_repost(c, e->op_context);
+		c->cfg.ops->imm(c->cfg.priv, (uint32_t)e->data);
+	} else if (e->flags & FI_RECV) {
+		if (!is_rx_ctx(c, e->op_context)) {
+			log_err_rl("%s: receive completion with unknown context", c->name);
+			return;
+		}
+		c->cfg.ops->recv(c->cfg.priv, e->op_context, e->len);
+		rx_repost(c, e->op_context);
+	} else if (e->op_context && e->op_context != c) {
+		c->cfg.ops->done(c->cfg.priv, e->op_context);
+	}
+}
+
+static void handle_cq_error(struct fab_con *c)
+{
+	struct fi_cq_err_entry err = { 0 };
+	char buf[128];
+
+	if (fi_cq_readerr(c->cq, &err, 0) < 0)
+		return;
+	if (atomic_load(&c->down) || atomic_load(&c->shutdown))
+		return; /* flushes after the connection went away */
+	log_err_rl("%s: completion error: %s (%s)", c->name, fi_strerror(err.err),
+		   fi_cq_strerror(c->cq, err.prov_errno, err.err_data, buf, sizeof(buf)));
+	con_down(c, err.err ? -err.err : -EIO, NULL, 0);
+}
+
+static void handle_eq(struct fab_con *c)
+{
+	struct {
+		struct fi_eq_cm_entry e;
+		uint8_t data[FAB_CM_BUF];
+	} ev;
+	uint32_t event;
+
+	for (;;) {
+		ssize_t rd = fi_eq_read(c->eq, &event, &ev, sizeof(ev), 0);
+
+		if (rd == -FI_EAGAIN)
+			return;
+		if (rd == -FI_EAVAIL) {
+			struct fi_eq_err_entry err = { 0 };
+
+			if (fi_eq_readerr(c->eq, &err, 0) < 0)
+				return;
+			if (err.err == ECONNREFUSED)
+				con_down(c, -ECONNREFUSED, err.err_data, err.err_data_size);
+			else
+				con_down(c, err.err ? -err.err : -EIO, NULL, 0);
+			continue;
+		}
+		if (rd < 0) {
+			con_down(c, fab_errno(rd), NULL, 0);
+			return;
+		}
+		switch (event) {
+		case FI_CONNECTED:
+			if (!atomic_load(&c->down))
+				c->cfg.ops->connected(c->cfg.priv, ev.data,
+						      (size_t)rd > sizeof(ev.e) ?
+						      (size_t)rd - sizeof(ev.e) : 0);
+			break;
+		case FI_SHUTDOWN:
+			con_down(c, -ECONNRESET, NULL, 0);
+			break;
+		default:
+			log_dbg("%s: ignoring EQ event %u", c->name, event);
+		}
+	}
+}
+
+static void *con_thread(void *arg)
+{
+	struct fab_con *c = arg;
+	struct fi_cq_data_entry comps[FAB_CQ_BATCH];
+	struct fid *fids[2] = { &c->cq->fid, &c->eq->fid };
+	char tname[16];
+
+	snprintf(tname, sizeof(tname), "%.15s", c->name);
+	pthread_setname_np(pthread_self(), tname);
+	while (!atomic_load(&c->stop)) {
+		ssize_t n = fi_cq_read(c->cq, comps, FAB_CQ_BATCH);
+
+		if (n > 0) {
+			for (ssize_t i = 0; i < n; i++)
+				if (!atomic_load(&c->down))
+					handle_comp(c, &comps[i]);
+			if (n == FAB_CQ_BATCH)
+				continue; /* more may be waiting; EQ on the next lap */
+		} else if (n == -FI_EAVAIL) {
+			handle_cq_error(c);
+			continue;
+		} else if (n != -FI_EAGAIN) {
+			con_down(c, fab_errno(n), NULL, 0);
+		}
+		handle_eq(c);
+		if (atomic_exchange(&c->kicked, false) && !atomic_load(&c->down))
+			c->cfg.ops->kick(c->cfg.priv);
+		if (n > 0)
+			continue;
+		if (fi_trywait(c->fab->fabric, fids, 2) == FI_SUCCESS) {
+			struct epoll_event evs[3];
+			uint64_t v;
+
+			if (epoll_wait(c->epfd, evs, ARRAY_SIZE(evs), 1000) > 0 &&
+			    read(c->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+				log_warn("%s: eventfd read: %s", c->name, strerror(errno));
+		}
+	}
+	return NULL;
+}
+
+static void con_free(struct fab_con *c)
+{
+	if (c->thread_started) {
+		uint64_t one = 1;
+
+		atomic_store(&c->stop, true);
+		if (write(c->wake_fd, &one, sizeof(one)) < 0)
+			log_warn("%s: eventfd write: %s", c->name, strerror(errno));
+		pthread_join(c->thread, NULL);
+	}
+	if (c->ep)
+		fi_close(&c->ep->fid);
+	fab_mr_dereg(&c->rx.mr);
+	free(c->rx.buf);
+	if (c->cq)
+		fi_close(&c->cq->fid);
+	if (c->eq)
+		fi_close(&c->eq->fid);
+	pthread_mutex_destroy(&c->rx_lock);
+	if (c->epfd >= 0)
+		close(c->epfd);
+	if (c->wake_fd >= 0)
+		close(c->wake_fd);
+	free(c);
+}
+
+static int epoll_add(int epfd, int fd)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd };
+
+	return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) ? -errno : 0;
+}
+
+static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_cfg *cfg,
+		      struct fab_con **out)
+{
+	struct fi_cq_attr cq_attr = { 0 };
+	struct fab_con *c;
+	struct fi_info *info;
+	size_t rx_depth;
+	int rc;
+
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->fab = f;
+	c->cfg = *cfg;
+	c->cq_fd = c->eq_fd = c->wake_fd = c->epfd = -1;
+	snprintf(c->name, sizeof(c->name), "%s", cfg->name);
+	atomic_init(&c->stop, false);
+	atomic_init(&c->down, false);
+	atomic_init(&c->shutdown, false);
+	atomic_init(&c->kicked, false);
+	pthread_mutex_init(&c->rx_lock, NULL);
+
+	/* Receives: messages, plus one per immediate where the provider needs it. */
+	rx_depth = cfg->rx_depth;
+	c->rx.size = cfg->rx_size;
+	if (f->attr.rx_cq_data && c->rx.size < 64)
+		c->rx.size = 64;
+
+	info = fi_dupinfo(base);
+	if (!info) {
+		rc = -ENOMEM;
+		goto out_free;
+	}
+	info->tx_attr->size = MAX(cfg->tx_depth, 16);
+	info->rx_attr->size = MAX(rx_depth, 16);
+	rc = fi_endpoint(f->domain, info, &c->ep, NULL);
+	fi_freeinfo(info);
+	if (rc) {
+		log_err("%s: fi_endpoint: %s", c->name, fab_strerror(rc));
+		rc = fab_errno(rc);
+		goto out_free;
+	}
+	cq_attr.size = MAX(cfg->tx_depth, 16) + MAX(rx_depth, 16) + 16;
+	cq_attr.format = FI_CQ_FORMAT_DATA;
+	cq_attr.wait_obj = FI_WAIT_FD;
+	rc = fi_cq_open(f->domain, &cq_attr, &c->cq, NULL);
+	if (rc) {
+		rc = fab_errno(rc);
+		goto out_free;
+	}
+	rc = eq_open(f, &c->eq, &c->eq_fd);
+	if (rc)
+		goto out_free;
+	rc = fi_control(&c->cq->fid, FI_GETWAIT, &c->cq_fd);
+	if (rc) {
+		rc = fab_errno(rc);
+		goto out_free;
+	}
+	rc = fi_ep_bind(c->ep, &c->eq->fid, 0);
+	if (!rc)
+		rc = fi_ep_bind(c->ep, &c->cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION);
+	if (!rc)
+		rc = fi_enable(c->ep);
+	if (rc) {
+		log_err("%s: endpoint setup: %s", c->name, fab_strerror(rc));
+		rc = fab_errno(rc);
+		goto out_free;
+	}
+	if (rx_depth) {
+		rc = fab_con_rx_setup(c, rx_depth, c->rx.size);
+		if (rc)
+			goto out_free;
+	}
+
+	c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	c->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (c->wake_fd < 0 || c->epfd < 0) {
+		rc = -errno;
+		goto out_free;
+	}
+	rc = epoll_add(c->epfd, c->cq_fd);
+	if (!rc)
+		rc = epoll_add(c->epfd, c->eq_fd);
+	if (!rc)
+		rc = epoll_add(c->epfd, c->wake_fd);
+	if (rc)
+		goto out_free;
+	rc = -pthread_create(&c->thread, NULL, con_thread, c);
+	if (rc)
+		goto out_free;
+	c->thread_started = true;
+	*out = c;
+	return 0;
+
+out_free:
+	con_free(c);
+	return rc;
+}
+
+int fab_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
+		    size_t len, struct fab_con **out)
+{
+	struct fab_con *c;
+	int rc;
+
+	rc = con_create(f, f->info, cfg, &c);
+	if (rc)
+		return rc;
+	rc = fi_connect(c->ep, f->info->dest_addr, data, len);
+	if (rc) {
+		log_err("%s: fi_connect: %s", c->name, fab_strerror(rc));
+		con_free(c);
+		return fab_errno(rc);
+	}
+	*out = c;
+	return 0;
+}
+
+int fab_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
+		   const void *data, size_t len, struct fab_con **out)
+{
+	struct fab_con *c;
+	int rc;
+
+	rc = con_create(f, req->info, cfg, &c);
+	if (rc)
+		return rc;
+	rc = fi_accept(c->ep, data, len);
+	if (rc) {
+		log_err("%s: fi_accept: %s", c->name, fab_strerror(rc));
+		con_free(c);
+		return fab_errno(rc);
+	}
+	*out = c;
+	return 0;
+}
+
+int fab_con_rx_setup(struct fab_con *c, size_t count, size_t size)
+{
+	size_t bytes;
+	char *buf;
+	int rc;
+
+	if (c->fab->attr.rx_cq_data && size < 64)
+		size = 64;
+	size = MAX(size, 1);
+	if (mul_overflow(count, size, &bytes) || !count)
+		return -EINVAL;
+	pthread_mutex_lock(&c->rx_lock);
+	if (c->rx.count) {
+		pthread_mutex_unlock(&c->rx_lock);
+		return -EEXIST;
+	}
+	buf = calloc(count, size);
+	if (!buf) {
+		pthread_mutex_unlock(&c->rx_lock);
+		return -ENOMEM;
+	}
+	rc = fab_mr_reg(c->fab, buf, bytes, FAB_MR_LOCAL, &c->rx.mr);
+	if (rc) {
+		free(buf);
+		pthread_mutex_unlock(&c->rx_lock);
+		return rc;
+	}
+	c->rx.buf = buf;
+	c->rx.size = size;
+	c->rx.count = count;
+	for (size_t i = 0; i < count && !rc; i++)
+		rc = rx_post(c, i);
+	pthread_mutex_unlock(&c->rx_lock);
+	return rc;
+}
+
+void fab_con_kick(struct fab_con *c)
+{
+	uint64_t one = 1;
+
+	if (atomic_exchange(&c->kicked, true))
+		return;
+	if (write(c->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		log_warn("%s: eventfd write: %s", c->name, strerror(errno));
+}
+
+void fab_con_shutdown(struct fab_con *c)
+{
+	if (!c || atomic_exchange(&c->shutdown, true))
+		return;
+	fi_shutdown(c->ep, 0);
+}
+
+void fab_con_destroy(struct fab_con *c)
+{
+	if (!c)
+		return;
+	atomic_store(&c->shutdown, true);
+	con_free(c);
+}
+
+void fab_con_local(const struct fab_con *c, char *buf, size_t len)
+{
+	struct sockaddr_storage ss;
+	size_t sslen = sizeof(ss);
+
+	if (fi_getname(&c->ep->fid, &ss, &sslen))
+		snprintf(buf, len, "?");
+	else
+		sockaddr_str(&ss, buf, len);
+}
+
+int fab_write(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
+	      const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
+	      void *ctx)
+{
+	struct fi_rma_iov riov[8];
+	struct fi_msg_rma msg = {
+		.msg_iov = iov, .desc = (void **)desc, .iov_count = iov_cnt,
+		.rma_iov = riov, .rma_iov_count = rma_cnt,
+		.context = ctx ? ctx : c, .data = imm,
+	};
+	uint64_t flags = (with_imm ? FI_REMOTE_CQ_DATA : 0) | (ctx ? FI_COMPLETION : 0);
+
+	if (rma_cnt > ARRAY_SIZE(riov) || rma_cnt > c->fab->attr.rma_iov_limit ||
+	    iov_cnt > c->fab->attr.iov_limit)
+		return -EINVAL;
+	for (size_t i = 0; i < rma_cnt; i++)
+		riov[i] = (struct fi_rma_iov){ .addr = rma[i].addr, .len = rma[i].len,
+					       .key = rma[i].key };
+	return fab_errno(fi_writemsg(c->ep, &msg, flags));
+}
+
+int fab_write_imm(struct fab_con *c, uint64_t addr, uint32_t key, uint32_t imm)
+{
+	return fab_errno(fi_inject_writedata(c->ep, NULL, 0, imm, 0, addr, key));
+}
+
+int fab_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)
+{
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+	struct fi_msg msg = {
+		.msg_iov = &iov, .desc = &desc, .iov_count = 1, .context = ctx ? ctx : c,
+	};
+
+	return fab_errno(fi_sendmsg(c->ep, &msg, ctx ? FI_COMPLETION : 0));
+}

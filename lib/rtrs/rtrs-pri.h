@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Internal definitions shared by the client and the server of librtrs.
+ */
+#ifndef RTRS_PRI_H
+#define RTRS_PRI_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "rtrs.h"
+#include "log.h"
+#include "loop.h"
+#include "rtrs-fabric.h"
+#include "rtrs-proto.h"
+#include "util.h"
+
+#define RTRS_EXPORT __attribute__((visibility("default")))
+
+/* Data vectors per request the client accepts (the kernel's MAX_SEGMENTS). */
+#define RTRS_MAX_SEGMENTS 16
+/* Receives posted on the admin connection: info and control messages. */
+#define RTRS_ADMIN_RX_DEPTH 8
+#define RTRS_ADMIN_MSG_SIZE 4096
+/* Size of the region each side lets the peer aim empty writes at. */
+#define RTRS_IMM_REGION 64
+
+/*
+ * Path states. The transitions allowed are a table in rtrs.c
+ * (rtrs_path_state_allowed) and in docs/protocol.md.
+ */
+enum rtrs_path_state {
+	RTRS_PATH_CONNECTING,
+	RTRS_PATH_CONNECTED,
+	RTRS_PATH_CLOSING,
+	RTRS_PATH_CLOSED,
+	RTRS_PATH_NUM_STATES,
+};
+
+const char *rtrs_path_state_str(enum rtrs_path_state s);
+bool rtrs_path_state_allowed(enum rtrs_path_state from, enum rtrs_path_state to);
+
+/* Splits "host:port", "[v6]:port" or "host"; 0 or -EINVAL. */
+int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
+			char *port, size_t portlen);
+
+/* Heartbeat bookkeeping, the same on both sides. */
+struct rtrs_hb {
+	struct loop_timer timer;
+	atomic_uint missed;
+	atomic_uint_fast64_t last_sent_ns;
+	atomic_uint_fast64_t latency_ns;
+	unsigned interval_ms;
+	unsigned missed_max;
+};
+
+/*
+ * One heartbeat tick: returns true when the peer has been silent for too
+ * long; otherwise counts the tick and tells the caller to send a heartbeat.
+ */
+static inline bool rtrs_hb_tick_expired(struct rtrs_hb *hb)
+{
+	if (atomic_load(&hb->missed) >= hb->missed_max)
+		return true;
+	atomic_fetch_add(&hb->missed, 1);
+	atomic_store(&hb->last_sent_ns, now_ns());
+	return false;
+}
+
+static inline void rtrs_hb_heard(struct rtrs_hb *hb)
+{
+	atomic_store_explicit(&hb->missed, 0, memory_order_relaxed);
+}
+
+static inline void rtrs_hb_acked(struct rtrs_hb *hb)
+{
+	atomic_store(&hb->latency_ns, now_ns() - atomic_load(&hb->last_sent_ns));
+}
+
+#endif

@@ -1,0 +1,301 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * RTRS wire protocol 2.0 as carried over libfabric.
+ *
+ * This header is the only place that knows the byte layout of RTRS messages.
+ * Layouts follow the kernel's rtrs-pri.h (magic 0x1BBD, version 2.0, all
+ * fields little-endian). Differences forced by libfabric, all documented in
+ * docs/protocol.md:
+ *   - conn_req drops the two leading bytes that belong to the RDMA CM, and
+ *     both CM messages stay within 55 bytes (the verbs provider's limit);
+ *   - reserved bytes carry the "imm target" descriptors: the tcp provider
+ *     checks the remote key even of an empty write with immediate, so each
+ *     side names a small region the other may aim empty writes at.
+ * Every decode function validates every field before anything else uses it,
+ * including what the kernel forgets (usr_len beyond the header offset, read
+ * lengths beyond the chunk).
+ */
+#ifndef RTRS_PROTO_H
+#define RTRS_PROTO_H
+
+#include <assert.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/util.h"
+
+#define RTRS_MAGIC 0x1BBD
+#define RTRS_PROTO_VER_MAJOR 2
+#define RTRS_PROTO_VER_MINOR 0
+#define RTRS_PROTO_VER ((RTRS_PROTO_VER_MAJOR << 8) | RTRS_PROTO_VER_MINOR)
+
+#define RTRS_MAX_SESS_QUEUE_DEPTH 65535
+#define RTRS_MIN_CHUNK_SIZE 8192u
+#define RTRS_MAX_CHUNK_SIZE (128u << 20)
+#define RTRS_MAX_HDR_SIZE 4096u
+#define RTRS_MAX_PATHS 128
+#define RTRS_MAX_CONNS 4096
+#define RTRS_NAME_MAX 255
+#define RTRS_UUID_LEN 16
+/* The verbs provider carries at most 55 bytes of CM private data. */
+#define RTRS_CM_DATA_MAX 55
+/* Read requests may name up to this many client buffers (kernel: 1). */
+#define RTRS_MAX_READ_SG 128
+
+/* ---- immediate data: 4 bits type, 28 bits payload --------------------- */
+
+#define RTRS_IMM_TYPE_BITS 4
+#define RTRS_IMM_PAYL_BITS 28
+#define RTRS_IMM_PAYL_MASK ((1u << RTRS_IMM_PAYL_BITS) - 1)
+
+enum rtrs_imm_type {
+	RTRS_IO_REQ_IMM = 0,
+	RTRS_IO_RSP_IMM = 1,
+	RTRS_IO_RSP_W_INV_IMM = 2,
+	RTRS_HB_MSG_IMM = 8,
+	RTRS_HB_ACK_IMM = 9,
+};
+
+/* Response payload: 9 bits |errno|, 19 bits msg id. */
+#define RTRS_RSP_ERRNO_BITS 9
+#define RTRS_RSP_ID_BITS 19
+#define RTRS_RSP_ERRNO_MAX ((1u << RTRS_RSP_ERRNO_BITS) - 1)
+#define RTRS_RSP_ID_MAX ((1u << RTRS_RSP_ID_BITS) - 1)
+
+static inline uint32_t rtrs_to_imm(enum rtrs_imm_type type, uint32_t payload)
+{
+	return ((uint32_t)type << RTRS_IMM_PAYL_BITS) | (payload & RTRS_IMM_PAYL_MASK);
+}
+
+static inline void rtrs_from_imm(uint32_t imm, unsigned *type, uint32_t *payload)
+{
+	*type = imm >> RTRS_IMM_PAYL_BITS;
+	*payload = imm & RTRS_IMM_PAYL_MASK;
+}
+
+/*
+ * Request payload: chunk id in the high bits, byte offset of the rtrs header
+ * inside the chunk in the low mem_bits bits.
+ */
+static inline unsigned rtrs_chunk_bits(unsigned queue_depth)
+{
+	return queue_depth > 1 ? bits_for(queue_depth - 1) : 1;
+}
+
+static inline unsigned rtrs_mem_bits(unsigned queue_depth)
+{
+	return RTRS_IMM_PAYL_BITS - rtrs_chunk_bits(queue_depth);
+}
+
+/* True when queue_depth chunks of chunk_size bytes can be named in an imm. */
+static inline bool rtrs_imm_fits(unsigned queue_depth, uint32_t chunk_size)
+{
+	return rtrs_chunk_bits(queue_depth) + bits_for(chunk_size - 1) <= RTRS_IMM_PAYL_BITS;
+}
+
+static inline uint32_t rtrs_to_io_req_imm(unsigned queue_depth, uint32_t chunk, uint32_t off)
+{
+	return rtrs_to_imm(RTRS_IO_REQ_IMM, (chunk << rtrs_mem_bits(queue_depth)) | off);
+}
+
+static inline uint32_t rtrs_to_io_rsp_imm(uint32_t msg_id, int errno_neg)
+{
+	uint32_t e = (uint32_t)(errno_neg < 0 ? -errno_neg : errno_neg);
+
+	if (e > RTRS_RSP_ERRNO_MAX)
+		e = 5; /* EIO: the field has 9 bits */
+	return rtrs_to_imm(RTRS_IO_RSP_IMM,
+			   (e << RTRS_RSP_ID_BITS) | (msg_id & RTRS_RSP_ID_MAX));
+}
+
+/* ---- structures --------------------------------------------------------- */
+
+struct rtrs_sg_desc {
+	struct le64 addr;
+	struct le32 key;
+	struct le32 len;
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_sg_desc) == 16, "rtrs_sg_desc");
+
+#define RTRS_CONN_FIRST 0x01 /* conn_req.flags: may create a new session */
+
+/* Kernel layout minus the two CMA bytes: 54 bytes. */
+struct rtrs_msg_conn_req {
+	struct le16 magic;
+	struct le16 version;
+	struct le16 cid;
+	struct le16 cid_num;
+	struct le16 recon_cnt;
+	uint8_t sess_uuid[RTRS_UUID_LEN];  /* path */
+	uint8_t paths_uuid[RTRS_UUID_LEN]; /* session */
+	uint8_t flags;
+	uint8_t reserved[11];
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_msg_conn_req) == 54, "rtrs_msg_conn_req");
+static_assert(sizeof(struct rtrs_msg_conn_req) <= RTRS_CM_DATA_MAX, "conn_req fits verbs CM");
+
+#define RTRS_MSG_NEW_RKEY_F (1u << 1)
+
+/*
+ * Kernel layout has 36 reserved bytes (56 in all); ours carries the server's
+ * imm target in the first 16 and keeps 16 reserved: 52 bytes.
+ */
+struct rtrs_msg_conn_rsp {
+	struct le16 magic;
+	struct le16 version;
+	struct le16 errno_;    /* 0 on accept, -errno (two's complement) on reject */
+	struct le16 queue_depth;
+	struct le32 max_io_size;
+	struct le32 max_hdr_size;
+	struct le32 flags;
+	struct rtrs_sg_desc imm_desc;
+	uint8_t reserved[16];
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_msg_conn_rsp) == 52, "rtrs_msg_conn_rsp");
+static_assert(sizeof(struct rtrs_msg_conn_rsp) <= RTRS_CM_DATA_MAX, "conn_rsp fits verbs CM");
+
+enum rtrs_msg_type {
+	RTRS_MSG_INFO_REQ = 0,
+	RTRS_MSG_INFO_RSP = 1,
+	RTRS_MSG_WRITE = 2,
+	RTRS_MSG_READ = 3,
+	RTRS_MSG_RKEY_RSP = 4,
+};
+
+#define RTRS_MSG_NEED_INVAL_F (1u << 0)
+
+/* Two-sided message on the admin connection: 272 bytes as in the kernel. */
+struct rtrs_msg_info_req {
+	struct le16 type;
+	uint8_t pathname[RTRS_NAME_MAX];
+	/* kernel: reserved[15]; ours: the client's imm target */
+	struct le64 imm_addr;
+	struct le32 imm_key;
+	uint8_t reserved[3];
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_msg_info_req) == 272, "rtrs_msg_info_req");
+
+struct rtrs_msg_info_rsp {
+	struct le16 type;
+	struct le16 sg_cnt;
+	uint8_t reserved[4];
+	struct rtrs_sg_desc desc[];
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_msg_info_rsp) == 8, "rtrs_msg_info_rsp");
+
+struct rtrs_msg_rkey_rsp {
+	struct le16 type;
+	struct le16 buf_id;
+	struct le32 rkey;
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_msg_rkey_rsp) == 8, "rtrs_msg_rkey_rsp");
+
+struct rtrs_msg_rdma_read {
+	struct le16 type;
+	struct le16 usr_len;
+	struct le16 flags;
+	struct le16 sg_cnt;
+	struct rtrs_sg_desc desc[];
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_msg_rdma_read) == 8, "rtrs_msg_rdma_read");
+
+struct rtrs_msg_rdma_write {
+	struct le16 type;
+	struct le16 usr_len;
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_msg_rdma_write) == 4, "rtrs_msg_rdma_write");
+
+/* ---- decoded, validated host forms --------------------------------------- */
+
+struct rtrs_conn_req {
+	uint16_t cid;
+	uint16_t cid_num;
+	uint16_t recon_cnt;
+	bool first_conn;
+	uint8_t sess_uuid[RTRS_UUID_LEN];
+	uint8_t paths_uuid[RTRS_UUID_LEN];
+};
+
+struct rtrs_desc {
+	uint64_t addr;
+	uint32_t key;
+	uint32_t len;
+};
+
+struct rtrs_conn_rsp {
+	int err;                /* 0 = accepted, else negative errno (reject) */
+	uint16_t queue_depth;
+	uint32_t max_io_size;
+	uint32_t max_hdr_size;
+	uint32_t chunk_size;    /* max_io_size + max_hdr_size */
+	uint32_t flags;
+	struct rtrs_desc imm_desc;
+};
+
+struct rtrs_info_req {
+	char pathname[RTRS_NAME_MAX + 1];
+	uint64_t imm_addr;
+	uint32_t imm_key;
+};
+
+/* A server IO request as found in a chunk, after validation. */
+struct rtrs_io_req {
+	enum rtrs_msg_type type;  /* RTRS_MSG_WRITE or RTRS_MSG_READ */
+	uint32_t chunk;
+	uint32_t off;             /* of the rtrs header inside the chunk */
+	uint32_t usr_len;
+	uint32_t data_len;
+	uint16_t flags;
+	uint16_t sg_cnt;          /* read only */
+	const struct rtrs_sg_desc *sg; /* read only: points into the chunk */
+};
+
+/* Limits a receiver validates against. */
+struct rtrs_limits {
+	uint32_t queue_depth;
+	uint32_t chunk_size;
+	uint32_t max_hdr_size;
+};
+
+/* ---- encoders ------------------------------------------------------------ */
+
+void rtrs_conn_req_encode(struct rtrs_msg_conn_req *m, const struct rtrs_conn_req *r);
+void rtrs_conn_rsp_encode(struct rtrs_msg_conn_rsp *m, const struct rtrs_conn_rsp *r);
+void rtrs_info_req_encode(struct rtrs_msg_info_req *m, const struct rtrs_info_req *r);
+/* Returns the message size; buf must hold rtrs_info_rsp_size(n) bytes. */
+size_t rtrs_info_rsp_size(unsigned sg_cnt);
+void rtrs_info_rsp_encode(void *buf, const struct rtrs_desc *descs, unsigned sg_cnt);
+/* Header sizes: write 4; read 8 + 16 * sg_cnt. */
+size_t rtrs_io_hdr_size(bool read, unsigned sg_cnt);
+void rtrs_write_hdr_encode(void *at, uint32_t usr_len);
+void rtrs_read_hdr_encode(void *at, uint32_t usr_len, uint16_t flags,
+			  const struct rtrs_desc *sg, unsigned sg_cnt);
+
+/* ---- decoders: 0 or a negative errno; the reason is in *why ------------- */
+
+int rtrs_conn_req_decode(const void *buf, size_t len, struct rtrs_conn_req *out,
+			 const char **why);
+int rtrs_conn_rsp_decode(const void *buf, size_t len, struct rtrs_conn_rsp *out,
+			 const char **why);
+int rtrs_info_req_decode(const void *buf, size_t len, struct rtrs_info_req *out,
+			 const char **why);
+/*
+ * Expands the descriptors into one (addr, key) per chunk: chunks must have
+ * room for queue_depth entries.
+ */
+int rtrs_info_rsp_decode(const void *buf, size_t len, const struct rtrs_limits *lim,
+			 struct rtrs_desc *chunks, const char **why);
+/* Decodes the payload of an RTRS_IO_REQ_IMM and the header it points at. */
+int rtrs_io_req_decode(uint32_t payload, const struct rtrs_limits *lim,
+		       void *const *chunk_bases, struct rtrs_io_req *out, const char **why);
+/* Decodes the payload of an RTRS_IO_RSP_IMM. */
+int rtrs_io_rsp_decode(uint32_t payload, uint32_t queue_depth, uint32_t *msg_id,
+		       int *err, const char **why);
+int rtrs_rkey_rsp_decode(const void *buf, size_t len, uint32_t queue_depth,
+			 uint32_t *buf_id, uint32_t *rkey, const char **why);
+
+/* Session names: 1..255 bytes, printable, no '/' and no '.' (as the kernel). */
+bool rtrs_name_valid(const char *name);
+
+#endif

@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Pieces shared by client and server: the path state table, address
+ * parsing, option defaults, log level.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "rtrs-pri.h"
+
+static const char *const path_state_names[RTRS_PATH_NUM_STATES] = {
+	[RTRS_PATH_CONNECTING] = "connecting",
+	[RTRS_PATH_CONNECTED] = "connected",
+	[RTRS_PATH_CLOSING] = "closing",
+	[RTRS_PATH_CLOSED] = "closed",
+};
+
+/* allowed[from][to]: every legal transition, nothing else. */
+static const bool path_state_allowed[RTRS_PATH_NUM_STATES][RTRS_PATH_NUM_STATES] = {
+	[RTRS_PATH_CONNECTING] = { [RTRS_PATH_CONNECTED] = true, [RTRS_PATH_CLOSING] = true,
+				   [RTRS_PATH_CLOSED] = true },
+	[RTRS_PATH_CONNECTED] = { [RTRS_PATH_CLOSING] = true },
+	[RTRS_PATH_CLOSING] = { [RTRS_PATH_CLOSED] = true },
+	[RTRS_PATH_CLOSED] = { [RTRS_PATH_CONNECTING] = true },
+};
+
+const char *rtrs_path_state_str(enum rtrs_path_state s)
+{
+	return (unsigned)s < RTRS_PATH_NUM_STATES ? path_state_names[s] : "unknown";
+}
+
+bool rtrs_path_state_allowed(enum rtrs_path_state from, enum rtrs_path_state to)
+{
+	return (unsigned)from < RTRS_PATH_NUM_STATES && (unsigned)to < RTRS_PATH_NUM_STATES &&
+	       path_state_allowed[from][to];
+}
+
+int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
+			char *port, size_t portlen)
+{
+	const char *h = in, *colon = NULL;
+	size_t hl;
+
+	if (!in || !*in)
+		return -EINVAL;
+	if (*in == '[') {
+		const char *end = strchr(in, ']');
+
+		if (!end)
+			return -EINVAL;
+		h = in + 1;
+		hl = (size_t)(end - h);
+		if (end[1] == ':')
+			colon = end + 1;
+		else if (end[1])
+			return -EINVAL;
+	} else {
+		colon = strrchr(in, ':');
+		/* More than one colon without brackets: a bare IPv6 address. */
+		if (colon && strchr(in, ':') != colon)
+			colon = NULL;
+		hl = colon ? (size_t)(colon - in) : strlen(in);
+	}
+	if (hl == 0 || hl >= hostlen)
+		return -EINVAL;
+	memcpy(host, h, hl);
+	host[hl] = '\0';
+	if (colon) {
+		uint64_t v;
+
+		if (parse_u64(colon + 1, 1, 65535, &v))
+			return -EINVAL;
+		snprintf(port, portlen, "%u", (unsigned)v);
+	} else {
+		snprintf(port, portlen, "%u", default_port);
+	}
+	return 0;
+}
+
+RTRS_EXPORT
+void rtrs_set_log_level(int level)
+{
+	g_log_level = level < LOG_ERR ? LOG_ERR : level > LOG_DBG ? LOG_DBG : level;
+}
+
+RTRS_EXPORT
+int rtrs_srv_opts_init(struct rtrs_srv_opts *o, size_t size)
+{
+	if (!o || size != sizeof(*o))
+		return -EINVAL;
+	memset(o, 0, sizeof(*o));
+	o->size = size;
+	o->port = RTRS_DEFAULT_PORT;
+	o->provider = RTRS_DEFAULT_PROVIDER;
+	o->queue_depth = RTRS_DEFAULT_QUEUE_DEPTH;
+	o->max_chunk_size = RTRS_DEFAULT_CHUNK_SIZE;
+	o->hb_interval_ms = RTRS_DEFAULT_HB_INTERVAL_MS;
+	o->hb_missed_max = RTRS_DEFAULT_HB_MISSED_MAX;
+	o->listen_retry_ms = 1000;
+	return 0;
+}

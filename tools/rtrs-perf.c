@@ -1,0 +1,398 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rtrs-perf: transport benchmark.
+ *
+ *   rtrs-perf server [options]            answer every IO at once
+ *   rtrs-perf client --dst HOST[:PORT]    keep --queue-depth IOs in flight
+ *
+ * The client prints op/s, GB/s and latency percentiles (or --json).
+ * With --verify, writes carry a pattern the server checks and reads return
+ * a pattern the client checks, so the numbers are for verified bytes.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rtrs.h"
+#include "opts.h"
+#include "util.h"
+
+static const char *const mode_names[] = { "write", "read", NULL };
+
+static struct {
+	const char *addr, *provider, *dst, *sessname;
+	uint64_t port, queue_depth, chunk_size, io_size, duration, cons, hb_ms;
+	unsigned mode;
+	bool json, verify, quiet;
+} g = {
+	.provider = "tcp", .sessname = "rtrs-perf", .port = RTRS_DEFAULT_PORT,
+	.queue_depth = 64, .chunk_size = RTRS_DEFAULT_CHUNK_SIZE, .io_size = 4096,
+	.duration = 5, .hb_ms = RTRS_DEFAULT_HB_INTERVAL_MS,
+};
+
+static const struct opt options[] = {
+	{ "addr", 'a', OPT_STRING, &g.addr, .arg = "ADDR", .help = "server: listen address" },
+	{ "port", 'p', OPT_UINT, &g.port, 0, 65535, .arg = "N",
+	  .help = "server: listen port (0 = any, printed)" },
+	{ "dst", 'd', OPT_STRING, &g.dst, .arg = "HOST[:PORT]", .help = "client: server to use" },
+	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME", .help = "libfabric provider" },
+	{ "mode", 'm', OPT_CHOICE, &g.mode, .choices = mode_names, .arg = "MODE",
+	  .help = "client: IO direction" },
+	{ "io-size", 's', OPT_SIZE, &g.io_size, 1, 128u << 20, .arg = "SIZE",
+	  .help = "client: bytes per IO" },
+	{ "queue-depth", 'q', OPT_UINT, &g.queue_depth, 1, 65535, .arg = "N",
+	  .help = "client: IOs in flight; server: chunks per session" },
+	{ "chunk-size", 'c', OPT_SIZE, &g.chunk_size, 8192, 128u << 20, .arg = "SIZE",
+	  .help = "server: chunk size (power of two)" },
+	{ "cons", 'n', OPT_UINT, &g.cons, 0, 1024, .arg = "N",
+	  .help = "client: IO connections (0 = one per CPU)" },
+	{ "duration", 't', OPT_UINT, &g.duration, 1, 86400, .arg = "SEC",
+	  .help = "client: seconds to run" },
+	{ "hb-interval", 0, OPT_UINT, &g.hb_ms, 10, 600000, .arg = "MS",
+	  .help = "heartbeat interval" },
+	{ "sessname", 0, OPT_STRING, &g.sessname, .arg = "NAME", .help = "client: session name" },
+	{ "verify", 'V', OPT_FLAG, &g.verify, .help = "check every byte moved" },
+	{ "json", 'j', OPT_FLAG, &g.json, .help = "client: print one JSON object" },
+	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "server: no banner" },
+	{ 0 },
+};
+
+/* The user header of every IO: what the pattern derives from. */
+struct perf_hdr {
+	uint64_t seq;
+	uint32_t len;
+	uint32_t magic;
+};
+#define PERF_MAGIC 0x52545253u
+
+static uint8_t pattern_byte(uint64_t seq, size_t i)
+{
+	uint64_t x = seq * 0x9E3779B97F4A7C15ull + i;
+
+	return (uint8_t)(x ^ (x >> 29) ^ (x >> 47));
+}
+
+static void pattern_fill(uint8_t *buf, size_t len, uint64_t seq)
+{
+	for (size_t i = 0; i < len; i++)
+		buf[i] = pattern_byte(seq, i);
+}
+
+static bool pattern_check(const uint8_t *buf, size_t len, uint64_t seq)
+{
+	for (size_t i = 0; i < len; i++)
+		if (buf[i] != pattern_byte(seq, i))
+			return false;
+	return true;
+}
+
+/* ---- server ---------------------------------------------------------------- */
+
+static atomic_uint_fast64_t srv_bad;
+
+static int srv_rdma_ev(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir, void *data,
+		       size_t datalen, const void *usr, size_t usrlen)
+{
+	struct perf_hdr h;
+
+	if (g.verify) {
+		if (usrlen != sizeof(h))
+			return -EBADMSG;
+		memcpy(&h, usr, sizeof(h));
+		if (h.magic != PERF_MAGIC || h.len != datalen)
+			return -EBADMSG;
+		if (dir == RTRS_WRITE && !pattern_check(data, datalen, h.seq)) {
+			atomic_fetch_add(&srv_bad, 1);
+			return -EILSEQ;
+		}
+		if (dir == RTRS_READ)
+			pattern_fill(data, datalen, h.seq);
+	}
+	rtrs_srv_resp_rdma(id, 0);
+	return 0;
+}
+
+static int run_server(void)
+{
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_srv_opts o;
+	struct rtrs_srv_ctx *ctx;
+	sigset_t set;
+	int rc, sig;
+
+	rtrs_srv_opts_init(&o, sizeof(o));
+	o.addr = g.addr;
+	o.port = (uint16_t)g.port;
+	o.provider = g.provider;
+	o.queue_depth = (uint32_t)g.queue_depth;
+	o.max_chunk_size = (uint32_t)g.chunk_size;
+	o.hb_interval_ms = (unsigned)g.hb_ms;
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	rc = rtrs_srv_open(&ops, &o, &ctx);
+	if (rc) {
+		fprintf(stderr, "rtrs-perf: server: %s\n", strerror(-rc));
+		return 1;
+	}
+	rc = rtrs_srv_wait_listening(ctx, 60000);
+	if (rc) {
+		fprintf(stderr, "rtrs-perf: server: not listening after 60 s\n");
+		rtrs_srv_close(ctx);
+		return 1;
+	}
+	printf("rtrs-perf server listening on port %d\n", rtrs_srv_get_port(ctx));
+	fflush(stdout);
+	sigwait(&set, &sig);
+	rtrs_srv_close(ctx);
+	if (!g.quiet)
+		printf("rtrs-perf server: stopped (%" PRIuFAST64 " bad writes)\n",
+		       atomic_load(&srv_bad));
+	return atomic_load(&srv_bad) ? 1 : 0;
+}
+
+/* ---- client ------------------------------------------------------------------ */
+
+/* Latency histogram: 32 linear sub-buckets per power of two (3 % precision). */
+#define HIST_SUB 32
+#define HIST_BUCKETS (64 * HIST_SUB)
+
+static atomic_uint_fast64_t hist[HIST_BUCKETS];
+
+static unsigned hist_index(uint64_t v)
+{
+	unsigned e;
+
+	if (v < HIST_SUB)
+		return (unsigned)v;
+	e = 63 - (unsigned)__builtin_clzll(v); /* >= 5 */
+	return (e - 4) * HIST_SUB + (unsigned)((v >> (e - 5)) & (HIST_SUB - 1));
+}
+
+static uint64_t hist_value(unsigned idx)
+{
+	unsigned e;
+
+	if (idx < HIST_SUB)
+		return idx;
+	e = idx / HIST_SUB + 4;
+	return ((uint64_t)(HIST_SUB + idx % HIST_SUB)) << (e - 5);
+}
+
+static uint64_t hist_percentile(double pct, uint64_t total)
+{
+	uint64_t want = (uint64_t)(pct / 100.0 * (double)total + 0.5), seen = 0;
+
+	if (want == 0)
+		want = 1;
+	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
+		seen += atomic_load(&hist[i]);
+		if (seen >= want)
+			return hist_value(i);
+	}
+	return 0;
+}
+
+struct perf_io {
+	struct rtrs_clt_sess *sess;
+	struct rtrs_permit *permit;
+	uint8_t *buf;
+	struct perf_hdr hdr;
+	uint64_t start_ns;
+	struct rtrs_clt_req_ops ops;
+};
+
+static atomic_uint_fast64_t ops_done, ops_err, ops_bad, seq_next;
+static atomic_uint active;
+static atomic_bool stopping;
+static pthread_mutex_t done_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t done_cond = PTHREAD_COND_INITIALIZER;
+static int first_err;
+
+static int io_submit(struct perf_io *io)
+{
+	struct iovec usr = { &io->hdr, sizeof(io->hdr) };
+	struct iovec data = { io->buf, g.io_size };
+	enum rtrs_dir dir = g.mode == 0 ? RTRS_WRITE : RTRS_READ;
+
+	io->hdr.seq = atomic_fetch_add(&seq_next, 1);
+	io->hdr.len = (uint32_t)g.io_size;
+	io->hdr.magic = PERF_MAGIC;
+	if (g.verify) {
+		if (dir == RTRS_WRITE)
+			pattern_fill(io->buf, g.io_size, io->hdr.seq);
+		else
+			memset(io->buf, 0, g.io_size);
+	}
+	io->start_ns = now_ns();
+	return rtrs_clt_request(io->sess, dir, &io->ops, io->permit, &usr, 1, &data, 1);
+}
+
+static void io_retire(void)
+{
+	if (atomic_fetch_sub(&active, 1) == 1) {
+		pthread_mutex_lock(&done_lock);
+		pthread_cond_broadcast(&done_cond);
+		pthread_mutex_unlock(&done_lock);
+	}
+}
+
+static void io_conf(void *priv, int err)
+{
+	struct perf_io *io = priv;
+	int rc;
+
+	if (err) {
+		if (atomic_fetch_add(&ops_err, 1) == 0)
+			first_err = err;
+		atomic_store(&stopping, true);
+		io_retire();
+		return;
+	}
+	if (g.verify && g.mode == 1 && !pattern_check(io->buf, g.io_size, io->hdr.seq))
+		atomic_fetch_add(&ops_bad, 1);
+	atomic_fetch_add_explicit(&hist[hist_index((now_ns() - io->start_ns) / 1000)], 1,
+				  memory_order_relaxed);
+	atomic_fetch_add_explicit(&ops_done, 1, memory_order_relaxed);
+	if (atomic_load_explicit(&stopping, memory_order_relaxed)) {
+		io_retire();
+		return;
+	}
+	rc = io_submit(io);
+	if (rc) {
+		if (atomic_fetch_add(&ops_err, 1) == 0)
+			first_err = rc;
+		atomic_store(&stopping, true);
+		io_retire();
+	}
+}
+
+static int run_client(void)
+{
+	struct rtrs_path_addr path = { .dst = g.dst };
+	struct rtrs_attrs attrs = { .size = sizeof(attrs) };
+	struct rtrs_clt_opts o;
+	struct rtrs_clt_sess *sess;
+	struct perf_io *ios;
+	uint64_t t0, t1, n;
+	double secs;
+	int rc;
+
+	if (!g.dst) {
+		fprintf(stderr, "rtrs-perf: client needs --dst HOST[:PORT]\n");
+		return 2;
+	}
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = g.sessname;
+	o.paths = &path;
+	o.paths_num = 1;
+	o.port = (uint16_t)g.port;
+	o.provider = g.provider;
+	o.nr_io_cons = (unsigned)g.cons;
+	o.hb_interval_ms = (unsigned)g.hb_ms;
+	rc = rtrs_clt_open(&o, &sess);
+	if (rc) {
+		fprintf(stderr, "rtrs-perf: cannot open session to %s: %s\n", g.dst, strerror(-rc));
+		return 1;
+	}
+	rtrs_clt_query(sess, &attrs);
+	if (g.io_size > attrs.max_io_size || g.queue_depth > attrs.queue_depth) {
+		fprintf(stderr, "rtrs-perf: io size %" PRIu64 " / queue depth %" PRIu64
+			" beyond the session's %u / %u\n", g.io_size, g.queue_depth,
+			attrs.max_io_size, attrs.queue_depth);
+		rtrs_clt_close(sess);
+		return 2;
+	}
+	ios = calloc(g.queue_depth, sizeof(*ios));
+	for (uint64_t i = 0; i < g.queue_depth; i++) {
+		ios[i].sess = sess;
+		ios[i].permit = rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+		ios[i].buf = aligned_alloc(4096, (g.io_size + 4095) & ~4095ull);
+		ios[i].ops = (struct rtrs_clt_req_ops){ .priv = &ios[i], .conf = io_conf };
+	}
+	t0 = now_ns();
+	for (uint64_t i = 0; i < g.queue_depth; i++) {
+		atomic_fetch_add(&active, 1);
+		rc = io_submit(&ios[i]);
+		if (rc) {
+			fprintf(stderr, "rtrs-perf: submit: %s\n", strerror(-rc));
+			atomic_store(&stopping, true);
+			io_retire();
+			break;
+		}
+	}
+	for (uint64_t ms = 0; ms < g.duration * 1000 && !atomic_load(&stopping); ms += 10)
+		usleep(10000);
+	atomic_store(&stopping, true);
+	pthread_mutex_lock(&done_lock);
+	while (atomic_load(&active))
+		pthread_cond_wait(&done_cond, &done_lock);
+	pthread_mutex_unlock(&done_lock);
+	t1 = now_ns();
+
+	n = atomic_load(&ops_done);
+	secs = (double)(t1 - t0) / 1e9;
+	if (g.json) {
+		printf("{\"mode\":\"%s\",\"provider\":\"%s\",\"io_size\":%" PRIu64
+		       ",\"queue_depth\":%" PRIu64 ",\"seconds\":%.3f,\"ops\":%" PRIu64
+		       ",\"ops_per_sec\":%.0f,\"gb_per_sec\":%.4f,\"lat_us\":{\"p50\":%" PRIu64
+		       ",\"p99\":%" PRIu64 ",\"p999\":%" PRIu64 "},\"errors\":%" PRIuFAST64
+		       ",\"bad\":%" PRIuFAST64 "}\n",
+		       mode_names[g.mode], g.provider, g.io_size, g.queue_depth, secs, n,
+		       (double)n / secs, (double)n * (double)g.io_size / secs / 1e9,
+		       hist_percentile(50, n), hist_percentile(99, n), hist_percentile(99.9, n),
+		       atomic_load(&ops_err), atomic_load(&ops_bad));
+	} else {
+		printf("rtrs-perf: %s %" PRIu64 " B, qd %" PRIu64 ", %s, %.2f s%s\n",
+		       mode_names[g.mode], g.io_size, g.queue_depth, g.dst, secs,
+		       g.verify ? ", verified" : "");
+		printf("  %" PRIu64 " ops  %.0f op/s  %.3f GB/s  latency us p50 %" PRIu64
+		       " p99 %" PRIu64 " p99.9 %" PRIu64 "  errors %" PRIuFAST64 "\n",
+		       n, (double)n / secs, (double)n * (double)g.io_size / secs / 1e9,
+		       hist_percentile(50, n), hist_percentile(99, n), hist_percentile(99.9, n),
+		       atomic_load(&ops_err));
+	}
+	if (atomic_load(&ops_err))
+		fprintf(stderr, "rtrs-perf: %" PRIuFAST64 " IOs failed, first: %s\n",
+			atomic_load(&ops_err), strerror(-first_err));
+	if (atomic_load(&ops_bad))
+		fprintf(stderr, "rtrs-perf: %" PRIuFAST64 " reads returned wrong bytes\n",
+			atomic_load(&ops_bad));
+	for (uint64_t i = 0; i < g.queue_depth; i++) {
+		rtrs_clt_put_permit(sess, ios[i].permit);
+		free(ios[i].buf);
+	}
+	free(ios);
+	rtrs_clt_close(sess);
+	return atomic_load(&ops_err) || atomic_load(&ops_bad) ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *usage = "server|client [options]";
+	int pos, rc;
+
+	if (argc < 2 || (strcmp(argv[1], "server") && strcmp(argv[1], "client"))) {
+		if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+			opts_help(options, "rtrs-perf", usage);
+			return 0;
+		}
+		fprintf(stderr, "rtrs-perf: first argument must be 'server' or 'client' (see --help)\n");
+		return 2;
+	}
+	rc = opts_parse(options, "rtrs-perf", usage, argc - 1, argv + 1, &pos);
+	if (rc)
+		return rc > 0 ? 0 : 2;
+	if (pos != argc - 1) {
+		fprintf(stderr, "rtrs-perf: unexpected argument '%s'\n", argv[pos + 1]);
+		return 2;
+	}
+	return strcmp(argv[1], "server") ? run_client() : run_server();
+}
