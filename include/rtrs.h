@@ -185,6 +185,11 @@ struct rtrs_srv_sess *rtrs_srv_op_sess(struct rtrs_srv_op *id);
 
 /* Log level: 0 error, 1 warn, 2 info, 3 debug (also RTRS_LOG_LEVEL env). */
 void rtrs_set_log_level(int level);
+/*
+ * Sends log lines to fn instead of stderr (NULL restores stderr). fn runs on
+ * library threads, must not block and must not call back into the library.
+ */
+void rtrs_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *priv);
 
 #ifdef __cplusplus
 }

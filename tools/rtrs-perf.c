@@ -57,7 +57,8 @@ static const struct opt options[] = {
 	{ "hb-interval", 0, OPT_UINT, &g.hb_ms, 10, 600000, .arg = "MS",
 	  .help = "heartbeat interval" },
 	{ "sessname", 0, OPT_STRING, &g.sessname, .arg = "NAME", .help = "client: session name" },
-	{ "verify", 'V', OPT_FLAG, &g.verify, .help = "check every byte moved" },
+	{ "verify", 'V', OPT_FLAG, &g.verify,
+	  .help = "client: check every byte moved (the server follows)" },
 	{ "json", 'j', OPT_FLAG, &g.json, .help = "client: print one JSON object" },
 	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "server: no banner" },
 	{ 0 },
@@ -67,9 +68,11 @@ static const struct opt options[] = {
 struct perf_hdr {
 	uint64_t seq;
 	uint32_t len;
-	uint32_t magic;
+	uint16_t magic;
+	uint16_t flags;
 };
-#define PERF_MAGIC 0x52545253u
+#define PERF_F_VERIFY 1
+#define PERF_MAGIC 0x5254u
 
 static uint8_t pattern_byte(uint64_t seq, size_t i)
 {
@@ -101,12 +104,13 @@ static int srv_rdma_ev(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir, vo
 {
 	struct perf_hdr h;
 
-	if (g.verify) {
-		if (usrlen != sizeof(h))
-			return -EBADMSG;
-		memcpy(&h, usr, sizeof(h));
-		if (h.magic != PERF_MAGIC || h.len != datalen)
-			return -EBADMSG;
+	if (usrlen != sizeof(h))
+		return -EBADMSG;
+	memcpy(&h, usr, sizeof(h));
+	if (h.magic != PERF_MAGIC || h.len != datalen)
+		return -EBADMSG;
+	/* The client asks for verification; the server follows. */
+	if (h.flags & PERF_F_VERIFY) {
 		if (dir == RTRS_WRITE && !pattern_check(data, datalen, h.seq)) {
 			atomic_fetch_add(&srv_bad, 1);
 			return -EILSEQ;
@@ -225,6 +229,7 @@ static int io_submit(struct perf_io *io)
 	io->hdr.seq = atomic_fetch_add(&seq_next, 1);
 	io->hdr.len = (uint32_t)g.io_size;
 	io->hdr.magic = PERF_MAGIC;
+	io->hdr.flags = g.verify ? PERF_F_VERIFY : 0;
 	if (g.verify) {
 		if (dir == RTRS_WRITE)
 			pattern_fill(io->buf, g.io_size, io->hdr.seq);

@@ -12,6 +12,15 @@
 
 int g_log_level = LOG_WARN;
 
+static log_sink_fn g_sink;
+static void *g_sink_priv;
+
+void log_set_sink(log_sink_fn fn, void *priv)
+{
+	g_sink_priv = priv;
+	__atomic_store_n(&g_sink, fn, __ATOMIC_RELEASE);
+}
+
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
 
 __attribute__((constructor)) static void log_init_from_env(void)
@@ -36,8 +45,13 @@ void log_msg(enum log_level lvl, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
 	va_end(ap);
-	/* One write per line so lines from several threads do not interleave. */
-	fprintf(stderr, "%s\n", line);
+	log_sink_fn sink = __atomic_load_n(&g_sink, __ATOMIC_ACQUIRE);
+
+	if (sink)
+		sink(g_sink_priv, (int)lvl, line);
+	else
+		/* One write per line so lines from several threads do not interleave. */
+		fprintf(stderr, "%s\n", line);
 	errno = saved;
 }
 

@@ -13,6 +13,10 @@ enum log_level { LOG_ERR = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DBG = 3 };
 
 extern int g_log_level;
 
+/* Where lines go: stderr unless a sink is installed (rtrs_set_log_fn). */
+typedef void (*log_sink_fn)(void *priv, int level, const char *line);
+void log_set_sink(log_sink_fn fn, void *priv);
+
 void log_msg(enum log_level lvl, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 

@@ -366,7 +366,8 @@ int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 	req->data_len = (uint32_t)data_len;
 	req->hdr_len = (uint32_t)(usr_len + hdr);
 	req->data_cnt = data_cnt;
-	memcpy(req->data, data, data_cnt * sizeof(*data));
+	if (data_cnt)
+		memcpy(req->data, data, data_cnt * sizeof(*data));
 	slot = req_hdr_slot(req);
 	for (size_t i = 0; i < usr_cnt; i++) {
 		memcpy(slot, usr[i].iov_base, usr[i].iov_len);
@@ -466,13 +467,14 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 		}
 	}
 	pthread_mutex_lock(&p->lock);
-	bool was_connecting = atomic_load(&p->state) == RTRS_PATH_CONNECTING;
+	bool was_connected = atomic_load(&p->state) == RTRS_PATH_CONNECTED;
 
 	con->err = err ? err : -ECONNRESET;
 	con->connected = false;
 	pthread_cond_broadcast(&p->cond);
 	pthread_mutex_unlock(&p->lock);
-	if (!was_connecting) {
+	/* While connecting the establishing thread reports; while closing, nobody cares. */
+	if (was_connected) {
 		log_warn("%s: connection %u went down: %s", p->name, con->cid, strerror(-err));
 		clt_fail_path(p, err);
 	}

@@ -448,7 +448,8 @@ void fab_connreq_peer(const struct fab_connreq *req, char *buf, size_t len)
 
 static void con_down(struct fab_con *c, int err, const void *data, size_t len)
 {
-	if (atomic_exchange(&c->down, true))
+	/* After our own shutdown the owner already knows; say nothing. */
+	if (atomic_exchange(&c->down, true) || atomic_load(&c->shutdown))
 		return;
 	c->cfg.ops->down(c->cfg.priv, err, data, len);
 }
@@ -510,6 +511,11 @@ static void handle_cq_error(struct fab_con *c)
 		return;
 	if (atomic_load(&c->down) || atomic_load(&c->shutdown))
 		return; /* flushes after the connection went away */
+	if (err.err == ECANCELED) {
+		/* Flushed because the peer went away: a disconnect, not an error. */
+		con_down(c, -ECONNRESET, NULL, 0);
+		return;
+	}
 	log_err_rl("%s: completion error: %s (%s)", c->name, fi_strerror(err.err),
 		   fi_cq_strerror(c->cq, err.prov_errno, err.err_data, buf, sizeof(buf)));
 	con_down(c, err.err ? -err.err : -EIO, NULL, 0);
@@ -559,11 +565,19 @@ static void handle_eq(struct fab_con *c)
 	}
 }
 
+/*
+ * The completion thread. CQ entries are read until none are left; the EQ
+ * (connect, disconnect) is read when its fd fires and every 64 laps, since
+ * on tcp every fi_eq_read costs a system call and events there are rare.
+ * Before sleeping, fi_trywait makes sure both fds will signal anything new.
+ */
 static void *con_thread(void *arg)
 {
 	struct fab_con *c = arg;
 	struct fi_cq_data_entry comps[FAB_CQ_BATCH];
 	struct fid *fids[2] = { &c->cq->fid, &c->eq->fid };
+	bool eq_due = true;
+	unsigned laps = 0;
 	char tname[16];
 
 	snprintf(tname, sizeof(tname), "%.15s", c->name);
@@ -575,25 +589,37 @@ static void *con_thread(void *arg)
 			for (ssize_t i = 0; i < n; i++)
 				if (!atomic_load(&c->down))
 					handle_comp(c, &comps[i]);
-			if (n == FAB_CQ_BATCH)
-				continue; /* more may be waiting; EQ on the next lap */
 		} else if (n == -FI_EAVAIL) {
 			handle_cq_error(c);
-			continue;
+			eq_due = true;
 		} else if (n != -FI_EAGAIN) {
 			con_down(c, fab_errno(n), NULL, 0);
+			eq_due = true;
 		}
-		handle_eq(c);
+		if (eq_due || (++laps & 63) == 0) {
+			handle_eq(c);
+			eq_due = false;
+		}
 		if (atomic_exchange(&c->kicked, false) && !atomic_load(&c->down))
 			c->cfg.ops->kick(c->cfg.priv);
-		if (n > 0)
+		if (n > 0 || n == -FI_EAVAIL)
 			continue;
-		if (fi_trywait(c->fab->fabric, fids, 2) == FI_SUCCESS) {
-			struct epoll_event evs[3];
+		if (fi_trywait(c->fab->fabric, fids, 2) != FI_SUCCESS) {
+			eq_due = true;
+			continue;
+		}
+		struct epoll_event evs[3];
+		int ne = epoll_wait(c->epfd, evs, ARRAY_SIZE(evs), 1000);
+
+		if (ne == 0)
+			eq_due = true; /* idle: a cheap moment to look */
+		for (int i = 0; i < ne; i++) {
 			uint64_t v;
 
-			if (epoll_wait(c->epfd, evs, ARRAY_SIZE(evs), 1000) > 0 &&
-			    read(c->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+			if (evs[i].data.fd == c->eq_fd)
+				eq_due = true;
+			else if (evs[i].data.fd == c->wake_fd &&
+				 read(c->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
 				log_warn("%s: eventfd read: %s", c->name, strerror(errno));
 		}
 	}

@@ -101,7 +101,8 @@ static inline uint32_t rtrs_to_io_req_imm(unsigned queue_depth, uint32_t chunk, 
 
 static inline uint32_t rtrs_to_io_rsp_imm(uint32_t msg_id, int errno_neg)
 {
-	uint32_t e = (uint32_t)(errno_neg < 0 ? -errno_neg : errno_neg);
+	/* Unsigned negation: -INT_MIN would be undefined (and read as 0 by gcc -O2). */
+	uint32_t e = errno_neg < 0 ? 0u - (uint32_t)errno_neg : (uint32_t)errno_neg;
 
 	if (e > RTRS_RSP_ERRNO_MAX)
 		e = 5; /* EIO: the field has 9 bits */

@@ -85,6 +85,12 @@ void rtrs_set_log_level(int level)
 }
 
 RTRS_EXPORT
+void rtrs_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *priv)
+{
+	log_set_sink(fn, priv);
+}
+
+RTRS_EXPORT
 int rtrs_srv_opts_init(struct rtrs_srv_opts *o, size_t size)
 {
 	if (!o || size != sizeof(*o))

@@ -1,0 +1,428 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libFuzzer target for every RTRS wire decoder (lib/rtrs/rtrs-proto.c).
+ *
+ * Input layout: byte 0 picks the decoder; the bytes after it give that
+ * decoder's limits (if any) and then the message. Whatever a decoder accepts
+ * must satisfy the invariants the rest of the library relies on, and must
+ * survive re-encoding unchanged; a violation aborts so libFuzzer keeps the
+ * input. Messages are decoded from heap copies of exactly their length, and
+ * chunks are heap buffers of exactly chunk_size bytes, so ASan reports any
+ * read past either.
+ *
+ *   0 conn_req   [msg]
+ *   1 conn_rsp   [msg]
+ *   2 info_req   [msg]
+ *   3 info_rsp   [qd:le16][chunk shift:u8][msg]
+ *   4 io_req     [chunk shift:u8][qd:le16][max_hdr:le16][payload:le32][chunk bytes]
+ *   5 io_rsp     [qd:le32][payload:le32]
+ *   6 rkey_rsp   [qd:le32][msg]
+ *   7 name       [string]
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rtrs-proto.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define FAIL_IF(cond)                                                          \
+	do {                                                                   \
+		if (cond) {                                                    \
+			fprintf(stderr, "%s:%d: invariant broken: %s\n",       \
+				__FILE__, __LINE__, #cond);                    \
+			abort();                                               \
+		}                                                              \
+	} while (0)
+
+/* Every rejection names its reason. */
+#define CHECK_WHY(rc, why) FAIL_IF((rc) && (why) == NULL)
+
+/* Chunk sizes 8 KiB .. 128 KiB; larger ones add nothing but memory. */
+#define CHUNK_SHIFT_MIN 13
+#define CHUNK_SHIFTS 5
+/* A few distinct chunk buffers; chunk i uses buffer i % NBUFS. */
+#define NBUFS 3
+
+static uint8_t *bufs[CHUNK_SHIFTS][NBUFS];
+static void **bases[CHUNK_SHIFTS];
+
+static void init_once(void)
+{
+	static int done;
+
+	if (done)
+		return;
+	done = 1;
+	for (int s = 0; s < CHUNK_SHIFTS; s++) {
+		size_t cs = (size_t)1 << (CHUNK_SHIFT_MIN + s);
+
+		bases[s] = malloc(RTRS_MAX_SESS_QUEUE_DEPTH * sizeof(void *));
+		if (!bases[s])
+			abort();
+		for (int b = 0; b < NBUFS; b++) {
+			/* Exactly one chunk: ASan's redzone starts at its end. */
+			bufs[s][b] = malloc(cs);
+			if (!bufs[s][b])
+				abort();
+		}
+		for (unsigned i = 0; i < RTRS_MAX_SESS_QUEUE_DEPTH; i++)
+			bases[s][i] = bufs[s][i % NBUFS];
+	}
+}
+
+static uint16_t take16(const uint8_t **p, size_t *n)
+{
+	uint16_t v = 0;
+
+	if (*n >= 2) {
+		v = (uint16_t)((*p)[0] | (*p)[1] << 8);
+		*p += 2;
+		*n -= 2;
+	}
+	return v;
+}
+
+static uint32_t take32(const uint8_t **p, size_t *n)
+{
+	uint32_t lo = take16(p, n);
+
+	return lo | (uint32_t)take16(p, n) << 16;
+}
+
+static uint8_t take8(const uint8_t **p, size_t *n)
+{
+	uint8_t v = 0;
+
+	if (*n) {
+		v = **p;
+		(*p)++;
+		(*n)--;
+	}
+	return v;
+}
+
+static void *dup_exact(const uint8_t *p, size_t n)
+{
+	void *b = malloc(n ? n : 1);
+
+	if (!b)
+		abort();
+	if (n)
+		memcpy(b, p, n);
+	return b;
+}
+
+static void fuzz_conn_req(const uint8_t *p, size_t n)
+{
+	struct rtrs_conn_req r, r2;
+	struct rtrs_msg_conn_req m;
+	const char *why = NULL;
+	void *b = dup_exact(p, n);
+	int rc = rtrs_conn_req_decode(b, n, &r, &why);
+
+	CHECK_WHY(rc, why);
+	free(b);
+	if (rc)
+		return;
+	FAIL_IF(r.cid_num == 0 || r.cid_num > RTRS_MAX_CONNS || r.cid >= r.cid_num);
+	rtrs_conn_req_encode(&m, &r);
+	FAIL_IF(rtrs_conn_req_decode(&m, sizeof(m), &r2, NULL) != 0);
+	FAIL_IF(r2.cid != r.cid || r2.cid_num != r.cid_num || r2.recon_cnt != r.recon_cnt ||
+		r2.first_conn != r.first_conn ||
+		memcmp(r2.sess_uuid, r.sess_uuid, RTRS_UUID_LEN) ||
+		memcmp(r2.paths_uuid, r.paths_uuid, RTRS_UUID_LEN));
+	/* Everything but reserved bits and the minor version is preserved. */
+	FAIL_IF(memcmp((const uint8_t *)&m + 4, p + 4, 38));
+}
+
+static void fuzz_conn_rsp(const uint8_t *p, size_t n)
+{
+	struct rtrs_conn_rsp r, r2;
+	struct rtrs_msg_conn_rsp m;
+	const char *why = NULL;
+	void *b = dup_exact(p, n);
+	int rc = rtrs_conn_rsp_decode(b, n, &r, &why);
+
+	CHECK_WHY(rc, why);
+	free(b);
+	if (rc)
+		return;
+	FAIL_IF(r.err > 0);
+	if (r.err) {
+		FAIL_IF(r.queue_depth || r.chunk_size);
+	} else {
+		FAIL_IF(n < sizeof(m));
+		FAIL_IF(r.queue_depth == 0);
+		FAIL_IF(r.max_hdr_size < 24 || r.max_hdr_size > RTRS_MAX_HDR_SIZE);
+		FAIL_IF(r.max_io_size == 0);
+		FAIL_IF((uint64_t)r.max_io_size + r.max_hdr_size != r.chunk_size);
+		FAIL_IF(!is_pow2(r.chunk_size) || r.chunk_size < RTRS_MIN_CHUNK_SIZE ||
+			r.chunk_size > RTRS_MAX_CHUNK_SIZE);
+		FAIL_IF(!rtrs_imm_fits(r.queue_depth, r.chunk_size));
+		/* The last chunk and its last byte must survive the immediate. */
+		{
+			unsigned mb = rtrs_mem_bits(r.queue_depth), type;
+			uint32_t payload;
+
+			rtrs_from_imm(rtrs_to_io_req_imm(r.queue_depth, r.queue_depth - 1u,
+							 r.chunk_size - 1u), &type, &payload);
+			FAIL_IF(type != RTRS_IO_REQ_IMM);
+			FAIL_IF(payload >> mb != r.queue_depth - 1u);
+			FAIL_IF((payload & ((1u << mb) - 1)) != r.chunk_size - 1u);
+		}
+	}
+	rtrs_conn_rsp_encode(&m, &r);
+	FAIL_IF(rtrs_conn_rsp_decode(&m, sizeof(m), &r2, NULL) != 0);
+	FAIL_IF(r2.err != r.err || r2.queue_depth != r.queue_depth ||
+		r2.max_io_size != r.max_io_size || r2.max_hdr_size != r.max_hdr_size ||
+		r2.chunk_size != r.chunk_size || r2.flags != r.flags ||
+		r2.imm_desc.addr != r.imm_desc.addr || r2.imm_desc.key != r.imm_desc.key ||
+		r2.imm_desc.len != r.imm_desc.len);
+}
+
+static void fuzz_info_req(const uint8_t *p, size_t n)
+{
+	struct rtrs_info_req r, r2;
+	struct rtrs_msg_info_req m;
+	const char *why = NULL;
+	void *b = dup_exact(p, n);
+	int rc = rtrs_info_req_decode(b, n, &r, &why);
+
+	CHECK_WHY(rc, why);
+	free(b);
+	if (rc)
+		return;
+	FAIL_IF(!rtrs_name_valid(r.pathname));
+	FAIL_IF(strlen(r.pathname) > RTRS_NAME_MAX);
+	rtrs_info_req_encode(&m, &r);
+	FAIL_IF(rtrs_info_req_decode(&m, sizeof(m), &r2, NULL) != 0);
+	FAIL_IF(strcmp(r.pathname, r2.pathname) || r.imm_addr != r2.imm_addr ||
+		r.imm_key != r2.imm_key);
+}
+
+static void fuzz_info_rsp(const uint8_t *p, size_t n)
+{
+	struct rtrs_limits lim;
+	struct rtrs_desc *chunks;
+	const char *why = NULL;
+	unsigned sg_cnt;
+	void *b;
+	int rc;
+
+	lim.queue_depth = take16(&p, &n);
+	lim.chunk_size = 1u << (CHUNK_SHIFT_MIN + take8(&p, &n) % 15); /* .. 128 MiB */
+	lim.max_hdr_size = RTRS_MAX_HDR_SIZE;
+	if (!lim.queue_depth)
+		lim.queue_depth = 1;
+	/* Exactly queue_depth entries: ASan reports a write past them. */
+	chunks = malloc(lim.queue_depth * sizeof(*chunks));
+	b = dup_exact(p, n);
+	if (!chunks)
+		abort();
+	rc = rtrs_info_rsp_decode(b, n, &lim, chunks, &why);
+	CHECK_WHY(rc, why);
+	free(b);
+	if (rc) {
+		free(chunks);
+		return;
+	}
+	sg_cnt = (unsigned)(p[2] | p[3] << 8);
+	FAIL_IF(sg_cnt == 0 || lim.queue_depth % sg_cnt || n < rtrs_info_rsp_size(sg_cnt));
+	for (unsigned i = 0; i < lim.queue_depth; i++) {
+		unsigned per = lim.queue_depth / sg_cnt, d = i / per;
+		uint64_t base;
+		uint32_t key;
+
+		memcpy(&base, p + 8 + 16 * d, 8);
+		memcpy(&key, p + 8 + 16 * d + 8, 4);
+		base = le64toh(base);
+		FAIL_IF(chunks[i].len != lim.chunk_size);
+		FAIL_IF(chunks[i].key != le32toh(key));
+		FAIL_IF(chunks[i].addr != base + (uint64_t)(i % per) * lim.chunk_size);
+		/* The whole chunk is addressable without wrapping. */
+		FAIL_IF(chunks[i].addr > UINT64_MAX - lim.chunk_size + 1);
+	}
+	free(chunks);
+}
+
+static void fuzz_io_req(const uint8_t *p, size_t n)
+{
+	unsigned shift = take8(&p, &n) % CHUNK_SHIFTS;
+	uint32_t cs = 1u << (CHUNK_SHIFT_MIN + shift);
+	/* The largest queue depth whose ids fit beside this chunk size. */
+	uint32_t qd_max = MIN(1u << (RTRS_IMM_PAYL_BITS - (CHUNK_SHIFT_MIN + shift)),
+			      (uint32_t)RTRS_MAX_SESS_QUEUE_DEPTH);
+	struct rtrs_limits lim;
+	struct rtrs_io_req r;
+	const char *why = NULL;
+	uint32_t payload, chunk, off, raw;
+	unsigned mb;
+	const uint8_t *base, *end;
+	uint8_t *target;
+	int rc;
+
+	lim.chunk_size = cs;
+	lim.queue_depth = 1 + take16(&p, &n) % qd_max;
+	lim.max_hdr_size = 24 + take16(&p, &n) % (RTRS_MAX_HDR_SIZE - 24 + 1);
+	raw = take32(&p, &n);
+	/* Mostly a proper 28-bit payload, sometimes whatever came in. */
+	payload = raw & 0x80000000u ? raw : raw & RTRS_IMM_PAYL_MASK;
+	if (!rtrs_imm_fits(lim.queue_depth, cs))
+		abort(); /* the harness computed qd_max wrongly */
+
+	/* Put the rest of the input where the payload says the header is. */
+	mb = rtrs_mem_bits(lim.queue_depth);
+	chunk = payload >> mb;
+	off = payload & ((1u << mb) - 1);
+	if (chunk < lim.queue_depth) {
+		target = bufs[shift][chunk % NBUFS];
+		memset(target, 0, cs);
+		if (off < cs)
+			memcpy(target + off, p, MIN(n, cs - off));
+	}
+
+	rc = rtrs_io_req_decode(payload, &lim, bases[shift], &r, &why);
+	CHECK_WHY(rc, why);
+	if (rc)
+		return;
+
+	base = bufs[shift][r.chunk % NBUFS];
+	end = base + cs;
+	FAIL_IF(r.chunk != chunk || r.off != off);
+	FAIL_IF(r.chunk >= lim.queue_depth);
+	FAIL_IF(r.type != RTRS_MSG_WRITE && r.type != RTRS_MSG_READ);
+	FAIL_IF((uint64_t)r.data_len + r.usr_len != r.off);
+	FAIL_IF(r.data_len > cs - lim.max_hdr_size);
+	FAIL_IF(r.usr_len + rtrs_io_hdr_size(r.type == RTRS_MSG_READ, r.sg_cnt) >
+		lim.max_hdr_size);
+	FAIL_IF(r.off + rtrs_io_hdr_size(r.type == RTRS_MSG_READ, r.sg_cnt) > cs);
+	if (r.type == RTRS_MSG_WRITE) {
+		uint8_t hdr[4];
+
+		FAIL_IF(r.sg || r.sg_cnt || r.flags);
+		rtrs_write_hdr_encode(hdr, r.usr_len);
+		FAIL_IF(memcmp(hdr, base + r.off, sizeof(hdr)));
+	} else {
+		const uint8_t *sg = (const uint8_t *)r.sg;
+		struct rtrs_desc d[RTRS_MAX_READ_SG];
+		uint8_t hdr[8 + 16 * RTRS_MAX_READ_SG];
+		uint64_t sum = 0;
+
+		FAIL_IF(r.sg_cnt > RTRS_MAX_READ_SG);
+		FAIL_IF(r.flags & ~RTRS_MSG_NEED_INVAL_F);
+		FAIL_IF(sg != base + r.off + 8);
+		FAIL_IF(sg < base || sg + 16 * (size_t)r.sg_cnt > end);
+		for (unsigned i = 0; i < r.sg_cnt; i++) {
+			uint64_t a;
+			uint32_t k, l;
+
+			memcpy(&a, sg + 16 * i, 8);
+			memcpy(&k, sg + 16 * i + 8, 4);
+			memcpy(&l, sg + 16 * i + 12, 4);
+			d[i] = (struct rtrs_desc){ le64toh(a), le32toh(k), le32toh(l) };
+			FAIL_IF(d[i].len == 0);
+			sum += d[i].len;
+		}
+		FAIL_IF(sum != r.data_len);
+		rtrs_read_hdr_encode(hdr, r.usr_len, r.flags, d, r.sg_cnt);
+		FAIL_IF(memcmp(hdr, base + r.off, rtrs_io_hdr_size(true, r.sg_cnt)));
+	}
+	/* The client's encoder names the same place. */
+	{
+		unsigned type;
+		uint32_t again;
+
+		rtrs_from_imm(rtrs_to_io_req_imm(lim.queue_depth, r.chunk, r.off), &type, &again);
+		FAIL_IF(type != RTRS_IO_REQ_IMM || again != payload);
+	}
+}
+
+static void fuzz_io_rsp(const uint8_t *p, size_t n)
+{
+	uint32_t qd = take32(&p, &n), payload = take32(&p, &n), id = 0;
+	const char *why = NULL;
+	int err = 1, rc;
+
+	rc = rtrs_io_rsp_decode(payload, qd, &id, &err, &why);
+	CHECK_WHY(rc, why);
+	if (rc)
+		return;
+	FAIL_IF(id >= qd || id > RTRS_RSP_ID_MAX);
+	FAIL_IF(err > 0 || err < -(int)RTRS_RSP_ERRNO_MAX);
+	/* Re-encoding gives the same payload, up to bits beyond the 28. */
+	{
+		unsigned type;
+		uint32_t again;
+
+		rtrs_from_imm(rtrs_to_io_rsp_imm(id, err), &type, &again);
+		FAIL_IF(type != RTRS_IO_RSP_IMM || again != (payload & RTRS_IMM_PAYL_MASK));
+	}
+}
+
+static void fuzz_rkey_rsp(const uint8_t *p, size_t n)
+{
+	uint32_t qd = take32(&p, &n), id = UINT32_MAX, rkey;
+	const char *why = NULL;
+	void *b = dup_exact(p, n);
+	int rc = rtrs_rkey_rsp_decode(b, n, qd, &id, &rkey, &why);
+
+	CHECK_WHY(rc, why);
+	free(b);
+	if (rc)
+		return;
+	FAIL_IF(id >= qd);
+	FAIL_IF(id != (uint32_t)(p[2] | p[3] << 8));
+}
+
+static void fuzz_name(const uint8_t *p, size_t n)
+{
+	char s[RTRS_NAME_MAX + 8];
+	size_t len = MIN(n, sizeof(s) - 1);
+	bool ok;
+
+	memcpy(s, p, len);
+	s[len] = '\0';
+	ok = rtrs_name_valid(s);
+	len = strlen(s);
+	/* Printable ASCII without space, '.' and '/'. */
+	FAIL_IF(ok != (len >= 1 && len <= RTRS_NAME_MAX &&
+		       strspn(s, "!\"#$%&'()*+,-0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+				 "[\\]^_`abcdefghijklmnopqrstuvwxyz{|}~") == len));
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (size < 1)
+		return 0;
+	init_once();
+	switch (data[0] & 7) {
+	case 0:
+		fuzz_conn_req(data + 1, size - 1);
+		break;
+	case 1:
+		fuzz_conn_rsp(data + 1, size - 1);
+		break;
+	case 2:
+		fuzz_info_req(data + 1, size - 1);
+		break;
+	case 3:
+		fuzz_info_rsp(data + 1, size - 1);
+		break;
+	case 4:
+		fuzz_io_req(data + 1, size - 1);
+		break;
+	case 5:
+		fuzz_io_rsp(data + 1, size - 1);
+		break;
+	case 6:
+		fuzz_rkey_rsp(data + 1, size - 1);
+		break;
+	case 7:
+		fuzz_name(data + 1, size - 1);
+		break;
+	}
+	return 0;
+}

@@ -1,0 +1,176 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rtrs-test-server: a memory store behind an RTRS server, for functional
+ * tests. Writes land in the store at the offset named in the user header;
+ * reads return the store's bytes. TEST_OP_FAIL answers with the errno the
+ * client asks for. --async answers from a separate thread, so IO is held by
+ * the "user" while the transport runs on.
+ *
+ * Prints "rtrs-test-server listening on port N" once it listens.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rtrs.h"
+#include "opts.h"
+#include "test-proto-hdr.h"
+
+static struct {
+	uint64_t port, queue_depth, chunk_size, store_size, hb_ms, hb_missed, delay_us;
+	bool async;
+	const char *addr;
+} g = {
+	.queue_depth = RTRS_DEFAULT_QUEUE_DEPTH, .chunk_size = RTRS_DEFAULT_CHUNK_SIZE,
+	.store_size = 64u << 20, .hb_ms = RTRS_DEFAULT_HB_INTERVAL_MS,
+	.hb_missed = RTRS_DEFAULT_HB_MISSED_MAX, .addr = "127.0.0.1",
+};
+
+static const struct opt options[] = {
+	{ "addr", 'a', OPT_STRING, &g.addr, .arg = "ADDR", .help = "listen address" },
+	{ "port", 'p', OPT_UINT, &g.port, 0, 65535, .arg = "N", .help = "port (0 = any)" },
+	{ "queue-depth", 'q', OPT_UINT, &g.queue_depth, 1, 65535, .arg = "N", .help = "chunks" },
+	{ "chunk-size", 'c', OPT_SIZE, &g.chunk_size, 8192, 128u << 20, .arg = "SIZE",
+	  .help = "chunk size" },
+	{ "store-size", 's', OPT_SIZE, &g.store_size, 4096, 4ull << 30, .arg = "SIZE",
+	  .help = "bytes of memory store" },
+	{ "hb-interval", 0, OPT_UINT, &g.hb_ms, 10, 600000, .arg = "MS", .help = "heartbeat" },
+	{ "hb-missed", 0, OPT_UINT, &g.hb_missed, 1, 1000, .arg = "N", .help = "missed beats" },
+	{ "async", 0, OPT_FLAG, &g.async, .help = "answer from a separate thread" },
+	{ "delay-us", 0, OPT_UINT, &g.delay_us, 0, 10000000, .arg = "US",
+	  .help = "async: hold each IO this long" },
+	{ 0 },
+};
+
+static uint8_t *store;
+
+struct pending {
+	struct rtrs_srv_op *id;
+	int err;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct pending *ring;
+	size_t head, tail, cap;
+	bool stop;
+} q = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+static void *responder(void *arg)
+{
+	for (;;) {
+		struct pending p;
+
+		pthread_mutex_lock(&q.lock);
+		while (q.head == q.tail && !q.stop)
+			pthread_cond_wait(&q.cond, &q.lock);
+		if (q.head == q.tail) {
+			pthread_mutex_unlock(&q.lock);
+			return NULL;
+		}
+		p = q.ring[q.head++ % q.cap];
+		pthread_mutex_unlock(&q.lock);
+		if (g.delay_us)
+			usleep((useconds_t)g.delay_us);
+		rtrs_srv_resp_rdma(p.id, p.err);
+	}
+}
+
+static void answer(struct rtrs_srv_op *id, int err)
+{
+	if (!g.async) {
+		rtrs_srv_resp_rdma(id, err);
+		return;
+	}
+	pthread_mutex_lock(&q.lock);
+	q.ring[q.tail++ % q.cap] = (struct pending){ id, err };
+	pthread_cond_signal(&q.cond);
+	pthread_mutex_unlock(&q.lock);
+}
+
+static int rdma_ev(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir, void *data,
+		   size_t datalen, const void *usr, size_t usrlen)
+{
+	struct test_hdr h;
+
+	if (usrlen != sizeof(h))
+		return -EBADMSG;
+	memcpy(&h, usr, sizeof(h));
+	if (h.magic != TEST_MAGIC)
+		return -EBADMSG;
+	if (h.op == TEST_OP_FAIL) {
+		answer(id, -h.errno_);
+		return 0;
+	}
+	if (h.op != TEST_OP_IO || h.len != datalen || h.offset > g.store_size ||
+	    datalen > g.store_size - h.offset)
+		return -ERANGE;
+	if (dir == RTRS_WRITE)
+		memcpy(store + h.offset, data, datalen);
+	else
+		memcpy(data, store + h.offset, datalen);
+	answer(id, 0);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct rtrs_srv_ops ops = { .rdma_ev = rdma_ev };
+	struct rtrs_srv_opts o;
+	struct rtrs_srv_ctx *ctx;
+	pthread_t thr;
+	sigset_t set;
+	int pos, rc, sig;
+
+	rc = opts_parse(options, "rtrs-test-server", "[options]", argc, argv, &pos);
+	if (rc)
+		return rc > 0 ? 0 : 2;
+	store = calloc(1, g.store_size);
+	q.cap = g.queue_depth + 1;
+	q.ring = calloc(q.cap, sizeof(*q.ring));
+	if (!store || !q.ring)
+		return 1;
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	if (g.async)
+		pthread_create(&thr, NULL, responder, NULL);
+	rtrs_srv_opts_init(&o, sizeof(o));
+	o.addr = g.addr;
+	o.port = (uint16_t)g.port;
+	o.queue_depth = (uint32_t)g.queue_depth;
+	o.max_chunk_size = (uint32_t)g.chunk_size;
+	o.hb_interval_ms = (unsigned)g.hb_ms;
+	o.hb_missed_max = (unsigned)g.hb_missed;
+	rc = rtrs_srv_open(&ops, &o, &ctx);
+	if (rc) {
+		fprintf(stderr, "rtrs-test-server: %s\n", strerror(-rc));
+		return 1;
+	}
+	if (rtrs_srv_wait_listening(ctx, 10000)) {
+		fprintf(stderr, "rtrs-test-server: not listening\n");
+		return 1;
+	}
+	printf("rtrs-test-server listening on port %d\n", rtrs_srv_get_port(ctx));
+	fflush(stdout);
+	sigwait(&set, &sig);
+	/* Close waits for every answer: the responder runs until it returns. */
+	rtrs_srv_close(ctx);
+	if (g.async) {
+		pthread_mutex_lock(&q.lock);
+		q.stop = true;
+		pthread_cond_signal(&q.cond);
+		pthread_mutex_unlock(&q.lock);
+		pthread_join(thr, NULL);
+	}
+	free(store);
+	free(q.ring);
+	return 0;
+}

@@ -1,0 +1,362 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Connection establishment and its failures:
+ *   - nothing listening: rtrs_clt_open fails fast with ECONNREFUSED;
+ *   - a port that accepts TCP but never answers: fails at the connect
+ *     timeout with ETIMEDOUT;
+ *   - malformed connect requests, sent through the raw fabric layer, are
+ *     rejected with the right errno, and the server logs the reason;
+ *   - bad client and server options are refused with EINVAL;
+ *   - a server whose port is taken keeps retrying and listens once free.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "harness.h"
+#include "rtrs-fabric.h"
+#include "rtrs-proto.h"
+#include "rtrs.h"
+
+/* ---- log capture --------------------------------------------------------- */
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static char log_buf[64 * 1024];
+static size_t log_len;
+
+static void log_sink(void *priv, int level, const char *line)
+{
+	pthread_mutex_lock(&log_lock);
+	size_t n = strlen(line);
+
+	if (log_len + n + 2 < sizeof(log_buf)) {
+		memcpy(log_buf + log_len, line, n);
+		log_len += n;
+		log_buf[log_len++] = '\n';
+		log_buf[log_len] = '\0';
+	}
+	pthread_mutex_unlock(&log_lock);
+}
+
+static bool log_has(const char *s)
+{
+	bool found;
+
+	pthread_mutex_lock(&log_lock);
+	found = strstr(log_buf, s) != NULL;
+	pthread_mutex_unlock(&log_lock);
+	return found;
+}
+
+static bool log_wait_for(const char *s, unsigned ms)
+{
+	uint64_t end = test_now_ms() + ms;
+
+	while (!log_has(s) && test_now_ms() < end)
+		usleep(1000);
+	return log_has(s);
+}
+
+/* ---- a raw fabric client ----------------------------------------------------- */
+
+struct raw {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool connected, down;
+	int err;
+	uint8_t data[256];
+	size_t len;
+};
+
+static void raw_connected(void *priv, const void *data, size_t len)
+{
+	struct raw *r = priv;
+
+	pthread_mutex_lock(&r->lock);
+	r->connected = true;
+	pthread_cond_broadcast(&r->cond);
+	pthread_mutex_unlock(&r->lock);
+}
+
+static void raw_down(void *priv, int err, const void *data, size_t len)
+{
+	struct raw *r = priv;
+
+	pthread_mutex_lock(&r->lock);
+	r->down = true;
+	r->err = err;
+	r->len = len < sizeof(r->data) ? len : sizeof(r->data);
+	if (data)
+		memcpy(r->data, data, r->len);
+	pthread_cond_broadcast(&r->cond);
+	pthread_mutex_unlock(&r->lock);
+}
+
+static void raw_imm(void *priv, uint32_t imm) {}
+static void raw_recv(void *priv, void *buf, size_t len) {}
+static void raw_done(void *priv, void *ctx) {}
+static void raw_kick(void *priv) {}
+
+static const struct fab_con_ops raw_ops = {
+	raw_connected, raw_down, raw_imm, raw_recv, raw_done, raw_kick,
+};
+
+/*
+ * Sends data as a connect request; returns 1 if accepted, or the errno the
+ * server put in its reject.
+ */
+static int raw_connect(int port, const void *data, size_t len)
+{
+	struct raw r = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+	struct fab_con_cfg cfg = { .ops = &raw_ops, .priv = &r, .name = "raw", .tx_depth = 16 };
+	struct rtrs_conn_rsp rsp;
+	struct fab_con *c = NULL;
+	struct fab *f = NULL;
+	char service[8];
+	const char *why;
+	uint64_t end = test_now_ms() + 5000;
+	int rc;
+
+	snprintf(service, sizeof(service), "%d", port);
+	rc = fab_open("tcp", "127.0.0.1", service, false, &f);
+	if (rc)
+		return rc;
+	rc = fab_con_connect(f, &cfg, data, len, &c);
+	if (rc)
+		goto out;
+	pthread_mutex_lock(&r.lock);
+	while (!r.connected && !r.down && test_now_ms() < end) {
+		pthread_mutex_unlock(&r.lock);
+		usleep(1000);
+		pthread_mutex_lock(&r.lock);
+	}
+	if (r.connected)
+		rc = 1;
+	else if (!r.down)
+		rc = -ETIMEDOUT;
+	else if (r.err == -ECONNREFUSED && rtrs_conn_rsp_decode(r.data, r.len, &rsp, &why) == 0)
+		rc = rsp.err;
+	else
+		rc = r.err;
+	pthread_mutex_unlock(&r.lock);
+out:
+	fab_con_destroy(c);
+	fab_close(f);
+	return rc;
+}
+
+static void good_req(struct rtrs_msg_conn_req *m, bool first)
+{
+	struct rtrs_conn_req r = { .cid = 0, .cid_num = 2, .first_conn = first };
+
+	for (int i = 0; i < RTRS_UUID_LEN; i++) {
+		r.sess_uuid[i] = (uint8_t)(rand() & 0xff);
+		r.paths_uuid[i] = (uint8_t)(rand() & 0xff);
+	}
+	rtrs_conn_req_encode(m, &r);
+}
+
+static int srv_rdma_ev(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir, void *data,
+		       size_t datalen, const void *usr, size_t usrlen)
+{
+	return -EIO;
+}
+
+static void test_malformed(void)
+{
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_srv_opts so;
+	struct rtrs_srv_ctx *srv;
+	struct rtrs_msg_conn_req m;
+	int port;
+
+	rtrs_srv_opts_init(&so, sizeof(so));
+	so.addr = "127.0.0.1";
+	so.port = 0;
+	so.queue_depth = 64;
+	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
+	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
+	port = rtrs_srv_get_port(srv);
+	CHECK(port > 0);
+
+	good_req(&m, true);
+	m.magic = le16_put(0x1234);
+	CHECK_EQ(raw_connect(port, &m, sizeof(m)), -EPROTO);
+	CHECK(log_wait_for("rejected: bad magic", 2000), "reason logged for bad magic");
+
+	good_req(&m, true);
+	m.version = le16_put(0x0300);
+	CHECK_EQ(raw_connect(port, &m, sizeof(m)), -EPROTONOSUPPORT);
+	CHECK(log_wait_for("unsupported protocol major version", 2000));
+
+	good_req(&m, true);
+	m.cid_num = le16_put(RTRS_MAX_CONNS + 1);
+	CHECK_EQ(raw_connect(port, &m, sizeof(m)), -EINVAL);
+	CHECK(log_wait_for("connection count out of range", 2000));
+
+	good_req(&m, true);
+	m.cid = le16_put(2);
+	CHECK_EQ(raw_connect(port, &m, sizeof(m)), -EINVAL);
+	CHECK(log_wait_for("connection id beyond connection count", 2000));
+
+	good_req(&m, true);
+	CHECK_EQ(raw_connect(port, &m, 10), -EMSGSIZE);
+	CHECK(log_wait_for("connect request too short", 2000));
+
+	good_req(&m, false);
+	CHECK_EQ(raw_connect(port, &m, sizeof(m)), -ENXIO);
+	CHECK(log_wait_for("unknown session and not a first connection", 2000));
+
+	/* Another minor version of 2.x is accepted. */
+	good_req(&m, true);
+	m.version = le16_put(0x0207);
+	CHECK_EQ(raw_connect(port, &m, sizeof(m)), 1);
+
+	rtrs_srv_close(srv);
+}
+
+static int open_client(const char *dst, unsigned timeout_ms, struct rtrs_clt_sess **s)
+{
+	struct rtrs_path_addr path = { .dst = dst };
+	struct rtrs_clt_opts o;
+
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = "test-connect";
+	o.paths = &path;
+	o.paths_num = 1;
+	o.nr_io_cons = 1;
+	o.connect_timeout_ms = timeout_ms;
+	return rtrs_clt_open(&o, s);
+}
+
+/* A TCP port we own that is closed, or that listens but never speaks. */
+static int tcp_socket(bool listening, int *port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	bind(fd, (struct sockaddr *)&a, sizeof(a));
+	getsockname(fd, (struct sockaddr *)&a, &len);
+	*port = ntohs(a.sin_port);
+	if (listening)
+		listen(fd, 16);
+	return fd;
+}
+
+static void test_unreachable(void)
+{
+	struct rtrs_clt_sess *s = NULL;
+	char dst[32];
+	uint64_t t0;
+	int port, fd, rc;
+
+	/* Bound but not listening: the kernel answers with a reset. */
+	fd = tcp_socket(false, &port);
+	snprintf(dst, sizeof(dst), "127.0.0.1:%d", port);
+	t0 = test_now_ms();
+	rc = open_client(dst, 5000, &s);
+	CHECK_EQ(rc, -ECONNREFUSED);
+	CHECK(test_now_ms() - t0 < 2000, "refused after %llu ms",
+	      (unsigned long long)(test_now_ms() - t0));
+	close(fd);
+
+	/* Listening but silent: the connect timeout ends it. */
+	fd = tcp_socket(true, &port);
+	snprintf(dst, sizeof(dst), "127.0.0.1:%d", port);
+	t0 = test_now_ms();
+	rc = open_client(dst, 500, &s);
+	CHECK_EQ(rc, -ETIMEDOUT);
+	CHECK(test_now_ms() - t0 < 2500, "timed out after %llu ms",
+	      (unsigned long long)(test_now_ms() - t0));
+	CHECK(log_has("connection 0 of 2 failed: Connection timed out"));
+	close(fd);
+}
+
+static void test_bad_options(void)
+{
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_path_addr path = { .dst = "127.0.0.1:1" };
+	struct rtrs_srv_opts so;
+	struct rtrs_clt_opts o;
+	struct rtrs_srv_ctx *srv;
+	struct rtrs_clt_sess *s;
+	char longname[300];
+	const char *names[] = { "a/b", "a.b", "", "tab\there", longname };
+	const struct { uint32_t qd, chunk; } srv_bad[] = {
+		{ 0, 131072 }, { 65536, 131072 }, { 64, 12345 }, { 64, 4096 }, { 65535, 1u << 20 },
+	};
+
+	memset(longname, 'x', 256);
+	longname[256] = '\0';
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		rtrs_clt_opts_init(&o, sizeof(o));
+		o.sessname = names[i];
+		o.paths = &path;
+		o.paths_num = 1;
+		CHECK_EQ(rtrs_clt_open(&o, &s), -EINVAL);
+	}
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = "ok";
+	o.paths = &path;
+	o.paths_num = 0;
+	CHECK_EQ(rtrs_clt_open(&o, &s), -EINVAL);
+	o.paths_num = 129;
+	CHECK_EQ(rtrs_clt_open(&o, &s), -EINVAL);
+	path.dst = "127.0.0.1:99999";
+	o.paths_num = 1;
+	CHECK_EQ(rtrs_clt_open(&o, &s), -EINVAL);
+	CHECK_EQ(rtrs_clt_opts_init(&o, sizeof(o) - 1), -EINVAL);
+
+	for (size_t i = 0; i < sizeof(srv_bad) / sizeof(srv_bad[0]); i++) {
+		rtrs_srv_opts_init(&so, sizeof(so));
+		so.queue_depth = srv_bad[i].qd;
+		so.max_chunk_size = srv_bad[i].chunk;
+		CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), -EINVAL);
+	}
+}
+
+static void test_listen_retry(void)
+{
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_srv_opts so;
+	struct rtrs_srv_ctx *srv;
+	int port, fd, one = 1;
+
+	/* Hold the port with a listening socket so the server cannot bind. */
+	fd = tcp_socket(true, &port);
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	rtrs_srv_opts_init(&so, sizeof(so));
+	so.addr = "127.0.0.1";
+	so.port = (uint16_t)port;
+	so.queue_depth = 16;
+	so.listen_retry_ms = 100;
+	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
+	CHECK_EQ(rtrs_srv_wait_listening(srv, 500), -ETIMEDOUT);
+	CHECK(log_has("cannot listen on 127.0.0.1"), "the retry is logged");
+	close(fd);
+	CHECK_EQ(rtrs_srv_wait_listening(srv, 3000), 0);
+	CHECK_EQ(rtrs_srv_get_port(srv), port);
+	rtrs_srv_close(srv);
+}
+
+int main(void)
+{
+	srand(12345);
+	rtrs_set_log_fn(log_sink, NULL);
+	test_bad_options();
+	test_unreachable();
+	test_malformed();
+	test_listen_retry();
+	rtrs_set_log_fn(NULL, NULL);
+	if (g_failures)
+		fprintf(stderr, "captured log:\n%s", log_buf);
+	return test_done("test-connect");
+}

@@ -1,0 +1,347 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Verified IO through a session to a real server process (rtrs-test-server
+ * on 127.0.0.1): every byte written is read back and compared.
+ *   A. sizes from 1 byte to max_io_size, contiguous and scatter-gather;
+ *   B. queue depths 1..512 from several client threads;
+ *   C. a server errno reaches the client's completion as that errno;
+ *   D. requests the client must refuse, and a server-side range error.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "rtrs.h"
+#include "check.h"
+#include "harness.h"
+#include "test-proto-hdr.h"
+
+#define STORE_SIZE (128u << 20)
+#define RTRS_TEST_SEGS 16
+#define MIN_(a, b) ((a) < (b) ? (a) : (b))
+#define NTHREADS 4
+
+static struct rtrs_clt_sess *sess;
+static struct rtrs_attrs attrs = { .size = sizeof(attrs) };
+
+static uint8_t pat(uint64_t seed, size_t i)
+{
+	uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
+
+	return (uint8_t)(x >> 56);
+}
+
+static void fill(uint8_t *b, size_t n, uint64_t seed)
+{
+	for (size_t i = 0; i < n; i++)
+		b[i] = pat(seed, i);
+}
+
+/* One request and its completion. */
+struct io {
+	struct rtrs_permit *permit;
+	struct test_hdr hdr;
+	struct rtrs_clt_req_ops ops;
+	pthread_mutex_t *lock;
+	pthread_cond_t *cond;
+	unsigned *outstanding;
+	atomic_int calls;
+	int err;
+};
+
+static void io_conf(void *priv, int err)
+{
+	struct io *io = priv;
+
+	io->err = err;
+	atomic_fetch_add(&io->calls, 1);
+	pthread_mutex_lock(io->lock);
+	(*io->outstanding)--;
+	pthread_cond_broadcast(io->cond);
+	pthread_mutex_unlock(io->lock);
+}
+
+static int io_start(struct io *io, enum rtrs_dir dir, uint32_t op, uint64_t off,
+		    const struct iovec *data, size_t cnt, int errno_)
+{
+	struct iovec usr = { &io->hdr, sizeof(io->hdr) };
+	size_t len = 0;
+	int rc;
+
+	for (size_t i = 0; i < cnt; i++)
+		len += data[i].iov_len;
+	io->hdr = (struct test_hdr){ .magic = TEST_MAGIC, .op = op, .offset = off,
+				     .len = (uint32_t)len, .errno_ = errno_ };
+	io->ops = (struct rtrs_clt_req_ops){ .priv = io, .conf = io_conf };
+	io->err = 1;
+	pthread_mutex_lock(io->lock);
+	(*io->outstanding)++;
+	pthread_mutex_unlock(io->lock);
+	rc = rtrs_clt_request(sess, dir, &io->ops, io->permit, &usr, 1, data, cnt);
+	if (rc) {
+		pthread_mutex_lock(io->lock);
+		(*io->outstanding)--;
+		pthread_mutex_unlock(io->lock);
+	}
+	return rc;
+}
+
+static void wait_all(pthread_mutex_t *lock, pthread_cond_t *cond, unsigned *outstanding)
+{
+	pthread_mutex_lock(lock);
+	while (*outstanding)
+		pthread_cond_wait(cond, lock);
+	pthread_mutex_unlock(lock);
+}
+
+/* Synchronous single request; returns the completion errno or the submit error. */
+static int io_sync(enum rtrs_dir dir, uint32_t op, uint64_t off, const struct iovec *data,
+		   size_t cnt, int errno_)
+{
+	pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+	unsigned outstanding = 0;
+	struct io io = { .lock = &lock, .cond = &cond, .outstanding = &outstanding };
+	int rc;
+
+	io.permit = rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+	rc = io_start(&io, dir, op, off, data, cnt, errno_);
+	if (!rc) {
+		wait_all(&lock, &cond, &outstanding);
+		rc = io.err;
+		CHECK_EQ(atomic_load(&io.calls), 1);
+	}
+	rtrs_clt_put_permit(sess, io.permit);
+	return rc;
+}
+
+/* Splits [buf, len) into up to n iovecs of uneven sizes. */
+static size_t split(uint8_t *buf, size_t len, struct iovec *iov, size_t n)
+{
+	size_t cnt = 0, off = 0;
+
+	while (off < len && cnt < n) {
+		size_t left = len - off;
+		size_t take = cnt == n - 1 ? left : MIN_(left, left / 3 + 1);
+
+		iov[cnt++] = (struct iovec){ buf + off, take };
+		off += take;
+	}
+	return cnt;
+}
+
+static void part_sizes(void)
+{
+	const size_t sizes[] = { 1, 2, 3, 7, 511, 512, 513, 4095, 4096, 4097, 8191, 65536,
+				 100000, 126975, attrs.max_io_size };
+	uint8_t *w = malloc(attrs.max_io_size), *r = malloc(attrs.max_io_size);
+
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		size_t n = sizes[i];
+		uint64_t off = (uint64_t)i * attrs.max_io_size;
+
+		for (int sg = 0; sg < 2; sg++) {
+			struct iovec wi[RTRS_TEST_SEGS], ri[RTRS_TEST_SEGS];
+			size_t wc, rc_;
+			int rc;
+
+			if (n > attrs.max_io_size)
+				continue;
+			fill(w, n, n * 2 + (size_t)sg);
+			memset(r, 0xA5, n);
+			wc = sg ? split(w, n, wi, 5) : (wi[0] = (struct iovec){ w, n }, 1);
+			rc_ = sg ? split(r, n, ri, 3) : (ri[0] = (struct iovec){ r, n }, 1);
+			rc = io_sync(RTRS_WRITE, TEST_OP_IO, off, wi, wc, 0);
+			CHECK(rc == 0, "write %zu bytes (sg %d): %s", n, sg, strerror(-rc));
+			rc = io_sync(RTRS_READ, TEST_OP_IO, off, ri, rc_, 0);
+			CHECK(rc == 0, "read %zu bytes (sg %d): %s", n, sg, strerror(-rc));
+			CHECK(memcmp(w, r, n) == 0, "%zu bytes (sg %d) read back differ", n, sg);
+		}
+	}
+	free(w);
+	free(r);
+}
+
+struct qd_thread {
+	pthread_t thr;
+	unsigned idx, slots, round;
+	uint64_t region;
+	unsigned mismatches, errors;
+};
+
+static void *qd_worker(void *arg)
+{
+	struct qd_thread *t = arg;
+	pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+	unsigned outstanding = 0;
+	uint64_t slot_bytes = t->region / t->slots;
+	struct io *ios = calloc(t->slots, sizeof(*ios));
+	uint8_t **wb = calloc(t->slots, sizeof(*wb)), **rb = calloc(t->slots, sizeof(*rb));
+	size_t *len = calloc(t->slots, sizeof(*len));
+
+	for (unsigned i = 0; i < t->slots; i++) {
+		ios[i] = (struct io){ .lock = &lock, .cond = &cond, .outstanding = &outstanding };
+		ios[i].permit = rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+		/* Sizes from 1 byte to max_io_size, different per slot and round. */
+		len[i] = 1 + ((size_t)(i * 7919 + t->idx * 104729 + t->round * 15485863) %
+			      MIN_(slot_bytes, attrs.max_io_size));
+		if (i == 0)
+			len[i] = MIN_(slot_bytes, attrs.max_io_size);
+		wb[i] = malloc(len[i]);
+		rb[i] = malloc(len[i]);
+		fill(wb[i], len[i], ((uint64_t)t->round << 40) | ((uint64_t)t->idx << 20) | i);
+		memset(rb[i], 0x5A, len[i]);
+	}
+	for (int dir = 0; dir < 2; dir++) {
+		for (unsigned i = 0; i < t->slots; i++) {
+			struct iovec v = { dir == 0 ? wb[i] : rb[i], len[i] };
+			uint64_t off = t->idx * t->region + i * slot_bytes;
+			int rc = io_start(&ios[i], dir == 0 ? RTRS_WRITE : RTRS_READ, TEST_OP_IO,
+					  off, &v, 1, 0);
+
+			if (rc) {
+				t->errors++;
+				fprintf(stderr, "qd thread %u: submit: %s\n", t->idx, strerror(-rc));
+			}
+		}
+		wait_all(&lock, &cond, &outstanding);
+		for (unsigned i = 0; i < t->slots; i++)
+			if (ios[i].err)
+				t->errors++;
+	}
+	for (unsigned i = 0; i < t->slots; i++) {
+		if (memcmp(wb[i], rb[i], len[i]))
+			t->mismatches++;
+		if (atomic_load(&ios[i].calls) != 2)
+			t->errors++;
+		rtrs_clt_put_permit(sess, ios[i].permit);
+		free(wb[i]);
+		free(rb[i]);
+	}
+	free(ios);
+	free(wb);
+	free(rb);
+	free(len);
+	return NULL;
+}
+
+static void part_queue_depths(void)
+{
+	const unsigned qds[] = { 1, 2, 3, 8, 64, 256, 512 };
+
+	for (size_t q = 0; q < sizeof(qds) / sizeof(qds[0]); q++) {
+		unsigned qd = qds[q], nthr = qd < NTHREADS ? qd : NTHREADS;
+		struct qd_thread th[NTHREADS] = { 0 };
+		unsigned mism = 0, errs = 0;
+
+		for (unsigned round = 0; round < 2; round++) {
+			for (unsigned i = 0; i < nthr; i++) {
+				th[i] = (struct qd_thread){ .idx = i, .round = round,
+							    .slots = qd / nthr + (i < qd % nthr),
+							    .region = STORE_SIZE / nthr };
+				pthread_create(&th[i].thr, NULL, qd_worker, &th[i]);
+			}
+			for (unsigned i = 0; i < nthr; i++) {
+				pthread_join(th[i].thr, NULL);
+				mism += th[i].mismatches;
+				errs += th[i].errors;
+			}
+		}
+		CHECK(mism == 0, "qd %u: %u buffers read back differ", qd, mism);
+		CHECK(errs == 0, "qd %u: %u IO errors", qd, errs);
+		printf("queue depth %u with %u threads: verified\n", qd, nthr);
+	}
+}
+
+static void part_errno(void)
+{
+	const int errs[] = { 1, 5, 28, 61, 95, 125, 511 };
+	uint8_t buf[4096];
+	struct iovec v = { buf, sizeof(buf) };
+
+	for (size_t i = 0; i < sizeof(errs) / sizeof(errs[0]); i++) {
+		CHECK_EQ(io_sync(RTRS_WRITE, TEST_OP_FAIL, 0, &v, 1, errs[i]), -errs[i]);
+		CHECK_EQ(io_sync(RTRS_READ, TEST_OP_FAIL, 0, &v, 1, errs[i]), -errs[i]);
+		CHECK_EQ(io_sync(RTRS_WRITE, TEST_OP_FAIL, 0, NULL, 0, errs[i]), -errs[i]);
+	}
+	/* The immediate has 9 bits for errno: larger ones arrive as EIO. */
+	CHECK_EQ(io_sync(RTRS_WRITE, TEST_OP_FAIL, 0, &v, 1, 600), -EIO);
+}
+
+static void part_refusals(void)
+{
+	struct rtrs_clt_req_ops ops = { .conf = io_conf };
+	struct rtrs_permit *p = rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+	uint8_t *big = malloc(attrs.max_io_size + 1), hdr[8192] = { 0 };
+	struct iovec data = { big, attrs.max_io_size + 1 };
+	struct iovec usr = { hdr, attrs.max_hdr_size };
+	struct iovec many[17];
+	struct iovec zero = { big, 0 };
+
+	for (int i = 0; i < 17; i++)
+		many[i] = (struct iovec){ big + i, 1 };
+	CHECK_EQ(rtrs_clt_request(sess, RTRS_WRITE, &ops, p, NULL, 0, &data, 1), -EMSGSIZE);
+	CHECK_EQ(rtrs_clt_request(sess, RTRS_WRITE, &ops, p, &usr, 1, NULL, 0), -EMSGSIZE);
+	CHECK_EQ(rtrs_clt_request(sess, RTRS_READ, &ops, p, NULL, 0, many, 17), -EMSGSIZE);
+	CHECK_EQ(rtrs_clt_request(sess, RTRS_WRITE, &ops, p, NULL, 0, &zero, 1), -EINVAL);
+	CHECK_EQ(rtrs_clt_request(sess, (enum rtrs_dir)7, &ops, p, NULL, 0, NULL, 0), -EINVAL);
+	CHECK_EQ(rtrs_clt_request(sess, RTRS_WRITE, NULL, p, NULL, 0, NULL, 0), -EINVAL);
+	rtrs_clt_put_permit(sess, p);
+	free(big);
+
+	/* The server refuses a range beyond its store. */
+	uint8_t b[16];
+	struct iovec v = { b, sizeof(b) };
+
+	CHECK_EQ(io_sync(RTRS_WRITE, TEST_OP_IO, STORE_SIZE - 8, &v, 1, 0), -ERANGE);
+	/* A header of exactly max_hdr_size minus the rtrs header is fine. */
+	CHECK_EQ(attrs.max_hdr_size, 4096);
+}
+
+int main(void)
+{
+	char qd[16], store[32], a_port[] = "--port", a_zero[] = "0", a_qd[] = "--queue-depth";
+	char a_store[] = "--store-size";
+	char *argv[] = { (char *)test_server_path(), a_port, a_zero, a_qd, qd, a_store, store,
+			 NULL };
+	struct rtrs_path_addr path;
+	struct rtrs_clt_opts o;
+	struct proc srv;
+	char dst[64];
+	int rc, status;
+
+	snprintf(qd, sizeof(qd), "%u", 512);
+	snprintf(store, sizeof(store), "%u", STORE_SIZE);
+	rc = proc_spawn_server(argv, &srv);
+	if (rc)
+		return 1;
+	snprintf(dst, sizeof(dst), "127.0.0.1:%d", srv.port);
+	path = (struct rtrs_path_addr){ .dst = dst };
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = "test-io";
+	o.paths = &path;
+	o.paths_num = 1;
+	o.nr_io_cons = 3;
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc == 0, "open: %s", strerror(-rc));
+	if (rc)
+		goto out;
+	CHECK_EQ(rtrs_clt_query(sess, &attrs), 0);
+	CHECK_EQ(attrs.queue_depth, 512);
+	CHECK_EQ(attrs.max_io_size, 128 * 1024 - 4096);
+	part_sizes();
+	part_errno();
+	part_refusals();
+	part_queue_depths();
+	rtrs_clt_close(sess);
+out:
+	status = proc_signal(&srv, SIGTERM, true);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "server exit status %d", status);
+	return test_done("test-io");
+}

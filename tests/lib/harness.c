@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+uint64_t test_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+const char *test_server_path(void)
+{
+	const char *p = getenv("RTRS_TEST_SERVER");
+
+	return p ? p : "./tests/functional/rtrs-test-server";
+}
+
+int proc_spawn_server(char *const argv[], struct proc *p)
+{
+	int fds[2];
+	char line[256];
+	size_t used = 0;
+	uint64_t deadline = test_now_ms() + 10000;
+
+	if (pipe(fds))
+		return -errno;
+	p->pid = fork();
+	if (p->pid < 0)
+		return -errno;
+	if (p->pid == 0) {
+		/* The server must not outlive a crashed test. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(fds[1], STDOUT_FILENO);
+		close(fds[0]);
+		close(fds[1]);
+		execv(argv[0], argv);
+		fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	close(fds[1]);
+	p->out_fd = fds[0];
+	p->port = -1;
+	while (test_now_ms() < deadline && used < sizeof(line) - 1) {
+		struct pollfd pfd = { .fd = p->out_fd, .events = POLLIN };
+		ssize_t n;
+
+		if (poll(&pfd, 1, 100) <= 0)
+			continue;
+		n = read(p->out_fd, line + used, 1);
+		if (n <= 0)
+			break;
+		if (line[used] == '\n') {
+			line[used] = '\0';
+			const char *k = strstr(line, "port ");
+
+			if (k) {
+				p->port = atoi(k + 5);
+				return 0;
+			}
+			used = 0;
+			continue;
+		}
+		used++;
+	}
+	fprintf(stderr, "harness: server %s did not report its port\n", argv[0]);
+	proc_signal(p, SIGKILL, true);
+	return -ETIMEDOUT;
+}
+
+int proc_signal(struct proc *p, int sig, bool wait)
+{
+	int status = 0;
+
+	if (p->pid <= 0)
+		return -ESRCH;
+	kill(p->pid, sig);
+	if (!wait)
+		return 0;
+	while (waitpid(p->pid, &status, 0) < 0 && errno == EINTR)
+		;
+	p->pid = 0;
+	close(p->out_fd);
+	return status;
+}
