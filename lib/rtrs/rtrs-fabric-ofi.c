@@ -389,14 +389,12 @@ int fab_lst_process(struct fab_lst *l,
 		    void (*cb)(void *priv, struct fab_connreq *req, const void *data, size_t len),
 		    void *priv)
 {
-	struct {
-		struct fi_eq_cm_entry e;
-		uint8_t data[FAB_CM_BUF];
-	} ev;
+	uint64_t raw[(sizeof(struct fi_eq_cm_entry) + FAB_CM_BUF) / 8 + 1];
+	struct fi_eq_cm_entry *ev = (struct fi_eq_cm_entry *)raw;
 	uint32_t event;
 
 	for (;;) {
-		ssize_t rd = fi_eq_read(l->eq, &event, &ev, sizeof(ev), 0);
+		ssize_t rd = fi_eq_read(l->eq, &event, raw, sizeof(raw), 0);
 
 		if (rd == -FI_EAGAIN) {
 			struct fid *fids[1] = { &l->eq->fid };
@@ -421,15 +419,15 @@ int fab_lst_process(struct fab_lst *l,
 			log_dbg("listener: ignoring event %u", event);
 			continue;
 		}
-		if ((size_t)rd < sizeof(ev.e)) {
+		if ((size_t)rd < sizeof(*ev)) {
 			log_warn("listener: short connection request event");
-			if (ev.e.info)
-				fi_freeinfo(ev.e.info);
+			if (ev->info)
+				fi_freeinfo(ev->info);
 			continue;
 		}
-		struct fab_connreq req = { .info = ev.e.info };
+		struct fab_connreq req = { .info = ev->info };
 
-		cb(priv, &req, ev.data, (size_t)rd - sizeof(ev.e));
+		cb(priv, &req, ev->data, (size_t)rd - sizeof(*ev));
 		fi_freeinfo(req.info);
 	}
 }
@@ -523,14 +521,12 @@ static void handle_cq_error(struct fab_con *c)
 
 static void handle_eq(struct fab_con *c)
 {
-	struct {
-		struct fi_eq_cm_entry e;
-		uint8_t data[FAB_CM_BUF];
-	} ev;
+	uint64_t raw[(sizeof(struct fi_eq_cm_entry) + FAB_CM_BUF) / 8 + 1];
+	struct fi_eq_cm_entry *ev = (struct fi_eq_cm_entry *)raw;
 	uint32_t event;
 
 	for (;;) {
-		ssize_t rd = fi_eq_read(c->eq, &event, &ev, sizeof(ev), 0);
+		ssize_t rd = fi_eq_read(c->eq, &event, raw, sizeof(raw), 0);
 
 		if (rd == -FI_EAGAIN)
 			return;
@@ -552,9 +548,9 @@ static void handle_eq(struct fab_con *c)
 		switch (event) {
 		case FI_CONNECTED:
 			if (!atomic_load(&c->down))
-				c->cfg.ops->connected(c->cfg.priv, ev.data,
-						      (size_t)rd > sizeof(ev.e) ?
-						      (size_t)rd - sizeof(ev.e) : 0);
+				c->cfg.ops->connected(c->cfg.priv, ev->data,
+						      (size_t)rd > sizeof(*ev) ?
+						      (size_t)rd - sizeof(*ev) : 0);
 			break;
 		case FI_SHUTDOWN:
 			con_down(c, -ECONNRESET, NULL, 0);

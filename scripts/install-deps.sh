@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the project needs (build, tests, fuzzing,
+# benchmarks). Does nothing when they are all present.
+set -euo pipefail
+
+packages=(
+	gcc clang libclang-rt-14-dev meson ninja-build pkg-config python3
+	libfabric-dev libfabric-bin
+	iperf3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+		missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=
+if [ "$(id -u)" -ne 0 ]; then
+	command -v sudo >/dev/null || { echo "install-deps: need root to install: ${missing[*]}" >&2; exit 1; }
+	sudo=sudo
+fi
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Runs every test: unit and functional suites in a normal build and in an
+# ASan+UBSan build, then the fuzz smoke run in a clang build. Ends with
+# "N passed, N failed". Under CI=true warnings are errors and a skipped test
+# counts as a failure (CI must have every tool).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+
+werror=false
+[ "${CI:-}" = true ] && werror=true
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+
+passed=0 failed=0 skipped=0
+
+# run_build DIR CC SUITES... -- MESON_OPTIONS...
+run_build() {
+	local dir=$1 cc=$2; shift 2
+	local suites=() opts=()
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do suites+=(--suite "$1"); shift; done
+	[ $# -gt 0 ] && shift
+	opts=("$@" -Dwerror=$werror)
+	echo "=== $dir ($cc ${opts[*]})"
+	if [ -f "$dir/build.ninja" ]; then
+		meson configure "$dir" "${opts[@]}" >/dev/null
+	else
+		CC=$cc meson setup "$dir" "${opts[@]}" >/dev/null
+	fi
+	if ! meson compile -C "$dir" >"$dir.compile.log" 2>&1; then
+		cat "$dir.compile.log"
+		echo "build failed: $dir"
+		failed=$((failed + 1))
+		return
+	fi
+	meson test -C "$dir" "${suites[@]}" --print-errorlogs || true
+	read -r p f s < <(python3 - "$dir/meson-logs/testlog.json" <<'PY'
+import json, sys
+p = f = s = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line)["result"]
+    if r in ("OK", "EXPECTEDFAIL"): p += 1
+    elif r == "SKIP": s += 1
+    else: f += 1
+print(p, f, s)
+PY
+)
+	passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+}
+
+run_build build gcc unit functional --
+run_build build-asan gcc unit functional -- -Db_sanitize=address,undefined -Db_lundef=false
+run_build build-fuzz clang fuzz -- -Dfuzz=true -Dbuildtype=debug
+
+if [ "${CI:-}" = true ] && [ "$skipped" -gt 0 ]; then
+	echo "CI: $skipped tests were skipped; CI must run everything"
+	failed=$((failed + skipped))
+	skipped=0
+fi
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
