@@ -27,8 +27,8 @@ run_build() {
 	else
 		CC=$cc meson setup "$dir" "${opts[@]}" >/dev/null
 	fi
-	if ! meson compile -C "$dir" >"$dir.compile.log" 2>&1; then
-		cat "$dir.compile.log"
+	if ! meson compile -C "$dir" >"$dir/compile.log" 2>&1; then
+		cat "$dir/compile.log"
 		echo "build failed: $dir"
 		failed=$((failed + 1))
 		return
