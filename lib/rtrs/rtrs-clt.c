@@ -107,6 +107,7 @@ struct rtrs_clt_sess {
 	pthread_cond_t permit_cond;
 	uint32_t *free_ids;
 	uint32_t nr_free;
+	unsigned permit_waiters;    /* close waits until they have left */
 	bool closing;
 	struct rtrs_permit *permits;
 	struct clt_req *reqs;
@@ -202,6 +203,7 @@ static int req_post(struct clt_req *req)
 
 static void con_pending_add(struct clt_con *con, struct clt_req *req)
 {
+	log_dbg("%s#%u: send queue full, request %u waits", con->path->name, con->cid, req->id);
 	pthread_mutex_lock(&con->pending_lock);
 	req->pending_next = NULL;
 	if (con->pending_tail)
@@ -398,12 +400,15 @@ struct rtrs_permit *rtrs_clt_get_permit(struct rtrs_clt_sess *s,
 	if (!s)
 		return NULL;
 	pthread_mutex_lock(&s->permit_lock);
+	s->permit_waiters++;
 	while (!s->nr_free && !s->closing && wait == RTRS_PERMIT_WAIT)
 		pthread_cond_wait(&s->permit_cond, &s->permit_lock);
 	if (s->nr_free && !s->closing) {
 		permit = &s->permits[s->free_ids[--s->nr_free]];
 		permit->con_type = con_type;
 	}
+	if (--s->permit_waiters == 0 && s->closing)
+		pthread_cond_broadcast(&s->permit_cond);
 	pthread_mutex_unlock(&s->permit_lock);
 	return permit;
 }
@@ -629,7 +634,8 @@ static void path_stop(struct clt_path *p, int err)
 	}
 	path_change_state(p, RTRS_PATH_CLOSED);
 	if (failed)
-		log_warn("%s: path closed (%s), %u requests failed", p->name, strerror(-err), failed);
+		log_at(err == -ESHUTDOWN ? LOG_INFO : LOG_WARN,
+		       "%s: path closed (%s), %u requests failed", p->name, strerror(-err), failed);
 	if (was_up && atomic_fetch_sub(&s->paths_up, 1) == 1 && s->link_ev)
 		s->link_ev(s->priv, RTRS_CLT_LINK_EV_DISCONNECTED);
 }
@@ -936,6 +942,9 @@ void rtrs_clt_close(struct rtrs_clt_sess *s)
 	pthread_mutex_lock(&s->permit_lock);
 	__atomic_store_n(&s->closing, true, __ATOMIC_RELEASE);
 	pthread_cond_broadcast(&s->permit_cond);
+	/* Threads waking from a permit wait still touch the session. */
+	while (s->permit_waiters)
+		pthread_cond_wait(&s->permit_cond, &s->permit_lock);
 	pthread_mutex_unlock(&s->permit_lock);
 	for (size_t i = 0; s->loop && i < s->paths_num; i++)
 		if (s->paths[i].sess)

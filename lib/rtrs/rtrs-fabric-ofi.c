@@ -39,6 +39,7 @@
 #define FAB_API_VERSION FI_VERSION(1, 17)
 #define FAB_CQ_BATCH 32
 #define FAB_CM_BUF 256 /* >= any provider's FI_OPT_CM_DATA_SIZE we accept */
+#define RTRS_CM_DATA_MAX_PORTABLE 55 /* verbs: 56 minus the provider's header */
 
 struct fab {
 	struct fi_info *info;
@@ -83,6 +84,7 @@ struct fab_con {
 	atomic_bool down;      /* down() was called (or the owner shut us down) */
 	atomic_bool shutdown;  /* fab_con_shutdown() was called */
 	atomic_bool kicked;    /* ops->kick is due */
+	atomic_uint posts;     /* for fault injection */
 	pthread_mutex_t rx_lock; /* rx pool set up from another thread */
 };
 
@@ -444,6 +446,48 @@ void fab_connreq_peer(const struct fab_connreq *req, char *buf, size_t len)
 
 /* ---- connections ------------------------------------------------------------- */
 
+/*
+ * Fault injection: RTRS_FAULT_EAGAIN_EVERY=N makes every Nth write on a
+ * connection fail with -EAGAIN as if the send queue were full, so tests
+ * drive the pending lists and kicks on purpose (the tcp provider's queue
+ * grows on demand and never says so itself).
+ */
+static unsigned fault_eagain_every(void)
+{
+	static int every = -1;
+
+	if (every < 0) {
+		const char *s = getenv("RTRS_FAULT_EAGAIN_EVERY");
+
+		every = s ? atoi(s) : 0;
+		if (every < 0)
+			every = 0;
+	}
+	return (unsigned)every;
+}
+
+static bool fault_eagain(struct fab_con *c)
+{
+	unsigned every = fault_eagain_every();
+
+	return every && atomic_fetch_add(&c->posts, 1) % every == every - 1;
+}
+
+/* Fails rather than let the provider truncate connection data. */
+static int check_cm_data(struct fab_con *c, size_t len)
+{
+	size_t max = 0, optlen = sizeof(max);
+
+	if (fi_getopt(&c->ep->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &max, &optlen))
+		max = RTRS_CM_DATA_MAX_PORTABLE;
+	if (len > max) {
+		log_err("%s: %zu bytes of connection data exceed the provider's %zu", c->name, len,
+			max);
+		return -EMSGSIZE;
+	}
+	return 0;
+}
+
 static void con_down(struct fab_con *c, int err, const void *data, size_t len)
 {
 	/* After our own shutdown the owner already knows; say nothing. */
@@ -763,6 +807,11 @@ int fab_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *da
 	rc = con_create(f, f->info, cfg, &c);
 	if (rc)
 		return rc;
+	rc = check_cm_data(c, len);
+	if (rc) {
+		con_free(c);
+		return rc;
+	}
 	rc = fi_connect(c->ep, f->info->dest_addr, data, len);
 	if (rc) {
 		log_err("%s: fi_connect: %s", c->name, fab_strerror(rc));
@@ -782,6 +831,11 @@ int fab_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_
 	rc = con_create(f, req->info, cfg, &c);
 	if (rc)
 		return rc;
+	rc = check_cm_data(c, len);
+	if (rc) {
+		con_free(c);
+		return rc;
+	}
 	rc = fi_accept(c->ep, data, len);
 	if (rc) {
 		log_err("%s: fi_accept: %s", c->name, fab_strerror(rc));
@@ -879,6 +933,8 @@ int fab_write(struct fab_con *c, const struct iovec *iov, void *const *desc, siz
 	if (rma_cnt > ARRAY_SIZE(riov) || rma_cnt > c->fab->attr.rma_iov_limit ||
 	    iov_cnt > c->fab->attr.iov_limit)
 		return -EINVAL;
+	if (fault_eagain(c))
+		return -EAGAIN;
 	for (size_t i = 0; i < rma_cnt; i++)
 		riov[i] = (struct fi_rma_iov){ .addr = rma[i].addr, .len = rma[i].len,
 					       .key = rma[i].key };
@@ -887,6 +943,8 @@ int fab_write(struct fab_con *c, const struct iovec *iov, void *const *desc, siz
 
 int fab_write_imm(struct fab_con *c, uint64_t addr, uint32_t key, uint32_t imm)
 {
+	if (fault_eagain(c))
+		return -EAGAIN;
 	return fab_errno(fi_inject_writedata(c->ep, NULL, 0, imm, 0, addr, key));
 }
 
@@ -897,5 +955,17 @@ int fab_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *c
 		.msg_iov = &iov, .desc = &desc, .iov_count = 1, .context = ctx ? ctx : c,
 	};
 
-	return fab_errno(fi_sendmsg(c->ep, &msg, ctx ? FI_COMPLETION : 0));
+	ssize_t rc;
+
+	/*
+	 * Control messages go out from service threads, never from this
+	 * connection's completion thread, so waiting for room is safe here.
+	 */
+	for (int tries = 0;; tries++) {
+		rc = fi_sendmsg(c->ep, &msg, ctx ? FI_COMPLETION : 0);
+		if (rc != -FI_EAGAIN || tries == 1000 || pthread_equal(pthread_self(), c->thread))
+			break;
+		usleep(1000);
+	}
+	return fab_errno(rc);
 }

@@ -190,6 +190,7 @@ static int op_post(struct rtrs_srv_op *op)
 
 static void con_pending_push(struct srv_con *con, struct rtrs_srv_op *op, bool front)
 {
+	log_dbg("%s#%u: send queue full, response %u waits", con->path->name, con->cid, op->id);
 	pthread_mutex_lock(&con->pending_lock);
 	if (front) {
 		op->pending_next = con->pending_head;
