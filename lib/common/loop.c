@@ -20,6 +20,9 @@ struct loop {
 	pthread_mutex_t lock;      /* protects the work list and stop */
 	struct loop_work *head, *tail;
 	bool stop;
+	/* The batch being dispatched, so loop_del_fd can cancel its events. */
+	struct epoll_event *batch;
+	int batch_len;
 	char name[32];
 };
 
@@ -58,11 +61,17 @@ static void *loop_thread(void *arg)
 			log_err("%s: epoll_wait: %s", l->name, strerror(errno));
 			break;
 		}
+		l->batch = evs;
+		l->batch_len = n;
 		for (int i = 0; i < n; i++) {
 			struct loop_fd *h = evs[i].data.ptr;
 
-			h->cb(h, evs[i].events);
+			/* NULL: an earlier handler of this batch removed it. */
+			if (h)
+				h->cb(h, evs[i].events);
 		}
+		l->batch = NULL;
+		l->batch_len = 0;
 		loop_run_work(l);
 		pthread_mutex_lock(&l->lock);
 		bool stop = l->stop && !l->head;
@@ -161,6 +170,10 @@ int loop_add_fd(struct loop *l, struct loop_fd *h, uint32_t events)
 void loop_del_fd(struct loop *l, struct loop_fd *h)
 {
 	epoll_ctl(l->epfd, EPOLL_CTL_DEL, h->fd, NULL);
+	if (loop_in_thread(l))
+		for (int i = 0; i < l->batch_len; i++)
+			if (l->batch[i].data.ptr == h)
+				l->batch[i].data.ptr = NULL;
 }
 
 static void loop_timer_cb(struct loop_fd *h, uint32_t events)

@@ -146,7 +146,7 @@ int opts_parse(const struct opt *t, const char *prog, const char *usage, int arg
 		}
 	}
 	lo[n] = (struct option){ "help", no_argument, NULL, 'h' };
-	optind = 1;
+	optind = 0; /* 0, not 1: glibc then also forgets a half-parsed -abc */
 	opterr = 0;
 	for (;;) {
 		int c = getopt_long(argc, argv, so, lo, NULL);

@@ -45,7 +45,8 @@ int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 	unsigned long long v;
 	char *end;
 
-	if (!s || !*s || *s == '-')
+	/* strtoull would skip blanks and accept a sign: insist on a digit. */
+	if (!s || *s < '0' || *s > '9')
 		return -EINVAL;
 	errno = 0;
 	v = strtoull(s, &end, 10);
@@ -65,7 +66,8 @@ int parse_size(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 	unsigned shift = 0;
 	char *end;
 
-	if (!s || !*s || *s == '-')
+	/* strtoull would skip blanks and accept a sign: insist on a digit. */
+	if (!s || *s < '0' || *s > '9')
 		return -EINVAL;
 	errno = 0;
 	v = strtoull(s, &end, 10);

@@ -319,7 +319,11 @@ static int req_issue(struct clt_req *req, struct clt_path *p)
 		return 0;
 	}
 	if (rc) {
-		/* Nothing reached the wire: the caller gets the error, conf is not called. */
+		/*
+		 * No immediate went out, so the server never acts on whatever
+		 * pieces reached its chunk: the caller gets the error and conf
+		 * is not called.
+		 */
 		atomic_store(&req->state, REQ_IDLE);
 		atomic_fetch_sub(&p->inflight, 1);
 		req_release_mrs(req);

@@ -1,0 +1,1277 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Unit tests for lib/common: the integer and parsing helpers (util.h), the
+ * option table parser (opts.h) and the service loop (loop.h).
+ *
+ * Loop tests never rely on a sleep for ordering: a "blocker" work item holds
+ * the loop thread while the test queues more work, and loop_call() is used
+ * as a barrier before counters are read. Sleeps only measure timers, with
+ * bounds wide enough for a loaded two-core machine under ASan.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "loop.h"
+#include "opts.h"
+#include "util.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static void sleep_ms(unsigned ms)
+{
+	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
+
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
+/* Polls until *v >= want or timeout_ms passes; returns whether it got there. */
+static bool wait_uint_ge(atomic_uint *v, unsigned want, unsigned timeout_ms)
+{
+	uint64_t end = now_ms() + timeout_ms;
+
+	while (atomic_load(v) < want) {
+		if (now_ms() > end)
+			return false;
+		sleep_ms(1);
+	}
+	return true;
+}
+
+/* Points fd (1 or 2) at /dev/null; returns the saved descriptor. */
+static int quiet_begin(int fd)
+{
+	int saved, nul;
+
+	fflush(stdout);
+	fflush(stderr);
+	saved = dup(fd);
+	nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
+	if (saved < 0 || nul < 0) {
+		perror("quiet_begin");
+		exit(1);
+	}
+	dup2(nul, fd);
+	close(nul);
+	return saved;
+}
+
+static void quiet_end(int fd, int saved)
+{
+	fflush(stdout);
+	fflush(stderr);
+	dup2(saved, fd);
+	close(saved);
+}
+
+/* ---- util.h: bit helpers and wire integers ------------------------------ */
+
+static void test_bits(void)
+{
+	CHECK_EQ(bits_for(0), 1);
+	CHECK_EQ(bits_for(1), 1);
+	CHECK_EQ(bits_for(2), 2);
+	CHECK_EQ(bits_for(3), 2);
+	CHECK_EQ(bits_for(4), 3);
+	CHECK_EQ(bits_for(255), 8);
+	CHECK_EQ(bits_for(256), 9);
+	CHECK_EQ(bits_for(UINT32_MAX), 32);
+	CHECK_EQ(bits_for((uint64_t)UINT32_MAX + 1), 33);
+	CHECK_EQ(bits_for(UINT64_MAX >> 1), 63);
+	CHECK_EQ(bits_for(UINT64_MAX), 64);
+
+	CHECK(!is_pow2(0));
+	CHECK(is_pow2(1));
+	CHECK(is_pow2(2));
+	CHECK(!is_pow2(3));
+	CHECK(is_pow2(4096));
+	CHECK(!is_pow2(4097));
+	CHECK(!is_pow2(4095));
+	CHECK(is_pow2(1ull << 63));
+	CHECK(!is_pow2((1ull << 63) + 1));
+	CHECK(!is_pow2(UINT64_MAX));
+	/* Every single bit is a power of two, and no two-bit value is. */
+	for (unsigned i = 0; i < 64; i++) {
+		CHECK(is_pow2(1ull << i), "bit %u", i);
+		CHECK(bits_for(1ull << i) == i + 1, "bits_for(1 << %u) = %u", i,
+		      bits_for(1ull << i));
+		if (i)
+			CHECK(!is_pow2((1ull << i) | 1), "bit %u | 1", i);
+	}
+}
+
+static void test_le(void)
+{
+	struct le16 a = le16_put(0x1234);
+	struct le32 b = le32_put(0x12345678u);
+	struct le64 c = le64_put(0x0123456789abcdefull);
+	static const uint8_t want16[] = { 0x34, 0x12 };
+	static const uint8_t want32[] = { 0x78, 0x56, 0x34, 0x12 };
+	static const uint8_t want64[] = { 0xef, 0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01 };
+	uint8_t bytes[8];
+
+	CHECK_EQ(sizeof(a), 2);
+	CHECK_EQ(sizeof(b), 4);
+	CHECK_EQ(sizeof(c), 8);
+
+	/* Byte order in memory is little-endian whatever the host is. */
+	memcpy(bytes, &a, sizeof(a));
+	CHECK(!memcmp(bytes, want16, sizeof(want16)), "le16 bytes %02x %02x", bytes[0], bytes[1]);
+	memcpy(bytes, &b, sizeof(b));
+	CHECK(!memcmp(bytes, want32, sizeof(want32)), "le32 bytes %02x %02x %02x %02x", bytes[0],
+	      bytes[1], bytes[2], bytes[3]);
+	memcpy(bytes, &c, sizeof(c));
+	CHECK(!memcmp(bytes, want64, sizeof(want64)), "le64 first byte %02x last %02x", bytes[0],
+	      bytes[7]);
+
+	/* Reading raw little-endian bytes gives the value back. */
+	memcpy(&a, want16, sizeof(a));
+	CHECK_EQ(le16_get(a), 0x1234);
+	memcpy(&b, want32, sizeof(b));
+	CHECK_EQ(le32_get(b), 0x12345678u);
+	memcpy(&c, want64, sizeof(c));
+	CHECK(le64_get(c) == 0x0123456789abcdefull);
+
+	/* Round trips, including the extremes. */
+	static const uint64_t vals[] = { 0, 1, 0x80, 0xff, 0x100, 0x7fff, 0x8000, 0xffff,
+					 0x10000, 0x7fffffff, 0x80000000u, UINT32_MAX,
+					 (uint64_t)UINT32_MAX + 1, 0x8000000000000000ull,
+					 UINT64_MAX };
+
+	for (unsigned i = 0; i < ARRAY_SIZE(vals); i++) {
+		uint64_t v = vals[i];
+
+		CHECK(le16_get(le16_put((uint16_t)v)) == (uint16_t)v, "le16 %#llx",
+		      (unsigned long long)v);
+		CHECK(le32_get(le32_put((uint32_t)v)) == (uint32_t)v, "le32 %#llx",
+		      (unsigned long long)v);
+		CHECK(le64_get(le64_put(v)) == v, "le64 %#llx", (unsigned long long)v);
+	}
+}
+
+/* ---- util.h: parse_u64 / parse_size ------------------------------------- */
+
+#define SENTINEL 0x5a5a5a5a5a5a5a5aull
+
+/* A parse that must succeed with the given value. */
+#define CHECK_PARSE_OK(fn, s, lo, hi, want)                                           \
+	do {                                                                          \
+		uint64_t v_ = SENTINEL;                                               \
+		int rc_ = fn((s), (lo), (hi), &v_);                                   \
+		CHECK(rc_ == 0 && v_ == (uint64_t)(want), "%s(\"%s\") = %d, %llu", #fn, \
+		      (s), rc_, (unsigned long long)v_);                              \
+	} while (0)
+
+/* A parse that must fail with the given errno and leave *out alone. */
+#define CHECK_PARSE_ERR(fn, s, lo, hi, err)                                           \
+	do {                                                                          \
+		uint64_t v_ = SENTINEL;                                               \
+		int rc_ = fn((s), (lo), (hi), &v_);                                   \
+		CHECK(rc_ == (err), "%s(\"%s\") = %d, want %d", #fn, (s) ? (s) : "NULL", \
+		      rc_, (int)(err));                                               \
+		CHECK(v_ == SENTINEL, "%s(\"%s\") wrote %llu on error", #fn,          \
+		      (s) ? (s) : "NULL", (unsigned long long)v_);                    \
+	} while (0)
+
+static void test_parse_u64(void)
+{
+	CHECK_PARSE_OK(parse_u64, "0", 0, 10, 0);
+	CHECK_PARSE_OK(parse_u64, "10", 0, 10, 10);
+	CHECK_PARSE_OK(parse_u64, "5", 5, 5, 5);
+	CHECK_PARSE_OK(parse_u64, "007", 0, 10, 7);
+	CHECK_PARSE_OK(parse_u64, "18446744073709551615", 0, UINT64_MAX, UINT64_MAX);
+	CHECK_PARSE_OK(parse_u64, "4294967296", 0, UINT64_MAX, 4294967296ull);
+
+	/* Range: both ends are inclusive, one past either is -ERANGE. */
+	CHECK_PARSE_ERR(parse_u64, "11", 0, 10, -ERANGE);
+	CHECK_PARSE_ERR(parse_u64, "4", 5, 10, -ERANGE);
+	CHECK_PARSE_ERR(parse_u64, "0", 1, 65535, -ERANGE);
+	CHECK_PARSE_ERR(parse_u64, "65536", 1, 65535, -ERANGE);
+	CHECK_PARSE_OK(parse_u64, "65535", 1, 65535, 65535);
+
+	/* Overflow of the type itself. */
+	CHECK_PARSE_ERR(parse_u64, "18446744073709551616", 0, UINT64_MAX, -ERANGE);
+	CHECK_PARSE_ERR(parse_u64, "99999999999999999999999", 0, UINT64_MAX, -ERANGE);
+
+	/* Junk, empty, sign. */
+	CHECK_PARSE_ERR(parse_u64, "", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_u64, NULL, 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_u64, "abc", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_u64, "12x", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_u64, "1 ", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_u64, "1.5", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_u64, "0x10", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_u64, "4K", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_u64, "-", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_u64, "-1", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_u64, "-0", 0, UINT64_MAX, -EINVAL);
+	/*
+	 * A negative number behind leading blanks must be refused too:
+	 * strtoull() skips the blanks and negates, so " -1" would otherwise
+	 * come back as UINT64_MAX.
+	 */
+	CHECK_PARSE_ERR(parse_u64, " -1", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_u64, "\t-5", 0, UINT64_MAX, -EINVAL);
+}
+
+static void test_parse_size(void)
+{
+	CHECK_PARSE_OK(parse_size, "0", 0, UINT64_MAX, 0);
+	CHECK_PARSE_OK(parse_size, "4096", 0, UINT64_MAX, 4096);
+	CHECK_PARSE_OK(parse_size, "1k", 0, UINT64_MAX, 1024);
+	CHECK_PARSE_OK(parse_size, "4K", 0, UINT64_MAX, 4096);
+	CHECK_PARSE_OK(parse_size, "4KB", 0, UINT64_MAX, 4096);
+	CHECK_PARSE_OK(parse_size, "4KiB", 0, UINT64_MAX, 4096);
+	CHECK_PARSE_OK(parse_size, "3m", 0, UINT64_MAX, 3ull << 20);
+	CHECK_PARSE_OK(parse_size, "3M", 0, UINT64_MAX, 3ull << 20);
+	CHECK_PARSE_OK(parse_size, "3MB", 0, UINT64_MAX, 3ull << 20);
+	CHECK_PARSE_OK(parse_size, "3MiB", 0, UINT64_MAX, 3ull << 20);
+	CHECK_PARSE_OK(parse_size, "2g", 0, UINT64_MAX, 2ull << 30);
+	CHECK_PARSE_OK(parse_size, "2G", 0, UINT64_MAX, 2ull << 30);
+	CHECK_PARSE_OK(parse_size, "2GB", 0, UINT64_MAX, 2ull << 30);
+	CHECK_PARSE_OK(parse_size, "2GiB", 0, UINT64_MAX, 2ull << 30);
+	CHECK_PARSE_OK(parse_size, "0K", 0, UINT64_MAX, 0);
+	CHECK_PARSE_OK(parse_size, "18446744073709551615", 0, UINT64_MAX, UINT64_MAX);
+
+	/* Only the exact "B" and "iB" tails are accepted after a suffix. */
+	CHECK_PARSE_ERR(parse_size, "4Ki", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "4kib", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "4Kb", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "4KiBx", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "4KK", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "4B", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "4T", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "4E", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "4 K", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "4K ", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "K", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, NULL, 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "-", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "-4K", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, " -1", 0, UINT64_MAX, -EINVAL);
+
+	/* Range applies to the value after the suffix is applied. */
+	CHECK_PARSE_OK(parse_size, "4K", 4096, 4096, 4096);
+	CHECK_PARSE_ERR(parse_size, "4K", 0, 4095, -ERANGE);
+	CHECK_PARSE_ERR(parse_size, "4K", 4097, UINT64_MAX, -ERANGE);
+	CHECK_PARSE_ERR(parse_size, "1M", 0, 1023 * 1024, -ERANGE);
+
+	/* Overflow: of strtoull itself, and when the suffix shifts it out. */
+	CHECK_PARSE_ERR(parse_size, "18446744073709551616", 0, UINT64_MAX, -ERANGE);
+	CHECK_PARSE_OK(parse_size, "17179869183G", 0, UINT64_MAX, 17179869183ull << 30);
+	CHECK_PARSE_ERR(parse_size, "17179869184G", 0, UINT64_MAX, -ERANGE);
+	CHECK_PARSE_OK(parse_size, "17592186044415M", 0, UINT64_MAX, 17592186044415ull << 20);
+	CHECK_PARSE_ERR(parse_size, "17592186044416M", 0, UINT64_MAX, -ERANGE);
+	CHECK_PARSE_OK(parse_size, "18014398509481983K", 0, UINT64_MAX,
+		       18014398509481983ull << 10);
+	CHECK_PARSE_ERR(parse_size, "18014398509481984K", 0, UINT64_MAX, -ERANGE);
+	CHECK_PARSE_ERR(parse_size, "18446744073709551615K", 0, UINT64_MAX, -ERANGE);
+}
+
+/* ---- util.h: rand_below -------------------------------------------------- */
+
+static void test_rand(void)
+{
+	static const uint32_t bounds[] = { 2, 3, 7, 10, 1000, 0x80000001u, UINT32_MAX };
+	unsigned seen[7] = { 0 };
+	bool all_below = true;
+	uint8_t buf[64];
+
+	for (unsigned i = 0; i < 100; i++) {
+		CHECK_EQ(rand_below(0), 0);
+		CHECK_EQ(rand_below(1), 0);
+	}
+	for (unsigned b = 0; b < ARRAY_SIZE(bounds); b++) {
+		for (unsigned i = 0; i < 2000; i++) {
+			uint32_t r = rand_below(bounds[b]);
+
+			if (r >= bounds[b]) {
+				all_below = false;
+				CHECK(r < bounds[b], "rand_below(%u) = %u", bounds[b], r);
+				break;
+			}
+		}
+	}
+	CHECK(all_below);
+
+	/* Every value of a small bound shows up; missing one has p ~ 1e-600. */
+	for (unsigned i = 0; i < 10000; i++) {
+		uint32_t r = rand_below(7);
+
+		if (r < 7)
+			seen[r]++;
+	}
+	for (unsigned v = 0; v < 7; v++)
+		CHECK(seen[v] > 0, "value %u never drawn from rand_below(7)", v);
+	/* And roughly uniformly: expected 1428 each, sd ~35. */
+	for (unsigned v = 0; v < 7; v++)
+		CHECK(seen[v] > 1100 && seen[v] < 1800, "rand_below(7): %u drawn %u times", v,
+		      seen[v]);
+
+	/* rand_bytes fills the buffer (64 zero bytes after it: p = 2^-512). */
+	memset(buf, 0, sizeof(buf));
+	CHECK_EQ(rand_bytes(buf, sizeof(buf)), 0);
+	{
+		bool nonzero = false;
+
+		for (unsigned i = 0; i < sizeof(buf); i++)
+			nonzero |= buf[i] != 0;
+		CHECK(nonzero);
+	}
+	CHECK_EQ(rand_bytes(buf, 0), 0);
+}
+
+/* ---- opts.h -------------------------------------------------------------- */
+
+static const char *const modes[] = { "read", "write", "mixed", NULL };
+
+struct opt_vals {
+	bool verbose;
+	bool quiet;
+	uint64_t depth;
+	uint64_t size;
+	const char *name;
+	unsigned mode;
+	struct opt_list peers;
+};
+
+static void vals_reset(struct opt_vals *v)
+{
+	free(v->peers.items);
+	memset(v, 0, sizeof(*v));
+	v->depth = 5;
+	v->size = 4096;
+	v->mode = 1;
+}
+
+static void table_init(struct opt *t, struct opt_vals *v)
+{
+	const struct opt tab[] = {
+		{ .name = "verbose", .short_name = 'v', .type = OPT_FLAG, .ptr = &v->verbose,
+		  .help = "more output" },
+		{ .name = "quiet", .type = OPT_FLAG, .ptr = &v->quiet, .help = "less output" },
+		{ .name = "depth", .short_name = 'd', .type = OPT_UINT, .ptr = &v->depth,
+		  .min = 1, .max = 128, .arg = "N", .help = "queue depth" },
+		{ .name = "size", .short_name = 's', .type = OPT_SIZE, .ptr = &v->size,
+		  .min = 512, .max = 1ull << 30, .arg = "BYTES", .help = "chunk size" },
+		{ .name = "name", .short_name = 'n', .type = OPT_STRING, .ptr = &v->name,
+		  .arg = "STR", .help = "session name" },
+		{ .name = "mode", .short_name = 'm', .type = OPT_CHOICE, .ptr = &v->mode,
+		  .choices = modes, .arg = "MODE", .help = "io mode" },
+		{ .name = "peer", .short_name = 'p', .type = OPT_LIST, .ptr = &v->peers,
+		  .arg = "ADDR", .help = "peer address" },
+		{ 0 },
+	};
+
+	memcpy(t, tab, sizeof(tab));
+}
+
+#define NOPTS 8
+
+/*
+ * Parses a NULL-terminated list of arguments (argv[0] is supplied) with the
+ * output silenced unless show is set. The argv array lives in *store so that
+ * strings the parser keeps (OPT_STRING, OPT_LIST) stay valid.
+ */
+struct argv_store {
+	char *argv[16];
+	int argc;
+};
+
+static int parse_args(const struct opt *t, struct argv_store *st, int *first_pos,
+		      const char *const *args)
+{
+	int out, err, rc;
+
+	st->argc = 0;
+	st->argv[st->argc++] = (char *)"prog";
+	while (*args && st->argc < (int)ARRAY_SIZE(st->argv) - 1)
+		st->argv[st->argc++] = (char *)*args++;
+	st->argv[st->argc] = NULL;
+	*first_pos = -1;
+	out = quiet_begin(1);
+	err = quiet_begin(2);
+	rc = opts_parse(t, "prog", "[options] ARGS", st->argc, st->argv, first_pos);
+	quiet_end(2, err);
+	quiet_end(1, out);
+	return rc;
+}
+
+#define ARGS(...) ((const char *const[]){ __VA_ARGS__, NULL })
+
+static void test_opts_parse(void)
+{
+	struct opt t[NOPTS];
+	struct opt_vals v = { 0 };
+	struct argv_store st;
+	int fp, rc;
+
+	table_init(t, &v);
+
+	/* No arguments: defaults are untouched. */
+	vals_reset(&v);
+	st.argc = 1;
+	st.argv[0] = (char *)"prog";
+	st.argv[1] = NULL;
+	rc = opts_parse(t, "prog", "", 1, st.argv, &fp);
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(fp, 1);
+	CHECK(!v.verbose && !v.quiet);
+	CHECK_EQ(v.depth, 5);
+	CHECK_EQ(v.size, 4096);
+	CHECK(v.name == NULL);
+	CHECK_EQ(v.mode, 1);
+	CHECK_EQ(v.peers.n, 0);
+
+	/* Every type, long forms, both "--opt value" and "--opt=value". */
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp,
+			ARGS("--verbose", "--quiet", "--depth", "128", "--size=64K", "--name",
+			     "sess", "--mode=mixed", "--peer", "a:1", "--peer=b:2", "--peer",
+			     "[::1]:3"));
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(fp, st.argc);
+	CHECK(v.verbose);
+	CHECK(v.quiet);
+	CHECK_EQ(v.depth, 128);
+	CHECK_EQ(v.size, 64 * 1024);
+	CHECK(v.name && !strcmp(v.name, "sess"), "name = %s", v.name ? v.name : "NULL");
+	CHECK_EQ(v.mode, 2);
+	CHECK_EQ(v.peers.n, 3);
+	if (v.peers.n == 3) {
+		CHECK(!strcmp(v.peers.items[0], "a:1"));
+		CHECK(!strcmp(v.peers.items[1], "b:2"));
+		CHECK(!strcmp(v.peers.items[2], "[::1]:3"));
+	}
+
+	/* Short forms, clustered flags and attached arguments. */
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp,
+			ARGS("-v", "-d1", "-s", "1M", "-nfoo", "-m", "read", "-px", "-p", "y"));
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(fp, st.argc);
+	CHECK(v.verbose);
+	CHECK(!v.quiet);
+	CHECK_EQ(v.depth, 1);
+	CHECK_EQ(v.size, 1 << 20);
+	CHECK(v.name && !strcmp(v.name, "foo"));
+	CHECK_EQ(v.mode, 0);
+	CHECK_EQ(v.peers.n, 2);
+	if (v.peers.n == 2) {
+		CHECK(!strcmp(v.peers.items[0], "x"));
+		CHECK(!strcmp(v.peers.items[1], "y"));
+	}
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp, ARGS("-vd", "7"));
+	CHECK_EQ(rc, 0);
+	CHECK(v.verbose);
+	CHECK_EQ(v.depth, 7);
+
+	/* Positionals are left for the caller: parsing stops at the first one. */
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp, ARGS("-v", "--depth", "9", "file1", "--quiet", "file2"));
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(fp, 4);
+	CHECK(fp == 4 && !strcmp(st.argv[fp], "file1"));
+	CHECK(v.verbose);
+	CHECK(!v.quiet, "--quiet after a positional must not be parsed");
+	CHECK_EQ(v.depth, 9);
+	CHECK_EQ(st.argc, 7);
+
+	/* "--" ends the options; what follows is positional even if dashed. */
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp, ARGS("-v", "--", "--quiet"));
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(fp, 3);
+	CHECK(fp == 3 && !strcmp(st.argv[fp], "--quiet"));
+	CHECK(!v.quiet);
+
+	/* A lone positional. */
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp, ARGS("only"));
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(fp, 1);
+
+	/* Unambiguous long prefixes are getopt_long's, and accepted. */
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp, ARGS("--dep", "3"));
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(v.depth, 3);
+}
+
+static void test_opts_errors(void)
+{
+	struct opt t[NOPTS];
+	struct opt_vals v = { 0 };
+	struct argv_store st;
+	int fp, rc;
+
+	table_init(t, &v);
+
+#define CHECK_OPTS_EINVAL(...)                                                     \
+	do {                                                                       \
+		vals_reset(&v);                                                    \
+		rc = parse_args(t, &st, &fp, ARGS(__VA_ARGS__));                   \
+		CHECK(rc == -EINVAL, "opts_parse(%s) = %d, want -EINVAL", #__VA_ARGS__, rc); \
+	} while (0)
+
+	/* UINT out of range at both ends, junk, negative. */
+	CHECK_OPTS_EINVAL("--depth", "0");
+	CHECK_EQ(v.depth, 5);
+	CHECK_OPTS_EINVAL("--depth", "129");
+	CHECK_EQ(v.depth, 5);
+	CHECK_OPTS_EINVAL("-d", "12x");
+	CHECK_OPTS_EINVAL("--depth=-1");
+	CHECK_OPTS_EINVAL("--depth=");
+	CHECK_OPTS_EINVAL("--depth", "99999999999999999999999");
+
+	/* SIZE: out of range, bad suffix. */
+	CHECK_OPTS_EINVAL("--size", "511");
+	CHECK_EQ(v.size, 4096);
+	CHECK_OPTS_EINVAL("--size", "2G");
+	CHECK_OPTS_EINVAL("--size", "4X");
+	CHECK_OPTS_EINVAL("-s", "4Kx");
+	CHECK_EQ(v.size, 4096);
+
+	/* CHOICE: not in the list, case matters, prefixes are not choices. */
+	CHECK_OPTS_EINVAL("--mode", "append");
+	CHECK_EQ(v.mode, 1);
+	CHECK_OPTS_EINVAL("--mode", "READ");
+	CHECK_OPTS_EINVAL("-m", "rea");
+	CHECK_OPTS_EINVAL("--mode=");
+
+	/* Unknown options, long and short. */
+	CHECK_OPTS_EINVAL("--bogus");
+	CHECK_OPTS_EINVAL("--bogus=1");
+	CHECK_OPTS_EINVAL("-x");
+	CHECK_OPTS_EINVAL("-vx");
+	CHECK(v.verbose, "-v before the unknown -x was applied");
+
+	/* Missing arguments, long and short. */
+	CHECK_OPTS_EINVAL("--depth");
+	CHECK_OPTS_EINVAL("-d");
+	CHECK_OPTS_EINVAL("-v", "--name");
+	CHECK_OPTS_EINVAL("--peer");
+	CHECK_EQ(v.peers.n, 0);
+
+	/* A flag given an argument. */
+	CHECK_OPTS_EINVAL("--verbose=yes");
+
+	/* An error stops parsing: later options are not applied. */
+	CHECK_OPTS_EINVAL("--depth", "0", "--quiet");
+	CHECK(!v.quiet);
+
+#undef CHECK_OPTS_EINVAL
+
+	/* --help and -h print and return 1 with nothing else applied after. */
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp, ARGS("--help", "--quiet"));
+	CHECK_EQ(rc, 1);
+	CHECK(!v.quiet);
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp, ARGS("-h"));
+	CHECK_EQ(rc, 1);
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp, ARGS("--verbose", "--he"));
+	CHECK_EQ(rc, 1);
+	CHECK(v.verbose);
+	vals_reset(&v);
+}
+
+/* --help goes to stdout and lists every option, the choices and defaults. */
+static void test_opts_help(void)
+{
+	struct opt t[NOPTS];
+	struct opt_vals v = { 0 };
+	char *argv[] = { (char *)"prog", (char *)"--help", NULL };
+	char buf[4096];
+	FILE *f = tmpfile();
+	int saved, err, fp = -1, rc;
+	size_t n;
+
+	if (!f) {
+		CHECK(f != NULL, "tmpfile: %s", strerror(errno));
+		return;
+	}
+	table_init(t, &v);
+	vals_reset(&v);
+	v.name = "dflt";
+	fflush(stdout);
+	saved = dup(1);
+	dup2(fileno(f), 1);
+	err = quiet_begin(2);
+	rc = opts_parse(t, "prog", "[options] FILE", 2, argv, &fp);
+	quiet_end(2, err);
+	fflush(stdout);
+	dup2(saved, 1);
+	close(saved);
+	rewind(f);
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+
+	CHECK_EQ(rc, 1);
+	CHECK(strstr(buf, "Usage: prog [options] FILE") != NULL, "help:\n%s", buf);
+	CHECK(strstr(buf, "-v, --verbose") != NULL);
+	CHECK(strstr(buf, "    --quiet") != NULL);
+	CHECK(strstr(buf, "-d, --depth N") != NULL);
+	CHECK(strstr(buf, "(default 5)") != NULL);
+	CHECK(strstr(buf, "(default 4096)") != NULL);
+	CHECK(strstr(buf, "(default dflt)") != NULL);
+	CHECK(strstr(buf, "[read|write|mixed] (default write)") != NULL);
+	CHECK(strstr(buf, "-p, --peer ADDR") != NULL);
+	CHECK(strstr(buf, "-h, --help") != NULL);
+	vals_reset(&v);
+}
+
+/*
+ * opts_parse is called more than once per process (tools parse, then parse
+ * again; tests parse many tables). Each call must start from a clean getopt
+ * state, including after the previous call stopped in the middle of a
+ * cluster of short options ("-hv", "-xv"): getopt keeps a pointer into the
+ * old argv that only optind = 0 (not 1) discards.
+ */
+static void test_opts_twice(void)
+{
+	struct opt t[NOPTS];
+	struct opt_vals v = { 0 };
+	struct argv_store st1, st2;
+	int fp, rc;
+
+	table_init(t, &v);
+
+	vals_reset(&v);
+	rc = parse_args(t, &st1, &fp, ARGS("--depth", "3", "pos"));
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(fp, 3);
+	vals_reset(&v);
+	rc = parse_args(t, &st2, &fp, ARGS("-d", "4", "a", "b"));
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(fp, 3);
+	CHECK_EQ(v.depth, 4);
+
+	/* After an error part way through the argument list. */
+	vals_reset(&v);
+	rc = parse_args(t, &st1, &fp, ARGS("-v", "--bogus", "-d", "9"));
+	CHECK_EQ(rc, -EINVAL);
+	vals_reset(&v);
+	rc = parse_args(t, &st2, &fp, ARGS("-d", "6"));
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(v.depth, 6);
+	CHECK_EQ(fp, 3);
+
+	/* After --help stopped inside a cluster: "-hv" leaves 'v' pending. */
+	vals_reset(&v);
+	rc = parse_args(t, &st1, &fp, ARGS("-hv"));
+	CHECK_EQ(rc, 1);
+	CHECK(!v.verbose);
+	vals_reset(&v);
+	rc = parse_args(t, &st2, &fp, ARGS("-d", "3"));
+	CHECK_EQ(rc, 0);
+	CHECK(!v.verbose, "second parse applied -v left over from the first");
+	CHECK_EQ(v.depth, 3);
+	CHECK_EQ(fp, 3);
+
+	/* After an unknown option inside a cluster: "-xv" leaves 'v' pending. */
+	vals_reset(&v);
+	rc = parse_args(t, &st1, &fp, ARGS("-xv"));
+	CHECK_EQ(rc, -EINVAL);
+	vals_reset(&v);
+	rc = parse_args(t, &st2, &fp, ARGS("pos"));
+	CHECK_EQ(rc, 0);
+	CHECK(!v.verbose, "second parse applied -v left over from the first");
+	CHECK_EQ(fp, 1);
+	vals_reset(&v);
+}
+
+/* ---- loop.h -------------------------------------------------------------- */
+
+/* Holds the loop thread until released, so that tests can queue behind it. */
+struct blocker {
+	struct loop_work w;
+	struct loop *loop;
+	atomic_uint started;
+	atomic_uint release;
+	atomic_uint done;
+};
+
+static void blocker_fn(struct loop_work *w)
+{
+	struct blocker *b = container_of(w, struct blocker, w);
+
+	atomic_store(&b->started, 1);
+	while (!atomic_load(&b->release))
+		sleep_ms(1);
+	atomic_store(&b->done, 1);
+}
+
+static void blocker_init(struct blocker *b, struct loop *l)
+{
+	memset(b, 0, sizeof(*b));
+	b->loop = l;
+	loop_work_init(&b->w, blocker_fn);
+}
+
+/* Queues b and returns once the loop thread is inside it. */
+static bool blocker_hold(struct blocker *b)
+{
+	loop_queue(b->loop, &b->w);
+	return wait_uint_ge(&b->started, 1, 5000);
+}
+
+struct counted_work {
+	struct loop_work w;
+	struct loop *loop;
+	atomic_uint runs;
+	atomic_uint in_thread;
+	atomic_uint requeue;       /* re-queue itself while runs < requeue */
+	unsigned *order;           /* shared sequence, written on the loop thread */
+	unsigned *order_n;
+	unsigned id;
+};
+
+static void counted_fn(struct loop_work *w)
+{
+	struct counted_work *c = container_of(w, struct counted_work, w);
+	unsigned runs = atomic_fetch_add(&c->runs, 1) + 1;
+
+	if (loop_in_thread(c->loop))
+		atomic_fetch_add(&c->in_thread, 1);
+	if (c->order)
+		c->order[(*c->order_n)++] = c->id;
+	if (runs < atomic_load(&c->requeue))
+		loop_queue(c->loop, &c->w);
+}
+
+static void counted_init(struct counted_work *c, struct loop *l, unsigned id)
+{
+	memset(c, 0, sizeof(*c));
+	c->loop = l;
+	c->id = id;
+	loop_work_init(&c->w, counted_fn);
+}
+
+static void noop(void *arg)
+{
+}
+
+/* Waits for everything queued so far to have run. */
+static void barrier(struct loop *l)
+{
+	loop_call(l, noop, NULL);
+}
+
+struct call_ctx {
+	struct loop *loop;
+	atomic_uint ran;
+	atomic_uint in_thread;
+	unsigned delay_ms;
+};
+
+static void call_fn(void *arg)
+{
+	struct call_ctx *c = arg;
+
+	if (c->delay_ms)
+		sleep_ms(c->delay_ms);
+	if (loop_in_thread(c->loop))
+		atomic_fetch_add(&c->in_thread, 1);
+	atomic_fetch_add(&c->ran, 1);
+}
+
+/* A work item that uses loop_call from the loop thread itself. */
+struct nested_call {
+	struct loop_work w;
+	struct call_ctx call;
+	atomic_uint ran_before_return;
+};
+
+static void nested_call_fn(struct loop_work *w)
+{
+	struct nested_call *n = container_of(w, struct nested_call, w);
+
+	loop_call(n->call.loop, call_fn, &n->call);
+	atomic_store(&n->ran_before_return, atomic_load(&n->call.ran));
+}
+
+static void test_loop_work(void)
+{
+	struct loop *l = NULL;
+	struct counted_work a, b, c;
+	struct blocker blk;
+	struct call_ctx call;
+	struct nested_call nested;
+	unsigned order[16], order_n = 0;
+	int rc;
+
+	rc = loop_create("test-loop", &l);
+	CHECK_EQ(rc, 0);
+	if (rc)
+		return;
+	CHECK(!loop_in_thread(l), "main thread is not the loop thread");
+
+	/* loop_queue runs the work on the loop thread. */
+	counted_init(&a, l, 1);
+	loop_queue(l, &a.w);
+	CHECK(wait_uint_ge(&a.runs, 1, 5000), "queued work never ran");
+	barrier(l);
+	CHECK_EQ(atomic_load(&a.runs), 1);
+	CHECK_EQ(atomic_load(&a.in_thread), 1);
+
+	/* Queued twice before it runs: runs once. Then queued again: runs again. */
+	counted_init(&a, l, 1);
+	blocker_init(&blk, l);
+	CHECK(blocker_hold(&blk), "blocker never started");
+	loop_queue(l, &a.w);
+	loop_queue(l, &a.w);
+	loop_queue(l, &a.w);
+	CHECK_EQ(atomic_load(&a.runs), 0);
+	atomic_store(&blk.release, 1);
+	barrier(l);
+	CHECK_EQ(atomic_load(&a.runs), 1);
+	loop_queue(l, &a.w);
+	barrier(l);
+	CHECK_EQ(atomic_load(&a.runs), 2);
+	CHECK_EQ(atomic_load(&a.in_thread), 2);
+
+	/* FIFO order, and a double queue does not move an item back. */
+	counted_init(&a, l, 1);
+	counted_init(&b, l, 2);
+	counted_init(&c, l, 3);
+	a.order = b.order = c.order = order;
+	a.order_n = b.order_n = c.order_n = &order_n;
+	blocker_init(&blk, l);
+	CHECK(blocker_hold(&blk), "blocker never started");
+	loop_queue(l, &a.w);
+	loop_queue(l, &b.w);
+	loop_queue(l, &a.w);
+	loop_queue(l, &c.w);
+	atomic_store(&blk.release, 1);
+	barrier(l);
+	CHECK_EQ(order_n, 3);
+	CHECK(order_n == 3 && order[0] == 1 && order[1] == 2 && order[2] == 3,
+	      "order %u %u %u", order[0], order[1], order[2]);
+
+	/* A work item may queue itself again from its own function. */
+	counted_init(&a, l, 1);
+	atomic_store(&a.requeue, 5);
+	loop_queue(l, &a.w);
+	CHECK(wait_uint_ge(&a.runs, 5, 5000), "self re-queue stopped at %u",
+	      atomic_load(&a.runs));
+	barrier(l);
+	CHECK_EQ(atomic_load(&a.runs), 5);
+	CHECK_EQ(atomic_load(&a.in_thread), 5);
+
+	/* loop_call runs on the loop thread and returns only after fn did. */
+	memset(&call, 0, sizeof(call));
+	call.loop = l;
+	call.delay_ms = 30;
+	loop_call(l, call_fn, &call);
+	CHECK_EQ(atomic_load(&call.ran), 1);
+	CHECK_EQ(atomic_load(&call.in_thread), 1);
+
+	/* loop_call behind queued work: the work has run by the time it returns. */
+	counted_init(&a, l, 1);
+	blocker_init(&blk, l);
+	CHECK(blocker_hold(&blk), "blocker never started");
+	loop_queue(l, &a.w);
+	atomic_store(&blk.release, 1);
+	memset(&call, 0, sizeof(call));
+	call.loop = l;
+	loop_call(l, call_fn, &call);
+	CHECK_EQ(atomic_load(&blk.done), 1);
+	CHECK_EQ(atomic_load(&a.runs), 1);
+	CHECK_EQ(atomic_load(&call.ran), 1);
+
+	/* loop_call from the loop thread runs fn inline instead of deadlocking. */
+	memset(&nested, 0, sizeof(nested));
+	nested.call.loop = l;
+	loop_work_init(&nested.w, nested_call_fn);
+	loop_queue(l, &nested.w);
+	barrier(l);
+	CHECK_EQ(atomic_load(&nested.call.ran), 1);
+	CHECK_EQ(atomic_load(&nested.call.in_thread), 1);
+	CHECK_EQ(atomic_load(&nested.ran_before_return), 1);
+
+	loop_destroy(l);
+}
+
+/* An fd handler: a pipe's read end, fed from the test thread. */
+struct pipe_handler {
+	struct loop_fd h;
+	struct loop *loop;
+	atomic_uint calls;
+	atomic_uint bytes;
+	atomic_uint in_thread;
+};
+
+static void pipe_cb(struct loop_fd *h, uint32_t events)
+{
+	struct pipe_handler *p = container_of(h, struct pipe_handler, h);
+	char buf[64];
+	ssize_t n;
+
+	if (loop_in_thread(p->loop))
+		atomic_fetch_add(&p->in_thread, 1);
+	atomic_fetch_add(&p->calls, 1);
+	while ((n = read(h->fd, buf, sizeof(buf))) > 0)
+		atomic_fetch_add(&p->bytes, (unsigned)n);
+}
+
+static void pipe_del(void *arg)
+{
+	struct pipe_handler *p = arg;
+
+	loop_del_fd(p->loop, &p->h);
+}
+
+static void test_loop_fd(void)
+{
+	struct loop *l = NULL;
+	struct pipe_handler p;
+	int fds[2];
+	unsigned calls;
+
+	if (pipe2(fds, O_NONBLOCK | O_CLOEXEC)) {
+		CHECK(0, "pipe2: %s", strerror(errno));
+		return;
+	}
+	CHECK_EQ(loop_create("test-fd", &l), 0);
+	if (!l)
+		return;
+	memset(&p, 0, sizeof(p));
+	p.loop = l;
+	p.h.fd = fds[0];
+	p.h.cb = pipe_cb;
+	CHECK_EQ(loop_add_fd(l, &p.h, EPOLLIN), 0);
+	CHECK_EQ(write(fds[1], "abc", 3), 3);
+	CHECK(wait_uint_ge(&p.bytes, 3, 5000), "fd handler read %u bytes", atomic_load(&p.bytes));
+	barrier(l);
+	CHECK_EQ(atomic_load(&p.bytes), 3);
+	CHECK(atomic_load(&p.calls) >= 1);
+	CHECK_EQ(atomic_load(&p.in_thread), atomic_load(&p.calls));
+
+	/* Adding the same fd twice is refused by epoll. */
+	CHECK_EQ(loop_add_fd(l, &p.h, EPOLLIN), -EEXIST);
+
+	/* After loop_del_fd (on the loop thread) the handler is not called. */
+	loop_call(l, pipe_del, &p);
+	calls = atomic_load(&p.calls);
+	CHECK_EQ(write(fds[1], "de", 2), 2);
+	sleep_ms(50);
+	barrier(l);
+	CHECK_EQ(atomic_load(&p.calls), calls);
+	CHECK_EQ(atomic_load(&p.bytes), 3);
+
+	loop_destroy(l);
+	close(fds[0]);
+	close(fds[1]);
+}
+
+/*
+ * Handlers may remove fds (loop.h). A handler removed by another handler of
+ * the same epoll_wait batch must not be called afterwards: its owner may
+ * free it right after loop_del_fd. Two pipes are made ready while a blocker
+ * holds the loop thread, so both come back in one batch; each handler
+ * removes the other, so exactly one of them may run.
+ */
+struct del_pair;
+
+struct del_fd {
+	struct loop_fd h;
+	struct del_pair *pair;
+	unsigned idx;
+};
+
+struct del_pair {
+	struct del_fd fd[2];
+	struct loop *loop;
+	atomic_uint calls[2];
+	atomic_uint removed[2];
+	atomic_uint called_after_removal;
+};
+
+static void del_pair_cb(struct loop_fd *h, uint32_t events)
+{
+	struct del_fd *f = container_of(h, struct del_fd, h);
+	struct del_pair *d = f->pair;
+	unsigned me = f->idx;
+	char buf[8];
+
+	while (read(h->fd, buf, sizeof(buf)) > 0)
+		;
+	atomic_fetch_add(&d->calls[me], 1);
+	if (atomic_load(&d->removed[me]))
+		atomic_fetch_add(&d->called_after_removal, 1);
+	loop_del_fd(d->loop, &d->fd[!me].h);
+	atomic_store(&d->removed[!me], 1);
+}
+
+static void del_pair_cleanup(void *arg)
+{
+	struct del_pair *d = arg;
+
+	loop_del_fd(d->loop, &d->fd[0].h);
+	loop_del_fd(d->loop, &d->fd[1].h);
+}
+
+static void test_loop_del_in_handler(void)
+{
+	struct loop *l = NULL;
+	struct del_pair d;
+	struct blocker blk;
+	int p0[2], p1[2];
+
+	if (pipe2(p0, O_NONBLOCK | O_CLOEXEC) || pipe2(p1, O_NONBLOCK | O_CLOEXEC)) {
+		CHECK(0, "pipe2: %s", strerror(errno));
+		return;
+	}
+	CHECK_EQ(loop_create("test-del", &l), 0);
+	if (!l)
+		return;
+	memset(&d, 0, sizeof(d));
+	d.loop = l;
+	for (unsigned i = 0; i < 2; i++) {
+		d.fd[i].pair = &d;
+		d.fd[i].idx = i;
+		d.fd[i].h.fd = i ? p1[0] : p0[0];
+		d.fd[i].h.cb = del_pair_cb;
+		CHECK_EQ(loop_add_fd(l, &d.fd[i].h, EPOLLIN), 0);
+	}
+
+	blocker_init(&blk, l);
+	CHECK(blocker_hold(&blk), "blocker never started");
+	CHECK_EQ(write(p0[1], "x", 1), 1);
+	CHECK_EQ(write(p1[1], "y", 1), 1);
+	atomic_store(&blk.release, 1);
+	barrier(l);
+	sleep_ms(20);
+	barrier(l);
+	CHECK_EQ(atomic_load(&d.calls[0]) + atomic_load(&d.calls[1]), 1);
+	CHECK(atomic_load(&d.called_after_removal) == 0,
+	      "a handler ran after another handler of the same batch removed it "
+	      "(calls %u and %u)", atomic_load(&d.calls[0]), atomic_load(&d.calls[1]));
+
+	loop_call(l, del_pair_cleanup, &d);
+	loop_destroy(l);
+	close(p0[0]);
+	close(p0[1]);
+	close(p1[0]);
+	close(p1[1]);
+}
+
+struct timer_ctx {
+	struct loop_timer t;
+	struct loop *loop;
+	atomic_uint fired;
+	atomic_uint in_thread;
+	atomic_uint_fast64_t first_ns;
+};
+
+static void timer_cb(struct loop_timer *t)
+{
+	struct timer_ctx *c = container_of(t, struct timer_ctx, t);
+	uint64_t zero = 0;
+
+	atomic_compare_exchange_strong(&c->first_ns, &zero, now_ns());
+	if (loop_in_thread(c->loop))
+		atomic_fetch_add(&c->in_thread, 1);
+	atomic_fetch_add(&c->fired, 1);
+}
+
+static void timer_fini_fn(void *arg)
+{
+	loop_timer_fini(arg);
+}
+
+static bool timer_setup(struct timer_ctx *c, struct loop *l)
+{
+	int rc;
+
+	memset(c, 0, sizeof(*c));
+	c->loop = l;
+	rc = loop_timer_init(l, &c->t, timer_cb);
+	CHECK_EQ(rc, 0);
+	return rc == 0;
+}
+
+static void test_loop_timers(void)
+{
+	struct loop *l = NULL;
+	struct timer_ctx one, per, dis;
+	uint64_t t0, elapsed_ms;
+	unsigned n;
+
+	CHECK_EQ(loop_create("test-timer", &l), 0);
+	if (!l)
+		return;
+
+	/* One shot: fires once, not before its time, on the loop thread. */
+	if (timer_setup(&one, l)) {
+		t0 = now_ns();
+		loop_timer_arm(&one.t, 30, 0);
+		CHECK(wait_uint_ge(&one.fired, 1, 5000), "one-shot timer never fired");
+		sleep_ms(100);
+		barrier(l);
+		CHECK_EQ(atomic_load(&one.fired), 1);
+		CHECK_EQ(atomic_load(&one.in_thread), 1);
+		CHECK(atomic_load(&one.first_ns) >= t0 + 30 * 1000000ull,
+		      "one-shot fired after %llu ns, armed for 30 ms",
+		      (unsigned long long)(atomic_load(&one.first_ns) - t0));
+		/* Re-arming a fired one-shot fires it again. */
+		loop_timer_arm(&one.t, 10, 0);
+		CHECK(wait_uint_ge(&one.fired, 2, 5000), "re-armed one-shot never fired");
+		sleep_ms(50);
+		barrier(l);
+		CHECK_EQ(atomic_load(&one.fired), 2);
+		loop_call(l, timer_fini_fn, &one.t);
+		CHECK_EQ(one.t.h.fd, -1);
+	}
+
+	/* Periodic: 20 ms over ~300 ms. */
+	if (timer_setup(&per, l)) {
+		t0 = now_ns();
+		loop_timer_arm(&per.t, 20, 20);
+		sleep_ms(300);
+		loop_timer_arm(&per.t, 0, 0);
+		elapsed_ms = (now_ns() - t0) / 1000000ull;
+		barrier(l);
+		n = atomic_load(&per.fired);
+		CHECK(n >= 8, "20 ms timer fired %u times in %llu ms", n,
+		      (unsigned long long)elapsed_ms);
+		CHECK(n <= 20 && n <= elapsed_ms / 20 + 1, "20 ms timer fired %u times in %llu ms",
+		      n, (unsigned long long)elapsed_ms);
+		CHECK_EQ(atomic_load(&per.in_thread), n);
+		/* Disarmed (armed with 0): nothing more. */
+		sleep_ms(100);
+		barrier(l);
+		CHECK_EQ(atomic_load(&per.fired), n);
+		loop_call(l, timer_fini_fn, &per.t);
+	}
+
+	/* Disarm of a fast periodic timer after it has fired a few times. */
+	if (timer_setup(&dis, l)) {
+		loop_timer_arm(&dis.t, 5, 5);
+		CHECK(wait_uint_ge(&dis.fired, 3, 5000), "5 ms timer fired %u times",
+		      atomic_load(&dis.fired));
+		loop_timer_arm(&dis.t, 0, 0);
+		barrier(l);
+		n = atomic_load(&dis.fired);
+		sleep_ms(60);
+		barrier(l);
+		CHECK_EQ(atomic_load(&dis.fired), n);
+		/* A disarmed timer can be armed again. */
+		loop_timer_arm(&dis.t, 5, 0);
+		CHECK(wait_uint_ge(&dis.fired, n + 1, 5000), "re-armed timer never fired");
+		loop_call(l, timer_fini_fn, &dis.t);
+		/* Arming after fini is a no-op rather than a crash. */
+		loop_timer_arm(&dis.t, 5, 5);
+		sleep_ms(30);
+		barrier(l);
+		CHECK_EQ(atomic_load(&dis.fired), n + 1);
+	}
+
+	loop_destroy(l);
+}
+
+struct releaser {
+	struct blocker *b;
+	unsigned after_ms;
+};
+
+static void *releaser_thread(void *arg)
+{
+	struct releaser *r = arg;
+
+	sleep_ms(r->after_ms);
+	atomic_store(&r->b->release, 1);
+	return NULL;
+}
+
+static void test_loop_destroy(void)
+{
+	struct loop *l = NULL;
+	struct counted_work a, b, c;
+	struct blocker blk;
+	struct releaser rel;
+	unsigned order[8], order_n = 0;
+	pthread_t th;
+	int rc;
+
+	/* Destroying an idle loop, and loop_destroy(NULL), just work. */
+	CHECK_EQ(loop_create("test-idle", &l), 0);
+	loop_destroy(l);
+	loop_destroy(NULL);
+
+	/*
+	 * Work still queued when loop_destroy is called runs, in order, before
+	 * it returns: the loop thread is held in a blocker while destroy starts,
+	 * and a helper thread lets it go.
+	 */
+	l = NULL;
+	CHECK_EQ(loop_create("test-destroy", &l), 0);
+	if (!l)
+		return;
+	blocker_init(&blk, l);
+	counted_init(&a, l, 1);
+	counted_init(&b, l, 2);
+	counted_init(&c, l, 3);
+	a.order = b.order = c.order = order;
+	a.order_n = b.order_n = c.order_n = &order_n;
+	atomic_store(&c.requeue, 2);
+	CHECK(blocker_hold(&blk), "blocker never started");
+	loop_queue(l, &a.w);
+	loop_queue(l, &b.w);
+	loop_queue(l, &c.w);
+	rel.b = &blk;
+	rel.after_ms = 100;
+	rc = pthread_create(&th, NULL, releaser_thread, &rel);
+	CHECK_EQ(rc, 0);
+	if (rc)
+		atomic_store(&blk.release, 1);
+	loop_destroy(l);
+	/* Joined: everything the loop thread was to do is done. */
+	CHECK_EQ(atomic_load(&blk.done), 1);
+	CHECK_EQ(atomic_load(&a.runs), 1);
+	CHECK_EQ(atomic_load(&b.runs), 1);
+	/* c re-queued itself once during teardown; that ran too. */
+	CHECK_EQ(atomic_load(&c.runs), 2);
+	CHECK_EQ(atomic_load(&a.in_thread), 1);
+	CHECK_EQ(order_n, 4);
+	CHECK(order_n == 4 && order[0] == 1 && order[1] == 2 && order[2] == 3 && order[3] == 3,
+	      "order %u %u %u %u", order[0], order[1], order[2], order[3]);
+	if (!rc)
+		pthread_join(th, NULL);
+}
+
+int main(void)
+{
+	test_bits();
+	test_le();
+	test_parse_u64();
+	test_parse_size();
+	test_rand();
+	test_opts_parse();
+	test_opts_errors();
+	test_opts_help();
+	test_opts_twice();
+	test_loop_work();
+	test_loop_fd();
+	test_loop_del_in_handler();
+	test_loop_timers();
+	test_loop_destroy();
+	return test_done("common");
+}

@@ -1,0 +1,316 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Unit tests for the pieces of lib/rtrs that do not touch the network: the
+ * path state table and names (rtrs.c), host:port splitting (rtrs.c) and the
+ * heartbeat bookkeeping helpers (rtrs-pri.h).
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "rtrs-pri.h"
+
+/* ---- path states --------------------------------------------------------- */
+
+/* The legal transitions, written out independently of rtrs.c's table. */
+static bool expect_allowed(int from, int to)
+{
+	static const int allowed[][2] = {
+		{ RTRS_PATH_CONNECTING, RTRS_PATH_CONNECTED },
+		{ RTRS_PATH_CONNECTING, RTRS_PATH_CLOSING },
+		{ RTRS_PATH_CONNECTING, RTRS_PATH_CLOSED },
+		{ RTRS_PATH_CONNECTED, RTRS_PATH_CLOSING },
+		{ RTRS_PATH_CLOSING, RTRS_PATH_CLOSED },
+		{ RTRS_PATH_CLOSED, RTRS_PATH_CONNECTING },
+	};
+
+	for (unsigned i = 0; i < ARRAY_SIZE(allowed); i++)
+		if (allowed[i][0] == from && allowed[i][1] == to)
+			return true;
+	return false;
+}
+
+static void test_path_states(void)
+{
+	/* In-range states plus values just outside and far outside. */
+	static const int vals[] = { -1000, -2, -1, RTRS_PATH_CONNECTING, RTRS_PATH_CONNECTED,
+				    RTRS_PATH_CLOSING, RTRS_PATH_CLOSED, RTRS_PATH_NUM_STATES,
+				    RTRS_PATH_NUM_STATES + 1, 64, 1000, INT32_MAX };
+	unsigned n_allowed = 0, n_pairs = 0;
+
+	/* The enum this table is written against. */
+	CHECK_EQ(RTRS_PATH_NUM_STATES, 4);
+
+	for (unsigned i = 0; i < ARRAY_SIZE(vals); i++) {
+		for (unsigned j = 0; j < ARRAY_SIZE(vals); j++) {
+			int from = vals[i], to = vals[j];
+			bool got = rtrs_path_state_allowed((enum rtrs_path_state)from,
+							   (enum rtrs_path_state)to);
+			bool want = expect_allowed(from, to);
+
+			CHECK(got == want, "%d (%s) -> %d (%s): allowed %d, want %d", from,
+			      rtrs_path_state_str((enum rtrs_path_state)from), to,
+			      rtrs_path_state_str((enum rtrs_path_state)to), got, want);
+			n_allowed += got;
+			n_pairs++;
+		}
+	}
+	CHECK_EQ(n_pairs, ARRAY_SIZE(vals) * ARRAY_SIZE(vals));
+	CHECK_EQ(n_allowed, 6);
+
+	/* Spelled out, so a failure names the transition. */
+	CHECK(rtrs_path_state_allowed(RTRS_PATH_CONNECTING, RTRS_PATH_CONNECTED));
+	CHECK(rtrs_path_state_allowed(RTRS_PATH_CONNECTING, RTRS_PATH_CLOSING));
+	CHECK(rtrs_path_state_allowed(RTRS_PATH_CONNECTING, RTRS_PATH_CLOSED));
+	CHECK(rtrs_path_state_allowed(RTRS_PATH_CONNECTED, RTRS_PATH_CLOSING));
+	CHECK(rtrs_path_state_allowed(RTRS_PATH_CLOSING, RTRS_PATH_CLOSED));
+	CHECK(rtrs_path_state_allowed(RTRS_PATH_CLOSED, RTRS_PATH_CONNECTING));
+	CHECK(!rtrs_path_state_allowed(RTRS_PATH_CONNECTED, RTRS_PATH_CLOSED));
+	CHECK(!rtrs_path_state_allowed(RTRS_PATH_CONNECTED, RTRS_PATH_CONNECTING));
+	CHECK(!rtrs_path_state_allowed(RTRS_PATH_CLOSING, RTRS_PATH_CONNECTING));
+	CHECK(!rtrs_path_state_allowed(RTRS_PATH_CLOSING, RTRS_PATH_CONNECTED));
+	CHECK(!rtrs_path_state_allowed(RTRS_PATH_CLOSED, RTRS_PATH_CONNECTED));
+	CHECK(!rtrs_path_state_allowed(RTRS_PATH_CLOSED, RTRS_PATH_CLOSING));
+	for (int s = 0; s < RTRS_PATH_NUM_STATES; s++)
+		CHECK(!rtrs_path_state_allowed((enum rtrs_path_state)s, (enum rtrs_path_state)s),
+		      "self transition %s allowed", rtrs_path_state_str((enum rtrs_path_state)s));
+	for (int s = 0; s < RTRS_PATH_NUM_STATES; s++) {
+		CHECK(!rtrs_path_state_allowed((enum rtrs_path_state)s, RTRS_PATH_NUM_STATES));
+		CHECK(!rtrs_path_state_allowed(RTRS_PATH_NUM_STATES, (enum rtrs_path_state)s));
+	}
+	CHECK(!rtrs_path_state_allowed(RTRS_PATH_NUM_STATES, RTRS_PATH_NUM_STATES));
+}
+
+static void test_path_state_names(void)
+{
+	static const int bad[] = { -1000, -1, RTRS_PATH_NUM_STATES, RTRS_PATH_NUM_STATES + 1,
+				   255, INT32_MAX };
+	const char *s;
+
+	CHECK(!strcmp(rtrs_path_state_str(RTRS_PATH_CONNECTING), "connecting"));
+	CHECK(!strcmp(rtrs_path_state_str(RTRS_PATH_CONNECTED), "connected"));
+	CHECK(!strcmp(rtrs_path_state_str(RTRS_PATH_CLOSING), "closing"));
+	CHECK(!strcmp(rtrs_path_state_str(RTRS_PATH_CLOSED), "closed"));
+	for (unsigned i = 0; i < ARRAY_SIZE(bad); i++) {
+		s = rtrs_path_state_str((enum rtrs_path_state)bad[i]);
+		CHECK(s && !strcmp(s, "unknown"), "state %d: \"%s\"", bad[i], s ? s : "NULL");
+	}
+	/* Every in-range state has its own non-empty name. */
+	for (int a = 0; a < RTRS_PATH_NUM_STATES; a++) {
+		const char *na = rtrs_path_state_str((enum rtrs_path_state)a);
+
+		CHECK(na && *na && strcmp(na, "unknown"), "state %d unnamed", a);
+		for (int b = a + 1; b < RTRS_PATH_NUM_STATES; b++)
+			CHECK(na && strcmp(na, rtrs_path_state_str((enum rtrs_path_state)b)),
+			      "states %d and %d share a name", a, b);
+	}
+}
+
+/* ---- rtrs_split_hostport ------------------------------------------------- */
+
+#define HOST_FILL 'Z'
+
+static void check_split_ok(int line, const char *in, uint16_t def_port, const char *want_host,
+			   const char *want_port)
+{
+	char host[64], port[8];
+	int rc;
+
+	memset(host, HOST_FILL, sizeof(host));
+	memset(port, HOST_FILL, sizeof(port));
+	rc = rtrs_split_hostport(in, def_port, host, sizeof(host), port, sizeof(port));
+	CHECK(rc == 0, "line %d: split(\"%s\") = %d, want 0", line, in, rc);
+	if (rc)
+		return;
+	CHECK(memchr(host, '\0', sizeof(host)) && !strcmp(host, want_host),
+	      "line %d: split(\"%s\") host \"%.*s\", want \"%s\"", line, in, (int)sizeof(host),
+	      host, want_host);
+	CHECK(memchr(port, '\0', sizeof(port)) && !strcmp(port, want_port),
+	      "line %d: split(\"%s\") port \"%.*s\", want \"%s\"", line, in, (int)sizeof(port),
+	      port, want_port);
+}
+
+static void check_split_err(int line, const char *in, size_t hostlen)
+{
+	char host[64], port[8];
+	int rc;
+
+	if (hostlen > sizeof(host))
+		hostlen = sizeof(host);
+	rc = rtrs_split_hostport(in, 4000, host, hostlen, port, sizeof(port));
+	CHECK(rc == -EINVAL, "line %d: split(\"%s\", hostlen %zu) = %d, want -EINVAL", line,
+	      in ? in : "NULL", hostlen, rc);
+}
+
+#define SPLIT_OK(in, def, host, port) check_split_ok(__LINE__, in, def, host, port)
+#define SPLIT_ERR(in) check_split_err(__LINE__, in, 64)
+#define SPLIT_ERR_LEN(in, len) check_split_err(__LINE__, in, len)
+
+static void test_split_hostport(void)
+{
+	SPLIT_OK("host", 4000, "host", "4000");
+	SPLIT_OK("host", 1, "host", "1");
+	SPLIT_OK("host", 65535, "host", "65535");
+	SPLIT_OK("host:80", 4000, "host", "80");
+	SPLIT_OK("h:1", 4000, "h", "1");
+	SPLIT_OK("1.2.3.4:65535", 4000, "1.2.3.4", "65535");
+	SPLIT_OK("1.2.3.4", 4000, "1.2.3.4", "4000");
+	SPLIT_OK("[::1]:1234", 4000, "::1", "1234");
+	SPLIT_OK("[::1]", 4000, "::1", "4000");
+	SPLIT_OK("[fe80::1%eth0]:9", 4000, "fe80::1%eth0", "9");
+	/* Bare IPv6 (more than one colon, no brackets) is all host. */
+	SPLIT_OK("::1", 4000, "::1", "4000");
+	SPLIT_OK("fe80::1:80", 4000, "fe80::1:80", "4000");
+	SPLIT_OK("my-host.example.com:4242", 4000, "my-host.example.com", "4242");
+
+	SPLIT_ERR(NULL);
+	SPLIT_ERR("");
+	SPLIT_ERR(":80");
+	SPLIT_ERR("host:");
+	SPLIT_ERR("host:0");
+	SPLIT_ERR("host:65536");
+	SPLIT_ERR("host:99999999999999999999999");
+	SPLIT_ERR("host:12x");
+	SPLIT_ERR("host:-1");
+	SPLIT_ERR("host: -1");
+	SPLIT_ERR("[::1");
+	SPLIT_ERR("[::1]x");
+	SPLIT_ERR("[::1]:");
+	SPLIT_ERR("[::1]:0");
+	SPLIT_ERR("[::1]:65536");
+	SPLIT_ERR("[]");
+	SPLIT_ERR("[]:80");
+
+	/* The host must fit with its NUL: 7 characters fit in 8 bytes, 8 do not. */
+	{
+		char host[8], port[8];
+
+		CHECK_EQ(rtrs_split_hostport("abcdefg:1", 2, host, sizeof(host), port,
+					     sizeof(port)), 0);
+		CHECK(!strcmp(host, "abcdefg"));
+		CHECK_EQ(rtrs_split_hostport("[abcdefg]", 2, host, sizeof(host), port,
+					     sizeof(port)), 0);
+		CHECK(!strcmp(host, "abcdefg"));
+		CHECK(!strcmp(port, "2"));
+	}
+	SPLIT_ERR_LEN("abcdefgh", 8);
+	SPLIT_ERR_LEN("abcdefgh:80", 8);
+	SPLIT_ERR_LEN("[abcdefgh]:80", 8);
+	SPLIT_ERR_LEN("[1:2:3:4:5]", 8);
+	SPLIT_ERR_LEN("1:2:3:4:5", 8);
+	SPLIT_ERR_LEN("h", 1);
+	SPLIT_ERR_LEN("h", 0);
+	{
+		char longhost[300];
+
+		memset(longhost, 'a', sizeof(longhost) - 1);
+		longhost[sizeof(longhost) - 1] = '\0';
+		SPLIT_ERR(longhost);
+		longhost[200] = ':';
+		longhost[201] = '8';
+		longhost[202] = '\0';
+		SPLIT_ERR(longhost);
+	}
+}
+
+/* ---- heartbeat ----------------------------------------------------------- */
+
+static void sleep_ms(unsigned ms)
+{
+	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
+
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
+static void hb_init(struct rtrs_hb *hb, unsigned missed_max)
+{
+	memset(hb, 0, sizeof(*hb));
+	atomic_init(&hb->missed, 0);
+	atomic_init(&hb->last_sent_ns, 0);
+	atomic_init(&hb->latency_ns, 0);
+	hb->interval_ms = 100;
+	hb->missed_max = missed_max;
+}
+
+static void test_heartbeat(void)
+{
+	struct rtrs_hb hb;
+	uint64_t before, after, t0, t1, sent, lat;
+
+	hb_init(&hb, 3);
+
+	/* Three ticks ask for a heartbeat, the fourth declares the peer dead. */
+	for (unsigned i = 0; i < 3; i++) {
+		before = now_ns();
+		CHECK(!rtrs_hb_tick_expired(&hb), "tick %u expired", i + 1);
+		after = now_ns();
+		CHECK_EQ(atomic_load(&hb.missed), i + 1);
+		sent = atomic_load(&hb.last_sent_ns);
+		CHECK(sent >= before && sent <= after, "tick %u: last_sent not now", i + 1);
+	}
+	sent = atomic_load(&hb.last_sent_ns);
+	CHECK(rtrs_hb_tick_expired(&hb), "fourth tick not expired");
+	/* And it stays expired, without counting or stamping a new send. */
+	CHECK(rtrs_hb_tick_expired(&hb));
+	CHECK_EQ(atomic_load(&hb.missed), 3);
+	CHECK(atomic_load(&hb.last_sent_ns) == sent);
+
+	/* Hearing from the peer resets the count: three more ticks are fine. */
+	rtrs_hb_heard(&hb);
+	CHECK_EQ(atomic_load(&hb.missed), 0);
+	CHECK(!rtrs_hb_tick_expired(&hb));
+	CHECK(!rtrs_hb_tick_expired(&hb));
+	rtrs_hb_heard(&hb);
+	CHECK(!rtrs_hb_tick_expired(&hb));
+	CHECK(!rtrs_hb_tick_expired(&hb));
+	CHECK(!rtrs_hb_tick_expired(&hb));
+	CHECK(rtrs_hb_tick_expired(&hb));
+
+	/* The ack records the time since the last tick. */
+	hb_init(&hb, 3);
+	before = now_ns();
+	CHECK(!rtrs_hb_tick_expired(&hb));
+	t0 = now_ns();
+	sleep_ms(20);
+	t1 = now_ns();
+	rtrs_hb_acked(&hb);
+	after = now_ns();
+	lat = atomic_load(&hb.latency_ns);
+	CHECK(lat >= t1 - t0, "latency %llu ns < %llu ns slept", (unsigned long long)lat,
+	      (unsigned long long)(t1 - t0));
+	CHECK(lat >= 20 * 1000000ull, "latency %llu ns < 20 ms", (unsigned long long)lat);
+	CHECK(lat <= after - before, "latency %llu ns > %llu ns elapsed",
+	      (unsigned long long)lat, (unsigned long long)(after - before));
+	/* The ack neither resets nor counts misses; that is rtrs_hb_heard's job. */
+	CHECK_EQ(atomic_load(&hb.missed), 1);
+
+	/* A later tick restarts the measurement: the 20 ms above do not count. */
+	before = now_ns();
+	CHECK(!rtrs_hb_tick_expired(&hb));
+	rtrs_hb_acked(&hb);
+	after = now_ns();
+	lat = atomic_load(&hb.latency_ns);
+	CHECK(lat <= after - before, "latency %llu ns > %llu ns since the latest tick",
+	      (unsigned long long)lat, (unsigned long long)(after - before));
+
+	/* missed_max 1: one tick, then expired. */
+	hb_init(&hb, 1);
+	CHECK(!rtrs_hb_tick_expired(&hb));
+	CHECK(rtrs_hb_tick_expired(&hb));
+}
+
+int main(void)
+{
+	test_path_states();
+	test_path_state_names();
+	test_split_hostport();
+	test_heartbeat();
+	return test_done("state");
+}
