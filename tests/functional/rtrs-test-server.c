@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rtrs.h"
@@ -52,7 +53,16 @@ static uint8_t *store;
 struct pending {
 	struct rtrs_srv_op *id;
 	int err;
+	uint64_t due_us;  /* arrival + delay: IOs are held in parallel */
 };
+
+static uint64_t mono_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
 
 static struct {
 	pthread_mutex_t lock;
@@ -76,8 +86,10 @@ static void *responder(void *arg)
 		}
 		p = q.ring[q.head++ % q.cap];
 		pthread_mutex_unlock(&q.lock);
-		if (g.delay_us)
-			usleep((useconds_t)g.delay_us);
+		uint64_t now = mono_us();
+
+		if (p.due_us > now)
+			usleep((useconds_t)(p.due_us - now));
 		rtrs_srv_resp_rdma(p.id, p.err);
 	}
 }
@@ -89,7 +101,7 @@ static void answer(struct rtrs_srv_op *id, int err)
 		return;
 	}
 	pthread_mutex_lock(&q.lock);
-	q.ring[q.tail++ % q.cap] = (struct pending){ id, err };
+	q.ring[q.tail++ % q.cap] = (struct pending){ id, err, mono_us() + g.delay_us };
 	pthread_cond_signal(&q.cond);
 	pthread_mutex_unlock(&q.lock);
 }
