@@ -284,7 +284,9 @@ static void fuzz_io_req(const uint8_t *p, size_t n)
 			memcpy(target + off, p, MIN(n, cs - off));
 	}
 
-	rc = rtrs_io_req_decode(payload, &lim, bases[shift], &r, &why);
+	static struct rtrs_desc sgbuf[RTRS_MAX_READ_SG];
+
+	rc = rtrs_io_req_decode(payload, &lim, bases[shift], sgbuf, &r, &why);
 	CHECK_WHY(rc, why);
 	if (rc)
 		return;
@@ -306,14 +308,14 @@ static void fuzz_io_req(const uint8_t *p, size_t n)
 		rtrs_write_hdr_encode(hdr, r.usr_len);
 		FAIL_IF(memcmp(hdr, base + r.off, sizeof(hdr)));
 	} else {
-		const uint8_t *sg = (const uint8_t *)r.sg;
+		const uint8_t *sg = base + r.off + 8;
 		struct rtrs_desc d[RTRS_MAX_READ_SG];
 		uint8_t hdr[8 + 16 * RTRS_MAX_READ_SG];
 		uint64_t sum = 0;
 
 		FAIL_IF(r.sg_cnt > RTRS_MAX_READ_SG);
 		FAIL_IF(r.flags & ~RTRS_MSG_NEED_INVAL_F);
-		FAIL_IF(sg != base + r.off + 8);
+		FAIL_IF(r.sg != sgbuf);
 		FAIL_IF(sg < base || sg + 16 * (size_t)r.sg_cnt > end);
 		for (unsigned i = 0; i < r.sg_cnt; i++) {
 			uint64_t a;

@@ -39,7 +39,7 @@ enum rtrs_dir { RTRS_READ = 0, RTRS_WRITE = 1 };
 
 /* One path: an optional source address and a destination "host[:port]". */
 struct rtrs_path_addr {
-	const char *src;  /* NULL: any */
+	const char *src;  /* local address to connect from; NULL: any */
 	const char *dst;  /* host name or address; a ":port" suffix overrides opts.port */
 };
 
@@ -101,7 +101,10 @@ struct rtrs_clt_req_ops {
  * vectors, total <= max_io_size) is written to the server (RTRS_WRITE) or
  * filled from it (RTRS_READ). Buffers must stay valid until conf runs.
  * Returns 0 (conf will be called) or a negative errno (it will not):
- * -EMSGSIZE, -EINVAL, -ECONNABORTED (no path up), -ESHUTDOWN (closing).
+ * -EMSGSIZE (too large), -EINVAL (bad arguments or a permit not taken),
+ * -EBUSY (the permit's previous request has not completed),
+ * -ECONNABORTED (no path up), -ESHUTDOWN (closing), or an error from
+ * registering or posting (e.g. -ENOMEM).
  */
 int rtrs_clt_request(struct rtrs_clt_sess *sess, enum rtrs_dir dir,
 		     const struct rtrs_clt_req_ops *ops, struct rtrs_permit *permit,
@@ -152,6 +155,8 @@ struct rtrs_srv_opts {
 	unsigned hb_interval_ms;
 	unsigned hb_missed_max;
 	unsigned listen_retry_ms;  /* retry period while the address is missing (1000) */
+	unsigned max_cons_per_path; /* connections a client may open per path (129) */
+	unsigned connect_timeout_ms; /* a path still connecting after this is closed (30000) */
 };
 
 int rtrs_srv_opts_init(struct rtrs_srv_opts *opts, size_t size);
@@ -168,7 +173,10 @@ int rtrs_srv_wait_listening(struct rtrs_srv_ctx *ctx, unsigned timeout_ms);
 /* The port the server listens on (after rtrs_srv_wait_listening). */
 int rtrs_srv_get_port(struct rtrs_srv_ctx *ctx);
 
-/* Closes every session and stops listening. Waits for answers to IO in use. */
+/*
+ * Closes every session and stops listening. Waits until every IO handed to
+ * rdma_ev has been answered, so it must not be called from a callback.
+ */
 void rtrs_srv_close(struct rtrs_srv_ctx *ctx);
 
 /* Answers an IO with 0 or a negative errno (|errno| <= 511). */

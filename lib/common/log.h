@@ -2,7 +2,8 @@
 /*
  * Logging: levels, an object-name prefix on every line, and a rate limit for
  * the data path. The level comes from RTRS_LOG_LEVEL (err, warn, info, debug)
- * or from rtrs_log_set_level(). Loggers preserve errno.
+ * or from rtrs_set_log_level(); rtrs_set_log_fn() redirects lines. Loggers
+ * preserve errno.
  */
 #ifndef RTRS_COMMON_LOG_H
 #define RTRS_COMMON_LOG_H

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * One option table per program: the table drives the command line parser,
- * --help and the defaults. A config file parser reads the same table.
+ * --help and the defaults (config files: not yet; they will read the same
+ * table).
  */
 #ifndef RTRS_COMMON_OPTS_H
 #define RTRS_COMMON_OPTS_H

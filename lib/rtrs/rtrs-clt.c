@@ -21,7 +21,8 @@
 
 struct rtrs_permit {
 	uint32_t id;
-	enum rtrs_clt_con_type con_type;
+	enum rtrs_clt_con_type con_type; /* admin permits use connection 0 */
+	bool in_use;
 };
 
 enum clt_req_state { REQ_IDLE, REQ_INFLIGHT, REQ_DONE };
@@ -34,6 +35,7 @@ struct clt_req {
 	atomic_int state;
 	enum rtrs_dir dir;
 	struct rtrs_clt_req_ops ops;
+	enum rtrs_clt_con_type con_type;
 	struct clt_path *path;
 	struct clt_con *con;
 	uint32_t usr_len;
@@ -64,6 +66,7 @@ struct clt_path {
 	unsigned idx;
 	char name[RTRS_NAME_MAX + 272]; /* "sess/host:port" */
 	char host[256], port[8];
+	char src[256];              /* empty: any */
 	uint8_t uuid[RTRS_UUID_LEN];
 	_Atomic enum rtrs_path_state state;
 	pthread_rwlock_t post_lock; /* readers post; the writer changes state */
@@ -98,6 +101,7 @@ struct rtrs_clt_sess {
 	unsigned hb_interval_ms, hb_missed_max, connect_timeout_ms;
 	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
 	void *priv;
+	bool opened;                /* link events only after rtrs_clt_open */
 	struct loop *loop;
 
 	/* Limits from the first path's connect response; fixed afterwards. */
@@ -236,13 +240,14 @@ static void clt_con_kick(void *priv)
 			return;
 		rc = req_post(req);
 		if (rc == -EAGAIN) {
+			/* Back to the head without a kick: retried after 1 ms or a completion. */
 			pthread_mutex_lock(&con->pending_lock);
 			req->pending_next = con->pending_head;
 			con->pending_head = req;
 			if (!con->pending_tail)
 				con->pending_tail = req;
 			pthread_mutex_unlock(&con->pending_lock);
-			fab_con_kick(con->fc);
+			fab_con_retry_later(con->fc);
 			return;
 		}
 		if (rc) {
@@ -302,7 +307,8 @@ static int req_issue(struct clt_req *req, struct clt_path *p)
 		return rc;
 	req_encode_hdr(req);
 	req->path = p;
-	req->con = &p->cons[1 + (cpu % (p->nr_cons - 1))];
+	req->con = req->con_type == RTRS_ADMIN_CON ? &p->cons[0] :
+		   &p->cons[1 + (cpu % (p->nr_cons - 1))];
 	req->next_iov = 0;
 	atomic_fetch_add(&p->inflight, 1);
 	if (req->dir == RTRS_WRITE) {
@@ -346,7 +352,8 @@ int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 
 	if (!s || !ops || !ops->conf || !permit || (dir != RTRS_READ && dir != RTRS_WRITE))
 		return -EINVAL;
-	if (permit->id >= s->queue_depth || (data_cnt && !data) || (usr_cnt && !usr))
+	if (permit->id >= s->queue_depth || permit != &s->permits[permit->id] ||
+	    !permit->in_use || (data_cnt && !data) || (usr_cnt && !usr))
 		return -EINVAL;
 	if (data_cnt > RTRS_MAX_SEGMENTS)
 		return -EMSGSIZE;
@@ -368,6 +375,7 @@ int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 		return -EBUSY;
 	req->dir = dir;
 	req->ops = *ops;
+	req->con_type = permit->con_type;
 	req->usr_len = (uint32_t)usr_len;
 	req->data_len = (uint32_t)data_len;
 	req->hdr_len = (uint32_t)(usr_len + hdr);
@@ -410,6 +418,7 @@ struct rtrs_permit *rtrs_clt_get_permit(struct rtrs_clt_sess *s,
 	if (s->nr_free && !s->closing) {
 		permit = &s->permits[s->free_ids[--s->nr_free]];
 		permit->con_type = con_type;
+		permit->in_use = true;
 	}
 	if (--s->permit_waiters == 0 && s->closing)
 		pthread_cond_broadcast(&s->permit_cond);
@@ -423,6 +432,13 @@ void rtrs_clt_put_permit(struct rtrs_clt_sess *s, struct rtrs_permit *permit)
 	if (!s || !permit)
 		return;
 	pthread_mutex_lock(&s->permit_lock);
+	if (permit->id >= s->queue_depth || permit != &s->permits[permit->id] ||
+	    !permit->in_use) {
+		pthread_mutex_unlock(&s->permit_lock);
+		log_err("%s: put of a permit that is not taken (double put?)", s->name);
+		return;
+	}
+	permit->in_use = false;
 	s->free_ids[s->nr_free++] = permit->id;
 	pthread_cond_signal(&s->permit_cond);
 	pthread_mutex_unlock(&s->permit_lock);
@@ -572,7 +588,7 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 
 static void clt_con_done(void *priv, void *ctx)
 {
-	/* Only the info request asks for a completion; nothing to do. */
+	/* Nothing posted by the client asks for a completion (ctx is NULL). */
 }
 
 static const struct fab_con_ops clt_con_ops = {
@@ -586,17 +602,18 @@ static const struct fab_con_ops clt_con_ops = {
 
 /* ---- path failure and teardown (service loop) --------------------------- */
 
-static void path_change_state(struct clt_path *p, enum rtrs_path_state to)
+static bool path_change_state(struct clt_path *p, enum rtrs_path_state to)
 {
 	enum rtrs_path_state from = atomic_load(&p->state);
 
 	if (!rtrs_path_state_allowed(from, to)) {
 		log_err("%s: refused state change %s -> %s", p->name, rtrs_path_state_str(from),
 			rtrs_path_state_str(to));
-		return;
+		return false;
 	}
 	atomic_store(&p->state, to);
 	log_dbg("%s: %s -> %s", p->name, rtrs_path_state_str(from), rtrs_path_state_str(to));
+	return true;
 }
 
 static void path_destroy_cons(struct clt_path *p)
@@ -640,7 +657,7 @@ static void path_stop(struct clt_path *p, int err)
 	if (failed)
 		log_at(err == -ESHUTDOWN ? LOG_INFO : LOG_WARN,
 		       "%s: path closed (%s), %u requests failed", p->name, strerror(-err), failed);
-	if (was_up && atomic_fetch_sub(&s->paths_up, 1) == 1 && s->link_ev)
+	if (was_up && atomic_fetch_sub(&s->paths_up, 1) == 1 && s->link_ev && s->opened)
 		s->link_ev(s->priv, RTRS_CLT_LINK_EV_DISCONNECTED);
 }
 
@@ -651,12 +668,23 @@ static void path_fail_work(struct loop_work *w)
 	path_stop(p, atomic_load(&p->fail_err));
 }
 
-/* Any thread: the path is broken; tear it down on the service loop. */
+/*
+ * Any thread: the path is broken; tear it down on the service loop. While
+ * the path is being established its establishing thread owns it: it is
+ * woken and gives up itself (and checks fail_err once more after the path
+ * is up, for a failure in between).
+ */
 static void clt_fail_path(struct clt_path *p, int err)
 {
 	int zero = 0;
 
 	atomic_compare_exchange_strong(&p->fail_err, &zero, err ? err : -EIO);
+	if (atomic_load(&p->state) == RTRS_PATH_CONNECTING) {
+		pthread_mutex_lock(&p->lock);
+		pthread_cond_broadcast(&p->cond);
+		pthread_mutex_unlock(&p->lock);
+		return;
+	}
 	loop_queue(p->sess->loop, &p->fail_work);
 }
 
@@ -690,9 +718,10 @@ static int path_wait_con(struct clt_path *p, struct clt_con *con)
 	int rc = 0;
 
 	pthread_mutex_lock(&p->lock);
-	while (!con->connected && !con->err && rc != ETIMEDOUT)
+	while (!con->connected && !con->err && !atomic_load(&p->fail_err) && rc != ETIMEDOUT)
 		rc = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
-	rc = con->connected ? 0 : con->err ? con->err : -ETIMEDOUT;
+	rc = atomic_load(&p->fail_err) ? atomic_load(&p->fail_err) : con->connected ? 0 :
+	     con->err ? con->err : -ETIMEDOUT;
 	pthread_mutex_unlock(&p->lock);
 	return rc;
 }
@@ -710,7 +739,8 @@ static int sess_set_limits(struct rtrs_clt_sess *s, const struct rtrs_conn_rsp *
 	s->reqs = calloc(qd, sizeof(*s->reqs));
 	s->permits = calloc(qd, sizeof(*s->permits));
 	s->free_ids = calloc(qd, sizeof(*s->free_ids));
-	s->hdr_area = aligned_alloc(4096, (size_t)qd * rsp->max_hdr_size);
+	/* aligned_alloc wants a multiple of the alignment. */
+	s->hdr_area = aligned_alloc(4096, ((size_t)qd * rsp->max_hdr_size + 4095) & ~(size_t)4095);
 	if (!s->reqs || !s->permits || !s->free_ids || !s->hdr_area)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < qd; i++) {
@@ -804,9 +834,10 @@ static int path_exchange_info(struct clt_path *p)
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&p->lock);
-	while (!p->info_done && !p->cons[0].err && wait != ETIMEDOUT)
+	while (!p->info_done && !p->cons[0].err && !atomic_load(&p->fail_err) && wait != ETIMEDOUT)
 		wait = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
-	rc = p->info_done ? p->info_err : p->cons[0].err ? p->cons[0].err : -ETIMEDOUT;
+	rc = atomic_load(&p->fail_err) ? atomic_load(&p->fail_err) :
+	     p->info_done ? p->info_err : p->cons[0].err ? p->cons[0].err : -ETIMEDOUT;
 	pthread_mutex_unlock(&p->lock);
 	return rc;
 }
@@ -828,7 +859,7 @@ static int path_connect(struct clt_path *p)
 	atomic_store(&p->fail_err, 0);
 	atomic_store(&p->hb.missed, 0);
 	p->recon_cnt++;
-	rc = fab_open(s->provider, p->host, p->port, false, &p->fab);
+	rc = fab_open(s->provider, p->src[0] ? p->src : NULL, p->host, p->port, false, &p->fab);
 	if (rc) {
 		log_err("%s: cannot resolve %s:%s with provider %s: %s", p->name, p->host,
 			p->port, s->provider, strerror(-rc));
@@ -856,11 +887,18 @@ static int path_connect(struct clt_path *p)
 		goto out_fail;
 	}
 	pthread_rwlock_wrlock(&p->post_lock);
-	path_change_state(p, RTRS_PATH_CONNECTED);
+	if (!path_change_state(p, RTRS_PATH_CONNECTED)) {
+		pthread_rwlock_unlock(&p->post_lock);
+		rc = -EIO;
+		goto out_fail;
+	}
 	pthread_rwlock_unlock(&p->post_lock);
 	loop_timer_arm(&p->hb.timer, p->hb.interval_ms, p->hb.interval_ms);
-	if (atomic_fetch_add(&s->paths_up, 1) == 0 && s->link_ev)
+	if (atomic_fetch_add(&s->paths_up, 1) == 0 && s->link_ev && s->opened)
 		s->link_ev(s->priv, RTRS_CLT_LINK_EV_RECONNECTED);
+	/* A failure reported while we were finishing: handle it now. */
+	if (atomic_load(&p->fail_err))
+		loop_queue(s->loop, &p->fail_work);
 	log_info("%s: connected, %u connections, queue depth %u, max io %u", p->name,
 		 p->nr_cons, s->queue_depth, s->max_io_size);
 	return 0;
@@ -973,6 +1011,8 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 		log_err("%s: path %u: cannot parse destination '%s'", s->name, idx, addr->dst);
 		return rc;
 	}
+	if (addr->src)
+		snprintf(p->src, sizeof(p->src), "%s", addr->src);
 	snprintf(p->name, sizeof(p->name), "%s/%s:%s", s->name, p->host, p->port);
 	rc = rand_bytes(p->uuid, sizeof(p->uuid));
 	if (rc)
@@ -1045,6 +1085,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 		if (rc)
 			goto out_free;
 	}
+	s->opened = true;
 	*out = s;
 	return 0;
 

@@ -13,6 +13,7 @@
  *     provider does not choose them; keys must fit the 32-bit wire field.
  */
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -47,7 +48,7 @@ struct fab {
 	struct fid_domain *domain;
 	struct fab_attr attr;
 	bool prov_key;
-	atomic_uint_fast32_t next_key;
+	atomic_uint_fast64_t next_key;
 };
 
 struct fab_lst {
@@ -85,6 +86,7 @@ struct fab_con {
 	atomic_bool shutdown;  /* fab_con_shutdown() was called */
 	atomic_bool kicked;    /* ops->kick is due */
 	atomic_uint posts;     /* for fault injection */
+	atomic_bool retry;     /* ops->kick again after a short wait */
 	pthread_mutex_t rx_lock; /* rx pool set up from another thread */
 };
 
@@ -144,6 +146,8 @@ static struct fi_info *fab_hints(const char *prov)
 
 	if (!h)
 		return NULL;
+	/* A request split over several writes relies on write-after-write order. */
+	h->tx_attr->msg_order = FI_ORDER_WAW | FI_ORDER_RMA_WAW;
 	h->ep_attr->type = FI_EP_MSG;
 	h->caps = FI_MSG | FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
 	/*
@@ -163,8 +167,30 @@ static struct fi_info *fab_hints(const char *prov)
 	return h;
 }
 
-int fab_open(const char *prov, const char *node, const char *service, bool server,
-	     struct fab **out)
+/* Puts a numeric or named source address into the hints. */
+static int hints_set_src(struct fi_info *h, const char *src)
+{
+	struct addrinfo ai = { .ai_socktype = SOCK_STREAM }, *res;
+	int rc = getaddrinfo(src, NULL, &ai, &res);
+
+	if (rc) {
+		log_err("fabric: source address %s: %s", src, gai_strerror(rc));
+		return -EINVAL;
+	}
+	h->src_addr = malloc(res->ai_addrlen);
+	if (!h->src_addr) {
+		freeaddrinfo(res);
+		return -ENOMEM;
+	}
+	memcpy(h->src_addr, res->ai_addr, res->ai_addrlen);
+	h->src_addrlen = res->ai_addrlen;
+	h->addr_format = res->ai_family == AF_INET6 ? FI_SOCKADDR_IN6 : FI_SOCKADDR_IN;
+	freeaddrinfo(res);
+	return 0;
+}
+
+int fab_open(const char *prov, const char *src, const char *node, const char *service,
+	     bool server, struct fab **out)
 {
 	struct fi_info *hints;
 	struct fab *f;
@@ -177,6 +203,14 @@ int fab_open(const char *prov, const char *node, const char *service, bool serve
 	if (!hints) {
 		free(f);
 		return -ENOMEM;
+	}
+	if (src && *src) {
+		rc = hints_set_src(hints, src);
+		if (rc) {
+			fi_freeinfo(hints);
+			free(f);
+			return rc;
+		}
 	}
 	rc = fi_getinfo(FAB_API_VERSION, node, service, server ? FI_SOURCE : 0, hints, &f->info);
 	fi_freeinfo(hints);
@@ -216,12 +250,9 @@ int fab_open(const char *prov, const char *node, const char *service, bool serve
 	a->virt_addr = mm & FI_MR_VIRT_ADDR;
 	f->prov_key = mm & FI_MR_PROV_KEY;
 	a->rx_cq_data = (f->info->mode | f->info->rx_attr->mode) & FI_RX_CQ_DATA;
-	a->cm_data_size = FAB_CM_BUF;
 	a->iov_limit = MAX(f->info->tx_attr->iov_limit, 1);
 	a->rma_iov_limit = MAX(f->info->tx_attr->rma_iov_limit, 1);
-	a->tx_size_max = f->info->tx_attr->size;
-	a->max_msg_size = f->info->ep_attr->max_msg_size;
-	atomic_init(&f->next_key, 1);
+	atomic_init(&f->next_key, 0);
 	log_dbg("fabric: %s mr_local=%d virt_addr=%d prov_key=%d rx_cq_data=%d iov=%zu rma_iov=%zu",
 		a->prov_name, a->mr_local, a->virt_addr, f->prov_key, a->rx_cq_data,
 		a->iov_limit, a->rma_iov_limit);
@@ -270,13 +301,19 @@ int fab_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab
 	if (access & FAB_MR_REMOTE_WRITE)
 		acc |= FI_REMOTE_WRITE;
 	/*
-	 * Requested keys must be unique in the domain and never reused: a
-	 * stale remote key must not become valid again (ref/libfabric.md 2.2).
+	 * Requested keys must be unique in the domain (ref/libfabric.md 2.2)
+	 * and fit the 32-bit wire field. They come from a counter that takes
+	 * 2^32 - 1 registrations to come round, so a key a peer saw recently
+	 * does not become valid again soon; keys still registered after a wrap
+	 * are skipped (the provider refuses them with -FI_ENOKEY).
 	 */
-	key = f->prov_key ? 0 : atomic_fetch_add(&f->next_key, 1);
-	if (!f->prov_key && key > UINT32_MAX)
-		return -ENOSPC;
-	rc = fi_mr_reg(f->domain, buf, len, acc, 0, key, 0, &fmr, NULL);
+	for (int tries = 0;; tries++) {
+		key = f->prov_key ? 0 :
+		      atomic_fetch_add(&f->next_key, 1) % UINT32_MAX + 1;
+		rc = fi_mr_reg(f->domain, buf, len, acc, 0, key, 0, &fmr, NULL);
+		if (rc != -FI_ENOKEY || f->prov_key || tries == 64)
+			break;
+	}
 	if (rc) {
 		log_err("fabric: registering %zu bytes failed: %s", len, fab_strerror(rc));
 		return fab_errno(rc);
@@ -640,7 +677,9 @@ static void *con_thread(void *arg)
 			handle_eq(c);
 			eq_due = false;
 		}
-		if (atomic_exchange(&c->kicked, false) && !atomic_load(&c->down))
+		/* Retries after -EAGAIN: on any completion, else after 1 ms. */
+		if ((atomic_exchange(&c->kicked, false) | (n > 0 && atomic_exchange(&c->retry, false))) &&
+		    !atomic_load(&c->down))
 			c->cfg.ops->kick(c->cfg.priv);
 		if (n > 0 || n == -FI_EAVAIL)
 			continue;
@@ -649,9 +688,12 @@ static void *con_thread(void *arg)
 			continue;
 		}
 		struct epoll_event evs[3];
-		int ne = epoll_wait(c->epfd, evs, ARRAY_SIZE(evs), 1000);
+		bool retry = atomic_load(&c->retry);
+		int ne = epoll_wait(c->epfd, evs, ARRAY_SIZE(evs), retry ? 1 : 1000);
 
-		if (ne == 0)
+		if (ne == 0 && retry && atomic_exchange(&c->retry, false))
+			atomic_store(&c->kicked, true);
+		else if (ne == 0)
 			eq_due = true; /* idle: a cheap moment to look */
 		for (int i = 0; i < ne; i++) {
 			uint64_t v;
@@ -880,6 +922,11 @@ int fab_con_rx_setup(struct fab_con *c, size_t count, size_t size)
 		rc = rx_post(c, i);
 	pthread_mutex_unlock(&c->rx_lock);
 	return rc;
+}
+
+void fab_con_retry_later(struct fab_con *c)
+{
+	atomic_store(&c->retry, true);
 }
 
 void fab_con_kick(struct fab_con *c)

@@ -34,11 +34,8 @@ struct fab_attr {
 	bool mr_local;       /* local buffers need registration (verbs) */
 	bool virt_addr;      /* remote addresses are virtual, not offsets */
 	bool rx_cq_data;     /* each incoming write-with-imm consumes a receive */
-	size_t cm_data_size; /* usable CM private data */
 	size_t iov_limit;    /* local iovecs per operation */
 	size_t rma_iov_limit; /* remote iovecs per operation */
-	size_t tx_size_max;
-	size_t max_msg_size;
 };
 
 enum fab_mr_access {
@@ -85,11 +82,11 @@ struct fab_rma {
 
 /*
  * Opens a fabric and domain for provider prov. Client: node/service name the
- * destination (kept for fab_con_connect). Server: the local address to
- * listen on (NULL = any).
+ * destination (kept for fab_con_connect) and src, if not NULL, the local
+ * address to connect from. Server: node is the local address to listen on.
  */
-int fab_open(const char *prov, const char *node, const char *service, bool server,
-	     struct fab **out);
+int fab_open(const char *prov, const char *src, const char *node, const char *service,
+	     bool server, struct fab **out);
 void fab_close(struct fab *f);
 const struct fab_attr *fab_attr(const struct fab *f);
 
@@ -146,6 +143,11 @@ void fab_con_shutdown(struct fab_con *c);
 int fab_con_rx_setup(struct fab_con *c, size_t count, size_t size);
 /* Asks the completion thread to call ops->kick soon. Any thread. */
 void fab_con_kick(struct fab_con *c);
+/*
+ * From ops->kick after -EAGAIN: call kick again after the next completion
+ * or 1 ms, rather than spin while the send queue is full.
+ */
+void fab_con_retry_later(struct fab_con *c);
 /* Stops the completion thread and frees everything. Not from its thread. */
 void fab_con_destroy(struct fab_con *c);
 /* Local address of the connection as "host:port". */

@@ -19,7 +19,10 @@
 
 #define RTRS_EXPORT __attribute__((visibility("default")))
 
-/* Data vectors per request the client accepts (the kernel's MAX_SEGMENTS). */
+/*
+ * Data vectors per request the client accepts. The kernel maps up to 128
+ * pages per request into one MR; we pass vectors as they are.
+ */
 #define RTRS_MAX_SEGMENTS 16
 /* Receives posted on the admin connection: info and control messages. */
 #define RTRS_ADMIN_RX_DEPTH 8

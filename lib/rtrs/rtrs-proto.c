@@ -281,7 +281,8 @@ void rtrs_read_hdr_encode(void *at, uint32_t usr_len, uint16_t flags,
 }
 
 int rtrs_io_req_decode(uint32_t payload, const struct rtrs_limits *lim,
-		       void *const *chunk_bases, struct rtrs_io_req *out, const char **why)
+		       void *const *chunk_bases, struct rtrs_desc *sg_buf,
+		       struct rtrs_io_req *out, const char **why)
 {
 	unsigned mem_bits = rtrs_mem_bits(lim->queue_depth);
 	uint32_t chunk = payload >> mem_bits;
@@ -327,13 +328,14 @@ int rtrs_io_req_decode(uint32_t payload, const struct rtrs_limits *lim,
 		hdr_len = rtrs_io_hdr_size(true, out->sg_cnt);
 		if (hdr_len > lim->chunk_size - off)
 			REJECT(-EINVAL, "read descriptors beyond chunk");
-		out->sg = (const struct rtrs_sg_desc *)(base + off + sizeof(r));
+		/* Copy first, then check the copy: the chunk is client memory. */
+		for (unsigned i = 0; i < out->sg_cnt; i++)
+			sg_buf[i] = desc_get((const struct rtrs_sg_desc *)(base + off + sizeof(r)) + i);
+		out->sg = sg_buf;
 		for (unsigned i = 0; i < out->sg_cnt; i++) {
-			struct rtrs_desc d = desc_get(&out->sg[i]);
-
-			if (d.len == 0)
+			if (sg_buf[i].len == 0)
 				REJECT(-EINVAL, "empty read descriptor");
-			sum += d.len;
+			sum += sg_buf[i].len;
 		}
 		/* The kernel trusts desc.len; we insist it matches the data area. */
 		if (sum != out->data_len)

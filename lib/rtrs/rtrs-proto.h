@@ -249,7 +249,7 @@ struct rtrs_io_req {
 	uint32_t data_len;
 	uint16_t flags;
 	uint16_t sg_cnt;          /* read only */
-	const struct rtrs_sg_desc *sg; /* read only: points into the chunk */
+	struct rtrs_desc *sg;     /* read only: the caller's copy, validated */
 };
 
 /* Limits a receiver validates against. */
@@ -287,9 +287,15 @@ int rtrs_info_req_decode(const void *buf, size_t len, struct rtrs_info_req *out,
  */
 int rtrs_info_rsp_decode(const void *buf, size_t len, const struct rtrs_limits *lim,
 			 struct rtrs_desc *chunks, const char **why);
-/* Decodes the payload of an RTRS_IO_REQ_IMM and the header it points at. */
+/*
+ * Decodes the payload of an RTRS_IO_REQ_IMM and the header it points at.
+ * Read descriptors are copied to sg_buf (RTRS_MAX_READ_SG entries) and the
+ * copy is validated: the client may still write the chunk, so nothing is
+ * checked where it could change afterwards. out->sg points at sg_buf.
+ */
 int rtrs_io_req_decode(uint32_t payload, const struct rtrs_limits *lim,
-		       void *const *chunk_bases, struct rtrs_io_req *out, const char **why);
+		       void *const *chunk_bases, struct rtrs_desc *sg_buf,
+		       struct rtrs_io_req *out, const char **why);
 /* Decodes the payload of an RTRS_IO_RSP_IMM. */
 int rtrs_io_rsp_decode(uint32_t payload, uint32_t queue_depth, uint32_t *msg_id,
 		       int *err, const char **why);

@@ -23,8 +23,6 @@
 
 #include "rtrs-pri.h"
 
-#define RTRS_ZOMBIE_TIMEOUT_MS 30000
-
 enum srv_op_state { OP_FREE, OP_BUSY, OP_RESPONDING };
 
 struct srv_path;
@@ -50,6 +48,7 @@ struct srv_con {
 	struct srv_path *path;
 	unsigned cid;
 	struct fab_con *fc;
+	struct rtrs_desc sg_scratch[RTRS_MAX_READ_SG]; /* completion thread only */
 	pthread_mutex_t pending_lock;
 	struct rtrs_srv_op *pending_head, *pending_tail;
 };
@@ -75,7 +74,8 @@ struct srv_path {
 	struct rtrs_hb hb;
 	struct loop_work fail_work;
 	atomic_int fail_err;
-	struct loop_work free_work;
+	atomic_bool info_received;
+	uint64_t created_ms;
 	bool cons_destroyed;
 	bool was_connected;
 	atomic_uint inflight;
@@ -121,22 +121,27 @@ struct rtrs_srv_ctx {
 	int port;
 	struct rtrs_srv_sess *sessions;
 	unsigned nr_sessions;
+	struct loop_work reap_work; /* frees closed paths nobody references */
 };
 
 static void srv_fail_path(struct srv_path *p, int err);
-static void path_maybe_free(struct srv_path *p);
 
 /* ---- responses ------------------------------------------------------------- */
 
+/*
+ * The op's answer is out (or dropped). Callers keep p alive: they hold its
+ * post_lock for reading, or run on a thread the path's teardown waits for.
+ */
 static void op_finish(struct rtrs_srv_op *op, struct srv_path *p)
 {
+	struct rtrs_srv_ctx *ctx = p->sess->ctx;
 	int expected = OP_RESPONDING;
+	bool closing = atomic_load(&p->state) != RTRS_PATH_CONNECTED;
 
 	/* The op may already be BUSY with the client's next request. */
 	atomic_compare_exchange_strong(&op->state, &expected, OP_FREE);
-	if (atomic_fetch_sub(&p->inflight, 1) == 1 &&
-	    atomic_load(&p->state) != RTRS_PATH_CONNECTED)
-		path_maybe_free(p);
+	if (atomic_fetch_sub(&p->inflight, 1) == 1 && closing)
+		loop_queue(ctx->loop, &ctx->reap_work);
 }
 
 /*
@@ -233,12 +238,20 @@ static void srv_con_kick(void *priv)
 		int rc = op_post(op);
 
 		if (rc == -EAGAIN) {
-			con_pending_push(con, op, true);
+			/* Back to the head without a kick: retried after 1 ms or a completion. */
+			pthread_mutex_lock(&con->pending_lock);
+			op->pending_next = con->pending_head;
+			con->pending_head = op;
+			if (!con->pending_tail)
+				con->pending_tail = op;
+			pthread_mutex_unlock(&con->pending_lock);
+			fab_con_retry_later(con->fc);
 			return;
 		}
 		if (rc) {
 			log_err_rl("%s: posting a response failed: %s", con->path->name,
 				   strerror(-rc));
+			op_finish(op, con->path);
 			srv_fail_path(con->path, rc);
 			return;
 		}
@@ -265,21 +278,21 @@ int rtrs_srv_resp_rdma(struct rtrs_srv_op *op, int err)
 	op->next_local = 0;
 	pthread_rwlock_rdlock(&p->post_lock);
 	if (atomic_load(&p->state) != RTRS_PATH_CONNECTED) {
-		pthread_rwlock_unlock(&p->post_lock);
 		/* The client fails this IO over or gets an error from its path. */
 		op_finish(op, p);
+		pthread_rwlock_unlock(&p->post_lock);
 		return -ENOTCONN;
 	}
 	rc = op_post(op);
 	if (rc == -EAGAIN) {
 		con_pending_push(op->con, op, false);
 		rc = 0;
-	}
-	pthread_rwlock_unlock(&p->post_lock);
-	if (rc) {
+	} else if (rc) {
 		log_err_rl("%s: posting a response failed: %s", p->name, strerror(-rc));
+		op_finish(op, p);
 		srv_fail_path(p, rc);
 	}
+	pthread_rwlock_unlock(&p->post_lock);
 	return rc;
 }
 
@@ -304,7 +317,8 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 		srv_fail_path(p, -EPROTO);
 		return;
 	}
-	rc = rtrs_io_req_decode(payload, &lim, s->chunk_bases, &req, &why);
+	/* Decoded into this connection's scratch: the op may still be busy. */
+	rc = rtrs_io_req_decode(payload, &lim, s->chunk_bases, con->sg_scratch, &req, &why);
 	if (rc) {
 		log_err_rl("%s: invalid IO request: %s", p->name, why);
 		srv_fail_path(p, rc);
@@ -312,25 +326,22 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 	}
 	op = &s->ops[req.chunk];
 	state = atomic_load(&op->state);
-	if (state == OP_BUSY ||
-	    !atomic_compare_exchange_strong(&op->state, &state, OP_BUSY)) {
-		log_err_rl("%s: request for chunk %u which is still in use", p->name, req.chunk);
-		srv_fail_path(p, -EPROTO);
-		return;
-	}
+	/* FREE, or RESPONDING with its response already out: both are ours. */
+	do {
+		if (state == OP_BUSY) {
+			log_err_rl("%s: request for chunk %u which is still in use", p->name,
+				   req.chunk);
+			srv_fail_path(p, -EPROTO);
+			return;
+		}
+	} while (!atomic_compare_exchange_weak(&op->state, &state, OP_BUSY));
 	atomic_fetch_add(&p->inflight, 1);
 	op->path = p;
 	op->con = con;
 	op->dir = req.type == RTRS_MSG_READ ? RTRS_READ : RTRS_WRITE;
 	op->data_len = req.data_len;
 	op->sg_cnt = req.sg_cnt;
-	for (unsigned i = 0; i < req.sg_cnt; i++) {
-		struct rtrs_sg_desc w;
-
-		memcpy(&w, &req.sg[i], sizeof(w));
-		op->sg[i] = (struct rtrs_desc){ .addr = le64_get(w.addr), .key = le32_get(w.key),
-						.len = le32_get(w.len) };
-	}
+	memcpy(op->sg, req.sg, req.sg_cnt * sizeof(*op->sg));
 	base = s->chunk_bases[req.chunk];
 	rc = s->ctx->ops.rdma_ev(s->ctx->ops.priv, op, op->dir, base, req.data_len,
 				 base + req.data_len, req.usr_len);
@@ -378,7 +389,7 @@ static void srv_con_recv(void *priv, void *buf, size_t len)
 
 	rtrs_hb_heard(&p->hb);
 	if (con->cid != 0 || atomic_load(&p->state) != RTRS_PATH_CONNECTING ||
-	    atomic_load(&p->info_work.queued)) {
+	    atomic_exchange(&p->info_received, true)) {
 		log_err_rl("%s: unexpected message on connection %u", p->name, con->cid);
 		srv_fail_path(p, -EPROTO);
 		return;
@@ -502,14 +513,11 @@ out_free:
 	return rc;
 }
 
-static void path_free_work(struct loop_work *w)
+static void path_free(struct srv_path *p)
 {
-	struct srv_path *p = container_of(w, struct srv_path, free_work);
 	struct rtrs_srv_sess *s = p->sess;
 	struct srv_path **pp;
 
-	if (!p->cons_destroyed || atomic_load(&p->inflight))
-		return; /* the last answer queues this again */
 	for (pp = &s->paths; *pp; pp = &(*pp)->next) {
 		if (*pp == p) {
 			*pp = p->next;
@@ -530,9 +538,44 @@ static void path_free_work(struct loop_work *w)
 		sess_free(s);
 }
 
-static void path_maybe_free(struct srv_path *p)
+/*
+ * Loop thread: frees every closed path whose ops are all answered. The
+ * write lock waits out responders still inside op_finish().
+ */
+static void srv_reap_work(struct loop_work *w)
 {
-	loop_queue(p->sess->ctx->loop, &p->free_work);
+	struct rtrs_srv_ctx *ctx = container_of(w, struct rtrs_srv_ctx, reap_work);
+	struct rtrs_srv_sess *s, *sn;
+	struct srv_path *p, *pn;
+
+	for (s = ctx->sessions; s; s = sn) {
+		sn = s->next;
+		for (p = s->paths; p; p = pn) {
+			bool idle;
+
+			pn = p->next;
+			if (!p->cons_destroyed)
+				continue;
+			pthread_rwlock_wrlock(&p->post_lock);
+			idle = atomic_load(&p->inflight) == 0;
+			pthread_rwlock_unlock(&p->post_lock);
+			if (idle)
+				path_free(p); /* may free s: sn was taken before */
+		}
+	}
+}
+
+static bool srv_path_change_state(struct srv_path *p, enum rtrs_path_state to)
+{
+	enum rtrs_path_state from = atomic_load(&p->state);
+
+	if (!rtrs_path_state_allowed(from, to)) {
+		log_err("%s: refused state change %s -> %s", p->name, rtrs_path_state_str(from),
+			rtrs_path_state_str(to));
+		return false;
+	}
+	atomic_store(&p->state, to);
+	return true;
 }
 
 /* Loop thread: close the path's connections; free it once answered. */
@@ -547,7 +590,7 @@ static void path_stop(struct srv_path *p, int err)
 		pthread_rwlock_unlock(&p->post_lock);
 		return;
 	}
-	atomic_store(&p->state, RTRS_PATH_CLOSING);
+	srv_path_change_state(p, RTRS_PATH_CLOSING);
 	pthread_rwlock_unlock(&p->post_lock);
 	loop_timer_arm(&p->hb.timer, 0, 0);
 	for (unsigned i = 0; i < p->cid_num; i++)
@@ -563,14 +606,14 @@ static void path_stop(struct srv_path *p, int err)
 			op_finish(op, p);
 	}
 	p->cons_destroyed = true;
-	atomic_store(&p->state, RTRS_PATH_CLOSED);
+	srv_path_change_state(p, RTRS_PATH_CLOSED);
 	log_info("%s: path closed: %s", p->name, strerror(-err));
 	if (p->was_connected && --s->paths_up == 0 && s->link_up) {
 		s->link_up = false;
 		if (s->ctx->ops.link_ev)
 			s->ctx->ops.link_ev(s, RTRS_SRV_LINK_EV_DISCONNECTED, s->ctx->ops.priv);
 	}
-	path_maybe_free(p);
+	loop_queue(s->ctx->loop, &s->ctx->reap_work);
 }
 
 static void path_fail_work(struct loop_work *w)
@@ -593,6 +636,15 @@ static void path_hb_timer(struct loop_timer *t)
 	struct srv_path *p = container_of(t, struct srv_path, hb.timer);
 	int rc;
 
+	if (atomic_load(&p->state) == RTRS_PATH_CONNECTING) {
+		/* A path the client never finished would hold its chunks forever. */
+		if (now_ms() - p->created_ms > p->sess->ctx->opts.connect_timeout_ms) {
+			log_err("%s: still connecting after %u ms, closing the path", p->name,
+				p->sess->ctx->opts.connect_timeout_ms);
+			path_stop(p, -ETIMEDOUT);
+		}
+		return;
+	}
 	if (atomic_load(&p->state) != RTRS_PATH_CONNECTED)
 		return;
 	if (rtrs_hb_tick_expired(&p->hb)) {
@@ -682,14 +734,13 @@ static void path_info_work(struct loop_work *w)
 	s->paths_up++;
 	p->was_connected = true;
 	pthread_rwlock_wrlock(&p->post_lock);
-	atomic_store(&p->state, RTRS_PATH_CONNECTED);
+	srv_path_change_state(p, RTRS_PATH_CONNECTED);
 	pthread_rwlock_unlock(&p->post_lock);
 	rc = fab_send(p->cons[0].fc, p->info_rsp, p->info_rsp_len, p->info_rsp_mr.desc, NULL);
 	if (rc) {
 		path_stop(p, rc);
 		return;
 	}
-	loop_timer_arm(&p->hb.timer, p->hb.interval_ms, p->hb.interval_ms);
 	log_info("%s: path connected (%u connections)", p->name, p->cid_num);
 }
 
@@ -727,7 +778,7 @@ static int path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	p->hb.missed_max = ctx->opts.hb_missed_max;
 	loop_work_init(&p->info_work, path_info_work);
 	loop_work_init(&p->fail_work, path_fail_work);
-	loop_work_init(&p->free_work, path_free_work);
+	p->created_ms = now_ms();
 	rc = loop_timer_init(ctx->loop, &p->hb.timer, path_hb_timer);
 	if (rc) {
 		pthread_rwlock_destroy(&p->post_lock);
@@ -735,6 +786,8 @@ static int path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 		free(p);
 		return rc;
 	}
+	/* Ticks from now on: the zombie check while connecting, then heartbeats. */
+	loop_timer_arm(&p->hb.timer, p->hb.interval_ms, p->hb.interval_ms);
 	p->next = s->paths;
 	s->paths = p;
 	s->paths_num++;
@@ -791,6 +844,10 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 		srv_reject(ctx, creq, peer, rc, why);
 		return;
 	}
+	if (req.cid_num > ctx->opts.max_cons_per_path) {
+		srv_reject(ctx, creq, peer, -EINVAL, "more connections per path than allowed");
+		return;
+	}
 	s = sess_find(ctx, req.paths_uuid);
 	if (!s) {
 		if (!req.first_conn) {
@@ -822,7 +879,7 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 		srv_reject(ctx, creq, peer, -EEXIST, "connection does not fit the path's state");
 		/* A path stuck half-connected would refuse reconnects forever. */
 		if (atomic_load(&p->state) == RTRS_PATH_CONNECTING &&
-		    now_ms() - p->last_connreq_ms > RTRS_ZOMBIE_TIMEOUT_MS)
+		    now_ms() - p->last_connreq_ms > p->sess->ctx->opts.connect_timeout_ms)
 			path_stop(p, -ETIMEDOUT);
 		return;
 	}
@@ -872,7 +929,7 @@ static void srv_listen_timer(struct loop_timer *t)
 
 	snprintf(port, sizeof(port), "%u", ctx->opts.port);
 	if (!ctx->fab) {
-		rc = fab_open(ctx->provider, ctx->addr, port, true, &ctx->fab);
+		rc = fab_open(ctx->provider, NULL, ctx->addr, port, true, &ctx->fab);
 		if (rc)
 			goto retry;
 	}
@@ -934,7 +991,9 @@ static int srv_opts_validate(const struct rtrs_srv_ops *ops, const struct rtrs_s
 		log_err("server: queue depth x chunk size exceeds 4 GiB");
 		return -EINVAL;
 	}
-	if (!o->hb_interval_ms || !o->hb_missed_max || !o->listen_retry_ms)
+	if (!o->hb_interval_ms || !o->hb_missed_max || !o->listen_retry_ms ||
+	    o->max_cons_per_path < 2 || o->max_cons_per_path > RTRS_MAX_CONNS ||
+	    !o->connect_timeout_ms)
 		return -EINVAL;
 	return 0;
 }
@@ -959,6 +1018,7 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 	ctx->opts.addr = ctx->addr;
 	ctx->opts.provider = ctx->provider;
 	ctx->listen_timer.h.fd = -1;
+	loop_work_init(&ctx->reap_work, srv_reap_work);
 	pthread_mutex_init(&ctx->lock, NULL);
 	cond_init_mono(&ctx->cond);
 	rc = loop_create("rtrs-srv", &ctx->loop);

@@ -104,5 +104,7 @@ int rtrs_srv_opts_init(struct rtrs_srv_opts *o, size_t size)
 	o->hb_interval_ms = RTRS_DEFAULT_HB_INTERVAL_MS;
 	o->hb_missed_max = RTRS_DEFAULT_HB_MISSED_MAX;
 	o->listen_retry_ms = 1000;
+	o->max_cons_per_path = 129; /* 128 CPUs and the admin connection */
+	o->connect_timeout_ms = 30000;
 	return 0;
 }

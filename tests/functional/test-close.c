@@ -91,6 +91,14 @@ int main(void)
 	CHECK_EQ(seen, (unsigned)((1ull << QD) - 1));
 	CHECK(rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_NOWAIT) == NULL);
 
+	/* A double put is refused: it must not make a phantom permit. */
+	rtrs_clt_put_permit(sess, permits[0]);
+	rtrs_clt_put_permit(sess, permits[0]);
+	permits[0] = rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_NOWAIT);
+	CHECK(permits[0] != NULL);
+	CHECK(rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_NOWAIT) == NULL,
+	      "a second get after a double put finds nothing");
+
 	/* WAIT blocks until a permit comes back. */
 	pthread_create(&thr, NULL, waiter, NULL);
 	usleep(100 * 1000);

@@ -125,7 +125,7 @@ static int raw_connect(int port, const void *data, size_t len)
 	int rc;
 
 	snprintf(service, sizeof(service), "%d", port);
-	rc = fab_open("tcp", "127.0.0.1", service, false, &f);
+	rc = fab_open("tcp", NULL, "127.0.0.1", service, false, &f);
 	if (rc)
 		return rc;
 	rc = fab_con_connect(f, &cfg, data, len, &c);
@@ -214,11 +214,59 @@ static void test_malformed(void)
 	CHECK_EQ(raw_connect(port, &m, sizeof(m)), -ENXIO);
 	CHECK(log_wait_for("unknown session and not a first connection", 2000));
 
+	good_req(&m, true);
+	m.cid_num = le16_put(200);
+	CHECK_EQ(raw_connect(port, &m, sizeof(m)), -EINVAL);
+	CHECK(log_wait_for("more connections per path than allowed", 2000));
+
 	/* Another minor version of 2.x is accepted. */
 	good_req(&m, true);
 	m.version = le16_put(0x0207);
 	CHECK_EQ(raw_connect(port, &m, sizeof(m)), 1);
 
+	rtrs_srv_close(srv);
+}
+
+/*
+ * A client that opens 1 of its 2 connections and stops: the server must
+ * close the half-made path after its connect timeout, not keep it forever.
+ */
+static void test_half_connected(void)
+{
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct raw r = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+	struct fab_con_cfg cfg = { .ops = &raw_ops, .priv = &r, .name = "half", .tx_depth = 16 };
+	struct rtrs_msg_conn_req m;
+	struct rtrs_srv_opts so;
+	struct rtrs_srv_ctx *srv;
+	struct fab_con *c = NULL;
+	struct fab *f = NULL;
+	char service[8];
+	uint64_t t0;
+
+	rtrs_srv_opts_init(&so, sizeof(so));
+	so.addr = "127.0.0.1";
+	so.port = 0;
+	so.queue_depth = 16;
+	so.hb_interval_ms = 100;
+	so.connect_timeout_ms = 500;
+	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
+	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
+	snprintf(service, sizeof(service), "%d", rtrs_srv_get_port(srv));
+	CHECK_EQ(fab_open("tcp", NULL, "127.0.0.1", service, false, &f), 0);
+	good_req(&m, true);
+	t0 = test_now_ms();
+	CHECK_EQ(fab_con_connect(f, &cfg, &m, sizeof(m), &c), 0);
+	CHECK(log_wait_for("still connecting after 500 ms, closing the path", 3000),
+	      "half-connected path closed by the server");
+	/* The server's close reaches the client as a disconnect. */
+	for (int i = 0; i < 2000 && !r.down; i++)
+		usleep(1000);
+	CHECK(r.connected && r.down, "connected %d, then down %d", r.connected, r.down);
+	CHECK(test_now_ms() - t0 < 2500, "closed after %llu ms",
+	      (unsigned long long)(test_now_ms() - t0));
+	fab_con_destroy(c);
+	fab_close(f);
 	rtrs_srv_close(srv);
 }
 
@@ -313,6 +361,11 @@ static void test_bad_options(void)
 	path.dst = "127.0.0.1:99999";
 	o.paths_num = 1;
 	CHECK_EQ(rtrs_clt_open(&o, &s), -EINVAL);
+	path.dst = "127.0.0.1:1";
+	path.src = "no-such-host.invalid";
+	CHECK_EQ(rtrs_clt_open(&o, &s), -EINVAL);
+	CHECK(log_has("source address no-such-host.invalid"), "bad source named in the log");
+	path.src = NULL;
 	CHECK_EQ(rtrs_clt_opts_init(&o, sizeof(o) - 1), -EINVAL);
 
 	for (size_t i = 0; i < sizeof(srv_bad) / sizeof(srv_bad[0]); i++) {
@@ -354,6 +407,7 @@ int main(void)
 	test_bad_options();
 	test_unreachable();
 	test_malformed();
+	test_half_connected();
 	test_listen_retry();
 	rtrs_set_log_fn(NULL, NULL);
 	if (g_failures)

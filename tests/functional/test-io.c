@@ -99,6 +99,8 @@ static void wait_all(pthread_mutex_t *lock, pthread_cond_t *cond, unsigned *outs
 	pthread_mutex_unlock(lock);
 }
 
+static enum rtrs_clt_con_type sync_con_type = RTRS_IO_CON;
+
 /* Synchronous single request; returns the completion errno or the submit error. */
 static int io_sync(enum rtrs_dir dir, uint32_t op, uint64_t off, const struct iovec *data,
 		   size_t cnt, int errno_)
@@ -109,7 +111,7 @@ static int io_sync(enum rtrs_dir dir, uint32_t op, uint64_t off, const struct io
 	struct io io = { .lock = &lock, .cond = &cond, .outstanding = &outstanding };
 	int rc;
 
-	io.permit = rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+	io.permit = rtrs_clt_get_permit(sess, sync_con_type, RTRS_PERMIT_WAIT);
 	rc = io_start(&io, dir, op, off, data, cnt, errno_);
 	if (!rc) {
 		wait_all(&lock, &cond, &outstanding);
@@ -322,7 +324,7 @@ int main(void)
 	if (rc)
 		return 1;
 	snprintf(dst, sizeof(dst), "127.0.0.1:%d", srv.port);
-	path = (struct rtrs_path_addr){ .dst = dst };
+	path = (struct rtrs_path_addr){ .src = "127.0.0.1", .dst = dst };
 	rtrs_clt_opts_init(&o, sizeof(o));
 	o.sessname = "test-io";
 	o.paths = &path;
@@ -336,6 +338,10 @@ int main(void)
 	CHECK_EQ(attrs.queue_depth, 512);
 	CHECK_EQ(attrs.max_io_size, 128 * 1024 - 4096);
 	part_sizes();
+	/* Admin permits travel on the admin connection: the same, verified. */
+	sync_con_type = RTRS_ADMIN_CON;
+	part_sizes();
+	sync_con_type = RTRS_IO_CON;
 	part_errno();
 	part_refusals();
 	part_queue_depths();

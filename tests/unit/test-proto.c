@@ -713,9 +713,11 @@ static uint32_t put_read(uint32_t chunk, uint32_t data_len, uint32_t usr_len, ui
 	return io_payload(&io_lim, chunk, data_len + usr_len);
 }
 
+static struct rtrs_desc io_sgbuf[RTRS_MAX_READ_SG];
+
 static int io_dec(uint32_t payload, struct rtrs_io_req *out, const char **why)
 {
-	return rtrs_io_req_decode(payload, &io_lim, io_bases, out, why);
+	return rtrs_io_req_decode(payload, &io_lim, io_bases, io_sgbuf, out, why);
 }
 
 static void test_io_write(void)
@@ -806,14 +808,6 @@ static void test_io_write(void)
 	CHECK_REJECT(-EINVAL, io_dec(io_raw_payload(&io_lim, 0, (1u << 26) - 1), &out, WHY));
 }
 
-/* Reads a descriptor the decoder pointed at, without assuming alignment. */
-static struct rtrs_desc sg_at(const struct rtrs_sg_desc *p)
-{
-	return (struct rtrs_desc){
-		.addr = get64(p, 0), .key = get32(p, 8), .len = get32(p, 12),
-	};
-}
-
 static void test_io_read(void)
 {
 	struct rtrs_desc sg[RTRS_MAX_READ_SG + 1];
@@ -846,10 +840,11 @@ static void test_io_read(void)
 	CHECK_EQ(out.data_len, 3000);
 	CHECK_EQ(out.flags, RTRS_MSG_NEED_INVAL_F);
 	CHECK_EQ(out.sg_cnt, 3);
-	CHECK(out.sg == (const void *)(c + 8), "sg %p, want %p", (const void *)out.sg,
-	      (void *)(c + 8));
+	/* The descriptors are a copy, not a pointer into client memory. */
+	CHECK(out.sg == io_sgbuf, "sg %p, want the caller's buffer %p", (void *)out.sg,
+	      (void *)io_sgbuf);
 	for (int i = 0; i < 3; i++) {
-		struct rtrs_desc d = sg_at(&out.sg[i]);
+		struct rtrs_desc d = out.sg[i];
 
 		CHECK(d.addr == sg[i].addr);
 		CHECK_EQ(d.key, sg[i].key);
@@ -877,15 +872,15 @@ static void test_io_read(void)
 			sg[i] = (struct rtrs_desc){ .addr = (uint64_t)i << 20, .key = 9,
 						    .len = data / RTRS_MAX_READ_SG };
 		rtrs_read_hdr_encode(chunk + data, 0, 0, sg, RTRS_MAX_READ_SG);
-		CHECK_ACCEPT(rtrs_io_req_decode(io_payload(&lim, 0, data), &lim, bases, &out, WHY));
+		CHECK_ACCEPT(rtrs_io_req_decode(io_payload(&lim, 0, data), &lim, bases, io_sgbuf, &out, WHY));
 		CHECK_EQ(out.sg_cnt, RTRS_MAX_READ_SG);
-		CHECK(sg_at(&out.sg[RTRS_MAX_READ_SG - 1]).addr == (uint64_t)127 << 20);
+		CHECK(out.sg[RTRS_MAX_READ_SG - 1].addr == (uint64_t)127 << 20);
 		/* One more is too many, even with room in the chunk and the header. */
 		sg[RTRS_MAX_READ_SG - 1].len = data / RTRS_MAX_READ_SG / 2;
 		sg[RTRS_MAX_READ_SG] = sg[RTRS_MAX_READ_SG - 1];
 		memset(chunk, 0, 8192);
 		rtrs_read_hdr_encode(chunk + data, 0, 0, sg, RTRS_MAX_READ_SG + 1);
-		CHECK_REJECT(-EINVAL, rtrs_io_req_decode(io_payload(&lim, 0, data), &lim, bases,
+		CHECK_REJECT(-EINVAL, rtrs_io_req_decode(io_payload(&lim, 0, data), &lim, bases, io_sgbuf,
 							 &out, WHY));
 		free(chunk);
 	}
@@ -1010,13 +1005,13 @@ static void test_io_chunk_id(void)
 	for (int i = 0; i < 3; i++)
 		bases[i] = io_bases[i];
 	rtrs_write_hdr_encode(io_bases[2], 0);
-	CHECK_ACCEPT(rtrs_io_req_decode(io_payload(&lim, 2, 0), &lim, bases, &out, WHY));
+	CHECK_ACCEPT(rtrs_io_req_decode(io_payload(&lim, 2, 0), &lim, bases, io_sgbuf, &out, WHY));
 	CHECK_EQ(out.chunk, 2);
-	CHECK_REJECT(-EINVAL, rtrs_io_req_decode(io_raw_payload(&lim, 3, 0), &lim, bases, &out,
+	CHECK_REJECT(-EINVAL, rtrs_io_req_decode(io_raw_payload(&lim, 3, 0), &lim, bases, io_sgbuf, &out,
 						 WHY));
 	/* Payload bits above the 28 are not ours: they make a huge chunk id. */
-	CHECK_REJECT(-EINVAL, rtrs_io_req_decode(0xffffffffu, &lim, bases, &out, WHY));
-	CHECK_REJECT(-EINVAL, rtrs_io_req_decode(RTRS_IMM_PAYL_MASK, &lim, bases, &out, WHY));
+	CHECK_REJECT(-EINVAL, rtrs_io_req_decode(0xffffffffu, &lim, bases, io_sgbuf, &out, WHY));
+	CHECK_REJECT(-EINVAL, rtrs_io_req_decode(RTRS_IMM_PAYL_MASK, &lim, bases, io_sgbuf, &out, WHY));
 	free(bases);
 }
 
@@ -1114,7 +1109,7 @@ static void test_imm_req(void)
 				rtrs_write_hdr_encode(real + data + usr, usr);
 				rtrs_from_imm(rtrs_to_io_req_imm(qd, ids[j], data + usr), &type,
 					      &payload);
-				CHECK_ACCEPT(rtrs_io_req_decode(payload, &lim, bases, &out, WHY));
+				CHECK_ACCEPT(rtrs_io_req_decode(payload, &lim, bases, io_sgbuf, &out, WHY));
 				CHECK_EQ(out.chunk, ids[j]);
 				CHECK_EQ(out.off, data + usr);
 				CHECK_EQ(out.data_len, data);
