@@ -677,9 +677,12 @@ static void *con_thread(void *arg)
 			handle_eq(c);
 			eq_due = false;
 		}
+		bool kick = atomic_exchange(&c->kicked, false);
+
 		/* Retries after -EAGAIN: on any completion, else after 1 ms. */
-		if ((atomic_exchange(&c->kicked, false) | (n > 0 && atomic_exchange(&c->retry, false))) &&
-		    !atomic_load(&c->down))
+		if (n > 0 && atomic_exchange(&c->retry, false))
+			kick = true;
+		if (kick && !atomic_load(&c->down))
 			c->cfg.ops->kick(c->cfg.priv);
 		if (n > 0 || n == -FI_EAVAIL)
 			continue;

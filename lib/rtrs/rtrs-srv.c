@@ -341,7 +341,8 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 	op->dir = req.type == RTRS_MSG_READ ? RTRS_READ : RTRS_WRITE;
 	op->data_len = req.data_len;
 	op->sg_cnt = req.sg_cnt;
-	memcpy(op->sg, req.sg, req.sg_cnt * sizeof(*op->sg));
+	if (req.sg_cnt)
+		memcpy(op->sg, req.sg, req.sg_cnt * sizeof(*op->sg));
 	base = s->chunk_bases[req.chunk];
 	rc = s->ctx->ops.rdma_ev(s->ctx->ops.priv, op, op->dir, base, req.data_len,
 				 base + req.data_len, req.usr_len);
