@@ -44,7 +44,8 @@ struct rtrs_path_addr {
 };
 
 enum rtrs_clt_link_ev {
-	RTRS_CLT_LINK_EV_RECONNECTED, /* the first path of the session came up */
+	/* Events are delivered only after rtrs_clt_open has returned. */
+	RTRS_CLT_LINK_EV_RECONNECTED, /* a path came up while none was up */
 	RTRS_CLT_LINK_EV_DISCONNECTED, /* no path is up any more */
 };
 
@@ -55,7 +56,7 @@ struct rtrs_clt_opts {
 	size_t paths_num;           /* 1 .. 128 */
 	uint16_t port;              /* default RTRS_DEFAULT_PORT */
 	const char *provider;       /* libfabric provider name; default "tcp" */
-	unsigned nr_io_cons;        /* IO connections per path; 0 = one per CPU */
+	unsigned nr_io_cons;        /* IO connections per path; 0 = one per CPU, <= 128 */
 	unsigned hb_interval_ms;    /* heartbeat period (default 1000) */
 	unsigned hb_missed_max;     /* missed heartbeats before a path fails (default 3) */
 	unsigned connect_timeout_ms; /* per connection (default 10000) */
@@ -196,6 +197,7 @@ void rtrs_set_log_level(int level);
 /*
  * Sends log lines to fn instead of stderr (NULL restores stderr). fn runs on
  * library threads, must not block and must not call back into the library.
+ * Set it before opening sessions or servers, not while they run.
  */
 void rtrs_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *priv);
 

@@ -101,7 +101,7 @@ struct rtrs_clt_sess {
 	unsigned hb_interval_ms, hb_missed_max, connect_timeout_ms;
 	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
 	void *priv;
-	bool opened;                /* link events only after rtrs_clt_open */
+	atomic_bool opened;         /* link events only after rtrs_clt_open */
 	struct loop *loop;
 
 	/* Limits from the first path's connect response; fixed afterwards. */
@@ -498,11 +498,14 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 	con->connected = false;
 	pthread_cond_broadcast(&p->cond);
 	pthread_mutex_unlock(&p->lock);
-	/* While connecting the establishing thread reports; while closing, nobody cares. */
-	if (was_connected) {
+	/*
+	 * Connected: tear the path down. Connecting: clt_fail_path only wakes
+	 * the establishing thread, which reports (even after its last wait).
+	 */
+	if (was_connected)
 		log_warn("%s: connection %u went down: %s", p->name, con->cid, strerror(-err));
-		clt_fail_path(p, err);
-	}
+	if (atomic_load(&p->state) != RTRS_PATH_CLOSING && atomic_load(&p->state) != RTRS_PATH_CLOSED)
+		clt_fail_path(p, err ? err : -ECONNRESET);
 }
 
 static void clt_handle_rsp(struct clt_con *con, uint32_t payload)
@@ -657,7 +660,8 @@ static void path_stop(struct clt_path *p, int err)
 	if (failed)
 		log_at(err == -ESHUTDOWN ? LOG_INFO : LOG_WARN,
 		       "%s: path closed (%s), %u requests failed", p->name, strerror(-err), failed);
-	if (was_up && atomic_fetch_sub(&s->paths_up, 1) == 1 && s->link_ev && s->opened)
+	if (was_up && atomic_fetch_sub(&s->paths_up, 1) == 1 && s->link_ev &&
+	    atomic_load(&s->opened))
 		s->link_ev(s->priv, RTRS_CLT_LINK_EV_DISCONNECTED);
 }
 
@@ -771,7 +775,7 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 	char name[RTRS_NAME_MAX + 16];
 	struct fab_con_cfg cfg = {
 		.ops = &clt_con_ops, .priv = con, .name = name,
-		.tx_depth = cid ? s->queue_depth + 16 : 64,
+		.tx_depth = cid ? s->queue_depth + 16 : 128,
 		/* verbs: one receive per incoming immediate (responses) */
 		.rx_depth = cid && a->rx_cq_data ? s->queue_depth + 16 : 0,
 	};
@@ -813,9 +817,13 @@ static int path_after_first_con(struct clt_path *p)
 			FAB_MR_LOCAL, &p->hdr_mr);
 	if (rc)
 		return rc;
-	/* The info response holds up to one descriptor per chunk. */
+	/*
+	 * The info response holds up to one descriptor per chunk. On verbs
+	 * every incoming immediate (admin IO responses too) takes a receive.
+	 */
 	rx_size = MAX(rtrs_info_rsp_size(s->queue_depth), RTRS_ADMIN_MSG_SIZE);
-	return fab_con_rx_setup(p->cons[0].fc, 2, rx_size);
+	return fab_con_rx_setup(p->cons[0].fc,
+				fab_attr(p->fab)->rx_cq_data ? s->queue_depth + 16 : 2, rx_size);
 }
 
 static int path_exchange_info(struct clt_path *p)
@@ -894,7 +902,7 @@ static int path_connect(struct clt_path *p)
 	}
 	pthread_rwlock_unlock(&p->post_lock);
 	loop_timer_arm(&p->hb.timer, p->hb.interval_ms, p->hb.interval_ms);
-	if (atomic_fetch_add(&s->paths_up, 1) == 0 && s->link_ev && s->opened)
+	if (atomic_fetch_add(&s->paths_up, 1) == 0 && s->link_ev && atomic_load(&s->opened))
 		s->link_ev(s->priv, RTRS_CLT_LINK_EV_RECONNECTED);
 	/* A failure reported while we were finishing: handle it now. */
 	if (atomic_load(&p->fail_err))
@@ -1054,7 +1062,8 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	snprintf(s->provider, sizeof(s->provider), "%s", o->provider ? o->provider : "tcp");
 	s->port = o->port;
 	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	s->nr_io_cons = o->nr_io_cons ? o->nr_io_cons : (unsigned)MAX(ncpu, 1);
+	/* One per CPU, at most 128: what a server accepts by default (129 in all). */
+	s->nr_io_cons = o->nr_io_cons ? o->nr_io_cons : (unsigned)MIN(MAX(ncpu, 1), 128);
 	s->hb_interval_ms = o->hb_interval_ms;
 	s->hb_missed_max = o->hb_missed_max;
 	s->connect_timeout_ms = o->connect_timeout_ms;
@@ -1085,7 +1094,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 		if (rc)
 			goto out_free;
 	}
-	s->opened = true;
+	atomic_store(&s->opened, true);
 	*out = s;
 	return 0;
 

@@ -9,8 +9,9 @@
  *     blocks (fd + fi_trywait + epoll) and reads both;
  *   - never busy-poll;
  *   - classify completions by FI_REMOTE_WRITE, errors by op_context only;
- *   - memory keys come from a per-domain counter that never repeats when the
- *     provider does not choose them; keys must fit the 32-bit wire field.
+ *   - memory keys come from a per-domain counter when the provider does not
+ *     choose them; it comes round only after 2^32 - 1 registrations and
+ *     skips keys still in use; keys must fit the 32-bit wire field.
  */
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -491,16 +492,17 @@ void fab_connreq_peer(const struct fab_connreq *req, char *buf, size_t len)
  */
 static unsigned fault_eagain_every(void)
 {
-	static int every = -1;
+	static atomic_int every = -1;
+	int v = atomic_load_explicit(&every, memory_order_relaxed);
 
-	if (every < 0) {
+	if (v < 0) {
 		const char *s = getenv("RTRS_FAULT_EAGAIN_EVERY");
 
-		every = s ? atoi(s) : 0;
-		if (every < 0)
-			every = 0;
+		v = s ? atoi(s) : 0;
+		v = v < 0 ? 0 : v;
+		atomic_store_explicit(&every, v, memory_order_relaxed);
 	}
-	return (unsigned)every;
+	return (unsigned)v;
 }
 
 static bool fault_eagain(struct fab_con *c)

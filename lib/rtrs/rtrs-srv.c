@@ -10,9 +10,11 @@
  * rdma_ev; responses are posted from whatever thread answers.
  *
  * An op (one per chunk) is FREE -> BUSY (the user owns it) -> RESPONDING
- * (the response is being posted) -> FREE. A client can only reuse a chunk
- * after it got the response, so a request finding its op RESPONDING means
- * the response went out and the responder has not yet marked it FREE.
+ * (the response is being posted, or waits for room) -> SENT (its last write
+ * was handed to the fabric; the responder reads nothing of the op any more)
+ * -> FREE. A client may reuse a chunk once it has the response, which can
+ * be before the responder marks the op FREE: a request may take a FREE or
+ * SENT op. One that finds it BUSY or RESPONDING broke the protocol.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -23,7 +25,7 @@
 
 #include "rtrs-pri.h"
 
-enum srv_op_state { OP_FREE, OP_BUSY, OP_RESPONDING };
+enum srv_op_state { OP_FREE, OP_BUSY, OP_RESPONDING, OP_SENT };
 
 struct srv_path;
 struct srv_con;
@@ -75,7 +77,6 @@ struct srv_path {
 	struct loop_work fail_work;
 	atomic_int fail_err;
 	atomic_bool info_received;
-	uint64_t created_ms;
 	bool cons_destroyed;
 	bool was_connected;
 	atomic_uint inflight;
@@ -138,10 +139,43 @@ static void op_finish(struct rtrs_srv_op *op, struct srv_path *p)
 	int expected = OP_RESPONDING;
 	bool closing = atomic_load(&p->state) != RTRS_PATH_CONNECTED;
 
-	/* The op may already be BUSY with the client's next request. */
-	atomic_compare_exchange_strong(&op->state, &expected, OP_FREE);
+	/* From SENT the op may already be BUSY with the client's next request. */
+	if (!atomic_compare_exchange_strong(&op->state, &expected, OP_FREE) &&
+	    expected == OP_SENT)
+		atomic_compare_exchange_strong(&op->state, &expected, OP_FREE);
 	if (atomic_fetch_sub(&p->inflight, 1) == 1 && closing)
 		loop_queue(ctx->loop, &ctx->reap_work);
+}
+
+/*
+ * Posts the last write of a response, prepared in locals. The op turns SENT
+ * first, since the client may answer the response at once; nothing of the
+ * op is read after that. On failure the op goes back to RESPONDING, unless
+ * a request took it meanwhile, which only a client that reuses a chunk
+ * before its response can do: then the response is dropped and -EPROTO
+ * fails the path.
+ */
+static int op_post_last(struct rtrs_srv_op *op, struct srv_path *p, struct fab_con *fc,
+			const struct iovec *iov, void *desc, const struct fab_rma *rma,
+			size_t rma_cnt, uint32_t imm)
+{
+	int expected = OP_SENT;
+	int rc;
+
+	atomic_store(&op->state, OP_SENT);
+	if (rma_cnt)
+		rc = fab_write(fc, iov, &desc, 1, rma, rma_cnt, true, imm, NULL);
+	else
+		rc = fab_write_imm(fc, p->clt_imm.addr, p->clt_imm.key, imm);
+	if (!rc) {
+		op_finish(op, p);
+		return 0;
+	}
+	if (atomic_compare_exchange_strong(&op->state, &expected, OP_RESPONDING))
+		return rc;
+	log_err_rl("%s: chunk %u reused before its response", p->name, op->id);
+	op_finish(op, p);
+	return -EPROTO;
 }
 
 /*
@@ -155,18 +189,13 @@ static int op_post(struct rtrs_srv_op *op)
 	struct rtrs_srv_sess *s = op->sess;
 	struct fab_con *fc = op->con->fc;
 	uint32_t imm = rtrs_to_io_rsp_imm(op->id, op->err);
+	size_t per = MIN(fab_attr(s->ctx->fab)->rma_iov_limit, 8);
 	int rc;
 
-	if (op->dir != RTRS_READ || op->err || op->data_len == 0 || op->sg_cnt == 0) {
-		rc = fab_write_imm(fc, p->clt_imm.addr, p->clt_imm.key, imm);
-		if (!rc)
-			op_finish(op, p);
-		return rc;
-	}
+	if (op->dir != RTRS_READ || op->err || op->data_len == 0 || op->sg_cnt == 0)
+		return op_post_last(op, p, fc, NULL, NULL, NULL, 0, imm);
 	while (op->next_sg < op->sg_cnt) {
-		size_t cnt = MIN((size_t)op->sg_cnt - op->next_sg,
-				 MIN(fab_attr(s->ctx->fab)->rma_iov_limit, 8));
-		bool last = op->next_sg + cnt == op->sg_cnt;
+		size_t cnt = MIN((size_t)op->sg_cnt - op->next_sg, per);
 		struct fab_rma rma[8];
 		struct iovec iov;
 		void *desc = s->chunk_mr.desc;
@@ -180,36 +209,27 @@ static int op_post(struct rtrs_srv_op *op)
 		}
 		iov.iov_base = s->chunk_bases[op->id] + op->next_local;
 		iov.iov_len = len;
-		rc = fab_write(fc, &iov, &desc, 1, rma, cnt, last, imm, NULL);
+		if (op->next_sg + cnt == op->sg_cnt)
+			return op_post_last(op, p, fc, &iov, desc, rma, cnt, imm);
+		rc = fab_write(fc, &iov, &desc, 1, rma, cnt, false, 0, NULL);
 		if (rc)
 			return rc;
-		if (last) {
-			op_finish(op, p);
-			return 0;
-		}
 		op->next_sg += cnt;
 		op->next_local += len;
 	}
 	return 0;
 }
 
-static void con_pending_push(struct srv_con *con, struct rtrs_srv_op *op, bool front)
+static void con_pending_push(struct srv_con *con, struct rtrs_srv_op *op)
 {
 	log_dbg("%s#%u: send queue full, response %u waits", con->path->name, con->cid, op->id);
 	pthread_mutex_lock(&con->pending_lock);
-	if (front) {
-		op->pending_next = con->pending_head;
+	op->pending_next = NULL;
+	if (con->pending_tail)
+		con->pending_tail->pending_next = op;
+	else
 		con->pending_head = op;
-		if (!con->pending_tail)
-			con->pending_tail = op;
-	} else {
-		op->pending_next = NULL;
-		if (con->pending_tail)
-			con->pending_tail->pending_next = op;
-		else
-			con->pending_head = op;
-		con->pending_tail = op;
-	}
+	con->pending_tail = op;
 	pthread_mutex_unlock(&con->pending_lock);
 	fab_con_kick(con->fc);
 }
@@ -251,7 +271,8 @@ static void srv_con_kick(void *priv)
 		if (rc) {
 			log_err_rl("%s: posting a response failed: %s", con->path->name,
 				   strerror(-rc));
-			op_finish(op, con->path);
+			if (rc != -EPROTO) /* -EPROTO: op_post_last finished it */
+				op_finish(op, con->path);
 			srv_fail_path(con->path, rc);
 			return;
 		}
@@ -285,11 +306,12 @@ int rtrs_srv_resp_rdma(struct rtrs_srv_op *op, int err)
 	}
 	rc = op_post(op);
 	if (rc == -EAGAIN) {
-		con_pending_push(op->con, op, false);
+		con_pending_push(op->con, op);
 		rc = 0;
 	} else if (rc) {
 		log_err_rl("%s: posting a response failed: %s", p->name, strerror(-rc));
-		op_finish(op, p);
+		if (rc != -EPROTO) /* -EPROTO: op_post_last finished it */
+			op_finish(op, p);
 		srv_fail_path(p, rc);
 	}
 	pthread_rwlock_unlock(&p->post_lock);
@@ -326,9 +348,9 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 	}
 	op = &s->ops[req.chunk];
 	state = atomic_load(&op->state);
-	/* FREE, or RESPONDING with its response already out: both are ours. */
+	/* FREE, or SENT (its response is out): both are ours. */
 	do {
-		if (state == OP_BUSY) {
+		if (state == OP_BUSY || state == OP_RESPONDING) {
 			log_err_rl("%s: request for chunk %u which is still in use", p->name,
 				   req.chunk);
 			srv_fail_path(p, -EPROTO);
@@ -555,7 +577,9 @@ static void srv_reap_work(struct loop_work *w)
 			bool idle;
 
 			pn = p->next;
-			if (!p->cons_destroyed)
+			/* Its own work items still queued would run on freed memory. */
+			if (!p->cons_destroyed || atomic_load(&p->fail_work.queued) ||
+			    atomic_load(&p->info_work.queued))
 				continue;
 			pthread_rwlock_wrlock(&p->post_lock);
 			idle = atomic_load(&p->inflight) == 0;
@@ -622,6 +646,8 @@ static void path_fail_work(struct loop_work *w)
 	struct srv_path *p = container_of(w, struct srv_path, fail_work);
 
 	path_stop(p, atomic_load(&p->fail_err));
+	/* The reaper skipped this path while this item was queued. */
+	loop_queue(p->sess->ctx->loop, &p->sess->ctx->reap_work);
 }
 
 static void srv_fail_path(struct srv_path *p, int err)
@@ -639,7 +665,7 @@ static void path_hb_timer(struct loop_timer *t)
 
 	if (atomic_load(&p->state) == RTRS_PATH_CONNECTING) {
 		/* A path the client never finished would hold its chunks forever. */
-		if (now_ms() - p->created_ms > p->sess->ctx->opts.connect_timeout_ms) {
+		if (now_ms() - p->last_connreq_ms > p->sess->ctx->opts.connect_timeout_ms) {
 			log_err("%s: still connecting after %u ms, closing the path", p->name,
 				p->sess->ctx->opts.connect_timeout_ms);
 			path_stop(p, -ETIMEDOUT);
@@ -677,8 +703,11 @@ static void path_info_work(struct loop_work *w)
 	struct rtrs_desc d;
 	int rc;
 
-	if (atomic_load(&p->state) != RTRS_PATH_CONNECTING)
+	if (atomic_load(&p->state) != RTRS_PATH_CONNECTING) {
+		/* The reaper skipped this path while this item was queued. */
+		loop_queue(ctx->loop, &ctx->reap_work);
 		return;
+	}
 	if (p->nr_accepted != p->cid_num) {
 		log_err("%s: info request with %u of %u connections", p->name, p->nr_accepted,
 			p->cid_num);
@@ -779,7 +808,7 @@ static int path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	p->hb.missed_max = ctx->opts.hb_missed_max;
 	loop_work_init(&p->info_work, path_info_work);
 	loop_work_init(&p->fail_work, path_fail_work);
-	p->created_ms = now_ms();
+	p->last_connreq_ms = now_ms();
 	rc = loop_timer_init(ctx->loop, &p->hb.timer, path_hb_timer);
 	if (rc) {
 		pthread_rwlock_destroy(&p->post_lock);
@@ -895,9 +924,10 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 	struct rtrs_msg_conn_rsp msg;
 	struct fab_con_cfg cfg = {
 		.ops = &srv_con_ops, .priv = &p->cons[req.cid], .name = name,
-		.tx_depth = req.cid ? s->queue_depth + 16 : 64,
-		.rx_depth = req.cid ? (a->rx_cq_data ? s->queue_depth + 16 : 0) :
-			    RTRS_ADMIN_RX_DEPTH,
+		.tx_depth = s->queue_depth + 16,
+		/* verbs: every incoming immediate takes a receive, admin IO too */
+		.rx_depth = a->rx_cq_data ? s->queue_depth + 16 :
+			    req.cid ? 0 : RTRS_ADMIN_RX_DEPTH,
 		.rx_size = req.cid ? 0 : RTRS_ADMIN_MSG_SIZE,
 	};
 

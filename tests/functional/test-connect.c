@@ -73,6 +73,8 @@ struct raw {
 	int err;
 	uint8_t data[256];
 	size_t len;
+	uint8_t *msg;       /* last two-sided message (the info response) */
+	size_t msg_len;
 };
 
 static void raw_connected(void *priv, const void *data, size_t len)
@@ -81,6 +83,9 @@ static void raw_connected(void *priv, const void *data, size_t len)
 
 	pthread_mutex_lock(&r->lock);
 	r->connected = true;
+	r->len = len < sizeof(r->data) ? len : sizeof(r->data);
+	if (data)
+		memcpy(r->data, data, r->len);
 	pthread_cond_broadcast(&r->cond);
 	pthread_mutex_unlock(&r->lock);
 }
@@ -100,7 +105,18 @@ static void raw_down(void *priv, int err, const void *data, size_t len)
 }
 
 static void raw_imm(void *priv, uint32_t imm) {}
-static void raw_recv(void *priv, void *buf, size_t len) {}
+
+static void raw_recv(void *priv, void *buf, size_t len)
+{
+	struct raw *r = priv;
+
+	pthread_mutex_lock(&r->lock);
+	free(r->msg);
+	r->msg = malloc(len);
+	memcpy(r->msg, buf, len);
+	r->msg_len = len;
+	pthread_mutex_unlock(&r->lock);
+}
 static void raw_done(void *priv, void *ctx) {}
 static void raw_kick(void *priv) {}
 
@@ -328,6 +344,166 @@ static void test_unreachable(void)
 	close(fd);
 }
 
+/* ---- a client that breaks the protocol after a correct handshake ---------- */
+
+static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct rtrs_srv_op *held[4];
+static int nheld;
+
+/* Holds every IO: the test answers them itself, late. */
+static int hold_rdma_ev(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir, void *data,
+			size_t datalen, const void *usr, size_t usrlen)
+{
+	pthread_mutex_lock(&held_lock);
+	if (nheld < 4)
+		held[nheld++] = id;
+	pthread_mutex_unlock(&held_lock);
+	return nheld <= 4 ? 0 : -EIO;
+}
+
+struct rogue {
+	struct raw r;
+	struct fab *f;
+	struct fab_con *c;
+	struct rtrs_conn_rsp rsp;
+	struct rtrs_desc chunk0;
+	char imm_buf[64];
+	struct fab_mr imm_mr;
+	uint8_t hdr[64];
+};
+
+static bool wait_flag(struct raw *r, bool *flag, unsigned ms)
+{
+	uint64_t end = test_now_ms() + ms;
+	bool v;
+
+	for (;;) {
+		pthread_mutex_lock(&r->lock);
+		v = *flag;
+		pthread_mutex_unlock(&r->lock);
+		if (v || test_now_ms() > end)
+			return v;
+		usleep(1000);
+	}
+}
+
+/* A correct one-connection session: connect, info exchange, chunk 0. */
+static int rogue_open(struct rogue *g, int port)
+{
+	struct fab_con_cfg cfg = { .ops = &raw_ops, .priv = &g->r, .name = "rogue", .tx_depth = 64 };
+	struct rtrs_conn_req req = { .cid = 0, .cid_num = 1, .first_conn = true };
+	struct rtrs_msg_conn_req m;
+	struct rtrs_msg_info_req ireq;
+	struct rtrs_info_req info = { .pathname = "rogue" };
+	struct rtrs_desc *chunks;
+	struct rtrs_limits lim;
+	const char *why;
+	char service[8];
+	int rc;
+
+	memset(g, 0, sizeof(*g));
+	pthread_mutex_init(&g->r.lock, NULL);
+	pthread_cond_init(&g->r.cond, NULL);
+	for (int i = 0; i < RTRS_UUID_LEN; i++) {
+		req.sess_uuid[i] = (uint8_t)rand();
+		req.paths_uuid[i] = (uint8_t)rand();
+	}
+	rtrs_conn_req_encode(&m, &req);
+	snprintf(service, sizeof(service), "%d", port);
+	if ((rc = fab_open("tcp", NULL, "127.0.0.1", service, false, &g->f)) ||
+	    (rc = fab_con_connect(g->f, &cfg, &m, sizeof(m), &g->c)))
+		return rc;
+	if (!wait_flag(&g->r, &g->r.connected, 3000))
+		return -ETIMEDOUT;
+	if ((rc = rtrs_conn_rsp_decode(g->r.data, g->r.len, &g->rsp, &why)) || g->rsp.err)
+		return rc ? rc : g->rsp.err;
+	if ((rc = fab_mr_reg(g->f, g->imm_buf, sizeof(g->imm_buf), FAB_MR_REMOTE_WRITE,
+			     &g->imm_mr)) ||
+	    (rc = fab_con_rx_setup(g->c, 2, rtrs_info_rsp_size(g->rsp.queue_depth))))
+		return rc;
+	info.imm_addr = g->imm_mr.base;
+	info.imm_key = g->imm_mr.key;
+	rtrs_info_req_encode(&ireq, &info);
+	if ((rc = fab_send(g->c, &ireq, sizeof(ireq), NULL, NULL)))
+		return rc;
+	for (int i = 0; i < 3000 && !g->r.msg; i++)
+		usleep(1000);
+	if (!g->r.msg)
+		return -ETIMEDOUT;
+	lim = (struct rtrs_limits){ .queue_depth = g->rsp.queue_depth,
+				    .chunk_size = g->rsp.chunk_size,
+				    .max_hdr_size = g->rsp.max_hdr_size };
+	chunks = calloc(lim.queue_depth, sizeof(*chunks));
+	rc = rtrs_info_rsp_decode(g->r.msg, g->r.msg_len, &lim, chunks, &why);
+	g->chunk0 = chunks[0];
+	free(chunks);
+	return rc;
+}
+
+/* Writes an rtrs header (and usr bytes) into chunk 0 at off and rings the imm. */
+static int rogue_request(struct rogue *g, uint32_t usr_len, uint32_t off)
+{
+	struct iovec iov = { g->hdr, sizeof(struct rtrs_msg_rdma_write) };
+	struct fab_rma rma = { .addr = g->chunk0.addr + off, .len = iov.iov_len,
+			       .key = g->chunk0.key };
+
+	rtrs_write_hdr_encode(g->hdr, usr_len);
+	return fab_write(g->c, &iov, NULL, 1, &rma, 1, true,
+			 rtrs_to_io_req_imm(g->rsp.queue_depth, 0, off), NULL);
+}
+
+static void rogue_close(struct rogue *g)
+{
+	fab_con_destroy(g->c);
+	fab_mr_dereg(&g->imm_mr);
+	fab_close(g->f);
+	free(g->r.msg);
+}
+
+static void test_rogue_client(void)
+{
+	struct rtrs_srv_ops ops = { .rdma_ev = hold_rdma_ev };
+	struct rtrs_srv_opts so;
+	struct rtrs_srv_ctx *srv;
+	struct rogue g;
+	int port, rc;
+
+	rtrs_srv_opts_init(&so, sizeof(so));
+	so.addr = "127.0.0.1";
+	so.port = 0;
+	so.queue_depth = 16;
+	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
+	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
+	port = rtrs_srv_get_port(srv);
+
+	/* 1. Chunk 0 reused while the server still holds its request. */
+	rc = rogue_open(&g, port);
+	CHECK(rc == 0, "rogue handshake: %s", strerror(-rc));
+	CHECK_EQ(rogue_request(&g, 0, 0), 0);
+	for (int i = 0; i < 2000 && !nheld; i++)
+		usleep(1000);
+	CHECK_EQ(nheld, 1);
+	CHECK_EQ(rogue_request(&g, 0, 0), 0);
+	CHECK(log_wait_for("request for chunk 0 which is still in use", 2000));
+	CHECK(wait_flag(&g.r, &g.r.down, 2000), "the server closed the rogue path");
+	CHECK_EQ(nheld, 1);
+	rogue_close(&g);
+	/* The user answers after the path is gone: dropped, nothing hangs. */
+	CHECK_EQ(rtrs_srv_resp_rdma(held[0], 0), -ENOTCONN);
+	CHECK_EQ(rtrs_srv_resp_rdma(held[0], 0), -EINVAL);
+
+	/* 2. A user header longer than its offset (the kernel's underflow). */
+	rc = rogue_open(&g, port);
+	CHECK(rc == 0, "rogue handshake: %s", strerror(-rc));
+	CHECK_EQ(rogue_request(&g, 100, 8), 0);
+	CHECK(log_wait_for("invalid IO request: user header longer than its offset", 2000));
+	CHECK(wait_flag(&g.r, &g.r.down, 2000), "the server closed the rogue path");
+	CHECK_EQ(nheld, 1);
+	rogue_close(&g);
+
+	rtrs_srv_close(srv);
+}
+
 static void test_bad_options(void)
 {
 	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
@@ -408,6 +584,7 @@ int main(void)
 	test_unreachable();
 	test_malformed();
 	test_half_connected();
+	test_rogue_client();
 	test_listen_retry();
 	rtrs_set_log_fn(NULL, NULL);
 	if (g_failures)
