@@ -44,6 +44,7 @@
 #define RTRS_CM_DATA_MAX_PORTABLE 55 /* verbs: 56 minus the provider's header */
 
 struct fab {
+	const struct fab_ops *ops; /* first: struct fab_obj */
 	struct fi_info *info;
 	struct fid_fabric *fabric;
 	struct fid_domain *domain;
@@ -53,6 +54,7 @@ struct fab {
 };
 
 struct fab_lst {
+	const struct fab_ops *ops;
 	struct fab *fab;
 	struct fid_pep *pep;
 	struct fid_eq *eq;
@@ -61,6 +63,7 @@ struct fab_lst {
 };
 
 struct fab_connreq {
+	const struct fab_ops *ops;
 	struct fi_info *info;
 };
 
@@ -72,6 +75,7 @@ struct fab_rx {
 };
 
 struct fab_con {
+	const struct fab_ops *ops;
 	struct fab *fab;
 	struct fab_con_cfg cfg;
 	char name[64];
@@ -90,6 +94,8 @@ struct fab_con {
 	atomic_bool retry;     /* ops->kick again after a short wait */
 	pthread_mutex_t rx_lock; /* rx pool set up from another thread */
 };
+
+static int ofi_con_rx_setup(struct fab_con *c, size_t count, size_t size);
 
 /* Translate a libfabric return value (negative FI_E*) to a negative errno. */
 static int fab_errno(ssize_t rc)
@@ -190,8 +196,8 @@ static int hints_set_src(struct fi_info *h, const char *src)
 	return 0;
 }
 
-int fab_open(const char *prov, const char *src, const char *node, const char *service,
-	     bool server, struct fab **out)
+static int ofi_open(const char *prov, const char *src, const char *node, const char *service,
+		    bool server, struct fab **out)
 {
 	struct fi_info *hints;
 	struct fab *f;
@@ -200,6 +206,7 @@ int fab_open(const char *prov, const char *src, const char *node, const char *se
 	f = calloc(1, sizeof(*f));
 	if (!f)
 		return -ENOMEM;
+	f->ops = &fab_ofi_ops;
 	hints = fab_hints(prov);
 	if (!hints) {
 		free(f);
@@ -268,7 +275,7 @@ out_free_info:
 	return rc;
 }
 
-void fab_close(struct fab *f)
+static void ofi_close(struct fab *f)
 {
 	if (!f)
 		return;
@@ -280,12 +287,12 @@ void fab_close(struct fab *f)
 	free(f);
 }
 
-const struct fab_attr *fab_attr(const struct fab *f)
+static const struct fab_attr *ofi_attr(const struct fab *f)
 {
 	return &f->attr;
 }
 
-int fab_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr)
+static int ofi_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr)
 {
 	struct fid_mr *fmr;
 	uint64_t acc = 0, key;
@@ -327,17 +334,19 @@ int fab_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab
 		return -EOVERFLOW;
 	}
 	mr->priv = fmr;
+	mr->ops = &fab_ofi_ops;
 	mr->key = (uint32_t)key;
 	mr->desc = f->attr.mr_local ? fi_mr_desc(fmr) : NULL;
 	mr->base = f->attr.virt_addr ? (uint64_t)(uintptr_t)buf : 0;
 	return 0;
 }
 
-void fab_mr_dereg(struct fab_mr *mr)
+static void ofi_mr_dereg(struct fab_mr *mr)
 {
 	if (mr && mr->priv) {
 		fi_close(&((struct fid_mr *)mr->priv)->fid);
 		mr->priv = NULL;
+		mr->ops = NULL;
 	}
 }
 
@@ -360,7 +369,7 @@ static int eq_open(struct fab *f, struct fid_eq **eq, int *fd)
 	return 0;
 }
 
-int fab_listen(struct fab *f, struct fab_lst **out)
+static int ofi_listen(struct fab *f, struct fab_lst **out)
 {
 	struct fab_lst *l = calloc(1, sizeof(*l));
 	struct sockaddr_storage ss;
@@ -369,6 +378,7 @@ int fab_listen(struct fab *f, struct fab_lst **out)
 
 	if (!l)
 		return -ENOMEM;
+	l->ops = &fab_ofi_ops;
 	l->fab = f;
 	rc = eq_open(f, &l->eq, &l->fd);
 	if (rc)
@@ -406,7 +416,7 @@ out_free:
 	return rc;
 }
 
-void fab_lst_close(struct fab_lst *l)
+static void ofi_lst_close(struct fab_lst *l)
 {
 	if (!l)
 		return;
@@ -415,19 +425,19 @@ void fab_lst_close(struct fab_lst *l)
 	free(l);
 }
 
-int fab_lst_fd(const struct fab_lst *l)
+static int ofi_lst_fd(const struct fab_lst *l)
 {
 	return l->fd;
 }
 
-int fab_lst_port(const struct fab_lst *l)
+static int ofi_lst_port(const struct fab_lst *l)
 {
 	return l->port;
 }
 
-int fab_lst_process(struct fab_lst *l,
-		    void (*cb)(void *priv, struct fab_connreq *req, const void *data, size_t len),
-		    void *priv)
+static int ofi_lst_process(struct fab_lst *l,
+			   void (*cb)(void *priv, struct fab_connreq *req, const void *data, size_t len),
+			   void *priv)
 {
 	uint64_t raw[(sizeof(struct fi_eq_cm_entry) + FAB_CM_BUF) / 8 + 1];
 	struct fi_eq_cm_entry *ev = (struct fi_eq_cm_entry *)raw;
@@ -465,19 +475,19 @@ int fab_lst_process(struct fab_lst *l,
 				fi_freeinfo(ev->info);
 			continue;
 		}
-		struct fab_connreq req = { .info = ev->info };
+		struct fab_connreq req = { .ops = &fab_ofi_ops, .info = ev->info };
 
 		cb(priv, &req, ev->data, (size_t)rd - sizeof(*ev));
 		fi_freeinfo(req.info);
 	}
 }
 
-int fab_reject(struct fab_lst *l, struct fab_connreq *req, const void *data, size_t len)
+static int ofi_reject(struct fab_lst *l, struct fab_connreq *req, const void *data, size_t len)
 {
 	return fab_errno(fi_reject(l->pep, req->info->handle, data, len));
 }
 
-void fab_connreq_peer(const struct fab_connreq *req, char *buf, size_t len)
+static void ofi_connreq_peer(const struct fab_connreq *req, char *buf, size_t len)
 {
 	sockaddr_str(req->info->dest_addr, buf, len);
 }
@@ -725,7 +735,7 @@ static void con_free(struct fab_con *c)
 	}
 	if (c->ep)
 		fi_close(&c->ep->fid);
-	fab_mr_dereg(&c->rx.mr);
+	ofi_mr_dereg(&c->rx.mr);
 	free(c->rx.buf);
 	if (c->cq)
 		fi_close(&c->cq->fid);
@@ -758,6 +768,7 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
+	c->ops = &fab_ofi_ops;
 	c->fab = f;
 	c->cfg = *cfg;
 	c->cq_fd = c->eq_fd = c->wake_fd = c->epfd = -1;
@@ -815,7 +826,7 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 		goto out_free;
 	}
 	if (rx_depth) {
-		rc = fab_con_rx_setup(c, rx_depth, c->rx.size);
+		rc = ofi_con_rx_setup(c, rx_depth, c->rx.size);
 		if (rc)
 			goto out_free;
 	}
@@ -845,8 +856,8 @@ out_free:
 	return rc;
 }
 
-int fab_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
-		    size_t len, struct fab_con **out)
+static int ofi_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
+			   size_t len, struct fab_con **out)
 {
 	struct fab_con *c;
 	int rc;
@@ -869,8 +880,8 @@ int fab_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *da
 	return 0;
 }
 
-int fab_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
-		   const void *data, size_t len, struct fab_con **out)
+static int ofi_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
+			  const void *data, size_t len, struct fab_con **out)
 {
 	struct fab_con *c;
 	int rc;
@@ -893,7 +904,7 @@ int fab_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_
 	return 0;
 }
 
-int fab_con_rx_setup(struct fab_con *c, size_t count, size_t size)
+static int ofi_con_rx_setup(struct fab_con *c, size_t count, size_t size)
 {
 	size_t bytes;
 	char *buf;
@@ -914,7 +925,7 @@ int fab_con_rx_setup(struct fab_con *c, size_t count, size_t size)
 		pthread_mutex_unlock(&c->rx_lock);
 		return -ENOMEM;
 	}
-	rc = fab_mr_reg(c->fab, buf, bytes, FAB_MR_LOCAL, &c->rx.mr);
+	rc = ofi_mr_reg(c->fab, buf, bytes, FAB_MR_LOCAL, &c->rx.mr);
 	if (rc) {
 		free(buf);
 		pthread_mutex_unlock(&c->rx_lock);
@@ -929,12 +940,12 @@ int fab_con_rx_setup(struct fab_con *c, size_t count, size_t size)
 	return rc;
 }
 
-void fab_con_retry_later(struct fab_con *c)
+static void ofi_con_retry_later(struct fab_con *c)
 {
 	atomic_store(&c->retry, true);
 }
 
-void fab_con_kick(struct fab_con *c)
+static void ofi_con_kick(struct fab_con *c)
 {
 	uint64_t one = 1;
 
@@ -944,14 +955,14 @@ void fab_con_kick(struct fab_con *c)
 		log_warn("%s: eventfd write: %s", c->name, strerror(errno));
 }
 
-void fab_con_shutdown(struct fab_con *c)
+static void ofi_con_shutdown(struct fab_con *c)
 {
 	if (!c || atomic_exchange(&c->shutdown, true))
 		return;
 	fi_shutdown(c->ep, 0);
 }
 
-void fab_con_destroy(struct fab_con *c)
+static void ofi_con_destroy(struct fab_con *c)
 {
 	if (!c)
 		return;
@@ -959,7 +970,7 @@ void fab_con_destroy(struct fab_con *c)
 	con_free(c);
 }
 
-void fab_con_local(const struct fab_con *c, char *buf, size_t len)
+static void ofi_con_local(const struct fab_con *c, char *buf, size_t len)
 {
 	struct sockaddr_storage ss;
 	size_t sslen = sizeof(ss);
@@ -970,9 +981,9 @@ void fab_con_local(const struct fab_con *c, char *buf, size_t len)
 		sockaddr_str(&ss, buf, len);
 }
 
-int fab_write(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
-	      const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
-	      void *ctx)
+static int ofi_write(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
+		     const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
+		     void *ctx)
 {
 	struct fi_rma_iov riov[8];
 	struct fi_msg_rma msg = {
@@ -993,14 +1004,14 @@ int fab_write(struct fab_con *c, const struct iovec *iov, void *const *desc, siz
 	return fab_errno(fi_writemsg(c->ep, &msg, flags));
 }
 
-int fab_write_imm(struct fab_con *c, uint64_t addr, uint32_t key, uint32_t imm)
+static int ofi_write_imm(struct fab_con *c, uint64_t addr, uint32_t key, uint32_t imm)
 {
 	if (fault_eagain(c))
 		return -EAGAIN;
 	return fab_errno(fi_inject_writedata(c->ep, NULL, 0, imm, 0, addr, key));
 }
 
-int fab_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)
+static int ofi_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)
 {
 	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
 	struct fi_msg msg = {
@@ -1021,3 +1032,30 @@ int fab_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *c
 	}
 	return fab_errno(rc);
 }
+
+const struct fab_ops fab_ofi_ops = {
+	.name = "libfabric",
+	.open = ofi_open,
+	.close = ofi_close,
+	.attr = ofi_attr,
+	.mr_reg = ofi_mr_reg,
+	.mr_dereg = ofi_mr_dereg,
+	.listen = ofi_listen,
+	.lst_close = ofi_lst_close,
+	.lst_fd = ofi_lst_fd,
+	.lst_port = ofi_lst_port,
+	.lst_process = ofi_lst_process,
+	.reject = ofi_reject,
+	.connreq_peer = ofi_connreq_peer,
+	.con_connect = ofi_con_connect,
+	.con_accept = ofi_con_accept,
+	.con_shutdown = ofi_con_shutdown,
+	.con_rx_setup = ofi_con_rx_setup,
+	.con_kick = ofi_con_kick,
+	.con_retry_later = ofi_con_retry_later,
+	.con_destroy = ofi_con_destroy,
+	.con_local = ofi_con_local,
+	.write = ofi_write,
+	.write_imm = ofi_write_imm,
+	.send = ofi_send,
+};

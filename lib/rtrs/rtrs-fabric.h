@@ -14,6 +14,8 @@
  *            CQ and drives the EQ, and calls the owner's fab_con_ops.
  *
  * Errors: 0 or a negative errno; libfabric codes never leak out of here.
+ * The interface is an ops table (struct fab_ops) so that a second
+ * implementation (native rdma-core verbs) can sit beside libfabric.
  */
 #ifndef RTRS_FABRIC_H
 #define RTRS_FABRIC_H
@@ -27,6 +29,8 @@ struct fab;
 struct fab_lst;
 struct fab_con;
 struct fab_connreq;
+struct fab_con_cfg;
+struct fab_rma;
 
 /* What the provider gave us; the upper layers size things from it. */
 struct fab_attr {
@@ -44,6 +48,7 @@ enum fab_mr_access {
 };
 
 struct fab_mr {
+	const struct fab_ops *ops; /* NULL: nothing was registered */
 	void *buf;
 	size_t len;
 	void *desc;     /* pass with local iovecs; NULL when not needed */
@@ -78,6 +83,59 @@ struct fab_rma {
 	uint32_t key;
 };
 
+/*
+ * The operations one implementation provides. Every object an
+ * implementation returns starts with its ops pointer (struct fab_obj), so
+ * the calls below dispatch on the object; fab_open picks the implementation.
+ * Each member is documented at its wrapper below.
+ */
+struct fab_ops {
+	const char *name;
+	int (*open)(const char *prov, const char *src, const char *node, const char *service,
+		    bool server, struct fab **out);
+	void (*close)(struct fab *f);
+	const struct fab_attr *(*attr)(const struct fab *f);
+	int (*mr_reg)(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr);
+	void (*mr_dereg)(struct fab_mr *mr);
+	int (*listen)(struct fab *f, struct fab_lst **out);
+	void (*lst_close)(struct fab_lst *l);
+	int (*lst_fd)(const struct fab_lst *l);
+	int (*lst_port)(const struct fab_lst *l);
+	int (*lst_process)(struct fab_lst *l,
+			   void (*cb)(void *priv, struct fab_connreq *req, const void *data,
+				      size_t len),
+			   void *priv);
+	int (*reject)(struct fab_lst *l, struct fab_connreq *req, const void *data, size_t len);
+	void (*connreq_peer)(const struct fab_connreq *req, char *buf, size_t len);
+	int (*con_connect)(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
+			   size_t len, struct fab_con **out);
+	int (*con_accept)(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
+			  const void *data, size_t len, struct fab_con **out);
+	void (*con_shutdown)(struct fab_con *c);
+	int (*con_rx_setup)(struct fab_con *c, size_t count, size_t size);
+	void (*con_kick)(struct fab_con *c);
+	void (*con_retry_later)(struct fab_con *c);
+	void (*con_destroy)(struct fab_con *c);
+	void (*con_local)(const struct fab_con *c, char *buf, size_t len);
+	int (*write)(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
+		     const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
+		     void *ctx);
+	int (*write_imm)(struct fab_con *c, uint64_t addr, uint32_t key, uint32_t imm);
+	int (*send)(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx);
+};
+
+/* The libfabric implementation (rtrs-fabric-ofi.c). */
+extern const struct fab_ops fab_ofi_ops;
+
+struct fab_obj {
+	const struct fab_ops *ops;
+};
+
+static inline const struct fab_ops *fab_ops_of(const void *obj)
+{
+	return ((const struct fab_obj *)obj)->ops;
+}
+
 /* ---- fabric and domain ----------------------------------------------------- */
 
 /*
@@ -85,34 +143,73 @@ struct fab_rma {
  * destination (kept for fab_con_connect) and src, if not NULL, the local
  * address to connect from. Server: node is the local address to listen on.
  */
-int fab_open(const char *prov, const char *src, const char *node, const char *service,
-	     bool server, struct fab **out);
-void fab_close(struct fab *f);
-const struct fab_attr *fab_attr(const struct fab *f);
+static inline int fab_open(const char *prov, const char *src, const char *node, const char *service,
+	     bool server, struct fab **out)
+{
+	return fab_ofi_ops.open(prov, src, node, service, server, out);
+}
+static inline void fab_close(struct fab *f)
+{
+	if (f)
+		fab_ops_of(f)->close(f);
+}
+static inline const struct fab_attr *fab_attr(const struct fab *f)
+{
+	return fab_ops_of(f)->attr(f);
+}
 
-int fab_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr);
-void fab_mr_dereg(struct fab_mr *mr);
+static inline int fab_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr)
+{
+	return fab_ops_of(f)->mr_reg(f, buf, len, access, mr);
+}
+static inline void fab_mr_dereg(struct fab_mr *mr)
+{
+	if (mr && mr->ops)
+		mr->ops->mr_dereg(mr);
+}
 
 /* ---- listening --------------------------------------------------------------- */
 
 /* Listens; the EQ fd to watch is fab_lst_fd(). */
-int fab_listen(struct fab *f, struct fab_lst **out);
-void fab_lst_close(struct fab_lst *l);
-int fab_lst_fd(const struct fab_lst *l);
+static inline int fab_listen(struct fab *f, struct fab_lst **out)
+{
+	return fab_ops_of(f)->listen(f, out);
+}
+static inline void fab_lst_close(struct fab_lst *l)
+{
+	if (l)
+		fab_ops_of(l)->lst_close(l);
+}
+static inline int fab_lst_fd(const struct fab_lst *l)
+{
+	return fab_ops_of(l)->lst_fd(l);
+}
 /* The bound port. */
-int fab_lst_port(const struct fab_lst *l);
+static inline int fab_lst_port(const struct fab_lst *l)
+{
+	return fab_ops_of(l)->lst_port(l);
+}
 
 /*
  * Reads pending listener events and calls cb for each connection request.
  * The callback must answer the request with fab_con_accept() or
  * fab_reject() before returning.
  */
-int fab_lst_process(struct fab_lst *l,
+static inline int fab_lst_process(struct fab_lst *l,
 		    void (*cb)(void *priv, struct fab_connreq *req, const void *data, size_t len),
-		    void *priv);
-int fab_reject(struct fab_lst *l, struct fab_connreq *req, const void *data, size_t len);
+		    void *priv)
+{
+	return fab_ops_of(l)->lst_process(l, cb, priv);
+}
+static inline int fab_reject(struct fab_lst *l, struct fab_connreq *req, const void *data, size_t len)
+{
+	return fab_ops_of(l)->reject(l, req, data, len);
+}
 /* Peer address of a request, as "host:port". */
-void fab_connreq_peer(const struct fab_connreq *req, char *buf, size_t len);
+static inline void fab_connreq_peer(const struct fab_connreq *req, char *buf, size_t len)
+{
+	fab_ops_of(req)->connreq_peer(req, buf, len);
+}
 
 /* ---- connections ------------------------------------------------------------- */
 
@@ -126,44 +223,79 @@ struct fab_con_cfg {
 };
 
 /* Client: creates an endpoint to the fab's destination and connects it. */
-int fab_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
-		    size_t len, struct fab_con **out);
+static inline int fab_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
+		    size_t len, struct fab_con **out)
+{
+	return fab_ops_of(f)->con_connect(f, cfg, data, len, out);
+}
 /* Server: creates an endpoint for req and accepts it with data. */
-int fab_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
-		   const void *data, size_t len, struct fab_con **out);
+static inline int fab_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
+		   const void *data, size_t len, struct fab_con **out)
+{
+	return fab_ops_of(f)->con_accept(f, req, cfg, data, len, out);
+}
 /*
  * Shuts the endpoint down; queued operations are flushed and the peer sees
  * a disconnect. down() follows on the completion thread. Any thread.
  */
-void fab_con_shutdown(struct fab_con *c);
+static inline void fab_con_shutdown(struct fab_con *c)
+{
+	if (c)
+		fab_ops_of(c)->con_shutdown(c);
+}
 /*
  * Sets up the receive pool later than creation (count buffers of size
  * bytes), before the peer can send anything. Once per connection.
  */
-int fab_con_rx_setup(struct fab_con *c, size_t count, size_t size);
+static inline int fab_con_rx_setup(struct fab_con *c, size_t count, size_t size)
+{
+	return fab_ops_of(c)->con_rx_setup(c, count, size);
+}
 /* Asks the completion thread to call ops->kick soon. Any thread. */
-void fab_con_kick(struct fab_con *c);
+static inline void fab_con_kick(struct fab_con *c)
+{
+	fab_ops_of(c)->con_kick(c);
+}
 /*
  * From ops->kick after -EAGAIN: call kick again after the next completion
  * or 1 ms, rather than spin while the send queue is full.
  */
-void fab_con_retry_later(struct fab_con *c);
+static inline void fab_con_retry_later(struct fab_con *c)
+{
+	fab_ops_of(c)->con_retry_later(c);
+}
 /* Stops the completion thread and frees everything. Not from its thread. */
-void fab_con_destroy(struct fab_con *c);
+static inline void fab_con_destroy(struct fab_con *c)
+{
+	if (c)
+		fab_ops_of(c)->con_destroy(c);
+}
 /* Local address of the connection as "host:port". */
-void fab_con_local(const struct fab_con *c, char *buf, size_t len);
+static inline void fab_con_local(const struct fab_con *c, char *buf, size_t len)
+{
+	fab_ops_of(c)->con_local(c, buf, len);
+}
 
 /*
  * RMA write from local iovecs (with their descs) to remote ranges; with_imm
  * attaches imm as remote CQ data. ctx != NULL asks for a completion (done).
  * -EAGAIN when the send queue is full.
  */
-int fab_write(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
+static inline int fab_write(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
 	      const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
-	      void *ctx);
+	      void *ctx)
+{
+	return fab_ops_of(c)->write(c, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm, ctx);
+}
 /* Empty write with immediate data to (addr, key): responses, heartbeats. */
-int fab_write_imm(struct fab_con *c, uint64_t addr, uint32_t key, uint32_t imm);
+static inline int fab_write_imm(struct fab_con *c, uint64_t addr, uint32_t key, uint32_t imm)
+{
+	return fab_ops_of(c)->write_imm(c, addr, key, imm);
+}
 /* Two-sided message from a registered (or mr_local-free) buffer. */
-int fab_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx);
+static inline int fab_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)
+{
+	return fab_ops_of(c)->send(c, buf, len, desc, ctx);
+}
 
 #endif
