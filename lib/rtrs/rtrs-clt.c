@@ -778,6 +778,7 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 		.tx_depth = cid ? s->queue_depth + 16 : 128,
 		/* verbs: one receive per incoming immediate (responses) */
 		.rx_depth = cid && a->rx_cq_data ? s->queue_depth + 16 : 0,
+		.rx_queue = cid ? 0 : RTRS_CLT_ADMIN_RX_QUEUE,
 	};
 	int rc;
 
@@ -815,15 +816,22 @@ static int path_after_first_con(struct clt_path *p)
 		return -ENOMEM;
 	rc = fab_mr_reg(p->fab, s->hdr_area, (size_t)s->queue_depth * s->max_hdr_size,
 			FAB_MR_LOCAL, &p->hdr_mr);
-	if (rc)
+	if (rc) {
+		log_err("%s: registering the header area failed: %s", p->name, strerror(-rc));
 		return rc;
+	}
 	/*
 	 * The info response holds up to one descriptor per chunk. On verbs
 	 * every incoming immediate (admin IO responses too) takes a receive.
 	 */
 	rx_size = MAX(rtrs_info_rsp_size(s->queue_depth), RTRS_ADMIN_MSG_SIZE);
-	return fab_con_rx_setup(p->cons[0].fc,
-				fab_attr(p->fab)->rx_cq_data ? s->queue_depth + 16 : 2, rx_size);
+	rc = fab_con_rx_setup(p->cons[0].fc,
+			      fab_attr(p->fab)->rx_cq_data ?
+			      MIN(s->queue_depth + 16, RTRS_CLT_ADMIN_RX_QUEUE) : 2, rx_size);
+	if (rc)
+		log_err("%s: posting receives on the admin connection failed: %s", p->name,
+			strerror(-rc));
+	return rc;
 }
 
 static int path_exchange_info(struct clt_path *p)
@@ -867,7 +875,9 @@ static int path_connect(struct clt_path *p)
 	atomic_store(&p->fail_err, 0);
 	atomic_store(&p->hb.missed, 0);
 	p->recon_cnt++;
-	rc = fab_open(s->provider, p->src[0] ? p->src : NULL, p->host, p->port, false, &p->fab);
+	/* The server's queue depth is not known yet: ask for room for a large one. */
+	rc = fab_open(s->provider, p->src[0] ? p->src : NULL, p->host, p->port, false,
+		      RTRS_CLT_QUEUE_HINT, &p->fab);
 	if (rc) {
 		log_err("%s: cannot resolve %s:%s with provider %s: %s", p->name, p->host,
 			p->port, s->provider, strerror(-rc));

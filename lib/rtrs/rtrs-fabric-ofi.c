@@ -197,7 +197,7 @@ static int hints_set_src(struct fi_info *h, const char *src)
 }
 
 static int ofi_open(const char *prov, const char *src, const char *node, const char *service,
-		    bool server, struct fab **out)
+		    bool server, size_t queue, struct fab **out)
 {
 	struct fi_info *hints;
 	struct fab *f;
@@ -220,7 +220,20 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 			return rc;
 		}
 	}
+	/*
+	 * Ask for the queue sizes we will use: verbs checks endpoints against
+	 * what fi_getinfo returned (384 by default). A provider that cannot
+	 * grant them is asked again with its defaults; connections clamp.
+	 */
+	hints->tx_attr->size = queue;
+	hints->rx_attr->size = queue;
 	rc = fi_getinfo(FAB_API_VERSION, node, service, server ? FI_SOURCE : 0, hints, &f->info);
+	if (rc == -FI_ENODATA && queue) {
+		hints->tx_attr->size = 0;
+		hints->rx_attr->size = 0;
+		rc = fi_getinfo(FAB_API_VERSION, node, service, server ? FI_SOURCE : 0, hints,
+				&f->info);
+	}
 	fi_freeinfo(hints);
 	if (rc) {
 		log_dbg("fabric: no %s provider for %s:%s: %s", prov, node ? node : "*",
@@ -260,6 +273,7 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 	a->rx_cq_data = (f->info->mode | f->info->rx_attr->mode) & FI_RX_CQ_DATA;
 	a->iov_limit = MAX(f->info->tx_attr->iov_limit, 1);
 	a->rma_iov_limit = MAX(f->info->tx_attr->rma_iov_limit, 1);
+	a->max_queue = MIN(f->info->tx_attr->size, f->info->rx_attr->size);
 	atomic_init(&f->next_key, 0);
 	log_dbg("fabric: %s mr_local=%d virt_addr=%d prov_key=%d rx_cq_data=%d iov=%zu rma_iov=%zu",
 		a->prov_name, a->mr_local, a->virt_addr, f->prov_key, a->rx_cq_data,
@@ -762,7 +776,7 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 	struct fi_cq_attr cq_attr = { 0 };
 	struct fab_con *c;
 	struct fi_info *info;
-	size_t rx_depth;
+	size_t rx_depth, cq_size;
 	int rc;
 
 	c = calloc(1, sizeof(*c));
@@ -790,8 +804,15 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 		rc = -ENOMEM;
 		goto out_free;
 	}
-	info->tx_attr->size = MAX(cfg->tx_depth, 16);
-	info->rx_attr->size = MAX(rx_depth, 16);
+	/* Within what the domain was granted (fab_open's queue). */
+	info->tx_attr->size = MIN(MAX(cfg->tx_depth, 16), f->attr.max_queue);
+	info->rx_attr->size = MIN(MAX(MAX(rx_depth, cfg->rx_queue), 16), f->attr.max_queue);
+	if (rx_depth > info->rx_attr->size) {
+		log_warn("%s: %zu receives wanted, the provider grants %zu", c->name, rx_depth,
+			 (size_t)info->rx_attr->size);
+		rx_depth = info->rx_attr->size;
+	}
+	cq_size = info->tx_attr->size + info->rx_attr->size + 16;
 	rc = fi_endpoint(f->domain, info, &c->ep, NULL);
 	fi_freeinfo(info);
 	if (rc) {
@@ -799,7 +820,7 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 		rc = fab_errno(rc);
 		goto out_free;
 	}
-	cq_attr.size = MAX(cfg->tx_depth, 16) + MAX(rx_depth, 16) + 16;
+	cq_attr.size = cq_size;
 	cq_attr.format = FI_CQ_FORMAT_DATA;
 	cq_attr.wait_obj = FI_WAIT_FD;
 	rc = fi_cq_open(f->domain, &cq_attr, &c->cq, NULL);

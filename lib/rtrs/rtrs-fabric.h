@@ -40,6 +40,7 @@ struct fab_attr {
 	bool rx_cq_data;     /* each incoming write-with-imm consumes a receive */
 	size_t iov_limit;    /* local iovecs per operation */
 	size_t rma_iov_limit; /* remote iovecs per operation */
+	size_t max_queue;    /* send/receive queue entries an endpoint may have */
 };
 
 enum fab_mr_access {
@@ -92,7 +93,7 @@ struct fab_rma {
 struct fab_ops {
 	const char *name;
 	int (*open)(const char *prov, const char *src, const char *node, const char *service,
-		    bool server, struct fab **out);
+		    bool server, size_t queue, struct fab **out);
 	void (*close)(struct fab *f);
 	const struct fab_attr *(*attr)(const struct fab *f);
 	int (*mr_reg)(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr);
@@ -142,11 +143,14 @@ static inline const struct fab_ops *fab_ops_of(const void *obj)
  * Opens a fabric and domain for provider prov. Client: node/service name the
  * destination (kept for fab_con_connect) and src, if not NULL, the local
  * address to connect from. Server: node is the local address to listen on.
+ * queue: the send/receive queue entries endpoints will want (0: provider
+ * default); fab_attr()->max_queue says what was granted, and connections
+ * are clamped to it.
  */
-static inline int fab_open(const char *prov, const char *src, const char *node, const char *service,
-	     bool server, struct fab **out)
+static inline int fab_open(const char *prov, const char *src, const char *node,
+			   const char *service, bool server, size_t queue, struct fab **out)
 {
-	return fab_ofi_ops.open(prov, src, node, service, server, out);
+	return fab_ofi_ops.open(prov, src, node, service, server, queue, out);
 }
 static inline void fab_close(struct fab *f)
 {
@@ -219,6 +223,8 @@ struct fab_con_cfg {
 	const char *name;  /* for logs and the thread name: "sess/path#cid" */
 	size_t tx_depth;   /* outstanding sends/writes */
 	size_t rx_depth;   /* posted receives (messages + imm on rx_cq_data) */
+	size_t rx_queue;   /* receive queue size if larger than rx_depth, for a
+			      pool set up later with fab_con_rx_setup */
 	size_t rx_size;    /* bytes per receive buffer (0: imm only) */
 };
 

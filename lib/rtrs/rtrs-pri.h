@@ -27,6 +27,15 @@
 /* Receives posted on the admin connection: info and control messages. */
 #define RTRS_ADMIN_RX_DEPTH 8
 #define RTRS_ADMIN_MSG_SIZE 4096
+/*
+ * Client admin connection: its receive queue is sized before the server's
+ * queue depth is known; on verbs the pool (one receive per incoming
+ * immediate) is capped at this. More admin IO in flight only meets receiver-
+ * not-ready retries.
+ */
+#define RTRS_CLT_ADMIN_RX_QUEUE 1040
+/* Queue entries a client asks its fabric for before it knows the server's. */
+#define RTRS_CLT_QUEUE_HINT 8192
 /* Size of the region each side lets the peer aim empty writes at. */
 #define RTRS_IMM_REGION 64
 

@@ -960,7 +960,8 @@ static void srv_listen_timer(struct loop_timer *t)
 
 	snprintf(port, sizeof(port), "%u", ctx->opts.port);
 	if (!ctx->fab) {
-		rc = fab_open(ctx->provider, NULL, ctx->addr, port, true, &ctx->fab);
+		rc = fab_open(ctx->provider, NULL, ctx->addr, port, true, ctx->opts.queue_depth + 16,
+			      &ctx->fab);
 		if (rc)
 			goto retry;
 	}

@@ -141,7 +141,7 @@ static int raw_connect(int port, const void *data, size_t len)
 	int rc;
 
 	snprintf(service, sizeof(service), "%d", port);
-	rc = fab_open("tcp", NULL, "127.0.0.1", service, false, &f);
+	rc = fab_open("tcp", NULL, "127.0.0.1", service, false, 0, &f);
 	if (rc)
 		return rc;
 	rc = fab_con_connect(f, &cfg, data, len, &c);
@@ -269,7 +269,7 @@ static void test_half_connected(void)
 	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
 	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
 	snprintf(service, sizeof(service), "%d", rtrs_srv_get_port(srv));
-	CHECK_EQ(fab_open("tcp", NULL, "127.0.0.1", service, false, &f), 0);
+	CHECK_EQ(fab_open("tcp", NULL, "127.0.0.1", service, false, 0, &f), 0);
 	good_req(&m, true);
 	t0 = test_now_ms();
 	CHECK_EQ(fab_con_connect(f, &cfg, &m, sizeof(m), &c), 0);
@@ -410,7 +410,7 @@ static int rogue_open(struct rogue *g, int port)
 	}
 	rtrs_conn_req_encode(&m, &req);
 	snprintf(service, sizeof(service), "%d", port);
-	if ((rc = fab_open("tcp", NULL, "127.0.0.1", service, false, &g->f)) ||
+	if ((rc = fab_open("tcp", NULL, "127.0.0.1", service, false, 0, &g->f)) ||
 	    (rc = fab_con_connect(g->f, &cfg, &m, sizeof(m), &g->c)))
 		return rc;
 	if (!wait_flag(&g->r, &g->r.connected, 3000))
