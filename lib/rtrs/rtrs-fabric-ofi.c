@@ -42,6 +42,7 @@
 #define FAB_CQ_BATCH 32
 #define FAB_CM_BUF 256 /* >= any provider's FI_OPT_CM_DATA_SIZE we accept */
 #define RTRS_CM_DATA_MAX_PORTABLE 55 /* verbs: 56 minus the provider's header */
+#define FAB_IMM_MSG_LEN 4 /* an immediate carried as a message */
 
 struct fab {
 	const struct fab_ops *ops; /* first: struct fab_obj */
@@ -50,6 +51,7 @@ struct fab {
 	struct fid_domain *domain;
 	struct fab_attr attr;
 	bool prov_key;
+	bool imm_by_send;   /* no remote CQ data: immediates travel as messages */
 	atomic_uint_fast64_t next_key;
 };
 
@@ -222,17 +224,25 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 	}
 	/*
 	 * Ask for the queue sizes we will use: verbs checks endpoints against
-	 * what fi_getinfo returned (384 by default). A provider that cannot
-	 * grant them is asked again with its defaults; connections clamp.
+	 * what fi_getinfo returned (384 by default); a provider that cannot
+	 * grant them is asked again with its defaults, and connections clamp.
+	 * A provider without 4-byte remote CQ data (iWARP: siw) is taken next,
+	 * with immediates carried as messages that follow their write.
 	 */
-	hints->tx_attr->size = queue;
-	hints->rx_attr->size = queue;
-	rc = fi_getinfo(FAB_API_VERSION, node, service, server ? FI_SOURCE : 0, hints, &f->info);
-	if (rc == -FI_ENODATA && queue) {
-		hints->tx_attr->size = 0;
-		hints->rx_attr->size = 0;
+	for (int attempt = 0; attempt < 4; attempt++) {
+		bool sized = !(attempt & 1), imm = attempt < 2;
+
+		if ((!queue && !sized) || f->info)
+			continue;
+		hints->tx_attr->size = sized ? queue : 0;
+		hints->rx_attr->size = sized ? queue : 0;
+		hints->domain_attr->cq_data_size = imm ? 4 : 0;
+		hints->mode = imm ? FI_RX_CQ_DATA : 0;
+		hints->tx_attr->msg_order = FI_ORDER_WAW | FI_ORDER_RMA_WAW | (imm ? 0 : FI_ORDER_SAW);
 		rc = fi_getinfo(FAB_API_VERSION, node, service, server ? FI_SOURCE : 0, hints,
 				&f->info);
+		if (rc != -FI_ENODATA)
+			break;
 	}
 	fi_freeinfo(hints);
 	if (rc) {
@@ -242,8 +252,10 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 		free(f);
 		return rc;
 	}
-	if (f->info->domain_attr->cq_data_size < 4) {
-		log_err("fabric: provider %s carries no 4-byte immediate data", prov);
+	f->imm_by_send = f->info->domain_attr->cq_data_size < 4;
+	if (f->imm_by_send && !(f->info->tx_attr->msg_order & FI_ORDER_SAW)) {
+		log_err("fabric: provider %s has neither immediate data nor send-after-write order",
+			prov);
 		rc = -EOPNOTSUPP;
 		goto out_free_info;
 	}
@@ -270,14 +282,17 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 	a->mr_local = mm & FI_MR_LOCAL;
 	a->virt_addr = mm & FI_MR_VIRT_ADDR;
 	f->prov_key = mm & FI_MR_PROV_KEY;
-	a->rx_cq_data = (f->info->mode | f->info->rx_attr->mode) & FI_RX_CQ_DATA;
+	/* Either way, every incoming immediate then takes a posted receive. */
+	a->rx_cq_data = ((f->info->mode | f->info->rx_attr->mode) & FI_RX_CQ_DATA) ||
+			f->imm_by_send;
+	a->imm_by_send = f->imm_by_send;
 	a->iov_limit = MAX(f->info->tx_attr->iov_limit, 1);
 	a->rma_iov_limit = MAX(f->info->tx_attr->rma_iov_limit, 1);
 	a->max_queue = MIN(f->info->tx_attr->size, f->info->rx_attr->size);
 	atomic_init(&f->next_key, 0);
-	log_dbg("fabric: %s mr_local=%d virt_addr=%d prov_key=%d rx_cq_data=%d iov=%zu rma_iov=%zu",
+	log_dbg("fabric: %s mr_local=%d virt_addr=%d prov_key=%d rx_cq_data=%d imm_by_send=%d iov=%zu rma_iov=%zu",
 		a->prov_name, a->mr_local, a->virt_addr, f->prov_key, a->rx_cq_data,
-		a->iov_limit, a->rma_iov_limit);
+		f->imm_by_send, a->iov_limit, a->rma_iov_limit);
 	*out = f;
 	return 0;
 
@@ -598,6 +613,15 @@ static void handle_comp(struct fab_con *c, const struct fi_cq_data_entry *e)
 	} else if (e->flags & FI_RECV) {
 		if (!is_rx_ctx(c, e->op_context)) {
 			log_err_rl("%s: receive completion with unknown context", c->name);
+			return;
+		}
+		if (c->fab->imm_by_send && e->len == FAB_IMM_MSG_LEN) {
+			/* An immediate carried as a message (RTRS messages are longer). */
+			struct le32 imm;
+
+			memcpy(&imm, e->op_context, sizeof(imm));
+			rx_repost(c, e->op_context);
+			c->cfg.ops->imm(c->cfg.priv, le32_get(imm));
 			return;
 		}
 		c->cfg.ops->recv(c->cfg.priv, e->op_context, e->len);
@@ -1002,6 +1026,14 @@ static void ofi_con_local(const struct fab_con *c, char *buf, size_t len)
 		sockaddr_str(&ss, buf, len);
 }
 
+/* An immediate as a 4-byte message, injected: no buffer outlives the call. */
+static ssize_t imm_send(struct fab_con *c, uint32_t imm)
+{
+	struct le32 v = le32_put(imm);
+
+	return fi_inject(c->ep, &v, sizeof(v), 0);
+}
+
 static int ofi_write(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
 		     const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
 		     void *ctx)
@@ -1012,7 +1044,9 @@ static int ofi_write(struct fab_con *c, const struct iovec *iov, void *const *de
 		.rma_iov = riov, .rma_iov_count = rma_cnt,
 		.context = ctx ? ctx : c, .data = imm,
 	};
-	uint64_t flags = (with_imm ? FI_REMOTE_CQ_DATA : 0) | (ctx ? FI_COMPLETION : 0);
+	bool imm_msg = with_imm && c->fab->imm_by_send;
+	uint64_t flags = (with_imm && !imm_msg ? FI_REMOTE_CQ_DATA : 0) | (ctx ? FI_COMPLETION : 0);
+	ssize_t rc;
 
 	if (rma_cnt > ARRAY_SIZE(riov) || rma_cnt > c->fab->attr.rma_iov_limit ||
 	    iov_cnt > c->fab->attr.iov_limit)
@@ -1022,13 +1056,23 @@ static int ofi_write(struct fab_con *c, const struct iovec *iov, void *const *de
 	for (size_t i = 0; i < rma_cnt; i++)
 		riov[i] = (struct fi_rma_iov){ .addr = rma[i].addr, .len = rma[i].len,
 					       .key = rma[i].key };
-	return fab_errno(fi_writemsg(c->ep, &msg, flags));
+	rc = fi_writemsg(c->ep, &msg, flags);
+	/*
+	 * The immediate follows as a message: send-after-write order makes its
+	 * arrival mean the data is placed. If it meets -EAGAIN the caller posts
+	 * the whole write again, which only rewrites the same bytes.
+	 */
+	if (!rc && imm_msg)
+		rc = imm_send(c, imm);
+	return fab_errno(rc);
 }
 
 static int ofi_write_imm(struct fab_con *c, uint64_t addr, uint32_t key, uint32_t imm)
 {
 	if (fault_eagain(c))
 		return -EAGAIN;
+	if (c->fab->imm_by_send)
+		return fab_errno(imm_send(c, imm));
 	return fab_errno(fi_inject_writedata(c->ep, NULL, 0, imm, 0, addr, key));
 }
 

@@ -37,7 +37,10 @@ struct fab_attr {
 	char prov_name[32];
 	bool mr_local;       /* local buffers need registration (verbs) */
 	bool virt_addr;      /* remote addresses are virtual, not offsets */
-	bool rx_cq_data;     /* each incoming write-with-imm consumes a receive */
+	bool rx_cq_data;     /* each incoming immediate consumes a posted receive */
+	bool imm_by_send;    /* no remote CQ data (iWARP): immediates are sent as
+				4-byte messages after their write (send-after-write
+				order); receivers see them as imm() all the same */
 	size_t iov_limit;    /* local iovecs per operation */
 	size_t rma_iov_limit; /* remote iovecs per operation */
 	size_t max_queue;    /* send/receive queue entries an endpoint may have */

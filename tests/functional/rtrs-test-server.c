@@ -12,6 +12,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +25,11 @@
 
 static struct {
 	uint64_t port, queue_depth, chunk_size, store_size, hb_ms, hb_missed, delay_us;
+	uint64_t exit_after;
 	bool async;
-	const char *addr;
+	const char *addr, *provider;
 } g = {
+	.provider = "tcp",
 	.queue_depth = RTRS_DEFAULT_QUEUE_DEPTH, .chunk_size = RTRS_DEFAULT_CHUNK_SIZE,
 	.store_size = 64u << 20, .hb_ms = RTRS_DEFAULT_HB_INTERVAL_MS,
 	.hb_missed = RTRS_DEFAULT_HB_MISSED_MAX, .addr = "127.0.0.1",
@@ -34,6 +37,9 @@ static struct {
 
 static const struct opt options[] = {
 	{ "addr", 'a', OPT_STRING, &g.addr, .arg = "ADDR", .help = "listen address" },
+	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME", .help = "libfabric provider" },
+	{ "exit-after", 0, OPT_UINT, &g.exit_after, 0, 1000000, .arg = "N",
+	  .help = "exit after N sessions have ended (0: run until a signal)" },
 	{ "port", 'p', OPT_UINT, &g.port, 0, 65535, .arg = "N", .help = "port (0 = any)" },
 	{ "queue-depth", 'q', OPT_UINT, &g.queue_depth, 1, 65535, .arg = "N", .help = "chunks" },
 	{ "chunk-size", 'c', OPT_SIZE, &g.chunk_size, 8192, 128u << 20, .arg = "SIZE",
@@ -49,6 +55,15 @@ static const struct opt options[] = {
 };
 
 static uint8_t *store;
+static atomic_uint sessions_ended;
+
+static int link_ev(struct rtrs_srv_sess *sess, enum rtrs_srv_link_ev ev, void *priv)
+{
+	if (ev == RTRS_SRV_LINK_EV_DISCONNECTED &&
+	    atomic_fetch_add(&sessions_ended, 1) + 1 == g.exit_after)
+		kill(getpid(), SIGTERM); /* main waits for it in sigwait */
+	return 0;
+}
 
 struct pending {
 	struct rtrs_srv_op *id;
@@ -133,7 +148,7 @@ static int rdma_ev(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir, void *
 
 int main(int argc, char **argv)
 {
-	struct rtrs_srv_ops ops = { .rdma_ev = rdma_ev };
+	struct rtrs_srv_ops ops = { .rdma_ev = rdma_ev, .link_ev = link_ev };
 	struct rtrs_srv_opts o;
 	struct rtrs_srv_ctx *ctx;
 	pthread_t thr;
@@ -156,6 +171,7 @@ int main(int argc, char **argv)
 		pthread_create(&thr, NULL, responder, NULL);
 	rtrs_srv_opts_init(&o, sizeof(o));
 	o.addr = g.addr;
+	o.provider = g.provider;
 	o.port = (uint16_t)g.port;
 	o.queue_depth = (uint32_t)g.queue_depth;
 	o.max_chunk_size = (uint32_t)g.chunk_size;

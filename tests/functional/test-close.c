@@ -68,9 +68,10 @@ int main(void)
 	snprintf(qd, sizeof(qd), "%d", QD);
 	if (proc_spawn_server(argv, &srv))
 		return 1;
-	snprintf(dst, sizeof(dst), "127.0.0.1:%d", srv.port);
+	proc_dst(&srv, dst, sizeof(dst));
 	path = (struct rtrs_path_addr){ .dst = dst };
 	rtrs_clt_opts_init(&o, sizeof(o));
+	o.provider = test_provider();
 	o.sessname = "test-close";
 	o.paths = &path;
 	o.paths_num = 1;

@@ -55,6 +55,14 @@ static bool log_has(const char *s)
 	return found;
 }
 
+static void log_clear(void)
+{
+	pthread_mutex_lock(&log_lock);
+	log_len = 0;
+	log_buf[0] = '\0';
+	pthread_mutex_unlock(&log_lock);
+}
+
 static bool log_wait_for(const char *s, unsigned ms)
 {
 	uint64_t end = test_now_ms() + ms;
@@ -141,7 +149,7 @@ static int raw_connect(int port, const void *data, size_t len)
 	int rc;
 
 	snprintf(service, sizeof(service), "%d", port);
-	rc = fab_open("tcp", NULL, "127.0.0.1", service, false, 0, &f);
+	rc = fab_open(test_provider(), NULL, test_addr(), service, false, 0, &f);
 	if (rc)
 		return rc;
 	rc = fab_con_connect(f, &cfg, data, len, &c);
@@ -194,7 +202,8 @@ static void test_malformed(void)
 	int port;
 
 	rtrs_srv_opts_init(&so, sizeof(so));
-	so.addr = "127.0.0.1";
+	so.addr = test_addr();
+	so.provider = test_provider();
 	so.port = 0;
 	so.queue_depth = 64;
 	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
@@ -261,7 +270,8 @@ static void test_half_connected(void)
 	uint64_t t0;
 
 	rtrs_srv_opts_init(&so, sizeof(so));
-	so.addr = "127.0.0.1";
+	so.addr = test_addr();
+	so.provider = test_provider();
 	so.port = 0;
 	so.queue_depth = 16;
 	so.hb_interval_ms = 100;
@@ -269,7 +279,7 @@ static void test_half_connected(void)
 	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
 	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
 	snprintf(service, sizeof(service), "%d", rtrs_srv_get_port(srv));
-	CHECK_EQ(fab_open("tcp", NULL, "127.0.0.1", service, false, 0, &f), 0);
+	CHECK_EQ(fab_open(test_provider(), NULL, test_addr(), service, false, 0, &f), 0);
 	good_req(&m, true);
 	t0 = test_now_ms();
 	CHECK_EQ(fab_con_connect(f, &cfg, &m, sizeof(m), &c), 0);
@@ -370,6 +380,7 @@ struct rogue {
 	char imm_buf[64];
 	struct fab_mr imm_mr;
 	uint8_t hdr[64];
+	struct fab_mr hdr_mr;       /* verbs: local buffers need registering */
 };
 
 static bool wait_flag(struct raw *r, bool *flag, unsigned ms)
@@ -393,7 +404,8 @@ static int rogue_open(struct rogue *g, int port)
 	struct fab_con_cfg cfg = { .ops = &raw_ops, .priv = &g->r, .name = "rogue", .tx_depth = 64 };
 	struct rtrs_conn_req req = { .cid = 0, .cid_num = 1, .first_conn = true };
 	struct rtrs_msg_conn_req m;
-	struct rtrs_msg_info_req ireq;
+	static struct rtrs_msg_info_req ireq;
+	struct fab_mr ireq_mr;
 	struct rtrs_info_req info = { .pathname = "rogue" };
 	struct rtrs_desc *chunks;
 	struct rtrs_limits lim;
@@ -410,7 +422,7 @@ static int rogue_open(struct rogue *g, int port)
 	}
 	rtrs_conn_req_encode(&m, &req);
 	snprintf(service, sizeof(service), "%d", port);
-	if ((rc = fab_open("tcp", NULL, "127.0.0.1", service, false, 0, &g->f)) ||
+	if ((rc = fab_open(test_provider(), NULL, test_addr(), service, false, 0, &g->f)) ||
 	    (rc = fab_con_connect(g->f, &cfg, &m, sizeof(m), &g->c)))
 		return rc;
 	if (!wait_flag(&g->r, &g->r.connected, 3000))
@@ -419,15 +431,22 @@ static int rogue_open(struct rogue *g, int port)
 		return rc ? rc : g->rsp.err;
 	if ((rc = fab_mr_reg(g->f, g->imm_buf, sizeof(g->imm_buf), FAB_MR_REMOTE_WRITE,
 			     &g->imm_mr)) ||
+	    (rc = fab_mr_reg(g->f, g->hdr, sizeof(g->hdr), FAB_MR_LOCAL, &g->hdr_mr)) ||
 	    (rc = fab_con_rx_setup(g->c, 2, rtrs_info_rsp_size(g->rsp.queue_depth))))
 		return rc;
 	info.imm_addr = g->imm_mr.base;
 	info.imm_key = g->imm_mr.key;
 	rtrs_info_req_encode(&ireq, &info);
-	if ((rc = fab_send(g->c, &ireq, sizeof(ireq), NULL, NULL)))
+	if ((rc = fab_mr_reg(g->f, &ireq, sizeof(ireq), FAB_MR_LOCAL, &ireq_mr)))
 		return rc;
+	rc = fab_send(g->c, &ireq, sizeof(ireq), ireq_mr.desc, NULL);
+	if (rc) {
+		fab_mr_dereg(&ireq_mr);
+		return rc;
+	}
 	for (int i = 0; i < 3000 && !g->r.msg; i++)
 		usleep(1000);
+	fab_mr_dereg(&ireq_mr);
 	if (!g->r.msg)
 		return -ETIMEDOUT;
 	lim = (struct rtrs_limits){ .queue_depth = g->rsp.queue_depth,
@@ -440,15 +459,19 @@ static int rogue_open(struct rogue *g, int port)
 	return rc;
 }
 
-/* Writes an rtrs header (and usr bytes) into chunk 0 at off and rings the imm. */
-static int rogue_request(struct rogue *g, uint32_t usr_len, uint32_t off)
+/*
+ * Writes an rtrs header into chunk 0 at off (with the chunk's key xor
+ * key_flip) and rings the imm.
+ */
+static int rogue_request(struct rogue *g, uint32_t usr_len, uint32_t off, uint32_t key_flip)
 {
 	struct iovec iov = { g->hdr, sizeof(struct rtrs_msg_rdma_write) };
 	struct fab_rma rma = { .addr = g->chunk0.addr + off, .len = iov.iov_len,
-			       .key = g->chunk0.key };
+			       .key = g->chunk0.key ^ key_flip };
+	void *desc = g->hdr_mr.desc;
 
 	rtrs_write_hdr_encode(g->hdr, usr_len);
-	return fab_write(g->c, &iov, NULL, 1, &rma, 1, true,
+	return fab_write(g->c, &iov, &desc, 1, &rma, 1, true,
 			 rtrs_to_io_req_imm(g->rsp.queue_depth, 0, off), NULL);
 }
 
@@ -456,6 +479,7 @@ static void rogue_close(struct rogue *g)
 {
 	fab_con_destroy(g->c);
 	fab_mr_dereg(&g->imm_mr);
+	fab_mr_dereg(&g->hdr_mr);
 	fab_close(g->f);
 	free(g->r.msg);
 }
@@ -469,7 +493,8 @@ static void test_rogue_client(void)
 	int port, rc;
 
 	rtrs_srv_opts_init(&so, sizeof(so));
-	so.addr = "127.0.0.1";
+	so.addr = test_addr();
+	so.provider = test_provider();
 	so.port = 0;
 	so.queue_depth = 16;
 	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
@@ -479,11 +504,11 @@ static void test_rogue_client(void)
 	/* 1. Chunk 0 reused while the server still holds its request. */
 	rc = rogue_open(&g, port);
 	CHECK(rc == 0, "rogue handshake: %s", strerror(-rc));
-	CHECK_EQ(rogue_request(&g, 0, 0), 0);
+	CHECK_EQ(rogue_request(&g, 0, 0, 0), 0);
 	for (int i = 0; i < 2000 && !nheld; i++)
 		usleep(1000);
 	CHECK_EQ(nheld, 1);
-	CHECK_EQ(rogue_request(&g, 0, 0), 0);
+	CHECK_EQ(rogue_request(&g, 0, 0, 0), 0);
 	CHECK(log_wait_for("request for chunk 0 which is still in use", 2000));
 	CHECK(wait_flag(&g.r, &g.r.down, 2000), "the server closed the rogue path");
 	CHECK_EQ(nheld, 1);
@@ -495,13 +520,52 @@ static void test_rogue_client(void)
 	/* 2. A user header longer than its offset (the kernel's underflow). */
 	rc = rogue_open(&g, port);
 	CHECK(rc == 0, "rogue handshake: %s", strerror(-rc));
-	CHECK_EQ(rogue_request(&g, 100, 8), 0);
+	CHECK_EQ(rogue_request(&g, 100, 8, 0), 0);
 	CHECK(log_wait_for("invalid IO request: user header longer than its offset", 2000));
 	CHECK(wait_flag(&g.r, &g.r.down, 2000), "the server closed the rogue path");
 	CHECK_EQ(nheld, 1);
 	rogue_close(&g);
 
+	/*
+	 * 3. A wrong remote key. tcp drops the connection; verbs completes the
+	 * write in error (remote access) and the QP dies. Either way only that
+	 * path goes, promptly, and nothing reaches the server's user.
+	 */
+	rc = rogue_open(&g, port);
+	CHECK(rc == 0, "rogue handshake: %s", strerror(-rc));
+	log_clear();
+	CHECK_EQ(rogue_request(&g, 0, 0, 0x5555), 0);
+	CHECK(wait_flag(&g.r, &g.r.down, 3000), "a bad key fails the connection");
+	CHECK(g.r.err != 0, "with an error: %d", g.r.err);
+	CHECK(log_wait_for("path closed", 3000), "the server closed that path");
+	CHECK_EQ(nheld, 1);
+	rogue_close(&g);
+
 	rtrs_srv_close(srv);
+}
+
+/*
+ * Connection data must fit what the provider carries (55 bytes on verbs,
+ * 256 on tcp): longer data is refused, never silently cut.
+ */
+static void test_cm_data_limit(void)
+{
+	struct raw r = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+	struct fab_con_cfg cfg = { .ops = &raw_ops, .priv = &r, .name = "big", .tx_depth = 16 };
+	size_t limit = strcmp(test_provider(), "verbs") ? 256 : 55;
+	uint8_t data[300] = { 0 };
+	struct fab_con *c = NULL;
+	struct fab *f = NULL;
+
+	CHECK(sizeof(struct rtrs_msg_conn_req) <= 55 && sizeof(struct rtrs_msg_conn_rsp) <= 55,
+	      "RTRS connection messages fit the verbs limit");
+	CHECK_EQ(fab_open(test_provider(), NULL, test_addr(), "9", false, 0, &f), 0);
+	if (!f)
+		return;
+	CHECK_EQ(fab_con_connect(f, &cfg, data, limit + 1, &c), -EMSGSIZE);
+	CHECK(c == NULL);
+	CHECK(log_has("bytes of connection data exceed the provider's"));
+	fab_close(f);
 }
 
 static void test_bad_options(void)
@@ -563,7 +627,8 @@ static void test_listen_retry(void)
 	fd = tcp_socket(true, &port);
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	rtrs_srv_opts_init(&so, sizeof(so));
-	so.addr = "127.0.0.1";
+	so.addr = test_addr();
+	so.provider = test_provider();
 	so.port = (uint16_t)port;
 	so.queue_depth = 16;
 	so.listen_retry_ms = 100;
@@ -580,12 +645,18 @@ int main(void)
 {
 	srand(12345);
 	rtrs_set_log_fn(log_sink, NULL);
+	rtrs_set_log_level(2); /* info: path closes are logged there */
+	bool tcp = !strcmp(test_provider(), "tcp");
+
 	test_bad_options();
-	test_unreachable();
+	test_cm_data_limit();
+	if (tcp)
+		test_unreachable(); /* plain TCP sockets play the peer */
 	test_malformed();
 	test_half_connected();
 	test_rogue_client();
-	test_listen_retry();
+	if (tcp)
+		test_listen_retry(); /* a TCP socket holds the port */
 	rtrs_set_log_fn(NULL, NULL);
 	if (g_failures)
 		fprintf(stderr, "captured log:\n%s", log_buf);

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Verified IO through a session to a real server process (rtrs-test-server
- * on 127.0.0.1): every byte written is read back and compared.
+ * Verified IO through a session to a real server process (rtrs-test-server;
+ * on 127.0.0.1 over tcp unless RTRS_TEST_PROVIDER/RTRS_TEST_ADDR or
+ * RTRS_TEST_SERVER_AT say otherwise): every byte written is read back and
+ * compared.
  *   A. sizes from 1 byte to max_io_size, contiguous and scatter-gather;
  *   B. queue depths 1..512 from several client threads;
  *   C. a server errno reaches the client's completion as that errno;
@@ -323,14 +325,20 @@ int main(void)
 	rc = proc_spawn_server(argv, &srv);
 	if (rc)
 		return 1;
-	snprintf(dst, sizeof(dst), "127.0.0.1:%d", srv.port);
-	path = (struct rtrs_path_addr){ .src = "127.0.0.1", .dst = dst };
+	proc_dst(&srv, dst, sizeof(dst));
+	path = (struct rtrs_path_addr){ .src = test_addr(), .dst = dst };
 	rtrs_clt_opts_init(&o, sizeof(o));
+	o.provider = test_provider();
 	o.sessname = "test-io";
 	o.paths = &path;
 	o.paths_num = 1;
 	o.nr_io_cons = 3;
 	rc = rtrs_clt_open(&o, &sess);
+	/* A server in another guest may still be starting: give it a minute. */
+	for (int i = 0; rc && srv.pid == 0 && i < 60; i++) {
+		sleep(1);
+		rc = rtrs_clt_open(&o, &sess);
+	}
 	CHECK(rc == 0, "open: %s", strerror(-rc));
 	if (rc)
 		goto out;

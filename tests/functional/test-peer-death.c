@@ -82,9 +82,10 @@ static int open_session(int port)
 	struct rtrs_clt_opts o;
 	char dst[32];
 
-	snprintf(dst, sizeof(dst), "127.0.0.1:%d", port);
+	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
 	path = (struct rtrs_path_addr){ .dst = dst };
 	rtrs_clt_opts_init(&o, sizeof(o));
+	o.provider = test_provider();
 	o.sessname = "test-peer-death";
 	o.paths = &path;
 	o.paths_num = 1;
@@ -197,19 +198,20 @@ static void frozen_client(void)
 	if (!perf || access(perf, X_OK))
 		SKIP("RTRS_PERF does not name the rtrs-perf binary");
 	rtrs_srv_opts_init(&so, sizeof(so));
-	so.addr = "127.0.0.1";
+	so.addr = test_addr();
+	so.provider = test_provider();
 	so.port = 0;
 	so.queue_depth = 64;
 	so.hb_interval_ms = HB_MS;
 	so.hb_missed_max = HB_MISSED;
 	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
 	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
-	snprintf(dst, sizeof(dst), "127.0.0.1:%d", rtrs_srv_get_port(srv));
+	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), rtrs_srv_get_port(srv));
 	snprintf(hb, sizeof(hb), "%d", HB_MS);
 	pid = fork();
 	if (pid == 0) {
 		execl(perf, perf, "client", "--dst", dst, "-t", "60", "-q", "4",
-		      "--hb-interval", hb, (char *)NULL);
+		      "--hb-interval", hb, "--provider", test_provider(), (char *)NULL);
 		_exit(127);
 	}
 	for (int i = 0; i < 5000 && !up_events; i++)

@@ -20,6 +20,25 @@ uint64_t test_now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+const char *test_provider(void)
+{
+	const char *p = getenv("RTRS_TEST_PROVIDER");
+
+	return p && *p ? p : "tcp";
+}
+
+const char *test_addr(void)
+{
+	const char *a = getenv("RTRS_TEST_ADDR");
+
+	return a && *a ? a : "127.0.0.1";
+}
+
+void proc_dst(const struct proc *p, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s:%d", p->host, p->port);
+}
+
 const char *test_server_path(void)
 {
 	const char *p = getenv("RTRS_TEST_SERVER");
@@ -27,13 +46,36 @@ const char *test_server_path(void)
 	return p ? p : "./tests/functional/rtrs-test-server";
 }
 
-int proc_spawn_server(char *const argv[], struct proc *p)
+int proc_spawn_server(char *const argv_in[], struct proc *p)
 {
-	int fds[2];
+	const char *at = getenv("RTRS_TEST_SERVER_AT");
+	char *argv[64], a_prov[] = "--provider", a_addr[] = "--addr";
+	int fds[2], n = 0;
 	char line[256];
 	size_t used = 0;
-	uint64_t deadline = test_now_ms() + 10000;
+	uint64_t deadline = test_now_ms() + 30000;
 
+	memset(p, 0, sizeof(*p));
+	if (at && *at) {
+		const char *colon = strrchr(at, ':');
+
+		if (!colon || (size_t)(colon - at) >= sizeof(p->host))
+			return -EINVAL;
+		memcpy(p->host, at, (size_t)(colon - at));
+		p->port = atoi(colon + 1);
+		p->out_fd = -1;
+		return 0;
+	}
+	snprintf(p->host, sizeof(p->host), "%s", test_addr());
+	while (argv_in[n] && n < 58) {
+		argv[n] = argv_in[n];
+		n++;
+	}
+	argv[n++] = a_prov;
+	argv[n++] = (char *)test_provider();
+	argv[n++] = a_addr;
+	argv[n++] = p->host;
+	argv[n] = NULL;
 	if (pipe(fds))
 		return -errno;
 	p->pid = fork();
@@ -54,12 +96,12 @@ int proc_spawn_server(char *const argv[], struct proc *p)
 	p->port = -1;
 	while (test_now_ms() < deadline && used < sizeof(line) - 1) {
 		struct pollfd pfd = { .fd = p->out_fd, .events = POLLIN };
-		ssize_t n;
+		ssize_t got;
 
 		if (poll(&pfd, 1, 100) <= 0)
 			continue;
-		n = read(p->out_fd, line + used, 1);
-		if (n <= 0)
+		got = read(p->out_fd, line + used, 1);
+		if (got <= 0)
 			break;
 		if (line[used] == '\n') {
 			line[used] = '\0';
@@ -83,7 +125,9 @@ int proc_signal(struct proc *p, int sig, bool wait)
 {
 	int status = 0;
 
-	if (p->pid <= 0)
+	if (p->pid == 0)
+		return 0; /* not ours to signal: report a clean exit */
+	if (p->pid < 0)
 		return -ESRCH;
 	kill(p->pid, sig);
 	if (!wait)

@@ -12,13 +12,24 @@
 #include <sys/types.h>
 
 struct proc {
-	pid_t pid;
+	pid_t pid;          /* 0: a server this test did not start */
 	int port;
 	int out_fd;
+	char host[64];      /* where the server listens */
 };
 
-/* argv[0] is the program path; extra arguments follow. 0 or -errno. */
+/*
+ * argv[0] is the program path; extra arguments follow, and the harness adds
+ * --provider and --addr from the environment. With RTRS_TEST_SERVER_AT=
+ * host:port nothing is started: the test uses that server (in another
+ * guest, say). 0 or -errno.
+ */
 int proc_spawn_server(char *const argv[], struct proc *p);
+/* "host:port" of p. */
+void proc_dst(const struct proc *p, char *buf, size_t len);
+/* RTRS_TEST_PROVIDER (tcp) and RTRS_TEST_ADDR (127.0.0.1). */
+const char *test_provider(void);
+const char *test_addr(void);
 /* Sends sig; with wait, reaps the process and returns its status. */
 int proc_signal(struct proc *p, int sig, bool wait);
 /* Path of the test server from $RTRS_TEST_SERVER (set by meson). */

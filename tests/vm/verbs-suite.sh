@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The functional suite over the libfabric verbs provider, on soft-RoCE (rxe)
+# and soft-iWARP (siw), in QEMU guests made by rtrs-vm:
+#   - one guest: test-io, test-close, test-peer-death, test-connect, client
+#     and server through the guest's own RDMA device;
+#   - two guests on a virtual cable: rtrs-test-server in guest A, test-io in
+#     guest B.
+# The same test binaries as on tcp; the provider is chosen at run time.
+# Usage: verbs-suite.sh BUILD_DIR [rxe|siw ...]   (default: rxe siw)
+# Prints "N passed, N failed"; exits 77 when guests cannot be run here.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "${1:?usage: verbs-suite.sh BUILD_DIR [rxe|siw ...]}" && pwd)
+shift
+devices=("$@")
+[ ${#devices[@]} -gt 0 ] || devices=(rxe siw)
+vm=$here/rtrs-vm
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "verbs-suite: needs root (QEMU guests, packages); skipping"
+	exit 77
+fi
+need_siw=false
+for d in "${devices[@]}"; do [ "$d" = siw ] && need_siw=true; done
+if $need_siw; then img_opt=--siw; else img_opt=; fi
+if ! "$vm" image $img_opt >/tmp/rtrs-vm-image.log 2>&1; then
+	cat /tmp/rtrs-vm-image.log
+	echo "verbs-suite: cannot build the guest image"
+	echo "0 passed, 1 failed"
+	exit 1
+fi
+
+passed=0 failed=0
+result() { # name rc
+	if [ "$2" -eq 0 ]; then
+		passed=$((passed + 1)); echo "ok   $1"
+	else
+		failed=$((failed + 1)); echo "FAIL $1 (exit $2)"
+	fi
+}
+
+env_common="cd $build && export RTRS_TEST_PROVIDER=verbs RTRS_TEST_SERVER=$build/tests/functional/rtrs-test-server RTRS_PERF=$build/tools/rtrs-perf"
+
+for dev in "${devices[@]}"; do
+	# One guest: each test in turn; the guest reports one status per test.
+	out=$("$vm" run --rdma "$dev" --timeout 600 -- bash -c "$env_common RTRS_TEST_ADDR=198.18.0.1
+		for t in test-io test-close test-peer-death test-connect; do
+			timeout 300 ./tests/functional/\$t >/tmp/\$t.log 2>&1
+			rc=\$?
+			echo \"RESULT \$t \$rc\"
+			[ \$rc -eq 0 ] || tail -n 30 /tmp/\$t.log
+		done" 2>&1)
+	vmrc=$?
+	grep -v '^RESULT ' <<<"$out" | sed "s/^/  [$dev] /" | grep -v '^\s*\[.*\] *$' | tail -n 40
+	n=0
+	while read -r _ t rc; do
+		result "verbs/$dev one guest: $t" "$rc"
+		n=$((n + 1))
+	done < <(grep '^RESULT ' <<<"$out")
+	[ $n -eq 4 ] || result "verbs/$dev one guest: guest finished (vm exit $vmrc)" 1
+
+	# Two guests: server in A, test-io in B over the cable.
+	"$vm" pair --rdma "$dev" --timeout 600 \
+		--a "$env_common; exec timeout 500 ./tests/functional/rtrs-test-server --provider verbs --addr 198.18.0.1 --port 4790 --queue-depth 512 --store-size 128M --exit-after 1" \
+		--b "$env_common RTRS_TEST_ADDR=198.18.0.2 RTRS_TEST_SERVER_AT=198.18.0.1:4790
+		     exec timeout 400 ./tests/functional/test-io" >/tmp/rtrs-vm-pair.log 2>&1
+	rc=$?
+	[ $rc -eq 0 ] || tail -n 40 /tmp/rtrs-vm-pair.log
+	result "verbs/$dev two guests: test-io" "$rc"
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
