@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: unit and functional suites in a normal build and in an
-# ASan+UBSan build, then the fuzz smoke run in a clang build. Ends with
+# ASan+UBSan build, the functional suite over verbs on soft-RoCE and
+# soft-iWARP in QEMU guests (normal build), then the fuzz smoke run in a
+# clang build. Ends with
 # "N passed, N failed". Under CI=true warnings are errors and a skipped test
 # counts as a failure (CI must have every tool).
 set -euo pipefail
@@ -48,7 +50,7 @@ PY
 	passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 }
 
-run_build build gcc unit functional --
+run_build build gcc unit functional verbs --
 run_build build-asan gcc unit functional -- -Db_sanitize=address,undefined -Db_lundef=false
 run_build build-fuzz clang fuzz -- -Dfuzz=true -Dbuildtype=debug
 
