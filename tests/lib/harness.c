@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <stdbool.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -27,11 +28,40 @@ const char *test_provider(void)
 	return p && *p ? p : "tcp";
 }
 
+/* True inside an rtrs-vm guest (its init marks the kernel command line). */
+static bool in_test_guest(void)
+{
+	char line[4096] = "";
+	FILE *f = fopen("/proc/cmdline", "r");
+
+	if (f) {
+		if (!fgets(line, sizeof(line), f))
+			line[0] = '\0';
+		fclose(f);
+	}
+	return strstr(line, "rtrsvm.guest=1") != NULL;
+}
+
+/*
+ * Tests talk to loopback, or to addresses that exist only inside rtrs-vm
+ * guests: a guest-side setting on the host is refused, never followed.
+ */
+static const char *checked_addr(const char *what, const char *a)
+{
+	if (strncmp(a, "127.", 4) && strcmp(a, "::1") && strcmp(a, "localhost") &&
+	    !in_test_guest()) {
+		fprintf(stderr, "harness: %s=%s is not loopback and this is not an rtrs-vm guest: "
+			"refusing to run a guest-side test on the host\n", what, a);
+		exit(2);
+	}
+	return a;
+}
+
 const char *test_addr(void)
 {
 	const char *a = getenv("RTRS_TEST_ADDR");
 
-	return a && *a ? a : "127.0.0.1";
+	return a && *a ? checked_addr("RTRS_TEST_ADDR", a) : "127.0.0.1";
 }
 
 void proc_dst(const struct proc *p, char *buf, size_t len)
@@ -58,6 +88,8 @@ int proc_spawn_server(char *const argv_in[], struct proc *p)
 	memset(p, 0, sizeof(*p));
 	if (at && *at) {
 		const char *colon = strrchr(at, ':');
+
+		checked_addr("RTRS_TEST_SERVER_AT", at);
 
 		if (!colon || (size_t)(colon - at) >= sizeof(p->host))
 			return -EINVAL;
