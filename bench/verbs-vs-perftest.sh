@@ -24,7 +24,7 @@ perf=$PWD/build-release/tools/rtrs-perf
 report=""
 for dev in "${devices[@]}"; do
 	# perftest and rtrs-perf alternate RUNS times in one guest: medians.
-	out=$("$vm" run --rdma "$dev" --timeout 900 -- bash -c "
+	out=$("$vm" run --rdma "$dev" --timeout 900 --share "$PWD/build-release" -- bash -c "
 		$perf server --provider verbs --addr 198.18.0.1 --port 0 --queue-depth 64 >/tmp/s.out 2>&1 &
 		for i in \$(seq 100); do grep -q port /tmp/s.out && break; sleep 0.1; done
 		port=\$(grep -o 'port [0-9]*' /tmp/s.out | cut -d' ' -f2)

@@ -43,7 +43,7 @@ env_common="cd $build && export RTRS_TEST_PROVIDER=verbs RTRS_TEST_SERVER=$build
 
 for dev in "${devices[@]}"; do
 	# One guest: each test in turn; the guest reports one status per test.
-	out=$("$vm" run --rdma "$dev" --timeout 600 -- bash -c "$env_common RTRS_TEST_ADDR=198.18.0.1
+	out=$("$vm" run --rdma "$dev" --timeout 600 --share "$build" -- bash -c "$env_common RTRS_TEST_ADDR=198.18.0.1
 		for t in test-io test-close test-peer-death test-connect; do
 			timeout 300 ./tests/functional/\$t >/tmp/\$t.log 2>&1
 			rc=\$?
@@ -60,7 +60,7 @@ for dev in "${devices[@]}"; do
 	[ $n -eq 4 ] || result "verbs/$dev one guest: guest finished (vm exit $vmrc)" 1
 
 	# Two guests: server in A, test-io in B over the cable.
-	"$vm" pair --rdma "$dev" --timeout 600 \
+	"$vm" pair --rdma "$dev" --timeout 600 --share "$build" \
 		--a "$env_common; exec timeout 500 ./tests/functional/rtrs-test-server --provider verbs --addr 198.18.0.1 --port 4790 --queue-depth 512 --store-size 128M --exit-after 1" \
 		--b "$env_common RTRS_TEST_ADDR=198.18.0.2 RTRS_TEST_SERVER_AT=198.18.0.1:4790
 		     exec timeout 400 ./tests/functional/test-io" >/tmp/rtrs-vm-pair.log 2>&1
