@@ -607,16 +607,7 @@ static const struct fab_con_ops clt_con_ops = {
 
 static bool path_change_state(struct clt_path *p, enum rtrs_path_state to)
 {
-	enum rtrs_path_state from = atomic_load(&p->state);
-
-	if (!rtrs_path_state_allowed(from, to)) {
-		log_err("%s: refused state change %s -> %s", p->name, rtrs_path_state_str(from),
-			rtrs_path_state_str(to));
-		return false;
-	}
-	atomic_store(&p->state, to);
-	log_dbg("%s: %s -> %s", p->name, rtrs_path_state_str(from), rtrs_path_state_str(to));
-	return true;
+	return rtrs_path_change_state(&p->state, p->name, to);
 }
 
 static void path_destroy_cons(struct clt_path *p)

@@ -53,6 +53,12 @@ enum rtrs_path_state {
 
 const char *rtrs_path_state_str(enum rtrs_path_state s);
 bool rtrs_path_state_allowed(enum rtrs_path_state from, enum rtrs_path_state to);
+/*
+ * The one place a path (client or server) changes state: refuses and logs
+ * a transition the table does not allow; name is the path's, for the log.
+ */
+bool rtrs_path_change_state(_Atomic enum rtrs_path_state *state, const char *name,
+			    enum rtrs_path_state to);
 
 /* Splits "host:port", "[v6]:port" or "host"; 0 or -EINVAL. */
 int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,

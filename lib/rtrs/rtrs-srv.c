@@ -592,15 +592,7 @@ static void srv_reap_work(struct loop_work *w)
 
 static bool srv_path_change_state(struct srv_path *p, enum rtrs_path_state to)
 {
-	enum rtrs_path_state from = atomic_load(&p->state);
-
-	if (!rtrs_path_state_allowed(from, to)) {
-		log_err("%s: refused state change %s -> %s", p->name, rtrs_path_state_str(from),
-			rtrs_path_state_str(to));
-		return false;
-	}
-	atomic_store(&p->state, to);
-	return true;
+	return rtrs_path_change_state(&p->state, p->name, to);
 }
 
 /* Loop thread: close the path's connections; free it once answered. */

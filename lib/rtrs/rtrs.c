@@ -36,6 +36,21 @@ bool rtrs_path_state_allowed(enum rtrs_path_state from, enum rtrs_path_state to)
 	       path_state_allowed[from][to];
 }
 
+bool rtrs_path_change_state(_Atomic enum rtrs_path_state *state, const char *name,
+			    enum rtrs_path_state to)
+{
+	enum rtrs_path_state from = atomic_load(state);
+
+	if (!rtrs_path_state_allowed(from, to)) {
+		log_err("%s: refused state change %s -> %s", name, rtrs_path_state_str(from),
+			rtrs_path_state_str(to));
+		return false;
+	}
+	atomic_store(state, to);
+	log_dbg("%s: %s -> %s", name, rtrs_path_state_str(from), rtrs_path_state_str(to));
+	return true;
+}
+
 int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
 			char *port, size_t portlen)
 {

@@ -306,11 +306,39 @@ static void test_heartbeat(void)
 	CHECK(rtrs_hb_tick_expired(&hb));
 }
 
+static int refusals_logged;
+
+static void count_refusals(void *priv, int level, const char *line)
+{
+	if (level == 0 && strstr(line, "t: refused state change"))
+		refusals_logged++;
+}
+
+/* The one change-state function: legal changes apply, others leave the state. */
+static void test_change_state(void)
+{
+	_Atomic enum rtrs_path_state st = RTRS_PATH_CONNECTED;
+
+	rtrs_set_log_fn(count_refusals, NULL);
+	CHECK(!rtrs_path_change_state(&st, "t", RTRS_PATH_CONNECTING));
+	CHECK_EQ(atomic_load(&st), RTRS_PATH_CONNECTED);
+	CHECK(!rtrs_path_change_state(&st, "t", RTRS_PATH_CLOSED));
+	CHECK_EQ(atomic_load(&st), RTRS_PATH_CONNECTED);
+	CHECK(rtrs_path_change_state(&st, "t", RTRS_PATH_CLOSING));
+	CHECK_EQ(atomic_load(&st), RTRS_PATH_CLOSING);
+	CHECK(rtrs_path_change_state(&st, "t", RTRS_PATH_CLOSED));
+	CHECK(!rtrs_path_change_state(&st, "t", (enum rtrs_path_state)17));
+	CHECK_EQ(atomic_load(&st), RTRS_PATH_CLOSED);
+	rtrs_set_log_fn(NULL, NULL);
+	CHECK_EQ(refusals_logged, 3);
+}
+
 int main(void)
 {
 	test_path_states();
 	test_path_state_names();
 	test_split_hostport();
 	test_heartbeat();
+	test_change_state();
 	return test_done("state");
 }
