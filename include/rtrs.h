@@ -43,6 +43,13 @@ struct rtrs_path_addr {
 	const char *dst;  /* host name or address; a ":port" suffix overrides opts.port */
 };
 
+/* How a request picks its path among the connected ones. */
+enum rtrs_mp_policy {
+	RTRS_MP_POLICY_RR = 0,           /* round-robin */
+	RTRS_MP_POLICY_MIN_INFLIGHT = 1, /* fewest requests in flight (default) */
+	RTRS_MP_POLICY_MIN_LATENCY = 2,  /* lowest heartbeat round trip */
+};
+
 enum rtrs_clt_link_ev {
 	/* Events are delivered only after rtrs_clt_open has returned. */
 	RTRS_CLT_LINK_EV_RECONNECTED, /* a path came up while none was up */
@@ -60,6 +67,7 @@ struct rtrs_clt_opts {
 	unsigned hb_interval_ms;    /* heartbeat period (default 1000) */
 	unsigned hb_missed_max;     /* missed heartbeats before a path fails (default 3) */
 	unsigned connect_timeout_ms; /* per connection (default 10000) */
+	enum rtrs_mp_policy mp_policy; /* default RTRS_MP_POLICY_MIN_INFLIGHT */
 	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
 	void *priv;
 };
@@ -119,10 +127,28 @@ struct rtrs_attrs {
 	uint32_t max_hdr_size;  /* user header + rtrs header limit */
 	uint32_t max_segments;  /* data vectors per request */
 	uint32_t paths_up;
+	uint32_t paths_num;     /* paths of the session, up or not */
 };
 
 /* -ECOMM if no path is connected. */
 int rtrs_clt_query(struct rtrs_clt_sess *sess, struct rtrs_attrs *attrs);
+
+/* Switches the multipath policy at run time; -EINVAL for an unknown one. */
+int rtrs_clt_set_mp_policy(struct rtrs_clt_sess *sess, enum rtrs_mp_policy policy);
+
+struct rtrs_path_stats {
+	size_t size;               /* sizeof(struct rtrs_path_stats), set by the caller */
+	char name[528];            /* "sess/host:port" */
+	const char *state;         /* "connecting", "connected", "closing", "closed" */
+	uint64_t reads, read_bytes, writes, write_bytes;
+	uint32_t inflight;         /* requests in flight on the path now */
+	uint64_t hb_latency_ns;    /* last heartbeat round trip; 0 before the first */
+};
+
+/* Statistics of path idx (0 .. paths_num - 1); -ENOENT past the last. */
+int rtrs_clt_path_stats(struct rtrs_clt_sess *sess, unsigned idx, struct rtrs_path_stats *st);
+/* Zeroes the counters of path idx (not inflight, which is a state). */
+int rtrs_clt_reset_path_stats(struct rtrs_clt_sess *sess, unsigned idx);
 
 /* ---- server ---------------------------------------------------------------- */
 

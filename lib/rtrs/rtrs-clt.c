@@ -64,7 +64,7 @@ struct clt_con {
 struct clt_path {
 	struct rtrs_clt_sess *sess;
 	unsigned idx;
-	char name[RTRS_NAME_MAX + 272]; /* "sess/host:port" */
+	char name[528];             /* "sess/host:port"; rtrs_path_stats.name */
 	char host[256], port[8];
 	char src[256];              /* empty: any */
 	uint8_t uuid[RTRS_UUID_LEN];
@@ -120,6 +120,8 @@ struct rtrs_clt_sess {
 	struct clt_path *paths;
 	size_t paths_num;
 	atomic_uint paths_up;
+	_Atomic enum rtrs_mp_policy mp_policy;
+	atomic_uint rr_cursor;
 };
 
 static void clt_fail_path(struct clt_path *p, int err);
@@ -339,6 +341,40 @@ static int req_issue(struct clt_req *req, struct clt_path *p)
 	return rc;
 }
 
+/* Sends req on a path the policy picks; another if posting there fails. */
+static int req_route(struct clt_req *req)
+{
+	struct rtrs_clt_sess *s = req->sess;
+	struct rtrs_mp_path snap[RTRS_MAX_PATHS];
+	enum rtrs_mp_policy policy = atomic_load(&s->mp_policy);
+	int rc = -ECONNABORTED;
+
+	for (size_t i = 0; i < s->paths_num; i++)
+		snap[i] = (struct rtrs_mp_path){
+			.connected = atomic_load(&s->paths[i].state) == RTRS_PATH_CONNECTED,
+			.inflight = atomic_load(&s->paths[i].inflight),
+			.latency_ns = atomic_load(&s->paths[i].hb.latency_ns),
+		};
+	for (size_t tries = 0; tries < s->paths_num; tries++) {
+		unsigned rr = atomic_load(&s->rr_cursor);
+		int i = rtrs_mp_select(policy, snap, s->paths_num, &rr);
+		struct clt_path *p;
+
+		if (i < 0)
+			break;
+		if (policy == RTRS_MP_POLICY_RR)
+			atomic_store(&s->rr_cursor, rr);
+		snap[i].tried = true;
+		p = &s->paths[i];
+		pthread_rwlock_rdlock(&p->post_lock);
+		rc = atomic_load(&p->state) == RTRS_PATH_CONNECTED ? req_issue(req, p) : -ECONNABORTED;
+		pthread_rwlock_unlock(&p->post_lock);
+		if (rc == 0)
+			return 0;
+	}
+	return rc;
+}
+
 RTRS_EXPORT
 int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 		     const struct rtrs_clt_req_ops *ops, struct rtrs_permit *permit,
@@ -348,7 +384,6 @@ int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 	struct clt_req *req;
 	size_t usr_len = 0, data_len = 0, hdr;
 	char *slot;
-	int rc = -ECONNABORTED;
 
 	if (!s || !ops || !ops->conf || !permit || (dir != RTRS_READ && dir != RTRS_WRITE))
 		return -EINVAL;
@@ -388,17 +423,7 @@ int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 		slot += usr[i].iov_len;
 	}
 
-	for (size_t i = 0; i < s->paths_num; i++) {
-		struct clt_path *p = &s->paths[i];
-
-		pthread_rwlock_rdlock(&p->post_lock);
-		if (atomic_load(&p->state) == RTRS_PATH_CONNECTED)
-			rc = req_issue(req, p);
-		pthread_rwlock_unlock(&p->post_lock);
-		if (rc == 0)
-			return 0;
-	}
-	return rc;
+	return req_route(req);
 }
 
 /* ---- permits --------------------------------------------------------------- */
@@ -943,6 +968,10 @@ static int opts_validate(const struct rtrs_clt_opts *o)
 			return -EINVAL;
 		}
 	}
+	if ((unsigned)o->mp_policy > RTRS_MP_POLICY_MIN_LATENCY) {
+		log_err("%s: unknown multipath policy %d", o->sessname, (int)o->mp_policy);
+		return -EINVAL;
+	}
 	if (o->nr_io_cons > RTRS_MAX_CONNS - 1 || !o->hb_interval_ms || !o->hb_missed_max ||
 	    !o->connect_timeout_ms) {
 		log_err("%s: connection count, heartbeat or timeout out of range", o->sessname);
@@ -1070,6 +1099,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	s->connect_timeout_ms = o->connect_timeout_ms;
 	s->link_ev = o->link_ev;
 	s->priv = o->priv;
+	atomic_init(&s->mp_policy, o->mp_policy);
 	pthread_mutex_init(&s->permit_lock, NULL);
 	pthread_cond_init(&s->permit_cond, NULL);
 	atomic_init(&s->paths_up, 0);
@@ -1116,6 +1146,55 @@ int rtrs_clt_query(struct rtrs_clt_sess *s, struct rtrs_attrs *attrs)
 	attrs->max_io_size = s->max_io_size;
 	attrs->max_hdr_size = s->max_hdr_size;
 	attrs->max_segments = RTRS_MAX_SEGMENTS;
+	attrs->paths_num = (uint32_t)s->paths_num;
+	return 0;
+}
+
+RTRS_EXPORT
+int rtrs_clt_set_mp_policy(struct rtrs_clt_sess *s, enum rtrs_mp_policy policy)
+{
+	if (!s || (unsigned)policy > RTRS_MP_POLICY_MIN_LATENCY)
+		return -EINVAL;
+	atomic_store(&s->mp_policy, policy);
+	log_info("%s: multipath policy %d", s->name, (int)policy);
+	return 0;
+}
+
+RTRS_EXPORT
+int rtrs_clt_path_stats(struct rtrs_clt_sess *s, unsigned idx, struct rtrs_path_stats *st)
+{
+	struct clt_path *p;
+
+	if (!s || !st || st->size < sizeof(*st))
+		return -EINVAL;
+	if (idx >= s->paths_num)
+		return -ENOENT;
+	p = &s->paths[idx];
+	snprintf(st->name, sizeof(st->name), "%s", p->name);
+	st->state = rtrs_path_state_str(atomic_load(&p->state));
+	st->reads = atomic_load(&p->stat_reads);
+	st->read_bytes = atomic_load(&p->stat_read_bytes);
+	st->writes = atomic_load(&p->stat_writes);
+	st->write_bytes = atomic_load(&p->stat_write_bytes);
+	st->inflight = atomic_load(&p->inflight);
+	st->hb_latency_ns = atomic_load(&p->hb.latency_ns);
+	return 0;
+}
+
+RTRS_EXPORT
+int rtrs_clt_reset_path_stats(struct rtrs_clt_sess *s, unsigned idx)
+{
+	struct clt_path *p;
+
+	if (!s)
+		return -EINVAL;
+	if (idx >= s->paths_num)
+		return -ENOENT;
+	p = &s->paths[idx];
+	atomic_store(&p->stat_reads, 0);
+	atomic_store(&p->stat_read_bytes, 0);
+	atomic_store(&p->stat_writes, 0);
+	atomic_store(&p->stat_write_bytes, 0);
 	return 0;
 }
 
@@ -1131,5 +1210,6 @@ int rtrs_clt_opts_init(struct rtrs_clt_opts *o, size_t size)
 	o->hb_interval_ms = RTRS_DEFAULT_HB_INTERVAL_MS;
 	o->hb_missed_max = RTRS_DEFAULT_HB_MISSED_MAX;
 	o->connect_timeout_ms = RTRS_DEFAULT_CONNECT_TIMEOUT_MS;
+	o->mp_policy = RTRS_MP_POLICY_MIN_INFLIGHT;
 	return 0;
 }

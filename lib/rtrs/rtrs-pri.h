@@ -60,6 +60,22 @@ bool rtrs_path_state_allowed(enum rtrs_path_state from, enum rtrs_path_state to)
 bool rtrs_path_change_state(_Atomic enum rtrs_path_state *state, const char *name,
 			    enum rtrs_path_state to);
 
+/* What path selection looks at: a snapshot of one path. */
+struct rtrs_mp_path {
+	bool connected;
+	bool tried;        /* already tried for this request */
+	uint32_t inflight;
+	uint64_t latency_ns; /* 0: not measured yet */
+};
+
+/*
+ * Picks a path for one request under policy: a connected path not yet
+ * tried; round-robin advances *rr. Returns its index, or -1 if none.
+ * Ties go to the lowest index (min-inflight) or the next in turn.
+ */
+int rtrs_mp_select(enum rtrs_mp_policy policy, const struct rtrs_mp_path *paths, size_t n,
+		   unsigned *rr);
+
 /* Splits "host:port", "[v6]:port" or "host"; 0 or -EINVAL. */
 int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
 			char *port, size_t portlen);

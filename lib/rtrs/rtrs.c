@@ -51,6 +51,47 @@ bool rtrs_path_change_state(_Atomic enum rtrs_path_state *state, const char *nam
 	return true;
 }
 
+int rtrs_mp_select(enum rtrs_mp_policy policy, const struct rtrs_mp_path *paths, size_t n,
+		   unsigned *rr)
+{
+	int best = -1;
+
+	if (policy == RTRS_MP_POLICY_RR) {
+		unsigned start = n ? *rr % n : 0;
+
+		for (size_t k = 0; k < n; k++) {
+			size_t i = (start + k) % n;
+
+			if (paths[i].connected && !paths[i].tried) {
+				*rr = (unsigned)(i + 1);
+				return (int)i;
+			}
+		}
+		return -1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const struct rtrs_mp_path *p = &paths[i];
+
+		if (!p->connected || p->tried)
+			continue;
+		if (best < 0) {
+			best = (int)i;
+			continue;
+		}
+		if (policy == RTRS_MP_POLICY_MIN_LATENCY) {
+			/* An unmeasured path (0) counts as the slowest. */
+			uint64_t a = p->latency_ns ? p->latency_ns : UINT64_MAX;
+			uint64_t b = paths[best].latency_ns ? paths[best].latency_ns : UINT64_MAX;
+
+			if (a < b || (a == b && p->inflight < paths[best].inflight))
+				best = (int)i;
+		} else if (p->inflight < paths[best].inflight) {
+			best = (int)i;
+		}
+	}
+	return best;
+}
+
 int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
 			char *port, size_t portlen)
 {

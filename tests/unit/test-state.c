@@ -333,6 +333,56 @@ static void test_change_state(void)
 	CHECK_EQ(refusals_logged, 3);
 }
 
+static void test_mp_select(void)
+{
+	struct rtrs_mp_path p[3];
+	unsigned rr = 0;
+	int seq[6];
+
+	/* Round-robin: in turn, skipping what is down or already tried. */
+	for (int i = 0; i < 3; i++)
+		p[i] = (struct rtrs_mp_path){ .connected = true };
+	for (int k = 0; k < 6; k++)
+		seq[k] = rtrs_mp_select(RTRS_MP_POLICY_RR, p, 3, &rr);
+	CHECK(seq[0] == 0 && seq[1] == 1 && seq[2] == 2 && seq[3] == 0 && seq[4] == 1 &&
+	      seq[5] == 2, "rr order %d %d %d %d %d %d", seq[0], seq[1], seq[2], seq[3], seq[4],
+	      seq[5]);
+	p[1].connected = false;
+	rr = 0;
+	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_RR, p, 3, &rr), 0);
+	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_RR, p, 3, &rr), 2);
+	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_RR, p, 3, &rr), 0);
+	p[0].tried = true;
+	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_RR, p, 3, &rr), 2);
+	p[2].tried = true;
+	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_RR, p, 3, &rr), -1);
+	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_RR, p, 0, &rr), -1);
+
+	/* Min-inflight: fewest in flight, ties to the lowest index. */
+	p[0] = (struct rtrs_mp_path){ .connected = true, .inflight = 5 };
+	p[1] = (struct rtrs_mp_path){ .connected = true, .inflight = 2 };
+	p[2] = (struct rtrs_mp_path){ .connected = true, .inflight = 7 };
+	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_MIN_INFLIGHT, p, 3, &rr), 1);
+	p[1].tried = true;
+	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_MIN_INFLIGHT, p, 3, &rr), 0);
+	p[0].connected = false;
+	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_MIN_INFLIGHT, p, 3, &rr), 2);
+	p[0] = p[1] = p[2] = (struct rtrs_mp_path){ .connected = true, .inflight = 3 };
+	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_MIN_INFLIGHT, p, 3, &rr), 0);
+
+	/* Min-latency: lowest round trip; unmeasured counts as the slowest. */
+	p[0] = (struct rtrs_mp_path){ .connected = true, .latency_ns = 300 };
+	p[1] = (struct rtrs_mp_path){ .connected = true, .latency_ns = 100 };
+	p[2] = (struct rtrs_mp_path){ .connected = true, .latency_ns = 0 };
+	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_MIN_LATENCY, p, 3, &rr), 1);
+	p[1].connected = false;
+	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_MIN_LATENCY, p, 3, &rr), 0);
+	p[0].latency_ns = 0;
+	p[0].inflight = 4;
+	p[2].inflight = 1;
+	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_MIN_LATENCY, p, 3, &rr), 2);
+}
+
 int main(void)
 {
 	test_path_states();
@@ -340,5 +390,6 @@ int main(void)
 	test_split_hostport();
 	test_heartbeat();
 	test_change_state();
+	test_mp_select();
 	return test_done("state");
 }

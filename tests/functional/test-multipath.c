@@ -1,0 +1,194 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Two paths to one server (different source addresses on loopback, so two
+ * real sets of connections) and the path selection policies:
+ *   - round-robin alternates exactly;
+ *   - min-inflight sends concurrent requests to the path with fewer in
+ *     flight (the server holds each IO for 20 ms), so they split evenly;
+ *   - data written over one path reads back over the other;
+ *   - per-path statistics count every request and byte; reset works; the
+ *     policy switches at run time.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "rtrs.h"
+#include "check.h"
+#include "harness.h"
+#include "test-proto-hdr.h"
+
+#define NIO 16
+#define IO_SIZE 4096
+
+static struct rtrs_clt_sess *sess;
+
+struct io {
+	struct rtrs_permit *permit;
+	struct test_hdr hdr;
+	struct rtrs_clt_req_ops ops;
+	uint8_t buf[IO_SIZE];
+	int err;
+};
+
+static struct io ios[NIO];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+static unsigned outstanding;
+
+static void conf(void *priv, int err)
+{
+	struct io *io = priv;
+
+	io->err = err;
+	pthread_mutex_lock(&lock);
+	outstanding--;
+	pthread_cond_broadcast(&cond);
+	pthread_mutex_unlock(&lock);
+}
+
+static void start(struct io *io, enum rtrs_dir dir, uint64_t off)
+{
+	struct iovec usr = { &io->hdr, sizeof(io->hdr) };
+	struct iovec data = { io->buf, IO_SIZE };
+	int rc;
+
+	io->hdr = (struct test_hdr){ .magic = TEST_MAGIC, .op = TEST_OP_IO, .offset = off,
+				     .len = IO_SIZE };
+	io->ops = (struct rtrs_clt_req_ops){ .priv = io, .conf = conf };
+	pthread_mutex_lock(&lock);
+	outstanding++;
+	pthread_mutex_unlock(&lock);
+	rc = rtrs_clt_request(sess, dir, &io->ops, io->permit, &usr, 1, &data, 1);
+	CHECK(rc == 0, "request: %s", strerror(-rc));
+	if (rc) {
+		pthread_mutex_lock(&lock);
+		outstanding--;
+		pthread_mutex_unlock(&lock);
+	}
+}
+
+static void wait_all(void)
+{
+	pthread_mutex_lock(&lock);
+	while (outstanding)
+		pthread_cond_wait(&cond, &lock);
+	pthread_mutex_unlock(&lock);
+}
+
+static void stats(unsigned idx, struct rtrs_path_stats *st)
+{
+	st->size = sizeof(*st);
+	CHECK_EQ(rtrs_clt_path_stats(sess, idx, st), 0);
+}
+
+int main(void)
+{
+	char a_port[] = "--port", a_zero[] = "0", a_async[] = "--async", a_delay[] = "--delay-us";
+	char delay[] = "20000";
+	char *argv[] = { (char *)test_server_path(), a_port, a_zero, a_async, a_delay, delay, NULL };
+	struct rtrs_attrs attrs = { .size = sizeof(attrs) };
+	struct rtrs_path_addr paths[2];
+	struct rtrs_path_stats s0, s1;
+	struct rtrs_clt_opts o;
+	struct proc srv;
+	char dst[96];
+	int rc;
+
+	if (strcmp(test_provider(), "tcp"))
+		SKIP("two loopback source addresses need the tcp provider");
+	if (proc_spawn_server(argv, &srv))
+		return 1;
+	proc_dst(&srv, dst, sizeof(dst));
+	paths[0] = (struct rtrs_path_addr){ .src = "127.0.0.1", .dst = dst };
+	paths[1] = (struct rtrs_path_addr){ .src = "127.0.0.2", .dst = dst };
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = "test-multipath";
+	o.paths = paths;
+	o.paths_num = 2;
+	o.nr_io_cons = 1;
+	o.mp_policy = RTRS_MP_POLICY_RR;
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc == 0, "open: %s", strerror(-rc));
+	if (rc)
+		goto out;
+	CHECK_EQ(rtrs_clt_query(sess, &attrs), 0);
+	CHECK_EQ(attrs.paths_num, 2);
+	CHECK_EQ(attrs.paths_up, 2);
+	stats(0, &s0);
+	stats(1, &s1);
+	CHECK(!strcmp(s0.state, "connected") && !strcmp(s1.state, "connected"));
+	CHECK(strcmp(s0.name, s1.name) == 0, "both paths go to %s", dst);
+	for (int i = 0; i < NIO; i++)
+		ios[i].permit = rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+
+	/* Round-robin, one at a time: exactly alternating. */
+	for (int i = 0; i < NIO; i++) {
+		memset(ios[i].buf, 0x30 + i, IO_SIZE);
+		start(&ios[i], RTRS_WRITE, (uint64_t)i * IO_SIZE);
+		wait_all();
+		CHECK_EQ(ios[i].err, 0);
+	}
+	stats(0, &s0);
+	stats(1, &s1);
+	CHECK_EQ(s0.writes, NIO / 2);
+	CHECK_EQ(s1.writes, NIO / 2);
+	CHECK_EQ(s0.write_bytes + s1.write_bytes, (uint64_t)NIO * IO_SIZE);
+	CHECK_EQ(s0.inflight + s1.inflight, 0);
+
+	/* Read back what the other path wrote, all at once (still round-robin). */
+	CHECK_EQ(rtrs_clt_reset_path_stats(sess, 0), 0);
+	CHECK_EQ(rtrs_clt_reset_path_stats(sess, 1), 0);
+	for (int i = 0; i < NIO; i++) {
+		memset(ios[i].buf, 0, IO_SIZE);
+		start(&ios[i], RTRS_READ, (uint64_t)((i + 1) % NIO) * IO_SIZE);
+	}
+	wait_all();
+	for (int i = 0; i < NIO; i++) {
+		uint8_t want = (uint8_t)(0x30 + (i + 1) % NIO);
+
+		CHECK_EQ(ios[i].err, 0);
+		CHECK(ios[i].buf[0] == want && ios[i].buf[IO_SIZE - 1] == want,
+		      "read %d returned %#x, want %#x", i, ios[i].buf[0], want);
+	}
+	stats(0, &s0);
+	stats(1, &s1);
+	CHECK_EQ(s0.reads + s1.reads, NIO);
+	CHECK_EQ(s0.writes + s1.writes, 0);
+	CHECK_EQ(s0.read_bytes + s1.read_bytes, (uint64_t)NIO * IO_SIZE);
+
+	/*
+	 * Min-inflight: requests issued together, each held 20 ms by the
+	 * server, go to whichever path has fewer in flight: an even split.
+	 */
+	CHECK_EQ(rtrs_clt_set_mp_policy(sess, RTRS_MP_POLICY_MIN_INFLIGHT), 0);
+	CHECK_EQ(rtrs_clt_set_mp_policy(sess, (enum rtrs_mp_policy)9), -EINVAL);
+	rtrs_clt_reset_path_stats(sess, 0);
+	rtrs_clt_reset_path_stats(sess, 1);
+	for (int i = 0; i < NIO; i++)
+		start(&ios[i], RTRS_WRITE, (uint64_t)i * IO_SIZE);
+	stats(0, &s0);
+	stats(1, &s1);
+	CHECK(s0.inflight + s1.inflight >= NIO - 2, "held in flight: %u + %u", s0.inflight,
+	      s1.inflight);
+	wait_all();
+	stats(0, &s0);
+	stats(1, &s1);
+	CHECK_EQ(s0.writes, NIO / 2);
+	CHECK_EQ(s1.writes, NIO / 2);
+
+	/* Unknown path index. */
+	CHECK_EQ(rtrs_clt_path_stats(sess, 2, &s0), -ENOENT);
+	CHECK_EQ(rtrs_clt_reset_path_stats(sess, 2), -ENOENT);
+
+	for (int i = 0; i < NIO; i++)
+		rtrs_clt_put_permit(sess, ios[i].permit);
+	rtrs_clt_close(sess);
+out:
+	rc = proc_signal(&srv, SIGTERM, true);
+	CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "server exit status %d", rc);
+	return test_done("test-multipath");
+}
