@@ -68,6 +68,15 @@ struct rtrs_clt_opts {
 	unsigned hb_missed_max;     /* missed heartbeats before a path fails (default 3) */
 	unsigned connect_timeout_ms; /* per connection (default 10000) */
 	enum rtrs_mp_policy mp_policy; /* default RTRS_MP_POLICY_MIN_INFLIGHT */
+	/*
+	 * A failed path reconnects after reconnect_delay_ms plus a random
+	 * 0..reconnect_jitter_ms (defaults 1000 and 1000), at most
+	 * max_reconnect_attempts times in a row (-1: forever, the default;
+	 * 0: never); then it stays closed until rtrs_clt_reconnect_path().
+	 */
+	unsigned reconnect_delay_ms;
+	unsigned reconnect_jitter_ms;
+	int max_reconnect_attempts;
 	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
 	void *priv;
 };
@@ -143,12 +152,26 @@ struct rtrs_path_stats {
 	uint64_t reads, read_bytes, writes, write_bytes;
 	uint32_t inflight;         /* requests in flight on the path now */
 	uint64_t hb_latency_ns;    /* last heartbeat round trip; 0 before the first */
+	uint64_t reconnects;       /* successful reconnects */
+	uint64_t reconnect_failures;
 };
 
 /* Statistics of path idx (0 .. paths_num - 1); -ENOENT past the last. */
 int rtrs_clt_path_stats(struct rtrs_clt_sess *sess, unsigned idx, struct rtrs_path_stats *st);
 /* Zeroes the counters of path idx (not inflight, which is a state). */
 int rtrs_clt_reset_path_stats(struct rtrs_clt_sess *sess, unsigned idx);
+
+/*
+ * Closes path idx and keeps it closed (no automatic reconnect); its
+ * requests in flight fail. Waits until it is closed. -ENOENT: no such path.
+ */
+int rtrs_clt_disconnect_path(struct rtrs_clt_sess *sess, unsigned idx);
+/*
+ * Reconnects path idx now, whatever its state (a connected path is closed
+ * first), with a fresh count of attempts. Returns at once; watch the state
+ * in rtrs_clt_path_stats().
+ */
+int rtrs_clt_reconnect_path(struct rtrs_clt_sess *sess, unsigned idx);
 
 /* ---- server ---------------------------------------------------------------- */
 

@@ -89,6 +89,13 @@ struct clt_path {
 	struct loop_work fail_work;
 	atomic_int fail_err;
 	atomic_uint inflight;
+	/* Reconnect: the timer (loop) starts a worker thread per attempt. */
+	struct loop_timer reconnect_timer;
+	pthread_t worker;
+	bool worker_started;        /* loop thread and close only */
+	int attempts;               /* failed attempts in a row */
+	atomic_bool keep_closed;    /* disconnected by the user */
+	atomic_uint_fast64_t stat_reconnects, stat_reconnect_failures;
 	atomic_uint_fast64_t stat_reads, stat_writes, stat_read_bytes, stat_write_bytes;
 };
 
@@ -99,6 +106,8 @@ struct rtrs_clt_sess {
 	uint16_t port;
 	unsigned nr_io_cons;
 	unsigned hb_interval_ms, hb_missed_max, connect_timeout_ms;
+	unsigned reconnect_delay_ms, reconnect_jitter_ms;
+	int max_reconnect_attempts;
 	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
 	void *priv;
 	atomic_bool opened;         /* link events only after rtrs_clt_open */
@@ -125,6 +134,8 @@ struct rtrs_clt_sess {
 };
 
 static void clt_fail_path(struct clt_path *p, int err);
+static int path_connect(struct clt_path *p, bool retry);
+static void path_release(struct clt_path *p);
 
 /* ---- requests ------------------------------------------------------------ */
 
@@ -647,16 +658,50 @@ static void path_destroy_cons(struct clt_path *p)
 	}
 }
 
-/* Stops the path and fails every request in flight on it. Loop thread. */
-static void path_stop(struct clt_path *p, int err)
+/* Arms the next reconnect attempt: delay plus random jitter. Loop thread. */
+static void path_schedule_reconnect(struct clt_path *p, unsigned min_ms)
 {
 	struct rtrs_clt_sess *s = p->sess;
+	unsigned ms = s->reconnect_delay_ms + rand_below(s->reconnect_jitter_ms + 1);
+
+	loop_timer_arm(&p->reconnect_timer, MAX(MAX(ms, min_ms), 1), 0);
+	log_info("%s: reconnecting in %u ms (attempt %d)", p->name, MAX(ms, min_ms),
+		 p->attempts + 1);
+}
+
+/* May the path try (again)? Counts against max_reconnect_attempts. */
+static bool path_may_retry(const struct clt_path *p)
+{
+	const struct rtrs_clt_sess *s = p->sess;
+
+	return !__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE) && !atomic_load(&p->keep_closed) &&
+	       (s->max_reconnect_attempts < 0 || p->attempts < s->max_reconnect_attempts);
+}
+
+/*
+ * Stops the path and fails every request in flight on it; it ends in
+ * RECONNECTING (next attempt scheduled) or CLOSED. Loop thread.
+ */
+static void path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	enum rtrs_path_state st;
 	bool was_up;
 	unsigned failed = 0;
 
 	pthread_rwlock_wrlock(&p->post_lock);
-	was_up = atomic_load(&p->state) == RTRS_PATH_CONNECTED;
-	if (atomic_load(&p->state) == RTRS_PATH_CLOSED) {
+	st = atomic_load(&p->state);
+	was_up = st == RTRS_PATH_CONNECTED;
+	if (st == RTRS_PATH_CLOSED || st == RTRS_PATH_CONNECTING) {
+		/* Closed already, or a worker is connecting it: it decides. */
+		pthread_rwlock_unlock(&p->post_lock);
+		return;
+	}
+	if (st == RTRS_PATH_RECONNECTING) {
+		if (next == RTRS_PATH_CLOSED) {
+			loop_timer_arm(&p->reconnect_timer, 0, 0);
+			path_change_state(p, RTRS_PATH_CLOSED);
+		}
 		pthread_rwlock_unlock(&p->post_lock);
 		return;
 	}
@@ -672,20 +717,71 @@ static void path_stop(struct clt_path *p, int err)
 		if (atomic_load(&req->state) == REQ_INFLIGHT && req->path == p)
 			failed += req_complete(req, -ECONNABORTED);
 	}
-	path_change_state(p, RTRS_PATH_CLOSED);
+	path_release(p);
+	if (next == RTRS_PATH_RECONNECTING && !path_may_retry(p))
+		next = RTRS_PATH_CLOSED;
+	path_change_state(p, next);
 	if (failed)
 		log_at(err == -ESHUTDOWN ? LOG_INFO : LOG_WARN,
 		       "%s: path closed (%s), %u requests failed", p->name, strerror(-err), failed);
 	if (was_up && atomic_fetch_sub(&s->paths_up, 1) == 1 && s->link_ev &&
 	    atomic_load(&s->opened))
 		s->link_ev(s->priv, RTRS_CLT_LINK_EV_DISCONNECTED);
+	if (next == RTRS_PATH_RECONNECTING)
+		path_schedule_reconnect(p, 0);
 }
 
 static void path_fail_work(struct loop_work *w)
 {
 	struct clt_path *p = container_of(w, struct clt_path, fail_work);
 
-	path_stop(p, atomic_load(&p->fail_err));
+	path_stop(p, atomic_load(&p->fail_err), RTRS_PATH_RECONNECTING);
+}
+
+/* A reconnect attempt, on its own thread: connecting blocks. */
+static void *path_reconnect_worker(void *arg)
+{
+	struct clt_path *p = arg;
+	char tname[16];
+	int rc;
+
+	snprintf(tname, sizeof(tname), "rtrs-reconnect");
+	pthread_setname_np(pthread_self(), tname);
+	rc = path_connect(p, true);
+	if (!rc) {
+		p->attempts = 0;
+		atomic_fetch_add(&p->stat_reconnects, 1);
+		log_info("%s: reconnected", p->name);
+	} else {
+		p->attempts++;
+		atomic_fetch_add(&p->stat_reconnect_failures, 1);
+		if (atomic_load(&p->state) == RTRS_PATH_CLOSED)
+			log_warn("%s: reconnect failed (%s); path closed after %d attempts, "
+				 "reconnect it by hand", p->name, strerror(-rc), p->attempts);
+	}
+	return NULL;
+}
+
+/* Loop thread: the reconnect timer fired. */
+static void path_reconnect_timer(struct loop_timer *t)
+{
+	struct clt_path *p = container_of(t, struct clt_path, reconnect_timer);
+
+	if (p->worker_started) {
+		pthread_join(p->worker, NULL); /* the last attempt, finished */
+		p->worker_started = false;
+	}
+	if (atomic_load(&p->state) != RTRS_PATH_RECONNECTING || !path_may_retry(p))
+		return;
+	pthread_rwlock_wrlock(&p->post_lock);
+	path_change_state(p, RTRS_PATH_CONNECTING);
+	pthread_rwlock_unlock(&p->post_lock);
+	if (pthread_create(&p->worker, NULL, path_reconnect_worker, p) == 0) {
+		p->worker_started = true;
+	} else {
+		path_change_state(p, RTRS_PATH_RECONNECTING);
+		path_schedule_reconnect(p, 1000);
+	}
 }
 
 /*
@@ -820,9 +916,13 @@ static int path_after_first_con(struct clt_path *p)
 	int rc;
 
 	rc = sess_set_limits(s, rsp);
-	if (rc == -ECONNRESET)
-		log_err("%s: server queue depth %u / chunk %u differs from the session's %u / %u",
-			p->name, rsp->queue_depth, rsp->chunk_size, s->queue_depth, s->chunk_size);
+	if (rc == -ECONNRESET) {
+		/* As the kernel: a changed server needs a decision, not retries. */
+		log_err("%s: server queue depth %u / chunk %u differs from the session's %u / %u; "
+			"no automatic reconnect, reconnect by hand", p->name, rsp->queue_depth,
+			rsp->chunk_size, s->queue_depth, s->chunk_size);
+		atomic_store(&p->keep_closed, true);
+	}
 	if (rc)
 		return rc;
 	p->srv_imm = rsp->imm_desc;
@@ -881,9 +981,23 @@ static void path_release_mrs(struct clt_path *p)
 	fab_mr_dereg(&p->imm_mr);
 }
 
-static int path_connect(struct clt_path *p)
+/* After the connections are gone: the path's registrations and fabric. */
+static void path_release(struct clt_path *p)
+{
+	path_release_mrs(p);
+	fab_close(p->fab);
+	p->fab = NULL;
+}
+
+
+/*
+ * Establishes the path; the caller's thread blocks. On failure the path
+ * ends CLOSED, or (retry) RECONNECTING with the next attempt scheduled.
+ */
+static int path_connect(struct clt_path *p, bool retry)
 {
 	struct rtrs_clt_sess *s = p->sess;
+	bool again;
 	int rc;
 
 	p->info_done = false;
@@ -939,10 +1053,16 @@ static int path_connect(struct clt_path *p)
 
 out_fail:
 	path_destroy_cons(p);
-	path_release_mrs(p);
-	fab_close(p->fab);
-	p->fab = NULL;
-	atomic_store(&p->state, RTRS_PATH_CLOSED);
+	path_release(p);
+	/* Another attempt? This one is not counted yet. */
+	again = retry && !__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE) &&
+		!atomic_load(&p->keep_closed) &&
+		(s->max_reconnect_attempts < 0 || p->attempts + 1 < s->max_reconnect_attempts);
+	pthread_rwlock_wrlock(&p->post_lock);
+	path_change_state(p, again ? RTRS_PATH_RECONNECTING : RTRS_PATH_CLOSED);
+	pthread_rwlock_unlock(&p->post_lock);
+	if (again)
+		path_schedule_reconnect(p, 0); /* arming a timer is safe off the loop */
 	return rc;
 }
 
@@ -968,6 +1088,12 @@ static int opts_validate(const struct rtrs_clt_opts *o)
 			return -EINVAL;
 		}
 	}
+	if (o->max_reconnect_attempts < -1 || o->reconnect_delay_ms > 3600000 ||
+	    o->reconnect_jitter_ms > 3600000) {
+		log_err("%s: reconnect attempts below -1 or delay/jitter above an hour",
+			o->sessname);
+		return -EINVAL;
+	}
 	if ((unsigned)o->mp_policy > RTRS_MP_POLICY_MIN_LATENCY) {
 		log_err("%s: unknown multipath policy %d", o->sessname, (int)o->mp_policy);
 		return -EINVAL;
@@ -988,6 +1114,7 @@ static void sess_free(struct rtrs_clt_sess *s)
 		if (!p->sess)
 			continue; /* never initialised */
 		loop_timer_fini(&p->hb.timer);
+		loop_timer_fini(&p->reconnect_timer);
 		path_release_mrs(p);
 		fab_close(p->fab);
 		free(p->cons);
@@ -1010,7 +1137,14 @@ static void path_close_call(void *arg)
 {
 	struct clt_path *p = arg;
 
-	path_stop(p, -ESHUTDOWN);
+	/* No more attempts (closing is set), and the last one is over. */
+	loop_timer_arm(&p->reconnect_timer, 0, 0);
+	if (p->worker_started) {
+		pthread_join(p->worker, NULL);
+		p->worker_started = false;
+	}
+	path_stop(p, -ESHUTDOWN, RTRS_PATH_CLOSED);
+	loop_timer_fini(&p->reconnect_timer);
 	loop_timer_fini(&p->hb.timer);
 }
 
@@ -1026,6 +1160,10 @@ void rtrs_clt_close(struct rtrs_clt_sess *s)
 	while (s->permit_waiters)
 		pthread_cond_wait(&s->permit_cond, &s->permit_lock);
 	pthread_mutex_unlock(&s->permit_lock);
+	/* Wake attempts in progress: they give up (fail_err) and see closing. */
+	for (size_t i = 0; i < s->paths_num; i++)
+		if (s->paths[i].sess)
+			clt_fail_path(&s->paths[i], -ESHUTDOWN);
 	for (size_t i = 0; s->loop && i < s->paths_num; i++)
 		if (s->paths[i].sess)
 			loop_call(s->loop, path_close_call, &s->paths[i]);
@@ -1043,6 +1181,7 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 	p->sess = s;
 	p->idx = idx;
 	p->hb.timer.h.fd = -1;
+	p->reconnect_timer.h.fd = -1;
 	rc = rtrs_split_hostport(addr->dst, s->port, p->host, sizeof(p->host), p->port,
 				 sizeof(p->port));
 	if (rc) {
@@ -1072,6 +1211,10 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 	p->hb.interval_ms = s->hb_interval_ms;
 	p->hb.missed_max = s->hb_missed_max;
 	loop_work_init(&p->fail_work, path_fail_work);
+	atomic_init(&p->keep_closed, false);
+	rc = loop_timer_init(s->loop, &p->reconnect_timer, path_reconnect_timer);
+	if (rc)
+		return rc;
 	return loop_timer_init(s->loop, &p->hb.timer, path_hb_timer);
 }
 
@@ -1097,6 +1240,9 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	s->hb_interval_ms = o->hb_interval_ms;
 	s->hb_missed_max = o->hb_missed_max;
 	s->connect_timeout_ms = o->connect_timeout_ms;
+	s->reconnect_delay_ms = o->reconnect_delay_ms;
+	s->reconnect_jitter_ms = o->reconnect_jitter_ms;
+	s->max_reconnect_attempts = o->max_reconnect_attempts;
 	s->link_ev = o->link_ev;
 	s->priv = o->priv;
 	atomic_init(&s->mp_policy, o->mp_policy);
@@ -1121,7 +1267,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 			goto out_free;
 	}
 	for (size_t i = 0; i < s->paths_num; i++) {
-		rc = path_connect(&s->paths[i]);
+		rc = path_connect(&s->paths[i], false);
 		if (rc)
 			goto out_free;
 	}
@@ -1178,6 +1324,71 @@ int rtrs_clt_path_stats(struct rtrs_clt_sess *s, unsigned idx, struct rtrs_path_
 	st->write_bytes = atomic_load(&p->stat_write_bytes);
 	st->inflight = atomic_load(&p->inflight);
 	st->hb_latency_ns = atomic_load(&p->hb.latency_ns);
+	st->reconnects = atomic_load(&p->stat_reconnects);
+	st->reconnect_failures = atomic_load(&p->stat_reconnect_failures);
+	return 0;
+}
+
+static void path_disconnect_call(void *arg)
+{
+	struct clt_path *p = arg;
+
+	atomic_store(&p->keep_closed, true);
+	loop_timer_arm(&p->reconnect_timer, 0, 0);
+	if (p->worker_started) {
+		/* An attempt in progress gives up (fail_err) and stays closed. */
+		clt_fail_path(p, -ESHUTDOWN);
+		pthread_join(p->worker, NULL);
+		p->worker_started = false;
+	}
+	path_stop(p, -ESHUTDOWN, RTRS_PATH_CLOSED);
+}
+
+RTRS_EXPORT
+int rtrs_clt_disconnect_path(struct rtrs_clt_sess *s, unsigned idx)
+{
+	if (!s)
+		return -EINVAL;
+	if (idx >= s->paths_num)
+		return -ENOENT;
+	loop_call(s->loop, path_disconnect_call, &s->paths[idx]);
+	return 0;
+}
+
+static void path_reconnect_call(void *arg)
+{
+	struct clt_path *p = arg;
+
+	atomic_store(&p->keep_closed, false);
+	p->attempts = 0;
+	switch (atomic_load(&p->state)) {
+	case RTRS_PATH_CONNECTED:
+		/* Closed first; path_stop schedules the attempt itself. */
+		path_stop(p, -ECONNRESET, RTRS_PATH_RECONNECTING);
+		return;
+	case RTRS_PATH_CLOSED:
+		pthread_rwlock_wrlock(&p->post_lock);
+		path_change_state(p, RTRS_PATH_RECONNECTING);
+		pthread_rwlock_unlock(&p->post_lock);
+		/* fall through */
+	case RTRS_PATH_RECONNECTING:
+		loop_timer_arm(&p->reconnect_timer, 1, 0);
+		return;
+	default:
+		return; /* connecting or closing: an attempt is under way */
+	}
+}
+
+RTRS_EXPORT
+int rtrs_clt_reconnect_path(struct rtrs_clt_sess *s, unsigned idx)
+{
+	if (!s)
+		return -EINVAL;
+	if (idx >= s->paths_num)
+		return -ENOENT;
+	if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
+		return -ESHUTDOWN;
+	loop_call(s->loop, path_reconnect_call, &s->paths[idx]);
 	return 0;
 }
 
@@ -1211,5 +1422,8 @@ int rtrs_clt_opts_init(struct rtrs_clt_opts *o, size_t size)
 	o->hb_missed_max = RTRS_DEFAULT_HB_MISSED_MAX;
 	o->connect_timeout_ms = RTRS_DEFAULT_CONNECT_TIMEOUT_MS;
 	o->mp_policy = RTRS_MP_POLICY_MIN_INFLIGHT;
+	o->reconnect_delay_ms = 1000;
+	o->reconnect_jitter_ms = 1000;
+	o->max_reconnect_attempts = -1;
 	return 0;
 }

@@ -48,6 +48,7 @@ enum rtrs_path_state {
 	RTRS_PATH_CONNECTED,
 	RTRS_PATH_CLOSING,
 	RTRS_PATH_CLOSED,
+	RTRS_PATH_RECONNECTING, /* client: failed, waiting for the next attempt */
 	RTRS_PATH_NUM_STATES,
 };
 

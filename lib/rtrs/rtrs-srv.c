@@ -896,6 +896,16 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 				sess_free(s);
 			return;
 		}
+	} else if (req.cid == 0 && (atomic_load(&p->state) == RTRS_PATH_CONNECTED ||
+				    p->cons[0].fc)) {
+		/*
+		 * The client starts this path again: it has given up on the old
+		 * one, which we may not have noticed yet. Close it; the client's
+		 * next attempt finds the path gone (or being freed).
+		 */
+		srv_reject(ctx, creq, peer, -EAGAIN, "the client reconnects a path still open here");
+		path_stop(p, -ECONNRESET);
+		return;
 	} else if (atomic_load(&p->state) != RTRS_PATH_CONNECTING || req.cid_num != p->cid_num ||
 		   p->cons[req.cid].fc) {
 		srv_reject(ctx, creq, peer, -EEXIST, "connection does not fit the path's state");

@@ -14,15 +14,17 @@ static const char *const path_state_names[RTRS_PATH_NUM_STATES] = {
 	[RTRS_PATH_CONNECTED] = "connected",
 	[RTRS_PATH_CLOSING] = "closing",
 	[RTRS_PATH_CLOSED] = "closed",
+	[RTRS_PATH_RECONNECTING] = "reconnecting",
 };
 
 /* allowed[from][to]: every legal transition, nothing else. */
 static const bool path_state_allowed[RTRS_PATH_NUM_STATES][RTRS_PATH_NUM_STATES] = {
 	[RTRS_PATH_CONNECTING] = { [RTRS_PATH_CONNECTED] = true, [RTRS_PATH_CLOSING] = true,
-				   [RTRS_PATH_CLOSED] = true },
+				   [RTRS_PATH_CLOSED] = true, [RTRS_PATH_RECONNECTING] = true },
 	[RTRS_PATH_CONNECTED] = { [RTRS_PATH_CLOSING] = true },
-	[RTRS_PATH_CLOSING] = { [RTRS_PATH_CLOSED] = true },
-	[RTRS_PATH_CLOSED] = { [RTRS_PATH_CONNECTING] = true },
+	[RTRS_PATH_CLOSING] = { [RTRS_PATH_CLOSED] = true, [RTRS_PATH_RECONNECTING] = true },
+	[RTRS_PATH_CLOSED] = { [RTRS_PATH_CONNECTING] = true, [RTRS_PATH_RECONNECTING] = true },
+	[RTRS_PATH_RECONNECTING] = { [RTRS_PATH_CONNECTING] = true, [RTRS_PATH_CLOSED] = true },
 };
 
 const char *rtrs_path_state_str(enum rtrs_path_state s)

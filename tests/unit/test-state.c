@@ -28,6 +28,12 @@ static bool expect_allowed(int from, int to)
 		{ RTRS_PATH_CONNECTED, RTRS_PATH_CLOSING },
 		{ RTRS_PATH_CLOSING, RTRS_PATH_CLOSED },
 		{ RTRS_PATH_CLOSED, RTRS_PATH_CONNECTING },
+		/* reconnect */
+		{ RTRS_PATH_CONNECTING, RTRS_PATH_RECONNECTING },
+		{ RTRS_PATH_CLOSING, RTRS_PATH_RECONNECTING },
+		{ RTRS_PATH_CLOSED, RTRS_PATH_RECONNECTING },
+		{ RTRS_PATH_RECONNECTING, RTRS_PATH_CONNECTING },
+		{ RTRS_PATH_RECONNECTING, RTRS_PATH_CLOSED },
 	};
 
 	for (unsigned i = 0; i < ARRAY_SIZE(allowed); i++)
@@ -40,12 +46,13 @@ static void test_path_states(void)
 {
 	/* In-range states plus values just outside and far outside. */
 	static const int vals[] = { -1000, -2, -1, RTRS_PATH_CONNECTING, RTRS_PATH_CONNECTED,
-				    RTRS_PATH_CLOSING, RTRS_PATH_CLOSED, RTRS_PATH_NUM_STATES,
+				    RTRS_PATH_CLOSING, RTRS_PATH_CLOSED, RTRS_PATH_RECONNECTING,
+				    RTRS_PATH_NUM_STATES,
 				    RTRS_PATH_NUM_STATES + 1, 64, 1000, INT32_MAX };
 	unsigned n_allowed = 0, n_pairs = 0;
 
 	/* The enum this table is written against. */
-	CHECK_EQ(RTRS_PATH_NUM_STATES, 4);
+	CHECK_EQ(RTRS_PATH_NUM_STATES, 5);
 
 	for (unsigned i = 0; i < ARRAY_SIZE(vals); i++) {
 		for (unsigned j = 0; j < ARRAY_SIZE(vals); j++) {
@@ -62,7 +69,7 @@ static void test_path_states(void)
 		}
 	}
 	CHECK_EQ(n_pairs, ARRAY_SIZE(vals) * ARRAY_SIZE(vals));
-	CHECK_EQ(n_allowed, 6);
+	CHECK_EQ(n_allowed, 11);
 
 	/* Spelled out, so a failure names the transition. */
 	CHECK(rtrs_path_state_allowed(RTRS_PATH_CONNECTING, RTRS_PATH_CONNECTED));
@@ -77,6 +84,9 @@ static void test_path_states(void)
 	CHECK(!rtrs_path_state_allowed(RTRS_PATH_CLOSING, RTRS_PATH_CONNECTED));
 	CHECK(!rtrs_path_state_allowed(RTRS_PATH_CLOSED, RTRS_PATH_CONNECTED));
 	CHECK(!rtrs_path_state_allowed(RTRS_PATH_CLOSED, RTRS_PATH_CLOSING));
+	CHECK(!rtrs_path_state_allowed(RTRS_PATH_CONNECTED, RTRS_PATH_RECONNECTING));
+	CHECK(!rtrs_path_state_allowed(RTRS_PATH_RECONNECTING, RTRS_PATH_CONNECTED));
+	CHECK(!rtrs_path_state_allowed(RTRS_PATH_RECONNECTING, RTRS_PATH_CLOSING));
 	for (int s = 0; s < RTRS_PATH_NUM_STATES; s++)
 		CHECK(!rtrs_path_state_allowed((enum rtrs_path_state)s, (enum rtrs_path_state)s),
 		      "self transition %s allowed", rtrs_path_state_str((enum rtrs_path_state)s));
@@ -97,6 +107,7 @@ static void test_path_state_names(void)
 	CHECK(!strcmp(rtrs_path_state_str(RTRS_PATH_CONNECTED), "connected"));
 	CHECK(!strcmp(rtrs_path_state_str(RTRS_PATH_CLOSING), "closing"));
 	CHECK(!strcmp(rtrs_path_state_str(RTRS_PATH_CLOSED), "closed"));
+	CHECK(!strcmp(rtrs_path_state_str(RTRS_PATH_RECONNECTING), "reconnecting"));
 	for (unsigned i = 0; i < ARRAY_SIZE(bad); i++) {
 		s = rtrs_path_state_str((enum rtrs_path_state)bad[i]);
 		CHECK(s && !strcmp(s, "unknown"), "state %d: \"%s\"", bad[i], s ? s : "NULL");

@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Reconnect:
+ *   - the server is killed: the path goes to "reconnecting", requests fail
+ *     at once (no path), link event DISCONNECTED; the server is restarted on
+ *     the same port: the path comes back by itself (RECONNECTED) and
+ *     verified IO runs again;
+ *   - with max_reconnect_attempts = 2 and no server, the path stops after
+ *     two failed attempts ("closed") and comes back only when reconnected by
+ *     hand;
+ *   - a path disconnected by the user stays closed.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "rtrs.h"
+#include "check.h"
+#include "harness.h"
+#include "test-proto-hdr.h"
+
+static struct rtrs_clt_sess *sess;
+static atomic_int ev_up, ev_down;
+
+static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
+{
+	atomic_fetch_add(ev == RTRS_CLT_LINK_EV_RECONNECTED ? &ev_up : &ev_down, 1);
+}
+
+struct sync_io {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+	int err;
+};
+
+static void conf(void *priv, int err)
+{
+	struct sync_io *s = priv;
+
+	pthread_mutex_lock(&s->lock);
+	s->err = err;
+	s->done = true;
+	pthread_cond_signal(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* One request, waited for; the submit error or the completion's. */
+static int io(enum rtrs_dir dir, uint64_t off, void *buf, size_t len)
+{
+	struct sync_io s = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
+	struct test_hdr h = { .magic = TEST_MAGIC, .op = TEST_OP_IO, .offset = off,
+			      .len = (uint32_t)len };
+	struct iovec usr = { &h, sizeof(h) }, data = { buf, len };
+	struct rtrs_clt_req_ops ops = { .priv = &s, .conf = conf };
+	struct rtrs_permit *p = rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+	int rc = rtrs_clt_request(sess, dir, &ops, p, &usr, 1, &data, 1);
+
+	if (!rc) {
+		pthread_mutex_lock(&s.lock);
+		while (!s.done)
+			pthread_cond_wait(&s.cond, &s.lock);
+		pthread_mutex_unlock(&s.lock);
+		rc = s.err;
+	}
+	rtrs_clt_put_permit(sess, p);
+	return rc;
+}
+
+static bool verified_io(uint8_t seed)
+{
+	static uint8_t w[8192], r[8192];
+
+	memset(w, seed, sizeof(w));
+	memset(r, 0, sizeof(r));
+	return io(RTRS_WRITE, 4096, w, sizeof(w)) == 0 && io(RTRS_READ, 4096, r, sizeof(r)) == 0 &&
+	       !memcmp(w, r, sizeof(w));
+}
+
+static const char *state(void)
+{
+	static struct rtrs_path_stats st;
+
+	st.size = sizeof(st);
+	rtrs_clt_path_stats(sess, 0, &st);
+	return st.state;
+}
+
+/* Waits up to ms for the path to be in state want. */
+static bool wait_state(const char *want, unsigned ms)
+{
+	uint64_t end = test_now_ms() + ms;
+
+	while (strcmp(state(), want) && test_now_ms() < end)
+		usleep(10000);
+	return !strcmp(state(), want);
+}
+
+static int start_server(int port, struct proc *srv)
+{
+	char p[16], a_port[] = "--port", a_hb[] = "--hb-interval", hb[] = "200";
+	char *argv[] = { (char *)test_server_path(), a_port, p, a_hb, hb, NULL };
+
+	snprintf(p, sizeof(p), "%d", port);
+	return proc_spawn_server(argv, srv);
+}
+
+int main(void)
+{
+	struct rtrs_path_stats st = { .size = sizeof(st) };
+	struct rtrs_path_addr path;
+	struct rtrs_clt_opts o;
+	struct proc srv;
+	char dst[96];
+	uint8_t b[16];
+	int rc, port;
+
+	if (start_server(0, &srv))
+		return 1;
+	port = srv.port;
+	proc_dst(&srv, dst, sizeof(dst));
+	path = (struct rtrs_path_addr){ .dst = dst };
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = "test-reconnect";
+	o.provider = test_provider();
+	o.paths = &path;
+	o.paths_num = 1;
+	o.nr_io_cons = 1;
+	o.hb_interval_ms = 200;
+	o.reconnect_delay_ms = 200;
+	o.reconnect_jitter_ms = 100;
+	o.link_ev = link_ev;
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc == 0, "open: %s", strerror(-rc));
+	if (rc) {
+		proc_signal(&srv, SIGKILL, true);
+		return test_done("test-reconnect");
+	}
+	CHECK(verified_io(0x11), "IO before the server dies");
+
+	/* 1. Server killed, then restarted on the same port. */
+	proc_signal(&srv, SIGKILL, true);
+	CHECK(wait_state("reconnecting", 3000), "path state %s after the kill", state());
+	CHECK_EQ(atomic_load(&ev_down), 1);
+	CHECK_EQ(io(RTRS_WRITE, 0, b, sizeof(b)), -ECONNABORTED);
+	usleep(700 * 1000); /* a few attempts fail while nothing listens */
+	CHECK_EQ(start_server(port, &srv), 0);
+	CHECK(wait_state("connected", 10000), "path state %s after the restart", state());
+	CHECK_EQ(atomic_load(&ev_up), 1);
+	CHECK(verified_io(0x22), "verified IO after the reconnect");
+	rtrs_clt_path_stats(sess, 0, &st);
+	CHECK_EQ(st.reconnects, 1);
+	CHECK(st.reconnect_failures >= 1, "failed attempts while the server was down: %llu",
+	      (unsigned long long)st.reconnect_failures);
+
+	/* 2. A path the user disconnects stays closed; reconnecting brings it back. */
+	CHECK_EQ(rtrs_clt_disconnect_path(sess, 0), 0);
+	CHECK(!strcmp(state(), "closed"), "state %s after disconnect", state());
+	usleep(600 * 1000);
+	CHECK(!strcmp(state(), "closed"), "no automatic reconnect after disconnect: %s", state());
+	CHECK_EQ(rtrs_clt_reconnect_path(sess, 0), 0);
+	CHECK(wait_state("connected", 5000), "state %s after a manual reconnect", state());
+	CHECK(verified_io(0x33), "verified IO after the manual reconnect");
+	rtrs_clt_close(sess);
+	sess = NULL;
+	rc = proc_signal(&srv, SIGTERM, true);
+	CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "server exit status %d", rc);
+
+	/* 3. Bounded attempts: two failures and the path stays closed. */
+	CHECK_EQ(start_server(0, &srv), 0);
+	proc_dst(&srv, dst, sizeof(dst));
+	path.dst = dst;
+	o.max_reconnect_attempts = 2;
+	o.link_ev = NULL;
+	CHECK_EQ(rtrs_clt_open(&o, &sess), 0);
+	if (!sess)
+		return test_done("test-reconnect");
+	port = srv.port;
+	proc_signal(&srv, SIGKILL, true);
+	CHECK(wait_state("closed", 5000), "state %s after two failed attempts", state());
+	rtrs_clt_path_stats(sess, 0, &st);
+	CHECK_EQ(st.reconnect_failures, 2);
+	usleep(800 * 1000);
+	rtrs_clt_path_stats(sess, 0, &st);
+	CHECK_EQ(st.reconnect_failures, 2);
+	CHECK_EQ(start_server(port, &srv), 0);
+	CHECK_EQ(rtrs_clt_reconnect_path(sess, 0), 0);
+	CHECK(wait_state("connected", 5000), "state %s after a manual reconnect", state());
+	CHECK(verified_io(0x44), "verified IO after the manual reconnect");
+	CHECK_EQ(rtrs_clt_reconnect_path(sess, 7), -ENOENT);
+	CHECK_EQ(rtrs_clt_disconnect_path(sess, 7), -ENOENT);
+	rtrs_clt_close(sess);
+	rc = proc_signal(&srv, SIGTERM, true);
+	CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "server exit status %d", rc);
+	return test_done("test-reconnect");
+}
