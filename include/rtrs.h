@@ -36,6 +36,7 @@ enum rtrs_dir { RTRS_READ = 0, RTRS_WRITE = 1 };
 #define RTRS_DEFAULT_HB_INTERVAL_MS 1000
 #define RTRS_DEFAULT_HB_MISSED_MAX 3
 #define RTRS_DEFAULT_CONNECT_TIMEOUT_MS 10000
+#define RTRS_DEFAULT_FAST_IO_FAIL_MS 5000
 
 /* One path: an optional source address and a destination "host[:port]". */
 struct rtrs_path_addr {
@@ -77,6 +78,13 @@ struct rtrs_clt_opts {
 	unsigned reconnect_delay_ms;
 	unsigned reconnect_jitter_ms;
 	int max_reconnect_attempts;
+	/*
+	 * With no path up but one on its way (connecting or reconnecting), a
+	 * request waits up to fast_io_fail_ms for it, then fails with
+	 * -ETIMEDOUT (default 5000; 0: fail at once with -ECONNABORTED, as the
+	 * kernel does). With every path closed it fails at once.
+	 */
+	unsigned fast_io_fail_ms;
 	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
 	void *priv;
 };
@@ -121,7 +129,8 @@ struct rtrs_clt_req_ops {
  * Returns 0 (conf will be called) or a negative errno (it will not):
  * -EMSGSIZE (too large), -EINVAL (bad arguments or a permit not taken),
  * -EBUSY (the permit's previous request has not completed),
- * -ECONNABORTED (no path up), -ESHUTDOWN (closing), or an error from
+ * -ECONNABORTED (no path up and none coming, or fast_io_fail_ms is 0),
+ * -ESHUTDOWN (closing), or an error from
  * registering or posting (e.g. -ENOMEM).
  */
 int rtrs_clt_request(struct rtrs_clt_sess *sess, enum rtrs_dir dir,

@@ -48,6 +48,8 @@ struct clt_req {
 	size_t next_iov;            /* posting progress after -EAGAIN */
 	uint64_t next_off;
 	struct clt_req *pending_next;
+	struct clt_req *wait_next;  /* waiting for a path (path == NULL) */
+	uint64_t wait_deadline_ms;
 };
 
 struct clt_con {
@@ -108,6 +110,7 @@ struct rtrs_clt_sess {
 	unsigned hb_interval_ms, hb_missed_max, connect_timeout_ms;
 	unsigned reconnect_delay_ms, reconnect_jitter_ms;
 	int max_reconnect_attempts;
+	bool wait_timer_ready;
 	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
 	void *priv;
 	atomic_bool opened;         /* link events only after rtrs_clt_open */
@@ -131,6 +134,13 @@ struct rtrs_clt_sess {
 	atomic_uint paths_up;
 	_Atomic enum rtrs_mp_policy mp_policy;
 	atomic_uint rr_cursor;
+
+	/* Requests waiting for a path, bounded by fast_io_fail_ms. */
+	unsigned fast_io_fail_ms;
+	pthread_mutex_t wait_lock;
+	struct clt_req *wait_head;
+	struct loop_timer wait_timer;
+	struct loop_work wait_work;
 };
 
 static void clt_fail_path(struct clt_path *p, int err);
@@ -157,7 +167,8 @@ static bool req_complete(struct clt_req *req, int err)
 		return false;
 	req_release_mrs(req);
 	ops = req->ops;
-	atomic_fetch_sub(&p->inflight, 1);
+	if (p) /* NULL: it was waiting for a path */
+		atomic_fetch_sub(&p->inflight, 1);
 	atomic_store(&req->state, REQ_IDLE);
 	/* req may be reused by the permit holder from here on. */
 	ops.conf(ops.priv, err);
@@ -386,6 +397,98 @@ static int req_route(struct clt_req *req)
 	return rc;
 }
 
+/* True while some path is up or on its way (a request may wait for it). */
+static bool sess_path_may_come(struct rtrs_clt_sess *s)
+{
+	if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
+		return false;
+	for (size_t i = 0; i < s->paths_num; i++) {
+		enum rtrs_path_state st = atomic_load(&s->paths[i].state);
+
+		if (st != RTRS_PATH_CLOSED && st != RTRS_PATH_CLOSING)
+			return true;
+	}
+	return false;
+}
+
+/* No path now: park req until one comes or fast_io_fail_ms passes. */
+static void req_wait(struct clt_req *req)
+{
+	struct rtrs_clt_sess *s = req->sess;
+	bool first;
+
+	req->path = NULL;
+	req->wait_deadline_ms = now_ms() + s->fast_io_fail_ms;
+	atomic_store(&req->state, REQ_INFLIGHT);
+	pthread_mutex_lock(&s->wait_lock);
+	first = !s->wait_head;
+	req->wait_next = s->wait_head;
+	s->wait_head = req;
+	pthread_mutex_unlock(&s->wait_lock);
+	if (first) /* retried every 50 ms, and at once when a path comes up */
+		loop_timer_arm(&s->wait_timer, 50, 50);
+}
+
+/*
+ * Loop thread: retries the waiting requests; fails those past their
+ * deadline (-ETIMEDOUT) or with no path left to wait for (-ECONNABORTED).
+ * Completions run without the lock: conf may submit again.
+ */
+static void sess_retry_waiting(struct rtrs_clt_sess *s)
+{
+	struct clt_req *list, *req, *keep = NULL;
+	bool may_come = sess_path_may_come(s);
+	uint64_t now = now_ms();
+
+	pthread_mutex_lock(&s->wait_lock);
+	list = s->wait_head;
+	s->wait_head = NULL;
+	pthread_mutex_unlock(&s->wait_lock);
+	while ((req = list)) {
+		int err = 0;
+
+		list = req->wait_next;
+		if (!may_come)
+			err = -ECONNABORTED;
+		else if (now >= req->wait_deadline_ms)
+			err = -ETIMEDOUT;
+		else if (req_route(req) == 0)
+			continue; /* on its way */
+		if (err) {
+			if (err == -ETIMEDOUT)
+				log_warn_rl("%s: no path came up within %u ms, request %u fails",
+					    s->name, s->fast_io_fail_ms, req->id);
+			req->path = NULL;
+			req_complete(req, err);
+			continue;
+		}
+		/* A failed try left it IDLE: it still waits, so it is ours again. */
+		req->path = NULL;
+		atomic_store(&req->state, REQ_INFLIGHT);
+		req->wait_next = keep;
+		keep = req;
+	}
+	pthread_mutex_lock(&s->wait_lock);
+	while ((req = keep)) {
+		keep = req->wait_next;
+		req->wait_next = s->wait_head;
+		s->wait_head = req;
+	}
+	if (!s->wait_head)
+		loop_timer_arm(&s->wait_timer, 0, 0);
+	pthread_mutex_unlock(&s->wait_lock);
+}
+
+static void sess_wait_timer(struct loop_timer *t)
+{
+	sess_retry_waiting(container_of(t, struct rtrs_clt_sess, wait_timer));
+}
+
+static void sess_wait_work(struct loop_work *w)
+{
+	sess_retry_waiting(container_of(w, struct rtrs_clt_sess, wait_work));
+}
+
 RTRS_EXPORT
 int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 		     const struct rtrs_clt_req_ops *ops, struct rtrs_permit *permit,
@@ -434,7 +537,15 @@ int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 		slot += usr[i].iov_len;
 	}
 
-	return req_route(req);
+	{
+		int rc = req_route(req);
+
+		if (rc == -ECONNABORTED && s->fast_io_fail_ms && sess_path_may_come(s)) {
+			req_wait(req);
+			return 0;
+		}
+		return rc;
+	}
 }
 
 /* ---- permits --------------------------------------------------------------- */
@@ -1047,6 +1158,8 @@ static int path_connect(struct clt_path *p, bool retry)
 	/* A failure reported while we were finishing: handle it now. */
 	if (atomic_load(&p->fail_err))
 		loop_queue(s->loop, &p->fail_work);
+	/* Requests waiting for a path go now. */
+	loop_queue(s->loop, &s->wait_work);
 	log_info("%s: connected, %u connections, queue depth %u, max io %u", p->name,
 		 p->nr_cons, s->queue_depth, s->max_io_size);
 	return 0;
@@ -1089,7 +1202,7 @@ static int opts_validate(const struct rtrs_clt_opts *o)
 		}
 	}
 	if (o->max_reconnect_attempts < -1 || o->reconnect_delay_ms > 3600000 ||
-	    o->reconnect_jitter_ms > 3600000) {
+	    o->reconnect_jitter_ms > 3600000 || o->fast_io_fail_ms > 3600000) {
 		log_err("%s: reconnect attempts below -1 or delay/jitter above an hour",
 			o->sessname);
 		return -EINVAL;
@@ -1130,7 +1243,16 @@ static void sess_free(struct rtrs_clt_sess *s)
 	free(s->hdr_area);
 	pthread_mutex_destroy(&s->permit_lock);
 	pthread_cond_destroy(&s->permit_cond);
+	pthread_mutex_destroy(&s->wait_lock);
 	free(s);
+}
+
+static void sess_close_waiting(void *arg)
+{
+	struct rtrs_clt_sess *s = arg;
+
+	sess_retry_waiting(s); /* closing: nothing may come, all fail */
+	loop_timer_fini(&s->wait_timer);
 }
 
 static void path_close_call(void *arg)
@@ -1167,6 +1289,9 @@ void rtrs_clt_close(struct rtrs_clt_sess *s)
 	for (size_t i = 0; s->loop && i < s->paths_num; i++)
 		if (s->paths[i].sess)
 			loop_call(s->loop, path_close_call, &s->paths[i]);
+	/* Closing: every request still waiting for a path fails now. */
+	if (s->loop && s->wait_timer_ready)
+		loop_call(s->loop, sess_close_waiting, s);
 	loop_destroy(s->loop);
 	s->loop = NULL;
 	sess_free(s);
@@ -1248,13 +1373,21 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	atomic_init(&s->mp_policy, o->mp_policy);
 	pthread_mutex_init(&s->permit_lock, NULL);
 	pthread_cond_init(&s->permit_cond, NULL);
+	pthread_mutex_init(&s->wait_lock, NULL);
 	atomic_init(&s->paths_up, 0);
+	s->fast_io_fail_ms = o->fast_io_fail_ms;
+	s->wait_timer.h.fd = -1;
+	loop_work_init(&s->wait_work, sess_wait_work);
 	rc = rand_bytes(s->paths_uuid, sizeof(s->paths_uuid));
 	if (rc)
 		goto out_free;
 	rc = loop_create("rtrs-clt", &s->loop);
 	if (rc)
 		goto out_free;
+	rc = loop_timer_init(s->loop, &s->wait_timer, sess_wait_timer);
+	if (rc)
+		goto out_free;
+	s->wait_timer_ready = true;
 	s->paths = calloc(o->paths_num, sizeof(*s->paths));
 	if (!s->paths) {
 		rc = -ENOMEM;
@@ -1425,5 +1558,6 @@ int rtrs_clt_opts_init(struct rtrs_clt_opts *o, size_t size)
 	o->reconnect_delay_ms = 1000;
 	o->reconnect_jitter_ms = 1000;
 	o->max_reconnect_attempts = -1;
+	o->fast_io_fail_ms = RTRS_DEFAULT_FAST_IO_FAIL_MS;
 	return 0;
 }

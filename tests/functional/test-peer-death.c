@@ -91,6 +91,7 @@ static int open_session(int port)
 	o.paths_num = 1;
 	o.hb_interval_ms = HB_MS;
 	o.hb_missed_max = HB_MISSED;
+	o.fast_io_fail_ms = 0; /* what is checked here: failing at once */
 	return rtrs_clt_open(&o, &sess);
 }
 

@@ -101,6 +101,24 @@ static bool wait_state(const char *want, unsigned ms)
 	return !strcmp(state(), want);
 }
 
+struct waiter {
+	pthread_t thr;
+	int rc;
+	uint64_t ms;
+};
+
+static void *write_waiting(void *arg)
+{
+	struct waiter *w = arg;
+	static uint8_t buf[4096];
+	uint64_t t0 = test_now_ms();
+
+	memset(buf, 0x5A, sizeof(buf));
+	w->rc = io(RTRS_WRITE, 65536, buf, sizeof(buf));
+	w->ms = test_now_ms() - t0;
+	return NULL;
+}
+
 static int start_server(int port, struct proc *srv)
 {
 	char p[16], a_port[] = "--port", a_hb[] = "--hb-interval", hb[] = "200";
@@ -134,6 +152,7 @@ int main(void)
 	o.hb_interval_ms = 200;
 	o.reconnect_delay_ms = 200;
 	o.reconnect_jitter_ms = 100;
+	o.fast_io_fail_ms = 8000;
 	o.link_ev = link_ev;
 	rc = rtrs_clt_open(&o, &sess);
 	CHECK(rc == 0, "open: %s", strerror(-rc));
@@ -147,11 +166,21 @@ int main(void)
 	proc_signal(&srv, SIGKILL, true);
 	CHECK(wait_state("reconnecting", 3000), "path state %s after the kill", state());
 	CHECK_EQ(atomic_load(&ev_down), 1);
-	CHECK_EQ(io(RTRS_WRITE, 0, b, sizeof(b)), -ECONNABORTED);
+	/* No path up, one on its way: a request waits for it. */
+	struct waiter w = { .rc = 1 };
+
+	pthread_create(&w.thr, NULL, write_waiting, &w);
 	usleep(700 * 1000); /* a few attempts fail while nothing listens */
+	CHECK_EQ(w.rc, 1);
 	CHECK_EQ(start_server(port, &srv), 0);
 	CHECK(wait_state("connected", 10000), "path state %s after the restart", state());
+	pthread_join(w.thr, NULL);
+	CHECK(w.rc == 0, "the waiting write completed: %s", strerror(-w.rc));
+	CHECK(w.ms >= 600, "it waited %llu ms for the path", (unsigned long long)w.ms);
 	CHECK_EQ(atomic_load(&ev_up), 1);
+	memset(b, 0, sizeof(b));
+	CHECK_EQ(io(RTRS_READ, 65536, b, sizeof(b)), 0);
+	CHECK(b[0] == 0x5A && b[15] == 0x5A, "the waiting write reached the new server");
 	CHECK(verified_io(0x22), "verified IO after the reconnect");
 	rtrs_clt_path_stats(sess, 0, &st);
 	CHECK_EQ(st.reconnects, 1);
@@ -176,13 +205,26 @@ int main(void)
 	proc_dst(&srv, dst, sizeof(dst));
 	path.dst = dst;
 	o.max_reconnect_attempts = 2;
+	o.fast_io_fail_ms = 300;
 	o.link_ev = NULL;
 	CHECK_EQ(rtrs_clt_open(&o, &sess), 0);
 	if (!sess)
 		return test_done("test-reconnect");
 	port = srv.port;
+	/* While it still reconnects, a request waits out fast_io_fail_ms. */
 	proc_signal(&srv, SIGKILL, true);
+	CHECK(wait_state("reconnecting", 3000), "state %s after the kill", state());
+	uint64_t t0 = test_now_ms();
+
+	CHECK_EQ(io(RTRS_WRITE, 0, b, sizeof(b)), -ETIMEDOUT);
+	CHECK(test_now_ms() - t0 >= 250 && test_now_ms() - t0 < 3000,
+	      "failed after %llu ms (bound 300)", (unsigned long long)(test_now_ms() - t0));
 	CHECK(wait_state("closed", 5000), "state %s after two failed attempts", state());
+	/* Every path closed for good: no waiting. */
+	t0 = test_now_ms();
+	CHECK_EQ(io(RTRS_WRITE, 0, b, sizeof(b)), -ECONNABORTED);
+	CHECK(test_now_ms() - t0 < 200, "failed after %llu ms",
+	      (unsigned long long)(test_now_ms() - t0));
 	rtrs_clt_path_stats(sess, 0, &st);
 	CHECK_EQ(st.reconnect_failures, 2);
 	usleep(800 * 1000);
