@@ -4,6 +4,8 @@
  *
  *   rtrs-perf server [options]            answer every IO at once
  *   rtrs-perf client --dst HOST[:PORT]    keep --queue-depth IOs in flight
+ *                                        (--dst again for more paths,
+ *                                        [SRC@]HOST[:PORT] to pick a source)
  *
  * The client prints op/s, GB/s and latency percentiles (or --json).
  * With --verify, writes carry a pattern the server checks and reads return
@@ -26,21 +28,34 @@
 static const char *const mode_names[] = { "write", "read", NULL };
 
 static struct {
-	const char *addr, *provider, *dst, *sessname;
+	const char *addr, *provider, *sessname;
+	struct opt_list dst;
 	uint64_t port, queue_depth, chunk_size, io_size, duration, cons, hb_ms;
-	unsigned mode;
+	uint64_t fast_io_fail_ms, reconnect_ms;
+	unsigned mode, policy;
 	bool json, verify, quiet;
 } g = {
 	.provider = "tcp", .sessname = "rtrs-perf", .port = RTRS_DEFAULT_PORT,
 	.queue_depth = 64, .chunk_size = RTRS_DEFAULT_CHUNK_SIZE, .io_size = 4096,
 	.duration = 5, .hb_ms = RTRS_DEFAULT_HB_INTERVAL_MS,
+	.policy = RTRS_MP_POLICY_MIN_INFLIGHT, .fast_io_fail_ms = RTRS_DEFAULT_FAST_IO_FAIL_MS,
+	.reconnect_ms = 1000,
 };
+
+static const char *const policy_names[] = { "round-robin", "min-inflight", "min-latency", NULL };
 
 static const struct opt options[] = {
 	{ "addr", 'a', OPT_STRING, &g.addr, .arg = "ADDR", .help = "server: listen address" },
 	{ "port", 'p', OPT_UINT, &g.port, 0, 65535, .arg = "N",
 	  .help = "server: listen port (0 = any, printed)" },
-	{ "dst", 'd', OPT_STRING, &g.dst, .arg = "HOST[:PORT]", .help = "client: server to use" },
+	{ "dst", 'd', OPT_LIST, &g.dst, .arg = "[SRC@]HOST[:PORT]",
+	  .help = "client: a path to the server (repeat for more paths)" },
+	{ "policy", 'P', OPT_CHOICE, &g.policy, .choices = policy_names, .arg = "NAME",
+	  .help = "client: multipath policy" },
+	{ "fast-io-fail", 0, OPT_UINT, &g.fast_io_fail_ms, 0, 3600000, .arg = "MS",
+	  .help = "client: how long IO waits for a path" },
+	{ "reconnect-delay", 0, OPT_UINT, &g.reconnect_ms, 0, 3600000, .arg = "MS",
+	  .help = "client: delay before reconnecting a failed path" },
 	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME", .help = "libfabric provider" },
 	{ "mode", 'm', OPT_CHOICE, &g.mode, .choices = mode_names, .arg = "MODE",
 	  .help = "client: IO direction" },
@@ -72,6 +87,7 @@ struct perf_hdr {
 	uint16_t flags;
 };
 #define PERF_F_VERIFY 1
+#define RTRS_PERF_MAX_PATHS 16
 #define PERF_MAGIC 0x5254u
 
 static uint8_t pattern_byte(uint64_t seq, size_t i)
@@ -281,7 +297,8 @@ static void io_conf(void *priv, int err)
 
 static int run_client(void)
 {
-	struct rtrs_path_addr path = { .dst = g.dst };
+	struct rtrs_path_addr paths[RTRS_PERF_MAX_PATHS];
+	char srcs[RTRS_PERF_MAX_PATHS][256];
 	struct rtrs_attrs attrs = { .size = sizeof(attrs) };
 	struct rtrs_clt_opts o;
 	struct rtrs_clt_sess *sess;
@@ -290,21 +307,35 @@ static int run_client(void)
 	double secs;
 	int rc;
 
-	if (!g.dst) {
-		fprintf(stderr, "rtrs-perf: client needs --dst HOST[:PORT]\n");
+	if (!g.dst.n || g.dst.n > RTRS_PERF_MAX_PATHS) {
+		fprintf(stderr, "rtrs-perf: client needs 1..%d --dst [SRC@]HOST[:PORT]\n",
+			RTRS_PERF_MAX_PATHS);
 		return 2;
+	}
+	for (unsigned i = 0; i < g.dst.n; i++) {
+		const char *d = g.dst.items[i], *at = strchr(d, '@');
+
+		paths[i] = (struct rtrs_path_addr){ .dst = at ? at + 1 : d };
+		if (at) {
+			snprintf(srcs[i], sizeof(srcs[i]), "%.*s", (int)(at - d), d);
+			paths[i].src = srcs[i];
+		}
 	}
 	rtrs_clt_opts_init(&o, sizeof(o));
 	o.sessname = g.sessname;
-	o.paths = &path;
-	o.paths_num = 1;
+	o.paths = paths;
+	o.paths_num = g.dst.n;
+	o.mp_policy = (enum rtrs_mp_policy)g.policy;
+	o.fast_io_fail_ms = (unsigned)g.fast_io_fail_ms;
+	o.reconnect_delay_ms = (unsigned)g.reconnect_ms;
 	o.port = (uint16_t)g.port;
 	o.provider = g.provider;
 	o.nr_io_cons = (unsigned)g.cons;
 	o.hb_interval_ms = (unsigned)g.hb_ms;
 	rc = rtrs_clt_open(&o, &sess);
 	if (rc) {
-		fprintf(stderr, "rtrs-perf: cannot open session to %s: %s\n", g.dst, strerror(-rc));
+		fprintf(stderr, "rtrs-perf: cannot open session to %s: %s\n", g.dst.items[0],
+			strerror(-rc));
 		return 1;
 	}
 	rtrs_clt_query(sess, &attrs);
@@ -345,7 +376,16 @@ static int run_client(void)
 	n = atomic_load(&ops_done);
 	secs = (double)(t1 - t0) / 1e9;
 	if (g.json) {
-		printf("{\"mode\":\"%s\",\"provider\":\"%s\",\"io_size\":%" PRIu64
+		printf("{\"paths\":[");
+		for (unsigned i = 0; i < attrs.paths_num; i++) {
+			struct rtrs_path_stats st = { .size = sizeof(st) };
+
+			rtrs_clt_path_stats(sess, i, &st);
+			printf("%s{\"state\":\"%s\",\"reads\":%" PRIu64 ",\"writes\":%" PRIu64
+			       ",\"reconnects\":%" PRIu64 "}", i ? "," : "", st.state, st.reads,
+			       st.writes, st.reconnects);
+		}
+		printf("],\"mode\":\"%s\",\"provider\":\"%s\",\"io_size\":%" PRIu64
 		       ",\"queue_depth\":%" PRIu64 ",\"seconds\":%.3f,\"ops\":%" PRIu64
 		       ",\"ops_per_sec\":%.0f,\"gb_per_sec\":%.4f,\"lat_us\":{\"p50\":%" PRIu64
 		       ",\"p99\":%" PRIu64 ",\"p999\":%" PRIu64 "},\"errors\":%" PRIuFAST64
@@ -356,13 +396,21 @@ static int run_client(void)
 		       atomic_load(&ops_err), atomic_load(&ops_bad));
 	} else {
 		printf("rtrs-perf: %s %" PRIu64 " B, qd %" PRIu64 ", %s, %.2f s%s\n",
-		       mode_names[g.mode], g.io_size, g.queue_depth, g.dst, secs,
+		       mode_names[g.mode], g.io_size, g.queue_depth, g.dst.items[0], secs,
 		       g.verify ? ", verified" : "");
 		printf("  %" PRIu64 " ops  %.0f op/s  %.3f GB/s  latency us p50 %" PRIu64
 		       " p99 %" PRIu64 " p99.9 %" PRIu64 "  errors %" PRIuFAST64 "\n",
 		       n, (double)n / secs, (double)n * (double)g.io_size / secs / 1e9,
 		       hist_percentile(50, n), hist_percentile(99, n), hist_percentile(99.9, n),
 		       atomic_load(&ops_err));
+		for (unsigned i = 0; attrs.paths_num > 1 && i < attrs.paths_num; i++) {
+			struct rtrs_path_stats st = { .size = sizeof(st) };
+
+			rtrs_clt_path_stats(sess, i, &st);
+			printf("  path %u %s: %s, %" PRIu64 " reads, %" PRIu64 " writes, %" PRIu64
+			       " reconnects\n", i, st.name, st.state, st.reads, st.writes,
+			       st.reconnects);
+		}
 	}
 	if (atomic_load(&ops_err))
 		fprintf(stderr, "rtrs-perf: %" PRIuFAST64 " IOs failed, first: %s\n",
@@ -376,6 +424,7 @@ static int run_client(void)
 	}
 	free(ios);
 	rtrs_clt_close(sess);
+	free(g.dst.items);
 	return atomic_load(&ops_err) || atomic_load(&ops_bad) ? 1 : 0;
 }
 
