@@ -95,7 +95,7 @@ struct clt_path {
 	struct loop_timer reconnect_timer;
 	pthread_t worker;
 	bool worker_started;        /* loop thread and close only */
-	int attempts;               /* failed attempts in a row */
+	atomic_int attempts;        /* failed attempts in a row (loop and worker) */
 	atomic_bool keep_closed;    /* disconnected by the user */
 	atomic_uint_fast64_t stat_reconnects, stat_reconnect_failures;
 	atomic_uint_fast64_t stat_reads, stat_writes, stat_read_bytes, stat_write_bytes;
@@ -777,7 +777,7 @@ static void path_schedule_reconnect(struct clt_path *p, unsigned min_ms)
 
 	loop_timer_arm(&p->reconnect_timer, MAX(MAX(ms, min_ms), 1), 0);
 	log_info("%s: reconnecting in %u ms (attempt %d)", p->name, MAX(ms, min_ms),
-		 p->attempts + 1);
+		 atomic_load(&p->attempts) + 1);
 }
 
 /* May the path try (again)? Counts against max_reconnect_attempts. */
@@ -786,7 +786,8 @@ static bool path_may_retry(const struct clt_path *p)
 	const struct rtrs_clt_sess *s = p->sess;
 
 	return !__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE) && !atomic_load(&p->keep_closed) &&
-	       (s->max_reconnect_attempts < 0 || p->attempts < s->max_reconnect_attempts);
+	       (s->max_reconnect_attempts < 0 ||
+		atomic_load(&p->attempts) < s->max_reconnect_attempts);
 }
 
 /*
@@ -860,15 +861,16 @@ static void *path_reconnect_worker(void *arg)
 	pthread_setname_np(pthread_self(), tname);
 	rc = path_connect(p, true);
 	if (!rc) {
-		p->attempts = 0;
+		atomic_store(&p->attempts, 0);
 		atomic_fetch_add(&p->stat_reconnects, 1);
 		log_info("%s: reconnected", p->name);
 	} else {
-		p->attempts++;
+		atomic_fetch_add(&p->attempts, 1);
 		atomic_fetch_add(&p->stat_reconnect_failures, 1);
 		if (atomic_load(&p->state) == RTRS_PATH_CLOSED)
 			log_warn("%s: reconnect failed (%s); path closed after %d attempts, "
-				 "reconnect it by hand", p->name, strerror(-rc), p->attempts);
+				 "reconnect it by hand", p->name, strerror(-rc),
+				 atomic_load(&p->attempts));
 	}
 	return NULL;
 }
@@ -1170,7 +1172,8 @@ out_fail:
 	/* Another attempt? This one is not counted yet. */
 	again = retry && !__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE) &&
 		!atomic_load(&p->keep_closed) &&
-		(s->max_reconnect_attempts < 0 || p->attempts + 1 < s->max_reconnect_attempts);
+		(s->max_reconnect_attempts < 0 ||
+		 atomic_load(&p->attempts) + 1 < s->max_reconnect_attempts);
 	pthread_rwlock_wrlock(&p->post_lock);
 	path_change_state(p, again ? RTRS_PATH_RECONNECTING : RTRS_PATH_CLOSED);
 	pthread_rwlock_unlock(&p->post_lock);
@@ -1493,7 +1496,7 @@ static void path_reconnect_call(void *arg)
 	struct clt_path *p = arg;
 
 	atomic_store(&p->keep_closed, false);
-	p->attempts = 0;
+	atomic_store(&p->attempts, 0);
 	switch (atomic_load(&p->state)) {
 	case RTRS_PATH_CONNECTED:
 		/* Closed first; path_stop schedules the attempt itself. */

@@ -590,7 +590,10 @@ static bool is_rx_ctx(const struct fab_con *c, const void *ctx)
 {
 	const char *p = ctx;
 
-	return c->rx.count && p >= c->rx.buf && p < c->rx.buf + c->rx.count * c->rx.size;
+	/* count is published last (release): buf and size are valid once seen. */
+	size_t count = __atomic_load_n(&c->rx.count, __ATOMIC_ACQUIRE);
+
+	return count && p >= c->rx.buf && p < c->rx.buf + count * c->rx.size;
 }
 
 static void rx_repost(struct fab_con *c, void *ctx)
@@ -978,7 +981,7 @@ static int ofi_con_rx_setup(struct fab_con *c, size_t count, size_t size)
 	}
 	c->rx.buf = buf;
 	c->rx.size = size;
-	c->rx.count = count;
+	__atomic_store_n(&c->rx.count, count, __ATOMIC_RELEASE);
 	for (size_t i = 0; i < count && !rc; i++)
 		rc = rx_post(c, i);
 	pthread_mutex_unlock(&c->rx_lock);

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,6 +257,8 @@ static void test_malformed(void)
  * A client that opens 1 of its 2 connections and stops: the server must
  * close the half-made path after its connect timeout, not keep it forever.
  */
+static bool wait_flag(struct raw *r, bool *flag, unsigned ms);
+
 static void test_half_connected(void)
 {
 	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
@@ -286,9 +289,10 @@ static void test_half_connected(void)
 	CHECK(log_wait_for("still connecting after 500 ms, closing the path", 3000),
 	      "half-connected path closed by the server");
 	/* The server's close reaches the client as a disconnect. */
-	for (int i = 0; i < 2000 && !r.down; i++)
-		usleep(1000);
+	wait_flag(&r, &r.down, 2000);
+	pthread_mutex_lock(&r.lock);
 	CHECK(r.connected && r.down, "connected %d, then down %d", r.connected, r.down);
+	pthread_mutex_unlock(&r.lock);
 	CHECK(test_now_ms() - t0 < 2500, "closed after %llu ms",
 	      (unsigned long long)(test_now_ms() - t0));
 	fab_con_destroy(c);
@@ -358,7 +362,7 @@ static void test_unreachable(void)
 
 static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct rtrs_srv_op *held[4];
-static int nheld;
+static atomic_int nheld;
 
 /* Holds every IO: the test answers them itself, late. */
 static int hold_rdma_ev(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir, void *data,
@@ -444,11 +448,22 @@ static int rogue_open(struct rogue *g, int port)
 		fab_mr_dereg(&ireq_mr);
 		return rc;
 	}
-	for (int i = 0; i < 3000 && !g->r.msg; i++)
+	for (int i = 0; i < 3000; i++) {
+		pthread_mutex_lock(&g->r.lock);
+		bool got = g->r.msg != NULL;
+
+		pthread_mutex_unlock(&g->r.lock);
+		if (got)
+			break;
 		usleep(1000);
+	}
 	fab_mr_dereg(&ireq_mr);
-	if (!g->r.msg)
+	pthread_mutex_lock(&g->r.lock);
+	if (!g->r.msg) {
+		pthread_mutex_unlock(&g->r.lock);
 		return -ETIMEDOUT;
+	}
+	pthread_mutex_unlock(&g->r.lock);
 	lim = (struct rtrs_limits){ .queue_depth = g->rsp.queue_depth,
 				    .chunk_size = g->rsp.chunk_size,
 				    .max_hdr_size = g->rsp.max_hdr_size };
@@ -513,9 +528,12 @@ static void test_rogue_client(void)
 	CHECK(wait_flag(&g.r, &g.r.down, 2000), "the server closed the rogue path");
 	CHECK_EQ(nheld, 1);
 	rogue_close(&g);
-	/* The user answers after the path is gone: dropped, nothing hangs. */
+	/*
+	 * The user answers after the path is gone: dropped, nothing hangs.
+	 * (The op may be freed with its session right after: answering twice
+	 * would be a use after free, so the double answer is not tried here.)
+	 */
 	CHECK_EQ(rtrs_srv_resp_rdma(held[0], 0), -ENOTCONN);
-	CHECK_EQ(rtrs_srv_resp_rdma(held[0], 0), -EINVAL);
 
 	/* 2. A user header longer than its offset (the kernel's underflow). */
 	rc = rogue_open(&g, port);

@@ -163,8 +163,8 @@ static void run(int sig, unsigned bound_ms)
 /* ---- the server side: a frozen client ------------------------------------ */
 
 static pthread_mutex_t ev_lock = PTHREAD_MUTEX_INITIALIZER;
-static int up_events, down_events;
-static uint64_t down_ms;
+static atomic_int up_events, down_events;
+static atomic_uint_fast64_t down_ms;
 
 static int srv_rdma_ev(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir, void *data,
 		       size_t datalen, const void *usr, size_t usrlen)
