@@ -50,6 +50,7 @@ struct clt_req {
 	struct clt_req *pending_next;
 	struct clt_req *wait_next;  /* waiting for a path (path == NULL) */
 	uint64_t wait_deadline_ms;
+	struct clt_path *fence_path; /* failed over from it: waits for its fence */
 };
 
 struct clt_con {
@@ -97,6 +98,14 @@ struct clt_path {
 	bool worker_started;        /* loop thread and close only */
 	atomic_int attempts;        /* failed attempts in a row (loop and worker) */
 	atomic_bool keep_closed;    /* disconnected by the user */
+	/* Fencing (docs/protocol.md section 10). */
+	bool srv_fence;             /* the server answers fences */
+	struct rtrs_msg_fence fence_msg; /* a fence sent over this path */
+	struct fab_mr fence_mr;
+	_Atomic(struct clt_path *) fence_for; /* the path this one's fence is for */
+	atomic_bool fence_sent;     /* a fence for this path is out */
+	atomic_bool fence_acked;    /* ... and answered (or implied by a reconnect) */
+	atomic_int fence_err;
 	atomic_uint_fast64_t stat_reconnects, stat_reconnect_failures;
 	atomic_uint_fast64_t stat_reads, stat_writes, stat_read_bytes, stat_write_bytes;
 };
@@ -139,6 +148,7 @@ struct rtrs_clt_sess {
 	unsigned fast_io_fail_ms;
 	pthread_mutex_t wait_lock;
 	struct clt_req *wait_head;
+	struct clt_req *fence_head; /* in flight on a failed path, awaiting its fence */
 	struct loop_timer wait_timer;
 	struct loop_work wait_work;
 };
@@ -434,11 +444,90 @@ static void req_wait(struct clt_req *req)
  * deadline (-ETIMEDOUT) or with no path left to wait for (-ECONNABORTED).
  * Completions run without the lock: conf may submit again.
  */
+/* Sends a fence for failed path f over another connected path. Loop thread. */
+static void sess_send_fence(struct rtrs_clt_sess *s, struct clt_path *f)
+{
+	for (size_t i = 0; i < s->paths_num; i++) {
+		struct clt_path *h = &s->paths[i];
+
+		if (h == f || atomic_load(&h->fence_for) || !h->srv_fence ||
+		    atomic_load(&h->state) != RTRS_PATH_CONNECTED)
+			continue;
+		rtrs_fence_encode(&h->fence_msg, false, f->uuid, 0);
+		if (fab_send(h->cons[0].fc, &h->fence_msg, sizeof(h->fence_msg), h->fence_mr.desc,
+			     NULL))
+			continue;
+		atomic_store(&h->fence_for, f);
+		atomic_store(&f->fence_sent, true);
+		log_info("%s: asked the server to fence %s", h->name, f->name);
+		return;
+	}
+}
+
+/*
+ * Requests parked after their path failed: past the deadline they fail;
+ * once the path is fenced (or has reconnected) they join the wait list and
+ * go out again; otherwise a fence is sent for the path if none is out.
+ */
+static void sess_process_fences(struct rtrs_clt_sess *s, uint64_t now, bool may_come)
+{
+	struct clt_req *list, *req, *keep = NULL, *go = NULL;
+
+	/* A path whose fence was answered may carry the next one. */
+	for (size_t i = 0; i < s->paths_num; i++) {
+		struct clt_path *f = atomic_load(&s->paths[i].fence_for);
+
+		if (f && atomic_load(&f->fence_acked))
+			atomic_store(&s->paths[i].fence_for, NULL);
+	}
+	pthread_mutex_lock(&s->wait_lock);
+	list = s->fence_head;
+	s->fence_head = NULL;
+	pthread_mutex_unlock(&s->wait_lock);
+	while ((req = list)) {
+		struct clt_path *f = req->fence_path;
+
+		list = req->wait_next;
+		if (!may_come || now >= req->wait_deadline_ms) {
+			req->fence_path = NULL;
+			req_complete(req, may_come ? -ETIMEDOUT : -ECONNABORTED);
+		} else if (atomic_load(&f->fence_acked) && atomic_load(&f->fence_err)) {
+			log_warn_rl("%s: the server could not fence the path: %s", f->name,
+				    strerror(-atomic_load(&f->fence_err)));
+			req->fence_path = NULL;
+			req_complete(req, -EIO);
+		} else if (atomic_load(&f->fence_acked)) {
+			req->fence_path = NULL;
+			req->wait_next = go;
+			go = req;
+		} else {
+			if (!atomic_load(&f->fence_sent))
+				sess_send_fence(s, f);
+			req->wait_next = keep;
+			keep = req;
+		}
+	}
+	pthread_mutex_lock(&s->wait_lock);
+	while ((req = keep)) {
+		keep = req->wait_next;
+		req->wait_next = s->fence_head;
+		s->fence_head = req;
+	}
+	while ((req = go)) {
+		go = req->wait_next;
+		req->wait_next = s->wait_head;
+		s->wait_head = req;
+	}
+	pthread_mutex_unlock(&s->wait_lock);
+}
+
 static void sess_retry_waiting(struct rtrs_clt_sess *s)
 {
 	struct clt_req *list, *req, *keep = NULL;
 	bool may_come = sess_path_may_come(s);
 	uint64_t now = now_ms();
+
+	sess_process_fences(s, now, may_come);
 
 	pthread_mutex_lock(&s->wait_lock);
 	list = s->wait_head;
@@ -474,7 +563,7 @@ static void sess_retry_waiting(struct rtrs_clt_sess *s)
 		req->wait_next = s->wait_head;
 		s->wait_head = req;
 	}
-	if (!s->wait_head)
+	if (!s->wait_head && !s->fence_head)
 		loop_timer_arm(&s->wait_timer, 0, 0);
 	pthread_mutex_unlock(&s->wait_lock);
 }
@@ -720,6 +809,22 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 	int rc;
 
 	rtrs_hb_heard(&p->hb);
+	if (con->cid == 0 && atomic_load(&p->state) == RTRS_PATH_CONNECTED) {
+		uint8_t uuid[RTRS_UUID_LEN];
+		struct clt_path *f = atomic_load(&p->fence_for);
+		int err;
+
+		if (rtrs_fence_decode(buf, len, RTRS_MSG_FENCE_ACK, uuid, &err, &why) || !f ||
+		    memcmp(uuid, f->uuid, RTRS_UUID_LEN)) {
+			log_err_rl("%s: unexpected message: %s", p->name, why ? why : "stray fence ack");
+			clt_fail_path(p, -EPROTO);
+			return;
+		}
+		atomic_store(&f->fence_err, err);
+		atomic_store(&f->fence_acked, true);
+		loop_queue(p->sess->loop, &p->sess->wait_work);
+		return;
+	}
 	pthread_mutex_lock(&p->lock);
 	if (con->cid != 0 || p->info_done) {
 		pthread_mutex_unlock(&p->lock);
@@ -823,11 +928,42 @@ static void path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 	loop_timer_arm(&p->hb.timer, 0, 0);
 	/* After this no completion thread of the path runs any more. */
 	path_destroy_cons(p);
+	/* A fence this path carried for another one will not be answered. */
+	struct clt_path *carried = atomic_exchange(&p->fence_for, NULL);
+
+	if (carried)
+		atomic_store(&carried->fence_sent, false);
+	bool fence = p->srv_fence && s->fast_io_fail_ms && err != -ESHUTDOWN &&
+		     !__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE);
+	unsigned moved = 0;
+
+	atomic_store(&p->fence_sent, false);
+	atomic_store(&p->fence_acked, false);
 	for (uint32_t i = 0; s->reqs && i < s->queue_depth; i++) {
 		struct clt_req *req = &s->reqs[i];
 
-		if (atomic_load(&req->state) == REQ_INFLIGHT && req->path == p)
+		if (atomic_load(&req->state) != REQ_INFLIGHT || req->path != p)
+			continue;
+		if (!fence) {
 			failed += req_complete(req, -ECONNABORTED);
+			continue;
+		}
+		/* Failover: after the server fences this path, same permit and chunk. */
+		req_release_mrs(req);
+		atomic_fetch_sub(&p->inflight, 1);
+		req->path = NULL;
+		req->fence_path = p;
+		req->wait_deadline_ms = now_ms() + s->fast_io_fail_ms;
+		pthread_mutex_lock(&s->wait_lock);
+		req->wait_next = s->fence_head;
+		s->fence_head = req;
+		pthread_mutex_unlock(&s->wait_lock);
+		moved++;
+	}
+	if (moved) {
+		log_info("%s: %u requests wait for this path to be fenced, then fail over",
+			 p->name, moved);
+		loop_timer_arm(&s->wait_timer, 1, 50);
 	}
 	path_release(p);
 	if (next == RTRS_PATH_RECONNECTING && !path_may_retry(p))
@@ -994,7 +1130,7 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 	const struct fab_attr *a = fab_attr(p->fab);
 	struct rtrs_conn_req req = {
 		.cid = (uint16_t)cid, .cid_num = (uint16_t)p->nr_cons,
-		.recon_cnt = p->recon_cnt, .first_conn = true,
+		.recon_cnt = p->recon_cnt, .first_conn = true, .fence = true,
 	};
 	struct rtrs_msg_conn_req msg;
 	char name[RTRS_NAME_MAX + 16];
@@ -1039,6 +1175,7 @@ static int path_after_first_con(struct clt_path *p)
 	if (rc)
 		return rc;
 	p->srv_imm = rsp->imm_desc;
+	p->srv_fence = rsp->flags & RTRS_MSG_FENCE_F;
 	free(p->rbufs);
 	p->rbufs = calloc(s->queue_depth, sizeof(*p->rbufs));
 	if (!p->rbufs)
@@ -1089,6 +1226,7 @@ static int path_exchange_info(struct clt_path *p)
 
 static void path_release_mrs(struct clt_path *p)
 {
+	fab_mr_dereg(&p->fence_mr);
 	fab_mr_dereg(&p->hdr_mr);
 	fab_mr_dereg(&p->info_req_mr);
 	fab_mr_dereg(&p->imm_mr);
@@ -1127,6 +1265,9 @@ static int path_connect(struct clt_path *p, bool retry)
 		return rc;
 	}
 	rc = fab_mr_reg(p->fab, p->imm_buf, sizeof(p->imm_buf), FAB_MR_REMOTE_WRITE, &p->imm_mr);
+	if (!rc)
+		rc = fab_mr_reg(p->fab, &p->fence_msg, sizeof(p->fence_msg), FAB_MR_LOCAL,
+				&p->fence_mr);
 	if (rc)
 		goto out_fail;
 	for (unsigned cid = 0; cid < p->nr_cons; cid++) {
@@ -1160,6 +1301,12 @@ static int path_connect(struct clt_path *p, bool retry)
 	/* A failure reported while we were finishing: handle it now. */
 	if (atomic_load(&p->fail_err))
 		loop_queue(s->loop, &p->fail_work);
+	/*
+	 * Requests that failed over from this path go too: the server took
+	 * this reconnect only after the old path was drained and freed.
+	 */
+	atomic_store(&p->fence_err, 0);
+	atomic_store(&p->fence_acked, true);
 	/* Requests waiting for a path go now. */
 	loop_queue(s->loop, &s->wait_work);
 	log_info("%s: connected, %u connections, queue depth %u, max io %u", p->name,

@@ -42,7 +42,7 @@ void rtrs_conn_req_encode(struct rtrs_msg_conn_req *m, const struct rtrs_conn_re
 	m->recon_cnt = le16_put(r->recon_cnt);
 	memcpy(m->sess_uuid, r->sess_uuid, RTRS_UUID_LEN);
 	memcpy(m->paths_uuid, r->paths_uuid, RTRS_UUID_LEN);
-	m->flags = r->first_conn ? RTRS_CONN_FIRST : 0;
+	m->flags = (r->first_conn ? RTRS_CONN_FIRST : 0) | (r->fence ? RTRS_CONN_FENCE : 0);
 }
 
 static int check_magic_version(struct le16 magic, struct le16 version, const char **why)
@@ -75,6 +75,7 @@ int rtrs_conn_req_decode(const void *buf, size_t len, struct rtrs_conn_req *out,
 		REJECT(-EINVAL, "connection id beyond connection count");
 	/* Unknown flag bits are extensions this side does not speak: ignored. */
 	out->first_conn = m.flags & RTRS_CONN_FIRST;
+	out->fence = m.flags & RTRS_CONN_FENCE;
 	memcpy(out->sess_uuid, m.sess_uuid, RTRS_UUID_LEN);
 	memcpy(out->paths_uuid, m.paths_uuid, RTRS_UUID_LEN);
 	return 0;
@@ -362,6 +363,31 @@ int rtrs_io_rsp_decode(uint32_t payload, uint32_t queue_depth, uint32_t *msg_id,
 		REJECT(-EINVAL, "response id beyond queue depth");
 	*msg_id = id;
 	*err = -(int)e;
+	return 0;
+}
+
+void rtrs_fence_encode(struct rtrs_msg_fence *m, bool ack, const uint8_t *uuid, int err)
+{
+	memset(m, 0, sizeof(*m));
+	m->type = le16_put(ack ? RTRS_MSG_FENCE_ACK : RTRS_MSG_FENCE);
+	m->errno_ = le16_put((uint16_t)(int16_t)err);
+	memcpy(m->path_uuid, uuid, RTRS_UUID_LEN);
+}
+
+int rtrs_fence_decode(const void *buf, size_t len, enum rtrs_msg_type type, uint8_t *uuid,
+		      int *err, const char **why)
+{
+	struct rtrs_msg_fence m;
+
+	if (len < sizeof(m))
+		REJECT(-EMSGSIZE, "fence message too short");
+	memcpy(&m, buf, sizeof(m));
+	if (le16_get(m.type) != type)
+		REJECT(-EPROTO, "not the expected fence message");
+	*err = (int16_t)le16_get(m.errno_);
+	if (*err > 0 || (type == RTRS_MSG_FENCE && *err))
+		REJECT(-EPROTO, "fence errno out of place");
+	memcpy(uuid, m.path_uuid, RTRS_UUID_LEN);
 	return 0;
 }
 

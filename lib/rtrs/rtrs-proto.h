@@ -120,6 +120,7 @@ struct rtrs_sg_desc {
 static_assert(sizeof(struct rtrs_sg_desc) == 16, "rtrs_sg_desc");
 
 #define RTRS_CONN_FIRST 0x01 /* conn_req.flags: may create a new session */
+#define RTRS_CONN_FENCE 0x02 /* conn_req.flags: the client fences before failover */
 
 /* Kernel layout minus the two CMA bytes: 54 bytes. */
 struct rtrs_msg_conn_req {
@@ -137,6 +138,7 @@ static_assert(sizeof(struct rtrs_msg_conn_req) == 54, "rtrs_msg_conn_req");
 static_assert(sizeof(struct rtrs_msg_conn_req) <= RTRS_CM_DATA_MAX, "conn_req fits verbs CM");
 
 #define RTRS_MSG_NEW_RKEY_F (1u << 1)
+#define RTRS_MSG_FENCE_F (1u << 2) /* conn_rsp.flags: the server answers fences */
 
 /*
  * Kernel layout has 36 reserved bytes (56 in all); ours carries the server's
@@ -162,6 +164,8 @@ enum rtrs_msg_type {
 	RTRS_MSG_WRITE = 2,
 	RTRS_MSG_READ = 3,
 	RTRS_MSG_RKEY_RSP = 4,
+	RTRS_MSG_FENCE = 5,       /* extension: stop path uuid, answer when drained */
+	RTRS_MSG_FENCE_ACK = 6,
 };
 
 #define RTRS_MSG_NEED_INVAL_F (1u << 0)
@@ -207,6 +211,20 @@ struct rtrs_msg_rdma_write {
 } __attribute__((packed));
 static_assert(sizeof(struct rtrs_msg_rdma_write) == 4, "rtrs_msg_rdma_write");
 
+/*
+ * Fence (extension, offered through RTRS_CONN_FENCE / RTRS_MSG_FENCE_F):
+ * two-sided on an admin connection. FENCE names a path of the same session;
+ * the server stops it and sends FENCE_ACK once every IO it dispatched from
+ * that path has been answered, so none of it can land after the ack.
+ */
+struct rtrs_msg_fence {
+	struct le16 type;
+	struct le16 errno_;       /* ack: 0 or -errno (two's complement) */
+	uint8_t reserved[4];
+	uint8_t path_uuid[RTRS_UUID_LEN];
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_msg_fence) == 24, "rtrs_msg_fence");
+
 /* ---- decoded, validated host forms --------------------------------------- */
 
 struct rtrs_conn_req {
@@ -214,6 +232,7 @@ struct rtrs_conn_req {
 	uint16_t cid_num;
 	uint16_t recon_cnt;
 	bool first_conn;
+	bool fence;             /* RTRS_CONN_FENCE */
 	uint8_t sess_uuid[RTRS_UUID_LEN];
 	uint8_t paths_uuid[RTRS_UUID_LEN];
 };
@@ -301,6 +320,10 @@ int rtrs_io_rsp_decode(uint32_t payload, uint32_t queue_depth, uint32_t *msg_id,
 		       int *err, const char **why);
 int rtrs_rkey_rsp_decode(const void *buf, size_t len, uint32_t queue_depth,
 			 uint32_t *buf_id, uint32_t *rkey, const char **why);
+void rtrs_fence_encode(struct rtrs_msg_fence *m, bool ack, const uint8_t *uuid, int err);
+/* type is RTRS_MSG_FENCE or RTRS_MSG_FENCE_ACK as expected by the caller. */
+int rtrs_fence_decode(const void *buf, size_t len, enum rtrs_msg_type type, uint8_t *uuid,
+		      int *err, const char **why);
 
 /* Session names: 1..255 bytes, printable, no '/' and no '.' (as the kernel). */
 bool rtrs_name_valid(const char *name);

@@ -77,6 +77,13 @@ struct srv_path {
 	struct loop_work fail_work;
 	atomic_int fail_err;
 	atomic_bool info_received;
+	/* A fence asked for on this path (its admin connection). */
+	uint8_t fence_uuid[RTRS_UUID_LEN];
+	atomic_bool fence_pending;
+	struct loop_work fence_work;
+	struct loop_timer fence_timer;
+	struct rtrs_msg_fence fence_ack;
+	struct fab_mr fence_ack_mr;
 	bool cons_destroyed;
 	bool was_connected;
 	atomic_uint inflight;
@@ -126,6 +133,7 @@ struct rtrs_srv_ctx {
 };
 
 static void srv_fail_path(struct srv_path *p, int err);
+static struct srv_path *path_find(struct rtrs_srv_sess *s, const uint8_t *uuid);
 
 /* ---- responses ------------------------------------------------------------- */
 
@@ -408,9 +416,20 @@ static void srv_con_recv(void *priv, void *buf, size_t len)
 	struct srv_con *con = priv;
 	struct srv_path *p = con->path;
 	const char *why = NULL;
-	int rc;
+	int rc, err;
 
 	rtrs_hb_heard(&p->hb);
+	if (con->cid == 0 && atomic_load(&p->state) == RTRS_PATH_CONNECTED) {
+		/* One fence at a time per path: the client waits for each ack. */
+		rc = rtrs_fence_decode(buf, len, RTRS_MSG_FENCE, p->fence_uuid, &err, &why);
+		if (rc || atomic_exchange(&p->fence_pending, true)) {
+			log_err_rl("%s: unexpected message: %s", p->name, rc ? why : "second fence");
+			srv_fail_path(p, rc ? rc : -EPROTO);
+			return;
+		}
+		loop_queue(p->sess->ctx->loop, &p->fence_work);
+		return;
+	}
 	if (con->cid != 0 || atomic_load(&p->state) != RTRS_PATH_CONNECTING ||
 	    atomic_exchange(&p->info_received, true)) {
 		log_err_rl("%s: unexpected message on connection %u", p->name, con->cid);
@@ -549,6 +568,8 @@ static void path_free(struct srv_path *p)
 	}
 	s->paths_num--;
 	loop_timer_fini(&p->hb.timer);
+	loop_timer_fini(&p->fence_timer);
+	fab_mr_dereg(&p->fence_ack_mr);
 	fab_mr_dereg(&p->info_rsp_mr);
 	free(p->info_rsp);
 	for (unsigned i = 0; i < p->cid_num; i++)
@@ -579,7 +600,7 @@ static void srv_reap_work(struct loop_work *w)
 			pn = p->next;
 			/* Its own work items still queued would run on freed memory. */
 			if (!p->cons_destroyed || atomic_load(&p->fail_work.queued) ||
-			    atomic_load(&p->info_work.queued))
+			    atomic_load(&p->info_work.queued) || atomic_load(&p->fence_work.queued))
 				continue;
 			pthread_rwlock_wrlock(&p->post_lock);
 			idle = atomic_load(&p->inflight) == 0;
@@ -648,6 +669,53 @@ static void srv_fail_path(struct srv_path *p, int err)
 
 	atomic_compare_exchange_strong(&p->fail_err, &zero, err ? err : -EIO);
 	loop_queue(p->sess->ctx->loop, &p->fail_work);
+}
+
+/*
+ * Loop thread: a fence asked for on p. The fenced path is stopped, and the
+ * ack waits until its connections are gone and every op it dispatched has
+ * been answered (checked again every 5 ms), so nothing of it can land
+ * after the ack. An unknown path needs no waiting.
+ */
+static void srv_fence_check(struct srv_path *p)
+{
+	struct srv_path *t;
+	int err = 0, rc;
+
+	if (atomic_load(&p->state) != RTRS_PATH_CONNECTED) {
+		atomic_store(&p->fence_pending, false);
+		return;
+	}
+	t = path_find(p->sess, p->fence_uuid);
+	if (t == p) {
+		err = -EINVAL;
+	} else if (t) {
+		if (atomic_load(&t->state) == RTRS_PATH_CONNECTING ||
+		    atomic_load(&t->state) == RTRS_PATH_CONNECTED) {
+			log_info("%s: fencing %s for the client", p->name, t->name);
+			path_stop(t, -ECONNRESET);
+		}
+		if (!t->cons_destroyed || atomic_load(&t->inflight)) {
+			loop_timer_arm(&p->fence_timer, 5, 0);
+			return;
+		}
+	}
+	rtrs_fence_encode(&p->fence_ack, true, p->fence_uuid, err);
+	rc = fab_send(p->cons[0].fc, &p->fence_ack, sizeof(p->fence_ack), p->fence_ack_mr.desc,
+		      NULL);
+	atomic_store(&p->fence_pending, false);
+	if (rc)
+		srv_fail_path(p, rc);
+}
+
+static void path_fence_work(struct loop_work *w)
+{
+	srv_fence_check(container_of(w, struct srv_path, fence_work));
+}
+
+static void path_fence_timer(struct loop_timer *t)
+{
+	srv_fence_check(container_of(t, struct srv_path, fence_timer));
 }
 
 static void path_hb_timer(struct loop_timer *t)
@@ -738,6 +806,9 @@ static void path_info_work(struct loop_work *w)
 	}
 	rtrs_info_rsp_encode(p->info_rsp, &d, 1);
 	rc = fab_mr_reg(ctx->fab, p->info_rsp, p->info_rsp_len, FAB_MR_LOCAL, &p->info_rsp_mr);
+	if (!rc)
+		rc = fab_mr_reg(ctx->fab, &p->fence_ack, sizeof(p->fence_ack), FAB_MR_LOCAL,
+				&p->fence_ack_mr);
 	if (rc) {
 		path_stop(p, rc);
 		return;
@@ -800,6 +871,14 @@ static int path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	p->hb.missed_max = ctx->opts.hb_missed_max;
 	loop_work_init(&p->info_work, path_info_work);
 	loop_work_init(&p->fail_work, path_fail_work);
+	loop_work_init(&p->fence_work, path_fence_work);
+	p->fence_timer.h.fd = -1;
+	if (loop_timer_init(ctx->loop, &p->fence_timer, path_fence_timer)) {
+		pthread_rwlock_destroy(&p->post_lock);
+		free(p->cons);
+		free(p);
+		return -ENOMEM;
+	}
 	p->last_connreq_ms = now_ms();
 	rc = loop_timer_init(ctx->loop, &p->hb.timer, path_hb_timer);
 	if (rc) {
@@ -921,6 +1000,7 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 		.queue_depth = (uint16_t)s->queue_depth,
 		.max_io_size = s->chunk_size - RTRS_MAX_HDR_SIZE,
 		.max_hdr_size = RTRS_MAX_HDR_SIZE,
+		.flags = RTRS_MSG_FENCE_F,
 		.imm_desc = { .addr = s->imm_mr.base, .key = s->imm_mr.key, .len = RTRS_IMM_REGION },
 	};
 	struct rtrs_msg_conn_rsp msg;

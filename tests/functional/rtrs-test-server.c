@@ -26,7 +26,7 @@
 static struct {
 	uint64_t port, queue_depth, chunk_size, store_size, hb_ms, hb_missed, delay_us;
 	uint64_t exit_after;
-	bool async;
+	bool async, apply_late;
 	const char *addr, *provider;
 } g = {
 	.provider = "tcp",
@@ -49,6 +49,8 @@ static const struct opt options[] = {
 	{ "hb-interval", 0, OPT_UINT, &g.hb_ms, 10, 600000, .arg = "MS", .help = "heartbeat" },
 	{ "hb-missed", 0, OPT_UINT, &g.hb_missed, 1, 1000, .arg = "N", .help = "missed beats" },
 	{ "async", 0, OPT_FLAG, &g.async, .help = "answer from a separate thread" },
+	{ "apply-late", 0, OPT_FLAG, &g.apply_late,
+	  .help = "async: store a write only when answering it (a slow device)" },
 	{ "delay-us", 0, OPT_UINT, &g.delay_us, 0, 10000000, .arg = "US",
 	  .help = "async: hold each IO this long" },
 	{ 0 },
@@ -68,6 +70,9 @@ static int link_ev(struct rtrs_srv_sess *sess, enum rtrs_srv_link_ev ev, void *p
 struct pending {
 	struct rtrs_srv_op *id;
 	int err;
+	void *src;        /* apply-late: the write's data, still in its chunk */
+	uint64_t off;
+	size_t len;
 	uint64_t due_us;  /* arrival + delay: IOs are held in parallel */
 };
 
@@ -105,20 +110,28 @@ static void *responder(void *arg)
 
 		if (p.due_us > now)
 			usleep((useconds_t)(p.due_us - now));
+		if (p.src) /* the chunk stays ours until the answer */
+			memcpy(store + p.off, p.src, p.len);
 		rtrs_srv_resp_rdma(p.id, p.err);
 	}
 }
 
-static void answer(struct rtrs_srv_op *id, int err)
+static void answer_write(struct rtrs_srv_op *id, int err, void *src, uint64_t off, size_t len)
 {
 	if (!g.async) {
 		rtrs_srv_resp_rdma(id, err);
 		return;
 	}
 	pthread_mutex_lock(&q.lock);
-	q.ring[q.tail++ % q.cap] = (struct pending){ id, err, mono_us() + g.delay_us };
+	q.ring[q.tail++ % q.cap] = (struct pending){ id, err, src, off, len,
+						     mono_us() + g.delay_us };
 	pthread_cond_signal(&q.cond);
 	pthread_mutex_unlock(&q.lock);
+}
+
+static void answer(struct rtrs_srv_op *id, int err)
+{
+	answer_write(id, err, NULL, 0, 0);
 }
 
 static int rdma_ev(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir, void *data,
@@ -138,6 +151,10 @@ static int rdma_ev(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir, void *
 	if (h.op != TEST_OP_IO || h.len != datalen || h.offset > g.store_size ||
 	    datalen > g.store_size - h.offset)
 		return -ERANGE;
+	if (dir == RTRS_WRITE && g.async && g.apply_late) {
+		answer_write(id, 0, data, h.offset, datalen);
+		return 0;
+	}
 	if (dir == RTRS_WRITE)
 		memcpy(store + h.offset, data, datalen);
 	else

@@ -1197,8 +1197,36 @@ static void test_rkey_rsp(void)
 	CHECK_REJECT(-EPROTO, rkey_rsp_dec(m, sizeof(m), 512, &id, &rkey, WHY));
 }
 
+static void test_fence(void)
+{
+	struct rtrs_msg_fence m;
+	uint8_t uuid[RTRS_UUID_LEN], out[RTRS_UUID_LEN];
+	const char *why;
+	int err;
+
+	for (int i = 0; i < RTRS_UUID_LEN; i++)
+		uuid[i] = (uint8_t)(i * 7 + 1);
+	rtrs_fence_encode(&m, false, uuid, 0);
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE, out, &err, &why), 0);
+	CHECK(!memcmp(uuid, out, sizeof(out)) && err == 0);
+	rtrs_fence_encode(&m, true, uuid, -EIO);
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE_ACK, out, &err, &why), 0);
+	CHECK_EQ(err, -EIO);
+	why = NULL;
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE, out, &err, &why), -EPROTO);
+	CHECK(why != NULL);
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m) - 1, RTRS_MSG_FENCE_ACK, out, &err, &why),
+		 -EMSGSIZE);
+	rtrs_fence_encode(&m, false, uuid, -EIO); /* a fence carries no errno */
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE, out, &err, &why), -EPROTO);
+	m.errno_ = le16_put(5); /* positive */
+	m.type = le16_put(RTRS_MSG_FENCE_ACK);
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE_ACK, out, &err, &why), -EPROTO);
+}
+
 int main(void)
 {
+	test_fence();
 	for (int i = 0; i < IO_QD; i++) {
 		io_bases[i] = calloc(1, IO_CHUNK);
 		if (!io_bases[i])
