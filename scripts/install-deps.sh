@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
 	gcc clang libclang-rt-14-dev meson ninja-build pkg-config python3
-	libfabric-dev libfabric-bin
+	libfabric-dev libfabric-bin iproute2 nftables
 	iperf3
 )
 

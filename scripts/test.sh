@@ -50,7 +50,7 @@ PY
 	passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 }
 
-run_build build gcc unit functional verbs --
+run_build build gcc unit functional verbs netns --
 run_build build-asan gcc unit functional -- -Db_sanitize=address,undefined -Db_lundef=false
 run_build build-fuzz clang fuzz -- -Dfuzz=true -Dbuildtype=debug
 

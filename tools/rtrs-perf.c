@@ -388,12 +388,13 @@ static int run_client(void)
 		printf("],\"mode\":\"%s\",\"provider\":\"%s\",\"io_size\":%" PRIu64
 		       ",\"queue_depth\":%" PRIu64 ",\"seconds\":%.3f,\"ops\":%" PRIu64
 		       ",\"ops_per_sec\":%.0f,\"gb_per_sec\":%.4f,\"lat_us\":{\"p50\":%" PRIu64
-		       ",\"p99\":%" PRIu64 ",\"p999\":%" PRIu64 "},\"errors\":%" PRIuFAST64
+		       ",\"p99\":%" PRIu64 ",\"p999\":%" PRIu64 ",\"max\":%" PRIu64
+		       "},\"errors\":%" PRIuFAST64
 		       ",\"bad\":%" PRIuFAST64 "}\n",
 		       mode_names[g.mode], g.provider, g.io_size, g.queue_depth, secs, n,
 		       (double)n / secs, (double)n * (double)g.io_size / secs / 1e9,
 		       hist_percentile(50, n), hist_percentile(99, n), hist_percentile(99.9, n),
-		       atomic_load(&ops_err), atomic_load(&ops_bad));
+		       hist_percentile(100, n), atomic_load(&ops_err), atomic_load(&ops_bad));
 	} else {
 		printf("rtrs-perf: %s %" PRIu64 " B, qd %" PRIu64 ", %s, %.2f s%s\n",
 		       mode_names[g.mode], g.io_size, g.queue_depth, g.dst.items[0], secs,
