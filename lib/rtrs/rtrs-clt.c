@@ -878,10 +878,10 @@ static void path_destroy_cons(struct clt_path *p)
 static void path_schedule_reconnect(struct clt_path *p, unsigned min_ms)
 {
 	struct rtrs_clt_sess *s = p->sess;
-	unsigned ms = s->reconnect_delay_ms + rand_below(s->reconnect_jitter_ms + 1);
+	unsigned ms = rtrs_reconnect_wait_ms(s->reconnect_delay_ms, s->reconnect_jitter_ms, min_ms);
 
-	loop_timer_arm(&p->reconnect_timer, MAX(MAX(ms, min_ms), 1), 0);
-	log_info("%s: reconnecting in %u ms (attempt %d)", p->name, MAX(ms, min_ms),
+	loop_timer_arm(&p->reconnect_timer, ms, 0);
+	log_info("%s: reconnecting in %u ms (attempt %d)", p->name, ms,
 		 atomic_load(&p->attempts) + 1);
 }
 

@@ -77,6 +77,13 @@ struct rtrs_mp_path {
 int rtrs_mp_select(enum rtrs_mp_policy policy, const struct rtrs_mp_path *paths, size_t n,
 		   unsigned *rr);
 
+/*
+ * The wait before a reconnect attempt: delay_ms plus a uniform random
+ * 0..jitter_ms (milliseconds meant, unlike the kernel's), at least min_ms
+ * and at least 1.
+ */
+unsigned rtrs_reconnect_wait_ms(unsigned delay_ms, unsigned jitter_ms, unsigned min_ms);
+
 /* Splits "host:port", "[v6]:port" or "host"; 0 or -EINVAL. */
 int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
 			char *port, size_t portlen);

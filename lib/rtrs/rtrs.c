@@ -94,6 +94,15 @@ int rtrs_mp_select(enum rtrs_mp_policy policy, const struct rtrs_mp_path *paths,
 	return best;
 }
 
+unsigned rtrs_reconnect_wait_ms(unsigned delay_ms, unsigned jitter_ms, unsigned min_ms)
+{
+	uint64_t ms = (uint64_t)delay_ms + rand_below(jitter_ms == UINT32_MAX ? jitter_ms :
+						      jitter_ms + 1);
+
+	ms = MAX(ms, MAX(min_ms, 1u));
+	return ms > UINT32_MAX ? UINT32_MAX : (unsigned)ms;
+}
+
 int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
 			char *port, size_t portlen)
 {

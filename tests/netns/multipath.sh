@@ -20,27 +20,10 @@ for t in ip nft python3; do
 	command -v "$t" >/dev/null || { echo "multipath: $t missing; skipping"; exit 77; }
 done
 
-tag=rtrs$$
-S=${tag}s C=${tag}c
+. "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d)
-cleanup() {
-	for ns in $S $C; do
-		ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
-		ip netns del "$ns" 2>/dev/null
-	done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-ip netns add $S && ip netns add $C || exit 1
-for i in 1 2; do
-	ip link add ${tag}c$i netns $C type veth peer name ${tag}s$i netns $S || exit 1
-	ip -n $C addr add 198.18.$i.2/24 dev ${tag}c$i
-	ip -n $S addr add 198.18.$i.1/24 dev ${tag}s$i
-	ip -n $C link set ${tag}c$i up
-	ip -n $S link set ${tag}s$i up
-done
-ip -n $C link set lo up
-ip -n $S link set lo up
+trap 'netns_cleanup; rm -rf "$tmp"' EXIT
+netns_setup || exit 1
 
 HB=500 MISSED=3
 start_server() {

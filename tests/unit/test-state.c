@@ -394,6 +394,27 @@ static void test_mp_select(void)
 	CHECK_EQ(rtrs_mp_select(RTRS_MP_POLICY_MIN_LATENCY, p, 3, &rr), 2);
 }
 
+static void test_reconnect_wait(void)
+{
+	unsigned lo = UINT32_MAX, hi = 0, below_half = 0;
+
+	for (int i = 0; i < 4000; i++) {
+		unsigned ms = rtrs_reconnect_wait_ms(1000, 500, 0);
+
+		lo = ms < lo ? ms : lo;
+		hi = ms > hi ? ms : hi;
+		below_half += ms < 1250;
+	}
+	/* Within [delay, delay + jitter], spread over it (not stuck at one end). */
+	CHECK(lo >= 1000 && hi <= 1500, "range %u..%u", lo, hi);
+	CHECK(lo < 1020 && hi > 1480, "spread %u..%u", lo, hi);
+	CHECK(below_half > 1600 && below_half < 2400, "%u of 4000 below the middle", below_half);
+	CHECK_EQ(rtrs_reconnect_wait_ms(200, 0, 0), 200);
+	CHECK_EQ(rtrs_reconnect_wait_ms(0, 0, 0), 1);       /* never 0: that disarms */
+	CHECK_EQ(rtrs_reconnect_wait_ms(10, 0, 1000), 1000); /* at least min */
+	CHECK(rtrs_reconnect_wait_ms(UINT32_MAX, UINT32_MAX, 0) == UINT32_MAX);
+}
+
 int main(void)
 {
 	test_path_states();
@@ -402,5 +423,6 @@ int main(void)
 	test_heartbeat();
 	test_change_state();
 	test_mp_select();
+	test_reconnect_wait();
 	return test_done("state");
 }
