@@ -172,9 +172,24 @@ int rtrs_clt_reset_path_stats(struct rtrs_clt_sess *sess, unsigned idx);
 
 /*
  * Closes path idx and keeps it closed (no automatic reconnect); its
- * requests in flight fail. Waits until it is closed. -ENOENT: no such path.
+ * requests in flight fail over to the other paths after a fence (or fail,
+ * with no path to go to). Waits until it is closed. -ENOENT: no such path.
  */
 int rtrs_clt_disconnect_path(struct rtrs_clt_sess *sess, unsigned idx);
+/*
+ * Adds a path to an open session and connects it (blocks until it is up or
+ * has failed); its index goes to *idx. -ENOSPC past 128 paths.
+ */
+int rtrs_clt_add_path(struct rtrs_clt_sess *sess, const struct rtrs_path_addr *addr,
+		      unsigned *idx);
+/*
+ * Disconnects path idx for good: its requests in flight fail over (after a
+ * fence) to the other paths; the index is not reused. -ENOENT if unknown.
+ */
+int rtrs_clt_remove_path(struct rtrs_clt_sess *sess, unsigned idx);
+/* Changes the reconnect parameters (see rtrs_clt_opts) from the next attempt on. */
+int rtrs_clt_set_reconnect(struct rtrs_clt_sess *sess, unsigned delay_ms, unsigned jitter_ms,
+			   int max_attempts);
 /*
  * Reconnects path idx now, whatever its state (a connected path is closed
  * first), with a fresh count of attempts. Returns at once; watch the state

@@ -98,6 +98,7 @@ struct clt_path {
 	bool worker_started;        /* loop thread and close only */
 	atomic_int attempts;        /* failed attempts in a row (loop and worker) */
 	atomic_bool keep_closed;    /* disconnected by the user */
+	bool removed;               /* rtrs_clt_remove_path: the slot stays, closed */
 	/* Fencing (docs/protocol.md section 10). */
 	bool srv_fence;             /* the server answers fences */
 	struct rtrs_msg_fence fence_msg; /* a fence sent over this path */
@@ -139,7 +140,8 @@ struct rtrs_clt_sess {
 	char *hdr_area;             /* queue_depth slots of max_hdr_size */
 
 	struct clt_path *paths;
-	size_t paths_num;
+	_Atomic size_t paths_num;   /* published paths; slots for all 128 exist */
+	pthread_mutex_t admin_lock; /* add/remove path */
 	atomic_uint paths_up;
 	_Atomic enum rtrs_mp_policy mp_policy;
 	atomic_uint rr_cursor;
@@ -1394,6 +1396,7 @@ static void sess_free(struct rtrs_clt_sess *s)
 	pthread_mutex_destroy(&s->permit_lock);
 	pthread_cond_destroy(&s->permit_cond);
 	pthread_mutex_destroy(&s->wait_lock);
+	pthread_mutex_destroy(&s->admin_lock);
 	free(s);
 }
 
@@ -1524,6 +1527,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	pthread_mutex_init(&s->permit_lock, NULL);
 	pthread_cond_init(&s->permit_cond, NULL);
 	pthread_mutex_init(&s->wait_lock, NULL);
+	pthread_mutex_init(&s->admin_lock, NULL);
 	atomic_init(&s->paths_up, 0);
 	s->fast_io_fail_ms = o->fast_io_fail_ms;
 	s->wait_timer.h.fd = -1;
@@ -1538,7 +1542,8 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	if (rc)
 		goto out_free;
 	s->wait_timer_ready = true;
-	s->paths = calloc(o->paths_num, sizeof(*s->paths));
+	/* Every slot up front: paths added later never move the table. */
+	s->paths = calloc(RTRS_MAX_PATHS, sizeof(*s->paths));
 	if (!s->paths) {
 		rc = -ENOMEM;
 		goto out_free;
@@ -1624,7 +1629,8 @@ static void path_disconnect_call(void *arg)
 		pthread_join(p->worker, NULL);
 		p->worker_started = false;
 	}
-	path_stop(p, -ESHUTDOWN, RTRS_PATH_CLOSED);
+	/* Not a session close: its requests fail over after a fence. */
+	path_stop(p, -ENOTCONN, RTRS_PATH_CLOSED);
 }
 
 RTRS_EXPORT
@@ -1663,11 +1669,88 @@ static void path_reconnect_call(void *arg)
 }
 
 RTRS_EXPORT
+int rtrs_clt_add_path(struct rtrs_clt_sess *s, const struct rtrs_path_addr *addr,
+		      unsigned *idx_out)
+{
+	struct clt_path *p;
+	size_t n;
+	int rc;
+
+	if (!s || !addr || !addr->dst || !*addr->dst)
+		return -EINVAL;
+	if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
+		return -ESHUTDOWN;
+	pthread_mutex_lock(&s->admin_lock);
+	n = atomic_load(&s->paths_num);
+	if (n >= RTRS_MAX_PATHS) {
+		pthread_mutex_unlock(&s->admin_lock);
+		log_err("%s: already %d paths", s->name, RTRS_MAX_PATHS);
+		return -ENOSPC;
+	}
+	p = &s->paths[n];
+	memset(p, 0, sizeof(*p));
+	rc = path_init(s, p, (unsigned)n, addr);
+	if (!rc)
+		rc = path_connect(p, false);
+	if (rc) {
+		/* Never published: tear the slot down again. */
+		loop_timer_fini(&p->hb.timer);
+		loop_timer_fini(&p->reconnect_timer);
+		if (p->sess) {
+			for (unsigned i = 0; p->cons && i < p->nr_cons; i++)
+				pthread_mutex_destroy(&p->cons[i].pending_lock);
+			pthread_rwlock_destroy(&p->post_lock);
+			pthread_mutex_destroy(&p->lock);
+			pthread_cond_destroy(&p->cond);
+		}
+		free(p->cons);
+		free(p->rbufs);
+		memset(p, 0, sizeof(*p));
+		pthread_mutex_unlock(&s->admin_lock);
+		return rc;
+	}
+	atomic_store(&s->paths_num, n + 1);
+	pthread_mutex_unlock(&s->admin_lock);
+	log_info("%s: path %zu added", s->name, n);
+	if (idx_out)
+		*idx_out = (unsigned)n;
+	return 0;
+}
+
+RTRS_EXPORT
+int rtrs_clt_remove_path(struct rtrs_clt_sess *s, unsigned idx)
+{
+	int rc;
+
+	if (!s)
+		return -EINVAL;
+	if (idx >= s->paths_num || s->paths[idx].removed)
+		return -ENOENT;
+	rc = rtrs_clt_disconnect_path(s, idx);
+	if (!rc)
+		s->paths[idx].removed = true;
+	return rc;
+}
+
+RTRS_EXPORT
+int rtrs_clt_set_reconnect(struct rtrs_clt_sess *s, unsigned delay_ms, unsigned jitter_ms,
+			   int max_attempts)
+{
+	if (!s || max_attempts < -1 || delay_ms > 3600000 || jitter_ms > 3600000)
+		return -EINVAL;
+	/* Read by the loop and the reconnect workers at the next attempt. */
+	__atomic_store_n(&s->reconnect_delay_ms, delay_ms, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->reconnect_jitter_ms, jitter_ms, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->max_reconnect_attempts, max_attempts, __ATOMIC_RELAXED);
+	return 0;
+}
+
+RTRS_EXPORT
 int rtrs_clt_reconnect_path(struct rtrs_clt_sess *s, unsigned idx)
 {
 	if (!s)
 		return -EINVAL;
-	if (idx >= s->paths_num)
+	if (idx >= s->paths_num || s->paths[idx].removed)
 		return -ENOENT;
 	if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
 		return -ESHUTDOWN;

@@ -184,6 +184,53 @@ int main(void)
 	CHECK_EQ(rtrs_clt_path_stats(sess, 2, &s0), -ENOENT);
 	CHECK_EQ(rtrs_clt_reset_path_stats(sess, 2), -ENOENT);
 
+	/* Runtime management: add a third path, use it, remove the first. */
+	struct rtrs_path_addr third = { .src = "127.0.0.3", .dst = dst };
+	struct rtrs_path_stats s2 = { .size = sizeof(s2) };
+	unsigned idx = 99;
+
+	CHECK_EQ(rtrs_clt_add_path(sess, &third, &idx), 0);
+	CHECK_EQ(idx, 2);
+	CHECK_EQ(rtrs_clt_query(sess, &attrs), 0);
+	CHECK_EQ(attrs.paths_num, 3);
+	CHECK_EQ(attrs.paths_up, 3);
+	CHECK_EQ(rtrs_clt_set_mp_policy(sess, RTRS_MP_POLICY_RR), 0);
+	for (int k = 0; k < 3; k++)
+		rtrs_clt_reset_path_stats(sess, (unsigned)k);
+	for (int i = 0; i < 9; i++) {
+		start(&ios[i], RTRS_WRITE, (uint64_t)i * IO_SIZE);
+		wait_all();
+	}
+	stats(0, &s0);
+	stats(1, &s1);
+	stats(2, &s2);
+	CHECK(s0.writes == 3 && s1.writes == 3 && s2.writes == 3, "rr over 3: %llu %llu %llu",
+	      (unsigned long long)s0.writes, (unsigned long long)s1.writes,
+	      (unsigned long long)s2.writes);
+	CHECK_EQ(rtrs_clt_remove_path(sess, 0), 0);
+	CHECK_EQ(rtrs_clt_remove_path(sess, 0), -ENOENT);
+	CHECK_EQ(rtrs_clt_reconnect_path(sess, 0), -ENOENT);
+	for (int k = 0; k < 3; k++)
+		rtrs_clt_reset_path_stats(sess, (unsigned)k);
+	for (int i = 0; i < 4; i++) {
+		start(&ios[i], RTRS_WRITE, (uint64_t)i * IO_SIZE);
+		wait_all();
+		CHECK_EQ(ios[i].err, 0);
+	}
+	stats(0, &s0);
+	stats(1, &s1);
+	stats(2, &s2);
+	CHECK(!strcmp(s0.state, "closed") && s0.writes == 0, "removed path: %s, %llu writes",
+	      s0.state, (unsigned long long)s0.writes);
+	CHECK_EQ(s1.writes + s2.writes, 4);
+	struct rtrs_path_addr bad = { .dst = "127.0.0.1:1" };
+
+	CHECK(rtrs_clt_add_path(sess, &bad, &idx) < 0, "a path nobody listens on is refused");
+	CHECK_EQ(rtrs_clt_query(sess, &attrs), 0);
+	CHECK_EQ(attrs.paths_num, 3);
+	CHECK_EQ(rtrs_clt_set_reconnect(sess, 500, 100, 5), 0);
+	CHECK_EQ(rtrs_clt_set_reconnect(sess, 500, 100, -2), -EINVAL);
+
 	for (int i = 0; i < NIO; i++)
 		rtrs_clt_put_permit(sess, ios[i].permit);
 	rtrs_clt_close(sess);
