@@ -86,6 +86,8 @@ struct rtrs_clt_opts {
 	 */
 	unsigned fast_io_fail_ms;
 	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
+	/* Optional: a path came up (up = 1) or went down (0); idx as in stats. */
+	void (*path_ev)(void *priv, unsigned idx, int up);
 	void *priv;
 };
 
@@ -163,6 +165,7 @@ struct rtrs_path_stats {
 	uint64_t hb_latency_ns;    /* last heartbeat round trip; 0 before the first */
 	uint64_t reconnects;       /* successful reconnects */
 	uint64_t reconnect_failures;
+	uint64_t failovers;        /* requests moved off this path when it failed */
 };
 
 /* Statistics of path idx (0 .. paths_num - 1); -ENOENT past the last. */

@@ -29,7 +29,7 @@ static const char *const mode_names[] = { "write", "read", NULL };
 
 static struct {
 	const char *addr, *provider, *sessname;
-	struct opt_list dst;
+	struct opt_list dst, events;
 	uint64_t port, queue_depth, chunk_size, io_size, duration, cons, hb_ms;
 	uint64_t fast_io_fail_ms, reconnect_ms;
 	unsigned mode, policy;
@@ -56,6 +56,9 @@ static const struct opt options[] = {
 	  .help = "client: how long IO waits for a path" },
 	{ "reconnect-delay", 0, OPT_UINT, &g.reconnect_ms, 0, 3600000, .arg = "MS",
 	  .help = "client: delay before reconnecting a failed path" },
+	{ "event", 'e', OPT_LIST, &g.events, .arg = "SEC:ACTION:ARG",
+	  .help = "client: during the run, at SEC seconds: remove:IDX, add:[SRC@]HOST:PORT, "
+		  "or cut:IDX (fail the path; it reconnects)" },
 	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME", .help = "libfabric provider" },
 	{ "mode", 'm', OPT_CHOICE, &g.mode, .choices = mode_names, .arg = "MODE",
 	  .help = "client: IO direction" },
@@ -295,6 +298,45 @@ static void io_conf(void *priv, int err)
 	}
 }
 
+/* Applies the --event entries due by ms into the run; marks them done. */
+static void run_events(struct rtrs_clt_sess *sess, uint64_t ms, bool *done)
+{
+	for (unsigned i = 0; i < g.events.n; i++) {
+		char action[16] = "", arg[300] = "";
+		double sec;
+		int rc = -EINVAL;
+
+		if (done[i])
+			continue;
+		if (sscanf(g.events.items[i], "%lf:%15[a-z]:%299s", &sec, action, arg) != 3) {
+			fprintf(stderr, "rtrs-perf: --event %s: expected SEC:ACTION:ARG\n",
+				g.events.items[i]);
+			done[i] = true;
+			continue;
+		}
+		if (ms < (uint64_t)(sec * 1000))
+			continue;
+		done[i] = true;
+		if (!strcmp(action, "remove")) {
+			rc = rtrs_clt_remove_path(sess, (unsigned)atoi(arg));
+		} else if (!strcmp(action, "cut")) {
+			rc = rtrs_clt_reconnect_path(sess, (unsigned)atoi(arg));
+		} else if (!strcmp(action, "add")) {
+			char *at = strchr(arg, '@');
+			struct rtrs_path_addr a = { .dst = at ? at + 1 : arg };
+			unsigned idx;
+
+			if (at) {
+				*at = '\0';
+				a.src = arg;
+			}
+			rc = rtrs_clt_add_path(sess, &a, &idx);
+		}
+		fprintf(stderr, "rtrs-perf: at %.1f s: %s %s: %s\n", (double)ms / 1000, action,
+			arg, rc ? strerror(-rc) : "done");
+	}
+}
+
 static int run_client(void)
 {
 	struct rtrs_path_addr paths[RTRS_PERF_MAX_PATHS];
@@ -364,8 +406,13 @@ static int run_client(void)
 			break;
 		}
 	}
-	for (uint64_t ms = 0; ms < g.duration * 1000 && !atomic_load(&stopping); ms += 10)
+	bool *ev_done = calloc(g.events.n + 1, sizeof(*ev_done));
+
+	for (uint64_t ms = 0; ms < g.duration * 1000 && !atomic_load(&stopping); ms += 10) {
 		usleep(10000);
+		run_events(sess, (now_ns() - t0) / 1000000, ev_done);
+	}
+	free(ev_done);
 	atomic_store(&stopping, true);
 	pthread_mutex_lock(&done_lock);
 	while (atomic_load(&active))
@@ -375,6 +422,7 @@ static int run_client(void)
 
 	n = atomic_load(&ops_done);
 	secs = (double)(t1 - t0) / 1e9;
+	rtrs_clt_query(sess, &attrs); /* paths may have been added */
 	if (g.json) {
 		printf("{\"paths\":[");
 		for (unsigned i = 0; i < attrs.paths_num; i++) {
@@ -426,6 +474,7 @@ static int run_client(void)
 	free(ios);
 	rtrs_clt_close(sess);
 	free(g.dst.items);
+	free(g.events.items);
 	return atomic_load(&ops_err) || atomic_load(&ops_bad) ? 1 : 0;
 }
 

@@ -99,6 +99,7 @@ struct clt_path {
 	atomic_int attempts;        /* failed attempts in a row (loop and worker) */
 	atomic_bool keep_closed;    /* disconnected by the user */
 	bool removed;               /* rtrs_clt_remove_path: the slot stays, closed */
+	unsigned fault_delay_us;    /* RTRS_FAULT_DELAY_PATH: a slow path, for tests */
 	/* Fencing (docs/protocol.md section 10). */
 	bool srv_fence;             /* the server answers fences */
 	struct rtrs_msg_fence fence_msg; /* a fence sent over this path */
@@ -107,7 +108,7 @@ struct clt_path {
 	atomic_bool fence_sent;     /* a fence for this path is out */
 	atomic_bool fence_acked;    /* ... and answered (or implied by a reconnect) */
 	atomic_int fence_err;
-	atomic_uint_fast64_t stat_reconnects, stat_reconnect_failures;
+	atomic_uint_fast64_t stat_reconnects, stat_reconnect_failures, stat_failovers;
 	atomic_uint_fast64_t stat_reads, stat_writes, stat_read_bytes, stat_write_bytes;
 };
 
@@ -122,6 +123,7 @@ struct rtrs_clt_sess {
 	int max_reconnect_attempts;
 	bool wait_timer_ready;
 	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
+	void (*path_ev)(void *priv, unsigned idx, int up);
 	void *priv;
 	atomic_bool opened;         /* link events only after rtrs_clt_open */
 	struct loop *loop;
@@ -777,6 +779,8 @@ static void clt_con_imm(void *priv, uint32_t imm)
 	unsigned type;
 	int rc;
 
+	if (unlikely(p->fault_delay_us))
+		usleep(p->fault_delay_us); /* fault injection: this path is slow */
 	rtrs_hb_heard(&p->hb);
 	rtrs_from_imm(imm, &type, &payload);
 	switch (type) {
@@ -963,6 +967,7 @@ static void path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 		moved++;
 	}
 	if (moved) {
+		atomic_fetch_add(&p->stat_failovers, moved);
 		log_info("%s: %u requests wait for this path to be fenced, then fail over",
 			 p->name, moved);
 		loop_timer_arm(&s->wait_timer, 1, 50);
@@ -974,6 +979,8 @@ static void path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 	if (failed)
 		log_at(err == -ESHUTDOWN ? LOG_INFO : LOG_WARN,
 		       "%s: path closed (%s), %u requests failed", p->name, strerror(-err), failed);
+	if (was_up && s->path_ev && atomic_load(&s->opened))
+		s->path_ev(s->priv, p->idx, 0);
 	if (was_up && atomic_fetch_sub(&s->paths_up, 1) == 1 && s->link_ev &&
 	    atomic_load(&s->opened))
 		s->link_ev(s->priv, RTRS_CLT_LINK_EV_DISCONNECTED);
@@ -1300,6 +1307,8 @@ static int path_connect(struct clt_path *p, bool retry)
 	loop_timer_arm(&p->hb.timer, p->hb.interval_ms, p->hb.interval_ms);
 	if (atomic_fetch_add(&s->paths_up, 1) == 0 && s->link_ev && atomic_load(&s->opened))
 		s->link_ev(s->priv, RTRS_CLT_LINK_EV_RECONNECTED);
+	if (s->path_ev && atomic_load(&s->opened))
+		s->path_ev(s->priv, p->idx, 1);
 	/* A failure reported while we were finishing: handle it now. */
 	if (atomic_load(&p->fail_err))
 		loop_queue(s->loop, &p->fail_work);
@@ -1488,6 +1497,18 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 		pthread_mutex_init(&p->cons[i].pending_lock, NULL);
 	p->hb.interval_ms = s->hb_interval_ms;
 	p->hb.missed_max = s->hb_missed_max;
+	/*
+	 * Fault injection, documented in docs/architecture.md: with
+	 * RTRS_FAULT_DELAY_PATH=IDX:US, every immediate path IDX receives
+	 * (responses, heartbeat acks) is handled US microseconds late.
+	 */
+	const char *fd = getenv("RTRS_FAULT_DELAY_PATH");
+	unsigned fidx, fus;
+
+	if (fd && sscanf(fd, "%u:%u", &fidx, &fus) == 2 && fidx == idx) {
+		p->fault_delay_us = fus;
+		log_warn("%s: fault injection: every completion %u us late", p->name, fus);
+	}
 	loop_work_init(&p->fail_work, path_fail_work);
 	atomic_init(&p->keep_closed, false);
 	rc = loop_timer_init(s->loop, &p->reconnect_timer, path_reconnect_timer);
@@ -1522,6 +1543,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	s->reconnect_jitter_ms = o->reconnect_jitter_ms;
 	s->max_reconnect_attempts = o->max_reconnect_attempts;
 	s->link_ev = o->link_ev;
+	s->path_ev = o->path_ev;
 	s->priv = o->priv;
 	atomic_init(&s->mp_policy, o->mp_policy);
 	pthread_mutex_init(&s->permit_lock, NULL);
@@ -1574,6 +1596,7 @@ int rtrs_clt_query(struct rtrs_clt_sess *s, struct rtrs_attrs *attrs)
 	if (!s || !attrs || attrs->size < sizeof(*attrs))
 		return -EINVAL;
 	attrs->paths_up = atomic_load(&s->paths_up);
+	attrs->paths_num = (uint32_t)atomic_load(&s->paths_num);
 	if (!attrs->paths_up)
 		return -ECOMM;
 	attrs->queue_depth = s->queue_depth;
@@ -1614,6 +1637,7 @@ int rtrs_clt_path_stats(struct rtrs_clt_sess *s, unsigned idx, struct rtrs_path_
 	st->hb_latency_ns = atomic_load(&p->hb.latency_ns);
 	st->reconnects = atomic_load(&p->stat_reconnects);
 	st->reconnect_failures = atomic_load(&p->stat_reconnect_failures);
+	st->failovers = atomic_load(&p->stat_failovers);
 	return 0;
 }
 

@@ -138,6 +138,8 @@ int main(void)
 	usleep(100 * 1000);
 	CHECK_EQ(atomic_load(&w1.calls), 1);
 	CHECK_EQ(atomic_load(&w2.calls), 1);
+	rtrs_clt_path_stats(sess, 0, &st);
+	CHECK_EQ(st.failovers, 1);
 
 	rtrs_clt_put_permit(sess, w1.permit);
 	rtrs_clt_put_permit(sess, w2.permit);

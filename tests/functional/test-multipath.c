@@ -7,13 +7,16 @@
  *     flight (the server holds each IO for 20 ms), so they split evenly;
  *   - data written over one path reads back over the other;
  *   - per-path statistics count every request and byte; reset works; the
- *     policy switches at run time.
+ *     policy switches at run time; paths are added and removed at run time;
+ *   - min-latency avoids a path made slow by fault injection.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include "rtrs.h"
@@ -233,6 +236,38 @@ int main(void)
 
 	for (int i = 0; i < NIO; i++)
 		rtrs_clt_put_permit(sess, ios[i].permit);
+	rtrs_clt_close(sess);
+
+	/*
+	 * Min-latency: path 0 made slow (fault injection: each completion
+	 * 3 ms late, heartbeat acks too); once round trips are measured, the
+	 * policy sends (nearly) everything to path 1.
+	 */
+	setenv("RTRS_FAULT_DELAY_PATH", "0:3000", 1);
+	o.mp_policy = RTRS_MP_POLICY_MIN_LATENCY;
+	o.hb_interval_ms = 100;
+	rc = rtrs_clt_open(&o, &sess);
+	unsetenv("RTRS_FAULT_DELAY_PATH");
+	CHECK(rc == 0, "open: %s", strerror(-rc));
+	if (rc)
+		goto out;
+	usleep(400 * 1000); /* a few heartbeats on each path */
+	stats(0, &s0);
+	stats(1, &s1);
+	CHECK(s0.hb_latency_ns > s1.hb_latency_ns && s0.hb_latency_ns >= 2000000,
+	      "round trips %llu vs %llu ns", (unsigned long long)s0.hb_latency_ns,
+	      (unsigned long long)s1.hb_latency_ns);
+	ios[0].permit = rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+	for (int i = 0; i < 20; i++) {
+		start(&ios[0], RTRS_WRITE, 0);
+		wait_all();
+		CHECK_EQ(ios[0].err, 0);
+	}
+	stats(0, &s0);
+	stats(1, &s1);
+	CHECK(s1.writes >= 18, "min-latency: slow path %llu writes, fast path %llu",
+	      (unsigned long long)s0.writes, (unsigned long long)s1.writes);
+	rtrs_clt_put_permit(sess, ios[0].permit);
 	rtrs_clt_close(sess);
 out:
 	rc = proc_signal(&srv, SIGTERM, true);

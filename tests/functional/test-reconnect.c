@@ -27,9 +27,17 @@
 static struct rtrs_clt_sess *sess;
 static atomic_int ev_up, ev_down;
 
+static atomic_int path_up, path_down;
+
 static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
 {
 	atomic_fetch_add(ev == RTRS_CLT_LINK_EV_RECONNECTED ? &ev_up : &ev_down, 1);
+}
+
+static void path_ev(void *priv, unsigned idx, int up)
+{
+	if (idx == 0)
+		atomic_fetch_add(up ? &path_up : &path_down, 1);
 }
 
 struct sync_io {
@@ -154,6 +162,7 @@ int main(void)
 	o.reconnect_jitter_ms = 100;
 	o.fast_io_fail_ms = 8000;
 	o.link_ev = link_ev;
+	o.path_ev = path_ev;
 	rc = rtrs_clt_open(&o, &sess);
 	CHECK(rc == 0, "open: %s", strerror(-rc));
 	if (rc) {
@@ -178,6 +187,8 @@ int main(void)
 	CHECK(w.rc == 0, "the waiting write completed: %s", strerror(-w.rc));
 	CHECK(w.ms >= 600, "it waited %llu ms for the path", (unsigned long long)w.ms);
 	CHECK_EQ(atomic_load(&ev_up), 1);
+	CHECK_EQ(atomic_load(&path_down), 1);
+	CHECK_EQ(atomic_load(&path_up), 1);
 	memset(b, 0, sizeof(b));
 	CHECK_EQ(io(RTRS_READ, 65536, b, sizeof(b)), 0);
 	CHECK(b[0] == 0x5A && b[15] == 0x5A, "the waiting write reached the new server");
