@@ -78,6 +78,8 @@ struct rtrs_clt_opts {
 	unsigned reconnect_delay_ms;
 	unsigned reconnect_jitter_ms;
 	int max_reconnect_attempts;
+	/* A path down longer than this stops reconnecting (0: no limit, the default). */
+	unsigned reconnect_loss_timeout_ms;
 	/*
 	 * With no path up but one on its way (connecting or reconnecting), a
 	 * request waits up to fast_io_fail_ms for it, then fails with

@@ -97,6 +97,7 @@ struct clt_path {
 	pthread_t worker;
 	bool worker_started;        /* loop thread and close only */
 	atomic_int attempts;        /* failed attempts in a row (loop and worker) */
+	atomic_uint_fast64_t down_since_ms; /* when it last failed (loss timeout) */
 	atomic_bool keep_closed;    /* disconnected by the user */
 	bool removed;               /* rtrs_clt_remove_path: the slot stays, closed */
 	unsigned fault_delay_us;    /* RTRS_FAULT_DELAY_PATH: a slow path, for tests */
@@ -119,7 +120,7 @@ struct rtrs_clt_sess {
 	uint16_t port;
 	unsigned nr_io_cons;
 	unsigned hb_interval_ms, hb_missed_max, connect_timeout_ms;
-	unsigned reconnect_delay_ms, reconnect_jitter_ms;
+	unsigned reconnect_delay_ms, reconnect_jitter_ms, reconnect_loss_timeout_ms;
 	int max_reconnect_attempts;
 	bool wait_timer_ready;
 	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
@@ -891,12 +892,21 @@ static void path_schedule_reconnect(struct clt_path *p, unsigned min_ms)
 		 atomic_load(&p->attempts) + 1);
 }
 
+/* Within the loss timeout (if any) since the path failed? */
+static bool path_within_loss_timeout(const struct clt_path *p)
+{
+	unsigned t = p->sess->reconnect_loss_timeout_ms;
+
+	return !t || now_ms() - atomic_load(&p->down_since_ms) < t;
+}
+
 /* May the path try (again)? Counts against max_reconnect_attempts. */
 static bool path_may_retry(const struct clt_path *p)
 {
 	const struct rtrs_clt_sess *s = p->sess;
 
 	return !__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE) && !atomic_load(&p->keep_closed) &&
+	       path_within_loss_timeout(p) &&
 	       (s->max_reconnect_attempts < 0 ||
 		atomic_load(&p->attempts) < s->max_reconnect_attempts);
 }
@@ -930,6 +940,7 @@ static void path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 	}
 	path_change_state(p, RTRS_PATH_CLOSING);
 	pthread_rwlock_unlock(&p->post_lock);
+	atomic_store(&p->down_since_ms, now_ms());
 
 	loop_timer_arm(&p->hb.timer, 0, 0);
 	/* After this no completion thread of the path runs any more. */
@@ -1029,8 +1040,18 @@ static void path_reconnect_timer(struct loop_timer *t)
 		pthread_join(p->worker, NULL); /* the last attempt, finished */
 		p->worker_started = false;
 	}
-	if (atomic_load(&p->state) != RTRS_PATH_RECONNECTING || !path_may_retry(p))
+	if (atomic_load(&p->state) != RTRS_PATH_RECONNECTING)
 		return;
+	if (!path_may_retry(p)) {
+		/* Out of attempts or past the loss timeout: closed until reconnected by hand. */
+		pthread_rwlock_wrlock(&p->post_lock);
+		path_change_state(p, RTRS_PATH_CLOSED);
+		pthread_rwlock_unlock(&p->post_lock);
+		if (!__atomic_load_n(&p->sess->closing, __ATOMIC_ACQUIRE))
+			log_warn("%s: down for longer than the loss timeout or out of attempts; "
+				 "path closed, reconnect it by hand", p->name);
+		return;
+	}
 	pthread_rwlock_wrlock(&p->post_lock);
 	path_change_state(p, RTRS_PATH_CONNECTING);
 	pthread_rwlock_unlock(&p->post_lock);
@@ -1329,7 +1350,7 @@ out_fail:
 	path_release(p);
 	/* Another attempt? This one is not counted yet. */
 	again = retry && !__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE) &&
-		!atomic_load(&p->keep_closed) &&
+		!atomic_load(&p->keep_closed) && path_within_loss_timeout(p) &&
 		(s->max_reconnect_attempts < 0 ||
 		 atomic_load(&p->attempts) + 1 < s->max_reconnect_attempts);
 	pthread_rwlock_wrlock(&p->post_lock);
@@ -1542,6 +1563,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	s->reconnect_delay_ms = o->reconnect_delay_ms;
 	s->reconnect_jitter_ms = o->reconnect_jitter_ms;
 	s->max_reconnect_attempts = o->max_reconnect_attempts;
+	s->reconnect_loss_timeout_ms = o->reconnect_loss_timeout_ms;
 	s->link_ev = o->link_ev;
 	s->path_ev = o->path_ev;
 	s->priv = o->priv;
@@ -1674,6 +1696,7 @@ static void path_reconnect_call(void *arg)
 
 	atomic_store(&p->keep_closed, false);
 	atomic_store(&p->attempts, 0);
+	atomic_store(&p->down_since_ms, now_ms()); /* a fresh loss timeout too */
 	switch (atomic_load(&p->state)) {
 	case RTRS_PATH_CONNECTED:
 		/* Closed first; path_stop schedules the attempt itself. */

@@ -248,6 +248,24 @@ int main(void)
 	CHECK_EQ(rtrs_clt_reconnect_path(sess, 7), -ENOENT);
 	CHECK_EQ(rtrs_clt_disconnect_path(sess, 7), -ENOENT);
 	rtrs_clt_close(sess);
+
+	/* 4. Loss timeout: unlimited attempts, but closed after 700 ms down. */
+	o.max_reconnect_attempts = -1;
+	o.reconnect_loss_timeout_ms = 700;
+	CHECK_EQ(rtrs_clt_open(&o, &sess), 0);
+	if (!sess)
+		return test_done("test-reconnect");
+	proc_signal(&srv, SIGKILL, true);
+	uint64_t t_kill = test_now_ms();
+
+	CHECK(wait_state("closed", 5000), "state %s after the loss timeout", state());
+	CHECK(test_now_ms() - t_kill >= 600, "closed after %llu ms (loss timeout 700)",
+	      (unsigned long long)(test_now_ms() - t_kill));
+	rtrs_clt_path_stats(sess, 0, &st);
+	CHECK(st.reconnect_failures >= 2, "%llu attempts before giving up",
+	      (unsigned long long)st.reconnect_failures);
+	rtrs_clt_close(sess);
+	CHECK_EQ(start_server(port, &srv), 0);
 	rc = proc_signal(&srv, SIGTERM, true);
 	CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "server exit status %d", rc);
 	return test_done("test-reconnect");
