@@ -207,6 +207,9 @@ static void fuzz_info_rsp(const uint8_t *p, size_t n)
 {
 	struct rtrs_limits lim;
 	struct rtrs_desc *chunks;
+	uint32_t gens[1];
+	int verdict;
+	bool dnr;
 	const char *why = NULL;
 	unsigned sg_cnt;
 	void *b;
@@ -222,15 +225,16 @@ static void fuzz_info_rsp(const uint8_t *p, size_t n)
 	b = dup_exact(p, n);
 	if (!chunks)
 		abort();
-	rc = rtrs_info_rsp_decode(b, n, &lim, chunks, &why);
+	rc = rtrs_info_rsp_decode(b, n, &lim, chunks, gens, &verdict, &dnr, &why);
 	CHECK_WHY(rc, why);
 	free(b);
-	if (rc) {
+	if (rc || verdict) {
+		FAIL_IF(verdict > 0);
 		free(chunks);
 		return;
 	}
 	sg_cnt = (unsigned)(p[2] | p[3] << 8);
-	FAIL_IF(sg_cnt == 0 || lim.queue_depth % sg_cnt || n < rtrs_info_rsp_size(sg_cnt));
+	FAIL_IF(sg_cnt == 0 || lim.queue_depth % sg_cnt || n < rtrs_info_rsp_size(sg_cnt, 0));
 	for (unsigned i = 0; i < lim.queue_depth; i++) {
 		unsigned per = lim.queue_depth / sg_cnt, d = i / per;
 		uint64_t base;

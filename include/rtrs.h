@@ -91,6 +91,27 @@ struct rtrs_clt_opts {
 	/* Optional: a path came up (up = 1) or went down (0); idx as in stats. */
 	void (*path_ev)(void *priv, unsigned idx, int up);
 	void *priv;
+	/*
+	 * DH-HMAC-CHAP (docs/security.md). Secrets are DHHC-1 strings as
+	 * `nvme gen-dhchap-key` writes them, or "@PATH" naming a file that
+	 * holds one; they never appear in logs or statistics.
+	 * auth_secret: this host's secret, needed when the server requires
+	 * authentication (without it a path fails with -ENOKEY and never
+	 * retries). auth_ctrl_secret: also authenticate the server
+	 * (bidirectional); a server that cannot is refused (-EKEYREJECTED) and
+	 * so is one that does not offer authentication (-ENOKEY).
+	 * auth_host_name: this host's name (NQN-like; default the contents of
+	 * /etc/nvme/hostnqn, else "nqn.2014-08.org.nvmexpress:uuid:" and the
+	 * machine id). auth_server_name: the server's name (default
+	 * "rtrs-server"). auth_hashes / auth_dhgroups: what the client offers,
+	 * comma-separated ("sha256,sha384,sha512"; "null,ffdhe2048,...").
+	 */
+	const char *auth_secret;
+	const char *auth_ctrl_secret;
+	const char *auth_host_name;
+	const char *auth_server_name;
+	const char *auth_hashes;
+	const char *auth_dhgroups;
 };
 
 /* Fills defaults; returns -EINVAL if size is not one this library knows. */
@@ -168,6 +189,14 @@ struct rtrs_path_stats {
 	uint64_t reconnects;       /* successful reconnects */
 	uint64_t reconnect_failures;
 	uint64_t failovers;        /* requests moved off this path when it failed */
+	int last_error;            /* why it last failed: 0 or a negative errno */
+	/*
+	 * The reconnect decision for that failure: "retry", "key rejected",
+	 * "no key", "server said do not retry", "loss timeout", "out of
+	 * attempts", "stopped"; "" while nothing has failed.
+	 */
+	const char *reconnect_verdict;
+	uint64_t auth_runs;        /* authentications this path completed */
 };
 
 /* Statistics of path idx (0 .. paths_num - 1); -ENOENT past the last. */
@@ -236,7 +265,46 @@ struct rtrs_srv_opts {
 	unsigned listen_retry_ms;  /* retry period while the address is missing (1000) */
 	unsigned max_cons_per_path; /* connections a client may open per path (129) */
 	unsigned connect_timeout_ms; /* a path still connecting after this is closed (30000) */
+	/*
+	 * always_invalidate (default 1): a chunk's remote key is revoked
+	 * before its IO reaches rdma_ev and a new, never reused key goes back
+	 * with the response, so no client can write a buffer the server is
+	 * working on. Costs a re-registration per IO (bench/RESULTS.md).
+	 */
+	int always_invalidate;
+	/*
+	 * Authentication (docs/security.md). With auth_keys_file set every
+	 * client must authenticate with DH-HMAC-CHAP on each path before it
+	 * learns any chunk address or key. The file lists
+	 * "<host name> <host secret> [<ctrl secret>]" per line and is read
+	 * at every authentication, so a changed key applies to the next
+	 * connect. auth_name is this server's name (default "rtrs-server").
+	 * auth_hashes / auth_dhgroups: what the server accepts, in order of
+	 * preference (defaults "sha256,sha384,sha512" and
+	 * "ffdhe2048,ffdhe3072,ffdhe4096,ffdhe6144,ffdhe8192,null").
+	 * A path that has not authenticated after auth_timeout_ms (10000) is
+	 * closed.
+	 */
+	const char *auth_keys_file;
+	const char *auth_name;
+	const char *auth_hashes;
+	const char *auth_dhgroups;
+	unsigned auth_timeout_ms;
 };
+
+/* Counters of a server, for tests and monitoring. */
+struct rtrs_srv_stats {
+	size_t size;               /* sizeof(struct rtrs_srv_stats), set by the caller */
+	uint64_t connreqs;         /* connection requests that arrived */
+	uint64_t rejects;          /* ... refused at once */
+	uint64_t auth_ok;          /* paths that authenticated */
+	uint64_t auth_failed;      /* authentications refused */
+	uint64_t auth_timeouts;    /* paths closed for not authenticating in time */
+	uint64_t stale_key_closes; /* paths closed after a write with a revoked key */
+	uint64_t key_rotations;    /* chunk keys revoked and replaced */
+};
+
+int rtrs_srv_get_stats(struct rtrs_srv_ctx *ctx, struct rtrs_srv_stats *st);
 
 int rtrs_srv_opts_init(struct rtrs_srv_opts *opts, size_t size);
 

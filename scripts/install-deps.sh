@@ -7,6 +7,7 @@ packages=(
 	gcc clang libclang-rt-14-dev meson ninja-build pkg-config python3
 	libfabric-dev libfabric-bin iproute2 nftables
 	iperf3
+	libssl-dev nvme-cli
 )
 
 missing=()

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "rtrs-auth-sm.h"
 #include "rtrs-pri.h"
 
 struct rtrs_permit {
@@ -77,8 +78,14 @@ struct clt_path {
 	unsigned nr_cons;
 	struct clt_con *cons;
 	struct rtrs_desc *rbufs;    /* one per chunk */
+	uint32_t *info_gens;        /* key generations of an info response */
 	struct rtrs_desc srv_imm;
-	char imm_buf[RTRS_IMM_REGION];
+	/*
+	 * Where the server aims empty writes; with always_invalidate also the
+	 * key slots (one per chunk) and the table written before a fence ack.
+	 */
+	char *imm_area;
+	size_t imm_len;
 	struct fab_mr imm_mr;
 	struct fab_mr hdr_mr;       /* the session's header area in this domain */
 	struct rtrs_msg_info_req info_req;
@@ -88,6 +95,18 @@ struct clt_path {
 	pthread_cond_t cond;
 	bool info_done;
 	int info_err;
+	/* Authentication: the connecting thread runs it; cid 0 hands messages over. */
+	struct rtrs_auth_txn auth;
+	uint16_t auth_tid;
+	char auth_tx[RTRS_AUTH_MSG_MAX];
+	struct fab_mr auth_tx_mr;
+	char auth_rx[RTRS_AUTH_MSG_MAX];
+	size_t auth_rx_len;         /* under lock: a message waits */
+	/* The reconnect decision's inputs and its last verdict. */
+	atomic_bool fail_dnr;       /* the server said: do not retry */
+	atomic_int last_err;
+	atomic_int verdict;         /* enum rtrs_reconnect_verdict; -1: none yet */
+	atomic_uint_fast64_t stat_auth_runs;
 	struct rtrs_hb hb;
 	struct loop_work fail_work;
 	atomic_int fail_err;
@@ -149,6 +168,19 @@ struct rtrs_clt_sess {
 	_Atomic enum rtrs_mp_policy mp_policy;
 	atomic_uint rr_cursor;
 
+	/* Authentication settings, secrets included (wiped at close). */
+	struct rtrs_auth_cfg auth;
+	/*
+	 * always_invalidate (the server's NEW_RKEY_F): chunk keys are the
+	 * session's, each with its generation; the newest seen wins.
+	 */
+	bool inval, inval_known;
+	uint64_t srv_sess_id;       /* the server incarnation the keys come from */
+	uint64_t *rkeys;
+	uint32_t *rkey_gens;
+	pthread_mutex_t rkey_lock;
+	bool fault_stale_rkey;      /* RTRS_FAULT_STALE_RKEY: keep using first keys */
+
 	/* Requests waiting for a path, bounded by fast_io_fail_ms. */
 	unsigned fast_io_fail_ms;
 	pthread_mutex_t wait_lock;
@@ -190,6 +222,38 @@ static bool req_complete(struct clt_req *req, int err)
 	return true;
 }
 
+/* A chunk key learned from the server: kept if newer than the one we have. */
+static void sess_key_update(struct rtrs_clt_sess *s, uint32_t id, uint32_t gen, uint64_t key)
+{
+	pthread_mutex_lock(&s->rkey_lock);
+	if (!(s->fault_stale_rkey && s->rkey_gens[id]) &&
+	    (!s->rkey_gens[id] || (int32_t)(gen - s->rkey_gens[id]) > 0)) {
+		s->rkey_gens[id] = gen;
+		__atomic_store_n(&s->rkeys[id], key, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&s->rkey_lock);
+}
+
+/* The key table the server wrote into p's imm area at offset off (records). */
+static int path_keys_merge(struct clt_path *p, size_t off)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	const char *why = NULL;
+
+	for (uint32_t i = 0; i < s->queue_depth; i++) {
+		uint64_t key;
+		uint32_t gen;
+
+		if (rtrs_new_rkey_decode(p->imm_area + off + (size_t)i * RTRS_RKEY_SLOT, i, &gen,
+					 &key, &why)) {
+			log_err_rl("%s: invalid key table from the server: %s", p->name, why);
+			return -EPROTO;
+		}
+		sess_key_update(s, i, gen, key);
+	}
+	return 0;
+}
+
 static char *req_hdr_slot(const struct clt_req *req)
 {
 	return req->sess->hdr_area + (size_t)req->id * req->sess->max_hdr_size;
@@ -227,7 +291,11 @@ static int req_post(struct clt_req *req)
 	while (req->next_iov < n) {
 		size_t cnt = MIN(n - req->next_iov, a->iov_limit);
 		bool last = req->next_iov + cnt == n;
-		struct fab_rma rma = { .addr = chunk->addr + req->next_off, .key = chunk->key };
+		struct fab_rma rma = {
+			.addr = chunk->addr + req->next_off,
+			.key = s->inval ? __atomic_load_n(&s->rkeys[req->id], __ATOMIC_ACQUIRE) :
+					  chunk->key,
+		};
 		int rc;
 
 		for (size_t i = 0; i < cnt; i++)
@@ -724,9 +792,11 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 	if (err == -ECONNREFUSED && len) {
 		/* A reject from the server carries its reason. */
 		if (rtrs_conn_rsp_decode(data, len, &rsp, &why) == 0 && rsp.err) {
-			log_err("%s: server rejected connection %u: %s", p->name, con->cid,
-				strerror(-rsp.err));
+			log_err("%s: server rejected connection %u: %s%s", p->name, con->cid,
+				strerror(-rsp.err), rsp.dnr ? " (do not retry)" : "");
 			err = rsp.err;
+			if (rsp.dnr)
+				atomic_store(&p->fail_dnr, true);
 		} else {
 			log_err("%s: connection %u refused with unreadable reason: %s", p->name,
 				con->cid, why ? why : "?");
@@ -768,6 +838,19 @@ static void clt_handle_rsp(struct clt_con *con, uint32_t payload)
 		log_err_rl("%s: response for request %u that is not in flight here", p->name, id);
 		clt_fail_path(p, -EPROTO);
 		return;
+	}
+	if (s->inval) {
+		/* The chunk's next key came with the response, in its slot. */
+		uint64_t key;
+		uint32_t gen;
+
+		if (rtrs_new_rkey_decode(p->imm_area + (size_t)id * RTRS_RKEY_SLOT, id, &gen, &key,
+					 &why)) {
+			log_err_rl("%s: response %u without a valid new key: %s", p->name, id, why);
+			clt_fail_path(p, -EPROTO);
+			return;
+		}
+		sess_key_update(s, id, gen, key);
 	}
 	req_complete(req, err);
 }
@@ -827,21 +910,54 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 			clt_fail_path(p, -EPROTO);
 			return;
 		}
+		/* The server wrote the key table ahead of the ack. */
+		if (p->sess->inval &&
+		    path_keys_merge(p, (size_t)p->sess->queue_depth * RTRS_RKEY_SLOT)) {
+			clt_fail_path(p, -EPROTO);
+			return;
+		}
 		atomic_store(&f->fence_err, err);
 		atomic_store(&f->fence_acked, true);
 		loop_queue(p->sess->loop, &p->sess->wait_work);
 		return;
 	}
 	pthread_mutex_lock(&p->lock);
+	if (con->cid == 0 && rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
+		/* For the connecting thread, which runs the transaction. */
+		if (p->auth_rx_len || len > sizeof(p->auth_rx)) {
+			pthread_mutex_unlock(&p->lock);
+			log_err_rl("%s: unexpected authentication message", p->name);
+			clt_fail_path(p, -EPROTO);
+			return;
+		}
+		memcpy(p->auth_rx, buf, len);
+		p->auth_rx_len = len;
+		pthread_cond_broadcast(&p->cond);
+		pthread_mutex_unlock(&p->lock);
+		return;
+	}
 	if (con->cid != 0 || p->info_done) {
 		pthread_mutex_unlock(&p->lock);
 		log_err_rl("%s: unexpected message on connection %u", p->name, con->cid);
 		clt_fail_path(p, -EPROTO);
 		return;
 	}
-	rc = rtrs_info_rsp_decode(buf, len, &lim, p->rbufs, &why);
-	if (rc)
+	int verdict;
+	bool dnr;
+
+	lim.new_rkey = p->sess->inval;
+	rc = rtrs_info_rsp_decode(buf, len, &lim, p->rbufs, p->info_gens, &verdict, &dnr, &why);
+	if (rc) {
 		log_err("%s: invalid info response: %s", p->name, why);
+	} else if (verdict) {
+		log_err("%s: server refused the path: %s%s", p->name, strerror(-verdict),
+			dnr ? " (do not retry)" : "");
+		atomic_store(&p->fail_dnr, dnr);
+		rc = verdict;
+	} else if (p->sess->inval) {
+		for (uint32_t i = 0; i < p->sess->queue_depth; i++)
+			sess_key_update(p->sess, i, p->info_gens[i], p->rbufs[i].key);
+	}
 	p->info_err = rc;
 	p->info_done = true;
 	pthread_cond_broadcast(&p->cond);
@@ -892,23 +1008,33 @@ static void path_schedule_reconnect(struct clt_path *p, unsigned min_ms)
 		 atomic_load(&p->attempts) + 1);
 }
 
-/* Within the loss timeout (if any) since the path failed? */
-static bool path_within_loss_timeout(const struct clt_path *p)
-{
-	unsigned t = p->sess->reconnect_loss_timeout_ms;
-
-	return !t || now_ms() - atomic_load(&p->down_since_ms) < t;
-}
-
-/* May the path try (again)? Counts against max_reconnect_attempts. */
-static bool path_may_retry(const struct clt_path *p)
+/*
+ * Asks the reconnect decision (rtrs_should_reconnect) about the path failing
+ * with err after attempts failed attempts, and records err and the verdict
+ * for the path's statistics. Logs a verdict that ends the path.
+ */
+static bool path_should_reconnect(struct clt_path *p, int err, int attempts)
 {
 	const struct rtrs_clt_sess *s = p->sess;
+	struct rtrs_reconnect_in in = {
+		.err = err,
+		.dnr = atomic_load(&p->fail_dnr),
+		.stopping = __atomic_load_n(&s->closing, __ATOMIC_ACQUIRE) ||
+			    atomic_load(&p->keep_closed),
+		.attempts = attempts,
+		.max_attempts = __atomic_load_n(&s->max_reconnect_attempts, __ATOMIC_RELAXED),
+		.down_ms = now_ms() - atomic_load(&p->down_since_ms),
+		.loss_timeout_ms = s->reconnect_loss_timeout_ms,
+	};
+	enum rtrs_reconnect_verdict v = rtrs_should_reconnect(&in);
 
-	return !__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE) && !atomic_load(&p->keep_closed) &&
-	       path_within_loss_timeout(p) &&
-	       (s->max_reconnect_attempts < 0 ||
-		atomic_load(&p->attempts) < s->max_reconnect_attempts);
+	if (err)
+		atomic_store(&p->last_err, err);
+	atomic_store(&p->verdict, (int)v);
+	if (v != RTRS_RECONNECT_RETRY && v != RTRS_RECONNECT_STOPPED)
+		log_warn("%s: not reconnecting (%s, last error: %s); reconnect it by hand", p->name,
+			 rtrs_reconnect_verdict_str(v), strerror(-atomic_load(&p->last_err)));
+	return v == RTRS_RECONNECT_RETRY;
 }
 
 /*
@@ -984,7 +1110,8 @@ static void path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 		loop_timer_arm(&s->wait_timer, 1, 50);
 	}
 	path_release(p);
-	if (next == RTRS_PATH_RECONNECTING && !path_may_retry(p))
+	if (next == RTRS_PATH_RECONNECTING &&
+	    !path_should_reconnect(p, err, atomic_load(&p->attempts)))
 		next = RTRS_PATH_CLOSED;
 	path_change_state(p, next);
 	if (failed)
@@ -1024,9 +1151,8 @@ static void *path_reconnect_worker(void *arg)
 		atomic_fetch_add(&p->attempts, 1);
 		atomic_fetch_add(&p->stat_reconnect_failures, 1);
 		if (atomic_load(&p->state) == RTRS_PATH_CLOSED)
-			log_warn("%s: reconnect failed (%s); path closed after %d attempts, "
-				 "reconnect it by hand", p->name, strerror(-rc),
-				 atomic_load(&p->attempts));
+			log_warn("%s: reconnect failed (%s); path closed after %d attempts", p->name,
+				 strerror(-rc), atomic_load(&p->attempts));
 	}
 	return NULL;
 }
@@ -1042,14 +1168,11 @@ static void path_reconnect_timer(struct loop_timer *t)
 	}
 	if (atomic_load(&p->state) != RTRS_PATH_RECONNECTING)
 		return;
-	if (!path_may_retry(p)) {
-		/* Out of attempts or past the loss timeout: closed until reconnected by hand. */
+	/* Asked again: the loss timeout or the attempt budget may have run out meanwhile. */
+	if (!path_should_reconnect(p, atomic_load(&p->last_err), atomic_load(&p->attempts))) {
 		pthread_rwlock_wrlock(&p->post_lock);
 		path_change_state(p, RTRS_PATH_CLOSED);
 		pthread_rwlock_unlock(&p->post_lock);
-		if (!__atomic_load_n(&p->sess->closing, __ATOMIC_ACQUIRE))
-			log_warn("%s: down for longer than the loss timeout or out of attempts; "
-				 "path closed, reconnect it by hand", p->name);
 		return;
 	}
 	pthread_rwlock_wrlock(&p->post_lock);
@@ -1136,7 +1259,9 @@ static int sess_set_limits(struct rtrs_clt_sess *s, const struct rtrs_conn_rsp *
 	s->free_ids = calloc(qd, sizeof(*s->free_ids));
 	/* aligned_alloc wants a multiple of the alignment. */
 	s->hdr_area = aligned_alloc(4096, ((size_t)qd * rsp->max_hdr_size + 4095) & ~(size_t)4095);
-	if (!s->reqs || !s->permits || !s->free_ids || !s->hdr_area)
+	s->rkeys = calloc(qd, sizeof(*s->rkeys));
+	s->rkey_gens = calloc(qd, sizeof(*s->rkey_gens));
+	if (!s->reqs || !s->permits || !s->free_ids || !s->hdr_area || !s->rkeys || !s->rkey_gens)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < qd; i++) {
 		s->reqs[i].sess = s;
@@ -1160,7 +1285,7 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 	const struct fab_attr *a = fab_attr(p->fab);
 	struct rtrs_conn_req req = {
 		.cid = (uint16_t)cid, .cid_num = (uint16_t)p->nr_cons,
-		.recon_cnt = p->recon_cnt, .first_conn = true, .fence = true,
+		.recon_cnt = p->recon_cnt, .first_conn = true, .fence = true, .auth = true,
 	};
 	struct rtrs_msg_conn_req msg;
 	char name[RTRS_NAME_MAX + 16];
@@ -1187,6 +1312,69 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 	return path_wait_con(p, con);
 }
 
+/*
+ * DH-HMAC-CHAP on connection 0, on the connecting thread: the completion
+ * thread hands each message over (auth_rx) and this thread answers.
+ */
+static int path_authenticate(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	struct timespec dl = deadline_ms(s->connect_timeout_ms);
+	enum rtrs_auth_step step = RTRS_AUTH_CONTINUE;
+	char msg[RTRS_AUTH_MSG_MAX];
+	size_t out_len = 0, len;
+	int rc, wait = 0;
+
+	if (!s->auth.hkey.len) {
+		log_err("%s: the server requires authentication and this client has no secret",
+			p->name);
+		return -ENOKEY;
+	}
+	rc = fab_mr_reg(p->fab, p->auth_tx, sizeof(p->auth_tx), FAB_MR_LOCAL, &p->auth_tx_mr);
+	if (rc)
+		return rc;
+	rc = rtrs_auth_clt_begin(&p->auth, &s->auth, p->name, ++p->auth_tid, p->auth_tx,
+				 sizeof(p->auth_tx), &out_len);
+	while (!rc) {
+		if (out_len) {
+			rc = fab_send(p->cons[0].fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL);
+			if (rc)
+				break;
+		}
+		if (step == RTRS_AUTH_DONE)
+			break;
+		if (step == RTRS_AUTH_FAILED) {
+			rc = p->auth.err;
+			break;
+		}
+		pthread_mutex_lock(&p->lock);
+		while (!p->auth_rx_len && !p->cons[0].err && !atomic_load(&p->fail_err) &&
+		       wait != ETIMEDOUT)
+			wait = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
+		len = p->auth_rx_len;
+		if (len)
+			memcpy(msg, p->auth_rx, len);
+		p->auth_rx_len = 0;
+		rc = len ? 0 : atomic_load(&p->fail_err) ? atomic_load(&p->fail_err) :
+		     p->cons[0].err ? p->cons[0].err : -ETIMEDOUT;
+		pthread_mutex_unlock(&p->lock);
+		if (rc)
+			break;
+		step = rtrs_auth_clt_step(&p->auth, msg, len, p->auth_tx, sizeof(p->auth_tx),
+					  &out_len);
+	}
+	if (!rc) {
+		atomic_fetch_add(&p->stat_auth_runs, 1);
+		log_info("%s: authenticated as %s (%s, %s%s)", p->name, s->auth.name,
+			 rtrs_auth_hash_name(p->auth.hash), rtrs_auth_dhgroup_name(p->auth.group),
+			 p->auth.bidir ? ", server authenticated too" : "");
+	} else {
+		log_err("%s: authentication failed: %s", p->name, strerror(-rc));
+	}
+	rtrs_auth_txn_end(&p->auth);
+	return rc;
+}
+
 static int path_after_first_con(struct clt_path *p)
 {
 	struct rtrs_clt_sess *s = p->sess;
@@ -1200,16 +1388,48 @@ static int path_after_first_con(struct clt_path *p)
 		log_err("%s: server queue depth %u / chunk %u differs from the session's %u / %u; "
 			"no automatic reconnect, reconnect by hand", p->name, rsp->queue_depth,
 			rsp->chunk_size, s->queue_depth, s->chunk_size);
-		atomic_store(&p->keep_closed, true);
+		atomic_store(&p->fail_dnr, true);
 	}
 	if (rc)
 		return rc;
+	bool inval = rsp->flags & RTRS_MSG_NEW_RKEY_F;
+
+	if (!s->inval_known) {
+		s->inval = inval;
+		s->inval_known = true;
+	} else if (inval != s->inval) {
+		log_err("%s: the server switched always_invalidate %s; reconnect by hand", p->name,
+			inval ? "on" : "off");
+		atomic_store(&p->fail_dnr, true);
+		return -ECONNRESET;
+	}
+	if (rsp->sess_id != s->srv_sess_id) {
+		/* A new server session (it restarted): keys of the old one mean nothing. */
+		pthread_mutex_lock(&s->rkey_lock);
+		memset(s->rkeys, 0, (size_t)s->queue_depth * sizeof(*s->rkeys));
+		memset(s->rkey_gens, 0, (size_t)s->queue_depth * sizeof(*s->rkey_gens));
+		s->srv_sess_id = rsp->sess_id;
+		pthread_mutex_unlock(&s->rkey_lock);
+	}
 	p->srv_imm = rsp->imm_desc;
 	p->srv_fence = rsp->flags & RTRS_MSG_FENCE_F;
 	free(p->rbufs);
+	free(p->info_gens);
 	p->rbufs = calloc(s->queue_depth, sizeof(*p->rbufs));
-	if (!p->rbufs)
+	p->info_gens = calloc(s->queue_depth, sizeof(*p->info_gens));
+	if (!p->rbufs || !p->info_gens)
 		return -ENOMEM;
+	/* Empty writes land here; with always_invalidate: key slots, then the fence table. */
+	if (!p->imm_area) {
+		p->imm_len = MAX((size_t)RTRS_IMM_REGION,
+				 2 * (size_t)s->queue_depth * RTRS_RKEY_SLOT);
+		p->imm_area = calloc(1, p->imm_len);
+		if (!p->imm_area)
+			return -ENOMEM;
+	}
+	rc = fab_mr_reg(p->fab, p->imm_area, p->imm_len, FAB_MR_REMOTE_WRITE, &p->imm_mr);
+	if (rc)
+		return rc;
 	rc = fab_mr_reg(p->fab, s->hdr_area, (size_t)s->queue_depth * s->max_hdr_size,
 			FAB_MR_LOCAL, &p->hdr_mr);
 	if (rc) {
@@ -1220,14 +1440,24 @@ static int path_after_first_con(struct clt_path *p)
 	 * The info response holds up to one descriptor per chunk. On verbs
 	 * every incoming immediate (admin IO responses too) takes a receive.
 	 */
-	rx_size = MAX(rtrs_info_rsp_size(s->queue_depth), RTRS_ADMIN_MSG_SIZE);
+	rx_size = MAX(rtrs_info_rsp_size(s->queue_depth, s->inval ? s->queue_depth : 0),
+		      RTRS_ADMIN_MSG_SIZE);
 	rc = fab_con_rx_setup(p->cons[0].fc,
 			      fab_attr(p->fab)->rx_cq_data ?
 			      MIN(s->queue_depth + 16, RTRS_CLT_ADMIN_RX_QUEUE) : 2, rx_size);
-	if (rc)
+	if (rc) {
 		log_err("%s: posting receives on the admin connection failed: %s", p->name,
 			strerror(-rc));
-	return rc;
+		return rc;
+	}
+	if (rsp->flags & RTRS_MSG_AUTH_F)
+		return path_authenticate(p);
+	if (s->auth.ckey.len) {
+		log_err("%s: the server offers no authentication, and this client must "
+			"authenticate it (controller secret set)", p->name);
+		return -ENOKEY;
+	}
+	return 0;
 }
 
 static int path_exchange_info(struct clt_path *p)
@@ -1256,6 +1486,7 @@ static int path_exchange_info(struct clt_path *p)
 
 static void path_release_mrs(struct clt_path *p)
 {
+	fab_mr_dereg(&p->auth_tx_mr);
 	fab_mr_dereg(&p->fence_mr);
 	fab_mr_dereg(&p->hdr_mr);
 	fab_mr_dereg(&p->info_req_mr);
@@ -1283,7 +1514,9 @@ static int path_connect(struct clt_path *p, bool retry)
 
 	p->info_done = false;
 	p->info_err = 0;
+	p->auth_rx_len = 0;
 	atomic_store(&p->fail_err, 0);
+	atomic_store(&p->fail_dnr, false);
 	atomic_store(&p->hb.missed, 0);
 	p->recon_cnt++;
 	/* The server's queue depth is not known yet: ask for room for a large one. */
@@ -1294,10 +1527,8 @@ static int path_connect(struct clt_path *p, bool retry)
 			p->port, s->provider, strerror(-rc));
 		return rc;
 	}
-	rc = fab_mr_reg(p->fab, p->imm_buf, sizeof(p->imm_buf), FAB_MR_REMOTE_WRITE, &p->imm_mr);
-	if (!rc)
-		rc = fab_mr_reg(p->fab, &p->fence_msg, sizeof(p->fence_msg), FAB_MR_LOCAL,
-				&p->fence_mr);
+	rc = fab_mr_reg(p->fab, &p->fence_msg, sizeof(p->fence_msg), FAB_MR_LOCAL,
+			&p->fence_mr);
 	if (rc)
 		goto out_fail;
 	for (unsigned cid = 0; cid < p->nr_cons; cid++) {
@@ -1348,11 +1579,13 @@ static int path_connect(struct clt_path *p, bool retry)
 out_fail:
 	path_destroy_cons(p);
 	path_release(p);
-	/* Another attempt? This one is not counted yet. */
-	again = retry && !__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE) &&
-		!atomic_load(&p->keep_closed) && path_within_loss_timeout(p) &&
-		(s->max_reconnect_attempts < 0 ||
-		 atomic_load(&p->attempts) + 1 < s->max_reconnect_attempts);
+	/* Another attempt? This one counts (the worker adds it afterwards). */
+	if (retry) {
+		again = path_should_reconnect(p, rc, atomic_load(&p->attempts) + 1);
+	} else {
+		again = false;
+		atomic_store(&p->last_err, rc);
+	}
 	pthread_rwlock_wrlock(&p->post_lock);
 	path_change_state(p, again ? RTRS_PATH_RECONNECTING : RTRS_PATH_CLOSED);
 	pthread_rwlock_unlock(&p->post_lock);
@@ -1414,6 +1647,8 @@ static void sess_free(struct rtrs_clt_sess *s)
 		fab_close(p->fab);
 		free(p->cons);
 		free(p->rbufs);
+		free(p->info_gens);
+		free(p->imm_area);
 		pthread_rwlock_destroy(&p->post_lock);
 		pthread_mutex_destroy(&p->lock);
 		pthread_cond_destroy(&p->cond);
@@ -1423,6 +1658,10 @@ static void sess_free(struct rtrs_clt_sess *s)
 	free(s->permits);
 	free(s->free_ids);
 	free(s->hdr_area);
+	free(s->rkeys);
+	free(s->rkey_gens);
+	rtrs_auth_wipe(&s->auth, sizeof(s->auth));
+	pthread_mutex_destroy(&s->rkey_lock);
 	pthread_mutex_destroy(&s->permit_lock);
 	pthread_cond_destroy(&s->permit_cond);
 	pthread_mutex_destroy(&s->wait_lock);
@@ -1532,10 +1771,86 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 	}
 	loop_work_init(&p->fail_work, path_fail_work);
 	atomic_init(&p->keep_closed, false);
+	atomic_init(&p->verdict, -1);
 	rc = loop_timer_init(s->loop, &p->reconnect_timer, path_reconnect_timer);
 	if (rc)
 		return rc;
 	return loop_timer_init(s->loop, &p->hb.timer, path_hb_timer);
+}
+
+/* This host's default name: /etc/nvme/hostnqn as nvme-cli does, else from the machine id. */
+static void default_host_name(char *buf, size_t len)
+{
+	char line[256] = "";
+	FILE *f = fopen("/etc/nvme/hostnqn", "r");
+
+	if (f) {
+		if (fgets(line, sizeof(line), f))
+			line[strcspn(line, " \t\r\n")] = '\0';
+		fclose(f);
+		if (line[0]) {
+			snprintf(buf, len, "%s", line);
+			return;
+		}
+	}
+	f = fopen("/etc/machine-id", "r");
+	if (f) {
+		if (fgets(line, sizeof(line), f))
+			line[strcspn(line, " \t\r\n")] = '\0';
+		fclose(f);
+	}
+	if (strlen(line) == 32) {
+		snprintf(buf, len, "nqn.2014-08.org.nvmexpress:uuid:%.8s-%.4s-%.4s-%.4s-%.12s", line,
+			 line + 8, line + 12, line + 16, line + 20);
+		return;
+	}
+	gethostname(line, sizeof(line) - 1);
+	snprintf(buf, len, "nqn.2014-08.org.nvmexpress:host:%s", line[0] ? line : "localhost");
+}
+
+/* Authentication settings of a session; secrets are loaded now and kept in memory. */
+static int sess_auth_setup(struct rtrs_clt_sess *s, const struct rtrs_clt_opts *o)
+{
+	struct rtrs_auth_cfg *cfg = &s->auth;
+	const char *why = NULL;
+	int rc;
+
+	if (o->auth_host_name)
+		snprintf(cfg->name, sizeof(cfg->name), "%s", o->auth_host_name);
+	else
+		default_host_name(cfg->name, sizeof(cfg->name));
+	snprintf(cfg->server, sizeof(cfg->server), "%s",
+		 o->auth_server_name ? o->auth_server_name : "rtrs-server");
+	if (!cfg->name[0] || strlen(cfg->name) > RTRS_AUTH_NAME_MAX ||
+	    (o->auth_host_name && strlen(o->auth_host_name) > RTRS_AUTH_NAME_MAX) ||
+	    !cfg->server[0] || (o->auth_server_name &&
+				strlen(o->auth_server_name) > RTRS_AUTH_NAME_MAX)) {
+		log_err("%s: host and server names must be 1..%d characters", s->name,
+			RTRS_AUTH_NAME_MAX);
+		return -EINVAL;
+	}
+	rc = rtrs_auth_cfg_lists(cfg, o->auth_hashes, o->auth_dhgroups, false, s->name);
+	if (rc)
+		return rc;
+	if (o->auth_secret) {
+		rc = rtrs_auth_key_load(o->auth_secret, &cfg->hkey, &why);
+		if (rc) {
+			log_err("%s: host secret: %s", s->name, why ? why : strerror(-rc));
+			return rc;
+		}
+	}
+	if (o->auth_ctrl_secret) {
+		if (!o->auth_secret) {
+			log_err("%s: a controller secret needs a host secret too", s->name);
+			return -EINVAL;
+		}
+		rc = rtrs_auth_key_load(o->auth_ctrl_secret, &cfg->ckey, &why);
+		if (rc) {
+			log_err("%s: controller secret: %s", s->name, why ? why : strerror(-rc));
+			return rc;
+		}
+	}
+	return 0;
 }
 
 RTRS_EXPORT
@@ -1572,11 +1887,18 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	pthread_cond_init(&s->permit_cond, NULL);
 	pthread_mutex_init(&s->wait_lock, NULL);
 	pthread_mutex_init(&s->admin_lock, NULL);
+	pthread_mutex_init(&s->rkey_lock, NULL);
+	s->fault_stale_rkey = getenv("RTRS_FAULT_STALE_RKEY") != NULL;
+	if (s->fault_stale_rkey)
+		log_warn("%s: fault injection: chunk keys are never renewed", s->name);
 	atomic_init(&s->paths_up, 0);
 	s->fast_io_fail_ms = o->fast_io_fail_ms;
 	s->wait_timer.h.fd = -1;
 	loop_work_init(&s->wait_work, sess_wait_work);
 	rc = rand_bytes(s->paths_uuid, sizeof(s->paths_uuid));
+	if (rc)
+		goto out_free;
+	rc = sess_auth_setup(s, o);
 	if (rc)
 		goto out_free;
 	rc = loop_create("rtrs-clt", &s->loop);
@@ -1660,6 +1982,10 @@ int rtrs_clt_path_stats(struct rtrs_clt_sess *s, unsigned idx, struct rtrs_path_
 	st->reconnects = atomic_load(&p->stat_reconnects);
 	st->reconnect_failures = atomic_load(&p->stat_reconnect_failures);
 	st->failovers = atomic_load(&p->stat_failovers);
+	st->last_error = atomic_load(&p->last_err);
+	st->reconnect_verdict = atomic_load(&p->verdict) < 0 ? "" :
+				rtrs_reconnect_verdict_str(atomic_load(&p->verdict));
+	st->auth_runs = atomic_load(&p->stat_auth_runs);
 	return 0;
 }
 
@@ -1695,6 +2021,8 @@ static void path_reconnect_call(void *arg)
 	struct clt_path *p = arg;
 
 	atomic_store(&p->keep_closed, false);
+	atomic_store(&p->fail_dnr, false);
+	atomic_store(&p->last_err, 0);
 	atomic_store(&p->attempts, 0);
 	atomic_store(&p->down_since_ms, now_ms()); /* a fresh loss timeout too */
 	switch (atomic_load(&p->state)) {

@@ -9,9 +9,10 @@
  *     blocks (fd + fi_trywait + epoll) and reads both;
  *   - never busy-poll;
  *   - classify completions by FI_REMOTE_WRITE, errors by op_context only;
- *   - memory keys come from a per-domain counter when the provider does not
- *     choose them; it comes round only after 2^32 - 1 registrations and
- *     skips keys still in use; keys must fit the 32-bit wire field.
+ *   - memory keys come from per-domain counters when the provider does not
+ *     choose them: 32-bit keys come round after 2^31 - 1 registrations and
+ *     skip keys still in use; 64-bit keys (FAB_MR_KEY64) start at 2^32 and
+ *     never repeat.
  */
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -52,7 +53,8 @@ struct fab {
 	struct fab_attr attr;
 	bool prov_key;
 	bool imm_by_send;   /* no remote CQ data: immediates travel as messages */
-	atomic_uint_fast64_t next_key;
+	atomic_uint_fast64_t next_key;   /* 32-bit keys: 1 .. 2^31 - 1, round and round */
+	atomic_uint_fast64_t next_key64; /* FAB_MR_KEY64: 2^32 up, never again */
 };
 
 struct fab_lst {
@@ -155,8 +157,12 @@ static struct fi_info *fab_hints(const char *prov)
 
 	if (!h)
 		return NULL;
-	/* A request split over several writes relies on write-after-write order. */
-	h->tx_attr->msg_order = FI_ORDER_WAW | FI_ORDER_RMA_WAW;
+	/*
+	 * A request split over several writes relies on write-after-write
+	 * order; a fence ack on the key table written before it, on
+	 * send-after-write order.
+	 */
+	h->tx_attr->msg_order = FI_ORDER_WAW | FI_ORDER_RMA_WAW | FI_ORDER_SAW;
 	h->ep_attr->type = FI_EP_MSG;
 	h->caps = FI_MSG | FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
 	/*
@@ -238,7 +244,7 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 		hints->rx_attr->size = sized ? queue : 0;
 		hints->domain_attr->cq_data_size = imm ? 4 : 0;
 		hints->mode = imm ? FI_RX_CQ_DATA : 0;
-		hints->tx_attr->msg_order = FI_ORDER_WAW | FI_ORDER_RMA_WAW | (imm ? 0 : FI_ORDER_SAW);
+		hints->tx_attr->msg_order = FI_ORDER_WAW | FI_ORDER_RMA_WAW | FI_ORDER_SAW;
 		rc = fi_getinfo(FAB_API_VERSION, node, service, server ? FI_SOURCE : 0, hints,
 				&f->info);
 		if (rc != -FI_ENODATA)
@@ -290,6 +296,7 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 	a->rma_iov_limit = MAX(f->info->tx_attr->rma_iov_limit, 1);
 	a->max_queue = MIN(f->info->tx_attr->size, f->info->rx_attr->size);
 	atomic_init(&f->next_key, 0);
+	atomic_init(&f->next_key64, (uint64_t)1 << 32);
 	log_dbg("fabric: %s mr_local=%d virt_addr=%d prov_key=%d rx_cq_data=%d imm_by_send=%d iov=%zu rma_iov=%zu",
 		a->prov_name, a->mr_local, a->virt_addr, f->prov_key, a->rx_cq_data,
 		f->imm_by_send, a->iov_limit, a->rma_iov_limit);
@@ -338,15 +345,20 @@ static int ofi_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 	if (access & FAB_MR_REMOTE_WRITE)
 		acc |= FI_REMOTE_WRITE;
 	/*
-	 * Requested keys must be unique in the domain (ref/libfabric.md 2.2)
-	 * and fit the 32-bit wire field. They come from a counter that takes
-	 * 2^32 - 1 registrations to come round, so a key a peer saw recently
-	 * does not become valid again soon; keys still registered after a wrap
-	 * are skipped (the provider refuses them with -FI_ENOKEY).
+	 * Requested keys must be unique in the domain (ref/libfabric.md 2.2).
+	 * Keys for 32-bit wire fields come from a counter that takes 2^31 - 1
+	 * registrations to come round, so a key a peer saw recently does not
+	 * become valid again soon; keys still registered after a wrap are
+	 * skipped (the provider refuses them with -FI_ENOKEY). 64-bit keys
+	 * never come round: a revoked one is never valid again.
 	 */
 	for (int tries = 0;; tries++) {
-		key = f->prov_key ? 0 :
-		      atomic_fetch_add(&f->next_key, 1) % UINT32_MAX + 1;
+		if (f->prov_key)
+			key = 0;
+		else if (access & FAB_MR_KEY64)
+			key = atomic_fetch_add(&f->next_key64, 1);
+		else
+			key = atomic_fetch_add(&f->next_key, 1) % INT32_MAX + 1;
 		rc = fi_mr_reg(f->domain, buf, len, acc, 0, key, 0, &fmr, NULL);
 		if (rc != -FI_ENOKEY || f->prov_key || tries == 64)
 			break;
@@ -356,7 +368,7 @@ static int ofi_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 		return fab_errno(rc);
 	}
 	key = fi_mr_key(fmr);
-	if (key > UINT32_MAX) {
+	if (key > UINT32_MAX && !(access & FAB_MR_KEY64)) {
 		log_err("fabric: provider key 0x%llx does not fit 32 bits",
 			(unsigned long long)key);
 		fi_close(&fmr->fid);
@@ -364,7 +376,7 @@ static int ofi_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 	}
 	mr->priv = fmr;
 	mr->ops = &fab_ofi_ops;
-	mr->key = (uint32_t)key;
+	mr->key = key;
 	mr->desc = f->attr.mr_local ? fi_mr_desc(fmr) : NULL;
 	mr->base = f->attr.virt_addr ? (uint64_t)(uintptr_t)buf : 0;
 	return 0;
@@ -1070,7 +1082,7 @@ static int ofi_write(struct fab_con *c, const struct iovec *iov, void *const *de
 	return fab_errno(rc);
 }
 
-static int ofi_write_imm(struct fab_con *c, uint64_t addr, uint32_t key, uint32_t imm)
+static int ofi_write_imm(struct fab_con *c, uint64_t addr, uint64_t key, uint32_t imm)
 {
 	if (fault_eagain(c))
 		return -EAGAIN;

@@ -49,6 +49,13 @@ struct fab_attr {
 enum fab_mr_access {
 	FAB_MR_LOCAL = 1 << 0,        /* source/sink of local transfers only */
 	FAB_MR_REMOTE_WRITE = 1 << 1, /* peer may write into it */
+	/*
+	 * The key may use 64 bits: it comes from a counter that starts at
+	 * 2^32 and never repeats in the domain (always_invalidate chunk keys).
+	 * Other keys fit 32 bits and stay below 2^31, so the two never meet.
+	 * A provider that picks keys itself (verbs) gives what it gives.
+	 */
+	FAB_MR_KEY64 = 1 << 2,
 };
 
 struct fab_mr {
@@ -57,7 +64,7 @@ struct fab_mr {
 	size_t len;
 	void *desc;     /* pass with local iovecs; NULL when not needed */
 	uint64_t base;  /* what the peer adds offsets to: VA (verbs) or 0 (tcp) */
-	uint32_t key;   /* remote key, always fits 32 bits on the wire */
+	uint64_t key;   /* remote key: fits 32 bits unless FAB_MR_KEY64 */
 	void *priv;     /* provider object */
 };
 
@@ -84,7 +91,7 @@ struct fab_con_ops {
 struct fab_rma {
 	uint64_t addr;  /* peer base + offset */
 	uint64_t len;
-	uint32_t key;
+	uint64_t key;
 };
 
 /*
@@ -124,7 +131,7 @@ struct fab_ops {
 	int (*write)(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
 		     const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
 		     void *ctx);
-	int (*write_imm)(struct fab_con *c, uint64_t addr, uint32_t key, uint32_t imm);
+	int (*write_imm)(struct fab_con *c, uint64_t addr, uint64_t key, uint32_t imm);
 	int (*send)(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx);
 };
 
@@ -297,7 +304,7 @@ static inline int fab_write(struct fab_con *c, const struct iovec *iov, void *co
 	return fab_ops_of(c)->write(c, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm, ctx);
 }
 /* Empty write with immediate data to (addr, key): responses, heartbeats. */
-static inline int fab_write_imm(struct fab_con *c, uint64_t addr, uint32_t key, uint32_t imm)
+static inline int fab_write_imm(struct fab_con *c, uint64_t addr, uint64_t key, uint32_t imm)
 {
 	return fab_ops_of(c)->write_imm(c, addr, key, imm);
 }

@@ -84,6 +84,36 @@ int rtrs_mp_select(enum rtrs_mp_policy policy, const struct rtrs_mp_path *paths,
  */
 unsigned rtrs_reconnect_wait_ms(unsigned delay_ms, unsigned jitter_ms, unsigned min_ms);
 
+/*
+ * The reconnect decision, modelled on the kernel's nvmf_should_reconnect():
+ * every failure of a path (an attempt, or the path while connected) asks
+ * it, and nothing else decides whether the path tries again.
+ */
+struct rtrs_reconnect_in {
+	int err;                 /* why it failed: negative errno */
+	bool dnr;                /* the server's verdict said: do not retry */
+	bool stopping;           /* session closing, or the user disconnected the path */
+	int attempts;            /* failed reconnect attempts in a row so far */
+	int max_attempts;        /* -1: forever; 0: never */
+	uint64_t down_ms;        /* how long the path has been down */
+	unsigned loss_timeout_ms; /* 0: no limit */
+};
+
+enum rtrs_reconnect_verdict {
+	RTRS_RECONNECT_RETRY,
+	RTRS_RECONNECT_STOPPED,       /* closing or disconnected by the user */
+	RTRS_RECONNECT_KEY_REJECTED,  /* -EKEYREJECTED: authentication failed */
+	RTRS_RECONNECT_NO_KEY,        /* -ENOKEY: a key is needed and not there */
+	RTRS_RECONNECT_SERVER_DNR,    /* the server said retrying cannot help */
+	RTRS_RECONNECT_LOSS_TIMEOUT,  /* down longer than reconnect_loss_timeout_ms */
+	RTRS_RECONNECT_OUT_OF_ATTEMPTS,
+	RTRS_RECONNECT_NR_VERDICTS,
+};
+
+enum rtrs_reconnect_verdict rtrs_should_reconnect(const struct rtrs_reconnect_in *in);
+/* "retry", "key rejected", ...: what a path shows for the verdict. */
+const char *rtrs_reconnect_verdict_str(enum rtrs_reconnect_verdict v);
+
 /* Splits "host:port", "[v6]:port" or "host"; 0 or -EINVAL. */
 int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
 			char *port, size_t portlen);

@@ -42,7 +42,8 @@ void rtrs_conn_req_encode(struct rtrs_msg_conn_req *m, const struct rtrs_conn_re
 	m->recon_cnt = le16_put(r->recon_cnt);
 	memcpy(m->sess_uuid, r->sess_uuid, RTRS_UUID_LEN);
 	memcpy(m->paths_uuid, r->paths_uuid, RTRS_UUID_LEN);
-	m->flags = (r->first_conn ? RTRS_CONN_FIRST : 0) | (r->fence ? RTRS_CONN_FENCE : 0);
+	m->flags = (r->first_conn ? RTRS_CONN_FIRST : 0) | (r->fence ? RTRS_CONN_FENCE : 0) |
+		   (r->auth ? RTRS_CONN_AUTH : 0);
 }
 
 static int check_magic_version(struct le16 magic, struct le16 version, const char **why)
@@ -76,15 +77,18 @@ int rtrs_conn_req_decode(const void *buf, size_t len, struct rtrs_conn_req *out,
 	/* Unknown flag bits are extensions this side does not speak: ignored. */
 	out->first_conn = m.flags & RTRS_CONN_FIRST;
 	out->fence = m.flags & RTRS_CONN_FENCE;
+	out->auth = m.flags & RTRS_CONN_AUTH;
 	memcpy(out->sess_uuid, m.sess_uuid, RTRS_UUID_LEN);
 	memcpy(out->paths_uuid, m.paths_uuid, RTRS_UUID_LEN);
 	return 0;
 }
 
+/* Keys in descriptors are 32-bit: the fabric layer hands out no wider ones for them. */
 static struct rtrs_sg_desc desc_put(const struct rtrs_desc *d)
 {
 	return (struct rtrs_sg_desc){
-		.addr = le64_put(d->addr), .key = le32_put(d->key), .len = le32_put(d->len),
+		.addr = le64_put(d->addr), .key = le32_put((uint32_t)d->key),
+		.len = le32_put(d->len),
 	};
 }
 
@@ -104,13 +108,17 @@ void rtrs_conn_rsp_encode(struct rtrs_msg_conn_rsp *m, const struct rtrs_conn_rs
 	m->magic = le16_put(RTRS_MAGIC);
 	m->version = le16_put(RTRS_PROTO_VER);
 	m->errno_ = le16_put((uint16_t)(int16_t)r->err);
-	if (r->err)
-		return; /* a reject carries magic, version and errno only */
+	if (r->err) {
+		/* A reject carries magic, version, errno and flags only. */
+		m->flags = le32_put(r->dnr ? RTRS_MSG_DNR_F : 0);
+		return;
+	}
 	m->queue_depth = le16_put(r->queue_depth);
 	m->max_io_size = le32_put(r->max_io_size);
 	m->max_hdr_size = le32_put(r->max_hdr_size);
 	m->flags = le32_put(r->flags);
 	m->imm_desc = desc_put(&r->imm_desc);
+	m->sess_id = le64_put(r->sess_id);
 }
 
 int rtrs_conn_rsp_decode(const void *buf, size_t len, struct rtrs_conn_rsp *out,
@@ -132,8 +140,12 @@ int rtrs_conn_rsp_decode(const void *buf, size_t len, struct rtrs_conn_rsp *out,
 	out->err = (int16_t)le16_get(m.errno_);
 	if (out->err > 0)
 		REJECT(-EPROTO, "positive errno in connect response");
-	if (out->err)
+	if (out->err) {
+		/* Older servers send no flags: absent means retry. */
+		if (len >= RTRS_CONN_REJ_LEN)
+			out->dnr = le32_get(m.flags) & RTRS_MSG_DNR_F;
 		return 0;
+	}
 	if (len < sizeof(m))
 		REJECT(-EMSGSIZE, "connect response too short");
 	out->queue_depth = le16_get(m.queue_depth);
@@ -141,6 +153,7 @@ int rtrs_conn_rsp_decode(const void *buf, size_t len, struct rtrs_conn_rsp *out,
 	out->max_hdr_size = le32_get(m.max_hdr_size);
 	out->flags = le32_get(m.flags);
 	out->imm_desc = desc_get(&m.imm_desc);
+	out->sess_id = le64_get(m.sess_id);
 	if (out->queue_depth == 0)
 		REJECT(-EINVAL, "queue depth 0");
 	if (out->max_hdr_size < sizeof(struct rtrs_msg_rdma_read) + sizeof(struct rtrs_sg_desc) ||
@@ -189,14 +202,16 @@ int rtrs_info_req_decode(const void *buf, size_t len, struct rtrs_info_req *out,
 	return 0;
 }
 
-size_t rtrs_info_rsp_size(unsigned sg_cnt)
+size_t rtrs_info_rsp_size(unsigned sg_cnt, unsigned nr_keys)
 {
-	return sizeof(struct rtrs_msg_info_rsp) + (size_t)sg_cnt * sizeof(struct rtrs_sg_desc);
+	return sizeof(struct rtrs_msg_info_rsp) + (size_t)sg_cnt * sizeof(struct rtrs_sg_desc) +
+	       (size_t)nr_keys * sizeof(struct rtrs_msg_new_rkey);
 }
 
 void rtrs_info_rsp_encode(void *buf, const struct rtrs_desc *descs, unsigned sg_cnt)
 {
 	struct rtrs_msg_info_rsp *m = buf;
+	char *at = (char *)m->desc;
 
 	memset(m, 0, sizeof(*m));
 	m->type = le16_put(RTRS_MSG_INFO_RSP);
@@ -204,29 +219,57 @@ void rtrs_info_rsp_encode(void *buf, const struct rtrs_desc *descs, unsigned sg_
 	for (unsigned i = 0; i < sg_cnt; i++) {
 		struct rtrs_sg_desc d = desc_put(&descs[i]);
 
-		memcpy(&m->desc[i], &d, sizeof(d));
+		memcpy(at, &d, sizeof(d));
+		at += sizeof(d);
 	}
 }
 
-int rtrs_info_rsp_decode(const void *buf, size_t len, const struct rtrs_limits *lim,
-			 struct rtrs_desc *chunks, const char **why)
+void rtrs_info_rsp_encode_verdict(void *buf, int err, bool dnr)
 {
-	const struct rtrs_msg_info_rsp *m = buf;
-	uint32_t per_desc, total = 0;
-	unsigned sg_cnt;
+	struct rtrs_msg_info_rsp *m = buf;
 
-	if (len < sizeof(*m))
+	memset(m, 0, sizeof(*m));
+	m->type = le16_put(RTRS_MSG_INFO_RSP);
+	m->errno_ = le16_put((uint16_t)(int16_t)err);
+	m->flags = le16_put(dnr ? RTRS_MSG_DNR_F : 0);
+}
+
+int rtrs_info_rsp_decode(const void *buf, size_t len, const struct rtrs_limits *lim,
+			 struct rtrs_desc *chunks, uint32_t *gens, int *verdict, bool *dnr,
+			 const char **why)
+{
+	struct rtrs_msg_info_rsp m;
+	const char *descs = (const char *)buf + sizeof(m);
+	uint32_t per_desc, total = 0;
+	unsigned sg_cnt, nr_keys;
+	int err;
+
+	*verdict = 0;
+	*dnr = false;
+	if (len < sizeof(m))
 		REJECT(-EMSGSIZE, "info response too short");
-	if (le16_get(m->type) != RTRS_MSG_INFO_RSP)
+	memcpy(&m, buf, sizeof(m));
+	if (le16_get(m.type) != RTRS_MSG_INFO_RSP)
 		REJECT(-EPROTO, "not an info response");
-	sg_cnt = le16_get(m->sg_cnt);
+	sg_cnt = le16_get(m.sg_cnt);
+	err = (int16_t)le16_get(m.errno_);
+	if (err > 0)
+		REJECT(-EPROTO, "positive errno in info response");
+	if (err) {
+		if (sg_cnt)
+			REJECT(-EPROTO, "info response with both an errno and descriptors");
+		*verdict = err;
+		*dnr = le16_get(m.flags) & RTRS_MSG_DNR_F;
+		return 0;
+	}
 	if (sg_cnt == 0 || sg_cnt > lim->queue_depth || lim->queue_depth % sg_cnt)
 		REJECT(-EINVAL, "descriptor count does not divide the queue depth");
-	if (len < rtrs_info_rsp_size(sg_cnt))
-		REJECT(-EMSGSIZE, "info response shorter than its descriptors");
+	nr_keys = lim->new_rkey ? lim->queue_depth : 0;
+	if (len < rtrs_info_rsp_size(sg_cnt, nr_keys))
+		REJECT(-EMSGSIZE, "info response shorter than its descriptors and keys");
 	per_desc = lim->queue_depth / sg_cnt;
 	for (unsigned i = 0; i < sg_cnt; i++) {
-		struct rtrs_desc d = desc_get(&m->desc[i]);
+		struct rtrs_desc d = desc_get((const struct rtrs_sg_desc *)(descs + i * 16));
 		uint64_t want = (uint64_t)per_desc * lim->chunk_size;
 
 		if (d.len != want)
@@ -240,6 +283,37 @@ int rtrs_info_rsp_decode(const void *buf, size_t len, const struct rtrs_limits *
 			total++;
 		}
 	}
+	for (unsigned i = 0; i < nr_keys; i++) {
+		const char *rec = descs + (size_t)sg_cnt * 16 + (size_t)i * RTRS_RKEY_SLOT;
+
+		if (rtrs_new_rkey_decode(rec, i, &gens[i], &chunks[i].key, why))
+			return -EPROTO;
+	}
+	return 0;
+}
+
+void rtrs_new_rkey_encode(struct rtrs_msg_new_rkey *m, uint32_t buf_id, uint32_t gen,
+			  uint64_t rkey)
+{
+	memset(m, 0, sizeof(*m));
+	m->type = le16_put(RTRS_MSG_RKEY_RSP);
+	m->buf_id = le16_put((uint16_t)buf_id);
+	m->gen = le32_put(gen);
+	m->rkey = le64_put(rkey);
+}
+
+int rtrs_new_rkey_decode(const void *slot, uint32_t buf_id, uint32_t *gen, uint64_t *rkey,
+			 const char **why)
+{
+	struct rtrs_msg_new_rkey m;
+
+	memcpy(&m, slot, sizeof(m));
+	if (le16_get(m.type) != RTRS_MSG_RKEY_RSP)
+		REJECT(-EPROTO, "key slot holds no key");
+	if (le16_get(m.buf_id) != (uint16_t)buf_id)
+		REJECT(-EPROTO, "key slot names another chunk");
+	*gen = le32_get(m.gen);
+	*rkey = le64_get(m.rkey);
 	return 0;
 }
 
@@ -406,4 +480,289 @@ int rtrs_rkey_rsp_decode(const void *buf, size_t len, uint32_t queue_depth,
 	*buf_id = le16_get(m.buf_id);
 	*rkey = le32_get(m.rkey);
 	return 0;
+}
+
+/* ---- authentication ------------------------------------------------------- */
+
+size_t rtrs_auth_wire_hash_len(unsigned hash)
+{
+	static const uint8_t len[] = { [1] = 32, [2] = 48, [3] = 64 };
+
+	return hash < ARRAY_SIZE(len) ? len[hash] : 0;
+}
+
+size_t rtrs_auth_wire_dh_len(unsigned group)
+{
+	static const uint16_t len[] = { [1] = 256, [2] = 384, [3] = 512, [4] = 768, [5] = 1024 };
+
+	return group < ARRAY_SIZE(len) ? len[group] : 0;
+}
+
+static bool hl_valid(unsigned hl)
+{
+	return hl == 32 || hl == 48 || hl == 64;
+}
+
+/* A name field: NUL-terminated inside the field, 1..223 printable chars. */
+static bool auth_name_get(char *dst, const char *src)
+{
+	size_t n = strnlen(src, RTRS_AUTH_WIRE_NAME);
+
+	if (n == 0 || n > 223)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)src[i] <= ' ' || (unsigned char)src[i] >= 0x7f)
+			return false;
+	memcpy(dst, src, n);
+	dst[n] = '\0';
+	return true;
+}
+
+static bool auth_name_put(char *dst, const char *src)
+{
+	size_t n = strnlen(src, RTRS_AUTH_WIRE_NAME);
+
+	if (n == 0 || n > 223)
+		return false;
+	memset(dst, 0, RTRS_AUTH_WIRE_NAME);
+	memcpy(dst, src, n);
+	return true;
+}
+
+size_t rtrs_auth_encode(void *buf, size_t cap, const struct rtrs_auth_msg *m)
+{
+	struct rtrs_msg_auth env = { .type = le16_put(RTRS_MSG_AUTH) };
+	uint8_t *p = (uint8_t *)buf + sizeof(env);
+	size_t hl = m->hl, len;
+
+	switch (m->id) {
+	case RTRS_AUTH_NEGOTIATE: {
+		struct rtrs_auth_negotiate n = {
+			.auth_type = RTRS_AUTH_TYPE_COMMON, .auth_id = m->id,
+			.t_id = le16_put(m->tid), .sc_c = m->scc, .napd = 1,
+			.authid = RTRS_AUTH_PROTO_DHCHAP,
+			.halen = m->nr_hashes, .dhlen = m->nr_groups,
+		};
+
+		len = sizeof(n);
+		if (cap < sizeof(env) + len || !m->nr_hashes || !m->nr_groups ||
+		    m->nr_hashes > RTRS_AUTH_MAX_IDS || m->nr_groups > RTRS_AUTH_MAX_IDS ||
+		    !auth_name_put(n.host, m->host) || !auth_name_put(n.server, m->server))
+			return 0;
+		memcpy(n.idlist, m->hashes, m->nr_hashes);
+		memcpy(n.idlist + RTRS_AUTH_MAX_IDS, m->groups, m->nr_groups);
+		memcpy(p, &n, len);
+		break;
+	}
+	case RTRS_AUTH_CHALLENGE: {
+		struct rtrs_auth_challenge c = {
+			.auth_type = RTRS_AUTH_TYPE_DHCHAP, .auth_id = m->id,
+			.t_id = le16_put(m->tid), .hl = m->hl, .hashid = m->hash,
+			.dhgid = m->group, .dhvlen = le16_put(m->dhvlen),
+			.seqnum = le32_put(m->seq),
+		};
+
+		len = sizeof(c) + hl + m->dhvlen;
+		if (cap < sizeof(env) + len || !hl_valid(hl) || (m->dhvlen && !m->dhv) || !m->c)
+			return 0;
+		memcpy(p, &c, sizeof(c));
+		memcpy(p + sizeof(c), m->c, hl);
+		if (m->dhvlen)
+			memcpy(p + sizeof(c) + hl, m->dhv, m->dhvlen);
+		break;
+	}
+	case RTRS_AUTH_REPLY: {
+		struct rtrs_auth_reply r = {
+			.auth_type = RTRS_AUTH_TYPE_DHCHAP, .auth_id = m->id,
+			.t_id = le16_put(m->tid), .hl = m->hl, .cvalid = m->valid,
+			.dhvlen = le16_put(m->dhvlen), .seqnum = le32_put(m->seq),
+		};
+
+		len = sizeof(r) + 2 * hl + m->dhvlen;
+		if (cap < sizeof(env) + len || !hl_valid(hl) || !m->r || (m->valid && !m->c) ||
+		    (m->dhvlen && !m->dhv))
+			return 0;
+		memcpy(p, &r, sizeof(r));
+		memcpy(p + sizeof(r), m->r, hl);
+		if (m->valid)
+			memcpy(p + sizeof(r) + hl, m->c, hl);
+		else
+			memset(p + sizeof(r) + hl, 0, hl);
+		if (m->dhvlen)
+			memcpy(p + sizeof(r) + 2 * hl, m->dhv, m->dhvlen);
+		break;
+	}
+	case RTRS_AUTH_SUCCESS1: {
+		struct rtrs_auth_success1 s1 = {
+			.auth_type = RTRS_AUTH_TYPE_DHCHAP, .auth_id = m->id,
+			.t_id = le16_put(m->tid), .hl = m->hl, .rvalid = m->valid,
+		};
+
+		len = sizeof(s1) + hl;
+		if (cap < sizeof(env) + len || !hl_valid(hl) || (m->valid && !m->r))
+			return 0;
+		memcpy(p, &s1, sizeof(s1));
+		if (m->valid)
+			memcpy(p + sizeof(s1), m->r, hl);
+		else
+			memset(p + sizeof(s1), 0, hl);
+		break;
+	}
+	case RTRS_AUTH_SUCCESS2: {
+		struct rtrs_auth_success2 s2 = {
+			.auth_type = RTRS_AUTH_TYPE_DHCHAP, .auth_id = m->id,
+			.t_id = le16_put(m->tid),
+		};
+
+		len = sizeof(s2);
+		if (cap < sizeof(env) + len)
+			return 0;
+		memcpy(p, &s2, len);
+		break;
+	}
+	case RTRS_AUTH_FAILURE1:
+	case RTRS_AUTH_FAILURE2: {
+		struct rtrs_auth_failure f = {
+			.auth_type = RTRS_AUTH_TYPE_COMMON, .auth_id = m->id,
+			.t_id = le16_put(m->tid), .rescode = 1, .rescode_exp = m->fail_exp,
+		};
+
+		len = sizeof(f);
+		if (cap < sizeof(env) + len)
+			return 0;
+		memcpy(p, &f, len);
+		break;
+	}
+	default:
+		return 0;
+	}
+	env.len = le16_put((uint16_t)len);
+	memcpy(buf, &env, sizeof(env));
+	return sizeof(env) + len;
+}
+
+int rtrs_auth_decode(const void *buf, size_t len, struct rtrs_auth_msg *out, const char **why)
+{
+	struct rtrs_msg_auth env;
+	const uint8_t *p = (const uint8_t *)buf + sizeof(env);
+	size_t plen;
+
+	if (len < sizeof(env))
+		REJECT(-EMSGSIZE, "authentication message too short");
+	memcpy(&env, buf, sizeof(env));
+	if (le16_get(env.type) != RTRS_MSG_AUTH)
+		REJECT(-EPROTO, "not an authentication message");
+	plen = le16_get(env.len);
+	if (plen > len - sizeof(env))
+		REJECT(-EMSGSIZE, "authentication message longer than received");
+	if (plen < 2)
+		REJECT(-EMSGSIZE, "authentication message without a header");
+	memset(out, 0, sizeof(*out));
+	out->id = p[1];
+	switch (out->id) {
+	case RTRS_AUTH_NEGOTIATE: {
+		struct rtrs_auth_negotiate n;
+
+		if (p[0] != RTRS_AUTH_TYPE_COMMON)
+			REJECT(-EPROTO, "negotiate with a wrong message type");
+		if (plen != sizeof(n))
+			REJECT(-EMSGSIZE, "negotiate of a wrong size");
+		memcpy(&n, p, sizeof(n));
+		out->tid = le16_get(n.t_id);
+		out->scc = n.sc_c;
+		if (n.napd != 1 || n.authid != RTRS_AUTH_PROTO_DHCHAP)
+			REJECT(-EPROTO, "negotiate offers no DH-HMAC-CHAP descriptor");
+		if (n.halen > RTRS_AUTH_MAX_IDS || n.dhlen > RTRS_AUTH_MAX_IDS)
+			REJECT(-EINVAL, "negotiate with too many hash or group ids");
+		out->nr_hashes = n.halen;
+		out->nr_groups = n.dhlen;
+		memcpy(out->hashes, n.idlist, n.halen);
+		memcpy(out->groups, n.idlist + RTRS_AUTH_MAX_IDS, n.dhlen);
+		if (!auth_name_get(out->host, n.host) || !auth_name_get(out->server, n.server))
+			REJECT(-EINVAL, "negotiate with an invalid host or server name");
+		return 0;
+	}
+	case RTRS_AUTH_CHALLENGE: {
+		struct rtrs_auth_challenge c;
+
+		if (p[0] != RTRS_AUTH_TYPE_DHCHAP || plen < sizeof(c))
+			REJECT(-EPROTO, "malformed challenge");
+		memcpy(&c, p, sizeof(c));
+		out->tid = le16_get(c.t_id);
+		out->hl = c.hl;
+		out->hash = c.hashid;
+		out->group = c.dhgid;
+		out->dhvlen = le16_get(c.dhvlen);
+		out->seq = le32_get(c.seqnum);
+		if (!rtrs_auth_wire_hash_len(c.hashid) || c.hl != rtrs_auth_wire_hash_len(c.hashid))
+			REJECT(-EPROTO, "challenge with an unknown hash or a wrong hash length");
+		if (c.dhgid > RTRS_AUTH_MAX_IDS || out->dhvlen != rtrs_auth_wire_dh_len(c.dhgid) ||
+		    (c.dhgid && !out->dhvlen))
+			REJECT(-EPROTO, "challenge with a DH value that does not fit its group");
+		if (plen != sizeof(c) + out->hl + out->dhvlen)
+			REJECT(-EMSGSIZE, "challenge of a wrong size");
+		out->c = p + sizeof(c);
+		out->dhv = out->dhvlen ? p + sizeof(c) + out->hl : NULL;
+		return 0;
+	}
+	case RTRS_AUTH_REPLY: {
+		struct rtrs_auth_reply r;
+
+		if (p[0] != RTRS_AUTH_TYPE_DHCHAP || plen < sizeof(r))
+			REJECT(-EPROTO, "malformed reply");
+		memcpy(&r, p, sizeof(r));
+		out->tid = le16_get(r.t_id);
+		out->hl = r.hl;
+		out->dhvlen = le16_get(r.dhvlen);
+		out->seq = le32_get(r.seqnum);
+		if (!hl_valid(r.hl) || r.cvalid > 1 || out->dhvlen > RTRS_AUTH_WIRE_MAX_DHV)
+			REJECT(-EINVAL, "reply with a bad hash length, cvalid or DH length");
+		/* The bound nvmet learned late: 16 + 2 hl + dhvlen must be all there is. */
+		if (plen != sizeof(r) + 2 * (size_t)out->hl + out->dhvlen)
+			REJECT(-EMSGSIZE, "reply of a wrong size");
+		out->valid = r.cvalid;
+		out->r = p + sizeof(r);
+		out->c = r.cvalid ? p + sizeof(r) + out->hl : NULL;
+		out->dhv = out->dhvlen ? p + sizeof(r) + 2 * out->hl : NULL;
+		return 0;
+	}
+	case RTRS_AUTH_SUCCESS1: {
+		struct rtrs_auth_success1 s1;
+
+		if (p[0] != RTRS_AUTH_TYPE_DHCHAP || plen < sizeof(s1))
+			REJECT(-EPROTO, "malformed success1");
+		memcpy(&s1, p, sizeof(s1));
+		out->tid = le16_get(s1.t_id);
+		out->hl = s1.hl;
+		if (!hl_valid(s1.hl) || s1.rvalid > 1)
+			REJECT(-EINVAL, "success1 with a bad hash length or rvalid");
+		if (plen != sizeof(s1) + out->hl)
+			REJECT(-EMSGSIZE, "success1 of a wrong size");
+		out->valid = s1.rvalid;
+		out->r = s1.rvalid ? p + sizeof(s1) : NULL;
+		return 0;
+	}
+	case RTRS_AUTH_SUCCESS2: {
+		struct rtrs_auth_success2 s2;
+
+		if (p[0] != RTRS_AUTH_TYPE_DHCHAP || plen != sizeof(s2))
+			REJECT(-EPROTO, "malformed success2");
+		memcpy(&s2, p, sizeof(s2));
+		out->tid = le16_get(s2.t_id);
+		return 0;
+	}
+	case RTRS_AUTH_FAILURE1:
+	case RTRS_AUTH_FAILURE2: {
+		struct rtrs_auth_failure f;
+
+		if (p[0] != RTRS_AUTH_TYPE_COMMON || plen != sizeof(f))
+			REJECT(-EPROTO, "malformed failure");
+		memcpy(&f, p, sizeof(f));
+		out->tid = le16_get(f.t_id);
+		out->fail_exp = f.rescode_exp;
+		return 0;
+	}
+	default:
+		REJECT(-EPROTO, "unknown authentication message");
+	}
 }

@@ -121,6 +121,7 @@ static_assert(sizeof(struct rtrs_sg_desc) == 16, "rtrs_sg_desc");
 
 #define RTRS_CONN_FIRST 0x01 /* conn_req.flags: may create a new session */
 #define RTRS_CONN_FENCE 0x02 /* conn_req.flags: the client fences before failover */
+#define RTRS_CONN_AUTH 0x04  /* conn_req.flags: the client speaks DH-HMAC-CHAP */
 
 /* Kernel layout minus the two CMA bytes: 54 bytes. */
 struct rtrs_msg_conn_req {
@@ -137,8 +138,17 @@ struct rtrs_msg_conn_req {
 static_assert(sizeof(struct rtrs_msg_conn_req) == 54, "rtrs_msg_conn_req");
 static_assert(sizeof(struct rtrs_msg_conn_req) <= RTRS_CM_DATA_MAX, "conn_req fits verbs CM");
 
+/*
+ * conn_rsp.flags. NEW_RKEY_F is the kernel's always_invalidate: the server
+ * revokes a chunk's key before handing an IO to its user and sends a new
+ * one with the response. Ours carries 64-bit keys that never repeat: the
+ * info response appends one per chunk, and each response writes an
+ * rtrs_msg_new_rkey into the client's key slots (docs/protocol.md 11).
+ */
 #define RTRS_MSG_NEW_RKEY_F (1u << 1)
-#define RTRS_MSG_FENCE_F (1u << 2) /* conn_rsp.flags: the server answers fences */
+#define RTRS_MSG_FENCE_F (1u << 2) /* the server answers fences */
+#define RTRS_MSG_AUTH_F (1u << 3)  /* authenticate on connection 0 before anything else */
+#define RTRS_MSG_DNR_F (1u << 4)   /* in a reject or verdict: do not retry */
 
 /*
  * Kernel layout has 36 reserved bytes (56 in all); ours carries the server's
@@ -153,7 +163,13 @@ struct rtrs_msg_conn_rsp {
 	struct le32 max_hdr_size;
 	struct le32 flags;
 	struct rtrs_sg_desc imm_desc;
-	uint8_t reserved[16];
+	/*
+	 * Ours: names the server's session incarnation (random at its
+	 * creation), so a client sees that a server restarted and forgets
+	 * chunk keys it learned from the old one.
+	 */
+	struct le64 sess_id;
+	uint8_t reserved[8];
 } __attribute__((packed));
 static_assert(sizeof(struct rtrs_msg_conn_rsp) == 52, "rtrs_msg_conn_rsp");
 static_assert(sizeof(struct rtrs_msg_conn_rsp) <= RTRS_CM_DATA_MAX, "conn_rsp fits verbs CM");
@@ -166,6 +182,7 @@ enum rtrs_msg_type {
 	RTRS_MSG_RKEY_RSP = 4,
 	RTRS_MSG_FENCE = 5,       /* extension: stop path uuid, answer when drained */
 	RTRS_MSG_FENCE_ACK = 6,
+	RTRS_MSG_AUTH = 7,        /* extension: a DH-HMAC-CHAP message */
 };
 
 #define RTRS_MSG_NEED_INVAL_F (1u << 0)
@@ -181,10 +198,19 @@ struct rtrs_msg_info_req {
 } __attribute__((packed));
 static_assert(sizeof(struct rtrs_msg_info_req) == 272, "rtrs_msg_info_req");
 
+/*
+ * Kernel layout; ours uses the reserved bytes for a verdict: a server that
+ * refuses the path after accepting its connections (session name in use,
+ * refused by its user) answers with errno set, sg_cnt 0, and flags
+ * RTRS_MSG_DNR_F when retrying cannot help. With RTRS_MSG_NEW_RKEY_F there
+ * is one descriptor per chunk, its key field unused (0), and queue_depth
+ * rtrs_msg_new_rkey records, chunk by chunk, follow the descriptors.
+ */
 struct rtrs_msg_info_rsp {
 	struct le16 type;
 	struct le16 sg_cnt;
-	uint8_t reserved[4];
+	struct le16 errno_;       /* ours: 0 or -errno (two's complement) */
+	struct le16 flags;        /* ours: RTRS_MSG_DNR_F */
 	struct rtrs_sg_desc desc[];
 } __attribute__((packed));
 static_assert(sizeof(struct rtrs_msg_info_rsp) == 8, "rtrs_msg_info_rsp");
@@ -195,6 +221,24 @@ struct rtrs_msg_rkey_rsp {
 	struct le32 rkey;
 } __attribute__((packed));
 static_assert(sizeof(struct rtrs_msg_rkey_rsp) == 8, "rtrs_msg_rkey_rsp");
+
+/*
+ * always_invalidate with 64-bit keys, one record per chunk: the response to
+ * an IO on chunk buf_id writes it into the client's key slot buf_id (the
+ * client's imm region holds queue_depth slots, then a table of
+ * queue_depth records the server fills before a fence ack) with the
+ * response immediate, so the key is in place when the client sees the
+ * response. gen counts the chunk's rotations; a receiver keeps the key of
+ * the highest gen it has seen. The info response carries the same records.
+ */
+struct rtrs_msg_new_rkey {
+	struct le16 type;         /* RTRS_MSG_RKEY_RSP */
+	struct le16 buf_id;
+	struct le32 gen;
+	struct le64 rkey;
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_msg_new_rkey) == 16, "rtrs_msg_new_rkey");
+#define RTRS_RKEY_SLOT sizeof(struct rtrs_msg_new_rkey)
 
 struct rtrs_msg_rdma_read {
 	struct le16 type;
@@ -225,6 +269,133 @@ struct rtrs_msg_fence {
 } __attribute__((packed));
 static_assert(sizeof(struct rtrs_msg_fence) == 24, "rtrs_msg_fence");
 
+/*
+ * Authentication (extension, offered through RTRS_CONN_AUTH and required
+ * through RTRS_MSG_AUTH_F): DH-HMAC-CHAP exactly as NVMe over Fabrics runs
+ * it (NVMe Base 2.0 8.13.5), as two-sided messages on connection 0. Each is
+ * an 8-byte envelope followed by the NVMe message byte for byte; NEGOTIATE
+ * appends the host and server names that NVMe carries in its Connect.
+ */
+enum rtrs_auth_msg_id {
+	RTRS_AUTH_NEGOTIATE = 0x00,
+	RTRS_AUTH_CHALLENGE = 0x01,
+	RTRS_AUTH_REPLY = 0x02,
+	RTRS_AUTH_SUCCESS1 = 0x03,
+	RTRS_AUTH_SUCCESS2 = 0x04,
+	RTRS_AUTH_FAILURE2 = 0xf0,
+	RTRS_AUTH_FAILURE1 = 0xf1,
+};
+
+/* Failure explanations (rescode_exp); the reason code is always 1, "failed". */
+enum rtrs_auth_fail {
+	RTRS_AUTH_FAIL_FAILED = 0x01,
+	RTRS_AUTH_FAIL_NOT_USABLE = 0x02,
+	RTRS_AUTH_FAIL_CONCAT_MISMATCH = 0x03,
+	RTRS_AUTH_FAIL_HASH_UNUSABLE = 0x04,
+	RTRS_AUTH_FAIL_DHGROUP_UNUSABLE = 0x05,
+	RTRS_AUTH_FAIL_INCORRECT_PAYLOAD = 0x06,
+	RTRS_AUTH_FAIL_INCORRECT_MESSAGE = 0x07,
+};
+
+#define RTRS_AUTH_TYPE_COMMON 0x00    /* NEGOTIATE, FAILURE1/2 */
+#define RTRS_AUTH_TYPE_DHCHAP 0x01    /* CHALLENGE .. SUCCESS2 */
+#define RTRS_AUTH_PROTO_DHCHAP 0x01   /* authid of the protocol descriptor */
+#define RTRS_AUTH_MAX_IDS 30          /* hash ids, then DH group ids, in idlist */
+#define RTRS_AUTH_WIRE_NAME 256       /* name fields: NUL-padded, 1..223 chars */
+#define RTRS_AUTH_WIRE_MAX_HL 64
+#define RTRS_AUTH_WIRE_MAX_DHV 1024
+
+struct rtrs_msg_auth {
+	struct le16 type;         /* RTRS_MSG_AUTH */
+	struct le16 len;          /* bytes of the NVMe message that follows */
+	uint8_t reserved[4];
+	uint8_t data[];
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_msg_auth) == 8, "rtrs_msg_auth");
+
+struct rtrs_auth_negotiate {
+	uint8_t auth_type;        /* common */
+	uint8_t auth_id;          /* NEGOTIATE */
+	uint8_t rsvd1[2];
+	struct le16 t_id;
+	uint8_t sc_c;             /* secure channel concatenation: 0 here */
+	uint8_t napd;             /* protocol descriptors: 1 */
+	/* the one descriptor */
+	uint8_t authid;           /* RTRS_AUTH_PROTO_DHCHAP */
+	uint8_t rsvd2;
+	uint8_t halen;
+	uint8_t dhlen;
+	uint8_t idlist[2 * RTRS_AUTH_MAX_IDS];
+	/* ours: the names NVMe carries in its Connect */
+	char host[RTRS_AUTH_WIRE_NAME];
+	char server[RTRS_AUTH_WIRE_NAME];
+} __attribute__((packed));
+static_assert(offsetof(struct rtrs_auth_negotiate, host) == 72, "negotiate: NVMe part");
+static_assert(sizeof(struct rtrs_auth_negotiate) == 584, "rtrs_auth_negotiate");
+
+struct rtrs_auth_challenge {
+	uint8_t auth_type, auth_id;
+	uint8_t rsvd1[2];
+	struct le16 t_id;
+	uint8_t hl;
+	uint8_t rsvd2;
+	uint8_t hashid;
+	uint8_t dhgid;
+	struct le16 dhvlen;
+	struct le32 seqnum;
+	uint8_t cval[];           /* C1 (hl bytes), then g^y (dhvlen bytes) */
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_auth_challenge) == 16, "rtrs_auth_challenge");
+
+struct rtrs_auth_reply {
+	uint8_t auth_type, auth_id;
+	uint8_t rsvd1[2];
+	struct le16 t_id;
+	uint8_t hl;
+	uint8_t rsvd2;
+	uint8_t cvalid;
+	uint8_t rsvd3;
+	struct le16 dhvlen;
+	struct le32 seqnum;
+	uint8_t rval[];           /* R1, C2 (zero unless cvalid), g^x */
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_auth_reply) == 16, "rtrs_auth_reply");
+
+struct rtrs_auth_success1 {
+	uint8_t auth_type, auth_id;
+	uint8_t rsvd1[2];
+	struct le16 t_id;
+	uint8_t hl;
+	uint8_t rsvd2;
+	uint8_t rvalid;
+	uint8_t rsvd3[7];
+	uint8_t rval[];           /* R2 (hl bytes, meaningful if rvalid) */
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_auth_success1) == 16, "rtrs_auth_success1");
+
+struct rtrs_auth_success2 {
+	uint8_t auth_type, auth_id;
+	uint8_t rsvd1[2];
+	struct le16 t_id;
+	uint8_t rsvd2[10];
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_auth_success2) == 16, "rtrs_auth_success2");
+
+struct rtrs_auth_failure {
+	uint8_t auth_type, auth_id;
+	uint8_t rsvd1[2];
+	struct le16 t_id;
+	uint8_t rescode;
+	uint8_t rescode_exp;
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_auth_failure) == 8, "rtrs_auth_failure");
+
+/* Largest authentication message: a reply with SHA-512 and ffdhe8192. */
+#define RTRS_AUTH_MSG_MAX \
+	(sizeof(struct rtrs_msg_auth) + sizeof(struct rtrs_auth_reply) + \
+	 2 * RTRS_AUTH_WIRE_MAX_HL + RTRS_AUTH_WIRE_MAX_DHV)
+static_assert(RTRS_AUTH_MSG_MAX <= 4096, "auth messages fit an admin receive");
+
 /* ---- decoded, validated host forms --------------------------------------- */
 
 struct rtrs_conn_req {
@@ -233,24 +404,27 @@ struct rtrs_conn_req {
 	uint16_t recon_cnt;
 	bool first_conn;
 	bool fence;             /* RTRS_CONN_FENCE */
+	bool auth;              /* RTRS_CONN_AUTH */
 	uint8_t sess_uuid[RTRS_UUID_LEN];
 	uint8_t paths_uuid[RTRS_UUID_LEN];
 };
 
 struct rtrs_desc {
 	uint64_t addr;
-	uint32_t key;
+	uint64_t key;           /* 32 bits on the wire, except chunk keys with NEW_RKEY_F */
 	uint32_t len;
 };
 
 struct rtrs_conn_rsp {
 	int err;                /* 0 = accepted, else negative errno (reject) */
+	bool dnr;               /* reject: RTRS_MSG_DNR_F, do not retry */
 	uint16_t queue_depth;
 	uint32_t max_io_size;
 	uint32_t max_hdr_size;
 	uint32_t chunk_size;    /* max_io_size + max_hdr_size */
 	uint32_t flags;
 	struct rtrs_desc imm_desc;
+	uint64_t sess_id;
 };
 
 struct rtrs_info_req {
@@ -258,6 +432,36 @@ struct rtrs_info_req {
 	uint64_t imm_addr;
 	uint32_t imm_key;
 };
+
+/*
+ * An authentication message, decoded: only the fields of its id are set.
+ * Pointers point into the buffer given to the decoder.
+ */
+struct rtrs_auth_msg {
+	uint8_t id;               /* enum rtrs_auth_msg_id */
+	uint16_t tid;
+	/* NEGOTIATE */
+	uint8_t scc;
+	uint8_t nr_hashes, hashes[RTRS_AUTH_MAX_IDS];
+	uint8_t nr_groups, groups[RTRS_AUTH_MAX_IDS];
+	char host[RTRS_AUTH_WIRE_NAME];
+	char server[RTRS_AUTH_WIRE_NAME];
+	/* CHALLENGE, REPLY, SUCCESS1 */
+	uint8_t hl;
+	uint8_t hash, group;      /* CHALLENGE */
+	uint32_t seq;             /* CHALLENGE S1, REPLY S2 */
+	bool valid;               /* REPLY cvalid, SUCCESS1 rvalid */
+	const uint8_t *c;         /* CHALLENGE C1, REPLY C2 */
+	const uint8_t *r;         /* REPLY R1, SUCCESS1 R2 */
+	uint16_t dhvlen;
+	const uint8_t *dhv;       /* CHALLENGE g^y, REPLY g^x */
+	/* FAILURE1/2 */
+	uint8_t fail_exp;
+};
+
+/* Digest size of an NVMe hash id, DH public value size of a group id; 0: unknown. */
+size_t rtrs_auth_wire_hash_len(unsigned hash);
+size_t rtrs_auth_wire_dh_len(unsigned group);
 
 /* A server IO request as found in a chunk, after validation. */
 struct rtrs_io_req {
@@ -276,16 +480,37 @@ struct rtrs_limits {
 	uint32_t queue_depth;
 	uint32_t chunk_size;
 	uint32_t max_hdr_size;
+	bool new_rkey;          /* RTRS_MSG_NEW_RKEY_F: info carries 64-bit chunk keys */
 };
 
 /* ---- encoders ------------------------------------------------------------ */
 
 void rtrs_conn_req_encode(struct rtrs_msg_conn_req *m, const struct rtrs_conn_req *r);
+/* A reject (r->err != 0) carries magic, version, errno and flags (DNR). */
 void rtrs_conn_rsp_encode(struct rtrs_msg_conn_rsp *m, const struct rtrs_conn_rsp *r);
+/* Bytes of a reject as sent. */
+#define RTRS_CONN_REJ_LEN (offsetof(struct rtrs_msg_conn_rsp, flags) + 4)
 void rtrs_info_req_encode(struct rtrs_msg_info_req *m, const struct rtrs_info_req *r);
-/* Returns the message size; buf must hold rtrs_info_rsp_size(n) bytes. */
-size_t rtrs_info_rsp_size(unsigned sg_cnt);
+/*
+ * Returns the message size; buf must hold rtrs_info_rsp_size(n, nr_keys)
+ * bytes. With NEW_RKEY_F, nr_keys (= queue depth) records follow the
+ * descriptors: the caller writes them at rtrs_info_rsp_keys(buf, sg_cnt).
+ */
+size_t rtrs_info_rsp_size(unsigned sg_cnt, unsigned nr_keys);
 void rtrs_info_rsp_encode(void *buf, const struct rtrs_desc *descs, unsigned sg_cnt);
+static inline struct rtrs_msg_new_rkey *rtrs_info_rsp_keys(void *buf, unsigned sg_cnt)
+{
+	return (struct rtrs_msg_new_rkey *)((char *)buf + 8 + (size_t)sg_cnt * 16);
+}
+/* A refusal after the connections were accepted: errno, no descriptors. */
+void rtrs_info_rsp_encode_verdict(void *buf, int err, bool dnr);
+void rtrs_new_rkey_encode(struct rtrs_msg_new_rkey *m, uint32_t buf_id, uint32_t gen,
+			  uint64_t rkey);
+/*
+ * Encodes an authentication message (envelope included) from the fields of
+ * m->id; returns its size, or 0 when cap is too small or m is inconsistent.
+ */
+size_t rtrs_auth_encode(void *buf, size_t cap, const struct rtrs_auth_msg *m);
 /* Header sizes: write 4; read 8 + 16 * sg_cnt. */
 size_t rtrs_io_hdr_size(bool read, unsigned sg_cnt);
 void rtrs_write_hdr_encode(void *at, uint32_t usr_len);
@@ -302,10 +527,19 @@ int rtrs_info_req_decode(const void *buf, size_t len, struct rtrs_info_req *out,
 			 const char **why);
 /*
  * Expands the descriptors into one (addr, key) per chunk: chunks must have
- * room for queue_depth entries.
+ * room for queue_depth entries; with lim->new_rkey the keys come from the
+ * records, and gens (queue_depth entries) gets their generations. A
+ * verdict gives its errno in *verdict (and *dnr), returning 0 with no
+ * chunks filled.
  */
 int rtrs_info_rsp_decode(const void *buf, size_t len, const struct rtrs_limits *lim,
-			 struct rtrs_desc *chunks, const char **why);
+			 struct rtrs_desc *chunks, uint32_t *gens, int *verdict, bool *dnr,
+			 const char **why);
+/* A key slot written by the server for chunk buf_id (NEW_RKEY_F). */
+int rtrs_new_rkey_decode(const void *slot, uint32_t buf_id, uint32_t *gen, uint64_t *rkey,
+			 const char **why);
+/* Validates an authentication message: structure and lengths, not semantics. */
+int rtrs_auth_decode(const void *buf, size_t len, struct rtrs_auth_msg *out, const char **why);
 /*
  * Decodes the payload of an RTRS_IO_REQ_IMM and the header it points at.
  * Read descriptors are copied to sg_buf (RTRS_MAX_READ_SG entries) and the
@@ -324,6 +558,17 @@ void rtrs_fence_encode(struct rtrs_msg_fence *m, bool ack, const uint8_t *uuid, 
 /* type is RTRS_MSG_FENCE or RTRS_MSG_FENCE_ACK as expected by the caller. */
 int rtrs_fence_decode(const void *buf, size_t len, enum rtrs_msg_type type, uint8_t *uuid,
 		      int *err, const char **why);
+
+/* The type of a two-sided message (its first le16), or -1 when too short. */
+static inline int rtrs_msg_type(const void *buf, size_t len)
+{
+	struct le16 t;
+
+	if (len < sizeof(t))
+		return -1;
+	__builtin_memcpy(&t, buf, sizeof(t));
+	return le16_get(t);
+}
 
 /* Session names: 1..255 bytes, printable, no '/' and no '.' (as the kernel). */
 bool rtrs_name_valid(const char *name);

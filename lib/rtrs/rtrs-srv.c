@@ -22,7 +22,9 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include "rtrs-auth-sm.h"
 #include "rtrs-pri.h"
 
 enum srv_op_state { OP_FREE, OP_BUSY, OP_RESPONDING, OP_SENT };
@@ -43,6 +45,7 @@ struct rtrs_srv_op {
 	int err;
 	size_t next_sg;             /* posting progress after -EAGAIN */
 	uint64_t next_local;
+	bool rekeyed;               /* always_invalidate: the chunk has its new key */
 	struct rtrs_srv_op *pending_next;
 };
 
@@ -87,6 +90,21 @@ struct srv_path {
 	bool cons_destroyed;
 	bool was_connected;
 	atomic_uint inflight;
+	/* Authentication: cid 0's completion thread runs it; the loop reads the flags. */
+	struct rtrs_auth_txn auth;
+	atomic_bool auth_host_ok;   /* the host proved its identity: more connections may come */
+	atomic_bool auth_done;      /* transaction complete: the info request may come */
+	char auth_tx[RTRS_AUTH_MSG_MAX];
+	struct fab_mr auth_tx_mr;
+	/* A refusal went out (FAILURE1 or a verdict): close once the client had time to read it. */
+	atomic_uint_fast64_t close_at_ms;
+	int close_err;
+	struct rtrs_msg_info_rsp verdict;
+	struct fab_mr verdict_mr;
+	uint64_t created_ms;
+	/* always_invalidate: the key table sent ahead of a fence ack. */
+	struct rtrs_msg_new_rkey *fence_keys;
+	struct fab_mr fence_keys_mr;
 };
 
 struct rtrs_srv_sess {
@@ -109,6 +127,20 @@ struct rtrs_srv_sess {
 	unsigned paths_num;
 	unsigned paths_up;
 	bool link_up;
+	/*
+	 * always_invalidate: one MR per chunk with a 64-bit key that is revoked
+	 * when an IO arrives and replaced when it is answered (or dropped);
+	 * key 0 while revoked. gen counts both. chunk_mr then only serves local
+	 * access (read responses on verbs).
+	 */
+	bool inval;
+	uint64_t sess_id;           /* this incarnation, random */
+	struct fab_mr *chunk_mrs;
+	uint64_t *chunk_key;
+	uint32_t *chunk_gen;
+	pthread_mutex_t key_lock;
+	struct rtrs_msg_new_rkey *rkey_msgs; /* response sources, one per chunk */
+	struct fab_mr rkey_msgs_mr;
 };
 
 struct rtrs_srv_ctx {
@@ -130,6 +162,13 @@ struct rtrs_srv_ctx {
 	struct rtrs_srv_sess *sessions;
 	unsigned nr_sessions;
 	struct loop_work reap_work; /* frees closed paths nobody references */
+	bool auth_required;
+	struct rtrs_auth_cfg auth_cfg;
+	char auth_keys_file[4096];
+	struct {
+		atomic_uint_fast64_t connreqs, rejects, auth_ok, auth_failed, auth_timeouts;
+		atomic_uint_fast64_t stale_key_closes, key_rotations;
+	} st;
 };
 
 static void srv_fail_path(struct srv_path *p, int err);
@@ -186,10 +225,71 @@ static int op_post_last(struct rtrs_srv_op *op, struct srv_path *p, struct fab_c
 	return -EPROTO;
 }
 
+/* ---- always_invalidate ----------------------------------------------------- */
+
+/* Revokes chunk id's key: from now on a write with it is refused. */
+static void chunk_revoke(struct rtrs_srv_sess *s, uint32_t id)
+{
+	pthread_mutex_lock(&s->key_lock);
+	s->chunk_gen[id]++;
+	s->chunk_key[id] = 0;
+	pthread_mutex_unlock(&s->key_lock);
+	fab_mr_dereg(&s->chunk_mrs[id]);
+}
+
+/* Registers chunk id again under a key never used before; records it for the client. */
+static int chunk_rekey(struct rtrs_srv_sess *s, uint32_t id)
+{
+	struct fab_mr mr;
+	int rc;
+
+	rc = fab_mr_reg(s->ctx->fab, s->chunk_bases[id], s->chunk_size,
+			FAB_MR_REMOTE_WRITE | FAB_MR_KEY64, &mr);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&s->key_lock);
+	s->chunk_mrs[id] = mr;
+	s->chunk_gen[id]++;
+	s->chunk_key[id] = mr.key;
+	rtrs_new_rkey_encode(&s->rkey_msgs[id], id, s->chunk_gen[id], mr.key);
+	pthread_mutex_unlock(&s->key_lock);
+	atomic_fetch_add_explicit(&s->ctx->st.key_rotations, 1, memory_order_relaxed);
+	return 0;
+}
+
+/* The key table as one record per chunk, for an info response or a fence. */
+static void chunk_keys_snapshot(struct rtrs_srv_sess *s, struct rtrs_msg_new_rkey *out)
+{
+	pthread_mutex_lock(&s->key_lock);
+	for (uint32_t i = 0; i < s->queue_depth; i++)
+		rtrs_new_rkey_encode(&out[i], i, s->chunk_gen[i], s->chunk_key[i]);
+	pthread_mutex_unlock(&s->key_lock);
+}
+
+/*
+ * An op that ends without a response still gives its chunk a key again:
+ * the client learns it with the next fence ack or info response.
+ */
+static void op_drop(struct rtrs_srv_op *op, struct srv_path *p)
+{
+	struct rtrs_srv_sess *s = op->sess;
+
+	if (s->inval && !op->rekeyed) {
+		int rc = chunk_rekey(s, op->id);
+
+		if (rc)
+			log_err_rl("%s: chunk %u keeps no key: %s", s->name, op->id, strerror(-rc));
+		op->rekeyed = true;
+	}
+	op_finish(op, p);
+}
+
 /*
  * Posts what is left of op's response: read data to the client's buffers,
  * at most rma_iov_limit descriptors per write, the last one with the
- * response immediate; or an empty write with it. 0 when all is posted.
+ * response immediate; or an empty write with it. With always_invalidate
+ * the immediate comes with the chunk's new key, written into the client's
+ * key slot for the chunk. 0 when all is posted.
  */
 static int op_post(struct rtrs_srv_op *op)
 {
@@ -198,11 +298,16 @@ static int op_post(struct rtrs_srv_op *op)
 	struct fab_con *fc = op->con->fc;
 	uint32_t imm = rtrs_to_io_rsp_imm(op->id, op->err);
 	size_t per = MIN(fab_attr(s->ctx->fab)->rma_iov_limit, 8);
+	bool data = op->dir == RTRS_READ && !op->err && op->data_len && op->sg_cnt;
 	int rc;
 
-	if (op->dir != RTRS_READ || op->err || op->data_len == 0 || op->sg_cnt == 0)
-		return op_post_last(op, p, fc, NULL, NULL, NULL, 0, imm);
-	while (op->next_sg < op->sg_cnt) {
+	if (s->inval && !op->rekeyed) {
+		rc = chunk_rekey(s, op->id);
+		if (rc)
+			return rc == -EAGAIN ? -ENOMEM : rc;
+		op->rekeyed = true;
+	}
+	while (data && op->next_sg < op->sg_cnt) {
 		size_t cnt = MIN((size_t)op->sg_cnt - op->next_sg, per);
 		struct fab_rma rma[8];
 		struct iovec iov;
@@ -217,7 +322,7 @@ static int op_post(struct rtrs_srv_op *op)
 		}
 		iov.iov_base = s->chunk_bases[op->id] + op->next_local;
 		iov.iov_len = len;
-		if (op->next_sg + cnt == op->sg_cnt)
+		if (op->next_sg + cnt == op->sg_cnt && !s->inval)
 			return op_post_last(op, p, fc, &iov, desc, rma, cnt, imm);
 		rc = fab_write(fc, &iov, &desc, 1, rma, cnt, false, 0, NULL);
 		if (rc)
@@ -225,7 +330,16 @@ static int op_post(struct rtrs_srv_op *op)
 		op->next_sg += cnt;
 		op->next_local += len;
 	}
-	return 0;
+	if (s->inval) {
+		struct iovec iov = { .iov_base = &s->rkey_msgs[op->id], .iov_len = RTRS_RKEY_SLOT };
+		struct fab_rma rma = {
+			.addr = p->clt_imm.addr + (uint64_t)op->id * RTRS_RKEY_SLOT,
+			.len = RTRS_RKEY_SLOT, .key = p->clt_imm.key,
+		};
+
+		return op_post_last(op, p, fc, &iov, s->rkey_msgs_mr.desc, &rma, 1, imm);
+	}
+	return op_post_last(op, p, fc, NULL, NULL, NULL, 0, imm);
 }
 
 static void con_pending_push(struct srv_con *con, struct rtrs_srv_op *op)
@@ -280,7 +394,7 @@ static void srv_con_kick(void *priv)
 			log_err_rl("%s: posting a response failed: %s", con->path->name,
 				   strerror(-rc));
 			if (rc != -EPROTO) /* -EPROTO: op_post_last finished it */
-				op_finish(op, con->path);
+				op_drop(op, con->path);
 			srv_fail_path(con->path, rc);
 			return;
 		}
@@ -308,7 +422,7 @@ int rtrs_srv_resp_rdma(struct rtrs_srv_op *op, int err)
 	pthread_rwlock_rdlock(&p->post_lock);
 	if (atomic_load(&p->state) != RTRS_PATH_CONNECTED) {
 		/* The client fails this IO over or gets an error from its path. */
-		op_finish(op, p);
+		op_drop(op, p);
 		pthread_rwlock_unlock(&p->post_lock);
 		return -ENOTCONN;
 	}
@@ -319,7 +433,7 @@ int rtrs_srv_resp_rdma(struct rtrs_srv_op *op, int err)
 	} else if (rc) {
 		log_err_rl("%s: posting a response failed: %s", p->name, strerror(-rc));
 		if (rc != -EPROTO) /* -EPROTO: op_post_last finished it */
-			op_finish(op, p);
+			op_drop(op, p);
 		srv_fail_path(p, rc);
 	}
 	pthread_rwlock_unlock(&p->post_lock);
@@ -366,6 +480,11 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 		}
 	} while (!atomic_compare_exchange_weak(&op->state, &state, OP_BUSY));
 	atomic_fetch_add(&p->inflight, 1);
+	if (s->inval) {
+		/* Before the user sees the data: the client can no longer write it. */
+		chunk_revoke(s, req.chunk);
+		op->rekeyed = false;
+	}
 	op->path = p;
 	op->con = con;
 	op->dir = req.type == RTRS_MSG_READ ? RTRS_READ : RTRS_WRITE;
@@ -411,6 +530,59 @@ static void srv_con_imm(void *priv, uint32_t imm)
 	}
 }
 
+/*
+ * An authentication message on connection 0 of a path being established,
+ * on that connection's completion thread: the crypto (DH too) runs here,
+ * off the service loop.
+ */
+static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
+{
+	struct rtrs_srv_ctx *ctx = p->sess->ctx;
+	enum rtrs_auth_step step;
+	size_t out_len = 0;
+	int rc;
+
+	if (!ctx->auth_required || atomic_load(&p->auth_done) || atomic_load(&p->close_at_ms) ||
+	    p->auth.state == AUTH_SRV_FAILED) {
+		log_err("%s: authentication message not expected; closing the path", p->name);
+		srv_fail_path(p, -EPROTO);
+		return;
+	}
+	step = rtrs_auth_srv_step(&p->auth, buf, len, p->auth_tx, sizeof(p->auth_tx), &out_len);
+	rc = out_len ? fab_send(p->cons[0].fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL) : 0;
+	if (p->auth.host_ok)
+		atomic_store(&p->auth_host_ok, true);
+	switch (step) {
+	case RTRS_AUTH_CONTINUE:
+		break;
+	case RTRS_AUTH_DONE:
+		atomic_fetch_add(&ctx->st.auth_ok, 1);
+		log_info("%s: host %s authenticated (%s, %s%s)", p->name, p->auth.host,
+			 rtrs_auth_hash_name(p->auth.hash), rtrs_auth_dhgroup_name(p->auth.group),
+			 p->auth.bidir ? ", bidirectional" : "");
+		atomic_store(&p->auth_done, true);
+		rtrs_auth_txn_end(&p->auth);
+		break;
+	case RTRS_AUTH_FAILED:
+		atomic_fetch_add(&ctx->st.auth_failed, 1);
+		atomic_store(&p->auth_host_ok, false);
+		rtrs_auth_txn_end(&p->auth);
+		if (out_len && !rc) {
+			/* Let the FAILURE1 reach the client; it closes, or the timer does. */
+			p->close_err = p->auth.err;
+			atomic_store(&p->close_at_ms, now_ms() + 1000);
+		} else {
+			srv_fail_path(p, p->auth.err);
+		}
+		return;
+	}
+	if (rc) {
+		log_err("%s: sending an authentication message failed: %s", p->name,
+			strerror(-rc));
+		srv_fail_path(p, rc);
+	}
+}
+
 static void srv_con_recv(void *priv, void *buf, size_t len)
 {
 	struct srv_con *con = priv;
@@ -428,6 +600,16 @@ static void srv_con_recv(void *priv, void *buf, size_t len)
 			return;
 		}
 		loop_queue(p->sess->ctx->loop, &p->fence_work);
+		return;
+	}
+	if (con->cid == 0 && atomic_load(&p->state) == RTRS_PATH_CONNECTING &&
+	    rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
+		srv_auth_recv(p, buf, len);
+		return;
+	}
+	if (con->cid == 0 && p->sess->ctx->auth_required && !atomic_load(&p->auth_done)) {
+		log_err("%s: message before authentication; closing the path", p->name);
+		srv_fail_path(p, -EACCES);
 		return;
 	}
 	if (con->cid != 0 || atomic_load(&p->state) != RTRS_PATH_CONNECTING ||
@@ -486,8 +668,16 @@ static void sess_free(struct rtrs_srv_sess *s)
 			break;
 		}
 	}
+	for (uint32_t i = 0; s->chunk_mrs && i < s->queue_depth; i++)
+		fab_mr_dereg(&s->chunk_mrs[i]);
+	fab_mr_dereg(&s->rkey_msgs_mr);
 	fab_mr_dereg(&s->chunk_mr);
 	fab_mr_dereg(&s->imm_mr);
+	free(s->chunk_mrs);
+	free(s->chunk_key);
+	free(s->chunk_gen);
+	free(s->rkey_msgs);
+	pthread_mutex_destroy(&s->key_lock);
 	if (s->chunk_mem)
 		munmap(s->chunk_mem, s->chunk_bytes);
 	free(s->chunk_bases);
@@ -511,6 +701,14 @@ static int sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, struct rtr
 		return -ENOMEM;
 	s->ctx = ctx;
 	memcpy(s->paths_uuid, uuid, RTRS_UUID_LEN);
+	pthread_mutex_init(&s->key_lock, NULL);
+	s->inval = ctx->opts.always_invalidate;
+	rc = rand_bytes(&s->sess_id, sizeof(s->sess_id));
+	if (rc) {
+		pthread_mutex_destroy(&s->key_lock);
+		free(s);
+		return rc;
+	}
 	s->queue_depth = qd;
 	s->chunk_size = ctx->opts.max_chunk_size;
 	s->chunk_bytes = (size_t)qd * s->chunk_size;
@@ -533,9 +731,24 @@ static int sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, struct rtr
 		atomic_init(&s->ops[i].state, OP_FREE);
 	}
 	rc = fab_mr_reg(ctx->fab, s->chunk_mem, s->chunk_bytes,
-			FAB_MR_REMOTE_WRITE | FAB_MR_LOCAL, &s->chunk_mr);
+			s->inval ? FAB_MR_LOCAL : FAB_MR_REMOTE_WRITE | FAB_MR_LOCAL, &s->chunk_mr);
 	if (rc)
 		goto out_free;
+	if (s->inval) {
+		s->chunk_mrs = calloc(qd, sizeof(*s->chunk_mrs));
+		s->chunk_key = calloc(qd, sizeof(*s->chunk_key));
+		s->chunk_gen = calloc(qd, sizeof(*s->chunk_gen));
+		s->rkey_msgs = aligned_alloc(64, ((size_t)qd * RTRS_RKEY_SLOT + 63) & ~(size_t)63);
+		rc = -ENOMEM;
+		if (!s->chunk_mrs || !s->chunk_key || !s->chunk_gen || !s->rkey_msgs)
+			goto out_free;
+		rc = fab_mr_reg(ctx->fab, s->rkey_msgs, (size_t)qd * RTRS_RKEY_SLOT, FAB_MR_LOCAL,
+				&s->rkey_msgs_mr);
+		for (uint32_t i = 0; !rc && i < qd; i++)
+			rc = chunk_rekey(s, i);
+		if (rc)
+			goto out_free;
+	}
 	rc = fab_mr_reg(ctx->fab, s->imm_buf, sizeof(s->imm_buf), FAB_MR_REMOTE_WRITE, &s->imm_mr);
 	if (rc)
 		goto out_free;
@@ -571,7 +784,12 @@ static void path_free(struct srv_path *p)
 	loop_timer_fini(&p->fence_timer);
 	fab_mr_dereg(&p->fence_ack_mr);
 	fab_mr_dereg(&p->info_rsp_mr);
+	fab_mr_dereg(&p->auth_tx_mr);
+	fab_mr_dereg(&p->verdict_mr);
+	fab_mr_dereg(&p->fence_keys_mr);
+	free(p->fence_keys);
 	free(p->info_rsp);
+	rtrs_auth_txn_end(&p->auth);
 	for (unsigned i = 0; i < p->cid_num; i++)
 		pthread_mutex_destroy(&p->cons[i].pending_lock);
 	free(p->cons);
@@ -641,7 +859,7 @@ static void path_stop(struct srv_path *p, int err)
 		con->fc = NULL;
 		/* Responses that never got out: the client's path fails them. */
 		while ((op = con_pending_pop(con)))
-			op_finish(op, p);
+			op_drop(op, p);
 	}
 	p->cons_destroyed = true;
 	srv_path_change_state(p, RTRS_PATH_CLOSED);
@@ -701,8 +919,25 @@ static void srv_fence_check(struct srv_path *p)
 		}
 	}
 	rtrs_fence_encode(&p->fence_ack, true, p->fence_uuid, err);
-	rc = fab_send(p->cons[0].fc, &p->fence_ack, sizeof(p->fence_ack), p->fence_ack_mr.desc,
-		      NULL);
+	rc = 0;
+	if (p->sess->inval) {
+		/*
+		 * Keys of chunks whose responses the fenced path lost: the whole
+		 * table, into the client's table area, ahead of the ack
+		 * (send-after-write order).
+		 */
+		size_t len = (size_t)p->sess->queue_depth * RTRS_RKEY_SLOT;
+		struct iovec iov = { .iov_base = p->fence_keys, .iov_len = len };
+		struct fab_rma rma = { .addr = p->clt_imm.addr + len, .len = len,
+				       .key = p->clt_imm.key };
+
+		chunk_keys_snapshot(p->sess, p->fence_keys);
+		rc = fab_write(p->cons[0].fc, &iov, &p->fence_keys_mr.desc, 1, &rma, 1, false, 0,
+			       NULL);
+	}
+	if (!rc)
+		rc = fab_send(p->cons[0].fc, &p->fence_ack, sizeof(p->fence_ack),
+			      p->fence_ack_mr.desc, NULL);
 	atomic_store(&p->fence_pending, false);
 	if (rc)
 		srv_fail_path(p, rc);
@@ -724,6 +959,22 @@ static void path_hb_timer(struct loop_timer *t)
 	int rc;
 
 	if (atomic_load(&p->state) == RTRS_PATH_CONNECTING) {
+		struct rtrs_srv_ctx *ctx = p->sess->ctx;
+		uint64_t close_at = atomic_load(&p->close_at_ms);
+
+		if (close_at && now_ms() >= close_at) {
+			/* Refused: the client had its chance to read why. */
+			path_stop(p, p->close_err);
+			return;
+		}
+		if (ctx->auth_required && !atomic_load(&p->auth_done) && !close_at &&
+		    now_ms() - p->created_ms > ctx->opts.auth_timeout_ms) {
+			log_err("%s: not authenticated after %u ms, closing the path", p->name,
+				ctx->opts.auth_timeout_ms);
+			atomic_fetch_add(&ctx->st.auth_timeouts, 1);
+			path_stop(p, -ETIMEDOUT);
+			return;
+		}
 		/* A path the client never finished would hold its chunks forever. */
 		if (now_ms() - p->last_connreq_ms > p->sess->ctx->opts.connect_timeout_ms) {
 			log_err("%s: still connecting after %u ms, closing the path", p->name,
@@ -755,12 +1006,71 @@ static bool name_taken(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *sel
 	return false;
 }
 
+/*
+ * Loop thread: refuses a path whose connections are up. The client gets err
+ * (and whether retrying can help) in place of the info response; the path
+ * closes a second later, or as soon as the client closes it.
+ */
+static void path_refuse(struct srv_path *p, int err, bool dnr)
+{
+	rtrs_info_rsp_encode_verdict(&p->verdict, err, dnr);
+	p->close_err = err;
+	atomic_store(&p->close_at_ms, now_ms() + 1000);
+	if (fab_send(p->cons[0].fc, &p->verdict, sizeof(p->verdict), p->verdict_mr.desc, NULL))
+		path_stop(p, err);
+}
+
+/* The info response: where the chunks are, and with always_invalidate their keys. */
+static int path_info_rsp(struct srv_path *p)
+{
+	struct rtrs_srv_sess *s = p->sess;
+	struct rtrs_srv_ctx *ctx = s->ctx;
+	unsigned qd = s->queue_depth;
+	struct rtrs_desc d, *descs;
+	int rc;
+
+	if (!s->inval) {
+		if (s->chunk_bytes > UINT32_MAX)
+			return -EOVERFLOW;
+		d = (struct rtrs_desc){ .addr = s->chunk_mr.base, .key = s->chunk_mr.key,
+					.len = (uint32_t)s->chunk_bytes };
+		p->info_rsp_len = rtrs_info_rsp_size(1, 0);
+		p->info_rsp = calloc(1, p->info_rsp_len);
+		if (!p->info_rsp)
+			return -ENOMEM;
+		rtrs_info_rsp_encode(p->info_rsp, &d, 1);
+		return fab_mr_reg(ctx->fab, p->info_rsp, p->info_rsp_len, FAB_MR_LOCAL,
+				  &p->info_rsp_mr);
+	}
+	/* One MR per chunk: addresses are the chunk's own (verbs) or offsets from 0. */
+	descs = calloc(qd, sizeof(*descs));
+	p->info_rsp_len = rtrs_info_rsp_size(qd, qd);
+	p->info_rsp = calloc(1, p->info_rsp_len);
+	p->fence_keys = calloc(qd, RTRS_RKEY_SLOT);
+	if (!descs || !p->info_rsp || !p->fence_keys) {
+		free(descs);
+		return -ENOMEM;
+	}
+	for (unsigned i = 0; i < qd; i++)
+		descs[i] = (struct rtrs_desc){
+			.addr = fab_attr(ctx->fab)->virt_addr ? (uintptr_t)s->chunk_bases[i] : 0,
+			.len = s->chunk_size,
+		};
+	rtrs_info_rsp_encode(p->info_rsp, descs, qd);
+	free(descs);
+	chunk_keys_snapshot(s, rtrs_info_rsp_keys(p->info_rsp, qd));
+	rc = fab_mr_reg(ctx->fab, p->info_rsp, p->info_rsp_len, FAB_MR_LOCAL, &p->info_rsp_mr);
+	if (!rc)
+		rc = fab_mr_reg(ctx->fab, p->fence_keys, (size_t)qd * RTRS_RKEY_SLOT, FAB_MR_LOCAL,
+				&p->fence_keys_mr);
+	return rc;
+}
+
 static void path_info_work(struct loop_work *w)
 {
 	struct srv_path *p = container_of(w, struct srv_path, info_work);
 	struct rtrs_srv_sess *s = p->sess;
 	struct rtrs_srv_ctx *ctx = s->ctx;
-	struct rtrs_desc d;
 	int rc;
 
 	if (atomic_load(&p->state) != RTRS_PATH_CONNECTING) {
@@ -776,13 +1086,13 @@ static void path_info_work(struct loop_work *w)
 	}
 	if (s->name[0] && strcmp(s->name, p->info.pathname)) {
 		log_err("%s: path names session %s, which differs", p->name, p->info.pathname);
-		path_stop(p, -EINVAL);
+		path_refuse(p, -EINVAL, true);
 		return;
 	}
 	if (!s->name[0]) {
 		if (name_taken(ctx, s, p->info.pathname)) {
 			log_err("%s: session name %s is already in use", p->name, p->info.pathname);
-			path_stop(p, -EPERM);
+			path_refuse(p, -EPERM, true);
 			return;
 		}
 		snprintf(s->name, sizeof(s->name), "%s", p->info.pathname);
@@ -790,26 +1100,12 @@ static void path_info_work(struct loop_work *w)
 	snprintf(p->name, sizeof(p->name), "%s/%s", s->name, p->peer);
 	p->clt_imm = (struct rtrs_desc){ .addr = p->info.imm_addr, .key = p->info.imm_key };
 
-	d = (struct rtrs_desc){ .addr = s->chunk_mr.base, .key = s->chunk_mr.key,
-				.len = (uint32_t)s->chunk_bytes };
-	if (s->chunk_bytes > UINT32_MAX) {
-		log_err("%s: chunk area of %zu bytes does not fit one descriptor", p->name,
-			s->chunk_bytes);
-		path_stop(p, -EOVERFLOW);
-		return;
-	}
-	p->info_rsp_len = rtrs_info_rsp_size(1);
-	p->info_rsp = calloc(1, p->info_rsp_len);
-	if (!p->info_rsp) {
-		path_stop(p, -ENOMEM);
-		return;
-	}
-	rtrs_info_rsp_encode(p->info_rsp, &d, 1);
-	rc = fab_mr_reg(ctx->fab, p->info_rsp, p->info_rsp_len, FAB_MR_LOCAL, &p->info_rsp_mr);
+	rc = path_info_rsp(p);
 	if (!rc)
 		rc = fab_mr_reg(ctx->fab, &p->fence_ack, sizeof(p->fence_ack), FAB_MR_LOCAL,
 				&p->fence_ack_mr);
 	if (rc) {
+		log_err("%s: preparing the info response failed: %s", p->name, strerror(-rc));
 		path_stop(p, rc);
 		return;
 	}
@@ -818,8 +1114,9 @@ static void path_info_work(struct loop_work *w)
 	if (!s->link_up && ctx->ops.link_ev) {
 		rc = ctx->ops.link_ev(s, RTRS_SRV_LINK_EV_CONNECTED, ctx->ops.priv);
 		if (rc) {
+			rc = rc < 0 ? rc : -rc;
 			log_err("%s: session refused by its user: %s", p->name, strerror(-rc));
-			path_stop(p, rc < 0 ? rc : -rc);
+			path_refuse(p, rc, rc == -EACCES || rc == -EPERM);
 			return;
 		}
 	}
@@ -880,6 +1177,20 @@ static int path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 		return -ENOMEM;
 	}
 	p->last_connreq_ms = now_ms();
+	p->created_ms = now_ms();
+	rtrs_auth_srv_begin(&p->auth, &ctx->auth_cfg, p->name);
+	rc = fab_mr_reg(ctx->fab, &p->verdict, sizeof(p->verdict), FAB_MR_LOCAL, &p->verdict_mr);
+	if (!rc && ctx->auth_required)
+		rc = fab_mr_reg(ctx->fab, p->auth_tx, sizeof(p->auth_tx), FAB_MR_LOCAL,
+				&p->auth_tx_mr);
+	if (rc) {
+		fab_mr_dereg(&p->verdict_mr);
+		loop_timer_fini(&p->fence_timer);
+		pthread_rwlock_destroy(&p->post_lock);
+		free(p->cons);
+		free(p);
+		return rc;
+	}
 	rc = loop_timer_init(ctx->loop, &p->hb.timer, path_hb_timer);
 	if (rc) {
 		pthread_rwlock_destroy(&p->post_lock);
@@ -896,16 +1207,28 @@ static int path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	return 0;
 }
 
+/*
+ * Refuses a connection request with err; dnr tells the client that trying
+ * again with the same parameters cannot succeed (its reconnect decision
+ * then stops).
+ */
+static void srv_reject_dnr(struct rtrs_srv_ctx *ctx, struct fab_connreq *req, const char *peer,
+			   int err, bool dnr, const char *why)
+{
+	struct rtrs_conn_rsp rsp = { .err = err, .dnr = dnr };
+	struct rtrs_msg_conn_rsp msg;
+
+	atomic_fetch_add(&ctx->st.rejects, 1);
+	log_warn("connection from %s rejected: %s (%s%s)", peer, why, strerror(-err),
+		 dnr ? ", do not retry" : "");
+	rtrs_conn_rsp_encode(&msg, &rsp);
+	fab_reject(ctx->lst, req, &msg, RTRS_CONN_REJ_LEN);
+}
+
 static void srv_reject(struct rtrs_srv_ctx *ctx, struct fab_connreq *req, const char *peer,
 		       int err, const char *why)
 {
-	struct rtrs_conn_rsp rsp = { .err = err };
-	struct rtrs_msg_conn_rsp msg;
-
-	log_warn("connection from %s rejected: %s (%s)", peer, why, strerror(-err));
-	rtrs_conn_rsp_encode(&msg, &rsp);
-	/* Only magic, version and errno matter in a reject. */
-	fab_reject(ctx->lst, req, &msg, offsetof(struct rtrs_msg_conn_rsp, queue_depth));
+	srv_reject_dnr(ctx, req, peer, err, false, why);
 }
 
 static struct rtrs_srv_sess *sess_find(struct rtrs_srv_ctx *ctx, const uint8_t *uuid)
@@ -936,24 +1259,32 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 	int rc;
 
 	fab_connreq_peer(creq, peer, sizeof(peer));
+	atomic_fetch_add(&ctx->st.connreqs, 1);
 	if (ctx->closing) {
 		srv_reject(ctx, creq, peer, -ESHUTDOWN, "server is closing");
 		return;
 	}
 	rc = rtrs_conn_req_decode(data, len, &req, &why);
 	if (rc) {
-		srv_reject(ctx, creq, peer, rc, why);
+		/* Another protocol version, or garbage: retrying sends the same. */
+		srv_reject_dnr(ctx, creq, peer, rc, true, why);
 		return;
 	}
 	if (req.cid_num > ctx->opts.max_cons_per_path) {
-		srv_reject(ctx, creq, peer, -EINVAL, "more connections per path than allowed");
+		srv_reject_dnr(ctx, creq, peer, -EINVAL, true,
+			       "more connections per path than allowed");
+		return;
+	}
+	if (ctx->auth_required && !req.auth) {
+		srv_reject_dnr(ctx, creq, peer, -EACCES, true,
+			       "authentication required and the client does not speak it");
 		return;
 	}
 	s = sess_find(ctx, req.paths_uuid);
 	if (!s) {
 		if (!req.first_conn) {
-			srv_reject(ctx, creq, peer, -ENXIO,
-				   "unknown session and not a first connection");
+			srv_reject_dnr(ctx, creq, peer, -ENXIO, true,
+				       "unknown session and not a first connection");
 			return;
 		}
 		rc = sess_create(ctx, req.paths_uuid, &s);
@@ -994,14 +1325,21 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 			path_stop(p, -ETIMEDOUT);
 		return;
 	}
+	if (ctx->auth_required && req.cid && !atomic_load(&p->auth_host_ok)) {
+		/* Only an authenticated host adds connections to its path. */
+		srv_reject(ctx, creq, peer, -EACCES, "connection before the path authenticated");
+		return;
+	}
 	p->last_connreq_ms = now_ms();
 
 	struct rtrs_conn_rsp rsp = {
 		.queue_depth = (uint16_t)s->queue_depth,
 		.max_io_size = s->chunk_size - RTRS_MAX_HDR_SIZE,
 		.max_hdr_size = RTRS_MAX_HDR_SIZE,
-		.flags = RTRS_MSG_FENCE_F,
+		.flags = RTRS_MSG_FENCE_F | (ctx->auth_required ? RTRS_MSG_AUTH_F : 0) |
+			 (s->inval ? RTRS_MSG_NEW_RKEY_F : 0),
 		.imm_desc = { .addr = s->imm_mr.base, .key = s->imm_mr.key, .len = RTRS_IMM_REGION },
+		.sess_id = s->sess_id,
 	};
 	struct rtrs_msg_conn_rsp msg;
 	struct fab_con_cfg cfg = {
@@ -1109,6 +1447,51 @@ static int srv_opts_validate(const struct rtrs_srv_ops *ops, const struct rtrs_s
 	    o->max_cons_per_path < 2 || o->max_cons_per_path > RTRS_MAX_CONNS ||
 	    !o->connect_timeout_ms)
 		return -EINVAL;
+	if (o->auth_keys_file && (!*o->auth_keys_file || !o->auth_timeout_ms)) {
+		log_err("server: authentication needs a key file name and a timeout");
+		return -EINVAL;
+	}
+	if (o->auth_name && (!*o->auth_name || strlen(o->auth_name) > RTRS_AUTH_NAME_MAX)) {
+		log_err("server: name must be 1..%d characters", RTRS_AUTH_NAME_MAX);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Authentication settings, checked now so that a typo fails at start. */
+static int srv_auth_setup(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_opts *o)
+{
+	struct rtrs_auth_cfg *cfg = &ctx->auth_cfg;
+	struct rtrs_auth_key hk, ck;
+	const char *why = NULL;
+	unsigned line = 0;
+	int rc;
+
+	snprintf(cfg->name, sizeof(cfg->name), "%s", o->auth_name ? o->auth_name : "rtrs-server");
+	rc = rtrs_auth_cfg_lists(cfg, o->auth_hashes, o->auth_dhgroups, true, "server");
+	if (rc || !o->auth_keys_file)
+		return rc;
+	snprintf(ctx->auth_keys_file, sizeof(ctx->auth_keys_file), "%s", o->auth_keys_file);
+	cfg->keys_file = ctx->auth_keys_file;
+	ctx->auth_required = true;
+	/* The whole file must parse; which host we look up does not matter. */
+	rc = rtrs_auth_keyfile_lookup(cfg->keys_file, "", &hk, &ck, &line, &why);
+	rtrs_auth_wipe(&hk, sizeof(hk));
+	rtrs_auth_wipe(&ck, sizeof(ck));
+	if (rc == -ENOENT && !line) {
+		if (access(cfg->keys_file, R_OK) == 0)
+			return 0;
+		log_err("server: authentication key file %s: %s", cfg->keys_file, strerror(ENOENT));
+		return -ENOENT;
+	}
+	if (rc && rc != -ENOENT) {
+		if (line)
+			log_err("server: %s line %u: %s", cfg->keys_file, line, why ? why : "invalid");
+		else
+			log_err("server: authentication key file %s: %s", cfg->keys_file,
+				why ? why : strerror(-rc));
+		return rc;
+	}
 	return 0;
 }
 
@@ -1131,6 +1514,15 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 	snprintf(ctx->provider, sizeof(ctx->provider), "%s", o->provider ? o->provider : "tcp");
 	ctx->opts.addr = ctx->addr;
 	ctx->opts.provider = ctx->provider;
+	ctx->opts.auth_keys_file = NULL; /* the caller's strings are not kept */
+	ctx->opts.auth_name = NULL;
+	ctx->opts.auth_hashes = NULL;
+	ctx->opts.auth_dhgroups = NULL;
+	rc = srv_auth_setup(ctx, o);
+	if (rc) {
+		free(ctx);
+		return rc;
+	}
 	ctx->listen_timer.h.fd = -1;
 	loop_work_init(&ctx->reap_work, srv_reap_work);
 	pthread_mutex_init(&ctx->lock, NULL);
@@ -1152,6 +1544,21 @@ out_free:
 	pthread_cond_destroy(&ctx->cond);
 	free(ctx);
 	return rc;
+}
+
+RTRS_EXPORT
+int rtrs_srv_get_stats(struct rtrs_srv_ctx *ctx, struct rtrs_srv_stats *st)
+{
+	if (!ctx || !st || st->size < sizeof(*st))
+		return -EINVAL;
+	st->connreqs = atomic_load(&ctx->st.connreqs);
+	st->rejects = atomic_load(&ctx->st.rejects);
+	st->auth_ok = atomic_load(&ctx->st.auth_ok);
+	st->auth_failed = atomic_load(&ctx->st.auth_failed);
+	st->auth_timeouts = atomic_load(&ctx->st.auth_timeouts);
+	st->stale_key_closes = atomic_load(&ctx->st.stale_key_closes);
+	st->key_rotations = atomic_load(&ctx->st.key_rotations);
+	return 0;
 }
 
 RTRS_EXPORT

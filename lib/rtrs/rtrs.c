@@ -53,6 +53,45 @@ bool rtrs_path_change_state(_Atomic enum rtrs_path_state *state, const char *nam
 	return true;
 }
 
+/*
+ * Rules in order, the first that matches decides: a path being shut down
+ * stays down; an authentication verdict (-EKEYREJECTED, -ENOKEY) and a
+ * server verdict marked do-not-retry are permanent, since the same
+ * parameters would fail the same way; then the loss timeout and the
+ * attempt budget bound everything else.
+ */
+enum rtrs_reconnect_verdict rtrs_should_reconnect(const struct rtrs_reconnect_in *in)
+{
+	if (in->stopping)
+		return RTRS_RECONNECT_STOPPED;
+	if (in->err == -EKEYREJECTED)
+		return RTRS_RECONNECT_KEY_REJECTED;
+	if (in->err == -ENOKEY)
+		return RTRS_RECONNECT_NO_KEY;
+	if (in->dnr)
+		return RTRS_RECONNECT_SERVER_DNR;
+	if (in->loss_timeout_ms && in->down_ms >= in->loss_timeout_ms)
+		return RTRS_RECONNECT_LOSS_TIMEOUT;
+	if (in->max_attempts >= 0 && in->attempts >= in->max_attempts)
+		return RTRS_RECONNECT_OUT_OF_ATTEMPTS;
+	return RTRS_RECONNECT_RETRY;
+}
+
+const char *rtrs_reconnect_verdict_str(enum rtrs_reconnect_verdict v)
+{
+	static const char *const names[RTRS_RECONNECT_NR_VERDICTS] = {
+		[RTRS_RECONNECT_RETRY] = "retry",
+		[RTRS_RECONNECT_STOPPED] = "stopped",
+		[RTRS_RECONNECT_KEY_REJECTED] = "key rejected",
+		[RTRS_RECONNECT_NO_KEY] = "no key",
+		[RTRS_RECONNECT_SERVER_DNR] = "server said do not retry",
+		[RTRS_RECONNECT_LOSS_TIMEOUT] = "loss timeout",
+		[RTRS_RECONNECT_OUT_OF_ATTEMPTS] = "out of attempts",
+	};
+
+	return (unsigned)v < RTRS_RECONNECT_NR_VERDICTS ? names[v] : "unknown";
+}
+
 int rtrs_mp_select(enum rtrs_mp_policy policy, const struct rtrs_mp_path *paths, size_t n,
 		   unsigned *rr)
 {
@@ -173,5 +212,7 @@ int rtrs_srv_opts_init(struct rtrs_srv_opts *o, size_t size)
 	o->listen_retry_ms = 1000;
 	o->max_cons_per_path = 129; /* 128 CPUs and the admin connection */
 	o->connect_timeout_ms = 30000;
+	o->always_invalidate = 1;
+	o->auth_timeout_ms = 10000;
 	return 0;
 }

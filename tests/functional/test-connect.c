@@ -412,6 +412,9 @@ static int rogue_open(struct rogue *g, int port)
 	struct fab_mr ireq_mr;
 	struct rtrs_info_req info = { .pathname = "rogue" };
 	struct rtrs_desc *chunks;
+	uint32_t *gens;
+	int verdict;
+	bool dnr;
 	struct rtrs_limits lim;
 	const char *why;
 	char service[8];
@@ -436,7 +439,7 @@ static int rogue_open(struct rogue *g, int port)
 	if ((rc = fab_mr_reg(g->f, g->imm_buf, sizeof(g->imm_buf), FAB_MR_REMOTE_WRITE,
 			     &g->imm_mr)) ||
 	    (rc = fab_mr_reg(g->f, g->hdr, sizeof(g->hdr), FAB_MR_LOCAL, &g->hdr_mr)) ||
-	    (rc = fab_con_rx_setup(g->c, 2, rtrs_info_rsp_size(g->rsp.queue_depth))))
+	    (rc = fab_con_rx_setup(g->c, 2, rtrs_info_rsp_size(g->rsp.queue_depth, g->rsp.queue_depth))))
 		return rc;
 	info.imm_addr = g->imm_mr.base;
 	info.imm_key = g->imm_mr.key;
@@ -468,9 +471,14 @@ static int rogue_open(struct rogue *g, int port)
 				    .chunk_size = g->rsp.chunk_size,
 				    .max_hdr_size = g->rsp.max_hdr_size };
 	chunks = calloc(lim.queue_depth, sizeof(*chunks));
-	rc = rtrs_info_rsp_decode(g->r.msg, g->r.msg_len, &lim, chunks, &why);
+	gens = calloc(lim.queue_depth, sizeof(*gens));
+	lim.new_rkey = g->rsp.flags & RTRS_MSG_NEW_RKEY_F;
+	rc = rtrs_info_rsp_decode(g->r.msg, g->r.msg_len, &lim, chunks, gens, &verdict, &dnr, &why);
+	if (!rc && verdict)
+		rc = verdict;
 	g->chunk0 = chunks[0];
 	free(chunks);
+	free(gens);
 	return rc;
 }
 
@@ -512,6 +520,8 @@ static void test_rogue_client(void)
 	so.provider = test_provider();
 	so.port = 0;
 	so.queue_depth = 16;
+	/* These check the server's own checks; with always_invalidate a revoked key refuses first. */
+	so.always_invalidate = 0;
 	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
 	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
 	port = rtrs_srv_get_port(srv);
