@@ -300,7 +300,6 @@ struct rtrs_srv_stats {
 	uint64_t auth_ok;          /* paths that authenticated */
 	uint64_t auth_failed;      /* authentications refused */
 	uint64_t auth_timeouts;    /* paths closed for not authenticating in time */
-	uint64_t stale_key_closes; /* paths closed after a write with a revoked key */
 	uint64_t key_rotations;    /* chunk keys revoked and replaced */
 };
 

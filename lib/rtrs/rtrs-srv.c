@@ -167,7 +167,7 @@ struct rtrs_srv_ctx {
 	char auth_keys_file[4096];
 	struct {
 		atomic_uint_fast64_t connreqs, rejects, auth_ok, auth_failed, auth_timeouts;
-		atomic_uint_fast64_t stale_key_closes, key_rotations;
+		atomic_uint_fast64_t key_rotations;
 	} st;
 };
 
@@ -1475,7 +1475,7 @@ static int srv_auth_setup(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_opts *
 	cfg->keys_file = ctx->auth_keys_file;
 	ctx->auth_required = true;
 	/* The whole file must parse; which host we look up does not matter. */
-	rc = rtrs_auth_keyfile_lookup(cfg->keys_file, "", &hk, &ck, &line, &why);
+	rc = rtrs_auth_keyfile_lookup(cfg->keys_file, "(validation)", &hk, &ck, &line, &why);
 	rtrs_auth_wipe(&hk, sizeof(hk));
 	rtrs_auth_wipe(&ck, sizeof(ck));
 	if (rc == -ENOENT && !line) {
@@ -1556,7 +1556,6 @@ int rtrs_srv_get_stats(struct rtrs_srv_ctx *ctx, struct rtrs_srv_stats *st)
 	st->auth_ok = atomic_load(&ctx->st.auth_ok);
 	st->auth_failed = atomic_load(&ctx->st.auth_failed);
 	st->auth_timeouts = atomic_load(&ctx->st.auth_timeouts);
-	st->stale_key_closes = atomic_load(&ctx->st.stale_key_closes);
 	st->key_rotations = atomic_load(&ctx->st.key_rotations);
 	return 0;
 }

@@ -1,0 +1,601 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Authenticated sessions and the reconnect decision, against an in-process
+ * server (docs/security.md):
+ *   - the right key connects, host-only and bidirectional, and IO is
+ *     verified byte for byte;
+ *   - a wrong host key fails with -EKEYREJECTED after exactly one
+ *     connection request reaches the server;
+ *   - no key against a server that requires one: -ENOKEY, and a path that
+ *     meets this on reconnect stays closed with zero retries;
+ *   - a wrong controller secret: the client refuses the server;
+ *   - a key rotated on the server while connected, then the link cut: the
+ *     reconnect fails once and stops ("key rejected");
+ *   - no secret ever appears in the logs.
+ * The never-authenticating raw client is in test-connect.c.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rtrs.h"
+#include "check.h"
+#include "harness.h"
+
+/* Secrets as `nvme gen-dhchap-key` writes them (made with rtrs-key gen). */
+static const char *const KEY_A = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+static const char *const KEY_B =
+	"DHHC-1:01:GuJrkvVtT5Q5wN/viBieCAOaPKm2JWx23f/CVxUdQeZRpnco:";
+static const char *const KEY_C =
+	"DHHC-1:03:+wAoKHlPCToUB2zx0hA1YyrYfklQStdbbO+PkZbqU9Vhd5rk5u3HHpgVY9CzLWj0Wvvx9K7egkUYN4EmiaB3fqA4M68=:";
+#define HOST "nqn.2014-08.org.nvmexpress:uuid:7e1d2c9a-0000-4000-8000-00000000a001"
+#define SERVER "nqn.2026-11.io.rtrs:test-server"
+#define LEN 4096
+#define AREA (64 * LEN)
+
+/* ---- log capture ---------------------------------------------------------- */
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static char log_buf[1 << 20];
+static size_t log_len;
+
+static void log_sink(void *priv, int level, const char *line)
+{
+	size_t n = strlen(line);
+
+	pthread_mutex_lock(&log_lock);
+	if (log_len + n + 2 < sizeof(log_buf)) {
+		memcpy(log_buf + log_len, line, n);
+		log_len += n;
+		log_buf[log_len++] = '\n';
+		log_buf[log_len] = '\0';
+	}
+	pthread_mutex_unlock(&log_lock);
+}
+
+static bool log_has(const char *s)
+{
+	bool found;
+
+	pthread_mutex_lock(&log_lock);
+	found = strstr(log_buf, s) != NULL;
+	pthread_mutex_unlock(&log_lock);
+	return found;
+}
+
+/* ---- the server: a memory device per session ---------------------------- */
+
+struct usr_hdr {
+	uint32_t off;
+};
+
+static uint8_t area[AREA];
+static struct rtrs_srv_ctx *srv;
+/* Writes seen from the session named "stale", and where the first one landed. */
+static atomic_int stale_writes;
+static void *_Atomic stale_chunk;
+static char keys_path[256];
+static int srv_port;
+
+static int srv_rdma_ev(void *priv, struct rtrs_srv_op *op, enum rtrs_dir dir, void *data,
+		       size_t len, const void *usr, size_t usrlen)
+{
+	struct usr_hdr h;
+
+	if (usrlen != sizeof(h))
+		return -EINVAL;
+	memcpy(&h, usr, sizeof(h));
+	if (h.off > AREA || len > AREA - h.off)
+		return -EINVAL;
+	char name[64] = "";
+
+	rtrs_srv_get_sess_name(rtrs_srv_op_sess(op), name, sizeof(name));
+	if (dir == RTRS_WRITE && !strcmp(name, "stale")) {
+		atomic_fetch_add(&stale_writes, 1);
+		atomic_store(&stale_chunk, data);
+	}
+	if (dir == RTRS_WRITE)
+		memcpy(area + h.off, data, len);
+	else
+		memcpy(data, area + h.off, len);
+	return rtrs_srv_resp_rdma(op, 0);
+}
+
+static void write_keys(const char *host_key, const char *ctrl_key)
+{
+	FILE *f = fopen(keys_path, "w");
+
+	CHECK(f != NULL, "key file");
+	if (!f)
+		return;
+	fprintf(f, "# host  secret  [controller secret]\n");
+	fprintf(f, "nqn.2014-08.org.nvmexpress:uuid:other-host %s\n", KEY_C);
+	fprintf(f, "%s %s%s%s\n", HOST, host_key, ctrl_key ? " " : "", ctrl_key ? ctrl_key : "");
+	fclose(f);
+	chmod(keys_path, 0600);
+}
+
+/* Starts the server; port 0 picks one, else that port again (a restart). */
+static void srv_start(bool auth, int port)
+{
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_srv_opts so;
+
+	rtrs_srv_opts_init(&so, sizeof(so));
+	so.addr = test_addr();
+	so.provider = test_provider();
+	so.port = (uint16_t)port;
+	so.queue_depth = 32;
+	so.hb_interval_ms = 100;
+	so.listen_retry_ms = 50;
+	so.auth_name = SERVER;
+	so.auth_keys_file = auth ? keys_path : NULL;
+	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
+	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
+	srv_port = rtrs_srv_get_port(srv);
+}
+
+static void srv_stop(void)
+{
+	rtrs_srv_close(srv);
+	srv = NULL;
+}
+
+static struct rtrs_srv_stats srv_stats(void)
+{
+	struct rtrs_srv_stats st = { .size = sizeof(st) };
+
+	CHECK_EQ(rtrs_srv_get_stats(srv, &st), 0);
+	return st;
+}
+
+/* ---- the client ------------------------------------------------------------ */
+
+static void clt_opts(struct rtrs_clt_opts *o, struct rtrs_path_addr *pa, char *dst,
+		     size_t dstlen)
+{
+	snprintf(dst, dstlen, "%s:%d", test_addr(), srv_port);
+	*pa = (struct rtrs_path_addr){ .dst = dst };
+	rtrs_clt_opts_init(o, sizeof(*o));
+	o->sessname = "auth-test";
+	o->paths = pa;
+	o->paths_num = 1;
+	o->provider = test_provider();
+	o->nr_io_cons = 1;
+	o->hb_interval_ms = 100;
+	o->connect_timeout_ms = 3000;
+	o->reconnect_delay_ms = 100;
+	o->reconnect_jitter_ms = 50;
+	o->fast_io_fail_ms = 0;
+	o->auth_host_name = HOST;
+	o->auth_server_name = SERVER;
+}
+
+struct sync_io {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+	int err;
+};
+
+static void sync_conf(void *priv, int err)
+{
+	struct sync_io *s = priv;
+
+	pthread_mutex_lock(&s->lock);
+	s->done = true;
+	s->err = err;
+	pthread_cond_signal(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+static int do_io(struct rtrs_clt_sess *sess, enum rtrs_dir dir, uint32_t off, void *buf)
+{
+	struct sync_io s = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
+	struct rtrs_clt_req_ops ops = { .priv = &s, .conf = sync_conf };
+	struct usr_hdr h = { .off = off };
+	struct iovec usr = { &h, sizeof(h) }, data = { buf, LEN };
+	struct rtrs_permit *permit = rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+	int rc;
+
+	if (!permit)
+		return -ENOBUFS;
+	rc = rtrs_clt_request(sess, dir, &ops, permit, &usr, 1, &data, 1);
+	if (!rc) {
+		pthread_mutex_lock(&s.lock);
+		while (!s.done)
+			pthread_cond_wait(&s.cond, &s.lock);
+		pthread_mutex_unlock(&s.lock);
+		rc = s.err;
+	}
+	rtrs_clt_put_permit(sess, permit);
+	return rc;
+}
+
+/* Writes a pattern at off and reads it back: true when every byte matches. */
+static bool io_verified(struct rtrs_clt_sess *sess, uint32_t off, uint8_t seed)
+{
+	static uint8_t out[LEN], in[LEN];
+	int rc;
+
+	for (size_t i = 0; i < LEN; i++)
+		out[i] = (uint8_t)(seed + i * 7);
+	memset(in, 0, sizeof(in));
+	rc = do_io(sess, RTRS_WRITE, off, out);
+	CHECK(rc == 0, "write: %s", strerror(-rc));
+	rc = do_io(sess, RTRS_READ, off, in);
+	CHECK(rc == 0, "read: %s", strerror(-rc));
+	return !memcmp(in, out, LEN);
+}
+
+static bool wait_path_idx(struct rtrs_clt_sess *sess, unsigned idx, const char *state,
+			  unsigned ms)
+{
+	struct rtrs_path_stats st = { .size = sizeof(st) };
+	uint64_t end = test_now_ms() + ms;
+
+	do {
+		if (rtrs_clt_path_stats(sess, idx, &st) == 0 && !strcmp(st.state, state))
+			return true;
+		usleep(5000);
+	} while (test_now_ms() < end);
+	return false;
+}
+
+static bool wait_path(struct rtrs_clt_sess *sess, const char *state, unsigned ms)
+{
+	struct rtrs_path_stats st = { .size = sizeof(st) };
+	uint64_t end = test_now_ms() + ms;
+
+	do {
+		if (rtrs_clt_path_stats(sess, 0, &st) == 0 && !strcmp(st.state, state))
+			return true;
+		usleep(5000);
+	} while (test_now_ms() < end);
+	return false;
+}
+
+/* ---- cases ------------------------------------------------------------------- */
+
+static void test_right_key(void)
+{
+	struct rtrs_clt_opts o;
+	struct rtrs_path_addr pa;
+	struct rtrs_clt_sess *sess = NULL;
+	struct rtrs_path_stats st = { .size = sizeof(st) };
+	char dst[64];
+	int rc;
+
+	write_keys(KEY_A, KEY_B);
+	srv_start(true, 0);
+	clt_opts(&o, &pa, dst, sizeof(dst));
+	o.auth_secret = KEY_A;
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc == 0, "host-only authentication: %s", strerror(-rc));
+	if (!rc) {
+		CHECK(io_verified(sess, 0, 1), "IO after authenticating");
+		CHECK_EQ(rtrs_clt_path_stats(sess, 0, &st), 0);
+		CHECK_EQ(st.auth_runs, 1u);
+		rtrs_clt_close(sess);
+	}
+	CHECK(log_has("authenticated (sha256, ffdhe2048)"), "server chose sha256 / ffdhe2048");
+
+	/* Bidirectional, with secrets from files; SHA-512 and the null group asked for. */
+	char hk[300], ck[300];
+	FILE *f;
+
+	snprintf(hk, sizeof(hk), "%s.host", keys_path);
+	snprintf(ck, sizeof(ck), "%s.ctrl", keys_path);
+	f = fopen(hk, "w");
+	fprintf(f, "%s\n", KEY_A);
+	fclose(f);
+	f = fopen(ck, "w");
+	fprintf(f, "%s\n", KEY_B);
+	fclose(f);
+	chmod(hk, 0600);
+	chmod(ck, 0600);
+	char hk_arg[310], ck_arg[310];
+
+	snprintf(hk_arg, sizeof(hk_arg), "@%s", hk);
+	snprintf(ck_arg, sizeof(ck_arg), "@%s", ck);
+	o.auth_secret = hk_arg;
+	o.auth_ctrl_secret = ck_arg;
+	o.auth_hashes = "sha512";
+	o.auth_dhgroups = "null";
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc == 0, "bidirectional authentication: %s", strerror(-rc));
+	if (!rc) {
+		CHECK(io_verified(sess, LEN, 2), "IO after bidirectional authentication");
+		rtrs_clt_close(sess);
+	}
+	CHECK(log_has("server authenticated too"), "the client checked the server");
+	unlink(hk);
+	unlink(ck);
+	srv_stop();
+}
+
+static void test_wrong_key(void)
+{
+	struct rtrs_clt_opts o;
+	struct rtrs_path_addr pa;
+	struct rtrs_clt_sess *sess = NULL;
+	struct rtrs_srv_stats st;
+	char dst[64];
+	int rc;
+
+	write_keys(KEY_A, NULL);
+	srv_start(true, 0);
+	clt_opts(&o, &pa, dst, sizeof(dst));
+	o.auth_secret = KEY_B;
+	o.max_reconnect_attempts = -1;
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK_EQ(rc, -EKEYREJECTED);
+	usleep(300 * 1000); /* any retry would show up by now */
+	st = srv_stats();
+	CHECK_EQ(st.connreqs, 1u);   /* exactly one connection attempt reached the server */
+	CHECK_EQ(st.auth_failed, 1u);
+	CHECK_EQ(st.auth_ok, 0u);
+	CHECK(log_has("failed authentication: wrong key"), "server says why");
+	srv_stop();
+}
+
+static void test_no_key(void)
+{
+	struct rtrs_clt_opts o;
+	struct rtrs_path_addr pa;
+	struct rtrs_clt_sess *sess = NULL;
+	struct rtrs_path_stats ps = { .size = sizeof(ps) };
+	struct rtrs_srv_stats st;
+	char dst[64];
+	int rc, port;
+
+	write_keys(KEY_A, NULL);
+	srv_start(true, 0);
+	clt_opts(&o, &pa, dst, sizeof(dst));
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK_EQ(rc, -ENOKEY);
+	st = srv_stats();
+	CHECK_EQ(st.connreqs, 1u);
+	port = srv_port;
+	srv_stop();
+
+	/*
+	 * On reconnect: connected to a server without authentication, which
+	 * comes back requiring it. The path meets -ENOKEY once and stays closed.
+	 */
+	srv_start(false, port);
+	clt_opts(&o, &pa, dst, sizeof(dst));
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc == 0, "open without authentication: %s", strerror(-rc));
+	if (rc)
+		goto out;
+	CHECK(io_verified(sess, 0, 3), "IO without authentication");
+	srv_stop();
+	srv_start(true, port);
+	CHECK(wait_path(sess, "closed", 5000), "path closed after -ENOKEY");
+	usleep(500 * 1000); /* five reconnect delays: no retry may come */
+	st = srv_stats();
+	CHECK_EQ(st.connreqs, 1u);
+	CHECK_EQ(rtrs_clt_path_stats(sess, 0, &ps), 0);
+	CHECK_EQ(ps.last_error, -ENOKEY);
+	CHECK(!strcmp(ps.reconnect_verdict, "no key"), "verdict: %s", ps.reconnect_verdict);
+	CHECK(!strcmp(ps.state, "closed"), "state: %s", ps.state);
+	rtrs_clt_close(sess);
+out:
+	srv_stop();
+}
+
+static void test_wrong_ctrl_key(void)
+{
+	struct rtrs_clt_opts o;
+	struct rtrs_path_addr pa;
+	struct rtrs_clt_sess *sess = NULL;
+	char dst[64];
+	int rc;
+
+	write_keys(KEY_A, KEY_B);
+	srv_start(true, 0);
+	clt_opts(&o, &pa, dst, sizeof(dst));
+	o.auth_secret = KEY_A;
+	o.auth_ctrl_secret = KEY_C; /* not what the server holds */
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK_EQ(rc, -EKEYREJECTED);
+	CHECK(log_has("its response does not match the controller secret"), "client says why");
+	CHECK_EQ(srv_stats().connreqs, 1u);
+	srv_stop();
+
+	/* Bidirectional asked of a server that does not authenticate at all. */
+	srv_start(false, 0);
+	clt_opts(&o, &pa, dst, sizeof(dst));
+	o.auth_secret = KEY_A;
+	o.auth_ctrl_secret = KEY_B;
+	CHECK_EQ(rtrs_clt_open(&o, &sess), -ENOKEY);
+	srv_stop();
+}
+
+static void test_rotated_key(void)
+{
+	struct rtrs_clt_opts o;
+	struct rtrs_path_addr pa;
+	struct rtrs_clt_sess *sess = NULL;
+	struct rtrs_path_stats ps = { .size = sizeof(ps) };
+	char dst[64];
+	int rc, port;
+
+	write_keys(KEY_A, NULL);
+	srv_start(true, 0);
+	port = srv_port;
+	clt_opts(&o, &pa, dst, sizeof(dst));
+	o.auth_secret = KEY_A;
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc == 0, "open: %s", strerror(-rc));
+	if (rc) {
+		srv_stop();
+		return;
+	}
+	CHECK(io_verified(sess, 0, 4), "IO before the rotation");
+	/* Rotated on the server while connected: the live path is not touched. */
+	write_keys(KEY_B, NULL);
+	CHECK(io_verified(sess, LEN, 5), "IO after the rotation, same connection");
+	/* The link goes: the server restarts, keeping the new key. */
+	srv_stop();
+	srv_start(true, port);
+	CHECK(wait_path(sess, "closed", 5000), "path closed after the key was rejected");
+	usleep(500 * 1000);
+	CHECK_EQ(srv_stats().connreqs, 1u); /* one attempt, then it stopped */
+	CHECK_EQ(srv_stats().auth_failed, 1u);
+	CHECK_EQ(rtrs_clt_path_stats(sess, 0, &ps), 0);
+	CHECK_EQ(ps.last_error, -EKEYREJECTED);
+	CHECK(!strcmp(ps.reconnect_verdict, "key rejected"), "verdict: %s", ps.reconnect_verdict);
+	CHECK_EQ(ps.reconnect_failures, 1u);
+	rtrs_clt_close(sess);
+	srv_stop();
+}
+
+/* Session B: verified IO in its own region until told to stop. */
+static atomic_bool b_stop;
+static atomic_int b_rounds, b_errors;
+
+static void *b_worker(void *arg)
+{
+	struct rtrs_clt_sess *sess = arg;
+
+	for (uint8_t seed = 0; !atomic_load(&b_stop); seed++) {
+		if (!io_verified(sess, 32 * LEN + (seed % 8) * LEN, seed))
+			atomic_fetch_add(&b_errors, 1);
+		atomic_fetch_add(&b_rounds, 1);
+	}
+	return NULL;
+}
+
+/*
+ * always_invalidate: a client that keeps a chunk's old key after the
+ * server rotated it never changes the server's buffer; its write is
+ * refused and only its path closes, while another session's verified IO
+ * goes on undisturbed.
+ */
+static void test_stale_key(void)
+{
+	struct rtrs_clt_opts o;
+	struct rtrs_path_addr pa;
+	struct rtrs_clt_sess *a = NULL, *b = NULL;
+	struct rtrs_path_stats ps = { .size = sizeof(ps) };
+	static uint8_t x[LEN], y[LEN];
+	pthread_t t;
+	char dst[64];
+	int rc, rounds;
+
+	srv_start(false, 0);
+	clt_opts(&o, &pa, dst, sizeof(dst));
+	o.sessname = "undisturbed";
+	CHECK_EQ(rtrs_clt_open(&o, &b), 0);
+	if (!b)
+		goto out;
+	pthread_create(&t, NULL, b_worker, b);
+
+	/* Two paths: one stays up, so the server keeps the session and its chunks. */
+	struct rtrs_path_addr pa2[2];
+
+	clt_opts(&o, &pa, dst, sizeof(dst));
+	pa2[0] = pa2[1] = pa;
+	o.paths = pa2;
+	o.paths_num = 2;
+	o.sessname = "stale";
+	o.max_reconnect_attempts = 0;
+	setenv("RTRS_FAULT_STALE_RKEY", "1", 1); /* this session never takes a new key */
+	rc = rtrs_clt_open(&o, &a);
+	unsetenv("RTRS_FAULT_STALE_RKEY");
+	CHECK(rc == 0, "open: %s", strerror(-rc));
+	if (rc)
+		goto out_b;
+	memset(x, 0x5a, LEN);
+	memset(y, 0xa5, LEN);
+	CHECK_EQ(do_io(a, RTRS_WRITE, 0, x), 0);  /* with the first key: fine */
+	CHECK_EQ(atomic_load(&stale_writes), 1);
+	rc = do_io(a, RTRS_WRITE, LEN, y);        /* the same chunk, its revoked key */
+	CHECK(rc == -ECONNABORTED, "stale-key write: %s", strerror(-rc));
+	CHECK(wait_path_idx(a, 0, "closed", 1500) || wait_path_idx(a, 1, "closed", 1500),
+	      "the stale write's path closed");
+	usleep(200 * 1000);
+	CHECK_EQ(atomic_load(&stale_writes), 1);  /* nothing more reached the server's user */
+	CHECK(memcmp(area + LEN, y, LEN) != 0, "the device never got the stale write");
+	CHECK(atomic_load(&stale_chunk) && memcmp(atomic_load(&stale_chunk), y, 64) != 0,
+	      "the chunk buffer never got it either");
+	{
+		struct rtrs_path_stats p0 = { .size = sizeof(p0) }, p1 = { .size = sizeof(p1) };
+
+		CHECK_EQ(rtrs_clt_path_stats(a, 0, &p0), 0);
+		CHECK_EQ(rtrs_clt_path_stats(a, 1, &p1), 0);
+		CHECK(!strcmp(p0.state, "connected") != !strcmp(p1.state, "connected"),
+		      "exactly one path of the stale session closed (%s, %s)", p0.state, p1.state);
+	}
+	rtrs_clt_close(a);
+	rounds = atomic_load(&b_rounds);
+	usleep(300 * 1000);
+	CHECK(atomic_load(&b_rounds) > rounds, "the other session kept going");
+	CHECK(rtrs_clt_path_stats(b, 0, &ps) == 0 && !strcmp(ps.state, "connected"),
+	      "the other session's path stayed up");
+	CHECK(srv_stats().key_rotations >= 2 * 32u, "keys were rotated (%llu)",
+	      (unsigned long long)srv_stats().key_rotations);
+out_b:
+	atomic_store(&b_stop, true);
+	pthread_join(t, NULL);
+	CHECK_EQ(atomic_load(&b_errors), 0);
+	CHECK(atomic_load(&b_rounds) > 10, "verified rounds: %d", atomic_load(&b_rounds));
+	rtrs_clt_close(b);
+out:
+	srv_stop();
+}
+
+/* No secret, nor its base64 part, in anything logged. */
+static void test_no_secret_logged(void)
+{
+	const char *keys[] = { KEY_A, KEY_B, KEY_C };
+
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+		char b64[128];
+
+		snprintf(b64, sizeof(b64), "%s", keys[i] + 10);
+		b64[strlen(b64) - 1] = '\0';
+		CHECK(!log_has(keys[i]), "secret %zu logged", i);
+		CHECK(!log_has(b64), "base64 of secret %zu logged", i);
+		b64[12] = '\0'; /* even a prefix */
+		CHECK(!log_has(b64), "part of secret %zu logged", i);
+	}
+	CHECK(log_len > 1000, "the log did capture the run (%zu bytes)", log_len);
+}
+
+int main(void)
+{
+	char dir[] = "/tmp/rtrs-test-auth.XXXXXX";
+
+	if (!mkdtemp(dir)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	snprintf(keys_path, sizeof(keys_path), "%s/hosts", dir);
+	/* TA_STDERR=1: logs to stderr instead, when debugging (the secret check then fails). */
+	if (!getenv("TA_STDERR"))
+		rtrs_set_log_fn(log_sink, NULL);
+	rtrs_set_log_level(3); /* everything, so the secret check sees all */
+	test_right_key();
+	test_wrong_key();
+	test_no_key();
+	test_wrong_ctrl_key();
+	test_rotated_key();
+	test_stale_key();
+	test_no_secret_logged();
+	rtrs_set_log_fn(NULL, NULL);
+	unlink(keys_path);
+	rmdir(dir);
+	if (g_failures)
+		fprintf(stderr, "captured log (tail):\n%s\n",
+			log_len > 6000 ? log_buf + log_len - 6000 : log_buf);
+	return test_done("test-auth");
+}
