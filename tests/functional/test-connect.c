@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -576,6 +577,143 @@ static void test_rogue_client(void)
  * Connection data must fit what the provider carries (55 bytes on verbs,
  * 256 on tcp): longer data is refused, never silently cut.
  */
+/*
+ * A client that never authenticates, against a server that requires it:
+ * it never receives a chunk address or key (no message at all), and it is
+ * disconnected: at once when it skips to the info request, after the auth
+ * timeout when it stays silent. Neither can add connections to its path,
+ * and one that does not speak authentication is refused outright.
+ */
+struct unauth {
+	struct raw r;
+	struct fab *f;
+	struct fab_con *c;
+	struct rtrs_msg_conn_req m;
+	struct rtrs_conn_rsp rsp;
+};
+
+static int unauth_open(struct unauth *u, int port, bool auth)
+{
+	struct fab_con_cfg cfg = { .ops = &raw_ops, .priv = &u->r, .name = "unauth",
+				   .tx_depth = 16, .rx_depth = 4, .rx_size = 8192 };
+	struct rtrs_conn_req req = { .cid = 0, .cid_num = 2, .first_conn = true, .auth = auth };
+	char service[8];
+	const char *why;
+	int rc;
+
+	memset(u, 0, sizeof(*u));
+	pthread_mutex_init(&u->r.lock, NULL);
+	pthread_cond_init(&u->r.cond, NULL);
+	for (int i = 0; i < RTRS_UUID_LEN; i++) {
+		req.sess_uuid[i] = (uint8_t)rand();
+		req.paths_uuid[i] = (uint8_t)rand();
+	}
+	rtrs_conn_req_encode(&u->m, &req);
+	snprintf(service, sizeof(service), "%d", port);
+	if ((rc = fab_open(test_provider(), NULL, test_addr(), service, false, 0, &u->f)) ||
+	    (rc = fab_con_connect(u->f, &cfg, &u->m, sizeof(u->m), &u->c)))
+		return rc;
+	for (int i = 0; i < 3000 && !u->r.connected && !u->r.down; i++)
+		usleep(1000);
+	if (!u->r.connected) {
+		if (u->r.err == -ECONNREFUSED &&
+		    rtrs_conn_rsp_decode(u->r.data, u->r.len, &u->rsp, &why) == 0)
+			return u->rsp.err;
+		return u->r.err ? u->r.err : -ETIMEDOUT;
+	}
+	return rtrs_conn_rsp_decode(u->r.data, u->r.len, &u->rsp, &why);
+}
+
+static void unauth_close(struct unauth *u)
+{
+	fab_con_destroy(u->c);
+	fab_close(u->f);
+	free(u->r.msg);
+}
+
+static void test_never_authenticates(void)
+{
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_srv_stats st = { .size = sizeof(st) };
+	struct rtrs_srv_opts so;
+	struct rtrs_srv_ctx *srv;
+	char dir[] = "/tmp/rtrs-test-connect.XXXXXX", keys[64];
+	static struct rtrs_msg_info_req ireq;
+	struct rtrs_info_req info = { .pathname = "unauth", .imm_key = 1 };
+	struct fab_mr ireq_mr;
+	struct unauth u;
+	uint64_t t0;
+	FILE *f;
+	int rc, port;
+
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(keys, sizeof(keys), "%s/hosts", dir);
+	f = fopen(keys, "w");
+	fprintf(f, "nqn.test-host DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:\n");
+	fclose(f);
+	chmod(keys, 0600);
+	rtrs_srv_opts_init(&so, sizeof(so));
+	so.addr = test_addr();
+	so.provider = test_provider();
+	so.port = 0;
+	so.queue_depth = 16;
+	so.hb_interval_ms = 100;
+	so.auth_keys_file = keys;
+	so.auth_timeout_ms = 600;
+	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
+	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
+	port = rtrs_srv_get_port(srv);
+
+	/* 1. Does not speak authentication: refused, and told not to retry. */
+	rc = unauth_open(&u, port, false);
+	CHECK_EQ(rc, -EACCES);
+	CHECK(u.rsp.dnr, "the reject says do not retry");
+	CHECK(log_wait_for("authentication required and the client does not speak it", 2000));
+	unauth_close(&u);
+
+	/* 2. Skips authentication and asks for the chunks: closed, nothing sent. */
+	rc = unauth_open(&u, port, true);
+	CHECK(rc == 0, "connect: %s", strerror(-rc));
+	CHECK(u.rsp.flags & RTRS_MSG_AUTH_F, "the server asks for authentication");
+	info.imm_addr = 0;
+	rtrs_info_req_encode(&ireq, &info);
+	CHECK_EQ(fab_mr_reg(u.f, &ireq, sizeof(ireq), FAB_MR_LOCAL, &ireq_mr), 0);
+	CHECK_EQ(fab_send(u.c, &ireq, sizeof(ireq), ireq_mr.desc, NULL), 0);
+	CHECK(wait_flag(&u.r, &u.r.down, 2000), "the server closed the path");
+	CHECK(u.r.msg == NULL, "no message (no chunk address or key) reached the client");
+	CHECK(log_wait_for("message before authentication", 2000));
+	fab_mr_dereg(&ireq_mr);
+	unauth_close(&u);
+
+	/* 3. Silent: closed after the auth timeout; no second connection meanwhile. */
+	rc = unauth_open(&u, port, true);
+	CHECK(rc == 0, "connect: %s", strerror(-rc));
+	t0 = test_now_ms();
+	{
+		struct rtrs_msg_conn_req m1 = u.m;
+		struct rtrs_conn_req r1;
+		const char *why;
+
+		CHECK_EQ(rtrs_conn_req_decode(&u.m, sizeof(u.m), &r1, &why), 0);
+		r1.cid = 1;
+		rtrs_conn_req_encode(&m1, &r1);
+		CHECK_EQ(raw_connect(port, &m1, sizeof(m1)), -EACCES);
+		CHECK(log_wait_for("connection before the path authenticated", 2000));
+	}
+	CHECK(wait_flag(&u.r, &u.r.down, 3000), "the silent client was disconnected");
+	CHECK(test_now_ms() - t0 >= 550 && test_now_ms() - t0 < 2000,
+	      "after the timeout: %llu ms", (unsigned long long)(test_now_ms() - t0));
+	CHECK(u.r.msg == NULL, "no message reached the silent client");
+	CHECK(log_wait_for("not authenticated after 600 ms", 2000));
+	unauth_close(&u);
+	CHECK_EQ(rtrs_srv_get_stats(srv, &st), 0);
+	CHECK_EQ(st.auth_timeouts, 1u);
+	CHECK_EQ(st.auth_ok, 0u);
+	rtrs_srv_close(srv);
+	unlink(keys);
+	rmdir(dir);
+}
+
 static void test_cm_data_limit(void)
 {
 	struct raw r = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
@@ -683,6 +821,7 @@ int main(void)
 	test_malformed();
 	test_half_connected();
 	test_rogue_client();
+	test_never_authenticates();
 	if (tcp)
 		test_listen_retry(); /* a TCP socket holds the port */
 	rtrs_set_log_fn(NULL, NULL);
