@@ -29,11 +29,12 @@ static const char *const mode_names[] = { "write", "read", NULL };
 
 static struct {
 	const char *addr, *provider, *sessname;
+	const char *secret, *ctrl_secret, *host_name, *server_name, *auth_keys;
 	struct opt_list dst, events;
 	uint64_t port, queue_depth, chunk_size, io_size, duration, cons, hb_ms;
 	uint64_t fast_io_fail_ms, reconnect_ms;
 	unsigned mode, policy;
-	bool json, verify, quiet;
+	bool json, verify, quiet, no_invalidate;
 } g = {
 	.provider = "tcp", .sessname = "rtrs-perf", .port = RTRS_DEFAULT_PORT,
 	.queue_depth = 64, .chunk_size = RTRS_DEFAULT_CHUNK_SIZE, .io_size = 4096,
@@ -77,6 +78,18 @@ static const struct opt options[] = {
 	{ "sessname", 0, OPT_STRING, &g.sessname, .arg = "NAME", .help = "client: session name" },
 	{ "verify", 'V', OPT_FLAG, &g.verify,
 	  .help = "client: check every byte moved (the server follows)" },
+	{ "no-invalidate", 0, OPT_FLAG, &g.no_invalidate,
+	  .help = "server: keep chunk keys (always_invalidate off)" },
+	{ "auth-keys", 0, OPT_STRING, &g.auth_keys, .arg = "FILE",
+	  .help = "server: require DH-HMAC-CHAP; FILE lists \"HOST SECRET [CTRL-SECRET]\"" },
+	{ "secret", 0, OPT_STRING, &g.secret, .arg = "DHHC-1:..|@FILE",
+	  .help = "client: this host's DH-HMAC-CHAP secret" },
+	{ "ctrl-secret", 0, OPT_STRING, &g.ctrl_secret, .arg = "DHHC-1:..|@FILE",
+	  .help = "client: authenticate the server too, with this secret" },
+	{ "host-name", 0, OPT_STRING, &g.host_name, .arg = "NQN",
+	  .help = "client: host name for authentication (default: /etc/nvme/hostnqn)" },
+	{ "server-name", 0, OPT_STRING, &g.server_name, .arg = "NAME",
+	  .help = "server's name for authentication (default rtrs-server)" },
 	{ "json", 'j', OPT_FLAG, &g.json, .help = "client: print one JSON object" },
 	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "server: no banner" },
 	{ 0 },
@@ -156,6 +169,9 @@ static int run_server(void)
 	o.queue_depth = (uint32_t)g.queue_depth;
 	o.max_chunk_size = (uint32_t)g.chunk_size;
 	o.hb_interval_ms = (unsigned)g.hb_ms;
+	o.always_invalidate = !g.no_invalidate;
+	o.auth_keys_file = g.auth_keys;
+	o.auth_name = g.server_name;
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
@@ -374,6 +390,10 @@ static int run_client(void)
 	o.provider = g.provider;
 	o.nr_io_cons = (unsigned)g.cons;
 	o.hb_interval_ms = (unsigned)g.hb_ms;
+	o.auth_secret = g.secret;
+	o.auth_ctrl_secret = g.ctrl_secret;
+	o.auth_host_name = g.host_name;
+	o.auth_server_name = g.server_name;
 	rc = rtrs_clt_open(&o, &sess);
 	if (rc) {
 		fprintf(stderr, "rtrs-perf: cannot open session to %s: %s\n", g.dst.items[0],

@@ -297,6 +297,9 @@ static enum rtrs_auth_step auth_dispatch(struct rtrs_auth_txn *t, const struct a
 	for (size_t i = 0; i < n; i++)
 		if (tab[i].state == t->state && tab[i].msg == m.id)
 			return tab[i].fn(t, &m, &o);
+	/* The peer's own failure is never answered, or two failed ends would ping-pong. */
+	if (m.id == (server ? RTRS_AUTH_FAILURE2 : RTRS_AUTH_FAILURE1))
+		fail_id = 0;
 	log_err("%s: authentication message 0x%02x unexpected in state %s", t->log_name, m.id,
 		server ? rtrs_auth_srv_state_str(t->state) : rtrs_auth_clt_state_str(t->state));
 	/* NVMe: a host treats a wrong message as a refusal (-EKEYREJECTED). */

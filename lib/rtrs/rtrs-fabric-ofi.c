@@ -295,6 +295,7 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 	a->iov_limit = MAX(f->info->tx_attr->iov_limit, 1);
 	a->rma_iov_limit = MAX(f->info->tx_attr->rma_iov_limit, 1);
 	a->max_queue = MIN(f->info->tx_attr->size, f->info->rx_attr->size);
+	a->inject_size = f->info->tx_attr->inject_size;
 	atomic_init(&f->next_key, 0);
 	atomic_init(&f->next_key64, (uint64_t)1 << 32);
 	log_dbg("fabric: %s mr_local=%d virt_addr=%d prov_key=%d rx_cq_data=%d imm_by_send=%d iov=%zu rma_iov=%zu",
@@ -1082,13 +1083,25 @@ static int ofi_write(struct fab_con *c, const struct iovec *iov, void *const *de
 	return fab_errno(rc);
 }
 
-static int ofi_write_imm(struct fab_con *c, uint64_t addr, uint64_t key, uint32_t imm)
+static int ofi_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
+			 uint64_t key, uint32_t imm)
 {
+	ssize_t rc;
+
+	if (len > c->fab->attr.inject_size)
+		return -EMSGSIZE;
 	if (fault_eagain(c))
 		return -EAGAIN;
-	if (c->fab->imm_by_send)
+	if (c->fab->imm_by_send) {
+		/* The data first; the immediate follows (send-after-write order). */
+		if (len) {
+			rc = fi_inject_write(c->ep, buf, len, 0, addr, key);
+			if (rc)
+				return fab_errno(rc);
+		}
 		return fab_errno(imm_send(c, imm));
-	return fab_errno(fi_inject_writedata(c->ep, NULL, 0, imm, 0, addr, key));
+	}
+	return fab_errno(fi_inject_writedata(c->ep, buf, len, imm, 0, addr, key));
 }
 
 static int ofi_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)

@@ -44,6 +44,7 @@ struct fab_attr {
 	size_t iov_limit;    /* local iovecs per operation */
 	size_t rma_iov_limit; /* remote iovecs per operation */
 	size_t max_queue;    /* send/receive queue entries an endpoint may have */
+	size_t inject_size;  /* bytes fab_write_imm_data takes */
 };
 
 enum fab_mr_access {
@@ -131,7 +132,8 @@ struct fab_ops {
 	int (*write)(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
 		     const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
 		     void *ctx);
-	int (*write_imm)(struct fab_con *c, uint64_t addr, uint64_t key, uint32_t imm);
+	int (*write_imm)(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
+			 uint64_t key, uint32_t imm);
 	int (*send)(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx);
 };
 
@@ -306,7 +308,17 @@ static inline int fab_write(struct fab_con *c, const struct iovec *iov, void *co
 /* Empty write with immediate data to (addr, key): responses, heartbeats. */
 static inline int fab_write_imm(struct fab_con *c, uint64_t addr, uint64_t key, uint32_t imm)
 {
-	return fab_ops_of(c)->write_imm(c, addr, key, imm);
+	return fab_ops_of(c)->write_imm(c, NULL, 0, addr, key, imm);
+}
+
+/*
+ * The same with a few bytes of data (at most fab_attr.inject_size), copied
+ * at once: buf may be reused when this returns, and needs no registration.
+ */
+static inline int fab_write_imm_data(struct fab_con *c, const void *buf, size_t len,
+				     uint64_t addr, uint64_t key, uint32_t imm)
+{
+	return fab_ops_of(c)->write_imm(c, buf, len, addr, key, imm);
 }
 /* Two-sided message from a registered (or mr_local-free) buffer. */
 static inline int fab_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)

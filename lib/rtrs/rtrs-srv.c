@@ -99,7 +99,7 @@ struct srv_path {
 	/* A refusal went out (FAILURE1 or a verdict): close once the client had time to read it. */
 	atomic_uint_fast64_t close_at_ms;
 	int close_err;
-	struct rtrs_msg_info_rsp verdict;
+	uint8_t verdict[sizeof(struct rtrs_msg_info_rsp)]; /* an info response with an errno */
 	struct fab_mr verdict_mr;
 	uint64_t created_ms;
 	/* always_invalidate: the key table sent ahead of a fence ack. */
@@ -195,7 +195,8 @@ static void op_finish(struct rtrs_srv_op *op, struct srv_path *p)
 }
 
 /*
- * Posts the last write of a response, prepared in locals. The op turns SENT
+ * Posts the last write of a response, prepared in locals (inject: iov is
+ * small enough to go inline with the immediate). The op turns SENT
  * first, since the client may answer the response at once; nothing of the
  * op is read after that. On failure the op goes back to RESPONDING, unless
  * a request took it meanwhile, which only a client that reuses a chunk
@@ -204,13 +205,15 @@ static void op_finish(struct rtrs_srv_op *op, struct srv_path *p)
  */
 static int op_post_last(struct rtrs_srv_op *op, struct srv_path *p, struct fab_con *fc,
 			const struct iovec *iov, void *desc, const struct fab_rma *rma,
-			size_t rma_cnt, uint32_t imm)
+			size_t rma_cnt, uint32_t imm, bool inject)
 {
 	int expected = OP_SENT;
 	int rc;
 
 	atomic_store(&op->state, OP_SENT);
-	if (rma_cnt)
+	if (inject) /* small: copied with the immediate in one injected write */
+		rc = fab_write_imm_data(fc, iov->iov_base, iov->iov_len, rma->addr, rma->key, imm);
+	else if (rma_cnt)
 		rc = fab_write(fc, iov, &desc, 1, rma, rma_cnt, true, imm, NULL);
 	else
 		rc = fab_write_imm(fc, p->clt_imm.addr, p->clt_imm.key, imm);
@@ -323,7 +326,7 @@ static int op_post(struct rtrs_srv_op *op)
 		iov.iov_base = s->chunk_bases[op->id] + op->next_local;
 		iov.iov_len = len;
 		if (op->next_sg + cnt == op->sg_cnt && !s->inval)
-			return op_post_last(op, p, fc, &iov, desc, rma, cnt, imm);
+			return op_post_last(op, p, fc, &iov, desc, rma, cnt, imm, false);
 		rc = fab_write(fc, &iov, &desc, 1, rma, cnt, false, 0, NULL);
 		if (rc)
 			return rc;
@@ -337,9 +340,10 @@ static int op_post(struct rtrs_srv_op *op)
 			.len = RTRS_RKEY_SLOT, .key = p->clt_imm.key,
 		};
 
-		return op_post_last(op, p, fc, &iov, s->rkey_msgs_mr.desc, &rma, 1, imm);
+		return op_post_last(op, p, fc, &iov, s->rkey_msgs_mr.desc, &rma, 1, imm,
+				    fab_attr(s->ctx->fab)->inject_size >= RTRS_RKEY_SLOT);
 	}
-	return op_post_last(op, p, fc, NULL, NULL, NULL, 0, imm);
+	return op_post_last(op, p, fc, NULL, NULL, NULL, 0, imm, false);
 }
 
 static void con_pending_push(struct srv_con *con, struct rtrs_srv_op *op)
@@ -1013,10 +1017,10 @@ static bool name_taken(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *sel
  */
 static void path_refuse(struct srv_path *p, int err, bool dnr)
 {
-	rtrs_info_rsp_encode_verdict(&p->verdict, err, dnr);
+	rtrs_info_rsp_encode_verdict(p->verdict, err, dnr);
 	p->close_err = err;
 	atomic_store(&p->close_at_ms, now_ms() + 1000);
-	if (fab_send(p->cons[0].fc, &p->verdict, sizeof(p->verdict), p->verdict_mr.desc, NULL))
+	if (fab_send(p->cons[0].fc, p->verdict, sizeof(p->verdict), p->verdict_mr.desc, NULL))
 		path_stop(p, err);
 }
 
@@ -1179,7 +1183,7 @@ static int path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	p->last_connreq_ms = now_ms();
 	p->created_ms = now_ms();
 	rtrs_auth_srv_begin(&p->auth, &ctx->auth_cfg, p->name);
-	rc = fab_mr_reg(ctx->fab, &p->verdict, sizeof(p->verdict), FAB_MR_LOCAL, &p->verdict_mr);
+	rc = fab_mr_reg(ctx->fab, p->verdict, sizeof(p->verdict), FAB_MR_LOCAL, &p->verdict_mr);
 	if (!rc && ctx->auth_required)
 		rc = fab_mr_reg(ctx->fab, p->auth_tx, sizeof(p->auth_tx), FAB_MR_LOCAL,
 				&p->auth_tx_mr);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Unit tests for the pieces of lib/rtrs that do not touch the network: the
- * path state table and names (rtrs.c), host:port splitting (rtrs.c) and the
- * heartbeat bookkeeping helpers (rtrs-pri.h).
+ * path state table and names (rtrs.c), host:port splitting (rtrs.c), the
+ * heartbeat bookkeeping helpers (rtrs-pri.h) and the reconnect decision
+ * (rtrs_should_reconnect, rtrs.c).
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -415,6 +416,177 @@ static void test_reconnect_wait(void)
 	CHECK(rtrs_reconnect_wait_ms(UINT32_MAX, UINT32_MAX, 0) == UINT32_MAX);
 }
 
+/* ---- the reconnect decision ---------------------------------------------- */
+
+struct reconnect_row {
+	int line;
+	struct rtrs_reconnect_in in;
+	enum rtrs_reconnect_verdict want;
+};
+
+/* stopping, err, dnr, attempts, max_attempts, down_ms, loss_timeout_ms -> verdict */
+#define RC(stop, e, d, att, max, down, loss, v)                                         \
+	{ __LINE__,                                                                     \
+	  { .err = (e), .dnr = (d), .stopping = (stop), .attempts = (att),              \
+	    .max_attempts = (max), .down_ms = (down), .loss_timeout_ms = (loss) },      \
+	  RTRS_RECONNECT_##v }
+
+/* The transient errors, then the same rows for each of them. */
+#define TRANSIENT_ROWS(e)                                                               \
+	RC(0, e, 0, 0, -1, 0, 0, RETRY),        /* -1: forever */                       \
+	RC(0, e, 0, 1, -1, 0, 0, RETRY),                                                \
+	RC(0, e, 0, 1000000, -1, 0, 0, RETRY),                                          \
+	RC(0, e, 0, INT32_MAX, -1, 0, 0, RETRY),                                        \
+	RC(0, e, 0, 0, 0, 0, 0, OUT_OF_ATTEMPTS), /* 0: never, even the first */        \
+	RC(0, e, 0, 1, 0, 0, 0, OUT_OF_ATTEMPTS),                                       \
+	RC(0, e, 0, 0, 1, 0, 0, RETRY),                                                 \
+	RC(0, e, 0, 1, 1, 0, 0, OUT_OF_ATTEMPTS),                                       \
+	RC(0, e, 0, 0, 5, 0, 0, RETRY),                                                 \
+	RC(0, e, 0, 4, 5, 0, 0, RETRY),         /* N - 1 retries */                     \
+	RC(0, e, 0, 5, 5, 0, 0, OUT_OF_ATTEMPTS), /* N stops */                         \
+	RC(0, e, 0, 6, 5, 0, 0, OUT_OF_ATTEMPTS),                                       \
+	RC(0, e, 0, INT32_MAX - 1, INT32_MAX, 0, 0, RETRY),                             \
+	RC(0, e, 0, INT32_MAX, INT32_MAX, 0, 0, OUT_OF_ATTEMPTS),                       \
+	/* loss timeout: 0 is none; reached stops, just below does not */               \
+	RC(0, e, 0, 0, -1, UINT64_MAX, 0, RETRY),                                       \
+	RC(0, e, 0, 0, -1, 999, 1000, RETRY),                                           \
+	RC(0, e, 0, 0, -1, 1000, 1000, LOSS_TIMEOUT),                                   \
+	RC(0, e, 0, 0, -1, 1001, 1000, LOSS_TIMEOUT),                                   \
+	RC(0, e, 0, 0, -1, UINT64_MAX, 1000, LOSS_TIMEOUT),                             \
+	RC(0, e, 0, 0, -1, 0, 1, RETRY),                                                \
+	RC(0, e, 0, 0, -1, 1, 1, LOSS_TIMEOUT),                                         \
+	RC(0, e, 0, 0, -1, UINT32_MAX - 1ull, UINT32_MAX, RETRY),                      \
+	RC(0, e, 0, 0, -1, UINT32_MAX, UINT32_MAX, LOSS_TIMEOUT),                       \
+	/* ... and is checked before the attempts */                                   \
+	RC(0, e, 0, 5, 5, 1000, 1000, LOSS_TIMEOUT),                                    \
+	RC(0, e, 0, 5, 5, 999, 1000, OUT_OF_ATTEMPTS),                                  \
+	RC(0, e, 0, 0, 0, 1000, 1000, LOSS_TIMEOUT),                                    \
+	RC(0, e, 0, 0, 0, 999, 1000, OUT_OF_ATTEMPTS),                                  \
+	RC(0, e, 0, 4, 5, 999, 1000, RETRY),                                            \
+	/* the rules above it win */                                                    \
+	RC(0, e, 1, 0, -1, 0, 0, SERVER_DNR),                                           \
+	RC(1, e, 0, 0, -1, 0, 0, STOPPED)
+
+/* Precedence: stopping > -EKEYREJECTED > -ENOKEY > dnr > loss timeout > attempts. */
+static const struct reconnect_row reconnect_rows[] = {
+	/* Stopping beats everything. */
+	RC(1, 0, 0, 0, -1, 0, 0, STOPPED),
+	RC(1, -ETIMEDOUT, 0, 0, 5, 0, 0, STOPPED),
+	RC(1, -EKEYREJECTED, 0, 0, -1, 0, 0, STOPPED),
+	RC(1, -ENOKEY, 0, 0, -1, 0, 0, STOPPED),
+	RC(1, 0, 1, 0, -1, 0, 0, STOPPED),
+	RC(1, 0, 0, 0, -1, 5000, 1000, STOPPED),
+	RC(1, 0, 0, 5, 5, 0, 0, STOPPED),
+	RC(1, 0, 0, 0, 0, 0, 0, STOPPED),
+	RC(1, -EKEYREJECTED, 1, 10, 0, 5000, 1000, STOPPED),
+	RC(1, -ENOKEY, 1, 10, 0, 5000, 1000, STOPPED),
+	RC(1, -ECONNRESET, 1, 10, 0, 5000, 1000, STOPPED),
+
+	/* -EKEYREJECTED never retries, whatever the limits, and beats dnr. */
+	RC(0, -EKEYREJECTED, 0, 0, -1, 0, 0, KEY_REJECTED),
+	RC(0, -EKEYREJECTED, 0, 1000, -1, 0, 0, KEY_REJECTED),
+	RC(0, -EKEYREJECTED, 0, 0, 0, 0, 0, KEY_REJECTED),
+	RC(0, -EKEYREJECTED, 0, 0, 5, 0, 0, KEY_REJECTED),
+	RC(0, -EKEYREJECTED, 0, 4, 5, 0, 0, KEY_REJECTED),
+	RC(0, -EKEYREJECTED, 0, 5, 5, 0, 0, KEY_REJECTED),
+	RC(0, -EKEYREJECTED, 0, 0, -1, 0, 1000, KEY_REJECTED),
+	RC(0, -EKEYREJECTED, 0, 0, -1, 999, 1000, KEY_REJECTED),
+	RC(0, -EKEYREJECTED, 0, 0, -1, 1000, 1000, KEY_REJECTED),
+	RC(0, -EKEYREJECTED, 0, 5, 5, 1000, 1000, KEY_REJECTED),
+	RC(0, -EKEYREJECTED, 1, 0, -1, 0, 0, KEY_REJECTED),
+	RC(0, -EKEYREJECTED, 1, 5, 0, 5000, 1000, KEY_REJECTED),
+
+	/* -ENOKEY likewise. */
+	RC(0, -ENOKEY, 0, 0, -1, 0, 0, NO_KEY),
+	RC(0, -ENOKEY, 0, 1000, -1, 0, 0, NO_KEY),
+	RC(0, -ENOKEY, 0, 0, 0, 0, 0, NO_KEY),
+	RC(0, -ENOKEY, 0, 0, 5, 0, 0, NO_KEY),
+	RC(0, -ENOKEY, 0, 4, 5, 0, 0, NO_KEY),
+	RC(0, -ENOKEY, 0, 5, 5, 0, 0, NO_KEY),
+	RC(0, -ENOKEY, 0, 0, -1, 0, 1000, NO_KEY),
+	RC(0, -ENOKEY, 0, 0, -1, 999, 1000, NO_KEY),
+	RC(0, -ENOKEY, 0, 0, -1, 1000, 1000, NO_KEY),
+	RC(0, -ENOKEY, 0, 5, 5, 1000, 1000, NO_KEY),
+	RC(0, -ENOKEY, 1, 0, -1, 0, 0, NO_KEY),
+	RC(0, -ENOKEY, 1, 5, 0, 5000, 1000, NO_KEY),
+
+	/* dnr never retries, and beats the loss timeout and the attempts. */
+	RC(0, 0, 1, 0, -1, 0, 0, SERVER_DNR),
+	RC(0, -ETIMEDOUT, 1, 0, -1, 0, 0, SERVER_DNR),
+	RC(0, -ECONNREFUSED, 1, 0, -1, 0, 0, SERVER_DNR),
+	RC(0, -EPROTO, 1, 0, -1, 0, 0, SERVER_DNR),
+	RC(0, -EIO, 1, 0, 5, 0, 0, SERVER_DNR),
+	RC(0, -ECONNRESET, 1, 0, 0, 0, 0, SERVER_DNR),
+	RC(0, -ECONNREFUSED, 1, 5, 5, 0, 0, SERVER_DNR),
+	RC(0, -ECONNREFUSED, 1, 0, -1, 999, 1000, SERVER_DNR),
+	RC(0, -ECONNREFUSED, 1, 0, -1, 1000, 1000, SERVER_DNR),
+	RC(0, -ECONNREFUSED, 1, 5, 5, 1000, 1000, SERVER_DNR),
+
+	/* Transient errors (0 included) retry while the limits allow it. */
+	TRANSIENT_ROWS(-ETIMEDOUT),
+	TRANSIENT_ROWS(-ECONNRESET),
+	TRANSIENT_ROWS(-ECONNREFUSED),
+	TRANSIENT_ROWS(-EPROTO),
+	TRANSIENT_ROWS(-EIO),
+	TRANSIENT_ROWS(0),
+	/* Other errnos are no verdict of their own either. */
+	RC(0, -EACCES, 0, 0, -1, 0, 0, RETRY),
+	RC(0, -ENOMEM, 0, 0, -1, 0, 0, RETRY),
+	RC(0, -EHOSTUNREACH, 0, 4, 5, 0, 0, RETRY),
+	RC(0, -EHOSTUNREACH, 0, 5, 5, 0, 0, OUT_OF_ATTEMPTS),
+};
+
+static void test_should_reconnect(void)
+{
+	unsigned seen[RTRS_RECONNECT_NR_VERDICTS] = { 0 };
+
+	/* The enum this table is written against. */
+	CHECK_EQ(RTRS_RECONNECT_NR_VERDICTS, 7);
+
+	for (unsigned i = 0; i < ARRAY_SIZE(reconnect_rows); i++) {
+		const struct reconnect_row *r = &reconnect_rows[i];
+		struct rtrs_reconnect_in in = r->in;
+		enum rtrs_reconnect_verdict got = rtrs_should_reconnect(&in);
+
+		CHECK(got == r->want,
+		      "line %d: stopping %d err %d dnr %d attempts %d/%d down %llu/%u ms: "
+		      "%s, want %s", r->line, r->in.stopping, r->in.err, r->in.dnr,
+		      r->in.attempts, r->in.max_attempts, (unsigned long long)r->in.down_ms,
+		      r->in.loss_timeout_ms, rtrs_reconnect_verdict_str(got),
+		      rtrs_reconnect_verdict_str(r->want));
+		/* A decision, not a side effect: the input is left alone. */
+		CHECK(!memcmp(&in, &r->in, sizeof(in)), "line %d: input changed", r->line);
+		if ((unsigned)r->want < RTRS_RECONNECT_NR_VERDICTS)
+			seen[r->want]++;
+	}
+	/* Every verdict is somebody's expectation. */
+	for (int v = 0; v < RTRS_RECONNECT_NR_VERDICTS; v++)
+		CHECK(seen[v] > 0, "no row expects %s", rtrs_reconnect_verdict_str(v));
+}
+
+static void test_reconnect_verdict_names(void)
+{
+	static const int bad[] = { -1000, -1, RTRS_RECONNECT_NR_VERDICTS,
+				   RTRS_RECONNECT_NR_VERDICTS + 1, 255, INT32_MAX };
+
+	CHECK(!strcmp(rtrs_reconnect_verdict_str(RTRS_RECONNECT_RETRY), "retry"));
+	for (int a = 0; a < RTRS_RECONNECT_NR_VERDICTS; a++) {
+		const char *na = rtrs_reconnect_verdict_str((enum rtrs_reconnect_verdict)a);
+
+		CHECK(na && *na && strcmp(na, "unknown"), "verdict %d unnamed", a);
+		for (int b = a + 1; b < RTRS_RECONNECT_NR_VERDICTS; b++) {
+			const char *nb = rtrs_reconnect_verdict_str((enum rtrs_reconnect_verdict)b);
+
+			CHECK(na && nb && strcmp(na, nb), "verdicts %d and %d share a name", a, b);
+		}
+	}
+	for (unsigned i = 0; i < ARRAY_SIZE(bad); i++) {
+		const char *s = rtrs_reconnect_verdict_str((enum rtrs_reconnect_verdict)bad[i]);
+
+		CHECK(s && !strcmp(s, "unknown"), "verdict %d: \"%s\"", bad[i], s ? s : "NULL");
+	}
+}
+
 int main(void)
 {
 	test_path_states();
@@ -424,5 +596,7 @@ int main(void)
 	test_change_state();
 	test_mp_select();
 	test_reconnect_wait();
+	test_should_reconnect();
+	test_reconnect_verdict_names();
 	return test_done("state");
 }
