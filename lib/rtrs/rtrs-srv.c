@@ -204,8 +204,8 @@ static void op_finish(struct rtrs_srv_op *op, struct srv_path *p)
  * fails the path.
  */
 static int op_post_last(struct rtrs_srv_op *op, struct srv_path *p, struct fab_con *fc,
-			const struct iovec *iov, void *desc, const struct fab_rma *rma,
-			size_t rma_cnt, uint32_t imm, bool inject)
+			const struct iovec *iov, void *const *desc, size_t iov_cnt,
+			const struct fab_rma *rma, size_t rma_cnt, uint32_t imm, bool inject)
 {
 	int expected = OP_SENT;
 	int rc;
@@ -214,7 +214,7 @@ static int op_post_last(struct rtrs_srv_op *op, struct srv_path *p, struct fab_c
 	if (inject) /* small: copied with the immediate in one injected write */
 		rc = fab_write_imm_data(fc, iov->iov_base, iov->iov_len, rma->addr, rma->key, imm);
 	else if (rma_cnt)
-		rc = fab_write(fc, iov, &desc, 1, rma, rma_cnt, true, imm, NULL);
+		rc = fab_write(fc, iov, desc, iov_cnt, rma, rma_cnt, true, imm, NULL);
 	else
 		rc = fab_write_imm(fc, p->clt_imm.addr, p->clt_imm.key, imm);
 	if (!rc) {
@@ -313,8 +313,8 @@ static int op_post(struct rtrs_srv_op *op)
 	while (data && op->next_sg < op->sg_cnt) {
 		size_t cnt = MIN((size_t)op->sg_cnt - op->next_sg, per);
 		struct fab_rma rma[8];
-		struct iovec iov;
-		void *desc = s->chunk_mr.desc;
+		struct iovec iov[2];
+		void *desc[2] = { s->chunk_mr.desc, s->rkey_msgs_mr.desc };
 		uint64_t len = 0;
 
 		for (size_t i = 0; i < cnt; i++) {
@@ -323,11 +323,22 @@ static int op_post(struct rtrs_srv_op *op)
 			rma[i] = (struct fab_rma){ .addr = d->addr, .len = d->len, .key = d->key };
 			len += d->len;
 		}
-		iov.iov_base = s->chunk_bases[op->id] + op->next_local;
-		iov.iov_len = len;
+		iov[0].iov_base = s->chunk_bases[op->id] + op->next_local;
+		iov[0].iov_len = len;
 		if (op->next_sg + cnt == op->sg_cnt && !s->inval)
-			return op_post_last(op, p, fc, &iov, desc, rma, cnt, imm, false);
-		rc = fab_write(fc, &iov, &desc, 1, rma, cnt, false, 0, NULL);
+			return op_post_last(op, p, fc, iov, desc, 1, rma, cnt, imm, false);
+		if (op->next_sg + cnt == op->sg_cnt && cnt < per &&
+		    fab_attr(s->ctx->fab)->iov_limit >= 2) {
+			/* The data and the chunk's new key in one write, with the immediate. */
+			iov[1].iov_base = &s->rkey_msgs[op->id];
+			iov[1].iov_len = RTRS_RKEY_SLOT;
+			rma[cnt] = (struct fab_rma){
+				.addr = p->clt_imm.addr + (uint64_t)op->id * RTRS_RKEY_SLOT,
+				.len = RTRS_RKEY_SLOT, .key = p->clt_imm.key,
+			};
+			return op_post_last(op, p, fc, iov, desc, 2, rma, cnt + 1, imm, false);
+		}
+		rc = fab_write(fc, iov, desc, 1, rma, cnt, false, 0, NULL);
 		if (rc)
 			return rc;
 		op->next_sg += cnt;
@@ -340,10 +351,10 @@ static int op_post(struct rtrs_srv_op *op)
 			.len = RTRS_RKEY_SLOT, .key = p->clt_imm.key,
 		};
 
-		return op_post_last(op, p, fc, &iov, s->rkey_msgs_mr.desc, &rma, 1, imm,
+		return op_post_last(op, p, fc, &iov, &s->rkey_msgs_mr.desc, 1, &rma, 1, imm,
 				    fab_attr(s->ctx->fab)->inject_size >= RTRS_RKEY_SLOT);
 	}
-	return op_post_last(op, p, fc, NULL, NULL, NULL, 0, imm, false);
+	return op_post_last(op, p, fc, NULL, NULL, 0, NULL, 0, imm, false);
 }
 
 static void con_pending_push(struct srv_con *con, struct rtrs_srv_op *op)
