@@ -138,11 +138,19 @@ static const struct fab_con_ops raw_ops = {
  * Sends data as a connect request; returns 1 if accepted, or the errno the
  * server put in its reject.
  */
+static int raw_connect_rsp(int port, const void *data, size_t len, struct rtrs_conn_rsp *out);
+
 static int raw_connect(int port, const void *data, size_t len)
+{
+	return raw_connect_rsp(port, data, len, NULL);
+}
+
+/* The same, also giving the decoded reject (err 0 when accepted). */
+static int raw_connect_rsp(int port, const void *data, size_t len, struct rtrs_conn_rsp *out)
 {
 	struct raw r = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
 	struct fab_con_cfg cfg = { .ops = &raw_ops, .priv = &r, .name = "raw", .tx_depth = 16 };
-	struct rtrs_conn_rsp rsp;
+	struct rtrs_conn_rsp rsp = { 0 };
 	struct fab_con *c = NULL;
 	struct fab *f = NULL;
 	char service[8];
@@ -171,6 +179,8 @@ static int raw_connect(int port, const void *data, size_t len)
 		rc = rsp.err;
 	else
 		rc = r.err;
+	if (out && rc < 0 && r.err == -ECONNREFUSED)
+		*out = rsp;
 	pthread_mutex_unlock(&r.lock);
 out:
 	fab_con_destroy(c);
@@ -665,11 +675,16 @@ static void test_never_authenticates(void)
 	port = rtrs_srv_get_port(srv);
 
 	/* 1. Does not speak authentication: refused, and told not to retry. */
-	rc = unauth_open(&u, port, false);
-	CHECK_EQ(rc, -EACCES);
-	CHECK(u.rsp.dnr, "the reject says do not retry");
-	CHECK(log_wait_for("authentication required and the client does not speak it", 2000));
-	unauth_close(&u);
+	{
+		struct rtrs_msg_conn_req m0;
+		struct rtrs_conn_rsp rsp = { 0 };
+
+		good_req(&m0, true); /* no RTRS_CONN_AUTH */
+		CHECK_EQ(raw_connect_rsp(port, &m0, sizeof(m0), &rsp), -EACCES);
+		CHECK(rsp.dnr, "the reject says do not retry");
+		CHECK(log_wait_for("authentication required and the client does not speak it",
+				   2000));
+	}
 
 	/* 2. Skips authentication and asks for the chunks: closed, nothing sent. */
 	rc = unauth_open(&u, port, true);
