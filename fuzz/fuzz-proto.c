@@ -205,7 +205,7 @@ static void fuzz_info_req(const uint8_t *p, size_t n)
 
 static void fuzz_info_rsp(const uint8_t *p, size_t n)
 {
-	struct rtrs_limits lim;
+	struct rtrs_limits lim = { 0 };
 	struct rtrs_desc *chunks;
 	uint32_t gens[1];
 	int verdict;
@@ -259,7 +259,7 @@ static void fuzz_io_req(const uint8_t *p, size_t n)
 	/* The largest queue depth whose ids fit beside this chunk size. */
 	uint32_t qd_max = MIN(1u << (RTRS_IMM_PAYL_BITS - (CHUNK_SHIFT_MIN + shift)),
 			      (uint32_t)RTRS_MAX_SESS_QUEUE_DEPTH);
-	struct rtrs_limits lim;
+	struct rtrs_limits lim = { 0 };
 	struct rtrs_io_req r;
 	const char *why = NULL;
 	uint32_t payload, chunk, off, raw;
