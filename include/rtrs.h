@@ -192,7 +192,8 @@ struct rtrs_path_stats {
 	int last_error;            /* why it last failed: 0 or a negative errno */
 	/*
 	 * The reconnect decision for that failure: "retry", "key rejected",
-	 * "no key", "server said do not retry", "loss timeout", "out of
+	 * "no key", "do not retry" (the server said so, or it changed its
+	 * queue depth or always_invalidate), "loss timeout", "out of
 	 * attempts", "stopped"; "" while nothing has failed.
 	 */
 	const char *reconnect_verdict;
@@ -300,7 +301,7 @@ struct rtrs_srv_stats {
 	uint64_t auth_ok;          /* paths that authenticated */
 	uint64_t auth_failed;      /* authentications refused */
 	uint64_t auth_timeouts;    /* paths closed for not authenticating in time */
-	uint64_t key_rotations;    /* chunk keys revoked and replaced */
+	uint64_t key_rotations;    /* chunk keys registered (each session's first ones too) */
 };
 
 int rtrs_srv_get_stats(struct rtrs_srv_ctx *ctx, struct rtrs_srv_stats *st);

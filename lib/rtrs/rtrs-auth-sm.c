@@ -287,19 +287,19 @@ static enum rtrs_auth_step auth_dispatch(struct rtrs_auth_txn *t, const struct a
 		log_err("%s: invalid authentication message: %s", t->log_name, why);
 		return auth_fail(t, &o, -EPROTO, fail_id, RTRS_AUTH_FAIL_INCORRECT_PAYLOAD, server);
 	}
+	/* The peer's own failure is never answered, or two failed ends would ping-pong. */
+	if (m.id == (server ? RTRS_AUTH_FAILURE2 : RTRS_AUTH_FAILURE1))
+		fail_id = 0;
 	/* Our own transaction id comes back in every message after NEGOTIATE. */
 	if (!(server && m.id == RTRS_AUTH_NEGOTIATE) && m.tid != t->tid) {
 		log_err("%s: authentication message for transaction %u, not %u", t->log_name,
 			m.tid, t->tid);
-		return auth_fail(t, &o, server ? -EPROTO : -EKEYREJECTED,
-				 server ? fail_id : 0, RTRS_AUTH_FAIL_INCORRECT_MESSAGE, server);
+		return auth_fail(t, &o, server ? -EPROTO : -EKEYREJECTED, server ? fail_id : 0,
+				 RTRS_AUTH_FAIL_INCORRECT_MESSAGE, server);
 	}
 	for (size_t i = 0; i < n; i++)
 		if (tab[i].state == t->state && tab[i].msg == m.id)
 			return tab[i].fn(t, &m, &o);
-	/* The peer's own failure is never answered, or two failed ends would ping-pong. */
-	if (m.id == (server ? RTRS_AUTH_FAILURE2 : RTRS_AUTH_FAILURE1))
-		fail_id = 0;
 	log_err("%s: authentication message 0x%02x unexpected in state %s", t->log_name, m.id,
 		server ? rtrs_auth_srv_state_str(t->state) : rtrs_auth_clt_state_str(t->state));
 	/* NVMe: a host treats a wrong message as a refusal (-EKEYREJECTED). */

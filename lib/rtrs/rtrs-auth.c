@@ -30,6 +30,7 @@
 #include "log.h"
 #include "util.h"
 #include "rtrs-auth.h"
+#include "rtrs-proto.h"
 
 #define REJECT(err, reason)              \
 	do {                             \
@@ -50,23 +51,20 @@ static const struct {
 	const char *name;   /* ours, and the NVMe/kernel spelling without "hmac()" */
 	const char *dash;   /* "sha-256" */
 	const char *ossl;   /* OpenSSL digest name */
-	size_t len;
 } hashes[RTRS_AUTH_NR_HASHES + 1] = {
-	[RTRS_AUTH_HASH_SHA256] = { "sha256", "sha-256", "SHA256", 32 },
-	[RTRS_AUTH_HASH_SHA384] = { "sha384", "sha-384", "SHA384", 48 },
-	[RTRS_AUTH_HASH_SHA512] = { "sha512", "sha-512", "SHA512", 64 },
+	[RTRS_AUTH_HASH_SHA256] = { "sha256", "sha-256", "SHA256" },
+	[RTRS_AUTH_HASH_SHA384] = { "sha384", "sha-384", "SHA384" },
+	[RTRS_AUTH_HASH_SHA512] = { "sha512", "sha-512", "SHA512" },
 };
 
-static const struct {
-	const char *name;
-	size_t len;         /* bytes of the modulus, and so of g^x and g^xy */
-} dhgroups[RTRS_AUTH_NR_DHGROUPS] = {
-	[RTRS_AUTH_DH_NULL] = { "null", 0 },
-	[RTRS_AUTH_DH_FFDHE2048] = { "ffdhe2048", 256 },
-	[RTRS_AUTH_DH_FFDHE3072] = { "ffdhe3072", 384 },
-	[RTRS_AUTH_DH_FFDHE4096] = { "ffdhe4096", 512 },
-	[RTRS_AUTH_DH_FFDHE6144] = { "ffdhe6144", 768 },
-	[RTRS_AUTH_DH_FFDHE8192] = { "ffdhe8192", 1024 },
+/* Sizes (digests, moduli) are the wire's: rtrs_auth_wire_hash_len/_dh_len. */
+static const char *const dhgroups[RTRS_AUTH_NR_DHGROUPS] = {
+	[RTRS_AUTH_DH_NULL] = "null",
+	[RTRS_AUTH_DH_FFDHE2048] = "ffdhe2048",
+	[RTRS_AUTH_DH_FFDHE3072] = "ffdhe3072",
+	[RTRS_AUTH_DH_FFDHE4096] = "ffdhe4096",
+	[RTRS_AUTH_DH_FFDHE6144] = "ffdhe6144",
+	[RTRS_AUTH_DH_FFDHE8192] = "ffdhe8192",
 };
 
 static bool hash_valid(unsigned hash)
@@ -76,7 +74,7 @@ static bool hash_valid(unsigned hash)
 
 size_t rtrs_auth_hash_len(unsigned hash)
 {
-	return hash_valid(hash) ? hashes[hash].len : 0;
+	return hash_valid(hash) ? rtrs_auth_wire_hash_len(hash) : 0;
 }
 
 const char *rtrs_auth_hash_name(unsigned hash)
@@ -110,13 +108,13 @@ int rtrs_auth_hash_from_name(const char *name)
 
 const char *rtrs_auth_dhgroup_name(unsigned group)
 {
-	return group < RTRS_AUTH_NR_DHGROUPS ? dhgroups[group].name : NULL;
+	return group < RTRS_AUTH_NR_DHGROUPS ? dhgroups[group] : NULL;
 }
 
 static int dhgroup_from(const char *s, size_t n)
 {
 	for (unsigned i = 0; i < RTRS_AUTH_NR_DHGROUPS; i++)
-		if (name_eq(s, n, dhgroups[i].name))
+		if (name_eq(s, n, dhgroups[i]))
 			return (int)i;
 	return -EINVAL;
 }
@@ -128,7 +126,7 @@ int rtrs_auth_dhgroup_from_name(const char *name)
 
 size_t rtrs_auth_dh_len(unsigned group)
 {
-	return group < RTRS_AUTH_NR_DHGROUPS ? dhgroups[group].len : 0;
+	return group < RTRS_AUTH_NR_DHGROUPS ? rtrs_auth_wire_dh_len(group) : 0;
 }
 
 static int id_list(const char *list, uint8_t *ids, size_t max, const char **why,
@@ -281,7 +279,7 @@ static int hmac(unsigned hash, const uint8_t *key, size_t key_len, const struct 
 	for (unsigned i = 0; i < n; i++)
 		if (c[i].len && !EVP_MAC_update(ctx, c[i].p, c[i].len))
 			goto out;
-	if (!EVP_MAC_final(ctx, out, &out_len, hashes[hash].len) || out_len != hashes[hash].len)
+	if (!EVP_MAC_final(ctx, out, &out_len, rtrs_auth_hash_len(hash)) || out_len != rtrs_auth_hash_len(hash))
 		goto out;
 	rc = 0;
 out:
@@ -303,7 +301,7 @@ static int digest(unsigned hash, const void *buf, size_t len, uint8_t *out)
 		return -EINVAL;
 	md = EVP_MD_fetch(NULL, hashes[hash].ossl, NULL);
 	if (!md || !EVP_Digest(buf, len, out, &out_len, md, NULL) ||
-	    out_len != hashes[hash].len) {
+	    out_len != rtrs_auth_hash_len(hash)) {
 		ERR_clear_error();
 		rc = -EIO;
 	}
@@ -549,7 +547,7 @@ int rtrs_auth_key_generate(unsigned hmac_id, size_t len, const uint8_t *secret, 
 		struct chunk c[] = { { nqn, strlen(nqn) }, { nvme_suffix, strlen(nvme_suffix) } };
 
 		rc = hmac(hmac_id, raw, len, c, ARRAY_SIZE(c), out->key);
-		out->len = (uint8_t)hashes[hmac_id].len;
+		out->len = (uint8_t)rtrs_auth_hash_len(hmac_id);
 	} else {
 		memcpy(out->key, raw, len);
 		out->len = (uint8_t)len;
@@ -889,7 +887,7 @@ int rtrs_auth_transform(const struct rtrs_auth_key *k, const char *nqn, uint8_t 
 	rc = hmac(k->hmac, k->key, k->len, c, ARRAY_SIZE(c), out);
 	if (rc)
 		return rc;
-	*out_len = hashes[k->hmac].len;
+	*out_len = rtrs_auth_hash_len(k->hmac);
 	return 0;
 }
 
@@ -978,14 +976,14 @@ int rtrs_auth_dh_new(unsigned group, struct rtrs_auth_dh **out)
 	if (!dh)
 		return -ENOMEM;
 	dh->group = group;
-	dh->len = dhgroups[group].len;
+	dh->len = rtrs_auth_dh_len(group);
 	pctx = EVP_PKEY_CTX_new_from_name(NULL, "DH", NULL);
 	if (!pctx) {
 		rc = -ENOMEM;
 		goto err;
 	}
 	params[0] = OSSL_PARAM_construct_utf8_string(OSSL_PKEY_PARAM_GROUP_NAME,
-						     (char *)dhgroups[group].name, 0);
+						     (char *)dhgroups[group], 0);
 	params[1] = OSSL_PARAM_construct_end();
 	if (EVP_PKEY_keygen_init(pctx) <= 0 || EVP_PKEY_CTX_set_params(pctx, params) <= 0 ||
 	    EVP_PKEY_generate(pctx, &dh->key) <= 0)
@@ -1035,7 +1033,7 @@ static int peer_key(const struct rtrs_auth_dh *dh, const uint8_t *peer, EVP_PKEY
 	if (!bld || !y)
 		goto out;
 	if (!OSSL_PARAM_BLD_push_utf8_string(bld, OSSL_PKEY_PARAM_GROUP_NAME,
-					     dhgroups[dh->group].name, 0) ||
+					     dhgroups[dh->group], 0) ||
 	    !OSSL_PARAM_BLD_push_BN(bld, OSSL_PKEY_PARAM_PUB_KEY, y))
 		goto out;
 	params = OSSL_PARAM_BLD_to_param(bld);

@@ -103,7 +103,7 @@ struct clt_path {
 	char auth_rx[RTRS_AUTH_MSG_MAX];
 	size_t auth_rx_len;         /* under lock: a message waits */
 	/* The reconnect decision's inputs and its last verdict. */
-	atomic_bool fail_dnr;       /* the server said: do not retry */
+	atomic_bool fail_dnr;       /* do not retry: the server said so, or it changed */
 	atomic_int last_err;
 	atomic_int verdict;         /* enum rtrs_reconnect_verdict; -1: none yet */
 	atomic_uint_fast64_t stat_auth_runs;
@@ -1821,12 +1821,11 @@ static int sess_auth_setup(struct rtrs_clt_sess *s, const struct rtrs_clt_opts *
 		default_host_name(cfg->name, sizeof(cfg->name));
 	snprintf(cfg->server, sizeof(cfg->server), "%s",
 		 o->auth_server_name ? o->auth_server_name : "rtrs-server");
-	if (!cfg->name[0] || strlen(cfg->name) > RTRS_AUTH_NAME_MAX ||
-	    (o->auth_host_name && strlen(o->auth_host_name) > RTRS_AUTH_NAME_MAX) ||
-	    !cfg->server[0] || (o->auth_server_name &&
-				strlen(o->auth_server_name) > RTRS_AUTH_NAME_MAX)) {
-		log_err("%s: host and server names must be 1..%d characters", s->name,
-			RTRS_AUTH_NAME_MAX);
+	/* Checked whole: the copies above may have cut a long name short. */
+	if (!rtrs_auth_name_valid(o->auth_host_name ? o->auth_host_name : cfg->name) ||
+	    !rtrs_auth_name_valid(o->auth_server_name ? o->auth_server_name : cfg->server)) {
+		log_err("%s: host and server names must be 1..%d printable characters without "
+			"blanks", s->name, RTRS_AUTH_WIRE_NAME_MAX);
 		return -EINVAL;
 	}
 	rc = rtrs_auth_cfg_lists(cfg, o->auth_hashes, o->auth_dhgroups, false, s->name);
@@ -2023,6 +2022,7 @@ static void path_reconnect_call(void *arg)
 	atomic_store(&p->keep_closed, false);
 	atomic_store(&p->fail_dnr, false);
 	atomic_store(&p->last_err, 0);
+	atomic_store(&p->verdict, -1);
 	atomic_store(&p->attempts, 0);
 	atomic_store(&p->down_since_ms, now_ms()); /* a fresh loss timeout too */
 	switch (atomic_load(&p->state)) {
@@ -2080,6 +2080,8 @@ int rtrs_clt_add_path(struct rtrs_clt_sess *s, const struct rtrs_path_addr *addr
 		}
 		free(p->cons);
 		free(p->rbufs);
+		free(p->info_gens);
+		free(p->imm_area);
 		memset(p, 0, sizeof(*p));
 		pthread_mutex_unlock(&s->admin_lock);
 		return rc;

@@ -104,7 +104,8 @@ enum rtrs_reconnect_verdict {
 	RTRS_RECONNECT_STOPPED,       /* closing or disconnected by the user */
 	RTRS_RECONNECT_KEY_REJECTED,  /* -EKEYREJECTED: authentication failed */
 	RTRS_RECONNECT_NO_KEY,        /* -ENOKEY: a key is needed and not there */
-	RTRS_RECONNECT_SERVER_DNR,    /* the server said retrying cannot help */
+	/* retrying cannot help: the server said so, or it changed (queue depth, keys) */
+	RTRS_RECONNECT_SERVER_DNR,
 	RTRS_RECONNECT_LOSS_TIMEOUT,  /* down longer than reconnect_loss_timeout_ms */
 	RTRS_RECONNECT_OUT_OF_ATTEMPTS,
 	RTRS_RECONNECT_NR_VERDICTS,

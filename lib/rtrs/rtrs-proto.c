@@ -503,16 +503,29 @@ static bool hl_valid(unsigned hl)
 	return hl == 32 || hl == 48 || hl == 64;
 }
 
-/* A name field: NUL-terminated inside the field, 1..223 printable chars. */
+/* n bytes of a name: 1..RTRS_AUTH_WIRE_NAME_MAX printable, no blanks. */
+static bool auth_name_ok(const char *s, size_t n)
+{
+	if (n == 0 || n > RTRS_AUTH_WIRE_NAME_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)s[i] <= ' ' || (unsigned char)s[i] >= 0x7f)
+			return false;
+	return true;
+}
+
+bool rtrs_auth_name_valid(const char *name)
+{
+	return name && auth_name_ok(name, strnlen(name, RTRS_AUTH_WIRE_NAME));
+}
+
+/* A name field: NUL-terminated inside the field. */
 static bool auth_name_get(char *dst, const char *src)
 {
 	size_t n = strnlen(src, RTRS_AUTH_WIRE_NAME);
 
-	if (n == 0 || n > 223)
+	if (!auth_name_ok(src, n))
 		return false;
-	for (size_t i = 0; i < n; i++)
-		if ((unsigned char)src[i] <= ' ' || (unsigned char)src[i] >= 0x7f)
-			return false;
 	memcpy(dst, src, n);
 	dst[n] = '\0';
 	return true;
@@ -522,7 +535,7 @@ static bool auth_name_put(char *dst, const char *src)
 {
 	size_t n = strnlen(src, RTRS_AUTH_WIRE_NAME);
 
-	if (n == 0 || n > 223)
+	if (!auth_name_ok(src, n))
 		return false;
 	memset(dst, 0, RTRS_AUTH_WIRE_NAME);
 	memcpy(dst, src, n);

@@ -301,7 +301,8 @@ enum rtrs_auth_fail {
 #define RTRS_AUTH_TYPE_DHCHAP 0x01    /* CHALLENGE .. SUCCESS2 */
 #define RTRS_AUTH_PROTO_DHCHAP 0x01   /* authid of the protocol descriptor */
 #define RTRS_AUTH_MAX_IDS 30          /* hash ids, then DH group ids, in idlist */
-#define RTRS_AUTH_WIRE_NAME 256       /* name fields: NUL-padded, 1..223 chars */
+#define RTRS_AUTH_WIRE_NAME 256       /* name fields: NUL-padded */
+#define RTRS_AUTH_WIRE_NAME_MAX 223   /* ... holding 1..223 printable chars, as an NQN */
 #define RTRS_AUTH_WIRE_MAX_HL 64
 #define RTRS_AUTH_WIRE_MAX_DHV 1024
 
@@ -458,6 +459,9 @@ struct rtrs_auth_msg {
 	/* FAILURE1/2 */
 	uint8_t fail_exp;
 };
+
+/* Host and server names as the wire carries them: 1..223 printable, no blanks. */
+bool rtrs_auth_name_valid(const char *name);
 
 /* Digest size of an NVMe hash id, DH public value size of a group id; 0: unknown. */
 size_t rtrs_auth_wire_hash_len(unsigned hash);

@@ -230,11 +230,17 @@ static int op_post_last(struct rtrs_srv_op *op, struct srv_path *p, struct fab_c
 
 /* ---- always_invalidate ----------------------------------------------------- */
 
+/* The next generation of a chunk's key; never 0, which a client reads as "none yet". */
+static uint32_t gen_next(uint32_t gen)
+{
+	return gen + 1 ? gen + 1 : 1;
+}
+
 /* Revokes chunk id's key: from now on a write with it is refused. */
 static void chunk_revoke(struct rtrs_srv_sess *s, uint32_t id)
 {
 	pthread_mutex_lock(&s->key_lock);
-	s->chunk_gen[id]++;
+	s->chunk_gen[id] = gen_next(s->chunk_gen[id]);
 	s->chunk_key[id] = 0;
 	pthread_mutex_unlock(&s->key_lock);
 	fab_mr_dereg(&s->chunk_mrs[id]);
@@ -252,7 +258,7 @@ static int chunk_rekey(struct rtrs_srv_sess *s, uint32_t id)
 		return rc;
 	pthread_mutex_lock(&s->key_lock);
 	s->chunk_mrs[id] = mr;
-	s->chunk_gen[id]++;
+	s->chunk_gen[id] = gen_next(s->chunk_gen[id]);
 	s->chunk_key[id] = mr.key;
 	rtrs_new_rkey_encode(&s->rkey_msgs[id], id, s->chunk_gen[id], mr.key);
 	pthread_mutex_unlock(&s->key_lock);
@@ -1466,8 +1472,9 @@ static int srv_opts_validate(const struct rtrs_srv_ops *ops, const struct rtrs_s
 		log_err("server: authentication needs a key file name and a timeout");
 		return -EINVAL;
 	}
-	if (o->auth_name && (!*o->auth_name || strlen(o->auth_name) > RTRS_AUTH_NAME_MAX)) {
-		log_err("server: name must be 1..%d characters", RTRS_AUTH_NAME_MAX);
+	if (o->auth_name && !rtrs_auth_name_valid(o->auth_name)) {
+		log_err("server: name must be 1..%d printable characters without blanks",
+			RTRS_AUTH_WIRE_NAME_MAX);
 		return -EINVAL;
 	}
 	return 0;

@@ -84,7 +84,7 @@ const char *rtrs_reconnect_verdict_str(enum rtrs_reconnect_verdict v)
 		[RTRS_RECONNECT_STOPPED] = "stopped",
 		[RTRS_RECONNECT_KEY_REJECTED] = "key rejected",
 		[RTRS_RECONNECT_NO_KEY] = "no key",
-		[RTRS_RECONNECT_SERVER_DNR] = "server said do not retry",
+		[RTRS_RECONNECT_SERVER_DNR] = "do not retry",
 		[RTRS_RECONNECT_LOSS_TIMEOUT] = "loss timeout",
 		[RTRS_RECONNECT_OUT_OF_ATTEMPTS] = "out of attempts",
 	};

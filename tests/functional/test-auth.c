@@ -332,6 +332,12 @@ static void test_wrong_key(void)
 	write_keys(KEY_A, NULL);
 	srv_start(true, 0);
 	clt_opts(&o, &pa, dst, sizeof(dst));
+	/* A name the wire cannot carry is refused at open, not by the server. */
+	o.auth_secret = KEY_A;
+	o.auth_host_name = "host name";
+	CHECK_EQ(rtrs_clt_open(&o, &sess), -EINVAL);
+	CHECK_EQ(srv_stats().connreqs, 0u);
+	o.auth_host_name = HOST;
 	o.auth_secret = KEY_B;
 	o.max_reconnect_attempts = -1;
 	rc = rtrs_clt_open(&o, &sess);

@@ -1228,9 +1228,31 @@ static void test_fence(void)
 	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE_ACK, out, &err, &why), -EPROTO);
 }
 
+/* Authentication names: what the wire carries, and what open/start accept. */
+static void test_auth_names(void)
+{
+	char max[RTRS_AUTH_WIRE_NAME_MAX + 2];
+
+	CHECK(rtrs_auth_name_valid("nqn.2014-08.org.nvmexpress:uuid:1"));
+	CHECK(rtrs_auth_name_valid("rtrs-server"));
+	CHECK(!rtrs_auth_name_valid(NULL));
+	CHECK(!rtrs_auth_name_valid(""));
+	CHECK(!rtrs_auth_name_valid("two words"));
+	CHECK(!rtrs_auth_name_valid("tab\there"));
+	CHECK(!rtrs_auth_name_valid("del\x7f"));
+	CHECK(!rtrs_auth_name_valid("high\x80"));
+	memset(max, 'n', sizeof(max));
+	max[RTRS_AUTH_WIRE_NAME_MAX] = '\0';
+	CHECK(rtrs_auth_name_valid(max));
+	max[RTRS_AUTH_WIRE_NAME_MAX] = 'n';
+	max[RTRS_AUTH_WIRE_NAME_MAX + 1] = '\0';
+	CHECK(!rtrs_auth_name_valid(max));
+}
+
 int main(void)
 {
 	test_fence();
+	test_auth_names();
 	for (int i = 0; i < IO_QD; i++) {
 		io_bases[i] = calloc(1, IO_CHUNK);
 		if (!io_bases[i])
