@@ -12,20 +12,9 @@ DURATION=${DURATION:-5}
 record=false
 [ "${1:-}" = --record ] && record=true
 
-scripts/install-deps.sh
-[ -f build-release/build.ninja ] || meson setup build-release -Dbuildtype=release >/dev/null
-meson compile -C build-release >/dev/null
-perf=build-release/tools/rtrs-perf
+. bench/lib.sh
 
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+bench_processes
 
 start() { # name [server options]: sets $port (no subshell: the trap must see the pid)
 	local name=$1
@@ -66,7 +55,7 @@ row() { # mode size qd
 	local on=${res[$1-$2-on]} off=${res[$1-$2-off]}
 	echo "| $1 $2, QD $3 | $(printf %.0f "$on") op/s | $(printf %.0f "$off") op/s | $(cost "$on" "$off") | <= 10 % |"
 }
-machine="$(nproc) vCPU, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r), libfabric $(pkg-config --modversion libfabric)"
+machine=$(machine)
 report=$(cat <<MD
 
 ### $(date -u +%Y-%m-%d) always_invalidate on vs off, loopback, tcp provider

@@ -10,10 +10,7 @@ record=false
 [ "${1:-}" = --record ] && record=true
 RATE=${RATE:-200mbit}
 DURATION=${DURATION:-6}
-scripts/install-deps.sh
-[ -f build-release/build.ninja ] || meson setup build-release -Dbuildtype=release >/dev/null
-meson compile -C build-release >/dev/null
-perf=$PWD/build-release/tools/rtrs-perf
+. bench/lib.sh
 . tests/netns/lib.sh
 tmp=$(mktemp -d)
 trap 'netns_cleanup; rm -rf "$tmp"' EXIT

@@ -12,20 +12,9 @@ DURATION=${DURATION:-5}
 record=false
 [ "${1:-}" = --record ] && record=true
 
-scripts/install-deps.sh
-[ -f build-release/build.ninja ] || meson setup build-release -Dbuildtype=release >/dev/null
-meson compile -C build-release >/dev/null
-perf=build-release/tools/rtrs-perf
+. bench/lib.sh
 
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+bench_processes
 
 # --- iperf3 peers ------------------------------------------------------------
 # One stream with its default 128 KiB writes and with 1 MiB writes: the
@@ -72,7 +61,7 @@ w4k_1=$(run write 4k 64 ops_per_sec --cons 1)
 qd1=$(run write 4k 1 ops_per_sec --cons 1)
 
 ratio() { python3 -c "print(f'{$1 / $2 * 100:.0f} %')"; }
-machine="$(nproc) vCPU, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r), libfabric $(pkg-config --modversion libfabric)"
+machine=$(machine)
 
 report=$(cat <<MD
 

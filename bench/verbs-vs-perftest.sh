@@ -15,11 +15,8 @@ DURATION=${DURATION:-5}
 RUNS=${RUNS:-3}
 vm=tests/vm/rtrs-vm
 
-scripts/install-deps.sh
-[ -f build-release/build.ninja ] || meson setup build-release -Dbuildtype=release >/dev/null
-meson compile -C build-release >/dev/null
+. bench/lib.sh
 "$vm" image --siw >/dev/null 2>&1
-perf=$PWD/build-release/tools/rtrs-perf
 
 report=""
 for dev in "${devices[@]}"; do

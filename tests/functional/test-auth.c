@@ -27,6 +27,7 @@
 #include "rtrs.h"
 #include "check.h"
 #include "harness.h"
+#include "logcap.h"
 
 /* Secrets as `nvme gen-dhchap-key` writes them (made with rtrs-key gen). */
 static const char *const KEY_A = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
@@ -38,36 +39,6 @@ static const char *const KEY_C =
 #define SERVER "nqn.2026-11.io.rtrs:test-server"
 #define LEN 4096
 #define AREA (64 * LEN)
-
-/* ---- log capture ---------------------------------------------------------- */
-
-static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
-static char log_buf[1 << 20];
-static size_t log_len;
-
-static void log_sink(void *priv, int level, const char *line)
-{
-	size_t n = strlen(line);
-
-	pthread_mutex_lock(&log_lock);
-	if (log_len + n + 2 < sizeof(log_buf)) {
-		memcpy(log_buf + log_len, line, n);
-		log_len += n;
-		log_buf[log_len++] = '\n';
-		log_buf[log_len] = '\0';
-	}
-	pthread_mutex_unlock(&log_lock);
-}
-
-static bool log_has(const char *s)
-{
-	bool found;
-
-	pthread_mutex_lock(&log_lock);
-	found = strstr(log_buf, s) != NULL;
-	pthread_mutex_unlock(&log_lock);
-	return found;
-}
 
 /* ---- the server: a memory device per session ---------------------------- */
 
@@ -602,6 +573,6 @@ int main(void)
 	rmdir(dir);
 	if (g_failures)
 		fprintf(stderr, "captured log (tail):\n%s\n",
-			log_len > 6000 ? log_buf + log_len - 6000 : log_buf);
+			log_len > 6000 ? log_text() + log_len - 6000 : log_text());
 	return test_done("test-auth");
 }

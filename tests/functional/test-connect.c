@@ -23,56 +23,10 @@
 
 #include "check.h"
 #include "harness.h"
+#include "logcap.h"
 #include "rtrs-fabric.h"
 #include "rtrs-proto.h"
 #include "rtrs.h"
-
-/* ---- log capture --------------------------------------------------------- */
-
-static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
-static char log_buf[64 * 1024];
-static size_t log_len;
-
-static void log_sink(void *priv, int level, const char *line)
-{
-	pthread_mutex_lock(&log_lock);
-	size_t n = strlen(line);
-
-	if (log_len + n + 2 < sizeof(log_buf)) {
-		memcpy(log_buf + log_len, line, n);
-		log_len += n;
-		log_buf[log_len++] = '\n';
-		log_buf[log_len] = '\0';
-	}
-	pthread_mutex_unlock(&log_lock);
-}
-
-static bool log_has(const char *s)
-{
-	bool found;
-
-	pthread_mutex_lock(&log_lock);
-	found = strstr(log_buf, s) != NULL;
-	pthread_mutex_unlock(&log_lock);
-	return found;
-}
-
-static void log_clear(void)
-{
-	pthread_mutex_lock(&log_lock);
-	log_len = 0;
-	log_buf[0] = '\0';
-	pthread_mutex_unlock(&log_lock);
-}
-
-static bool log_wait_for(const char *s, unsigned ms)
-{
-	uint64_t end = test_now_ms() + ms;
-
-	while (!log_has(s) && test_now_ms() < end)
-		usleep(1000);
-	return log_has(s);
-}
 
 /* ---- a raw fabric client ----------------------------------------------------- */
 
@@ -841,6 +795,6 @@ int main(void)
 		test_listen_retry(); /* a TCP socket holds the port */
 	rtrs_set_log_fn(NULL, NULL);
 	if (g_failures)
-		fprintf(stderr, "captured log:\n%s", log_buf);
+		fprintf(stderr, "captured log:\n%s", log_text());
 	return test_done("test-connect");
 }

@@ -27,6 +27,8 @@
 #include <openssl/evp.h>
 
 #include "check.h"
+#include "ffdhe-prime.h"
+#include "logcap.h"
 #include "log.h"
 #include "rtrs-auth-sm.h"
 #include "util.h"
@@ -86,38 +88,6 @@ static const char *step_name(enum rtrs_auth_step s)
 	       s == RTRS_AUTH_FAILED ? "failed" : "?";
 }
 
-/* ---- log capture -------------------------------------------------------------- */
-
-static char *log_buf;
-static size_t log_len, log_cap;
-static unsigned log_lines;
-
-static void log_sink(void *priv, int level, const char *line)
-{
-	size_t n = strlen(line);
-
-	if (log_len + n + 2 > log_cap) {
-		size_t cap = (log_cap ? log_cap * 2 : 65536) + n + 2;
-		char *p = realloc(log_buf, cap);
-
-		if (!p)
-			abort();
-		log_buf = p;
-		log_cap = cap;
-	}
-	memcpy(log_buf + log_len, line, n);
-	log_len += n;
-	log_buf[log_len++] = '\n';
-	log_buf[log_len] = '\0';
-	log_lines++;
-}
-
-/* Log text since a mark (log_len at some point). */
-static const char *log_since(size_t mark)
-{
-	return log_buf && mark <= log_len ? log_buf + mark : "";
-}
-
 /* ---- secrets and the key file -------------------------------------------------- */
 
 #define MAX_SECRETS 512
@@ -171,29 +141,6 @@ static void write_keys(const char *hsecret, const char *csecret)
 		 "%s %s%s%s\n",
 		 other_secret, HOST, hsecret, csecret ? " " : "", csecret ? csecret : "");
 	write_text(keys_path, text);
-}
-
-/* The group's prime, from OpenSSL directly: for the p - 1 and p peer values. */
-static bool group_prime(unsigned group, uint8_t *p, size_t len)
-{
-	EVP_PKEY_CTX *ctx = EVP_PKEY_CTX_new_from_name(NULL, "DH", NULL);
-	OSSL_PARAM params[2] = {
-		OSSL_PARAM_construct_utf8_string(OSSL_PKEY_PARAM_GROUP_NAME,
-						 (char *)rtrs_auth_dhgroup_name(group), 0),
-		OSSL_PARAM_construct_end(),
-	};
-	EVP_PKEY *key = NULL;
-	BIGNUM *bn = NULL;
-	bool ok;
-
-	ok = ctx && EVP_PKEY_paramgen_init(ctx) > 0 && EVP_PKEY_CTX_set_params(ctx, params) > 0 &&
-	     EVP_PKEY_generate(ctx, &key) > 0 &&
-	     EVP_PKEY_get_bn_param(key, OSSL_PKEY_PARAM_FFC_P, &bn) &&
-	     BN_bn2binpad(bn, p, (int)len) == (int)len;
-	BN_free(bn);
-	EVP_PKEY_free(key);
-	EVP_PKEY_CTX_free(ctx);
-	return ok;
 }
 
 /* ---- the two transactions in memory ------------------------------------------- */
@@ -1410,7 +1357,7 @@ static void test_log_clean(void)
 {
 	CHECK(log_lines > 50, "only %u log lines captured: is the sink installed?", log_lines);
 	CHECK(n_secrets > 100, "only %u secrets", n_secrets);
-	CHECK(!log_buf || !strstr(log_buf, "DHHC-1"), "a DHHC-1 string reached the log");
+	CHECK(!strstr(log_text(), "DHHC-1"), "a DHHC-1 string reached the log");
 	for (unsigned i = 0; i < n_secrets; i++) {
 		char payload[RTRS_AUTH_KEY_STR_MAX];
 		char *end;
@@ -1421,8 +1368,8 @@ static void test_log_clean(void)
 		if (end)
 			*end = '\0';
 		CHECK(strlen(payload) >= 44, "secret %u: payload '%s'", i, payload);
-		CHECK(!log_buf || !strstr(log_buf, secrets[i]), "secret %u in the log", i);
-		CHECK(!log_buf || !strstr(log_buf, payload), "secret %u's base64 in the log", i);
+		CHECK(!strstr(log_text(), secrets[i]), "secret %u in the log", i);
+		CHECK(!strstr(log_text(), payload), "secret %u's base64 in the log", i);
 	}
 }
 
@@ -1464,6 +1411,6 @@ int main(void)
 	if (rmdir(tmpdir))
 		perror(tmpdir);
 	log_set_sink(NULL, NULL);
-	free(log_buf);
+	log_free();
 	return test_done("auth-sm");
 }

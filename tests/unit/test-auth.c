@@ -23,6 +23,8 @@
 #include <openssl/evp.h>
 
 #include "check.h"
+#include "ffdhe-prime.h"
+#include "logcap.h"
 #include "log.h"
 #include "rtrs-auth.h"
 
@@ -104,28 +106,6 @@ static bool have_program(const char *name)
 
 	snprintf(cmd, sizeof(cmd), "command -v %s >/dev/null 2>&1", name);
 	return run(cmd, out, sizeof(out)) == 0;
-}
-
-/* Log lines, so tests can see warnings and that no secret was logged. */
-static char log_buf[16384];
-static size_t log_len;
-
-static void log_sink(void *priv, int level, const char *line)
-{
-	size_t n = strlen(line);
-
-	if (log_len + n + 2 < sizeof(log_buf)) {
-		memcpy(log_buf + log_len, line, n);
-		log_len += n;
-		log_buf[log_len++] = '\n';
-		log_buf[log_len] = '\0';
-	}
-}
-
-static void log_reset(void)
-{
-	log_len = 0;
-	log_buf[0] = '\0';
 }
 
 /*
@@ -503,29 +483,6 @@ static void test_known_answers(void)
 
 /* ---- FFDHE ------------------------------------------------------------------------- */
 
-/* The group's prime, from OpenSSL directly: to build the p - 1 and p peer values. */
-static bool group_prime(unsigned group, uint8_t *p, size_t len)
-{
-	EVP_PKEY_CTX *ctx = EVP_PKEY_CTX_new_from_name(NULL, "DH", NULL);
-	OSSL_PARAM params[2] = {
-		OSSL_PARAM_construct_utf8_string(OSSL_PKEY_PARAM_GROUP_NAME,
-						 (char *)rtrs_auth_dhgroup_name(group), 0),
-		OSSL_PARAM_construct_end(),
-	};
-	EVP_PKEY *key = NULL;
-	BIGNUM *bn = NULL;
-	bool ok;
-
-	ok = ctx && EVP_PKEY_paramgen_init(ctx) > 0 && EVP_PKEY_CTX_set_params(ctx, params) > 0 &&
-	     EVP_PKEY_generate(ctx, &key) > 0 &&
-	     EVP_PKEY_get_bn_param(key, OSSL_PKEY_PARAM_FFC_P, &bn) &&
-	     BN_bn2binpad(bn, p, (int)len) == (int)len;
-	BN_free(bn);
-	EVP_PKEY_free(key);
-	EVP_PKEY_CTX_free(ctx);
-	return ok;
-}
-
 static void test_dh(void)
 {
 	static uint8_t pa[1024], pb[1024], sa[1025], sb[1024], y[1024], p[1024], tmp[1025];
@@ -687,24 +644,24 @@ static void test_key_load(void)
 	snprintf(path, sizeof(path), "%s/key", tmpdir);
 	snprintf(text, sizeof(text), "# host key\n\n   \n  %s  \r\nignored\n", doc_key);
 	write_file(path, 0600, text);
-	log_reset();
+	log_clear();
 	snprintf(arg, sizeof(arg), "@%s", path);
 	CHECK_WHY(0, rtrs_auth_key_load(arg, &k, WHY));
 	CHECK(k.len == 32 && !memcmp(k.key, want.key, 32));
 	snprintf(arg, sizeof(arg), "file:%s", path);
 	CHECK_WHY(0, rtrs_auth_key_load(arg, &k, WHY));
 	CHECK(k.len == 32 && !memcmp(k.key, want.key, 32));
-	CHECK(log_len == 0, "warned about a 0600 file: %s", log_buf);
+	CHECK(log_len == 0, "warned about a 0600 file: %s", log_text());
 
 	/* Readable by others: works, warns, and the warning holds no secret. */
 	chmod(path, 0644);
 	CHECK_WHY(0, rtrs_auth_key_load(arg, &k, WHY));
-	CHECK(strstr(log_buf, "readable") && strstr(log_buf, path), "no warning: '%s'", log_buf);
-	CHECK(!strstr(log_buf, "DHHC") && !strstr(log_buf, doc_key + 10), "secret in the log");
+	CHECK(strstr(log_text(), "readable") && strstr(log_text(), path), "no warning: '%s'", log_text());
+	CHECK(!strstr(log_text(), "DHHC") && !strstr(log_text(), doc_key + 10), "secret in the log");
 	chmod(path, 0640);
-	log_reset();
+	log_clear();
 	CHECK_WHY(0, rtrs_auth_key_load(arg, &k, WHY));
-	CHECK(strstr(log_buf, "readable"), "no warning for a group-readable file");
+	CHECK(strstr(log_text(), "readable"), "no warning for a group-readable file");
 
 	write_file(path, 0600, "# nothing here\n\n");
 	CHECK_WHY(-ENOKEY, rtrs_auth_key_load(arg, &k, WHY));
@@ -746,7 +703,7 @@ static void test_keyfile(void)
 		 "nqn.host-3 %s\n",
 		 s1, t1, s2, doc_key);
 	write_file(path, 0600, text);
-	log_reset();
+	log_clear();
 
 	line = 99;
 	CHECK_WHY(0, rtrs_auth_keyfile_lookup(path, "nqn.host-1", &hk, &ck, &line, WHY));
@@ -762,7 +719,7 @@ static void test_keyfile(void)
 	CHECK(hk.len == 0 && ck.len == 0 && line == 0);
 	CHECK_WHY(-ENOENT, rtrs_auth_keyfile_lookup(path, "nqn.host", &hk, &ck, &line, WHY));
 	CHECK_WHY(-EINVAL, rtrs_auth_keyfile_lookup(path, "", &hk, &ck, &line, WHY));
-	CHECK(log_len == 0, "unexpected log: %s", log_buf);
+	CHECK(log_len == 0, "unexpected log: %s", log_text());
 
 	/* Rotation: the next lookup sees the new file. */
 	snprintf(text, sizeof(text), "nqn.host-1 %s\n", s2);
@@ -808,10 +765,10 @@ static void test_keyfile(void)
 	/* Permissions: warn without quoting. */
 	snprintf(text, sizeof(text), "nqn.host-1 %s %s\n", s1, t1);
 	write_file(path, 0604, text);
-	log_reset();
+	log_clear();
 	CHECK_WHY(0, rtrs_auth_keyfile_lookup(path, "nqn.host-1", &hk, &ck, &line, WHY));
-	CHECK(strstr(log_buf, "readable"), "no warning for a world-readable key file");
-	CHECK(!strstr(log_buf, "DHHC") && !strstr(log_buf, s1 + 10) && !strstr(log_buf, t1 + 10),
+	CHECK(strstr(log_text(), "readable"), "no warning for a world-readable key file");
+	CHECK(!strstr(log_text(), "DHHC") && !strstr(log_text(), s1 + 10) && !strstr(log_text(), t1 + 10),
 	      "secret in the log");
 
 	/* Cannot read: -errno, and a reason that is not "host not listed". */
@@ -1008,7 +965,7 @@ int main(void)
 	test_python();
 
 	/* Nothing the module logged may hold a secret. */
-	CHECK(!strstr(log_buf, "DHHC-1"), "a secret reached the log: %s", log_buf);
+	CHECK(!strstr(log_text(), "DHHC-1"), "a secret reached the log: %s", log_text());
 	if (rmdir(tmpdir))
 		perror(tmpdir);
 	return test_done("auth");

@@ -1,0 +1,21 @@
+# Shared by the bench scripts, sourced from the top of the tree: installs
+# what is needed, builds the release tree, and gives $perf (rtrs-perf),
+# median (of numbers on stdin) and machine (a line for RESULTS.md).
+scripts/install-deps.sh
+[ -f build-release/build.ninja ] || meson setup build-release -Dbuildtype=release >/dev/null
+meson compile -C build-release >/dev/null
+perf=$PWD/build-release/tools/rtrs-perf
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+
+machine() {
+	echo "$(nproc) vCPU, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r), libfabric $(pkg-config --modversion libfabric)"
+}
+
+# Background processes of a loopback benchmark: start them with "... &
+# pids+=($!)"; they and $tmp go when the script exits.
+bench_processes() {
+	tmp=$(mktemp -d)
+	pids=()
+	trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
+}
