@@ -10,9 +10,10 @@
  *   - never busy-poll;
  *   - classify completions by FI_REMOTE_WRITE, errors by op_context only;
  *   - memory keys come from per-domain counters when the provider does not
- *     choose them: 32-bit keys come round after 2^31 - 1 registrations and
- *     skip keys still in use; 64-bit keys (FAB_MR_KEY64) start at 2^32 and
- *     never repeat.
+ *     choose them, passed through a keyed permutation (keyperm.h) so that
+ *     no peer can infer one key from another: 32-bit keys come round after
+ *     2^31 - 1 registrations and skip keys still in use; 64-bit keys
+ *     (FAB_MR_KEY64) never repeat.
  */
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -35,6 +36,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include "keyperm.h"
 #include "log.h"
 #include "rtrs-fabric.h"
 #include "util.h"
@@ -53,8 +55,9 @@ struct fab {
 	struct fab_attr attr;
 	bool prov_key;
 	bool imm_by_send;   /* no remote CQ data: immediates travel as messages */
-	atomic_uint_fast64_t next_key;   /* 32-bit keys: 1 .. 2^31 - 1, round and round */
-	atomic_uint_fast64_t next_key64; /* FAB_MR_KEY64: 2^32 up, never again */
+	atomic_uint_fast64_t next_key;   /* 32-bit keys: counter, round and round */
+	atomic_uint_fast64_t next_key64; /* FAB_MR_KEY64: counter from 2^32, never again */
+	struct keyperm keys;             /* the domain's secret permutation of both */
 };
 
 struct fab_lst {
@@ -270,6 +273,11 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 		rc = -EOPNOTSUPP;
 		goto out_free_info;
 	}
+	rc = keyperm_init(&f->keys);
+	if (rc) {
+		log_err("fabric: no randomness for memory keys: %s", strerror(-rc));
+		goto out_free_info;
+	}
 	rc = fi_fabric(f->info->fabric_attr, &f->fabric, NULL);
 	if (rc) {
 		rc = fab_errno(rc);
@@ -296,8 +304,9 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 	a->rma_iov_limit = MAX(f->info->tx_attr->rma_iov_limit, 1);
 	a->max_queue = MIN(f->info->tx_attr->size, f->info->rx_attr->size);
 	a->inject_size = f->info->tx_attr->inject_size;
+	a->prov_key = f->prov_key;
 	atomic_init(&f->next_key, 0);
-	atomic_init(&f->next_key64, (uint64_t)1 << 32);
+	atomic_init(&f->next_key64, KEYPERM_KEY64_MIN);
 	log_dbg("fabric: %s mr_local=%d virt_addr=%d prov_key=%d rx_cq_data=%d imm_by_send=%d iov=%zu rma_iov=%zu",
 		a->prov_name, a->mr_local, a->virt_addr, f->prov_key, a->rx_cq_data,
 		f->imm_by_send, a->iov_limit, a->rma_iov_limit);
@@ -321,6 +330,7 @@ static void ofi_close(struct fab *f)
 	if (f->fabric)
 		fi_close(&f->fabric->fid);
 	fi_freeinfo(f->info);
+	keyperm_clear(&f->keys);
 	free(f);
 }
 
@@ -351,15 +361,19 @@ static int ofi_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 	 * registrations to come round, so a key a peer saw recently does not
 	 * become valid again soon; keys still registered after a wrap are
 	 * skipped (the provider refuses them with -FI_ENOKEY). 64-bit keys
-	 * never come round: a revoked one is never valid again.
+	 * never come round: a revoked one is never valid again. Both go
+	 * through the domain's keyed permutation: any connection of the domain
+	 * may name any key, so a key must not tell its neighbours.
 	 */
 	for (int tries = 0;; tries++) {
 		if (f->prov_key)
 			key = 0;
 		else if (access & FAB_MR_KEY64)
-			key = atomic_fetch_add(&f->next_key64, 1);
+			key = keyperm_key64(&f->keys, atomic_fetch_add(&f->next_key64, 1));
 		else
-			key = atomic_fetch_add(&f->next_key, 1) % INT32_MAX + 1;
+			key = keyperm_key31(&f->keys,
+					    (uint32_t)(atomic_fetch_add(&f->next_key, 1) %
+						       KEYPERM_KEY31_MAX));
 		rc = fi_mr_reg(f->domain, buf, len, acc, 0, key, 0, &fmr, NULL);
 		if (rc != -FI_ENOKEY || f->prov_key || tries == 64)
 			break;

@@ -5,7 +5,7 @@
  * calls fi_*. A later native verbs implementation provides the same ops.
  *
  * Objects:
- *   fab      a fabric + domain, and the memory-key counter of that domain.
+ *   fab      a fabric + domain, and the memory-key counters of that domain.
  *            Client: one per path. Server: one per listening address.
  *   fab_lst  a passive endpoint; its connection requests are delivered by
  *            fab_lst_process() from the owner's service loop.
@@ -45,14 +45,15 @@ struct fab_attr {
 	size_t rma_iov_limit; /* remote iovecs per operation */
 	size_t max_queue;    /* send/receive queue entries an endpoint may have */
 	size_t inject_size;  /* bytes fab_write_imm_data takes */
+	bool prov_key;       /* the provider picks memory keys (verbs), not us */
 };
 
 enum fab_mr_access {
 	FAB_MR_LOCAL = 1 << 0,        /* source/sink of local transfers only */
 	FAB_MR_REMOTE_WRITE = 1 << 1, /* peer may write into it */
 	/*
-	 * The key may use 64 bits: it comes from a counter that starts at
-	 * 2^32 and never repeats in the domain (always_invalidate chunk keys).
+	 * The key may use 64 bits: a secret permutation of a counter, at least
+	 * 2^32 and never repeated in the domain (always_invalidate chunk keys).
 	 * Other keys fit 32 bits and stay below 2^31, so the two never meet.
 	 * A provider that picks keys itself (verbs) gives what it gives.
 	 */

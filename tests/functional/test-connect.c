@@ -375,7 +375,8 @@ static int rogue_open(struct rogue *g, int port)
 	struct rtrs_msg_conn_req m;
 	static struct rtrs_msg_info_req ireq;
 	struct fab_mr ireq_mr;
-	struct rtrs_info_req info = { .pathname = "rogue" };
+	struct rtrs_info_req info = { 0 };
+	static atomic_int seq;
 	struct rtrs_desc *chunks;
 	uint32_t *gens;
 	int verdict;
@@ -386,6 +387,8 @@ static int rogue_open(struct rogue *g, int port)
 	int rc;
 
 	memset(g, 0, sizeof(*g));
+	/* A session name of its own: the server refuses a name in use. */
+	snprintf(info.pathname, sizeof(info.pathname), "rogue%d", atomic_fetch_add(&seq, 1));
 	pthread_mutex_init(&g->r.lock, NULL);
 	pthread_cond_init(&g->r.cond, NULL);
 	for (int i = 0; i < RTRS_UUID_LEN; i++) {
@@ -534,6 +537,97 @@ static void test_rogue_client(void)
 	CHECK_EQ(nheld, 1);
 	rogue_close(&g);
 
+	rtrs_srv_close(srv);
+}
+
+/*
+ * Chunk keys cannot be guessed. On tcp every connection of the server's
+ * domain may aim a write at any key of that domain (the provider checks
+ * the key, not who sends it), so a session that could work out another
+ * session's key from its own could write into its chunks. An attacker
+ * session learns its own chunk key and tries the keys around it, each try
+ * on a fresh connection (a wrong key costs the connection). A control
+ * write with the victim's real key shows that the probe sees a key that
+ * works: keys from a plain counter fail this test on its first guess.
+ */
+static int guess_write(struct rogue *g, uint64_t addr, uint64_t key)
+{
+	struct iovec iov = { g->hdr, 64 };
+	struct fab_rma rma = { .addr = addr, .len = iov.iov_len, .key = key };
+	void *desc = g->hdr_mr.desc;
+
+	memset(g->hdr, 0xa5, sizeof(g->hdr));
+	return fab_write(g->c, &iov, &desc, 1, &rma, 1, false, 0, NULL);
+}
+
+static void test_guessed_keys(void)
+{
+	struct rtrs_srv_ops ops = { .rdma_ev = hold_rdma_ev };
+	struct rtrs_srv_opts so;
+	struct rtrs_srv_ctx *srv;
+	struct rogue victim, attacker, probe;
+	unsigned landed = 0, refused = 0;
+	uint64_t known;
+	int port, rc;
+
+	rtrs_srv_opts_init(&so, sizeof(so));
+	so.addr = test_addr();
+	so.provider = test_provider();
+	so.port = 0;
+	so.queue_depth = 16;
+	so.always_invalidate = 1;
+	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
+	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
+	port = rtrs_srv_get_port(srv);
+
+	rc = rogue_open(&victim, port);
+	CHECK(rc == 0, "victim handshake: %s", strerror(-rc));
+	if (rc)
+		goto out_victim;
+	if (fab_attr(victim.f)->prov_key) {
+		printf("# guessed keys: the %s provider picks memory keys itself, skipped\n",
+		       test_provider());
+		goto out_victim;
+	}
+	rc = rogue_open(&attacker, port);
+	CHECK(rc == 0, "attacker handshake: %s", strerror(-rc));
+	if (rc) {
+		rogue_close(&attacker);
+		goto out_victim;
+	}
+	known = attacker.chunk0.key;
+	CHECK(known >= (uint64_t)1 << 32, "always_invalidate chunk keys use 64 bits: 0x%llx",
+	      (unsigned long long)known);
+
+	/* The control: the victim's real key, from the attacker's connection, lands. */
+	CHECK_EQ(guess_write(&attacker, victim.chunk0.addr, victim.chunk0.key), 0);
+	CHECK(!wait_flag(&attacker.r, &attacker.r.down, 500),
+	      "a right key from another session's connection is accepted (the probe works)");
+	rogue_close(&attacker);
+
+	/* The guesses: the keys registered around the attacker's own. */
+	for (int d = -24; d <= 24; d++) {
+		uint64_t key = known + (uint64_t)(int64_t)d;
+
+		if (!d)
+			continue;
+		rc = rogue_open(&probe, port);
+		CHECK(rc == 0, "probe handshake: %s", strerror(-rc));
+		if (rc) {
+			rogue_close(&probe);
+			break;
+		}
+		CHECK_EQ(guess_write(&probe, victim.chunk0.addr, key), 0);
+		if (wait_flag(&probe.r, &probe.r.down, 2000))
+			refused++;
+		else
+			landed++;
+		rogue_close(&probe);
+	}
+	CHECK(landed == 0 && refused == 48, "guessed keys: %u landed, %u refused", landed, refused);
+	CHECK(!wait_flag(&victim.r, &victim.r.down, 10), "the victim's path is still up");
+out_victim:
+	rogue_close(&victim);
 	rtrs_srv_close(srv);
 }
 
@@ -790,6 +884,7 @@ int main(void)
 	test_malformed();
 	test_half_connected();
 	test_rogue_client();
+	test_guessed_keys();
 	test_never_authenticates();
 	if (tcp)
 		test_listen_retry(); /* a TCP socket holds the port */

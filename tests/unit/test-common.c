@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Unit tests for lib/common: the integer and parsing helpers (util.h), the
- * option table parser (opts.h) and the service loop (loop.h).
+ * option table parser (opts.h), the service loop (loop.h) and the memory
+ * key permutation (keyperm.h).
  *
  * Loop tests never rely on a sleep for ordering: a "blocker" work item holds
  * the loop thread while the test queues more work, and loop_call() is used
@@ -23,6 +24,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "keyperm.h"
 #include "loop.h"
 #include "opts.h"
 #include "util.h"
@@ -1257,6 +1259,89 @@ static void test_loop_destroy(void)
 		pthread_join(th, NULL);
 }
 
+/* ---- keyperm.h: memory keys ---------------------------------------------- */
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Sorted a[], any two equal? */
+static bool has_dup(uint64_t *a, size_t n)
+{
+	qsort(a, n, sizeof(*a), cmp_u64);
+	for (size_t i = 1; i < n; i++)
+		if (a[i] == a[i - 1])
+			return true;
+	return false;
+}
+
+static void test_keyperm(void)
+{
+	/* The paper's vectors (appendix C), key words most significant first. */
+	static const uint8_t paper[KEYPERM_SECRET_LEN] = {
+		0x00, 0x01, 0x02, 0x03, 0x08, 0x09, 0x0a, 0x0b,
+		0x10, 0x11, 0x12, 0x13, 0x18, 0x19, 0x1a, 0x1b, /* 1b1a1918 ... 03020100 */
+		0x00, 0x01, 0x08, 0x09, 0x10, 0x11, 0x18, 0x19, /* 1918 1110 0908 0100 */
+	};
+	enum { N = 200000 };
+	static uint64_t k[N];
+	struct keyperm kp, kp2;
+	unsigned bits_total = 0, bits_min = 64, same_as_other = 0;
+	bool in64 = true, in31 = true, adjacent = false;
+
+	keyperm_init_secret(&kp, paper);
+	CHECK_EQ(keyperm_speck64(&kp, 0x3b7265747475432dull), 0x8c6fa548454e028bull);
+	CHECK_EQ(keyperm_speck32(&kp, 0x6574694cu), 0xa86842f2u);
+
+	CHECK_EQ(keyperm_init(&kp), 0);
+	CHECK_EQ(keyperm_init(&kp2), 0);
+
+	/* 64-bit keys: in range, distinct, nothing like their counters. */
+	for (uint64_t i = 0; i < N; i++) {
+		k[i] = keyperm_key64(&kp, KEYPERM_KEY64_MIN + i);
+		in64 &= k[i] >= KEYPERM_KEY64_MIN;
+		same_as_other += k[i] == keyperm_key64(&kp2, KEYPERM_KEY64_MIN + i);
+		if (i) {
+			unsigned d = (unsigned)__builtin_popcountll(k[i] ^ k[i - 1]);
+
+			bits_total += d;
+			bits_min = MIN(bits_min, d);
+			adjacent |= k[i] - k[i - 1] < 1024 || k[i - 1] - k[i] < 1024;
+		}
+	}
+	CHECK(in64, "every 64-bit key is at least 2^32");
+	CHECK(!adjacent, "no key lies within 1024 of the one before it");
+	/* Consecutive keys differ in half their bits on average (32 +- 0.1). */
+	CHECK(bits_total > 31.9 * (N - 1) && bits_total < 32.1 * (N - 1),
+	      "mean bit distance %.3f", (double)bits_total / (N - 1));
+	CHECK(bits_min > 4, "closest consecutive pair differs in %u bits", bits_min);
+	CHECK(same_as_other < 2, "two secrets agree on %u of %d keys", same_as_other, N);
+	CHECK(!has_dup(k, N), "64-bit keys of distinct counters are distinct");
+	/* The top of the range, where a counter would end. */
+	CHECK(keyperm_key64(&kp, UINT64_MAX) >= KEYPERM_KEY64_MIN);
+
+	/* 31-bit keys: 1 .. 2^31 - 1, distinct, at both ends of the counter. */
+	for (uint32_t i = 0; i < N; i++) {
+		uint32_t lo = keyperm_key31(&kp, i);
+		uint32_t hi = keyperm_key31(&kp, KEYPERM_KEY31_MAX - 1 - i);
+
+		in31 &= lo >= 1 && lo <= KEYPERM_KEY31_MAX && hi >= 1 && hi <= KEYPERM_KEY31_MAX;
+		k[i] = lo;
+	}
+	CHECK(in31, "every 31-bit key is in 1 .. 2^31 - 1");
+	CHECK(!has_dup(k, N), "31-bit keys of distinct counters are distinct");
+
+	/* Counters spread over the upper half of the range (9973 is prime). */
+	for (uint32_t i = 0; i < N; i++)
+		k[i] = keyperm_key31(&kp, 0x40000000u + i * 9973u % 0x3fffffffu);
+	CHECK(!has_dup(k, N), "31-bit keys of scattered counters are distinct");
+	keyperm_clear(&kp);
+	keyperm_clear(&kp2);
+}
+
 int main(void)
 {
 	test_bits();
@@ -1264,6 +1349,7 @@ int main(void)
 	test_parse_u64();
 	test_parse_size();
 	test_rand();
+	test_keyperm();
 	test_opts_parse();
 	test_opts_errors();
 	test_opts_help();
