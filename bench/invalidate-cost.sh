@@ -3,11 +3,14 @@
 # in the same run, one revoking and re-registering every chunk key per IO
 # (the default) and one keeping its keys (--no-invalidate). Runs alternate
 # between the two so that drift hits both. Goal: at most 10 % cost (the
-# kernel pays up to 20 %). Each number is the median of RUNS runs of
+# kernel pays up to 20 %). Two measures: throughput, which on a small
+# loopback machine moves with whatever else the CPUs do, and the server's
+# CPU time per IO (utime + stime of the server process over the run), the
+# work always_invalidate adds. Each number is the median of RUNS runs of
 # DURATION seconds; with --record the section is appended to bench/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=${RUNS:-3}
+RUNS=${RUNS:-5}
 DURATION=${DURATION:-5}
 record=false
 [ "${1:-}" = --record ] && record=true
@@ -16,44 +19,54 @@ record=false
 
 bench_processes
 
-start() { # name [server options]: sets $port (no subshell: the trap must see the pid)
+start() { # name [server options]: sets $port and $spid (no subshell: the trap must see the pid)
 	local name=$1
 	shift
 	# 256 KiB chunks: a 128 KiB IO and its header fit one.
 	"$perf" server --addr 127.0.0.1 --port 0 --queue-depth 128 --chunk-size 256k --quiet \
 		"$@" >"$tmp/$name" &
 	pids+=($!)
+	spid=$!
 	for _ in $(seq 100); do grep -q port "$tmp/$name" && break; sleep 0.05; done
 	port=$(grep -o 'port [0-9]*' "$tmp/$name" | cut -d' ' -f2)
 }
 start on
-port_on=$port
+port_on=$port pid_on=$spid
 start off --no-invalidate
-port_off=$port
+port_off=$port pid_off=$spid
 
-one() { # port mode size qd
-	"$perf" client --dst "127.0.0.1:$1" --mode "$2" --io-size "$3" --queue-depth "$4" \
-		--duration "$DURATION" --json |
-		python3 -c "import json,sys; r=json.load(sys.stdin); assert r['errors']==0; print(r['ops_per_sec'])"
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+one() { # port server-pid mode size qd: prints "ops/s server-cpu-us-per-op"
+	local t0 t1 json
+	t0=$(cpu_ticks "$2")
+	json=$("$perf" client --dst "127.0.0.1:$1" --mode "$3" --io-size "$4" --queue-depth "$5" \
+		--duration "$DURATION" --json)
+	t1=$(cpu_ticks "$2")
+	python3 -c "import json,sys; r=json.loads(sys.argv[1]); assert r['errors']==0 and r['bad']==0
+print(r['ops_per_sec'], ($t1 - $t0) / $(getconf CLK_TCK) * 1e6 / r['ops'])" "$json"
 }
 
-declare -A res
+declare -A res cpu
 for mode in write read; do
 	for spec in "4k 64" "128k 16"; do
 		set -- $spec
 		for _ in $(seq "$RUNS"); do
-			one "$port_on" "$mode" "$1" "$2" >>"$tmp/$mode-$1-on"
-			one "$port_off" "$mode" "$1" "$2" >>"$tmp/$mode-$1-off"
+			one "$port_on" "$pid_on" "$mode" "$1" "$2" >>"$tmp/$mode-$1-on"
+			one "$port_off" "$pid_off" "$mode" "$1" "$2" >>"$tmp/$mode-$1-off"
 		done
-		res[$mode-$1-on]=$(median <"$tmp/$mode-$1-on")
-		res[$mode-$1-off]=$(median <"$tmp/$mode-$1-off")
+		for w in on off; do
+			res[$mode-$1-$w]=$(cut -d' ' -f1 "$tmp/$mode-$1-$w" | median)
+			cpu[$mode-$1-$w]=$(cut -d' ' -f2 "$tmp/$mode-$1-$w" | median)
+		done
 	done
 done
 
-cost() { python3 -c "print(f'{(1 - $1 / $2) * 100:.1f} %')"; }
+cost() { python3 -c "print(f'{(1 - $1 / $2) * 100:.1f} %')"; }   # throughput lost
+more() { python3 -c "print(f'{($1 / $2 - 1) * 100:+.1f} %')"; }  # CPU added
 row() { # mode size qd
-	local on=${res[$1-$2-on]} off=${res[$1-$2-off]}
-	echo "| $1 $2, QD $3 | $(printf %.0f "$on") op/s | $(printf %.0f "$off") op/s | $(cost "$on" "$off") | <= 10 % |"
+	local on=${res[$1-$2-on]} off=${res[$1-$2-off]} con=${cpu[$1-$2-on]} coff=${cpu[$1-$2-off]}
+	echo "| $1 $2, QD $3 | $(printf %.0f "$on") op/s, $(printf %.2f "$con") us | $(printf %.0f "$off") op/s, $(printf %.2f "$coff") us | $(cost "$on" "$off") | $(more "$con" "$coff") | <= 10 % |"
 }
 machine=$(machine)
 report=$(cat <<MD
@@ -63,8 +76,8 @@ report=$(cat <<MD
 Machine: $machine. Load average before the run: $(cut -d' ' -f1-3 /proc/loadavg).
 Command: \`RUNS=$RUNS DURATION=$DURATION bench/invalidate-cost.sh\` (medians of $RUNS alternating runs of ${DURATION} s; one IO connection per CPU).
 
-| load | always_invalidate on | off (same run) | cost | goal |
-|---|---|---|---|---|
+| load | always_invalidate on: throughput, server CPU per IO | off (same run) | throughput cost | server CPU cost | goal |
+|---|---|---|---|---|---|
 $(row write 4k 64)
 $(row read 4k 64)
 $(row write 128k 16)

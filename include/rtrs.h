@@ -302,6 +302,9 @@ struct rtrs_srv_stats {
 	uint64_t auth_failed;      /* authentications refused */
 	uint64_t auth_timeouts;    /* paths closed for not authenticating in time */
 	uint64_t key_rotations;    /* chunk keys registered (each session's first ones too) */
+	uint64_t sessions;         /* sessions now, established or not */
+	uint64_t chunk_bytes;      /* chunk memory now mapped: only sessions whose path
+				      asked for its chunks (after authentication) have any */
 };
 
 int rtrs_srv_get_stats(struct rtrs_srv_ctx *ctx, struct rtrs_srv_stats *st);

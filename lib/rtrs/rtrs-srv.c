@@ -116,6 +116,7 @@ struct rtrs_srv_sess {
 	uint32_t queue_depth;
 	uint32_t chunk_size;
 	size_t chunk_bytes;
+	bool chunks_mapped;         /* at the first info request: sess_map_chunks */
 	char *chunk_mem;
 	void **chunk_bases;
 	struct fab_mr chunk_mr;
@@ -167,7 +168,7 @@ struct rtrs_srv_ctx {
 	char auth_keys_file[4096];
 	struct {
 		atomic_uint_fast64_t connreqs, rejects, auth_ok, auth_failed, auth_timeouts;
-		atomic_uint_fast64_t key_rotations;
+		atomic_uint_fast64_t key_rotations, chunk_bytes;
 	} st;
 };
 
@@ -678,6 +679,32 @@ static const struct fab_con_ops srv_con_ops = {
 
 /* ---- sessions and paths (service loop) -------------------------------------- */
 
+/* Undoes sess_map_chunks, whole or in part. */
+static void sess_unmap_chunks(struct rtrs_srv_sess *s)
+{
+	for (uint32_t i = 0; s->chunk_mrs && i < s->queue_depth; i++)
+		fab_mr_dereg(&s->chunk_mrs[i]);
+	fab_mr_dereg(&s->rkey_msgs_mr);
+	fab_mr_dereg(&s->chunk_mr);
+	free(s->chunk_mrs);
+	free(s->chunk_key);
+	free(s->chunk_gen);
+	free(s->rkey_msgs);
+	if (s->chunk_mem)
+		munmap(s->chunk_mem, s->chunk_bytes);
+	free(s->chunk_bases);
+	free(s->ops);
+	free(s->op_sg);
+	s->chunk_mrs = NULL;
+	s->chunk_key = NULL;
+	s->chunk_gen = NULL;
+	s->rkey_msgs = NULL;
+	s->chunk_mem = NULL;
+	s->chunk_bases = NULL;
+	s->ops = NULL;
+	s->op_sg = NULL;
+}
+
 static void sess_free(struct rtrs_srv_sess *s)
 {
 	struct rtrs_srv_ctx *ctx = s->ctx;
@@ -689,21 +716,11 @@ static void sess_free(struct rtrs_srv_sess *s)
 			break;
 		}
 	}
-	for (uint32_t i = 0; s->chunk_mrs && i < s->queue_depth; i++)
-		fab_mr_dereg(&s->chunk_mrs[i]);
-	fab_mr_dereg(&s->rkey_msgs_mr);
-	fab_mr_dereg(&s->chunk_mr);
+	if (s->chunks_mapped)
+		atomic_fetch_sub(&ctx->st.chunk_bytes, s->chunk_bytes);
+	sess_unmap_chunks(s);
 	fab_mr_dereg(&s->imm_mr);
-	free(s->chunk_mrs);
-	free(s->chunk_key);
-	free(s->chunk_gen);
-	free(s->rkey_msgs);
 	pthread_mutex_destroy(&s->key_lock);
-	if (s->chunk_mem)
-		munmap(s->chunk_mem, s->chunk_bytes);
-	free(s->chunk_bases);
-	free(s->ops);
-	free(s->op_sg);
 	log_info("session %s closed", s->name[0] ? s->name : "(unnamed)");
 	free(s);
 	pthread_mutex_lock(&ctx->lock);
@@ -712,38 +729,31 @@ static void sess_free(struct rtrs_srv_sess *s)
 	pthread_mutex_unlock(&ctx->lock);
 }
 
-static int sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, struct rtrs_srv_sess **out)
+/*
+ * The chunks: memory, per-chunk state and registrations. Done when the
+ * first path of a session asks for them (its info request, after
+ * authentication), not at its first connection request: a peer that has
+ * not proved itself costs the server no chunk memory, no pinned pages
+ * (verbs) and no keys. Loop thread; IO sees the chunks only once a path is
+ * connected, after this.
+ */
+static int sess_map_chunks_(struct rtrs_srv_sess *s)
 {
-	struct rtrs_srv_sess *s = calloc(1, sizeof(*s));
-	uint32_t qd = ctx->opts.queue_depth;
-	int rc = -ENOMEM;
+	struct rtrs_srv_ctx *ctx = s->ctx;
+	uint32_t qd = s->queue_depth;
+	void *mem;
+	int rc;
 
-	if (!s)
+	mem = mmap(NULL, s->chunk_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		   -1, 0);
+	if (mem == MAP_FAILED)
 		return -ENOMEM;
-	s->ctx = ctx;
-	memcpy(s->paths_uuid, uuid, RTRS_UUID_LEN);
-	pthread_mutex_init(&s->key_lock, NULL);
-	s->inval = ctx->opts.always_invalidate;
-	rc = rand_bytes(&s->sess_id, sizeof(s->sess_id));
-	if (rc) {
-		pthread_mutex_destroy(&s->key_lock);
-		free(s);
-		return rc;
-	}
-	s->queue_depth = qd;
-	s->chunk_size = ctx->opts.max_chunk_size;
-	s->chunk_bytes = (size_t)qd * s->chunk_size;
-	s->chunk_mem = mmap(NULL, s->chunk_bytes, PROT_READ | PROT_WRITE,
-			    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (s->chunk_mem == MAP_FAILED) {
-		s->chunk_mem = NULL;
-		goto out_free;
-	}
+	s->chunk_mem = mem;
 	s->chunk_bases = calloc(qd, sizeof(*s->chunk_bases));
 	s->ops = calloc(qd, sizeof(*s->ops));
 	s->op_sg = calloc((size_t)qd * RTRS_MAX_READ_SG, sizeof(*s->op_sg));
 	if (!s->chunk_bases || !s->ops || !s->op_sg)
-		goto out_free;
+		return -ENOMEM;
 	for (uint32_t i = 0; i < qd; i++) {
 		s->chunk_bases[i] = s->chunk_mem + (size_t)i * s->chunk_size;
 		s->ops[i].sess = s;
@@ -753,40 +763,67 @@ static int sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, struct rtr
 	}
 	rc = fab_mr_reg(ctx->fab, s->chunk_mem, s->chunk_bytes,
 			s->inval ? FAB_MR_LOCAL : FAB_MR_REMOTE_WRITE | FAB_MR_LOCAL, &s->chunk_mr);
-	if (rc)
-		goto out_free;
-	if (s->inval) {
-		s->chunk_mrs = calloc(qd, sizeof(*s->chunk_mrs));
-		s->chunk_key = calloc(qd, sizeof(*s->chunk_key));
-		s->chunk_gen = calloc(qd, sizeof(*s->chunk_gen));
-		s->rkey_msgs = aligned_alloc(64, ((size_t)qd * RTRS_RKEY_SLOT + 63) & ~(size_t)63);
-		rc = -ENOMEM;
-		if (!s->chunk_mrs || !s->chunk_key || !s->chunk_gen || !s->rkey_msgs)
-			goto out_free;
-		rc = fab_mr_reg(ctx->fab, s->rkey_msgs, (size_t)qd * RTRS_RKEY_SLOT, FAB_MR_LOCAL,
-				&s->rkey_msgs_mr);
-		for (uint32_t i = 0; !rc && i < qd; i++)
-			rc = chunk_rekey(s, i);
-		if (rc)
-			goto out_free;
-	}
-	rc = fab_mr_reg(ctx->fab, s->imm_buf, sizeof(s->imm_buf), FAB_MR_REMOTE_WRITE, &s->imm_mr);
-	if (rc)
-		goto out_free;
-	s->next = ctx->sessions;
-	ctx->sessions = s;
-	pthread_mutex_lock(&ctx->lock);
-	ctx->nr_sessions++;
-	pthread_mutex_unlock(&ctx->lock);
-	*out = s;
-	return 0;
+	if (rc || !s->inval)
+		return rc;
+	s->chunk_mrs = calloc(qd, sizeof(*s->chunk_mrs));
+	s->chunk_key = calloc(qd, sizeof(*s->chunk_key));
+	s->chunk_gen = calloc(qd, sizeof(*s->chunk_gen));
+	s->rkey_msgs = aligned_alloc(64, ((size_t)qd * RTRS_RKEY_SLOT + 63) & ~(size_t)63);
+	if (!s->chunk_mrs || !s->chunk_key || !s->chunk_gen || !s->rkey_msgs)
+		return -ENOMEM;
+	rc = fab_mr_reg(ctx->fab, s->rkey_msgs, (size_t)qd * RTRS_RKEY_SLOT, FAB_MR_LOCAL,
+			&s->rkey_msgs_mr);
+	for (uint32_t i = 0; !rc && i < qd; i++)
+		rc = chunk_rekey(s, i);
+	return rc;
+}
 
-out_free:
+static int sess_map_chunks(struct rtrs_srv_sess *s)
+{
+	int rc;
+
+	if (s->chunks_mapped)
+		return 0;
+	rc = sess_map_chunks_(s);
+	if (rc) {
+		sess_unmap_chunks(s);
+		return rc;
+	}
+	s->chunks_mapped = true;
+	atomic_fetch_add(&s->ctx->st.chunk_bytes, s->chunk_bytes);
+	return 0;
+}
+
+/* A session as its first connection request creates it: no chunks yet. */
+static int sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, struct rtrs_srv_sess **out)
+{
+	struct rtrs_srv_sess *s = calloc(1, sizeof(*s));
+	int rc;
+
+	if (!s)
+		return -ENOMEM;
+	s->ctx = ctx;
+	memcpy(s->paths_uuid, uuid, RTRS_UUID_LEN);
+	pthread_mutex_init(&s->key_lock, NULL);
+	s->inval = ctx->opts.always_invalidate;
+	s->queue_depth = ctx->opts.queue_depth;
+	s->chunk_size = ctx->opts.max_chunk_size;
+	s->chunk_bytes = (size_t)s->queue_depth * s->chunk_size;
 	pthread_mutex_lock(&ctx->lock);
 	ctx->nr_sessions++; /* sess_free counts it down */
 	pthread_mutex_unlock(&ctx->lock);
-	sess_free(s);
-	return rc;
+	rc = rand_bytes(&s->sess_id, sizeof(s->sess_id));
+	if (!rc)
+		rc = fab_mr_reg(ctx->fab, s->imm_buf, sizeof(s->imm_buf), FAB_MR_REMOTE_WRITE,
+				&s->imm_mr);
+	if (rc) {
+		sess_free(s);
+		return rc;
+	}
+	s->next = ctx->sessions;
+	ctx->sessions = s;
+	*out = s;
+	return 0;
 }
 
 static void path_free(struct srv_path *p)
@@ -1121,7 +1158,9 @@ static void path_info_work(struct loop_work *w)
 	snprintf(p->name, sizeof(p->name), "%s/%s", s->name, p->peer);
 	p->clt_imm = (struct rtrs_desc){ .addr = p->info.imm_addr, .key = p->info.imm_key };
 
-	rc = path_info_rsp(p);
+	rc = sess_map_chunks(s);
+	if (!rc)
+		rc = path_info_rsp(p);
 	if (!rc)
 		rc = fab_mr_reg(ctx->fab, &p->fence_ack, sizeof(p->fence_ack), FAB_MR_LOCAL,
 				&p->fence_ack_mr);
@@ -1310,7 +1349,7 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 		}
 		rc = sess_create(ctx, req.paths_uuid, &s);
 		if (rc) {
-			srv_reject(ctx, creq, peer, rc, "cannot allocate session memory");
+			srv_reject(ctx, creq, peer, rc, "cannot create the session");
 			return;
 		}
 	}
@@ -1579,6 +1618,10 @@ int rtrs_srv_get_stats(struct rtrs_srv_ctx *ctx, struct rtrs_srv_stats *st)
 	st->auth_failed = atomic_load(&ctx->st.auth_failed);
 	st->auth_timeouts = atomic_load(&ctx->st.auth_timeouts);
 	st->key_rotations = atomic_load(&ctx->st.key_rotations);
+	st->chunk_bytes = atomic_load(&ctx->st.chunk_bytes);
+	pthread_mutex_lock(&ctx->lock);
+	st->sessions = ctx->nr_sessions;
+	pthread_mutex_unlock(&ctx->lock);
 	return 0;
 }
 

@@ -253,7 +253,12 @@ static void test_right_key(void)
 		CHECK(io_verified(sess, 0, 1), "IO after authenticating");
 		CHECK_EQ(rtrs_clt_path_stats(sess, 0, &st), 0);
 		CHECK_EQ(st.auth_runs, 1u);
+		CHECK_EQ(srv_stats().chunk_bytes, 32u * RTRS_DEFAULT_CHUNK_SIZE);
 		rtrs_clt_close(sess);
+		for (int i = 0; i < 2000 && srv_stats().sessions; i++)
+			usleep(1000);
+		CHECK_EQ(srv_stats().sessions, 0u);
+		CHECK_EQ(srv_stats().chunk_bytes, 0u); /* the session's chunks went with it */
 	}
 	CHECK(log_has("authenticated (sha256, ffdhe2048)"), "server chose sha256 / ffdhe2048");
 

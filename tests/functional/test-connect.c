@@ -752,6 +752,11 @@ static void test_never_authenticates(void)
 	rc = unauth_open(&u, port, true);
 	CHECK(rc == 0, "connect: %s", strerror(-rc));
 	t0 = test_now_ms();
+	/* It has a session, but the session has no chunk memory (and no keys). */
+	CHECK_EQ(rtrs_srv_get_stats(srv, &st), 0);
+	CHECK_EQ(st.sessions, 1u);
+	CHECK_EQ(st.chunk_bytes, 0u);
+	CHECK_EQ(st.key_rotations, 0u);
 	{
 		struct rtrs_msg_conn_req m1 = u.m;
 		struct rtrs_conn_req r1;
