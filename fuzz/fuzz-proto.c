@@ -13,11 +13,13 @@
  *   0 conn_req   [msg]
  *   1 conn_rsp   [msg]
  *   2 info_req   [msg]
- *   3 info_rsp   [qd:le16][chunk shift:u8][msg]
+ *   3 info_rsp   [qd:le16][new_rkey:bit 7, chunk shift:bits 0-6][msg]
  *   4 io_req     [chunk shift:u8][qd:le16][max_hdr:le16][payload:le32][chunk bytes]
  *   5 io_rsp     [qd:le32][payload:le32]
  *   6 rkey_rsp   [qd:le32][msg]
  *   7 name       [string]
+ *   8 auth       [msg]           (DH-HMAC-CHAP messages in their envelope)
+ *   9 new_rkey   [buf_id:le16][slot]
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -207,23 +209,27 @@ static void fuzz_info_rsp(const uint8_t *p, size_t n)
 {
 	struct rtrs_limits lim = { 0 };
 	struct rtrs_desc *chunks;
-	uint32_t gens[1];
+	uint32_t *gens;
 	int verdict;
 	bool dnr;
 	const char *why = NULL;
 	unsigned sg_cnt;
+	uint8_t shape;
 	void *b;
 	int rc;
 
 	lim.queue_depth = take16(&p, &n);
-	lim.chunk_size = 1u << (CHUNK_SHIFT_MIN + take8(&p, &n) % 15); /* .. 128 MiB */
+	shape = take8(&p, &n);
+	lim.new_rkey = shape & 0x80;
+	lim.chunk_size = 1u << (CHUNK_SHIFT_MIN + (shape & 0x7f) % 15); /* .. 128 MiB */
 	lim.max_hdr_size = RTRS_MAX_HDR_SIZE;
 	if (!lim.queue_depth)
 		lim.queue_depth = 1;
 	/* Exactly queue_depth entries: ASan reports a write past them. */
 	chunks = malloc(lim.queue_depth * sizeof(*chunks));
+	gens = malloc(lim.queue_depth * sizeof(*gens));
 	b = dup_exact(p, n);
-	if (!chunks)
+	if (!chunks || !gens)
 		abort();
 	rc = rtrs_info_rsp_decode(b, n, &lim, chunks, gens, &verdict, &dnr, &why);
 	CHECK_WHY(rc, why);
@@ -231,25 +237,119 @@ static void fuzz_info_rsp(const uint8_t *p, size_t n)
 	if (rc || verdict) {
 		FAIL_IF(verdict > 0);
 		free(chunks);
+		free(gens);
 		return;
 	}
 	sg_cnt = (unsigned)(p[2] | p[3] << 8);
-	FAIL_IF(sg_cnt == 0 || lim.queue_depth % sg_cnt || n < rtrs_info_rsp_size(sg_cnt, 0));
+	FAIL_IF(sg_cnt == 0 || lim.queue_depth % sg_cnt ||
+		n < rtrs_info_rsp_size(sg_cnt, lim.new_rkey ? lim.queue_depth : 0));
 	for (unsigned i = 0; i < lim.queue_depth; i++) {
 		unsigned per = lim.queue_depth / sg_cnt, d = i / per;
-		uint64_t base;
-		uint32_t key;
+		const uint8_t *rec = p + 8 + 16 * (size_t)sg_cnt + 16 * (size_t)i;
+		uint64_t base, key64;
+		uint32_t key, gen;
 
 		memcpy(&base, p + 8 + 16 * d, 8);
 		memcpy(&key, p + 8 + 16 * d + 8, 4);
 		base = le64toh(base);
 		FAIL_IF(chunks[i].len != lim.chunk_size);
-		FAIL_IF(chunks[i].key != le32toh(key));
+		if (lim.new_rkey) {
+			/* Each chunk's key and generation from its own record. */
+			memcpy(&gen, rec + 4, 4);
+			memcpy(&key64, rec + 8, 8);
+			FAIL_IF((rec[0] | rec[1] << 8) != RTRS_MSG_RKEY_RSP);
+			FAIL_IF((unsigned)(rec[2] | rec[3] << 8) != (i & 0xffff));
+			FAIL_IF(chunks[i].key != le64toh(key64) || gens[i] != le32toh(gen));
+		} else {
+			FAIL_IF(chunks[i].key != le32toh(key));
+		}
 		FAIL_IF(chunks[i].addr != base + (uint64_t)(i % per) * lim.chunk_size);
 		/* The whole chunk is addressable without wrapping. */
 		FAIL_IF(chunks[i].addr > UINT64_MAX - lim.chunk_size + 1);
 	}
 	free(chunks);
+	free(gens);
+}
+
+/*
+ * Whatever the authentication decoder accepts is structurally sound: its
+ * pointers stay inside the message, its lengths agree with the hash and
+ * group, and encoding it again gives a message that decodes to the same.
+ */
+static void fuzz_auth(const uint8_t *p, size_t n)
+{
+	struct rtrs_auth_msg m, m2;
+	static uint8_t out[RTRS_AUTH_MSG_MAX];
+	const char *why = NULL;
+	uint8_t *b = dup_exact(p, n);
+	const uint8_t *end = b + n;
+	size_t len;
+	int rc = rtrs_auth_decode(b, n, &m, &why);
+
+	CHECK_WHY(rc, why);
+	if (rc) {
+		free(b);
+		return;
+	}
+	FAIL_IF(m.c && (m.c < b || m.c + m.hl > end));
+	FAIL_IF(m.r && (m.r < b || m.r + m.hl > end));
+	FAIL_IF(m.dhv && (m.dhv < b || m.dhv + m.dhvlen > end));
+	FAIL_IF(m.dhvlen > RTRS_AUTH_WIRE_MAX_DHV);
+	switch (m.id) {
+	case RTRS_AUTH_NEGOTIATE:
+		FAIL_IF(!m.nr_hashes || m.nr_hashes > RTRS_AUTH_MAX_IDS);
+		FAIL_IF(!m.nr_groups || m.nr_groups > RTRS_AUTH_MAX_IDS);
+		FAIL_IF(!rtrs_auth_name_valid(m.host) || !rtrs_auth_name_valid(m.server));
+		break;
+	case RTRS_AUTH_CHALLENGE:
+		FAIL_IF(!m.c || m.hl != rtrs_auth_wire_hash_len(m.hash));
+		FAIL_IF(m.dhvlen != rtrs_auth_wire_dh_len(m.group));
+		FAIL_IF(m.group && !m.dhv);
+		break;
+	case RTRS_AUTH_REPLY:
+		FAIL_IF(!m.r || m.valid != (m.c != NULL));
+		break;
+	case RTRS_AUTH_SUCCESS1:
+		FAIL_IF(m.valid != (m.r != NULL));
+		break;
+	}
+	len = rtrs_auth_encode(out, sizeof(out), &m);
+	FAIL_IF(len == 0 || len > n);
+	FAIL_IF(rtrs_auth_decode(out, len, &m2, &why) != 0);
+	FAIL_IF(m2.id != m.id || m2.tid != m.tid || m2.hl != m.hl || m2.seq != m.seq ||
+		m2.valid != m.valid || m2.dhvlen != m.dhvlen || m2.fail_exp != m.fail_exp ||
+		m2.hash != m.hash || m2.group != m.group || m2.scc != m.scc);
+	FAIL_IF(m2.nr_hashes != m.nr_hashes || m2.nr_groups != m.nr_groups ||
+		memcmp(m2.hashes, m.hashes, m.nr_hashes) ||
+		memcmp(m2.groups, m.groups, m.nr_groups) ||
+		strcmp(m2.host, m.host) || strcmp(m2.server, m.server));
+	FAIL_IF((m.c != NULL) != (m2.c != NULL) || (m.c && memcmp(m.c, m2.c, m.hl)));
+	FAIL_IF((m.r != NULL) != (m2.r != NULL) || (m.r && memcmp(m.r, m2.r, m.hl)));
+	FAIL_IF((m.dhv != NULL) != (m2.dhv != NULL) ||
+		(m.dhv && memcmp(m.dhv, m2.dhv, m.dhvlen)));
+	free(b);
+}
+
+/* A key slot: accepted only when it names the chunk it sits in. */
+static void fuzz_new_rkey(const uint8_t *p, size_t n)
+{
+	uint32_t id = take16(&p, &n), gen = 0;
+	uint64_t key = 0;
+	const char *why = NULL;
+	struct rtrs_msg_new_rkey again;
+	uint8_t *slot;
+	int rc;
+
+	if (n < sizeof(struct rtrs_msg_new_rkey))
+		return;
+	slot = dup_exact(p, sizeof(struct rtrs_msg_new_rkey));
+	rc = rtrs_new_rkey_decode(slot, id, &gen, &key, &why);
+	CHECK_WHY(rc, why);
+	if (!rc) {
+		rtrs_new_rkey_encode(&again, id, gen, key);
+		FAIL_IF(memcmp(&again, slot, sizeof(again)));
+	}
+	free(slot);
 }
 
 static void fuzz_io_req(const uint8_t *p, size_t n)
@@ -404,7 +504,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size < 1)
 		return 0;
 	init_once();
-	switch (data[0] & 7) {
+	switch (data[0] % 10) {
 	case 0:
 		fuzz_conn_req(data + 1, size - 1);
 		break;
@@ -428,6 +528,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		break;
 	case 7:
 		fuzz_name(data + 1, size - 1);
+		break;
+	case 8:
+		fuzz_auth(data + 1, size - 1);
+		break;
+	case 9:
+		fuzz_new_rkey(data + 1, size - 1);
 		break;
 	}
 	return 0;

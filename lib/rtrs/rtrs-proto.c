@@ -687,6 +687,8 @@ int rtrs_auth_decode(const void *buf, size_t len, struct rtrs_auth_msg *out, con
 			REJECT(-EPROTO, "negotiate offers no DH-HMAC-CHAP descriptor");
 		if (n.halen > RTRS_AUTH_MAX_IDS || n.dhlen > RTRS_AUTH_MAX_IDS)
 			REJECT(-EINVAL, "negotiate with too many hash or group ids");
+		if (!n.halen || !n.dhlen)
+			REJECT(-EINVAL, "negotiate offers no hash or no group");
 		out->nr_hashes = n.halen;
 		out->nr_groups = n.dhlen;
 		memcpy(out->hashes, n.idlist, n.halen);

@@ -93,9 +93,17 @@ static void write_keys(const char *host_key, const char *ctrl_key)
 }
 
 /* Starts the server; port 0 picks one, else that port again (a restart). */
+/* The server's user refuses new sessions with this errno (0: accepts). */
+static atomic_int refuse_err;
+
+static int srv_link_ev(struct rtrs_srv_sess *sess, enum rtrs_srv_link_ev ev, void *priv)
+{
+	return ev == RTRS_SRV_LINK_EV_CONNECTED ? atomic_load(&refuse_err) : 0;
+}
+
 static void srv_start(bool auth, int port)
 {
-	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev, .link_ev = srv_link_ev };
 	struct rtrs_srv_opts so;
 
 	rtrs_srv_opts_init(&so, sizeof(so));
@@ -536,6 +544,84 @@ out:
 }
 
 /* No secret, nor its base64 part, in anything logged. */
+/*
+ * The server's verdict after the connections were accepted (its user
+ * refuses the session): EACCES is final, the path closes with "do not
+ * retry" after one attempt; EBUSY is not, the path keeps trying and comes
+ * back when the user accepts again.
+ */
+static void test_refused_by_user(void)
+{
+	struct rtrs_clt_opts o;
+	struct rtrs_path_addr pa;
+	struct rtrs_clt_sess *sess = NULL;
+	struct rtrs_path_stats ps = { .size = sizeof(ps) };
+	uint64_t n;
+	char dst[64];
+	int rc, port;
+
+	srv_start(false, 0);
+	port = srv_port;
+	clt_opts(&o, &pa, dst, sizeof(dst));
+	o.max_reconnect_attempts = -1;
+
+	/* At open: the caller gets the user's errno. */
+	atomic_store(&refuse_err, -EACCES);
+	CHECK_EQ(rtrs_clt_open(&o, &sess), -EACCES);
+	CHECK(log_wait_for("session refused by its user", 2000));
+
+	/* On reconnect, final: one attempt, then the path stays closed. */
+	atomic_store(&refuse_err, 0);
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc == 0, "open: %s", strerror(-rc));
+	if (rc) {
+		srv_stop();
+		return;
+	}
+	CHECK(io_verified(sess, 0, 7), "IO before the refusal");
+	srv_stop();
+	atomic_store(&refuse_err, -EACCES);
+	srv_start(false, port);
+	CHECK(wait_path(sess, "closed", 5000), "the path closed on the verdict");
+	n = srv_stats().connreqs;
+	CHECK(n >= 1 && n <= 2, "one attempt (its %llu connections)", (unsigned long long)n);
+	usleep(500 * 1000); /* reconnect delay 100 ms: a retry would show by now */
+	CHECK_EQ(srv_stats().connreqs, n);
+	CHECK_EQ(rtrs_clt_path_stats(sess, 0, &ps), 0);
+	CHECK_EQ(ps.last_error, -EACCES);
+	CHECK(!strcmp(ps.reconnect_verdict, "do not retry"), "verdict: %s", ps.reconnect_verdict);
+	CHECK_EQ(ps.reconnect_failures, 1u);
+	rtrs_clt_close(sess);
+	sess = NULL;
+
+	/* Not final: the path retries through EBUSY and comes back. */
+	atomic_store(&refuse_err, 0);
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc == 0, "open: %s", strerror(-rc));
+	if (rc) {
+		srv_stop();
+		return;
+	}
+	srv_stop();
+	atomic_store(&refuse_err, -EBUSY);
+	srv_start(false, port);
+	for (int i = 0; i < 500; i++) {
+		CHECK_EQ(rtrs_clt_path_stats(sess, 0, &ps), 0);
+		if (ps.reconnect_failures >= 2)
+			break;
+		usleep(10 * 1000);
+	}
+	CHECK(ps.reconnect_failures >= 2, "retried after EBUSY: %llu failures",
+	      (unsigned long long)ps.reconnect_failures);
+	CHECK_EQ(ps.last_error, -EBUSY);
+	CHECK(!strcmp(ps.reconnect_verdict, "retry"), "verdict: %s", ps.reconnect_verdict);
+	atomic_store(&refuse_err, 0);
+	CHECK(wait_path(sess, "connected", 5000), "back once the user accepts");
+	CHECK(io_verified(sess, LEN, 8), "IO after the refusal ended");
+	rtrs_clt_close(sess);
+	srv_stop();
+}
+
 static void test_no_secret_logged(void)
 {
 	const char *keys[] = { KEY_A, KEY_B, KEY_C };
@@ -572,6 +658,7 @@ int main(void)
 	test_wrong_ctrl_key();
 	test_rotated_key();
 	test_stale_key();
+	test_refused_by_user();
 	test_no_secret_logged();
 	rtrs_set_log_fn(NULL, NULL);
 	unlink(keys_path);

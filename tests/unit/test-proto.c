@@ -1249,10 +1249,35 @@ static void test_auth_names(void)
 	CHECK(!rtrs_auth_name_valid(max));
 }
 
+/* A negotiate must offer at least one hash and one group, as the encoder demands. */
+static void test_auth_negotiate_lists(void)
+{
+	static uint8_t buf[RTRS_AUTH_MSG_MAX];
+	struct rtrs_auth_msg m = { .id = RTRS_AUTH_NEGOTIATE, .tid = 3, .nr_hashes = 1,
+				   .hashes = { 1 }, .nr_groups = 1, .groups = { 0 },
+				   .host = "nqn.test", .server = "srv" }, out;
+	size_t at = sizeof(struct rtrs_msg_auth), len;
+	const char *why = NULL;
+
+	len = rtrs_auth_encode(buf, sizeof(buf), &m);
+	CHECK(len > 0);
+	CHECK_EQ(rtrs_auth_decode(buf, len, &out, &why), 0);
+	CHECK_EQ(out.nr_hashes, 1u);
+	buf[at + offsetof(struct rtrs_auth_negotiate, halen)] = 0;
+	CHECK_EQ(rtrs_auth_decode(buf, len, &out, &why), -EINVAL);
+	CHECK(why && strstr(why, "no hash or no group"), "%s", why);
+	buf[at + offsetof(struct rtrs_auth_negotiate, halen)] = 1;
+	buf[at + offsetof(struct rtrs_auth_negotiate, dhlen)] = 0;
+	CHECK_EQ(rtrs_auth_decode(buf, len, &out, &why), -EINVAL);
+	m.nr_groups = 0;
+	CHECK_EQ(rtrs_auth_encode(buf, sizeof(buf), &m), 0u);
+}
+
 int main(void)
 {
 	test_fence();
 	test_auth_names();
+	test_auth_negotiate_lists();
 	for (int i = 0; i < IO_QD; i++) {
 		io_bases[i] = calloc(1, IO_CHUNK);
 		if (!io_bases[i])
