@@ -1,10 +1,12 @@
 # Shared by the bench scripts, sourced from the top of the tree: installs
 # what is needed, builds the release tree, and gives $perf (rtrs-perf),
+# $cycle (bench/mr-cycle),
 # median (of numbers on stdin) and machine (a line for RESULTS.md).
 scripts/install-deps.sh
 [ -f build-release/build.ninja ] || meson setup build-release -Dbuildtype=release >/dev/null
 meson compile -C build-release >/dev/null
 perf=$PWD/build-release/tools/rtrs-perf
+cycle=$PWD/build-release/bench/mr-cycle
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 

@@ -960,6 +960,8 @@ static void srv_fence_check(struct srv_path *p)
 
 	if (atomic_load(&p->state) != RTRS_PATH_CONNECTED) {
 		atomic_store(&p->fence_pending, false);
+		/* The reaper may have skipped this path while this item was queued. */
+		loop_queue(p->sess->ctx->loop, &p->sess->ctx->reap_work);
 		return;
 	}
 	t = path_find(p->sess, p->fence_uuid);
