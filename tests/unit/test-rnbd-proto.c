@@ -1,0 +1,348 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Unit tests for the RNBD wire codec (lib/rnbd/rnbd-proto.c): byte layouts
+ * as the kernel's rnbd-proto.h has them, round trips, version negotiation,
+ * and every refusal. The IO rules are checked against a table written here
+ * independently of the decoder, over every operation and flag combination.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+#include "rnbd-proto.h"
+
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put32(uint8_t *p, uint32_t v) { put16(p, (uint16_t)v); put16(p + 2, (uint16_t)(v >> 16)); }
+static void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)v); put32(p + 4, (uint32_t)(v >> 32)); }
+
+static void test_version(void)
+{
+	CHECK_EQ(rnbd_version_negotiate(0), 0);
+	CHECK_EQ(rnbd_version_negotiate(1), 1);
+	CHECK_EQ(rnbd_version_negotiate(2), 2);
+	CHECK_EQ(rnbd_version_negotiate(3), 2);
+	CHECK_EQ(rnbd_version_negotiate(255), 2);
+}
+
+static void test_sess_info(void)
+{
+	struct rnbd_msg_sess_info m;
+	uint8_t want[36] = { 0 };
+	const char *why = NULL;
+	unsigned ver = 0;
+
+	rnbd_sess_info_encode(&m, false, 2);
+	want[4] = 2;
+	CHECK(!memcmp(&m, want, sizeof(want)), "SESS_INFO bytes");
+	CHECK_EQ(rnbd_sess_info_decode(&m, sizeof(m), false, &ver, &why), 0);
+	CHECK_EQ(ver, 2);
+	/* A response is not a request, and the other way round. */
+	CHECK_EQ(rnbd_sess_info_decode(&m, sizeof(m), true, &ver, &why), -EPROTO);
+	rnbd_sess_info_encode(&m, true, 7);
+	CHECK_EQ(((uint8_t *)&m)[0], RNBD_MSG_SESS_INFO_RSP);
+	CHECK_EQ(rnbd_sess_info_decode(&m, sizeof(m), true, &ver, &why), 0);
+	CHECK_EQ(ver, 7);
+	CHECK_EQ(rnbd_sess_info_decode(&m, sizeof(m) - 1, true, &ver, &why), -EMSGSIZE);
+	m.ver = 0;
+	CHECK_EQ(rnbd_sess_info_decode(&m, sizeof(m), true, &ver, &why), -EPROTONOSUPPORT);
+	CHECK(why && strstr(why, "version 0"), "%s", why);
+}
+
+static void test_msg_type(void)
+{
+	uint8_t b[4] = { 0 };
+	const char *why = NULL;
+
+	for (unsigned t = 0; t <= RNBD_MSG_CLOSE; t++) {
+		put16(b, (uint16_t)t);
+		CHECK_EQ(rnbd_msg_type(b, sizeof(b), &why), t);
+	}
+	put16(b, 6);
+	CHECK_EQ(rnbd_msg_type(b, sizeof(b), &why), -EPROTO);
+	put16(b, 0x100);
+	CHECK_EQ(rnbd_msg_type(b, sizeof(b), &why), -EPROTO);
+	CHECK_EQ(rnbd_msg_type(b, 3, &why), -EMSGSIZE);
+	CHECK_EQ(rnbd_msg_type(b, 0, &why), -EMSGSIZE);
+}
+
+static void test_dev_names(void)
+{
+	static const char *const good[] = {
+		"disk.img", "/dev/sdb", "a//b", "//a", "a/", "..a", "a..", ".hidden", "a/.b/c",
+		"with space", "x/.../y",
+	};
+	static const char *const bad[] = {
+		"", "/", "//", ".", "..", "../etc/passwd", "a/../b", "a/..", "./a", "a/./b",
+		"/..", "tab\there", "nl\n", "del\x7f",
+	};
+	char longest[RNBD_DEV_NAME_MAX + 1];
+	const char *why;
+
+	for (unsigned i = 0; i < ARRAY_SIZE(good); i++) {
+		why = NULL;
+		CHECK(rnbd_dev_name_valid(good[i], &why), "\"%s\": %s", good[i], why);
+	}
+	for (unsigned i = 0; i < ARRAY_SIZE(bad); i++) {
+		why = NULL;
+		CHECK(!rnbd_dev_name_valid(bad[i], &why), "\"%s\" accepted", bad[i]);
+		CHECK(why != NULL, "\"%s\" refused without a reason", bad[i]);
+	}
+	CHECK(!rnbd_dev_name_valid(NULL, &why));
+	memset(longest, 'a', sizeof(longest));
+	longest[RNBD_DEV_NAME_MAX - 1] = '\0';
+	CHECK(rnbd_dev_name_valid(longest, &why), "254 bytes fit the field with its NUL");
+	longest[RNBD_DEV_NAME_MAX - 1] = 'a';
+	longest[RNBD_DEV_NAME_MAX] = '\0';
+	CHECK(!rnbd_dev_name_valid(longest, &why), "255 bytes do not");
+}
+
+static void test_open(void)
+{
+	struct rnbd_open o = { .access_mode = RNBD_ACCESS_MIGRATION, .dev_name = "vm/disk0" }, d;
+	struct rnbd_msg_open m;
+	uint8_t want[264] = { 0 };
+	const char *why = NULL;
+
+	rnbd_open_encode(&m, &o);
+	want[0] = RNBD_MSG_OPEN;
+	want[4] = RNBD_ACCESS_MIGRATION;
+	memcpy(want + 6, "vm/disk0", 8);
+	CHECK(!memcmp(&m, want, sizeof(want)), "OPEN bytes");
+	CHECK_EQ(rnbd_open_decode(&m, sizeof(m), &d, &why), 0);
+	CHECK_EQ(d.access_mode, RNBD_ACCESS_MIGRATION);
+	CHECK(!strcmp(d.dev_name, "vm/disk0"));
+
+	CHECK_EQ(rnbd_open_decode(&m, sizeof(m) - 1, &d, &why), -EMSGSIZE);
+	m.access_mode = 3;
+	CHECK_EQ(rnbd_open_decode(&m, sizeof(m), &d, &why), -EINVAL);
+	CHECK(why && strstr(why, "access mode"), "%s", why);
+	m.access_mode = RNBD_ACCESS_RO;
+	memset(m.dev_name, 'x', sizeof(m.dev_name));
+	CHECK_EQ(rnbd_open_decode(&m, sizeof(m), &d, &why), -EINVAL);
+	CHECK(why && strstr(why, "terminated"), "%s", why);
+	memset(m.dev_name, 0, sizeof(m.dev_name));
+	memcpy(m.dev_name, "a/../../etc/shadow", 18);
+	CHECK_EQ(rnbd_open_decode(&m, sizeof(m), &d, &why), -EINVAL);
+	CHECK(why && strstr(why, ".."), "%s", why);
+	memset(m.dev_name, 0, sizeof(m.dev_name));
+	CHECK_EQ(rnbd_open_decode(&m, sizeof(m), &d, &why), -EINVAL);
+	/* Another type in the header. */
+	rnbd_open_encode(&m, &o);
+	put16((uint8_t *)&m, RNBD_MSG_CLOSE);
+	CHECK_EQ(rnbd_open_decode(&m, sizeof(m), &d, &why), -EPROTO);
+	/* A name of 254 bytes survives; a longer one is cut to 254 by the encoder. */
+	memset(o.dev_name, 'n', sizeof(o.dev_name));
+	o.dev_name[RNBD_DEV_NAME_MAX - 1] = '\0';
+	rnbd_open_encode(&m, &o);
+	CHECK_EQ(rnbd_open_decode(&m, sizeof(m), &d, &why), 0);
+	CHECK_EQ(strlen(d.dev_name), RNBD_DEV_NAME_MAX - 1);
+}
+
+static struct rnbd_open_rsp good_rsp(void)
+{
+	return (struct rnbd_open_rsp){
+		.device_id = 0x01020304, .nsectors = 1u << 21, .max_hw_sectors = 256,
+		.max_write_zeroes_sectors = 65535, .max_discard_sectors = 65535,
+		.discard_granularity = 4096, .discard_alignment = 0,
+		.physical_block_size = 4096, .logical_block_size = 512, .max_segments = 1,
+		.secure_discard = 0, .cache_policy = RNBD_WRITEBACK | RNBD_FUA,
+	};
+}
+
+static void test_open_rsp(void)
+{
+	struct rnbd_open_rsp r = good_rsp(), d;
+	struct rnbd_msg_open_rsp m;
+	uint8_t want[56] = { 0 };
+	const char *why = NULL;
+
+	rnbd_open_rsp_encode(&m, &r);
+	want[0] = RNBD_MSG_OPEN_RSP;
+	put32(want + 4, r.device_id);
+	put64(want + 8, r.nsectors);
+	put32(want + 16, 256);
+	put32(want + 20, 65535);
+	put32(want + 24, 65535);
+	put32(want + 28, 4096);
+	put32(want + 32, 0);
+	put16(want + 36, 4096);
+	put16(want + 38, 512);
+	put16(want + 40, 1);
+	put16(want + 42, 0);
+	want[45] = RNBD_WRITEBACK | RNBD_FUA;
+	CHECK(!memcmp(&m, want, sizeof(want)), "OPEN_RSP bytes at the kernel's offsets");
+	CHECK_EQ(rnbd_open_rsp_decode(&m, sizeof(m), &d, &why), 0);
+	CHECK(!memcmp(&d, &r, sizeof(d)), "OPEN_RSP round trip");
+	CHECK_EQ(rnbd_open_rsp_decode(&m, sizeof(m) - 1, &d, &why), -EMSGSIZE);
+
+#define BAD_RSP(field, value, what)                                                   \
+	do {                                                                          \
+		struct rnbd_open_rsp bad_ = good_rsp();                                 \
+		bad_.field = (value);                                                   \
+		rnbd_open_rsp_encode(&m, &bad_);                                        \
+		why = NULL;                                                           \
+		CHECK_EQ(rnbd_open_rsp_decode(&m, sizeof(m), &d, &why), -EINVAL);     \
+		CHECK(why && strstr(why, what), "%s = %llu: %s", #field,              \
+		      (unsigned long long)(value), why ? why : "(none)");             \
+	} while (0)
+	BAD_RSP(logical_block_size, 0, "logical block size");
+	BAD_RSP(logical_block_size, 256, "logical block size");
+	BAD_RSP(logical_block_size, 768, "logical block size");
+	BAD_RSP(physical_block_size, 0, "physical block size");
+	BAD_RSP(physical_block_size, 3000, "physical block size");
+	BAD_RSP(physical_block_size, 256, "physical block size");
+	BAD_RSP(nsectors, UINT64_MAX, "size");
+	BAD_RSP(max_hw_sectors, 0, "largest IO");
+	BAD_RSP(discard_granularity, 100, "discard");
+	BAD_RSP(discard_alignment, 4096, "discard");
+	BAD_RSP(cache_policy, 4, "cache policy");
+	{
+		struct rnbd_open_rsp b = good_rsp();
+
+		b.logical_block_size = 4096;
+		b.nsectors = 9; /* not whole 4 KiB blocks */
+		rnbd_open_rsp_encode(&m, &b);
+		CHECK_EQ(rnbd_open_rsp_decode(&m, sizeof(m), &d, &why), -EINVAL);
+		b.nsectors = 16;
+		b.max_hw_sectors = 7; /* smaller than one 4 KiB block */
+		rnbd_open_rsp_encode(&m, &b);
+		CHECK_EQ(rnbd_open_rsp_decode(&m, sizeof(m), &d, &why), -EINVAL);
+		/* Without discard, its granularity is not looked at. */
+		b = good_rsp();
+		b.max_discard_sectors = 0;
+		b.discard_granularity = 100;
+		rnbd_open_rsp_encode(&m, &b);
+		CHECK_EQ(rnbd_open_rsp_decode(&m, sizeof(m), &d, &why), 0);
+	}
+}
+
+/*
+ * The IO rules, written out independently: is (op, flags, bi_size,
+ * data_len) a valid request?
+ */
+static bool io_ok(unsigned op, uint32_t flags, uint32_t bi_size, uint32_t data_len)
+{
+	bool data = op == RNBD_OP_READ || op == RNBD_OP_WRITE;
+
+	if (op > 5 || (flags & ~0xf00u) || bi_size % 512)
+		return false;
+	if ((flags & RNBD_F_NOUNMAP) && op != RNBD_OP_WRITE_ZEROES)
+		return false;
+	if (op == RNBD_OP_READ && (flags & (RNBD_F_FUA | RNBD_F_PREFLUSH)))
+		return false;
+	if (data ? data_len != bi_size : data_len != 0)
+		return false;
+	if (op == RNBD_OP_READ)
+		return bi_size > 0;
+	if (op == RNBD_OP_WRITE)
+		return bi_size > 0 || (flags & (RNBD_F_FUA | RNBD_F_PREFLUSH));
+	if (op == RNBD_OP_FLUSH)
+		return bi_size == 0;
+	return bi_size > 0;
+}
+
+static void test_io(void)
+{
+	static const uint32_t sizes[] = { 0, 512, 4096, 1000, 1u << 20 };
+	struct rnbd_io io = { .device_id = 9, .sector = 0x123456789aull, .op = RNBD_OP_WRITE,
+			      .flags = RNBD_F_FUA | RNBD_F_SYNC, .bi_size = 8192, .prio = 0x4003 },
+		      d;
+	struct rnbd_msg_io m;
+	uint8_t want[32] = { 0 };
+	const char *why = NULL;
+	unsigned combos = 0;
+
+	rnbd_io_encode(&m, &io);
+	want[0] = RNBD_MSG_IO;
+	put32(want + 4, 9);
+	put64(want + 8, 0x123456789aull);
+	put32(want + 16, RNBD_OP_WRITE | RNBD_F_FUA | RNBD_F_SYNC);
+	put32(want + 20, 8192);
+	put16(want + 24, 0x4003);
+	CHECK(!memcmp(&m, want, sizeof(want)), "IO bytes at the kernel's offsets");
+	CHECK_EQ(rnbd_io_decode(&m, sizeof(m), 2, 8192, &d, &why), 0);
+	CHECK(d.device_id == 9 && d.sector == io.sector && d.op == io.op && d.flags == io.flags &&
+	      d.bi_size == 8192 && d.prio == 0x4003, "IO round trip");
+	/* prio from version 2 on, and only when sent. */
+	CHECK_EQ(rnbd_io_decode(&m, sizeof(m), 1, 8192, &d, &why), 0);
+	CHECK_EQ(d.prio, 0);
+	CHECK_EQ(rnbd_io_decode(&m, RNBD_MSG_IO_V1_LEN, 2, 8192, &d, &why), 0);
+	CHECK_EQ(d.prio, 0);
+	CHECK_EQ(rnbd_io_decode(&m, RNBD_MSG_IO_V1_LEN - 1, 2, 8192, &d, &why), -EMSGSIZE);
+
+	/* Every op (and two beyond), every flag set (and one unknown bit), sizes, data. */
+	for (unsigned op = 0; op < 8; op++) {
+		for (uint32_t f = 0; f < 32; f++) {
+			uint32_t flags = (f & 15) << RNBD_OP_BITS | (f & 16 ? 1u << 12 : 0);
+
+			for (unsigned s = 0; s < ARRAY_SIZE(sizes); s++) {
+				for (unsigned dl = 0; dl < 3; dl++) {
+					uint32_t data_len = dl == 0 ? 0 : dl == 1 ? sizes[s] : 512;
+					bool want_ok = io_ok(op, flags, sizes[s], data_len);
+					int rc;
+
+					put32((uint8_t *)&m + 16, op | flags);
+					put32((uint8_t *)&m + 20, sizes[s]);
+					why = NULL;
+					rc = rnbd_io_decode(&m, sizeof(m), 2, data_len, &d, &why);
+					CHECK(want_ok ? rc == 0 : rc == -EINVAL,
+					      "op %u flags 0x%x size %u data %u: %d (%s)", op, flags,
+					      sizes[s], data_len, rc, why ? why : "");
+					CHECK(rc == 0 || why != NULL);
+					combos++;
+				}
+			}
+		}
+	}
+	CHECK_EQ(combos, 8 * 32 * 5 * 3);
+
+	/* The byte range must fit 64 bits. */
+	io = (struct rnbd_io){ .op = RNBD_OP_DISCARD, .bi_size = 512,
+			       .sector = (UINT64_MAX >> RNBD_SECTOR_SHIFT) - 1 };
+	rnbd_io_encode(&m, &io);
+	CHECK_EQ(rnbd_io_decode(&m, sizeof(m), 2, 0, &d, &why), 0);
+	io.sector++;
+	rnbd_io_encode(&m, &io);
+	CHECK_EQ(rnbd_io_decode(&m, sizeof(m), 2, 0, &d, &why), -EINVAL);
+	io.sector = UINT64_MAX;
+	rnbd_io_encode(&m, &io);
+	CHECK_EQ(rnbd_io_decode(&m, sizeof(m), 2, 0, &d, &why), -EINVAL);
+}
+
+static void test_close(void)
+{
+	struct rnbd_msg_close m;
+	uint8_t want[8] = { RNBD_MSG_CLOSE, 0, 0, 0, 0x78, 0x56, 0x34, 0x12 };
+	const char *why = NULL;
+	uint32_t id = 0;
+
+	rnbd_close_encode(&m, 0x12345678);
+	CHECK(!memcmp(&m, want, sizeof(want)), "CLOSE bytes");
+	CHECK_EQ(rnbd_close_decode(&m, sizeof(m), &id, &why), 0);
+	CHECK_EQ(id, 0x12345678);
+	CHECK_EQ(rnbd_close_decode(&m, 7, &id, &why), -EMSGSIZE);
+}
+
+static void test_names(void)
+{
+	CHECK(!strcmp(rnbd_op_name(RNBD_OP_WRITE_ZEROES), "write zeroes"));
+	CHECK(!strcmp(rnbd_op_name((enum rnbd_io_op)9), "unknown"));
+	CHECK(!strcmp(rnbd_access_mode_name(RNBD_ACCESS_MIGRATION), "migration"));
+	CHECK(!strcmp(rnbd_access_mode_name((enum rnbd_access_mode)3), "unknown"));
+}
+
+int main(void)
+{
+	test_version();
+	test_msg_type();
+	test_sess_info();
+	test_dev_names();
+	test_open();
+	test_open_rsp();
+	test_io();
+	test_close();
+	test_names();
+	return test_done("rnbd-proto");
+}
