@@ -1,16 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Unit tests for the RNBD wire codec (lib/rnbd/rnbd-proto.c): byte layouts
+ * Unit tests for the RNBD wire codec (lib/rnbd/rnbd-proto.c) and device
+ * paths (lib/rnbd/rnbd-path.c): byte layouts
  * as the kernel's rnbd-proto.h has them, round trips, version negotiation,
  * and every refusal. The IO rules are checked against a table written here
  * independently of the decoder, over every operation and flag combination.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "check.h"
+#include "rnbd-path.h"
 #include "rnbd-proto.h"
 
 static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
@@ -333,6 +339,107 @@ static void test_names(void)
 	CHECK(!strcmp(rnbd_access_mode_name((enum rnbd_access_mode)3), "unknown"));
 }
 
+/* Reads what fd holds, up to 63 bytes. */
+static const char *fd_text(int fd)
+{
+	static char buf[64];
+	ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+
+	buf[n > 0 ? n : 0] = '\0';
+	return buf;
+}
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	if (!f) {
+		perror(path);
+		exit(1);
+	}
+	fputs(text, f);
+	fclose(f);
+}
+
+static void test_paths(void)
+{
+	char top[] = "/tmp/rnbd-path-test.XXXXXX", root[256], p[512], search[300];
+	const char *why;
+	int fd = -1;
+
+	CHECK(mkdtemp(top) != NULL);
+	/* top/outside (not exported), top/exp/s1/{disk,sub/d2}, and links. */
+	snprintf(p, sizeof(p), "%s/outside", top);
+	write_file(p, "secret");
+	snprintf(p, sizeof(p), "%s/exp", top);
+	mkdir(p, 0700);
+	snprintf(p, sizeof(p), "%s/exp/s1", top);
+	mkdir(p, 0700);
+	snprintf(p, sizeof(p), "%s/exp/s1/sub", top);
+	mkdir(p, 0700);
+	snprintf(p, sizeof(p), "%s/exp/s1/disk", top);
+	write_file(p, "disk one");
+	snprintf(p, sizeof(p), "%s/exp/s1/sub/d2", top);
+	write_file(p, "disk two");
+	snprintf(p, sizeof(p), "%s/exp/s1/abs-out", top);
+	CHECK_EQ(symlink("/etc/passwd", p), 0);
+	snprintf(p, sizeof(p), "%s/exp/s1/rel-out", top);
+	CHECK_EQ(symlink("../../outside", p), 0);
+	snprintf(p, sizeof(p), "%s/exp/s1/in-link", top);
+	CHECK_EQ(symlink("sub/d2", p), 0);
+	snprintf(p, sizeof(p), "%s/exp/s1/up-and-in", top);
+	CHECK_EQ(symlink("sub/../disk", p), 0);
+
+	/* %SESSNAME% gives each session its own directory. */
+	snprintf(search, sizeof(search), "%s/exp/%%SESSNAME%%", top);
+	CHECK_EQ(rnbd_search_root(search, "s1", root, sizeof(root), &why), 0);
+	snprintf(p, sizeof(p), "%s/exp/s1", top);
+	CHECK(!strcmp(root, p), "%s", root);
+	CHECK_EQ(rnbd_search_root("/a/%SESSNAME%/b/%SESSNAME%", "x", p, sizeof(p), &why), 0);
+	CHECK(!strcmp(p, "/a/x/b/x"), "%s", p);
+	CHECK_EQ(rnbd_search_root("/plain", NULL, p, sizeof(p), &why), 0);
+	CHECK(!strcmp(p, "/plain"));
+	CHECK_EQ(rnbd_search_root(search, "a/b", p, sizeof(p), &why), -EINVAL);
+	CHECK_EQ(rnbd_search_root(search, "..", p, sizeof(p), &why), -EINVAL);
+	CHECK_EQ(rnbd_search_root(search, "", p, sizeof(p), &why), -EINVAL);
+	CHECK_EQ(rnbd_search_root("", "s1", p, sizeof(p), &why), -EINVAL);
+	CHECK_EQ(rnbd_search_root(search, "s1", p, 10, &why), -ENAMETOOLONG);
+
+	/* Names inside the root open, with or without leading and doubled slashes. */
+	static const struct { const char *name, *text; } ok[] = {
+		{ "disk", "disk one" }, { "/disk", "disk one" }, { "sub//d2", "disk two" },
+		{ "//sub/d2", "disk two" }, { "in-link", "disk two" }, { "up-and-in", "disk one" },
+	};
+	for (unsigned i = 0; i < ARRAY_SIZE(ok); i++) {
+		why = NULL;
+		fd = -1;
+		CHECK_EQ(rnbd_dev_open(root, ok[i].name, O_RDONLY, &fd, &why), 0);
+		if (fd >= 0) {
+			CHECK(!strcmp(fd_text(fd), ok[i].text), "%s: %s", ok[i].name, fd_text(fd));
+			close(fd);
+		}
+	}
+	/* Escapes: refused by name, or by the lookup (symlinks). */
+	static const struct { const char *name; int err; } bad[] = {
+		{ "../outside", -EINVAL }, { "sub/../../outside", -EINVAL }, { "..", -EINVAL },
+		{ ".", -EINVAL }, { "/", -EINVAL }, { "", -EINVAL },
+		{ "abs-out", -EACCES }, { "rel-out", -EACCES }, { "missing", -ENOENT },
+	};
+	for (unsigned i = 0; i < ARRAY_SIZE(bad); i++) {
+		why = NULL;
+		fd = -1;
+		CHECK_EQ(rnbd_dev_open(root, bad[i].name, O_RDONLY, &fd, &why), bad[i].err);
+		CHECK(why != NULL, "%s: no reason", bad[i].name);
+		CHECK_EQ(fd, -1);
+		if (fd >= 0)
+			close(fd);
+	}
+	CHECK_EQ(rnbd_dev_open("/nonexistent-rnbd-root", "disk", O_RDONLY, &fd, &why), -ENOENT);
+
+	snprintf(p, sizeof(p), "rm -rf '%s'", top);
+	CHECK_EQ(system(p), 0);
+}
+
 int main(void)
 {
 	test_version();
@@ -344,5 +451,6 @@ int main(void)
 	test_io();
 	test_close();
 	test_names();
+	test_paths();
 	return test_done("rnbd-proto");
 }

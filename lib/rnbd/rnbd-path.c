@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: MIT */
+/* Exported device paths (see rnbd-path.h). */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "rnbd-path.h"
+#include "rnbd-proto.h"
+
+#define REJECT(err, reason)          \
+	do {                         \
+		if (why)             \
+			*why = (reason); \
+		return (err);        \
+	} while (0)
+
+int rnbd_search_root(const char *search, const char *sessname, char *out, size_t len,
+		     const char **why)
+{
+	const size_t tok = strlen(RNBD_SESSNAME_TOKEN);
+	size_t n = 0;
+
+	if (!search || !*search)
+		REJECT(-EINVAL, "empty search path");
+	if (strstr(search, RNBD_SESSNAME_TOKEN) &&
+	    (!sessname || !*sessname || strchr(sessname, '/') || !strcmp(sessname, ".") ||
+	     !strcmp(sessname, "..")))
+		REJECT(-EINVAL, "session name is not one path component");
+	for (const char *p = search; *p;) {
+		const char *piece = p;
+		size_t plen = 1;
+
+		if (!strncmp(p, RNBD_SESSNAME_TOKEN, tok)) {
+			piece = sessname;
+			plen = strlen(sessname);
+			p += tok;
+		} else {
+			p++;
+		}
+		if (n + plen >= len)
+			REJECT(-ENAMETOOLONG, "search path too long");
+		memcpy(out + n, piece, plen);
+		n += plen;
+	}
+	out[n] = '\0';
+	return 0;
+}
+
+int rnbd_dev_open(const char *root, const char *dev_name, int flags, int *fd, const char **why)
+{
+	struct open_how how = {
+		.flags = (unsigned)flags | O_CLOEXEC | O_NOCTTY,
+		.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+	};
+	int dir, rc;
+
+	if (!rnbd_dev_name_valid(dev_name, why))
+		return -EINVAL;
+	while (*dev_name == '/')
+		dev_name++;
+	dir = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (dir < 0) {
+		rc = -errno;
+		REJECT(rc, "cannot open the search path");
+	}
+	rc = (int)syscall(SYS_openat2, dir, dev_name, &how, sizeof(how));
+	if (rc < 0) {
+		rc = -errno;
+		close(dir);
+		if (rc == -EXDEV)
+			REJECT(-EACCES, "device path leads out of the search path");
+		REJECT(rc, "cannot open the device");
+	}
+	close(dir);
+	*fd = rc;
+	return 0;
+}
