@@ -294,6 +294,19 @@ int rnbd_close_decode(const void *buf, size_t len, uint32_t *device_id, const ch
 	return 0;
 }
 
+int rnbd_access_admit(enum rnbd_access_mode mode, unsigned writers)
+{
+	switch (mode) {
+	case RNBD_ACCESS_RO:
+		return 0;
+	case RNBD_ACCESS_RW:
+		return writers == 0 ? 0 : -EPERM;
+	case RNBD_ACCESS_MIGRATION:
+		return writers < 2 ? 0 : -EPERM;
+	}
+	return -EINVAL;
+}
+
 const char *rnbd_op_name(enum rnbd_io_op op)
 {
 	static const char *const names[] = {

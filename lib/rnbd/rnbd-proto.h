@@ -215,6 +215,14 @@ int rnbd_close_decode(const void *buf, size_t len, uint32_t *device_id, const ch
  */
 bool rnbd_dev_name_valid(const char *name, const char **why);
 
+/*
+ * The kernel's sharing rule for one backing device that `writers` sessions
+ * already have open for writing: read-only always; read-write only when
+ * nobody writes; migration while at most one other writes (the second
+ * writer of a live VM migration). 0 or -EPERM.
+ */
+int rnbd_access_admit(enum rnbd_access_mode mode, unsigned writers);
+
 const char *rnbd_op_name(enum rnbd_io_op op);
 const char *rnbd_access_mode_name(enum rnbd_access_mode mode);
 

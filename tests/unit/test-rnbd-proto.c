@@ -331,6 +331,20 @@ static void test_close(void)
 	CHECK_EQ(rnbd_close_decode(&m, 7, &id, &why), -EMSGSIZE);
 }
 
+static void test_access(void)
+{
+	for (unsigned w = 0; w < 4; w++) {
+		CHECK_EQ(rnbd_access_admit(RNBD_ACCESS_RO, w), 0);
+		CHECK_EQ(rnbd_access_admit(RNBD_ACCESS_RW, w), w == 0 ? 0 : -EPERM);
+		CHECK_EQ(rnbd_access_admit(RNBD_ACCESS_MIGRATION, w), w < 2 ? 0 : -EPERM);
+	}
+	CHECK_EQ(rnbd_access_admit((enum rnbd_access_mode)3, 0), -EINVAL);
+	/* A second rw map is refused; rw then migration gives two writers, no third. */
+	CHECK_EQ(rnbd_access_admit(RNBD_ACCESS_RW, 1), -EPERM);
+	CHECK_EQ(rnbd_access_admit(RNBD_ACCESS_MIGRATION, 1), 0);
+	CHECK_EQ(rnbd_access_admit(RNBD_ACCESS_MIGRATION, 2), -EPERM);
+}
+
 static void test_names(void)
 {
 	CHECK(!strcmp(rnbd_op_name(RNBD_OP_WRITE_ZEROES), "write zeroes"));
@@ -450,6 +464,7 @@ int main(void)
 	test_open_rsp();
 	test_io();
 	test_close();
+	test_access();
 	test_names();
 	test_paths();
 	return test_done("rnbd-proto");
