@@ -124,8 +124,9 @@ static void fuzz_open_rsp(const uint8_t *p, size_t n)
 	rnbd_open_rsp_encode(&m, &r);
 	FAIL_IF(rnbd_open_rsp_decode(&m, sizeof(m), &r2, NULL));
 	FAIL_IF(memcmp(&r, &r2, sizeof(r)));
-	/* Everything but the header padding and reserved bytes is kept. */
-	FAIL_IF(memcmp((const uint8_t *)&m + 4, p + 4, 42));
+	/* Everything but the header padding, obsolete_rotational and reserved bytes is kept. */
+	FAIL_IF(memcmp((const uint8_t *)&m + 4, p + 4, 40));
+	FAIL_IF(m.cache_policy != p[45]);
 }
 
 static void fuzz_io(const uint8_t *p, size_t n)
