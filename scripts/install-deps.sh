@@ -8,6 +8,7 @@ packages=(
 	libfabric-dev libfabric-bin iproute2 nftables
 	iperf3
 	libssl-dev nvme-cli
+	liburing-dev
 )
 
 missing=()

@@ -1,0 +1,587 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Backing stores and their engines (see rnbd-backend.h).
+ *
+ * The thread engine: a FIFO of requests and a pool of threads that run
+ * each one to the end with plain system calls. The io_uring engine: reads,
+ * writes and flushes go to one ring, submitted under a lock from whatever
+ * thread the request comes on and reaped by one thread; a PREFLUSH is a
+ * flush stage before the request; what io_uring cannot do here (discard,
+ * write zeroes, secure erase: fallocate and block ioctls) and whatever meets
+ * a full ring goes to the engine's thread pool instead.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <liburing.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "rnbd-backend.h"
+
+struct rnbd_engine {
+	bool uring;
+	/* the pool: every engine has one */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct rnbd_breq *head, *tail;
+	bool stop;
+	unsigned nthreads;
+	pthread_t *threads;
+	/* io_uring */
+	struct io_uring ring;
+	pthread_mutex_t sq_lock;
+	pthread_t reaper;
+	bool reaper_started;
+};
+
+struct rnbd_store {
+	struct rnbd_engine *e;        /* NULL: memory */
+	int fd;
+	bool direct;
+	uint8_t *mem;
+	struct rnbd_store_info info;
+	pthread_mutex_t lock;
+	pthread_cond_t idle;
+	unsigned inflight;
+};
+
+/* user_data of the NOP that tells the reaper to stop */
+#define REAPER_STOP ((void *)1)
+
+static void store_get(struct rnbd_store *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->inflight++;
+	pthread_mutex_unlock(&s->lock);
+}
+
+static void store_put(struct rnbd_store *s)
+{
+	pthread_mutex_lock(&s->lock);
+	if (--s->inflight == 0)
+		pthread_cond_broadcast(&s->idle);
+	pthread_mutex_unlock(&s->lock);
+}
+
+static void complete(struct rnbd_breq *r, int err)
+{
+	struct rnbd_store *s = r->store;
+
+	r->done(r, err);
+	store_put(s);
+}
+
+/* ---- the synchronous path (thread pool) -------------------------------------- */
+
+static int zero_fill(int fd, uint64_t off, uint64_t len)
+{
+	static const uint8_t zeros[65536];
+
+	while (len) {
+		ssize_t n = pwrite(fd, zeros, MIN(len, sizeof(zeros)), (off_t)off);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		off += (uint64_t)n;
+		len -= (uint64_t)n;
+	}
+	return 0;
+}
+
+static int datasync(int fd)
+{
+	return fdatasync(fd) ? -errno : 0;
+}
+
+static int rw_all(struct rnbd_store *s, struct rnbd_breq *r)
+{
+	uint64_t off = r->offset;
+	uint8_t *p = r->buf;
+	uint32_t left = r->len;
+	int flags = r->op == RNBD_OP_WRITE && (r->flags & RNBD_F_FUA) ? RWF_DSYNC : 0;
+
+	while (left) {
+		struct iovec iov = { p, left };
+		ssize_t n = r->op == RNBD_OP_READ ? preadv2(s->fd, &iov, 1, (off_t)off, 0)
+						  : pwritev2(s->fd, &iov, 1, (off_t)off, flags);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return -EIO; /* the file shrank under us */
+		p += n;
+		off += (uint64_t)n;
+		left -= (uint32_t)n;
+	}
+	return 0;
+}
+
+static int range_ioctl(int fd, unsigned long req, uint64_t off, uint64_t len)
+{
+	uint64_t range[2] = { off, len };
+
+	return ioctl(fd, req, range) ? -errno : 0;
+}
+
+static int exec_sync(struct rnbd_store *s, struct rnbd_breq *r)
+{
+	bool bdev = s->info.block_device;
+	int rc = 0;
+
+	if (r->flags & RNBD_F_PREFLUSH) {
+		rc = datasync(s->fd);
+		if (rc)
+			return rc;
+	}
+	switch (r->op) {
+	case RNBD_OP_READ:
+	case RNBD_OP_WRITE:
+		rc = r->len ? rw_all(s, r) : 0;
+		if (!rc && r->op == RNBD_OP_WRITE && !r->len && (r->flags & RNBD_F_FUA))
+			rc = datasync(s->fd); /* an empty FUA write: a flush */
+		return rc;
+	case RNBD_OP_FLUSH:
+		return datasync(s->fd);
+	case RNBD_OP_DISCARD:
+		rc = bdev ? range_ioctl(s->fd, BLKDISCARD, r->offset, r->len)
+			  : (fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+				       (off_t)r->offset, r->len) ? -errno : 0);
+		break;
+	case RNBD_OP_SECURE_ERASE:
+		rc = bdev ? range_ioctl(s->fd, BLKSECDISCARD, r->offset, r->len) : -EOPNOTSUPP;
+		break;
+	case RNBD_OP_WRITE_ZEROES:
+		if (bdev) {
+			rc = range_ioctl(s->fd, BLKZEROOUT, r->offset, r->len);
+			break;
+		}
+		rc = fallocate(s->fd,
+			       (r->flags & RNBD_F_NOUNMAP ? FALLOC_FL_ZERO_RANGE
+							  : FALLOC_FL_PUNCH_HOLE) | FALLOC_FL_KEEP_SIZE,
+			       (off_t)r->offset, r->len) ? -errno : 0;
+		if (rc == -EOPNOTSUPP)
+			rc = zero_fill(s->fd, r->offset, r->len);
+		break;
+	}
+	if (!rc && (r->flags & RNBD_F_FUA))
+		rc = datasync(s->fd);
+	return rc;
+}
+
+static void *pool_thread(void *arg)
+{
+	struct rnbd_engine *e = arg;
+
+	pthread_mutex_lock(&e->lock);
+	for (;;) {
+		struct rnbd_breq *r = e->head;
+
+		if (!r) {
+			if (e->stop)
+				break;
+			pthread_cond_wait(&e->cond, &e->lock);
+			continue;
+		}
+		e->head = r->next;
+		if (!e->head)
+			e->tail = NULL;
+		pthread_mutex_unlock(&e->lock);
+		complete(r, exec_sync(r->store, r));
+		pthread_mutex_lock(&e->lock);
+	}
+	pthread_mutex_unlock(&e->lock);
+	return NULL;
+}
+
+static void pool_queue(struct rnbd_engine *e, struct rnbd_breq *r)
+{
+	r->next = NULL;
+	pthread_mutex_lock(&e->lock);
+	if (e->tail)
+		e->tail->next = r;
+	else
+		e->head = r;
+	e->tail = r;
+	pthread_cond_signal(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+}
+
+/* ---- io_uring ------------------------------------------------------------------ */
+
+/* Stages of a request on the ring. */
+enum { STAGE_PREFLUSH = 1, STAGE_MAIN };
+
+/* Puts r's current stage on the ring; false if the ring is full. */
+static bool uring_post(struct rnbd_engine *e, struct rnbd_breq *r)
+{
+	struct rnbd_store *s = r->store;
+	struct io_uring_sqe *sqe;
+	bool ok = false;
+
+	pthread_mutex_lock(&e->sq_lock);
+	sqe = io_uring_get_sqe(&e->ring);
+	if (sqe) {
+		if (r->stage == STAGE_PREFLUSH || r->op == RNBD_OP_FLUSH ||
+		    (r->op == RNBD_OP_WRITE && !r->len)) {
+			io_uring_prep_fsync(sqe, s->fd, IORING_FSYNC_DATASYNC);
+		} else if (r->op == RNBD_OP_READ) {
+			io_uring_prep_read(sqe, s->fd, r->buf, r->len, r->offset);
+		} else {
+			io_uring_prep_write(sqe, s->fd, r->buf, r->len, r->offset);
+			if (r->flags & RNBD_F_FUA)
+				sqe->rw_flags = RWF_DSYNC;
+		}
+		io_uring_sqe_set_data(sqe, r);
+		ok = io_uring_submit(&e->ring) >= 0;
+	}
+	pthread_mutex_unlock(&e->sq_lock);
+	return ok;
+}
+
+static void uring_start(struct rnbd_engine *e, struct rnbd_breq *r)
+{
+	r->stage = r->flags & RNBD_F_PREFLUSH ? STAGE_PREFLUSH : STAGE_MAIN;
+	if (!uring_post(e, r))
+		pool_queue(e, r); /* full ring: the pool does it all */
+}
+
+/* A completion of r's current stage with result res. */
+static void uring_step(struct rnbd_engine *e, struct rnbd_breq *r, int res)
+{
+	if (res < 0) {
+		complete(r, res);
+		return;
+	}
+	if (r->stage == STAGE_PREFLUSH) {
+		r->stage = STAGE_MAIN;
+		if (r->op == RNBD_OP_FLUSH || !r->len) {
+			complete(r, 0);
+			return;
+		}
+	} else if ((r->op == RNBD_OP_READ || r->op == RNBD_OP_WRITE) && r->len) {
+		if (res == 0) {
+			complete(r, -EIO);
+			return;
+		}
+		if ((uint32_t)res == r->len) {
+			complete(r, 0);
+			return;
+		}
+		/* Short: the rest as a request of its own. */
+		r->buf = (uint8_t *)r->buf + res;
+		r->offset += (uint32_t)res;
+		r->len -= (uint32_t)res;
+	} else {
+		complete(r, 0);
+		return;
+	}
+	if (!uring_post(e, r)) {
+		r->flags &= ~RNBD_F_PREFLUSH; /* done already */
+		pool_queue(e, r);
+	}
+}
+
+static void *reaper_thread(void *arg)
+{
+	struct rnbd_engine *e = arg;
+
+	for (;;) {
+		struct io_uring_cqe *cqe;
+		struct rnbd_breq *r;
+		int res, rc = io_uring_wait_cqe(&e->ring, &cqe);
+
+		if (rc == -EINTR)
+			continue;
+		if (rc) {
+			fprintf(stderr, "rnbd: io_uring wait failed: %s\n", strerror(-rc));
+			break;
+		}
+		r = io_uring_cqe_get_data(cqe);
+		res = cqe->res;
+		io_uring_cqe_seen(&e->ring, cqe);
+		if (r == REAPER_STOP)
+			break;
+		uring_step(e, r, res);
+	}
+	return NULL;
+}
+
+/* ---- engines ------------------------------------------------------------------- */
+
+int rnbd_engine_open(enum rnbd_engine_kind kind, unsigned threads, unsigned depth,
+		     struct rnbd_engine **out)
+{
+	struct rnbd_engine *e = calloc(1, sizeof(*e));
+	int rc;
+
+	if (!e)
+		return -ENOMEM;
+	pthread_mutex_init(&e->lock, NULL);
+	pthread_cond_init(&e->cond, NULL);
+	pthread_mutex_init(&e->sq_lock, NULL);
+	e->nthreads = threads ? threads : 4;
+	e->threads = calloc(e->nthreads, sizeof(*e->threads));
+	if (!e->threads) {
+		free(e);
+		return -ENOMEM;
+	}
+	if (kind != RNBD_ENGINE_THREADS) {
+		rc = io_uring_queue_init(depth ? depth : 256, &e->ring, 0);
+		if (rc && kind == RNBD_ENGINE_URING) {
+			free(e->threads);
+			free(e);
+			return rc;
+		}
+		e->uring = rc == 0;
+	}
+	if (e->uring) {
+		rc = -pthread_create(&e->reaper, NULL, reaper_thread, e);
+		if (rc) {
+			io_uring_queue_exit(&e->ring);
+			free(e->threads);
+			free(e);
+			return rc;
+		}
+		e->reaper_started = true;
+	}
+	for (unsigned i = 0; i < e->nthreads; i++) {
+		rc = -pthread_create(&e->threads[i], NULL, pool_thread, e);
+		if (rc) {
+			e->nthreads = i;
+			rnbd_engine_close(e);
+			return rc;
+		}
+	}
+	*out = e;
+	return 0;
+}
+
+const char *rnbd_engine_name(const struct rnbd_engine *e)
+{
+	return e->uring ? "io_uring" : "threads";
+}
+
+void rnbd_engine_close(struct rnbd_engine *e)
+{
+	if (!e)
+		return;
+	pthread_mutex_lock(&e->lock);
+	e->stop = true;
+	pthread_cond_broadcast(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	for (unsigned i = 0; i < e->nthreads; i++)
+		pthread_join(e->threads[i], NULL);
+	if (e->reaper_started) {
+		struct io_uring_sqe *sqe;
+
+		pthread_mutex_lock(&e->sq_lock);
+		while (!(sqe = io_uring_get_sqe(&e->ring)))
+			io_uring_submit(&e->ring);
+		io_uring_prep_nop(sqe);
+		io_uring_sqe_set_data(sqe, REAPER_STOP);
+		io_uring_submit(&e->ring);
+		pthread_mutex_unlock(&e->sq_lock);
+		pthread_join(e->reaper, NULL);
+	}
+	if (e->uring)
+		io_uring_queue_exit(&e->ring);
+	free(e->threads);
+	free(e);
+}
+
+/* ---- stores -------------------------------------------------------------------- */
+
+static struct rnbd_store *store_new(void)
+{
+	struct rnbd_store *s = calloc(1, sizeof(*s));
+
+	if (s) {
+		s->fd = -1;
+		pthread_mutex_init(&s->lock, NULL);
+		pthread_cond_init(&s->idle, NULL);
+	}
+	return s;
+}
+
+/* A block device's queue attribute from sysfs, or dflt. */
+static uint64_t queue_attr(dev_t rdev, const char *name, uint64_t dflt)
+{
+	char path[128];
+	unsigned long long v;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/queue/%s", major(rdev), minor(rdev),
+		 name);
+	f = fopen(path, "r");
+	if (!f)
+		return dflt;
+	if (fscanf(f, "%llu", &v) != 1)
+		v = dflt;
+	fclose(f);
+	return v;
+}
+
+int rnbd_store_fd(struct rnbd_engine *e, int fd, bool direct, struct rnbd_store **out)
+{
+	struct rnbd_store *s = store_new();
+	struct rnbd_store_info *in;
+	struct stat st;
+	int rc;
+
+	if (!s) {
+		close(fd);
+		return -ENOMEM;
+	}
+	s->e = e;
+	s->fd = fd;
+	s->direct = direct;
+	in = &s->info;
+	if (fstat(fd, &st)) {
+		rc = -errno;
+		goto fail;
+	}
+	in->dev = st.st_dev;
+	in->ino = st.st_ino;
+	if (S_ISBLK(st.st_mode)) {
+		uint64_t bytes;
+		int lbs = 512;
+		unsigned pbs = 512;
+
+		in->block_device = true;
+		in->dev = st.st_rdev;
+		in->ino = 0;
+		if (ioctl(fd, BLKGETSIZE64, &bytes) || ioctl(fd, BLKSSZGET, &lbs) ||
+		    ioctl(fd, BLKPBSZGET, &pbs)) {
+			rc = -errno;
+			goto fail;
+		}
+		in->size = bytes;
+		in->logical_block_size = (uint32_t)lbs;
+		in->physical_block_size = MAX(pbs, (unsigned)lbs);
+		in->discard = queue_attr(st.st_rdev, "discard_max_bytes", 0) > 0;
+		in->write_zeroes = true; /* BLKZEROOUT writes zeros where the device cannot */
+		in->secure_erase = false;
+		in->write_cache = true;
+	} else if (S_ISREG(st.st_mode)) {
+		in->size = (uint64_t)st.st_size;
+		in->logical_block_size = direct ? 4096 : 512;
+		in->physical_block_size = 4096;
+		in->discard = true;
+		in->write_zeroes = true;
+		in->write_cache = true;
+	} else {
+		rc = -ENOTBLK;
+		goto fail;
+	}
+	in->size -= in->size % in->logical_block_size;
+	*out = s;
+	return 0;
+fail:
+	close(fd);
+	free(s);
+	return rc;
+}
+
+int rnbd_store_memory(uint64_t size, struct rnbd_store **out)
+{
+	struct rnbd_store *s;
+
+	if (!size || size % 4096)
+		return -EINVAL;
+	s = store_new();
+	if (!s)
+		return -ENOMEM;
+	s->mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS |
+		      MAP_NORESERVE, -1, 0);
+	if (s->mem == MAP_FAILED) {
+		free(s);
+		return -ENOMEM;
+	}
+	s->info = (struct rnbd_store_info){
+		.size = size, .logical_block_size = 512, .physical_block_size = 4096,
+		.discard = true, .secure_erase = true, .write_zeroes = true,
+	};
+	*out = s;
+	return 0;
+}
+
+const struct rnbd_store_info *rnbd_store_info(const struct rnbd_store *s)
+{
+	return &s->info;
+}
+
+static int mem_exec(struct rnbd_store *s, struct rnbd_breq *r)
+{
+	switch (r->op) {
+	case RNBD_OP_READ:
+		memcpy(r->buf, s->mem + r->offset, r->len);
+		break;
+	case RNBD_OP_WRITE:
+		memcpy(s->mem + r->offset, r->buf, r->len);
+		break;
+	case RNBD_OP_FLUSH:
+		break;
+	default:
+		memset(s->mem + r->offset, 0, r->len);
+		break;
+	}
+	return 0;
+}
+
+void rnbd_store_submit(struct rnbd_store *s, struct rnbd_breq *r)
+{
+	uint32_t align = s->direct ? s->info.logical_block_size : 1;
+
+	r->store = s;
+	store_get(s);
+	if (r->offset > s->info.size || r->len > s->info.size - r->offset) {
+		complete(r, -EINVAL);
+		return;
+	}
+	if (align > 1 && (r->offset % align || r->len % align ||
+			  (uintptr_t)r->buf % align)) {
+		complete(r, -EINVAL);
+		return;
+	}
+	if (!s->e) {
+		complete(r, mem_exec(s, r));
+		return;
+	}
+	if (s->e->uring && (r->op == RNBD_OP_READ || r->op == RNBD_OP_WRITE ||
+			    r->op == RNBD_OP_FLUSH))
+		uring_start(s->e, r);
+	else
+		pool_queue(s->e, r);
+}
+
+void rnbd_store_close(struct rnbd_store *s)
+{
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->lock);
+	while (s->inflight)
+		pthread_cond_wait(&s->idle, &s->lock);
+	pthread_mutex_unlock(&s->lock);
+	if (s->mem)
+		munmap(s->mem, s->info.size);
+	if (s->fd >= 0)
+		close(s->fd);
+	free(s);
+}

@@ -1,0 +1,324 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The RNBD server's backing stores (lib/rnbd/rnbd-backend.c) against a
+ * model: every engine (io_uring, threads) over a file, with and without
+ * O_DIRECT, and the memory store, take rounds of concurrent requests on
+ * disjoint slots (reads, writes with and without FUA and PREFLUSH, flushes,
+ * discards, write zeroes with and without NOUNMAP, secure erase); each
+ * read must return what the model holds, and at the end the file, read
+ * through a descriptor of its own, must equal the model byte for byte.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "rnbd-backend.h"
+
+#define DEV_SIZE (8u << 20)
+#define SLOTS 64
+#define SLOT (DEV_SIZE / SLOTS)  /* 128 KiB */
+#define ROUNDS 40
+
+struct waiter {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unsigned left;
+};
+
+struct req {
+	struct rnbd_breq r;
+	struct waiter *w;
+	int err;
+	int expect;            /* the errno this request must end with */
+	uint8_t *check;        /* reads: what the model holds */
+};
+
+static void req_done(struct rnbd_breq *br, int err)
+{
+	struct req *q = (struct req *)br;
+
+	q->err = err;
+	pthread_mutex_lock(&q->w->lock);
+	if (--q->w->left == 0)
+		pthread_cond_signal(&q->w->cond);
+	pthread_mutex_unlock(&q->w->lock);
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd(uint32_t below)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (uint32_t)(rng % below);
+}
+
+/* One store through ROUNDS rounds; model is the expected content. */
+static void exercise(const char *what, struct rnbd_store *s, uint8_t *model, bool direct)
+{
+	const struct rnbd_store_info *in = rnbd_store_info(s);
+	uint32_t unit = direct ? in->logical_block_size : 512;
+	static struct req reqs[SLOTS];
+	static uint8_t *bufs[SLOTS];
+	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
+	unsigned counts[8] = { 0 }, bad = 0;
+
+	CHECK_EQ(in->size, DEV_SIZE);
+	for (unsigned i = 0; i < SLOTS; i++)
+		if (!bufs[i] && posix_memalign((void **)&bufs[i], 4096, SLOT))
+			abort();
+	for (unsigned round = 0; round < ROUNDS; round++) {
+		w.left = SLOTS;
+		for (unsigned i = 0; i < SLOTS; i++) {
+			struct req *q = &reqs[i];
+			uint32_t blocks = SLOT / unit;
+			uint32_t first = rnd(blocks), n = 1 + rnd(blocks - first);
+			uint64_t off = (uint64_t)i * SLOT + (uint64_t)first * unit;
+			uint32_t len = n * unit;
+			unsigned kind = rnd(10);
+
+			memset(q, 0, sizeof(*q));
+			q->w = &w;
+			q->r.done = req_done;
+			q->r.offset = off;
+			q->r.len = len;
+			q->r.buf = bufs[i];
+			switch (kind) {
+			case 0: case 1: case 2:
+				q->r.op = RNBD_OP_WRITE;
+				q->r.flags = (kind == 1 ? RNBD_F_FUA : 0) |
+					     (kind == 2 ? RNBD_F_PREFLUSH : 0);
+				for (uint32_t b = 0; b < len; b++)
+					bufs[i][b] = (uint8_t)rnd(256);
+				memcpy(model + off, bufs[i], len);
+				break;
+			case 3: case 4: case 5:
+				q->r.op = RNBD_OP_READ;
+				q->check = model + off;
+				memset(bufs[i], 0xee, len);
+				break;
+			case 6:
+				q->r.op = RNBD_OP_FLUSH;
+				q->r.offset = q->r.len = 0;
+				q->r.flags = rnd(2) ? RNBD_F_PREFLUSH : 0;
+				break;
+			case 7:
+				q->r.op = RNBD_OP_DISCARD;
+				memset(model + off, 0, len);
+				break;
+			case 8:
+				q->r.op = RNBD_OP_WRITE_ZEROES;
+				q->r.flags = rnd(2) ? RNBD_F_NOUNMAP : 0;
+				memset(model + off, 0, len);
+				break;
+			case 9:
+				q->r.op = RNBD_OP_SECURE_ERASE;
+				if (!in->secure_erase)
+					q->expect = -EOPNOTSUPP; /* content stays */
+				else
+					memset(model + off, 0, len);
+				break;
+			}
+			counts[q->r.op]++;
+		}
+		for (unsigned i = 0; i < SLOTS; i++)
+			rnbd_store_submit(s, &reqs[i].r);
+		pthread_mutex_lock(&w.lock);
+		while (w.left)
+			pthread_cond_wait(&w.cond, &w.lock);
+		pthread_mutex_unlock(&w.lock);
+		for (unsigned i = 0; i < SLOTS; i++) {
+			struct req *q = &reqs[i];
+
+			if (q->err != q->expect) {
+				bad++;
+				CHECK(q->err == q->expect, "%s: %s at %llu+%u: %s", what,
+				      rnbd_op_name(q->r.op), (unsigned long long)q->r.offset,
+				      q->r.len, strerror(-q->err));
+			}
+			if (q->check && !q->err && memcmp(q->r.buf, q->check, q->r.len)) {
+				bad++;
+				CHECK(0, "%s: read at %llu+%u differs from the model", what,
+				      (unsigned long long)q->r.offset, q->r.len);
+			}
+		}
+	}
+	CHECK(bad == 0, "%s: %u requests wrong", what, bad);
+	for (unsigned op = 0; op <= RNBD_OP_WRITE_ZEROES; op++)
+		CHECK(counts[op] > 20, "%s: only %u %s requests", what, counts[op],
+		      rnbd_op_name((enum rnbd_io_op)op));
+
+	/* Beyond the end, and (O_DIRECT) unaligned: refused before any IO. */
+	w.left = 2;
+	memset(reqs, 0, 2 * sizeof(reqs[0]));
+	for (unsigned i = 0; i < 2; i++) {
+		reqs[i].w = &w;
+		reqs[i].r.done = req_done;
+		reqs[i].r.op = RNBD_OP_READ;
+		reqs[i].r.buf = bufs[i];
+	}
+	reqs[0].r.offset = DEV_SIZE - 512;
+	reqs[0].r.len = 1024;
+	reqs[1].r.offset = direct ? 512 : DEV_SIZE;
+	reqs[1].r.len = direct ? 512 : 512;
+	rnbd_store_submit(s, &reqs[0].r);
+	rnbd_store_submit(s, &reqs[1].r);
+	pthread_mutex_lock(&w.lock);
+	while (w.left)
+		pthread_cond_wait(&w.cond, &w.lock);
+	pthread_mutex_unlock(&w.lock);
+	CHECK_EQ(reqs[0].err, -EINVAL);
+	CHECK_EQ(reqs[1].err, -EINVAL);
+	for (unsigned i = 0; i < SLOTS; i++) {
+		free(bufs[i]);
+		bufs[i] = NULL;
+	}
+}
+
+/* The file's content through a descriptor of its own equals the model. */
+static void check_file(const char *what, const char *path, const uint8_t *model)
+{
+	uint8_t *got = malloc(DEV_SIZE);
+	int fd = open(path, O_RDONLY);
+	ssize_t n = fd >= 0 ? pread(fd, got, DEV_SIZE, 0) : -1;
+
+	CHECK_EQ(n, DEV_SIZE);
+	CHECK(n == DEV_SIZE && !memcmp(got, model, DEV_SIZE), "%s: file equals the model", what);
+	if (fd >= 0)
+		close(fd);
+	free(got);
+}
+
+static void test_file(enum rnbd_engine_kind kind, bool direct)
+{
+	char path[] = "/var/tmp/rnbd-backend-test.XXXXXX", what[64];
+	uint8_t *model = calloc(1, DEV_SIZE);
+	struct rnbd_engine *e;
+	struct rnbd_store *s;
+	int fd, rc;
+
+	fd = mkstemp(path);
+	CHECK(fd >= 0);
+	CHECK_EQ(ftruncate(fd, DEV_SIZE), 0);
+	close(fd);
+	rc = rnbd_engine_open(kind, 4, 64, &e);
+	CHECK(rc == 0, "engine: %s", strerror(-rc));
+	if (rc)
+		goto out;
+	snprintf(what, sizeof(what), "%s%s", rnbd_engine_name(e), direct ? " O_DIRECT" : "");
+	CHECK(!strcmp(rnbd_engine_name(e), kind == RNBD_ENGINE_THREADS ? "threads" : "io_uring"),
+	      "%s", rnbd_engine_name(e));
+	fd = open(path, O_RDWR | (direct ? O_DIRECT : 0));
+	if (fd < 0 && direct) {
+		printf("# %s: O_DIRECT not supported here (%s), not tested\n", what, strerror(errno));
+		rnbd_engine_close(e);
+		goto out;
+	}
+	CHECK_EQ(rnbd_store_fd(e, fd, direct, &s), 0);
+	exercise(what, s, model, direct);
+	rnbd_store_close(s);
+	rnbd_engine_close(e);
+	check_file(what, path, model);
+out:
+	unlink(path);
+	free(model);
+}
+
+static void test_memory(void)
+{
+	uint8_t *model = calloc(1, DEV_SIZE);
+	struct rnbd_store *s;
+
+	CHECK_EQ(rnbd_store_memory(DEV_SIZE, &s), 0);
+	CHECK(rnbd_store_info(s)->secure_erase);
+	exercise("memory", s, model, false);
+	rnbd_store_close(s);
+	CHECK_EQ(rnbd_store_memory(0, &s), -EINVAL);
+	CHECK_EQ(rnbd_store_memory(1000, &s), -EINVAL);
+	free(model);
+}
+
+static void test_not_a_store(void)
+{
+	struct rnbd_engine *e;
+	struct rnbd_store *s;
+	int fd = open("/var/tmp", O_RDONLY | O_DIRECTORY);
+
+	CHECK_EQ(rnbd_engine_open(RNBD_ENGINE_THREADS, 1, 0, &e), 0);
+	CHECK_EQ(rnbd_store_fd(e, fd, false, &s), -ENOTBLK);
+	rnbd_engine_close(e);
+}
+
+/*
+ * A loop device over a file (root, losetup): discard and write zeroes as
+ * block ioctls, size and block sizes from the device.
+ */
+static int test_blockdev(void)
+{
+	char path[] = "/var/tmp/rnbd-backend-bdev.XXXXXX", cmd[256], dev[64] = "";
+	uint8_t *model = calloc(1, DEV_SIZE);
+	struct rnbd_engine *e;
+	struct rnbd_store *s;
+	FILE *p;
+	int fd;
+
+	if (geteuid() != 0 || system("command -v losetup >/dev/null 2>&1")) {
+		fprintf(stderr, "SKIP: a loop device needs root and losetup\n");
+		free(model);
+		return 77;
+	}
+	fd = mkstemp(path);
+	CHECK(fd >= 0 && ftruncate(fd, DEV_SIZE) == 0);
+	close(fd);
+	snprintf(cmd, sizeof(cmd), "losetup -f --show '%s'", path);
+	p = popen(cmd, "r");
+	if (!p || !fgets(dev, sizeof(dev), p))
+		dev[0] = '\0';
+	if (p)
+		pclose(p);
+	dev[strcspn(dev, "\n")] = '\0';
+	CHECK(dev[0] == '/', "losetup gave a device: '%s'", dev);
+	if (dev[0] == '/') {
+		for (int k = 0; k < 2; k++) {
+			enum rnbd_engine_kind kind = k ? RNBD_ENGINE_THREADS : RNBD_ENGINE_URING;
+			char what[96];
+
+			CHECK_EQ(rnbd_engine_open(kind, 4, 64, &e), 0);
+			fd = open(dev, O_RDWR);
+			CHECK(fd >= 0, "%s: %s", dev, strerror(errno));
+			CHECK_EQ(rnbd_store_fd(e, fd, false, &s), 0);
+			CHECK(rnbd_store_info(s)->block_device);
+			CHECK_EQ(rnbd_store_info(s)->logical_block_size, 512);
+			snprintf(what, sizeof(what), "%s on %s", rnbd_engine_name(e), dev);
+			exercise(what, s, model, false);
+			rnbd_store_close(s);
+			rnbd_engine_close(e);
+		}
+		snprintf(cmd, sizeof(cmd), "losetup -d '%s'", dev);
+		CHECK_EQ(system(cmd), 0);
+		check_file("loop device's file", path, model);
+	}
+	unlink(path);
+	free(model);
+	return test_done("rnbd-backend-blockdev");
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && !strcmp(argv[1], "--blockdev"))
+		return test_blockdev();
+	test_file(RNBD_ENGINE_URING, false);
+	test_file(RNBD_ENGINE_URING, true);
+	test_file(RNBD_ENGINE_THREADS, false);
+	test_file(RNBD_ENGINE_THREADS, true);
+	test_memory();
+	test_not_a_store();
+	return test_done("rnbd-backend");
+}
