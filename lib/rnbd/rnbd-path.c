@@ -78,3 +78,17 @@ int rnbd_dev_open(const char *root, const char *dev_name, int flags, int *fd, co
 	*fd = rc;
 	return 0;
 }
+
+void rnbd_dev_name_normalize(char *name)
+{
+	char *w = name;
+
+	for (const char *r = name; *r; r++) {
+		if (*r == '/' && (w == name || w[-1] == '/'))
+			continue;
+		*w++ = *r;
+	}
+	if (w > name && w[-1] == '/')
+		w--;
+	*w = '\0';
+}

@@ -28,4 +28,10 @@ int rnbd_search_root(const char *search, const char *sessname, char *out, size_t
  */
 int rnbd_dev_open(const char *root, const char *dev_name, int flags, int *fd, const char **why);
 
+/*
+ * A device name in its one spelling, in place: leading, trailing and
+ * repeated '/' dropped ("/a//b/" -> "a/b"), so that one device has one name.
+ */
+void rnbd_dev_name_normalize(char *name);
+
 #endif

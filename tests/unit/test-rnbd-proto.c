@@ -450,6 +450,16 @@ static void test_paths(void)
 	}
 	CHECK_EQ(rnbd_dev_open("/nonexistent-rnbd-root", "disk", O_RDONLY, &fd, &why), -ENOENT);
 
+	/* One device, one spelling. */
+	static const char *const spell[][2] = {
+		{ "/a//b/", "a/b" }, { "disk", "disk" }, { "//x", "x" }, { "a/b//", "a/b" },
+	};
+	for (unsigned i = 0; i < ARRAY_SIZE(spell); i++) {
+		snprintf(p, sizeof(p), "%s", spell[i][0]);
+		rnbd_dev_name_normalize(p);
+		CHECK(!strcmp(p, spell[i][1]), "%s -> %s", spell[i][0], p);
+	}
+
 	snprintf(p, sizeof(p), "rm -rf '%s'", top);
 	CHECK_EQ(system(p), 0);
 }

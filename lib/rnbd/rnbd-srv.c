@@ -1,0 +1,737 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The RNBD server over librtrs (ref/rtrs-upstream.md section 5.4).
+ *
+ * Sessions come and go with the transport's link events. Requests arrive
+ * through rdma_ev on the transport's completion threads: SESS_INFO, OPEN
+ * and CLOSE are answered at once (the answers to the first two go in the
+ * read buffer); IO goes to the device's backing store and is answered from
+ * the store's thread when it completes.
+ *
+ * Devices: a session's open devices sit in a table indexed by device id.
+ * Every open of a file or block device has its own descriptor and store;
+ * memory devices are shared by all sessions. The sharing rule counts
+ * writers per backing object (device and inode) across sessions. A device
+ * closed from the server side (force-close) keeps its id, and IO on it
+ * fails with -ENOTCONN until the client closes it.
+ *
+ * Locks: srv->ctl serialises what opens and closes devices (OPEN, CLOSE,
+ * force-close, a session going down), so a device is released once and
+ * freed by whoever takes it out of its table; srv->lock guards the session
+ * list and the writer table; each session's lock guards its device table.
+ * A device's `refs` counts IO in flight; releasing waits for it to drain
+ * (IO completion takes none of these locks).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "rnbd-backend.h"
+#include "rnbd-path.h"
+#include "rnbd-proto.h"
+#include "rnbd.h"
+#include "rtrs.h"
+#include "util.h"
+
+#define RNBD_SESSNAME_MAX 256
+#define MEM_DEVS_MAX 16
+
+struct mem_dev {
+	char name[RNBD_DEV_NAME_MAX];
+	struct rnbd_store *store;
+};
+
+/* Writers of one backing object, across sessions. */
+struct writers {
+	struct writers *next;
+	dev_t dev;
+	ino_t ino;
+	unsigned count;
+};
+
+struct sess_dev {
+	struct rnbd_sess *sess;
+	uint32_t id;
+	char name[RNBD_DEV_NAME_MAX];
+	enum rnbd_access_mode mode;
+	struct rnbd_store *store;
+	bool own_store;              /* files: closed with the device; memory: shared */
+	bool forced;                 /* closed by the server: IO gets -ENOTCONN */
+	bool released;               /* store and writer slot given back */
+	struct writers *w;           /* NULL when read-only */
+	atomic_uint refs;            /* IO in flight */
+	pthread_mutex_t lock;
+	pthread_cond_t drained;
+};
+
+struct rnbd_sess {
+	struct rnbd_srv *srv;
+	struct rnbd_sess *next;
+	char name[RNBD_SESSNAME_MAX];
+	unsigned ver;                /* negotiated; 0 before SESS_INFO */
+	pthread_mutex_t lock;
+	struct sess_dev **devs;
+	uint32_t ndevs;
+};
+
+struct rnbd_srv {
+	struct rnbd_srv_opts o;
+	char search[4096];
+	struct rtrs_srv_ctx *rtrs;
+	struct rnbd_engine *engine;
+	pthread_mutex_t ctl;
+	pthread_mutex_t lock;
+	struct rnbd_sess *sessions;
+	struct writers *writers;
+	struct mem_dev mem[MEM_DEVS_MAX];
+	unsigned nmem;
+};
+
+/* One IO on its way through a store. */
+struct srv_io {
+	struct rnbd_breq r;
+	struct rtrs_srv_op *op;
+	struct sess_dev *sd;
+};
+
+/* ---- devices ------------------------------------------------------------------ */
+
+static void dev_put(struct sess_dev *sd)
+{
+	if (atomic_fetch_sub(&sd->refs, 1) == 1) {
+		pthread_mutex_lock(&sd->lock);
+		pthread_cond_broadcast(&sd->drained);
+		pthread_mutex_unlock(&sd->lock);
+	}
+}
+
+/*
+ * Waits for the device's IO, then lets go of its store and its writer slot;
+ * once (srv->ctl held).
+ */
+static void dev_release(struct rnbd_srv *srv, struct sess_dev *sd)
+{
+	if (sd->released)
+		return;
+	sd->released = true;
+	pthread_mutex_lock(&sd->lock);
+	while (atomic_load(&sd->refs))
+		pthread_cond_wait(&sd->drained, &sd->lock);
+	pthread_mutex_unlock(&sd->lock);
+	if (sd->own_store)
+		rnbd_store_close(sd->store);
+	sd->store = NULL;
+	pthread_mutex_lock(&srv->lock);
+	if (sd->w && --sd->w->count == 0) {
+		for (struct writers **pp = &srv->writers; *pp; pp = &(*pp)->next) {
+			if (*pp == sd->w) {
+				*pp = sd->w->next;
+				free(sd->w);
+				break;
+			}
+		}
+	}
+	sd->w = NULL;
+	pthread_mutex_unlock(&srv->lock);
+}
+
+static void dev_free(struct sess_dev *sd)
+{
+	pthread_mutex_destroy(&sd->lock);
+	pthread_cond_destroy(&sd->drained);
+	free(sd);
+}
+
+/* Takes a writer slot for (dev, ino) under the sharing rule. srv->lock held. */
+static int writers_take(struct rnbd_srv *srv, dev_t dev, ino_t ino,
+			enum rnbd_access_mode mode, struct writers **out)
+{
+	struct writers *w;
+	int rc;
+
+	for (w = srv->writers; w; w = w->next)
+		if (w->dev == dev && w->ino == ino)
+			break;
+	rc = rnbd_access_admit(mode, w ? w->count : 0);
+	if (rc || mode == RNBD_ACCESS_RO)
+		return rc;
+	if (!w) {
+		w = calloc(1, sizeof(*w));
+		if (!w)
+			return -ENOMEM;
+		w->dev = dev;
+		w->ino = ino;
+		w->next = srv->writers;
+		srv->writers = w;
+	}
+	w->count++;
+	*out = w;
+	return 0;
+}
+
+static struct mem_dev *mem_find(struct rnbd_srv *srv, const char *name)
+{
+	for (unsigned i = 0; i < srv->nmem; i++)
+		if (!strcmp(srv->mem[i].name, name))
+			return &srv->mem[i];
+	return NULL;
+}
+
+/* Opens the backing store of a new device of sess. */
+static int dev_open_store(struct rnbd_sess *sess, struct sess_dev *sd, const char **why)
+{
+	struct rnbd_srv *srv = sess->srv;
+	struct mem_dev *m = mem_find(srv, sd->name);
+	char root[4096];
+	dev_t dev;
+	ino_t ino;
+	int fd, rc;
+
+	if (m) {
+		sd->store = m->store;
+		dev = 0;
+		ino = (ino_t)(m - srv->mem) + 1;
+	} else {
+		rc = rnbd_search_root(srv->search, sess->name, root, sizeof(root), why);
+		if (rc)
+			return rc;
+		rc = rnbd_dev_open(root, sd->name,
+				   (sd->mode == RNBD_ACCESS_RO ? O_RDONLY : O_RDWR) |
+				   (srv->o.direct ? O_DIRECT : 0), &fd, why);
+		if (rc)
+			return rc;
+		rc = rnbd_store_fd(srv->engine, fd, srv->o.direct, &sd->store);
+		if (rc) {
+			*why = "not a file or block device";
+			return rc;
+		}
+		sd->own_store = true;
+		dev = rnbd_store_info(sd->store)->dev;
+		ino = rnbd_store_info(sd->store)->ino;
+	}
+	pthread_mutex_lock(&srv->lock);
+	rc = writers_take(srv, dev, ino, sd->mode, &sd->w);
+	pthread_mutex_unlock(&srv->lock);
+	if (rc) {
+		*why = rc == -EPERM ? "access mode refused by the sharing rule" : "no memory";
+		if (sd->own_store)
+			rnbd_store_close(sd->store);
+		sd->store = NULL;
+	}
+	return rc;
+}
+
+static void open_rsp_fill(struct rnbd_msg_open_rsp *m, const struct sess_dev *sd)
+{
+	const struct rnbd_store_info *in = rnbd_store_info(sd->store);
+	uint32_t lbs = in->logical_block_size;
+	struct rnbd_open_rsp r = {
+		.device_id = sd->id,
+		.nsectors = in->size >> RNBD_SECTOR_SHIFT,
+		.max_hw_sectors = UINT32_MAX >> RNBD_SECTOR_SHIFT,
+		.max_write_zeroes_sectors = in->write_zeroes ? UINT32_MAX >> RNBD_SECTOR_SHIFT : 0,
+		.max_discard_sectors = in->discard ? UINT32_MAX >> RNBD_SECTOR_SHIFT : 0,
+		.discard_granularity = in->discard ? MAX(lbs, 4096u) : 0,
+		.physical_block_size = (uint16_t)in->physical_block_size,
+		.logical_block_size = (uint16_t)lbs,
+		.max_segments = 1,
+		.secure_discard = in->secure_erase,
+		.cache_policy = in->write_cache ? RNBD_WRITEBACK | RNBD_FUA : 0,
+	};
+
+	r.max_hw_sectors -= r.max_hw_sectors % (lbs >> RNBD_SECTOR_SHIFT);
+	rnbd_open_rsp_encode(m, &r);
+}
+
+/* ---- requests ------------------------------------------------------------------ */
+
+static int do_sess_info(struct rnbd_sess *sess, enum rtrs_dir dir, void *data, size_t datalen,
+			const void *usr, size_t usrlen)
+{
+	const char *why = NULL;
+	unsigned peer;
+	int rc;
+
+	if (dir != RTRS_READ || datalen < sizeof(struct rnbd_msg_sess_info)) {
+		log_err("rnbd: %s: SESS_INFO without room for its response", sess->name);
+		return -EINVAL;
+	}
+	rc = rnbd_sess_info_decode(usr, usrlen, false, &peer, &why);
+	if (rc) {
+		log_err("rnbd: %s: bad SESS_INFO: %s", sess->name, why);
+		return rc;
+	}
+	sess->ver = rnbd_version_negotiate(peer);
+	memset(data, 0, datalen);
+	rnbd_sess_info_encode(data, true, sess->ver);
+	return 0;
+}
+
+static int open_locked(struct rnbd_sess *sess, const struct rnbd_open *req, void *data)
+{
+	struct rnbd_open o = *req;
+	struct sess_dev *sd, **grown;
+	const char *why = NULL;
+	uint32_t id;
+	int rc;
+
+	rnbd_dev_name_normalize(o.dev_name);
+	pthread_mutex_lock(&sess->lock);
+	/* The same name again (a remap): the device it has. */
+	for (id = 0; id < sess->ndevs; id++) {
+		sd = sess->devs[id];
+		if (sd && !sd->forced && !strcmp(sd->name, o.dev_name)) {
+			open_rsp_fill(data, sd);
+			pthread_mutex_unlock(&sess->lock);
+			return 0;
+		}
+	}
+	pthread_mutex_unlock(&sess->lock);
+
+	sd = calloc(1, sizeof(*sd));
+	if (!sd)
+		return -ENOMEM;
+	sd->sess = sess;
+	sd->mode = o.access_mode;
+	memcpy(sd->name, o.dev_name, sizeof(sd->name));
+	pthread_mutex_init(&sd->lock, NULL);
+	pthread_cond_init(&sd->drained, NULL);
+	rc = dev_open_store(sess, sd, &why);
+	if (rc) {
+		log_err("rnbd: %s: cannot open %s (%s): %s: %s", sess->name, o.dev_name,
+			rnbd_access_mode_name(o.access_mode), why, strerror(-rc));
+		dev_free(sd);
+		return rc;
+	}
+	pthread_mutex_lock(&sess->lock);
+	for (id = 0; id < sess->ndevs && sess->devs[id]; id++)
+		;
+	if (id == sess->ndevs) {
+		grown = realloc(sess->devs, (sess->ndevs + 8) * sizeof(*grown));
+		if (!grown) {
+			pthread_mutex_unlock(&sess->lock);
+			dev_release(sess->srv, sd);
+			dev_free(sd);
+			return -ENOMEM;
+		}
+		memset(grown + sess->ndevs, 0, 8 * sizeof(*grown));
+		sess->devs = grown;
+		sess->ndevs += 8;
+	}
+	sd->id = id;
+	sess->devs[id] = sd;
+	open_rsp_fill(data, sd);
+	pthread_mutex_unlock(&sess->lock);
+	log_info("rnbd: %s: opened %s (%s) as device %u, %llu bytes", sess->name, sd->name,
+		 rnbd_access_mode_name(sd->mode), id,
+		 (unsigned long long)rnbd_store_info(sd->store)->size);
+	return 0;
+}
+
+static int do_open(struct rnbd_sess *sess, enum rtrs_dir dir, void *data, size_t datalen,
+		   const void *usr, size_t usrlen)
+{
+	struct rnbd_open o;
+	const char *why = NULL;
+	int rc;
+
+	if (dir != RTRS_READ || datalen < sizeof(struct rnbd_msg_open_rsp)) {
+		log_err("rnbd: %s: OPEN without room for its response", sess->name);
+		return -EINVAL;
+	}
+	rc = rnbd_open_decode(usr, usrlen, &o, &why);
+	if (rc) {
+		log_err("rnbd: %s: OPEN refused: %s", sess->name, why);
+		return rc;
+	}
+	memset(data, 0, datalen);
+	pthread_mutex_lock(&sess->srv->ctl);
+	rc = open_locked(sess, &o, data);
+	pthread_mutex_unlock(&sess->srv->ctl);
+	return rc;
+}
+
+/* Takes device id of sess out of its table. */
+static struct sess_dev *dev_detach(struct rnbd_sess *sess, uint32_t id)
+{
+	struct sess_dev *sd = NULL;
+
+	pthread_mutex_lock(&sess->lock);
+	if (id < sess->ndevs) {
+		sd = sess->devs[id];
+		sess->devs[id] = NULL;
+	}
+	pthread_mutex_unlock(&sess->lock);
+	return sd;
+}
+
+static int do_close(struct rnbd_sess *sess, const void *usr, size_t usrlen)
+{
+	const char *why = NULL;
+	struct sess_dev *sd;
+	uint32_t id;
+	int rc = rnbd_close_decode(usr, usrlen, &id, &why);
+
+	if (rc) {
+		log_err("rnbd: %s: bad CLOSE: %s", sess->name, why);
+		return rc;
+	}
+	pthread_mutex_lock(&sess->srv->ctl);
+	sd = dev_detach(sess, id);
+	if (sd) {
+		log_info("rnbd: %s: closing %s (device %u)", sess->name, sd->name, id);
+		dev_release(sess->srv, sd);
+		dev_free(sd);
+	}
+	pthread_mutex_unlock(&sess->srv->ctl);
+	return sd ? 0 : -ENOENT;
+}
+
+static void io_done(struct rnbd_breq *r, int err)
+{
+	struct srv_io *io = (struct srv_io *)r;
+	struct sess_dev *sd = io->sd;
+
+	if (err)
+		log_err_rl("rnbd: %s: %s %s at %llu+%u failed: %s", sd->sess->name, sd->name,
+			   rnbd_op_name(r->op), (unsigned long long)r->offset, r->len,
+			   strerror(-err));
+	rtrs_srv_resp_rdma(io->op, err);
+	dev_put(sd);
+	free(io);
+}
+
+static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir dir,
+		 void *data, size_t datalen, const void *usr, size_t usrlen)
+{
+	struct rnbd_io m;
+	struct sess_dev *sd = NULL;
+	struct srv_io *io;
+	const char *why = NULL;
+	int rc = rnbd_io_decode(usr, usrlen, sess->ver, datalen, &m, &why);
+
+	if (rc) {
+		log_err_rl("rnbd: %s: bad IO: %s", sess->name, why);
+		return rc;
+	}
+	if ((m.op == RNBD_OP_READ) != (dir == RTRS_READ)) {
+		log_err_rl("rnbd: %s: %s sent as an RTRS %s", sess->name, rnbd_op_name(m.op),
+			   dir == RTRS_READ ? "read" : "write");
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&sess->lock);
+	if (m.device_id < sess->ndevs)
+		sd = sess->devs[m.device_id];
+	if (sd && !sd->forced)
+		atomic_fetch_add(&sd->refs, 1);
+	else
+		rc = -ENOTCONN;
+	pthread_mutex_unlock(&sess->lock);
+	if (rc)
+		return rc;
+	if (sd->mode == RNBD_ACCESS_RO && m.op != RNBD_OP_READ && m.op != RNBD_OP_FLUSH) {
+		dev_put(sd);
+		return -EROFS;
+	}
+	io = calloc(1, sizeof(*io));
+	if (!io) {
+		dev_put(sd);
+		return -ENOMEM;
+	}
+	io->op = op;
+	io->sd = sd;
+	io->r = (struct rnbd_breq){
+		.op = m.op, .flags = m.flags, .offset = m.sector << RNBD_SECTOR_SHIFT,
+		.len = m.bi_size, .buf = data, .done = io_done,
+	};
+	rnbd_store_submit(sd->store, &io->r);
+	return 0;
+}
+
+static int srv_rdma_ev(void *priv, struct rtrs_srv_op *op, enum rtrs_dir dir, void *data,
+		       size_t datalen, const void *usr, size_t usrlen)
+{
+	struct rnbd_sess *sess = rtrs_srv_get_sess_priv(rtrs_srv_op_sess(op));
+	const char *why = NULL;
+	int type = rnbd_msg_type(usr, usrlen, &why), rc;
+
+	if (!sess)
+		return -ENOTCONN;
+	if (type < 0) {
+		log_err_rl("rnbd: %s: %s", sess->name, why);
+		return type;
+	}
+	if (type != RNBD_MSG_SESS_INFO && !sess->ver) {
+		log_err_rl("rnbd: %s: request before SESS_INFO", sess->name);
+		return -EPROTO;
+	}
+	switch (type) {
+	case RNBD_MSG_SESS_INFO:
+		rc = do_sess_info(sess, dir, data, datalen, usr, usrlen);
+		break;
+	case RNBD_MSG_OPEN:
+		rc = do_open(sess, dir, data, datalen, usr, usrlen);
+		break;
+	case RNBD_MSG_CLOSE:
+		rc = do_close(sess, usr, usrlen);
+		break;
+	case RNBD_MSG_IO:
+		/* Answered by io_done when the store completes it. */
+		return do_io(sess, op, dir, data, datalen, usr, usrlen);
+	default:
+		log_err_rl("rnbd: %s: a response type sent as a request", sess->name);
+		return -EINVAL;
+	}
+	/* Done here: answered now (an error is answered by the library). */
+	return rc ? rc : rtrs_srv_resp_rdma(op, 0);
+}
+
+/* ---- sessions ------------------------------------------------------------------ */
+
+static void sess_destroy(struct rnbd_sess *sess)
+{
+	pthread_mutex_lock(&sess->srv->ctl);
+	for (uint32_t id = 0; id < sess->ndevs; id++) {
+		struct sess_dev *sd = sess->devs[id];
+
+		if (sd) {
+			dev_release(sess->srv, sd);
+			dev_free(sd);
+		}
+	}
+	pthread_mutex_unlock(&sess->srv->ctl);
+	free(sess->devs);
+	pthread_mutex_destroy(&sess->lock);
+	free(sess);
+}
+
+static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void *priv)
+{
+	struct rnbd_srv *srv = priv;
+	struct rnbd_sess *sess;
+
+	if (ev == RTRS_SRV_LINK_EV_CONNECTED) {
+		sess = calloc(1, sizeof(*sess));
+		if (!sess)
+			return -ENOMEM;
+		sess->srv = srv;
+		pthread_mutex_init(&sess->lock, NULL);
+		rtrs_srv_get_sess_name(rs, sess->name, sizeof(sess->name));
+		pthread_mutex_lock(&srv->lock);
+		sess->next = srv->sessions;
+		srv->sessions = sess;
+		pthread_mutex_unlock(&srv->lock);
+		rtrs_srv_set_sess_priv(rs, sess);
+		log_info("rnbd: session %s up", sess->name);
+		return 0;
+	}
+	sess = rtrs_srv_get_sess_priv(rs);
+	if (!sess)
+		return 0;
+	rtrs_srv_set_sess_priv(rs, NULL);
+	pthread_mutex_lock(&srv->lock);
+	for (struct rnbd_sess **pp = &srv->sessions; *pp; pp = &(*pp)->next) {
+		if (*pp == sess) {
+			*pp = sess->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&srv->lock);
+	log_info("rnbd: session %s down, closing its devices", sess->name);
+	sess_destroy(sess);
+	return 0;
+}
+
+/* ---- the server ----------------------------------------------------------------- */
+
+int rnbd_srv_opts_init(struct rnbd_srv_opts *o, size_t size)
+{
+	if (!o || size < sizeof(*o))
+		return -EINVAL;
+	memset(o, 0, size);
+	o->size = size;
+	o->port = RNBD_DEFAULT_PORT_NR;
+	o->dev_search_path = "/";
+	o->engine = "auto";
+	o->engine_threads = 4;
+	o->queue_depth = RTRS_DEFAULT_QUEUE_DEPTH;
+	o->max_chunk_size = RTRS_DEFAULT_CHUNK_SIZE;
+	o->always_invalidate = 1;
+	return 0;
+}
+
+/* "name:size[,name:size...]" -> memory stores. */
+static int mem_devices_parse(struct rnbd_srv *srv, const char *spec)
+{
+	char buf[4096], *save = NULL, *item;
+	int rc;
+
+	if (snprintf(buf, sizeof(buf), "%s", spec) >= (int)sizeof(buf))
+		return -ENAMETOOLONG;
+	for (item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+		char *colon = strrchr(item, ':');
+		struct mem_dev *m;
+		uint64_t size;
+		const char *why = NULL;
+
+		if (!colon) {
+			log_err("rnbd: memory device \"%s\": expected name:size", item);
+			return -EINVAL;
+		}
+		*colon = '\0';
+		if (!rnbd_dev_name_valid(item, &why)) {
+			log_err("rnbd: memory device \"%s\": %s", item, why);
+			return -EINVAL;
+		}
+		rc = parse_size(colon + 1, 4096, UINT64_MAX >> 1, &size);
+		if (rc || size % 4096) {
+			log_err("rnbd: memory device %s: bad size \"%s\" (multiples of 4 KiB)", item,
+				colon + 1);
+			return -EINVAL;
+		}
+		if (srv->nmem == MEM_DEVS_MAX || mem_find(srv, item)) {
+			log_err("rnbd: memory device %s: %s", item,
+				srv->nmem == MEM_DEVS_MAX ? "too many" : "named twice");
+			return -EINVAL;
+		}
+		m = &srv->mem[srv->nmem];
+		snprintf(m->name, sizeof(m->name), "%s", item);
+		rc = rnbd_store_memory(size, &m->store);
+		if (rc) {
+			log_err("rnbd: memory device %s: %s", item, strerror(-rc));
+			return rc;
+		}
+		srv->nmem++;
+	}
+	return 0;
+}
+
+static void srv_free(struct rnbd_srv *srv)
+{
+	for (unsigned i = 0; i < srv->nmem; i++)
+		rnbd_store_close(srv->mem[i].store);
+	rnbd_engine_close(srv->engine);
+	pthread_mutex_destroy(&srv->lock);
+	pthread_mutex_destroy(&srv->ctl);
+	free(srv);
+}
+
+int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
+{
+	static const struct { const char *name; enum rnbd_engine_kind kind; } engines[] = {
+		{ "auto", RNBD_ENGINE_AUTO }, { "io_uring", RNBD_ENGINE_URING },
+		{ "threads", RNBD_ENGINE_THREADS },
+	};
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev, .link_ev = srv_link_ev };
+	struct rtrs_srv_opts ro;
+	struct rnbd_srv *srv;
+	int kind = -1, rc;
+
+	if (!o || o->size < sizeof(*o) || !out)
+		return -EINVAL;
+	for (unsigned i = 0; i < ARRAY_SIZE(engines); i++)
+		if (o->engine && !strcmp(o->engine, engines[i].name))
+			kind = (int)engines[i].kind;
+	if (kind < 0) {
+		log_err("rnbd: unknown engine \"%s\" (auto, io_uring, threads)",
+			o->engine ? o->engine : "");
+		return -EINVAL;
+	}
+	if (!o->dev_search_path || o->dev_search_path[0] != '/') {
+		log_err("rnbd: the device search path must be absolute");
+		return -EINVAL;
+	}
+	srv = calloc(1, sizeof(*srv));
+	if (!srv)
+		return -ENOMEM;
+	srv->o = *o;
+	pthread_mutex_init(&srv->ctl, NULL);
+	pthread_mutex_init(&srv->lock, NULL);
+	snprintf(srv->search, sizeof(srv->search), "%s", o->dev_search_path);
+	srv->o.dev_search_path = srv->search;
+	rc = rnbd_engine_open(kind, o->engine_threads, MAX(o->queue_depth, 64u), &srv->engine);
+	if (rc) {
+		log_err("rnbd: cannot start the %s engine: %s", o->engine, strerror(-rc));
+		srv_free(srv);
+		return rc;
+	}
+	if (o->mem_devices && (rc = mem_devices_parse(srv, o->mem_devices))) {
+		srv_free(srv);
+		return rc;
+	}
+	rtrs_srv_opts_init(&ro, sizeof(ro));
+	ro.addr = o->addr;
+	ro.port = o->port;
+	if (o->provider)
+		ro.provider = o->provider;
+	ro.queue_depth = o->queue_depth;
+	ro.max_chunk_size = o->max_chunk_size;
+	ro.always_invalidate = o->always_invalidate;
+	ro.auth_keys_file = o->auth_keys_file;
+	ro.auth_name = o->auth_name;
+	if (o->hb_interval_ms)
+		ro.hb_interval_ms = o->hb_interval_ms;
+	ops.priv = srv;
+	rc = rtrs_srv_open(&ops, &ro, &srv->rtrs);
+	if (rc) {
+		srv_free(srv);
+		return rc;
+	}
+	log_info("rnbd: serving devices below %s (%s engine%s)", srv->search,
+		 rnbd_engine_name(srv->engine), o->direct ? ", O_DIRECT" : "");
+	*out = srv;
+	return 0;
+}
+
+int rnbd_srv_port(struct rnbd_srv *srv, unsigned timeout_ms)
+{
+	int rc = rtrs_srv_wait_listening(srv->rtrs, timeout_ms);
+
+	return rc ? rc : rtrs_srv_get_port(srv->rtrs);
+}
+
+int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char *dev_name)
+{
+	struct sess_dev *found = NULL;
+
+	pthread_mutex_lock(&srv->ctl);
+	pthread_mutex_lock(&srv->lock);
+	for (struct rnbd_sess *sess = srv->sessions; sess && !found; sess = sess->next) {
+		if (strcmp(sess->name, sessname))
+			continue;
+		pthread_mutex_lock(&sess->lock);
+		for (uint32_t id = 0; id < sess->ndevs; id++) {
+			struct sess_dev *sd = sess->devs[id];
+
+			if (sd && !sd->forced && !strcmp(sd->name, dev_name)) {
+				sd->forced = true; /* the id stays taken */
+				found = sd;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&sess->lock);
+	}
+	pthread_mutex_unlock(&srv->lock);
+	if (found) {
+		log_info("rnbd: %s: %s closed by the server", sessname, dev_name);
+		dev_release(srv, found);
+	}
+	pthread_mutex_unlock(&srv->ctl);
+	return found ? 0 : -ENOENT;
+}
+
+void rnbd_srv_close(struct rnbd_srv *srv)
+{
+	if (!srv)
+		return;
+	/* Answers every IO in flight and takes every session down (link events). */
+	rtrs_srv_close(srv->rtrs);
+	srv_free(srv);
+}

@@ -1,0 +1,317 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The RNBD server (lib/rnbd/rnbd-srv.c) against RTRS clients that speak
+ * RNBD by hand: the session handshake, IO of every kind on a file checked
+ * byte for byte (also through the file itself), the sharing rules across
+ * sessions (second rw refused, ro allowed, migration allows two writers),
+ * read-only devices refusing writes, device names that try to leave the
+ * search path, force-close (IO then fails with -ENOTCONN), and a memory
+ * device.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "harness.h"
+#include "rnbd-proto.h"
+#include "rnbd.h"
+#include "rtrs.h"
+
+#define DISK_SIZE (4u << 20)
+
+static char top[] = "/var/tmp/rnbd-srv-test.XXXXXX";
+static int port;
+
+struct waiter {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+	int err;
+};
+
+static void conf(void *priv, int err)
+{
+	struct waiter *w = priv;
+
+	pthread_mutex_lock(&w->lock);
+	w->done = true;
+	w->err = err;
+	pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+}
+
+/* One RNBD request: msg as the user header, data read or written. */
+static int req(struct rtrs_clt_sess *s, enum rtrs_dir dir, const void *msg, size_t msglen,
+	       void *data, size_t datalen)
+{
+	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
+	struct rtrs_clt_req_ops ops = { .priv = &w, .conf = conf };
+	struct iovec usr = { (void *)msg, msglen }, iov = { data, datalen };
+	struct rtrs_permit *permit = rtrs_clt_get_permit(s, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+	int rc;
+
+	if (!permit)
+		return -ECONNABORTED;
+	rc = rtrs_clt_request(s, dir, &ops, permit, &usr, 1, &iov, datalen ? 1 : 0);
+	if (!rc) {
+		pthread_mutex_lock(&w.lock);
+		while (!w.done)
+			pthread_cond_wait(&w.cond, &w.lock);
+		pthread_mutex_unlock(&w.lock);
+		rc = w.err;
+	}
+	rtrs_clt_put_permit(s, permit);
+	return rc;
+}
+
+static struct rtrs_clt_sess *sess_open(const char *name)
+{
+	struct rtrs_path_addr pa;
+	struct rtrs_clt_opts o;
+	struct rtrs_clt_sess *s = NULL;
+	struct rnbd_msg_sess_info m, rsp;
+	const char *why = NULL;
+	unsigned ver = 0;
+	char dst[64];
+	int rc;
+
+	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
+	pa = (struct rtrs_path_addr){ .dst = dst };
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = name;
+	o.paths = &pa;
+	o.paths_num = 1;
+	o.provider = test_provider();
+	o.nr_io_cons = 1;
+	rc = rtrs_clt_open(&o, &s);
+	CHECK(rc == 0, "session %s: %s", name, strerror(-rc));
+	if (rc)
+		return NULL;
+	rnbd_sess_info_encode(&m, false, RNBD_PROTO_VER_MAJOR);
+	CHECK_EQ(req(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp)), 0);
+	CHECK_EQ(rnbd_sess_info_decode(&rsp, sizeof(rsp), true, &ver, &why), 0);
+	CHECK_EQ(ver, RNBD_PROTO_VER_MAJOR);
+	return s;
+}
+
+/* OPEN; the device id, or a negative errno. */
+static int dev_open(struct rtrs_clt_sess *s, const char *name, enum rnbd_access_mode mode,
+		    struct rnbd_open_rsp *out)
+{
+	struct rnbd_open o = { .access_mode = mode };
+	struct rnbd_msg_open m;
+	struct rnbd_msg_open_rsp rsp;
+	struct rnbd_open_rsp r;
+	const char *why = NULL;
+	int rc;
+
+	snprintf(o.dev_name, sizeof(o.dev_name), "%s", name);
+	rnbd_open_encode(&m, &o);
+	rc = req(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
+	if (rc)
+		return rc;
+	rc = rnbd_open_rsp_decode(&rsp, sizeof(rsp), &r, &why);
+	CHECK(rc == 0, "OPEN_RSP: %s", why);
+	if (out)
+		*out = r;
+	return rc ? rc : (int)r.device_id;
+}
+
+static int dev_close(struct rtrs_clt_sess *s, uint32_t id)
+{
+	struct rnbd_msg_close m;
+
+	rnbd_close_encode(&m, id);
+	return req(s, RTRS_WRITE, &m, sizeof(m), NULL, 0);
+}
+
+static int io(struct rtrs_clt_sess *s, uint32_t id, enum rnbd_io_op op, uint32_t flags,
+	      uint64_t off, void *buf, uint32_t len)
+{
+	struct rnbd_io i = { .device_id = id, .sector = off >> 9, .op = op, .flags = flags,
+			     .bi_size = len };
+	struct rnbd_msg_io m;
+	bool data = op == RNBD_OP_READ || op == RNBD_OP_WRITE;
+
+	rnbd_io_encode(&m, &i);
+	return req(s, op == RNBD_OP_READ ? RTRS_READ : RTRS_WRITE, &m, sizeof(m),
+		   data ? buf : NULL, data ? len : 0);
+}
+
+static void fill(uint8_t *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)(i * 31 + seed * 7 + (i >> 9));
+}
+
+static bool file_has(const char *path, uint64_t off, const void *want, size_t len)
+{
+	uint8_t *got = malloc(len);
+	int fd = open(path, O_RDONLY);
+	bool ok = fd >= 0 && pread(fd, got, len, (off_t)off) == (ssize_t)len &&
+		  !memcmp(got, want, len);
+
+	if (fd >= 0)
+		close(fd);
+	free(got);
+	return ok;
+}
+
+static void mkfile(const char *path, size_t size)
+{
+	int fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
+
+	CHECK(fd >= 0 && ftruncate(fd, (off_t)size) == 0, "%s", path);
+	if (fd >= 0)
+		close(fd);
+}
+
+static void test_all(void)
+{
+	static uint8_t a[256 << 10], b[256 << 10], zero[256 << 10];
+	char path[512], disk[512], search[512];
+	struct rtrs_clt_sess *s1, *s2, *s3, *s4;
+	struct rnbd_srv_opts o;
+	struct rnbd_srv *srv;
+	struct rnbd_open_rsp r;
+	int id, id2, id3, rc;
+
+	/* top/<session>/disk: one file, hard-linked into every session's directory. */
+	for (int i = 1; i <= 4; i++) {
+		snprintf(path, sizeof(path), "%s/s%d", top, i);
+		CHECK_EQ(mkdir(path, 0700), 0);
+	}
+	snprintf(disk, sizeof(disk), "%s/s1/disk", top);
+	mkfile(disk, DISK_SIZE);
+	for (int i = 2; i <= 4; i++) {
+		snprintf(path, sizeof(path), "%s/s%d/disk", top, i);
+		CHECK_EQ(link(disk, path), 0);
+	}
+	snprintf(path, sizeof(path), "%s/s1/out", top);
+	CHECK_EQ(symlink("../s2/disk", path), 0);
+	snprintf(path, sizeof(path), "%s/outside", top);
+	mkfile(path, 4096);
+
+	rnbd_srv_opts_init(&o, sizeof(o));
+	snprintf(search, sizeof(search), "%s/%%SESSNAME%%", top);
+	o.addr = test_addr();
+	o.provider = test_provider();
+	o.port = 0;
+	o.dev_search_path = search;
+	o.mem_devices = "mem0:16M";
+	o.queue_depth = 32;
+	o.max_chunk_size = 512 << 10;
+	CHECK_EQ(rnbd_srv_open(&o, &srv), 0);
+	port = rnbd_srv_port(srv, 5000);
+	CHECK(port > 0, "port %d", port);
+
+	s1 = sess_open("s1");
+	s2 = sess_open("s2");
+	s3 = sess_open("s3");
+	s4 = sess_open("s4");
+	if (!s1 || !s2 || !s3 || !s4)
+		goto out;
+
+	/* IO of every kind on a file. */
+	id = dev_open(s1, "disk", RNBD_ACCESS_RW, &r);
+	CHECK_EQ(id, 0);
+	CHECK_EQ(r.nsectors, DISK_SIZE / 512);
+	CHECK_EQ(r.logical_block_size, 512);
+	CHECK(r.max_discard_sectors > 0 && r.max_write_zeroes_sectors > 0);
+	CHECK(r.cache_policy == (RNBD_WRITEBACK | RNBD_FUA));
+	fill(a, sizeof(a), 1);
+	CHECK_EQ(io(s1, id, RNBD_OP_WRITE, 0, 8192, a, sizeof(a)), 0);
+	CHECK_EQ(io(s1, id, RNBD_OP_READ, 0, 8192, b, sizeof(b)), 0);
+	CHECK(!memcmp(a, b, sizeof(a)), "read back what was written");
+	CHECK(file_has(disk, 8192, a, sizeof(a)), "the file holds it");
+	fill(a, 4096, 2);
+	CHECK_EQ(io(s1, id, RNBD_OP_WRITE, RNBD_F_FUA | RNBD_F_PREFLUSH, 0, a, 4096), 0);
+	CHECK(file_has(disk, 0, a, 4096), "FUA write in the file");
+	CHECK_EQ(io(s1, id, RNBD_OP_FLUSH, 0, 0, NULL, 0), 0);
+	CHECK_EQ(io(s1, id, RNBD_OP_WRITE, RNBD_F_PREFLUSH, 0, NULL, 0), 0); /* empty: a flush */
+	CHECK_EQ(io(s1, id, RNBD_OP_DISCARD, 0, 8192, NULL, 65536), 0);
+	CHECK_EQ(io(s1, id, RNBD_OP_WRITE_ZEROES, RNBD_F_NOUNMAP, 8192 + 65536, NULL, 65536), 0);
+	CHECK_EQ(io(s1, id, RNBD_OP_READ, 0, 8192, b, 131072), 0);
+	CHECK(!memcmp(b, zero, 131072), "discarded and zeroed ranges read as zeros");
+	CHECK(file_has(disk, 8192 + 131072, (fill(a, sizeof(a), 1), a + 131072), 65536),
+	      "the rest stayed");
+	CHECK_EQ(io(s1, id, RNBD_OP_SECURE_ERASE, 0, 0, NULL, 4096), -EOPNOTSUPP);
+	/* Beyond the end; a device that is not open. */
+	CHECK_EQ(io(s1, id, RNBD_OP_READ, 0, DISK_SIZE - 4096, b, 8192), -EINVAL);
+	CHECK_EQ(io(s1, 7, RNBD_OP_READ, 0, 0, b, 4096), -ENOTCONN);
+	/* Opening the same name again gives the same device. */
+	CHECK_EQ(dev_open(s1, "/disk", RNBD_ACCESS_RW, NULL), 0);
+
+	/* Sharing: a second writer refused, readers allowed, migration adds one. */
+	CHECK_EQ(dev_open(s2, "disk", RNBD_ACCESS_RW, NULL), -EPERM);
+	id2 = dev_open(s2, "disk", RNBD_ACCESS_RO, NULL);
+	CHECK_EQ(id2, 0);
+	CHECK_EQ(io(s2, id2, RNBD_OP_READ, 0, 0, b, 4096), 0);
+	fill(a, 4096, 2);
+	CHECK(!memcmp(a, b, 4096), "the reader sees the writer's data");
+	CHECK_EQ(io(s2, id2, RNBD_OP_WRITE, 0, 0, a, 4096), -EROFS);
+	id3 = dev_open(s3, "disk", RNBD_ACCESS_MIGRATION, NULL);
+	CHECK_EQ(id3, 0);
+	CHECK_EQ(dev_open(s4, "disk", RNBD_ACCESS_MIGRATION, NULL), -EPERM);
+	CHECK_EQ(io(s3, id3, RNBD_OP_WRITE, 0, 4096, a, 4096), 0);
+
+	/* Names that try to leave the search path. */
+	CHECK_EQ(dev_open(s1, "../s2/disk", RNBD_ACCESS_RO, NULL), -EINVAL);
+	CHECK_EQ(dev_open(s1, "out", RNBD_ACCESS_RO, NULL), -EACCES);
+	CHECK_EQ(dev_open(s1, "../outside", RNBD_ACCESS_RO, NULL), -EINVAL);
+	CHECK_EQ(dev_open(s1, "missing", RNBD_ACCESS_RO, NULL), -ENOENT);
+
+	/* Force-close: IO fails with -ENOTCONN; the id stays until the client closes. */
+	CHECK_EQ(rnbd_srv_force_close(srv, "s1", "disk"), 0);
+	CHECK_EQ(rnbd_srv_force_close(srv, "s1", "disk"), -ENOENT);
+	CHECK_EQ(io(s1, id, RNBD_OP_READ, 0, 0, b, 4096), -ENOTCONN);
+	CHECK_EQ(dev_open(s1, "disk", RNBD_ACCESS_RW, NULL), -EPERM); /* s3 still writes */
+	CHECK_EQ(dev_close(s3, (uint32_t)id3), 0);
+	CHECK_EQ(dev_close(s3, (uint32_t)id3), -ENOENT);
+	rc = dev_open(s1, "disk", RNBD_ACCESS_RW, NULL);
+	CHECK_EQ(rc, 1); /* id 0 is still the force-closed one */
+	CHECK_EQ(dev_close(s1, 0), 0);
+	CHECK_EQ(dev_close(s1, 1), 0);
+
+	/* A memory device, shared by name. */
+	id = dev_open(s1, "mem0", RNBD_ACCESS_RW, &r);
+	CHECK_EQ(id, 0);
+	CHECK_EQ(r.nsectors, (16u << 20) / 512);
+	fill(a, sizeof(a), 3);
+	CHECK_EQ(io(s1, id, RNBD_OP_WRITE, 0, 1 << 20, a, sizeof(a)), 0);
+	id2 = dev_open(s4, "mem0", RNBD_ACCESS_RO, NULL);
+	CHECK(id2 >= 0);
+	CHECK_EQ(io(s4, (uint32_t)id2, RNBD_OP_READ, 0, 1 << 20, b, sizeof(b)), 0);
+	CHECK(!memcmp(a, b, sizeof(a)), "memory device: another session reads it back");
+	CHECK_EQ(io(s1, id, RNBD_OP_SECURE_ERASE, 0, 1 << 20, NULL, 4096), 0);
+	CHECK_EQ(io(s4, (uint32_t)id2, RNBD_OP_READ, 0, 1 << 20, b, 4096), 0);
+	CHECK(!memcmp(b, zero, 4096), "erased");
+
+out:
+	/* Sessions go with devices still open: the server closes them. */
+	for (struct rtrs_clt_sess **s = (struct rtrs_clt_sess *[]){ s1, s2, s3, s4 }, **e = s + 4;
+	     s < e; s++)
+		if (*s)
+			rtrs_clt_close(*s);
+	rnbd_srv_close(srv);
+}
+
+int main(void)
+{
+	char cmd[600];
+
+	if (!mkdtemp(top)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	test_all();
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", top);
+	CHECK_EQ(system(cmd), 0);
+	return test_done("test-rnbd-srv");
+}
