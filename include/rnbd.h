@@ -8,8 +8,11 @@
 #ifndef RNBD_H
 #define RNBD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "rtrs.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -60,6 +63,84 @@ int rnbd_srv_port(struct rnbd_srv *srv, unsigned timeout_ms);
 int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char *dev_name);
 /* Stops serving: every IO in flight is answered first. */
 void rnbd_srv_close(struct rnbd_srv *srv);
+
+/* ---- client ------------------------------------------------------------------ */
+
+struct rnbd_clt_sess;
+struct rnbd_clt_dev;
+
+/* Access modes and IO operations, as on the wire (docs/protocol.md section 13). */
+enum rnbd_clt_mode { RNBD_CLT_RO = 0, RNBD_CLT_RW = 1, RNBD_CLT_MIGRATION = 2 };
+
+enum rnbd_clt_op {
+	RNBD_CLT_READ = 0,
+	RNBD_CLT_WRITE = 1,
+	RNBD_CLT_FLUSH = 2,
+	RNBD_CLT_DISCARD = 3,
+	RNBD_CLT_SECURE_ERASE = 4,
+	RNBD_CLT_WRITE_ZEROES = 5,
+};
+
+/* Flags of an IO (wire values). */
+#define RNBD_CLT_F_FUA (1u << 9)
+#define RNBD_CLT_F_PREFLUSH (1u << 10)
+#define RNBD_CLT_F_NOUNMAP (1u << 11) /* write zeroes: keep the blocks allocated */
+
+/*
+ * Opens a session (the RTRS session, shared by the devices mapped through
+ * it) and exchanges SESS_INFO. opts as for rtrs_clt_open (port default
+ * 1234 here); its link_ev and priv are the library's, and opts->link_ev, if
+ * set, is still called after the library's own handling.
+ */
+int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **out);
+/* Unmaps (force) what is still mapped and closes the session. */
+void rnbd_clt_sess_close(struct rnbd_clt_sess *sess);
+
+/*
+ * Maps device dev_name (a path below the server's search path) in mode.
+ * -EPERM: the server's sharing rule refused the mode; -EEXIST: this
+ * session has mapped that name already.
+ */
+int rnbd_clt_map(struct rnbd_clt_sess *sess, const char *dev_name, enum rnbd_clt_mode mode,
+		 struct rnbd_clt_dev **out);
+/*
+ * Unmaps: normal fails with -EBUSY while IO is in flight; force refuses new
+ * IO (-ENODEV), waits for what is in flight, then closes. The handle is
+ * gone when this returns 0.
+ */
+int rnbd_clt_unmap(struct rnbd_clt_dev *dev, bool force);
+/* Opens the device again on the server (-EALREADY if it is mapped). */
+int rnbd_clt_remap(struct rnbd_clt_dev *dev);
+/* Changes the size this client uses (bytes, whole blocks); no server call. */
+int rnbd_clt_resize(struct rnbd_clt_dev *dev, uint64_t size);
+
+struct rnbd_clt_dev_info {
+	size_t size;                /* sizeof(struct rnbd_clt_dev_info), set by the caller */
+	uint64_t bytes;             /* device size */
+	uint32_t logical_block_size;
+	uint32_t physical_block_size;
+	uint32_t max_io;            /* bytes per request (larger ones are split) */
+	bool read_only;
+	bool discard, write_zeroes, secure_erase;
+	bool write_cache;           /* flush means something */
+	bool fua;
+	const char *state;          /* "mapped", "disconnected", "reopening", "unmapped" */
+};
+
+int rnbd_clt_dev_info(struct rnbd_clt_dev *dev, struct rnbd_clt_dev_info *info);
+
+/*
+ * IO on a mapped device: offset and len in bytes, whole logical blocks
+ * (flush: 0 and 0). Reads fill buf, writes send it; discard, secure erase
+ * and write zeroes carry no data (buf NULL). Requests larger than max_io
+ * are split. While the session reconnects, IO waits for the device to be
+ * open again up to the session's fast_io_fail_ms. Returns 0 or a negative
+ * errno: -EROFS (read-only mapping), -ENODEV (unmapped), -EINVAL (range or
+ * alignment), -ENOTCONN (the server closed the device), -EOPNOTSUPP, or
+ * the server's error.
+ */
+int rnbd_clt_io(struct rnbd_clt_dev *dev, enum rnbd_clt_op op, uint32_t flags,
+		uint64_t offset, void *buf, uint32_t len);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,585 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The RNBD client over librtrs (ref/rtrs-upstream.md section 5.3).
+ *
+ * A session is one RTRS session; devices mapped through it share it. Every
+ * exchange is a synchronous RTRS request from the caller's thread: SESS_INFO
+ * and OPEN as reads whose data is the response, CLOSE as an empty write, IO
+ * with its data. When the transport loses its last path, the devices go
+ * "disconnected"; when a path comes back, a worker thread of the session
+ * sends SESS_INFO and OPEN again for each of them (the server forgot them
+ * with the session) and IO resumes. IO is sent only to a device that is
+ * open on the server; while it is not, IO waits up to the session's
+ * fast_io_fail_ms.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "rnbd-path.h"
+#include "rnbd-proto.h"
+#include "rnbd.h"
+#include "util.h"
+
+enum dev_state { DEV_MAPPED, DEV_DISCONNECTED, DEV_REOPENING, DEV_UNMAPPED };
+
+static const char *const dev_state_names[] = {
+	[DEV_MAPPED] = "mapped", [DEV_DISCONNECTED] = "disconnected",
+	[DEV_REOPENING] = "reopening", [DEV_UNMAPPED] = "unmapped",
+};
+
+struct rnbd_clt_dev {
+	struct rnbd_clt_sess *sess;
+	struct rnbd_clt_dev *next;
+	char name[RNBD_DEV_NAME_MAX];
+	enum rnbd_access_mode mode;
+	/* sess->lock */
+	enum dev_state state;
+	uint32_t id;
+	struct rnbd_open_rsp rsp;
+	uint64_t bytes;
+	unsigned inflight;
+	bool refusing;               /* a forced unmap is under way */
+};
+
+struct rnbd_clt_sess {
+	struct rtrs_clt_sess *rtrs;
+	char name[256];              /* the session name, for logs */
+	unsigned ver;
+	uint32_t max_io;
+	unsigned fast_io_fail_ms;
+	void (*user_link_ev)(void *priv, enum rtrs_clt_link_ev ev);
+	void *user_priv;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;         /* device states, inflight, the worker's flags */
+	struct rnbd_clt_dev *devs;
+	bool reopen;                 /* a path came back: open the devices again */
+	bool stop;
+	pthread_t worker;
+	bool worker_started;
+};
+
+/* ---- one request ---------------------------------------------------------------- */
+
+struct waiter {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+	int err;
+};
+
+static void req_conf(void *priv, int err)
+{
+	struct waiter *w = priv;
+
+	pthread_mutex_lock(&w->lock);
+	w->done = true;
+	w->err = err;
+	pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+}
+
+/* Sends msg with data (read into it or written from it) and waits for the answer. */
+static int request(struct rnbd_clt_sess *s, enum rtrs_dir dir, const void *msg, size_t msglen,
+		   void *data, size_t datalen)
+{
+	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
+	struct rtrs_clt_req_ops ops = { .priv = &w, .conf = req_conf };
+	struct iovec usr = { (void *)msg, msglen }, iov = { data, datalen };
+	struct rtrs_permit *permit = rtrs_clt_get_permit(s->rtrs, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+	int rc;
+
+	if (!permit)
+		return -ECONNABORTED;
+	rc = rtrs_clt_request(s->rtrs, dir, &ops, permit, &usr, 1, &iov, datalen ? 1 : 0);
+	if (!rc) {
+		pthread_mutex_lock(&w.lock);
+		while (!w.done)
+			pthread_cond_wait(&w.cond, &w.lock);
+		pthread_mutex_unlock(&w.lock);
+		rc = w.err;
+	}
+	rtrs_clt_put_permit(s->rtrs, permit);
+	pthread_mutex_destroy(&w.lock);
+	pthread_cond_destroy(&w.cond);
+	return rc;
+}
+
+static int sess_info(struct rnbd_clt_sess *s)
+{
+	struct rnbd_msg_sess_info m, rsp;
+	const char *why = NULL;
+	unsigned ver;
+	int rc;
+
+	rnbd_sess_info_encode(&m, false, RNBD_PROTO_VER_MAJOR);
+	memset(&rsp, 0, sizeof(rsp));
+	rc = request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
+	if (rc)
+		return rc;
+	rc = rnbd_sess_info_decode(&rsp, sizeof(rsp), true, &ver, &why);
+	if (rc) {
+		log_err("rnbd: %s: bad SESS_INFO response: %s", s->name, why);
+		return rc;
+	}
+	s->ver = rnbd_version_negotiate(ver);
+	return 0;
+}
+
+/* OPEN; the decoded response in *out. */
+static int dev_open_msg(struct rnbd_clt_sess *s, const char *name, enum rnbd_access_mode mode,
+			struct rnbd_open_rsp *out)
+{
+	struct rnbd_open o = { .access_mode = mode };
+	struct rnbd_msg_open m;
+	struct rnbd_msg_open_rsp rsp;
+	const char *why = NULL;
+	int rc;
+
+	snprintf(o.dev_name, sizeof(o.dev_name), "%s", name);
+	rnbd_open_encode(&m, &o);
+	memset(&rsp, 0, sizeof(rsp));
+	rc = request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
+	if (rc)
+		return rc;
+	rc = rnbd_open_rsp_decode(&rsp, sizeof(rsp), out, &why);
+	if (rc)
+		log_err("rnbd: %s: bad OPEN response for %s: %s", s->name, name, why);
+	return rc;
+}
+
+static int dev_close_msg(struct rnbd_clt_sess *s, uint32_t id)
+{
+	struct rnbd_msg_close m;
+
+	rnbd_close_encode(&m, id);
+	return request(s, RTRS_WRITE, &m, sizeof(m), NULL, 0);
+}
+
+/* ---- reconnect ------------------------------------------------------------------ */
+
+static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
+{
+	struct rnbd_clt_sess *s = priv;
+
+	pthread_mutex_lock(&s->lock);
+	if (ev == RTRS_CLT_LINK_EV_DISCONNECTED) {
+		for (struct rnbd_clt_dev *d = s->devs; d; d = d->next)
+			if (d->state == DEV_MAPPED || d->state == DEV_REOPENING)
+				d->state = DEV_DISCONNECTED;
+		log_warn("rnbd: %s: no path left, devices disconnected", s->name);
+	} else {
+		s->reopen = true;
+	}
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	if (s->user_link_ev)
+		s->user_link_ev(s->user_priv, ev);
+}
+
+/* Opens every disconnected device again, after a path came back. */
+static void reopen_all(struct rnbd_clt_sess *s)
+{
+	struct rnbd_clt_dev *d;
+	struct rnbd_open_rsp r;
+	int rc = sess_info(s);
+
+	if (rc) {
+		log_err("rnbd: %s: SESS_INFO after reconnect failed: %s", s->name, strerror(-rc));
+		return;
+	}
+	for (;;) {
+		pthread_mutex_lock(&s->lock);
+		for (d = s->devs; d && d->state != DEV_DISCONNECTED; d = d->next)
+			;
+		if (d)
+			d->state = DEV_REOPENING;
+		pthread_mutex_unlock(&s->lock);
+		if (!d)
+			return;
+		rc = dev_open_msg(s, d->name, d->mode, &r);
+		pthread_mutex_lock(&s->lock);
+		if (d->state == DEV_REOPENING) {
+			if (!rc) {
+				d->id = r.device_id;
+				d->rsp = r;
+				d->state = DEV_MAPPED;
+				log_info("rnbd: %s: %s open again (device %u)", s->name, d->name,
+					 r.device_id);
+			} else {
+				/* Stays disconnected; the next reconnect tries again. */
+				d->state = DEV_DISCONNECTED;
+				log_err("rnbd: %s: opening %s again failed: %s", s->name, d->name,
+					strerror(-rc));
+			}
+		}
+		pthread_cond_broadcast(&s->cond);
+		pthread_mutex_unlock(&s->lock);
+		if (rc)
+			return;
+	}
+}
+
+static void *worker(void *arg)
+{
+	struct rnbd_clt_sess *s = arg;
+
+	pthread_mutex_lock(&s->lock);
+	for (;;) {
+		while (!s->reopen && !s->stop)
+			pthread_cond_wait(&s->cond, &s->lock);
+		if (s->stop)
+			break;
+		s->reopen = false;
+		pthread_mutex_unlock(&s->lock);
+		reopen_all(s);
+		pthread_mutex_lock(&s->lock);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+/* ---- sessions ------------------------------------------------------------------- */
+
+int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **out)
+{
+	struct rtrs_clt_opts o;
+	struct rtrs_attrs a = { .size = sizeof(a) };
+	struct rnbd_clt_sess *s;
+	int rc;
+
+	if (!opts || opts->size < sizeof(o) || !out)
+		return -EINVAL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->cond, NULL);
+	o = *opts;
+	snprintf(s->name, sizeof(s->name), "%s", o.sessname ? o.sessname : "");
+	s->user_link_ev = o.link_ev;
+	s->user_priv = o.priv;
+	s->fast_io_fail_ms = o.fast_io_fail_ms;
+	o.link_ev = link_ev;
+	o.priv = s;
+	rc = rtrs_clt_open(&o, &s->rtrs);
+	if (rc)
+		goto fail;
+	rc = rtrs_clt_query(s->rtrs, &a);
+	if (!rc)
+		rc = sess_info(s);
+	if (rc) {
+		log_err("rnbd: %s: session setup failed: %s", s->name, strerror(-rc));
+		rtrs_clt_close(s->rtrs);
+		goto fail;
+	}
+	s->max_io = a.max_io_size;
+	rc = -pthread_create(&s->worker, NULL, worker, s);
+	if (rc) {
+		rtrs_clt_close(s->rtrs);
+		goto fail;
+	}
+	s->worker_started = true;
+	log_info("rnbd: %s: session open, protocol version %u, IO up to %u bytes", s->name,
+		 s->ver, s->max_io);
+	*out = s;
+	return 0;
+fail:
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->cond);
+	free(s);
+	return rc;
+}
+
+void rnbd_clt_sess_close(struct rnbd_clt_sess *s)
+{
+	if (!s)
+		return;
+	for (;;) {
+		struct rnbd_clt_dev *d;
+
+		pthread_mutex_lock(&s->lock);
+		d = s->devs;
+		pthread_mutex_unlock(&s->lock);
+		if (!d)
+			break;
+		rnbd_clt_unmap(d, true);
+	}
+	pthread_mutex_lock(&s->lock);
+	s->stop = true;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	if (s->worker_started)
+		pthread_join(s->worker, NULL);
+	rtrs_clt_close(s->rtrs);
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->cond);
+	free(s);
+}
+
+/* ---- devices -------------------------------------------------------------------- */
+
+int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mode mode,
+		 struct rnbd_clt_dev **out)
+{
+	struct rnbd_clt_dev *d;
+	const char *why = NULL;
+	int rc;
+
+	if (!s || !out || (unsigned)mode > RNBD_ACCESS_MIGRATION)
+		return -EINVAL;
+	if (!rnbd_dev_name_valid(dev_name, &why)) {
+		log_err("rnbd: %s: cannot map \"%s\": %s", s->name, dev_name ? dev_name : "", why);
+		return -EINVAL;
+	}
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->sess = s;
+	d->mode = (enum rnbd_access_mode)mode;
+	snprintf(d->name, sizeof(d->name), "%s", dev_name);
+	rnbd_dev_name_normalize(d->name);
+	pthread_mutex_lock(&s->lock);
+	for (struct rnbd_clt_dev *o = s->devs; o; o = o->next) {
+		if (!strcmp(o->name, d->name)) {
+			pthread_mutex_unlock(&s->lock);
+			free(d);
+			return -EEXIST;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	rc = dev_open_msg(s, d->name, d->mode, &d->rsp);
+	if (rc) {
+		log_err("rnbd: %s: mapping %s (%s) failed: %s", s->name, d->name,
+			rnbd_access_mode_name(d->mode), strerror(-rc));
+		free(d);
+		return rc;
+	}
+	d->id = d->rsp.device_id;
+	d->bytes = d->rsp.nsectors << RNBD_SECTOR_SHIFT;
+	d->state = DEV_MAPPED;
+	pthread_mutex_lock(&s->lock);
+	d->next = s->devs;
+	s->devs = d;
+	pthread_mutex_unlock(&s->lock);
+	log_info("rnbd: %s: mapped %s (%s), %llu bytes", s->name, d->name,
+		 rnbd_access_mode_name(d->mode), (unsigned long long)d->bytes);
+	*out = d;
+	return 0;
+}
+
+int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
+{
+	struct rnbd_clt_sess *s;
+	bool open_there;
+	int rc = 0;
+
+	if (!d)
+		return -EINVAL;
+	s = d->sess;
+	pthread_mutex_lock(&s->lock);
+	if (d->inflight && !force) {
+		pthread_mutex_unlock(&s->lock);
+		return -EBUSY;
+	}
+	d->refusing = true;
+	while (d->inflight || d->state == DEV_REOPENING)
+		pthread_cond_wait(&s->cond, &s->lock);
+	open_there = d->state == DEV_MAPPED;
+	d->state = DEV_UNMAPPED;
+	for (struct rnbd_clt_dev **pp = &s->devs; *pp; pp = &(*pp)->next) {
+		if (*pp == d) {
+			*pp = d->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (open_there) {
+		rc = dev_close_msg(s, d->id);
+		if (rc && rc != -ENOTCONN)
+			log_warn("rnbd: %s: closing %s on the server: %s", s->name, d->name,
+				 strerror(-rc));
+	}
+	log_info("rnbd: %s: unmapped %s", s->name, d->name);
+	free(d);
+	return 0;
+}
+
+int rnbd_clt_remap(struct rnbd_clt_dev *d)
+{
+	struct rnbd_clt_sess *s = d->sess;
+	struct rnbd_open_rsp r;
+	int rc;
+
+	pthread_mutex_lock(&s->lock);
+	if (d->state == DEV_MAPPED) {
+		pthread_mutex_unlock(&s->lock);
+		return -EALREADY;
+	}
+	if (d->state != DEV_DISCONNECTED || d->refusing) {
+		pthread_mutex_unlock(&s->lock);
+		return -EBUSY;
+	}
+	d->state = DEV_REOPENING;
+	pthread_mutex_unlock(&s->lock);
+	rc = dev_open_msg(s, d->name, d->mode, &r);
+	pthread_mutex_lock(&s->lock);
+	if (!rc) {
+		d->id = r.device_id;
+		d->rsp = r;
+	}
+	d->state = rc ? DEV_DISCONNECTED : DEV_MAPPED;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
+int rnbd_clt_resize(struct rnbd_clt_dev *d, uint64_t size)
+{
+	if (!d || size % d->rsp.logical_block_size)
+		return -EINVAL;
+	pthread_mutex_lock(&d->sess->lock);
+	d->bytes = size;
+	pthread_mutex_unlock(&d->sess->lock);
+	return 0;
+}
+
+int rnbd_clt_dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
+{
+	if (!d || !in || in->size < sizeof(*in))
+		return -EINVAL;
+	pthread_mutex_lock(&d->sess->lock);
+	*in = (struct rnbd_clt_dev_info){
+		.size = in->size,
+		.bytes = d->bytes,
+		.logical_block_size = d->rsp.logical_block_size,
+		.physical_block_size = d->rsp.physical_block_size,
+		.max_io = d->sess->max_io - d->sess->max_io % d->rsp.logical_block_size,
+		.read_only = d->mode == RNBD_ACCESS_RO,
+		.discard = d->rsp.max_discard_sectors > 0,
+		.write_zeroes = d->rsp.max_write_zeroes_sectors > 0,
+		.secure_erase = d->rsp.secure_discard > 0,
+		.write_cache = d->rsp.cache_policy & RNBD_WRITEBACK,
+		.fua = (d->rsp.cache_policy & (RNBD_WRITEBACK | RNBD_FUA)) ==
+		       (RNBD_WRITEBACK | RNBD_FUA),
+		.state = dev_state_names[d->state],
+	};
+	pthread_mutex_unlock(&d->sess->lock);
+	return 0;
+}
+
+/* ---- IO --------------------------------------------------------------------------- */
+
+/*
+ * Waits until d is open on the server (sess->lock held); its id then, or
+ * a negative errno.
+ */
+static int wait_mapped(struct rnbd_clt_dev *d, uint32_t *id)
+{
+	struct rnbd_clt_sess *s = d->sess;
+	struct timespec dl;
+
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += s->fast_io_fail_ms / 1000;
+	dl.tv_nsec += (long)(s->fast_io_fail_ms % 1000) * 1000000L;
+	if (dl.tv_nsec >= 1000000000L) {
+		dl.tv_sec++;
+		dl.tv_nsec -= 1000000000L;
+	}
+	while (!d->refusing && (d->state == DEV_DISCONNECTED || d->state == DEV_REOPENING)) {
+		if (!s->fast_io_fail_ms ||
+		    pthread_cond_timedwait(&s->cond, &s->lock, &dl) == ETIMEDOUT)
+			return -ETIMEDOUT;
+	}
+	if (d->refusing || d->state != DEV_MAPPED)
+		return -ENODEV;
+	*id = d->id;
+	return 0;
+}
+
+static int io_one(struct rnbd_clt_dev *d, uint32_t id, enum rnbd_io_op op, uint32_t flags,
+		  uint64_t offset, void *buf, uint32_t len)
+{
+	struct rnbd_io io = { .device_id = id, .sector = offset >> RNBD_SECTOR_SHIFT, .op = op,
+			      .flags = flags, .bi_size = len };
+	struct rnbd_msg_io m;
+	bool data = op == RNBD_OP_READ || op == RNBD_OP_WRITE;
+
+	if (op == RNBD_OP_WRITE || op == RNBD_OP_FLUSH)
+		io.flags |= flags & (RNBD_F_FUA | RNBD_F_PREFLUSH) ? RNBD_F_SYNC : 0;
+	rnbd_io_encode(&m, &io);
+	return request(d->sess, op == RNBD_OP_READ ? RTRS_READ : RTRS_WRITE, &m, sizeof(m),
+		       data ? buf : NULL, data ? len : 0);
+}
+
+int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags, uint64_t offset,
+		void *buf, uint32_t len)
+{
+	struct rnbd_clt_sess *s;
+	enum rnbd_io_op op = (enum rnbd_io_op)cop;
+	uint32_t lbs, max, id = 0;
+	int rc = 0;
+
+	if (!d || (unsigned)cop > RNBD_OP_WRITE_ZEROES ||
+	    (flags & ~(uint32_t)(RNBD_F_FUA | RNBD_F_PREFLUSH | RNBD_F_NOUNMAP)))
+		return -EINVAL;
+	s = d->sess;
+	pthread_mutex_lock(&s->lock);
+	lbs = d->rsp.logical_block_size;
+	if (d->state == DEV_UNMAPPED || d->refusing)
+		rc = -ENODEV;
+	else if (d->mode == RNBD_ACCESS_RO && op != RNBD_OP_READ && op != RNBD_OP_FLUSH)
+		rc = -EROFS;
+	else if (op == RNBD_OP_FLUSH ? offset || len
+				      : !len || offset % lbs || len % lbs || offset > d->bytes ||
+					len > d->bytes - offset)
+		rc = -EINVAL;
+	else if ((op == RNBD_OP_READ || op == RNBD_OP_WRITE) != (buf != NULL))
+		rc = -EINVAL;
+	else
+		rc = wait_mapped(d, &id);
+	if (rc) {
+		pthread_mutex_unlock(&s->lock);
+		return rc;
+	}
+	d->inflight++;
+	pthread_mutex_unlock(&s->lock);
+
+	/* Data requests are cut at max_io; the others go whole (no data to carry). */
+	max = op == RNBD_OP_READ || op == RNBD_OP_WRITE ? s->max_io - s->max_io % lbs : len;
+	do {
+		uint32_t n = MIN(len, max);
+
+		rc = io_one(d, id, op, flags, offset, buf, n);
+		if (rc == -ENOTCONN || rc == -ETIMEDOUT || rc == -ECONNABORTED) {
+			/* The device may be open again under a new id: wait and retry. */
+			pthread_mutex_lock(&s->lock);
+			if (d->state != DEV_MAPPED || d->id != id) {
+				int w = wait_mapped(d, &id);
+
+				pthread_mutex_unlock(&s->lock);
+				if (!w)
+					continue;
+			} else {
+				pthread_mutex_unlock(&s->lock);
+			}
+		}
+		if (rc)
+			break;
+		offset += n;
+		len -= n;
+		if (buf)
+			buf = (uint8_t *)buf + n;
+		flags &= ~(uint32_t)RNBD_F_PREFLUSH; /* once, before the first piece */
+	} while (len);
+
+	pthread_mutex_lock(&s->lock);
+	d->inflight--;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}

@@ -1,0 +1,228 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * librnbd's client against its server, in one process over tcp on
+ * 127.0.0.1: mapping, IO of every kind larger than one transport request
+ * (checked byte for byte, also in the exported file), the sharing rules as
+ * a client sees them, read-only mappings, unmap and force-close, and a
+ * server restart under a mapped device: IO issued during the outage waits,
+ * the device is opened again, and the data is all there.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "harness.h"
+#include "rnbd.h"
+
+#define DISK_SIZE (16u << 20)
+#define BIG (1u << 20)           /* larger than one request: split */
+
+static char top[] = "/var/tmp/rnbd-test.XXXXXX";
+static char disk[600];
+static struct rnbd_srv *srv;
+static int port;
+
+static void srv_start(int want_port)
+{
+	struct rnbd_srv_opts o;
+
+	rnbd_srv_opts_init(&o, sizeof(o));
+	o.addr = test_addr();
+	o.provider = test_provider();
+	o.port = (uint16_t)want_port;
+	o.dev_search_path = top;
+	o.queue_depth = 32;
+	o.hb_interval_ms = 100;
+	CHECK_EQ(rnbd_srv_open(&o, &srv), 0);
+	port = rnbd_srv_port(srv, 5000);
+	CHECK(port > 0, "port %d", port);
+}
+
+static struct rnbd_clt_sess *sess_open(const char *name)
+{
+	struct rtrs_clt_opts o;
+	struct rtrs_path_addr pa;
+	static char dst[64];
+	struct rnbd_clt_sess *s = NULL;
+	int rc;
+
+	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
+	pa = (struct rtrs_path_addr){ .dst = dst };
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = name;
+	o.paths = &pa;
+	o.paths_num = 1;
+	o.provider = test_provider();
+	o.nr_io_cons = 2;
+	o.hb_interval_ms = 100;
+	o.reconnect_delay_ms = 100;
+	o.reconnect_jitter_ms = 50;
+	o.fast_io_fail_ms = 10000;
+	rc = rnbd_clt_sess_open(&o, &s);
+	CHECK(rc == 0, "session %s: %s", name, strerror(-rc));
+	return s;
+}
+
+static void fill(uint8_t *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)(i * 13 + seed * 101 + (i >> 12));
+}
+
+static bool file_has(uint64_t off, const void *want, size_t len)
+{
+	uint8_t *got = malloc(len);
+	int fd = open(disk, O_RDONLY);
+	bool ok = fd >= 0 && pread(fd, got, len, (off_t)off) == (ssize_t)len &&
+		  !memcmp(got, want, len);
+
+	if (fd >= 0)
+		close(fd);
+	free(got);
+	return ok;
+}
+
+struct bg_io {
+	struct rnbd_clt_dev *dev;
+	uint8_t *buf;
+	int rc;
+};
+
+static void *bg_read(void *arg)
+{
+	struct bg_io *b = arg;
+
+	b->rc = rnbd_clt_io(b->dev, RNBD_CLT_READ, 0, 0, b->buf, BIG);
+	return NULL;
+}
+
+static void test_all(void)
+{
+	static uint8_t a[BIG], b[BIG], zero[BIG];
+	struct rnbd_clt_dev_info in = { .size = sizeof(in) };
+	struct rnbd_clt_sess *s1, *s2;
+	struct rnbd_clt_dev *d1, *d2, *dx;
+	struct bg_io bg;
+	pthread_t th;
+	int fd;
+
+	snprintf(disk, sizeof(disk), "%s/disk", top);
+	fd = open(disk, O_CREAT | O_RDWR, 0600);
+	CHECK(fd >= 0 && ftruncate(fd, DISK_SIZE) == 0);
+	close(fd);
+	srv_start(0);
+	s1 = sess_open("c1");
+	s2 = sess_open("c2");
+	if (!s1 || !s2)
+		return;
+
+	/* Map, and what the device says of itself. */
+	CHECK_EQ(rnbd_clt_map(s1, "disk", RNBD_CLT_RW, &d1), 0);
+	CHECK_EQ(rnbd_clt_dev_info(d1, &in), 0);
+	CHECK_EQ(in.bytes, DISK_SIZE);
+	CHECK_EQ(in.logical_block_size, 512);
+	CHECK(in.max_io > 0 && in.max_io < BIG, "max_io %u: a 1 MiB IO is split", in.max_io);
+	CHECK(in.discard && in.write_zeroes && in.write_cache && in.fua && !in.read_only);
+	CHECK(!strcmp(in.state, "mapped"), "%s", in.state);
+	CHECK_EQ(rnbd_clt_map(s1, "/disk", RNBD_CLT_RW, &dx), -EEXIST);
+	CHECK_EQ(rnbd_clt_map(s1, "../etc/passwd", RNBD_CLT_RO, &dx), -EINVAL);
+	CHECK_EQ(rnbd_clt_map(s1, "nothing-here", RNBD_CLT_RO, &dx), -ENOENT);
+
+	/* IO of every kind. */
+	fill(a, BIG, 1);
+	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_WRITE, 0, 4096, a, BIG), 0);
+	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_READ, 0, 4096, b, BIG), 0);
+	CHECK(!memcmp(a, b, BIG), "1 MiB read back equals what was written");
+	CHECK(file_has(4096, a, BIG), "and the file holds it");
+	fill(a, 65536, 2);
+	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_WRITE, RNBD_CLT_F_FUA | RNBD_CLT_F_PREFLUSH,
+			     8 << 20, a, 65536), 0);
+	CHECK(file_has(8 << 20, a, 65536));
+	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_FLUSH, 0, 0, NULL, 0), 0);
+	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_DISCARD, 0, 4096, NULL, 65536), 0);
+	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_WRITE_ZEROES, RNBD_CLT_F_NOUNMAP, 4096 + 65536, NULL,
+			     65536), 0);
+	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_READ, 0, 4096, b, 131072), 0);
+	CHECK(!memcmp(b, zero, 131072), "discarded and zeroed ranges read as zeros");
+	/* Refused before anything is sent. */
+	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_READ, 0, 100, b, 512), -EINVAL);
+	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_READ, 0, DISK_SIZE - 512, b, 1024), -EINVAL);
+	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_READ, 0, 0, NULL, 512), -EINVAL);
+	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_FLUSH, 0, 512, NULL, 0), -EINVAL);
+	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_SECURE_ERASE, 0, 0, NULL, 4096), -EOPNOTSUPP);
+
+	/* The sharing rule, from another session. */
+	CHECK_EQ(rnbd_clt_map(s2, "disk", RNBD_CLT_RW, &d2), -EPERM);
+	CHECK_EQ(rnbd_clt_map(s2, "disk", RNBD_CLT_RO, &d2), 0);
+	CHECK_EQ(rnbd_clt_io(d2, RNBD_CLT_READ, 0, 8 << 20, b, 65536), 0);
+	CHECK(!memcmp(a, b, 65536), "a reader sees the writer's data");
+	CHECK_EQ(rnbd_clt_io(d2, RNBD_CLT_WRITE, 0, 0, a, 512), -EROFS);
+	CHECK_EQ(rnbd_clt_dev_info(d2, &in), 0);
+	CHECK(in.read_only);
+	CHECK_EQ(rnbd_clt_unmap(d2, false), 0);
+	CHECK_EQ(rnbd_clt_map(s2, "disk", RNBD_CLT_MIGRATION, &d2), 0);
+	CHECK_EQ(rnbd_clt_unmap(d2, false), 0);
+
+	/* Force-close on the server: IO fails with -ENOTCONN; unmap still works. */
+	CHECK_EQ(rnbd_clt_map(s2, "disk", RNBD_CLT_RO, &d2), 0);
+	CHECK_EQ(rnbd_srv_force_close(srv, "c2", "disk"), 0);
+	CHECK_EQ(rnbd_clt_io(d2, RNBD_CLT_READ, 0, 0, b, 4096), -ENOTCONN);
+	CHECK_EQ(rnbd_clt_remap(d2), -EALREADY);
+	CHECK_EQ(rnbd_clt_unmap(d2, false), 0);
+
+	/*
+	 * The server restarts under a mapped device. A read issued while it is
+	 * down waits, the device is opened again, and the read returns the
+	 * data written before.
+	 */
+	fill(a, BIG, 1);
+	rnbd_srv_close(srv);
+	bg = (struct bg_io){ .dev = d1, .buf = b };
+	memset(b, 0, BIG);
+	CHECK_EQ(pthread_create(&th, NULL, bg_read, &bg), 0);
+	usleep(300 * 1000);
+	srv_start(port);
+	pthread_join(th, NULL);
+	CHECK_EQ(bg.rc, 0);
+	{
+		uint8_t *want = malloc(BIG);
+		int f = open(disk, O_RDONLY);
+
+		CHECK(f >= 0 && pread(f, want, BIG, 0) == BIG);
+		CHECK(!memcmp(want, b, BIG), "the read across the restart returns the device's data");
+		close(f);
+		free(want);
+	}
+	CHECK_EQ(rnbd_clt_dev_info(d1, &in), 0);
+	CHECK(!strcmp(in.state, "mapped"), "state after the restart: %s", in.state);
+	fill(a, 4096, 9);
+	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_WRITE, RNBD_CLT_F_FUA, 0, a, 4096), 0);
+	CHECK(file_has(0, a, 4096), "IO goes on after the restart");
+
+	/* Unmapped, the name can be mapped again; sessions close with devices mapped. */
+	CHECK_EQ(rnbd_clt_unmap(d1, false), 0);
+	CHECK_EQ(rnbd_clt_map(s1, "disk", RNBD_CLT_RW, &d1), 0);
+	rnbd_clt_sess_close(s1);
+	rnbd_clt_sess_close(s2);
+	rnbd_srv_close(srv);
+}
+
+int main(void)
+{
+	char cmd[700];
+
+	if (!mkdtemp(top)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	test_all();
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", top);
+	CHECK_EQ(system(cmd), 0);
+	return test_done("test-rnbd");
+}
