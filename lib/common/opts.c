@@ -185,3 +185,102 @@ int opts_parse(const struct opt *t, const char *prog, const char *usage, int arg
 	free(so);
 	return rc;
 }
+
+static char *trim(char *s)
+{
+	char *e;
+
+	while (*s == ' ' || *s == '\t')
+		s++;
+	e = s + strlen(s);
+	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
+		*--e = '\0';
+	return s;
+}
+
+int opts_parse_file(const struct opt *t, const char *prog, const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char line[4096], where[4200];
+	unsigned lineno = 0;
+	int rc = 0;
+
+	if (!f) {
+		rc = -errno;
+		fprintf(stderr, "%s: config file %s: %s\n", prog, path, strerror(-rc));
+		return rc;
+	}
+	while (!rc && fgets(line, sizeof(line), f)) {
+		char *name, *val, *hash = strchr(line, '#');
+		const struct opt *o = NULL;
+		size_t len;
+
+		lineno++;
+		if (!strchr(line, '\n') && !feof(f)) {
+			fprintf(stderr, "%s: %s:%u: line too long\n", prog, path, lineno);
+			rc = -EINVAL;
+			break;
+		}
+		if (hash)
+			*hash = '\0';
+		name = trim(line);
+		if (!*name)
+			continue;
+		len = strcspn(name, " \t=");
+		val = name + len;
+		if (*val) {
+			*val++ = '\0';
+			val = trim(val);
+			if (*val == '=')
+				val = trim(val + 1);
+		}
+		for (unsigned i = 0; t[i].name && !o; i++)
+			if (!strcmp(t[i].name, name))
+				o = &t[i];
+		snprintf(where, sizeof(where), "%s: %s:%u", prog, path, lineno);
+		if (!o) {
+			fprintf(stderr, "%s: unknown option \"%s\"\n", where, name);
+			rc = -EINVAL;
+		} else if (o->type == OPT_FLAG && *val) {
+			fprintf(stderr, "%s: %s takes no value\n", where, name);
+			rc = -EINVAL;
+		} else if (o->type != OPT_FLAG && !*val) {
+			fprintf(stderr, "%s: %s needs a value\n", where, name);
+			rc = -EINVAL;
+		} else {
+			char *keep = strdup(val);
+
+			rc = keep ? set_opt(o, where, keep) : -ENOMEM;
+			/* Strings and lists keep pointing at it; numbers do not. */
+			if (rc || (o->type != OPT_STRING && o->type != OPT_LIST))
+				free(keep);
+		}
+	}
+	fclose(f);
+	return rc;
+}
+
+const char *opts_find(int argc, char **argv, const char *name, char short_name)
+{
+	size_t n = strlen(name);
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+
+		if (!strcmp(a, "--"))
+			break;
+		if (!strncmp(a, "--", 2) && !strncmp(a + 2, name, n)) {
+			if (a[2 + n] == '=')
+				return a + 3 + n;
+			if (!a[2 + n] && i + 1 < argc)
+				return argv[i + 1];
+		}
+		if (short_name && a[0] == '-' && a[1] == short_name) {
+			if (a[2])
+				return a + 2;
+			if (i + 1 < argc)
+				return argv[i + 1];
+		}
+	}
+	return NULL;
+}

@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * One option table per program: the table drives the command line parser,
- * --help and the defaults (config files: not yet; they will read the same
- * table).
+ * the config file reader, --help and the defaults.
  */
 #ifndef RTRS_COMMON_OPTS_H
 #define RTRS_COMMON_OPTS_H
@@ -43,5 +42,20 @@ struct opt {
 int opts_parse(const struct opt *table, const char *prog, const char *usage, int argc,
 	       char **argv, int *first_pos);
 void opts_help(const struct opt *table, const char *prog, const char *usage);
+
+/*
+ * Reads a config file against the same table: one option per line,
+ * "name value" or "name = value" (a flag: just "name"), '#' starts a
+ * comment, blank lines are skipped. Values are kept for the life of the
+ * process. Read it before opts_parse() so that the command line wins.
+ * Returns 0, or a negative errno after printing "prog: FILE:LINE: why".
+ */
+int opts_parse_file(const struct opt *table, const char *prog, const char *path);
+
+/*
+ * The value of option `name` (or -short_name) on the command line, found
+ * without parsing the rest: where the config file is. NULL if absent.
+ */
+const char *opts_find(int argc, char **argv, const char *name, char short_name);
 
 #endif

@@ -1342,6 +1342,95 @@ static void test_keyperm(void)
 	keyperm_clear(&kp2);
 }
 
+/* ---- opts.h: config files ------------------------------------------------ */
+
+static int write_conf(char *path, const char *text)
+{
+	int fd;
+
+	strcpy(path, "/tmp/rtrs-opts-test.XXXXXX");
+	fd = mkstemp(path);
+	if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text))
+		abort();
+	close(fd);
+	return 0;
+}
+
+static void test_opts_file(void)
+{
+	struct opt t[NOPTS];
+	struct opt_vals v = { 0 };
+	char path[64];
+	int err, rc;
+
+	table_init(t, &v);
+	vals_reset(&v);
+	write_conf(path, "# a comment\n\n  verbose\n"
+			 "depth = 64   # trailing comment\n"
+			 "size 1M\n"
+			 "name=my session name\n"
+			 "mode\tmixed\n"
+			 "peer a:1\npeer = b:2\n");
+	rc = opts_parse_file(t, "prog", path);
+	CHECK_EQ(rc, 0);
+	CHECK(v.verbose && !v.quiet);
+	CHECK_EQ(v.depth, 64);
+	CHECK_EQ(v.size, 1 << 20);
+	CHECK(v.name && !strcmp(v.name, "my session name"), "%s", v.name ? v.name : "NULL");
+	CHECK_EQ(v.mode, 2);
+	CHECK_EQ(v.peers.n, 2);
+	unlink(path);
+
+	/* The command line after the file wins. */
+	{
+		struct argv_store st;
+		int fp;
+
+		rc = parse_args(t, &st, &fp, ARGS("--depth", "8"));
+		CHECK_EQ(rc, 0);
+		CHECK_EQ(v.depth, 8);
+		CHECK_EQ(v.size, 1 << 20);
+	}
+
+	/* Errors name the file and line. */
+	static const char *const bad[] = {
+		"depth 64\nnosuch 1\n", "verbose yes\n", "depth\n", "depth 999\n",
+		"mode sideways\n", "size 1Q\n",
+	};
+	for (unsigned i = 0; i < ARRAY_SIZE(bad); i++) {
+		write_conf(path, bad[i]);
+		err = quiet_begin(2);
+		rc = opts_parse_file(t, "prog", path);
+		quiet_end(2, err);
+		CHECK_EQ(rc, -EINVAL);
+		unlink(path);
+	}
+	err = quiet_begin(2);
+	CHECK_EQ(opts_parse_file(t, "prog", "/nonexistent/rtrs.conf"), -ENOENT);
+	quiet_end(2, err);
+	vals_reset(&v);
+	free(v.peers.items);
+
+	/* Finding --config before parsing. */
+	{
+		char *a1[] = { (char *)"p", (char *)"--x", (char *)"--config", (char *)"f1", NULL };
+		char *a2[] = { (char *)"p", (char *)"--config=f2", NULL };
+		char *a3[] = { (char *)"p", (char *)"-cf3", NULL };
+		char *a4[] = { (char *)"p", (char *)"--", (char *)"--config", (char *)"f4", NULL };
+		char *a5[] = { (char *)"p", (char *)"--configx", (char *)"f5", NULL };
+		const char *r;
+
+		r = opts_find(4, a1, "config", 'c');
+		CHECK(r && !strcmp(r, "f1"));
+		r = opts_find(2, a2, "config", 'c');
+		CHECK(r && !strcmp(r, "f2"));
+		r = opts_find(2, a3, "config", 'c');
+		CHECK(r && !strcmp(r, "f3"));
+		CHECK(opts_find(4, a4, "config", 'c') == NULL);
+		CHECK(opts_find(3, a5, "config", 'c') == NULL);
+	}
+}
+
 int main(void)
 {
 	test_bits();
@@ -1354,6 +1443,7 @@ int main(void)
 	test_opts_errors();
 	test_opts_help();
 	test_opts_twice();
+	test_opts_file();
 	test_loop_work();
 	test_loop_fd();
 	test_loop_del_in_handler();
