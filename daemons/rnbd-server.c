@@ -169,7 +169,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "rnbd-server: unexpected argument \"%s\" (see --help)\n", argv[pos]);
 		return 2;
 	}
-	rtrs_set_log_level(g.quiet ? 0 : 2);
+	rnbd_set_log_level(g.quiet ? 0 : 2);
 	if (g.mem.n && !(mem = join_mem()))
 		return 1;
 	rnbd_srv_opts_init(&o, sizeof(o));

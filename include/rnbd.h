@@ -64,6 +64,13 @@ int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char 
 /* Stops serving: every IO in flight is answered first. */
 void rnbd_srv_close(struct rnbd_srv *srv);
 
+/*
+ * librnbd logs like librtrs, and these set both: level 0 error .. 3 debug
+ * (also RTRS_LOG_LEVEL), and where lines go (NULL: stderr).
+ */
+void rnbd_set_log_level(int level);
+void rnbd_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *priv);
+
 /* ---- client ------------------------------------------------------------------ */
 
 struct rnbd_clt_sess;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test: unit and functional suites in a normal build and in an
-# ASan+UBSan build, the functional suite over verbs on soft-RoCE and
+# ASan+UBSan build, the NBD interop suite (normal build), the functional suite over verbs on soft-RoCE and
 # soft-iWARP in QEMU guests (normal build), then the fuzz smoke run in a
 # clang build. Ends with
 # "N passed, N failed". Under CI=true warnings are errors and a skipped test
@@ -50,7 +50,7 @@ PY
 	passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 }
 
-run_build build gcc unit functional verbs netns --
+run_build build gcc unit functional interop verbs netns --
 run_build build-asan gcc unit functional -- -Db_sanitize=address,undefined -Db_lundef=false
 run_build build-fuzz clang fuzz -- -Dfuzz=true -Dbuildtype=debug
 

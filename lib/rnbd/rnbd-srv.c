@@ -549,6 +549,21 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 	return 0;
 }
 
+/* ---- logging ------------------------------------------------------------------- */
+
+/* librnbd has its own copy of the log code (a static library): set both. */
+void rnbd_set_log_level(int level)
+{
+	rtrs_set_log_level(level);
+	g_log_level = level < LOG_ERR ? LOG_ERR : level > LOG_DBG ? LOG_DBG : level;
+}
+
+void rnbd_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *priv)
+{
+	rtrs_set_log_fn(fn, priv);
+	log_set_sink(fn, priv);
+}
+
 /* ---- the server ----------------------------------------------------------------- */
 
 int rnbd_srv_opts_init(struct rnbd_srv_opts *o, size_t size)
