@@ -3,7 +3,7 @@
  * nbdkit-rnbd-plugin: serves RNBD devices as NBD exports, so that qemu-img,
  * nbdcopy, nbdinfo, nbdfuse and fio's nbd engine use them unchanged.
  *
- *   nbdkit rnbd server=HOST[:PORT] [server=...] session=NAME [device=NAME]
+ *   nbdkit rnbd server=[SRC@]HOST[:PORT] [server=...] session=NAME [device=NAME]
  *
  * The export name is the device name (a path below the RNBD server's
  * search path); device= names the default export. One RNBD session serves
@@ -91,6 +91,19 @@ static int rnbd_config(const char *key, const char *value)
 			nbdkit_error("at most %d server= paths", MAX_PATHS);
 			return -1;
 		}
+		/* [SRC@]HOST[:PORT]: a source address picks the link. */
+		const char *at = strchr(value, '@');
+
+		if (at) {
+			char *src = strndup(value, (size_t)(at - value));
+
+			if (!src) {
+				nbdkit_error("out of memory");
+				return -1;
+			}
+			paths[npaths].src = src;
+			value = at + 1;
+		}
 		paths[npaths++].dst = value;
 	} else if (!strcmp(key, "session")) {
 		session = value;
@@ -149,6 +162,7 @@ static int rnbd_after_fork(void)
 	int rc;
 
 	rnbd_set_log_fn(log_to_nbdkit, NULL);
+	rnbd_set_log_level(2); /* info lines are nbdkit debug lines: shown with -v */
 	rtrs_clt_opts_init(&o, sizeof(o));
 	o.sessname = session;
 	o.paths = paths;
@@ -175,6 +189,12 @@ static void rnbd_cleanup(void)
 {
 	rnbd_clt_sess_close(sess); /* unmaps what is left */
 	sess = NULL;
+}
+
+static void rnbd_unload(void)
+{
+	for (unsigned i = 0; i < npaths; i++)
+		free((char *)paths[i].src);
 }
 
 static const char *rnbd_default_export(int readonly, int is_tls)
@@ -385,9 +405,10 @@ static struct nbdkit_plugin plugin = {
 	.longname = "RNBD devices over RTRS (librnbd)",
 	.version = "0.1",
 	.description = "Serves remote RNBD devices as NBD exports; the export name is the device.",
+	.unload = rnbd_unload,
 	.config = rnbd_config,
 	.config_complete = rnbd_config_complete,
-	.config_help = "server=HOST[:PORT] (repeat for paths), session=NAME, device=NAME, "
+	.config_help = "server=[SRC@]HOST[:PORT] (repeat for paths), session=NAME, device=NAME, "
 		       "port, provider, mode=rw|ro|migration, io_connections, fast_io_fail_ms, "
 		       "reconnect_delay_ms, secret, ctrl_secret, host_name, server_name",
 	.magic_config_key = "server",
