@@ -435,4 +435,6 @@ static struct nbdkit_plugin plugin = {
 	.errno_is_preserved = 0,
 };
 
+/* Declared first: NBDKIT_REGISTER_PLUGIN defines it without a prototype. */
+struct nbdkit_plugin *plugin_init(void);
 NBDKIT_REGISTER_PLUGIN(plugin)

@@ -186,6 +186,27 @@ int opts_parse(const struct opt *t, const char *prog, const char *usage, int arg
 	return rc;
 }
 
+/*
+ * Values read from config files, kept for the life of the process (options
+ * point at them); held here so that they stay reachable.
+ */
+static char **kept;
+static size_t nkept;
+
+static char *keep_value(const char *val)
+{
+	char **grown = realloc(kept, (nkept + 1) * sizeof(*kept));
+	char *copy;
+
+	if (!grown)
+		return NULL;
+	kept = grown;
+	copy = strdup(val);
+	if (copy)
+		kept[nkept++] = copy;
+	return copy;
+}
+
 static char *trim(char *s)
 {
 	char *e;
@@ -247,13 +268,13 @@ int opts_parse_file(const struct opt *t, const char *prog, const char *path)
 		} else if (o->type != OPT_FLAG && !*val) {
 			fprintf(stderr, "%s: %s needs a value\n", where, name);
 			rc = -EINVAL;
-		} else {
-			char *keep = strdup(val);
+		} else if (o->type == OPT_STRING || o->type == OPT_LIST) {
+			/* The option keeps pointing at the value. */
+			char *keep = keep_value(val);
 
 			rc = keep ? set_opt(o, where, keep) : -ENOMEM;
-			/* Strings and lists keep pointing at it; numbers do not. */
-			if (rc || (o->type != OPT_STRING && o->type != OPT_LIST))
-				free(keep);
+		} else {
+			rc = set_opt(o, where, val);
 		}
 	}
 	fclose(f);
