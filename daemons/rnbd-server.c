@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -101,6 +102,7 @@ static void ctl_command(int fd)
 static void *ctl_thread(void *arg)
 {
 	for (;;) {
+		struct timeval tv = { .tv_sec = 2 };
 		int c = accept(ctl_fd, NULL, NULL);
 
 		if (c < 0) {
@@ -108,6 +110,8 @@ static void *ctl_thread(void *arg)
 				continue;
 			break;
 		}
+		/* A client that says nothing does not hold the socket (or a stop). */
+		setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 		ctl_command(c);
 		close(c);
 	}

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * librnbd: the RNBD block device server (and, later, client) over librtrs.
+ * librnbd: the RNBD block device server and client over librtrs.
  *
  * Conventions as in rtrs.h: 0 or a negative errno; opaque handles; option
  * structs start with their size and are initialised by *_opts_init().
@@ -143,8 +143,9 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *dev, struct rnbd_clt_dev_info *info);
  * are split. While the session reconnects, IO waits for the device to be
  * open again up to the session's fast_io_fail_ms. Returns 0 or a negative
  * errno: -EROFS (read-only mapping), -ENODEV (unmapped), -EINVAL (range or
- * alignment), -ENOTCONN (the server closed the device), -EOPNOTSUPP, or
- * the server's error.
+ * alignment), -ENOTCONN (the server closed the device), -ETIMEDOUT (not
+ * open again within fast_io_fail_ms), -ECONNABORTED (no path and none
+ * coming), -EOPNOTSUPP, or the server's error.
  */
 int rnbd_clt_io(struct rnbd_clt_dev *dev, enum rnbd_clt_op op, uint32_t flags,
 		uint64_t offset, void *buf, uint32_t len);

@@ -332,9 +332,13 @@ static int rnbd_can_zero(void *handle)
 	return ((struct handle *)handle)->e->info.write_zeroes;
 }
 
+/*
+ * Whether zeroing is fast depends on the server's file system or device
+ * (fallocate or BLKZEROOUT may write zeros); not known here, so no.
+ */
 static int rnbd_can_fast_zero(void *handle)
 {
-	return ((struct handle *)handle)->e->info.write_zeroes;
+	return 0;
 }
 
 /* Every connection shares the mapping, and flush is whole-device on the server. */

@@ -27,6 +27,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "rnbd-backend.h"
 
 struct rnbd_engine {
@@ -93,7 +94,8 @@ static void complete(struct rnbd_breq *r, int err)
 
 static int zero_fill(int fd, uint64_t off, uint64_t len)
 {
-	static const uint8_t zeros[65536];
+	/* Aligned, so that it also serves O_DIRECT descriptors. */
+	static const uint8_t zeros[65536] __attribute__((aligned(4096)));
 
 	while (len) {
 		ssize_t n = pwrite(fd, zeros, MIN(len, sizeof(zeros)), (off_t)off);
@@ -257,7 +259,14 @@ static bool uring_post(struct rnbd_engine *e, struct rnbd_breq *r)
 		}
 		io_uring_sqe_set_data(sqe, r);
 		atomic_fetch_add_explicit(&e->posted, 1, memory_order_release);
-		ok = io_uring_submit(&e->ring) >= 0;
+		/*
+		 * The entry is on the ring now, whatever submit says: if the
+		 * kernel takes it later (the reaper submits what is pending),
+		 * it must not also go to the pool.
+		 */
+		ok = true;
+		if (io_uring_submit(&e->ring) < 0)
+			log_err_rl("rnbd: io_uring submit failed; retried by the reaper");
 	}
 	pthread_mutex_unlock(&e->sq_lock);
 	return ok;
@@ -318,7 +327,7 @@ static void *reaper_thread(void *arg)
 		if (rc == -EINTR)
 			continue;
 		if (rc) {
-			fprintf(stderr, "rnbd: io_uring wait failed: %s\n", strerror(-rc));
+			log_err("rnbd: io_uring wait failed: %s", strerror(-rc));
 			break;
 		}
 		(void)atomic_load_explicit(&e->posted, memory_order_acquire);
@@ -328,6 +337,12 @@ static void *reaper_thread(void *arg)
 		if (r == REAPER_STOP)
 			break;
 		uring_step(e, r, res);
+		/* Entries a failed submit left on the ring. */
+		if (io_uring_sq_ready(&e->ring)) {
+			pthread_mutex_lock(&e->sq_lock);
+			io_uring_submit(&e->ring);
+			pthread_mutex_unlock(&e->sq_lock);
+		}
 	}
 	return NULL;
 }

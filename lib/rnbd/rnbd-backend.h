@@ -4,8 +4,9 @@
  *
  * A store executes block requests (read, write, flush, discard, secure
  * erase, write zeroes, with FUA and PREFLUSH) and calls each request's done
- * callback exactly once, from one of its own threads, with 0 or a negative
- * errno. File and block device stores run on an engine: io_uring through
+ * callback exactly once with 0 or a negative errno: from one of the
+ * engine's threads for files and block devices, on the submitting thread
+ * for memory stores and for requests refused before any IO. File and block device stores run on an engine: io_uring through
  * liburing where the kernel allows it, else a pool of threads doing the
  * same with plain system calls. What each operation becomes:
  *
@@ -49,9 +50,11 @@ struct rnbd_store_info {
 	uint32_t physical_block_size;
 	bool block_device;
 	bool discard;                 /* discard works (files: hole punching) */
-	bool secure_erase;
+	bool secure_erase;            /* advertised for memory; block devices are tried on
+					 request (BLKSECDISCARD) but not advertised */
 	bool write_zeroes;
-	bool write_cache;             /* flush means something: files, and devices with a cache */
+	bool write_cache;             /* flush means something (reported for files and every
+					 block device: fdatasync is cheap where there is none) */
 	dev_t dev;                    /* identity of the backing object, for the sharing rule */
 	ino_t ino;
 };

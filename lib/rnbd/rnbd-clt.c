@@ -42,8 +42,9 @@ struct rnbd_clt_dev {
 	uint32_t id;
 	struct rnbd_open_rsp rsp;
 	uint64_t bytes;
-	unsigned inflight;
+	unsigned inflight;           /* rnbd_clt_io calls using it */
 	bool refusing;               /* a forced unmap is under way */
+	bool opening;                /* an OPEN for it is on the wire (worker or remap) */
 };
 
 struct rnbd_clt_sess {
@@ -58,6 +59,7 @@ struct rnbd_clt_sess {
 	pthread_cond_t cond;         /* device states, inflight, the worker's flags */
 	struct rnbd_clt_dev *devs;
 	bool reopen;                 /* a path came back: open the devices again */
+	unsigned on_wire;            /* IO requests sent and not answered yet */
 	bool stop;
 	pthread_t worker;
 	bool worker_started;
@@ -83,14 +85,18 @@ static void req_conf(void *priv, int err)
 	pthread_mutex_unlock(&w->lock);
 }
 
-/* Sends msg with data (read into it or written from it) and waits for the answer. */
-static int request(struct rnbd_clt_sess *s, enum rtrs_dir dir, const void *msg, size_t msglen,
-		   void *data, size_t datalen)
+/*
+ * Sends msg with data (read into it or written from it) and waits for the
+ * answer. SESS_INFO, OPEN and CLOSE go on the admin connection, as the
+ * kernel sends them; IO on the IO connections.
+ */
+static int request(struct rnbd_clt_sess *s, enum rtrs_clt_con_type con, enum rtrs_dir dir,
+		   const void *msg, size_t msglen, void *data, size_t datalen)
 {
 	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
 	struct rtrs_clt_req_ops ops = { .priv = &w, .conf = req_conf };
 	struct iovec usr = { (void *)msg, msglen }, iov = { data, datalen };
-	struct rtrs_permit *permit = rtrs_clt_get_permit(s->rtrs, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+	struct rtrs_permit *permit = rtrs_clt_get_permit(s->rtrs, con, RTRS_PERMIT_WAIT);
 	int rc;
 
 	if (!permit)
@@ -118,7 +124,7 @@ static int sess_info(struct rnbd_clt_sess *s)
 
 	rnbd_sess_info_encode(&m, false, RNBD_PROTO_VER_MAJOR);
 	memset(&rsp, 0, sizeof(rsp));
-	rc = request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
+	rc = request(s, RTRS_ADMIN_CON, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
 	if (rc)
 		return rc;
 	rc = rnbd_sess_info_decode(&rsp, sizeof(rsp), true, &ver, &why);
@@ -143,7 +149,7 @@ static int dev_open_msg(struct rnbd_clt_sess *s, const char *name, enum rnbd_acc
 	snprintf(o.dev_name, sizeof(o.dev_name), "%s", name);
 	rnbd_open_encode(&m, &o);
 	memset(&rsp, 0, sizeof(rsp));
-	rc = request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
+	rc = request(s, RTRS_ADMIN_CON, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
 	if (rc)
 		return rc;
 	rc = rnbd_open_rsp_decode(&rsp, sizeof(rsp), out, &why);
@@ -157,7 +163,7 @@ static int dev_close_msg(struct rnbd_clt_sess *s, uint32_t id)
 	struct rnbd_msg_close m;
 
 	rnbd_close_encode(&m, id);
-	return request(s, RTRS_WRITE, &m, sizeof(m), NULL, 0);
+	return request(s, RTRS_ADMIN_CON, RTRS_WRITE, &m, sizeof(m), NULL, 0);
 }
 
 /* ---- reconnect ------------------------------------------------------------------ */
@@ -181,46 +187,67 @@ static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
 		s->user_link_ev(s->user_priv, ev);
 }
 
-/* Opens every disconnected device again, after a path came back. */
+/*
+ * Opens every disconnected device again, after a path came back. First the
+ * IO still on the wire must be answered: librtrs may hold requests across a
+ * reconnect and deliver them to a server that has forgotten the devices,
+ * and such a request must find no device rather than one opened again under
+ * its old id. Then devices are opened in the order of their old ids (the
+ * server gives out the lowest free id, so they get theirs back when all
+ * open); one that fails stays disconnected and the others go on.
+ */
 static void reopen_all(struct rnbd_clt_sess *s)
 {
 	struct rnbd_clt_dev *d;
 	struct rnbd_open_rsp r;
-	int rc = sess_info(s);
+	uint32_t last = 0;
+	bool first = true;
+	int rc;
 
+	pthread_mutex_lock(&s->lock);
+	while (s->on_wire && !s->stop)
+		pthread_cond_wait(&s->cond, &s->lock);
+	pthread_mutex_unlock(&s->lock);
+	rc = sess_info(s);
 	if (rc) {
 		log_err("rnbd: %s: SESS_INFO after reconnect failed: %s", s->name, strerror(-rc));
 		return;
 	}
 	for (;;) {
+		struct rnbd_clt_dev *next = NULL;
+
+		/* The disconnected device with the lowest old id above the last one. */
 		pthread_mutex_lock(&s->lock);
-		for (d = s->devs; d && d->state != DEV_DISCONNECTED; d = d->next)
-			;
-		if (d)
+		for (d = s->devs; d; d = d->next)
+			if (d->state == DEV_DISCONNECTED && !d->refusing && !d->opening &&
+			    (first || d->id > last) && (!next || d->id < next->id))
+				next = d;
+		d = next;
+		if (d) {
 			d->state = DEV_REOPENING;
+			d->opening = true;
+			last = d->id;
+			first = false;
+		}
 		pthread_mutex_unlock(&s->lock);
 		if (!d)
 			return;
 		rc = dev_open_msg(s, d->name, d->mode, &r);
 		pthread_mutex_lock(&s->lock);
-		if (d->state == DEV_REOPENING) {
-			if (!rc) {
-				d->id = r.device_id;
-				d->rsp = r;
-				d->state = DEV_MAPPED;
-				log_info("rnbd: %s: %s open again (device %u)", s->name, d->name,
-					 r.device_id);
-			} else {
-				/* Stays disconnected; the next reconnect tries again. */
-				d->state = DEV_DISCONNECTED;
-				log_err("rnbd: %s: opening %s again failed: %s", s->name, d->name,
-					strerror(-rc));
-			}
+		d->opening = false;
+		if (!rc && d->state == DEV_REOPENING) {
+			d->id = r.device_id;
+			d->rsp = r;
+			d->state = DEV_MAPPED;
+			log_info("rnbd: %s: %s open again (device %u)", s->name, d->name, r.device_id);
+		} else {
+			if (d->state == DEV_REOPENING)
+				d->state = DEV_DISCONNECTED; /* the next reconnect tries again */
+			log_err("rnbd: %s: opening %s again failed: %s", s->name, d->name,
+				strerror(rc ? -rc : ENOTCONN));
 		}
 		pthread_cond_broadcast(&s->cond);
 		pthread_mutex_unlock(&s->lock);
-		if (rc)
-			return;
 	}
 }
 
@@ -387,7 +414,7 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 		return -EBUSY;
 	}
 	d->refusing = true;
-	while (d->inflight || d->state == DEV_REOPENING)
+	while (d->inflight || d->opening)
 		pthread_cond_wait(&s->cond, &s->lock);
 	open_there = d->state == DEV_MAPPED;
 	d->state = DEV_UNMAPPED;
@@ -411,28 +438,37 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 
 int rnbd_clt_remap(struct rnbd_clt_dev *d)
 {
-	struct rnbd_clt_sess *s = d->sess;
+	struct rnbd_clt_sess *s;
 	struct rnbd_open_rsp r;
 	int rc;
 
+	if (!d)
+		return -EINVAL;
+	s = d->sess;
 	pthread_mutex_lock(&s->lock);
 	if (d->state == DEV_MAPPED) {
 		pthread_mutex_unlock(&s->lock);
 		return -EALREADY;
 	}
-	if (d->state != DEV_DISCONNECTED || d->refusing) {
+	if (d->state != DEV_DISCONNECTED || d->refusing || d->opening) {
 		pthread_mutex_unlock(&s->lock);
 		return -EBUSY;
 	}
 	d->state = DEV_REOPENING;
+	d->opening = true;
 	pthread_mutex_unlock(&s->lock);
 	rc = dev_open_msg(s, d->name, d->mode, &r);
 	pthread_mutex_lock(&s->lock);
-	if (!rc) {
+	d->opening = false;
+	if (!rc && d->state == DEV_REOPENING) {
 		d->id = r.device_id;
 		d->rsp = r;
+		d->state = DEV_MAPPED;
+	} else {
+		if (d->state == DEV_REOPENING)
+			d->state = DEV_DISCONNECTED;
+		rc = rc ? rc : -ENOTCONN;
 	}
-	d->state = rc ? DEV_DISCONNECTED : DEV_MAPPED;
 	pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);
 	return rc;
@@ -440,12 +476,17 @@ int rnbd_clt_remap(struct rnbd_clt_dev *d)
 
 int rnbd_clt_resize(struct rnbd_clt_dev *d, uint64_t size)
 {
-	if (!d || size % d->rsp.logical_block_size)
+	int rc = 0;
+
+	if (!d)
 		return -EINVAL;
 	pthread_mutex_lock(&d->sess->lock);
-	d->bytes = size;
+	if (size % d->rsp.logical_block_size)
+		rc = -EINVAL;
+	else
+		d->bytes = size;
 	pthread_mutex_unlock(&d->sess->lock);
-	return 0;
+	return rc;
 }
 
 int rnbd_clt_dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
@@ -512,8 +553,8 @@ static int io_one(struct rnbd_clt_dev *d, uint32_t id, enum rnbd_io_op op, uint3
 	if (op == RNBD_OP_WRITE || op == RNBD_OP_FLUSH)
 		io.flags |= flags & (RNBD_F_FUA | RNBD_F_PREFLUSH) ? RNBD_F_SYNC : 0;
 	rnbd_io_encode(&m, &io);
-	return request(d->sess, op == RNBD_OP_READ ? RTRS_READ : RTRS_WRITE, &m, sizeof(m),
-		       data ? buf : NULL, data ? len : 0);
+	return request(d->sess, RTRS_IO_CON, op == RNBD_OP_READ ? RTRS_READ : RTRS_WRITE, &m,
+		       sizeof(m), data ? buf : NULL, data ? len : 0);
 }
 
 int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags, uint64_t offset,
@@ -554,8 +595,16 @@ int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags, ui
 	do {
 		uint32_t n = MIN(len, max);
 
+		pthread_mutex_lock(&s->lock);
+		s->on_wire++;
+		pthread_mutex_unlock(&s->lock);
 		rc = io_one(d, id, op, flags, offset, buf, n);
-		if (rc == -ENOTCONN || rc == -ETIMEDOUT || rc == -ECONNABORTED) {
+		pthread_mutex_lock(&s->lock);
+		if (--s->on_wire == 0)
+			pthread_cond_broadcast(&s->cond);
+		pthread_mutex_unlock(&s->lock);
+		/* -EPROTO: the request reached a new server session before SESS_INFO. */
+		if (rc == -ENOTCONN || rc == -ETIMEDOUT || rc == -ECONNABORTED || rc == -EPROTO) {
 			/* The device may be open again under a new id: wait and retry. */
 			pthread_mutex_lock(&s->lock);
 			if (d->state != DEV_MAPPED || d->id != id) {

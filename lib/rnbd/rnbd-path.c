@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -55,6 +56,7 @@ int rnbd_dev_open(const char *root, const char *dev_name, int flags, int *fd, co
 		.flags = (unsigned)flags | O_CLOEXEC | O_NOCTTY,
 		.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
 	};
+	struct stat st;
 	int dir, rc;
 
 	if (!rnbd_dev_name_valid(dev_name, why))
@@ -66,6 +68,8 @@ int rnbd_dev_open(const char *root, const char *dev_name, int flags, int *fd, co
 		rc = -errno;
 		REJECT(rc, "cannot open the search path");
 	}
+	/* Non-blocking: a FIFO or a device that waits must not hold the caller. */
+	how.flags |= O_NONBLOCK;
 	rc = (int)syscall(SYS_openat2, dir, dev_name, &how, sizeof(how));
 	if (rc < 0) {
 		rc = -errno;
@@ -75,6 +79,16 @@ int rnbd_dev_open(const char *root, const char *dev_name, int flags, int *fd, co
 		REJECT(rc, "cannot open the device");
 	}
 	close(dir);
+	if (fstat(rc, &st) || !(S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))) {
+		close(rc);
+		REJECT(-ENOTBLK, "not a file or block device");
+	}
+	if (fcntl(rc, F_SETFL, fcntl(rc, F_GETFL) & ~O_NONBLOCK)) {
+		int err = -errno;
+
+		close(rc);
+		REJECT(err, "cannot open the device");
+	}
 	*fd = rc;
 	return 0;
 }

@@ -75,7 +75,7 @@ struct rnbd_sess {
 	struct rnbd_srv *srv;
 	struct rnbd_sess *next;
 	char name[RNBD_SESSNAME_MAX];
-	unsigned ver;                /* negotiated; 0 before SESS_INFO */
+	atomic_uint ver;             /* negotiated; 0 before SESS_INFO */
 	pthread_mutex_t lock;
 	struct sess_dev **devs;
 	uint32_t ndevs;
@@ -103,13 +103,16 @@ struct srv_io {
 
 /* ---- devices ------------------------------------------------------------------ */
 
+/*
+ * Drops an IO's reference. Under the device's lock: the releaser checks the
+ * count under it too, so it cannot free the device while this runs.
+ */
 static void dev_put(struct sess_dev *sd)
 {
-	if (atomic_fetch_sub(&sd->refs, 1) == 1) {
-		pthread_mutex_lock(&sd->lock);
+	pthread_mutex_lock(&sd->lock);
+	if (atomic_fetch_sub(&sd->refs, 1) == 1)
 		pthread_cond_broadcast(&sd->drained);
-		pthread_mutex_unlock(&sd->lock);
-	}
+	pthread_mutex_unlock(&sd->lock);
 }
 
 /*
@@ -268,9 +271,9 @@ static int do_sess_info(struct rnbd_sess *sess, enum rtrs_dir dir, void *data, s
 		log_err("rnbd: %s: bad SESS_INFO: %s", sess->name, why);
 		return rc;
 	}
-	sess->ver = rnbd_version_negotiate(peer);
+	atomic_store(&sess->ver, rnbd_version_negotiate(peer));
 	memset(data, 0, datalen);
-	rnbd_sess_info_encode(data, true, sess->ver);
+	rnbd_sess_info_encode(data, true, atomic_load(&sess->ver));
 	return 0;
 }
 
@@ -415,7 +418,7 @@ static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir d
 	struct sess_dev *sd = NULL;
 	struct srv_io *io;
 	const char *why = NULL;
-	int rc = rnbd_io_decode(usr, usrlen, sess->ver, datalen, &m, &why);
+	int rc = rnbd_io_decode(usr, usrlen, atomic_load(&sess->ver), datalen, &m, &why);
 
 	if (rc) {
 		log_err_rl("rnbd: %s: bad IO: %s", sess->name, why);
@@ -468,7 +471,7 @@ static int srv_rdma_ev(void *priv, struct rtrs_srv_op *op, enum rtrs_dir dir, vo
 		log_err_rl("rnbd: %s: %s", sess->name, why);
 		return type;
 	}
-	if (type != RNBD_MSG_SESS_INFO && !sess->ver) {
+	if (type != RNBD_MSG_SESS_INFO && !atomic_load(&sess->ver)) {
 		log_err_rl("rnbd: %s: request before SESS_INFO", sess->name);
 		return -EPROTO;
 	}
@@ -616,6 +619,11 @@ static int mem_devices_parse(struct rnbd_srv *srv, const char *spec)
 				srv->nmem == MEM_DEVS_MAX ? "too many" : "named twice");
 			return -EINVAL;
 		}
+		rnbd_dev_name_normalize(item);
+		if (mem_find(srv, item)) {
+			log_err("rnbd: memory device %s: named twice", item);
+			return -EINVAL;
+		}
 		m = &srv->mem[srv->nmem];
 		snprintf(m->name, sizeof(m->name), "%s", item);
 		rc = rnbd_store_memory(size, &m->store);
@@ -715,6 +723,13 @@ int rnbd_srv_port(struct rnbd_srv *srv, unsigned timeout_ms)
 int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char *dev_name)
 {
 	struct sess_dev *found = NULL;
+	char name[RNBD_DEV_NAME_MAX];
+
+	if (!srv || !sessname || !dev_name ||
+	    snprintf(name, sizeof(name), "%s", dev_name) >= (int)sizeof(name))
+		return -EINVAL;
+	rnbd_dev_name_normalize(name);
+	dev_name = name;
 
 	pthread_mutex_lock(&srv->ctl);
 	pthread_mutex_lock(&srv->lock);

@@ -197,6 +197,8 @@ static void test_all(void)
 	CHECK_EQ(symlink("../s2/disk", path), 0);
 	snprintf(path, sizeof(path), "%s/outside", top);
 	mkfile(path, 4096);
+	snprintf(path, sizeof(path), "%s/s1/fifo", top);
+	CHECK_EQ(mkfifo(path, 0600), 0);
 
 	rnbd_srv_opts_init(&o, sizeof(o));
 	snprintf(search, sizeof(search), "%s/%%SESSNAME%%", top);
@@ -266,9 +268,12 @@ static void test_all(void)
 	CHECK_EQ(dev_open(s1, "out", RNBD_ACCESS_RO, NULL), -EACCES);
 	CHECK_EQ(dev_open(s1, "../outside", RNBD_ACCESS_RO, NULL), -EINVAL);
 	CHECK_EQ(dev_open(s1, "missing", RNBD_ACCESS_RO, NULL), -ENOENT);
+	/* A FIFO is refused at once (opening it must not wait for a writer). */
+	CHECK_EQ(dev_open(s1, "fifo", RNBD_ACCESS_RO, NULL), -ENOTBLK);
+	CHECK_EQ(dev_open(s1, "fifo", RNBD_ACCESS_RW, NULL), -ENOTBLK);
 
 	/* Force-close: IO fails with -ENOTCONN; the id stays until the client closes. */
-	CHECK_EQ(rnbd_srv_force_close(srv, "s1", "disk"), 0);
+	CHECK_EQ(rnbd_srv_force_close(srv, "s1", "//disk"), 0); /* any spelling */
 	CHECK_EQ(rnbd_srv_force_close(srv, "s1", "disk"), -ENOENT);
 	CHECK_EQ(io(s1, id, RNBD_OP_READ, 0, 0, b, 4096), -ENOTCONN);
 	CHECK_EQ(dev_open(s1, "disk", RNBD_ACCESS_RW, NULL), -EPERM); /* s3 still writes */

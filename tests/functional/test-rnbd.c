@@ -181,6 +181,19 @@ static void test_all(void)
 	 * down waits, the device is opened again, and the read returns the
 	 * data written before.
 	 */
+	/* A second device, so that both must find their own data after the restart. */
+	{
+		char p2[700];
+		int f2;
+
+		snprintf(p2, sizeof(p2), "%s/disk2", top);
+		f2 = open(p2, O_CREAT | O_RDWR, 0600);
+		CHECK(f2 >= 0 && ftruncate(f2, DISK_SIZE) == 0);
+		close(f2);
+	}
+	CHECK_EQ(rnbd_clt_map(s1, "disk2", RNBD_CLT_RW, &dx), 0);
+	fill(a, 65536, 42);
+	CHECK_EQ(rnbd_clt_io(dx, RNBD_CLT_WRITE, 0, 0, a, 65536), 0);
 	fill(a, BIG, 1);
 	rnbd_srv_close(srv);
 	bg = (struct bg_io){ .dev = d1, .buf = b };
@@ -201,6 +214,10 @@ static void test_all(void)
 	}
 	CHECK_EQ(rnbd_clt_dev_info(d1, &in), 0);
 	CHECK(!strcmp(in.state, "mapped"), "state after the restart: %s", in.state);
+	fill(a, 65536, 42);
+	CHECK_EQ(rnbd_clt_io(dx, RNBD_CLT_READ, 0, 0, b, 65536), 0);
+	CHECK(!memcmp(a, b, 65536), "the second device reads its own data after the restart");
+	CHECK_EQ(rnbd_clt_unmap(dx, false), 0);
 	fill(a, 4096, 9);
 	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_WRITE, RNBD_CLT_F_FUA, 0, a, 4096), 0);
 	CHECK(file_has(0, a, 4096), "IO goes on after the restart");
