@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The functional suite over the libfabric verbs provider, on soft-RoCE (rxe)
 # and soft-iWARP (siw), in QEMU guests made by rtrs-vm:
-#   - one guest: test-io, test-close, test-peer-death, test-connect, client
-#     and server through the guest's own RDMA device;
+#   - one guest: test-io, test-close, test-peer-death, test-connect, and
+#     RNBD's test-rnbd-srv and test-rnbd, client and server through the
+#     guest's own RDMA device;
 #   - two guests on a virtual cable: rtrs-test-server in guest A, test-io in
 #     guest B.
 # The same test binaries as on tcp; the provider is chosen at run time.
@@ -44,7 +45,7 @@ env_common="cd $build && export RTRS_TEST_PROVIDER=verbs RTRS_TEST_SERVER=$build
 for dev in "${devices[@]}"; do
 	# One guest: each test in turn; the guest reports one status per test.
 	out=$("$vm" run --rdma "$dev" --timeout 600 --share "$build" -- bash -c "$env_common RTRS_TEST_ADDR=198.18.0.1
-		for t in test-io test-close test-peer-death test-connect; do
+		for t in test-io test-close test-peer-death test-connect test-rnbd-srv test-rnbd; do
 			timeout 300 ./tests/functional/\$t >/tmp/\$t.log 2>&1
 			rc=\$?
 			echo \"RESULT \$t \$rc\"
@@ -57,7 +58,7 @@ for dev in "${devices[@]}"; do
 		result "verbs/$dev one guest: $t" "$rc"
 		n=$((n + 1))
 	done < <(grep '^RESULT ' <<<"$out")
-	[ $n -eq 4 ] || result "verbs/$dev one guest: guest finished (vm exit $vmrc)" 1
+	[ $n -eq 6 ] || result "verbs/$dev one guest: guest finished (vm exit $vmrc)" 1
 
 	# Two guests: server in A, test-io in B over the cable.
 	"$vm" pair --rdma "$dev" --timeout 600 --share "$build" \
