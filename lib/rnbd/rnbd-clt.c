@@ -40,6 +40,7 @@ struct rnbd_clt_dev {
 	/* sess->lock */
 	enum dev_state state;
 	uint32_t id;
+	uint64_t gen;                /* bumped at every (re)open: which id IO was sent under */
 	struct rnbd_open_rsp rsp;
 	uint64_t bytes;
 	unsigned inflight;           /* rnbd_clt_io calls using it */
@@ -238,6 +239,7 @@ static void reopen_all(struct rnbd_clt_sess *s)
 		if (!rc && d->state == DEV_REOPENING) {
 			d->id = r.device_id;
 			d->rsp = r;
+			d->gen++;
 			d->state = DEV_MAPPED;
 			log_info("rnbd: %s: %s open again (device %u)", s->name, d->name, r.device_id);
 		} else {
@@ -463,6 +465,7 @@ int rnbd_clt_remap(struct rnbd_clt_dev *d)
 	if (!rc && d->state == DEV_REOPENING) {
 		d->id = r.device_id;
 		d->rsp = r;
+		d->gen++;
 		d->state = DEV_MAPPED;
 	} else {
 		if (d->state == DEV_REOPENING)
@@ -563,6 +566,7 @@ int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags, ui
 	struct rnbd_clt_sess *s;
 	enum rnbd_io_op op = (enum rnbd_io_op)cop;
 	uint32_t lbs, max, id = 0;
+	uint64_t gen = 0;
 	int rc = 0;
 
 	if (!d || (unsigned)cop > RNBD_OP_WRITE_ZEROES ||
@@ -587,6 +591,7 @@ int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags, ui
 		pthread_mutex_unlock(&s->lock);
 		return rc;
 	}
+	gen = d->gen;
 	d->inflight++;
 	pthread_mutex_unlock(&s->lock);
 
@@ -603,19 +608,30 @@ int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags, ui
 		if (--s->on_wire == 0)
 			pthread_cond_broadcast(&s->cond);
 		pthread_mutex_unlock(&s->lock);
-		/* -EPROTO: the request reached a new server session before SESS_INFO. */
+		/*
+		 * The session may have lost its paths under this request (its
+		 * failure can come before the link event), or the device may be
+		 * open again under a new id: wait for it and send again (a block
+		 * write may be repeated). -EPROTO: the request reached a new
+		 * server session before SESS_INFO. A device still mapped under the
+		 * same open with a path up keeps its error (a force-close's
+		 * -ENOTCONN reaches the caller).
+		 */
 		if (rc == -ENOTCONN || rc == -ETIMEDOUT || rc == -ECONNABORTED || rc == -EPROTO) {
-			/* The device may be open again under a new id: wait and retry. */
-			pthread_mutex_lock(&s->lock);
-			if (d->state != DEV_MAPPED || d->id != id) {
-				int w = wait_mapped(d, &id);
+			struct rtrs_attrs a = { .size = sizeof(a) };
+			bool down = rtrs_clt_query(s->rtrs, &a) || !a.paths_up;
+			int w = rc;
 
-				pthread_mutex_unlock(&s->lock);
-				if (!w)
-					continue;
-			} else {
-				pthread_mutex_unlock(&s->lock);
+			pthread_mutex_lock(&s->lock);
+			if (d->gen != gen || d->state != DEV_MAPPED || down) {
+				if (down && d->state == DEV_MAPPED && d->gen == gen)
+					d->state = DEV_DISCONNECTED; /* the link event follows */
+				w = wait_mapped(d, &id);
+				gen = d->gen;
 			}
+			pthread_mutex_unlock(&s->lock);
+			if (!w)
+				continue;
 		}
 		if (rc)
 			break;

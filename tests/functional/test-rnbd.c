@@ -102,6 +102,34 @@ static void *bg_read(void *arg)
 	return NULL;
 }
 
+/* One thread of a storm: writes its slot's pattern and reads it back, over and over. */
+struct storm {
+	struct rnbd_clt_dev *dev;
+	unsigned slot, rounds, done;
+	int rc;
+};
+
+static void *storm_io(void *arg)
+{
+	struct storm *st = arg;
+	uint8_t *w = malloc(65536), *r = malloc(65536);
+	uint64_t off = (uint64_t)(2 + st->slot) << 20;
+
+	fill(w, 65536, 100 + st->slot);
+	for (st->done = 0; st->done < st->rounds; st->done++) {
+		st->rc = rnbd_clt_io(st->dev, RNBD_CLT_WRITE, 0, off, w, 65536);
+		if (!st->rc)
+			st->rc = rnbd_clt_io(st->dev, RNBD_CLT_READ, 0, off, r, 65536);
+		if (!st->rc && memcmp(w, r, 65536))
+			st->rc = -EILSEQ;
+		if (st->rc)
+			break;
+	}
+	free(w);
+	free(r);
+	return NULL;
+}
+
 static void test_all(void)
 {
 	static uint8_t a[BIG], b[BIG], zero[BIG];
@@ -221,6 +249,40 @@ static void test_all(void)
 	fill(a, 4096, 9);
 	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_WRITE, RNBD_CLT_F_FUA, 0, a, 4096), 0);
 	CHECK(file_has(0, a, 4096), "IO goes on after the restart");
+
+	/*
+	 * The server stops with IO in flight: it answers all of it before it
+	 * goes, and the client's IO waits for the restarted server and ends
+	 * well. Writes are of the same pattern each time, so whatever reached
+	 * the file before the stop, the file ends with that pattern.
+	 */
+	{
+		struct storm st[6];
+		pthread_t ths[6];
+		uint8_t *want = malloc(65536), *got = malloc(65536);
+
+		for (int i = 0; i < 6; i++) {
+			st[i] = (struct storm){ .dev = d1, .slot = (unsigned)i, .rounds = 300 };
+			CHECK_EQ(pthread_create(&ths[i], NULL, storm_io, &st[i]), 0);
+		}
+		usleep(100 * 1000);
+		rnbd_srv_close(srv); /* returns only when every IO in flight was answered */
+		usleep(200 * 1000);
+		srv_start(port);
+		for (int i = 0; i < 6; i++) {
+			pthread_join(ths[i], NULL);
+			CHECK(st[i].rc == 0, "IO thread %d: %s after %u rounds", i,
+			      strerror(-st[i].rc), st[i].done);
+			CHECK(st[i].done == st[i].rounds);
+			fill(want, 65536, 100 + (unsigned)i);
+			CHECK(file_has((uint64_t)(2 + i) << 20, want, 65536),
+			      "slot %d holds its pattern", i);
+			CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_READ, 0, (uint64_t)(2 + i) << 20, got, 65536), 0);
+			CHECK(!memcmp(want, got, 65536));
+		}
+		free(want);
+		free(got);
+	}
 
 	/* Unmapped, the name can be mapped again; sessions close with devices mapped. */
 	CHECK_EQ(rnbd_clt_unmap(d1, false), 0);
