@@ -171,6 +171,13 @@ struct rtrs_attrs {
 	uint32_t max_segments;  /* data vectors per request */
 	uint32_t paths_up;
 	uint32_t paths_num;     /* paths of the session, up or not */
+	/*
+	 * Server sessions this session has met (1 after open): grows when a
+	 * path reaches a server that does not know this session any more (it
+	 * restarted, or dropped the session), before any request uses that
+	 * path. Filled even when no path is up.
+	 */
+	uint64_t server_sessions;
 };
 
 /* -ECOMM if no path is connected. */

@@ -41,6 +41,7 @@ struct rnbd_clt_dev {
 	enum dev_state state;
 	uint32_t id;
 	uint64_t gen;                /* bumped at every (re)open: which id IO was sent under */
+	uint64_t srv_sessions;       /* rtrs_attrs.server_sessions when it was (re)opened */
 	struct rnbd_open_rsp rsp;
 	uint64_t bytes;
 	unsigned inflight;           /* rnbd_clt_io calls using it */
@@ -138,6 +139,15 @@ static int sess_info(struct rnbd_clt_sess *s)
 }
 
 /* OPEN; the decoded response in *out. */
+/* The transport's count of server sessions met (see rtrs_attrs). */
+static uint64_t server_sessions(struct rnbd_clt_sess *s)
+{
+	struct rtrs_attrs a = { .size = sizeof(a) };
+
+	rtrs_clt_query(s->rtrs, &a); /* filled even without a path up */
+	return a.server_sessions;
+}
+
 static int dev_open_msg(struct rnbd_clt_sess *s, const char *name, enum rnbd_access_mode mode,
 			struct rnbd_open_rsp *out)
 {
@@ -202,6 +212,7 @@ static void reopen_all(struct rnbd_clt_sess *s)
 	struct rnbd_clt_dev *d;
 	struct rnbd_open_rsp r;
 	uint32_t last = 0;
+	uint64_t seen;
 	bool first = true;
 	int rc;
 
@@ -233,12 +244,14 @@ static void reopen_all(struct rnbd_clt_sess *s)
 		pthread_mutex_unlock(&s->lock);
 		if (!d)
 			return;
+		seen = server_sessions(s); /* before the OPEN: a later change means reopen */
 		rc = dev_open_msg(s, d->name, d->mode, &r);
 		pthread_mutex_lock(&s->lock);
 		d->opening = false;
 		if (!rc && d->state == DEV_REOPENING) {
 			d->id = r.device_id;
 			d->rsp = r;
+			d->srv_sessions = seen;
 			d->gen++;
 			d->state = DEV_MAPPED;
 			log_info("rnbd: %s: %s open again (device %u)", s->name, d->name, r.device_id);
@@ -381,6 +394,7 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 		}
 	}
 	pthread_mutex_unlock(&s->lock);
+	d->srv_sessions = server_sessions(s);
 	rc = dev_open_msg(s, d->name, d->mode, &d->rsp);
 	if (rc) {
 		log_err("rnbd: %s: mapping %s (%s) failed: %s", s->name, d->name,
@@ -442,6 +456,7 @@ int rnbd_clt_remap(struct rnbd_clt_dev *d)
 {
 	struct rnbd_clt_sess *s;
 	struct rnbd_open_rsp r;
+	uint64_t seen;
 	int rc;
 
 	if (!d)
@@ -459,12 +474,14 @@ int rnbd_clt_remap(struct rnbd_clt_dev *d)
 	d->state = DEV_REOPENING;
 	d->opening = true;
 	pthread_mutex_unlock(&s->lock);
+	seen = server_sessions(s);
 	rc = dev_open_msg(s, d->name, d->mode, &r);
 	pthread_mutex_lock(&s->lock);
 	d->opening = false;
 	if (!rc && d->state == DEV_REOPENING) {
 		d->id = r.device_id;
 		d->rsp = r;
+		d->srv_sessions = seen;
 		d->gen++;
 		d->state = DEV_MAPPED;
 	} else {
@@ -609,23 +626,28 @@ int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags, ui
 			pthread_cond_broadcast(&s->cond);
 		pthread_mutex_unlock(&s->lock);
 		/*
-		 * The session may have lost its paths under this request (its
-		 * failure can come before the link event), or the device may be
-		 * open again under a new id: wait for it and send again (a block
-		 * write may be repeated). -EPROTO: the request reached a new
-		 * server session before SESS_INFO. A device still mapped under the
-		 * same open with a path up keeps its error (a force-close's
-		 * -ENOTCONN reaches the caller).
+		 * Sent again once the device is open again when: it was opened
+		 * again since this piece went out (gen); the transport lost the
+		 * request (-ECONNABORTED, -ETIMEDOUT: no path; its failure can
+		 * come before the link event, so the device is marked
+		 * disconnected here and the reconnect opens it again); or the
+		 * server answered -ENOTCONN or -EPROTO (no SESS_INFO yet) from a
+		 * server session other than the one the device was opened in.
+		 * Otherwise the error stands: a force-close's -ENOTCONN reaches
+		 * the caller. A block write may thus be sent twice, as block
+		 * layers do on failover.
 		 */
 		if (rc == -ENOTCONN || rc == -ETIMEDOUT || rc == -ECONNABORTED || rc == -EPROTO) {
-			struct rtrs_attrs a = { .size = sizeof(a) };
-			bool down = rtrs_clt_query(s->rtrs, &a) || !a.paths_up;
+			bool lost = rc == -ETIMEDOUT || rc == -ECONNABORTED;
+			uint64_t now = lost ? 0 : server_sessions(s);
 			int w = rc;
 
 			pthread_mutex_lock(&s->lock);
-			if (d->gen != gen || d->state != DEV_MAPPED || down) {
-				if (down && d->state == DEV_MAPPED && d->gen == gen)
-					d->state = DEV_DISCONNECTED; /* the link event follows */
+			if (!lost && now != d->srv_sessions)
+				lost = true;
+			if (d->gen != gen || d->state != DEV_MAPPED || lost) {
+				if (lost && d->state == DEV_MAPPED && d->gen == gen)
+					d->state = DEV_DISCONNECTED;
 				w = wait_mapped(d, &id);
 				gen = d->gen;
 			}

@@ -176,6 +176,7 @@ struct rtrs_clt_sess {
 	 */
 	bool inval, inval_known;
 	uint64_t srv_sess_id;       /* the server incarnation the keys come from */
+	atomic_uint_fast64_t srv_sessions; /* incarnations met: rtrs_attrs.server_sessions */
 	uint64_t *rkeys;
 	uint32_t *rkey_gens;
 	pthread_mutex_t rkey_lock;
@@ -1403,14 +1404,16 @@ static int path_after_first_con(struct clt_path *p)
 		atomic_store(&p->fail_dnr, true);
 		return -ECONNRESET;
 	}
+	/* Compared and changed under the lock: paths connecting at once count it once. */
+	pthread_mutex_lock(&s->rkey_lock);
 	if (rsp->sess_id != s->srv_sess_id) {
 		/* A new server session (it restarted): keys of the old one mean nothing. */
-		pthread_mutex_lock(&s->rkey_lock);
 		memset(s->rkeys, 0, (size_t)s->queue_depth * sizeof(*s->rkeys));
 		memset(s->rkey_gens, 0, (size_t)s->queue_depth * sizeof(*s->rkey_gens));
 		s->srv_sess_id = rsp->sess_id;
-		pthread_mutex_unlock(&s->rkey_lock);
+		atomic_fetch_add(&s->srv_sessions, 1);
 	}
+	pthread_mutex_unlock(&s->rkey_lock);
 	p->srv_imm = rsp->imm_desc;
 	p->srv_fence = rsp->flags & RTRS_MSG_FENCE_F;
 	free(p->rbufs);
@@ -1940,6 +1943,7 @@ int rtrs_clt_query(struct rtrs_clt_sess *s, struct rtrs_attrs *attrs)
 		return -EINVAL;
 	attrs->paths_up = atomic_load(&s->paths_up);
 	attrs->paths_num = (uint32_t)atomic_load(&s->paths_num);
+	attrs->server_sessions = atomic_load(&s->srv_sessions);
 	if (!attrs->paths_up)
 		return -ECOMM;
 	attrs->queue_depth = s->queue_depth;
