@@ -199,6 +199,39 @@ static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
 }
 
 /*
+ * Opens d again on the server. Called with s->lock held and d marked
+ * (REOPENING, opening); returns with the lock held, d mapped under its new
+ * id or disconnected again (also when a link event took it meanwhile:
+ * -ENOTCONN).
+ */
+static int dev_reopen(struct rnbd_clt_dev *d)
+{
+	struct rnbd_clt_sess *s = d->sess;
+	struct rnbd_open_rsp r;
+	uint64_t seen;
+	int rc;
+
+	pthread_mutex_unlock(&s->lock);
+	seen = server_sessions(s); /* before the OPEN: a later change means reopen */
+	rc = dev_open_msg(s, d->name, d->mode, &r);
+	pthread_mutex_lock(&s->lock);
+	d->opening = false;
+	if (!rc && d->state == DEV_REOPENING) {
+		d->id = r.device_id;
+		d->rsp = r;
+		d->srv_sessions = seen;
+		d->gen++;
+		d->state = DEV_MAPPED;
+	} else {
+		if (d->state == DEV_REOPENING)
+			d->state = DEV_DISCONNECTED; /* the next reconnect tries again */
+		rc = rc ? rc : -ENOTCONN;
+	}
+	pthread_cond_broadcast(&s->cond);
+	return rc;
+}
+
+/*
  * Opens every disconnected device again, after a path came back. First the
  * IO still on the wire must be answered: librtrs may hold requests across a
  * reconnect and deliver them to a server that has forgotten the devices,
@@ -210,9 +243,7 @@ static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
 static void reopen_all(struct rnbd_clt_sess *s)
 {
 	struct rnbd_clt_dev *d;
-	struct rnbd_open_rsp r;
 	uint32_t last = 0;
-	uint64_t seen;
 	bool first = true;
 	int rc;
 
@@ -235,33 +266,20 @@ static void reopen_all(struct rnbd_clt_sess *s)
 			    (first || d->id > last) && (!next || d->id < next->id))
 				next = d;
 		d = next;
-		if (d) {
-			d->state = DEV_REOPENING;
-			d->opening = true;
-			last = d->id;
-			first = false;
-		}
-		pthread_mutex_unlock(&s->lock);
-		if (!d)
+		if (!d) {
+			pthread_mutex_unlock(&s->lock);
 			return;
-		seen = server_sessions(s); /* before the OPEN: a later change means reopen */
-		rc = dev_open_msg(s, d->name, d->mode, &r);
-		pthread_mutex_lock(&s->lock);
-		d->opening = false;
-		if (!rc && d->state == DEV_REOPENING) {
-			d->id = r.device_id;
-			d->rsp = r;
-			d->srv_sessions = seen;
-			d->gen++;
-			d->state = DEV_MAPPED;
-			log_info("rnbd: %s: %s open again (device %u)", s->name, d->name, r.device_id);
-		} else {
-			if (d->state == DEV_REOPENING)
-				d->state = DEV_DISCONNECTED; /* the next reconnect tries again */
-			log_err("rnbd: %s: opening %s again failed: %s", s->name, d->name,
-				strerror(rc ? -rc : ENOTCONN));
 		}
-		pthread_cond_broadcast(&s->cond);
+		d->state = DEV_REOPENING;
+		d->opening = true;
+		last = d->id;
+		first = false;
+		rc = dev_reopen(d);
+		if (rc)
+			log_err("rnbd: %s: opening %s again failed: %s", s->name, d->name,
+				strerror(-rc));
+		else
+			log_info("rnbd: %s: %s open again (device %u)", s->name, d->name, d->id);
 		pthread_mutex_unlock(&s->lock);
 	}
 }
@@ -455,41 +473,21 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 int rnbd_clt_remap(struct rnbd_clt_dev *d)
 {
 	struct rnbd_clt_sess *s;
-	struct rnbd_open_rsp r;
-	uint64_t seen;
 	int rc;
 
 	if (!d)
 		return -EINVAL;
 	s = d->sess;
 	pthread_mutex_lock(&s->lock);
-	if (d->state == DEV_MAPPED) {
-		pthread_mutex_unlock(&s->lock);
-		return -EALREADY;
+	if (d->state == DEV_MAPPED)
+		rc = -EALREADY;
+	else if (d->state != DEV_DISCONNECTED || d->refusing || d->opening)
+		rc = -EBUSY;
+	else {
+		d->state = DEV_REOPENING;
+		d->opening = true;
+		rc = dev_reopen(d);
 	}
-	if (d->state != DEV_DISCONNECTED || d->refusing || d->opening) {
-		pthread_mutex_unlock(&s->lock);
-		return -EBUSY;
-	}
-	d->state = DEV_REOPENING;
-	d->opening = true;
-	pthread_mutex_unlock(&s->lock);
-	seen = server_sessions(s);
-	rc = dev_open_msg(s, d->name, d->mode, &r);
-	pthread_mutex_lock(&s->lock);
-	d->opening = false;
-	if (!rc && d->state == DEV_REOPENING) {
-		d->id = r.device_id;
-		d->rsp = r;
-		d->srv_sessions = seen;
-		d->gen++;
-		d->state = DEV_MAPPED;
-	} else {
-		if (d->state == DEV_REOPENING)
-			d->state = DEV_DISCONNECTED;
-		rc = rc ? rc : -ENOTCONN;
-	}
-	pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);
 	return rc;
 }

@@ -156,45 +156,11 @@ static void clt_opts(struct rtrs_clt_opts *o, struct rtrs_path_addr *pa, char *d
 	o->auth_server_name = SERVER;
 }
 
-struct sync_io {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	bool done;
-	int err;
-};
-
-static void sync_conf(void *priv, int err)
-{
-	struct sync_io *s = priv;
-
-	pthread_mutex_lock(&s->lock);
-	s->done = true;
-	s->err = err;
-	pthread_cond_signal(&s->cond);
-	pthread_mutex_unlock(&s->lock);
-}
-
 static int do_io(struct rtrs_clt_sess *sess, enum rtrs_dir dir, uint32_t off, void *buf)
 {
-	struct sync_io s = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
-	struct rtrs_clt_req_ops ops = { .priv = &s, .conf = sync_conf };
 	struct usr_hdr h = { .off = off };
-	struct iovec usr = { &h, sizeof(h) }, data = { buf, LEN };
-	struct rtrs_permit *permit = rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
-	int rc;
 
-	if (!permit)
-		return -ENOBUFS;
-	rc = rtrs_clt_request(sess, dir, &ops, permit, &usr, 1, &data, 1);
-	if (!rc) {
-		pthread_mutex_lock(&s.lock);
-		while (!s.done)
-			pthread_cond_wait(&s.cond, &s.lock);
-		pthread_mutex_unlock(&s.lock);
-		rc = s.err;
-	}
-	rtrs_clt_put_permit(sess, permit);
-	return rc;
+	return test_request(sess, dir, &h, sizeof(h), buf, LEN);
 }
 
 /* Writes a pattern at off and reads it back: true when every byte matches. */

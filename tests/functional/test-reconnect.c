@@ -40,44 +40,13 @@ static void path_ev(void *priv, unsigned idx, int up)
 		atomic_fetch_add(up ? &path_up : &path_down, 1);
 }
 
-struct sync_io {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	bool done;
-	int err;
-};
-
-static void conf(void *priv, int err)
-{
-	struct sync_io *s = priv;
-
-	pthread_mutex_lock(&s->lock);
-	s->err = err;
-	s->done = true;
-	pthread_cond_signal(&s->cond);
-	pthread_mutex_unlock(&s->lock);
-}
-
 /* One request, waited for; the submit error or the completion's. */
 static int io(enum rtrs_dir dir, uint64_t off, void *buf, size_t len)
 {
-	struct sync_io s = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
 	struct test_hdr h = { .magic = TEST_MAGIC, .op = TEST_OP_IO, .offset = off,
 			      .len = (uint32_t)len };
-	struct iovec usr = { &h, sizeof(h) }, data = { buf, len };
-	struct rtrs_clt_req_ops ops = { .priv = &s, .conf = conf };
-	struct rtrs_permit *p = rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
-	int rc = rtrs_clt_request(sess, dir, &ops, p, &usr, 1, &data, 1);
 
-	if (!rc) {
-		pthread_mutex_lock(&s.lock);
-		while (!s.done)
-			pthread_cond_wait(&s.cond, &s.lock);
-		pthread_mutex_unlock(&s.lock);
-		rc = s.err;
-	}
-	rtrs_clt_put_permit(sess, p);
-	return rc;
+	return test_request(sess, dir, &h, sizeof(h), buf, len);
 }
 
 static bool verified_io(uint8_t seed)

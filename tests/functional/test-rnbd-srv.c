@@ -10,7 +10,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,48 +26,6 @@
 
 static char top[] = "/var/tmp/rnbd-srv-test.XXXXXX";
 static int port;
-
-struct waiter {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	bool done;
-	int err;
-};
-
-static void conf(void *priv, int err)
-{
-	struct waiter *w = priv;
-
-	pthread_mutex_lock(&w->lock);
-	w->done = true;
-	w->err = err;
-	pthread_cond_signal(&w->cond);
-	pthread_mutex_unlock(&w->lock);
-}
-
-/* One RNBD request: msg as the user header, data read or written. */
-static int req(struct rtrs_clt_sess *s, enum rtrs_dir dir, const void *msg, size_t msglen,
-	       void *data, size_t datalen)
-{
-	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
-	struct rtrs_clt_req_ops ops = { .priv = &w, .conf = conf };
-	struct iovec usr = { (void *)msg, msglen }, iov = { data, datalen };
-	struct rtrs_permit *permit = rtrs_clt_get_permit(s, RTRS_IO_CON, RTRS_PERMIT_WAIT);
-	int rc;
-
-	if (!permit)
-		return -ECONNABORTED;
-	rc = rtrs_clt_request(s, dir, &ops, permit, &usr, 1, &iov, datalen ? 1 : 0);
-	if (!rc) {
-		pthread_mutex_lock(&w.lock);
-		while (!w.done)
-			pthread_cond_wait(&w.cond, &w.lock);
-		pthread_mutex_unlock(&w.lock);
-		rc = w.err;
-	}
-	rtrs_clt_put_permit(s, permit);
-	return rc;
-}
 
 static struct rtrs_clt_sess *sess_open(const char *name)
 {
@@ -94,7 +51,7 @@ static struct rtrs_clt_sess *sess_open(const char *name)
 	if (rc)
 		return NULL;
 	rnbd_sess_info_encode(&m, false, RNBD_PROTO_VER_MAJOR);
-	CHECK_EQ(req(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp)), 0);
+	CHECK_EQ(test_request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp)), 0);
 	CHECK_EQ(rnbd_sess_info_decode(&rsp, sizeof(rsp), true, &ver, &why), 0);
 	CHECK_EQ(ver, RNBD_PROTO_VER_MAJOR);
 	return s;
@@ -113,7 +70,7 @@ static int dev_open(struct rtrs_clt_sess *s, const char *name, enum rnbd_access_
 
 	snprintf(o.dev_name, sizeof(o.dev_name), "%s", name);
 	rnbd_open_encode(&m, &o);
-	rc = req(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
+	rc = test_request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
 	if (rc)
 		return rc;
 	rc = rnbd_open_rsp_decode(&rsp, sizeof(rsp), &r, &why);
@@ -128,7 +85,7 @@ static int dev_close(struct rtrs_clt_sess *s, uint32_t id)
 	struct rnbd_msg_close m;
 
 	rnbd_close_encode(&m, id);
-	return req(s, RTRS_WRITE, &m, sizeof(m), NULL, 0);
+	return test_request(s, RTRS_WRITE, &m, sizeof(m), NULL, 0);
 }
 
 static int io(struct rtrs_clt_sess *s, uint32_t id, enum rnbd_io_op op, uint32_t flags,
@@ -140,7 +97,7 @@ static int io(struct rtrs_clt_sess *s, uint32_t id, enum rnbd_io_op op, uint32_t
 	bool data = op == RNBD_OP_READ || op == RNBD_OP_WRITE;
 
 	rnbd_io_encode(&m, &i);
-	return req(s, op == RNBD_OP_READ ? RTRS_READ : RTRS_WRITE, &m, sizeof(m),
+	return test_request(s, op == RNBD_OP_READ ? RTRS_READ : RTRS_WRITE, &m, sizeof(m),
 		   data ? buf : NULL, data ? len : 0);
 }
 

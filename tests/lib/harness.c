@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,47 @@ uint64_t test_now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+struct test_wait {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+	int err;
+};
+
+static void test_conf(void *priv, int err)
+{
+	struct test_wait *w = priv;
+
+	pthread_mutex_lock(&w->lock);
+	w->done = true;
+	w->err = err;
+	pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+}
+
+int test_request(struct rtrs_clt_sess *s, enum rtrs_dir dir, const void *usr, size_t usr_len,
+		 void *data, size_t data_len)
+{
+	struct test_wait w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
+	struct rtrs_clt_req_ops ops = { .priv = &w, .conf = test_conf };
+	struct iovec u = { (void *)usr, usr_len }, d = { data, data_len };
+	struct rtrs_permit *permit = rtrs_clt_get_permit(s, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+	int rc;
+
+	if (!permit)
+		return -ENOBUFS;
+	rc = rtrs_clt_request(s, dir, &ops, permit, &u, 1, &d, data_len ? 1 : 0);
+	if (!rc) {
+		pthread_mutex_lock(&w.lock);
+		while (!w.done)
+			pthread_cond_wait(&w.cond, &w.lock);
+		pthread_mutex_unlock(&w.lock);
+		rc = w.err;
+	}
+	rtrs_clt_put_permit(s, permit);
+	return rc;
 }
 
 const char *test_provider(void)

@@ -8,8 +8,11 @@
 #define RTRS_TEST_HARNESS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "rtrs.h"
 
 struct proc {
 	pid_t pid;          /* 0: a server this test did not start */
@@ -36,5 +39,12 @@ int proc_signal(struct proc *p, int sig, bool wait);
 const char *test_server_path(void);
 /* Milliseconds on the monotonic clock. */
 uint64_t test_now_ms(void);
+/*
+ * One RTRS request on an IO connection, waited for: usr as the user header,
+ * data written (RTRS_WRITE) or read into (RTRS_READ); data_len 0 for none.
+ * Returns the submit error or the completion's; -ENOBUFS without a permit.
+ */
+int test_request(struct rtrs_clt_sess *s, enum rtrs_dir dir, const void *usr, size_t usr_len,
+		 void *data, size_t data_len);
 
 #endif
