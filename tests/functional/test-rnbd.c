@@ -135,7 +135,8 @@ static void test_all(void)
 	static uint8_t a[BIG], b[BIG], zero[BIG];
 	struct rnbd_clt_dev_info in = { .size = sizeof(in) };
 	struct rnbd_clt_sess *s1, *s2;
-	struct rnbd_clt_dev *d1, *d2, *dx;
+	struct rnbd_clt_dev *d1, *d2, *dx, *dv;
+	char moved[700], moved_to[700];
 	struct bg_io bg;
 	pthread_t th;
 	int fd;
@@ -209,21 +210,32 @@ static void test_all(void)
 	 * down waits, the device is opened again, and the read returns the
 	 * data written before.
 	 */
-	/* A second device, so that both must find their own data after the restart. */
-	{
+	/*
+	 * Two more devices, so that each must find its own data after the
+	 * restart; the first of them ("vanish", the lower id) is gone while the
+	 * server is down: its re-open fails, the next one's must not, and a
+	 * remap brings it back once it is there again.
+	 */
+	for (int i = 0; i < 2; i++) {
 		char p2[700];
 		int f2;
 
-		snprintf(p2, sizeof(p2), "%s/disk2", top);
+		snprintf(p2, sizeof(p2), "%s/%s", top, i ? "disk2" : "vanish");
 		f2 = open(p2, O_CREAT | O_RDWR, 0600);
 		CHECK(f2 >= 0 && ftruncate(f2, DISK_SIZE) == 0);
 		close(f2);
 	}
+	CHECK_EQ(rnbd_clt_map(s1, "vanish", RNBD_CLT_RW, &dv), 0);
 	CHECK_EQ(rnbd_clt_map(s1, "disk2", RNBD_CLT_RW, &dx), 0);
 	fill(a, 65536, 42);
 	CHECK_EQ(rnbd_clt_io(dx, RNBD_CLT_WRITE, 0, 0, a, 65536), 0);
+	fill(a, 65536, 43);
+	CHECK_EQ(rnbd_clt_io(dv, RNBD_CLT_WRITE, 0, 0, a, 65536), 0);
 	fill(a, BIG, 1);
 	rnbd_srv_close(srv);
+	snprintf(moved, sizeof(moved), "%s/vanish", top);
+	snprintf(moved_to, sizeof(moved_to), "%s/vanished", top);
+	CHECK_EQ(rename(moved, moved_to), 0);
 	bg = (struct bg_io){ .dev = d1, .buf = b };
 	memset(b, 0, BIG);
 	CHECK_EQ(pthread_create(&th, NULL, bg_read, &bg), 0);
@@ -246,6 +258,15 @@ static void test_all(void)
 	CHECK_EQ(rnbd_clt_io(dx, RNBD_CLT_READ, 0, 0, b, 65536), 0);
 	CHECK(!memcmp(a, b, 65536), "the second device reads its own data after the restart");
 	CHECK_EQ(rnbd_clt_unmap(dx, false), 0);
+	CHECK_EQ(rnbd_clt_dev_info(dv, &in), 0);
+	CHECK(!strcmp(in.state, "disconnected"), "a device gone from the server: %s", in.state);
+	CHECK_EQ(rename(moved_to, moved), 0);
+	CHECK_EQ(rnbd_clt_remap(dv), 0);
+	CHECK_EQ(rnbd_clt_remap(dv), -EALREADY);
+	fill(a, 65536, 43);
+	CHECK_EQ(rnbd_clt_io(dv, RNBD_CLT_READ, 0, 0, b, 65536), 0);
+	CHECK(!memcmp(a, b, 65536), "remapped, it reads its data");
+	CHECK_EQ(rnbd_clt_unmap(dv, false), 0);
 	fill(a, 4096, 9);
 	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_WRITE, RNBD_CLT_F_FUA, 0, a, 4096), 0);
 	CHECK(file_has(0, a, 4096), "IO goes on after the restart");
