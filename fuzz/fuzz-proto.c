@@ -26,21 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz-util.h"
 #include "rtrs-proto.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define FAIL_IF(cond)                                                          \
-	do {                                                                   \
-		if (cond) {                                                    \
-			fprintf(stderr, "%s:%d: invariant broken: %s\n",       \
-				__FILE__, __LINE__, #cond);                    \
-			abort();                                               \
-		}                                                              \
-	} while (0)
-
-/* Every rejection names its reason. */
-#define CHECK_WHY(rc, why) FAIL_IF((rc) && (why) == NULL)
 
 /* Chunk sizes 8 KiB .. 128 KiB; larger ones add nothing but memory. */
 #define CHUNK_SHIFT_MIN 13
@@ -73,48 +61,6 @@ static void init_once(void)
 		for (unsigned i = 0; i < RTRS_MAX_SESS_QUEUE_DEPTH; i++)
 			bases[s][i] = bufs[s][i % NBUFS];
 	}
-}
-
-static uint16_t take16(const uint8_t **p, size_t *n)
-{
-	uint16_t v = 0;
-
-	if (*n >= 2) {
-		v = (uint16_t)((*p)[0] | (*p)[1] << 8);
-		*p += 2;
-		*n -= 2;
-	}
-	return v;
-}
-
-static uint32_t take32(const uint8_t **p, size_t *n)
-{
-	uint32_t lo = take16(p, n);
-
-	return lo | (uint32_t)take16(p, n) << 16;
-}
-
-static uint8_t take8(const uint8_t **p, size_t *n)
-{
-	uint8_t v = 0;
-
-	if (*n) {
-		v = **p;
-		(*p)++;
-		(*n)--;
-	}
-	return v;
-}
-
-static void *dup_exact(const uint8_t *p, size_t n)
-{
-	void *b = malloc(n ? n : 1);
-
-	if (!b)
-		abort();
-	if (n)
-		memcpy(b, p, n);
-	return b;
 }
 
 static void fuzz_conn_req(const uint8_t *p, size_t n)

@@ -18,30 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz-util.h"
 #include "rnbd-proto.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define FAIL_IF(cond)                                                          \
-	do {                                                                   \
-		if (cond) {                                                    \
-			fprintf(stderr, "%s:%d: invariant broken: %s\n",       \
-				__FILE__, __LINE__, #cond);                    \
-			abort();                                               \
-		}                                                              \
-	} while (0)
-#define CHECK_WHY(rc, why) FAIL_IF((rc) && (why) == NULL)
-
-static void *dup_exact(const uint8_t *p, size_t n)
-{
-	void *b = malloc(n ? n : 1);
-
-	if (!b)
-		abort();
-	if (n)
-		memcpy(b, p, n);
-	return b;
-}
 
 /* No component of name is "." or "..", and it has one that is not empty. */
 static bool components_safe(const char *name)
@@ -141,11 +119,8 @@ static void fuzz_io(const uint8_t *p, size_t n)
 
 	if (n < 5)
 		return;
-	ver = p[0];
-	data_len = (uint32_t)p[1] | (uint32_t)p[2] << 8 | (uint32_t)p[3] << 16 |
-		   (uint32_t)p[4] << 24;
-	p += 5;
-	n -= 5;
+	ver = take8(&p, &n);
+	data_len = take32(&p, &n);
 	b = dup_exact(p, n);
 	rc = rnbd_io_decode(b, n, ver, data_len, &io, &why);
 	CHECK_WHY(rc, why);
