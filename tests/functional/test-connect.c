@@ -142,6 +142,28 @@ out:
 	return rc;
 }
 
+/* Options of a test server on the test address, any port. */
+static void srv_opts(struct rtrs_srv_opts *so, uint32_t queue_depth)
+{
+	rtrs_srv_opts_init(so, sizeof(*so));
+	so->addr = test_addr();
+	so->provider = test_provider();
+	so->port = 0;
+	so->queue_depth = queue_depth;
+}
+
+/* Starts it and waits until it listens; its port in *port. */
+static struct rtrs_srv_ctx *srv_start(const struct rtrs_srv_ops *ops,
+				      const struct rtrs_srv_opts *so, int *port)
+{
+	struct rtrs_srv_ctx *srv = NULL;
+
+	CHECK_EQ(rtrs_srv_open(ops, so, &srv), 0);
+	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
+	*port = rtrs_srv_get_port(srv);
+	return srv;
+}
+
 static void good_req(struct rtrs_msg_conn_req *m, bool first)
 {
 	struct rtrs_conn_req r = { .cid = 0, .cid_num = 2, .first_conn = first };
@@ -167,14 +189,8 @@ static void test_malformed(void)
 	struct rtrs_msg_conn_req m;
 	int port;
 
-	rtrs_srv_opts_init(&so, sizeof(so));
-	so.addr = test_addr();
-	so.provider = test_provider();
-	so.port = 0;
-	so.queue_depth = 64;
-	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
-	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
-	port = rtrs_srv_get_port(srv);
+	srv_opts(&so, 64);
+	srv = srv_start(&ops, &so, &port);
 	CHECK(port > 0);
 
 	good_req(&m, true);
@@ -236,17 +252,13 @@ static void test_half_connected(void)
 	struct fab *f = NULL;
 	char service[8];
 	uint64_t t0;
+	int port;
 
-	rtrs_srv_opts_init(&so, sizeof(so));
-	so.addr = test_addr();
-	so.provider = test_provider();
-	so.port = 0;
-	so.queue_depth = 16;
+	srv_opts(&so, 16);
 	so.hb_interval_ms = 100;
 	so.connect_timeout_ms = 500;
-	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
-	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
-	snprintf(service, sizeof(service), "%d", rtrs_srv_get_port(srv));
+	srv = srv_start(&ops, &so, &port);
+	snprintf(service, sizeof(service), "%d", port);
 	CHECK_EQ(fab_open(test_provider(), NULL, test_addr(), service, false, 0, &f), 0);
 	good_req(&m, true);
 	t0 = test_now_ms();
@@ -483,16 +495,10 @@ static void test_rogue_client(void)
 	struct rogue g;
 	int port, rc;
 
-	rtrs_srv_opts_init(&so, sizeof(so));
-	so.addr = test_addr();
-	so.provider = test_provider();
-	so.port = 0;
-	so.queue_depth = 16;
+	srv_opts(&so, 16);
 	/* These check the server's own checks; with always_invalidate a revoked key refuses first. */
 	so.always_invalidate = 0;
-	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
-	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
-	port = rtrs_srv_get_port(srv);
+	srv = srv_start(&ops, &so, &port);
 
 	/* 1. Chunk 0 reused while the server still holds its request. */
 	rc = rogue_open(&g, port);
@@ -570,15 +576,9 @@ static void test_guessed_keys(void)
 	uint64_t known;
 	int port, rc;
 
-	rtrs_srv_opts_init(&so, sizeof(so));
-	so.addr = test_addr();
-	so.provider = test_provider();
-	so.port = 0;
-	so.queue_depth = 16;
+	srv_opts(&so, 16);
 	so.always_invalidate = 1;
-	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
-	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
-	port = rtrs_srv_get_port(srv);
+	srv = srv_start(&ops, &so, &port);
 
 	rc = rogue_open(&victim, port);
 	CHECK(rc == 0, "victim handshake: %s", strerror(-rc));
@@ -710,17 +710,11 @@ static void test_never_authenticates(void)
 	fprintf(f, "nqn.test-host DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:\n");
 	fclose(f);
 	chmod(keys, 0600);
-	rtrs_srv_opts_init(&so, sizeof(so));
-	so.addr = test_addr();
-	so.provider = test_provider();
-	so.port = 0;
-	so.queue_depth = 16;
+	srv_opts(&so, 16);
 	so.hb_interval_ms = 100;
 	so.auth_keys_file = keys;
 	so.auth_timeout_ms = 600;
-	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
-	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
-	port = rtrs_srv_get_port(srv);
+	srv = srv_start(&ops, &so, &port);
 
 	/* 1. Does not speak authentication: refused, and told not to retry. */
 	{
@@ -860,11 +854,8 @@ static void test_listen_retry(void)
 	/* Hold the port with a listening socket so the server cannot bind. */
 	fd = tcp_socket(true, &port);
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	rtrs_srv_opts_init(&so, sizeof(so));
-	so.addr = test_addr();
-	so.provider = test_provider();
+	srv_opts(&so, 16);
 	so.port = (uint16_t)port;
-	so.queue_depth = 16;
 	so.listen_retry_ms = 100;
 	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
 	CHECK_EQ(rtrs_srv_wait_listening(srv, 500), -ETIMEDOUT);
