@@ -132,6 +132,7 @@ struct rnbd_clt_dev_info {
 	bool write_cache;           /* flush means something */
 	bool fua;
 	const char *state;          /* "mapped", "disconnected", "reopening", "unmapped" */
+	uint32_t queue_depth;       /* request slots of the session (IO in flight at most) */
 };
 
 int rnbd_clt_dev_info(struct rnbd_clt_dev *dev, struct rnbd_clt_dev_info *info);
@@ -140,13 +141,32 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *dev, struct rnbd_clt_dev_info *info);
  * IO on a mapped device: offset and len in bytes, whole logical blocks
  * (flush: 0 and 0). Reads fill buf, writes send it; discard, secure erase
  * and write zeroes carry no data (buf NULL). Requests larger than max_io
- * are split. While the session reconnects, IO waits for the device to be
- * open again up to the session's fast_io_fail_ms. Returns 0 or a negative
- * errno: -EROFS (read-only mapping), -ENODEV (unmapped), -EINVAL (range or
- * alignment), -ENOTCONN (the server closed the device), -ETIMEDOUT (not
+ * are split and their pieces sent one after the other. While the session
+ * reconnects, IO waits for the device to be open again up to the session's
+ * fast_io_fail_ms. The result is 0 or a negative errno: -EROFS (read-only
+ * mapping), -ENODEV (unmapped, or a forced unmap under way), -EINVAL (range
+ * or alignment), -ENOTCONN (the server closed the device), -ETIMEDOUT (not
  * open again within fast_io_fail_ms), -ECONNABORTED (no path and none
  * coming), -EOPNOTSUPP, or the server's error.
  */
+
+/*
+ * Asynchronous form. Takes one of the session's request slots (its RTRS
+ * queue depth), waiting for one to be free; then returns 0, and done(priv,
+ * result) is called exactly once, from a library thread (or from this call
+ * itself), or returns a negative errno and done is not called. Called from
+ * a done callback it does not wait: -EAGAIN when no slot is free (keep at
+ * most queue_depth IO in flight and a callback that submits again always
+ * finds its own). A done callback must not unmap, close or call
+ * rnbd_clt_io; it may still be running when a forced unmap returns (the
+ * session's close waits for it). buf stays in use until done.
+ */
+typedef void (*rnbd_clt_done_fn)(void *priv, int result);
+
+int rnbd_clt_submit(struct rnbd_clt_dev *dev, enum rnbd_clt_op op, uint32_t flags,
+		    uint64_t offset, void *buf, uint32_t len, rnbd_clt_done_fn done, void *priv);
+
+/* Synchronous form: submits and waits for the result. */
 int rnbd_clt_io(struct rnbd_clt_dev *dev, enum rnbd_clt_op op, uint32_t flags,
 		uint64_t offset, void *buf, uint32_t len);
 

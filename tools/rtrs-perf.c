@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hist.h"
 #include "rtrs.h"
 #include "opts.h"
 #include "util.h"
@@ -199,45 +200,7 @@ static int run_server(void)
 
 /* ---- client ------------------------------------------------------------------ */
 
-/* Latency histogram: 32 linear sub-buckets per power of two (3 % precision). */
-#define HIST_SUB 32
-#define HIST_BUCKETS (64 * HIST_SUB)
-
-static atomic_uint_fast64_t hist[HIST_BUCKETS];
-
-static unsigned hist_index(uint64_t v)
-{
-	unsigned e;
-
-	if (v < HIST_SUB)
-		return (unsigned)v;
-	e = 63 - (unsigned)__builtin_clzll(v); /* >= 5 */
-	return (e - 4) * HIST_SUB + (unsigned)((v >> (e - 5)) & (HIST_SUB - 1));
-}
-
-static uint64_t hist_value(unsigned idx)
-{
-	unsigned e;
-
-	if (idx < HIST_SUB)
-		return idx;
-	e = idx / HIST_SUB + 4;
-	return ((uint64_t)(HIST_SUB + idx % HIST_SUB)) << (e - 5);
-}
-
-static uint64_t hist_percentile(double pct, uint64_t total)
-{
-	uint64_t want = (uint64_t)(pct / 100.0 * (double)total + 0.5), seen = 0;
-
-	if (want == 0)
-		want = 1;
-	for (unsigned i = 0; i < HIST_BUCKETS; i++) {
-		seen += atomic_load(&hist[i]);
-		if (seen >= want)
-			return hist_value(i);
-	}
-	return 0;
-}
+static struct hist hist;
 
 struct perf_io {
 	struct rtrs_clt_sess *sess;
@@ -298,8 +261,7 @@ static void io_conf(void *priv, int err)
 	}
 	if (g.verify && g.mode == 1 && !pattern_check(io->buf, g.io_size, io->hdr.seq))
 		atomic_fetch_add(&ops_bad, 1);
-	atomic_fetch_add_explicit(&hist[hist_index((now_ns() - io->start_ns) / 1000)], 1,
-				  memory_order_relaxed);
+	hist_add(&hist, (now_ns() - io->start_ns) / 1000);
 	atomic_fetch_add_explicit(&ops_done, 1, memory_order_relaxed);
 	if (atomic_load_explicit(&stopping, memory_order_relaxed)) {
 		io_retire();
@@ -461,8 +423,8 @@ static int run_client(void)
 		       ",\"bad\":%" PRIuFAST64 "}\n",
 		       mode_names[g.mode], g.provider, g.io_size, g.queue_depth, secs, n,
 		       (double)n / secs, (double)n * (double)g.io_size / secs / 1e9,
-		       hist_percentile(50, n), hist_percentile(99, n), hist_percentile(99.9, n),
-		       hist_percentile(100, n), atomic_load(&ops_err), atomic_load(&ops_bad));
+		       hist_percentile(&hist, 50, n), hist_percentile(&hist, 99, n), hist_percentile(&hist, 99.9, n),
+		       hist_percentile(&hist, 100, n), atomic_load(&ops_err), atomic_load(&ops_bad));
 	} else {
 		printf("rtrs-perf: %s %" PRIu64 " B, qd %" PRIu64 ", %s, %.2f s%s\n",
 		       mode_names[g.mode], g.io_size, g.queue_depth, g.dst.items[0], secs,
@@ -470,7 +432,7 @@ static int run_client(void)
 		printf("  %" PRIu64 " ops  %.0f op/s  %.3f GB/s  latency us p50 %" PRIu64
 		       " p99 %" PRIu64 " p99.9 %" PRIu64 "  errors %" PRIuFAST64 "\n",
 		       n, (double)n / secs, (double)n * (double)g.io_size / secs / 1e9,
-		       hist_percentile(50, n), hist_percentile(99, n), hist_percentile(99.9, n),
+		       hist_percentile(&hist, 50, n), hist_percentile(&hist, 99, n), hist_percentile(&hist, 99.9, n),
 		       atomic_load(&ops_err));
 		for (unsigned i = 0; attrs.paths_num > 1 && i < attrs.paths_num; i++) {
 			struct rtrs_path_stats st = { .size = sizeof(st) };

@@ -54,6 +54,28 @@ static inline unsigned bits_for(uint64_t v)
 	return v ? 64 - (unsigned)__builtin_clzll(v) : 1;
 }
 
+/*
+ * Orderings that pass through libfabric (a completion comes after its post)
+ * are invisible to ThreadSanitizer, which does not see into the provider:
+ * the post releases and the completion acquires the same object.
+ */
+#if defined(__SANITIZE_THREAD__)
+#define RTRS_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RTRS_TSAN 1
+#endif
+#endif
+#ifdef RTRS_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define tsan_release(p) __tsan_release(p)
+#define tsan_acquire(p) __tsan_acquire(p)
+#else
+#define tsan_release(p) ((void)(p))
+#define tsan_acquire(p) ((void)(p))
+#endif
+
 static inline uint64_t now_ns(void)
 {
 	struct timespec ts;

@@ -338,11 +338,10 @@ static void *reaper_thread(void *arg)
 			break;
 		uring_step(e, r, res);
 		/* Entries a failed submit left on the ring. */
-		if (io_uring_sq_ready(&e->ring)) {
-			pthread_mutex_lock(&e->sq_lock);
+		pthread_mutex_lock(&e->sq_lock);
+		if (io_uring_sq_ready(&e->ring))
 			io_uring_submit(&e->ring);
-			pthread_mutex_unlock(&e->sq_lock);
-		}
+		pthread_mutex_unlock(&e->sq_lock);
 	}
 	return NULL;
 }

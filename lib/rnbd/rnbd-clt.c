@@ -54,6 +54,7 @@ struct rnbd_clt_sess {
 	char name[256];              /* the session name, for logs */
 	unsigned ver;
 	uint32_t max_io;
+	uint32_t queue_depth;
 	unsigned fast_io_fail_ms;
 	void (*user_link_ev)(void *priv, enum rtrs_clt_link_ev ev);
 	void *user_priv;
@@ -62,9 +63,38 @@ struct rnbd_clt_sess {
 	struct rnbd_clt_dev *devs;
 	bool reopen;                 /* a path came back: open the devices again */
 	unsigned on_wire;            /* IO requests sent and not answered yet */
+	struct clt_io *ios;          /* one slot per RTRS permit */
+	struct clt_io *parked, *parked_tail; /* IO waiting for its device to open again */
 	bool stop;
 	pthread_t worker;
 	bool worker_started;
+};
+
+/*
+ * An IO lives in the session's slot for its permit from submit to done, so
+ * the data path allocates nothing. Its pieces (max_io each) go out one
+ * after the other on the same permit. An IO that cannot go out because its
+ * device is not open on the server is parked; the worker sends it once the
+ * device is open again or fails it at its deadline.
+ */
+struct clt_io {
+	struct rnbd_clt_dev *d;
+	struct rtrs_permit *permit;
+	struct rtrs_clt_req_ops ops;
+	struct rnbd_msg_io msg;
+	enum rnbd_io_op op;
+	uint32_t flags;
+	uint64_t offset;
+	uint8_t *buf;
+	uint32_t len;                /* left to do, from offset */
+	uint32_t n;                  /* the piece on the wire */
+	uint32_t id;                 /* the device id it goes under */
+	uint64_t gen;                /* the device's gen then */
+	uint64_t deadline_ms;        /* parked: fails with -ETIMEDOUT after it */
+	int verdict;                 /* parked_run: what becomes of it (as io_route) */
+	struct clt_io *next;         /* parked list */
+	rnbd_clt_done_fn done;
+	void *priv;
 };
 
 /* ---- one request ---------------------------------------------------------------- */
@@ -76,7 +106,7 @@ struct waiter {
 	int err;
 };
 
-static void req_conf(void *priv, int err)
+static void waiter_done(void *priv, int err)
 {
 	struct waiter *w = priv;
 
@@ -85,6 +115,18 @@ static void req_conf(void *priv, int err)
 	w->err = err;
 	pthread_cond_signal(&w->cond);
 	pthread_mutex_unlock(&w->lock);
+}
+
+/* Waits for waiter_done; its result. */
+static int waiter_wait(struct waiter *w)
+{
+	pthread_mutex_lock(&w->lock);
+	while (!w->done)
+		pthread_cond_wait(&w->cond, &w->lock);
+	pthread_mutex_unlock(&w->lock);
+	pthread_mutex_destroy(&w->lock);
+	pthread_cond_destroy(&w->cond);
+	return w->err;
 }
 
 /*
@@ -96,7 +138,7 @@ static int request(struct rnbd_clt_sess *s, enum rtrs_clt_con_type con, enum rtr
 		   const void *msg, size_t msglen, void *data, size_t datalen)
 {
 	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
-	struct rtrs_clt_req_ops ops = { .priv = &w, .conf = req_conf };
+	struct rtrs_clt_req_ops ops = { .priv = &w, .conf = waiter_done };
 	struct iovec usr = { (void *)msg, msglen }, iov = { data, datalen };
 	struct rtrs_permit *permit = rtrs_clt_get_permit(s->rtrs, con, RTRS_PERMIT_WAIT);
 	int rc;
@@ -104,16 +146,9 @@ static int request(struct rnbd_clt_sess *s, enum rtrs_clt_con_type con, enum rtr
 	if (!permit)
 		return -ECONNABORTED;
 	rc = rtrs_clt_request(s->rtrs, dir, &ops, permit, &usr, 1, &iov, datalen ? 1 : 0);
-	if (!rc) {
-		pthread_mutex_lock(&w.lock);
-		while (!w.done)
-			pthread_cond_wait(&w.cond, &w.lock);
-		pthread_mutex_unlock(&w.lock);
-		rc = w.err;
-	}
+	if (!rc)
+		rc = waiter_wait(&w);
 	rtrs_clt_put_permit(s->rtrs, permit);
-	pthread_mutex_destroy(&w.lock);
-	pthread_cond_destroy(&w.cond);
 	return rc;
 }
 
@@ -284,20 +319,46 @@ static void reopen_all(struct rnbd_clt_sess *s)
 	}
 }
 
+/*
+ * The session's worker: opens the devices again after a reconnect and moves
+ * the parked IO (sends it once its device is open, fails it at its
+ * deadline).
+ */
+static bool parked_run(struct rnbd_clt_sess *s);
+
 static void *worker(void *arg)
 {
 	struct rnbd_clt_sess *s = arg;
 
 	pthread_mutex_lock(&s->lock);
-	for (;;) {
-		while (!s->reopen && !s->stop)
+	while (!s->stop) {
+		if (s->reopen) {
+			s->reopen = false;
+			pthread_mutex_unlock(&s->lock);
+			reopen_all(s);
+			pthread_mutex_lock(&s->lock);
+			continue;
+		}
+		if (parked_run(s))
+			continue;
+		if (s->parked) {
+			uint64_t first = s->parked->deadline_ms, now = now_ms();
+			struct timespec dl;
+
+			for (struct clt_io *io = s->parked; io; io = io->next)
+				first = MIN(first, io->deadline_ms);
+			clock_gettime(CLOCK_MONOTONIC, &dl);
+			first = first > now ? first - now : 0;
+			dl.tv_sec += (time_t)(first / 1000);
+			dl.tv_nsec += (long)(first % 1000) * 1000000L;
+			if (dl.tv_nsec >= 1000000000L) {
+				dl.tv_sec++;
+				dl.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&s->cond, &s->lock, &dl);
+		} else {
 			pthread_cond_wait(&s->cond, &s->lock);
-		if (s->stop)
-			break;
-		s->reopen = false;
-		pthread_mutex_unlock(&s->lock);
-		reopen_all(s);
-		pthread_mutex_lock(&s->lock);
+		}
 	}
 	pthread_mutex_unlock(&s->lock);
 	return NULL;
@@ -310,6 +371,7 @@ int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **
 	struct rtrs_clt_opts o;
 	struct rtrs_attrs a = { .size = sizeof(a) };
 	struct rnbd_clt_sess *s;
+	pthread_condattr_t ca;
 	int rc;
 
 	if (!opts || opts->size < sizeof(o) || !out)
@@ -318,7 +380,10 @@ int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **
 	if (!s)
 		return -ENOMEM;
 	pthread_mutex_init(&s->lock, NULL);
-	pthread_cond_init(&s->cond, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the worker's deadlines */
+	pthread_cond_init(&s->cond, &ca);
+	pthread_condattr_destroy(&ca);
 	o = *opts;
 	snprintf(s->name, sizeof(s->name), "%s", o.sessname ? o.sessname : "");
 	s->user_link_ev = o.link_ev;
@@ -338,7 +403,9 @@ int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **
 		goto fail;
 	}
 	s->max_io = a.max_io_size;
-	rc = -pthread_create(&s->worker, NULL, worker, s);
+	s->queue_depth = a.queue_depth;
+	s->ios = calloc(a.queue_depth, sizeof(*s->ios));
+	rc = s->ios ? -pthread_create(&s->worker, NULL, worker, s) : -ENOMEM;
 	if (rc) {
 		rtrs_clt_close(s->rtrs);
 		goto fail;
@@ -349,6 +416,7 @@ int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **
 	*out = s;
 	return 0;
 fail:
+	free(s->ios);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->cond);
 	free(s);
@@ -376,6 +444,7 @@ void rnbd_clt_sess_close(struct rnbd_clt_sess *s)
 	if (s->worker_started)
 		pthread_join(s->worker, NULL);
 	rtrs_clt_close(s->rtrs);
+	free(s->ios);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->cond);
 	free(s);
@@ -448,6 +517,7 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 		return -EBUSY;
 	}
 	d->refusing = true;
+	pthread_cond_broadcast(&s->cond); /* the worker fails its parked IO */
 	while (d->inflight || d->opening)
 		pthread_cond_wait(&s->cond, &s->lock);
 	open_there = d->state == DEV_MAPPED;
@@ -526,6 +596,7 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
 		.fua = (d->rsp.cache_policy & (RNBD_WRITEBACK | RNBD_FUA)) ==
 		       (RNBD_WRITEBACK | RNBD_FUA),
 		.state = dev_state_names[d->state],
+		.queue_depth = d->sess->queue_depth,
 	};
 	pthread_mutex_unlock(&d->sess->lock);
 	return 0;
@@ -533,61 +604,214 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
 
 /* ---- IO --------------------------------------------------------------------------- */
 
-/*
- * Waits until d is open on the server (sess->lock held); its id then, or
- * a negative errno.
- */
-static int wait_mapped(struct rnbd_clt_dev *d, uint32_t *id)
-{
-	struct rnbd_clt_sess *s = d->sess;
-	struct timespec dl;
+static __thread bool in_done; /* this thread runs a done callback */
 
-	clock_gettime(CLOCK_REALTIME, &dl);
-	dl.tv_sec += s->fast_io_fail_ms / 1000;
-	dl.tv_nsec += (long)(s->fast_io_fail_ms % 1000) * 1000000L;
-	if (dl.tv_nsec >= 1000000000L) {
-		dl.tv_sec++;
-		dl.tv_nsec -= 1000000000L;
-	}
-	while (!d->refusing && (d->state == DEV_DISCONNECTED || d->state == DEV_REOPENING)) {
-		if (!s->fast_io_fail_ms ||
-		    pthread_cond_timedwait(&s->cond, &s->lock, &dl) == ETIMEDOUT)
-			return -ETIMEDOUT;
-	}
-	if (d->refusing || d->state != DEV_MAPPED)
+static void io_conf(void *priv, int err);
+
+/*
+ * Where io goes next (s->lock held): 1, out under the device's current id
+ * (counted on the wire); 0, parked until the device is open again; or the
+ * error it fails with.
+ */
+static int io_route(struct clt_io *io)
+{
+	struct rnbd_clt_dev *d = io->d;
+	struct rnbd_clt_sess *s = d->sess;
+
+	if (d->refusing || d->state == DEV_UNMAPPED)
 		return -ENODEV;
-	*id = d->id;
+	if (d->state == DEV_MAPPED) {
+		io->id = d->id;
+		io->gen = d->gen;
+		s->on_wire++;
+		return 1;
+	}
+	if (!s->fast_io_fail_ms)
+		return -ETIMEDOUT;
+	io->deadline_ms = now_ms() + s->fast_io_fail_ms;
+	io->next = NULL;
+	if (s->parked_tail)
+		s->parked_tail->next = io;
+	else
+		s->parked = io;
+	s->parked_tail = io;
+	pthread_cond_broadcast(&s->cond); /* the worker keeps the deadline */
 	return 0;
 }
 
-static int io_one(struct rnbd_clt_dev *d, uint32_t id, enum rnbd_io_op op, uint32_t flags,
-		  uint64_t offset, void *buf, uint32_t len)
+/* Sends io's next piece (no lock held). */
+static void io_send(struct clt_io *io)
 {
-	struct rnbd_io io = { .device_id = id, .sector = offset >> RNBD_SECTOR_SHIFT, .op = op,
-			      .flags = flags, .bi_size = len };
-	struct rnbd_msg_io m;
-	bool data = op == RNBD_OP_READ || op == RNBD_OP_WRITE;
+	struct rnbd_clt_sess *s = io->d->sess;
+	bool data = io->op == RNBD_OP_READ || io->op == RNBD_OP_WRITE;
+	uint32_t max = s->max_io - s->max_io % io->d->rsp.logical_block_size;
+	struct rnbd_io w = { .device_id = io->id, .sector = io->offset >> RNBD_SECTOR_SHIFT,
+			     .op = io->op, .flags = io->flags };
+	struct iovec usr = { &io->msg, sizeof(io->msg) }, iov;
+	int rc;
 
-	if (op == RNBD_OP_WRITE || op == RNBD_OP_FLUSH)
-		io.flags |= flags & (RNBD_F_FUA | RNBD_F_PREFLUSH) ? RNBD_F_SYNC : 0;
-	rnbd_io_encode(&m, &io);
-	return request(d->sess, RTRS_IO_CON, op == RNBD_OP_READ ? RTRS_READ : RTRS_WRITE, &m,
-		       sizeof(m), data ? buf : NULL, data ? len : 0);
+	/* Data requests are cut at max_io; the others go whole (no data to carry). */
+	io->n = data ? MIN(io->len, max) : io->len;
+	w.bi_size = io->n;
+	if (io->op == RNBD_OP_WRITE || io->op == RNBD_OP_FLUSH)
+		w.flags |= io->flags & (RNBD_F_FUA | RNBD_F_PREFLUSH) ? RNBD_F_SYNC : 0;
+	rnbd_io_encode(&io->msg, &w);
+	iov = (struct iovec){ io->buf, data ? io->n : 0 };
+	rc = rtrs_clt_request(s->rtrs, io->op == RNBD_OP_READ ? RTRS_READ : RTRS_WRITE, &io->ops,
+			      io->permit, &usr, 1, &iov, data ? 1 : 0);
+	if (rc)
+		io_conf(io, rc);
 }
 
-int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags, uint64_t offset,
-		void *buf, uint32_t len)
+/*
+ * The end of io (no lock held): its slot goes back, the device stops
+ * counting it (an unmap may go on), then done runs.
+ */
+static void io_finish(struct clt_io *io, int err)
 {
-	struct rnbd_clt_sess *s;
+	struct rnbd_clt_dev *d = io->d;
+	struct rnbd_clt_sess *s = d->sess;
+	rnbd_clt_done_fn done = io->done;
+	void *priv = io->priv;
+	bool nested = in_done;
+
+	rtrs_clt_put_permit(s->rtrs, io->permit); /* io may be reused from here on */
+	pthread_mutex_lock(&s->lock);
+	if (--d->inflight == 0)
+		pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	in_done = true;
+	done(priv, err);
+	in_done = nested;
+}
+
+/*
+ * A piece's answer. On success the next piece goes, or the IO is done. A
+ * piece is sent again, once the device is open again, when: the device was
+ * opened again since the piece went out (gen); the transport lost the
+ * request (-ECONNABORTED, -ETIMEDOUT: no path; its failure can come before
+ * the link event, so the device is marked disconnected here and the
+ * reconnect opens it again); or the server answered -ENOTCONN or -EPROTO
+ * (no SESS_INFO yet) from a server session other than the one the device
+ * was opened in. Otherwise the error stands: a force-close's -ENOTCONN
+ * reaches the caller. A block write may thus be sent twice, as block layers
+ * do on failover.
+ */
+static void io_conf(void *priv, int err)
+{
+	struct clt_io *io = priv;
+	struct rnbd_clt_dev *d = io->d;
+	struct rnbd_clt_sess *s = d->sess;
+	bool retry = err == -ENOTCONN || err == -ETIMEDOUT || err == -ECONNABORTED ||
+		     err == -EPROTO;
+	bool lost = err == -ETIMEDOUT || err == -ECONNABORTED;
+	uint64_t seen = retry && !lost ? server_sessions(s) : 0;
+	int route = -1; /* 1: send the next piece, 0: parked, < 0: finished with result */
+	int result = err;
+
+	pthread_mutex_lock(&s->lock);
+	if (--s->on_wire == 0)
+		pthread_cond_broadcast(&s->cond);
+	if (retry && !lost && seen != d->srv_sessions)
+		lost = true;
+	if (retry && (d->gen != io->gen || d->state != DEV_MAPPED || lost)) {
+		if (lost && d->state == DEV_MAPPED && d->gen == io->gen)
+			d->state = DEV_DISCONNECTED;
+		route = io_route(io); /* the same piece again; if it cannot go, err stands */
+	} else if (!err && io->len > io->n) {
+		io->offset += io->n;
+		io->len -= io->n;
+		if (io->buf)
+			io->buf += io->n;
+		io->flags &= ~(uint32_t)RNBD_F_PREFLUSH; /* once, before the first piece */
+		route = result = io_route(io);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (route == 1)
+		io_send(io);
+	else if (route < 0)
+		io_finish(io, result);
+}
+
+/*
+ * Parked IO (s->lock held, dropped while sending): what may go now goes,
+ * what is past its deadline or whose device is going fails. Returns whether
+ * anything moved.
+ */
+static bool parked_run(struct rnbd_clt_sess *s)
+{
+	struct clt_io *list = s->parked, *io, *go = NULL, **go_tail = &go;
+	uint64_t now = now_ms();
+	bool moved = false;
+
+	s->parked = s->parked_tail = NULL;
+	while ((io = list)) {
+		struct rnbd_clt_dev *d = io->d;
+		int r;
+
+		list = io->next;
+		if (d->state == DEV_MAPPED || d->refusing || d->state == DEV_UNMAPPED)
+			r = io_route(io);
+		else if (now >= io->deadline_ms)
+			r = -ETIMEDOUT;
+		else
+			r = 0;
+		if (r == 0) { /* still waiting: back on the list, in order */
+			io->next = NULL;
+			if (s->parked_tail)
+				s->parked_tail->next = io;
+			else
+				s->parked = io;
+			s->parked_tail = io;
+			continue;
+		}
+		io->verdict = r;
+		io->next = NULL;
+		*go_tail = io;
+		go_tail = &io->next;
+	}
+	pthread_mutex_unlock(&s->lock);
+	while ((io = go)) {
+		int r = io->verdict;
+
+		go = io->next;
+		moved = true;
+		if (r == 1)
+			io_send(io);
+		else {
+			if (r == -ETIMEDOUT)
+				log_warn_rl("rnbd: %s: %s not open again within %u ms, IO fails",
+					    s->name, io->d->name, s->fast_io_fail_ms);
+			io_finish(io, r);
+		}
+	}
+	pthread_mutex_lock(&s->lock);
+	return moved;
+}
+
+int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags,
+		    uint64_t offset, void *buf, uint32_t len, rnbd_clt_done_fn done, void *priv)
+{
 	enum rnbd_io_op op = (enum rnbd_io_op)cop;
-	uint32_t lbs, max, id = 0;
-	uint64_t gen = 0;
+	bool data = op == RNBD_OP_READ || op == RNBD_OP_WRITE;
+	struct rnbd_clt_sess *s;
+	struct rtrs_permit *permit;
+	struct clt_io *io;
+	uint32_t lbs;
 	int rc = 0;
 
-	if (!d || (unsigned)cop > RNBD_OP_WRITE_ZEROES ||
+	if (!d || !done || (unsigned)cop > RNBD_OP_WRITE_ZEROES || data != (buf != NULL) ||
 	    (flags & ~(uint32_t)(RNBD_F_FUA | RNBD_F_PREFLUSH | RNBD_F_NOUNMAP)))
 		return -EINVAL;
 	s = d->sess;
+	permit = rtrs_clt_get_permit(s->rtrs, RTRS_IO_CON,
+				     in_done ? RTRS_PERMIT_NOWAIT : RTRS_PERMIT_WAIT);
+	if (!permit)
+		return in_done ? -EAGAIN : -ECONNABORTED;
+	io = &s->ios[rtrs_permit_id(permit)];
+	*io = (struct clt_io){ .d = d, .permit = permit, .ops = { .priv = io, .conf = io_conf },
+			       .op = op, .flags = flags, .offset = offset, .buf = buf, .len = len,
+			       .done = done, .priv = priv };
 	pthread_mutex_lock(&s->lock);
 	lbs = d->rsp.logical_block_size;
 	if (d->state == DEV_UNMAPPED || d->refusing)
@@ -598,73 +822,28 @@ int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags, ui
 				      : !len || offset % lbs || len % lbs || offset > d->bytes ||
 					len > d->bytes - offset)
 		rc = -EINVAL;
-	else if ((op == RNBD_OP_READ || op == RNBD_OP_WRITE) != (buf != NULL))
-		rc = -EINVAL;
 	else
-		rc = wait_mapped(d, &id);
-	if (rc) {
-		pthread_mutex_unlock(&s->lock);
+		rc = io_route(io);
+	if (rc >= 0)
+		d->inflight++;
+	pthread_mutex_unlock(&s->lock);
+	if (rc < 0) {
+		rtrs_clt_put_permit(s->rtrs, permit);
 		return rc;
 	}
-	gen = d->gen;
-	d->inflight++;
-	pthread_mutex_unlock(&s->lock);
+	if (rc == 1)
+		io_send(io);
+	return 0;
+}
 
-	/* Data requests are cut at max_io; the others go whole (no data to carry). */
-	max = op == RNBD_OP_READ || op == RNBD_OP_WRITE ? s->max_io - s->max_io % lbs : len;
-	do {
-		uint32_t n = MIN(len, max);
+int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op op, uint32_t flags, uint64_t offset,
+		void *buf, uint32_t len)
+{
+	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
+	int rc;
 
-		pthread_mutex_lock(&s->lock);
-		s->on_wire++;
-		pthread_mutex_unlock(&s->lock);
-		rc = io_one(d, id, op, flags, offset, buf, n);
-		pthread_mutex_lock(&s->lock);
-		if (--s->on_wire == 0)
-			pthread_cond_broadcast(&s->cond);
-		pthread_mutex_unlock(&s->lock);
-		/*
-		 * Sent again once the device is open again when: it was opened
-		 * again since this piece went out (gen); the transport lost the
-		 * request (-ECONNABORTED, -ETIMEDOUT: no path; its failure can
-		 * come before the link event, so the device is marked
-		 * disconnected here and the reconnect opens it again); or the
-		 * server answered -ENOTCONN or -EPROTO (no SESS_INFO yet) from a
-		 * server session other than the one the device was opened in.
-		 * Otherwise the error stands: a force-close's -ENOTCONN reaches
-		 * the caller. A block write may thus be sent twice, as block
-		 * layers do on failover.
-		 */
-		if (rc == -ENOTCONN || rc == -ETIMEDOUT || rc == -ECONNABORTED || rc == -EPROTO) {
-			bool lost = rc == -ETIMEDOUT || rc == -ECONNABORTED;
-			uint64_t now = lost ? 0 : server_sessions(s);
-			int w = rc;
-
-			pthread_mutex_lock(&s->lock);
-			if (!lost && now != d->srv_sessions)
-				lost = true;
-			if (d->gen != gen || d->state != DEV_MAPPED || lost) {
-				if (lost && d->state == DEV_MAPPED && d->gen == gen)
-					d->state = DEV_DISCONNECTED;
-				w = wait_mapped(d, &id);
-				gen = d->gen;
-			}
-			pthread_mutex_unlock(&s->lock);
-			if (!w)
-				continue;
-		}
-		if (rc)
-			break;
-		offset += n;
-		len -= n;
-		if (buf)
-			buf = (uint8_t *)buf + n;
-		flags &= ~(uint32_t)RNBD_F_PREFLUSH; /* once, before the first piece */
-	} while (len);
-
-	pthread_mutex_lock(&s->lock);
-	d->inflight--;
-	pthread_cond_broadcast(&s->cond);
-	pthread_mutex_unlock(&s->lock);
-	return rc;
+	if (in_done)
+		return -EDEADLK;
+	rc = rnbd_clt_submit(d, op, flags, offset, buf, len, waiter_done, &w);
+	return rc ? rc : waiter_wait(&w);
 }

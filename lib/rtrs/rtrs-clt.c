@@ -213,6 +213,7 @@ static bool req_complete(struct clt_req *req, int err)
 
 	if (!atomic_compare_exchange_strong(&req->state, &expected, REQ_DONE))
 		return false;
+	tsan_acquire(req); /* everything up to its post (req_post) */
 	req_release_mrs(req);
 	ops = req->ops;
 	if (p) /* NULL: it was waiting for a path */
@@ -297,12 +298,15 @@ static int req_post(struct clt_req *req)
 			.key = s->inval ? __atomic_load_n(&s->rkeys[req->id], __ATOMIC_ACQUIRE) :
 					  chunk->key,
 		};
+		struct fab_con *fc = req->con->fc;
+		size_t first = req->next_iov;
 		int rc;
 
 		for (size_t i = 0; i < cnt; i++)
-			rma.len += iov[req->next_iov + i].iov_len;
-		rc = fab_write(req->con->fc, &iov[req->next_iov], &desc[req->next_iov], cnt,
-			       &rma, 1, last, imm, NULL);
+			rma.len += iov[first + i].iov_len;
+		if (last)
+			tsan_release(req); /* req_complete's acquire; req is not read after */
+		rc = fab_write(fc, &iov[first], &desc[first], cnt, &rma, 1, last, imm, NULL);
 		if (rc)
 			return rc;
 		if (last)

@@ -1,0 +1,602 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rnbd-client: maps a device of an rnbd-server and works on it, without an
+ * NBD hop.
+ *
+ *   rnbd-client info  --server HOST --device NAME    size, limits, features
+ *   rnbd-client read  --server HOST --device NAME --file OUT [--offset] [--length]
+ *   rnbd-client write --server HOST --device NAME --file IN  [--offset]
+ *   rnbd-client perf  --server HOST --device NAME [--rw randrw] [--bs 4k]
+ *                     [--iodepth 32] [--runtime 10] [--verify]
+ *
+ * --server again for more paths ([SRC@]HOST[:PORT] picks the source
+ * address). perf keeps --iodepth IOs in flight through librnbd's
+ * asynchronous API and prints IOPS and latency like fio; with --verify every
+ * read is checked against what this run last wrote to that block.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hist.h"
+#include "opts.h"
+#include "rnbd.h"
+#include "util.h"
+
+#define MAX_PATHS 16
+
+/* "auto": ro for info, read and read-only perf patterns, rw otherwise. */
+static const char *const mode_names[] = { "auto", "ro", "rw", "migration", NULL };
+static const char *const rw_names[] = { "randread", "randwrite", "randrw", "read", "write", NULL };
+enum { RW_RANDREAD, RW_RANDWRITE, RW_RANDRW, RW_READ, RW_WRITE };
+
+static struct {
+	struct opt_list servers;
+	const char *session, *device, *provider, *file;
+	const char *secret, *ctrl_secret, *host_name, *server_name;
+	uint64_t port, cons, fast_io_fail_ms, offset, length;
+	uint64_t bs, iodepth, runtime, rwmixread, size;
+	unsigned mode, rw;
+	bool verify, json, verbose;
+} g = {
+	.session = "rnbd-client", .provider = "tcp", .port = 1234, .fast_io_fail_ms = 30000,
+	.bs = 4096, .iodepth = 32, .runtime = 10, .rwmixread = 50, .rw = RW_RANDRW,
+};
+
+static const struct opt options[] = {
+	{ "server", 's', OPT_LIST, &g.servers, .arg = "[SRC@]HOST[:PORT]",
+	  .help = "a path to the server (repeat for more paths)" },
+	{ "port", 'p', OPT_UINT, &g.port, 1, 65535, .arg = "N", .help = "server port" },
+	{ "session", 'S', OPT_STRING, &g.session, .arg = "NAME",
+	  .help = "session name (the server's %SESSNAME%)" },
+	{ "device", 'd', OPT_STRING, &g.device, .arg = "NAME",
+	  .help = "device path below the server's search path" },
+	{ "mode", 'm', OPT_CHOICE, &g.mode, .choices = mode_names, .arg = "MODE",
+	  .help = "access mode (auto: ro for info, read and read-only perf, else rw)" },
+	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME", .help = "libfabric provider" },
+	{ "io-connections", 0, OPT_UINT, &g.cons, 0, 1024, .arg = "N",
+	  .help = "IO connections per path (0 = one per CPU)" },
+	{ "fast-io-fail", 0, OPT_UINT, &g.fast_io_fail_ms, 0, 3600000, .arg = "MS",
+	  .help = "how long IO waits for a path" },
+	{ "file", 'f', OPT_STRING, &g.file, .arg = "PATH",
+	  .help = "read: where the bytes go ('-' stdout); write: where they come from" },
+	{ "offset", 'o', OPT_SIZE, &g.offset, 0, UINT64_MAX, .arg = "BYTES",
+	  .help = "read/write: device offset" },
+	{ "length", 'l', OPT_SIZE, &g.length, 0, UINT64_MAX, .arg = "BYTES",
+	  .help = "read: bytes to read (default: to the end)" },
+	{ "rw", 0, OPT_CHOICE, &g.rw, .choices = rw_names, .arg = "PATTERN",
+	  .help = "perf: randread, randwrite, randrw, read or write" },
+	{ "rwmixread", 0, OPT_UINT, &g.rwmixread, 0, 100, .arg = "PCT",
+	  .help = "perf: percentage of reads for randrw" },
+	{ "bs", 'b', OPT_SIZE, &g.bs, 512, 128u << 20, .arg = "SIZE", .help = "perf: bytes per IO" },
+	{ "iodepth", 'q', OPT_UINT, &g.iodepth, 1, 65535, .arg = "N", .help = "perf: IO in flight" },
+	{ "runtime", 't', OPT_UINT, &g.runtime, 1, 86400, .arg = "SEC", .help = "perf: seconds" },
+	{ "size", 0, OPT_SIZE, &g.size, 0, UINT64_MAX, .arg = "BYTES",
+	  .help = "perf: bytes of the device used, from 0 (default: all)" },
+	{ "verify", 'V', OPT_FLAG, &g.verify,
+	  .help = "perf: reads check what this run wrote (unwritten blocks are not checked)" },
+	{ "json", 'j', OPT_FLAG, &g.json, .help = "perf, info: print one JSON object" },
+	{ "secret", 0, OPT_STRING, &g.secret, .arg = "DHHC-1:..|@FILE",
+	  .help = "this host's DH-HMAC-CHAP secret" },
+	{ "ctrl-secret", 0, OPT_STRING, &g.ctrl_secret, .arg = "DHHC-1:..|@FILE",
+	  .help = "authenticate the server too, with this secret" },
+	{ "host-name", 0, OPT_STRING, &g.host_name, .arg = "NQN",
+	  .help = "host name for authentication (default: /etc/nvme/hostnqn)" },
+	{ "server-name", 0, OPT_STRING, &g.server_name, .arg = "NAME",
+	  .help = "the server's name for authentication" },
+	{ "verbose", 'v', OPT_FLAG, &g.verbose, .help = "the library's info lines too" },
+	{ 0 },
+};
+
+static struct rnbd_clt_sess *sess;
+static struct rnbd_clt_dev *dev;
+static struct rnbd_clt_dev_info info = { .size = sizeof(info) };
+
+static void log_line(void *priv, int level, const char *line)
+{
+	(void)priv;
+	(void)level;
+	fprintf(stderr, "%s\n", line);
+}
+
+/* Opens the session and maps the device; 0, or prints why and returns 1. */
+static int connect_map(unsigned mode)
+{
+	struct rtrs_path_addr paths[MAX_PATHS];
+	char srcs[MAX_PATHS][256];
+	struct rtrs_clt_opts o;
+	int rc;
+
+	if (!g.servers.n || g.servers.n > MAX_PATHS || !g.device) {
+		fprintf(stderr, "rnbd-client: needs --device and 1..%d --server\n", MAX_PATHS);
+		return 1;
+	}
+	for (unsigned i = 0; i < g.servers.n; i++) {
+		const char *d = g.servers.items[i], *at = strchr(d, '@');
+
+		paths[i] = (struct rtrs_path_addr){ .dst = at ? at + 1 : d };
+		if (at) {
+			snprintf(srcs[i], sizeof(srcs[i]), "%.*s", (int)(at - d), d);
+			paths[i].src = srcs[i];
+		}
+	}
+	rnbd_set_log_fn(log_line, NULL);
+	rnbd_set_log_level(g.verbose ? 2 : 1);
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = g.session;
+	o.paths = paths;
+	o.paths_num = g.servers.n;
+	o.port = (uint16_t)g.port;
+	o.provider = g.provider;
+	o.nr_io_cons = (unsigned)g.cons;
+	o.fast_io_fail_ms = (unsigned)g.fast_io_fail_ms;
+	o.auth_secret = g.secret;
+	o.auth_ctrl_secret = g.ctrl_secret;
+	o.auth_host_name = g.host_name;
+	o.auth_server_name = g.server_name;
+	rc = rnbd_clt_sess_open(&o, &sess);
+	if (rc) {
+		fprintf(stderr, "rnbd-client: session %s to %s: %s\n", g.session,
+			g.servers.items[0], strerror(-rc));
+		return 1;
+	}
+	rc = rnbd_clt_map(sess, g.device, (enum rnbd_clt_mode)mode, &dev);
+	if (!rc)
+		rc = rnbd_clt_dev_info(dev, &info);
+	if (rc) {
+		fprintf(stderr, "rnbd-client: %s: mapping %s (%s): %s\n", g.session, g.device,
+			mode_names[mode + 1], strerror(-rc));
+		rnbd_clt_sess_close(sess);
+		return 1;
+	}
+	return 0;
+}
+
+static void disconnect(void)
+{
+	int rc = rnbd_clt_unmap(dev, false);
+
+	if (rc)
+		fprintf(stderr, "rnbd-client: unmapping %s: %s\n", g.device, strerror(-rc));
+	rnbd_clt_sess_close(sess);
+}
+
+/* ---- info ------------------------------------------------------------------------ */
+
+static int run_info(void)
+{
+	if (g.json) {
+		printf("{\"device\":\"%s\",\"bytes\":%zu,\"logical_block_size\":%u,"
+		       "\"physical_block_size\":%u,\"max_io\":%u,\"queue_depth\":%u,"
+		       "\"read_only\":%s,\"discard\":%s,\"write_zeroes\":%s,\"secure_erase\":%s,"
+		       "\"write_cache\":%s,\"fua\":%s}\n",
+		       g.device, info.bytes, info.logical_block_size, info.physical_block_size,
+		       info.max_io, info.queue_depth, info.read_only ? "true" : "false",
+		       info.discard ? "true" : "false", info.write_zeroes ? "true" : "false",
+		       info.secure_erase ? "true" : "false", info.write_cache ? "true" : "false",
+		       info.fua ? "true" : "false");
+	} else {
+		printf("%s: %zu bytes, block %u/%u, max IO %u, queue depth %u, %s%s%s%s%s%s\n",
+		       g.device, info.bytes, info.logical_block_size, info.physical_block_size,
+		       info.max_io, info.queue_depth, info.read_only ? "read-only" : "read-write",
+		       info.discard ? ", discard" : "", info.write_zeroes ? ", write-zeroes" : "",
+		       info.secure_erase ? ", secure-erase" : "",
+		       info.write_cache ? ", write cache" : "", info.fua ? ", fua" : "");
+	}
+	return 0;
+}
+
+static int write_all(int fd, const uint8_t *buf, size_t n)
+{
+	while (n) {
+		ssize_t k = write(fd, buf, n);
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -1;
+		buf += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+/* ---- read and write ----------------------------------------------------------------- */
+
+/* Copies between the device and --file in max_io pieces. */
+static int run_copy(bool to_device)
+{
+	uint32_t lbs = info.logical_block_size, piece = info.max_io;
+	uint64_t end = info.bytes, done = 0;
+	uint8_t *buf;
+	int fd, rc = 0;
+
+	if (!g.file) {
+		fprintf(stderr, "rnbd-client: needs --file\n");
+		return 1;
+	}
+	if (g.offset % lbs || g.length % lbs || g.offset > end ||
+	    (g.length && g.length > end - g.offset)) {
+		fprintf(stderr, "rnbd-client: %s: offset and length must be whole %u-byte blocks "
+			"within %zu bytes\n", g.device, lbs, info.bytes);
+		return 1;
+	}
+	if (g.length)
+		end = g.offset + g.length;
+	if (!strcmp(g.file, "-"))
+		fd = to_device ? STDIN_FILENO : STDOUT_FILENO;
+	else
+		fd = to_device ? open(g.file, O_RDONLY | O_CLOEXEC)
+			       : open(g.file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		fprintf(stderr, "rnbd-client: %s: %s\n", g.file, strerror(errno));
+		return 1;
+	}
+	buf = aligned_alloc(4096, piece);
+	if (!buf) {
+		fprintf(stderr, "rnbd-client: out of memory\n");
+		rc = 1;
+		goto out;
+	}
+	for (uint64_t off = g.offset; off < end && !rc;) {
+		uint32_t n = (uint32_t)MIN((uint64_t)piece, end - off);
+		int r;
+
+		if (to_device) {
+			ssize_t got = 0;
+
+			while (got < n) { /* a pipe gives what it has */
+				ssize_t k = read(fd, buf + got, n - (size_t)got);
+
+				if (k < 0 && errno == EINTR)
+					continue;
+				if (k <= 0) {
+					if (k < 0)
+						fprintf(stderr, "rnbd-client: %s: %s\n", g.file,
+							strerror(errno));
+					break;
+				}
+				got += k;
+			}
+			if (got % lbs) { /* the tail, padded to a whole block */
+				memset(buf + got, 0, lbs - (size_t)got % lbs);
+				got += lbs - got % lbs;
+			}
+			if (!got)
+				break;
+			n = (uint32_t)got;
+			if (n > end - off) {
+				fprintf(stderr, "rnbd-client: %s: input longer than the device\n",
+					g.file);
+				rc = 1;
+				break;
+			}
+			r = rnbd_clt_io(dev, RNBD_CLT_WRITE, 0, off, buf, n);
+		} else {
+			r = rnbd_clt_io(dev, RNBD_CLT_READ, 0, off, buf, n);
+			if (!r && write_all(fd, buf, n)) {
+				fprintf(stderr, "rnbd-client: %s: %s\n", g.file, strerror(errno));
+				rc = 1;
+			}
+		}
+		if (r) {
+			fprintf(stderr, "rnbd-client: %s: %s at %" PRIu64 "+%u: %s\n", g.device,
+				to_device ? "write" : "read", off, n, strerror(-r));
+			rc = 1;
+		}
+		off += n;
+		done += n;
+	}
+	if (!rc && to_device) {
+		int r = rnbd_clt_io(dev, RNBD_CLT_FLUSH, 0, 0, NULL, 0);
+
+		if (r && r != -EOPNOTSUPP) {
+			fprintf(stderr, "rnbd-client: %s: flush: %s\n", g.device, strerror(-r));
+			rc = 1;
+		}
+	}
+	if (!rc)
+		fprintf(stderr, "rnbd-client: %s %" PRIu64 " bytes %s %s\n",
+			to_device ? "wrote" : "read", done, to_device ? "to" : "from", g.device);
+	free(buf);
+out:
+	if (fd > STDERR_FILENO && close(fd) && !to_device) {
+		fprintf(stderr, "rnbd-client: %s: %s\n", g.file, strerror(errno));
+		rc = 1;
+	}
+	return rc;
+}
+
+/* ---- perf ------------------------------------------------------------------------- */
+
+struct slot {
+	unsigned idx;
+	uint64_t rng;
+	uint64_t seq;           /* sequential patterns: the next block of this slot */
+	uint64_t start_ns;
+	uint64_t block;
+	bool write;
+	uint8_t *buf;
+};
+
+static struct {
+	struct slot *slots;
+	uint64_t blocks;                /* of bs in the region */
+	uint32_t *gens;                 /* --verify: per block, what was last written (0: none) */
+	struct hist hist;
+	atomic_uint_fast64_t reads, writes, errors, bad;
+	atomic_uint active;
+	atomic_bool stopping;
+	int first_err;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+} p = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+static uint64_t rng_next(uint64_t *s)
+{
+	uint64_t x = *s;
+
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return *s = x;
+}
+
+/* The bytes of block b at generation gen, 8 at a time. */
+static void pattern_fill(uint64_t *w, size_t n, uint64_t b, uint32_t gen)
+{
+	uint64_t x = (b << 20 ^ gen) * 0x9E3779B97F4A7C15ull;
+
+	for (size_t i = 0; i < n; i++) {
+		x ^= x >> 31;
+		x *= 0xBF58476D1CE4E5B9ull;
+		w[i] = x ^ i;
+	}
+}
+
+static bool pattern_check(const uint64_t *w, size_t n, uint64_t b, uint32_t gen)
+{
+	uint64_t x = (b << 20 ^ gen) * 0x9E3779B97F4A7C15ull;
+
+	for (size_t i = 0; i < n; i++) {
+		x ^= x >> 31;
+		x *= 0xBF58476D1CE4E5B9ull;
+		if (w[i] != (x ^ i))
+			return false;
+	}
+	return true;
+}
+
+static void perf_retire(void)
+{
+	if (atomic_fetch_sub(&p.active, 1) == 1) {
+		pthread_mutex_lock(&p.lock);
+		pthread_cond_broadcast(&p.cond);
+		pthread_mutex_unlock(&p.lock);
+	}
+}
+
+static void perf_fail(int err)
+{
+	if (atomic_fetch_add(&p.errors, 1) == 0)
+		p.first_err = err;
+	atomic_store(&p.stopping, true);
+}
+
+static void perf_done(void *priv, int err);
+
+/*
+ * The slot's next IO. With --verify a slot uses only the blocks equal to
+ * its index modulo iodepth, so no two IO in flight touch the same block.
+ */
+static int perf_submit(struct slot *sl)
+{
+	uint64_t span = g.verify ? (p.blocks - sl->idx + g.iodepth - 1) / g.iodepth : p.blocks;
+	uint64_t k;
+
+	switch (g.rw) {
+	case RW_READ:
+	case RW_WRITE:
+		k = sl->seq++ % span;
+		sl->write = g.rw == RW_WRITE;
+		break;
+	default:
+		k = rng_next(&sl->rng) % span;
+		sl->write = g.rw == RW_RANDWRITE ||
+			    (g.rw == RW_RANDRW && rng_next(&sl->rng) % 100 >= g.rwmixread);
+	}
+	sl->block = g.verify ? k * g.iodepth + sl->idx : k;
+	if (g.verify && sl->write)
+		pattern_fill((uint64_t *)sl->buf, g.bs / 8, sl->block, p.gens[sl->block] + 1);
+	sl->start_ns = now_ns();
+	return rnbd_clt_submit(dev, sl->write ? RNBD_CLT_WRITE : RNBD_CLT_READ, 0,
+			       sl->block * g.bs, sl->buf, (uint32_t)g.bs, perf_done, sl);
+}
+
+static void perf_done(void *priv, int err)
+{
+	struct slot *sl = priv;
+	int rc;
+
+	if (err) {
+		perf_fail(err);
+		perf_retire();
+		return;
+	}
+	hist_add(&p.hist, (now_ns() - sl->start_ns) / 1000);
+	if (sl->write) {
+		atomic_fetch_add_explicit(&p.writes, 1, memory_order_relaxed);
+		if (g.verify)
+			p.gens[sl->block]++;
+	} else {
+		atomic_fetch_add_explicit(&p.reads, 1, memory_order_relaxed);
+		if (g.verify && p.gens[sl->block] &&
+		    !pattern_check((uint64_t *)sl->buf, g.bs / 8, sl->block, p.gens[sl->block]))
+			atomic_fetch_add(&p.bad, 1);
+	}
+	if (atomic_load_explicit(&p.stopping, memory_order_relaxed)) {
+		perf_retire();
+		return;
+	}
+	rc = perf_submit(sl);
+	if (rc) {
+		perf_fail(rc);
+		perf_retire();
+	}
+}
+
+static int run_perf(void)
+{
+	uint64_t region = g.size ? g.size : info.bytes, t0, t1, n, r, w;
+	double secs;
+	int rc = 0;
+
+	if (g.bs % info.logical_block_size || g.bs % 8 || g.bs > info.max_io) {
+		fprintf(stderr, "rnbd-client: --bs %" PRIu64 " must be whole %u-byte blocks, at "
+			"most %u\n", g.bs, info.logical_block_size, info.max_io);
+		return 1;
+	}
+	if (region > info.bytes || region / g.bs < g.iodepth) {
+		fprintf(stderr, "rnbd-client: %s: %" PRIu64 " bytes used of %zu: need at least "
+			"iodepth x bs\n", g.device, region, info.bytes);
+		return 1;
+	}
+	if (g.iodepth > info.queue_depth) {
+		fprintf(stderr, "rnbd-client: --iodepth %" PRIu64 " beyond the session's %u slots\n",
+			g.iodepth, info.queue_depth);
+		return 1;
+	}
+	p.blocks = region / g.bs;
+	p.slots = calloc(g.iodepth, sizeof(*p.slots));
+	if (g.verify)
+		p.gens = calloc(p.blocks, sizeof(*p.gens));
+	if (!p.slots || (g.verify && !p.gens)) {
+		fprintf(stderr, "rnbd-client: out of memory\n");
+		return 1;
+	}
+	for (unsigned i = 0; i < g.iodepth; i++) {
+		p.slots[i] = (struct slot){ .idx = i, .rng = 0x9E3779B97F4A7C15ull * (i + 1) };
+		p.slots[i].buf = aligned_alloc(4096, (g.bs + 4095) & ~4095ull);
+		if (!p.slots[i].buf) {
+			fprintf(stderr, "rnbd-client: out of memory\n");
+			return 1;
+		}
+		memset(p.slots[i].buf, 0, g.bs);
+	}
+	t0 = now_ns();
+	for (unsigned i = 0; i < g.iodepth; i++) {
+		atomic_fetch_add(&p.active, 1);
+		rc = perf_submit(&p.slots[i]);
+		if (rc) {
+			perf_fail(rc);
+			perf_retire();
+			break;
+		}
+	}
+	pthread_mutex_lock(&p.lock);
+	while (atomic_load(&p.active) && !atomic_load(&p.stopping) &&
+	       now_ns() - t0 < g.runtime * 1000000000ull) {
+		pthread_mutex_unlock(&p.lock);
+		usleep(10000);
+		pthread_mutex_lock(&p.lock);
+	}
+	atomic_store(&p.stopping, true);
+	while (atomic_load(&p.active))
+		pthread_cond_wait(&p.cond, &p.lock);
+	pthread_mutex_unlock(&p.lock);
+	t1 = now_ns();
+
+	r = atomic_load(&p.reads);
+	w = atomic_load(&p.writes);
+	n = r + w;
+	secs = (double)(t1 - t0) / 1e9;
+	if (g.json) {
+		printf("{\"device\":\"%s\",\"rw\":\"%s\",\"bs\":%" PRIu64 ",\"iodepth\":%" PRIu64
+		       ",\"seconds\":%.3f,\"reads\":%" PRIu64 ",\"writes\":%" PRIu64
+		       ",\"iops\":%.0f,\"mb_per_sec\":%.1f,\"lat_us\":{\"p50\":%" PRIu64
+		       ",\"p99\":%" PRIu64 ",\"p999\":%" PRIu64 ",\"max\":%" PRIu64
+		       "},\"errors\":%" PRIuFAST64 ",\"bad\":%" PRIuFAST64 ",\"verify\":%s}\n",
+		       g.device, rw_names[g.rw], g.bs, g.iodepth, secs, r, w, (double)n / secs,
+		       (double)n * (double)g.bs / secs / 1e6, hist_percentile(&p.hist, 50, n),
+		       hist_percentile(&p.hist, 99, n), hist_percentile(&p.hist, 99.9, n),
+		       hist_percentile(&p.hist, 100, n), atomic_load(&p.errors),
+		       atomic_load(&p.bad), g.verify ? "true" : "false");
+	} else {
+		printf("rnbd-client perf: %s %s bs %" PRIu64 " iodepth %" PRIu64 ", %.2f s%s\n",
+		       g.device, rw_names[g.rw], g.bs, g.iodepth, secs,
+		       g.verify ? ", verified" : "");
+		printf("  read: IOPS=%.0f  write: IOPS=%.0f  total: IOPS=%.0f, %.1f MB/s\n",
+		       (double)r / secs, (double)w / secs, (double)n / secs,
+		       (double)n * (double)g.bs / secs / 1e6);
+		printf("  latency us: p50 %" PRIu64 " p99 %" PRIu64 " p99.9 %" PRIu64
+		       " max %" PRIu64 "  errors %" PRIuFAST64 "\n",
+		       hist_percentile(&p.hist, 50, n), hist_percentile(&p.hist, 99, n),
+		       hist_percentile(&p.hist, 99.9, n), hist_percentile(&p.hist, 100, n),
+		       atomic_load(&p.errors));
+	}
+	if (atomic_load(&p.errors))
+		fprintf(stderr, "rnbd-client: %" PRIuFAST64 " IOs failed, first: %s\n",
+			atomic_load(&p.errors), strerror(-p.first_err));
+	if (atomic_load(&p.bad))
+		fprintf(stderr, "rnbd-client: %" PRIuFAST64 " reads returned wrong bytes\n",
+			atomic_load(&p.bad));
+	for (unsigned i = 0; i < g.iodepth; i++)
+		free(p.slots[i].buf);
+	free(p.slots);
+	free(p.gens);
+	return atomic_load(&p.errors) || atomic_load(&p.bad) ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const char *const cmds[] = { "info", "read", "write", "perf", NULL };
+	const char *usage = "info|read|write|perf [options]";
+	unsigned cmd = 0, mode;
+	int pos, rc;
+
+	if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+		opts_help(options, "rnbd-client", usage);
+		return 0;
+	}
+	while (argc >= 2 && cmds[cmd] && strcmp(argv[1], cmds[cmd]))
+		cmd++;
+	if (argc < 2 || !cmds[cmd]) {
+		fprintf(stderr, "rnbd-client: first argument must be info, read, write or perf "
+			"(see --help)\n");
+		return 2;
+	}
+	rc = opts_parse(options, "rnbd-client", usage, argc - 1, argv + 1, &pos);
+	if (rc)
+		return rc > 0 ? 0 : 2;
+	if (pos != argc - 1) {
+		fprintf(stderr, "rnbd-client: unexpected argument '%s'\n", argv[pos + 1]);
+		return 2;
+	}
+	if (g.bs % 8) {
+		fprintf(stderr, "rnbd-client: --bs must be a multiple of 8\n");
+		return 2;
+	}
+	if (g.mode)
+		mode = g.mode - 1;
+	else
+		mode = cmd == 0 || cmd == 1 || (cmd == 3 && (g.rw == RW_RANDREAD || g.rw == RW_READ))
+			       ? RNBD_CLT_RO : RNBD_CLT_RW;
+	if (connect_map(mode))
+		return 1;
+	switch (cmd) {
+	case 0: rc = run_info(); break;
+	case 1: rc = run_copy(false); break;
+	case 2: rc = run_copy(true); break;
+	default: rc = run_perf(); break;
+	}
+	disconnect();
+	free(g.servers.items);
+	return rc;
+}
