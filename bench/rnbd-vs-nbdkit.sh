@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# RNBD through the NBD front end against nbdkit's own plugins, the same fio
-# job (nbd engine, 4 KiB random read/write 50/50, QD 32) in the same run:
-#   memory: fio -> nbdkit rnbd plugin (unix socket) -> RTRS/tcp -> rnbd-server
-#           memory device, against fio -> nbdkit memory plugin over NBD/TCP
-#           (goal >= 1.5x);
-#   file:   the same chain to a file export, against nbdkit's file plugin
-#           exporting the same file over NBD/TCP (goal >= 0.8x).
+# RNBD against nbdkit's own plugins, 4 KiB random read/write 50/50 at QD 32
+# (fio's nbd engine for everything NBD), all in the same run:
+#   memory: rnbd-server's memory device, through
+#           - rnbd-client perf (librnbd directly, no NBD hop; the same job
+#             parameters as the fio job: fio has no engine for librnbd), and
+#           - fio -> nbdkit rnbd plugin (unix socket) -> RTRS/tcp,
+#           against fio -> nbdkit memory plugin over NBD/TCP (goal >= 1.5x);
+#   file:   the same two chains to a file export, against nbdkit's file
+#           plugin exporting the same file over NBD/TCP (goal >= 0.8x).
 # Runs alternate; each number is the median of RUNS runs of DURATION s.
 # With --record the section is appended to bench/RESULTS.md.
 set -euo pipefail
@@ -45,6 +47,15 @@ assert j['error'] == 0
 print(j['read']['iops'] + j['write']['iops'])"
 }
 
+native() { # device: prints the IOPS of one rnbd-client perf run
+	"$PWD/build-release/tools/rnbd-client" perf --server "127.0.0.1:$port" --session bench-native \
+		--device "$1" --rw randrw --rwmixread 50 --bs 4k --iodepth 32 \
+		--runtime "$DURATION" --json >"$tmp/native.json" 2>"$tmp/native.err"
+	python3 -c "import json; j = json.load(open('$tmp/native.json'))
+assert j['errors'] == 0 and j['bad'] == 0
+print(j['iops'])"
+}
+
 declare -A uri=(
 	[rnbd-mem]="nbd+unix:///mem0?socket=$tmp/rnbd.sock"
 	[nbdkit-mem]="nbd://127.0.0.1:$base/"
@@ -52,29 +63,32 @@ declare -A uri=(
 	[nbdkit-file]="nbd://127.0.0.1:$((base + 1))/"
 )
 declare -A res
-for pair in "rnbd-mem nbdkit-mem" "rnbd-file nbdkit-file"; do
-	set -- $pair
+for set in "mem mem0" "file disk.img"; do
+	set -- $set
 	for _ in $(seq "$RUNS"); do
-		iops "${uri[$1]}" >>"$tmp/$1"
-		iops "${uri[$2]}" >>"$tmp/$2"
+		native "$2" >>"$tmp/native-$1"
+		iops "${uri[rnbd-$1]}" >>"$tmp/rnbd-$1"
+		iops "${uri[nbdkit-$1]}" >>"$tmp/nbdkit-$1"
 	done
-	res[$1]=$(median <"$tmp/$1")
-	res[$2]=$(median <"$tmp/$2")
+	for k in native-$1 rnbd-$1 nbdkit-$1; do
+		res[$k]=$(median <"$tmp/$k")
+	done
 done
 
 ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
+n() { printf %.0f "$1"; }
 report=$(cat <<MD
 
-### $(date -u +%Y-%m-%d) RNBD through nbdkit vs nbdkit's own plugins, loopback
+### $(date -u +%Y-%m-%d) RNBD (native and through nbdkit) vs nbdkit's own plugins, loopback
 
 Machine: $(machine). Command: \`RUNS=$RUNS DURATION=$DURATION bench/rnbd-vs-nbdkit.sh\`
-(fio nbd engine, 4 KiB randrw 50/50, QD 32, medians of $RUNS alternating runs of ${DURATION} s;
-nbdkit --threads 64 for every export).
+(4 KiB randrw 50/50, QD 32, medians of $RUNS alternating runs of ${DURATION} s; fio's nbd engine for
+every NBD export, nbdkit --threads 64; native: \`rnbd-client perf --rw randrw --bs 4k --iodepth 32\`).
 
-| export | rnbd (fio -> nbdkit rnbd plugin -> RTRS tcp -> rnbd-server) | nbdkit plugin over NBD/TCP | ratio | goal |
-|---|---|---|---|---|
-| memory | $(printf %.0f "${res[rnbd-mem]}") IOPS | $(printf %.0f "${res[nbdkit-mem]}") IOPS (memory) | $(ratio "${res[rnbd-mem]}" "${res[nbdkit-mem]}") | >= 1.5x |
-| file | $(printf %.0f "${res[rnbd-file]}") IOPS | $(printf %.0f "${res[nbdkit-file]}") IOPS (file) | $(ratio "${res[rnbd-file]}" "${res[nbdkit-file]}") | >= 0.8x |
+| export | rnbd native (rnbd-client -> RTRS tcp -> rnbd-server) | rnbd through NBD (fio -> nbdkit rnbd plugin -> RTRS tcp) | nbdkit plugin over NBD/TCP (fio) | native / nbdkit | through NBD / nbdkit | goal |
+|---|---|---|---|---|---|---|
+| memory | $(n "${res[native-mem]}") IOPS | $(n "${res[rnbd-mem]}") IOPS | $(n "${res[nbdkit-mem]}") IOPS (memory) | $(ratio "${res[native-mem]}" "${res[nbdkit-mem]}") | $(ratio "${res[rnbd-mem]}" "${res[nbdkit-mem]}") | >= 1.5x |
+| file | $(n "${res[native-file]}") IOPS | $(n "${res[rnbd-file]}") IOPS | $(n "${res[nbdkit-file]}") IOPS (file) | $(ratio "${res[native-file]}" "${res[nbdkit-file]}") | $(ratio "${res[rnbd-file]}" "${res[nbdkit-file]}") | >= 0.8x |
 MD
 )
 echo "$report"

@@ -10,11 +10,13 @@
  * after every IO in flight was answered. With --control PATH the server
  * listens on a Unix socket for one-line commands:
  *
+ *   list                           every open device: session, name, counters
  *   force-close SESSION DEVICE     close a device a session has open
  *
  * and answers "ok" or "error: why".
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -71,7 +73,7 @@ static const struct opt options[] = {
 	{ "hb-interval", 0, OPT_UINT, &g.hb_ms, 10, 600000, .arg = "MS",
 	  .help = "heartbeat period" },
 	{ "control", 0, OPT_STRING, &g.control, .arg = "PATH",
-	  .help = "Unix socket for commands (force-close SESSION DEVICE)" },
+	  .help = "Unix socket for commands (list, force-close SESSION DEVICE)" },
 	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "log errors only" },
 	{ 0 },
 };
@@ -79,23 +81,38 @@ static const struct opt options[] = {
 static struct rnbd_srv *srv;
 static int ctl_fd = -1;
 
+static void ctl_list_one(void *priv, const struct rnbd_srv_dev_stats *st)
+{
+	int fd = *(int *)priv;
+
+	dprintf(fd, "%s %s id=%u mode=%s reads=%" PRIu64 " read_bytes=%" PRIu64 " writes=%" PRIu64
+		" write_bytes=%" PRIu64 " other=%" PRIu64 " errors=%" PRIu64 " inflight=%u%s\n",
+		st->session, st->device, st->device_id, st->mode, st->reads, st->read_bytes,
+		st->writes, st->write_bytes, st->other, st->errors, st->inflight,
+		st->closed ? " closed" : "");
+}
+
 static void ctl_command(int fd)
 {
 	char line[1024], cmd[32], sess[300], dev[300];
 	ssize_t n = read(fd, line, sizeof(line) - 1);
-	int rc;
+	int rc, k;
 
 	if (n <= 0)
 		return;
 	line[n] = '\0';
-	if (sscanf(line, "%31s %299s %299s", cmd, sess, dev) == 3 && !strcmp(cmd, "force-close")) {
+	k = sscanf(line, "%31s %299s %299s", cmd, sess, dev);
+	if (k == 1 && !strcmp(cmd, "list")) {
+		rc = rnbd_srv_list(srv, ctl_list_one, &fd);
+		dprintf(fd, "ok %d device%s\n", rc, rc == 1 ? "" : "s");
+	} else if (k == 3 && !strcmp(cmd, "force-close")) {
 		rc = rnbd_srv_force_close(srv, sess, dev);
 		if (rc)
 			dprintf(fd, "error: %s\n", strerror(-rc));
 		else
 			dprintf(fd, "ok\n");
 	} else {
-		dprintf(fd, "error: unknown command (force-close SESSION DEVICE)\n");
+		dprintf(fd, "error: unknown command (list, force-close SESSION DEVICE)\n");
 	}
 }
 

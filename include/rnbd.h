@@ -64,6 +64,28 @@ int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char 
 /* Stops serving: every IO in flight is answered first. */
 void rnbd_srv_close(struct rnbd_srv *srv);
 
+/* One device a session has open, as rnbd_srv_list reports it. */
+struct rnbd_srv_dev_stats {
+	size_t size;                /* sizeof(struct rnbd_srv_dev_stats) */
+	const char *session;        /* strings valid during the callback only */
+	const char *device;
+	uint32_t device_id;
+	const char *mode;           /* "ro", "rw", "migration" */
+	bool closed;                /* force-closed; the client has not closed it yet */
+	uint64_t reads, writes;     /* completed without error */
+	uint64_t read_bytes, write_bytes;
+	uint64_t other;             /* flush, discard, secure erase, write zeroes */
+	uint64_t errors;            /* IO answered with an error by the store */
+	unsigned inflight;
+};
+
+/*
+ * Calls fn for every device of every session, under the server's locks (fn
+ * must not call into the server). Returns how many, or -EINVAL.
+ */
+int rnbd_srv_list(struct rnbd_srv *srv,
+		  void (*fn)(void *priv, const struct rnbd_srv_dev_stats *st), void *priv);
+
 /*
  * librnbd logs like librtrs, and these set both: level 0 error .. 3 debug
  * (also RTRS_LOG_LEVEL), and where lines go (NULL: stderr).

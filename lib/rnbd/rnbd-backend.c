@@ -57,6 +57,7 @@ struct rnbd_store {
 	struct rnbd_engine *e;        /* NULL: memory */
 	int fd;
 	bool direct;
+	atomic_bool nowait[2];        /* reads, writes: try RWF_NOWAIT first (nowait_try) */
 	uint8_t *mem;
 	struct rnbd_store_info info;
 	pthread_mutex_t lock;
@@ -514,6 +515,8 @@ int rnbd_store_fd(struct rnbd_engine *e, int fd, bool direct, struct rnbd_store 
 		goto fail;
 	}
 	in->size -= in->size % in->logical_block_size;
+	atomic_init(&s->nowait[0], !direct); /* the page cache is there to hit */
+	atomic_init(&s->nowait[1], !direct);
 	*out = s;
 	return 0;
 fail:
@@ -568,6 +571,30 @@ static int mem_exec(struct rnbd_store *s, struct rnbd_breq *r)
 	return 0;
 }
 
+/*
+ * A plain read or write of a buffered file whose pages are in the page
+ * cache is done at once on the submitting thread (RWF_NOWAIT: the kernel
+ * refuses, -EAGAIN, rather than wait for the disk or a lock): no hand-off
+ * to a ring or a pool thread and back. True when the whole request was
+ * done; otherwise it goes the usual way, whole (a read read again, a write
+ * written again with the same bytes).
+ */
+static bool nowait_try(struct rnbd_store *s, struct rnbd_breq *r)
+{
+	struct iovec iov = { r->buf, r->len };
+	bool w = r->op == RNBD_OP_WRITE;
+	ssize_t n;
+
+	if ((r->op != RNBD_OP_READ && !w) || r->flags & (RNBD_F_FUA | RNBD_F_PREFLUSH) ||
+	    !atomic_load_explicit(&s->nowait[w], memory_order_relaxed))
+		return false;
+	n = w ? pwritev2(s->fd, &iov, 1, (off_t)r->offset, RWF_NOWAIT)
+	      : preadv2(s->fd, &iov, 1, (off_t)r->offset, RWF_NOWAIT);
+	if (n < 0 && errno == EOPNOTSUPP) /* not on this file system (ext4 writes): never */
+		atomic_store_explicit(&s->nowait[w], false, memory_order_relaxed);
+	return n == (ssize_t)r->len;
+}
+
 void rnbd_store_submit(struct rnbd_store *s, struct rnbd_breq *r)
 {
 	uint32_t align = s->direct ? s->info.logical_block_size : 1;
@@ -585,6 +612,10 @@ void rnbd_store_submit(struct rnbd_store *s, struct rnbd_breq *r)
 	}
 	if (!s->e) {
 		complete(r, mem_exec(s, r));
+		return;
+	}
+	if (nowait_try(s, r)) {
+		complete(r, 0);
 		return;
 	}
 	if (s->e->uring && (r->op == RNBD_OP_READ || r->op == RNBD_OP_WRITE ||

@@ -223,7 +223,8 @@ static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
 		for (struct rnbd_clt_dev *d = s->devs; d; d = d->next)
 			if (d->state == DEV_MAPPED || d->state == DEV_REOPENING)
 				d->state = DEV_DISCONNECTED;
-		log_warn("rnbd: %s: no path left, devices disconnected", s->name);
+		if (!s->stop) /* not the session's own close */
+			log_warn("rnbd: %s: no path left, devices disconnected", s->name);
 	} else {
 		s->reopen = true;
 	}

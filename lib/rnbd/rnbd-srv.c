@@ -67,6 +67,8 @@ struct sess_dev {
 	bool released;               /* store and writer slot given back */
 	struct writers *w;           /* NULL when read-only */
 	atomic_uint refs;            /* IO in flight */
+	/* What the session did on it (rnbd_srv_list). */
+	atomic_uint_fast64_t reads, writes, read_bytes, write_bytes, other, errors;
 	pthread_mutex_t lock;
 	pthread_cond_t drained;
 };
@@ -402,10 +404,20 @@ static void io_done(struct rnbd_breq *r, int err)
 	struct srv_io *io = (struct srv_io *)r;
 	struct sess_dev *sd = io->sd;
 
-	if (err)
+	if (err) {
+		atomic_fetch_add_explicit(&sd->errors, 1, memory_order_relaxed);
 		log_err_rl("rnbd: %s: %s %s at %llu+%u failed: %s", sd->sess->name, sd->name,
 			   rnbd_op_name(r->op), (unsigned long long)r->offset, r->len,
 			   strerror(-err));
+	} else if (r->op == RNBD_OP_READ) {
+		atomic_fetch_add_explicit(&sd->reads, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&sd->read_bytes, r->len, memory_order_relaxed);
+	} else if (r->op == RNBD_OP_WRITE) {
+		atomic_fetch_add_explicit(&sd->writes, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&sd->write_bytes, r->len, memory_order_relaxed);
+	} else {
+		atomic_fetch_add_explicit(&sd->other, 1, memory_order_relaxed);
+	}
 	rtrs_srv_resp_rdma(io->op, err);
 	dev_put(sd);
 	free(io);
@@ -755,6 +767,43 @@ int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char 
 	}
 	pthread_mutex_unlock(&srv->ctl);
 	return found ? 0 : -ENOENT;
+}
+
+int rnbd_srv_list(struct rnbd_srv *srv,
+		  void (*fn)(void *priv, const struct rnbd_srv_dev_stats *st), void *priv)
+{
+	int n = 0;
+
+	if (!srv || !fn)
+		return -EINVAL;
+	pthread_mutex_lock(&srv->lock);
+	for (struct rnbd_sess *sess = srv->sessions; sess; sess = sess->next) {
+		pthread_mutex_lock(&sess->lock);
+		for (uint32_t id = 0; id < sess->ndevs; id++) {
+			struct sess_dev *sd = sess->devs[id];
+			struct rnbd_srv_dev_stats st;
+
+			if (!sd)
+				continue;
+			st = (struct rnbd_srv_dev_stats){
+				.size = sizeof(st), .session = sess->name, .device = sd->name,
+				.device_id = id, .mode = rnbd_access_mode_name(sd->mode),
+				.closed = sd->forced,
+				.reads = atomic_load_explicit(&sd->reads, memory_order_relaxed),
+				.writes = atomic_load_explicit(&sd->writes, memory_order_relaxed),
+				.read_bytes = atomic_load_explicit(&sd->read_bytes, memory_order_relaxed),
+				.write_bytes = atomic_load_explicit(&sd->write_bytes, memory_order_relaxed),
+				.other = atomic_load_explicit(&sd->other, memory_order_relaxed),
+				.errors = atomic_load_explicit(&sd->errors, memory_order_relaxed),
+				.inflight = atomic_load(&sd->refs),
+			};
+			fn(priv, &st);
+			n++;
+		}
+		pthread_mutex_unlock(&sess->lock);
+	}
+	pthread_mutex_unlock(&srv->lock);
+	return n;
 }
 
 void rnbd_srv_close(struct rnbd_srv *srv)
