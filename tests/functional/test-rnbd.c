@@ -5,13 +5,17 @@
  * (checked byte for byte, also in the exported file), the sharing rules as
  * a client sees them, read-only mappings, unmap and force-close, and a
  * server restart under a mapped device: IO issued during the outage waits,
- * the device is opened again, and the data is all there.
+ * the device is opened again, and the data is all there; and the
+ * asynchronous API with more IO in flight than the session has slots (every
+ * done called once, the bytes read back, refusals returned, -EDEADLK for a
+ * synchronous call from a callback).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -128,6 +132,94 @@ static void *storm_io(void *arg)
 	free(w);
 	free(r);
 	return NULL;
+}
+
+/* The asynchronous API: N IO in flight at once, more than the session's slots. */
+#define AIO_N 80
+#define AIO_LEN (128u << 10) /* two pieces each */
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unsigned left;
+	unsigned calls[AIO_N];
+	int err[AIO_N];
+	int nested;             /* rnbd_clt_io from a callback */
+	struct rnbd_clt_dev *dev;
+} aio = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+static void aio_done(void *priv, int err)
+{
+	unsigned i = (unsigned)(uintptr_t)priv;
+	uint8_t one[512];
+	int nested = i == 0 ? rnbd_clt_io(aio.dev, RNBD_CLT_READ, 0, 0, one, sizeof(one)) : 0;
+
+	pthread_mutex_lock(&aio.lock);
+	if (i == 0)
+		aio.nested = nested;
+	aio.calls[i]++;
+	aio.err[i] = err;
+	if (--aio.left == 0)
+		pthread_cond_broadcast(&aio.cond);
+	pthread_mutex_unlock(&aio.lock);
+}
+
+/* Submits AIO_N reads or writes of AIO_LEN at 4 MiB + i * AIO_LEN; waits for all. */
+static void aio_round(struct rnbd_clt_dev *d, enum rnbd_clt_op op, uint8_t *bufs)
+{
+	unsigned submitted = 0;
+
+	aio.dev = d;
+	aio.left = AIO_N;
+	memset(aio.calls, 0, sizeof(aio.calls));
+	for (unsigned i = 0; i < AIO_N; i++) {
+		int rc = rnbd_clt_submit(d, op, 0, (4u << 20) + (uint64_t)i * AIO_LEN,
+					 bufs + (size_t)i * AIO_LEN, AIO_LEN, aio_done,
+					 (void *)(uintptr_t)i);
+
+		CHECK(rc == 0, "submit %u: %s", i, strerror(-rc));
+		if (rc) {
+			pthread_mutex_lock(&aio.lock);
+			aio.left--;
+			pthread_mutex_unlock(&aio.lock);
+		} else {
+			submitted++;
+		}
+	}
+	pthread_mutex_lock(&aio.lock);
+	while (aio.left)
+		pthread_cond_wait(&aio.cond, &aio.lock);
+	pthread_mutex_unlock(&aio.lock);
+	for (unsigned i = 0; i < AIO_N; i++) {
+		CHECK(aio.calls[i] == 1, "IO %u: done called %u times", i, aio.calls[i]);
+		CHECK(aio.err[i] == 0, "IO %u: %s", i, strerror(-aio.err[i]));
+	}
+	CHECK_EQ(submitted, AIO_N);
+}
+
+static void test_async(struct rnbd_clt_dev *d)
+{
+	uint8_t *w = malloc((size_t)AIO_N * AIO_LEN), *r = malloc((size_t)AIO_N * AIO_LEN);
+	struct rnbd_clt_dev_info in = { .size = sizeof(in) };
+
+	CHECK_EQ(rnbd_clt_dev_info(d, &in), 0);
+	CHECK(in.queue_depth > 0 && in.queue_depth < AIO_N, "queue depth %u: submit waits",
+	      in.queue_depth);
+	for (unsigned i = 0; i < AIO_N; i++)
+		fill(w + (size_t)i * AIO_LEN, AIO_LEN, 200 + i);
+	aio_round(d, RNBD_CLT_WRITE, w);
+	CHECK_EQ(aio.nested, -EDEADLK);
+	memset(r, 0, (size_t)AIO_N * AIO_LEN);
+	aio_round(d, RNBD_CLT_READ, r);
+	CHECK(!memcmp(w, r, (size_t)AIO_N * AIO_LEN), "%u async reads return the async writes",
+	      AIO_N);
+	CHECK(file_has(4u << 20, w, (size_t)AIO_N * AIO_LEN), "and the file holds them");
+	/* Refusals come back from the call, and done is not called. */
+	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_READ, 0, 1, r, 512, aio_done, NULL), -EINVAL);
+	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_READ, 0, 0, r, 512, NULL, NULL), -EINVAL);
+	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_WRITE, 0, 0, NULL, 512, aio_done, NULL), -EINVAL);
+	free(w);
+	free(r);
 }
 
 static void test_all(void)
@@ -304,6 +396,8 @@ static void test_all(void)
 		free(want);
 		free(got);
 	}
+
+	test_async(d1);
 
 	/* Unmapped, the name can be mapped again; sessions close with devices mapped. */
 	CHECK_EQ(rnbd_clt_unmap(d1, false), 0);
