@@ -208,13 +208,32 @@ static int write_all(int fd, const uint8_t *buf, size_t n)
 	return 0;
 }
 
+/* Reads up to n bytes (a pipe gives what it has): how many, 0 at the end, or -errno. */
+static ssize_t read_full(int fd, uint8_t *buf, size_t n)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t k = read(fd, buf + got, n - got);
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -errno;
+		if (k == 0)
+			break;
+		got += (size_t)k;
+	}
+	return (ssize_t)got;
+}
+
 /* ---- read and write ----------------------------------------------------------------- */
 
 /* Copies between the device and --file in max_io pieces. */
 static int run_copy(bool to_device)
 {
 	uint32_t lbs = info.logical_block_size, piece = info.max_io;
-	uint64_t end = info.bytes, done = 0;
+	uint64_t end = info.bytes, done = 0, off;
 	uint8_t *buf;
 	int fd, rc = 0;
 
@@ -245,39 +264,25 @@ static int run_copy(bool to_device)
 		rc = 1;
 		goto out;
 	}
-	for (uint64_t off = g.offset; off < end && !rc;) {
+	for (off = g.offset; off < end && !rc;) {
 		uint32_t n = (uint32_t)MIN((uint64_t)piece, end - off);
 		int r;
 
 		if (to_device) {
-			ssize_t got = 0;
+			ssize_t got = read_full(fd, buf, n);
 
-			while (got < n) { /* a pipe gives what it has */
-				ssize_t k = read(fd, buf + got, n - (size_t)got);
-
-				if (k < 0 && errno == EINTR)
-					continue;
-				if (k <= 0) {
-					if (k < 0)
-						fprintf(stderr, "rnbd-client: %s: %s\n", g.file,
-							strerror(errno));
-					break;
-				}
-				got += k;
-			}
-			if (got % lbs) { /* the tail, padded to a whole block */
-				memset(buf + got, 0, lbs - (size_t)got % lbs);
-				got += lbs - got % lbs;
-			}
-			if (!got)
-				break;
-			n = (uint32_t)got;
-			if (n > end - off) {
-				fprintf(stderr, "rnbd-client: %s: input longer than the device\n",
-					g.file);
+			if (got < 0) {
+				fprintf(stderr, "rnbd-client: %s: %s\n", g.file, strerror((int)-got));
 				rc = 1;
 				break;
 			}
+			if (!got)
+				break;
+			if (got % lbs) { /* the tail, padded to a whole block (stays within end) */
+				memset(buf + got, 0, lbs - (size_t)got % lbs);
+				got += lbs - got % lbs;
+			}
+			n = (uint32_t)got;
 			r = rnbd_clt_io(dev, RNBD_CLT_WRITE, 0, off, buf, n);
 		} else {
 			r = rnbd_clt_io(dev, RNBD_CLT_READ, 0, off, buf, n);
@@ -293,6 +298,12 @@ static int run_copy(bool to_device)
 		}
 		off += n;
 		done += n;
+	}
+	if (!rc && to_device && off >= end && read_full(fd, buf, 1) > 0) {
+		fprintf(stderr, "rnbd-client: %s: input longer than %s from offset %" PRIu64
+			" (%" PRIu64 " bytes written)\n", g.file, g.length ? "--length" : g.device,
+			g.offset, done);
+		rc = 1;
 	}
 	if (!rc && to_device) {
 		int r = rnbd_clt_io(dev, RNBD_CLT_FLUSH, 0, 0, NULL, 0);
@@ -458,7 +469,7 @@ static int run_perf(void)
 	double secs;
 	int rc = 0;
 
-	if (g.bs % info.logical_block_size || g.bs % 8 || g.bs > info.max_io) {
+	if (g.bs % info.logical_block_size || g.bs > info.max_io) { /* lbs >= 512: words */
 		fprintf(stderr, "rnbd-client: --bs %" PRIu64 " must be whole %u-byte blocks, at "
 			"most %u\n", g.bs, info.logical_block_size, info.max_io);
 		return 1;
@@ -577,10 +588,6 @@ int main(int argc, char **argv)
 		return rc > 0 ? 0 : 2;
 	if (pos != argc - 1) {
 		fprintf(stderr, "rnbd-client: unexpected argument '%s'\n", argv[pos + 1]);
-		return 2;
-	}
-	if (g.bs % 8) {
-		fprintf(stderr, "rnbd-client: --bs must be a multiple of 8\n");
 		return 2;
 	}
 	if (g.mode)

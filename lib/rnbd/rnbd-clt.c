@@ -342,12 +342,10 @@ static void *worker(void *arg)
 		}
 		if (parked_run(s))
 			continue;
-		if (s->parked) {
+		if (s->parked) { /* until the first deadline (parked_add: the head's) */
 			uint64_t first = s->parked->deadline_ms, now = now_ms();
 			struct timespec dl;
 
-			for (struct clt_io *io = s->parked; io; io = io->next)
-				first = MIN(first, io->deadline_ms);
 			clock_gettime(CLOCK_MONOTONIC, &dl);
 			first = first > now ? first - now : 0;
 			dl.tv_sec += (time_t)(first / 1000);
@@ -610,6 +608,21 @@ static __thread bool in_done; /* this thread runs a done callback */
 static void io_conf(void *priv, int err);
 
 /*
+ * Appends to the parked list (s->lock held). Every IO is parked with the
+ * same bound from its time, and kept ones go back first, so the list stays
+ * in deadline order.
+ */
+static void parked_add(struct rnbd_clt_sess *s, struct clt_io *io)
+{
+	io->next = NULL;
+	if (s->parked_tail)
+		s->parked_tail->next = io;
+	else
+		s->parked = io;
+	s->parked_tail = io;
+}
+
+/*
  * Where io goes next (s->lock held): 1, out under the device's current id
  * (counted on the wire); 0, parked until the device is open again; or the
  * error it fails with.
@@ -630,12 +643,7 @@ static int io_route(struct clt_io *io)
 	if (!s->fast_io_fail_ms)
 		return -ETIMEDOUT;
 	io->deadline_ms = now_ms() + s->fast_io_fail_ms;
-	io->next = NULL;
-	if (s->parked_tail)
-		s->parked_tail->next = io;
-	else
-		s->parked = io;
-	s->parked_tail = io;
+	parked_add(s, io);
 	pthread_cond_broadcast(&s->cond); /* the worker keeps the deadline */
 	return 0;
 }
@@ -758,12 +766,7 @@ static bool parked_run(struct rnbd_clt_sess *s)
 		else
 			r = 0;
 		if (r == 0) { /* still waiting: back on the list, in order */
-			io->next = NULL;
-			if (s->parked_tail)
-				s->parked_tail->next = io;
-			else
-				s->parked = io;
-			s->parked_tail = io;
+			parked_add(s, io);
 			continue;
 		}
 		io->verdict = r;

@@ -8,7 +8,8 @@
 #   list     on the server's control socket shows the session's device and
 #            its counters while perf runs, and nothing once it is gone,
 #   bad input (a missing device, an unaligned --bs, a path escaping the
-#            search path) fails with a clear message and exit status 1 or 2.
+#            search path, input longer than the device) fails with a clear
+#            message and exit status 1 or 2.
 # Usage: rnbd-client.sh BUILD_DIR.
 set -euo pipefail
 build=$(cd "${1:?usage: rnbd-client.sh BUILD_DIR}" && pwd)
@@ -110,6 +111,8 @@ c read --device ../outside.txt --file "$dir/x" >/dev/null 2>"$dir/err3"
 rc3=$?
 "$client" perf --device mem0 >/dev/null 2>"$dir/err4"
 rc4=$?
+c write --device disk.img --file "$dir/in.bin" --offset 12M >/dev/null 2>"$dir/err5"
+rc5=$?
 set -e
 check "a missing device: exit 1, named, ENOENT" \
 	bash -c "[ $rc1 = 1 ] && grep -q 'nothing-here.*No such file' '$dir/err1'"
@@ -117,6 +120,8 @@ check "an unaligned --bs: refused with the reason" \
 	bash -c "[ $rc2 -ge 1 ] && grep -q 'bs' '$dir/err2'"
 check "a path out of the search path: refused" \
 	bash -c "[ $rc3 = 1 ] && grep -q 'outside.txt' '$dir/err3'"
+check "input past the device's end: exit 1, said" \
+	bash -c "[ $rc5 = 1 ] && grep -q 'input longer than disk.img' '$dir/err5'"
 check "no --server: usage error" bash -c "[ $rc4 = 1 ] && grep -q -- '--server' '$dir/err4'"
 check "the server is still up and holds nothing" test "$(ctl list)" = "ok 0 devices"
 
