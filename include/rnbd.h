@@ -154,7 +154,7 @@ struct rnbd_clt_dev_info {
 	bool write_cache;           /* flush means something */
 	bool fua;
 	const char *state;          /* "mapped", "disconnected", "reopening", "unmapped" */
-	uint32_t queue_depth;       /* request slots of the session (IO in flight at most) */
+	uint32_t queue_depth;       /* IO slots of the session (IO in flight at most) */
 };
 
 int rnbd_clt_dev_info(struct rnbd_clt_dev *dev, struct rnbd_clt_dev_info *info);
@@ -173,8 +173,8 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *dev, struct rnbd_clt_dev_info *info);
  */
 
 /*
- * Asynchronous form. Takes one of the session's request slots (its RTRS
- * queue depth), waiting for one to be free; then returns 0, and done(priv,
+ * Asynchronous form. Takes one of the session's IO slots (its RTRS queue
+ * depth less one permit kept for admin messages), waiting for one to be free; then returns 0, and done(priv,
  * result) is called exactly once, from a library thread (or from this call
  * itself), or returns a negative errno and done is not called. Called from
  * a done callback it does not wait: -EAGAIN when no slot is free (keep at

@@ -54,7 +54,9 @@ struct rnbd_clt_sess {
 	char name[256];              /* the session name, for logs */
 	unsigned ver;
 	uint32_t max_io;
-	uint32_t queue_depth;
+	uint32_t queue_depth;        /* IO slots: the RTRS queue depth less the admin permit */
+	struct rtrs_permit *admin_permit;
+	pthread_mutex_t admin_lock;  /* one admin message at a time on it */
 	unsigned fast_io_fail_ms;
 	void (*user_link_ev)(void *priv, enum rtrs_clt_link_ev ev);
 	void *user_priv;
@@ -88,6 +90,7 @@ struct clt_io {
 	uint8_t *buf;
 	uint32_t len;                /* left to do, from offset */
 	uint32_t n;                  /* the piece on the wire */
+	uint32_t max;                /* largest piece: the device's max IO when routed */
 	uint32_t id;                 /* the device id it goes under */
 	uint64_t gen;                /* the device's gen then */
 	uint64_t deadline_ms;        /* parked: fails with -ETIMEDOUT after it */
@@ -130,25 +133,26 @@ static int waiter_wait(struct waiter *w)
 }
 
 /*
- * Sends msg with data (read into it or written from it) and waits for the
- * answer. SESS_INFO, OPEN and CLOSE go on the admin connection, as the
- * kernel sends them; IO on the IO connections.
+ * Sends an admin message (SESS_INFO, OPEN, CLOSE: on the admin connection,
+ * as the kernel sends them) with data read into it or written from it, and
+ * waits for the answer. They take turns on the session's reserved permit:
+ * parked IO holds its permits until its device is open again, so the
+ * messages that open it must not wait for one of those.
  */
-static int request(struct rnbd_clt_sess *s, enum rtrs_clt_con_type con, enum rtrs_dir dir,
-		   const void *msg, size_t msglen, void *data, size_t datalen)
+static int request(struct rnbd_clt_sess *s, enum rtrs_dir dir, const void *msg, size_t msglen,
+		   void *data, size_t datalen)
 {
 	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
 	struct rtrs_clt_req_ops ops = { .priv = &w, .conf = waiter_done };
 	struct iovec usr = { (void *)msg, msglen }, iov = { data, datalen };
-	struct rtrs_permit *permit = rtrs_clt_get_permit(s->rtrs, con, RTRS_PERMIT_WAIT);
 	int rc;
 
-	if (!permit)
-		return -ECONNABORTED;
-	rc = rtrs_clt_request(s->rtrs, dir, &ops, permit, &usr, 1, &iov, datalen ? 1 : 0);
+	pthread_mutex_lock(&s->admin_lock);
+	rc = rtrs_clt_request(s->rtrs, dir, &ops, s->admin_permit, &usr, 1, &iov,
+			      datalen ? 1 : 0);
 	if (!rc)
 		rc = waiter_wait(&w);
-	rtrs_clt_put_permit(s->rtrs, permit);
+	pthread_mutex_unlock(&s->admin_lock);
 	return rc;
 }
 
@@ -161,7 +165,7 @@ static int sess_info(struct rnbd_clt_sess *s)
 
 	rnbd_sess_info_encode(&m, false, RNBD_PROTO_VER_MAJOR);
 	memset(&rsp, 0, sizeof(rsp));
-	rc = request(s, RTRS_ADMIN_CON, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
+	rc = request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
 	if (rc)
 		return rc;
 	rc = rnbd_sess_info_decode(&rsp, sizeof(rsp), true, &ver, &why);
@@ -183,6 +187,12 @@ static uint64_t server_sessions(struct rnbd_clt_sess *s)
 	return a.server_sessions;
 }
 
+/* Bytes per request on d: RTRS's max IO in whole blocks (s->lock held). */
+static uint32_t dev_max_io(const struct rnbd_clt_dev *d)
+{
+	return d->sess->max_io - d->sess->max_io % d->rsp.logical_block_size;
+}
+
 static int dev_open_msg(struct rnbd_clt_sess *s, const char *name, enum rnbd_access_mode mode,
 			struct rnbd_open_rsp *out)
 {
@@ -195,7 +205,7 @@ static int dev_open_msg(struct rnbd_clt_sess *s, const char *name, enum rnbd_acc
 	snprintf(o.dev_name, sizeof(o.dev_name), "%s", name);
 	rnbd_open_encode(&m, &o);
 	memset(&rsp, 0, sizeof(rsp));
-	rc = request(s, RTRS_ADMIN_CON, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
+	rc = request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
 	if (rc)
 		return rc;
 	rc = rnbd_open_rsp_decode(&rsp, sizeof(rsp), out, &why);
@@ -209,7 +219,7 @@ static int dev_close_msg(struct rnbd_clt_sess *s, uint32_t id)
 	struct rnbd_msg_close m;
 
 	rnbd_close_encode(&m, id);
-	return request(s, RTRS_ADMIN_CON, RTRS_WRITE, &m, sizeof(m), NULL, 0);
+	return request(s, RTRS_WRITE, &m, sizeof(m), NULL, 0);
 }
 
 /* ---- reconnect ------------------------------------------------------------------ */
@@ -344,16 +354,8 @@ static void *worker(void *arg)
 			continue;
 		if (s->parked) { /* until the first deadline (parked_add: the head's) */
 			uint64_t first = s->parked->deadline_ms, now = now_ms();
-			struct timespec dl;
+			struct timespec dl = deadline_ms(first > now ? (unsigned)(first - now) : 0);
 
-			clock_gettime(CLOCK_MONOTONIC, &dl);
-			first = first > now ? first - now : 0;
-			dl.tv_sec += (time_t)(first / 1000);
-			dl.tv_nsec += (long)(first % 1000) * 1000000L;
-			if (dl.tv_nsec >= 1000000000L) {
-				dl.tv_sec++;
-				dl.tv_nsec -= 1000000000L;
-			}
 			pthread_cond_timedwait(&s->cond, &s->lock, &dl);
 		} else {
 			pthread_cond_wait(&s->cond, &s->lock);
@@ -370,7 +372,6 @@ int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **
 	struct rtrs_clt_opts o;
 	struct rtrs_attrs a = { .size = sizeof(a) };
 	struct rnbd_clt_sess *s;
-	pthread_condattr_t ca;
 	int rc;
 
 	if (!opts || opts->size < sizeof(o) || !out)
@@ -379,10 +380,8 @@ int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **
 	if (!s)
 		return -ENOMEM;
 	pthread_mutex_init(&s->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the worker's deadlines */
-	pthread_cond_init(&s->cond, &ca);
-	pthread_condattr_destroy(&ca);
+	pthread_mutex_init(&s->admin_lock, NULL);
+	cond_init_mono(&s->cond); /* the worker's deadlines */
 	o = *opts;
 	snprintf(s->name, sizeof(s->name), "%s", o.sessname ? o.sessname : "");
 	s->user_link_ev = o.link_ev;
@@ -394,29 +393,37 @@ int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **
 	if (rc)
 		goto fail;
 	rc = rtrs_clt_query(s->rtrs, &a);
-	if (!rc)
-		rc = sess_info(s);
+	if (!rc && a.queue_depth < 2) {
+		log_err("rnbd: %s: the server gives %u request slot(s): one is kept for admin "
+			"messages, IO needs another", s->name, a.queue_depth);
+		rc = -ENOSPC;
+	}
+	if (!rc) {
+		s->admin_permit = rtrs_clt_get_permit(s->rtrs, RTRS_ADMIN_CON, RTRS_PERMIT_WAIT);
+		rc = s->admin_permit ? sess_info(s) : -ECONNABORTED;
+	}
 	if (rc) {
 		log_err("rnbd: %s: session setup failed: %s", s->name, strerror(-rc));
-		rtrs_clt_close(s->rtrs);
-		goto fail;
+		goto fail_rtrs;
 	}
 	s->max_io = a.max_io_size;
-	s->queue_depth = a.queue_depth;
-	s->ios = calloc(a.queue_depth, sizeof(*s->ios));
+	s->queue_depth = a.queue_depth - 1;
+	s->ios = calloc(a.queue_depth, sizeof(*s->ios)); /* indexed by permit id */
 	rc = s->ios ? -pthread_create(&s->worker, NULL, worker, s) : -ENOMEM;
-	if (rc) {
-		rtrs_clt_close(s->rtrs);
-		goto fail;
-	}
+	if (rc)
+		goto fail_rtrs;
 	s->worker_started = true;
 	log_info("rnbd: %s: session open, protocol version %u, IO up to %u bytes", s->name,
 		 s->ver, s->max_io);
 	*out = s;
 	return 0;
+fail_rtrs:
+	rtrs_clt_put_permit(s->rtrs, s->admin_permit);
+	rtrs_clt_close(s->rtrs);
 fail:
 	free(s->ios);
 	pthread_mutex_destroy(&s->lock);
+	pthread_mutex_destroy(&s->admin_lock);
 	pthread_cond_destroy(&s->cond);
 	free(s);
 	return rc;
@@ -442,14 +449,25 @@ void rnbd_clt_sess_close(struct rnbd_clt_sess *s)
 	pthread_mutex_unlock(&s->lock);
 	if (s->worker_started)
 		pthread_join(s->worker, NULL);
+	rtrs_clt_put_permit(s->rtrs, s->admin_permit);
 	rtrs_clt_close(s->rtrs);
 	free(s->ios);
 	pthread_mutex_destroy(&s->lock);
+	pthread_mutex_destroy(&s->admin_lock);
 	pthread_cond_destroy(&s->cond);
 	free(s);
 }
 
 /* ---- devices -------------------------------------------------------------------- */
+
+/* The mapped device named name (normalised), or NULL (s->lock held). */
+static struct rnbd_clt_dev *dev_find(struct rnbd_clt_sess *s, const char *name)
+{
+	for (struct rnbd_clt_dev *o = s->devs; o; o = o->next)
+		if (!strcmp(o->name, name))
+			return o;
+	return NULL;
+}
 
 int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mode mode,
 		 struct rnbd_clt_dev **out)
@@ -472,12 +490,10 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 	snprintf(d->name, sizeof(d->name), "%s", dev_name);
 	rnbd_dev_name_normalize(d->name);
 	pthread_mutex_lock(&s->lock);
-	for (struct rnbd_clt_dev *o = s->devs; o; o = o->next) {
-		if (!strcmp(o->name, d->name)) {
-			pthread_mutex_unlock(&s->lock);
-			free(d);
-			return -EEXIST;
-		}
+	if (dev_find(s, d->name)) {
+		pthread_mutex_unlock(&s->lock);
+		free(d);
+		return -EEXIST;
 	}
 	pthread_mutex_unlock(&s->lock);
 	d->srv_sessions = server_sessions(s);
@@ -492,6 +508,15 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 	d->bytes = d->rsp.nsectors << RNBD_SECTOR_SHIFT;
 	d->state = DEV_MAPPED;
 	pthread_mutex_lock(&s->lock);
+	if (dev_find(s, d->name)) {
+		/*
+		 * Another map of the name won the race: the server gave both
+		 * the same device, which stays the winner's (no CLOSE).
+		 */
+		pthread_mutex_unlock(&s->lock);
+		free(d);
+		return -EEXIST;
+	}
 	d->next = s->devs;
 	s->devs = d;
 	pthread_mutex_unlock(&s->lock);
@@ -504,7 +529,7 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 {
 	struct rnbd_clt_sess *s;
-	bool open_there;
+	bool open_there, maybe_there;
 	int rc = 0;
 
 	if (!d)
@@ -520,6 +545,7 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 	while (d->inflight || d->opening)
 		pthread_cond_wait(&s->cond, &s->lock);
 	open_there = d->state == DEV_MAPPED;
+	maybe_there = d->state == DEV_DISCONNECTED;
 	d->state = DEV_UNMAPPED;
 	for (struct rnbd_clt_dev **pp = &s->devs; *pp; pp = &(*pp)->next) {
 		if (*pp == d) {
@@ -528,9 +554,20 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 		}
 	}
 	pthread_mutex_unlock(&s->lock);
+	if (maybe_there) {
+		/*
+		 * Marked disconnected after a lost request, but a path is up
+		 * to the server session it was opened in: the server may
+		 * still hold it (and its writer slot).
+		 */
+		struct rtrs_attrs a = { .size = sizeof(a) };
+
+		open_there = rtrs_clt_query(s->rtrs, &a) == 0 &&
+			     a.server_sessions == d->srv_sessions;
+	}
 	if (open_there) {
 		rc = dev_close_msg(s, d->id);
-		if (rc && rc != -ENOTCONN)
+		if (rc && rc != -ENOTCONN && !(maybe_there && rc == -ENOENT))
 			log_warn("rnbd: %s: closing %s on the server: %s", s->name, d->name,
 				 strerror(-rc));
 	}
@@ -586,7 +623,7 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
 		.bytes = d->bytes,
 		.logical_block_size = d->rsp.logical_block_size,
 		.physical_block_size = d->rsp.physical_block_size,
-		.max_io = d->sess->max_io - d->sess->max_io % d->rsp.logical_block_size,
+		.max_io = dev_max_io(d),
 		.read_only = d->mode == RNBD_ACCESS_RO,
 		.discard = d->rsp.max_discard_sectors > 0,
 		.write_zeroes = d->rsp.max_write_zeroes_sectors > 0,
@@ -637,6 +674,7 @@ static int io_route(struct clt_io *io)
 	if (d->state == DEV_MAPPED) {
 		io->id = d->id;
 		io->gen = d->gen;
+		io->max = dev_max_io(d);
 		s->on_wire++;
 		return 1;
 	}
@@ -653,14 +691,13 @@ static void io_send(struct clt_io *io)
 {
 	struct rnbd_clt_sess *s = io->d->sess;
 	bool data = io->op == RNBD_OP_READ || io->op == RNBD_OP_WRITE;
-	uint32_t max = s->max_io - s->max_io % io->d->rsp.logical_block_size;
 	struct rnbd_io w = { .device_id = io->id, .sector = io->offset >> RNBD_SECTOR_SHIFT,
 			     .op = io->op, .flags = io->flags };
 	struct iovec usr = { &io->msg, sizeof(io->msg) }, iov;
 	int rc;
 
 	/* Data requests are cut at max_io; the others go whole (no data to carry). */
-	io->n = data ? MIN(io->len, max) : io->len;
+	io->n = data ? MIN(io->len, io->max) : io->len;
 	w.bi_size = io->n;
 	if (io->op == RNBD_OP_WRITE || io->op == RNBD_OP_FLUSH)
 		w.flags |= io->flags & (RNBD_F_FUA | RNBD_F_PREFLUSH) ? RNBD_F_SYNC : 0;

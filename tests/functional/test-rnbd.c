@@ -120,7 +120,7 @@ static void *storm_io(void *arg)
 	uint64_t off = (uint64_t)(2 + st->slot) << 20;
 
 	fill(w, 65536, 100 + st->slot);
-	for (st->done = 0; st->done < st->rounds; st->done++) {
+	for (unsigned i = 0; i < st->rounds; __atomic_store_n(&st->done, ++i, __ATOMIC_RELAXED)) {
 		st->rc = rnbd_clt_io(st->dev, RNBD_CLT_WRITE, 0, off, w, 65536);
 		if (!st->rc)
 			st->rc = rnbd_clt_io(st->dev, RNBD_CLT_READ, 0, off, r, 65536);
@@ -164,37 +164,45 @@ static void aio_done(void *priv, int err)
 	pthread_mutex_unlock(&aio.lock);
 }
 
-/* Submits AIO_N reads or writes of AIO_LEN at 4 MiB + i * AIO_LEN; waits for all. */
-static void aio_round(struct rnbd_clt_dev *d, enum rnbd_clt_op op, uint8_t *bufs)
+/* Submits n reads or writes of AIO_LEN at 4 MiB + i * AIO_LEN (done: aio_wait). */
+static void aio_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op op, uint8_t *bufs, unsigned n)
 {
-	unsigned submitted = 0;
-
 	aio.dev = d;
-	aio.left = AIO_N;
+	aio.left = n;
 	memset(aio.calls, 0, sizeof(aio.calls));
-	for (unsigned i = 0; i < AIO_N; i++) {
+	for (unsigned i = 0; i < n; i++) {
 		int rc = rnbd_clt_submit(d, op, 0, (4u << 20) + (uint64_t)i * AIO_LEN,
 					 bufs + (size_t)i * AIO_LEN, AIO_LEN, aio_done,
 					 (void *)(uintptr_t)i);
 
 		CHECK(rc == 0, "submit %u: %s", i, strerror(-rc));
 		if (rc) {
+			aio.calls[i] = 1; /* counted as done, with its error */
+			aio.err[i] = rc;
 			pthread_mutex_lock(&aio.lock);
 			aio.left--;
 			pthread_mutex_unlock(&aio.lock);
-		} else {
-			submitted++;
 		}
 	}
+}
+
+/* Waits for the n IO of aio_submit: each done once, without error. */
+static void aio_wait(unsigned n)
+{
 	pthread_mutex_lock(&aio.lock);
 	while (aio.left)
 		pthread_cond_wait(&aio.cond, &aio.lock);
 	pthread_mutex_unlock(&aio.lock);
-	for (unsigned i = 0; i < AIO_N; i++) {
+	for (unsigned i = 0; i < n; i++) {
 		CHECK(aio.calls[i] == 1, "IO %u: done called %u times", i, aio.calls[i]);
 		CHECK(aio.err[i] == 0, "IO %u: %s", i, strerror(-aio.err[i]));
 	}
-	CHECK_EQ(submitted, AIO_N);
+}
+
+static void aio_round(struct rnbd_clt_dev *d, enum rnbd_clt_op op, uint8_t *bufs)
+{
+	aio_submit(d, op, bufs, AIO_N);
+	aio_wait(AIO_N);
 }
 
 static void test_async(struct rnbd_clt_dev *d)
@@ -214,6 +222,21 @@ static void test_async(struct rnbd_clt_dev *d)
 	CHECK(!memcmp(w, r, (size_t)AIO_N * AIO_LEN), "%u async reads return the async writes",
 	      AIO_N);
 	CHECK(file_has(4u << 20, w, (size_t)AIO_N * AIO_LEN), "and the file holds them");
+
+	/*
+	 * Every IO slot taken by IO waiting for the server: the reopen after
+	 * it comes back still gets its admin messages through, and the IO
+	 * all completes.
+	 */
+	rnbd_srv_close(srv);
+	memset(r, 0, (size_t)AIO_N * AIO_LEN);
+	aio_submit(d, RNBD_CLT_READ, r, in.queue_depth);
+	usleep(300 * 1000); /* the heartbeat sees the server gone; the IO is parked */
+	srv_start(port);
+	aio_wait(in.queue_depth);
+	CHECK(!memcmp(w, r, (size_t)in.queue_depth * AIO_LEN),
+	      "%u reads parked in every slot across a server restart return the data",
+	      in.queue_depth);
 	/* Refusals come back from the call, and done is not called. */
 	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_READ, 0, 1, r, 512, aio_done, NULL), -EINVAL);
 	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_READ, 0, 0, r, 512, NULL, NULL), -EINVAL);
@@ -379,6 +402,13 @@ static void test_all(void)
 			CHECK_EQ(pthread_create(&ths[i], NULL, storm_io, &st[i]), 0);
 		}
 		usleep(100 * 1000);
+		{
+			unsigned busy = 0;
+
+			for (int i = 0; i < 6; i++)
+				busy += __atomic_load_n(&st[i].done, __ATOMIC_RELAXED) < st[i].rounds;
+			CHECK(busy > 0, "IO still running when the server stops (%u threads)", busy);
+		}
 		rnbd_srv_close(srv); /* returns only when every IO in flight was answered */
 		usleep(200 * 1000);
 		srv_start(port);
