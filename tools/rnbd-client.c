@@ -348,7 +348,7 @@ static struct {
 	int first_err;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
-} p = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+} p = { .lock = PTHREAD_MUTEX_INITIALIZER }; /* cond: cond_init_mono in run_perf */
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -398,7 +398,10 @@ static void perf_fail(int err)
 {
 	if (atomic_fetch_add(&p.errors, 1) == 0)
 		p.first_err = err;
+	pthread_mutex_lock(&p.lock);
 	atomic_store(&p.stopping, true);
+	pthread_cond_broadcast(&p.cond);
+	pthread_mutex_unlock(&p.lock);
 }
 
 static void perf_done(void *priv, int err);
@@ -466,6 +469,7 @@ static void perf_done(void *priv, int err)
 static int run_perf(void)
 {
 	uint64_t region = g.size ? g.size : info.bytes, t0, t1, n, r, w;
+	struct timespec end;
 	double secs;
 	int rc = 0;
 
@@ -501,7 +505,9 @@ static int run_perf(void)
 		}
 		memset(p.slots[i].buf, 0, g.bs);
 	}
+	cond_init_mono(&p.cond);
 	t0 = now_ns();
+	end = deadline_ms((unsigned)g.runtime * 1000u);
 	for (unsigned i = 0; i < g.iodepth; i++) {
 		atomic_fetch_add(&p.active, 1);
 		rc = perf_submit(&p.slots[i]);
@@ -512,12 +518,9 @@ static int run_perf(void)
 		}
 	}
 	pthread_mutex_lock(&p.lock);
-	while (atomic_load(&p.active) && !atomic_load(&p.stopping) &&
-	       now_ns() - t0 < g.runtime * 1000000000ull) {
-		pthread_mutex_unlock(&p.lock);
-		usleep(10000);
-		pthread_mutex_lock(&p.lock);
-	}
+	while (atomic_load(&p.active) && !atomic_load(&p.stopping))
+		if (pthread_cond_timedwait(&p.cond, &p.lock, &end) == ETIMEDOUT)
+			break;
 	atomic_store(&p.stopping, true);
 	while (atomic_load(&p.active))
 		pthread_cond_wait(&p.cond, &p.lock);

@@ -11,7 +11,6 @@
 # file. Usage: nbd-tools.sh BUILD_DIR. Exits 77 when a tool is missing.
 set -euo pipefail
 build=$(cd "${1:?usage: nbd-tools.sh BUILD_DIR}" && pwd)
-server=$build/daemons/rnbd-server
 plugin=$build/nbdkit/nbdkit-rnbd-plugin.so
 
 for t in nbdkit nbdinfo nbdcopy nbdfuse qemu-img fio mkfs.ext4 fsck.ext4 python3; do
@@ -20,42 +19,24 @@ done
 [ -e /dev/fuse ] || { echo "SKIP: no /dev/fuse for nbdfuse"; exit 77; }
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "SKIP: fio has no nbd engine"; exit 77; }
 
+. "$(dirname "$0")/../lib/common.sh"
 dir=$(mktemp -d /var/tmp/rnbd-interop.XXXXXX)
-pids=()
 cleanup() {
 	mountpoint -q "$dir/mnt" 2>/dev/null && { fusermount3 -u "$dir/mnt" 2>/dev/null || umount "$dir/mnt"; }
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	kill_pids
 	rm -rf "$dir"
 }
 trap cleanup EXIT
 
-fails=0 checks=0
-check() { # description command...
-	local what=$1
-	shift
-	checks=$((checks + 1))
-	if "$@"; then
-		echo "ok: $what"
-	else
-		echo "FAIL: $what"
-		fails=$((fails + 1))
-	fi
-}
-
 size=$((64 << 20))
 truncate -s "$size" "$dir/disk.img"
-"$server" --port 0 --dev-search-path "$dir" --control "$dir/ctl" --queue-depth 64 \
-	>"$dir/server.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do grep -q 'listening on port' "$dir/server.log" && break; sleep 0.05; done
-port=$(grep -o 'port [0-9]*' "$dir/server.log" | cut -d' ' -f2)
-[ -n "$port" ] || { cat "$dir/server.log"; echo "FAIL: rnbd-server did not start"; exit 1; }
+rnbd_server_start "$dir/server.log" -- --port 0 --dev-search-path "$dir" --control "$dir/ctl" \
+	--queue-depth 64 || exit 1
 
 nbdkit -f -U "$dir/nbd.sock" "$plugin" server="127.0.0.1:$port" session=interop \
 	device=disk.img >"$dir/nbdkit.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 100); do [ -S "$dir/nbd.sock" ] && break; sleep 0.05; done
+wait_until 10 test -S "$dir/nbd.sock" || { cat "$dir/nbdkit.log"; echo "FAIL: no nbdkit"; exit 1; }
 uri="nbd+unix:///disk.img?socket=$dir/nbd.sock"
 
 # nbdinfo: size and what the export can do.
@@ -98,7 +79,7 @@ check "fio reported no errors" grep -q 'err= 0' "$dir/fio.log"
 mkdir "$dir/mnt"
 nbdfuse "$dir/mnt" "$uri" >"$dir/nbdfuse.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 100); do [ -e "$dir/mnt/nbd" ] && break; sleep 0.05; done
+wait_until 10 test -e "$dir/mnt/nbd" || true # mkfs below fails if not
 check "nbdfuse: mkfs.ext4" mkfs.ext4 -q -F "$dir/mnt/nbd"
 check "nbdfuse: fsck -n" fsck.ext4 -n -f "$dir/mnt/nbd"
 fusermount3 -u "$dir/mnt" 2>/dev/null || umount "$dir/mnt"
@@ -108,21 +89,14 @@ check "the server's file holds the file system" fsck.ext4 -n -f "$dir/disk.img"
 # nbdfuse mount): IO through NBD then fails, with ENOTCONN from the server.
 nbdfuse "$dir/mnt" "$uri" >>"$dir/nbdfuse.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 100); do [ -e "$dir/mnt/nbd" ] && break; sleep 0.05; done
+wait_until 10 test -e "$dir/mnt/nbd" || true # the read below fails if not
 check "a read before force-close works" dd if="$dir/mnt/nbd" of=/dev/null bs=4096 count=1 \
 	iflag=direct status=none
-python3 - "$dir/ctl" <<'PY' >"$dir/ctl.out"
-import socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-s.sendall(b"force-close interop disk.img\n")
-print(s.recv(200).decode().strip())
-PY
+ctl "$dir/ctl" "force-close interop disk.img" >"$dir/ctl.out"
 check "force-close answered ok" grep -qx ok "$dir/ctl.out"
 check "a read after force-close fails" bash -c "! dd if='$dir/mnt/nbd' of=/dev/null bs=4096 \
 	count=1 skip=100 iflag=direct status=none 2>/dev/null"
 check "with ENOTCONN" grep -q "Transport endpoint is not connected" "$dir/nbdkit.log"
 fusermount3 -u "$dir/mnt" 2>/dev/null || umount "$dir/mnt"
 
-echo "nbd-tools: $checks checks, $fails failed"
-[ "$fails" -eq 0 ]
+finish nbd-tools

@@ -13,58 +13,19 @@
 # Usage: rnbd-client.sh BUILD_DIR.
 set -euo pipefail
 build=$(cd "${1:?usage: rnbd-client.sh BUILD_DIR}" && pwd)
-server=$build/daemons/rnbd-server
 client=$build/tools/rnbd-client
 command -v python3 >/dev/null || { echo "SKIP: python3 is not installed"; exit 77; }
 
+. "$(dirname "$0")/../lib/common.sh"
 dir=$(mktemp -d /var/tmp/rnbd-client.XXXXXX)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-
-fails=0 checks=0
-check() { # description command...
-	local what=$1
-	shift
-	checks=$((checks + 1))
-	if "$@"; then
-		echo "ok: $what"
-	else
-		echo "FAIL: $what"
-		fails=$((fails + 1))
-	fi
-}
-ctl() { # command: the control socket's whole answer
-	python3 - "$dir/ctl" "$1" <<'PY'
-import socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-s.sendall(sys.argv[2].encode() + b"\n")
-out = b""
-while not out.endswith(b"\n") or not (out.split(b"\n")[-2].startswith((b"ok", b"error"))):
-    chunk = s.recv(4096)
-    if not chunk:
-        break
-    out += chunk
-print(out.decode(), end="")
-PY
-}
+trap 'kill_pids; rm -rf "$dir"' EXIT
 
 size=$((16 << 20))
-truncate -s "$size" "$dir/disk.img"
 mkdir "$dir/export"
-mv "$dir/disk.img" "$dir/export/"
+truncate -s "$size" "$dir/export/disk.img"
 echo secret >"$dir/outside.txt"
-"$server" --port 0 --dev-search-path "$dir/export" --mem-device "mem0:$((64 << 20))" \
-	--control "$dir/ctl" >"$dir/server.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do grep -q 'listening on port' "$dir/server.log" && break; sleep 0.05; done
-port=$(grep -o 'listening on port [0-9]*' "$dir/server.log" | head -1 | grep -o '[0-9]*$')
-[ -n "$port" ] || { cat "$dir/server.log"; echo "FAIL: rnbd-server did not start"; exit 1; }
+rnbd_server_start "$dir/server.log" -- --port 0 --dev-search-path "$dir/export" \
+	--mem-device "mem0:$((64 << 20))" --control "$dir/ctl" || exit 1
 c() { "$client" "$1" --server "127.0.0.1:$port" --session cli "${@:2}"; }
 
 head -c $((5 << 20)) /dev/urandom >"$dir/in.bin"
@@ -85,8 +46,9 @@ PY
 c perf --device mem0 --rw randrw --bs 4k --iodepth 16 --runtime 3 --verify --json \
 	>"$dir/perf.json" 2>"$dir/perf.err" &
 perf_pid=$!
-sleep 1.5
-ctl list >"$dir/list.out"
+pids+=($perf_pid)
+listed() { ctl "$dir/ctl" list >"$dir/list.out" && grep -q '^cli mem0 .*writes=[1-9]' "$dir/list.out"; }
+wait_until 10 listed || true # the checks below say what list showed
 wait "$perf_pid" && perf_rc=0 || perf_rc=$?
 check "perf --verify exits 0" test "$perf_rc" -eq 0
 check "perf: reads verified, writes done, no error" python3 - "$dir/perf.json" <<'PY'
@@ -99,8 +61,9 @@ check "list shows the session's device while it runs" \
 	grep -Eq '^cli mem0 id=0 mode=rw reads=[1-9][0-9]* read_bytes=[1-9][0-9]* writes=[1-9]' \
 	"$dir/list.out"
 check "list ends with ok and the count" grep -qx 'ok 1 device' "$dir/list.out"
-check "list after the client left: nothing" test "$(ctl list)" = "ok 0 devices"
-check "an unknown control command is refused" bash -c "$(declare -f ctl); dir='$dir'; ctl frobnicate | grep -q '^error: unknown command'"
+check "list after the client left: nothing" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+check "an unknown control command is refused" \
+	bash -c "[[ \"\$1\" == 'error: unknown command'* ]]" _ "$(ctl "$dir/ctl" frobnicate)"
 
 set +e
 c info --device nothing-here >/dev/null 2>"$dir/err1"
@@ -123,7 +86,6 @@ check "a path out of the search path: refused" \
 check "input past the device's end: exit 1, said" \
 	bash -c "[ $rc5 = 1 ] && grep -q 'input longer than disk.img' '$dir/err5'"
 check "no --server: usage error" bash -c "[ $rc4 = 1 ] && grep -q -- '--server' '$dir/err4'"
-check "the server is still up and holds nothing" test "$(ctl list)" = "ok 0 devices"
+check "the server is still up and holds nothing" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
 
-echo "rnbd-client: $checks checks, $fails failed"
-[ "$fails" -eq 0 ]
+finish rnbd-client
