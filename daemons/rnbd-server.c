@@ -81,15 +81,19 @@ static const struct opt options[] = {
 static struct rnbd_srv *srv;
 static int ctl_fd = -1;
 
+/* fd, or -1 once a write failed (timed out): the rest of the list is skipped. */
 static void ctl_list_one(void *priv, const struct rnbd_srv_dev_stats *st)
 {
-	int fd = *(int *)priv;
+	int *fd = priv;
 
-	dprintf(fd, "%s %s id=%u mode=%s reads=%" PRIu64 " read_bytes=%" PRIu64 " writes=%" PRIu64
-		" write_bytes=%" PRIu64 " other=%" PRIu64 " errors=%" PRIu64 " inflight=%u%s\n",
-		st->session, st->device, st->device_id, st->mode, st->reads, st->read_bytes,
-		st->writes, st->write_bytes, st->other, st->errors, st->inflight,
-		st->closed ? " closed" : "");
+	if (*fd < 0)
+		return;
+	if (dprintf(*fd, "%s %s id=%u mode=%s reads=%" PRIu64 " read_bytes=%" PRIu64
+		    " writes=%" PRIu64 " write_bytes=%" PRIu64 " other=%" PRIu64 " errors=%" PRIu64
+		    " inflight=%u%s\n", st->session, st->device, st->device_id, st->mode, st->reads,
+		    st->read_bytes, st->writes, st->write_bytes, st->other, st->errors, st->inflight,
+		    st->closed ? " closed" : "") < 0)
+		*fd = -1;
 }
 
 static void ctl_command(int fd)
@@ -103,8 +107,11 @@ static void ctl_command(int fd)
 	line[n] = '\0';
 	k = sscanf(line, "%31s %299s %299s", cmd, sess, dev);
 	if (k == 1 && !strcmp(cmd, "list")) {
-		rc = rnbd_srv_list(srv, ctl_list_one, &fd);
-		dprintf(fd, "ok %d device%s\n", rc, rc == 1 ? "" : "s");
+		int out = fd;
+
+		rc = rnbd_srv_list(srv, ctl_list_one, &out);
+		if (out >= 0)
+			dprintf(fd, "ok %d device%s\n", rc, rc == 1 ? "" : "s");
 	} else if (k == 3 && !strcmp(cmd, "force-close")) {
 		rc = rnbd_srv_force_close(srv, sess, dev);
 		if (rc)
@@ -127,8 +134,13 @@ static void *ctl_thread(void *arg)
 				continue;
 			break;
 		}
-		/* A client that says nothing does not hold the socket (or a stop). */
+		/*
+		 * A client that says nothing, or reads nothing back, does not
+		 * hold the socket (or a stop, or the server's locks a list
+		 * writes under).
+		 */
 		setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+		setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 		ctl_command(c);
 		close(c);
 	}

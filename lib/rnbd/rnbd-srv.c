@@ -626,14 +626,10 @@ static int mem_devices_parse(struct rnbd_srv *srv, const char *spec)
 				colon + 1);
 			return -EINVAL;
 		}
+		rnbd_dev_name_normalize(item);
 		if (srv->nmem == MEM_DEVS_MAX || mem_find(srv, item)) {
 			log_err("rnbd: memory device %s: %s", item,
 				srv->nmem == MEM_DEVS_MAX ? "too many" : "named twice");
-			return -EINVAL;
-		}
-		rnbd_dev_name_normalize(item);
-		if (mem_find(srv, item)) {
-			log_err("rnbd: memory device %s: named twice", item);
 			return -EINVAL;
 		}
 		m = &srv->mem[srv->nmem];
