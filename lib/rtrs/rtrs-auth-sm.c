@@ -360,10 +360,17 @@ static enum rtrs_auth_step srv_on_negotiate(struct rtrs_auth_txn *t,
 	}
 	/* Read now, every time: a key changed in the file applies to the next connect. */
 	rc = rtrs_auth_keyfile_lookup(cfg->keys_file, t->host, &t->hkey, &t->ckey, &line, &why);
-	if (rc == -ENOENT && access(cfg->keys_file, R_OK) == 0) {
+	if (rc == -ESRCH) {
 		log_err("%s: host %s is not in %s", t->log_name, t->host, cfg->keys_file);
 		return auth_fail(t, o, -EACCES, RTRS_AUTH_FAILURE1, RTRS_AUTH_FAIL_FAILED, true);
 	}
+	/*
+	 * From here on a failure is the server's own (a key file that cannot
+	 * be read or does not parse right now, no memory, DH or randomness
+	 * failing): no FAILURE1, which the host would take as its key
+	 * rejected and never retry; the path just goes, and the host
+	 * reconnects as after any connection error.
+	 */
 	if (rc) {
 		if (line)
 			log_err("%s: %s line %u: %s", t->log_name, cfg->keys_file, line,
@@ -371,7 +378,7 @@ static enum rtrs_auth_step srv_on_negotiate(struct rtrs_auth_txn *t,
 		else
 			log_err("%s: cannot read %s: %s", t->log_name, cfg->keys_file,
 				why ? why : strerror(-rc));
-		return auth_fail(t, o, rc, RTRS_AUTH_FAILURE1, RTRS_AUTH_FAIL_FAILED, true);
+		return auth_fail(t, o, rc, 0, 0, true);
 	}
 	t->hash = (uint8_t)hash;
 	t->group = (uint8_t)group;
@@ -386,7 +393,7 @@ static enum rtrs_auth_step srv_on_negotiate(struct rtrs_auth_txn *t,
 		ch.dhvlen = (uint16_t)rtrs_auth_dh_len(t->group);
 	}
 	if (rc)
-		return auth_fail(t, o, rc, RTRS_AUTH_FAILURE1, RTRS_AUTH_FAIL_FAILED, true);
+		return auth_fail(t, o, rc, 0, 0, true);
 	ch.tid = t->tid;
 	ch.hl = (uint8_t)t->hl;
 	ch.hash = t->hash;
@@ -423,8 +430,8 @@ static enum rtrs_auth_step srv_on_reply(struct rtrs_auth_txn *t, const struct rt
 		}
 	}
 	rc = auth_response(t, &t->hkey, true, t->host, cfg->name, r);
-	if (rc)
-		return auth_fail(t, o, rc, RTRS_AUTH_FAILURE1, RTRS_AUTH_FAIL_FAILED, true);
+	if (rc) /* the server's own failure: no FAILURE1 (see srv_on_negotiate) */
+		return auth_fail(t, o, rc, 0, 0, true);
 	same = rtrs_auth_equal(r, m->r, t->hl);
 	rtrs_auth_wipe(r, sizeof(r));
 	if (!same) {
@@ -446,7 +453,7 @@ static enum rtrs_auth_step srv_on_reply(struct rtrs_auth_txn *t, const struct rt
 		memcpy(t->c2, m->c, t->hl);
 		rc = auth_response(t, &t->ckey, false, t->host, cfg->name, r);
 		if (rc)
-			return auth_fail(t, o, rc, RTRS_AUTH_FAILURE1, RTRS_AUTH_FAIL_FAILED, true);
+			return auth_fail(t, o, rc, 0, 0, true);
 		s1.valid = true;
 		s1.r = r;
 	}

@@ -848,7 +848,7 @@ int rtrs_auth_keyfile_lookup(const char *path, const char *host, struct rtrs_aut
 	free(names.v);
 	free_secret(buf, len);
 	if (!rc && !found) {
-		rc = -ENOENT;
+		rc = -ESRCH;
 		if (why)
 			*why = "host not in the key file";
 	}

@@ -119,9 +119,9 @@ int rtrs_auth_key_load(const char *arg, struct rtrs_auth_key *out, const char **
 /*
  * Server key file: one host per line, "#" comments, blank lines ignored:
  *     <host name> <host secret> [<controller secret>]
- * Looks host up; -ENOENT when the file does not list it, -EINVAL (with
+ * Looks host up; -ESRCH when the file does not list it, -EINVAL (with
  * *line and *why set) for a malformed line, -errno when the file cannot
- * be read. ctrl->len is 0 when the line has no controller secret.
+ * be read (-ENOENT: it does not exist). ctrl->len is 0 when the line has no controller secret.
  */
 int rtrs_auth_keyfile_lookup(const char *path, const char *host, struct rtrs_auth_key *hkey,
 			     struct rtrs_auth_key *ckey, unsigned *line, const char **why);

@@ -1904,6 +1904,14 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	rc = rand_bytes(s->paths_uuid, sizeof(s->paths_uuid));
 	if (rc)
 		goto out_free;
+	if (getenv("RTRS_FAULT_PATHS_UUID")) {
+		/* Another session's paths may be claimed (the server must refuse it). */
+		const char *u = getenv("RTRS_FAULT_PATHS_UUID");
+
+		memset(s->paths_uuid, 0, sizeof(s->paths_uuid));
+		memcpy(s->paths_uuid, u, MIN(strlen(u), sizeof(s->paths_uuid)));
+		log_warn("%s: fault injection: session uuid from RTRS_FAULT_PATHS_UUID", s->name);
+	}
 	rc = sess_auth_setup(s, o);
 	if (rc)
 		goto out_free;

@@ -93,6 +93,7 @@ struct srv_path {
 	/* Authentication: cid 0's completion thread runs it; the loop reads the flags. */
 	struct rtrs_auth_txn auth;
 	atomic_bool auth_host_ok;   /* the host proved its identity: more connections may come */
+	char auth_host[RTRS_AUTH_WIRE_NAME]; /* who, once authenticated */
 	atomic_bool auth_done;      /* transaction complete: the info request may come */
 	char auth_tx[RTRS_AUTH_MSG_MAX];
 	struct fab_mr auth_tx_mr;
@@ -112,6 +113,7 @@ struct rtrs_srv_sess {
 	struct rtrs_srv_sess *next;
 	uint8_t paths_uuid[RTRS_UUID_LEN];
 	char name[RTRS_NAME_MAX + 1];
+	char auth_host[RTRS_AUTH_WIRE_NAME]; /* the host its first path authenticated as */
 	void *priv;
 	uint32_t queue_depth;
 	uint32_t chunk_size;
@@ -582,6 +584,7 @@ static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
 		log_info("%s: host %s authenticated (%s, %s%s)", p->name, p->auth.host,
 			 rtrs_auth_hash_name(p->auth.hash), rtrs_auth_dhgroup_name(p->auth.group),
 			 p->auth.bidir ? ", bidirectional" : "");
+		snprintf(p->auth_host, sizeof(p->auth_host), "%s", p->auth.host);
 		atomic_store(&p->auth_done, true);
 		rtrs_auth_txn_end(&p->auth);
 		break;
@@ -1149,6 +1152,17 @@ static void path_info_work(struct loop_work *w)
 		path_refuse(p, -EINVAL, true);
 		return;
 	}
+	/*
+	 * A session's paths all belong to one authenticated host: another
+	 * host, however good its own key, does not get this session's chunks
+	 * and keys by naming its uuid.
+	 */
+	if (ctx->auth_required && s->auth_host[0] && strcmp(s->auth_host, p->auth_host)) {
+		log_err("%s: host %s authenticated, but session %s belongs to host %s", p->name,
+			p->auth_host, s->name, s->auth_host);
+		path_refuse(p, -EACCES, true);
+		return;
+	}
 	if (!s->name[0]) {
 		if (name_taken(ctx, s, p->info.pathname)) {
 			log_err("%s: session name %s is already in use", p->name, p->info.pathname);
@@ -1157,6 +1171,8 @@ static void path_info_work(struct loop_work *w)
 		}
 		snprintf(s->name, sizeof(s->name), "%s", p->info.pathname);
 	}
+	if (ctx->auth_required && !s->auth_host[0])
+		snprintf(s->auth_host, sizeof(s->auth_host), "%s", p->auth_host);
 	snprintf(p->name, sizeof(p->name), "%s/%s", s->name, p->peer);
 	p->clt_imm = (struct rtrs_desc){ .addr = p->info.imm_addr, .key = p->info.imm_key };
 
@@ -1541,13 +1557,7 @@ static int srv_auth_setup(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_opts *
 	rc = rtrs_auth_keyfile_lookup(cfg->keys_file, "(validation)", &hk, &ck, &line, &why);
 	rtrs_auth_wipe(&hk, sizeof(hk));
 	rtrs_auth_wipe(&ck, sizeof(ck));
-	if (rc == -ENOENT && !line) {
-		if (access(cfg->keys_file, R_OK) == 0)
-			return 0;
-		log_err("server: authentication key file %s: %s", cfg->keys_file, strerror(ENOENT));
-		return -ENOENT;
-	}
-	if (rc && rc != -ENOENT) {
+	if (rc && rc != -ESRCH) {
 		if (line)
 			log_err("server: %s line %u: %s", cfg->keys_file, line, why ? why : "invalid");
 		else

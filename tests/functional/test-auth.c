@@ -605,6 +605,45 @@ static void test_no_secret_logged(void)
 	CHECK(log_len > 1000, "the log did capture the run (%zu bytes)", log_len);
 }
 
+/*
+ * Another host, with a good key of its own, claims a session: it names the
+ * session's uuid (a fault knob sets both clients' uuid) and its name. The
+ * server refuses that path; the owner's IO goes on.
+ */
+static void test_session_of_another_host(void)
+{
+	struct rtrs_clt_opts o, o2;
+	struct rtrs_path_addr pa, pa2;
+	struct rtrs_clt_sess *a = NULL, *b = NULL;
+	char dst[64], dst2[64];
+	int rc;
+
+	write_keys(KEY_A, NULL);
+	srv_start(true, 0);
+	clt_opts(&o, &pa, dst, sizeof(dst));
+	o.auth_secret = KEY_A;
+	setenv("RTRS_FAULT_PATHS_UUID", "claimed-session", 1);
+	rc = rtrs_clt_open(&o, &a);
+	CHECK(rc == 0, "the owner's session: %s", strerror(-rc));
+	clt_opts(&o2, &pa2, dst2, sizeof(dst2));
+	o2.auth_secret = KEY_C;
+	o2.auth_host_name = "nqn.2014-08.org.nvmexpress:uuid:other-host";
+	o2.max_reconnect_attempts = 0;
+	rc = rtrs_clt_open(&o2, &b);
+	unsetenv("RTRS_FAULT_PATHS_UUID");
+	CHECK(rc != 0, "another host joins the session: %s", rc ? strerror(-rc) : "accepted");
+	if (!rc)
+		rtrs_clt_close(b);
+	CHECK(log_has("authenticated, but session auth-test belongs to host"),
+	      "the server says whose session it is");
+	if (a) {
+		CHECK(io_verified(a, 0, 7), "the owner's IO goes on");
+		CHECK_EQ(srv_stats().sessions, 1u);
+		rtrs_clt_close(a);
+	}
+	srv_stop();
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/rtrs-test-auth.XXXXXX";
@@ -625,6 +664,7 @@ int main(void)
 	test_rotated_key();
 	test_stale_key();
 	test_refused_by_user();
+	test_session_of_another_host();
 	test_no_secret_logged();
 	rtrs_set_log_fn(NULL, NULL);
 	unlink(keys_path);

@@ -715,9 +715,9 @@ static void test_keyfile(void)
 	CHECK_EQ(ck.len, 0);
 	CHECK_WHY(0, rtrs_auth_keyfile_lookup(path, "nqn.host-3", &hk, NULL, &line, WHY));
 	CHECK(hk.len == 32 && hex_eq(hk.key, 32, doc_key_hex));
-	CHECK_WHY(-ENOENT, rtrs_auth_keyfile_lookup(path, "nqn.host-4", &hk, &ck, &line, WHY));
+	CHECK_WHY(-ESRCH, rtrs_auth_keyfile_lookup(path, "nqn.host-4", &hk, &ck, &line, WHY));
 	CHECK(hk.len == 0 && ck.len == 0 && line == 0);
-	CHECK_WHY(-ENOENT, rtrs_auth_keyfile_lookup(path, "nqn.host", &hk, &ck, &line, WHY));
+	CHECK_WHY(-ESRCH, rtrs_auth_keyfile_lookup(path, "nqn.host", &hk, &ck, &line, WHY));
 	CHECK_WHY(-EINVAL, rtrs_auth_keyfile_lookup(path, "", &hk, &ck, &line, WHY));
 	CHECK(log_len == 0, "unexpected log: %s", log_text());
 
