@@ -7,9 +7,9 @@
  */
 #include <errno.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include "keyperm.h"
+#include "util.h"
 
 static inline uint32_t ror32(uint32_t v, unsigned r) { return v >> r | v << (32 - r); }
 static inline uint32_t rol32(uint32_t v, unsigned r) { return v << r | v >> (32 - r); }
@@ -51,10 +51,10 @@ void keyperm_init_secret(struct keyperm *kp, const uint8_t secret[KEYPERM_SECRET
 int keyperm_init(struct keyperm *kp)
 {
 	uint8_t secret[KEYPERM_SECRET_LEN];
-	ssize_t n = getrandom(secret, sizeof(secret), 0);
+	int rc = rand_bytes(secret, sizeof(secret));
 
-	if (n != (ssize_t)sizeof(secret))
-		return n < 0 ? -errno : -EIO;
+	if (rc)
+		return rc;
 	keyperm_init_secret(kp, secret);
 	explicit_bzero(secret, sizeof(secret));
 	return 0;

@@ -46,6 +46,17 @@ static inline struct le64 le64_put(uint64_t v) { return (struct le64){ htole64(v
 #define add_overflow(a, b, r) __builtin_add_overflow((a), (b), (r))
 #define mul_overflow(a, b, r) __builtin_mul_overflow((a), (b), (r))
 
+/*
+ * In a decoder or parser with a `const char **why` parameter: says why (if
+ * asked) and returns err.
+ */
+#define REJECT(err, reason)          \
+	do {                         \
+		if (why)             \
+			*why = (reason); \
+		return (err);        \
+	} while (0)
+
 static inline bool is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
 
 /* Number of bits needed to represent values 0..v (at least 1). */

@@ -11,13 +11,6 @@
 #include "rnbd-path.h"
 #include "rnbd-proto.h"
 
-#define REJECT(err, reason)          \
-	do {                         \
-		if (why)             \
-			*why = (reason); \
-		return (err);        \
-	} while (0)
-
 int rnbd_search_root(const char *search, const char *sessname, char *out, size_t len,
 		     const char **why)
 {

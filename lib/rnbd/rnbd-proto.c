@@ -8,13 +8,6 @@
 
 #include "rnbd-proto.h"
 
-#define REJECT(err, reason)          \
-	do {                         \
-		if (why)             \
-			*why = (reason); \
-		return (err);        \
-	} while (0)
-
 unsigned rnbd_version_negotiate(unsigned peer)
 {
 	return peer ? MIN(peer, (unsigned)RNBD_PROTO_VER_MAJOR) : 0;

@@ -32,13 +32,6 @@
 #include "rtrs-auth.h"
 #include "rtrs-proto.h"
 
-#define REJECT(err, reason)              \
-	do {                             \
-		if (why)                 \
-			*why = (reason); \
-		return (err);            \
-	} while (0)
-
 /* NVMe's suffix of the key transform: 17 ASCII bytes, no NUL. */
 static const char nvme_suffix[] = "NVMe-over-Fabrics";
 
@@ -587,7 +580,7 @@ static int read_secret_file(const char *path, char **out, size_t *out_len, const
 			log_warn_rl("auth: key file %s is readable by group or others "
 				    "(it holds secrets: chmod 600)", path);
 		if (S_ISREG(st.st_mode) && st.st_size > 0 && (uint64_t)st.st_size < AUTH_FILE_MAX)
-			cap = (size_t)st.st_size + 1;
+			cap = (size_t)st.st_size + 2; /* its bytes, room to see EOF, the NUL */
 	}
 	buf = malloc(cap);
 	if (!buf) {

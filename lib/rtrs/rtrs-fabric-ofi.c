@@ -247,7 +247,6 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 		hints->rx_attr->size = sized ? queue : 0;
 		hints->domain_attr->cq_data_size = imm ? 4 : 0;
 		hints->mode = imm ? FI_RX_CQ_DATA : 0;
-		hints->tx_attr->msg_order = FI_ORDER_WAW | FI_ORDER_RMA_WAW | FI_ORDER_SAW;
 		rc = fi_getinfo(FAB_API_VERSION, node, service, server ? FI_SOURCE : 0, hints,
 				&f->info);
 		if (rc != -FI_ENODATA)

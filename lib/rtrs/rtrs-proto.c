@@ -8,13 +8,6 @@
 
 #include "rtrs-proto.h"
 
-#define REJECT(err, reason)          \
-	do {                         \
-		if (why)             \
-			*why = (reason); \
-		return (err);        \
-	} while (0)
-
 bool rtrs_name_valid(const char *name)
 {
 	size_t n = strnlen(name, RTRS_NAME_MAX + 1);

@@ -1092,9 +1092,7 @@ static int path_info_rsp(struct srv_path *p)
 	struct rtrs_desc d, *descs;
 	int rc;
 
-	if (!s->inval) {
-		if (s->chunk_bytes > UINT32_MAX)
-			return -EOVERFLOW;
+	if (!s->inval) { /* one region: srv_opts_validate keeps it under 4 GiB */
 		d = (struct rtrs_desc){ .addr = s->chunk_mr.base, .key = s->chunk_mr.key,
 					.len = (uint32_t)s->chunk_bytes };
 		p->info_rsp_len = rtrs_info_rsp_size(1, 0);
