@@ -262,7 +262,8 @@ int rtrs_info_rsp_decode(const void *buf, size_t len, const struct rtrs_limits *
 		REJECT(-EMSGSIZE, "info response shorter than its descriptors and keys");
 	per_desc = lim->queue_depth / sg_cnt;
 	for (unsigned i = 0; i < sg_cnt; i++) {
-		struct rtrs_desc d = desc_get((const struct rtrs_sg_desc *)(descs + i * 16));
+		struct rtrs_desc d =
+			desc_get((const struct rtrs_sg_desc *)(descs + i * sizeof(struct rtrs_sg_desc)));
 		uint64_t want = (uint64_t)per_desc * lim->chunk_size;
 
 		if (d.len != want)
@@ -277,7 +278,8 @@ int rtrs_info_rsp_decode(const void *buf, size_t len, const struct rtrs_limits *
 		}
 	}
 	for (unsigned i = 0; i < nr_keys; i++) {
-		const char *rec = descs + (size_t)sg_cnt * 16 + (size_t)i * RTRS_RKEY_SLOT;
+		const char *rec = descs + (size_t)sg_cnt * sizeof(struct rtrs_sg_desc) +
+				  (size_t)i * RTRS_RKEY_SLOT;
 
 		if (rtrs_new_rkey_decode(rec, i, &gens[i], &chunks[i].key, why))
 			return -EPROTO;

@@ -504,7 +504,8 @@ size_t rtrs_info_rsp_size(unsigned sg_cnt, unsigned nr_keys);
 void rtrs_info_rsp_encode(void *buf, const struct rtrs_desc *descs, unsigned sg_cnt);
 static inline struct rtrs_msg_new_rkey *rtrs_info_rsp_keys(void *buf, unsigned sg_cnt)
 {
-	return (struct rtrs_msg_new_rkey *)((char *)buf + 8 + (size_t)sg_cnt * 16);
+	return (struct rtrs_msg_new_rkey *)((char *)buf + sizeof(struct rtrs_msg_info_rsp) +
+					     (size_t)sg_cnt * sizeof(struct rtrs_sg_desc));
 }
 /* A refusal after the connections were accepted: errno, no descriptors. */
 void rtrs_info_rsp_encode_verdict(void *buf, int err, bool dnr);
