@@ -938,10 +938,10 @@ static void test_python(void)
 
 int main(void)
 {
-	if (!have_program("nvme"))
-		SKIP("nvme (nvme-cli) not found: it is the reference for DHHC-1 strings");
-	if (!have_program("python3"))
-		SKIP("python3 not found: it is the reference for the responses");
+	/* The cross-checks need their references; the rest runs without them. */
+	bool nvme = have_program("nvme"), python = have_program("python3");
+	int rc;
+
 	log_set_sink(log_sink, NULL);
 	snprintf(tmpdir, sizeof(tmpdir), "%s/rtrs-auth-XXXXXX",
 		 getenv("TMPDIR") && strlen(getenv("TMPDIR")) < 40 ? getenv("TMPDIR") : "/tmp");
@@ -961,12 +961,22 @@ int main(void)
 	test_helpers();
 	test_key_load();
 	test_keyfile();
-	test_nvme_cli();
-	test_python();
+	if (nvme)
+		test_nvme_cli();
+	if (python)
+		test_python();
 
 	/* Nothing the module logged may hold a secret. */
 	CHECK(!strstr(log_text(), "DHHC-1"), "a secret reached the log: %s", log_text());
 	if (rmdir(tmpdir))
 		perror(tmpdir);
-	return test_done("auth");
+	rc = test_done("auth");
+	if (!rc && (!nvme || !python)) {
+		/* Passed, but not all of it ran: a skip (CI counts it as a failure). */
+		fprintf(stderr, "SKIP: cross-checks not run:%s%s\n",
+			nvme ? "" : " nvme (nvme-cli), the reference for DHHC-1 strings, not found;",
+			python ? "" : " python3, the reference for the responses, not found");
+		return 77;
+	}
+	return rc;
 }
