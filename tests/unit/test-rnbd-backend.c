@@ -196,6 +196,8 @@ static void check_file(const char *what, const char *path, const uint8_t *model)
 	free(got);
 }
 
+static bool direct_untested; /* an O_DIRECT case could not run */
+
 static void test_file(enum rnbd_engine_kind kind, bool direct)
 {
 	char path[] = "/var/tmp/rnbd-backend-test.XXXXXX", what[64];
@@ -218,6 +220,7 @@ static void test_file(enum rnbd_engine_kind kind, bool direct)
 	fd = open(path, O_RDWR | (direct ? O_DIRECT : 0));
 	if (fd < 0 && direct) {
 		printf("# %s: O_DIRECT not supported here (%s), not tested\n", what, strerror(errno));
+		direct_untested = true;
 		rnbd_engine_close(e);
 		goto out;
 	}
@@ -290,15 +293,23 @@ static int test_blockdev(void)
 			enum rnbd_engine_kind kind = k ? RNBD_ENGINE_THREADS : RNBD_ENGINE_URING;
 			char what[96];
 
-			CHECK_EQ(rnbd_engine_open(kind, 4, 64, &e), 0);
+			int rc = rnbd_engine_open(kind, 4, 64, &e);
+
+			CHECK(rc == 0, "engine: %s", strerror(-rc));
+			if (rc)
+				continue;
+			/* A failed step skips the rest, so the loop device is always detached. */
 			fd = open(dev, O_RDWR);
 			CHECK(fd >= 0, "%s: %s", dev, strerror(errno));
-			CHECK_EQ(rnbd_store_fd(e, fd, false, &s), 0);
-			CHECK(rnbd_store_info(s)->block_device);
-			CHECK_EQ(rnbd_store_info(s)->logical_block_size, 512);
-			snprintf(what, sizeof(what), "%s on %s", rnbd_engine_name(e), dev);
-			exercise(what, s, model, false);
-			rnbd_store_close(s);
+			rc = fd < 0 ? -EIO : rnbd_store_fd(e, fd, false, &s);
+			CHECK_EQ(rc, 0);
+			if (!rc) {
+				CHECK(rnbd_store_info(s)->block_device);
+				CHECK_EQ(rnbd_store_info(s)->logical_block_size, 512);
+				snprintf(what, sizeof(what), "%s on %s", rnbd_engine_name(e), dev);
+				exercise(what, s, model, false);
+				rnbd_store_close(s);
+			}
 			rnbd_engine_close(e);
 		}
 		snprintf(cmd, sizeof(cmd), "losetup -d '%s'", dev);
@@ -312,6 +323,8 @@ static int test_blockdev(void)
 
 int main(int argc, char **argv)
 {
+	int rc;
+
 	if (argc > 1 && !strcmp(argv[1], "--blockdev"))
 		return test_blockdev();
 	test_file(RNBD_ENGINE_URING, false);
@@ -320,5 +333,10 @@ int main(int argc, char **argv)
 	test_file(RNBD_ENGINE_THREADS, true);
 	test_memory();
 	test_not_a_store();
-	return test_done("rnbd-backend");
+	rc = test_done("rnbd-backend");
+	if (!rc && direct_untested) {
+		fprintf(stderr, "SKIP: O_DIRECT is not supported where the test files are\n");
+		return 77; /* passed, but not all of it ran (CI counts a skip as a failure) */
+	}
+	return rc;
 }
