@@ -646,12 +646,11 @@ static void test_session_of_another_host(void)
 
 int main(void)
 {
-	char dir[] = "/tmp/rtrs-test-auth.XXXXXX";
+	/* Holds secrets: gone with the process, however it ends. */
+	const char *dir = test_tmpdir("/tmp", "rtrs-test-auth");
 
-	if (!mkdtemp(dir)) {
-		perror("mkdtemp");
+	if (!dir)
 		return 1;
-	}
 	snprintf(keys_path, sizeof(keys_path), "%s/hosts", dir);
 	/* TA_STDERR=1: logs to stderr instead, when debugging (the secret check then fails). */
 	if (!getenv("TA_STDERR"))
@@ -667,8 +666,6 @@ int main(void)
 	test_session_of_another_host();
 	test_no_secret_logged();
 	rtrs_set_log_fn(NULL, NULL);
-	unlink(keys_path);
-	rmdir(dir);
 	if (g_failures)
 		fprintf(stderr, "captured log (tail):\n%s\n",
 			log_len > 6000 ? log_text() + log_len - 6000 : log_text());

@@ -24,7 +24,7 @@
 
 #define DISK_SIZE (4u << 20)
 
-static char top[] = "/var/tmp/rnbd-srv-test.XXXXXX";
+static const char *top; /* test_tmpdir */
 static int port;
 
 static struct rtrs_clt_sess *sess_open(const char *name)
@@ -266,14 +266,9 @@ out:
 
 int main(void)
 {
-	char cmd[600];
-
-	if (!mkdtemp(top)) {
-		perror("mkdtemp");
+	top = test_tmpdir(NULL, "rnbd-srv-test");
+	if (!top)
 		return 1;
-	}
 	test_all();
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", top);
-	CHECK_EQ(system(cmd), 0);
 	return test_done("test-rnbd-srv");
 }

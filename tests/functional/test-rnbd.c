@@ -27,7 +27,7 @@
 #define DISK_SIZE (16u << 20)
 #define BIG (1u << 20)           /* larger than one request: split */
 
-static char top[] = "/var/tmp/rnbd-test.XXXXXX";
+static const char *top; /* test_tmpdir */
 static char disk[600];
 static struct rnbd_srv *srv;
 static int port;
@@ -439,14 +439,9 @@ static void test_all(void)
 
 int main(void)
 {
-	char cmd[700];
-
-	if (!mkdtemp(top)) {
-		perror("mkdtemp");
+	top = test_tmpdir(NULL, "rnbd-test");
+	if (!top)
 		return 1;
-	}
 	test_all();
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", top);
-	CHECK_EQ(system(cmd), 0);
 	return test_done("test-rnbd");
 }

@@ -6,9 +6,12 @@
 #ifndef RTRS_TEST_CHECK_H
 #define RTRS_TEST_CHECK_H
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int g_checks, g_failures;
 
@@ -37,6 +40,46 @@ static int g_checks, g_failures;
 		fputc('\n', stderr);                  \
 		exit(77);                             \
 	} while (0)
+
+/*
+ * A new directory in base (TMPDIR or /var/tmp when NULL), named prefix
+ * plus a random suffix, removed with everything in it when the test
+ * process ends however it ends (a failed check, an abort, a signal, a
+ * timeout's kill): a watcher in its own session waits for the end of a
+ * pipe only this process holds, then runs rm -rf. The path, or NULL.
+ */
+static inline const char *test_tmpdir(const char *base, const char *prefix)
+{
+	static char dir[128]; /* room for file names after it in callers' 256 */
+	int fds[2];
+	pid_t pid;
+
+	if (!base)
+		base = getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
+	snprintf(dir, sizeof(dir), "%s/%s.XXXXXX", base, prefix);
+	if (!mkdtemp(dir)) {
+		perror("mkdtemp");
+		return NULL;
+	}
+	if (pipe2(fds, O_CLOEXEC))
+		return dir;
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		char c;
+
+		/* Nothing of the test's but the pipe (a socket kept open would keep a port). */
+		dup2(fds[0], STDIN_FILENO);
+		close_range(3, ~0u, 0);
+		setsid(); /* outlives a kill of the test's process group */
+		while (read(STDIN_FILENO, &c, 1) < 0 && errno == EINTR)
+			;
+		execlp("rm", "rm", "-rf", "--", dir, (char *)NULL);
+		_exit(127);
+	}
+	close(fds[0]); /* the write end stays open until this process is gone */
+	return dir;
+}
 
 static inline int test_done(const char *name)
 {

@@ -96,7 +96,8 @@ static const char *step_name(enum rtrs_auth_step s)
 static char secrets[MAX_SECRETS][RTRS_AUTH_KEY_STR_MAX];
 static unsigned n_secrets;
 
-static char tmpdir[64], keys_path[128];
+static const char *tmpdir; /* test_tmpdir */
+static char keys_path[256];
 static char other_secret[RTRS_AUTH_KEY_STR_MAX];
 
 static void die(const char *what)
@@ -1386,12 +1387,9 @@ int main(void)
 
 	log_set_sink(log_sink, NULL);
 	g_log_level = LOG_DBG;
-	snprintf(tmpdir, sizeof(tmpdir), "%s/rtrs-auth-sm-XXXXXX",
-		 tmp && *tmp && strlen(tmp) < 40 ? tmp : "/tmp");
-	if (!mkdtemp(tmpdir)) {
-		perror("mkdtemp");
+	tmpdir = test_tmpdir(tmp && *tmp && strlen(tmp) < 40 ? tmp : "/tmp", "rtrs-auth-sm");
+	if (!tmpdir)
 		return 1;
-	}
 	snprintf(keys_path, sizeof(keys_path), "%s/hosts", tmpdir);
 	new_key(1, 32, &other, other_secret);
 	new_key(2, 48, &rb_hk, NULL);
@@ -1411,9 +1409,6 @@ int main(void)
 	test_txn_end();
 	test_log_clean();
 
-	unlink(keys_path);
-	if (rmdir(tmpdir))
-		perror(tmpdir);
 	log_set_sink(NULL, NULL);
 	log_free();
 	return test_done("auth-sm");

@@ -614,7 +614,7 @@ static void test_helpers(void)
 
 /* ---- key files -------------------------------------------------------------------- */
 
-static char tmpdir[64];
+static const char *tmpdir; /* test_tmpdir */
 
 static void write_file(const char *path, mode_t mode, const char *text)
 {
@@ -943,12 +943,11 @@ int main(void)
 	int rc;
 
 	log_set_sink(log_sink, NULL);
-	snprintf(tmpdir, sizeof(tmpdir), "%s/rtrs-auth-XXXXXX",
-		 getenv("TMPDIR") && strlen(getenv("TMPDIR")) < 40 ? getenv("TMPDIR") : "/tmp");
-	if (!mkdtemp(tmpdir)) {
-		perror("mkdtemp");
+	tmpdir = test_tmpdir(getenv("TMPDIR") && strlen(getenv("TMPDIR")) < 40 ? getenv("TMPDIR")
+									     : "/tmp",
+			     "rtrs-auth");
+	if (!tmpdir)
 		return 1;
-	}
 
 	test_names();
 	test_crc();
@@ -968,8 +967,6 @@ int main(void)
 
 	/* Nothing the module logged may hold a secret. */
 	CHECK(!strstr(log_text(), "DHHC-1"), "a secret reached the log: %s", log_text());
-	if (rmdir(tmpdir))
-		perror(tmpdir);
 	rc = test_done("auth");
 	if (!rc && (!nvme || !python)) {
 		/* Passed, but not all of it ran: a skip (CI counts it as a failure). */

@@ -24,8 +24,10 @@ fi
 need_siw=false
 for d in "${devices[@]}"; do [ "$d" = siw ] && need_siw=true; done
 if $need_siw; then img_opt=--siw; else img_opt=; fi
-if ! "$vm" image $img_opt >/tmp/rtrs-vm-image.log 2>&1; then
-	cat /tmp/rtrs-vm-image.log
+logs=$(mktemp -d /tmp/rtrs-verbs-suite.XXXXXX)
+trap 'rm -rf "$logs"' EXIT
+if ! "$vm" image $img_opt >"$logs/image.log" 2>&1; then
+	cat "$logs/image.log"
 	echo "verbs-suite: cannot build the guest image"
 	echo "0 passed, 1 failed"
 	exit 1
@@ -76,9 +78,9 @@ for dev in "${devices[@]}"; do
 	"$vm" pair --rdma "$dev" --timeout 600 --share "$build" \
 		--a "$env_common; exec timeout 500 ./tests/functional/rtrs-test-server --provider verbs --addr 198.18.0.1 --port 4790 --queue-depth 512 --store-size 128M --exit-after 1" \
 		--b "$env_common RTRS_TEST_ADDR=198.18.0.2 RTRS_TEST_SERVER_AT=198.18.0.1:4790
-		     exec timeout 400 ./tests/functional/test-io" >/tmp/rtrs-vm-pair.log 2>&1
+		     exec timeout 400 ./tests/functional/test-io" >"$logs/pair.log" 2>&1
 	rc=$?
-	[ $rc -eq 0 ] || tail -n 40 /tmp/rtrs-vm-pair.log
+	[ $rc -eq 0 ] || tail -n 40 "$logs/pair.log"
 	result "verbs/$dev two guests: test-io" "$rc"
 done
 echo "$passed passed, $failed failed"
