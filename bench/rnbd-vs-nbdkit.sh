@@ -12,7 +12,7 @@
 # With --record the section is appended to bench/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=${RUNS:-3}
+RUNS=${RUNS:-5}
 DURATION=${DURATION:-8}
 record=false
 [ "${1:-}" = --record ] && record=true
@@ -35,6 +35,10 @@ nbdkit -f --threads 64 -i 127.0.0.1 -p "$base" memory "$size" >"$tmp/nbdkit-mem.
 pids+=($!)
 nbdkit -f --threads 64 -i 127.0.0.1 -p $((base + 1)) file "$tmp/disk.img" \
 	>"$tmp/nbdkit-file.log" 2>&1 &
+pids+=($!)
+# The NBD hop on its own: fio to nbdkit's null plugin over a unix socket,
+# no data kept. No NBD front end on this machine can beat it.
+nbdkit -f --threads 64 -U "$tmp/null.sock" null "$size" >"$tmp/nbdkit-null.log" 2>&1 &
 pids+=($!)
 sleep 2
 
@@ -61,6 +65,7 @@ declare -A uri=(
 	[nbdkit-mem]="nbd://127.0.0.1:$base/"
 	[rnbd-file]="nbd+unix:///disk.img?socket=$tmp/rnbd.sock"
 	[nbdkit-file]="nbd://127.0.0.1:$((base + 1))/"
+	[null]="nbd+unix:///?socket=$tmp/null.sock"
 )
 declare -A res
 for set in "mem mem0" "file disk.img"; do
@@ -69,14 +74,21 @@ for set in "mem mem0" "file disk.img"; do
 		native "$2" >>"$tmp/native-$1"
 		iops "${uri[rnbd-$1]}" >>"$tmp/rnbd-$1"
 		iops "${uri[nbdkit-$1]}" >>"$tmp/nbdkit-$1"
+		iops "${uri[null]}" >>"$tmp/null"
 	done
 	for k in native-$1 rnbd-$1 nbdkit-$1; do
 		res[$k]=$(median <"$tmp/$k")
 	done
 done
+res[null]=$(median <"$tmp/null")
 
 ratio() { python3 -c "print(f'{$1 / $2:.2f}x')"; }
 n() { printf %.0f "$1"; }
+# Two hops on the same two vCPUs: their costs per IO add up.
+chain() { python3 -c "print(1 / (1 / $1 + 1 / $2))"; }
+for set in mem file; do
+	res[ceiling-$set]=$(chain "${res[null]}" "${res[native-$set]}")
+done
 report=$(cat <<MD
 
 ### $(date -u +%Y-%m-%d) RNBD (native and through nbdkit) vs nbdkit's own plugins, loopback
@@ -89,6 +101,12 @@ every NBD export, nbdkit --threads 64; native: \`rnbd-client perf --rw randrw --
 |---|---|---|---|---|---|---|
 | memory | $(n "${res[native-mem]}") IOPS | $(n "${res[rnbd-mem]}") IOPS | $(n "${res[nbdkit-mem]}") IOPS (memory) | $(ratio "${res[native-mem]}" "${res[nbdkit-mem]}") | $(ratio "${res[rnbd-mem]}" "${res[nbdkit-mem]}") | >= 1.5x |
 | file | $(n "${res[native-file]}") IOPS | $(n "${res[rnbd-file]}") IOPS | $(n "${res[nbdkit-file]}") IOPS (file) | $(ratio "${res[native-file]}" "${res[nbdkit-file]}") | $(ratio "${res[rnbd-file]}" "${res[nbdkit-file]}") | >= 0.8x |
+
+Ceiling of any NBD front end here: fio to nbdkit's null plugin over a unix
+socket (the NBD hop with no work behind it) gives $(n "${res[null]}") IOPS. With the RTRS
+hop on the same two vCPUs, a front end that cost nothing at all would reach
+1 / (1/null + 1/native): $(n "${res[ceiling-mem]}") IOPS for memory ($(ratio "${res[ceiling-mem]}" "${res[nbdkit-mem]}") of nbdkit's memory plugin),
+$(n "${res[ceiling-file]}") IOPS for the file ($(ratio "${res[ceiling-file]}" "${res[nbdkit-file]}") of nbdkit's file plugin).
 MD
 )
 echo "$report"

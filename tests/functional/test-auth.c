@@ -179,33 +179,6 @@ static bool io_verified(struct rtrs_clt_sess *sess, uint32_t off, uint8_t seed)
 	return !memcmp(in, out, LEN);
 }
 
-static bool wait_path_idx(struct rtrs_clt_sess *sess, unsigned idx, const char *state,
-			  unsigned ms)
-{
-	struct rtrs_path_stats st = { .size = sizeof(st) };
-	uint64_t end = test_now_ms() + ms;
-
-	do {
-		if (rtrs_clt_path_stats(sess, idx, &st) == 0 && !strcmp(st.state, state))
-			return true;
-		usleep(5000);
-	} while (test_now_ms() < end);
-	return false;
-}
-
-static bool wait_path(struct rtrs_clt_sess *sess, const char *state, unsigned ms)
-{
-	struct rtrs_path_stats st = { .size = sizeof(st) };
-	uint64_t end = test_now_ms() + ms;
-
-	do {
-		if (rtrs_clt_path_stats(sess, 0, &st) == 0 && !strcmp(st.state, state))
-			return true;
-		usleep(5000);
-	} while (test_now_ms() < end);
-	return false;
-}
-
 /* ---- cases ------------------------------------------------------------------- */
 
 static void test_right_key(void)
@@ -334,7 +307,7 @@ static void test_no_key(void)
 	CHECK(io_verified(sess, 0, 3), "IO without authentication");
 	srv_stop();
 	srv_start(true, port);
-	CHECK(wait_path(sess, "closed", 5000), "path closed after -ENOKEY");
+	CHECK(test_wait_path(sess, 0, "closed", 5000), "path closed after -ENOKEY");
 	usleep(500 * 1000); /* five reconnect delays: no retry may come */
 	st = srv_stats();
 	CHECK_EQ(st.connreqs, 1u);
@@ -402,7 +375,7 @@ static void test_rotated_key(void)
 	/* The link goes: the server restarts, keeping the new key. */
 	srv_stop();
 	srv_start(true, port);
-	CHECK(wait_path(sess, "closed", 5000), "path closed after the key was rejected");
+	CHECK(test_wait_path(sess, 0, "closed", 5000), "path closed after the key was rejected");
 	usleep(500 * 1000);
 	CHECK_EQ(srv_stats().connreqs, 1u); /* one attempt, then it stopped */
 	CHECK_EQ(srv_stats().auth_failed, 1u);
@@ -476,7 +449,7 @@ static void test_stale_key(void)
 	CHECK_EQ(atomic_load(&stale_writes), 1);
 	rc = do_io(a, RTRS_WRITE, LEN, y);        /* the same chunk, its revoked key */
 	CHECK(rc == -ECONNABORTED, "stale-key write: %s", strerror(-rc));
-	CHECK(wait_path_idx(a, 0, "closed", 1500) || wait_path_idx(a, 1, "closed", 1500),
+	CHECK(test_wait_path(a, 0, "closed", 1500) || test_wait_path(a, 1, "closed", 1500),
 	      "the stale write's path closed");
 	usleep(200 * 1000);
 	CHECK_EQ(atomic_load(&stale_writes), 1);  /* nothing more reached the server's user */
@@ -548,7 +521,7 @@ static void test_refused_by_user(void)
 	srv_stop();
 	atomic_store(&refuse_err, -EACCES);
 	srv_start(false, port);
-	CHECK(wait_path(sess, "closed", 5000), "the path closed on the verdict");
+	CHECK(test_wait_path(sess, 0, "closed", 5000), "the path closed on the verdict");
 	n = srv_stats().connreqs;
 	CHECK(n >= 1 && n <= 2, "one attempt (its %llu connections)", (unsigned long long)n);
 	usleep(500 * 1000); /* reconnect delay 100 ms: a retry would show by now */
@@ -582,7 +555,7 @@ static void test_refused_by_user(void)
 	CHECK_EQ(ps.last_error, -EBUSY);
 	CHECK(!strcmp(ps.reconnect_verdict, "retry"), "verdict: %s", ps.reconnect_verdict);
 	atomic_store(&refuse_err, 0);
-	CHECK(wait_path(sess, "connected", 5000), "back once the user accepts");
+	CHECK(test_wait_path(sess, 0, "connected", 5000), "back once the user accepts");
 	CHECK(io_verified(sess, LEN, 8), "IO after the refusal ended");
 	rtrs_clt_close(sess);
 	srv_stop();

@@ -68,16 +68,6 @@ static const char *state(void)
 	return st.state;
 }
 
-/* Waits up to ms for the path to be in state want. */
-static bool wait_state(const char *want, unsigned ms)
-{
-	uint64_t end = test_now_ms() + ms;
-
-	while (strcmp(state(), want) && test_now_ms() < end)
-		usleep(10000);
-	return !strcmp(state(), want);
-}
-
 struct waiter {
 	pthread_t thr;
 	int rc;
@@ -142,7 +132,7 @@ int main(void)
 
 	/* 1. Server killed, then restarted on the same port. */
 	proc_signal(&srv, SIGKILL, true);
-	CHECK(wait_state("reconnecting", 3000), "path state %s after the kill", state());
+	CHECK(test_wait_path(sess, 0, "reconnecting", 3000), "path state %s after the kill", state());
 	CHECK_EQ(atomic_load(&ev_down), 1);
 	/* No path up, one on its way: a request waits for it. */
 	struct waiter w = { .rc = 1 };
@@ -151,7 +141,7 @@ int main(void)
 	usleep(700 * 1000); /* a few attempts fail while nothing listens */
 	CHECK_EQ(w.rc, 1);
 	CHECK_EQ(start_server(port, &srv), 0);
-	CHECK(wait_state("connected", 10000), "path state %s after the restart", state());
+	CHECK(test_wait_path(sess, 0, "connected", 10000), "path state %s after the restart", state());
 	pthread_join(w.thr, NULL);
 	CHECK(w.rc == 0, "the waiting write completed: %s", strerror(-w.rc));
 	CHECK(w.ms >= 600, "it waited %llu ms for the path", (unsigned long long)w.ms);
@@ -173,7 +163,7 @@ int main(void)
 	usleep(600 * 1000);
 	CHECK(!strcmp(state(), "closed"), "no automatic reconnect after disconnect: %s", state());
 	CHECK_EQ(rtrs_clt_reconnect_path(sess, 0), 0);
-	CHECK(wait_state("connected", 5000), "state %s after a manual reconnect", state());
+	CHECK(test_wait_path(sess, 0, "connected", 5000), "state %s after a manual reconnect", state());
 	CHECK(verified_io(0x33), "verified IO after the manual reconnect");
 	rtrs_clt_close(sess);
 	sess = NULL;
@@ -193,13 +183,13 @@ int main(void)
 	port = srv.port;
 	/* While it still reconnects, a request waits out fast_io_fail_ms. */
 	proc_signal(&srv, SIGKILL, true);
-	CHECK(wait_state("reconnecting", 3000), "state %s after the kill", state());
+	CHECK(test_wait_path(sess, 0, "reconnecting", 3000), "state %s after the kill", state());
 	uint64_t t0 = test_now_ms();
 
 	CHECK_EQ(io(RTRS_WRITE, 0, b, sizeof(b)), -ETIMEDOUT);
 	CHECK(test_now_ms() - t0 >= 250 && test_now_ms() - t0 < 3000,
 	      "failed after %llu ms (bound 300)", (unsigned long long)(test_now_ms() - t0));
-	CHECK(wait_state("closed", 5000), "state %s after two failed attempts", state());
+	CHECK(test_wait_path(sess, 0, "closed", 5000), "state %s after two failed attempts", state());
 	/* Every path closed for good: no waiting. */
 	t0 = test_now_ms();
 	CHECK_EQ(io(RTRS_WRITE, 0, b, sizeof(b)), -ECONNABORTED);
@@ -212,7 +202,7 @@ int main(void)
 	CHECK_EQ(st.reconnect_failures, 2);
 	CHECK_EQ(start_server(port, &srv), 0);
 	CHECK_EQ(rtrs_clt_reconnect_path(sess, 0), 0);
-	CHECK(wait_state("connected", 5000), "state %s after a manual reconnect", state());
+	CHECK(test_wait_path(sess, 0, "connected", 5000), "state %s after a manual reconnect", state());
 	CHECK(verified_io(0x44), "verified IO after the manual reconnect");
 	CHECK_EQ(rtrs_clt_reconnect_path(sess, 7), -ENOENT);
 	CHECK_EQ(rtrs_clt_disconnect_path(sess, 7), -ENOENT);
@@ -227,7 +217,7 @@ int main(void)
 	proc_signal(&srv, SIGKILL, true);
 	uint64_t t_kill = test_now_ms();
 
-	CHECK(wait_state("closed", 5000), "state %s after the loss timeout", state());
+	CHECK(test_wait_path(sess, 0, "closed", 5000), "state %s after the loss timeout", state());
 	CHECK(test_now_ms() - t_kill >= 600, "closed after %llu ms (loss timeout 700)",
 	      (unsigned long long)(test_now_ms() - t_kill));
 	rtrs_clt_path_stats(sess, 0, &st);

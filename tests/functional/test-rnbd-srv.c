@@ -101,25 +101,6 @@ static int io(struct rtrs_clt_sess *s, uint32_t id, enum rnbd_io_op op, uint32_t
 		   data ? buf : NULL, data ? len : 0);
 }
 
-static void fill(uint8_t *p, size_t n, unsigned seed)
-{
-	for (size_t i = 0; i < n; i++)
-		p[i] = (uint8_t)(i * 31 + seed * 7 + (i >> 9));
-}
-
-static bool file_has(const char *path, uint64_t off, const void *want, size_t len)
-{
-	uint8_t *got = malloc(len);
-	int fd = open(path, O_RDONLY);
-	bool ok = fd >= 0 && pread(fd, got, len, (off_t)off) == (ssize_t)len &&
-		  !memcmp(got, want, len);
-
-	if (fd >= 0)
-		close(fd);
-	free(got);
-	return ok;
-}
-
 static void mkfile(const char *path, size_t size)
 {
 	int fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
@@ -184,21 +165,21 @@ static void test_all(void)
 	CHECK_EQ(r.logical_block_size, 512);
 	CHECK(r.max_discard_sectors > 0 && r.max_write_zeroes_sectors > 0);
 	CHECK(r.cache_policy == (RNBD_WRITEBACK | RNBD_FUA));
-	fill(a, sizeof(a), 1);
+	test_fill(a, sizeof(a), 1);
 	CHECK_EQ(io(s1, id, RNBD_OP_WRITE, 0, 8192, a, sizeof(a)), 0);
 	CHECK_EQ(io(s1, id, RNBD_OP_READ, 0, 8192, b, sizeof(b)), 0);
 	CHECK(!memcmp(a, b, sizeof(a)), "read back what was written");
-	CHECK(file_has(disk, 8192, a, sizeof(a)), "the file holds it");
-	fill(a, 4096, 2);
+	CHECK(test_file_has(disk, 8192, a, sizeof(a)), "the file holds it");
+	test_fill(a, 4096, 2);
 	CHECK_EQ(io(s1, id, RNBD_OP_WRITE, RNBD_F_FUA | RNBD_F_PREFLUSH, 0, a, 4096), 0);
-	CHECK(file_has(disk, 0, a, 4096), "FUA write in the file");
+	CHECK(test_file_has(disk, 0, a, 4096), "FUA write in the file");
 	CHECK_EQ(io(s1, id, RNBD_OP_FLUSH, 0, 0, NULL, 0), 0);
 	CHECK_EQ(io(s1, id, RNBD_OP_WRITE, RNBD_F_PREFLUSH, 0, NULL, 0), 0); /* empty: a flush */
 	CHECK_EQ(io(s1, id, RNBD_OP_DISCARD, 0, 8192, NULL, 65536), 0);
 	CHECK_EQ(io(s1, id, RNBD_OP_WRITE_ZEROES, RNBD_F_NOUNMAP, 8192 + 65536, NULL, 65536), 0);
 	CHECK_EQ(io(s1, id, RNBD_OP_READ, 0, 8192, b, 131072), 0);
 	CHECK(!memcmp(b, zero, 131072), "discarded and zeroed ranges read as zeros");
-	CHECK(file_has(disk, 8192 + 131072, (fill(a, sizeof(a), 1), a + 131072), 65536),
+	CHECK(test_file_has(disk, 8192 + 131072, (test_fill(a, sizeof(a), 1), a + 131072), 65536),
 	      "the rest stayed");
 	CHECK_EQ(io(s1, id, RNBD_OP_SECURE_ERASE, 0, 0, NULL, 4096), -EOPNOTSUPP);
 	/* Beyond the end; a device that is not open. */
@@ -212,7 +193,7 @@ static void test_all(void)
 	id2 = dev_open(s2, "disk", RNBD_ACCESS_RO, NULL);
 	CHECK_EQ(id2, 0);
 	CHECK_EQ(io(s2, id2, RNBD_OP_READ, 0, 0, b, 4096), 0);
-	fill(a, 4096, 2);
+	test_fill(a, 4096, 2);
 	CHECK(!memcmp(a, b, 4096), "the reader sees the writer's data");
 	CHECK_EQ(io(s2, id2, RNBD_OP_WRITE, 0, 0, a, 4096), -EROFS);
 	id3 = dev_open(s3, "disk", RNBD_ACCESS_MIGRATION, NULL);
@@ -245,7 +226,7 @@ static void test_all(void)
 	id = dev_open(s1, "mem0", RNBD_ACCESS_RW, &r);
 	CHECK_EQ(id, 0);
 	CHECK_EQ(r.nsectors, (16u << 20) / 512);
-	fill(a, sizeof(a), 3);
+	test_fill(a, sizeof(a), 3);
 	CHECK_EQ(io(s1, id, RNBD_OP_WRITE, 0, 1 << 20, a, sizeof(a)), 0);
 	id2 = dev_open(s4, "mem0", RNBD_ACCESS_RO, NULL);
 	CHECK(id2 >= 0);

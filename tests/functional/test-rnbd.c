@@ -73,25 +73,6 @@ static struct rnbd_clt_sess *sess_open(const char *name)
 	return s;
 }
 
-static void fill(uint8_t *p, size_t n, unsigned seed)
-{
-	for (size_t i = 0; i < n; i++)
-		p[i] = (uint8_t)(i * 13 + seed * 101 + (i >> 12));
-}
-
-static bool file_has(uint64_t off, const void *want, size_t len)
-{
-	uint8_t *got = malloc(len);
-	int fd = open(disk, O_RDONLY);
-	bool ok = fd >= 0 && pread(fd, got, len, (off_t)off) == (ssize_t)len &&
-		  !memcmp(got, want, len);
-
-	if (fd >= 0)
-		close(fd);
-	free(got);
-	return ok;
-}
-
 struct bg_io {
 	struct rnbd_clt_dev *dev;
 	uint8_t *buf;
@@ -119,7 +100,7 @@ static void *storm_io(void *arg)
 	uint8_t *w = malloc(65536), *r = malloc(65536);
 	uint64_t off = (uint64_t)(2 + st->slot) << 20;
 
-	fill(w, 65536, 100 + st->slot);
+	test_fill(w, 65536, 100 + st->slot);
 	for (unsigned i = 0; i < st->rounds; __atomic_store_n(&st->done, ++i, __ATOMIC_RELAXED)) {
 		st->rc = rnbd_clt_io(st->dev, RNBD_CLT_WRITE, 0, off, w, 65536);
 		if (!st->rc)
@@ -214,14 +195,14 @@ static void test_async(struct rnbd_clt_dev *d)
 	CHECK(in.queue_depth > 0 && in.queue_depth < AIO_N, "queue depth %u: submit waits",
 	      in.queue_depth);
 	for (unsigned i = 0; i < AIO_N; i++)
-		fill(w + (size_t)i * AIO_LEN, AIO_LEN, 200 + i);
+		test_fill(w + (size_t)i * AIO_LEN, AIO_LEN, 200 + i);
 	aio_round(d, RNBD_CLT_WRITE, w);
 	CHECK_EQ(aio.nested, -EDEADLK);
 	memset(r, 0, (size_t)AIO_N * AIO_LEN);
 	aio_round(d, RNBD_CLT_READ, r);
 	CHECK(!memcmp(w, r, (size_t)AIO_N * AIO_LEN), "%u async reads return the async writes",
 	      AIO_N);
-	CHECK(file_has(4u << 20, w, (size_t)AIO_N * AIO_LEN), "and the file holds them");
+	CHECK(test_file_has(disk, 4u << 20, w, (size_t)AIO_N * AIO_LEN), "and the file holds them");
 
 	/*
 	 * Every IO slot taken by IO waiting for the server: the reopen after
@@ -279,15 +260,15 @@ static void test_all(void)
 	CHECK_EQ(rnbd_clt_map(s1, "nothing-here", RNBD_CLT_RO, &dx), -ENOENT);
 
 	/* IO of every kind. */
-	fill(a, BIG, 1);
+	test_fill(a, BIG, 1);
 	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_WRITE, 0, 4096, a, BIG), 0);
 	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_READ, 0, 4096, b, BIG), 0);
 	CHECK(!memcmp(a, b, BIG), "1 MiB read back equals what was written");
-	CHECK(file_has(4096, a, BIG), "and the file holds it");
-	fill(a, 65536, 2);
+	CHECK(test_file_has(disk, 4096, a, BIG), "and the file holds it");
+	test_fill(a, 65536, 2);
 	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_WRITE, RNBD_CLT_F_FUA | RNBD_CLT_F_PREFLUSH,
 			     8 << 20, a, 65536), 0);
-	CHECK(file_has(8 << 20, a, 65536));
+	CHECK(test_file_has(disk, 8 << 20, a, 65536));
 	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_FLUSH, 0, 0, NULL, 0), 0);
 	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_DISCARD, 0, 4096, NULL, 65536), 0);
 	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_WRITE_ZEROES, RNBD_CLT_F_NOUNMAP, 4096 + 65536, NULL,
@@ -342,11 +323,11 @@ static void test_all(void)
 	}
 	CHECK_EQ(rnbd_clt_map(s1, "vanish", RNBD_CLT_RW, &dv), 0);
 	CHECK_EQ(rnbd_clt_map(s1, "disk2", RNBD_CLT_RW, &dx), 0);
-	fill(a, 65536, 42);
+	test_fill(a, 65536, 42);
 	CHECK_EQ(rnbd_clt_io(dx, RNBD_CLT_WRITE, 0, 0, a, 65536), 0);
-	fill(a, 65536, 43);
+	test_fill(a, 65536, 43);
 	CHECK_EQ(rnbd_clt_io(dv, RNBD_CLT_WRITE, 0, 0, a, 65536), 0);
-	fill(a, BIG, 1);
+	test_fill(a, BIG, 1);
 	rnbd_srv_close(srv);
 	snprintf(moved, sizeof(moved), "%s/vanish", top);
 	snprintf(moved_to, sizeof(moved_to), "%s/vanished", top);
@@ -369,7 +350,7 @@ static void test_all(void)
 	}
 	CHECK_EQ(rnbd_clt_dev_info(d1, &in), 0);
 	CHECK(!strcmp(in.state, "mapped"), "state after the restart: %s", in.state);
-	fill(a, 65536, 42);
+	test_fill(a, 65536, 42);
 	CHECK_EQ(rnbd_clt_io(dx, RNBD_CLT_READ, 0, 0, b, 65536), 0);
 	CHECK(!memcmp(a, b, 65536), "the second device reads its own data after the restart");
 	CHECK_EQ(rnbd_clt_unmap(dx, false), 0);
@@ -378,13 +359,13 @@ static void test_all(void)
 	CHECK_EQ(rename(moved_to, moved), 0);
 	CHECK_EQ(rnbd_clt_remap(dv), 0);
 	CHECK_EQ(rnbd_clt_remap(dv), -EALREADY);
-	fill(a, 65536, 43);
+	test_fill(a, 65536, 43);
 	CHECK_EQ(rnbd_clt_io(dv, RNBD_CLT_READ, 0, 0, b, 65536), 0);
 	CHECK(!memcmp(a, b, 65536), "remapped, it reads its data");
 	CHECK_EQ(rnbd_clt_unmap(dv, false), 0);
-	fill(a, 4096, 9);
+	test_fill(a, 4096, 9);
 	CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_WRITE, RNBD_CLT_F_FUA, 0, a, 4096), 0);
-	CHECK(file_has(0, a, 4096), "IO goes on after the restart");
+	CHECK(test_file_has(disk, 0, a, 4096), "IO goes on after the restart");
 
 	/*
 	 * The server stops with IO in flight: it answers all of it before it
@@ -417,8 +398,8 @@ static void test_all(void)
 			CHECK(st[i].rc == 0, "IO thread %d: %s after %u rounds", i,
 			      strerror(-st[i].rc), st[i].done);
 			CHECK(st[i].done == st[i].rounds);
-			fill(want, 65536, 100 + (unsigned)i);
-			CHECK(file_has((uint64_t)(2 + i) << 20, want, 65536),
+			test_fill(want, 65536, 100 + (unsigned)i);
+			CHECK(test_file_has(disk, (uint64_t)(2 + i) << 20, want, 65536),
 			      "slot %d holds its pattern", i);
 			CHECK_EQ(rnbd_clt_io(d1, RNBD_CLT_READ, 0, (uint64_t)(2 + i) << 20, got, 65536), 0);
 			CHECK(!memcmp(want, got, 65536));

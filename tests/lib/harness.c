@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <poll.h>
 #include <pthread.h>
@@ -211,4 +212,37 @@ int proc_signal(struct proc *p, int sig, bool wait)
 	p->pid = 0;
 	close(p->out_fd);
 	return status;
+}
+
+bool test_wait_path(struct rtrs_clt_sess *s, unsigned idx, const char *state, unsigned ms)
+{
+	struct rtrs_path_stats st = { .size = sizeof(st) };
+	uint64_t end = test_now_ms() + ms;
+
+	for (;;) {
+		if (rtrs_clt_path_stats(s, idx, &st) == 0 && !strcmp(st.state, state))
+			return true;
+		if (test_now_ms() >= end)
+			return false;
+		usleep(5000);
+	}
+}
+
+void test_fill(uint8_t *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)(i * 13 + seed * 101 + (i >> 12));
+}
+
+bool test_file_has(const char *path, uint64_t off, const void *want, size_t len)
+{
+	uint8_t *got = malloc(len);
+	int fd = open(path, O_RDONLY);
+	bool ok = got && fd >= 0 && pread(fd, got, len, (off_t)off) == (ssize_t)len &&
+		  !memcmp(got, want, len);
+
+	if (fd >= 0)
+		close(fd);
+	free(got);
+	return ok;
 }

@@ -46,5 +46,11 @@ uint64_t test_now_ms(void);
  */
 int test_request(struct rtrs_clt_sess *s, enum rtrs_dir dir, const void *usr, size_t usr_len,
 		 void *data, size_t data_len);
+/* Polls path idx of s until its state is state ("connected", ...) or ms pass. */
+bool test_wait_path(struct rtrs_clt_sess *s, unsigned idx, const char *state, unsigned ms);
+/* A pattern that differs with seed and along the buffer. */
+void test_fill(uint8_t *p, size_t n, unsigned seed);
+/* Whether the file at path holds want at off. */
+bool test_file_has(const char *path, uint64_t off, const void *want, size_t len);
 
 #endif
