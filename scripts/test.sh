@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Runs every test: unit and functional suites in a normal build and in an
-# ASan+UBSan build, the NBD interop suite (normal build), the functional suite over verbs on soft-RoCE and
-# soft-iWARP in QEMU guests (normal build), then the fuzz smoke run in a
-# clang build. Ends with
-# "N passed, N failed". Under CI=true warnings are errors and a skipped test
+# Runs every test: unit and functional suites in a normal build, in an
+# ASan+UBSan build and in a TSan build; the NBD interop suite, the
+# functional suite over verbs on soft-RoCE and soft-iWARP in QEMU guests and
+# the netns suite (normal build); then the fuzz smoke run in a clang build.
+# Ends with "N passed, N failed". Under CI=true warnings are errors and a skipped test
 # counts as a failure (CI must have every tool).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +13,9 @@ werror=false
 [ "${CI:-}" = true ] && werror=true
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+# A TSan report fails the test (exit code 66); tests/tsan.supp says why each
+# suppression is there.
+export TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp second_deadlock_stack=1"
 
 passed=0 failed=0 skipped=0
 
@@ -52,6 +55,7 @@ PY
 
 run_build build gcc unit functional interop verbs netns --
 run_build build-asan gcc unit functional -- -Db_sanitize=address,undefined -Db_lundef=false
+run_build build-tsan gcc unit functional -- -Db_sanitize=thread -Db_lundef=false
 run_build build-fuzz clang fuzz -- -Dfuzz=true -Dbuildtype=debug
 
 if [ "${CI:-}" = true ] && [ "$skipped" -gt 0 ]; then

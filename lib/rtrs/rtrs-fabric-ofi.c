@@ -918,16 +918,32 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 		rc = epoll_add(c->epfd, c->wake_fd);
 	if (rc)
 		goto out_free;
-	rc = -pthread_create(&c->thread, NULL, con_thread, c);
-	if (rc)
-		goto out_free;
-	c->thread_started = true;
 	*out = c;
 	return 0;
 
 out_free:
 	con_free(c);
 	return rc;
+}
+
+/*
+ * Hands c to its owner (*out), then starts its thread: the owner's callbacks
+ * run on that thread and may read *out from the first event on. On failure
+ * *out is cleared again and c freed.
+ */
+static int con_start(struct fab_con *c, struct fab_con **out)
+{
+	int rc;
+
+	*out = c;
+	rc = -pthread_create(&c->thread, NULL, con_thread, c);
+	if (rc) {
+		*out = NULL;
+		con_free(c);
+		return rc;
+	}
+	c->thread_started = true;
+	return 0;
 }
 
 static int ofi_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
@@ -950,8 +966,7 @@ static int ofi_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const v
 		con_free(c);
 		return fab_errno(rc);
 	}
-	*out = c;
-	return 0;
+	return con_start(c, out);
 }
 
 static int ofi_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
@@ -974,8 +989,7 @@ static int ofi_con_accept(struct fab *f, struct fab_connreq *req, const struct f
 		con_free(c);
 		return fab_errno(rc);
 	}
-	*out = c;
-	return 0;
+	return con_start(c, out);
 }
 
 static int ofi_con_rx_setup(struct fab_con *c, size_t count, size_t size)

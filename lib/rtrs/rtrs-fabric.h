@@ -241,13 +241,16 @@ struct fab_con_cfg {
 	size_t rx_size;    /* bytes per receive buffer (0: imm only) */
 };
 
-/* Client: creates an endpoint to the fab's destination and connects it. */
+/*
+ * Client: creates an endpoint to the fab's destination and connects it.
+ * *out is set before any callback of the connection can run.
+ */
 static inline int fab_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
 		    size_t len, struct fab_con **out)
 {
 	return fab_ops_of(f)->con_connect(f, cfg, data, len, out);
 }
-/* Server: creates an endpoint for req and accepts it with data. */
+/* Server: creates an endpoint for req and accepts it with data; *out as above. */
 static inline int fab_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
 		   const void *data, size_t len, struct fab_con **out)
 {

@@ -63,7 +63,15 @@ struct srv_path {
 	struct srv_path *next;
 	uint8_t uuid[RTRS_UUID_LEN];
 	char peer[64];
-	char name[RTRS_NAME_MAX + 80];
+	/*
+	 * The log name: "(new)/peer" until the info request names the session,
+	 * then "session/peer". Connection threads log with it while the loop
+	 * renames, so the new name goes in a buffer of its own and name points
+	 * at one of the two.
+	 */
+	char name_new[RTRS_NAME_MAX + 80];
+	char name_info[RTRS_NAME_MAX + 80];
+	const char *_Atomic name;
 	_Atomic enum rtrs_path_state state;
 	pthread_rwlock_t post_lock;
 	unsigned cid_num;
@@ -439,6 +447,7 @@ int rtrs_srv_resp_rdma(struct rtrs_srv_op *op, int err)
 			   op->sess->name, op->id);
 		return -EINVAL;
 	}
+	tsan_release(op); /* the chunk's contents: the client reuses it after this response */
 	p = op->path;
 	op->err = err;
 	op->next_sg = 0;
@@ -477,6 +486,7 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 	struct rtrs_io_req req;
 	struct rtrs_srv_op *op;
 	const char *why = NULL;
+	uint32_t chunk;
 	int state, rc;
 	char *base;
 
@@ -485,6 +495,9 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 		srv_fail_path(p, -EPROTO);
 		return;
 	}
+	chunk = payload >> rtrs_mem_bits(s->queue_depth);
+	if (chunk < s->queue_depth)
+		tsan_acquire(&s->ops[chunk]); /* ordered after its last response, by the wire */
 	/* Decoded into this connection's scratch: the op may still be busy. */
 	rc = rtrs_io_req_decode(payload, &lim, s->chunk_bases, con->sg_scratch, &req, &why);
 	if (rc) {
@@ -1171,7 +1184,8 @@ static void path_info_work(struct loop_work *w)
 	}
 	if (ctx->auth_required && !s->auth_host[0])
 		snprintf(s->auth_host, sizeof(s->auth_host), "%s", p->auth_host);
-	snprintf(p->name, sizeof(p->name), "%s/%s", s->name, p->peer);
+	snprintf(p->name_info, sizeof(p->name_info), "%s/%s", s->name, p->peer);
+	atomic_store(&p->name, p->name_info);
 	p->clt_imm = (struct rtrs_desc){ .addr = p->info.imm_addr, .key = p->info.imm_key };
 
 	rc = sess_map_chunks(s);
@@ -1228,7 +1242,8 @@ static int path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	p->sess = s;
 	memcpy(p->uuid, req->sess_uuid, RTRS_UUID_LEN);
 	snprintf(p->peer, sizeof(p->peer), "%s", peer);
-	snprintf(p->name, sizeof(p->name), "%s/%s", s->name[0] ? s->name : "(new)", peer);
+	snprintf(p->name_new, sizeof(p->name_new), "%s/%s", s->name[0] ? s->name : "(new)", peer);
+	p->name = p->name_new;
 	p->cid_num = req->cid_num;
 	atomic_init(&p->state, RTRS_PATH_CONNECTING);
 	pthread_rwlockattr_init(&attr);

@@ -671,8 +671,13 @@ static int unauth_open(struct unauth *u, int port, bool auth)
 	if ((rc = fab_open(test_provider(), NULL, test_addr(), service, false, 0, &u->f)) ||
 	    (rc = fab_con_connect(u->f, &cfg, &u->m, sizeof(u->m), &u->c)))
 		return rc;
-	for (int i = 0; i < 3000 && !u->r.connected && !u->r.down; i++)
+	pthread_mutex_lock(&u->r.lock);
+	for (int i = 0; i < 3000 && !u->r.connected && !u->r.down; i++) {
+		pthread_mutex_unlock(&u->r.lock);
 		usleep(1000);
+		pthread_mutex_lock(&u->r.lock);
+	}
+	pthread_mutex_unlock(&u->r.lock);
 	if (!u->r.connected) {
 		if (u->r.err == -ECONNREFUSED &&
 		    rtrs_conn_rsp_decode(u->r.data, u->r.len, &u->rsp, &why) == 0)

@@ -70,7 +70,7 @@ static const char *state(void)
 
 struct waiter {
 	pthread_t thr;
-	int rc;
+	atomic_int rc;      /* 1 while the write waits: the main thread looks */
 	uint64_t ms;
 };
 
@@ -79,10 +79,12 @@ static void *write_waiting(void *arg)
 	struct waiter *w = arg;
 	static uint8_t buf[4096];
 	uint64_t t0 = test_now_ms();
+	int rc;
 
 	memset(buf, 0x5A, sizeof(buf));
-	w->rc = io(RTRS_WRITE, 65536, buf, sizeof(buf));
+	rc = io(RTRS_WRITE, 65536, buf, sizeof(buf));
 	w->ms = test_now_ms() - t0;
+	atomic_store(&w->rc, rc);
 	return NULL;
 }
 
@@ -139,7 +141,7 @@ int main(void)
 
 	pthread_create(&w.thr, NULL, write_waiting, &w);
 	usleep(700 * 1000); /* a few attempts fail while nothing listens */
-	CHECK_EQ(w.rc, 1);
+	CHECK_EQ(atomic_load(&w.rc), 1);
 	CHECK_EQ(start_server(port, &srv), 0);
 	CHECK(test_wait_path(sess, 0, "connected", 10000), "path state %s after the restart", state());
 	pthread_join(w.thr, NULL);

@@ -8,12 +8,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static int g_checks, g_failures;
+/* Atomic: tests check from their worker threads too. */
+static atomic_int g_checks, g_failures;
 
 #define CHECK(cond, ...)                                                       \
 	do {                                                                   \
