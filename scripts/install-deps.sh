@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-	gcc clang libclang-rt-14-dev meson ninja-build pkg-config python3
+	gcc libasan8 libubsan1 libtsan2 clang libclang-rt-14-dev meson ninja-build pkg-config python3
 	libfabric-dev libfabric-bin iproute2 nftables
 	iperf3
 	libssl-dev nvme-cli
