@@ -918,7 +918,15 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 		rc = epoll_add(c->epfd, c->wake_fd);
 	if (rc)
 		goto out_free;
+	/* The owner's callbacks run on the thread and read *out from the first event on. */
 	*out = c;
+	c->thread_started = true;
+	rc = -pthread_create(&c->thread, NULL, con_thread, c);
+	if (rc) {
+		c->thread_started = false;
+		*out = NULL;
+		goto out_free;
+	}
 	return 0;
 
 out_free:
@@ -926,24 +934,11 @@ out_free:
 	return rc;
 }
 
-/*
- * Hands c to its owner (*out), then starts its thread: the owner's callbacks
- * run on that thread and may read *out from the first event on. On failure
- * *out is cleared again and c freed.
- */
-static int con_start(struct fab_con *c, struct fab_con **out)
+/* Undoes con_create for a connection whose connect or accept failed. */
+static void con_abandon(struct fab_con *c, struct fab_con **out)
 {
-	int rc;
-
-	*out = c;
-	rc = -pthread_create(&c->thread, NULL, con_thread, c);
-	if (rc) {
-		*out = NULL;
-		con_free(c);
-		return rc;
-	}
-	c->thread_started = true;
-	return 0;
+	*out = NULL;
+	con_free(c);
 }
 
 static int ofi_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
@@ -952,21 +947,22 @@ static int ofi_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const v
 	struct fab_con *c;
 	int rc;
 
-	rc = con_create(f, f->info, cfg, &c);
+	rc = con_create(f, f->info, cfg, out);
 	if (rc)
 		return rc;
+	c = *out;
 	rc = check_cm_data(c, len);
 	if (rc) {
-		con_free(c);
+		con_abandon(c, out);
 		return rc;
 	}
 	rc = fi_connect(c->ep, f->info->dest_addr, data, len);
 	if (rc) {
 		log_err("%s: fi_connect: %s", c->name, fab_strerror(rc));
-		con_free(c);
+		con_abandon(c, out);
 		return fab_errno(rc);
 	}
-	return con_start(c, out);
+	return 0;
 }
 
 static int ofi_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
@@ -975,21 +971,22 @@ static int ofi_con_accept(struct fab *f, struct fab_connreq *req, const struct f
 	struct fab_con *c;
 	int rc;
 
-	rc = con_create(f, req->info, cfg, &c);
+	rc = con_create(f, req->info, cfg, out);
 	if (rc)
 		return rc;
+	c = *out;
 	rc = check_cm_data(c, len);
 	if (rc) {
-		con_free(c);
+		con_abandon(c, out);
 		return rc;
 	}
 	rc = fi_accept(c->ep, data, len);
 	if (rc) {
 		log_err("%s: fi_accept: %s", c->name, fab_strerror(rc));
-		con_free(c);
+		con_abandon(c, out);
 		return fab_errno(rc);
 	}
-	return con_start(c, out);
+	return 0;
 }
 
 static int ofi_con_rx_setup(struct fab_con *c, size_t count, size_t size)
