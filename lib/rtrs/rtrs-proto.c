@@ -355,7 +355,7 @@ int rtrs_io_req_decode(uint32_t payload, const struct rtrs_limits *lim,
 		       struct rtrs_io_req *out, const char **why)
 {
 	unsigned mem_bits = rtrs_mem_bits(lim->queue_depth);
-	uint32_t chunk = payload >> mem_bits;
+	uint32_t chunk = rtrs_io_req_chunk(lim->queue_depth, payload);
 	uint32_t off = payload & ((1u << mem_bits) - 1);
 	const uint8_t *base;
 	struct le16 type_le, usr_le;

@@ -99,6 +99,12 @@ static inline uint32_t rtrs_to_io_req_imm(unsigned queue_depth, uint32_t chunk, 
 	return rtrs_to_imm(RTRS_IO_REQ_IMM, (chunk << rtrs_mem_bits(queue_depth)) | off);
 }
 
+/* The chunk an IO request's payload names; not checked against queue_depth. */
+static inline uint32_t rtrs_io_req_chunk(unsigned queue_depth, uint32_t payload)
+{
+	return payload >> rtrs_mem_bits(queue_depth);
+}
+
 static inline uint32_t rtrs_to_io_rsp_imm(uint32_t msg_id, int errno_neg)
 {
 	/* Unsigned negation: -INT_MIN would be undefined (and read as 0 by gcc -O2). */

@@ -495,7 +495,7 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 		srv_fail_path(p, -EPROTO);
 		return;
 	}
-	chunk = payload >> rtrs_mem_bits(s->queue_depth);
+	chunk = rtrs_io_req_chunk(s->queue_depth, payload);
 	if (chunk < s->queue_depth)
 		tsan_acquire(&s->ops[chunk]); /* ordered after its last response, by the wire */
 	/* Decoded into this connection's scratch: the op may still be busy. */
