@@ -80,9 +80,9 @@ set -e
 check "a missing device: exit 1, named, ENOENT" \
 	bash -c "[ $rc1 = 1 ] && grep -q 'nothing-here.*No such file' '$dir/err1'"
 check "an unaligned --bs: refused with the reason" \
-	bash -c "[ $rc2 -ge 1 ] && grep -q 'bs' '$dir/err2'"
+	bash -c "[ $rc2 -ge 1 ] && grep -q -- '--bs 1000 must be whole' '$dir/err2'"
 check "a path out of the search path: refused" \
-	bash -c "[ $rc3 = 1 ] && grep -q 'outside.txt' '$dir/err3'"
+	bash -c "[ $rc3 = 1 ] && grep -q 'outside.txt (ro): Invalid argument' '$dir/err3'"
 check "input past the device's end: exit 1, said" \
 	bash -c "[ $rc5 = 1 ] && grep -q 'input longer than disk.img' '$dir/err5'"
 check "no --server: usage error" bash -c "[ $rc4 = 1 ] && grep -q -- '--server' '$dir/err4'"
