@@ -104,6 +104,7 @@ struct clt_path {
 	size_t auth_rx_len;         /* under lock: a message waits */
 	/* The reconnect decision's inputs and its last verdict. */
 	atomic_bool fail_dnr;       /* do not retry: the server said so, or it changed */
+	atomic_bool refused;        /* the server answered this attempt with an errno */
 	atomic_int last_err;
 	atomic_int verdict;         /* enum rtrs_reconnect_verdict; -1: none yet */
 	atomic_uint_fast64_t stat_auth_runs;
@@ -780,6 +781,9 @@ static void clt_con_connected(void *priv, const void *data, size_t len)
 		con->err = rc;
 	} else if (con->rsp.err) {
 		con->err = con->rsp.err;
+		atomic_store(&p->refused, true);
+		if (con->rsp.dnr)
+			atomic_store(&p->fail_dnr, true);
 	} else {
 		con->connected = true;
 	}
@@ -800,6 +804,7 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 			log_err("%s: server rejected connection %u: %s%s", p->name, con->cid,
 				strerror(-rsp.err), rsp.dnr ? " (do not retry)" : "");
 			err = rsp.err;
+			atomic_store(&p->refused, true);
 			if (rsp.dnr)
 				atomic_store(&p->fail_dnr, true);
 		} else {
@@ -958,6 +963,7 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 		log_err("%s: server refused the path: %s%s", p->name, strerror(-verdict),
 			dnr ? " (do not retry)" : "");
 		atomic_store(&p->fail_dnr, dnr);
+		atomic_store(&p->refused, true);
 		rc = verdict;
 	} else if (p->sess->inval) {
 		for (uint32_t i = 0; i < p->sess->queue_depth; i++)
@@ -1524,6 +1530,7 @@ static int path_connect(struct clt_path *p, bool retry)
 	p->auth_rx_len = 0;
 	atomic_store(&p->fail_err, 0);
 	atomic_store(&p->fail_dnr, false);
+	atomic_store(&p->refused, false);
 	atomic_store(&p->hb.missed, 0);
 	p->recon_cnt++;
 	/* The server's queue depth is not known yet: ask for room for a large one. */
@@ -1599,6 +1606,41 @@ out_fail:
 	if (again)
 		path_schedule_reconnect(p, 0); /* arming a timer is safe off the loop */
 	return rc;
+}
+
+/*
+ * The first connect of a path, in rtrs_clt_open. A server that refuses
+ * without saying "do not retry" is busy or mid-change (a path it still
+ * closes, a host whose proof it is recording): try again, a few times,
+ * after the reconnect delay. Anything else (no answer, a rejected or
+ * missing key, "do not retry") fails the open at once, as in the kernel.
+ */
+static int path_open(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	int rc;
+
+	for (int attempt = 1;; attempt++) {
+		struct rtrs_reconnect_in in = { .attempts = attempt,
+						.max_attempts = RTRS_OPEN_REFUSED_TRIES };
+
+		rc = path_connect(p, false);
+		if (!rc || !atomic_load(&p->refused))
+			return rc;
+		in.err = rc;
+		in.dnr = atomic_load(&p->fail_dnr);
+		if (rtrs_should_reconnect(&in) != RTRS_RECONNECT_RETRY)
+			return rc;
+		unsigned ms = rtrs_reconnect_wait_ms(s->reconnect_delay_ms, s->reconnect_jitter_ms,
+						     0);
+
+		log_info("%s: the server refused the path (%s); trying again in %u ms (%d of %d)",
+			 p->name, strerror(-rc), ms, attempt + 1, RTRS_OPEN_REFUSED_TRIES);
+		usleep((useconds_t)MIN(ms, 10000u) * 1000);
+		pthread_rwlock_wrlock(&p->post_lock);
+		path_change_state(p, RTRS_PATH_CONNECTING);
+		pthread_rwlock_unlock(&p->post_lock);
+	}
 }
 
 /* ---- session ------------------------------------------------------------------ */
@@ -1935,7 +1977,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 			goto out_free;
 	}
 	for (size_t i = 0; i < s->paths_num; i++) {
-		rc = path_connect(&s->paths[i], false);
+		rc = path_open(&s->paths[i]);
 		if (rc)
 			goto out_free;
 	}

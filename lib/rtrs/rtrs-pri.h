@@ -36,6 +36,8 @@
 #define RTRS_CLT_ADMIN_RX_QUEUE 1040
 /* Queue entries a client asks its fabric for before it knows the server's. */
 #define RTRS_CLT_QUEUE_HINT 8192
+/* rtrs_clt_open: connects of a path the server refuses without "do not retry". */
+#define RTRS_OPEN_REFUSED_TRIES 5
 /* Size of the region each side lets the peer aim empty writes at. */
 #define RTRS_IMM_REGION 64
 

@@ -95,10 +95,18 @@ static void write_keys(const char *host_key, const char *ctrl_key)
 /* Starts the server; port 0 picks one, else that port again (a restart). */
 /* The server's user refuses new sessions with this errno (0: accepts). */
 static atomic_int refuse_err;
+/* ... only this many times (refuse_err then goes back to 0); -1: always. */
+static atomic_int refuse_times = -1;
 
 static int srv_link_ev(struct rtrs_srv_sess *sess, enum rtrs_srv_link_ev ev, void *priv)
 {
-	return ev == RTRS_SRV_LINK_EV_CONNECTED ? atomic_load(&refuse_err) : 0;
+	int err = atomic_load(&refuse_err);
+
+	if (ev != RTRS_SRV_LINK_EV_CONNECTED)
+		return 0;
+	if (err && atomic_load(&refuse_times) > 0 && atomic_fetch_sub(&refuse_times, 1) == 1)
+		atomic_store(&refuse_err, 0);
+	return err;
 }
 
 static void srv_start(bool auth, int port)
@@ -558,6 +566,79 @@ static void test_refused_by_user(void)
 	CHECK(test_wait_path(sess, 0, "connected", 5000), "back once the user accepts");
 	CHECK(io_verified(sess, LEN, 8), "IO after the refusal ended");
 	rtrs_clt_close(sess);
+	sess = NULL;
+
+	/* At open, not final: retried a few times, then the open succeeds. */
+	atomic_store(&refuse_times, 2);
+	atomic_store(&refuse_err, -EBUSY);
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc == 0, "open through two EBUSY refusals: %s", strerror(-rc));
+	CHECK_EQ(atomic_load(&refuse_times), 0);
+	if (!rc) {
+		CHECK(io_verified(sess, 2 * LEN, 9), "IO after the retried open");
+		rtrs_clt_close(sess);
+	}
+	/* ... but bounded: a server that keeps refusing fails the open. */
+	atomic_store(&refuse_times, -1);
+	atomic_store(&refuse_err, -EBUSY);
+	uint64_t t0 = test_now_ms();
+
+	CHECK_EQ(rtrs_clt_open(&o, &sess), -EBUSY);
+	CHECK(test_now_ms() - t0 < 5000, "gave up after %llu ms",
+	      (unsigned long long)(test_now_ms() - t0));
+	atomic_store(&refuse_err, 0);
+	srv_stop();
+}
+
+/*
+ * Authenticated opens with both CPUs busy: the client's IO connection
+ * follows SUCCESS1 at once, and must never find the server still
+ * unaware that the host proved itself (it was refused with EACCES).
+ */
+static atomic_bool spin_stop;
+
+static void *spinner(void *arg)
+{
+	volatile unsigned long n = 0;
+
+	while (!atomic_load_explicit(&spin_stop, memory_order_relaxed))
+		n++;
+	return arg;
+}
+
+static void test_opens_under_load(void)
+{
+	enum { OPENS = 30, SPINNERS = 2 };
+	pthread_t spin[SPINNERS];
+	struct rtrs_clt_opts o;
+	struct rtrs_path_addr pa;
+	char dst[64];
+	int ok = 0, rc;
+
+	write_keys(KEY_A, KEY_B);
+	srv_start(true, 0);
+	clt_opts(&o, &pa, dst, sizeof(dst));
+	o.auth_secret = KEY_A;
+	o.auth_ctrl_secret = KEY_B;
+	o.nr_io_cons = 2;
+	atomic_store(&spin_stop, false);
+	for (int i = 0; i < SPINNERS; i++)
+		CHECK_EQ(pthread_create(&spin[i], NULL, spinner, NULL), 0);
+	for (int i = 0; i < OPENS; i++) {
+		struct rtrs_clt_sess *sess = NULL;
+
+		rc = rtrs_clt_open(&o, &sess);
+		if (rc) {
+			CHECK(false, "open %d of %d under load: %s", i + 1, OPENS, strerror(-rc));
+			continue;
+		}
+		ok += io_verified(sess, (uint32_t)(i % 8) * LEN, (uint8_t)i);
+		rtrs_clt_close(sess);
+	}
+	atomic_store(&spin_stop, true);
+	for (int i = 0; i < SPINNERS; i++)
+		pthread_join(spin[i], NULL);
+	CHECK(ok == OPENS, "%d of %d authenticated opens moved verified data", ok, OPENS);
 	srv_stop();
 }
 
@@ -637,6 +718,7 @@ int main(void)
 	test_stale_key();
 	test_refused_by_user();
 	test_session_of_another_host();
+	test_opens_under_load();
 	test_no_secret_logged();
 	rtrs_set_log_fn(NULL, NULL);
 	if (g_failures)
