@@ -286,7 +286,9 @@ struct rtrs_srv_opts {
 	 * learns any chunk address or key. The file lists
 	 * "<host name> <host secret> [<ctrl secret>]" per line and is read
 	 * at every authentication, so a changed key applies to the next
-	 * connect. auth_name is this server's name (default "rtrs-server").
+	 * connect. It must be a regular file; it is read on a thread of its
+	 * own, and an authentication that waits more than 1 s for it fails
+	 * (the host may retry). auth_name is this server's name (default "rtrs-server").
 	 * auth_hashes / auth_dhgroups: what the server accepts, in order of
 	 * preference (defaults "sha256,sha384,sha512" and
 	 * "ffdhe2048,ffdhe3072,ffdhe4096,ffdhe6144,ffdhe8192,null").
@@ -324,6 +326,14 @@ int rtrs_srv_opts_init(struct rtrs_srv_opts *opts, size_t size);
  */
 int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *opts,
 		  struct rtrs_srv_ctx **out);
+
+/*
+ * Reads the authentication key file again and checks every line (on
+ * SIGHUP, say): 0, or the error, logged with file and line. Keys are read
+ * at every authentication anyway; this tells at once that a change parses.
+ * -ENOENT when the server has no key file.
+ */
+int rtrs_srv_check_keys(struct rtrs_srv_ctx *ctx);
 
 /* Waits until the server listens; returns 0, or -ETIMEDOUT. */
 int rtrs_srv_wait_listening(struct rtrs_srv_ctx *ctx, unsigned timeout_ms);

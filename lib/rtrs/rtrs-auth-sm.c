@@ -359,7 +359,9 @@ static enum rtrs_auth_step srv_on_negotiate(struct rtrs_auth_txn *t,
 				 RTRS_AUTH_FAIL_DHGROUP_UNUSABLE, true);
 	}
 	/* Read now, every time: a key changed in the file applies to the next connect. */
-	rc = rtrs_auth_keyfile_lookup(cfg->keys_file, t->host, &t->hkey, &t->ckey, &line, &why);
+	rc = cfg->keyfile ?
+	     rtrs_keyfile_lookup(cfg->keyfile, t->host, &t->hkey, &t->ckey, &line, &why) :
+	     rtrs_auth_keyfile_lookup(cfg->keys_file, t->host, &t->hkey, &t->ckey, &line, &why);
 	if (rc == -ESRCH) {
 		log_err("%s: host %s is not in %s", t->log_name, t->host, cfg->keys_file);
 		return auth_fail(t, o, -EACCES, RTRS_AUTH_FAILURE1, RTRS_AUTH_FAIL_FAILED, true);

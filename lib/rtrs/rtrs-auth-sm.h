@@ -27,8 +27,9 @@ struct rtrs_auth_cfg {
 	char server[RTRS_AUTH_NAME_MAX + 1]; /* the server we expect */
 	struct rtrs_auth_key hkey;           /* len 0: none */
 	struct rtrs_auth_key ckey;           /* len 0: not bidirectional */
-	/* server only */
+	/* server only: the key file, by path or (a server) read on its own thread */
 	const char *keys_file;
+	struct rtrs_keyfile *keyfile;
 };
 
 /* Outcome of a step. */

@@ -558,6 +558,8 @@ int rtrs_auth_key_generate(unsigned hmac_id, size_t len, const uint8_t *secret, 
  * Reads a whole small file into a NUL-terminated buffer that the caller
  * wipes and frees (free_secret). Warns when others may read it. Grows by
  * copying, not realloc, so no stale copy of a secret is left on the heap.
+ * Only a regular file: a FIFO or a device would block or have effects on
+ * open, so it is opened without blocking and refused before any read.
  */
 static int read_secret_file(const char *path, char **out, size_t *out_len, const char **why)
 {
@@ -566,22 +568,29 @@ static int read_secret_file(const char *path, char **out, size_t *out_len, const
 	struct stat st;
 	int fd, rc = 0;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 	if (fd < 0) {
 		rc = -errno;
 		REJECT(rc, "cannot open the key file");
 	}
-	if (fstat(fd, &st) == 0) {
-		if (S_ISDIR(st.st_mode)) {
-			close(fd);
-			REJECT(-EISDIR, "the key file is a directory");
-		}
-		if (S_ISREG(st.st_mode) && (st.st_mode & (S_IRGRP | S_IROTH)))
-			log_warn_rl("auth: key file %s is readable by group or others "
-				    "(it holds secrets: chmod 600)", path);
-		if (S_ISREG(st.st_mode) && st.st_size > 0 && (uint64_t)st.st_size < AUTH_FILE_MAX)
-			cap = (size_t)st.st_size + 2; /* its bytes, room to see EOF, the NUL */
+	if (fstat(fd, &st)) {
+		rc = -errno;
+		close(fd);
+		REJECT(rc, "cannot stat the key file");
 	}
+	if (S_ISDIR(st.st_mode)) {
+		close(fd);
+		REJECT(-EISDIR, "the key file is a directory");
+	}
+	if (!S_ISREG(st.st_mode)) {
+		close(fd);
+		REJECT(-EINVAL, "the key file is not a regular file");
+	}
+	if (st.st_mode & (S_IRGRP | S_IROTH))
+		log_warn_rl("auth: key file %s is readable by group or others "
+			    "(it holds secrets: chmod 600)", path);
+	if (st.st_size > 0 && (uint64_t)st.st_size < AUTH_FILE_MAX)
+		cap = (size_t)st.st_size + 2; /* its bytes, room to see EOF, the NUL */
 	buf = malloc(cap);
 	if (!buf) {
 		close(fd);
@@ -783,32 +792,29 @@ static int names_add(struct name_set *set, const char *s, size_t len, const char
 	return 0;
 }
 
-int rtrs_auth_keyfile_lookup(const char *path, const char *host, struct rtrs_auth_key *hkey,
-			     struct rtrs_auth_key *ckey, unsigned *line, const char **why)
+/* Looks host up in a key file's text (see rtrs_auth_keyfile_lookup). */
+static int keyfile_parse(const char *buf, size_t len, const char *host,
+			 struct rtrs_auth_key *hkey, struct rtrs_auth_key *ckey, unsigned *line,
+			 const char **why)
 {
 	struct rtrs_auth_key th, tc;
 	struct name_set names = { 0 };
 	const char *p, *end, *l;
-	size_t host_len, len, n;
-	char *buf = NULL;
+	size_t host_len, n;
 	unsigned lineno = 0;
 	bool found = false;
-	int rc;
+	int rc = 0;
 
 	if (line)
 		*line = 0;
-	if (!path || !host || !hkey)
-		REJECT(-EINVAL, "no key file or host");
+	if (!host || !hkey)
+		REJECT(-EINVAL, "no host");
 	memset(hkey, 0, sizeof(*hkey));
 	if (ckey)
 		memset(ckey, 0, sizeof(*ckey));
 	host_len = strlen(host);
 	if (!host_len || host_len > RTRS_AUTH_NAME_MAX)
 		REJECT(-EINVAL, "bad host name");
-	/* Read every time: a rotated key counts from the next connection on. */
-	rc = read_secret_file(path, &buf, &len, why);
-	if (rc)
-		return rc;
 	p = buf;
 	end = buf + len;
 	/*
@@ -839,7 +845,6 @@ int rtrs_auth_keyfile_lookup(const char *path, const char *host, struct rtrs_aut
 	rtrs_auth_wipe(&th, sizeof(th));
 	rtrs_auth_wipe(&tc, sizeof(tc));
 	free(names.v);
-	free_secret(buf, len);
 	if (!rc && !found) {
 		rc = -ESRCH;
 		if (why)
@@ -852,6 +857,181 @@ int rtrs_auth_keyfile_lookup(const char *path, const char *host, struct rtrs_aut
 		if (ckey)
 			rtrs_auth_wipe(ckey, sizeof(*ckey));
 	}
+	return rc;
+}
+
+int rtrs_auth_keyfile_lookup(const char *path, const char *host, struct rtrs_auth_key *hkey,
+			     struct rtrs_auth_key *ckey, unsigned *line, const char **why)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	int rc;
+
+	if (line)
+		*line = 0;
+	if (!path)
+		REJECT(-EINVAL, "no key file");
+	rc = read_secret_file(path, &buf, &len, why);
+	if (rc)
+		return rc;
+	rc = keyfile_parse(buf, len, host, hkey, ckey, line, why);
+	free_secret(buf, len);
+	return rc;
+}
+
+/*
+ * The server's key file, read on a thread of its own: a file that blocks
+ * (a hung network file system) then stalls that thread only. A lookup asks
+ * for a read that starts after it asked (so a key changed in the file
+ * counts from the next connection) and waits for it a bounded time. The
+ * reader holds a reference: if it is stuck when the owner lets go, the
+ * last one to leave frees the object.
+ */
+struct rtrs_keyfile {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unsigned refs;              /* the owner's and the reader's */
+	bool stop;
+	uint64_t asked, done;       /* read generations */
+	char *buf;                  /* the last read's text (secrets) */
+	size_t len;
+	int err;                    /* ... or why it failed */
+	const char *why;
+	char path[];
+};
+
+static void keyfile_unref(struct rtrs_keyfile *kf)
+{
+	bool last;
+
+	pthread_mutex_lock(&kf->lock);
+	last = --kf->refs == 0;
+	pthread_mutex_unlock(&kf->lock);
+	if (!last)
+		return;
+	free_secret(kf->buf, kf->len);
+	pthread_cond_destroy(&kf->cond);
+	pthread_mutex_destroy(&kf->lock);
+	free(kf);
+}
+
+static void *keyfile_reader(void *arg)
+{
+	struct rtrs_keyfile *kf = arg;
+
+	pthread_setname_np(pthread_self(), "rtrs-keyfile");
+	pthread_mutex_lock(&kf->lock);
+	for (;;) {
+		while (!kf->stop && kf->done == kf->asked)
+			pthread_cond_wait(&kf->cond, &kf->lock);
+		if (kf->stop)
+			break;
+		uint64_t gen = kf->asked;
+		const char *why = NULL;
+		char *buf = NULL;
+		size_t len = 0;
+		int rc;
+
+		pthread_mutex_unlock(&kf->lock);
+		rc = read_secret_file(kf->path, &buf, &len, &why);
+		pthread_mutex_lock(&kf->lock);
+		free_secret(kf->buf, kf->len);
+		kf->buf = buf;
+		kf->len = len;
+		kf->err = rc;
+		kf->why = why;
+		kf->done = gen;
+		pthread_cond_broadcast(&kf->cond);
+	}
+	pthread_mutex_unlock(&kf->lock);
+	keyfile_unref(kf);
+	return NULL;
+}
+
+int rtrs_keyfile_new(const char *path, struct rtrs_keyfile **out)
+{
+	size_t n = path ? strlen(path) : 0;
+	struct rtrs_keyfile *kf;
+	pthread_attr_t attr;
+	pthread_t t;
+	int rc;
+
+	if (!n)
+		return -EINVAL;
+	kf = calloc(1, sizeof(*kf) + n + 1);
+	if (!kf)
+		return -ENOMEM;
+	memcpy(kf->path, path, n + 1);
+	pthread_mutex_init(&kf->lock, NULL);
+	cond_init_mono(&kf->cond);
+	kf->refs = 2;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	rc = -pthread_create(&t, &attr, keyfile_reader, kf);
+	pthread_attr_destroy(&attr);
+	if (rc) {
+		pthread_cond_destroy(&kf->cond);
+		pthread_mutex_destroy(&kf->lock);
+		free(kf);
+		return rc;
+	}
+	*out = kf;
+	return 0;
+}
+
+void rtrs_keyfile_free(struct rtrs_keyfile *kf)
+{
+	if (!kf)
+		return;
+	pthread_mutex_lock(&kf->lock);
+	kf->stop = true;
+	pthread_cond_broadcast(&kf->cond);
+	pthread_mutex_unlock(&kf->lock);
+	keyfile_unref(kf);
+}
+
+const char *rtrs_keyfile_path(const struct rtrs_keyfile *kf)
+{
+	return kf->path;
+}
+
+int rtrs_keyfile_lookup(struct rtrs_keyfile *kf, const char *host, struct rtrs_auth_key *hkey,
+			struct rtrs_auth_key *ckey, unsigned *line, const char **why)
+{
+	struct timespec dl = deadline_ms(RTRS_KEYFILE_WAIT_MS);
+	char *copy = NULL;
+	size_t len = 0;
+	uint64_t want;
+	int rc = 0, w = 0;
+
+	if (line)
+		*line = 0;
+	pthread_mutex_lock(&kf->lock);
+	want = ++kf->asked;
+	pthread_cond_broadcast(&kf->cond);
+	while (kf->done < want && w != ETIMEDOUT)
+		w = pthread_cond_timedwait(&kf->cond, &kf->lock, &dl);
+	if (kf->done < want) {
+		rc = -ETIMEDOUT;
+		if (why)
+			*why = "reading the key file did not finish in time";
+	} else if (kf->err) {
+		rc = kf->err;
+		if (why)
+			*why = kf->why;
+	} else {
+		len = kf->len;
+		copy = malloc(len + 1);
+		if (copy)
+			memcpy(copy, kf->buf, len + 1);
+		else
+			rc = -ENOMEM;
+	}
+	pthread_mutex_unlock(&kf->lock);
+	if (rc)
+		return rc;
+	rc = keyfile_parse(copy, len, host, hkey, ckey, line, why);
+	free_secret(copy, len);
 	return rc;
 }
 

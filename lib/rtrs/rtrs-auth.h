@@ -126,6 +126,21 @@ int rtrs_auth_key_load(const char *arg, struct rtrs_auth_key *out, const char **
 int rtrs_auth_keyfile_lookup(const char *path, const char *host, struct rtrs_auth_key *hkey,
 			     struct rtrs_auth_key *ckey, unsigned *line, const char **why);
 
+/*
+ * The same lookup on a key file read by a thread of its own, so that a
+ * file that blocks (a hung network file system) never stalls the caller
+ * for longer than RTRS_KEYFILE_WAIT_MS: then -ETIMEDOUT. Each lookup reads
+ * the file afresh. Free with rtrs_keyfile_free (a reader stuck in the
+ * file goes when the read returns).
+ */
+#define RTRS_KEYFILE_WAIT_MS 1000
+struct rtrs_keyfile;
+int rtrs_keyfile_new(const char *path, struct rtrs_keyfile **out);
+void rtrs_keyfile_free(struct rtrs_keyfile *kf);
+const char *rtrs_keyfile_path(const struct rtrs_keyfile *kf);
+int rtrs_keyfile_lookup(struct rtrs_keyfile *kf, const char *host, struct rtrs_auth_key *hkey,
+			struct rtrs_auth_key *ckey, unsigned *line, const char **why);
+
 /* ---- the exchange ----------------------------------------------------------- */
 
 /*

@@ -586,14 +586,9 @@ static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
 		return;
 	}
 	step = rtrs_auth_srv_step(&p->auth, buf, len, p->auth_tx, sizeof(p->auth_tx), &out_len);
-	/*
-	 * Before the answer goes out: once the client reads SUCCESS1 it may
-	 * request its next connection at once, and srv_on_connreq (on the
-	 * loop) must find the host already proven.
-	 */
+	rc = out_len ? fab_send(p->cons[0].fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL) : 0;
 	if (p->auth.host_ok)
 		atomic_store(&p->auth_host_ok, true);
-	rc = out_len ? fab_send(p->cons[0].fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL) : 0;
 	switch (step) {
 	case RTRS_AUTH_CONTINUE:
 		break;
@@ -1555,13 +1550,32 @@ static int srv_opts_validate(const struct rtrs_srv_ops *ops, const struct rtrs_s
 	return 0;
 }
 
-/* Authentication settings, checked now so that a typo fails at start. */
-static int srv_auth_setup(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_opts *o)
+/* The whole key file must parse; which host we look up does not matter. */
+static int srv_check_keys(struct rtrs_srv_ctx *ctx)
 {
 	struct rtrs_auth_cfg *cfg = &ctx->auth_cfg;
 	struct rtrs_auth_key hk, ck;
 	const char *why = NULL;
 	unsigned line = 0;
+	int rc;
+
+	rc = rtrs_keyfile_lookup(cfg->keyfile, "(validation)", &hk, &ck, &line, &why);
+	rtrs_auth_wipe(&hk, sizeof(hk));
+	rtrs_auth_wipe(&ck, sizeof(ck));
+	if (rc == -ESRCH)
+		return 0;
+	if (rc && line)
+		log_err("server: %s line %u: %s", cfg->keys_file, line, why ? why : "invalid");
+	else if (rc)
+		log_err("server: authentication key file %s: %s", cfg->keys_file,
+			why ? why : strerror(-rc));
+	return rc;
+}
+
+/* Authentication settings, checked now so that a typo fails at start. */
+static int srv_auth_setup(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_opts *o)
+{
+	struct rtrs_auth_cfg *cfg = &ctx->auth_cfg;
 	int rc;
 
 	snprintf(cfg->name, sizeof(cfg->name), "%s", o->auth_name ? o->auth_name : "rtrs-server");
@@ -1571,19 +1585,27 @@ static int srv_auth_setup(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_opts *
 	snprintf(ctx->auth_keys_file, sizeof(ctx->auth_keys_file), "%s", o->auth_keys_file);
 	cfg->keys_file = ctx->auth_keys_file;
 	ctx->auth_required = true;
-	/* The whole file must parse; which host we look up does not matter. */
-	rc = rtrs_auth_keyfile_lookup(cfg->keys_file, "(validation)", &hk, &ck, &line, &why);
-	rtrs_auth_wipe(&hk, sizeof(hk));
-	rtrs_auth_wipe(&ck, sizeof(ck));
-	if (rc && rc != -ESRCH) {
-		if (line)
-			log_err("server: %s line %u: %s", cfg->keys_file, line, why ? why : "invalid");
-		else
-			log_err("server: authentication key file %s: %s", cfg->keys_file,
-				why ? why : strerror(-rc));
+	rc = rtrs_keyfile_new(cfg->keys_file, &cfg->keyfile);
+	if (rc) {
+		log_err("server: cannot start reading %s: %s", cfg->keys_file, strerror(-rc));
 		return rc;
 	}
-	return 0;
+	return srv_check_keys(ctx);
+}
+
+RTRS_EXPORT
+int rtrs_srv_check_keys(struct rtrs_srv_ctx *ctx)
+{
+	int rc;
+
+	if (!ctx)
+		return -EINVAL;
+	if (!ctx->auth_cfg.keyfile)
+		return -ENOENT;
+	rc = srv_check_keys(ctx);
+	if (!rc)
+		log_info("server: key file %s read again: it parses", ctx->auth_keys_file);
+	return rc;
 }
 
 RTRS_EXPORT
@@ -1611,6 +1633,7 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 	ctx->opts.auth_dhgroups = NULL;
 	rc = srv_auth_setup(ctx, o);
 	if (rc) {
+		rtrs_keyfile_free(ctx->auth_cfg.keyfile);
 		free(ctx);
 		return rc;
 	}
@@ -1631,6 +1654,7 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 
 out_free:
 	loop_destroy(ctx->loop);
+	rtrs_keyfile_free(ctx->auth_cfg.keyfile);
 	pthread_mutex_destroy(&ctx->lock);
 	pthread_cond_destroy(&ctx->cond);
 	free(ctx);
@@ -1713,6 +1737,7 @@ void rtrs_srv_close(struct rtrs_srv_ctx *ctx)
 	pthread_mutex_unlock(&ctx->lock);
 	loop_destroy(ctx->loop);
 	fab_close(ctx->fab);
+	rtrs_keyfile_free(ctx->auth_cfg.keyfile);
 	pthread_mutex_destroy(&ctx->lock);
 	pthread_cond_destroy(&ctx->cond);
 	free(ctx);

@@ -53,6 +53,7 @@ static atomic_int stale_writes;
 static void *_Atomic stale_chunk;
 static char keys_path[256];
 static int srv_port;
+static char dst_buf[64];
 
 static int srv_rdma_ev(void *priv, struct rtrs_srv_op *op, enum rtrs_dir dir, void *data,
 		       size_t len, const void *usr, size_t usrlen)
@@ -642,6 +643,106 @@ static void test_opens_under_load(void)
 	srv_stop();
 }
 
+/* rtrs_srv_open in a thread of its own: a hang shows as a timeout, not a stuck test. */
+struct open_call {
+	struct rtrs_srv_opts so;
+	struct rtrs_srv_ctx *ctx;
+	int rc;
+	atomic_bool done;
+};
+
+static void *open_thread(void *arg)
+{
+	struct open_call *c = arg;
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev, .link_ev = srv_link_ev };
+
+	c->rc = rtrs_srv_open(&ops, &c->so, &c->ctx);
+	atomic_store(&c->done, true);
+	return NULL;
+}
+
+/*
+ * A FIFO as the key file (or anything that is not a regular file): the
+ * server refuses it at once instead of blocking in open(); swapped in at
+ * run time, an authentication fails (no FAILURE1: the host may retry) and
+ * the server goes on taking sessions once the file is right again.
+ */
+static void test_fifo_key_file(void)
+{
+	struct open_call *c = calloc(1, sizeof(*c));
+	char fifo[300], saved[300];
+	struct rtrs_clt_opts o;
+	struct rtrs_path_addr pa;
+	struct rtrs_clt_sess *sess = NULL;
+	pthread_t t;
+	uint64_t t0;
+	size_t mark;
+	int rc;
+
+	snprintf(fifo, sizeof(fifo), "%s.fifo", keys_path);
+	snprintf(saved, sizeof(saved), "%s.saved", keys_path);
+	CHECK_EQ(mkfifo(fifo, 0600), 0);
+	rtrs_srv_opts_init(&c->so, sizeof(c->so));
+	c->so.addr = test_addr();
+	c->so.provider = test_provider();
+	c->so.auth_name = SERVER;
+	c->so.auth_keys_file = fifo;
+	CHECK_EQ(pthread_create(&t, NULL, open_thread, c), 0);
+	for (int i = 0; i < 300 && !atomic_load(&c->done); i++)
+		usleep(10 * 1000);
+	CHECK(atomic_load(&c->done), "the server's start returned with a FIFO as its key file");
+	if (!atomic_load(&c->done)) {
+		/* Let the stuck open() go: a writer appears, and leaves. */
+		int fd = open(fifo, O_WRONLY | O_NONBLOCK);
+
+		if (fd >= 0)
+			close(fd);
+	}
+	pthread_join(t, NULL);
+	CHECK_EQ(c->rc, -EINVAL);
+	if (!c->rc)
+		rtrs_srv_close(c->ctx);
+	CHECK(log_has("not a regular file"), "the server says why");
+
+	/* At run time. */
+	write_keys(KEY_A, NULL);
+	srv_start(true, 0);
+	CHECK_EQ(rename(keys_path, saved), 0);
+	CHECK_EQ(rename(fifo, keys_path), 0);
+	clt_opts(&o, &pa, dst_buf, sizeof(dst_buf));
+	o.auth_secret = KEY_A;
+	mark = log_len;
+	t0 = test_now_ms();
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc != 0 && rc != -EKEYREJECTED && rc != -ENOKEY,
+	      "authentication with a FIFO as the key file: %s", strerror(-rc));
+	CHECK(test_now_ms() - t0 < 3000, "failed after %llu ms",
+	      (unsigned long long)(test_now_ms() - t0));
+	if (!rc)
+		rtrs_clt_close(sess);
+	CHECK(strstr(log_since(mark), "is not a regular file") != NULL,
+	      "the server says why the authentication failed");
+	CHECK_EQ(rename(saved, keys_path), 0);
+	unlink(fifo);
+	sess = NULL;
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc == 0, "a session once the key file is right again: %s", strerror(-rc));
+	if (!rc) {
+		CHECK(io_verified(sess, 0, 11), "IO after the key file came back");
+		rtrs_clt_close(sess);
+	}
+	/* Checked on demand (rnbd-server's SIGHUP): a broken line is named. */
+	CHECK_EQ(rtrs_srv_check_keys(srv), 0);
+	write_keys("DHHC-1:00:broken:", NULL);
+	mark = log_len;
+	CHECK_EQ(rtrs_srv_check_keys(srv), -EINVAL);
+	CHECK(strstr(log_since(mark), "line 3") != NULL, "the broken line is named");
+	write_keys(KEY_A, NULL);
+	CHECK_EQ(rtrs_srv_check_keys(srv), 0);
+	srv_stop();
+	free(c);
+}
+
 static void test_no_secret_logged(void)
 {
 	const char *keys[] = { KEY_A, KEY_B, KEY_C };
@@ -719,6 +820,7 @@ int main(void)
 	test_refused_by_user();
 	test_session_of_another_host();
 	test_opens_under_load();
+	test_fifo_key_file();
 	test_no_secret_logged();
 	rtrs_set_log_fn(NULL, NULL);
 	if (g_failures)

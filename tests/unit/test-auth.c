@@ -727,6 +727,37 @@ static void test_keyfile(void)
 	CHECK_WHY(0, rtrs_auth_keyfile_lookup(path, "nqn.host-1", &hk, &ck, &line, WHY));
 	CHECK(hk.len == 64 && !memcmp(hk.key, h2.key, 64) && ck.len == 0);
 
+	/* The same through the reader thread, which reads afresh each time. */
+	struct rtrs_keyfile *kf = NULL;
+
+	CHECK_EQ(rtrs_keyfile_new(path, &kf), 0);
+	if (kf) {
+		CHECK_WHY(0, rtrs_keyfile_lookup(kf, "nqn.host-1", &hk, &ck, &line, WHY));
+		CHECK(hk.len == 64 && !memcmp(hk.key, h2.key, 64) && ck.len == 0);
+		snprintf(text, sizeof(text), "nqn.host-1 %s\t%s\n", s1, t1);
+		write_file(path, 0600, text);
+		CHECK_WHY(0, rtrs_keyfile_lookup(kf, "nqn.host-1", &hk, &ck, &line, WHY));
+		CHECK(hk.len == 32 && !memcmp(hk.key, h1.key, 32) && ck.len == 48);
+		CHECK_WHY(-ESRCH, rtrs_keyfile_lookup(kf, "nqn.host-9", &hk, &ck, &line, WHY));
+		rtrs_keyfile_free(kf);
+	}
+
+	/* Only a regular file: a FIFO is refused at once, never waited on. */
+	char fifo[300];
+
+	snprintf(fifo, sizeof(fifo), "%s/fifo", tmpdir);
+	CHECK_EQ(mkfifo(fifo, 0600), 0);
+	alarm(10); /* blocking in open() would end the test here */
+	CHECK_WHY(-EINVAL, rtrs_auth_keyfile_lookup(fifo, "nqn.host-1", &hk, &ck, &line, WHY));
+	CHECK_EQ(rtrs_keyfile_new(fifo, &kf), 0);
+	if (kf) {
+		CHECK_WHY(-EINVAL, rtrs_keyfile_lookup(kf, "nqn.host-1", &hk, &ck, &line, WHY));
+		rtrs_keyfile_free(kf);
+	}
+	alarm(0);
+	unlink(fifo);
+	log_clear();
+
 	/* Malformed lines: -EINVAL with the line number, whichever host is asked for. */
 	static const char *const bad[] = {
 		"nqn.bad %s\n",                   /* 0: bad CRC (host secret) */
