@@ -883,8 +883,9 @@ static void clt_con_imm(void *priv, uint32_t imm)
 		clt_handle_rsp(con, payload);
 		break;
 	case RTRS_HB_MSG_IMM:
-		rc = fab_write_imm(con->fc, p->srv_imm.addr, p->srv_imm.key,
-				   rtrs_to_imm(RTRS_HB_ACK_IMM, 0));
+		if (con->cid != 0)
+			break;
+		rc = rtrs_hb_post(&p->hb, con->fc, p->srv_imm.addr, p->srv_imm.key, true);
 		if (rc && rc != -EAGAIN)
 			clt_fail_path(p, rc);
 		break;
@@ -977,7 +978,10 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 
 static void clt_con_done(void *priv, void *ctx)
 {
-	/* Nothing posted by the client asks for a completion (ctx is NULL). */
+	struct clt_con *con = priv;
+
+	/* Only heartbeats ask for a completion. */
+	rtrs_hb_done(&con->path->hb, ctx);
 }
 
 static const struct fab_con_ops clt_con_ops = {
@@ -1230,8 +1234,7 @@ static void path_hb_timer(struct loop_timer *t)
 		clt_fail_path(p, -ETIMEDOUT);
 		return;
 	}
-	rc = fab_write_imm(p->cons[0].fc, p->srv_imm.addr, p->srv_imm.key,
-			   rtrs_to_imm(RTRS_HB_MSG_IMM, 0));
+	rc = rtrs_hb_post(&p->hb, p->cons[0].fc, p->srv_imm.addr, p->srv_imm.key, false);
 	if (rc && rc != -EAGAIN) {
 		log_err("%s: sending a heartbeat failed: %s", p->name, strerror(-rc));
 		clt_fail_path(p, rc);
@@ -1531,7 +1534,7 @@ static int path_connect(struct clt_path *p, bool retry)
 	atomic_store(&p->fail_err, 0);
 	atomic_store(&p->fail_dnr, false);
 	atomic_store(&p->refused, false);
-	atomic_store(&p->hb.missed, 0);
+	rtrs_hb_reset(&p->hb);
 	p->recon_cnt++;
 	/* The server's queue depth is not known yet: ask for room for a large one. */
 	rc = fab_open(s->provider, p->src[0] ? p->src : NULL, p->host, p->port, false,

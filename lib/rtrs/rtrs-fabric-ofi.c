@@ -55,6 +55,7 @@ struct fab {
 	struct fab_attr attr;
 	bool prov_key;
 	bool imm_by_send;   /* no remote CQ data: immediates travel as messages */
+	bool tx_counted;    /* the provider queues sends without bound: count them */
 	atomic_uint_fast64_t next_key;   /* 32-bit keys: counter, round and round */
 	atomic_uint_fast64_t next_key64; /* FAB_MR_KEY64: counter from 2^32, never again */
 	struct keyperm keys;             /* the domain's secret permutation of both */
@@ -99,6 +100,8 @@ struct fab_con {
 	atomic_bool kicked;    /* ops->kick is due */
 	atomic_uint posts;     /* for fault injection */
 	atomic_bool retry;     /* ops->kick again after a short wait */
+	atomic_uint tx_posted; /* tx_counted: posted and not completed */
+	unsigned tx_max;       /* ... at most this many (the granted tx size) */
 	pthread_mutex_t rx_lock; /* rx pool set up from another thread */
 };
 
@@ -304,6 +307,12 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 	a->max_queue = MIN(f->info->tx_attr->size, f->info->rx_attr->size);
 	a->inject_size = f->info->tx_attr->inject_size;
 	a->prov_key = f->prov_key;
+	/*
+	 * verbs has a send queue of the granted size and says -FI_EAGAIN when
+	 * it is full; tcp grows its queue on demand, so there every send asks
+	 * for a completion and the connection counts them (tx_reserve).
+	 */
+	f->tx_counted = strcmp(a->prov_name, "verbs") != 0;
 	atomic_init(&f->next_key, 0);
 	atomic_init(&f->next_key64, KEYPERM_KEY64_MIN);
 	log_dbg("fabric: %s mr_local=%d virt_addr=%d prov_key=%d rx_cq_data=%d imm_by_send=%d iov=%zu rma_iov=%zu",
@@ -655,8 +664,11 @@ static void handle_comp(struct fab_con *c, const struct fi_cq_data_entry *e)
 		}
 		c->cfg.ops->recv(c->cfg.priv, e->op_context, e->len);
 		rx_repost(c, e->op_context);
-	} else if (e->op_context && e->op_context != c) {
-		c->cfg.ops->done(c->cfg.priv, e->op_context);
+	} else {
+		if (c->fab->tx_counted)
+			atomic_fetch_sub_explicit(&c->tx_posted, 1, memory_order_relaxed);
+		if (e->op_context && e->op_context != c)
+			c->cfg.ops->done(c->cfg.priv, e->op_context);
 	}
 }
 
@@ -859,6 +871,7 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 	}
 	/* Within what the domain was granted (fab_open's queue). */
 	info->tx_attr->size = MIN(MAX(cfg->tx_depth, 16), f->attr.max_queue);
+	c->tx_max = (unsigned)info->tx_attr->size;
 	info->rx_attr->size = MIN(MAX(MAX(rx_depth, cfg->rx_queue), 16), f->attr.max_queue);
 	if (rx_depth > info->rx_attr->size) {
 		log_warn("%s: %zu receives wanted, the provider grants %zu", c->name, rx_depth,
@@ -1066,6 +1079,34 @@ static void ofi_con_local(const struct fab_con *c, char *buf, size_t len)
 		sockaddr_str(&ss, buf, len);
 }
 
+/*
+ * tx_counted: room for one more send, or -EAGAIN; tx_unreserve gives it
+ * back when posting failed. Each counted send asks for a completion, which
+ * gives it back in handle_comp.
+ */
+static int tx_reserve(struct fab_con *c)
+{
+	if (!c->fab->tx_counted)
+		return 0;
+	if (atomic_fetch_add_explicit(&c->tx_posted, 1, memory_order_relaxed) >= c->tx_max) {
+		atomic_fetch_sub_explicit(&c->tx_posted, 1, memory_order_relaxed);
+		return -EAGAIN;
+	}
+	return 0;
+}
+
+static void tx_unreserve(struct fab_con *c)
+{
+	if (c->fab->tx_counted)
+		atomic_fetch_sub_explicit(&c->tx_posted, 1, memory_order_relaxed);
+}
+
+/* FI_COMPLETION where ctx asks for one, or where every send is counted. */
+static uint64_t tx_comp_flag(const struct fab_con *c, const void *ctx)
+{
+	return ctx || c->fab->tx_counted ? FI_COMPLETION : 0;
+}
+
 /* An immediate as a 4-byte message, injected: no buffer outlives the call. */
 static ssize_t imm_send(struct fab_con *c, uint32_t imm)
 {
@@ -1085,18 +1126,20 @@ static int ofi_write(struct fab_con *c, const struct iovec *iov, void *const *de
 		.context = ctx ? ctx : c, .data = imm,
 	};
 	bool imm_msg = with_imm && c->fab->imm_by_send;
-	uint64_t flags = (with_imm && !imm_msg ? FI_REMOTE_CQ_DATA : 0) | (ctx ? FI_COMPLETION : 0);
+	uint64_t flags = (with_imm && !imm_msg ? FI_REMOTE_CQ_DATA : 0) | tx_comp_flag(c, ctx);
 	ssize_t rc;
 
 	if (rma_cnt > ARRAY_SIZE(riov) || rma_cnt > c->fab->attr.rma_iov_limit ||
 	    iov_cnt > c->fab->attr.iov_limit)
 		return -EINVAL;
-	if (fault_eagain(c))
+	if (fault_eagain(c) || tx_reserve(c))
 		return -EAGAIN;
 	for (size_t i = 0; i < rma_cnt; i++)
 		riov[i] = (struct fi_rma_iov){ .addr = rma[i].addr, .len = rma[i].len,
 					       .key = rma[i].key };
 	rc = fi_writemsg(c->ep, &msg, flags);
+	if (rc)
+		tx_unreserve(c);
 	/*
 	 * The immediate follows as a message: send-after-write order makes its
 	 * arrival mean the data is placed. If it meets -EAGAIN the caller posts
@@ -1108,8 +1151,14 @@ static int ofi_write(struct fab_con *c, const struct iovec *iov, void *const *de
 }
 
 static int ofi_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
-			 uint64_t key, uint32_t imm)
+			 uint64_t key, uint32_t imm, void *ctx)
 {
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+	struct fi_rma_iov riov = { .addr = addr, .len = len, .key = key };
+	struct fi_msg_rma msg = {
+		.msg_iov = &iov, .iov_count = len ? 1 : 0, .rma_iov = &riov, .rma_iov_count = 1,
+		.context = ctx ? ctx : c, .data = imm,
+	};
 	ssize_t rc;
 
 	if (len > c->fab->attr.inject_size)
@@ -1123,9 +1172,23 @@ static int ofi_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_
 			if (rc)
 				return fab_errno(rc);
 		}
-		return fab_errno(imm_send(c, imm));
+		if (!ctx)
+			return fab_errno(imm_send(c, imm));
+		/* A completion wanted: the 4-byte message, copied, with one. */
+		struct le32 v = le32_put(imm);
+		struct iovec viov = { .iov_base = &v, .iov_len = sizeof(v) };
+		struct fi_msg m = { .msg_iov = &viov, .iov_count = 1, .context = ctx };
+
+		return fab_errno(fi_sendmsg(c->ep, &m, FI_INJECT | FI_COMPLETION));
 	}
-	return fab_errno(fi_inject_writedata(c->ep, buf, len, imm, 0, addr, key));
+	if (!ctx && !c->fab->tx_counted)
+		return fab_errno(fi_inject_writedata(c->ep, buf, len, imm, 0, addr, key));
+	if (tx_reserve(c))
+		return -EAGAIN;
+	rc = fi_writemsg(c->ep, &msg, FI_INJECT | FI_REMOTE_CQ_DATA | FI_COMPLETION);
+	if (rc)
+		tx_unreserve(c);
+	return fab_errno(rc);
 }
 
 static int ofi_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)
@@ -1142,7 +1205,13 @@ static int ofi_send(struct fab_con *c, const void *buf, size_t len, void *desc, 
 	 * connection's completion thread, so waiting for room is safe here.
 	 */
 	for (int tries = 0;; tries++) {
-		rc = fi_sendmsg(c->ep, &msg, ctx ? FI_COMPLETION : 0);
+		if (tx_reserve(c)) {
+			rc = -FI_EAGAIN;
+		} else {
+			rc = fi_sendmsg(c->ep, &msg, tx_comp_flag(c, ctx));
+			if (rc)
+				tx_unreserve(c);
+		}
 		if (rc != -FI_EAGAIN || tries == 1000 || pthread_equal(pthread_self(), c->thread))
 			break;
 		usleep(1000);

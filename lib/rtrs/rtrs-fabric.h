@@ -134,7 +134,7 @@ struct fab_ops {
 		     const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
 		     void *ctx);
 	int (*write_imm)(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
-			 uint64_t key, uint32_t imm);
+			 uint64_t key, uint32_t imm, void *ctx);
 	int (*send)(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx);
 };
 
@@ -301,7 +301,10 @@ static inline void fab_con_local(const struct fab_con *c, char *buf, size_t len)
 /*
  * RMA write from local iovecs (with their descs) to remote ranges; with_imm
  * attaches imm as remote CQ data. ctx != NULL asks for a completion (done).
- * -EAGAIN when the send queue is full.
+ * -EAGAIN when the send queue is full. Every posting call below keeps to
+ * the connection's tx_depth: where the provider's queue has no bound of
+ * its own (tcp queues without limit behind a peer that stops reading),
+ * the fabric layer counts what has not left yet and says -EAGAIN itself.
  */
 static inline int fab_write(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
 	      const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
@@ -312,7 +315,13 @@ static inline int fab_write(struct fab_con *c, const struct iovec *iov, void *co
 /* Empty write with immediate data to (addr, key): responses, heartbeats. */
 static inline int fab_write_imm(struct fab_con *c, uint64_t addr, uint64_t key, uint32_t imm)
 {
-	return fab_ops_of(c)->write_imm(c, NULL, 0, addr, key, imm);
+	return fab_ops_of(c)->write_imm(c, NULL, 0, addr, key, imm, NULL);
+}
+/* The same, with a completion (done(ctx)) once it has left. */
+static inline int fab_write_imm_ctx(struct fab_con *c, uint64_t addr, uint64_t key, uint32_t imm,
+				    void *ctx)
+{
+	return fab_ops_of(c)->write_imm(c, NULL, 0, addr, key, imm, ctx);
 }
 
 /*
@@ -322,7 +331,7 @@ static inline int fab_write_imm(struct fab_con *c, uint64_t addr, uint64_t key, 
 static inline int fab_write_imm_data(struct fab_con *c, const void *buf, size_t len,
 				     uint64_t addr, uint64_t key, uint32_t imm)
 {
-	return fab_ops_of(c)->write_imm(c, buf, len, addr, key, imm);
+	return fab_ops_of(c)->write_imm(c, buf, len, addr, key, imm, NULL);
 }
 /* Two-sided message from a registered (or mr_local-free) buffer. */
 static inline int fab_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)

@@ -129,7 +129,47 @@ struct rtrs_hb {
 	atomic_uint_fast64_t latency_ns;
 	unsigned interval_ms;
 	unsigned missed_max;
+	/*
+	 * One heartbeat and one ack on their way at a time: a peer that
+	 * floods heartbeats, or stops reading, gets no more than that queued
+	 * (the one on its way answers for the rest). Their addresses are the
+	 * completion contexts.
+	 */
+	atomic_bool msg_out, ack_out;
 };
+
+/* Posts a heartbeat (ack: its answer) on fc unless one is on its way. */
+static inline int rtrs_hb_post(struct rtrs_hb *hb, struct fab_con *fc, uint64_t addr,
+			       uint64_t key, bool ack)
+{
+	atomic_bool *out = ack ? &hb->ack_out : &hb->msg_out;
+	int rc;
+
+	if (atomic_exchange(out, true))
+		return 0;
+	rc = fab_write_imm_ctx(fc, addr, key,
+			       rtrs_to_imm(ack ? RTRS_HB_ACK_IMM : RTRS_HB_MSG_IMM, 0), out);
+	if (rc)
+		atomic_store(out, false);
+	return rc;
+}
+
+/* From a connection's done(): true when ctx was one of hb's. */
+static inline bool rtrs_hb_done(struct rtrs_hb *hb, void *ctx)
+{
+	if (ctx != &hb->msg_out && ctx != &hb->ack_out)
+		return false;
+	atomic_store((atomic_bool *)ctx, false);
+	return true;
+}
+
+/* A connection starts anew: nothing of an old one is on its way. */
+static inline void rtrs_hb_reset(struct rtrs_hb *hb)
+{
+	atomic_store(&hb->missed, 0);
+	atomic_store(&hb->msg_out, false);
+	atomic_store(&hb->ack_out, false);
+}
 
 /*
  * One heartbeat tick: returns true when the peer has been silent for too

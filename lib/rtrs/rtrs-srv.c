@@ -551,10 +551,9 @@ static void srv_con_imm(void *priv, uint32_t imm)
 		srv_handle_req(con, payload);
 		break;
 	case RTRS_HB_MSG_IMM:
-		if (atomic_load(&p->state) != RTRS_PATH_CONNECTED)
+		if (atomic_load(&p->state) != RTRS_PATH_CONNECTED || con->cid != 0)
 			break;
-		rc = fab_write_imm(con->fc, p->clt_imm.addr, p->clt_imm.key,
-				   rtrs_to_imm(RTRS_HB_ACK_IMM, 0));
+		rc = rtrs_hb_post(&p->hb, con->fc, p->clt_imm.addr, p->clt_imm.key, true);
 		if (rc && rc != -EAGAIN)
 			srv_fail_path(p, rc);
 		break;
@@ -682,6 +681,9 @@ static void srv_con_down(void *priv, int err, const void *data, size_t len)
 
 static void srv_con_done(void *priv, void *ctx)
 {
+	struct srv_con *con = priv;
+
+	rtrs_hb_done(&con->path->hb, ctx);
 }
 
 static const struct fab_con_ops srv_con_ops = {
@@ -1067,10 +1069,30 @@ static void path_hb_timer(struct loop_timer *t)
 		path_stop(p, -ETIMEDOUT);
 		return;
 	}
-	rc = fab_write_imm(p->cons[0].fc, p->clt_imm.addr, p->clt_imm.key,
-			   rtrs_to_imm(RTRS_HB_MSG_IMM, 0));
+	rc = rtrs_hb_post(&p->hb, p->cons[0].fc, p->clt_imm.addr, p->clt_imm.key, false);
 	if (rc && rc != -EAGAIN)
 		path_stop(p, rc);
+}
+
+/*
+ * Loop thread: a request to start p again arrived. The client may be gone
+ * (its link was cut and it reconnects elsewhere), or alive while someone
+ * replays its request: a heartbeat now, and the path's last beat counted
+ * as missed but one, so the next tick or the one after closes it unless
+ * the client answers. A live client keeps its path.
+ */
+static void path_probe(struct srv_path *p)
+{
+	int rc;
+
+	if (atomic_load(&p->hb.missed) + 1 < p->hb.missed_max)
+		atomic_store(&p->hb.missed, p->hb.missed_max - 1);
+	rc = rtrs_hb_post(&p->hb, p->cons[0].fc, p->clt_imm.addr, p->clt_imm.key, false);
+	if (rc && rc != -EAGAIN)
+		path_stop(p, rc);
+	else
+		log_info("%s: a request to start this path again: closing it unless the "
+			 "client answers a heartbeat", p->name);
 }
 
 static bool name_taken(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,
@@ -1400,12 +1422,16 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 	} else if (req.cid == 0 && (atomic_load(&p->state) == RTRS_PATH_CONNECTED ||
 				    p->cons[0].fc)) {
 		/*
-		 * The client starts this path again: it has given up on the old
-		 * one, which we may not have noticed yet. Close it; the client's
-		 * next attempt finds the path gone (or being freed).
+		 * The client starts this path again: it may have given up on
+		 * the old one without our noticing yet, or this is somebody
+		 * replaying its request. Only a path that has gone silent
+		 * goes: a connected one is probed (path_probe), one still
+		 * connecting ends on its own (its connections close, or the
+		 * connect timeout). The client's next attempt finds it gone.
 		 */
 		srv_reject(ctx, creq, peer, -EAGAIN, "the client reconnects a path still open here");
-		path_stop(p, -ECONNRESET);
+		if (atomic_load(&p->state) == RTRS_PATH_CONNECTED)
+			path_probe(p);
 		return;
 	} else if (atomic_load(&p->state) != RTRS_PATH_CONNECTING || req.cid_num != p->cid_num ||
 		   p->cons[req.cid].fc) {
