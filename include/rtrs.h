@@ -37,6 +37,10 @@ enum rtrs_dir { RTRS_READ = 0, RTRS_WRITE = 1 };
 #define RTRS_DEFAULT_HB_MISSED_MAX 3
 #define RTRS_DEFAULT_CONNECT_TIMEOUT_MS 10000
 #define RTRS_DEFAULT_FAST_IO_FAIL_MS 5000
+#define RTRS_DEFAULT_MAX_PENDING 32
+#define RTRS_DEFAULT_MAX_PENDING_PER_PEER 8
+#define RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS 5000
+#define RTRS_DEFAULT_MAX_SESSIONS 256
 
 /* One path: an optional source address and a destination "host[:port]". */
 struct rtrs_path_addr {
@@ -300,6 +304,24 @@ struct rtrs_srv_opts {
 	const char *auth_hashes;
 	const char *auth_dhgroups;
 	unsigned auth_timeout_ms;
+	/*
+	 * Limits (docs/security.md); 0 takes the default. A connection that
+	 * has not finished its handshake (a TCP connection that sent no
+	 * connection request yet, or a path not yet connected: with
+	 * authentication, one whose host has not proven itself) is pending:
+	 * at most max_pending (32) in all and max_pending_per_peer (8) from
+	 * one address; a new one beyond a limit closes the oldest pending
+	 * one of the same scope. A TCP connection that sends no request
+	 * within handshake_timeout_ms (5000) is closed. max_sessions (256)
+	 * connected sessions, and max_chunk_mem bytes of chunk memory for
+	 * all of them (default a quarter of the machine's memory): a session
+	 * beyond either is refused (ENOSPC, the client may retry).
+	 */
+	unsigned max_pending;
+	unsigned max_pending_per_peer;
+	unsigned handshake_timeout_ms;
+	unsigned max_sessions;
+	uint64_t max_chunk_mem;
 };
 
 /* Counters of a server, for tests and monitoring. */
@@ -314,11 +336,16 @@ struct rtrs_srv_stats {
 	uint64_t sessions;         /* sessions now, established or not */
 	uint64_t chunk_bytes;      /* chunk memory now mapped: only sessions whose path
 				      asked for its chunks (after authentication) have any */
+	uint64_t pending_evicted;  /* pending paths closed to make room for newer ones */
+	uint64_t raw_closed;       /* TCP connections closed before their request */
+	uint64_t limit_refusals;   /* sessions refused for max_sessions / max_chunk_mem */
 };
 
 int rtrs_srv_get_stats(struct rtrs_srv_ctx *ctx, struct rtrs_srv_stats *st);
 
 int rtrs_srv_opts_init(struct rtrs_srv_opts *opts, size_t size);
+/* The default of rtrs_srv_opts.max_chunk_mem on this machine. */
+uint64_t rtrs_default_max_chunk_mem(void);
 
 /*
  * Starts a server. It returns without touching the network: listening starts

@@ -61,6 +61,14 @@ struct fab {
 	struct keyperm keys;             /* the domain's secret permutation of both */
 };
 
+/* A socket the provider accepted that has not sent its connection request. */
+struct lst_raw {
+	unsigned long ino;  /* the socket's inode: fd numbers come round again */
+	int fd;
+	uint64_t since_ms;
+	char peer[INET6_ADDRSTRLEN];
+};
+
 struct fab_lst {
 	const struct fab_ops *ops;
 	struct fab *fab;
@@ -68,6 +76,12 @@ struct fab_lst {
 	struct fid_eq *eq;
 	int fd;
 	int port;
+	/* Raw connections at the listener (lst_sweep); the loop thread only. */
+	struct fab_lst_limits lim;
+	struct lst_raw *raw;
+	size_t nr_raw;
+	uint64_t last_sweep_ms;
+	uint64_t closed;
 };
 
 struct fab_connreq {
@@ -486,7 +500,171 @@ static void ofi_lst_close(struct fab_lst *l)
 		return;
 	fi_close(&l->pep->fid);
 	fi_close(&l->eq->fid);
+	free(l->raw);
 	free(l);
+}
+
+/*
+ * Raw connections: the tcp provider accepts every TCP connection at once
+ * and keeps it, a thread-less fd in the listener's epoll set, until a
+ * connection request arrives; one that never sends would be kept for
+ * ever, and enough of them use up the process's fds. The set is read from
+ * /proc/self/fdinfo of that epoll fd (only this thread, in fi_eq_read,
+ * adds or closes them, so the fds listed stay valid until we return). A
+ * socket past its deadline, or the oldest beyond a limit, is shut down:
+ * the provider then reads EOF and frees it as a failed request.
+ */
+static int raw_cmp(const void *a, const void *b)
+{
+	const struct lst_raw *x = a, *y = b;
+	int c = strcmp(x->peer, y->peer);
+
+	if (c)
+		return c;
+	return x->since_ms < y->since_ms ? -1 : x->since_ms > y->since_ms;
+}
+
+static bool raw_is_waiting_socket(int fd)
+{
+	int acc = 0;
+	socklen_t len = sizeof(acc);
+
+	/* Not a socket (the wait set's own signal fd), or the listening one. */
+	return getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &len) == 0 && !acc;
+}
+
+static void raw_peer(int fd, char *buf, size_t len)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	const void *a = NULL;
+
+	snprintf(buf, len, "?");
+	if (getpeername(fd, (struct sockaddr *)&ss, &sl))
+		return;
+	if (ss.ss_family == AF_INET)
+		a = &((struct sockaddr_in *)&ss)->sin_addr;
+	else if (ss.ss_family == AF_INET6)
+		a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+	if (a)
+		inet_ntop(ss.ss_family, a, buf, (socklen_t)len);
+}
+
+static bool raw_close(struct fab_lst *l, struct lst_raw *r)
+{
+	if (r->fd < 0)
+		return false;
+	shutdown(r->fd, SHUT_RDWR);
+	r->fd = -1;
+	l->closed++;
+	return true;
+}
+
+static void ofi_lst_sweep(struct fab_lst *l)
+{
+	const struct fab_lst_limits *lim = &l->lim;
+	uint64_t now = now_ms();
+	struct lst_raw *cur = NULL;
+	size_t n = 0, cap = 0, late = 0, over = 0;
+	char path[64], line[256];
+	FILE *f;
+
+	if (!lim->max_total && !lim->timeout_ms)
+		return;
+	l->last_sweep_ms = now;
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", l->fd);
+	f = fopen(path, "re");
+	if (!f) {
+		log_warn_rl("listener: cannot read %s: %s", path, strerror(errno));
+		return;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long ino = 0;
+		char *p = strstr(line, " ino:");
+		int fd;
+
+		if (sscanf(line, "tfd: %d", &fd) != 1 || !p || sscanf(p, " ino:%lx", &ino) != 1 ||
+		    !raw_is_waiting_socket(fd))
+			continue;
+		if (n == cap) {
+			struct lst_raw *nc = realloc(cur, (cap = cap ? cap * 2 : 64) * sizeof(*cur));
+
+			if (!nc)
+				break;
+			cur = nc;
+		}
+		struct lst_raw *r = &cur[n++];
+
+		*r = (struct lst_raw){ .ino = ino, .fd = fd, .since_ms = now };
+		for (size_t i = 0; i < l->nr_raw; i++) {
+			if (l->raw[i].ino == ino) {
+				r->since_ms = l->raw[i].since_ms;
+				memcpy(r->peer, l->raw[i].peer, sizeof(r->peer));
+				break;
+			}
+		}
+		if (r->since_ms == now)
+			raw_peer(fd, r->peer, sizeof(r->peer));
+	}
+	fclose(f);
+	qsort(cur, n, sizeof(*cur), raw_cmp);
+	/* Past the deadline; then the oldest of a peer over its share. */
+	for (size_t i = 0; i < n && lim->timeout_ms; i++)
+		if (now - cur[i].since_ms >= lim->timeout_ms)
+			late += raw_close(l, &cur[i]);
+	if (lim->max_per_peer) {
+		for (size_t i = 0; i < n;) {
+			size_t j = i, alive = 0;
+
+			while (j < n && !strcmp(cur[j].peer, cur[i].peer))
+				alive += cur[j++].fd >= 0;
+			for (size_t k = i; k < j && alive > lim->max_per_peer; k++)
+				if (raw_close(l, &cur[k])) {
+					alive--;
+					over++;
+				}
+			i = j;
+		}
+	}
+	if (lim->max_total) {
+		size_t alive = 0;
+
+		for (size_t i = 0; i < n; i++)
+			alive += cur[i].fd >= 0;
+		while (alive > lim->max_total) {
+			struct lst_raw *oldest = NULL;
+
+			for (size_t i = 0; i < n; i++)
+				if (cur[i].fd >= 0 && (!oldest || cur[i].since_ms < oldest->since_ms))
+					oldest = &cur[i];
+			raw_close(l, oldest);
+			alive--;
+			over++;
+		}
+	}
+	if (late || over)
+		log_warn_rl("listener: closed %zu connections that sent no connection request "
+			    "(%zu after %u ms, %zu over the limits of %u, %u per peer)", late + over,
+			    late, lim->timeout_ms, over, lim->max_total, lim->max_per_peer);
+	/* Keep what is still open for the next sweep. */
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++)
+		if (cur[i].fd >= 0)
+			cur[k++] = cur[i];
+	free(l->raw);
+	l->raw = cur;
+	l->nr_raw = k;
+}
+
+static void ofi_lst_limit(struct fab_lst *l, const struct fab_lst_limits *lim)
+{
+	l->lim = *lim;
+}
+
+static uint64_t ofi_lst_closed(const struct fab_lst *l)
+{
+	return l->closed;
 }
 
 static int ofi_lst_fd(const struct fab_lst *l)
@@ -507,15 +685,24 @@ static int ofi_lst_process(struct fab_lst *l,
 	struct fi_eq_cm_entry *ev = (struct fi_eq_cm_entry *)raw;
 	uint32_t event;
 
-	for (;;) {
+	for (unsigned laps = 1;; laps++) {
 		ssize_t rd = fi_eq_read(l->eq, &event, raw, sizeof(raw), 0);
 
+		/*
+		 * Each read may accept one more socket: a flood of them is
+		 * swept as it comes, never all the fds first.
+		 */
+		if ((laps & 7) == 0 && l->lim.max_total)
+			ofi_lst_sweep(l);
 		if (rd == -FI_EAGAIN) {
 			struct fid *fids[1] = { &l->eq->fid };
 
 			/* Sleep only when the fd is sure to signal new events. */
-			if (fi_trywait(l->fab->fabric, fids, 1) == FI_SUCCESS)
+			if (fi_trywait(l->fab->fabric, fids, 1) == FI_SUCCESS) {
+				if (laps > 1 && (l->lim.max_total || l->lim.timeout_ms))
+					ofi_lst_sweep(l);
 				return 0;
+			}
 			continue;
 		}
 		if (rd == -FI_EAVAIL) {
@@ -1231,6 +1418,9 @@ const struct fab_ops fab_ofi_ops = {
 	.lst_fd = ofi_lst_fd,
 	.lst_port = ofi_lst_port,
 	.lst_process = ofi_lst_process,
+	.lst_limit = ofi_lst_limit,
+	.lst_sweep = ofi_lst_sweep,
+	.lst_closed = ofi_lst_closed,
 	.reject = ofi_reject,
 	.connreq_peer = ofi_connreq_peer,
 	.con_connect = ofi_con_connect,

@@ -90,6 +90,18 @@ struct fab_con_ops {
 	void (*kick)(void *priv);
 };
 
+/*
+ * Connections accepted by the network that have not yet delivered their
+ * connection request (a TCP socket that sends nothing): at most max_total
+ * of them, max_per_peer from one address, each for timeout_ms; beyond
+ * that the oldest are closed. 0: no limit.
+ */
+struct fab_lst_limits {
+	unsigned max_total;
+	unsigned max_per_peer;
+	unsigned timeout_ms;
+};
+
 struct fab_rma {
 	uint64_t addr;  /* peer base + offset */
 	uint64_t len;
@@ -118,6 +130,9 @@ struct fab_ops {
 			   void (*cb)(void *priv, struct fab_connreq *req, const void *data,
 				      size_t len),
 			   void *priv);
+	void (*lst_limit)(struct fab_lst *l, const struct fab_lst_limits *lim);
+	void (*lst_sweep)(struct fab_lst *l);
+	uint64_t (*lst_closed)(const struct fab_lst *l);
 	int (*reject)(struct fab_lst *l, struct fab_connreq *req, const void *data, size_t len);
 	void (*connreq_peer)(const struct fab_connreq *req, char *buf, size_t len);
 	int (*con_connect)(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
@@ -217,6 +232,21 @@ static inline int fab_lst_process(struct fab_lst *l,
 		    void *priv)
 {
 	return fab_ops_of(l)->lst_process(l, cb, priv);
+}
+/* Sets the limits on raw connections; checked as requests come and by fab_lst_sweep. */
+static inline void fab_lst_limit(struct fab_lst *l, const struct fab_lst_limits *lim)
+{
+	fab_ops_of(l)->lst_limit(l, lim);
+}
+/* Enforces the deadline now (from a timer: nothing may arrive to trigger it). */
+static inline void fab_lst_sweep(struct fab_lst *l)
+{
+	fab_ops_of(l)->lst_sweep(l);
+}
+/* Raw connections closed so far. */
+static inline uint64_t fab_lst_closed(const struct fab_lst *l)
+{
+	return fab_ops_of(l)->lst_closed(l);
 }
 static inline int fab_reject(struct fab_lst *l, struct fab_connreq *req, const void *data, size_t len)
 {

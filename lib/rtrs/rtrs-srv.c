@@ -53,7 +53,7 @@ struct srv_con {
 	struct srv_path *path;
 	unsigned cid;
 	struct fab_con *fc;
-	struct rtrs_desc sg_scratch[RTRS_MAX_READ_SG]; /* completion thread only */
+	struct rtrs_desc *sg_scratch; /* RTRS_MAX_READ_SG; completion thread only */
 	pthread_mutex_t pending_lock;
 	struct rtrs_srv_op *pending_head, *pending_tail;
 };
@@ -63,6 +63,7 @@ struct srv_path {
 	struct srv_path *next;
 	uint8_t uuid[RTRS_UUID_LEN];
 	char peer[64];
+	char peer_host[64];         /* the peer's address without the port: limits */
 	/*
 	 * The log name: "(new)/peer" until the info request names the session,
 	 * then "session/peer". Connection threads log with it while the loop
@@ -179,6 +180,7 @@ struct rtrs_srv_ctx {
 	struct {
 		atomic_uint_fast64_t connreqs, rejects, auth_ok, auth_failed, auth_timeouts;
 		atomic_uint_fast64_t key_rotations, chunk_bytes;
+		atomic_uint_fast64_t pending_evicted, limit_refusals, raw_closed;
 	} st;
 };
 
@@ -802,6 +804,13 @@ static int sess_map_chunks(struct rtrs_srv_sess *s)
 
 	if (s->chunks_mapped)
 		return 0;
+	if (atomic_load(&s->ctx->st.chunk_bytes) + s->chunk_bytes > s->ctx->opts.max_chunk_mem) {
+		log_err("server: session %s: its %zu bytes of chunks would pass the limit of %llu "
+			"(max_chunk_mem)", s->name, s->chunk_bytes,
+			(unsigned long long)s->ctx->opts.max_chunk_mem);
+		atomic_fetch_add(&s->ctx->st.limit_refusals, 1);
+		return -ENOSPC;
+	}
 	rc = sess_map_chunks_(s);
 	if (rc) {
 		sess_unmap_chunks(s);
@@ -866,8 +875,10 @@ static void path_free(struct srv_path *p)
 	free(p->fence_keys);
 	free(p->info_rsp);
 	rtrs_auth_txn_end(&p->auth);
-	for (unsigned i = 0; i < p->cid_num; i++)
+	for (unsigned i = 0; i < p->cid_num; i++) {
 		pthread_mutex_destroy(&p->cons[i].pending_lock);
+		free(p->cons[i].sg_scratch);
+	}
 	free(p->cons);
 	pthread_rwlock_destroy(&p->post_lock);
 	log_dbg("%s: path freed", p->name);
@@ -1095,6 +1106,60 @@ static void path_probe(struct srv_path *p)
 			 "client answers a heartbeat", p->name);
 }
 
+/* Sessions with a name: a path of theirs got as far as the info request. */
+static unsigned sessions_named(const struct rtrs_srv_ctx *ctx)
+{
+	unsigned n = 0;
+
+	for (const struct rtrs_srv_sess *s = ctx->sessions; s; s = s->next)
+		n += s->name[0] != 0;
+	return n;
+}
+
+/*
+ * A path still to prove itself: not connected, and with authentication
+ * on, its host not authenticated yet. These are what a peer can hold
+ * without any key.
+ */
+static bool path_pending(const struct srv_path *p)
+{
+	return atomic_load(&p->state) == RTRS_PATH_CONNECTING &&
+	       !(p->sess->ctx->auth_required && atomic_load(&p->auth_host_ok));
+}
+
+/*
+ * Loop thread: room for one more pending path from host. At a limit (all
+ * pending paths, or those of host) the oldest pending path in that scope
+ * is closed: a peer that holds half-open paths loses the oldest, while a
+ * client mid-handshake, being newer, goes on. -EBUSY when nothing can go.
+ */
+static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host)
+{
+	for (int scope = 0; scope < 2; scope++) {
+		unsigned max = scope ? ctx->opts.max_pending_per_peer : ctx->opts.max_pending, n = 0;
+		struct srv_path *oldest = NULL;
+
+		for (struct rtrs_srv_sess *s = ctx->sessions; s; s = s->next) {
+			for (struct srv_path *p = s->paths; p; p = p->next) {
+				if (!path_pending(p) || (scope && strcmp(p->peer_host, host)))
+					continue;
+				n++;
+				if (!oldest || p->created_ms < oldest->created_ms)
+					oldest = p;
+			}
+		}
+		if (n < max)
+			continue;
+		if (!oldest)
+			return -EBUSY;
+		log_warn("%s: closed to make room for a new connection from %s (%u pending%s%s)",
+			 oldest->name, host, n, scope ? " from " : " in all", scope ? host : "");
+		atomic_fetch_add(&ctx->st.pending_evicted, 1);
+		path_stop(oldest, -ETIMEDOUT);
+	}
+	return 0;
+}
+
 static bool name_taken(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,
 		       const char *name)
 {
@@ -1202,6 +1267,13 @@ static void path_info_work(struct loop_work *w)
 			path_refuse(p, -EPERM, true);
 			return;
 		}
+		if (sessions_named(ctx) >= ctx->opts.max_sessions) {
+			log_err("%s: session %s refused: %u sessions already (max_sessions)", p->name,
+				p->info.pathname, ctx->opts.max_sessions);
+			atomic_fetch_add(&ctx->st.limit_refusals, 1);
+			path_refuse(p, -ENOSPC, false);
+			return;
+		}
 		snprintf(s->name, sizeof(s->name), "%s", p->info.pathname);
 	}
 	if (ctx->auth_required && !s->auth_host[0])
@@ -1211,6 +1283,10 @@ static void path_info_work(struct loop_work *w)
 	p->clt_imm = (struct rtrs_desc){ .addr = p->info.imm_addr, .key = p->info.imm_key };
 
 	rc = sess_map_chunks(s);
+	if (rc == -ENOSPC) {
+		path_refuse(p, rc, false);
+		return;
+	}
 	if (!rc)
 		rc = path_info_rsp(p);
 	if (!rc)
@@ -1246,6 +1322,19 @@ static void path_info_work(struct loop_work *w)
 	log_info("%s: path connected (%u connections)", p->name, p->cid_num);
 }
 
+/* "host:port" or "[v6]:port" to the host alone. */
+static void peer_host_of(const char *peer, char *buf, size_t len)
+{
+	const char *colon = strrchr(peer, ':');
+	size_t n = colon ? (size_t)(colon - peer) : strlen(peer);
+
+	if (n >= 2 && peer[0] == '[' && peer[n - 1] == ']') {
+		peer++;
+		n -= 2;
+	}
+	snprintf(buf, len, "%.*s", (int)n, peer);
+}
+
 static int path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 		       const char *peer, struct srv_path **out)
 {
@@ -1264,6 +1353,7 @@ static int path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	p->sess = s;
 	memcpy(p->uuid, req->sess_uuid, RTRS_UUID_LEN);
 	snprintf(p->peer, sizeof(p->peer), "%s", peer);
+	peer_host_of(peer, p->peer_host, sizeof(p->peer_host));
 	snprintf(p->name_new, sizeof(p->name_new), "%s/%s", s->name[0] ? s->name : "(new)", peer);
 	p->name = p->name_new;
 	p->cid_num = req->cid_num;
@@ -1408,6 +1498,16 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 	}
 	p = path_find(s, req.sess_uuid);
 	if (!p) {
+		char host[64];
+
+		peer_host_of(peer, host, sizeof(host));
+		rc = req.cid == 0 ? pending_admit(ctx, host) : 0;
+		if (rc) {
+			srv_reject(ctx, creq, peer, rc, "too many connections still to prove themselves");
+			if (!s->paths)
+				sess_free(s);
+			return;
+		}
 		if (s->paths_num >= RTRS_MAX_PATHS) {
 			srv_reject(ctx, creq, peer, -ECONNRESET, "too many paths in the session");
 			return;
@@ -1469,6 +1569,15 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 	};
 
 	snprintf(name, sizeof(name), "%s#%u", p->name, req.cid);
+	/* Allocated as connections come, not for all those the request announces. */
+	if (!p->cons[req.cid].sg_scratch) {
+		p->cons[req.cid].sg_scratch = calloc(RTRS_MAX_READ_SG, sizeof(struct rtrs_desc));
+		if (!p->cons[req.cid].sg_scratch) {
+			srv_reject(ctx, creq, peer, -ENOMEM, "cannot allocate the connection");
+			path_stop(p, -ENOMEM);
+			return;
+		}
+	}
 	rtrs_conn_rsp_encode(&msg, &rsp);
 	rc = fab_con_accept(ctx->fab, creq, &cfg, &msg, sizeof(msg), &p->cons[req.cid].fc);
 	if (rc) {
@@ -1487,6 +1596,7 @@ static void srv_lst_cb(struct loop_fd *h, uint32_t events)
 	struct rtrs_srv_ctx *ctx = container_of(h, struct rtrs_srv_ctx, lst_h);
 
 	fab_lst_process(ctx->lst, srv_on_connreq, ctx);
+	atomic_store(&ctx->st.raw_closed, fab_lst_closed(ctx->lst));
 }
 
 static void srv_listen_timer(struct loop_timer *t)
@@ -1495,6 +1605,12 @@ static void srv_listen_timer(struct loop_timer *t)
 	char port[8];
 	int rc;
 
+	if (ctx->lst) {
+		/* Listening: the timer now enforces the handshake deadline. */
+		fab_lst_sweep(ctx->lst);
+		atomic_store(&ctx->st.raw_closed, fab_lst_closed(ctx->lst));
+		return;
+	}
 	snprintf(port, sizeof(port), "%u", ctx->opts.port);
 	if (!ctx->fab) {
 		rc = fab_open(ctx->provider, NULL, ctx->addr, port, true, ctx->opts.queue_depth + 16,
@@ -1513,7 +1629,14 @@ static void srv_listen_timer(struct loop_timer *t)
 		ctx->lst = NULL;
 		goto retry;
 	}
-	loop_timer_arm(&ctx->listen_timer, 0, 0);
+	struct fab_lst_limits lim = {
+		.max_total = ctx->opts.max_pending, .max_per_peer = ctx->opts.max_pending_per_peer,
+		.timeout_ms = ctx->opts.handshake_timeout_ms,
+	};
+	unsigned tick = MAX(MIN(ctx->opts.handshake_timeout_ms / 4, 1000u), 10u);
+
+	fab_lst_limit(ctx->lst, &lim);
+	loop_timer_arm(&ctx->listen_timer, tick, tick);
 	pthread_mutex_lock(&ctx->lock);
 	ctx->listening = true;
 	ctx->port = fab_lst_port(ctx->lst);
@@ -1574,6 +1697,21 @@ static int srv_opts_validate(const struct rtrs_srv_ops *ops, const struct rtrs_s
 		return -EINVAL;
 	}
 	return 0;
+}
+
+/* Limits left at 0 take their defaults (struct rtrs_srv_opts). */
+static void srv_opts_defaults(struct rtrs_srv_opts *o)
+{
+	if (!o->max_pending)
+		o->max_pending = RTRS_DEFAULT_MAX_PENDING;
+	if (!o->max_pending_per_peer)
+		o->max_pending_per_peer = MIN(RTRS_DEFAULT_MAX_PENDING_PER_PEER, o->max_pending);
+	if (!o->handshake_timeout_ms)
+		o->handshake_timeout_ms = RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS;
+	if (!o->max_sessions)
+		o->max_sessions = RTRS_DEFAULT_MAX_SESSIONS;
+	if (!o->max_chunk_mem)
+		o->max_chunk_mem = rtrs_default_max_chunk_mem();
 }
 
 /* The whole key file must parse; which host we look up does not matter. */
@@ -1657,6 +1795,7 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 	ctx->opts.auth_name = NULL;
 	ctx->opts.auth_hashes = NULL;
 	ctx->opts.auth_dhgroups = NULL;
+	srv_opts_defaults(&ctx->opts);
 	rc = srv_auth_setup(ctx, o);
 	if (rc) {
 		rtrs_keyfile_free(ctx->auth_cfg.keyfile);
@@ -1699,6 +1838,9 @@ int rtrs_srv_get_stats(struct rtrs_srv_ctx *ctx, struct rtrs_srv_stats *st)
 	st->auth_timeouts = atomic_load(&ctx->st.auth_timeouts);
 	st->key_rotations = atomic_load(&ctx->st.key_rotations);
 	st->chunk_bytes = atomic_load(&ctx->st.chunk_bytes);
+	st->pending_evicted = atomic_load(&ctx->st.pending_evicted);
+	st->raw_closed = atomic_load(&ctx->st.raw_closed);
+	st->limit_refusals = atomic_load(&ctx->st.limit_refusals);
 	pthread_mutex_lock(&ctx->lock);
 	st->sessions = ctx->nr_sessions;
 	pthread_mutex_unlock(&ctx->lock);

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rtrs-pri.h"
 
@@ -196,6 +197,17 @@ void rtrs_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *
 	log_set_sink(fn, priv);
 }
 
+/* A quarter of the machine's memory; 1 GiB when that cannot be told. */
+RTRS_EXPORT
+uint64_t rtrs_default_max_chunk_mem(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+
+	if (pages <= 0 || psz <= 0)
+		return 1ull << 30;
+	return (uint64_t)pages * (uint64_t)psz / 4;
+}
+
 RTRS_EXPORT
 int rtrs_srv_opts_init(struct rtrs_srv_opts *o, size_t size)
 {
@@ -214,5 +226,10 @@ int rtrs_srv_opts_init(struct rtrs_srv_opts *o, size_t size)
 	o->connect_timeout_ms = 30000;
 	o->always_invalidate = 1;
 	o->auth_timeout_ms = 10000;
+	o->max_pending = RTRS_DEFAULT_MAX_PENDING;
+	o->max_pending_per_peer = RTRS_DEFAULT_MAX_PENDING_PER_PEER;
+	o->handshake_timeout_ms = RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS;
+	o->max_sessions = RTRS_DEFAULT_MAX_SESSIONS;
+	o->max_chunk_mem = rtrs_default_max_chunk_mem();
 	return 0;
 }
