@@ -61,6 +61,7 @@ struct clt_con {
 	bool connected;             /* under path->lock */
 	int err;                    /* under path->lock: why it went down */
 	struct rtrs_conn_rsp rsp;   /* cid 0: what the server accepted with */
+	struct rtrs_hb_rx hb_rx;    /* completion thread only */
 	pthread_mutex_t pending_lock;
 	struct clt_req *pending_head, *pending_tail;
 };
@@ -883,14 +884,22 @@ static void clt_con_imm(void *priv, uint32_t imm)
 		clt_handle_rsp(con, payload);
 		break;
 	case RTRS_HB_MSG_IMM:
-		if (con->cid != 0)
+	case RTRS_HB_ACK_IMM:
+		/* Heartbeats belong on the admin connection, at a heartbeat's pace. */
+		if (con->cid != 0 || rtrs_hb_rx_flood(&con->hb_rx)) {
+			log_err_rl("%s: %s on connection %u; failing the path", p->name,
+				   con->cid ? "heartbeat" : "heartbeat flood", con->cid);
+			fab_con_shutdown(con->fc);
+			clt_fail_path(p, -EPROTO);
 			break;
+		}
+		if (type == RTRS_HB_ACK_IMM) {
+			rtrs_hb_acked(&p->hb);
+			break;
+		}
 		rc = rtrs_hb_post(&p->hb, con->fc, p->srv_imm.addr, p->srv_imm.key, true);
 		if (rc && rc != -EAGAIN)
 			clt_fail_path(p, rc);
-		break;
-	case RTRS_HB_ACK_IMM:
-		rtrs_hb_acked(&p->hb);
 		break;
 	default:
 		log_err_rl("%s: unknown immediate type %u", p->name, type);

@@ -18,6 +18,8 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -42,7 +44,14 @@
 #include "util.h"
 
 #define FAB_API_VERSION FI_VERSION(1, 17)
-#define FAB_CQ_BATCH 32
+/*
+ * Completions read at a time. More than one progress round can add: the tcp
+ * provider reads up to its 9000-byte prefetch buffer per round and reports
+ * each write with immediate (48 bytes on the wire, 24 at the least) to the
+ * CQ, overflowing into a list it allocates; a smaller batch lets a peer
+ * that floods immediates grow that list without bound.
+ */
+#define FAB_CQ_BATCH 512
 #define FAB_CM_BUF 256 /* >= any provider's FI_OPT_CM_DATA_SIZE we accept */
 #define RTRS_CM_DATA_MAX_PORTABLE 55 /* verbs: 56 minus the provider's header */
 #define FAB_IMM_MSG_LEN 4 /* an immediate carried as a message */
@@ -81,7 +90,11 @@ struct fab_lst {
 	struct lst_raw *raw;
 	size_t nr_raw;
 	uint64_t last_sweep_ms;
+	unsigned unswept;   /* lst_process rounds since the last sweep */
 	uint64_t closed;
+	int info_fd;        /* /proc/self/fdinfo/<fd>, open for good: fds may run out */
+	char *info_buf;
+	size_t info_cap;
 };
 
 struct fab_connreq {
@@ -117,9 +130,178 @@ struct fab_con {
 	atomic_uint tx_posted; /* tx_counted: posted and not completed */
 	unsigned tx_max;       /* ... at most this many (the granted tx size) */
 	pthread_mutex_t rx_lock; /* rx pool set up from another thread */
+	struct fi_cq_data_entry comps[FAB_CQ_BATCH]; /* the thread's, too big for its stack */
+	/* The flood watchdog (wd_*): its list, and what it saw of this thread. */
+	struct fab_con *wd_next, *wd_prev;
+	bool wd_listed;
+	atomic_uint_fast64_t read_since_ms; /* the thread is in fi_cq_read since; 0: not */
+	uint64_t wd_seen_since;
+	uint64_t wd_cpu0_ns;
+	atomic_bool flooded;
 };
 
 static int ofi_con_rx_setup(struct fab_con *c, size_t count, size_t size);
+static bool raw_is_waiting_socket(int fd);
+
+/*
+ * The flood watchdog. The tcp provider reads a connection's socket inside
+ * fi_cq_read for as long as the socket has data, and queues a completion
+ * for every write with immediate it meets (allocating past the CQ's size):
+ * a peer that sends immediates faster than we take them keeps our thread
+ * in one fi_cq_read for ever while that queue grows. No well-behaved peer
+ * can: it has at most a queue depth of requests out before it needs our
+ * answers, which need fi_cq_read to return. So a thread that burns
+ * FAB_READ_CPU_MAX_MS of CPU in one fi_cq_read is being flooded; one
+ * watchdog thread per process looks every FAB_WD_TICK_MS and resets the
+ * connection's socket, which ends the read. CPU time, not wall time: a
+ * thread that is merely preempted on a busy machine is no flood. Measured
+ * here (bench/RESULTS.md), the longest read of well-behaved traffic took
+ * 3 ms of CPU (128 KiB writes at queue depth 64, 4 KiB at 512); a flood
+ * queues about 80 bytes of completions per 48 read, some 10 MB in 15 ms.
+ */
+#define FAB_READ_CPU_MAX_MS 15
+#define FAB_WD_TICK_MS 5
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct fab_con *head;
+	unsigned cons;
+	bool running, stop;
+	pthread_t thread;
+} wd = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+static uint64_t thread_cpu_ns(pthread_t t)
+{
+	struct timespec ts;
+	clockid_t cid;
+
+	if (pthread_getcpuclockid(t, &cid) || clock_gettime(cid, &ts))
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * Resets the sockets in the connection's CQ wait set: its endpoint's. A
+ * shutdown would not do: the peer's data still queues behind it, and the
+ * provider goes on reading. connect() to AF_UNSPEC disconnects a TCP
+ * socket at once: its queues are dropped, the peer gets a reset, and the
+ * next read fails.
+ */
+static void con_kill_sockets(struct fab_con *c)
+{
+	char path[64], line[256];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", c->cq_fd);
+	f = fopen(path, "re");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		int fd;
+
+		if (sscanf(line, "tfd: %d", &fd) == 1 && raw_is_waiting_socket(fd)) {
+			struct sockaddr sa = { .sa_family = AF_UNSPEC };
+
+			if (connect(fd, &sa, sizeof(sa)))
+				shutdown(fd, SHUT_RDWR);
+		}
+	}
+	fclose(f);
+}
+
+static void wd_check(struct fab_con *c)
+{
+	uint64_t since = atomic_load_explicit(&c->read_since_ms, memory_order_relaxed);
+	uint64_t cpu, ms;
+
+	if (!since || atomic_load(&c->flooded) || !c->thread_started)
+		return;
+	cpu = thread_cpu_ns(c->thread);
+	if (since != c->wd_seen_since) {
+		/* A read the watchdog has not seen yet: its start. */
+		c->wd_seen_since = since;
+		c->wd_cpu0_ns = cpu;
+		return;
+	}
+	ms = (cpu - c->wd_cpu0_ns) / 1000000;
+	if (ms < FAB_READ_CPU_MAX_MS)
+		return;
+	atomic_store(&c->flooded, true);
+	log_err_rl("%s: the peer sends faster than it may (one completion read took %llu ms "
+		   "of CPU): closing the connection", c->name, (unsigned long long)ms);
+	con_kill_sockets(c);
+}
+
+static void *wd_thread(void *arg)
+{
+	pthread_setname_np(pthread_self(), "rtrs-fabric-wd");
+	pthread_mutex_lock(&wd.lock);
+	while (!wd.stop) {
+		struct timespec dl = deadline_ms(FAB_WD_TICK_MS);
+
+		for (struct fab_con *c = wd.head; c; c = c->wd_next)
+			wd_check(c);
+		pthread_cond_timedwait(&wd.cond, &wd.lock, &dl);
+	}
+	pthread_mutex_unlock(&wd.lock);
+	return arg;
+}
+
+/* Watches c from now on; the first connection starts the watchdog. */
+static void wd_add(struct fab_con *c)
+{
+	pthread_mutex_lock(&wd.lock);
+	if (!wd.running) {
+		pthread_condattr_t a;
+
+		pthread_condattr_init(&a);
+		pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+		pthread_cond_destroy(&wd.cond);
+		pthread_cond_init(&wd.cond, &a);
+		pthread_condattr_destroy(&a);
+		wd.stop = false;
+		wd.running = pthread_create(&wd.thread, NULL, wd_thread, NULL) == 0;
+		if (!wd.running)
+			log_warn("fabric: no flood watchdog: %s", strerror(errno));
+	}
+	c->wd_prev = NULL;
+	c->wd_next = wd.head;
+	if (wd.head)
+		wd.head->wd_prev = c;
+	wd.head = c;
+	c->wd_listed = true;
+	wd.cons++;
+	pthread_mutex_unlock(&wd.lock);
+}
+
+/* Stops watching c; the last connection stops the watchdog. */
+static void wd_del(struct fab_con *c)
+{
+	bool join = false;
+
+	pthread_mutex_lock(&wd.lock);
+	if (!c->wd_listed) {
+		pthread_mutex_unlock(&wd.lock);
+		return;
+	}
+	if (c->wd_prev)
+		c->wd_prev->wd_next = c->wd_next;
+	else
+		wd.head = c->wd_next;
+	if (c->wd_next)
+		c->wd_next->wd_prev = c->wd_prev;
+	c->wd_listed = false;
+	if (--wd.cons == 0 && wd.running) {
+		wd.stop = true;
+		wd.running = false;
+		pthread_cond_broadcast(&wd.cond);
+		join = true;
+	}
+	pthread_mutex_unlock(&wd.lock);
+	if (join)
+		pthread_join(wd.thread, NULL);
+}
 
 /* Translate a libfabric return value (negative FI_E*) to a negative errno. */
 static int fab_errno(ssize_t rc)
@@ -458,9 +640,17 @@ static int ofi_listen(struct fab *f, struct fab_lst **out)
 		return -ENOMEM;
 	l->ops = &fab_ofi_ops;
 	l->fab = f;
+	l->info_fd = -1;
 	rc = eq_open(f, &l->eq, &l->fd);
 	if (rc)
 		goto out_free;
+	char path[64];
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", l->fd);
+	l->info_fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (l->info_fd < 0)
+		log_warn("listener: cannot open %s (%s): connections that send no request "
+			 "are not limited", path, strerror(errno));
 	rc = fi_passive_ep(f->fabric, f->info, &l->pep, NULL);
 	if (rc) {
 		rc = fab_errno(rc);
@@ -489,6 +679,8 @@ out_close_pep:
 	fi_close(&l->pep->fid);
 out_close_eq:
 	fi_close(&l->eq->fid);
+	if (l->info_fd >= 0)
+		close(l->info_fd);
 out_free:
 	free(l);
 	return rc;
@@ -500,8 +692,43 @@ static void ofi_lst_close(struct fab_lst *l)
 		return;
 	fi_close(&l->pep->fid);
 	fi_close(&l->eq->fid);
+	if (l->info_fd >= 0)
+		close(l->info_fd);
+	free(l->info_buf);
 	free(l->raw);
 	free(l);
+}
+
+/* The listener's fdinfo, read whole from its start (it is made anew on each read). */
+static const char *lst_read_info(struct fab_lst *l)
+{
+	size_t len = 0;
+
+	if (l->info_fd < 0)
+		return NULL;
+	for (;;) {
+		ssize_t n;
+
+		if (len + 1 >= l->info_cap) {
+			size_t cap = l->info_cap ? l->info_cap * 2 : 16384;
+			char *nb = realloc(l->info_buf, cap);
+
+			if (!nb)
+				return NULL;
+			l->info_buf = nb;
+			l->info_cap = cap;
+		}
+		n = pread(l->info_fd, l->info_buf + len, l->info_cap - 1 - len, (off_t)len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return NULL;
+		if (n == 0)
+			break;
+		len += (size_t)n;
+	}
+	l->info_buf[len] = '\0';
+	return l->info_buf;
 }
 
 /*
@@ -566,25 +793,28 @@ static void ofi_lst_sweep(struct fab_lst *l)
 	uint64_t now = now_ms();
 	struct lst_raw *cur = NULL;
 	size_t n = 0, cap = 0, late = 0, over = 0;
-	char path[64], line[256];
-	FILE *f;
+	const char *info, *line, *next;
 
 	if (!lim->max_total && !lim->timeout_ms)
 		return;
 	l->last_sweep_ms = now;
-	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", l->fd);
-	f = fopen(path, "re");
-	if (!f) {
-		log_warn_rl("listener: cannot read %s: %s", path, strerror(errno));
+	l->unswept = 0;
+	info = lst_read_info(l);
+	if (!info) {
+		log_warn_rl("listener: cannot read its fdinfo: %s", strerror(errno));
 		return;
 	}
-	while (fgets(line, sizeof(line), f)) {
+	for (line = info; line && *line; line = next) {
 		unsigned long ino = 0;
-		char *p = strstr(line, " ino:");
+		const char *p;
 		int fd;
 
-		if (sscanf(line, "tfd: %d", &fd) != 1 || !p || sscanf(p, " ino:%lx", &ino) != 1 ||
-		    !raw_is_waiting_socket(fd))
+		next = strchr(line, '\n');
+		if (next)
+			next++;
+		p = strstr(line, " ino:");
+		if (sscanf(line, "tfd: %d", &fd) != 1 || !p || (next && p > next) ||
+		    sscanf(p, " ino:%lx", &ino) != 1 || !raw_is_waiting_socket(fd))
 			continue;
 		if (n == cap) {
 			struct lst_raw *nc = realloc(cur, (cap = cap ? cap * 2 : 64) * sizeof(*cur));
@@ -606,7 +836,6 @@ static void ofi_lst_sweep(struct fab_lst *l)
 		if (r->since_ms == now)
 			raw_peer(fd, r->peer, sizeof(r->peer));
 	}
-	fclose(f);
 	qsort(cur, n, sizeof(*cur), raw_cmp);
 	/* Past the deadline; then the oldest of a peer over its share. */
 	for (size_t i = 0; i < n && lim->timeout_ms; i++)
@@ -685,24 +914,22 @@ static int ofi_lst_process(struct fab_lst *l,
 	struct fi_eq_cm_entry *ev = (struct fi_eq_cm_entry *)raw;
 	uint32_t event;
 
-	for (unsigned laps = 1;; laps++) {
+	for (;;) {
 		ssize_t rd = fi_eq_read(l->eq, &event, raw, sizeof(raw), 0);
 
 		/*
 		 * Each read may accept one more socket: a flood of them is
-		 * swept as it comes, never all the fds first.
+		 * swept as it comes (every 8 reads, or 5 ms), never all the
+		 * fds first.
 		 */
-		if ((laps & 7) == 0 && l->lim.max_total)
+		if (l->lim.max_total && (++l->unswept >= 8 || now_ms() - l->last_sweep_ms >= 5))
 			ofi_lst_sweep(l);
 		if (rd == -FI_EAGAIN) {
 			struct fid *fids[1] = { &l->eq->fid };
 
 			/* Sleep only when the fd is sure to signal new events. */
-			if (fi_trywait(l->fab->fabric, fids, 1) == FI_SUCCESS) {
-				if (laps > 1 && (l->lim.max_total || l->lim.timeout_ms))
-					ofi_lst_sweep(l);
+			if (fi_trywait(l->fab->fabric, fids, 1) == FI_SUCCESS)
 				return 0;
-			}
 			continue;
 		}
 		if (rd == -FI_EAVAIL) {
@@ -929,7 +1156,7 @@ static void handle_eq(struct fab_con *c)
 static void *con_thread(void *arg)
 {
 	struct fab_con *c = arg;
-	struct fi_cq_data_entry comps[FAB_CQ_BATCH];
+	struct fi_cq_data_entry *comps = c->comps;
 	struct fid *fids[2] = { &c->cq->fid, &c->eq->fid };
 	bool eq_due = true;
 	unsigned laps = 0;
@@ -938,7 +1165,29 @@ static void *con_thread(void *arg)
 	snprintf(tname, sizeof(tname), "%.15s", c->name);
 	pthread_setname_np(pthread_self(), tname);
 	while (!atomic_load(&c->stop)) {
-		ssize_t n = fi_cq_read(c->cq, comps, FAB_CQ_BATCH);
+		ssize_t n;
+
+		if (atomic_load(&c->shutdown)) {
+			/*
+			 * Shut down: nothing of it matters any more, and reading
+			 * would only make the provider queue what a peer that
+			 * broke the rules still sends. Wait to be stopped.
+			 */
+			struct pollfd pw = { .fd = c->wake_fd, .events = POLLIN };
+			uint64_t v;
+
+			if (poll(&pw, 1, 1000) > 0 && read(c->wake_fd, &v, sizeof(v)) < 0 &&
+			    errno != EAGAIN)
+				log_warn("%s: eventfd read: %s", c->name, strerror(errno));
+			continue;
+		}
+		atomic_store_explicit(&c->read_since_ms, now_ms(), memory_order_relaxed);
+		n = fi_cq_read(c->cq, comps, FAB_CQ_BATCH);
+		atomic_store_explicit(&c->read_since_ms, 0, memory_order_relaxed);
+		if (atomic_load(&c->flooded) && !atomic_load(&c->down)) {
+			con_down(c, -EPROTO, NULL, 0);
+			eq_due = true;
+		}
 
 		if (n > 0) {
 			for (ssize_t i = 0; i < n; i++)
@@ -964,7 +1213,12 @@ static void *con_thread(void *arg)
 			c->cfg.ops->kick(c->cfg.priv);
 		if (n > 0 || n == -FI_EAVAIL)
 			continue;
-		if (fi_trywait(c->fab->fabric, fids, 2) != FI_SUCCESS) {
+		/* fi_trywait progresses the socket too: the watchdog sees it likewise. */
+		atomic_store_explicit(&c->read_since_ms, now_ms(), memory_order_relaxed);
+		int tw = fi_trywait(c->fab->fabric, fids, 2);
+
+		atomic_store_explicit(&c->read_since_ms, 0, memory_order_relaxed);
+		if (tw != FI_SUCCESS) {
 			eq_due = true;
 			continue;
 		}
@@ -989,8 +1243,29 @@ static void *con_thread(void *arg)
 	return NULL;
 }
 
+/*
+ * A connection's completions come from its thread's malloc arena; what a
+ * peer made the provider queue there (a flood, a burst) stays with the
+ * process unless given back. After a flood at once, else at most every
+ * 100 ms (a session's teardown frees many connections together).
+ */
+static void con_trim_heap(bool flooded)
+{
+	static atomic_uint_fast64_t last_ms;
+	uint64_t now = now_ms(), last = atomic_load(&last_ms);
+
+	if (!flooded && now - last < 100)
+		return;
+	if (!atomic_compare_exchange_strong(&last_ms, &last, now) && !flooded)
+		return;
+	malloc_trim(0);
+}
+
 static void con_free(struct fab_con *c)
 {
+	bool flooded = atomic_load(&c->flooded);
+
+	wd_del(c);
 	if (c->thread_started) {
 		uint64_t one = 1;
 
@@ -1013,6 +1288,7 @@ static void con_free(struct fab_con *c)
 	if (c->wake_fd >= 0)
 		close(c->wake_fd);
 	free(c);
+	con_trim_heap(flooded);
 }
 
 static int epoll_add(int epfd, int fd)
@@ -1127,6 +1403,7 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 		*out = NULL;
 		goto out_free;
 	}
+	wd_add(c);
 	return 0;
 
 out_free:

@@ -288,7 +288,11 @@ static inline int fab_con_accept(struct fab *f, struct fab_connreq *req, const s
 }
 /*
  * Shuts the endpoint down; queued operations are flushed and the peer sees
- * a disconnect. down() follows on the completion thread. Any thread.
+ * a disconnect. Nothing is read from it afterwards and no callback
+ * follows (the owner knows). Any thread, the connection's own included:
+ * a callback that finds the peer breaking the protocol shuts it down at
+ * once, so that nothing more of the peer's is read while the owner's
+ * teardown is on its way.
  */
 static inline void fab_con_shutdown(struct fab_con *c)
 {

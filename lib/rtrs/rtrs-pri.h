@@ -163,6 +163,31 @@ static inline bool rtrs_hb_done(struct rtrs_hb *hb, void *ctx)
 	return true;
 }
 
+/*
+ * Heartbeats received on a connection (its completion thread only). A peer
+ * beats at most every 10 ms, and answers ours: more than
+ * RTRS_HB_RX_BURST in any 100 ms is a flood, and fails the path (a
+ * provider may queue every immediate it reads, without bound, before we
+ * see any of them).
+ */
+#define RTRS_HB_RX_BURST 50
+
+struct rtrs_hb_rx {
+	uint64_t win_ms;
+	unsigned n;
+};
+
+static inline bool rtrs_hb_rx_flood(struct rtrs_hb_rx *r)
+{
+	uint64_t now = now_ms();
+
+	if (now - r->win_ms >= 100) {
+		r->win_ms = now;
+		r->n = 0;
+	}
+	return ++r->n > RTRS_HB_RX_BURST;
+}
+
 /* A connection starts anew: nothing of an old one is on its way. */
 static inline void rtrs_hb_reset(struct rtrs_hb *hb)
 {

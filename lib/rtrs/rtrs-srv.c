@@ -54,6 +54,7 @@ struct srv_con {
 	unsigned cid;
 	struct fab_con *fc;
 	struct rtrs_desc *sg_scratch; /* RTRS_MAX_READ_SG; completion thread only */
+	struct rtrs_hb_rx hb_rx;      /* completion thread only */
 	pthread_mutex_t pending_lock;
 	struct rtrs_srv_op *pending_head, *pending_tail;
 };
@@ -553,17 +554,28 @@ static void srv_con_imm(void *priv, uint32_t imm)
 		srv_handle_req(con, payload);
 		break;
 	case RTRS_HB_MSG_IMM:
-		if (atomic_load(&p->state) != RTRS_PATH_CONNECTED || con->cid != 0)
+	case RTRS_HB_ACK_IMM:
+		/* Heartbeats belong on the admin connection, at a heartbeat's pace. */
+		if (con->cid != 0 || rtrs_hb_rx_flood(&con->hb_rx)) {
+			log_err_rl("%s: %s on connection %u; closing the path", p->name,
+				   con->cid ? "heartbeat" : "heartbeat flood", con->cid);
+			fab_con_shutdown(con->fc);
+			srv_fail_path(p, -EPROTO);
+			break;
+		}
+		if (type == RTRS_HB_ACK_IMM) {
+			rtrs_hb_acked(&p->hb);
+			break;
+		}
+		if (atomic_load(&p->state) != RTRS_PATH_CONNECTED)
 			break;
 		rc = rtrs_hb_post(&p->hb, con->fc, p->clt_imm.addr, p->clt_imm.key, true);
 		if (rc && rc != -EAGAIN)
 			srv_fail_path(p, rc);
 		break;
-	case RTRS_HB_ACK_IMM:
-		rtrs_hb_acked(&p->hb);
-		break;
 	default:
 		log_err_rl("%s: unknown immediate type %u", p->name, type);
+		fab_con_shutdown(con->fc);
 		srv_fail_path(p, -EPROTO);
 	}
 }

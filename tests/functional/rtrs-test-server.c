@@ -26,8 +26,9 @@
 static struct {
 	uint64_t port, queue_depth, chunk_size, store_size, hb_ms, hb_missed, delay_us;
 	uint64_t exit_after;
+	uint64_t max_pending, max_pending_per_peer, handshake_ms, max_sessions, max_chunk_mem;
 	bool async, apply_late;
-	const char *addr, *provider;
+	const char *addr, *provider, *auth_keys;
 } g = {
 	.provider = "tcp",
 	.queue_depth = RTRS_DEFAULT_QUEUE_DEPTH, .chunk_size = RTRS_DEFAULT_CHUNK_SIZE,
@@ -53,6 +54,18 @@ static const struct opt options[] = {
 	  .help = "async: store a write only when answering it (a slow device)" },
 	{ "delay-us", 0, OPT_UINT, &g.delay_us, 0, 10000000, .arg = "US",
 	  .help = "async: hold each IO this long" },
+	{ "auth-keys", 0, OPT_STRING, &g.auth_keys, .arg = "FILE",
+	  .help = "require DH-HMAC-CHAP; FILE lists HOST SECRET [CTRL-SECRET]" },
+	{ "max-pending", 0, OPT_UINT, &g.max_pending, 0, 100000, .arg = "N",
+	  .help = "pending connections in all (0: default)" },
+	{ "max-pending-per-peer", 0, OPT_UINT, &g.max_pending_per_peer, 0, 100000, .arg = "N",
+	  .help = "pending connections per peer address (0: default)" },
+	{ "handshake-timeout", 0, OPT_UINT, &g.handshake_ms, 0, 600000, .arg = "MS",
+	  .help = "close a connection that sends no request in MS (0: default)" },
+	{ "max-sessions", 0, OPT_UINT, &g.max_sessions, 0, 100000, .arg = "N",
+	  .help = "connected sessions (0: default)" },
+	{ "max-chunk-mem", 0, OPT_SIZE, &g.max_chunk_mem, 0, 1ull << 40, .arg = "SIZE",
+	  .help = "chunk memory of all sessions (0: default)" },
 	{ 0 },
 };
 
@@ -194,6 +207,13 @@ int main(int argc, char **argv)
 	o.max_chunk_size = (uint32_t)g.chunk_size;
 	o.hb_interval_ms = (unsigned)g.hb_ms;
 	o.hb_missed_max = (unsigned)g.hb_missed;
+	o.auth_keys_file = g.auth_keys;
+	o.auth_name = "nqn.2026-11.io.rtrs:test-server";
+	o.max_pending = (unsigned)g.max_pending;
+	o.max_pending_per_peer = (unsigned)g.max_pending_per_peer;
+	o.handshake_timeout_ms = (unsigned)g.handshake_ms;
+	o.max_sessions = (unsigned)g.max_sessions;
+	o.max_chunk_mem = g.max_chunk_mem;
 	rc = rtrs_srv_open(&ops, &o, &ctx);
 	if (rc) {
 		fprintf(stderr, "rtrs-test-server: %s\n", strerror(-rc));

@@ -1,0 +1,814 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A server under attack by clients that do not play by the rules, each
+ * speaking the libfabric tcp provider's wire (ofi_ctrl_hdr for the
+ * connection handshake, tcpx headers after it) straight on a socket, so
+ * that they can do what no library client would: stop reading, send
+ * nothing, replay what they saw. In every case a legitimate client still
+ * connects and moves verified data, and the server's memory and file
+ * descriptors stay under the bound the case states (docs/security.md):
+ *   - hundreds of TCP connections that never send a request and paths that
+ *     never authenticate, against a server limited to 1024 fds;
+ *   - a heartbeat flood from a client that stops reading;
+ *   - a client's connection request replayed while it does IO: its path
+ *     stays up;
+ *   - more sessions, and more chunk memory, than the server allows: the
+ *     client is refused with ENOSPC.
+ * The server is rtrs-test-server in a process of its own (RSS and fds are
+ * read from /proc).
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <dirent.h>
+
+#include "check.h"
+#include "harness.h"
+#include "rtrs-proto.h"
+#include "rtrs.h"
+#include "test-proto-hdr.h"
+
+static const char *const KEY = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+#define HOST "nqn.2014-08.org.nvmexpress:uuid:7e1d2c9a-0000-4000-8000-00000000b001"
+#define SERVER "nqn.2026-11.io.rtrs:test-server"
+#define IO_LEN 4096
+
+static char keys_path[300];
+
+/* ---- the tcp provider's wire (libfabric 1.17, prov/tcp) ----------------------- */
+
+struct wire_ctrl_hdr {      /* ofi_ctrl_hdr */
+	uint8_t version;    /* 3 */
+	uint8_t type;       /* 0 connreq, 1 connresp, 6 nack */
+	uint16_t seg_size;  /* network order */
+	uint32_t seg_no;
+	uint64_t conn_id;
+	uint64_t msg_id;
+	uint64_t conn_data; /* 1 in the sender's order: the peer sees our endianness */
+};
+
+struct wire_base_hdr {      /* tcpx_base_hdr */
+	uint8_t version;    /* 3 */
+	uint8_t op;         /* 0 msg, 4 write */
+	uint16_t flags;     /* 1: remote CQ data */
+	uint8_t op_data;
+	uint8_t rma_iov_cnt;
+	uint8_t hdr_size;
+	uint8_t rsvd;
+	uint64_t size;      /* header and payload */
+};
+
+struct wire_rma_iov {
+	uint64_t addr, len, key;
+};
+
+struct wire_write_imm {     /* tcpx_cq_data_hdr + one ofi_rma_iov, no data */
+	struct wire_base_hdr base;
+	uint64_t cq_data;
+	struct wire_rma_iov iov;
+};
+
+_Static_assert(sizeof(struct wire_ctrl_hdr) == 32, "ofi_ctrl_hdr");
+_Static_assert(sizeof(struct wire_base_hdr) == 16, "tcpx_base_hdr");
+_Static_assert(sizeof(struct wire_write_imm) == 48, "write with immediate");
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len) {
+		ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EPIPE;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static int read_all(int fd, void *buf, size_t len)
+{
+	char *p = buf;
+
+	while (len) {
+		ssize_t n = recv(fd, p, len, 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -ECONNRESET;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static int tcp_connect(int port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	struct timeval tv = { .tv_sec = 5 };
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		return -errno;
+	inet_pton(AF_INET, test_addr(), &sa.sin_addr);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		int rc = -errno;
+
+		close(fd);
+		return rc;
+	}
+	return fd;
+}
+
+/* The handshake's first message: what a connection request looks like on the wire. */
+static size_t wire_connreq(const struct rtrs_msg_conn_req *m, uint8_t *out, size_t cap)
+{
+	struct wire_ctrl_hdr h = { .version = 3, .type = 0, .seg_size = htons(sizeof(*m)),
+				   .conn_data = 1 };
+
+	if (cap < sizeof(h) + sizeof(*m))
+		return 0;
+	memcpy(out, &h, sizeof(h));
+	memcpy(out + sizeof(h), m, sizeof(*m));
+	return sizeof(h) + sizeof(*m);
+}
+
+/*
+ * Sends bytes as a connection's first message and reads the answer: 0 and
+ * *rsp on accept, the server's errno on a reject, -errno on a socket error.
+ * *fdp keeps the socket (accepted or not) unless NULL.
+ */
+static int wire_handshake(int port, const void *req, size_t len, struct rtrs_conn_rsp *rsp,
+			  int *fdp)
+{
+	struct wire_ctrl_hdr h;
+	uint8_t data[256];
+	const char *why;
+	size_t n;
+	int fd = tcp_connect(port), rc;
+
+	if (fd < 0)
+		return fd;
+	rc = write_all(fd, req, len);
+	if (!rc)
+		rc = read_all(fd, &h, sizeof(h));
+	n = rc ? 0 : ntohs(h.seg_size);
+	if (!rc && n > sizeof(data))
+		rc = -EPROTO;
+	if (!rc)
+		rc = read_all(fd, data, n);
+	if (!rc) {
+		struct rtrs_conn_rsp r;
+
+		rc = rtrs_conn_rsp_decode(data, n, &r, &why);
+		if (!rc && h.type == 6)
+			rc = r.err ? r.err : -ECONNREFUSED;
+		else if (!rc && h.type != 1)
+			rc = -EPROTO;
+		if (!rc && rsp)
+			*rsp = r;
+	}
+	if (fdp)
+		*fdp = fd;
+	else
+		close(fd);
+	return rc;
+}
+
+static void random_req(struct rtrs_conn_req *req, uint16_t cid, uint16_t cid_num, bool auth)
+{
+	*req = (struct rtrs_conn_req){ .cid = cid, .cid_num = cid_num, .first_conn = true,
+				       .auth = auth, .fence = true };
+	for (int i = 0; i < RTRS_UUID_LEN; i++) {
+		req->sess_uuid[i] = (uint8_t)rand();
+		req->paths_uuid[i] = (uint8_t)rand();
+	}
+}
+
+/* A two-sided message on an established connection. */
+static int wire_send(int fd, const void *buf, size_t len)
+{
+	struct wire_base_hdr h = { .version = 3, .op = 0, .hdr_size = sizeof(h),
+				   .size = sizeof(h) + len };
+	int rc = write_all(fd, &h, sizeof(h));
+
+	return rc ? rc : write_all(fd, buf, len);
+}
+
+/* ---- the server --------------------------------------------------------------- */
+
+static struct proc srv;
+
+/* Starts rtrs-test-server with at most nofile fds and extra options. */
+static bool server_start(unsigned nofile, const char *const *extra)
+{
+	static const char *const base[] = { "--queue-depth", "64", "--store-size", "1M",
+					    "--hb-interval", "200" };
+	char *argv[24] = { (char *)test_server_path() };
+	struct rlimit old, lim;
+	int n = 1, rc;
+
+	for (size_t i = 0; i < ARRAY_SIZE(base); i++)
+		argv[n++] = (char *)base[i];
+	while (extra && *extra && n < 22)
+		argv[n++] = (char *)*extra++;
+	argv[n] = NULL;
+	getrlimit(RLIMIT_NOFILE, &old);
+	lim = old;
+	if (nofile)
+		lim.rlim_cur = nofile;
+	setrlimit(RLIMIT_NOFILE, &lim);
+	rc = proc_spawn_server(argv, &srv);
+	setrlimit(RLIMIT_NOFILE, &old);
+	CHECK(rc == 0, "server start: %s", strerror(-rc));
+	return rc == 0;
+}
+
+static void server_stop(void)
+{
+	if (srv.pid)
+		CHECK_EQ(proc_signal(&srv, SIGTERM, true), 0);
+	srv.pid = 0;
+}
+
+static long proc_rss_kb(pid_t pid)
+{
+	char path[64], line[256];
+	long kb = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+			break;
+	fclose(f);
+	return kb;
+}
+
+static int proc_fds(pid_t pid)
+{
+	char path[64];
+	struct dirent *e;
+	int n = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	d = opendir(path);
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+/* ---- the legitimate client ------------------------------------------------------ */
+
+static int legit_open(int port, const char *name, bool auth, struct rtrs_clt_sess **out)
+{
+	struct rtrs_path_addr pa;
+	struct rtrs_clt_opts o;
+	char dst[64];
+
+	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
+	pa = (struct rtrs_path_addr){ .dst = dst };
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = name;
+	o.paths = &pa;
+	o.paths_num = 1;
+	o.provider = test_provider();
+	o.nr_io_cons = 1;
+	o.hb_interval_ms = 200;
+	o.connect_timeout_ms = 5000;
+	o.reconnect_delay_ms = 20;
+	o.reconnect_jitter_ms = 20;
+	if (auth) {
+		o.auth_secret = KEY;
+		o.auth_host_name = HOST;
+		o.auth_server_name = SERVER;
+	}
+	return rtrs_clt_open(&o, out);
+}
+
+static int legit_io(struct rtrs_clt_sess *s, enum rtrs_dir dir, uint64_t off, void *buf)
+{
+	struct test_hdr h = { .magic = TEST_MAGIC, .op = TEST_OP_IO, .offset = off,
+			      .len = IO_LEN };
+
+	return test_request(s, dir, &h, sizeof(h), buf, IO_LEN);
+}
+
+/* n writes and their reads: how many came back byte for byte. */
+static int legit_verified(struct rtrs_clt_sess *s, int n, unsigned seed)
+{
+	static uint8_t out[IO_LEN], in[IO_LEN];
+	int ok = 0;
+
+	for (int i = 0; i < n; i++) {
+		uint64_t off = (uint64_t)(i % 64) * IO_LEN;
+
+		test_fill(out, IO_LEN, seed + (unsigned)i);
+		memset(in, 0, IO_LEN);
+		if (legit_io(s, RTRS_WRITE, off, out) || legit_io(s, RTRS_READ, off, in))
+			continue;
+		ok += !memcmp(in, out, IO_LEN);
+	}
+	return ok;
+}
+
+/* Opens, moves n verified IOs, closes: true when all of it worked. */
+static bool legit_session(int port, const char *name, bool auth, int n)
+{
+	struct rtrs_clt_sess *s = NULL;
+	int rc = legit_open(port, name, auth, &s), ok;
+
+	CHECK(rc == 0, "the legitimate client %s connects: %s", name, strerror(-rc));
+	if (rc)
+		return false;
+	ok = legit_verified(s, n, 17);
+	CHECK(ok == n, "%s: %d of %d IOs verified", name, ok, n);
+	rtrs_clt_close(s);
+	return ok == n;
+}
+
+static void write_keys(void)
+{
+	FILE *f = fopen(keys_path, "w");
+
+	CHECK(f != NULL, "key file");
+	if (!f)
+		return;
+	fprintf(f, "%s %s\n", HOST, KEY);
+	fclose(f);
+	chmod(keys_path, 0600);
+}
+
+/* ---- half-open and raw connections --------------------------------------------- */
+
+/* Whether the server closed fd (EOF or reset) within ms. */
+static bool closed_by_peer(int fd, unsigned ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	char c;
+
+	if (poll(&p, 1, (int)ms) <= 0)
+		return false;
+	return recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+}
+
+static void test_exhaustion(void)
+{
+	enum { RAW = 1100, HALF = 200, NOFILE = 1024 };
+	const char *extra[] = { "--auth-keys", keys_path, "--handshake-timeout", "3000", NULL };
+	static int raw[RAW], half[HALF];
+	int nraw = 0, nhalf = 0, accepted = 0, closed = 0, fds, most_fds = 0;
+	long rss0, rss;
+	uint64_t t0;
+
+	write_keys();
+	if (!server_start(NOFILE, extra))
+		return;
+	usleep(200 * 1000);
+	rss0 = proc_rss_kb(srv.pid);
+	/* Raw TCP connections that never send a thing. */
+	for (int i = 0; i < RAW; i++) {
+		int fd = tcp_connect(srv.port);
+
+		if (fd < 0)
+			break;
+		raw[nraw++] = fd;
+		if (i % 100 == 99)
+			most_fds = MAX(most_fds, proc_fds(srv.pid));
+	}
+	CHECK(nraw == RAW, "%d raw connections made", nraw);
+	/* Paths that announce 129 connections and never authenticate. */
+	for (int i = 0; i < HALF; i++) {
+		struct rtrs_conn_req req;
+		struct rtrs_msg_conn_req m;
+		uint8_t buf[128];
+		size_t len;
+		int fd = -1, rc;
+
+		random_req(&req, 0, 129, true);
+		rtrs_conn_req_encode(&m, &req);
+		len = wire_connreq(&m, buf, sizeof(buf));
+		rc = wire_handshake(srv.port, buf, len, NULL, &fd);
+		accepted += rc == 0;
+		if (fd >= 0)
+			half[nhalf++] = fd;
+		if (i % 20 == 19)
+			most_fds = MAX(most_fds, proc_fds(srv.pid));
+	}
+	CHECK(accepted > 0, "half-open paths accepted: %d of %d", accepted, HALF);
+	fds = proc_fds(srv.pid);
+	most_fds = MAX(most_fds, fds);
+	CHECK(most_fds < 600, "server fds: at most %d while attacked (limit %d)", most_fds, NOFILE);
+
+	/* Meanwhile: the real host. */
+	CHECK(legit_session(srv.port, "legit-exhaustion", true, 64),
+	      "an authenticated client under attack");
+
+	/* Every raw connection goes within the handshake timeout (3 s), and the paths too. */
+	t0 = test_now_ms();
+	for (int i = 0; i < nraw; i++) {
+		uint64_t waited = test_now_ms() - t0;
+
+		closed += closed_by_peer(raw[i], waited < 5000 ? (unsigned)(5000 - waited) : 1);
+		close(raw[i]);
+	}
+	CHECK(closed == nraw, "the server closed %d of %d raw connections within 5 s", closed,
+	      nraw);
+	for (int i = 0; i < nhalf; i++)
+		close(half[i]);
+	rss = proc_rss_kb(srv.pid);
+	CHECK(rss > 0 && rss - rss0 < 64 * 1024, "server RSS grew by %ld KiB (bound 64 MiB)",
+	      rss - rss0);
+	fprintf(stderr, "exhaustion: %d raw and %d half-open connections: server at most %d fds, "
+		"RSS %ld -> %ld KiB\n", nraw, nhalf, most_fds, rss0, rss);
+	server_stop();
+}
+
+/* ---- a heartbeat flood from a client that stops reading -------------------- */
+
+static atomic_bool flood_stop;
+static atomic_uint_fast64_t flood_sent;
+static atomic_uint flood_paths;
+
+/* A connected path of its own (no authentication), or -errno. */
+static int flood_path(struct rtrs_conn_rsp *rsp)
+{
+	struct rtrs_conn_req req;
+	struct rtrs_msg_conn_req m;
+	struct rtrs_msg_info_req ireq;
+	struct rtrs_info_req info = { .imm_addr = 0, .imm_key = 1 };
+	uint8_t buf[128];
+	int fd = -1, rc, small = 4096;
+	size_t len;
+
+	random_req(&req, 0, 1, false);
+	rtrs_conn_req_encode(&m, &req);
+	len = wire_connreq(&m, buf, sizeof(buf));
+	rc = wire_handshake(srv.port, buf, len, rsp, &fd);
+	if (rc) {
+		if (fd >= 0)
+			close(fd);
+		return rc;
+	}
+	/* A small receive buffer that is never read: the answers back up at once. */
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+	snprintf(info.pathname, sizeof(info.pathname), "flooder%u",
+		 atomic_fetch_add(&flood_paths, 1));
+	rtrs_info_req_encode(&ireq, &info);
+	rc = wire_send(fd, &ireq, sizeof(ireq));
+	if (rc) {
+		close(fd);
+		return rc;
+	}
+	return fd;
+}
+
+/* Heartbeats as fast as the socket takes them, never reading; a new path when closed. */
+static void *flood_thread(void *arg)
+{
+	static struct wire_write_imm burst[256];
+
+	while (!atomic_load(&flood_stop)) {
+		struct rtrs_conn_rsp rsp;
+		int fd = flood_path(&rsp);
+
+		if (fd < 0) {
+			usleep(10 * 1000);
+			continue;
+		}
+		for (size_t i = 0; i < ARRAY_SIZE(burst); i++)
+			burst[i] = (struct wire_write_imm){
+				.base = { .version = 3, .op = 4, .flags = 1, .rma_iov_cnt = 1,
+					  .hdr_size = sizeof(burst[0]), .size = sizeof(burst[0]) },
+				.cq_data = rtrs_to_imm(RTRS_HB_MSG_IMM, 0),
+				.iov = { .addr = rsp.imm_desc.addr, .len = 0,
+					 .key = rsp.imm_desc.key },
+			};
+		while (!atomic_load(&flood_stop)) {
+			/* Whole messages: blocking, with a timeout (SO_SNDTIMEO) to look up. */
+			struct timeval tv = { .tv_usec = 100 * 1000 };
+			ssize_t n;
+
+			setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+			n = send(fd, burst, sizeof(burst), MSG_NOSIGNAL);
+			if (n > 0) {
+				size_t rest = (size_t)n % sizeof(burst[0]);
+
+				if (rest && write_all(fd, (char *)&burst[0] + rest,
+						      sizeof(burst[0]) - rest))
+					break;
+				atomic_fetch_add(&flood_sent, ((size_t)n + sizeof(burst[0]) - 1) /
+							      sizeof(burst[0]));
+			} else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+				continue;
+			} else {
+				break;
+			}
+		}
+		close(fd);
+	}
+	return arg;
+}
+
+static void test_hb_flood(void)
+{
+	const char *extra[] = { NULL };
+	long rss0, rss, most = 0;
+	pthread_t t;
+	uint64_t t0;
+	bool legit;
+
+	if (!server_start(0, extra))
+		return;
+	usleep(200 * 1000);
+	rss0 = proc_rss_kb(srv.pid);
+	atomic_store(&flood_stop, false);
+	atomic_store(&flood_sent, 0);
+	atomic_store(&flood_paths, 0);
+	CHECK_EQ(pthread_create(&t, NULL, flood_thread, NULL), 0);
+	usleep(500 * 1000);
+	/* The server is still itself: a client gets in and moves data during the flood. */
+	legit = legit_session(srv.port, "legit-flood", false, 64);
+	t0 = test_now_ms();
+	while (test_now_ms() - t0 < 4000) {
+		most = MAX(most, proc_rss_kb(srv.pid));
+		usleep(20 * 1000);
+	}
+	atomic_store(&flood_stop, true);
+	pthread_join(t, NULL);
+	CHECK(legit, "a client during the flood");
+	rss = proc_rss_kb(srv.pid);
+	most = MAX(most, rss);
+	CHECK(atomic_load(&flood_sent) > 10000, "%llu heartbeats sent",
+	      (unsigned long long)atomic_load(&flood_sent));
+	CHECK(most - rss0 < 64 * 1024, "server RSS grew by %ld KiB at most (bound 64 MiB)",
+	      most - rss0);
+	fprintf(stderr, "heartbeat flood: %llu heartbeats over %u paths in 4.5 s, never read: "
+		"server RSS %ld -> %ld KiB (most %ld)\n",
+		(unsigned long long)atomic_load(&flood_sent), atomic_load(&flood_paths), rss0,
+		rss, most);
+	server_stop();
+}
+
+/* ---- a replayed connection request --------------------------------------------- */
+
+/*
+ * A proxy between the client and the server that keeps the first bytes
+ * the client sends on its first connection: its connection request, as
+ * anyone on the network path would see it.
+ */
+static struct {
+	int lfd, port, srv_port;
+	pthread_t thread;
+	atomic_bool stop;
+	uint8_t first[128];
+	atomic_size_t first_len;
+} px;
+
+struct pump {
+	int from, to;
+	bool record;
+};
+
+static void *pump_thread(void *arg)
+{
+	struct pump *pp = arg;
+	uint8_t buf[8192];
+	size_t recorded = 0;
+
+	for (;;) {
+		ssize_t n = recv(pp->from, buf, sizeof(buf), 0);
+
+		if (n <= 0 || write_all(pp->to, buf, (size_t)n))
+			break;
+		if (pp->record && recorded < sizeof(px.first)) {
+			size_t k = MIN((size_t)n, sizeof(px.first) - recorded);
+
+			memcpy(px.first + recorded, buf, k);
+			recorded += k;
+			atomic_store(&px.first_len, recorded);
+		}
+	}
+	shutdown(pp->to, SHUT_WR);
+	shutdown(pp->from, SHUT_RD);
+	free(pp);
+	return NULL;
+}
+
+static void *proxy_thread(void *arg)
+{
+	bool first = true;
+
+	while (!atomic_load(&px.stop)) {
+		struct pollfd p = { .fd = px.lfd, .events = POLLIN };
+		struct pump *a, *b;
+		pthread_t t;
+		int c, s;
+
+		if (poll(&p, 1, 100) <= 0)
+			continue;
+		c = accept4(px.lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (c < 0)
+			continue;
+		s = tcp_connect(px.srv_port);
+		if (s < 0) {
+			close(c);
+			continue;
+		}
+		struct timeval none = { 0 };
+
+		setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+		a = malloc(sizeof(*a));
+		b = malloc(sizeof(*b));
+		*a = (struct pump){ .from = c, .to = s, .record = first };
+		*b = (struct pump){ .from = s, .to = c };
+		first = false;
+		/* The pumps end with their sockets, which the test's end closes. */
+		pthread_create(&t, NULL, pump_thread, a);
+		pthread_detach(t);
+		pthread_create(&t, NULL, pump_thread, b);
+		pthread_detach(t);
+	}
+	return arg;
+}
+
+static bool proxy_start(int srv_port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	socklen_t sl = sizeof(sa);
+
+	px.srv_port = srv_port;
+	px.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	inet_pton(AF_INET, test_addr(), &sa.sin_addr);
+	if (px.lfd < 0 || bind(px.lfd, (struct sockaddr *)&sa, sizeof(sa)) ||
+	    listen(px.lfd, 16) || getsockname(px.lfd, (struct sockaddr *)&sa, &sl))
+		return false;
+	px.port = ntohs(sa.sin_port);
+	atomic_store(&px.stop, false);
+	return pthread_create(&px.thread, NULL, proxy_thread, NULL) == 0;
+}
+
+static void proxy_stop(void)
+{
+	atomic_store(&px.stop, true);
+	pthread_join(px.thread, NULL);
+	close(px.lfd);
+}
+
+static atomic_bool io_stop;
+static atomic_int io_done, io_errors;
+
+static void *io_thread(void *arg)
+{
+	struct rtrs_clt_sess *s = arg;
+
+	while (!atomic_load(&io_stop)) {
+		int ok = legit_verified(s, 8, (unsigned)atomic_load(&io_done));
+
+		atomic_fetch_add(&io_done, ok);
+		atomic_fetch_add(&io_errors, 8 - ok);
+	}
+	return NULL;
+}
+
+static void test_replay(void)
+{
+	const char *extra[] = { "--auth-keys", keys_path, NULL };
+	struct rtrs_path_stats ps = { .size = sizeof(ps) };
+	struct rtrs_clt_sess *s = NULL;
+	struct rtrs_conn_rsp rsp;
+	pthread_t io;
+	int rc, refused = 0;
+
+	write_keys();
+	if (!server_start(0, extra))
+		return;
+	if (!proxy_start(srv.port)) {
+		CHECK(false, "proxy: %s", strerror(errno));
+		server_stop();
+		return;
+	}
+	rc = legit_open(px.port, "legit-replay", true, &s);
+	CHECK(rc == 0, "the client through the proxy: %s", strerror(-rc));
+	if (rc)
+		goto out;
+	CHECK(atomic_load(&px.first_len) > sizeof(struct wire_ctrl_hdr), "the request was seen");
+	atomic_store(&io_stop, false);
+	pthread_create(&io, NULL, io_thread, s);
+	usleep(300 * 1000);
+	for (int i = 0; i < 5; i++) {
+		/* Straight to the server, as someone on the path would. */
+		rc = wire_handshake(srv.port, px.first, atomic_load(&px.first_len), &rsp, NULL);
+		refused += rc != 0;
+		usleep(400 * 1000);
+	}
+	usleep(600 * 1000); /* three of the server's heartbeat intervals */
+	atomic_store(&io_stop, true);
+	pthread_join(io, NULL);
+	CHECK_EQ(refused, 5);
+	CHECK(atomic_load(&io_done) > 100, "%d IOs verified during the replays",
+	      atomic_load(&io_done));
+	CHECK_EQ(atomic_load(&io_errors), 0);
+	CHECK_EQ(rtrs_clt_path_stats(s, 0, &ps), 0);
+	CHECK(!strcmp(ps.state, "connected"), "path state: %s", ps.state);
+	CHECK(ps.reconnects == 0, "the path reconnected %llu times",
+	      (unsigned long long)ps.reconnects);
+	rtrs_clt_close(s);
+out:
+	server_stop();
+	proxy_stop();
+}
+
+/* ---- sessions and chunk memory ------------------------------------------------ */
+
+static void test_session_limits(void)
+{
+	/* 64 chunks of 128 KiB: 8 MiB a session. */
+	const char *by_count[] = { "--max-sessions", "3", NULL };
+	const char *by_mem[] = { "--max-chunk-mem", "20M", NULL };
+	struct rtrs_clt_sess *s[4] = { 0 };
+	char name[32];
+	int rc;
+
+	for (int round = 0; round < 2; round++) {
+		if (!server_start(0, round ? by_mem : by_count))
+			return;
+		int allowed = round ? 2 : 3;
+
+		for (int i = 0; i <= allowed; i++) {
+			snprintf(name, sizeof(name), "limit%d-%d", round, i);
+			rc = legit_open(srv.port, name, false, &s[i]);
+			if (i < allowed) {
+				CHECK(rc == 0, "session %d of %d: %s", i + 1, allowed, strerror(-rc));
+			} else {
+				CHECK_EQ(rc, -ENOSPC);
+				s[i] = NULL;
+			}
+		}
+		/* One goes: there is room again. */
+		if (s[0]) {
+			rtrs_clt_close(s[0]);
+			s[0] = NULL;
+		}
+		usleep(300 * 1000);
+		snprintf(name, sizeof(name), "limit%d-again", round);
+		CHECK(legit_session(srv.port, name, false, 16), "a session once another left");
+		for (int i = 0; i < 4; i++)
+			if (s[i])
+				rtrs_clt_close(s[i]);
+		memset(s, 0, sizeof(s));
+		server_stop();
+	}
+}
+
+int main(void)
+{
+	const char *dir = test_tmpdir("/tmp", "rtrs-test-hostile");
+	struct rlimit lim;
+
+	if (!dir)
+		return 1;
+	snprintf(keys_path, sizeof(keys_path), "%s/hosts", dir);
+	/* This process holds the attackers' sockets: as many fds as it may. */
+	getrlimit(RLIMIT_NOFILE, &lim);
+	lim.rlim_cur = lim.rlim_max;
+	setrlimit(RLIMIT_NOFILE, &lim);
+	if (lim.rlim_cur < 4096) {
+		fprintf(stderr, "test-hostile: needs 4096 fds, has %llu\n",
+			(unsigned long long)lim.rlim_cur);
+		return 77;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	srand((unsigned)getpid());
+	rtrs_set_log_level(0);
+	test_exhaustion();
+	test_hb_flood();
+	test_replay();
+	test_session_limits();
+	return test_done("test-hostile");
+}
