@@ -41,7 +41,7 @@ static struct {
 	unsigned engine;
 	bool direct, no_invalidate, quiet;
 } g = {
-	.provider = "tcp", .search = "/", .port = RNBD_DEFAULT_PORT_NR, .queue_depth = 512,
+	.provider = "tcp", .port = RNBD_DEFAULT_PORT_NR, .queue_depth = 512,
 	.chunk_size = 128 << 10, .threads = 4, .hb_ms = 1000,
 };
 
@@ -54,7 +54,8 @@ static const struct opt options[] = {
 	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME",
 	  .help = "libfabric provider (tcp, verbs)" },
 	{ "dev-search-path", 's', OPT_STRING, &g.search, .arg = "DIR",
-	  .help = "export what is below DIR; %SESSNAME% is the session's name" },
+	  .help = "export the files and block devices below DIR (none without it); "
+		  "%SESSNAME% is the session's name" },
 	{ "mem-device", 'm', OPT_LIST, &g.mem, .arg = "NAME:SIZE",
 	  .help = "also export SIZE bytes of memory as NAME (repeatable)" },
 	{ "engine", 'e', OPT_CHOICE, &g.engine, .choices = engine_names, .arg = "NAME",

@@ -28,15 +28,20 @@ struct rnbd_srv_opts {
 	uint16_t port;              /* default 1234; 0 = any free port */
 	const char *provider;       /* libfabric provider; default "tcp" */
 	/*
-	 * Devices are looked up below this directory (default "/"); it may
-	 * hold %SESSNAME%, replaced by the session's name. Names with "." or
-	 * ".." components, and symlinks leading out, are refused.
+	 * Files and block devices are looked up below this directory, an
+	 * absolute path; it may hold %SESSNAME%, replaced by the session's
+	 * name. Names with "." or ".." components, and symlinks leading out,
+	 * are refused; so is anything but a regular file or a block device.
+	 * Default NULL: no file or block device is exported, and OPEN of a
+	 * name that is not a memory device fails with -ENOENT.
 	 */
 	const char *dev_search_path;
 	/*
 	 * Memory devices, for benchmarks: "name:size[,name:size...]" (size
 	 * with K/M/G). A client opening one of these names gets that memory
-	 * instead of a file; all sessions share it.
+	 * instead of a file; all sessions share it. With neither these nor a
+	 * search path there is nothing to export: rnbd_srv_open refuses
+	 * (-EINVAL).
 	 */
 	const char *mem_devices;
 	const char *engine;         /* "auto" (io_uring, else threads), "io_uring", "threads" */

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -45,12 +46,18 @@ int rnbd_search_root(const char *search, const char *sessname, char *out, size_t
 
 int rnbd_dev_open(const char *root, const char *dev_name, int flags, int *fd, const char **why)
 {
+	/*
+	 * O_PATH: the lookup only. No driver's open runs, so a FIFO, a
+	 * terminal or a watchdog below the search path learns nothing of a
+	 * client asking for it; the type is checked before anything is opened.
+	 */
 	struct open_how how = {
-		.flags = (unsigned)flags | O_CLOEXEC | O_NOCTTY,
+		.flags = O_PATH | O_CLOEXEC,
 		.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
 	};
-	struct stat st;
-	int dir, rc;
+	struct stat st, got;
+	char self[64];
+	int dir, path, rc;
 
 	if (!rnbd_dev_name_valid(dev_name, why))
 		return -EINVAL;
@@ -61,26 +68,38 @@ int rnbd_dev_open(const char *root, const char *dev_name, int flags, int *fd, co
 		rc = -errno;
 		REJECT(rc, "cannot open the search path");
 	}
-	/* Non-blocking: a FIFO or a device that waits must not hold the caller. */
-	how.flags |= O_NONBLOCK;
-	rc = (int)syscall(SYS_openat2, dir, dev_name, &how, sizeof(how));
-	if (rc < 0) {
-		rc = -errno;
-		close(dir);
-		if (rc == -EXDEV)
-			REJECT(-EACCES, "device path leads out of the search path");
-		REJECT(rc, "cannot open the device");
-	}
+	path = (int)syscall(SYS_openat2, dir, dev_name, &how, sizeof(how));
+	rc = path < 0 ? -errno : 0;
 	close(dir);
-	if (fstat(rc, &st) || !(S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))) {
-		close(rc);
+	if (rc == -EXDEV)
+		REJECT(-EACCES, "device path leads out of the search path");
+	if (rc)
+		REJECT(rc, "cannot look the device up");
+	if (fstat(path, &st) || !(S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))) {
+		close(path);
 		REJECT(-ENOTBLK, "not a file or block device");
 	}
-	if (fcntl(rc, F_SETFL, fcntl(rc, F_GETFL) & ~O_NONBLOCK)) {
+	/*
+	 * Opened through the O_PATH descriptor itself, not by name again: the
+	 * object checked is the object opened, whatever is renamed or swapped
+	 * in the directory meanwhile. fstat confirms it (same device, inode
+	 * and type).
+	 */
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", path);
+	rc = open(self, flags | O_CLOEXEC | O_NOCTTY);
+	if (rc < 0) {
 		int err = -errno;
 
-		close(rc);
+		close(path);
+		if (err == -ENOENT)
+			REJECT(-ENXIO, "cannot open it through /proc/self/fd (is /proc mounted?)");
 		REJECT(err, "cannot open the device");
+	}
+	close(path);
+	if (fstat(rc, &got) || got.st_dev != st.st_dev || got.st_ino != st.st_ino ||
+	    (got.st_mode & S_IFMT) != (st.st_mode & S_IFMT)) {
+		close(rc);
+		REJECT(-ESTALE, "the device changed while it was being opened");
 	}
 	*fd = rc;
 	return 0;

@@ -23,8 +23,13 @@ int rnbd_search_root(const char *search, const char *sessname, char *out, size_t
 
 /*
  * Opens dev_name below root with open(2) flags; *fd is the new descriptor.
- * 0, or a negative errno: -EINVAL (a name no client may ask for), -EACCES
- * (it leads out of root), or what the lookup or open found (-ENOENT ...).
+ * Only a regular file or a block device is opened: the name is looked up
+ * first (O_PATH, which opens nothing), its type checked, and then that very
+ * object is opened (through /proc/self/fd) and checked again to be the
+ * same (device, inode, type). 0, or a negative errno: -EINVAL (a name no
+ * client may ask for), -EACCES (it leads out of root), -ENOTBLK (neither a
+ * file nor a block device), -ESTALE (it changed under the open), -ENXIO
+ * (no /proc), or what the lookup or open found (-ENOENT ...).
  */
 int rnbd_dev_open(const char *root, const char *dev_name, int flags, int *fd, const char **why);
 

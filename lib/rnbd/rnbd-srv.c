@@ -203,6 +203,9 @@ static int dev_open_store(struct rnbd_sess *sess, struct sess_dev *sd, const cha
 		sd->store = m->store;
 		dev = 0;
 		ino = (ino_t)(m - srv->mem) + 1;
+	} else if (!srv->search[0]) {
+		*why = "no file devices are exported here (the server has no search path)";
+		return -ENOENT;
 	} else {
 		rc = rnbd_search_root(srv->search, sess->name, root, sizeof(root), why);
 		if (rc)
@@ -588,7 +591,6 @@ int rnbd_srv_opts_init(struct rnbd_srv_opts *o, size_t size)
 	memset(o, 0, size);
 	o->size = size;
 	o->port = RNBD_DEFAULT_PORT_NR;
-	o->dev_search_path = "/";
 	o->engine = "auto";
 	o->engine_threads = 4;
 	o->queue_depth = RTRS_DEFAULT_QUEUE_DEPTH;
@@ -675,9 +677,14 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 			o->engine ? o->engine : "");
 		return -EINVAL;
 	}
-	if (!o->dev_search_path || o->dev_search_path[0] != '/') {
-		log_err("rnbd: the device search path must be absolute");
+	if (o->dev_search_path && o->dev_search_path[0] != '/') {
+		log_err("rnbd: the device search path \"%s\" is not absolute", o->dev_search_path);
 		return -EINVAL;
+	}
+	if (o->dev_search_path && strlen(o->dev_search_path) >= sizeof(srv->search)) {
+		log_err("rnbd: the device search path is longer than %zu bytes",
+			sizeof(srv->search) - 1);
+		return -ENAMETOOLONG;
 	}
 	srv = calloc(1, sizeof(*srv));
 	if (!srv)
@@ -685,8 +692,9 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	srv->o = *o;
 	pthread_mutex_init(&srv->ctl, NULL);
 	pthread_mutex_init(&srv->lock, NULL);
-	snprintf(srv->search, sizeof(srv->search), "%s", o->dev_search_path);
-	srv->o.dev_search_path = srv->search;
+	if (o->dev_search_path)
+		snprintf(srv->search, sizeof(srv->search), "%s", o->dev_search_path);
+	srv->o.dev_search_path = srv->search[0] ? srv->search : NULL;
 	rc = rnbd_engine_open(kind, o->engine_threads, MAX(o->queue_depth, 64u), &srv->engine);
 	if (rc) {
 		log_err("rnbd: cannot start the %s engine: %s", o->engine, strerror(-rc));
@@ -696,6 +704,17 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	if (o->mem_devices && (rc = mem_devices_parse(srv, o->mem_devices))) {
 		srv_free(srv);
 		return rc;
+	}
+	/*
+	 * Nothing is exported unless asked for: a server without a search path
+	 * opens no file, and one with neither a search path nor a memory
+	 * device has nothing to serve, which is a configuration mistake better
+	 * reported at start than by every client's OPEN.
+	 */
+	if (!srv->search[0] && !srv->nmem) {
+		log_err("rnbd: nothing to export: give a device search path or memory devices");
+		srv_free(srv);
+		return -EINVAL;
 	}
 	rtrs_srv_opts_init(&ro, sizeof(ro));
 	ro.addr = o->addr;
@@ -715,8 +734,18 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 		srv_free(srv);
 		return rc;
 	}
-	log_info("rnbd: serving devices below %s (%s engine%s)", srv->search,
-		 rnbd_engine_name(srv->engine), o->direct ? ", O_DIRECT" : "");
+	if (srv->search[0])
+		log_info("rnbd: serving files and block devices below %s (%s engine%s)",
+			 srv->search, rnbd_engine_name(srv->engine),
+			 o->direct ? ", O_DIRECT" : "");
+	else
+		log_info("rnbd: serving memory devices only (no search path)");
+	if (!strcmp(srv->search, "/"))
+		log_warn("rnbd: the search path is /: every file and block device of this host "
+			 "that the server may open is exported");
+	if (!o->auth_keys_file)
+		log_warn("rnbd: no authentication (no key file): any host that reaches %s may "
+			 "open the exported devices", o->addr ? o->addr : "this host");
 	*out = srv;
 	return 0;
 }

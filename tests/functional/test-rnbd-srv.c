@@ -14,10 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "harness.h"
+#include "logcap.h"
 #include "rnbd-proto.h"
 #include "rnbd.h"
 #include "rtrs.h"
@@ -245,11 +247,77 @@ out:
 	rnbd_srv_close(srv);
 }
 
+/*
+ * Nothing is exported that was not asked for: by default there is no search
+ * path, a server with nothing to export does not start (nor does the
+ * daemon), and one with memory devices only opens no file, whatever the
+ * name (a name is always below the search path; "/etc/passwd" is
+ * "etc/passwd"), with a log line naming the session and the device.
+ */
+static void test_defaults(void)
+{
+	struct rnbd_srv_opts o;
+	struct rnbd_srv *srv = NULL;
+	struct rtrs_clt_sess *s;
+	const char *daemon = getenv("RNBD_SERVER");
+	char cmd[1200], out[4096];
+	size_t n = 0;
+	FILE *f;
+	int st;
+
+	rnbd_set_log_fn(log_sink, NULL);
+	rnbd_srv_opts_init(&o, sizeof(o));
+	CHECK(o.dev_search_path == NULL, "default search path %s", o.dev_search_path);
+	o.addr = test_addr();
+	o.provider = test_provider();
+	o.port = 0;
+	CHECK_EQ(rnbd_srv_open(&o, &srv), -EINVAL);
+	CHECK(log_has("nothing to export"), "%s", log_text());
+	o.dev_search_path = "relative/dir";
+	CHECK_EQ(rnbd_srv_open(&o, &srv), -EINVAL);
+
+	o.dev_search_path = NULL;
+	o.mem_devices = "mem0:1M";
+	CHECK_EQ(rnbd_srv_open(&o, &srv), 0);
+	port = rnbd_srv_port(srv, 5000);
+	s = sess_open("nosearch");
+	if (s) {
+		log_clear();
+		CHECK_EQ(dev_open(s, "/etc/passwd", RNBD_ACCESS_RO, NULL), -ENOENT);
+		CHECK(log_has("nosearch: cannot open etc/passwd (ro): no file devices are "
+			      "exported"), "%s", log_text());
+		CHECK_EQ(dev_open(s, "etc/hostname", RNBD_ACCESS_RW, NULL), -ENOENT);
+		CHECK_EQ(dev_open(s, "mem0", RNBD_ACCESS_RW, NULL), 0);
+		rtrs_clt_close(s);
+	}
+	rnbd_srv_close(srv);
+	rnbd_set_log_fn(NULL, NULL);
+
+	if (!daemon) {
+		fprintf(stderr, "test-rnbd-srv: RNBD_SERVER not set, the daemon is not checked\n");
+		return;
+	}
+	/* The daemon with no search path and no memory device: exit 1, and why. */
+	snprintf(cmd, sizeof(cmd), "timeout 10 %s --addr %s --port 0 --provider %s 2>&1",
+		 daemon, test_addr(), test_provider());
+	f = popen(cmd, "r");
+	CHECK(f != NULL);
+	if (!f)
+		return;
+	while (n < sizeof(out) - 1 && fgets(out + n, (int)(sizeof(out) - n), f))
+		n += strlen(out + n);
+	out[n] = '\0';
+	st = pclose(f);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1, "rnbd-server status %d: %s", st, out);
+	CHECK(strstr(out, "nothing to export") && !strstr(out, "listening"), "%s", out);
+}
+
 int main(void)
 {
 	top = test_tmpdir(NULL, "rnbd-srv-test");
 	if (!top)
 		return 1;
+	test_defaults();
 	test_all();
 	return test_done("test-rnbd-srv");
 }

@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -390,6 +392,43 @@ static void write_file(const char *path, const char *text)
 	fclose(f);
 }
 
+/*
+ * Neither a file nor a block device: refused before anything is opened. A
+ * FIFO shows it: its reader sees POLLHUP once a writer has opened it and
+ * gone, and an open for writing of the FIFO that was then refused by type
+ * would leave exactly that behind. A character device (root can make one:
+ * /dev/null's numbers) is refused the same way.
+ */
+static void test_not_opened(const char *root)
+{
+	const char *why = NULL;
+	char p[512];
+	struct pollfd pfd;
+	int fd = -1, reader;
+
+	snprintf(p, sizeof(p), "%s/fifo", root);
+	CHECK_EQ(mkfifo(p, 0600), 0);
+	reader = open(p, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	CHECK(reader >= 0, "%s: %s", p, strerror(errno));
+	for (int i = 0; i < 2; i++) {
+		CHECK_EQ(rnbd_dev_open(root, "fifo", i ? O_RDWR : O_WRONLY, &fd, &why), -ENOTBLK);
+		CHECK(why && strstr(why, "not a file or block device"), "%s", why ? why : "");
+		CHECK_EQ(fd, -1);
+	}
+	pfd = (struct pollfd){ .fd = reader, .events = POLLIN };
+	CHECK_EQ(poll(&pfd, 1, 0), 0); /* no writer ever came and went */
+	CHECK(!(pfd.revents & POLLHUP), "the refused FIFO was opened for writing");
+	close(reader);
+
+	snprintf(p, sizeof(p), "%s/chr", root);
+	if (geteuid() == 0 && mknod(p, S_IFCHR | 0600, makedev(1, 3)) == 0) {
+		CHECK_EQ(rnbd_dev_open(root, "chr", O_RDWR, &fd, &why), -ENOTBLK);
+		CHECK_EQ(fd, -1);
+	} else {
+		fprintf(stderr, "test-rnbd-proto: no character device test (needs root)\n");
+	}
+}
+
 static void test_paths(void)
 {
 	const char *top = test_tmpdir("/tmp", "rnbd-path-test");
@@ -467,6 +506,7 @@ static void test_paths(void)
 			close(fd);
 	}
 	CHECK_EQ(rnbd_dev_open("/nonexistent-rnbd-root", "disk", O_RDONLY, &fd, &why), -ENOENT);
+	test_not_opened(root);
 
 	/* One device, one spelling. */
 	static const char *const spell[][2] = {
