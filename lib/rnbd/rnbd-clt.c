@@ -14,12 +14,14 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "log.h"
+#include "rnbd-hooks.h"
 #include "rnbd-path.h"
 #include "rnbd-proto.h"
 #include "rnbd.h"
@@ -64,6 +66,7 @@ struct rnbd_clt_sess {
 	pthread_cond_t cond;         /* device states, inflight, the worker's flags */
 	struct rnbd_clt_dev *devs;
 	bool reopen;                 /* a path came back: open the devices again */
+	uint64_t reconnects;         /* RECONNECTED link events so far */
 	unsigned on_wire;            /* IO requests sent and not answered yet */
 	struct clt_io *ios;          /* one slot per RTRS permit */
 	struct clt_io *parked, *parked_tail; /* IO waiting for its device to open again */
@@ -237,6 +240,7 @@ static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
 			log_warn("rnbd: %s: no path left, devices disconnected", s->name);
 	} else {
 		s->reopen = true;
+		s->reconnects++;
 	}
 	pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);
@@ -244,37 +248,68 @@ static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
 		s->user_link_ev(s->user_priv, ev);
 }
 
+/* Test hook (rnbd-hooks.h): called when an OPEN was answered, before its answer is taken. */
+static void (*_Atomic open_hook)(void *priv, const char *dev_name);
+static void *open_hook_priv;
+
+void rnbd_clt_set_open_hook(void (*fn)(void *priv, const char *dev_name), void *priv)
+{
+	open_hook_priv = priv;
+	atomic_store(&open_hook, fn);
+}
+
 /*
- * Opens d again on the server. Called with s->lock held and d marked
- * (REOPENING, opening); returns with the lock held, d mapped under its new
- * id or disconnected again (also when a link event took it meanwhile:
- * -ENOTCONN).
+ * Sends OPEN for d and takes its answer: every OPEN (a map, a remap, the
+ * reconnect's pass) goes through here. Called with s->lock held and d in
+ * the session's list, marked REOPENING and opening, so that link events and
+ * the reconnect's pass see it while the OPEN is on its way; returns with the
+ * lock held and the OPEN's result. The answer's id, geometry and size are
+ * taken whatever happened meanwhile (each OPEN_RSP refreshes the size: the
+ * device may have grown while the session was away). d is mapped under the
+ * new id only if no link event took it meanwhile; if one did, the answer may
+ * come from a server session that is gone, so d stays disconnected for the
+ * reconnect to open again, and if the session reconnected meanwhile, the
+ * pass that ran then passed d by (it was opening): the worker is asked for
+ * another.
  */
-static int dev_reopen(struct rnbd_clt_dev *d)
+static int dev_open_locked(struct rnbd_clt_dev *d)
 {
 	struct rnbd_clt_sess *s = d->sess;
+	void (*hook)(void *priv, const char *dev_name) = atomic_load(&open_hook);
+	uint64_t reconnects = s->reconnects, seen;
 	struct rnbd_open_rsp r;
-	uint64_t seen;
 	int rc;
 
 	pthread_mutex_unlock(&s->lock);
 	seen = server_sessions(s); /* before the OPEN: a later change means reopen */
 	rc = dev_open_msg(s, d->name, d->mode, &r);
+	if (hook)
+		hook(open_hook_priv, d->name);
 	pthread_mutex_lock(&s->lock);
 	d->opening = false;
-	if (!rc && d->state == DEV_REOPENING) {
+	if (!rc) {
 		d->id = r.device_id;
 		d->rsp = r;
+		d->bytes = r.nsectors << RNBD_SECTOR_SHIFT;
 		d->srv_sessions = seen;
-		d->gen++;
-		d->state = DEV_MAPPED;
-	} else {
-		if (d->state == DEV_REOPENING)
-			d->state = DEV_DISCONNECTED; /* the next reconnect tries again */
-		rc = rc ? rc : -ENOTCONN;
+	}
+	if (d->state == DEV_REOPENING) {
+		d->state = rc ? DEV_DISCONNECTED : DEV_MAPPED; /* failed: the next reconnect tries */
+		if (!rc)
+			d->gen++;
+	} else if (s->reconnects != reconnects && !s->stop) {
+		s->reopen = true;
 	}
 	pthread_cond_broadcast(&s->cond);
 	return rc;
+}
+
+/* Opens d again (as dev_open_locked); -ENOTCONN when a link event took it meanwhile. */
+static int dev_reopen(struct rnbd_clt_dev *d)
+{
+	int rc = dev_open_locked(d);
+
+	return rc ? rc : d->state == DEV_MAPPED ? 0 : -ENOTCONN;
 }
 
 /*
@@ -489,39 +524,42 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 	d->mode = (enum rnbd_access_mode)mode;
 	snprintf(d->name, sizeof(d->name), "%s", dev_name);
 	rnbd_dev_name_normalize(d->name);
+	/*
+	 * In the list before the OPEN goes, as a device being opened again:
+	 * a link event or a reconnect meanwhile treats it as any other device
+	 * (dev_open_locked), so an answer from a server session that is gone
+	 * never becomes a mapping.
+	 */
+	d->state = DEV_REOPENING;
+	d->opening = true;
 	pthread_mutex_lock(&s->lock);
 	if (dev_find(s, d->name)) {
-		pthread_mutex_unlock(&s->lock);
-		free(d);
-		return -EEXIST;
-	}
-	pthread_mutex_unlock(&s->lock);
-	d->srv_sessions = server_sessions(s);
-	rc = dev_open_msg(s, d->name, d->mode, &d->rsp);
-	if (rc) {
-		log_err("rnbd: %s: mapping %s (%s) failed: %s", s->name, d->name,
-			rnbd_access_mode_name(d->mode), strerror(-rc));
-		free(d);
-		return rc;
-	}
-	d->id = d->rsp.device_id;
-	d->bytes = d->rsp.nsectors << RNBD_SECTOR_SHIFT;
-	d->state = DEV_MAPPED;
-	pthread_mutex_lock(&s->lock);
-	if (dev_find(s, d->name)) {
-		/*
-		 * Another map of the name won the race: the server gave both
-		 * the same device, which stays the winner's (no CLOSE).
-		 */
 		pthread_mutex_unlock(&s->lock);
 		free(d);
 		return -EEXIST;
 	}
 	d->next = s->devs;
 	s->devs = d;
+	rc = dev_open_locked(d);
+	if (rc) {
+		/* Never mapped: out of the list before the worker may pick it up. */
+		for (struct rnbd_clt_dev **pp = &s->devs; *pp; pp = &(*pp)->next) {
+			if (*pp == d) {
+				*pp = d->next;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&s->lock);
+		log_err("rnbd: %s: mapping %s (%s) failed: %s", s->name, d->name,
+			rnbd_access_mode_name(d->mode), strerror(-rc));
+		free(d);
+		return rc;
+	}
+	log_info("rnbd: %s: mapped %s (%s), %llu bytes%s", s->name, d->name,
+		 rnbd_access_mode_name(d->mode), (unsigned long long)d->bytes,
+		 d->state == DEV_MAPPED ? "" : "; the session lost its path meanwhile, it is "
+					       "opened again with the others");
 	pthread_mutex_unlock(&s->lock);
-	log_info("rnbd: %s: mapped %s (%s), %llu bytes", s->name, d->name,
-		 rnbd_access_mode_name(d->mode), (unsigned long long)d->bytes);
 	*out = d;
 	return 0;
 }

@@ -22,6 +22,7 @@
 
 #include "check.h"
 #include "harness.h"
+#include "rnbd-hooks.h"
 #include "rnbd.h"
 
 #define DISK_SIZE (16u << 20)
@@ -418,11 +419,110 @@ static void test_all(void)
 	rnbd_srv_close(srv);
 }
 
+/*
+ * A map racing a server restart, made reproducible by the library's OPEN
+ * hook: the OPEN of "b" is answered by the old server session (id 1, the
+ * hole "x" left), then, before the map takes the answer, the server
+ * restarts and the reconnect opens "a" and "c" again, which get ids 0 and 1
+ * there. The map must not become a mapping under id 1 (that is "c" now): b's
+ * writes must reach b's file and leave c's alone. "c" grew while the server
+ * was away, and its size after the reopen is the new one.
+ */
+static struct {
+	bool fired;
+	char grow[700];
+	unsigned devices;
+} race;
+
+static void race_count(void *priv, const struct rnbd_srv_dev_stats *st)
+{
+	(void)priv;
+	race.devices += !strcmp(st->session, "race");
+}
+
+static void race_hook(void *priv, const char *dev_name)
+{
+	uint64_t end;
+
+	(void)priv;
+	if (strcmp(dev_name, "race-b") || race.fired)
+		return;
+	race.fired = true;
+	rnbd_srv_close(srv);
+	CHECK_EQ(truncate(race.grow, 2 * DISK_SIZE), 0);
+	srv_start(port);
+	/* Until the reconnect has opened a and c on the new server. */
+	for (end = test_now_ms() + 10000; test_now_ms() < end; usleep(10 * 1000)) {
+		race.devices = 0;
+		rnbd_srv_list(srv, race_count, NULL);
+		if (race.devices == 2)
+			break;
+	}
+	CHECK_EQ(race.devices, 2);
+}
+
+static void test_map_race(void)
+{
+	static const char *const names[] = { "a", "x", "c", "b" };
+	struct rnbd_clt_dev *d[4] = { 0 };
+	struct rnbd_clt_dev_info in = { .size = sizeof(in) };
+	uint8_t *w = malloc(65536), *r = malloc(65536);
+	struct rnbd_clt_sess *s;
+	char path[700];
+
+	for (unsigned i = 0; i < 4; i++) {
+		int fd;
+
+		snprintf(path, sizeof(path), "%s/race-%s", top, names[i]);
+		fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
+		CHECK(fd >= 0 && ftruncate(fd, DISK_SIZE) == 0);
+		test_fill(w, 65536, 300 + i);
+		CHECK(pwrite(fd, w, 65536, 0) == 65536);
+		close(fd);
+	}
+	snprintf(race.grow, sizeof(race.grow), "%s/race-c", top);
+	srv_start(0);
+	s = sess_open("race");
+	if (!s)
+		return;
+	/* a = 0, x = 1, c = 2; x goes, so the next OPEN gets 1. */
+	for (unsigned i = 0; i < 3; i++) {
+		snprintf(path, sizeof(path), "race-%s", names[i]);
+		CHECK_EQ(rnbd_clt_map(s, path, RNBD_CLT_RW, &d[i]), 0);
+	}
+	CHECK_EQ(rnbd_clt_unmap(d[1], false), 0);
+	rnbd_clt_set_open_hook(race_hook, NULL);
+	CHECK_EQ(rnbd_clt_map(s, "race-b", RNBD_CLT_RW, &d[3]), 0);
+	rnbd_clt_set_open_hook(NULL, NULL);
+	CHECK(race.fired, "the hook ran");
+	if (d[3]) {
+		test_fill(w, 65536, 999);
+		CHECK_EQ(rnbd_clt_io(d[3], RNBD_CLT_WRITE, 0, 0, w, 65536), 0);
+		snprintf(path, sizeof(path), "%s/race-b", top);
+		CHECK(test_file_has(path, 0, w, 65536), "b's write is in b");
+		test_fill(w, 65536, 302);
+		snprintf(path, sizeof(path), "%s/race-c", top);
+		CHECK(test_file_has(path, 0, w, 65536), "c is untouched by b's write");
+		CHECK_EQ(rnbd_clt_io(d[2], RNBD_CLT_READ, 0, 0, r, 65536), 0);
+		CHECK(!memcmp(w, r, 65536), "c reads its own data");
+		CHECK_EQ(rnbd_clt_dev_info(d[3], &in), 0);
+		CHECK(!strcmp(in.state, "mapped"), "b: %s", in.state);
+	}
+	CHECK_EQ(rnbd_clt_dev_info(d[2], &in), 0);
+	CHECK_EQ(in.bytes, 2 * DISK_SIZE); /* each OPEN_RSP gives the size */
+	CHECK_EQ(rnbd_clt_io(d[2], RNBD_CLT_READ, 0, DISK_SIZE, r, 65536), 0);
+	rnbd_clt_sess_close(s);
+	rnbd_srv_close(srv);
+	free(w);
+	free(r);
+}
+
 int main(void)
 {
 	top = test_tmpdir(NULL, "rnbd-test");
 	if (!top)
 		return 1;
 	test_all();
+	test_map_race();
 	return test_done("test-rnbd");
 }
