@@ -61,12 +61,19 @@ int rnbd_srv_open(const struct rnbd_srv_opts *opts, struct rnbd_srv **out);
 /* Waits until listening (-ETIMEDOUT), then the port. */
 int rnbd_srv_port(struct rnbd_srv *srv, unsigned timeout_ms);
 /*
- * Closes a device a session has open, from the server side: its IO in
- * flight completes, later IO on it fails with -ENOTCONN, and its id stays
- * reserved until the client closes it. -ENOENT if not open.
+ * Closes a device a session has open, from the server side: later IO on it
+ * fails with -ENOTCONN, and its id stays reserved until the client closes
+ * it. Its IO in flight completes; then its store closes and its writer slot
+ * is given back. Returns 0 once that is done, or -EINPROGRESS if its IO is
+ * still in flight after a second (a backing file that hangs; the device is
+ * released when the IO completes); -ENOENT if not open. Holds no lock of
+ * the server while it waits.
  */
 int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char *dev_name);
-/* Stops serving: every IO in flight is answered first. */
+/*
+ * Stops serving: every IO in flight is answered first (so this waits for a
+ * backing file that hangs), and every device is released.
+ */
 void rnbd_srv_close(struct rnbd_srv *srv);
 
 /* One device a session has open, as rnbd_srv_list reports it. */
@@ -85,8 +92,10 @@ struct rnbd_srv_dev_stats {
 };
 
 /*
- * Calls fn for every device of every session, under the server's locks (fn
- * must not call into the server). Returns how many, or -EINVAL.
+ * Calls fn for every device of every session, from a snapshot taken under
+ * the server's locks: fn runs after they are released, so it may block
+ * (write to a slow socket) without holding up the server, and may call
+ * into it. Returns how many, or -EINVAL, -ENOMEM.
  */
 int rnbd_srv_list(struct rnbd_srv *srv,
 		  void (*fn)(void *priv, const struct rnbd_srv_dev_stats *st), void *priv);

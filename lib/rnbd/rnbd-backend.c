@@ -29,6 +29,7 @@
 
 #include "log.h"
 #include "rnbd-backend.h"
+#include "rnbd-hooks.h"
 
 struct rnbd_engine {
 	bool uring;
@@ -595,21 +596,19 @@ static bool nowait_try(struct rnbd_store *s, struct rnbd_breq *r)
 	return n == (ssize_t)r->len;
 }
 
-void rnbd_store_submit(struct rnbd_store *s, struct rnbd_breq *r)
-{
-	uint32_t align = s->direct ? s->info.logical_block_size : 1;
+/* Test hook (rnbd-hooks.h): may hold a request, as a backing store that hangs would. */
+static bool (*_Atomic hold_hook)(void *priv, struct rnbd_breq *r);
+static void *_Atomic hold_hook_priv;
 
-	r->store = s;
-	store_get(s);
-	if (r->offset > s->info.size || r->len > s->info.size - r->offset) {
-		complete(r, -EINVAL);
-		return;
-	}
-	if (align > 1 && (r->offset % align || r->len % align ||
-			  (uintptr_t)r->buf % align)) {
-		complete(r, -EINVAL);
-		return;
-	}
+void rnbd_store_set_hold_hook(bool (*fn)(void *priv, struct rnbd_breq *r), void *priv)
+{
+	hold_hook_priv = priv;
+	atomic_store(&hold_hook, fn);
+}
+
+/* Runs a request that passed the checks (rnbd_store_submit). */
+static void store_exec(struct rnbd_store *s, struct rnbd_breq *r)
+{
 	if (!s->e) {
 		complete(r, mem_exec(s, r));
 		return;
@@ -623,6 +622,32 @@ void rnbd_store_submit(struct rnbd_store *s, struct rnbd_breq *r)
 		uring_start(s->e, r);
 	else
 		pool_queue(s->e, r);
+}
+
+void rnbd_store_resume(struct rnbd_breq *r)
+{
+	store_exec(r->store, r);
+}
+
+void rnbd_store_submit(struct rnbd_store *s, struct rnbd_breq *r)
+{
+	uint32_t align = s->direct ? s->info.logical_block_size : 1;
+	bool (*hold)(void *priv, struct rnbd_breq *r) = atomic_load(&hold_hook);
+
+	r->store = s;
+	store_get(s);
+	if (r->offset > s->info.size || r->len > s->info.size - r->offset) {
+		complete(r, -EINVAL);
+		return;
+	}
+	if (align > 1 && (r->offset % align || r->len % align ||
+			  (uintptr_t)r->buf % align)) {
+		complete(r, -EINVAL);
+		return;
+	}
+	if (hold && hold(hold_hook_priv, r))
+		return; /* the test resumes it (rnbd_store_resume) */
+	store_exec(s, r);
 }
 
 void rnbd_store_close(struct rnbd_store *s)

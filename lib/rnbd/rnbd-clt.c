@@ -250,7 +250,7 @@ static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
 
 /* Test hook (rnbd-hooks.h): called when an OPEN was answered, before its answer is taken. */
 static void (*_Atomic open_hook)(void *priv, const char *dev_name);
-static void *open_hook_priv;
+static void *_Atomic open_hook_priv;
 
 void rnbd_clt_set_open_hook(void (*fn)(void *priv, const char *dev_name), void *priv)
 {

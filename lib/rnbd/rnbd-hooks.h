@@ -8,11 +8,25 @@
 #ifndef RNBD_HOOKS_H
 #define RNBD_HOOKS_H
 
+#include <stdbool.h>
+
 /*
  * Client: fn(priv, dev_name) runs on the thread that sent an OPEN (a map, a
  * remap, the reconnect's pass) once the answer is in, before the library
  * takes it. NULL removes it.
  */
 void rnbd_clt_set_open_hook(void (*fn)(void *priv, const char *dev_name), void *priv);
+
+struct rnbd_breq;
+
+/*
+ * Backing stores: fn(priv, r) runs for every request that passed a store's
+ * checks, on the submitting thread, before anything is done with it; true
+ * holds it, as a backing file that hangs would (it counts as in flight: the
+ * store does not close), until rnbd_store_resume(r) runs it as usual. NULL
+ * removes it.
+ */
+void rnbd_store_set_hold_hook(bool (*fn)(void *priv, struct rnbd_breq *r), void *priv);
+void rnbd_store_resume(struct rnbd_breq *r);
 
 #endif

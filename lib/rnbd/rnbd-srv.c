@@ -3,10 +3,10 @@
  * The RNBD server over librtrs (ref/rtrs-upstream.md section 5.4).
  *
  * Sessions come and go with the transport's link events. Requests arrive
- * through rdma_ev on the transport's completion threads: SESS_INFO, OPEN
- * and CLOSE are answered at once (the answers to the first two go in the
- * read buffer); IO goes to the device's backing store and is answered from
- * the store's thread when it completes.
+ * through rdma_ev on the transport's completion threads: SESS_INFO and
+ * OPEN are answered at once (in the read buffer); CLOSE once its device is
+ * released; IO goes to the device's backing store and is answered from the
+ * store's thread when it completes.
  *
  * Devices: a session's open devices sit in a table indexed by device id.
  * Every open of a file or block device has its own descriptor and store;
@@ -15,12 +15,21 @@
  * closed from the server side (force-close) keeps its id, and IO on it
  * fails with -ENOTCONN until the client closes it.
  *
- * Locks: srv->ctl serialises what opens and closes devices (OPEN, CLOSE,
- * force-close, a session going down), so a device is released once and
- * freed by whoever takes it out of its table; srv->lock guards the session
- * list and the writer table; each session's lock guards its device table.
- * A device's `refs` counts IO in flight; releasing waits for it to drain
- * (IO completion takes none of these locks).
+ * Closing: a device has a reference while it is open and one per IO in
+ * flight. CLOSE, force-close and a session going down drop the first (once:
+ * `closing`); the last reference queues the release (store closed, writer
+ * slot back) for a release thread. Nothing that holds a lock, and no
+ * completion or service thread, ever waits for a device's IO to drain: a
+ * backing file that hangs holds its own device, its session's CLOSE of it
+ * and its writer slot, and nothing else. A CLOSE is answered once its device
+ * is released, so a client that closed a device may open it again at once.
+ *
+ * Locks, each held only for short work that does not wait: srv->lock
+ * guards the session list and the writer table; sess->open_lock
+ * serialises a session's OPENs (a name opened twice at once is one device);
+ * sess->lock guards the session's device table and each device's `forced`;
+ * srv->rel_lock guards the release queue and what becomes of a device once
+ * released. Order: srv->lock, sess->open_lock, sess->lock, srv->rel_lock.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -42,6 +51,8 @@
 
 #define RNBD_SESSNAME_MAX 256
 #define MEM_DEVS_MAX 16
+/* How long rnbd_srv_force_close waits for the device's IO in flight. */
+#define RNBD_FORCE_CLOSE_WAIT_MS 1000
 
 struct mem_dev {
 	char name[RNBD_DEV_NAME_MAX];
@@ -56,21 +67,31 @@ struct writers {
 	unsigned count;
 };
 
+/* One force-close waiting for its device's release. */
+struct rel_waiter {
+	bool done;
+};
+
 struct sess_dev {
-	struct rnbd_sess *sess;
+	struct rnbd_sess *sess;      /* holds a reference on it */
 	uint32_t id;
 	char name[RNBD_DEV_NAME_MAX];
 	enum rnbd_access_mode mode;
 	struct rnbd_store *store;
 	bool own_store;              /* files: closed with the device; memory: shared */
-	bool forced;                 /* closed by the server: IO gets -ENOTCONN */
-	bool released;               /* store and writer slot given back */
+	bool forced;                 /* sess->lock: closed by the server: IO gets -ENOTCONN */
 	struct writers *w;           /* NULL when read-only */
-	atomic_uint refs;            /* IO in flight */
+	/* One while open (until `closing`), one per IO in flight; the last releases. */
+	atomic_uint refs;
+	atomic_bool closing;
+	/* srv->rel_lock */
+	bool detached;               /* out of its table: freed once released */
+	bool released;               /* store and writer slot given back */
+	struct rtrs_srv_op *close_op; /* a CLOSE answered once it is released */
+	struct rel_waiter *waiter;   /* a force-close waiting for the release */
+	struct sess_dev *rel_next;   /* the release queue */
 	/* What the session did on it (rnbd_srv_list). */
 	atomic_uint_fast64_t reads, writes, read_bytes, write_bytes, other, errors;
-	pthread_mutex_t lock;
-	pthread_cond_t drained;
 };
 
 struct rnbd_sess {
@@ -78,6 +99,8 @@ struct rnbd_sess {
 	struct rnbd_sess *next;
 	char name[RNBD_SESSNAME_MAX];
 	atomic_uint ver;             /* negotiated; 0 before SESS_INFO */
+	atomic_uint refs;            /* the link's, and one per device not yet freed */
+	pthread_mutex_t open_lock;
 	pthread_mutex_t lock;
 	struct sess_dev **devs;
 	uint32_t ndevs;
@@ -88,12 +111,19 @@ struct rnbd_srv {
 	char search[4096];
 	struct rtrs_srv_ctx *rtrs;
 	struct rnbd_engine *engine;
-	pthread_mutex_t ctl;
 	pthread_mutex_t lock;
 	struct rnbd_sess *sessions;
 	struct writers *writers;
 	struct mem_dev mem[MEM_DEVS_MAX];
 	unsigned nmem;
+	/* Releases: a queue and the threads that work it (one more when none is idle). */
+	pthread_mutex_t rel_lock;
+	pthread_cond_t rel_cond;     /* work queued, a device released or freed */
+	struct sess_dev *rel_head, *rel_tail;
+	pthread_t *rel_threads;
+	unsigned rel_nthreads, rel_idle;
+	bool rel_stop;
+	unsigned live;               /* devices not freed yet */
 };
 
 /* One IO on its way through a store. */
@@ -105,31 +135,102 @@ struct srv_io {
 
 /* ---- devices ------------------------------------------------------------------ */
 
+static void sess_put(struct rnbd_sess *sess)
+{
+	if (atomic_fetch_sub(&sess->refs, 1) == 1) {
+		free(sess->devs);
+		pthread_mutex_destroy(&sess->open_lock);
+		pthread_mutex_destroy(&sess->lock);
+		free(sess);
+	}
+}
+
+/* A device out of its table and released: gone. */
+static void dev_free(struct rnbd_srv *srv, struct sess_dev *sd)
+{
+	sess_put(sd->sess);
+	free(sd);
+	pthread_mutex_lock(&srv->rel_lock);
+	if (--srv->live == 0)
+		pthread_cond_broadcast(&srv->rel_cond);
+	pthread_mutex_unlock(&srv->rel_lock);
+}
+
+static void *release_thread(void *arg);
+
 /*
- * Drops an IO's reference. Under the device's lock: the releaser checks the
- * count under it too, so it cannot free the device while this runs.
+ * Queues sd for a release thread (its last reference is gone); starts
+ * another thread when none is idle, so that one release blocked in a close
+ * that hangs (a FUSE or NFS file) does not hold up the others. The first
+ * thread exists from rnbd_srv_open on, so a failed start only waits.
  */
+static void release_queue(struct rnbd_srv *srv, struct sess_dev *sd)
+{
+	pthread_mutex_lock(&srv->rel_lock);
+	sd->rel_next = NULL;
+	if (srv->rel_tail)
+		srv->rel_tail->rel_next = sd;
+	else
+		srv->rel_head = sd;
+	srv->rel_tail = sd;
+	if (!srv->rel_idle && !srv->rel_stop) {
+		pthread_t *grown = realloc(srv->rel_threads,
+					   (srv->rel_nthreads + 1) * sizeof(*grown));
+
+		if (grown) {
+			srv->rel_threads = grown;
+			if (!pthread_create(&grown[srv->rel_nthreads], NULL, release_thread, srv))
+				srv->rel_nthreads++;
+		}
+	}
+	pthread_cond_broadcast(&srv->rel_cond);
+	pthread_mutex_unlock(&srv->rel_lock);
+}
+
+/* Drops a reference: an IO's, or the open one (dev_close_start). */
 static void dev_put(struct sess_dev *sd)
 {
-	pthread_mutex_lock(&sd->lock);
 	if (atomic_fetch_sub(&sd->refs, 1) == 1)
-		pthread_cond_broadcast(&sd->drained);
-	pthread_mutex_unlock(&sd->lock);
+		release_queue(sd->sess->srv, sd);
 }
 
 /*
- * Waits for the device's IO, then lets go of its store and its writer slot;
- * once (srv->ctl held).
+ * Starts closing sd: drops its open reference, once. IO in flight keeps it
+ * until it completes; then a release thread releases it. Waits for nothing.
  */
+static void dev_close_start(struct sess_dev *sd)
+{
+	if (!atomic_exchange(&sd->closing, true))
+		dev_put(sd);
+}
+
+/*
+ * What a CLOSE or a session going down does with a device it took out of
+ * the table: frees it if it was released already (force-closed before),
+ * else starts closing it and leaves the freeing, and op's answer, to the
+ * release. Returns whether op (if any) is left to the release.
+ */
+static bool dev_detached(struct rnbd_srv *srv, struct sess_dev *sd, struct rtrs_srv_op *op)
+{
+	bool released;
+
+	pthread_mutex_lock(&srv->rel_lock);
+	sd->detached = true;
+	released = sd->released;
+	if (!released)
+		sd->close_op = op;
+	pthread_mutex_unlock(&srv->rel_lock);
+	if (released) {
+		dev_free(srv, sd);
+		return false;
+	}
+	dev_close_start(sd);
+	return op != NULL;
+}
+
+/* Gives back sd's store and writer slot; on a release thread, or before sd was in a table. */
 static void dev_release(struct rnbd_srv *srv, struct sess_dev *sd)
 {
-	if (sd->released)
-		return;
-	sd->released = true;
-	pthread_mutex_lock(&sd->lock);
-	while (atomic_load(&sd->refs))
-		pthread_cond_wait(&sd->drained, &sd->lock);
-	pthread_mutex_unlock(&sd->lock);
 	if (sd->own_store)
 		rnbd_store_close(sd->store);
 	sd->store = NULL;
@@ -147,11 +248,54 @@ static void dev_release(struct rnbd_srv *srv, struct sess_dev *sd)
 	pthread_mutex_unlock(&srv->lock);
 }
 
-static void dev_free(struct sess_dev *sd)
+/*
+ * A release thread: releases each queued device (no IO is left on it),
+ * then frees it if it is out of its table, answering the CLOSE that took
+ * it out, or tells a force-close waiting for it. Runs until rnbd_srv_close
+ * stops it with nothing left.
+ */
+static void *release_thread(void *arg)
 {
-	pthread_mutex_destroy(&sd->lock);
-	pthread_cond_destroy(&sd->drained);
-	free(sd);
+	struct rnbd_srv *srv = arg;
+
+	pthread_mutex_lock(&srv->rel_lock);
+	for (;;) {
+		struct sess_dev *sd = srv->rel_head;
+		struct rtrs_srv_op *op = NULL;
+		bool gone;
+
+		if (!sd) {
+			if (srv->rel_stop)
+				break;
+			srv->rel_idle++;
+			pthread_cond_wait(&srv->rel_cond, &srv->rel_lock);
+			srv->rel_idle--;
+			continue;
+		}
+		srv->rel_head = sd->rel_next;
+		if (!srv->rel_head)
+			srv->rel_tail = NULL;
+		pthread_mutex_unlock(&srv->rel_lock);
+		dev_release(srv, sd);
+		log_info("rnbd: %s: %s (device %u) released", sd->sess->name, sd->name, sd->id);
+		pthread_mutex_lock(&srv->rel_lock);
+		sd->released = true;
+		if (sd->waiter) {
+			sd->waiter->done = true;
+			sd->waiter = NULL;
+		}
+		gone = sd->detached;
+		op = sd->close_op;
+		pthread_cond_broadcast(&srv->rel_cond);
+		pthread_mutex_unlock(&srv->rel_lock);
+		if (gone)
+			dev_free(srv, sd);
+		if (op)
+			rtrs_srv_resp_rdma(op, 0);
+		pthread_mutex_lock(&srv->rel_lock);
+	}
+	pthread_mutex_unlock(&srv->rel_lock);
+	return NULL;
 }
 
 /* Takes a writer slot for (dev, ino) under the sharing rule. srv->lock held. */
@@ -309,13 +453,12 @@ static int open_locked(struct rnbd_sess *sess, const struct rnbd_open *req, void
 	sd->sess = sess;
 	sd->mode = o.access_mode;
 	memcpy(sd->name, o.dev_name, sizeof(sd->name));
-	pthread_mutex_init(&sd->lock, NULL);
-	pthread_cond_init(&sd->drained, NULL);
+	atomic_init(&sd->refs, 1); /* open */
 	rc = dev_open_store(sess, sd, &why);
 	if (rc) {
 		log_err("rnbd: %s: cannot open %s (%s): %s: %s", sess->name, o.dev_name,
 			rnbd_access_mode_name(o.access_mode), why, strerror(-rc));
-		dev_free(sd);
+		free(sd);
 		return rc;
 	}
 	pthread_mutex_lock(&sess->lock);
@@ -326,7 +469,7 @@ static int open_locked(struct rnbd_sess *sess, const struct rnbd_open *req, void
 		if (!grown) {
 			pthread_mutex_unlock(&sess->lock);
 			dev_release(sess->srv, sd);
-			dev_free(sd);
+			free(sd);
 			return -ENOMEM;
 		}
 		memset(grown + sess->ndevs, 0, 8 * sizeof(*grown));
@@ -334,6 +477,10 @@ static int open_locked(struct rnbd_sess *sess, const struct rnbd_open *req, void
 		sess->ndevs += 8;
 	}
 	sd->id = id;
+	atomic_fetch_add(&sess->refs, 1);
+	pthread_mutex_lock(&sess->srv->rel_lock);
+	sess->srv->live++;
+	pthread_mutex_unlock(&sess->srv->rel_lock);
 	sess->devs[id] = sd;
 	open_rsp_fill(data, sd);
 	pthread_mutex_unlock(&sess->lock);
@@ -360,9 +507,14 @@ static int do_open(struct rnbd_sess *sess, enum rtrs_dir dir, void *data, size_t
 		return rc;
 	}
 	memset(data, 0, datalen);
-	pthread_mutex_lock(&sess->srv->ctl);
+	/*
+	 * The session's OPENs one at a time (two of one name are one device);
+	 * other sessions' OPENs, CLOSEs and IO do not wait for this one, whose
+	 * open(2) may block on a backing file system.
+	 */
+	pthread_mutex_lock(&sess->open_lock);
 	rc = open_locked(sess, &o, data);
-	pthread_mutex_unlock(&sess->srv->ctl);
+	pthread_mutex_unlock(&sess->open_lock);
 	return rc;
 }
 
@@ -380,7 +532,13 @@ static struct sess_dev *dev_detach(struct rnbd_sess *sess, uint32_t id)
 	return sd;
 }
 
-static int do_close(struct rnbd_sess *sess, const void *usr, size_t usrlen)
+/*
+ * CLOSE: the device leaves the table at once (its id may be given out
+ * again); the answer goes when it is released, after its IO in flight (1:
+ * answered later, by the release thread).
+ */
+static int do_close(struct rnbd_sess *sess, struct rtrs_srv_op *op, const void *usr,
+		    size_t usrlen)
 {
 	const char *why = NULL;
 	struct sess_dev *sd;
@@ -391,15 +549,11 @@ static int do_close(struct rnbd_sess *sess, const void *usr, size_t usrlen)
 		log_err("rnbd: %s: bad CLOSE: %s", sess->name, why);
 		return rc;
 	}
-	pthread_mutex_lock(&sess->srv->ctl);
 	sd = dev_detach(sess, id);
-	if (sd) {
-		log_info("rnbd: %s: closing %s (device %u)", sess->name, sd->name, id);
-		dev_release(sess->srv, sd);
-		dev_free(sd);
-	}
-	pthread_mutex_unlock(&sess->srv->ctl);
-	return sd ? 0 : -ENOENT;
+	if (!sd)
+		return -ENOENT;
+	log_info("rnbd: %s: closing %s (device %u)", sess->name, sd->name, id);
+	return dev_detached(sess->srv, sd, op) ? 1 : 0;
 }
 
 static void io_done(struct rnbd_breq *r, int err)
@@ -448,7 +602,7 @@ static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir d
 	if (m.device_id < sess->ndevs)
 		sd = sess->devs[m.device_id];
 	if (sd && !sd->forced)
-		atomic_fetch_add(&sd->refs, 1);
+		atomic_fetch_add(&sd->refs, 1); /* the open reference is there: not closing */
 	else
 		rc = -ENOTCONN;
 	pthread_mutex_unlock(&sess->lock);
@@ -498,7 +652,9 @@ static int srv_rdma_ev(void *priv, struct rtrs_srv_op *op, enum rtrs_dir dir, vo
 		rc = do_open(sess, dir, data, datalen, usr, usrlen);
 		break;
 	case RNBD_MSG_CLOSE:
-		rc = do_close(sess, usr, usrlen);
+		rc = do_close(sess, op, usr, usrlen);
+		if (rc > 0)
+			return 0; /* answered when the device is released */
 		break;
 	case RNBD_MSG_IO:
 		/* Answered by io_done when the store completes it. */
@@ -513,21 +669,20 @@ static int srv_rdma_ev(void *priv, struct rtrs_srv_op *op, enum rtrs_dir dir, vo
 
 /* ---- sessions ------------------------------------------------------------------ */
 
+/*
+ * The session's last path went (service loop): every device leaves its
+ * table and closes, without waiting for IO in flight (the loop runs every
+ * session's heartbeats); the session's memory goes with its last device.
+ */
 static void sess_destroy(struct rnbd_sess *sess)
 {
-	pthread_mutex_lock(&sess->srv->ctl);
 	for (uint32_t id = 0; id < sess->ndevs; id++) {
-		struct sess_dev *sd = sess->devs[id];
+		struct sess_dev *sd = dev_detach(sess, id);
 
-		if (sd) {
-			dev_release(sess->srv, sd);
-			dev_free(sd);
-		}
+		if (sd)
+			dev_detached(sess->srv, sd, NULL);
 	}
-	pthread_mutex_unlock(&sess->srv->ctl);
-	free(sess->devs);
-	pthread_mutex_destroy(&sess->lock);
-	free(sess);
+	sess_put(sess);
 }
 
 static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void *priv)
@@ -540,6 +695,8 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 		if (!sess)
 			return -ENOMEM;
 		sess->srv = srv;
+		atomic_init(&sess->refs, 1); /* the link */
+		pthread_mutex_init(&sess->open_lock, NULL);
 		pthread_mutex_init(&sess->lock, NULL);
 		rtrs_srv_get_sess_name(rs, sess->name, sizeof(sess->name));
 		pthread_mutex_lock(&srv->lock);
@@ -646,13 +803,28 @@ static int mem_devices_parse(struct rnbd_srv *srv, const char *spec)
 	return 0;
 }
 
+/*
+ * Every session is gone (rtrs_srv_close answered every request first), so
+ * every device is on its way to being freed: waits for that, then stops
+ * the release threads.
+ */
 static void srv_free(struct rnbd_srv *srv)
 {
+	pthread_mutex_lock(&srv->rel_lock);
+	while (srv->live)
+		pthread_cond_wait(&srv->rel_cond, &srv->rel_lock);
+	srv->rel_stop = true;
+	pthread_cond_broadcast(&srv->rel_cond);
+	pthread_mutex_unlock(&srv->rel_lock);
+	for (unsigned i = 0; i < srv->rel_nthreads; i++)
+		pthread_join(srv->rel_threads[i], NULL);
+	free(srv->rel_threads);
 	for (unsigned i = 0; i < srv->nmem; i++)
 		rnbd_store_close(srv->mem[i].store);
 	rnbd_engine_close(srv->engine);
 	pthread_mutex_destroy(&srv->lock);
-	pthread_mutex_destroy(&srv->ctl);
+	pthread_mutex_destroy(&srv->rel_lock);
+	pthread_cond_destroy(&srv->rel_cond);
 	free(srv);
 }
 
@@ -690,8 +862,18 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	if (!srv)
 		return -ENOMEM;
 	srv->o = *o;
-	pthread_mutex_init(&srv->ctl, NULL);
 	pthread_mutex_init(&srv->lock, NULL);
+	pthread_mutex_init(&srv->rel_lock, NULL);
+	cond_init_mono(&srv->rel_cond); /* force-close waits with a deadline */
+	srv->rel_threads = calloc(1, sizeof(*srv->rel_threads));
+	rc = srv->rel_threads ? -pthread_create(&srv->rel_threads[0], NULL, release_thread, srv)
+			      : -ENOMEM;
+	if (rc) {
+		log_err("rnbd: cannot start the release thread: %s", strerror(-rc));
+		srv_free(srv);
+		return rc;
+	}
+	srv->rel_nthreads = 1;
 	if (o->dev_search_path)
 		snprintf(srv->search, sizeof(srv->search), "%s", o->dev_search_path);
 	srv->o.dev_search_path = srv->search[0] ? srv->search : NULL;
@@ -759,8 +941,11 @@ int rnbd_srv_port(struct rnbd_srv *srv, unsigned timeout_ms)
 
 int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char *dev_name)
 {
+	struct rel_waiter w = { false };
 	struct sess_dev *found = NULL;
 	char name[RNBD_DEV_NAME_MAX];
+	struct timespec dl;
+	int rc = 0;
 
 	if (!srv || !sessname || !dev_name ||
 	    snprintf(name, sizeof(name), "%s", dev_name) >= (int)sizeof(name))
@@ -768,7 +953,6 @@ int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char 
 	rnbd_dev_name_normalize(name);
 	dev_name = name;
 
-	pthread_mutex_lock(&srv->ctl);
 	pthread_mutex_lock(&srv->lock);
 	for (struct rnbd_sess *sess = srv->sessions; sess && !found; sess = sess->next) {
 		if (strcmp(sess->name, sessname))
@@ -778,57 +962,110 @@ int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char 
 			struct sess_dev *sd = sess->devs[id];
 
 			if (sd && !sd->forced && !strcmp(sd->name, dev_name)) {
-				sd->forced = true; /* the id stays taken */
+				sd->forced = true; /* the id stays taken; IO gets -ENOTCONN */
 				found = sd;
+				/* Under the table's lock: a CLOSE cannot free it before. */
+				pthread_mutex_lock(&srv->rel_lock);
+				sd->waiter = &w;
+				pthread_mutex_unlock(&srv->rel_lock);
+				dev_close_start(sd);
 				break;
 			}
 		}
 		pthread_mutex_unlock(&sess->lock);
 	}
 	pthread_mutex_unlock(&srv->lock);
-	if (found) {
-		log_info("rnbd: %s: %s closed by the server", sessname, dev_name);
-		dev_release(srv, found);
+	if (!found)
+		return -ENOENT;
+	log_info("rnbd: %s: %s closed by the server", sessname, dev_name);
+	/*
+	 * Waits a while for the release (IO in flight answered, store closed,
+	 * writer slot back), so that the device can be opened elsewhere when
+	 * this returns 0; no lock is held meanwhile. A device whose IO hangs is
+	 * released when it completes: -EINPROGRESS.
+	 */
+	dl = deadline_ms(RNBD_FORCE_CLOSE_WAIT_MS);
+	pthread_mutex_lock(&srv->rel_lock);
+	while (!w.done && pthread_cond_timedwait(&srv->rel_cond, &srv->rel_lock, &dl) != ETIMEDOUT)
+		;
+	if (!w.done) {
+		found->waiter = NULL; /* not released, so not freed either */
+		rc = -EINPROGRESS;
 	}
-	pthread_mutex_unlock(&srv->ctl);
-	return found ? 0 : -ENOENT;
+	pthread_mutex_unlock(&srv->rel_lock);
+	if (rc)
+		log_warn("rnbd: %s: %s still has IO in flight after %u ms; it is released when "
+			 "that completes", sessname, dev_name, RNBD_FORCE_CLOSE_WAIT_MS);
+	return rc;
 }
 
+/* One device as rnbd_srv_list reports it: a copy, names included. */
+struct list_item {
+	struct rnbd_srv_dev_stats st;
+	char session[RNBD_SESSNAME_MAX];
+	char device[RNBD_DEV_NAME_MAX];
+};
+
+/*
+ * A snapshot of every device, taken under the locks; fn runs on it after
+ * they are released, so a slow fn (a control client that does not read)
+ * holds up nothing of the server.
+ */
 int rnbd_srv_list(struct rnbd_srv *srv,
 		  void (*fn)(void *priv, const struct rnbd_srv_dev_stats *st), void *priv)
 {
-	int n = 0;
+	struct list_item *items = NULL, *grown;
+	size_t n = 0, cap = 0;
+	int rc = 0;
 
 	if (!srv || !fn)
 		return -EINVAL;
 	pthread_mutex_lock(&srv->lock);
-	for (struct rnbd_sess *sess = srv->sessions; sess; sess = sess->next) {
+	for (struct rnbd_sess *sess = srv->sessions; sess && !rc; sess = sess->next) {
 		pthread_mutex_lock(&sess->lock);
 		for (uint32_t id = 0; id < sess->ndevs; id++) {
 			struct sess_dev *sd = sess->devs[id];
-			struct rnbd_srv_dev_stats st;
+			struct list_item *it;
 
 			if (!sd)
 				continue;
-			st = (struct rnbd_srv_dev_stats){
-				.size = sizeof(st), .session = sess->name, .device = sd->name,
-				.device_id = id, .mode = rnbd_access_mode_name(sd->mode),
-				.closed = sd->forced,
+			if (n == cap) {
+				cap = cap ? cap * 2 : 16;
+				grown = realloc(items, cap * sizeof(*items));
+				if (!grown) {
+					rc = -ENOMEM;
+					break;
+				}
+				items = grown;
+			}
+			it = &items[n++];
+			snprintf(it->session, sizeof(it->session), "%s", sess->name);
+			snprintf(it->device, sizeof(it->device), "%s", sd->name);
+			it->st = (struct rnbd_srv_dev_stats){
+				.size = sizeof(it->st), .device_id = id,
+				.mode = rnbd_access_mode_name(sd->mode), .closed = sd->forced,
 				.reads = atomic_load_explicit(&sd->reads, memory_order_relaxed),
 				.writes = atomic_load_explicit(&sd->writes, memory_order_relaxed),
 				.read_bytes = atomic_load_explicit(&sd->read_bytes, memory_order_relaxed),
 				.write_bytes = atomic_load_explicit(&sd->write_bytes, memory_order_relaxed),
 				.other = atomic_load_explicit(&sd->other, memory_order_relaxed),
 				.errors = atomic_load_explicit(&sd->errors, memory_order_relaxed),
-				.inflight = atomic_load(&sd->refs),
+				/* IO references: all of them once closing */
+				.inflight = atomic_load(&sd->refs) - !atomic_load(&sd->closing),
 			};
-			fn(priv, &st);
-			n++;
 		}
 		pthread_mutex_unlock(&sess->lock);
 	}
 	pthread_mutex_unlock(&srv->lock);
-	return n;
+	for (size_t i = 0; i < n && !rc; i++) {
+		items[i].st.session = items[i].session;
+		items[i].st.device = items[i].device;
+		fn(priv, &items[i].st);
+	}
+	free(items);
+	if (rc)
+		log_err("rnbd: list: no memory for the snapshot");
+	return rc ? rc : (int)n;
 }
 
 void rnbd_srv_close(struct rnbd_srv *srv)

@@ -6,9 +6,11 @@
  * sessions (second rw refused, ro allowed, migration allows two writers),
  * read-only devices refusing writes, device names that try to leave the
  * search path, force-close (IO then fails with -ENOTCONN), and a memory
- * device.
+ * device; and a backing file whose IO hangs, which holds its own device
+ * and nothing else of the server.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,14 +22,19 @@
 #include "check.h"
 #include "harness.h"
 #include "logcap.h"
+#include "rnbd-backend.h"
+#include "rnbd-hooks.h"
 #include "rnbd-proto.h"
 #include "rnbd.h"
 #include "rtrs.h"
+#include "util.h"
 
 #define DISK_SIZE (4u << 20)
 
 static const char *top; /* test_tmpdir */
 static int port;
+
+static unsigned clt_hb_ms; /* 0: the default */
 
 static struct rtrs_clt_sess *sess_open(const char *name)
 {
@@ -48,6 +55,8 @@ static struct rtrs_clt_sess *sess_open(const char *name)
 	o.paths_num = 1;
 	o.provider = test_provider();
 	o.nr_io_cons = 1;
+	if (clt_hb_ms)
+		o.hb_interval_ms = clt_hb_ms;
 	rc = rtrs_clt_open(&o, &s);
 	CHECK(rc == 0, "session %s: %s", name, strerror(-rc));
 	if (rc)
@@ -312,6 +321,410 @@ static void test_defaults(void)
 	CHECK(strstr(out, "nothing to export") && !strstr(out, "listening"), "%s", out);
 }
 
+/* ---- a backing file that hangs ------------------------------------------------ */
+
+/* One request sent without waiting: areq_wait collects it. */
+struct areq {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+	int err;
+	struct rtrs_clt_sess *s;
+	struct rtrs_permit *permit;
+	union {
+		struct rnbd_msg_open open;
+		struct rnbd_msg_close close;
+		struct rnbd_msg_io io;
+	} msg;
+	struct rnbd_msg_open_rsp rsp;
+	uint8_t data[4096];
+};
+
+static void areq_conf(void *priv, int err)
+{
+	struct areq *a = priv;
+
+	pthread_mutex_lock(&a->lock);
+	a->done = true;
+	a->err = err;
+	pthread_cond_broadcast(&a->cond);
+	pthread_mutex_unlock(&a->lock);
+}
+
+static int areq_send(struct areq *a, struct rtrs_clt_sess *s, enum rtrs_dir dir, size_t msglen,
+		     void *data, size_t len)
+{
+	struct rtrs_clt_req_ops ops = { .priv = a, .conf = areq_conf };
+	struct iovec u = { &a->msg, msglen }, d = { data, len };
+	int rc;
+
+	pthread_mutex_init(&a->lock, NULL);
+	cond_init_mono(&a->cond);
+	a->done = false;
+	a->s = s;
+	a->permit = rtrs_clt_get_permit(s, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+	if (!a->permit)
+		return -ENOBUFS;
+	rc = rtrs_clt_request(s, dir, &ops, a->permit, &u, 1, &d, len ? 1 : 0);
+	if (rc)
+		areq_conf(a, rc);
+	return 0;
+}
+
+/* The request's result, or -EINPROGRESS if it is not answered within ms. */
+static int areq_wait(struct areq *a, unsigned ms)
+{
+	struct timespec dl = deadline_ms(ms);
+	int rc;
+
+	pthread_mutex_lock(&a->lock);
+	while (!a->done && pthread_cond_timedwait(&a->cond, &a->lock, &dl) != ETIMEDOUT)
+		;
+	rc = a->done ? a->err : -EINPROGRESS;
+	pthread_mutex_unlock(&a->lock);
+	if (a->done) {
+		if (a->s) /* NULL: its session was closed, and its permits with it */
+			rtrs_clt_put_permit(a->s, a->permit);
+		pthread_mutex_destroy(&a->lock);
+		pthread_cond_destroy(&a->cond);
+	}
+	return rc;
+}
+
+static int aopen(struct areq *a, struct rtrs_clt_sess *s, const char *name,
+		 enum rnbd_access_mode mode)
+{
+	struct rnbd_open o = { .access_mode = mode };
+
+	snprintf(o.dev_name, sizeof(o.dev_name), "%s", name);
+	rnbd_open_encode(&a->msg.open, &o);
+	return areq_send(a, s, RTRS_READ, sizeof(a->msg.open), &a->rsp, sizeof(a->rsp));
+}
+
+static int aclose(struct areq *a, struct rtrs_clt_sess *s, uint32_t id)
+{
+	rnbd_close_encode(&a->msg.close, id);
+	return areq_send(a, s, RTRS_WRITE, sizeof(a->msg.close), NULL, 0);
+}
+
+static int awrite(struct areq *a, struct rtrs_clt_sess *s, uint32_t id, uint64_t off)
+{
+	struct rnbd_io i = { .device_id = id, .sector = off >> 9, .op = RNBD_OP_WRITE,
+			     .bi_size = sizeof(a->data) };
+
+	test_fill(a->data, sizeof(a->data), 77);
+	rnbd_io_encode(&a->msg.io, &i);
+	return areq_send(a, s, RTRS_WRITE, sizeof(a->msg.io), a->data, sizeof(a->data));
+}
+
+/*
+ * Requests of the "hang" file are held in the store (rnbd-hooks.h) as a
+ * backing file system that does not answer would hold them.
+ */
+static struct {
+	pthread_mutex_t lock;
+	ino_t ino;
+	struct rnbd_breq *held[8];
+	unsigned n;
+} hang = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static bool hang_hold(void *priv, struct rnbd_breq *r)
+{
+	bool hold;
+
+	(void)priv;
+	pthread_mutex_lock(&hang.lock);
+	hold = rnbd_store_info(r->store)->ino == hang.ino && hang.n < ARRAY_SIZE(hang.held);
+	if (hold)
+		hang.held[hang.n++] = r;
+	pthread_mutex_unlock(&hang.lock);
+	return hold;
+}
+
+static unsigned hang_count(unsigned want, unsigned ms)
+{
+	uint64_t end = test_now_ms() + ms;
+	unsigned n;
+
+	for (;;) {
+		pthread_mutex_lock(&hang.lock);
+		n = hang.n;
+		pthread_mutex_unlock(&hang.lock);
+		if (n >= want || test_now_ms() >= end)
+			return n;
+		usleep(1000);
+	}
+}
+
+static void hang_release(void)
+{
+	pthread_mutex_lock(&hang.lock);
+	for (unsigned i = 0; i < hang.n; i++)
+		rnbd_store_resume(hang.held[i]);
+	hang.n = 0;
+	pthread_mutex_unlock(&hang.lock);
+}
+
+/*
+ * A's result within 2 s. If it is stuck (behind the hung file: the bug),
+ * the held IO is let go so that the test goes on, and it fails.
+ */
+static int in_time(struct areq *a, const char *what, const char *when)
+{
+	int rc = areq_wait(a, 2000);
+
+	CHECK(rc != -EINPROGRESS, "%s: %s not answered within 2 s", when, what);
+	if (rc == -EINPROGRESS) {
+		hang_release();
+		rc = areq_wait(a, 30000);
+	}
+	return rc;
+}
+
+/* OPEN in time: the device id, or a negative errno. */
+static int open_in_time(struct rtrs_clt_sess *s, const char *name, enum rnbd_access_mode mode,
+			const char *when)
+{
+	struct rnbd_open_rsp r;
+	const char *why = NULL;
+	struct areq a;
+	int rc;
+
+	aopen(&a, s, name, mode);
+	rc = in_time(&a, "OPEN", when);
+	if (!rc)
+		rc = rnbd_open_rsp_decode(&a.rsp, sizeof(a.rsp), &r, &why);
+	return rc ? rc : (int)r.device_id;
+}
+
+/* What another session can do meanwhile: open, write and close, each answered in time. */
+static void other_works(struct rtrs_clt_sess *o, const char *when)
+{
+	struct areq a;
+	int id = open_in_time(o, "disk", RNBD_ACCESS_RW, when);
+
+	CHECK(id >= 0, "%s: another session's OPEN: %s", when, strerror(-id));
+	if (id < 0)
+		return;
+	awrite(&a, o, (uint32_t)id, 0);
+	CHECK_EQ(in_time(&a, "write", when), 0);
+	aclose(&a, o, (uint32_t)id);
+	CHECK_EQ(in_time(&a, "CLOSE", when), 0);
+}
+
+/* o's path stays up, with no reconnect: the server's loop kept its heartbeats. */
+static void other_alive(struct rtrs_clt_sess *o, const char *when)
+{
+	struct rtrs_path_stats st = { .size = sizeof(st) };
+
+	CHECK_EQ(rtrs_clt_path_stats(o, 0, &st), 0);
+	CHECK(!strcmp(st.state, "connected") && st.reconnects == 0 && st.last_error == 0,
+	      "%s: the other session's path: %s, %llu reconnects, last error %d", when, st.state,
+	      (unsigned long long)st.reconnects, st.last_error);
+}
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool inside, go;
+	int rc;
+} slow = { .lock = PTHREAD_MUTEX_INITIALIZER }; /* cond: test_hung_io */
+
+/* A list callback that does not return until told: a control client that reads nothing. */
+static void slow_fn(void *priv, const struct rnbd_srv_dev_stats *st)
+{
+	struct timespec dl = deadline_ms(5000);
+
+	(void)priv;
+	(void)st;
+	pthread_mutex_lock(&slow.lock);
+	slow.inside = true;
+	pthread_cond_broadcast(&slow.cond);
+	while (!slow.go && pthread_cond_timedwait(&slow.cond, &slow.lock, &dl) != ETIMEDOUT)
+		;
+	pthread_mutex_unlock(&slow.lock);
+}
+
+static void *slow_list(void *arg)
+{
+	slow.rc = rnbd_srv_list(arg, slow_fn, NULL);
+	return NULL;
+}
+
+static struct {
+	struct rnbd_srv *srv;
+	int rc;
+	bool done;
+} fc;
+
+/* A session that connects while another goes away with hung IO. */
+static struct {
+	struct rtrs_clt_sess *s;
+	bool done;
+} late;
+
+static void *late_open(void *arg)
+{
+	(void)arg;
+	late.s = sess_open("late");
+	__atomic_store_n(&late.done, true, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+/* Whether *flag is set within ms. */
+static bool set_within(bool *flag, unsigned ms)
+{
+	uint64_t end = test_now_ms() + ms;
+
+	while (!__atomic_load_n(flag, __ATOMIC_ACQUIRE) && test_now_ms() < end)
+		usleep(1000);
+	return __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+}
+
+static void *force_close_thread(void *arg)
+{
+	(void)arg;
+	fc.rc = rnbd_srv_force_close(fc.srv, "h1", "hang");
+	__atomic_store_n(&fc.done, true, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+/*
+ * A backing file whose IO hangs holds its own device and nothing else:
+ * with a write of it held in the store, its session's CLOSE waits (for the
+ * write), while another session opens, writes and closes in time; the
+ * hung session going away does not stop the server's heartbeats (the other
+ * session's path stays up); a list whose reader does not read holds no
+ * lock; a force-close returns -EINPROGRESS instead of waiting. Released,
+ * everything completes and the writer slot comes back.
+ */
+static void test_hung_io(void)
+{
+	char search[512], path[600];
+	struct rtrs_clt_sess *h1, *h2, *o;
+	struct rnbd_srv_opts so;
+	struct rnbd_srv *srv;
+	static struct areq w1, c1, w2, w3;
+	struct stat st;
+	pthread_t th;
+	int id;
+
+	cond_init_mono(&slow.cond); /* slow_fn waits with a deadline */
+	snprintf(search, sizeof(search), "%s/hung", top);
+	CHECK_EQ(mkdir(search, 0700), 0);
+	snprintf(path, sizeof(path), "%s/hang", search);
+	mkfile(path, DISK_SIZE);
+	CHECK_EQ(stat(path, &st), 0);
+	hang.ino = st.st_ino;
+	snprintf(path, sizeof(path), "%s/disk", search);
+	mkfile(path, DISK_SIZE);
+	snprintf(path, sizeof(path), "%s/listed", search);
+	mkfile(path, DISK_SIZE);
+
+	rnbd_srv_opts_init(&so, sizeof(so));
+	so.addr = test_addr();
+	so.provider = test_provider();
+	so.port = 0;
+	so.dev_search_path = search;
+	so.queue_depth = 32;
+	so.hb_interval_ms = 100;
+	CHECK_EQ(rnbd_srv_open(&so, &srv), 0);
+	port = rnbd_srv_port(srv, 5000);
+	clt_hb_ms = 100;
+	h1 = sess_open("h1");
+	h2 = sess_open("h2");
+	o = sess_open("o");
+	clt_hb_ms = 0;
+	if (!h1 || !h2 || !o)
+		goto out;
+	rnbd_store_set_hold_hook(hang_hold, NULL);
+
+	/* h1's write hangs; its CLOSE waits for it; o goes on. */
+	CHECK_EQ(dev_open(h1, "hang", RNBD_ACCESS_RW, NULL), 0);
+	awrite(&w1, h1, 0, 0);
+	CHECK_EQ(hang_count(1, 2000), 1);
+	aclose(&c1, h1, 0);
+	other_works(o, "CLOSE of a hung device");
+	/* h1 still writes */
+	CHECK_EQ(open_in_time(o, "hang", RNBD_ACCESS_RW, "CLOSE of a hung device"), -EPERM);
+	CHECK_EQ(areq_wait(&c1, 0), -EINPROGRESS);
+	hang_release();
+	CHECK_EQ(areq_wait(&w1, 5000), 0);
+	CHECK_EQ(areq_wait(&c1, 5000), 0);
+	snprintf(path, sizeof(path), "%s/hang", search);
+	CHECK(test_file_has(path, 0, w1.data, sizeof(w1.data)), "the held write landed");
+	id = dev_open(o, "hang", RNBD_ACCESS_RW, NULL); /* the CLOSE gave the slot back */
+	CHECK(id >= 0, "%s", strerror(-id));
+	if (id >= 0)
+		CHECK_EQ(dev_close(o, (uint32_t)id), 0);
+
+	/* A force-close of a hung device does not wait for it; its IO still completes. */
+	CHECK_EQ(dev_open(h1, "hang", RNBD_ACCESS_RW, NULL), 0);
+	awrite(&w3, h1, 0, 4096);
+	CHECK_EQ(hang_count(1, 2000), 1);
+	fc.srv = srv;
+	CHECK_EQ(pthread_create(&th, NULL, force_close_thread, NULL), 0);
+	CHECK(set_within(&fc.done, 3000), "force-close returned");
+	other_works(o, "force-close of a hung device");
+	hang_release();
+	pthread_join(th, NULL);
+	CHECK_EQ(fc.rc, -EINPROGRESS);
+	CHECK_EQ(areq_wait(&w3, 5000), 0);
+	CHECK_EQ(dev_close(h1, 0), 0);
+
+	/* h2 goes away with a write hung: the server's loop keeps everyone's heartbeats. */
+	CHECK_EQ(dev_open(h2, "hang", RNBD_ACCESS_RW, NULL), 0);
+	awrite(&w2, h2, 0, 0);
+	CHECK_EQ(hang_count(1, 2000), 1);
+	rtrs_clt_close(h2); /* its write fails here, it stays held there */
+	h2 = NULL;
+	w2.s = NULL;
+	CHECK_EQ(areq_wait(&w2, 0), -ECONNABORTED);
+	usleep(1000 * 1000); /* ten heartbeat periods */
+	other_alive(o, "a session with hung IO gone");
+	/* The server's service loop, which takes the session down, also accepts. */
+	CHECK_EQ(pthread_create(&th, NULL, late_open, NULL), 0);
+	CHECK(set_within(&late.done, 3000), "a new session connects meanwhile");
+	if (!late.done)
+		hang_release();
+	pthread_join(th, NULL);
+	if (late.s)
+		rtrs_clt_close(late.s);
+	other_works(o, "a session with hung IO gone");
+
+	/* A list whose reader does not read holds up nothing. */
+	CHECK(open_in_time(o, "listed", RNBD_ACCESS_RO, "list") >= 0);
+	CHECK_EQ(pthread_create(&th, NULL, slow_list, srv), 0);
+	pthread_mutex_lock(&slow.lock);
+	while (!slow.inside)
+		pthread_cond_wait(&slow.cond, &slow.lock);
+	pthread_mutex_unlock(&slow.lock);
+	other_works(o, "a list blocked in its callback");
+	pthread_mutex_lock(&slow.lock);
+	slow.go = true;
+	pthread_cond_broadcast(&slow.cond);
+	pthread_mutex_unlock(&slow.lock);
+	pthread_join(th, NULL);
+	CHECK(slow.rc >= 1, "list: %d", slow.rc);
+
+	hang_release(); /* h2's write: then its device is released */
+	for (uint64_t end = test_now_ms() + 5000; test_now_ms() < end; usleep(10 * 1000)) {
+		id = open_in_time(o, "hang", RNBD_ACCESS_RW, "the end");
+		if (id != -EPERM)
+			break;
+	}
+	CHECK(id >= 0, "hang opens rw once h2's write completed: %s", strerror(-id));
+	other_alive(o, "the end");
+out:
+	rnbd_store_set_hold_hook(NULL, NULL);
+	hang_release();
+	for (struct rtrs_clt_sess **s = (struct rtrs_clt_sess *[]){ h1, h2, o }, **e = s + 3;
+	     s < e; s++)
+		if (*s)
+			rtrs_clt_close(*s);
+	rnbd_srv_close(srv);
+}
+
 int main(void)
 {
 	top = test_tmpdir(NULL, "rnbd-srv-test");
@@ -319,5 +732,6 @@ int main(void)
 		return 1;
 	test_defaults();
 	test_all();
+	test_hung_io();
 	return test_done("test-rnbd-srv");
 }
