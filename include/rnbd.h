@@ -154,7 +154,12 @@ int rnbd_clt_map(struct rnbd_clt_sess *sess, const char *dev_name, enum rnbd_clt
 int rnbd_clt_unmap(struct rnbd_clt_dev *dev, bool force);
 /* Opens the device again on the server (-EALREADY if it is mapped). */
 int rnbd_clt_remap(struct rnbd_clt_dev *dev);
-/* Changes the size this client uses (bytes, whole blocks); no server call. */
+/*
+ * Changes the size this client uses: bytes, whole blocks, at least one and
+ * at most the size the server gave when the device was last opened
+ * (-EINVAL otherwise); no server call. A reopen (reconnect, remap) sets
+ * the server's size again.
+ */
 int rnbd_clt_resize(struct rnbd_clt_dev *dev, uint64_t size);
 
 struct rnbd_clt_dev_info {
@@ -162,12 +167,14 @@ struct rnbd_clt_dev_info {
 	uint64_t bytes;             /* device size */
 	uint32_t logical_block_size;
 	uint32_t physical_block_size;
-	uint32_t max_io;            /* bytes per request (larger ones are split) */
+	uint32_t max_io;            /* bytes per read or write piece (larger ones are split):
+				       the transport's and the server's max_hw_sectors */
 	bool read_only;
 	bool discard, write_zeroes, secure_erase;
 	bool write_cache;           /* flush means something */
 	bool fua;
-	const char *state;          /* "mapped", "disconnected", "reopening", "unmapped" */
+	/* "mapped", "disconnected", "reopening", "unmapping" (a forced unmap waits for IO) */
+	const char *state;
 	uint32_t queue_depth;       /* IO slots of the session (IO in flight at most) */
 };
 
@@ -177,13 +184,17 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *dev, struct rnbd_clt_dev_info *info);
  * IO on a mapped device: offset and len in bytes, whole logical blocks
  * (flush: 0 and 0). Reads fill buf, writes send it; discard, secure erase
  * and write zeroes carry no data (buf NULL). Requests larger than max_io
- * are split and their pieces sent one after the other. While the session
+ * are split and their pieces sent one after the other (discard, secure
+ * erase and write zeroes at the server's limits for them). While the session
  * reconnects, IO waits for the device to be open again up to the session's
  * fast_io_fail_ms. The result is 0 or a negative errno: -EROFS (read-only
  * mapping), -ENODEV (unmapped, or a forced unmap under way), -EINVAL (range
- * or alignment), -ENOTCONN (the server closed the device), -ETIMEDOUT (not
- * open again within fast_io_fail_ms), -ECONNABORTED (no path and none
- * coming), -EOPNOTSUPP, or the server's error.
+ * or alignment; FUA or PREFLUSH on a read, NOUNMAP on anything but write
+ * zeroes, unknown flags), -EOPNOTSUPP (discard, secure erase or write zeroes
+ * on a device that does not offer it: see rnbd_clt_dev_info), -ENOTCONN (the
+ * server closed the device), -ETIMEDOUT (not open again within
+ * fast_io_fail_ms), -ECONNABORTED (no path and none coming), or the server's
+ * error. -EROFS, -EOPNOTSUPP and -EINVAL are decided here, with nothing sent.
  */
 
 /*

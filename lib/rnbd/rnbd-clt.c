@@ -190,10 +190,38 @@ static uint64_t server_sessions(struct rnbd_clt_sess *s)
 	return a.server_sessions;
 }
 
-/* Bytes per request on d: RTRS's max IO in whole blocks (s->lock held). */
-static uint32_t dev_max_io(const struct rnbd_clt_dev *d)
+/*
+ * The largest piece of op on d, in whole blocks (s->lock held): reads and
+ * writes carry their data in an RTRS request (the transport's max IO) and
+ * the server takes max_hw_sectors; discard and secure erase up to
+ * max_discard_sectors, write zeroes up to max_write_zeroes_sectors (each
+ * from OPEN_RSP). 0: op is not supported. A flush has no size.
+ */
+static uint32_t dev_max_piece(const struct rnbd_clt_dev *d, enum rnbd_io_op op)
 {
-	return d->sess->max_io - d->sess->max_io % d->rsp.logical_block_size;
+	uint64_t sectors, max;
+
+	switch (op) {
+	case RNBD_OP_READ:
+	case RNBD_OP_WRITE:
+		sectors = d->rsp.max_hw_sectors;
+		break;
+	case RNBD_OP_DISCARD:
+		sectors = d->rsp.max_discard_sectors;
+		break;
+	case RNBD_OP_SECURE_ERASE:
+		sectors = d->rsp.secure_discard ? d->rsp.max_discard_sectors : 0;
+		break;
+	case RNBD_OP_WRITE_ZEROES:
+		sectors = d->rsp.max_write_zeroes_sectors;
+		break;
+	default:
+		return UINT32_MAX;
+	}
+	max = MIN(sectors << RNBD_SECTOR_SHIFT, (uint64_t)UINT32_MAX);
+	if (op == RNBD_OP_READ || op == RNBD_OP_WRITE)
+		max = MIN(max, (uint64_t)d->sess->max_io);
+	return (uint32_t)(max - max % d->rsp.logical_block_size);
 }
 
 static int dev_open_msg(struct rnbd_clt_sess *s, const char *name, enum rnbd_access_mode mode,
@@ -638,16 +666,23 @@ int rnbd_clt_remap(struct rnbd_clt_dev *d)
 
 int rnbd_clt_resize(struct rnbd_clt_dev *d, uint64_t size)
 {
+	uint64_t server;
 	int rc = 0;
 
 	if (!d)
 		return -EINVAL;
 	pthread_mutex_lock(&d->sess->lock);
-	if (size % d->rsp.logical_block_size)
+	server = d->rsp.nsectors << RNBD_SECTOR_SHIFT;
+	if (!size || size % d->rsp.logical_block_size || size > server)
 		rc = -EINVAL;
 	else
 		d->bytes = size;
 	pthread_mutex_unlock(&d->sess->lock);
+	if (rc)
+		log_err("rnbd: %s: cannot resize %s to %llu bytes: the size must be whole %u-byte "
+			"blocks, 1 block to the %llu bytes the server has", d->sess->name, d->name,
+			(unsigned long long)size, d->rsp.logical_block_size,
+			(unsigned long long)server);
 	return rc;
 }
 
@@ -661,7 +696,7 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
 		.bytes = d->bytes,
 		.logical_block_size = d->rsp.logical_block_size,
 		.physical_block_size = d->rsp.physical_block_size,
-		.max_io = dev_max_io(d),
+		.max_io = dev_max_piece(d, RNBD_OP_READ),
 		.read_only = d->mode == RNBD_ACCESS_RO,
 		.discard = d->rsp.max_discard_sectors > 0,
 		.write_zeroes = d->rsp.max_write_zeroes_sectors > 0,
@@ -669,7 +704,8 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
 		.write_cache = d->rsp.cache_policy & RNBD_WRITEBACK,
 		.fua = (d->rsp.cache_policy & (RNBD_WRITEBACK | RNBD_FUA)) ==
 		       (RNBD_WRITEBACK | RNBD_FUA),
-		.state = dev_state_names[d->state],
+		.state = d->refusing && d->state != DEV_UNMAPPED ? "unmapping"
+							       : dev_state_names[d->state],
 		.queue_depth = d->sess->queue_depth,
 	};
 	pthread_mutex_unlock(&d->sess->lock);
@@ -710,9 +746,11 @@ static int io_route(struct clt_io *io)
 	if (d->refusing || d->state == DEV_UNMAPPED)
 		return -ENODEV;
 	if (d->state == DEV_MAPPED) {
+		io->max = dev_max_piece(d, io->op);
+		if (!io->max)
+			return -EOPNOTSUPP; /* opened again, the device no longer does it */
 		io->id = d->id;
 		io->gen = d->gen;
-		io->max = dev_max_io(d);
 		s->on_wire++;
 		return 1;
 	}
@@ -734,8 +772,8 @@ static void io_send(struct clt_io *io)
 	struct iovec usr = { &io->msg, sizeof(io->msg) }, iov;
 	int rc;
 
-	/* Data requests are cut at max_io; the others go whole (no data to carry). */
-	io->n = data ? MIN(io->len, io->max) : io->len;
+	/* Cut at the device's largest piece for the op (dev_max_piece). */
+	io->n = MIN(io->len, io->max);
 	w.bi_size = io->n;
 	if (io->op == RNBD_OP_WRITE || io->op == RNBD_OP_FLUSH)
 		w.flags |= io->flags & (RNBD_F_FUA | RNBD_F_PREFLUSH) ? RNBD_F_SYNC : 0;
@@ -868,21 +906,53 @@ static bool parked_run(struct rnbd_clt_sess *s)
 	return moved;
 }
 
+/*
+ * Whether d takes this IO (s->lock held): refused here, nothing is sent.
+ * -ENODEV: unmapped or being unmapped; -EROFS: anything but read and flush
+ * on a read-only mapping; -EOPNOTSUPP: discard, secure erase or write
+ * zeroes the device does not do (OPEN_RSP); -EINVAL: a range outside the
+ * device or not in whole logical blocks, empty, or a flush with a range.
+ */
+static int dev_takes(const struct rnbd_clt_dev *d, enum rnbd_io_op op, uint64_t offset,
+		     uint32_t len)
+{
+	uint32_t lbs = d->rsp.logical_block_size;
+
+	if (d->state == DEV_UNMAPPED || d->refusing)
+		return -ENODEV;
+	if (d->mode == RNBD_ACCESS_RO && op != RNBD_OP_READ && op != RNBD_OP_FLUSH)
+		return -EROFS;
+	if (op == RNBD_OP_FLUSH)
+		return offset || len ? -EINVAL : 0;
+	if (!dev_max_piece(d, op))
+		return -EOPNOTSUPP;
+	if (!len || offset % lbs || len % lbs || offset > d->bytes || len > d->bytes - offset)
+		return -EINVAL;
+	return 0;
+}
+
 int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags,
 		    uint64_t offset, void *buf, uint32_t len, rnbd_clt_done_fn done, void *priv)
 {
 	enum rnbd_io_op op = (enum rnbd_io_op)cop;
 	bool data = op == RNBD_OP_READ || op == RNBD_OP_WRITE;
+	const char *why = NULL;
 	struct rnbd_clt_sess *s;
 	struct rtrs_permit *permit;
 	struct clt_io *io;
-	uint32_t lbs;
-	int rc = 0;
+	int rc;
 
-	if (!d || !done || (unsigned)cop > RNBD_OP_WRITE_ZEROES || data != (buf != NULL) ||
-	    (flags & ~(uint32_t)(RNBD_F_FUA | RNBD_F_PREFLUSH | RNBD_F_NOUNMAP)))
+	/* What needs no device: the op, its flags (as the server checks them), the buffer. */
+	if (!d || !done || (flags & RNBD_F_SYNC) || rnbd_io_op_check(op, flags, &why) ||
+	    data != (buf != NULL))
 		return -EINVAL;
 	s = d->sess;
+	/* Refused before waiting for a slot ... */
+	pthread_mutex_lock(&s->lock);
+	rc = dev_takes(d, op, offset, len);
+	pthread_mutex_unlock(&s->lock);
+	if (rc)
+		return rc;
 	permit = rtrs_clt_get_permit(s->rtrs, RTRS_IO_CON,
 				     in_done ? RTRS_PERMIT_NOWAIT : RTRS_PERMIT_WAIT);
 	if (!permit)
@@ -891,17 +961,10 @@ int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags
 	*io = (struct clt_io){ .d = d, .permit = permit, .ops = { .priv = io, .conf = io_conf },
 			       .op = op, .flags = flags, .offset = offset, .buf = buf, .len = len,
 			       .done = done, .priv = priv };
+	/* ... and again after it, which may have taken a while (an unmap, a reopen). */
 	pthread_mutex_lock(&s->lock);
-	lbs = d->rsp.logical_block_size;
-	if (d->state == DEV_UNMAPPED || d->refusing)
-		rc = -ENODEV;
-	else if (d->mode == RNBD_ACCESS_RO && op != RNBD_OP_READ && op != RNBD_OP_FLUSH)
-		rc = -EROFS;
-	else if (op == RNBD_OP_FLUSH ? offset || len
-				      : !len || offset % lbs || len % lbs || offset > d->bytes ||
-					len > d->bytes - offset)
-		rc = -EINVAL;
-	else
+	rc = dev_takes(d, op, offset, len);
+	if (!rc)
 		rc = io_route(io);
 	if (rc >= 0)
 		d->inflight++;

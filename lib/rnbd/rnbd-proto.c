@@ -214,6 +214,19 @@ int rnbd_open_rsp_decode(const void *buf, size_t len, struct rnbd_open_rsp *out,
 	return 0;
 }
 
+int rnbd_io_op_check(enum rnbd_io_op op, uint32_t flags, const char **why)
+{
+	if ((unsigned)op > RNBD_OP_WRITE_ZEROES)
+		REJECT(-EINVAL, "unknown IO operation");
+	if (flags & ~RNBD_F_ALL)
+		REJECT(-EINVAL, "unknown IO flags");
+	if ((flags & RNBD_F_NOUNMAP) && op != RNBD_OP_WRITE_ZEROES)
+		REJECT(-EINVAL, "NOUNMAP on an operation other than write zeroes");
+	if ((flags & (RNBD_F_FUA | RNBD_F_PREFLUSH)) && op == RNBD_OP_READ)
+		REJECT(-EINVAL, "FUA or PREFLUSH on a read");
+	return 0;
+}
+
 int rnbd_io_decode(const void *buf, size_t len, unsigned ver, size_t data_len,
 		   struct rnbd_io *out, const char **why)
 {
@@ -235,14 +248,9 @@ int rnbd_io_decode(const void *buf, size_t len, unsigned ver, size_t data_len,
 		.bi_size = le32_get(m.bi_size),
 		.prio = ver >= 2 && len >= RNBD_MSG_IO_V1_LEN + 2 ? le16_get(m.prio) : 0,
 	};
-	if (io.op > RNBD_OP_WRITE_ZEROES)
-		REJECT(-EINVAL, "unknown IO operation");
-	if (io.flags & ~RNBD_F_ALL)
-		REJECT(-EINVAL, "unknown IO flags");
-	if ((io.flags & RNBD_F_NOUNMAP) && io.op != RNBD_OP_WRITE_ZEROES)
-		REJECT(-EINVAL, "NOUNMAP on an operation other than write zeroes");
-	if ((io.flags & (RNBD_F_FUA | RNBD_F_PREFLUSH)) && io.op == RNBD_OP_READ)
-		REJECT(-EINVAL, "FUA or PREFLUSH on a read");
+	rc = rnbd_io_op_check(io.op, io.flags, why);
+	if (rc)
+		return rc;
 	if (io.bi_size % RNBD_SECTOR_SIZE)
 		REJECT(-EINVAL, "IO size not a multiple of 512");
 	if (io.sector > (UINT64_MAX - io.bi_size) >> RNBD_SECTOR_SHIFT)

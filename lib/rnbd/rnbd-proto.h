@@ -197,6 +197,13 @@ int rnbd_open_decode(const void *buf, size_t len, struct rnbd_open *out, const c
 int rnbd_open_rsp_decode(const void *buf, size_t len, struct rnbd_open_rsp *out,
 			 const char **why);
 /*
+ * The rules of an operation and its flags that do not depend on a device:
+ * a known operation and flags, NOUNMAP on write zeroes only, no FUA or
+ * PREFLUSH on a read. The server's decoder applies them, and the client
+ * before it sends anything. 0 or -EINVAL.
+ */
+int rnbd_io_op_check(enum rnbd_io_op op, uint32_t flags, const char **why);
+/*
  * An IO message as the server receives it, with data_len bytes of data in
  * the request: reads and writes must carry exactly bi_size bytes; flush,
  * discard, secure erase and write zeroes carry none. ver is the session's

@@ -22,7 +22,9 @@
 
 #include "check.h"
 #include "harness.h"
+#include "util.h"
 #include "rnbd-hooks.h"
+#include "rnbd-proto.h"
 #include "rnbd.h"
 
 #define DISK_SIZE (16u << 20)
@@ -517,6 +519,300 @@ static void test_map_race(void)
 	free(r);
 }
 
+/* ---- the client's own checks, against a server written here ---------------------- */
+
+/*
+ * An RNBD server in a few lines over librtrs, whose OPEN_RSP says what the
+ * test wants (pieces of 8 KiB, no discard, no write zeroes, no secure
+ * erase), that counts what reaches it and can hold writes unanswered.
+ */
+#define FAKE_SIZE (1u << 20)
+#define FAKE_MAX_HW 16 /* sectors: 8 KiB pieces */
+
+static struct {
+	struct rtrs_srv_ctx *ctx;
+	pthread_mutex_t lock;
+	uint8_t mem[FAKE_SIZE];
+	unsigned ios[RNBD_OP_WRITE_ZEROES + 1];
+	unsigned requests, closes;
+	uint32_t biggest;       /* largest bi_size seen */
+	bool hold;              /* hold writes */
+	struct rtrs_srv_op *held[4];
+	struct rnbd_io held_io[4];
+	void *held_data[4];
+	unsigned nheld;
+} fake = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static int fake_rdma_ev(void *priv, struct rtrs_srv_op *op, enum rtrs_dir dir, void *data,
+			size_t datalen, const void *usr, size_t usrlen)
+{
+	const char *why = NULL;
+	struct rnbd_io io;
+	unsigned ver;
+	int type = rnbd_msg_type(usr, usrlen, &why), rc = 0;
+
+	(void)priv;
+	(void)dir;
+	pthread_mutex_lock(&fake.lock);
+	fake.requests++;
+	if (type == RNBD_MSG_SESS_INFO) {
+		rnbd_sess_info_decode(usr, usrlen, false, &ver, &why);
+		rnbd_sess_info_encode(data, true, RNBD_PROTO_VER_MAJOR);
+	} else if (type == RNBD_MSG_OPEN) {
+		struct rnbd_open_rsp r = {
+			.device_id = 0, .nsectors = FAKE_SIZE >> 9, .max_hw_sectors = FAKE_MAX_HW,
+			.physical_block_size = 4096, .logical_block_size = 512, .max_segments = 1,
+			.cache_policy = RNBD_WRITEBACK | RNBD_FUA,
+		};
+
+		memset(data, 0, datalen);
+		rnbd_open_rsp_encode(data, &r);
+	} else if (type == RNBD_MSG_CLOSE) {
+		fake.closes++;
+	} else if (type == RNBD_MSG_IO && !rnbd_io_decode(usr, usrlen, 2, datalen, &io, &why) &&
+		   (io.sector << 9) + io.bi_size <= FAKE_SIZE) {
+		fake.ios[io.op]++;
+		fake.biggest = MAX(fake.biggest, io.bi_size);
+		if (io.op == RNBD_OP_WRITE && fake.hold && fake.nheld < 4) {
+			fake.held[fake.nheld] = op;
+			fake.held_io[fake.nheld] = io;
+			fake.held_data[fake.nheld++] = data;
+			pthread_mutex_unlock(&fake.lock);
+			return 0; /* answered by fake_release */
+		}
+		if (io.op == RNBD_OP_READ)
+			memcpy(data, fake.mem + (io.sector << 9), io.bi_size);
+		else if (io.op == RNBD_OP_WRITE)
+			memcpy(fake.mem + (io.sector << 9), data, io.bi_size);
+		else if (io.op != RNBD_OP_FLUSH)
+			rc = -EOPNOTSUPP;
+	} else {
+		rc = -EINVAL;
+	}
+	pthread_mutex_unlock(&fake.lock);
+	return rc ? rc : rtrs_srv_resp_rdma(op, 0);
+}
+
+static int fake_link_ev(struct rtrs_srv_sess *sess, enum rtrs_srv_link_ev ev, void *priv)
+{
+	(void)sess;
+	(void)ev;
+	(void)priv;
+	return 0;
+}
+
+/* Answers the held writes (their data written). */
+static void fake_release(void)
+{
+	pthread_mutex_lock(&fake.lock);
+	fake.hold = false;
+	for (unsigned i = 0; i < fake.nheld; i++) {
+		memcpy(fake.mem + (fake.held_io[i].sector << 9), fake.held_data[i],
+		       fake.held_io[i].bi_size);
+		rtrs_srv_resp_rdma(fake.held[i], 0);
+	}
+	fake.nheld = 0;
+	pthread_mutex_unlock(&fake.lock);
+}
+
+static unsigned fake_held(unsigned ms)
+{
+	uint64_t end = test_now_ms() + ms;
+	unsigned n;
+
+	for (;;) {
+		pthread_mutex_lock(&fake.lock);
+		n = fake.nheld;
+		pthread_mutex_unlock(&fake.lock);
+		if (n || test_now_ms() >= end)
+			return n;
+		usleep(1000);
+	}
+}
+
+static unsigned fake_count(unsigned *what)
+{
+	unsigned n;
+
+	pthread_mutex_lock(&fake.lock);
+	n = *what;
+	pthread_mutex_unlock(&fake.lock);
+	return n;
+}
+
+/* One IO submitted without waiting: its result and how often done ran. */
+struct one_io {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unsigned calls;
+	int err;
+};
+
+static void one_done(void *priv, int err)
+{
+	struct one_io *o = priv;
+
+	pthread_mutex_lock(&o->lock);
+	o->calls++;
+	o->err = err;
+	pthread_cond_broadcast(&o->cond);
+	pthread_mutex_unlock(&o->lock);
+}
+
+static int one_wait(struct one_io *o)
+{
+	pthread_mutex_lock(&o->lock);
+	while (!o->calls)
+		pthread_cond_wait(&o->cond, &o->lock);
+	pthread_mutex_unlock(&o->lock);
+	return o->err;
+}
+
+static struct {
+	struct rnbd_clt_dev *dev;
+	int rc;
+	bool done;
+} unmapper;
+
+static void *unmap_forced(void *arg)
+{
+	(void)arg;
+	unmapper.rc = rnbd_clt_unmap(unmapper.dev, true);
+	__atomic_store_n(&unmapper.done, true, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+static bool dev_state_is(struct rnbd_clt_dev *d, const char *state, unsigned ms)
+{
+	struct rnbd_clt_dev_info in = { .size = sizeof(in) };
+	uint64_t end = test_now_ms() + ms;
+
+	do {
+		if (rnbd_clt_dev_info(d, &in) == 0 && !strcmp(in.state, state))
+			return true;
+		usleep(1000);
+	} while (test_now_ms() < end);
+	return false;
+}
+
+/*
+ * What the client checks before sending, against the fake server: pieces
+ * of the server's max_hw_sectors; operations the device does not do, and
+ * flag combinations the server would refuse, refused with no round trip;
+ * a resize within the server's size only; a normal unmap with IO in flight
+ * refused, a forced one failing the rest of that IO with -ENODEV and
+ * freeing everything (the ASan build checks); a forced unmap of IO waiting
+ * for a server that is gone.
+ */
+static void test_client_checks(void)
+{
+	static uint8_t w[65536], r[65536];
+	struct rtrs_srv_ops ops = { .rdma_ev = fake_rdma_ev, .link_ev = fake_link_ev };
+	struct rnbd_clt_dev_info in = { .size = sizeof(in) };
+	struct one_io one = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	struct rtrs_srv_opts so;
+	struct rnbd_clt_sess *s;
+	struct rnbd_clt_dev *d, *ro;
+	unsigned before, writes;
+	uint64_t t0;
+	pthread_t th;
+
+	rtrs_srv_opts_init(&so, sizeof(so));
+	so.addr = test_addr();
+	so.provider = test_provider();
+	so.port = 0;
+	so.queue_depth = 16;
+	so.hb_interval_ms = 100;
+	CHECK_EQ(rtrs_srv_open(&ops, &so, &fake.ctx), 0);
+	CHECK_EQ(rtrs_srv_wait_listening(fake.ctx, 5000), 0);
+	port = rtrs_srv_get_port(fake.ctx);
+	s = sess_open("checks");
+	if (!s)
+		return;
+	CHECK_EQ(rnbd_clt_map(s, "m", RNBD_CLT_RW, &d), 0);
+	CHECK_EQ(rnbd_clt_dev_info(d, &in), 0);
+	CHECK_EQ(in.max_io, FAKE_MAX_HW * 512);
+	CHECK(!in.discard && !in.write_zeroes && !in.secure_erase);
+
+	/* Pieces of max_hw_sectors. */
+	test_fill(w, sizeof(w), 5);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_WRITE, 0, 4096, w, sizeof(w)), 0);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_READ, 0, 4096, r, sizeof(r)), 0);
+	CHECK(!memcmp(w, r, sizeof(w)), "read back in pieces");
+	CHECK(fake_count(&fake.biggest) == FAKE_MAX_HW * 512, "largest piece %u",
+	      fake_count(&fake.biggest));
+	CHECK_EQ(fake_count(&fake.ios[RNBD_OP_WRITE]), sizeof(w) / (FAKE_MAX_HW * 512));
+
+	/* Refused here, nothing sent. */
+	CHECK_EQ(rnbd_clt_map(s, "ro", RNBD_CLT_RO, &ro), 0);
+	before = fake_count(&fake.requests);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_DISCARD, 0, 0, NULL, 4096), -EOPNOTSUPP);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_WRITE_ZEROES, 0, 0, NULL, 4096), -EOPNOTSUPP);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_SECURE_ERASE, 0, 0, NULL, 4096), -EOPNOTSUPP);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_READ, RNBD_CLT_F_FUA, 0, r, 512), -EINVAL);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_READ, RNBD_CLT_F_PREFLUSH, 0, r, 512), -EINVAL);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_WRITE, RNBD_CLT_F_NOUNMAP, 0, w, 512), -EINVAL);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_WRITE, 1u << 8, 0, w, 512), -EINVAL); /* SYNC: ours */
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_FLUSH, RNBD_CLT_F_NOUNMAP, 0, NULL, 0), -EINVAL);
+	CHECK_EQ(rnbd_clt_io(d, (enum rnbd_clt_op)6, 0, 0, NULL, 512), -EINVAL);
+	CHECK_EQ(rnbd_clt_io(ro, RNBD_CLT_WRITE, 0, 0, w, 512), -EROFS);
+	CHECK_EQ(rnbd_clt_io(ro, RNBD_CLT_DISCARD, 0, 0, NULL, 512), -EROFS);
+	CHECK_EQ(fake_count(&fake.requests), before); /* no round trip for any of them */
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_WRITE, RNBD_CLT_F_FUA | RNBD_CLT_F_PREFLUSH, 0, w, 512),
+		 0);
+	CHECK_EQ(rnbd_clt_unmap(ro, false), 0);
+
+	/* Resize: within the server's size, whole blocks. */
+	CHECK_EQ(rnbd_clt_resize(d, 2 * FAKE_SIZE), -EINVAL);
+	CHECK_EQ(rnbd_clt_resize(d, FAKE_SIZE - 100), -EINVAL);
+	CHECK_EQ(rnbd_clt_resize(d, 0), -EINVAL);
+	CHECK_EQ(rnbd_clt_resize(d, FAKE_SIZE / 2), 0);
+	CHECK_EQ(rnbd_clt_dev_info(d, &in), 0);
+	CHECK_EQ(in.bytes, FAKE_SIZE / 2);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_READ, 0, FAKE_SIZE / 2, r, 512), -EINVAL);
+	CHECK_EQ(rnbd_clt_resize(d, FAKE_SIZE), 0);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_READ, 0, FAKE_SIZE / 2, r, 512), 0);
+
+	/*
+	 * Unmap with a write in flight (8 pieces, the first held by the
+	 * server): busy without force; forced, the rest of the write is not
+	 * sent and it fails with -ENODEV, then CLOSE goes.
+	 */
+	pthread_mutex_lock(&fake.lock);
+	fake.hold = true;
+	writes = fake.ios[RNBD_OP_WRITE];
+	pthread_mutex_unlock(&fake.lock);
+	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_WRITE, 0, 0, w, sizeof(w), one_done, &one), 0);
+	CHECK_EQ(fake_held(5000), 1);
+	CHECK_EQ(rnbd_clt_unmap(d, false), -EBUSY);
+	CHECK(dev_state_is(d, "mapped", 0), "still mapped after -EBUSY");
+	unmapper.dev = d;
+	CHECK_EQ(pthread_create(&th, NULL, unmap_forced, NULL), 0);
+	CHECK(dev_state_is(d, "unmapping", 5000), "a forced unmap waits for the piece on the wire");
+	CHECK(!__atomic_load_n(&unmapper.done, __ATOMIC_ACQUIRE));
+	fake_release();
+	pthread_join(th, NULL);
+	CHECK_EQ(unmapper.rc, 0);
+	CHECK_EQ(one_wait(&one), -ENODEV);
+	CHECK_EQ(one.calls, 1);
+	CHECK_EQ(fake_count(&fake.ios[RNBD_OP_WRITE]), writes + 1); /* one piece went */
+	CHECK_EQ(fake_count(&fake.closes), 2); /* ro, then m */
+
+	/* A forced unmap of IO waiting for a server that is gone: -ENODEV at once. */
+	CHECK_EQ(rnbd_clt_map(s, "m", RNBD_CLT_RW, &d), 0);
+	rtrs_srv_close(fake.ctx);
+	CHECK(dev_state_is(d, "disconnected", 5000), "the server is gone");
+	one.calls = 0;
+	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_READ, 0, 0, r, 4096, one_done, &one), 0);
+	t0 = test_now_ms();
+	CHECK_EQ(rnbd_clt_unmap(d, false), -EBUSY);
+	CHECK_EQ(rnbd_clt_unmap(d, true), 0);
+	CHECK_EQ(one_wait(&one), -ENODEV);
+	CHECK(test_now_ms() - t0 < 2000, "parked IO failed at the unmap, not at its deadline "
+	      "(%llu ms)", (unsigned long long)(test_now_ms() - t0));
+	rnbd_clt_sess_close(s);
+}
+
 int main(void)
 {
 	top = test_tmpdir(NULL, "rnbd-test");
@@ -524,5 +820,6 @@ int main(void)
 		return 1;
 	test_all();
 	test_map_race();
+	test_client_checks();
 	return test_done("test-rnbd");
 }
