@@ -406,13 +406,28 @@ static int hints_set_src(struct fi_info *h, const char *src)
 	return 0;
 }
 
+/*
+ * libfabric's registration cache (the verbs provider has one on by
+ * default): closing an MR only returns it to the cache, and registering the
+ * same buffer again hands back the same MR, key and all. A revoked chunk key
+ * (always_invalidate) would then work again; so the cache is off in every
+ * process that uses this library. libfabric reads the setting when it first
+ * initialises, which is the first fi_getinfo: here.
+ */
+static void mr_cache_off(void)
+{
+	setenv("FI_MR_CACHE_MAX_COUNT", "0", 1);
+}
+
 static int ofi_open(const char *prov, const char *src, const char *node, const char *service,
 		    bool server, size_t queue, struct fab **out)
 {
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
 	struct fi_info *hints;
 	struct fab *f;
 	int rc;
 
+	pthread_once(&once, mr_cache_off);
 	f = calloc(1, sizeof(*f));
 	if (!f)
 		return -ENOMEM;
@@ -555,8 +570,15 @@ static int ofi_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 	/* Local-only memory needs no registration unless the provider says so. */
 	if (access == FAB_MR_LOCAL && !f->attr.mr_local)
 		return 0;
+	/*
+	 * Sources of sends and writes, sinks of receives; never FI_READ: we
+	 * issue no RDMA reads, and on iWARP the verbs provider grants remote
+	 * write to every MR registered for FI_READ (a read's sink must be
+	 * remotely writable there), which would leave the chunk area and the
+	 * header buffers writable by any peer that finds their key.
+	 */
 	if (access & FAB_MR_LOCAL)
-		acc |= FI_SEND | FI_RECV | FI_WRITE | FI_READ;
+		acc |= FI_SEND | FI_RECV | FI_WRITE;
 	if (access & FAB_MR_REMOTE_WRITE)
 		acc |= FI_REMOTE_WRITE;
 	/*

@@ -38,6 +38,8 @@
 #define RTRS_CLT_QUEUE_HINT 8192
 /* rtrs_clt_open: connects of a path the server refuses without "do not retry". */
 #define RTRS_OPEN_REFUSED_TRIES 5
+/* always_invalidate: a new chunk key must differ from this many before it. */
+#define RTRS_KEY_HISTORY 4
 /* Size of the region each side lets the peer aim empty writes at. */
 #define RTRS_IMM_REGION 64
 

@@ -150,6 +150,7 @@ struct rtrs_srv_sess {
 	uint64_t sess_id;           /* this incarnation, random */
 	struct fab_mr *chunk_mrs;
 	uint64_t *chunk_key;
+	uint64_t *chunk_key_hist;   /* RTRS_KEY_HISTORY last keys per chunk, newest first */
 	uint32_t *chunk_gen;
 	pthread_mutex_t key_lock;
 	struct rtrs_msg_new_rkey *rkey_msgs; /* response sources, one per chunk */
@@ -261,15 +262,43 @@ static void chunk_revoke(struct rtrs_srv_sess *s, uint32_t id)
 }
 
 /* Registers chunk id again under a key never used before; records it for the client. */
+/*
+ * Whether key was one of the chunk's last RTRS_KEY_HISTORY keys. A provider
+ * that picks keys itself (verbs: an index and a random byte) can hand back
+ * one just revoked; that one is not taken.
+ */
+static bool chunk_key_recent(const struct rtrs_srv_sess *s, uint32_t id, uint64_t key)
+{
+	const uint64_t *h = &s->chunk_key_hist[(size_t)id * RTRS_KEY_HISTORY];
+
+	for (unsigned i = 0; i < RTRS_KEY_HISTORY; i++)
+		if (h[i] == key)
+			return true;
+	return false;
+}
+
 static int chunk_rekey(struct rtrs_srv_sess *s, uint32_t id)
 {
+	uint64_t *h = &s->chunk_key_hist[(size_t)id * RTRS_KEY_HISTORY];
 	struct fab_mr mr;
-	int rc;
+	int rc, tries = 0;
 
-	rc = fab_mr_reg(s->ctx->fab, s->chunk_bases[id], s->chunk_size,
-			FAB_MR_REMOTE_WRITE | FAB_MR_KEY64, &mr);
-	if (rc)
-		return rc;
+	for (;;) {
+		rc = fab_mr_reg(s->ctx->fab, s->chunk_bases[id], s->chunk_size,
+				FAB_MR_REMOTE_WRITE | FAB_MR_KEY64, &mr);
+		if (rc)
+			return rc;
+		if (!chunk_key_recent(s, id, mr.key))
+			break;
+		fab_mr_dereg(&mr);
+		if (++tries == 64) {
+			log_err_rl("%s: the provider keeps handing back revoked keys for chunk %u",
+				   s->name, id);
+			return -EKEYREVOKED;
+		}
+	}
+	memmove(h + 1, h, (RTRS_KEY_HISTORY - 1) * sizeof(*h));
+	h[0] = mr.key;
 	pthread_mutex_lock(&s->key_lock);
 	s->chunk_mrs[id] = mr;
 	s->chunk_gen[id] = gen_next(s->chunk_gen[id]);
@@ -720,6 +749,7 @@ static void sess_unmap_chunks(struct rtrs_srv_sess *s)
 	fab_mr_dereg(&s->chunk_mr);
 	free(s->chunk_mrs);
 	free(s->chunk_key);
+	free(s->chunk_key_hist);
 	free(s->chunk_gen);
 	free(s->rkey_msgs);
 	if (s->chunk_mem)
@@ -799,9 +829,10 @@ static int sess_map_chunks_(struct rtrs_srv_sess *s)
 		return rc;
 	s->chunk_mrs = calloc(qd, sizeof(*s->chunk_mrs));
 	s->chunk_key = calloc(qd, sizeof(*s->chunk_key));
+	s->chunk_key_hist = calloc((size_t)qd * RTRS_KEY_HISTORY, sizeof(*s->chunk_key_hist));
 	s->chunk_gen = calloc(qd, sizeof(*s->chunk_gen));
 	s->rkey_msgs = aligned_alloc(64, ((size_t)qd * RTRS_RKEY_SLOT + 63) & ~(size_t)63);
-	if (!s->chunk_mrs || !s->chunk_key || !s->chunk_gen || !s->rkey_msgs)
+	if (!s->chunk_mrs || !s->chunk_key || !s->chunk_key_hist || !s->chunk_gen || !s->rkey_msgs)
 		return -ENOMEM;
 	rc = fab_mr_reg(ctx->fab, s->rkey_msgs, (size_t)qd * RTRS_RKEY_SLOT, FAB_MR_LOCAL,
 			&s->rkey_msgs_mr);
