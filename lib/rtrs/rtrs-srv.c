@@ -176,6 +176,9 @@ struct rtrs_srv_ctx {
 	struct rtrs_srv_sess *sessions;
 	unsigned nr_sessions;
 	struct loop_work reap_work; /* frees closed paths nobody references */
+	struct srv_verdict *verdicts; /* final refusals held open (srv_reject_dnr) */
+	unsigned nr_verdicts;
+	struct loop_work verdict_work;
 	bool auth_required;
 	struct rtrs_auth_cfg auth_cfg;
 	char auth_keys_file[4096];
@@ -1454,9 +1457,98 @@ static int path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 }
 
 /*
+ * A final refusal ("do not retry") must reach the client, or it retries
+ * what cannot succeed. A reject's private data is gone if the connection
+ * is torn down before the client reads it (over tcp the provider closes
+ * the socket right after sending it), so a final refusal is an accepted
+ * connection whose accept data carries the errno, held open until the
+ * client closes it or SRV_VERDICT_HOLD_MS pass. At most SRV_VERDICTS_MAX
+ * at a time (each is a connection); beyond that, a plain reject.
+ */
+#define SRV_VERDICTS_MAX 16
+#define SRV_VERDICT_HOLD_MS 2000
+
+struct srv_verdict {
+	struct rtrs_srv_ctx *ctx;
+	struct fab_con *fc;
+	uint64_t until_ms;
+	atomic_bool gone;           /* the client closed it */
+	struct srv_verdict *next;
+};
+
+static void verdict_down(void *priv, int err, const void *data, size_t len)
+{
+	struct srv_verdict *v = priv;
+
+	atomic_store(&v->gone, true);
+	loop_queue(v->ctx->loop, &v->ctx->verdict_work);
+}
+
+static void verdict_nop(void *priv) {}
+static void verdict_connected(void *priv, const void *data, size_t len) {}
+static void verdict_imm(void *priv, uint32_t imm) {}
+static void verdict_recv(void *priv, void *buf, size_t len) {}
+static void verdict_done(void *priv, void *ctx) {}
+
+static const struct fab_con_ops verdict_ops = {
+	.connected = verdict_connected,
+	.down = verdict_down,
+	.imm = verdict_imm,
+	.recv = verdict_recv,
+	.done = verdict_done,
+	.kick = verdict_nop,
+};
+
+/* Loop thread: lets go of refusals read (or timed out); all of them when closing. */
+static void verdicts_reap(struct rtrs_srv_ctx *ctx, bool all)
+{
+	uint64_t now = now_ms();
+
+	for (struct srv_verdict **pv = &ctx->verdicts, *v; (v = *pv);) {
+		if (!all && !atomic_load(&v->gone) && now < v->until_ms) {
+			pv = &v->next;
+			continue;
+		}
+		*pv = v->next;
+		fab_con_destroy(v->fc);
+		free(v);
+		ctx->nr_verdicts--;
+	}
+}
+
+static void verdict_work(struct loop_work *w)
+{
+	verdicts_reap(container_of(w, struct rtrs_srv_ctx, verdict_work), false);
+}
+
+/* A final refusal as an accepted connection; false when it cannot be one. */
+static bool verdict_send(struct rtrs_srv_ctx *ctx, struct fab_connreq *req,
+			 const struct rtrs_msg_conn_rsp *msg)
+{
+	struct srv_verdict *v;
+	struct fab_con_cfg cfg = { .ops = &verdict_ops, .name = "verdict", .tx_depth = 16 };
+
+	if (ctx->nr_verdicts >= SRV_VERDICTS_MAX || !(v = calloc(1, sizeof(*v))))
+		return false;
+	v->ctx = ctx;
+	v->until_ms = now_ms() + SRV_VERDICT_HOLD_MS;
+	cfg.priv = v;
+	/* In the list before any callback can queue the reaper for it. */
+	v->next = ctx->verdicts;
+	ctx->verdicts = v;
+	ctx->nr_verdicts++;
+	if (fab_con_accept(ctx->fab, req, &cfg, msg, sizeof(*msg), &v->fc) == 0)
+		return true;
+	ctx->verdicts = v->next;
+	ctx->nr_verdicts--;
+	free(v);
+	return false;
+}
+
+/*
  * Refuses a connection request with err; dnr tells the client that trying
  * again with the same parameters cannot succeed (its reconnect decision
- * then stops).
+ * then stops), and then the refusal is held open until read.
  */
 static void srv_reject_dnr(struct rtrs_srv_ctx *ctx, struct fab_connreq *req, const char *peer,
 			   int err, bool dnr, const char *why)
@@ -1468,6 +1560,8 @@ static void srv_reject_dnr(struct rtrs_srv_ctx *ctx, struct fab_connreq *req, co
 	log_warn("connection from %s rejected: %s (%s%s)", peer, why, strerror(-err),
 		 dnr ? ", do not retry" : "");
 	rtrs_conn_rsp_encode(&msg, &rsp);
+	if (dnr && verdict_send(ctx, req, &msg))
+		return;
 	fab_reject(ctx->lst, req, &msg, RTRS_CONN_REJ_LEN);
 }
 
@@ -1651,6 +1745,7 @@ static void srv_listen_timer(struct loop_timer *t)
 	if (ctx->lst) {
 		/* Listening: the timer now enforces the handshake deadline. */
 		fab_lst_sweep(ctx->lst);
+		verdicts_reap(ctx, false);
 		atomic_store(&ctx->st.raw_closed, fab_lst_closed(ctx->lst));
 		return;
 	}
@@ -1847,6 +1942,7 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 	}
 	ctx->listen_timer.h.fd = -1;
 	loop_work_init(&ctx->reap_work, srv_reap_work);
+	loop_work_init(&ctx->verdict_work, verdict_work);
 	pthread_mutex_init(&ctx->lock, NULL);
 	cond_init_mono(&ctx->cond);
 	rc = loop_create("rtrs-srv", &ctx->loop);
@@ -1921,6 +2017,7 @@ static void srv_close_call(void *arg)
 
 	ctx->closing = true;
 	loop_timer_fini(&ctx->listen_timer);
+	verdicts_reap(ctx, true);
 	if (ctx->lst) {
 		loop_del_fd(ctx->loop, &ctx->lst_h);
 		fab_lst_close(ctx->lst);

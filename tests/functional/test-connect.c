@@ -125,7 +125,9 @@ static int raw_connect_rsp(int port, const void *data, size_t len, struct rtrs_c
 		usleep(1000);
 		pthread_mutex_lock(&r.lock);
 	}
-	if (r.connected)
+	if (r.connected && rtrs_conn_rsp_decode(r.data, r.len, &rsp, &why) == 0 && rsp.err)
+		rc = rsp.err; /* a final refusal comes as an accept carrying the errno */
+	else if (r.connected)
 		rc = 1;
 	else if (!r.down)
 		rc = -ETIMEDOUT;
@@ -133,7 +135,7 @@ static int raw_connect_rsp(int port, const void *data, size_t len, struct rtrs_c
 		rc = rsp.err;
 	else
 		rc = r.err;
-	if (out && rc < 0 && r.err == -ECONNREFUSED)
+	if (out && rc < 0 && (r.err == -ECONNREFUSED || r.connected))
 		*out = rsp;
 	pthread_mutex_unlock(&r.lock);
 out:

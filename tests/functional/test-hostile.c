@@ -744,6 +744,58 @@ out:
 	proxy_stop();
 }
 
+/* ---- final refusals ----------------------------------------------------------- */
+
+/*
+ * A refusal marked "do not retry" reaches the client whatever the client
+ * does meanwhile: here it sends more than its request (as a client that
+ * pipelines) and reads the answer only 100 ms later. A reject whose
+ * connection the server tears down at once is lost that way (the unread
+ * bytes turn the close into a reset); the verdict must still arrive, with
+ * its errno and the flag.
+ */
+static void test_final_refusal(void)
+{
+	const char *extra[] = { NULL };
+	int got = 0, dnr = 0;
+
+	if (!server_start(0, extra))
+		return;
+	for (int i = 0; i < 40; i++) {
+		struct rtrs_conn_req req;
+		struct rtrs_msg_conn_req m;
+		struct wire_ctrl_hdr h;
+		struct rtrs_conn_rsp rsp;
+		uint8_t buf[256], data[256];
+		const char *why;
+		size_t len, n;
+		int fd = tcp_connect(srv.port);
+
+		if (fd < 0)
+			continue;
+		/* Not a first connection of an unknown session: final, -ENXIO. */
+		random_req(&req, 0, 2, true);
+		req.first_conn = false;
+		rtrs_conn_req_encode(&m, &req);
+		len = wire_connreq(&m, buf, sizeof(buf));
+		memset(buf + len, 0x5a, 64);
+		if (write_all(fd, buf, len + 64) == 0) {
+			usleep(100 * 1000);
+			if (read_all(fd, &h, sizeof(h)) == 0 && (n = ntohs(h.seg_size)) <= sizeof(data) &&
+			    read_all(fd, data, n) == 0 &&
+			    rtrs_conn_rsp_decode(data, n, &rsp, &why) == 0 && rsp.err == -ENXIO) {
+				got++;
+				dnr += rsp.dnr;
+			}
+		}
+		close(fd);
+	}
+	CHECK(got == 40, "%d of 40 final refusals arrived with their errno", got);
+	CHECK_EQ(dnr, got);
+	CHECK(legit_session(srv.port, "legit-refusals", false, 16), "a client after the refusals");
+	server_stop();
+}
+
 /* ---- sessions and chunk memory ------------------------------------------------ */
 
 static void test_session_limits(void)
@@ -809,6 +861,7 @@ int main(void)
 	test_exhaustion();
 	test_hb_flood();
 	test_replay();
+	test_final_refusal();
 	test_session_limits();
 	return test_done("test-hostile");
 }

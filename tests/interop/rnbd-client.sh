@@ -18,7 +18,7 @@ command -v python3 >/dev/null || { echo "SKIP: python3 is not installed"; exit 7
 
 . "$(dirname "$0")/../lib/common.sh"
 dir=$(mktemp -d /var/tmp/rnbd-client.XXXXXX)
-trap 'kill_pids; rm -rf "$dir"' EXIT
+trap 'kill_pids; [ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
 
 size=$((16 << 20))
 mkdir "$dir/export"
