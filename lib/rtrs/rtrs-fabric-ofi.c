@@ -419,6 +419,27 @@ static void mr_cache_off(void)
 	setenv("FI_MR_CACHE_MAX_COUNT", "0", 1);
 }
 
+/*
+ * fi_getinfo says only "no data" whether the provider is missing or the
+ * address does not resolve: a name that does not resolve is -ENXIO (and
+ * logged with the resolver's reason), anything else -ENODEV.
+ */
+static int no_provider_errno(const char *node, const char *service)
+{
+	struct addrinfo ai = { .ai_socktype = SOCK_STREAM }, *res = NULL;
+	int rc;
+
+	if (!node)
+		return -ENODEV;
+	rc = getaddrinfo(node, service, &ai, &res);
+	if (res)
+		freeaddrinfo(res);
+	if (!rc)
+		return -ENODEV;
+	log_err("fabric: %s: %s", node, gai_strerror(rc));
+	return rc == EAI_SYSTEM ? -errno : -ENXIO;
+}
+
 static int ofi_open(const char *prov, const char *src, const char *node, const char *service,
 		    bool server, size_t queue, struct fab **out)
 {
@@ -470,7 +491,7 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 	if (rc) {
 		log_dbg("fabric: no %s provider for %s:%s: %s", prov, node ? node : "*",
 			service, fab_strerror(rc));
-		rc = rc == -FI_ENODATA ? -ENODEV : fab_errno(rc);
+		rc = rc == -FI_ENODATA ? no_provider_errno(node, service) : fab_errno(rc);
 		free(f);
 		return rc;
 	}

@@ -335,6 +335,15 @@ static void test_unreachable(void)
 	      (unsigned long long)(test_now_ms() - t0));
 	CHECK(log_has("connection 0 of 2 failed: Connection timed out"));
 	close(fd);
+
+	/*
+	 * A name that does not resolve is said to be one (not "no such
+	 * device"). '!' makes the resolver refuse it before asking any
+	 * server: no query leaves this host.
+	 */
+	rc = open_client("no!such!host:1234", 500, &s);
+	CHECK_EQ(rc, -ENXIO);
+	CHECK(log_has("no!such!host"), "the name is in the log");
 }
 
 /* ---- a client that breaks the protocol after a correct handshake ---------- */
