@@ -164,12 +164,9 @@ static bool raw_is_waiting_socket(int fd);
 
 static struct {
 	pthread_mutex_t lock;
-	pthread_cond_t cond;
+	pthread_cond_t cond;        /* the first connection wakes an idle watchdog */
 	struct fab_con *head;
-	unsigned cons;
-	bool running, stop;
-	pthread_t thread;
-} wd = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+} wd = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 static uint64_t thread_cpu_ns(pthread_t t)
 {
@@ -233,11 +230,20 @@ static void wd_check(struct fab_con *c)
 	con_kill_sockets(c);
 }
 
+/*
+ * The watchdog lives as long as the process once started (a thread that
+ * stops and starts with the connections would race its own restart); with
+ * no connection to watch it sleeps until one comes.
+ */
 static void *wd_thread(void *arg)
 {
 	pthread_setname_np(pthread_self(), "rtrs-fabric-wd");
 	pthread_mutex_lock(&wd.lock);
-	while (!wd.stop) {
+	for (;;) {
+		if (!wd.head) {
+			pthread_cond_wait(&wd.cond, &wd.lock);
+			continue;
+		}
 		struct timespec dl = deadline_ms(FAB_WD_TICK_MS);
 
 		for (struct fab_con *c = wd.head; c; c = c->wd_next)
@@ -248,38 +254,42 @@ static void *wd_thread(void *arg)
 	return arg;
 }
 
-/* Watches c from now on; the first connection starts the watchdog. */
+static void wd_start(void)
+{
+	pthread_attr_t attr;
+	pthread_t t;
+	int rc;
+
+	cond_init_mono(&wd.cond);
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	rc = pthread_create(&t, &attr, wd_thread, NULL);
+	pthread_attr_destroy(&attr);
+	if (rc)
+		log_warn("fabric: no flood watchdog: %s", strerror(rc));
+}
+
+/* Watches c from now on. */
 static void wd_add(struct fab_con *c)
 {
-	pthread_mutex_lock(&wd.lock);
-	if (!wd.running) {
-		pthread_condattr_t a;
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-		pthread_condattr_init(&a);
-		pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-		pthread_cond_destroy(&wd.cond);
-		pthread_cond_init(&wd.cond, &a);
-		pthread_condattr_destroy(&a);
-		wd.stop = false;
-		wd.running = pthread_create(&wd.thread, NULL, wd_thread, NULL) == 0;
-		if (!wd.running)
-			log_warn("fabric: no flood watchdog: %s", strerror(errno));
-	}
+	pthread_once(&once, wd_start);
+	pthread_mutex_lock(&wd.lock);
+	if (!wd.head)
+		pthread_cond_signal(&wd.cond);
 	c->wd_prev = NULL;
 	c->wd_next = wd.head;
 	if (wd.head)
 		wd.head->wd_prev = c;
 	wd.head = c;
 	c->wd_listed = true;
-	wd.cons++;
 	pthread_mutex_unlock(&wd.lock);
 }
 
-/* Stops watching c; the last connection stops the watchdog. */
+/* Stops watching c (under the lock: the watchdog never sees it freed). */
 static void wd_del(struct fab_con *c)
 {
-	bool join = false;
-
 	pthread_mutex_lock(&wd.lock);
 	if (!c->wd_listed) {
 		pthread_mutex_unlock(&wd.lock);
@@ -292,15 +302,7 @@ static void wd_del(struct fab_con *c)
 	if (c->wd_next)
 		c->wd_next->wd_prev = c->wd_prev;
 	c->wd_listed = false;
-	if (--wd.cons == 0 && wd.running) {
-		wd.stop = true;
-		wd.running = false;
-		pthread_cond_broadcast(&wd.cond);
-		join = true;
-	}
 	pthread_mutex_unlock(&wd.lock);
-	if (join)
-		pthread_join(wd.thread, NULL);
 }
 
 /* Translate a libfabric return value (negative FI_E*) to a negative errno. */
@@ -794,12 +796,23 @@ static int raw_cmp(const void *a, const void *b)
 	return x->since_ms < y->since_ms ? -1 : x->since_ms > y->since_ms;
 }
 
+/*
+ * A connected TCP socket: not the listening one, and not the wait set's own
+ * signal (an AF_UNIX socket pair, which must never be shut down: libfabric
+ * writes to it, and the write would raise SIGPIPE).
+ */
 static bool raw_is_waiting_socket(int fd)
 {
-	int acc = 0;
-	socklen_t len = sizeof(acc);
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	int acc = 0, type = 0;
+	socklen_t len = sizeof(acc), tlen = sizeof(type);
 
-	/* Not a socket (the wait set's own signal fd), or the listening one. */
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) ||
+	    (ss.ss_family != AF_INET && ss.ss_family != AF_INET6))
+		return false;
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tlen) || type != SOCK_STREAM)
+		return false;
 	return getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &len) == 0 && !acc;
 }
 
