@@ -212,19 +212,26 @@ static void dev_close_start(struct sess_dev *sd)
  */
 static bool dev_detached(struct rnbd_srv *srv, struct sess_dev *sd, struct rtrs_srv_op *op)
 {
-	bool released;
+	bool released, put;
 
+	/*
+	 * Once detached is set and the lock dropped, a release under way may
+	 * free sd: whether to drop the open reference is decided under the
+	 * lock, and sd is not touched after it but by that drop.
+	 */
 	pthread_mutex_lock(&srv->rel_lock);
 	sd->detached = true;
 	released = sd->released;
 	if (!released)
 		sd->close_op = op;
+	put = !released && !atomic_exchange(&sd->closing, true);
 	pthread_mutex_unlock(&srv->rel_lock);
 	if (released) {
 		dev_free(srv, sd);
 		return false;
 	}
-	dev_close_start(sd);
+	if (put)
+		dev_put(sd);
 	return op != NULL;
 }
 

@@ -711,7 +711,7 @@ static void test_fifo_key_file(void)
 	CHECK_EQ(rename(fifo, keys_path), 0);
 	clt_opts(&o, &pa, dst_buf, sizeof(dst_buf));
 	o.auth_secret = KEY_A;
-	mark = log_len;
+	mark = log_mark();
 	t0 = test_now_ms();
 	rc = rtrs_clt_open(&o, &sess);
 	CHECK(rc != 0 && rc != -EKEYREJECTED && rc != -ENOKEY,
@@ -720,7 +720,7 @@ static void test_fifo_key_file(void)
 	      (unsigned long long)(test_now_ms() - t0));
 	if (!rc)
 		rtrs_clt_close(sess);
-	CHECK(strstr(log_since(mark), "is not a regular file") != NULL,
+	CHECK(log_has_since(mark, "is not a regular file"),
 	      "the server says why the authentication failed");
 	CHECK_EQ(rename(saved, keys_path), 0);
 	unlink(fifo);
@@ -734,9 +734,9 @@ static void test_fifo_key_file(void)
 	/* Checked on demand (rnbd-server's SIGHUP): a broken line is named. */
 	CHECK_EQ(rtrs_srv_check_keys(srv), 0);
 	write_keys("DHHC-1:00:broken:", NULL);
-	mark = log_len;
+	mark = log_mark();
 	CHECK_EQ(rtrs_srv_check_keys(srv), -EINVAL);
-	CHECK(strstr(log_since(mark), "line 3") != NULL, "the broken line is named");
+	CHECK(log_has_since(mark, "line 3"), "the broken line is named");
 	write_keys(KEY_A, NULL);
 	CHECK_EQ(rtrs_srv_check_keys(srv), 0);
 	srv_stop();

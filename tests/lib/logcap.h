@@ -49,7 +49,29 @@ static inline const char *log_text(void)
 	return log_buf ? log_buf : "";
 }
 
-/* What was logged since a mark (log_len at some point). */
+/* A mark for log_since: how much has been logged so far. */
+static inline size_t log_mark(void)
+{
+	size_t n;
+
+	pthread_mutex_lock(&log_lock);
+	n = log_len;
+	pthread_mutex_unlock(&log_lock);
+	return n;
+}
+
+/* Whether s was logged since a mark; safe while the library logs. */
+static inline bool log_has_since(size_t mark, const char *s)
+{
+	bool found;
+
+	pthread_mutex_lock(&log_lock);
+	found = log_buf && mark <= log_len && strstr(log_buf + mark, s) != NULL;
+	pthread_mutex_unlock(&log_lock);
+	return found;
+}
+
+/* What was logged since a mark (log_mark() at some point). */
 static inline const char *log_since(size_t mark)
 {
 	return log_buf && mark <= log_len ? log_buf + mark : "";
