@@ -631,9 +631,14 @@ static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
 		return;
 	}
 	step = rtrs_auth_srv_step(&p->auth, buf, len, p->auth_tx, sizeof(p->auth_tx), &out_len);
-	rc = out_len ? fab_send(p->cons[0].fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL) : 0;
+	/*
+	 * Before the answer goes out: once the client reads SUCCESS1 it may
+	 * request its next connection at once, and srv_on_connreq (on the
+	 * loop) must find the host already proven.
+	 */
 	if (p->auth.host_ok)
 		atomic_store(&p->auth_host_ok, true);
+	rc = out_len ? fab_send(p->cons[0].fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL) : 0;
 	switch (step) {
 	case RTRS_AUTH_CONTINUE:
 		break;
