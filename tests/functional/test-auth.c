@@ -634,6 +634,12 @@ static void test_opens_under_load(void)
 			continue;
 		}
 		ok += io_verified(sess, (uint32_t)(i % 8) * LEN, (uint8_t)i);
+		/* Once: a retry would hide a refusal the server should not have made. */
+		struct rtrs_path_stats st = { .size = sizeof(st) };
+
+		CHECK_EQ(rtrs_clt_path_stats(sess, 0, &st), 0);
+		CHECK(st.auth_runs == 1, "open %d authenticated %llu times", i + 1,
+		      (unsigned long long)st.auth_runs);
 		rtrs_clt_close(sess);
 	}
 	atomic_store(&spin_stop, true);
