@@ -39,15 +39,15 @@ static struct {
 	struct opt_list mem;
 	uint64_t port, queue_depth, chunk_size, threads, hb_ms;
 	unsigned engine;
-	bool direct, no_invalidate, quiet;
+	bool direct, invalidate, quiet;
 } g = {
 	.provider = "tcp", .search = "/", .port = RNBD_DEFAULT_PORT_NR, .queue_depth = 512,
-	.chunk_size = 128 << 10, .threads = 4, .hb_ms = 1000,
+	.chunk_size = 128 << 10, .threads = 4, .hb_ms = 1000, .invalidate = true,
 };
 
 static const struct opt options[] = {
-	{ "config", 'c', OPT_STRING, &g.config, .arg = "FILE",
-	  .help = "read options from FILE first (\"name value\" per line)" },
+	{ "config", 'c', OPT_CONFIG, &g.config, .arg = "FILE",
+	  .help = "read options from FILE first (\"name value\" per line, see below)" },
 	{ "addr", 'a', OPT_STRING, &g.addr, .arg = "ADDR", .help = "listen address (default all)" },
 	{ "port", 'p', OPT_UINT, &g.port, 0, 65535, .arg = "N",
 	  .help = "listen port (0: any, printed)" },
@@ -65,8 +65,8 @@ static const struct opt options[] = {
 	  .help = "requests in flight per session" },
 	{ "chunk-size", 0, OPT_SIZE, &g.chunk_size, 8192, 128 << 20, .arg = "BYTES",
 	  .help = "largest request plus its header" },
-	{ "no-invalidate", 0, OPT_FLAG, &g.no_invalidate,
-	  .help = "keep chunk keys (always_invalidate off)" },
+	{ "invalidate", 0, OPT_FLAG, &g.invalidate,
+	  .help = "revoke a chunk's key while its IO is served (always_invalidate)" },
 	{ "auth-keys", 0, OPT_STRING, &g.auth_keys, .arg = "FILE",
 	  .help = "require DH-HMAC-CHAP; FILE maps host names to secrets" },
 	{ "auth-name", 0, OPT_STRING, &g.auth_name, .arg = "NAME", .help = "this server's name" },
@@ -187,14 +187,11 @@ static char *join_mem(void)
 int main(int argc, char **argv)
 {
 	struct rnbd_srv_opts o;
-	const char *config = opts_find(argc, argv, "config", 'c');
 	pthread_t th;
 	sigset_t set;
 	char *mem = NULL;
 	int pos, rc, sig, port;
 
-	if (config && opts_parse_file(options, "rnbd-server", config))
-		return 2;
 	rc = opts_parse(options, "rnbd-server", "[options]", argc, argv, &pos);
 	if (rc)
 		return rc > 0 ? 0 : 2;
@@ -216,7 +213,7 @@ int main(int argc, char **argv)
 	o.direct = g.direct;
 	o.queue_depth = (uint32_t)g.queue_depth;
 	o.max_chunk_size = (uint32_t)g.chunk_size;
-	o.always_invalidate = !g.no_invalidate;
+	o.always_invalidate = g.invalidate;
 	o.auth_keys_file = g.auth_keys;
 	o.auth_name = g.auth_name;
 	o.hb_interval_ms = (unsigned)g.hb_ms;
