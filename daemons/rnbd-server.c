@@ -7,8 +7,10 @@
  *
  * Options come from one table, read from the config file first and then
  * from the command line (which wins). SIGINT or SIGTERM stops the server
- * after every IO in flight was answered. With --control PATH the server
- * listens on a Unix socket for one-line commands:
+ * after every IO in flight was answered, and removes its control socket;
+ * SIGHUP checks the authentication key file again and logs the outcome.
+ * With --control PATH the server listens on a Unix socket (replacing only
+ * a stale socket there) for one-line commands (rnbd-ctl.h):
  *
  *   list                           every open device: session, name, counters
  *   force-close SESSION DEVICE     close a device a session has open
@@ -20,16 +22,22 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "opts.h"
+#include "rnbd-ctl.h"
 #include "rnbd.h"
+#include "rtrs-auth.h"
 #include "util.h"
 
 static const char *const engine_names[] = { "auto", "io_uring", "threads", NULL };
@@ -80,6 +88,44 @@ static const struct opt options[] = {
 
 static struct rnbd_srv *srv;
 static int ctl_fd = -1;
+static struct stat ctl_st; /* the socket file we made: only that one is removed */
+static int log_level = LOG_INFO;
+
+/* ---- logging: every line with its time ------------------------------------------ */
+
+static void log_line(void *priv, int level, const char *line)
+{
+	struct timespec ts;
+	struct tm tm;
+	char when[32];
+
+	(void)priv;
+	(void)level;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	localtime_r(&ts.tv_sec, &tm);
+	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+	/* One write per line, so lines from several threads do not interleave. */
+	fprintf(stderr, "%s.%03ld %s\n", when, ts.tv_nsec / 1000000, line);
+}
+
+__attribute__((format(printf, 2, 3)))
+static void srv_log(int level, const char *fmt, ...)
+{
+	static const char *const names[] = { "error", "warn", "info", "debug" };
+	char line[1024];
+	va_list ap;
+	int n;
+
+	if (level > log_level)
+		return;
+	n = snprintf(line, sizeof(line), "rnbd-server %s: ", names[level]);
+	va_start(ap, fmt);
+	vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+	va_end(ap);
+	log_line(NULL, level, line);
+}
+
+/* ---- control socket --------------------------------------------------------------- */
 
 /* fd, or -1 once a write failed (timed out): the rest of the list is skipped. */
 static void ctl_list_one(void *priv, const struct rnbd_srv_dev_stats *st)
@@ -96,48 +142,81 @@ static void ctl_list_one(void *priv, const struct rnbd_srv_dev_stats *st)
 		*fd = -1;
 }
 
+/*
+ * One request: up to its newline, or until the client shuts its side
+ * down. Its length, or -1 after answering why there is none.
+ */
+static ssize_t ctl_read(int fd, char *buf, size_t cap)
+{
+	size_t n = 0;
+
+	while (n < cap && !memchr(buf, '\n', n)) {
+		ssize_t k = read(fd, buf + n, cap - n);
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			dprintf(fd, "error: no complete line within 2 s\n");
+			return -1;
+		}
+		if (k <= 0)
+			break;
+		n += (size_t)k;
+	}
+	if (n == cap && !memchr(buf, '\n', n)) {
+		dprintf(fd, "error: request longer than %d bytes\n", RNBD_CTL_LINE_MAX);
+		return -1;
+	}
+	return (ssize_t)n;
+}
+
 static void ctl_command(int fd)
 {
-	char line[1024], cmd[32], sess[300], dev[300];
-	ssize_t n = read(fd, line, sizeof(line) - 1);
-	int rc, k;
+	char line[RNBD_CTL_LINE_MAX + 1];
+	struct rnbd_ctl_req req;
+	const char *why;
+	ssize_t n = ctl_read(fd, line, sizeof(line));
+	int rc;
 
 	if (n <= 0)
 		return;
-	line[n] = '\0';
-	k = sscanf(line, "%31s %299s %299s", cmd, sess, dev);
-	if (k == 1 && !strcmp(cmd, "list")) {
+	if (rnbd_ctl_parse(line, (size_t)n, &req, &why)) {
+		dprintf(fd, "error: %s\n", why);
+		return;
+	}
+	if (req.cmd == RNBD_CTL_LIST) {
 		int out = fd;
 
 		rc = rnbd_srv_list(srv, ctl_list_one, &out);
 		if (out >= 0)
 			dprintf(fd, "ok %d device%s\n", rc, rc == 1 ? "" : "s");
-	} else if (k == 3 && !strcmp(cmd, "force-close")) {
-		rc = rnbd_srv_force_close(srv, sess, dev);
-		if (rc)
-			dprintf(fd, "error: %s\n", strerror(-rc));
-		else
-			dprintf(fd, "ok\n");
-	} else {
-		dprintf(fd, "error: unknown command (list, force-close SESSION DEVICE)\n");
+		return;
 	}
+	rc = rnbd_srv_force_close(srv, req.sess, req.dev);
+	srv_log(rc ? LOG_WARN : LOG_INFO, "control: force-close %s %s: %s", req.sess, req.dev,
+		rc ? strerror(-rc) : "done");
+	if (rc)
+		dprintf(fd, "error: %s\n", strerror(-rc));
+	else
+		dprintf(fd, "ok\n");
 }
 
 static void *ctl_thread(void *arg)
 {
 	for (;;) {
 		struct timeval tv = { .tv_sec = 2 };
-		int c = accept(ctl_fd, NULL, NULL);
+		int c = accept4(ctl_fd, NULL, NULL, SOCK_CLOEXEC);
 
 		if (c < 0) {
-			if (errno == EINTR)
+			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
 			break;
 		}
 		/*
 		 * A client that says nothing, or reads nothing back, does not
 		 * hold the socket (or a stop, or the server's locks a list
-		 * writes under).
+		 * writes under). One that goes away early gets EPIPE, not the
+		 * server killed by SIGPIPE (ignored in main).
 		 */
 		setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 		setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
@@ -147,24 +226,129 @@ static void *ctl_thread(void *arg)
 	return NULL;
 }
 
+/*
+ * Whether a server answers on the Unix socket at path: 1 yes, 0 no (a
+ * stale socket file), or a negative errno when that cannot be told.
+ */
+static int socket_alive(const struct sockaddr_un *a)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), rc;
+
+	if (fd < 0)
+		return -errno;
+	rc = connect(fd, (const struct sockaddr *)a, sizeof(*a)) ? -errno : 1;
+	close(fd);
+	return rc == -ECONNREFUSED ? 0 : rc;
+}
+
+/*
+ * The control socket at path. Something already there is replaced only
+ * when it is a socket nobody answers on (left by a server that died): a
+ * file of any other kind, or a live server's socket, is refused, so a
+ * mistyped path never deletes a disk image.
+ */
 static int ctl_open(const char *path)
 {
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	struct stat st;
+	int rc;
 
 	if (strlen(path) >= sizeof(a.sun_path)) {
-		fprintf(stderr, "rnbd-server: --control %s: path too long\n", path);
+		fprintf(stderr, "rnbd-server: --control %s: path too long (at most %zu bytes)\n",
+			path, sizeof(a.sun_path) - 1);
 		return -ENAMETOOLONG;
 	}
 	strcpy(a.sun_path, path);
-	unlink(path);
 	ctl_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (ctl_fd < 0 || bind(ctl_fd, (struct sockaddr *)&a, sizeof(a)) || listen(ctl_fd, 4)) {
-		int rc = -errno;
-
+	if (ctl_fd < 0) {
+		rc = -errno;
 		fprintf(stderr, "rnbd-server: --control %s: %s\n", path, strerror(-rc));
 		return rc;
 	}
+	rc = bind(ctl_fd, (struct sockaddr *)&a, sizeof(a)) ? -errno : 0;
+	if (rc == -EADDRINUSE) {
+		if (lstat(path, &st)) {
+			rc = -errno;
+			fprintf(stderr, "rnbd-server: --control %s: %s\n", path, strerror(-rc));
+			goto fail;
+		}
+		if (!S_ISSOCK(st.st_mode)) {
+			rc = -EEXIST;
+			fprintf(stderr, "rnbd-server: --control %s: exists and is not a socket; not "
+				"replacing it\n", path);
+			goto fail;
+		}
+		rc = socket_alive(&a);
+		if (rc) {
+			rc = rc > 0 ? -EADDRINUSE : rc;
+			fprintf(stderr, "rnbd-server: --control %s: %s\n", path, rc == -EADDRINUSE ?
+				"another server answers on this socket" : strerror(-rc));
+			goto fail;
+		}
+		/* A stale socket: nobody listens on it. */
+		if (unlink(path) && errno != ENOENT) {
+			rc = -errno;
+			fprintf(stderr, "rnbd-server: --control %s: removing the stale socket: %s\n",
+				path, strerror(-rc));
+			goto fail;
+		}
+		rc = bind(ctl_fd, (struct sockaddr *)&a, sizeof(a)) ? -errno : 0;
+	}
+	if (!rc && listen(ctl_fd, 4))
+		rc = -errno;
+	if (!rc && stat(path, &ctl_st))
+		rc = -errno;
+	if (rc) {
+		fprintf(stderr, "rnbd-server: --control %s: %s\n", path, strerror(-rc));
+		goto fail;
+	}
 	return 0;
+fail:
+	close(ctl_fd);
+	ctl_fd = -1;
+	return rc;
+}
+
+/* Removes the control socket, if the file at its path is still ours. */
+static void ctl_remove(const char *path)
+{
+	struct stat st;
+
+	if (!stat(path, &st) && st.st_dev == ctl_st.st_dev && st.st_ino == ctl_st.st_ino)
+		unlink(path);
+}
+
+/* ---- SIGHUP: the key file ------------------------------------------------------------- */
+
+/*
+ * librtrs reads the key file at every authentication, so a changed file
+ * applies from the next one without anything reloaded; SIGHUP checks the
+ * whole file now and says whether it is good, instead of the next host
+ * finding out.
+ */
+static void reload_keys(void)
+{
+	struct rtrs_auth_key hk, ck;
+	const char *why = NULL;
+	unsigned line = 0;
+	int rc;
+
+	if (!g.auth_keys) {
+		srv_log(LOG_INFO, "SIGHUP: no --auth-keys file, nothing to reload");
+		return;
+	}
+	rc = rtrs_auth_keyfile_lookup(g.auth_keys, "(validation)", &hk, &ck, &line, &why);
+	rtrs_auth_wipe(&hk, sizeof(hk));
+	rtrs_auth_wipe(&ck, sizeof(ck));
+	if (!rc || rc == -ESRCH)
+		srv_log(LOG_INFO, "SIGHUP: key file %s reloaded: valid; it applies from the next "
+			"authentication", g.auth_keys);
+	else if (line)
+		srv_log(LOG_ERR, "SIGHUP: key file %s line %u: %s; authentications fail until it "
+			"is fixed", g.auth_keys, line, why ? why : "invalid");
+	else
+		srv_log(LOG_ERR, "SIGHUP: key file %s: %s; authentications fail until it is fixed",
+			g.auth_keys, why ? why : strerror(-rc));
 }
 
 /* "a:1,b:2" from the repeated --mem-device values. */
@@ -199,7 +383,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "rnbd-server: unexpected argument \"%s\" (see --help)\n", argv[pos]);
 		return 2;
 	}
-	rnbd_set_log_level(g.quiet ? 0 : 2);
+	log_level = g.quiet ? LOG_ERR : LOG_INFO;
+	rnbd_set_log_level(log_level);
+	rnbd_set_log_fn(log_line, NULL);
 	if (g.mem.n && !(mem = join_mem()))
 		return 1;
 	rnbd_srv_opts_init(&o, sizeof(o));
@@ -218,42 +404,62 @@ int main(int argc, char **argv)
 	o.auth_name = g.auth_name;
 	o.hb_interval_ms = (unsigned)g.hb_ms;
 
-	/* Signals go to sigwait below, not to library threads. */
+	/*
+	 * Signals go to sigwait below, not to library threads. A control
+	 * client that leaves early must not kill the server with SIGPIPE.
+	 */
+	signal(SIGPIPE, SIG_IGN);
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 
+	/* The control socket first: a bad path fails before anyone connects. */
+	if (g.control && ctl_open(g.control)) {
+		free(mem);
+		return 1;
+	}
 	rc = rnbd_srv_open(&o, &srv);
 	if (rc) {
 		fprintf(stderr, "rnbd-server: cannot start: %s\n", strerror(-rc));
-		free(mem);
-		return 1;
+		goto fail;
 	}
 	port = rnbd_srv_port(srv, 30000);
 	if (port < 0) {
 		fprintf(stderr, "rnbd-server: not listening: %s\n", strerror(-port));
 		rnbd_srv_close(srv);
-		free(mem);
-		return 1;
+		goto fail;
 	}
-	if (g.control && (ctl_open(g.control) ||
-			  pthread_create(&th, NULL, ctl_thread, NULL))) {
+	if (g.control && (rc = pthread_create(&th, NULL, ctl_thread, NULL))) {
+		fprintf(stderr, "rnbd-server: control thread: %s\n", strerror(rc));
 		rnbd_srv_close(srv);
-		free(mem);
-		return 1;
+		goto fail;
 	}
 	printf("rnbd-server listening on port %d\n", port);
 	fflush(stdout);
-	sigwait(&set, &sig);
-	fprintf(stderr, "rnbd-server: %s, stopping\n", strsignal(sig));
+	for (;;) {
+		if (sigwait(&set, &sig))
+			continue;
+		if (sig != SIGHUP)
+			break;
+		reload_keys();
+	}
+	srv_log(LOG_INFO, "%s, stopping", strsignal(sig));
 	if (g.control) {
 		shutdown(ctl_fd, SHUT_RDWR); /* wakes accept() */
 		pthread_join(th, NULL);
 		close(ctl_fd);
-		unlink(g.control);
+		ctl_remove(g.control);
 	}
 	rnbd_srv_close(srv);
 	free(mem);
 	return 0;
+fail:
+	if (g.control) {
+		close(ctl_fd);
+		ctl_remove(g.control);
+	}
+	free(mem);
+	return 1;
 }

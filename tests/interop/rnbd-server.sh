@@ -6,6 +6,13 @@
 #            server with the file (and line) named, exit status 2; a flag the
 #            file sets is cleared with --no-FLAG; '#' inside a value and a
 #            quoted value with " #" reach the server intact.
+#   control  --control at a regular file, or at a socket a live server
+#            answers on, is refused and left alone; a stale socket (its
+#            server killed) is replaced; SIGTERM and SIGINT remove the
+#            socket; a client that leaves without reading does not kill the
+#            server (SIGPIPE); malformed requests get their reason.
+#   SIGHUP   checks the key file and logs the outcome, good or bad; the
+#            server keeps serving.
 # Usage: rnbd-server.sh BUILD_DIR.
 set -euo pipefail
 build=$(cd "${1:?usage: rnbd-server.sh BUILD_DIR}" && pwd)
@@ -18,21 +25,23 @@ unset RTRS_LOG_LEVEL
 dir=$(mktemp -d /var/tmp/rnbd-server.XXXXXX)
 trap 'kill_pids; rm -rf "$dir"' EXIT
 
-# refused NAME WANT ARGS...: the server exits 2 at once, WANT in its stderr.
+# refused NAME STATUS WANT ARGS...: the server exits STATUS at once, WANT in its stderr.
 refused() {
-	local name=$1 want=$2 rc=0
-	shift 2
+	local name=$1 status=$2 want=$3 rc=0
+	shift 3
 	timeout 10 "$server" "$@" >"$dir/$name.out" 2>"$dir/$name.err" || rc=$?
-	if [ "$rc" -ne 2 ] || ! grep -qF -- "$want" "$dir/$name.err"; then
-		echo "  exit $rc (want 2); stderr: $(cat "$dir/$name.err")"
+	if [ "$rc" -ne "$status" ] || ! grep -qF -- "$want" "$dir/$name.err"; then
+		echo "  exit $rc (want $status); stderr: $(cat "$dir/$name.err")"
 		return 1
 	fi
 }
 
-# stop_server: the last server started goes (SIGTERM) and is waited for.
+# stop_server [SIGNAL]: the last server started goes (SIGTERM) and is waited
+# for; its exit status is in $stopped.
 stop_server() {
-	kill "${pids[-1]}" 2>/dev/null || true
-	wait "${pids[-1]}" 2>/dev/null || true
+	kill "-${1:-TERM}" "${pids[-1]}" 2>/dev/null || true
+	stopped=0
+	wait "${pids[-1]}" 2>/dev/null || stopped=$?
 	unset 'pids[-1]'
 }
 
@@ -40,18 +49,18 @@ stop_server() {
 
 printf 'port 0\nqueue-depth 70000\n' >"$dir/bad.conf"
 check "a bad line through --conf: exit 2 naming the file and line" \
-	refused bad "$dir/bad.conf:2: queue-depth 70000: expected a number in 1..65535" \
+	refused bad 2 "$dir/bad.conf:2: queue-depth 70000: expected a number in 1..65535" \
 	--conf "$dir/bad.conf"
 printf 'port 0\n' >"$dir/inner.conf"
 printf '# outer\nconfig %s\n' "$dir/inner.conf" >"$dir/nested.conf"
 check "a config line in a config file: refused" \
-	refused nested "$dir/nested.conf:2: config: config files do not nest" -c "$dir/nested.conf"
+	refused nested 2 "$dir/nested.conf:2: config: config files do not nest" -c "$dir/nested.conf"
 check "a directory as the config file: refused" \
-	refused isdir "config file $dir: is a directory" --config "$dir"
+	refused isdir 2 "config file $dir: is a directory" --config "$dir"
 check "a missing config file: refused" \
-	refused missing "config file $dir/none.conf: No such file or directory" \
+	refused missing 2 "config file $dir/none.conf: No such file or directory" \
 	--config="$dir/none.conf"
-check "an unknown option on the command line: refused" refused unknown "--bogus" --bogus
+check "an unknown option on the command line: refused" refused unknown 2 "--bogus" --bogus
 
 # The file says quiet; --no-quiet on the command line wins.
 printf 'port 0\nquiet\n' >"$dir/quiet.conf"
@@ -79,5 +88,93 @@ check "... and the device read is the file below it" cmp -s "$dir/ex#1/disk.img"
 check "a quoted value with ' #' is the whole value" \
 	test "$(ctl "$dir/ctl #2" list)" = "ok 0 devices"
 stop_server
+
+# ---- control socket ---------------------------------------------------------
+
+echo "a disk image, not a socket" >"$dir/image.raw"
+cp "$dir/image.raw" "$dir/image.orig"
+check "--control at a regular file: refused" \
+	refused regular 1 "--control $dir/image.raw: exists and is not a socket" \
+	--port 0 --control "$dir/image.raw"
+check "... and the file is intact" cmp -s "$dir/image.raw" "$dir/image.orig"
+
+rnbd_server_start "$dir/a.log" -- --port 0 --control "$dir/ctl" || exit 1
+check "--control at a live server's socket: refused" \
+	refused live 1 "--control $dir/ctl: another server answers on this socket" \
+	--port 0 --control "$dir/ctl"
+check "... and that server still answers on it" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+
+# A client that sends and leaves at once: the answer meets a closed socket.
+for _ in 1 2 3; do
+	python3 - "$dir/ctl" <<'PY' || true # a failure shows in the check below
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(b"list\n")
+s.close()
+PY
+done
+check "a client leaving without reading does not kill the server" \
+	test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+
+# Requests: one line, the right words, names within bounds.
+answer() { test "$(ctl "$dir/ctl" "$1")" = "$2" || { echo "  got: $(ctl "$dir/ctl" "$1")"; return 1; }; }
+check "list with CRLF" answer $'list\r' "ok 0 devices"
+check "force-close with one argument" answer "force-close cli" "error: force-close needs SESSION DEVICE"
+check "force-close with four arguments" answer "force-close a b c" \
+	"error: force-close needs SESSION DEVICE"
+check "list with an argument" answer "list all" "error: list takes no arguments"
+check "a session name over 255 bytes" answer "force-close $(printf 's%.0s' {1..300}) d" \
+	"error: session name longer than 255 bytes"
+check "a control character" answer $'list\x1b' "error: control character in the request"
+check "a request over 1024 bytes" answer "$(printf 'x%.0s' {1..2000})" \
+	"error: request longer than 1024 bytes"
+check "an unknown device" answer "force-close cli nothing" "error: No such file or directory"
+check "an empty request" answer "" "error: empty request (list, force-close SESSION DEVICE)"
+
+stop_server TERM
+check "SIGTERM: exit 0" test "$stopped" -eq 0
+check "SIGTERM: the socket is gone" test ! -e "$dir/ctl"
+
+# A server killed with SIGKILL leaves its socket; the next one replaces it.
+rnbd_server_start "$dir/b.log" -- --port 0 --control "$dir/ctl" || exit 1
+stop_server KILL
+check "SIGKILL leaves the socket" test -S "$dir/ctl"
+rnbd_server_start "$dir/c.log" -- --port 0 --control "$dir/ctl" || exit 1
+check "a stale socket is replaced" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+stop_server INT
+check "SIGINT: exit 0" test "$stopped" -eq 0
+check "SIGINT: the socket is gone" test ! -e "$dir/ctl"
+
+# ---- SIGHUP: the key file ------------------------------------------------------
+
+umask 077
+"$build/tools/rtrs-key" gen --hmac 1 >"$dir/host1.key"
+echo "host1 $(cat "$dir/host1.key")" >"$dir/keys"
+rnbd_server_start "$dir/hup.log" -- --port 0 --control "$dir/ctl" --auth-keys "$dir/keys" \
+	--mem-device m:1M || exit 1
+hup_pid=${pids[-1]}
+kill -HUP "$hup_pid" || true
+check "SIGHUP with a good key file: logged as reloaded" \
+	wait_until 10 grep -q "rnbd-server info: SIGHUP: key file $dir/keys reloaded: valid" "$dir/hup.log"
+echo "host2 DHHC-1:01:not-a-key:" >>"$dir/keys"
+kill -HUP "$hup_pid" || true
+check "SIGHUP with a broken key file: its line and reason logged as an error" \
+	wait_until 10 grep -q "rnbd-server error: SIGHUP: key file $dir/keys line 2: " "$dir/hup.log"
+check "log lines carry their time" \
+	grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+ rnbd-server error: SIGHUP' "$dir/hup.log"
+check "after both SIGHUPs the server still answers" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+auth() { "$client" info --server "127.0.0.1:$port" --session hup --device m --host-name host1 \
+	--secret "@$dir/host1.key" >/dev/null 2>>"$dir/auth.err"; }
+no_auth() { ! auth; }
+check "... refuses a good key while the file is broken, as logged" no_auth
+echo "host1 $(cat "$dir/host1.key")" >"$dir/keys"
+kill -HUP "$hup_pid" || true
+check "SIGHUP after the fix: reloaded" \
+	wait_until 10 test "$(grep -c 'SIGHUP: key file .* reloaded: valid' "$dir/hup.log")" -eq 2
+check "... and the good key authenticates again" auth
+stop_server TERM
+check "SIGTERM after SIGHUP: exit 0, socket gone" \
+	bash -c "[ $stopped -eq 0 ] && [ ! -e '$dir/ctl' ]"
 
 finish rnbd-server
