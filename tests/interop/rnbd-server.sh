@@ -164,15 +164,19 @@ check "SIGHUP with a broken key file: its line and reason logged as an error" \
 check "log lines carry their time" \
 	grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+ rnbd-server error: SIGHUP' "$dir/hup.log"
 check "after both SIGHUPs the server still answers" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
-auth() { "$client" info --server "127.0.0.1:$port" --session hup --device m --host-name host1 \
-	--secret "@$dir/host1.key" >/dev/null 2>>"$dir/auth.err"; }
-no_auth() { ! auth; }
-check "... refuses a good key while the file is broken, as logged" no_auth
+# auth SESSION: a client with host1's key gets the memory device's info.
+auth() {
+	"$client" info --server "127.0.0.1:$port" --session "$1" --device m --host-name host1 \
+		--secret "@$dir/host1.key" >/dev/null 2>"$dir/auth-$1.err" ||
+		{ echo "  $(cat "$dir/auth-$1.err")"; return 1; }
+}
+no_auth() { ! auth "$@" >/dev/null; }
+check "... refuses a good key while the file is broken, as logged" no_auth hup1
 echo "host1 $(cat "$dir/host1.key")" >"$dir/keys"
 kill -HUP "$hup_pid" || true
-check "SIGHUP after the fix: reloaded" \
-	wait_until 10 test "$(grep -c 'SIGHUP: key file .* reloaded: valid' "$dir/hup.log")" -eq 2
-check "... and the good key authenticates again" auth
+reloads() { test "$(grep -c 'SIGHUP: key file .* reloaded: valid' "$dir/hup.log")" -eq "$1"; }
+check "SIGHUP after the fix: reloaded" wait_until 10 reloads 2
+check "... and the good key authenticates again" auth hup2
 stop_server TERM
 check "SIGTERM after SIGHUP: exit 0, socket gone" \
 	bash -c "[ $stopped -eq 0 ] && [ ! -e '$dir/ctl' ]"
