@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "hist.h"
+#include "jsonout.h"
 #include "opts.h"
 #include "rnbd.h"
 #include "util.h"
@@ -202,6 +203,16 @@ static void disconnect(void)
 
 /* ---- info ------------------------------------------------------------------------ */
 
+/* Prints the JSON document; 0, or says why it could not and returns 1. */
+static int json_out(struct json_object *o, bool failed)
+{
+	int rc = jprint(o, failed);
+
+	if (rc)
+		fprintf(stderr, "rnbd-client: printing JSON: %s\n", strerror(-rc));
+	return rc ? 1 : 0;
+}
+
 /*
  * What the device offers and how this run mapped it. "mapped ro" is the
  * mapping (info maps read-only unless --mode says otherwise), not whether
@@ -210,15 +221,24 @@ static void disconnect(void)
 static int run_info(unsigned mode)
 {
 	if (g.json) {
-		printf("{\"device\":\"%s\",\"bytes\":%zu,\"logical_block_size\":%u,"
-		       "\"physical_block_size\":%u,\"max_io\":%u,\"queue_depth\":%u,"
-		       "\"mode\":\"%s\",\"discard\":%s,\"write_zeroes\":%s,\"secure_erase\":%s,"
-		       "\"write_cache\":%s,\"fua\":%s}\n",
-		       g.device, info.bytes, info.logical_block_size, info.physical_block_size,
-		       info.max_io, info.queue_depth, mode_names[mode + 1],
-		       info.discard ? "true" : "false", info.write_zeroes ? "true" : "false",
-		       info.secure_erase ? "true" : "false", info.write_cache ? "true" : "false",
-		       info.fua ? "true" : "false");
+		struct json_object *o = json_object_new_object();
+		bool failed = false;
+
+		jput(o, "device", json_object_new_string(g.device), &failed);
+		jput(o, "bytes", json_object_new_uint64(info.bytes), &failed);
+		jput(o, "logical_block_size", json_object_new_uint64(info.logical_block_size),
+		     &failed);
+		jput(o, "physical_block_size", json_object_new_uint64(info.physical_block_size),
+		     &failed);
+		jput(o, "max_io", json_object_new_uint64(info.max_io), &failed);
+		jput(o, "queue_depth", json_object_new_uint64(info.queue_depth), &failed);
+		jput(o, "mode", json_object_new_string(mode_names[mode + 1]), &failed);
+		jput(o, "discard", json_object_new_boolean(info.discard), &failed);
+		jput(o, "write_zeroes", json_object_new_boolean(info.write_zeroes), &failed);
+		jput(o, "secure_erase", json_object_new_boolean(info.secure_erase), &failed);
+		jput(o, "write_cache", json_object_new_boolean(info.write_cache), &failed);
+		jput(o, "fua", json_object_new_boolean(info.fua), &failed);
+		return json_out(o, failed);
 	} else {
 		printf("%s: %zu bytes, block %u/%u, max IO %u, queue depth %u, mapped %s%s%s%s%s%s\n",
 		       g.device, info.bytes, info.logical_block_size, info.physical_block_size,
@@ -617,7 +637,7 @@ static int run_perf(void)
 	uint64_t region = g.size ? g.size : info.bytes, t0, t1, n, r, w;
 	struct timespec end;
 	double secs;
-	int rc = 0;
+	int rc = 0, out_rc = 0;
 
 	if (g.bs % info.logical_block_size || g.bs > info.max_io) { /* lbs >= 512: words */
 		fprintf(stderr, "rnbd-client: --bs %" PRIu64 " must be whole %u-byte blocks, at "
@@ -678,16 +698,27 @@ static int run_perf(void)
 	n = r + w;
 	secs = (double)(t1 - t0) / 1e9;
 	if (g.json) {
-		printf("{\"device\":\"%s\",\"rw\":\"%s\",\"bs\":%" PRIu64 ",\"iodepth\":%" PRIu64
-		       ",\"seconds\":%.3f,\"reads\":%" PRIu64 ",\"writes\":%" PRIu64
-		       ",\"iops\":%.0f,\"mb_per_sec\":%.1f,\"lat_us\":{\"p50\":%" PRIu64
-		       ",\"p99\":%" PRIu64 ",\"p999\":%" PRIu64 ",\"max\":%" PRIu64
-		       "},\"errors\":%" PRIuFAST64 ",\"bad\":%" PRIuFAST64 ",\"verify\":%s}\n",
-		       g.device, rw_names[g.rw], g.bs, g.iodepth, secs, r, w, (double)n / secs,
-		       (double)n * (double)g.bs / secs / 1e6, hist_percentile(&p.hist, 50, n),
-		       hist_percentile(&p.hist, 99, n), hist_percentile(&p.hist, 99.9, n),
-		       hist_percentile(&p.hist, 100, n), atomic_load(&p.errors),
-		       atomic_load(&p.bad), g.verify ? "true" : "false");
+		struct json_object *o = json_object_new_object(), *lat = json_object_new_object();
+		bool failed = false;
+
+		jput(o, "device", json_object_new_string(g.device), &failed);
+		jput(o, "rw", json_object_new_string(rw_names[g.rw]), &failed);
+		jput(o, "bs", json_object_new_uint64(g.bs), &failed);
+		jput(o, "iodepth", json_object_new_uint64(g.iodepth), &failed);
+		jput(o, "seconds", jfixed(secs, 3), &failed);
+		jput(o, "reads", json_object_new_uint64(r), &failed);
+		jput(o, "writes", json_object_new_uint64(w), &failed);
+		jput(o, "iops", jfixed((double)n / secs, 0), &failed);
+		jput(o, "mb_per_sec", jfixed((double)n * (double)g.bs / secs / 1e6, 1), &failed);
+		jput(lat, "p50", json_object_new_uint64(hist_percentile(&p.hist, 50, n)), &failed);
+		jput(lat, "p99", json_object_new_uint64(hist_percentile(&p.hist, 99, n)), &failed);
+		jput(lat, "p999", json_object_new_uint64(hist_percentile(&p.hist, 99.9, n)), &failed);
+		jput(lat, "max", json_object_new_uint64(hist_percentile(&p.hist, 100, n)), &failed);
+		jput(o, "lat_us", lat, &failed);
+		jput(o, "errors", json_object_new_uint64(atomic_load(&p.errors)), &failed);
+		jput(o, "bad", json_object_new_uint64(atomic_load(&p.bad)), &failed);
+		jput(o, "verify", json_object_new_boolean(g.verify), &failed);
+		out_rc = json_out(o, failed);
 	} else {
 		printf("rnbd-client perf: %s %s bs %" PRIu64 " iodepth %" PRIu64 ", %.2f s%s\n",
 		       g.device, rw_names[g.rw], g.bs, g.iodepth, secs,
@@ -711,7 +742,7 @@ static int run_perf(void)
 		free(p.slots[i].buf);
 	free(p.slots);
 	free(p.gens);
-	return atomic_load(&p.errors) || atomic_load(&p.bad) ? 1 : 0;
+	return out_rc || atomic_load(&p.errors) || atomic_load(&p.bad) ? 1 : 0;
 }
 
 int main(int argc, char **argv)
