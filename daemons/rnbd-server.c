@@ -44,6 +44,7 @@ static const char *const engine_names[] = { "auto", "io_uring", "threads", NULL 
 
 static struct {
 	const char *config, *addr, *provider, *search, *auth_keys, *auth_name, *control;
+	const char *log_level;
 	struct opt_list mem;
 	uint64_t port, queue_depth, chunk_size, threads, hb_ms;
 	unsigned engine;
@@ -82,7 +83,9 @@ static const struct opt options[] = {
 	  .help = "heartbeat period" },
 	{ "control", 0, OPT_STRING, &g.control, .arg = "PATH",
 	  .help = "Unix socket for commands (list, force-close SESSION DEVICE)" },
-	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "log errors only" },
+	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "log errors only (--log-level error)" },
+	{ "log-level", 0, OPT_STRING, &g.log_level, .arg = "LEVEL",
+	  .help = "error, warn, info or debug (default: RTRS_LOG_LEVEL, else info)" },
 	{ 0 },
 };
 
@@ -383,7 +386,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "rnbd-server: unexpected argument \"%s\" (see --help)\n", argv[pos]);
 		return 2;
 	}
-	log_level = g.quiet ? LOG_ERR : LOG_INFO;
+	/* --log-level, then --quiet, then RTRS_LOG_LEVEL, then info. */
+	log_level = opts_log_level("rnbd-server", g.log_level ? "--log-level" : "--quiet",
+				   g.log_level ? g.log_level : g.quiet ? "error" : NULL, LOG_INFO);
+	if (log_level < 0)
+		return 2;
 	rnbd_set_log_level(log_level);
 	rnbd_set_log_fn(log_line, NULL);
 	if (g.mem.n && !(mem = join_mem()))

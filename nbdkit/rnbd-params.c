@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "opts.h"
 #include "rnbd-params.h"
 #include "rnbd-proto.h"
 #include "rtrs-proto.h"
@@ -19,6 +20,7 @@ enum param_type {
 	P_AUTH_NAME, /* a DH-HMAC-CHAP name */
 	P_UINT,      /* decimal in [min, max] */
 	P_MODE,      /* rw, ro, migration */
+	P_LOG_LEVEL, /* error, warn, info, debug */
 };
 
 struct param {
@@ -54,6 +56,8 @@ static const struct param params[] = {
 	  "host name for authentication (default /etc/nvme/hostnqn)" },
 	{ "server_name", P_AUTH_NAME, F(server_name), 0, 0, "NAME",
 	  "the server's name for authentication" },
+	{ "log_level", P_LOG_LEVEL, F(log_level), 0, 0, "error|warn|info|debug",
+	  "librnbd's lines (info and debug as nbdkit debug, -v) (default: RTRS_LOG_LEVEL, else info)" },
 };
 
 static const char *const mode_names[] = { "ro", "rw", "migration" };
@@ -79,6 +83,7 @@ void rnbd_plugin_cfg_init(struct rnbd_plugin_cfg *c)
 	c->port = RNBD_DEFAULT_PORT_NR;
 	c->fast_io_fail_ms = 30000;
 	c->reconnect_delay_ms = 500;
+	c->log_level = -1;
 }
 
 /* Printable ASCII, no blank: what addresses, providers and ports are made of. */
@@ -210,6 +215,15 @@ static int set_value(struct rnbd_plugin_cfg *c, const struct param *p, const cha
 			}
 		}
 		return fail(err, errlen, "%s=%s: expected rw, ro or migration", p->key, value);
+	case P_LOG_LEVEL: {
+		int level = opts_log_level_parse(value);
+
+		if (level < 0)
+			return fail(err, errlen, "%s=%s: expected error, warn, info or debug", p->key,
+				    value);
+		*(int *)num = level;
+		return 0;
+	}
 	}
 	*str = value;
 	return 0;

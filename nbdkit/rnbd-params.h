@@ -21,6 +21,7 @@ struct rnbd_plugin_cfg {
 	unsigned npaths;
 	const char *session, *device, *provider;
 	const char *secret, *ctrl_secret, *host_name, *server_name;
+	int log_level;              /* 0..3, or -1: not given (RTRS_LOG_LEVEL, else info) */
 	unsigned mode;              /* enum rnbd_clt_mode */
 	unsigned port, io_cons, fast_io_fail_ms, reconnect_delay_ms;
 	unsigned set;               /* bit i: params[i] was given (repeats are refused) */

@@ -31,6 +31,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "opts.h"
 #include "rnbd-params.h"
 #include "rnbd.h"
 #include "util.h"
@@ -91,6 +92,19 @@ static int rnbd_config_complete(void)
 		nbdkit_error("%s", err);
 		return -1;
 	}
+	/*
+	 * log_level=, else RTRS_LOG_LEVEL, else info (info lines are nbdkit
+	 * debug lines: shown with -v).
+	 */
+	if (cfg.log_level < 0) {
+		const char *env = getenv("RTRS_LOG_LEVEL");
+
+		cfg.log_level = env ? opts_log_level_parse(env) : 2;
+		if (cfg.log_level < 0) {
+			nbdkit_error("RTRS_LOG_LEVEL=%s: expected error, warn, info or debug", env);
+			return -1;
+		}
+	}
 	return 0;
 }
 
@@ -101,7 +115,7 @@ static int session_open(struct rnbd_clt_sess **out)
 	int rc;
 
 	rnbd_set_log_fn(log_to_nbdkit, NULL);
-	rnbd_set_log_level(2); /* info lines are nbdkit debug lines: shown with -v */
+	rnbd_set_log_level(cfg.log_level);
 	rtrs_clt_opts_init(&o, sizeof(o));
 	o.sessname = cfg.session;
 	o.paths = cfg.paths;

@@ -41,7 +41,7 @@ enum { RW_RANDREAD, RW_RANDWRITE, RW_RANDRW, RW_READ, RW_WRITE };
 static struct {
 	struct opt_list servers;
 	const char *session, *device, *provider, *file;
-	const char *secret, *ctrl_secret, *host_name, *server_name;
+	const char *secret, *ctrl_secret, *host_name, *server_name, *log_level;
 	uint64_t port, cons, fast_io_fail_ms, offset, length;
 	uint64_t bs, iodepth, runtime, rwmixread, size;
 	unsigned mode, rw;
@@ -93,7 +93,10 @@ static const struct opt options[] = {
 	  .help = "host name for authentication (default: /etc/nvme/hostnqn)" },
 	{ "server-name", 0, OPT_STRING, &g.server_name, .arg = "NAME",
 	  .help = "the server's name for authentication" },
-	{ "verbose", 'v', OPT_FLAG, &g.verbose, .help = "the library's info lines too" },
+	{ "verbose", 'v', OPT_FLAG, &g.verbose,
+	  .help = "the library's info lines too (--log-level info)" },
+	{ "log-level", 0, OPT_STRING, &g.log_level, .arg = "LEVEL",
+	  .help = "error, warn, info or debug (default: RTRS_LOG_LEVEL, else warn)" },
 	{ 0 },
 };
 
@@ -133,7 +136,7 @@ static const char *default_session(void)
 }
 
 /* Opens the session and maps the device; 0, or prints why and returns 1. */
-static int connect_map(unsigned mode)
+static int connect_map(unsigned mode, int log_level)
 {
 	struct rtrs_path_addr paths[MAX_PATHS];
 	char srcs[MAX_PATHS][256];
@@ -154,7 +157,7 @@ static int connect_map(unsigned mode)
 		}
 	}
 	rnbd_set_log_fn(log_line, NULL);
-	rnbd_set_log_level(g.verbose ? 2 : 1);
+	rnbd_set_log_level(log_level);
 	rtrs_clt_opts_init(&o, sizeof(o));
 	o.sessname = g.session;
 	o.paths = paths;
@@ -750,7 +753,7 @@ int main(int argc, char **argv)
 	static const char *const cmds[] = { "info", "read", "write", "perf", NULL };
 	const char *usage = "info|read|write|perf [options]";
 	unsigned cmd = 0, mode;
-	int pos, rc;
+	int pos, rc, level;
 
 	if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
 		opts_help(options, "rnbd-client", usage);
@@ -777,7 +780,12 @@ int main(int argc, char **argv)
 	else
 		mode = cmd == 0 || cmd == 1 || (cmd == 3 && (g.rw == RW_RANDREAD || g.rw == RW_READ))
 			       ? RNBD_CLT_RO : RNBD_CLT_RW;
-	if (connect_map(mode))
+	/* --log-level, then --verbose, then RTRS_LOG_LEVEL, then warn. */
+	level = opts_log_level("rnbd-client", g.log_level ? "--log-level" : "--verbose",
+			       g.log_level ? g.log_level : g.verbose ? "info" : NULL, 1);
+	if (level < 0)
+		return 2;
+	if (connect_map(mode, level))
 		return 1;
 	switch (cmd) {
 	case 0: rc = run_info(mode); break;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -632,4 +633,44 @@ int opts_parse_file(const struct opt *t, const char *prog, const char *path)
 	if (rc)
 		fprintf(stderr, "%s: %s\n", prog, err);
 	return rc;
+}
+
+/* ---- log levels ------------------------------------------------------------------ */
+
+int opts_log_level_parse(const char *s)
+{
+	static const char *const names[] = { "error", "warn", "info", "debug" };
+
+	if (!s)
+		return -EINVAL;
+	if (s[0] >= '0' && s[0] <= '3' && !s[1])
+		return s[0] - '0';
+	if (!strcasecmp(s, "warning"))
+		return 1;
+	for (unsigned i = 0; i < ARRAY_SIZE(names); i++)
+		if (!strcasecmp(s, names[i]) || (strlen(s) == 3 && !strncasecmp(s, names[i], 3)))
+			return (int)i;
+	return -EINVAL;
+}
+
+int opts_log_level(const char *prog, const char *opt_name, const char *value, int dflt)
+{
+	const char *env = getenv("RTRS_LOG_LEVEL");
+	int level;
+
+	if (value) {
+		level = opts_log_level_parse(value);
+		if (level < 0)
+			fprintf(stderr, "%s: %s %s: expected error, warn, info or debug\n", prog,
+				opt_name, value);
+		return level;
+	}
+	if (env) {
+		level = opts_log_level_parse(env);
+		if (level < 0)
+			fprintf(stderr, "%s: RTRS_LOG_LEVEL=%s: expected error, warn, info or debug\n",
+				prog, env);
+		return level;
+	}
+	return dflt;
 }

@@ -82,4 +82,19 @@ int opts_parse_file(const struct opt *table, const char *prog, const char *path)
 int opts_parse_text(const struct opt *table, const char *name, char *text, size_t len,
 		    char *err, size_t errlen);
 
+/*
+ * Log levels by name, as RTRS_LOG_LEVEL takes them: error, warn, info,
+ * debug (any case), their first three letters, "warning", or 0..3.
+ * Returns the level (0 error .. 3 debug) or -EINVAL.
+ */
+int opts_log_level_parse(const char *s);
+
+/*
+ * The level a program logs at. A level given as an option (value, from
+ * option opt_name; NULL when not given) wins; else RTRS_LOG_LEVEL from the
+ * environment; else dflt. Returns the level, or -EINVAL after printing
+ * "prog: --log-level X: ..." or "prog: RTRS_LOG_LEVEL=X: ...".
+ */
+int opts_log_level(const char *prog, const char *opt_name, const char *value, int dflt);
+
 #endif

@@ -10,7 +10,8 @@
 #     background process;
 #   - when the device's info cannot be had after the map (a fault knob), the
 #     connection is refused and the mapping given back: the server lists
-#     nothing open.
+#     nothing open;
+#   - RTRS_LOG_LEVEL sets librnbd's level unless log_level= says otherwise.
 # Usage: nbdkit-plugin.sh BUILD_DIR. Exits 77 when a tool is missing.
 set -euo pipefail
 build=$(cd "${1:?usage: nbdkit-plugin.sh BUILD_DIR}" && pwd)
@@ -23,7 +24,9 @@ done
 . "$(dirname "$0")/../lib/common.sh"
 dir=$(mktemp -d /var/tmp/rnbd-nbdkit.XXXXXX)
 cleanup() {
-	for f in "$dir"/*.pid; do [ -e "$f" ] && kill "$(cat "$f")" 2>/dev/null; done
+	for f in "$dir"/*.pid; do
+		if [ -e "$f" ]; then kill "$(cat "$f")" 2>/dev/null || true; fi
+	done
 	kill_pids
 	rm -rf "$dir"
 }
@@ -70,6 +73,7 @@ bad=(
 	"unknown parameter colour|colour=red"
 	"at most 8 paths|server=h1|server=h2|server=h3|server=h4|server=h5|server=h6|server=h7|server=h8|server=h9"
 	"provider= needs a value|provider="
+	"log_level=loud: expected error, warn, info or debug|log_level=loud"
 )
 i=0
 for b in "${bad[@]}"; do
@@ -104,5 +108,23 @@ check "device info failing: the connection is refused" \
 	bash -c "! nbdinfo --size 'nbd+unix:///disk.img?socket=$dir/fault.sock' 2>/dev/null"
 check "... with the reason in nbdkit's log" grep -q "mapping disk.img: device info: " "$dir/fault.log"
 check "... and the server has nothing open for it" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+
+# Log level: RTRS_LOG_LEVEL, unless log_level= says otherwise (nbdkit -v
+# shows librnbd's info and debug lines as its debug lines).
+runs() { # LOG LEVEL ARGS...: nbdkit -v with RTRS_LOG_LEVEL=LEVEL (- unset) runs and stops
+	local log=$1 level=$2 envs=(-u RTRS_LOG_LEVEL)
+	shift 2
+	[ "$level" = - ] || envs=("RTRS_LOG_LEVEL=$level")
+	env "${envs[@]}" nbdkit -v -U - "$plugin" server="127.0.0.1:$port" "$@" \
+		--run true >"$log" 2>&1 || { tail -5 "$log"; return 1; }
+}
+check "default: runs" runs "$dir/log-default.log" -
+check "... with librnbd's info lines" grep -q 'rtrs info: ' "$dir/log-default.log"
+check "RTRS_LOG_LEVEL=error: runs" runs "$dir/log-error.log" error
+check "... without info lines" bash -c "! grep -q 'rtrs info: ' '$dir/log-error.log'"
+check "RTRS_LOG_LEVEL=error, log_level=debug: runs" runs "$dir/log-debug.log" error log_level=debug
+check "... with debug lines" grep -q 'rtrs debug: ' "$dir/log-debug.log"
+RTRS_LOG_LEVEL=loud check "a bad RTRS_LOG_LEVEL: nbdkit exits 1 saying so" \
+	fails badenv "RTRS_LOG_LEVEL=loud: expected error, warn, info or debug" server="127.0.0.1:$port"
 
 finish nbdkit-plugin

@@ -17,7 +17,9 @@
 #   sessions two runs at once with the default session name both work; two
 #            with one --session: the second is told the name is in use;
 #   info     says how it mapped the device (ro), not that the device is
-#            read-only; errors do not repeat the program's name.
+#            read-only; errors do not repeat the program's name;
+#   logging  RTRS_LOG_LEVEL=info shows librnbd's info lines, unless
+#            --log-level says otherwise.
 # Usage: rnbd-client.sh BUILD_DIR.
 set -euo pipefail
 build=$(cd "${1:?usage: rnbd-client.sh BUILD_DIR}" && pwd)
@@ -174,5 +176,20 @@ check "errors do not repeat the program's name" \
 check "... not with the default session either" \
 	bash -c "grep -q 'rnbd-client: session rnbd-client-.*: device nothing-here (ro): No such file' '$dir/err8' &&
 		! grep -q 'rnbd-client: rnbd-client' '$dir/err8'"
+
+# ---- log level ------------------------------------------------------------------
+
+RTRS_LOG_LEVEL=info c info --device disk.img >/dev/null 2>"$dir/log-info.err" || true
+check "RTRS_LOG_LEVEL=info: librnbd's info lines" grep -q 'rtrs info: .*mapped disk.img' "$dir/log-info.err"
+RTRS_LOG_LEVEL=info c info --device disk.img --log-level warn >/dev/null 2>"$dir/log-warn.err" || true
+check "--log-level warn wins over it" bash -c "! grep -q 'rtrs info' '$dir/log-warn.err'"
+c info --device disk.img >/dev/null 2>"$dir/log-default.err" || true
+check "neither: warnings only (the default)" bash -c "! grep -q 'rtrs info' '$dir/log-default.err'"
+set +e
+RTRS_LOG_LEVEL=chatty c info --device disk.img >/dev/null 2>"$dir/log-bad.err"
+rc9=$?
+set -e
+check "a bad RTRS_LOG_LEVEL: exit 2, said" \
+	bash -c "[ $rc9 = 2 ] && grep -q 'RTRS_LOG_LEVEL=chatty: expected error, warn, info or debug' '$dir/log-bad.err'"
 
 finish rnbd-client

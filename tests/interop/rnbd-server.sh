@@ -13,6 +13,9 @@
 #            server (SIGPIPE); malformed requests get their reason.
 #   SIGHUP   checks the key file and logs the outcome, good or bad; the
 #            server keeps serving.
+#   log level RTRS_LOG_LEVEL is honoured (error: no info lines; debug:
+#            debug lines) unless --log-level or --quiet says otherwise; a
+#            bad value stops the server.
 # Usage: rnbd-server.sh BUILD_DIR.
 set -euo pipefail
 build=$(cd "${1:?usage: rnbd-server.sh BUILD_DIR}" && pwd)
@@ -180,5 +183,28 @@ check "... and the good key authenticates again" auth hup2
 stop_server TERM
 check "SIGTERM after SIGHUP: exit 0, socket gone" \
 	bash -c "[ $stopped -eq 0 ] && [ ! -e '$dir/ctl' ]"
+
+# ---- log level: RTRS_LOG_LEVEL, unless an option says otherwise -------------------
+
+# levels NAME ENV ARGS...: a server started with RTRS_LOG_LEVEL=ENV and ARGS,
+# stopped at once; its log in $dir/NAME.log.
+levels() {
+	local name=$1 env=$2
+	shift 2
+	rnbd_server_start "$dir/$name.log" env "RTRS_LOG_LEVEL=$env" -- --port 0 "$@" || return 1
+	stop_server
+}
+levels env-error error
+check "RTRS_LOG_LEVEL=error: no info lines" bash -c "! grep -q ' info: ' '$dir/env-error.log'"
+levels env-debug debug
+check "RTRS_LOG_LEVEL=debug: debug lines" grep -q 'rtrs debug: ' "$dir/env-debug.log"
+levels cli-info error --log-level info
+check "--log-level info wins over RTRS_LOG_LEVEL=error" grep -q 'rtrs info: ' "$dir/cli-info.log"
+levels cli-quiet debug --quiet
+check "--quiet wins over RTRS_LOG_LEVEL=debug" bash -c "! grep -Eq ' (info|debug): ' '$dir/cli-quiet.log'"
+RTRS_LOG_LEVEL=loud check "a bad RTRS_LOG_LEVEL: refused" \
+	refused env-bad 2 "RTRS_LOG_LEVEL=loud: expected error, warn, info or debug" --port 0
+check "a bad --log-level: refused" \
+	refused cli-bad 2 "--log-level 7: expected error, warn, info or debug" --port 0 --log-level 7
 
 finish rnbd-server
