@@ -66,7 +66,7 @@ check "a missing config file: refused" \
 check "an unknown option on the command line: refused" refused unknown 2 "--bogus" --bogus
 
 # The file says quiet; --no-quiet on the command line wins.
-printf 'port 0\nquiet\n' >"$dir/quiet.conf"
+printf 'port 0\nquiet\nmem-device m:1M\n' >"$dir/quiet.conf"
 rnbd_server_start "$dir/quiet.log" -- --conf "$dir/quiet.conf" || exit 1
 stop_server
 check "quiet from the file: no info lines" bash -c "! grep -q 'info' '$dir/quiet.log'"
@@ -101,7 +101,7 @@ check "--control at a regular file: refused" \
 	--port 0 --control "$dir/image.raw"
 check "... and the file is intact" cmp -s "$dir/image.raw" "$dir/image.orig"
 
-rnbd_server_start "$dir/a.log" -- --port 0 --control "$dir/ctl" || exit 1
+rnbd_server_start "$dir/a.log" -- --port 0 --mem-device m:1M --control "$dir/ctl" || exit 1
 check "--control at a live server's socket: refused" \
 	refused live 1 "--control $dir/ctl: another server answers on this socket" \
 	--port 0 --control "$dir/ctl"
@@ -140,10 +140,10 @@ check "SIGTERM: exit 0" test "$stopped" -eq 0
 check "SIGTERM: the socket is gone" test ! -e "$dir/ctl"
 
 # A server killed with SIGKILL leaves its socket; the next one replaces it.
-rnbd_server_start "$dir/b.log" -- --port 0 --control "$dir/ctl" || exit 1
+rnbd_server_start "$dir/b.log" -- --port 0 --mem-device m:1M --control "$dir/ctl" || exit 1
 stop_server KILL
 check "SIGKILL leaves the socket" test -S "$dir/ctl"
-rnbd_server_start "$dir/c.log" -- --port 0 --control "$dir/ctl" || exit 1
+rnbd_server_start "$dir/c.log" -- --port 0 --mem-device m:1M --control "$dir/ctl" || exit 1
 check "a stale socket is replaced" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
 stop_server INT
 check "SIGINT: exit 0" test "$stopped" -eq 0
@@ -191,7 +191,8 @@ check "SIGTERM after SIGHUP: exit 0, socket gone" \
 levels() {
 	local name=$1 env=$2
 	shift 2
-	rnbd_server_start "$dir/$name.log" env "RTRS_LOG_LEVEL=$env" -- --port 0 "$@" || return 1
+	rnbd_server_start "$dir/$name.log" env "RTRS_LOG_LEVEL=$env" -- --port 0 --mem-device m:1M \
+		"$@" || return 1
 	stop_server
 }
 levels env-error error

@@ -1667,6 +1667,46 @@ static void test_opts_negation(void)
 	CHECK(strstr(buf, "Config file") == NULL, "no config option, no config help");
 }
 
+/* Log levels by name, and which source wins: the option, RTRS_LOG_LEVEL, the default. */
+static void test_opts_log_level(void)
+{
+	static const struct {
+		const char *s;
+		int level;
+	} names[] = {
+		{ "error", 0 }, { "ERR", 0 }, { "warn", 1 }, { "Warning", 1 }, { "war", 1 },
+		{ "info", 2 }, { "inf", 2 }, { "debug", 3 }, { "DEB", 3 }, { "0", 0 }, { "3", 3 },
+		{ "", -EINVAL }, { "4", -EINVAL }, { "errors", -EINVAL }, { "verbose", -EINVAL },
+		{ "in", -EINVAL }, { "03", -EINVAL }, { " info", -EINVAL },
+	};
+	const char *saved = getenv("RTRS_LOG_LEVEL");
+	char *keep = saved ? strdup(saved) : NULL;
+	int err;
+
+	for (unsigned i = 0; i < ARRAY_SIZE(names); i++)
+		CHECK(opts_log_level_parse(names[i].s) == names[i].level, "\"%s\" -> %d, want %d",
+		      names[i].s, opts_log_level_parse(names[i].s), names[i].level);
+	CHECK_EQ(opts_log_level_parse(NULL), -EINVAL);
+
+	unsetenv("RTRS_LOG_LEVEL");
+	CHECK_EQ(opts_log_level("prog", "--log-level", NULL, 1), 1);
+	CHECK_EQ(opts_log_level("prog", "--log-level", "debug", 1), 3);
+	setenv("RTRS_LOG_LEVEL", "error", 1);
+	CHECK_EQ(opts_log_level("prog", "--log-level", NULL, 2), 0);
+	CHECK_EQ(opts_log_level("prog", "--log-level", "info", 0), 2);
+	setenv("RTRS_LOG_LEVEL", "loud", 1);
+	err = quiet_begin(2);
+	CHECK_EQ(opts_log_level("prog", "--log-level", NULL, 2), -EINVAL);
+	CHECK_EQ(opts_log_level("prog", "--log-level", "7", 2), -EINVAL);
+	quiet_end(2, err);
+	CHECK_EQ(opts_log_level("prog", "--log-level", "warn", 2), 1); /* the option wins */
+	if (keep)
+		setenv("RTRS_LOG_LEVEL", keep, 1);
+	else
+		unsetenv("RTRS_LOG_LEVEL");
+	free(keep);
+}
+
 int main(void)
 {
 	test_bits();
@@ -1682,6 +1722,7 @@ int main(void)
 	test_opts_file();
 	test_opts_config();
 	test_opts_negation();
+	test_opts_log_level();
 	test_loop_work();
 	test_loop_fd();
 	test_loop_del_in_handler();
