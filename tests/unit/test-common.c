@@ -78,6 +78,56 @@ static void quiet_end(int fd, int saved)
 	close(saved);
 }
 
+/* What is written to fd (1 or 2) between capture_begin and capture_end. */
+struct capture {
+	FILE *f;
+	int fd, saved;
+};
+
+static void capture_begin(struct capture *c, int fd)
+{
+	c->f = tmpfile();
+	if (!c->f) {
+		perror("tmpfile");
+		exit(1);
+	}
+	fflush(stdout);
+	fflush(stderr);
+	c->fd = fd;
+	c->saved = dup(fd);
+	dup2(fileno(c->f), fd);
+}
+
+/* The text into buf (len bytes, terminated). */
+static void capture_end(struct capture *c, char *buf, size_t len)
+{
+	size_t n;
+
+	fflush(stdout);
+	fflush(stderr);
+	dup2(c->saved, c->fd);
+	close(c->saved);
+	rewind(c->f);
+	n = fread(buf, 1, len - 1, c->f);
+	buf[n] = '\0';
+	fclose(c->f);
+}
+
+/* The --help text of table t into buf; opts_parse's return code. */
+static int help_text(const struct opt *t, const char *usage, char *buf, size_t len)
+{
+	char *argv[] = { (char *)"prog", (char *)"--help", NULL };
+	struct capture c;
+	int fp = -1, rc, err;
+
+	capture_begin(&c, 1);
+	err = quiet_begin(2);
+	rc = opts_parse(t, "prog", usage, 2, argv, &fp);
+	quiet_end(2, err);
+	capture_end(&c, buf, len);
+	return rc;
+}
+
 /* ---- util.h: bit helpers and wire integers ------------------------------ */
 
 static void test_bits(void)
@@ -598,32 +648,13 @@ static void test_opts_help(void)
 {
 	struct opt t[NOPTS];
 	struct opt_vals v = { 0 };
-	char *argv[] = { (char *)"prog", (char *)"--help", NULL };
 	char buf[4096];
-	FILE *f = tmpfile();
-	int saved, err, fp = -1, rc;
-	size_t n;
+	int rc;
 
-	if (!f) {
-		CHECK(f != NULL, "tmpfile: %s", strerror(errno));
-		return;
-	}
 	table_init(t, &v);
 	vals_reset(&v);
 	v.name = "dflt";
-	fflush(stdout);
-	saved = dup(1);
-	dup2(fileno(f), 1);
-	err = quiet_begin(2);
-	rc = opts_parse(t, "prog", "[options] FILE", 2, argv, &fp);
-	quiet_end(2, err);
-	fflush(stdout);
-	dup2(saved, 1);
-	close(saved);
-	rewind(f);
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	buf[n] = '\0';
-	fclose(f);
+	rc = help_text(t, "[options] FILE", buf, sizeof(buf));
 
 	CHECK_EQ(rc, 1);
 	CHECK(strstr(buf, "Usage: prog [options] FILE") != NULL, "help:\n%s", buf);
@@ -1362,24 +1393,13 @@ static void write_conf(char *path, const char *text, size_t len)
 static int parse_conf_len(const struct opt *t, const char *text, size_t len, char *path,
 			  char *msg, size_t msglen)
 {
-	FILE *f = tmpfile();
-	int saved, rc;
-	size_t n;
+	struct capture c;
+	int rc;
 
-	if (!f)
-		abort();
 	write_conf(path, text, len);
-	fflush(stderr);
-	saved = dup(2);
-	dup2(fileno(f), 2);
+	capture_begin(&c, 2);
 	rc = opts_parse_file(t, "prog", path);
-	fflush(stderr);
-	dup2(saved, 2);
-	close(saved);
-	rewind(f);
-	n = fread(msg, 1, msglen - 1, f);
-	msg[n] = '\0';
-	fclose(f);
+	capture_end(&c, msg, msglen);
 	unlink(path);
 	return rc;
 }
@@ -1502,22 +1522,12 @@ static void test_opts_file(void)
 	rc = parse_conf(t, "", path, msg, sizeof(msg));
 	CHECK_EQ(rc, 0);
 	{
-		FILE *f = tmpfile();
-		int saved;
-		size_t n;
+		struct capture c;
 
-		fflush(stderr);
-		saved = dup(2);
-		dup2(fileno(f), 2);
+		capture_begin(&c, 2);
 		CHECK_EQ(opts_parse_file(t, "prog", "/nonexistent/rtrs.conf"), -ENOENT);
 		CHECK_EQ(opts_parse_file(t, "prog", "/tmp"), -EISDIR);
-		fflush(stderr);
-		dup2(saved, 2);
-		close(saved);
-		rewind(f);
-		n = fread(msg, 1, sizeof(msg) - 1, f);
-		msg[n] = '\0';
-		fclose(f);
+		capture_end(&c, msg, sizeof(msg));
 		CHECK(strstr(msg, "prog: config file /nonexistent/rtrs.conf: No such file") != NULL,
 		      "%s", msg);
 		CHECK(strstr(msg, "prog: config file /tmp: is a directory") != NULL, "%s", msg);
@@ -1627,12 +1637,9 @@ static void test_opts_negation(void)
 		{ .name = "no-color", .type = OPT_FLAG, .ptr = &v.quiet, .help = "plain" },
 		{ 0 },
 	};
-	char *argv[] = { (char *)"prog", (char *)"--help", NULL };
 	char buf[2048];
 	struct argv_store st;
-	FILE *f = tmpfile();
-	int saved, err, fp = -1, rc;
-	size_t n;
+	int fp = -1, rc;
 
 	rc = parse_args(t, &st, &fp, ARGS("--no-invalidate", "--no-color", "-v", "--no-verb"));
 	CHECK_EQ(rc, 0);
@@ -1646,19 +1653,7 @@ static void test_opts_negation(void)
 	rc = parse_args(t, &st, &fp, ARGS("--no"));
 	CHECK_EQ(rc, -EINVAL);
 
-	fflush(stdout);
-	saved = dup(1);
-	dup2(fileno(f), 1);
-	err = quiet_begin(2);
-	rc = opts_parse(t, "prog", "", 2, argv, &fp);
-	quiet_end(2, err);
-	fflush(stdout);
-	dup2(saved, 1);
-	close(saved);
-	rewind(f);
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	buf[n] = '\0';
-	fclose(f);
+	rc = help_text(t, "", buf, sizeof(buf));
 	CHECK_EQ(rc, 1);
 	CHECK(strstr(buf, "-v, --[no-]verbose") != NULL, "%s", buf);
 	CHECK(strstr(buf, "--[no-]invalidate") && strstr(buf, "revoke keys (default on)"), "%s",
