@@ -22,6 +22,7 @@ for t in nbdkit nbdinfo python3; do
 done
 
 . "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/nbdkit-sanitizer.sh" # skips a sanitizer build
 dir=$(mktemp -d /var/tmp/rnbd-nbdkit.XXXXXX)
 cleanup() {
 	for f in "$dir"/*.pid; do
