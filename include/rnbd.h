@@ -71,6 +71,13 @@ int rnbd_srv_port(struct rnbd_srv *srv, unsigned timeout_ms);
  */
 int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char *dev_name);
 /*
+ * Reads the authentication key file again and checks every line (SIGHUP):
+ * 0, or the error, which librtrs logs with file and line. It never blocks
+ * for longer than librtrs waits for the file (1 s). -ENOENT without a key
+ * file.
+ */
+int rnbd_srv_check_keys(struct rnbd_srv *srv);
+/*
  * Stops serving: every IO in flight is answered first (so this waits for a
  * backing file that hangs), and every device is released.
  */

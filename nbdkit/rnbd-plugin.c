@@ -11,11 +11,15 @@
  * so writes, flushes and reads agree across them (multi-conn). More
  * server= keys add paths to the session.
  *
- * Other keys: port (1234), provider (tcp), mode (rw | ro | migration),
- * io_connections, fast_io_fail_ms (how long IO waits for a path),
- * reconnect_delay_ms, secret, ctrl_secret, host_name, server_name
- * (DH-HMAC-CHAP, see rtrs.h; secrets as "@FILE" keep them off the command
- * line).
+ * Other keys (rnbd-params.c, which checks each): port (1234), provider
+ * (tcp), mode (rw | ro | migration), io_connections, fast_io_fail_ms (how
+ * long IO waits for a path), reconnect_delay_ms, secret, ctrl_secret,
+ * host_name, server_name (DH-HMAC-CHAP, see rtrs.h; secrets as "@FILE"
+ * keep them off the command line).
+ *
+ * Before nbdkit forks into the background (get_ready) the plugin connects
+ * once and maps device= read-only, so a wrong server, key or device makes
+ * nbdkit exit non-zero with the reason instead of dying unseen.
  */
 #define NBDKIT_API_VERSION 2
 #include <nbdkit-plugin.h>
@@ -25,22 +29,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "opts.h"
+#include "rnbd-params.h"
 #include "rnbd.h"
+#include "util.h"
 
 #define THREAD_MODEL NBDKIT_THREAD_MODEL_PARALLEL
-#define MAX_PATHS 8
 
-static struct rtrs_path_addr paths[MAX_PATHS];
-static unsigned npaths;
-static const char *session = "nbdkit-rnbd";
-static const char *device;
-static const char *provider = "tcp";
-static enum rnbd_clt_mode mode = RNBD_CLT_RW;
-static unsigned port = RNBD_DEFAULT_PORT_NR, io_cons, fast_io_fail_ms = 30000;
-static unsigned reconnect_delay_ms = 500;
-static const char *secret, *ctrl_secret, *host_name, *server_name;
-
+static struct rnbd_plugin_cfg cfg;
 static struct rnbd_clt_sess *sess;
 
 /* A mapped device and the connections using it. */
@@ -69,78 +67,18 @@ static void log_to_nbdkit(void *priv, int level, const char *line)
 		nbdkit_debug("%s", line);
 }
 
-static int parse_uint(const char *key, const char *value, unsigned *out)
+static void rnbd_load(void)
 {
-	char *end;
-	unsigned long v;
-
-	errno = 0;
-	v = strtoul(value, &end, 10);
-	if (errno || !*value || *end || v > 0xffffffffUL) {
-		nbdkit_error("%s=%s: expected a number", key, value);
-		return -1;
-	}
-	*out = (unsigned)v;
-	return 0;
+	rnbd_plugin_cfg_init(&cfg);
 }
 
+/* Every key through the table in rnbd-params.c, which names the key in its errors. */
 static int rnbd_config(const char *key, const char *value)
 {
-	if (!strcmp(key, "server")) {
-		if (npaths == MAX_PATHS) {
-			nbdkit_error("at most %d server= paths", MAX_PATHS);
-			return -1;
-		}
-		/* [SRC@]HOST[:PORT]: a source address picks the link. */
-		const char *at = strchr(value, '@');
+	char err[512];
 
-		if (at) {
-			char *src = strndup(value, (size_t)(at - value));
-
-			if (!src) {
-				nbdkit_error("out of memory");
-				return -1;
-			}
-			paths[npaths].src = src;
-			value = at + 1;
-		}
-		paths[npaths++].dst = value;
-	} else if (!strcmp(key, "session")) {
-		session = value;
-	} else if (!strcmp(key, "device")) {
-		device = value;
-	} else if (!strcmp(key, "provider")) {
-		provider = value;
-	} else if (!strcmp(key, "mode")) {
-		if (!strcmp(value, "rw"))
-			mode = RNBD_CLT_RW;
-		else if (!strcmp(value, "ro"))
-			mode = RNBD_CLT_RO;
-		else if (!strcmp(value, "migration"))
-			mode = RNBD_CLT_MIGRATION;
-		else {
-			nbdkit_error("mode=%s: expected rw, ro or migration", value);
-			return -1;
-		}
-	} else if (!strcmp(key, "port")) {
-		if (parse_uint(key, value, &port) || port > 65535)
-			return -1;
-	} else if (!strcmp(key, "io_connections")) {
-		return parse_uint(key, value, &io_cons);
-	} else if (!strcmp(key, "fast_io_fail_ms")) {
-		return parse_uint(key, value, &fast_io_fail_ms);
-	} else if (!strcmp(key, "reconnect_delay_ms")) {
-		return parse_uint(key, value, &reconnect_delay_ms);
-	} else if (!strcmp(key, "secret")) {
-		secret = value;
-	} else if (!strcmp(key, "ctrl_secret")) {
-		ctrl_secret = value;
-	} else if (!strcmp(key, "host_name")) {
-		host_name = value;
-	} else if (!strcmp(key, "server_name")) {
-		server_name = value;
-	} else {
-		nbdkit_error("unknown parameter %s", key);
+	if (rnbd_plugin_cfg_set(&cfg, key, value, err, sizeof(err))) {
+		nbdkit_error("%s", err);
 		return -1;
 	}
 	return 0;
@@ -148,41 +86,105 @@ static int rnbd_config(const char *key, const char *value)
 
 static int rnbd_config_complete(void)
 {
-	if (!npaths) {
-		nbdkit_error("server=HOST[:PORT] is required");
+	char err[256];
+
+	if (rnbd_plugin_cfg_complete(&cfg, err, sizeof(err))) {
+		nbdkit_error("%s", err);
 		return -1;
+	}
+	/*
+	 * log_level=, else RTRS_LOG_LEVEL, else info (info lines are nbdkit
+	 * debug lines: shown with -v).
+	 */
+	if (cfg.log_level < 0) {
+		const char *env = getenv("RTRS_LOG_LEVEL");
+
+		cfg.log_level = env ? opts_log_level_parse(env) : 2;
+		if (cfg.log_level < 0) {
+			nbdkit_error("RTRS_LOG_LEVEL=%s: expected error, warn, info or debug", env);
+			return -1;
+		}
 	}
 	return 0;
 }
 
-/* After nbdkit forked into the background: the session's threads live here. */
-static int rnbd_after_fork(void)
+/* The session of cfg; 0, or nbdkit_error said why. */
+static int session_open(struct rnbd_clt_sess **out)
 {
 	struct rtrs_clt_opts o;
 	int rc;
 
 	rnbd_set_log_fn(log_to_nbdkit, NULL);
-	rnbd_set_log_level(2); /* info lines are nbdkit debug lines: shown with -v */
+	rnbd_set_log_level(cfg.log_level);
 	rtrs_clt_opts_init(&o, sizeof(o));
-	o.sessname = session;
-	o.paths = paths;
-	o.paths_num = npaths;
-	o.port = (uint16_t)port;
-	o.provider = provider;
-	o.nr_io_cons = io_cons;
-	o.fast_io_fail_ms = fast_io_fail_ms;
-	o.reconnect_delay_ms = reconnect_delay_ms;
-	o.reconnect_jitter_ms = reconnect_delay_ms / 2;
-	o.auth_secret = secret;
-	o.auth_ctrl_secret = ctrl_secret;
-	o.auth_host_name = host_name;
-	o.auth_server_name = server_name;
-	rc = rnbd_clt_sess_open(&o, &sess);
-	if (rc) {
-		nbdkit_error("session %s to %s: %s", session, paths[0].dst, strerror(-rc));
+	o.sessname = cfg.session;
+	o.paths = cfg.paths;
+	o.paths_num = cfg.npaths;
+	o.port = (uint16_t)cfg.port;
+	o.provider = cfg.provider;
+	o.nr_io_cons = cfg.io_cons;
+	o.fast_io_fail_ms = cfg.fast_io_fail_ms;
+	o.reconnect_delay_ms = cfg.reconnect_delay_ms;
+	o.reconnect_jitter_ms = cfg.reconnect_delay_ms / 2;
+	o.auth_secret = cfg.secret;
+	o.auth_ctrl_secret = cfg.ctrl_secret;
+	o.auth_host_name = cfg.host_name;
+	o.auth_server_name = cfg.server_name;
+	rc = rnbd_clt_sess_open(&o, out);
+	if (rc == -EPERM)
+		nbdkit_error("session %s to %s: the server has a session of this name open "
+			     "(another client uses it; choose another session=)", cfg.session,
+			     cfg.paths[0].dst);
+	else if (rc)
+		nbdkit_error("session %s to %s: %s", cfg.session, cfg.paths[0].dst, strerror(-rc));
+	return rc;
+}
+
+/*
+ * Before nbdkit forks into the background, while its errors still reach
+ * the user and make it exit non-zero: connect (and authenticate) once, and
+ * map the default device read-only, so a wrong server, key or device stops
+ * nbdkit here instead of in a background process nobody watches. The
+ * session is closed again (its threads end: nbdkit forks after this) and
+ * opened for good in after_fork.
+ */
+static int rnbd_get_ready(void)
+{
+	struct rnbd_clt_sess *s;
+	struct rnbd_clt_dev *d;
+	int rc;
+
+	if (session_open(&s))
 		return -1;
+	if (cfg.device) {
+		rc = rnbd_clt_map(s, cfg.device, RNBD_CLT_RO, &d);
+		if (rc) {
+			nbdkit_error("device=%s: %s", cfg.device, strerror(-rc));
+			rnbd_clt_sess_close(s);
+			return -1;
+		}
+		rnbd_clt_unmap(d, true);
 	}
+	rnbd_clt_sess_close(s);
 	return 0;
+}
+
+/*
+ * After nbdkit forked into the background: the session's threads live
+ * here. The check session of get_ready had the same name and may still be
+ * closing on the server (-EPERM meanwhile): retry for a few seconds.
+ */
+static int rnbd_after_fork(void)
+{
+	uint64_t end = now_ms() + 5000;
+
+	for (;;) {
+		int rc = session_open(&sess);
+
+		if (rc != -EPERM || now_ms() > end)
+			return rc ? -1 : 0;
+		usleep(50000);
+	}
 }
 
 static void rnbd_cleanup(void)
@@ -191,32 +193,39 @@ static void rnbd_cleanup(void)
 	sess = NULL;
 }
 
-static void rnbd_unload(void)
-{
-	for (unsigned i = 0; i < npaths; i++)
-		free((char *)paths[i].src);
-}
-
 static const char *rnbd_default_export(int readonly, int is_tls)
 {
-	return device ? device : "";
+	return cfg.device ? cfg.device : "";
 }
 
 static int rnbd_list_exports(int readonly, int is_tls, struct nbdkit_exports *exps)
 {
-	return device ? nbdkit_add_export(exps, device, NULL) : 0;
+	return cfg.device ? nbdkit_add_export(exps, cfg.device, NULL) : 0;
+}
+
+/*
+ * rnbd_clt_dev_info, or a failure when RNBD_PLUGIN_FAULT_DEV_INFO is set
+ * (tests: the error path after a successful map must unmap).
+ */
+static int dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
+{
+	if (getenv("RNBD_PLUGIN_FAULT_DEV_INFO")) {
+		nbdkit_debug("fault injection: device info fails");
+		return -EIO;
+	}
+	return rnbd_clt_dev_info(d, in);
 }
 
 static void *rnbd_open(int readonly)
 {
 	const char *name = nbdkit_export_name();
-	enum rnbd_clt_mode want = readonly ? RNBD_CLT_RO : mode;
+	enum rnbd_clt_mode want = readonly ? RNBD_CLT_RO : (enum rnbd_clt_mode)cfg.mode;
 	struct handle *h;
 	struct export *e;
 	int rc;
 
 	if (!name || !*name)
-		name = device;
+		name = cfg.device;
 	if (!name) {
 		nbdkit_error("no export name and no device= default");
 		return NULL;
@@ -248,12 +257,23 @@ static void *rnbd_open(int readonly)
 			return NULL;
 		}
 		rc = rnbd_clt_map(sess, name, want, &e->dev);
-		e->info.size = sizeof(e->info);
-		if (!rc)
-			rc = rnbd_clt_dev_info(e->dev, &e->info);
 		if (rc) {
 			pthread_mutex_unlock(&exports_lock);
 			nbdkit_error("mapping %s: %s", name, strerror(-rc));
+			free(e->name);
+			free(e);
+			free(h);
+			return NULL;
+		}
+		e->info.size = sizeof(e->info);
+		rc = dev_info(e->dev, &e->info);
+		if (rc) {
+			/* Mapped, but unusable without its limits: give it back. */
+			int urc = rnbd_clt_unmap(e->dev, true);
+
+			pthread_mutex_unlock(&exports_lock);
+			nbdkit_error("mapping %s: device info: %s%s%s", name, strerror(-rc),
+				     urc ? "; unmapping it: " : "", urc ? strerror(-urc) : "");
 			free(e->name);
 			free(e);
 			free(h);
@@ -409,13 +429,11 @@ static struct nbdkit_plugin plugin = {
 	.longname = "RNBD devices over RTRS (librnbd)",
 	.version = "0.1",
 	.description = "Serves remote RNBD devices as NBD exports; the export name is the device.",
-	.unload = rnbd_unload,
+	.load = rnbd_load,
 	.config = rnbd_config,
 	.config_complete = rnbd_config_complete,
-	.config_help = "server=[SRC@]HOST[:PORT] (repeat for paths), session=NAME, device=NAME, "
-		       "port, provider, mode=rw|ro|migration, io_connections, fast_io_fail_ms, "
-		       "reconnect_delay_ms, secret, ctrl_secret, host_name, server_name",
 	.magic_config_key = "server",
+	.get_ready = rnbd_get_ready,
 	.after_fork = rnbd_after_fork,
 	.cleanup = rnbd_cleanup,
 	.default_export = rnbd_default_export,
@@ -438,6 +456,12 @@ static struct nbdkit_plugin plugin = {
 	.zero = rnbd_zero,
 	.errno_is_preserved = 0,
 };
+
+/* The help text comes from the parameter table; set when the plugin is loaded. */
+__attribute__((constructor)) static void set_config_help(void)
+{
+	plugin.config_help = rnbd_plugin_cfg_help();
+}
 
 /* Declared first: NBDKIT_REGISTER_PLUGIN defines it without a prototype. */
 struct nbdkit_plugin *plugin_init(void);

@@ -9,6 +9,7 @@ packages=(
 	iperf3
 	libssl-dev nvme-cli
 	liburing-dev
+	libjson-c-dev
 	nbdkit nbdkit-plugin-dev libnbd-bin fio qemu-utils fuse3 e2fsprogs
 )
 

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "hist.h"
+#include "jsonout.h"
 #include "opts.h"
 #include "rnbd.h"
 #include "util.h"
@@ -40,13 +41,13 @@ enum { RW_RANDREAD, RW_RANDWRITE, RW_RANDRW, RW_READ, RW_WRITE };
 static struct {
 	struct opt_list servers;
 	const char *session, *device, *provider, *file;
-	const char *secret, *ctrl_secret, *host_name, *server_name;
+	const char *secret, *ctrl_secret, *host_name, *server_name, *log_level;
 	uint64_t port, cons, fast_io_fail_ms, offset, length;
 	uint64_t bs, iodepth, runtime, rwmixread, size;
 	unsigned mode, rw;
 	bool verify, json, verbose;
 } g = {
-	.session = "rnbd-client", .provider = "tcp", .port = 1234, .fast_io_fail_ms = 30000,
+	.provider = "tcp", .port = 1234, .fast_io_fail_ms = 30000,
 	.bs = 4096, .iodepth = 32, .runtime = 10, .rwmixread = 50, .rw = RW_RANDRW,
 };
 
@@ -55,7 +56,8 @@ static const struct opt options[] = {
 	  .help = "a path to the server (repeat for more paths)" },
 	{ "port", 'p', OPT_UINT, &g.port, 1, 65535, .arg = "N", .help = "server port" },
 	{ "session", 'S', OPT_STRING, &g.session, .arg = "NAME",
-	  .help = "session name (the server's %SESSNAME%)" },
+	  .help = "session name, the server's %SESSNAME% (default: rnbd-client-HOST-PID-RANDOM, "
+		  "new for every run)" },
 	{ "device", 'd', OPT_STRING, &g.device, .arg = "NAME",
 	  .help = "device path below the server's search path" },
 	{ "mode", 'm', OPT_CHOICE, &g.mode, .choices = mode_names, .arg = "MODE",
@@ -68,9 +70,9 @@ static const struct opt options[] = {
 	{ "file", 'f', OPT_STRING, &g.file, .arg = "PATH",
 	  .help = "read: where the bytes go ('-' stdout); write: where they come from" },
 	{ "offset", 'o', OPT_SIZE, &g.offset, 0, UINT64_MAX, .arg = "BYTES",
-	  .help = "read/write: device offset" },
+	  .help = "read/write: device offset (whole blocks)" },
 	{ "length", 'l', OPT_SIZE, &g.length, 0, UINT64_MAX, .arg = "BYTES",
-	  .help = "read: bytes to read (default: to the end)" },
+	  .help = "read: bytes to read; write: at most this many (default: to the end)" },
 	{ "rw", 0, OPT_CHOICE, &g.rw, .choices = rw_names, .arg = "PATTERN",
 	  .help = "perf: randread, randwrite, randrw, read or write" },
 	{ "rwmixread", 0, OPT_UINT, &g.rwmixread, 0, 100, .arg = "PCT",
@@ -91,7 +93,10 @@ static const struct opt options[] = {
 	  .help = "host name for authentication (default: /etc/nvme/hostnqn)" },
 	{ "server-name", 0, OPT_STRING, &g.server_name, .arg = "NAME",
 	  .help = "the server's name for authentication" },
-	{ "verbose", 'v', OPT_FLAG, &g.verbose, .help = "the library's info lines too" },
+	{ "verbose", 'v', OPT_FLAG, &g.verbose,
+	  .help = "the library's info lines too (--log-level info)" },
+	{ "log-level", 0, OPT_STRING, &g.log_level, .arg = "LEVEL",
+	  .help = "error, warn, info or debug (default: RTRS_LOG_LEVEL, else warn)" },
 	{ 0 },
 };
 
@@ -106,8 +111,32 @@ static void log_line(void *priv, int level, const char *line)
 	fprintf(stderr, "%s\n", line);
 }
 
+/*
+ * The default session name: rnbd-client-HOST-PID-RANDOM, so that runs at
+ * the same time (the server refuses a second session of one name) and runs
+ * from different hosts never share one. Characters a session name cannot
+ * hold ('.', '/', blanks, anything not printable) become '-'.
+ */
+static const char *default_session(void)
+{
+	static char name[128];
+	char host[65] = "";
+	uint32_t r = 0;
+	int n;
+
+	gethostname(host, sizeof(host) - 1);
+	if (rand_bytes(&r, sizeof(r)))
+		r = (uint32_t)now_ns();
+	n = snprintf(name, sizeof(name), "rnbd-client-%s-%ld-%08x", host[0] ? host : "host",
+		     (long)getpid(), r);
+	for (int i = 0; i < n && name[i]; i++)
+		if (name[i] <= ' ' || name[i] >= 0x7f || name[i] == '.' || name[i] == '/')
+			name[i] = '-';
+	return name;
+}
+
 /* Opens the session and maps the device; 0, or prints why and returns 1. */
-static int connect_map(unsigned mode)
+static int connect_map(unsigned mode, int log_level)
 {
 	struct rtrs_path_addr paths[MAX_PATHS];
 	char srcs[MAX_PATHS][256];
@@ -128,7 +157,7 @@ static int connect_map(unsigned mode)
 		}
 	}
 	rnbd_set_log_fn(log_line, NULL);
-	rnbd_set_log_level(g.verbose ? 2 : 1);
+	rnbd_set_log_level(log_level);
 	rtrs_clt_opts_init(&o, sizeof(o));
 	o.sessname = g.session;
 	o.paths = paths;
@@ -142,6 +171,13 @@ static int connect_map(unsigned mode)
 	o.auth_host_name = g.host_name;
 	o.auth_server_name = g.server_name;
 	rc = rnbd_clt_sess_open(&o, &sess);
+	if (rc == -EPERM) {
+		/* What librtrs answers when the server has a session of that name. */
+		fprintf(stderr, "rnbd-client: session %s to %s: the name is in use (the server has "
+			"a session of this name open); choose another --session\n", g.session,
+			g.servers.items[0]);
+		return 1;
+	}
 	if (rc) {
 		fprintf(stderr, "rnbd-client: session %s to %s: %s\n", g.session,
 			g.servers.items[0], strerror(-rc));
@@ -151,7 +187,7 @@ static int connect_map(unsigned mode)
 	if (!rc)
 		rc = rnbd_clt_dev_info(dev, &info);
 	if (rc) {
-		fprintf(stderr, "rnbd-client: %s: mapping %s (%s): %s\n", g.session, g.device,
+		fprintf(stderr, "rnbd-client: session %s: device %s (%s): %s\n", g.session, g.device,
 			mode_names[mode + 1], strerror(-rc));
 		rnbd_clt_sess_close(sess);
 		return 1;
@@ -170,22 +206,46 @@ static void disconnect(void)
 
 /* ---- info ------------------------------------------------------------------------ */
 
-static int run_info(void)
+/* Prints the JSON document; 0, or says why it could not and returns 1. */
+static int json_out(struct json_object *o, bool failed)
+{
+	int rc = jprint(o, failed);
+
+	if (rc)
+		fprintf(stderr, "rnbd-client: printing JSON: %s\n", strerror(-rc));
+	return rc ? 1 : 0;
+}
+
+/*
+ * What the device offers and how this run mapped it. "mapped ro" is the
+ * mapping (info maps read-only unless --mode says otherwise), not whether
+ * the device could be written.
+ */
+static int run_info(unsigned mode)
 {
 	if (g.json) {
-		printf("{\"device\":\"%s\",\"bytes\":%zu,\"logical_block_size\":%u,"
-		       "\"physical_block_size\":%u,\"max_io\":%u,\"queue_depth\":%u,"
-		       "\"read_only\":%s,\"discard\":%s,\"write_zeroes\":%s,\"secure_erase\":%s,"
-		       "\"write_cache\":%s,\"fua\":%s}\n",
-		       g.device, info.bytes, info.logical_block_size, info.physical_block_size,
-		       info.max_io, info.queue_depth, info.read_only ? "true" : "false",
-		       info.discard ? "true" : "false", info.write_zeroes ? "true" : "false",
-		       info.secure_erase ? "true" : "false", info.write_cache ? "true" : "false",
-		       info.fua ? "true" : "false");
+		struct json_object *o = json_object_new_object();
+		bool failed = false;
+
+		jput(o, "device", json_object_new_string(g.device), &failed);
+		jput(o, "bytes", json_object_new_uint64(info.bytes), &failed);
+		jput(o, "logical_block_size", json_object_new_uint64(info.logical_block_size),
+		     &failed);
+		jput(o, "physical_block_size", json_object_new_uint64(info.physical_block_size),
+		     &failed);
+		jput(o, "max_io", json_object_new_uint64(info.max_io), &failed);
+		jput(o, "queue_depth", json_object_new_uint64(info.queue_depth), &failed);
+		jput(o, "mode", json_object_new_string(mode_names[mode + 1]), &failed);
+		jput(o, "discard", json_object_new_boolean(info.discard), &failed);
+		jput(o, "write_zeroes", json_object_new_boolean(info.write_zeroes), &failed);
+		jput(o, "secure_erase", json_object_new_boolean(info.secure_erase), &failed);
+		jput(o, "write_cache", json_object_new_boolean(info.write_cache), &failed);
+		jput(o, "fua", json_object_new_boolean(info.fua), &failed);
+		return json_out(o, failed);
 	} else {
-		printf("%s: %zu bytes, block %u/%u, max IO %u, queue depth %u, %s%s%s%s%s%s\n",
+		printf("%s: %zu bytes, block %u/%u, max IO %u, queue depth %u, mapped %s%s%s%s%s%s\n",
 		       g.device, info.bytes, info.logical_block_size, info.physical_block_size,
-		       info.max_io, info.queue_depth, info.read_only ? "read-only" : "read-write",
+		       info.max_io, info.queue_depth, mode_names[mode + 1],
 		       info.discard ? ", discard" : "", info.write_zeroes ? ", write-zeroes" : "",
 		       info.secure_erase ? ", secure-erase" : "",
 		       info.write_cache ? ", write cache" : "", info.fua ? ", fua" : "");
@@ -229,31 +289,40 @@ static ssize_t read_full(int fd, uint8_t *buf, size_t n)
 
 /* ---- read and write ----------------------------------------------------------------- */
 
-/* Copies between the device and --file in max_io pieces. */
-static int run_copy(bool to_device)
+/*
+ * --offset and --length against the device: whole blocks, within it. Sets
+ * *end (the first byte not to touch); 0, or prints why and returns 1.
+ */
+static int copy_range(uint64_t *end)
 {
-	uint32_t lbs = info.logical_block_size, piece = info.max_io;
-	uint64_t end = info.bytes, done = 0, off;
-	uint8_t *buf;
-	int fd, rc = 0;
+	uint32_t lbs = info.logical_block_size;
 
 	if (!g.file) {
 		fprintf(stderr, "rnbd-client: needs --file\n");
 		return 1;
 	}
-	if (g.offset % lbs || g.length % lbs || g.offset > end ||
-	    (g.length && g.length > end - g.offset)) {
+	if (g.offset % lbs || g.length % lbs || g.offset > info.bytes ||
+	    (g.length && g.length > info.bytes - g.offset)) {
 		fprintf(stderr, "rnbd-client: %s: offset and length must be whole %u-byte blocks "
 			"within %zu bytes\n", g.device, lbs, info.bytes);
 		return 1;
 	}
-	if (g.length)
-		end = g.offset + g.length;
-	if (!strcmp(g.file, "-"))
-		fd = to_device ? STDIN_FILENO : STDOUT_FILENO;
-	else
-		fd = to_device ? open(g.file, O_RDONLY | O_CLOEXEC)
-			       : open(g.file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	*end = g.length ? g.offset + g.length : info.bytes;
+	return 0;
+}
+
+/* Copies the device from --offset to --file, in max_io pieces. */
+static int run_read(void)
+{
+	uint32_t piece = info.max_io;
+	uint64_t end, off;
+	uint8_t *buf;
+	int fd, rc = 0;
+
+	if (copy_range(&end))
+		return 1;
+	fd = strcmp(g.file, "-") ? open(g.file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
+				 : STDOUT_FILENO;
 	if (fd < 0) {
 		fprintf(stderr, "rnbd-client: %s: %s\n", g.file, strerror(errno));
 		return 1;
@@ -262,50 +331,153 @@ static int run_copy(bool to_device)
 	if (!buf) {
 		fprintf(stderr, "rnbd-client: out of memory\n");
 		rc = 1;
-		goto out;
 	}
-	for (off = g.offset; off < end && !rc;) {
+	for (off = g.offset; buf && off < end && !rc;) {
 		uint32_t n = (uint32_t)MIN((uint64_t)piece, end - off);
-		int r;
+		int r = rnbd_clt_io(dev, RNBD_CLT_READ, 0, off, buf, n);
 
-		if (to_device) {
-			ssize_t got = read_full(fd, buf, n);
-
-			if (got < 0) {
-				fprintf(stderr, "rnbd-client: %s: %s\n", g.file, strerror((int)-got));
-				rc = 1;
-				break;
-			}
-			if (!got)
-				break;
-			if (got % lbs) { /* the tail, padded to a whole block (stays within end) */
-				memset(buf + got, 0, lbs - (size_t)got % lbs);
-				got += lbs - got % lbs;
-			}
-			n = (uint32_t)got;
-			r = rnbd_clt_io(dev, RNBD_CLT_WRITE, 0, off, buf, n);
-		} else {
-			r = rnbd_clt_io(dev, RNBD_CLT_READ, 0, off, buf, n);
-			if (!r && write_all(fd, buf, n)) {
-				fprintf(stderr, "rnbd-client: %s: %s\n", g.file, strerror(errno));
-				rc = 1;
-			}
-		}
 		if (r) {
-			fprintf(stderr, "rnbd-client: %s: %s at %" PRIu64 "+%u: %s\n", g.device,
-				to_device ? "write" : "read", off, n, strerror(-r));
+			fprintf(stderr, "rnbd-client: %s: read at %" PRIu64 "+%u: %s\n", g.device, off,
+				n, strerror(-r));
+			rc = 1;
+		} else if (write_all(fd, buf, n)) {
+			fprintf(stderr, "rnbd-client: %s: %s\n", g.file, strerror(errno));
 			rc = 1;
 		}
 		off += n;
-		done += n;
 	}
-	if (!rc && to_device && off >= end && read_full(fd, buf, 1) > 0) {
-		fprintf(stderr, "rnbd-client: %s: input longer than %s from offset %" PRIu64
-			" (%" PRIu64 " bytes written)\n", g.file, g.length ? "--length" : g.device,
-			g.offset, done);
+	free(buf);
+	if (fd > STDERR_FILENO && close(fd) && !rc) {
+		fprintf(stderr, "rnbd-client: %s: %s\n", g.file, strerror(errno));
 		rc = 1;
 	}
-	if (!rc && to_device) {
+	if (!rc)
+		fprintf(stderr, "rnbd-client: read %" PRIu64 " bytes from %s\n", end - g.offset,
+			g.device);
+	return rc;
+}
+
+/*
+ * The input ends inside a block: the block is read from the device and
+ * the input's bytes laid over its start, so the rest of it stays as it was.
+ * buf holds head whole blocks and tail more bytes, with room for a block
+ * after head. 0, or prints why and returns 1.
+ */
+static int merge_last_block(uint8_t *buf, uint64_t off, size_t head, size_t tail)
+{
+	uint32_t lbs = info.logical_block_size;
+	uint8_t *blk = aligned_alloc(4096, (lbs + 4095) & ~4095u);
+	int r;
+
+	if (!blk) {
+		fprintf(stderr, "rnbd-client: out of memory\n");
+		return 1;
+	}
+	r = rnbd_clt_io(dev, RNBD_CLT_READ, 0, off + head, blk, lbs);
+	if (r) {
+		fprintf(stderr, "rnbd-client: %s: reading the last block at %" PRIu64 " to keep its "
+			"bytes after the input: %s\n", g.device, off + head, strerror(-r));
+		free(blk);
+		return 1;
+	}
+	memcpy(blk, buf + head, tail);
+	memcpy(buf + head, blk, lbs);
+	free(blk);
+	return 0;
+}
+
+/*
+ * Copies --file onto the device from --offset, in max_io pieces. Input
+ * longer than the room there (to the end, or --length) is an error: a
+ * regular file is measured before anything is written; from a pipe, the
+ * pieces before the one that reaches the end are written, and that one is
+ * not when more input follows it. A last block the input covers only in
+ * part is read first, so its other bytes stay.
+ */
+static int run_write(void)
+{
+	uint32_t lbs = info.logical_block_size, piece = info.max_io;
+	uint64_t end, off, done = 0;
+	uint8_t *buf = NULL;
+	struct stat st;
+	int fd, rc = 0;
+
+	if (copy_range(&end))
+		return 1;
+	fd = strcmp(g.file, "-") ? open(g.file, O_RDONLY | O_CLOEXEC) : STDIN_FILENO;
+	if (fd < 0) {
+		fprintf(stderr, "rnbd-client: %s: %s\n", g.file, strerror(errno));
+		return 1;
+	}
+	if (!fstat(fd, &st) && S_ISREG(st.st_mode)) {
+		off_t pos = lseek(fd, 0, SEEK_CUR);
+		uint64_t have = (uint64_t)st.st_size - (uint64_t)(pos > 0 ? pos : 0);
+
+		if (have > end - g.offset) {
+			fprintf(stderr, "rnbd-client: %s: %" PRIu64 " bytes do not fit in the %" PRIu64
+				" bytes of %s from offset %" PRIu64 "%s; nothing written\n", g.file, have,
+				end - g.offset, g.device, g.offset, g.length ? " (--length)" : "");
+			rc = 1;
+			goto out;
+		}
+	}
+	buf = aligned_alloc(4096, piece);
+	if (!buf) {
+		fprintf(stderr, "rnbd-client: out of memory\n");
+		rc = 1;
+		goto out;
+	}
+	for (off = g.offset; off < end;) {
+		uint32_t n = (uint32_t)MIN((uint64_t)piece, end - off);
+		ssize_t got = read_full(fd, buf, n), more;
+		size_t tail;
+		int r;
+
+		if (got < 0) {
+			fprintf(stderr, "rnbd-client: %s: %s\n", g.file, strerror((int)-got));
+			rc = 1;
+			break;
+		}
+		if (!got)
+			break;
+		/* This piece reaches the end: more input means it does not fit. */
+		if ((uint64_t)got == end - off) {
+			uint8_t extra;
+
+			more = read_full(fd, &extra, 1);
+			if (more) {
+				if (more < 0)
+					fprintf(stderr, "rnbd-client: %s: %s\n", g.file,
+						strerror((int)-more));
+				else
+					fprintf(stderr, "rnbd-client: %s: input longer than the %" PRIu64
+						" bytes of %s from offset %" PRIu64 "%s; the last %zd bytes "
+						"that fit were not written, %" PRIu64 " bytes before them "
+						"were\n", g.file, end - g.offset, g.device, g.offset,
+						g.length ? " (--length)" : "", got, done);
+				rc = 1;
+				break;
+			}
+		}
+		tail = (size_t)got % lbs;
+		if (tail && merge_last_block(buf, off, (size_t)got - tail, tail)) {
+			rc = 1;
+			break;
+		}
+		n = (uint32_t)((size_t)got - tail + (tail ? lbs : 0));
+		r = rnbd_clt_io(dev, RNBD_CLT_WRITE, 0, off, buf, n);
+		if (r) {
+			fprintf(stderr, "rnbd-client: %s: write at %" PRIu64 "+%u: %s\n", g.device, off,
+				n, strerror(-r));
+			rc = 1;
+			break;
+		}
+		off += n;
+		done += (uint64_t)got;
+		if (tail)
+			break; /* the input ended inside this block */
+	}
+	if (!rc) {
 		int r = rnbd_clt_io(dev, RNBD_CLT_FLUSH, 0, 0, NULL, 0);
 
 		if (r && r != -EOPNOTSUPP) {
@@ -314,14 +486,11 @@ static int run_copy(bool to_device)
 		}
 	}
 	if (!rc)
-		fprintf(stderr, "rnbd-client: %s %" PRIu64 " bytes %s %s\n",
-			to_device ? "wrote" : "read", done, to_device ? "to" : "from", g.device);
-	free(buf);
+		fprintf(stderr, "rnbd-client: wrote %" PRIu64 " bytes to %s\n", done, g.device);
 out:
-	if (fd > STDERR_FILENO && close(fd) && !to_device) {
-		fprintf(stderr, "rnbd-client: %s: %s\n", g.file, strerror(errno));
-		rc = 1;
-	}
+	free(buf);
+	if (fd > STDERR_FILENO)
+		close(fd);
 	return rc;
 }
 
@@ -471,7 +640,7 @@ static int run_perf(void)
 	uint64_t region = g.size ? g.size : info.bytes, t0, t1, n, r, w;
 	struct timespec end;
 	double secs;
-	int rc = 0;
+	int rc = 0, out_rc = 0;
 
 	if (g.bs % info.logical_block_size || g.bs > info.max_io) { /* lbs >= 512: words */
 		fprintf(stderr, "rnbd-client: --bs %" PRIu64 " must be whole %u-byte blocks, at "
@@ -532,16 +701,27 @@ static int run_perf(void)
 	n = r + w;
 	secs = (double)(t1 - t0) / 1e9;
 	if (g.json) {
-		printf("{\"device\":\"%s\",\"rw\":\"%s\",\"bs\":%" PRIu64 ",\"iodepth\":%" PRIu64
-		       ",\"seconds\":%.3f,\"reads\":%" PRIu64 ",\"writes\":%" PRIu64
-		       ",\"iops\":%.0f,\"mb_per_sec\":%.1f,\"lat_us\":{\"p50\":%" PRIu64
-		       ",\"p99\":%" PRIu64 ",\"p999\":%" PRIu64 ",\"max\":%" PRIu64
-		       "},\"errors\":%" PRIuFAST64 ",\"bad\":%" PRIuFAST64 ",\"verify\":%s}\n",
-		       g.device, rw_names[g.rw], g.bs, g.iodepth, secs, r, w, (double)n / secs,
-		       (double)n * (double)g.bs / secs / 1e6, hist_percentile(&p.hist, 50, n),
-		       hist_percentile(&p.hist, 99, n), hist_percentile(&p.hist, 99.9, n),
-		       hist_percentile(&p.hist, 100, n), atomic_load(&p.errors),
-		       atomic_load(&p.bad), g.verify ? "true" : "false");
+		struct json_object *o = json_object_new_object(), *lat = json_object_new_object();
+		bool failed = false;
+
+		jput(o, "device", json_object_new_string(g.device), &failed);
+		jput(o, "rw", json_object_new_string(rw_names[g.rw]), &failed);
+		jput(o, "bs", json_object_new_uint64(g.bs), &failed);
+		jput(o, "iodepth", json_object_new_uint64(g.iodepth), &failed);
+		jput(o, "seconds", jfixed(secs, 3), &failed);
+		jput(o, "reads", json_object_new_uint64(r), &failed);
+		jput(o, "writes", json_object_new_uint64(w), &failed);
+		jput(o, "iops", jfixed((double)n / secs, 0), &failed);
+		jput(o, "mb_per_sec", jfixed((double)n * (double)g.bs / secs / 1e6, 1), &failed);
+		jput(lat, "p50", json_object_new_uint64(hist_percentile(&p.hist, 50, n)), &failed);
+		jput(lat, "p99", json_object_new_uint64(hist_percentile(&p.hist, 99, n)), &failed);
+		jput(lat, "p999", json_object_new_uint64(hist_percentile(&p.hist, 99.9, n)), &failed);
+		jput(lat, "max", json_object_new_uint64(hist_percentile(&p.hist, 100, n)), &failed);
+		jput(o, "lat_us", lat, &failed);
+		jput(o, "errors", json_object_new_uint64(atomic_load(&p.errors)), &failed);
+		jput(o, "bad", json_object_new_uint64(atomic_load(&p.bad)), &failed);
+		jput(o, "verify", json_object_new_boolean(g.verify), &failed);
+		out_rc = json_out(o, failed);
 	} else {
 		printf("rnbd-client perf: %s %s bs %" PRIu64 " iodepth %" PRIu64 ", %.2f s%s\n",
 		       g.device, rw_names[g.rw], g.bs, g.iodepth, secs,
@@ -565,7 +745,7 @@ static int run_perf(void)
 		free(p.slots[i].buf);
 	free(p.slots);
 	free(p.gens);
-	return atomic_load(&p.errors) || atomic_load(&p.bad) ? 1 : 0;
+	return out_rc || atomic_load(&p.errors) || atomic_load(&p.bad) ? 1 : 0;
 }
 
 int main(int argc, char **argv)
@@ -573,7 +753,7 @@ int main(int argc, char **argv)
 	static const char *const cmds[] = { "info", "read", "write", "perf", NULL };
 	const char *usage = "info|read|write|perf [options]";
 	unsigned cmd = 0, mode;
-	int pos, rc;
+	int pos, rc, level;
 
 	if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
 		opts_help(options, "rnbd-client", usage);
@@ -593,17 +773,24 @@ int main(int argc, char **argv)
 		fprintf(stderr, "rnbd-client: unexpected argument '%s'\n", argv[pos + 1]);
 		return 2;
 	}
+	if (!g.session)
+		g.session = default_session();
 	if (g.mode)
 		mode = g.mode - 1;
 	else
 		mode = cmd == 0 || cmd == 1 || (cmd == 3 && (g.rw == RW_RANDREAD || g.rw == RW_READ))
 			       ? RNBD_CLT_RO : RNBD_CLT_RW;
-	if (connect_map(mode))
+	/* --log-level, then --verbose, then RTRS_LOG_LEVEL, then warn. */
+	level = opts_log_level("rnbd-client", g.log_level ? "--log-level" : "--verbose",
+			       g.log_level ? g.log_level : g.verbose ? "info" : NULL, 1);
+	if (level < 0)
+		return 2;
+	if (connect_map(mode, level))
 		return 1;
 	switch (cmd) {
-	case 0: rc = run_info(); break;
-	case 1: rc = run_copy(false); break;
-	case 2: rc = run_copy(true); break;
+	case 0: rc = run_info(mode); break;
+	case 1: rc = run_read(); break;
+	case 2: rc = run_write(); break;
 	default: rc = run_perf(); break;
 	}
 	disconnect();

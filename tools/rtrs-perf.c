@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "hist.h"
+#include "jsonout.h"
 #include "rtrs.h"
 #include "opts.h"
 #include "util.h"
@@ -325,7 +326,7 @@ static int run_client(void)
 	struct perf_io *ios;
 	uint64_t t0, t1, n;
 	double secs;
-	int rc;
+	int rc, out_rc = 0;
 
 	if (!g.dst.n || g.dst.n > RTRS_PERF_MAX_PATHS) {
 		fprintf(stderr, "rtrs-perf: client needs 1..%d --dst [SRC@]HOST[:PORT]\n",
@@ -406,25 +407,43 @@ static int run_client(void)
 	secs = (double)(t1 - t0) / 1e9;
 	rtrs_clt_query(sess, &attrs); /* paths may have been added */
 	if (g.json) {
-		printf("{\"paths\":[");
+		struct json_object *jo = json_object_new_object(), *arr = json_object_new_array();
+		struct json_object *lat = json_object_new_object();
+		bool failed = false;
+
 		for (unsigned i = 0; i < attrs.paths_num; i++) {
 			struct rtrs_path_stats st = { .size = sizeof(st) };
+			struct json_object *po = json_object_new_object();
 
 			rtrs_clt_path_stats(sess, i, &st);
-			printf("%s{\"state\":\"%s\",\"reads\":%" PRIu64 ",\"writes\":%" PRIu64
-			       ",\"reconnects\":%" PRIu64 "}", i ? "," : "", st.state, st.reads,
-			       st.writes, st.reconnects);
+			jput(po, "state", json_object_new_string(st.state), &failed);
+			jput(po, "reads", json_object_new_uint64(st.reads), &failed);
+			jput(po, "writes", json_object_new_uint64(st.writes), &failed);
+			jput(po, "reconnects", json_object_new_uint64(st.reconnects), &failed);
+			if (!po || !arr || json_object_array_add(arr, po)) {
+				json_object_put(po);
+				failed = true;
+			}
 		}
-		printf("],\"mode\":\"%s\",\"provider\":\"%s\",\"io_size\":%" PRIu64
-		       ",\"queue_depth\":%" PRIu64 ",\"seconds\":%.3f,\"ops\":%" PRIu64
-		       ",\"ops_per_sec\":%.0f,\"gb_per_sec\":%.4f,\"lat_us\":{\"p50\":%" PRIu64
-		       ",\"p99\":%" PRIu64 ",\"p999\":%" PRIu64 ",\"max\":%" PRIu64
-		       "},\"errors\":%" PRIuFAST64
-		       ",\"bad\":%" PRIuFAST64 "}\n",
-		       mode_names[g.mode], g.provider, g.io_size, g.queue_depth, secs, n,
-		       (double)n / secs, (double)n * (double)g.io_size / secs / 1e9,
-		       hist_percentile(&hist, 50, n), hist_percentile(&hist, 99, n), hist_percentile(&hist, 99.9, n),
-		       hist_percentile(&hist, 100, n), atomic_load(&ops_err), atomic_load(&ops_bad));
+		jput(jo, "paths", arr, &failed);
+		jput(jo, "mode", json_object_new_string(mode_names[g.mode]), &failed);
+		jput(jo, "provider", json_object_new_string(g.provider), &failed);
+		jput(jo, "io_size", json_object_new_uint64(g.io_size), &failed);
+		jput(jo, "queue_depth", json_object_new_uint64(g.queue_depth), &failed);
+		jput(jo, "seconds", jfixed(secs, 3), &failed);
+		jput(jo, "ops", json_object_new_uint64(n), &failed);
+		jput(jo, "ops_per_sec", jfixed((double)n / secs, 0), &failed);
+		jput(jo, "gb_per_sec", jfixed((double)n * (double)g.io_size / secs / 1e9, 4), &failed);
+		jput(lat, "p50", json_object_new_uint64(hist_percentile(&hist, 50, n)), &failed);
+		jput(lat, "p99", json_object_new_uint64(hist_percentile(&hist, 99, n)), &failed);
+		jput(lat, "p999", json_object_new_uint64(hist_percentile(&hist, 99.9, n)), &failed);
+		jput(lat, "max", json_object_new_uint64(hist_percentile(&hist, 100, n)), &failed);
+		jput(jo, "lat_us", lat, &failed);
+		jput(jo, "errors", json_object_new_uint64(atomic_load(&ops_err)), &failed);
+		jput(jo, "bad", json_object_new_uint64(atomic_load(&ops_bad)), &failed);
+		out_rc = jprint(jo, failed);
+		if (out_rc)
+			fprintf(stderr, "rtrs-perf: printing JSON: %s\n", strerror(-out_rc));
 	} else {
 		printf("rtrs-perf: %s %" PRIu64 " B, qd %" PRIu64 ", %s, %.2f s%s\n",
 		       mode_names[g.mode], g.io_size, g.queue_depth, g.dst.items[0], secs,
@@ -457,7 +476,7 @@ static int run_client(void)
 	rtrs_clt_close(sess);
 	free(g.dst.items);
 	free(g.events.items);
-	return atomic_load(&ops_err) || atomic_load(&ops_bad) ? 1 : 0;
+	return out_rc || atomic_load(&ops_err) || atomic_load(&ops_bad) ? 1 : 0;
 }
 
 int main(int argc, char **argv)

@@ -1,13 +1,25 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "opts.h"
 #include "util.h"
+
+/* A config file is a few dozen lines; anything this large is a wrong file. */
+#define CONFIG_MAX (1u << 20)
+
+/* getopt_long values: option i is OPT_VAL + i, its --no- form NEG_VAL + i. */
+#define OPT_VAL 256
+#define NEG_VAL 0x10000
 
 static unsigned table_len(const struct opt *t)
 {
@@ -18,9 +30,31 @@ static unsigned table_len(const struct opt *t)
 	return n;
 }
 
+/* Flags get a --no-NAME form, unless their name is a negation already. */
+static bool negatable(const struct opt *o)
+{
+	return o->type == OPT_FLAG && strncmp(o->name, "no-", 3) != 0;
+}
+
+/* Fills err and returns rc: every refusal below says why. */
+__attribute__((format(printf, 4, 5)))
+static int opt_error(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
 static void print_default(const struct opt *o)
 {
 	switch (o->type) {
+	case OPT_FLAG:
+		if (*(bool *)o->ptr)
+			printf(" (default on)");
+		break;
 	case OPT_UINT:
 	case OPT_SIZE:
 		printf(" (default %" PRIu64 ")", *(uint64_t *)o->ptr);
@@ -39,16 +73,20 @@ static void print_default(const struct opt *o)
 
 void opts_help(const struct opt *t, const char *prog, const char *usage)
 {
+	bool config = false;
+
 	printf("Usage: %s %s\n\nOptions:\n", prog, usage);
 	for (unsigned i = 0; t[i].name; i++) {
 		const struct opt *o = &t[i];
+		const char *no = negatable(o) ? "[no-]" : "";
 		char lhs[64];
 
+		config |= o->type == OPT_CONFIG;
 		if (o->short_name)
-			snprintf(lhs, sizeof(lhs), "-%c, --%s%s%s", o->short_name, o->name,
+			snprintf(lhs, sizeof(lhs), "-%c, --%s%s%s%s", o->short_name, no, o->name,
 				 o->arg ? " " : "", o->arg ? o->arg : "");
 		else
-			snprintf(lhs, sizeof(lhs), "    --%s%s%s", o->name, o->arg ? " " : "",
+			snprintf(lhs, sizeof(lhs), "    --%s%s%s%s", no, o->name, o->arg ? " " : "",
 				 o->arg ? o->arg : "");
 		printf("  %-30s %s", lhs, o->help);
 		if (o->type == OPT_CHOICE) {
@@ -61,72 +99,78 @@ void opts_help(const struct opt *t, const char *prog, const char *usage)
 		printf("\n");
 	}
 	printf("  %-30s %s\n", "-h, --help", "show this help");
+	if (config)
+		printf("\nConfig file: one option per line, \"NAME VALUE\" or \"NAME = VALUE\"; a flag "
+		       "as NAME,\nNAME false or no-NAME; '#' at the start of a line or after a blank "
+		       "starts a\ncomment; a value in double quotes keeps blanks and '#' (\\\" and \\\\ "
+		       "inside).\nThe command line wins over the file.\n");
 }
 
-static int set_opt(const struct opt *o, const char *prog, const char *arg)
+/* Stores arg into o (not a flag); 0, or a negative errno with why in err. */
+static int set_opt(const struct opt *o, const char *arg, char *err, size_t errlen)
 {
 	uint64_t v;
-	int rc;
 
 	switch (o->type) {
 	case OPT_FLAG:
 		*(bool *)o->ptr = true;
 		return 0;
 	case OPT_UINT:
-		rc = parse_u64(arg, o->min, o->max, &v);
-		if (rc) {
-			fprintf(stderr, "%s: --%s %s: expected a number in %" PRIu64 "..%" PRIu64 "\n",
-				prog, o->name, arg, o->min, o->max);
-			return -EINVAL;
-		}
+		if (parse_u64(arg, o->min, o->max, &v))
+			return opt_error(err, errlen, -EINVAL, "expected a number in %" PRIu64 "..%"
+					 PRIu64, o->min, o->max);
 		*(uint64_t *)o->ptr = v;
 		return 0;
 	case OPT_SIZE:
-		rc = parse_size(arg, o->min, o->max, &v);
-		if (rc) {
-			fprintf(stderr, "%s: --%s %s: expected a size (K/M/G) in %" PRIu64 "..%" PRIu64 "\n",
-				prog, o->name, arg, o->min, o->max);
-			return -EINVAL;
-		}
+		if (parse_size(arg, o->min, o->max, &v))
+			return opt_error(err, errlen, -EINVAL, "expected a size (K/M/G) in %" PRIu64
+					 "..%" PRIu64, o->min, o->max);
 		*(uint64_t *)o->ptr = v;
 		return 0;
 	case OPT_STRING:
+	case OPT_CONFIG:
+		if (!*arg)
+			return opt_error(err, errlen, -EINVAL, "empty value");
 		*(const char **)o->ptr = arg;
 		return 0;
-	case OPT_CHOICE:
+	case OPT_CHOICE: {
+		size_t used;
+
 		for (unsigned c = 0; o->choices[c]; c++) {
 			if (!strcmp(o->choices[c], arg)) {
 				*(unsigned *)o->ptr = c;
 				return 0;
 			}
 		}
-		fprintf(stderr, "%s: --%s %s: not one of", prog, o->name, arg);
-		for (unsigned c = 0; o->choices[c]; c++)
-			fprintf(stderr, " %s", o->choices[c]);
-		fprintf(stderr, "\n");
+		used = (size_t)snprintf(err, errlen, "not one of");
+		for (unsigned c = 0; o->choices[c] && used < errlen; c++)
+			used += (size_t)snprintf(err + used, errlen - used, " %s", o->choices[c]);
 		return -EINVAL;
+	}
 	case OPT_LIST: {
 		struct opt_list *l = o->ptr;
-		const char **n = realloc(l->items, (l->n + 1) * sizeof(*n));
+		const char **n;
 
+		if (!*arg)
+			return opt_error(err, errlen, -EINVAL, "empty value");
+		n = realloc(l->items, (l->n + 1) * sizeof(*n));
 		if (!n)
-			return -ENOMEM;
+			return opt_error(err, errlen, -ENOMEM, "out of memory");
 		n[l->n++] = arg;
 		l->items = n;
 		return 0;
 	}
 	}
-	return -EINVAL;
+	return opt_error(err, errlen, -EINVAL, "bad option table");
 }
 
-int opts_parse(const struct opt *t, const char *prog, const char *usage, int argc,
-	       char **argv, int *first_pos)
+/* The getopt_long tables for t: every option, every --no- form, --help. */
+static int getopt_tables(const struct opt *t, unsigned n, struct option **lo_out, char **so_out)
 {
-	unsigned n = table_len(t);
-	struct option *lo = calloc(n + 2, sizeof(*lo));
+	struct option *lo = calloc(2 * n + 2, sizeof(*lo));
 	char *so = calloc(2 * n + 3, 1);
 	char *sp = so;
-	int rc = 0;
+	unsigned k = 0;
 
 	if (!lo || !so) {
 		free(lo);
@@ -136,21 +180,137 @@ int opts_parse(const struct opt *t, const char *prog, const char *usage, int arg
 	*sp++ = '+';
 	*sp++ = 'h';
 	for (unsigned i = 0; i < n; i++) {
-		lo[i].name = t[i].name;
-		lo[i].has_arg = t[i].type == OPT_FLAG ? no_argument : required_argument;
-		lo[i].val = 256 + (int)i;
+		lo[k++] = (struct option){ t[i].name,
+					   t[i].type == OPT_FLAG ? no_argument : required_argument,
+					   NULL, OPT_VAL + (int)i };
 		if (t[i].short_name) {
 			*sp++ = t[i].short_name;
 			if (t[i].type != OPT_FLAG)
 				*sp++ = ':';
 		}
 	}
-	lo[n] = (struct option){ "help", no_argument, NULL, 'h' };
+	/* The negations live in strings of their own, freed with the table. */
+	for (unsigned i = 0; i < n; i++) {
+		char *neg;
+
+		if (!negatable(&t[i]))
+			continue;
+		if (asprintf(&neg, "no-%s", t[i].name) < 0) {
+			for (unsigned j = 0; j < k; j++)
+				if (lo[j].val >= NEG_VAL)
+					free((char *)lo[j].name);
+			free(lo);
+			free(so);
+			return -ENOMEM;
+		}
+		lo[k++] = (struct option){ neg, no_argument, NULL, NEG_VAL + (int)i };
+	}
+	lo[k] = (struct option){ "help", no_argument, NULL, 'h' };
+	*lo_out = lo;
+	*so_out = so;
+	return 0;
+}
+
+static void getopt_tables_free(struct option *lo, char *so)
+{
+	for (unsigned j = 0; lo[j].name; j++)
+		if (lo[j].val >= NEG_VAL)
+			free((char *)lo[j].name);
+	free(lo);
+	free(so);
+}
+
+/* The table entry a getopt_long value stands for; NULL for '?' and the like. */
+static const struct opt *opt_of(const struct opt *t, unsigned n, int c, bool *neg)
+{
+	*neg = false;
+	if (c >= NEG_VAL && (unsigned)(c - NEG_VAL) < n) {
+		*neg = true;
+		return &t[c - NEG_VAL];
+	}
+	if (c >= OPT_VAL && (unsigned)(c - OPT_VAL) < n)
+		return &t[c - OPT_VAL];
+	for (unsigned i = 0; c > 0 && c < OPT_VAL && i < n; i++)
+		if (t[i].short_name == c)
+			return &t[i];
+	return NULL;
+}
+
+/*
+ * The config file the command line names, found with the same getopt
+ * tables the real parse uses, so that whatever spelling that parse accepts
+ * (-cF, --conf F, --config=F) counts. Reads it unless --help comes too.
+ * Errors in other options are left to the real parse.
+ */
+static int read_config_option(const struct opt *t, unsigned n, const char *prog, int argc,
+			      char **argv, const struct option *lo, const char *so)
+{
+	const struct opt *cfg = NULL;
+	const char *path = NULL;
+	bool help = false;
+	char err[64];
+
+	optind = 0;
+	opterr = 0;
+	for (;;) {
+		int c = getopt_long(argc, argv, so, lo, NULL);
+		const struct opt *o;
+		bool neg;
+
+		if (c == -1)
+			break;
+		if (c == 'h')
+			help = true;
+		o = opt_of(t, n, c, &neg);
+		if (!o || o->type != OPT_CONFIG)
+			continue;
+		if (path) {
+			fprintf(stderr, "%s: --%s given twice (%s, %s)\n", prog, o->name, path, optarg);
+			return -EINVAL;
+		}
+		if (set_opt(o, optarg, err, sizeof(err))) {
+			fprintf(stderr, "%s: --%s: %s\n", prog, o->name, err);
+			return -EINVAL;
+		}
+		cfg = o;
+		path = optarg;
+	}
+	if (!cfg || help)
+		return 0;
+	return opts_parse_file(t, prog, path);
+}
+
+int opts_parse(const struct opt *t, const char *prog, const char *usage, int argc,
+	       char **argv, int *first_pos)
+{
+	unsigned n = table_len(t);
+	bool has_config = false;
+	struct option *lo;
+	char *so;
+	int rc;
+
+	*first_pos = argc;
+	rc = getopt_tables(t, n, &lo, &so);
+	if (rc) {
+		fprintf(stderr, "%s: out of memory\n", prog);
+		return rc;
+	}
+	for (unsigned i = 0; i < n; i++)
+		has_config |= t[i].type == OPT_CONFIG;
+	if (has_config) {
+		rc = read_config_option(t, n, prog, argc, argv, lo, so);
+		if (rc) {
+			getopt_tables_free(lo, so);
+			return rc;
+		}
+	}
 	optind = 0; /* 0, not 1: glibc then also forgets a half-parsed -abc */
 	opterr = 0;
 	for (;;) {
 		int c = getopt_long(argc, argv, so, lo, NULL);
-		const struct opt *o = NULL;
+		const struct opt *o;
+		char err[256];
+		bool neg;
 
 		if (c == -1)
 			break;
@@ -159,149 +319,358 @@ int opts_parse(const struct opt *t, const char *prog, const char *usage, int arg
 			rc = 1;
 			break;
 		}
-		if (c >= 256) {
-			o = &t[c - 256];
-		} else {
-			for (unsigned i = 0; i < n; i++)
-				if (t[i].short_name && t[i].short_name == c)
-					o = &t[i];
-		}
+		o = opt_of(t, n, c, &neg);
 		if (!o) {
-			if (optopt >= 256 || (optopt == 0 && optind > 0))
-				fprintf(stderr, "%s: %s: unknown option or missing argument (see --help)\n",
-					prog, argv[optind - 1]);
+			if (optopt >= OPT_VAL || (optopt == 0 && optind > 0))
+				fprintf(stderr, "%s: %s: unknown, ambiguous or missing its argument "
+					"(see --help)\n", prog, argv[optind - 1]);
 			else
 				fprintf(stderr, "%s: -%c: unknown option or missing argument (see --help)\n",
 					prog, optopt);
 			rc = -EINVAL;
 			break;
 		}
-		rc = set_opt(o, prog, optarg);
-		if (rc)
+		if (o->type == OPT_CONFIG)
+			continue; /* read above, before everything else */
+		if (neg) {
+			*(bool *)o->ptr = false;
+			continue;
+		}
+		rc = set_opt(o, optarg, err, sizeof(err));
+		if (rc) {
+			fprintf(stderr, "%s: --%s %s: %s\n", prog, o->name, optarg, err);
 			break;
+		}
 	}
 	*first_pos = optind;
-	free(lo);
-	free(so);
+	getopt_tables_free(lo, so);
 	return rc;
 }
 
+/* ---- config files ---------------------------------------------------------------- */
+
 /*
- * Values read from config files, kept for the life of the process (options
- * point at them); held here so that they stay reachable.
+ * Buffers read from config files, kept for the life of the process
+ * (options point into them); held here so that they stay reachable.
  */
 static char **kept;
 static size_t nkept;
 
-static char *keep_value(const char *val)
+static bool blank(char c)
 {
-	char **grown = realloc(kept, (nkept + 1) * sizeof(*kept));
-	char *copy;
-
-	if (!grown)
-		return NULL;
-	kept = grown;
-	copy = strdup(val);
-	if (copy)
-		kept[nkept++] = copy;
-	return copy;
+	return c == ' ' || c == '\t';
 }
 
-static char *trim(char *s)
+static char *skip_blanks(char *s)
 {
-	char *e;
-
-	while (*s == ' ' || *s == '\t')
+	while (blank(*s))
 		s++;
-	e = s + strlen(s);
-	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
-		*--e = '\0';
 	return s;
+}
+
+/* "true" and the like; 0 or 1, or -1 for anything else. */
+static int parse_bool(const char *s)
+{
+	static const char *const yes[] = { "true", "yes", "on" }, *const no[] = { "false", "no", "off" };
+
+	for (unsigned i = 0; i < ARRAY_SIZE(yes); i++) {
+		if (!strcmp(s, yes[i]))
+			return 1;
+		if (!strcmp(s, no[i]))
+			return 0;
+	}
+	return -1;
+}
+
+static const struct opt *find_name(const struct opt *t, const char *name)
+{
+	for (unsigned i = 0; t[i].name; i++)
+		if (!strcmp(t[i].name, name))
+			return &t[i];
+	return NULL;
+}
+
+/*
+ * A double-quoted value at q (on its opening quote), unescaped in place.
+ * *val is the value; 0, or -EINVAL with why in err.
+ */
+static int unquote(char *q, char **val, const char *where, char *err, size_t errlen)
+{
+	char *r = q + 1, *w = q;
+
+	*val = q;
+	for (;;) {
+		if (!*r)
+			return opt_error(err, errlen, -EINVAL, "%s: no closing quote", where);
+		if (*r == '"')
+			break;
+		if (*r == '\\') {
+			r++;
+			if (!*r)
+				continue; /* no closing quote */
+			if (*r != '"' && *r != '\\')
+				return opt_error(err, errlen, -EINVAL, "%s: unknown escape \\%c in quotes "
+						 "(only \\\" and \\\\)", where, *r);
+		}
+		*w++ = *r++;
+	}
+	*w = '\0';
+	r++;
+	if (*r && !blank(*r))
+		return opt_error(err, errlen, -EINVAL, "%s: text after the closing quote", where);
+	r = skip_blanks(r);
+	if (*r && *r != '#')
+		return opt_error(err, errlen, -EINVAL, "%s: text after the closing quote", where);
+	return 0;
+}
+
+/* One line, without its newline and free of control characters. */
+static int parse_line(const struct opt *t, unsigned *seen, unsigned lineno, char *s,
+		      const char *where, char *err, size_t errlen)
+{
+	char *name, *name_end, *rest, *val = NULL;
+	const struct opt *o;
+	bool neg = false;
+	unsigned i;
+	int rc;
+
+	name = skip_blanks(s);
+	if (!*name || *name == '#')
+		return 0;
+	name_end = name + strcspn(name, " \t=");
+	rest = skip_blanks(name_end);
+	if (*rest == '=')
+		rest = skip_blanks(rest + 1);
+	if (*rest == '"') {
+		rc = unquote(rest, &val, where, err, errlen);
+		if (rc)
+			return rc;
+	} else if (*rest && !(*rest == '#' && blank(rest[-1]))) {
+		/* Up to a comment: a '#' after a blank. */
+		char *e;
+
+		val = rest;
+		for (e = rest + 1; *e && !(*e == '#' && blank(e[-1])); e++)
+			;
+		while (e > rest && blank(e[-1]))
+			e--;
+		*e = '\0';
+	}
+	*name_end = '\0';
+
+	o = find_name(t, name);
+	if (!o && !strncmp(name, "no-", 3)) {
+		o = find_name(t, name + 3);
+		neg = o && negatable(o);
+		if (!neg)
+			o = NULL;
+	}
+	if (!o)
+		return opt_error(err, errlen, -EINVAL, "%s: unknown option \"%s\"", where, name);
+	if (o->type == OPT_CONFIG)
+		return opt_error(err, errlen, -EINVAL, "%s: %s: config files do not nest", where,
+				 name);
+	i = (unsigned)(o - t);
+	if (o->type != OPT_LIST && seen[i])
+		return opt_error(err, errlen, -EINVAL, "%s: %s set again (first on line %u)", where,
+				 o->name, seen[i]);
+	seen[i] = lineno;
+	if (o->type == OPT_FLAG) {
+		int b = val ? parse_bool(val) : 1;
+
+		if (neg && val)
+			return opt_error(err, errlen, -EINVAL, "%s: %s takes no value", where, name);
+		if (b < 0)
+			return opt_error(err, errlen, -EINVAL, "%s: %s %s: expected true, false, yes, "
+					 "no, on or off", where, name, val);
+		*(bool *)o->ptr = neg ? false : b;
+		return 0;
+	}
+	if (!val || !*val)
+		return opt_error(err, errlen, -EINVAL, "%s: %s needs a value", where, name);
+	{
+		char why[256];
+
+		rc = set_opt(o, val, why, sizeof(why));
+		if (rc)
+			return opt_error(err, errlen, rc, "%s: %s %s: %s", where, name, val, why);
+	}
+	return 0;
+}
+
+int opts_parse_text(const struct opt *t, const char *name, char *text, size_t len, char *err,
+		    size_t errlen)
+{
+	unsigned n = table_len(t), lineno = 0;
+	unsigned *seen = calloc(n ? n : 1, sizeof(*seen));
+	char *p = text, *end = text + len;
+	int rc = 0;
+
+	if (!seen)
+		return opt_error(err, errlen, -ENOMEM, "%s: out of memory", name);
+	err[0] = '\0';
+	text[len] = '\0';
+	while (!rc && p < end) {
+		char *nl = memchr(p, '\n', (size_t)(end - p));
+		char *le = nl ? nl : end;
+		char where[4200];
+
+		lineno++;
+		snprintf(where, sizeof(where), "%s:%u", name, lineno);
+		*le = '\0';
+		if (le > p && le[-1] == '\r')
+			*--le = '\0';
+		for (char *c = p; c < le; c++) {
+			unsigned char u = (unsigned char)*c;
+
+			if ((u < 0x20 && u != '\t') || u == 0x7f) {
+				rc = opt_error(err, errlen, -EINVAL, "%s: %s 0x%02x", where,
+					       u ? "control character" : "NUL byte", u);
+				break;
+			}
+		}
+		if (!rc)
+			rc = parse_line(t, seen, lineno, p, where, err, errlen);
+		p = (nl ? nl : end) + 1;
+	}
+	free(seen);
+	return rc;
+}
+
+/* The whole file, NUL-terminated; 0 or a negative errno with why in err. */
+static int read_config(const char *path, char **out, size_t *outlen, char *err, size_t errlen)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	size_t len = 0, cap = 4096;
+	struct stat st;
+	char *buf = NULL;
+	int rc = 0;
+
+	if (fd < 0)
+		return opt_error(err, errlen, -errno, "%s: %s", path, strerror(errno));
+	if (fstat(fd, &st)) {
+		rc = opt_error(err, errlen, -errno, "%s: %s", path, strerror(errno));
+		goto out;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		rc = opt_error(err, errlen, -EISDIR, "%s: is a directory, not a config file", path);
+		goto out;
+	}
+	if (S_ISREG(st.st_mode) && st.st_size > CONFIG_MAX) {
+		rc = opt_error(err, errlen, -EFBIG, "%s: larger than %u bytes: not a config file",
+			       path, CONFIG_MAX);
+		goto out;
+	}
+	for (;;) {
+		ssize_t k;
+
+		if (cap - len < 2) {
+			char *grown;
+
+			if (cap > CONFIG_MAX) {
+				rc = opt_error(err, errlen, -EFBIG, "%s: larger than %u bytes: not a "
+					       "config file", path, CONFIG_MAX);
+				goto out;
+			}
+			cap *= 2;
+			grown = realloc(buf, cap);
+			if (!grown) {
+				rc = opt_error(err, errlen, -ENOMEM, "%s: out of memory", path);
+				goto out;
+			}
+			buf = grown;
+		}
+		if (!buf && !(buf = malloc(cap))) {
+			rc = opt_error(err, errlen, -ENOMEM, "%s: out of memory", path);
+			goto out;
+		}
+		k = read(fd, buf + len, cap - len - 1);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0) {
+			rc = opt_error(err, errlen, -errno, "%s: %s", path, strerror(errno));
+			goto out;
+		}
+		if (!k)
+			break;
+		len += (size_t)k;
+	}
+	if (len > CONFIG_MAX)
+		rc = opt_error(err, errlen, -EFBIG, "%s: larger than %u bytes: not a config file",
+			       path, CONFIG_MAX);
+out:
+	close(fd);
+	if (rc) {
+		free(buf);
+		return rc;
+	}
+	buf[len] = '\0';
+	*out = buf;
+	*outlen = len;
+	return 0;
 }
 
 int opts_parse_file(const struct opt *t, const char *prog, const char *path)
 {
-	FILE *f = fopen(path, "r");
-	char line[4096], where[4200];
-	unsigned lineno = 0;
-	int rc = 0;
+	char err[4608], **grown, *text = NULL;
+	size_t len = 0;
+	int rc;
 
-	if (!f) {
-		rc = -errno;
-		fprintf(stderr, "%s: config file %s: %s\n", prog, path, strerror(-rc));
+	rc = read_config(path, &text, &len, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "%s: config file %s\n", prog, err);
 		return rc;
 	}
-	while (!rc && fgets(line, sizeof(line), f)) {
-		char *name, *val, *hash = strchr(line, '#');
-		const struct opt *o = NULL;
-		size_t len;
-
-		lineno++;
-		if (!strchr(line, '\n') && !feof(f)) {
-			fprintf(stderr, "%s: %s:%u: line too long\n", prog, path, lineno);
-			rc = -EINVAL;
-			break;
-		}
-		if (hash)
-			*hash = '\0';
-		name = trim(line);
-		if (!*name)
-			continue;
-		len = strcspn(name, " \t=");
-		val = name + len;
-		if (*val) {
-			*val++ = '\0';
-			val = trim(val);
-			if (*val == '=')
-				val = trim(val + 1);
-		}
-		for (unsigned i = 0; t[i].name && !o; i++)
-			if (!strcmp(t[i].name, name))
-				o = &t[i];
-		snprintf(where, sizeof(where), "%s: %s:%u", prog, path, lineno);
-		if (!o) {
-			fprintf(stderr, "%s: unknown option \"%s\"\n", where, name);
-			rc = -EINVAL;
-		} else if (o->type == OPT_FLAG && *val) {
-			fprintf(stderr, "%s: %s takes no value\n", where, name);
-			rc = -EINVAL;
-		} else if (o->type != OPT_FLAG && !*val) {
-			fprintf(stderr, "%s: %s needs a value\n", where, name);
-			rc = -EINVAL;
-		} else if (o->type == OPT_STRING || o->type == OPT_LIST) {
-			/* The option keeps pointing at the value. */
-			char *keep = keep_value(val);
-
-			rc = keep ? set_opt(o, where, keep) : -ENOMEM;
-		} else {
-			rc = set_opt(o, where, val);
-		}
+	grown = realloc(kept, (nkept + 1) * sizeof(*kept));
+	if (!grown) {
+		free(text);
+		fprintf(stderr, "%s: config file %s: out of memory\n", prog, path);
+		return -ENOMEM;
 	}
-	fclose(f);
+	kept = grown;
+	kept[nkept++] = text;
+	rc = opts_parse_text(t, path, text, len, err, sizeof(err));
+	if (rc)
+		fprintf(stderr, "%s: %s\n", prog, err);
 	return rc;
 }
 
-const char *opts_find(int argc, char **argv, const char *name, char short_name)
+/* ---- log levels ------------------------------------------------------------------ */
+
+int opts_log_level_parse(const char *s)
 {
-	size_t n = strlen(name);
+	static const char *const names[] = { "error", "warn", "info", "debug" };
 
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
+	if (!s)
+		return -EINVAL;
+	if (s[0] >= '0' && s[0] <= '3' && !s[1])
+		return s[0] - '0';
+	if (!strcasecmp(s, "warning"))
+		return 1;
+	for (unsigned i = 0; i < ARRAY_SIZE(names); i++)
+		if (!strcasecmp(s, names[i]) || (strlen(s) == 3 && !strncasecmp(s, names[i], 3)))
+			return (int)i;
+	return -EINVAL;
+}
 
-		if (!strcmp(a, "--"))
-			break;
-		if (!strncmp(a, "--", 2) && !strncmp(a + 2, name, n)) {
-			if (a[2 + n] == '=')
-				return a + 3 + n;
-			if (!a[2 + n] && i + 1 < argc)
-				return argv[i + 1];
-		}
-		if (short_name && a[0] == '-' && a[1] == short_name) {
-			if (a[2])
-				return a + 2;
-			if (i + 1 < argc)
-				return argv[i + 1];
-		}
+int opts_log_level(const char *prog, const char *opt_name, const char *value, int dflt)
+{
+	const char *env = getenv("RTRS_LOG_LEVEL");
+	int level;
+
+	if (value) {
+		level = opts_log_level_parse(value);
+		if (level < 0)
+			fprintf(stderr, "%s: %s %s: expected error, warn, info or debug\n", prog,
+				opt_name, value);
+		return level;
 	}
-	return NULL;
+	if (env) {
+		level = opts_log_level_parse(env);
+		if (level < 0)
+			fprintf(stderr, "%s: RTRS_LOG_LEVEL=%s: expected error, warn, info or debug\n",
+				prog, env);
+		return level;
+	}
+	return dflt;
 }

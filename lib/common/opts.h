@@ -7,15 +7,17 @@
 #define RTRS_COMMON_OPTS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 enum opt_type {
-	OPT_FLAG,    /* bool, no argument */
+	OPT_FLAG,    /* bool: --NAME sets it, --no-NAME clears it */
 	OPT_UINT,    /* unsigned decimal within [min, max] */
 	OPT_SIZE,    /* size with K/M/G suffix within [min, max] */
-	OPT_STRING,  /* const char * */
+	OPT_STRING,  /* const char *, not empty */
 	OPT_CHOICE,  /* one of choices[]; stores the index (unsigned) */
 	OPT_LIST,    /* repeatable string; appended to a string list */
+	OPT_CONFIG,  /* const char *: a config file, read before the rest of the command line */
 };
 
 struct opt_list {
@@ -35,27 +37,64 @@ struct opt {
 };
 
 /*
- * Parses argv against the table (ending with a zeroed entry). Positional
- * arguments are left in argv[*first_pos .. argc). Returns 0, 1 when --help
- * was printed, or -EINVAL after printing a clear error.
+ * Parses argv against the table (ending with a zeroed entry). Long options
+ * may be abbreviated to any unambiguous prefix; every flag also has a
+ * --no-NAME form that clears it (except flags whose name starts with
+ * "no-"). When the table has an OPT_CONFIG entry and the command line
+ * gives it (in any form the parser accepts: -c F, --config=F, --conf F),
+ * that file is read first (opts_parse_file), so the command line wins.
+ * Positional arguments are left in argv[*first_pos .. argc). Returns 0, 1
+ * when --help was printed, or a negative errno after printing a clear
+ * error.
  */
 int opts_parse(const struct opt *table, const char *prog, const char *usage, int argc,
 	       char **argv, int *first_pos);
 void opts_help(const struct opt *table, const char *prog, const char *usage);
 
 /*
- * Reads a config file against the same table: one option per line,
- * "name value" or "name = value" (a flag: just "name"), '#' starts a
- * comment, blank lines are skipped. Values are kept for the life of the
- * process. Read it before opts_parse() so that the command line wins.
- * Returns 0, or a negative errno after printing "prog: FILE:LINE: why".
+ * Reads a config file against the same table (exact names, no prefixes):
+ *
+ *   - one option per line: "NAME VALUE" or "NAME = VALUE"; blank lines
+ *     are skipped;
+ *   - a flag: "NAME" or "NAME true|false|yes|no|on|off" (also with '='),
+ *     or "no-NAME" to clear it;
+ *   - '#' starts a comment at the start of a line or after a blank (space
+ *     or tab); elsewhere it is part of the value ("a#b" is a value);
+ *   - a value in double quotes keeps blanks and '#'; inside them \" is a
+ *     quote and \\ a backslash; no other escape exists;
+ *   - an option other than OPT_LIST given twice, an unknown name, a
+ *     missing or extra value, a control character, a NUL byte, a config
+ *     option (files do not nest), a directory, an unreadable file, or one
+ *     larger than 1 MiB is an error.
+ *
+ * Values are kept for the life of the process. Returns 0, or a negative
+ * errno after printing "prog: FILE:LINE: why" (or "prog: FILE: why").
  */
 int opts_parse_file(const struct opt *table, const char *prog, const char *path);
 
 /*
- * The value of option `name` (or -short_name) on the command line, found
- * without parsing the rest: where the config file is. NULL if absent.
+ * The parser behind opts_parse_file, on text in memory: text holds len
+ * bytes and has room for one more (it is rewritten in place, and string
+ * options point into it, so the caller keeps it while they are used).
+ * name is the file name for messages. Returns 0, or a negative errno with
+ * "NAME:LINE: why" in err (errlen bytes, always terminated).
  */
-const char *opts_find(int argc, char **argv, const char *name, char short_name);
+int opts_parse_text(const struct opt *table, const char *name, char *text, size_t len,
+		    char *err, size_t errlen);
+
+/*
+ * Log levels by name, as RTRS_LOG_LEVEL takes them: error, warn, info,
+ * debug (any case), their first three letters, "warning", or 0..3.
+ * Returns the level (0 error .. 3 debug) or -EINVAL.
+ */
+int opts_log_level_parse(const char *s);
+
+/*
+ * The level a program logs at. A level given as an option (value, from
+ * option opt_name; NULL when not given) wins; else RTRS_LOG_LEVEL from the
+ * environment; else dflt. Returns the level, or -EINVAL after printing
+ * "prog: --log-level X: ..." or "prog: RTRS_LOG_LEVEL=X: ...".
+ */
+int opts_log_level(const char *prog, const char *opt_name, const char *value, int dflt);
 
 #endif

@@ -946,6 +946,11 @@ int rnbd_srv_port(struct rnbd_srv *srv, unsigned timeout_ms)
 	return rc ? rc : rtrs_srv_get_port(srv->rtrs);
 }
 
+int rnbd_srv_check_keys(struct rnbd_srv *srv)
+{
+	return srv ? rtrs_srv_check_keys(srv->rtrs) : -EINVAL;
+}
+
 int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char *dev_name)
 {
 	struct rel_waiter w = { false };

@@ -792,10 +792,9 @@ static int names_add(struct name_set *set, const char *s, size_t len, const char
 	return 0;
 }
 
-/* Looks host up in a key file's text (see rtrs_auth_keyfile_lookup). */
-static int keyfile_parse(const char *buf, size_t len, const char *host,
-			 struct rtrs_auth_key *hkey, struct rtrs_auth_key *ckey, unsigned *line,
-			 const char **why)
+int rtrs_auth_keyfile_parse(const char *buf, size_t len, const char *host,
+			    struct rtrs_auth_key *hkey, struct rtrs_auth_key *ckey, unsigned *line,
+			    const char **why)
 {
 	struct rtrs_auth_key th, tc;
 	struct name_set names = { 0 };
@@ -874,7 +873,7 @@ int rtrs_auth_keyfile_lookup(const char *path, const char *host, struct rtrs_aut
 	rc = read_secret_file(path, &buf, &len, why);
 	if (rc)
 		return rc;
-	rc = keyfile_parse(buf, len, host, hkey, ckey, line, why);
+	rc = rtrs_auth_keyfile_parse(buf, len, host, hkey, ckey, line, why);
 	free_secret(buf, len);
 	return rc;
 }
@@ -1030,7 +1029,7 @@ int rtrs_keyfile_lookup(struct rtrs_keyfile *kf, const char *host, struct rtrs_a
 	pthread_mutex_unlock(&kf->lock);
 	if (rc)
 		return rc;
-	rc = keyfile_parse(copy, len, host, hkey, ckey, line, why);
+	rc = rtrs_auth_keyfile_parse(copy, len, host, hkey, ckey, line, why);
 	free_secret(copy, len);
 	return rc;
 }

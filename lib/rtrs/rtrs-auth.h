@@ -126,6 +126,11 @@ int rtrs_auth_key_load(const char *arg, struct rtrs_auth_key *out, const char **
 int rtrs_auth_keyfile_lookup(const char *path, const char *host, struct rtrs_auth_key *hkey,
 			     struct rtrs_auth_key *ckey, unsigned *line, const char **why);
 
+/* The same on a key file's text (len bytes, NUL-terminated): the parser alone. */
+int rtrs_auth_keyfile_parse(const char *buf, size_t len, const char *host,
+			    struct rtrs_auth_key *hkey, struct rtrs_auth_key *ckey, unsigned *line,
+			    const char **why);
+
 /*
  * The same lookup on a key file read by a thread of its own, so that a
  * file that blocks (a hung network file system) never stalls the caller

@@ -20,6 +20,7 @@ done
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "SKIP: fio has no nbd engine"; exit 77; }
 
 . "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/nbdkit-sanitizer.sh" # skips a sanitizer build
 dir=$(mktemp -d /var/tmp/rnbd-interop.XXXXXX)
 cleanup() {
 	mountpoint -q "$dir/mnt" 2>/dev/null && { fusermount3 -u "$dir/mnt" 2>/dev/null || umount "$dir/mnt"; }

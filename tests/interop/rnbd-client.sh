@@ -9,7 +9,17 @@
 #            its counters while perf runs, and nothing once it is gone,
 #   bad input (a missing device, an unaligned --bs, a path escaping the
 #            search path, input longer than the device) fails with a clear
-#            message and exit status 1 or 2.
+#            message and exit status 1 or 2;
+#   write    input ending inside a block leaves the rest of that block as
+#            it was (read-modify-write); input longer than the room from the
+#            offset writes nothing from a regular file, and from a pipe not
+#            the piece that reaches the end;
+#   sessions two runs at once with the default session name both work; two
+#            with one --session: the second is told the name is in use;
+#   info     says how it mapped the device (ro), not that the device is
+#            read-only; errors do not repeat the program's name;
+#   logging  RTRS_LOG_LEVEL=info shows librnbd's info lines, unless
+#            --log-level says otherwise.
 # Usage: rnbd-client.sh BUILD_DIR.
 set -euo pipefail
 build=$(cd "${1:?usage: rnbd-client.sh BUILD_DIR}" && pwd)
@@ -22,7 +32,8 @@ trap 'kill_pids; [ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
 
 size=$((16 << 20))
 mkdir "$dir/export"
-truncate -s "$size" "$dir/export/disk.img"
+head -c "$size" /dev/urandom >"$dir/export/disk.img"
+cp "$dir/export/disk.img" "$dir/orig.img"
 echo secret >"$dir/outside.txt"
 rnbd_server_start "$dir/server.log" -- --port 0 --dev-search-path "$dir/export" \
 	--mem-device "mem0:$((64 << 20))" --control "$dir/ctl" || exit 1
@@ -35,11 +46,11 @@ check "the server's file holds it at the offset" \
 check "read it back" c read --device disk.img --file "$dir/out.bin" --offset 1M --length 5M
 check "checksums equal" test "$(sha256sum <"$dir/in.bin")" = "$(sha256sum <"$dir/out.bin")"
 c info --device disk.img --json >"$dir/info.json"
-check "info: size, read-only map, limits" python3 - "$dir/info.json" "$size" <<'PY'
+check "info: size, the mapping's mode, limits" python3 - "$dir/info.json" "$size" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["bytes"] == int(sys.argv[2]), j
-assert j["read_only"] is True and j["logical_block_size"] == 512, j
+assert j["mode"] == "ro" and "read_only" not in j and j["logical_block_size"] == 512, j
 assert j["max_io"] > 0 and j["queue_depth"] > 0 and j["discard"] is True, j
 PY
 
@@ -84,8 +95,101 @@ check "an unaligned --bs: refused with the reason" \
 check "a path out of the search path: refused" \
 	bash -c "[ $rc3 = 1 ] && grep -q 'outside.txt (ro): Invalid argument' '$dir/err3'"
 check "input past the device's end: exit 1, said" \
-	bash -c "[ $rc5 = 1 ] && grep -q 'input longer than disk.img' '$dir/err5'"
+	bash -c "[ $rc5 = 1 ] && grep -q 'do not fit in the 4194304 bytes of disk.img from offset 12582912; nothing written' '$dir/err5'"
 check "no --server: usage error" bash -c "[ $rc4 = 1 ] && grep -q -- '--server' '$dir/err4'"
 check "the server is still up and holds nothing" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+
+# ---- write: the bytes around the input ------------------------------------
+
+# dev_bytes OFFSET LENGTH [FILE]: those bytes of the server's file (or FILE).
+dev_bytes() {
+	dd if="${3:-$dir/export/disk.img}" iflag=skip_bytes,count_bytes skip="$1" count="$2" \
+		bs=64K status=none
+}
+max_io=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["max_io"])' "$dir/info.json")
+
+# Input ending inside a block: the block's other bytes stay.
+off=$((2 << 20))
+dev_bytes "$off" 4096 >"$dir/before.bin"
+head -c 1000 /dev/urandom >"$dir/short.bin"
+check "write of 1000 bytes" c write --device disk.img --file "$dir/short.bin" --offset 2M
+check "... they are on the device" cmp -s "$dir/short.bin" <(dev_bytes "$off" 1000)
+check "... and the rest of their last block is as it was" \
+	cmp -s <(dev_bytes 1000 24 "$dir/before.bin") <(dev_bytes $((off + 1000)) 24)
+check "... and so is the block after it" \
+	cmp -s <(dev_bytes 1024 3072 "$dir/before.bin") <(dev_bytes $((off + 1024)) 3072)
+
+# Input longer than the room from the offset: a regular file writes nothing.
+dev_bytes $((12 << 20)) $((4 << 20)) "$dir/orig.img" >"$dir/tail-before.bin"
+check "an input file too long for the device (above): nothing written" \
+	cmp -s "$dir/tail-before.bin" <(dev_bytes $((12 << 20)) $((4 << 20)))
+# From a pipe: the pieces (max_io from the offset) before the last are
+# written, the last one, which reaches the end, is not.
+last=$(((4 << 20) % max_io))
+[ "$last" -gt 0 ] || last=$max_io
+set +e
+cat "$dir/in.bin" | c write --device disk.img --file - --offset 12M >/dev/null 2>"$dir/err6"
+rc6=$?
+set -e
+check "a pipe too long for the device: exit 1, said" \
+	bash -c "[ $rc6 = 1 ] && grep -q 'input longer than the 4194304 bytes of disk.img from offset 12582912; the last $last bytes that fit were not written' '$dir/err6'"
+check "... the piece reaching the end is not written" \
+	cmp -s <(dev_bytes $(((4 << 20) - last)) "$last" "$dir/tail-before.bin") \
+	<(dev_bytes $(((16 << 20) - last)) "$last")
+check "... the pieces before it are" \
+	cmp -s <(dev_bytes 0 $(((4 << 20) - last)) "$dir/in.bin") \
+	<(dev_bytes $((12 << 20)) $(((4 << 20) - last)))
+
+# ---- session names, info labels, messages -----------------------------------
+
+both() { # two runs at once with the default session name
+	"$client" perf --server "127.0.0.1:$port" --device mem0 --runtime 2 >/dev/null 2>"$dir/s1.err" &
+	local p=$!
+	sleep 0.5
+	"$client" info --server "127.0.0.1:$port" --device mem0 >/dev/null 2>"$dir/s2.err"
+	local r=$?
+	wait "$p" && [ $r -eq 0 ] || { cat "$dir/s1.err" "$dir/s2.err"; return 1; }
+}
+check "two runs at once with the default session name" both
+c perf --device mem0 --runtime 2 >/dev/null 2>&1 &
+busy=$!
+pids+=($busy)
+cli_listed() { ctl "$dir/ctl" list | grep -q '^cli mem0'; }
+wait_until 10 cli_listed || true # the check below fails if it never came
+set +e
+c info --device disk.img >/dev/null 2>"$dir/err7"
+rc7=$?
+set -e
+wait "$busy" || true
+check "one --session twice at once: the second is told the name is in use" \
+	bash -c "[ $rc7 = 1 ] && grep -q 'session cli to 127.0.0.1:$port: the name is in use' '$dir/err7'"
+
+check "info on a writable file: says the mapping is ro, not the device read-only" \
+	bash -c "out=\$('$client' info --server 127.0.0.1:$port --device disk.img) &&
+		[[ \$out == *', mapped ro'* && \$out != *read-only* ]] || { echo \"  \$out\"; false; }"
+check "info --mode rw: mode rw in JSON" \
+	bash -c "'$client' info --server 127.0.0.1:$port --device disk.img --mode rw --json |
+		python3 -c 'import json,sys; assert json.load(sys.stdin)[\"mode\"] == \"rw\"'"
+check "errors do not repeat the program's name" \
+	bash -c "! grep -h 'rnbd-client: rnbd-client' '$dir'/err*"
+"$client" info --server "127.0.0.1:$port" --device nothing-here >/dev/null 2>"$dir/err8" || true
+check "... not with the default session either" \
+	bash -c "grep -q 'rnbd-client: session rnbd-client-.*: device nothing-here (ro): No such file' '$dir/err8' &&
+		! grep -q 'rnbd-client: rnbd-client' '$dir/err8'"
+
+# ---- log level ------------------------------------------------------------------
+
+RTRS_LOG_LEVEL=info c info --device disk.img >/dev/null 2>"$dir/log-info.err" || true
+check "RTRS_LOG_LEVEL=info: librnbd's info lines" grep -q 'rtrs info: .*mapped disk.img' "$dir/log-info.err"
+RTRS_LOG_LEVEL=info c info --device disk.img --log-level warn >/dev/null 2>"$dir/log-warn.err" || true
+check "--log-level warn wins over it" bash -c "! grep -q 'rtrs info' '$dir/log-warn.err'"
+c info --device disk.img >/dev/null 2>"$dir/log-default.err" || true
+check "neither: warnings only (the default)" bash -c "! grep -q 'rtrs info' '$dir/log-default.err'"
+set +e
+RTRS_LOG_LEVEL=chatty c info --device disk.img >/dev/null 2>"$dir/log-bad.err"
+rc9=$?
+set -e
+check "a bad RTRS_LOG_LEVEL: exit 2, said" \
+	bash -c "[ $rc9 = 2 ] && grep -q 'RTRS_LOG_LEVEL=chatty: expected error, warn, info or debug' '$dir/log-bad.err'"
 
 finish rnbd-client

@@ -78,6 +78,56 @@ static void quiet_end(int fd, int saved)
 	close(saved);
 }
 
+/* What is written to fd (1 or 2) between capture_begin and capture_end. */
+struct capture {
+	FILE *f;
+	int fd, saved;
+};
+
+static void capture_begin(struct capture *c, int fd)
+{
+	c->f = tmpfile();
+	if (!c->f) {
+		perror("tmpfile");
+		exit(1);
+	}
+	fflush(stdout);
+	fflush(stderr);
+	c->fd = fd;
+	c->saved = dup(fd);
+	dup2(fileno(c->f), fd);
+}
+
+/* The text into buf (len bytes, terminated). */
+static void capture_end(struct capture *c, char *buf, size_t len)
+{
+	size_t n;
+
+	fflush(stdout);
+	fflush(stderr);
+	dup2(c->saved, c->fd);
+	close(c->saved);
+	rewind(c->f);
+	n = fread(buf, 1, len - 1, c->f);
+	buf[n] = '\0';
+	fclose(c->f);
+}
+
+/* The --help text of table t into buf; opts_parse's return code. */
+static int help_text(const struct opt *t, const char *usage, char *buf, size_t len)
+{
+	char *argv[] = { (char *)"prog", (char *)"--help", NULL };
+	struct capture c;
+	int fp = -1, rc, err;
+
+	capture_begin(&c, 1);
+	err = quiet_begin(2);
+	rc = opts_parse(t, "prog", usage, 2, argv, &fp);
+	quiet_end(2, err);
+	capture_end(&c, buf, len);
+	return rc;
+}
+
 /* ---- util.h: bit helpers and wire integers ------------------------------ */
 
 static void test_bits(void)
@@ -598,37 +648,18 @@ static void test_opts_help(void)
 {
 	struct opt t[NOPTS];
 	struct opt_vals v = { 0 };
-	char *argv[] = { (char *)"prog", (char *)"--help", NULL };
 	char buf[4096];
-	FILE *f = tmpfile();
-	int saved, err, fp = -1, rc;
-	size_t n;
+	int rc;
 
-	if (!f) {
-		CHECK(f != NULL, "tmpfile: %s", strerror(errno));
-		return;
-	}
 	table_init(t, &v);
 	vals_reset(&v);
 	v.name = "dflt";
-	fflush(stdout);
-	saved = dup(1);
-	dup2(fileno(f), 1);
-	err = quiet_begin(2);
-	rc = opts_parse(t, "prog", "[options] FILE", 2, argv, &fp);
-	quiet_end(2, err);
-	fflush(stdout);
-	dup2(saved, 1);
-	close(saved);
-	rewind(f);
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	buf[n] = '\0';
-	fclose(f);
+	rc = help_text(t, "[options] FILE", buf, sizeof(buf));
 
 	CHECK_EQ(rc, 1);
 	CHECK(strstr(buf, "Usage: prog [options] FILE") != NULL, "help:\n%s", buf);
-	CHECK(strstr(buf, "-v, --verbose") != NULL);
-	CHECK(strstr(buf, "    --quiet") != NULL);
+	CHECK(strstr(buf, "-v, --[no-]verbose") != NULL);
+	CHECK(strstr(buf, "    --[no-]quiet") != NULL);
 	CHECK(strstr(buf, "-d, --depth N") != NULL);
 	CHECK(strstr(buf, "(default 5)") != NULL);
 	CHECK(strstr(buf, "(default 4096)") != NULL);
@@ -1344,91 +1375,331 @@ static void test_keyperm(void)
 
 /* ---- opts.h: config files ------------------------------------------------ */
 
-static int write_conf(char *path, const char *text)
+static void write_conf(char *path, const char *text, size_t len)
 {
 	int fd;
 
 	strcpy(path, "/tmp/rtrs-opts-test.XXXXXX");
 	fd = mkstemp(path);
-	if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text))
+	if (fd < 0 || write(fd, text, len) != (ssize_t)len)
 		abort();
 	close(fd);
-	return 0;
+}
+
+/*
+ * Runs opts_parse_file on text with stderr captured: the return code, and
+ * what it printed in msg.
+ */
+static int parse_conf_len(const struct opt *t, const char *text, size_t len, char *path,
+			  char *msg, size_t msglen)
+{
+	struct capture c;
+	int rc;
+
+	write_conf(path, text, len);
+	capture_begin(&c, 2);
+	rc = opts_parse_file(t, "prog", path);
+	capture_end(&c, msg, msglen);
+	unlink(path);
+	return rc;
+}
+
+static int parse_conf(const struct opt *t, const char *text, char *path, char *msg,
+		      size_t msglen)
+{
+	return parse_conf_len(t, text, strlen(text), path, msg, msglen);
 }
 
 static void test_opts_file(void)
 {
 	struct opt t[NOPTS];
 	struct opt_vals v = { 0 };
-	char path[64];
-	int err, rc;
+	char path[64], msg[512], want[600];
+	int rc;
 
 	table_init(t, &v);
 	vals_reset(&v);
-	write_conf(path, "# a comment\n\n  verbose\n"
-			 "depth = 64   # trailing comment\n"
-			 "size 1M\n"
-			 "name=my session name\n"
-			 "mode\tmixed\n"
-			 "peer a:1\npeer = b:2\n");
-	rc = opts_parse_file(t, "prog", path);
+	rc = parse_conf(t, "# a comment\n\n  verbose\n"
+			   "depth = 64   # trailing comment\n"
+			   "size 1M\n"
+			   "name=my session name\n"
+			   "mode\tmixed\n"
+			   "peer a:1\npeer = b:2\n", path, msg, sizeof(msg));
 	CHECK_EQ(rc, 0);
+	CHECK(!*msg, "printed: %s", msg);
 	CHECK(v.verbose && !v.quiet);
 	CHECK_EQ(v.depth, 64);
 	CHECK_EQ(v.size, 1 << 20);
 	CHECK(v.name && !strcmp(v.name, "my session name"), "%s", v.name ? v.name : "NULL");
 	CHECK_EQ(v.mode, 2);
 	CHECK_EQ(v.peers.n, 2);
-	unlink(path);
 
-	/* The command line after the file wins. */
+	/* The command line after the file wins, and clears a flag the file set. */
 	{
 		struct argv_store st;
 		int fp;
 
-		rc = parse_args(t, &st, &fp, ARGS("--depth", "8"));
+		rc = parse_args(t, &st, &fp, ARGS("--depth", "8", "--no-verbose"));
 		CHECK_EQ(rc, 0);
 		CHECK_EQ(v.depth, 8);
 		CHECK_EQ(v.size, 1 << 20);
+		CHECK(!v.verbose, "--no-verbose did not clear the file's verbose");
 	}
 
-	/* Errors name the file and line. */
-	static const char *const bad[] = {
-		"depth 64\nnosuch 1\n", "verbose yes\n", "depth\n", "depth 999\n",
-		"mode sideways\n", "size 1Q\n",
+	/*
+	 * '#' is a comment only at the start or after a blank; a quoted value
+	 * keeps blanks and '#', with \" and \\ the only escapes.
+	 */
+	vals_reset(&v);
+	rc = parse_conf(t, "name a#b   # comment\npeer x#1#2\npeer \"  q #x \\\"y\\\" \\\\z \" # c\n"
+			   "peer=#5\npeer \"\\\\\"\n", path, msg, sizeof(msg));
+	CHECK_EQ(rc, 0);
+	CHECK(!*msg, "printed: %s", msg);
+	CHECK(v.name && !strcmp(v.name, "a#b"), "%s", v.name ? v.name : "NULL");
+	CHECK_EQ(v.peers.n, 4);
+	if (v.peers.n == 4) {
+		CHECK(!strcmp(v.peers.items[0], "x#1#2"), "%s", v.peers.items[0]);
+		CHECK(!strcmp(v.peers.items[1], "  q #x \"y\" \\z "), "[%s]", v.peers.items[1]);
+		CHECK(!strcmp(v.peers.items[2], "#5"), "%s", v.peers.items[2]);
+		CHECK(!strcmp(v.peers.items[3], "\\"), "%s", v.peers.items[3]);
+	}
+
+	/* Flags: bare, with a truth value, or negated; CRLF line ends. */
+	vals_reset(&v);
+	v.quiet = true;
+	rc = parse_conf(t, "verbose = yes\r\nno-quiet\r\n", path, msg, sizeof(msg));
+	CHECK_EQ(rc, 0);
+	CHECK(v.verbose && !v.quiet);
+	vals_reset(&v);
+	v.verbose = true;
+	rc = parse_conf(t, "verbose false\nquiet on\n", path, msg, sizeof(msg));
+	CHECK_EQ(rc, 0);
+	CHECK(!v.verbose && v.quiet);
+
+	/* Errors print "prog: FILE:LINE: why" and leave later lines unread. */
+	static const struct {
+		const char *text, *why;
+		unsigned line;
+	} bad[] = {
+		{ "depth 64\nnosuch 1\n", "unknown option \"nosuch\"", 2 },
+		{ "verbose maybe\n", "verbose maybe: expected true, false", 1 },
+		{ "no-verbose yes\n", "no-verbose takes no value", 1 },
+		{ "no-depth 3\n", "unknown option \"no-depth\"", 1 },
+		{ "depth\n", "depth needs a value", 1 },
+		{ "depth # 5\n", "depth needs a value", 1 },
+		{ "\n\ndepth 999\n", "depth 999: expected a number in 1..128", 3 },
+		{ "mode sideways\n", "mode sideways: not one of read write mixed", 1 },
+		{ "size 1Q\n", "size 1Q: expected a size", 1 },
+		{ "depth 4\ndepth 5\n", "depth set again (first on line 1)", 2 },
+		{ "verbose\nno-verbose\n", "verbose set again (first on line 1)", 2 },
+		{ "name \"abc\n", "no closing quote", 1 },
+		{ "name \"abc\\\n", "no closing quote", 1 },
+		{ "name \"a\\tb\"\n", "unknown escape \\t", 1 },
+		{ "name \"a\"b\n", "text after the closing quote", 1 },
+		{ "name \"a\" b\n", "text after the closing quote", 1 },
+		{ "name \"\"\n", "name needs a value", 1 },
+		{ "name a\x01" "b\n", "control character 0x01", 1 },
+		{ "peer a\n\x1b[31m\n", "control character 0x1b", 2 },
+		{ "--depth 3\n", "unknown option \"--depth\"", 1 },
+		{ "dep 3\n", "unknown option \"dep\"", 1 },
 	};
 	for (unsigned i = 0; i < ARRAY_SIZE(bad); i++) {
-		write_conf(path, bad[i]);
-		err = quiet_begin(2);
-		rc = opts_parse_file(t, "prog", path);
-		quiet_end(2, err);
+		vals_reset(&v);
+		rc = parse_conf(t, bad[i].text, path, msg, sizeof(msg));
+		snprintf(want, sizeof(want), "prog: %s:%u: %s", path, bad[i].line, bad[i].why);
 		CHECK_EQ(rc, -EINVAL);
-		unlink(path);
+		CHECK(!strncmp(msg, want, strlen(want)), "case %u: got \"%s\", want \"%s...\"", i,
+		      msg, want);
 	}
-	err = quiet_begin(2);
-	CHECK_EQ(opts_parse_file(t, "prog", "/nonexistent/rtrs.conf"), -ENOENT);
-	quiet_end(2, err);
+	/* A NUL byte, where a C string would end the line quietly. */
 	vals_reset(&v);
-	free(v.peers.items);
+	rc = parse_conf_len(t, "depth 7\nname ab\0cd\n", 19, path, msg, sizeof(msg));
+	snprintf(want, sizeof(want), "prog: %s:2: NUL byte", path);
+	CHECK_EQ(rc, -EINVAL);
+	CHECK(!strncmp(msg, want, strlen(want)), "got \"%s\"", msg);
 
-	/* Finding --config before parsing. */
+	/* Files that are not config files. */
+	rc = parse_conf(t, "", path, msg, sizeof(msg));
+	CHECK_EQ(rc, 0);
 	{
-		char *a1[] = { (char *)"p", (char *)"--x", (char *)"--config", (char *)"f1", NULL };
-		char *a2[] = { (char *)"p", (char *)"--config=f2", NULL };
-		char *a3[] = { (char *)"p", (char *)"-cf3", NULL };
-		char *a4[] = { (char *)"p", (char *)"--", (char *)"--config", (char *)"f4", NULL };
-		char *a5[] = { (char *)"p", (char *)"--configx", (char *)"f5", NULL };
-		const char *r;
+		struct capture c;
 
-		r = opts_find(4, a1, "config", 'c');
-		CHECK(r && !strcmp(r, "f1"));
-		r = opts_find(2, a2, "config", 'c');
-		CHECK(r && !strcmp(r, "f2"));
-		r = opts_find(2, a3, "config", 'c');
-		CHECK(r && !strcmp(r, "f3"));
-		CHECK(opts_find(4, a4, "config", 'c') == NULL);
-		CHECK(opts_find(3, a5, "config", 'c') == NULL);
+		capture_begin(&c, 2);
+		CHECK_EQ(opts_parse_file(t, "prog", "/nonexistent/rtrs.conf"), -ENOENT);
+		CHECK_EQ(opts_parse_file(t, "prog", "/tmp"), -EISDIR);
+		capture_end(&c, msg, sizeof(msg));
+		CHECK(strstr(msg, "prog: config file /nonexistent/rtrs.conf: No such file") != NULL,
+		      "%s", msg);
+		CHECK(strstr(msg, "prog: config file /tmp: is a directory") != NULL, "%s", msg);
 	}
+	{
+		size_t big = (1u << 20) + 1;
+		char *text = malloc(big);
+
+		memset(text, '#', big);
+		rc = parse_conf_len(t, text, big, path, msg, sizeof(msg));
+		CHECK_EQ(rc, -EFBIG);
+		CHECK(strstr(msg, "larger than 1048576 bytes") != NULL, "%s", msg);
+		free(text);
+	}
+	vals_reset(&v);
+}
+
+/*
+ * A table with a config option: the file is read first in whatever form
+ * the command line names it (abbreviated, short, attached), the command
+ * line wins, and a config line in the file is refused.
+ */
+static void test_opts_config(void)
+{
+	struct opt_vals v = { 0 };
+	const char *cfg = NULL;
+	struct opt t[NOPTS + 1];
+	char path[64], nested[64], line[128], msg[512];
+	struct argv_store st;
+	int fp, rc, err;
+
+	table_init(t, &v);
+	t[NOPTS - 1] = (struct opt){ .name = "config", .short_name = 'c', .type = OPT_CONFIG,
+				     .ptr = &cfg, .arg = "FILE", .help = "config file" };
+	t[NOPTS] = (struct opt){ 0 };
+	write_conf(path, "depth 64\nverbose\nname from-file\n", 32);
+
+	static const char *const forms[][3] = {
+		{ "--config", NULL, NULL }, { "--conf", NULL, NULL }, { "--con", NULL, NULL },
+		{ "-c", NULL, NULL }, { "--config=", NULL, NULL }, { "-c", "", "attached" },
+	};
+	for (unsigned i = 0; i < ARRAY_SIZE(forms); i++) {
+		char joined[128];
+
+		vals_reset(&v);
+		cfg = NULL;
+		if (forms[i][2] || strchr(forms[i][0], '=')) {
+			snprintf(joined, sizeof(joined), "%s%s", forms[i][0], path);
+			rc = parse_args(t, &st, &fp, ARGS("--depth", "9", joined, "pos"));
+		} else {
+			rc = parse_args(t, &st, &fp, ARGS("--depth", "9", forms[i][0], path, "pos"));
+		}
+		CHECK_EQ(rc, 0);
+		CHECK(cfg && !strcmp(cfg, path), "form %u: config = %s", i, cfg ? cfg : "NULL");
+		CHECK(v.verbose, "form %u (%s): the file was not read", i, forms[i][0]);
+		CHECK(v.name && !strcmp(v.name, "from-file"));
+		CHECK_EQ(v.depth, 9); /* the command line wins, even when it comes first */
+		CHECK(st.argv[fp] && !strcmp(st.argv[fp], "pos"));
+	}
+
+	/* A flag the file sets is cleared by --no-NAME. */
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp, ARGS("--no-verbose", "-c", path));
+	CHECK_EQ(rc, 0);
+	CHECK(!v.verbose);
+	CHECK_EQ(v.depth, 64);
+
+	/* --help is not held up by a config file. */
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp, ARGS("-c", "/nonexistent/x.conf", "--help"));
+	CHECK_EQ(rc, 1);
+
+	/* A config file given twice, empty, missing, or naming another. */
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp, ARGS("-c", path, "--config", path));
+	CHECK_EQ(rc, -EINVAL);
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp, ARGS("--config="));
+	CHECK_EQ(rc, -EINVAL);
+	vals_reset(&v);
+	rc = parse_args(t, &st, &fp, ARGS("--con", "/nonexistent/x.conf"));
+	CHECK_EQ(rc, -ENOENT);
+	snprintf(line, sizeof(line), "depth 3\nconfig %s\n", path);
+	write_conf(nested, line, strlen(line));
+	vals_reset(&v);
+	err = quiet_begin(2);
+	rc = parse_args(t, &st, &fp, ARGS("--conf", nested));
+	quiet_end(2, err);
+	CHECK_EQ(rc, -EINVAL);
+	CHECK(!v.verbose, "the nested file was read");
+	rc = parse_conf(t, line, nested, msg, sizeof(msg));
+	CHECK_EQ(rc, -EINVAL);
+	CHECK(strstr(msg, ":2: config: config files do not nest") != NULL, "%s", msg);
+	unlink(path);
+	vals_reset(&v);
+}
+
+/* Flags have a --[no-] form in --help and say when they default to on. */
+static void test_opts_negation(void)
+{
+	struct opt_vals v = { 0 };
+	bool on = true;
+	const struct opt t[] = {
+		{ .name = "verbose", .short_name = 'v', .type = OPT_FLAG, .ptr = &v.verbose,
+		  .help = "more output" },
+		{ .name = "invalidate", .type = OPT_FLAG, .ptr = &on, .help = "revoke keys" },
+		{ .name = "no-color", .type = OPT_FLAG, .ptr = &v.quiet, .help = "plain" },
+		{ 0 },
+	};
+	char buf[2048];
+	struct argv_store st;
+	int fp = -1, rc;
+
+	rc = parse_args(t, &st, &fp, ARGS("--no-invalidate", "--no-color", "-v", "--no-verb"));
+	CHECK_EQ(rc, 0);
+	CHECK(!on && v.quiet && !v.verbose);
+	rc = parse_args(t, &st, &fp, ARGS("--invalidate"));
+	CHECK_EQ(rc, 0);
+	CHECK(on);
+	/* A flag already named no-X has no --no-no-X; --no alone is ambiguous. */
+	rc = parse_args(t, &st, &fp, ARGS("--no-no-color"));
+	CHECK_EQ(rc, -EINVAL);
+	rc = parse_args(t, &st, &fp, ARGS("--no"));
+	CHECK_EQ(rc, -EINVAL);
+
+	rc = help_text(t, "", buf, sizeof(buf));
+	CHECK_EQ(rc, 1);
+	CHECK(strstr(buf, "-v, --[no-]verbose") != NULL, "%s", buf);
+	CHECK(strstr(buf, "--[no-]invalidate") && strstr(buf, "revoke keys (default on)"), "%s",
+	      buf);
+	CHECK(strstr(buf, "    --no-color ") != NULL, "%s", buf);
+	CHECK(strstr(buf, "Config file") == NULL, "no config option, no config help");
+}
+
+/* Log levels by name, and which source wins: the option, RTRS_LOG_LEVEL, the default. */
+static void test_opts_log_level(void)
+{
+	static const struct {
+		const char *s;
+		int level;
+	} names[] = {
+		{ "error", 0 }, { "ERR", 0 }, { "warn", 1 }, { "Warning", 1 }, { "war", 1 },
+		{ "info", 2 }, { "inf", 2 }, { "debug", 3 }, { "DEB", 3 }, { "0", 0 }, { "3", 3 },
+		{ "", -EINVAL }, { "4", -EINVAL }, { "errors", -EINVAL }, { "verbose", -EINVAL },
+		{ "in", -EINVAL }, { "03", -EINVAL }, { " info", -EINVAL },
+	};
+	const char *saved = getenv("RTRS_LOG_LEVEL");
+	char *keep = saved ? strdup(saved) : NULL;
+	int err;
+
+	for (unsigned i = 0; i < ARRAY_SIZE(names); i++)
+		CHECK(opts_log_level_parse(names[i].s) == names[i].level, "\"%s\" -> %d, want %d",
+		      names[i].s, opts_log_level_parse(names[i].s), names[i].level);
+	CHECK_EQ(opts_log_level_parse(NULL), -EINVAL);
+
+	unsetenv("RTRS_LOG_LEVEL");
+	CHECK_EQ(opts_log_level("prog", "--log-level", NULL, 1), 1);
+	CHECK_EQ(opts_log_level("prog", "--log-level", "debug", 1), 3);
+	setenv("RTRS_LOG_LEVEL", "error", 1);
+	CHECK_EQ(opts_log_level("prog", "--log-level", NULL, 2), 0);
+	CHECK_EQ(opts_log_level("prog", "--log-level", "info", 0), 2);
+	setenv("RTRS_LOG_LEVEL", "loud", 1);
+	err = quiet_begin(2);
+	CHECK_EQ(opts_log_level("prog", "--log-level", NULL, 2), -EINVAL);
+	CHECK_EQ(opts_log_level("prog", "--log-level", "7", 2), -EINVAL);
+	quiet_end(2, err);
+	CHECK_EQ(opts_log_level("prog", "--log-level", "warn", 2), 1); /* the option wins */
+	if (keep)
+		setenv("RTRS_LOG_LEVEL", keep, 1);
+	else
+		unsetenv("RTRS_LOG_LEVEL");
+	free(keep);
 }
 
 int main(void)
@@ -1444,6 +1715,9 @@ int main(void)
 	test_opts_help();
 	test_opts_twice();
 	test_opts_file();
+	test_opts_config();
+	test_opts_negation();
+	test_opts_log_level();
 	test_loop_work();
 	test_loop_fd();
 	test_loop_del_in_handler();

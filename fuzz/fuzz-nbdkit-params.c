@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libFuzzer target for the nbdkit plugin's parameters
+ * (nbdkit/rnbd-params.c). The input is nbdkit's command line after the
+ * plugin: one key=value per line (split at the first '='), given in order.
+ * Whatever they are:
+ *
+ *   - a refusal names its key (or says the key is unknown) and never
+ *     echoes a secret;
+ *   - a key other than server given again after it was accepted is
+ *     refused, and a ninth server too;
+ *   - what is accepted keeps the invariants the plugin relies on: paths
+ *     with a host, ports 1..65535, a mode, names the wire codecs accept,
+ *     numbers in their ranges;
+ *   - the configuration is complete exactly when it has a server.
+ *
+ * Values point into one heap copy of the input, kept until the end (the
+ * table keeps pointers, as nbdkit's strings live as long as the plugin).
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz-util.h"
+#include "rnbd-params.h"
+#include "rnbd-proto.h"
+#include "rtrs-proto.h"
+
+static bool printable_word(const char *s)
+{
+	if (!s || !*s)
+		return false;
+	for (; *s; s++)
+		if ((unsigned char)*s <= ' ' || (unsigned char)*s >= 0x7f)
+			return false;
+	return true;
+}
+
+static void check_cfg(const struct rnbd_plugin_cfg *c)
+{
+	const char *why;
+
+	FAIL_IF(c->npaths > RNBD_PLUGIN_MAX_PATHS);
+	for (unsigned i = 0; i < c->npaths; i++) {
+		FAIL_IF(!printable_word(c->paths[i].dst));
+		FAIL_IF(strchr(c->paths[i].dst, '@') != NULL);
+		FAIL_IF(c->paths[i].src && !printable_word(c->paths[i].src));
+		FAIL_IF(c->paths[i].src && strlen(c->paths[i].src) > RNBD_PLUGIN_SRC_MAX);
+	}
+	FAIL_IF(c->port < 1 || c->port > 65535);
+	FAIL_IF(c->mode != RNBD_CLT_RO && c->mode != RNBD_CLT_RW && c->mode != RNBD_CLT_MIGRATION);
+	FAIL_IF(c->log_level < -1 || c->log_level > 3);
+	FAIL_IF(c->io_cons > 1024 || c->fast_io_fail_ms > 3600000 ||
+		c->reconnect_delay_ms > 3600000);
+	FAIL_IF(!rtrs_name_valid(c->session));
+	FAIL_IF(c->device && !rnbd_dev_name_valid(c->device, &why));
+	FAIL_IF(!printable_word(c->provider));
+	FAIL_IF(c->host_name && !rtrs_auth_name_valid(c->host_name));
+	FAIL_IF(c->server_name && !rtrs_auth_name_valid(c->server_name));
+}
+
+/* Keys accepted so far (each at most once, but server). */
+struct seen {
+	const char *keys[64];
+	unsigned n;
+};
+
+static bool seen_has(const struct seen *s, const char *key)
+{
+	for (unsigned i = 0; i < s->n; i++)
+		if (!strcmp(s->keys[i], key))
+			return true;
+	return false;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct rnbd_plugin_cfg c;
+	struct seen seen = { .n = 0 };
+	char *text = malloc(size + 1), *p, *end, err[512];
+	unsigned servers = 0;
+	int rc;
+
+	if (!text)
+		abort();
+	memcpy(text, data, size);
+	text[size] = '\0';
+	rnbd_plugin_cfg_init(&c);
+	check_cfg(&c);
+	for (p = text, end = text + size; p <= end;) {
+		char *nl = memchr(p, '\n', (size_t)(end - p)), *eq, *key = p, *value;
+		bool secret, again;
+
+		if (nl)
+			*nl = '\0';
+		eq = strchr(p, '=');
+		if (eq)
+			*eq = '\0';
+		value = eq ? eq + 1 : p + strlen(p);
+		p = nl ? nl + 1 : end + 1;
+		secret = !strcmp(key, "secret") || !strcmp(key, "ctrl_secret");
+		again = strcmp(key, "server") && seen_has(&seen, key);
+		err[0] = '\0';
+		rc = rnbd_plugin_cfg_set(&c, key, value, err, sizeof(err));
+		FAIL_IF(rc != 0 && rc != -EINVAL && rc != -E2BIG);
+		check_cfg(&c);
+		if (!rc) {
+			FAIL_IF(again);
+			if (!strcmp(key, "server"))
+				servers++;
+			else if (seen.n < 64)
+				seen.keys[seen.n++] = key;
+			continue;
+		}
+		FAIL_IF(!err[0]);
+		if (rc == -E2BIG)
+			FAIL_IF(strcmp(key, "server") || servers != RNBD_PLUGIN_MAX_PATHS);
+		if (again) {
+			char want[300];
+
+			snprintf(want, sizeof(want), "%s= given twice", key);
+			FAIL_IF(strcmp(err, want));
+		}
+		if (secret) {
+			/* Exactly one of the messages that leave the value out. */
+			char a[64], b[64], d[64];
+
+			snprintf(a, sizeof(a), "%s=: expected DHHC-1:..., @FILE or file:FILE", key);
+			snprintf(b, sizeof(b), "%s= given twice", key);
+			snprintf(d, sizeof(d), "%s= needs a value", key);
+			FAIL_IF(strcmp(err, a) && strcmp(err, b) && strcmp(err, d));
+		} else if (strncmp(err, "unknown parameter ", 18)) {
+			size_t kl = strlen(key);
+
+			FAIL_IF(strncmp(err, key, kl) || err[kl] != '=');
+		}
+	}
+	FAIL_IF(c.npaths != servers);
+	rc = rnbd_plugin_cfg_complete(&c, err, sizeof(err));
+	FAIL_IF((rc == 0) != (c.npaths > 0));
+	free(text);
+	return 0;
+}

@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# rnbd-server's own front: its config file and command line.
+
+#   config   a file named with an abbreviated --conf is read; a bad line, a
+#            nested config line, a directory or a missing file stop the
+#            server with the file (and line) named, exit status 2; a flag the
+#            file sets is cleared with --no-FLAG; '#' inside a value and a
+#            quoted value with " #" reach the server intact.
+#   control  --control at a regular file, or at a socket a live server
+#            answers on, is refused and left alone; a stale socket (its
+#            server killed) is replaced; SIGTERM and SIGINT remove the
+#            socket; a client that leaves without reading does not kill the
+#            server (SIGPIPE); malformed requests get their reason.
+#   SIGHUP   checks the key file and logs the outcome, good or bad; the
+#            server keeps serving.
+#   log level RTRS_LOG_LEVEL is honoured (error: no info lines; debug:
+#            debug lines) unless --log-level or --quiet says otherwise; a
+#            bad value stops the server.
+# Usage: rnbd-server.sh BUILD_DIR.
+set -euo pipefail
+build=$(cd "${1:?usage: rnbd-server.sh BUILD_DIR}" && pwd)
+server=$build/daemons/rnbd-server
+client=$build/tools/rnbd-client
+command -v python3 >/dev/null || { echo "SKIP: python3 is not installed"; exit 77; }
+unset RTRS_LOG_LEVEL
+
+. "$(dirname "$0")/../lib/common.sh"
+dir=$(mktemp -d /var/tmp/rnbd-server.XXXXXX)
+trap 'kill_pids; rm -rf "$dir"' EXIT
+
+# refused NAME STATUS WANT ARGS...: the server exits STATUS at once, WANT in its stderr.
+refused() {
+	local name=$1 status=$2 want=$3 rc=0
+	shift 3
+	timeout 10 "$server" "$@" >"$dir/$name.out" 2>"$dir/$name.err" || rc=$?
+	if [ "$rc" -ne "$status" ] || ! grep -qF -- "$want" "$dir/$name.err"; then
+		echo "  exit $rc (want $status); stderr: $(cat "$dir/$name.err")"
+		return 1
+	fi
+}
+
+# stop_server [SIGNAL]: the last server started goes (SIGTERM) and is waited
+# for; its exit status is in $stopped.
+stop_server() {
+	kill "-${1:-TERM}" "${pids[-1]}" 2>/dev/null || true
+	stopped=0
+	wait "${pids[-1]}" 2>/dev/null || stopped=$?
+	unset 'pids[-1]'
+}
+
+# ---- config file ------------------------------------------------------------
+
+printf 'port 0\nqueue-depth 70000\n' >"$dir/bad.conf"
+check "a bad line through --conf: exit 2 naming the file and line" \
+	refused bad 2 "$dir/bad.conf:2: queue-depth 70000: expected a number in 1..65535" \
+	--conf "$dir/bad.conf"
+printf 'port 0\n' >"$dir/inner.conf"
+printf '# outer\nconfig %s\n' "$dir/inner.conf" >"$dir/nested.conf"
+check "a config line in a config file: refused" \
+	refused nested 2 "$dir/nested.conf:2: config: config files do not nest" -c "$dir/nested.conf"
+check "a directory as the config file: refused" \
+	refused isdir 2 "config file $dir: is a directory" --config "$dir"
+check "a missing config file: refused" \
+	refused missing 2 "config file $dir/none.conf: No such file or directory" \
+	--config="$dir/none.conf"
+check "an unknown option on the command line: refused" refused unknown 2 "--bogus" --bogus
+
+# The file says quiet; --no-quiet on the command line wins.
+printf 'port 0\nquiet\nmem-device m:1M\n' >"$dir/quiet.conf"
+rnbd_server_start "$dir/quiet.log" -- --conf "$dir/quiet.conf" || exit 1
+stop_server
+check "quiet from the file: no info lines" bash -c "! grep -q 'info' '$dir/quiet.log'"
+rnbd_server_start "$dir/noquiet.log" -- --conf "$dir/quiet.conf" --no-quiet || exit 1
+stop_server
+check "--no-quiet clears the file's quiet" grep -q 'rtrs info: ' "$dir/noquiet.log"
+
+# '#' inside a value, and a quoted value holding " #".
+mkdir "$dir/ex#1"
+head -c 65536 /dev/urandom >"$dir/ex#1/disk.img"
+cat >"$dir/hash.conf" <<EOF
+# the search path has a '#', not a comment
+dev-search-path $dir/ex#1   # this is one
+control "$dir/ctl #2"
+port = 0
+EOF
+rnbd_server_start "$dir/hash.log" -- -c "$dir/hash.conf" || exit 1
+check "a value with '#' is the whole value" \
+	"$client" read --server "127.0.0.1:$port" --session hash --device disk.img \
+	--file "$dir/out.img"
+check "... and the device read is the file below it" cmp -s "$dir/ex#1/disk.img" "$dir/out.img"
+check "a quoted value with ' #' is the whole value" \
+	test "$(ctl "$dir/ctl #2" list)" = "ok 0 devices"
+stop_server
+
+# ---- control socket ---------------------------------------------------------
+
+echo "a disk image, not a socket" >"$dir/image.raw"
+cp "$dir/image.raw" "$dir/image.orig"
+check "--control at a regular file: refused" \
+	refused regular 1 "--control $dir/image.raw: exists and is not a socket" \
+	--port 0 --control "$dir/image.raw"
+check "... and the file is intact" cmp -s "$dir/image.raw" "$dir/image.orig"
+
+rnbd_server_start "$dir/a.log" -- --port 0 --mem-device m:1M --control "$dir/ctl" || exit 1
+check "--control at a live server's socket: refused" \
+	refused live 1 "--control $dir/ctl: another server answers on this socket" \
+	--port 0 --control "$dir/ctl"
+check "... and that server still answers on it" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+
+# A client that sends and leaves at once: the answer meets a closed socket.
+for _ in 1 2 3; do
+	python3 - "$dir/ctl" <<'PY' || true # a failure shows in the check below
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(b"list\n")
+s.close()
+PY
+done
+check "a client leaving without reading does not kill the server" \
+	test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+
+# Requests: one line, the right words, names within bounds.
+answer() { test "$(ctl "$dir/ctl" "$1")" = "$2" || { echo "  got: $(ctl "$dir/ctl" "$1")"; return 1; }; }
+check "list with CRLF" answer $'list\r' "ok 0 devices"
+check "force-close with one argument" answer "force-close cli" "error: force-close needs SESSION DEVICE"
+check "force-close with four arguments" answer "force-close a b c" \
+	"error: force-close needs SESSION DEVICE"
+check "list with an argument" answer "list all" "error: list takes no arguments"
+check "a session name over 255 bytes" answer "force-close $(printf 's%.0s' {1..300}) d" \
+	"error: session name longer than 255 bytes"
+check "a control character" answer $'list\x1b' "error: control character in the request"
+check "a request over 1024 bytes" answer "$(printf 'x%.0s' {1..2000})" \
+	"error: request longer than 1024 bytes"
+check "an unknown device" answer "force-close cli nothing" "error: No such file or directory"
+check "an empty request" answer "" "error: empty request (list, force-close SESSION DEVICE)"
+
+stop_server TERM
+check "SIGTERM: exit 0" test "$stopped" -eq 0
+check "SIGTERM: the socket is gone" test ! -e "$dir/ctl"
+
+# A server killed with SIGKILL leaves its socket; the next one replaces it.
+rnbd_server_start "$dir/b.log" -- --port 0 --mem-device m:1M --control "$dir/ctl" || exit 1
+stop_server KILL
+check "SIGKILL leaves the socket" test -S "$dir/ctl"
+rnbd_server_start "$dir/c.log" -- --port 0 --mem-device m:1M --control "$dir/ctl" || exit 1
+check "a stale socket is replaced" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+stop_server INT
+check "SIGINT: exit 0" test "$stopped" -eq 0
+check "SIGINT: the socket is gone" test ! -e "$dir/ctl"
+
+# ---- SIGHUP: the key file ------------------------------------------------------
+
+umask 077
+"$build/tools/rtrs-key" gen --hmac 1 >"$dir/host1.key"
+echo "host1 $(cat "$dir/host1.key")" >"$dir/keys"
+rnbd_server_start "$dir/hup.log" -- --port 0 --control "$dir/ctl" --auth-keys "$dir/keys" \
+	--mem-device m:1M || exit 1
+hup_pid=${pids[-1]}
+kill -HUP "$hup_pid" || true
+check "SIGHUP with a good key file: logged as reloaded" \
+	wait_until 10 grep -q "rnbd-server info: SIGHUP: key file $dir/keys reloaded: valid" "$dir/hup.log"
+echo "host2 DHHC-1:01:not-a-key:" >>"$dir/keys"
+kill -HUP "$hup_pid" || true
+check "SIGHUP with a broken key file: its line and reason logged as an error" \
+	wait_until 10 grep -q "rnbd-server error: SIGHUP: key file $dir/keys: " "$dir/hup.log"
+check "... the line named by librtrs" grep -q "server: $dir/keys line 2: " "$dir/hup.log"
+check "log lines carry their time" \
+	grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+ rnbd-server error: SIGHUP' "$dir/hup.log"
+check "after both SIGHUPs the server still answers" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+# auth SESSION: a client with host1's key gets the memory device's info.
+auth() {
+	"$client" info --server "127.0.0.1:$port" --session "$1" --device m --host-name host1 \
+		--secret "@$dir/host1.key" >/dev/null 2>"$dir/auth-$1.err" ||
+		{ echo "  $(cat "$dir/auth-$1.err")"; return 1; }
+}
+no_auth() { ! auth "$@" >/dev/null; }
+check "... refuses a good key while the file is broken, as logged" no_auth hup1
+echo "host1 $(cat "$dir/host1.key")" >"$dir/keys"
+kill -HUP "$hup_pid" || true
+reloads() { test "$(grep -c 'SIGHUP: key file .* reloaded: valid' "$dir/hup.log")" -eq "$1"; }
+check "SIGHUP after the fix: reloaded" wait_until 10 reloads 2
+check "... and the good key authenticates again" auth hup2
+stop_server TERM
+check "SIGTERM after SIGHUP: exit 0, socket gone" \
+	bash -c "[ $stopped -eq 0 ] && [ ! -e '$dir/ctl' ]"
+
+# ---- log level: RTRS_LOG_LEVEL, unless an option says otherwise -------------------
+
+# levels NAME ENV ARGS...: a server started with RTRS_LOG_LEVEL=ENV and ARGS,
+# stopped at once; its log in $dir/NAME.log.
+levels() {
+	local name=$1 env=$2
+	shift 2
+	rnbd_server_start "$dir/$name.log" env "RTRS_LOG_LEVEL=$env" -- --port 0 --mem-device m:1M \
+		"$@" || return 1
+	stop_server
+}
+levels env-error error
+check "RTRS_LOG_LEVEL=error: no info lines" bash -c "! grep -q ' info: ' '$dir/env-error.log'"
+levels env-debug debug
+check "RTRS_LOG_LEVEL=debug: debug lines" grep -q 'rtrs debug: ' "$dir/env-debug.log"
+levels cli-info error --log-level info
+check "--log-level info wins over RTRS_LOG_LEVEL=error" grep -q 'rtrs info: ' "$dir/cli-info.log"
+levels cli-quiet debug --quiet
+check "--quiet wins over RTRS_LOG_LEVEL=debug" bash -c "! grep -Eq ' (info|debug): ' '$dir/cli-quiet.log'"
+RTRS_LOG_LEVEL=loud check "a bad RTRS_LOG_LEVEL: refused" \
+	refused env-bad 2 "RTRS_LOG_LEVEL=loud: expected error, warn, info or debug" --port 0
+check "a bad --log-level: refused" \
+	refused cli-bad 2 "--log-level 7: expected error, warn, info or debug" --port 0 --log-level 7
+
+finish rnbd-server
