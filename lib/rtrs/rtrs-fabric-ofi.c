@@ -892,7 +892,8 @@ static void ofi_lst_sweep(struct fab_lst *l)
 		if (r->since_ms == now)
 			raw_peer(fd, r->peer, sizeof(r->peer));
 	}
-	qsort(cur, n, sizeof(*cur), raw_cmp);
+	if (n)
+		qsort(cur, n, sizeof(*cur), raw_cmp);
 	/* Past the deadline; then the oldest of a peer over its share. */
 	for (size_t i = 0; i < n && lim->timeout_ms; i++)
 		if (now - cur[i].since_ms >= lim->timeout_ms)

@@ -132,36 +132,41 @@ struct rtrs_hb {
 	unsigned interval_ms;
 	unsigned missed_max;
 	/*
-	 * One heartbeat and one ack on their way at a time: a peer that
-	 * floods heartbeats, or stops reading, gets no more than that queued
-	 * (the one on its way answers for the rest). Their addresses are the
-	 * completion contexts.
+	 * One ack on its way at a time: a peer that floods heartbeats gets no
+	 * more than that queued (the one on its way answers for the rest).
+	 * Its address is the completion context. The ack is posted and its
+	 * completion read on the same thread, the admin connection's, so a
+	 * heartbeat that arrives finds the previous ack's completion read.
+	 * Our own heartbeats, one per interval from the service loop, are
+	 * not held back by a completion that thread has not read yet (a
+	 * busy machine would then starve the peer of them); the send queue's
+	 * bound keeps them from piling up behind a peer that stops reading.
 	 */
-	atomic_bool msg_out, ack_out;
+	atomic_bool ack_out;
 };
 
-/* Posts a heartbeat (ack: its answer) on fc unless one is on its way. */
+/* Posts a heartbeat, or (ack) its answer unless one is on its way. */
 static inline int rtrs_hb_post(struct rtrs_hb *hb, struct fab_con *fc, uint64_t addr,
 			       uint64_t key, bool ack)
 {
-	atomic_bool *out = ack ? &hb->ack_out : &hb->msg_out;
 	int rc;
 
-	if (atomic_exchange(out, true))
+	if (!ack)
+		return fab_write_imm(fc, addr, key, rtrs_to_imm(RTRS_HB_MSG_IMM, 0));
+	if (atomic_exchange(&hb->ack_out, true))
 		return 0;
-	rc = fab_write_imm_ctx(fc, addr, key,
-			       rtrs_to_imm(ack ? RTRS_HB_ACK_IMM : RTRS_HB_MSG_IMM, 0), out);
+	rc = fab_write_imm_ctx(fc, addr, key, rtrs_to_imm(RTRS_HB_ACK_IMM, 0), &hb->ack_out);
 	if (rc)
-		atomic_store(out, false);
+		atomic_store(&hb->ack_out, false);
 	return rc;
 }
 
-/* From a connection's done(): true when ctx was one of hb's. */
+/* From a connection's done(): true when ctx was hb's. */
 static inline bool rtrs_hb_done(struct rtrs_hb *hb, void *ctx)
 {
-	if (ctx != &hb->msg_out && ctx != &hb->ack_out)
+	if (ctx != &hb->ack_out)
 		return false;
-	atomic_store((atomic_bool *)ctx, false);
+	atomic_store(&hb->ack_out, false);
 	return true;
 }
 
@@ -194,7 +199,6 @@ static inline bool rtrs_hb_rx_flood(struct rtrs_hb_rx *r)
 static inline void rtrs_hb_reset(struct rtrs_hb *hb)
 {
 	atomic_store(&hb->missed, 0);
-	atomic_store(&hb->msg_out, false);
 	atomic_store(&hb->ack_out, false);
 }
 
