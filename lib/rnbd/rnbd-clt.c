@@ -413,7 +413,12 @@ static void *worker(void *arg)
 			pthread_mutex_lock(&s->lock);
 			continue;
 		}
-		if (parked_run(s))
+		/*
+		 * parked_run drops the lock while it sends: a stop or a reopen
+		 * signalled meanwhile must be seen before waiting, or its wakeup
+		 * is lost (rnbd_clt_sess_close then waits for ever to join).
+		 */
+		if (parked_run(s) || s->stop || s->reopen)
 			continue;
 		if (s->parked) { /* until the first deadline (parked_add: the head's) */
 			uint64_t first = s->parked->deadline_ms, now = now_ms();
