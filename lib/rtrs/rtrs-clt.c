@@ -885,18 +885,14 @@ static void clt_con_imm(void *priv, uint32_t imm)
 		break;
 	case RTRS_HB_MSG_IMM:
 	case RTRS_HB_ACK_IMM:
-		/* Heartbeats belong on the admin connection, at a heartbeat's pace. */
-		if (con->cid != 0 || rtrs_hb_rx_flood(&con->hb_rx)) {
-			log_err_rl("%s: %s on connection %u; failing the path", p->name,
-				   con->cid ? "heartbeat" : "heartbeat flood", con->cid);
+		if (!rtrs_hb_received(&p->hb, &con->hb_rx, con->cid, type == RTRS_HB_ACK_IMM,
+				      p->name)) {
 			fab_con_shutdown(con->fc);
 			clt_fail_path(p, -EPROTO);
 			break;
 		}
-		if (type == RTRS_HB_ACK_IMM) {
-			rtrs_hb_acked(&p->hb);
+		if (type == RTRS_HB_ACK_IMM)
 			break;
-		}
 		rc = rtrs_hb_post(&p->hb, con->fc, p->srv_imm.addr, p->srv_imm.key, true);
 		if (rc && rc != -EAGAIN)
 			clt_fail_path(p, rc);

@@ -225,4 +225,23 @@ static inline void rtrs_hb_acked(struct rtrs_hb *hb)
 	atomic_store(&hb->latency_ns, now_ns() - atomic_load(&hb->last_sent_ns));
 }
 
+/*
+ * A heartbeat (ack: its answer) arrived on connection cid, on that
+ * connection's completion thread: true when it keeps to the rules (the
+ * admin connection, a heartbeat's pace); else it is logged, and the caller
+ * shuts the connection down and fails the path with -EPROTO.
+ */
+static inline bool rtrs_hb_received(struct rtrs_hb *hb, struct rtrs_hb_rx *rx, unsigned cid,
+				    bool ack, const char *name)
+{
+	if (cid != 0 || rtrs_hb_rx_flood(rx)) {
+		log_err_rl("%s: %s on connection %u; failing the path", name,
+			   cid ? "heartbeat" : "heartbeat flood", cid);
+		return false;
+	}
+	if (ack)
+		rtrs_hb_acked(hb);
+	return true;
+}
+
 #endif

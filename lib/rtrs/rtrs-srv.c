@@ -587,19 +587,13 @@ static void srv_con_imm(void *priv, uint32_t imm)
 		break;
 	case RTRS_HB_MSG_IMM:
 	case RTRS_HB_ACK_IMM:
-		/* Heartbeats belong on the admin connection, at a heartbeat's pace. */
-		if (con->cid != 0 || rtrs_hb_rx_flood(&con->hb_rx)) {
-			log_err_rl("%s: %s on connection %u; closing the path", p->name,
-				   con->cid ? "heartbeat" : "heartbeat flood", con->cid);
+		if (!rtrs_hb_received(&p->hb, &con->hb_rx, con->cid, type == RTRS_HB_ACK_IMM,
+				      p->name)) {
 			fab_con_shutdown(con->fc);
 			srv_fail_path(p, -EPROTO);
 			break;
 		}
-		if (type == RTRS_HB_ACK_IMM) {
-			rtrs_hb_acked(&p->hb);
-			break;
-		}
-		if (atomic_load(&p->state) != RTRS_PATH_CONNECTED)
+		if (type == RTRS_HB_ACK_IMM || atomic_load(&p->state) != RTRS_PATH_CONNECTED)
 			break;
 		rc = rtrs_hb_post(&p->hb, con->fc, p->clt_imm.addr, p->clt_imm.key, true);
 		if (rc && rc != -EAGAIN)
