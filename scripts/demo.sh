@@ -86,6 +86,7 @@ dev_sum=$(sha256sum <"$dir/disk.img" | cut -c1-16)
 paths_up=$(grep -c 'path connected' "$dir/server.log" || true)
 python3 -c "print(f'qemu-img convert: {$size / 2**20:.0f} MiB onto the RNBD device in {$end - $start:.2f} s')"
 echo "qemu-img compare: images are identical"
-echo "the server saw $paths_up paths of session demo:"
-grep 'path connected' "$dir/server.log" | sed 's/^rtrs info: /  /'
+echo "the server saw $paths_up paths of session demo connect (the nbdkit plugin checks the"
+echo "server with one session before nbdkit starts serving, then connects for good):"
+grep 'path connected' "$dir/server.log" | sed -E 's/^[0-9T:.-]+ //; s/^rtrs info: /  /'
 echo "sha256 of the image $img_sum... = sha256 of the server's file $dev_sum..."
