@@ -7,7 +7,11 @@
  *   - malformed connect requests, sent through the raw fabric layer, are
  *     rejected with the right errno, and the server logs the reason;
  *   - bad client and server options are refused with EINVAL;
- *   - a server whose port is taken keeps retrying and listens once free.
+ *   - a server whose port is taken keeps retrying and listens once free;
+ *   - an idle listener stays idle past its handshake timeout: the fabric's
+ *     own descriptors are no peer's connections to be cut;
+ *   - connections made and destroyed from several threads at once start
+ *     and stop the fabric's watchdog thread cleanly.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -19,6 +23,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -883,6 +888,172 @@ static void test_listen_retry(void)
 	rtrs_srv_close(srv);
 }
 
+/* CPU time this process used, all threads, in ms. */
+static uint64_t cpu_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/*
+ * A listener with nobody connecting, well past its handshake timeout. The
+ * sweep that cuts TCP connections which never send a request looks at the
+ * sockets in the listener's wait set, and libfabric keeps one of its own
+ * there (the event queue's signal, a unix socketpair, on tcp and verbs):
+ * cut, it read as ready for ever and the service loop spun on it, both
+ * CPUs' worth, from 5 s after the start of every server. The server must
+ * stay idle, cut nothing and still take a session.
+ */
+static void test_idle_listener(void)
+{
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_srv_stats st = { .size = sizeof(st) };
+	struct rtrs_path_addr path;
+	struct rtrs_clt_sess *sess = NULL;
+	struct rtrs_clt_opts o;
+	struct rtrs_srv_opts so;
+	struct rtrs_srv_ctx *srv;
+	uint64_t t0, c0, wall, cpu;
+	size_t mark = log_len; /* no server runs: nothing logs now */
+	char dst[96];
+	int port, rc;
+
+	srv_opts(&so, 16);
+	so.handshake_timeout_ms = 200;
+	srv = srv_start(&ops, &so, &port);
+	if (!srv)
+		return;
+	usleep(600 * 1000); /* three timeouts: anything cut is cut by now */
+	t0 = test_now_ms();
+	c0 = cpu_ms();
+	usleep(1000 * 1000);
+	wall = test_now_ms() - t0;
+	cpu = cpu_ms() - c0;
+	CHECK(cpu * 4 < wall, "an idle server used %llu ms of CPU in %llu ms",
+	      (unsigned long long)cpu, (unsigned long long)wall);
+	CHECK_EQ(rtrs_srv_get_stats(srv, &st), 0);
+	CHECK_EQ(st.raw_closed, 0);
+	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
+	path = (struct rtrs_path_addr){ .dst = dst };
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = "after-idle";
+	o.provider = test_provider();
+	o.paths = &path;
+	o.paths_num = 1;
+	o.nr_io_cons = 1;
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc == 0, "a session after the idle time: %s", strerror(-rc));
+	if (!rc)
+		rtrs_clt_close(sess);
+	rtrs_srv_close(srv);
+	/* Read once nothing logs any more. */
+	CHECK(!strstr(log_since(mark), "sent no connection request"),
+	      "the listener cut a connection nobody made");
+}
+
+/*
+ * Connections come and go on two threads at once, so the count of
+ * connections in the process goes through 0 again and again while another
+ * connection is being made: the flood watchdog (one thread per process,
+ * started by the first connection, stopped by the last) is stopped and
+ * started concurrently. Thread A makes and destroys connections; thread B
+ * makes one, keeps it until A has destroyed two more, destroys it, and so
+ * on. A's destroys must never wait for B. Before, B's start of the
+ * watchdog revived the one A had just stopped (and was joining), so A
+ * waited for B's connection to go while B waited for A: the server's loop
+ * did so in test-auth over verbs, its client waiting for the server.
+ */
+#define CHURN_ROUNDS 400
+#define CHURN_WAIT_MS 3000
+
+static atomic_int churn_a_rounds, churn_errors, churn_stalls;
+static atomic_bool churn_a_done;
+
+static int churn_fab(struct fab **f)
+{
+	/* A port nobody listens on: the connects fail later, by themselves. */
+	return fab_open(test_provider(), NULL, test_addr(), "9", false, 0, f);
+}
+
+static void *churn_a(void *arg)
+{
+	struct raw r = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+	struct fab_con_cfg cfg = { .ops = &raw_ops, .priv = &r, .name = "churn-a", .tx_depth = 16 };
+	struct fab *f = NULL;
+
+	if (churn_fab(&f))
+		atomic_fetch_add(&churn_errors, 1);
+	for (int i = 0; f && i < CHURN_ROUNDS; i++) {
+		struct fab_con *c = NULL;
+
+		if (fab_con_connect(f, &cfg, NULL, 0, &c))
+			atomic_fetch_add(&churn_errors, 1);
+		else
+			fab_con_destroy(c);
+		atomic_fetch_add(&churn_a_rounds, 1);
+	}
+	if (f)
+		fab_close(f);
+	atomic_store(&churn_a_done, true);
+	return arg;
+}
+
+static void *churn_b(void *arg)
+{
+	struct raw r = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+	struct fab_con_cfg cfg = { .ops = &raw_ops, .priv = &r, .name = "churn-b", .tx_depth = 16 };
+	struct fab *f = NULL;
+
+	if (churn_fab(&f)) {
+		atomic_fetch_add(&churn_errors, 1);
+		return arg;
+	}
+	while (!atomic_load(&churn_a_done)) {
+		struct fab_con *c = NULL;
+		int seen = atomic_load(&churn_a_rounds);
+		uint64_t end = test_now_ms() + CHURN_WAIT_MS;
+
+		if (fab_con_connect(f, &cfg, NULL, 0, &c)) {
+			atomic_fetch_add(&churn_errors, 1);
+			break;
+		}
+		while (atomic_load(&churn_a_rounds) < seen + 2 && !atomic_load(&churn_a_done) &&
+		       test_now_ms() < end)
+			usleep(200);
+		if (atomic_load(&churn_a_rounds) < seen + 2 && !atomic_load(&churn_a_done))
+			atomic_fetch_add(&churn_stalls, 1); /* A waits for this connection */
+		fab_con_destroy(c);
+	}
+	fab_close(f);
+	return arg;
+}
+
+static void test_watchdog_churn(void)
+{
+	pthread_t a, b;
+	uint64_t end = test_now_ms() + 90000;
+
+	CHECK_EQ(pthread_create(&a, NULL, churn_a, NULL), 0);
+	CHECK_EQ(pthread_create(&b, NULL, churn_b, NULL), 0);
+	while (!atomic_load(&churn_a_done) && test_now_ms() < end)
+		usleep(10 * 1000);
+	CHECK(atomic_load(&churn_a_done), "%d of %d connections made and destroyed in 90 s",
+	      atomic_load(&churn_a_rounds), CHURN_ROUNDS);
+	if (!atomic_load(&churn_a_done)) {
+		/* A thread hangs in the library: nothing more can be checked. */
+		fprintf(stderr, "test-connect: a connection's destroy hangs; giving up\n");
+		_exit(test_done("test-connect"));
+	}
+	pthread_join(a, NULL);
+	pthread_join(b, NULL);
+	CHECK_EQ(atomic_load(&churn_errors), 0);
+	CHECK(atomic_load(&churn_stalls) == 0,
+	      "%d times a destroy waited %d ms for another thread's connection to go",
+	      atomic_load(&churn_stalls), CHURN_WAIT_MS);
+}
+
 int main(void)
 {
 	srand(12345);
@@ -899,6 +1070,8 @@ int main(void)
 	test_rogue_client();
 	test_guessed_keys();
 	test_never_authenticates();
+	test_idle_listener();
+	test_watchdog_churn();
 	if (tcp)
 		test_listen_retry(); /* a TCP socket holds the port */
 	rtrs_set_log_fn(NULL, NULL);

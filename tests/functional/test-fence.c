@@ -85,15 +85,14 @@ int main(void)
 	uint64_t t0;
 	int rc;
 
-	if (strcmp(test_provider(), "tcp"))
-		SKIP("two loopback source addresses need the tcp provider");
 	if (proc_spawn_server(argv, &srv))
 		return 1;
 	proc_dst(&srv, dst, sizeof(dst));
-	paths[0] = (struct rtrs_path_addr){ .src = "127.0.0.1", .dst = dst };
-	paths[1] = (struct rtrs_path_addr){ .src = "127.0.0.2", .dst = dst };
+	paths[0] = (struct rtrs_path_addr){ .src = test_addr_n(1), .dst = dst };
+	paths[1] = (struct rtrs_path_addr){ .src = test_addr_n(2), .dst = dst };
 	rtrs_clt_opts_init(&o, sizeof(o));
 	o.sessname = "test-fence";
+	o.provider = test_provider();
 	o.paths = paths;
 	o.paths_num = 2;
 	o.nr_io_cons = 1;

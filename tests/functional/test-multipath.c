@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Two paths to one server (different source addresses on loopback, so two
- * real sets of connections) and the path selection policies:
+ * Two paths to one server (from two addresses of this host, test_addr_n:
+ * 127.0.0.1 and 127.0.0.2 on tcp, two addresses of the RDMA netdev in a
+ * guest, so two real sets of connections) and the path selection policies:
  *   - round-robin alternates exactly;
  *   - min-inflight sends concurrent requests to the path with fewer in
  *     flight (the server holds each IO for 20 ms), so they split evenly;
@@ -101,15 +102,14 @@ int main(void)
 	char dst[96];
 	int rc;
 
-	if (strcmp(test_provider(), "tcp"))
-		SKIP("two loopback source addresses need the tcp provider");
 	if (proc_spawn_server(argv, &srv))
 		return 1;
 	proc_dst(&srv, dst, sizeof(dst));
-	paths[0] = (struct rtrs_path_addr){ .src = "127.0.0.1", .dst = dst };
-	paths[1] = (struct rtrs_path_addr){ .src = "127.0.0.2", .dst = dst };
+	paths[0] = (struct rtrs_path_addr){ .src = test_addr_n(1), .dst = dst };
+	paths[1] = (struct rtrs_path_addr){ .src = test_addr_n(2), .dst = dst };
 	rtrs_clt_opts_init(&o, sizeof(o));
 	o.sessname = "test-multipath";
+	o.provider = test_provider();
 	o.paths = paths;
 	o.paths_num = 2;
 	o.nr_io_cons = 1;
@@ -188,7 +188,7 @@ int main(void)
 	CHECK_EQ(rtrs_clt_reset_path_stats(sess, 2), -ENOENT);
 
 	/* Runtime management: add a third path, use it, remove the first. */
-	struct rtrs_path_addr third = { .src = "127.0.0.3", .dst = dst };
+	struct rtrs_path_addr third = { .src = test_addr_n(3), .dst = dst };
 	struct rtrs_path_stats s2 = { .size = sizeof(s2) };
 	unsigned idx = 99;
 
@@ -226,7 +226,10 @@ int main(void)
 	CHECK(!strcmp(s0.state, "closed") && s0.writes == 0, "removed path: %s, %llu writes",
 	      s0.state, (unsigned long long)s0.writes);
 	CHECK_EQ(s1.writes + s2.writes, 4);
-	struct rtrs_path_addr bad = { .dst = "127.0.0.1:1" };
+	char bad_dst[96];
+	struct rtrs_path_addr bad = { .dst = bad_dst };
+
+	snprintf(bad_dst, sizeof(bad_dst), "%s:1", test_addr());
 
 	CHECK(rtrs_clt_add_path(sess, &bad, &idx) < 0, "a path nobody listens on is refused");
 	CHECK_EQ(rtrs_clt_query(sess, &attrs), 0);

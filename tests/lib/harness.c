@@ -107,6 +107,30 @@ const char *test_addr(void)
 	return a && *a ? checked_addr("RTRS_TEST_ADDR", a) : "127.0.0.1";
 }
 
+const char *test_addr_n(unsigned n)
+{
+	static const char *const var[] = { NULL, "RTRS_TEST_ADDR2", "RTRS_TEST_ADDR3" };
+	static const char *const dflt[] = { NULL, "127.0.0.2", "127.0.0.3" };
+	const char *a;
+
+	if (n == 1)
+		return test_addr();
+	if (n < 1 || n > 3) {
+		fprintf(stderr, "harness: test_addr_n(%u): only addresses 1 to 3 exist\n", n);
+		exit(2);
+	}
+	a = getenv(var[n - 1]);
+	if (a && *a)
+		return checked_addr(var[n - 1], a);
+	/* Loopback's defaults are no addresses of a guest's RDMA netdev. */
+	if (strncmp(test_addr(), "127.", 4)) {
+		fprintf(stderr, "harness: RTRS_TEST_ADDR=%s but %s is not set: this test needs "
+			"another address of the same host\n", test_addr(), var[n - 1]);
+		exit(2);
+	}
+	return dflt[n - 1];
+}
+
 void proc_dst(const struct proc *p, char *buf, size_t len)
 {
 	snprintf(buf, len, "%s:%d", p->host, p->port);

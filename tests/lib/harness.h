@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Test harness: spawn a server process, learn its port from its first line
- * of output, signal it, reap it. Servers always run on 127.0.0.1 with port
- * 0, so tests never collide on ports.
+ * of output, signal it, reap it. Servers run on test_addr() (127.0.0.1
+ * unless a guest says otherwise) with port 0, so tests never collide on
+ * ports.
  */
 #ifndef RTRS_TEST_HARNESS_H
 #define RTRS_TEST_HARNESS_H
@@ -33,6 +34,13 @@ void proc_dst(const struct proc *p, char *buf, size_t len);
 /* RTRS_TEST_PROVIDER (tcp) and RTRS_TEST_ADDR (127.0.0.1). */
 const char *test_provider(void);
 const char *test_addr(void);
+/*
+ * Address n (1..3) of this host, the source of a session's nth path when a
+ * test needs paths that differ: 1 is test_addr(), 2 and 3 come from
+ * RTRS_TEST_ADDR2 and RTRS_TEST_ADDR3 (127.0.0.2 and 127.0.0.3; a guest
+ * gives its RDMA netdev more addresses). Exits for any other n.
+ */
+const char *test_addr_n(unsigned n);
 /* Sends sig; with wait, reaps the process and returns its status. */
 int proc_signal(struct proc *p, int sig, bool wait);
 /* Path of the test server from $RTRS_TEST_SERVER (set by meson). */

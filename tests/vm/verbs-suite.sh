@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The functional suite over the libfabric verbs provider, on soft-RoCE (rxe)
 # and soft-iWARP (siw), in QEMU guests made by rtrs-vm:
-#   - one guest: test-io, test-close, test-peer-death, test-connect, and
-#     RNBD's test-rnbd-srv and test-rnbd, client and server through the
-#     guest's own RDMA device;
+#   - one guest: test-io, test-close, test-peer-death, test-connect,
+#     test-reconnect, test-auth, and RNBD's test-rnbd-srv and test-rnbd,
+#     client and server through the guest's own RDMA device; test-multipath
+#     and test-fence with their paths from three addresses of that device's
+#     netdev (198.18.0.1, .11, .12: RTRS_TEST_ADDR, RTRS_TEST_ADDR2 and 3);
 #   - two guests on a virtual cable: rtrs-test-server in guest A, test-io in
 #     guest B.
 # The same test binaries as on tcp; the provider is chosen at run time.
@@ -43,6 +45,8 @@ result() { # name rc
 }
 
 env_common="cd $build && export RTRS_TEST_PROVIDER=verbs RTRS_TEST_SERVER=$build/tests/functional/rtrs-test-server RTRS_PERF=$build/tools/rtrs-perf"
+one_guest=(test-io test-close test-peer-death test-connect test-reconnect test-multipath test-fence
+	test-auth test-rnbd-srv test-rnbd)
 
 for dev in "${devices[@]}"; do
 	# One guest: each test in turn; the guest reports one status per test.
@@ -51,8 +55,10 @@ for dev in "${devices[@]}"; do
 	# there is run once more, after showing the oops, since its results say
 	# nothing about ours. Any other oops stands.
 	for attempt in 1 2; do
-		out=$("$vm" run --rdma "$dev" --timeout 600 --share "$build" -- bash -c "$env_common RTRS_TEST_ADDR=198.18.0.1
-			for t in test-io test-close test-peer-death test-connect test-rnbd-srv test-rnbd; do
+		out=$("$vm" run --rdma "$dev" --timeout 1200 --ip 198.18.0.1/24,198.18.0.11/24,198.18.0.12/24 \
+			--share "$build" -- bash -c "$env_common RTRS_TEST_ADDR=198.18.0.1 \
+				RTRS_TEST_ADDR2=198.18.0.11 RTRS_TEST_ADDR3=198.18.0.12
+			for t in ${one_guest[*]}; do
 				timeout 300 ./tests/functional/\$t >/tmp/\$t.log 2>&1
 				rc=\$?
 				echo \"RESULT \$t \$rc\"
@@ -73,7 +79,7 @@ for dev in "${devices[@]}"; do
 		result "verbs/$dev one guest: $t" "$rc"
 		n=$((n + 1))
 	done < <(grep '^RESULT ' <<<"$out")
-	[ $n -eq 6 ] || result "verbs/$dev one guest: guest finished (vm exit $vmrc)" 1
+	[ $n -eq ${#one_guest[@]} ] || result "verbs/$dev one guest: guest finished (vm exit $vmrc)" 1
 
 	# Two guests: server in A, test-io in B over the cable.
 	"$vm" pair --rdma "$dev" --timeout 600 --share "$build" \
