@@ -264,7 +264,6 @@ static void chunk_revoke(struct rtrs_srv_sess *s, uint32_t id)
 	fab_mr_dereg(&s->chunk_mrs[id]);
 }
 
-/* Registers chunk id again under a key never used before; records it for the client. */
 /*
  * Whether key was one of the chunk's last RTRS_KEY_HISTORY keys. A provider
  * that picks keys itself (verbs: an index and a random byte) can hand back
@@ -280,6 +279,7 @@ static bool chunk_key_recent(const struct rtrs_srv_sess *s, uint32_t id, uint64_
 	return false;
 }
 
+/* Registers chunk id again under a key never used before; records it for the client. */
 static int chunk_rekey(struct rtrs_srv_sess *s, uint32_t id)
 {
 	uint64_t *h = &s->chunk_key_hist[(size_t)id * RTRS_KEY_HISTORY];
