@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "rtrs-auth-sm.h"
-#include "rtrs-pri.h"
+#include "rtrs-path.h"
 
 struct rtrs_permit {
 	uint32_t id;
@@ -48,39 +48,32 @@ struct clt_req {
 	unsigned nr_mrs;
 	size_t next_iov;            /* posting progress after -EAGAIN */
 	uint64_t next_off;
-	struct clt_req *pending_next;
+	struct rtrs_pending pend;   /* waits for room in con's send queue */
 	struct clt_req *wait_next;  /* waiting for a path (path == NULL) */
 	uint64_t wait_deadline_ms;
 	struct clt_path *fence_path; /* failed over from it: waits for its fence */
 };
 
 struct clt_con {
+	struct rtrs_con c;
 	struct clt_path *path;
-	unsigned cid;
-	struct fab_con *fc;
 	bool connected;             /* under path->lock */
 	int err;                    /* under path->lock: why it went down */
 	struct rtrs_conn_rsp rsp;   /* cid 0: what the server accepted with */
-	struct rtrs_hb_rx hb_rx;    /* completion thread only */
-	pthread_mutex_t pending_lock;
-	struct clt_req *pending_head, *pending_tail;
 };
 
 struct clt_path {
+	struct rtrs_path base;       /* state, post lock, heartbeat, failure, cons */
 	struct rtrs_clt_sess *sess;
 	unsigned idx;
 	char name[528];             /* "sess/host:port"; rtrs_path_stats.name */
 	char host[256], port[8];
 	char src[256];              /* empty: any */
 	uint8_t uuid[RTRS_UUID_LEN];
-	_Atomic enum rtrs_path_state state;
-	pthread_rwlock_t post_lock; /* readers post; the writer changes state */
 	struct fab *fab;
-	unsigned nr_cons;
-	struct clt_con *cons;
+	struct clt_con *cons;       /* base.nr_cons of them; base.cons points at each */
 	struct rtrs_desc *rbufs;    /* one per chunk */
 	uint32_t *info_gens;        /* key generations of an info response */
-	struct rtrs_desc srv_imm;
 	/*
 	 * Where the server aims empty writes; with always_invalidate also the
 	 * key slots (one per chunk) and the table written before a fence ack.
@@ -109,10 +102,6 @@ struct clt_path {
 	atomic_int last_err;
 	atomic_int verdict;         /* enum rtrs_reconnect_verdict; -1: none yet */
 	atomic_uint_fast64_t stat_auth_runs;
-	struct rtrs_hb hb;
-	struct loop_work fail_work;
-	atomic_int fail_err;
-	atomic_uint inflight;
 	/* Reconnect: the timer (loop) starts a worker thread per attempt. */
 	struct loop_timer reconnect_timer;
 	pthread_t worker;
@@ -196,6 +185,7 @@ struct rtrs_clt_sess {
 static void clt_fail_path(struct clt_path *p, int err);
 static int path_connect(struct clt_path *p, bool retry);
 static void path_release(struct clt_path *p);
+static void path_fini(struct clt_path *p);
 
 /* ---- requests ------------------------------------------------------------ */
 
@@ -219,7 +209,7 @@ static bool req_complete(struct clt_req *req, int err)
 	req_release_mrs(req);
 	ops = req->ops;
 	if (p) /* NULL: it was waiting for a path */
-		atomic_fetch_sub(&p->inflight, 1);
+		atomic_fetch_sub(&p->base.inflight, 1);
 	atomic_store(&req->state, REQ_IDLE);
 	/* req may be reused by the permit holder from here on. */
 	ops.conf(ops.priv, err);
@@ -300,7 +290,7 @@ static int req_post(struct clt_req *req)
 			.key = s->inval ? __atomic_load_n(&s->rkeys[req->id], __ATOMIC_ACQUIRE) :
 					  chunk->key,
 		};
-		struct fab_con *fc = req->con->fc;
+		struct fab_con *fc = req->con->c.fc;
 		size_t first = req->next_iov;
 		int rc;
 
@@ -319,57 +309,10 @@ static int req_post(struct clt_req *req)
 	return 0;
 }
 
-static void con_pending_add(struct clt_con *con, struct clt_req *req)
+/* Completion thread (kick): what is left of a request that met a full send queue. */
+static int clt_post_pending(struct rtrs_con *con, struct rtrs_pending *it)
 {
-	log_dbg("%s#%u: send queue full, request %u waits", con->path->name, con->cid, req->id);
-	pthread_mutex_lock(&con->pending_lock);
-	req->pending_next = NULL;
-	if (con->pending_tail)
-		con->pending_tail->pending_next = req;
-	else
-		con->pending_head = req;
-	con->pending_tail = req;
-	pthread_mutex_unlock(&con->pending_lock);
-	fab_con_kick(con->fc);
-}
-
-/* Completion thread: retry requests that met a full send queue. */
-static void clt_con_kick(void *priv)
-{
-	struct clt_con *con = priv;
-
-	for (;;) {
-		struct clt_req *req;
-		int rc;
-
-		pthread_mutex_lock(&con->pending_lock);
-		req = con->pending_head;
-		if (req) {
-			con->pending_head = req->pending_next;
-			if (!con->pending_head)
-				con->pending_tail = NULL;
-		}
-		pthread_mutex_unlock(&con->pending_lock);
-		if (!req)
-			return;
-		rc = req_post(req);
-		if (rc == -EAGAIN) {
-			/* Back to the head without a kick: retried after 1 ms or a completion. */
-			pthread_mutex_lock(&con->pending_lock);
-			req->pending_next = con->pending_head;
-			con->pending_head = req;
-			if (!con->pending_tail)
-				con->pending_tail = req;
-			pthread_mutex_unlock(&con->pending_lock);
-			fab_con_retry_later(con->fc);
-			return;
-		}
-		if (rc) {
-			log_err_rl("%s: posting a request failed: %s", con->path->name, strerror(-rc));
-			clt_fail_path(con->path, rc);
-			return;
-		}
-	}
+	return req_post(&container_of(con, struct clt_con, c)->path->sess->reqs[it->id]);
 }
 
 static int req_map(struct clt_req *req, struct clt_path *p)
@@ -409,7 +352,7 @@ static void req_encode_hdr(struct clt_req *req)
 	rtrs_read_hdr_encode(slot, req->usr_len, 0, sg, (unsigned)req->data_cnt);
 }
 
-/* Posts req on path p; with p->post_lock held for reading. */
+/* Posts req on path p; with p->base.post_lock held for reading. */
 static int req_issue(struct clt_req *req, struct clt_path *p)
 {
 	struct rtrs_clt_sess *s = req->sess;
@@ -422,9 +365,9 @@ static int req_issue(struct clt_req *req, struct clt_path *p)
 	req_encode_hdr(req);
 	req->path = p;
 	req->con = req->con_type == RTRS_ADMIN_CON ? &p->cons[0] :
-		   &p->cons[1 + (cpu % (p->nr_cons - 1))];
+		   &p->cons[1 + (cpu % (p->base.nr_cons - 1))];
 	req->next_iov = 0;
-	atomic_fetch_add(&p->inflight, 1);
+	atomic_fetch_add(&p->base.inflight, 1);
 	if (req->dir == RTRS_WRITE) {
 		atomic_fetch_add_explicit(&p->stat_writes, 1, memory_order_relaxed);
 		atomic_fetch_add_explicit(&p->stat_write_bytes, req->data_len, memory_order_relaxed);
@@ -435,7 +378,8 @@ static int req_issue(struct clt_req *req, struct clt_path *p)
 	atomic_store(&req->state, REQ_INFLIGHT);
 	rc = req_post(req);
 	if (rc == -EAGAIN) {
-		con_pending_add(req->con, req);
+		req->pend.id = req->id;
+		rtrs_con_pending_add(&req->con->c, &req->pend);
 		return 0;
 	}
 	if (rc) {
@@ -445,7 +389,7 @@ static int req_issue(struct clt_req *req, struct clt_path *p)
 		 * is not called.
 		 */
 		atomic_store(&req->state, REQ_IDLE);
-		atomic_fetch_sub(&p->inflight, 1);
+		atomic_fetch_sub(&p->base.inflight, 1);
 		req_release_mrs(req);
 		log_err_rl("%s: posting a request failed: %s", p->name, strerror(-rc));
 		(void)s;
@@ -463,9 +407,9 @@ static int req_route(struct clt_req *req)
 
 	for (size_t i = 0; i < s->paths_num; i++)
 		snap[i] = (struct rtrs_mp_path){
-			.connected = atomic_load(&s->paths[i].state) == RTRS_PATH_CONNECTED,
-			.inflight = atomic_load(&s->paths[i].inflight),
-			.latency_ns = atomic_load(&s->paths[i].hb.latency_ns),
+			.connected = atomic_load(&s->paths[i].base.state) == RTRS_PATH_CONNECTED,
+			.inflight = atomic_load(&s->paths[i].base.inflight),
+			.latency_ns = atomic_load(&s->paths[i].base.hb.latency_ns),
 		};
 	for (size_t tries = 0; tries < s->paths_num; tries++) {
 		unsigned rr = atomic_load(&s->rr_cursor);
@@ -478,9 +422,9 @@ static int req_route(struct clt_req *req)
 			atomic_store(&s->rr_cursor, rr);
 		snap[i].tried = true;
 		p = &s->paths[i];
-		pthread_rwlock_rdlock(&p->post_lock);
-		rc = atomic_load(&p->state) == RTRS_PATH_CONNECTED ? req_issue(req, p) : -ECONNABORTED;
-		pthread_rwlock_unlock(&p->post_lock);
+		pthread_rwlock_rdlock(&p->base.post_lock);
+		rc = atomic_load(&p->base.state) == RTRS_PATH_CONNECTED ? req_issue(req, p) : -ECONNABORTED;
+		pthread_rwlock_unlock(&p->base.post_lock);
 		if (rc == 0)
 			return 0;
 	}
@@ -493,7 +437,7 @@ static bool sess_path_may_come(struct rtrs_clt_sess *s)
 	if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
 		return false;
 	for (size_t i = 0; i < s->paths_num; i++) {
-		enum rtrs_path_state st = atomic_load(&s->paths[i].state);
+		enum rtrs_path_state st = atomic_load(&s->paths[i].base.state);
 
 		if (st != RTRS_PATH_CLOSED && st != RTRS_PATH_CLOSING)
 			return true;
@@ -531,10 +475,10 @@ static void sess_send_fence(struct rtrs_clt_sess *s, struct clt_path *f)
 		struct clt_path *h = &s->paths[i];
 
 		if (h == f || atomic_load(&h->fence_for) || !h->srv_fence ||
-		    atomic_load(&h->state) != RTRS_PATH_CONNECTED)
+		    atomic_load(&h->base.state) != RTRS_PATH_CONNECTED)
 			continue;
 		rtrs_fence_encode(&h->fence_msg, false, f->uuid, 0);
-		if (fab_send(h->cons[0].fc, &h->fence_msg, sizeof(h->fence_msg), h->fence_mr.desc,
+		if (fab_send(h->cons[0].c.fc, &h->fence_msg, sizeof(h->fence_msg), h->fence_mr.desc,
 			     NULL))
 			continue;
 		atomic_store(&h->fence_for, f);
@@ -770,7 +714,7 @@ unsigned rtrs_permit_id(const struct rtrs_permit *permit)
 
 static void clt_con_connected(void *priv, const void *data, size_t len)
 {
-	struct clt_con *con = priv;
+	struct clt_con *con = container_of(priv, struct clt_con, c);
 	struct clt_path *p = con->path;
 	const char *why = NULL;
 	int rc;
@@ -778,7 +722,7 @@ static void clt_con_connected(void *priv, const void *data, size_t len)
 	pthread_mutex_lock(&p->lock);
 	rc = rtrs_conn_rsp_decode(data, len, &con->rsp, &why);
 	if (rc) {
-		log_err("%s: invalid connect response on connection %u: %s", p->name, con->cid, why);
+		log_err("%s: invalid connect response on connection %u: %s", p->name, con->c.cid, why);
 		con->err = rc;
 	} else if (con->rsp.err) {
 		con->err = con->rsp.err;
@@ -794,7 +738,7 @@ static void clt_con_connected(void *priv, const void *data, size_t len)
 
 static void clt_con_down(void *priv, int err, const void *data, size_t len)
 {
-	struct clt_con *con = priv;
+	struct clt_con *con = container_of(priv, struct clt_con, c);
 	struct clt_path *p = con->path;
 	struct rtrs_conn_rsp rsp;
 	const char *why = NULL;
@@ -802,7 +746,7 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 	if (err == -ECONNREFUSED && len) {
 		/* A reject from the server carries its reason. */
 		if (rtrs_conn_rsp_decode(data, len, &rsp, &why) == 0 && rsp.err) {
-			log_err("%s: server rejected connection %u: %s%s", p->name, con->cid,
+			log_err("%s: server rejected connection %u: %s%s", p->name, con->c.cid,
 				strerror(-rsp.err), rsp.dnr ? " (do not retry)" : "");
 			err = rsp.err;
 			atomic_store(&p->refused, true);
@@ -810,11 +754,11 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 				atomic_store(&p->fail_dnr, true);
 		} else {
 			log_err("%s: connection %u refused with unreadable reason: %s", p->name,
-				con->cid, why ? why : "?");
+				con->c.cid, why ? why : "?");
 		}
 	}
 	pthread_mutex_lock(&p->lock);
-	bool was_connected = atomic_load(&p->state) == RTRS_PATH_CONNECTED;
+	bool was_connected = atomic_load(&p->base.state) == RTRS_PATH_CONNECTED;
 
 	con->err = err ? err : -ECONNRESET;
 	con->connected = false;
@@ -825,8 +769,8 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 	 * the establishing thread, which reports (even after its last wait).
 	 */
 	if (was_connected)
-		log_warn("%s: connection %u went down: %s", p->name, con->cid, strerror(-err));
-	if (atomic_load(&p->state) != RTRS_PATH_CLOSING && atomic_load(&p->state) != RTRS_PATH_CLOSED)
+		log_warn("%s: connection %u went down: %s", p->name, con->c.cid, strerror(-err));
+	if (atomic_load(&p->base.state) != RTRS_PATH_CLOSING && atomic_load(&p->base.state) != RTRS_PATH_CLOSED)
 		clt_fail_path(p, err ? err : -ECONNRESET);
 }
 
@@ -868,15 +812,14 @@ static void clt_handle_rsp(struct clt_con *con, uint32_t payload)
 
 static void clt_con_imm(void *priv, uint32_t imm)
 {
-	struct clt_con *con = priv;
+	struct clt_con *con = container_of(priv, struct clt_con, c);
 	struct clt_path *p = con->path;
 	uint32_t payload;
 	unsigned type;
-	int rc;
 
 	if (unlikely(p->fault_delay_us))
 		usleep(p->fault_delay_us); /* fault injection: this path is slow */
-	rtrs_hb_heard(&p->hb);
+	rtrs_hb_heard(&p->base.hb);
 	rtrs_from_imm(imm, &type, &payload);
 	switch (type) {
 	case RTRS_IO_RSP_IMM:
@@ -885,17 +828,7 @@ static void clt_con_imm(void *priv, uint32_t imm)
 		break;
 	case RTRS_HB_MSG_IMM:
 	case RTRS_HB_ACK_IMM:
-		if (!rtrs_hb_received(&p->hb, &con->hb_rx, con->cid, type == RTRS_HB_ACK_IMM,
-				      p->name)) {
-			fab_con_shutdown(con->fc);
-			clt_fail_path(p, -EPROTO);
-			break;
-		}
-		if (type == RTRS_HB_ACK_IMM)
-			break;
-		rc = rtrs_hb_post(&p->hb, con->fc, p->srv_imm.addr, p->srv_imm.key, true);
-		if (rc && rc != -EAGAIN)
-			clt_fail_path(p, rc);
+		rtrs_con_hb_imm(&con->c, type == RTRS_HB_ACK_IMM);
 		break;
 	default:
 		log_err_rl("%s: unknown immediate type %u", p->name, type);
@@ -905,7 +838,7 @@ static void clt_con_imm(void *priv, uint32_t imm)
 
 static void clt_con_recv(void *priv, void *buf, size_t len)
 {
-	struct clt_con *con = priv;
+	struct clt_con *con = container_of(priv, struct clt_con, c);
 	struct clt_path *p = con->path;
 	struct rtrs_limits lim = {
 		.queue_depth = p->sess->queue_depth, .chunk_size = p->sess->chunk_size,
@@ -914,8 +847,8 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 	const char *why = NULL;
 	int rc;
 
-	rtrs_hb_heard(&p->hb);
-	if (con->cid == 0 && atomic_load(&p->state) == RTRS_PATH_CONNECTED) {
+	rtrs_hb_heard(&p->base.hb);
+	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTED) {
 		uint8_t uuid[RTRS_UUID_LEN];
 		struct clt_path *f = atomic_load(&p->fence_for);
 		int err;
@@ -938,7 +871,7 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 		return;
 	}
 	pthread_mutex_lock(&p->lock);
-	if (con->cid == 0 && rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
+	if (con->c.cid == 0 && rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
 		/* For the connecting thread, which runs the transaction. */
 		if (p->auth_rx_len || len > sizeof(p->auth_rx)) {
 			pthread_mutex_unlock(&p->lock);
@@ -952,9 +885,9 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 		pthread_mutex_unlock(&p->lock);
 		return;
 	}
-	if (con->cid != 0 || p->info_done) {
+	if (con->c.cid != 0 || p->info_done) {
 		pthread_mutex_unlock(&p->lock);
-		log_err_rl("%s: unexpected message on connection %u", p->name, con->cid);
+		log_err_rl("%s: unexpected message on connection %u", p->name, con->c.cid);
 		clt_fail_path(p, -EPROTO);
 		return;
 	}
@@ -981,40 +914,27 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 	pthread_mutex_unlock(&p->lock);
 }
 
-static void clt_con_done(void *priv, void *ctx)
-{
-	struct clt_con *con = priv;
-
-	/* Only heartbeats ask for a completion. */
-	rtrs_hb_done(&con->path->hb, ctx);
-}
-
 static const struct fab_con_ops clt_con_ops = {
 	.connected = clt_con_connected,
 	.down = clt_con_down,
 	.imm = clt_con_imm,
 	.recv = clt_con_recv,
-	.done = clt_con_done,
-	.kick = clt_con_kick,
+	.done = rtrs_con_done,
+	.kick = rtrs_con_kick,
 };
 
 /* ---- path failure and teardown (service loop) --------------------------- */
 
 static bool path_change_state(struct clt_path *p, enum rtrs_path_state to)
 {
-	return rtrs_path_change_state(&p->state, p->name, to);
+	return rtrs_path_set_state(&p->base, to);
 }
 
 static void path_destroy_cons(struct clt_path *p)
 {
-	for (unsigned i = 0; i < p->nr_cons; i++)
-		fab_con_shutdown(p->cons[i].fc);
-	for (unsigned i = 0; i < p->nr_cons; i++) {
-		fab_con_destroy(p->cons[i].fc);
-		p->cons[i].fc = NULL;
+	rtrs_path_destroy_cons(&p->base);
+	for (unsigned i = 0; i < p->base.nr_cons; i++)
 		p->cons[i].connected = false;
-		p->cons[i].pending_head = p->cons[i].pending_tail = NULL;
-	}
 }
 
 /* Arms the next reconnect attempt: delay plus random jitter. Loop thread. */
@@ -1068,12 +988,12 @@ static void path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 	bool was_up;
 	unsigned failed = 0;
 
-	pthread_rwlock_wrlock(&p->post_lock);
-	st = atomic_load(&p->state);
+	pthread_rwlock_wrlock(&p->base.post_lock);
+	st = atomic_load(&p->base.state);
 	was_up = st == RTRS_PATH_CONNECTED;
 	if (st == RTRS_PATH_CLOSED || st == RTRS_PATH_CONNECTING) {
 		/* Closed already, or a worker is connecting it: it decides. */
-		pthread_rwlock_unlock(&p->post_lock);
+		pthread_rwlock_unlock(&p->base.post_lock);
 		return;
 	}
 	if (st == RTRS_PATH_RECONNECTING) {
@@ -1081,14 +1001,14 @@ static void path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 			loop_timer_arm(&p->reconnect_timer, 0, 0);
 			path_change_state(p, RTRS_PATH_CLOSED);
 		}
-		pthread_rwlock_unlock(&p->post_lock);
+		pthread_rwlock_unlock(&p->base.post_lock);
 		return;
 	}
 	path_change_state(p, RTRS_PATH_CLOSING);
-	pthread_rwlock_unlock(&p->post_lock);
+	pthread_rwlock_unlock(&p->base.post_lock);
 	atomic_store(&p->down_since_ms, now_ms());
 
-	loop_timer_arm(&p->hb.timer, 0, 0);
+	loop_timer_arm(&p->base.hb.timer, 0, 0);
 	/* After this no completion thread of the path runs any more. */
 	path_destroy_cons(p);
 	/* A fence this path carried for another one will not be answered. */
@@ -1113,7 +1033,7 @@ static void path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 		}
 		/* Failover: after the server fences this path, same permit and chunk. */
 		req_release_mrs(req);
-		atomic_fetch_sub(&p->inflight, 1);
+		atomic_fetch_sub(&p->base.inflight, 1);
 		req->path = NULL;
 		req->fence_path = p;
 		req->wait_deadline_ms = now_ms() + s->fast_io_fail_ms;
@@ -1146,13 +1066,6 @@ static void path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 		path_schedule_reconnect(p, 0);
 }
 
-static void path_fail_work(struct loop_work *w)
-{
-	struct clt_path *p = container_of(w, struct clt_path, fail_work);
-
-	path_stop(p, atomic_load(&p->fail_err), RTRS_PATH_RECONNECTING);
-}
-
 /* A reconnect attempt, on its own thread: connecting blocks. */
 static void *path_reconnect_worker(void *arg)
 {
@@ -1170,7 +1083,7 @@ static void *path_reconnect_worker(void *arg)
 	} else {
 		atomic_fetch_add(&p->attempts, 1);
 		atomic_fetch_add(&p->stat_reconnect_failures, 1);
-		if (atomic_load(&p->state) == RTRS_PATH_CLOSED)
+		if (atomic_load(&p->base.state) == RTRS_PATH_CLOSED)
 			log_warn("%s: reconnect failed (%s); path closed after %d attempts", p->name,
 				 strerror(-rc), atomic_load(&p->attempts));
 	}
@@ -1186,18 +1099,18 @@ static void path_reconnect_timer(struct loop_timer *t)
 		pthread_join(p->worker, NULL); /* the last attempt, finished */
 		p->worker_started = false;
 	}
-	if (atomic_load(&p->state) != RTRS_PATH_RECONNECTING)
+	if (atomic_load(&p->base.state) != RTRS_PATH_RECONNECTING)
 		return;
 	/* Asked again: the loss timeout or the attempt budget may have run out meanwhile. */
 	if (!path_should_reconnect(p, atomic_load(&p->last_err), atomic_load(&p->attempts))) {
-		pthread_rwlock_wrlock(&p->post_lock);
+		pthread_rwlock_wrlock(&p->base.post_lock);
 		path_change_state(p, RTRS_PATH_CLOSED);
-		pthread_rwlock_unlock(&p->post_lock);
+		pthread_rwlock_unlock(&p->base.post_lock);
 		return;
 	}
-	pthread_rwlock_wrlock(&p->post_lock);
+	pthread_rwlock_wrlock(&p->base.post_lock);
 	path_change_state(p, RTRS_PATH_CONNECTING);
-	pthread_rwlock_unlock(&p->post_lock);
+	pthread_rwlock_unlock(&p->base.post_lock);
 	if (pthread_create(&p->worker, NULL, path_reconnect_worker, p) == 0) {
 		p->worker_started = true;
 	} else {
@@ -1207,44 +1120,45 @@ static void path_reconnect_timer(struct loop_timer *t)
 }
 
 /*
- * Any thread: the path is broken; tear it down on the service loop. While
- * the path is being established its establishing thread owns it: it is
- * woken and gives up itself (and checks fail_err once more after the path
- * is up, for a failure in between).
+ * While the path is being established its establishing thread owns it: a
+ * failure wakes that thread, which gives up itself (and checks fail_err
+ * once more after the path is up, for a failure in between).
  */
+static bool clt_fail_elsewhere(struct rtrs_path *base)
+{
+	struct clt_path *p = container_of(base, struct clt_path, base);
+
+	if (atomic_load(&base->state) != RTRS_PATH_CONNECTING)
+		return false;
+	pthread_mutex_lock(&p->lock);
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+	return true;
+}
+
+/* Any thread: the path is broken; it is torn down on the service loop. */
 static void clt_fail_path(struct clt_path *p, int err)
 {
-	int zero = 0;
-
-	atomic_compare_exchange_strong(&p->fail_err, &zero, err ? err : -EIO);
-	if (atomic_load(&p->state) == RTRS_PATH_CONNECTING) {
-		pthread_mutex_lock(&p->lock);
-		pthread_cond_broadcast(&p->cond);
-		pthread_mutex_unlock(&p->lock);
-		return;
-	}
-	loop_queue(p->sess->loop, &p->fail_work);
+	rtrs_path_fail(&p->base, err);
 }
 
 static void path_hb_timer(struct loop_timer *t)
 {
-	struct clt_path *p = container_of(t, struct clt_path, hb.timer);
-	int rc;
-
-	if (atomic_load(&p->state) != RTRS_PATH_CONNECTED)
-		return;
-	if (rtrs_hb_tick_expired(&p->hb)) {
-		log_err("%s: no heartbeat from the server for %u ms, failing the path", p->name,
-			p->hb.interval_ms * p->hb.missed_max);
-		clt_fail_path(p, -ETIMEDOUT);
-		return;
-	}
-	rc = rtrs_hb_post(&p->hb, p->cons[0].fc, p->srv_imm.addr, p->srv_imm.key, false);
-	if (rc && rc != -EAGAIN) {
-		log_err("%s: sending a heartbeat failed: %s", p->name, strerror(-rc));
-		clt_fail_path(p, rc);
-	}
+	rtrs_path_hb_tick(&container_of(t, struct clt_path, base.hb.timer)->base);
 }
+
+static void clt_path_stop(struct rtrs_path *base, int err)
+{
+	path_stop(container_of(base, struct clt_path, base), err, RTRS_PATH_RECONNECTING);
+}
+
+static const struct rtrs_path_ops clt_path_ops = {
+	.item = "request",
+	.peer = "server",
+	.post = clt_post_pending,
+	.stop = clt_path_stop,
+	.fail_elsewhere = clt_fail_elsewhere,
+};
 
 /* ---- establishing a path (caller's thread) ---------------------------------- */
 
@@ -1255,9 +1169,9 @@ static int path_wait_con(struct clt_path *p, struct clt_con *con)
 	int rc = 0;
 
 	pthread_mutex_lock(&p->lock);
-	while (!con->connected && !con->err && !atomic_load(&p->fail_err) && rc != ETIMEDOUT)
+	while (!con->connected && !con->err && !atomic_load(&p->base.fail_err) && rc != ETIMEDOUT)
 		rc = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
-	rc = atomic_load(&p->fail_err) ? atomic_load(&p->fail_err) : con->connected ? 0 :
+	rc = atomic_load(&p->base.fail_err) ? atomic_load(&p->base.fail_err) : con->connected ? 0 :
 	     con->err ? con->err : -ETIMEDOUT;
 	pthread_mutex_unlock(&p->lock);
 	return rc;
@@ -1303,13 +1217,13 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 	struct clt_con *con = &p->cons[cid];
 	const struct fab_attr *a = fab_attr(p->fab);
 	struct rtrs_conn_req req = {
-		.cid = (uint16_t)cid, .cid_num = (uint16_t)p->nr_cons,
+		.cid = (uint16_t)cid, .cid_num = (uint16_t)p->base.nr_cons,
 		.recon_cnt = p->recon_cnt, .first_conn = true, .fence = true, .auth = true,
 	};
 	struct rtrs_msg_conn_req msg;
 	char name[RTRS_NAME_MAX + 16];
 	struct fab_con_cfg cfg = {
-		.ops = &clt_con_ops, .priv = con, .name = name,
+		.ops = &clt_con_ops, .priv = &con->c, .name = name,
 		.tx_depth = cid ? s->queue_depth + 16 : 128,
 		/* verbs: one receive per incoming immediate (responses) */
 		.rx_depth = cid && a->rx_cq_data ? s->queue_depth + 16 : 0,
@@ -1322,10 +1236,10 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 	memcpy(req.paths_uuid, s->paths_uuid, RTRS_UUID_LEN);
 	rtrs_conn_req_encode(&msg, &req);
 	con->path = p;
-	con->cid = cid;
+	con->c.cid = cid;
 	con->err = 0;
 	con->connected = false;
-	rc = fab_con_connect(p->fab, &cfg, &msg, sizeof(msg), &con->fc);
+	rc = fab_con_connect(p->fab, &cfg, &msg, sizeof(msg), &con->c.fc);
 	if (rc)
 		return rc;
 	return path_wait_con(p, con);
@@ -1356,7 +1270,7 @@ static int path_authenticate(struct clt_path *p)
 				 sizeof(p->auth_tx), &out_len);
 	while (!rc) {
 		if (out_len) {
-			rc = fab_send(p->cons[0].fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL);
+			rc = fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL);
 			if (rc)
 				break;
 		}
@@ -1367,14 +1281,14 @@ static int path_authenticate(struct clt_path *p)
 			break;
 		}
 		pthread_mutex_lock(&p->lock);
-		while (!p->auth_rx_len && !p->cons[0].err && !atomic_load(&p->fail_err) &&
+		while (!p->auth_rx_len && !p->cons[0].err && !atomic_load(&p->base.fail_err) &&
 		       wait != ETIMEDOUT)
 			wait = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
 		len = p->auth_rx_len;
 		if (len)
 			memcpy(msg, p->auth_rx, len);
 		p->auth_rx_len = 0;
-		rc = len ? 0 : atomic_load(&p->fail_err) ? atomic_load(&p->fail_err) :
+		rc = len ? 0 : atomic_load(&p->base.fail_err) ? atomic_load(&p->base.fail_err) :
 		     p->cons[0].err ? p->cons[0].err : -ETIMEDOUT;
 		pthread_mutex_unlock(&p->lock);
 		if (rc)
@@ -1432,7 +1346,7 @@ static int path_after_first_con(struct clt_path *p)
 		atomic_fetch_add(&s->srv_sessions, 1);
 	}
 	pthread_mutex_unlock(&s->rkey_lock);
-	p->srv_imm = rsp->imm_desc;
+	p->base.peer_imm = rsp->imm_desc;
 	p->srv_fence = rsp->flags & RTRS_MSG_FENCE_F;
 	free(p->rbufs);
 	free(p->info_gens);
@@ -1463,7 +1377,7 @@ static int path_after_first_con(struct clt_path *p)
 	 */
 	rx_size = MAX(rtrs_info_rsp_size(s->queue_depth, s->inval ? s->queue_depth : 0),
 		      RTRS_ADMIN_MSG_SIZE);
-	rc = fab_con_rx_setup(p->cons[0].fc,
+	rc = fab_con_rx_setup(p->cons[0].c.fc,
 			      fab_attr(p->fab)->rx_cq_data ?
 			      MIN(s->queue_depth + 16, RTRS_CLT_ADMIN_RX_QUEUE) : 2, rx_size);
 	if (rc) {
@@ -1492,14 +1406,14 @@ static int path_exchange_info(struct clt_path *p)
 	rc = fab_mr_reg(p->fab, &p->info_req, sizeof(p->info_req), FAB_MR_LOCAL, &p->info_req_mr);
 	if (rc)
 		return rc;
-	rc = fab_send(p->cons[0].fc, &p->info_req, sizeof(p->info_req), p->info_req_mr.desc,
+	rc = fab_send(p->cons[0].c.fc, &p->info_req, sizeof(p->info_req), p->info_req_mr.desc,
 		      NULL);
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&p->lock);
-	while (!p->info_done && !p->cons[0].err && !atomic_load(&p->fail_err) && wait != ETIMEDOUT)
+	while (!p->info_done && !p->cons[0].err && !atomic_load(&p->base.fail_err) && wait != ETIMEDOUT)
 		wait = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
-	rc = atomic_load(&p->fail_err) ? atomic_load(&p->fail_err) :
+	rc = atomic_load(&p->base.fail_err) ? atomic_load(&p->base.fail_err) :
 	     p->info_done ? p->info_err : p->cons[0].err ? p->cons[0].err : -ETIMEDOUT;
 	pthread_mutex_unlock(&p->lock);
 	return rc;
@@ -1536,10 +1450,10 @@ static int path_connect(struct clt_path *p, bool retry)
 	p->info_done = false;
 	p->info_err = 0;
 	p->auth_rx_len = 0;
-	atomic_store(&p->fail_err, 0);
+	atomic_store(&p->base.fail_err, 0);
 	atomic_store(&p->fail_dnr, false);
 	atomic_store(&p->refused, false);
-	rtrs_hb_reset(&p->hb);
+	rtrs_hb_reset(&p->base.hb);
 	p->recon_cnt++;
 	/* The server's queue depth is not known yet: ask for room for a large one. */
 	rc = fab_open(s->provider, p->src[0] ? p->src : NULL, p->host, p->port, false,
@@ -1553,10 +1467,10 @@ static int path_connect(struct clt_path *p, bool retry)
 			&p->fence_mr);
 	if (rc)
 		goto out_fail;
-	for (unsigned cid = 0; cid < p->nr_cons; cid++) {
+	for (unsigned cid = 0; cid < p->base.nr_cons; cid++) {
 		rc = path_connect_con(p, cid);
 		if (rc) {
-			log_err("%s: connection %u of %u failed: %s", p->name, cid, p->nr_cons,
+			log_err("%s: connection %u of %u failed: %s", p->name, cid, p->base.nr_cons,
 				strerror(-rc));
 			goto out_fail;
 		}
@@ -1571,21 +1485,21 @@ static int path_connect(struct clt_path *p, bool retry)
 		log_err("%s: info exchange failed: %s", p->name, strerror(-rc));
 		goto out_fail;
 	}
-	pthread_rwlock_wrlock(&p->post_lock);
+	pthread_rwlock_wrlock(&p->base.post_lock);
 	if (!path_change_state(p, RTRS_PATH_CONNECTED)) {
-		pthread_rwlock_unlock(&p->post_lock);
+		pthread_rwlock_unlock(&p->base.post_lock);
 		rc = -EIO;
 		goto out_fail;
 	}
-	pthread_rwlock_unlock(&p->post_lock);
-	loop_timer_arm(&p->hb.timer, p->hb.interval_ms, p->hb.interval_ms);
+	pthread_rwlock_unlock(&p->base.post_lock);
+	loop_timer_arm(&p->base.hb.timer, p->base.hb.interval_ms, p->base.hb.interval_ms);
 	if (atomic_fetch_add(&s->paths_up, 1) == 0 && s->link_ev && atomic_load(&s->opened))
 		s->link_ev(s->priv, RTRS_CLT_LINK_EV_RECONNECTED);
 	if (s->path_ev && atomic_load(&s->opened))
 		s->path_ev(s->priv, p->idx, 1);
 	/* A failure reported while we were finishing: handle it now. */
-	if (atomic_load(&p->fail_err))
-		loop_queue(s->loop, &p->fail_work);
+	if (atomic_load(&p->base.fail_err))
+		loop_queue(s->loop, &p->base.fail_work);
 	/*
 	 * Requests that failed over from this path go too: the server took
 	 * this reconnect only after the old path was drained and freed.
@@ -1595,7 +1509,7 @@ static int path_connect(struct clt_path *p, bool retry)
 	/* Requests waiting for a path go now. */
 	loop_queue(s->loop, &s->wait_work);
 	log_info("%s: connected, %u connections, queue depth %u, max io %u", p->name,
-		 p->nr_cons, s->queue_depth, s->max_io_size);
+		 p->base.nr_cons, s->queue_depth, s->max_io_size);
 	return 0;
 
 out_fail:
@@ -1608,9 +1522,9 @@ out_fail:
 		again = false;
 		atomic_store(&p->last_err, rc);
 	}
-	pthread_rwlock_wrlock(&p->post_lock);
+	pthread_rwlock_wrlock(&p->base.post_lock);
 	path_change_state(p, again ? RTRS_PATH_RECONNECTING : RTRS_PATH_CLOSED);
-	pthread_rwlock_unlock(&p->post_lock);
+	pthread_rwlock_unlock(&p->base.post_lock);
 	if (again)
 		path_schedule_reconnect(p, 0); /* arming a timer is safe off the loop */
 	return rc;
@@ -1645,9 +1559,9 @@ static int path_open(struct clt_path *p)
 		log_info("%s: the server refused the path (%s); trying again in %u ms (%d of %d)",
 			 p->name, strerror(-rc), ms, attempt + 1, RTRS_OPEN_REFUSED_TRIES);
 		usleep((useconds_t)MIN(ms, 10000u) * 1000);
-		pthread_rwlock_wrlock(&p->post_lock);
+		pthread_rwlock_wrlock(&p->base.post_lock);
 		path_change_state(p, RTRS_PATH_CONNECTING);
-		pthread_rwlock_unlock(&p->post_lock);
+		pthread_rwlock_unlock(&p->base.post_lock);
 	}
 }
 
@@ -1694,21 +1608,7 @@ static int opts_validate(const struct rtrs_clt_opts *o)
 static void sess_free(struct rtrs_clt_sess *s)
 {
 	for (size_t i = 0; s->paths && i < s->paths_num; i++) {
-		struct clt_path *p = &s->paths[i];
-
-		if (!p->sess)
-			continue; /* never initialised */
-		loop_timer_fini(&p->hb.timer);
-		loop_timer_fini(&p->reconnect_timer);
-		path_release_mrs(p);
-		fab_close(p->fab);
-		free(p->cons);
-		free(p->rbufs);
-		free(p->info_gens);
-		free(p->imm_area);
-		pthread_rwlock_destroy(&p->post_lock);
-		pthread_mutex_destroy(&p->lock);
-		pthread_cond_destroy(&p->cond);
+		path_fini(&s->paths[i]);
 	}
 	free(s->paths);
 	free(s->reqs);
@@ -1746,7 +1646,7 @@ static void path_close_call(void *arg)
 	}
 	path_stop(p, -ESHUTDOWN, RTRS_PATH_CLOSED);
 	loop_timer_fini(&p->reconnect_timer);
-	loop_timer_fini(&p->hb.timer);
+	loop_timer_fini(&p->base.hb.timer);
 }
 
 RTRS_EXPORT
@@ -1776,15 +1676,17 @@ void rtrs_clt_close(struct rtrs_clt_sess *s)
 	sess_free(s);
 }
 
+/*
+ * Sets up slot p for path idx of s; on failure path_fini undoes what was
+ * done. p->sess is set once the base is set up.
+ */
 static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 		     const struct rtrs_path_addr *addr)
 {
-	pthread_rwlockattr_t attr;
 	int rc;
 
-	p->sess = s;
 	p->idx = idx;
-	p->hb.timer.h.fd = -1;
+	p->base.hb.timer.h.fd = -1;
 	p->reconnect_timer.h.fd = -1;
 	rc = rtrs_split_hostport(addr->dst, s->port, p->host, sizeof(p->host), p->port,
 				 sizeof(p->port));
@@ -1798,22 +1700,25 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 	rc = rand_bytes(p->uuid, sizeof(p->uuid));
 	if (rc)
 		return rc;
-	atomic_init(&p->state, RTRS_PATH_CONNECTING);
-	pthread_rwlockattr_init(&attr);
-	/* Teardown must not starve behind a stream of posters. */
-	pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-	pthread_rwlock_init(&p->post_lock, &attr);
-	pthread_rwlockattr_destroy(&attr);
+	rc = rtrs_path_init(&p->base, &clt_path_ops, s->loop, p->name, RTRS_PATH_CONNECTING,
+			    path_hb_timer);
+	if (rc)
+		return rc;
+	p->sess = s;
 	pthread_mutex_init(&p->lock, NULL);
 	cond_init_mono(&p->cond);
-	p->nr_cons = 1 + s->nr_io_cons;
-	p->cons = calloc(p->nr_cons, sizeof(*p->cons));
-	if (!p->cons)
+	p->base.nr_cons = 1 + s->nr_io_cons;
+	p->cons = calloc(p->base.nr_cons, sizeof(*p->cons));
+	p->base.cons = calloc(p->base.nr_cons, sizeof(*p->base.cons));
+	if (!p->cons || !p->base.cons)
 		return -ENOMEM;
-	for (unsigned i = 0; i < p->nr_cons; i++)
-		pthread_mutex_init(&p->cons[i].pending_lock, NULL);
-	p->hb.interval_ms = s->hb_interval_ms;
-	p->hb.missed_max = s->hb_missed_max;
+	for (unsigned i = 0; i < p->base.nr_cons; i++) {
+		rtrs_con_init(&p->cons[i].c, &p->base, i);
+		p->cons[i].path = p;
+		p->base.cons[i] = &p->cons[i].c;
+	}
+	p->base.hb.interval_ms = s->hb_interval_ms;
+	p->base.hb.missed_max = s->hb_missed_max;
 	/*
 	 * Fault injection, documented in docs/architecture.md: with
 	 * RTRS_FAULT_DELAY_PATH=IDX:US, every immediate path IDX receives
@@ -1826,13 +1731,29 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 		p->fault_delay_us = fus;
 		log_warn("%s: fault injection: every completion %u us late", p->name, fus);
 	}
-	loop_work_init(&p->fail_work, path_fail_work);
 	atomic_init(&p->keep_closed, false);
 	atomic_init(&p->verdict, -1);
-	rc = loop_timer_init(s->loop, &p->reconnect_timer, path_reconnect_timer);
-	if (rc)
-		return rc;
-	return loop_timer_init(s->loop, &p->hb.timer, path_hb_timer);
+	return loop_timer_init(s->loop, &p->reconnect_timer, path_reconnect_timer);
+}
+
+/* Undoes path_init, whole or in part, and what connecting left (closed path). */
+static void path_fini(struct clt_path *p)
+{
+	loop_timer_fini(&p->reconnect_timer);
+	if (!p->sess)
+		return;
+	rtrs_path_fini(&p->base);
+	path_release_mrs(p);
+	fab_close(p->fab);
+	for (unsigned i = 0; p->cons && i < p->base.nr_cons; i++)
+		rtrs_con_fini(&p->cons[i].c);
+	free(p->cons);
+	free(p->base.cons);
+	free(p->rbufs);
+	free(p->info_gens);
+	free(p->imm_area);
+	pthread_mutex_destroy(&p->lock);
+	pthread_cond_destroy(&p->cond);
 }
 
 /* This host's default name: /etc/nvme/hostnqn as nvme-cli does, else from the machine id. */
@@ -2037,13 +1958,13 @@ int rtrs_clt_path_stats(struct rtrs_clt_sess *s, unsigned idx, struct rtrs_path_
 		return -ENOENT;
 	p = &s->paths[idx];
 	snprintf(st->name, sizeof(st->name), "%s", p->name);
-	st->state = rtrs_path_state_str(atomic_load(&p->state));
+	st->state = rtrs_path_state_str(atomic_load(&p->base.state));
 	st->reads = atomic_load(&p->stat_reads);
 	st->read_bytes = atomic_load(&p->stat_read_bytes);
 	st->writes = atomic_load(&p->stat_writes);
 	st->write_bytes = atomic_load(&p->stat_write_bytes);
-	st->inflight = atomic_load(&p->inflight);
-	st->hb_latency_ns = atomic_load(&p->hb.latency_ns);
+	st->inflight = atomic_load(&p->base.inflight);
+	st->hb_latency_ns = atomic_load(&p->base.hb.latency_ns);
 	st->reconnects = atomic_load(&p->stat_reconnects);
 	st->reconnect_failures = atomic_load(&p->stat_reconnect_failures);
 	st->failovers = atomic_load(&p->stat_failovers);
@@ -2091,15 +2012,15 @@ static void path_reconnect_call(void *arg)
 	atomic_store(&p->verdict, -1);
 	atomic_store(&p->attempts, 0);
 	atomic_store(&p->down_since_ms, now_ms()); /* a fresh loss timeout too */
-	switch (atomic_load(&p->state)) {
+	switch (atomic_load(&p->base.state)) {
 	case RTRS_PATH_CONNECTED:
 		/* Closed first; path_stop schedules the attempt itself. */
 		path_stop(p, -ECONNRESET, RTRS_PATH_RECONNECTING);
 		return;
 	case RTRS_PATH_CLOSED:
-		pthread_rwlock_wrlock(&p->post_lock);
+		pthread_rwlock_wrlock(&p->base.post_lock);
 		path_change_state(p, RTRS_PATH_RECONNECTING);
-		pthread_rwlock_unlock(&p->post_lock);
+		pthread_rwlock_unlock(&p->base.post_lock);
 		/* fall through */
 	case RTRS_PATH_RECONNECTING:
 		loop_timer_arm(&p->reconnect_timer, 1, 0);
@@ -2135,19 +2056,7 @@ int rtrs_clt_add_path(struct rtrs_clt_sess *s, const struct rtrs_path_addr *addr
 		rc = path_connect(p, false);
 	if (rc) {
 		/* Never published: tear the slot down again. */
-		loop_timer_fini(&p->hb.timer);
-		loop_timer_fini(&p->reconnect_timer);
-		if (p->sess) {
-			for (unsigned i = 0; p->cons && i < p->nr_cons; i++)
-				pthread_mutex_destroy(&p->cons[i].pending_lock);
-			pthread_rwlock_destroy(&p->post_lock);
-			pthread_mutex_destroy(&p->lock);
-			pthread_cond_destroy(&p->cond);
-		}
-		free(p->cons);
-		free(p->rbufs);
-		free(p->info_gens);
-		free(p->imm_area);
+		path_fini(p);
 		memset(p, 0, sizeof(*p));
 		pthread_mutex_unlock(&s->admin_lock);
 		return rc;

@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "rtrs-auth-sm.h"
-#include "rtrs-pri.h"
+#include "rtrs-path.h"
 
 enum srv_op_state { OP_FREE, OP_BUSY, OP_RESPONDING, OP_SENT };
 
@@ -46,20 +46,17 @@ struct rtrs_srv_op {
 	size_t next_sg;             /* posting progress after -EAGAIN */
 	uint64_t next_local;
 	bool rekeyed;               /* always_invalidate: the chunk has its new key */
-	struct rtrs_srv_op *pending_next;
+	struct rtrs_pending pend;   /* waits for room in con's send queue */
 };
 
 struct srv_con {
+	struct rtrs_con c;
 	struct srv_path *path;
-	unsigned cid;
-	struct fab_con *fc;
 	struct rtrs_desc *sg_scratch; /* RTRS_MAX_READ_SG; completion thread only */
-	struct rtrs_hb_rx hb_rx;      /* completion thread only */
-	pthread_mutex_t pending_lock;
-	struct rtrs_srv_op *pending_head, *pending_tail;
 };
 
 struct srv_path {
+	struct rtrs_path base;      /* state, post lock, heartbeat, failure, cons */
 	struct rtrs_srv_sess *sess;
 	struct srv_path *next;
 	uint8_t uuid[RTRS_UUID_LEN];
@@ -68,27 +65,19 @@ struct srv_path {
 	/*
 	 * The log name: "(new)/peer" until the info request names the session,
 	 * then "session/peer". Connection threads log with it while the loop
-	 * renames, so the new name goes in a buffer of its own and name points
-	 * at one of the two.
+	 * renames, so the new name goes in a buffer of its own and base.name
+	 * points at one of the two.
 	 */
 	char name_new[RTRS_NAME_MAX + 80];
 	char name_info[RTRS_NAME_MAX + 80];
-	const char *_Atomic name;
-	_Atomic enum rtrs_path_state state;
-	pthread_rwlock_t post_lock;
-	unsigned cid_num;
 	unsigned nr_accepted;
 	struct srv_con *cons;
 	uint64_t last_connreq_ms;
-	struct rtrs_desc clt_imm;
 	struct rtrs_info_req info;  /* from the admin thread to the loop */
 	struct loop_work info_work;
 	void *info_rsp;
 	size_t info_rsp_len;
 	struct fab_mr info_rsp_mr;
-	struct rtrs_hb hb;
-	struct loop_work fail_work;
-	atomic_int fail_err;
 	atomic_bool info_received;
 	/* A fence asked for on this path (its admin connection). */
 	uint8_t fence_uuid[RTRS_UUID_LEN];
@@ -99,7 +88,6 @@ struct srv_path {
 	struct fab_mr fence_ack_mr;
 	bool cons_destroyed;
 	bool was_connected;
-	atomic_uint inflight;
 	/* Authentication: cid 0's completion thread runs it; the loop reads the flags. */
 	struct rtrs_auth_txn auth;
 	atomic_bool auth_host_ok;   /* the host proved its identity: more connections may come */
@@ -190,6 +178,11 @@ struct rtrs_srv_ctx {
 };
 
 static void srv_fail_path(struct srv_path *p, int err);
+
+static inline const char *path_name(struct srv_path *p)
+{
+	return rtrs_path_name(&p->base);
+}
 static struct srv_path *path_find(struct rtrs_srv_sess *s, const uint8_t *uuid);
 
 /* ---- responses ------------------------------------------------------------- */
@@ -202,13 +195,13 @@ static void op_finish(struct rtrs_srv_op *op, struct srv_path *p)
 {
 	struct rtrs_srv_ctx *ctx = p->sess->ctx;
 	int expected = OP_RESPONDING;
-	bool closing = atomic_load(&p->state) != RTRS_PATH_CONNECTED;
+	bool closing = atomic_load(&p->base.state) != RTRS_PATH_CONNECTED;
 
 	/* From SENT the op may already be BUSY with the client's next request. */
 	if (!atomic_compare_exchange_strong(&op->state, &expected, OP_FREE) &&
 	    expected == OP_SENT)
 		atomic_compare_exchange_strong(&op->state, &expected, OP_FREE);
-	if (atomic_fetch_sub(&p->inflight, 1) == 1 && closing)
+	if (atomic_fetch_sub(&p->base.inflight, 1) == 1 && closing)
 		loop_queue(ctx->loop, &ctx->reap_work);
 }
 
@@ -234,14 +227,14 @@ static int op_post_last(struct rtrs_srv_op *op, struct srv_path *p, struct fab_c
 	else if (rma_cnt)
 		rc = fab_write(fc, iov, desc, iov_cnt, rma, rma_cnt, true, imm, NULL);
 	else
-		rc = fab_write_imm(fc, p->clt_imm.addr, p->clt_imm.key, imm);
+		rc = fab_write_imm(fc, p->base.peer_imm.addr, p->base.peer_imm.key, imm);
 	if (!rc) {
 		op_finish(op, p);
 		return 0;
 	}
 	if (atomic_compare_exchange_strong(&op->state, &expected, OP_RESPONDING))
 		return rc;
-	log_err_rl("%s: chunk %u reused before its response", p->name, op->id);
+	log_err_rl("%s: chunk %u reused before its response", path_name(p), op->id);
 	op_finish(op, p);
 	return -EPROTO;
 }
@@ -350,7 +343,7 @@ static int op_post(struct rtrs_srv_op *op)
 {
 	struct srv_path *p = op->path;
 	struct rtrs_srv_sess *s = op->sess;
-	struct fab_con *fc = op->con->fc;
+	struct fab_con *fc = op->con->c.fc;
 	uint32_t imm = rtrs_to_io_rsp_imm(op->id, op->err);
 	size_t per = MIN(fab_attr(s->ctx->fab)->rma_iov_limit, 8);
 	bool data = op->dir == RTRS_READ && !op->err && op->data_len && op->sg_cnt;
@@ -385,8 +378,8 @@ static int op_post(struct rtrs_srv_op *op)
 			iov[1].iov_base = &s->rkey_msgs[op->id];
 			iov[1].iov_len = RTRS_RKEY_SLOT;
 			rma[cnt] = (struct fab_rma){
-				.addr = p->clt_imm.addr + (uint64_t)op->id * RTRS_RKEY_SLOT,
-				.len = RTRS_RKEY_SLOT, .key = p->clt_imm.key,
+				.addr = p->base.peer_imm.addr + (uint64_t)op->id * RTRS_RKEY_SLOT,
+				.len = RTRS_RKEY_SLOT, .key = p->base.peer_imm.key,
 			};
 			return op_post_last(op, p, fc, iov, desc, 2, rma, cnt + 1, imm, false);
 		}
@@ -399,8 +392,8 @@ static int op_post(struct rtrs_srv_op *op)
 	if (s->inval) {
 		struct iovec iov = { .iov_base = &s->rkey_msgs[op->id], .iov_len = RTRS_RKEY_SLOT };
 		struct fab_rma rma = {
-			.addr = p->clt_imm.addr + (uint64_t)op->id * RTRS_RKEY_SLOT,
-			.len = RTRS_RKEY_SLOT, .key = p->clt_imm.key,
+			.addr = p->base.peer_imm.addr + (uint64_t)op->id * RTRS_RKEY_SLOT,
+			.len = RTRS_RKEY_SLOT, .key = p->base.peer_imm.key,
 		};
 
 		return op_post_last(op, p, fc, &iov, &s->rkey_msgs_mr.desc, 1, &rma, 1, imm,
@@ -409,63 +402,19 @@ static int op_post(struct rtrs_srv_op *op)
 	return op_post_last(op, p, fc, NULL, NULL, 0, NULL, 0, imm, false);
 }
 
-static void con_pending_push(struct srv_con *con, struct rtrs_srv_op *op)
+/* Completion thread (kick): a response that met a full send queue. */
+static int srv_post_pending(struct rtrs_con *con, struct rtrs_pending *it)
 {
-	log_dbg("%s#%u: send queue full, response %u waits", con->path->name, con->cid, op->id);
-	pthread_mutex_lock(&con->pending_lock);
-	op->pending_next = NULL;
-	if (con->pending_tail)
-		con->pending_tail->pending_next = op;
-	else
-		con->pending_head = op;
-	con->pending_tail = op;
-	pthread_mutex_unlock(&con->pending_lock);
-	fab_con_kick(con->fc);
+	return op_post(&container_of(con, struct srv_con, c)->path->sess->ops[it->id]);
 }
 
-static struct rtrs_srv_op *con_pending_pop(struct srv_con *con)
+/* A waiting response will not go out: its post failed (err) or its connection is gone (0). */
+static void srv_drop_pending(struct rtrs_con *con, struct rtrs_pending *it, int err)
 {
-	struct rtrs_srv_op *op;
+	struct srv_path *p = container_of(con, struct srv_con, c)->path;
 
-	pthread_mutex_lock(&con->pending_lock);
-	op = con->pending_head;
-	if (op) {
-		con->pending_head = op->pending_next;
-		if (!con->pending_head)
-			con->pending_tail = NULL;
-	}
-	pthread_mutex_unlock(&con->pending_lock);
-	return op;
-}
-
-static void srv_con_kick(void *priv)
-{
-	struct srv_con *con = priv;
-	struct rtrs_srv_op *op;
-
-	while ((op = con_pending_pop(con))) {
-		int rc = op_post(op);
-
-		if (rc == -EAGAIN) {
-			/* Back to the head without a kick: retried after 1 ms or a completion. */
-			pthread_mutex_lock(&con->pending_lock);
-			op->pending_next = con->pending_head;
-			con->pending_head = op;
-			if (!con->pending_tail)
-				con->pending_tail = op;
-			pthread_mutex_unlock(&con->pending_lock);
-			fab_con_retry_later(con->fc);
-			return;
-		}
-		if (rc) {
-			log_err_rl("%s: posting a response failed: %s", con->path->name,
-				   strerror(-rc));
-			if (rc != -EPROTO) /* -EPROTO: op_post_last finished it */
-				op_drop(op, con->path);
-			srv_fail_path(con->path, rc);
-			return;
-		}
-	}
+	if (err != -EPROTO) /* -EPROTO: op_post_last finished it */
+		op_drop(&p->sess->ops[it->id], p);
 }
 
 RTRS_EXPORT
@@ -487,24 +436,25 @@ int rtrs_srv_resp_rdma(struct rtrs_srv_op *op, int err)
 	op->err = err;
 	op->next_sg = 0;
 	op->next_local = 0;
-	pthread_rwlock_rdlock(&p->post_lock);
-	if (atomic_load(&p->state) != RTRS_PATH_CONNECTED) {
+	pthread_rwlock_rdlock(&p->base.post_lock);
+	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED) {
 		/* The client fails this IO over or gets an error from its path. */
 		op_drop(op, p);
-		pthread_rwlock_unlock(&p->post_lock);
+		pthread_rwlock_unlock(&p->base.post_lock);
 		return -ENOTCONN;
 	}
 	rc = op_post(op);
 	if (rc == -EAGAIN) {
-		con_pending_push(op->con, op);
+		op->pend.id = op->id;
+		rtrs_con_pending_add(&op->con->c, &op->pend);
 		rc = 0;
 	} else if (rc) {
-		log_err_rl("%s: posting a response failed: %s", p->name, strerror(-rc));
+		log_err_rl("%s: posting a response failed: %s", path_name(p), strerror(-rc));
 		if (rc != -EPROTO) /* -EPROTO: op_post_last finished it */
 			op_drop(op, p);
 		srv_fail_path(p, rc);
 	}
-	pthread_rwlock_unlock(&p->post_lock);
+	pthread_rwlock_unlock(&p->base.post_lock);
 	return rc;
 }
 
@@ -525,8 +475,8 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 	int state, rc;
 	char *base;
 
-	if (atomic_load(&p->state) != RTRS_PATH_CONNECTED) {
-		log_err_rl("%s: IO before the path is established", p->name);
+	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED) {
+		log_err_rl("%s: IO before the path is established", path_name(p));
 		srv_fail_path(p, -EPROTO);
 		return;
 	}
@@ -536,7 +486,7 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 	/* Decoded into this connection's scratch: the op may still be busy. */
 	rc = rtrs_io_req_decode(payload, &lim, s->chunk_bases, con->sg_scratch, &req, &why);
 	if (rc) {
-		log_err_rl("%s: invalid IO request: %s", p->name, why);
+		log_err_rl("%s: invalid IO request: %s", path_name(p), why);
 		srv_fail_path(p, rc);
 		return;
 	}
@@ -545,13 +495,13 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 	/* FREE, or SENT (its response is out): both are ours. */
 	do {
 		if (state == OP_BUSY || state == OP_RESPONDING) {
-			log_err_rl("%s: request for chunk %u which is still in use", p->name,
+			log_err_rl("%s: request for chunk %u which is still in use", path_name(p),
 				   req.chunk);
 			srv_fail_path(p, -EPROTO);
 			return;
 		}
 	} while (!atomic_compare_exchange_weak(&op->state, &state, OP_BUSY));
-	atomic_fetch_add(&p->inflight, 1);
+	atomic_fetch_add(&p->base.inflight, 1);
 	if (s->inval) {
 		/* Before the user sees the data: the client can no longer write it. */
 		chunk_revoke(s, req.chunk);
@@ -573,13 +523,12 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 
 static void srv_con_imm(void *priv, uint32_t imm)
 {
-	struct srv_con *con = priv;
+	struct srv_con *con = container_of(priv, struct srv_con, c);
 	struct srv_path *p = con->path;
 	uint32_t payload;
 	unsigned type;
-	int rc;
 
-	rtrs_hb_heard(&p->hb);
+	rtrs_hb_heard(&p->base.hb);
 	rtrs_from_imm(imm, &type, &payload);
 	switch (type) {
 	case RTRS_IO_REQ_IMM:
@@ -587,21 +536,11 @@ static void srv_con_imm(void *priv, uint32_t imm)
 		break;
 	case RTRS_HB_MSG_IMM:
 	case RTRS_HB_ACK_IMM:
-		if (!rtrs_hb_received(&p->hb, &con->hb_rx, con->cid, type == RTRS_HB_ACK_IMM,
-				      p->name)) {
-			fab_con_shutdown(con->fc);
-			srv_fail_path(p, -EPROTO);
-			break;
-		}
-		if (type == RTRS_HB_ACK_IMM || atomic_load(&p->state) != RTRS_PATH_CONNECTED)
-			break;
-		rc = rtrs_hb_post(&p->hb, con->fc, p->clt_imm.addr, p->clt_imm.key, true);
-		if (rc && rc != -EAGAIN)
-			srv_fail_path(p, rc);
+		rtrs_con_hb_imm(&con->c, type == RTRS_HB_ACK_IMM);
 		break;
 	default:
-		log_err_rl("%s: unknown immediate type %u", p->name, type);
-		fab_con_shutdown(con->fc);
+		log_err_rl("%s: unknown immediate type %u", path_name(p), type);
+		fab_con_shutdown(con->c.fc);
 		srv_fail_path(p, -EPROTO);
 	}
 }
@@ -620,7 +559,7 @@ static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
 
 	if (!ctx->auth_required || atomic_load(&p->auth_done) || atomic_load(&p->close_at_ms) ||
 	    p->auth.state == AUTH_SRV_FAILED) {
-		log_err("%s: authentication message not expected; closing the path", p->name);
+		log_err("%s: authentication message not expected; closing the path", path_name(p));
 		srv_fail_path(p, -EPROTO);
 		return;
 	}
@@ -632,13 +571,13 @@ static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
 	 */
 	if (p->auth.host_ok)
 		atomic_store(&p->auth_host_ok, true);
-	rc = out_len ? fab_send(p->cons[0].fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL) : 0;
+	rc = out_len ? fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL) : 0;
 	switch (step) {
 	case RTRS_AUTH_CONTINUE:
 		break;
 	case RTRS_AUTH_DONE:
 		atomic_fetch_add(&ctx->st.auth_ok, 1);
-		log_info("%s: host %s authenticated (%s, %s%s)", p->name, p->auth.host,
+		log_info("%s: host %s authenticated (%s, %s%s)", path_name(p), p->auth.host,
 			 rtrs_auth_hash_name(p->auth.hash), rtrs_auth_dhgroup_name(p->auth.group),
 			 p->auth.bidir ? ", bidirectional" : "");
 		snprintf(p->auth_host, sizeof(p->auth_host), "%s", p->auth.host);
@@ -659,7 +598,7 @@ static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
 		return;
 	}
 	if (rc) {
-		log_err("%s: sending an authentication message failed: %s", p->name,
+		log_err("%s: sending an authentication message failed: %s", path_name(p),
 			strerror(-rc));
 		srv_fail_path(p, rc);
 	}
@@ -667,42 +606,42 @@ static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
 
 static void srv_con_recv(void *priv, void *buf, size_t len)
 {
-	struct srv_con *con = priv;
+	struct srv_con *con = container_of(priv, struct srv_con, c);
 	struct srv_path *p = con->path;
 	const char *why = NULL;
 	int rc, err;
 
-	rtrs_hb_heard(&p->hb);
-	if (con->cid == 0 && atomic_load(&p->state) == RTRS_PATH_CONNECTED) {
+	rtrs_hb_heard(&p->base.hb);
+	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTED) {
 		/* One fence at a time per path: the client waits for each ack. */
 		rc = rtrs_fence_decode(buf, len, RTRS_MSG_FENCE, p->fence_uuid, &err, &why);
 		if (rc || atomic_exchange(&p->fence_pending, true)) {
-			log_err_rl("%s: unexpected message: %s", p->name, rc ? why : "second fence");
+			log_err_rl("%s: unexpected message: %s", path_name(p), rc ? why : "second fence");
 			srv_fail_path(p, rc ? rc : -EPROTO);
 			return;
 		}
 		loop_queue(p->sess->ctx->loop, &p->fence_work);
 		return;
 	}
-	if (con->cid == 0 && atomic_load(&p->state) == RTRS_PATH_CONNECTING &&
+	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTING &&
 	    rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
 		srv_auth_recv(p, buf, len);
 		return;
 	}
-	if (con->cid == 0 && p->sess->ctx->auth_required && !atomic_load(&p->auth_done)) {
-		log_err("%s: message before authentication; closing the path", p->name);
+	if (con->c.cid == 0 && p->sess->ctx->auth_required && !atomic_load(&p->auth_done)) {
+		log_err("%s: message before authentication; closing the path", path_name(p));
 		srv_fail_path(p, -EACCES);
 		return;
 	}
-	if (con->cid != 0 || atomic_load(&p->state) != RTRS_PATH_CONNECTING ||
+	if (con->c.cid != 0 || atomic_load(&p->base.state) != RTRS_PATH_CONNECTING ||
 	    atomic_exchange(&p->info_received, true)) {
-		log_err_rl("%s: unexpected message on connection %u", p->name, con->cid);
+		log_err_rl("%s: unexpected message on connection %u", path_name(p), con->c.cid);
 		srv_fail_path(p, -EPROTO);
 		return;
 	}
 	rc = rtrs_info_req_decode(buf, len, &p->info, &why);
 	if (rc) {
-		log_err("%s: invalid info request: %s", p->name, why);
+		log_err("%s: invalid info request: %s", path_name(p), why);
 		srv_fail_path(p, rc);
 		return;
 	}
@@ -711,24 +650,17 @@ static void srv_con_recv(void *priv, void *buf, size_t len)
 
 static void srv_con_connected(void *priv, const void *data, size_t len)
 {
-	struct srv_con *con = priv;
+	struct srv_con *con = container_of(priv, struct srv_con, c);
 
-	log_dbg("%s: connection %u established", con->path->name, con->cid);
+	log_dbg("%s: connection %u established", path_name(con->path), con->c.cid);
 }
 
 static void srv_con_down(void *priv, int err, const void *data, size_t len)
 {
-	struct srv_con *con = priv;
+	struct srv_con *con = container_of(priv, struct srv_con, c);
 
-	log_info("%s: connection %u went down: %s", con->path->name, con->cid, strerror(-err));
+	log_info("%s: connection %u went down: %s", path_name(con->path), con->c.cid, strerror(-err));
 	srv_fail_path(con->path, err);
-}
-
-static void srv_con_done(void *priv, void *ctx)
-{
-	struct srv_con *con = priv;
-
-	rtrs_hb_done(&con->path->hb, ctx);
 }
 
 static const struct fab_con_ops srv_con_ops = {
@@ -736,8 +668,8 @@ static const struct fab_con_ops srv_con_ops = {
 	.down = srv_con_down,
 	.imm = srv_con_imm,
 	.recv = srv_con_recv,
-	.done = srv_con_done,
-	.kick = srv_con_kick,
+	.done = rtrs_con_done,
+	.kick = rtrs_con_kick,
 };
 
 /* ---- sessions and paths (service loop) -------------------------------------- */
@@ -898,6 +830,8 @@ static int sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, struct rtr
 	return 0;
 }
 
+static void path_fini(struct srv_path *p);
+
 static void path_free(struct srv_path *p)
 {
 	struct rtrs_srv_sess *s = p->sess;
@@ -910,24 +844,8 @@ static void path_free(struct srv_path *p)
 		}
 	}
 	s->paths_num--;
-	loop_timer_fini(&p->hb.timer);
-	loop_timer_fini(&p->fence_timer);
-	fab_mr_dereg(&p->fence_ack_mr);
-	fab_mr_dereg(&p->info_rsp_mr);
-	fab_mr_dereg(&p->auth_tx_mr);
-	fab_mr_dereg(&p->verdict_mr);
-	fab_mr_dereg(&p->fence_keys_mr);
-	free(p->fence_keys);
-	free(p->info_rsp);
-	rtrs_auth_txn_end(&p->auth);
-	for (unsigned i = 0; i < p->cid_num; i++) {
-		pthread_mutex_destroy(&p->cons[i].pending_lock);
-		free(p->cons[i].sg_scratch);
-	}
-	free(p->cons);
-	pthread_rwlock_destroy(&p->post_lock);
-	log_dbg("%s: path freed", p->name);
-	free(p);
+	log_dbg("%s: path freed", path_name(p));
+	path_fini(p);
 	if (!s->paths)
 		sess_free(s);
 }
@@ -949,12 +867,12 @@ static void srv_reap_work(struct loop_work *w)
 
 			pn = p->next;
 			/* Its own work items still queued would run on freed memory. */
-			if (!p->cons_destroyed || atomic_load(&p->fail_work.queued) ||
+			if (!p->cons_destroyed || atomic_load(&p->base.fail_work.queued) ||
 			    atomic_load(&p->info_work.queued) || atomic_load(&p->fence_work.queued))
 				continue;
-			pthread_rwlock_wrlock(&p->post_lock);
-			idle = atomic_load(&p->inflight) == 0;
-			pthread_rwlock_unlock(&p->post_lock);
+			pthread_rwlock_wrlock(&p->base.post_lock);
+			idle = atomic_load(&p->base.inflight) == 0;
+			pthread_rwlock_unlock(&p->base.post_lock);
 			if (idle)
 				path_free(p); /* may free s: sn was taken before */
 		}
@@ -963,7 +881,7 @@ static void srv_reap_work(struct loop_work *w)
 
 static bool srv_path_change_state(struct srv_path *p, enum rtrs_path_state to)
 {
-	return rtrs_path_change_state(&p->state, p->name, to);
+	return rtrs_path_set_state(&p->base, to);
 }
 
 /* Loop thread: close the path's connections; free it once answered. */
@@ -972,30 +890,20 @@ static void path_stop(struct srv_path *p, int err)
 	struct rtrs_srv_sess *s = p->sess;
 	enum rtrs_path_state st;
 
-	pthread_rwlock_wrlock(&p->post_lock);
-	st = atomic_load(&p->state);
+	pthread_rwlock_wrlock(&p->base.post_lock);
+	st = atomic_load(&p->base.state);
 	if (st == RTRS_PATH_CLOSING || st == RTRS_PATH_CLOSED) {
-		pthread_rwlock_unlock(&p->post_lock);
+		pthread_rwlock_unlock(&p->base.post_lock);
 		return;
 	}
 	srv_path_change_state(p, RTRS_PATH_CLOSING);
-	pthread_rwlock_unlock(&p->post_lock);
-	loop_timer_arm(&p->hb.timer, 0, 0);
-	for (unsigned i = 0; i < p->cid_num; i++)
-		fab_con_shutdown(p->cons[i].fc);
-	for (unsigned i = 0; i < p->cid_num; i++) {
-		struct srv_con *con = &p->cons[i];
-		struct rtrs_srv_op *op;
-
-		fab_con_destroy(con->fc);
-		con->fc = NULL;
-		/* Responses that never got out: the client's path fails them. */
-		while ((op = con_pending_pop(con)))
-			op_drop(op, p);
-	}
+	pthread_rwlock_unlock(&p->base.post_lock);
+	loop_timer_arm(&p->base.hb.timer, 0, 0);
+	/* Responses that never got out are dropped: the client's path fails them. */
+	rtrs_path_destroy_cons(&p->base);
 	p->cons_destroyed = true;
 	srv_path_change_state(p, RTRS_PATH_CLOSED);
-	log_info("%s: path closed: %s", p->name, strerror(-err));
+	log_info("%s: path closed: %s", path_name(p), strerror(-err));
 	if (p->was_connected && --s->paths_up == 0 && s->link_up) {
 		s->link_up = false;
 		if (s->ctx->ops.link_ev)
@@ -1004,21 +912,20 @@ static void path_stop(struct srv_path *p, int err)
 	loop_queue(s->ctx->loop, &s->ctx->reap_work);
 }
 
-static void path_fail_work(struct loop_work *w)
+/* Service loop: the failure srv_fail_path handed over. */
+static void srv_path_stop(struct rtrs_path *base, int err)
 {
-	struct srv_path *p = container_of(w, struct srv_path, fail_work);
+	struct srv_path *p = container_of(base, struct srv_path, base);
 
-	path_stop(p, atomic_load(&p->fail_err));
+	path_stop(p, err);
 	/* The reaper skipped this path while this item was queued. */
 	loop_queue(p->sess->ctx->loop, &p->sess->ctx->reap_work);
 }
 
+/* Any thread: the path is broken; it is stopped on the service loop. */
 static void srv_fail_path(struct srv_path *p, int err)
 {
-	int zero = 0;
-
-	atomic_compare_exchange_strong(&p->fail_err, &zero, err ? err : -EIO);
-	loop_queue(p->sess->ctx->loop, &p->fail_work);
+	rtrs_path_fail(&p->base, err);
 }
 
 /*
@@ -1032,7 +939,7 @@ static void srv_fence_check(struct srv_path *p)
 	struct srv_path *t;
 	int err = 0, rc;
 
-	if (atomic_load(&p->state) != RTRS_PATH_CONNECTED) {
+	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED) {
 		atomic_store(&p->fence_pending, false);
 		/* The reaper may have skipped this path while this item was queued. */
 		loop_queue(p->sess->ctx->loop, &p->sess->ctx->reap_work);
@@ -1042,12 +949,12 @@ static void srv_fence_check(struct srv_path *p)
 	if (t == p) {
 		err = -EINVAL;
 	} else if (t) {
-		if (atomic_load(&t->state) == RTRS_PATH_CONNECTING ||
-		    atomic_load(&t->state) == RTRS_PATH_CONNECTED) {
-			log_info("%s: fencing %s for the client", p->name, t->name);
+		if (atomic_load(&t->base.state) == RTRS_PATH_CONNECTING ||
+		    atomic_load(&t->base.state) == RTRS_PATH_CONNECTED) {
+			log_info("%s: fencing %s for the client", path_name(p), path_name(t));
 			path_stop(t, -ECONNRESET);
 		}
-		if (!t->cons_destroyed || atomic_load(&t->inflight)) {
+		if (!t->cons_destroyed || atomic_load(&t->base.inflight)) {
 			loop_timer_arm(&p->fence_timer, 5, 0);
 			return;
 		}
@@ -1062,15 +969,15 @@ static void srv_fence_check(struct srv_path *p)
 		 */
 		size_t len = (size_t)p->sess->queue_depth * RTRS_RKEY_SLOT;
 		struct iovec iov = { .iov_base = p->fence_keys, .iov_len = len };
-		struct fab_rma rma = { .addr = p->clt_imm.addr + len, .len = len,
-				       .key = p->clt_imm.key };
+		struct fab_rma rma = { .addr = p->base.peer_imm.addr + len, .len = len,
+				       .key = p->base.peer_imm.key };
 
 		chunk_keys_snapshot(p->sess, p->fence_keys);
-		rc = fab_write(p->cons[0].fc, &iov, &p->fence_keys_mr.desc, 1, &rma, 1, false, 0,
+		rc = fab_write(p->cons[0].c.fc, &iov, &p->fence_keys_mr.desc, 1, &rma, 1, false, 0,
 			       NULL);
 	}
 	if (!rc)
-		rc = fab_send(p->cons[0].fc, &p->fence_ack, sizeof(p->fence_ack),
+		rc = fab_send(p->cons[0].c.fc, &p->fence_ack, sizeof(p->fence_ack),
 			      p->fence_ack_mr.desc, NULL);
 	atomic_store(&p->fence_pending, false);
 	if (rc)
@@ -1087,47 +994,46 @@ static void path_fence_timer(struct loop_timer *t)
 	srv_fence_check(container_of(t, struct srv_path, fence_timer));
 }
 
-static void path_hb_timer(struct loop_timer *t)
+/*
+ * A path still connecting, at each tick of its timer: a refusal the
+ * client had its chance to read, an authentication or a handshake that
+ * takes too long end it.
+ */
+static void path_handshake_deadlines(struct srv_path *p)
 {
-	struct srv_path *p = container_of(t, struct srv_path, hb.timer);
-	int rc;
+	struct rtrs_srv_ctx *ctx = p->sess->ctx;
+	uint64_t close_at = atomic_load(&p->close_at_ms);
 
-	if (atomic_load(&p->state) == RTRS_PATH_CONNECTING) {
-		struct rtrs_srv_ctx *ctx = p->sess->ctx;
-		uint64_t close_at = atomic_load(&p->close_at_ms);
-
-		if (close_at && now_ms() >= close_at) {
-			/* Refused: the client had its chance to read why. */
-			path_stop(p, p->close_err);
-			return;
-		}
-		if (ctx->auth_required && !atomic_load(&p->auth_done) && !close_at &&
-		    now_ms() - p->created_ms > ctx->opts.auth_timeout_ms) {
-			log_err("%s: not authenticated after %u ms, closing the path", p->name,
-				ctx->opts.auth_timeout_ms);
-			atomic_fetch_add(&ctx->st.auth_timeouts, 1);
-			path_stop(p, -ETIMEDOUT);
-			return;
-		}
-		/* A path the client never finished would hold its chunks forever. */
-		if (now_ms() - p->last_connreq_ms > p->sess->ctx->opts.connect_timeout_ms) {
-			log_err("%s: still connecting after %u ms, closing the path", p->name,
-				p->sess->ctx->opts.connect_timeout_ms);
-			path_stop(p, -ETIMEDOUT);
-		}
+	if (close_at && now_ms() >= close_at) {
+		/* Refused: the client had its chance to read why. */
+		path_stop(p, p->close_err);
 		return;
 	}
-	if (atomic_load(&p->state) != RTRS_PATH_CONNECTED)
-		return;
-	if (rtrs_hb_tick_expired(&p->hb)) {
-		log_err("%s: no heartbeat from the client for %u ms, closing the path", p->name,
-			p->hb.interval_ms * p->hb.missed_max);
+	if (ctx->auth_required && !atomic_load(&p->auth_done) && !close_at &&
+	    now_ms() - p->created_ms > ctx->opts.auth_timeout_ms) {
+		log_err("%s: not authenticated after %u ms, closing the path", path_name(p),
+			ctx->opts.auth_timeout_ms);
+		atomic_fetch_add(&ctx->st.auth_timeouts, 1);
 		path_stop(p, -ETIMEDOUT);
 		return;
 	}
-	rc = rtrs_hb_post(&p->hb, p->cons[0].fc, p->clt_imm.addr, p->clt_imm.key, false);
-	if (rc && rc != -EAGAIN)
-		path_stop(p, rc);
+	/* A path the client never finished would hold its chunks forever. */
+	if (now_ms() - p->last_connreq_ms > ctx->opts.connect_timeout_ms) {
+		log_err("%s: still connecting after %u ms, closing the path", path_name(p),
+			ctx->opts.connect_timeout_ms);
+		path_stop(p, -ETIMEDOUT);
+	}
+}
+
+/* The path's one timer: the handshake's deadlines, then heartbeats. */
+static void path_timer(struct loop_timer *t)
+{
+	struct srv_path *p = container_of(t, struct srv_path, base.hb.timer);
+
+	if (atomic_load(&p->base.state) == RTRS_PATH_CONNECTING)
+		path_handshake_deadlines(p);
+	else
+		rtrs_path_hb_tick(&p->base);
 }
 
 /*
@@ -1141,14 +1047,14 @@ static void path_probe(struct srv_path *p)
 {
 	int rc;
 
-	if (atomic_load(&p->hb.missed) + 1 < p->hb.missed_max)
-		atomic_store(&p->hb.missed, p->hb.missed_max - 1);
-	rc = rtrs_hb_post(&p->hb, p->cons[0].fc, p->clt_imm.addr, p->clt_imm.key, false);
+	if (atomic_load(&p->base.hb.missed) + 1 < p->base.hb.missed_max)
+		atomic_store(&p->base.hb.missed, p->base.hb.missed_max - 1);
+	rc = rtrs_hb_post(&p->base.hb, p->cons[0].c.fc, p->base.peer_imm.addr, p->base.peer_imm.key, false);
 	if (rc && rc != -EAGAIN)
 		path_stop(p, rc);
 	else
 		log_info("%s: a request to start this path again: closing it unless the "
-			 "client answers a heartbeat", p->name);
+			 "client answers a heartbeat", path_name(p));
 }
 
 /* Sessions with a name: a path of theirs got as far as the info request. */
@@ -1168,7 +1074,7 @@ static unsigned sessions_named(const struct rtrs_srv_ctx *ctx)
  */
 static bool path_pending(const struct srv_path *p)
 {
-	return atomic_load(&p->state) == RTRS_PATH_CONNECTING &&
+	return atomic_load(&p->base.state) == RTRS_PATH_CONNECTING &&
 	       !(p->sess->ctx->auth_required && atomic_load(&p->auth_host_ok));
 }
 
@@ -1198,7 +1104,7 @@ static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host)
 		if (!oldest)
 			return -EBUSY;
 		log_warn("%s: closed to make room for a new connection from %s (%u pending%s%s)",
-			 oldest->name, host, n, scope ? " from " : " in all", scope ? host : "");
+			 path_name(oldest), host, n, scope ? " from " : " in all", scope ? host : "");
 		atomic_fetch_add(&ctx->st.pending_evicted, 1);
 		path_stop(oldest, -ETIMEDOUT);
 	}
@@ -1224,7 +1130,7 @@ static void path_refuse(struct srv_path *p, int err, bool dnr)
 	rtrs_info_rsp_encode_verdict(p->verdict, err, dnr);
 	p->close_err = err;
 	atomic_store(&p->close_at_ms, now_ms() + 1000);
-	if (fab_send(p->cons[0].fc, p->verdict, sizeof(p->verdict), p->verdict_mr.desc, NULL))
+	if (fab_send(p->cons[0].c.fc, p->verdict, sizeof(p->verdict), p->verdict_mr.desc, NULL))
 		path_stop(p, err);
 }
 
@@ -1279,19 +1185,19 @@ static void path_info_work(struct loop_work *w)
 	struct rtrs_srv_ctx *ctx = s->ctx;
 	int rc;
 
-	if (atomic_load(&p->state) != RTRS_PATH_CONNECTING) {
+	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTING) {
 		/* The reaper skipped this path while this item was queued. */
 		loop_queue(ctx->loop, &ctx->reap_work);
 		return;
 	}
-	if (p->nr_accepted != p->cid_num) {
-		log_err("%s: info request with %u of %u connections", p->name, p->nr_accepted,
-			p->cid_num);
+	if (p->nr_accepted != p->base.nr_cons) {
+		log_err("%s: info request with %u of %u connections", path_name(p), p->nr_accepted,
+			p->base.nr_cons);
 		path_stop(p, -EPROTO);
 		return;
 	}
 	if (s->name[0] && strcmp(s->name, p->info.pathname)) {
-		log_err("%s: path names session %s, which differs", p->name, p->info.pathname);
+		log_err("%s: path names session %s, which differs", path_name(p), p->info.pathname);
 		path_refuse(p, -EINVAL, true);
 		return;
 	}
@@ -1301,19 +1207,19 @@ static void path_info_work(struct loop_work *w)
 	 * and keys by naming its uuid.
 	 */
 	if (ctx->auth_required && s->auth_host[0] && strcmp(s->auth_host, p->auth_host)) {
-		log_err("%s: host %s authenticated, but session %s belongs to host %s", p->name,
+		log_err("%s: host %s authenticated, but session %s belongs to host %s", path_name(p),
 			p->auth_host, s->name, s->auth_host);
 		path_refuse(p, -EACCES, true);
 		return;
 	}
 	if (!s->name[0]) {
 		if (name_taken(ctx, s, p->info.pathname)) {
-			log_err("%s: session name %s is already in use", p->name, p->info.pathname);
+			log_err("%s: session name %s is already in use", path_name(p), p->info.pathname);
 			path_refuse(p, -EPERM, true);
 			return;
 		}
 		if (sessions_named(ctx) >= ctx->opts.max_sessions) {
-			log_err("%s: session %s refused: %u sessions already (max_sessions)", p->name,
+			log_err("%s: session %s refused: %u sessions already (max_sessions)", path_name(p),
 				p->info.pathname, ctx->opts.max_sessions);
 			atomic_fetch_add(&ctx->st.limit_refusals, 1);
 			path_refuse(p, -ENOSPC, false);
@@ -1324,8 +1230,8 @@ static void path_info_work(struct loop_work *w)
 	if (ctx->auth_required && !s->auth_host[0])
 		snprintf(s->auth_host, sizeof(s->auth_host), "%s", p->auth_host);
 	snprintf(p->name_info, sizeof(p->name_info), "%s/%s", s->name, p->peer);
-	atomic_store(&p->name, p->name_info);
-	p->clt_imm = (struct rtrs_desc){ .addr = p->info.imm_addr, .key = p->info.imm_key };
+	atomic_store_explicit(&p->base.name, p->name_info, memory_order_release);
+	p->base.peer_imm = (struct rtrs_desc){ .addr = p->info.imm_addr, .key = p->info.imm_key };
 
 	rc = sess_map_chunks(s);
 	if (rc == -ENOSPC) {
@@ -1338,7 +1244,7 @@ static void path_info_work(struct loop_work *w)
 		rc = fab_mr_reg(ctx->fab, &p->fence_ack, sizeof(p->fence_ack), FAB_MR_LOCAL,
 				&p->fence_ack_mr);
 	if (rc) {
-		log_err("%s: preparing the info response failed: %s", p->name, strerror(-rc));
+		log_err("%s: preparing the info response failed: %s", path_name(p), strerror(-rc));
 		path_stop(p, rc);
 		return;
 	}
@@ -1348,7 +1254,7 @@ static void path_info_work(struct loop_work *w)
 		rc = ctx->ops.link_ev(s, RTRS_SRV_LINK_EV_CONNECTED, ctx->ops.priv);
 		if (rc) {
 			rc = rc < 0 ? rc : -rc;
-			log_err("%s: session refused by its user: %s", p->name, strerror(-rc));
+			log_err("%s: session refused by its user: %s", path_name(p), strerror(-rc));
 			path_refuse(p, rc, rc == -EACCES || rc == -EPERM);
 			return;
 		}
@@ -1356,15 +1262,15 @@ static void path_info_work(struct loop_work *w)
 	s->link_up = true;
 	s->paths_up++;
 	p->was_connected = true;
-	pthread_rwlock_wrlock(&p->post_lock);
+	pthread_rwlock_wrlock(&p->base.post_lock);
 	srv_path_change_state(p, RTRS_PATH_CONNECTED);
-	pthread_rwlock_unlock(&p->post_lock);
-	rc = fab_send(p->cons[0].fc, p->info_rsp, p->info_rsp_len, p->info_rsp_mr.desc, NULL);
+	pthread_rwlock_unlock(&p->base.post_lock);
+	rc = fab_send(p->cons[0].c.fc, p->info_rsp, p->info_rsp_len, p->info_rsp_mr.desc, NULL);
 	if (rc) {
 		path_stop(p, rc);
 		return;
 	}
-	log_info("%s: path connected (%u connections)", p->name, p->cid_num);
+	log_info("%s: path connected (%u connections)", path_name(p), p->base.nr_cons);
 }
 
 /* "host:port" or "[v6]:port" to the host alone. */
@@ -1380,74 +1286,93 @@ static void peer_host_of(const char *peer, char *buf, size_t len)
 	snprintf(buf, len, "%.*s", (int)n, peer);
 }
 
+static const struct rtrs_path_ops srv_path_ops = {
+	.item = "response",
+	.peer = "client",
+	.post = srv_post_pending,
+	.drop = srv_drop_pending,
+	.stop = srv_path_stop,
+};
+
+/* Undoes path_create, whole or in part (fence_timer.h.fd -1: the base is not set up). */
+static void path_fini(struct srv_path *p)
+{
+	if (p->fence_timer.h.fd >= 0) {
+		loop_timer_fini(&p->fence_timer);
+		rtrs_path_fini(&p->base);
+	}
+	fab_mr_dereg(&p->fence_ack_mr);
+	fab_mr_dereg(&p->info_rsp_mr);
+	fab_mr_dereg(&p->auth_tx_mr);
+	fab_mr_dereg(&p->verdict_mr);
+	fab_mr_dereg(&p->fence_keys_mr);
+	free(p->fence_keys);
+	free(p->info_rsp);
+	rtrs_auth_txn_end(&p->auth);
+	for (unsigned i = 0; p->cons && i < p->base.nr_cons; i++) {
+		rtrs_con_fini(&p->cons[i].c);
+		free(p->cons[i].sg_scratch);
+	}
+	free(p->cons);
+	free(p->base.cons);
+	free(p);
+}
+
 static int path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 		       const char *peer, struct srv_path **out)
 {
 	struct rtrs_srv_ctx *ctx = s->ctx;
-	pthread_rwlockattr_t attr;
 	struct srv_path *p = calloc(1, sizeof(*p));
 	int rc;
 
 	if (!p)
 		return -ENOMEM;
-	p->cons = calloc(req->cid_num, sizeof(*p->cons));
-	if (!p->cons) {
-		free(p);
-		return -ENOMEM;
-	}
+	p->fence_timer.h.fd = -1;
 	p->sess = s;
 	memcpy(p->uuid, req->sess_uuid, RTRS_UUID_LEN);
 	snprintf(p->peer, sizeof(p->peer), "%s", peer);
 	peer_host_of(peer, p->peer_host, sizeof(p->peer_host));
 	snprintf(p->name_new, sizeof(p->name_new), "%s/%s", s->name[0] ? s->name : "(new)", peer);
-	p->name = p->name_new;
-	p->cid_num = req->cid_num;
-	atomic_init(&p->state, RTRS_PATH_CONNECTING);
-	pthread_rwlockattr_init(&attr);
-	pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-	pthread_rwlock_init(&p->post_lock, &attr);
-	pthread_rwlockattr_destroy(&attr);
-	for (unsigned i = 0; i < p->cid_num; i++) {
-		p->cons[i].path = p;
-		p->cons[i].cid = i;
-		pthread_mutex_init(&p->cons[i].pending_lock, NULL);
-	}
-	p->hb.interval_ms = ctx->opts.hb_interval_ms;
-	p->hb.missed_max = ctx->opts.hb_missed_max;
-	loop_work_init(&p->info_work, path_info_work);
-	loop_work_init(&p->fail_work, path_fail_work);
-	loop_work_init(&p->fence_work, path_fence_work);
-	p->fence_timer.h.fd = -1;
-	if (loop_timer_init(ctx->loop, &p->fence_timer, path_fence_timer)) {
-		pthread_rwlock_destroy(&p->post_lock);
-		free(p->cons);
-		free(p);
+	rtrs_auth_srv_begin(&p->auth, &ctx->auth_cfg, p->name_new);
+	p->cons = calloc(req->cid_num, sizeof(*p->cons));
+	p->base.cons = calloc(req->cid_num, sizeof(*p->base.cons));
+	if (!p->cons || !p->base.cons) {
+		path_fini(p);
 		return -ENOMEM;
 	}
+	p->base.nr_cons = req->cid_num;
+	for (unsigned i = 0; i < p->base.nr_cons; i++) {
+		rtrs_con_init(&p->cons[i].c, &p->base, i);
+		p->cons[i].path = p;
+		p->base.cons[i] = &p->cons[i].c;
+	}
+	rc = rtrs_path_init(&p->base, &srv_path_ops, ctx->loop, p->name_new, RTRS_PATH_CONNECTING,
+			    path_timer);
+	if (!rc) {
+		rc = loop_timer_init(ctx->loop, &p->fence_timer, path_fence_timer);
+		if (rc)
+			rtrs_path_fini(&p->base);
+	}
+	if (rc) {
+		path_fini(p);
+		return rc;
+	}
+	p->base.hb.interval_ms = ctx->opts.hb_interval_ms;
+	p->base.hb.missed_max = ctx->opts.hb_missed_max;
+	loop_work_init(&p->info_work, path_info_work);
+	loop_work_init(&p->fence_work, path_fence_work);
 	p->last_connreq_ms = now_ms();
 	p->created_ms = now_ms();
-	rtrs_auth_srv_begin(&p->auth, &ctx->auth_cfg, p->name);
 	rc = fab_mr_reg(ctx->fab, p->verdict, sizeof(p->verdict), FAB_MR_LOCAL, &p->verdict_mr);
 	if (!rc && ctx->auth_required)
 		rc = fab_mr_reg(ctx->fab, p->auth_tx, sizeof(p->auth_tx), FAB_MR_LOCAL,
 				&p->auth_tx_mr);
 	if (rc) {
-		fab_mr_dereg(&p->verdict_mr);
-		loop_timer_fini(&p->fence_timer);
-		pthread_rwlock_destroy(&p->post_lock);
-		free(p->cons);
-		free(p);
+		path_fini(p);
 		return rc;
 	}
-	rc = loop_timer_init(ctx->loop, &p->hb.timer, path_hb_timer);
-	if (rc) {
-		pthread_rwlock_destroy(&p->post_lock);
-		free(p->cons);
-		free(p);
-		return rc;
-	}
-	/* Ticks from now on: the zombie check while connecting, then heartbeats. */
-	loop_timer_arm(&p->hb.timer, p->hb.interval_ms, p->hb.interval_ms);
+	/* Ticks from now on: the handshake's deadlines while connecting, then heartbeats. */
+	loop_timer_arm(&p->base.hb.timer, p->base.hb.interval_ms, p->base.hb.interval_ms);
 	p->next = s->paths;
 	s->paths = p;
 	s->paths_num++;
@@ -1655,8 +1580,8 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 				sess_free(s);
 			return;
 		}
-	} else if (req.cid == 0 && (atomic_load(&p->state) == RTRS_PATH_CONNECTED ||
-				    p->cons[0].fc)) {
+	} else if (req.cid == 0 && (atomic_load(&p->base.state) == RTRS_PATH_CONNECTED ||
+				    p->cons[0].c.fc)) {
 		/*
 		 * The client starts this path again: it may have given up on
 		 * the old one without our noticing yet, or this is somebody
@@ -1666,14 +1591,14 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 		 * connect timeout). The client's next attempt finds it gone.
 		 */
 		srv_reject(ctx, creq, peer, -EAGAIN, "the client reconnects a path still open here");
-		if (atomic_load(&p->state) == RTRS_PATH_CONNECTED)
+		if (atomic_load(&p->base.state) == RTRS_PATH_CONNECTED)
 			path_probe(p);
 		return;
-	} else if (atomic_load(&p->state) != RTRS_PATH_CONNECTING || req.cid_num != p->cid_num ||
-		   p->cons[req.cid].fc) {
+	} else if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTING || req.cid_num != p->base.nr_cons ||
+		   p->cons[req.cid].c.fc) {
 		srv_reject(ctx, creq, peer, -EEXIST, "connection does not fit the path's state");
 		/* A path stuck half-connected would refuse reconnects forever. */
-		if (atomic_load(&p->state) == RTRS_PATH_CONNECTING &&
+		if (atomic_load(&p->base.state) == RTRS_PATH_CONNECTING &&
 		    now_ms() - p->last_connreq_ms > p->sess->ctx->opts.connect_timeout_ms)
 			path_stop(p, -ETIMEDOUT);
 		return;
@@ -1696,7 +1621,7 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 	};
 	struct rtrs_msg_conn_rsp msg;
 	struct fab_con_cfg cfg = {
-		.ops = &srv_con_ops, .priv = &p->cons[req.cid], .name = name,
+		.ops = &srv_con_ops, .priv = &p->cons[req.cid].c, .name = name,
 		.tx_depth = s->queue_depth + 16,
 		/* verbs: every incoming immediate takes a receive, admin IO too */
 		.rx_depth = a->rx_cq_data ? s->queue_depth + 16 :
@@ -1704,7 +1629,7 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 		.rx_size = req.cid ? 0 : RTRS_ADMIN_MSG_SIZE,
 	};
 
-	snprintf(name, sizeof(name), "%s#%u", p->name, req.cid);
+	snprintf(name, sizeof(name), "%s#%u", path_name(p), req.cid);
 	/* Allocated as connections come, not for all those the request announces. */
 	if (!p->cons[req.cid].sg_scratch) {
 		p->cons[req.cid].sg_scratch = calloc(RTRS_MAX_READ_SG, sizeof(struct rtrs_desc));
@@ -1715,9 +1640,9 @@ static void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *dat
 		}
 	}
 	rtrs_conn_rsp_encode(&msg, &rsp);
-	rc = fab_con_accept(ctx->fab, creq, &cfg, &msg, sizeof(msg), &p->cons[req.cid].fc);
+	rc = fab_con_accept(ctx->fab, creq, &cfg, &msg, sizeof(msg), &p->cons[req.cid].c.fc);
 	if (rc) {
-		log_err("%s: accepting connection %u failed: %s", p->name, req.cid, strerror(-rc));
+		log_err("%s: accepting connection %u failed: %s", path_name(p), req.cid, strerror(-rc));
 		srv_reject(ctx, creq, peer, rc, "cannot set up the connection");
 		path_stop(p, rc);
 		return;
