@@ -1,0 +1,567 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * RTRS client: establishing a path, on the caller's thread (rtrs_clt_open,
+ * rtrs_clt_add_path) or a reconnect worker: connection 0, authentication,
+ * the other connections, the information exchange (path_connect). The
+ * connection callbacks of the handshake (connected, down, two-sided
+ * messages) wake the establishing thread through clt_path.cond.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rtrs-clt-pri.h"
+
+static void clt_con_connected(void *priv, const void *data, size_t len)
+{
+	struct clt_con *con = container_of(priv, struct clt_con, c);
+	struct clt_path *p = con->path;
+	const char *why = NULL;
+	int rc;
+
+	pthread_mutex_lock(&p->lock);
+	rc = rtrs_conn_rsp_decode(data, len, &con->rsp, &why);
+	if (rc) {
+		log_err("%s: invalid connect response on connection %u: %s", p->name, con->c.cid, why);
+		con->err = rc;
+	} else if (con->rsp.err) {
+		con->err = con->rsp.err;
+		atomic_store(&p->refused, true);
+		if (con->rsp.dnr)
+			atomic_store(&p->fail_dnr, true);
+	} else {
+		con->connected = true;
+	}
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+}
+
+static void clt_con_down(void *priv, int err, const void *data, size_t len)
+{
+	struct clt_con *con = container_of(priv, struct clt_con, c);
+	struct clt_path *p = con->path;
+	struct rtrs_conn_rsp rsp;
+	const char *why = NULL;
+
+	if (err == -ECONNREFUSED && len) {
+		/* A reject from the server carries its reason. */
+		if (rtrs_conn_rsp_decode(data, len, &rsp, &why) == 0 && rsp.err) {
+			log_err("%s: server rejected connection %u: %s%s", p->name, con->c.cid,
+				strerror(-rsp.err), rsp.dnr ? " (do not retry)" : "");
+			err = rsp.err;
+			atomic_store(&p->refused, true);
+			if (rsp.dnr)
+				atomic_store(&p->fail_dnr, true);
+		} else {
+			log_err("%s: connection %u refused with unreadable reason: %s", p->name,
+				con->c.cid, why ? why : "?");
+		}
+	}
+	pthread_mutex_lock(&p->lock);
+	bool was_connected = atomic_load(&p->base.state) == RTRS_PATH_CONNECTED;
+
+	con->err = err ? err : -ECONNRESET;
+	con->connected = false;
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+	/*
+	 * Connected: tear the path down. Connecting: clt_fail_path only wakes
+	 * the establishing thread, which reports (even after its last wait).
+	 */
+	if (was_connected)
+		log_warn("%s: connection %u went down: %s", p->name, con->c.cid, strerror(-err));
+	if (atomic_load(&p->base.state) != RTRS_PATH_CLOSING && atomic_load(&p->base.state) != RTRS_PATH_CLOSED)
+		clt_fail_path(p, err ? err : -ECONNRESET);
+}
+
+static void clt_con_recv(void *priv, void *buf, size_t len)
+{
+	struct clt_con *con = container_of(priv, struct clt_con, c);
+	struct clt_path *p = con->path;
+	struct rtrs_limits lim = {
+		.queue_depth = p->sess->queue_depth, .chunk_size = p->sess->chunk_size,
+		.max_hdr_size = p->sess->max_hdr_size,
+	};
+	const char *why = NULL;
+	int rc;
+
+	rtrs_hb_heard(&p->base.hb);
+	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTED) {
+		uint8_t uuid[RTRS_UUID_LEN];
+		struct clt_path *f = atomic_load(&p->fence_for);
+		int err;
+
+		if (rtrs_fence_decode(buf, len, RTRS_MSG_FENCE_ACK, uuid, &err, &why) || !f ||
+		    memcmp(uuid, f->uuid, RTRS_UUID_LEN)) {
+			log_err_rl("%s: unexpected message: %s", p->name, why ? why : "stray fence ack");
+			clt_fail_path(p, -EPROTO);
+			return;
+		}
+		/* The server wrote the key table ahead of the ack. */
+		if (p->sess->inval &&
+		    clt_path_keys_merge(p, (size_t)p->sess->queue_depth * RTRS_RKEY_SLOT)) {
+			clt_fail_path(p, -EPROTO);
+			return;
+		}
+		atomic_store(&f->fence_err, err);
+		atomic_store(&f->fence_acked, true);
+		loop_queue(p->sess->loop, &p->sess->wait_work);
+		return;
+	}
+	pthread_mutex_lock(&p->lock);
+	if (con->c.cid == 0 && rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
+		/* For the connecting thread, which runs the transaction. */
+		if (p->auth_rx_len || len > sizeof(p->auth_rx)) {
+			pthread_mutex_unlock(&p->lock);
+			log_err_rl("%s: unexpected authentication message", p->name);
+			clt_fail_path(p, -EPROTO);
+			return;
+		}
+		memcpy(p->auth_rx, buf, len);
+		p->auth_rx_len = len;
+		pthread_cond_broadcast(&p->cond);
+		pthread_mutex_unlock(&p->lock);
+		return;
+	}
+	if (con->c.cid != 0 || p->info_done) {
+		pthread_mutex_unlock(&p->lock);
+		log_err_rl("%s: unexpected message on connection %u", p->name, con->c.cid);
+		clt_fail_path(p, -EPROTO);
+		return;
+	}
+	int verdict;
+	bool dnr;
+
+	lim.new_rkey = p->sess->inval;
+	rc = rtrs_info_rsp_decode(buf, len, &lim, p->rbufs, p->info_gens, &verdict, &dnr, &why);
+	if (rc) {
+		log_err("%s: invalid info response: %s", p->name, why);
+	} else if (verdict) {
+		log_err("%s: server refused the path: %s%s", p->name, strerror(-verdict),
+			dnr ? " (do not retry)" : "");
+		atomic_store(&p->fail_dnr, dnr);
+		atomic_store(&p->refused, true);
+		rc = verdict;
+	} else if (p->sess->inval) {
+		for (uint32_t i = 0; i < p->sess->queue_depth; i++)
+			clt_sess_key_update(p->sess, i, p->info_gens[i], p->rbufs[i].key);
+	}
+	p->info_err = rc;
+	p->info_done = true;
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+}
+
+static const struct fab_con_ops clt_con_ops = {
+	.connected = clt_con_connected,
+	.down = clt_con_down,
+	.imm = clt_con_imm,
+	.recv = clt_con_recv,
+	.done = rtrs_con_done,
+	.kick = rtrs_con_kick,
+};
+
+/* Waits for connection con to connect; 0 or its error. */
+static int path_wait_con(struct clt_path *p, struct clt_con *con)
+{
+	struct timespec dl = deadline_ms(p->sess->connect_timeout_ms);
+	int rc = 0;
+
+	pthread_mutex_lock(&p->lock);
+	while (!con->connected && !con->err && !atomic_load(&p->base.fail_err) && rc != ETIMEDOUT)
+		rc = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
+	rc = atomic_load(&p->base.fail_err) ? atomic_load(&p->base.fail_err) : con->connected ? 0 :
+	     con->err ? con->err : -ETIMEDOUT;
+	pthread_mutex_unlock(&p->lock);
+	return rc;
+}
+
+/* Allocates what depends on the queue depth, once per session. */
+static int sess_set_limits(struct rtrs_clt_sess *s, const struct rtrs_conn_rsp *rsp)
+{
+	uint32_t qd = rsp->queue_depth;
+
+	if (s->queue_depth) {
+		if (qd != s->queue_depth || rsp->chunk_size != s->chunk_size)
+			return -ECONNRESET;
+		return 0;
+	}
+	s->reqs = calloc(qd, sizeof(*s->reqs));
+	s->permits = calloc(qd, sizeof(*s->permits));
+	s->free_ids = calloc(qd, sizeof(*s->free_ids));
+	/* aligned_alloc wants a multiple of the alignment. */
+	s->hdr_area = aligned_alloc(4096, ((size_t)qd * rsp->max_hdr_size + 4095) & ~(size_t)4095);
+	s->rkeys = calloc(qd, sizeof(*s->rkeys));
+	s->rkey_gens = calloc(qd, sizeof(*s->rkey_gens));
+	if (!s->reqs || !s->permits || !s->free_ids || !s->hdr_area || !s->rkeys || !s->rkey_gens)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < qd; i++) {
+		s->reqs[i].sess = s;
+		s->reqs[i].id = i;
+		atomic_init(&s->reqs[i].state, REQ_IDLE);
+		s->permits[i].id = i;
+		s->free_ids[i] = qd - 1 - i;
+	}
+	s->nr_free = qd;
+	s->max_io_size = rsp->max_io_size;
+	s->max_hdr_size = rsp->max_hdr_size;
+	s->chunk_size = rsp->chunk_size;
+	s->queue_depth = qd;
+	return 0;
+}
+
+static int path_connect_con(struct clt_path *p, unsigned cid)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	struct clt_con *con = &p->cons[cid];
+	const struct fab_attr *a = fab_attr(p->fab);
+	struct rtrs_conn_req req = {
+		.cid = (uint16_t)cid, .cid_num = (uint16_t)p->base.nr_cons,
+		.recon_cnt = p->recon_cnt, .first_conn = true, .fence = true, .auth = true,
+	};
+	struct rtrs_msg_conn_req msg;
+	char name[RTRS_NAME_MAX + 16];
+	struct fab_con_cfg cfg = {
+		.ops = &clt_con_ops, .priv = &con->c, .name = name,
+		.tx_depth = cid ? s->queue_depth + 16 : 128,
+		/* verbs: one receive per incoming immediate (responses) */
+		.rx_depth = cid && a->rx_cq_data ? s->queue_depth + 16 : 0,
+		.rx_queue = cid ? 0 : RTRS_CLT_ADMIN_RX_QUEUE,
+	};
+	int rc;
+
+	snprintf(name, sizeof(name), "%s#%u", s->name, cid);
+	memcpy(req.sess_uuid, p->uuid, RTRS_UUID_LEN);
+	memcpy(req.paths_uuid, s->paths_uuid, RTRS_UUID_LEN);
+	rtrs_conn_req_encode(&msg, &req);
+	con->path = p;
+	con->c.cid = cid;
+	con->err = 0;
+	con->connected = false;
+	rc = fab_con_connect(p->fab, &cfg, &msg, sizeof(msg), &con->c.fc);
+	if (rc)
+		return rc;
+	return path_wait_con(p, con);
+}
+
+/*
+ * DH-HMAC-CHAP on connection 0, on the connecting thread: the completion
+ * thread hands each message over (auth_rx) and this thread answers.
+ */
+static int path_authenticate(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	struct timespec dl = deadline_ms(s->connect_timeout_ms);
+	enum rtrs_auth_step step = RTRS_AUTH_CONTINUE;
+	char msg[RTRS_AUTH_MSG_MAX];
+	size_t out_len = 0, len;
+	int rc, wait = 0;
+
+	if (!s->auth.hkey.len) {
+		log_err("%s: the server requires authentication and this client has no secret",
+			p->name);
+		return -ENOKEY;
+	}
+	rc = fab_mr_reg(p->fab, p->auth_tx, sizeof(p->auth_tx), FAB_MR_LOCAL, &p->auth_tx_mr);
+	if (rc)
+		return rc;
+	rc = rtrs_auth_clt_begin(&p->auth, &s->auth, p->name, ++p->auth_tid, p->auth_tx,
+				 sizeof(p->auth_tx), &out_len);
+	while (!rc) {
+		if (out_len) {
+			rc = fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL);
+			if (rc)
+				break;
+		}
+		if (step == RTRS_AUTH_DONE)
+			break;
+		if (step == RTRS_AUTH_FAILED) {
+			rc = p->auth.err;
+			break;
+		}
+		pthread_mutex_lock(&p->lock);
+		while (!p->auth_rx_len && !p->cons[0].err && !atomic_load(&p->base.fail_err) &&
+		       wait != ETIMEDOUT)
+			wait = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
+		len = p->auth_rx_len;
+		if (len)
+			memcpy(msg, p->auth_rx, len);
+		p->auth_rx_len = 0;
+		rc = len ? 0 : atomic_load(&p->base.fail_err) ? atomic_load(&p->base.fail_err) :
+		     p->cons[0].err ? p->cons[0].err : -ETIMEDOUT;
+		pthread_mutex_unlock(&p->lock);
+		if (rc)
+			break;
+		step = rtrs_auth_clt_step(&p->auth, msg, len, p->auth_tx, sizeof(p->auth_tx),
+					  &out_len);
+	}
+	if (!rc) {
+		atomic_fetch_add(&p->stat_auth_runs, 1);
+		log_info("%s: authenticated as %s (%s, %s%s)", p->name, s->auth.name,
+			 rtrs_auth_hash_name(p->auth.hash), rtrs_auth_dhgroup_name(p->auth.group),
+			 p->auth.bidir ? ", server authenticated too" : "");
+	} else {
+		log_err("%s: authentication failed: %s", p->name, strerror(-rc));
+	}
+	rtrs_auth_txn_end(&p->auth);
+	return rc;
+}
+
+static int path_after_first_con(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	const struct rtrs_conn_rsp *rsp = &p->cons[0].rsp;
+	size_t rx_size;
+	int rc;
+
+	rc = sess_set_limits(s, rsp);
+	if (rc == -ECONNRESET) {
+		/* As the kernel: a changed server needs a decision, not retries. */
+		log_err("%s: server queue depth %u / chunk %u differs from the session's %u / %u; "
+			"no automatic reconnect, reconnect by hand", p->name, rsp->queue_depth,
+			rsp->chunk_size, s->queue_depth, s->chunk_size);
+		atomic_store(&p->fail_dnr, true);
+	}
+	if (rc)
+		return rc;
+	bool inval = rsp->flags & RTRS_MSG_NEW_RKEY_F;
+
+	if (!s->inval_known) {
+		s->inval = inval;
+		s->inval_known = true;
+	} else if (inval != s->inval) {
+		log_err("%s: the server switched always_invalidate %s; reconnect by hand", p->name,
+			inval ? "on" : "off");
+		atomic_store(&p->fail_dnr, true);
+		return -ECONNRESET;
+	}
+	/* Compared and changed under the lock: paths connecting at once count it once. */
+	pthread_mutex_lock(&s->rkey_lock);
+	if (rsp->sess_id != s->srv_sess_id) {
+		/* A new server session (it restarted): keys of the old one mean nothing. */
+		memset(s->rkeys, 0, (size_t)s->queue_depth * sizeof(*s->rkeys));
+		memset(s->rkey_gens, 0, (size_t)s->queue_depth * sizeof(*s->rkey_gens));
+		s->srv_sess_id = rsp->sess_id;
+		atomic_fetch_add(&s->srv_sessions, 1);
+	}
+	pthread_mutex_unlock(&s->rkey_lock);
+	p->base.peer_imm = rsp->imm_desc;
+	p->srv_fence = rsp->flags & RTRS_MSG_FENCE_F;
+	free(p->rbufs);
+	free(p->info_gens);
+	p->rbufs = calloc(s->queue_depth, sizeof(*p->rbufs));
+	p->info_gens = calloc(s->queue_depth, sizeof(*p->info_gens));
+	if (!p->rbufs || !p->info_gens)
+		return -ENOMEM;
+	/* Empty writes land here; with always_invalidate: key slots, then the fence table. */
+	if (!p->imm_area) {
+		p->imm_len = MAX((size_t)RTRS_IMM_REGION,
+				 2 * (size_t)s->queue_depth * RTRS_RKEY_SLOT);
+		p->imm_area = calloc(1, p->imm_len);
+		if (!p->imm_area)
+			return -ENOMEM;
+	}
+	rc = fab_mr_reg(p->fab, p->imm_area, p->imm_len, FAB_MR_REMOTE_WRITE, &p->imm_mr);
+	if (rc)
+		return rc;
+	rc = fab_mr_reg(p->fab, s->hdr_area, (size_t)s->queue_depth * s->max_hdr_size,
+			FAB_MR_LOCAL, &p->hdr_mr);
+	if (rc) {
+		log_err("%s: registering the header area failed: %s", p->name, strerror(-rc));
+		return rc;
+	}
+	/*
+	 * The info response holds up to one descriptor per chunk. On verbs
+	 * every incoming immediate (admin IO responses too) takes a receive.
+	 */
+	rx_size = MAX(rtrs_info_rsp_size(s->queue_depth, s->inval ? s->queue_depth : 0),
+		      RTRS_ADMIN_MSG_SIZE);
+	rc = fab_con_rx_setup(p->cons[0].c.fc,
+			      fab_attr(p->fab)->rx_cq_data ?
+			      MIN(s->queue_depth + 16, RTRS_CLT_ADMIN_RX_QUEUE) : 2, rx_size);
+	if (rc) {
+		log_err("%s: posting receives on the admin connection failed: %s", p->name,
+			strerror(-rc));
+		return rc;
+	}
+	if (rsp->flags & RTRS_MSG_AUTH_F)
+		return path_authenticate(p);
+	if (s->auth.ckey.len) {
+		log_err("%s: the server offers no authentication, and this client must "
+			"authenticate it (controller secret set)", p->name);
+		return -ENOKEY;
+	}
+	return 0;
+}
+
+static int path_exchange_info(struct clt_path *p)
+{
+	struct rtrs_info_req r = { .imm_addr = p->imm_mr.base, .imm_key = p->imm_mr.key };
+	struct timespec dl = deadline_ms(p->sess->connect_timeout_ms);
+	int rc, wait = 0;
+
+	snprintf(r.pathname, sizeof(r.pathname), "%s", p->sess->name);
+	rtrs_info_req_encode(&p->info_req, &r);
+	rc = fab_mr_reg(p->fab, &p->info_req, sizeof(p->info_req), FAB_MR_LOCAL, &p->info_req_mr);
+	if (rc)
+		return rc;
+	rc = fab_send(p->cons[0].c.fc, &p->info_req, sizeof(p->info_req), p->info_req_mr.desc,
+		      NULL);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&p->lock);
+	while (!p->info_done && !p->cons[0].err && !atomic_load(&p->base.fail_err) && wait != ETIMEDOUT)
+		wait = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
+	rc = atomic_load(&p->base.fail_err) ? atomic_load(&p->base.fail_err) :
+	     p->info_done ? p->info_err : p->cons[0].err ? p->cons[0].err : -ETIMEDOUT;
+	pthread_mutex_unlock(&p->lock);
+	return rc;
+}
+
+void clt_path_release_mrs(struct clt_path *p)
+{
+	fab_mr_dereg(&p->auth_tx_mr);
+	fab_mr_dereg(&p->fence_mr);
+	fab_mr_dereg(&p->hdr_mr);
+	fab_mr_dereg(&p->info_req_mr);
+	fab_mr_dereg(&p->imm_mr);
+}
+
+/* After the connections are gone: the path's registrations and fabric. */
+void clt_path_release(struct clt_path *p)
+{
+	clt_path_release_mrs(p);
+	fab_close(p->fab);
+	p->fab = NULL;
+}
+
+/*
+ * Establishes the path; the caller's thread blocks. On failure the path
+ * ends CLOSED, or (retry) RECONNECTING with the next attempt scheduled.
+ */
+int clt_path_connect(struct clt_path *p, bool retry)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	bool again;
+	int rc;
+
+	p->info_done = false;
+	p->info_err = 0;
+	p->auth_rx_len = 0;
+	atomic_store(&p->base.fail_err, 0);
+	atomic_store(&p->fail_dnr, false);
+	atomic_store(&p->refused, false);
+	rtrs_hb_reset(&p->base.hb);
+	p->recon_cnt++;
+	/* The server's queue depth is not known yet: ask for room for a large one. */
+	rc = fab_open(s->provider, p->src[0] ? p->src : NULL, p->host, p->port, false,
+		      RTRS_CLT_QUEUE_HINT, &p->fab);
+	if (rc) {
+		log_err("%s: cannot resolve %s:%s with provider %s: %s", p->name, p->host,
+			p->port, s->provider, strerror(-rc));
+		return rc;
+	}
+	rc = fab_mr_reg(p->fab, &p->fence_msg, sizeof(p->fence_msg), FAB_MR_LOCAL,
+			&p->fence_mr);
+	if (rc)
+		goto out_fail;
+	for (unsigned cid = 0; cid < p->base.nr_cons; cid++) {
+		rc = path_connect_con(p, cid);
+		if (rc) {
+			log_err("%s: connection %u of %u failed: %s", p->name, cid, p->base.nr_cons,
+				strerror(-rc));
+			goto out_fail;
+		}
+		if (cid == 0) {
+			rc = path_after_first_con(p);
+			if (rc)
+				goto out_fail;
+		}
+	}
+	rc = path_exchange_info(p);
+	if (rc) {
+		log_err("%s: info exchange failed: %s", p->name, strerror(-rc));
+		goto out_fail;
+	}
+	pthread_rwlock_wrlock(&p->base.post_lock);
+	if (!clt_path_change_state(p, RTRS_PATH_CONNECTED)) {
+		pthread_rwlock_unlock(&p->base.post_lock);
+		rc = -EIO;
+		goto out_fail;
+	}
+	pthread_rwlock_unlock(&p->base.post_lock);
+	loop_timer_arm(&p->base.hb.timer, p->base.hb.interval_ms, p->base.hb.interval_ms);
+	if (atomic_fetch_add(&s->paths_up, 1) == 0 && s->link_ev && atomic_load(&s->opened))
+		s->link_ev(s->priv, RTRS_CLT_LINK_EV_RECONNECTED);
+	if (s->path_ev && atomic_load(&s->opened))
+		s->path_ev(s->priv, p->idx, 1);
+	/* A failure reported while we were finishing: handle it now. */
+	if (atomic_load(&p->base.fail_err))
+		loop_queue(s->loop, &p->base.fail_work);
+	/*
+	 * Requests that failed over from this path go too: the server took
+	 * this reconnect only after the old path was drained and freed.
+	 */
+	atomic_store(&p->fence_err, 0);
+	atomic_store(&p->fence_acked, true);
+	/* Requests waiting for a path go now. */
+	loop_queue(s->loop, &s->wait_work);
+	log_info("%s: connected, %u connections, queue depth %u, max io %u", p->name,
+		 p->base.nr_cons, s->queue_depth, s->max_io_size);
+	return 0;
+
+out_fail:
+	clt_path_destroy_cons(p);
+	clt_path_release(p);
+	/* Another attempt? This one counts (the worker adds it afterwards). */
+	if (retry) {
+		again = clt_path_should_reconnect(p, rc, atomic_load(&p->attempts) + 1);
+	} else {
+		again = false;
+		atomic_store(&p->last_err, rc);
+	}
+	pthread_rwlock_wrlock(&p->base.post_lock);
+	clt_path_change_state(p, again ? RTRS_PATH_RECONNECTING : RTRS_PATH_CLOSED);
+	pthread_rwlock_unlock(&p->base.post_lock);
+	if (again)
+		clt_path_schedule_reconnect(p, 0); /* arming a timer is safe off the loop */
+	return rc;
+}
+
+/*
+ * The first connect of a path, in rtrs_clt_open. A server that refuses
+ * without saying "do not retry" is busy or mid-change (a path it still
+ * closes, a host whose proof it is recording): try again, a few times,
+ * after the reconnect delay. Anything else (no answer, a rejected or
+ * missing key, "do not retry") fails the open at once, as in the kernel.
+ */
+int clt_path_open(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	int rc;
+
+	for (int attempt = 1;; attempt++) {
+		struct rtrs_reconnect_in in = { .attempts = attempt,
+						.max_attempts = RTRS_OPEN_REFUSED_TRIES };
+
+		rc = clt_path_connect(p, false);
+		if (!rc || !atomic_load(&p->refused))
+			return rc;
+		in.err = rc;
+		in.dnr = atomic_load(&p->fail_dnr);
+		if (rtrs_should_reconnect(&in) != RTRS_RECONNECT_RETRY)
+			return rc;
+		unsigned ms = rtrs_reconnect_wait_ms(s->reconnect_delay_ms, s->reconnect_jitter_ms,
+						     0);
+
+		log_info("%s: the server refused the path (%s); trying again in %u ms (%d of %d)",
+			 p->name, strerror(-rc), ms, attempt + 1, RTRS_OPEN_REFUSED_TRIES);
+		usleep((useconds_t)MIN(ms, 10000u) * 1000);
+		pthread_rwlock_wrlock(&p->base.post_lock);
+		clt_path_change_state(p, RTRS_PATH_CONNECTING);
+		pthread_rwlock_unlock(&p->base.post_lock);
+	}
+}

@@ -1,0 +1,461 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * RTRS client: requests and permits. A request is mapped, its header
+ * encoded and posted on a path the policy picks (req_route); with no path
+ * it waits (req_wait, bounded by fast_io_fail_ms). Responses come in on
+ * the connections' completion threads (clt_con_imm); with always_invalidate
+ * each carries the chunk's next key, which the session keeps (the newest
+ * generation wins, sess_key_update).
+ *
+ * Ownership of a request: IDLE (owned by the permit holder) -> INFLIGHT
+ * (owned by the path it was posted on) -> completed exactly once by
+ * whoever wins the INFLIGHT -> DONE compare-and-swap: the response handler,
+ * or the path teardown after the path's threads have stopped.
+ */
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rtrs-clt-pri.h"
+
+void clt_req_release_mrs(struct clt_req *req)
+{
+	for (unsigned i = 0; i < req->nr_mrs; i++)
+		fab_mr_dereg(&req->mrs[i]);
+	req->nr_mrs = 0;
+}
+
+/* Completes req once with err; returns false if someone else did. */
+bool clt_req_complete(struct clt_req *req, int err)
+{
+	int expected = REQ_INFLIGHT;
+	struct rtrs_clt_req_ops ops;
+	struct clt_path *p = req->path;
+
+	if (!atomic_compare_exchange_strong(&req->state, &expected, REQ_DONE))
+		return false;
+	tsan_acquire(req); /* everything up to its post (req_post) */
+	clt_req_release_mrs(req);
+	ops = req->ops;
+	if (p) /* NULL: it was waiting for a path */
+		atomic_fetch_sub(&p->base.inflight, 1);
+	atomic_store(&req->state, REQ_IDLE);
+	/* req may be reused by the permit holder from here on. */
+	ops.conf(ops.priv, err);
+	return true;
+}
+
+/* A chunk key learned from the server: kept if newer than the one we have. */
+void clt_sess_key_update(struct rtrs_clt_sess *s, uint32_t id, uint32_t gen, uint64_t key)
+{
+	pthread_mutex_lock(&s->rkey_lock);
+	if (!(s->fault_stale_rkey && s->rkey_gens[id]) &&
+	    (!s->rkey_gens[id] || (int32_t)(gen - s->rkey_gens[id]) > 0)) {
+		s->rkey_gens[id] = gen;
+		__atomic_store_n(&s->rkeys[id], key, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&s->rkey_lock);
+}
+
+/* The key table the server wrote into p's imm area at offset off (records). */
+int clt_path_keys_merge(struct clt_path *p, size_t off)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	const char *why = NULL;
+
+	for (uint32_t i = 0; i < s->queue_depth; i++) {
+		uint64_t key;
+		uint32_t gen;
+
+		if (rtrs_new_rkey_decode(p->imm_area + off + (size_t)i * RTRS_RKEY_SLOT, i, &gen,
+					 &key, &why)) {
+			log_err_rl("%s: invalid key table from the server: %s", p->name, why);
+			return -EPROTO;
+		}
+		clt_sess_key_update(s, i, gen, key);
+	}
+	return 0;
+}
+
+static char *req_hdr_slot(const struct clt_req *req)
+{
+	return req->sess->hdr_area + (size_t)req->id * req->sess->max_hdr_size;
+}
+
+/*
+ * Posts what is left of req: data vectors then the header slot, at most
+ * iov_limit vectors per write; the last write carries the immediate. Returns
+ * 0, -EAGAIN (progress saved), or another error. Nothing touches req after
+ * the last write is posted: the response may already be completing it.
+ */
+static int req_post(struct clt_req *req)
+{
+	struct rtrs_clt_sess *s = req->sess;
+	struct clt_path *p = req->path;
+	const struct fab_attr *a = fab_attr(p->fab);
+	struct iovec iov[RTRS_MAX_SEGMENTS + 1];
+	void *desc[RTRS_MAX_SEGMENTS + 1];
+	const struct rtrs_desc *chunk = &p->rbufs[req->id];
+	size_t n = 0;
+	uint32_t imm;
+
+	if (req->dir == RTRS_WRITE) {
+		for (size_t i = 0; i < req->data_cnt; i++) {
+			iov[n] = req->data[i];
+			desc[n++] = req->nr_mrs ? req->mrs[i].desc : NULL;
+		}
+	}
+	iov[n] = (struct iovec){ .iov_base = req_hdr_slot(req), .iov_len = req->hdr_len };
+	desc[n++] = p->hdr_mr.desc;
+	if (req->next_iov == 0)
+		req->next_off = req->dir == RTRS_WRITE ? 0 : req->data_len;
+	imm = rtrs_to_io_req_imm(s->queue_depth, req->id, req->data_len + req->usr_len);
+
+	while (req->next_iov < n) {
+		size_t cnt = MIN(n - req->next_iov, a->iov_limit);
+		bool last = req->next_iov + cnt == n;
+		struct fab_rma rma = {
+			.addr = chunk->addr + req->next_off,
+			.key = s->inval ? __atomic_load_n(&s->rkeys[req->id], __ATOMIC_ACQUIRE) :
+					  chunk->key,
+		};
+		struct fab_con *fc = req->con->c.fc;
+		size_t first = req->next_iov;
+		int rc;
+
+		for (size_t i = 0; i < cnt; i++)
+			rma.len += iov[first + i].iov_len;
+		if (last)
+			tsan_release(req); /* clt_req_complete's acquire; req is not read after */
+		rc = fab_write(fc, &iov[first], &desc[first], cnt, &rma, 1, last, imm, NULL);
+		if (rc)
+			return rc;
+		if (last)
+			return 0;
+		req->next_iov += cnt;
+		req->next_off += rma.len;
+	}
+	return 0;
+}
+
+/* Completion thread (kick): what is left of a request that met a full send queue. */
+int clt_post_pending(struct rtrs_con *con, struct rtrs_pending *it)
+{
+	return req_post(&container_of(con, struct clt_con, c)->path->sess->reqs[it->id]);
+}
+
+static int req_map(struct clt_req *req, struct clt_path *p)
+{
+	const struct fab_attr *a = fab_attr(p->fab);
+	unsigned access = req->dir == RTRS_READ ? FAB_MR_REMOTE_WRITE : FAB_MR_LOCAL;
+
+	req->nr_mrs = 0;
+	if (req->dir == RTRS_WRITE && !a->mr_local)
+		return 0;
+	for (size_t i = 0; i < req->data_cnt; i++) {
+		int rc = fab_mr_reg(p->fab, req->data[i].iov_base, req->data[i].iov_len, access,
+				    &req->mrs[i]);
+
+		if (rc) {
+			clt_req_release_mrs(req);
+			return rc;
+		}
+		req->nr_mrs++;
+	}
+	return 0;
+}
+
+static void req_encode_hdr(struct clt_req *req)
+{
+	char *slot = req_hdr_slot(req) + req->usr_len;
+
+	if (req->dir == RTRS_WRITE) {
+		rtrs_write_hdr_encode(slot, req->usr_len);
+		return;
+	}
+	struct rtrs_desc sg[RTRS_MAX_SEGMENTS];
+
+	for (size_t i = 0; i < req->data_cnt; i++)
+		sg[i] = (struct rtrs_desc){ .addr = req->mrs[i].base, .key = req->mrs[i].key,
+					    .len = (uint32_t)req->data[i].iov_len };
+	rtrs_read_hdr_encode(slot, req->usr_len, 0, sg, (unsigned)req->data_cnt);
+}
+
+/* Posts req on path p; with p->base.post_lock held for reading. */
+static int req_issue(struct clt_req *req, struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = req->sess;
+	unsigned cpu = (unsigned)sched_getcpu();
+	int rc;
+
+	rc = req_map(req, p);
+	if (rc)
+		return rc;
+	req_encode_hdr(req);
+	req->path = p;
+	req->con = req->con_type == RTRS_ADMIN_CON ? &p->cons[0] :
+		   &p->cons[1 + (cpu % (p->base.nr_cons - 1))];
+	req->next_iov = 0;
+	atomic_fetch_add(&p->base.inflight, 1);
+	if (req->dir == RTRS_WRITE) {
+		atomic_fetch_add_explicit(&p->stat_writes, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&p->stat_write_bytes, req->data_len, memory_order_relaxed);
+	} else {
+		atomic_fetch_add_explicit(&p->stat_reads, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&p->stat_read_bytes, req->data_len, memory_order_relaxed);
+	}
+	atomic_store(&req->state, REQ_INFLIGHT);
+	rc = req_post(req);
+	if (rc == -EAGAIN) {
+		req->pend.id = req->id;
+		rtrs_con_pending_add(&req->con->c, &req->pend);
+		return 0;
+	}
+	if (rc) {
+		/*
+		 * No immediate went out, so the server never acts on whatever
+		 * pieces reached its chunk: the caller gets the error and conf
+		 * is not called.
+		 */
+		atomic_store(&req->state, REQ_IDLE);
+		atomic_fetch_sub(&p->base.inflight, 1);
+		clt_req_release_mrs(req);
+		log_err_rl("%s: posting a request failed: %s", p->name, strerror(-rc));
+		(void)s;
+	}
+	return rc;
+}
+
+/* Sends req on a path the policy picks; another if posting there fails. */
+int clt_req_route(struct clt_req *req)
+{
+	struct rtrs_clt_sess *s = req->sess;
+	struct rtrs_mp_path snap[RTRS_MAX_PATHS];
+	enum rtrs_mp_policy policy = atomic_load(&s->mp_policy);
+	int rc = -ECONNABORTED;
+
+	for (size_t i = 0; i < s->paths_num; i++)
+		snap[i] = (struct rtrs_mp_path){
+			.connected = atomic_load(&s->paths[i].base.state) == RTRS_PATH_CONNECTED,
+			.inflight = atomic_load(&s->paths[i].base.inflight),
+			.latency_ns = atomic_load(&s->paths[i].base.hb.latency_ns),
+		};
+	for (size_t tries = 0; tries < s->paths_num; tries++) {
+		unsigned rr = atomic_load(&s->rr_cursor);
+		int i = rtrs_mp_select(policy, snap, s->paths_num, &rr);
+		struct clt_path *p;
+
+		if (i < 0)
+			break;
+		if (policy == RTRS_MP_POLICY_RR)
+			atomic_store(&s->rr_cursor, rr);
+		snap[i].tried = true;
+		p = &s->paths[i];
+		pthread_rwlock_rdlock(&p->base.post_lock);
+		rc = atomic_load(&p->base.state) == RTRS_PATH_CONNECTED ? req_issue(req, p) : -ECONNABORTED;
+		pthread_rwlock_unlock(&p->base.post_lock);
+		if (rc == 0)
+			return 0;
+	}
+	return rc;
+}
+
+/* True while some path is up or on its way (a request may wait for it). */
+bool clt_sess_path_may_come(struct rtrs_clt_sess *s)
+{
+	if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
+		return false;
+	for (size_t i = 0; i < s->paths_num; i++) {
+		enum rtrs_path_state st = atomic_load(&s->paths[i].base.state);
+
+		if (st != RTRS_PATH_CLOSED && st != RTRS_PATH_CLOSING)
+			return true;
+	}
+	return false;
+}
+
+/* No path now: park req until one comes or fast_io_fail_ms passes. */
+static void req_wait(struct clt_req *req)
+{
+	struct rtrs_clt_sess *s = req->sess;
+	bool first;
+
+	req->path = NULL;
+	req->wait_deadline_ms = now_ms() + s->fast_io_fail_ms;
+	atomic_store(&req->state, REQ_INFLIGHT);
+	pthread_mutex_lock(&s->wait_lock);
+	first = !s->wait_head;
+	req->wait_next = s->wait_head;
+	s->wait_head = req;
+	pthread_mutex_unlock(&s->wait_lock);
+	if (first) /* retried every 50 ms, and at once when a path comes up */
+		loop_timer_arm(&s->wait_timer, 50, 50);
+}
+
+RTRS_EXPORT
+int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
+		     const struct rtrs_clt_req_ops *ops, struct rtrs_permit *permit,
+		     const struct iovec *usr, size_t usr_cnt,
+		     const struct iovec *data, size_t data_cnt)
+{
+	struct clt_req *req;
+	size_t usr_len = 0, data_len = 0, hdr;
+	char *slot;
+
+	if (!s || !ops || !ops->conf || !permit || (dir != RTRS_READ && dir != RTRS_WRITE))
+		return -EINVAL;
+	if (permit->id >= s->queue_depth || permit != &s->permits[permit->id] ||
+	    !permit->in_use || (data_cnt && !data) || (usr_cnt && !usr))
+		return -EINVAL;
+	if (data_cnt > RTRS_MAX_SEGMENTS)
+		return -EMSGSIZE;
+	for (size_t i = 0; i < usr_cnt; i++)
+		if (add_overflow(usr_len, usr[i].iov_len, &usr_len))
+			return -EMSGSIZE;
+	for (size_t i = 0; i < data_cnt; i++) {
+		if (data[i].iov_len == 0 || add_overflow(data_len, data[i].iov_len, &data_len))
+			return -EINVAL;
+	}
+	hdr = rtrs_io_hdr_size(dir == RTRS_READ, dir == RTRS_READ ? (unsigned)data_cnt : 0);
+	if (usr_len + hdr > s->max_hdr_size || data_len > s->max_io_size)
+		return -EMSGSIZE;
+	if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
+		return -ESHUTDOWN;
+
+	req = &s->reqs[permit->id];
+	if (atomic_load(&req->state) != REQ_IDLE)
+		return -EBUSY;
+	req->dir = dir;
+	req->ops = *ops;
+	req->con_type = permit->con_type;
+	req->usr_len = (uint32_t)usr_len;
+	req->data_len = (uint32_t)data_len;
+	req->hdr_len = (uint32_t)(usr_len + hdr);
+	req->data_cnt = data_cnt;
+	if (data_cnt)
+		memcpy(req->data, data, data_cnt * sizeof(*data));
+	slot = req_hdr_slot(req);
+	for (size_t i = 0; i < usr_cnt; i++) {
+		memcpy(slot, usr[i].iov_base, usr[i].iov_len);
+		slot += usr[i].iov_len;
+	}
+
+	{
+		int rc = clt_req_route(req);
+
+		if (rc == -ECONNABORTED && s->fast_io_fail_ms && clt_sess_path_may_come(s)) {
+			req_wait(req);
+			return 0;
+		}
+		return rc;
+	}
+}
+
+RTRS_EXPORT
+struct rtrs_permit *rtrs_clt_get_permit(struct rtrs_clt_sess *s,
+					enum rtrs_clt_con_type con_type, enum rtrs_wait wait)
+{
+	struct rtrs_permit *permit = NULL;
+
+	if (!s)
+		return NULL;
+	pthread_mutex_lock(&s->permit_lock);
+	s->permit_waiters++;
+	while (!s->nr_free && !s->closing && wait == RTRS_PERMIT_WAIT)
+		pthread_cond_wait(&s->permit_cond, &s->permit_lock);
+	if (s->nr_free && !s->closing) {
+		permit = &s->permits[s->free_ids[--s->nr_free]];
+		permit->con_type = con_type;
+		permit->in_use = true;
+	}
+	if (--s->permit_waiters == 0 && s->closing)
+		pthread_cond_broadcast(&s->permit_cond);
+	pthread_mutex_unlock(&s->permit_lock);
+	return permit;
+}
+
+RTRS_EXPORT
+void rtrs_clt_put_permit(struct rtrs_clt_sess *s, struct rtrs_permit *permit)
+{
+	if (!s || !permit)
+		return;
+	pthread_mutex_lock(&s->permit_lock);
+	if (permit->id >= s->queue_depth || permit != &s->permits[permit->id] ||
+	    !permit->in_use) {
+		pthread_mutex_unlock(&s->permit_lock);
+		log_err("%s: put of a permit that is not taken (double put?)", s->name);
+		return;
+	}
+	permit->in_use = false;
+	s->free_ids[s->nr_free++] = permit->id;
+	pthread_cond_signal(&s->permit_cond);
+	pthread_mutex_unlock(&s->permit_lock);
+}
+
+RTRS_EXPORT
+unsigned rtrs_permit_id(const struct rtrs_permit *permit)
+{
+	return permit->id;
+}
+
+static void clt_handle_rsp(struct clt_con *con, uint32_t payload)
+{
+	struct clt_path *p = con->path;
+	struct rtrs_clt_sess *s = p->sess;
+	const char *why = NULL;
+	struct clt_req *req;
+	uint32_t id;
+	int err;
+
+	if (rtrs_io_rsp_decode(payload, s->queue_depth, &id, &err, &why)) {
+		log_err_rl("%s: invalid response: %s", p->name, why);
+		clt_fail_path(p, -EPROTO);
+		return;
+	}
+	req = &s->reqs[id];
+	if (atomic_load(&req->state) != REQ_INFLIGHT || req->path != p) {
+		log_err_rl("%s: response for request %u that is not in flight here", p->name, id);
+		clt_fail_path(p, -EPROTO);
+		return;
+	}
+	if (s->inval) {
+		/* The chunk's next key came with the response, in its slot. */
+		uint64_t key;
+		uint32_t gen;
+
+		if (rtrs_new_rkey_decode(p->imm_area + (size_t)id * RTRS_RKEY_SLOT, id, &gen, &key,
+					 &why)) {
+			log_err_rl("%s: response %u without a valid new key: %s", p->name, id, why);
+			clt_fail_path(p, -EPROTO);
+			return;
+		}
+		clt_sess_key_update(s, id, gen, key);
+	}
+	clt_req_complete(req, err);
+}
+
+void clt_con_imm(void *priv, uint32_t imm)
+{
+	struct clt_con *con = container_of(priv, struct clt_con, c);
+	struct clt_path *p = con->path;
+	uint32_t payload;
+	unsigned type;
+
+	if (unlikely(p->fault_delay_us))
+		usleep(p->fault_delay_us); /* fault injection: this path is slow */
+	rtrs_hb_heard(&p->base.hb);
+	rtrs_from_imm(imm, &type, &payload);
+	switch (type) {
+	case RTRS_IO_RSP_IMM:
+	case RTRS_IO_RSP_W_INV_IMM:
+		clt_handle_rsp(con, payload);
+		break;
+	case RTRS_HB_MSG_IMM:
+	case RTRS_HB_ACK_IMM:
+		rtrs_con_hb_imm(&con->c, type == RTRS_HB_ACK_IMM);
+		break;
+	default:
+		log_err_rl("%s: unknown immediate type %u", p->name, type);
+		clt_fail_path(p, -EPROTO);
+	}
+}

@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The client's internal objects and what its files (rtrs-clt.c,
+ * rtrs-clt-io.c, rtrs-clt-connect.c, rtrs-clt-recovery.c) call of each
+ * other. Nothing here is public: include/rtrs.h is.
+ */
+#ifndef RTRS_CLT_PRI_H
+#define RTRS_CLT_PRI_H
+
+#include "rtrs-auth-sm.h"
+#include "rtrs-path.h"
+
+struct rtrs_permit {
+	uint32_t id;
+	enum rtrs_clt_con_type con_type; /* admin permits use connection 0 */
+	bool in_use;
+};
+
+enum clt_req_state { REQ_IDLE, REQ_INFLIGHT, REQ_DONE };
+
+struct clt_con;
+
+struct clt_req {
+	struct rtrs_clt_sess *sess;
+	uint32_t id;
+	atomic_int state;
+	enum rtrs_dir dir;
+	struct rtrs_clt_req_ops ops;
+	enum rtrs_clt_con_type con_type;
+	struct clt_path *path;
+	struct clt_con *con;
+	uint32_t usr_len;
+	uint32_t data_len;
+	uint32_t hdr_len;           /* user header + rtrs header in the slot */
+	size_t data_cnt;
+	struct iovec data[RTRS_MAX_SEGMENTS];
+	struct fab_mr mrs[RTRS_MAX_SEGMENTS];
+	unsigned nr_mrs;
+	size_t next_iov;            /* posting progress after -EAGAIN */
+	uint64_t next_off;
+	struct rtrs_pending pend;   /* waits for room in con's send queue */
+	struct clt_req *wait_next;  /* waiting for a path (path == NULL) */
+	uint64_t wait_deadline_ms;
+	struct clt_path *fence_path; /* failed over from it: waits for its fence */
+};
+
+struct clt_con {
+	struct rtrs_con c;
+	struct clt_path *path;
+	bool connected;             /* under path->lock */
+	int err;                    /* under path->lock: why it went down */
+	struct rtrs_conn_rsp rsp;   /* cid 0: what the server accepted with */
+};
+
+struct clt_path {
+	struct rtrs_path base;       /* state, post lock, heartbeat, failure, cons */
+	struct rtrs_clt_sess *sess;
+	unsigned idx;
+	char name[528];             /* "sess/host:port"; rtrs_path_stats.name */
+	char host[256], port[8];
+	char src[256];              /* empty: any */
+	uint8_t uuid[RTRS_UUID_LEN];
+	struct fab *fab;
+	struct clt_con *cons;       /* base.nr_cons of them; base.cons points at each */
+	struct rtrs_desc *rbufs;    /* one per chunk */
+	uint32_t *info_gens;        /* key generations of an info response */
+	/*
+	 * Where the server aims empty writes; with always_invalidate also the
+	 * key slots (one per chunk) and the table written before a fence ack.
+	 */
+	char *imm_area;
+	size_t imm_len;
+	struct fab_mr imm_mr;
+	struct fab_mr hdr_mr;       /* the session's header area in this domain */
+	struct rtrs_msg_info_req info_req;
+	struct fab_mr info_req_mr;
+	uint16_t recon_cnt;
+	pthread_mutex_t lock;       /* connection establishment */
+	pthread_cond_t cond;
+	bool info_done;
+	int info_err;
+	/* Authentication: the connecting thread runs it; cid 0 hands messages over. */
+	struct rtrs_auth_txn auth;
+	uint16_t auth_tid;
+	char auth_tx[RTRS_AUTH_MSG_MAX];
+	struct fab_mr auth_tx_mr;
+	char auth_rx[RTRS_AUTH_MSG_MAX];
+	size_t auth_rx_len;         /* under lock: a message waits */
+	/* The reconnect decision's inputs and its last verdict. */
+	atomic_bool fail_dnr;       /* do not retry: the server said so, or it changed */
+	atomic_bool refused;        /* the server answered this attempt with an errno */
+	atomic_int last_err;
+	atomic_int verdict;         /* enum rtrs_reconnect_verdict; -1: none yet */
+	atomic_uint_fast64_t stat_auth_runs;
+	/* Reconnect: the timer (loop) starts a worker thread per attempt. */
+	struct loop_timer reconnect_timer;
+	pthread_t worker;
+	bool worker_started;        /* loop thread and close only */
+	atomic_int attempts;        /* failed attempts in a row (loop and worker) */
+	atomic_uint_fast64_t down_since_ms; /* when it last failed (loss timeout) */
+	atomic_bool keep_closed;    /* disconnected by the user */
+	bool removed;               /* rtrs_clt_remove_path: the slot stays, closed */
+	unsigned fault_delay_us;    /* RTRS_FAULT_DELAY_PATH: a slow path, for tests */
+	/* Fencing (docs/protocol.md section 10). */
+	bool srv_fence;             /* the server answers fences */
+	struct rtrs_msg_fence fence_msg; /* a fence sent over this path */
+	struct fab_mr fence_mr;
+	_Atomic(struct clt_path *) fence_for; /* the path this one's fence is for */
+	atomic_bool fence_sent;     /* a fence for this path is out */
+	atomic_bool fence_acked;    /* ... and answered (or implied by a reconnect) */
+	atomic_int fence_err;
+	atomic_uint_fast64_t stat_reconnects, stat_reconnect_failures, stat_failovers;
+	atomic_uint_fast64_t stat_reads, stat_writes, stat_read_bytes, stat_write_bytes;
+};
+
+struct rtrs_clt_sess {
+	char name[RTRS_NAME_MAX + 1];
+	uint8_t paths_uuid[RTRS_UUID_LEN];
+	char provider[32];
+	uint16_t port;
+	unsigned nr_io_cons;
+	unsigned hb_interval_ms, hb_missed_max, connect_timeout_ms;
+	unsigned reconnect_delay_ms, reconnect_jitter_ms, reconnect_loss_timeout_ms;
+	int max_reconnect_attempts;
+	bool wait_timer_ready;
+	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
+	void (*path_ev)(void *priv, unsigned idx, int up);
+	void *priv;
+	atomic_bool opened;         /* link events only after rtrs_clt_open */
+	struct loop *loop;
+
+	/* Limits from the first path's connect response; fixed afterwards. */
+	uint32_t queue_depth, max_io_size, max_hdr_size, chunk_size;
+
+	pthread_mutex_t permit_lock;
+	pthread_cond_t permit_cond;
+	uint32_t *free_ids;
+	uint32_t nr_free;
+	unsigned permit_waiters;    /* close waits until they have left */
+	bool closing;
+	struct rtrs_permit *permits;
+	struct clt_req *reqs;
+	char *hdr_area;             /* queue_depth slots of max_hdr_size */
+
+	struct clt_path *paths;
+	_Atomic size_t paths_num;   /* published paths; slots for all 128 exist */
+	pthread_mutex_t admin_lock; /* add/remove path */
+	atomic_uint paths_up;
+	_Atomic enum rtrs_mp_policy mp_policy;
+	atomic_uint rr_cursor;
+
+	/* Authentication settings, secrets included (wiped at close). */
+	struct rtrs_auth_cfg auth;
+	/*
+	 * always_invalidate (the server's NEW_RKEY_F): chunk keys are the
+	 * session's, each with its generation; the newest seen wins.
+	 */
+	bool inval, inval_known;
+	uint64_t srv_sess_id;       /* the server incarnation the keys come from */
+	atomic_uint_fast64_t srv_sessions; /* incarnations met: rtrs_attrs.server_sessions */
+	uint64_t *rkeys;
+	uint32_t *rkey_gens;
+	pthread_mutex_t rkey_lock;
+	bool fault_stale_rkey;      /* RTRS_FAULT_STALE_RKEY: keep using first keys */
+
+	/* Requests waiting for a path, bounded by fast_io_fail_ms. */
+	unsigned fast_io_fail_ms;
+	pthread_mutex_t wait_lock;
+	struct clt_req *wait_head;
+	struct clt_req *fence_head; /* in flight on a failed path, awaiting its fence */
+	struct loop_timer wait_timer;
+	struct loop_work wait_work;
+};
+
+/* rtrs-clt-io.c */
+void clt_req_release_mrs(struct clt_req *req);
+bool clt_req_complete(struct clt_req *req, int err);
+void clt_sess_key_update(struct rtrs_clt_sess *s, uint32_t id, uint32_t gen, uint64_t key);
+int clt_path_keys_merge(struct clt_path *p, size_t off);
+int clt_post_pending(struct rtrs_con *con, struct rtrs_pending *it);
+int clt_req_route(struct clt_req *req);
+bool clt_sess_path_may_come(struct rtrs_clt_sess *s);
+void clt_con_imm(void *priv, uint32_t imm);
+
+/* rtrs-clt-recovery.c */
+void clt_sess_retry_waiting(struct rtrs_clt_sess *s);
+void clt_sess_wait_timer(struct loop_timer *t);
+void clt_sess_wait_work(struct loop_work *w);
+bool clt_path_change_state(struct clt_path *p, enum rtrs_path_state to);
+void clt_path_destroy_cons(struct clt_path *p);
+void clt_path_schedule_reconnect(struct clt_path *p, unsigned min_ms);
+bool clt_path_should_reconnect(struct clt_path *p, int err, int attempts);
+void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next);
+void clt_path_reconnect_timer(struct loop_timer *t);
+void clt_fail_path(struct clt_path *p, int err);
+void clt_path_hb_timer(struct loop_timer *t);
+extern const struct rtrs_path_ops clt_path_ops;
+
+/* rtrs-clt-connect.c */
+void clt_path_release_mrs(struct clt_path *p);
+void clt_path_release(struct clt_path *p);
+int clt_path_connect(struct clt_path *p, bool retry);
+int clt_path_open(struct clt_path *p);
+
+#endif

@@ -1,0 +1,390 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * RTRS client: what happens when a path fails. The failure reaches the
+ * service loop (rtrs_path_fail), which stops the path (path_stop): its
+ * requests fail, or, with fencing, wait until another path's fence of the
+ * failed one is answered and are then sent again (sess_process_fences,
+ * sess_retry_waiting). Then the reconnect decision (rtrs_should_reconnect)
+ * and the reconnect timer and worker (docs/protocol.md section 10,
+ * docs/security.md section 5).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "rtrs-clt-pri.h"
+
+/* Sends a fence for failed path f over another connected path. Loop thread. */
+static void sess_send_fence(struct rtrs_clt_sess *s, struct clt_path *f)
+{
+	for (size_t i = 0; i < s->paths_num; i++) {
+		struct clt_path *h = &s->paths[i];
+
+		if (h == f || atomic_load(&h->fence_for) || !h->srv_fence ||
+		    atomic_load(&h->base.state) != RTRS_PATH_CONNECTED)
+			continue;
+		rtrs_fence_encode(&h->fence_msg, false, f->uuid, 0);
+		if (fab_send(h->cons[0].c.fc, &h->fence_msg, sizeof(h->fence_msg), h->fence_mr.desc,
+			     NULL))
+			continue;
+		atomic_store(&h->fence_for, f);
+		atomic_store(&f->fence_sent, true);
+		log_info("%s: asked the server to fence %s", h->name, f->name);
+		return;
+	}
+}
+
+/*
+ * Requests parked after their path failed: past the deadline they fail;
+ * once the path is fenced (or has reconnected) they join the wait list and
+ * go out again; otherwise a fence is sent for the path if none is out.
+ */
+static void sess_process_fences(struct rtrs_clt_sess *s, uint64_t now, bool may_come)
+{
+	struct clt_req *list, *req, *keep = NULL, *go = NULL;
+
+	/* A path whose fence was answered may carry the next one. */
+	for (size_t i = 0; i < s->paths_num; i++) {
+		struct clt_path *f = atomic_load(&s->paths[i].fence_for);
+
+		if (f && atomic_load(&f->fence_acked))
+			atomic_store(&s->paths[i].fence_for, NULL);
+	}
+	pthread_mutex_lock(&s->wait_lock);
+	list = s->fence_head;
+	s->fence_head = NULL;
+	pthread_mutex_unlock(&s->wait_lock);
+	while ((req = list)) {
+		struct clt_path *f = req->fence_path;
+
+		list = req->wait_next;
+		if (!may_come || now >= req->wait_deadline_ms) {
+			req->fence_path = NULL;
+			clt_req_complete(req, may_come ? -ETIMEDOUT : -ECONNABORTED);
+		} else if (atomic_load(&f->fence_acked) && atomic_load(&f->fence_err)) {
+			log_warn_rl("%s: the server could not fence the path: %s", f->name,
+				    strerror(-atomic_load(&f->fence_err)));
+			req->fence_path = NULL;
+			clt_req_complete(req, -EIO);
+		} else if (atomic_load(&f->fence_acked)) {
+			req->fence_path = NULL;
+			req->wait_next = go;
+			go = req;
+		} else {
+			if (!atomic_load(&f->fence_sent))
+				sess_send_fence(s, f);
+			req->wait_next = keep;
+			keep = req;
+		}
+	}
+	pthread_mutex_lock(&s->wait_lock);
+	while ((req = keep)) {
+		keep = req->wait_next;
+		req->wait_next = s->fence_head;
+		s->fence_head = req;
+	}
+	while ((req = go)) {
+		go = req->wait_next;
+		req->wait_next = s->wait_head;
+		s->wait_head = req;
+	}
+	pthread_mutex_unlock(&s->wait_lock);
+}
+
+/*
+ * Loop thread: retries the waiting requests; fails those past their
+ * deadline (-ETIMEDOUT) or with no path left to wait for (-ECONNABORTED).
+ * Completions run without the lock: conf may submit again.
+ */
+void clt_sess_retry_waiting(struct rtrs_clt_sess *s)
+{
+	struct clt_req *list, *req, *keep = NULL;
+	bool may_come = clt_sess_path_may_come(s);
+	uint64_t now = now_ms();
+
+	sess_process_fences(s, now, may_come);
+
+	pthread_mutex_lock(&s->wait_lock);
+	list = s->wait_head;
+	s->wait_head = NULL;
+	pthread_mutex_unlock(&s->wait_lock);
+	while ((req = list)) {
+		int err = 0;
+
+		list = req->wait_next;
+		if (!may_come)
+			err = -ECONNABORTED;
+		else if (now >= req->wait_deadline_ms)
+			err = -ETIMEDOUT;
+		else if (clt_req_route(req) == 0)
+			continue; /* on its way */
+		if (err) {
+			if (err == -ETIMEDOUT)
+				log_warn_rl("%s: no path came up within %u ms, request %u fails",
+					    s->name, s->fast_io_fail_ms, req->id);
+			req->path = NULL;
+			clt_req_complete(req, err);
+			continue;
+		}
+		/* A failed try left it IDLE: it still waits, so it is ours again. */
+		req->path = NULL;
+		atomic_store(&req->state, REQ_INFLIGHT);
+		req->wait_next = keep;
+		keep = req;
+	}
+	pthread_mutex_lock(&s->wait_lock);
+	while ((req = keep)) {
+		keep = req->wait_next;
+		req->wait_next = s->wait_head;
+		s->wait_head = req;
+	}
+	if (!s->wait_head && !s->fence_head)
+		loop_timer_arm(&s->wait_timer, 0, 0);
+	pthread_mutex_unlock(&s->wait_lock);
+}
+
+void clt_sess_wait_timer(struct loop_timer *t)
+{
+	clt_sess_retry_waiting(container_of(t, struct rtrs_clt_sess, wait_timer));
+}
+
+void clt_sess_wait_work(struct loop_work *w)
+{
+	clt_sess_retry_waiting(container_of(w, struct rtrs_clt_sess, wait_work));
+}
+
+bool clt_path_change_state(struct clt_path *p, enum rtrs_path_state to)
+{
+	return rtrs_path_set_state(&p->base, to);
+}
+
+void clt_path_destroy_cons(struct clt_path *p)
+{
+	rtrs_path_destroy_cons(&p->base);
+	for (unsigned i = 0; i < p->base.nr_cons; i++)
+		p->cons[i].connected = false;
+}
+
+/* Arms the next reconnect attempt: delay plus random jitter. Loop thread. */
+void clt_path_schedule_reconnect(struct clt_path *p, unsigned min_ms)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	unsigned ms = rtrs_reconnect_wait_ms(s->reconnect_delay_ms, s->reconnect_jitter_ms, min_ms);
+
+	loop_timer_arm(&p->reconnect_timer, ms, 0);
+	log_info("%s: reconnecting in %u ms (attempt %d)", p->name, ms,
+		 atomic_load(&p->attempts) + 1);
+}
+
+/*
+ * Asks the reconnect decision (rtrs_should_reconnect) about the path failing
+ * with err after attempts failed attempts, and records err and the verdict
+ * for the path's statistics. Logs a verdict that ends the path.
+ */
+bool clt_path_should_reconnect(struct clt_path *p, int err, int attempts)
+{
+	const struct rtrs_clt_sess *s = p->sess;
+	struct rtrs_reconnect_in in = {
+		.err = err,
+		.dnr = atomic_load(&p->fail_dnr),
+		.stopping = __atomic_load_n(&s->closing, __ATOMIC_ACQUIRE) ||
+			    atomic_load(&p->keep_closed),
+		.attempts = attempts,
+		.max_attempts = __atomic_load_n(&s->max_reconnect_attempts, __ATOMIC_RELAXED),
+		.down_ms = now_ms() - atomic_load(&p->down_since_ms),
+		.loss_timeout_ms = s->reconnect_loss_timeout_ms,
+	};
+	enum rtrs_reconnect_verdict v = rtrs_should_reconnect(&in);
+
+	if (err)
+		atomic_store(&p->last_err, err);
+	atomic_store(&p->verdict, (int)v);
+	if (v != RTRS_RECONNECT_RETRY && v != RTRS_RECONNECT_STOPPED)
+		log_warn("%s: not reconnecting (%s, last error: %s); reconnect it by hand", p->name,
+			 rtrs_reconnect_verdict_str(v), strerror(-atomic_load(&p->last_err)));
+	return v == RTRS_RECONNECT_RETRY;
+}
+
+/*
+ * Stops the path and fails every request in flight on it; it ends in
+ * RECONNECTING (next attempt scheduled) or CLOSED. Loop thread.
+ */
+void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	enum rtrs_path_state st;
+	bool was_up;
+	unsigned failed = 0;
+
+	pthread_rwlock_wrlock(&p->base.post_lock);
+	st = atomic_load(&p->base.state);
+	was_up = st == RTRS_PATH_CONNECTED;
+	if (st == RTRS_PATH_CLOSED || st == RTRS_PATH_CONNECTING) {
+		/* Closed already, or a worker is connecting it: it decides. */
+		pthread_rwlock_unlock(&p->base.post_lock);
+		return;
+	}
+	if (st == RTRS_PATH_RECONNECTING) {
+		if (next == RTRS_PATH_CLOSED) {
+			loop_timer_arm(&p->reconnect_timer, 0, 0);
+			clt_path_change_state(p, RTRS_PATH_CLOSED);
+		}
+		pthread_rwlock_unlock(&p->base.post_lock);
+		return;
+	}
+	clt_path_change_state(p, RTRS_PATH_CLOSING);
+	pthread_rwlock_unlock(&p->base.post_lock);
+	atomic_store(&p->down_since_ms, now_ms());
+
+	loop_timer_arm(&p->base.hb.timer, 0, 0);
+	/* After this no completion thread of the path runs any more. */
+	clt_path_destroy_cons(p);
+	/* A fence this path carried for another one will not be answered. */
+	struct clt_path *carried = atomic_exchange(&p->fence_for, NULL);
+
+	if (carried)
+		atomic_store(&carried->fence_sent, false);
+	bool fence = p->srv_fence && s->fast_io_fail_ms && err != -ESHUTDOWN &&
+		     !__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE);
+	unsigned moved = 0;
+
+	atomic_store(&p->fence_sent, false);
+	atomic_store(&p->fence_acked, false);
+	for (uint32_t i = 0; s->reqs && i < s->queue_depth; i++) {
+		struct clt_req *req = &s->reqs[i];
+
+		if (atomic_load(&req->state) != REQ_INFLIGHT || req->path != p)
+			continue;
+		if (!fence) {
+			failed += clt_req_complete(req, -ECONNABORTED);
+			continue;
+		}
+		/* Failover: after the server fences this path, same permit and chunk. */
+		clt_req_release_mrs(req);
+		atomic_fetch_sub(&p->base.inflight, 1);
+		req->path = NULL;
+		req->fence_path = p;
+		req->wait_deadline_ms = now_ms() + s->fast_io_fail_ms;
+		pthread_mutex_lock(&s->wait_lock);
+		req->wait_next = s->fence_head;
+		s->fence_head = req;
+		pthread_mutex_unlock(&s->wait_lock);
+		moved++;
+	}
+	if (moved) {
+		atomic_fetch_add(&p->stat_failovers, moved);
+		log_info("%s: %u requests wait for this path to be fenced, then fail over",
+			 p->name, moved);
+		loop_timer_arm(&s->wait_timer, 1, 50);
+	}
+	clt_path_release(p);
+	if (next == RTRS_PATH_RECONNECTING &&
+	    !clt_path_should_reconnect(p, err, atomic_load(&p->attempts)))
+		next = RTRS_PATH_CLOSED;
+	clt_path_change_state(p, next);
+	if (failed)
+		log_at(err == -ESHUTDOWN ? LOG_INFO : LOG_WARN,
+		       "%s: path closed (%s), %u requests failed", p->name, strerror(-err), failed);
+	if (was_up && s->path_ev && atomic_load(&s->opened))
+		s->path_ev(s->priv, p->idx, 0);
+	if (was_up && atomic_fetch_sub(&s->paths_up, 1) == 1 && s->link_ev &&
+	    atomic_load(&s->opened))
+		s->link_ev(s->priv, RTRS_CLT_LINK_EV_DISCONNECTED);
+	if (next == RTRS_PATH_RECONNECTING)
+		clt_path_schedule_reconnect(p, 0);
+}
+
+/* A reconnect attempt, on its own thread: connecting blocks. */
+static void *path_reconnect_worker(void *arg)
+{
+	struct clt_path *p = arg;
+	char tname[16];
+	int rc;
+
+	snprintf(tname, sizeof(tname), "rtrs-reconnect");
+	pthread_setname_np(pthread_self(), tname);
+	rc = clt_path_connect(p, true);
+	if (!rc) {
+		atomic_store(&p->attempts, 0);
+		atomic_fetch_add(&p->stat_reconnects, 1);
+		log_info("%s: reconnected", p->name);
+	} else {
+		atomic_fetch_add(&p->attempts, 1);
+		atomic_fetch_add(&p->stat_reconnect_failures, 1);
+		if (atomic_load(&p->base.state) == RTRS_PATH_CLOSED)
+			log_warn("%s: reconnect failed (%s); path closed after %d attempts", p->name,
+				 strerror(-rc), atomic_load(&p->attempts));
+	}
+	return NULL;
+}
+
+/* Loop thread: the reconnect timer fired. */
+void clt_path_reconnect_timer(struct loop_timer *t)
+{
+	struct clt_path *p = container_of(t, struct clt_path, reconnect_timer);
+
+	if (p->worker_started) {
+		pthread_join(p->worker, NULL); /* the last attempt, finished */
+		p->worker_started = false;
+	}
+	if (atomic_load(&p->base.state) != RTRS_PATH_RECONNECTING)
+		return;
+	/* Asked again: the loss timeout or the attempt budget may have run out meanwhile. */
+	if (!clt_path_should_reconnect(p, atomic_load(&p->last_err), atomic_load(&p->attempts))) {
+		pthread_rwlock_wrlock(&p->base.post_lock);
+		clt_path_change_state(p, RTRS_PATH_CLOSED);
+		pthread_rwlock_unlock(&p->base.post_lock);
+		return;
+	}
+	pthread_rwlock_wrlock(&p->base.post_lock);
+	clt_path_change_state(p, RTRS_PATH_CONNECTING);
+	pthread_rwlock_unlock(&p->base.post_lock);
+	if (pthread_create(&p->worker, NULL, path_reconnect_worker, p) == 0) {
+		p->worker_started = true;
+	} else {
+		clt_path_change_state(p, RTRS_PATH_RECONNECTING);
+		clt_path_schedule_reconnect(p, 1000);
+	}
+}
+
+/*
+ * While the path is being established its establishing thread owns it: a
+ * failure wakes that thread, which gives up itself (and checks fail_err
+ * once more after the path is up, for a failure in between).
+ */
+static bool clt_fail_elsewhere(struct rtrs_path *base)
+{
+	struct clt_path *p = container_of(base, struct clt_path, base);
+
+	if (atomic_load(&base->state) != RTRS_PATH_CONNECTING)
+		return false;
+	pthread_mutex_lock(&p->lock);
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+	return true;
+}
+
+/* Any thread: the path is broken; it is torn down on the service loop. */
+void clt_fail_path(struct clt_path *p, int err)
+{
+	rtrs_path_fail(&p->base, err);
+}
+
+void clt_path_hb_timer(struct loop_timer *t)
+{
+	rtrs_path_hb_tick(&container_of(t, struct clt_path, base.hb.timer)->base);
+}
+
+static void clt_path_stop_op(struct rtrs_path *base, int err)
+{
+	clt_path_stop(container_of(base, struct clt_path, base), err, RTRS_PATH_RECONNECTING);
+}
+
+const struct rtrs_path_ops clt_path_ops = {
+	.item = "request",
+	.peer = "server",
+	.post = clt_post_pending,
+	.stop = clt_path_stop_op,
+	.fail_elsewhere = clt_fail_elsewhere,
+};
