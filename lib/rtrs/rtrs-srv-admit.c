@@ -1,0 +1,375 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * RTRS server: admission. A connection request (srv_on_connreq) finds or
+ * creates its session and path, within the limits on pending connections
+ * (pending_admit, docs/security.md section 8), sessions and names; what
+ * is refused is rejected with its errno, and a refusal that says "do not
+ * retry" is held open until the client has read it (the verdicts).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rtrs-srv-pri.h"
+
+/* Sessions with a name: a path of theirs got as far as the info request. */
+unsigned srv_sessions_named(const struct rtrs_srv_ctx *ctx)
+{
+	unsigned n = 0;
+
+	for (const struct rtrs_srv_sess *s = ctx->sessions; s; s = s->next)
+		n += s->name[0] != 0;
+	return n;
+}
+
+/*
+ * A path still to prove itself: not connected, and with authentication
+ * on, its host not authenticated yet. These are what a peer can hold
+ * without any key.
+ */
+static bool path_pending(const struct srv_path *p)
+{
+	return atomic_load(&p->base.state) == RTRS_PATH_CONNECTING &&
+	       !(p->sess->ctx->auth_required && atomic_load(&p->auth_host_ok));
+}
+
+/*
+ * Loop thread: room for one more pending path from host. At a limit (all
+ * pending paths, or those of host) the oldest pending path in that scope
+ * is closed: a peer that holds half-open paths loses the oldest, while a
+ * client mid-handshake, being newer, goes on. -EBUSY when nothing can go.
+ */
+static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host)
+{
+	for (int scope = 0; scope < 2; scope++) {
+		unsigned max = scope ? ctx->opts.max_pending_per_peer : ctx->opts.max_pending, n = 0;
+		struct srv_path *oldest = NULL;
+
+		for (struct rtrs_srv_sess *s = ctx->sessions; s; s = s->next) {
+			for (struct srv_path *p = s->paths; p; p = p->next) {
+				if (!path_pending(p) || (scope && strcmp(p->peer_host, host)))
+					continue;
+				n++;
+				if (!oldest || p->created_ms < oldest->created_ms)
+					oldest = p;
+			}
+		}
+		if (n < max)
+			continue;
+		if (!oldest)
+			return -EBUSY;
+		log_warn("%s: closed to make room for a new connection from %s (%u pending%s%s)",
+			 path_name(oldest), host, n, scope ? " from " : " in all", scope ? host : "");
+		atomic_fetch_add(&ctx->st.pending_evicted, 1);
+		srv_path_stop(oldest, -ETIMEDOUT);
+	}
+	return 0;
+}
+
+bool srv_name_taken(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,
+		    const char *name)
+{
+	for (struct rtrs_srv_sess *s = ctx->sessions; s; s = s->next)
+		if (s != self && !strcmp(s->name, name))
+			return true;
+	return false;
+}
+
+/*
+ * Loop thread: refuses a path whose connections are up. The client gets err
+ * (and whether retrying can help) in place of the info response; the path
+ * closes a second later, or as soon as the client closes it.
+ */
+void srv_path_refuse(struct srv_path *p, int err, bool dnr)
+{
+	rtrs_info_rsp_encode_verdict(p->verdict, err, dnr);
+	p->close_err = err;
+	atomic_store(&p->close_at_ms, now_ms() + 1000);
+	if (fab_send(p->cons[0].c.fc, p->verdict, sizeof(p->verdict), p->verdict_mr.desc, NULL))
+		srv_path_stop(p, err);
+}
+
+/* "host:port" or "[v6]:port" to the host alone. */
+void srv_peer_host_of(const char *peer, char *buf, size_t len)
+{
+	const char *colon = strrchr(peer, ':');
+	size_t n = colon ? (size_t)(colon - peer) : strlen(peer);
+
+	if (n >= 2 && peer[0] == '[' && peer[n - 1] == ']') {
+		peer++;
+		n -= 2;
+	}
+	snprintf(buf, len, "%.*s", (int)n, peer);
+}
+
+/*
+ * A final refusal ("do not retry") must reach the client, or it retries
+ * what cannot succeed. A reject's private data is gone if the connection
+ * is torn down before the client reads it (over tcp the provider closes
+ * the socket right after sending it), so a final refusal is an accepted
+ * connection whose accept data carries the errno, held open until the
+ * client closes it or SRV_VERDICT_HOLD_MS pass. At most SRV_VERDICTS_MAX
+ * at a time (each is a connection); beyond that, a plain reject.
+ */
+#define SRV_VERDICTS_MAX 16
+
+#define SRV_VERDICT_HOLD_MS 2000
+
+struct srv_verdict {
+	struct rtrs_srv_ctx *ctx;
+	struct fab_con *fc;
+	uint64_t until_ms;
+	atomic_bool gone;           /* the client closed it */
+	struct srv_verdict *next;
+};
+
+static void verdict_down(void *priv, int err, const void *data, size_t len)
+{
+	struct srv_verdict *v = priv;
+
+	atomic_store(&v->gone, true);
+	loop_queue(v->ctx->loop, &v->ctx->srv_verdict_work);
+}
+
+static void verdict_nop(void *priv) {}
+static void verdict_connected(void *priv, const void *data, size_t len) {}
+static void verdict_imm(void *priv, uint32_t imm) {}
+static void verdict_recv(void *priv, void *buf, size_t len) {}
+static void verdict_done(void *priv, void *ctx) {}
+
+static const struct fab_con_ops verdict_ops = {
+	.connected = verdict_connected,
+	.down = verdict_down,
+	.imm = verdict_imm,
+	.recv = verdict_recv,
+	.done = verdict_done,
+	.kick = verdict_nop,
+};
+
+/* Loop thread: lets go of refusals read (or timed out); all of them when closing. */
+void srv_verdicts_reap(struct rtrs_srv_ctx *ctx, bool all)
+{
+	uint64_t now = now_ms();
+
+	for (struct srv_verdict **pv = &ctx->verdicts, *v; (v = *pv);) {
+		if (!all && !atomic_load(&v->gone) && now < v->until_ms) {
+			pv = &v->next;
+			continue;
+		}
+		*pv = v->next;
+		fab_con_destroy(v->fc);
+		free(v);
+		ctx->nr_verdicts--;
+	}
+}
+
+void srv_verdict_work(struct loop_work *w)
+{
+	srv_verdicts_reap(container_of(w, struct rtrs_srv_ctx, srv_verdict_work), false);
+}
+
+/* A final refusal as an accepted connection; false when it cannot be one. */
+static bool verdict_send(struct rtrs_srv_ctx *ctx, struct fab_connreq *req,
+			 const struct rtrs_msg_conn_rsp *msg)
+{
+	struct srv_verdict *v;
+	struct fab_con_cfg cfg = { .ops = &verdict_ops, .name = "verdict", .tx_depth = 16 };
+
+	if (ctx->nr_verdicts >= SRV_VERDICTS_MAX || !(v = calloc(1, sizeof(*v))))
+		return false;
+	v->ctx = ctx;
+	v->until_ms = now_ms() + SRV_VERDICT_HOLD_MS;
+	cfg.priv = v;
+	/* In the list before any callback can queue the reaper for it. */
+	v->next = ctx->verdicts;
+	ctx->verdicts = v;
+	ctx->nr_verdicts++;
+	if (fab_con_accept(ctx->fab, req, &cfg, msg, sizeof(*msg), &v->fc) == 0)
+		return true;
+	ctx->verdicts = v->next;
+	ctx->nr_verdicts--;
+	free(v);
+	return false;
+}
+
+/*
+ * Refuses a connection request with err; dnr tells the client that trying
+ * again with the same parameters cannot succeed (its reconnect decision
+ * then stops), and then the refusal is held open until read.
+ */
+static void srv_reject_dnr(struct rtrs_srv_ctx *ctx, struct fab_connreq *req, const char *peer,
+			   int err, bool dnr, const char *why)
+{
+	struct rtrs_conn_rsp rsp = { .err = err, .dnr = dnr };
+	struct rtrs_msg_conn_rsp msg;
+
+	atomic_fetch_add(&ctx->st.rejects, 1);
+	log_warn("connection from %s rejected: %s (%s%s)", peer, why, strerror(-err),
+		 dnr ? ", do not retry" : "");
+	rtrs_conn_rsp_encode(&msg, &rsp);
+	if (dnr && verdict_send(ctx, req, &msg))
+		return;
+	fab_reject(ctx->lst, req, &msg, RTRS_CONN_REJ_LEN);
+}
+
+static void srv_reject(struct rtrs_srv_ctx *ctx, struct fab_connreq *req, const char *peer,
+		       int err, const char *why)
+{
+	srv_reject_dnr(ctx, req, peer, err, false, why);
+}
+
+static struct rtrs_srv_sess *sess_find(struct rtrs_srv_ctx *ctx, const uint8_t *uuid)
+{
+	for (struct rtrs_srv_sess *s = ctx->sessions; s; s = s->next)
+		if (!memcmp(s->paths_uuid, uuid, RTRS_UUID_LEN))
+			return s;
+	return NULL;
+}
+
+struct srv_path *srv_path_find(struct rtrs_srv_sess *s, const uint8_t *uuid)
+{
+	for (struct srv_path *p = s->paths; p; p = p->next)
+		if (!memcmp(p->uuid, uuid, RTRS_UUID_LEN))
+			return p;
+	return NULL;
+}
+
+void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size_t len)
+{
+	struct rtrs_srv_ctx *ctx = priv;
+	const struct fab_attr *a = fab_attr(ctx->fab);
+	struct rtrs_conn_req req;
+	struct rtrs_srv_sess *s;
+	struct srv_path *p;
+	const char *why = NULL;
+	char peer[64], name[RTRS_NAME_MAX + 96];
+	int rc;
+
+	fab_connreq_peer(creq, peer, sizeof(peer));
+	atomic_fetch_add(&ctx->st.connreqs, 1);
+	if (ctx->closing) {
+		srv_reject(ctx, creq, peer, -ESHUTDOWN, "server is closing");
+		return;
+	}
+	rc = rtrs_conn_req_decode(data, len, &req, &why);
+	if (rc) {
+		/* Another protocol version, or garbage: retrying sends the same. */
+		srv_reject_dnr(ctx, creq, peer, rc, true, why);
+		return;
+	}
+	if (req.cid_num > ctx->opts.max_cons_per_path) {
+		srv_reject_dnr(ctx, creq, peer, -EINVAL, true,
+			       "more connections per path than allowed");
+		return;
+	}
+	if (ctx->auth_required && !req.auth) {
+		srv_reject_dnr(ctx, creq, peer, -EACCES, true,
+			       "authentication required and the client does not speak it");
+		return;
+	}
+	s = sess_find(ctx, req.paths_uuid);
+	if (!s) {
+		if (!req.first_conn) {
+			srv_reject_dnr(ctx, creq, peer, -ENXIO, true,
+				       "unknown session and not a first connection");
+			return;
+		}
+		rc = srv_sess_create(ctx, req.paths_uuid, &s);
+		if (rc) {
+			srv_reject(ctx, creq, peer, rc, "cannot create the session");
+			return;
+		}
+	}
+	p = srv_path_find(s, req.sess_uuid);
+	if (!p) {
+		char host[64];
+
+		srv_peer_host_of(peer, host, sizeof(host));
+		rc = req.cid == 0 ? pending_admit(ctx, host) : 0;
+		if (rc) {
+			srv_reject(ctx, creq, peer, rc, "too many connections still to prove themselves");
+			if (!s->paths)
+				srv_sess_free(s);
+			return;
+		}
+		if (s->paths_num >= RTRS_MAX_PATHS) {
+			srv_reject(ctx, creq, peer, -ECONNRESET, "too many paths in the session");
+			return;
+		}
+		rc = srv_path_create(s, &req, peer, &p);
+		if (rc) {
+			srv_reject(ctx, creq, peer, rc, "cannot allocate the path");
+			if (!s->paths)
+				srv_sess_free(s);
+			return;
+		}
+	} else if (req.cid == 0 && (atomic_load(&p->base.state) == RTRS_PATH_CONNECTED ||
+				    p->cons[0].c.fc)) {
+		/*
+		 * The client starts this path again: it may have given up on
+		 * the old one without our noticing yet, or this is somebody
+		 * replaying its request. Only a path that has gone silent
+		 * goes: a connected one is probed (srv_path_probe), one still
+		 * connecting ends on its own (its connections close, or the
+		 * connect timeout). The client's next attempt finds it gone.
+		 */
+		srv_reject(ctx, creq, peer, -EAGAIN, "the client reconnects a path still open here");
+		if (atomic_load(&p->base.state) == RTRS_PATH_CONNECTED)
+			srv_path_probe(p);
+		return;
+	} else if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTING || req.cid_num != p->base.nr_cons ||
+		   p->cons[req.cid].c.fc) {
+		srv_reject(ctx, creq, peer, -EEXIST, "connection does not fit the path's state");
+		/* A path stuck half-connected would refuse reconnects forever. */
+		if (atomic_load(&p->base.state) == RTRS_PATH_CONNECTING &&
+		    now_ms() - p->last_connreq_ms > p->sess->ctx->opts.connect_timeout_ms)
+			srv_path_stop(p, -ETIMEDOUT);
+		return;
+	}
+	if (ctx->auth_required && req.cid && !atomic_load(&p->auth_host_ok)) {
+		/* Only an authenticated host adds connections to its path. */
+		srv_reject(ctx, creq, peer, -EACCES, "connection before the path authenticated");
+		return;
+	}
+	p->last_connreq_ms = now_ms();
+
+	struct rtrs_conn_rsp rsp = {
+		.queue_depth = (uint16_t)s->queue_depth,
+		.max_io_size = s->chunk_size - RTRS_MAX_HDR_SIZE,
+		.max_hdr_size = RTRS_MAX_HDR_SIZE,
+		.flags = RTRS_MSG_FENCE_F | (ctx->auth_required ? RTRS_MSG_AUTH_F : 0) |
+			 (s->inval ? RTRS_MSG_NEW_RKEY_F : 0),
+		.imm_desc = { .addr = s->imm_mr.base, .key = s->imm_mr.key, .len = RTRS_IMM_REGION },
+		.sess_id = s->sess_id,
+	};
+	struct rtrs_msg_conn_rsp msg;
+	struct fab_con_cfg cfg = {
+		.ops = &srv_con_ops, .priv = &p->cons[req.cid].c, .name = name,
+		.tx_depth = s->queue_depth + 16,
+		/* verbs: every incoming immediate takes a receive, admin IO too */
+		.rx_depth = a->rx_cq_data ? s->queue_depth + 16 :
+			    req.cid ? 0 : RTRS_ADMIN_RX_DEPTH,
+		.rx_size = req.cid ? 0 : RTRS_ADMIN_MSG_SIZE,
+	};
+
+	snprintf(name, sizeof(name), "%s#%u", path_name(p), req.cid);
+	/* Allocated as connections come, not for all those the request announces. */
+	if (!p->cons[req.cid].sg_scratch) {
+		p->cons[req.cid].sg_scratch = calloc(RTRS_MAX_READ_SG, sizeof(struct rtrs_desc));
+		if (!p->cons[req.cid].sg_scratch) {
+			srv_reject(ctx, creq, peer, -ENOMEM, "cannot allocate the connection");
+			srv_path_stop(p, -ENOMEM);
+			return;
+		}
+	}
+	rtrs_conn_rsp_encode(&msg, &rsp);
+	rc = fab_con_accept(ctx->fab, creq, &cfg, &msg, sizeof(msg), &p->cons[req.cid].c.fc);
+	if (rc) {
+		log_err("%s: accepting connection %u failed: %s", path_name(p), req.cid, strerror(-rc));
+		srv_reject(ctx, creq, peer, rc, "cannot set up the connection");
+		srv_path_stop(p, rc);
+		return;
+	}
+	p->nr_accepted++;
+}

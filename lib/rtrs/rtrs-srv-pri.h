@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The server's internal objects and what its files (rtrs-srv.c,
+ * rtrs-srv-io.c, rtrs-srv-keys.c, rtrs-srv-admit.c, rtrs-srv-session.c)
+ * call of each other. Nothing here is public: include/rtrs.h is.
+ */
+#ifndef RTRS_SRV_PRI_H
+#define RTRS_SRV_PRI_H
+
+#include "rtrs-auth-sm.h"
+#include "rtrs-path.h"
+
+enum srv_op_state { OP_FREE, OP_BUSY, OP_RESPONDING, OP_SENT };
+
+struct srv_path;
+
+struct srv_con;
+
+struct rtrs_srv_op {
+	struct rtrs_srv_sess *sess;
+	uint32_t id;
+	atomic_int state;
+	struct srv_path *path;
+	struct srv_con *con;
+	enum rtrs_dir dir;
+	uint32_t data_len;
+	uint16_t sg_cnt;
+	struct rtrs_desc *sg;       /* validated copy; the client cannot change it */
+	int err;
+	size_t next_sg;             /* posting progress after -EAGAIN */
+	uint64_t next_local;
+	bool rekeyed;               /* always_invalidate: the chunk has its new key */
+	struct rtrs_pending pend;   /* waits for room in con's send queue */
+};
+
+struct srv_con {
+	struct rtrs_con c;
+	struct srv_path *path;
+	struct rtrs_desc *sg_scratch; /* RTRS_MAX_READ_SG; completion thread only */
+};
+
+struct srv_path {
+	struct rtrs_path base;      /* state, post lock, heartbeat, failure, cons */
+	struct rtrs_srv_sess *sess;
+	struct srv_path *next;
+	uint8_t uuid[RTRS_UUID_LEN];
+	char peer[64];
+	char peer_host[64];         /* the peer's address without the port: limits */
+	/*
+	 * The log name: "(new)/peer" until the info request names the session,
+	 * then "session/peer". Connection threads log with it while the loop
+	 * renames, so the new name goes in a buffer of its own and base.name
+	 * points at one of the two.
+	 */
+	char name_new[RTRS_NAME_MAX + 80];
+	char name_info[RTRS_NAME_MAX + 80];
+	unsigned nr_accepted;
+	struct srv_con *cons;
+	uint64_t last_connreq_ms;
+	struct rtrs_info_req info;  /* from the admin thread to the loop */
+	struct loop_work info_work;
+	void *info_rsp;
+	size_t info_rsp_len;
+	struct fab_mr info_rsp_mr;
+	atomic_bool info_received;
+	/* A fence asked for on this path (its admin connection). */
+	uint8_t fence_uuid[RTRS_UUID_LEN];
+	atomic_bool fence_pending;
+	struct loop_work fence_work;
+	struct loop_timer fence_timer;
+	struct rtrs_msg_fence fence_ack;
+	struct fab_mr fence_ack_mr;
+	bool cons_destroyed;
+	bool was_connected;
+	/* Authentication: cid 0's completion thread runs it; the loop reads the flags. */
+	struct rtrs_auth_txn auth;
+	atomic_bool auth_host_ok;   /* the host proved its identity: more connections may come */
+	char auth_host[RTRS_AUTH_WIRE_NAME]; /* who, once authenticated */
+	atomic_bool auth_done;      /* transaction complete: the info request may come */
+	char auth_tx[RTRS_AUTH_MSG_MAX];
+	struct fab_mr auth_tx_mr;
+	/* A refusal went out (FAILURE1 or a verdict): close once the client had time to read it. */
+	atomic_uint_fast64_t close_at_ms;
+	int close_err;
+	uint8_t verdict[sizeof(struct rtrs_msg_info_rsp)]; /* an info response with an errno */
+	struct fab_mr verdict_mr;
+	uint64_t created_ms;
+	/* always_invalidate: the key table sent ahead of a fence ack. */
+	struct rtrs_msg_new_rkey *fence_keys;
+	struct fab_mr fence_keys_mr;
+};
+
+struct rtrs_srv_sess {
+	struct rtrs_srv_ctx *ctx;
+	struct rtrs_srv_sess *next;
+	uint8_t paths_uuid[RTRS_UUID_LEN];
+	char name[RTRS_NAME_MAX + 1];
+	char auth_host[RTRS_AUTH_WIRE_NAME]; /* the host its first path authenticated as */
+	void *priv;
+	uint32_t queue_depth;
+	uint32_t chunk_size;
+	size_t chunk_bytes;
+	bool chunks_mapped;         /* at the first info request: sess_map_chunks */
+	char *chunk_mem;
+	void **chunk_bases;
+	struct fab_mr chunk_mr;
+	struct rtrs_srv_op *ops;
+	struct rtrs_desc *op_sg;
+	char imm_buf[RTRS_IMM_REGION];
+	struct fab_mr imm_mr;
+	struct srv_path *paths;
+	unsigned paths_num;
+	unsigned paths_up;
+	bool link_up;
+	/*
+	 * always_invalidate: one MR per chunk with a 64-bit key that is revoked
+	 * when an IO arrives and replaced when it is answered (or dropped);
+	 * key 0 while revoked. gen counts both. chunk_mr then only serves local
+	 * access (read responses on verbs).
+	 */
+	bool inval;
+	uint64_t sess_id;           /* this incarnation, random */
+	struct fab_mr *chunk_mrs;
+	uint64_t *chunk_key;
+	uint64_t *chunk_key_hist;   /* RTRS_KEY_HISTORY last keys per chunk, newest first */
+	uint32_t *chunk_gen;
+	pthread_mutex_t key_lock;
+	struct rtrs_msg_new_rkey *rkey_msgs; /* response sources, one per chunk */
+	struct fab_mr rkey_msgs_mr;
+};
+
+struct rtrs_srv_ctx {
+	struct rtrs_srv_ops ops;
+	struct rtrs_srv_opts opts;
+	char addr[256];
+	char provider[32];
+	struct loop *loop;
+	struct fab *fab;
+	struct fab_lst *lst;
+	struct loop_fd lst_h;
+	struct loop_timer listen_timer;
+	unsigned listen_failures;
+	pthread_mutex_t lock;       /* listening, port, nr_sessions for waiters */
+	pthread_cond_t cond;
+	bool listening;
+	bool closing;
+	int port;
+	struct rtrs_srv_sess *sessions;
+	unsigned nr_sessions;
+	struct loop_work reap_work; /* frees closed paths nobody references */
+	struct srv_verdict *verdicts; /* final refusals held open (srv_reject_dnr) */
+	unsigned nr_verdicts;
+	struct loop_work srv_verdict_work;
+	bool auth_required;
+	struct rtrs_auth_cfg auth_cfg;
+	char auth_keys_file[4096];
+	struct {
+		atomic_uint_fast64_t connreqs, rejects, auth_ok, auth_failed, auth_timeouts;
+		atomic_uint_fast64_t key_rotations, chunk_bytes;
+		atomic_uint_fast64_t pending_evicted, limit_refusals, raw_closed;
+	} st;
+};
+
+static inline const char *path_name(struct srv_path *p)
+{
+	return rtrs_path_name(&p->base);
+}
+
+/* rtrs-srv-io.c */
+int srv_post_pending(struct rtrs_con *con, struct rtrs_pending *it);
+void srv_drop_pending(struct rtrs_con *con, struct rtrs_pending *it, int err);
+void srv_con_imm(void *priv, uint32_t imm);
+
+/* rtrs-srv-keys.c */
+void srv_chunk_revoke(struct rtrs_srv_sess *s, uint32_t id);
+int srv_chunk_rekey(struct rtrs_srv_sess *s, uint32_t id);
+void srv_chunk_keys_snapshot(struct rtrs_srv_sess *s, struct rtrs_msg_new_rkey *out);
+
+/* rtrs-srv-admit.c */
+unsigned srv_sessions_named(const struct rtrs_srv_ctx *ctx);
+bool srv_name_taken(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,
+		    const char *name);
+void srv_path_refuse(struct srv_path *p, int err, bool dnr);
+void srv_peer_host_of(const char *peer, char *buf, size_t len);
+void srv_verdicts_reap(struct rtrs_srv_ctx *ctx, bool all);
+void srv_verdict_work(struct loop_work *w);
+struct srv_path *srv_path_find(struct rtrs_srv_sess *s, const uint8_t *uuid);
+void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size_t len);
+
+/* rtrs-srv-session.c */
+extern const struct fab_con_ops srv_con_ops;
+void srv_sess_free(struct rtrs_srv_sess *s);
+int srv_sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, struct rtrs_srv_sess **out);
+void srv_reap_work(struct loop_work *w);
+void srv_path_stop(struct srv_path *p, int err);
+void srv_fail_path(struct srv_path *p, int err);
+void srv_path_probe(struct srv_path *p);
+int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
+		    const char *peer, struct srv_path **out);
+
+#endif

@@ -1,0 +1,760 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * RTRS server: sessions and paths, on the service loop. A session maps
+ * its chunks at the first information request; a path goes through the
+ * handshake (authentication on connection 0's completion thread,
+ * srv_auth_recv, then the information exchange, path_info_work), is
+ * stopped when it fails, fenced when the client asks, and freed once
+ * nothing of it is in flight (srv_reap_work).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "rtrs-srv-pri.h"
+
+/*
+ * An authentication message on connection 0 of a path being established,
+ * on that connection's completion thread: the crypto (DH too) runs here,
+ * off the service loop.
+ */
+static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
+{
+	struct rtrs_srv_ctx *ctx = p->sess->ctx;
+	enum rtrs_auth_step step;
+	size_t out_len = 0;
+	int rc;
+
+	if (!ctx->auth_required || atomic_load(&p->auth_done) || atomic_load(&p->close_at_ms) ||
+	    p->auth.state == AUTH_SRV_FAILED) {
+		log_err("%s: authentication message not expected; closing the path", path_name(p));
+		srv_fail_path(p, -EPROTO);
+		return;
+	}
+	step = rtrs_auth_srv_step(&p->auth, buf, len, p->auth_tx, sizeof(p->auth_tx), &out_len);
+	/*
+	 * Before the answer goes out: once the client reads SUCCESS1 it may
+	 * request its next connection at once, and srv_on_connreq (on the
+	 * loop) must find the host already proven.
+	 */
+	if (p->auth.host_ok)
+		atomic_store(&p->auth_host_ok, true);
+	rc = out_len ? fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL) : 0;
+	switch (step) {
+	case RTRS_AUTH_CONTINUE:
+		break;
+	case RTRS_AUTH_DONE:
+		atomic_fetch_add(&ctx->st.auth_ok, 1);
+		log_info("%s: host %s authenticated (%s, %s%s)", path_name(p), p->auth.host,
+			 rtrs_auth_hash_name(p->auth.hash), rtrs_auth_dhgroup_name(p->auth.group),
+			 p->auth.bidir ? ", bidirectional" : "");
+		snprintf(p->auth_host, sizeof(p->auth_host), "%s", p->auth.host);
+		atomic_store(&p->auth_done, true);
+		rtrs_auth_txn_end(&p->auth);
+		break;
+	case RTRS_AUTH_FAILED:
+		atomic_fetch_add(&ctx->st.auth_failed, 1);
+		atomic_store(&p->auth_host_ok, false);
+		rtrs_auth_txn_end(&p->auth);
+		if (out_len && !rc) {
+			/* Let the FAILURE1 reach the client; it closes, or the timer does. */
+			p->close_err = p->auth.err;
+			atomic_store(&p->close_at_ms, now_ms() + 1000);
+		} else {
+			srv_fail_path(p, p->auth.err);
+		}
+		return;
+	}
+	if (rc) {
+		log_err("%s: sending an authentication message failed: %s", path_name(p),
+			strerror(-rc));
+		srv_fail_path(p, rc);
+	}
+}
+
+static void srv_con_recv(void *priv, void *buf, size_t len)
+{
+	struct srv_con *con = container_of(priv, struct srv_con, c);
+	struct srv_path *p = con->path;
+	const char *why = NULL;
+	int rc, err;
+
+	rtrs_hb_heard(&p->base.hb);
+	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTED) {
+		/* One fence at a time per path: the client waits for each ack. */
+		rc = rtrs_fence_decode(buf, len, RTRS_MSG_FENCE, p->fence_uuid, &err, &why);
+		if (rc || atomic_exchange(&p->fence_pending, true)) {
+			log_err_rl("%s: unexpected message: %s", path_name(p), rc ? why : "second fence");
+			srv_fail_path(p, rc ? rc : -EPROTO);
+			return;
+		}
+		loop_queue(p->sess->ctx->loop, &p->fence_work);
+		return;
+	}
+	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTING &&
+	    rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
+		srv_auth_recv(p, buf, len);
+		return;
+	}
+	if (con->c.cid == 0 && p->sess->ctx->auth_required && !atomic_load(&p->auth_done)) {
+		log_err("%s: message before authentication; closing the path", path_name(p));
+		srv_fail_path(p, -EACCES);
+		return;
+	}
+	if (con->c.cid != 0 || atomic_load(&p->base.state) != RTRS_PATH_CONNECTING ||
+	    atomic_exchange(&p->info_received, true)) {
+		log_err_rl("%s: unexpected message on connection %u", path_name(p), con->c.cid);
+		srv_fail_path(p, -EPROTO);
+		return;
+	}
+	rc = rtrs_info_req_decode(buf, len, &p->info, &why);
+	if (rc) {
+		log_err("%s: invalid info request: %s", path_name(p), why);
+		srv_fail_path(p, rc);
+		return;
+	}
+	loop_queue(p->sess->ctx->loop, &p->info_work);
+}
+
+static void srv_con_connected(void *priv, const void *data, size_t len)
+{
+	struct srv_con *con = container_of(priv, struct srv_con, c);
+
+	log_dbg("%s: connection %u established", path_name(con->path), con->c.cid);
+}
+
+static void srv_con_down(void *priv, int err, const void *data, size_t len)
+{
+	struct srv_con *con = container_of(priv, struct srv_con, c);
+
+	log_info("%s: connection %u went down: %s", path_name(con->path), con->c.cid, strerror(-err));
+	srv_fail_path(con->path, err);
+}
+
+const struct fab_con_ops srv_con_ops = {
+	.connected = srv_con_connected,
+	.down = srv_con_down,
+	.imm = srv_con_imm,
+	.recv = srv_con_recv,
+	.done = rtrs_con_done,
+	.kick = rtrs_con_kick,
+};
+
+/* Undoes sess_map_chunks, whole or in part. */
+static void sess_unmap_chunks(struct rtrs_srv_sess *s)
+{
+	for (uint32_t i = 0; s->chunk_mrs && i < s->queue_depth; i++)
+		fab_mr_dereg(&s->chunk_mrs[i]);
+	fab_mr_dereg(&s->rkey_msgs_mr);
+	fab_mr_dereg(&s->chunk_mr);
+	free(s->chunk_mrs);
+	free(s->chunk_key);
+	free(s->chunk_key_hist);
+	free(s->chunk_gen);
+	free(s->rkey_msgs);
+	if (s->chunk_mem)
+		munmap(s->chunk_mem, s->chunk_bytes);
+	free(s->chunk_bases);
+	free(s->ops);
+	free(s->op_sg);
+	s->chunk_mrs = NULL;
+	s->chunk_key = NULL;
+	s->chunk_gen = NULL;
+	s->rkey_msgs = NULL;
+	s->chunk_mem = NULL;
+	s->chunk_bases = NULL;
+	s->ops = NULL;
+	s->op_sg = NULL;
+}
+
+void srv_sess_free(struct rtrs_srv_sess *s)
+{
+	struct rtrs_srv_ctx *ctx = s->ctx;
+	struct rtrs_srv_sess **pp;
+
+	for (pp = &ctx->sessions; *pp; pp = &(*pp)->next) {
+		if (*pp == s) {
+			*pp = s->next;
+			break;
+		}
+	}
+	if (s->chunks_mapped)
+		atomic_fetch_sub(&ctx->st.chunk_bytes, s->chunk_bytes);
+	sess_unmap_chunks(s);
+	fab_mr_dereg(&s->imm_mr);
+	pthread_mutex_destroy(&s->key_lock);
+	log_info("session %s closed", s->name[0] ? s->name : "(unnamed)");
+	free(s);
+	pthread_mutex_lock(&ctx->lock);
+	ctx->nr_sessions--;
+	pthread_cond_broadcast(&ctx->cond);
+	pthread_mutex_unlock(&ctx->lock);
+}
+
+/*
+ * The chunks: memory, per-chunk state and registrations. Done when the
+ * first path of a session asks for them (its info request, after
+ * authentication), not at its first connection request: a peer that has
+ * not proved itself costs the server no chunk memory, no pinned pages
+ * (verbs) and no keys. Loop thread; IO sees the chunks only once a path is
+ * connected, after this.
+ */
+static int sess_map_chunks_(struct rtrs_srv_sess *s)
+{
+	struct rtrs_srv_ctx *ctx = s->ctx;
+	uint32_t qd = s->queue_depth;
+	void *mem;
+	int rc;
+
+	mem = mmap(NULL, s->chunk_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		   -1, 0);
+	if (mem == MAP_FAILED)
+		return -ENOMEM;
+	s->chunk_mem = mem;
+	s->chunk_bases = calloc(qd, sizeof(*s->chunk_bases));
+	s->ops = calloc(qd, sizeof(*s->ops));
+	s->op_sg = calloc((size_t)qd * RTRS_MAX_READ_SG, sizeof(*s->op_sg));
+	if (!s->chunk_bases || !s->ops || !s->op_sg)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < qd; i++) {
+		s->chunk_bases[i] = s->chunk_mem + (size_t)i * s->chunk_size;
+		s->ops[i].sess = s;
+		s->ops[i].id = i;
+		s->ops[i].sg = &s->op_sg[(size_t)i * RTRS_MAX_READ_SG];
+		atomic_init(&s->ops[i].state, OP_FREE);
+	}
+	rc = fab_mr_reg(ctx->fab, s->chunk_mem, s->chunk_bytes,
+			s->inval ? FAB_MR_LOCAL : FAB_MR_REMOTE_WRITE | FAB_MR_LOCAL, &s->chunk_mr);
+	if (rc || !s->inval)
+		return rc;
+	s->chunk_mrs = calloc(qd, sizeof(*s->chunk_mrs));
+	s->chunk_key = calloc(qd, sizeof(*s->chunk_key));
+	s->chunk_key_hist = calloc((size_t)qd * RTRS_KEY_HISTORY, sizeof(*s->chunk_key_hist));
+	s->chunk_gen = calloc(qd, sizeof(*s->chunk_gen));
+	s->rkey_msgs = aligned_alloc(64, ((size_t)qd * RTRS_RKEY_SLOT + 63) & ~(size_t)63);
+	if (!s->chunk_mrs || !s->chunk_key || !s->chunk_key_hist || !s->chunk_gen || !s->rkey_msgs)
+		return -ENOMEM;
+	rc = fab_mr_reg(ctx->fab, s->rkey_msgs, (size_t)qd * RTRS_RKEY_SLOT, FAB_MR_LOCAL,
+			&s->rkey_msgs_mr);
+	for (uint32_t i = 0; !rc && i < qd; i++)
+		rc = srv_chunk_rekey(s, i);
+	return rc;
+}
+
+static int sess_map_chunks(struct rtrs_srv_sess *s)
+{
+	int rc;
+
+	if (s->chunks_mapped)
+		return 0;
+	if (atomic_load(&s->ctx->st.chunk_bytes) + s->chunk_bytes > s->ctx->opts.max_chunk_mem) {
+		log_err("server: session %s: its %zu bytes of chunks would pass the limit of %llu "
+			"(max_chunk_mem)", s->name, s->chunk_bytes,
+			(unsigned long long)s->ctx->opts.max_chunk_mem);
+		atomic_fetch_add(&s->ctx->st.limit_refusals, 1);
+		return -ENOSPC;
+	}
+	rc = sess_map_chunks_(s);
+	if (rc) {
+		sess_unmap_chunks(s);
+		return rc;
+	}
+	s->chunks_mapped = true;
+	atomic_fetch_add(&s->ctx->st.chunk_bytes, s->chunk_bytes);
+	return 0;
+}
+
+/* A session as its first connection request creates it: no chunks yet. */
+int srv_sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, struct rtrs_srv_sess **out)
+{
+	struct rtrs_srv_sess *s = calloc(1, sizeof(*s));
+	int rc;
+
+	if (!s)
+		return -ENOMEM;
+	s->ctx = ctx;
+	memcpy(s->paths_uuid, uuid, RTRS_UUID_LEN);
+	pthread_mutex_init(&s->key_lock, NULL);
+	s->inval = ctx->opts.always_invalidate;
+	s->queue_depth = ctx->opts.queue_depth;
+	s->chunk_size = ctx->opts.max_chunk_size;
+	s->chunk_bytes = (size_t)s->queue_depth * s->chunk_size;
+	pthread_mutex_lock(&ctx->lock);
+	ctx->nr_sessions++; /* srv_sess_free counts it down */
+	pthread_mutex_unlock(&ctx->lock);
+	rc = rand_bytes(&s->sess_id, sizeof(s->sess_id));
+	if (!rc)
+		rc = fab_mr_reg(ctx->fab, s->imm_buf, sizeof(s->imm_buf), FAB_MR_REMOTE_WRITE,
+				&s->imm_mr);
+	if (rc) {
+		srv_sess_free(s);
+		return rc;
+	}
+	s->next = ctx->sessions;
+	ctx->sessions = s;
+	*out = s;
+	return 0;
+}
+
+static void path_fini(struct srv_path *p);
+
+static void path_free(struct srv_path *p)
+{
+	struct rtrs_srv_sess *s = p->sess;
+	struct srv_path **pp;
+
+	for (pp = &s->paths; *pp; pp = &(*pp)->next) {
+		if (*pp == p) {
+			*pp = p->next;
+			break;
+		}
+	}
+	s->paths_num--;
+	log_dbg("%s: path freed", path_name(p));
+	path_fini(p);
+	if (!s->paths)
+		srv_sess_free(s);
+}
+
+/*
+ * Loop thread: frees every closed path whose ops are all answered. The
+ * write lock waits out responders still inside op_finish().
+ */
+void srv_reap_work(struct loop_work *w)
+{
+	struct rtrs_srv_ctx *ctx = container_of(w, struct rtrs_srv_ctx, reap_work);
+	struct rtrs_srv_sess *s, *sn;
+	struct srv_path *p, *pn;
+
+	for (s = ctx->sessions; s; s = sn) {
+		sn = s->next;
+		for (p = s->paths; p; p = pn) {
+			bool idle;
+
+			pn = p->next;
+			/* Its own work items still queued would run on freed memory. */
+			if (!p->cons_destroyed || atomic_load(&p->base.fail_work.queued) ||
+			    atomic_load(&p->info_work.queued) || atomic_load(&p->fence_work.queued))
+				continue;
+			pthread_rwlock_wrlock(&p->base.post_lock);
+			idle = atomic_load(&p->base.inflight) == 0;
+			pthread_rwlock_unlock(&p->base.post_lock);
+			if (idle)
+				path_free(p); /* may free s: sn was taken before */
+		}
+	}
+}
+
+static bool srv_path_change_state(struct srv_path *p, enum rtrs_path_state to)
+{
+	return rtrs_path_set_state(&p->base, to);
+}
+
+/* Loop thread: close the path's connections; free it once answered. */
+void srv_path_stop(struct srv_path *p, int err)
+{
+	struct rtrs_srv_sess *s = p->sess;
+	enum rtrs_path_state st;
+
+	pthread_rwlock_wrlock(&p->base.post_lock);
+	st = atomic_load(&p->base.state);
+	if (st == RTRS_PATH_CLOSING || st == RTRS_PATH_CLOSED) {
+		pthread_rwlock_unlock(&p->base.post_lock);
+		return;
+	}
+	srv_path_change_state(p, RTRS_PATH_CLOSING);
+	pthread_rwlock_unlock(&p->base.post_lock);
+	loop_timer_arm(&p->base.hb.timer, 0, 0);
+	/* Responses that never got out are dropped: the client's path fails them. */
+	rtrs_path_destroy_cons(&p->base);
+	p->cons_destroyed = true;
+	srv_path_change_state(p, RTRS_PATH_CLOSED);
+	log_info("%s: path closed: %s", path_name(p), strerror(-err));
+	if (p->was_connected && --s->paths_up == 0 && s->link_up) {
+		s->link_up = false;
+		if (s->ctx->ops.link_ev)
+			s->ctx->ops.link_ev(s, RTRS_SRV_LINK_EV_DISCONNECTED, s->ctx->ops.priv);
+	}
+	loop_queue(s->ctx->loop, &s->ctx->reap_work);
+}
+
+/* Service loop: the failure srv_fail_path handed over. */
+static void srv_path_stop_op(struct rtrs_path *base, int err)
+{
+	struct srv_path *p = container_of(base, struct srv_path, base);
+
+	srv_path_stop(p, err);
+	/* The reaper skipped this path while this item was queued. */
+	loop_queue(p->sess->ctx->loop, &p->sess->ctx->reap_work);
+}
+
+/* Any thread: the path is broken; it is stopped on the service loop. */
+void srv_fail_path(struct srv_path *p, int err)
+{
+	rtrs_path_fail(&p->base, err);
+}
+
+/*
+ * Loop thread: a fence asked for on p. The fenced path is stopped, and the
+ * ack waits until its connections are gone and every op it dispatched has
+ * been answered (checked again every 5 ms), so nothing of it can land
+ * after the ack. An unknown path needs no waiting.
+ */
+static void srv_fence_check(struct srv_path *p)
+{
+	struct srv_path *t;
+	int err = 0, rc;
+
+	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED) {
+		atomic_store(&p->fence_pending, false);
+		/* The reaper may have skipped this path while this item was queued. */
+		loop_queue(p->sess->ctx->loop, &p->sess->ctx->reap_work);
+		return;
+	}
+	t = srv_path_find(p->sess, p->fence_uuid);
+	if (t == p) {
+		err = -EINVAL;
+	} else if (t) {
+		if (atomic_load(&t->base.state) == RTRS_PATH_CONNECTING ||
+		    atomic_load(&t->base.state) == RTRS_PATH_CONNECTED) {
+			log_info("%s: fencing %s for the client", path_name(p), path_name(t));
+			srv_path_stop(t, -ECONNRESET);
+		}
+		if (!t->cons_destroyed || atomic_load(&t->base.inflight)) {
+			loop_timer_arm(&p->fence_timer, 5, 0);
+			return;
+		}
+	}
+	rtrs_fence_encode(&p->fence_ack, true, p->fence_uuid, err);
+	rc = 0;
+	if (p->sess->inval) {
+		/*
+		 * Keys of chunks whose responses the fenced path lost: the whole
+		 * table, into the client's table area, ahead of the ack
+		 * (send-after-write order).
+		 */
+		size_t len = (size_t)p->sess->queue_depth * RTRS_RKEY_SLOT;
+		struct iovec iov = { .iov_base = p->fence_keys, .iov_len = len };
+		struct fab_rma rma = { .addr = p->base.peer_imm.addr + len, .len = len,
+				       .key = p->base.peer_imm.key };
+
+		srv_chunk_keys_snapshot(p->sess, p->fence_keys);
+		rc = fab_write(p->cons[0].c.fc, &iov, &p->fence_keys_mr.desc, 1, &rma, 1, false, 0,
+			       NULL);
+	}
+	if (!rc)
+		rc = fab_send(p->cons[0].c.fc, &p->fence_ack, sizeof(p->fence_ack),
+			      p->fence_ack_mr.desc, NULL);
+	atomic_store(&p->fence_pending, false);
+	if (rc)
+		srv_fail_path(p, rc);
+}
+
+static void path_fence_work(struct loop_work *w)
+{
+	srv_fence_check(container_of(w, struct srv_path, fence_work));
+}
+
+static void path_fence_timer(struct loop_timer *t)
+{
+	srv_fence_check(container_of(t, struct srv_path, fence_timer));
+}
+
+/*
+ * A path still connecting, at each tick of its timer: a refusal the
+ * client had its chance to read, an authentication or a handshake that
+ * takes too long end it.
+ */
+static void path_handshake_deadlines(struct srv_path *p)
+{
+	struct rtrs_srv_ctx *ctx = p->sess->ctx;
+	uint64_t close_at = atomic_load(&p->close_at_ms);
+
+	if (close_at && now_ms() >= close_at) {
+		/* Refused: the client had its chance to read why. */
+		srv_path_stop(p, p->close_err);
+		return;
+	}
+	if (ctx->auth_required && !atomic_load(&p->auth_done) && !close_at &&
+	    now_ms() - p->created_ms > ctx->opts.auth_timeout_ms) {
+		log_err("%s: not authenticated after %u ms, closing the path", path_name(p),
+			ctx->opts.auth_timeout_ms);
+		atomic_fetch_add(&ctx->st.auth_timeouts, 1);
+		srv_path_stop(p, -ETIMEDOUT);
+		return;
+	}
+	/* A path the client never finished would hold its chunks forever. */
+	if (now_ms() - p->last_connreq_ms > ctx->opts.connect_timeout_ms) {
+		log_err("%s: still connecting after %u ms, closing the path", path_name(p),
+			ctx->opts.connect_timeout_ms);
+		srv_path_stop(p, -ETIMEDOUT);
+	}
+}
+
+/* The path's one timer: the handshake's deadlines, then heartbeats. */
+static void path_timer(struct loop_timer *t)
+{
+	struct srv_path *p = container_of(t, struct srv_path, base.hb.timer);
+
+	if (atomic_load(&p->base.state) == RTRS_PATH_CONNECTING)
+		path_handshake_deadlines(p);
+	else
+		rtrs_path_hb_tick(&p->base);
+}
+
+/*
+ * Loop thread: a request to start p again arrived. The client may be gone
+ * (its link was cut and it reconnects elsewhere), or alive while someone
+ * replays its request: a heartbeat now, and the path's last beat counted
+ * as missed but one, so the next tick or the one after closes it unless
+ * the client answers. A live client keeps its path.
+ */
+void srv_path_probe(struct srv_path *p)
+{
+	int rc;
+
+	if (atomic_load(&p->base.hb.missed) + 1 < p->base.hb.missed_max)
+		atomic_store(&p->base.hb.missed, p->base.hb.missed_max - 1);
+	rc = rtrs_hb_post(&p->base.hb, p->cons[0].c.fc, p->base.peer_imm.addr, p->base.peer_imm.key, false);
+	if (rc && rc != -EAGAIN)
+		srv_path_stop(p, rc);
+	else
+		log_info("%s: a request to start this path again: closing it unless the "
+			 "client answers a heartbeat", path_name(p));
+}
+
+/* The info response: where the chunks are, and with always_invalidate their keys. */
+static int path_info_rsp(struct srv_path *p)
+{
+	struct rtrs_srv_sess *s = p->sess;
+	struct rtrs_srv_ctx *ctx = s->ctx;
+	unsigned qd = s->queue_depth;
+	struct rtrs_desc d, *descs;
+	int rc;
+
+	if (!s->inval) { /* one region: srv_opts_validate keeps it under 4 GiB */
+		d = (struct rtrs_desc){ .addr = s->chunk_mr.base, .key = s->chunk_mr.key,
+					.len = (uint32_t)s->chunk_bytes };
+		p->info_rsp_len = rtrs_info_rsp_size(1, 0);
+		p->info_rsp = calloc(1, p->info_rsp_len);
+		if (!p->info_rsp)
+			return -ENOMEM;
+		rtrs_info_rsp_encode(p->info_rsp, &d, 1);
+		return fab_mr_reg(ctx->fab, p->info_rsp, p->info_rsp_len, FAB_MR_LOCAL,
+				  &p->info_rsp_mr);
+	}
+	/* One MR per chunk: addresses are the chunk's own (verbs) or offsets from 0. */
+	descs = calloc(qd, sizeof(*descs));
+	p->info_rsp_len = rtrs_info_rsp_size(qd, qd);
+	p->info_rsp = calloc(1, p->info_rsp_len);
+	p->fence_keys = calloc(qd, RTRS_RKEY_SLOT);
+	if (!descs || !p->info_rsp || !p->fence_keys) {
+		free(descs);
+		return -ENOMEM;
+	}
+	for (unsigned i = 0; i < qd; i++)
+		descs[i] = (struct rtrs_desc){
+			.addr = fab_attr(ctx->fab)->virt_addr ? (uintptr_t)s->chunk_bases[i] : 0,
+			.len = s->chunk_size,
+		};
+	rtrs_info_rsp_encode(p->info_rsp, descs, qd);
+	free(descs);
+	srv_chunk_keys_snapshot(s, rtrs_info_rsp_keys(p->info_rsp, qd));
+	rc = fab_mr_reg(ctx->fab, p->info_rsp, p->info_rsp_len, FAB_MR_LOCAL, &p->info_rsp_mr);
+	if (!rc)
+		rc = fab_mr_reg(ctx->fab, p->fence_keys, (size_t)qd * RTRS_RKEY_SLOT, FAB_MR_LOCAL,
+				&p->fence_keys_mr);
+	return rc;
+}
+
+static void path_info_work(struct loop_work *w)
+{
+	struct srv_path *p = container_of(w, struct srv_path, info_work);
+	struct rtrs_srv_sess *s = p->sess;
+	struct rtrs_srv_ctx *ctx = s->ctx;
+	int rc;
+
+	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTING) {
+		/* The reaper skipped this path while this item was queued. */
+		loop_queue(ctx->loop, &ctx->reap_work);
+		return;
+	}
+	if (p->nr_accepted != p->base.nr_cons) {
+		log_err("%s: info request with %u of %u connections", path_name(p), p->nr_accepted,
+			p->base.nr_cons);
+		srv_path_stop(p, -EPROTO);
+		return;
+	}
+	if (s->name[0] && strcmp(s->name, p->info.pathname)) {
+		log_err("%s: path names session %s, which differs", path_name(p), p->info.pathname);
+		srv_path_refuse(p, -EINVAL, true);
+		return;
+	}
+	/*
+	 * A session's paths all belong to one authenticated host: another
+	 * host, however good its own key, does not get this session's chunks
+	 * and keys by naming its uuid.
+	 */
+	if (ctx->auth_required && s->auth_host[0] && strcmp(s->auth_host, p->auth_host)) {
+		log_err("%s: host %s authenticated, but session %s belongs to host %s", path_name(p),
+			p->auth_host, s->name, s->auth_host);
+		srv_path_refuse(p, -EACCES, true);
+		return;
+	}
+	if (!s->name[0]) {
+		if (srv_name_taken(ctx, s, p->info.pathname)) {
+			log_err("%s: session name %s is already in use", path_name(p), p->info.pathname);
+			srv_path_refuse(p, -EPERM, true);
+			return;
+		}
+		if (srv_sessions_named(ctx) >= ctx->opts.max_sessions) {
+			log_err("%s: session %s refused: %u sessions already (max_sessions)", path_name(p),
+				p->info.pathname, ctx->opts.max_sessions);
+			atomic_fetch_add(&ctx->st.limit_refusals, 1);
+			srv_path_refuse(p, -ENOSPC, false);
+			return;
+		}
+		snprintf(s->name, sizeof(s->name), "%s", p->info.pathname);
+	}
+	if (ctx->auth_required && !s->auth_host[0])
+		snprintf(s->auth_host, sizeof(s->auth_host), "%s", p->auth_host);
+	snprintf(p->name_info, sizeof(p->name_info), "%s/%s", s->name, p->peer);
+	atomic_store_explicit(&p->base.name, p->name_info, memory_order_release);
+	p->base.peer_imm = (struct rtrs_desc){ .addr = p->info.imm_addr, .key = p->info.imm_key };
+
+	rc = sess_map_chunks(s);
+	if (rc == -ENOSPC) {
+		srv_path_refuse(p, rc, false);
+		return;
+	}
+	if (!rc)
+		rc = path_info_rsp(p);
+	if (!rc)
+		rc = fab_mr_reg(ctx->fab, &p->fence_ack, sizeof(p->fence_ack), FAB_MR_LOCAL,
+				&p->fence_ack_mr);
+	if (rc) {
+		log_err("%s: preparing the info response failed: %s", path_name(p), strerror(-rc));
+		srv_path_stop(p, rc);
+		return;
+	}
+
+	/* IO may follow the info response at once: be ready for it first. */
+	if (!s->link_up && ctx->ops.link_ev) {
+		rc = ctx->ops.link_ev(s, RTRS_SRV_LINK_EV_CONNECTED, ctx->ops.priv);
+		if (rc) {
+			rc = rc < 0 ? rc : -rc;
+			log_err("%s: session refused by its user: %s", path_name(p), strerror(-rc));
+			srv_path_refuse(p, rc, rc == -EACCES || rc == -EPERM);
+			return;
+		}
+	}
+	s->link_up = true;
+	s->paths_up++;
+	p->was_connected = true;
+	pthread_rwlock_wrlock(&p->base.post_lock);
+	srv_path_change_state(p, RTRS_PATH_CONNECTED);
+	pthread_rwlock_unlock(&p->base.post_lock);
+	rc = fab_send(p->cons[0].c.fc, p->info_rsp, p->info_rsp_len, p->info_rsp_mr.desc, NULL);
+	if (rc) {
+		srv_path_stop(p, rc);
+		return;
+	}
+	log_info("%s: path connected (%u connections)", path_name(p), p->base.nr_cons);
+}
+
+static const struct rtrs_path_ops srv_path_ops = {
+	.item = "response",
+	.peer = "client",
+	.post = srv_post_pending,
+	.drop = srv_drop_pending,
+	.stop = srv_path_stop_op,
+};
+
+/* Undoes srv_path_create, whole or in part (fence_timer.h.fd -1: the base is not set up). */
+static void path_fini(struct srv_path *p)
+{
+	if (p->fence_timer.h.fd >= 0) {
+		loop_timer_fini(&p->fence_timer);
+		rtrs_path_fini(&p->base);
+	}
+	fab_mr_dereg(&p->fence_ack_mr);
+	fab_mr_dereg(&p->info_rsp_mr);
+	fab_mr_dereg(&p->auth_tx_mr);
+	fab_mr_dereg(&p->verdict_mr);
+	fab_mr_dereg(&p->fence_keys_mr);
+	free(p->fence_keys);
+	free(p->info_rsp);
+	rtrs_auth_txn_end(&p->auth);
+	for (unsigned i = 0; p->cons && i < p->base.nr_cons; i++) {
+		rtrs_con_fini(&p->cons[i].c);
+		free(p->cons[i].sg_scratch);
+	}
+	free(p->cons);
+	free(p->base.cons);
+	free(p);
+}
+
+int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
+		    const char *peer, struct srv_path **out)
+{
+	struct rtrs_srv_ctx *ctx = s->ctx;
+	struct srv_path *p = calloc(1, sizeof(*p));
+	int rc;
+
+	if (!p)
+		return -ENOMEM;
+	p->fence_timer.h.fd = -1;
+	p->sess = s;
+	memcpy(p->uuid, req->sess_uuid, RTRS_UUID_LEN);
+	snprintf(p->peer, sizeof(p->peer), "%s", peer);
+	srv_peer_host_of(peer, p->peer_host, sizeof(p->peer_host));
+	snprintf(p->name_new, sizeof(p->name_new), "%s/%s", s->name[0] ? s->name : "(new)", peer);
+	rtrs_auth_srv_begin(&p->auth, &ctx->auth_cfg, p->name_new);
+	p->cons = calloc(req->cid_num, sizeof(*p->cons));
+	p->base.cons = calloc(req->cid_num, sizeof(*p->base.cons));
+	if (!p->cons || !p->base.cons) {
+		path_fini(p);
+		return -ENOMEM;
+	}
+	p->base.nr_cons = req->cid_num;
+	for (unsigned i = 0; i < p->base.nr_cons; i++) {
+		rtrs_con_init(&p->cons[i].c, &p->base, i);
+		p->cons[i].path = p;
+		p->base.cons[i] = &p->cons[i].c;
+	}
+	rc = rtrs_path_init(&p->base, &srv_path_ops, ctx->loop, p->name_new, RTRS_PATH_CONNECTING,
+			    path_timer);
+	if (!rc) {
+		rc = loop_timer_init(ctx->loop, &p->fence_timer, path_fence_timer);
+		if (rc)
+			rtrs_path_fini(&p->base);
+	}
+	if (rc) {
+		path_fini(p);
+		return rc;
+	}
+	p->base.hb.interval_ms = ctx->opts.hb_interval_ms;
+	p->base.hb.missed_max = ctx->opts.hb_missed_max;
+	loop_work_init(&p->info_work, path_info_work);
+	loop_work_init(&p->fence_work, path_fence_work);
+	p->last_connreq_ms = now_ms();
+	p->created_ms = now_ms();
+	rc = fab_mr_reg(ctx->fab, p->verdict, sizeof(p->verdict), FAB_MR_LOCAL, &p->verdict_mr);
+	if (!rc && ctx->auth_required)
+		rc = fab_mr_reg(ctx->fab, p->auth_tx, sizeof(p->auth_tx), FAB_MR_LOCAL,
+				&p->auth_tx_mr);
+	if (rc) {
+		path_fini(p);
+		return rc;
+	}
+	/* Ticks from now on: the handshake's deadlines while connecting, then heartbeats. */
+	loop_timer_arm(&p->base.hb.timer, p->base.hb.interval_ms, p->base.hb.interval_ms);
+	p->next = s->paths;
+	s->paths = p;
+	s->paths_num++;
+	*out = p;
+	return 0;
+}
