@@ -119,6 +119,36 @@ enum rtrs_reconnect_verdict rtrs_should_reconnect(const struct rtrs_reconnect_in
 /* "retry", "key rejected", ...: what a path shows for the verdict. */
 const char *rtrs_reconnect_verdict_str(enum rtrs_reconnect_verdict v);
 
+/*
+ * Admission of a path that has not proven itself yet (the server, at each
+ * connection request for a new path): pending[] are those already
+ * pending, each with its peer's host and when it came. With max_total
+ * (all) or max_per_peer (from host) reached, the oldest pending one in
+ * that scope must go to make room: a peer that holds half-open paths
+ * loses its oldest, while a client mid-handshake, being newer, goes on.
+ * Returns how many must go (0 to 2, named in evict[], the one in all
+ * first), or -EBUSY when the limit is reached and nothing can go
+ * (a limit of 0). Pure: rtrs-srv-admit.c.
+ */
+struct rtrs_admit_entry {
+	const char *host;
+	uint64_t created_ms;
+};
+
+struct rtrs_admit_limits {
+	unsigned max_total;
+	unsigned max_per_peer;
+};
+
+struct rtrs_admit_evict {
+	size_t idx;      /* into pending[] */
+	bool per_peer;   /* the limit reached was max_per_peer */
+	unsigned count;  /* pending in that scope, the new one not counted */
+};
+
+int rtrs_admit_decide(const struct rtrs_admit_entry *pending, size_t n, const char *host,
+		      const struct rtrs_admit_limits *lim, struct rtrs_admit_evict evict[2]);
+
 /* Splits "host:port", "[v6]:port" or "host"; 0 or -EINVAL. */
 int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
 			char *port, size_t portlen);

@@ -23,6 +23,34 @@ unsigned srv_sessions_named(const struct rtrs_srv_ctx *ctx)
 	return n;
 }
 
+int rtrs_admit_decide(const struct rtrs_admit_entry *pending, size_t n, const char *host,
+		      const struct rtrs_admit_limits *lim, struct rtrs_admit_evict evict[2])
+{
+	int nr_evict = 0;
+
+	for (int scope = 0; scope < 2; scope++) {
+		unsigned max = scope ? lim->max_per_peer : lim->max_total, count = 0;
+		size_t oldest = n;
+
+		for (size_t i = 0; i < n; i++) {
+			if (nr_evict && evict[0].idx == i)
+				continue; /* made room already, in all */
+			if (scope && strcmp(pending[i].host, host))
+				continue;
+			count++;
+			if (oldest == n || pending[i].created_ms < pending[oldest].created_ms)
+				oldest = i;
+		}
+		if (count < max)
+			continue;
+		if (oldest == n)
+			return -EBUSY;
+		evict[nr_evict++] = (struct rtrs_admit_evict){ .idx = oldest, .per_peer = scope,
+							       .count = count };
+	}
+	return nr_evict;
+}
+
 /*
  * A path still to prove itself: not connected, and with authentication
  * on, its host not authenticated yet. These are what a peer can hold
@@ -35,36 +63,54 @@ static bool path_pending(const struct srv_path *p)
 }
 
 /*
- * Loop thread: room for one more pending path from host. At a limit (all
- * pending paths, or those of host) the oldest pending path in that scope
- * is closed: a peer that holds half-open paths loses the oldest, while a
- * client mid-handshake, being newer, goes on. -EBUSY when nothing can go.
+ * Loop thread: room for one more pending path from host, as
+ * rtrs_admit_decide says: the paths it names are closed first. -EBUSY
+ * when nothing can go.
  */
 static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host)
 {
-	for (int scope = 0; scope < 2; scope++) {
-		unsigned max = scope ? ctx->opts.max_pending_per_peer : ctx->opts.max_pending, n = 0;
-		struct srv_path *oldest = NULL;
+	const struct rtrs_admit_limits lim = {
+		.max_total = ctx->opts.max_pending, .max_per_peer = ctx->opts.max_pending_per_peer,
+	};
+	struct rtrs_admit_entry *pending;
+	struct srv_path **paths;
+	struct rtrs_admit_evict evict[2];
+	size_t n = 0;
+	int rc;
 
-		for (struct rtrs_srv_sess *s = ctx->sessions; s; s = s->next) {
-			for (struct srv_path *p = s->paths; p; p = p->next) {
-				if (!path_pending(p) || (scope && strcmp(p->peer_host, host)))
-					continue;
-				n++;
-				if (!oldest || p->created_ms < oldest->created_ms)
-					oldest = p;
-			}
+	for (struct rtrs_srv_sess *s = ctx->sessions; s; s = s->next)
+		for (struct srv_path *p = s->paths; p; p = p->next)
+			n += path_pending(p);
+	pending = calloc(n + 1, sizeof(*pending));
+	paths = calloc(n + 1, sizeof(*paths));
+	if (!pending || !paths) {
+		free(pending);
+		free(paths);
+		return -ENOMEM;
+	}
+	n = 0;
+	for (struct rtrs_srv_sess *s = ctx->sessions; s; s = s->next) {
+		for (struct srv_path *p = s->paths; p; p = p->next) {
+			if (!path_pending(p))
+				continue;
+			pending[n] = (struct rtrs_admit_entry){ .host = p->peer_host,
+								.created_ms = p->created_ms };
+			paths[n++] = p;
 		}
-		if (n < max)
-			continue;
-		if (!oldest)
-			return -EBUSY;
+	}
+	rc = rtrs_admit_decide(pending, n, host, &lim, evict);
+	for (int i = 0; i < rc; i++) {
+		struct srv_path *oldest = paths[evict[i].idx];
+
 		log_warn("%s: closed to make room for a new connection from %s (%u pending%s%s)",
-			 path_name(oldest), host, n, scope ? " from " : " in all", scope ? host : "");
+			 path_name(oldest), host, evict[i].count,
+			 evict[i].per_peer ? " from " : " in all", evict[i].per_peer ? host : "");
 		atomic_fetch_add(&ctx->st.pending_evicted, 1);
 		srv_path_stop(oldest, -ETIMEDOUT);
 	}
-	return 0;
+	free(pending);
+	free(paths);
+	return rc < 0 ? rc : 0;
 }
 
 bool srv_name_taken(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,

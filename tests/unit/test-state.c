@@ -587,6 +587,49 @@ static void test_reconnect_verdict_names(void)
 	}
 }
 
+/*
+ * Admission of pending paths (rtrs_admit_decide): below the limits all
+ * come in; at a limit the oldest in that scope goes; the one in all goes
+ * first, and is not counted again for the peer; a limit of 0 refuses.
+ */
+static void test_admit(void)
+{
+	const struct rtrs_admit_limits lim = { .max_total = 4, .max_per_peer = 2 };
+	struct rtrs_admit_entry p[] = {
+		{ "10.0.0.1", 500 }, { "10.0.0.2", 100 }, { "10.0.0.1", 300 }, { "10.0.0.3", 200 },
+	};
+	struct rtrs_admit_evict ev[2];
+
+	/* Below both limits. */
+	CHECK_EQ(rtrs_admit_decide(p, 0, "10.0.0.9", &lim, ev), 0);
+	CHECK_EQ(rtrs_admit_decide(p, 2, "10.0.0.9", &lim, ev), 0);
+	/* The peer's limit: its oldest (created 300) goes, the others stay. */
+	CHECK_EQ(rtrs_admit_decide(p, 3, "10.0.0.1", &lim, ev), 1);
+	CHECK_EQ(ev[0].idx, 2u);
+	CHECK(ev[0].per_peer && ev[0].count == 2, "scope %d, count %u", ev[0].per_peer,
+	      ev[0].count);
+	/* The limit in all: the oldest of all (10.0.0.2, 100), another peer's. */
+	CHECK_EQ(rtrs_admit_decide(p, 4, "10.0.0.9", &lim, ev), 1);
+	CHECK_EQ(ev[0].idx, 1u);
+	CHECK(!ev[0].per_peer && ev[0].count == 4, "scope %d, count %u", ev[0].per_peer,
+	      ev[0].count);
+	/* Both: 10.0.0.2 goes for the total, then 10.0.0.1's oldest for the peer. */
+	CHECK_EQ(rtrs_admit_decide(p, 4, "10.0.0.1", &lim, ev), 2);
+	CHECK(ev[0].idx == 1 && !ev[0].per_peer, "first %zu", ev[0].idx);
+	CHECK(ev[1].idx == 2 && ev[1].per_peer, "second %zu", ev[1].idx);
+	/* The one evicted in all is the peer's own oldest: nothing more to do for the peer. */
+	struct rtrs_admit_entry q[] = {
+		{ "10.0.0.1", 100 }, { "10.0.0.1", 300 }, { "10.0.0.2", 200 }, { "10.0.0.3", 400 },
+	};
+
+	CHECK_EQ(rtrs_admit_decide(q, 4, "10.0.0.1", &lim, ev), 1);
+	CHECK(ev[0].idx == 0 && !ev[0].per_peer, "evicted %zu", ev[0].idx);
+	/* A limit of 0: nothing pending may exist, nothing can go. */
+	const struct rtrs_admit_limits none = { .max_total = 0, .max_per_peer = 2 };
+
+	CHECK_EQ(rtrs_admit_decide(p, 0, "10.0.0.1", &none, ev), -EBUSY);
+}
+
 int main(void)
 {
 	test_path_states();
@@ -598,5 +641,6 @@ int main(void)
 	test_reconnect_wait();
 	test_should_reconnect();
 	test_reconnect_verdict_names();
+	test_admit();
 	return test_done("state");
 }
