@@ -90,25 +90,10 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 
 	rtrs_hb_heard(&p->base.hb);
 	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTED) {
-		uint8_t uuid[RTRS_UUID_LEN];
-		struct clt_path *f = atomic_load(&p->fence_for);
-		int err;
-
-		if (rtrs_fence_decode(buf, len, RTRS_MSG_FENCE_ACK, uuid, &err, &why) || !f ||
-		    memcmp(uuid, f->uuid, RTRS_UUID_LEN)) {
-			log_err_rl("%s: unexpected message: %s", p->name, why ? why : "stray fence ack");
-			clt_fail_path(p, -EPROTO);
-			return;
-		}
-		/* The server wrote the key table ahead of the ack. */
-		if (p->sess->inval &&
-		    clt_path_keys_merge(p, (size_t)p->sess->queue_depth * RTRS_RKEY_SLOT)) {
-			clt_fail_path(p, -EPROTO);
-			return;
-		}
-		atomic_store(&f->fence_err, err);
-		atomic_store(&f->fence_acked, true);
-		loop_queue(p->sess->loop, &p->sess->wait_work);
+		/* Once connected, the only message is a fence's answer. */
+		rc = clt_fence_answered(p, buf, len);
+		if (rc)
+			clt_fail_path(p, rc);
 		return;
 	}
 	pthread_mutex_lock(&p->lock);
@@ -505,8 +490,7 @@ int clt_path_connect(struct clt_path *p, bool retry)
 	 * Requests that failed over from this path go too: the server took
 	 * this reconnect only after the old path was drained and freed.
 	 */
-	atomic_store(&p->fence_err, 0);
-	atomic_store(&p->fence_acked, true);
+	clt_fence_implied(p);
 	/* Requests waiting for a path go now. */
 	loop_queue(s->loop, &s->wait_work);
 	log_info("%s: connected, %u connections, queue depth %u, max io %u", p->name,

@@ -20,6 +20,18 @@ enum clt_req_state { REQ_IDLE, REQ_INFLIGHT, REQ_DONE };
 
 struct clt_con;
 
+/*
+ * The fence of a failed path whose requests wait to fail over
+ * (rtrs-clt-fence.c, docs/protocol.md section 10). Changes are
+ * compare-and-swap, except FENCE_DONE, which nothing leaves but the
+ * path's next failure (clt_fence_reset, on the loop).
+ */
+enum clt_fence_state {
+	FENCE_NONE,  /* none out: the next pass sends one over another path */
+	FENCE_SENT,  /* out, carried by the path whose fence_for this is */
+	FENCE_DONE,  /* answered (fence_err), or implied by the path's reconnect */
+};
+
 struct clt_req {
 	struct rtrs_clt_sess *sess;
 	uint32_t id;
@@ -105,10 +117,9 @@ struct clt_path {
 	bool srv_fence;             /* the server answers fences */
 	struct rtrs_msg_fence fence_msg; /* a fence sent over this path */
 	struct fab_mr fence_mr;
-	_Atomic(struct clt_path *) fence_for; /* the path this one's fence is for */
-	atomic_bool fence_sent;     /* a fence for this path is out */
-	atomic_bool fence_acked;    /* ... and answered (or implied by a reconnect) */
-	atomic_int fence_err;
+	_Atomic(struct clt_path *) fence_for; /* the failed path this one carries a fence for */
+	_Atomic enum clt_fence_state fence; /* this path's own fence, once it failed */
+	atomic_int fence_err;       /* the server's answer, set before FENCE_DONE */
 	atomic_uint_fast64_t stat_reconnects, stat_reconnect_failures, stat_failovers;
 	atomic_uint_fast64_t stat_reads, stat_writes, stat_read_bytes, stat_write_bytes;
 };
@@ -181,6 +192,13 @@ int clt_post_pending(struct rtrs_con *con, struct rtrs_pending *it);
 int clt_req_route(struct clt_req *req);
 bool clt_sess_path_may_come(struct rtrs_clt_sess *s);
 void clt_con_imm(void *priv, uint32_t imm);
+
+/* rtrs-clt-fence.c */
+void clt_fence_process(struct rtrs_clt_sess *s, uint64_t now, bool may_come);
+void clt_fence_reset(struct clt_path *p);
+void clt_fence_carrier_lost(struct clt_path *carrier);
+int clt_fence_answered(struct clt_path *carrier, const void *buf, size_t len);
+void clt_fence_implied(struct clt_path *p);
 
 /* rtrs-clt-recovery.c */
 void clt_sess_retry_waiting(struct rtrs_clt_sess *s);

@@ -3,8 +3,8 @@
  * RTRS client: what happens when a path fails. The failure reaches the
  * service loop (rtrs_path_fail), which stops the path (path_stop): its
  * requests fail, or, with fencing, wait until another path's fence of the
- * failed one is answered and are then sent again (sess_process_fences,
- * sess_retry_waiting). Then the reconnect decision (rtrs_should_reconnect)
+ * failed one is answered and are then sent again (rtrs-clt-fence.c,
+ * clt_sess_retry_waiting). Then the reconnect decision (rtrs_should_reconnect)
  * and the reconnect timer and worker (docs/protocol.md section 10,
  * docs/security.md section 5).
  */
@@ -14,83 +14,6 @@
 #include <string.h>
 
 #include "rtrs-clt-pri.h"
-
-/* Sends a fence for failed path f over another connected path. Loop thread. */
-static void sess_send_fence(struct rtrs_clt_sess *s, struct clt_path *f)
-{
-	for (size_t i = 0; i < s->paths_num; i++) {
-		struct clt_path *h = &s->paths[i];
-
-		if (h == f || atomic_load(&h->fence_for) || !h->srv_fence ||
-		    atomic_load(&h->base.state) != RTRS_PATH_CONNECTED)
-			continue;
-		rtrs_fence_encode(&h->fence_msg, false, f->uuid, 0);
-		if (fab_send(h->cons[0].c.fc, &h->fence_msg, sizeof(h->fence_msg), h->fence_mr.desc,
-			     NULL))
-			continue;
-		atomic_store(&h->fence_for, f);
-		atomic_store(&f->fence_sent, true);
-		log_info("%s: asked the server to fence %s", h->name, f->name);
-		return;
-	}
-}
-
-/*
- * Requests parked after their path failed: past the deadline they fail;
- * once the path is fenced (or has reconnected) they join the wait list and
- * go out again; otherwise a fence is sent for the path if none is out.
- */
-static void sess_process_fences(struct rtrs_clt_sess *s, uint64_t now, bool may_come)
-{
-	struct clt_req *list, *req, *keep = NULL, *go = NULL;
-
-	/* A path whose fence was answered may carry the next one. */
-	for (size_t i = 0; i < s->paths_num; i++) {
-		struct clt_path *f = atomic_load(&s->paths[i].fence_for);
-
-		if (f && atomic_load(&f->fence_acked))
-			atomic_store(&s->paths[i].fence_for, NULL);
-	}
-	pthread_mutex_lock(&s->wait_lock);
-	list = s->fence_head;
-	s->fence_head = NULL;
-	pthread_mutex_unlock(&s->wait_lock);
-	while ((req = list)) {
-		struct clt_path *f = req->fence_path;
-
-		list = req->wait_next;
-		if (!may_come || now >= req->wait_deadline_ms) {
-			req->fence_path = NULL;
-			clt_req_complete(req, may_come ? -ETIMEDOUT : -ECONNABORTED);
-		} else if (atomic_load(&f->fence_acked) && atomic_load(&f->fence_err)) {
-			log_warn_rl("%s: the server could not fence the path: %s", f->name,
-				    strerror(-atomic_load(&f->fence_err)));
-			req->fence_path = NULL;
-			clt_req_complete(req, -EIO);
-		} else if (atomic_load(&f->fence_acked)) {
-			req->fence_path = NULL;
-			req->wait_next = go;
-			go = req;
-		} else {
-			if (!atomic_load(&f->fence_sent))
-				sess_send_fence(s, f);
-			req->wait_next = keep;
-			keep = req;
-		}
-	}
-	pthread_mutex_lock(&s->wait_lock);
-	while ((req = keep)) {
-		keep = req->wait_next;
-		req->wait_next = s->fence_head;
-		s->fence_head = req;
-	}
-	while ((req = go)) {
-		go = req->wait_next;
-		req->wait_next = s->wait_head;
-		s->wait_head = req;
-	}
-	pthread_mutex_unlock(&s->wait_lock);
-}
 
 /*
  * Loop thread: retries the waiting requests; fails those past their
@@ -103,7 +26,7 @@ void clt_sess_retry_waiting(struct rtrs_clt_sess *s)
 	bool may_come = clt_sess_path_may_come(s);
 	uint64_t now = now_ms();
 
-	sess_process_fences(s, now, may_come);
+	clt_fence_process(s, now, may_come);
 
 	pthread_mutex_lock(&s->wait_lock);
 	list = s->wait_head;
@@ -240,17 +163,12 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 	loop_timer_arm(&p->base.hb.timer, 0, 0);
 	/* After this no completion thread of the path runs any more. */
 	clt_path_destroy_cons(p);
-	/* A fence this path carried for another one will not be answered. */
-	struct clt_path *carried = atomic_exchange(&p->fence_for, NULL);
-
-	if (carried)
-		atomic_store(&carried->fence_sent, false);
+	clt_fence_carrier_lost(p);
 	bool fence = p->srv_fence && s->fast_io_fail_ms && err != -ESHUTDOWN &&
 		     !__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE);
 	unsigned moved = 0;
 
-	atomic_store(&p->fence_sent, false);
-	atomic_store(&p->fence_acked, false);
+	clt_fence_reset(p);
 	for (uint32_t i = 0; s->reqs && i < s->queue_depth; i++) {
 		struct clt_req *req = &s->reqs[i];
 

@@ -1,0 +1,159 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * RTRS client: fencing a failed path before its requests fail over
+ * (docs/protocol.md section 10). When a path fails with requests in
+ * flight, they must not go out again while a copy may still land from the
+ * failed path: they wait (s->fence_head) until the server, asked over
+ * another connected path, answers that the failed path is gone and
+ * drained, or until the failed path reconnects (the server took the
+ * reconnect only after the old path was freed). Then they join the
+ * requests waiting for a path (s->wait_head) and are sent again, once.
+ *
+ * A failed path's fence: FENCE_NONE -> FENCE_SENT (a carrier path sent
+ * it) -> FENCE_DONE (answered, or implied). A carrier that fails before
+ * the answer puts the fence back to FENCE_NONE, and the next pass sends it
+ * over another path. Each carrier carries one fence at a time.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "rtrs-clt-pri.h"
+
+/* Sends a fence for failed path f over another connected path. Loop thread. */
+static void fence_send(struct rtrs_clt_sess *s, struct clt_path *f)
+{
+	for (size_t i = 0; i < s->paths_num; i++) {
+		struct clt_path *h = &s->paths[i];
+		struct clt_path *none = NULL;
+		enum clt_fence_state st = FENCE_NONE;
+
+		if (h == f || atomic_load(&h->fence_for) || !h->srv_fence ||
+		    atomic_load(&h->base.state) != RTRS_PATH_CONNECTED)
+			continue;
+		rtrs_fence_encode(&h->fence_msg, false, f->uuid, 0);
+		/* Carried before it goes: the answer may come before fab_send returns. */
+		if (!atomic_compare_exchange_strong(&h->fence_for, &none, f))
+			continue;
+		if (!atomic_compare_exchange_strong(&f->fence, &st, FENCE_SENT)) {
+			atomic_store(&h->fence_for, NULL); /* answered or implied meanwhile */
+			return;
+		}
+		if (fab_send(h->cons[0].c.fc, &h->fence_msg, sizeof(h->fence_msg), h->fence_mr.desc,
+			     NULL)) {
+			st = FENCE_SENT;
+			atomic_compare_exchange_strong(&f->fence, &st, FENCE_NONE);
+			atomic_store(&h->fence_for, NULL);
+			continue;
+		}
+		log_info("%s: asked the server to fence %s", h->name, f->name);
+		return;
+	}
+}
+
+void clt_fence_reset(struct clt_path *p)
+{
+	atomic_store(&p->fence_err, 0);
+	atomic_store(&p->fence, FENCE_NONE);
+}
+
+void clt_fence_carrier_lost(struct clt_path *carrier)
+{
+	struct clt_path *f = atomic_exchange(&carrier->fence_for, NULL);
+	enum clt_fence_state st = FENCE_SENT;
+
+	/* Its fence will not be answered: out again on the next pass. */
+	if (f)
+		atomic_compare_exchange_strong(&f->fence, &st, FENCE_NONE);
+}
+
+void clt_fence_implied(struct clt_path *p)
+{
+	atomic_store(&p->fence_err, 0);
+	atomic_store(&p->fence, FENCE_DONE);
+}
+
+/*
+ * A message on connected carrier's connection 0 (its completion thread):
+ * the answer to the fence it carries. With always_invalidate the server
+ * wrote the whole key table ahead of it. 0, or -EPROTO for anything else.
+ */
+int clt_fence_answered(struct clt_path *carrier, const void *buf, size_t len)
+{
+	struct clt_path *f = atomic_load(&carrier->fence_for);
+	struct rtrs_clt_sess *s = carrier->sess;
+	uint8_t uuid[RTRS_UUID_LEN];
+	const char *why = NULL;
+	int err;
+
+	if (rtrs_fence_decode(buf, len, RTRS_MSG_FENCE_ACK, uuid, &err, &why) || !f ||
+	    memcmp(uuid, f->uuid, RTRS_UUID_LEN)) {
+		log_err_rl("%s: unexpected message: %s", carrier->name,
+			   why ? why : "stray fence ack");
+		return -EPROTO;
+	}
+	if (s->inval && clt_path_keys_merge(carrier, (size_t)s->queue_depth * RTRS_RKEY_SLOT))
+		return -EPROTO;
+	atomic_store(&f->fence_err, err);
+	atomic_store(&f->fence, FENCE_DONE);
+	loop_queue(s->loop, &s->wait_work);
+	return 0;
+}
+
+/*
+ * Loop thread: requests parked after their path failed. Past the deadline
+ * they fail; once the path is fenced (or has reconnected) they join the
+ * wait list and go out again; otherwise a fence is sent for the path if
+ * none is out.
+ */
+void clt_fence_process(struct rtrs_clt_sess *s, uint64_t now, bool may_come)
+{
+	struct clt_req *list, *req, *keep = NULL, *go = NULL;
+
+	/* A carrier whose fence was answered may carry the next one. */
+	for (size_t i = 0; i < s->paths_num; i++) {
+		struct clt_path *f = atomic_load(&s->paths[i].fence_for);
+
+		if (f && atomic_load(&f->fence) == FENCE_DONE)
+			atomic_compare_exchange_strong(&s->paths[i].fence_for, &f, NULL);
+	}
+	pthread_mutex_lock(&s->wait_lock);
+	list = s->fence_head;
+	s->fence_head = NULL;
+	pthread_mutex_unlock(&s->wait_lock);
+	while ((req = list)) {
+		struct clt_path *f = req->fence_path;
+		enum clt_fence_state st = atomic_load(&f->fence);
+
+		list = req->wait_next;
+		if (!may_come || now >= req->wait_deadline_ms) {
+			req->fence_path = NULL;
+			clt_req_complete(req, may_come ? -ETIMEDOUT : -ECONNABORTED);
+		} else if (st == FENCE_DONE && atomic_load(&f->fence_err)) {
+			log_warn_rl("%s: the server could not fence the path: %s", f->name,
+				    strerror(-atomic_load(&f->fence_err)));
+			req->fence_path = NULL;
+			clt_req_complete(req, -EIO);
+		} else if (st == FENCE_DONE) {
+			req->fence_path = NULL;
+			req->wait_next = go;
+			go = req;
+		} else {
+			if (st == FENCE_NONE)
+				fence_send(s, f);
+			req->wait_next = keep;
+			keep = req;
+		}
+	}
+	pthread_mutex_lock(&s->wait_lock);
+	while ((req = keep)) {
+		keep = req->wait_next;
+		req->wait_next = s->fence_head;
+		s->fence_head = req;
+	}
+	while ((req = go)) {
+		go = req->wait_next;
+		req->wait_next = s->wait_head;
+		s->wait_head = req;
+	}
+	pthread_mutex_unlock(&s->wait_lock);
+}
