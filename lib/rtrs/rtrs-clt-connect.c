@@ -471,13 +471,13 @@ int clt_path_connect(struct clt_path *p, bool retry)
 		log_err("%s: info exchange failed: %s", p->name, strerror(-rc));
 		goto out_fail;
 	}
-	pthread_rwlock_wrlock(&p->base.post_lock);
+	rtrs_path_wrlock(&p->base);
 	if (!clt_path_change_state(p, RTRS_PATH_CONNECTED)) {
-		pthread_rwlock_unlock(&p->base.post_lock);
+		rtrs_path_wrunlock(&p->base);
 		rc = -EIO;
 		goto out_fail;
 	}
-	pthread_rwlock_unlock(&p->base.post_lock);
+	rtrs_path_wrunlock(&p->base);
 	loop_timer_arm(&p->base.hb.timer, p->base.hb.interval_ms, p->base.hb.interval_ms);
 	if (atomic_fetch_add(&s->paths_up, 1) == 0 && s->link_ev && atomic_load(&s->opened))
 		s->link_ev(s->priv, RTRS_CLT_LINK_EV_RECONNECTED);
@@ -507,9 +507,9 @@ out_fail:
 		again = false;
 		atomic_store(&p->last_err, rc);
 	}
-	pthread_rwlock_wrlock(&p->base.post_lock);
+	rtrs_path_wrlock(&p->base);
 	clt_path_change_state(p, again ? RTRS_PATH_RECONNECTING : RTRS_PATH_CLOSED);
-	pthread_rwlock_unlock(&p->base.post_lock);
+	rtrs_path_wrunlock(&p->base);
 	if (again)
 		clt_path_schedule_reconnect(p, 0); /* arming a timer is safe off the loop */
 	return rc;
@@ -544,8 +544,8 @@ int clt_path_open(struct clt_path *p)
 		log_info("%s: the server refused the path (%s); trying again in %u ms (%d of %d)",
 			 p->name, strerror(-rc), ms, attempt + 1, RTRS_OPEN_REFUSED_TRIES);
 		usleep((useconds_t)MIN(ms, 10000u) * 1000);
-		pthread_rwlock_wrlock(&p->base.post_lock);
+		rtrs_path_wrlock(&p->base);
 		clt_path_change_state(p, RTRS_PATH_CONNECTING);
-		pthread_rwlock_unlock(&p->base.post_lock);
+		rtrs_path_wrunlock(&p->base);
 	}
 }

@@ -140,12 +140,12 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 	bool was_up;
 	unsigned failed = 0;
 
-	pthread_rwlock_wrlock(&p->base.post_lock);
+	rtrs_path_wrlock(&p->base);
 	st = atomic_load(&p->base.state);
 	was_up = st == RTRS_PATH_CONNECTED;
 	if (st == RTRS_PATH_CLOSED || st == RTRS_PATH_CONNECTING) {
 		/* Closed already, or a worker is connecting it: it decides. */
-		pthread_rwlock_unlock(&p->base.post_lock);
+		rtrs_path_wrunlock(&p->base);
 		return;
 	}
 	if (st == RTRS_PATH_RECONNECTING) {
@@ -153,11 +153,11 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 			loop_timer_arm(&p->reconnect_timer, 0, 0);
 			clt_path_change_state(p, RTRS_PATH_CLOSED);
 		}
-		pthread_rwlock_unlock(&p->base.post_lock);
+		rtrs_path_wrunlock(&p->base);
 		return;
 	}
 	clt_path_change_state(p, RTRS_PATH_CLOSING);
-	pthread_rwlock_unlock(&p->base.post_lock);
+	rtrs_path_wrunlock(&p->base);
 	atomic_store(&p->down_since_ms, now_ms());
 
 	loop_timer_arm(&p->base.hb.timer, 0, 0);
@@ -250,14 +250,14 @@ void clt_path_reconnect_timer(struct loop_timer *t)
 		return;
 	/* Asked again: the loss timeout or the attempt budget may have run out meanwhile. */
 	if (!clt_path_should_reconnect(p, atomic_load(&p->last_err), atomic_load(&p->attempts))) {
-		pthread_rwlock_wrlock(&p->base.post_lock);
+		rtrs_path_wrlock(&p->base);
 		clt_path_change_state(p, RTRS_PATH_CLOSED);
-		pthread_rwlock_unlock(&p->base.post_lock);
+		rtrs_path_wrunlock(&p->base);
 		return;
 	}
-	pthread_rwlock_wrlock(&p->base.post_lock);
+	rtrs_path_wrlock(&p->base);
 	clt_path_change_state(p, RTRS_PATH_CONNECTING);
-	pthread_rwlock_unlock(&p->base.post_lock);
+	rtrs_path_wrunlock(&p->base);
 	if (pthread_create(&p->worker, NULL, path_reconnect_worker, p) == 0) {
 		p->worker_started = true;
 	} else {

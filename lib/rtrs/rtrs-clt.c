@@ -470,9 +470,9 @@ static void path_reconnect_call(void *arg)
 		clt_path_stop(p, -ECONNRESET, RTRS_PATH_RECONNECTING);
 		return;
 	case RTRS_PATH_CLOSED:
-		pthread_rwlock_wrlock(&p->base.post_lock);
+		rtrs_path_wrlock(&p->base);
 		clt_path_change_state(p, RTRS_PATH_RECONNECTING);
-		pthread_rwlock_unlock(&p->base.post_lock);
+		rtrs_path_wrunlock(&p->base);
 		/* fall through */
 	case RTRS_PATH_RECONNECTING:
 		loop_timer_arm(&p->reconnect_timer, 1, 0);

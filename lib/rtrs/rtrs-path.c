@@ -4,6 +4,7 @@
  * changes, failure hand-off, heartbeats, the queue of items waiting for
  * room in a send queue, connection teardown.
  */
+#include <assert.h>
 #include <errno.h>
 #include <string.h>
 
@@ -29,6 +30,7 @@ int rtrs_path_init(struct rtrs_path *p, const struct rtrs_path_ops *ops, struct 
 	atomic_init(&p->state, state);
 	atomic_init(&p->fail_err, 0);
 	atomic_init(&p->inflight, 0);
+	atomic_init(&p->post_writer, (pthread_t)0);
 	loop_work_init(&p->fail_work, path_fail_work);
 	/* Writers (state changes) must not starve behind a stream of posts. */
 	pthread_rwlockattr_init(&attr);
@@ -63,9 +65,34 @@ void rtrs_con_fini(struct rtrs_con *con)
 	pthread_mutex_destroy(&con->pending_lock);
 }
 
+void rtrs_path_wrlock(struct rtrs_path *p)
+{
+	pthread_rwlock_wrlock(&p->post_lock);
+	atomic_store(&p->post_writer, pthread_self());
+}
+
+void rtrs_path_wrunlock(struct rtrs_path *p)
+{
+	atomic_store(&p->post_writer, (pthread_t)0);
+	pthread_rwlock_unlock(&p->post_lock);
+}
+
 bool rtrs_path_set_state(struct rtrs_path *p, enum rtrs_path_state to)
 {
-	return rtrs_path_change_state(&p->state, rtrs_path_name(p), to);
+	enum rtrs_path_state from = atomic_load(&p->state);
+
+	for (;;) {
+		_Atomic enum rtrs_path_state probe = from;
+
+		assert((from != RTRS_PATH_CONNECTED && to != RTRS_PATH_CONNECTED) ||
+		       pthread_equal(atomic_load(&p->post_writer), pthread_self()));
+		/* The table's verdict and its log, on a copy: the swap below makes the change. */
+		if (!rtrs_path_change_state(&probe, rtrs_path_name(p), to))
+			return false;
+		if (atomic_compare_exchange_strong(&p->state, &from, to))
+			return true;
+		/* Another thread moved it meanwhile: judge again from where it is now. */
+	}
 }
 
 void rtrs_path_fail(struct rtrs_path *p, int err)

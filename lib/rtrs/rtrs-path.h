@@ -71,6 +71,7 @@ struct rtrs_path {
 	const char *_Atomic name;
 	_Atomic enum rtrs_path_state state;
 	pthread_rwlock_t post_lock; /* readers post; the writer changes state */
+	_Atomic pthread_t post_writer; /* who holds post_lock for writing, else 0 */
 	struct loop *loop;
 	unsigned nr_cons;
 	struct rtrs_con **cons;     /* the side's connection objects, cid order */
@@ -100,7 +101,20 @@ static inline const char *rtrs_path_name(struct rtrs_path *p)
 	return atomic_load_explicit(&p->name, memory_order_acquire);
 }
 
-/* A state change, through rtrs_path_change_state (the table in rtrs.c). */
+/*
+ * Takes and lets go of post_lock for writing: no request or response is
+ * being posted on the path while it is held.
+ */
+void rtrs_path_wrlock(struct rtrs_path *p);
+void rtrs_path_wrunlock(struct rtrs_path *p);
+
+/*
+ * A state change, checked against the table (rtrs_path_change_state in
+ * rtrs.c) and made by compare-and-swap, so that two threads never both
+ * move the path from one state. Entering or leaving CONNECTED asserts
+ * that the caller holds post_lock for writing: posters check for
+ * CONNECTED under the read lock, so none is still posting afterwards.
+ */
 bool rtrs_path_set_state(struct rtrs_path *p, enum rtrs_path_state to);
 
 /*

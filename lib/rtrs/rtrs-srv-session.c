@@ -339,9 +339,9 @@ void srv_reap_work(struct loop_work *w)
 			if (!p->cons_destroyed || atomic_load(&p->base.fail_work.queued) ||
 			    atomic_load(&p->info_work.queued) || atomic_load(&p->fence_work.queued))
 				continue;
-			pthread_rwlock_wrlock(&p->base.post_lock);
+			rtrs_path_wrlock(&p->base);
 			idle = atomic_load(&p->base.inflight) == 0;
-			pthread_rwlock_unlock(&p->base.post_lock);
+			rtrs_path_wrunlock(&p->base);
 			if (idle)
 				path_free(p); /* may free s: sn was taken before */
 		}
@@ -359,14 +359,14 @@ void srv_path_stop(struct srv_path *p, int err)
 	struct rtrs_srv_sess *s = p->sess;
 	enum rtrs_path_state st;
 
-	pthread_rwlock_wrlock(&p->base.post_lock);
+	rtrs_path_wrlock(&p->base);
 	st = atomic_load(&p->base.state);
 	if (st == RTRS_PATH_CLOSING || st == RTRS_PATH_CLOSED) {
-		pthread_rwlock_unlock(&p->base.post_lock);
+		rtrs_path_wrunlock(&p->base);
 		return;
 	}
 	srv_path_change_state(p, RTRS_PATH_CLOSING);
-	pthread_rwlock_unlock(&p->base.post_lock);
+	rtrs_path_wrunlock(&p->base);
 	loop_timer_arm(&p->base.hb.timer, 0, 0);
 	/* Responses that never got out are dropped: the client's path fails them. */
 	rtrs_path_destroy_cons(&p->base);
@@ -654,9 +654,9 @@ static void path_info_work(struct loop_work *w)
 	s->link_up = true;
 	s->paths_up++;
 	p->was_connected = true;
-	pthread_rwlock_wrlock(&p->base.post_lock);
+	rtrs_path_wrlock(&p->base);
 	srv_path_change_state(p, RTRS_PATH_CONNECTED);
-	pthread_rwlock_unlock(&p->base.post_lock);
+	rtrs_path_wrunlock(&p->base);
 	rc = fab_send(p->cons[0].c.fc, p->info_rsp, p->info_rsp_len, p->info_rsp_mr.desc, NULL);
 	if (rc) {
 		srv_path_stop(p, rc);
