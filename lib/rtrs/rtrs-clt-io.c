@@ -434,28 +434,21 @@ static void clt_handle_rsp(struct clt_con *con, uint32_t payload)
 	clt_req_complete(req, err);
 }
 
+/* rtrs_path_ops.io_imm: a response. */
+bool clt_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload)
+{
+	if (type != RTRS_IO_RSP_IMM && type != RTRS_IO_RSP_W_INV_IMM)
+		return false;
+	clt_handle_rsp(container_of(c, struct clt_con, c), payload);
+	return true;
+}
+
+/* fab_con_ops.imm: rtrs_con_imm, after the fault injection's delay. */
 void clt_con_imm(void *priv, uint32_t imm)
 {
-	struct clt_con *con = container_of(priv, struct clt_con, c);
-	struct clt_path *p = con->path;
-	uint32_t payload;
-	unsigned type;
+	struct clt_path *p = container_of(priv, struct clt_con, c)->path;
 
 	if (unlikely(p->fault_delay_us))
 		usleep(p->fault_delay_us); /* fault injection: this path is slow */
-	rtrs_hb_heard(&p->base.hb);
-	rtrs_from_imm(imm, &type, &payload);
-	switch (type) {
-	case RTRS_IO_RSP_IMM:
-	case RTRS_IO_RSP_W_INV_IMM:
-		clt_handle_rsp(con, payload);
-		break;
-	case RTRS_HB_MSG_IMM:
-	case RTRS_HB_ACK_IMM:
-		rtrs_con_hb_imm(&con->c, type == RTRS_HB_ACK_IMM);
-		break;
-	default:
-		log_err_rl("%s: unknown immediate type %u", p->name, type);
-		clt_fail_path(p, -EPROTO);
-	}
+	rtrs_con_imm(priv, imm);
 }

@@ -191,6 +191,7 @@ int clt_path_keys_merge(struct clt_path *p, size_t off);
 int clt_post_pending(struct rtrs_con *con, struct rtrs_pending *it);
 int clt_req_route(struct clt_req *req);
 bool clt_sess_path_may_come(struct rtrs_clt_sess *s);
+bool clt_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload);
 void clt_con_imm(void *priv, uint32_t imm);
 
 /* rtrs-clt-fence.c */

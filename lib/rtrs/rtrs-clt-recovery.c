@@ -302,6 +302,7 @@ static void clt_path_stop_op(struct rtrs_path *base, int err)
 const struct rtrs_path_ops clt_path_ops = {
 	.item = "request",
 	.peer = "server",
+	.io_imm = clt_io_imm,
 	.post = clt_post_pending,
 	.stop = clt_path_stop_op,
 	.fail_elsewhere = clt_fail_elsewhere,

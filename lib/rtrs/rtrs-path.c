@@ -152,7 +152,7 @@ void rtrs_path_hb_tick(struct rtrs_path *p)
 	}
 }
 
-void rtrs_con_hb_imm(struct rtrs_con *con, bool ack)
+static void con_hb_imm(struct rtrs_con *con, bool ack)
 {
 	struct rtrs_path *p = con->path;
 	int rc;
@@ -168,6 +168,26 @@ void rtrs_con_hb_imm(struct rtrs_con *con, bool ack)
 	rc = rtrs_hb_post(&p->hb, con->fc, p->peer_imm.addr, p->peer_imm.key, true);
 	if (rc && rc != -EAGAIN)
 		rtrs_path_fail(p, rc);
+}
+
+void rtrs_con_imm(void *priv, uint32_t imm)
+{
+	struct rtrs_con *con = priv;
+	struct rtrs_path *p = con->path;
+	uint32_t payload;
+	unsigned type;
+
+	rtrs_hb_heard(&p->hb);
+	rtrs_from_imm(imm, &type, &payload);
+	if (type == RTRS_HB_MSG_IMM || type == RTRS_HB_ACK_IMM) {
+		con_hb_imm(con, type == RTRS_HB_ACK_IMM);
+		return;
+	}
+	if (p->ops->io_imm(con, type, payload))
+		return;
+	log_err_rl("%s: unknown immediate type %u", rtrs_path_name(p), type);
+	fab_con_shutdown(con->fc);
+	rtrs_path_fail(p, -EPROTO);
 }
 
 void rtrs_con_done(void *priv, void *ctx)

@@ -38,6 +38,11 @@ STAILQ_HEAD(rtrs_pending_list, rtrs_pending);
 struct rtrs_path_ops {
 	const char *item;  /* what waits: "request" or "response", for the log */
 	const char *peer;  /* "server" or "client", for the log */
+	/*
+	 * An immediate of the side's IO (requests on the server, responses on
+	 * the client) arrived on con; false: not a type this side takes.
+	 */
+	bool (*io_imm)(struct rtrs_con *con, unsigned type, uint32_t payload);
 	/* Posts what is left of it on con: 0, -EAGAIN (progress kept) or an error. */
 	int (*post)(struct rtrs_con *con, struct rtrs_pending *it);
 	/*
@@ -146,10 +151,11 @@ void rtrs_path_hb_tick(struct rtrs_path *p);
 /* ---- connection callbacks shared by both sides (completion threads) ---- */
 
 /*
- * A heartbeat (ack: its answer) arrived on con: policed, answered on a
- * connected path; a peer breaking the rules loses the path (-EPROTO).
+ * fab_con_ops.imm: the peer is alive; heartbeats are policed and answered
+ * (on a connected path), IO goes to ops->io_imm, and anything else, or a
+ * peer breaking the heartbeat rules, loses the path (-EPROTO).
  */
-void rtrs_con_hb_imm(struct rtrs_con *con, bool ack);
+void rtrs_con_imm(void *priv, uint32_t imm);
 /* fab_con_ops.done: only heartbeat acks ask for a completion. */
 void rtrs_con_done(void *priv, void *ctx);
 /* fab_con_ops.kick: posts waiting items again, in order. */

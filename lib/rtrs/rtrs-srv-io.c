@@ -277,26 +277,11 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 		rtrs_srv_resp_rdma(op, rc < 0 ? rc : -rc);
 }
 
-void srv_con_imm(void *priv, uint32_t imm)
+/* rtrs_path_ops.io_imm: a request. */
+bool srv_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload)
 {
-	struct srv_con *con = container_of(priv, struct srv_con, c);
-	struct srv_path *p = con->path;
-	uint32_t payload;
-	unsigned type;
-
-	rtrs_hb_heard(&p->base.hb);
-	rtrs_from_imm(imm, &type, &payload);
-	switch (type) {
-	case RTRS_IO_REQ_IMM:
-		srv_handle_req(con, payload);
-		break;
-	case RTRS_HB_MSG_IMM:
-	case RTRS_HB_ACK_IMM:
-		rtrs_con_hb_imm(&con->c, type == RTRS_HB_ACK_IMM);
-		break;
-	default:
-		log_err_rl("%s: unknown immediate type %u", path_name(p), type);
-		fab_con_shutdown(con->c.fc);
-		srv_fail_path(p, -EPROTO);
-	}
+	if (type != RTRS_IO_REQ_IMM)
+		return false;
+	srv_handle_req(container_of(c, struct srv_con, c), payload);
+	return true;
 }

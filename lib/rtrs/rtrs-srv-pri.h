@@ -169,7 +169,7 @@ static inline const char *path_name(struct srv_path *p)
 /* rtrs-srv-io.c */
 int srv_post_pending(struct rtrs_con *con, struct rtrs_pending *it);
 void srv_drop_pending(struct rtrs_con *con, struct rtrs_pending *it, int err);
-void srv_con_imm(void *priv, uint32_t imm);
+bool srv_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload);
 
 /* rtrs-srv-keys.c */
 void srv_chunk_revoke(struct rtrs_srv_sess *s, uint32_t id);

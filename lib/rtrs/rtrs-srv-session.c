@@ -137,7 +137,7 @@ static void srv_con_down(void *priv, int err, const void *data, size_t len)
 const struct fab_con_ops srv_con_ops = {
 	.connected = srv_con_connected,
 	.down = srv_con_down,
-	.imm = srv_con_imm,
+	.imm = rtrs_con_imm,
 	.recv = srv_con_recv,
 	.done = rtrs_con_done,
 	.kick = rtrs_con_kick,
@@ -668,6 +668,7 @@ static void path_info_work(struct loop_work *w)
 static const struct rtrs_path_ops srv_path_ops = {
 	.item = "response",
 	.peer = "client",
+	.io_imm = srv_io_imm,
 	.post = srv_post_pending,
 	.drop = srv_drop_pending,
 	.stop = srv_path_stop_op,
