@@ -195,4 +195,7 @@ void rtrs_auth_wipe(void *buf, size_t len);
 /* CRC-32 (zlib / IEEE 802.3), as in the DHHC-1 trailer. */
 uint32_t rtrs_auth_crc32(const uint8_t *buf, size_t len);
 
+/* Shared by rtrs-auth.c and rtrs-auth-keys.c: a secret's length is one DHHC-1 allows (32, 48 or 64 bytes). */
+bool rtrs_auth_key_len_valid(size_t len);
+
 #endif
