@@ -2,7 +2,7 @@
 /*
  * RTRS client: establishing a path, on the caller's thread (rtrs_clt_open,
  * rtrs_clt_add_path) or a reconnect worker: connection 0, authentication,
- * the other connections, the information exchange (path_connect). The
+ * the other connections, the information exchange (clt_path_connect). The
  * connection callbacks of the handshake (connected, down, two-sided
  * messages) wake the establishing thread through clt_path.cond.
  */
