@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
 	gcc libasan8 libubsan1 libtsan2 clang libclang-rt-14-dev meson ninja-build pkg-config python3
 	libfabric-dev libfabric-bin iproute2 nftables
-	iperf3
+	iperf3 gnuplot-nox
 	libssl-dev nvme-cli
 	liburing-dev
 	libjson-c-dev

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Two builds of rtrs-perf under the same loads, alternating, so that both
+# meet the same machine: the tree as it is and BASE (a git revision, built
+# in a scratch worktree). For each load: IO/s, and CPU time per IO summed
+# over client and server (utime + stime of both processes); each number
+# is the median of RUNS runs of DURATION seconds, and the ratio is new
+# over base. With --record NAME "TITLE" the table goes into
+# bench/RESULTS.md under TITLE and a plot into bench/plots/NAME.svg.
+#
+#   BASE=2bd45d8 RUNS=5 DURATION=5 bench/compare-builds.sh
+#   LOADS="write 4k 64;read 1m 16" bench/compare-builds.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-5}
+DURATION=${DURATION:-5}
+BASE=${BASE:-HEAD~1}
+LOADS=${LOADS:-write 4k 64;read 4k 64;write 1m 16;read 1m 16}
+name= title=
+if [ "${1:-}" = --record ]; then
+	[ $# -eq 3 ] || { echo "usage: $0 [--record NAME TITLE]" >&2; exit 2; }
+	name=$2 title=$3
+	[[ "$name" =~ ^[a-z0-9-]+$ ]] || { echo "$0: NAME: lower case, digits and -" >&2; exit 2; }
+elif [ $# -ne 0 ]; then
+	echo "usage: $0 [--record NAME TITLE]" >&2
+	exit 2
+fi
+base_rev=$(git rev-parse --short "$BASE^{commit}") || { echo "$0: no revision $BASE" >&2; exit 2; }
+
+. bench/lib.sh
+
+base_src=$(mktemp -d /var/tmp/rtrs-bench-base.XXXXXX)
+trap 'git worktree remove --force "$base_src" >/dev/null 2>&1 || rm -rf "$base_src"' EXIT
+git worktree add --detach "$base_src" "$base_rev" >/dev/null 2>&1
+meson setup "$base_src/build" -Dbuildtype=release >/dev/null
+meson compile -C "$base_src/build" tools/rtrs-perf >/dev/null
+base_perf=$base_src/build/tools/rtrs-perf
+
+# one PERF MODE SIZE QD: "IO/s CPU-us-per-IO" over client and server.
+one() {
+	python3 - "$@" "$DURATION" <<'PY'
+import json, os, re, subprocess, sys
+perf, mode, size, qd, dur = sys.argv[1:6]
+srv = subprocess.Popen([perf, "server", "--addr", "127.0.0.1", "--port", "0",
+                        "--queue-depth", "128", "--chunk-size", "2m"],
+                       stdout=subprocess.PIPE, text=True)
+line = srv.stdout.readline()
+port = re.search(r"port (\d+)", line).group(1)
+tick = os.sysconf("SC_CLK_TCK")
+def ticks(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(f[11]) + int(f[12])
+t0 = ticks(srv.pid)
+clt = subprocess.Popen([perf, "client", "--dst", f"127.0.0.1:{port}", "--mode", mode,
+                        "--io-size", size, "--queue-depth", qd, "--duration", dur, "--json"],
+                       stdout=subprocess.PIPE, text=True)
+out = clt.stdout.read()
+_, status, ru = os.wait4(clt.pid, 0)
+t1 = ticks(srv.pid)
+srv.terminate()
+srv.wait()
+r = json.loads(out)
+assert status == 0 and r["errors"] == 0 and r["bad"] == 0, out
+cpu = ru.ru_utime + ru.ru_stime + (t1 - t0) / tick
+print(r["ops_per_sec"], cpu * 1e6 / r["ops"])
+PY
+}
+
+IFS=';' read -r -a cases <<<"$LOADS"
+declare -A ops cpu
+for c in "${cases[@]}"; do
+	for b in base new; do ops[$b:$c]= cpu[$b:$c]=; done
+	for _ in $(seq "$RUNS"); do
+		for b in base new; do
+			p=$perf
+			[ $b = base ] && p=$base_perf
+			read -r o u < <(one "$p" $c)
+			ops[$b:$c]+="$o "
+			cpu[$b:$c]+="$u "
+		done
+	done
+done
+
+new_rev=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- lib include tools || echo +)
+data=$(mktemp)
+trap 'rm -f "$data"; git worktree remove --force "$base_src" >/dev/null 2>&1 || rm -rf "$base_src"' EXIT
+table() {
+	echo "| load (mode size QD) | $base_rev: IO/s | $base_rev: CPU us/IO | $new_rev: IO/s | $new_rev: CPU us/IO | IO/s ratio | CPU/IO ratio |"
+	echo "|---|---|---|---|---|---|---|"
+	for c in "${cases[@]}"; do
+		bo=$(tr ' ' '\n' <<<"${ops[base:$c]}" | grep . | median)
+		bc=$(tr ' ' '\n' <<<"${cpu[base:$c]}" | grep . | median)
+		no=$(tr ' ' '\n' <<<"${ops[new:$c]}" | grep . | median)
+		nc=$(tr ' ' '\n' <<<"${cpu[new:$c]}" | grep . | median)
+		printf '"%s" %s %s %s %s\n' "$c" "$bo" "$bc" "$no" "$nc" >>"$data"
+		printf '| %s | %.0f | %.2f | %.0f | %.2f | %.2fx | %.2fx |\n' "$c" "$bo" "$bc" "$no" "$nc" \
+			"$(python3 -c "print($no / $bo)")" "$(python3 -c "print($nc / $bc)")"
+	done
+}
+out=$(table)
+echo "$out"
+[ -n "$name" ] || exit 0
+
+mkdir -p bench/plots
+gnuplot <<GP
+set terminal svg size 900,420 font "sans,11"
+set output "bench/plots/$name.svg"
+set multiplot layout 1,2 title "$title ($base_rev vs $new_rev, medians of $RUNS runs)"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set xtics rotate by -20 scale 0
+set key top left
+set grid ytics
+set ylabel "CPU us per IO (client + server)"
+plot "$data" using 3:xtic(1) title "$base_rev", "" using 5 title "$new_rev"
+set ylabel "IO/s"
+set logscale y
+plot "$data" using 2:xtic(1) title "$base_rev", "" using 4 title "$new_rev"
+unset multiplot
+GP
+{
+	echo
+	echo "### $(date +%F) $title"
+	echo
+	echo "Machine: $(machine). Command: \`BASE=$BASE RUNS=$RUNS DURATION=$DURATION bench/compare-builds.sh\`"
+	echo "(rtrs-perf client and server on 127.0.0.1, release builds of $base_rev and $new_rev, alternating;"
+	echo "medians of $RUNS runs of $DURATION s; CPU = utime + stime of client and server per IO)."
+	echo
+	echo "$out"
+	echo
+	echo "![$title](plots/$name.svg)"
+} >>bench/RESULTS.md
