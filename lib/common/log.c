@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,13 +13,13 @@
 
 int g_log_level = LOG_WARN;
 
-static log_sink_fn g_sink;
+static _Atomic(log_sink_fn) g_sink;
 static void *g_sink_priv;
 
 void log_set_sink(log_sink_fn fn, void *priv)
 {
 	g_sink_priv = priv;
-	__atomic_store_n(&g_sink, fn, __ATOMIC_RELEASE);
+	atomic_store(&g_sink, fn);
 }
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
@@ -45,7 +46,7 @@ void log_msg(enum log_level lvl, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
 	va_end(ap);
-	log_sink_fn sink = __atomic_load_n(&g_sink, __ATOMIC_ACQUIRE);
+	log_sink_fn sink = atomic_load(&g_sink);
 
 	if (sink)
 		sink(g_sink_priv, (int)lvl, line);

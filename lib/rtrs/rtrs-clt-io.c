@@ -52,7 +52,7 @@ void clt_sess_key_update(struct rtrs_clt_sess *s, uint32_t id, uint32_t gen, uin
 	if (!(s->fault_stale_rkey && s->rkey_gens[id]) &&
 	    (!s->rkey_gens[id] || (int32_t)(gen - s->rkey_gens[id]) > 0)) {
 		s->rkey_gens[id] = gen;
-		__atomic_store_n(&s->rkeys[id], key, __ATOMIC_RELEASE);
+		atomic_store(&s->rkeys[id], key);
 	}
 	pthread_mutex_unlock(&s->rkey_lock);
 }
@@ -116,7 +116,7 @@ static int req_post(struct clt_req *req)
 		bool last = req->next_iov + cnt == n;
 		struct fab_rma rma = {
 			.addr = chunk->addr + req->next_off,
-			.key = s->inval ? __atomic_load_n(&s->rkeys[req->id], __ATOMIC_ACQUIRE) :
+			.key = s->inval ? atomic_load(&s->rkeys[req->id]) :
 					  chunk->key,
 		};
 		struct fab_con *fc = req->con->c.fc;
@@ -263,7 +263,7 @@ int clt_req_route(struct clt_req *req)
 /* True while some path is up or on its way (a request may wait for it). */
 bool clt_sess_path_may_come(struct rtrs_clt_sess *s)
 {
-	if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
+	if (atomic_load(&s->closing))
 		return false;
 	for (size_t i = 0; i < s->paths_num; i++) {
 		enum rtrs_path_state st = atomic_load(&s->paths[i].base.state);
@@ -319,7 +319,7 @@ int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 	hdr = rtrs_io_hdr_size(dir == RTRS_READ, dir == RTRS_READ ? (unsigned)data_cnt : 0);
 	if (usr_len + hdr > s->max_hdr_size || data_len > s->max_io_size)
 		return -EMSGSIZE;
-	if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
+	if (atomic_load(&s->closing))
 		return -ESHUTDOWN;
 
 	req = &s->reqs[permit->id];

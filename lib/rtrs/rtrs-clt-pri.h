@@ -131,8 +131,10 @@ struct rtrs_clt_sess {
 	uint16_t port;
 	unsigned nr_io_cons;
 	unsigned hb_interval_ms, hb_missed_max, connect_timeout_ms;
-	unsigned reconnect_delay_ms, reconnect_jitter_ms, reconnect_loss_timeout_ms;
-	int max_reconnect_attempts;
+	/* rtrs_clt_set_reconnect changes these while paths read them. */
+	atomic_uint reconnect_delay_ms, reconnect_jitter_ms;
+	unsigned reconnect_loss_timeout_ms;
+	atomic_int max_reconnect_attempts;
 	bool wait_timer_ready;
 	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
 	void (*path_ev)(void *priv, unsigned idx, int up);
@@ -148,7 +150,7 @@ struct rtrs_clt_sess {
 	uint32_t *free_ids;
 	uint32_t nr_free;
 	unsigned permit_waiters;    /* close waits until they have left */
-	bool closing;
+	atomic_bool closing;        /* read anywhere; waiters use permit_cond */
 	struct rtrs_permit *permits;
 	struct clt_req *reqs;
 	char *hdr_area;             /* queue_depth slots of max_hdr_size */
@@ -169,7 +171,7 @@ struct rtrs_clt_sess {
 	bool inval, inval_known;
 	uint64_t srv_sess_id;       /* the server incarnation the keys come from */
 	atomic_uint_fast64_t srv_sessions; /* incarnations met: rtrs_attrs.server_sessions */
-	uint64_t *rkeys;
+	_Atomic uint64_t *rkeys;    /* read by posters without rkey_lock */
 	uint32_t *rkey_gens;
 	pthread_mutex_t rkey_lock;
 	bool fault_stale_rkey;      /* RTRS_FAULT_STALE_RKEY: keep using first keys */

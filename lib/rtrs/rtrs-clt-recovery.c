@@ -111,10 +111,10 @@ bool clt_path_should_reconnect(struct clt_path *p, int err, int attempts)
 	struct rtrs_reconnect_in in = {
 		.err = err,
 		.dnr = atomic_load(&p->fail_dnr),
-		.stopping = __atomic_load_n(&s->closing, __ATOMIC_ACQUIRE) ||
+		.stopping = atomic_load(&s->closing) ||
 			    atomic_load(&p->keep_closed),
 		.attempts = attempts,
-		.max_attempts = __atomic_load_n(&s->max_reconnect_attempts, __ATOMIC_RELAXED),
+		.max_attempts = atomic_load(&s->max_reconnect_attempts),
 		.down_ms = now_ms() - atomic_load(&p->down_since_ms),
 		.loss_timeout_ms = s->reconnect_loss_timeout_ms,
 	};
@@ -165,7 +165,7 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 	clt_path_destroy_cons(p);
 	clt_fence_carrier_lost(p);
 	bool fence = p->srv_fence && s->fast_io_fail_ms && err != -ESHUTDOWN &&
-		     !__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE);
+		     !atomic_load(&s->closing);
 	unsigned moved = 0;
 
 	clt_fence_reset(p);

@@ -107,7 +107,7 @@ void rtrs_clt_close(struct rtrs_clt_sess *s)
 	if (!s)
 		return;
 	pthread_mutex_lock(&s->permit_lock);
-	__atomic_store_n(&s->closing, true, __ATOMIC_RELEASE);
+	atomic_store(&s->closing, true);
 	pthread_cond_broadcast(&s->permit_cond);
 	/* Threads waking from a permit wait still touch the session. */
 	while (s->permit_waiters)
@@ -492,7 +492,7 @@ int rtrs_clt_add_path(struct rtrs_clt_sess *s, const struct rtrs_path_addr *addr
 
 	if (!s || !addr || !addr->dst || !*addr->dst)
 		return -EINVAL;
-	if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
+	if (atomic_load(&s->closing))
 		return -ESHUTDOWN;
 	pthread_mutex_lock(&s->admin_lock);
 	n = atomic_load(&s->paths_num);
@@ -543,9 +543,9 @@ int rtrs_clt_set_reconnect(struct rtrs_clt_sess *s, unsigned delay_ms, unsigned 
 	if (!s || max_attempts < -1 || delay_ms > 3600000 || jitter_ms > 3600000)
 		return -EINVAL;
 	/* Read by the loop and the reconnect workers at the next attempt. */
-	__atomic_store_n(&s->reconnect_delay_ms, delay_ms, __ATOMIC_RELAXED);
-	__atomic_store_n(&s->reconnect_jitter_ms, jitter_ms, __ATOMIC_RELAXED);
-	__atomic_store_n(&s->max_reconnect_attempts, max_attempts, __ATOMIC_RELAXED);
+	atomic_store(&s->reconnect_delay_ms, delay_ms);
+	atomic_store(&s->reconnect_jitter_ms, jitter_ms);
+	atomic_store(&s->max_reconnect_attempts, max_attempts);
 	return 0;
 }
 
@@ -556,7 +556,7 @@ int rtrs_clt_reconnect_path(struct rtrs_clt_sess *s, unsigned idx)
 		return -EINVAL;
 	if (idx >= s->paths_num || s->paths[idx].removed)
 		return -ENOENT;
-	if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
+	if (atomic_load(&s->closing))
 		return -ESHUTDOWN;
 	loop_call(s->loop, path_reconnect_call, &s->paths[idx]);
 	return 0;
