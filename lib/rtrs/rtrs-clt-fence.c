@@ -3,11 +3,11 @@
  * RTRS client: fencing a failed path before its requests fail over
  * (docs/protocol.md section 10). When a path fails with requests in
  * flight, they must not go out again while a copy may still land from the
- * failed path: they wait (s->fence_head) until the server, asked over
+ * failed path: they wait (s->fencing) until the server, asked over
  * another connected path, answers that the failed path is gone and
  * drained, or until the failed path reconnects (the server took the
  * reconnect only after the old path was freed). Then they join the
- * requests waiting for a path (s->wait_head) and are sent again, once.
+ * requests waiting for a path (s->waiting) and are sent again, once.
  *
  * A failed path's fence: FENCE_NONE -> FENCE_SENT (a carrier path sent
  * it) -> FENCE_DONE (answered, or implied). A carrier that fails before
@@ -107,7 +107,10 @@ int clt_fence_answered(struct clt_path *carrier, const void *buf, size_t len)
  */
 void clt_fence_process(struct rtrs_clt_sess *s, uint64_t now, bool may_come)
 {
-	struct clt_req *list, *req, *keep = NULL, *go = NULL;
+	struct clt_req_list list = STAILQ_HEAD_INITIALIZER(list);
+	struct clt_req_list keep = STAILQ_HEAD_INITIALIZER(keep);
+	struct clt_req_list go = STAILQ_HEAD_INITIALIZER(go);
+	struct clt_req *req;
 
 	/* A carrier whose fence was answered may carry the next one. */
 	for (size_t i = 0; i < s->paths_num; i++) {
@@ -117,14 +120,13 @@ void clt_fence_process(struct rtrs_clt_sess *s, uint64_t now, bool may_come)
 			atomic_compare_exchange_strong(&s->paths[i].fence_for, &f, NULL);
 	}
 	pthread_mutex_lock(&s->wait_lock);
-	list = s->fence_head;
-	s->fence_head = NULL;
+	STAILQ_CONCAT(&list, &s->fencing);
 	pthread_mutex_unlock(&s->wait_lock);
-	while ((req = list)) {
+	while ((req = STAILQ_FIRST(&list))) {
 		struct clt_path *f = req->fence_path;
 		enum clt_fence_state st = atomic_load(&f->fence);
 
-		list = req->wait_next;
+		STAILQ_REMOVE_HEAD(&list, wait_link);
 		if (!may_come || now >= req->wait_deadline_ms) {
 			req->fence_path = NULL;
 			clt_req_complete(req, may_come ? -ETIMEDOUT : -ECONNABORTED);
@@ -135,25 +137,18 @@ void clt_fence_process(struct rtrs_clt_sess *s, uint64_t now, bool may_come)
 			clt_req_complete(req, -EIO);
 		} else if (st == FENCE_DONE) {
 			req->fence_path = NULL;
-			req->wait_next = go;
-			go = req;
+			STAILQ_INSERT_TAIL(&go, req, wait_link);
 		} else {
 			if (st == FENCE_NONE)
 				fence_send(s, f);
-			req->wait_next = keep;
-			keep = req;
+			STAILQ_INSERT_TAIL(&keep, req, wait_link);
 		}
 	}
 	pthread_mutex_lock(&s->wait_lock);
-	while ((req = keep)) {
-		keep = req->wait_next;
-		req->wait_next = s->fence_head;
-		s->fence_head = req;
-	}
-	while ((req = go)) {
-		go = req->wait_next;
-		req->wait_next = s->wait_head;
-		s->wait_head = req;
-	}
+	STAILQ_CONCAT(&keep, &s->fencing);
+	STAILQ_CONCAT(&s->fencing, &keep);
+	/* Fenced: ahead of those that wait for a path (they came later). */
+	STAILQ_CONCAT(&go, &s->waiting);
+	STAILQ_CONCAT(&s->waiting, &go);
 	pthread_mutex_unlock(&s->wait_lock);
 }

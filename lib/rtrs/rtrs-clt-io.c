@@ -284,9 +284,8 @@ static void req_wait(struct clt_req *req)
 	req->wait_deadline_ms = now_ms() + s->fast_io_fail_ms;
 	atomic_store(&req->state, REQ_INFLIGHT);
 	pthread_mutex_lock(&s->wait_lock);
-	first = !s->wait_head;
-	req->wait_next = s->wait_head;
-	s->wait_head = req;
+	first = STAILQ_EMPTY(&s->waiting);
+	STAILQ_INSERT_TAIL(&s->waiting, req, wait_link);
 	pthread_mutex_unlock(&s->wait_lock);
 	if (first) /* retried every 50 ms, and at once when a path comes up */
 		loop_timer_arm(&s->wait_timer, 50, 50);

@@ -19,6 +19,9 @@ struct rtrs_permit {
 enum clt_req_state { REQ_IDLE, REQ_INFLIGHT, REQ_DONE };
 
 struct clt_con;
+struct clt_req;
+
+STAILQ_HEAD(clt_req_list, clt_req);
 
 /*
  * The fence of a failed path whose requests wait to fail over
@@ -51,7 +54,7 @@ struct clt_req {
 	size_t next_iov;            /* posting progress after -EAGAIN */
 	uint64_t next_off;
 	struct rtrs_pending pend;   /* waits for room in con's send queue */
-	struct clt_req *wait_next;  /* waiting for a path (path == NULL) */
+	STAILQ_ENTRY(clt_req) wait_link; /* on waiting (path == NULL) or fencing */
 	uint64_t wait_deadline_ms;
 	struct clt_path *fence_path; /* failed over from it: waits for its fence */
 };
@@ -179,8 +182,8 @@ struct rtrs_clt_sess {
 	/* Requests waiting for a path, bounded by fast_io_fail_ms. */
 	unsigned fast_io_fail_ms;
 	pthread_mutex_t wait_lock;
-	struct clt_req *wait_head;
-	struct clt_req *fence_head; /* in flight on a failed path, awaiting its fence */
+	struct clt_req_list waiting; /* for a path, oldest first */
+	struct clt_req_list fencing; /* in flight on a failed path, awaiting its fence */
 	struct loop_timer wait_timer;
 	struct loop_work wait_work;
 };

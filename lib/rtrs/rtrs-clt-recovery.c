@@ -22,20 +22,21 @@
  */
 void clt_sess_retry_waiting(struct rtrs_clt_sess *s)
 {
-	struct clt_req *list, *req, *keep = NULL;
+	struct clt_req_list list = STAILQ_HEAD_INITIALIZER(list);
+	struct clt_req_list keep = STAILQ_HEAD_INITIALIZER(keep);
+	struct clt_req *req;
 	bool may_come = clt_sess_path_may_come(s);
 	uint64_t now = now_ms();
 
 	clt_fence_process(s, now, may_come);
 
 	pthread_mutex_lock(&s->wait_lock);
-	list = s->wait_head;
-	s->wait_head = NULL;
+	STAILQ_CONCAT(&list, &s->waiting);
 	pthread_mutex_unlock(&s->wait_lock);
-	while ((req = list)) {
+	while ((req = STAILQ_FIRST(&list))) {
 		int err = 0;
 
-		list = req->wait_next;
+		STAILQ_REMOVE_HEAD(&list, wait_link);
 		if (!may_come)
 			err = -ECONNABORTED;
 		else if (now >= req->wait_deadline_ms)
@@ -53,16 +54,13 @@ void clt_sess_retry_waiting(struct rtrs_clt_sess *s)
 		/* A failed try left it IDLE: it still waits, so it is ours again. */
 		req->path = NULL;
 		atomic_store(&req->state, REQ_INFLIGHT);
-		req->wait_next = keep;
-		keep = req;
+		STAILQ_INSERT_TAIL(&keep, req, wait_link);
 	}
 	pthread_mutex_lock(&s->wait_lock);
-	while ((req = keep)) {
-		keep = req->wait_next;
-		req->wait_next = s->wait_head;
-		s->wait_head = req;
-	}
-	if (!s->wait_head && !s->fence_head)
+	/* Still first in line: those that came meanwhile go after them. */
+	STAILQ_CONCAT(&keep, &s->waiting);
+	STAILQ_CONCAT(&s->waiting, &keep);
+	if (STAILQ_EMPTY(&s->waiting) && STAILQ_EMPTY(&s->fencing))
 		loop_timer_arm(&s->wait_timer, 0, 0);
 	pthread_mutex_unlock(&s->wait_lock);
 }
@@ -185,8 +183,7 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 		req->fence_path = p;
 		req->wait_deadline_ms = now_ms() + s->fast_io_fail_ms;
 		pthread_mutex_lock(&s->wait_lock);
-		req->wait_next = s->fence_head;
-		s->fence_head = req;
+		STAILQ_INSERT_TAIL(&s->fencing, req, wait_link);
 		pthread_mutex_unlock(&s->wait_lock);
 		moved++;
 	}

@@ -315,6 +315,8 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	pthread_mutex_init(&s->permit_lock, NULL);
 	pthread_cond_init(&s->permit_cond, NULL);
 	pthread_mutex_init(&s->wait_lock, NULL);
+	STAILQ_INIT(&s->waiting);
+	STAILQ_INIT(&s->fencing);
 	pthread_mutex_init(&s->admin_lock, NULL);
 	pthread_mutex_init(&s->rkey_lock, NULL);
 	s->fault_stale_rkey = getenv("RTRS_FAULT_STALE_RKEY") != NULL;
