@@ -487,7 +487,13 @@ static int req_route(struct clt_req *req)
 	return rc;
 }
 
-/* True while some path is up or on its way (a request may wait for it). */
+/*
+ * True while some path is up or on its way (a request may wait for it). A
+ * path that is closing after a failure is on its way too (it reconnects
+ * unless its reconnect decision says otherwise); seen from the service
+ * loop it is never closing (path_stop runs there), so a request that waits
+ * for it fails at the next retry if it ended closed.
+ */
 static bool sess_path_may_come(struct rtrs_clt_sess *s)
 {
 	if (__atomic_load_n(&s->closing, __ATOMIC_ACQUIRE))
@@ -495,7 +501,8 @@ static bool sess_path_may_come(struct rtrs_clt_sess *s)
 	for (size_t i = 0; i < s->paths_num; i++) {
 		enum rtrs_path_state st = atomic_load(&s->paths[i].state);
 
-		if (st != RTRS_PATH_CLOSED && st != RTRS_PATH_CLOSING)
+		if (st != RTRS_PATH_CLOSED &&
+		    (st != RTRS_PATH_CLOSING || !atomic_load(&s->paths[i].keep_closed)))
 			return true;
 	}
 	return false;
@@ -1430,6 +1437,15 @@ static int path_after_first_con(struct clt_path *p)
 		memset(s->rkey_gens, 0, (size_t)s->queue_depth * sizeof(*s->rkey_gens));
 		s->srv_sess_id = rsp->sess_id;
 		atomic_fetch_add(&s->srv_sessions, 1);
+		/*
+		 * The user hears of it here, under the lock and before this
+		 * path is up: a path connecting to the same new session at
+		 * once waits for the lock, so no path to it carries a request
+		 * before the callback has returned. The first one, at open, is
+		 * not news.
+		 */
+		if (s->link_ev && atomic_load(&s->opened))
+			s->link_ev(s->priv, RTRS_CLT_LINK_EV_SERVER_SESSION);
 	}
 	pthread_mutex_unlock(&s->rkey_lock);
 	p->srv_imm = rsp->imm_desc;
