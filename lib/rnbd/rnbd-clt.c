@@ -22,7 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <sys/queue.h>
 
 #include "log.h"
 #include "rnbd-hooks.h"
@@ -45,6 +45,7 @@ static const char *const dev_state_names[] = {
 };
 
 struct clt_io;
+STAILQ_HEAD(io_list, clt_io); /* IO at a gate, in order */
 
 struct rnbd_clt_dev {
 	struct rnbd_clt_sess *sess;
@@ -61,7 +62,7 @@ struct rnbd_clt_dev {
 	unsigned inflight;           /* rnbd_clt_io calls using it */
 	bool refusing;               /* a forced unmap is under way */
 	bool opening;                /* an OPEN for it is on the wire (map, remap or worker) */
-	struct clt_io *held, *held_tail; /* IO at the gate: waits for the (re)open */
+	struct io_list held;         /* IO at the gate: waits for the (re)open */
 };
 
 struct rnbd_clt_sess {
@@ -119,7 +120,7 @@ struct clt_io {
 	uint64_t gen;                /* the device's gen then */
 	uint64_t epoch;              /* the session's epoch then */
 	int verdict;                 /* held_run: what becomes of it (as io_route) */
-	struct clt_io *next;         /* the gate's list */
+	STAILQ_ENTRY(clt_io) next;   /* the gate's list */
 	rnbd_clt_done_fn done;
 	void *priv;
 };
@@ -301,51 +302,37 @@ static void held_add(struct rnbd_clt_dev *d, struct clt_io *io)
 {
 	struct rnbd_clt_sess *s = d->sess;
 
-	io->next = NULL;
-	if (d->held_tail)
-		d->held_tail->next = io;
-	else
-		d->held = io;
-	d->held_tail = io;
+	STAILQ_INSERT_TAIL(&d->held, io, next);
 	if (d->state == DEV_CLOSED && !s->stop) {
 		s->reopen = true;
 		pthread_cond_broadcast(&s->cond);
 	}
 }
 
-/* Takes d's gate list (s->lock held). */
-static struct clt_io *held_take(struct rnbd_clt_dev *d)
-{
-	struct clt_io *list = d->held;
-
-	d->held = d->held_tail = NULL;
-	return list;
-}
-
 /*
  * An open of d ended (s->lock held): 0, d is mapped and its IO is routed
- * (sent, once the lock is dropped); else it fails with err. The list to
- * pass to held_run.
+ * (sent once the lock is dropped); else it fails with err. The IO moves to
+ * the end of *out, for held_run.
  */
-static struct clt_io *gate_release(struct rnbd_clt_dev *d, int err)
+static void gate_release(struct rnbd_clt_dev *d, int err, struct io_list *out)
 {
-	struct clt_io *list = held_take(d);
+	struct clt_io *io;
 
-	for (struct clt_io *io = list; io; io = io->next)
+	STAILQ_FOREACH(io, &d->held, next)
 		io->verdict = err ? err : io_route(io); /* mapped: never held again */
-	return list;
+	STAILQ_CONCAT(out, &d->held);
 }
 
 /* Sends or fails what gate_release or an unmap took from a gate (no lock held). */
 static void io_finish(struct clt_io *io, int err);
 static void io_send(struct clt_io *io);
 
-static void held_run(struct clt_io *list)
+static void held_run(struct io_list *list)
 {
 	struct clt_io *io;
 
-	while ((io = list)) {
-		list = io->next;
+	while ((io = STAILQ_FIRST(list))) {
+		STAILQ_REMOVE_HEAD(list, next);
 		if (io->verdict == 1)
 			io_send(io);
 		else
@@ -424,10 +411,10 @@ void rnbd_clt_set_open_hook(void (*fn)(void *priv, const char *dev_name), void *
  * server session came meanwhile, the answer may be from the one that is
  * gone (its id may name another device in the new one), so d is closed and
  * the worker is asked for another pass, and the IO at its gate waits for
- * that. Otherwise the gate opens (*release, for held_run once the lock is
- * dropped): its IO goes, or fails with the OPEN's error.
+ * that. Otherwise the gate opens (its IO is moved to *release, for held_run
+ * once the lock is dropped): it goes, or fails with the OPEN's error.
  */
-static int dev_open_locked(struct rnbd_clt_dev *d, struct clt_io **release)
+static int dev_open_locked(struct rnbd_clt_dev *d, struct io_list *release)
 {
 	struct rnbd_clt_sess *s = d->sess;
 	void (*hook)(void *priv, const char *dev_name) = atomic_load(&open_hook);
@@ -450,7 +437,7 @@ static int dev_open_locked(struct rnbd_clt_dev *d, struct clt_io **release)
 		d->state = rc ? DEV_CLOSED : DEV_MAPPED; /* failed: opened again on demand */
 		if (!rc)
 			d->gen++;
-		*release = gate_release(d, rc);
+		gate_release(d, rc, release);
 	} else {
 		d->state = DEV_CLOSED;
 		if (!s->stop)
@@ -461,7 +448,7 @@ static int dev_open_locked(struct rnbd_clt_dev *d, struct clt_io **release)
 }
 
 /* Opens d again (as dev_open_locked); -ENOTCONN when a new server session came meanwhile. */
-static int dev_reopen(struct rnbd_clt_dev *d, struct clt_io **release)
+static int dev_reopen(struct rnbd_clt_dev *d, struct io_list *release)
 {
 	int rc = dev_open_locked(d, release);
 
@@ -470,23 +457,13 @@ static int dev_reopen(struct rnbd_clt_dev *d, struct clt_io **release)
 
 /*
  * SESS_INFO failed in a pass (s->lock held): the IO at the gates of the
- * closed devices it was to open fails with its error (gate_release's list).
+ * closed devices it was to open fails with its error (to *out).
  */
-static struct clt_io *gates_fail(struct rnbd_clt_sess *s, int err)
+static void gates_fail(struct rnbd_clt_sess *s, int err, struct io_list *out)
 {
-	struct clt_io *all = NULL;
-
-	for (struct rnbd_clt_dev *d = s->devs; d; d = d->next) {
-		struct clt_io *list, *last;
-
-		if (d->state != DEV_CLOSED || d->opening || !d->held)
-			continue;
-		last = d->held_tail;
-		list = gate_release(d, err);
-		last->next = all;
-		all = list;
-	}
-	return all;
+	for (struct rnbd_clt_dev *d = s->devs; d; d = d->next)
+		if (d->state == DEV_CLOSED && !d->opening)
+			gate_release(d, err, out);
 }
 
 /*
@@ -503,7 +480,7 @@ static struct clt_io *gates_fail(struct rnbd_clt_sess *s, int err)
  */
 static void reopen_all(struct rnbd_clt_sess *s)
 {
-	struct clt_io *release = NULL;
+	struct io_list release = STAILQ_HEAD_INITIALIZER(release);
 	struct rnbd_clt_dev *d;
 	uint64_t epoch, pass;
 	int rc;
@@ -522,7 +499,7 @@ static void reopen_all(struct rnbd_clt_sess *s)
 		} else if (rc && s->epoch == epoch) {
 			log_err("rnbd: %s: SESS_INFO after reconnect failed: %s", s->name,
 				strerror(-rc));
-			release = gates_fail(s, rc);
+			gates_fail(s, rc, &release);
 		}
 	}
 	while (s->info_epoch == epoch && s->epoch == epoch && !s->stop) {
@@ -546,12 +523,11 @@ static void reopen_all(struct rnbd_clt_sess *s)
 			log_err("rnbd: %s: opening %s again failed: %s", s->name, d->name,
 				strerror(-rc));
 		pthread_mutex_unlock(&s->lock);
-		held_run(release);
-		release = NULL;
+		held_run(&release);
 		pthread_mutex_lock(&s->lock);
 	}
 	pthread_mutex_unlock(&s->lock);
-	held_run(release);
+	held_run(&release);
 }
 
 /* The session's worker: the passes that open devices again (reopen_all). */
@@ -690,8 +666,8 @@ static struct rnbd_clt_dev *dev_find(struct rnbd_clt_sess *s, const char *name)
 int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mode mode,
 		 struct rnbd_clt_dev **out)
 {
+	struct io_list release = STAILQ_HEAD_INITIALIZER(release);
 	struct rnbd_clt_dev *d;
-	struct clt_io *release = NULL;
 	const char *why = NULL;
 	int rc;
 
@@ -705,6 +681,7 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 	if (!d)
 		return -ENOMEM;
 	d->sess = s;
+	STAILQ_INIT(&d->held);
 	d->mode = (enum rnbd_access_mode)mode;
 	snprintf(d->name, sizeof(d->name), "%s", dev_name);
 	rnbd_dev_name_normalize(d->name);
@@ -724,7 +701,7 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 	}
 	d->next = s->devs;
 	s->devs = d;
-	rc = dev_open_locked(d, &release); /* nothing at its gate yet: no handle */
+	rc = dev_open_locked(d, &release); /* no handle yet, so nothing at its gate */
 	if (rc) {
 		/* Never mapped: out of the list before the worker may pick it up. */
 		for (struct rnbd_clt_dev **pp = &s->devs; *pp; pp = &(*pp)->next) {
@@ -744,14 +721,15 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 		 d->state == DEV_MAPPED ? "" : "; the server has a new session since, it is "
 					       "opened again with the others");
 	pthread_mutex_unlock(&s->lock);
+	held_run(&release);
 	*out = d;
 	return 0;
 }
 
 int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 {
+	struct io_list held = STAILQ_HEAD_INITIALIZER(held);
 	struct rnbd_clt_sess *s;
-	struct clt_io *held, *io;
 	bool open_there;
 	uint64_t epoch;
 	int rc = 0;
@@ -765,12 +743,9 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 		return -EBUSY;
 	}
 	d->refusing = true;
-	held = held_take(d); /* sent nowhere yet: they fail now */
+	gate_release(d, -ENODEV, &held); /* sent nowhere yet: they fail now */
 	pthread_mutex_unlock(&s->lock);
-	while ((io = held)) {
-		held = io->next;
-		io_finish(io, -ENODEV);
-	}
+	held_run(&held);
 	pthread_mutex_lock(&s->lock);
 	while (d->inflight || d->opening)
 		pthread_cond_wait(&s->cond, &s->lock);
@@ -802,8 +777,8 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 
 int rnbd_clt_remap(struct rnbd_clt_dev *d)
 {
+	struct io_list release = STAILQ_HEAD_INITIALIZER(release);
 	struct rnbd_clt_sess *s;
-	struct clt_io *release = NULL;
 	int rc;
 
 	if (!d)
@@ -820,7 +795,7 @@ int rnbd_clt_remap(struct rnbd_clt_dev *d)
 		rc = dev_reopen(d, &release);
 	}
 	pthread_mutex_unlock(&s->lock);
-	held_run(release);
+	held_run(&release);
 	return rc;
 }
 

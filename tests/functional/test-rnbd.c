@@ -425,6 +425,22 @@ static void test_all(void)
 	rnbd_srv_close(srv);
 }
 
+/* A file of DISK_SIZE named name below top, its first 64 KiB test_fill(seed). */
+static void disk_make(const char *name, unsigned seed)
+{
+	uint8_t *w = malloc(65536);
+	char path[700];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/%s", top, name);
+	fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
+	CHECK(fd >= 0 && ftruncate(fd, DISK_SIZE) == 0);
+	test_fill(w, 65536, seed);
+	CHECK(pwrite(fd, w, 65536, 0) == 65536);
+	close(fd);
+	free(w);
+}
+
 /*
  * A map racing a server restart, made reproducible by the library's OPEN
  * hook: the OPEN of "b" is answered by the old server session (id 1, the
@@ -477,14 +493,8 @@ static void test_map_race(void)
 	char path[700];
 
 	for (unsigned i = 0; i < 4; i++) {
-		int fd;
-
-		snprintf(path, sizeof(path), "%s/race-%s", top, names[i]);
-		fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
-		CHECK(fd >= 0 && ftruncate(fd, DISK_SIZE) == 0);
-		test_fill(w, 65536, 300 + i);
-		CHECK(pwrite(fd, w, 65536, 0) == 65536);
-		close(fd);
+		snprintf(path, sizeof(path), "race-%s", names[i]);
+		disk_make(path, 300 + i);
 	}
 	snprintf(race.grow, sizeof(race.grow), "%s/race-c", top);
 	srv_start(0);
@@ -821,16 +831,8 @@ static void test_reopen_window(void)
 	char path[700], gone[700];
 	struct rnbd_clt_sess *s;
 
-	for (unsigned i = 0; i < 3; i++) {
-		int fd;
-
-		snprintf(path, sizeof(path), "%s/%s", top, names[i]);
-		fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
-		CHECK(fd >= 0 && ftruncate(fd, DISK_SIZE) == 0);
-		test_fill(w, 65536, 400 + i);
-		CHECK(pwrite(fd, w, 65536, 0) == 65536);
-		close(fd);
-	}
+	for (unsigned i = 0; i < 3; i++)
+		disk_make(names[i], 400 + i);
 	srv_start(0);
 	s = sess_open("window");
 	if (!s)
