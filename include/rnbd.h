@@ -140,7 +140,11 @@ enum rnbd_clt_op {
  * Opens a session (the RTRS session, shared by the devices mapped through
  * it) and exchanges SESS_INFO. opts as for rtrs_clt_open (port default
  * 1234 here); its link_ev and priv are the library's, and opts->link_ev, if
- * set, is still called after the library's own handling.
+ * set, is still called after the library's own handling (with every
+ * event, RTRS_CLT_LINK_EV_SERVER_SESSION included: the devices are then
+ * being opened again). IO waits for a path in librtrs (fast_io_fail_ms);
+ * after a new server session, IO on a device also waits for the device to
+ * be opened again, and fails with that open's error if it fails.
  */
 int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **out);
 /* Unmaps (force) what is still mapped and closes the session. */

@@ -56,9 +56,26 @@ enum rtrs_mp_policy {
 };
 
 enum rtrs_clt_link_ev {
-	/* Events are delivered only after rtrs_clt_open has returned. */
+	/*
+	 * Events are delivered only after rtrs_clt_open has returned. A
+	 * callback ignores values it does not know: later versions may add
+	 * events.
+	 */
 	RTRS_CLT_LINK_EV_RECONNECTED, /* a path came up while none was up */
 	RTRS_CLT_LINK_EV_DISCONNECTED, /* no path is up any more */
+	/*
+	 * A path reached a new server session: the server restarted, or it
+	 * dropped this session (its last path went) and made a new one, so
+	 * whatever the user set up in the old one (RNBD's open devices) is
+	 * gone. Delivered once per new server session (however many paths
+	 * reach it), on the thread connecting the path, before that path or
+	 * any other path to the new session carries a request and before
+	 * RECONNECTED; rtrs_attrs.server_sessions has counted it already. A
+	 * request the library held across the reconnect (waiting for a path,
+	 * or failed over) may reach the new session after this event, and so
+	 * may one submitted meanwhile.
+	 */
+	RTRS_CLT_LINK_EV_SERVER_SESSION,
 };
 
 struct rtrs_clt_opts {
@@ -179,7 +196,8 @@ struct rtrs_attrs {
 	 * Server sessions this session has met (1 after open): grows when a
 	 * path reaches a server that does not know this session any more (it
 	 * restarted, or dropped the session), before any request uses that
-	 * path. Filled even when no path is up.
+	 * path, and link_ev(RTRS_CLT_LINK_EV_SERVER_SESSION) tells it. Filled
+	 * even when no path is up.
 	 */
 	uint64_t server_sessions;
 };

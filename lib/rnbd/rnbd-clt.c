@@ -3,14 +3,18 @@
  * The RNBD client over librtrs (ref/rtrs-upstream.md section 5.3).
  *
  * A session is one RTRS session; devices mapped through it share it. Every
- * exchange is a synchronous RTRS request from the caller's thread: SESS_INFO
- * and OPEN as reads whose data is the response, CLOSE as an empty write, IO
- * with its data. When the transport loses its last path, the devices go
- * "disconnected"; when a path comes back, a worker thread of the session
- * sends SESS_INFO and OPEN again for each of them (the server forgot them
- * with the session) and IO resumes. IO is sent only to a device that is
- * open on the server; while it is not, IO waits up to the session's
- * fast_io_fail_ms.
+ * admin exchange is a synchronous RTRS request from the caller's thread:
+ * SESS_INFO and OPEN as reads whose data is the response, CLOSE as an empty
+ * write; IO is asynchronous, with its data.
+ *
+ * Waiting for a path and failing over are librtrs's: IO on a device that is
+ * open on the server goes to the transport whether a path is up or not, and
+ * waits there (fast_io_fail_ms). What librtrs cannot know is that the
+ * server forgot the devices: it tells us that a path reached a new server
+ * session (RTRS_CLT_LINK_EV_SERVER_SESSION), and from then on every device
+ * is closed behind a gate until a worker thread of the session has sent
+ * SESS_INFO and OPEN again for it. IO meeting a closed gate waits at it for
+ * that open, and for nothing else.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -18,7 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <sys/queue.h>
 
 #include "log.h"
 #include "rnbd-hooks.h"
@@ -27,12 +31,21 @@
 #include "rnbd.h"
 #include "util.h"
 
-enum dev_state { DEV_MAPPED, DEV_DISCONNECTED, DEV_REOPENING, DEV_UNMAPPED };
+/*
+ * MAPPED: open in the current server session, IO goes to the transport.
+ * CLOSED: not open there (its server session went away, or its open
+ * failed); IO waits at the gate and asks for an open. REOPENING: an OPEN is
+ * on its way; IO waits at the gate for its outcome.
+ */
+enum dev_state { DEV_MAPPED, DEV_CLOSED, DEV_REOPENING, DEV_UNMAPPED };
 
 static const char *const dev_state_names[] = {
-	[DEV_MAPPED] = "mapped", [DEV_DISCONNECTED] = "disconnected",
+	[DEV_MAPPED] = "mapped", [DEV_CLOSED] = "disconnected",
 	[DEV_REOPENING] = "reopening", [DEV_UNMAPPED] = "unmapped",
 };
+
+struct clt_io;
+STAILQ_HEAD(io_list, clt_io); /* IO at a gate, in order */
 
 struct rnbd_clt_dev {
 	struct rnbd_clt_sess *sess;
@@ -43,12 +56,13 @@ struct rnbd_clt_dev {
 	enum dev_state state;
 	uint32_t id;
 	uint64_t gen;                /* bumped at every (re)open: which id IO was sent under */
-	uint64_t srv_sessions;       /* rtrs_attrs.server_sessions when it was (re)opened */
+	uint64_t tried;              /* the worker's pass that last sent its OPEN */
 	struct rnbd_open_rsp rsp;
 	uint64_t bytes;
 	unsigned inflight;           /* rnbd_clt_io calls using it */
 	bool refusing;               /* a forced unmap is under way */
-	bool opening;                /* an OPEN for it is on the wire (worker or remap) */
+	bool opening;                /* an OPEN for it is on the wire (map, remap or worker) */
+	struct io_list held;         /* IO at the gate: waits for the (re)open */
 };
 
 struct rnbd_clt_sess {
@@ -59,17 +73,25 @@ struct rnbd_clt_sess {
 	uint32_t queue_depth;        /* IO slots: the RTRS queue depth less the admin permit */
 	struct rtrs_permit *admin_permit;
 	pthread_mutex_t admin_lock;  /* one admin message at a time on it */
-	unsigned fast_io_fail_ms;
 	void (*user_link_ev)(void *priv, enum rtrs_clt_link_ev ev);
 	void *user_priv;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;         /* device states, inflight, the worker's flags */
 	struct rnbd_clt_dev *devs;
-	bool reopen;                 /* a path came back: open the devices again */
-	uint64_t reconnects;         /* RECONNECTED link events so far */
-	unsigned on_wire;            /* IO requests sent and not answered yet */
+	bool up;                     /* a path is up (link events) */
+	bool reopen;                 /* the worker is asked for a pass (reopen_all) */
+	bool passing;                /* ... and runs one */
+	uint64_t pass;               /* passes the worker started */
+	/*
+	 * Server sessions met since the open, less one: librtrs's
+	 * RTRS_CLT_LINK_EV_SERVER_SESSION events. A device is open in the
+	 * current one only (MAPPED); an answer is trusted only from it.
+	 */
+	uint64_t epoch;
+	uint64_t info_epoch;         /* the epoch SESS_INFO last went out in */
+	unsigned on_wire;            /* IO requests sent in this epoch, not answered yet */
+	unsigned on_wire_old;        /* ... sent in an earlier one */
 	struct clt_io *ios;          /* one slot per RTRS permit */
-	struct clt_io *parked, *parked_tail; /* IO waiting for its device to open again */
 	bool stop;
 	pthread_t worker;
 	bool worker_started;
@@ -78,9 +100,9 @@ struct rnbd_clt_sess {
 /*
  * An IO lives in the session's slot for its permit from submit to done, so
  * the data path allocates nothing. Its pieces (max_io each) go out one
- * after the other on the same permit. An IO that cannot go out because its
- * device is not open on the server is parked; the worker sends it once the
- * device is open again or fails it at its deadline.
+ * after the other on the same permit. An IO whose device is not open on the
+ * server waits at the device's gate (d->held) until the open in progress
+ * ends: then it is sent, or fails with the open's error.
  */
 struct clt_io {
 	struct rnbd_clt_dev *d;
@@ -96,9 +118,9 @@ struct clt_io {
 	uint32_t max;                /* largest piece: the device's max IO when routed */
 	uint32_t id;                 /* the device id it goes under */
 	uint64_t gen;                /* the device's gen then */
-	uint64_t deadline_ms;        /* parked: fails with -ETIMEDOUT after it */
-	int verdict;                 /* parked_run: what becomes of it (as io_route) */
-	struct clt_io *next;         /* parked list */
+	uint64_t epoch;              /* the session's epoch then */
+	int verdict;                 /* held_run: what becomes of it (as io_route) */
+	STAILQ_ENTRY(clt_io) next;   /* the gate's list */
 	rnbd_clt_done_fn done;
 	void *priv;
 };
@@ -135,15 +157,33 @@ static int waiter_wait(struct waiter *w)
 	return w->err;
 }
 
+static uint64_t sess_epoch(struct rnbd_clt_sess *s)
+{
+	uint64_t e;
+
+	pthread_mutex_lock(&s->lock);
+	e = s->epoch;
+	pthread_mutex_unlock(&s->lock);
+	return e;
+}
+
+/* For request(): send whatever the epoch. */
+#define ANY_EPOCH UINT64_MAX
+
 /*
  * Sends an admin message (SESS_INFO, OPEN, CLOSE: on the admin connection,
  * as the kernel sends them) with data read into it or written from it, and
  * waits for the answer. They take turns on the session's reserved permit:
- * parked IO holds its permits until its device is open again, so the
- * messages that open it must not wait for one of those.
+ * IO waiting at a gate, or in the transport, holds its permits until its
+ * device is open again, so the messages that open it must not wait for one
+ * of those. With an epoch, the message is sent only if the session is
+ * still in it (else -ENOTCONN): a message meant for a server session that
+ * is gone then reaches the new one, if at all, before the worker's
+ * SESS_INFO (which waits for admin_lock), where it is refused (-EPROTO)
+ * rather than taken for a device opened again under its id.
  */
-static int request(struct rnbd_clt_sess *s, enum rtrs_dir dir, const void *msg, size_t msglen,
-		   void *data, size_t datalen)
+static int request(struct rnbd_clt_sess *s, uint64_t epoch, enum rtrs_dir dir, const void *msg,
+		   size_t msglen, void *data, size_t datalen)
 {
 	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
 	struct rtrs_clt_req_ops ops = { .priv = &w, .conf = waiter_done };
@@ -151,6 +191,10 @@ static int request(struct rnbd_clt_sess *s, enum rtrs_dir dir, const void *msg, 
 	int rc;
 
 	pthread_mutex_lock(&s->admin_lock);
+	if (epoch != ANY_EPOCH && sess_epoch(s) != epoch) {
+		pthread_mutex_unlock(&s->admin_lock);
+		return -ENOTCONN;
+	}
 	rc = rtrs_clt_request(s->rtrs, dir, &ops, s->admin_permit, &usr, 1, &iov,
 			      datalen ? 1 : 0);
 	if (!rc)
@@ -159,7 +203,7 @@ static int request(struct rnbd_clt_sess *s, enum rtrs_dir dir, const void *msg, 
 	return rc;
 }
 
-static int sess_info(struct rnbd_clt_sess *s)
+static int sess_info(struct rnbd_clt_sess *s, uint64_t epoch)
 {
 	struct rnbd_msg_sess_info m, rsp;
 	const char *why = NULL;
@@ -168,7 +212,7 @@ static int sess_info(struct rnbd_clt_sess *s)
 
 	rnbd_sess_info_encode(&m, false, RNBD_PROTO_VER_MAJOR);
 	memset(&rsp, 0, sizeof(rsp));
-	rc = request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
+	rc = request(s, epoch, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
 	if (rc)
 		return rc;
 	rc = rnbd_sess_info_decode(&rsp, sizeof(rsp), true, &ver, &why);
@@ -178,16 +222,6 @@ static int sess_info(struct rnbd_clt_sess *s)
 	}
 	s->ver = rnbd_version_negotiate(ver);
 	return 0;
-}
-
-/* OPEN; the decoded response in *out. */
-/* The transport's count of server sessions met (see rtrs_attrs). */
-static uint64_t server_sessions(struct rnbd_clt_sess *s)
-{
-	struct rtrs_attrs a = { .size = sizeof(a) };
-
-	rtrs_clt_query(s->rtrs, &a); /* filled even without a path up */
-	return a.server_sessions;
 }
 
 /*
@@ -224,8 +258,9 @@ static uint32_t dev_max_piece(const struct rnbd_clt_dev *d, enum rnbd_io_op op)
 	return (uint32_t)(max - max % d->rsp.logical_block_size);
 }
 
-static int dev_open_msg(struct rnbd_clt_sess *s, const char *name, enum rnbd_access_mode mode,
-			struct rnbd_open_rsp *out)
+/* OPEN, sent only in epoch; the decoded response in *out. */
+static int dev_open_msg(struct rnbd_clt_sess *s, uint64_t epoch, const char *name,
+			enum rnbd_access_mode mode, struct rnbd_open_rsp *out)
 {
 	struct rnbd_open o = { .access_mode = mode };
 	struct rnbd_msg_open m;
@@ -236,7 +271,7 @@ static int dev_open_msg(struct rnbd_clt_sess *s, const char *name, enum rnbd_acc
 	snprintf(o.dev_name, sizeof(o.dev_name), "%s", name);
 	rnbd_open_encode(&m, &o);
 	memset(&rsp, 0, sizeof(rsp));
-	rc = request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
+	rc = request(s, epoch, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
 	if (rc)
 		return rc;
 	rc = rnbd_open_rsp_decode(&rsp, sizeof(rsp), out, &why);
@@ -245,30 +280,108 @@ static int dev_open_msg(struct rnbd_clt_sess *s, const char *name, enum rnbd_acc
 	return rc;
 }
 
-static int dev_close_msg(struct rnbd_clt_sess *s, uint32_t id)
+static int dev_close_msg(struct rnbd_clt_sess *s, uint64_t epoch, uint32_t id)
 {
 	struct rnbd_msg_close m;
 
 	rnbd_close_encode(&m, id);
-	return request(s, RTRS_WRITE, &m, sizeof(m), NULL, 0);
+	return request(s, epoch, RTRS_WRITE, &m, sizeof(m), NULL, 0);
 }
 
-/* ---- reconnect ------------------------------------------------------------------ */
+/* ---- the gate and the reconnect ----------------------------------------------------- */
+
+static void io_conf(void *priv, int err);
+static int io_route(struct clt_io *io);
+
+/*
+ * IO waits at d's gate (s->lock held). A closed device asks the worker for
+ * an open; a reopening one has its OPEN on the way, whose outcome releases
+ * the gate (gate_release).
+ */
+static void held_add(struct rnbd_clt_dev *d, struct clt_io *io)
+{
+	struct rnbd_clt_sess *s = d->sess;
+
+	STAILQ_INSERT_TAIL(&d->held, io, next);
+	if (d->state == DEV_CLOSED && !s->stop) {
+		s->reopen = true;
+		pthread_cond_broadcast(&s->cond);
+	}
+}
+
+/*
+ * An open of d ended (s->lock held): 0, d is mapped and its IO is routed
+ * (sent once the lock is dropped); else it fails with err. The IO moves to
+ * the end of *out, for held_run.
+ */
+static void gate_release(struct rnbd_clt_dev *d, int err, struct io_list *out)
+{
+	struct clt_io *io;
+
+	STAILQ_FOREACH(io, &d->held, next)
+		io->verdict = err ? err : io_route(io); /* mapped: never held again */
+	STAILQ_CONCAT(out, &d->held);
+}
+
+/* Sends or fails what gate_release or an unmap took from a gate (no lock held). */
+static void io_finish(struct clt_io *io, int err);
+static void io_send(struct clt_io *io);
+
+static void held_run(struct io_list *list)
+{
+	struct clt_io *io;
+
+	while ((io = STAILQ_FIRST(list))) {
+		STAILQ_REMOVE_HEAD(list, next);
+		if (io->verdict == 1)
+			io_send(io);
+		else
+			io_finish(io, io->verdict);
+	}
+}
 
 static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
 {
 	struct rnbd_clt_sess *s = priv;
 
 	pthread_mutex_lock(&s->lock);
-	if (ev == RTRS_CLT_LINK_EV_DISCONNECTED) {
-		for (struct rnbd_clt_dev *d = s->devs; d; d = d->next)
-			if (d->state == DEV_MAPPED || d->state == DEV_REOPENING)
-				d->state = DEV_DISCONNECTED;
+	switch (ev) {
+	case RTRS_CLT_LINK_EV_DISCONNECTED:
+		s->up = false;
 		if (!s->stop) /* not the session's own close */
-			log_warn("rnbd: %s: no path left, devices disconnected", s->name);
-	} else {
-		s->reopen = true;
-		s->reconnects++;
+			log_warn("rnbd: %s: no path left; IO waits for one in the transport",
+				 s->name);
+		break;
+	case RTRS_CLT_LINK_EV_RECONNECTED:
+		/*
+		 * Devices whose open failed for want of a path, if any; not
+		 * while a pass runs (the one for a new server session, whose
+		 * messages waited for this path), which would only try again
+		 * what that pass could not open.
+		 */
+		s->up = true;
+		if (!s->passing)
+			s->reopen = true;
+		break;
+	case RTRS_CLT_LINK_EV_SERVER_SESSION:
+		/*
+		 * The server forgot our devices. Before this returns no
+		 * request reaches the new server session, so an answer from it
+		 * always finds the epoch moved on (io_conf, dev_open_locked).
+		 */
+		s->epoch++;
+		s->on_wire_old += s->on_wire;
+		s->on_wire = 0;
+		for (struct rnbd_clt_dev *d = s->devs; d; d = d->next)
+			if (d->state == DEV_MAPPED)
+				d->state = DEV_CLOSED;
+		s->reopen = true; /* SESS_INFO, and the devices */
+		if (!s->stop)
+			log_info("rnbd: %s: the server has a new session for us (it restarted, or "
+				 "dropped the old one): devices are opened again", s->name);
+		break;
+	default: /* an event of a later librtrs */
+		break;
 	}
 	pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);
@@ -288,29 +401,29 @@ void rnbd_clt_set_open_hook(void (*fn)(void *priv, const char *dev_name), void *
 
 /*
  * Sends OPEN for d and takes its answer: every OPEN (a map, a remap, the
- * reconnect's pass) goes through here. Called with s->lock held and d in
- * the session's list, marked REOPENING and opening, so that link events and
- * the reconnect's pass see it while the OPEN is on its way; returns with the
- * lock held and the OPEN's result. The answer's id, geometry and size are
- * taken whatever happened meanwhile (each OPEN_RSP refreshes the size: the
- * device may have grown while the session was away). d is mapped under the
- * new id only if no link event took it meanwhile; if one did, the answer may
- * come from a server session that is gone, so d stays disconnected for the
- * reconnect to open again, and if the session reconnected meanwhile, the
- * pass that ran then passed d by (it was opening): the worker is asked for
- * another.
+ * worker's pass) goes through here. Called with s->lock held and d in the
+ * session's list, marked REOPENING and opening, so that link events and
+ * the worker see it while the OPEN is on its way; returns with the lock
+ * held and the OPEN's result. The answer's id, geometry and size are taken
+ * whatever happened meanwhile (each OPEN_RSP refreshes the size: the device
+ * may have grown while the session was away). d is mapped under the new id
+ * only if the session is still in the epoch the OPEN went out in: if a new
+ * server session came meanwhile, the answer may be from the one that is
+ * gone (its id may name another device in the new one), so d is closed and
+ * the worker is asked for another pass, and the IO at its gate waits for
+ * that. Otherwise the gate opens (its IO is moved to *release, for held_run
+ * once the lock is dropped): it goes, or fails with the OPEN's error.
  */
-static int dev_open_locked(struct rnbd_clt_dev *d)
+static int dev_open_locked(struct rnbd_clt_dev *d, struct io_list *release)
 {
 	struct rnbd_clt_sess *s = d->sess;
 	void (*hook)(void *priv, const char *dev_name) = atomic_load(&open_hook);
-	uint64_t reconnects = s->reconnects, seen;
+	uint64_t epoch = s->epoch;
 	struct rnbd_open_rsp r;
 	int rc;
 
 	pthread_mutex_unlock(&s->lock);
-	seen = server_sessions(s); /* before the OPEN: a later change means reopen */
-	rc = dev_open_msg(s, d->name, d->mode, &r);
+	rc = dev_open_msg(s, epoch, d->name, d->mode, &r);
 	if (hook)
 		hook(open_hook_priv, d->name);
 	pthread_mutex_lock(&s->lock);
@@ -319,87 +432,105 @@ static int dev_open_locked(struct rnbd_clt_dev *d)
 		d->id = r.device_id;
 		d->rsp = r;
 		d->bytes = r.nsectors << RNBD_SECTOR_SHIFT;
-		d->srv_sessions = seen;
 	}
-	if (d->state == DEV_REOPENING) {
-		d->state = rc ? DEV_DISCONNECTED : DEV_MAPPED; /* failed: the next reconnect tries */
+	if (s->epoch == epoch) {
+		d->state = rc ? DEV_CLOSED : DEV_MAPPED; /* failed: opened again on demand */
 		if (!rc)
 			d->gen++;
-	} else if (s->reconnects != reconnects && !s->stop) {
-		s->reopen = true;
+		gate_release(d, rc, release);
+	} else {
+		d->state = DEV_CLOSED;
+		if (!s->stop)
+			s->reopen = true;
 	}
 	pthread_cond_broadcast(&s->cond);
 	return rc;
 }
 
-/* Opens d again (as dev_open_locked); -ENOTCONN when a link event took it meanwhile. */
-static int dev_reopen(struct rnbd_clt_dev *d)
+/* Opens d again (as dev_open_locked); -ENOTCONN when a new server session came meanwhile. */
+static int dev_reopen(struct rnbd_clt_dev *d, struct io_list *release)
 {
-	int rc = dev_open_locked(d);
+	int rc = dev_open_locked(d, release);
 
 	return rc ? rc : d->state == DEV_MAPPED ? 0 : -ENOTCONN;
 }
 
 /*
- * Opens every disconnected device again, after a path came back. First the
- * IO still on the wire must be answered: librtrs may hold requests across a
- * reconnect and deliver them to a server that has forgotten the devices,
- * and such a request must find no device rather than one opened again under
- * its old id. Then devices are opened in the order of their old ids (the
- * server gives out the lowest free id, so they get theirs back when all
- * open); one that fails stays disconnected and the others go on.
+ * SESS_INFO failed in a pass (s->lock held): the IO at the gates of the
+ * closed devices it was to open fails with its error (to *out).
  */
-static void reopen_all(struct rnbd_clt_sess *s)
+static void gates_fail(struct rnbd_clt_sess *s, int err, struct io_list *out)
 {
-	struct rnbd_clt_dev *d;
-	uint32_t last = 0;
-	bool first = true;
-	int rc;
-
-	pthread_mutex_lock(&s->lock);
-	while (s->on_wire && !s->stop)
-		pthread_cond_wait(&s->cond, &s->lock);
-	pthread_mutex_unlock(&s->lock);
-	rc = sess_info(s);
-	if (rc) {
-		log_err("rnbd: %s: SESS_INFO after reconnect failed: %s", s->name, strerror(-rc));
-		return;
-	}
-	for (;;) {
-		struct rnbd_clt_dev *next = NULL;
-
-		/* The disconnected device with the lowest old id above the last one. */
-		pthread_mutex_lock(&s->lock);
-		for (d = s->devs; d; d = d->next)
-			if (d->state == DEV_DISCONNECTED && !d->refusing && !d->opening &&
-			    (first || d->id > last) && (!next || d->id < next->id))
-				next = d;
-		d = next;
-		if (!d) {
-			pthread_mutex_unlock(&s->lock);
-			return;
-		}
-		d->state = DEV_REOPENING;
-		d->opening = true;
-		last = d->id;
-		first = false;
-		rc = dev_reopen(d);
-		if (rc)
-			log_err("rnbd: %s: opening %s again failed: %s", s->name, d->name,
-				strerror(-rc));
-		else
-			log_info("rnbd: %s: %s open again (device %u)", s->name, d->name, d->id);
-		pthread_mutex_unlock(&s->lock);
-	}
+	for (struct rnbd_clt_dev *d = s->devs; d; d = d->next)
+		if (d->state == DEV_CLOSED && !d->opening)
+			gate_release(d, err, out);
 }
 
 /*
- * The session's worker: opens the devices again after a reconnect and moves
- * the parked IO (sends it once its device is open, fails it at its
- * deadline).
+ * One pass of the worker: SESS_INFO to a server session that has not had
+ * it, then OPEN for every closed device. First the IO still on the wire
+ * from an earlier server session must be answered: librtrs holds requests
+ * across a reconnect and may deliver them to a server that has forgotten
+ * the devices, and such a request must find no device (-EPROTO before
+ * SESS_INFO) rather than one opened again under its old id. Devices are
+ * opened in the order of their old ids (the server gives out the lowest
+ * free id, so they get theirs back when all open); one that fails stays
+ * closed, its gate's IO fails with the error, and the others go on. A new
+ * server session meanwhile ends the pass; the next one starts over.
  */
-static bool parked_run(struct rnbd_clt_sess *s);
+static void reopen_all(struct rnbd_clt_sess *s)
+{
+	struct io_list release = STAILQ_HEAD_INITIALIZER(release);
+	struct rnbd_clt_dev *d;
+	uint64_t epoch, pass;
+	int rc;
 
+	pthread_mutex_lock(&s->lock);
+	while (s->on_wire_old && !s->stop)
+		pthread_cond_wait(&s->cond, &s->lock);
+	epoch = s->epoch;
+	pass = ++s->pass;
+	if (s->info_epoch != epoch && !s->stop) {
+		pthread_mutex_unlock(&s->lock);
+		rc = sess_info(s, epoch);
+		pthread_mutex_lock(&s->lock);
+		if (!rc && s->epoch == epoch) {
+			s->info_epoch = epoch;
+		} else if (rc && s->epoch == epoch) {
+			log_err("rnbd: %s: SESS_INFO after reconnect failed: %s", s->name,
+				strerror(-rc));
+			gates_fail(s, rc, &release);
+		}
+	}
+	while (s->info_epoch == epoch && s->epoch == epoch && !s->stop) {
+		struct rnbd_clt_dev *next = NULL;
+
+		/* The closed device with the lowest old id not tried in this pass. */
+		for (d = s->devs; d; d = d->next)
+			if (d->state == DEV_CLOSED && !d->refusing && !d->opening &&
+			    d->tried != pass && (!next || d->id < next->id))
+				next = d;
+		d = next;
+		if (!d)
+			break;
+		d->state = DEV_REOPENING;
+		d->opening = true;
+		d->tried = pass;
+		rc = dev_reopen(d, &release);
+		if (!rc)
+			log_info("rnbd: %s: %s open again (device %u)", s->name, d->name, d->id);
+		else if (s->epoch == epoch)
+			log_err("rnbd: %s: opening %s again failed: %s", s->name, d->name,
+				strerror(-rc));
+		pthread_mutex_unlock(&s->lock);
+		held_run(&release);
+		pthread_mutex_lock(&s->lock);
+	}
+	pthread_mutex_unlock(&s->lock);
+	held_run(&release);
+}
+
+/* The session's worker: the passes that open devices again (reopen_all). */
 static void *worker(void *arg)
 {
 	struct rnbd_clt_sess *s = arg;
@@ -408,26 +539,14 @@ static void *worker(void *arg)
 	while (!s->stop) {
 		if (s->reopen) {
 			s->reopen = false;
+			s->passing = true;
 			pthread_mutex_unlock(&s->lock);
 			reopen_all(s);
 			pthread_mutex_lock(&s->lock);
+			s->passing = false;
 			continue;
 		}
-		/*
-		 * parked_run drops the lock while it sends: a stop or a reopen
-		 * signalled meanwhile must be seen before waiting, or its wakeup
-		 * is lost (rnbd_clt_sess_close then waits for ever to join).
-		 */
-		if (parked_run(s) || s->stop || s->reopen)
-			continue;
-		if (s->parked) { /* until the first deadline (parked_add: the head's) */
-			uint64_t first = s->parked->deadline_ms, now = now_ms();
-			struct timespec dl = deadline_ms(first > now ? (unsigned)(first - now) : 0);
-
-			pthread_cond_timedwait(&s->cond, &s->lock, &dl);
-		} else {
-			pthread_cond_wait(&s->cond, &s->lock);
-		}
+		pthread_cond_wait(&s->cond, &s->lock);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return NULL;
@@ -449,12 +568,12 @@ int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **
 		return -ENOMEM;
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_mutex_init(&s->admin_lock, NULL);
-	cond_init_mono(&s->cond); /* the worker's deadlines */
+	pthread_cond_init(&s->cond, NULL);
+	s->up = true; /* rtrs_clt_open connects every path */
 	o = *opts;
 	snprintf(s->name, sizeof(s->name), "%s", o.sessname ? o.sessname : "");
 	s->user_link_ev = o.link_ev;
 	s->user_priv = o.priv;
-	s->fast_io_fail_ms = o.fast_io_fail_ms;
 	o.link_ev = link_ev;
 	o.priv = s;
 	rc = rtrs_clt_open(&o, &s->rtrs);
@@ -467,8 +586,15 @@ int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **
 		rc = -ENOSPC;
 	}
 	if (!rc) {
+		/*
+		 * Whatever the epoch: if a new server session came already,
+		 * info_epoch stays behind and the worker sends it again.
+		 */
+		uint64_t epoch = sess_epoch(s);
+
 		s->admin_permit = rtrs_clt_get_permit(s->rtrs, RTRS_ADMIN_CON, RTRS_PERMIT_WAIT);
-		rc = s->admin_permit ? sess_info(s) : -ECONNABORTED;
+		rc = s->admin_permit ? sess_info(s, ANY_EPOCH) : -ECONNABORTED;
+		s->info_epoch = epoch;
 	}
 	if (rc) {
 		log_err("rnbd: %s: session setup failed: %s", s->name, strerror(-rc));
@@ -540,6 +666,7 @@ static struct rnbd_clt_dev *dev_find(struct rnbd_clt_sess *s, const char *name)
 int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mode mode,
 		 struct rnbd_clt_dev **out)
 {
+	struct io_list release = STAILQ_HEAD_INITIALIZER(release);
 	struct rnbd_clt_dev *d;
 	const char *why = NULL;
 	int rc;
@@ -554,12 +681,13 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 	if (!d)
 		return -ENOMEM;
 	d->sess = s;
+	STAILQ_INIT(&d->held);
 	d->mode = (enum rnbd_access_mode)mode;
 	snprintf(d->name, sizeof(d->name), "%s", dev_name);
 	rnbd_dev_name_normalize(d->name);
 	/*
 	 * In the list before the OPEN goes, as a device being opened again:
-	 * a link event or a reconnect meanwhile treats it as any other device
+	 * a new server session meanwhile treats it as any other device
 	 * (dev_open_locked), so an answer from a server session that is gone
 	 * never becomes a mapping.
 	 */
@@ -573,7 +701,7 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 	}
 	d->next = s->devs;
 	s->devs = d;
-	rc = dev_open_locked(d);
+	rc = dev_open_locked(d, &release); /* no handle yet, so nothing at its gate */
 	if (rc) {
 		/* Never mapped: out of the list before the worker may pick it up. */
 		for (struct rnbd_clt_dev **pp = &s->devs; *pp; pp = &(*pp)->next) {
@@ -590,17 +718,20 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 	}
 	log_info("rnbd: %s: mapped %s (%s), %llu bytes%s", s->name, d->name,
 		 rnbd_access_mode_name(d->mode), (unsigned long long)d->bytes,
-		 d->state == DEV_MAPPED ? "" : "; the session lost its path meanwhile, it is "
+		 d->state == DEV_MAPPED ? "" : "; the server has a new session since, it is "
 					       "opened again with the others");
 	pthread_mutex_unlock(&s->lock);
+	held_run(&release);
 	*out = d;
 	return 0;
 }
 
 int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 {
+	struct io_list held = STAILQ_HEAD_INITIALIZER(held);
 	struct rnbd_clt_sess *s;
-	bool open_there, maybe_there;
+	bool open_there;
+	uint64_t epoch;
 	int rc = 0;
 
 	if (!d)
@@ -612,11 +743,19 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 		return -EBUSY;
 	}
 	d->refusing = true;
-	pthread_cond_broadcast(&s->cond); /* the worker fails its parked IO */
+	gate_release(d, -ENODEV, &held); /* sent nowhere yet: they fail now */
+	pthread_mutex_unlock(&s->lock);
+	held_run(&held);
+	pthread_mutex_lock(&s->lock);
 	while (d->inflight || d->opening)
 		pthread_cond_wait(&s->cond, &s->lock);
-	open_there = d->state == DEV_MAPPED;
-	maybe_there = d->state == DEV_DISCONNECTED;
+	/*
+	 * Open in the current server session: CLOSE, unless no path is up
+	 * (it would wait for one; the server forgets the device with the
+	 * session if the path does not come back).
+	 */
+	open_there = d->state == DEV_MAPPED && s->up;
+	epoch = s->epoch;
 	d->state = DEV_UNMAPPED;
 	for (struct rnbd_clt_dev **pp = &s->devs; *pp; pp = &(*pp)->next) {
 		if (*pp == d) {
@@ -625,20 +764,9 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 		}
 	}
 	pthread_mutex_unlock(&s->lock);
-	if (maybe_there) {
-		/*
-		 * Marked disconnected after a lost request, but a path is up
-		 * to the server session it was opened in: the server may
-		 * still hold it (and its writer slot).
-		 */
-		struct rtrs_attrs a = { .size = sizeof(a) };
-
-		open_there = rtrs_clt_query(s->rtrs, &a) == 0 &&
-			     a.server_sessions == d->srv_sessions;
-	}
 	if (open_there) {
-		rc = dev_close_msg(s, d->id);
-		if (rc && rc != -ENOTCONN && !(maybe_there && rc == -ENOENT))
+		rc = dev_close_msg(s, epoch, d->id);
+		if (rc && rc != -ENOTCONN)
 			log_warn("rnbd: %s: closing %s on the server: %s", s->name, d->name,
 				 strerror(-rc));
 	}
@@ -649,6 +777,7 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 
 int rnbd_clt_remap(struct rnbd_clt_dev *d)
 {
+	struct io_list release = STAILQ_HEAD_INITIALIZER(release);
 	struct rnbd_clt_sess *s;
 	int rc;
 
@@ -658,14 +787,15 @@ int rnbd_clt_remap(struct rnbd_clt_dev *d)
 	pthread_mutex_lock(&s->lock);
 	if (d->state == DEV_MAPPED)
 		rc = -EALREADY;
-	else if (d->state != DEV_DISCONNECTED || d->refusing || d->opening)
+	else if (d->state != DEV_CLOSED || d->refusing || d->opening)
 		rc = -EBUSY;
 	else {
 		d->state = DEV_REOPENING;
 		d->opening = true;
-		rc = dev_reopen(d);
+		rc = dev_reopen(d, &release);
 	}
 	pthread_mutex_unlock(&s->lock);
+	held_run(&release);
 	return rc;
 }
 
@@ -709,8 +839,10 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
 		.write_cache = d->rsp.cache_policy & RNBD_WRITEBACK,
 		.fua = (d->rsp.cache_policy & (RNBD_WRITEBACK | RNBD_FUA)) ==
 		       (RNBD_WRITEBACK | RNBD_FUA),
+		/* Open on the server, but with no path to it: "disconnected" too. */
 		.state = d->refusing && d->state != DEV_UNMAPPED ? "unmapping"
-							       : dev_state_names[d->state],
+			 : d->state == DEV_MAPPED && !d->sess->up ? "disconnected"
+			 : dev_state_names[d->state],
 		.queue_depth = d->sess->queue_depth,
 	};
 	pthread_mutex_unlock(&d->sess->lock);
@@ -721,27 +853,10 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
 
 static __thread bool in_done; /* this thread runs a done callback */
 
-static void io_conf(void *priv, int err);
-
-/*
- * Appends to the parked list (s->lock held). Every IO is parked with the
- * same bound from its time, and kept ones go back first, so the list stays
- * in deadline order.
- */
-static void parked_add(struct rnbd_clt_sess *s, struct clt_io *io)
-{
-	io->next = NULL;
-	if (s->parked_tail)
-		s->parked_tail->next = io;
-	else
-		s->parked = io;
-	s->parked_tail = io;
-}
-
 /*
  * Where io goes next (s->lock held): 1, out under the device's current id
- * (counted on the wire); 0, parked until the device is open again; or the
- * error it fails with.
+ * (counted on the wire in the current epoch); 0, at the device's gate until
+ * its open ends; or the error it fails with.
  */
 static int io_route(struct clt_io *io)
 {
@@ -756,14 +871,11 @@ static int io_route(struct clt_io *io)
 			return -EOPNOTSUPP; /* opened again, the device no longer does it */
 		io->id = d->id;
 		io->gen = d->gen;
+		io->epoch = s->epoch;
 		s->on_wire++;
 		return 1;
 	}
-	if (!s->fast_io_fail_ms)
-		return -ETIMEDOUT;
-	io->deadline_ms = now_ms() + s->fast_io_fail_ms;
-	parked_add(s, io);
-	pthread_cond_broadcast(&s->cond); /* the worker keeps the deadline */
+	held_add(d, io);
 	return 0;
 }
 
@@ -814,15 +926,19 @@ static void io_finish(struct clt_io *io, int err)
 
 /*
  * A piece's answer. On success the next piece goes, or the IO is done. A
- * piece is sent again, once the device is open again, when: the device was
- * opened again since the piece went out (gen); the transport lost the
- * request (-ECONNABORTED, -ETIMEDOUT: no path; its failure can come before
- * the link event, so the device is marked disconnected here and the
- * reconnect opens it again); or the server answered -ENOTCONN or -EPROTO
- * (no SESS_INFO yet) from a server session other than the one the device
- * was opened in. Otherwise the error stands: a force-close's -ENOTCONN
- * reaches the caller. A block write may thus be sent twice, as block layers
- * do on failover.
+ * piece that failed because its device was not open where it arrived
+ * (-ENOTCONN, or -EPROTO before SESS_INFO) or because the transport gave
+ * up on it (-ECONNABORTED, -ETIMEDOUT) is routed again (sent, or held at
+ * the gate until the device is open again) when the server session changed
+ * since it was routed (epoch: librtrs tells of a new one before any request
+ * reaches it, so an answer from it always finds the epoch moved on) or the
+ * device was opened again meanwhile (gen). Otherwise the error stands: a
+ * force-close's -ENOTCONN reaches the caller, and so does the transport's
+ * verdict after waiting fast_io_fail_ms for a path; an IO does not wait
+ * for a path twice. If such a piece cannot be routed again (a forced
+ * unmap), its own error stands too. A block write may thus be sent twice,
+ * as block layers do on failover, but only once its first server session is
+ * gone.
  */
 static void io_conf(void *priv, int err)
 {
@@ -831,19 +947,15 @@ static void io_conf(void *priv, int err)
 	struct rnbd_clt_sess *s = d->sess;
 	bool retry = err == -ENOTCONN || err == -ETIMEDOUT || err == -ECONNABORTED ||
 		     err == -EPROTO;
-	bool lost = err == -ETIMEDOUT || err == -ECONNABORTED;
-	uint64_t seen = retry && !lost ? server_sessions(s) : 0;
-	int route = -1; /* 1: send the next piece, 0: parked, < 0: finished with result */
+	int route = -1; /* 1: send the next piece, 0: held, < 0: finished with result */
 	int result = err;
 
 	pthread_mutex_lock(&s->lock);
-	if (--s->on_wire == 0)
-		pthread_cond_broadcast(&s->cond);
-	if (retry && !lost && seen != d->srv_sessions)
-		lost = true;
-	if (retry && (d->gen != io->gen || d->state != DEV_MAPPED || lost)) {
-		if (lost && d->state == DEV_MAPPED && d->gen == io->gen)
-			d->state = DEV_DISCONNECTED;
+	if (io->epoch == s->epoch)
+		s->on_wire--;
+	else if (--s->on_wire_old == 0)
+		pthread_cond_broadcast(&s->cond); /* the worker's pass waits for it */
+	if (retry && (io->epoch != s->epoch || io->gen != d->gen)) {
 		route = io_route(io); /* the same piece again; if it cannot go, err stands */
 	} else if (!err && io->len > io->n) {
 		io->offset += io->n;
@@ -858,57 +970,6 @@ static void io_conf(void *priv, int err)
 		io_send(io);
 	else if (route < 0)
 		io_finish(io, result);
-}
-
-/*
- * Parked IO (s->lock held, dropped while sending): what may go now goes,
- * what is past its deadline or whose device is going fails. Returns whether
- * anything moved.
- */
-static bool parked_run(struct rnbd_clt_sess *s)
-{
-	struct clt_io *list = s->parked, *io, *go = NULL, **go_tail = &go;
-	uint64_t now = now_ms();
-	bool moved = false;
-
-	s->parked = s->parked_tail = NULL;
-	while ((io = list)) {
-		struct rnbd_clt_dev *d = io->d;
-		int r;
-
-		list = io->next;
-		if (d->state == DEV_MAPPED || d->refusing || d->state == DEV_UNMAPPED)
-			r = io_route(io);
-		else if (now >= io->deadline_ms)
-			r = -ETIMEDOUT;
-		else
-			r = 0;
-		if (r == 0) { /* still waiting: back on the list, in order */
-			parked_add(s, io);
-			continue;
-		}
-		io->verdict = r;
-		io->next = NULL;
-		*go_tail = io;
-		go_tail = &io->next;
-	}
-	pthread_mutex_unlock(&s->lock);
-	while ((io = go)) {
-		int r = io->verdict;
-
-		go = io->next;
-		moved = true;
-		if (r == 1)
-			io_send(io);
-		else {
-			if (r == -ETIMEDOUT)
-				log_warn_rl("rnbd: %s: %s not open again within %u ms, IO fails",
-					    s->name, io->d->name, s->fast_io_fail_ms);
-			io_finish(io, r);
-		}
-	}
-	pthread_mutex_lock(&s->lock);
-	return moved;
 }
 
 /*

@@ -331,6 +331,15 @@ static int path_after_first_con(struct clt_path *p)
 		memset(s->rkey_gens, 0, (size_t)s->queue_depth * sizeof(*s->rkey_gens));
 		s->srv_sess_id = rsp->sess_id;
 		atomic_fetch_add(&s->srv_sessions, 1);
+		/*
+		 * The user hears of it here, under the lock and before this
+		 * path is up: a path connecting to the same new session at
+		 * once waits for the lock, so no path to it carries a request
+		 * before the callback has returned. The first one, at open, is
+		 * not news.
+		 */
+		if (s->link_ev && atomic_load(&s->opened))
+			s->link_ev(s->priv, RTRS_CLT_LINK_EV_SERVER_SESSION);
 	}
 	pthread_mutex_unlock(&s->rkey_lock);
 	p->base.peer_imm = rsp->imm_desc;

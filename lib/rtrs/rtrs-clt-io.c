@@ -260,7 +260,13 @@ int clt_req_route(struct clt_req *req)
 	return rc;
 }
 
-/* True while some path is up or on its way (a request may wait for it). */
+/*
+ * True while some path is up or on its way (a request may wait for it). A
+ * path that is closing after a failure is on its way too (it reconnects
+ * unless its reconnect decision says otherwise); seen from the service
+ * loop it is never closing (clt_path_stop runs there), so a request that
+ * waits for it fails at the next retry if it ended closed.
+ */
 bool clt_sess_path_may_come(struct rtrs_clt_sess *s)
 {
 	if (atomic_load(&s->closing))
@@ -268,7 +274,8 @@ bool clt_sess_path_may_come(struct rtrs_clt_sess *s)
 	for (size_t i = 0; i < s->paths_num; i++) {
 		enum rtrs_path_state st = atomic_load(&s->paths[i].base.state);
 
-		if (st != RTRS_PATH_CLOSED && st != RTRS_PATH_CLOSING)
+		if (st != RTRS_PATH_CLOSED &&
+		    (st != RTRS_PATH_CLOSING || !atomic_load(&s->paths[i].keep_closed)))
 			return true;
 	}
 	return false;

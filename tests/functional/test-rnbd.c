@@ -5,10 +5,13 @@
  * (checked byte for byte, also in the exported file), the sharing rules as
  * a client sees them, read-only mappings, unmap and force-close, and a
  * server restart under a mapped device: IO issued during the outage waits,
- * the device is opened again, and the data is all there; and the
- * asynchronous API with more IO in flight than the session has slots (every
- * done called once, the bytes read back, refusals returned, -EDEADLK for a
- * synchronous call from a callback).
+ * the device is opened again, and the data is all there; IO issued while a
+ * device is being opened again waits at its gate for that open (and a map
+ * racing the reconnect, or taking the device's old id meanwhile, changes
+ * nothing of where IO goes); and the asynchronous API with more IO in
+ * flight than the session has slots (every done called once, the bytes
+ * read back, refusals returned, -EDEADLK for a synchronous call from a
+ * callback).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +37,7 @@ static const char *top; /* test_tmpdir */
 static char disk[600];
 static struct rnbd_srv *srv;
 static int port;
+static unsigned fast_io_fail_ms = 10000; /* of the sessions sess_open opens */
 
 static void srv_start(int want_port)
 {
@@ -70,7 +74,7 @@ static struct rnbd_clt_sess *sess_open(const char *name)
 	o.hb_interval_ms = 100;
 	o.reconnect_delay_ms = 100;
 	o.reconnect_jitter_ms = 50;
-	o.fast_io_fail_ms = 10000;
+	o.fast_io_fail_ms = fast_io_fail_ms;
 	rc = rnbd_clt_sess_open(&o, &s);
 	CHECK(rc == 0, "session %s: %s", name, strerror(-rc));
 	return s;
@@ -421,6 +425,22 @@ static void test_all(void)
 	rnbd_srv_close(srv);
 }
 
+/* A file of DISK_SIZE named name below top, its first 64 KiB test_fill(seed). */
+static void disk_make(const char *name, unsigned seed)
+{
+	uint8_t *w = malloc(65536);
+	char path[700];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/%s", top, name);
+	fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
+	CHECK(fd >= 0 && ftruncate(fd, DISK_SIZE) == 0);
+	test_fill(w, 65536, seed);
+	CHECK(pwrite(fd, w, 65536, 0) == 65536);
+	close(fd);
+	free(w);
+}
+
 /*
  * A map racing a server restart, made reproducible by the library's OPEN
  * hook: the OPEN of "b" is answered by the old server session (id 1, the
@@ -473,14 +493,8 @@ static void test_map_race(void)
 	char path[700];
 
 	for (unsigned i = 0; i < 4; i++) {
-		int fd;
-
-		snprintf(path, sizeof(path), "%s/race-%s", top, names[i]);
-		fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
-		CHECK(fd >= 0 && ftruncate(fd, DISK_SIZE) == 0);
-		test_fill(w, 65536, 300 + i);
-		CHECK(pwrite(fd, w, 65536, 0) == 65536);
-		close(fd);
+		snprintf(path, sizeof(path), "race-%s", names[i]);
+		disk_make(path, 300 + i);
 	}
 	snprintf(race.grow, sizeof(race.grow), "%s/race-c", top);
 	srv_start(0);
@@ -601,6 +615,22 @@ static int fake_link_ev(struct rtrs_srv_sess *sess, enum rtrs_srv_link_ev ev, vo
 	return 0;
 }
 
+/* Starts the fake server on port (0: any). */
+static void fake_start(int on_port)
+{
+	struct rtrs_srv_ops ops = { .rdma_ev = fake_rdma_ev, .link_ev = fake_link_ev };
+	struct rtrs_srv_opts so;
+
+	rtrs_srv_opts_init(&so, sizeof(so));
+	so.addr = test_addr();
+	so.provider = test_provider();
+	so.port = (uint16_t)on_port;
+	so.queue_depth = 16;
+	so.hb_interval_ms = 100;
+	CHECK_EQ(rtrs_srv_open(&ops, &so, &fake.ctx), 0);
+	CHECK_EQ(rtrs_srv_wait_listening(fake.ctx, 5000), 0);
+}
+
 /* Answers the held writes (their data written). */
 static void fake_release(void)
 {
@@ -696,6 +726,189 @@ static bool dev_state_is(struct rnbd_clt_dev *d, const char *state, unsigned ms)
 }
 
 /*
+ * IO issued while a device is being opened again after a server restart
+ * waits at the device's gate for that open, and only for it. The open hook
+ * holds the answer to the worker's OPEN of "win-b" (old id 1; "win-v",
+ * id 0, is gone from the server, so b's new id is 0). In that window a map
+ * of "win-n" gets id 1 on the new server, b's old id: a write to b must not
+ * go out under it (it would land in n), nor reach the server at all before
+ * b is open; n, open, takes IO meanwhile. Once the hook lets go, b's write
+ * goes under its new id exactly once. IO to v, whose open fails, fails with
+ * that open's error instead of waiting for a deadline.
+ */
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	const char *dev;        /* whose OPEN answer the hook holds */
+	bool in, go;
+} win = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+static void win_hook_fn(void *priv, const char *dev_name)
+{
+	struct timespec dl;
+
+	(void)priv;
+	pthread_mutex_lock(&win.lock);
+	if (!win.dev || strcmp(dev_name, win.dev) || win.go) {
+		pthread_mutex_unlock(&win.lock);
+		return;
+	}
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += 20;
+	win.in = true;
+	pthread_cond_broadcast(&win.cond);
+	while (!win.go && pthread_cond_timedwait(&win.cond, &win.lock, &dl) != ETIMEDOUT)
+		;
+	pthread_mutex_unlock(&win.lock);
+}
+
+static void win_arm(const char *dev)
+{
+	pthread_mutex_lock(&win.lock);
+	win.dev = dev;
+	win.in = win.go = false;
+	pthread_mutex_unlock(&win.lock);
+	rnbd_clt_set_open_hook(win_hook_fn, NULL);
+}
+
+static bool win_wait_in(unsigned ms)
+{
+	struct timespec dl;
+	bool in;
+
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += ms / 1000;
+	pthread_mutex_lock(&win.lock);
+	while (!win.in && pthread_cond_timedwait(&win.cond, &win.lock, &dl) != ETIMEDOUT)
+		;
+	in = win.in;
+	pthread_mutex_unlock(&win.lock);
+	return in;
+}
+
+static void win_release(void)
+{
+	pthread_mutex_lock(&win.lock);
+	win.go = true;
+	pthread_cond_broadcast(&win.cond);
+	pthread_mutex_unlock(&win.lock);
+}
+
+/* The server's counters of this session's device dev (writes, reads, id). */
+static struct {
+	const char *dev;
+	bool found;
+	uint64_t reads, writes;
+	uint32_t id;
+} srv_dev;
+
+static void srv_dev_find(void *priv, const struct rnbd_srv_dev_stats *st)
+{
+	(void)priv;
+	if (strcmp(st->session, "window") || strcmp(st->device, srv_dev.dev))
+		return;
+	srv_dev.found = true;
+	srv_dev.reads = st->reads;
+	srv_dev.writes = st->writes;
+	srv_dev.id = st->device_id;
+}
+
+static bool srv_dev_get(const char *dev)
+{
+	srv_dev.dev = dev;
+	srv_dev.found = false;
+	rnbd_srv_list(srv, srv_dev_find, NULL);
+	return srv_dev.found;
+}
+
+static void test_reopen_window(void)
+{
+	static const char *const names[] = { "win-v", "win-b", "win-n" };
+	struct rnbd_clt_dev *v, *b, *n;
+	struct one_io wb = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	struct one_io rv = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
+	uint8_t *w = malloc(65536), *r = malloc(65536);
+	char path[700], gone[700];
+	struct rnbd_clt_sess *s;
+
+	for (unsigned i = 0; i < 3; i++)
+		disk_make(names[i], 400 + i);
+	srv_start(0);
+	s = sess_open("window");
+	if (!s)
+		return;
+	CHECK_EQ(rnbd_clt_map(s, "win-v", RNBD_CLT_RW, &v), 0);
+	CHECK_EQ(rnbd_clt_map(s, "win-b", RNBD_CLT_RW, &b), 0);
+	CHECK(srv_dev_get("win-b") && srv_dev.id == 1, "b has id 1");
+
+	/* The restart, with v gone; the worker's OPEN of b is held once answered. */
+	win_arm("win-b");
+	rnbd_srv_close(srv);
+	snprintf(path, sizeof(path), "%s/win-v", top);
+	snprintf(gone, sizeof(gone), "%s/win-v.gone", top);
+	CHECK_EQ(rename(path, gone), 0);
+	srv_start(port);
+	CHECK(win_wait_in(20000), "the worker opens b again");
+	CHECK(dev_state_is(b, "reopening", 0), "b is being opened again");
+	CHECK(srv_dev_get("win-b") && srv_dev.id == 0, "b has id 0 on the new server");
+
+	/* n takes b's old id on the new server. */
+	CHECK_EQ(rnbd_clt_map(s, "win-n", RNBD_CLT_RW, &n), 0);
+	CHECK(srv_dev_get("win-n") && srv_dev.id == 1, "n has b's old id");
+	/* A write to b in the window waits at b's gate. */
+	test_fill(w, 65536, 501);
+	CHECK_EQ(rnbd_clt_submit(b, RNBD_CLT_WRITE, 0, 0, w, 65536, one_done, &wb), 0);
+	/* n is open: its IO goes meanwhile. */
+	test_fill(r, 65536, 502);
+	CHECK_EQ(rnbd_clt_io(n, RNBD_CLT_WRITE, 0, 65536, r, 65536), 0);
+	usleep(200 * 1000);
+	pthread_mutex_lock(&wb.lock);
+	CHECK_EQ(wb.calls, 0);
+	pthread_mutex_unlock(&wb.lock);
+	CHECK(srv_dev_get("win-b") && srv_dev.writes == 0, "nothing of b's reached the server");
+	CHECK(srv_dev_get("win-n") && srv_dev.writes == 1, "n's one write did: %llu",
+	      (unsigned long long)srv_dev.writes);
+	test_fill(r, 65536, 402);
+	snprintf(path, sizeof(path), "%s/win-n", top);
+	CHECK(test_file_has(path, 0, r, 65536), "n's first block is untouched");
+
+	/* The open ends: the write goes, once, under b's new id. */
+	win_release();
+	CHECK_EQ(one_wait(&wb), 0);
+	CHECK_EQ(wb.calls, 1);
+	rnbd_clt_set_open_hook(NULL, NULL);
+	CHECK(dev_state_is(b, "mapped", 0), "b is open again");
+	snprintf(path, sizeof(path), "%s/win-b", top);
+	CHECK(test_file_has(path, 0, w, 65536), "b's write is in b");
+	CHECK(srv_dev_get("win-b") && srv_dev.writes == 1, "b's write reached the server once: %llu",
+	      (unsigned long long)srv_dev.writes);
+	snprintf(path, sizeof(path), "%s/win-n", top);
+	CHECK(test_file_has(path, 0, r, 65536), "n's first block is still untouched");
+	test_fill(r, 65536, 502);
+	CHECK(test_file_has(path, 65536, r, 65536), "n holds its own write");
+	CHECK(srv_dev_get("win-n") && srv_dev.writes == 1);
+	memset(r, 0, 65536);
+	CHECK_EQ(rnbd_clt_io(b, RNBD_CLT_READ, 0, 0, r, 65536), 0);
+	CHECK(!memcmp(w, r, 65536), "b reads its write back");
+
+	/* v's open failed: IO to it asks for another, and fails with that open's error. */
+	CHECK(dev_state_is(v, "disconnected", 0), "v is not open");
+	CHECK_EQ(rnbd_clt_submit(v, RNBD_CLT_READ, 0, 0, r, 4096, one_done, &rv), 0);
+	CHECK_EQ(one_wait(&rv), -ENOENT);
+	CHECK_EQ(rv.calls, 1);
+	snprintf(path, sizeof(path), "%s/win-v", top);
+	CHECK_EQ(rename(gone, path), 0);
+	CHECK_EQ(rnbd_clt_io(v, RNBD_CLT_READ, 0, 0, r, 65536), 0);
+	test_fill(w, 65536, 400);
+	CHECK(!memcmp(w, r, 65536), "back on the server, v is opened for its IO and reads its data");
+	CHECK(dev_state_is(v, "mapped", 0), "v is open again");
+	rnbd_clt_sess_close(s);
+	rnbd_srv_close(srv);
+	free(w);
+	free(r);
+}
+
+/*
  * What the client checks before sending, against the fake server: pieces
  * of the server's max_hw_sectors; operations the device does not do, and
  * flag combinations the server would refuse, refused with no round trip;
@@ -707,25 +920,17 @@ static bool dev_state_is(struct rnbd_clt_dev *d, const char *state, unsigned ms)
 static void test_client_checks(void)
 {
 	static uint8_t w[65536], r[65536];
-	struct rtrs_srv_ops ops = { .rdma_ev = fake_rdma_ev, .link_ev = fake_link_ev };
 	struct rnbd_clt_dev_info in = { .size = sizeof(in) };
 	struct one_io one = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0 };
-	struct rtrs_srv_opts so;
 	struct rnbd_clt_sess *s;
 	struct rnbd_clt_dev *d, *ro;
 	unsigned before, writes;
 	uint64_t t0;
 	pthread_t th;
 
-	rtrs_srv_opts_init(&so, sizeof(so));
-	so.addr = test_addr();
-	so.provider = test_provider();
-	so.port = 0;
-	so.queue_depth = 16;
-	so.hb_interval_ms = 100;
-	CHECK_EQ(rtrs_srv_open(&ops, &so, &fake.ctx), 0);
-	CHECK_EQ(rtrs_srv_wait_listening(fake.ctx, 5000), 0);
+	fake_start(0);
 	port = rtrs_srv_get_port(fake.ctx);
+	fast_io_fail_ms = 1500;
 	s = sess_open("checks");
 	if (!s)
 		return;
@@ -798,19 +1003,57 @@ static void test_client_checks(void)
 	CHECK_EQ(fake_count(&fake.ios[RNBD_OP_WRITE]), writes + 1); /* one piece went */
 	CHECK_EQ(fake_count(&fake.closes), 2); /* ro, then m */
 
-	/* A forced unmap of IO waiting for a server that is gone: -ENODEV at once. */
+	/*
+	 * A forced unmap of IO at the gate of a device being opened again
+	 * (the server restarted; the hook holds the answer to the worker's
+	 * OPEN): -ENODEV at once, nothing sent, and the unmap waits for the
+	 * OPEN before it closes the device.
+	 */
+	CHECK_EQ(rnbd_clt_map(s, "m", RNBD_CLT_RW, &d), 0);
+	win_arm("m");
+	rtrs_srv_close(fake.ctx);
+	fake_start(port);
+	CHECK(win_wait_in(20000), "the worker opens m again");
+	before = fake_count(&fake.ios[RNBD_OP_READ]);
+	one.calls = 0;
+	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_READ, 0, 0, r, 4096, one_done, &one), 0);
+	CHECK(dev_state_is(d, "reopening", 0), "at the gate");
+	unmapper.dev = d;
+	unmapper.done = false;
+	CHECK_EQ(pthread_create(&th, NULL, unmap_forced, NULL), 0);
+	t0 = test_now_ms();
+	CHECK_EQ(one_wait(&one), -ENODEV);
+	CHECK(test_now_ms() - t0 < 2000, "IO at the gate failed at the unmap (%llu ms)",
+	      (unsigned long long)(test_now_ms() - t0));
+	CHECK(!__atomic_load_n(&unmapper.done, __ATOMIC_ACQUIRE), "the unmap waits for the OPEN");
+	win_release();
+	pthread_join(th, NULL);
+	rnbd_clt_set_open_hook(NULL, NULL);
+	CHECK_EQ(unmapper.rc, 0);
+	CHECK_EQ(one.calls, 1);
+	CHECK_EQ(fake_count(&fake.ios[RNBD_OP_READ]), before); /* never sent */
+
+	/*
+	 * IO waiting for a path waits in the transport, up to its
+	 * fast_io_fail_ms (1500 ms for this session), and only there: a
+	 * forced unmap cannot take it back from the transport, so it waits
+	 * for the transport's verdict, which the IO gets (-ETIMEDOUT).
+	 */
 	CHECK_EQ(rnbd_clt_map(s, "m", RNBD_CLT_RW, &d), 0);
 	rtrs_srv_close(fake.ctx);
 	CHECK(dev_state_is(d, "disconnected", 5000), "the server is gone");
 	one.calls = 0;
-	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_READ, 0, 0, r, 4096, one_done, &one), 0);
 	t0 = test_now_ms();
+	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_READ, 0, 0, r, 4096, one_done, &one), 0);
 	CHECK_EQ(rnbd_clt_unmap(d, false), -EBUSY);
 	CHECK_EQ(rnbd_clt_unmap(d, true), 0);
-	CHECK_EQ(one_wait(&one), -ENODEV);
-	CHECK(test_now_ms() - t0 < 2000, "parked IO failed at the unmap, not at its deadline "
-	      "(%llu ms)", (unsigned long long)(test_now_ms() - t0));
+	CHECK_EQ(one_wait(&one), -ETIMEDOUT);
+	CHECK_EQ(one.calls, 1);
+	CHECK(test_now_ms() - t0 >= 1400 && test_now_ms() - t0 < 5000,
+	      "the transport's bound, once: %llu ms (1500)",
+	      (unsigned long long)(test_now_ms() - t0));
 	rnbd_clt_sess_close(s);
+	fast_io_fail_ms = 10000;
 }
 
 int main(void)
@@ -820,6 +1063,7 @@ int main(void)
 		return 1;
 	test_all();
 	test_map_race();
+	test_reopen_window();
 	test_client_checks();
 	return test_done("test-rnbd");
 }
