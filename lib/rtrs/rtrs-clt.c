@@ -121,7 +121,6 @@ struct clt_path {
 	atomic_uint_fast64_t down_since_ms; /* when it last failed (loss timeout) */
 	atomic_bool keep_closed;    /* disconnected by the user */
 	bool removed;               /* rtrs_clt_remove_path: the slot stays, closed */
-	unsigned fault_delay_us;    /* RTRS_FAULT_DELAY_PATH: a slow path, for tests */
 	/* Fencing (docs/protocol.md section 10). */
 	bool srv_fence;             /* the server answers fences */
 	struct rtrs_msg_fence fence_msg; /* a fence sent over this path */
@@ -182,7 +181,6 @@ struct rtrs_clt_sess {
 	uint64_t *rkeys;
 	uint32_t *rkey_gens;
 	pthread_mutex_t rkey_lock;
-	bool fault_stale_rkey;      /* RTRS_FAULT_STALE_RKEY: keep using first keys */
 
 	/* Requests waiting for a path, bounded by fast_io_fail_ms. */
 	unsigned fast_io_fail_ms;
@@ -230,8 +228,7 @@ static bool req_complete(struct clt_req *req, int err)
 static void sess_key_update(struct rtrs_clt_sess *s, uint32_t id, uint32_t gen, uint64_t key)
 {
 	pthread_mutex_lock(&s->rkey_lock);
-	if (!(s->fault_stale_rkey && s->rkey_gens[id]) &&
-	    (!s->rkey_gens[id] || (int32_t)(gen - s->rkey_gens[id]) > 0)) {
+	if (!s->rkey_gens[id] || (int32_t)(gen - s->rkey_gens[id]) > 0) {
 		s->rkey_gens[id] = gen;
 		__atomic_store_n(&s->rkeys[id], key, __ATOMIC_RELEASE);
 	}
@@ -874,8 +871,6 @@ static void clt_con_imm(void *priv, uint32_t imm)
 	unsigned type;
 	int rc;
 
-	if (unlikely(p->fault_delay_us))
-		usleep(p->fault_delay_us); /* fault injection: this path is slow */
 	rtrs_hb_heard(&p->hb);
 	rtrs_from_imm(imm, &type, &payload);
 	switch (type) {
@@ -1814,18 +1809,6 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 		pthread_mutex_init(&p->cons[i].pending_lock, NULL);
 	p->hb.interval_ms = s->hb_interval_ms;
 	p->hb.missed_max = s->hb_missed_max;
-	/*
-	 * Fault injection, documented in docs/architecture.md: with
-	 * RTRS_FAULT_DELAY_PATH=IDX:US, every immediate path IDX receives
-	 * (responses, heartbeat acks) is handled US microseconds late.
-	 */
-	const char *fd = getenv("RTRS_FAULT_DELAY_PATH");
-	unsigned fidx, fus;
-
-	if (fd && sscanf(fd, "%u:%u", &fidx, &fus) == 2 && fidx == idx) {
-		p->fault_delay_us = fus;
-		log_warn("%s: fault injection: every completion %u us late", p->name, fus);
-	}
 	loop_work_init(&p->fail_work, path_fail_work);
 	atomic_init(&p->keep_closed, false);
 	atomic_init(&p->verdict, -1);
@@ -1944,9 +1927,6 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	pthread_mutex_init(&s->wait_lock, NULL);
 	pthread_mutex_init(&s->admin_lock, NULL);
 	pthread_mutex_init(&s->rkey_lock, NULL);
-	s->fault_stale_rkey = getenv("RTRS_FAULT_STALE_RKEY") != NULL;
-	if (s->fault_stale_rkey)
-		log_warn("%s: fault injection: chunk keys are never renewed", s->name);
 	atomic_init(&s->paths_up, 0);
 	s->fast_io_fail_ms = o->fast_io_fail_ms;
 	s->wait_timer.h.fd = -1;
@@ -1954,14 +1934,6 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	rc = rand_bytes(s->paths_uuid, sizeof(s->paths_uuid));
 	if (rc)
 		goto out_free;
-	if (getenv("RTRS_FAULT_PATHS_UUID")) {
-		/* Another session's paths may be claimed (the server must refuse it). */
-		const char *u = getenv("RTRS_FAULT_PATHS_UUID");
-
-		memset(s->paths_uuid, 0, sizeof(s->paths_uuid));
-		memcpy(s->paths_uuid, u, MIN(strlen(u), sizeof(s->paths_uuid)));
-		log_warn("%s: fault injection: session uuid from RTRS_FAULT_PATHS_UUID", s->name);
-	}
 	rc = sess_auth_setup(s, o);
 	if (rc)
 		goto out_free;
