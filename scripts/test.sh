@@ -31,7 +31,9 @@ run_build() {
 	opts=("$@" -Dwerror=$werror)
 	echo "=== $dir ($cc ${opts[*]})"
 	if [ -f "$dir/build.ninja" ]; then
-		meson configure "$dir" "${opts[@]}" >/dev/null
+		# Not meson configure: it refuses an option added since the
+		# directory was made (fault_injection, for one).
+		meson setup --reconfigure "$dir" "${opts[@]}" >/dev/null
 	else
 		CC=$cc meson setup "$dir" "${opts[@]}" >/dev/null
 	fi

@@ -189,8 +189,8 @@ static void fault_connected(void *priv, const void *data, size_t len)
 		if (!rtrs_conn_rsp_decode(data, len, &rsp, &why) && !rsp.err)
 			atomic_store(&c->queue_depth, rsp.queue_depth);
 		else
-			log_err("%s: fault injection: no queue depth in the connect response (%s): keys are not made stale",
-				c->name, why ? why : "refused");
+			log_err("%s: fault injection: no queue depth in the connect response (%s): "
+				"keys are not made stale", c->name, why ? why : "refused");
 	}
 	c->user_ops->connected(c->user_priv, data, len);
 }

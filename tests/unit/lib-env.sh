@@ -33,7 +33,8 @@ exported() { nm -D --defined-only "$so" | awk '{ print $NF }' | sed 's/@.*//' | 
 if [ "$fault" = on ]; then
 	check "fault injection build: rtrs_fault_set is exported" exported rtrs_fault_set
 else
-	check "default build: no rtrs_fault_set" bash -c "! nm -D --defined-only '$so' | grep -q rtrs_fault"
+	check "default build: no rtrs_fault_* exported" bash -c \
+		"! nm -D --defined-only '$so' | grep -q rtrs_fault"
 	if nm "$so" >/dev/null 2>&1 && [ -n "$(nm "$so" 2>/dev/null)" ]; then
 		syms=$(fault_syms "$so")
 		check "default build: no fault injection code in librtrs.so${syms:+ (found: $syms)}" \
