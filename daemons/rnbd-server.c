@@ -381,7 +381,8 @@ int main(int argc, char **argv)
 	}
 	/* --log-level, then --quiet, then RTRS_LOG_LEVEL, then info. */
 	log_level = opts_log_level("rnbd-server", g.log_level ? "--log-level" : "--quiet",
-				   g.log_level ? g.log_level : g.quiet ? "error" : NULL, LOG_INFO);
+				   g.log_level ? g.log_level : g.quiet ? "error" : NULL,
+				   getenv("RTRS_LOG_LEVEL"), LOG_INFO);
 	if (log_level < 0)
 		return 2;
 	rnbd_set_log_level(log_level);

@@ -109,7 +109,8 @@ int rnbd_srv_list(struct rnbd_srv *srv,
 
 /*
  * librnbd logs like librtrs, and these set both: level 0 error .. 3 debug
- * (also RTRS_LOG_LEVEL), and where lines go (NULL: stderr).
+ * (warn until set; the libraries read no environment, the programs take
+ * RTRS_LOG_LEVEL), and where lines go (NULL: stderr).
  */
 void rnbd_set_log_level(int level);
 void rnbd_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *priv);

@@ -403,7 +403,10 @@ struct rtrs_srv_sess *rtrs_srv_op_sess(struct rtrs_srv_op *id);
 
 /* ---- misc -------------------------------------------------------------------- */
 
-/* Log level: 0 error, 1 warn, 2 info, 3 debug (also RTRS_LOG_LEVEL env). */
+/*
+ * Log level: 0 error, 1 warn (the default), 2 info, 3 debug. The library
+ * reads no environment: the tools take RTRS_LOG_LEVEL and call this.
+ */
 void rtrs_set_log_level(int level);
 /*
  * Sends log lines to fn instead of stderr (NULL restores stderr). fn runs on

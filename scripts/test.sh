@@ -3,6 +3,9 @@
 # ASan+UBSan build and in a TSan build; the NBD interop suite, the
 # functional suite over verbs on soft-RoCE and soft-iWARP in QEMU guests and
 # the netns suite (normal build); then the fuzz smoke run in a clang build.
+# The test builds have fault injection (-Dfault_injection=true), which the
+# tests that inject faults need; the fuzz build is made as one to ship
+# (without it) and also checks that such a build has none of it (suite lint).
 # Ends with "N passed, N failed". Under CI=true warnings are errors and a skipped test
 # counts as a failure (CI must have every tool).
 set -euo pipefail
@@ -28,7 +31,9 @@ run_build() {
 	opts=("$@" -Dwerror=$werror)
 	echo "=== $dir ($cc ${opts[*]})"
 	if [ -f "$dir/build.ninja" ]; then
-		meson configure "$dir" "${opts[@]}" >/dev/null
+		# Not meson configure: it refuses an option added since the
+		# directory was made (fault_injection, for one).
+		meson setup --reconfigure "$dir" "${opts[@]}" >/dev/null
 	else
 		CC=$cc meson setup "$dir" "${opts[@]}" >/dev/null
 	fi
@@ -53,10 +58,12 @@ PY
 	passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 }
 
-run_build build gcc unit functional interop verbs netns --
-run_build build-asan gcc unit functional -- -Db_sanitize=address,undefined -Db_lundef=false
-run_build build-tsan gcc unit functional -- -Db_sanitize=thread -Db_lundef=false
-run_build build-fuzz clang fuzz -- -Dfuzz=true -Dbuildtype=debug
+run_build build gcc unit functional interop verbs netns -- -Dfault_injection=true
+run_build build-asan gcc unit functional -- -Db_sanitize=address,undefined -Db_lundef=false \
+	-Dfault_injection=true
+run_build build-tsan gcc unit functional -- -Db_sanitize=thread -Db_lundef=false \
+	-Dfault_injection=true
+run_build build-fuzz clang fuzz lint -- -Dfuzz=true -Dbuildtype=debug -Dfault_injection=false
 
 if [ "${CI:-}" = true ] && [ "$skipped" -gt 0 ]; then
 	echo "CI: $skipped tests were skipped; CI must run everything"

@@ -782,7 +782,8 @@ int main(int argc, char **argv)
 			       ? RNBD_CLT_RO : RNBD_CLT_RW;
 	/* --log-level, then --verbose, then RTRS_LOG_LEVEL, then warn. */
 	level = opts_log_level("rnbd-client", g.log_level ? "--log-level" : "--verbose",
-			       g.log_level ? g.log_level : g.verbose ? "info" : NULL, 1);
+			       g.log_level ? g.log_level : g.verbose ? "info" : NULL,
+			       getenv("RTRS_LOG_LEVEL"), 1);
 	if (level < 0)
 		return 2;
 	if (connect_map(mode, level))

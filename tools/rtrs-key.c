@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "opts.h"
 #include "rtrs-auth.h"
 
@@ -174,6 +175,11 @@ int main(int argc, char **argv)
 {
 	int pos, rc;
 
+	/* The auth code's log lines (libcrypto's reasons at debug): RTRS_LOG_LEVEL, else warn. */
+	rc = opts_log_level("rtrs-key", NULL, NULL, getenv("RTRS_LOG_LEVEL"), LOG_WARN);
+	if (rc < 0)
+		return 2;
+	g_log_level = rc;
 	if (argc < 2) {
 		usage(stderr);
 		return 2;

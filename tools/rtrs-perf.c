@@ -31,7 +31,7 @@ static const char *const mode_names[] = { "write", "read", NULL };
 
 static struct {
 	const char *addr, *provider, *sessname;
-	const char *secret, *ctrl_secret, *host_name, *server_name, *auth_keys;
+	const char *secret, *ctrl_secret, *host_name, *server_name, *auth_keys, *log_level;
 	struct opt_list dst, events;
 	uint64_t port, queue_depth, chunk_size, io_size, duration, cons, hb_ms;
 	uint64_t fast_io_fail_ms, reconnect_ms;
@@ -94,6 +94,8 @@ static const struct opt options[] = {
 	  .help = "server's name for authentication (default rtrs-server)" },
 	{ "json", 'j', OPT_FLAG, &g.json, .help = "client: print one JSON object" },
 	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "server: no banner" },
+	{ "log-level", 0, OPT_STRING, &g.log_level, .arg = "LEVEL",
+	  .help = "error, warn, info or debug (default: RTRS_LOG_LEVEL, else warn)" },
 	{ 0 },
 };
 
@@ -482,7 +484,7 @@ static int run_client(void)
 int main(int argc, char **argv)
 {
 	const char *usage = "server|client [options]";
-	int pos, rc;
+	int pos, rc, level;
 
 	if (argc < 2 || (strcmp(argv[1], "server") && strcmp(argv[1], "client"))) {
 		if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
@@ -499,5 +501,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "rtrs-perf: unexpected argument '%s'\n", argv[pos + 1]);
 		return 2;
 	}
+	/* --log-level, then RTRS_LOG_LEVEL, then warn (librtrs reads no environment). */
+	level = opts_log_level("rtrs-perf", "--log-level", g.log_level, getenv("RTRS_LOG_LEVEL"), 1);
+	if (level < 0)
+		return 2;
+	rtrs_set_log_level(level);
 	return strcmp(argv[1], "server") ? run_client() : run_server();
 }

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "log.h"
 #include "util.h"
@@ -23,17 +22,6 @@ void log_set_sink(log_sink_fn fn, void *priv)
 }
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
-
-__attribute__((constructor)) static void log_init_from_env(void)
-{
-	const char *s = getenv("RTRS_LOG_LEVEL");
-
-	if (!s)
-		return;
-	for (unsigned i = 0; i < ARRAY_SIZE(level_names); i++)
-		if (!strcasecmp(s, level_names[i]) || !strncasecmp(s, level_names[i], 3))
-			g_log_level = (int)i;
-}
 
 void log_msg(enum log_level lvl, const char *fmt, ...)
 {

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Logging: levels, an object-name prefix on every line, and a rate limit for
- * the data path. The level comes from RTRS_LOG_LEVEL (err, warn, info, debug)
- * or from rtrs_set_log_level(); rtrs_set_log_fn() redirects lines. Loggers
- * preserve errno.
+ * the data path. The level is warn until rtrs_set_log_level() says otherwise
+ * (the library reads no environment: programs take RTRS_LOG_LEVEL through
+ * opts_log_level()); rtrs_set_log_fn() redirects lines. Loggers preserve
+ * errno.
  */
 #ifndef RTRS_COMMON_LOG_H
 #define RTRS_COMMON_LOG_H

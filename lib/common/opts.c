@@ -653,9 +653,9 @@ int opts_log_level_parse(const char *s)
 	return -EINVAL;
 }
 
-int opts_log_level(const char *prog, const char *opt_name, const char *value, int dflt)
+int opts_log_level(const char *prog, const char *opt_name, const char *value, const char *env,
+		   int dflt)
 {
-	const char *env = getenv("RTRS_LOG_LEVEL");
 	int level;
 
 	if (value) {

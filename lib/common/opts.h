@@ -91,10 +91,12 @@ int opts_log_level_parse(const char *s);
 
 /*
  * The level a program logs at. A level given as an option (value, from
- * option opt_name; NULL when not given) wins; else RTRS_LOG_LEVEL from the
- * environment; else dflt. Returns the level, or -EINVAL after printing
+ * option opt_name; NULL when not given) wins; else env, the value of
+ * RTRS_LOG_LEVEL in the program's environment, which the program reads
+ * (the libraries read none; NULL: not set); else dflt. Returns the level, or -EINVAL after printing
  * "prog: --log-level X: ..." or "prog: RTRS_LOG_LEVEL=X: ...".
  */
-int opts_log_level(const char *prog, const char *opt_name, const char *value, int dflt);
+int opts_log_level(const char *prog, const char *opt_name, const char *value, const char *env,
+		   int dflt);
 
 #endif

@@ -143,7 +143,7 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 static const struct fab_con_ops clt_con_ops = {
 	.connected = clt_con_connected,
 	.down = clt_con_down,
-	.imm = clt_con_imm,
+	.imm = rtrs_con_imm,
 	.recv = clt_con_recv,
 	.done = rtrs_con_done,
 	.kick = rtrs_con_kick,

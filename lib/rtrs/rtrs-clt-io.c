@@ -49,8 +49,7 @@ bool clt_req_complete(struct clt_req *req, int err)
 void clt_sess_key_update(struct rtrs_clt_sess *s, uint32_t id, uint32_t gen, uint64_t key)
 {
 	pthread_mutex_lock(&s->rkey_lock);
-	if (!(s->fault_stale_rkey && s->rkey_gens[id]) &&
-	    (!s->rkey_gens[id] || (int32_t)(gen - s->rkey_gens[id]) > 0)) {
+	if (!s->rkey_gens[id] || (int32_t)(gen - s->rkey_gens[id]) > 0) {
 		s->rkey_gens[id] = gen;
 		atomic_store(&s->rkeys[id], key);
 	}
@@ -447,14 +446,4 @@ bool clt_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload)
 		return false;
 	clt_handle_rsp(container_of(c, struct clt_con, c), payload);
 	return true;
-}
-
-/* fab_con_ops.imm: rtrs_con_imm, after the fault injection's delay. */
-void clt_con_imm(void *priv, uint32_t imm)
-{
-	struct clt_path *p = container_of(priv, struct clt_con, c)->path;
-
-	if (unlikely(p->fault_delay_us))
-		usleep(p->fault_delay_us); /* fault injection: this path is slow */
-	rtrs_con_imm(priv, imm);
 }

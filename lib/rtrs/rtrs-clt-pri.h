@@ -115,7 +115,6 @@ struct clt_path {
 	atomic_uint_fast64_t down_since_ms; /* when it last failed (loss timeout) */
 	atomic_bool keep_closed;    /* disconnected by the user */
 	bool removed;               /* rtrs_clt_remove_path: the slot stays, closed */
-	unsigned fault_delay_us;    /* RTRS_FAULT_DELAY_PATH: a slow path, for tests */
 	/* Fencing (docs/protocol.md section 10). */
 	bool srv_fence;             /* the server answers fences */
 	struct rtrs_msg_fence fence_msg; /* a fence sent over this path */
@@ -177,7 +176,6 @@ struct rtrs_clt_sess {
 	_Atomic uint64_t *rkeys;    /* read by posters without rkey_lock */
 	uint32_t *rkey_gens;
 	pthread_mutex_t rkey_lock;
-	bool fault_stale_rkey;      /* RTRS_FAULT_STALE_RKEY: keep using first keys */
 
 	/* Requests waiting for a path, bounded by fast_io_fail_ms. */
 	unsigned fast_io_fail_ms;
@@ -197,7 +195,6 @@ int clt_post_pending(struct rtrs_con *con, struct rtrs_pending *it);
 int clt_req_route(struct clt_req *req);
 bool clt_sess_path_may_come(struct rtrs_clt_sess *s);
 bool clt_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload);
-void clt_con_imm(void *priv, uint32_t imm);
 
 /* rtrs-clt-fence.c */
 void clt_fence_process(struct rtrs_clt_sess *s, uint64_t now, bool may_come);

@@ -171,18 +171,6 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 	}
 	p->base.hb.interval_ms = s->hb_interval_ms;
 	p->base.hb.missed_max = s->hb_missed_max;
-	/*
-	 * Fault injection, documented in docs/architecture.md: with
-	 * RTRS_FAULT_DELAY_PATH=IDX:US, every immediate path IDX receives
-	 * (responses, heartbeat acks) is handled US microseconds late.
-	 */
-	const char *fd = getenv("RTRS_FAULT_DELAY_PATH");
-	unsigned fidx, fus;
-
-	if (fd && sscanf(fd, "%u:%u", &fidx, &fus) == 2 && fidx == idx) {
-		p->fault_delay_us = fus;
-		log_warn("%s: fault injection: every completion %u us late", p->name, fus);
-	}
 	atomic_init(&p->keep_closed, false);
 	atomic_init(&p->verdict, -1);
 	return loop_timer_init(s->loop, &p->reconnect_timer, clt_path_reconnect_timer);
@@ -319,9 +307,6 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	STAILQ_INIT(&s->fencing);
 	pthread_mutex_init(&s->admin_lock, NULL);
 	pthread_mutex_init(&s->rkey_lock, NULL);
-	s->fault_stale_rkey = getenv("RTRS_FAULT_STALE_RKEY") != NULL;
-	if (s->fault_stale_rkey)
-		log_warn("%s: fault injection: chunk keys are never renewed", s->name);
 	atomic_init(&s->paths_up, 0);
 	s->fast_io_fail_ms = o->fast_io_fail_ms;
 	s->wait_timer.h.fd = -1;
@@ -329,14 +314,6 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	rc = rand_bytes(s->paths_uuid, sizeof(s->paths_uuid));
 	if (rc)
 		goto out_free;
-	if (getenv("RTRS_FAULT_PATHS_UUID")) {
-		/* Another session's paths may be claimed (the server must refuse it). */
-		const char *u = getenv("RTRS_FAULT_PATHS_UUID");
-
-		memset(s->paths_uuid, 0, sizeof(s->paths_uuid));
-		memcpy(s->paths_uuid, u, MIN(strlen(u), sizeof(s->paths_uuid)));
-		log_warn("%s: fault injection: session uuid from RTRS_FAULT_PATHS_UUID", s->name);
-	}
 	rc = sess_auth_setup(s, o);
 	if (rc)
 		goto out_free;

@@ -125,7 +125,6 @@ struct fab_con {
 	atomic_bool down;      /* down() was called (or the owner shut us down) */
 	atomic_bool shutdown;  /* fab_con_shutdown() was called */
 	atomic_bool kicked;    /* ops->kick is due */
-	atomic_uint posts;     /* for fault injection */
 	atomic_bool retry;     /* ops->kick again after a short wait */
 	atomic_uint tx_posted; /* tx_counted: posted and not completed */
 	unsigned tx_max;       /* ... at most this many (the granted tx size) */
@@ -1029,34 +1028,6 @@ static void ofi_connreq_peer(const struct fab_connreq *req, char *buf, size_t le
 
 /* ---- connections ------------------------------------------------------------- */
 
-/*
- * Fault injection: RTRS_FAULT_EAGAIN_EVERY=N makes every Nth write on a
- * connection fail with -EAGAIN as if the send queue were full, so tests
- * drive the pending lists and kicks on purpose (the tcp provider's queue
- * grows on demand and never says so itself).
- */
-static unsigned fault_eagain_every(void)
-{
-	static atomic_int every = -1;
-	int v = atomic_load_explicit(&every, memory_order_relaxed);
-
-	if (v < 0) {
-		const char *s = getenv("RTRS_FAULT_EAGAIN_EVERY");
-
-		v = s ? atoi(s) : 0;
-		v = v < 0 ? 0 : v;
-		atomic_store_explicit(&every, v, memory_order_relaxed);
-	}
-	return (unsigned)v;
-}
-
-static bool fault_eagain(struct fab_con *c)
-{
-	unsigned every = fault_eagain_every();
-
-	return every && atomic_fetch_add(&c->posts, 1) % every == every - 1;
-}
-
 /* Fails rather than let the provider truncate connection data. */
 static int check_cm_data(struct fab_con *c, size_t len)
 {
@@ -1653,7 +1624,7 @@ static int ofi_write(struct fab_con *c, const struct iovec *iov, void *const *de
 	if (rma_cnt > ARRAY_SIZE(riov) || rma_cnt > c->fab->attr.rma_iov_limit ||
 	    iov_cnt > c->fab->attr.iov_limit)
 		return -EINVAL;
-	if (fault_eagain(c) || tx_reserve(c))
+	if (tx_reserve(c))
 		return -EAGAIN;
 	for (size_t i = 0; i < rma_cnt; i++)
 		riov[i] = (struct fi_rma_iov){ .addr = rma[i].addr, .len = rma[i].len,
@@ -1684,8 +1655,6 @@ static int ofi_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_
 
 	if (len > c->fab->attr.inject_size)
 		return -EMSGSIZE;
-	if (fault_eagain(c))
-		return -EAGAIN;
 	if (c->fab->imm_by_send) {
 		/* The data first; the immediate follows (send-after-write order). */
 		if (len) {

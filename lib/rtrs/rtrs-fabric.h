@@ -155,6 +155,13 @@ struct fab_ops {
 
 /* The libfabric implementation (rtrs-fabric-ofi.c). */
 extern const struct fab_ops fab_ofi_ops;
+#ifdef RTRS_FAULT_INJECTION
+/*
+ * Test builds only (meson -Dfault_injection=true): wraps fab_ofi_ops and
+ * injects the faults set with rtrs_fault_set() (rtrs-fabric-fault.c).
+ */
+extern const struct fab_ops fab_fault_ops;
+#endif
 
 struct fab_obj {
 	const struct fab_ops *ops;
@@ -178,7 +185,11 @@ static inline const struct fab_ops *fab_ops_of(const void *obj)
 static inline int fab_open(const char *prov, const char *src, const char *node,
 			   const char *service, bool server, size_t queue, struct fab **out)
 {
+#ifdef RTRS_FAULT_INJECTION
+	return fab_fault_ops.open(prov, src, node, service, server, queue, out);
+#else
 	return fab_ofi_ops.open(prov, src, node, service, server, queue, out);
+#endif
 }
 static inline void fab_close(struct fab *f)
 {

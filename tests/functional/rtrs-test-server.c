@@ -6,6 +6,10 @@
  * client asks for. --async answers from a separate thread, so IO is held by
  * the "user" while the transport runs on.
  *
+ * --fault-eagain-every N refuses every Nth write on each connection with
+ * -EAGAIN (rtrs-fault.h: builds with -Dfault_injection=true; elsewhere it
+ * exits 77 saying so). RTRS_LOG_LEVEL sets the library's level.
+ *
  * Prints "rtrs-test-server listening on port N" once it listens.
  */
 #include <errno.h>
@@ -21,11 +25,14 @@
 
 #include "rtrs.h"
 #include "opts.h"
+#ifdef RTRS_FAULT_INJECTION
+#include "rtrs-fault.h"
+#endif
 #include "test-proto-hdr.h"
 
 static struct {
 	uint64_t port, queue_depth, chunk_size, store_size, hb_ms, hb_missed, delay_us;
-	uint64_t exit_after;
+	uint64_t exit_after, fault_eagain_every;
 	uint64_t max_pending, max_pending_per_peer, handshake_ms, max_sessions, max_chunk_mem;
 	bool async, apply_late;
 	const char *addr, *provider, *auth_keys;
@@ -66,6 +73,8 @@ static const struct opt options[] = {
 	  .help = "connected sessions (0: default)" },
 	{ "max-chunk-mem", 0, OPT_SIZE, &g.max_chunk_mem, 0, 1ull << 40, .arg = "SIZE",
 	  .help = "chunk memory of all sessions (0: default)" },
+	{ "fault-eagain-every", 0, OPT_UINT, &g.fault_eagain_every, 2, 1000000, .arg = "N",
+	  .help = "fault injection: every Nth write on a connection meets a full send queue" },
 	{ 0 },
 };
 
@@ -188,6 +197,24 @@ int main(int argc, char **argv)
 	rc = opts_parse(options, "rtrs-test-server", "[options]", argc, argv, &pos);
 	if (rc)
 		return rc > 0 ? 0 : 2;
+	rc = opts_log_level("rtrs-test-server", NULL, NULL, getenv("RTRS_LOG_LEVEL"), 1);
+	if (rc < 0)
+		return 2;
+	rtrs_set_log_level(rc);
+	if (g.fault_eagain_every) {
+#ifdef RTRS_FAULT_INJECTION
+		struct rtrs_fault f = { .eagain_every = (unsigned)g.fault_eagain_every };
+
+		rc = rtrs_fault_set(&f);
+		if (rc) {
+			fprintf(stderr, "rtrs-test-server: --fault-eagain-every: %s\n", strerror(-rc));
+			return 2;
+		}
+#else
+		fprintf(stderr, "rtrs-test-server: --fault-eagain-every: built without -Dfault_injection=true\n");
+		return 77;
+#endif
+	}
 	store = calloc(1, g.store_size);
 	q.cap = g.queue_depth + 1;
 	q.ring = calloc(q.cap, sizeof(*q.ring));

@@ -11,6 +11,10 @@
  *   - a wrong controller secret: the client refuses the server;
  *   - a key rotated on the server while connected, then the link cut: the
  *     reconnect fails once and stops ("key rejected");
+ *   - a client that keeps revoked chunk keys, and another host claiming a
+ *     session, both by fault injection (rtrs-fault.h: builds with
+ *     -Dfault_injection=true; elsewhere those parts are skipped and the
+ *     test ends with 77);
  *   - no secret ever appears in the logs.
  * The never-authenticating raw client is in test-connect.c.
  */
@@ -28,6 +32,9 @@
 #include "check.h"
 #include "harness.h"
 #include "logcap.h"
+#ifdef RTRS_FAULT_INJECTION
+#include "rtrs-fault.h"
+#endif
 
 /* Secrets as `nvme gen-dhchap-key` writes them (made with rtrs-key gen). */
 static const char *const KEY_A = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
@@ -423,6 +430,7 @@ static void test_rotated_key(void)
 	srv_stop();
 }
 
+#ifdef RTRS_FAULT_INJECTION
 /* Session B: verified IO in its own region until told to stop. */
 static atomic_bool b_stop;
 static atomic_int b_rounds, b_errors;
@@ -447,6 +455,8 @@ static void *b_worker(void *arg)
  */
 static void test_stale_key(void)
 {
+	struct rtrs_fault stale_fault = { .stale_rkey = true };
+	struct rtrs_fault_stats fst;
 	struct rtrs_clt_opts o;
 	struct rtrs_path_addr pa;
 	struct rtrs_clt_sess *a = NULL, *b = NULL;
@@ -473,9 +483,9 @@ static void test_stale_key(void)
 	o.paths_num = 2;
 	o.sessname = "stale";
 	o.max_reconnect_attempts = 0;
-	setenv("RTRS_FAULT_STALE_RKEY", "1", 1); /* this session never takes a new key */
+	CHECK_EQ(rtrs_fault_set(&stale_fault), 0); /* this session never takes a new key */
 	rc = rtrs_clt_open(&o, &a);
-	unsetenv("RTRS_FAULT_STALE_RKEY");
+	rtrs_fault_set(NULL);
 	CHECK(rc == 0, "open: %s", strerror(-rc));
 	if (rc)
 		goto out_b;
@@ -485,6 +495,8 @@ static void test_stale_key(void)
 	CHECK_EQ(atomic_load(&stale_writes), 1);
 	rc = do_io(a, RTRS_WRITE, LEN, y);        /* the same chunk, its revoked key */
 	CHECK(rc == -ECONNABORTED, "stale-key write: %s", strerror(-rc));
+	rtrs_fault_get_stats(&fst);
+	CHECK_EQ(fst.stale_keys, 1);              /* the fault bit: one write went stale */
 	CHECK(test_wait_path(a, 0, "closed", 1500) || test_wait_path(a, 1, "closed", 1500),
 	      "the stale write's path closed");
 	usleep(200 * 1000);
@@ -517,6 +529,12 @@ out_b:
 out:
 	srv_stop();
 }
+#else
+static void test_stale_key(void)
+{
+	SKIP_PART("a client with stale keys: built without -Dfault_injection=true");
+}
+#endif
 
 /* No secret, nor its base64 part, in anything logged. */
 /*
@@ -795,11 +813,14 @@ static void test_no_secret_logged(void)
 
 /*
  * Another host, with a good key of its own, claims a session: it names the
- * session's uuid (a fault knob sets both clients' uuid) and its name. The
- * server refuses that path; the owner's IO goes on.
+ * session's uuid (fault injection gives both clients one uuid) and its
+ * name. The server refuses that path; the owner's IO goes on.
  */
+#ifdef RTRS_FAULT_INJECTION
 static void test_session_of_another_host(void)
 {
+	struct rtrs_fault claim = { .paths_uuid = "claimed-session" };
+	struct rtrs_fault_stats fst;
 	struct rtrs_clt_opts o, o2;
 	struct rtrs_path_addr pa, pa2;
 	struct rtrs_clt_sess *a = NULL, *b = NULL;
@@ -810,7 +831,7 @@ static void test_session_of_another_host(void)
 	srv_start(true, 0);
 	clt_opts(&o, &pa, dst, sizeof(dst));
 	o.auth_secret = KEY_A;
-	setenv("RTRS_FAULT_PATHS_UUID", "claimed-session", 1);
+	CHECK_EQ(rtrs_fault_set(&claim), 0);
 	rc = rtrs_clt_open(&o, &a);
 	CHECK(rc == 0, "the owner's session: %s", strerror(-rc));
 	clt_opts(&o2, &pa2, dst2, sizeof(dst2));
@@ -818,8 +839,11 @@ static void test_session_of_another_host(void)
 	o2.auth_host_name = "nqn.2014-08.org.nvmexpress:uuid:other-host";
 	o2.max_reconnect_attempts = 0;
 	rc = rtrs_clt_open(&o2, &b);
-	unsetenv("RTRS_FAULT_PATHS_UUID");
+	rtrs_fault_set(NULL);
 	CHECK(rc != 0, "another host joins the session: %s", rc ? strerror(-rc) : "accepted");
+	rtrs_fault_get_stats(&fst);
+	CHECK(fst.uuids >= 2, "connection requests naming the claimed uuid: %llu",
+	      (unsigned long long)fst.uuids);
 	if (!rc)
 		rtrs_clt_close(b);
 	CHECK(log_has("authenticated, but session auth-test belongs to host"),
@@ -831,6 +855,12 @@ static void test_session_of_another_host(void)
 	}
 	srv_stop();
 }
+#else
+static void test_session_of_another_host(void)
+{
+	SKIP_PART("another host claiming a session: built without -Dfault_injection=true");
+}
+#endif
 
 int main(void)
 {

@@ -8,6 +8,11 @@
  *   B. queue depths 1..512 from several client threads;
  *   C. a server errno reaches the client's completion as that errno;
  *   D. requests the client must refuse, and a server-side range error.
+ *
+ * test-io --fault-eagain-every N (the test test-io-eagain) runs the same
+ * with every Nth write refused as if the send queue were full, on both
+ * sides: the pending lists and kicks carry the load (rtrs-fault.h; a build
+ * without -Dfault_injection=true skips it).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -22,6 +27,9 @@
 #include "check.h"
 #include "harness.h"
 #include "test-proto-hdr.h"
+#ifdef RTRS_FAULT_INJECTION
+#include "rtrs-fault.h"
+#endif
 
 #define STORE_SIZE (128u << 20)
 #define RTRS_TEST_SEGS 16
@@ -308,21 +316,43 @@ static void part_refusals(void)
 	CHECK_EQ(attrs.max_hdr_size, 4096);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	char qd[16], store[32], a_port[] = "--port", a_zero[] = "0", a_qd[] = "--queue-depth";
-	char a_store[] = "--store-size";
-	char *argv[] = { (char *)test_server_path(), a_port, a_zero, a_qd, qd, a_store, store,
-			 NULL };
+	char a_store[] = "--store-size", a_every[] = "--fault-eagain-every", every[16] = "";
+	char *srv_argv[] = { (char *)test_server_path(), a_port, a_zero, a_qd, qd, a_store, store,
+			     NULL, NULL, NULL };
 	struct rtrs_path_addr path;
 	struct rtrs_clt_opts o;
 	struct proc srv;
 	char dst[64];
 	int rc, status;
 
+	if (argc == 3 && !strcmp(argv[1], a_every)) {
+		char *end;
+		unsigned long n = strtoul(argv[2], &end, 10);
+
+		if (*end || n < 2 || n > 1000000) {
+			fprintf(stderr, "test-io: %s %s: expected 2 to 1000000\n", a_every, argv[2]);
+			return 2;
+		}
+#ifdef RTRS_FAULT_INJECTION
+		struct rtrs_fault f = { .eagain_every = (unsigned)n };
+
+		CHECK_EQ(rtrs_fault_set(&f), 0);
+		snprintf(every, sizeof(every), "%lu", n);
+		srv_argv[7] = a_every; /* the server's writes too */
+		srv_argv[8] = every;
+#else
+		SKIP("%s: built without -Dfault_injection=true", a_every);
+#endif
+	} else if (argc != 1) {
+		fprintf(stderr, "usage: test-io [%s N]\n", a_every);
+		return 2;
+	}
 	snprintf(qd, sizeof(qd), "%u", 512);
 	snprintf(store, sizeof(store), "%u", STORE_SIZE);
-	rc = proc_spawn_server(argv, &srv);
+	rc = proc_spawn_server(srv_argv, &srv);
 	if (rc)
 		return 1;
 	proc_dst(&srv, dst, sizeof(dst));
@@ -354,6 +384,17 @@ int main(void)
 	part_refusals();
 	part_queue_depths();
 	rtrs_clt_close(sess);
+	if (every[0]) {
+#ifdef RTRS_FAULT_INJECTION
+		struct rtrs_fault_stats st;
+
+		/* The fault bit: the load above went through refused writes. */
+		rtrs_fault_get_stats(&st);
+		CHECK(st.eagain > 100, "writes refused with -EAGAIN: %llu",
+		      (unsigned long long)st.eagain);
+		rtrs_fault_set(NULL);
+#endif
+	}
 out:
 	status = proc_signal(&srv, SIGTERM, true);
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "server exit status %d", status);

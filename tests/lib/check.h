@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 /* Atomic: tests check from their worker threads too. */
-static atomic_int g_checks, g_failures;
+static atomic_int g_checks, g_failures, g_skipped_parts;
 
 #define CHECK(cond, ...)                                                       \
 	do {                                                                   \
@@ -83,10 +83,25 @@ static inline const char *test_tmpdir(const char *base, const char *prefix)
 	return dir;
 }
 
+/*
+ * A part of the test that cannot run here (a build without fault
+ * injection, say): says why, and the test ends with 77 (skipped) unless
+ * something else failed, since it did not test everything.
+ */
+#define SKIP_PART(...)                                      \
+	do {                                                \
+		g_skipped_parts++;                          \
+		fprintf(stderr, "SKIP part: " __VA_ARGS__); \
+		fputc('\n', stderr);                        \
+	} while (0)
+
 static inline int test_done(const char *name)
 {
-	printf("%s: %d checks, %d failed\n", name, g_checks, g_failures);
-	return g_failures ? 1 : 0;
+	printf("%s: %d checks, %d failed", name, g_checks, g_failures);
+	if (g_skipped_parts)
+		printf(", %d part%s skipped", g_skipped_parts, g_skipped_parts > 1 ? "s" : "");
+	printf("\n");
+	return g_failures ? 1 : g_skipped_parts ? 77 : 0;
 }
 
 #endif

@@ -14,6 +14,28 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "log.h"
+#include "opts.h"
+
+/*
+ * The libraries read no environment: a test's RTRS_LOG_LEVEL is applied
+ * here, before main, to librtrs and to this program's own copy of the log
+ * state (librnbd's, in the RNBD tests). Tests that need a level set it
+ * themselves afterwards.
+ */
+__attribute__((constructor)) static void test_log_level_from_env(void)
+{
+	const char *env = getenv("RTRS_LOG_LEVEL");
+	int level;
+
+	if (!env)
+		return;
+	level = opts_log_level("test", NULL, NULL, env, LOG_WARN);
+	if (level < 0)
+		exit(2);
+	rtrs_set_log_level(level);
+	g_log_level = level;
+}
 
 uint64_t test_now_ms(void)
 {

@@ -1663,7 +1663,10 @@ static void test_opts_negation(void)
 	CHECK(strstr(buf, "Config file") == NULL, "no config option, no config help");
 }
 
-/* Log levels by name, and which source wins: the option, RTRS_LOG_LEVEL, the default. */
+/*
+ * Log levels by name, and which source wins: the option, the program's
+ * RTRS_LOG_LEVEL (passed in: the helper reads no environment), the default.
+ */
 static void test_opts_log_level(void)
 {
 	static const struct {
@@ -1684,18 +1687,18 @@ static void test_opts_log_level(void)
 		      names[i].s, opts_log_level_parse(names[i].s), names[i].level);
 	CHECK_EQ(opts_log_level_parse(NULL), -EINVAL);
 
-	unsetenv("RTRS_LOG_LEVEL");
-	CHECK_EQ(opts_log_level("prog", "--log-level", NULL, 1), 1);
-	CHECK_EQ(opts_log_level("prog", "--log-level", "debug", 1), 3);
-	setenv("RTRS_LOG_LEVEL", "error", 1);
-	CHECK_EQ(opts_log_level("prog", "--log-level", NULL, 2), 0);
-	CHECK_EQ(opts_log_level("prog", "--log-level", "info", 0), 2);
-	setenv("RTRS_LOG_LEVEL", "loud", 1);
+	CHECK_EQ(opts_log_level("prog", "--log-level", NULL, NULL, 1), 1);
+	CHECK_EQ(opts_log_level("prog", "--log-level", "debug", NULL, 1), 3);
+	CHECK_EQ(opts_log_level("prog", "--log-level", NULL, "error", 2), 0);
+	CHECK_EQ(opts_log_level("prog", "--log-level", "info", "error", 0), 2);
 	err = quiet_begin(2);
-	CHECK_EQ(opts_log_level("prog", "--log-level", NULL, 2), -EINVAL);
-	CHECK_EQ(opts_log_level("prog", "--log-level", "7", 2), -EINVAL);
+	CHECK_EQ(opts_log_level("prog", "--log-level", NULL, "loud", 2), -EINVAL);
+	CHECK_EQ(opts_log_level("prog", "--log-level", "7", "error", 2), -EINVAL);
 	quiet_end(2, err);
-	CHECK_EQ(opts_log_level("prog", "--log-level", "warn", 2), 1); /* the option wins */
+	CHECK_EQ(opts_log_level("prog", "--log-level", "warn", "loud", 2), 1); /* the option wins */
+	/* The environment itself is the program's to read, not the helper's. */
+	setenv("RTRS_LOG_LEVEL", "error", 1);
+	CHECK_EQ(opts_log_level("prog", "--log-level", NULL, NULL, 2), 2);
 	if (keep)
 		setenv("RTRS_LOG_LEVEL", keep, 1);
 	else

@@ -1,0 +1,535 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Fault injection as a fabric layer (rtrs-fault.h), compiled only with
+ * meson -Dfault_injection=true. fab_open comes here; a fabric opened while
+ * a fault applies to it is the libfabric one wrapped, and so are its
+ * connections: each wrapper object starts with &fab_fault_ops and holds
+ * the inner object. Listeners, connection requests and memory
+ * registrations are the inner implementation's own objects, handed out as
+ * they are: their calls dispatch there directly and never come here.
+ *
+ * The faults need no change to the client or the server: a slow path
+ * delays the immediates the connection hands up, a full send queue
+ * refuses posts, a stale key puts a chunk's first key back into the
+ * outgoing write, and a claimed session rewrites the connection request.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rtrs-fault.h"
+#include "rtrs-pri.h"
+
+/* Chunk ids fit the queue depth: 16 bits on the wire. */
+#define FAULT_MAX_CHUNKS 65536
+#define FAULT_MAX_DELAY_US 10000000u
+
+/* One rtrs_fault_set(): shared by the fabrics opened under it. */
+struct fault_set {
+	atomic_int refs;
+	unsigned eagain_every;
+	bool delay_any;           /* delay_src was NULL */
+	char delay_src[256];
+	unsigned delay_us;
+	bool stale_rkey;
+	bool set_uuid;
+	uint8_t paths_uuid[RTRS_UUID_LEN];
+	/* stale_rkey: the first key each chunk id was written with. */
+	pthread_mutex_t key_lock;
+	uint64_t *first_key;
+	uint8_t *key_seen;
+};
+
+struct fault_fab {
+	const struct fab_ops *ops; /* &fab_fault_ops, as struct fab_obj */
+	struct fab *inner;
+	struct fault_set *fs;
+	bool server;
+	unsigned delay_us;         /* this fabric's connections are slow */
+};
+
+struct fault_con {
+	const struct fab_ops *ops; /* &fab_fault_ops */
+	struct fab_con *inner;
+	struct fault_set *fs;
+	bool client;
+	unsigned delay_us;
+	const struct fab_con_ops *user_ops;
+	void *user_priv;
+	char name[64];
+	atomic_uint posts;         /* eagain_every */
+	atomic_uint queue_depth;   /* stale_rkey: from the connect response; 0 unknown */
+};
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fault_set *g_set;
+static atomic_uint_fast64_t st_eagain, st_delayed, st_stale, st_uuids;
+
+static struct fault_fab *ff_of(struct fab *f)
+{
+	return (struct fault_fab *)(void *)f;
+}
+
+static const struct fault_fab *ff_of_const(const struct fab *f)
+{
+	return (const struct fault_fab *)(const void *)f;
+}
+
+static struct fault_con *fc_of(struct fab_con *c)
+{
+	return (struct fault_con *)(void *)c;
+}
+
+static const struct fault_con *fc_of_const(const struct fab_con *c)
+{
+	return (const struct fault_con *)(const void *)c;
+}
+
+/* ---- the fault set ---------------------------------------------------------- */
+
+static void fault_set_put(struct fault_set *fs)
+{
+	if (!fs || atomic_fetch_sub(&fs->refs, 1) != 1)
+		return;
+	pthread_mutex_destroy(&fs->key_lock);
+	free(fs->first_key);
+	free(fs->key_seen);
+	free(fs);
+}
+
+/* The faults in force now, with a reference; NULL: none. */
+static struct fault_set *fault_set_get(void)
+{
+	struct fault_set *fs;
+
+	pthread_mutex_lock(&g_lock);
+	fs = g_set;
+	if (fs)
+		atomic_fetch_add(&fs->refs, 1);
+	pthread_mutex_unlock(&g_lock);
+	return fs;
+}
+
+static int fault_set_new(const struct rtrs_fault *f, struct fault_set **out)
+{
+	struct fault_set *fs;
+
+	*out = NULL;
+	if (!f || (!f->eagain_every && !f->delay_us && !f->stale_rkey && !f->paths_uuid))
+		return 0;
+	if (f->eagain_every == 1 || f->delay_us > FAULT_MAX_DELAY_US ||
+	    (f->delay_src && strlen(f->delay_src) >= sizeof(fs->delay_src)) ||
+	    (f->paths_uuid && strlen(f->paths_uuid) > RTRS_UUID_LEN))
+		return -EINVAL;
+	fs = calloc(1, sizeof(*fs));
+	if (!fs)
+		return -ENOMEM;
+	atomic_init(&fs->refs, 1);
+	fs->eagain_every = f->eagain_every;
+	fs->delay_us = f->delay_us;
+	fs->delay_any = !f->delay_src;
+	if (f->delay_src)
+		snprintf(fs->delay_src, sizeof(fs->delay_src), "%s", f->delay_src);
+	fs->stale_rkey = f->stale_rkey;
+	if (f->paths_uuid) {
+		fs->set_uuid = true;
+		memcpy(fs->paths_uuid, f->paths_uuid, strlen(f->paths_uuid));
+	}
+	pthread_mutex_init(&fs->key_lock, NULL);
+	if (fs->stale_rkey) {
+		fs->first_key = calloc(FAULT_MAX_CHUNKS, sizeof(*fs->first_key));
+		fs->key_seen = calloc(FAULT_MAX_CHUNKS, sizeof(*fs->key_seen));
+		if (!fs->first_key || !fs->key_seen) {
+			fault_set_put(fs);
+			return -ENOMEM;
+		}
+	}
+	*out = fs;
+	return 0;
+}
+
+RTRS_EXPORT int rtrs_fault_set(const struct rtrs_fault *f)
+{
+	struct fault_set *fs, *old;
+	int rc = fault_set_new(f, &fs);
+
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&g_lock);
+	old = g_set;
+	g_set = fs;
+	pthread_mutex_unlock(&g_lock);
+	fault_set_put(old);
+	return 0;
+}
+
+RTRS_EXPORT void rtrs_fault_get_stats(struct rtrs_fault_stats *st)
+{
+	st->eagain = atomic_load(&st_eagain);
+	st->delayed = atomic_load(&st_delayed);
+	st->stale_keys = atomic_load(&st_stale);
+	st->uuids = atomic_load(&st_uuids);
+}
+
+/* ---- connection callbacks: the owner's, with the faults in between ---------- */
+
+static void fault_connected(void *priv, const void *data, size_t len)
+{
+	struct fault_con *c = priv;
+
+	if (c->client && c->fs->stale_rkey) {
+		struct rtrs_conn_rsp rsp;
+		const char *why = NULL;
+
+		/* The chunk id in a request's immediate is sized by the queue depth. */
+		if (!rtrs_conn_rsp_decode(data, len, &rsp, &why) && !rsp.err)
+			atomic_store(&c->queue_depth, rsp.queue_depth);
+		else
+			log_err("%s: fault injection: no queue depth in the connect response (%s): "
+				"keys are not made stale", c->name, why ? why : "refused");
+	}
+	c->user_ops->connected(c->user_priv, data, len);
+}
+
+static void fault_down(void *priv, int err, const void *data, size_t len)
+{
+	struct fault_con *c = priv;
+
+	c->user_ops->down(c->user_priv, err, data, len);
+}
+
+static void fault_imm(void *priv, uint32_t imm)
+{
+	struct fault_con *c = priv;
+
+	if (c->delay_us) {
+		usleep(c->delay_us);
+		atomic_fetch_add(&st_delayed, 1);
+	}
+	c->user_ops->imm(c->user_priv, imm);
+}
+
+static void fault_recv(void *priv, void *buf, size_t len)
+{
+	struct fault_con *c = priv;
+
+	c->user_ops->recv(c->user_priv, buf, len);
+}
+
+static void fault_done(void *priv, void *ctx)
+{
+	struct fault_con *c = priv;
+
+	c->user_ops->done(c->user_priv, ctx);
+}
+
+static void fault_kick(void *priv)
+{
+	struct fault_con *c = priv;
+
+	c->user_ops->kick(c->user_priv);
+}
+
+static const struct fab_con_ops fault_con_ops = {
+	.connected = fault_connected,
+	.down = fault_down,
+	.imm = fault_imm,
+	.recv = fault_recv,
+	.done = fault_done,
+	.kick = fault_kick,
+};
+
+/* ---- fabric ------------------------------------------------------------------ */
+
+static bool fault_slow(const struct fault_set *fs, const char *src)
+{
+	return fs->delay_us && (fs->delay_any || (src && !strcmp(src, fs->delay_src)));
+}
+
+static int fault_open(const char *prov, const char *src, const char *node, const char *service,
+		      bool server, size_t queue, struct fab **out)
+{
+	struct fault_set *fs = fault_set_get();
+	struct fault_fab *ff;
+	bool slow, client_faults;
+	int rc;
+
+	slow = fs && fault_slow(fs, src);
+	client_faults = fs && !server && (fs->stale_rkey || fs->set_uuid);
+	if (!fs || (!fs->eagain_every && !slow && !client_faults)) {
+		fault_set_put(fs);
+		return fab_ofi_ops.open(prov, src, node, service, server, queue, out);
+	}
+	ff = calloc(1, sizeof(*ff));
+	if (!ff) {
+		fault_set_put(fs);
+		return -ENOMEM;
+	}
+	rc = fab_ofi_ops.open(prov, src, node, service, server, queue, &ff->inner);
+	if (rc) {
+		fault_set_put(fs);
+		free(ff);
+		return rc;
+	}
+	ff->ops = &fab_fault_ops;
+	ff->fs = fs;
+	ff->server = server;
+	ff->delay_us = slow ? fs->delay_us : 0;
+	log_warn("fault injection: %s %s:%s:%s%s%s%s", server ? "listening on" : "connecting to",
+		 node ? node : "*", service ? service : "*",
+		 fs->eagain_every ? " every write may be refused" : "",
+		 slow ? " slow" : "", client_faults && fs->stale_rkey ? " stale keys" : "",
+		 client_faults && fs->set_uuid ? " claimed session uuid" : "");
+	*out = (struct fab *)(void *)ff;
+	return 0;
+}
+
+static void fault_close(struct fab *f)
+{
+	struct fault_fab *ff = ff_of(f);
+
+	fab_close(ff->inner);
+	fault_set_put(ff->fs);
+	free(ff);
+}
+
+static const struct fab_attr *fault_attr(const struct fab *f)
+{
+	return fab_attr(ff_of_const(f)->inner);
+}
+
+static int fault_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr)
+{
+	return fab_mr_reg(ff_of(f)->inner, buf, len, access, mr);
+}
+
+static int fault_listen(struct fab *f, struct fab_lst **out)
+{
+	return fab_listen(ff_of(f)->inner, out);
+}
+
+/* The connection request with the claimed session uuid, in m. */
+static int conn_req_claim(const struct fault_set *fs, const char *name, const void *data,
+			  size_t len, struct rtrs_msg_conn_req *m)
+{
+	struct rtrs_conn_req req;
+	const char *why = NULL;
+	int rc = rtrs_conn_req_decode(data, len, &req, &why);
+
+	if (rc || len != sizeof(*m)) {
+		log_err("%s: fault injection: not a connection request (%s)", name,
+			why ? why : "size");
+		return rc ? rc : -EINVAL;
+	}
+	memcpy(req.paths_uuid, fs->paths_uuid, RTRS_UUID_LEN);
+	rtrs_conn_req_encode(m, &req);
+	atomic_fetch_add(&st_uuids, 1);
+	return 0;
+}
+
+/*
+ * Connects (req NULL) or accepts req: a wrapper connection between the
+ * owner and the inner one. *out is the wrapper before any callback can run.
+ */
+static int con_open(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
+		    const void *data, size_t len, struct fab_con **out)
+{
+	struct fault_fab *ff = ff_of(f);
+	struct fault_con *c = calloc(1, sizeof(*c));
+	struct rtrs_msg_conn_req m;
+	struct fab_con_cfg icfg = *cfg;
+	int rc = 0;
+
+	if (!c)
+		return -ENOMEM;
+	c->ops = &fab_fault_ops;
+	c->fs = ff->fs;
+	atomic_fetch_add(&c->fs->refs, 1);
+	c->client = !ff->server;
+	c->delay_us = ff->delay_us;
+	c->user_ops = cfg->ops;
+	c->user_priv = cfg->priv;
+	snprintf(c->name, sizeof(c->name), "%s", cfg->name ? cfg->name : "?");
+	atomic_init(&c->posts, 0);
+	atomic_init(&c->queue_depth, 0);
+	icfg.ops = &fault_con_ops;
+	icfg.priv = c;
+	/* The owner's callbacks may use the handle from their first call on. */
+	*out = (struct fab_con *)(void *)c;
+	if (req) {
+		rc = fab_con_accept(ff->inner, req, &icfg, data, len, &c->inner);
+	} else {
+		if (c->fs->set_uuid) {
+			rc = conn_req_claim(c->fs, c->name, data, len, &m);
+			data = &m;
+		}
+		if (!rc)
+			rc = fab_con_connect(ff->inner, &icfg, data, len, &c->inner);
+	}
+	if (rc) {
+		*out = NULL;
+		fault_set_put(c->fs);
+		free(c);
+	}
+	return rc;
+}
+
+static int fault_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
+			     size_t len, struct fab_con **out)
+{
+	return con_open(f, NULL, cfg, data, len, out);
+}
+
+static int fault_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
+			    const void *data, size_t len, struct fab_con **out)
+{
+	return con_open(f, req, cfg, data, len, out);
+}
+
+/* ---- connection -------------------------------------------------------------- */
+
+static void fault_con_shutdown(struct fab_con *c)
+{
+	fab_con_shutdown(fc_of(c)->inner);
+}
+
+static int fault_con_rx_setup(struct fab_con *c, size_t count, size_t size)
+{
+	return fab_con_rx_setup(fc_of(c)->inner, count, size);
+}
+
+static void fault_con_kick(struct fab_con *c)
+{
+	fab_con_kick(fc_of(c)->inner);
+}
+
+static void fault_con_retry_later(struct fab_con *c)
+{
+	fab_con_retry_later(fc_of(c)->inner);
+}
+
+static void fault_con_destroy(struct fab_con *c)
+{
+	struct fault_con *wc = fc_of(c);
+
+	/* The inner thread is joined here: no callback can come afterwards. */
+	fab_con_destroy(wc->inner);
+	fault_set_put(wc->fs);
+	free(wc);
+}
+
+static void fault_con_local(const struct fab_con *c, char *buf, size_t len)
+{
+	fab_con_local(fc_of_const(c)->inner, buf, len);
+}
+
+static bool fault_eagain(struct fault_con *c)
+{
+	unsigned every = c->fs->eagain_every;
+
+	if (!every || atomic_fetch_add(&c->posts, 1) % every != every - 1)
+		return false;
+	atomic_fetch_add(&st_eagain, 1);
+	return true;
+}
+
+/*
+ * stale_rkey: the key chunk id was first written with, which key becomes
+ * on its first use. The chunk comes from the request's immediate.
+ */
+static int stale_key(struct fault_con *c, bool with_imm, uint32_t imm, uint64_t *key)
+{
+	struct fault_set *fs = c->fs;
+	unsigned qd = atomic_load(&c->queue_depth), type;
+	uint32_t payload, id;
+
+	if (!with_imm) {
+		/* Its first writes would go with the new key: not what was asked. */
+		log_err_rl("%s: fault injection: a request in several writes cannot use a stale key",
+			   c->name);
+		return -EOPNOTSUPP;
+	}
+	rtrs_from_imm(imm, &type, &payload);
+	if (type != RTRS_IO_REQ_IMM || !qd)
+		return 0;
+	id = rtrs_io_req_chunk(qd, payload);
+	if (id >= FAULT_MAX_CHUNKS)
+		return 0;
+	pthread_mutex_lock(&fs->key_lock);
+	if (!fs->key_seen[id]) {
+		fs->key_seen[id] = 1;
+		fs->first_key[id] = *key;
+	} else if (fs->first_key[id] != *key) {
+		*key = fs->first_key[id];
+		atomic_fetch_add(&st_stale, 1);
+	}
+	pthread_mutex_unlock(&fs->key_lock);
+	return 0;
+}
+
+static int fault_write(struct fab_con *c, const struct iovec *iov, void *const *desc,
+		       size_t iov_cnt, const struct fab_rma *rma, size_t rma_cnt, bool with_imm,
+		       uint32_t imm, void *ctx)
+{
+	struct fault_con *wc = fc_of(c);
+	struct fab_rma stale;
+
+	if (fault_eagain(wc))
+		return -EAGAIN;
+	if (wc->client && wc->fs->stale_rkey) {
+		int rc;
+
+		/* The client writes a request to one chunk: one remote range. */
+		if (rma_cnt != 1)
+			return -EOPNOTSUPP;
+		stale = rma[0];
+		rc = stale_key(wc, with_imm, imm, &stale.key);
+		if (rc)
+			return rc;
+		rma = &stale;
+	}
+	return fab_write(wc->inner, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm, ctx);
+}
+
+static int fault_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
+			   uint64_t key, uint32_t imm, void *ctx)
+{
+	struct fault_con *wc = fc_of(c);
+
+	if (fault_eagain(wc))
+		return -EAGAIN;
+	return fab_ops_of(wc->inner)->write_imm(wc->inner, buf, len, addr, key, imm, ctx);
+}
+
+static int fault_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)
+{
+	return fab_send(fc_of(c)->inner, buf, len, desc, ctx);
+}
+
+/*
+ * Listener, connection request and MR calls are absent: those objects are
+ * the inner implementation's and dispatch there.
+ */
+const struct fab_ops fab_fault_ops = {
+	.name = "fault injection over libfabric",
+	.open = fault_open,
+	.close = fault_close,
+	.attr = fault_attr,
+	.mr_reg = fault_mr_reg,
+	.listen = fault_listen,
+	.con_connect = fault_con_connect,
+	.con_accept = fault_con_accept,
+	.con_shutdown = fault_con_shutdown,
+	.con_rx_setup = fault_con_rx_setup,
+	.con_kick = fault_con_kick,
+	.con_retry_later = fault_con_retry_later,
+	.con_destroy = fault_con_destroy,
+	.con_local = fault_con_local,
+	.write = fault_write,
+	.write_imm = fault_write_imm,
+	.send = fault_send,
+};

@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Fault injection for tests. It exists only in builds made with
+ * meson -Dfault_injection=true: there RTRS_FAULT_INJECTION is defined for
+ * the library and for the programs that use rtrs_fault_dep, and librtrs
+ * exports the calls below. A build to ship has none of it, and this is not
+ * part of the library's interface (include/rtrs.h).
+ *
+ * The faults are injected by a wrapper around the libfabric implementation
+ * of the fabric layer (rtrs-fabric-fault.c). They apply to every fabric
+ * opened after rtrs_fault_set() until the next call: a client opens one per
+ * path at each connect attempt, a server one per listening address. A
+ * fabric keeps the faults it was opened with for the life of its
+ * connections. A fabric opened while no fault applies to it is the
+ * libfabric one itself, unwrapped.
+ */
+#ifndef RTRS_FAULT_H
+#define RTRS_FAULT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct rtrs_fault {
+	/*
+	 * Every Nth fab_write or fab_write_imm on each connection fails with
+	 * -EAGAIN as if the send queue were full: drives the pending lists
+	 * and kicks (the tcp provider's queue grows on demand and never says
+	 * so itself). 0: off. 1 is refused: nothing would ever go out.
+	 * fab_send is not affected.
+	 */
+	unsigned eagain_every;
+	/*
+	 * A slow path: the connections of fabrics opened from local address
+	 * delay_src (a client path's source as given, e.g. "127.0.0.2")
+	 * handle each immediate they receive (responses, heartbeats)
+	 * delay_us late. delay_src NULL: every fabric.
+	 */
+	const char *delay_src;
+	unsigned delay_us;
+	/*
+	 * Client: requests keep the first key each chunk was written with and
+	 * never take the newer ones an always_invalidate server hands out, so
+	 * the second use of a chunk writes with a revoked key. The fabrics
+	 * opened under one rtrs_fault_set() share the record of first keys:
+	 * open one session under it. A request that needs several writes
+	 * cannot be faulted: it fails with -EOPNOTSUPP.
+	 */
+	bool stale_rkey;
+	/*
+	 * Client: every connection request names this session uuid (at most
+	 * 16 bytes, the rest zero) instead of the session's random one: a
+	 * client that claims another's session. NULL: off.
+	 */
+	const char *paths_uuid;
+};
+
+/*
+ * Sets the faults for fabrics opened from now on (a copy is kept; NULL or
+ * all zero: none). 0, or -EINVAL for eagain_every 1, a delay over 10 s, a
+ * delay_src over 255 bytes or a paths_uuid over 16 bytes.
+ */
+int rtrs_fault_set(const struct rtrs_fault *f);
+
+/* Faults injected in this process so far: a test proves its fault bit. */
+struct rtrs_fault_stats {
+	uint64_t eagain;      /* writes refused with -EAGAIN */
+	uint64_t delayed;     /* immediates handled late */
+	uint64_t stale_keys;  /* writes sent with an older key than the client gave */
+	uint64_t uuids;       /* connection requests sent with paths_uuid */
+};
+
+void rtrs_fault_get_stats(struct rtrs_fault_stats *st);
+
+#endif

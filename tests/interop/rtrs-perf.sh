@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# rtrs-perf's log level: librtrs reads no environment, so the program takes
+# RTRS_LOG_LEVEL and sets the library's level: --log-level wins, then
+# RTRS_LOG_LEVEL, then warn; a bad value stops it (exit 2) naming it.
+# Usage: rtrs-perf.sh BUILD_DIR.
+set -euo pipefail
+build=$(cd "${1:?usage: rtrs-perf.sh BUILD_DIR}" && pwd)
+perf=$build/tools/rtrs-perf
+
+. "$(dirname "$0")/../lib/common.sh"
+dir=$(mktemp -d /var/tmp/rtrs-perf-log.XXXXXX)
+trap 'kill_pids; rm -rf "$dir"' EXIT
+unset RTRS_LOG_LEVEL
+
+# serves NAME ENV ARGS...: a server with RTRS_LOG_LEVEL=ENV (- unset) and
+# ARGS comes up; its stderr and stdout are left in $dir/NAME.log.
+serves() {
+	local name=$1 level=$2 envs=(-u RTRS_LOG_LEVEL) pid
+	shift 2
+	[ "$level" = - ] || envs=("RTRS_LOG_LEVEL=$level")
+	env "${envs[@]}" "$perf" server --port 0 "$@" >"$dir/$name.log" 2>&1 &
+	pid=$!
+	pids+=($pid)
+	wait_until 10 grep -q 'listening on port' "$dir/$name.log" || { cat "$dir/$name.log"; return 1; }
+	kill "$pid"
+	wait "$pid" 2>/dev/null || true
+}
+# refused LEVEL WANT ARGS...: exit 2 at once, saying WANT.
+refused() {
+	local level=$1 want=$2 rc=0
+	shift 2
+	RTRS_LOG_LEVEL=$level timeout 10 "$perf" server --port 0 "$@" >"$dir/refused.log" 2>&1 ||
+		rc=$?
+	[ "$rc" = 2 ] && grep -qF "$want" "$dir/refused.log" || { cat "$dir/refused.log"; return 1; }
+}
+has() { grep -q "$2" "$dir/$1.log"; }
+
+check "RTRS_LOG_LEVEL unset: serves" serves unset -
+check "  at warn: no info line" bash -c "! grep -q ' info: ' '$dir/unset.log'"
+check "RTRS_LOG_LEVEL=info: the library's info lines" serves env-info info
+check "  (listening, at info)" has env-info 'rtrs info: listening on'
+check "RTRS_LOG_LEVEL=debug: debug lines" serves env-debug debug
+check "  (debug line)" has env-debug 'rtrs debug: '
+check "--log-level error wins over RTRS_LOG_LEVEL=debug" serves cli-error debug --log-level error
+check "  (no info or debug line)" bash -c "! grep -Eq ' (info|debug): ' '$dir/cli-error.log'"
+check "a bad RTRS_LOG_LEVEL: exit 2, said" \
+	refused loud "rtrs-perf: RTRS_LOG_LEVEL=loud: expected error, warn, info or debug"
+check "a bad --log-level: exit 2, said" \
+	refused info "rtrs-perf: --log-level 5: expected error, warn, info or debug" --log-level 5
+finish rtrs-perf
