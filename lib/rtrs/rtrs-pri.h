@@ -119,7 +119,7 @@ enum rtrs_reconnect_verdict rtrs_should_reconnect(const struct rtrs_reconnect_in
 /* "retry", "key rejected", ...: what a path shows for the verdict. */
 const char *rtrs_reconnect_verdict_str(enum rtrs_reconnect_verdict v);
 
-/* Splits "host:port", "[v6]:port" or "host"; 0 or -EINVAL. */
+/* Splits "host:port", "[v6]:port" or "host" as rtrs_addr_parse does; 0 or -EINVAL. */
 int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
 			char *port, size_t portlen);
 
