@@ -11,8 +11,9 @@
  *   - a key other than server given again after it was accepted is
  *     refused, and a ninth server too;
  *   - what is accepted keeps the invariants the plugin relies on: paths
- *     with a host, ports 1..65535, a mode, names the wire codecs accept,
- *     numbers in their ranges;
+ *     with a host (their dst read again by rtrs_addr_parse gives the same
+ *     host and port), ports 1..65535, a mode, names the wire codecs
+ *     accept, numbers in their ranges;
  *   - the configuration is complete exactly when it has a server.
  *
  * Values point into one heap copy of the input, kept until the end (the
@@ -52,6 +53,15 @@ static void check_cfg(const struct rnbd_plugin_cfg *c)
 		FAIL_IF(strchr(o->paths[i].dst, '@') != NULL);
 		FAIL_IF(o->paths[i].src && !printable_word(o->paths[i].src));
 		FAIL_IF(o->paths[i].src && strlen(o->paths[i].src) > RNBD_PLUGIN_SRC_MAX);
+		/* The dst a path gets is a fixed point of the parser: the library reads it so. */
+		{
+			struct rtrs_addr again = { .size = sizeof(again) };
+
+			FAIL_IF(rtrs_addr_parse(o->paths[i].dst, 0, &again, NULL, 0) != 0);
+			FAIL_IF(again.src[0] || strcmp(again.dst, o->paths[i].dst) ||
+				strcmp(again.host, c->clt.addrs[i].host) ||
+				again.port != c->clt.addrs[i].port);
+		}
 	}
 	FAIL_IF(o->port < 1);
 	FAIL_IF(c->mode != RNBD_CLT_RO && c->mode != RNBD_CLT_RW && c->mode != RNBD_CLT_MIGRATION);

@@ -168,9 +168,13 @@ static int src_parse(const char *s, size_t n, char *out, char *why, size_t whyle
 	if (!n)
 		return addr_fail(why, whylen, "no source address before '@'");
 	if (*s == '[') {
-		if (n < 2 || s[n - 1] != ']')
-			return addr_fail(why, whylen, "the source address has no ']' at its end "
-					 "after '['");
+		const char *rb = memchr(s, ']', n);
+
+		if (!rb)
+			return addr_fail(why, whylen, "no ']' after '[' in the source address");
+		if (rb != s + n - 1)
+			return addr_fail(why, whylen, rb[1] == ':' ? "the source address takes no port"
+					 : "text after ']' in the source address");
 		s++;
 		n -= 2;
 		if (!n)

@@ -163,12 +163,14 @@ static void test_malformed(void)
 	ERR("a@b@c", "more than one '@'");
 	ERR("a@@c", "more than one '@'");
 	ERR("10.0.0.1:5@host", "the source address takes no port");
-	ERR("[::1@host", "the source address has no ']' at its end after '['");
-	ERR("[::1]:5@host", "the source address has no ']' at its end after '['");
-	ERR("[@host", "the source address has no ']' at its end after '['");
+	ERR("[::1@host", "no ']' after '[' in the source address");
+	ERR("[@host", "no ']' after '[' in the source address");
+	ERR("[::1]:5@host", "the source address takes no port");
+	ERR("[::1]x@host", "text after ']' in the source address");
+	ERR("[a]b]@host", "text after ']' in the source address");
 	ERR("[]@host", "no source address inside '[]'");
 	ERR("s]@host", "'[' or ']' inside the source address");
-	ERR("[a]b]@host", "'[' or ']' inside the source address");
+	ERR("[a[b]@host", "'[' or ']' inside the source address");
 	/* The host after a good source is checked as without one. */
 	ERR("10.0.0.1@host:0", "port '0' is not a number in 1..65535");
 	ERR("10.0.0.1@:80", "no host");
