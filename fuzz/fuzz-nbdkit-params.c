@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * libFuzzer target for the nbdkit plugin's parameters
- * (nbdkit/rnbd-params.c). The input is nbdkit's command line after the
+ * (nbdkit/rnbd-params.c, with the session options of lib/front/clt-opts.c
+ * and the address parser of lib/rtrs/rtrs-opts.c). The input is nbdkit's command line after the
  * plugin: one key=value per line (split at the first '='), given in order.
  * Whatever they are:
  *
@@ -10,8 +11,9 @@
  *   - a key other than server given again after it was accepted is
  *     refused, and a ninth server too;
  *   - what is accepted keeps the invariants the plugin relies on: paths
- *     with a host, ports 1..65535, a mode, names the wire codecs accept,
- *     numbers in their ranges;
+ *     with a host (their dst read again by rtrs_addr_parse gives the same
+ *     host and port), ports 1..65535, a mode, names the wire codecs
+ *     accept, numbers in their ranges;
  *   - the configuration is complete exactly when it has a server.
  *
  * Values point into one heap copy of the input, kept until the end (the
@@ -41,25 +43,39 @@ static bool printable_word(const char *s)
 
 static void check_cfg(const struct rnbd_plugin_cfg *c)
 {
+	const struct rtrs_clt_opts *o = &c->clt.opts;
 	const char *why;
 
-	FAIL_IF(c->npaths > RNBD_PLUGIN_MAX_PATHS);
-	for (unsigned i = 0; i < c->npaths; i++) {
-		FAIL_IF(!printable_word(c->paths[i].dst));
-		FAIL_IF(strchr(c->paths[i].dst, '@') != NULL);
-		FAIL_IF(c->paths[i].src && !printable_word(c->paths[i].src));
-		FAIL_IF(c->paths[i].src && strlen(c->paths[i].src) > RNBD_PLUGIN_SRC_MAX);
+	FAIL_IF(o->paths_num > RNBD_PLUGIN_MAX_PATHS);
+	FAIL_IF(o->paths_num && o->paths != c->clt.paths);
+	for (unsigned i = 0; i < o->paths_num; i++) {
+		FAIL_IF(!printable_word(o->paths[i].dst));
+		FAIL_IF(strchr(o->paths[i].dst, '@') != NULL);
+		FAIL_IF(o->paths[i].src && !printable_word(o->paths[i].src));
+		FAIL_IF(o->paths[i].src && strlen(o->paths[i].src) > RNBD_PLUGIN_SRC_MAX);
+		/* The dst a path gets is a fixed point of the parser: the library reads it so. */
+		{
+			struct rtrs_addr again = { .size = sizeof(again) };
+
+			FAIL_IF(rtrs_addr_parse(o->paths[i].dst, 0, &again, NULL, 0) != 0);
+			FAIL_IF(again.src[0] || strcmp(again.dst, o->paths[i].dst) ||
+				strcmp(again.host, c->clt.addrs[i].host) ||
+				again.port != c->clt.addrs[i].port);
+		}
 	}
-	FAIL_IF(c->port < 1 || c->port > 65535);
+	FAIL_IF(o->port < 1);
 	FAIL_IF(c->mode != RNBD_CLT_RO && c->mode != RNBD_CLT_RW && c->mode != RNBD_CLT_MIGRATION);
-	FAIL_IF(c->log_level < -1 || c->log_level > 3);
-	FAIL_IF(c->io_cons > 1024 || c->fast_io_fail_ms > 3600000 ||
-		c->reconnect_delay_ms > 3600000);
-	FAIL_IF(!rtrs_name_valid(c->session));
+	FAIL_IF(c->clt.log_level < -1 || c->clt.log_level > 3);
+	FAIL_IF(o->nr_io_cons > 1024 || o->fast_io_fail_ms > 3600000 ||
+		o->reconnect_delay_ms > 3600000);
+	FAIL_IF(o->hb_interval_ms < 10 || o->hb_interval_ms > 600000);
+	FAIL_IF(o->mp_policy != RTRS_MP_POLICY_RR && o->mp_policy != RTRS_MP_POLICY_MIN_INFLIGHT &&
+		o->mp_policy != RTRS_MP_POLICY_MIN_LATENCY);
+	FAIL_IF(!rtrs_name_valid(o->sessname));
 	FAIL_IF(c->device && !rnbd_dev_name_valid(c->device, &why));
-	FAIL_IF(!printable_word(c->provider));
-	FAIL_IF(c->host_name && !rtrs_auth_name_valid(c->host_name));
-	FAIL_IF(c->server_name && !rtrs_auth_name_valid(c->server_name));
+	FAIL_IF(!printable_word(o->provider));
+	FAIL_IF(o->auth_host_name && !rtrs_auth_name_valid(o->auth_host_name));
+	FAIL_IF(o->auth_server_name && !rtrs_auth_name_valid(o->auth_server_name));
 }
 
 /* Keys accepted so far (each at most once, but server). */
@@ -138,9 +154,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			FAIL_IF(strncmp(err, key, kl) || err[kl] != '=');
 		}
 	}
-	FAIL_IF(c.npaths != servers);
+	FAIL_IF(c.clt.opts.paths_num != servers);
 	rc = rnbd_plugin_cfg_complete(&c, err, sizeof(err));
-	FAIL_IF((rc == 0) != (c.npaths > 0));
+	FAIL_IF((rc == 0) != (c.clt.opts.paths_num > 0));
 	free(text);
 	return 0;
 }

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * libFuzzer target for the config file parser (lib/common/opts.c,
- * opts_parse_text), against a table with every option type. The input is
+ * opts_parse_text), against a table with every option type (the custom
+ * one repeatable and secret). The input is
  * the file. Whatever it does:
  *
  *   - a refusal says where: "fuzz.conf:LINE: why", LINE within the file;
@@ -26,13 +27,33 @@
 
 static const char *const colours[] = { "red", "green", "blue", NULL };
 
+struct tags {
+	const char *v[4];
+	unsigned n;
+};
+
 struct vals {
 	bool verbose, invalidate, no_color;
 	uint64_t depth, size;
 	const char *name, *config;
 	unsigned colour;
 	struct opt_list peers;
+	struct tags tags;
 };
+
+/* OPT_CUSTOM, repeatable and secret: up to 4 words of lowercase letters. */
+static int tag_set(const struct opt *o, const char *arg, char *err, size_t errlen)
+{
+	struct tags *t = o->ptr;
+
+	for (const char *p = arg; *p; p++)
+		if (*p < 'a' || *p > 'z')
+			return opts_errorf(err, errlen, -EINVAL, "expected lowercase letters");
+	if (t->n == 4)
+		return opts_errorf(err, errlen, -EINVAL, "at most 4 tags");
+	t->v[t->n++] = arg;
+	return 0;
+}
 
 static void table(struct opt *t, struct vals *v)
 {
@@ -46,6 +67,8 @@ static void table(struct opt *t, struct vals *v)
 		{ "colour", 0, OPT_CHOICE, &v->colour, .choices = colours, .arg = "C", .help = "h" },
 		{ "peer", 'p', OPT_LIST, &v->peers, .arg = "A", .help = "h" },
 		{ "config", 'c', OPT_CONFIG, &v->config, .arg = "F", .help = "h" },
+		{ "tag", 't', OPT_CUSTOM, &v->tags, .arg = "T", .help = "h", .set = tag_set,
+		  .repeat = true, .secret = true },
 		{ 0 },
 	};
 
@@ -95,6 +118,12 @@ static void check_bounds(const struct vals *v)
 	FAIL_IF(v->config != NULL); /* files do not nest */
 	for (unsigned i = 0; i < v->peers.n; i++)
 		FAIL_IF(!clean_string(v->peers.items[i]));
+	FAIL_IF(v->tags.n > 4);
+	for (unsigned i = 0; i < v->tags.n; i++) {
+		FAIL_IF(!v->tags.v[i][0]);
+		for (const char *p = v->tags.v[i]; *p; p++)
+			FAIL_IF(*p < 'a' || *p > 'z');
+	}
 }
 
 /* Appends s to buf as a quoted config value. */
@@ -149,6 +178,11 @@ static size_t render(const struct vals *v, char *buf, size_t cap)
 		used = put_quoted(buf, used, cap, v->peers.items[i]);
 		used = put(buf, used, cap, "\n");
 	}
+	for (unsigned i = 0; i < v->tags.n; i++) {
+		used = put(buf, used, cap, "tag ");
+		used = put(buf, used, cap, v->tags.v[i]);
+		used = put(buf, used, cap, "\n");
+	}
 	return used;
 }
 
@@ -163,12 +197,17 @@ static bool same(const struct vals *a, const struct vals *b)
 	for (unsigned i = 0; i < a->peers.n; i++)
 		if (strcmp(a->peers.items[i], b->peers.items[i]))
 			return false;
+	if (a->tags.n != b->tags.n)
+		return false;
+	for (unsigned i = 0; i < a->tags.n; i++)
+		if (strcmp(a->tags.v[i], b->tags.v[i]))
+			return false;
 	return true;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	struct opt t[10], t2[10];
+	struct opt t[11], t2[11];
 	struct vals v, v2;
 	char err[512], *text, *again;
 	size_t cap, len;

@@ -48,6 +48,49 @@ struct rtrs_path_addr {
 	const char *dst;  /* host name or address; a ":port" suffix overrides opts.port */
 };
 
+/* ---- addresses --------------------------------------------------------------- */
+
+/* The longest host name or address (without brackets) an address may hold. */
+#define RTRS_ADDR_HOST_MAX 255
+
+/* A path's address as a user writes it, taken apart by rtrs_addr_parse(). */
+struct rtrs_addr {
+	size_t size;                         /* sizeof(struct rtrs_addr), set by the caller */
+	char src[RTRS_ADDR_HOST_MAX + 1];    /* source address, no brackets; "": any */
+	char host[RTRS_ADDR_HOST_MAX + 1];   /* host name or address, no brackets */
+	uint16_t port;                       /* the port given, else default_port */
+	int has_port;                        /* 1: the text gave the port */
+	char dst[RTRS_ADDR_HOST_MAX + 9];    /* HOST[:PORT] for rtrs_path_addr.dst, an
+						IPv6 address in brackets */
+};
+
+/*
+ * Parses a path's address, "[SRC@]HOST[:PORT]", the syntax every front end
+ * of this project takes (rtrs-perf --dst, rnbd-client --server, the nbdkit
+ * plugin's server=):
+ *
+ *   - HOST is a name or an address; an IPv6 address goes in brackets
+ *     ("[fe80::1%eth0]:1234"), or bare without a port: with more than one
+ *     colon and no brackets the whole text is the host ("fe80::1");
+ *   - PORT is 1..65535; without it, port is default_port and has_port 0
+ *     (0 leaves it to rtrs_clt_opts.port, as dst without ":PORT" does);
+ *   - SRC@, optional, is the local address to connect from: a name or an
+ *     address, IPv6 in brackets or bare, without a port;
+ *   - printable ASCII without blanks; host and source at most
+ *     RTRS_ADDR_HOST_MAX bytes; at most one '@'.
+ *
+ * Fills *a (a->size set by the caller). Returns 0, or -EINVAL with the
+ * reason in why (whylen bytes, always terminated; may be NULL), without
+ * the text itself: the caller names what it parsed, e.g.
+ * "--server h:0: port '0' is not a number in 1..65535". Names are not
+ * resolved here.
+ */
+int rtrs_addr_parse(const char *text, uint16_t default_port, struct rtrs_addr *a, char *why,
+		    size_t whylen);
+
+/* The path a parsed address stands for; p points into a while it is used. */
+void rtrs_addr_path(const struct rtrs_addr *a, struct rtrs_path_addr *p);
+
 /* How a request picks its path among the connected ones. */
 enum rtrs_mp_policy {
 	RTRS_MP_POLICY_RR = 0,           /* round-robin */

@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The nbdkit plugin's parameters (key=value on nbdkit's command line),
- * from one table that drives parsing, checking and the help text. Pure:
- * no nbdkit, no network (the fuzzer calls it on its own).
+ * The nbdkit plugin's parameters (key=value on nbdkit's command line): the
+ * session options from the client front ends' table (lib/front/clt-opts.c,
+ * the same names, checks and refusals as rnbd-client's --options), and the
+ * plugin's own, device= and mode=; one list drives parsing, checking and
+ * the help text. Pure: no nbdkit, no network (the fuzzer calls it on its
+ * own).
  */
 #ifndef RNBD_PLUGIN_PARAMS_H
 #define RNBD_PLUGIN_PARAMS_H
@@ -10,20 +13,22 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "clt-opts.h"
 #include "rnbd.h"
 
 #define RNBD_PLUGIN_MAX_PATHS 8
-#define RNBD_PLUGIN_SRC_MAX 255
+#define RNBD_PLUGIN_SRC_MAX RTRS_ADDR_HOST_MAX
 
 struct rnbd_plugin_cfg {
-	struct rtrs_path_addr paths[RNBD_PLUGIN_MAX_PATHS]; /* dst points at the value */
-	char srcs[RNBD_PLUGIN_MAX_PATHS][RNBD_PLUGIN_SRC_MAX + 1];
-	unsigned npaths;
-	const char *session, *device, *provider;
-	const char *secret, *ctrl_secret, *host_name, *server_name;
-	int log_level;              /* 0..3, or -1: not given (RTRS_LOG_LEVEL, else info) */
+	/*
+	 * The session: server= (clt.opts.paths, at most 8), session, port,
+	 * provider, io_connections, policy, hb_interval_ms, fast_io_fail_ms,
+	 * reconnect_delay_ms, the DH-HMAC-CHAP keys, and log_level
+	 * (clt.log_level, -1: not given: RTRS_LOG_LEVEL, else info).
+	 */
+	struct clt_cfg clt;
+	const char *device;
 	unsigned mode;              /* enum rnbd_clt_mode */
-	unsigned port, io_cons, fast_io_fail_ms, reconnect_delay_ms;
 	unsigned set;               /* bit i: params[i] was given (repeats are refused) */
 };
 
@@ -41,7 +46,7 @@ int rnbd_plugin_cfg_set(struct rnbd_plugin_cfg *c, const char *key, const char *
 /* After the last key: what must be there is (server=). 0 or -EINVAL with err. */
 int rnbd_plugin_cfg_complete(const struct rnbd_plugin_cfg *c, char *err, size_t errlen);
 
-/* "key=VALUE  help" lines for nbdkit's --help, from the table. */
+/* "key=VALUE  help" lines for nbdkit's --help, from the list and its defaults. */
 const char *rnbd_plugin_cfg_help(void);
 
 #endif

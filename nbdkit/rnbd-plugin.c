@@ -11,11 +11,13 @@
  * so writes, flushes and reads agree across them (multi-conn). More
  * server= keys add paths to the session.
  *
- * Other keys (rnbd-params.c, which checks each): port (1234), provider
- * (tcp), mode (rw | ro | migration), io_connections, fast_io_fail_ms (how
- * long IO waits for a path), reconnect_delay_ms, secret, ctrl_secret,
- * host_name, server_name (DH-HMAC-CHAP, see rtrs.h; secrets as "@FILE"
- * keep them off the command line).
+ * Other keys (rnbd-params.c, which checks each; the session's come from
+ * the client front ends' table, lib/front/clt-opts.c): port (1234),
+ * provider (tcp), mode (rw | ro | migration), io_connections, policy,
+ * hb_interval_ms, fast_io_fail_ms (how long IO waits for a path),
+ * reconnect_delay_ms, secret, ctrl_secret, host_name, server_name
+ * (DH-HMAC-CHAP, see rtrs.h; secrets as "@FILE" keep them off the command
+ * line), log_level.
  *
  * Before nbdkit forks into the background (get_ready) the plugin connects
  * once and maps device= read-only, so a wrong server, key or device makes
@@ -96,11 +98,11 @@ static int rnbd_config_complete(void)
 	 * log_level=, else RTRS_LOG_LEVEL, else info (info lines are nbdkit
 	 * debug lines: shown with -v).
 	 */
-	if (cfg.log_level < 0) {
+	if (cfg.clt.log_level < 0) {
 		const char *env = getenv("RTRS_LOG_LEVEL");
 
-		cfg.log_level = env ? opts_log_level_parse(env) : 2;
-		if (cfg.log_level < 0) {
+		cfg.clt.log_level = env ? opts_log_level_parse(env) : 2;
+		if (cfg.clt.log_level < 0) {
 			nbdkit_error("RTRS_LOG_LEVEL=%s: expected error, warn, info or debug", env);
 			return -1;
 		}
@@ -111,32 +113,20 @@ static int rnbd_config_complete(void)
 /* The session of cfg; 0, or nbdkit_error said why. */
 static int session_open(struct rnbd_clt_sess **out)
 {
-	struct rtrs_clt_opts o;
+	struct rtrs_clt_opts o = cfg.clt.opts;
 	int rc;
 
 	rnbd_set_log_fn(log_to_nbdkit, NULL);
-	rnbd_set_log_level(cfg.log_level);
-	rtrs_clt_opts_init(&o, sizeof(o));
-	o.sessname = cfg.session;
-	o.paths = cfg.paths;
-	o.paths_num = cfg.npaths;
-	o.port = (uint16_t)cfg.port;
-	o.provider = cfg.provider;
-	o.nr_io_cons = cfg.io_cons;
-	o.fast_io_fail_ms = cfg.fast_io_fail_ms;
-	o.reconnect_delay_ms = cfg.reconnect_delay_ms;
-	o.reconnect_jitter_ms = cfg.reconnect_delay_ms / 2;
-	o.auth_secret = cfg.secret;
-	o.auth_ctrl_secret = cfg.ctrl_secret;
-	o.auth_host_name = cfg.host_name;
-	o.auth_server_name = cfg.server_name;
+	rnbd_set_log_level(cfg.clt.log_level);
+	/* The plugin's own rule: the reconnect jitter is half the delay. */
+	o.reconnect_jitter_ms = o.reconnect_delay_ms / 2;
 	rc = rnbd_clt_sess_open(&o, out);
 	if (rc == -EPERM)
 		nbdkit_error("session %s to %s: the server has a session of this name open "
-			     "(another client uses it; choose another session=)", cfg.session,
-			     cfg.paths[0].dst);
+			     "(another client uses it; choose another session=)", o.sessname,
+			     o.paths[0].dst);
 	else if (rc)
-		nbdkit_error("session %s to %s: %s", cfg.session, cfg.paths[0].dst, strerror(-rc));
+		nbdkit_error("session %s to %s: %s", o.sessname, o.paths[0].dst, strerror(-rc));
 	return rc;
 }
 

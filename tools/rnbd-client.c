@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "clt-opts.h"
 #include "hist.h"
 #include "jsonout.h"
 #include "opts.h"
@@ -39,34 +40,42 @@ static const char *const rw_names[] = { "randread", "randwrite", "randrw", "read
 enum { RW_RANDREAD, RW_RANDWRITE, RW_RANDRW, RW_READ, RW_WRITE };
 
 static struct {
-	struct opt_list servers;
-	const char *session, *device, *provider, *file;
-	const char *secret, *ctrl_secret, *host_name, *server_name, *log_level;
-	uint64_t port, cons, fast_io_fail_ms, offset, length;
+	const char *device, *file;
+	uint64_t offset, length;
 	uint64_t bs, iodepth, runtime, rwmixread, size;
 	unsigned mode, rw;
 	bool verify, json, verbose;
 } g = {
-	.provider = "tcp", .port = 1234, .fast_io_fail_ms = 30000,
 	.bs = 4096, .iodepth = 32, .runtime = 10, .rwmixread = 50, .rw = RW_RANDRW,
 };
 
-static const struct opt options[] = {
-	{ "server", 's', OPT_LIST, &g.servers, .arg = "[SRC@]HOST[:PORT]",
-	  .help = "a path to the server (repeat for more paths)" },
-	{ "port", 'p', OPT_UINT, &g.port, 1, 65535, .arg = "N", .help = "server port" },
-	{ "session", 'S', OPT_STRING, &g.session, .arg = "NAME",
-	  .help = "session name, the server's %SESSNAME% (default: rnbd-client-HOST-PID-RANDOM, "
-		  "new for every run)" },
+/* The session options (lib/front/clt-opts.c). */
+static struct clt_cfg cfg;
+
+static const struct clt_opt_pick clt_picks[] = {
+	{ .id = CLT_OPT_SERVER, .short_name = 's' },
+	{ .id = CLT_OPT_PORT, .short_name = 'p' },
+	{ CLT_OPT_SESSION, 'S', NULL, "session name, the server's %SESSNAME% (default: "
+	  "rnbd-client-HOST-PID-RANDOM, new for every run)" },
+	{ .id = CLT_OPT_PROVIDER },
+	{ .id = CLT_OPT_IO_CONS },
+	{ .id = CLT_OPT_POLICY },
+	{ .id = CLT_OPT_HB_INTERVAL },
+	{ .id = CLT_OPT_FAST_IO_FAIL },
+	{ .id = CLT_OPT_RECONNECT_DELAY },
+	{ .id = CLT_OPT_SECRET },
+	{ .id = CLT_OPT_CTRL_SECRET },
+	{ .id = CLT_OPT_HOST_NAME },
+	{ .id = CLT_OPT_SERVER_NAME },
+	{ CLT_OPT_LOG_LEVEL, 0, NULL, "error, warn, info or debug (default: RTRS_LOG_LEVEL, else "
+	  "warn)" },
+};
+
+static const struct opt own_options[] = {
 	{ "device", 'd', OPT_STRING, &g.device, .arg = "NAME",
 	  .help = "device path below the server's search path" },
 	{ "mode", 'm', OPT_CHOICE, &g.mode, .choices = mode_names, .arg = "MODE",
 	  .help = "access mode (auto: ro for info, read and read-only perf, else rw)" },
-	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME", .help = "libfabric provider" },
-	{ "io-connections", 0, OPT_UINT, &g.cons, 0, 1024, .arg = "N",
-	  .help = "IO connections per path (0 = one per CPU)" },
-	{ "fast-io-fail", 0, OPT_UINT, &g.fast_io_fail_ms, 0, 3600000, .arg = "MS",
-	  .help = "how long IO waits for a path" },
 	{ "file", 'f', OPT_STRING, &g.file, .arg = "PATH",
 	  .help = "read: where the bytes go ('-' stdout); write: where they come from" },
 	{ "offset", 'o', OPT_SIZE, &g.offset, 0, UINT64_MAX, .arg = "BYTES",
@@ -85,18 +94,8 @@ static const struct opt options[] = {
 	{ "verify", 'V', OPT_FLAG, &g.verify,
 	  .help = "perf: reads check what this run wrote (unwritten blocks are not checked)" },
 	{ "json", 'j', OPT_FLAG, &g.json, .help = "perf, info: print one JSON object" },
-	{ "secret", 0, OPT_STRING, &g.secret, .arg = "DHHC-1:..|@FILE",
-	  .help = "this host's DH-HMAC-CHAP secret" },
-	{ "ctrl-secret", 0, OPT_STRING, &g.ctrl_secret, .arg = "DHHC-1:..|@FILE",
-	  .help = "authenticate the server too, with this secret" },
-	{ "host-name", 0, OPT_STRING, &g.host_name, .arg = "NQN",
-	  .help = "host name for authentication (default: /etc/nvme/hostnqn)" },
-	{ "server-name", 0, OPT_STRING, &g.server_name, .arg = "NAME",
-	  .help = "the server's name for authentication" },
 	{ "verbose", 'v', OPT_FLAG, &g.verbose,
 	  .help = "the library's info lines too (--log-level info)" },
-	{ "log-level", 0, OPT_STRING, &g.log_level, .arg = "LEVEL",
-	  .help = "error, warn, info or debug (default: RTRS_LOG_LEVEL, else warn)" },
 	{ 0 },
 };
 
@@ -138,56 +137,32 @@ static const char *default_session(void)
 /* Opens the session and maps the device; 0, or prints why and returns 1. */
 static int connect_map(unsigned mode, int log_level)
 {
-	struct rtrs_path_addr paths[MAX_PATHS];
-	char srcs[MAX_PATHS][256];
-	struct rtrs_clt_opts o;
+	const char *sessname = cfg.opts.sessname, *dst;
 	int rc;
 
-	if (!g.servers.n || g.servers.n > MAX_PATHS || !g.device) {
+	if (!cfg.opts.paths_num || !g.device) {
 		fprintf(stderr, "rnbd-client: needs --device and 1..%d --server\n", MAX_PATHS);
 		return 1;
 	}
-	for (unsigned i = 0; i < g.servers.n; i++) {
-		const char *d = g.servers.items[i], *at = strchr(d, '@');
-
-		paths[i] = (struct rtrs_path_addr){ .dst = at ? at + 1 : d };
-		if (at) {
-			snprintf(srcs[i], sizeof(srcs[i]), "%.*s", (int)(at - d), d);
-			paths[i].src = srcs[i];
-		}
-	}
+	dst = cfg.opts.paths[0].dst;
 	rnbd_set_log_fn(log_line, NULL);
 	rnbd_set_log_level(log_level);
-	rtrs_clt_opts_init(&o, sizeof(o));
-	o.sessname = g.session;
-	o.paths = paths;
-	o.paths_num = g.servers.n;
-	o.port = (uint16_t)g.port;
-	o.provider = g.provider;
-	o.nr_io_cons = (unsigned)g.cons;
-	o.fast_io_fail_ms = (unsigned)g.fast_io_fail_ms;
-	o.auth_secret = g.secret;
-	o.auth_ctrl_secret = g.ctrl_secret;
-	o.auth_host_name = g.host_name;
-	o.auth_server_name = g.server_name;
-	rc = rnbd_clt_sess_open(&o, &sess);
+	rc = rnbd_clt_sess_open(&cfg.opts, &sess);
 	if (rc == -EPERM) {
 		/* What librtrs answers when the server has a session of that name. */
 		fprintf(stderr, "rnbd-client: session %s to %s: the name is in use (the server has "
-			"a session of this name open); choose another --session\n", g.session,
-			g.servers.items[0]);
+			"a session of this name open); choose another --session\n", sessname, dst);
 		return 1;
 	}
 	if (rc) {
-		fprintf(stderr, "rnbd-client: session %s to %s: %s\n", g.session,
-			g.servers.items[0], strerror(-rc));
+		fprintf(stderr, "rnbd-client: session %s to %s: %s\n", sessname, dst, strerror(-rc));
 		return 1;
 	}
 	rc = rnbd_clt_map(sess, g.device, (enum rnbd_clt_mode)mode, &dev);
 	if (!rc)
 		rc = rnbd_clt_dev_info(dev, &info);
 	if (rc) {
-		fprintf(stderr, "rnbd-client: session %s: device %s (%s): %s\n", g.session, g.device,
+		fprintf(stderr, "rnbd-client: session %s: device %s (%s): %s\n", sessname, g.device,
 			mode_names[mode + 1], strerror(-rc));
 		rnbd_clt_sess_close(sess);
 		return 1;
@@ -753,10 +728,19 @@ int main(int argc, char **argv)
 	static const char *const cmds[] = { "info", "read", "write", "perf", NULL };
 	const char *usage = "info|read|write|perf [options]";
 	unsigned cmd = 0, mode;
+	struct opt *options;
 	int pos, rc, level;
 
+	clt_cfg_init(&cfg, MAX_PATHS);
+	cfg.opts.fast_io_fail_ms = 30000;
+	options = clt_opts_table(&cfg, clt_picks, ARRAY_SIZE(clt_picks), own_options);
+	if (!options) {
+		fprintf(stderr, "rnbd-client: out of memory\n");
+		return 1;
+	}
 	if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
 		opts_help(options, "rnbd-client", usage);
+		free(options);
 		return 0;
 	}
 	while (argc >= 2 && cmds[cmd] && strcmp(argv[1], cmds[cmd]))
@@ -764,26 +748,29 @@ int main(int argc, char **argv)
 	if (argc < 2 || !cmds[cmd]) {
 		fprintf(stderr, "rnbd-client: first argument must be info, read, write or perf "
 			"(see --help)\n");
+		free(options);
 		return 2;
 	}
 	rc = opts_parse(options, "rnbd-client", usage, argc - 1, argv + 1, &pos);
+	free(options);
 	if (rc)
 		return rc > 0 ? 0 : 2;
 	if (pos != argc - 1) {
 		fprintf(stderr, "rnbd-client: unexpected argument '%s'\n", argv[pos + 1]);
 		return 2;
 	}
-	if (!g.session)
-		g.session = default_session();
+	if (!cfg.opts.sessname)
+		cfg.opts.sessname = default_session();
 	if (g.mode)
 		mode = g.mode - 1;
 	else
 		mode = cmd == 0 || cmd == 1 || (cmd == 3 && (g.rw == RW_RANDREAD || g.rw == RW_READ))
 			       ? RNBD_CLT_RO : RNBD_CLT_RW;
 	/* --log-level, then --verbose, then RTRS_LOG_LEVEL, then warn. */
-	level = opts_log_level("rnbd-client", g.log_level ? "--log-level" : "--verbose",
-			       g.log_level ? g.log_level : g.verbose ? "info" : NULL,
-			       getenv("RTRS_LOG_LEVEL"), 1);
+	level = cfg.log_level >= 0 ? cfg.log_level
+				   : opts_log_level("rnbd-client", "--verbose",
+						    g.verbose ? "info" : NULL,
+						    getenv("RTRS_LOG_LEVEL"), 1);
 	if (level < 0)
 		return 2;
 	if (connect_map(mode, level))
@@ -795,6 +782,5 @@ int main(int argc, char **argv)
 	default: rc = run_perf(); break;
 	}
 	disconnect();
-	free(g.servers.items);
 	return rc;
 }

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clt-opts.h"
 #include "hist.h"
 #include "jsonout.h"
 #include "rtrs.h"
@@ -29,40 +30,52 @@
 
 static const char *const mode_names[] = { "write", "read", NULL };
 
+#define RTRS_PERF_MAX_PATHS 16
+
 static struct {
-	const char *addr, *provider, *sessname;
-	const char *secret, *ctrl_secret, *host_name, *server_name, *auth_keys, *log_level;
-	struct opt_list dst, events;
-	uint64_t port, queue_depth, chunk_size, io_size, duration, cons, hb_ms;
-	uint64_t fast_io_fail_ms, reconnect_ms;
-	unsigned mode, policy;
+	const char *addr, *auth_keys;
+	struct opt_list events;
+	uint64_t port, queue_depth, chunk_size, io_size, duration;
+	unsigned mode;
 	bool json, verify, quiet, no_invalidate;
 } g = {
-	.provider = "tcp", .sessname = "rtrs-perf", .port = RTRS_DEFAULT_PORT,
-	.queue_depth = 64, .chunk_size = RTRS_DEFAULT_CHUNK_SIZE, .io_size = 4096,
-	.duration = 5, .hb_ms = RTRS_DEFAULT_HB_INTERVAL_MS,
-	.policy = RTRS_MP_POLICY_MIN_INFLIGHT, .fast_io_fail_ms = RTRS_DEFAULT_FAST_IO_FAIL_MS,
-	.reconnect_ms = 1000,
+	.port = RTRS_DEFAULT_PORT, .queue_depth = 64, .chunk_size = RTRS_DEFAULT_CHUNK_SIZE,
+	.io_size = 4096, .duration = 5,
 };
 
-static const char *const policy_names[] = { "round-robin", "min-inflight", "min-latency", NULL };
+/*
+ * The session options (lib/front/clt-opts.c), which the server takes its
+ * provider, heartbeat interval and authentication name from as well.
+ */
+static struct clt_cfg cfg;
 
-static const struct opt options[] = {
+static const struct clt_opt_pick clt_picks[] = {
+	{ CLT_OPT_SERVER, 'd', "dst", "client: a path to the server (repeat for more paths); "
+	  "SRC@ picks the local address" },
+	{ CLT_OPT_POLICY, 'P', NULL, "client: multipath policy: round-robin, min-inflight or "
+	  "min-latency" },
+	{ CLT_OPT_FAST_IO_FAIL, 0, NULL, "client: how long IO waits for a path" },
+	{ CLT_OPT_RECONNECT_DELAY, 0, NULL, "client: delay before reconnecting a failed path" },
+	{ .id = CLT_OPT_PROVIDER },
+	{ CLT_OPT_IO_CONS, 'n', "cons", "client: IO connections (0 = one per CPU)" },
+	{ .id = CLT_OPT_HB_INTERVAL },
+	{ CLT_OPT_SESSION, 0, "sessname", "client: session name" },
+	{ CLT_OPT_SECRET, 0, NULL, "client: this host's DH-HMAC-CHAP secret" },
+	{ CLT_OPT_CTRL_SECRET, 0, NULL, "client: authenticate the server too, with this secret" },
+	{ CLT_OPT_HOST_NAME, 0, NULL, "client: host name for authentication (default: "
+	  "/etc/nvme/hostnqn)" },
+	{ CLT_OPT_SERVER_NAME, 0, NULL, "server's name for authentication (default rtrs-server)" },
+	{ CLT_OPT_LOG_LEVEL, 0, NULL, "error, warn, info or debug (default: RTRS_LOG_LEVEL, "
+	  "else warn)" },
+};
+
+static const struct opt own_options[] = {
 	{ "addr", 'a', OPT_STRING, &g.addr, .arg = "ADDR", .help = "server: listen address" },
 	{ "port", 'p', OPT_UINT, &g.port, 0, 65535, .arg = "N",
-	  .help = "server: listen port (0 = any, printed)" },
-	{ "dst", 'd', OPT_LIST, &g.dst, .arg = "[SRC@]HOST[:PORT]",
-	  .help = "client: a path to the server (repeat for more paths)" },
-	{ "policy", 'P', OPT_CHOICE, &g.policy, .choices = policy_names, .arg = "NAME",
-	  .help = "client: multipath policy" },
-	{ "fast-io-fail", 0, OPT_UINT, &g.fast_io_fail_ms, 0, 3600000, .arg = "MS",
-	  .help = "client: how long IO waits for a path" },
-	{ "reconnect-delay", 0, OPT_UINT, &g.reconnect_ms, 0, 3600000, .arg = "MS",
-	  .help = "client: delay before reconnecting a failed path" },
+	  .help = "server: listen port (0 = any, printed); client: port of a --dst without :PORT" },
 	{ "event", 'e', OPT_LIST, &g.events, .arg = "SEC:ACTION:ARG",
 	  .help = "client: during the run, at SEC seconds: remove:IDX, add:[SRC@]HOST:PORT, "
 		  "or cut:IDX (fail the path; it reconnects)" },
-	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME", .help = "libfabric provider" },
 	{ "mode", 'm', OPT_CHOICE, &g.mode, .choices = mode_names, .arg = "MODE",
 	  .help = "client: IO direction" },
 	{ "io-size", 's', OPT_SIZE, &g.io_size, 1, 128u << 20, .arg = "SIZE",
@@ -71,31 +84,16 @@ static const struct opt options[] = {
 	  .help = "client: IOs in flight; server: chunks per session" },
 	{ "chunk-size", 'c', OPT_SIZE, &g.chunk_size, 8192, 128u << 20, .arg = "SIZE",
 	  .help = "server: chunk size (power of two)" },
-	{ "cons", 'n', OPT_UINT, &g.cons, 0, 1024, .arg = "N",
-	  .help = "client: IO connections (0 = one per CPU)" },
 	{ "duration", 't', OPT_UINT, &g.duration, 1, 86400, .arg = "SEC",
 	  .help = "client: seconds to run" },
-	{ "hb-interval", 0, OPT_UINT, &g.hb_ms, 10, 600000, .arg = "MS",
-	  .help = "heartbeat interval" },
-	{ "sessname", 0, OPT_STRING, &g.sessname, .arg = "NAME", .help = "client: session name" },
 	{ "verify", 'V', OPT_FLAG, &g.verify,
 	  .help = "client: check every byte moved (the server follows)" },
 	{ "no-invalidate", 0, OPT_FLAG, &g.no_invalidate,
 	  .help = "server: keep chunk keys (always_invalidate off)" },
 	{ "auth-keys", 0, OPT_STRING, &g.auth_keys, .arg = "FILE",
 	  .help = "server: require DH-HMAC-CHAP; FILE lists \"HOST SECRET [CTRL-SECRET]\"" },
-	{ "secret", 0, OPT_STRING, &g.secret, .arg = "DHHC-1:..|@FILE",
-	  .help = "client: this host's DH-HMAC-CHAP secret" },
-	{ "ctrl-secret", 0, OPT_STRING, &g.ctrl_secret, .arg = "DHHC-1:..|@FILE",
-	  .help = "client: authenticate the server too, with this secret" },
-	{ "host-name", 0, OPT_STRING, &g.host_name, .arg = "NQN",
-	  .help = "client: host name for authentication (default: /etc/nvme/hostnqn)" },
-	{ "server-name", 0, OPT_STRING, &g.server_name, .arg = "NAME",
-	  .help = "server's name for authentication (default rtrs-server)" },
 	{ "json", 'j', OPT_FLAG, &g.json, .help = "client: print one JSON object" },
 	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "server: no banner" },
-	{ "log-level", 0, OPT_STRING, &g.log_level, .arg = "LEVEL",
-	  .help = "error, warn, info or debug (default: RTRS_LOG_LEVEL, else warn)" },
 	{ 0 },
 };
 
@@ -107,7 +105,6 @@ struct perf_hdr {
 	uint16_t flags;
 };
 #define PERF_F_VERIFY 1
-#define RTRS_PERF_MAX_PATHS 16
 #define PERF_MAGIC 0x5254u
 
 static uint8_t pattern_byte(uint64_t seq, size_t i)
@@ -169,13 +166,13 @@ static int run_server(void)
 	rtrs_srv_opts_init(&o, sizeof(o));
 	o.addr = g.addr;
 	o.port = (uint16_t)g.port;
-	o.provider = g.provider;
+	o.provider = cfg.opts.provider;
 	o.queue_depth = (uint32_t)g.queue_depth;
 	o.max_chunk_size = (uint32_t)g.chunk_size;
-	o.hb_interval_ms = (unsigned)g.hb_ms;
+	o.hb_interval_ms = cfg.opts.hb_interval_ms;
 	o.always_invalidate = !g.no_invalidate;
 	o.auth_keys_file = g.auth_keys;
-	o.auth_name = g.server_name;
+	o.auth_name = cfg.opts.auth_server_name;
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
@@ -303,15 +300,18 @@ static void run_events(struct rtrs_clt_sess *sess, uint64_t ms, bool *done)
 		} else if (!strcmp(action, "cut")) {
 			rc = rtrs_clt_reconnect_path(sess, (unsigned)atoi(arg));
 		} else if (!strcmp(action, "add")) {
-			char *at = strchr(arg, '@');
-			struct rtrs_path_addr a = { .dst = at ? at + 1 : arg };
+			struct rtrs_addr a = { .size = sizeof(a) };
+			struct rtrs_path_addr pa;
+			char why[256];
 			unsigned idx;
 
-			if (at) {
-				*at = '\0';
-				a.src = arg;
+			if (rtrs_addr_parse(arg, 0, &a, why, sizeof(why))) {
+				fprintf(stderr, "rtrs-perf: at %.1f s: add %s: %s\n", (double)ms / 1000,
+					arg, why);
+				continue;
 			}
-			rc = rtrs_clt_add_path(sess, &a, &idx);
+			rtrs_addr_path(&a, &pa);
+			rc = rtrs_clt_add_path(sess, &pa, &idx);
 		}
 		fprintf(stderr, "rtrs-perf: at %.1f s: %s %s: %s\n", (double)ms / 1000, action,
 			arg, rc ? strerror(-rc) : "done");
@@ -320,48 +320,23 @@ static void run_events(struct rtrs_clt_sess *sess, uint64_t ms, bool *done)
 
 static int run_client(void)
 {
-	struct rtrs_path_addr paths[RTRS_PERF_MAX_PATHS];
-	char srcs[RTRS_PERF_MAX_PATHS][256];
 	struct rtrs_attrs attrs = { .size = sizeof(attrs) };
-	struct rtrs_clt_opts o;
+	struct rtrs_clt_opts o = cfg.opts;
 	struct rtrs_clt_sess *sess;
 	struct perf_io *ios;
 	uint64_t t0, t1, n;
 	double secs;
 	int rc, out_rc = 0;
 
-	if (!g.dst.n || g.dst.n > RTRS_PERF_MAX_PATHS) {
+	if (!o.paths_num) {
 		fprintf(stderr, "rtrs-perf: client needs 1..%d --dst [SRC@]HOST[:PORT]\n",
 			RTRS_PERF_MAX_PATHS);
 		return 2;
 	}
-	for (unsigned i = 0; i < g.dst.n; i++) {
-		const char *d = g.dst.items[i], *at = strchr(d, '@');
-
-		paths[i] = (struct rtrs_path_addr){ .dst = at ? at + 1 : d };
-		if (at) {
-			snprintf(srcs[i], sizeof(srcs[i]), "%.*s", (int)(at - d), d);
-			paths[i].src = srcs[i];
-		}
-	}
-	rtrs_clt_opts_init(&o, sizeof(o));
-	o.sessname = g.sessname;
-	o.paths = paths;
-	o.paths_num = g.dst.n;
-	o.mp_policy = (enum rtrs_mp_policy)g.policy;
-	o.fast_io_fail_ms = (unsigned)g.fast_io_fail_ms;
-	o.reconnect_delay_ms = (unsigned)g.reconnect_ms;
 	o.port = (uint16_t)g.port;
-	o.provider = g.provider;
-	o.nr_io_cons = (unsigned)g.cons;
-	o.hb_interval_ms = (unsigned)g.hb_ms;
-	o.auth_secret = g.secret;
-	o.auth_ctrl_secret = g.ctrl_secret;
-	o.auth_host_name = g.host_name;
-	o.auth_server_name = g.server_name;
 	rc = rtrs_clt_open(&o, &sess);
 	if (rc) {
-		fprintf(stderr, "rtrs-perf: cannot open session to %s: %s\n", g.dst.items[0],
+		fprintf(stderr, "rtrs-perf: cannot open session to %s: %s\n", o.paths[0].dst,
 			strerror(-rc));
 		return 1;
 	}
@@ -429,7 +404,7 @@ static int run_client(void)
 		}
 		jput(jo, "paths", arr, &failed);
 		jput(jo, "mode", json_object_new_string(mode_names[g.mode]), &failed);
-		jput(jo, "provider", json_object_new_string(g.provider), &failed);
+		jput(jo, "provider", json_object_new_string(o.provider), &failed);
 		jput(jo, "io_size", json_object_new_uint64(g.io_size), &failed);
 		jput(jo, "queue_depth", json_object_new_uint64(g.queue_depth), &failed);
 		jput(jo, "seconds", jfixed(secs, 3), &failed);
@@ -448,7 +423,7 @@ static int run_client(void)
 			fprintf(stderr, "rtrs-perf: printing JSON: %s\n", strerror(-out_rc));
 	} else {
 		printf("rtrs-perf: %s %" PRIu64 " B, qd %" PRIu64 ", %s, %.2f s%s\n",
-		       mode_names[g.mode], g.io_size, g.queue_depth, g.dst.items[0], secs,
+		       mode_names[g.mode], g.io_size, g.queue_depth, o.paths[0].dst, secs,
 		       g.verify ? ", verified" : "");
 		printf("  %" PRIu64 " ops  %.0f op/s  %.3f GB/s  latency us p50 %" PRIu64
 		       " p99 %" PRIu64 " p99.9 %" PRIu64 "  errors %" PRIuFAST64 "\n",
@@ -476,7 +451,6 @@ static int run_client(void)
 	}
 	free(ios);
 	rtrs_clt_close(sess);
-	free(g.dst.items);
 	free(g.events.items);
 	return out_rc || atomic_load(&ops_err) || atomic_load(&ops_bad) ? 1 : 0;
 }
@@ -484,17 +458,29 @@ static int run_client(void)
 int main(int argc, char **argv)
 {
 	const char *usage = "server|client [options]";
-	int pos, rc, level;
+	struct opt *options;
+	int pos, rc;
 
+
+	clt_cfg_init(&cfg, RTRS_PERF_MAX_PATHS);
+	cfg.opts.sessname = "rtrs-perf";
+	options = clt_opts_table(&cfg, clt_picks, ARRAY_SIZE(clt_picks), own_options);
+	if (!options) {
+		fprintf(stderr, "rtrs-perf: out of memory\n");
+		return 1;
+	}
 	if (argc < 2 || (strcmp(argv[1], "server") && strcmp(argv[1], "client"))) {
 		if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
 			opts_help(options, "rtrs-perf", usage);
+			free(options);
 			return 0;
 		}
 		fprintf(stderr, "rtrs-perf: first argument must be 'server' or 'client' (see --help)\n");
+		free(options);
 		return 2;
 	}
 	rc = opts_parse(options, "rtrs-perf", usage, argc - 1, argv + 1, &pos);
+	free(options);
 	if (rc)
 		return rc > 0 ? 0 : 2;
 	if (pos != argc - 1) {
@@ -502,9 +488,11 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	/* --log-level, then RTRS_LOG_LEVEL, then warn (librtrs reads no environment). */
-	level = opts_log_level("rtrs-perf", "--log-level", g.log_level, getenv("RTRS_LOG_LEVEL"), 1);
-	if (level < 0)
+	if (cfg.log_level < 0)
+		cfg.log_level = opts_log_level("rtrs-perf", "--log-level", NULL,
+					       getenv("RTRS_LOG_LEVEL"), 1);
+	if (cfg.log_level < 0)
 		return 2;
-	rtrs_set_log_level(level);
+	rtrs_set_log_level(cfg.log_level);
 	return strcmp(argv[1], "server") ? run_client() : run_server();
 }

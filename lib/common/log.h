@@ -11,16 +11,19 @@
 
 #include <stdint.h>
 
+#include "export.h"
+
 enum log_level { LOG_ERR = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DBG = 3 };
 
-extern int g_log_level;
+/* The state lives in librtrs.so, once per process (export.h). */
+COMMON_EXPORT_VIS extern int g_log_level COMMON_LINK_NAME(log_level);
 
 /* Where lines go: stderr unless a sink is installed (rtrs_set_log_fn). */
 typedef void (*log_sink_fn)(void *priv, int level, const char *line);
-void log_set_sink(log_sink_fn fn, void *priv);
+COMMON_EXPORT_VIS void log_set_sink(log_sink_fn fn, void *priv) COMMON_LINK_NAME(log_set_sink);
 
-void log_msg(enum log_level lvl, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
+COMMON_EXPORT_VIS void log_msg(enum log_level lvl, const char *fmt, ...)
+	COMMON_LINK_NAME(log_msg) __attribute__((format(printf, 2, 3)));
 
 /* Per call site: allow a burst of 10 lines per 5 s, then count suppressions. */
 struct log_ratelimit {
@@ -28,7 +31,7 @@ struct log_ratelimit {
 	unsigned printed;
 	unsigned suppressed;
 };
-int log_ratelimit_ok(struct log_ratelimit *rl);
+COMMON_EXPORT_VIS int log_ratelimit_ok(struct log_ratelimit *rl) COMMON_LINK_NAME(log_ratelimit_ok);
 
 #define log_at(lvl, ...)                                 \
 	do {                                             \

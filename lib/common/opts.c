@@ -36,9 +36,7 @@ static bool negatable(const struct opt *o)
 	return o->type == OPT_FLAG && strncmp(o->name, "no-", 3) != 0;
 }
 
-/* Fills err and returns rc: every refusal below says why. */
-__attribute__((format(printf, 4, 5)))
-static int opt_error(char *err, size_t errlen, int rc, const char *fmt, ...)
+int opts_errorf(char *err, size_t errlen, int rc, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -66,6 +64,15 @@ static void print_default(const struct opt *o)
 	case OPT_CHOICE:
 		printf(" (default %s)", o->choices[*(unsigned *)o->ptr]);
 		break;
+	case OPT_CUSTOM: {
+		char buf[256] = "";
+
+		if (o->show)
+			o->show(o, buf, sizeof(buf));
+		if (buf[0])
+			printf(" (default %s)", buf);
+		break;
+	}
 	default:
 		break;
 	}
@@ -117,20 +124,20 @@ static int set_opt(const struct opt *o, const char *arg, char *err, size_t errle
 		return 0;
 	case OPT_UINT:
 		if (parse_u64(arg, o->min, o->max, &v))
-			return opt_error(err, errlen, -EINVAL, "expected a number in %" PRIu64 "..%"
+			return opts_errorf(err, errlen, -EINVAL, "expected a number in %" PRIu64 "..%"
 					 PRIu64, o->min, o->max);
 		*(uint64_t *)o->ptr = v;
 		return 0;
 	case OPT_SIZE:
 		if (parse_size(arg, o->min, o->max, &v))
-			return opt_error(err, errlen, -EINVAL, "expected a size (K/M/G) in %" PRIu64
+			return opts_errorf(err, errlen, -EINVAL, "expected a size (K/M/G) in %" PRIu64
 					 "..%" PRIu64, o->min, o->max);
 		*(uint64_t *)o->ptr = v;
 		return 0;
 	case OPT_STRING:
 	case OPT_CONFIG:
 		if (!*arg)
-			return opt_error(err, errlen, -EINVAL, "empty value");
+			return opts_errorf(err, errlen, -EINVAL, "empty value");
 		*(const char **)o->ptr = arg;
 		return 0;
 	case OPT_CHOICE: {
@@ -152,16 +159,20 @@ static int set_opt(const struct opt *o, const char *arg, char *err, size_t errle
 		const char **n;
 
 		if (!*arg)
-			return opt_error(err, errlen, -EINVAL, "empty value");
+			return opts_errorf(err, errlen, -EINVAL, "empty value");
 		n = realloc(l->items, (l->n + 1) * sizeof(*n));
 		if (!n)
-			return opt_error(err, errlen, -ENOMEM, "out of memory");
+			return opts_errorf(err, errlen, -ENOMEM, "out of memory");
 		n[l->n++] = arg;
 		l->items = n;
 		return 0;
 	}
+	case OPT_CUSTOM:
+		if (!*arg)
+			return opts_errorf(err, errlen, -EINVAL, "empty value");
+		return o->set(o, arg, err, errlen);
 	}
-	return opt_error(err, errlen, -EINVAL, "bad option table");
+	return opts_errorf(err, errlen, -EINVAL, "bad option table");
 }
 
 /* The getopt_long tables for t: every option, every --no- form, --help. */
@@ -338,7 +349,10 @@ int opts_parse(const struct opt *t, const char *prog, const char *usage, int arg
 		}
 		rc = set_opt(o, optarg, err, sizeof(err));
 		if (rc) {
-			fprintf(stderr, "%s: --%s %s: %s\n", prog, o->name, optarg, err);
+			if (o->secret)
+				fprintf(stderr, "%s: --%s: %s\n", prog, o->name, err);
+			else
+				fprintf(stderr, "%s: --%s %s: %s\n", prog, o->name, optarg, err);
 			break;
 		}
 	}
@@ -401,7 +415,7 @@ static int unquote(char *q, char **val, const char *where, char *err, size_t err
 	*val = q;
 	for (;;) {
 		if (!*r)
-			return opt_error(err, errlen, -EINVAL, "%s: no closing quote", where);
+			return opts_errorf(err, errlen, -EINVAL, "%s: no closing quote", where);
 		if (*r == '"')
 			break;
 		if (*r == '\\') {
@@ -409,7 +423,7 @@ static int unquote(char *q, char **val, const char *where, char *err, size_t err
 			if (!*r)
 				continue; /* no closing quote */
 			if (*r != '"' && *r != '\\')
-				return opt_error(err, errlen, -EINVAL, "%s: unknown escape \\%c in quotes "
+				return opts_errorf(err, errlen, -EINVAL, "%s: unknown escape \\%c in quotes "
 						 "(only \\\" and \\\\)", where, *r);
 		}
 		*w++ = *r++;
@@ -417,10 +431,10 @@ static int unquote(char *q, char **val, const char *where, char *err, size_t err
 	*w = '\0';
 	r++;
 	if (*r && !blank(*r))
-		return opt_error(err, errlen, -EINVAL, "%s: text after the closing quote", where);
+		return opts_errorf(err, errlen, -EINVAL, "%s: text after the closing quote", where);
 	r = skip_blanks(r);
 	if (*r && *r != '#')
-		return opt_error(err, errlen, -EINVAL, "%s: text after the closing quote", where);
+		return opts_errorf(err, errlen, -EINVAL, "%s: text after the closing quote", where);
 	return 0;
 }
 
@@ -466,34 +480,36 @@ static int parse_line(const struct opt *t, unsigned *seen, unsigned lineno, char
 			o = NULL;
 	}
 	if (!o)
-		return opt_error(err, errlen, -EINVAL, "%s: unknown option \"%s\"", where, name);
+		return opts_errorf(err, errlen, -EINVAL, "%s: unknown option \"%s\"", where, name);
 	if (o->type == OPT_CONFIG)
-		return opt_error(err, errlen, -EINVAL, "%s: %s: config files do not nest", where,
+		return opts_errorf(err, errlen, -EINVAL, "%s: %s: config files do not nest", where,
 				 name);
 	i = (unsigned)(o - t);
-	if (o->type != OPT_LIST && seen[i])
-		return opt_error(err, errlen, -EINVAL, "%s: %s set again (first on line %u)", where,
+	if (o->type != OPT_LIST && !(o->type == OPT_CUSTOM && o->repeat) && seen[i])
+		return opts_errorf(err, errlen, -EINVAL, "%s: %s set again (first on line %u)", where,
 				 o->name, seen[i]);
 	seen[i] = lineno;
 	if (o->type == OPT_FLAG) {
 		int b = val ? parse_bool(val) : 1;
 
 		if (neg && val)
-			return opt_error(err, errlen, -EINVAL, "%s: %s takes no value", where, name);
+			return opts_errorf(err, errlen, -EINVAL, "%s: %s takes no value", where, name);
 		if (b < 0)
-			return opt_error(err, errlen, -EINVAL, "%s: %s %s: expected true, false, yes, "
+			return opts_errorf(err, errlen, -EINVAL, "%s: %s %s: expected true, false, yes, "
 					 "no, on or off", where, name, val);
 		*(bool *)o->ptr = neg ? false : b;
 		return 0;
 	}
 	if (!val || !*val)
-		return opt_error(err, errlen, -EINVAL, "%s: %s needs a value", where, name);
+		return opts_errorf(err, errlen, -EINVAL, "%s: %s needs a value", where, name);
 	{
 		char why[256];
 
 		rc = set_opt(o, val, why, sizeof(why));
+		if (rc && o->secret)
+			return opts_errorf(err, errlen, rc, "%s: %s: %s", where, name, why);
 		if (rc)
-			return opt_error(err, errlen, rc, "%s: %s %s: %s", where, name, val, why);
+			return opts_errorf(err, errlen, rc, "%s: %s %s: %s", where, name, val, why);
 	}
 	return 0;
 }
@@ -507,7 +523,7 @@ int opts_parse_text(const struct opt *t, const char *name, char *text, size_t le
 	int rc = 0;
 
 	if (!seen)
-		return opt_error(err, errlen, -ENOMEM, "%s: out of memory", name);
+		return opts_errorf(err, errlen, -ENOMEM, "%s: out of memory", name);
 	err[0] = '\0';
 	text[len] = '\0';
 	while (!rc && p < end) {
@@ -524,7 +540,7 @@ int opts_parse_text(const struct opt *t, const char *name, char *text, size_t le
 			unsigned char u = (unsigned char)*c;
 
 			if ((u < 0x20 && u != '\t') || u == 0x7f) {
-				rc = opt_error(err, errlen, -EINVAL, "%s: %s 0x%02x", where,
+				rc = opts_errorf(err, errlen, -EINVAL, "%s: %s 0x%02x", where,
 					       u ? "control character" : "NUL byte", u);
 				break;
 			}
@@ -547,17 +563,17 @@ static int read_config(const char *path, char **out, size_t *outlen, char *err, 
 	int rc = 0;
 
 	if (fd < 0)
-		return opt_error(err, errlen, -errno, "%s: %s", path, strerror(errno));
+		return opts_errorf(err, errlen, -errno, "%s: %s", path, strerror(errno));
 	if (fstat(fd, &st)) {
-		rc = opt_error(err, errlen, -errno, "%s: %s", path, strerror(errno));
+		rc = opts_errorf(err, errlen, -errno, "%s: %s", path, strerror(errno));
 		goto out;
 	}
 	if (S_ISDIR(st.st_mode)) {
-		rc = opt_error(err, errlen, -EISDIR, "%s: is a directory, not a config file", path);
+		rc = opts_errorf(err, errlen, -EISDIR, "%s: is a directory, not a config file", path);
 		goto out;
 	}
 	if (S_ISREG(st.st_mode) && st.st_size > CONFIG_MAX) {
-		rc = opt_error(err, errlen, -EFBIG, "%s: larger than %u bytes: not a config file",
+		rc = opts_errorf(err, errlen, -EFBIG, "%s: larger than %u bytes: not a config file",
 			       path, CONFIG_MAX);
 		goto out;
 	}
@@ -568,27 +584,27 @@ static int read_config(const char *path, char **out, size_t *outlen, char *err, 
 			char *grown;
 
 			if (cap > CONFIG_MAX) {
-				rc = opt_error(err, errlen, -EFBIG, "%s: larger than %u bytes: not a "
+				rc = opts_errorf(err, errlen, -EFBIG, "%s: larger than %u bytes: not a "
 					       "config file", path, CONFIG_MAX);
 				goto out;
 			}
 			cap *= 2;
 			grown = realloc(buf, cap);
 			if (!grown) {
-				rc = opt_error(err, errlen, -ENOMEM, "%s: out of memory", path);
+				rc = opts_errorf(err, errlen, -ENOMEM, "%s: out of memory", path);
 				goto out;
 			}
 			buf = grown;
 		}
 		if (!buf && !(buf = malloc(cap))) {
-			rc = opt_error(err, errlen, -ENOMEM, "%s: out of memory", path);
+			rc = opts_errorf(err, errlen, -ENOMEM, "%s: out of memory", path);
 			goto out;
 		}
 		k = read(fd, buf + len, cap - len - 1);
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k < 0) {
-			rc = opt_error(err, errlen, -errno, "%s: %s", path, strerror(errno));
+			rc = opts_errorf(err, errlen, -errno, "%s: %s", path, strerror(errno));
 			goto out;
 		}
 		if (!k)
@@ -596,7 +612,7 @@ static int read_config(const char *path, char **out, size_t *outlen, char *err, 
 		len += (size_t)k;
 	}
 	if (len > CONFIG_MAX)
-		rc = opt_error(err, errlen, -EFBIG, "%s: larger than %u bytes: not a config file",
+		rc = opts_errorf(err, errlen, -EFBIG, "%s: larger than %u bytes: not a config file",
 			       path, CONFIG_MAX);
 out:
 	close(fd);

@@ -18,6 +18,7 @@ enum opt_type {
 	OPT_CHOICE,  /* one of choices[]; stores the index (unsigned) */
 	OPT_LIST,    /* repeatable string; appended to a string list */
 	OPT_CONFIG,  /* const char *: a config file, read before the rest of the command line */
+	OPT_CUSTOM,  /* takes a value; set() checks and stores it (see struct opt) */
 };
 
 struct opt_list {
@@ -34,6 +35,19 @@ struct opt {
 	const char *const *choices; /* NULL-terminated, OPT_CHOICE */
 	const char *arg;       /* argument name in --help */
 	const char *help;
+	/*
+	 * OPT_CUSTOM: set(o, arg, err, errlen) checks arg (not empty) and
+	 * stores it: 0, or a negative errno with why in err. show(o, buf,
+	 * len), if given, writes the value --help shows as the default ("" for
+	 * none). priv is theirs. repeat: may be given more than once in a
+	 * config file, as OPT_LIST (on the command line every option may).
+	 */
+	int (*set)(const struct opt *o, const char *arg, char *err, size_t errlen);
+	void (*show)(const struct opt *o, char *buf, size_t len);
+	const void *priv;
+	bool repeat;
+	/* The value is a secret: no message repeats it (OPT_STRING, OPT_CUSTOM). */
+	bool secret;
 };
 
 /*
@@ -62,10 +76,10 @@ void opts_help(const struct opt *table, const char *prog, const char *usage);
  *     or tab); elsewhere it is part of the value ("a#b" is a value);
  *   - a value in double quotes keeps blanks and '#'; inside them \" is a
  *     quote and \\ a backslash; no other escape exists;
- *   - an option other than OPT_LIST given twice, an unknown name, a
- *     missing or extra value, a control character, a NUL byte, a config
- *     option (files do not nest), a directory, an unreadable file, or one
- *     larger than 1 MiB is an error.
+ *   - an option other than OPT_LIST (or OPT_CUSTOM with repeat) given
+ *     twice, an unknown name, a missing or extra value, a control
+ *     character, a NUL byte, a config option (files do not nest), a
+ *     directory, an unreadable file, or one larger than 1 MiB is an error.
  *
  * Values are kept for the life of the process. Returns 0, or a negative
  * errno after printing "prog: FILE:LINE: why" (or "prog: FILE: why").
@@ -81,6 +95,13 @@ int opts_parse_file(const struct opt *table, const char *prog, const char *path)
  */
 int opts_parse_text(const struct opt *table, const char *name, char *text, size_t len,
 		    char *err, size_t errlen);
+
+/*
+ * Says why into err (errlen bytes, always terminated) and returns rc, for
+ * the parsers that report "why" to their caller as this one does.
+ */
+int opts_errorf(char *err, size_t errlen, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
 
 /*
  * Log levels by name, as RTRS_LOG_LEVEL takes them: error, warn, info,

@@ -14,6 +14,8 @@
 #include <time.h>
 #include <pthread.h>
 
+#include "export.h"
+
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -137,14 +139,18 @@ static inline void cleanup_unlock(pthread_mutex_t **m)
 #define LOCK_SCOPE_0(m, c) LOCK_SCOPE_1(m, scope_lock_##c)
 #define LOCK_SCOPE(m) LOCK_SCOPE_0(m, __COUNTER__)
 
+/* Exported from librtrs.so for librnbd and the programs (export.h). */
+
 /* Fill buf with random bytes from the kernel; 0 or -errno. */
-int rand_bytes(void *buf, size_t len);
+COMMON_EXPORT_VIS int rand_bytes(void *buf, size_t len) COMMON_LINK_NAME(rand_bytes);
 /* Uniform random number in [0, bound). */
-uint32_t rand_below(uint32_t bound);
+COMMON_EXPORT_VIS uint32_t rand_below(uint32_t bound) COMMON_LINK_NAME(rand_below);
 
 /* Parse an unsigned decimal with range check; 0 or -EINVAL/-ERANGE. */
-int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+COMMON_EXPORT_VIS int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
+	COMMON_LINK_NAME(parse_u64);
 /* Parse a size with optional K/M/G suffix (powers of 1024). */
-int parse_size(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+COMMON_EXPORT_VIS int parse_size(const char *s, uint64_t min, uint64_t max, uint64_t *out)
+	COMMON_LINK_NAME(parse_size);
 
 #endif

@@ -557,23 +557,3 @@ int rtrs_clt_reset_path_stats(struct rtrs_clt_sess *s, unsigned idx)
 	atomic_store(&p->stat_write_bytes, 0);
 	return 0;
 }
-
-RTRS_EXPORT
-int rtrs_clt_opts_init(struct rtrs_clt_opts *o, size_t size)
-{
-	if (!o || size != sizeof(*o))
-		return -EINVAL;
-	memset(o, 0, sizeof(*o));
-	o->size = size;
-	o->port = RTRS_DEFAULT_PORT;
-	o->provider = RTRS_DEFAULT_PROVIDER;
-	o->hb_interval_ms = RTRS_DEFAULT_HB_INTERVAL_MS;
-	o->hb_missed_max = RTRS_DEFAULT_HB_MISSED_MAX;
-	o->connect_timeout_ms = RTRS_DEFAULT_CONNECT_TIMEOUT_MS;
-	o->mp_policy = RTRS_MP_POLICY_MIN_INFLIGHT;
-	o->reconnect_delay_ms = 1000;
-	o->reconnect_jitter_ms = 1000;
-	o->max_reconnect_attempts = -1;
-	o->fast_io_fail_ms = RTRS_DEFAULT_FAST_IO_FAIL_MS;
-	return 0;
-}

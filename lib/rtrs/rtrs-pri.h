@@ -149,7 +149,7 @@ struct rtrs_admit_evict {
 int rtrs_admit_decide(const struct rtrs_admit_entry *pending, size_t n, const char *host,
 		      const struct rtrs_admit_limits *lim, struct rtrs_admit_evict evict[2]);
 
-/* Splits "host:port", "[v6]:port" or "host"; 0 or -EINVAL. */
+/* Splits "host:port", "[v6]:port" or "host" as rtrs_addr_parse does; 0 or -EINVAL. */
 int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
 			char *port, size_t portlen);
 

@@ -1,12 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Pieces shared by client and server: the path state table, address
- * parsing, option defaults, log level.
+ * Pieces shared by client and server: the path state table, the reconnect
+ * and multipath decisions, the log level (option defaults and addresses
+ * are in rtrs-opts.c).
  */
 #include <errno.h>
-#include <stdio.h>
-#include <string.h>
-#include <unistd.h>
 
 #include "rtrs-pri.h"
 
@@ -143,48 +141,6 @@ unsigned rtrs_reconnect_wait_ms(unsigned delay_ms, unsigned jitter_ms, unsigned 
 	return ms > UINT32_MAX ? UINT32_MAX : (unsigned)ms;
 }
 
-int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
-			char *port, size_t portlen)
-{
-	const char *h = in, *colon = NULL;
-	size_t hl;
-
-	if (!in || !*in)
-		return -EINVAL;
-	if (*in == '[') {
-		const char *end = strchr(in, ']');
-
-		if (!end)
-			return -EINVAL;
-		h = in + 1;
-		hl = (size_t)(end - h);
-		if (end[1] == ':')
-			colon = end + 1;
-		else if (end[1])
-			return -EINVAL;
-	} else {
-		colon = strrchr(in, ':');
-		/* More than one colon without brackets: a bare IPv6 address. */
-		if (colon && strchr(in, ':') != colon)
-			colon = NULL;
-		hl = colon ? (size_t)(colon - in) : strlen(in);
-	}
-	if (hl == 0 || hl >= hostlen)
-		return -EINVAL;
-	memcpy(host, h, hl);
-	host[hl] = '\0';
-	if (colon) {
-		uint64_t v;
-
-		if (parse_u64(colon + 1, 1, 65535, &v))
-			return -EINVAL;
-		snprintf(port, portlen, "%u", (unsigned)v);
-	} else {
-		snprintf(port, portlen, "%u", default_port);
-	}
-	return 0;
-}
-
 RTRS_EXPORT
 void rtrs_set_log_level(int level)
 {
@@ -195,41 +151,4 @@ RTRS_EXPORT
 void rtrs_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *priv)
 {
 	log_set_sink(fn, priv);
-}
-
-/* A quarter of the machine's memory; 1 GiB when that cannot be told. */
-RTRS_EXPORT
-uint64_t rtrs_default_max_chunk_mem(void)
-{
-	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-
-	if (pages <= 0 || psz <= 0)
-		return 1ull << 30;
-	return (uint64_t)pages * (uint64_t)psz / 4;
-}
-
-RTRS_EXPORT
-int rtrs_srv_opts_init(struct rtrs_srv_opts *o, size_t size)
-{
-	if (!o || size != sizeof(*o))
-		return -EINVAL;
-	memset(o, 0, sizeof(*o));
-	o->size = size;
-	o->port = RTRS_DEFAULT_PORT;
-	o->provider = RTRS_DEFAULT_PROVIDER;
-	o->queue_depth = RTRS_DEFAULT_QUEUE_DEPTH;
-	o->max_chunk_size = RTRS_DEFAULT_CHUNK_SIZE;
-	o->hb_interval_ms = RTRS_DEFAULT_HB_INTERVAL_MS;
-	o->hb_missed_max = RTRS_DEFAULT_HB_MISSED_MAX;
-	o->listen_retry_ms = 1000;
-	o->max_cons_per_path = 129; /* 128 CPUs and the admin connection */
-	o->connect_timeout_ms = 30000;
-	o->always_invalidate = 1;
-	o->auth_timeout_ms = 10000;
-	o->max_pending = RTRS_DEFAULT_MAX_PENDING;
-	o->max_pending_per_peer = RTRS_DEFAULT_MAX_PENDING_PER_PEER;
-	o->handshake_timeout_ms = RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS;
-	o->max_sessions = RTRS_DEFAULT_MAX_SESSIONS;
-	o->max_chunk_mem = rtrs_default_max_chunk_mem();
-	return 0;
 }

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "capture.h"
 #include "check.h"
 #include "keyperm.h"
 #include "loop.h"
@@ -50,67 +51,6 @@ static bool wait_uint_ge(atomic_uint *v, unsigned want, unsigned timeout_ms)
 		sleep_ms(1);
 	}
 	return true;
-}
-
-/* Points fd (1 or 2) at /dev/null; returns the saved descriptor. */
-static int quiet_begin(int fd)
-{
-	int saved, nul;
-
-	fflush(stdout);
-	fflush(stderr);
-	saved = dup(fd);
-	nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
-	if (saved < 0 || nul < 0) {
-		perror("quiet_begin");
-		exit(1);
-	}
-	dup2(nul, fd);
-	close(nul);
-	return saved;
-}
-
-static void quiet_end(int fd, int saved)
-{
-	fflush(stdout);
-	fflush(stderr);
-	dup2(saved, fd);
-	close(saved);
-}
-
-/* What is written to fd (1 or 2) between capture_begin and capture_end. */
-struct capture {
-	FILE *f;
-	int fd, saved;
-};
-
-static void capture_begin(struct capture *c, int fd)
-{
-	c->f = tmpfile();
-	if (!c->f) {
-		perror("tmpfile");
-		exit(1);
-	}
-	fflush(stdout);
-	fflush(stderr);
-	c->fd = fd;
-	c->saved = dup(fd);
-	dup2(fileno(c->f), fd);
-}
-
-/* The text into buf (len bytes, terminated). */
-static void capture_end(struct capture *c, char *buf, size_t len)
-{
-	size_t n;
-
-	fflush(stdout);
-	fflush(stderr);
-	dup2(c->saved, c->fd);
-	close(c->saved);
-	rewind(c->f);
-	n = fread(buf, 1, len - 1, c->f);
-	buf[n] = '\0';
-	fclose(c->f);
 }
 
 /* The --help text of table t into buf; opts_parse's return code. */

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# lib/common is linked once per process (lib/common/export.h):
+#   - librtrs.so exports exactly lib/common's RTRS_PRIVATE symbols (the log
+#     state and util.c's helpers, named rtrs_common_*) and, as RTRS_0.1,
+#     only rtrs_* functions that include/rtrs.h declares;
+#   - no program or plugin linked against librtrs.so has a copy of
+#     lib/common's log state or helpers of its own: they take them from
+#     librtrs.so, the ones with librnbd too.
+# Usage: linkage.sh BUILD_DIR SOURCE_DIR. Exits 77 without nm and objdump.
+set -euo pipefail
+build=$(cd "${1:?usage: linkage.sh BUILD_DIR SOURCE_DIR}" && pwd)
+src=$(cd "${2:?usage: linkage.sh BUILD_DIR SOURCE_DIR}" && pwd)
+for t in nm objdump; do
+	command -v "$t" >/dev/null || { echo "SKIP: $t is not installed"; exit 77; }
+done
+. "$src/tests/lib/common.sh"
+
+lib=$build/lib/rtrs/librtrs.so
+private="rtrs_common_log_level rtrs_common_log_msg rtrs_common_log_ratelimit_ok
+rtrs_common_log_set_sink rtrs_common_parse_size rtrs_common_parse_u64 rtrs_common_rand_below
+rtrs_common_rand_bytes"
+
+# The dynamic symbols librtrs.so defines, as "VERSION NAME".
+objdump -T "$lib" | awk '$2 == "g" && $4 != "*UND*" && $(NF-1) ~ /^RTRS_/ && $NF != $(NF-1) {
+	print $(NF-1), $NF }' | sort >"$build/linkage-exports.txt"
+check "librtrs.so exports RTRS_PRIVATE: exactly lib/common's log state and helpers" \
+	test "$(awk '$1 == "RTRS_PRIVATE" { print $2 }' "$build/linkage-exports.txt" | sort)" = \
+	"$(echo $private | tr ' ' '\n' | sort)"
+declared() { # every RTRS_0.1 symbol is an rtrs_ function that rtrs.h declares
+	local bad=0
+	while read -r ver name; do
+		[ "$ver" = RTRS_0.1 ] || continue
+		# A -Dfault_injection=true build adds the test-only rtrs-fault.h (lib-env.sh checks when).
+		grep -Eq "[ *]$name\(" "$src/lib/rtrs/rtrs-fault.h" && continue
+		if [[ $name != rtrs_* ]] || ! grep -Eq "[ *]$name\(" "$src/include/rtrs.h"; then
+			echo "  $name ($ver) is not declared in include/rtrs.h"
+			bad=1
+		fi
+	done <"$build/linkage-exports.txt"
+	return $bad
+}
+check "librtrs.so's RTRS_0.1 is include/rtrs.h's functions" declared
+check "... among them rtrs_addr_parse" grep -qx "RTRS_0.1 rtrs_addr_parse" "$build/linkage-exports.txt"
+check "no other version node" \
+	bash -c "! awk '\$1 != \"RTRS_0.1\" && \$1 != \"RTRS_PRIVATE\"' '$build/linkage-exports.txt' | grep -q ."
+
+# no_own_copy FILE: FILE defines no symbol of lib/common's log state or
+# helpers (under the linker names of export.h, or the plain ones).
+no_own_copy() {
+	local own
+	own=$(nm "$1" | grep -E ' [TtDdBbRr] (rtrs_common_|g_log_level$|log_msg$|log_set_sink$|parse_u64$|parse_size$|rand_bytes$)' || true)
+	[ -z "$own" ] || { echo "  $own"; return 1; }
+}
+uses_shared() { # FILE takes the log state from librtrs.so
+	local dyn
+	dyn=$(nm -D "$1")
+	grep -q ' U rtrs_common_log_level@RTRS_PRIVATE' <<<"$dyn"
+}
+for f in tools/rtrs-perf tools/rnbd-client daemons/rnbd-server nbdkit/nbdkit-rnbd-plugin.so \
+	tests/functional/rtrs-test-server tests/functional/test-log tests/functional/test-rnbd \
+	tests/functional/test-io; do
+	[ -e "$build/$f" ] || continue
+	check "$f: no lib/common of its own" no_own_copy "$build/$f"
+done
+for f in tools/rnbd-client daemons/rnbd-server nbdkit/nbdkit-rnbd-plugin.so tests/functional/test-log; do
+	[ -e "$build/$f" ] || continue
+	check "$f: librnbd logs through librtrs.so's state" uses_shared "$build/$f"
+done
+
+finish linkage
