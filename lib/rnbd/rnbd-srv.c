@@ -94,6 +94,18 @@ struct sess_dev {
 	atomic_uint_fast64_t reads, writes, read_bytes, write_bytes, other, errors;
 };
 
+/*
+ * One IO on its way through a store, in its request's slot: a session has
+ * one per RTRS chunk (rtrs_srv_op_id), so the IO path allocates nothing.
+ * The slot is its op's from rdma_ev until rtrs_srv_resp_rdma, and is not
+ * touched after that: the client may reuse the chunk at once.
+ */
+struct srv_io {
+	struct rnbd_breq r;
+	struct rtrs_srv_op *op;
+	struct sess_dev *sd;
+};
+
 struct rnbd_sess {
 	struct rnbd_srv *srv;
 	struct rnbd_sess *next;
@@ -104,6 +116,8 @@ struct rnbd_sess {
 	pthread_mutex_t lock;
 	struct sess_dev **devs;
 	uint32_t ndevs;
+	struct srv_io *ios;          /* one per RTRS chunk (queue depth) */
+	uint32_t nios;
 };
 
 struct rnbd_srv {
@@ -126,19 +140,13 @@ struct rnbd_srv {
 	unsigned live;               /* devices not freed yet */
 };
 
-/* One IO on its way through a store. */
-struct srv_io {
-	struct rnbd_breq r;
-	struct rtrs_srv_op *op;
-	struct sess_dev *sd;
-};
-
 /* ---- devices ------------------------------------------------------------------ */
 
 static void sess_put(struct rnbd_sess *sess)
 {
 	if (atomic_fetch_sub(&sess->refs, 1) == 1) {
 		free(sess->devs);
+		free(sess->ios);
 		pthread_mutex_destroy(&sess->open_lock);
 		pthread_mutex_destroy(&sess->lock);
 		free(sess);
@@ -567,6 +575,7 @@ static void io_done(struct rnbd_breq *r, int err)
 {
 	struct srv_io *io = (struct srv_io *)r;
 	struct sess_dev *sd = io->sd;
+	struct rtrs_srv_op *op = io->op;
 
 	if (err) {
 		atomic_fetch_add_explicit(&sd->errors, 1, memory_order_relaxed);
@@ -582,9 +591,9 @@ static void io_done(struct rnbd_breq *r, int err)
 	} else {
 		atomic_fetch_add_explicit(&sd->other, 1, memory_order_relaxed);
 	}
-	rtrs_srv_resp_rdma(io->op, err);
+	/* The slot is the next request's from here on. */
+	rtrs_srv_resp_rdma(op, err);
 	dev_put(sd);
-	free(io);
 }
 
 static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir dir,
@@ -594,11 +603,18 @@ static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir d
 	struct sess_dev *sd = NULL;
 	struct srv_io *io;
 	const char *why = NULL;
+	unsigned slot = rtrs_srv_op_id(op);
 	int rc = rnbd_io_decode(usr, usrlen, atomic_load(&sess->ver), datalen, &m, &why);
 
 	if (rc) {
 		log_err_rl("rnbd: %s: bad IO: %s", sess->name, why);
 		return rc;
+	}
+	if (slot >= sess->nios) {
+		/* librtrs gives ids below the session's queue depth: a bug, not the peer. */
+		log_err_rl("rnbd: %s: request slot %u beyond the session's %u", sess->name, slot,
+			   sess->nios);
+		return -EPROTO;
 	}
 	if ((m.op == RNBD_OP_READ) != (dir == RTRS_READ)) {
 		log_err_rl("rnbd: %s: %s sent as an RTRS %s", sess->name, rnbd_op_name(m.op),
@@ -619,11 +635,7 @@ static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir d
 		dev_put(sd);
 		return -EROFS;
 	}
-	io = calloc(1, sizeof(*io));
-	if (!io) {
-		dev_put(sd);
-		return -ENOMEM;
-	}
+	io = &sess->ios[slot];
 	io->op = op;
 	io->sd = sd;
 	io->r = (struct rnbd_breq){
@@ -698,9 +710,18 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 	struct rnbd_sess *sess;
 
 	if (ev == RTRS_SRV_LINK_EV_CONNECTED) {
+		/* librtrs keeps it in 1..65535 */
+		uint32_t qd = (uint32_t)rtrs_srv_get_queue_depth(rs);
+
 		sess = calloc(1, sizeof(*sess));
-		if (!sess)
+		if (sess)
+			sess->ios = calloc(qd, sizeof(*sess->ios));
+		if (!sess || !sess->ios) {
+			log_err("rnbd: no memory for a new session (%u request slots)", qd);
+			free(sess);
 			return -ENOMEM;
+		}
+		sess->nios = qd;
 		sess->srv = srv;
 		atomic_init(&sess->refs, 1); /* the link */
 		pthread_mutex_init(&sess->open_lock, NULL);
