@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,7 +62,7 @@ struct mem_dev {
 
 /* Writers of one backing object, across sessions. */
 struct writers {
-	struct writers *next;
+	LIST_ENTRY(writers) link;    /* srv->writers */
 	dev_t dev;
 	ino_t ino;
 	unsigned count;
@@ -89,7 +90,7 @@ struct sess_dev {
 	bool released;               /* store and writer slot given back */
 	struct rtrs_srv_op *close_op; /* a CLOSE answered once it is released */
 	struct rel_waiter *waiter;   /* a force-close waiting for the release */
-	struct sess_dev *rel_next;   /* the release queue */
+	STAILQ_ENTRY(sess_dev) rel_link; /* srv->rel_queue */
 	/* What the session did on it (rnbd_srv_list). */
 	atomic_uint_fast64_t reads, writes, read_bytes, write_bytes, other, errors;
 };
@@ -108,7 +109,7 @@ struct srv_io {
 
 struct rnbd_sess {
 	struct rnbd_srv *srv;
-	struct rnbd_sess *next;
+	LIST_ENTRY(rnbd_sess) link;  /* srv->sessions */
 	char name[RNBD_SESSNAME_MAX];
 	atomic_uint ver;             /* negotiated; 0 before SESS_INFO */
 	atomic_uint refs;            /* the link's, and one per device not yet freed */
@@ -126,14 +127,14 @@ struct rnbd_srv {
 	struct rtrs_srv_ctx *rtrs;
 	struct rnbd_engine *engine;
 	pthread_mutex_t lock;
-	struct rnbd_sess *sessions;
-	struct writers *writers;
+	LIST_HEAD(, rnbd_sess) sessions;
+	LIST_HEAD(, writers) writers;
 	struct mem_dev mem[MEM_DEVS_MAX];
 	unsigned nmem;
 	/* Releases: a queue and the threads that work it (one more when none is idle). */
 	pthread_mutex_t rel_lock;
 	pthread_cond_t rel_cond;     /* work queued, a device released or freed */
-	struct sess_dev *rel_head, *rel_tail;
+	STAILQ_HEAD(, sess_dev) rel_queue;
 	pthread_t *rel_threads;
 	unsigned rel_nthreads, rel_idle;
 	bool rel_stop;
@@ -175,12 +176,7 @@ static void *release_thread(void *arg);
 static void release_queue(struct rnbd_srv *srv, struct sess_dev *sd)
 {
 	pthread_mutex_lock(&srv->rel_lock);
-	sd->rel_next = NULL;
-	if (srv->rel_tail)
-		srv->rel_tail->rel_next = sd;
-	else
-		srv->rel_head = sd;
-	srv->rel_tail = sd;
+	STAILQ_INSERT_TAIL(&srv->rel_queue, sd, rel_link);
 	if (!srv->rel_idle && !srv->rel_stop) {
 		pthread_t *grown = realloc(srv->rel_threads,
 					   (srv->rel_nthreads + 1) * sizeof(*grown));
@@ -251,13 +247,8 @@ static void dev_release(struct rnbd_srv *srv, struct sess_dev *sd)
 	sd->store = NULL;
 	pthread_mutex_lock(&srv->lock);
 	if (sd->w && --sd->w->count == 0) {
-		for (struct writers **pp = &srv->writers; *pp; pp = &(*pp)->next) {
-			if (*pp == sd->w) {
-				*pp = sd->w->next;
-				free(sd->w);
-				break;
-			}
-		}
+		LIST_REMOVE(sd->w, link);
+		free(sd->w);
 	}
 	sd->w = NULL;
 	pthread_mutex_unlock(&srv->lock);
@@ -275,7 +266,7 @@ static void *release_thread(void *arg)
 
 	pthread_mutex_lock(&srv->rel_lock);
 	for (;;) {
-		struct sess_dev *sd = srv->rel_head;
+		struct sess_dev *sd = STAILQ_FIRST(&srv->rel_queue);
 		struct rtrs_srv_op *op = NULL;
 		bool gone;
 
@@ -287,9 +278,7 @@ static void *release_thread(void *arg)
 			srv->rel_idle--;
 			continue;
 		}
-		srv->rel_head = sd->rel_next;
-		if (!srv->rel_head)
-			srv->rel_tail = NULL;
+		STAILQ_REMOVE_HEAD(&srv->rel_queue, rel_link);
 		pthread_mutex_unlock(&srv->rel_lock);
 		dev_release(srv, sd);
 		log_info("rnbd: %s: %s (device %u) released", sd->sess->name, sd->name, sd->id);
@@ -320,7 +309,7 @@ static int writers_take(struct rnbd_srv *srv, dev_t dev, ino_t ino,
 	struct writers *w;
 	int rc;
 
-	for (w = srv->writers; w; w = w->next)
+	LIST_FOREACH(w, &srv->writers, link)
 		if (w->dev == dev && w->ino == ino)
 			break;
 	rc = rnbd_access_admit(mode, w ? w->count : 0);
@@ -332,8 +321,7 @@ static int writers_take(struct rnbd_srv *srv, dev_t dev, ino_t ino,
 			return -ENOMEM;
 		w->dev = dev;
 		w->ino = ino;
-		w->next = srv->writers;
-		srv->writers = w;
+		LIST_INSERT_HEAD(&srv->writers, w, link);
 	}
 	w->count++;
 	*out = w;
@@ -728,8 +716,7 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 		pthread_mutex_init(&sess->lock, NULL);
 		rtrs_srv_get_sess_name(rs, sess->name, sizeof(sess->name));
 		pthread_mutex_lock(&srv->lock);
-		sess->next = srv->sessions;
-		srv->sessions = sess;
+		LIST_INSERT_HEAD(&srv->sessions, sess, link);
 		pthread_mutex_unlock(&srv->lock);
 		rtrs_srv_set_sess_priv(rs, sess);
 		log_info("rnbd: session %s up", sess->name);
@@ -740,12 +727,7 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 		return 0;
 	rtrs_srv_set_sess_priv(rs, NULL);
 	pthread_mutex_lock(&srv->lock);
-	for (struct rnbd_sess **pp = &srv->sessions; *pp; pp = &(*pp)->next) {
-		if (*pp == sess) {
-			*pp = sess->next;
-			break;
-		}
-	}
+	LIST_REMOVE(sess, link); /* linked when its priv was set */
 	pthread_mutex_unlock(&srv->lock);
 	log_info("rnbd: session %s down, closing its devices", sess->name);
 	sess_destroy(sess);
@@ -890,6 +872,9 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	if (!srv)
 		return -ENOMEM;
 	srv->o = *o;
+	LIST_INIT(&srv->sessions);
+	LIST_INIT(&srv->writers);
+	STAILQ_INIT(&srv->rel_queue);
 	pthread_mutex_init(&srv->lock, NULL);
 	pthread_mutex_init(&srv->rel_lock, NULL);
 	cond_init_mono(&srv->rel_cond); /* force-close waits with a deadline */
@@ -976,6 +961,7 @@ int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char 
 {
 	struct rel_waiter w = { false };
 	struct sess_dev *found = NULL;
+	struct rnbd_sess *sess;
 	char name[RNBD_DEV_NAME_MAX];
 	struct timespec dl;
 	int rc = 0;
@@ -987,7 +973,9 @@ int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char 
 	dev_name = name;
 
 	pthread_mutex_lock(&srv->lock);
-	for (struct rnbd_sess *sess = srv->sessions; sess && !found; sess = sess->next) {
+	LIST_FOREACH(sess, &srv->sessions, link) {
+		if (found)
+			break;
 		if (strcmp(sess->name, sessname))
 			continue;
 		pthread_mutex_lock(&sess->lock);
@@ -1048,13 +1036,16 @@ int rnbd_srv_list(struct rnbd_srv *srv,
 		  void (*fn)(void *priv, const struct rnbd_srv_dev_stats *st), void *priv)
 {
 	struct list_item *items = NULL, *grown;
+	struct rnbd_sess *sess;
 	size_t n = 0, cap = 0;
 	int rc = 0;
 
 	if (!srv || !fn)
 		return -EINVAL;
 	pthread_mutex_lock(&srv->lock);
-	for (struct rnbd_sess *sess = srv->sessions; sess && !rc; sess = sess->next) {
+	LIST_FOREACH(sess, &srv->sessions, link) {
+		if (rc)
+			break;
 		pthread_mutex_lock(&sess->lock);
 		for (uint32_t id = 0; id < sess->ndevs; id++) {
 			struct sess_dev *sd = sess->devs[id];
