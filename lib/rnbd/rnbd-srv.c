@@ -753,16 +753,18 @@ void rnbd_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *
 
 int rnbd_srv_opts_init(struct rnbd_srv_opts *o, size_t size)
 {
+	int rc;
+
 	if (!o || size < sizeof(*o))
 		return -EINVAL;
 	memset(o, 0, size);
+	rc = rtrs_srv_opts_init(&o->rtrs, sizeof(o->rtrs));
+	if (rc)
+		return rc;
 	o->size = size;
-	o->port = RNBD_DEFAULT_PORT_NR;
+	o->rtrs.port = RNBD_DEFAULT_PORT_NR;
 	o->engine = "auto";
 	o->engine_threads = 4;
-	o->queue_depth = RTRS_DEFAULT_QUEUE_DEPTH;
-	o->max_chunk_size = RTRS_DEFAULT_CHUNK_SIZE;
-	o->always_invalidate = 1;
 	return 0;
 }
 
@@ -845,7 +847,6 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 		{ "threads", RNBD_ENGINE_THREADS },
 	};
 	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev, .link_ev = srv_link_ev };
-	struct rtrs_srv_opts ro;
 	struct rnbd_srv *srv;
 	int kind = -1, rc;
 
@@ -890,7 +891,7 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	if (o->dev_search_path)
 		snprintf(srv->search, sizeof(srv->search), "%s", o->dev_search_path);
 	srv->o.dev_search_path = srv->search[0] ? srv->search : NULL;
-	rc = rnbd_engine_open(kind, o->engine_threads, MAX(o->queue_depth, 64u), &srv->engine);
+	rc = rnbd_engine_open(kind, o->engine_threads, MAX(o->rtrs.queue_depth, 64u), &srv->engine);
 	if (rc) {
 		log_err("rnbd: cannot start the %s engine: %s", o->engine, strerror(-rc));
 		srv_free(srv);
@@ -911,20 +912,8 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 		srv_free(srv);
 		return -EINVAL;
 	}
-	rtrs_srv_opts_init(&ro, sizeof(ro));
-	ro.addr = o->addr;
-	ro.port = o->port;
-	if (o->provider)
-		ro.provider = o->provider;
-	ro.queue_depth = o->queue_depth;
-	ro.max_chunk_size = o->max_chunk_size;
-	ro.always_invalidate = o->always_invalidate;
-	ro.auth_keys_file = o->auth_keys_file;
-	ro.auth_name = o->auth_name;
-	if (o->hb_interval_ms)
-		ro.hb_interval_ms = o->hb_interval_ms;
 	ops.priv = srv;
-	rc = rtrs_srv_open(&ops, &ro, &srv->rtrs);
+	rc = rtrs_srv_open(&ops, &o->rtrs, &srv->rtrs);
 	if (rc) {
 		srv_free(srv);
 		return rc;
@@ -938,9 +927,9 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	if (!strcmp(srv->search, "/"))
 		log_warn("rnbd: the search path is /: every file and block device of this host "
 			 "that the server may open is exported");
-	if (!o->auth_keys_file)
+	if (!o->rtrs.auth_keys_file)
 		log_warn("rnbd: no authentication (no key file): any host that reaches %s may "
-			 "open the exported devices", o->addr ? o->addr : "this host");
+			 "open the exported devices", o->rtrs.addr ? o->rtrs.addr : "this host");
 	*out = srv;
 	return 0;
 }

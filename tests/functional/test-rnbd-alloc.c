@@ -259,13 +259,13 @@ static void run_engine(const char *top, const char *engine)
 	int port, id;
 
 	rnbd_srv_opts_init(&o, sizeof(o));
-	o.addr = test_addr();
-	o.provider = test_provider();
-	o.port = 0;
+	o.rtrs.addr = test_addr();
+	o.rtrs.provider = test_provider();
+	o.rtrs.port = 0;
 	o.dev_search_path = top;
 	o.mem_devices = "mem0:1M";
 	o.engine = engine;
-	o.queue_depth = 32;
+	o.rtrs.queue_depth = 32;
 	if (rnbd_srv_open(&o, &srv)) {
 		fprintf(stderr, "test-rnbd-alloc: no %s engine here, not checked\n", engine);
 		return;
