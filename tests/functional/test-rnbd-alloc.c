@@ -24,6 +24,7 @@
 #include "check.h"
 #include "harness.h"
 #include "rnbd-proto.h"
+#include "rnbd-raw.h"
 #include "rnbd.h"
 #include "rtrs.h"
 
@@ -31,75 +32,24 @@
 
 static atomic_ulong n_allocs;
 
-void *__real_malloc(size_t size);
-void *__real_calloc(size_t n, size_t size);
-void *__real_realloc(void *p, size_t size);
-void *__real_reallocarray(void *p, size_t n, size_t size);
-void *__real_aligned_alloc(size_t align, size_t size);
-int __real_posix_memalign(void **out, size_t align, size_t size);
-char *__real_strdup(const char *s);
-char *__real_strndup(const char *s, size_t n);
-void *__wrap_malloc(size_t size);
-void *__wrap_calloc(size_t n, size_t size);
-void *__wrap_realloc(void *p, size_t size);
-void *__wrap_reallocarray(void *p, size_t n, size_t size);
-void *__wrap_aligned_alloc(size_t align, size_t size);
-int __wrap_posix_memalign(void **out, size_t align, size_t size);
-char *__wrap_strdup(const char *s);
-char *__wrap_strndup(const char *s, size_t n);
+/* __wrap_NAME counts, then calls the real NAME (__real_NAME, resolved by the linker). */
+#define COUNTED(ret, name, params, args)                                       \
+	ret __real_##name params;                                              \
+	ret __wrap_##name params;                                              \
+	ret __wrap_##name params                                               \
+	{                                                                      \
+		atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed); \
+		return __real_##name args;                                     \
+	}
 
-static void counted(void)
-{
-	atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed);
-}
-
-void *__wrap_malloc(size_t size)
-{
-	counted();
-	return __real_malloc(size);
-}
-
-void *__wrap_calloc(size_t n, size_t size)
-{
-	counted();
-	return __real_calloc(n, size);
-}
-
-void *__wrap_realloc(void *p, size_t size)
-{
-	counted();
-	return __real_realloc(p, size);
-}
-
-void *__wrap_reallocarray(void *p, size_t n, size_t size)
-{
-	counted();
-	return __real_reallocarray(p, n, size);
-}
-
-void *__wrap_aligned_alloc(size_t align, size_t size)
-{
-	counted();
-	return __real_aligned_alloc(align, size);
-}
-
-int __wrap_posix_memalign(void **out, size_t align, size_t size)
-{
-	counted();
-	return __real_posix_memalign(out, align, size);
-}
-
-char *__wrap_strdup(const char *s)
-{
-	counted();
-	return __real_strdup(s);
-}
-
-char *__wrap_strndup(const char *s, size_t n)
-{
-	counted();
-	return __real_strndup(s, n);
-}
+COUNTED(void *, malloc, (size_t size), (size))
+COUNTED(void *, calloc, (size_t n, size_t size), (n, size))
+COUNTED(void *, realloc, (void *p, size_t size), (p, size))
+COUNTED(void *, reallocarray, (void *p, size_t n, size_t size), (p, n, size))
+COUNTED(void *, aligned_alloc, (size_t align, size_t size), (align, size))
+COUNTED(int, posix_memalign, (void **out, size_t align, size_t size), (out, align, size))
+COUNTED(char *, strdup, (const char *s), (s))
+COUNTED(char *, strndup, (const char *s, size_t n), (s, n))
 
 static unsigned long allocs(void)
 {
@@ -138,51 +88,26 @@ static struct {
 	uint8_t want[BS];
 } slots[QD];
 
+/* Two IO connections: requests complete on two threads. */
 static struct rtrs_clt_sess *sess_open(const char *name, int port)
 {
-	struct rnbd_msg_sess_info m, rsp;
-	struct rtrs_clt_sess *s = NULL;
-	struct rtrs_path_addr pa;
-	struct rtrs_clt_opts o;
-	const char *why = NULL;
-	unsigned ver = 0;
-	char dst[64];
+	struct rtrs_clt_sess *s;
+	struct test_rnbd_clt c;
 	int rc;
 
-	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
-	pa = (struct rtrs_path_addr){ .dst = dst };
-	rtrs_clt_opts_init(&o, sizeof(o));
-	o.sessname = name;
-	o.paths = &pa;
-	o.paths_num = 1;
-	o.provider = test_provider();
-	o.nr_io_cons = 2;
-	rc = rtrs_clt_open(&o, &s);
+	test_rnbd_clt_init(&c, name, port);
+	c.o.nr_io_cons = 2;
+	rc = test_rnbd_clt_open(&c, &s);
 	CHECK(rc == 0, "session %s: %s", name, strerror(-rc));
-	if (rc)
-		return NULL;
-	rnbd_sess_info_encode(&m, false, RNBD_PROTO_VER_MAJOR);
-	CHECK_EQ(test_request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp)), 0);
-	CHECK_EQ(rnbd_sess_info_decode(&rsp, sizeof(rsp), true, &ver, &why), 0);
 	return s;
 }
 
 static int dev_open(struct rtrs_clt_sess *s, const char *name)
 {
-	struct rnbd_open o = { .access_mode = RNBD_ACCESS_RW };
-	struct rnbd_msg_open_rsp rsp;
-	struct rnbd_msg_open m;
-	struct rnbd_open_rsp r;
-	const char *why = NULL;
-	int rc;
+	int id = test_rnbd_dev_open(s, name, RNBD_ACCESS_RW, NULL);
 
-	snprintf(o.dev_name, sizeof(o.dev_name), "%s", name);
-	rnbd_open_encode(&m, &o);
-	rc = test_request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
-	if (!rc)
-		rc = rnbd_open_rsp_decode(&rsp, sizeof(rsp), &r, &why);
-	CHECK(rc == 0, "OPEN %s: %s", name, why ? why : strerror(-rc));
-	return rc ? rc : (int)r.device_id;
+	CHECK(id >= 0, "OPEN %s: %s", name, strerror(-id));
+	return id;
 }
 
 /*

@@ -25,6 +25,7 @@
 #include "rnbd-backend.h"
 #include "rnbd-hooks.h"
 #include "rnbd-proto.h"
+#include "rnbd-raw.h"
 #include "rnbd.h"
 #include "rtrs.h"
 #include "util.h"
@@ -38,33 +39,15 @@ static unsigned clt_hb_ms; /* 0: the default */
 
 static struct rtrs_clt_sess *sess_open(const char *name)
 {
-	struct rtrs_path_addr pa;
-	struct rtrs_clt_opts o;
-	struct rtrs_clt_sess *s = NULL;
-	struct rnbd_msg_sess_info m, rsp;
-	const char *why = NULL;
-	unsigned ver = 0;
-	char dst[64];
+	struct rtrs_clt_sess *s;
+	struct test_rnbd_clt c;
 	int rc;
 
-	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
-	pa = (struct rtrs_path_addr){ .dst = dst };
-	rtrs_clt_opts_init(&o, sizeof(o));
-	o.sessname = name;
-	o.paths = &pa;
-	o.paths_num = 1;
-	o.provider = test_provider();
-	o.nr_io_cons = 1;
+	test_rnbd_clt_init(&c, name, port);
 	if (clt_hb_ms)
-		o.hb_interval_ms = clt_hb_ms;
-	rc = rtrs_clt_open(&o, &s);
+		c.o.hb_interval_ms = clt_hb_ms;
+	rc = test_rnbd_clt_open(&c, &s);
 	CHECK(rc == 0, "session %s: %s", name, strerror(-rc));
-	if (rc)
-		return NULL;
-	rnbd_sess_info_encode(&m, false, RNBD_PROTO_VER_MAJOR);
-	CHECK_EQ(test_request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp)), 0);
-	CHECK_EQ(rnbd_sess_info_decode(&rsp, sizeof(rsp), true, &ver, &why), 0);
-	CHECK_EQ(ver, RNBD_PROTO_VER_MAJOR);
 	return s;
 }
 
@@ -72,23 +55,7 @@ static struct rtrs_clt_sess *sess_open(const char *name)
 static int dev_open(struct rtrs_clt_sess *s, const char *name, enum rnbd_access_mode mode,
 		    struct rnbd_open_rsp *out)
 {
-	struct rnbd_open o = { .access_mode = mode };
-	struct rnbd_msg_open m;
-	struct rnbd_msg_open_rsp rsp;
-	struct rnbd_open_rsp r;
-	const char *why = NULL;
-	int rc;
-
-	snprintf(o.dev_name, sizeof(o.dev_name), "%s", name);
-	rnbd_open_encode(&m, &o);
-	rc = test_request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
-	if (rc)
-		return rc;
-	rc = rnbd_open_rsp_decode(&rsp, sizeof(rsp), &r, &why);
-	CHECK(rc == 0, "OPEN_RSP: %s", why);
-	if (out)
-		*out = r;
-	return rc ? rc : (int)r.device_id;
+	return test_rnbd_dev_open(s, name, mode, out);
 }
 
 static int dev_close(struct rtrs_clt_sess *s, uint32_t id)
@@ -740,25 +707,15 @@ out:
 static int opts_sess_open(const char *name, const char *secret, const char *srv_name,
 			  struct rtrs_clt_sess **out)
 {
-	static char dst[64];
-	static struct rtrs_path_addr pa;
-	struct rtrs_clt_opts o;
+	struct test_rnbd_clt c;
 
-	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
-	pa = (struct rtrs_path_addr){ .dst = dst };
-	rtrs_clt_opts_init(&o, sizeof(o));
-	o.sessname = name;
-	o.paths = &pa;
-	o.paths_num = 1;
-	o.provider = test_provider();
-	o.nr_io_cons = 1;
-	o.reconnect_delay_ms = 50;
-	o.reconnect_jitter_ms = 0;
-	o.auth_secret = secret;
-	o.auth_host_name = HOST_NAME;
-	o.auth_server_name = srv_name;
-	*out = NULL;
-	return rtrs_clt_open(&o, out);
+	test_rnbd_clt_init(&c, name, port);
+	c.o.reconnect_delay_ms = 50;
+	c.o.reconnect_jitter_ms = 0;
+	c.o.auth_secret = secret;
+	c.o.auth_host_name = HOST_NAME;
+	c.o.auth_server_name = srv_name;
+	return test_rnbd_clt_open(&c, out);
 }
 
 static void opts_srv_init(struct rnbd_srv_opts *o, const char *keys, uint16_t want_port)
