@@ -700,12 +700,15 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 	if (ev == RTRS_SRV_LINK_EV_CONNECTED) {
 		/* librtrs keeps it in 1..65535 */
 		uint32_t qd = (uint32_t)rtrs_srv_get_queue_depth(rs);
+		char name[RNBD_SESSNAME_MAX];
 
+		rtrs_srv_get_sess_name(rs, name, sizeof(name));
 		sess = calloc(1, sizeof(*sess));
 		if (sess)
 			sess->ios = calloc(qd, sizeof(*sess->ios));
 		if (!sess || !sess->ios) {
-			log_err("rnbd: no memory for a new session (%u request slots)", qd);
+			log_err("rnbd: session %s refused: no memory for it and its %u request slots",
+				name, qd);
 			free(sess);
 			return -ENOMEM;
 		}
@@ -714,7 +717,7 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 		atomic_init(&sess->refs, 1); /* the link */
 		pthread_mutex_init(&sess->open_lock, NULL);
 		pthread_mutex_init(&sess->lock, NULL);
-		rtrs_srv_get_sess_name(rs, sess->name, sizeof(sess->name));
+		memcpy(sess->name, name, sizeof(sess->name));
 		pthread_mutex_lock(&srv->lock);
 		LIST_INSERT_HEAD(&srv->sessions, sess, link);
 		pthread_mutex_unlock(&srv->lock);
