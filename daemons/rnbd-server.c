@@ -390,20 +390,20 @@ int main(int argc, char **argv)
 	if (g.mem.n && !(mem = join_mem()))
 		return 1;
 	rnbd_srv_opts_init(&o, sizeof(o));
-	o.addr = g.addr;
-	o.port = (uint16_t)g.port;
-	o.provider = g.provider;
+	o.rtrs.addr = g.addr;
+	o.rtrs.port = (uint16_t)g.port;
+	o.rtrs.provider = g.provider;
+	o.rtrs.queue_depth = (uint32_t)g.queue_depth;
+	o.rtrs.max_chunk_size = (uint32_t)g.chunk_size;
+	o.rtrs.always_invalidate = g.invalidate;
+	o.rtrs.auth_keys_file = g.auth_keys;
+	o.rtrs.auth_name = g.auth_name;
+	o.rtrs.hb_interval_ms = (unsigned)g.hb_ms;
 	o.dev_search_path = g.search;
 	o.mem_devices = mem;
 	o.engine = engine_names[g.engine];
 	o.engine_threads = (unsigned)g.threads;
 	o.direct = g.direct;
-	o.queue_depth = (uint32_t)g.queue_depth;
-	o.max_chunk_size = (uint32_t)g.chunk_size;
-	o.always_invalidate = g.invalidate;
-	o.auth_keys_file = g.auth_keys;
-	o.auth_name = g.auth_name;
-	o.hb_interval_ms = (unsigned)g.hb_ms;
 
 	/*
 	 * Signals go to sigwait below, not to library threads. A control

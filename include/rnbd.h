@@ -24,9 +24,15 @@ struct rnbd_srv;
 
 struct rnbd_srv_opts {
 	size_t size;                /* sizeof(struct rnbd_srv_opts) */
-	const char *addr;           /* listen address; NULL = 0.0.0.0 */
-	uint16_t port;              /* default 1234; 0 = any free port */
-	const char *provider;       /* libfabric provider; default "tcp" */
+	/*
+	 * The transport's options (rtrs.h), handed to rtrs_srv_open as they
+	 * are: listen address, port (default RNBD_DEFAULT_PORT_NR; 0 = any
+	 * free port), provider, queue depth (RTRS chunks, the requests a
+	 * session may have in flight), chunk size, always_invalidate,
+	 * heartbeats, authentication (auth_keys_file: require DH-HMAC-CHAP)
+	 * and the limits. rnbd_srv_opts_init fills librtrs's defaults.
+	 */
+	struct rtrs_srv_opts rtrs;
 	/*
 	 * Files and block devices are looked up below this directory, an
 	 * absolute path; it may hold %SESSNAME%, replaced by the session's
@@ -47,12 +53,6 @@ struct rnbd_srv_opts {
 	const char *engine;         /* "auto" (io_uring, else threads), "io_uring", "threads" */
 	unsigned engine_threads;    /* pool threads (default 4) */
 	int direct;                 /* open files and devices with O_DIRECT */
-	uint32_t queue_depth;       /* RTRS chunks per session (default 512) */
-	uint32_t max_chunk_size;    /* default 128 KiB */
-	int always_invalidate;      /* default 1, see rtrs.h */
-	const char *auth_keys_file; /* see rtrs.h: require DH-HMAC-CHAP */
-	const char *auth_name;
-	unsigned hb_interval_ms;
 };
 
 int rnbd_srv_opts_init(struct rnbd_srv_opts *opts, size_t size);

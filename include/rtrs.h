@@ -443,6 +443,14 @@ int rtrs_srv_get_sess_name(struct rtrs_srv_sess *sess, char *buf, size_t len);
 int rtrs_srv_get_queue_depth(struct rtrs_srv_sess *sess);
 /* The session an op belongs to. */
 struct rtrs_srv_sess *rtrs_srv_op_sess(struct rtrs_srv_op *id);
+/*
+ * The op's slot number, 0 .. rtrs_srv_get_queue_depth() - 1 (its chunk).
+ * No two ops of a session that are waiting for their answer have the same
+ * one, so a user can keep its per-request state in an array of queue depth
+ * entries per session; a slot is free again once rtrs_srv_resp_rdma() was
+ * called for its op (do not touch it after that call).
+ */
+unsigned rtrs_srv_op_id(const struct rtrs_srv_op *id);
 
 /* ---- misc -------------------------------------------------------------------- */
 

@@ -36,7 +36,7 @@ struct rnbd_engine {
 	/* the pool: every engine has one */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
-	struct rnbd_breq *head, *tail;
+	STAILQ_HEAD(, rnbd_breq) queue;
 	bool stop;
 	unsigned nthreads;
 	pthread_t *threads;
@@ -202,7 +202,7 @@ static void *pool_thread(void *arg)
 
 	pthread_mutex_lock(&e->lock);
 	for (;;) {
-		struct rnbd_breq *r = e->head;
+		struct rnbd_breq *r = STAILQ_FIRST(&e->queue);
 
 		if (!r) {
 			if (e->stop)
@@ -210,9 +210,7 @@ static void *pool_thread(void *arg)
 			pthread_cond_wait(&e->cond, &e->lock);
 			continue;
 		}
-		e->head = r->next;
-		if (!e->head)
-			e->tail = NULL;
+		STAILQ_REMOVE_HEAD(&e->queue, link);
 		pthread_mutex_unlock(&e->lock);
 		complete(r, exec_sync(r->store, r));
 		pthread_mutex_lock(&e->lock);
@@ -223,13 +221,8 @@ static void *pool_thread(void *arg)
 
 static void pool_queue(struct rnbd_engine *e, struct rnbd_breq *r)
 {
-	r->next = NULL;
 	pthread_mutex_lock(&e->lock);
-	if (e->tail)
-		e->tail->next = r;
-	else
-		e->head = r;
-	e->tail = r;
+	STAILQ_INSERT_TAIL(&e->queue, r, link);
 	pthread_cond_signal(&e->cond);
 	pthread_mutex_unlock(&e->lock);
 }
@@ -361,6 +354,7 @@ int rnbd_engine_open(enum rnbd_engine_kind kind, unsigned threads, unsigned dept
 	pthread_mutex_init(&e->lock, NULL);
 	pthread_cond_init(&e->cond, NULL);
 	pthread_mutex_init(&e->sq_lock, NULL);
+	STAILQ_INIT(&e->queue);
 	e->nthreads = threads ? threads : 4;
 	e->threads = calloc(e->nthreads, sizeof(*e->threads));
 	if (!e->threads) {

@@ -23,6 +23,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/queue.h>
 #include <sys/types.h>
 
 #include "rnbd-proto.h"
@@ -39,7 +40,7 @@ struct rnbd_breq {
 	void (*done)(struct rnbd_breq *r, int err);
 	/* The store's own. */
 	struct rnbd_store *store;
-	struct rnbd_breq *next;
+	STAILQ_ENTRY(rnbd_breq) link; /* the engine's pool queue */
 	int stage;
 };
 

@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,7 +62,7 @@ struct mem_dev {
 
 /* Writers of one backing object, across sessions. */
 struct writers {
-	struct writers *next;
+	LIST_ENTRY(writers) link;    /* srv->writers */
 	dev_t dev;
 	ino_t ino;
 	unsigned count;
@@ -89,14 +90,26 @@ struct sess_dev {
 	bool released;               /* store and writer slot given back */
 	struct rtrs_srv_op *close_op; /* a CLOSE answered once it is released */
 	struct rel_waiter *waiter;   /* a force-close waiting for the release */
-	struct sess_dev *rel_next;   /* the release queue */
+	STAILQ_ENTRY(sess_dev) rel_link; /* srv->rel_queue */
 	/* What the session did on it (rnbd_srv_list). */
 	atomic_uint_fast64_t reads, writes, read_bytes, write_bytes, other, errors;
 };
 
+/*
+ * One IO on its way through a store, in its request's slot: a session has
+ * one per RTRS chunk (rtrs_srv_op_id), so the IO path allocates nothing.
+ * The slot is its op's from rdma_ev until rtrs_srv_resp_rdma, and is not
+ * touched after that: the client may reuse the chunk at once.
+ */
+struct srv_io {
+	struct rnbd_breq r;
+	struct rtrs_srv_op *op;
+	struct sess_dev *sd;
+};
+
 struct rnbd_sess {
 	struct rnbd_srv *srv;
-	struct rnbd_sess *next;
+	LIST_ENTRY(rnbd_sess) link;  /* srv->sessions */
 	char name[RNBD_SESSNAME_MAX];
 	atomic_uint ver;             /* negotiated; 0 before SESS_INFO */
 	atomic_uint refs;            /* the link's, and one per device not yet freed */
@@ -104,6 +117,8 @@ struct rnbd_sess {
 	pthread_mutex_t lock;
 	struct sess_dev **devs;
 	uint32_t ndevs;
+	struct srv_io *ios;          /* one per RTRS chunk (queue depth) */
+	uint32_t nios;
 };
 
 struct rnbd_srv {
@@ -112,25 +127,18 @@ struct rnbd_srv {
 	struct rtrs_srv_ctx *rtrs;
 	struct rnbd_engine *engine;
 	pthread_mutex_t lock;
-	struct rnbd_sess *sessions;
-	struct writers *writers;
+	LIST_HEAD(, rnbd_sess) sessions;
+	LIST_HEAD(, writers) writers;
 	struct mem_dev mem[MEM_DEVS_MAX];
 	unsigned nmem;
 	/* Releases: a queue and the threads that work it (one more when none is idle). */
 	pthread_mutex_t rel_lock;
 	pthread_cond_t rel_cond;     /* work queued, a device released or freed */
-	struct sess_dev *rel_head, *rel_tail;
+	STAILQ_HEAD(, sess_dev) rel_queue;
 	pthread_t *rel_threads;
 	unsigned rel_nthreads, rel_idle;
 	bool rel_stop;
 	unsigned live;               /* devices not freed yet */
-};
-
-/* One IO on its way through a store. */
-struct srv_io {
-	struct rnbd_breq r;
-	struct rtrs_srv_op *op;
-	struct sess_dev *sd;
 };
 
 /* ---- devices ------------------------------------------------------------------ */
@@ -139,6 +147,7 @@ static void sess_put(struct rnbd_sess *sess)
 {
 	if (atomic_fetch_sub(&sess->refs, 1) == 1) {
 		free(sess->devs);
+		free(sess->ios);
 		pthread_mutex_destroy(&sess->open_lock);
 		pthread_mutex_destroy(&sess->lock);
 		free(sess);
@@ -167,12 +176,7 @@ static void *release_thread(void *arg);
 static void release_queue(struct rnbd_srv *srv, struct sess_dev *sd)
 {
 	pthread_mutex_lock(&srv->rel_lock);
-	sd->rel_next = NULL;
-	if (srv->rel_tail)
-		srv->rel_tail->rel_next = sd;
-	else
-		srv->rel_head = sd;
-	srv->rel_tail = sd;
+	STAILQ_INSERT_TAIL(&srv->rel_queue, sd, rel_link);
 	if (!srv->rel_idle && !srv->rel_stop) {
 		pthread_t *grown = realloc(srv->rel_threads,
 					   (srv->rel_nthreads + 1) * sizeof(*grown));
@@ -243,13 +247,8 @@ static void dev_release(struct rnbd_srv *srv, struct sess_dev *sd)
 	sd->store = NULL;
 	pthread_mutex_lock(&srv->lock);
 	if (sd->w && --sd->w->count == 0) {
-		for (struct writers **pp = &srv->writers; *pp; pp = &(*pp)->next) {
-			if (*pp == sd->w) {
-				*pp = sd->w->next;
-				free(sd->w);
-				break;
-			}
-		}
+		LIST_REMOVE(sd->w, link);
+		free(sd->w);
 	}
 	sd->w = NULL;
 	pthread_mutex_unlock(&srv->lock);
@@ -267,7 +266,7 @@ static void *release_thread(void *arg)
 
 	pthread_mutex_lock(&srv->rel_lock);
 	for (;;) {
-		struct sess_dev *sd = srv->rel_head;
+		struct sess_dev *sd = STAILQ_FIRST(&srv->rel_queue);
 		struct rtrs_srv_op *op = NULL;
 		bool gone;
 
@@ -279,9 +278,7 @@ static void *release_thread(void *arg)
 			srv->rel_idle--;
 			continue;
 		}
-		srv->rel_head = sd->rel_next;
-		if (!srv->rel_head)
-			srv->rel_tail = NULL;
+		STAILQ_REMOVE_HEAD(&srv->rel_queue, rel_link);
 		pthread_mutex_unlock(&srv->rel_lock);
 		dev_release(srv, sd);
 		log_info("rnbd: %s: %s (device %u) released", sd->sess->name, sd->name, sd->id);
@@ -312,7 +309,7 @@ static int writers_take(struct rnbd_srv *srv, dev_t dev, ino_t ino,
 	struct writers *w;
 	int rc;
 
-	for (w = srv->writers; w; w = w->next)
+	LIST_FOREACH(w, &srv->writers, link)
 		if (w->dev == dev && w->ino == ino)
 			break;
 	rc = rnbd_access_admit(mode, w ? w->count : 0);
@@ -324,8 +321,7 @@ static int writers_take(struct rnbd_srv *srv, dev_t dev, ino_t ino,
 			return -ENOMEM;
 		w->dev = dev;
 		w->ino = ino;
-		w->next = srv->writers;
-		srv->writers = w;
+		LIST_INSERT_HEAD(&srv->writers, w, link);
 	}
 	w->count++;
 	*out = w;
@@ -567,6 +563,7 @@ static void io_done(struct rnbd_breq *r, int err)
 {
 	struct srv_io *io = (struct srv_io *)r;
 	struct sess_dev *sd = io->sd;
+	struct rtrs_srv_op *op = io->op;
 
 	if (err) {
 		atomic_fetch_add_explicit(&sd->errors, 1, memory_order_relaxed);
@@ -582,9 +579,9 @@ static void io_done(struct rnbd_breq *r, int err)
 	} else {
 		atomic_fetch_add_explicit(&sd->other, 1, memory_order_relaxed);
 	}
-	rtrs_srv_resp_rdma(io->op, err);
+	/* The slot is the next request's from here on. */
+	rtrs_srv_resp_rdma(op, err);
 	dev_put(sd);
-	free(io);
 }
 
 static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir dir,
@@ -594,11 +591,18 @@ static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir d
 	struct sess_dev *sd = NULL;
 	struct srv_io *io;
 	const char *why = NULL;
+	unsigned slot = rtrs_srv_op_id(op);
 	int rc = rnbd_io_decode(usr, usrlen, atomic_load(&sess->ver), datalen, &m, &why);
 
 	if (rc) {
 		log_err_rl("rnbd: %s: bad IO: %s", sess->name, why);
 		return rc;
+	}
+	if (slot >= sess->nios) {
+		/* librtrs gives ids below the session's queue depth: a bug, not the peer. */
+		log_err_rl("rnbd: %s: request slot %u beyond the session's %u", sess->name, slot,
+			   sess->nios);
+		return -EPROTO;
 	}
 	if ((m.op == RNBD_OP_READ) != (dir == RTRS_READ)) {
 		log_err_rl("rnbd: %s: %s sent as an RTRS %s", sess->name, rnbd_op_name(m.op),
@@ -619,11 +623,7 @@ static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir d
 		dev_put(sd);
 		return -EROFS;
 	}
-	io = calloc(1, sizeof(*io));
-	if (!io) {
-		dev_put(sd);
-		return -ENOMEM;
-	}
+	io = &sess->ios[slot];
 	io->op = op;
 	io->sd = sd;
 	io->r = (struct rnbd_breq){
@@ -698,17 +698,28 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 	struct rnbd_sess *sess;
 
 	if (ev == RTRS_SRV_LINK_EV_CONNECTED) {
+		/* librtrs keeps it in 1..65535 */
+		uint32_t qd = (uint32_t)rtrs_srv_get_queue_depth(rs);
+		char name[RNBD_SESSNAME_MAX];
+
+		rtrs_srv_get_sess_name(rs, name, sizeof(name));
 		sess = calloc(1, sizeof(*sess));
-		if (!sess)
+		if (sess)
+			sess->ios = calloc(qd, sizeof(*sess->ios));
+		if (!sess || !sess->ios) {
+			log_err("rnbd: session %s refused: no memory for it and its %u request slots",
+				name, qd);
+			free(sess);
 			return -ENOMEM;
+		}
+		sess->nios = qd;
 		sess->srv = srv;
 		atomic_init(&sess->refs, 1); /* the link */
 		pthread_mutex_init(&sess->open_lock, NULL);
 		pthread_mutex_init(&sess->lock, NULL);
-		rtrs_srv_get_sess_name(rs, sess->name, sizeof(sess->name));
+		memcpy(sess->name, name, sizeof(sess->name));
 		pthread_mutex_lock(&srv->lock);
-		sess->next = srv->sessions;
-		srv->sessions = sess;
+		LIST_INSERT_HEAD(&srv->sessions, sess, link);
 		pthread_mutex_unlock(&srv->lock);
 		rtrs_srv_set_sess_priv(rs, sess);
 		log_info("rnbd: session %s up", sess->name);
@@ -719,12 +730,7 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 		return 0;
 	rtrs_srv_set_sess_priv(rs, NULL);
 	pthread_mutex_lock(&srv->lock);
-	for (struct rnbd_sess **pp = &srv->sessions; *pp; pp = &(*pp)->next) {
-		if (*pp == sess) {
-			*pp = sess->next;
-			break;
-		}
-	}
+	LIST_REMOVE(sess, link); /* linked when its priv was set */
 	pthread_mutex_unlock(&srv->lock);
 	log_info("rnbd: session %s down, closing its devices", sess->name);
 	sess_destroy(sess);
@@ -750,16 +756,18 @@ void rnbd_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *
 
 int rnbd_srv_opts_init(struct rnbd_srv_opts *o, size_t size)
 {
+	int rc;
+
 	if (!o || size < sizeof(*o))
 		return -EINVAL;
 	memset(o, 0, size);
+	rc = rtrs_srv_opts_init(&o->rtrs, sizeof(o->rtrs));
+	if (rc)
+		return rc;
 	o->size = size;
-	o->port = RNBD_DEFAULT_PORT_NR;
+	o->rtrs.port = RNBD_DEFAULT_PORT_NR;
 	o->engine = "auto";
 	o->engine_threads = 4;
-	o->queue_depth = RTRS_DEFAULT_QUEUE_DEPTH;
-	o->max_chunk_size = RTRS_DEFAULT_CHUNK_SIZE;
-	o->always_invalidate = 1;
 	return 0;
 }
 
@@ -842,7 +850,6 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 		{ "threads", RNBD_ENGINE_THREADS },
 	};
 	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev, .link_ev = srv_link_ev };
-	struct rtrs_srv_opts ro;
 	struct rnbd_srv *srv;
 	int kind = -1, rc;
 
@@ -869,6 +876,9 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	if (!srv)
 		return -ENOMEM;
 	srv->o = *o;
+	LIST_INIT(&srv->sessions);
+	LIST_INIT(&srv->writers);
+	STAILQ_INIT(&srv->rel_queue);
 	pthread_mutex_init(&srv->lock, NULL);
 	pthread_mutex_init(&srv->rel_lock, NULL);
 	cond_init_mono(&srv->rel_cond); /* force-close waits with a deadline */
@@ -884,7 +894,7 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	if (o->dev_search_path)
 		snprintf(srv->search, sizeof(srv->search), "%s", o->dev_search_path);
 	srv->o.dev_search_path = srv->search[0] ? srv->search : NULL;
-	rc = rnbd_engine_open(kind, o->engine_threads, MAX(o->queue_depth, 64u), &srv->engine);
+	rc = rnbd_engine_open(kind, o->engine_threads, MAX(o->rtrs.queue_depth, 64u), &srv->engine);
 	if (rc) {
 		log_err("rnbd: cannot start the %s engine: %s", o->engine, strerror(-rc));
 		srv_free(srv);
@@ -905,20 +915,8 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 		srv_free(srv);
 		return -EINVAL;
 	}
-	rtrs_srv_opts_init(&ro, sizeof(ro));
-	ro.addr = o->addr;
-	ro.port = o->port;
-	if (o->provider)
-		ro.provider = o->provider;
-	ro.queue_depth = o->queue_depth;
-	ro.max_chunk_size = o->max_chunk_size;
-	ro.always_invalidate = o->always_invalidate;
-	ro.auth_keys_file = o->auth_keys_file;
-	ro.auth_name = o->auth_name;
-	if (o->hb_interval_ms)
-		ro.hb_interval_ms = o->hb_interval_ms;
 	ops.priv = srv;
-	rc = rtrs_srv_open(&ops, &ro, &srv->rtrs);
+	rc = rtrs_srv_open(&ops, &o->rtrs, &srv->rtrs);
 	if (rc) {
 		srv_free(srv);
 		return rc;
@@ -932,9 +930,9 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	if (!strcmp(srv->search, "/"))
 		log_warn("rnbd: the search path is /: every file and block device of this host "
 			 "that the server may open is exported");
-	if (!o->auth_keys_file)
+	if (!o->rtrs.auth_keys_file)
 		log_warn("rnbd: no authentication (no key file): any host that reaches %s may "
-			 "open the exported devices", o->addr ? o->addr : "this host");
+			 "open the exported devices", o->rtrs.addr ? o->rtrs.addr : "this host");
 	*out = srv;
 	return 0;
 }
@@ -955,6 +953,7 @@ int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char 
 {
 	struct rel_waiter w = { false };
 	struct sess_dev *found = NULL;
+	struct rnbd_sess *sess;
 	char name[RNBD_DEV_NAME_MAX];
 	struct timespec dl;
 	int rc = 0;
@@ -966,7 +965,9 @@ int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char 
 	dev_name = name;
 
 	pthread_mutex_lock(&srv->lock);
-	for (struct rnbd_sess *sess = srv->sessions; sess && !found; sess = sess->next) {
+	LIST_FOREACH(sess, &srv->sessions, link) {
+		if (found)
+			break;
 		if (strcmp(sess->name, sessname))
 			continue;
 		pthread_mutex_lock(&sess->lock);
@@ -1027,13 +1028,16 @@ int rnbd_srv_list(struct rnbd_srv *srv,
 		  void (*fn)(void *priv, const struct rnbd_srv_dev_stats *st), void *priv)
 {
 	struct list_item *items = NULL, *grown;
+	struct rnbd_sess *sess;
 	size_t n = 0, cap = 0;
 	int rc = 0;
 
 	if (!srv || !fn)
 		return -EINVAL;
 	pthread_mutex_lock(&srv->lock);
-	for (struct rnbd_sess *sess = srv->sessions; sess && !rc; sess = sess->next) {
+	LIST_FOREACH(sess, &srv->sessions, link) {
+		if (rc)
+			break;
 		pthread_mutex_lock(&sess->lock);
 		for (uint32_t id = 0; id < sess->ndevs; id++) {
 			struct sess_dev *sd = sess->devs[id];

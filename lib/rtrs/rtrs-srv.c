@@ -371,3 +371,9 @@ struct rtrs_srv_sess *rtrs_srv_op_sess(struct rtrs_srv_op *op)
 {
 	return op->sess;
 }
+
+RTRS_EXPORT
+unsigned rtrs_srv_op_id(const struct rtrs_srv_op *op)
+{
+	return op->id;
+}

@@ -25,6 +25,7 @@
 #include "rnbd-backend.h"
 #include "rnbd-hooks.h"
 #include "rnbd-proto.h"
+#include "rnbd-raw.h"
 #include "rnbd.h"
 #include "rtrs.h"
 #include "util.h"
@@ -38,33 +39,15 @@ static unsigned clt_hb_ms; /* 0: the default */
 
 static struct rtrs_clt_sess *sess_open(const char *name)
 {
-	struct rtrs_path_addr pa;
-	struct rtrs_clt_opts o;
-	struct rtrs_clt_sess *s = NULL;
-	struct rnbd_msg_sess_info m, rsp;
-	const char *why = NULL;
-	unsigned ver = 0;
-	char dst[64];
+	struct rtrs_clt_sess *s;
+	struct test_rnbd_clt c;
 	int rc;
 
-	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
-	pa = (struct rtrs_path_addr){ .dst = dst };
-	rtrs_clt_opts_init(&o, sizeof(o));
-	o.sessname = name;
-	o.paths = &pa;
-	o.paths_num = 1;
-	o.provider = test_provider();
-	o.nr_io_cons = 1;
+	test_rnbd_clt_init(&c, name, port);
 	if (clt_hb_ms)
-		o.hb_interval_ms = clt_hb_ms;
-	rc = rtrs_clt_open(&o, &s);
+		c.o.hb_interval_ms = clt_hb_ms;
+	rc = test_rnbd_clt_open(&c, &s);
 	CHECK(rc == 0, "session %s: %s", name, strerror(-rc));
-	if (rc)
-		return NULL;
-	rnbd_sess_info_encode(&m, false, RNBD_PROTO_VER_MAJOR);
-	CHECK_EQ(test_request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp)), 0);
-	CHECK_EQ(rnbd_sess_info_decode(&rsp, sizeof(rsp), true, &ver, &why), 0);
-	CHECK_EQ(ver, RNBD_PROTO_VER_MAJOR);
 	return s;
 }
 
@@ -72,23 +55,7 @@ static struct rtrs_clt_sess *sess_open(const char *name)
 static int dev_open(struct rtrs_clt_sess *s, const char *name, enum rnbd_access_mode mode,
 		    struct rnbd_open_rsp *out)
 {
-	struct rnbd_open o = { .access_mode = mode };
-	struct rnbd_msg_open m;
-	struct rnbd_msg_open_rsp rsp;
-	struct rnbd_open_rsp r;
-	const char *why = NULL;
-	int rc;
-
-	snprintf(o.dev_name, sizeof(o.dev_name), "%s", name);
-	rnbd_open_encode(&m, &o);
-	rc = test_request(s, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
-	if (rc)
-		return rc;
-	rc = rnbd_open_rsp_decode(&rsp, sizeof(rsp), &r, &why);
-	CHECK(rc == 0, "OPEN_RSP: %s", why);
-	if (out)
-		*out = r;
-	return rc ? rc : (int)r.device_id;
+	return test_rnbd_dev_open(s, name, mode, out);
 }
 
 static int dev_close(struct rtrs_clt_sess *s, uint32_t id)
@@ -151,13 +118,13 @@ static void test_all(void)
 
 	rnbd_srv_opts_init(&o, sizeof(o));
 	snprintf(search, sizeof(search), "%s/%%SESSNAME%%", top);
-	o.addr = test_addr();
-	o.provider = test_provider();
-	o.port = 0;
+	o.rtrs.addr = test_addr();
+	o.rtrs.provider = test_provider();
+	o.rtrs.port = 0;
 	o.dev_search_path = search;
 	o.mem_devices = "mem0:16M";
-	o.queue_depth = 32;
-	o.max_chunk_size = 512 << 10;
+	o.rtrs.queue_depth = 32;
+	o.rtrs.max_chunk_size = 512 << 10;
 	CHECK_EQ(rnbd_srv_open(&o, &srv), 0);
 	port = rnbd_srv_port(srv, 5000);
 	CHECK(port > 0, "port %d", port);
@@ -277,9 +244,9 @@ static void test_defaults(void)
 	rnbd_set_log_fn(log_sink, NULL);
 	rnbd_srv_opts_init(&o, sizeof(o));
 	CHECK(o.dev_search_path == NULL, "default search path %s", o.dev_search_path);
-	o.addr = test_addr();
-	o.provider = test_provider();
-	o.port = 0;
+	o.rtrs.addr = test_addr();
+	o.rtrs.provider = test_provider();
+	o.rtrs.port = 0;
 	CHECK_EQ(rnbd_srv_open(&o, &srv), -EINVAL);
 	CHECK(log_has("nothing to export"), "%s", log_text());
 	o.dev_search_path = "relative/dir";
@@ -622,12 +589,12 @@ static void test_hung_io(void)
 	mkfile(path, DISK_SIZE);
 
 	rnbd_srv_opts_init(&so, sizeof(so));
-	so.addr = test_addr();
-	so.provider = test_provider();
-	so.port = 0;
+	so.rtrs.addr = test_addr();
+	so.rtrs.provider = test_provider();
+	so.rtrs.port = 0;
 	so.dev_search_path = search;
-	so.queue_depth = 32;
-	so.hb_interval_ms = 100;
+	so.rtrs.queue_depth = 32;
+	so.rtrs.hb_interval_ms = 100;
 	CHECK_EQ(rnbd_srv_open(&so, &srv), 0);
 	port = rnbd_srv_port(srv, 5000);
 	clt_hb_ms = 100;
@@ -725,6 +692,118 @@ out:
 	rnbd_srv_close(srv);
 }
 
+/* ---- transport options --------------------------------------------------------- */
+
+/* Made with rtrs-key gen, as `nvme gen-dhchap-key` writes them. */
+#define HOST_KEY "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:"
+#define HOST_NAME "nqn.2014-08.org.nvmexpress:uuid:7e1d2c9a-0000-4000-8000-00000000a001"
+#define SRV_NAME "nqn.2026-11.io.rnbd:opts-server"
+
+/*
+ * An RTRS session to the server, authenticating with secret (NULL: none)
+ * and expecting the server to be called srv_name (NULL: librtrs's default
+ * name); a failed path is retried after 50 ms. 0 or the open's errno.
+ */
+static int opts_sess_open(const char *name, const char *secret, const char *srv_name,
+			  struct rtrs_clt_sess **out)
+{
+	struct test_rnbd_clt c;
+
+	test_rnbd_clt_init(&c, name, port);
+	c.o.reconnect_delay_ms = 50;
+	c.o.reconnect_jitter_ms = 0;
+	c.o.auth_secret = secret;
+	c.o.auth_host_name = HOST_NAME;
+	c.o.auth_server_name = srv_name;
+	return test_rnbd_clt_open(&c, out);
+}
+
+static void opts_srv_init(struct rnbd_srv_opts *o, const char *keys, uint16_t want_port)
+{
+	rnbd_srv_opts_init(o, sizeof(*o));
+	o->rtrs.addr = test_addr();
+	o->rtrs.provider = test_provider();
+	o->rtrs.port = want_port;
+	o->rtrs.queue_depth = 24;
+	o->rtrs.max_chunk_size = 64 << 10;
+	o->rtrs.max_sessions = 1;
+	o->rtrs.listen_retry_ms = 50;
+	o->rtrs.auth_keys_file = keys;
+	o->rtrs.auth_name = SRV_NAME;
+	o->mem_devices = "mem0:1M";
+}
+
+/*
+ * The server's options embed librtrs's own (rnbd_srv_opts.rtrs), handed to
+ * rtrs_srv_open whole, so every transport option applies, also those the
+ * RNBD options did not carry before (max_sessions, listen_retry_ms here).
+ * Each is checked by what a client meets: the key file (no secret:
+ * -ENOKEY) and the server's name, which the host's answer covers (another
+ * name: -EKEYREJECTED); the queue depth and the chunk size (rtrs_clt_query);
+ * max_sessions 1 (a second session refused); always_invalidate (a server
+ * restarted on the same port without it: the client notices the switch and
+ * does not reconnect).
+ */
+static void test_transport_opts(void)
+{
+	struct rtrs_path_stats st = { .size = sizeof(st) };
+	struct rtrs_attrs at = { .size = sizeof(at) };
+	struct rtrs_clt_sess *s, *s2;
+	struct rnbd_srv_opts o;
+	struct rnbd_srv *srv;
+	char keys[512];
+	FILE *f;
+	int rc;
+
+	snprintf(keys, sizeof(keys), "%s/keys", top);
+	f = fopen(keys, "w");
+	CHECK(f != NULL, "%s", keys);
+	if (!f)
+		return;
+	fprintf(f, "%s %s\n", HOST_NAME, HOST_KEY);
+	fclose(f);
+	chmod(keys, 0600);
+	rnbd_set_log_fn(log_sink, NULL);
+
+	opts_srv_init(&o, keys, 0);
+	CHECK_EQ(rnbd_srv_open(&o, &srv), 0);
+	port = rnbd_srv_port(srv, 5000);
+	CHECK(port > 0, "port %d", port);
+	CHECK_EQ(opts_sess_open("opts", NULL, SRV_NAME, &s), -ENOKEY);
+	CHECK_EQ(opts_sess_open("opts", HOST_KEY, NULL, &s), -EKEYREJECTED);
+	rc = opts_sess_open("opts", HOST_KEY, SRV_NAME, &s);
+	CHECK(rc == 0, "with the key and the server's name: %s", strerror(-rc));
+	if (rc)
+		goto out;
+	CHECK_EQ(rtrs_clt_query(s, &at), 0);
+	CHECK_EQ(at.queue_depth, 24);
+	CHECK(at.max_io_size > 32768 && at.max_io_size <= 65536, "max_io_size %u", at.max_io_size);
+	CHECK_EQ(opts_sess_open("opts2", HOST_KEY, SRV_NAME, &s2), -ENOSPC);
+	if (s2)
+		rtrs_clt_close(s2);
+
+	/* The same server again on its port, but without always_invalidate. */
+	log_clear();
+	rnbd_srv_close(srv);
+	opts_srv_init(&o, keys, (uint16_t)port);
+	o.rtrs.always_invalidate = 0;
+	CHECK_EQ(rnbd_srv_open(&o, &srv), 0);
+	CHECK(log_wait_for("the server switched always_invalidate off", 5000), "%s", log_text());
+	/* The verdict follows the log line: given a moment to land. */
+	for (uint64_t end = test_now_ms() + 2000; test_now_ms() < end; usleep(10 * 1000)) {
+		CHECK_EQ(rtrs_clt_path_stats(s, 0, &st), 0);
+		if (!strcmp(st.reconnect_verdict, "do not retry"))
+			break;
+	}
+	CHECK(!strcmp(st.reconnect_verdict, "do not retry"), "verdict %s", st.reconnect_verdict);
+	CHECK(strcmp(st.state, "connected"), "the path is %s", st.state);
+	rtrs_clt_close(s);
+out:
+	rnbd_srv_close(srv);
+	rnbd_set_log_fn(NULL, NULL);
+	unlink(keys);
+}
+
 int main(void)
 {
 	top = test_tmpdir(NULL, "rnbd-srv-test");
@@ -733,5 +812,6 @@ int main(void)
 	test_defaults();
 	test_all();
 	test_hung_io();
+	test_transport_opts();
 	return test_done("test-rnbd-srv");
 }

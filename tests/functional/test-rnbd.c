@@ -44,12 +44,12 @@ static void srv_start(int want_port)
 	struct rnbd_srv_opts o;
 
 	rnbd_srv_opts_init(&o, sizeof(o));
-	o.addr = test_addr();
-	o.provider = test_provider();
-	o.port = (uint16_t)want_port;
+	o.rtrs.addr = test_addr();
+	o.rtrs.provider = test_provider();
+	o.rtrs.port = (uint16_t)want_port;
 	o.dev_search_path = top;
-	o.queue_depth = 32;
-	o.hb_interval_ms = 100;
+	o.rtrs.queue_depth = 32;
+	o.rtrs.hb_interval_ms = 100;
 	CHECK_EQ(rnbd_srv_open(&o, &srv), 0);
 	port = rnbd_srv_port(srv, 5000);
 	CHECK(port > 0, "port %d", port);

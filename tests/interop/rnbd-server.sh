@@ -13,6 +13,11 @@
 #            server (SIGPIPE); malformed requests get their reason.
 #   SIGHUP   checks the key file and logs the outcome, good or bad; the
 #            server keeps serving.
+#   transport --addr, --provider, --queue-depth, --chunk-size, --auth-keys,
+#            --auth-name, --no-invalidate and --hb-interval each reach librtrs:
+#            its listening line, what a client sees, a client refused, the
+#            switch of always_invalidate noticed, a stopped client dropped
+#            within 3 heartbeats.
 #   log level RTRS_LOG_LEVEL is honoured (error: no info lines; debug:
 #            debug lines) unless --log-level or --quiet says otherwise; a
 #            bad value stops the server.
@@ -184,6 +189,65 @@ check "... and the good key authenticates again" auth hup2
 stop_server TERM
 check "SIGTERM after SIGHUP: exit 0, socket gone" \
 	bash -c "[ $stopped -eq 0 ] && [ ! -e '$dir/ctl' ]"
+
+# ---- transport options: each one reaches librtrs ---------------------------------
+
+# The key file from above, good again; a server name of its own.
+srvname=nqn.2026-11.io.rnbd:opts-test
+opts=(--addr 127.0.0.1 --provider tcp --queue-depth 40 --chunk-size 64k --hb-interval 100
+      --auth-keys "$dir/keys" --auth-name "$srvname" --mem-device m:4M)
+creds=(--host-name host1 --secret "@$dir/host1.key" --server-name "$srvname")
+rnbd_server_start "$dir/opts.log" -- --port 0 "${opts[@]}" || exit 1
+check "--addr, --provider, --queue-depth, --chunk-size: librtrs listens with them" \
+	grep -q "rtrs info: listening on 127.0.0.1:$port (tcp), queue depth 40, chunk 65536" \
+	"$dir/opts.log"
+# info_json SESSION ARGS...: rnbd-client info of m, its JSON in $dir/info-SESSION.json.
+info_json() {
+	"$client" info --server "127.0.0.1:$port" --session "$1" --device m --json "${@:2}" \
+		>"$dir/info-$1.json" 2>"$dir/info-$1.err"
+}
+no_info() { ! info_json "$@"; }
+sizes_seen() {
+	info_json qd "${creds[@]}" || { cat "$dir/info-qd.err"; return 1; }
+	python3 -c "import json; j = json.load(open('$dir/info-qd.json'))
+assert j['queue_depth'] == 39 and 32768 < j['max_io'] <= 65536, j"
+}
+check "a client sees the queue depth (one slot kept for admin) and the chunk size" sizes_seen
+check "--auth-keys: a client without a secret is refused" \
+	no_info nokey --host-name host1 --server-name "$srvname"
+check "--auth-name: the host's answer covers the server's name; another name is refused" \
+	no_info othername --host-name host1 --secret "@$dir/host1.key"
+check "... and the right name with the key is let in" info_json rightname "${creds[@]}"
+
+# --no-invalidate: a client with a path to this server (always_invalidate
+# on) and one to a server with --no-invalidate sees the switch between its
+# paths and says so (a server restarted on the same port would have to wait
+# for the old one's connections to leave TIME_WAIT).
+port1=$port
+rnbd_server_start "$dir/opts2.log" -- --port 0 --no-invalidate "${opts[@]}" || exit 1
+"$client" info --server "127.0.0.1:$port1" --server "127.0.0.1:$port" --session inval \
+	--device m "${creds[@]}" >/dev/null 2>"$dir/inval.err" || true
+check "--no-invalidate: a client with a path to each server sees always_invalidate switch" \
+	grep -Eq "the server switched always_invalidate (on|off)" "$dir/inval.err"
+
+# --hb-interval 100: a client that stops answering (SIGSTOP) is taken down
+# after 3 missed heartbeats, well before the default 1 s period would.
+"$client" perf --server "127.0.0.1:$port" --session hbstop --device m --runtime 30 \
+	--iodepth 4 "${creds[@]}" >/dev/null 2>"$dir/hbstop.err" &
+pids+=($!)
+perf_pid=$!
+check "a perf client's session is up" wait_until 10 grep -q "rnbd: session hbstop up" "$dir/opts2.log"
+kill -STOP "$perf_pid"
+t0=$EPOCHREALTIME
+wait_until 10 grep -q "rnbd: session hbstop down" "$dir/opts2.log" || true
+took=$(python3 -c "print(int(($EPOCHREALTIME - $t0) * 1000))")
+check "--hb-interval 100: a silent client's session goes within 2 s (took $took ms; the default: 3 s or more)" \
+	test "$took" -lt 2000
+kill -KILL "$perf_pid" 2>/dev/null || true
+wait "$perf_pid" 2>/dev/null || true
+unset 'pids[-1]'
+stop_server
+stop_server
 
 # ---- log level: RTRS_LOG_LEVEL, unless an option says otherwise -------------------
 
