@@ -21,7 +21,7 @@ record=false
 base_src=$(mktemp -d /var/tmp/rtrs-bench-base.XXXXXX)
 trap 'git worktree remove --force "$base_src" >/dev/null 2>&1 || rm -rf "$base_src"' EXIT
 git worktree add --detach "$base_src" "$BASE" >/dev/null 2>&1
-meson setup "$base_src/build" -Dbuildtype=release >/dev/null
+meson setup "$base_src/build" "$base_src" -Dbuildtype=release >/dev/null
 meson compile -C "$base_src/build" tools/rtrs-perf >/dev/null
 base_perf=$base_src/build/tools/rtrs-perf
 

@@ -40,9 +40,9 @@ static int mem_server(void)
 	int rc;
 
 	rnbd_srv_opts_init(&o, sizeof(o));
-	o.addr = test_addr();
-	o.provider = test_provider();
-	o.port = 0;
+	o.rtrs.addr = test_addr();
+	o.rtrs.provider = test_provider();
+	o.rtrs.port = 0;
 	o.mem_devices = "m0:4M";
 	rc = rnbd_srv_open(&o, &srv);
 	if (!rc)
