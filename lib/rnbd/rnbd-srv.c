@@ -739,17 +739,15 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 
 /* ---- logging ------------------------------------------------------------------- */
 
-/* librnbd has its own copy of the log code (a static library): set both. */
+/* One log state in the process, librtrs.so's (lib/common is linked once, there). */
 void rnbd_set_log_level(int level)
 {
 	rtrs_set_log_level(level);
-	g_log_level = level < LOG_ERR ? LOG_ERR : level > LOG_DBG ? LOG_DBG : level;
 }
 
 void rnbd_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *priv)
 {
 	rtrs_set_log_fn(fn, priv);
-	log_set_sink(fn, priv);
 }
 
 /* ---- the server ----------------------------------------------------------------- */
