@@ -118,6 +118,7 @@ static struct {
 	fake_pred hold;
 	void *hold_arg;
 	fake_pred hook_pred;
+	void *hook_pred_arg;
 	void (*hook_fn)(struct fake_ev *ev, void *arg);
 	void *hook_arg;
 	pthread_t pump;
@@ -929,10 +930,12 @@ void fake_unclaim(struct fake_ev *ev)
 	net_unlock();
 }
 
-void fake_on_post(fake_pred pred, void (*fn)(struct fake_ev *ev, void *arg), void *arg)
+void fake_on_post(fake_pred pred, void *pred_arg, void (*fn)(struct fake_ev *ev, void *arg),
+		  void *arg)
 {
 	net_lock();
 	net.hook_pred = pred;
+	net.hook_pred_arg = pred_arg;
 	net.hook_fn = fn;
 	net.hook_arg = arg;
 	net_unlock();
@@ -941,7 +944,7 @@ void fake_on_post(fake_pred pred, void (*fn)(struct fake_ev *ev, void *arg), voi
 /* After posting ev (net.lock held): whether the test's hook wants it; then it is claimed. */
 static bool hook_wants(struct fake_ev *ev, void (**fn)(struct fake_ev *, void *), void **arg)
 {
-	if (!ev || !net.hook_pred || !net.hook_pred(ev, net.hook_arg))
+	if (!ev || !net.hook_pred || !net.hook_pred(ev, net.hook_pred_arg))
 		return false;
 	*fn = net.hook_fn;
 	*arg = net.hook_arg;

@@ -137,10 +137,11 @@ void fake_unclaim(struct fake_ev *ev);
 
 /*
  * Runs fn(ev, arg) on the posting thread right after the first event that
- * matches pred is posted, before the posting call returns; ev is claimed
+ * matches pred(ev, pred_arg) is posted, before the posting call returns; ev is claimed
  * for fn. Once: the hook is cleared before fn runs. NULL pred clears it.
  */
-void fake_on_post(fake_pred pred, void (*fn)(struct fake_ev *ev, void *arg), void *arg);
+void fake_on_post(fake_pred pred, void *pred_arg, void (*fn)(struct fake_ev *ev, void *arg),
+		  void *arg);
 
 /*
  * The connection is cut. Every live client connection matching sess, host

@@ -23,7 +23,17 @@ struct srv_env srv;
 
 void env_log_sink(void *priv, int level, const char *line)
 {
-	log_sink(priv, level, line);
+	static struct timespec t0;
+	struct timespec t;
+	char buf[1024];
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	if (!t0.tv_sec)
+		t0 = t;
+	/* Milliseconds since the first line: where a slow scenario spends its time. */
+	snprintf(buf, sizeof(buf), "%9.3f %s",
+		 (double)(t.tv_sec - t0.tv_sec) * 1e3 + (double)(t.tv_nsec - t0.tv_nsec) / 1e6, line);
+	log_sink(priv, level, buf);
 	/* A library thread changed something (every state change logs): waits look again. */
 	fake_notify();
 }

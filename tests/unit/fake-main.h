@@ -10,6 +10,7 @@
 #define RTRS_TEST_FAKE_MAIN_H
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -75,7 +76,8 @@ static int fake_main(int argc, char **argv, const struct scenario *list, size_t 
 		CHECK(known, "no scenario %s", argv[a]);
 	}
 	CHECK_EQ(fake_fini(), 0);
-	if (g_failures)
+	/* The library's log (debug level): on failure, or when FAKE_LOG is set. */
+	if (g_failures || getenv("FAKE_LOG"))
 		env_log_dump();
 	return test_done(prog);
 }

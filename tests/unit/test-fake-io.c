@@ -182,12 +182,713 @@ static void admin_con(void)
 	teardown(&c);
 }
 
+
+/* ---- heartbeats ---------------------------------------------------------------------------------- */
+
+static void clt_beats(struct rtrs_srv_opts *so, struct rtrs_clt_opts *o)
+{
+	if (o)
+		o->hb_interval_ms = HB_MS;
+}
+
+static void srv_beats(struct rtrs_srv_opts *so, struct rtrs_clt_opts *o)
+{
+	if (so)
+		so->hb_interval_ms = HB_MS;
+}
+
+static struct m to_clt = { .dir = TO_CLT }, to_srv = { .dir = TO_SRV };
+
+/*
+ * Nothing from the server reaches the client: three heartbeats go out
+ * unanswered and the path stays; the fourth tick fails it (-ETIMEDOUT)
+ * and schedules a reconnect.
+ */
+static void hb_miss_client(void)
+{
+	struct clt c;
+
+	if (!setup(&c, "a", clt_beats))
+		return;
+	fake_hold(match, &to_clt);
+	for (int i = 1; i <= 3; i++) {
+		CHECK_EQ(fake_advance(HB_MS), 0);
+		CHECK(clt_path_is(&c, 0, "connected"), "after %d silent ticks", i);
+	}
+	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_HB_MSG_IMM)), 3);
+	CHECK_EQ(fake_advance(HB_MS), 0);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(clt_path(&c, 0).last_error, -ETIMEDOUT);
+	CHECK(env_logged("s/a:"), "the path is named");
+	CHECK(env_logged("no heartbeat from the server for 3000 ms"), "the cause is logged");
+	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_HB_MSG_IMM)), 3);
+	teardown(&c);
+}
+
+/* The same at the server: its path closes on the fourth silent tick, and the client learns it. */
+static void hb_miss_server(void)
+{
+	struct clt c;
+
+	if (!setup(&c, "a", srv_beats))
+		return;
+	fake_hold(match, &to_srv);
+	for (int i = 1; i <= 3; i++) {
+		CHECK_EQ(fake_advance(HB_MS), 0);
+		CHECK_EQ(atomic_load(&srv.link_down), 0);
+	}
+	CHECK_EQ(fake_advance(HB_MS), 0);
+	CHECK_EQ(atomic_load(&srv.link_down), 1);
+	CHECK(env_logged("no heartbeat from the client for 3000 ms"), "the cause is logged");
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(clt_path(&c, 0).last_error, -ECONNRESET);
+	teardown(&c);
+}
+
+/*
+ * A response and a heartbeat answer overtake each other: the client has
+ * missed three beats when the answer (posted after the response) arrives
+ * first, then the response. Either resets the count: the next three ticks
+ * keep the path, the request completes once, and only the fourth silent
+ * tick after them fails the path.
+ */
+static void hb_reorder_response(void)
+{
+	static struct io io;
+	struct m ack = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_HB_ACK_IMM) };
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	struct fake_ev *ev_ack, *ev_rsp;
+	struct clt c;
+
+	if (!setup(&c, "a", clt_beats))
+		return;
+	fake_hold(match, &to_clt);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 9), 0);
+	CHECK(ev_appears(match, &rsp, "the response"));
+	for (int i = 0; i < 3; i++)
+		CHECK_EQ(fake_advance(HB_MS), 0);
+	ev_ack = fake_find(match, &ack);
+	ev_rsp = fake_find(match, &rsp);
+	CHECK(ev_ack && ev_rsp && ev_ack->seq > ev_rsp->seq, "the answer came after the response");
+	if (!ev_ack || !ev_rsp) {
+		teardown(&c);
+		return;
+	}
+	CHECK_EQ(fake_deliver(ev_ack), 0);
+	CHECK_EQ(fake_deliver(ev_rsp), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	io_put(&io);
+	for (int i = 0; i < 3; i++) {
+		CHECK_EQ(fake_advance(HB_MS), 0);
+		CHECK(clt_path_is(&c, 0, "connected"), "tick %d after the reorder", i + 1);
+	}
+	CHECK_EQ(fake_advance(HB_MS), 0);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	teardown(&c);
+}
+
+/*
+ * The completion of the server's heartbeat answer is held back: while it
+ * is out, a second heartbeat gets no second answer; once it completes,
+ * the next heartbeat is answered again.
+ */
+static void hb_ack_completion_delayed(void)
+{
+	struct m done = { .kind = FAKE_DONE, .dir = TO_SRV };
+	struct fake_ev *ev;
+	struct clt c;
+
+	if (!setup(&c, "a", clt_beats))
+		return;
+	fake_hold(match, &done);
+	CHECK_EQ(fake_advance(HB_MS), 0);
+	CHECK_EQ(delivered(TO_CLT, "a", IMM(RTRS_HB_ACK_IMM)), 1);
+	CHECK_EQ(fake_advance(HB_MS), 0);
+	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_HB_MSG_IMM)), 2);
+	CHECK_EQ(delivered(TO_CLT, "a", IMM(RTRS_HB_ACK_IMM)), 1);
+	ev = fake_find(match, &done);
+	CHECK(ev != NULL, "the answer's completion waits");
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), 0);
+	CHECK_EQ(fake_advance(HB_MS), 0);
+	CHECK_EQ(delivered(TO_CLT, "a", IMM(RTRS_HB_ACK_IMM)), 2);
+	CHECK(clt_path_is(&c, 0, "connected"), "state %s", clt_path(&c, 0).state);
+	teardown(&c);
+}
+
+/* ---- duplicated and forged immediates ------------------------------------------------------------------ */
+
+/*
+ * The server's response is delivered twice: the request completes once,
+ * and the second copy, for a request no longer in flight, fails the path
+ * (-EPROTO).
+ */
+static void dup_response(void)
+{
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	static struct io io;
+	struct fake_ev *ev, *dup;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	fake_hold(match, &rsp);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 11), 0);
+	ev = fake_wait_ev(match, &rsp, "the response");
+	dup = ev ? fake_dup(ev) : NULL;
+	CHECK(dup != NULL);
+	if (dup) {
+		CHECK_EQ(fake_deliver(ev), 0);
+		CHECK_EQ(io_wait(&io), 0);
+		CHECK_EQ(fake_deliver(dup), 0);
+	}
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	io_put(&io);
+	CHECK(env_logged("that is not in flight here"), "the duplicate is named");
+	CHECK_EQ(clt_path(&c, 0).last_error, -EPROTO);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	teardown(&c);
+}
+
+/* A copy of the response with its immediate changed to imm: delivered after the real one. */
+static void forged_imm(uint32_t imm, const char *logged)
+{
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	static struct io io;
+	struct fake_ev *ev, *forged;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	fake_hold(match, &rsp);
+	/* A write's response writes only into the key slots, which stay registered. */
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 7), 0);
+	ev = fake_wait_ev(match, &rsp, "the response");
+	forged = ev ? fake_dup(ev) : NULL;
+	CHECK(forged != NULL);
+	if (forged) {
+		forged->imm = imm;
+		CHECK_EQ(fake_deliver(ev), 0);
+		CHECK_EQ(io_wait(&io), 0);
+		CHECK_EQ(fake_deliver(forged), 0);
+	}
+	io_put(&io);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(env_logged(logged), "logged: %s", logged);
+	CHECK_EQ(clt_path(&c, 0).last_error, -EPROTO);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	teardown(&c);
+}
+
+/* A heartbeat on an IO connection breaks the rules: the path fails. */
+static void hb_on_io_con(void)
+{
+	forged_imm(rtrs_to_imm(RTRS_HB_MSG_IMM, 0), "heartbeat on connection 1; failing the path");
+}
+
+/* An immediate of a type nobody sends: the path fails. */
+static void unknown_imm(void)
+{
+	forged_imm(rtrs_to_imm((enum rtrs_imm_type)5, 0), "unknown immediate type 5");
+}
+
+/* ---- failover --------------------------------------------------------------------------------- */
+
+static struct m rsp_a = { .kind = FAKE_WRITE, .dir = TO_CLT, .host = "a", .imm = IMM(RTRS_IO_RSP_IMM) };
+
+/*
+ * Two paths. A write goes on path a and the server answers, but the
+ * response is lost and the connection to a is cut. The client parks the
+ * request, asks the server over b to fence a, and once the fence ack (with
+ * the chunk keys the lost response carried) is in, sends the request again
+ * on b: exactly once, and it completes once.
+ */
+static void failover_lost_response(void)
+{
+	static struct io io;
+	struct fake_ev *ev;
+	struct clt c;
+
+	if (!setup(&c, "ab", NULL))
+		return;
+	fake_hold(match, &rsp_a);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 2 * LEN, LEN, 13), 0);
+	ev = fake_wait_ev(match, &rsp_a, "the response on a");
+	if (ev)
+		fake_drop(ev);
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(clt_path(&c, 0).failovers, 1);
+	CHECK_EQ(atomic_load(&io.calls), 0);
+	/* The session's wait timer sends the fence. */
+	CHECK_EQ(fake_advance(1), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	io_put(&io);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
+	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_IO_REQ_IMM)), 1);
+	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), 1);
+	CHECK_EQ(fake_delivered(match, &(struct m){ .dir = TO_SRV, .host = "b",
+						    .msg = MSG(RTRS_MSG_FENCE) }), 1);
+	CHECK_EQ(fake_delivered(match, &(struct m){ .dir = TO_CLT, .host = "b",
+						    .msg = MSG(RTRS_MSG_FENCE_ACK) }), 1);
+	CHECK(area_has(2 * LEN, LEN, 13), "the write is in the area");
+	teardown(&c);
+}
+
+/*
+ * The request itself never reaches the server before path a is cut: it
+ * is lost with the connection, and after the fence goes once, on b.
+ */
+static void failover_lost_request(void)
+{
+	struct m req_a = { .kind = FAKE_WRITE, .dir = TO_SRV, .host = "a", .imm = IMM(RTRS_IO_REQ_IMM) };
+	static struct io io;
+	struct fake_ev *ev;
+	struct clt c;
+
+	if (!setup(&c, "ab", NULL))
+		return;
+	fake_hold(match, &req_a);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 17), 0);
+	ev = fake_wait_ev(match, &req_a, "the request on a");
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	/* Its connection is gone at both ends: it can arrive nowhere. */
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), -ENOTCONN);
+	CHECK_EQ(fake_advance(1), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	io_put(&io);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 1);
+	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_IO_REQ_IMM)), 0);
+	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), 1);
+	CHECK(area_has(0, LEN, 17), "the write is in the area");
+	teardown(&c);
+}
+
+static bool rsp_a_or_fence(const struct fake_ev *ev, void *arg)
+{
+	return match(ev, &rsp_a) || match(ev, &(struct m){ .dir = TO_SRV,
+							     .msg = MSG(RTRS_MSG_FENCE) });
+}
+
+/*
+ * Three paths. Path a fails with a request whose response was lost; the
+ * fence for a goes over b, and b fails before it is delivered. The fence
+ * b carried is forgotten and sent again over c; the request goes once, on
+ * c, and completes once.
+ */
+static void fence_carrier_fails(void)
+{
+	struct m fence_b = { .dir = TO_SRV, .host = "b", .msg = MSG(RTRS_MSG_FENCE) };
+	struct m fence_c = { .dir = TO_SRV, .host = "c", .msg = MSG(RTRS_MSG_FENCE) };
+	static struct io io;
+	struct fake_ev *ev, *fb;
+	struct clt c;
+
+	if (!setup(&c, "abc", NULL))
+		return;
+	fake_hold(rsp_a_or_fence, NULL);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, LEN, LEN, 19), 0);
+	ev = fake_wait_ev(match, &rsp_a, "the response on a");
+	if (ev)
+		fake_drop(ev);
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(fake_advance(1), 0);
+	fb = fake_wait_ev(match, &fence_b, "the fence on b");
+	CHECK_EQ(fake_fail("s", "b", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 1, "reconnecting"), "b: %s", clt_path(&c, 1).state);
+	if (fb)
+		CHECK_EQ(fake_deliver(fb), -ENOTCONN);
+	CHECK_EQ(atomic_load(&io.calls), 0);
+	/* The wait timer's next round sends the fence again, over c. */
+	CHECK_EQ(fake_advance(50), 0);
+	ev = fake_wait_ev(match, &fence_c, "the fence on c");
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	io_put(&io);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
+	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_IO_REQ_IMM)), 1);
+	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), 0);
+	CHECK_EQ(delivered(TO_SRV, "c", IMM(RTRS_IO_REQ_IMM)), 1);
+	CHECK(area_has(LEN, LEN, 19), "the write is in the area");
+	teardown(&c);
+}
+
+static void no_reconnect(struct rtrs_srv_opts *so, struct rtrs_clt_opts *o)
+{
+	if (o)
+		o->max_reconnect_attempts = 0;
+}
+
+/*
+ * The only path fails with a request in flight and may not reconnect: the
+ * request fails once, with -ECONNABORTED, at the wait timer's next round.
+ */
+static void failover_nowhere(void)
+{
+	static struct io io;
+	struct fake_ev *ev;
+	struct clt c;
+
+	if (!setup(&c, "a", no_reconnect))
+		return;
+	fake_hold(match, &rsp_a);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 23), 0);
+	ev = fake_wait_ev(match, &rsp_a, "the response on a");
+	if (ev)
+		fake_drop(ev);
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 0, "closed"), "state %s", clt_path(&c, 0).state);
+	CHECK(!strcmp(clt_path(&c, 0).reconnect_verdict, "out of attempts"), "verdict %s",
+	      clt_path(&c, 0).reconnect_verdict);
+	CHECK_EQ(fake_advance(1), 0);
+	CHECK_EQ(io_wait(&io), -ECONNABORTED);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	io_put(&io);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 1);
+	teardown(&c);
+}
+
+/*
+ * The only path fails with a request whose response was lost; it
+ * reconnects (the reconnect itself tells that the server let go of the
+ * old path), and the request goes again on the new connections, once.
+ */
+static void failover_same_path(void)
+{
+	static struct io io;
+	struct fake_ev *ev;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	fake_hold(match, &rsp_a);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 29), 0);
+	ev = fake_wait_ev(match, &rsp_a, "the response on a");
+	if (ev)
+		fake_drop(ev);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_advance(1), 0);
+	CHECK_EQ(atomic_load(&io.calls), 0);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	io_put(&io);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
+	CHECK_EQ(clt_path(&c, 0).reconnects, 1);
+	CHECK_EQ(clt_path(&c, 0).failovers, 1);
+	CHECK(area_has(0, LEN, 29), "the write is in the area");
+	teardown(&c);
+}
+
+/* ---- reconnect, close ---------------------------------------------------------------------------- */
+
+static bool path_connected(void *arg)
+{
+	return clt_path_is(arg, 0, "connected");
+}
+
+static bool path_failed_once(void *arg)
+{
+	return clt_path(arg, 0).reconnect_failures == 1 && clt_path_is(arg, 0, "reconnecting");
+}
+
+/*
+ * A reconnect attempt is waiting for its connection when the session
+ * closes: the attempt gives up, its connection request never reaches the
+ * server, the close returns, and a request that waited for the path fails
+ * once with -ECONNABORTED.
+ */
+static void reconnect_races_close(void)
+{
+	struct m connreq = { .kind = FAKE_CONNREQ };
+	static struct io io;
+	struct fake_ev *ev;
+	struct clt c;
+	uint64_t reqs;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	/* No path, one coming: the request waits for it. */
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 31), 0);
+	reqs = srv_stats().connreqs;
+	fake_hold(match, &connreq);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	ev = fake_wait_ev(match, &connreq, "the reconnect's connection request");
+	CHECK(ev != NULL);
+	io_put(&io); /* the permit: close fails the request, not the permit */
+	clt_close(&c);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	CHECK_EQ(atomic_load(&io.err), -ECONNABORTED);
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), -ENOTCONN);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().connreqs, reqs);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 0);
+	teardown(&c);
+}
+
+static bool one_deferred(void *arg)
+{
+	return atomic_load(&srv.nr_deferred) == 1;
+}
+
+/*
+ * The session closes while the server still holds a request: the request
+ * completes once with -ECONNABORTED; the server's late answer finds the
+ * path gone (-ENOTCONN), and the server then frees it.
+ */
+static void close_with_inflight(void)
+{
+	static struct io io;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	atomic_store(&srv.defer, true);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 37), 0);
+	CHECK_EQ(fake_wait(one_deferred, NULL, "the server to hold the request"), 0);
+	io_put(&io);
+	clt_close(&c);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	CHECK_EQ(atomic_load(&io.err), -ECONNABORTED);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(atomic_load(&srv.link_down), 1);
+	CHECK_EQ(rtrs_srv_resp_rdma(atomic_load(&srv.deferred[0]), 0), -ENOTCONN);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().sessions, 0);
+	teardown(&c);
+}
+
+/* A path disconnected by hand stays closed; reconnected by hand it carries IO again. */
+static void disconnect_reconnect(void)
+{
+	static struct io io;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	CHECK_EQ(rtrs_clt_disconnect_path(c.sess, 0), 0);
+	CHECK(clt_path_is(&c, 0, "closed"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(atomic_load(&c.path_down), 1);
+	/* Nothing can come: a request fails at once. */
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 41), -ECONNABORTED);
+	CHECK_EQ(fake_advance(10 * RECONNECT_MS), 0);
+	CHECK(clt_path_is(&c, 0, "closed"), "still closed: %s", clt_path(&c, 0).state);
+	CHECK_EQ(rtrs_clt_reconnect_path(c.sess, 0), 0);
+	CHECK_EQ(fake_advance(1), 0);
+	CHECK_EQ(fake_wait(path_connected, &c, "the path to come back"), 0);
+	CHECK_EQ(atomic_load(&c.path_up), 1);
+	CHECK(io_roundtrip(&c, 0, 43), "IO after the reconnect");
+	teardown(&c);
+}
+
+/*
+ * The server restarts: the client's first attempt finds nobody listening,
+ * the second finds the new server, which knows nothing of the session.
+ * rtrs_clt_query counts the new server session, and IO goes on.
+ */
+static void server_restart(void)
+{
+	struct rtrs_attrs at = { .size = sizeof(at) };
+	struct rtrs_srv_opts so;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	CHECK(io_roundtrip(&c, 0, 47), "IO before");
+	CHECK_EQ(rtrs_clt_query(c.sess, &at), 0);
+	CHECK_EQ(at.server_sessions, 1);
+	srv_stop();
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_wait(path_failed_once, &c, "the attempt to fail"), 0);
+	srv_opts(&so);
+	so.port = (uint16_t)srv.port;
+	CHECK_EQ(srv_start(&so), 0);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_wait(path_connected, &c, "the path to come back"), 0);
+	CHECK_EQ(rtrs_clt_query(c.sess, &at), 0);
+	CHECK_EQ(at.server_sessions, 2);
+	CHECK_EQ(clt_path(&c, 0).reconnect_failures, 1);
+	CHECK(io_roundtrip(&c, LEN, 53), "IO after");
+	teardown(&c);
+}
+
+/* ---- connections failing while a path is set up ------------------------------------------------------ */
+
+/*
+ * Connection 1 is accepted by the server but cut before the client sees
+ * the accept: rtrs_clt_open fails with the connection's error, and the
+ * server drops the half-built path and its session, chunks never mapped.
+ */
+static void handshake_con1_cut(void)
+{
+	struct m accept1 = { .kind = FAKE_ACCEPT, .cid = CID(1) };
+	struct rtrs_srv_opts so;
+	struct fake_ev *ev;
+	struct clt c;
+
+	srv_opts(&so);
+	CHECK_EQ(srv_start(&so), 0);
+	clt_init(&c, "s", "a");
+	fake_hold(fake_any, NULL);
+	clt_open_async(&c);
+	ev = step_until(match, &accept1, "connection 1's accept");
+	CHECK_EQ(fake_fail("s", "a", 1, -ECONNRESET, -ECONNRESET), 1);
+	if (ev)
+		fake_unclaim(ev);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c), -ECONNRESET);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().sessions, 0);
+	CHECK_EQ(srv_stats().chunk_bytes, 0);
+	CHECK_EQ(atomic_load(&srv.link_up), 0);
+	srv_stop();
+}
+
+/*
+ * The information response is lost and connection 0 is cut: the open
+ * fails; the server had connected the path (link up) and takes it down
+ * again (link down), freeing the session.
+ */
+static void handshake_info_lost(void)
+{
+	struct m info = { .dir = TO_CLT, .msg = MSG(RTRS_MSG_INFO_RSP) };
+	struct rtrs_srv_opts so;
+	struct fake_ev *ev;
+	struct clt c;
+
+	srv_opts(&so);
+	CHECK_EQ(srv_start(&so), 0);
+	clt_init(&c, "s", "a");
+	fake_hold(fake_any, NULL);
+	clt_open_async(&c);
+	ev = step_until(match, &info, "the information response");
+	if (ev)
+		fake_drop(ev);
+	CHECK_EQ(fake_fail("s", "a", 0, -ECONNRESET, -ECONNRESET), 1);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c), -ECONNRESET);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(atomic_load(&srv.link_up), 1);
+	CHECK_EQ(atomic_load(&srv.link_down), 1);
+	CHECK_EQ(srv_stats().sessions, 0);
+	srv_stop();
+}
+
+/* ---- always_invalidate --------------------------------------------------------------------------------- */
+
+static void no_inval(struct rtrs_srv_opts *so, struct rtrs_clt_opts *o)
+{
+	if (so)
+		so->always_invalidate = 0;
+}
+
+/*
+ * A request write is replayed after its chunk served two IOs. Under
+ * always_invalidate its key was revoked when it first arrived: the replay
+ * is refused by the fabric, breaks the connection, and the server never
+ * sees it; the area keeps the second write. Without always_invalidate the
+ * same replay lands and overwrites it (the control: the fake checks
+ * registrations, not a rule of its own).
+ */
+static void replay(bool inval)
+{
+	struct m req = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_IO_REQ_IMM) };
+	struct fake_stats st0, st1;
+	static struct io io;
+	struct fake_ev *ev, *old = NULL;
+	struct clt c;
+
+	if (!setup(&c, "a", inval ? NULL : no_inval))
+		return;
+	fake_hold(match, &req);
+	for (int i = 0; i < 2; i++) {
+		CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, (uint8_t)(59 + i)), 0);
+		ev = fake_wait_ev(match, &req, "the request");
+		if (!ev)
+			break;
+		if (i == 0)
+			old = fake_dup(ev);
+		CHECK_EQ(fake_deliver(ev), 0);
+		CHECK_EQ(io_wait(&io), 0);
+		io_put(&io);
+	}
+	CHECK(area_has(0, LEN, 60), "the second write is in the area");
+	fake_get_stats(&st0);
+	CHECK(old != NULL);
+	if (old)
+		CHECK_EQ(fake_deliver(old), 0);
+	CHECK_EQ(fake_settle(), 0);
+	fake_get_stats(&st1);
+	if (inval) {
+		CHECK_EQ(st1.bad_writes - st0.bad_writes, 1);
+		CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
+		CHECK(area_has(0, LEN, 60), "the replay did not land");
+		CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+		CHECK_EQ(clt_path(&c, 0).last_error, -EACCES);
+		CHECK_EQ(atomic_load(&srv.link_down), 1);
+	} else {
+		CHECK_EQ(st1.bad_writes - st0.bad_writes, 0);
+		CHECK_EQ(atomic_load(&srv.rdma_evs), 3);
+		CHECK(area_has(0, LEN, 59), "the replay landed");
+	}
+	teardown(&c);
+}
+
+static void replay_stale_key(void)
+{
+	replay(true);
+}
+
+static void replay_no_inval(void)
+{
+	replay(false);
+}
+
 static const struct scenario scenarios[] = {
 	{ "io_exact", io_exact },
 	{ "io_split", io_split },
 	{ "io_eagain_client", io_eagain_client },
 	{ "io_eagain_server", io_eagain_server },
 	{ "admin_con", admin_con },
+	{ "hb_miss_client", hb_miss_client },
+	{ "hb_miss_server", hb_miss_server },
+	{ "hb_reorder_response", hb_reorder_response },
+	{ "hb_ack_completion_delayed", hb_ack_completion_delayed },
+	{ "dup_response", dup_response },
+	{ "hb_on_io_con", hb_on_io_con },
+	{ "unknown_imm", unknown_imm },
+	{ "failover_lost_response", failover_lost_response },
+	{ "failover_lost_request", failover_lost_request },
+	{ "fence_carrier_fails", fence_carrier_fails },
+	{ "failover_nowhere", failover_nowhere },
+	{ "failover_same_path", failover_same_path },
+	{ "reconnect_races_close", reconnect_races_close },
+	{ "close_with_inflight", close_with_inflight },
+	{ "disconnect_reconnect", disconnect_reconnect },
+	{ "server_restart", server_restart },
+	{ "handshake_con1_cut", handshake_con1_cut },
+	{ "handshake_info_lost", handshake_info_lost },
+	{ "replay_stale_key", replay_stale_key },
+	{ "replay_no_inval", replay_no_inval },
 };
 
 int main(int argc, char **argv)
