@@ -113,6 +113,7 @@ struct srv_path {
 	uint8_t verdict[sizeof(struct rtrs_msg_info_rsp)]; /* an info response with an errno */
 	struct fab_mr verdict_mr;
 	uint64_t created_ms;
+	uint64_t serial;            /* creation order: the oldest pending path, even within a ms */
 	/* always_invalidate: the key table sent ahead of a fence ack. */
 	struct rtrs_msg_new_rkey *fence_keys;
 	struct fab_mr fence_keys_mr;
@@ -175,6 +176,7 @@ struct rtrs_srv_ctx {
 	int port;
 	struct rtrs_srv_sess *sessions;
 	unsigned nr_sessions;
+	uint64_t path_serial;       /* the last srv_path.serial given (loop thread) */
 	struct loop_work reap_work; /* frees closed paths nobody references */
 	struct srv_verdict *verdicts; /* final refusals held open (srv_reject_dnr) */
 	unsigned nr_verdicts;
@@ -1189,7 +1191,7 @@ static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host)
 				if (!path_pending(p) || (scope && strcmp(p->peer_host, host)))
 					continue;
 				n++;
-				if (!oldest || p->created_ms < oldest->created_ms)
+				if (!oldest || p->serial < oldest->serial)
 					oldest = p;
 			}
 		}
@@ -1426,6 +1428,7 @@ static int path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	}
 	p->last_connreq_ms = now_ms();
 	p->created_ms = now_ms();
+	p->serial = ++ctx->path_serial;
 	rtrs_auth_srv_begin(&p->auth, &ctx->auth_cfg, p->name);
 	rc = fab_mr_reg(ctx->fab, p->verdict, sizeof(p->verdict), FAB_MR_LOCAL, &p->verdict_mr);
 	if (!rc && ctx->auth_required)
