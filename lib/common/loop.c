@@ -30,6 +30,7 @@ struct loop {
 	atomic_bool test_blocked;  /* about to block in epoll_wait */
 	struct loop *test_next;
 	struct loop_timer *test_timers;
+	struct loop_fd *test_fds;
 };
 
 /*
@@ -161,16 +162,18 @@ int loop_create(const char *name, struct loop **out)
 		goto out_close_ep;
 	}
 	l->wake.cb = loop_wake_cb;
+	pthread_mutex_lock(&tclock.lock);
+	l->test = tclock.on;
+	pthread_mutex_unlock(&tclock.lock);
 	rc = loop_add_fd(l, &l->wake, EPOLLIN);
 	if (rc)
 		goto out_close_wake;
-	pthread_mutex_lock(&tclock.lock);
-	l->test = tclock.on;
 	if (l->test) {
+		pthread_mutex_lock(&tclock.lock);
 		l->test_next = tclock.loops;
 		tclock.loops = l;
+		pthread_mutex_unlock(&tclock.lock);
 	}
-	pthread_mutex_unlock(&tclock.lock);
 	rc = -pthread_create(&l->thread, NULL, loop_thread, l);
 	if (rc) {
 		test_unlist(l);
@@ -217,11 +220,27 @@ int loop_add_fd(struct loop *l, struct loop_fd *h, uint32_t events)
 
 	if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, h->fd, &ev))
 		return -errno;
+	if (l->test) {
+		pthread_mutex_lock(&tclock.lock);
+		h->test_next = l->test_fds;
+		l->test_fds = h;
+		pthread_mutex_unlock(&tclock.lock);
+	}
 	return 0;
 }
 
 void loop_del_fd(struct loop *l, struct loop_fd *h)
 {
+	if (l->test) {
+		pthread_mutex_lock(&tclock.lock);
+		for (struct loop_fd **ph = &l->test_fds; *ph; ph = &(*ph)->test_next) {
+			if (*ph == h) {
+				*ph = h->test_next;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&tclock.lock);
+	}
 	epoll_ctl(l->epfd, EPOLL_CTL_DEL, h->fd, NULL);
 	if (loop_in_thread(l))
 		for (int i = 0; i < l->batch_len; i++)
@@ -413,10 +432,12 @@ uint64_t loop_test_now(void)
 }
 
 /*
- * Blocked in (or on its way into) epoll_wait, with no fd ready and no
- * work queued: whatever made work for the loop (loop_queue, a timer, an
- * fd) is visible through its epoll fd, which poll() reads without taking
- * anything from it.
+ * Blocked in (or on its way into) epoll_wait, with none of its fds ready
+ * and no work queued. The fds are looked at one by one: each stays ready
+ * until its handler reads it, which the loop does only after leaving
+ * epoll_wait (clearing test_blocked), so a wake-up on its way is never
+ * missed. (The epoll fd itself would not do: while epoll_wait hands its
+ * events over, its ready list looks empty.)
  */
 bool loop_test_idle(void)
 {
@@ -424,14 +445,17 @@ bool loop_test_idle(void)
 
 	pthread_mutex_lock(&tclock.lock);
 	for (struct loop *l = tclock.loops; l && idle; l = l->test_next) {
-		struct pollfd pfd = { .fd = l->epfd, .events = POLLIN };
-
-		if (!atomic_load(&l->test_blocked) || poll(&pfd, 1, 0) != 0) {
+		if (!atomic_load(&l->test_blocked)) {
 			idle = false;
 			break;
 		}
+		for (struct loop_fd *h = l->test_fds; h && idle; h = h->test_next) {
+			struct pollfd pfd = { .fd = h->fd, .events = POLLIN };
+
+			idle = poll(&pfd, 1, 0) == 0;
+		}
 		pthread_mutex_lock(&l->lock);
-		idle = !l->head;
+		idle = idle && !l->head;
 		pthread_mutex_unlock(&l->lock);
 	}
 	pthread_mutex_unlock(&tclock.lock);

@@ -20,6 +20,7 @@ struct loop;
 struct loop_fd {
 	int fd;
 	void (*cb)(struct loop_fd *h, uint32_t events);
+	struct loop_fd *test_next;    /* the test clock's list of the loop's fds */
 };
 
 struct loop_timer {

@@ -1045,14 +1045,24 @@ void fake_notify(void)
 	net_unlock();
 }
 
+/* From a fake_wait condition the lock is ours already. */
+static bool lock_unless_held(void)
+{
+	if (tl_locked)
+		return false;
+	net_lock();
+	return true;
+}
+
 unsigned fake_delivered(fake_pred pred, void *arg)
 {
+	bool locked = lock_unless_held();
 	unsigned n = 0;
 
-	net_lock();
 	for (size_t i = 0; i < net.nr_recs; i++)
 		n += !pred || pred(&net.recs[i].ev, arg);
-	net_unlock();
+	if (locked)
+		net_unlock();
 	return n;
 }
 
@@ -1065,7 +1075,8 @@ void fake_delivered_reset(void)
 
 void fake_get_stats(struct fake_stats *st)
 {
-	net_lock();
+	bool locked = lock_unless_held();
+
 	*st = net.st;
 	st->cons = 0;
 	st->events = 0;
@@ -1073,7 +1084,8 @@ void fake_get_stats(struct fake_stats *st)
 		st->cons++;
 	for (struct fake_ev *ev = net.head; ev; ev = ev->next)
 		st->events++;
-	net_unlock();
+	if (locked)
+		net_unlock();
 }
 
 /* ---- fabric and domain ------------------------------------------------------------------ */

@@ -164,8 +164,8 @@ int fake_advance(unsigned ms);
 /*
  * Waits until cond(arg) holds; it is checked again whenever anything is
  * posted or delivered, a loop goes idle, or fake_notify() is called (from
- * a test's own callbacks). cond runs under the fake's lock: it must not
- * call into the fake. 0 or -ETIMEDOUT.
+ * a test's own callbacks). cond runs under the fake's lock: of the fake it
+ * may call only fake_delivered and fake_get_stats. 0 or -ETIMEDOUT.
  */
 int fake_wait(bool (*cond)(void *arg), void *arg, const char *what);
 void fake_notify(void);
