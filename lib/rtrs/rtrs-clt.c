@@ -534,11 +534,15 @@ static void sess_send_fence(struct rtrs_clt_sess *s, struct clt_path *f)
 		    atomic_load(&h->state) != RTRS_PATH_CONNECTED)
 			continue;
 		rtrs_fence_encode(&h->fence_msg, false, f->uuid, 0);
-		if (fab_send(h->cons[0].fc, &h->fence_msg, sizeof(h->fence_msg), h->fence_mr.desc,
-			     NULL))
-			continue;
+		/* Before the send: its ack may come back before fab_send returns. */
 		atomic_store(&h->fence_for, f);
 		atomic_store(&f->fence_sent, true);
+		if (fab_send(h->cons[0].fc, &h->fence_msg, sizeof(h->fence_msg), h->fence_mr.desc,
+			     NULL)) {
+			atomic_store(&h->fence_for, NULL);
+			atomic_store(&f->fence_sent, false);
+			continue;
+		}
 		log_info("%s: asked the server to fence %s", h->name, f->name);
 		return;
 	}

@@ -38,9 +38,23 @@ void env_log_sink(void *priv, int level, const char *line)
 	fake_notify();
 }
 
+static size_t scenario_mark; /* the log from this scenario on */
+
 bool env_logged(const char *s)
 {
-	return log_has(s);
+	return log_has_since(scenario_mark, s);
+}
+
+unsigned env_log_count(const char *s)
+{
+	unsigned n = 0;
+
+	pthread_mutex_lock(&log_lock);
+	for (const char *p = log_buf && scenario_mark <= log_len ? log_buf + scenario_mark : "";
+	     (p = strstr(p, s)); p++)
+		n++;
+	pthread_mutex_unlock(&log_lock);
+	return n;
 }
 
 void env_log_dump(void)
@@ -56,6 +70,7 @@ void env_reset(void)
 	memset(&srv, 0, sizeof(srv));
 	memcpy(srv.keys_path, keys, sizeof(keys));
 	fake_delivered_reset();
+	scenario_mark = log_mark();
 	fake_hold(NULL, NULL);
 	fake_set_limits(4, 4);
 }

@@ -161,7 +161,9 @@ bool ev_appears(fake_pred pred, void *arg, const char *what);
 
 /* Log lines go to the capture (logcap.h) and wake the fake's waits. */
 void env_log_sink(void *priv, int level, const char *line);
+/* Logged since the scenario began; how many times. */
 bool env_logged(const char *s);
+unsigned env_log_count(const char *s);
 void env_log_dump(void);
 /* A scenario starts from a clean frame: counters, the area, what was delivered. */
 void env_reset(void);
