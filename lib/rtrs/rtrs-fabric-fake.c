@@ -873,8 +873,12 @@ void fake_drop(struct fake_ev *ev)
 
 struct fake_ev *fake_dup(const struct fake_ev *ev)
 {
-	struct fake_ev *d = malloc(sizeof(*d));
+	struct fake_ev *d;
 
+	/* A second request from one connection would be a second connection: not a copy. */
+	if (ev->kind == FAKE_CONNREQ)
+		return NULL;
+	d = malloc(sizeof(*d));
 	if (!d)
 		return NULL;
 	net_lock();
@@ -1192,7 +1196,12 @@ static void fake_mr_dereg(struct fab_mr *mr)
 			}
 		}
 	}
-	flog(LOG_ERR, "fake: deregistering %zu bytes that no domain holds", m->len);
+	/* Its domain was closed under it (and said so): freed with the domain. */
+	flog(LOG_ERR, "fake: deregistering %zu bytes that no domain holds", mr->len);
+	net_unlock();
+	mr->priv = NULL;
+	mr->ops = NULL;
+	return;
 found:
 	net_unlock();
 	free(m);
@@ -1492,14 +1501,13 @@ static void fake_con_destroy(struct fab_con *c)
 	/* A callback running elsewhere finishes first, as a completion thread is joined. */
 	while (c->in_cb && !pthread_equal(c->cb_thread, pthread_self()) && rc != ETIMEDOUT)
 		rc = pthread_cond_timedwait(&net.cond, &net.lock, &dl);
-	if (c->in_cb && rc) {
-		/* Freeing it would pull it from under the callback: leak it, loudly. */
-		flog(LOG_ERR, "fake: %s destroyed while its callback still runs", c->name);
+	if (c->in_cb) {
+		/* Freeing it would pull it from under its callback: leak it, loudly. */
+		flog(LOG_ERR, "fake: %s destroyed %s", c->name,
+		     rc ? "while its callback still runs" : "from its own callback");
 		net_unlock();
 		return;
 	}
-	if (c->in_cb)
-		flog(LOG_ERR, "fake: %s destroyed from its own callback", c->name);
 	/* What its last callback posted for it goes too. */
 	con_purge_to(c);
 	con_tell_peer(c);

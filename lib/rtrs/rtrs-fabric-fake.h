@@ -127,8 +127,9 @@ int fake_deliver(struct fake_ev *ev);
 void fake_drop(struct fake_ev *ev);
 /*
  * A copy of ev at the end of the queue, claimed: a duplicate, or a replay
- * later. A claimed event's imm may be changed before it is delivered, and
- * its payload replaced (fake_rewrite): a forged message.
+ * later (NULL for a connection request). A claimed event's imm may be
+ * changed before it is delivered, and a message's payload replaced
+ * (fake_rewrite): a forgery.
  */
 struct fake_ev *fake_dup(const struct fake_ev *ev);
 int fake_rewrite(struct fake_ev *ev, const void *data, size_t len);

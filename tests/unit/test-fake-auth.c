@@ -192,6 +192,44 @@ static void auth_dup_negotiate(void)
 }
 
 /*
+ * The server's CHALLENGE arrives twice, the copy after the client has
+ * answered the first: where the client waits for SUCCESS1 it is out of
+ * order, and the client refuses the server (-EKEYREJECTED, final, with a
+ * FAILURE2). The server, which authenticated the host meanwhile, closes
+ * the path when that FAILURE2 comes after its SUCCESS1.
+ */
+static void auth_dup_challenge(void)
+{
+	struct fake_ev *chal, *dup;
+	struct clt c;
+
+	if (!auth_setup(&c, KEY_A))
+		return;
+	fake_hold(fake_any, NULL);
+	clt_open_async(&c);
+	chal = step_until(match, &to_clt_challenge, "the CHALLENGE");
+	dup = chal ? fake_dup(chal) : NULL;
+	CHECK(dup != NULL);
+	if (dup) {
+		CHECK_EQ(fake_deliver(chal), 0);
+		/* Answered: the client has taken the first one. */
+		CHECK(ev_appears(match, &to_srv_reply, "the client's REPLY"));
+		CHECK_EQ(fake_deliver(dup), 0);
+	}
+	CHECK(ev_appears(match, &(struct m){ .dir = TO_SRV, .auth = AUTH(RTRS_AUTH_FAILURE2) },
+			 "the client's FAILURE2"));
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c), -EKEYREJECTED);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(env_logged("unexpected in state"), "the copy is named");
+	CHECK_EQ(srv_stats().auth_ok, 1);
+	CHECK_EQ(srv_stats().connreqs, 1);
+	CHECK_EQ(srv_stats().sessions, 0);
+	CHECK_EQ(srv_stats().chunk_bytes, 0);
+	teardown(&c);
+}
+
+/*
  * A forged information request arrives on connection 0 before the
  * NEGOTIATE: the server closes the path (-EACCES) without mapping a byte
  * of chunk memory, and the client's open fails.
@@ -534,6 +572,7 @@ static const struct scenario scenarios[] = {
 	{ "auth_ok", auth_ok },
 	{ "auth_success1_race", auth_success1_race },
 	{ "auth_dup_negotiate", auth_dup_negotiate },
+	{ "auth_dup_challenge", auth_dup_challenge },
 	{ "auth_info_before_auth", auth_info_before_auth },
 	{ "auth_cut_mid", auth_cut_mid },
 	{ "auth_wrong_key", auth_wrong_key },
