@@ -33,6 +33,17 @@
 #define FAKE_KEY64_MIN (1ull << 32)
 #define FAKE_PORT_MIN 20000
 
+/* Takes obj out of the NULL-terminated list at *head, chained through its `next`. */
+#define LIST_DEL(head, obj)                                                   \
+	do {                                                                  \
+		for (__typeof__(obj) *pp_ = (head); *pp_; pp_ = &(*pp_)->next) { \
+			if (*pp_ == (obj)) {                                  \
+				*pp_ = (obj)->next;                           \
+				break;                                        \
+			}                                                     \
+		}                                                             \
+	} while (0)
+
 /* A delivered event, for fake_delivered: without its payload beyond the first bytes. */
 struct fake_rec {
 	struct fake_ev ev;
@@ -632,7 +643,7 @@ static void *pump_thread(void *arg)
 	pthread_setname_np(pthread_self(), "fake-pump");
 	net_lock();
 	for (;;) {
-		struct fake_ev *ev;
+		struct fake_ev *ev = NULL;
 
 		while (!net.pump_stop && !(ev = pump_next()))
 			pthread_cond_wait(&net.cond, &net.lock);
@@ -957,6 +968,55 @@ static bool hook_wants(struct fake_ev *ev, void (**fn)(struct fake_ev *, void *)
 	return true;
 }
 
+/*
+ * Queues ev (net.lock held) and drops the lock; then the test's hook runs
+ * here, on the posting thread, if ev is the event it waits for.
+ */
+static void queue_and_hook(struct fake_ev *ev)
+{
+	void (*fn)(struct fake_ev *, void *) = NULL;
+	void *arg = NULL;
+	bool hook;
+
+	ev_queue(ev);
+	hook = hook_wants(ev, &fn, &arg);
+	net_unlock();
+	if (hook)
+		fn(ev, arg);
+}
+
+/*
+ * Posts ev from c to its peer; it is ours from here on. A write (counted)
+ * takes a slot of c's send queue, or meets -EAGAIN. With the peer gone the
+ * operation is lost on the wire: posted, never delivered (c's own DOWN is
+ * on its way).
+ */
+static int post_to_peer(struct fab_con *c, struct fake_ev *ev, bool counted)
+{
+	int rc = 0;
+
+	net_lock();
+	if (c->shutdown || c->down) {
+		rc = -ECONNRESET;
+	} else if (counted && (c->eagain || c->tx_out >= c->tx_max)) {
+		if (c->eagain)
+			c->eagain--;
+		rc = -EAGAIN;
+	} else if (!c->peer) {
+		net.st.dropped++;
+	} else {
+		ev->to = c->peer;
+		ev->to_server = c->peer->server;
+		ev->counted = counted;
+		c->tx_out += counted;
+		queue_and_hook(ev);
+		return 0;
+	}
+	net_unlock();
+	ev_free(ev);
+	return rc;
+}
+
 static bool con_matches(const struct fab_con *c, const char *sess, const char *host, int cid)
 {
 	return (!sess || !strcmp(c->sess, sess)) && (!host || !strcmp(c->host, host)) &&
@@ -1124,12 +1184,7 @@ static int fake_open(const char *prov, const char *src, const char *node, const 
 static void fake_close(struct fab *f)
 {
 	net_lock();
-	for (struct fab **pf = &net.fabs; *pf; pf = &(*pf)->next) {
-		if (*pf == f) {
-			*pf = f->next;
-			break;
-		}
-	}
+	LIST_DEL(&net.fabs, f);
 	for (struct fab_con *c = net.cons; c; c = c->next)
 		if (c->fab == f)
 			flog(LOG_ERR, "fake: domain %s:%s closed under connection %s", f->node, f->service,
@@ -1247,12 +1302,7 @@ static int fake_listen(struct fab *f, struct fab_lst **out)
 static void fake_lst_close(struct fab_lst *l)
 {
 	net_lock();
-	for (struct fab_lst **pl = &net.lsts; *pl; pl = &(*pl)->next) {
-		if (*pl == l) {
-			*pl = l->next;
-			break;
-		}
-	}
+	LIST_DEL(&net.lsts, l);
 	/* Requests nobody took: refused, as by a closed port. */
 	while (l->inbox) {
 		struct fab_connreq *req = l->inbox;
@@ -1413,11 +1463,8 @@ static void con_list_add(struct fab_con *c)
 static int fake_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
 			    size_t len, struct fab_con **out)
 {
-	void (*fn)(struct fake_ev *, void *) = NULL;
 	struct fake_ev *ev;
 	struct fab_con *c;
-	void *arg = NULL;
-	bool hook;
 
 	if (len > FAKE_CM_DATA_MAX)
 		return -EMSGSIZE;
@@ -1434,11 +1481,7 @@ static int fake_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const 
 	net_lock();
 	con_list_add(c);
 	*out = c;
-	ev_queue(ev);
-	hook = hook_wants(ev, &fn, &arg);
-	net_unlock();
-	if (hook)
-		fn(ev, arg);
+	queue_and_hook(ev);
 	return 0;
 }
 
@@ -1511,12 +1554,7 @@ static void fake_con_destroy(struct fab_con *c)
 	/* What its last callback posted for it goes too. */
 	con_purge_to(c);
 	con_tell_peer(c);
-	for (struct fab_con **pc = &net.cons; *pc; pc = &(*pc)->next) {
-		if (*pc == c) {
-			*pc = c->next;
-			break;
-		}
-	}
+	LIST_DEL(&net.cons, c);
 	for (struct fake_ev *ev = net.head, *n; ev; ev = n) {
 		n = ev->next;
 		if (ev->from == c && ev->kind == FAKE_CONNREQ) {
@@ -1582,11 +1620,8 @@ static int post_write(struct fab_con *c, const struct iovec *iov, size_t iov_cnt
 		      const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
 		      void *ctx)
 {
-	void (*fn)(struct fake_ev *, void *) = NULL;
 	uint64_t local = 0, remote = 0;
 	struct fake_ev *ev;
-	void *arg = NULL;
-	bool hook;
 	char *p;
 
 	for (size_t i = 0; i < iov_cnt; i++)
@@ -1619,36 +1654,7 @@ static int post_write(struct fab_con *c, const struct iovec *iov, size_t iov_cnt
 	ev->ctx = ctx;
 	ev->rma_cnt = rma_cnt;
 	memcpy(ev->rma, rma, rma_cnt * sizeof(*rma));
-	net_lock();
-	if (c->shutdown || c->down) {
-		net_unlock();
-		ev_free(ev);
-		return -ECONNRESET;
-	}
-	if (c->eagain || c->tx_out >= c->tx_max) {
-		if (c->eagain)
-			c->eagain--;
-		net_unlock();
-		ev_free(ev);
-		return -EAGAIN;
-	}
-	if (!c->peer) {
-		/* The other end is gone: lost on the wire; our DOWN is on its way. */
-		net.st.dropped++;
-		net_unlock();
-		ev_free(ev);
-		return 0;
-	}
-	ev->to = c->peer;
-	ev->to_server = c->peer->server;
-	ev->counted = true;
-	c->tx_out++;
-	ev_queue(ev);
-	hook = hook_wants(ev, &fn, &arg);
-	net_unlock();
-	if (hook)
-		fn(ev, arg);
-	return 0;
+	return post_to_peer(c, ev, true);
 }
 
 static int fake_write(struct fab_con *c, const struct iovec *iov, void *const *desc,
@@ -1675,36 +1681,14 @@ static int fake_write_imm(struct fab_con *c, const void *buf, size_t len, uint64
 
 static int fake_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)
 {
-	void (*fn)(struct fake_ev *, void *) = NULL;
 	struct fake_ev *ev = ev_new(FAKE_SEND, NULL, c);
-	void *arg = NULL;
-	bool hook;
 
 	if (!ev || ev_set_data(ev, buf, len)) {
 		free(ev);
 		return -ENOMEM;
 	}
 	ev->ctx = ctx;
-	net_lock();
-	if (c->shutdown || c->down) {
-		net_unlock();
-		ev_free(ev);
-		return -ECONNRESET;
-	}
-	if (!c->peer) {
-		net.st.dropped++;
-		net_unlock();
-		ev_free(ev);
-		return 0;
-	}
-	ev->to = c->peer;
-	ev->to_server = c->peer->server;
-	ev_queue(ev);
-	hook = hook_wants(ev, &fn, &arg);
-	net_unlock();
-	if (hook)
-		fn(ev, arg);
-	return 0;
+	return post_to_peer(c, ev, false);
 }
 
 const struct fab_ops fab_fake_ops = {

@@ -262,6 +262,17 @@ void clt_close(struct clt *c)
 	c->sess = NULL;
 }
 
+int env_teardown(struct clt *c)
+{
+	int rc;
+
+	fake_hold(NULL, NULL);
+	clt_close(c);
+	rc = fake_settle();
+	srv_stop();
+	return rc;
+}
+
 struct rtrs_path_stats clt_path(struct clt *c, unsigned idx)
 {
 	struct rtrs_path_stats st = { .size = sizeof(st) };
@@ -432,6 +443,29 @@ struct fake_ev *step_until(fake_pred pred, void *arg, const char *what)
 			return NULL;
 		}
 	}
+}
+
+struct fake_ev *open_step_to(struct clt *c, fake_pred pred, void *arg, const char *what)
+{
+	fake_hold(fake_any, NULL);
+	clt_open_async(c);
+	return step_until(pred, arg, what);
+}
+
+int open_cut_at(struct clt *c, fake_pred pred, void *arg, const char *what, int cid, bool drop)
+{
+	struct fake_ev *ev = open_step_to(c, pred, arg, what);
+	int cut;
+
+	if (ev && drop)
+		fake_drop(ev);
+	cut = fake_fail(c->o.sessname, NULL, cid, -ECONNRESET, -ECONNRESET);
+	if (ev && !drop)
+		fake_unclaim(ev);
+	fake_hold(NULL, NULL);
+	if (cut != 1)
+		fprintf(stderr, "open_cut_at(%s): %d connections cut, not 1\n", what, cut);
+	return clt_open_join(c);
 }
 
 bool ev_appears(fake_pred pred, void *arg, const char *what)

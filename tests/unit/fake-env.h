@@ -88,6 +88,8 @@ int clt_open(struct clt *c);
 void clt_open_async(struct clt *c);
 int clt_open_join(struct clt *c);
 void clt_close(struct clt *c);
+/* The end of a scenario: everything goes, c closes, the server stops. fake_settle's result. */
+int env_teardown(struct clt *c);
 /* State and statistics of path idx. */
 struct rtrs_path_stats clt_path(struct clt *c, unsigned idx);
 bool clt_path_is(struct clt *c, unsigned idx, const char *state);
@@ -154,6 +156,17 @@ int ev_imm_type(const struct fake_ev *ev);
  * none came). For scenarios that hold everything (fake_hold(fake_any)).
  */
 struct fake_ev *step_until(fake_pred pred, void *arg, const char *what);
+/*
+ * Holds every event, opens c on a thread of its own and steps its
+ * handshake (step_until) to the first event matching pred.
+ */
+struct fake_ev *open_step_to(struct clt *c, fake_pred pred, void *arg, const char *what);
+/*
+ * The same, then cuts c's connection cid at both ends (-ECONNRESET), lets
+ * everything go, and returns what rtrs_clt_open returned. With drop, the
+ * event stepped to is lost first.
+ */
+int open_cut_at(struct clt *c, fake_pred pred, void *arg, const char *what, int cid, bool drop);
 /* Waits until an event matching pred is queued; leaves it where it is. */
 bool ev_appears(fake_pred pred, void *arg, const char *what);
 

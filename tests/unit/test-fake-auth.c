@@ -39,10 +39,7 @@ static bool auth_setup(struct clt *c, const char *key)
 
 static void teardown(struct clt *c)
 {
-	fake_hold(NULL, NULL);
-	clt_close(c);
-	CHECK_EQ(fake_settle(), 0);
-	srv_stop();
+	CHECK_EQ(env_teardown(c), 0);
 }
 
 static struct m to_srv_reply = { .dir = TO_SRV, .auth = AUTH(RTRS_AUTH_REPLY) };
@@ -124,9 +121,7 @@ static void auth_success1_race(void)
 
 	if (!auth_setup(&c, KEY_A))
 		return;
-	fake_hold(fake_any, NULL);
-	clt_open_async(&c);
-	rep = step_until(match, &to_srv_reply, "the client's REPLY");
+	rep = open_step_to(&c, match, &to_srv_reply, "the client's REPLY");
 	fake_on_post(match, &to_clt_success1, success1_posted, &r);
 	CHECK(rep != NULL);
 	if (rep)
@@ -161,9 +156,7 @@ static void auth_dup_negotiate(void)
 
 	if (!auth_setup(&c, KEY_A))
 		return;
-	fake_hold(fake_any, NULL);
-	clt_open_async(&c);
-	neg = step_until(match, &to_srv_negotiate, "the client's NEGOTIATE");
+	neg = open_step_to(&c, match, &to_srv_negotiate, "the client's NEGOTIATE");
 	dup = neg ? fake_dup(neg) : NULL;
 	CHECK(dup != NULL);
 	if (dup) {
@@ -205,9 +198,7 @@ static void auth_dup_challenge(void)
 
 	if (!auth_setup(&c, KEY_A))
 		return;
-	fake_hold(fake_any, NULL);
-	clt_open_async(&c);
-	chal = step_until(match, &to_clt_challenge, "the CHALLENGE");
+	chal = open_step_to(&c, match, &to_clt_challenge, "the CHALLENGE");
 	dup = chal ? fake_dup(chal) : NULL;
 	CHECK(dup != NULL);
 	if (dup) {
@@ -243,9 +234,7 @@ static void auth_info_before_auth(void)
 
 	if (!auth_setup(&c, KEY_A))
 		return;
-	fake_hold(fake_any, NULL);
-	clt_open_async(&c);
-	neg = step_until(match, &to_srv_negotiate, "the client's NEGOTIATE");
+	neg = open_step_to(&c, match, &to_srv_negotiate, "the client's NEGOTIATE");
 	forged = neg ? fake_dup(neg) : NULL;
 	CHECK(forged != NULL);
 	if (forged) {
@@ -269,19 +258,11 @@ static void auth_info_before_auth(void)
 /* Connection 0 is cut after the CHALLENGE: no authentication either way, nothing left. */
 static void auth_cut_mid(void)
 {
-	struct fake_ev *ev;
 	struct clt c;
 
 	if (!auth_setup(&c, KEY_A))
 		return;
-	fake_hold(fake_any, NULL);
-	clt_open_async(&c);
-	ev = step_until(match, &to_clt_challenge, "the CHALLENGE");
-	CHECK_EQ(fake_fail("s", "a", 0, -ECONNRESET, -ECONNRESET), 1);
-	if (ev)
-		fake_unclaim(ev);
-	fake_hold(NULL, NULL);
-	CHECK_EQ(clt_open_join(&c), -ECONNRESET);
+	CHECK_EQ(open_cut_at(&c, match, &to_clt_challenge, "the CHALLENGE", 0, false), -ECONNRESET);
 	CHECK_EQ(fake_settle(), 0);
 	CHECK_EQ(srv_stats().auth_ok, 0);
 	CHECK_EQ(srv_stats().auth_failed, 0);

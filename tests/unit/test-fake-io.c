@@ -45,10 +45,15 @@ static bool setup(struct clt *c, const char *hosts, void (*tweak)(struct rtrs_sr
 
 static void teardown(struct clt *c)
 {
-	fake_hold(NULL, NULL);
-	clt_close(c);
-	CHECK_EQ(fake_settle(), 0);
-	srv_stop();
+	CHECK_EQ(env_teardown(c), 0);
+}
+
+/* The request completed once, with err; its permit goes back. */
+static void io_done_once(struct io *io, int err)
+{
+	CHECK_EQ(io_wait(io), err);
+	CHECK_EQ(atomic_load(&io->calls), 1);
+	io_put(io);
 }
 
 /* Writes with an immediate of type imm that reached hosts's server end / client end. */
@@ -112,9 +117,7 @@ static void io_split(void)
 		d[i] = (struct iovec){ in[i], sizeof(in[i]) };
 	n0 = fake_delivered(match, &clt_w);
 	CHECK_EQ(io_startv(&io, &c, RTRS_READ, RTRS_IO_CON, 3 * LEN, d, 5), 0);
-	CHECK_EQ(io_wait(&io), 0);
-	CHECK_EQ(atomic_load(&io.calls), 1);
-	io_put(&io);
+	io_done_once(&io, 0);
 	/* 5 ranges, 2 a write; the chunk's new key rides with the last one. */
 	CHECK_EQ(fake_delivered(match, &clt_w) - n0, 3);
 	for (int i = 0; i < 5; i++)
@@ -123,38 +126,36 @@ static void io_split(void)
 }
 
 /*
- * The client's IO connection refuses two writes as a full send queue
- * would: the request waits on the connection's pending list, is posted
- * again from the kick, and arrives once.
+ * The next n writes of one end of the IO connection are refused as a full
+ * send queue would refuse them: what was posted waits on the connection's
+ * pending list, goes again from the kick, and arrives once.
  */
-static void io_eagain_client(void)
+static void eagain_roundtrip(bool server, unsigned n, int imm)
 {
 	struct clt c;
 
 	if (!setup(&c, "a", NULL))
 		return;
-	CHECK_EQ(fake_eagain("s", "a", 1, false, 2), 1);
-	CHECK(io_roundtrip(&c, 0, 3), "round trip through the pending list");
+	CHECK_EQ(fake_eagain("s", "a", 1, server, n), 1);
+	CHECK(io_roundtrip(&c, LEN, (uint8_t)(3 + server)), "round trip through a pending list");
 	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
-	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_IO_REQ_IMM)), 2);
-	CHECK(fake_delivered(match, &(struct m){ .kind = FAKE_KICK, .dir = TO_CLT }) >= 1,
-	      "the client's kick ran");
+	CHECK_EQ(delivered(server ? TO_CLT : TO_SRV, "a", imm), 2);
+	CHECK(fake_delivered(match, &(struct m){ .kind = FAKE_KICK,
+						    .dir = server ? TO_SRV : TO_CLT }) >= 1,
+	      "the kick ran");
 	teardown(&c);
 }
 
-/* The same at the server: the response waits for its kick and goes once. */
+/* The client's request meets a full send queue twice. */
+static void io_eagain_client(void)
+{
+	eagain_roundtrip(false, 2, IMM(RTRS_IO_REQ_IMM));
+}
+
+/* The server's response meets one three times. */
 static void io_eagain_server(void)
 {
-	struct clt c;
-
-	if (!setup(&c, "a", NULL))
-		return;
-	CHECK_EQ(fake_eagain("s", "a", 1, true, 3), 1);
-	CHECK(io_roundtrip(&c, LEN, 4), "round trip through the server's pending list");
-	CHECK_EQ(delivered(TO_CLT, "a", IMM(RTRS_IO_RSP_IMM)), 2);
-	CHECK(fake_delivered(match, &(struct m){ .kind = FAKE_KICK, .dir = TO_SRV }) >= 1,
-	      "the server's kick ran");
-	teardown(&c);
+	eagain_roundtrip(true, 3, IMM(RTRS_IO_RSP_IMM));
 }
 
 /* An admin permit sends on connection 0, an IO permit on connection 1. */
@@ -276,9 +277,7 @@ static void hb_reorder_response(void)
 	}
 	CHECK_EQ(fake_deliver(ev_ack), 0);
 	CHECK_EQ(fake_deliver(ev_rsp), 0);
-	CHECK_EQ(io_wait(&io), 0);
-	CHECK_EQ(atomic_load(&io.calls), 1);
-	io_put(&io);
+	io_done_once(&io, 0);
 	for (int i = 0; i < 3; i++) {
 		CHECK_EQ(fake_advance(HB_MS), 0);
 		CHECK(clt_path_is(&c, 0, "connected"), "tick %d after the reorder", i + 1);
@@ -426,6 +425,23 @@ static bool reconnected_once(void *arg)
 static struct m rsp_a = { .kind = FAKE_WRITE, .dir = TO_CLT, .host = "a", .imm = IMM(RTRS_IO_RSP_IMM) };
 
 /*
+ * A write at off from c whose response on path a is lost; then the
+ * connections of a are cut at both ends and everything settles. The
+ * caller holds the responses on a (and whatever else it wants held).
+ */
+static void write_lose_response_on_a(struct io *io, struct clt *c, uint32_t off, uint8_t seed)
+{
+	struct fake_ev *ev;
+
+	CHECK_EQ(io_start(io, c, RTRS_WRITE, RTRS_IO_CON, off, LEN, seed), 0);
+	ev = fake_wait_ev(match, &rsp_a, "the response on a");
+	if (ev)
+		fake_drop(ev);
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+}
+
+/*
  * Two paths. A write goes on path a and the server answers, but the
  * response is lost and the connection to a is cut. The client parks the
  * request, asks the server over b to fence a, and once the fence ack (with
@@ -435,26 +451,18 @@ static struct m rsp_a = { .kind = FAKE_WRITE, .dir = TO_CLT, .host = "a", .imm =
 static void failover_lost_response(void)
 {
 	static struct io io;
-	struct fake_ev *ev;
 	struct clt c;
 
 	if (!setup(&c, "ab", NULL))
 		return;
 	fake_hold(match, &rsp_a);
-	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 2 * LEN, LEN, 13), 0);
-	ev = fake_wait_ev(match, &rsp_a, "the response on a");
-	if (ev)
-		fake_drop(ev);
-	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
-	CHECK_EQ(fake_settle(), 0);
+	write_lose_response_on_a(&io, &c, 2 * LEN, 13);
 	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
 	CHECK_EQ(clt_path(&c, 0).failovers, 1);
 	CHECK_EQ(atomic_load(&io.calls), 0);
 	/* The session's wait timer sends the fence. */
 	CHECK_EQ(fake_advance(1), 0);
-	CHECK_EQ(io_wait(&io), 0);
-	CHECK_EQ(atomic_load(&io.calls), 1);
-	io_put(&io);
+	io_done_once(&io, 0);
 	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
 	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_IO_REQ_IMM)), 1);
 	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), 1);
@@ -488,9 +496,7 @@ static void failover_lost_request(void)
 	if (ev)
 		CHECK_EQ(fake_deliver(ev), -ENOTCONN);
 	CHECK_EQ(fake_advance(1), 0);
-	CHECK_EQ(io_wait(&io), 0);
-	CHECK_EQ(atomic_load(&io.calls), 1);
-	io_put(&io);
+	io_done_once(&io, 0);
 	CHECK_EQ(atomic_load(&srv.rdma_evs), 1);
 	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_IO_REQ_IMM)), 0);
 	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), 1);
@@ -536,26 +542,18 @@ static void fence_ack_races_send(void)
 {
 	struct m fence_b = { .dir = TO_SRV, .host = "b", .msg = MSG(RTRS_MSG_FENCE) };
 	static struct io io;
-	struct fake_ev *ev;
 	bool ran = false;
 	struct clt c;
 
 	if (!setup(&c, "ab", NULL))
 		return;
 	fake_hold(rsp_a_or_b0, NULL);
-	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 97), 0);
-	ev = fake_wait_ev(match, &rsp_a, "the response on a");
-	if (ev)
-		fake_drop(ev);
-	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
-	CHECK_EQ(fake_settle(), 0);
+	write_lose_response_on_a(&io, &c, 0, 97);
 	fake_on_post(match, &fence_b, fence_posted, &ran);
 	CHECK_EQ(fake_advance(1), 0);
 	fake_on_post(NULL, NULL, NULL, NULL);
 	CHECK(ran, "the fence went over b");
-	CHECK_EQ(io_wait(&io), 0);
-	CHECK_EQ(atomic_load(&io.calls), 1);
-	io_put(&io);
+	io_done_once(&io, 0);
 	CHECK(!env_logged("stray fence ack"), "the ack was taken for a stray one");
 	CHECK(clt_path_is(&c, 1, "connected"), "b: %s", clt_path(&c, 1).state);
 	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
@@ -587,12 +585,7 @@ static void fence_carrier_fails(void)
 	if (!setup(&c, "abc", NULL))
 		return;
 	fake_hold(rsp_a_or_fence, NULL);
-	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, LEN, LEN, 19), 0);
-	ev = fake_wait_ev(match, &rsp_a, "the response on a");
-	if (ev)
-		fake_drop(ev);
-	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
-	CHECK_EQ(fake_settle(), 0);
+	write_lose_response_on_a(&io, &c, LEN, 19);
 	CHECK_EQ(fake_advance(1), 0);
 	fb = fake_wait_ev(match, &fence_b, "the fence on b");
 	CHECK_EQ(fake_fail("s", "b", -1, -ECONNRESET, -ECONNRESET), 2);
@@ -606,9 +599,7 @@ static void fence_carrier_fails(void)
 	ev = fake_wait_ev(match, &fence_c, "the fence on c");
 	if (ev)
 		CHECK_EQ(fake_deliver(ev), 0);
-	CHECK_EQ(io_wait(&io), 0);
-	CHECK_EQ(atomic_load(&io.calls), 1);
-	io_put(&io);
+	io_done_once(&io, 0);
 	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
 	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_IO_REQ_IMM)), 1);
 	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), 0);
@@ -630,25 +621,17 @@ static void no_reconnect(struct rtrs_srv_opts *so, struct rtrs_clt_opts *o)
 static void failover_nowhere(void)
 {
 	static struct io io;
-	struct fake_ev *ev;
 	struct clt c;
 
 	if (!setup(&c, "a", no_reconnect))
 		return;
 	fake_hold(match, &rsp_a);
-	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 23), 0);
-	ev = fake_wait_ev(match, &rsp_a, "the response on a");
-	if (ev)
-		fake_drop(ev);
-	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
-	CHECK_EQ(fake_settle(), 0);
+	write_lose_response_on_a(&io, &c, 0, 23);
 	CHECK(clt_path_is(&c, 0, "closed"), "state %s", clt_path(&c, 0).state);
 	CHECK(!strcmp(clt_path(&c, 0).reconnect_verdict, "out of attempts"), "verdict %s",
 	      clt_path(&c, 0).reconnect_verdict);
 	CHECK_EQ(fake_advance(1), 0);
-	CHECK_EQ(io_wait(&io), -ECONNABORTED);
-	CHECK_EQ(atomic_load(&io.calls), 1);
-	io_put(&io);
+	io_done_once(&io, -ECONNABORTED);
 	CHECK_EQ(atomic_load(&srv.rdma_evs), 1);
 	teardown(&c);
 }
@@ -676,9 +659,7 @@ static void failover_same_path(void)
 	CHECK_EQ(fake_advance(1), 0);
 	CHECK_EQ(atomic_load(&io.calls), 0);
 	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
-	CHECK_EQ(io_wait(&io), 0);
-	CHECK_EQ(atomic_load(&io.calls), 1);
-	io_put(&io);
+	io_done_once(&io, 0);
 	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
 	CHECK_EQ(fake_wait(reconnected_once, &c, "the reconnect to be counted"), 0);
 	CHECK_EQ(clt_path(&c, 0).failovers, 1);
@@ -827,20 +808,12 @@ static void handshake_con1_cut(void)
 {
 	struct m accept1 = { .kind = FAKE_ACCEPT, .cid = CID(1) };
 	struct rtrs_srv_opts so;
-	struct fake_ev *ev;
 	struct clt c;
 
 	srv_opts(&so);
 	CHECK_EQ(srv_start(&so), 0);
 	clt_init(&c, "s", "a");
-	fake_hold(fake_any, NULL);
-	clt_open_async(&c);
-	ev = step_until(match, &accept1, "connection 1's accept");
-	CHECK_EQ(fake_fail("s", "a", 1, -ECONNRESET, -ECONNRESET), 1);
-	if (ev)
-		fake_unclaim(ev);
-	fake_hold(NULL, NULL);
-	CHECK_EQ(clt_open_join(&c), -ECONNRESET);
+	CHECK_EQ(open_cut_at(&c, match, &accept1, "connection 1's accept", 1, false), -ECONNRESET);
 	CHECK_EQ(fake_settle(), 0);
 	CHECK_EQ(srv_stats().sessions, 0);
 	CHECK_EQ(srv_stats().chunk_bytes, 0);
@@ -857,20 +830,12 @@ static void handshake_info_lost(void)
 {
 	struct m info = { .dir = TO_CLT, .msg = MSG(RTRS_MSG_INFO_RSP) };
 	struct rtrs_srv_opts so;
-	struct fake_ev *ev;
 	struct clt c;
 
 	srv_opts(&so);
 	CHECK_EQ(srv_start(&so), 0);
 	clt_init(&c, "s", "a");
-	fake_hold(fake_any, NULL);
-	clt_open_async(&c);
-	ev = step_until(match, &info, "the information response");
-	if (ev)
-		fake_drop(ev);
-	CHECK_EQ(fake_fail("s", "a", 0, -ECONNRESET, -ECONNRESET), 1);
-	fake_hold(NULL, NULL);
-	CHECK_EQ(clt_open_join(&c), -ECONNRESET);
+	CHECK_EQ(open_cut_at(&c, match, &info, "the information response", 0, true), -ECONNRESET);
 	CHECK_EQ(fake_settle(), 0);
 	CHECK_EQ(atomic_load(&srv.link_up), 1);
 	CHECK_EQ(atomic_load(&srv.link_down), 1);
