@@ -28,6 +28,7 @@ struct loop {
 	/* The test clock (loop_test_clock), when it was on at loop_create. */
 	bool test;
 	atomic_bool test_blocked;  /* about to block in epoll_wait */
+	atomic_uint test_wakes;    /* returns from epoll_wait */
 	struct loop *test_next;
 	struct loop_timer *test_timers;
 	struct loop_fd *test_fds;
@@ -84,8 +85,10 @@ static void *loop_thread(void *arg)
 				tclock.idle();
 		}
 		n = epoll_wait(l->epfd, evs, ARRAY_SIZE(evs), -1);
-		if (l->test)
+		if (l->test) {
 			atomic_store(&l->test_blocked, false);
+			atomic_fetch_add(&l->test_wakes, 1);
+		}
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -435,29 +438,34 @@ uint64_t loop_test_now(void)
  * Blocked in (or on its way into) epoll_wait, with none of its fds ready
  * and no work queued. The fds are looked at one by one: each stays ready
  * until its handler reads it, which the loop does only after leaving
- * epoll_wait (clearing test_blocked), so a wake-up on its way is never
- * missed. (The epoll fd itself would not do: while epoll_wait hands its
- * events over, its ready list looks empty.)
+ * epoll_wait. The loop may leave it while we look (and read an fd we have
+ * not polled yet): its count of wake-ups, read before and after, tells.
+ * (The epoll fd itself would not do: while epoll_wait hands its events
+ * over, its ready list looks empty.)
  */
+static bool loop_idle(struct loop *l)
+{
+	unsigned wakes = atomic_load(&l->test_wakes);
+	bool idle = atomic_load(&l->test_blocked);
+
+	for (struct loop_fd *h = l->test_fds; h && idle; h = h->test_next) {
+		struct pollfd pfd = { .fd = h->fd, .events = POLLIN };
+
+		idle = poll(&pfd, 1, 0) == 0;
+	}
+	pthread_mutex_lock(&l->lock);
+	idle = idle && !l->head;
+	pthread_mutex_unlock(&l->lock);
+	return idle && atomic_load(&l->test_blocked) && atomic_load(&l->test_wakes) == wakes;
+}
+
 bool loop_test_idle(void)
 {
 	bool idle = true;
 
 	pthread_mutex_lock(&tclock.lock);
-	for (struct loop *l = tclock.loops; l && idle; l = l->test_next) {
-		if (!atomic_load(&l->test_blocked)) {
-			idle = false;
-			break;
-		}
-		for (struct loop_fd *h = l->test_fds; h && idle; h = h->test_next) {
-			struct pollfd pfd = { .fd = h->fd, .events = POLLIN };
-
-			idle = poll(&pfd, 1, 0) == 0;
-		}
-		pthread_mutex_lock(&l->lock);
-		idle = idle && !l->head;
-		pthread_mutex_unlock(&l->lock);
-	}
+	for (struct loop *l = tclock.loops; l && idle; l = l->test_next)
+		idle = loop_idle(l);
 	pthread_mutex_unlock(&tclock.lock);
 	return idle;
 }

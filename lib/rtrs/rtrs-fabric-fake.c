@@ -568,6 +568,8 @@ static void ev_run(struct fake_ev *ev)
 		break;
 	}
 	ev_record(ev);
+	flog(LOG_DBG, "fake: %s #%llu to %s", kind_names[ev->kind], (unsigned long long)ev->seq,
+	     to->name);
 	ops = to->cfg.ops;
 	priv = to->cfg.priv;
 	to->in_cb = true;
@@ -1093,7 +1095,10 @@ int fake_wait(bool (*cond)(void *arg), void *arg, const char *what)
 
 int fake_settle(void)
 {
-	return fake_wait(settled, NULL, "the fabric and the loops to settle");
+	int rc = fake_wait(settled, NULL, "the fabric and the loops to settle");
+
+	log_dbg("fake: settled");
+	return rc;
 }
 
 int fake_advance(unsigned ms)

@@ -462,6 +462,26 @@ static void pending_proven_host(void)
 	srv_stop();
 }
 
+static bool first_connreq_of_m1(const struct fake_ev *ev, void *arg)
+{
+	return ev->kind == FAKE_CONNREQ && ev->cid == 0 && !strcmp(ev->sess, "m1");
+}
+
+/*
+ * Each attempt of m1 waits, inside its fab_con_connect, until the server
+ * has taken the refused path of the attempt before down: over a network
+ * the new request can overtake the old connection's close, and the server
+ * then refuses it for that (-EAGAIN, the path is still open here) instead
+ * of for the session limit.
+ */
+static void after_the_last_close(struct fake_ev *ev, void *arg)
+{
+	atomic_fetch_add((atomic_int *)arg, 1);
+	CHECK_EQ(fake_settle(), 0);
+	fake_on_post(first_connreq_of_m1, NULL, after_the_last_close, arg);
+	fake_unclaim(ev);
+}
+
 /*
  * One session allowed: a second is refused with -ENOSPC, which may change,
  * so the open tries five times (its delay set to nothing), each refused.
@@ -469,6 +489,7 @@ static void pending_proven_host(void)
 static void max_sessions(void)
 {
 	struct rtrs_srv_opts so;
+	atomic_int attempts = 0;
 	struct clt c0, c1;
 
 	srv_opts(&so);
@@ -479,7 +500,10 @@ static void max_sessions(void)
 	CHECK_EQ(clt_open(&c0), 0);
 	clt_init(&c1, "m1", "a");
 	c1.o.reconnect_delay_ms = 0;
+	fake_on_post(first_connreq_of_m1, NULL, after_the_last_close, &attempts);
 	CHECK_EQ(clt_open(&c1), -ENOSPC);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK_EQ(atomic_load(&attempts), 5);
 	CHECK_EQ(fake_settle(), 0);
 	CHECK_EQ(srv_stats().limit_refusals, 5);
 	CHECK(c0.sess && io_roundtrip(&c0, 0, 91), "the first session's IO goes on");
