@@ -42,9 +42,16 @@ static int run_one(const struct scenario *sc)
 	CHECK_EQ(fake_settle(), 0);
 	ms = ms_since(&t0);
 	CHECK(fake_leftovers() == 0, "%s left objects in the fabric", sc->name);
-	/* No scenario waits on time: a slow one is stuck somewhere. */
-	CHECK(ms < 1000, "%s took %.1f ms", sc->name, ms);
-	printf("scenario %-32s %8.1f ms  %s\n", sc->name, ms, g_failures == before ? "ok" : "FAILED");
+	/*
+	 * No scenario waits on time: each takes milliseconds (tens under ASan
+	 * or with the CPUs busy). One that waited out a fake wait (5 s) fails
+	 * here as well as where it waited. Between 1 s and that it is noted,
+	 * not failed: a machine starved of CPU (both CPUs busy and the unit
+	 * suite run in parallel) has stretched a scenario past 1 s.
+	 */
+	CHECK(ms < FAKE_WAIT_MS * 0.8, "%s took %.1f ms", sc->name, ms);
+	printf("scenario %-32s %8.1f ms  %s%s\n", sc->name, ms, g_failures == before ? "ok" : "FAILED",
+	       ms >= 1000 ? " (over 1 s)" : "");
 	fflush(stdout);
 	return g_failures == before;
 }
