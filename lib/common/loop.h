@@ -20,12 +20,17 @@ struct loop;
 struct loop_fd {
 	int fd;
 	void (*cb)(struct loop_fd *h, uint32_t events);
+	struct loop_fd *test_next;    /* the test clock's list of the loop's fds */
 };
 
 struct loop_timer {
 	struct loop_fd h;
 	struct loop *loop;
 	void (*cb)(struct loop_timer *t);
+	/* The test clock's (loop_test_clock): when it fires next, its period. */
+	struct loop_timer *test_next;
+	uint64_t test_due_ms;
+	unsigned test_period_ms;
 };
 
 struct loop_work {
@@ -58,5 +63,20 @@ static inline void loop_work_init(struct loop_work *w, void (*fn)(struct loop_wo
 void loop_queue(struct loop *l, struct loop_work *w);
 /* Runs fn(arg) on the loop thread and waits for it (not from the loop thread). */
 void loop_call(struct loop *l, void (*fn)(void *arg), void *arg);
+
+/*
+ * Tests only (the fake fabric's scenarios): timers of every loop created
+ * afterwards follow a clock that moves only in loop_test_advance(), and
+ * idle (may be NULL) is called each time a loop is about to block with
+ * nothing to do. Call before the first loop_create(); a process that never
+ * calls it runs on CLOCK_MONOTONIC as always.
+ */
+void loop_test_clock(void (*idle)(void));
+/* Moves the test clock on by ms: timers due by then fire (once each, as a timerfd). */
+void loop_test_advance(unsigned ms);
+/* The test clock's time in ms (0 at loop_test_clock). */
+uint64_t loop_test_now(void);
+/* True when every loop is blocked with nothing ready and no work queued. */
+bool loop_test_idle(void);
 
 #endif

@@ -163,6 +163,15 @@ extern const struct fab_ops fab_ofi_ops;
 extern const struct fab_ops fab_fault_ops;
 #endif
 
+/*
+ * Another implementation, chosen by its provider name (ops->name) in
+ * fab_open from now on: the fake fabric of the unit tests
+ * (rtrs-fabric-fake.c) registers itself as "fake". Nothing in the library
+ * registers one, so every other name goes to libfabric. -ENOSPC when the
+ * table is full, -EEXIST for a name already taken.
+ */
+int fab_register(const struct fab_ops *ops);
+
 struct fab_obj {
 	const struct fab_ops *ops;
 };
@@ -182,15 +191,8 @@ static inline const struct fab_ops *fab_ops_of(const void *obj)
  * default); fab_attr()->max_queue says what was granted, and connections
  * are clamped to it.
  */
-static inline int fab_open(const char *prov, const char *src, const char *node,
-			   const char *service, bool server, size_t queue, struct fab **out)
-{
-#ifdef RTRS_FAULT_INJECTION
-	return fab_fault_ops.open(prov, src, node, service, server, queue, out);
-#else
-	return fab_ofi_ops.open(prov, src, node, service, server, queue, out);
-#endif
-}
+int fab_open(const char *prov, const char *src, const char *node, const char *service,
+	     bool server, size_t queue, struct fab **out);
 static inline void fab_close(struct fab *f)
 {
 	if (f)

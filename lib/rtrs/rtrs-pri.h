@@ -122,7 +122,7 @@ const char *rtrs_reconnect_verdict_str(enum rtrs_reconnect_verdict v);
 /*
  * Admission of a path that has not proven itself yet (the server, at each
  * connection request for a new path): pending[] are those already
- * pending, each with its peer's host and when it came. With max_total
+ * pending, each with its peer's host and the order it came in. With max_total
  * (all) or max_per_peer (from host) reached, the oldest pending one in
  * that scope must go to make room: a peer that holds half-open paths
  * loses its oldest, while a client mid-handshake, being newer, goes on.
@@ -132,7 +132,7 @@ const char *rtrs_reconnect_verdict_str(enum rtrs_reconnect_verdict v);
  */
 struct rtrs_admit_entry {
 	const char *host;
-	uint64_t created_ms;
+	uint64_t serial;   /* order of creation: the lower, the older */
 };
 
 struct rtrs_admit_limits {

@@ -38,7 +38,7 @@ int rtrs_admit_decide(const struct rtrs_admit_entry *pending, size_t n, const ch
 			if (scope && strcmp(pending[i].host, host))
 				continue;
 			count++;
-			if (oldest == n || pending[i].created_ms < pending[oldest].created_ms)
+			if (oldest == n || pending[i].serial < pending[oldest].serial)
 				oldest = i;
 		}
 		if (count < max)
@@ -94,7 +94,7 @@ static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host)
 			if (!path_pending(p))
 				continue;
 			pending[n] = (struct rtrs_admit_entry){ .host = p->peer_host,
-								.created_ms = p->created_ms };
+								.serial = p->serial };
 			paths[n++] = p;
 		}
 	}

@@ -85,6 +85,7 @@ struct srv_path {
 	uint8_t verdict[sizeof(struct rtrs_msg_info_rsp)]; /* an info response with an errno */
 	struct fab_mr verdict_mr;
 	uint64_t created_ms;
+	uint64_t serial;            /* creation order in the server (ctx->path_serial) */
 	/* always_invalidate: the key table sent ahead of a fence ack. */
 	struct rtrs_msg_new_rkey *fence_keys;
 	struct fab_mr fence_keys_mr;
@@ -147,6 +148,7 @@ struct rtrs_srv_ctx {
 	int port;
 	struct rtrs_srv_sess *sessions;
 	unsigned nr_sessions;
+	uint64_t path_serial;       /* paths created so far (loop thread) */
 	struct loop_work reap_work; /* frees closed paths nobody references */
 	struct srv_verdict *verdicts; /* final refusals held open (srv_reject_dnr) */
 	unsigned nr_verdicts;

@@ -743,6 +743,8 @@ int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	loop_work_init(&p->fence_work, path_fence_work);
 	p->last_connreq_ms = now_ms();
 	p->created_ms = now_ms();
+	/* Paths made in the same millisecond are still told apart by age. */
+	p->serial = ++ctx->path_serial;
 	rc = fab_mr_reg(ctx->fab, p->verdict, sizeof(p->verdict), FAB_MR_LOCAL, &p->verdict_mr);
 	if (!rc && ctx->auth_required)
 		rc = fab_mr_reg(ctx->fab, p->auth_tx, sizeof(p->auth_tx), FAB_MR_LOCAL,

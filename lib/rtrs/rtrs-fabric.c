@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Which implementation of the fabric layer fab_open() uses: libfabric,
+ * unless an implementation registered under the provider's name
+ * (fab_register). Only the unit tests register one (the fake fabric); a
+ * program built on the shipped library never does, so its fab_open goes
+ * to libfabric as it always did.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "rtrs-fabric.h"
+#include "util.h"
+
+static struct {
+	pthread_mutex_t lock;      /* registration */
+	const struct fab_ops *ops[4];
+	atomic_uint n;             /* published entries, read without the lock */
+} reg = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+int fab_register(const struct fab_ops *ops)
+{
+	bool known = false;
+	unsigned n;
+	int rc = 0;
+
+	if (!ops || !ops->name || !ops->open)
+		return -EINVAL;
+	pthread_mutex_lock(&reg.lock);
+	n = atomic_load(&reg.n);
+	for (unsigned i = 0; i < n; i++) {
+		if (!strcmp(reg.ops[i]->name, ops->name)) {
+			known = true;
+			rc = reg.ops[i] == ops ? 0 : -EEXIST; /* the same again is no error */
+		}
+	}
+	if (!known && n == ARRAY_SIZE(reg.ops))
+		rc = -ENOSPC;
+	if (!known && !rc) {
+		reg.ops[n] = ops;
+		atomic_store(&reg.n, n + 1); /* release: the entry before the count */
+	}
+	pthread_mutex_unlock(&reg.lock);
+	return rc;
+}
+
+int fab_open(const char *prov, const char *src, const char *node, const char *service,
+	     bool server, size_t queue, struct fab **out)
+{
+	unsigned n = atomic_load(&reg.n);
+
+	for (unsigned i = 0; prov && i < n; i++)
+		if (!strcmp(reg.ops[i]->name, prov))
+			return reg.ops[i]->open(prov, src, node, service, server, queue, out);
+#ifdef RTRS_FAULT_INJECTION
+	/* Test builds: libfabric through the fault wrapper (rtrs-fabric-fault.c). */
+	return fab_fault_ops.open(prov, src, node, service, server, queue, out);
+#else
+	return fab_ofi_ops.open(prov, src, node, service, server, queue, out);
+#endif
+}

@@ -1,0 +1,598 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Deterministic scenarios of authentication and admission over the fake
+ * fabric (lib/rtrs/rtrs-fabric-fake.h): DH-HMAC-CHAP with its messages
+ * duplicated, forged, cut off or answered at the worst moment (among them
+ * the ordering race of srv_auth_recv: the host's proof must be recorded
+ * before SUCCESS1 leaves, or the client's next connection, requested the
+ * moment SUCCESS1 arrives, is refused), wrong and missing keys, a key
+ * rotated under a connected path, and the server's admission decisions:
+ * pending paths per peer and in all, proven hosts, the session limit,
+ * connections per path, a refusing user and a taken session name.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fake-main.h"
+
+static bool srv_up(const struct rtrs_srv_opts *so)
+{
+	int rc = srv_start(so);
+
+	CHECK(rc == 0, "server: %s", strerror(-rc));
+	return rc == 0;
+}
+
+/* A server that wants KEY_A from HOST_NQN, and a client "s" to host a with key. */
+static bool auth_setup(struct clt *c, const char *key)
+{
+	struct rtrs_srv_opts so;
+
+	srv_opts_auth(&so, KEY_A);
+	if (!srv_up(&so))
+		return false;
+	clt_init(c, "s", "a");
+	c->o.auth_secret = key;
+	return true;
+}
+
+static void teardown(struct clt *c)
+{
+	CHECK_EQ(env_teardown(c), 0);
+}
+
+static struct m to_srv_reply = { .dir = TO_SRV, .auth = AUTH(RTRS_AUTH_REPLY) };
+static struct m to_srv_negotiate = { .dir = TO_SRV, .auth = AUTH(RTRS_AUTH_NEGOTIATE) };
+static struct m to_clt_challenge = { .dir = TO_CLT, .auth = AUTH(RTRS_AUTH_CHALLENGE) };
+static struct m to_clt_success1 = { .dir = TO_CLT, .auth = AUTH(RTRS_AUTH_SUCCESS1) };
+static struct m to_clt_failure1 = { .dir = TO_CLT, .auth = AUTH(RTRS_AUTH_FAILURE1) };
+
+/* ---- authentication ---------------------------------------------------------------------------- */
+
+/* The right key: one authentication, then IO byte for byte. */
+static void auth_ok(void)
+{
+	struct clt c;
+
+	if (!auth_setup(&c, KEY_A))
+		return;
+	CHECK_EQ(clt_open(&c), 0);
+	if (c.sess) {
+		CHECK(io_roundtrip(&c, 0, 3), "IO after authentication");
+		CHECK_EQ(clt_path(&c, 0).auth_runs, 1);
+	}
+	CHECK_EQ(srv_stats().auth_ok, 1);
+	CHECK_EQ(srv_stats().auth_failed, 0);
+	CHECK_EQ(srv_stats().connreqs, 2);
+	CHECK_EQ(srv_stats().rejects, 0);
+	teardown(&c);
+}
+
+struct race {
+	bool ran;
+	int answer;      /* FAKE_ACCEPT or FAKE_REJECT: the server's answer to connection 1 */
+};
+
+static bool answer_to_con1(const struct fake_ev *ev, void *arg)
+{
+	return !ev->to_server && ev->cid == 1 &&
+	       (ev->kind == FAKE_ACCEPT || ev->kind == FAKE_REJECT);
+}
+
+/*
+ * Runs inside srv_auth_recv, on the thread that delivered the client's
+ * REPLY, the moment the server posts SUCCESS1: SUCCESS1 arrives at once,
+ * the client requests connection 1, and the server's loop answers that
+ * request, all before srv_auth_recv goes on past its fab_send.
+ */
+static void success1_posted(struct fake_ev *ev, void *arg)
+{
+	struct m connreq1 = { .kind = FAKE_CONNREQ, .cid = CID(1) };
+	struct race *r = arg;
+	struct fake_ev *cr, *ans;
+
+	r->ran = true;
+	if (fake_deliver(ev))
+		return;
+	cr = fake_wait_ev(match, &connreq1, "connection 1's request");
+	if (!cr || fake_deliver(cr))
+		return;
+	ans = fake_wait_ev(answer_to_con1, NULL, "the server's answer to connection 1");
+	if (!ans)
+		return;
+	r->answer = ans->kind;
+	fake_unclaim(ans);
+}
+
+/*
+ * The ordering race found in srv_auth_recv (commit a8951cb restored the
+ * order): the server must record that the host proved itself
+ * (auth_host_ok) before SUCCESS1 leaves. Here the client's connection 1
+ * reaches the server between the send and the rest of srv_auth_recv; with
+ * the order wrong the server refuses it (-EACCES) and the open needs a
+ * second authentication. With it right: accepted, one authentication.
+ */
+static void auth_success1_race(void)
+{
+	struct race r = { 0 };
+	struct fake_ev *rep;
+	struct clt c;
+
+	if (!auth_setup(&c, KEY_A))
+		return;
+	rep = open_step_to(&c, match, &to_srv_reply, "the client's REPLY");
+	fake_on_post(match, &to_clt_success1, success1_posted, &r);
+	CHECK(rep != NULL);
+	if (rep)
+		CHECK_EQ(fake_deliver(rep), 0);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK(r.ran, "SUCCESS1 was posted");
+	CHECK(r.answer == FAKE_ACCEPT, "connection 1, requested as SUCCESS1 arrived, was %s",
+	      r.answer == FAKE_REJECT ? "refused" : "not answered");
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c), 0);
+	CHECK_EQ(srv_stats().rejects, 0);
+	CHECK_EQ(srv_stats().auth_ok, 1);
+	if (c.sess) {
+		CHECK_EQ(clt_path(&c, 0).auth_runs, 1);
+		CHECK(io_roundtrip(&c, 0, 5), "IO after authentication");
+	}
+	teardown(&c);
+}
+
+/*
+ * The client's NEGOTIATE arrives twice: the second, unexpected once the
+ * challenge is out, fails the server's transaction (FAILURE1). The client,
+ * which answered the challenge meanwhile, reads the FAILURE1 and gives up
+ * for good (-EKEYREJECTED); its REPLY, arriving after the failure, closes
+ * the server's path. Nobody authenticated, no chunk was mapped, and the
+ * client does not try again.
+ */
+static void auth_dup_negotiate(void)
+{
+	struct fake_ev *neg, *dup, *ev, *rep;
+	struct clt c;
+
+	if (!auth_setup(&c, KEY_A))
+		return;
+	neg = open_step_to(&c, match, &to_srv_negotiate, "the client's NEGOTIATE");
+	dup = neg ? fake_dup(neg) : NULL;
+	CHECK(dup != NULL);
+	if (dup) {
+		CHECK_EQ(fake_deliver(neg), 0);
+		CHECK_EQ(fake_deliver(dup), 0);
+	}
+	ev = fake_wait_ev(match, &to_clt_challenge, "the CHALLENGE");
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), 0);
+	rep = fake_wait_ev(match, &to_srv_reply, "the client's REPLY");
+	ev = fake_wait_ev(match, &to_clt_failure1, "the FAILURE1");
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), 0);
+	if (rep)
+		CHECK_EQ(fake_deliver(rep), 0);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c), -EKEYREJECTED);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(env_logged("authentication message not expected"), "the late REPLY is refused");
+	CHECK_EQ(srv_stats().auth_ok, 0);
+	CHECK_EQ(srv_stats().auth_failed, 1);
+	CHECK_EQ(srv_stats().connreqs, 1);
+	CHECK_EQ(srv_stats().chunk_bytes, 0);
+	CHECK_EQ(srv_stats().sessions, 0);
+	teardown(&c);
+}
+
+/*
+ * The server's CHALLENGE arrives twice, the copy after the client has
+ * answered the first: where the client waits for SUCCESS1 it is out of
+ * order, and the client refuses the server (-EKEYREJECTED, final, with a
+ * FAILURE2). The server, which authenticated the host meanwhile, closes
+ * the path when that FAILURE2 comes after its SUCCESS1.
+ */
+static void auth_dup_challenge(void)
+{
+	struct fake_ev *chal, *dup;
+	struct clt c;
+
+	if (!auth_setup(&c, KEY_A))
+		return;
+	chal = open_step_to(&c, match, &to_clt_challenge, "the CHALLENGE");
+	dup = chal ? fake_dup(chal) : NULL;
+	CHECK(dup != NULL);
+	if (dup) {
+		CHECK_EQ(fake_deliver(chal), 0);
+		/* Answered: the client has taken the first one. */
+		CHECK(ev_appears(match, &to_srv_reply, "the client's REPLY"));
+		CHECK_EQ(fake_deliver(dup), 0);
+	}
+	CHECK(ev_appears(match, &(struct m){ .dir = TO_SRV, .auth = AUTH(RTRS_AUTH_FAILURE2) },
+			 "the client's FAILURE2"));
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c), -EKEYREJECTED);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(env_logged("unexpected in state"), "the copy is named");
+	CHECK_EQ(srv_stats().auth_ok, 1);
+	CHECK_EQ(srv_stats().connreqs, 1);
+	CHECK_EQ(srv_stats().sessions, 0);
+	CHECK_EQ(srv_stats().chunk_bytes, 0);
+	teardown(&c);
+}
+
+/*
+ * A forged information request arrives on connection 0 before the
+ * NEGOTIATE: the server closes the path (-EACCES) without mapping a byte
+ * of chunk memory, and the client's open fails.
+ */
+static void auth_info_before_auth(void)
+{
+	struct rtrs_info_req info = { .imm_addr = 0, .imm_key = 1 };
+	struct rtrs_msg_info_req msg;
+	struct fake_ev *neg, *forged;
+	struct clt c;
+
+	if (!auth_setup(&c, KEY_A))
+		return;
+	neg = open_step_to(&c, match, &to_srv_negotiate, "the client's NEGOTIATE");
+	forged = neg ? fake_dup(neg) : NULL;
+	CHECK(forged != NULL);
+	if (forged) {
+		snprintf(info.pathname, sizeof(info.pathname), "s");
+		rtrs_info_req_encode(&msg, &info);
+		CHECK_EQ(fake_rewrite(forged, &msg, sizeof(msg)), 0);
+		CHECK_EQ(fake_deliver(forged), 0);
+		fake_drop(neg);
+	}
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c), -ECONNRESET);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(env_logged("message before authentication; closing the path"), "logged");
+	CHECK_EQ(srv_stats().auth_ok, 0);
+	CHECK_EQ(srv_stats().chunk_bytes, 0);
+	CHECK_EQ(srv_stats().sessions, 0);
+	CHECK_EQ(atomic_load(&srv.link_up), 0);
+	teardown(&c);
+}
+
+/* Connection 0 is cut after the CHALLENGE: no authentication either way, nothing left. */
+static void auth_cut_mid(void)
+{
+	struct clt c;
+
+	if (!auth_setup(&c, KEY_A))
+		return;
+	CHECK_EQ(open_cut_at(&c, match, &to_clt_challenge, "the CHALLENGE", 0, false), -ECONNRESET);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().auth_ok, 0);
+	CHECK_EQ(srv_stats().auth_failed, 0);
+	CHECK_EQ(srv_stats().sessions, 0);
+	teardown(&c);
+}
+
+/* A wrong key: -EKEYREJECTED after one connection request, never tried again. */
+static void auth_wrong_key(void)
+{
+	struct clt c;
+
+	if (!auth_setup(&c, KEY_B))
+		return;
+	CHECK_EQ(clt_open(&c), -EKEYREJECTED);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().connreqs, 1);
+	CHECK_EQ(srv_stats().auth_failed, 1);
+	CHECK_EQ(srv_stats().auth_ok, 0);
+	CHECK_EQ(srv_stats().sessions, 0);
+	teardown(&c);
+}
+
+/* No key at all: -ENOKEY before any message, after one connection request. */
+static void auth_no_key(void)
+{
+	struct clt c;
+
+	if (!auth_setup(&c, NULL))
+		return;
+	CHECK_EQ(clt_open(&c), -ENOKEY);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().connreqs, 1);
+	CHECK_EQ(srv_stats().auth_failed, 0);
+	CHECK_EQ(fake_delivered(match, &(struct m){ .dir = TO_SRV, .msg = MSG(RTRS_MSG_AUTH) }), 0);
+	teardown(&c);
+}
+
+static bool path_closed(void *arg)
+{
+	return clt_path_is(arg, 0, "closed");
+}
+
+/*
+ * The host's key changes in the server's file while the path is up; the
+ * link is cut. The reconnect fails authentication, and the path stays
+ * closed ("key rejected") however long the clock runs.
+ */
+static void auth_key_rotated(void)
+{
+	struct clt c;
+	uint64_t reqs;
+
+	if (!auth_setup(&c, KEY_A))
+		return;
+	CHECK_EQ(clt_open(&c), 0);
+	if (!c.sess) {
+		teardown(&c);
+		return;
+	}
+	srv_write_keys(KEY_B);
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_wait(path_closed, &c, "the reconnect to fail"), 0);
+	CHECK(!strcmp(clt_path(&c, 0).reconnect_verdict, "key rejected"), "verdict %s",
+	      clt_path(&c, 0).reconnect_verdict);
+	CHECK_EQ(clt_path(&c, 0).last_error, -EKEYREJECTED);
+	CHECK_EQ(fake_settle(), 0);
+	reqs = srv_stats().connreqs;
+	for (int i = 0; i < 10; i++)
+		CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(srv_stats().connreqs, reqs);
+	CHECK(clt_path_is(&c, 0, "closed"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(srv_stats().auth_ok, 1);
+	CHECK_EQ(srv_stats().auth_failed, 1);
+	teardown(&c);
+}
+
+/* ---- admission ---------------------------------------------------------------------------------- */
+
+static bool accept_of(const struct fake_ev *ev, void *arg)
+{
+	return ev->kind == FAKE_ACCEPT && !strcmp(ev->sess, arg);
+}
+
+/*
+ * Three sessions from hosts srcs[i] each get their connection 0 accepted
+ * and then wait (the server's answers are held): with limits that allow
+ * two pending paths in their scope, the third closes the oldest. The
+ * first session's open fails; the other two finish.
+ */
+static void pending_three(const char *const srcs[3], unsigned max_pending, unsigned per_peer)
+{
+	static const char *const names[3] = { "p0", "p1", "p2" };
+	struct rtrs_srv_opts so;
+	struct clt c[3];
+
+	srv_opts(&so);
+	so.max_pending = max_pending;
+	so.max_pending_per_peer = per_peer;
+	if (!srv_up(&so))
+		return;
+	fake_hold(match, &(struct m){ .dir = TO_CLT });
+	for (int i = 0; i < 3; i++) {
+		clt_init(&c[i], names[i], "a");
+		clt_src(&c[i], 0, srcs[i]);
+		clt_open_async(&c[i]);
+		CHECK(ev_appears(accept_of, (void *)names[i], "the accept"));
+		CHECK_EQ(srv_stats().pending_evicted, i < 2 ? 0 : 1);
+	}
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c[0]), -ECONNRESET);
+	CHECK_EQ(clt_open_join(&c[1]), 0);
+	CHECK_EQ(clt_open_join(&c[2]), 0);
+	CHECK(env_logged("closed to make room for a new connection from"), "the eviction is logged");
+	for (int i = 1; i < 3; i++)
+		CHECK(io_roundtrip(&c[i], (uint32_t)i * LEN, (uint8_t)(70 + i)), "IO of %s", names[i]);
+	for (int i = 0; i < 3; i++)
+		clt_close(&c[i]);
+	CHECK_EQ(srv_stats().pending_evicted, 1);
+	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+static void pending_per_peer(void)
+{
+	static const char *const srcs[3] = { "h1", "h1", "h1" };
+
+	pending_three(srcs, 32, 2);
+}
+
+static void pending_total(void)
+{
+	static const char *const srcs[3] = { "h1", "h2", "h3" };
+
+	pending_three(srcs, 2, 8);
+}
+
+static bool proven_hold(const struct fake_ev *ev, void *arg)
+{
+	return (!strcmp(ev->sess, "v0") && match(ev, &(struct m){ .dir = TO_SRV,
+								    .msg = MSG(RTRS_MSG_INFO_REQ) })) ||
+	       (!strcmp(ev->sess, "v1") && match(ev, &to_srv_negotiate));
+}
+
+static bool info_req_of_v0(const struct fake_ev *ev, void *arg)
+{
+	return proven_hold(ev, arg) && !strcmp(ev->sess, "v0");
+}
+
+static bool negotiate_of_v1(const struct fake_ev *ev, void *arg)
+{
+	return proven_hold(ev, arg) && !strcmp(ev->sess, "v1");
+}
+
+/*
+ * One pending path per peer, with authentication. v0's host has proven
+ * itself and v0 waits before its information request: not pending any
+ * more, so v1 from the same peer is let in without closing it. v1 waits
+ * before authenticating: pending, so v2 closes v1, the oldest pending,
+ * and never v0, which finishes.
+ */
+static void pending_proven_host(void)
+{
+	static const char *const names[3] = { "v0", "v1", "v2" };
+	struct rtrs_srv_opts so;
+	struct clt c[3];
+
+	srv_opts_auth(&so, KEY_A);
+	so.max_pending_per_peer = 1;
+	if (!srv_up(&so))
+		return;
+	fake_hold(proven_hold, NULL);
+	for (int i = 0; i < 3; i++) {
+		clt_init(&c[i], names[i], "a");
+		clt_src(&c[i], 0, "h1");
+		c[i].o.auth_secret = KEY_A;
+	}
+	clt_open_async(&c[0]);
+	CHECK(ev_appears(info_req_of_v0, NULL, "v0's information request"));
+	clt_open_async(&c[1]);
+	CHECK(ev_appears(negotiate_of_v1, NULL, "v1's NEGOTIATE"));
+	CHECK_EQ(srv_stats().pending_evicted, 0);
+	clt_open_async(&c[2]);
+	CHECK_EQ(clt_open_join(&c[2]), 0);
+	CHECK_EQ(srv_stats().pending_evicted, 1);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c[0]), 0);
+	CHECK_EQ(clt_open_join(&c[1]), -ECONNRESET);
+	CHECK(c[0].sess && io_roundtrip(&c[0], 0, 81), "IO of v0");
+	CHECK(c[2].sess && io_roundtrip(&c[2], LEN, 82), "IO of v2");
+	for (int i = 0; i < 3; i++)
+		clt_close(&c[i]);
+	CHECK_EQ(srv_stats().auth_ok, 2);
+	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+static bool first_connreq_of_m1(const struct fake_ev *ev, void *arg)
+{
+	return ev->kind == FAKE_CONNREQ && ev->cid == 0 && !strcmp(ev->sess, "m1");
+}
+
+/*
+ * Each attempt of m1 waits, inside its fab_con_connect, until the server
+ * has taken the refused path of the attempt before down: over a network
+ * the new request can overtake the old connection's close, and the server
+ * then refuses it for that (-EAGAIN, the path is still open here) instead
+ * of for the session limit.
+ */
+static void after_the_last_close(struct fake_ev *ev, void *arg)
+{
+	atomic_fetch_add((atomic_int *)arg, 1);
+	CHECK_EQ(fake_settle(), 0);
+	fake_on_post(first_connreq_of_m1, NULL, after_the_last_close, arg);
+	fake_unclaim(ev);
+}
+
+/*
+ * One session allowed: a second is refused with -ENOSPC, which may change,
+ * so the open tries five times (its delay set to nothing), each refused.
+ */
+static void max_sessions(void)
+{
+	struct rtrs_srv_opts so;
+	atomic_int attempts = 0;
+	struct clt c0, c1;
+
+	srv_opts(&so);
+	so.max_sessions = 1;
+	if (!srv_up(&so))
+		return;
+	clt_init(&c0, "m0", "a");
+	CHECK_EQ(clt_open(&c0), 0);
+	clt_init(&c1, "m1", "a");
+	c1.o.reconnect_delay_ms = 0;
+	fake_on_post(first_connreq_of_m1, NULL, after_the_last_close, &attempts);
+	CHECK_EQ(clt_open(&c1), -ENOSPC);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK_EQ(atomic_load(&attempts), 5);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().limit_refusals, 5);
+	CHECK(c0.sess && io_roundtrip(&c0, 0, 91), "the first session's IO goes on");
+	clt_close(&c0);
+	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+/* More connections per path than the server allows: refused, do not retry, one request. */
+static void too_many_cons(void)
+{
+	struct rtrs_srv_opts so;
+	struct clt c;
+
+	srv_opts(&so);
+	so.max_cons_per_path = 2;
+	if (!srv_up(&so))
+		return;
+	clt_init(&c, "s", "a");
+	c.o.nr_io_cons = 2;
+	CHECK_EQ(clt_open(&c), -EINVAL);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().connreqs, 1);
+	CHECK_EQ(srv_stats().rejects, 1);
+	CHECK_EQ(srv_stats().sessions, 0);
+	srv_stop();
+}
+
+/* The server's user refuses the session with -EACCES: final, one attempt (two connections). */
+static void user_refuses(void)
+{
+	struct rtrs_srv_opts so;
+	struct clt c;
+
+	srv_opts(&so);
+	if (!srv_up(&so))
+		return;
+	atomic_store(&srv.refuse, -EACCES);
+	clt_init(&c, "s", "a");
+	CHECK_EQ(clt_open(&c), -EACCES);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().connreqs, 2);
+	CHECK_EQ(atomic_load(&srv.link_up), 1);
+	CHECK_EQ(srv_stats().sessions, 0);
+	srv_stop();
+}
+
+/* A second session under a name in use: -EPERM, final. */
+static void name_taken(void)
+{
+	struct rtrs_srv_opts so;
+	struct clt c0, c1;
+
+	srv_opts(&so);
+	if (!srv_up(&so))
+		return;
+	clt_init(&c0, "dup", "a");
+	CHECK_EQ(clt_open(&c0), 0);
+	clt_init(&c1, "dup", "b");
+	CHECK_EQ(clt_open(&c1), -EPERM);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().connreqs, 4);
+	CHECK(env_logged("session name dup is already in use"), "logged");
+	CHECK(c0.sess && io_roundtrip(&c0, 0, 93), "the first session's IO goes on");
+	clt_close(&c0);
+	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+static const struct scenario scenarios[] = {
+	{ "auth_ok", auth_ok },
+	{ "auth_success1_race", auth_success1_race },
+	{ "auth_dup_negotiate", auth_dup_negotiate },
+	{ "auth_dup_challenge", auth_dup_challenge },
+	{ "auth_info_before_auth", auth_info_before_auth },
+	{ "auth_cut_mid", auth_cut_mid },
+	{ "auth_wrong_key", auth_wrong_key },
+	{ "auth_no_key", auth_no_key },
+	{ "auth_key_rotated", auth_key_rotated },
+	{ "pending_per_peer", pending_per_peer },
+	{ "pending_total", pending_total },
+	{ "pending_proven_host", pending_proven_host },
+	{ "max_sessions", max_sessions },
+	{ "too_many_cons", too_many_cons },
+	{ "user_refuses", user_refuses },
+	{ "name_taken", name_taken },
+};
+
+int main(int argc, char **argv)
+{
+	return fake_main(argc, argv, scenarios, ARRAY_SIZE(scenarios), "test-fake-auth");
+}

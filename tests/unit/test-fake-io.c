@@ -1,0 +1,948 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Deterministic scenarios of the client and server cores over the fake
+ * fabric (lib/rtrs/rtrs-fabric-fake.h): IO placed byte for byte, requests
+ * and responses split over several writes, full send queues, heartbeats
+ * missed and reordered, duplicated and forged immediates, failover after a
+ * fence with a response lost, a path failing while it carries a fence,
+ * parked requests sent again exactly once, reconnects racing a close,
+ * connections failing mid-handshake, a server restart, and a stale chunk
+ * key refused under always_invalidate. Each step is an event the scenario
+ * delivers, drops, duplicates or holds, and timers fire only when the
+ * scenario moves the loops' clock: no sleeps, no timing luck.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fake-main.h"
+
+/* A server with default options and one client "s" whose paths go to hosts. */
+static bool setup(struct clt *c, const char *hosts, void (*tweak)(struct rtrs_srv_opts *so,
+								 struct rtrs_clt_opts *o))
+{
+	struct rtrs_srv_opts so;
+	int rc;
+
+	srv_opts(&so);
+	if (tweak)
+		tweak(&so, NULL);
+	rc = srv_start(&so);
+	CHECK(rc == 0, "server: %s", strerror(-rc));
+	if (rc)
+		return false;
+	clt_init(c, "s", hosts);
+	if (tweak)
+		tweak(NULL, &c->o);
+	rc = clt_open(c);
+	CHECK(rc == 0, "open: %s", strerror(-rc));
+	if (rc) {
+		srv_stop();
+		return false;
+	}
+	return true;
+}
+
+static void teardown(struct clt *c)
+{
+	CHECK_EQ(env_teardown(c), 0);
+}
+
+/* The request completed once, with err; its permit goes back. */
+static void io_done_once(struct io *io, int err)
+{
+	CHECK_EQ(io_wait(io), err);
+	CHECK_EQ(atomic_load(&io->calls), 1);
+	io_put(io);
+}
+
+/* Writes with an immediate of type imm that reached hosts's server end / client end. */
+static unsigned delivered(int dir, const char *host, int imm)
+{
+	struct m m = { .kind = FAKE_WRITE, .dir = dir, .host = host, .imm = imm };
+
+	return fake_delivered(match, &m);
+}
+
+/* ---- IO -------------------------------------------------------------------------------------------- */
+
+/* Open, write a pattern, read it back: the bytes are the bytes, in the server's area too. */
+static void io_exact(void)
+{
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	CHECK(io_roundtrip(&c, 0, 1), "write then read at 0");
+	CHECK(io_roundtrip(&c, 5 * LEN, 2), "write then read at 5 x LEN");
+	CHECK(area_has(0, LEN, 1) && area_has(5 * LEN, LEN, 2), "both patterns in the area");
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 4);
+	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_IO_REQ_IMM)), 4);
+	CHECK_EQ(delivered(TO_CLT, "a", IMM(RTRS_IO_RSP_IMM)), 4);
+	teardown(&c);
+}
+
+/*
+ * Two local vectors and two remote ranges per write: a write request of
+ * five vectors goes as three writes (the last with the immediate), and a
+ * read of five vectors comes back as three.
+ */
+static void io_split(void)
+{
+	static uint8_t out[5][600], in[5][600];
+	static struct io io;
+	struct m srv_w = { .kind = FAKE_WRITE, .dir = TO_SRV };
+	struct m clt_w = { .kind = FAKE_WRITE, .dir = TO_CLT };
+	struct iovec d[5];
+	struct clt c;
+	unsigned n0;
+
+	fake_set_limits(2, 2);
+	if (!setup(&c, "a", NULL))
+		return;
+	for (int i = 0; i < 5; i++) {
+		pattern(out[i], sizeof(out[i]), (uint8_t)(40 + i));
+		d[i] = (struct iovec){ out[i], sizeof(out[i]) };
+	}
+	n0 = fake_delivered(match, &srv_w);
+	CHECK_EQ(io_startv(&io, &c, RTRS_WRITE, RTRS_IO_CON, 3 * LEN, d, 5), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	/* 5 vectors and the header: 6 local vectors, 2 a write. */
+	CHECK_EQ(fake_delivered(match, &srv_w) - n0, 3);
+	for (int i = 0; i < 5; i++)
+		CHECK(!memcmp(srv.area + 3 * LEN + i * 600, out[i], 600), "vector %d in the area", i);
+
+	for (int i = 0; i < 5; i++)
+		d[i] = (struct iovec){ in[i], sizeof(in[i]) };
+	n0 = fake_delivered(match, &clt_w);
+	CHECK_EQ(io_startv(&io, &c, RTRS_READ, RTRS_IO_CON, 3 * LEN, d, 5), 0);
+	io_done_once(&io, 0);
+	/* 5 ranges, 2 a write; the chunk's new key rides with the last one. */
+	CHECK_EQ(fake_delivered(match, &clt_w) - n0, 3);
+	for (int i = 0; i < 5; i++)
+		CHECK(!memcmp(in[i], out[i], 600), "vector %d read back", i);
+	teardown(&c);
+}
+
+/*
+ * The next n writes of one end of the IO connection are refused as a full
+ * send queue would refuse them: what was posted waits on the connection's
+ * pending list, goes again from the kick, and arrives once.
+ */
+static void eagain_roundtrip(bool server, unsigned n, int imm)
+{
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	CHECK_EQ(fake_eagain("s", "a", 1, server, n), 1);
+	CHECK(io_roundtrip(&c, LEN, (uint8_t)(3 + server)), "round trip through a pending list");
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
+	CHECK_EQ(delivered(server ? TO_CLT : TO_SRV, "a", imm), 2);
+	CHECK(fake_delivered(match, &(struct m){ .kind = FAKE_KICK,
+						    .dir = server ? TO_SRV : TO_CLT }) >= 1,
+	      "the kick ran");
+	teardown(&c);
+}
+
+/* The client's request meets a full send queue twice. */
+static void io_eagain_client(void)
+{
+	eagain_roundtrip(false, 2, IMM(RTRS_IO_REQ_IMM));
+}
+
+/* The server's response meets one three times. */
+static void io_eagain_server(void)
+{
+	eagain_roundtrip(true, 3, IMM(RTRS_IO_RSP_IMM));
+}
+
+/* An admin permit sends on connection 0, an IO permit on connection 1. */
+static void admin_con(void)
+{
+	struct m req0 = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_IO_REQ_IMM),
+			  .cid = CID(0) };
+	struct m req1 = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_IO_REQ_IMM),
+			  .cid = CID(1) };
+	static struct io io;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_ADMIN_CON, 0, LEN, 5), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	CHECK_EQ(fake_delivered(match, &req0), 1);
+	CHECK_EQ(fake_delivered(match, &req1), 0);
+	CHECK_EQ(io_start(&io, &c, RTRS_READ, RTRS_IO_CON, 0, LEN, 0), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	CHECK_EQ(fake_delivered(match, &req1), 1);
+	CHECK(area_has(0, LEN, 5) && !memcmp(io.buf, srv.area, LEN), "read back");
+	teardown(&c);
+}
+
+
+/* ---- heartbeats ---------------------------------------------------------------------------------- */
+
+static void clt_beats(struct rtrs_srv_opts *so, struct rtrs_clt_opts *o)
+{
+	if (o)
+		o->hb_interval_ms = HB_MS;
+}
+
+static void srv_beats(struct rtrs_srv_opts *so, struct rtrs_clt_opts *o)
+{
+	if (so)
+		so->hb_interval_ms = HB_MS;
+}
+
+static struct m to_clt = { .dir = TO_CLT }, to_srv = { .dir = TO_SRV };
+
+/*
+ * Nothing from the server reaches the client: three heartbeats go out
+ * unanswered and the path stays; the fourth tick fails it (-ETIMEDOUT)
+ * and schedules a reconnect.
+ */
+static void hb_miss_client(void)
+{
+	struct clt c;
+
+	if (!setup(&c, "a", clt_beats))
+		return;
+	fake_hold(match, &to_clt);
+	for (int i = 1; i <= 3; i++) {
+		CHECK_EQ(fake_advance(HB_MS), 0);
+		CHECK(clt_path_is(&c, 0, "connected"), "after %d silent ticks", i);
+	}
+	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_HB_MSG_IMM)), 3);
+	CHECK_EQ(fake_advance(HB_MS), 0);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(clt_path(&c, 0).last_error, -ETIMEDOUT);
+	CHECK(env_logged("s/a:"), "the path is named");
+	CHECK(env_logged("no heartbeat from the server for 3000 ms"), "the cause is logged");
+	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_HB_MSG_IMM)), 3);
+	teardown(&c);
+}
+
+/* The same at the server: its path closes on the fourth silent tick, and the client learns it. */
+static void hb_miss_server(void)
+{
+	struct clt c;
+
+	if (!setup(&c, "a", srv_beats))
+		return;
+	fake_hold(match, &to_srv);
+	for (int i = 1; i <= 3; i++) {
+		CHECK_EQ(fake_advance(HB_MS), 0);
+		CHECK_EQ(atomic_load(&srv.link_down), 0);
+	}
+	CHECK_EQ(fake_advance(HB_MS), 0);
+	CHECK_EQ(atomic_load(&srv.link_down), 1);
+	CHECK(env_logged("no heartbeat from the client for 3000 ms"), "the cause is logged");
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(clt_path(&c, 0).last_error, -ECONNRESET);
+	teardown(&c);
+}
+
+/*
+ * A response and a heartbeat answer overtake each other: the client has
+ * missed three beats when the answer (posted after the response) arrives
+ * first, then the response. Either resets the count: the next three ticks
+ * keep the path, the request completes once, and only the fourth silent
+ * tick after them fails the path.
+ */
+static void hb_reorder_response(void)
+{
+	static struct io io;
+	struct m ack = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_HB_ACK_IMM) };
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	struct fake_ev *ev_ack, *ev_rsp;
+	struct clt c;
+
+	if (!setup(&c, "a", clt_beats))
+		return;
+	fake_hold(match, &to_clt);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 9), 0);
+	CHECK(ev_appears(match, &rsp, "the response"));
+	for (int i = 0; i < 3; i++)
+		CHECK_EQ(fake_advance(HB_MS), 0);
+	ev_ack = fake_find(match, &ack);
+	ev_rsp = fake_find(match, &rsp);
+	CHECK(ev_ack && ev_rsp && ev_ack->seq > ev_rsp->seq, "the answer came after the response");
+	if (!ev_ack || !ev_rsp) {
+		teardown(&c);
+		return;
+	}
+	CHECK_EQ(fake_deliver(ev_ack), 0);
+	CHECK_EQ(fake_deliver(ev_rsp), 0);
+	io_done_once(&io, 0);
+	for (int i = 0; i < 3; i++) {
+		CHECK_EQ(fake_advance(HB_MS), 0);
+		CHECK(clt_path_is(&c, 0, "connected"), "tick %d after the reorder", i + 1);
+	}
+	CHECK_EQ(fake_advance(HB_MS), 0);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	teardown(&c);
+}
+
+/*
+ * The completion of the server's heartbeat answer is held back: while it
+ * is out, a second heartbeat gets no second answer; once it completes,
+ * the next heartbeat is answered again.
+ */
+static void hb_ack_completion_delayed(void)
+{
+	struct m done = { .kind = FAKE_DONE, .dir = TO_SRV };
+	struct fake_ev *ev;
+	struct clt c;
+
+	if (!setup(&c, "a", clt_beats))
+		return;
+	fake_hold(match, &done);
+	CHECK_EQ(fake_advance(HB_MS), 0);
+	CHECK_EQ(delivered(TO_CLT, "a", IMM(RTRS_HB_ACK_IMM)), 1);
+	CHECK_EQ(fake_advance(HB_MS), 0);
+	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_HB_MSG_IMM)), 2);
+	CHECK_EQ(delivered(TO_CLT, "a", IMM(RTRS_HB_ACK_IMM)), 1);
+	ev = fake_find(match, &done);
+	CHECK(ev != NULL, "the answer's completion waits");
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), 0);
+	CHECK_EQ(fake_advance(HB_MS), 0);
+	CHECK_EQ(delivered(TO_CLT, "a", IMM(RTRS_HB_ACK_IMM)), 2);
+	CHECK(clt_path_is(&c, 0, "connected"), "state %s", clt_path(&c, 0).state);
+	teardown(&c);
+}
+
+/* ---- duplicated and forged immediates ------------------------------------------------------------------ */
+
+/*
+ * The server's response is delivered twice: the request completes once,
+ * and the second copy, for a request no longer in flight, fails the path
+ * (-EPROTO).
+ */
+static void dup_response(void)
+{
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	static struct io io;
+	struct fake_ev *ev, *dup;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	fake_hold(match, &rsp);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 11), 0);
+	ev = fake_wait_ev(match, &rsp, "the response");
+	dup = ev ? fake_dup(ev) : NULL;
+	CHECK(dup != NULL);
+	if (dup) {
+		CHECK_EQ(fake_deliver(ev), 0);
+		CHECK_EQ(io_wait(&io), 0);
+		CHECK_EQ(fake_deliver(dup), 0);
+	}
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	io_put(&io);
+	CHECK(env_logged("that is not in flight here"), "the duplicate is named");
+	CHECK_EQ(clt_path(&c, 0).last_error, -EPROTO);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	teardown(&c);
+}
+
+/* A copy of the response with its immediate changed to imm: delivered after the real one. */
+static void forged_imm(uint32_t imm, const char *logged)
+{
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	static struct io io;
+	struct fake_ev *ev, *forged;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	fake_hold(match, &rsp);
+	/* A write's response writes only into the key slots, which stay registered. */
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 7), 0);
+	ev = fake_wait_ev(match, &rsp, "the response");
+	forged = ev ? fake_dup(ev) : NULL;
+	CHECK(forged != NULL);
+	if (forged) {
+		forged->imm = imm;
+		CHECK_EQ(fake_deliver(ev), 0);
+		CHECK_EQ(io_wait(&io), 0);
+		/*
+		 * The server's reaction to the connection the client shuts
+		 * down waits: the client shuts it before it records why, and
+		 * a server quick to close the path would make the reset the
+		 * path's recorded error (its statistics say -ECONNRESET).
+		 */
+		fake_hold(match, &to_srv);
+		CHECK_EQ(fake_deliver(forged), 0);
+	}
+	io_put(&io);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(env_logged(logged), "logged: %s", logged);
+	CHECK_EQ(clt_path(&c, 0).last_error, -EPROTO);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	teardown(&c);
+}
+
+/* A heartbeat on an IO connection breaks the rules: the path fails. */
+static void hb_on_io_con(void)
+{
+	forged_imm(rtrs_to_imm(RTRS_HB_MSG_IMM, 0), "heartbeat on connection 1; failing the path");
+}
+
+/* An immediate of a type nobody sends: the path fails. */
+static void unknown_imm(void)
+{
+	forged_imm(rtrs_to_imm((enum rtrs_imm_type)5, 0), "unknown immediate type 5");
+}
+
+/*
+ * path_ev(up) comes after the state, paths_up and the rest of the path's
+ * bookkeeping: waiting for it, not for the state, finds them all done.
+ */
+static bool path_came_up(void *arg)
+{
+	return atomic_load(&((struct clt *)arg)->path_up) == 1;
+}
+
+/* The second schedule: the failed attempt has armed the next one (it logs after arming). */
+static bool attempt_failed(void *arg)
+{
+	return env_log_count("reconnecting in 100 ms") == 2;
+}
+
+static bool reconnected_once(void *arg)
+{
+	return clt_path(arg, 0).reconnects == 1;
+}
+
+/* ---- failover --------------------------------------------------------------------------------- */
+
+static struct m rsp_a = { .kind = FAKE_WRITE, .dir = TO_CLT, .host = "a", .imm = IMM(RTRS_IO_RSP_IMM) };
+
+/*
+ * A write at off from c whose response on path a is lost; then the
+ * connections of a are cut at both ends and everything settles. The
+ * caller holds the responses on a (and whatever else it wants held).
+ */
+static void write_lose_response_on_a(struct io *io, struct clt *c, uint32_t off, uint8_t seed)
+{
+	struct fake_ev *ev;
+
+	CHECK_EQ(io_start(io, c, RTRS_WRITE, RTRS_IO_CON, off, LEN, seed), 0);
+	ev = fake_wait_ev(match, &rsp_a, "the response on a");
+	if (ev)
+		fake_drop(ev);
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+}
+
+/*
+ * Two paths. A write goes on path a and the server answers, but the
+ * response is lost and the connection to a is cut. The client parks the
+ * request, asks the server over b to fence a, and once the fence ack (with
+ * the chunk keys the lost response carried) is in, sends the request again
+ * on b: exactly once, and it completes once.
+ */
+static void failover_lost_response(void)
+{
+	static struct io io;
+	struct clt c;
+
+	if (!setup(&c, "ab", NULL))
+		return;
+	fake_hold(match, &rsp_a);
+	write_lose_response_on_a(&io, &c, 2 * LEN, 13);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(clt_path(&c, 0).failovers, 1);
+	CHECK_EQ(atomic_load(&io.calls), 0);
+	/* The session's wait timer sends the fence. */
+	CHECK_EQ(fake_advance(1), 0);
+	io_done_once(&io, 0);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
+	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_IO_REQ_IMM)), 1);
+	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), 1);
+	CHECK_EQ(fake_delivered(match, &(struct m){ .dir = TO_SRV, .host = "b",
+						    .msg = MSG(RTRS_MSG_FENCE) }), 1);
+	CHECK_EQ(fake_delivered(match, &(struct m){ .dir = TO_CLT, .host = "b",
+						    .msg = MSG(RTRS_MSG_FENCE_ACK) }), 1);
+	CHECK(area_has(2 * LEN, LEN, 13), "the write is in the area");
+	teardown(&c);
+}
+
+/*
+ * The request itself never reaches the server before path a is cut: it
+ * is lost with the connection, and after the fence goes once, on b.
+ */
+static void failover_lost_request(void)
+{
+	struct m req_a = { .kind = FAKE_WRITE, .dir = TO_SRV, .host = "a", .imm = IMM(RTRS_IO_REQ_IMM) };
+	static struct io io;
+	struct fake_ev *ev;
+	struct clt c;
+
+	if (!setup(&c, "ab", NULL))
+		return;
+	fake_hold(match, &req_a);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 17), 0);
+	ev = fake_wait_ev(match, &req_a, "the request on a");
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	/* Its connection is gone at both ends: it can arrive nowhere. */
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), -ENOTCONN);
+	CHECK_EQ(fake_advance(1), 0);
+	io_done_once(&io, 0);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 1);
+	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_IO_REQ_IMM)), 0);
+	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), 1);
+	CHECK(area_has(0, LEN, 17), "the write is in the area");
+	teardown(&c);
+}
+
+static struct m to_clt_b0 = { .dir = TO_CLT, .host = "b", .cid = CID(0) };
+
+static bool rsp_a_or_b0(const struct fake_ev *ev, void *arg)
+{
+	return match(ev, &rsp_a) || match(ev, &to_clt_b0);
+}
+
+/*
+ * Inside the client loop's fab_send of the fence: the fence arrives, and
+ * what the server sends back on b's connection 0 (the key table, then the
+ * ack) arrives in its order.
+ */
+static void fence_posted(struct fake_ev *ev, void *arg)
+{
+	struct fake_ev *back;
+	bool ack = false;
+
+	*(bool *)arg = true;
+	if (fake_deliver(ev))
+		return;
+	while (!ack && (back = fake_wait_ev(match, &to_clt_b0, "the fence ack"))) {
+		ack = match(back, &(struct m){ .msg = MSG(RTRS_MSG_FENCE_ACK) });
+		fake_deliver(back);
+	}
+}
+
+/*
+ * The fence's ack arrives before the service loop, which sent the fence,
+ * has recorded which path carries it (fence_for): the server answers in
+ * microseconds, and the loop thread can be preempted right after its
+ * fab_send. Found by these scenarios (about one run in thirty of the
+ * failover ones): the client took the ack for a stray one and failed path
+ * b too (-EPROTO). Now the carrier is recorded before the send.
+ */
+static void fence_ack_races_send(void)
+{
+	struct m fence_b = { .dir = TO_SRV, .host = "b", .msg = MSG(RTRS_MSG_FENCE) };
+	static struct io io;
+	bool ran = false;
+	struct clt c;
+
+	if (!setup(&c, "ab", NULL))
+		return;
+	fake_hold(rsp_a_or_b0, NULL);
+	write_lose_response_on_a(&io, &c, 0, 97);
+	fake_on_post(match, &fence_b, fence_posted, &ran);
+	CHECK_EQ(fake_advance(1), 0);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK(ran, "the fence went over b");
+	io_done_once(&io, 0);
+	CHECK(!env_logged("stray fence ack"), "the ack was taken for a stray one");
+	CHECK(clt_path_is(&c, 1, "connected"), "b: %s", clt_path(&c, 1).state);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
+	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), 1);
+	CHECK(area_has(0, LEN, 97), "the write is in the area");
+	teardown(&c);
+}
+
+static bool rsp_a_or_fence(const struct fake_ev *ev, void *arg)
+{
+	return match(ev, &rsp_a) || match(ev, &(struct m){ .dir = TO_SRV,
+							     .msg = MSG(RTRS_MSG_FENCE) });
+}
+
+/*
+ * Three paths. Path a fails with a request whose response was lost; the
+ * fence for a goes over b, and b fails before it is delivered. The fence
+ * b carried is forgotten and sent again over c; the request goes once, on
+ * c, and completes once.
+ */
+static void fence_carrier_fails(void)
+{
+	struct m fence_b = { .dir = TO_SRV, .host = "b", .msg = MSG(RTRS_MSG_FENCE) };
+	struct m fence_c = { .dir = TO_SRV, .host = "c", .msg = MSG(RTRS_MSG_FENCE) };
+	static struct io io;
+	struct fake_ev *ev, *fb;
+	struct clt c;
+
+	if (!setup(&c, "abc", NULL))
+		return;
+	fake_hold(rsp_a_or_fence, NULL);
+	write_lose_response_on_a(&io, &c, LEN, 19);
+	CHECK_EQ(fake_advance(1), 0);
+	fb = fake_wait_ev(match, &fence_b, "the fence on b");
+	CHECK_EQ(fake_fail("s", "b", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 1, "reconnecting"), "b: %s", clt_path(&c, 1).state);
+	if (fb)
+		CHECK_EQ(fake_deliver(fb), -ENOTCONN);
+	CHECK_EQ(atomic_load(&io.calls), 0);
+	/* The wait timer's next round sends the fence again, over c. */
+	CHECK_EQ(fake_advance(50), 0);
+	ev = fake_wait_ev(match, &fence_c, "the fence on c");
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), 0);
+	io_done_once(&io, 0);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
+	CHECK_EQ(delivered(TO_SRV, "a", IMM(RTRS_IO_REQ_IMM)), 1);
+	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), 0);
+	CHECK_EQ(delivered(TO_SRV, "c", IMM(RTRS_IO_REQ_IMM)), 1);
+	CHECK(area_has(LEN, LEN, 19), "the write is in the area");
+	teardown(&c);
+}
+
+static void no_reconnect(struct rtrs_srv_opts *so, struct rtrs_clt_opts *o)
+{
+	if (o)
+		o->max_reconnect_attempts = 0;
+}
+
+/*
+ * The only path fails with a request in flight and may not reconnect: the
+ * request fails once, with -ECONNABORTED, at the wait timer's next round.
+ */
+static void failover_nowhere(void)
+{
+	static struct io io;
+	struct clt c;
+
+	if (!setup(&c, "a", no_reconnect))
+		return;
+	fake_hold(match, &rsp_a);
+	write_lose_response_on_a(&io, &c, 0, 23);
+	CHECK(clt_path_is(&c, 0, "closed"), "state %s", clt_path(&c, 0).state);
+	CHECK(!strcmp(clt_path(&c, 0).reconnect_verdict, "out of attempts"), "verdict %s",
+	      clt_path(&c, 0).reconnect_verdict);
+	CHECK_EQ(fake_advance(1), 0);
+	io_done_once(&io, -ECONNABORTED);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 1);
+	teardown(&c);
+}
+
+/*
+ * The only path fails with a request whose response was lost; it
+ * reconnects (the reconnect itself tells that the server let go of the
+ * old path), and the request goes again on the new connections, once.
+ */
+static void failover_same_path(void)
+{
+	static struct io io;
+	struct fake_ev *ev;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	fake_hold(match, &rsp_a);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 29), 0);
+	ev = fake_wait_ev(match, &rsp_a, "the response on a");
+	if (ev)
+		fake_drop(ev);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_advance(1), 0);
+	CHECK_EQ(atomic_load(&io.calls), 0);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	io_done_once(&io, 0);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
+	CHECK_EQ(fake_wait(reconnected_once, &c, "the reconnect to be counted"), 0);
+	CHECK_EQ(clt_path(&c, 0).failovers, 1);
+	CHECK(area_has(0, LEN, 29), "the write is in the area");
+	teardown(&c);
+}
+
+/* ---- reconnect, close ---------------------------------------------------------------------------- */
+
+
+/*
+ * A reconnect attempt is waiting for its connection when the session
+ * closes: the attempt gives up, its connection request never reaches the
+ * server, the close returns, and a request that waited for the path fails
+ * once with -ECONNABORTED.
+ */
+static void reconnect_races_close(void)
+{
+	struct m connreq = { .kind = FAKE_CONNREQ };
+	static struct io io;
+	struct fake_ev *ev;
+	struct clt c;
+	uint64_t reqs;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	/* No path, one coming: the request waits for it. */
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 31), 0);
+	reqs = srv_stats().connreqs;
+	fake_hold(match, &connreq);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	ev = fake_wait_ev(match, &connreq, "the reconnect's connection request");
+	CHECK(ev != NULL);
+	io_put(&io); /* the permit: close fails the request, not the permit */
+	clt_close(&c);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	CHECK_EQ(atomic_load(&io.err), -ECONNABORTED);
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), -ENOTCONN);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().connreqs, reqs);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 0);
+	teardown(&c);
+}
+
+static bool one_deferred(void *arg)
+{
+	return atomic_load(&srv.nr_deferred) == 1;
+}
+
+/*
+ * The session closes while the server still holds a request: the request
+ * completes once with -ECONNABORTED; the server's late answer finds the
+ * path gone (-ENOTCONN), and the server then frees it.
+ */
+static void close_with_inflight(void)
+{
+	static struct io io;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	atomic_store(&srv.defer, true);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 37), 0);
+	CHECK_EQ(fake_wait(one_deferred, NULL, "the server to hold the request"), 0);
+	io_put(&io);
+	clt_close(&c);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	CHECK_EQ(atomic_load(&io.err), -ECONNABORTED);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(atomic_load(&srv.link_down), 1);
+	CHECK_EQ(rtrs_srv_resp_rdma(atomic_load(&srv.deferred[0]), 0), -ENOTCONN);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().sessions, 0);
+	teardown(&c);
+}
+
+/* A path disconnected by hand stays closed; reconnected by hand it carries IO again. */
+static void disconnect_reconnect(void)
+{
+	static struct io io;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	CHECK_EQ(rtrs_clt_disconnect_path(c.sess, 0), 0);
+	CHECK(clt_path_is(&c, 0, "closed"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(atomic_load(&c.path_down), 1);
+	/* Nothing can come: a request fails at once. */
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 41), -ECONNABORTED);
+	CHECK_EQ(fake_advance(10 * RECONNECT_MS), 0);
+	CHECK(clt_path_is(&c, 0, "closed"), "still closed: %s", clt_path(&c, 0).state);
+	CHECK_EQ(rtrs_clt_reconnect_path(c.sess, 0), 0);
+	CHECK_EQ(fake_advance(1), 0);
+	CHECK_EQ(fake_wait(path_came_up, &c, "the path to come back"), 0);
+	CHECK(clt_path_is(&c, 0, "connected"), "state %s", clt_path(&c, 0).state);
+	CHECK(io_roundtrip(&c, 0, 43), "IO after the reconnect");
+	teardown(&c);
+}
+
+/*
+ * The server restarts: the client's first attempt finds nobody listening,
+ * the second finds the new server, which knows nothing of the session.
+ * rtrs_clt_query counts the new server session, and IO goes on.
+ */
+static void server_restart(void)
+{
+	struct rtrs_attrs at = { .size = sizeof(at) };
+	struct rtrs_srv_opts so;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	CHECK(io_roundtrip(&c, 0, 47), "IO before");
+	CHECK_EQ(rtrs_clt_query(c.sess, &at), 0);
+	CHECK_EQ(at.server_sessions, 1);
+	srv_stop();
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_wait(attempt_failed, &c, "the attempt to fail"), 0);
+	CHECK(env_logged("connection 0 of 2 failed: Connection refused"), "nobody listened");
+	srv_opts(&so);
+	so.port = (uint16_t)srv.port;
+	CHECK_EQ(srv_start(&so), 0);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_wait(path_came_up, &c, "the path to come back"), 0);
+	CHECK_EQ(rtrs_clt_query(c.sess, &at), 0);
+	CHECK_EQ(at.server_sessions, 2);
+	CHECK_EQ(clt_path(&c, 0).reconnect_failures, 1);
+	CHECK(io_roundtrip(&c, LEN, 53), "IO after");
+	teardown(&c);
+}
+
+/* ---- connections failing while a path is set up ------------------------------------------------------ */
+
+/*
+ * Connection 1 is accepted by the server but cut before the client sees
+ * the accept: rtrs_clt_open fails with the connection's error, and the
+ * server drops the half-built path and its session, chunks never mapped.
+ */
+static void handshake_con1_cut(void)
+{
+	struct m accept1 = { .kind = FAKE_ACCEPT, .cid = CID(1) };
+	struct rtrs_srv_opts so;
+	struct clt c;
+
+	srv_opts(&so);
+	CHECK_EQ(srv_start(&so), 0);
+	clt_init(&c, "s", "a");
+	CHECK_EQ(open_cut_at(&c, match, &accept1, "connection 1's accept", 1, false), -ECONNRESET);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().sessions, 0);
+	CHECK_EQ(srv_stats().chunk_bytes, 0);
+	CHECK_EQ(atomic_load(&srv.link_up), 0);
+	srv_stop();
+}
+
+/*
+ * The information response is lost and connection 0 is cut: the open
+ * fails; the server had connected the path (link up) and takes it down
+ * again (link down), freeing the session.
+ */
+static void handshake_info_lost(void)
+{
+	struct m info = { .dir = TO_CLT, .msg = MSG(RTRS_MSG_INFO_RSP) };
+	struct rtrs_srv_opts so;
+	struct clt c;
+
+	srv_opts(&so);
+	CHECK_EQ(srv_start(&so), 0);
+	clt_init(&c, "s", "a");
+	CHECK_EQ(open_cut_at(&c, match, &info, "the information response", 0, true), -ECONNRESET);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(atomic_load(&srv.link_up), 1);
+	CHECK_EQ(atomic_load(&srv.link_down), 1);
+	CHECK_EQ(srv_stats().sessions, 0);
+	srv_stop();
+}
+
+/* ---- always_invalidate --------------------------------------------------------------------------------- */
+
+static void no_inval(struct rtrs_srv_opts *so, struct rtrs_clt_opts *o)
+{
+	if (so)
+		so->always_invalidate = 0;
+}
+
+/*
+ * A request write is replayed after its chunk served two IOs. Under
+ * always_invalidate its key was revoked when it first arrived: the replay
+ * is refused by the fabric, breaks the connection, and the server never
+ * sees it; the area keeps the second write. Without always_invalidate the
+ * same replay lands and overwrites it (the control: the fake checks
+ * registrations, not a rule of its own).
+ */
+static void replay(bool inval)
+{
+	struct m req = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_IO_REQ_IMM) };
+	struct fake_stats st0, st1;
+	static struct io io;
+	struct fake_ev *ev, *old = NULL;
+	struct clt c;
+
+	if (!setup(&c, "a", inval ? NULL : no_inval))
+		return;
+	fake_hold(match, &req);
+	for (int i = 0; i < 2; i++) {
+		CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, (uint8_t)(59 + i)), 0);
+		ev = fake_wait_ev(match, &req, "the request");
+		if (!ev)
+			break;
+		if (i == 0)
+			old = fake_dup(ev);
+		CHECK_EQ(fake_deliver(ev), 0);
+		CHECK_EQ(io_wait(&io), 0);
+		io_put(&io);
+	}
+	CHECK(area_has(0, LEN, 60), "the second write is in the area");
+	fake_get_stats(&st0);
+	CHECK(old != NULL);
+	if (old)
+		CHECK_EQ(fake_deliver(old), 0);
+	CHECK_EQ(fake_settle(), 0);
+	fake_get_stats(&st1);
+	if (inval) {
+		CHECK_EQ(st1.bad_writes - st0.bad_writes, 1);
+		CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
+		CHECK(area_has(0, LEN, 60), "the replay did not land");
+		CHECK(clt_path_is(&c, 0, "reconnecting"), "state %s", clt_path(&c, 0).state);
+		CHECK_EQ(clt_path(&c, 0).last_error, -EACCES);
+		CHECK_EQ(atomic_load(&srv.link_down), 1);
+	} else {
+		CHECK_EQ(st1.bad_writes - st0.bad_writes, 0);
+		CHECK_EQ(atomic_load(&srv.rdma_evs), 3);
+		CHECK(area_has(0, LEN, 59), "the replay landed");
+	}
+	teardown(&c);
+}
+
+static void replay_stale_key(void)
+{
+	replay(true);
+}
+
+static void replay_no_inval(void)
+{
+	replay(false);
+}
+
+static const struct scenario scenarios[] = {
+	{ "io_exact", io_exact },
+	{ "io_split", io_split },
+	{ "io_eagain_client", io_eagain_client },
+	{ "io_eagain_server", io_eagain_server },
+	{ "admin_con", admin_con },
+	{ "hb_miss_client", hb_miss_client },
+	{ "hb_miss_server", hb_miss_server },
+	{ "hb_reorder_response", hb_reorder_response },
+	{ "hb_ack_completion_delayed", hb_ack_completion_delayed },
+	{ "dup_response", dup_response },
+	{ "hb_on_io_con", hb_on_io_con },
+	{ "unknown_imm", unknown_imm },
+	{ "failover_lost_response", failover_lost_response },
+	{ "failover_lost_request", failover_lost_request },
+	{ "fence_carrier_fails", fence_carrier_fails },
+	{ "fence_ack_races_send", fence_ack_races_send },
+	{ "failover_nowhere", failover_nowhere },
+	{ "failover_same_path", failover_same_path },
+	{ "reconnect_races_close", reconnect_races_close },
+	{ "close_with_inflight", close_with_inflight },
+	{ "disconnect_reconnect", disconnect_reconnect },
+	{ "server_restart", server_restart },
+	{ "handshake_con1_cut", handshake_con1_cut },
+	{ "handshake_info_lost", handshake_info_lost },
+	{ "replay_stale_key", replay_stale_key },
+	{ "replay_no_inval", replay_no_inval },
+};
+
+int main(int argc, char **argv)
+{
+	return fake_main(argc, argv, scenarios, ARRAY_SIZE(scenarios), "test-fake-io");
+}
