@@ -295,6 +295,8 @@ static bool write_place(struct fake_ev *ev)
 	for (size_t i = 0; i < ev->rma_cnt; i++) {
 		struct fake_mr *m = mr_find(ev->to->fab, ev->rma[i].key);
 
+		if (!ev->rma[i].len)
+			continue; /* an empty write (an immediate alone): src may be NULL */
 		memcpy(m->buf + ev->rma[i].addr, src, ev->rma[i].len);
 		src += ev->rma[i].len;
 	}
