@@ -167,6 +167,7 @@ void fk_con_purge_to(struct fab_con *c);
 
 /* Posting (lock held on entry, released on return). */
 void fk_queue_and_hook(struct fake_ev *ev);
+void fk_hook_and_unlock(struct fake_ev *ev);
 /* Lock not held: posts ev from c to its peer; ev is the fake's from here on. */
 int fk_post_to_peer(struct fab_con *c, struct fake_ev *ev, bool counted);
 

@@ -571,20 +571,27 @@ static bool hook_wants(struct fake_ev *ev, void (**fn)(struct fake_ev *, void *)
 }
 
 /*
- * Queues ev (fk_net.lock held) and drops the lock; then the test's hook runs
- * here, on the posting thread, if ev is the event it waits for.
+ * ev was just queued (fk_net.lock held; NULL: nothing was): drops the lock,
+ * then the test's hook runs here, on the posting thread, if ev is the
+ * event it waits for.
  */
-void fk_queue_and_hook(struct fake_ev *ev)
+void fk_hook_and_unlock(struct fake_ev *ev)
 {
 	void (*fn)(struct fake_ev *, void *) = NULL;
 	void *arg = NULL;
 	bool hook;
 
-	fk_ev_queue(ev);
 	hook = hook_wants(ev, &fn, &arg);
 	fk_unlock();
 	if (hook)
 		fn(ev, arg);
+}
+
+/* Queues ev (fk_net.lock held) and drops the lock; then the hook, as above. */
+void fk_queue_and_hook(struct fake_ev *ev)
+{
+	fk_ev_queue(ev);
+	fk_hook_and_unlock(ev);
 }
 
 /*

@@ -247,14 +247,16 @@ static uint64_t fake_lst_closed(const struct fab_lst *l)
 
 static int fake_reject(struct fab_lst *l, struct fab_connreq *req, const void *data, size_t len)
 {
+	struct fake_ev *ev = NULL;
 	int rc = 0;
 
 	fk_lock();
 	req->answered = true;
 	fk_net.st.rejects++;
-	if (req->clt && !fk_ev_post_local(FAKE_REJECT, req->clt, -ECONNREFUSED, data, len))
+	if (req->clt && !(ev = fk_ev_post_local(FAKE_REJECT, req->clt, -ECONNREFUSED, data, len)))
 		rc = -ENOMEM;
-	fk_unlock();
+	/* A test may take the reject as it is posted (fake_on_post): to lose its data. */
+	fk_hook_and_unlock(ev);
 	return rc;
 }
 

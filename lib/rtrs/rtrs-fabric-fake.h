@@ -140,6 +140,9 @@ void fake_unclaim(struct fake_ev *ev);
  * Runs fn(ev, arg) on the posting thread right after the first event that
  * matches pred(ev, pred_arg) is posted, before the posting call returns; ev is claimed
  * for fn. Once: the hook is cleared before fn runs. NULL pred clears it.
+ * Posted means sent by a connection, requested (FAKE_CONNREQ) or rejected
+ * (FAKE_REJECT, on the listener's thread); not the fake's own events
+ * (downs, kicks, completions).
  */
 void fake_on_post(fake_pred pred, void *pred_arg, void (*fn)(struct fake_ev *ev, void *arg),
 		  void *arg);

@@ -532,6 +532,103 @@ static void too_many_cons(void)
 	srv_stop();
 }
 
+static bool reject_at_clt(const struct fake_ev *ev, void *arg)
+{
+	return ev->kind == FAKE_REJECT;
+}
+
+/*
+ * Every reject arrives without its private data, as over tcp when the
+ * provider closes the socket right after sending it (seen in 2 of 12
+ * rejects): the client learns only "refused". Counts them and stays armed.
+ */
+static void reason_lost(struct fake_ev *ev, void *arg)
+{
+	atomic_fetch_add((atomic_int *)arg, 1);
+	CHECK_EQ(fake_rewrite(ev, NULL, 0), 0);
+	fake_on_post(reject_at_clt, NULL, reason_lost, arg);
+	fake_unclaim(ev);
+}
+
+/*
+ * A final refusal must not depend on a reject's private data arriving.
+ * The server refuses a path with more connections than it allows (-EINVAL,
+ * do not retry) while every reject loses its data on the way: the verdict
+ * still reaches the client, whose open fails with it (-EINVAL). Sent as a
+ * plain reject, the client saw a bare refusal (-ECONNREFUSED).
+ */
+static void final_refusal_without_reject_data(void)
+{
+	struct rtrs_srv_opts so;
+	atomic_int lost = 0;
+	struct clt c;
+
+	srv_opts(&so);
+	so.max_cons_per_path = 2;
+	if (!srv_up(&so))
+		return;
+	clt_init(&c, "s", "a");
+	c.o.nr_io_cons = 2;
+	c.o.reconnect_delay_ms = 0;
+	fake_on_post(reject_at_clt, NULL, reason_lost, &lost);
+	CHECK_EQ(clt_open(&c), -EINVAL);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().connreqs, 1);
+	CHECK_EQ(srv_stats().rejects, 1);
+	CHECK_EQ(atomic_load(&lost), 0);
+	CHECK_EQ(srv_stats().sessions, 0);
+	srv_stop();
+}
+
+/*
+ * The same on a reconnect, where a bare refusal is retried: a session is
+ * up; its server is replaced by one that allows fewer connections per
+ * path. The reconnect is refused (do not retry) while every reject loses
+ * its data; the path closes with the verdict and asks no more however long
+ * the clock runs. Sent as a plain reject, it asked again every delay.
+ */
+static void final_refusal_on_reconnect_without_reject_data(void)
+{
+	struct rtrs_srv_opts so;
+	atomic_int lost = 0;
+	uint64_t reqs;
+	struct clt c;
+
+	srv_opts(&so);
+	if (!srv_up(&so))
+		return;
+	clt_init(&c, "s", "a");
+	c.o.nr_io_cons = 2;
+	CHECK_EQ(clt_open(&c), 0);
+	if (!c.sess) {
+		srv_stop();
+		return;
+	}
+	srv_stop();
+	CHECK_EQ(fake_settle(), 0);
+	so.max_cons_per_path = 2;
+	if (!srv_up(&so)) {
+		clt_close(&c);
+		return;
+	}
+	fake_on_post(reject_at_clt, NULL, reason_lost, &lost);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_wait(path_closed, &c, "the refused reconnect"), 0);
+	CHECK_EQ(fake_settle(), 0);
+	reqs = srv_stats().connreqs;
+	CHECK_EQ(reqs, 1);
+	for (int i = 0; i < 10; i++)
+		CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK_EQ(srv_stats().connreqs, reqs);
+	CHECK_EQ(atomic_load(&lost), 0);
+	CHECK_EQ(clt_path(&c, 0).last_error, -EINVAL);
+	CHECK(clt_path_is(&c, 0, "closed"), "state %s", clt_path(&c, 0).state);
+	CHECK(env_logged("not reconnecting (do not retry"), "the verdict is logged");
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
 /* The server's user refuses the session with -EACCES: final, one attempt (two connections). */
 static void user_refuses(void)
 {
@@ -588,6 +685,9 @@ static const struct scenario scenarios[] = {
 	{ "pending_proven_host", pending_proven_host },
 	{ "max_sessions", max_sessions },
 	{ "too_many_cons", too_many_cons },
+	{ "final_refusal_without_reject_data", final_refusal_without_reject_data },
+	{ "final_refusal_on_reconnect_without_reject_data",
+	  final_refusal_on_reconnect_without_reject_data },
 	{ "user_refuses", user_refuses },
 	{ "name_taken", name_taken },
 };
