@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
 	gcc libasan8 libubsan1 libtsan2 clang libclang-rt-14-dev meson ninja-build pkg-config python3
-	libfabric-dev libfabric-bin iproute2 nftables
+	libfabric-dev libfabric-bin libibverbs-dev librdmacm-dev iproute2 nftables
 	iperf3 gnuplot-nox
 	libssl-dev nvme-cli
 	liburing-dev

@@ -262,14 +262,14 @@ static int fault_open(const char *prov, const char *src, const char *node, const
 	client_faults = fs && !server && (fs->stale_rkey || fs->set_uuid);
 	if (!fs || (!fs->eagain_every && !slow && !client_faults)) {
 		fault_set_put(fs);
-		return fab_ofi_ops.open(prov, src, node, service, server, queue, out);
+		return fab_impl(prov)->open(prov, src, node, service, server, queue, out);
 	}
 	ff = calloc(1, sizeof(*ff));
 	if (!ff) {
 		fault_set_put(fs);
 		return -ENOMEM;
 	}
-	rc = fab_ofi_ops.open(prov, src, node, service, server, queue, &ff->inner);
+	rc = fab_impl(prov)->open(prov, src, node, service, server, queue, &ff->inner);
 	if (rc) {
 		fault_set_put(fs);
 		free(ff);

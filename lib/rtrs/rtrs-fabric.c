@@ -1,10 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Which implementation of the fabric layer fab_open() uses: libfabric,
- * unless an implementation registered under the provider's name
- * (fab_register). Only the unit tests register one (the fake fabric); a
- * program built on the shipped library never does, so its fab_open goes
- * to libfabric as it always did.
+ * Which implementation of the fabric layer fab_open() uses: one registered
+ * under the provider's name (fab_register), else rdma-core for RDMA
+ * devices ("verbs", "rdma") and libfabric for the rest (tcp). Only the
+ * unit tests register one (the fake fabric).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -56,9 +55,16 @@ int fab_open(const char *prov, const char *src, const char *node, const char *se
 		if (!strcmp(reg.ops[i]->name, prov))
 			return reg.ops[i]->open(prov, src, node, service, server, queue, out);
 #ifdef RTRS_FAULT_INJECTION
-	/* Test builds: libfabric through the fault wrapper (rtrs-fabric-fault.c). */
+	/* Test builds: the shipped fabric through the fault wrapper (rtrs-fabric-fault.c). */
 	return fab_fault_ops.open(prov, src, node, service, server, queue, out);
 #else
-	return fab_ofi_ops.open(prov, src, node, service, server, queue, out);
+	return fab_impl(prov)->open(prov, src, node, service, server, queue, out);
 #endif
+}
+
+const struct fab_ops *fab_impl(const char *prov)
+{
+	if (prov && (!strcmp(prov, "verbs") || !strcmp(prov, "rdma")))
+		return &fab_rdma_ops;
+	return &fab_ofi_ops;
 }

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The fabric layer: the internal interface between RTRS and the network.
- * rtrs-fabric-ofi.c implements it over libfabric and is the only file that
- * calls fi_*. A later native verbs implementation provides the same ops.
+ * rtrs-fabric-ofi.c implements it over libfabric (tcp) and is the only file
+ * that calls fi_*; rtrs-fabric-rdma.c implements it over librdmacm and
+ * libibverbs (RDMA devices) and is the only file that calls rdma_* and ibv_*.
  *
  * Objects:
  *   fab      a fabric + domain, and the memory-key counters of that domain.
@@ -46,6 +47,8 @@ struct fab_attr {
 	size_t max_queue;    /* send/receive queue entries an endpoint may have */
 	size_t inject_size;  /* bytes fab_write_imm_data takes */
 	bool prov_key;       /* the provider picks memory keys (verbs), not us */
+	size_t connect_data_max; /* private data a connection request carries (0: not known
+				    before an endpoint exists) */
 };
 
 enum fab_mr_access {
@@ -153,8 +156,15 @@ struct fab_ops {
 	int (*send)(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx);
 };
 
-/* The libfabric implementation (rtrs-fabric-ofi.c). */
+/* The libfabric implementation (rtrs-fabric-ofi.c): tcp. */
 extern const struct fab_ops fab_ofi_ops;
+/* The rdma-core implementation (rtrs-fabric-rdma.c): RDMA devices, providers "verbs" and "rdma". */
+extern const struct fab_ops fab_rdma_ops;
+/*
+ * The shipped implementation for provider prov: rdma-core for "verbs" and
+ * "rdma", libfabric for everything else.
+ */
+const struct fab_ops *fab_impl(const char *prov);
 #ifdef RTRS_FAULT_INJECTION
 /*
  * Test builds only (meson -Dfault_injection=true): wraps fab_ofi_ops and
