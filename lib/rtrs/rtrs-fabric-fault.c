@@ -510,12 +510,23 @@ static int fault_send(struct fab_con *c, const void *buf, size_t len, void *desc
 	return fab_send(fc_of(c)->inner, buf, len, desc, ctx);
 }
 
+static int fault_send_imm(struct fab_con *c, const void *buf, size_t len, void *desc,
+			  uint32_t imm, void *ctx)
+{
+	return fab_send_imm(fc_of(c)->inner, buf, len, desc, imm, ctx);
+}
+
+static int fault_send_inv(struct fab_con *c, uint32_t rkey, void *ctx)
+{
+	return fab_send_inv(fc_of(c)->inner, rkey, ctx);
+}
+
 /*
  * Listener, connection request and MR calls are absent: those objects are
  * the inner implementation's and dispatch there.
  */
 const struct fab_ops fab_fault_ops = {
-	.name = "fault injection over libfabric",
+	.name = "fault injection",
 	.open = fault_open,
 	.close = fault_close,
 	.attr = fault_attr,
@@ -532,4 +543,6 @@ const struct fab_ops fab_fault_ops = {
 	.write = fault_write,
 	.write_imm = fault_write_imm,
 	.send = fault_send,
+	.send_imm = fault_send_imm,
+	.send_inv = fault_send_inv,
 };

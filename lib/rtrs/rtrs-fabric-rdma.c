@@ -296,6 +296,9 @@ static int fab_setup_device(struct fab *f, struct ibv_context *verbs)
 	a->inject_size = RDMA_INLINE;
 	a->prov_key = true;
 	a->connect_data_max = pdata_max(f, 0);
+	/* iWARP has neither a send with immediate nor, in siw, a send with invalidate. */
+	a->send_imm = !f->iwarp;
+	a->send_inv = !f->iwarp;
 	log_dbg("fabric: device %s (%s), max_qp_wr %d, max_sge %d, max_cqe %d",
 		ibv_get_device_name(verbs->device), f->iwarp ? "iWARP" : "IB/RoCE", da.max_qp_wr,
 		da.max_sge, da.max_cqe);
@@ -1335,6 +1338,45 @@ static int nat_send(struct fab_con *c, const void *buf, size_t len, void *desc, 
 	return rc;
 }
 
+static int nat_send_imm(struct fab_con *c, const void *buf, size_t len, void *desc,
+			uint32_t imm, void *ctx)
+{
+	const struct ibv_mr *m = desc;
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = (uint32_t)len };
+	struct ibv_send_wr wr = {
+		.wr_id = (uintptr_t)ctx, .sg_list = &sge, .num_sge = len ? 1 : 0,
+		.opcode = IBV_WR_SEND_WITH_IMM, .send_flags = IBV_SEND_SIGNALED,
+		.imm_data = htonl(imm),
+	};
+	int rc;
+
+	if (c->fab->iwarp)
+		return -EOPNOTSUPP;
+	if (m)
+		sge.lkey = m->lkey;
+	else if (len <= c->max_inline)
+		wr.send_flags |= len ? IBV_SEND_INLINE : 0;
+	else
+		return -EINVAL;
+	rc = tx_reserve(c, 1);
+	if (!rc)
+		rc = post_chain(c, &wr, 1);
+	return rc;
+}
+
+static int nat_send_inv(struct fab_con *c, uint32_t rkey, void *ctx)
+{
+	struct ibv_send_wr wr = {
+		.wr_id = (uintptr_t)ctx, .opcode = IBV_WR_SEND_WITH_INV,
+		.send_flags = IBV_SEND_SIGNALED, .invalidate_rkey = rkey,
+	};
+	int rc = tx_reserve(c, 1);
+
+	if (!rc)
+		rc = post_chain(c, &wr, 1);
+	return rc;
+}
+
 const struct fab_ops fab_rdma_ops = {
 	.name = "rdma",
 	.open = nat_open,
@@ -1363,4 +1405,6 @@ const struct fab_ops fab_rdma_ops = {
 	.write = nat_write,
 	.write_imm = nat_write_imm,
 	.send = nat_send,
+	.send_imm = nat_send_imm,
+	.send_inv = nat_send_inv,
 };

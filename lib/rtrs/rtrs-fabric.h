@@ -21,6 +21,7 @@
 #ifndef RTRS_FABRIC_H
 #define RTRS_FABRIC_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -49,6 +50,8 @@ struct fab_attr {
 	bool prov_key;       /* the provider picks memory keys (verbs), not us */
 	size_t connect_data_max; /* private data a connection request carries (0: not known
 				    before an endpoint exists) */
+	bool send_imm;       /* fab_send_imm: a message carrying an immediate */
+	bool send_inv;       /* fab_send_inv: an empty message invalidating a peer's key */
 };
 
 enum fab_mr_access {
@@ -154,6 +157,10 @@ struct fab_ops {
 	int (*write_imm)(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
 			 uint64_t key, uint32_t imm, void *ctx);
 	int (*send)(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx);
+	/* Optional (NULL: -EOPNOTSUPP); fab_attr says which a fabric has. */
+	int (*send_imm)(struct fab_con *c, const void *buf, size_t len, void *desc, uint32_t imm,
+			void *ctx);
+	int (*send_inv)(struct fab_con *c, uint32_t rkey, void *ctx);
 };
 
 /* The libfabric implementation (rtrs-fabric-ofi.c): tcp. */
@@ -394,6 +401,29 @@ static inline int fab_write_imm_data(struct fab_con *c, const void *buf, size_t 
 static inline int fab_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)
 {
 	return fab_ops_of(c)->send(c, buf, len, desc, ctx);
+}
+/*
+ * The same, carrying an immediate that the peer sees after the message
+ * (recv, then imm): the kernel's always_invalidate sends a chunk's new key
+ * so, with the response. desc NULL: len within inject_size, copied at once.
+ */
+static inline int fab_send_imm(struct fab_con *c, const void *buf, size_t len, void *desc,
+			       uint32_t imm, void *ctx)
+{
+	const struct fab_ops *o = fab_ops_of(c);
+
+	return o->send_imm ? o->send_imm(c, buf, len, desc, imm, ctx) : -EOPNOTSUPP;
+}
+/*
+ * An empty message that invalidates the peer's memory key rkey on its
+ * arrival (SEND_WITH_INV): the answer to a kernel client's read that asked
+ * for it. It takes one of the peer's posted receives.
+ */
+static inline int fab_send_inv(struct fab_con *c, uint32_t rkey, void *ctx)
+{
+	const struct fab_ops *o = fab_ops_of(c);
+
+	return o->send_inv ? o->send_inv(c, rkey, ctx) : -EOPNOTSUPP;
 }
 
 #endif
