@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The functional suite over the libfabric verbs provider, on soft-RoCE (rxe)
+# The functional suite over RDMA devices (the native rdma-core fabric, provider
+# "verbs"), on soft-RoCE (rxe)
 # and soft-iWARP (siw), in QEMU guests made by rtrs-vm:
 #   - one guest: test-io, test-close, test-peer-death, test-connect,
 #     test-reconnect, test-auth, and RNBD's test-rnbd-srv and test-rnbd,
