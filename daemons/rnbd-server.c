@@ -60,7 +60,7 @@ static const struct opt options[] = {
 	{ "port", 'p', OPT_UINT, &g.port, 0, 65535, .arg = "N",
 	  .help = "listen port (0: any, printed)" },
 	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME",
-	  .help = "libfabric provider (tcp, verbs)" },
+	  .help = "fabric: tcp (libfabric) or verbs (RDMA devices, rdma-core)" },
 	{ "dev-search-path", 's', OPT_STRING, &g.search, .arg = "DIR",
 	  .help = "export the files and block devices below DIR (none without it); "
 		  "%SESSNAME% is the session's name" },
