@@ -116,6 +116,16 @@ static inline uint32_t rtrs_to_io_rsp_imm(uint32_t msg_id, int errno_neg)
 			   (e << RTRS_RSP_ID_BITS) | (msg_id & RTRS_RSP_ID_MAX));
 }
 
+/*
+ * The same for a read whose client asked to have its buffer's key
+ * invalidated (RTRS_MSG_NEED_INVAL_F), answered by a SEND_WITH_INV first.
+ */
+static inline uint32_t rtrs_to_io_rsp_w_inv_imm(uint32_t msg_id, int errno_neg)
+{
+	return rtrs_to_imm(RTRS_IO_RSP_W_INV_IMM,
+			   rtrs_to_io_rsp_imm(msg_id, errno_neg) & RTRS_IMM_PAYL_MASK);
+}
+
 /* ---- structures --------------------------------------------------------- */
 
 struct rtrs_sg_desc {

@@ -102,9 +102,18 @@ static int op_post(struct rtrs_srv_op *op)
 	struct srv_path *p = op->path;
 	struct rtrs_srv_sess *s = op->sess;
 	struct fab_con *fc = op->con->c.fc;
-	uint32_t imm = rtrs_to_io_rsp_imm(op->id, op->err);
 	size_t per = MIN(fab_attr(s->ctx->fab)->rma_iov_limit, 8);
 	bool data = op->dir == RTRS_READ && !op->err && op->data_len && op->sg_cnt;
+	/*
+	 * A read that asked for invalidation (a kernel client's: its buffer is
+	 * a fast registration) is answered as the kernel's server does: the
+	 * data, a SEND_WITH_INV of the client's key, then the immediate of
+	 * type IO_RSP_W_INV. Without the SEND_WITH_INV the kernel client
+	 * invalidates the key itself, with a warning on its console.
+	 */
+	bool inv = op->need_inval && fab_attr(s->ctx->fab)->send_inv;
+	uint32_t imm = inv ? rtrs_to_io_rsp_w_inv_imm(op->id, op->err) :
+			     rtrs_to_io_rsp_imm(op->id, op->err);
 	int rc;
 
 	if (s->inval && !op->rekeyed) {
@@ -128,9 +137,9 @@ static int op_post(struct rtrs_srv_op *op)
 		}
 		iov[0].iov_base = s->chunk_bases[op->id] + op->next_local;
 		iov[0].iov_len = len;
-		if (op->next_sg + cnt == op->sg_cnt && !s->inval)
+		if (op->next_sg + cnt == op->sg_cnt && !s->inval && !inv)
 			return op_post_last(op, p, fc, iov, desc, 1, rma, cnt, imm, false);
-		if (op->next_sg + cnt == op->sg_cnt && cnt < per &&
+		if (op->next_sg + cnt == op->sg_cnt && cnt < per && !inv &&
 		    fab_attr(s->ctx->fab)->iov_limit >= 2) {
 			/* The data and the chunk's new key in one write, with the immediate. */
 			iov[1].iov_base = &s->rkey_msgs[op->id];
@@ -146,6 +155,12 @@ static int op_post(struct rtrs_srv_op *op)
 			return rc;
 		op->next_sg += cnt;
 		op->next_local += len;
+	}
+	if (inv && !op->inv_sent) {
+		rc = fab_send_inv(fc, (uint32_t)op->sg[0].key, NULL);
+		if (rc)
+			return rc;
+		op->inv_sent = true;
 	}
 	if (s->inval) {
 		struct iovec iov = { .iov_base = &s->rkey_msgs[op->id], .iov_len = RTRS_RKEY_SLOT };
@@ -193,6 +208,7 @@ int rtrs_srv_resp_rdma(struct rtrs_srv_op *op, int err)
 	p = op->path;
 	op->err = err;
 	op->next_sg = 0;
+	op->inv_sent = false;
 	op->next_local = 0;
 	pthread_rwlock_rdlock(&p->base.post_lock);
 	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED) {
@@ -268,6 +284,8 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 	op->dir = req.type == RTRS_MSG_READ ? RTRS_READ : RTRS_WRITE;
 	op->data_len = req.data_len;
 	op->sg_cnt = req.sg_cnt;
+	op->need_inval = op->dir == RTRS_READ && (req.flags & RTRS_MSG_NEED_INVAL_F) &&
+			 req.sg_cnt == 1;
 	if (req.sg_cnt)
 		memcpy(op->sg, req.sg, req.sg_cnt * sizeof(*op->sg));
 	base = s->chunk_bases[req.chunk];

@@ -30,6 +30,8 @@ struct rtrs_srv_op {
 	size_t next_sg;             /* posting progress after -EAGAIN */
 	uint64_t next_local;
 	bool rekeyed;               /* always_invalidate: the chunk has its new key */
+	bool need_inval;            /* a read whose client asked for its key's invalidation */
+	bool inv_sent;              /* ... and the SEND_WITH_INV is out */
 	struct rtrs_pending pend;   /* waits for room in con's send queue */
 };
 
