@@ -69,6 +69,9 @@ static void sess_free(struct rtrs_clt_sess *s)
 	free(s->hdr_area);
 	free(s->rkeys);
 	free(s->rkey_gens);
+	for (uint32_t i = 0; s->bounce && i < s->queue_depth; i++)
+		free(s->bounce[i]);
+	free(s->bounce);
 	rtrs_auth_wipe(&s->auth, sizeof(s->auth));
 	pthread_mutex_destroy(&s->rkey_lock);
 	pthread_mutex_destroy(&s->permit_lock);
