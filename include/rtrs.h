@@ -248,6 +248,22 @@ struct rtrs_attrs {
 /* -ECOMM if no path is connected. */
 int rtrs_clt_query(struct rtrs_clt_sess *sess, struct rtrs_attrs *attrs);
 
+/*
+ * What the server speaks (docs/protocol.md, "Kernel peers"): 1, a server
+ * of this project, which answered the client's extension bit; 0, a server
+ * that speaks only the Linux kernel's RTRS. With a kernel server there is
+ * no fencing (a failed path's requests fail with -ECONNABORTED instead of
+ * failing over), no authentication (a session with auth_secret is refused
+ * with -EPROTONOSUPPORT), no refusal reasons after the connections are
+ * up, reads of several vectors go through a bounce buffer, and
+ * RTRS_CLT_LINK_EV_SERVER_SESSION comes with every reconnect that may have
+ * reached a new server session (the kernel's server does not say). Users
+ * of the layer above ask it too (librnbd sends no PREFLUSH or NOUNMAP to a
+ * kernel rnbd-server). Fixed by the first path, so known once
+ * rtrs_clt_open has returned; -EINVAL without a session.
+ */
+int rtrs_clt_peer_ext(struct rtrs_clt_sess *sess);
+
 /* Switches the multipath policy at run time; -EINVAL for an unknown one. */
 int rtrs_clt_set_mp_policy(struct rtrs_clt_sess *sess, enum rtrs_mp_policy policy);
 
@@ -437,6 +453,13 @@ void rtrs_srv_close(struct rtrs_srv_ctx *ctx);
 /* Answers an IO with 0 or a negative errno (|errno| <= 511). */
 int rtrs_srv_resp_rdma(struct rtrs_srv_op *id, int err);
 
+/*
+ * What the session's client speaks: 1, a client of this project (it set
+ * the extension bit); 0, a client that speaks only the Linux kernel's RTRS
+ * (docs/protocol.md, "Kernel peers"), which gets a kernel server's answers.
+ * -EINVAL without a session.
+ */
+int rtrs_srv_sess_peer_ext(struct rtrs_srv_sess *sess);
 void rtrs_srv_set_sess_priv(struct rtrs_srv_sess *sess, void *priv);
 void *rtrs_srv_get_sess_priv(struct rtrs_srv_sess *sess);
 int rtrs_srv_get_sess_name(struct rtrs_srv_sess *sess, char *buf, size_t len);

@@ -372,6 +372,14 @@ int rtrs_clt_query(struct rtrs_clt_sess *s, struct rtrs_attrs *attrs)
 }
 
 RTRS_EXPORT
+int rtrs_clt_peer_ext(struct rtrs_clt_sess *s)
+{
+	if (!s)
+		return -EINVAL;
+	return s->srv_ext;
+}
+
+RTRS_EXPORT
 int rtrs_clt_set_mp_policy(struct rtrs_clt_sess *s, enum rtrs_mp_policy policy)
 {
 	if (!s || (unsigned)policy > RTRS_MP_POLICY_MIN_LATENCY)

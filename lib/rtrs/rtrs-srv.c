@@ -348,6 +348,14 @@ void rtrs_srv_set_sess_priv(struct rtrs_srv_sess *s, void *priv)
 }
 
 RTRS_EXPORT
+int rtrs_srv_sess_peer_ext(struct rtrs_srv_sess *s)
+{
+	if (!s)
+		return -EINVAL;
+	return s->ext;
+}
+
+RTRS_EXPORT
 void *rtrs_srv_get_sess_priv(struct rtrs_srv_sess *s)
 {
 	return s->priv;
