@@ -116,7 +116,9 @@ enum rtrs_clt_link_ev {
 	 * RECONNECTED; rtrs_attrs.server_sessions has counted it already. A
 	 * request the library held across the reconnect (waiting for a path,
 	 * or failed over) may reach the new session after this event, and so
-	 * may one submitted meanwhile.
+	 * may one submitted meanwhile. A kernel server names no session: with
+	 * one (rtrs_clt_peer_ext() 0) the event comes with every reconnect
+	 * that may have set the session up anew, new or not.
 	 */
 	RTRS_CLT_LINK_EV_SERVER_SESSION,
 };
@@ -358,7 +360,10 @@ struct rtrs_srv_opts {
 	 * always_invalidate (default 1): a chunk's remote key is revoked
 	 * before its IO reaches rdma_ev and a new, never reused key goes back
 	 * with the response, so no client can write a buffer the server is
-	 * working on. Costs a re-registration per IO (bench/RESULTS.md).
+	 * working on. Costs a re-registration per IO (bench/RESULTS.md). Only
+	 * clients of this project speak it: a client that speaks only the
+	 * Linux kernel's RTRS is refused (-EOPNOTSUPP) while it is on
+	 * (docs/protocol.md, "Kernel peers").
 	 */
 	int always_invalidate;
 	/*
@@ -369,7 +374,9 @@ struct rtrs_srv_opts {
 	 * at every authentication, so a changed key applies to the next
 	 * connect. It must be a regular file; it is read on a thread of its
 	 * own, and an authentication that waits more than 1 s for it fails
-	 * (the host may retry). auth_name is this server's name (default "rtrs-server").
+	 * (the host may retry). A client that speaks only the Linux kernel's
+	 * RTRS cannot authenticate and is refused (-EACCES).
+	 * auth_name is this server's name (default "rtrs-server").
 	 * auth_hashes / auth_dhgroups: what the server accepts, in order of
 	 * preference (defaults "sha256,sha384,sha512" and
 	 * "ffdhe2048,ffdhe3072,ffdhe4096,ffdhe6144,ffdhe8192,null").
