@@ -12,8 +12,8 @@
  *
  *   0 conn_req   [msg]
  *   1 conn_rsp   [msg]
- *   2 info_req   [msg]
- *   3 info_rsp   [qd:le16][new_rkey:bit 7, chunk shift:bits 0-6][msg]
+ *   2 info_req   [msg]           (decoded as from a client of ours and from a kernel one)
+ *   3 info_rsp   [qd:le16][key64:bit 7, kernel peer:bit 6, chunk shift:bits 0-5][msg]
  *   4 io_req     [chunk shift:u8][qd:le16][max_hdr:le16][payload:le32][chunk bytes]
  *   5 io_rsp     [qd:le32][payload:le32]
  *   6 rkey_rsp   [qd:le32][msg]
@@ -79,11 +79,14 @@ static void fuzz_conn_req(const uint8_t *p, size_t n)
 	rtrs_conn_req_encode(&m, &r);
 	FAIL_IF(rtrs_conn_req_decode(&m, sizeof(m), &r2, NULL) != 0);
 	FAIL_IF(r2.cid != r.cid || r2.cid_num != r.cid_num || r2.recon_cnt != r.recon_cnt ||
-		r2.first_conn != r.first_conn ||
+		r2.first_conn != r.first_conn || r2.ext != r.ext || r2.fence != r.fence ||
+		r2.auth != r.auth ||
 		memcmp(r2.sess_uuid, r.sess_uuid, RTRS_UUID_LEN) ||
 		memcmp(r2.paths_uuid, r.paths_uuid, RTRS_UUID_LEN));
-	/* Everything but reserved bits and the minor version is preserved. */
-	FAIL_IF(memcmp((const uint8_t *)&m + 4, p + 4, 38));
+	/* Our bits only with EXT: a kernel client's reserved bits mean nothing. */
+	FAIL_IF(!r.ext && (r.fence || r.auth));
+	/* Everything but the CM bytes, reserved bits and the minor version is preserved. */
+	FAIL_IF(memcmp((const uint8_t *)&m + 6, p + 6, 38));
 }
 
 static void fuzz_conn_rsp(const uint8_t *p, size_t n)
@@ -99,6 +102,11 @@ static void fuzz_conn_rsp(const uint8_t *p, size_t n)
 	if (rc)
 		return;
 	FAIL_IF(r.err > 0);
+	/* What a 6.1 kernel client could take for a pointer never gets through. */
+	FAIL_IF(r.err < RTRS_REJ_ERRNO_MIN);
+	/* Without EXT only the kernel's bit, and nothing of the reserved bytes. */
+	FAIL_IF(!r.ext && (r.flags & ~RTRS_MSG_NEW_RKEY_F || r.imm_desc.addr || r.imm_desc.key ||
+			   r.imm_desc.len || r.sess_id));
 	if (r.err) {
 		FAIL_IF(r.queue_depth || r.chunk_size);
 	} else {
@@ -126,7 +134,8 @@ static void fuzz_conn_rsp(const uint8_t *p, size_t n)
 	FAIL_IF(rtrs_conn_rsp_decode(&m, sizeof(m), &r2, NULL) != 0);
 	FAIL_IF(r2.err != r.err || r2.queue_depth != r.queue_depth ||
 		r2.max_io_size != r.max_io_size || r2.max_hdr_size != r.max_hdr_size ||
-		r2.chunk_size != r.chunk_size || r2.flags != r.flags ||
+		r2.chunk_size != r.chunk_size || r2.flags != r.flags || r2.ext != r.ext ||
+		r2.kernel_inval != r.kernel_inval || r2.dnr != r.dnr || r2.sess_id != r.sess_id ||
 		r2.imm_desc.addr != r.imm_desc.addr || r2.imm_desc.key != r.imm_desc.key ||
 		r2.imm_desc.len != r.imm_desc.len);
 }
@@ -137,16 +146,20 @@ static void fuzz_info_req(const uint8_t *p, size_t n)
 	struct rtrs_msg_info_req m;
 	const char *why = NULL;
 	void *b = dup_exact(p, n);
-	int rc = rtrs_info_req_decode(b, n, &r, &why);
+	int rc = rtrs_info_req_decode(b, n, true, &r, &why);
+	int rc_kernel = rtrs_info_req_decode(b, n, false, &r2, NULL);
 
 	CHECK_WHY(rc, why);
 	free(b);
+	/* From a kernel client: the same verdict, the same name, no imm target. */
+	FAIL_IF(rc != rc_kernel);
 	if (rc)
 		return;
+	FAIL_IF(strcmp(r.pathname, r2.pathname) || r2.imm_addr || r2.imm_key);
 	FAIL_IF(!rtrs_name_valid(r.pathname));
 	FAIL_IF(strlen(r.pathname) > RTRS_NAME_MAX);
 	rtrs_info_req_encode(&m, &r);
-	FAIL_IF(rtrs_info_req_decode(&m, sizeof(m), &r2, NULL) != 0);
+	FAIL_IF(rtrs_info_req_decode(&m, sizeof(m), true, &r2, NULL) != 0);
 	FAIL_IF(strcmp(r.pathname, r2.pathname) || r.imm_addr != r2.imm_addr ||
 		r.imm_key != r2.imm_key);
 }
@@ -166,8 +179,9 @@ static void fuzz_info_rsp(const uint8_t *p, size_t n)
 
 	lim.queue_depth = take16(&p, &n);
 	shape = take8(&p, &n);
-	lim.new_rkey = shape & 0x80;
-	lim.chunk_size = 1u << (CHUNK_SHIFT_MIN + (shape & 0x7f) % 15); /* .. 128 MiB */
+	lim.key64 = shape & 0x80;
+	lim.ext = !(shape & 0x40);
+	lim.chunk_size = 1u << (CHUNK_SHIFT_MIN + (shape & 0x3f) % 15); /* .. 128 MiB */
 	lim.max_hdr_size = RTRS_MAX_HDR_SIZE;
 	if (!lim.queue_depth)
 		lim.queue_depth = 1;
@@ -182,13 +196,14 @@ static void fuzz_info_rsp(const uint8_t *p, size_t n)
 	free(b);
 	if (rc || verdict) {
 		FAIL_IF(verdict > 0);
+		FAIL_IF(verdict && !lim.ext); /* a kernel server sends no verdicts */
 		free(chunks);
 		free(gens);
 		return;
 	}
 	sg_cnt = (unsigned)(p[2] | p[3] << 8);
 	FAIL_IF(sg_cnt == 0 || lim.queue_depth % sg_cnt ||
-		n < rtrs_info_rsp_size(sg_cnt, lim.new_rkey ? lim.queue_depth : 0));
+		n < rtrs_info_rsp_size(sg_cnt, lim.ext && lim.key64 ? lim.queue_depth : 0));
 	for (unsigned i = 0; i < lim.queue_depth; i++) {
 		unsigned per = lim.queue_depth / sg_cnt, d = i / per;
 		const uint8_t *rec = p + 8 + 16 * (size_t)sg_cnt + 16 * (size_t)i;
@@ -199,7 +214,7 @@ static void fuzz_info_rsp(const uint8_t *p, size_t n)
 		memcpy(&key, p + 8 + 16 * d + 8, 4);
 		base = le64toh(base);
 		FAIL_IF(chunks[i].len != lim.chunk_size);
-		if (lim.new_rkey) {
+		if (lim.ext && lim.key64) {
 			/* Each chunk's key and generation from its own record. */
 			memcpy(&gen, rec + 4, 4);
 			memcpy(&key64, rec + 8, 8);

@@ -116,7 +116,9 @@ enum rtrs_clt_link_ev {
 	 * RECONNECTED; rtrs_attrs.server_sessions has counted it already. A
 	 * request the library held across the reconnect (waiting for a path,
 	 * or failed over) may reach the new session after this event, and so
-	 * may one submitted meanwhile.
+	 * may one submitted meanwhile. A kernel server names no session: with
+	 * one (rtrs_clt_peer_ext() 0) the event comes with every reconnect
+	 * that may have set the session up anew, new or not.
 	 */
 	RTRS_CLT_LINK_EV_SERVER_SESSION,
 };
@@ -248,6 +250,22 @@ struct rtrs_attrs {
 /* -ECOMM if no path is connected. */
 int rtrs_clt_query(struct rtrs_clt_sess *sess, struct rtrs_attrs *attrs);
 
+/*
+ * What the server speaks (docs/protocol.md, "Kernel peers"): 1, a server
+ * of this project, which answered the client's extension bit; 0, a server
+ * that speaks only the Linux kernel's RTRS. With a kernel server there is
+ * no fencing (a failed path's requests fail with -ECONNABORTED instead of
+ * failing over), no authentication (a session with auth_secret is refused
+ * with -EPROTONOSUPPORT), no refusal reasons after the connections are
+ * up, reads of several vectors go through a bounce buffer, and
+ * RTRS_CLT_LINK_EV_SERVER_SESSION comes with every reconnect that may have
+ * reached a new server session (the kernel's server does not say). Users
+ * of the layer above ask it too (librnbd sends no PREFLUSH or NOUNMAP to a
+ * kernel rnbd-server). Fixed by the first path, so known once
+ * rtrs_clt_open has returned; -EINVAL without a session.
+ */
+int rtrs_clt_peer_ext(struct rtrs_clt_sess *sess);
+
 /* Switches the multipath policy at run time; -EINVAL for an unknown one. */
 int rtrs_clt_set_mp_policy(struct rtrs_clt_sess *sess, enum rtrs_mp_policy policy);
 
@@ -342,7 +360,10 @@ struct rtrs_srv_opts {
 	 * always_invalidate (default 1): a chunk's remote key is revoked
 	 * before its IO reaches rdma_ev and a new, never reused key goes back
 	 * with the response, so no client can write a buffer the server is
-	 * working on. Costs a re-registration per IO (bench/RESULTS.md).
+	 * working on. Costs a re-registration per IO (bench/RESULTS.md). Only
+	 * clients of this project speak it: a client that speaks only the
+	 * Linux kernel's RTRS is refused (-EOPNOTSUPP) while it is on
+	 * (docs/protocol.md, "Kernel peers").
 	 */
 	int always_invalidate;
 	/*
@@ -353,7 +374,9 @@ struct rtrs_srv_opts {
 	 * at every authentication, so a changed key applies to the next
 	 * connect. It must be a regular file; it is read on a thread of its
 	 * own, and an authentication that waits more than 1 s for it fails
-	 * (the host may retry). auth_name is this server's name (default "rtrs-server").
+	 * (the host may retry). A client that speaks only the Linux kernel's
+	 * RTRS cannot authenticate and is refused (-EACCES).
+	 * auth_name is this server's name (default "rtrs-server").
 	 * auth_hashes / auth_dhgroups: what the server accepts, in order of
 	 * preference (defaults "sha256,sha384,sha512" and
 	 * "ffdhe2048,ffdhe3072,ffdhe4096,ffdhe6144,ffdhe8192,null").
@@ -437,6 +460,13 @@ void rtrs_srv_close(struct rtrs_srv_ctx *ctx);
 /* Answers an IO with 0 or a negative errno (|errno| <= 511). */
 int rtrs_srv_resp_rdma(struct rtrs_srv_op *id, int err);
 
+/*
+ * What the session's client speaks: 1, a client of this project (it set
+ * the extension bit); 0, a client that speaks only the Linux kernel's RTRS
+ * (docs/protocol.md, "Kernel peers"), which gets a kernel server's answers.
+ * -EINVAL without a session.
+ */
+int rtrs_srv_sess_peer_ext(struct rtrs_srv_sess *sess);
 void rtrs_srv_set_sess_priv(struct rtrs_srv_sess *sess, void *priv);
 void *rtrs_srv_get_sess_priv(struct rtrs_srv_sess *sess);
 int rtrs_srv_get_sess_name(struct rtrs_srv_sess *sess, char *buf, size_t len);

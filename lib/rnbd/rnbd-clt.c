@@ -71,6 +71,11 @@ struct rnbd_clt_sess {
 	unsigned ver;
 	uint32_t max_io;
 	uint32_t queue_depth;        /* IO slots: the RTRS queue depth less the admin permit */
+	/*
+	 * The server is of this project (rtrs_clt_peer_ext): it takes PREFLUSH
+	 * and NOUNMAP. A kernel rnbd-server before 7.0 drops both.
+	 */
+	bool project_srv;
 	struct rtrs_permit *admin_permit;
 	pthread_mutex_t admin_lock;  /* one admin message at a time on it */
 	void (*user_link_ev)(void *priv, enum rtrs_clt_link_ev ev);
@@ -111,6 +116,7 @@ struct clt_io {
 	struct rnbd_msg_io msg;
 	enum rnbd_io_op op;
 	uint32_t flags;
+	bool flush_first;            /* a PREFLUSH for a kernel server: a FLUSH goes first */
 	uint64_t offset;
 	uint8_t *buf;
 	uint32_t len;                /* left to do, from offset */
@@ -602,13 +608,15 @@ int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **
 	}
 	s->max_io = a.max_io_size;
 	s->queue_depth = a.queue_depth - 1;
+	s->project_srv = rtrs_clt_peer_ext(s->rtrs) == 1;
 	s->ios = calloc(a.queue_depth, sizeof(*s->ios)); /* indexed by permit id */
 	rc = s->ios ? -pthread_create(&s->worker, NULL, worker, s) : -ENOMEM;
 	if (rc)
 		goto fail_rtrs;
 	s->worker_started = true;
-	log_info("rnbd: %s: session open, protocol version %u, IO up to %u bytes", s->name,
-		 s->ver, s->max_io);
+	log_info("rnbd: %s: session open, protocol version %u, IO up to %u bytes%s", s->name,
+		 s->ver, s->max_io, s->project_srv ? "" : "; a kernel server: PREFLUSH goes as a "
+		 "FLUSH first, NOUNMAP is refused");
 	*out = s;
 	return 0;
 fail_rtrs:
@@ -889,6 +897,17 @@ static void io_send(struct clt_io *io)
 	struct iovec usr = { &io->msg, sizeof(io->msg) }, iov;
 	int rc;
 
+	if (io->flush_first) {
+		/* For a kernel server, which would drop the PREFLUSH: a FLUSH of its own. */
+		struct rnbd_io f = { .device_id = io->id, .op = RNBD_OP_FLUSH, .flags = RNBD_F_SYNC };
+
+		io->n = 0;
+		rnbd_io_encode(&io->msg, &f);
+		rc = rtrs_clt_request(s->rtrs, RTRS_WRITE, &io->ops, io->permit, &usr, 1, NULL, 0);
+		if (rc)
+			io_conf(io, rc);
+		return;
+	}
 	/* Cut at the device's largest piece for the op (dev_max_piece). */
 	io->n = MIN(io->len, io->max);
 	w.bi_size = io->n;
@@ -957,6 +976,9 @@ static void io_conf(void *priv, int err)
 		pthread_cond_broadcast(&s->cond); /* the worker's pass waits for it */
 	if (retry && (io->epoch != s->epoch || io->gen != d->gen)) {
 		route = io_route(io); /* the same piece again; if it cannot go, err stands */
+	} else if (!err && io->flush_first) {
+		io->flush_first = false; /* flushed: now the IO itself */
+		route = result = io_route(io);
 	} else if (!err && io->len > io->n) {
 		io->offset += io->n;
 		io->len -= io->n;
@@ -1001,7 +1023,7 @@ int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags
 		    uint64_t offset, void *buf, uint32_t len, rnbd_clt_done_fn done, void *priv)
 {
 	enum rnbd_io_op op = (enum rnbd_io_op)cop;
-	bool data = op == RNBD_OP_READ || op == RNBD_OP_WRITE;
+	bool data = op == RNBD_OP_READ || op == RNBD_OP_WRITE, flush_first = false;
 	const char *why = NULL;
 	struct rnbd_clt_sess *s;
 	struct rtrs_permit *permit;
@@ -1013,6 +1035,12 @@ int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags
 	    data != (buf != NULL))
 		return -EINVAL;
 	s = d->sess;
+	/* What a kernel server cannot keep: PREFLUSH as a FLUSH before, NOUNMAP refused. */
+	if (!s->project_srv && rnbd_io_for_kernel(op, &flags, &flush_first)) {
+		log_dbg("rnbd: %s: %s: write zeroes that keep the blocks (NOUNMAP) refused: a "
+			"kernel server would drop the flag", s->name, d->name);
+		return -EOPNOTSUPP;
+	}
 	/* Refused before waiting for a slot ... */
 	pthread_mutex_lock(&s->lock);
 	rc = dev_takes(d, op, offset, len);
@@ -1025,8 +1053,8 @@ int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags
 		return in_done ? -EAGAIN : -ECONNABORTED;
 	io = &s->ios[rtrs_permit_id(permit)];
 	*io = (struct clt_io){ .d = d, .permit = permit, .ops = { .priv = io, .conf = io_conf },
-			       .op = op, .flags = flags, .offset = offset, .buf = buf, .len = len,
-			       .done = done, .priv = priv };
+			       .op = op, .flags = flags, .flush_first = flush_first,
+			       .offset = offset, .buf = buf, .len = len, .done = done, .priv = priv };
 	/* ... and again after it, which may have taken a while (an unmap, a reopen). */
 	pthread_mutex_lock(&s->lock);
 	rc = dev_takes(d, op, offset, len);

@@ -227,6 +227,18 @@ int rnbd_io_op_check(enum rnbd_io_op op, uint32_t flags, const char **why)
 	return 0;
 }
 
+int rnbd_io_for_kernel(enum rnbd_io_op op, uint32_t *flags, bool *flush_first)
+{
+	*flush_first = false;
+	if (*flags & RNBD_F_NOUNMAP)
+		return -EOPNOTSUPP;
+	if (*flags & RNBD_F_PREFLUSH) {
+		*flags &= ~(uint32_t)RNBD_F_PREFLUSH;
+		*flush_first = op != RNBD_OP_FLUSH;
+	}
+	return 0;
+}
+
 int rnbd_io_decode(const void *buf, size_t len, unsigned ver, size_t data_len,
 		   struct rnbd_io *out, const char **why)
 {

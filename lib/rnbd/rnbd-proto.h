@@ -204,6 +204,16 @@ int rnbd_open_rsp_decode(const void *buf, size_t len, struct rnbd_open_rsp *out,
  */
 int rnbd_io_op_check(enum rnbd_io_op op, uint32_t flags, const char **why);
 /*
+ * An IO (op and flags already checked) for a server that is not of this
+ * project: a kernel rnbd-server before 7.0 knows only SYNC and FUA, and
+ * drops the rest (its rnbd_to_bio_flags). PREFLUSH comes off *flags and
+ * goes as a FLUSH of its own before the IO (*flush_first), except on a
+ * FLUSH, which is one. NOUNMAP cannot be kept: -EOPNOTSUPP, since such a
+ * server may deallocate the blocks the caller wants kept (the caller may
+ * write the zeros itself, as nbdkit does). 0 otherwise.
+ */
+int rnbd_io_for_kernel(enum rnbd_io_op op, uint32_t *flags, bool *flush_first);
+/*
  * An IO message as the server receives it, with data_len bytes of data in
  * the request: reads and writes must carry exactly bi_size bytes; flush,
  * discard, secure erase and write zeroes carry none. ver is the session's

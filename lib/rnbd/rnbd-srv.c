@@ -112,6 +112,13 @@ struct rnbd_sess {
 	LIST_ENTRY(rnbd_sess) link;  /* srv->sessions */
 	char name[RNBD_SESSNAME_MAX];
 	atomic_uint ver;             /* negotiated; 0 before SESS_INFO */
+	/*
+	 * The client speaks only the kernel's RTRS (rtrs_srv_sess_peer_ext):
+	 * a kernel rnbd-client, to which operation 5 meant WRITE_SAME (before
+	 * 5.18), nothing (to 6.1) or WRITE_ZEROES (later): it is offered no
+	 * write zeroes and may not send them.
+	 */
+	bool kernel_clt;
 	atomic_uint refs;            /* the link's, and one per device not yet freed */
 	pthread_mutex_t open_lock;
 	pthread_mutex_t lock;
@@ -387,11 +394,12 @@ static void open_rsp_fill(struct rnbd_msg_open_rsp *m, const struct sess_dev *sd
 {
 	const struct rnbd_store_info *in = rnbd_store_info(sd->store);
 	uint32_t lbs = in->logical_block_size;
+	bool zeroes = in->write_zeroes && !sd->sess->kernel_clt;
 	struct rnbd_open_rsp r = {
 		.device_id = sd->id,
 		.nsectors = in->size >> RNBD_SECTOR_SHIFT,
 		.max_hw_sectors = UINT32_MAX >> RNBD_SECTOR_SHIFT,
-		.max_write_zeroes_sectors = in->write_zeroes ? UINT32_MAX >> RNBD_SECTOR_SHIFT : 0,
+		.max_write_zeroes_sectors = zeroes ? UINT32_MAX >> RNBD_SECTOR_SHIFT : 0,
 		.max_discard_sectors = in->discard ? UINT32_MAX >> RNBD_SECTOR_SHIFT : 0,
 		.discard_granularity = in->discard ? MAX(lbs, 4096u) : 0,
 		.physical_block_size = (uint16_t)in->physical_block_size,
@@ -609,6 +617,12 @@ static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir d
 			   dir == RTRS_READ ? "read" : "write");
 		return -EINVAL;
 	}
+	if (m.op == RNBD_OP_WRITE_ZEROES && sess->kernel_clt) {
+		/* Not offered: what a kernel sends as operation 5 depends on its version. */
+		log_err_rl("rnbd: %s: operation 5 from a kernel client refused (WRITE_SAME before "
+			   "Linux 5.18, write zeroes later; not offered to it)", sess->name);
+		return -EOPNOTSUPP;
+	}
 	pthread_mutex_lock(&sess->lock);
 	if (m.device_id < sess->ndevs)
 		sd = sess->devs[m.device_id];
@@ -714,6 +728,7 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 		}
 		sess->nios = qd;
 		sess->srv = srv;
+		sess->kernel_clt = rtrs_srv_sess_peer_ext(rs) == 0;
 		atomic_init(&sess->refs, 1); /* the link */
 		pthread_mutex_init(&sess->open_lock, NULL);
 		pthread_mutex_init(&sess->lock, NULL);
@@ -722,7 +737,8 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 		LIST_INSERT_HEAD(&srv->sessions, sess, link);
 		pthread_mutex_unlock(&srv->lock);
 		rtrs_srv_set_sess_priv(rs, sess);
-		log_info("rnbd: session %s up", sess->name);
+		log_info("rnbd: session %s up%s", sess->name,
+			 sess->kernel_clt ? " (a kernel client: no write zeroes offered)" : "");
 		return 0;
 	}
 	sess = rtrs_srv_get_sess_priv(rs);

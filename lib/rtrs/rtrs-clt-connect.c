@@ -120,7 +120,8 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 	int verdict;
 	bool dnr;
 
-	lim.new_rkey = p->sess->inval;
+	lim.ext = p->sess->srv_ext;
+	lim.key64 = p->sess->inval;
 	rc = rtrs_info_rsp_decode(buf, len, &lim, p->rbufs, p->info_gens, &verdict, &dnr, &why);
 	if (rc) {
 		log_err("%s: invalid info response: %s", p->name, why);
@@ -181,7 +182,9 @@ static int sess_set_limits(struct rtrs_clt_sess *s, const struct rtrs_conn_rsp *
 	s->hdr_area = aligned_alloc(4096, ((size_t)qd * rsp->max_hdr_size + 4095) & ~(size_t)4095);
 	s->rkeys = calloc(qd, sizeof(*s->rkeys));
 	s->rkey_gens = calloc(qd, sizeof(*s->rkey_gens));
-	if (!s->reqs || !s->permits || !s->free_ids || !s->hdr_area || !s->rkeys || !s->rkey_gens)
+	s->bounce = calloc(qd, sizeof(*s->bounce));
+	if (!s->reqs || !s->permits || !s->free_ids || !s->hdr_area || !s->rkeys || !s->rkey_gens ||
+	    !s->bounce)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < qd; i++) {
 		s->reqs[i].sess = s;
@@ -205,15 +208,16 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 	const struct fab_attr *a = fab_attr(p->fab);
 	struct rtrs_conn_req req = {
 		.cid = (uint16_t)cid, .cid_num = (uint16_t)p->base.nr_cons,
-		.recon_cnt = p->recon_cnt, .first_conn = true, .fence = true, .auth = true,
+		.recon_cnt = p->recon_cnt, .first_conn = p->first_sent,
+		.ext = !atomic_load(&rtrs_test_kernel_clt), .fence = true, .auth = true,
 	};
 	struct rtrs_msg_conn_req msg;
 	char name[RTRS_NAME_MAX + 16];
 	struct fab_con_cfg cfg = {
 		.ops = &clt_con_ops, .priv = &con->c, .name = name,
 		.tx_depth = cid ? s->queue_depth + 16 : 128,
-		/* verbs: one receive per incoming immediate (responses) */
-		.rx_depth = cid && a->rx_cq_data ? s->queue_depth + 16 : 0,
+		/* verbs: one receive per incoming immediate (responses), as many as the kernel's */
+		.rx_depth = cid && a->rx_cq_data ? rtrs_clt_io_rx_depth(s->queue_depth) : 0,
 		.rx_queue = cid ? 0 : RTRS_CLT_ADMIN_RX_QUEUE,
 	};
 	int rc;
@@ -295,6 +299,58 @@ static int path_authenticate(struct clt_path *p)
 	return rc;
 }
 
+/*
+ * What kind of server the path reached: one of this project, or a kernel
+ * server, which the session then speaks the kernel's protocol to. Fixed
+ * by the first path; a path that finds the other kind (a server replaced
+ * under the session) needs a decision, not retries.
+ */
+static int path_server_kind(struct clt_path *p, const struct rtrs_conn_rsp *rsp)
+{
+	struct rtrs_clt_sess *s = p->sess;
+
+	if (!s->srv_ext_known) {
+		s->srv_ext = rsp->ext;
+		s->srv_ext_known = true;
+		if (!rsp->ext)
+			log_info("%s: the server speaks the kernel's RTRS only: no fencing, no "
+				 "authentication, one descriptor per read", p->name);
+	} else if (rsp->ext != s->srv_ext) {
+		log_err("%s: the server %s this project's extensions, unlike the session's first "
+			"one; reconnect by hand", p->name, rsp->ext ? "now speaks" : "no longer speaks");
+		atomic_store(&p->fail_dnr, true);
+		return -ECONNRESET;
+	}
+	if (rsp->kernel_inval) {
+		/*
+		 * The kernel's always_invalidate: a key per chunk in the info
+		 * response and an 8-byte RKEY_RSP sent with every response,
+		 * into receives that hold it. Not done here yet.
+		 */
+		log_err("%s: the server uses the kernel's always_invalidate, which this client does "
+			"not support yet; load its rtrs-server with always_invalidate=N", p->name);
+		atomic_store(&p->fail_dnr, true);
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
+/*
+ * Whether the path reached a server session other than the one the keys
+ * (and the user's state, RNBD's open devices) came from. A server of ours
+ * names its incarnation; a kernel server does not, and any connect that
+ * could have set the session up anew (one carrying RTRS_CONN_FIRST) may
+ * have reached a new one: the user is told, and opens its devices again
+ * (a kernel rnbd-server answers an OPEN of a device already open with its
+ * id, as its own client reopens after every reconnect).
+ */
+static bool path_new_server_session(struct clt_path *p, const struct rtrs_conn_rsp *rsp)
+{
+	struct rtrs_clt_sess *s = p->sess;
+
+	return s->srv_ext ? rsp->sess_id != s->srv_sess_id : p->first_sent;
+}
+
 static int path_after_first_con(struct clt_path *p)
 {
 	struct rtrs_clt_sess *s = p->sess;
@@ -312,7 +368,13 @@ static int path_after_first_con(struct clt_path *p)
 	}
 	if (rc)
 		return rc;
-	bool inval = rsp->flags & RTRS_MSG_NEW_RKEY_F;
+	/* As the kernel's for_new_clt: this path may set the session up again from now on. */
+	p->connected_once = true;
+	atomic_store(&s->ever_accepted, true);
+	rc = path_server_kind(p, rsp);
+	if (rc)
+		return rc;
+	bool inval = rsp->flags & RTRS_MSG_KEY64_F;
 
 	if (!s->inval_known) {
 		s->inval = inval;
@@ -325,7 +387,7 @@ static int path_after_first_con(struct clt_path *p)
 	}
 	/* Compared and changed under the lock: paths connecting at once count it once. */
 	pthread_mutex_lock(&s->rkey_lock);
-	if (rsp->sess_id != s->srv_sess_id) {
+	if (path_new_server_session(p, rsp)) {
 		/* A new server session (it restarted): keys of the old one mean nothing. */
 		memset(s->rkeys, 0, (size_t)s->queue_depth * sizeof(*s->rkeys));
 		memset(s->rkey_gens, 0, (size_t)s->queue_depth * sizeof(*s->rkey_gens));
@@ -342,6 +404,7 @@ static int path_after_first_con(struct clt_path *p)
 			s->link_ev(s->priv, RTRS_CLT_LINK_EV_SERVER_SESSION);
 	}
 	pthread_mutex_unlock(&s->rkey_lock);
+	/* A kernel server names no imm target: empty writes go to no address, key 0. */
 	p->base.peer_imm = rsp->imm_desc;
 	p->srv_fence = rsp->flags & RTRS_MSG_FENCE_F;
 	free(p->rbufs);
@@ -383,6 +446,13 @@ static int path_after_first_con(struct clt_path *p)
 	}
 	if (rsp->flags & RTRS_MSG_AUTH_F)
 		return path_authenticate(p);
+	if (!s->srv_ext && s->auth.hkey.len) {
+		/* Never AUTH messages to a kernel server: it would take them for garbage. */
+		log_err("%s: the server does not offer authentication (it speaks only the kernel's "
+			"RTRS), and this client has a secret to authenticate with: refused", p->name);
+		atomic_store(&p->fail_dnr, true);
+		return -EPROTONOSUPPORT;
+	}
 	if (s->auth.ckey.len) {
 		log_err("%s: the server offers no authentication, and this client must "
 			"authenticate it (controller secret set)", p->name);
@@ -393,11 +463,16 @@ static int path_after_first_con(struct clt_path *p)
 
 static int path_exchange_info(struct clt_path *p)
 {
-	struct rtrs_info_req r = { .imm_addr = p->imm_mr.base, .imm_key = p->imm_mr.key };
+	struct rtrs_info_req r = { 0 };
 	struct timespec dl = deadline_ms(p->sess->connect_timeout_ms);
 	int rc, wait = 0;
 
 	snprintf(r.pathname, sizeof(r.pathname), "%s", p->sess->name);
+	if (p->sess->srv_ext) {
+		/* A kernel server gets its reserved bytes as zeros. */
+		r.imm_addr = p->imm_mr.base;
+		r.imm_key = (uint32_t)p->imm_mr.key;
+	}
 	rtrs_info_req_encode(&p->info_req, &r);
 	rc = fab_mr_reg(p->fab, &p->info_req, sizeof(p->info_req), FAB_MR_LOCAL, &p->info_req_mr);
 	if (rc)
@@ -449,7 +524,14 @@ int clt_path_connect(struct clt_path *p, bool retry)
 	atomic_store(&p->fail_dnr, false);
 	atomic_store(&p->refused, false);
 	rtrs_hb_reset(&p->base.hb);
+	/* As the kernel: counted before every connect, so 1 on the first. */
 	p->recon_cnt++;
+	/*
+	 * As the kernel (for_new_clt): the session's first path, and a path
+	 * that got through once, may create the session at the server; a
+	 * path added to a session the server knows may not.
+	 */
+	p->first_sent = p->connected_once || !atomic_load(&p->sess->ever_accepted);
 	/* The server's queue depth is not known yet: ask for room for a large one. */
 	rc = fab_open(s->provider, p->src[0] ? p->src : NULL, p->host, p->port, false,
 		      RTRS_CLT_QUEUE_HINT, &p->fab);

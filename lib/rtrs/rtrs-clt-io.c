@@ -13,6 +13,7 @@
  * or the path teardown after the path's threads have stopped.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -23,6 +24,17 @@ void clt_req_release_mrs(struct clt_req *req)
 	for (unsigned i = 0; i < req->nr_mrs; i++)
 		fab_mr_dereg(&req->mrs[i]);
 	req->nr_mrs = 0;
+}
+
+/* The read data in the permit's bounce buffer goes to the caller's vectors. */
+static void req_unbounce(struct clt_req *req)
+{
+	const char *from = req->sess->bounce[req->id];
+
+	for (size_t i = 0; i < req->data_cnt; i++) {
+		memcpy(req->data[i].iov_base, from, req->data[i].iov_len);
+		from += req->data[i].iov_len;
+	}
 }
 
 /* Completes req once with err; returns false if someone else did. */
@@ -36,6 +48,8 @@ bool clt_req_complete(struct clt_req *req, int err)
 		return false;
 	tsan_acquire(req); /* everything up to its post (req_post) */
 	clt_req_release_mrs(req);
+	if (req->bounced && !err)
+		req_unbounce(req);
 	ops = req->ops;
 	if (p) /* NULL: it was waiting for a path */
 		atomic_fetch_sub(&p->base.inflight, 1);
@@ -143,12 +157,46 @@ int clt_post_pending(struct rtrs_con *con, struct rtrs_pending *it)
 	return req_post(&container_of(con, struct clt_con, c)->path->sess->reqs[it->id]);
 }
 
+/*
+ * Descriptors a read of data_cnt vectors carries: one per vector, except
+ * to a kernel server, which fails the IO and closes the path for any
+ * count but one: then the vectors share a bounce buffer.
+ */
+static unsigned req_read_descs(const struct rtrs_clt_sess *s, size_t data_cnt)
+{
+	return !s->srv_ext && data_cnt > 1 ? 1 : (unsigned)data_cnt;
+}
+
+/* A read into the permit's bounce buffer, registered in p's domain for the server to write. */
+static int req_map_bounce(struct clt_req *req, struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = req->sess;
+	int rc;
+
+	/* Only the permit's holder touches its slot. */
+	if (!s->bounce[req->id]) {
+		s->bounce[req->id] = malloc(s->max_io_size);
+		if (!s->bounce[req->id])
+			return -ENOMEM;
+	}
+	rc = fab_mr_reg(p->fab, s->bounce[req->id], req->data_len, FAB_MR_REMOTE_WRITE,
+			&req->mrs[0]);
+	if (rc)
+		return rc;
+	req->nr_mrs = 1;
+	req->bounced = true;
+	return 0;
+}
+
 static int req_map(struct clt_req *req, struct clt_path *p)
 {
 	const struct fab_attr *a = fab_attr(p->fab);
 	unsigned access = req->dir == RTRS_READ ? FAB_MR_REMOTE_WRITE : FAB_MR_LOCAL;
 
 	req->nr_mrs = 0;
+	req->bounced = false;
+	if (req->dir == RTRS_READ && req_read_descs(req->sess, req->data_cnt) < req->data_cnt)
+		return req_map_bounce(req, p);
 	if (req->dir == RTRS_WRITE && !a->mr_local)
 		return 0;
 	for (size_t i = 0; i < req->data_cnt; i++) {
@@ -174,9 +222,16 @@ static void req_encode_hdr(struct clt_req *req)
 	}
 	struct rtrs_desc sg[RTRS_MAX_SEGMENTS];
 
+	if (req->bounced) {
+		sg[0] = (struct rtrs_desc){ .addr = req->mrs[0].base, .key = req->mrs[0].key,
+					    .len = req->data_len };
+		rtrs_read_hdr_encode(slot, req->usr_len, 0, sg, 1);
+		return;
+	}
 	for (size_t i = 0; i < req->data_cnt; i++)
 		sg[i] = (struct rtrs_desc){ .addr = req->mrs[i].base, .key = req->mrs[i].key,
 					    .len = (uint32_t)req->data[i].iov_len };
+	/* Flags 0: no NEED_INVAL, an ordinary region cannot be invalidated from afar. */
 	rtrs_read_hdr_encode(slot, req->usr_len, 0, sg, (unsigned)req->data_cnt);
 }
 
@@ -321,7 +376,7 @@ int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 		if (data[i].iov_len == 0 || add_overflow(data_len, data[i].iov_len, &data_len))
 			return -EINVAL;
 	}
-	hdr = rtrs_io_hdr_size(dir == RTRS_READ, dir == RTRS_READ ? (unsigned)data_cnt : 0);
+	hdr = rtrs_io_hdr_size(dir == RTRS_READ, dir == RTRS_READ ? req_read_descs(s, data_cnt) : 0);
 	if (usr_len + hdr > s->max_hdr_size || data_len > s->max_io_size)
 		return -EMSGSIZE;
 	if (atomic_load(&s->closing))

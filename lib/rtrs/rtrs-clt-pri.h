@@ -51,6 +51,12 @@ struct clt_req {
 	struct iovec data[RTRS_MAX_SEGMENTS];
 	struct fab_mr mrs[RTRS_MAX_SEGMENTS];
 	unsigned nr_mrs;
+	/*
+	 * A read of several vectors from a kernel server, which takes one
+	 * descriptor: the data lands in the permit's bounce buffer (the
+	 * session's, max_io_size bytes) and is copied out on success.
+	 */
+	bool bounced;
 	size_t next_iov;            /* posting progress after -EAGAIN */
 	uint64_t next_off;
 	struct rtrs_pending pend;   /* waits for room in con's send queue */
@@ -89,7 +95,15 @@ struct clt_path {
 	struct fab_mr hdr_mr;       /* the session's header area in this domain */
 	struct rtrs_msg_info_req info_req;
 	struct fab_mr info_req_mr;
-	uint16_t recon_cnt;
+	uint16_t recon_cnt;         /* sent in conn_req; 1 on the first connect, as the kernel */
+	/*
+	 * Connection 0 was accepted once (the kernel's for_new_clt): from then
+	 * on the path's requests carry RTRS_CONN_FIRST, so it may set the
+	 * session up again at a server that lost it. first_sent: this
+	 * attempt's did.
+	 */
+	bool connected_once;
+	bool first_sent;
 	pthread_mutex_t lock;       /* connection establishment */
 	pthread_cond_t cond;
 	bool info_done;
@@ -167,7 +181,16 @@ struct rtrs_clt_sess {
 	/* Authentication settings, secrets included (wiped at close). */
 	struct rtrs_auth_cfg auth;
 	/*
-	 * always_invalidate (the server's NEW_RKEY_F): chunk keys are the
+	 * The server is of this project (RTRS_MSG_EXT_F), known from the
+	 * first path and the same for all: without, it is a kernel server
+	 * and the session speaks the kernel's protocol (no fencing, no
+	 * authentication, no verdicts, one descriptor per read).
+	 */
+	bool srv_ext, srv_ext_known;
+	atomic_bool ever_accepted;  /* some path's connection 0 was accepted once */
+	char **bounce;              /* per permit, made at its first bounced read */
+	/*
+	 * always_invalidate (the server's KEY64_F): chunk keys are the
 	 * session's, each with its generation; the newest seen wins.
 	 */
 	bool inval, inval_known;

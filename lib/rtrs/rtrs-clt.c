@@ -69,6 +69,9 @@ static void sess_free(struct rtrs_clt_sess *s)
 	free(s->hdr_area);
 	free(s->rkeys);
 	free(s->rkey_gens);
+	for (uint32_t i = 0; s->bounce && i < s->queue_depth; i++)
+		free(s->bounce[i]);
+	free(s->bounce);
 	rtrs_auth_wipe(&s->auth, sizeof(s->auth));
 	pthread_mutex_destroy(&s->rkey_lock);
 	pthread_mutex_destroy(&s->permit_lock);
@@ -366,6 +369,14 @@ int rtrs_clt_query(struct rtrs_clt_sess *s, struct rtrs_attrs *attrs)
 	attrs->max_segments = RTRS_MAX_SEGMENTS;
 	attrs->paths_num = (uint32_t)s->paths_num;
 	return 0;
+}
+
+RTRS_EXPORT
+int rtrs_clt_peer_ext(struct rtrs_clt_sess *s)
+{
+	if (!s)
+		return -EINVAL;
+	return s->srv_ext;
 }
 
 RTRS_EXPORT

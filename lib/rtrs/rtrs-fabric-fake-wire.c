@@ -281,7 +281,16 @@ static bool write_place(struct fake_ev *ev)
 
 	/* Checked whole first: a refused write places nothing. */
 	for (size_t i = 0; i < ev->rma_cnt; i++) {
-		struct fake_mr *m = mr_find(ev->to->fab, ev->rma[i].key);
+		struct fake_mr *m;
+
+		/*
+		 * An empty write to no memory (address and key 0): the kernel
+		 * RTRS's immediates, which verbs does not check (IBA C9-88). A
+		 * registration never has key 0 here.
+		 */
+		if (!ev->rma[i].len && !ev->rma[i].addr && !ev->rma[i].key)
+			continue;
+		m = mr_find(ev->to->fab, ev->rma[i].key);
 
 		if (!m || !(m->access & FAB_MR_REMOTE_WRITE)) {
 			write_refused(ev, m ? "not remotely writable" : "no such key", i);

@@ -44,6 +44,28 @@
 #define RTRS_IMM_REGION 64
 
 /*
+ * Receives a client posts on each IO connection where every incoming
+ * immediate takes one (verbs): the kernel's client posts 2 x queue depth
+ * (a read it sends with NEED_INVAL is answered by a send with invalidate
+ * and then the response), and a server may count on that.
+ */
+static inline size_t rtrs_clt_io_rx_depth(uint32_t queue_depth)
+{
+	return MAX(2 * (size_t)queue_depth, (size_t)queue_depth + 16);
+}
+
+/*
+ * Test hooks for the unit tests' scenarios, which link the internal
+ * archive (the shipped library exports neither): a client that speaks only
+ * the kernel's protocol (its requests carry no RTRS_CONN_EXT, and it falls
+ * back as it would with a kernel server), and a server that answers every
+ * client as a kernel server would. Set before opening; read at each
+ * connection request.
+ */
+extern atomic_bool rtrs_test_kernel_clt;
+extern atomic_bool rtrs_test_kernel_srv;
+
+/*
  * Path states. The transitions allowed are a table in rtrs.c
  * (rtrs_path_state_allowed) and in docs/protocol.md.
  */

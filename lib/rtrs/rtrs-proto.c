@@ -27,7 +27,7 @@ bool rtrs_name_valid(const char *name)
 
 void rtrs_conn_req_encode(struct rtrs_msg_conn_req *m, const struct rtrs_conn_req *r)
 {
-	memset(m, 0, sizeof(*m));
+	memset(m, 0, sizeof(*m)); /* the two CM bytes too: 0, as the kernel sends them */
 	m->magic = le16_put(RTRS_MAGIC);
 	m->version = le16_put(RTRS_PROTO_VER);
 	m->cid = le16_put(r->cid);
@@ -35,8 +35,10 @@ void rtrs_conn_req_encode(struct rtrs_msg_conn_req *m, const struct rtrs_conn_re
 	m->recon_cnt = le16_put(r->recon_cnt);
 	memcpy(m->sess_uuid, r->sess_uuid, RTRS_UUID_LEN);
 	memcpy(m->paths_uuid, r->paths_uuid, RTRS_UUID_LEN);
-	m->flags = (r->first_conn ? RTRS_CONN_FIRST : 0) | (r->fence ? RTRS_CONN_FENCE : 0) |
-		   (r->auth ? RTRS_CONN_AUTH : 0);
+	m->flags = r->first_conn ? RTRS_CONN_FIRST : 0;
+	if (r->ext)
+		m->flags |= RTRS_CONN_EXT | (r->fence ? RTRS_CONN_FENCE : 0) |
+			    (r->auth ? RTRS_CONN_AUTH : 0);
 }
 
 static int check_magic_version(struct le16 magic, struct le16 version, const char **why)
@@ -54,9 +56,11 @@ int rtrs_conn_req_decode(const void *buf, size_t len, struct rtrs_conn_req *out,
 	struct rtrs_msg_conn_req m;
 	int rc;
 
+	/* A CM may deliver more than was sent (it pads): only the message is read. */
 	if (len < sizeof(m))
-		REJECT(-EMSGSIZE, "connect request too short");
+		REJECT(-EMSGSIZE, "connect request shorter than 56 bytes");
 	memcpy(&m, buf, sizeof(m));
+	/* The two CM bytes are not checked: the CM may write them (AF_IB). */
 	rc = check_magic_version(m.magic, m.version, why);
 	if (rc)
 		return rc;
@@ -67,10 +71,14 @@ int rtrs_conn_req_decode(const void *buf, size_t len, struct rtrs_conn_req *out,
 		REJECT(-EINVAL, "connection count out of range");
 	if (out->cid >= out->cid_num)
 		REJECT(-EINVAL, "connection id beyond connection count");
-	/* Unknown flag bits are extensions this side does not speak: ignored. */
+	/*
+	 * Unknown flag bits are extensions this side does not speak: ignored.
+	 * Ours count only with EXT: a kernel client's bits 1..7 are reserved.
+	 */
 	out->first_conn = m.flags & RTRS_CONN_FIRST;
-	out->fence = m.flags & RTRS_CONN_FENCE;
-	out->auth = m.flags & RTRS_CONN_AUTH;
+	out->ext = m.flags & RTRS_CONN_EXT;
+	out->fence = out->ext && (m.flags & RTRS_CONN_FENCE);
+	out->auth = out->ext && (m.flags & RTRS_CONN_AUTH);
 	memcpy(out->sess_uuid, m.sess_uuid, RTRS_UUID_LEN);
 	memcpy(out->paths_uuid, m.paths_uuid, RTRS_UUID_LEN);
 	return 0;
@@ -100,16 +108,31 @@ void rtrs_conn_rsp_encode(struct rtrs_msg_conn_rsp *m, const struct rtrs_conn_rs
 	memset(m, 0, sizeof(*m));
 	m->magic = le16_put(RTRS_MAGIC);
 	m->version = le16_put(RTRS_PROTO_VER);
-	m->errno_ = le16_put((uint16_t)(int16_t)r->err);
 	if (r->err) {
+		int err = r->err;
+
+		/*
+		 * A 6.1 kernel client hands the errno of a reject up as an
+		 * ERR_PTR, which IS_ERR() does not see outside -4095..-1: its
+		 * rnbd-client then dereferences it.
+		 */
+		assert(err >= RTRS_REJ_ERRNO_MIN && err <= -1);
+		if (err < RTRS_REJ_ERRNO_MIN || err > -1)
+			err = -ECONNRESET;
 		/* A reject carries magic, version, errno and flags only. */
+		m->errno_ = le16_put((uint16_t)(int16_t)err);
 		m->flags = le32_put(r->dnr ? RTRS_MSG_DNR_F : 0);
 		return;
 	}
 	m->queue_depth = le16_put(r->queue_depth);
 	m->max_io_size = le32_put(r->max_io_size);
 	m->max_hdr_size = le32_put(r->max_hdr_size);
-	m->flags = le32_put(r->flags);
+	if (!r->ext) {
+		/* The kernel's answer: its one flag, and zeros where it has reserved bytes. */
+		m->flags = le32_put(r->flags & RTRS_MSG_NEW_RKEY_F);
+		return;
+	}
+	m->flags = le32_put(r->flags | RTRS_MSG_EXT_F);
 	m->imm_desc = desc_put(&r->imm_desc);
 	m->sess_id = le64_put(r->sess_id);
 }
@@ -118,35 +141,41 @@ int rtrs_conn_rsp_decode(const void *buf, size_t len, struct rtrs_conn_rsp *out,
 			 const char **why)
 {
 	struct rtrs_msg_conn_rsp m;
-	uint32_t chunk;
+	uint32_t chunk, flags;
 	int rc;
 
-	/* A reject may be shorter: magic, version and errno are enough. */
-	if (len < offsetof(struct rtrs_msg_conn_rsp, queue_depth))
-		REJECT(-EMSGSIZE, "connect response too short");
-	memset(&m, 0, sizeof(m));
-	memcpy(&m, buf, MIN(len, sizeof(m)));
+	/* Rejects too are 56 bytes; an IB CM pads both (REP 196, REJ 148 bytes). */
+	if (len < sizeof(m))
+		REJECT(-EMSGSIZE, "connect response shorter than 56 bytes");
+	memcpy(&m, buf, sizeof(m));
 	rc = check_magic_version(m.magic, m.version, why);
 	if (rc)
 		return rc;
 	memset(out, 0, sizeof(*out));
 	out->err = (int16_t)le16_get(m.errno_);
+	flags = le32_get(m.flags);
 	if (out->err > 0)
 		REJECT(-EPROTO, "positive errno in connect response");
 	if (out->err) {
-		/* Older servers send no flags: absent means retry. */
-		if (len >= RTRS_CONN_REJ_LEN)
-			out->dnr = le32_get(m.flags) & RTRS_MSG_DNR_F;
+		if (out->err < RTRS_REJ_ERRNO_MIN)
+			REJECT(-EPROTO, "reject errno beyond -4095");
+		/* A kernel server sends 0 there: retry. */
+		out->dnr = flags & RTRS_MSG_DNR_F;
 		return 0;
 	}
-	if (len < sizeof(m))
-		REJECT(-EMSGSIZE, "connect response too short");
 	out->queue_depth = le16_get(m.queue_depth);
 	out->max_io_size = le32_get(m.max_io_size);
 	out->max_hdr_size = le32_get(m.max_hdr_size);
-	out->flags = le32_get(m.flags);
-	out->imm_desc = desc_get(&m.imm_desc);
-	out->sess_id = le64_get(m.sess_id);
+	out->ext = flags & RTRS_MSG_EXT_F;
+	out->kernel_inval = flags & RTRS_MSG_NEW_RKEY_F;
+	if (out->ext) {
+		out->flags = flags;
+		out->imm_desc = desc_get(&m.imm_desc);
+		out->sess_id = le64_get(m.sess_id);
+	} else {
+		/* A kernel server: its reserved bytes and bits mean nothing to us. */
+		out->flags = flags & RTRS_MSG_NEW_RKEY_F;
+	}
 	if (out->queue_depth == 0)
 		REJECT(-EINVAL, "queue depth 0");
 	if (out->max_hdr_size < sizeof(struct rtrs_msg_rdma_read) + sizeof(struct rtrs_sg_desc) ||
@@ -175,7 +204,7 @@ void rtrs_info_req_encode(struct rtrs_msg_info_req *m, const struct rtrs_info_re
 	m->imm_key = le32_put(r->imm_key);
 }
 
-int rtrs_info_req_decode(const void *buf, size_t len, struct rtrs_info_req *out,
+int rtrs_info_req_decode(const void *buf, size_t len, bool ext, struct rtrs_info_req *out,
 			 const char **why)
 {
 	struct rtrs_msg_info_req m;
@@ -190,8 +219,11 @@ int rtrs_info_req_decode(const void *buf, size_t len, struct rtrs_info_req *out,
 	out->pathname[RTRS_NAME_MAX] = '\0';
 	if (!rtrs_name_valid(out->pathname))
 		REJECT(-EINVAL, "invalid session name");
-	out->imm_addr = le64_get(m.imm_addr);
-	out->imm_key = le32_get(m.imm_key);
+	/* A kernel client's reserved bytes: no imm target (empty writes go nowhere). */
+	if (ext) {
+		out->imm_addr = le64_get(m.imm_addr);
+		out->imm_key = le32_get(m.imm_key);
+	}
 	return 0;
 }
 
@@ -245,7 +277,8 @@ int rtrs_info_rsp_decode(const void *buf, size_t len, const struct rtrs_limits *
 	if (le16_get(m.type) != RTRS_MSG_INFO_RSP)
 		REJECT(-EPROTO, "not an info response");
 	sg_cnt = le16_get(m.sg_cnt);
-	err = (int16_t)le16_get(m.errno_);
+	/* Bytes 4..7 are reserved for a kernel server: only a peer of ours sends a verdict. */
+	err = lim->ext ? (int16_t)le16_get(m.errno_) : 0;
 	if (err > 0)
 		REJECT(-EPROTO, "positive errno in info response");
 	if (err) {
@@ -257,7 +290,7 @@ int rtrs_info_rsp_decode(const void *buf, size_t len, const struct rtrs_limits *
 	}
 	if (sg_cnt == 0 || sg_cnt > lim->queue_depth || lim->queue_depth % sg_cnt)
 		REJECT(-EINVAL, "descriptor count does not divide the queue depth");
-	nr_keys = lim->new_rkey ? lim->queue_depth : 0;
+	nr_keys = lim->ext && lim->key64 ? lim->queue_depth : 0;
 	if (len < rtrs_info_rsp_size(sg_cnt, nr_keys))
 		REJECT(-EMSGSIZE, "info response shorter than its descriptors and keys");
 	per_desc = lim->queue_depth / sg_cnt;

@@ -1,16 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * RTRS wire protocol 2.0 as carried over libfabric.
+ * RTRS wire protocol 2.0, the Linux kernel's (drivers/infiniband/ulp/rtrs).
  *
  * This header is the only place that knows the byte layout of RTRS messages.
- * Layouts follow the kernel's rtrs-pri.h (magic 0x1BBD, version 2.0, all
- * fields little-endian). Differences forced by libfabric, all documented in
- * docs/protocol.md:
- *   - conn_req drops the two leading bytes that belong to the RDMA CM, and
- *     both CM messages stay within 55 bytes (the verbs provider's limit);
- *   - reserved bytes carry the "imm target" descriptors: the tcp provider
- *     checks the remote key even of an empty write with immediate, so each
- *     side names a small region the other may aim empty writes at.
+ * Layouts are the kernel's rtrs-pri.h byte for byte (magic 0x1BBD, version
+ * 2.0, all fields little-endian; the connection messages are 56 bytes, the
+ * request with its two RDMA CM bytes first), so that plain kernel peers
+ * work. This project's extensions (authentication, fencing, 64-bit chunk
+ * keys, verdicts, the "imm targets") live in bytes and bits the kernel
+ * reserves, and only between peers that both speak them: a client says so
+ * with RTRS_CONN_EXT in its connection request, a server answers with
+ * RTRS_MSG_EXT_F. Without them each side speaks exactly the kernel's
+ * protocol (docs/protocol.md, "Kernel peers").
  * Every decode function validates every field before anything else uses it,
  * including what the kernel forgets (usr_len beyond the header offset, read
  * lengths beyond the chunk).
@@ -38,8 +39,14 @@
 #define RTRS_MAX_CONNS 4096
 #define RTRS_NAME_MAX 255
 #define RTRS_UUID_LEN 16
-/* The verbs provider carries at most 55 bytes of CM private data. */
-#define RTRS_CM_DATA_MAX 55
+/*
+ * Connection request, response and reject: 56 bytes each, as the kernel
+ * sends them. A receiver accepts more (an IB/RoCE CM pads a REP to 196 and
+ * a REJ to 148 bytes) and ignores the rest; less is an error.
+ */
+#define RTRS_CM_MSG_LEN 56
+/* Errnos a reject may carry: a 6.1 kernel client passes anything else on as a pointer. */
+#define RTRS_REJ_ERRNO_MIN (-4095)
 /* Read requests may name up to this many client buffers (kernel: 1). */
 #define RTRS_MAX_READ_SG 128
 
@@ -135,12 +142,24 @@ struct rtrs_sg_desc {
 } __attribute__((packed));
 static_assert(sizeof(struct rtrs_sg_desc) == 16, "rtrs_sg_desc");
 
-#define RTRS_CONN_FIRST 0x01 /* conn_req.flags: may create a new session */
-#define RTRS_CONN_FENCE 0x02 /* conn_req.flags: the client fences before failover */
-#define RTRS_CONN_AUTH 0x04  /* conn_req.flags: the client speaks DH-HMAC-CHAP */
+/*
+ * conn_req.flags. The kernel's byte is first_conn:1 and 7 reserved bits,
+ * which its client leaves 0. The others are this project's, and a server
+ * reads FENCE and AUTH only with EXT.
+ */
+#define RTRS_CONN_FIRST 0x01 /* this connect may create a new server session */
+#define RTRS_CONN_FENCE 0x02 /* the client fences before failover */
+#define RTRS_CONN_AUTH 0x04  /* the client speaks DH-HMAC-CHAP */
+/*
+ * The client reads conn_rsp bytes 20..55 and the flags below beyond bit 1,
+ * and the extended info_req and info_rsp: a peer of this project.
+ */
+#define RTRS_CONN_EXT 0x08
 
-/* Kernel layout minus the two CMA bytes: 54 bytes. */
+/* The kernel's layout: 56 bytes, the two RDMA CM bytes first (sent as 0). */
 struct rtrs_msg_conn_req {
+	uint8_t cma_version;       /* the kernel's __cma_version: 0 */
+	uint8_t ip_version;        /* the kernel's __ip_version: 0 */
 	struct le16 magic;
 	struct le16 version;
 	struct le16 cid;
@@ -151,24 +170,33 @@ struct rtrs_msg_conn_req {
 	uint8_t flags;
 	uint8_t reserved[11];
 } __attribute__((packed));
-static_assert(sizeof(struct rtrs_msg_conn_req) == 54, "rtrs_msg_conn_req");
-static_assert(sizeof(struct rtrs_msg_conn_req) <= RTRS_CM_DATA_MAX, "conn_req fits verbs CM");
+static_assert(sizeof(struct rtrs_msg_conn_req) == RTRS_CM_MSG_LEN, "rtrs_msg_conn_req");
+static_assert(offsetof(struct rtrs_msg_conn_req, flags) == 44, "conn_req flags at 44");
 
 /*
- * conn_rsp.flags. NEW_RKEY_F is the kernel's always_invalidate: the server
- * revokes a chunk's key before handing an IO to its user and sends a new
- * one with the response. Ours carries 64-bit keys that never repeat: the
- * info response appends one per chunk, and each response writes an
- * rtrs_msg_new_rkey into the client's key slots (docs/protocol.md 11).
+ * conn_rsp.flags. Bit 1 is the kernel's: always_invalidate the kernel's
+ * way (one MR per chunk, a new key in an 8-byte RKEY_RSP sent with each
+ * response). The others are this project's and mean something only with
+ * RTRS_MSG_EXT_F, which a server sets only for a client that set
+ * RTRS_CONN_EXT; a decoder drops them otherwise (a kernel server sends 0).
  */
 #define RTRS_MSG_NEW_RKEY_F (1u << 1)
 #define RTRS_MSG_FENCE_F (1u << 2) /* the server answers fences */
 #define RTRS_MSG_AUTH_F (1u << 3)  /* authenticate on connection 0 before anything else */
 #define RTRS_MSG_DNR_F (1u << 4)   /* in a reject or verdict: do not retry */
+/*
+ * always_invalidate with 64-bit keys that never repeat: the info response
+ * appends one record per chunk, and each response writes an
+ * rtrs_msg_new_rkey into the client's key slots (docs/protocol.md 11).
+ */
+#define RTRS_MSG_KEY64_F (1u << 5)
+#define RTRS_MSG_EXT_F (1u << 6)   /* bytes 20..55 and the flags above are this project's */
 
 /*
- * Kernel layout has 36 reserved bytes (56 in all); ours carries the server's
- * imm target in the first 16 and keeps 16 reserved: 52 bytes.
+ * The kernel's layout, 56 bytes: 36 reserved bytes after flags, where a
+ * server of this project puts, for a client that set RTRS_CONN_EXT, its
+ * imm target and session incarnation. A reject is the same 56 bytes with
+ * magic, version, errno and (ours) DNR in flags; the rest zero.
  */
 struct rtrs_msg_conn_rsp {
 	struct le16 magic;
@@ -178,17 +206,18 @@ struct rtrs_msg_conn_rsp {
 	struct le32 max_io_size;
 	struct le32 max_hdr_size;
 	struct le32 flags;
+	/* Ours, with RTRS_MSG_EXT_F: */
 	struct rtrs_sg_desc imm_desc;
 	/*
-	 * Ours: names the server's session incarnation (random at its
-	 * creation), so a client sees that a server restarted and forgets
-	 * chunk keys it learned from the old one.
+	 * The server's session incarnation (random at its creation), so a
+	 * client sees that a server restarted and forgets chunk keys it
+	 * learned from the old one.
 	 */
 	struct le64 sess_id;
-	uint8_t reserved[8];
+	uint8_t reserved[12];
 } __attribute__((packed));
-static_assert(sizeof(struct rtrs_msg_conn_rsp) == 52, "rtrs_msg_conn_rsp");
-static_assert(sizeof(struct rtrs_msg_conn_rsp) <= RTRS_CM_DATA_MAX, "conn_rsp fits verbs CM");
+static_assert(sizeof(struct rtrs_msg_conn_rsp) == RTRS_CM_MSG_LEN, "rtrs_msg_conn_rsp");
+static_assert(offsetof(struct rtrs_msg_conn_rsp, imm_desc) == 20, "conn_rsp extension at 20");
 
 enum rtrs_msg_type {
 	RTRS_MSG_INFO_REQ = 0,
@@ -207,7 +236,7 @@ enum rtrs_msg_type {
 struct rtrs_msg_info_req {
 	struct le16 type;
 	uint8_t pathname[RTRS_NAME_MAX];
-	/* kernel: reserved[15]; ours: the client's imm target */
+	/* kernel: reserved[15]; ours, with RTRS_CONN_EXT: the client's imm target */
 	struct le64 imm_addr;
 	struct le32 imm_key;
 	uint8_t reserved[3];
@@ -215,22 +244,27 @@ struct rtrs_msg_info_req {
 static_assert(sizeof(struct rtrs_msg_info_req) == 272, "rtrs_msg_info_req");
 
 /*
- * Kernel layout; ours uses the reserved bytes for a verdict: a server that
+ * Kernel layout: 8 + 16 x sg_cnt bytes. Between peers of this project
+ * (RTRS_MSG_EXT_F) the reserved bytes carry a verdict: a server that
  * refuses the path after accepting its connections (session name in use,
  * refused by its user) answers with errno set, sg_cnt 0, and flags
- * RTRS_MSG_DNR_F when retrying cannot help. With RTRS_MSG_NEW_RKEY_F there
+ * RTRS_MSG_DNR_F when retrying cannot help. With RTRS_MSG_KEY64_F there
  * is one descriptor per chunk, its key field unused (0), and queue_depth
  * rtrs_msg_new_rkey records, chunk by chunk, follow the descriptors.
  */
 struct rtrs_msg_info_rsp {
 	struct le16 type;
 	struct le16 sg_cnt;
-	struct le16 errno_;       /* ours: 0 or -errno (two's complement) */
-	struct le16 flags;        /* ours: RTRS_MSG_DNR_F */
+	struct le16 errno_;       /* ours, with EXT: 0 or -errno (two's complement) */
+	struct le16 flags;        /* ours, with EXT: RTRS_MSG_DNR_F */
 	struct rtrs_sg_desc desc[];
 } __attribute__((packed));
 static_assert(sizeof(struct rtrs_msg_info_rsp) == 8, "rtrs_msg_info_rsp");
 
+/*
+ * The kernel's always_invalidate (RTRS_MSG_NEW_RKEY_F): a chunk's new
+ * 32-bit key, sent with the response as a send with immediate.
+ */
 struct rtrs_msg_rkey_rsp {
 	struct le16 type;
 	struct le16 buf_id;
@@ -420,21 +454,34 @@ struct rtrs_conn_req {
 	uint16_t cid_num;
 	uint16_t recon_cnt;
 	bool first_conn;
-	bool fence;             /* RTRS_CONN_FENCE */
-	bool auth;              /* RTRS_CONN_AUTH */
+	bool ext;               /* RTRS_CONN_EXT: a peer of this project */
+	bool fence;             /* RTRS_CONN_FENCE (decoded with ext only) */
+	bool auth;              /* RTRS_CONN_AUTH (decoded with ext only) */
 	uint8_t sess_uuid[RTRS_UUID_LEN];
 	uint8_t paths_uuid[RTRS_UUID_LEN];
 };
 
 struct rtrs_desc {
 	uint64_t addr;
-	uint64_t key;           /* 32 bits on the wire, except chunk keys with NEW_RKEY_F */
+	uint64_t key;           /* 32 bits on the wire, except chunk keys with KEY64_F */
 	uint32_t len;
 };
 
+/*
+ * An accept or a reject. Encoding: with ext false the message is the
+ * kernel's (only flag bit 1 and, in a reject, DNR; bytes 20..55 zero).
+ * Decoding: ext says the server set RTRS_MSG_EXT_F; without it flags keeps
+ * bit 1 alone and imm_desc, sess_id are 0.
+ */
 struct rtrs_conn_rsp {
 	int err;                /* 0 = accepted, else negative errno (reject) */
 	bool dnr;               /* reject: RTRS_MSG_DNR_F, do not retry */
+	bool ext;               /* RTRS_MSG_EXT_F: a server of this project */
+	/*
+	 * Flag bit 1 without ext: the kernel's always_invalidate (a key per
+	 * chunk in the info response, an RKEY_RSP with every response).
+	 */
+	bool kernel_inval;
 	uint16_t queue_depth;
 	uint32_t max_io_size;
 	uint32_t max_hdr_size;
@@ -444,6 +491,7 @@ struct rtrs_conn_rsp {
 	uint64_t sess_id;
 };
 
+/* imm_addr and imm_key travel only between peers of this project (RTRS_CONN_EXT). */
 struct rtrs_info_req {
 	char pathname[RTRS_NAME_MAX + 1];
 	uint64_t imm_addr;
@@ -500,20 +548,25 @@ struct rtrs_limits {
 	uint32_t queue_depth;
 	uint32_t chunk_size;
 	uint32_t max_hdr_size;
-	bool new_rkey;          /* RTRS_MSG_NEW_RKEY_F: info carries 64-bit chunk keys */
+	bool ext;               /* the peer is of this project: info_rsp may be a verdict */
+	bool key64;             /* RTRS_MSG_KEY64_F: info carries 64-bit chunk keys */
 };
 
 /* ---- encoders ------------------------------------------------------------ */
 
+/* fence and auth are sent only with ext. */
 void rtrs_conn_req_encode(struct rtrs_msg_conn_req *m, const struct rtrs_conn_req *r);
-/* A reject (r->err != 0) carries magic, version, errno and flags (DNR). */
+/*
+ * An accept, or a reject (r->err != 0: magic, version, errno and flags
+ * (DNR), the rest zero). A reject's errno must be within
+ * RTRS_REJ_ERRNO_MIN..-1 (asserted; clamped to -ECONNRESET without
+ * assertions): a 6.1 kernel client oopses on anything else.
+ */
 void rtrs_conn_rsp_encode(struct rtrs_msg_conn_rsp *m, const struct rtrs_conn_rsp *r);
-/* Bytes of a reject as sent. */
-#define RTRS_CONN_REJ_LEN (offsetof(struct rtrs_msg_conn_rsp, flags) + 4)
 void rtrs_info_req_encode(struct rtrs_msg_info_req *m, const struct rtrs_info_req *r);
 /*
  * Returns the message size; buf must hold rtrs_info_rsp_size(n, nr_keys)
- * bytes. With NEW_RKEY_F, nr_keys (= queue depth) records follow the
+ * bytes. With KEY64_F, nr_keys (= queue depth) records follow the
  * descriptors: the caller writes them at rtrs_info_rsp_keys(buf, sg_cnt).
  */
 size_t rtrs_info_rsp_size(unsigned sg_cnt, unsigned nr_keys);
@@ -523,7 +576,11 @@ static inline struct rtrs_msg_new_rkey *rtrs_info_rsp_keys(void *buf, unsigned s
 	return (struct rtrs_msg_new_rkey *)((char *)buf + sizeof(struct rtrs_msg_info_rsp) +
 					     (size_t)sg_cnt * sizeof(struct rtrs_sg_desc));
 }
-/* A refusal after the connections were accepted: errno, no descriptors. */
+/*
+ * A refusal after the connections were accepted: errno, no descriptors.
+ * Only to a peer of this project: a kernel client takes it for a broken
+ * info response.
+ */
 void rtrs_info_rsp_encode_verdict(void *buf, int err, bool dnr);
 void rtrs_new_rkey_encode(struct rtrs_msg_new_rkey *m, uint32_t buf_id, uint32_t gen,
 			  uint64_t rkey);
@@ -540,23 +597,28 @@ void rtrs_read_hdr_encode(void *at, uint32_t usr_len, uint16_t flags,
 
 /* ---- decoders: 0 or a negative errno; the reason is in *why ------------- */
 
+/*
+ * The connection messages: len may exceed the message (a CM pads it); the
+ * bytes beyond it are ignored.
+ */
 int rtrs_conn_req_decode(const void *buf, size_t len, struct rtrs_conn_req *out,
 			 const char **why);
 int rtrs_conn_rsp_decode(const void *buf, size_t len, struct rtrs_conn_rsp *out,
 			 const char **why);
-int rtrs_info_req_decode(const void *buf, size_t len, struct rtrs_info_req *out,
+/* ext: the client set RTRS_CONN_EXT; without it the imm target reads 0. */
+int rtrs_info_req_decode(const void *buf, size_t len, bool ext, struct rtrs_info_req *out,
 			 const char **why);
 /*
  * Expands the descriptors into one (addr, key) per chunk: chunks must have
- * room for queue_depth entries; with lim->new_rkey the keys come from the
- * records, and gens (queue_depth entries) gets their generations. A
- * verdict gives its errno in *verdict (and *dnr), returning 0 with no
- * chunks filled.
+ * room for queue_depth entries; with lim->key64 the keys come from the
+ * records, and gens (queue_depth entries) gets their generations. With
+ * lim->ext, a verdict gives its errno in *verdict (and *dnr), returning 0
+ * with no chunks filled; without it bytes 4..7 are reserved.
  */
 int rtrs_info_rsp_decode(const void *buf, size_t len, const struct rtrs_limits *lim,
 			 struct rtrs_desc *chunks, uint32_t *gens, int *verdict, bool *dnr,
 			 const char **why);
-/* A key slot written by the server for chunk buf_id (NEW_RKEY_F). */
+/* A key slot written by the server for chunk buf_id (KEY64_F). */
 int rtrs_new_rkey_decode(const void *slot, uint32_t buf_id, uint32_t *gen, uint64_t *rkey,
 			 const char **why);
 /* Validates an authentication message: structure and lengths, not semantics. */

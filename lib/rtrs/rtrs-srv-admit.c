@@ -125,10 +125,15 @@ bool srv_name_taken(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,
 /*
  * Loop thread: refuses a path whose connections are up. The client gets err
  * (and whether retrying can help) in place of the info response; the path
- * closes a second later, or as soon as the client closes it.
+ * closes a second later, or as soon as the client closes it. A kernel
+ * client reads no verdict: as a kernel server does, the path closes.
  */
 void srv_path_refuse(struct srv_path *p, int err, bool dnr)
 {
+	if (!p->sess->ext) {
+		srv_path_stop(p, err);
+		return;
+	}
 	rtrs_info_rsp_encode_verdict(p->verdict, err, dnr);
 	p->close_err = err;
 	atomic_store(&p->close_at_ms, now_ms() + 1000);
@@ -242,21 +247,29 @@ static bool verdict_send(struct rtrs_srv_ctx *ctx, struct fab_connreq *req,
 /*
  * Refuses a connection request with err; dnr tells the client that trying
  * again with the same parameters cannot succeed (its reconnect decision
- * then stops), and then the refusal is held open until read.
+ * then stops), and then the refusal is held open until read. A kernel
+ * client (ext false) gets the kernel's reject: 56 bytes, no flags.
  */
-static void srv_reject_dnr(struct rtrs_srv_ctx *ctx, struct fab_connreq *req, const char *peer,
-			   int err, bool dnr, const char *why)
+static void srv_reject_ext(struct rtrs_srv_ctx *ctx, struct fab_connreq *req, const char *peer,
+			   int err, bool dnr, bool ext, const char *why)
 {
-	struct rtrs_conn_rsp rsp = { .err = err, .dnr = dnr };
+	struct rtrs_conn_rsp rsp = { .err = err, .dnr = dnr && ext };
 	struct rtrs_msg_conn_rsp msg;
 
 	atomic_fetch_add(&ctx->st.rejects, 1);
-	log_warn("connection from %s rejected: %s (%s%s)", peer, why, strerror(-err),
-		 dnr ? ", do not retry" : "");
+	log_warn("connection from %s%s rejected: %s (%s%s)", ext ? "" : "kernel client ", peer,
+		 why, strerror(-err), rsp.dnr ? ", do not retry" : "");
 	rtrs_conn_rsp_encode(&msg, &rsp);
-	if (dnr && verdict_send(ctx, req, &msg))
+	if (rsp.dnr && verdict_send(ctx, req, &msg))
 		return;
-	fab_reject(ctx->lst, req, &msg, RTRS_CONN_REJ_LEN);
+	fab_reject(ctx->lst, req, &msg, sizeof(msg));
+}
+
+/* The same for a request that could not be read: whoever sent it, do not retry. */
+static void srv_reject_dnr(struct rtrs_srv_ctx *ctx, struct fab_connreq *req, const char *peer,
+			   int err, bool dnr, const char *why)
+{
+	srv_reject_ext(ctx, req, peer, err, dnr, true, why);
 }
 
 static void srv_reject(struct rtrs_srv_ctx *ctx, struct fab_connreq *req, const char *peer,
@@ -304,26 +317,45 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 		srv_reject_dnr(ctx, creq, peer, rc, true, why);
 		return;
 	}
+	if (atomic_load(&rtrs_test_kernel_srv))
+		req.ext = req.fence = req.auth = false; /* test hook: a kernel server's reading */
 	if (req.cid_num > ctx->opts.max_cons_per_path) {
-		srv_reject_dnr(ctx, creq, peer, -EINVAL, true,
+		srv_reject_ext(ctx, creq, peer, -EINVAL, true, req.ext,
 			       "more connections per path than allowed");
 		return;
 	}
 	if (ctx->auth_required && !req.auth) {
-		srv_reject_dnr(ctx, creq, peer, -EACCES, true,
+		srv_reject_ext(ctx, creq, peer, -EACCES, true, req.ext,
 			       "authentication required and the client does not speak it");
 		return;
 	}
+	if (!req.ext && ctx->opts.always_invalidate) {
+		/*
+		 * Our always_invalidate is the 64-bit key scheme, which only a
+		 * client of this project reads; the kernel's (a key per chunk
+		 * and an RKEY_RSP with every response) is not done yet.
+		 */
+		srv_reject_ext(ctx, creq, peer, -EOPNOTSUPP, true, false,
+			       "a kernel client, and this server's always_invalidate needs a client "
+			       "of this project (serve kernel clients with always_invalidate off)");
+		return;
+	}
 	s = sess_find(ctx, req.paths_uuid);
+	if (s && s->ext != req.ext) {
+		srv_reject_ext(ctx, creq, peer, -EINVAL, true, req.ext,
+			       "its session's other paths speak another protocol (RTRS_CONN_EXT)");
+		return;
+	}
 	if (!s) {
 		if (!req.first_conn) {
-			srv_reject_dnr(ctx, creq, peer, -ENXIO, true,
+			srv_reject_ext(ctx, creq, peer, -ENXIO, true, req.ext,
 				       "unknown session and not a first connection");
 			return;
 		}
-		rc = srv_sess_create(ctx, req.paths_uuid, &s);
+		rc = srv_sess_create(ctx, req.paths_uuid, req.ext, &s);
 		if (rc) {
-			srv_reject(ctx, creq, peer, rc, "cannot create the session");
+			srv_reject_ext(ctx, creq, peer, rc, false, req.ext,
+				       "cannot create the session");
 			return;
 		}
 	}
@@ -334,18 +366,20 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 		srv_peer_host_of(peer, host, sizeof(host));
 		rc = req.cid == 0 ? pending_admit(ctx, host) : 0;
 		if (rc) {
-			srv_reject(ctx, creq, peer, rc, "too many connections still to prove themselves");
+			srv_reject_ext(ctx, creq, peer, rc, false, req.ext,
+				       "too many connections still to prove themselves");
 			if (!s->paths)
 				srv_sess_free(s);
 			return;
 		}
 		if (s->paths_num >= RTRS_MAX_PATHS) {
-			srv_reject(ctx, creq, peer, -ECONNRESET, "too many paths in the session");
+			srv_reject_ext(ctx, creq, peer, -ECONNRESET, false, req.ext,
+				       "too many paths in the session");
 			return;
 		}
 		rc = srv_path_create(s, &req, peer, &p);
 		if (rc) {
-			srv_reject(ctx, creq, peer, rc, "cannot allocate the path");
+			srv_reject_ext(ctx, creq, peer, rc, false, req.ext, "cannot allocate the path");
 			if (!s->paths)
 				srv_sess_free(s);
 			return;
@@ -360,13 +394,15 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 		 * connecting ends on its own (its connections close, or the
 		 * connect timeout). The client's next attempt finds it gone.
 		 */
-		srv_reject(ctx, creq, peer, -EAGAIN, "the client reconnects a path still open here");
+		srv_reject_ext(ctx, creq, peer, -EAGAIN, false, req.ext,
+			       "the client reconnects a path still open here");
 		if (atomic_load(&p->base.state) == RTRS_PATH_CONNECTED)
 			srv_path_probe(p);
 		return;
 	} else if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTING || req.cid_num != p->base.nr_cons ||
 		   p->cons[req.cid].c.fc) {
-		srv_reject(ctx, creq, peer, -EEXIST, "connection does not fit the path's state");
+		srv_reject_ext(ctx, creq, peer, -EEXIST, false, req.ext,
+			       "connection does not fit the path's state");
 		/* A path stuck half-connected would refuse reconnects forever. */
 		if (atomic_load(&p->base.state) == RTRS_PATH_CONNECTING &&
 		    now_ms() - p->last_connreq_ms > p->sess->ctx->opts.connect_timeout_ms)
@@ -375,17 +411,20 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 	}
 	if (ctx->auth_required && req.cid && !atomic_load(&p->auth_host_ok)) {
 		/* Only an authenticated host adds connections to its path. */
-		srv_reject(ctx, creq, peer, -EACCES, "connection before the path authenticated");
+		srv_reject_ext(ctx, creq, peer, -EACCES, false, req.ext,
+			       "connection before the path authenticated");
 		return;
 	}
 	p->last_connreq_ms = now_ms();
 
+	/* For a kernel client the encoder leaves out everything of ours. */
 	struct rtrs_conn_rsp rsp = {
+		.ext = s->ext,
 		.queue_depth = (uint16_t)s->queue_depth,
 		.max_io_size = s->chunk_size - RTRS_MAX_HDR_SIZE,
 		.max_hdr_size = RTRS_MAX_HDR_SIZE,
 		.flags = RTRS_MSG_FENCE_F | (ctx->auth_required ? RTRS_MSG_AUTH_F : 0) |
-			 (s->inval ? RTRS_MSG_NEW_RKEY_F : 0),
+			 (s->inval ? RTRS_MSG_KEY64_F : 0),
 		.imm_desc = { .addr = s->imm_mr.base, .key = s->imm_mr.key, .len = RTRS_IMM_REGION },
 		.sess_id = s->sess_id,
 	};
@@ -404,7 +443,8 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 	if (!p->cons[req.cid].sg_scratch) {
 		p->cons[req.cid].sg_scratch = calloc(RTRS_MAX_READ_SG, sizeof(struct rtrs_desc));
 		if (!p->cons[req.cid].sg_scratch) {
-			srv_reject(ctx, creq, peer, -ENOMEM, "cannot allocate the connection");
+			srv_reject_ext(ctx, creq, peer, -ENOMEM, false, req.ext,
+				       "cannot allocate the connection");
 			srv_path_stop(p, -ENOMEM);
 			return;
 		}
@@ -413,7 +453,7 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 	rc = fab_con_accept(ctx->fab, creq, &cfg, &msg, sizeof(msg), &p->cons[req.cid].c.fc);
 	if (rc) {
 		log_err("%s: accepting connection %u failed: %s", path_name(p), req.cid, strerror(-rc));
-		srv_reject(ctx, creq, peer, rc, "cannot set up the connection");
+		srv_reject_ext(ctx, creq, peer, rc, false, req.ext, "cannot set up the connection");
 		srv_path_stop(p, rc);
 		return;
 	}

@@ -116,6 +116,12 @@ struct rtrs_srv_sess {
 	unsigned paths_up;
 	bool link_up;
 	/*
+	 * The client is of this project (RTRS_CONN_EXT in its first request,
+	 * and every path must agree). Without, it gets the kernel server's
+	 * answers: no imm target, no fencing, no verdicts.
+	 */
+	bool ext;
+	/*
 	 * always_invalidate: one MR per chunk with a 64-bit key that is revoked
 	 * when an IO arrives and replaced when it is answered (or dropped);
 	 * key 0 while revoked. gen counts both. chunk_mr then only serves local
@@ -194,7 +200,8 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 /* rtrs-srv-session.c */
 extern const struct fab_con_ops srv_con_ops;
 void srv_sess_free(struct rtrs_srv_sess *s);
-int srv_sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, struct rtrs_srv_sess **out);
+int srv_sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, bool ext,
+		    struct rtrs_srv_sess **out);
 void srv_reap_work(struct loop_work *w);
 void srv_path_stop(struct srv_path *p, int err);
 void srv_fail_path(struct srv_path *p, int err);

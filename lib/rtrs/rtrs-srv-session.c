@@ -84,6 +84,13 @@ static void srv_con_recv(void *priv, void *buf, size_t len)
 
 	rtrs_hb_heard(&p->base.hb);
 	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTED) {
+		/* Fences only from a client that speaks our extensions (and was offered them). */
+		if (!p->sess->ext) {
+			log_err_rl("%s: a message on a connected path from a kernel client",
+				   path_name(p));
+			srv_fail_path(p, -EPROTO);
+			return;
+		}
 		/* One fence at a time per path: the client waits for each ack. */
 		rc = rtrs_fence_decode(buf, len, RTRS_MSG_FENCE, p->fence_uuid, &err, &why);
 		if (rc || atomic_exchange(&p->fence_pending, true)) {
@@ -110,7 +117,7 @@ static void srv_con_recv(void *priv, void *buf, size_t len)
 		srv_fail_path(p, -EPROTO);
 		return;
 	}
-	rc = rtrs_info_req_decode(buf, len, &p->info, &why);
+	rc = rtrs_info_req_decode(buf, len, p->sess->ext, &p->info, &why);
 	if (rc) {
 		log_err("%s: invalid info request: %s", path_name(p), why);
 		srv_fail_path(p, rc);
@@ -268,7 +275,8 @@ static int sess_map_chunks(struct rtrs_srv_sess *s)
 }
 
 /* A session as its first connection request creates it: no chunks yet. */
-int srv_sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, struct rtrs_srv_sess **out)
+int srv_sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, bool ext,
+		    struct rtrs_srv_sess **out)
 {
 	struct rtrs_srv_sess *s = calloc(1, sizeof(*s));
 	int rc;
@@ -276,6 +284,7 @@ int srv_sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, struct rtrs_s
 	if (!s)
 		return -ENOMEM;
 	s->ctx = ctx;
+	s->ext = ext;
 	memcpy(s->paths_uuid, uuid, RTRS_UUID_LEN);
 	pthread_mutex_init(&s->key_lock, NULL);
 	s->inval = ctx->opts.always_invalidate;

@@ -69,8 +69,9 @@ static void srv_listen_timer(struct loop_timer *t)
 	ctx->port = fab_lst_port(ctx->lst);
 	pthread_cond_broadcast(&ctx->cond);
 	pthread_mutex_unlock(&ctx->lock);
-	log_info("listening on %s:%d (%s), queue depth %u, chunk %u", ctx->addr, ctx->port,
-		 ctx->provider, ctx->opts.queue_depth, ctx->opts.max_chunk_size);
+	log_info("listening on %s:%d (%s), queue depth %u, chunk %u, always_invalidate %s",
+		 ctx->addr, ctx->port, ctx->provider, ctx->opts.queue_depth,
+		 ctx->opts.max_chunk_size, ctx->opts.always_invalidate ? "on" : "off");
 	/* Requests that arrived between listen and the fd being watched. */
 	srv_lst_cb(&ctx->lst_h, EPOLLIN);
 	return;
@@ -344,6 +345,14 @@ RTRS_EXPORT
 void rtrs_srv_set_sess_priv(struct rtrs_srv_sess *s, void *priv)
 {
 	s->priv = priv;
+}
+
+RTRS_EXPORT
+int rtrs_srv_sess_peer_ext(struct rtrs_srv_sess *s)
+{
+	if (!s)
+		return -EINVAL;
+	return s->ext;
 }
 
 RTRS_EXPORT

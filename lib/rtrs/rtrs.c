@@ -8,6 +8,9 @@
 
 #include "rtrs-pri.h"
 
+atomic_bool rtrs_test_kernel_clt;
+atomic_bool rtrs_test_kernel_srv;
+
 static const char *const path_state_names[RTRS_PATH_NUM_STATES] = {
 	[RTRS_PATH_CONNECTING] = "connecting",
 	[RTRS_PATH_CONNECTED] = "connected",

@@ -186,7 +186,7 @@ static struct rtrs_srv_ctx *srv_start(const struct rtrs_srv_ops *ops,
 
 static void good_req(struct rtrs_msg_conn_req *m, bool first)
 {
-	struct rtrs_conn_req r = { .cid = 0, .cid_num = 2, .first_conn = first };
+	struct rtrs_conn_req r = { .cid = 0, .cid_num = 2, .first_conn = first, .ext = true };
 
 	for (int i = 0; i < RTRS_UUID_LEN; i++) {
 		r.sess_uuid[i] = (uint8_t)(rand() & 0xff);
@@ -239,7 +239,7 @@ static void test_malformed(void)
 		CHECK(raw_connect(port, &m, 10) < 0, "a cut request is refused");
 	} else {
 		CHECK_EQ(raw_connect(port, &m, 10), -EMSGSIZE);
-		CHECK(log_wait_for("connect request too short", 2000));
+		CHECK(log_wait_for("connect request shorter than 56 bytes", 2000));
 	}
 
 	good_req(&m, false);
@@ -417,7 +417,7 @@ static bool wait_flag(struct raw *r, bool *flag, unsigned ms)
 static int rogue_open(struct rogue *g, int port)
 {
 	struct fab_con_cfg cfg = { .ops = &raw_ops, .priv = &g->r, .name = "rogue", .tx_depth = 64 };
-	struct rtrs_conn_req req = { .cid = 0, .cid_num = 1, .first_conn = true };
+	struct rtrs_conn_req req = { .cid = 0, .cid_num = 1, .first_conn = true, .ext = true };
 	struct rtrs_msg_conn_req m;
 	static struct rtrs_msg_info_req ireq;
 	struct fab_mr ireq_mr;
@@ -486,7 +486,8 @@ static int rogue_open(struct rogue *g, int port)
 				    .max_hdr_size = g->rsp.max_hdr_size };
 	chunks = calloc(lim.queue_depth, sizeof(*chunks));
 	gens = calloc(lim.queue_depth, sizeof(*gens));
-	lim.new_rkey = g->rsp.flags & RTRS_MSG_NEW_RKEY_F;
+	lim.ext = g->rsp.ext;
+	lim.key64 = g->rsp.flags & RTRS_MSG_KEY64_F;
 	rc = rtrs_info_rsp_decode(g->r.msg, g->r.msg_len, &lim, chunks, gens, &verdict, &dnr, &why);
 	if (!rc && verdict)
 		rc = verdict;
@@ -688,7 +689,8 @@ static int unauth_open(struct unauth *u, int port, bool auth)
 {
 	struct fab_con_cfg cfg = { .ops = &raw_ops, .priv = &u->r, .name = "unauth",
 				   .tx_depth = 16, .rx_depth = 4, .rx_size = 8192 };
-	struct rtrs_conn_req req = { .cid = 0, .cid_num = 2, .first_conn = true, .auth = auth };
+	struct rtrs_conn_req req = { .cid = 0, .cid_num = 2, .first_conn = true, .ext = true,
+				     .auth = auth };
 	char service[8];
 	const char *why;
 	int rc;
@@ -825,14 +827,16 @@ static void test_cm_data_limit(void)
 	struct fab_con *c = NULL;
 	struct fab *f = NULL;
 
-	CHECK(sizeof(struct rtrs_msg_conn_req) <= 55 && sizeof(struct rtrs_msg_conn_rsp) <= 55,
-	      "RTRS connection messages fit the verbs limit");
+	CHECK(sizeof(struct rtrs_msg_conn_req) == 56 && sizeof(struct rtrs_msg_conn_rsp) == 56,
+	      "RTRS connection messages are the kernel's 56 bytes");
 	CHECK_EQ(fab_open(test_provider(), NULL, test_addr(), "9", false, 0, &f), 0);
 	if (!f)
 		return;
 	/* The native fabric knows its CM's limit: 56 on IB and RoCE, 512 on iWARP. */
 	if (fab_attr(f)->connect_data_max)
 		limit = fab_attr(f)->connect_data_max;
+	CHECK(sizeof(struct rtrs_msg_conn_req) <= limit, "a request fits the CM's %zu bytes",
+	      limit);
 	CHECK(limit < sizeof(data), "limit %zu", limit);
 	CHECK_EQ(fab_con_connect(f, &cfg, data, limit + 1, &c), -EMSGSIZE);
 	CHECK(c == NULL);

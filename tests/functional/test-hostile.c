@@ -210,7 +210,7 @@ static int wire_handshake(int port, const void *req, size_t len, struct rtrs_con
 static void random_req(struct rtrs_conn_req *req, uint16_t cid, uint16_t cid_num, bool auth)
 {
 	*req = (struct rtrs_conn_req){ .cid = cid, .cid_num = cid_num, .first_conn = true,
-				       .auth = auth, .fence = true };
+				       .ext = true, .auth = auth, .fence = true };
 	for (int i = 0; i < RTRS_UUID_LEN; i++) {
 		req->sess_uuid[i] = (uint8_t)rand();
 		req->paths_uuid[i] = (uint8_t)rand();

@@ -12,6 +12,7 @@
 #include "check.h"
 #include "fake-env.h"
 #include "logcap.h"
+#include "rtrs-pri.h"
 
 /* Secrets as `nvme gen-dhchap-key` writes them (the functional test-auth's). */
 const char *const KEY_A = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
@@ -70,6 +71,8 @@ void env_reset(void)
 	memset(&srv, 0, sizeof(srv));
 	memcpy(srv.keys_path, keys, sizeof(keys));
 	fake_delivered_reset();
+	atomic_store(&rtrs_test_kernel_clt, false);
+	atomic_store(&rtrs_test_kernel_srv, false);
 	scenario_mark = log_mark();
 	fake_hold(NULL, NULL);
 	fake_set_limits(4, 4);
@@ -115,6 +118,7 @@ static int srv_link_ev(struct rtrs_srv_sess *sess, enum rtrs_srv_link_ev ev, voi
 		return 0;
 	}
 	atomic_fetch_add(&srv.link_up, 1);
+	atomic_fetch_add(rtrs_srv_sess_peer_ext(sess) ? &srv.ext_sessions : &srv.kernel_sessions, 1);
 	return atomic_load(&srv.refuse);
 }
 

@@ -40,6 +40,7 @@ struct srv_env {
 	uint8_t area[AREA];
 	atomic_int rdma_evs;          /* IO handed to rdma_ev */
 	atomic_int link_up, link_down;
+	atomic_int ext_sessions, kernel_sessions; /* up, by what their client speaks */
 	atomic_int refuse;            /* link_ev(CONNECTED) answers this */
 	/* Deferring: rdma_ev keeps the ops here instead of answering. */
 	atomic_bool defer;
@@ -178,7 +179,10 @@ void env_log_sink(void *priv, int level, const char *line);
 bool env_logged(const char *s);
 unsigned env_log_count(const char *s);
 void env_log_dump(void);
-/* A scenario starts from a clean frame: counters, the area, what was delivered. */
+/*
+ * A scenario starts from a clean frame: counters, the area, what was
+ * delivered, and client and server speaking this project's protocol.
+ */
 void env_reset(void);
 
 #endif

@@ -519,8 +519,43 @@ static void test_paths(void)
 	}
 }
 
+/*
+ * A kernel rnbd-server before 7.0 drops PREFLUSH and NOUNMAP: PREFLUSH
+ * becomes a FLUSH of its own first (a FLUSH needs none), NOUNMAP cannot go.
+ */
+static void test_io_for_kernel(void)
+{
+	static const enum rnbd_io_op ops[] = { RNBD_OP_WRITE, RNBD_OP_DISCARD,
+					       RNBD_OP_SECURE_ERASE, RNBD_OP_WRITE_ZEROES };
+	uint32_t flags;
+	bool first;
+
+	for (size_t i = 0; i < ARRAY_SIZE(ops); i++) {
+		flags = RNBD_F_PREFLUSH | RNBD_F_FUA;
+		first = false;
+		CHECK_EQ(rnbd_io_for_kernel(ops[i], &flags, &first), 0);
+		CHECK(first, "%s: a FLUSH first", rnbd_op_name(ops[i]));
+		CHECK_EQ(flags, RNBD_F_FUA);
+		flags = RNBD_F_FUA;
+		CHECK_EQ(rnbd_io_for_kernel(ops[i], &flags, &first), 0);
+		CHECK(!first && flags == RNBD_F_FUA);
+	}
+	flags = RNBD_F_PREFLUSH;
+	first = true;
+	CHECK_EQ(rnbd_io_for_kernel(RNBD_OP_FLUSH, &flags, &first), 0);
+	CHECK(!first && flags == 0, "a FLUSH is one: no second");
+	flags = 0;
+	CHECK_EQ(rnbd_io_for_kernel(RNBD_OP_READ, &flags, &first), 0);
+	CHECK(!first && flags == 0);
+	flags = RNBD_F_NOUNMAP;
+	CHECK_EQ(rnbd_io_for_kernel(RNBD_OP_WRITE_ZEROES, &flags, &first), -EOPNOTSUPP);
+	flags = RNBD_F_NOUNMAP | RNBD_F_PREFLUSH;
+	CHECK_EQ(rnbd_io_for_kernel(RNBD_OP_WRITE_ZEROES, &flags, &first), -EOPNOTSUPP);
+}
+
 int main(void)
 {
+	test_io_for_kernel();
 	test_version();
 	test_msg_type();
 	test_sess_info();

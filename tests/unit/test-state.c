@@ -630,8 +630,24 @@ static void test_admit(void)
 	CHECK_EQ(rtrs_admit_decide(p, 0, "10.0.0.1", &none, ev), -EBUSY);
 }
 
+/*
+ * The receives a client posts on each IO connection (verbs): as the
+ * kernel's client, 2 x queue depth, so that a server may answer every read
+ * with a send with invalidate and the response; never fewer than before
+ * (queue depth + 16).
+ */
+static void test_clt_io_rx_depth(void)
+{
+	CHECK_EQ(rtrs_clt_io_rx_depth(512), 1024);
+	CHECK_EQ(rtrs_clt_io_rx_depth(65535), 131070);
+	CHECK_EQ(rtrs_clt_io_rx_depth(16), 32);
+	CHECK_EQ(rtrs_clt_io_rx_depth(8), 24);
+	CHECK_EQ(rtrs_clt_io_rx_depth(1), 17);
+}
+
 int main(void)
 {
+	test_clt_io_rx_depth();
 	test_path_states();
 	test_path_state_names();
 	test_split_hostport();

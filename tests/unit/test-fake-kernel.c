@@ -1,0 +1,694 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Kernel peers over the fake fabric (docs/protocol.md, "Kernel peers"). A
+ * client that speaks only the kernel's RTRS (test hook rtrs_test_kernel_clt:
+ * its requests carry no RTRS_CONN_EXT) gets a kernel server's answers byte
+ * for byte; a server that answers as the kernel does (rtrs_test_kernel_srv)
+ * makes the client fall back: no fence or authentication message, one
+ * descriptor per read, empty writes to no memory. And the kernel's rules
+ * both sides keep with anyone: first_conn, recon_cnt, a peer that beats
+ * every 5 s.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fake-main.h"
+#include "rtrs-pri.h"
+
+static uint16_t get16(const uint8_t *p, size_t off)
+{
+	return (uint16_t)(p[off] | p[off + 1] << 8);
+}
+
+static uint32_t get32(const uint8_t *p, size_t off)
+{
+	return get16(p, off) | (uint32_t)get16(p, off + 2) << 16;
+}
+
+static bool zeros(const uint8_t *p, size_t from, size_t to)
+{
+	for (size_t i = from; i < to; i++)
+		if (p[i])
+			return false;
+	return true;
+}
+
+/* What the handshake put on the wire, copied as it went by. */
+struct wire {
+	uint8_t req[8][RTRS_CM_MSG_LEN];
+	size_t req_len[8];
+	char req_host[8][64];
+	unsigned nr_req;
+	uint8_t rsp[8][RTRS_CM_MSG_LEN];
+	size_t rsp_len[8];
+	unsigned nr_rsp;
+	uint8_t info_req[sizeof(struct rtrs_msg_info_req)];
+	size_t info_req_len;
+	uint8_t info_rsp[4096];
+	size_t info_rsp_len;
+};
+
+static struct wire w;
+
+static void copy_at_most(uint8_t *dst, size_t cap, size_t *len, const struct fake_ev *ev)
+{
+	*len = ev->len;
+	memcpy(dst, ev->data, MIN(ev->len, cap));
+}
+
+static void wire_note(const struct fake_ev *ev)
+{
+	int type = rtrs_msg_type(ev->data, ev->len);
+
+	if (ev->kind == FAKE_CONNREQ && w.nr_req < ARRAY_SIZE(w.req)) {
+		snprintf(w.req_host[w.nr_req], sizeof(w.req_host[0]), "%s", ev->host);
+		copy_at_most(w.req[w.nr_req], sizeof(w.req[0]), &w.req_len[w.nr_req], ev);
+		w.nr_req++;
+	} else if (ev->kind == FAKE_ACCEPT && w.nr_rsp < ARRAY_SIZE(w.rsp)) {
+		copy_at_most(w.rsp[w.nr_rsp], sizeof(w.rsp[0]), &w.rsp_len[w.nr_rsp], ev);
+		w.nr_rsp++;
+	} else if (ev->kind == FAKE_SEND && type == RTRS_MSG_INFO_REQ) {
+		copy_at_most(w.info_req, sizeof(w.info_req), &w.info_req_len, ev);
+	} else if (ev->kind == FAKE_SEND && type == RTRS_MSG_INFO_RSP) {
+		copy_at_most(w.info_rsp, sizeof(w.info_rsp), &w.info_rsp_len, ev);
+	}
+}
+
+/* For step_until: notes every event, stops at the one match() takes. */
+static bool note_until(const struct fake_ev *ev, void *arg)
+{
+	wire_note(ev);
+	return match(ev, arg);
+}
+
+/* An empty write with an immediate that names memory (address or key). */
+static bool imm_to_memory(const struct fake_ev *ev, void *arg)
+{
+	return ev->kind == FAKE_WRITE && ev->with_imm && ev->rma_cnt == 1 && !ev->rma[0].len &&
+	       (ev->rma[0].addr || ev->rma[0].key);
+}
+
+/* ... and one aimed at no memory at all, as the kernel sends them. */
+static bool imm_to_nowhere(const struct fake_ev *ev, void *arg)
+{
+	return ev->kind == FAKE_WRITE && ev->with_imm && ev->rma_cnt == 1 && !ev->rma[0].len &&
+	       !ev->rma[0].addr && !ev->rma[0].key;
+}
+
+/* Fence, fence ack and authentication messages delivered, either way. */
+static unsigned ext_msgs(void)
+{
+	static const int types[] = { RTRS_MSG_FENCE, RTRS_MSG_FENCE_ACK, RTRS_MSG_AUTH };
+	unsigned n = 0;
+
+	for (size_t i = 0; i < ARRAY_SIZE(types); i++) {
+		struct m m = { .kind = FAKE_SEND, .msg = MSG(types[i]) };
+
+		n += fake_delivered(match, &m);
+	}
+	return n;
+}
+
+/* A server as the kernel's with always_invalidate=N, or ours without it. */
+static bool srv_up(bool kernel, void (*tweak)(struct rtrs_srv_opts *so))
+{
+	struct rtrs_srv_opts so;
+	int rc;
+
+	srv_opts(&so);
+	so.always_invalidate = 0;
+	if (tweak)
+		tweak(&so);
+	atomic_store(&rtrs_test_kernel_srv, kernel);
+	rc = srv_start(&so);
+	CHECK(rc == 0, "server: %s", strerror(-rc));
+	return rc == 0;
+}
+
+/*
+ * Opens c, every event held and stepped, notes the handshake up to the
+ * info response to host, and lets the rest go. rtrs_clt_open's result.
+ */
+static int open_noted(struct clt *c, const char *host)
+{
+	struct m info_rsp = { .kind = FAKE_SEND, .dir = TO_CLT, .host = host,
+			      .msg = MSG(RTRS_MSG_INFO_RSP) };
+	struct fake_ev *ev;
+
+	memset(&w, 0, sizeof(w));
+	ev = open_step_to(c, note_until, &info_rsp, "the info response");
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), 0);
+	fake_hold(NULL, NULL);
+	return clt_open_join(c);
+}
+
+static int attrs_sessions(struct clt *c)
+{
+	struct rtrs_attrs at = { .size = sizeof(at) };
+
+	rtrs_clt_query(c->sess, &at);
+	return (int)at.server_sessions;
+}
+
+/* ---- a kernel client ------------------------------------------------------------------------- */
+
+/*
+ * A client without RTRS_CONN_EXT gets the kernel's answers: its requests
+ * (56 bytes, the CM bytes 0, first_conn alone in the flags, recon_cnt 1)
+ * are accepted with the kernel's 56 bytes (flags 0, bytes 20..55 zero),
+ * its info request is the kernel's (bytes 257..271 zero) and so is the
+ * answer (8 + 16 x 1 bytes, reserved bytes zero). IO goes, every empty
+ * write aimed at no memory, and nothing of ours passes.
+ */
+static void kernel_client_wire(void)
+{
+	struct clt c;
+
+	if (!srv_up(false, NULL))
+		return;
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(&c, "k", "a");
+	CHECK_EQ(open_noted(&c, "a"), 0);
+	CHECK_EQ(w.nr_req, 2);
+	for (unsigned i = 0; i < w.nr_req; i++) {
+		const uint8_t *q = w.req[i];
+
+		CHECK_EQ(w.req_len[i], 56);
+		CHECK(q[0] == 0 && q[1] == 0, "request %u: the CM bytes", i);
+		CHECK_EQ(get16(q, 2), RTRS_MAGIC);
+		CHECK_EQ(get16(q, 6), i);
+		CHECK_EQ(get16(q, 8), 2);
+		CHECK_EQ(get16(q, 10), 1); /* recon_cnt: 1 on the first connect, as the kernel's */
+		CHECK_EQ(q[44], RTRS_CONN_FIRST);
+		CHECK(zeros(q, 45, 56), "request %u: reserved bytes", i);
+	}
+	CHECK_EQ(w.nr_rsp, 2);
+	for (unsigned i = 0; i < w.nr_rsp; i++) {
+		const uint8_t *r = w.rsp[i];
+
+		CHECK_EQ(w.rsp_len[i], 56);
+		CHECK_EQ(get16(r, 4), 0);
+		CHECK_EQ(get16(r, 6), 16);
+		CHECK_EQ(get32(r, 16), 0); /* no AUTH, FENCE, KEY64 or EXT flag */
+		CHECK(zeros(r, 20, 56), "answer %u: bytes 20..55", i);
+	}
+	CHECK_EQ(w.info_req_len, 272);
+	CHECK(!memcmp(w.info_req + 2, "k", 2), "the session name");
+	CHECK(zeros(w.info_req, 257, 272), "the info request's reserved bytes");
+	CHECK_EQ(w.info_rsp_len, 8 + 16);
+	CHECK_EQ(get16(w.info_rsp, 2), 1);
+	CHECK(zeros(w.info_rsp, 4, 8), "the info response's reserved bytes");
+	CHECK_EQ(get32(w.info_rsp, 20), 16 * 16384); /* one descriptor for the 16 chunks */
+
+	CHECK_EQ(rtrs_clt_peer_ext(c.sess), 0);
+	CHECK_EQ(atomic_load(&srv.kernel_sessions), 1);
+	CHECK_EQ(atomic_load(&srv.ext_sessions), 0);
+	CHECK(io_roundtrip(&c, 0, 3), "IO");
+	CHECK(fake_delivered(imm_to_nowhere, NULL) >= 1, "the write's response went to no memory");
+	CHECK_EQ(fake_delivered(imm_to_memory, NULL), 0);
+	CHECK_EQ(ext_msgs(), 0);
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+/* The same client of ours, without the hook: the extension both ways. */
+static void project_client_wire(void)
+{
+	struct clt c;
+
+	if (!srv_up(false, NULL))
+		return;
+	clt_init(&c, "p", "a");
+	CHECK_EQ(open_noted(&c, "a"), 0);
+	CHECK_EQ(w.nr_req, 2);
+	CHECK_EQ(w.req[0][44], RTRS_CONN_FIRST | RTRS_CONN_EXT | RTRS_CONN_FENCE | RTRS_CONN_AUTH);
+	CHECK_EQ(w.rsp_len[0], 56);
+	CHECK_EQ(get32(w.rsp[0], 16), RTRS_MSG_FENCE_F | RTRS_MSG_EXT_F);
+	CHECK_EQ(get32(w.rsp[0], 32), RTRS_IMM_REGION); /* the server's imm target */
+	CHECK(!zeros(w.info_req, 257, 272), "the client names its imm target");
+	CHECK_EQ(rtrs_clt_peer_ext(c.sess), 1);
+	CHECK_EQ(atomic_load(&srv.ext_sessions), 1);
+	CHECK(io_roundtrip(&c, 0, 4), "IO");
+	CHECK_EQ(fake_delivered(imm_to_nowhere, NULL), 0);
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+static void srv_auth(struct rtrs_srv_opts *so)
+{
+	srv_write_keys(KEY_A);
+	so->auth_keys_file = srv.keys_path;
+}
+
+static struct {
+	uint8_t data[RTRS_CM_MSG_LEN];
+	size_t len;
+	bool seen;
+} rej;
+
+static void rej_posted(struct fake_ev *ev, void *arg)
+{
+	rej.len = ev->len;
+	memcpy(rej.data, ev->data, MIN(ev->len, sizeof(rej.data)));
+	rej.seen = true;
+	fake_unclaim(ev);
+}
+
+/*
+ * A server that requires authentication refuses a kernel client with the
+ * kernel's reject: 56 bytes, errno -EACCES, no flags, the rest zero; never
+ * an accept that carries the errno (a kernel client takes that for a
+ * broken answer).
+ */
+static void kernel_client_auth_required(void)
+{
+	struct m reject = { .kind = FAKE_REJECT };
+	struct fake_stats st0, st;
+	struct clt c;
+
+	if (!srv_up(false, srv_auth))
+		return;
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(&c, "k", "a");
+	c.o.reconnect_delay_ms = 0;
+	memset(&rej, 0, sizeof(rej));
+	fake_get_stats(&st0);
+	fake_on_post(match, &reject, rej_posted, NULL);
+	CHECK_EQ(clt_open(&c), -EACCES);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK(rej.seen, "a reject went out");
+	CHECK_EQ(rej.len, 56);
+	CHECK_EQ(get16(rej.data, 0), RTRS_MAGIC);
+	CHECK_EQ(get16(rej.data, 4), (uint16_t)-EACCES);
+	CHECK(zeros(rej.data, 6, 56), "no DNR, nothing else");
+	fake_get_stats(&st);
+	CHECK_EQ(st.accepts - st0.accepts, 0);
+	CHECK_EQ(st.rejects - st0.rejects, 5); /* the open's tries: no "do not retry" for a kernel */
+	CHECK(env_logged("kernel client"), "the server names what it refused");
+	CHECK_EQ(ext_msgs(), 0);
+	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+/* Our always_invalidate needs a client of ours: a kernel client is refused at once. */
+static void kernel_client_inval_refused(void)
+{
+	struct rtrs_srv_opts so;
+	struct clt c;
+
+	srv_opts(&so); /* always_invalidate on */
+	CHECK_EQ(srv_start(&so), 0);
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(&c, "k", "a");
+	c.o.reconnect_delay_ms = 0;
+	CHECK_EQ(clt_open(&c), -EOPNOTSUPP);
+	CHECK(env_logged("this server's always_invalidate needs a client of this project"));
+	CHECK_EQ(srv_stats().sessions, 0);
+	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+/*
+ * A refusal after the connections are up is no verdict for a kernel
+ * client (it would read an info response without descriptors): the path
+ * closes, as the kernel's server closes it.
+ */
+static void kernel_client_name_taken(void)
+{
+	struct m info_rsp = { .kind = FAKE_SEND, .dir = TO_CLT, .msg = MSG(RTRS_MSG_INFO_RSP) };
+	struct clt c0, c1;
+
+	if (!srv_up(false, NULL))
+		return;
+	clt_init(&c0, "k", "a");
+	CHECK_EQ(clt_open(&c0), 0);
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(&c1, "k", "a");
+	c1.o.reconnect_delay_ms = 0;
+	CHECK(clt_open(&c1) < 0, "the second session of the name is refused");
+	CHECK(env_logged("session name k is already in use"));
+	CHECK_EQ(fake_delivered(match, &info_rsp), 1); /* c0's: no verdict for c1 */
+	CHECK(io_roundtrip(&c0, 0, 21), "the first session goes on");
+	CHECK_EQ(env_teardown(&c0), 0);
+}
+
+/* A session's paths speak one protocol: a kernel path for a session of ours is refused. */
+static void ext_mismatch(void)
+{
+	struct rtrs_path_addr b = { .dst = NULL };
+	char dst[64];
+	unsigned idx;
+	struct clt c;
+
+	if (!srv_up(false, NULL))
+		return;
+	clt_init(&c, "s", "a");
+	CHECK_EQ(clt_open(&c), 0);
+	atomic_store(&rtrs_test_kernel_clt, true);
+	snprintf(dst, sizeof(dst), "b:%d", srv.port);
+	b.dst = dst;
+	CHECK_EQ(rtrs_clt_add_path(c.sess, &b, &idx), -EINVAL);
+	CHECK(env_logged("its session's other paths speak another protocol"));
+	CHECK(io_roundtrip(&c, 0, 22), "the session goes on");
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+/* ---- a kernel server ----------------------------------------------------------------------- */
+
+static bool path_back(void *arg)
+{
+	return atomic_load(&((struct clt *)arg)->path_up) >= 1; /* path_ev: after the open only */
+}
+
+/*
+ * A client of ours meets a kernel server: it falls back. Its info
+ * request is the kernel's, it sends no fence (a failed path's request
+ * fails with -ECONNABORTED) and no authentication message, its
+ * heartbeats and the server's answers go to no memory, and a reconnect
+ * that carried first_conn counts as a server session that may be new
+ * (the kernel's server does not say).
+ */
+static void kernel_server_fallback(void)
+{
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	struct m hb = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_HB_MSG_IMM) };
+	static struct io io;
+	bool on_a = false;
+	struct clt c;
+
+	if (!srv_up(true, NULL))
+		return;
+	clt_init(&c, "f", "ab");
+	c.o.hb_interval_ms = HB_MS;
+	c.o.mp_policy = RTRS_MP_POLICY_RR;
+	CHECK_EQ(open_noted(&c, "b"), 0);
+	CHECK_EQ(rtrs_clt_peer_ext(c.sess), 0);
+	CHECK_EQ(atomic_load(&srv.kernel_sessions), 1);
+	CHECK(w.nr_req == 4 && (w.req[0][44] & RTRS_CONN_EXT), "the client offered the extension");
+	CHECK_EQ(w.info_req_len, 272);
+	CHECK(zeros(w.info_req, 257, 272), "the kernel's info request (path b's)");
+	CHECK_EQ(attrs_sessions(&c), 1);
+	CHECK(io_roundtrip(&c, 0, 5) && io_roundtrip(&c, LEN, 6), "IO on both paths");
+	CHECK_EQ(fake_advance(HB_MS), 0);
+	CHECK(fake_delivered(match, &hb) >= 2, "heartbeats on both paths");
+	CHECK(clt_path_is(&c, 0, "connected") && clt_path_is(&c, 1, "connected"));
+
+	/* Path a fails with a request on it: no fence, the request fails. */
+	fake_hold(match, &rsp);
+	for (int i = 0; i < 4 && !on_a; i++) {
+		struct fake_ev *ev;
+
+		CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 2 * LEN, LEN, 7), 0);
+		ev = fake_wait_ev(match, &rsp, "a response");
+		if (!ev)
+			break;
+		on_a = !strcmp(ev->host, "a");
+		if (on_a) {
+			fake_unclaim(ev); /* held: lost with the connection */
+		} else {
+			CHECK_EQ(fake_deliver(ev), 0);
+			CHECK_EQ(io_wait(&io), 0);
+			io_put(&io);
+		}
+	}
+	CHECK(on_a, "a request went on path a");
+	CHECK(fake_fail("f", "a", -1, -ECONNRESET, -ECONNRESET) >= 1);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(io_wait(&io), -ECONNABORTED);
+	io_put(&io);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_wait(path_back, &c, "path a to come back"), 0);
+	/* Path b stayed up, yet the server may have set the session up anew. */
+	CHECK_EQ(attrs_sessions(&c), 2);
+	CHECK(io_roundtrip(&c, 3 * LEN, 8), "IO after the reconnect");
+	CHECK_EQ(ext_msgs(), 0);
+	CHECK_EQ(fake_delivered(imm_to_memory, NULL), 0);
+	CHECK(fake_delivered(imm_to_nowhere, NULL) >= 4, "heartbeats, acks, responses to no memory");
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+/*
+ * A client with a secret facing a kernel server: refused at once with
+ * -EPROTONOSUPPORT and the path named, one connection request, not one
+ * authentication message; the open does not hang or retry.
+ */
+static void kernel_server_secret_refused(void)
+{
+	struct clt c;
+
+	if (!srv_up(true, NULL))
+		return;
+	clt_init(&c, "f", "a");
+	c.o.auth_secret = KEY_A;
+	CHECK_EQ(clt_open(&c), -EPROTONOSUPPORT);
+	CHECK(env_logged("f/a:"), "the path is named");
+	CHECK(env_logged("the server does not offer authentication"));
+	CHECK_EQ(srv_stats().connreqs, 1);
+	CHECK_EQ(ext_msgs(), 0);
+	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+/* A read request on its way to the server: the user header (4 bytes), then the read header. */
+struct read_hdr {
+	uint16_t flags, sg_cnt;
+	uint32_t len0;
+	bool seen;
+};
+
+static void read_hdr_of(const struct fake_ev *ev, struct read_hdr *h)
+{
+	const uint8_t *d = ev->data;
+
+	h->seen = ev->len >= 4 + 8 + 16 && get16(d, 4) == RTRS_MSG_READ;
+	if (!h->seen)
+		return;
+	h->flags = get16(d, 4 + 4);
+	h->sg_cnt = get16(d, 4 + 6);
+	h->len0 = get32(d, 4 + 8 + 12);
+}
+
+/* Reads 3 vectors (1000, 1500, 1596 bytes) at 5 x LEN; the header the request carried. */
+static struct read_hdr read_three(struct clt *c)
+{
+	static uint8_t v0[1000], v1[1500], v2[1596];
+	struct m req = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_IO_REQ_IMM) };
+	struct iovec d[3] = { { v0, sizeof(v0) }, { v1, sizeof(v1) }, { v2, sizeof(v2) } };
+	static struct io io;
+	struct read_hdr h = { 0 };
+	uint8_t want[LEN];
+	struct fake_ev *ev;
+
+	CHECK_EQ(io_sync(c, RTRS_WRITE, 5 * LEN, LEN, 77), 0);
+	pattern(want, LEN, 77);
+	memset(v0, 0, sizeof(v0));
+	memset(v1, 0, sizeof(v1));
+	memset(v2, 0, sizeof(v2));
+	fake_hold(match, &req);
+	CHECK_EQ(io_startv(&io, c, RTRS_READ, RTRS_IO_CON, 5 * LEN, d, 3), 0);
+	ev = fake_wait_ev(match, &req, "the read request");
+	if (ev) {
+		read_hdr_of(ev, &h);
+		CHECK_EQ(fake_deliver(ev), 0);
+	}
+	fake_hold(NULL, NULL);
+	CHECK_EQ(io_wait(&io), 0);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	io_put(&io);
+	CHECK(!memcmp(v0, want, sizeof(v0)) && !memcmp(v1, want + 1000, sizeof(v1)) &&
+	      !memcmp(v2, want + 2500, sizeof(v2)), "the three vectors hold what was written");
+	return h;
+}
+
+/*
+ * A kernel server takes one descriptor per read (it fails the IO and
+ * closes the path otherwise) and no NEED_INVAL: the three vectors go
+ * through the permit's bounce buffer and come out equal.
+ */
+static void kernel_server_read_one_desc(void)
+{
+	struct read_hdr h;
+	struct clt c;
+
+	if (!srv_up(true, NULL))
+		return;
+	clt_init(&c, "f", "a");
+	CHECK_EQ(clt_open(&c), 0);
+	h = read_three(&c);
+	CHECK(h.seen, "the read header was seen");
+	CHECK_EQ(h.sg_cnt, 1);
+	CHECK_EQ(h.flags, 0);
+	CHECK_EQ(h.len0, LEN);
+	/* Twice on the same permit: its bounce buffer is made once and used again. */
+	h = read_three(&c);
+	CHECK_EQ(h.sg_cnt, 1);
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+/* Between peers of ours a read keeps one descriptor per vector. */
+static void project_read_descs(void)
+{
+	struct read_hdr h;
+	struct clt c;
+
+	if (!srv_up(false, NULL))
+		return;
+	clt_init(&c, "p", "a");
+	CHECK_EQ(clt_open(&c), 0);
+	h = read_three(&c);
+	CHECK(h.seen, "the read header was seen");
+	CHECK_EQ(h.sg_cnt, 3);
+	CHECK_EQ(h.flags, 0);
+	CHECK_EQ(h.len0, 1000);
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+/* ---- rules for everyone ---------------------------------------------------------------------- */
+
+static bool connreq(const struct fake_ev *ev, void *arg)
+{
+	return ev->kind == FAKE_CONNREQ;
+}
+
+/* Delivers n held connection requests, noting them. */
+static void pass_connreqs(unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		struct fake_ev *ev = fake_wait_ev(connreq, NULL, "a connection request");
+
+		if (!ev)
+			return;
+		wire_note(ev);
+		CHECK_EQ(fake_deliver(ev), 0);
+	}
+}
+
+/*
+ * As the kernel: recon_cnt is counted before every connect (1 on the
+ * first), and first_conn goes with the session's first path and with a
+ * path that got through once, not with a path new to a known session.
+ */
+static void first_conn_recon_cnt(void)
+{
+	struct clt c;
+
+	if (!srv_up(false, NULL))
+		return;
+	clt_init(&c, "s", "ab");
+	memset(&w, 0, sizeof(w));
+	fake_hold(connreq, NULL);
+	clt_open_async(&c);
+	pass_connreqs(4);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c), 0);
+	CHECK_EQ(w.nr_req, 4);
+	for (unsigned i = 0; i < 4; i++) {
+		bool a = !strcmp(w.req_host[i], "a");
+
+		CHECK_EQ(get16(w.req[i], 10), 1);
+		CHECK_EQ(!!(w.req[i][44] & RTRS_CONN_FIRST), a);
+	}
+	/* Path b reconnects: it got through once, so it may set the session up again. */
+	fake_hold(connreq, NULL);
+	CHECK(fake_fail("s", "b", -1, -ECONNRESET, -ECONNRESET) >= 1);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	pass_connreqs(2);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(fake_wait(path_back, &c, "path b to come back"), 0);
+	CHECK_EQ(w.nr_req, 6);
+	for (unsigned i = 4; i < 6; i++) {
+		CHECK(!strcmp(w.req_host[i], "b"));
+		CHECK_EQ(get16(w.req[i], 10), 2);
+		CHECK(w.req[i][44] & RTRS_CONN_FIRST, "request %u carries first_conn", i);
+	}
+	/* Our server names its session: the same one, no news. */
+	CHECK_EQ(attrs_sessions(&c), 1);
+	CHECK(io_roundtrip(&c, 0, 9), "IO");
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+/* The kernel's heartbeat: every 5 s, failing after 5 missed. */
+static void kernel_beats(struct rtrs_srv_opts *so)
+{
+	so->hb_interval_ms = 5000;
+	so->hb_missed_max = 5;
+}
+
+/*
+ * A kernel server beats every 5 s (and answers each of ours): a client
+ * with our defaults (1 s, 3 missed) keeps the path for 30 s, and so does
+ * the server. Our side polices its own beats' answers, not the peer's pace.
+ */
+static void hb_kernel_server_pace(void)
+{
+	struct m hb_srv = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_HB_MSG_IMM) };
+	struct m ack_srv = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_HB_ACK_IMM) };
+	struct clt c;
+
+	if (!srv_up(true, kernel_beats))
+		return;
+	clt_init(&c, "f", "a");
+	c.o.hb_interval_ms = RTRS_DEFAULT_HB_INTERVAL_MS;
+	c.o.hb_missed_max = RTRS_DEFAULT_HB_MISSED_MAX;
+	CHECK_EQ(clt_open(&c), 0);
+	for (int i = 0; i < 30; i++)
+		CHECK_EQ(fake_advance(1000), 0);
+	CHECK(clt_path_is(&c, 0, "connected"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(atomic_load(&srv.link_down), 0);
+	CHECK(fake_delivered(match, &hb_srv) >= 5, "the server beat every 5 s");
+	CHECK(fake_delivered(match, &ack_srv) >= 25, "and answered ours");
+	CHECK(!env_logged("no heartbeat"), "nobody declared dead");
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+static void our_beats(struct rtrs_srv_opts *so)
+{
+	so->hb_interval_ms = RTRS_DEFAULT_HB_INTERVAL_MS;
+	so->hb_missed_max = RTRS_DEFAULT_HB_MISSED_MAX;
+}
+
+/* The other way: a kernel client beats every 5 s; our server (1 s, 3 missed) keeps it. */
+static void hb_kernel_client_pace(void)
+{
+	struct m hb_clt = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_HB_MSG_IMM) };
+	struct clt c;
+
+	if (!srv_up(false, our_beats))
+		return;
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(&c, "k", "a");
+	c.o.hb_interval_ms = 5000;
+	c.o.hb_missed_max = 5;
+	CHECK_EQ(clt_open(&c), 0);
+	for (int i = 0; i < 30; i++)
+		CHECK_EQ(fake_advance(1000), 0);
+	CHECK(clt_path_is(&c, 0, "connected"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(atomic_load(&srv.link_down), 0);
+	CHECK(fake_delivered(match, &hb_clt) >= 5, "the client beat every 5 s");
+	CHECK(!env_logged("no heartbeat"), "nobody declared dead");
+	CHECK_EQ(fake_delivered(imm_to_memory, NULL), 0);
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+static const struct scenario scenarios[] = {
+	{ "kernel_client_wire", kernel_client_wire },
+	{ "project_client_wire", project_client_wire },
+	{ "kernel_client_auth_required", kernel_client_auth_required },
+	{ "kernel_client_inval_refused", kernel_client_inval_refused },
+	{ "kernel_client_name_taken", kernel_client_name_taken },
+	{ "ext_mismatch", ext_mismatch },
+	{ "kernel_server_fallback", kernel_server_fallback },
+	{ "kernel_server_secret_refused", kernel_server_secret_refused },
+	{ "kernel_server_read_one_desc", kernel_server_read_one_desc },
+	{ "project_read_descs", project_read_descs },
+	{ "first_conn_recon_cnt", first_conn_recon_cnt },
+	{ "hb_kernel_server_pace", hb_kernel_server_pace },
+	{ "hb_kernel_client_pace", hb_kernel_client_pace },
+};
+
+int main(int argc, char **argv)
+{
+	return fake_main(argc, argv, scenarios, ARRAY_SIZE(scenarios), "fake-kernel");
+}

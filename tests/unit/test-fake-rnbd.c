@@ -1,0 +1,360 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * RNBD with kernel peers over the fake fabric (docs/protocol.md, "Kernel
+ * peers"; librnbd linked with the fabric-level test hooks of rtrs-pri.h).
+ * librnbd's client, facing a server that speaks only the kernel's RTRS,
+ * sends a PREFLUSH write as a FLUSH and then the write without the flag (a
+ * kernel rnbd-server before 7.0 drops it). Its server, facing a kernel
+ * client, offers no write zeroes and refuses operation 5, and serves what
+ * such a client sends: FUA and SYNC writes, its FLUSH, an empty FUA write
+ * (an old kernel's flush), SYNC reads.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fake-main.h"
+#include "rnbd-proto.h"
+#include "rnbd.h"
+#include "rtrs-pri.h"
+
+#define DEV "m"
+#define DEV_BYTES (1u << 20)
+
+static struct rnbd_srv *rsrv;
+
+static uint16_t get16(const uint8_t *p, size_t off)
+{
+	return (uint16_t)(p[off] | p[off + 1] << 8);
+}
+
+static uint32_t get32(const uint8_t *p, size_t off)
+{
+	return get16(p, off) | (uint32_t)get16(p, off + 2) << 16;
+}
+
+/*
+ * librnbd's server with a memory device; kernel: its transport answers as
+ * a kernel server does (every client then is a kernel client to it).
+ */
+static bool rnbd_up(bool kernel)
+{
+	struct rnbd_srv_opts o;
+	int rc;
+
+	rnbd_srv_opts_init(&o, sizeof(o));
+	o.rtrs.provider = "fake";
+	o.rtrs.port = 0;
+	o.rtrs.queue_depth = 16;
+	o.rtrs.max_chunk_size = 65536;
+	o.rtrs.always_invalidate = 0;
+	o.rtrs.hb_interval_ms = HB_NEVER;
+	o.mem_devices = DEV ":1M";
+	o.engine = "threads";
+	atomic_store(&rtrs_test_kernel_srv, kernel);
+	rc = rnbd_srv_open(&o, &rsrv);
+	CHECK(rc == 0, "rnbd server: %s", strerror(-rc));
+	if (rc)
+		return false;
+	/* Listening starts on the transport's loop, 1 ms after the open. */
+	CHECK_EQ(fake_advance(1), 0);
+	srv.port = rnbd_srv_port(rsrv, 1000);
+	CHECK(srv.port > 0, "port %d", srv.port);
+	return srv.port > 0;
+}
+
+static void rnbd_down(void)
+{
+	CHECK_EQ(fake_settle(), 0);
+	rnbd_srv_close(rsrv);
+	rsrv = NULL;
+	CHECK_EQ(fake_settle(), 0);
+}
+
+/* ---- librnbd's client ------------------------------------------------------------------ */
+
+/* The IO message of an RTRS write request (rnbd rw), or -1: [data | msg | rtrs write hdr]. */
+static int64_t req_rw(const struct fake_ev *ev)
+{
+	const uint8_t *d = ev->data, *h, *m;
+	uint16_t usr;
+
+	if (ev->len < 4)
+		return -1;
+	h = d + ev->len - 4;
+	usr = get16(h, 2);
+	if (get16(h, 0) != RTRS_MSG_WRITE || usr < sizeof(struct rnbd_msg_io) || usr + 4u > ev->len)
+		return -1;
+	m = h - usr;
+	return get16(m, 0) == RNBD_MSG_IO ? (int64_t)get32(m, 16) : -1;
+}
+
+struct done {
+	atomic_int calls, result;
+};
+
+static void io_done(void *priv, int result)
+{
+	struct done *d = priv;
+
+	atomic_store(&d->result, result);
+	atomic_fetch_add(&d->calls, 1);
+	fake_notify();
+}
+
+static bool io_called(void *arg)
+{
+	return atomic_load(&((struct done *)arg)->calls) > 0;
+}
+
+/*
+ * A PREFLUSH write through librnbd, which should take `expect` requests:
+ * their IO messages, in order, in rws. How many there were, up to one more.
+ */
+static unsigned preflush_write(struct rnbd_clt_dev *d, uint8_t *buf, unsigned expect,
+			       int64_t *rws)
+{
+	struct m req = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_IO_REQ_IMM) };
+	struct done dn = { 0 };
+	struct fake_ev *ev;
+	unsigned n = 0;
+
+	fake_hold(match, &req);
+	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_WRITE, RNBD_CLT_F_PREFLUSH, 8192, buf, 4096, io_done,
+				 &dn), 0);
+	while (n < expect && (ev = fake_wait_ev(match, &req, "a request"))) {
+		rws[n++] = req_rw(ev);
+		CHECK_EQ(fake_deliver(ev), 0);
+	}
+	CHECK_EQ(fake_wait(io_called, &dn, "the write's completion"), 0);
+	CHECK_EQ(fake_settle(), 0);
+	if ((ev = fake_find(match, &req))) {
+		rws[n++] = req_rw(ev);
+		fake_unclaim(ev);
+	}
+	fake_hold(NULL, NULL);
+	CHECK_EQ(atomic_load(&dn.result), 0);
+	CHECK_EQ(atomic_load(&dn.calls), 1);
+	return n;
+}
+
+/* librnbd's client on a session to the server; its device mapped read-write. */
+static bool clt_map(struct clt *c, struct rnbd_clt_sess **s, struct rnbd_clt_dev **d)
+{
+	int rc;
+
+	clt_init(c, "r", "a");
+	c->o.path_ev = NULL; /* its priv is librnbd's */
+	rc = rnbd_clt_sess_open(&c->o, s);
+	CHECK(rc == 0, "session: %s", strerror(-rc));
+	if (rc)
+		return false;
+	rc = rnbd_clt_map(*s, DEV, RNBD_CLT_RW, d);
+	CHECK(rc == 0, "map: %s", strerror(-rc));
+	if (rc)
+		rnbd_clt_sess_close(*s);
+	return rc == 0;
+}
+
+/*
+ * A server that speaks only the kernel's RTRS would drop the PREFLUSH: a
+ * FLUSH goes first, then the write without it, and the data lands.
+ * NOUNMAP write zeroes are refused before anything goes.
+ */
+static void rnbd_preflush_kernel_server(void)
+{
+	static uint8_t w[4096], r[4096];
+	struct rnbd_clt_sess *s;
+	struct rnbd_clt_dev *d;
+	int64_t rws[4] = { -1, -1, -1, -1 };
+	struct clt c;
+
+	if (!rnbd_up(true))
+		return;
+	if (!clt_map(&c, &s, &d)) {
+		rnbd_down();
+		return;
+	}
+	pattern(w, sizeof(w), 31);
+	CHECK_EQ(preflush_write(d, w, 2, rws), 2);
+	CHECK_EQ(rws[0] & RNBD_OP_MASK, RNBD_OP_FLUSH);
+	CHECK_EQ(rws[0] & ~(int64_t)RNBD_OP_MASK, RNBD_F_SYNC);
+	CHECK_EQ(rws[1] & RNBD_OP_MASK, RNBD_OP_WRITE);
+	CHECK(!(rws[1] & RNBD_F_PREFLUSH), "the write goes without PREFLUSH: %#llx",
+	      (long long)rws[1]);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_READ, 0, 8192, r, sizeof(r)), 0);
+	CHECK(!memcmp(r, w, sizeof(r)), "read back");
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_WRITE_ZEROES, RNBD_CLT_F_NOUNMAP, 0, NULL, 4096),
+		 -EOPNOTSUPP);
+	rnbd_clt_sess_close(s);
+	clt_close(&c);
+	rnbd_down();
+}
+
+/* A server of ours takes the PREFLUSH with the write: one request. */
+static void rnbd_preflush_project_server(void)
+{
+	static uint8_t w[4096], r[4096];
+	struct rnbd_clt_sess *s;
+	struct rnbd_clt_dev *d;
+	int64_t rws[4] = { -1, -1, -1, -1 };
+	struct clt c;
+
+	if (!rnbd_up(false))
+		return;
+	if (!clt_map(&c, &s, &d)) {
+		rnbd_down();
+		return;
+	}
+	pattern(w, sizeof(w), 32);
+	CHECK_EQ(preflush_write(d, w, 1, rws), 1);
+	CHECK_EQ(rws[0] & RNBD_OP_MASK, RNBD_OP_WRITE);
+	CHECK(rws[0] & RNBD_F_PREFLUSH, "PREFLUSH with the write: %#llx", (long long)rws[0]);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_READ, 0, 8192, r, sizeof(r)), 0);
+	CHECK(!memcmp(r, w, sizeof(r)), "read back");
+	rnbd_clt_sess_close(s);
+	clt_close(&c);
+	rnbd_down();
+}
+
+/* ---- a kernel client, RNBD by hand ------------------------------------------------------ */
+
+struct ans {
+	atomic_int done, err;
+};
+
+static void ans_conf(void *priv, int err)
+{
+	struct ans *a = priv;
+
+	atomic_store(&a->err, err);
+	atomic_store(&a->done, 1);
+	fake_notify();
+}
+
+static bool ans_done(void *arg)
+{
+	return atomic_load(&((struct ans *)arg)->done);
+}
+
+/* One RNBD message as the user header of an RTRS request; the answer's errno. */
+static int by_hand(struct clt *c, enum rtrs_dir dir, const void *msg, size_t msglen, void *data,
+		   size_t len)
+{
+	struct ans a = { 0 };
+	struct rtrs_clt_req_ops ops = { .priv = &a, .conf = ans_conf };
+	struct iovec usr = { (void *)msg, msglen }, iov = { data, len };
+	struct rtrs_permit *p = rtrs_clt_get_permit(c->sess, RTRS_IO_CON, RTRS_PERMIT_NOWAIT);
+	int rc;
+
+	if (!p)
+		return -ENOBUFS;
+	rc = rtrs_clt_request(c->sess, dir, &ops, p, &usr, 1, &iov, len ? 1 : 0);
+	if (!rc)
+		rc = fake_wait(ans_done, &a, "an RNBD answer") ? -ETIMEDOUT : atomic_load(&a.err);
+	rtrs_clt_put_permit(c->sess, p);
+	return rc;
+}
+
+static int io_by_hand(struct clt *c, uint32_t id, enum rnbd_io_op op, uint32_t flags,
+		      uint64_t sector, void *data, uint32_t len)
+{
+	struct rnbd_io io = { .device_id = id, .sector = sector, .op = op, .flags = flags,
+			      .bi_size = len };
+	struct rnbd_msg_io m;
+	bool has_data = op == RNBD_OP_READ || op == RNBD_OP_WRITE;
+
+	rnbd_io_encode(&m, &io);
+	return by_hand(c, op == RNBD_OP_READ ? RTRS_READ : RTRS_WRITE, &m, sizeof(m),
+		       has_data ? data : NULL, has_data ? len : 0);
+}
+
+/* SESS_INFO and OPEN of DEV, by hand: the answer in *rsp. */
+static int open_by_hand(struct clt *c, struct rnbd_open_rsp *rsp)
+{
+	static struct rnbd_msg_sess_info si, si_rsp;
+	static struct rnbd_msg_open om;
+	static struct rnbd_msg_open_rsp orsp;
+	struct rnbd_open o = { .access_mode = RNBD_ACCESS_RW, .dev_name = DEV };
+	const char *why = NULL;
+	unsigned ver;
+	int rc;
+
+	rnbd_sess_info_encode(&si, false, RNBD_PROTO_VER_MAJOR);
+	rc = by_hand(c, RTRS_READ, &si, sizeof(si), &si_rsp, sizeof(si_rsp));
+	if (!rc)
+		rc = rnbd_sess_info_decode(&si_rsp, sizeof(si_rsp), true, &ver, &why);
+	rnbd_open_encode(&om, &o);
+	if (!rc)
+		rc = by_hand(c, RTRS_READ, &om, sizeof(om), &orsp, sizeof(orsp));
+	if (!rc)
+		rc = rnbd_open_rsp_decode(&orsp, sizeof(orsp), rsp, &why);
+	return rc;
+}
+
+/*
+ * A kernel client (its RTRS without the extension bit) sends what a
+ * kernel rnbd-client sends: it is offered no write zeroes, and operation
+ * 5 is refused (-EOPNOTSUPP); its SYNC and FUA writes, its FLUSH (SYNC and
+ * FUA, as op_is_flush gives), an empty FUA write (an old kernel's flush)
+ * and SYNC reads are served, the data in place.
+ */
+static void rnbd_kernel_client(void)
+{
+	static uint8_t w[4096], r[4096];
+	struct rnbd_open_rsp rsp;
+	struct clt c;
+
+	if (!rnbd_up(false))
+		return;
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(&c, "k", "a");
+	CHECK_EQ(clt_open(&c), 0);
+	CHECK_EQ(open_by_hand(&c, &rsp), 0);
+	CHECK_EQ(rsp.max_write_zeroes_sectors, 0);
+	CHECK_EQ(rsp.nsectors, DEV_BYTES >> 9);
+	CHECK(rsp.max_discard_sectors > 0, "discard is offered");
+	CHECK_EQ(io_by_hand(&c, rsp.device_id, RNBD_OP_WRITE_ZEROES, 0, 0, NULL, 4096),
+		 -EOPNOTSUPP);
+	CHECK(env_logged("operation 5 from a kernel client refused"));
+	pattern(w, sizeof(w), 33);
+	CHECK_EQ(io_by_hand(&c, rsp.device_id, RNBD_OP_WRITE, RNBD_F_SYNC | RNBD_F_FUA, 16, w,
+			    sizeof(w)), 0);
+	CHECK_EQ(io_by_hand(&c, rsp.device_id, RNBD_OP_FLUSH, RNBD_F_SYNC | RNBD_F_FUA, 0, NULL, 0),
+		 0);
+	CHECK_EQ(io_by_hand(&c, rsp.device_id, RNBD_OP_WRITE, RNBD_F_FUA, 0, NULL, 0), 0);
+	CHECK_EQ(io_by_hand(&c, rsp.device_id, RNBD_OP_READ, RNBD_F_SYNC, 16, r, sizeof(r)), 0);
+	CHECK(!memcmp(r, w, sizeof(r)), "read back");
+	CHECK_EQ(io_by_hand(&c, rsp.device_id, RNBD_OP_DISCARD, RNBD_F_SYNC, 16, NULL, 4096), 0);
+	clt_close(&c);
+	rnbd_down();
+}
+
+/* A client of ours on the same server is offered write zeroes, and they are served. */
+static void rnbd_project_client(void)
+{
+	struct rnbd_open_rsp rsp;
+	struct clt c;
+
+	if (!rnbd_up(false))
+		return;
+	clt_init(&c, "p", "a");
+	CHECK_EQ(clt_open(&c), 0);
+	CHECK_EQ(open_by_hand(&c, &rsp), 0);
+	CHECK(rsp.max_write_zeroes_sectors > 0, "write zeroes offered");
+	CHECK_EQ(io_by_hand(&c, rsp.device_id, RNBD_OP_WRITE_ZEROES, 0, 0, NULL, 4096), 0);
+	clt_close(&c);
+	rnbd_down();
+}
+
+static const struct scenario scenarios[] = {
+	{ "rnbd_preflush_kernel_server", rnbd_preflush_kernel_server },
+	{ "rnbd_preflush_project_server", rnbd_preflush_project_server },
+	{ "rnbd_kernel_client", rnbd_kernel_client },
+	{ "rnbd_project_client", rnbd_project_client },
+};
+
+int main(int argc, char **argv)
+{
+	return fake_main(argc, argv, scenarios, ARRAY_SIZE(scenarios), "fake-rnbd");
+}
