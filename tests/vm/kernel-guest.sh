@@ -139,14 +139,28 @@ kg_sha256() { # FILE|DEV [MIB]: digest of the first MIB MiB (all of a file)
 
 # Markers in KG_RUN, for the two guests of a pair.
 kg_signal() { touch "$KG_RUN/$1"; }
-kg_wait() { # NAME [SECONDS]
-	local i
+kg_wait() { # "NAME..." [SECONDS]: until one of the markers is there
+	local i n
 	for i in $(seq $((${2:-300} * 10))); do
-		[ -e "$KG_RUN/$1" ] && return 0
+		for n in $1; do
+			[ -e "$KG_RUN/$n" ] && return 0
+		done
 		sleep 0.1
 	done
 	kg_log "timed out waiting for $1"
 	return 1
+}
+
+# kg_fio_verify DEV MIB: random 4 KiB writes, 16 in flight, over the first
+# MIB MiB, each block then read back and checked (crc32c).
+kg_fio_verify() {
+	command -v fio >/dev/null || { echo "kernel-guest: no fio" >&2; return 77; }
+	fio --name=kg-verify --filename="$1" --size="${2}M" --rw=randwrite --bs=4k \
+		--ioengine=libaio --iodepth=16 --direct=1 --verify=crc32c --verify_fatal=1 \
+		--output=/tmp/kg-fio.log
+	local rc=$?
+	grep -E 'WRITE:|READ:|err=|verify' /tmp/kg-fio.log | sed 's/^ */fio: /'
+	return $rc
 }
 
 # kg_capture_start: RoCEv2 (UDP 4791) on eth0 into guest memory, with a
@@ -165,8 +179,17 @@ kg_capture_start() {
 }
 
 # kg_capture_stop FILE: stops the capture and moves it to FILE; logs what
-# tcpdump says it dropped.
+# tcpdump says it dropped. tcpdump falls behind under TCG and drops what
+# is still in its buffer when stopped: it is stopped once the file has
+# stopped growing (at most 60 s).
 kg_capture_stop() {
+	local i last=-1 size
+	for i in $(seq 120); do
+		size=$(stat -c %s /tmp/kg.pcap 2>/dev/null || echo 0)
+		[ "$size" = "$last" ] && break
+		last=$size
+		sleep 0.5
+	done
 	kill -INT "$KG_CAPTURE" 2>/dev/null
 	wait "$KG_CAPTURE" 2>/dev/null
 	kg_log "capture: $(grep -E 'captured|dropped' /tmp/kg-tcpdump.log | tr '\n' ' ')"

@@ -4,8 +4,9 @@
 # pair), over soft-RoCE. Guest A is 198.18.0.1, guest B 198.18.0.2.
 #   control          kernel rnbd-server (brd, 64 MiB /dev/ram0) in A, kernel
 #                    rnbd-client in B: map, write 64 MiB of random data
-#                    (O_DIRECT), read it back and compare, unmap; A's
-#                    /dev/ram0 holds the same digest; no oops, BUG or
+#                    (O_DIRECT), read it back and compare; A's /dev/ram0
+#                    holds the same digest; random 4 KiB writes, 16 in
+#                    flight, verified (fio); unmap; no oops, BUG or
 #                    warning trace in either kernel; A's capture of the
 #                    conversation decodes (rtrs-wire.py) equal to the
 #                    reference, kernel-interop-ref.txt
@@ -32,8 +33,8 @@ SESS=interop
 # ---- guest side ------------------------------------------------------------
 
 # kernel_server [rtrs-server PARAM=V...]: guest A's part of a test with a
-# kernel client: brd and the kernel server, a capture while B works, then
-# the server side's view of the data.
+# kernel client: brd and the kernel server, a capture while B works, and
+# the server side's view of the data B wrote.
 kernel_server() {
 	local want got
 	if kg_load_brd "$MIB" && kg_load_server "$@"; then
@@ -43,17 +44,20 @@ kernel_server() {
 	fi
 	kg_capture_start || kg_check A-capture-started 1
 	kg_signal A-ready
-	kg_wait B-done 400
-	kg_capture_stop "$KG_RUN/capture.pcap"
+	kg_wait "B-written B-done" 400
 	want=$(cat "$KG_RUN/B.sha256" 2>/dev/null)
 	got=$(kg_sha256 /dev/ram0 "$MIB")
 	[ -n "$want" ] && [ "$got" = "$want" ]
 	kg_check A-ram0-equals-B-pattern $? "(sha256 ${got:0:16}, B's ${want:0:16})"
+	kg_signal A-checked
+	kg_wait B-done 400
+	kg_capture_stop "$KG_RUN/capture.pcap"
 	kg_dmesg_check A
 }
 
 # kernel_client_verify: guest B's part: the kernel client maps A's
-# /dev/ram0, writes a random pattern, reads it back, unmaps.
+# /dev/ram0, writes a random pattern, reads it back; once A has checked
+# its copy, random 4 KiB writes with 16 in flight, verified (fio); unmaps.
 kernel_client_verify() {
 	local dev
 	kg_load_client
@@ -65,6 +69,10 @@ kernel_client_verify() {
 		kg_check B-map "0" "($dev)"
 		kg_write_verify "$dev" /tmp/pattern
 		kg_check B-readback-equals-pattern $? "($MIB MiB)"
+		kg_signal B-written
+		kg_wait A-checked 120
+		kg_fio_verify "$dev" 4
+		kg_check B-fio-random-4k-verify $? "(4 MiB, iodepth 16)"
 		kg_unmap "$dev"
 		kg_check B-unmap $?
 	else
@@ -87,7 +95,11 @@ if [ "${1:-}" = --guest ]; then
 	export KI_BUILD
 	kg_in_guest || exit 1
 	# A waiting guest must not wait for one that stopped early.
-	if [ "$role" = A ]; then trap 'kg_signal A-ready' EXIT; else trap 'kg_signal B-done' EXIT; fi
+	if [ "$role" = A ]; then
+		trap 'kg_signal A-ready; kg_signal A-checked' EXIT
+	else
+		trap 'kg_signal B-done' EXIT
+	fi
 	"${role,,}_$test"
 	exit 0
 fi

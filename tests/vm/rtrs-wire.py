@@ -21,12 +21,14 @@ conn_rsp fields, reserved bytes (shown as "zero" or in hex), message types,
 lengths, flags, chunk numbers and offsets, immediates decoded as RTRS
 (type and payload), RNBD messages. Keys become relations: a write names
 "rkey=chunk" when it uses the key the server last gave for that chunk; an
-RKEY_RSP "rkey=prev+1" when it advances it by one (ib_inc_rkey), a
+RKEY_RSP "rkey=prev+1" when it advances it as ib_inc_rkey does (the low
+byte plus one, modulo 256), "prev" or "new" otherwise, a
 SEND_WITH_INV "inv=read-desc" when it invalidates the key of the read it
 answers.
 
 Transport noise is not in the sequence: acks, NAKs and retransmissions are
-counted at the end. A PSN gap (tcpdump dropped packets, as it does under
+counted at the end. Heartbeats are shown, marked [timer], but not compared:
+where they fall among the IOs is a matter of time. A PSN gap (tcpdump dropped packets, as it does under
 TCG during bulk IO) ends the comparable part of that stream; decoding goes
 on after it, marked.
 """
@@ -66,6 +68,7 @@ CM_PRIVATE = {"REQ": 140, "REJ": 84, "REP": 36, "RTU": 8, "DREQ": 12, "DREP": 8}
 CMA_HDR = 36
 
 AFTER_GAP = "   [after a capture gap]"
+TIMER = "   [timer]"
 RTRS_MAGIC = 0x1BBD
 IMM_TYPES = {0: "IO_REQ", 1: "IO_RSP", 2: "IO_RSP_W_INV", 8: "HB_MSG", 9: "HB_ACK"}
 RTRS_MSG = {0: "INFO_REQ", 1: "INFO_RSP", 2: "WRITE", 3: "READ", 4: "RKEY_RSP",
@@ -168,6 +171,8 @@ class Decoder:
         line = "%s %s %s" % (stream.conn.name(), stream.dir, text)
         if stream.gap:
             line += AFTER_GAP
+        elif " imm=HB_" in text:
+            line += TIMER
         self.events.append(((stream.conn.name(), stream.dir), line))
 
     def uuid(self, b):
@@ -405,7 +410,12 @@ class Decoder:
         rel = "?"
         if buf_id < len(sess.chunks):
             old = sess.chunks[buf_id][1]
-            rel = "prev+%d" % ((rkey - old) & 0xffffffff) if rkey != old else "prev"
+            # The kernel's ib_inc_rkey: the low byte (the consumer's key
+            # part) plus one, modulo 256; the MR index above it stays.
+            if rkey == (old & ~0xff) | ((old + 1) & 0xff):
+                rel = "prev+1"
+            else:
+                rel = "prev" if rkey == old else "new"
             sess.chunks[buf_id][1] = rkey
         return "RKEY_RSP buf_id=%d rkey=%s" % (buf_id, rel)
 
@@ -525,7 +535,7 @@ class Trace:
             lines = self.streams.setdefault(key, [])
             if line.endswith(AFTER_GAP):
                 self.gapped.add(key)
-            elif key not in self.gapped:
+            elif key not in self.gapped and not line.endswith(TIMER):
                 lines.append(line)
 
 
@@ -599,10 +609,12 @@ def cmd_compare(args):
         for key in keys:
             out.append("== %s %s: first %d messages" % (key[0], key[1], limits[key]))
             out.extend(t.streams.get(key, [])[:limits[key]])
-        # The disconnect only when both captures reach it.
+        # The disconnect only when both captures reach it, and only who
+        # asked to disconnect which connection: the other side may send a
+        # DREQ of its own across the client's, and in any order.
         if a.closed and b.closed:
-            out.append("== teardown")
-            out.extend(t.teardown)
+            out.append("== teardown: the client's DREQs")
+            out.extend(sorted({l for l in t.teardown if " C>S DREQ " in l}))
         return out
 
     la, lb = canonical(a), canonical(b)
