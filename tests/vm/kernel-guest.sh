@@ -183,8 +183,8 @@ kg_capture_start() {
 # is still in its buffer when stopped: it is stopped once the file has
 # stopped growing (at most 60 s).
 kg_capture_stop() {
-	local i last=-1 size
-	for i in $(seq 120); do
+	local last=-1 size
+	for _ in $(seq 120); do
 		size=$(stat -c %s /tmp/kg.pcap 2>/dev/null || echo 0)
 		[ "$size" = "$last" ] && break
 		last=$size

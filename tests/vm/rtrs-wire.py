@@ -135,7 +135,7 @@ class Conn:
         self.client, self.server = client, server
         self.cqpn, self.sqpn = cqpn, None
         self.cid = None
-        self.sess = None
+        self.sess = Session()    # shared by the paths_uuid once the REQ is read
         self.streams = {"C>S": Stream(self, "C>S"), "S>C": Stream(self, "S>C")}
 
     def name(self):
@@ -161,6 +161,7 @@ class Decoder:
         self.sessions = {}       # paths_uuid placeholder -> Session
         self.stats = collections.Counter()
         self.closed = False      # a DREQ was seen: the capture holds an end
+        self.cm_seen = set()
 
     # -- output --------------------------------------------------------------
 
@@ -193,6 +194,12 @@ class Decoder:
         data = mad[24:]
         lid, rid = struct.unpack_from(">II", data, 0)
         priv = data[CM_PRIVATE.get(attr, 232):]
+        # The CM sends a message again when its answer is late (TCG under
+        # load), and MRAs ask for more time: timing, not conversation.
+        if attr == "MRA" or (attr, lid, rid) in self.cm_seen:
+            self.stats["CM MRAs and retransmissions"] += 1
+            return
+        self.cm_seen.add((attr, lid, rid))
         if attr == "REQ":
             self.cm_req(src, dst, data, priv)
         elif attr == "REP":
@@ -264,9 +271,9 @@ class Decoder:
 
     # -- RC transport ----------------------------------------------------------
 
-    def packet(self, frame, src, dst, p):
+    def packet(self, src, dst, p):
         if len(p) < 12 + 4:
-            raise WireError("frame %d: shorter than BTH and ICRC" % frame)
+            raise WireError("shorter than BTH and ICRC")
         op = p[0]
         pad = (p[1] >> 4) & 3
         dqpn = int.from_bytes(p[5:8], "big")
@@ -568,8 +575,8 @@ def trace_of(path):
     d = Decoder()
     for frame, src, dst, payload in read_packets(path):
         try:
-            d.packet(frame, src, dst, payload)
-        except (struct.error, IndexError) as e:
+            d.packet(src, dst, payload)
+        except (struct.error, IndexError, WireError) as e:
             raise WireError("%s: frame %d: malformed packet (%s)" % (path, frame, e))
     t = Trace(d.events, d.closed)
     t.stats = d.stats
@@ -619,8 +626,9 @@ def cmd_compare(args):
 
     la, lb = canonical(a), canonical(b)
     if la == lb:
-        print("equal: setup (%d CM messages) and %s" % (
-            len(a.setup), ", ".join("%s %s %d" % (k[0], k[1], n) for k, n in limits.items())))
+        print("equal: setup (%d CM messages) and the first messages of each stream: %s" % (
+            len(a.setup), ", ".join("%s %s %d" % (k[0], k[1], min(n, len(a.streams.get(k, []))))
+                                    for k, n in limits.items())))
         return 0
     sys.stdout.writelines(difflib.unified_diff([x + "\n" for x in la], [x + "\n" for x in lb],
                                                args.ref, args.pcap, n=2))
