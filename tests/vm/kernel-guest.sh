@@ -166,10 +166,9 @@ kg_fio_verify() {
 # kg_capture_start: RoCEv2 (UDP 4791) on eth0 into guest memory, with a
 # large buffer: under TCG tcpdump falls behind during bulk IO.
 kg_capture_start() {
-	local i
 	tcpdump -i eth0 -U -s 0 -B 32768 -w /tmp/kg.pcap udp port 4791 2>/tmp/kg-tcpdump.log &
 	KG_CAPTURE=$!
-	for i in $(seq 100); do
+	for _ in $(seq 100); do
 		grep -q 'listening on' /tmp/kg-tcpdump.log && return 0
 		kill -0 "$KG_CAPTURE" 2>/dev/null || break
 		sleep 0.1

@@ -130,16 +130,8 @@ if ! "$vm" image --kmods >"$logs/image.log" 2>&1; then
 	exit 1
 fi
 
-passed=0 failed=0 skipped=0
-result() { # name rc [detail]
-	if [ "$2" -eq 0 ]; then
-		passed=$((passed + 1)); echo "ok   $1${3:+ $3}"
-	elif [ "$2" -eq 77 ]; then
-		skipped=$((skipped + 1)); echo "SKIP $1${3:+ $3}"
-	else
-		failed=$((failed + 1)); echo "FAIL $1${3:+ $3}"
-	fi
-}
+# shellcheck source=suite-results.sh
+. "$here/suite-results.sh"
 
 # pair_test TEST: both guests run their part; every CHECK they print, the
 # consoles and the capture become results.
@@ -186,6 +178,4 @@ for t in "${tests[@]}"; do
 	declare -F "a_${t//-/_}" >/dev/null || { result "$t" 1 "(no such test)"; continue; }
 	pair_test "$t"
 done
-echo "$passed passed, $failed failed, $skipped skipped"
-[ "$failed" -eq 0 ] || exit 1
-[ "$skipped" -eq 0 ] || exit 77
+suite_end
