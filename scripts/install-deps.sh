@@ -11,6 +11,7 @@ packages=(
 	liburing-dev
 	libjson-c-dev
 	nbdkit nbdkit-plugin-dev libnbd-bin fio qemu-utils fuse3 e2fsprogs
+	tcpdump tshark
 )
 
 missing=()
@@ -26,5 +27,7 @@ if [ "$(id -u)" -ne 0 ]; then
 	sudo=sudo
 fi
 echo "install-deps: installing ${missing[*]}"
+# tshark's package asks whether non-root users may capture: no.
+echo "wireshark-common wireshark-common/install-setuid boolean false" | $sudo debconf-set-selections
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -38,16 +38,8 @@ if ! "$vm" image $img_opt >"$logs/image.log" 2>&1; then
 	exit 1
 fi
 
-passed=0 failed=0 skipped=0
-result() { # name rc
-	if [ "$2" -eq 0 ]; then
-		passed=$((passed + 1)); echo "ok   $1"
-	elif [ "$2" -eq 77 ]; then
-		skipped=$((skipped + 1)); echo "SKIP $1"
-	else
-		failed=$((failed + 1)); echo "FAIL $1 (exit $2)"
-	fi
-}
+# shellcheck source=suite-results.sh
+. "$here/suite-results.sh"
 
 env_common="cd $build && export RTRS_TEST_PROVIDER=verbs RTRS_TEST_SERVER=$build/tests/functional/rtrs-test-server RTRS_PERF=$build/tools/rtrs-perf"
 one_guest=(test-io test-close test-peer-death test-connect test-reconnect test-multipath test-fence
@@ -95,6 +87,4 @@ for dev in "${devices[@]}"; do
 	[ $rc -eq 0 ] || tail -n 40 "$logs/pair.log"
 	result "verbs/$dev two guests: test-io" "$rc"
 done
-echo "$passed passed, $failed failed, $skipped skipped"
-[ "$failed" -eq 0 ] || exit 1
-[ "$skipped" -eq 0 ] || exit 77
+suite_end

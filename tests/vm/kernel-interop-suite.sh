@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# The kernel-interop suite: the Linux kernel's RTRS and RNBD (built by
+# 'rtrs-vm image --kmods') in two QEMU guests on a virtual cable (rtrs-vm
+# pair), over soft-RoCE. Guest A is 198.18.0.1, guest B 198.18.0.2.
+#   control          kernel rnbd-server (brd, 64 MiB /dev/ram0) in A, kernel
+#                    rnbd-client in B: map, write 64 MiB of random data
+#                    (O_DIRECT), read it back and compare; A's /dev/ram0
+#                    holds the same digest; random 4 KiB writes, 16 in
+#                    flight, verified (fio); unmap; no oops, BUG or
+#                    warning trace in either kernel; A's capture of the
+#                    conversation decodes (rtrs-wire.py) equal to the
+#                    reference, kernel-interop-ref.txt
+#   control-noinval  the same with the server's always_invalidate=0; its
+#                    capture is compared with kernel-interop-ref-noinval.txt
+# Usage: kernel-interop-suite.sh BUILD_DIR [TEST...]   (default: all)
+#        kernel-interop-suite.sh --guest A|B TEST RUN_DIR BUILD_DIR   (in a guest)
+# Prints "N passed, N failed, N skipped"; exits 77 when guests cannot be
+# run here. KI_KEEP=DIR keeps each test's captures, kernel logs and
+# consoles in DIR/TEST.
+#
+# A test is two shell functions, a_TEST for guest A and b_TEST for guest B
+# (dashes in TEST become underscores), run with kernel-guest.sh's kg_*
+# functions and a folder both guests share (KG_RUN: markers, digests,
+# captures); KI_BUILD is the build folder (the host's root, so the
+# project's binaries, is the guests' too). Each reports named results with kg_check; the host adds the
+# consoles' check and, where the test names a reference, the capture's.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+self=$here/$(basename "$0")
+MIB=64
+SESS=interop
+
+# ---- guest side ------------------------------------------------------------
+
+# kernel_server [rtrs-server PARAM=V...]: guest A's part of a test with a
+# kernel client: brd and the kernel server, a capture while B works, and
+# the server side's view of the data B wrote.
+kernel_server() {
+	local want got
+	if kg_load_brd "$MIB" && kg_load_server "$@"; then
+		kg_check A-kernel-server-loaded 0 "(${*:-default parameters})"
+	else
+		kg_check A-kernel-server-loaded 1
+	fi
+	kg_capture_start || kg_check A-capture-started 1
+	kg_signal A-ready
+	kg_wait "B-written B-done" 400
+	want=$(cat "$KG_RUN/B.sha256" 2>/dev/null)
+	got=$(kg_sha256 /dev/ram0 "$MIB")
+	[ -n "$want" ] && [ "$got" = "$want" ]
+	kg_check A-ram0-equals-B-pattern $? "(sha256 ${got:0:16}, B's ${want:0:16})"
+	kg_signal A-checked
+	kg_wait B-done 400
+	kg_capture_stop "$KG_RUN/capture.pcap"
+	kg_dmesg_check A
+}
+
+# kernel_client_verify: guest B's part: the kernel client maps A's
+# /dev/ram0, writes a random pattern, reads it back; once A has checked
+# its copy, random 4 KiB writes with 16 in flight, verified (fio); unmaps.
+kernel_client_verify() {
+	local dev
+	kg_load_client
+	kg_check B-kernel-client-loaded $?
+	kg_pattern /tmp/pattern "$MIB"
+	kg_sha256 /tmp/pattern >"$KG_RUN/B.sha256"
+	kg_wait A-ready 120 || return 1
+	if dev=$(kg_map "$SESS" 198.18.0.1 /dev/ram0); then
+		kg_check B-map "0" "($dev)"
+		kg_write_verify "$dev" /tmp/pattern
+		kg_check B-readback-equals-pattern $? "($MIB MiB)"
+		kg_signal B-written
+		kg_wait A-checked 120
+		kg_fio_verify "$dev" 4
+		kg_check B-fio-random-4k-verify $? "(4 MiB, iodepth 16)"
+		kg_unmap "$dev"
+		kg_check B-unmap $?
+	else
+		kg_check B-map 1
+	fi
+	kg_dmesg_check B
+}
+
+a_control() { kernel_server; }
+b_control() { kernel_client_verify; }
+
+a_control_noinval() { kernel_server always_invalidate=0; }
+b_control_noinval() { kernel_client_verify; }
+
+if [ "${1:-}" = --guest ]; then
+	role=$2 test=${3//-/_}
+	# shellcheck source=kernel-guest.sh
+	. "$here/kernel-guest.sh"
+	KG_NAME=$role KG_RUN=$4 KI_BUILD=$5
+	export KI_BUILD
+	kg_in_guest || exit 1
+	# A waiting guest must not wait for one that stopped early.
+	if [ "$role" = A ]; then
+		trap 'kg_signal A-ready; kg_signal A-checked' EXIT
+	else
+		trap 'kg_signal B-done' EXIT
+	fi
+	"${role,,}_$test"
+	exit 0
+fi
+
+# ---- host side -----------------------------------------------------------------
+
+build=$(cd "${1:?usage: kernel-interop-suite.sh BUILD_DIR [TEST...]}" && pwd)
+shift
+tests=("$@")
+[ ${#tests[@]} -gt 0 ] || tests=(control control-noinval)
+vm=$here/rtrs-vm
+wire=$here/rtrs-wire.py
+
+# The capture each test is compared with; none: decoded into the log.
+declare -A reference=([control]=$here/kernel-interop-ref.txt
+	[control-noinval]=$here/kernel-interop-ref-noinval.txt)
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "kernel-interop: needs root (QEMU guests, packages); skipping"
+	exit 77
+fi
+logs=$(mktemp -d /tmp/kernel-interop.XXXXXX)
+trap 'rm -rf "$logs"' EXIT
+if ! "$vm" image --kmods >"$logs/image.log" 2>&1; then
+	cat "$logs/image.log"
+	echo "kernel-interop: cannot build the guest image or the kernel's modules"
+	echo "0 passed, 1 failed, 0 skipped"
+	exit 1
+fi
+
+# shellcheck source=suite-results.sh
+. "$here/suite-results.sh"
+
+# pair_test TEST: both guests run their part; every CHECK they print, the
+# consoles and the capture become results.
+pair_test() {
+	local t=$1 run out rc n=0 g name st detail hits t0
+	run=$logs/$t
+	mkdir -p "$run"
+	t0=$(date +%s)
+	# This folder too: guests have their own /tmp, where a checkout may be.
+	out=$("$vm" pair --kmods --timeout 600 --share "$run" --share-ro "$here" --logs "$run" \
+		--a "$self --guest A $t $run $build" --b "$self --guest B $t $run $build" 2>&1)
+	rc=$?
+	echo "  [$t] guests: $(($(date +%s) - t0)) s, exit $rc"
+	grep -v 'CHECK ' <<<"$out" | sed "s/^/  [$t] /"
+	while read -r g _ name st detail; do
+		result "$t: $name" "$st" "$detail"
+		n=$((n + 1))
+	done < <(grep -E '^[AB]\| CHECK ' <<<"$out")
+	[ "$n" -gt 0 ] && [ "$rc" -ne 125 ] || result "$t: guests finished" 1 "(exit $rc)"
+	for g in A B; do
+		hits=$(grep -cE 'BUG:|Oops|Call Trace' "$run/$g.console" 2>/dev/null)
+		[ -f "$run/$g.console" ] && [ "$hits" -eq 0 ]
+		result "$t: $g-console-clean" $? "(${hits:-no console} oops/BUG/trace lines)"
+		[ "${hits:-0}" -eq 0 ] || grep -E -B2 -A12 'BUG:|Oops' "$run/$g.console" | head -60 | sed "s/^/  [$t] $g: /"
+	done
+	if [ -f "$run/capture.pcap" ]; then
+		if [ -n "${reference[$t]:-}" ]; then
+			"$wire" compare "${reference[$t]}" "$run/capture.pcap" >"$run/compare.txt" 2>&1
+			rc=$?
+			sed "s/^/  [$t] /" "$run/compare.txt" | head -80
+			result "$t: capture-equals-reference" $rc
+		else
+			"$wire" decode "$run/capture.pcap" --first 12 2>&1 | sed "s/^/  [$t] wire: /"
+		fi
+	else
+		[ -z "${reference[$t]:-}" ] || result "$t: capture-equals-reference" 1 "(no capture)"
+	fi
+	if [ -n "${KI_KEEP:-}" ]; then
+		mkdir -p "$KI_KEEP/$t" && cp -r "$run"/. "$KI_KEEP/$t/"
+	fi
+}
+
+for t in "${tests[@]}"; do
+	declare -F "a_${t//-/_}" >/dev/null || { result "$t" 1 "(no such test)"; continue; }
+	pair_test "$t"
+done
+suite_end
