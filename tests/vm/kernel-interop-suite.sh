@@ -12,6 +12,10 @@
 #                    reference, kernel-interop-ref.txt
 #   control-noinval  the same with the server's always_invalidate=0; its
 #                    capture is compared with kernel-interop-ref-noinval.txt
+#   kclient-ours     the kernel's rnbd-client in B maps ram0 (64 MiB of
+#                    memory) from the project's rnbd-server in A (native
+#                    fabric, --no-invalidate): the same writes, read-back
+#                    and fio verification; the capture is decoded
 # Usage: kernel-interop-suite.sh BUILD_DIR [TEST...]   (default: all)
 #        kernel-interop-suite.sh --guest A|B TEST RUN_DIR BUILD_DIR   (in a guest)
 # Prints "N passed, N failed, N skipped"; exits 77 when guests cannot be
@@ -58,14 +62,14 @@ kernel_server() {
 # kernel_client_verify: guest B's part: the kernel client maps A's
 # /dev/ram0, writes a random pattern, reads it back; once A has checked
 # its copy, random 4 KiB writes with 16 in flight, verified (fio); unmaps.
-kernel_client_verify() {
-	local dev
+kernel_client_verify() { # [DEVICE_PATH (/dev/ram0)]
+	local dev path=${1:-/dev/ram0}
 	kg_load_client
 	kg_check B-kernel-client-loaded $?
 	kg_pattern /tmp/pattern "$MIB"
 	kg_sha256 /tmp/pattern >"$KG_RUN/B.sha256"
 	kg_wait A-ready 120 || return 1
-	if dev=$(kg_map "$SESS" 198.18.0.1 /dev/ram0); then
+	if dev=$(kg_map "$SESS" 198.18.0.1 "$path"); then
 		kg_check B-map "0" "($dev)"
 		kg_write_verify "$dev" /tmp/pattern
 		kg_check B-readback-equals-pattern $? "($MIB MiB)"
@@ -81,11 +85,41 @@ kernel_client_verify() {
 	kg_dmesg_check B
 }
 
+# our_server [rnbd-server OPTION...]: guest A's part of a test with a
+# kernel client and the project's rnbd-server (the native fabric) serving
+# 64 MiB of memory as ram0, with a capture while B works.
+our_server() {
+	local pid
+	"$KI_BUILD/daemons/rnbd-server" --provider verbs -a 198.18.0.1 -p 1234 \
+		-m "ram0:${MIB}M" --log-level info "$@" >"$KG_RUN/A-rnbd-server.log" 2>&1 &
+	pid=$!
+	sleep 1
+	kill -0 "$pid" 2>/dev/null
+	kg_check A-our-server-started $? "(${*:-default options})"
+	kg_capture_start || kg_check A-capture-started 1
+	kg_signal A-ready
+	kg_wait "B-written B-done" 400
+	kg_signal A-checked
+	kg_wait B-done 400
+	kg_capture_stop "$KG_RUN/capture.pcap"
+	kill -0 "$pid" 2>/dev/null
+	kg_check A-our-server-alive $?
+	kill "$pid"
+	wait "$pid"
+	kg_check A-our-server-exit $? "(SIGTERM)"
+	kg_log "rnbd-server's log:"
+	tail -n 30 "$KG_RUN/A-rnbd-server.log"
+}
+
 a_control() { kernel_server; }
 b_control() { kernel_client_verify; }
 
 a_control_noinval() { kernel_server always_invalidate=0; }
 b_control_noinval() { kernel_client_verify; }
+
+# The kernel's rnbd-client maps a device of the project's rnbd-server.
+a_kclient_ours() { our_server --no-invalidate; }
+b_kclient_ours() { kernel_client_verify ram0; }
 
 if [ "${1:-}" = --guest ]; then
 	role=$2 test=${3//-/_}
@@ -109,7 +143,7 @@ fi
 build=$(cd "${1:?usage: kernel-interop-suite.sh BUILD_DIR [TEST...]}" && pwd)
 shift
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(control control-noinval)
+[ ${#tests[@]} -gt 0 ] || tests=(control control-noinval kclient-ours)
 vm=$here/rtrs-vm
 wire=$here/rtrs-wire.py
 
