@@ -175,7 +175,7 @@ pair_test() {
 	mkdir -p "$run"
 	t0=$(date +%s)
 	# This folder too: guests have their own /tmp, where a checkout may be.
-	out=$("$vm" pair --kmods --timeout 600 --share "$run" --share-ro "$here" --logs "$run" \
+	out=$("$vm" pair --kmods --timeout 600 --share "$run" --share-ro "$here" --share-ro "$build" --logs "$run" \
 		--a "$self --guest A $t $run $build" --b "$self --guest B $t $run $build" 2>&1)
 	rc=$?
 	echo "  [$t] guests: $(($(date +%s) - t0)) s, exit $rc"
