@@ -602,6 +602,39 @@ static void first_conn_recon_cnt(void)
 	CHECK_EQ(env_teardown(&c), 0);
 }
 
+static bool srv_session_gone(void *arg)
+{
+	return srv_stats().sessions == 0;
+}
+
+/*
+ * A path added after every other was removed carries first_conn, as the
+ * kernel's (paths_num == 0): the server dropped the session with its last
+ * path, and the new path sets it up again.
+ */
+static void first_conn_after_removal(void)
+{
+	struct rtrs_path_addr b = { .dst = NULL };
+	char dst[64];
+	unsigned idx = 99;
+	struct clt c;
+
+	if (!srv_up(false, NULL))
+		return;
+	clt_init(&c, "s", "a");
+	CHECK_EQ(clt_open(&c), 0);
+	CHECK_EQ(rtrs_clt_remove_path(c.sess, 0), 0);
+	CHECK_EQ(fake_wait(srv_session_gone, NULL, "the server to drop the session"), 0);
+	snprintf(dst, sizeof(dst), "b:%d", srv.port);
+	b.dst = dst;
+	/* Without first_conn the server, which knows no such session, refuses it (-ENXIO). */
+	CHECK_EQ(rtrs_clt_add_path(c.sess, &b, &idx), 0);
+	CHECK_EQ(idx, 1);
+	CHECK(io_roundtrip(&c, 0, 10), "IO on the new path");
+	CHECK(env_logged("session s closed"), "the old session was gone");
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
 /* The kernel's heartbeat: every 5 s, failing after 5 missed. */
 static void kernel_beats(struct rtrs_srv_opts *so)
 {
@@ -677,6 +710,7 @@ static const struct scenario scenarios[] = {
 	{ "kernel_server_read_one_desc", kernel_server_read_one_desc },
 	{ "project_read_descs", project_read_descs },
 	{ "first_conn_recon_cnt", first_conn_recon_cnt },
+	{ "first_conn_after_removal", first_conn_after_removal },
 	{ "hb_kernel_server_pace", hb_kernel_server_pace },
 	{ "hb_kernel_client_pace", hb_kernel_client_pace },
 };
