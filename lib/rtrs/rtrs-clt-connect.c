@@ -527,11 +527,14 @@ int clt_path_connect(struct clt_path *p, bool retry)
 	/* As the kernel: counted before every connect, so 1 on the first. */
 	p->recon_cnt++;
 	/*
-	 * As the kernel (for_new_clt): the session's first path, and a path
-	 * that got through once, may create the session at the server; a
-	 * path added to a session the server knows may not.
+	 * As the kernel (for_new_clt): the session's first path, a path
+	 * added when every other was removed, and a path that got through
+	 * once may create the session at the server; a path added to a
+	 * session the server knows may not. (A path being added is not in
+	 * paths_num yet.)
 	 */
-	p->first_sent = p->connected_once || !atomic_load(&p->sess->ever_accepted);
+	p->first_sent = p->connected_once || !atomic_load(&s->ever_accepted) ||
+			atomic_load(&s->paths_removed) == atomic_load(&s->paths_num);
 	/* The server's queue depth is not known yet: ask for room for a large one. */
 	rc = fab_open(s->provider, p->src[0] ? p->src : NULL, p->host, p->port, false,
 		      RTRS_CLT_QUEUE_HINT, &p->fab);

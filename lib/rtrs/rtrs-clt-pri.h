@@ -188,6 +188,7 @@ struct rtrs_clt_sess {
 	 */
 	bool srv_ext, srv_ext_known;
 	atomic_bool ever_accepted;  /* some path's connection 0 was accepted once */
+	atomic_uint paths_removed;  /* rtrs_clt_remove_path: slots that stay, closed */
 	char **bounce;              /* per permit, made at its first bounced read */
 	/*
 	 * always_invalidate (the server's KEY64_F): chunk keys are the

@@ -521,8 +521,10 @@ int rtrs_clt_remove_path(struct rtrs_clt_sess *s, unsigned idx)
 	if (idx >= s->paths_num || s->paths[idx].removed)
 		return -ENOENT;
 	rc = rtrs_clt_disconnect_path(s, idx);
-	if (!rc)
+	if (!rc) {
 		s->paths[idx].removed = true;
+		atomic_fetch_add(&s->paths_removed, 1);
+	}
 	return rc;
 }
 

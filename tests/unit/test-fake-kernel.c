@@ -501,6 +501,26 @@ static struct read_hdr read_three(struct clt *c)
 	return h;
 }
 
+/* Reads three vectors twice (the same permit's bounce buffer again) from a kernel server or ours. */
+static void read_three_twice(bool kernel, unsigned sg_cnt, uint32_t len0)
+{
+	struct read_hdr h;
+	struct clt c;
+
+	if (!srv_up(kernel, NULL))
+		return;
+	clt_init(&c, "f", "a");
+	CHECK_EQ(clt_open(&c), 0);
+	for (int i = 0; i < 2; i++) {
+		h = read_three(&c);
+		CHECK(h.seen, "the read header was seen");
+		CHECK_EQ(h.sg_cnt, sg_cnt);
+		CHECK_EQ(h.flags, 0);
+		CHECK_EQ(h.len0, len0);
+	}
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
 /*
  * A kernel server takes one descriptor per read (it fails the IO and
  * closes the path otherwise) and no NEED_INVAL: the three vectors go
@@ -508,40 +528,13 @@ static struct read_hdr read_three(struct clt *c)
  */
 static void kernel_server_read_one_desc(void)
 {
-	struct read_hdr h;
-	struct clt c;
-
-	if (!srv_up(true, NULL))
-		return;
-	clt_init(&c, "f", "a");
-	CHECK_EQ(clt_open(&c), 0);
-	h = read_three(&c);
-	CHECK(h.seen, "the read header was seen");
-	CHECK_EQ(h.sg_cnt, 1);
-	CHECK_EQ(h.flags, 0);
-	CHECK_EQ(h.len0, LEN);
-	/* Twice on the same permit: its bounce buffer is made once and used again. */
-	h = read_three(&c);
-	CHECK_EQ(h.sg_cnt, 1);
-	CHECK_EQ(env_teardown(&c), 0);
+	read_three_twice(true, 1, LEN);
 }
 
 /* Between peers of ours a read keeps one descriptor per vector. */
 static void project_read_descs(void)
 {
-	struct read_hdr h;
-	struct clt c;
-
-	if (!srv_up(false, NULL))
-		return;
-	clt_init(&c, "p", "a");
-	CHECK_EQ(clt_open(&c), 0);
-	h = read_three(&c);
-	CHECK(h.seen, "the read header was seen");
-	CHECK_EQ(h.sg_cnt, 3);
-	CHECK_EQ(h.flags, 0);
-	CHECK_EQ(h.len0, 1000);
-	CHECK_EQ(env_teardown(&c), 0);
+	read_three_twice(false, 3, 1000);
 }
 
 /* ---- rules for everyone ---------------------------------------------------------------------- */
@@ -606,6 +599,39 @@ static void first_conn_recon_cnt(void)
 	/* Our server names its session: the same one, no news. */
 	CHECK_EQ(attrs_sessions(&c), 1);
 	CHECK(io_roundtrip(&c, 0, 9), "IO");
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+static bool srv_session_gone(void *arg)
+{
+	return srv_stats().sessions == 0;
+}
+
+/*
+ * A path added after every other was removed carries first_conn, as the
+ * kernel's (paths_num == 0): the server dropped the session with its last
+ * path, and the new path sets it up again.
+ */
+static void first_conn_after_removal(void)
+{
+	struct rtrs_path_addr b = { .dst = NULL };
+	char dst[64];
+	unsigned idx = 99;
+	struct clt c;
+
+	if (!srv_up(false, NULL))
+		return;
+	clt_init(&c, "s", "a");
+	CHECK_EQ(clt_open(&c), 0);
+	CHECK_EQ(rtrs_clt_remove_path(c.sess, 0), 0);
+	CHECK_EQ(fake_wait(srv_session_gone, NULL, "the server to drop the session"), 0);
+	snprintf(dst, sizeof(dst), "b:%d", srv.port);
+	b.dst = dst;
+	/* Without first_conn the server, which knows no such session, refuses it (-ENXIO). */
+	CHECK_EQ(rtrs_clt_add_path(c.sess, &b, &idx), 0);
+	CHECK_EQ(idx, 1);
+	CHECK(io_roundtrip(&c, 0, 10), "IO on the new path");
+	CHECK(env_logged("session s closed"), "the old session was gone");
 	CHECK_EQ(env_teardown(&c), 0);
 }
 
@@ -684,6 +710,7 @@ static const struct scenario scenarios[] = {
 	{ "kernel_server_read_one_desc", kernel_server_read_one_desc },
 	{ "project_read_descs", project_read_descs },
 	{ "first_conn_recon_cnt", first_conn_recon_cnt },
+	{ "first_conn_after_removal", first_conn_after_removal },
 	{ "hb_kernel_server_pace", hb_kernel_server_pace },
 	{ "hb_kernel_client_pace", hb_kernel_client_pace },
 };

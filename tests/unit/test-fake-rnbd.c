@@ -89,6 +89,7 @@ static int64_t req_rw(const struct fake_ev *ev)
 	return get16(m, 0) == RNBD_MSG_IO ? (int64_t)get32(m, 16) : -1;
 }
 
+/* A completion (librnbd's done, librtrs's conf): how many, and the last result. */
 struct done {
 	atomic_int calls, result;
 };
@@ -157,92 +158,71 @@ static bool clt_map(struct clt *c, struct rnbd_clt_sess **s, struct rnbd_clt_dev
 }
 
 /*
- * A server that speaks only the kernel's RTRS would drop the PREFLUSH: a
- * FLUSH goes first, then the write without it, and the data lands.
- * NOUNMAP write zeroes are refused before anything goes.
+ * A PREFLUSH write to a server whose transport speaks only the kernel's
+ * RTRS (kernel) or ours, then reading it back and write zeroes with
+ * NOUNMAP; the requests the write took, in rws (expect of them). How many.
  */
-static void rnbd_preflush_kernel_server(void)
+static unsigned preflush_on(bool kernel, uint8_t seed, unsigned expect, int64_t *rws)
 {
 	static uint8_t w[4096], r[4096];
 	struct rnbd_clt_sess *s;
 	struct rnbd_clt_dev *d;
-	int64_t rws[4] = { -1, -1, -1, -1 };
+	unsigned n;
 	struct clt c;
 
-	if (!rnbd_up(true))
-		return;
+	if (!rnbd_up(kernel))
+		return 0;
 	if (!clt_map(&c, &s, &d)) {
 		rnbd_down();
-		return;
+		return 0;
 	}
-	pattern(w, sizeof(w), 31);
-	CHECK_EQ(preflush_write(d, w, 2, rws), 2);
+	pattern(w, sizeof(w), seed);
+	n = preflush_write(d, w, expect, rws);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_READ, 0, 8192, r, sizeof(r)), 0);
+	CHECK(!memcmp(r, w, sizeof(r)), "read back");
+	/* A kernel server would drop NOUNMAP: refused before anything goes. */
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_WRITE_ZEROES, RNBD_CLT_F_NOUNMAP, 0, NULL, 4096),
+		 kernel ? -EOPNOTSUPP : 0);
+	rnbd_clt_sess_close(s);
+	clt_close(&c);
+	rnbd_down();
+	return n;
+}
+
+/*
+ * A server that speaks only the kernel's RTRS would drop the PREFLUSH: a
+ * FLUSH goes first, then the write without it, and the data lands.
+ */
+static void rnbd_preflush_kernel_server(void)
+{
+	int64_t rws[4] = { -1, -1, -1, -1 };
+
+	CHECK_EQ(preflush_on(true, 31, 2, rws), 2);
 	CHECK_EQ(rws[0] & RNBD_OP_MASK, RNBD_OP_FLUSH);
 	CHECK_EQ(rws[0] & ~(int64_t)RNBD_OP_MASK, RNBD_F_SYNC);
 	CHECK_EQ(rws[1] & RNBD_OP_MASK, RNBD_OP_WRITE);
 	CHECK(!(rws[1] & RNBD_F_PREFLUSH), "the write goes without PREFLUSH: %#llx",
 	      (long long)rws[1]);
-	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_READ, 0, 8192, r, sizeof(r)), 0);
-	CHECK(!memcmp(r, w, sizeof(r)), "read back");
-	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_WRITE_ZEROES, RNBD_CLT_F_NOUNMAP, 0, NULL, 4096),
-		 -EOPNOTSUPP);
-	rnbd_clt_sess_close(s);
-	clt_close(&c);
-	rnbd_down();
 }
 
-/* A server of ours takes the PREFLUSH with the write: one request. */
+/* A server of ours takes the PREFLUSH with the write (one request), and NOUNMAP. */
 static void rnbd_preflush_project_server(void)
 {
-	static uint8_t w[4096], r[4096];
-	struct rnbd_clt_sess *s;
-	struct rnbd_clt_dev *d;
 	int64_t rws[4] = { -1, -1, -1, -1 };
-	struct clt c;
 
-	if (!rnbd_up(false))
-		return;
-	if (!clt_map(&c, &s, &d)) {
-		rnbd_down();
-		return;
-	}
-	pattern(w, sizeof(w), 32);
-	CHECK_EQ(preflush_write(d, w, 1, rws), 1);
+	CHECK_EQ(preflush_on(false, 32, 1, rws), 1);
 	CHECK_EQ(rws[0] & RNBD_OP_MASK, RNBD_OP_WRITE);
 	CHECK(rws[0] & RNBD_F_PREFLUSH, "PREFLUSH with the write: %#llx", (long long)rws[0]);
-	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_READ, 0, 8192, r, sizeof(r)), 0);
-	CHECK(!memcmp(r, w, sizeof(r)), "read back");
-	rnbd_clt_sess_close(s);
-	clt_close(&c);
-	rnbd_down();
 }
 
 /* ---- a kernel client, RNBD by hand ------------------------------------------------------ */
-
-struct ans {
-	atomic_int done, err;
-};
-
-static void ans_conf(void *priv, int err)
-{
-	struct ans *a = priv;
-
-	atomic_store(&a->err, err);
-	atomic_store(&a->done, 1);
-	fake_notify();
-}
-
-static bool ans_done(void *arg)
-{
-	return atomic_load(&((struct ans *)arg)->done);
-}
 
 /* One RNBD message as the user header of an RTRS request; the answer's errno. */
 static int by_hand(struct clt *c, enum rtrs_dir dir, const void *msg, size_t msglen, void *data,
 		   size_t len)
 {
-	struct ans a = { 0 };
-	struct rtrs_clt_req_ops ops = { .priv = &a, .conf = ans_conf };
+	struct done a = { 0 };
+	struct rtrs_clt_req_ops ops = { .priv = &a, .conf = io_done };
 	struct iovec usr = { (void *)msg, msglen }, iov = { data, len };
 	struct rtrs_permit *p = rtrs_clt_get_permit(c->sess, RTRS_IO_CON, RTRS_PERMIT_NOWAIT);
 	int rc;
@@ -251,7 +231,7 @@ static int by_hand(struct clt *c, enum rtrs_dir dir, const void *msg, size_t msg
 		return -ENOBUFS;
 	rc = rtrs_clt_request(c->sess, dir, &ops, p, &usr, 1, &iov, len ? 1 : 0);
 	if (!rc)
-		rc = fake_wait(ans_done, &a, "an RNBD answer") ? -ETIMEDOUT : atomic_load(&a.err);
+		rc = fake_wait(io_called, &a, "an RNBD answer") ? -ETIMEDOUT : atomic_load(&a.result);
 	rtrs_clt_put_permit(c->sess, p);
 	return rc;
 }
