@@ -64,7 +64,7 @@
 #define RDMA_IB_CONNECT_MAX 56
 #define RDMA_IB_ACCEPT_MAX 196
 #define RDMA_IB_REJECT_MAX 148
-#define RDMA_IW_PDATA_MAX 512
+#define RDMA_IW_PDATA_MAX 255 /* MPA carries 512; rdma_cm's length field is a byte */
 /* The IB CM's reject reason for a consumer's reject, which carries its private data. */
 #define RDMA_IB_REJ_CONSUMER 28
 
@@ -526,7 +526,7 @@ static int nat_lst_process(struct fab_lst *l,
 			    void *priv)
 {
 	struct rdma_cm_event *ev;
-	uint8_t data[256];
+	uint8_t data[UINT8_MAX + 1]; /* private_data_len is a byte */
 
 	while (rdma_get_cm_event(l->ch, &ev) == 0) {
 		enum rdma_cm_event_type type = ev->event;
@@ -534,7 +534,7 @@ static int nat_lst_process(struct fab_lst *l,
 		size_t len = 0;
 
 		if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
-			len = MIN(ev->param.conn.private_data_len, sizeof(data));
+			len = ev->param.conn.private_data_len;
 			if (len && ev->param.conn.private_data)
 				memcpy(data, ev->param.conn.private_data, len);
 		} else {
@@ -705,12 +705,12 @@ static void handle_wc(struct fab_con *c, const struct ibv_wc *wc)
 static void handle_cm(struct fab_con *c)
 {
 	struct rdma_cm_event *ev;
-	uint8_t data[RDMA_IW_PDATA_MAX];
+	uint8_t data[UINT8_MAX + 1]; /* private_data_len is a byte */
 
 	while (rdma_get_cm_event(c->ch, &ev) == 0) {
 		enum rdma_cm_event_type type = ev->event;
 		int status = ev->status;
-		size_t len = MIN(ev->param.conn.private_data_len, sizeof(data));
+		size_t len = ev->param.conn.private_data_len;
 
 		if (len && ev->param.conn.private_data)
 			memcpy(data, ev->param.conn.private_data, len);

@@ -832,7 +832,7 @@ static void test_cm_data_limit(void)
 	CHECK_EQ(fab_open(test_provider(), NULL, test_addr(), "9", false, 0, &f), 0);
 	if (!f)
 		return;
-	/* The native fabric knows its CM's limit: 56 on IB and RoCE, 512 on iWARP. */
+	/* The native fabric knows its CM's limit: 56 on IB and RoCE, 255 on iWARP (rdma_cm's byte-sized length). */
 	if (fab_attr(f)->connect_data_max)
 		limit = fab_attr(f)->connect_data_max;
 	CHECK(sizeof(struct rtrs_msg_conn_req) <= limit, "a request fits the CM's %zu bytes",
