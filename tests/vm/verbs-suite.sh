@@ -10,6 +10,9 @@
 #   - two guests on a virtual cable: rtrs-test-server in guest A, test-io in
 #     guest B.
 # The same test binaries as on tcp; the provider is chosen at run time.
+# Each test in a guest is bounded (run-bounded, 240 s): one that hangs
+# prints every thread's stack and is killed; it runs once more, and its
+# result says so. Every result carries the test's time.
 # Usage: verbs-suite.sh BUILD_DIR [rxe|siw ...]   (default: rxe siw)
 # Prints "N passed, N failed, N skipped"; exits 77 when guests cannot be run
 # here, or when a test skipped a part it needs fault injection for (a build
@@ -52,14 +55,21 @@ for dev in "${devices[@]}"; do
 	# there is run once more, after showing the oops, since its results say
 	# nothing about ours. Any other oops stands.
 	for attempt in 1 2; do
-		out=$("$vm" run --rdma "$dev" --timeout 1200 --ip 198.18.0.1/24,198.18.0.11/24,198.18.0.12/24 \
-			--share "$build" -- bash -c "$env_common RTRS_TEST_ADDR=198.18.0.1 \
+		out=$("$vm" run --rdma "$dev" --timeout 1200 --ip 198.18.0.1/24,198.18.0.11/24,198.18.0.12/24 --share-ro "$here" \
+			--share "$build" -- bash -c "$env_common RTRS_TEST_RDMA_DEV=$dev RTRS_TEST_ADDR=198.18.0.1 \
 				RTRS_TEST_ADDR2=198.18.0.11 RTRS_TEST_ADDR3=198.18.0.12
 			for t in ${one_guest[*]}; do
-				timeout 300 ./tests/functional/\$t >/tmp/\$t.log 2>&1
-				rc=\$?
-				echo \"RESULT \$t \$rc\"
-				[ \$rc -eq 0 ] || tail -n 30 /tmp/\$t.log
+				for try in 1 2; do
+					s=\$SECONDS
+					$here/run-bounded 240 ./tests/functional/\$t >/tmp/\$t.log 2>&1
+					rc=\$?
+					[ \$rc -eq 124 ] || break
+					echo \"TIMEOUT \$t (try \$try): where it hung\"
+					sed -n '/^run-bounded:/,\$p' /tmp/\$t.log
+					tail -n 30 /tmp/\$t.log | grep -v '^#'
+				done
+				echo \"RESULT \$t \$rc \$((SECONDS - s)) \$try\"
+				[ \$rc -eq 0 ] || [ \$rc -eq 124 ] || tail -n 30 /tmp/\$t.log
 			done" 2>&1)
 		vmrc=$?
 		if [ $attempt -eq 1 ] && grep -qE 'console: .*(Oops|BUG: |RIP: )' <<<"$out" &&
@@ -70,10 +80,12 @@ for dev in "${devices[@]}"; do
 		fi
 		break
 	done
-	grep -v '^RESULT ' <<<"$out" | sed "s/^/  [$dev] /" | grep -v '^\s*\[.*\] *$' | tail -n 40
+	grep -v '^RESULT ' <<<"$out" | sed "s/^/  [$dev] /" | grep -v '^\s*\[.*\] *$' | tail -n 400
 	n=0
-	while read -r _ t rc; do
-		result "verbs/$dev one guest: $t" "$rc"
+	while read -r _ t rc secs try; do
+		note="(${secs} s)"
+		[ "${try:-1}" -eq 1 ] || note="(${secs} s, after a try that timed out: its stacks are above)"
+		result "verbs/$dev one guest: $t" "$rc" "$note"
 		n=$((n + 1))
 	done < <(grep '^RESULT ' <<<"$out")
 	[ $n -eq ${#one_guest[@]} ] || result "verbs/$dev one guest: guest finished (vm exit $vmrc)" 1
