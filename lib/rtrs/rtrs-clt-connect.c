@@ -89,6 +89,21 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 	int rc;
 
 	rtrs_hb_heard(&p->base.hb);
+	if (con->c.cid != 0 && p->sess->kinval) {
+		/* A chunk's new key; the response's immediate follows at once. */
+		uint32_t id, key;
+
+		rc = rtrs_rkey_rsp_decode(buf, len, p->sess->queue_depth, &id, &key, &why);
+		if (rc) {
+			log_err_rl("%s: invalid key message on connection %u: %s", p->name, con->c.cid,
+				   why);
+			clt_fail_path(p, rc);
+			return;
+		}
+		con->rkey_buf_id = id;
+		con->rkey = key;
+		return;
+	}
 	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTED) {
 		/* Once connected, the only message is a fence's answer. */
 		rc = clt_fence_answered(p, buf, len);
@@ -217,7 +232,10 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 		.ops = &clt_con_ops, .priv = &con->c, .name = name,
 		.tx_depth = cid ? s->queue_depth + 16 : 128,
 		/* verbs: one receive per incoming immediate (responses), as many as the kernel's */
-		.rx_depth = cid && a->rx_cq_data ? rtrs_clt_io_rx_depth(s->queue_depth) : 0,
+		.rx_depth = cid && (a->rx_cq_data || s->kinval) ?
+			    rtrs_clt_io_rx_depth(s->queue_depth) : 0,
+		/* kinval: each response comes in a message, its chunk's new key */
+		.rx_size = cid && s->kinval ? sizeof(struct rtrs_msg_rkey_rsp) : 0,
 		.rx_queue = cid ? 0 : RTRS_CLT_ADMIN_RX_QUEUE,
 	};
 	int rc;
@@ -228,6 +246,7 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 	rtrs_conn_req_encode(&msg, &req);
 	con->path = p;
 	con->c.cid = cid;
+	con->rkey_buf_id = UINT32_MAX;
 	con->err = 0;
 	con->connected = false;
 	rc = fab_con_connect(p->fab, &cfg, &msg, sizeof(msg), &con->c.fc);
@@ -321,17 +340,6 @@ static int path_server_kind(struct clt_path *p, const struct rtrs_conn_rsp *rsp)
 		atomic_store(&p->fail_dnr, true);
 		return -ECONNRESET;
 	}
-	if (rsp->kernel_inval) {
-		/*
-		 * The kernel's always_invalidate: a key per chunk in the info
-		 * response and an 8-byte RKEY_RSP sent with every response,
-		 * into receives that hold it. Not done here yet.
-		 */
-		log_err("%s: the server uses the kernel's always_invalidate, which this client does "
-			"not support yet; load its rtrs-server with always_invalidate=N", p->name);
-		atomic_store(&p->fail_dnr, true);
-		return -EOPNOTSUPP;
-	}
 	return 0;
 }
 
@@ -375,11 +383,18 @@ static int path_after_first_con(struct clt_path *p)
 	if (rc)
 		return rc;
 	bool inval = rsp->flags & RTRS_MSG_KEY64_F;
+	/* The kernel's always_invalidate (rtrs-clt-io.c: clt_handle_rsp). */
+	bool kinval = !s->srv_ext && rsp->kernel_inval;
 
 	if (!s->inval_known) {
 		s->inval = inval;
+		s->kinval = kinval;
 		s->inval_known = true;
-	} else if (inval != s->inval) {
+		if (kinval)
+			log_info("%s: the server invalidates chunk keys the kernel's way: a new key "
+				 "with each response", p->name);
+	} else if (inval != s->inval || kinval != s->kinval) {
+		inval = inval || kinval;
 		log_err("%s: the server switched always_invalidate %s; reconnect by hand", p->name,
 			inval ? "on" : "off");
 		atomic_store(&p->fail_dnr, true);

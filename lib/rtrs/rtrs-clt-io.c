@@ -130,7 +130,8 @@ static int req_post(struct clt_req *req)
 		struct fab_rma rma = {
 			.addr = chunk->addr + req->next_off,
 			.key = s->inval ? atomic_load(&s->rkeys[req->id]) :
-					  chunk->key,
+			       s->kinval ? __atomic_load_n(&chunk->key, __ATOMIC_RELAXED) :
+					   chunk->key,
 		};
 		struct fab_con *fc = req->con->c.fc;
 		size_t first = req->next_iov;
@@ -490,6 +491,19 @@ static void clt_handle_rsp(struct clt_con *con, uint32_t payload)
 			return;
 		}
 		clt_sess_key_update(s, id, gen, key);
+	} else if (s->kinval) {
+		/*
+		 * The kernel's way: the chunk's new key for this path came in the
+		 * message this immediate arrived with; the old one is revoked.
+		 */
+		if (con->rkey_buf_id != id) {
+			log_err_rl("%s: response %u without its chunk's new key", p->name, id);
+			clt_fail_path(p, -EPROTO);
+			return;
+		}
+		con->rkey_buf_id = UINT32_MAX;
+		/* Read by the next poster on this chunk, after the permit went round. */
+		__atomic_store_n(&p->rbufs[id].key, con->rkey, __ATOMIC_RELAXED);
 	}
 	clt_req_complete(req, err);
 }

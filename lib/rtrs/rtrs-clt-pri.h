@@ -71,6 +71,13 @@ struct clt_con {
 	bool connected;             /* under path->lock */
 	int err;                    /* under path->lock: why it went down */
 	struct rtrs_conn_rsp rsp;   /* cid 0: what the server accepted with */
+	/*
+	 * kinval: the RKEY_RSP of the message the immediate in hand came
+	 * with (recv, then imm, on the completion thread); rkey_buf_id
+	 * UINT32_MAX when none.
+	 */
+	uint32_t rkey_buf_id;
+	uint32_t rkey;
 };
 
 struct clt_path {
@@ -195,6 +202,12 @@ struct rtrs_clt_sess {
 	 * session's, each with its generation; the newest seen wins.
 	 */
 	bool inval, inval_known;
+	/*
+	 * The kernel's always_invalidate (a kernel server's NEW_RKEY_F): each
+	 * path has a key per chunk (rbufs), replaced by the RKEY_RSP that
+	 * comes with each response. Fixed by the first path, with inval.
+	 */
+	bool kinval;
 	uint64_t srv_sess_id;       /* the server incarnation the keys come from */
 	atomic_uint_fast64_t srv_sessions; /* incarnations met: rtrs_attrs.server_sessions */
 	_Atomic uint64_t *rkeys;    /* read by posters without rkey_lock */

@@ -116,6 +116,13 @@ void fake_set_limits(size_t iov_limit, size_t rma_iov_limit)
 	fk_unlock();
 }
 
+void fake_set_send_imm(bool on)
+{
+	fk_lock();
+	fk_net.no_send_imm = !on;
+	fk_unlock();
+}
+
 bool fake_any(const struct fake_ev *ev, void *arg)
 {
 	return true;

@@ -124,6 +124,7 @@ struct fake_net {
 	unsigned serial;
 	int next_port;
 	size_t iov_limit, rma_iov_limit;
+	bool no_send_imm;           /* fabrics opened from now on lack fab_send_imm (iWARP) */
 	fake_pred hold;
 	void *hold_arg;
 	fake_pred hook_pred;

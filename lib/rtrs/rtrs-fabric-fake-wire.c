@@ -487,6 +487,8 @@ void fk_ev_run(struct fake_ev *ev)
 		break;
 	case FAKE_SEND:
 		ops->recv(priv, rx, ev->len);
+		if (ev->with_imm)
+			ops->imm(priv, ev->imm);
 		break;
 	case FAKE_DONE:
 		ops->done(priv, ev->ctx);

@@ -40,6 +40,7 @@ static int fake_open(const char *prov, const char *src, const char *node, const 
 	f->attr.rma_iov_limit = fk_net.rma_iov_limit;
 	f->attr.max_queue = queue ? queue : 256;
 	f->attr.inject_size = FAKE_INJECT_SIZE;
+	f->attr.send_imm = !fk_net.no_send_imm; /* as RoCE: the kernel's always_invalidate */
 	f->next = fk_net.fabs;
 	fk_net.fabs = f;
 	fk_unlock();
@@ -559,6 +560,27 @@ static int fake_send(struct fab_con *c, const void *buf, size_t len, void *desc,
 	return fk_post_to_peer(c, ev, false);
 }
 
+/* A message with an immediate: the peer's recv(), then its imm(). */
+static int fake_send_imm(struct fab_con *c, const void *buf, size_t len, void *desc, uint32_t imm,
+			 void *ctx)
+{
+	struct fake_ev *ev = fk_ev_new(FAKE_SEND, NULL, c);
+
+	(void)desc;
+	if (!fab_attr(c->fab)->send_imm) {
+		free(ev);
+		return -EOPNOTSUPP;
+	}
+	if (!ev || fk_ev_set_data(ev, buf, len)) {
+		free(ev);
+		return -ENOMEM;
+	}
+	ev->ctx = ctx;
+	ev->with_imm = true;
+	ev->imm = imm;
+	return fk_post_to_peer(c, ev, false);
+}
+
 const struct fab_ops fab_fake_ops = {
 	.name = "fake",
 	.open = fake_open,
@@ -587,4 +609,5 @@ const struct fab_ops fab_fake_ops = {
 	.write = fake_write,
 	.write_imm = fake_write_imm,
 	.send = fake_send,
+	.send_imm = fake_send_imm,
 };

@@ -97,6 +97,8 @@ int fake_leftovers(void);
 
 /* Local limits of domains opened from now on (default 4 and 4). */
 void fake_set_limits(size_t iov_limit, size_t rma_iov_limit);
+/* Whether domains opened from now on send messages with immediates (default: yes, as RoCE). */
+void fake_set_send_imm(bool on);
 
 /*
  * Events matching pred are held for the test; the pump delivers the rest

@@ -11,7 +11,8 @@
  * The faults need no change to the client or the server: a slow path
  * delays the immediates the connection hands up, a full send queue
  * refuses posts, a stale key puts a chunk's first key back into the
- * outgoing write, and a claimed session rewrites the connection request.
+ * outgoing write, and a claimed session or a kernel client rewrites the
+ * connection request.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -38,6 +39,7 @@ struct fault_set {
 	bool stale_rkey;
 	bool set_uuid;
 	uint8_t paths_uuid[RTRS_UUID_LEN];
+	bool kernel_client;
 	/* stale_rkey: the first key each chunk id was written with. */
 	pthread_mutex_t key_lock;
 	uint64_t *first_key;
@@ -67,7 +69,7 @@ struct fault_con {
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fault_set *g_set;
-static atomic_uint_fast64_t st_eagain, st_delayed, st_stale, st_uuids;
+static atomic_uint_fast64_t st_eagain, st_delayed, st_stale, st_uuids, st_kernel;
 
 static struct fault_fab *ff_of(struct fab *f)
 {
@@ -119,7 +121,8 @@ static int fault_set_new(const struct rtrs_fault *f, struct fault_set **out)
 	struct fault_set *fs;
 
 	*out = NULL;
-	if (!f || (!f->eagain_every && !f->delay_us && !f->stale_rkey && !f->paths_uuid))
+	if (!f || (!f->eagain_every && !f->delay_us && !f->stale_rkey && !f->paths_uuid &&
+		   !f->kernel_client))
 		return 0;
 	if (f->eagain_every == 1 || f->delay_us > FAULT_MAX_DELAY_US ||
 	    (f->delay_src && strlen(f->delay_src) >= sizeof(fs->delay_src)) ||
@@ -135,6 +138,7 @@ static int fault_set_new(const struct rtrs_fault *f, struct fault_set **out)
 	if (f->delay_src)
 		snprintf(fs->delay_src, sizeof(fs->delay_src), "%s", f->delay_src);
 	fs->stale_rkey = f->stale_rkey;
+	fs->kernel_client = f->kernel_client;
 	if (f->paths_uuid) {
 		fs->set_uuid = true;
 		memcpy(fs->paths_uuid, f->paths_uuid, strlen(f->paths_uuid));
@@ -173,6 +177,7 @@ RTRS_EXPORT void rtrs_fault_get_stats(struct rtrs_fault_stats *st)
 	st->delayed = atomic_load(&st_delayed);
 	st->stale_keys = atomic_load(&st_stale);
 	st->uuids = atomic_load(&st_uuids);
+	st->kernel_reqs = atomic_load(&st_kernel);
 }
 
 /* ---- connection callbacks: the owner's, with the faults in between ---------- */
@@ -259,7 +264,7 @@ static int fault_open(const char *prov, const char *src, const char *node, const
 	int rc;
 
 	slow = fs && fault_slow(fs, src);
-	client_faults = fs && !server && (fs->stale_rkey || fs->set_uuid);
+	client_faults = fs && !server && (fs->stale_rkey || fs->set_uuid || fs->kernel_client);
 	if (!fs || (!fs->eagain_every && !slow && !client_faults)) {
 		fault_set_put(fs);
 		return fab_impl(prov)->open(prov, src, node, service, server, queue, out);
@@ -279,11 +284,12 @@ static int fault_open(const char *prov, const char *src, const char *node, const
 	ff->fs = fs;
 	ff->server = server;
 	ff->delay_us = slow ? fs->delay_us : 0;
-	log_warn("fault injection: %s %s:%s:%s%s%s%s", server ? "listening on" : "connecting to",
+	log_warn("fault injection: %s %s:%s:%s%s%s%s%s", server ? "listening on" : "connecting to",
 		 node ? node : "*", service ? service : "*",
 		 fs->eagain_every ? " every write may be refused" : "",
 		 slow ? " slow" : "", client_faults && fs->stale_rkey ? " stale keys" : "",
-		 client_faults && fs->set_uuid ? " claimed session uuid" : "");
+		 client_faults && fs->set_uuid ? " claimed session uuid" : "",
+		 client_faults && fs->kernel_client ? " as a kernel client" : "");
 	*out = (struct fab *)(void *)ff;
 	return 0;
 }
@@ -312,9 +318,9 @@ static int fault_listen(struct fab *f, struct fab_lst **out)
 	return fab_listen(ff_of(f)->inner, out);
 }
 
-/* The connection request with the claimed session uuid, in m. */
-static int conn_req_claim(const struct fault_set *fs, const char *name, const void *data,
-			  size_t len, struct rtrs_msg_conn_req *m)
+/* The connection request rewritten in m: the claimed session uuid, or a kernel client's flags. */
+static int conn_req_rewrite(const struct fault_set *fs, const char *name, const void *data,
+			    size_t len, struct rtrs_msg_conn_req *m)
 {
 	struct rtrs_conn_req req;
 	const char *why = NULL;
@@ -325,9 +331,15 @@ static int conn_req_claim(const struct fault_set *fs, const char *name, const vo
 			why ? why : "size");
 		return rc ? rc : -EINVAL;
 	}
-	memcpy(req.paths_uuid, fs->paths_uuid, RTRS_UUID_LEN);
+	if (fs->set_uuid) {
+		memcpy(req.paths_uuid, fs->paths_uuid, RTRS_UUID_LEN);
+		atomic_fetch_add(&st_uuids, 1);
+	}
+	if (fs->kernel_client) {
+		req.ext = req.fence = req.auth = false; /* the encoder sends fence, auth with ext only */
+		atomic_fetch_add(&st_kernel, 1);
+	}
 	rtrs_conn_req_encode(m, &req);
-	atomic_fetch_add(&st_uuids, 1);
 	return 0;
 }
 
@@ -363,8 +375,8 @@ static int con_open(struct fab *f, struct fab_connreq *req, const struct fab_con
 	if (req) {
 		rc = fab_con_accept(ff->inner, req, &icfg, data, len, &c->inner);
 	} else {
-		if (c->fs->set_uuid) {
-			rc = conn_req_claim(c->fs, c->name, data, len, &m);
+		if (c->fs->set_uuid || c->fs->kernel_client) {
+			rc = conn_req_rewrite(c->fs, c->name, data, len, &m);
 			data = &m;
 		}
 		if (!rc)

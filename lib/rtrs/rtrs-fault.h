@@ -52,6 +52,14 @@ struct rtrs_fault {
 	 * client that claims another's session. NULL: off.
 	 */
 	const char *paths_uuid;
+	/*
+	 * Client: connection requests go out as a kernel client's, without
+	 * this project's flags (RTRS_CONN_EXT, FENCE, AUTH), so the server
+	 * answers as to the kernel's rtrs-client (with always_invalidate:
+	 * its way) and the client falls back as with a kernel server. Keep
+	 * it set while the session may reconnect.
+	 */
+	bool kernel_client;
 };
 
 /*
@@ -67,6 +75,7 @@ struct rtrs_fault_stats {
 	uint64_t delayed;     /* immediates handled late */
 	uint64_t stale_keys;  /* writes sent with an older key than the client gave */
 	uint64_t uuids;       /* connection requests sent with paths_uuid */
+	uint64_t kernel_reqs; /* connection requests sent as a kernel client's */
 };
 
 void rtrs_fault_get_stats(struct rtrs_fault_stats *st);

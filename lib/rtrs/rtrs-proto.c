@@ -330,6 +330,13 @@ void rtrs_new_rkey_encode(struct rtrs_msg_new_rkey *m, uint32_t buf_id, uint32_t
 	m->rkey = le64_put(rkey);
 }
 
+void rtrs_rkey_rsp_encode(struct rtrs_msg_rkey_rsp *m, uint32_t buf_id, uint32_t rkey)
+{
+	m->type = le16_put(RTRS_MSG_RKEY_RSP);
+	m->buf_id = le16_put((uint16_t)buf_id);
+	m->rkey = le32_put(rkey);
+}
+
 int rtrs_new_rkey_decode(const void *slot, uint32_t buf_id, uint32_t *gen, uint64_t *rkey,
 			 const char **why)
 {

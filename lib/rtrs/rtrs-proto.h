@@ -584,6 +584,8 @@ static inline struct rtrs_msg_new_rkey *rtrs_info_rsp_keys(void *buf, unsigned s
 void rtrs_info_rsp_encode_verdict(void *buf, int err, bool dnr);
 void rtrs_new_rkey_encode(struct rtrs_msg_new_rkey *m, uint32_t buf_id, uint32_t gen,
 			  uint64_t rkey);
+/* The kernel's always_invalidate: chunk buf_id's new 32-bit key. */
+void rtrs_rkey_rsp_encode(struct rtrs_msg_rkey_rsp *m, uint32_t buf_id, uint32_t rkey);
 /*
  * Encodes an authentication message (envelope included) from the fields of
  * m->id; returns its size, or 0 when cap is too small or m is inconsistent.

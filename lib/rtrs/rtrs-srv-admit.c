@@ -329,15 +329,16 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 			       "authentication required and the client does not speak it");
 		return;
 	}
-	if (!req.ext && ctx->opts.always_invalidate) {
+	if (!req.ext && ctx->opts.always_invalidate && !fab_attr(ctx->fab)->send_imm) {
 		/*
-		 * Our always_invalidate is the 64-bit key scheme, which only a
-		 * client of this project reads; the kernel's (a key per chunk
-		 * and an RKEY_RSP with every response) is not done yet.
+		 * The kernel's always_invalidate sends each chunk's new key in a
+		 * message with the response's immediate, which iWARP lacks (and
+		 * the kernel's RTRS does not run on iWARP).
 		 */
 		srv_reject_ext(ctx, creq, peer, -EOPNOTSUPP, true, false,
-			       "a kernel client, and this server's always_invalidate needs a client "
-			       "of this project (serve kernel clients with always_invalidate off)");
+			       "a kernel client, and always_invalidate toward it needs messages "
+			       "with immediates, which this fabric has not (serve kernel clients "
+			       "over RoCE or InfiniBand, or with always_invalidate off)");
 		return;
 	}
 	s = sess_find(ctx, req.paths_uuid);
@@ -424,7 +425,7 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 		.max_io_size = s->chunk_size - RTRS_MAX_HDR_SIZE,
 		.max_hdr_size = RTRS_MAX_HDR_SIZE,
 		.flags = RTRS_MSG_FENCE_F | (ctx->auth_required ? RTRS_MSG_AUTH_F : 0) |
-			 (s->inval ? RTRS_MSG_KEY64_F : 0),
+			 (s->kinval ? RTRS_MSG_NEW_RKEY_F : s->inval ? RTRS_MSG_KEY64_F : 0),
 		.imm_desc = { .addr = s->imm_mr.base, .key = s->imm_mr.key, .len = RTRS_IMM_REGION },
 		.sess_id = s->sess_id,
 	};

@@ -55,7 +55,9 @@ static int op_post_last(struct rtrs_srv_op *op, struct srv_path *p, struct fab_c
 	int rc;
 
 	atomic_store(&op->state, OP_SENT);
-	if (inject) /* small: copied with the immediate in one injected write */
+	if (!rma && iov_cnt) /* a message with the immediate, copied at once (kinval) */
+		rc = fab_send_imm(fc, iov->iov_base, iov->iov_len, NULL, imm, NULL);
+	else if (inject) /* small: copied with the immediate in one injected write */
 		rc = fab_write_imm_data(fc, iov->iov_base, iov->iov_len, rma->addr, rma->key, imm);
 	else if (rma_cnt)
 		rc = fab_write(fc, iov, desc, iov_cnt, rma, rma_cnt, true, imm, NULL);
@@ -81,7 +83,7 @@ static void op_drop(struct rtrs_srv_op *op, struct srv_path *p)
 	struct rtrs_srv_sess *s = op->sess;
 
 	if (s->inval && !op->rekeyed) {
-		int rc = srv_chunk_rekey(s, op->id);
+		int rc = srv_chunk_rekey(s, srv_op_keys(op), op->id);
 
 		if (rc)
 			log_err_rl("%s: chunk %u keeps no key: %s", s->name, op->id, strerror(-rc));
@@ -117,7 +119,7 @@ static int op_post(struct rtrs_srv_op *op)
 	int rc;
 
 	if (s->inval && !op->rekeyed) {
-		rc = srv_chunk_rekey(s, op->id);
+		rc = srv_chunk_rekey(s, srv_op_keys(op), op->id);
 		if (rc)
 			return rc == -EAGAIN ? -ENOMEM : rc;
 		op->rekeyed = true;
@@ -126,7 +128,7 @@ static int op_post(struct rtrs_srv_op *op)
 		size_t cnt = MIN((size_t)op->sg_cnt - op->next_sg, per);
 		struct fab_rma rma[8];
 		struct iovec iov[2];
-		void *desc[2] = { s->chunk_mr.desc, s->rkey_msgs_mr.desc };
+		void *desc[2] = { s->chunk_mr.desc, s->keys.msgs_mr.desc };
 		uint64_t len = 0;
 
 		for (size_t i = 0; i < cnt; i++) {
@@ -139,10 +141,10 @@ static int op_post(struct rtrs_srv_op *op)
 		iov[0].iov_len = len;
 		if (op->next_sg + cnt == op->sg_cnt && !s->inval && !inv)
 			return op_post_last(op, p, fc, iov, desc, 1, rma, cnt, imm, false);
-		if (op->next_sg + cnt == op->sg_cnt && cnt < per && !inv &&
+		if (op->next_sg + cnt == op->sg_cnt && cnt < per && !inv && !s->kinval &&
 		    fab_attr(s->ctx->fab)->iov_limit >= 2) {
 			/* The data and the chunk's new key in one write, with the immediate. */
-			iov[1].iov_base = &s->rkey_msgs[op->id];
+			iov[1].iov_base = &s->keys.msgs[op->id];
 			iov[1].iov_len = RTRS_RKEY_SLOT;
 			rma[cnt] = (struct fab_rma){
 				.addr = p->base.peer_imm.addr + (uint64_t)op->id * RTRS_RKEY_SLOT,
@@ -162,14 +164,26 @@ static int op_post(struct rtrs_srv_op *op)
 			return rc;
 		op->inv_sent = true;
 	}
+	if (s->kinval) {
+		/*
+		 * The kernel's way: the chunk's new key in an RKEY_RSP, sent with
+		 * the response's immediate (its client reads the message, then
+		 * the immediate).
+		 */
+		struct rtrs_msg_rkey_rsp msg;
+		struct iovec iov = { .iov_base = &msg, .iov_len = sizeof(msg) };
+
+		rtrs_rkey_rsp_encode(&msg, op->id, (uint32_t)srv_chunk_key(s, &p->keys, op->id));
+		return op_post_last(op, p, fc, &iov, NULL, 1, NULL, 0, imm, false);
+	}
 	if (s->inval) {
-		struct iovec iov = { .iov_base = &s->rkey_msgs[op->id], .iov_len = RTRS_RKEY_SLOT };
+		struct iovec iov = { .iov_base = &s->keys.msgs[op->id], .iov_len = RTRS_RKEY_SLOT };
 		struct fab_rma rma = {
 			.addr = p->base.peer_imm.addr + (uint64_t)op->id * RTRS_RKEY_SLOT,
 			.len = RTRS_RKEY_SLOT, .key = p->base.peer_imm.key,
 		};
 
-		return op_post_last(op, p, fc, &iov, &s->rkey_msgs_mr.desc, 1, &rma, 1, imm,
+		return op_post_last(op, p, fc, &iov, &s->keys.msgs_mr.desc, 1, &rma, 1, imm,
 				    fab_attr(s->ctx->fab)->inject_size >= RTRS_RKEY_SLOT);
 	}
 	return op_post_last(op, p, fc, NULL, NULL, 0, NULL, 0, imm, false);
@@ -276,7 +290,8 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 	atomic_fetch_add(&p->base.inflight, 1);
 	if (s->inval) {
 		/* Before the user sees the data: the client can no longer write it. */
-		srv_chunk_revoke(s, req.chunk);
+		op->path = p;
+		srv_chunk_revoke(s, srv_op_keys(op), req.chunk);
 		op->rekeyed = false;
 	}
 	op->path = p;

@@ -16,6 +16,23 @@ struct srv_path;
 
 struct srv_con;
 
+/*
+ * always_invalidate's chunk keys: one MR per chunk, revoked when an IO
+ * arrives and registered again under a new key when it is answered (or
+ * dropped); key 0 while revoked, gen counts both. A client of this
+ * project has the session's, 64-bit, with records (msgs) that responses
+ * write into its key slots; a kernel client has its path's, 32-bit, sent
+ * in an RKEY_RSP with each response (rtrs-srv-keys.c).
+ */
+struct srv_keys {
+	struct fab_mr *mrs;
+	uint64_t *key;
+	uint64_t *hist;             /* RTRS_KEY_HISTORY last keys per chunk, newest first */
+	uint32_t *gen;
+	struct rtrs_msg_new_rkey *msgs; /* response sources, one per chunk (project clients) */
+	struct fab_mr msgs_mr;
+};
+
 struct rtrs_srv_op {
 	struct rtrs_srv_sess *sess;
 	uint32_t id;
@@ -91,6 +108,8 @@ struct srv_path {
 	/* always_invalidate: the key table sent ahead of a fence ack. */
 	struct rtrs_msg_new_rkey *fence_keys;
 	struct fab_mr fence_keys_mr;
+	/* always_invalidate with a kernel client: this path's chunk keys. */
+	struct srv_keys keys;
 };
 
 struct rtrs_srv_sess {
@@ -122,20 +141,16 @@ struct rtrs_srv_sess {
 	 */
 	bool ext;
 	/*
-	 * always_invalidate: one MR per chunk with a 64-bit key that is revoked
-	 * when an IO arrives and replaced when it is answered (or dropped);
-	 * key 0 while revoked. gen counts both. chunk_mr then only serves local
-	 * access (read responses on verbs).
+	 * always_invalidate: chunk keys that a request revokes and its
+	 * response replaces; chunk_mr then only serves local access (read
+	 * responses on verbs). A client of this project uses the session's
+	 * keys; a kernel client (kinval) each path's own, as the kernel.
 	 */
 	bool inval;
+	bool kinval;                /* inval && !ext: the kernel's scheme */
 	uint64_t sess_id;           /* this incarnation, random */
-	struct fab_mr *chunk_mrs;
-	uint64_t *chunk_key;
-	uint64_t *chunk_key_hist;   /* RTRS_KEY_HISTORY last keys per chunk, newest first */
-	uint32_t *chunk_gen;
-	pthread_mutex_t key_lock;
-	struct rtrs_msg_new_rkey *rkey_msgs; /* response sources, one per chunk */
-	struct fab_mr rkey_msgs_mr;
+	struct srv_keys keys;       /* inval && ext */
+	pthread_mutex_t key_lock;   /* every srv_keys of the session */
 };
 
 struct rtrs_srv_ctx {
@@ -182,9 +197,19 @@ void srv_drop_pending(struct rtrs_con *con, struct rtrs_pending *it, int err);
 bool srv_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload);
 
 /* rtrs-srv-keys.c */
-void srv_chunk_revoke(struct rtrs_srv_sess *s, uint32_t id);
-int srv_chunk_rekey(struct rtrs_srv_sess *s, uint32_t id);
-void srv_chunk_keys_snapshot(struct rtrs_srv_sess *s, struct rtrs_msg_new_rkey *out);
+int srv_keys_setup(struct rtrs_srv_sess *s, struct srv_keys *k, bool records);
+void srv_keys_release(struct rtrs_srv_sess *s, struct srv_keys *k);
+void srv_chunk_revoke(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id);
+int srv_chunk_rekey(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id);
+void srv_chunk_keys_snapshot(struct rtrs_srv_sess *s, const struct srv_keys *k,
+			     struct rtrs_msg_new_rkey *out);
+uint64_t srv_chunk_key(struct rtrs_srv_sess *s, const struct srv_keys *k, uint32_t id);
+
+/* The keys an op's chunk uses: its path's for a kernel client, else the session's. */
+static inline struct srv_keys *srv_op_keys(const struct rtrs_srv_op *op)
+{
+	return op->sess->kinval ? &op->path->keys : &op->sess->keys;
+}
 
 /* rtrs-srv-admit.c */
 unsigned srv_sessions_named(const struct rtrs_srv_ctx *ctx);

@@ -153,24 +153,13 @@ const struct fab_con_ops srv_con_ops = {
 /* Undoes sess_map_chunks, whole or in part. */
 static void sess_unmap_chunks(struct rtrs_srv_sess *s)
 {
-	for (uint32_t i = 0; s->chunk_mrs && i < s->queue_depth; i++)
-		fab_mr_dereg(&s->chunk_mrs[i]);
-	fab_mr_dereg(&s->rkey_msgs_mr);
+	srv_keys_release(s, &s->keys);
 	fab_mr_dereg(&s->chunk_mr);
-	free(s->chunk_mrs);
-	free(s->chunk_key);
-	free(s->chunk_key_hist);
-	free(s->chunk_gen);
-	free(s->rkey_msgs);
 	if (s->chunk_mem)
 		munmap(s->chunk_mem, s->chunk_bytes);
 	free(s->chunk_bases);
 	free(s->ops);
 	free(s->op_sg);
-	s->chunk_mrs = NULL;
-	s->chunk_key = NULL;
-	s->chunk_gen = NULL;
-	s->rkey_msgs = NULL;
 	s->chunk_mem = NULL;
 	s->chunk_bases = NULL;
 	s->ops = NULL;
@@ -235,20 +224,9 @@ static int sess_map_chunks_(struct rtrs_srv_sess *s)
 	}
 	rc = fab_mr_reg(ctx->fab, s->chunk_mem, s->chunk_bytes,
 			s->inval ? FAB_MR_LOCAL : FAB_MR_REMOTE_WRITE | FAB_MR_LOCAL, &s->chunk_mr);
-	if (rc || !s->inval)
+	if (rc || !s->inval || s->kinval) /* a kernel client's keys are its paths' */
 		return rc;
-	s->chunk_mrs = calloc(qd, sizeof(*s->chunk_mrs));
-	s->chunk_key = calloc(qd, sizeof(*s->chunk_key));
-	s->chunk_key_hist = calloc((size_t)qd * RTRS_KEY_HISTORY, sizeof(*s->chunk_key_hist));
-	s->chunk_gen = calloc(qd, sizeof(*s->chunk_gen));
-	s->rkey_msgs = aligned_alloc(64, ((size_t)qd * RTRS_RKEY_SLOT + 63) & ~(size_t)63);
-	if (!s->chunk_mrs || !s->chunk_key || !s->chunk_key_hist || !s->chunk_gen || !s->rkey_msgs)
-		return -ENOMEM;
-	rc = fab_mr_reg(ctx->fab, s->rkey_msgs, (size_t)qd * RTRS_RKEY_SLOT, FAB_MR_LOCAL,
-			&s->rkey_msgs_mr);
-	for (uint32_t i = 0; !rc && i < qd; i++)
-		rc = srv_chunk_rekey(s, i);
-	return rc;
+	return srv_keys_setup(s, &s->keys, true);
 }
 
 static int sess_map_chunks(struct rtrs_srv_sess *s)
@@ -288,6 +266,7 @@ int srv_sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, bool ext,
 	memcpy(s->paths_uuid, uuid, RTRS_UUID_LEN);
 	pthread_mutex_init(&s->key_lock, NULL);
 	s->inval = ctx->opts.always_invalidate;
+	s->kinval = s->inval && !ext;
 	s->queue_depth = ctx->opts.queue_depth;
 	s->chunk_size = ctx->opts.max_chunk_size;
 	s->chunk_bytes = (size_t)s->queue_depth * s->chunk_size;
@@ -450,7 +429,7 @@ static void srv_fence_check(struct srv_path *p)
 		struct fab_rma rma = { .addr = p->base.peer_imm.addr + len, .len = len,
 				       .key = p->base.peer_imm.key };
 
-		srv_chunk_keys_snapshot(p->sess, p->fence_keys);
+		srv_chunk_keys_snapshot(p->sess, &p->sess->keys, p->fence_keys);
 		rc = fab_write(p->cons[0].c.fc, &iov, &p->fence_keys_mr.desc, 1, &rma, 1, false, 0,
 			       NULL);
 	}
@@ -555,6 +534,34 @@ static int path_info_rsp(struct srv_path *p)
 		return fab_mr_reg(ctx->fab, p->info_rsp, p->info_rsp_len, FAB_MR_LOCAL,
 				  &p->info_rsp_mr);
 	}
+	if (s->kinval) {
+		/*
+		 * The kernel's always_invalidate: this path's MR per chunk, its
+		 * key in the chunk's descriptor, a new one in an RKEY_RSP with
+		 * each response. Registered now, before the client can use them.
+		 */
+		if (!p->keys.mrs) {
+			rc = srv_keys_setup(s, &p->keys, false);
+			if (rc)
+				return rc;
+		}
+		descs = calloc(qd, sizeof(*descs));
+		p->info_rsp_len = rtrs_info_rsp_size(qd, 0);
+		p->info_rsp = calloc(1, p->info_rsp_len);
+		if (!descs || !p->info_rsp) {
+			free(descs);
+			return -ENOMEM;
+		}
+		for (unsigned i = 0; i < qd; i++)
+			descs[i] = (struct rtrs_desc){ .addr = fab_attr(ctx->fab)->virt_addr ?
+								(uintptr_t)s->chunk_bases[i] : 0,
+						       .key = srv_chunk_key(s, &p->keys, i),
+						       .len = s->chunk_size };
+		rtrs_info_rsp_encode(p->info_rsp, descs, qd);
+		free(descs);
+		return fab_mr_reg(ctx->fab, p->info_rsp, p->info_rsp_len, FAB_MR_LOCAL,
+				  &p->info_rsp_mr);
+	}
 	/* One MR per chunk: addresses are the chunk's own (verbs) or offsets from 0. */
 	descs = calloc(qd, sizeof(*descs));
 	p->info_rsp_len = rtrs_info_rsp_size(qd, qd);
@@ -571,7 +578,7 @@ static int path_info_rsp(struct srv_path *p)
 		};
 	rtrs_info_rsp_encode(p->info_rsp, descs, qd);
 	free(descs);
-	srv_chunk_keys_snapshot(s, rtrs_info_rsp_keys(p->info_rsp, qd));
+	srv_chunk_keys_snapshot(s, &s->keys, rtrs_info_rsp_keys(p->info_rsp, qd));
 	rc = fab_mr_reg(ctx->fab, p->info_rsp, p->info_rsp_len, FAB_MR_LOCAL, &p->info_rsp_mr);
 	if (!rc)
 		rc = fab_mr_reg(ctx->fab, p->fence_keys, (size_t)qd * RTRS_RKEY_SLOT, FAB_MR_LOCAL,
@@ -697,6 +704,7 @@ static void path_fini(struct srv_path *p)
 	fab_mr_dereg(&p->fence_keys_mr);
 	free(p->fence_keys);
 	free(p->info_rsp);
+	srv_keys_release(p->sess, &p->keys);
 	rtrs_auth_txn_end(&p->auth);
 	for (unsigned i = 0; p->cons && i < p->base.nr_cons; i++) {
 		rtrs_con_fini(&p->cons[i].c);

@@ -447,15 +447,29 @@ static void *b_worker(void *arg)
 	return NULL;
 }
 
+
+/*
+ * The same with a client that speaks only the kernel's RTRS: the server's
+ * always_invalidate is then the kernel's (a key per chunk and path, a new
+ * one in an RKEY_RSP with each response), over fabrics with messages with
+ * immediates (RoCE: RTRS_TEST_RDMA_DEV=rxe); elsewhere it refuses.
+ */
+static bool kernel_inval_fabric(void)
+{
+	const char *dev = getenv("RTRS_TEST_RDMA_DEV");
+
+	return dev && !strcmp(dev, "rxe");
+}
+
 /*
  * always_invalidate: a client that keeps a chunk's old key after the
  * server rotated it never changes the server's buffer; its write is
  * refused and only its path closes, while another session's verified IO
  * goes on undisturbed.
  */
-static void test_stale_key(void)
+static void stale_key_run(bool kernel)
 {
-	struct rtrs_fault stale_fault = { .stale_rkey = true };
+	struct rtrs_fault stale_fault = { .stale_rkey = true, .kernel_client = kernel };
 	struct rtrs_fault_stats fst;
 	struct rtrs_clt_opts o;
 	struct rtrs_path_addr pa;
@@ -465,7 +479,16 @@ static void test_stale_key(void)
 	pthread_t t;
 	char dst[64];
 	int rc, rounds;
+	uint64_t stale0;
 
+	atomic_store(&b_stop, false);
+	atomic_store(&b_rounds, 0);
+	atomic_store(&b_errors, 0);
+	atomic_store(&stale_writes, 0);
+	atomic_store(&stale_chunk, NULL);
+	memset(area, 0, 2 * LEN);
+	rtrs_fault_get_stats(&fst);
+	stale0 = fst.stale_keys;
 	srv_start(false, 0);
 	clt_opts(&o, &pa, dst, sizeof(dst));
 	o.sessname = "undisturbed";
@@ -486,9 +509,19 @@ static void test_stale_key(void)
 	CHECK_EQ(rtrs_fault_set(&stale_fault), 0); /* this session never takes a new key */
 	rc = rtrs_clt_open(&o, &a);
 	rtrs_fault_set(NULL);
+	if (kernel && !kernel_inval_fabric()) {
+		/* No messages with immediates (tcp, iWARP): the server refuses a kernel client. */
+		CHECK(rc == -EOPNOTSUPP, "a kernel client's open: %s", strerror(-rc));
+		goto out_b;
+	}
 	CHECK(rc == 0, "open: %s", strerror(-rc));
 	if (rc)
 		goto out_b;
+	if (kernel) {
+		rtrs_fault_get_stats(&fst);
+		CHECK(fst.kernel_reqs >= 4, "requests went out as a kernel client's");
+		CHECK_EQ(rtrs_clt_peer_ext(a), 0);
+	}
 	memset(x, 0x5a, LEN);
 	memset(y, 0xa5, LEN);
 	CHECK_EQ(do_io(a, RTRS_WRITE, 0, x), 0);  /* with the first key: fine */
@@ -496,7 +529,7 @@ static void test_stale_key(void)
 	rc = do_io(a, RTRS_WRITE, LEN, y);        /* the same chunk, its revoked key */
 	CHECK(rc == -ECONNABORTED, "stale-key write: %s", strerror(-rc));
 	rtrs_fault_get_stats(&fst);
-	CHECK_EQ(fst.stale_keys, 1);              /* the fault bit: one write went stale */
+	CHECK_EQ(fst.stale_keys - stale0, 1);     /* the fault bit: one write went stale */
 	CHECK(test_wait_path(a, 0, "closed", 1500) || test_wait_path(a, 1, "closed", 1500),
 	      "the stale write's path closed");
 	usleep(200 * 1000);
@@ -528,6 +561,12 @@ out_b:
 	rtrs_clt_close(b);
 out:
 	srv_stop();
+}
+
+static void test_stale_key(void)
+{
+	stale_key_run(false);
+	stale_key_run(true);
 }
 #else
 static void test_stale_key(void)

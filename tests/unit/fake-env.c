@@ -76,6 +76,7 @@ void env_reset(void)
 	scenario_mark = log_mark();
 	fake_hold(NULL, NULL);
 	fake_set_limits(4, 4);
+	fake_set_send_imm(true);
 }
 
 /* ---- the server ------------------------------------------------------------------------------- */

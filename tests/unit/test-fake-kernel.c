@@ -290,19 +290,175 @@ static void kernel_client_auth_required(void)
 	srv_stop();
 }
 
-/* Our always_invalidate needs a client of ours: a kernel client is refused at once. */
+/* RKEY_RSP messages seen going to the client: (path host, chunk, key). */
+static struct {
+	unsigned n;
+	char host[256][64];
+	uint32_t id[256], key[256];
+} rk;
+
+static bool rkey_rsp_note(const struct fake_ev *ev, void *arg)
+{
+	const uint8_t *d = ev->data;
+
+	(void)arg;
+	if (ev->kind == FAKE_SEND && !ev->to_server && ev->with_imm && ev->len == 8 &&
+	    get16(d, 0) == RTRS_MSG_RKEY_RSP && rk.n < ARRAY_SIZE(rk.id)) {
+		snprintf(rk.host[rk.n], sizeof(rk.host[0]), "%s", ev->host);
+		rk.id[rk.n] = get16(d, 2);
+		rk.key[rk.n] = get32(d, 4);
+		rk.n++;
+	}
+	return false;
+}
+
+/*
+ * Our always_invalidate with a kernel client, the kernel's way: the
+ * accept carries flag bit 1 alone, the info response a descriptor per
+ * chunk with its own key, and every response comes as a message with
+ * the immediate, holding the chunk's new key for that path (an RKEY_RSP
+ * whose buf_id is the response's id); never a key handed out before. IO
+ * goes on both paths of the session, each with its own keys.
+ */
+static void kernel_client_inval(void)
+{
+	struct m rsp_msg = { .kind = FAKE_SEND, .dir = TO_CLT, .imm = 0,
+			     .msg = MSG(RTRS_MSG_RKEY_RSP) };
+	struct m rsp_write = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	struct rtrs_srv_opts so;
+	uint64_t rotations;
+	unsigned qd = 16, n;
+	struct clt c;
+
+	srv_opts(&so); /* always_invalidate on */
+	CHECK_EQ(so.queue_depth, qd);
+	CHECK_EQ(srv_start(&so), 0);
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(&c, "k", "ab");
+	c.o.mp_policy = RTRS_MP_POLICY_RR;
+	CHECK_EQ(open_noted(&c, "b"), 0);
+	CHECK_EQ(rtrs_clt_peer_ext(c.sess), 0);
+	CHECK(env_logged("invalidates chunk keys the kernel's way"));
+	for (unsigned i = 0; i < w.nr_rsp; i++) {
+		CHECK_EQ(w.rsp_len[i], 56);
+		CHECK_EQ(get32(w.rsp[i], 16), RTRS_MSG_NEW_RKEY_F);
+		CHECK(zeros(w.rsp[i], 20, 56), "accept %u: the kernel's reserved bytes", i);
+	}
+	CHECK_EQ(w.info_rsp_len, 8 + 16 * qd);
+	CHECK_EQ(get16(w.info_rsp, 2), qd);
+	CHECK(zeros(w.info_rsp, 4, 8), "the kernel's reserved bytes");
+	for (unsigned i = 0; i < qd && w.info_rsp_len == 8 + 16 * qd; i++) {
+		const uint8_t *d = w.info_rsp + 8 + 16 * i;
+
+		CHECK(get32(d, 8) != 0, "chunk %u has a key of its own", i);
+		CHECK_EQ(get32(d, 12), so.max_chunk_size);
+		for (unsigned j = 0; j < i; j++)
+			CHECK(get32(d, 8) != get32(w.info_rsp + 8 + 16 * j, 8), "chunks %u, %u", i, j);
+	}
+	rotations = srv_stats().key_rotations;
+	memset(&rk, 0, sizeof(rk));
+	fake_hold(rkey_rsp_note, NULL); /* notes, holds nothing */
+	for (unsigned i = 0; i < 8; i++)
+		CHECK(io_roundtrip(&c, i * LEN, (uint8_t)(40 + i)), "round trip %u", i);
+	fake_hold(NULL, NULL);
+	n = fake_delivered(match, &rsp_msg);
+	CHECK_EQ(n, 16); /* a write and a read per round trip, each answered so */
+	CHECK_EQ(fake_delivered(match, &rsp_write), 0);
+	CHECK_EQ(rk.n, 16);
+	CHECK(srv_stats().key_rotations - rotations >= 16, "keys rotated");
+	{
+		unsigned on_a = 0, on_b = 0;
+
+		for (unsigned i = 0; i < rk.n; i++) {
+			on_a += !strcmp(rk.host[i], "a");
+			on_b += !strcmp(rk.host[i], "b");
+			CHECK(rk.id[i] < qd && rk.key[i] != 0);
+			for (unsigned j = 0; j < i; j++)
+				CHECK(rk.key[i] != rk.key[j], "keys %u and %u: a key again", i, j);
+			for (unsigned j = 0; j < qd && w.info_rsp_len == 8 + 16 * qd; j++)
+				CHECK(rk.key[i] != get32(w.info_rsp + 8 + 16 * j, 8),
+				      "a key of the info response again");
+		}
+		CHECK(on_a > 0 && on_b > 0, "responses on both paths (%u, %u)", on_a, on_b);
+	}
+	CHECK_EQ(ext_msgs(), 0);
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+/*
+ * A kernel client that writes with a chunk's revoked key (one the info
+ * response gave, replaced since): the write is refused, nothing of it
+ * reaches the server's user or memory, and the path closes.
+ */
+static void kernel_client_inval_stale(void)
+{
+	struct m req = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_IO_REQ_IMM) };
+	struct rtrs_srv_opts so;
+	static struct io io;
+	bool stale = false;
+	unsigned qd = 16;
+	struct clt c;
+
+	srv_opts(&so);
+	CHECK_EQ(srv_start(&so), 0);
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(&c, "k", "a");
+	c.o.reconnect_delay_ms = 0;
+	c.o.max_reconnect_attempts = 0;
+	CHECK_EQ(open_noted(&c, "a"), 0);
+	CHECK_EQ(w.info_rsp_len, 8 + 16 * qd);
+	/* Until a request goes to a chunk used before: put its first key back. */
+	for (unsigned i = 0; i < 2 * qd && !stale; i++) {
+		struct fake_ev *ev;
+		uint32_t id, first;
+		unsigned type;
+		uint32_t payload;
+
+		fake_hold(match, &req);
+		CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 3 * LEN, LEN, 77), 0);
+		ev = fake_wait_ev(match, &req, "a request");
+		fake_hold(NULL, NULL);
+		if (!ev)
+			break;
+		rtrs_from_imm(ev->imm, &type, &payload);
+		id = rtrs_io_req_chunk(qd, payload);
+		first = get32(w.info_rsp + 8 + 16 * (id % qd), 8);
+		if (ev->rma_cnt >= 1 && ev->rma[ev->rma_cnt - 1].key != first) {
+			ev->rma[ev->rma_cnt - 1].key = first; /* revoked at the chunk's first use */
+			stale = true;
+		}
+		CHECK_EQ(fake_deliver(ev), 0);
+		if (stale)
+			break;
+		CHECK_EQ(io_wait(&io), 0);
+		io_put(&io);
+		CHECK(area_has(3 * LEN, LEN, 77));
+		memset(srv.area + 3 * LEN, 0, LEN);
+	}
+	CHECK(stale, "a request went to a chunk used before");
+	if (stale) {
+		CHECK(io_wait(&io) < 0, "the write with the revoked key fails");
+		io_put(&io);
+		CHECK(!area_has(3 * LEN, LEN, 77), "and never reached the server's memory");
+		CHECK(clt_path_is(&c, 0, "closed") || clt_path_is(&c, 0, "reconnecting"));
+	}
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+/* Without messages with immediates (iWARP) the kernel's scheme cannot be played: refused. */
 static void kernel_client_inval_refused(void)
 {
 	struct rtrs_srv_opts so;
 	struct clt c;
 
+	fake_set_send_imm(false);
 	srv_opts(&so); /* always_invalidate on */
 	CHECK_EQ(srv_start(&so), 0);
 	atomic_store(&rtrs_test_kernel_clt, true);
 	clt_init(&c, "k", "a");
 	c.o.reconnect_delay_ms = 0;
 	CHECK_EQ(clt_open(&c), -EOPNOTSUPP);
-	CHECK(env_logged("this server's always_invalidate needs a client of this project"));
+	CHECK(env_logged("always_invalidate toward it needs messages with immediates"));
 	CHECK_EQ(srv_stats().sessions, 0);
 	CHECK_EQ(fake_settle(), 0);
 	srv_stop();
@@ -702,6 +858,8 @@ static const struct scenario scenarios[] = {
 	{ "kernel_client_wire", kernel_client_wire },
 	{ "project_client_wire", project_client_wire },
 	{ "kernel_client_auth_required", kernel_client_auth_required },
+	{ "kernel_client_inval", kernel_client_inval },
+	{ "kernel_client_inval_stale", kernel_client_inval_stale },
 	{ "kernel_client_inval_refused", kernel_client_inval_refused },
 	{ "kernel_client_name_taken", kernel_client_name_taken },
 	{ "ext_mismatch", ext_mismatch },

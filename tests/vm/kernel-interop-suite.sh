@@ -111,15 +111,72 @@ our_server() {
 	tail -n 30 "$KG_RUN/A-rnbd-server.log"
 }
 
+# our_client_verify: guest B's part with a kernel server in A (which also
+# listens on 198.18.0.11): the project's rnbd-client writes and verifies
+# random 4 KiB blocks over two paths, one of them cut (blackholed) during
+# the IO, then writes the pattern A checks and reads it back; the nbdkit
+# plugin serves the device to nbdcopy, both ways, equal.
+our_client_verify() {
+	local clt=$KI_BUILD/tools/rnbd-client plugin=$KI_BUILD/nbdkit/nbdkit-rnbd-plugin.so
+	local pid rc uri=nbd+unix:///?socket=/tmp/nbd.sock
+	local opts=(--provider verbs -d /dev/ram0 --log-level info)
+	kg_pattern /tmp/pattern "$MIB"
+	kg_sha256 /tmp/pattern >"$KG_RUN/B.sha256"
+	kg_wait A-ready 120 || return 1
+	"$clt" perf -s 198.18.0.1 -s 198.18.0.11 -S ours-cut --policy round-robin "${opts[@]}" \
+		--rw randrw --bs 4096 -q 16 --size 16M -t 8 --verify --reconnect-delay 60000 \
+		>"$KG_RUN/B-perf.log" 2>&1 &
+	pid=$!
+	sleep 3
+	ip route add blackhole 198.18.0.11/32
+	wait "$pid"
+	rc=$?
+	ip route del blackhole 198.18.0.11/32
+	tail -n 12 "$KG_RUN/B-perf.log"
+	kg_check B-verified-io-two-paths-one-cut $rc "(rnbd-client perf --verify, 8 s)"
+	grep -q '198.18.0.11.*\(went down\|path closed\)' "$KG_RUN/B-perf.log"
+	kg_check B-cut-path-went-down $?
+	"$clt" write -s 198.18.0.1 -S ours-write "${opts[@]}" -f /tmp/pattern >"$KG_RUN/B-write.log" 2>&1
+	kg_check B-write-pattern $? "($MIB MiB)"
+	"$clt" read -s 198.18.0.1 -S ours-read "${opts[@]}" -l $((MIB << 20)) -f /tmp/back \
+		>"$KG_RUN/B-read.log" 2>&1 && cmp /tmp/pattern /tmp/back
+	kg_check B-readback-equals-pattern $?
+	rm -f /tmp/back
+	kg_signal B-written
+	kg_wait A-checked 120
+	if nbdkit -U /tmp/nbd.sock -P /tmp/nbd.pid "$plugin" server=198.18.0.1 provider=verbs \
+		device=/dev/ram0 session=ours-nbd >"$KG_RUN/B-nbdkit.log" 2>&1; then
+		kg_pattern /tmp/pattern2 16
+		nbdcopy /tmp/pattern2 "$uri" && nbdcopy "$uri" /tmp/back2 &&
+			cmp /tmp/pattern2 <(head -c $((16 << 20)) /tmp/back2)
+		kg_check B-nbdkit-plugin-copy-equal $? "(nbdcopy both ways, 16 MiB)"
+		kill "$(cat /tmp/nbd.pid)"
+	else
+		tail -n 20 "$KG_RUN/B-nbdkit.log"
+		kg_check B-nbdkit-plugin-started 1
+	fi
+	kg_dmesg_check B
+}
+
 a_control() { kernel_server; }
 b_control() { kernel_client_verify; }
 
 a_control_noinval() { kernel_server always_invalidate=0; }
 b_control_noinval() { kernel_client_verify; }
 
-# The kernel's rnbd-client maps a device of the project's rnbd-server.
-a_kclient_ours() { our_server --no-invalidate; }
+# The kernel's rnbd-client maps a device of the project's rnbd-server,
+# whose always_invalidate is then the kernel's; and without it.
+a_kclient_ours() { our_server; }
 b_kclient_ours() { kernel_client_verify ram0; }
+a_kclient_ours_noinval() { our_server --no-invalidate; }
+b_kclient_ours_noinval() { kernel_client_verify ram0; }
+
+# The project's rnbd-client and nbdkit plugin map the kernel rnbd-server's
+# /dev/ram0 (always_invalidate on, its default, and off).
+a_ours_kserver() { ip addr add 198.18.0.11/24 dev eth0; kernel_server; }
+b_ours_kserver() { our_client_verify; }
+a_ours_kserver_noinval() { ip addr add 198.18.0.11/24 dev eth0; kernel_server always_invalidate=0; }
+b_ours_kserver_noinval() { our_client_verify; }
 
 if [ "${1:-}" = --guest ]; then
 	role=$2 test=${3//-/_}
@@ -143,7 +200,8 @@ fi
 build=$(cd "${1:?usage: kernel-interop-suite.sh BUILD_DIR [TEST...]}" && pwd)
 shift
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(control control-noinval kclient-ours)
+[ ${#tests[@]} -gt 0 ] || tests=(control control-noinval kclient-ours kclient-ours-noinval ours-kserver
+	ours-kserver-noinval)
 vm=$here/rtrs-vm
 wire=$here/rtrs-wire.py
 
