@@ -89,8 +89,11 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 	int rc;
 
 	rtrs_hb_heard(&p->base.hb);
-	if (con->c.cid != 0 && p->sess->kinval) {
-		/* A chunk's new key; the response's immediate follows at once. */
+	if (p->sess->kinval && (con->c.cid != 0 || rtrs_msg_type(buf, len) == RTRS_MSG_RKEY_RSP)) {
+		/*
+		 * A chunk's new key (IO answered on the admin connection too);
+		 * the response's immediate follows at once.
+		 */
 		uint32_t id, key;
 
 		rc = rtrs_rkey_rsp_decode(buf, len, p->sess->queue_depth, &id, &key, &why);

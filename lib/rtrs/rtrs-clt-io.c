@@ -337,7 +337,7 @@ bool clt_sess_path_may_come(struct rtrs_clt_sess *s)
 }
 
 /* No path now: park req until one comes or fast_io_fail_ms passes. */
-static void req_wait(struct clt_req *req)
+void clt_req_wait(struct clt_req *req)
 {
 	struct rtrs_clt_sess *s = req->sess;
 	bool first;
@@ -405,7 +405,7 @@ int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 		int rc = clt_req_route(req);
 
 		if (rc == -ECONNABORTED && s->fast_io_fail_ms && clt_sess_path_may_come(s)) {
-			req_wait(req);
+			clt_req_wait(req);
 			return 0;
 		}
 		return rc;

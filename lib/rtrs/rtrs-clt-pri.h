@@ -229,6 +229,7 @@ bool clt_req_complete(struct clt_req *req, int err);
 void clt_sess_key_update(struct rtrs_clt_sess *s, uint32_t id, uint32_t gen, uint64_t key);
 int clt_path_keys_merge(struct clt_path *p, size_t off);
 int clt_post_pending(struct rtrs_con *con, struct rtrs_pending *it);
+void clt_req_wait(struct clt_req *req);
 int clt_req_route(struct clt_req *req);
 bool clt_sess_path_may_come(struct rtrs_clt_sess *s);
 bool clt_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload);

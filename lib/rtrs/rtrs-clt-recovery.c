@@ -164,7 +164,14 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 	clt_fence_carrier_lost(p);
 	bool fence = p->srv_fence && s->fast_io_fail_ms && err != -ESHUTDOWN &&
 		     !atomic_load(&s->closing);
-	unsigned moved = 0;
+	/*
+	 * A kernel server has no fencing: its requests go to another path at
+	 * once, as the kernel's client fails them over (docs/protocol.md
+	 * section 14: what that does not guarantee).
+	 */
+	bool unfenced = !fence && !s->srv_ext && s->fast_io_fail_ms && err != -ESHUTDOWN &&
+			!atomic_load(&s->closing);
+	unsigned moved = 0, resent = 0;
 
 	clt_fence_reset(p);
 	for (uint32_t i = 0; s->reqs && i < s->queue_depth; i++) {
@@ -172,6 +179,13 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 
 		if (atomic_load(&req->state) != REQ_INFLIGHT || req->path != p)
 			continue;
+		if (unfenced) {
+			clt_req_release_mrs(req);
+			atomic_fetch_sub(&p->base.inflight, 1);
+			clt_req_wait(req);
+			resent++;
+			continue;
+		}
 		if (!fence) {
 			failed += clt_req_complete(req, -ECONNABORTED);
 			continue;
@@ -186,6 +200,12 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 		STAILQ_INSERT_TAIL(&s->fencing, req, wait_link);
 		pthread_mutex_unlock(&s->wait_lock);
 		moved++;
+	}
+	if (resent) {
+		atomic_fetch_add(&p->stat_failovers, resent);
+		log_info("%s: %u requests fail over to the other paths unfenced (a kernel server)",
+			 p->name, resent);
+		loop_timer_arm(&s->wait_timer, 1, 50);
 	}
 	if (moved) {
 		atomic_fetch_add(&p->stat_failovers, moved);

@@ -506,6 +506,13 @@ static void stale_key_run(bool kernel)
 	o.paths_num = 2;
 	o.sessname = "stale";
 	o.max_reconnect_attempts = 0;
+	/*
+	 * A kernel-mode session would send the refused write again on the
+	 * other path at once (unfenced failover), where it goes stale too:
+	 * here it is to fail, and the other path to stay.
+	 */
+	if (kernel)
+		o.fast_io_fail_ms = 0;
 	CHECK_EQ(rtrs_fault_set(&stale_fault), 0); /* this session never takes a new key */
 	rc = rtrs_clt_open(&o, &a);
 	rtrs_fault_set(NULL);

@@ -360,12 +360,21 @@ static void kernel_client_inval(void)
 	fake_hold(rkey_rsp_note, NULL); /* notes, holds nothing */
 	for (unsigned i = 0; i < 8; i++)
 		CHECK(io_roundtrip(&c, i * LEN, (uint8_t)(40 + i)), "round trip %u", i);
+	{
+		/* RNBD's session messages go on the admin connection: answered the same way. */
+		static struct io io;
+
+		CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_ADMIN_CON, 9 * LEN, LEN, 60), 0);
+		CHECK_EQ(io_wait(&io), 0);
+		io_put(&io);
+		CHECK(area_has(9 * LEN, LEN, 60), "a write on the admin connection");
+	}
 	fake_hold(NULL, NULL);
 	n = fake_delivered(match, &rsp_msg);
-	CHECK_EQ(n, 16); /* a write and a read per round trip, each answered so */
+	CHECK_EQ(n, 17); /* a write and a read per round trip, each answered so, and one more */
 	CHECK_EQ(fake_delivered(match, &rsp_write), 0);
-	CHECK_EQ(rk.n, 16);
-	CHECK(srv_stats().key_rotations - rotations >= 16, "keys rotated");
+	CHECK_EQ(rk.n, 17);
+	CHECK(srv_stats().key_rotations - rotations >= 17, "keys rotated");
 	{
 		unsigned on_a = 0, on_b = 0;
 
@@ -405,6 +414,7 @@ static void kernel_client_inval_stale(void)
 	clt_init(&c, "k", "a");
 	c.o.reconnect_delay_ms = 0;
 	c.o.max_reconnect_attempts = 0;
+	c.o.fast_io_fail_ms = 0; /* the refused write fails at once, not after waiting for a path */
 	CHECK_EQ(open_noted(&c, "a"), 0);
 	CHECK_EQ(w.info_rsp_len, 8 + 16 * qd);
 	/* Until a request goes to a chunk used before: put its first key back. */
@@ -511,6 +521,12 @@ static void ext_mismatch(void)
 
 /* ---- a kernel server ----------------------------------------------------------------------- */
 
+static bool failed_over(void *arg)
+{
+	(void)arg;
+	return env_logged("1 requests fail over to the other paths unfenced");
+}
+
 static bool path_back(void *arg)
 {
 	return atomic_load(&((struct clt *)arg)->path_up) >= 1; /* path_ev: after the open only */
@@ -519,7 +535,7 @@ static bool path_back(void *arg)
 /*
  * A client of ours meets a kernel server: it falls back. Its info
  * request is the kernel's, it sends no fence (a failed path's request
- * fails with -ECONNABORTED) and no authentication message, its
+ * goes to another path at once, unfenced) and no authentication message, its
  * heartbeats and the server's answers go to no memory, and a reconnect
  * that carried first_conn counts as a server session that may be new
  * (the kernel's server does not say).
@@ -549,7 +565,10 @@ static void kernel_server_fallback(void)
 	CHECK(fake_delivered(match, &hb) >= 2, "heartbeats on both paths");
 	CHECK(clt_path_is(&c, 0, "connected") && clt_path_is(&c, 1, "connected"));
 
-	/* Path a fails with a request on it: no fence, the request fails. */
+	/*
+	 * Path a fails with a request on it: no fence; the request goes to
+	 * path b at once, as the kernel's client sends it again.
+	 */
 	fake_hold(match, &rsp);
 	for (int i = 0; i < 4 && !on_a; i++) {
 		struct fake_ev *ev;
@@ -570,8 +589,11 @@ static void kernel_server_fallback(void)
 	CHECK(on_a, "a request went on path a");
 	CHECK(fake_fail("f", "a", -1, -ECONNRESET, -ECONNRESET) >= 1);
 	fake_hold(NULL, NULL);
-	CHECK_EQ(io_wait(&io), -ECONNABORTED);
+	CHECK_EQ(fake_wait(failed_over, NULL, "the request to fail over"), 0);
+	CHECK_EQ(fake_advance(50), 0); /* the session's wait timer */
+	CHECK_EQ(io_wait(&io), 0);
 	io_put(&io);
+	CHECK(area_has(2 * LEN, LEN, 7));
 	CHECK_EQ(fake_settle(), 0);
 	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
 	CHECK_EQ(fake_wait(path_back, &c, "path a to come back"), 0);

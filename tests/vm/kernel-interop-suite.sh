@@ -112,9 +112,9 @@ our_server() {
 }
 
 # our_client_verify: guest B's part with a kernel server in A (which also
-# listens on 198.18.0.11): the project's rnbd-client writes and verifies
-# random 4 KiB blocks over two paths, one of them cut (blackholed) during
-# the IO, then writes the pattern A checks and reads it back; the nbdkit
+# listens on 198.18.0.11 until B asks it to cut): the project's rnbd-client
+# writes and verifies random 4 KiB blocks over two paths, one of them cut
+# during the IO, then writes the pattern A checks and reads it back; the nbdkit
 # plugin serves the device to nbdcopy, both ways, equal.
 our_client_verify() {
 	local clt=$KI_BUILD/tools/rnbd-client plugin=$KI_BUILD/nbdkit/nbdkit-rnbd-plugin.so
@@ -124,17 +124,17 @@ our_client_verify() {
 	kg_sha256 /tmp/pattern >"$KG_RUN/B.sha256"
 	kg_wait A-ready 120 || return 1
 	"$clt" perf -s 198.18.0.1 -s 198.18.0.11 -S ours-cut --policy round-robin "${opts[@]}" \
-		--rw randrw --bs 4096 -q 16 --size 16M -t 8 --verify --reconnect-delay 60000 \
-		>"$KG_RUN/B-perf.log" 2>&1 &
+		--rw randrw --bs 4096 -q 16 --size 16M -t 15 --verify --reconnect-delay 60000 \
+		--hb-interval 500 >"$KG_RUN/B-perf.log" 2>&1 &
 	pid=$!
-	sleep 3
-	ip route add blackhole 198.18.0.11/32
+	sleep 4
+	kg_signal B-cut
+	kg_log "asked A to cut the path to 198.18.0.11"
 	wait "$pid"
 	rc=$?
-	ip route del blackhole 198.18.0.11/32
-	tail -n 12 "$KG_RUN/B-perf.log"
-	kg_check B-verified-io-two-paths-one-cut $rc "(rnbd-client perf --verify, 8 s)"
-	grep -q '198.18.0.11.*\(went down\|path closed\)' "$KG_RUN/B-perf.log"
+	tail -n 16 "$KG_RUN/B-perf.log"
+	kg_check B-verified-io-two-paths-one-cut $rc "(rnbd-client perf --verify, 15 s)"
+	grep -q '198.18.0.11.*\(went down\|path closed\|heartbeat\)' "$KG_RUN/B-perf.log"
 	kg_check B-cut-path-went-down $?
 	"$clt" write -s 198.18.0.1 -S ours-write "${opts[@]}" -f /tmp/pattern >"$KG_RUN/B-write.log" 2>&1
 	kg_check B-write-pattern $? "($MIB MiB)"
@@ -144,17 +144,93 @@ our_client_verify() {
 	rm -f /tmp/back
 	kg_signal B-written
 	kg_wait A-checked 120
-	if nbdkit -U /tmp/nbd.sock -P /tmp/nbd.pid "$plugin" server=198.18.0.1 provider=verbs \
-		device=/dev/ram0 session=ours-nbd >"$KG_RUN/B-nbdkit.log" 2>&1; then
+	# In the foreground, logging to stderr: a forked nbdkit logs to syslog.
+	nbdkit -f --log=stderr -U /tmp/nbd.sock "$plugin" server=198.18.0.1 provider=verbs \
+		device=/dev/ram0 session=ours-nbd >"$KG_RUN/B-nbdkit.log" 2>&1 &
+	pid=$!
+	for _ in $(seq 300); do
+		{ [ -S /tmp/nbd.sock ] || ! kill -0 "$pid" 2>/dev/null; } && break
+		sleep 0.1
+	done
+	if [ -S /tmp/nbd.sock ] && kill -0 "$pid" 2>/dev/null; then
 		kg_pattern /tmp/pattern2 16
+		# (no /dev/fd in the guests: no process substitution)
 		nbdcopy /tmp/pattern2 "$uri" && nbdcopy "$uri" /tmp/back2 &&
-			cmp /tmp/pattern2 <(head -c $((16 << 20)) /tmp/back2)
+			cmp -n $((16 << 20)) /tmp/pattern2 /tmp/back2
 		kg_check B-nbdkit-plugin-copy-equal $? "(nbdcopy both ways, 16 MiB)"
-		kill "$(cat /tmp/nbd.pid)"
+		kill "$pid"
+		wait "$pid"
 	else
-		tail -n 20 "$KG_RUN/B-nbdkit.log"
 		kg_check B-nbdkit-plugin-started 1
 	fi
+	tail -n 20 "$KG_RUN/B-nbdkit.log"
+	kg_dmesg_check B
+}
+
+# A file export, and rnbd-server killed and started again under a mapped
+# kernel client. A: the file (64 MiB) below the search path; after B's
+# pattern, the file's digest; then SIGKILL, a new rnbd-server, and the
+# kernel client must come back by itself. B: the pattern, read back once
+# the new server runs (the kernel client reconnects and reopens the
+# device), then mkfs.ext4 and fsck -n, unmap.
+our_file_server() {
+	"$KI_BUILD/daemons/rnbd-server" --provider verbs -a 198.18.0.1 -p 1234 -s /var/tmp/exports \
+		--log-level info "$@" >>"$KG_RUN/A-rnbd-server.log" 2>&1 &
+	SRV_PID=$!
+	sleep 1
+	kill -0 "$SRV_PID" 2>/dev/null
+}
+
+a_kclient_ours_file() {
+	local want got
+	mkdir -p /var/tmp/exports && truncate -s "${MIB}M" /var/tmp/exports/disk.img
+	our_file_server
+	kg_check A-our-server-started $? "(file export disk.img)"
+	kg_signal A-ready
+	kg_wait "B-written B-done" 400
+	want=$(cat "$KG_RUN/B.sha256" 2>/dev/null)
+	got=$(kg_sha256 /var/tmp/exports/disk.img)
+	[ -n "$want" ] && [ "$got" = "$want" ]
+	kg_check A-file-equals-B-pattern $? "(sha256 ${got:0:16}, B's ${want:0:16})"
+	kill -KILL "$SRV_PID"
+	wait "$SRV_PID" 2>/dev/null
+	kg_log "rnbd-server killed (SIGKILL) under the mapped device"
+	sleep 3
+	our_file_server
+	kg_check A-our-server-restarted $?
+	kg_signal A-restarted
+	kg_wait B-done 600
+	kill "$SRV_PID"
+	wait "$SRV_PID"
+	kg_check A-our-server-exit $? "(SIGTERM)"
+	grep -E 'session|opened|closing|refus|error' "$KG_RUN/A-rnbd-server.log" | tail -n 20
+	kg_dmesg_check A
+}
+
+b_kclient_ours_file() {
+	local dev
+	kg_load_client
+	kg_check B-kernel-client-loaded $?
+	kg_pattern /tmp/pattern "$MIB"
+	kg_sha256 /tmp/pattern >"$KG_RUN/B.sha256"
+	kg_wait A-ready 120 || return 1
+	if ! dev=$(kg_map "$SESS" 198.18.0.1 disk.img); then
+		kg_check B-map 1
+		return 1
+	fi
+	kg_check B-map 0 "($dev, a file)"
+	kg_write_verify "$dev" /tmp/pattern
+	kg_check B-readback-equals-pattern $? "($MIB MiB)"
+	kg_signal B-written
+	kg_wait A-restarted 120
+	dd if="$dev" of=/tmp/back bs=1M count="$MIB" iflag=direct status=none && cmp /tmp/pattern /tmp/back
+	kg_check B-readback-after-server-restart $? "(the kernel client reconnected by itself)"
+	rm -f /tmp/back
+	mkfs.ext4 -q -F "$dev" && fsck.ext4 -n "$dev" >/tmp/fsck.log 2>&1
+	kg_check B-mkfs-ext4-fsck-clean $?
+	tail -n 3 /tmp/fsck.log
+	kg_unmap "$dev"
+	kg_check B-unmap $?
 	kg_dmesg_check B
 }
 
@@ -173,9 +249,17 @@ b_kclient_ours_noinval() { kernel_client_verify ram0; }
 
 # The project's rnbd-client and nbdkit plugin map the kernel rnbd-server's
 # /dev/ram0 (always_invalidate on, its default, and off).
-a_ours_kserver() { ip addr add 198.18.0.11/24 dev eth0; kernel_server; }
+# cut_second_address: in the background, once B asks, A drops 198.18.0.11:
+# the soft-RoCE device loses that address, and everything sent to it
+# meets nobody (a path cut from the server's side).
+cut_second_address() {
+	ip addr add 198.18.0.11/24 dev eth0
+	(kg_wait B-cut 300 && ip addr del 198.18.0.11/24 dev eth0 && kg_log "198.18.0.11 removed") &
+}
+
+a_ours_kserver() { cut_second_address; kernel_server; }
 b_ours_kserver() { our_client_verify; }
-a_ours_kserver_noinval() { ip addr add 198.18.0.11/24 dev eth0; kernel_server always_invalidate=0; }
+a_ours_kserver_noinval() { cut_second_address; kernel_server always_invalidate=0; }
 b_ours_kserver_noinval() { our_client_verify; }
 
 if [ "${1:-}" = --guest ]; then
@@ -200,8 +284,8 @@ fi
 build=$(cd "${1:?usage: kernel-interop-suite.sh BUILD_DIR [TEST...]}" && pwd)
 shift
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(control control-noinval kclient-ours kclient-ours-noinval ours-kserver
-	ours-kserver-noinval)
+[ ${#tests[@]} -gt 0 ] || tests=(control control-noinval kclient-ours kclient-ours-noinval kclient-ours-file
+	ours-kserver ours-kserver-noinval)
 vm=$here/rtrs-vm
 wire=$here/rtrs-wire.py
 
