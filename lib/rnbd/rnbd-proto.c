@@ -265,6 +265,12 @@ int rnbd_io_decode(const void *buf, size_t len, unsigned ver, size_t data_len,
 		return rc;
 	if (io.bi_size % RNBD_SECTOR_SIZE)
 		REJECT(-EINVAL, "IO size not a multiple of 512");
+	/*
+	 * A flush names no range: the kernel's client sends its block layer's
+	 * flush requests with their sector as it is, (sector_t)-1.
+	 */
+	if (io.op == RNBD_OP_FLUSH)
+		io.sector = 0;
 	if (io.sector > (UINT64_MAX - io.bi_size) >> RNBD_SECTOR_SHIFT)
 		REJECT(-EINVAL, "IO range beyond 64-bit bytes");
 	data_op = io.op == RNBD_OP_READ || io.op == RNBD_OP_WRITE;

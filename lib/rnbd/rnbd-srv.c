@@ -612,7 +612,11 @@ static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir d
 			   sess->nios);
 		return -EPROTO;
 	}
-	if ((m.op == RNBD_OP_READ) != (dir == RTRS_READ)) {
+	/*
+	 * A flush comes either way: the kernel's client sends its block
+	 * layer's flush requests as RTRS reads (rq_data_dir), ours as writes.
+	 */
+	if (m.op != RNBD_OP_FLUSH && (m.op == RNBD_OP_READ) != (dir == RTRS_READ)) {
 		log_err_rl("rnbd: %s: %s sent as an RTRS %s", sess->name, rnbd_op_name(m.op),
 			   dir == RTRS_READ ? "read" : "write");
 		return -EINVAL;

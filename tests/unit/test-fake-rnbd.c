@@ -276,7 +276,8 @@ static int open_by_hand(struct clt *c, struct rnbd_open_rsp *rsp)
  * A kernel client (its RTRS without the extension bit) sends what a
  * kernel rnbd-client sends: it is offered no write zeroes, and operation
  * 5 is refused (-EOPNOTSUPP); its SYNC and FUA writes, its FLUSH (SYNC and
- * FUA, as op_is_flush gives), an empty FUA write (an old kernel's flush)
+ * FUA, as op_is_flush gives; and as its block layer's flush request comes:
+ * an RTRS read at sector -1), an empty FUA write (an old kernel's flush)
  * and SYNC reads are served, the data in place.
  */
 static void rnbd_kernel_client(void)
@@ -302,6 +303,20 @@ static void rnbd_kernel_client(void)
 			    sizeof(w)), 0);
 	CHECK_EQ(io_by_hand(&c, rsp.device_id, RNBD_OP_FLUSH, RNBD_F_SYNC | RNBD_F_FUA, 0, NULL, 0),
 		 0);
+	{
+		/*
+		 * The flush as a 6.1 kernel client sends its block layer's flush
+		 * request (mkfs.ext4's fsync): an RTRS read (rq_data_dir of
+		 * REQ_OP_FLUSH), sector (sector_t)-1, PREFLUSH.
+		 */
+		struct rnbd_io io = { .device_id = rsp.device_id, .sector = UINT64_MAX,
+				      .op = RNBD_OP_FLUSH,
+				      .flags = RNBD_F_SYNC | RNBD_F_PREFLUSH };
+		struct rnbd_msg_io m;
+
+		rnbd_io_encode(&m, &io);
+		CHECK_EQ(by_hand(&c, RTRS_READ, &m, sizeof(m), NULL, 0), 0);
+	}
 	CHECK_EQ(io_by_hand(&c, rsp.device_id, RNBD_OP_WRITE, RNBD_F_FUA, 0, NULL, 0), 0);
 	CHECK_EQ(io_by_hand(&c, rsp.device_id, RNBD_OP_READ, RNBD_F_SYNC, 16, r, sizeof(r)), 0);
 	CHECK(!memcmp(r, w, sizeof(r)), "read back");

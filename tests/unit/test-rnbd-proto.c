@@ -332,6 +332,16 @@ static void test_io(void)
 	io.sector = UINT64_MAX;
 	rnbd_io_encode(&m, &io);
 	CHECK_EQ(rnbd_io_decode(&m, sizeof(m), 2, 0, &d, &why), -EINVAL);
+	/*
+	 * A flush names no range: the kernel's client sends its block layer's
+	 * flush requests with sector (sector_t)-1 (seen from mkfs.ext4's
+	 * fsync); it reads as sector 0.
+	 */
+	io = (struct rnbd_io){ .op = RNBD_OP_FLUSH, .flags = RNBD_F_PREFLUSH | RNBD_F_SYNC,
+			       .sector = UINT64_MAX };
+	rnbd_io_encode(&m, &io);
+	CHECK_EQ(rnbd_io_decode(&m, sizeof(m), 2, 0, &d, &why), 0);
+	CHECK(d.op == RNBD_OP_FLUSH && d.sector == 0, "a flush at sector -1");
 }
 
 static void test_close(void)

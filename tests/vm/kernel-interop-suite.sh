@@ -14,8 +14,20 @@
 #                    capture is compared with kernel-interop-ref-noinval.txt
 #   kclient-ours     the kernel's rnbd-client in B maps ram0 (64 MiB of
 #                    memory) from the project's rnbd-server in A (native
-#                    fabric, --no-invalidate): the same writes, read-back
-#                    and fio verification; the capture is decoded
+#                    fabric, always_invalidate on: the kernel's scheme): the
+#                    same writes, read-back and fio verification; the
+#                    capture is decoded
+#   kclient-ours-noinval  the same with --no-invalidate
+#   kclient-ours-file     a file export: the pattern, its digest in A's file,
+#                    rnbd-server SIGKILLed and started again under the mapped
+#                    device (the kernel client reopens it by itself), the
+#                    pattern read back, mkfs.ext4 and fsck -n
+#   ours-kserver     the kernel's rnbd-server in A (always_invalidate on),
+#                    the project's rnbd-client in B: verified random IO over
+#                    two paths, one cut during it; the pattern written, read
+#                    back and found in A's /dev/ram0; the nbdkit plugin
+#                    serving it to nbdcopy both ways
+#   ours-kserver-noinval  the same with always_invalidate=0
 # Usage: kernel-interop-suite.sh BUILD_DIR [TEST...]   (default: all)
 #        kernel-interop-suite.sh --guest A|B TEST RUN_DIR BUILD_DIR   (in a guest)
 # Prints "N passed, N failed, N skipped"; exits 77 when guests cannot be
@@ -223,8 +235,15 @@ b_kclient_ours_file() {
 	kg_check B-readback-equals-pattern $? "($MIB MiB)"
 	kg_signal B-written
 	kg_wait A-restarted 120
+	# The kernel's rnbd-client fails IO while its device is disconnected
+	# ("closed"), and reopens it once RTRS has reconnected ("open").
+	local st=/sys/block/${dev#/dev/}/rnbd/state t0=$SECONDS
+	for _ in $(seq 50); do [ "$(cat "$st")" = closed ] && break; sleep 0.1; done
+	for _ in $(seq 1200); do [ "$(cat "$st")" = open ] && break; sleep 0.1; done
+	[ "$(cat "$st")" = open ]
+	kg_check B-device-reopened $? "(after $((SECONDS - t0)) s, by itself)"
 	dd if="$dev" of=/tmp/back bs=1M count="$MIB" iflag=direct status=none && cmp /tmp/pattern /tmp/back
-	kg_check B-readback-after-server-restart $? "(the kernel client reconnected by itself)"
+	kg_check B-readback-after-server-restart $? "($MIB MiB equal to the pattern)"
 	rm -f /tmp/back
 	mkfs.ext4 -q -F "$dev" && fsck.ext4 -n "$dev" >/tmp/fsck.log 2>&1
 	kg_check B-mkfs-ext4-fsck-clean $?
