@@ -3,12 +3,17 @@
 
   rtrs-wire.py decode PCAP [--first N]
       the normalized sequence, one message a line, in capture order
-  rtrs-wire.py compare REF PCAP [--first N]
+  rtrs-wire.py compare REF PCAP [--first N] [--shape]
       compares the setup (CM exchange) and the first N messages (40) of
       each connection and direction; exit 0 when equal, 1 when not (with
       a diff), 2 on an unreadable capture. Either may be the text that
       decode printed (a reference kept in the repository) instead of a
-      capture.
+      capture. --shape compares what the messages are, not their values:
+      every field whose value holds a digit (sizes, ids, chunks, offsets,
+      flag words, RNBD limits), names (device, session) and key relations
+      (a rotated key is a rotated key, however the server picked it) are
+      masked; message kinds, opcodes, immediate types, RTRS and RNBD
+      message types, named flags and reserved bytes stay.
 
 Reads captures of UDP port 4791 (tcpdump -i eth0 udp port 4791 in a guest)
 through tshark, which hands over each UDP payload; InfiniBand transport
@@ -34,6 +39,7 @@ on after it, marked.
 """
 
 import argparse
+import re
 import collections
 import difflib
 import signal
@@ -624,7 +630,14 @@ def cmd_compare(args):
             out.extend(sorted({l for l in t.teardown if " C>S DREQ " in l}))
         return out
 
+    def shape(line):
+        line = re.sub(r"\b(dev_name|pathname|rkey)=\S+", r"\1=*", line)
+        line = re.sub(r"\bchunk\d+\+\d+", "chunk#+#", line)
+        return re.sub(r"=(?=[^\s,()]*\d)[^\s,()]+", "=#", line)
+
     la, lb = canonical(a), canonical(b)
+    if args.shape:
+        la, lb = [shape(x) for x in la], [shape(x) for x in lb]
     if la == lb:
         print("equal: setup (%d CM messages) and the first messages of each stream: %s" % (
             len(a.setup), ", ".join("%s %s %d" % (k[0], k[1], min(n, len(a.streams.get(k, []))))
@@ -646,6 +659,7 @@ def main():
     p.add_argument("ref")
     p.add_argument("pcap")
     p.add_argument("--first", type=int, default=40, help="messages per stream")
+    p.add_argument("--shape", action="store_true", help="mask values (docstring)")
     args = ap.parse_args()
     try:
         return cmd_decode(args) if args.cmd == "decode" else cmd_compare(args)
