@@ -404,7 +404,13 @@ static void open_rsp_fill(struct rnbd_msg_open_rsp *m, const struct sess_dev *sd
 		.discard_granularity = in->discard ? MAX(lbs, 4096u) : 0,
 		.physical_block_size = (uint16_t)in->physical_block_size,
 		.logical_block_size = (uint16_t)lbs,
-		.max_segments = 1,
+		/*
+		 * No segment limit here (a request lands in one chunk): the
+		 * value the kernel's server sends for an ordinary device
+		 * (BLK_MAX_SEGMENTS). A 6.1 kernel client takes its RTRS
+		 * client's instead; 1 would split a later one's IO per page.
+		 */
+		.max_segments = 128,
 		.secure_discard = in->secure_erase,
 		.cache_policy = in->write_cache ? RNBD_WRITEBACK | RNBD_FUA : 0,
 	};

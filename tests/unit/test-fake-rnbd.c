@@ -294,6 +294,7 @@ static void rnbd_kernel_client(void)
 	CHECK_EQ(open_by_hand(&c, &rsp), 0);
 	CHECK_EQ(rsp.max_write_zeroes_sectors, 0);
 	CHECK_EQ(rsp.nsectors, DEV_BYTES >> 9);
+	CHECK_EQ(rsp.max_segments, 128); /* as the kernel's server for an ordinary device */
 	CHECK(rsp.max_discard_sectors > 0, "discard is offered");
 	CHECK_EQ(io_by_hand(&c, rsp.device_id, RNBD_OP_WRITE_ZEROES, 0, 0, NULL, 4096),
 		 -EOPNOTSUPP);
