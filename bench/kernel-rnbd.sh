@@ -11,7 +11,8 @@
 # works in softirq and kernel threads, which no process accounts), medians,
 # and ours over the kernel's. Goal: ours >= 90 % of the kernel's IOPS.
 #   bench/kernel-rnbd.sh [--record]
-# Environment: RUNS (3), DURATION (fio seconds, 10), BS (4k), QD (16), RW (randrw).
+# Environment: RUNS (3), DURATION (fio seconds, 10), BS (4k), QD (16), RW (randrw),
+# INVAL (1: always_invalidate on in both servers; 0: off in both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 record=false
@@ -21,6 +22,7 @@ DURATION=${DURATION:-10}
 BS=${BS:-4k}
 QD=${QD:-16}
 RW=${RW:-randrw}
+INVAL=${INVAL:-1}
 vm=tests/vm/rtrs-vm
 
 . bench/lib.sh
@@ -36,14 +38,17 @@ guest=$run/guest.sh
 cat >"$guest" <<'EOF'
 #!/usr/bin/env bash
 set -u
-role=$1 run=$2 build=$3 here=$4 runs=$5 dur=$6 bs=$7 qd=$8 rw=$9
+role=$1 run=$2 build=$3 here=$4 runs=$5 dur=$6 bs=$7 qd=$8 rw=$9 inval=${10}
 . "$here/tests/vm/kernel-guest.sh"
 KG_NAME=$role KG_RUN=$run
 kg_in_guest || exit 1
 cpu() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
 if [ "$role" = A ]; then
-	kg_load_brd 64 && kg_load_server || { echo "A: kernel server not loaded"; exit 1; }
-	"$build/daemons/rnbd-server" --provider verbs -a 198.18.0.1 -p 1235 -m ram1:64M \
+	kg_load_brd 64 && kg_load_server "always_invalidate=$inval" ||
+		{ echo "A: kernel server not loaded"; exit 1; }
+	opt=--invalidate
+	[ "$inval" = 1 ] || opt=--no-invalidate
+	"$build/daemons/rnbd-server" --provider verbs -a 198.18.0.1 -p 1235 -m ram1:64M "$opt" \
 		--log-level warn >"$run/A-rnbd-server.log" 2>&1 &
 	srv=$!
 	sleep 1
@@ -88,19 +93,19 @@ for r in $(seq "$runs"); do
 done
 kg_unmap "$dk"
 kg_unmap "$do"
-dmesg | grep -cE 'BUG:|Oops|WARNING:' >"$run/B-oops"
+dmesg | grep -cE 'BUG:|Oops|WARNING:' >"$run/B-oops" || true
 EOF
 chmod +x "$guest"
 
 "$vm" pair --kmods --timeout $((300 + 4 * RUNS * (DURATION + 20))) --share "$run" \
 	--share-ro "$PWD" \
-	--a "$guest A $run $PWD/build-release $PWD $RUNS $DURATION $BS $QD $RW" \
-	--b "$guest B $run $PWD/build-release $PWD $RUNS $DURATION $BS $QD $RW" >"$run/pair.log" 2>&1 ||
+	--a "$guest A $run $PWD/build-release $PWD $RUNS $DURATION $BS $QD $RW $INVAL" \
+	--b "$guest B $run $PWD/build-release $PWD $RUNS $DURATION $BS $QD $RW $INVAL" >"$run/pair.log" 2>&1 ||
 	{ cat "$run/pair.log"; echo "bench: the guests failed" >&2; exit 1; }
 [ -s "$run/order" ] || { cat "$run/pair.log"; echo "bench: no runs" >&2; exit 1; }
 
 date=$(date -u +%Y-%m-%d)
-png=bench/plots/kernel-rnbd-$date.png
+png=bench/plots/kernel-rnbd-$date-inval$INVAL.png
 report=$(/usr/bin/python3 - "$run" "$png" <<'EOF'
 import json, statistics, sys
 run, png = sys.argv[1], sys.argv[2]
@@ -146,13 +151,13 @@ oops=$(cat "$run/B-oops" 2>/dev/null || echo "?")
 $record || exit 0
 cat >>bench/RESULTS.md <<MD
 
-### $date the kernel's rnbd-client through our rnbd-server vs the kernel's rnbd-server (soft-RoCE, two guests)
+### $date the kernel's rnbd-client through our rnbd-server vs the kernel's rnbd-server (soft-RoCE, two guests, always_invalidate $([ "$INVAL" = 1 ] && echo on || echo off))
 
 Machine: $(machine); guests Linux $(cut -d' ' -f1 /var/tmp/rtrs-vm/image/version) under TCG (1 vCPU each, no KVM), rxe on a virtual cable.
-Command: \`RUNS=$RUNS DURATION=$DURATION BS=$BS QD=$QD RW=$RW bench/kernel-rnbd.sh --record\` (medians of $RUNS runs, the two servers alternating).
+Command: \`RUNS=$RUNS DURATION=$DURATION BS=$BS QD=$QD RW=$RW INVAL=$INVAL bench/kernel-rnbd.sh --record\` (medians of $RUNS runs, the two servers alternating).
 fio in guest B: \`--rw=$RW --bs=$BS --iodepth=$QD --ioengine=libaio --direct=1 --runtime=$DURATION\` on /dev/rnbdX, the kernel's
 rnbd-client mapping A's brd /dev/ram0 from the kernel's rnbd-server, then a 64 MiB memory device from rnbd-server
-(\`--provider verbs -m ram1:64M\`); always_invalidate on in both. CPU: each guest's non-idle time from /proc/stat over the run,
+(\`--provider verbs -m ram1:64M\`); always_invalidate $([ "$INVAL" = 1 ] && echo "on in both (the kernel's \`always_invalidate=1\`, our default)" || echo "off in both (\`always_invalidate=0\`, \`--no-invalidate\`)"). CPU: each guest's non-idle time from /proc/stat over the run,
 per IO. Kernel warnings or oopses in B: $oops. Plot: [$(basename "$png")](plots/$(basename "$png")).
 
 | measurement | kernel rnbd-server | our rnbd-server | ours / kernel | goal |
