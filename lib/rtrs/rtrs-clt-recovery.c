@@ -203,9 +203,10 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 	}
 	if (resent) {
 		atomic_fetch_add(&p->stat_failovers, resent);
+		/* Armed before the line is logged: a test that waits for the line finds it armed. */
+		loop_timer_arm(&s->wait_timer, 1, 50);
 		log_info("%s: %u requests fail over to the other paths unfenced (a kernel server)",
 			 p->name, resent);
-		loop_timer_arm(&s->wait_timer, 1, 50);
 	}
 	if (moved) {
 		atomic_fetch_add(&p->stat_failovers, moved);
