@@ -45,7 +45,7 @@ static struct {
 	const char *config, *addr, *provider, *search, *auth_keys, *auth_name, *control;
 	const char *log_level;
 	struct opt_list mem;
-	uint64_t port, queue_depth, chunk_size, threads, hb_ms;
+	uint64_t port, queue_depth, chunk_size, threads, hb_ms, busy_poll_us;
 	unsigned engine;
 	bool direct, invalidate, quiet;
 } g = {
@@ -81,6 +81,8 @@ static const struct opt options[] = {
 	{ "auth-name", 0, OPT_STRING, &g.auth_name, .arg = "NAME", .help = "this server's name" },
 	{ "hb-interval", 0, OPT_UINT, &g.hb_ms, 10, 600000, .arg = "MS",
 	  .help = "heartbeat period" },
+	{ "busy-poll", 0, OPT_UINT, &g.busy_poll_us, 0, 1000000, .arg = "US",
+	  .help = "poll an empty completion queue this long before sleeping (RDMA devices)" },
 	{ "control", 0, OPT_STRING, &g.control, .arg = "PATH",
 	  .help = "Unix socket for commands (list, force-close SESSION DEVICE)" },
 	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "log errors only (--log-level error)" },
@@ -399,6 +401,7 @@ int main(int argc, char **argv)
 	o.rtrs.auth_keys_file = g.auth_keys;
 	o.rtrs.auth_name = g.auth_name;
 	o.rtrs.hb_interval_ms = (unsigned)g.hb_ms;
+	o.rtrs.busy_poll_us = (unsigned)g.busy_poll_us;
 	o.dev_search_path = g.search;
 	o.mem_devices = mem;
 	o.engine = engine_names[g.engine];

@@ -178,6 +178,14 @@ struct rtrs_clt_opts {
 	const char *auth_server_name;
 	const char *auth_hashes;
 	const char *auth_dhgroups;
+	/*
+	 * Completion threads keep polling their queue this long (microseconds)
+	 * once it is empty before they sleep (default 0: sleep at once). Spends
+	 * CPU to save the wake-up of a sleeping thread per completion, which
+	 * can bound throughput where wake-ups are slow (virtual machines). On
+	 * the rdma fabric (RDMA devices); other fabrics ignore it.
+	 */
+	unsigned busy_poll_us;
 };
 
 /* Fills defaults; returns -EINVAL if size is not one this library knows. */
@@ -322,6 +330,27 @@ int rtrs_clt_set_reconnect(struct rtrs_clt_sess *sess, unsigned delay_ms, unsign
  */
 int rtrs_clt_reconnect_path(struct rtrs_clt_sess *sess, unsigned idx);
 
+/*
+ * Registered memory for writes. RDMA devices (the rdma fabric) need every
+ * local buffer registered: without this, each write registers its vectors
+ * and deregisters them when it completes, two system calls that pin and
+ * unpin pages, per IO. A write whose vectors all lie in memory registered
+ * here is posted from it as it is. Reads still register their buffers per
+ * IO: the server writes into them, and a registration that outlived the IO
+ * would let it write there afterwards. On fabrics that need no local
+ * registration (tcp) this only records the region.
+ *
+ * Up to RTRS_CLT_MEM_MAX regions per session, not overlapping; the memory
+ * must stay mapped until rtrs_clt_mem_unregister(), which must not be
+ * called while a request uses it. Paths that connect later register the
+ * regions too. 0; -EINVAL (NULL, empty), -EEXIST (overlaps a region),
+ * -ENOSPC (all in use), or a path's registration error (then nothing is
+ * registered); unregister: -ENOENT if buf starts no region.
+ */
+#define RTRS_CLT_MEM_MAX 16
+int rtrs_clt_mem_register(struct rtrs_clt_sess *sess, void *buf, size_t len);
+int rtrs_clt_mem_unregister(struct rtrs_clt_sess *sess, void *buf);
+
 /* ---- server ---------------------------------------------------------------- */
 
 enum rtrs_srv_link_ev {
@@ -406,6 +435,14 @@ struct rtrs_srv_opts {
 	unsigned handshake_timeout_ms;
 	unsigned max_sessions;
 	uint64_t max_chunk_mem;
+	/*
+	 * Completion threads keep polling their queue this long (microseconds)
+	 * once it is empty before they sleep (default 0: sleep at once). Spends
+	 * CPU to save the wake-up of a sleeping thread per completion, which
+	 * can bound throughput where wake-ups are slow (virtual machines). On
+	 * the rdma fabric (RDMA devices); other fabrics ignore it.
+	 */
+	unsigned busy_poll_us;
 };
 
 /* Counters of a server, for tests and monitoring. */

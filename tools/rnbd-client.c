@@ -62,6 +62,7 @@ static const struct clt_opt_pick clt_picks[] = {
 	{ .id = CLT_OPT_POLICY },
 	{ .id = CLT_OPT_HB_INTERVAL },
 	{ .id = CLT_OPT_FAST_IO_FAIL },
+	{ .id = CLT_OPT_BUSY_POLL },
 	{ .id = CLT_OPT_RECONNECT_DELAY },
 	{ .id = CLT_OPT_SECRET },
 	{ .id = CLT_OPT_CTRL_SECRET },

@@ -55,6 +55,8 @@ static const struct clt_opt_pick clt_picks[] = {
 	{ CLT_OPT_POLICY, 'P', NULL, "client: multipath policy: round-robin, min-inflight or "
 	  "min-latency" },
 	{ CLT_OPT_FAST_IO_FAIL, 0, NULL, "client: how long IO waits for a path" },
+	{ CLT_OPT_BUSY_POLL, 0, NULL,
+	  "poll an empty completion queue this long before sleeping (RDMA devices)" },
 	{ CLT_OPT_RECONNECT_DELAY, 0, NULL, "client: delay before reconnecting a failed path" },
 	{ .id = CLT_OPT_PROVIDER },
 	{ CLT_OPT_IO_CONS, 'n', "cons", "client: IO connections (0 = one per CPU)" },
@@ -171,6 +173,7 @@ static int run_server(void)
 	o.max_chunk_size = (uint32_t)g.chunk_size;
 	o.hb_interval_ms = cfg.opts.hb_interval_ms;
 	o.always_invalidate = !g.no_invalidate;
+	o.busy_poll_us = cfg.opts.busy_poll_us;
 	o.auth_keys_file = g.auth_keys;
 	o.auth_name = cfg.opts.auth_server_name;
 	sigemptyset(&set);
@@ -324,6 +327,8 @@ static int run_client(void)
 	struct rtrs_clt_opts o = cfg.opts;
 	struct rtrs_clt_sess *sess;
 	struct perf_io *ios;
+	uint8_t *area;
+	uint64_t stride;
 	uint64_t t0, t1, n;
 	double secs;
 	int rc, out_rc = 0;
@@ -348,11 +353,28 @@ static int run_client(void)
 		rtrs_clt_close(sess);
 		return 2;
 	}
+	/*
+	 * One area for every IO's buffer, registered with the session once:
+	 * writes from it need no registration per IO on RDMA devices.
+	 */
+	stride = (g.io_size + 4095) & ~4095ull;
 	ios = calloc(g.queue_depth, sizeof(*ios));
+	area = aligned_alloc(4096, stride * g.queue_depth);
+	if (!ios || !area) {
+		fprintf(stderr, "rtrs-perf: out of memory for %" PRIu64 " buffers\n", g.queue_depth);
+		free(ios);
+		free(area);
+		rtrs_clt_close(sess);
+		return 1;
+	}
+	rc = rtrs_clt_mem_register(sess, area, stride * g.queue_depth);
+	if (rc)
+		fprintf(stderr, "rtrs-perf: registering the buffers: %s (each write registers its own)\n",
+			strerror(-rc));
 	for (uint64_t i = 0; i < g.queue_depth; i++) {
 		ios[i].sess = sess;
 		ios[i].permit = rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
-		ios[i].buf = aligned_alloc(4096, (g.io_size + 4095) & ~4095ull);
+		ios[i].buf = area + i * stride;
 		ios[i].ops = (struct rtrs_clt_req_ops){ .priv = &ios[i], .conf = io_conf };
 	}
 	t0 = now_ns();
@@ -445,12 +467,11 @@ static int run_client(void)
 	if (atomic_load(&ops_bad))
 		fprintf(stderr, "rtrs-perf: %" PRIuFAST64 " reads returned wrong bytes\n",
 			atomic_load(&ops_bad));
-	for (uint64_t i = 0; i < g.queue_depth; i++) {
+	for (uint64_t i = 0; i < g.queue_depth; i++)
 		rtrs_clt_put_permit(sess, ios[i].permit);
-		free(ios[i].buf);
-	}
 	free(ios);
 	rtrs_clt_close(sess);
+	free(area);
 	free(g.events.items);
 	return out_rc || atomic_load(&ops_err) || atomic_load(&ops_bad) ? 1 : 0;
 }

@@ -31,6 +31,7 @@ enum clt_opt_id {
 	CLT_OPT_HB_INTERVAL,     /* opts.hb_interval_ms */
 	CLT_OPT_FAST_IO_FAIL,    /* opts.fast_io_fail_ms */
 	CLT_OPT_RECONNECT_DELAY, /* opts.reconnect_delay_ms */
+	CLT_OPT_BUSY_POLL,       /* opts.busy_poll_us */
 	CLT_OPT_SECRET,          /* opts.auth_secret */
 	CLT_OPT_CTRL_SECRET,     /* opts.auth_ctrl_secret */
 	CLT_OPT_HOST_NAME,       /* opts.auth_host_name */

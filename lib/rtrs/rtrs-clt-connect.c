@@ -240,6 +240,7 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 		/* kinval: each response comes in a message, its chunk's new key */
 		.rx_size = cid && s->kinval ? sizeof(struct rtrs_msg_rkey_rsp) : 0,
 		.rx_queue = cid ? 0 : RTRS_CLT_ADMIN_RX_QUEUE,
+		.poll_us = cid ? s->busy_poll_us : 0,
 	};
 	int rc;
 
@@ -448,6 +449,9 @@ static int path_after_first_con(struct clt_path *p)
 		log_err("%s: registering the header area failed: %s", p->name, strerror(-rc));
 		return rc;
 	}
+	rc = clt_path_mem_setup(p);
+	if (rc)
+		return rc;
 	/*
 	 * The info response holds up to one descriptor per chunk. On verbs
 	 * every incoming immediate (admin IO responses too) takes a receive.
@@ -510,6 +514,7 @@ static int path_exchange_info(struct clt_path *p)
 
 void clt_path_release_mrs(struct clt_path *p)
 {
+	clt_path_mem_release(p);
 	fab_mr_dereg(&p->auth_tx_mr);
 	fab_mr_dereg(&p->fence_mr);
 	fab_mr_dereg(&p->hdr_mr);

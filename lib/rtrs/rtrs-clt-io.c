@@ -200,6 +200,9 @@ static int req_map(struct clt_req *req, struct clt_path *p)
 		return req_map_bounce(req, p);
 	if (req->dir == RTRS_WRITE && !a->mr_local)
 		return 0;
+	if (req->dir == RTRS_WRITE && atomic_load_explicit(&req->sess->nr_mem, memory_order_relaxed) &&
+	    clt_req_map_mem(req, p))
+		return 0;
 	for (size_t i = 0; i < req->data_cnt; i++) {
 		int rc = fab_mr_reg(p->fab, req->data[i].iov_base, req->data[i].iov_len, access,
 				    &req->mrs[i]);

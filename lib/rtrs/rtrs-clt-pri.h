@@ -145,6 +145,9 @@ struct clt_path {
 	atomic_int fence_err;       /* the server's answer, set before FENCE_DONE */
 	atomic_uint_fast64_t stat_reconnects, stat_reconnect_failures, stat_failovers;
 	atomic_uint_fast64_t stat_reads, stat_writes, stat_read_bytes, stat_write_bytes;
+	/* The session's registered regions on this path's fabric (rtrs-clt-mem.c). */
+	struct fab_mr mem_mrs[RTRS_CLT_MEM_MAX];
+	bool mem_ready;             /* under sess->mem_lock: mem_mrs are p->fab's */
 };
 
 struct rtrs_clt_sess {
@@ -214,8 +217,14 @@ struct rtrs_clt_sess {
 	uint32_t *rkey_gens;
 	pthread_mutex_t rkey_lock;
 
+	/* Registered memory for writes (rtrs_clt_mem_register): slots with len 0 are free. */
+	struct { char *buf; size_t len; } mem[RTRS_CLT_MEM_MAX];
+	atomic_uint nr_mem;
+	pthread_rwlock_t mem_lock;  /* mem, and every path's mem_mrs and mem_ready */
+
 	/* Requests waiting for a path, bounded by fast_io_fail_ms. */
 	unsigned fast_io_fail_ms;
+	unsigned busy_poll_us;
 	pthread_mutex_t wait_lock;
 	struct clt_req_list waiting; /* for a path, oldest first */
 	struct clt_req_list fencing; /* in flight on a failed path, awaiting its fence */
@@ -254,6 +263,11 @@ void clt_path_reconnect_timer(struct loop_timer *t);
 void clt_fail_path(struct clt_path *p, int err);
 void clt_path_hb_timer(struct loop_timer *t);
 extern const struct rtrs_path_ops clt_path_ops;
+
+/* rtrs-clt-mem.c */
+int clt_path_mem_setup(struct clt_path *p);
+void clt_path_mem_release(struct clt_path *p);
+bool clt_req_map_mem(struct clt_req *req, struct clt_path *p);
 
 /* rtrs-clt-connect.c */
 void clt_path_release_mrs(struct clt_path *p);

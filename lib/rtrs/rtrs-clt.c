@@ -74,6 +74,7 @@ static void sess_free(struct rtrs_clt_sess *s)
 	free(s->bounce);
 	rtrs_auth_wipe(&s->auth, sizeof(s->auth));
 	pthread_mutex_destroy(&s->rkey_lock);
+	pthread_rwlock_destroy(&s->mem_lock);
 	pthread_mutex_destroy(&s->permit_lock);
 	pthread_cond_destroy(&s->permit_cond);
 	pthread_mutex_destroy(&s->wait_lock);
@@ -310,8 +311,10 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	STAILQ_INIT(&s->fencing);
 	pthread_mutex_init(&s->admin_lock, NULL);
 	pthread_mutex_init(&s->rkey_lock, NULL);
+	pthread_rwlock_init(&s->mem_lock, NULL);
 	atomic_init(&s->paths_up, 0);
 	s->fast_io_fail_ms = o->fast_io_fail_ms;
+	s->busy_poll_us = o->busy_poll_us;
 	s->wait_timer.h.fd = -1;
 	loop_work_init(&s->wait_work, clt_sess_wait_work);
 	rc = rand_bytes(s->paths_uuid, sizeof(s->paths_uuid));

@@ -123,6 +123,23 @@ void fake_set_send_imm(bool on)
 	fk_unlock();
 }
 
+void fake_set_mr_local(bool on)
+{
+	fk_lock();
+	fk_net.mr_local = on;
+	fk_unlock();
+}
+
+uint64_t fake_local_regs(void)
+{
+	uint64_t n;
+
+	fk_lock();
+	n = fk_net.local_regs;
+	fk_unlock();
+	return n;
+}
+
 bool fake_any(const struct fake_ev *ev, void *arg)
 {
 	return true;

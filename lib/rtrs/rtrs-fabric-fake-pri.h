@@ -125,6 +125,8 @@ struct fake_net {
 	int next_port;
 	size_t iov_limit, rma_iov_limit;
 	bool no_send_imm;           /* fabrics opened from now on lack fab_send_imm (iWARP) */
+	bool mr_local;              /* fabrics opened from now on need local registrations (verbs) */
+	uint64_t local_regs;        /* local registrations made (mr_local) */
 	fake_pred hold;
 	void *hold_arg;
 	fake_pred hook_pred;

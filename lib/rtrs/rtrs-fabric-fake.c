@@ -41,6 +41,7 @@ static int fake_open(const char *prov, const char *src, const char *node, const 
 	f->attr.max_queue = queue ? queue : 256;
 	f->attr.inject_size = FAKE_INJECT_SIZE;
 	f->attr.send_imm = !fk_net.no_send_imm; /* as RoCE: the kernel's always_invalidate */
+	f->attr.mr_local = fk_net.mr_local;
 	f->next = fk_net.fabs;
 	fk_net.fabs = f;
 	fk_unlock();
@@ -80,8 +81,8 @@ static int fake_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, st
 	memset(mr, 0, sizeof(*mr));
 	mr->buf = buf;
 	mr->len = len;
-	/* As tcp: local memory needs no registration. */
-	if (access == FAB_MR_LOCAL)
+	/* As tcp: local memory needs no registration (unless fake_set_mr_local). */
+	if (access == FAB_MR_LOCAL && !f->attr.mr_local)
 		return 0;
 	m = calloc(1, sizeof(*m));
 	if (!m)
@@ -94,12 +95,14 @@ static int fake_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, st
 	m->key = access & FAB_MR_KEY64 ? f->next_key64++ : f->next_key++;
 	m->next = f->mrs;
 	f->mrs = m;
+	if (access == FAB_MR_LOCAL)
+		fk_net.local_regs++;
 	fk_unlock();
 	mr->ops = &fab_fake_ops;
 	mr->priv = m;
 	mr->key = m->key;
 	mr->base = 0;
-	mr->desc = NULL;
+	mr->desc = f->attr.mr_local ? m : NULL;
 	return 0;
 }
 
@@ -526,10 +529,35 @@ static int post_write(struct fab_con *c, const struct iovec *iov, size_t iov_cnt
 	return fk_post_to_peer(c, ev, true);
 }
 
+/* mr_local: each local vector lies in the live registration its descriptor names. */
+static int check_local(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t cnt)
+{
+	int rc = 0;
+
+	fk_lock();
+	for (size_t i = 0; !rc && i < cnt; i++) {
+		const struct fake_mr *m = desc ? desc[i] : NULL, *live = NULL;
+		const char *b = iov[i].iov_base;
+
+		for (struct fab *f = fk_net.fabs; m && f && !live; f = f->next)
+			for (const struct fake_mr *x = f->mrs; x && !live; x = x->next)
+				if (x == m)
+					live = x;
+		if (!live || b < live->buf || iov[i].iov_len > live->len - (size_t)(b - live->buf))
+			rc = -EFAULT;
+	}
+	fk_unlock();
+	if (rc)
+		fk_log(LOG_ERR, "fake: %s: a write from memory that is not registered", c->name);
+	return rc;
+}
+
 static int fake_write(struct fab_con *c, const struct iovec *iov, void *const *desc,
 		      size_t iov_cnt, const struct fab_rma *rma, size_t rma_cnt, bool with_imm,
 		      uint32_t imm, void *ctx)
 {
+	if (c->fab->attr.mr_local && check_local(c, iov, desc, iov_cnt))
+		return -EFAULT;
 	if (rma_cnt > ARRAY_SIZE(((struct fake_ev *)0)->rma) ||
 	    rma_cnt > c->fab->attr.rma_iov_limit || iov_cnt > c->fab->attr.iov_limit)
 		return -EINVAL;

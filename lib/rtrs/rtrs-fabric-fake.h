@@ -99,6 +99,14 @@ int fake_leftovers(void);
 void fake_set_limits(size_t iov_limit, size_t rma_iov_limit);
 /* Whether domains opened from now on send messages with immediates (default: yes, as RoCE). */
 void fake_set_send_imm(bool on);
+/*
+ * Whether domains opened from now on need local memory registered, as
+ * verbs does (default: no, as tcp): then every local vector of a write
+ * must lie in a live registration of its descriptor, or the write fails
+ * with -EFAULT. fake_local_regs: local registrations made so far.
+ */
+void fake_set_mr_local(bool on);
+uint64_t fake_local_regs(void);
 
 /*
  * Events matching pred are held for the test; the pump delivers the rest

@@ -60,6 +60,7 @@
 #define RDMA_IMM_MSG_LEN 4     /* an immediate carried as a message (iWARP) */
 #define RDMA_RX_MIN 64         /* the smallest receive buffer */
 #define RDMA_CQ_ACK_BATCH 64   /* completion events acknowledged at a time */
+#define RDMA_SIG_EVERY_MAX 64  /* at most this many send requests go unsignalled in a row */
 /* Private data the CM carries (IBA 12.7 via the RDMA CM's 36-byte header; MPA on iWARP). */
 #define RDMA_IB_CONNECT_MAX 56
 #define RDMA_IB_ACCEPT_MAX 196
@@ -130,7 +131,21 @@ struct fab_con {
 	atomic_int early_err;   /* a connect that failed at once: down() from the thread */
 	atomic_uint tx_posted;  /* work requests posted and not completed */
 	unsigned tx_max;        /* the send queue's size */
+	/*
+	 * Selective signalling: a work request is signalled when it carries a
+	 * context or when tx_sig_every have gone unsignalled; a signalled
+	 * completion gives back the room of every request up to it (an RC send
+	 * queue completes in order). tx_fifo holds, per signalled request in
+	 * flight, how many requests its completion covers; under tx_lock, which
+	 * also keeps the posting order equal to the FIFO's.
+	 */
+	pthread_mutex_t tx_lock;
+	unsigned tx_unsig;      /* posted since the last signalled request */
+	unsigned tx_sig_every;
+	unsigned *tx_fifo;      /* tx_max entries */
+	unsigned tx_head, tx_count;
 	size_t max_inline;      /* granted */
+	uint64_t poll_ns;       /* busy-poll this long before sleeping */
 	struct ibv_wc wcs[RDMA_CQ_BATCH];
 };
 
@@ -652,12 +667,34 @@ static int wc_errno(enum ibv_wc_status s)
 	}
 }
 
+/* A signalled send completed: the room of the requests it covers comes back. */
+static void tx_complete(struct fab_con *c)
+{
+	unsigned covers = 0;
+
+	pthread_mutex_lock(&c->tx_lock);
+	if (c->tx_count) {
+		covers = c->tx_fifo[c->tx_head];
+		c->tx_head = (c->tx_head + 1) % c->tx_max;
+		c->tx_count--;
+	}
+	pthread_mutex_unlock(&c->tx_lock);
+	if (!covers) {
+		log_err_rl("%s: a send completion that no signalled request accounts for", c->name);
+		return;
+	}
+	atomic_fetch_sub_explicit(&c->tx_posted, covers, memory_order_relaxed);
+}
+
+/*
+ * Completions with an error come for unsignalled requests too; they only
+ * come once the connection failed, when the send queue's room no longer
+ * matters.
+ */
 static void handle_wc(struct fab_con *c, const struct ibv_wc *wc)
 {
 	bool recv = wc->opcode & IBV_WC_RECV;
 
-	if (!recv)
-		atomic_fetch_sub_explicit(&c->tx_posted, 1, memory_order_relaxed);
 	if (wc->status != IBV_WC_SUCCESS) {
 		if (atomic_load(&c->down) || atomic_load(&c->shutdown))
 			return; /* flushes after the connection went away */
@@ -668,6 +705,7 @@ static void handle_wc(struct fab_con *c, const struct ibv_wc *wc)
 		return;
 	}
 	if (!recv) {
+		tx_complete(c);
 		if (wc->wr_id)
 			c->cfg.ops->done(c->cfg.priv, (void *)(uintptr_t)wc->wr_id);
 		return;
@@ -818,6 +856,24 @@ static void *con_thread(void *arg)
 			c->cfg.ops->kick(c->cfg.priv);
 		if (n > 0 || kick)
 			continue;
+		if (c->poll_ns && !armed) {
+			/* Busy-poll a while before sleeping: a wake-up costs more than a short spin. */
+			struct timespec t;
+			uint64_t until, now;
+
+			clock_gettime(CLOCK_MONOTONIC, &t);
+			until = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec + c->poll_ns;
+			do {
+				n = ibv_poll_cq(c->cq, RDMA_CQ_BATCH, c->wcs);
+				clock_gettime(CLOCK_MONOTONIC, &t);
+				now = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+			} while (n == 0 && now < until && !atomic_load(&c->kicked) &&
+				 !atomic_load(&c->stop));
+			for (int i = 0; i < n; i++)
+				handle_wc(c, &c->wcs[i]);
+			if (n != 0 || atomic_load(&c->kicked))
+				continue;
+		}
 		if (!armed) {
 			if (ibv_req_notify_cq(c->cq, 0)) {
 				log_err("%s: arming the completion queue failed", c->name);
@@ -876,6 +932,8 @@ static void con_free(struct fab_con *c)
 		ibv_dereg_mr(c->rx.mr);
 	free(c->rx.buf);
 	pthread_mutex_destroy(&c->rx_lock);
+	pthread_mutex_destroy(&c->tx_lock);
+	free(c->tx_fifo);
 	if (c->epfd >= 0)
 		close(c->epfd);
 	if (c->wake_fd >= 0)
@@ -913,6 +971,8 @@ static int con_new(struct fab *f, const struct fab_con_cfg *cfg, struct fab_con 
 	c->wake_fd = c->epfd = -1;
 	snprintf(c->name, sizeof(c->name), "%s", cfg->name);
 	pthread_mutex_init(&c->rx_lock, NULL);
+	pthread_mutex_init(&c->tx_lock, NULL);
+	c->poll_ns = (uint64_t)cfg->poll_us * 1000;
 	c->ch = channel_open();
 	c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	c->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -979,6 +1039,10 @@ static int con_qp(struct fab_con *c)
 	}
 	c->max_inline = qa.cap.max_inline_data;
 	c->tx_max = MIN(qa.cap.max_send_wr, (uint32_t)tx);
+	c->tx_sig_every = MIN(MAX(c->tx_max / 4, 1), RDMA_SIG_EVERY_MAX);
+	c->tx_fifo = calloc(c->tx_max, sizeof(*c->tx_fifo));
+	if (!c->tx_fifo)
+		return -ENOMEM;
 	c->rx.size = MAX(cfg->rx_size, RDMA_RX_MIN);
 	if (rx_depth)
 		rc = nat_con_rx_setup(c, rx_depth, c->rx.size);
@@ -1198,24 +1262,42 @@ static int tx_reserve(struct fab_con *c, unsigned n)
 }
 
 /*
- * Posts a chain of work requests that tx_reserve made room for; the ones
- * that did not go give their room back. Every one is signalled: its
- * completion gives its room back (handle_wc).
+ * Posts a chain of n work requests (last is its last) that tx_reserve made
+ * room for; the ones that did not go give their room back. Only the last can
+ * be signalled: when it has a context, or when enough went unsignalled.
  */
-static int post_chain(struct fab_con *c, struct ibv_send_wr *first, unsigned n)
+static int post_chain(struct fab_con *c, struct ibv_send_wr *first, struct ibv_send_wr *last,
+		      unsigned n)
 {
 	struct ibv_send_wr *bad = NULL;
-	int rc = ibv_post_send(c->id->qp, first, &bad);
+	bool sig;
+	int rc;
 
-	if (rc) {
+	pthread_mutex_lock(&c->tx_lock);
+	sig = last->wr_id || c->tx_unsig + n >= c->tx_sig_every;
+	if (sig)
+		last->send_flags |= IBV_SEND_SIGNALED;
+	rc = ibv_post_send(c->id->qp, first, &bad);
+	if (!rc && sig) {
+		c->tx_fifo[(c->tx_head + c->tx_count) % c->tx_max] = c->tx_unsig + n;
+		c->tx_count++;
+		c->tx_unsig = 0;
+	} else if (!rc) {
+		c->tx_unsig += n;
+	} else {
 		unsigned unposted = 0;
 
 		for (struct ibv_send_wr *w = bad; w; w = w->next)
 			unposted++;
-		atomic_fetch_sub_explicit(&c->tx_posted, unposted ? unposted : n,
-					  memory_order_relaxed);
-		return rc == ENOMEM ? -EAGAIN : -rc;
+		if (!bad)
+			unposted = n;
+		/* What went is unsignalled: the next signalled request covers it. */
+		c->tx_unsig += n - unposted;
+		atomic_fetch_sub_explicit(&c->tx_posted, unposted, memory_order_relaxed);
 	}
+	pthread_mutex_unlock(&c->tx_lock);
+	if (rc)
+		return rc == ENOMEM ? -EAGAIN : -rc;
 	return 0;
 }
 
@@ -1227,7 +1309,7 @@ static void imm_msg_wr(struct ibv_send_wr *wr, struct ibv_sge *sge, struct le32 
 	*sge = (struct ibv_sge){ .addr = (uintptr_t)v, .length = sizeof(*v) };
 	*wr = (struct ibv_send_wr){
 		.wr_id = (uintptr_t)ctx, .sg_list = sge, .num_sge = 1, .opcode = IBV_WR_SEND,
-		.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE,
+		.send_flags = IBV_SEND_INLINE,
 	};
 }
 
@@ -1256,7 +1338,6 @@ static int nat_write(struct fab_con *c, const struct iovec *iov, void *const *de
 	wr.sg_list = sge;
 	wr.num_sge = (int)iov_cnt;
 	wr.opcode = with_imm && !imm_msg ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
-	wr.send_flags = IBV_SEND_SIGNALED;
 	wr.imm_data = htonl(imm);
 	wr.wr.rdma.remote_addr = rma[0].addr;
 	wr.wr.rdma.rkey = (uint32_t)rma[0].key;
@@ -1267,7 +1348,7 @@ static int nat_write(struct fab_con *c, const struct iovec *iov, void *const *de
 	}
 	rc = tx_reserve(c, n);
 	if (!rc)
-		rc = post_chain(c, &wr, n);
+		rc = post_chain(c, &wr, imm_msg ? &iwr : &wr, n);
 	return rc;
 }
 
@@ -1285,7 +1366,7 @@ static int nat_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_
 		return -EMSGSIZE;
 	wr.sg_list = len ? &sge : NULL;
 	wr.num_sge = len ? 1 : 0;
-	wr.send_flags = IBV_SEND_SIGNALED | (len ? IBV_SEND_INLINE : 0);
+	wr.send_flags = len ? IBV_SEND_INLINE : 0;
 	wr.wr.rdma.remote_addr = addr;
 	wr.wr.rdma.rkey = (uint32_t)key;
 	if (imm_msg) {
@@ -1303,7 +1384,7 @@ static int nat_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_
 	n = imm_msg && len ? 2 : 1;
 	rc = tx_reserve(c, n);
 	if (!rc)
-		rc = post_chain(c, first, n);
+		rc = post_chain(c, first, imm_msg ? &iwr : &wr, n);
 	return rc;
 }
 
@@ -1313,7 +1394,6 @@ static int nat_send(struct fab_con *c, const void *buf, size_t len, void *desc, 
 	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = (uint32_t)len };
 	struct ibv_send_wr wr = {
 		.wr_id = (uintptr_t)ctx, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
-		.send_flags = IBV_SEND_SIGNALED,
 	};
 	int rc;
 
@@ -1330,7 +1410,7 @@ static int nat_send(struct fab_con *c, const void *buf, size_t len, void *desc, 
 	for (int tries = 0;; tries++) {
 		rc = tx_reserve(c, 1);
 		if (!rc)
-			rc = post_chain(c, &wr, 1);
+			rc = post_chain(c, &wr, &wr, 1);
 		if (rc != -EAGAIN || tries == 1000 || pthread_equal(pthread_self(), c->thread))
 			break;
 		usleep(1000);
@@ -1345,8 +1425,7 @@ static int nat_send_imm(struct fab_con *c, const void *buf, size_t len, void *de
 	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = (uint32_t)len };
 	struct ibv_send_wr wr = {
 		.wr_id = (uintptr_t)ctx, .sg_list = &sge, .num_sge = len ? 1 : 0,
-		.opcode = IBV_WR_SEND_WITH_IMM, .send_flags = IBV_SEND_SIGNALED,
-		.imm_data = htonl(imm),
+		.opcode = IBV_WR_SEND_WITH_IMM, .imm_data = htonl(imm),
 	};
 	int rc;
 
@@ -1360,7 +1439,7 @@ static int nat_send_imm(struct fab_con *c, const void *buf, size_t len, void *de
 		return -EINVAL;
 	rc = tx_reserve(c, 1);
 	if (!rc)
-		rc = post_chain(c, &wr, 1);
+		rc = post_chain(c, &wr, &wr, 1);
 	return rc;
 }
 
@@ -1368,12 +1447,12 @@ static int nat_send_inv(struct fab_con *c, uint32_t rkey, void *ctx)
 {
 	struct ibv_send_wr wr = {
 		.wr_id = (uintptr_t)ctx, .opcode = IBV_WR_SEND_WITH_INV,
-		.send_flags = IBV_SEND_SIGNALED, .invalidate_rkey = rkey,
+		.invalidate_rkey = rkey,
 	};
 	int rc = tx_reserve(c, 1);
 
 	if (!rc)
-		rc = post_chain(c, &wr, 1);
+		rc = post_chain(c, &wr, &wr, 1);
 	return rc;
 }
 

@@ -299,6 +299,7 @@ struct fab_con_cfg {
 	size_t rx_queue;   /* receive queue size if larger than rx_depth, for a
 			      pool set up later with fab_con_rx_setup */
 	size_t rx_size;    /* bytes per receive buffer (0: imm only) */
+	unsigned poll_us;  /* busy-poll an empty queue this long before sleeping */
 };
 
 /*

@@ -437,6 +437,7 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 		.rx_depth = a->rx_cq_data ? s->queue_depth + 16 :
 			    req.cid ? 0 : RTRS_ADMIN_RX_DEPTH,
 		.rx_size = req.cid ? 0 : RTRS_ADMIN_MSG_SIZE,
+		.poll_us = req.cid ? ctx->opts.busy_poll_us : 0,
 	};
 
 	snprintf(name, sizeof(name), "%s#%u", path_name(p), req.cid);

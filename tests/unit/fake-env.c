@@ -77,6 +77,7 @@ void env_reset(void)
 	fake_hold(NULL, NULL);
 	fake_set_limits(4, 4);
 	fake_set_send_imm(true);
+	fake_set_mr_local(false);
 }
 
 /* ---- the server ------------------------------------------------------------------------------- */

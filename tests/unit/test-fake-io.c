@@ -126,6 +126,73 @@ static void io_split(void)
 }
 
 /*
+ * A fabric that needs local registrations (verbs): a write from memory the
+ * session registered goes without a registration of its own, one from
+ * elsewhere registers its vector (and still lands); a region that a path
+ * registers after the fact, a second overlapping one refused, an unknown
+ * one not unregistered; after unregistering, writes register per IO again.
+ * The fake refuses a write whose vectors lie outside their descriptors'
+ * live registrations, so a stale or wrong descriptor fails the IO.
+ */
+static void mem_registered(void)
+{
+	static uint8_t region[4 * LEN], other[LEN];
+	static struct io io;
+	struct iovec d[2];
+	struct clt c;
+	uint64_t n0;
+
+	fake_set_mr_local(true);
+	if (!setup(&c, "ab", NULL))
+		return;
+	pattern(region, sizeof(region), 7);
+	pattern(other, sizeof(other), 8);
+	n0 = fake_local_regs();
+	d[0] = (struct iovec){ other, LEN };
+	CHECK_EQ(io_startv(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, d, 1), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	CHECK_EQ(fake_local_regs() - n0, 1);
+	CHECK(area_has(0, LEN, 8), "the unregistered write landed");
+
+	CHECK_EQ(rtrs_clt_mem_register(c.sess, region, sizeof(region)), 0);
+	/* One registration per path that is up. */
+	CHECK_EQ(fake_local_regs() - n0, 3);
+	CHECK_EQ(rtrs_clt_mem_register(c.sess, region + LEN, LEN), -EEXIST);
+	CHECK_EQ(rtrs_clt_mem_register(c.sess, NULL, LEN), -EINVAL);
+	CHECK_EQ(rtrs_clt_mem_unregister(c.sess, other), -ENOENT);
+	n0 = fake_local_regs();
+	for (int i = 0; i < 8; i++) {
+		/* Two vectors inside the region, on whichever path the policy picks. */
+		d[0] = (struct iovec){ region + (i % 3) * LEN, LEN / 2 };
+		d[1] = (struct iovec){ region + (i % 3) * LEN + LEN / 2, LEN / 2 };
+		CHECK_EQ(io_startv(&io, &c, RTRS_WRITE, RTRS_IO_CON, (uint32_t)(8 + i) * LEN, d, 2), 0);
+		CHECK_EQ(io_wait(&io), 0);
+		io_put(&io);
+		CHECK(!memcmp(srv.area + (8 + i) * LEN, region + (i % 3) * LEN, LEN),
+		      "write %d from the region landed", i);
+	}
+	CHECK_EQ(fake_local_regs() - n0, 0);
+	/* A vector that runs past the region's end is registered on its own. */
+	d[0] = (struct iovec){ region + 3 * LEN + 8, LEN - 8 };
+	d[1] = (struct iovec){ other, 8 };
+	CHECK_EQ(io_startv(&io, &c, RTRS_WRITE, RTRS_IO_CON, 20 * LEN, d, 2), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	CHECK_EQ(fake_local_regs() - n0, 2);
+
+	CHECK_EQ(rtrs_clt_mem_unregister(c.sess, region), 0);
+	n0 = fake_local_regs();
+	d[0] = (struct iovec){ region, LEN };
+	CHECK_EQ(io_startv(&io, &c, RTRS_WRITE, RTRS_IO_CON, 21 * LEN, d, 1), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	CHECK_EQ(fake_local_regs() - n0, 1);
+	CHECK(!memcmp(srv.area + 21 * LEN, region, LEN), "the write after unregistering landed");
+	teardown(&c);
+}
+
+/*
  * The next n writes of one end of the IO connection are refused as a full
  * send queue would refuse them: what was posted waits on the connection's
  * pending list, goes again from the kick, and arrives once.
@@ -916,6 +983,7 @@ static void replay_no_inval(void)
 static const struct scenario scenarios[] = {
 	{ "io_exact", io_exact },
 	{ "io_split", io_split },
+	{ "mem_registered", mem_registered },
 	{ "io_eagain_client", io_eagain_client },
 	{ "io_eagain_server", io_eagain_server },
 	{ "admin_con", admin_con },
