@@ -38,6 +38,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +61,9 @@
 #define RDMA_IMM_MSG_LEN 4     /* an immediate carried as a message (iWARP) */
 #define RDMA_RX_MIN 64         /* the smallest receive buffer */
 #define RDMA_CQ_ACK_BATCH 64   /* completion events acknowledged at a time */
-#define RDMA_SIG_EVERY_MAX 64  /* at most this many send requests go unsignalled in a row */
+#define RDMA_SIG_EVERY_MAX 64
+/* soft-iWARP's vendor id ("bmt"): its sends go out on a kernel TCP socket. */
+#define RDMA_SIW_VENDOR_ID 0x626d74  /* at most this many send requests go unsignalled in a row */
 /* Private data the CM carries (IBA 12.7 via the RDMA CM's 36-byte header; MPA on iWARP). */
 #define RDMA_IB_CONNECT_MAX 56
 #define RDMA_IB_ACCEPT_MAX 196
@@ -75,6 +78,7 @@ struct fab {
 	struct ibv_pd *pd;
 	struct fab_attr attr;
 	bool iwarp;
+	bool sigpipe_guard;        /* siw: posting can raise SIGPIPE (below) */
 	bool server;
 	struct sockaddr_storage src, dst; /* client: where from and to */
 	bool has_src;
@@ -297,6 +301,7 @@ static int fab_setup_device(struct fab *f, struct ibv_context *verbs)
 		return -errno;
 	f->verbs = verbs;
 	f->iwarp = verbs->device->transport_type == IBV_TRANSPORT_IWARP;
+	f->sigpipe_guard = f->iwarp && da.vendor_id == RDMA_SIW_VENDOR_ID;
 	f->pd = ibv_alloc_pd(verbs);
 	if (!f->pd)
 		return errno ? -errno : -ENOMEM;
@@ -1262,6 +1267,36 @@ static int tx_reserve(struct fab_con *c, unsigned n)
 }
 
 /*
+ * ibv_post_send, on siw without SIGPIPE: siw transmits on its kernel TCP
+ * socket in the poster's context, and a send to a peer that reset the
+ * connection raises SIGPIPE in the posting thread, which kills a process
+ * that did not ignore it (seen: test-peer-death killed after its server
+ * was). A library must not change the process's disposition, so the
+ * signal is blocked around the post and a SIGPIPE the post raised is
+ * taken before the mask is restored; the post's error tells the rest.
+ */
+static int post_send(struct fab_con *c, struct ibv_send_wr *first, struct ibv_send_wr **bad)
+{
+	static const struct timespec zero;
+	sigset_t pipe_set, old, pending;
+	bool was_pending;
+	int rc;
+
+	if (!c->fab->sigpipe_guard)
+		return ibv_post_send(c->id->qp, first, bad);
+	sigemptyset(&pipe_set);
+	sigaddset(&pipe_set, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+	was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
+	rc = ibv_post_send(c->id->qp, first, bad);
+	if (!was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE))
+		while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR)
+			;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return rc;
+}
+
+/*
  * Posts a chain of n work requests (last is its last) that tx_reserve made
  * room for; the ones that did not go give their room back. Only the last can
  * be signalled: when it has a context, or when enough went unsignalled.
@@ -1277,7 +1312,7 @@ static int post_chain(struct fab_con *c, struct ibv_send_wr *first, struct ibv_s
 	sig = last->wr_id || c->tx_unsig + n >= c->tx_sig_every;
 	if (sig)
 		last->send_flags |= IBV_SEND_SIGNALED;
-	rc = ibv_post_send(c->id->qp, first, &bad);
+	rc = post_send(c, first, &bad);
 	if (!rc && sig) {
 		c->tx_fifo[(c->tx_head + c->tx_count) % c->tx_max] = c->tx_unsig + n;
 		c->tx_count++;
