@@ -12,7 +12,10 @@
 # and ours over the kernel's. Goal: ours >= 90 % of the kernel's IOPS.
 #   bench/kernel-rnbd.sh [--record]
 # Environment: RUNS (3), DURATION (fio seconds, 10), BS (4k), QD (16), RW (randrw),
-# INVAL (1: always_invalidate on in both servers; 0: off in both).
+# INVAL (1: always_invalidate on in both servers; 0: off in both),
+# SERVER_OPTS (more rnbd-server options, e.g. "--busy-poll 200"),
+# PERF (1: a system-wide perf profile of the server guest during the first
+# run of each server, printed at the end; not for recorded figures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 record=false
@@ -23,6 +26,9 @@ BS=${BS:-4k}
 QD=${QD:-16}
 RW=${RW:-randrw}
 INVAL=${INVAL:-1}
+PERF=${PERF:-0}
+SERVER_OPTS=${SERVER_OPTS:-}
+export SERVER_OPTS
 vm=tests/vm/rtrs-vm
 
 . bench/lib.sh
@@ -32,13 +38,14 @@ command -v fio >/dev/null || { echo "bench: fio is needed (rtrs-vm image install
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-matplotlib >/dev/null
 run=$(mktemp -d /tmp/kernel-rnbd-bench.XXXXXX)
 trap 'rm -rf "$run"' EXIT
+printf '%s\n' "$SERVER_OPTS" >"$run/server-opts"
 
 # The guests' parts, in the shared run folder.
 guest=$run/guest.sh
 cat >"$guest" <<'EOF'
 #!/usr/bin/env bash
 set -u
-role=$1 run=$2 build=$3 here=$4 runs=$5 dur=$6 bs=$7 qd=$8 rw=$9 inval=${10}
+role=$1 run=$2 build=$3 here=$4 runs=$5 dur=$6 bs=$7 qd=$8 rw=$9 inval=${10} prof=${11}
 . "$here/tests/vm/kernel-guest.sh"
 KG_NAME=$role KG_RUN=$run
 kg_in_guest || exit 1
@@ -49,7 +56,7 @@ if [ "$role" = A ]; then
 	opt=--invalidate
 	[ "$inval" = 1 ] || opt=--no-invalidate
 	"$build/daemons/rnbd-server" --provider verbs -a 198.18.0.1 -p 1235 -m ram1:64M "$opt" \
-		--log-level warn >"$run/A-rnbd-server.log" 2>&1 &
+		$(cat "$run/server-opts") --log-level warn >"$run/A-rnbd-server.log" 2>&1 &
 	srv=$!
 	sleep 1
 	kill -0 "$srv" || { cat "$run/A-rnbd-server.log"; exit 1; }
@@ -58,9 +65,19 @@ if [ "$role" = A ]; then
 		kg_wait "go-$n B-done" 600
 		[ -e "$run/B-done" ] && break
 		cpu >"$run/A-$n.start"
+		if [ "$prof" = 1 ] && [ "$n" -le 2 ]; then
+			perf record -a -g -q -o "/tmp/perf-$n.data" 2>/dev/null &
+			perf_pid=$!
+		fi
 		kg_signal "ack-$n"
 		kg_wait "end-$n" 600
 		cpu >"$run/A-$n.end"
+		if [ "$prof" = 1 ] && [ "$n" -le 2 ]; then
+			kill -INT "$perf_pid"
+			wait "$perf_pid"
+			perf report -i "/tmp/perf-$n.data" --no-children --sort comm,dso,sym \
+				--stdio 2>/dev/null | grep -v '^#' | grep '%' | head -60 >"$run/perf-$n.txt"
+		fi
 		kg_signal "ackend-$n"
 	done
 	kg_wait B-done 600
@@ -99,8 +116,8 @@ chmod +x "$guest"
 
 "$vm" pair --kmods --timeout $((300 + 4 * RUNS * (DURATION + 20))) --share "$run" \
 	--share-ro "$PWD" \
-	--a "$guest A $run $PWD/build-release $PWD $RUNS $DURATION $BS $QD $RW $INVAL" \
-	--b "$guest B $run $PWD/build-release $PWD $RUNS $DURATION $BS $QD $RW $INVAL" >"$run/pair.log" 2>&1 ||
+	--a "$guest A $run $PWD/build-release $PWD $RUNS $DURATION $BS $QD $RW $INVAL $PERF" \
+	--b "$guest B $run $PWD/build-release $PWD $RUNS $DURATION $BS $QD $RW $INVAL $PERF" >"$run/pair.log" 2>&1 ||
 	{ cat "$run/pair.log"; echo "bench: the guests failed" >&2; exit 1; }
 [ -s "$run/order" ] || { cat "$run/pair.log"; echo "bench: no runs" >&2; exit 1; }
 
@@ -147,6 +164,11 @@ fig.savefig(png, dpi=100)
 EOF
 )
 echo "$report"
+for n in 1 2; do
+	[ -s "$run/perf-$n.txt" ] || continue
+	echo "--- server guest profile, run $n ($(sed -n "${n}p" "$run/order" | cut -d' ' -f2))"
+	cat "$run/perf-$n.txt"
+done
 oops=$(cat "$run/B-oops" 2>/dev/null || echo "?")
 $record || exit 0
 cat >>bench/RESULTS.md <<MD
@@ -154,7 +176,7 @@ cat >>bench/RESULTS.md <<MD
 ### $date the kernel's rnbd-client through our rnbd-server vs the kernel's rnbd-server (soft-RoCE, two guests, always_invalidate $([ "$INVAL" = 1 ] && echo on || echo off))
 
 Machine: $(machine); guests Linux $(cut -d' ' -f1 /var/tmp/rtrs-vm/image/version) under TCG (1 vCPU each, no KVM), rxe on a virtual cable.
-Command: \`RUNS=$RUNS DURATION=$DURATION BS=$BS QD=$QD RW=$RW INVAL=$INVAL bench/kernel-rnbd.sh --record\` (medians of $RUNS runs, the two servers alternating).
+Command: \`RUNS=$RUNS DURATION=$DURATION BS=$BS QD=$QD RW=$RW INVAL=$INVAL${SERVER_OPTS:+ SERVER_OPTS=\"$SERVER_OPTS\"} bench/kernel-rnbd.sh --record\` (medians of $RUNS runs, the two servers alternating).
 fio in guest B: \`--rw=$RW --bs=$BS --iodepth=$QD --ioengine=libaio --direct=1 --runtime=$DURATION\` on /dev/rnbdX, the kernel's
 rnbd-client mapping A's brd /dev/ram0 from the kernel's rnbd-server, then a 64 MiB memory device from rnbd-server
 (\`--provider verbs -m ram1:64M\`); always_invalidate $([ "$INVAL" = 1 ] && echo "on in both (the kernel's \`always_invalidate=1\`, our default)" || echo "off in both (\`always_invalidate=0\`, \`--no-invalidate\`)"). CPU: each guest's non-idle time from /proc/stat over the run,

@@ -130,6 +130,13 @@ void fake_set_mr_local(bool on)
 	fk_unlock();
 }
 
+void fake_set_windows(unsigned binds)
+{
+	fk_lock();
+	fk_net.win_binds = binds;
+	fk_unlock();
+}
+
 uint64_t fake_local_regs(void)
 {
 	uint64_t n;

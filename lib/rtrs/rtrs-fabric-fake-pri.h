@@ -127,6 +127,7 @@ struct fake_net {
 	bool no_send_imm;           /* fabrics opened from now on lack fab_send_imm (iWARP) */
 	bool mr_local;              /* fabrics opened from now on need local registrations (verbs) */
 	uint64_t local_regs;        /* local registrations made (mr_local) */
+	unsigned win_binds;         /* fabrics opened from now on have windows */
 	fake_pred hold;
 	void *hold_arg;
 	fake_pred hook_pred;
@@ -171,7 +172,11 @@ void fk_con_purge_to(struct fab_con *c);
 /* Posting (lock held on entry, released on return). */
 void fk_queue_and_hook(struct fake_ev *ev);
 void fk_hook_and_unlock(struct fake_ev *ev);
-/* Lock not held: posts ev from c to its peer; ev is the fake's from here on. */
+/*
+ * Lock not held: posts ev from c to its peer; ev is the fake's from here on.
+ * fk_chain_resv: counted posts of this thread that fake_post made room for.
+ */
+extern __thread unsigned fk_chain_resv;
 int fk_post_to_peer(struct fab_con *c, struct fake_ev *ev, bool counted);
 
 /* The pump. */

@@ -611,6 +611,8 @@ void fk_queue_and_hook(struct fake_ev *ev)
  * operation is lost on the wire: posted, never delivered (c's own DOWN is
  * on its way).
  */
+__thread unsigned fk_chain_resv;
+
 int fk_post_to_peer(struct fab_con *c, struct fake_ev *ev, bool counted)
 {
 	int rc = 0;
@@ -618,13 +620,16 @@ int fk_post_to_peer(struct fab_con *c, struct fake_ev *ev, bool counted)
 	fk_lock();
 	if (c->shutdown || c->down) {
 		rc = -ECONNRESET;
+	} else if (counted && fk_chain_resv) {
+		fk_chain_resv--; /* fake_post made room for it */
 	} else if (counted && (c->eagain || c->tx_out >= c->tx_max)) {
 		if (c->eagain)
 			c->eagain--;
 		rc = -EAGAIN;
-	} else if (!c->peer) {
+	}
+	if (!rc && !c->peer) {
 		fk_net.st.dropped++;
-	} else {
+	} else if (!rc) {
 		ev->to = c->peer;
 		ev->to_server = c->peer->server;
 		ev->counted = counted;

@@ -41,6 +41,8 @@ static int fake_open(const char *prov, const char *src, const char *node, const 
 	f->attr.max_queue = queue ? queue : 256;
 	f->attr.inject_size = FAKE_INJECT_SIZE;
 	f->attr.send_imm = !fk_net.no_send_imm; /* as RoCE: the kernel's always_invalidate */
+	f->attr.chain = true;
+	f->attr.win_binds = fk_net.win_binds;
 	f->attr.mr_local = fk_net.mr_local;
 	f->next = fk_net.fabs;
 	fk_net.fabs = f;
@@ -97,6 +99,8 @@ static int fake_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, st
 	f->mrs = m;
 	if (access == FAB_MR_LOCAL)
 		fk_net.local_regs++;
+	else
+		fk_net.st.regs++;
 	fk_unlock();
 	mr->ops = &fab_fake_ops;
 	mr->priv = m;
@@ -132,6 +136,39 @@ found:
 	free(m);
 	mr->priv = NULL;
 	mr->ops = NULL;
+}
+
+/* A window: a registration of nothing until a bind gives it a range and a key. */
+static int fake_win_alloc(struct fab *f, struct fab_win *w)
+{
+	struct fake_mr *m;
+
+	memset(w, 0, sizeof(*w));
+	if (!f->attr.win_binds)
+		return -EOPNOTSUPP;
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->access = FAB_MR_REMOTE_WRITE;
+	fk_lock();
+	m->key = f->next_key++;
+	m->next = f->mrs;
+	f->mrs = m;
+	fk_net.st.windows++;
+	fk_unlock();
+	w->ops = &fab_fake_ops;
+	w->priv = m;
+	w->key = m->key;
+	return 0;
+}
+
+static void fake_win_free(struct fab_win *w)
+{
+	struct fab_mr mr = { .ops = &fab_fake_ops, .priv = w->priv };
+
+	fake_mr_dereg(&mr);
+	w->priv = NULL;
+	w->ops = NULL;
 }
 
 /* ---- listening ----------------------------------------------------------------------------- */
@@ -609,6 +646,97 @@ static int fake_send_imm(struct fab_con *c, const void *buf, size_t len, void *d
 	return fk_post_to_peer(c, ev, false);
 }
 
+static int fake_win_bind(struct fab_con *c, struct fab_win *w, const struct fab_mr *mr, void *buf,
+			 size_t len, void *ctx)
+{
+	struct fake_mr *m = w->priv;
+	struct fake_ev *done;
+	int rc = 0;
+
+	if (!m || !mr || (len && (!mr->buf || (char *)buf < (char *)mr->buf ||
+				   len > mr->len - (size_t)((char *)buf - (char *)mr->buf))))
+		return -EINVAL;
+	fk_lock();
+	if (c->shutdown || c->down) {
+		rc = -ECONNRESET;
+	} else {
+		m->buf = buf;
+		m->len = len;
+		m->key = c->fab->next_key++;
+		w->key = m->key;
+		w->binds++;
+		fk_net.st.binds++;
+		if (ctx) {
+			done = fk_ev_post_local(FAKE_DONE, c, 0, NULL, 0);
+			if (done)
+				done->ctx = ctx;
+		}
+	}
+	fk_unlock();
+	return rc;
+}
+
+/*
+ * A chain: checked whole, room made for all of its writes at once (all or
+ * nothing, as one post on verbs), then posted one by one in order.
+ */
+static int fake_post(struct fab_con *c, const struct fab_wr *wrs, size_t n, void *ctx)
+{
+	const struct fab_attr *a = &c->fab->attr;
+	unsigned counted = 0;
+	int rc = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		const struct fab_wr *w = &wrs[i];
+
+		if (w->kind == FAB_WR_WRITE &&
+		    (w->rma_cnt > ARRAY_SIZE(((struct fake_ev *)0)->rma) ||
+		     w->rma_cnt > a->rma_iov_limit || w->iov_cnt > a->iov_limit))
+			return -EINVAL;
+		if (w->kind == FAB_WR_WRITE_IMM && w->len > a->inject_size)
+			return -EMSGSIZE;
+		if ((w->kind == FAB_WR_SEND_IMM && !a->send_imm) || w->kind == FAB_WR_SEND_INV)
+			return -EOPNOTSUPP;
+		counted += w->kind == FAB_WR_WRITE || w->kind == FAB_WR_WRITE_IMM;
+	}
+	fk_lock();
+	if (c->shutdown || c->down) {
+		rc = -ECONNRESET;
+	} else if (counted && (c->eagain || c->tx_out + counted > c->tx_max)) {
+		if (c->eagain)
+			c->eagain--;
+		rc = -EAGAIN;
+	}
+	fk_unlock();
+	if (rc)
+		return rc;
+	fk_chain_resv = counted;
+	for (size_t i = 0; !rc && i < n; i++) {
+		const struct fab_wr *w = &wrs[i];
+		void *x = i + 1 == n ? ctx : NULL;
+
+		switch (w->kind) {
+		case FAB_WR_WRITE:
+			rc = fake_write(c, w->iov, w->desc, w->iov_cnt, w->rma, w->rma_cnt,
+					w->with_imm, w->imm, x);
+			break;
+		case FAB_WR_WRITE_IMM:
+			rc = fake_write_imm(c, w->buf, w->len, w->addr, w->key, w->imm, x);
+			break;
+		default:
+			rc = fake_send_imm(c, w->buf, w->len, w->desc ? w->desc[0] : NULL, w->imm, x);
+			break;
+		}
+	}
+	fk_chain_resv = 0;
+	if (!rc && n > 1) {
+		fk_lock();
+		fk_net.st.chains++;
+		fk_unlock();
+	}
+	return rc;
+}
+
 const struct fab_ops fab_fake_ops = {
 	.name = "fake",
 	.open = fake_open,
@@ -638,4 +766,8 @@ const struct fab_ops fab_fake_ops = {
 	.write_imm = fake_write_imm,
 	.send = fake_send,
 	.send_imm = fake_send_imm,
+	.post = fake_post,
+	.win_alloc = fake_win_alloc,
+	.win_free = fake_win_free,
+	.win_bind = fake_win_bind,
 };

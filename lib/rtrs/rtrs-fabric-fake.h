@@ -107,6 +107,13 @@ void fake_set_send_imm(bool on);
  */
 void fake_set_mr_local(bool on);
 uint64_t fake_local_regs(void);
+/*
+ * Fabrics opened from now on have memory windows taking binds binds each
+ * (fab_attr.win_binds; 0: none, the default). A bind takes effect when it
+ * is posted, under a key never used in the domain; one with a context
+ * completes through the owner's done(), as an unbind on verbs.
+ */
+void fake_set_windows(unsigned binds);
 
 /*
  * Events matching pred are held for the test; the pump delivers the rest
@@ -199,6 +206,9 @@ struct fake_stats {
 	uint64_t writes, sends; /* delivered */
 	uint64_t bad_writes; /* writes refused for their key or range */
 	uint64_t dropped;    /* events dropped: by a test, or lost with their connection */
+	uint64_t chains;     /* fab_post calls that posted more than one operation */
+	uint64_t regs;       /* registrations with a remote key (fab_mr_reg) */
+	uint64_t windows, binds; /* memory windows allocated, and their binds */
 	unsigned cons, events;
 };
 void fake_get_stats(struct fake_stats *st);

@@ -313,6 +313,11 @@ static int fault_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, s
 	return fab_mr_reg(ff_of(f)->inner, buf, len, access, mr);
 }
 
+static int fault_win_alloc(struct fab *f, struct fab_win *w)
+{
+	return fab_win_alloc(ff_of(f)->inner, w);
+}
+
 static int fault_listen(struct fab *f, struct fab_lst **out)
 {
 	return fab_listen(ff_of(f)->inner, out);
@@ -533,8 +538,30 @@ static int fault_send_inv(struct fab_con *c, uint32_t rkey, void *ctx)
 	return fab_send_inv(fc_of(c)->inner, rkey, ctx);
 }
 
+static int fault_win_bind(struct fab_con *c, struct fab_win *w, const struct fab_mr *mr,
+			  void *buf, size_t len, void *ctx)
+{
+	return fab_win_bind(fc_of(c)->inner, w, mr, buf, len, ctx);
+}
+
+/* A chain: the inner fabric's (a request in a chain cannot take a stale key). */
+static int fault_post(struct fab_con *c, const struct fab_wr *wrs, size_t n, void *ctx)
+{
+	struct fault_con *wc = fc_of(c);
+
+	if (n == 1 && wrs[0].kind == FAB_WR_WRITE)
+		return fault_write(c, wrs[0].iov, wrs[0].desc, wrs[0].iov_cnt, wrs[0].rma,
+				   wrs[0].rma_cnt, wrs[0].with_imm, wrs[0].imm, ctx);
+	if (n == 1 && wrs[0].kind == FAB_WR_WRITE_IMM)
+		return fault_write_imm(c, wrs[0].buf, wrs[0].len, wrs[0].addr, wrs[0].key,
+				       wrs[0].imm, ctx);
+	if (fault_eagain(wc))
+		return -EAGAIN;
+	return fab_post(wc->inner, wrs, n, ctx);
+}
+
 /*
- * Listener, connection request and MR calls are absent: those objects are
+ * Listener, connection request, MR and window-freeing calls are absent: those objects are
  * the inner implementation's and dispatch there.
  */
 const struct fab_ops fab_fault_ops = {
@@ -557,4 +584,7 @@ const struct fab_ops fab_fault_ops = {
 	.send = fault_send,
 	.send_imm = fault_send_imm,
 	.send_inv = fault_send_inv,
+	.post = fault_post,
+	.win_alloc = fault_win_alloc,
+	.win_bind = fault_win_bind,
 };

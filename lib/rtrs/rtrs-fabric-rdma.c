@@ -58,6 +58,8 @@
 #define RDMA_RESOLVE_MS 5000   /* address and route resolution */
 #define RDMA_INLINE 64         /* inline bytes asked for: immediates' data, key records */
 #define RDMA_SGE_MAX 16        /* local vectors per operation, at most */
+#define RDMA_CHAIN_MAX 16      /* work requests in one post (fab_post) */
+#define RDMA_CHAIN_SGE 48      /* ... and their vectors */
 #define RDMA_IMM_MSG_LEN 4     /* an immediate carried as a message (iWARP) */
 #define RDMA_RX_MIN 64         /* the smallest receive buffer */
 #define RDMA_CQ_ACK_BATCH 64   /* completion events acknowledged at a time */
@@ -319,6 +321,13 @@ static int fab_setup_device(struct fab *f, struct ibv_context *verbs)
 	/* iWARP has neither a send with immediate nor, in siw, a send with invalidate. */
 	a->send_imm = !f->iwarp;
 	a->send_inv = !f->iwarp;
+	a->chain = true;
+	/*
+	 * Type-1 memory windows (rxe has them, siw has none): each bind
+	 * advances the key's low byte, so 255 binds give 255 new keys.
+	 */
+	if ((da.device_cap_flags & IBV_DEVICE_MEM_WINDOW) && da.max_mw > 0)
+		a->win_binds = 255;
 	log_dbg("fabric: device %s (%s), max_qp_wr %d, max_sge %d, max_cqe %d",
 		ibv_get_device_name(verbs->device), f->iwarp ? "iWARP" : "IB/RoCE", da.max_qp_wr,
 		da.max_sge, da.max_cqe);
@@ -464,6 +473,8 @@ static int nat_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 	/* Never remote read: we issue no RDMA reads, and nobody reads our memory. */
 	if (access & FAB_MR_REMOTE_WRITE)
 		acc |= IBV_ACCESS_REMOTE_WRITE;
+	if ((access & FAB_MR_BIND) && f->attr.win_binds)
+		acc |= IBV_ACCESS_MW_BIND;
 	m = ibv_reg_mr(f->pd, buf, len, acc);
 	if (!m) {
 		int rc = errno ? -errno : -ENOMEM;
@@ -477,6 +488,32 @@ static int nat_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 	mr->desc = m;
 	mr->base = (uint64_t)(uintptr_t)buf;
 	return 0;
+}
+
+static int nat_win_alloc(struct fab *f, struct fab_win *w)
+{
+	struct ibv_mw *mw;
+
+	memset(w, 0, sizeof(*w));
+	if (!f->attr.win_binds)
+		return -EOPNOTSUPP;
+	mw = ibv_alloc_mw(f->pd, IBV_MW_TYPE_1);
+	if (!mw)
+		return errno ? -errno : -ENOMEM;
+	w->ops = &fab_rdma_ops;
+	w->priv = mw;
+	w->key = mw->rkey;
+	return 0;
+}
+
+static void nat_win_free(struct fab_win *w)
+{
+	if (w && w->priv) {
+		if (ibv_dealloc_mw(w->priv))
+			log_warn("fabric: freeing a memory window failed: %s", strerror(errno));
+		w->priv = NULL;
+		w->ops = NULL;
+	}
 }
 
 static void nat_mr_dereg(struct fab_mr *mr)
@@ -1296,6 +1333,30 @@ static int post_send(struct fab_con *c, struct ibv_send_wr *first, struct ibv_se
 	return rc;
 }
 
+/* Under tx_lock: whether the next post of n requests is to be signalled. */
+static bool tx_sig_due(const struct fab_con *c, bool ctx, unsigned n)
+{
+	return ctx || c->tx_unsig + n >= c->tx_sig_every;
+}
+
+/*
+ * Under tx_lock, after a post of n requests (sig: its last signalled) of
+ * which `unposted` did not go: those give their room back, and what went
+ * is unsignalled (the next signalled request covers it).
+ */
+static void tx_account(struct fab_con *c, unsigned n, unsigned unposted, bool sig)
+{
+	if (!unposted && sig) {
+		c->tx_fifo[(c->tx_head + c->tx_count) % c->tx_max] = c->tx_unsig + n;
+		c->tx_count++;
+		c->tx_unsig = 0;
+		return;
+	}
+	c->tx_unsig += n - unposted;
+	if (unposted)
+		atomic_fetch_sub_explicit(&c->tx_posted, unposted, memory_order_relaxed);
+}
+
 /*
  * Posts a chain of n work requests (last is its last) that tx_reserve made
  * room for; the ones that did not go give their room back. Only the last can
@@ -1305,122 +1366,268 @@ static int post_chain(struct fab_con *c, struct ibv_send_wr *first, struct ibv_s
 		      unsigned n)
 {
 	struct ibv_send_wr *bad = NULL;
+	unsigned unposted = 0;
 	bool sig;
 	int rc;
 
 	pthread_mutex_lock(&c->tx_lock);
-	sig = last->wr_id || c->tx_unsig + n >= c->tx_sig_every;
+	sig = tx_sig_due(c, last->wr_id, n);
 	if (sig)
 		last->send_flags |= IBV_SEND_SIGNALED;
 	rc = post_send(c, first, &bad);
-	if (!rc && sig) {
-		c->tx_fifo[(c->tx_head + c->tx_count) % c->tx_max] = c->tx_unsig + n;
-		c->tx_count++;
-		c->tx_unsig = 0;
-	} else if (!rc) {
-		c->tx_unsig += n;
-	} else {
-		unsigned unposted = 0;
-
+	if (rc) {
 		for (struct ibv_send_wr *w = bad; w; w = w->next)
 			unposted++;
 		if (!bad)
 			unposted = n;
-		/* What went is unsignalled: the next signalled request covers it. */
-		c->tx_unsig += n - unposted;
-		atomic_fetch_sub_explicit(&c->tx_posted, unposted, memory_order_relaxed);
 	}
+	tx_account(c, n, unposted, sig);
 	pthread_mutex_unlock(&c->tx_lock);
 	if (rc)
 		return rc == ENOMEM ? -EAGAIN : -rc;
 	return 0;
 }
 
-/* The 4-byte message that carries an immediate on iWARP, inline. */
-static void imm_msg_wr(struct ibv_send_wr *wr, struct ibv_sge *sge, struct le32 *v, uint32_t imm,
-		       void *ctx)
+/*
+ * The work requests of one post: fab_post's chain, or the one or two of a
+ * single operation. Only the last may carry a context.
+ */
+struct rdma_chain {
+	struct ibv_send_wr wr[RDMA_CHAIN_MAX];
+	struct ibv_sge sge[RDMA_CHAIN_SGE];
+	struct le32 imm[RDMA_CHAIN_MAX];
+	unsigned n, nsge;
+};
+
+static struct ibv_send_wr *chain_wr(struct rdma_chain *ch)
 {
-	*v = le32_put(imm);
-	*sge = (struct ibv_sge){ .addr = (uintptr_t)v, .length = sizeof(*v) };
-	*wr = (struct ibv_send_wr){
-		.wr_id = (uintptr_t)ctx, .sg_list = sge, .num_sge = 1, .opcode = IBV_WR_SEND,
-		.send_flags = IBV_SEND_INLINE,
-	};
+	struct ibv_send_wr *wr;
+
+	if (ch->n == RDMA_CHAIN_MAX)
+		return NULL;
+	wr = &ch->wr[ch->n++];
+	memset(wr, 0, sizeof(*wr));
+	return wr;
 }
 
-static int nat_write(struct fab_con *c, const struct iovec *iov, void *const *desc,
-		      size_t iov_cnt, const struct fab_rma *rma, size_t rma_cnt, bool with_imm,
-		      uint32_t imm, void *ctx)
+static struct ibv_sge *chain_sge(struct rdma_chain *ch, size_t n)
 {
-	struct ibv_sge sge[RDMA_SGE_MAX], isge;
-	struct ibv_send_wr wr = { 0 }, iwr;
-	bool imm_msg = with_imm && c->fab->iwarp;
-	unsigned n = imm_msg ? 2 : 1;
-	struct le32 v;
-	int rc;
+	struct ibv_sge *sge;
 
-	if (rma_cnt != 1 || iov_cnt > c->fab->attr.iov_limit)
+	if (n > RDMA_CHAIN_SGE - ch->nsge)
+		return NULL;
+	sge = &ch->sge[ch->nsge];
+	ch->nsge += (unsigned)n;
+	return sge;
+}
+
+/* The 4-byte message that carries an immediate on iWARP, inline. */
+static int chain_imm_msg(struct rdma_chain *ch, uint32_t imm)
+{
+	struct ibv_send_wr *wr = chain_wr(ch);
+	struct ibv_sge *sge = chain_sge(ch, 1);
+	struct le32 *v;
+
+	if (!wr || !sge)
+		return -E2BIG;
+	v = &ch->imm[ch->n - 1];
+	*v = le32_put(imm);
+	*sge = (struct ibv_sge){ .addr = (uintptr_t)v, .length = sizeof(*v) };
+	wr->sg_list = sge;
+	wr->num_sge = 1;
+	wr->opcode = IBV_WR_SEND;
+	wr->send_flags = IBV_SEND_INLINE;
+	return 0;
+}
+
+/* An RDMA write from registered vectors to one remote range. */
+static int chain_write(struct fab_con *c, struct rdma_chain *ch, const struct fab_wr *w)
+{
+	bool imm_msg = w->with_imm && c->fab->iwarp;
+	struct ibv_send_wr *wr;
+	struct ibv_sge *sge;
+
+	if (w->rma_cnt != 1 || w->iov_cnt > c->fab->attr.iov_limit || !w->desc)
 		return -EINVAL;
-	for (size_t i = 0; i < iov_cnt; i++) {
-		const struct ibv_mr *m = desc ? desc[i] : NULL;
+	wr = chain_wr(ch);
+	sge = chain_sge(ch, w->iov_cnt);
+	if (!wr || !sge)
+		return -E2BIG;
+	for (size_t i = 0; i < w->iov_cnt; i++) {
+		const struct ibv_mr *m = w->desc[i];
 
 		if (!m)
 			return -EINVAL;
-		sge[i] = (struct ibv_sge){ .addr = (uintptr_t)iov[i].iov_base,
-					   .length = (uint32_t)iov[i].iov_len, .lkey = m->lkey };
+		sge[i] = (struct ibv_sge){ .addr = (uintptr_t)w->iov[i].iov_base,
+					   .length = (uint32_t)w->iov[i].iov_len, .lkey = m->lkey };
 	}
-	wr.wr_id = imm_msg ? 0 : (uintptr_t)ctx;
-	wr.sg_list = sge;
-	wr.num_sge = (int)iov_cnt;
-	wr.opcode = with_imm && !imm_msg ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
-	wr.imm_data = htonl(imm);
-	wr.wr.rdma.remote_addr = rma[0].addr;
-	wr.wr.rdma.rkey = (uint32_t)rma[0].key;
-	if (imm_msg) {
-		/* The immediate follows as a message: its arrival means the data is placed. */
-		imm_msg_wr(&iwr, &isge, &v, imm, ctx);
-		wr.next = &iwr;
+	wr->sg_list = sge;
+	wr->num_sge = (int)w->iov_cnt;
+	wr->opcode = w->with_imm && !imm_msg ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+	wr->imm_data = htonl(w->imm);
+	wr->wr.rdma.remote_addr = w->rma[0].addr;
+	wr->wr.rdma.rkey = (uint32_t)w->rma[0].key;
+	/* The immediate follows as a message: its arrival means the data is placed. */
+	return imm_msg ? chain_imm_msg(ch, w->imm) : 0;
+}
+
+/* A write of a few inline bytes (or none) with an immediate. */
+static int chain_write_imm(struct fab_con *c, struct rdma_chain *ch, const struct fab_wr *w)
+{
+	struct ibv_send_wr *wr;
+	struct ibv_sge *sge;
+
+	if (w->len > c->max_inline)
+		return -EMSGSIZE;
+	if (c->fab->iwarp && !w->len) /* just the immediate, as a message */
+		return chain_imm_msg(ch, w->imm);
+	wr = chain_wr(ch);
+	sge = chain_sge(ch, 1);
+	if (!wr || !sge)
+		return -E2BIG;
+	*sge = (struct ibv_sge){ .addr = (uintptr_t)w->buf, .length = (uint32_t)w->len };
+	wr->sg_list = w->len ? sge : NULL;
+	wr->num_sge = w->len ? 1 : 0;
+	wr->send_flags = w->len ? IBV_SEND_INLINE : 0;
+	wr->wr.rdma.remote_addr = w->addr;
+	wr->wr.rdma.rkey = (uint32_t)w->key;
+	if (c->fab->iwarp) { /* the data first; the immediate follows as a message */
+		wr->opcode = IBV_WR_RDMA_WRITE;
+		return chain_imm_msg(ch, w->imm);
 	}
-	rc = tx_reserve(c, n);
+	wr->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	wr->imm_data = htonl(w->imm);
+	return 0;
+}
+
+/* A message with an immediate, from a registration (desc[0]) or inline. */
+static int chain_send_imm(struct fab_con *c, struct rdma_chain *ch, const struct fab_wr *w)
+{
+	const struct ibv_mr *m = w->desc ? w->desc[0] : NULL;
+	struct ibv_send_wr *wr;
+	struct ibv_sge *sge;
+
+	if (c->fab->iwarp)
+		return -EOPNOTSUPP;
+	if (!m && w->len > c->max_inline)
+		return -EINVAL;
+	wr = chain_wr(ch);
+	sge = chain_sge(ch, 1);
+	if (!wr || !sge)
+		return -E2BIG;
+	*sge = (struct ibv_sge){ .addr = (uintptr_t)w->buf, .length = (uint32_t)w->len,
+				 .lkey = m ? m->lkey : 0 };
+	wr->sg_list = sge;
+	wr->num_sge = w->len ? 1 : 0;
+	wr->opcode = IBV_WR_SEND_WITH_IMM;
+	wr->imm_data = htonl(w->imm);
+	wr->send_flags = !m && w->len ? IBV_SEND_INLINE : 0;
+	return 0;
+}
+
+static int chain_add(struct fab_con *c, struct rdma_chain *ch, const struct fab_wr *w)
+{
+	struct ibv_send_wr *wr;
+
+	switch (w->kind) {
+	case FAB_WR_WRITE:
+		return chain_write(c, ch, w);
+	case FAB_WR_WRITE_IMM:
+		return chain_write_imm(c, ch, w);
+	case FAB_WR_SEND_IMM:
+		return chain_send_imm(c, ch, w);
+	case FAB_WR_SEND_INV:
+		if (!c->fab->attr.send_inv)
+			return -EOPNOTSUPP;
+		wr = chain_wr(ch);
+		if (!wr)
+			return -E2BIG;
+		wr->opcode = IBV_WR_SEND_WITH_INV;
+		wr->invalidate_rkey = w->rkey;
+		return 0;
+	}
+	return -EINVAL;
+}
+
+/* Posts what ch holds as one chain, ctx on its last request. */
+static int chain_post(struct fab_con *c, struct rdma_chain *ch, void *ctx)
+{
+	int rc;
+
+	if (!ch->n)
+		return -EINVAL;
+	for (unsigned i = 0; i + 1 < ch->n; i++)
+		ch->wr[i].next = &ch->wr[i + 1];
+	ch->wr[ch->n - 1].wr_id = (uintptr_t)ctx;
+	rc = tx_reserve(c, ch->n);
 	if (!rc)
-		rc = post_chain(c, &wr, imm_msg ? &iwr : &wr, n);
+		rc = post_chain(c, &ch->wr[0], &ch->wr[ch->n - 1], ch->n);
 	return rc;
 }
 
-static int nat_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
-			  uint64_t key, uint32_t imm, void *ctx)
+static int nat_post(struct fab_con *c, const struct fab_wr *wrs, size_t n, void *ctx)
 {
-	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = (uint32_t)len }, isge;
-	struct ibv_send_wr wr = { 0 }, iwr, *first = &wr;
-	bool imm_msg = c->fab->iwarp;
-	unsigned n;
-	struct le32 v;
+	struct rdma_chain ch;
+	int rc = 0;
+
+	ch.n = ch.nsge = 0;
+	for (size_t i = 0; !rc && i < n; i++)
+		rc = chain_add(c, &ch, &wrs[i]);
+	return rc ? rc : chain_post(c, &ch, ctx);
+}
+
+/*
+ * A type-1 window's bind: ibv_bind_mw posts it on the QP as a work request
+ * of its own (type 1 binds cannot go in an ibv_post_send chain); providers
+ * give each bind the next value of the key's low byte.
+ */
+static int nat_win_bind(struct fab_con *c, struct fab_win *w, const struct fab_mr *mr, void *buf,
+			size_t len, void *ctx)
+{
+	struct ibv_mw_bind b = {
+		.wr_id = (uintptr_t)ctx,
+		.bind_info = { .mr = mr ? mr->priv : NULL, .addr = (uintptr_t)buf, .length = len,
+			       .mw_access_flags = len ? IBV_ACCESS_REMOTE_WRITE : 0 },
+	};
+	bool sig;
 	int rc;
 
-	if (len > c->max_inline)
-		return -EMSGSIZE;
-	wr.sg_list = len ? &sge : NULL;
-	wr.num_sge = len ? 1 : 0;
-	wr.send_flags = len ? IBV_SEND_INLINE : 0;
-	wr.wr.rdma.remote_addr = addr;
-	wr.wr.rdma.rkey = (uint32_t)key;
-	if (imm_msg) {
-		/* The data first (if any); the immediate follows as a message. */
-		imm_msg_wr(&iwr, &isge, &v, imm, ctx);
-		wr.opcode = IBV_WR_RDMA_WRITE;
-		wr.next = &iwr;
-		if (!len)
-			first = &iwr;
-	} else {
-		wr.wr_id = (uintptr_t)ctx;
-		wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-		wr.imm_data = htonl(imm);
-	}
-	n = imm_msg && len ? 2 : 1;
-	rc = tx_reserve(c, n);
-	if (!rc)
-		rc = post_chain(c, first, imm_msg ? &iwr : &wr, n);
-	return rc;
+	/* A bind of length 0 names the region too: rxe's provider reads it. */
+	if (!w->priv || !b.bind_info.mr)
+		return -EINVAL;
+	rc = tx_reserve(c, 1);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&c->tx_lock);
+	sig = tx_sig_due(c, ctx != NULL, 1);
+	b.send_flags = sig ? IBV_SEND_SIGNALED : 0;
+	rc = ibv_bind_mw(c->id->qp, w->priv, &b);
+	tx_account(c, 1, rc ? 1 : 0, sig);
+	pthread_mutex_unlock(&c->tx_lock);
+	if (rc)
+		return rc == ENOMEM ? -EAGAIN : -rc;
+	w->key = ((struct ibv_mw *)w->priv)->rkey;
+	w->binds++;
+	return 0;
+}
+
+static int nat_write(struct fab_con *c, const struct iovec *iov, void *const *desc,
+		     size_t iov_cnt, const struct fab_rma *rma, size_t rma_cnt, bool with_imm,
+		     uint32_t imm, void *ctx)
+{
+	struct fab_wr w = { .kind = FAB_WR_WRITE, .iov = iov, .desc = desc, .iov_cnt = iov_cnt,
+			    .rma = rma, .rma_cnt = rma_cnt, .with_imm = with_imm, .imm = imm };
+
+	return nat_post(c, &w, 1, ctx);
+}
+
+static int nat_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
+			 uint64_t key, uint32_t imm, void *ctx)
+{
+	struct fab_wr w = { .kind = FAB_WR_WRITE_IMM, .buf = buf, .len = len, .addr = addr,
+			    .key = key, .imm = imm };
+
+	return nat_post(c, &w, 1, ctx);
 }
 
 static int nat_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)
@@ -1456,39 +1663,17 @@ static int nat_send(struct fab_con *c, const void *buf, size_t len, void *desc, 
 static int nat_send_imm(struct fab_con *c, const void *buf, size_t len, void *desc,
 			uint32_t imm, void *ctx)
 {
-	const struct ibv_mr *m = desc;
-	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = (uint32_t)len };
-	struct ibv_send_wr wr = {
-		.wr_id = (uintptr_t)ctx, .sg_list = &sge, .num_sge = len ? 1 : 0,
-		.opcode = IBV_WR_SEND_WITH_IMM, .imm_data = htonl(imm),
-	};
-	int rc;
+	struct fab_wr w = { .kind = FAB_WR_SEND_IMM, .buf = buf, .len = len,
+			    .desc = desc ? &desc : NULL, .imm = imm };
 
-	if (c->fab->iwarp)
-		return -EOPNOTSUPP;
-	if (m)
-		sge.lkey = m->lkey;
-	else if (len <= c->max_inline)
-		wr.send_flags |= len ? IBV_SEND_INLINE : 0;
-	else
-		return -EINVAL;
-	rc = tx_reserve(c, 1);
-	if (!rc)
-		rc = post_chain(c, &wr, &wr, 1);
-	return rc;
+	return nat_post(c, &w, 1, ctx);
 }
 
 static int nat_send_inv(struct fab_con *c, uint32_t rkey, void *ctx)
 {
-	struct ibv_send_wr wr = {
-		.wr_id = (uintptr_t)ctx, .opcode = IBV_WR_SEND_WITH_INV,
-		.invalidate_rkey = rkey,
-	};
-	int rc = tx_reserve(c, 1);
+	struct fab_wr w = { .kind = FAB_WR_SEND_INV, .rkey = rkey };
 
-	if (!rc)
-		rc = post_chain(c, &wr, &wr, 1);
-	return rc;
+	return nat_post(c, &w, 1, ctx);
 }
 
 const struct fab_ops fab_rdma_ops = {
@@ -1521,4 +1706,8 @@ const struct fab_ops fab_rdma_ops = {
 	.send = nat_send,
 	.send_imm = nat_send_imm,
 	.send_inv = nat_send_inv,
+	.post = nat_post,
+	.win_alloc = nat_win_alloc,
+	.win_free = nat_win_free,
+	.win_bind = nat_win_bind,
 };

@@ -68,3 +68,31 @@ const struct fab_ops *fab_impl(const char *prov)
 		return &fab_rdma_ops;
 	return &fab_ofi_ops;
 }
+
+/* A fabric without chains posts one operation through its single calls. */
+static int post_one(struct fab_con *c, const struct fab_wr *w, void *ctx)
+{
+	const struct fab_ops *o = fab_ops_of(c);
+
+	switch (w->kind) {
+	case FAB_WR_WRITE:
+		return o->write(c, w->iov, w->desc, w->iov_cnt, w->rma, w->rma_cnt, w->with_imm,
+				w->imm, ctx);
+	case FAB_WR_WRITE_IMM:
+		return o->write_imm(c, w->buf, w->len, w->addr, w->key, w->imm, ctx);
+	case FAB_WR_SEND_IMM:
+		return fab_send_imm(c, w->buf, w->len, w->desc ? w->desc[0] : NULL, w->imm, ctx);
+	case FAB_WR_SEND_INV:
+		return fab_send_inv(c, w->rkey, ctx);
+	}
+	return -EINVAL;
+}
+
+int fab_post(struct fab_con *c, const struct fab_wr *wrs, size_t n, void *ctx)
+{
+	const struct fab_ops *o = fab_ops_of(c);
+
+	if (o->post)
+		return o->post(c, wrs, n, ctx);
+	return n == 1 ? post_one(c, wrs, ctx) : -EOPNOTSUPP;
+}

@@ -52,6 +52,9 @@ struct fab_attr {
 				    before an endpoint exists) */
 	bool send_imm;       /* fab_send_imm: a message carrying an immediate */
 	bool send_inv;       /* fab_send_inv: an empty message invalidating a peer's key */
+	bool chain;          /* fab_post takes several operations as one post */
+	unsigned win_binds;  /* memory windows (fab_win_*): binds a window takes before
+				a key of it could come back; 0: no windows */
 };
 
 enum fab_mr_access {
@@ -64,6 +67,7 @@ enum fab_mr_access {
 	 * A provider that picks keys itself (verbs) gives what it gives.
 	 */
 	FAB_MR_KEY64 = 1 << 2,
+	FAB_MR_BIND = 1 << 3,         /* memory windows may be bound onto it */
 };
 
 struct fab_mr {
@@ -74,6 +78,20 @@ struct fab_mr {
 	uint64_t base;  /* what the peer adds offsets to: VA (verbs) or 0 (tcp) */
 	uint64_t key;   /* remote key: fits 32 bits unless FAB_MR_KEY64 */
 	void *priv;     /* provider object */
+};
+
+/*
+ * A memory window (type 1): remote write access to a range of a region
+ * registered with FAB_MR_BIND, under a key that work requests change on
+ * any connection of the fab, with no system call: fab_win_bind gives it a
+ * new key, a bind of length 0 takes its key away. The key of each bind is
+ * new to the window for fab_attr.win_binds binds.
+ */
+struct fab_win {
+	const struct fab_ops *ops; /* NULL: none */
+	uint64_t key;   /* of the last bind posted */
+	unsigned binds; /* posted since it was allocated */
+	void *priv;
 };
 
 /* Callbacks from a connection's completion thread. */
@@ -112,6 +130,32 @@ struct fab_rma {
 	uint64_t addr;  /* peer base + offset */
 	uint64_t len;
 	uint64_t key;
+};
+
+/*
+ * One operation of a chain for fab_post: what fab_write, fab_write_imm,
+ * fab_send_imm and fab_send_inv post alone, with the same arguments.
+ */
+enum fab_wr_kind {
+	FAB_WR_WRITE,     /* iov/desc/iov_cnt to rma/rma_cnt; with_imm: imm with it */
+	FAB_WR_WRITE_IMM, /* buf/len (inline) to addr/key, with imm */
+	FAB_WR_SEND_IMM,  /* the message buf/len (desc[0], or inline), with imm */
+	FAB_WR_SEND_INV,  /* an empty message invalidating the peer's rkey */
+};
+
+struct fab_wr {
+	enum fab_wr_kind kind;
+	const struct iovec *iov;
+	void *const *desc;
+	size_t iov_cnt;
+	const struct fab_rma *rma;
+	size_t rma_cnt;
+	const void *buf;
+	size_t len;
+	uint64_t addr, key;
+	bool with_imm;
+	uint32_t imm;
+	uint32_t rkey;
 };
 
 /*
@@ -161,6 +205,11 @@ struct fab_ops {
 	int (*send_imm)(struct fab_con *c, const void *buf, size_t len, void *desc, uint32_t imm,
 			void *ctx);
 	int (*send_inv)(struct fab_con *c, uint32_t rkey, void *ctx);
+	int (*post)(struct fab_con *c, const struct fab_wr *wrs, size_t n, void *ctx);
+	int (*win_alloc)(struct fab *f, struct fab_win *w);
+	void (*win_free)(struct fab_win *w);
+	int (*win_bind)(struct fab_con *c, struct fab_win *w, const struct fab_mr *mr, void *buf,
+			size_t len, void *ctx);
 };
 
 /* The libfabric implementation (rtrs-fabric-ofi.c): tcp. */
@@ -228,6 +277,20 @@ static inline void fab_mr_dereg(struct fab_mr *mr)
 {
 	if (mr && mr->ops)
 		mr->ops->mr_dereg(mr);
+}
+
+/* A memory window, not bound yet; -EOPNOTSUPP where fab_attr.win_binds is 0. */
+static inline int fab_win_alloc(struct fab *f, struct fab_win *w)
+{
+	const struct fab_ops *o = fab_ops_of(f);
+
+	return o->win_alloc ? o->win_alloc(f, w) : -EOPNOTSUPP;
+}
+/* Frees w: its key is dead once this returns (also the way out after a failed bind). */
+static inline void fab_win_free(struct fab_win *w)
+{
+	if (w && w->ops)
+		w->ops->win_free(w);
 }
 
 /* ---- listening --------------------------------------------------------------- */
@@ -426,5 +489,29 @@ static inline int fab_send_inv(struct fab_con *c, uint32_t rkey, void *ctx)
 
 	return o->send_inv ? o->send_inv(c, rkey, ctx) : -EOPNOTSUPP;
 }
+
+/*
+ * Binds w to [buf, buf + len) of mr for remote writes under a new key
+ * (w->key), by a work request on c: ordered before what c posts next, so
+ * a message posted after it may hand the key out. len 0 takes w's key
+ * away; ctx asks for done(ctx) once the bind has taken effect, after which
+ * no write with the old key lands. -EAGAIN when c's send queue is full.
+ */
+static inline int fab_win_bind(struct fab_con *c, struct fab_win *w, const struct fab_mr *mr,
+			       void *buf, size_t len, void *ctx)
+{
+	const struct fab_ops *o = fab_ops_of(c);
+
+	return o->win_bind ? o->win_bind(c, w, mr, buf, len, ctx) : -EOPNOTSUPP;
+}
+
+/*
+ * Posts wrs[0..n) in order, as one post where fab_attr.chain says the
+ * fabric can (one doorbell for a response's data, invalidation and
+ * immediate, as the kernel's server posts them): all or nothing, -EAGAIN
+ * when the send queue has no room for all. ctx asks for one completion,
+ * after the last. Without chain, n must be 1.
+ */
+int fab_post(struct fab_con *c, const struct fab_wr *wrs, size_t n, void *ctx);
 
 #endif

@@ -39,30 +39,22 @@ static void op_finish(struct rtrs_srv_op *op, struct srv_path *p)
 }
 
 /*
- * Posts the last write of a response, prepared in locals (inject: iov is
- * small enough to go inline with the immediate). The op turns SENT
- * first, since the client may answer the response at once; nothing of the
- * op is read after that. On failure the op goes back to RESPONDING, unless
- * a request took it meanwhile, which only a client that reuses a chunk
- * before its response can do: then the response is dropped and -EPROTO
- * fails the path.
+ * Posts the end of a response: wrs[0..n), the last carrying the response
+ * immediate (more than one only where the fabric chains them). The op
+ * turns SENT first, since the client may answer the response at once;
+ * nothing of the op is read after that. On failure the op goes back to
+ * RESPONDING, unless a request took it meanwhile, which only a client that
+ * reuses a chunk before its response can do: then the response is dropped
+ * and -EPROTO fails the path.
  */
 static int op_post_last(struct rtrs_srv_op *op, struct srv_path *p, struct fab_con *fc,
-			const struct iovec *iov, void *const *desc, size_t iov_cnt,
-			const struct fab_rma *rma, size_t rma_cnt, uint32_t imm, bool inject)
+			const struct fab_wr *wrs, size_t n)
 {
 	int expected = OP_SENT;
 	int rc;
 
 	atomic_store(&op->state, OP_SENT);
-	if (!rma && iov_cnt) /* a message with the immediate, copied at once (kinval) */
-		rc = fab_send_imm(fc, iov->iov_base, iov->iov_len, NULL, imm, NULL);
-	else if (inject) /* small: copied with the immediate in one injected write */
-		rc = fab_write_imm_data(fc, iov->iov_base, iov->iov_len, rma->addr, rma->key, imm);
-	else if (rma_cnt)
-		rc = fab_write(fc, iov, desc, iov_cnt, rma, rma_cnt, true, imm, NULL);
-	else
-		rc = fab_write_imm(fc, p->base.peer_imm.addr, p->base.peer_imm.key, imm);
+	rc = fab_post(fc, wrs, n, NULL);
 	if (!rc) {
 		op_finish(op, p);
 		return 0;
@@ -82,8 +74,9 @@ static void op_drop(struct rtrs_srv_op *op, struct srv_path *p)
 {
 	struct rtrs_srv_sess *s = op->sess;
 
-	if (s->inval && !op->rekeyed) {
-		int rc = srv_chunk_rekey(s, srv_op_keys(op), op->id);
+	/* A kernel client's keys are its path's, which is going away. */
+	if (s->inval && !s->kinval && !op->rekeyed) {
+		int rc = srv_chunk_rekey(s, srv_op_keys(op), op->id, NULL);
 
 		if (rc)
 			log_err_rl("%s: chunk %u keeps no key: %s", s->name, op->id, strerror(-rc));
@@ -92,19 +85,34 @@ static void op_drop(struct rtrs_srv_op *op, struct srv_path *p)
 	op_finish(op, p);
 }
 
+/* A response's operations, built before they are posted. */
+#define RESP_WR_MAX 8
+#define RESP_RMA_MAX 8 /* remote ranges per write, at most */
+
+struct resp_chain {
+	struct fab_wr wr[RESP_WR_MAX];
+	struct iovec iov[RESP_WR_MAX][2];
+	void *desc[RESP_WR_MAX][2];
+	struct fab_rma rma[RESP_WR_MAX][RESP_RMA_MAX + 1];
+	size_t n;
+};
+
 /*
  * Posts what is left of op's response: read data to the client's buffers,
  * at most rma_iov_limit descriptors per write, the last one with the
  * response immediate; or an empty write with it. With always_invalidate
  * the immediate comes with the chunk's new key, written into the client's
- * key slot for the chunk. 0 when all is posted.
+ * key slot for the chunk. Where the fabric chains operations (verbs) the
+ * whole response is one post, as the kernel's server makes it; elsewhere
+ * each goes alone and op records how far it got. 0 when all is posted.
  */
 static int op_post(struct rtrs_srv_op *op)
 {
 	struct srv_path *p = op->path;
 	struct rtrs_srv_sess *s = op->sess;
 	struct fab_con *fc = op->con->c.fc;
-	size_t per = MIN(fab_attr(s->ctx->fab)->rma_iov_limit, 8);
+	const struct fab_attr *a = fab_attr(s->ctx->fab);
+	size_t per = MIN(a->rma_iov_limit, RESP_RMA_MAX);
 	bool data = op->dir == RTRS_READ && !op->err && op->data_len && op->sg_cnt;
 	/*
 	 * A read that asked for invalidation (a kernel client's: its buffer is
@@ -113,80 +121,117 @@ static int op_post(struct rtrs_srv_op *op)
 	 * type IO_RSP_W_INV. Without the SEND_WITH_INV the kernel client
 	 * invalidates the key itself, with a warning on its console.
 	 */
-	bool inv = op->need_inval && fab_attr(s->ctx->fab)->send_inv;
+	bool inv = op->need_inval && a->send_inv;
 	uint32_t imm = inv ? rtrs_to_io_rsp_w_inv_imm(op->id, op->err) :
 			     rtrs_to_io_rsp_imm(op->id, op->err);
+	size_t sg = op->next_sg;
+	uint64_t local = op->next_local;
+	struct rtrs_msg_rkey_rsp msg;
+	struct resp_chain ch;
+	struct fab_wr *w;
 	int rc;
 
 	if (s->inval && !op->rekeyed) {
-		rc = srv_chunk_rekey(s, srv_op_keys(op), op->id);
+		/* -EAGAIN: the window's bind met a full send queue; it waits with the rest. */
+		rc = srv_chunk_rekey(s, srv_op_keys(op), op->id, fc);
 		if (rc)
-			return rc == -EAGAIN ? -ENOMEM : rc;
+			return rc;
 		op->rekeyed = true;
 	}
-	while (data && op->next_sg < op->sg_cnt) {
-		size_t cnt = MIN((size_t)op->sg_cnt - op->next_sg, per);
-		struct fab_rma rma[8];
-		struct iovec iov[2];
-		void *desc[2] = { s->chunk_mr.desc, s->keys.msgs_mr.desc };
+	ch.n = 0;
+	while (data && sg < op->sg_cnt) {
+		size_t cnt = MIN((size_t)op->sg_cnt - sg, per), i = ch.n;
+		bool last = sg + cnt == op->sg_cnt;
 		uint64_t len = 0;
 
-		for (size_t i = 0; i < cnt; i++) {
-			const struct rtrs_desc *d = &op->sg[op->next_sg + i];
+		w = &ch.wr[i];
+		for (size_t j = 0; j < cnt; j++) {
+			const struct rtrs_desc *d = &op->sg[sg + j];
 
-			rma[i] = (struct fab_rma){ .addr = d->addr, .len = d->len, .key = d->key };
+			ch.rma[i][j] = (struct fab_rma){ .addr = d->addr, .len = d->len, .key = d->key };
 			len += d->len;
 		}
-		iov[0].iov_base = s->chunk_bases[op->id] + op->next_local;
-		iov[0].iov_len = len;
-		if (op->next_sg + cnt == op->sg_cnt && !s->inval && !inv)
-			return op_post_last(op, p, fc, iov, desc, 1, rma, cnt, imm, false);
-		if (op->next_sg + cnt == op->sg_cnt && cnt < per && !inv && !s->kinval &&
-		    fab_attr(s->ctx->fab)->iov_limit >= 2) {
+		ch.iov[i][0] = (struct iovec){ s->chunk_bases[op->id] + local, len };
+		ch.desc[i][0] = s->chunk_mr.desc;
+		*w = (struct fab_wr){ .kind = FAB_WR_WRITE, .iov = ch.iov[i], .desc = ch.desc[i],
+				      .iov_cnt = 1, .rma = ch.rma[i], .rma_cnt = cnt };
+		ch.n++;
+		if (last && !s->inval && !inv) {
+			w->with_imm = true;
+			w->imm = imm;
+			return op_post_last(op, p, fc, ch.wr, ch.n);
+		}
+		if (last && cnt < per && !inv && !s->kinval && a->iov_limit >= 2) {
 			/* The data and the chunk's new key in one write, with the immediate. */
-			iov[1].iov_base = &s->keys.msgs[op->id];
-			iov[1].iov_len = RTRS_RKEY_SLOT;
-			rma[cnt] = (struct fab_rma){
+			ch.iov[i][1] = (struct iovec){ &s->keys.msgs[op->id], RTRS_RKEY_SLOT };
+			ch.desc[i][1] = s->keys.msgs_mr.desc;
+			ch.rma[i][cnt] = (struct fab_rma){
 				.addr = p->base.peer_imm.addr + (uint64_t)op->id * RTRS_RKEY_SLOT,
 				.len = RTRS_RKEY_SLOT, .key = p->base.peer_imm.key,
 			};
-			return op_post_last(op, p, fc, iov, desc, 2, rma, cnt + 1, imm, false);
+			w->iov_cnt = 2;
+			w->rma_cnt = cnt + 1;
+			w->with_imm = true;
+			w->imm = imm;
+			return op_post_last(op, p, fc, ch.wr, ch.n);
 		}
-		rc = fab_write(fc, iov, desc, 1, rma, cnt, false, 0, NULL);
-		if (rc)
-			return rc;
-		op->next_sg += cnt;
-		op->next_local += len;
+		sg += cnt;
+		local += len;
+		/* Alone, or a chain that has no room left for the response's end. */
+		if (!a->chain || ch.n == RESP_WR_MAX - 2) {
+			rc = fab_post(fc, ch.wr, ch.n, NULL);
+			if (rc)
+				return rc;
+			op->next_sg = sg;
+			op->next_local = local;
+			ch.n = 0;
+		}
 	}
 	if (inv && !op->inv_sent) {
-		rc = fab_send_inv(fc, (uint32_t)op->sg[0].key, NULL);
-		if (rc)
-			return rc;
-		op->inv_sent = true;
+		ch.wr[ch.n++] = (struct fab_wr){ .kind = FAB_WR_SEND_INV,
+						 .rkey = (uint32_t)op->sg[0].key };
+		if (!a->chain) {
+			rc = fab_post(fc, ch.wr, ch.n, NULL);
+			if (rc)
+				return rc;
+			op->inv_sent = true;
+			ch.n = 0;
+		}
 	}
+	w = &ch.wr[ch.n++];
 	if (s->kinval) {
 		/*
 		 * The kernel's way: the chunk's new key in an RKEY_RSP, sent with
 		 * the response's immediate (its client reads the message, then
 		 * the immediate).
 		 */
-		struct rtrs_msg_rkey_rsp msg;
-		struct iovec iov = { .iov_base = &msg, .iov_len = sizeof(msg) };
-
 		rtrs_rkey_rsp_encode(&msg, op->id, (uint32_t)srv_chunk_key(s, &p->keys, op->id));
-		return op_post_last(op, p, fc, &iov, NULL, 1, NULL, 0, imm, false);
-	}
-	if (s->inval) {
-		struct iovec iov = { .iov_base = &s->keys.msgs[op->id], .iov_len = RTRS_RKEY_SLOT };
-		struct fab_rma rma = {
+		*w = (struct fab_wr){ .kind = FAB_WR_SEND_IMM, .buf = &msg, .len = sizeof(msg),
+				      .imm = imm };
+	} else if (s->inval && a->inject_size >= RTRS_RKEY_SLOT) {
+		/* Small: copied with the immediate in one injected write. */
+		*w = (struct fab_wr){
+			.kind = FAB_WR_WRITE_IMM, .buf = &s->keys.msgs[op->id], .len = RTRS_RKEY_SLOT,
+			.addr = p->base.peer_imm.addr + (uint64_t)op->id * RTRS_RKEY_SLOT,
+			.key = p->base.peer_imm.key, .imm = imm,
+		};
+	} else if (s->inval) {
+		size_t i = ch.n - 1;
+
+		ch.iov[i][0] = (struct iovec){ &s->keys.msgs[op->id], RTRS_RKEY_SLOT };
+		ch.desc[i][0] = s->keys.msgs_mr.desc;
+		ch.rma[i][0] = (struct fab_rma){
 			.addr = p->base.peer_imm.addr + (uint64_t)op->id * RTRS_RKEY_SLOT,
 			.len = RTRS_RKEY_SLOT, .key = p->base.peer_imm.key,
 		};
-
-		return op_post_last(op, p, fc, &iov, &s->keys.msgs_mr.desc, 1, &rma, 1, imm,
-				    fab_attr(s->ctx->fab)->inject_size >= RTRS_RKEY_SLOT);
+		*w = (struct fab_wr){ .kind = FAB_WR_WRITE, .iov = ch.iov[i], .desc = ch.desc[i],
+				      .iov_cnt = 1, .rma = ch.rma[i], .rma_cnt = 1,
+				      .with_imm = true, .imm = imm };
+	} else {
+		*w = (struct fab_wr){ .kind = FAB_WR_WRITE_IMM, .addr = p->base.peer_imm.addr,
+				      .key = p->base.peer_imm.key, .imm = imm };
 	}
-	return op_post_last(op, p, fc, NULL, NULL, 0, NULL, 0, imm, false);
+	return op_post_last(op, p, fc, ch.wr, ch.n);
 }
 
 /* Completion thread (kick): a response that met a full send queue. */
@@ -246,6 +291,19 @@ int rtrs_srv_resp_rdma(struct rtrs_srv_op *op, int err)
 	return rc;
 }
 
+/* Hands op's request to the user, the chunk's data now the server's alone. */
+static void op_deliver(struct rtrs_srv_op *op)
+{
+	struct rtrs_srv_ctx *ctx = op->sess->ctx;
+	char *base = op->sess->chunk_bases[op->id];
+	int rc;
+
+	rc = ctx->ops.rdma_ev(ctx->ops.priv, op, op->dir, base, op->data_len,
+			      base + op->data_len, op->usr_len);
+	if (rc)
+		rtrs_srv_resp_rdma(op, rc < 0 ? rc : -rc);
+}
+
 static void srv_handle_req(struct srv_con *con, uint32_t payload)
 {
 	struct srv_path *p = con->path;
@@ -259,7 +317,6 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 	const char *why = NULL;
 	uint32_t chunk;
 	int state, rc;
-	char *base;
 
 	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED) {
 		log_err_rl("%s: IO before the path is established", path_name(p));
@@ -288,26 +345,61 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 		}
 	} while (!atomic_compare_exchange_weak(&op->state, &state, OP_BUSY));
 	atomic_fetch_add(&p->base.inflight, 1);
-	if (s->inval) {
-		/* Before the user sees the data: the client can no longer write it. */
-		op->path = p;
-		srv_chunk_revoke(s, srv_op_keys(op), req.chunk);
-		op->rekeyed = false;
-	}
 	op->path = p;
 	op->con = con;
 	op->dir = req.type == RTRS_MSG_READ ? RTRS_READ : RTRS_WRITE;
 	op->data_len = req.data_len;
+	op->usr_len = req.usr_len;
 	op->sg_cnt = req.sg_cnt;
 	op->need_inval = op->dir == RTRS_READ && (req.flags & RTRS_MSG_NEED_INVAL_F) &&
 			 req.sg_cnt == 1;
 	if (req.sg_cnt)
 		memcpy(op->sg, req.sg, req.sg_cnt * sizeof(*op->sg));
-	base = s->chunk_bases[req.chunk];
-	rc = s->ctx->ops.rdma_ev(s->ctx->ops.priv, op, op->dir, base, req.data_len,
-				 base + req.data_len, req.usr_len);
-	if (rc)
-		rtrs_srv_resp_rdma(op, rc < 0 ? rc : -rc);
+	if (s->inval) {
+		/* Before the user sees the data: the client can no longer write it. */
+		op->rekeyed = false;
+		atomic_store(&op->revoking, true);
+		if (srv_chunk_revoke(s, srv_op_keys(op), req.chunk, con->c.fc, op) > 0)
+			return; /* srv_op_revoked goes on */
+		atomic_store(&op->revoking, false);
+	}
+	op_deliver(op);
+}
+
+/* The chunk's old key is dead: a window's unbind completed (completion thread). */
+static void srv_op_revoked(struct rtrs_srv_op *op)
+{
+	if (atomic_exchange(&op->revoking, false))
+		op_deliver(op);
+}
+
+/* fab_con_ops.done: a heartbeat's acknowledgement left, or a chunk's unbind completed. */
+void srv_con_done(void *priv, void *ctx)
+{
+	struct srv_con *con = container_of((struct rtrs_con *)priv, struct srv_con, c);
+	struct rtrs_srv_sess *s = con->path->sess;
+
+	if (rtrs_hb_done(&con->path->base.hb, ctx))
+		return;
+	if (s->ops && ctx >= (void *)s->ops && ctx < (void *)(s->ops + s->queue_depth))
+		srv_op_revoked(ctx);
+}
+
+/*
+ * Loop thread, once p's connections are destroyed: requests whose unbind
+ * was still on its way will not get its completion. They end unanswered;
+ * the client fails them over or reports them.
+ */
+void srv_ops_abandon(struct srv_path *p)
+{
+	struct rtrs_srv_sess *s = p->sess;
+
+	for (uint32_t i = 0; s->ops && i < s->queue_depth; i++) {
+		struct rtrs_srv_op *op = &s->ops[i];
+
+		if (op->path == p && atomic_exchange(&op->revoking, false))
+			op_drop(op, p);
+	}
 }
 
 /* rtrs_path_ops.io_imm: a request. */

@@ -8,6 +8,13 @@
  * response; a kernel client gets its path's, 32 bits, in an RKEY_RSP sent
  * with each response, as the kernel's server does (a key per chunk and
  * path: a rotation on one path leaves the other paths' keys as they are).
+ *
+ * Where the fabric has memory windows (rxe), a kernel client's chunk keys
+ * move onto them at their first rotation, as the kernel's server rotates
+ * with work requests: the revocation is an unbind posted on the request's
+ * connection (the request waits for its completion), the new key a bind
+ * posted before the response. No system call per IO, where a region
+ * deregistered and registered again costs two that pin and unpin pages.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -27,6 +34,11 @@ int srv_keys_setup(struct rtrs_srv_sess *s, struct srv_keys *k, bool records)
 	int rc = 0;
 
 	k->mrs = calloc(qd, sizeof(*k->mrs));
+	if (!records && fab_attr(s->ctx->fab)->win_binds) {
+		k->wins = calloc(qd, sizeof(*k->wins));
+		if (!k->wins)
+			return -ENOMEM;
+	}
 	k->key = calloc(qd, sizeof(*k->key));
 	k->hist = calloc((size_t)qd * RTRS_KEY_HISTORY, sizeof(*k->hist));
 	k->gen = calloc(qd, sizeof(*k->gen));
@@ -38,14 +50,18 @@ int srv_keys_setup(struct rtrs_srv_sess *s, struct srv_keys *k, bool records)
 		rc = fab_mr_reg(s->ctx->fab, k->msgs, (size_t)qd * RTRS_RKEY_SLOT, FAB_MR_LOCAL,
 				&k->msgs_mr);
 	for (uint32_t i = 0; !rc && i < qd; i++)
-		rc = srv_chunk_rekey(s, k, i);
+		rc = srv_chunk_rekey(s, k, i, NULL);
 	return rc;
 }
 
 void srv_keys_release(struct rtrs_srv_sess *s, struct srv_keys *k)
 {
+	for (uint32_t i = 0; k->wins && i < s->queue_depth; i++)
+		fab_win_free(&k->wins[i]);
 	for (uint32_t i = 0; k->mrs && i < s->queue_depth; i++)
 		fab_mr_dereg(&k->mrs[i]);
+	free(k->wins);
+	k->wins = NULL;
 	fab_mr_dereg(&k->msgs_mr);
 	free(k->mrs);
 	free(k->key);
@@ -59,14 +75,28 @@ void srv_keys_release(struct rtrs_srv_sess *s, struct srv_keys *k)
 	k->msgs = NULL;
 }
 
-/* Revokes chunk id's key: from now on a write with it is refused. */
-void srv_chunk_revoke(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id)
+/*
+ * Revokes chunk id's key: from now on a write with it is refused. 0 when
+ * that holds on return; 1 when it holds once the unbind of the chunk's
+ * window, posted on fc, completes (done(ctx) on fc's thread).
+ */
+int srv_chunk_revoke(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id,
+		     struct fab_con *fc, void *ctx)
 {
+	struct fab_win *w = k->wins ? &k->wins[id] : NULL;
+
 	pthread_mutex_lock(&s->key_lock);
 	k->gen[id] = gen_next(k->gen[id]);
 	k->key[id] = 0;
 	pthread_mutex_unlock(&s->key_lock);
 	fab_mr_dereg(&k->mrs[id]);
+	if (!w || !w->ops)
+		return 0;
+	if (fc && w->binds < fab_attr(s->ctx->fab)->win_binds &&
+	    !fab_win_bind(fc, w, &s->chunk_mr, s->chunk_bases[id], 0, ctx))
+		return 1;
+	fab_win_free(w); /* freed, its key is dead too */
+	return 0;
 }
 
 /*
@@ -84,19 +114,87 @@ static bool chunk_key_recent(const struct srv_keys *k, uint32_t id, uint64_t key
 	return false;
 }
 
-/* Registers chunk id again under a key never used before; records it for the client. */
-int srv_chunk_rekey(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id)
+/* Chunk id's new key, for the client: never one of its last few. */
+static void chunk_key_set(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id, uint64_t key)
 {
 	uint64_t *h = &k->hist[(size_t)id * RTRS_KEY_HISTORY];
+
+	memmove(h + 1, h, (RTRS_KEY_HISTORY - 1) * sizeof(*h));
+	h[0] = key;
+	pthread_mutex_lock(&s->key_lock);
+	k->gen[id] = gen_next(k->gen[id]);
+	k->key[id] = key;
+	if (k->msgs)
+		rtrs_new_rkey_encode(&k->msgs[id], id, k->gen[id], key);
+	pthread_mutex_unlock(&s->key_lock);
+	atomic_fetch_add_explicit(&s->ctx->st.key_rotations, 1, memory_order_relaxed);
+}
+
+/*
+ * Binds chunk id's window under a new key by a work request on fc, the
+ * window replaced by a new one before its keys could come back. A key
+ * among the chunk's last few (a device that hands one back) is bound over
+ * at once, on the same connection, before anything can use it.
+ */
+static int chunk_bind(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id,
+		      struct fab_con *fc)
+{
+	struct fab_win *w = &k->wins[id];
+	unsigned limit = fab_attr(s->ctx->fab)->win_binds;
+	int rc;
+
+	for (int tries = 0;; tries++) {
+		if (w->ops && w->binds >= limit)
+			fab_win_free(w);
+		if (!w->ops) {
+			rc = fab_win_alloc(s->ctx->fab, w);
+			if (rc)
+				return rc;
+		}
+		rc = fab_win_bind(fc, w, &s->chunk_mr, s->chunk_bases[id], s->chunk_size, NULL);
+		if (rc) {
+			if (rc != -EAGAIN)
+				fab_win_free(w);
+			return rc;
+		}
+		if (!chunk_key_recent(k, id, w->key))
+			break;
+		if (tries == 64) {
+			log_err_rl("%s: the device keeps handing back revoked keys for chunk %u",
+				   s->name, id);
+			return -EKEYREVOKED;
+		}
+	}
+	chunk_key_set(s, k, id, w->key);
+	return 0;
+}
+
+/*
+ * Gives chunk id a key never used before and records it for the client:
+ * its window bound again by a work request on fc where it has one (fc:
+ * the connection the response goes on, -EAGAIN when its send queue is
+ * full), else its memory region registered again.
+ */
+int srv_chunk_rekey(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id, struct fab_con *fc)
+{
 	/* A kernel client's keys are 32 bits: the device's own, as verbs gives them. */
 	unsigned access = FAB_MR_REMOTE_WRITE | (k->msgs ? FAB_MR_KEY64 : 0);
 	struct fab_mr mr;
 	int rc, tries = 0;
 
+	if (k->wins && fc) {
+		rc = chunk_bind(s, k, id, fc);
+		if (!rc || rc == -EAGAIN || rc == -EKEYREVOKED)
+			return rc;
+		log_warn_rl("%s: chunk %u: no memory window (%s): its region is registered again",
+			    s->name, id, strerror(-rc));
+	}
+	if (k->wins)
+		fab_win_free(&k->wins[id]);
 	for (;;) {
 		rc = fab_mr_reg(s->ctx->fab, s->chunk_bases[id], s->chunk_size, access, &mr);
 		if (rc)
-			return rc;
+			return rc == -EAGAIN ? -ENOMEM : rc;
 		if (!chunk_key_recent(k, id, mr.key))
 			break;
 		fab_mr_dereg(&mr);
@@ -106,16 +204,8 @@ int srv_chunk_rekey(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id)
 			return -EKEYREVOKED;
 		}
 	}
-	memmove(h + 1, h, (RTRS_KEY_HISTORY - 1) * sizeof(*h));
-	h[0] = mr.key;
-	pthread_mutex_lock(&s->key_lock);
 	k->mrs[id] = mr;
-	k->gen[id] = gen_next(k->gen[id]);
-	k->key[id] = mr.key;
-	if (k->msgs)
-		rtrs_new_rkey_encode(&k->msgs[id], id, k->gen[id], mr.key);
-	pthread_mutex_unlock(&s->key_lock);
-	atomic_fetch_add_explicit(&s->ctx->st.key_rotations, 1, memory_order_relaxed);
+	chunk_key_set(s, k, id, mr.key);
 	return 0;
 }
 

@@ -26,6 +26,8 @@ struct srv_con;
  */
 struct srv_keys {
 	struct fab_mr *mrs;
+	struct fab_win *wins;       /* a kernel client's, where the fabric has windows: a
+				       chunk's key moves onto one at its first rotation */
 	uint64_t *key;
 	uint64_t *hist;             /* RTRS_KEY_HISTORY last keys per chunk, newest first */
 	uint32_t *gen;
@@ -47,6 +49,8 @@ struct rtrs_srv_op {
 	size_t next_sg;             /* posting progress after -EAGAIN */
 	uint64_t next_local;
 	bool rekeyed;               /* always_invalidate: the chunk has its new key */
+	atomic_bool revoking;       /* ... its old key's unbind is on its way (srv_op_revoked) */
+	uint32_t usr_len;
 	bool need_inval;            /* a read whose client asked for its key's invalidation */
 	bool inv_sent;              /* ... and the SEND_WITH_INV is out */
 	struct rtrs_pending pend;   /* waits for room in con's send queue */
@@ -195,12 +199,15 @@ static inline const char *path_name(struct srv_path *p)
 int srv_post_pending(struct rtrs_con *con, struct rtrs_pending *it);
 void srv_drop_pending(struct rtrs_con *con, struct rtrs_pending *it, int err);
 bool srv_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload);
+void srv_con_done(void *priv, void *ctx);
+void srv_ops_abandon(struct srv_path *p);
 
 /* rtrs-srv-keys.c */
 int srv_keys_setup(struct rtrs_srv_sess *s, struct srv_keys *k, bool records);
 void srv_keys_release(struct rtrs_srv_sess *s, struct srv_keys *k);
-void srv_chunk_revoke(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id);
-int srv_chunk_rekey(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id);
+int srv_chunk_revoke(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id,
+		     struct fab_con *fc, void *ctx);
+int srv_chunk_rekey(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id, struct fab_con *fc);
 void srv_chunk_keys_snapshot(struct rtrs_srv_sess *s, const struct srv_keys *k,
 			     struct rtrs_msg_new_rkey *out);
 uint64_t srv_chunk_key(struct rtrs_srv_sess *s, const struct srv_keys *k, uint32_t id);

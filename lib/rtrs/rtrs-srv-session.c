@@ -146,7 +146,7 @@ const struct fab_con_ops srv_con_ops = {
 	.down = srv_con_down,
 	.imm = rtrs_con_imm,
 	.recv = srv_con_recv,
-	.done = rtrs_con_done,
+	.done = srv_con_done,
 	.kick = rtrs_con_kick,
 };
 
@@ -222,7 +222,9 @@ static int sess_map_chunks_(struct rtrs_srv_sess *s)
 		s->ops[i].sg = &s->op_sg[(size_t)i * RTRS_MAX_READ_SG];
 		atomic_init(&s->ops[i].state, OP_FREE);
 	}
+	/* A kernel client's chunk keys may move onto windows over this region. */
 	rc = fab_mr_reg(ctx->fab, s->chunk_mem, s->chunk_bytes,
+			s->kinval ? FAB_MR_LOCAL | FAB_MR_BIND :
 			s->inval ? FAB_MR_LOCAL : FAB_MR_REMOTE_WRITE | FAB_MR_LOCAL, &s->chunk_mr);
 	if (rc || !s->inval || s->kinval) /* a kernel client's keys are its paths' */
 		return rc;
@@ -358,6 +360,7 @@ void srv_path_stop(struct srv_path *p, int err)
 	loop_timer_arm(&p->base.hb.timer, 0, 0);
 	/* Responses that never got out are dropped: the client's path fails them. */
 	rtrs_path_destroy_cons(&p->base);
+	srv_ops_abandon(p);
 	p->cons_destroyed = true;
 	srv_path_change_state(p, RTRS_PATH_CLOSED);
 	log_info("%s: path closed: %s", path_name(p), strerror(-err));

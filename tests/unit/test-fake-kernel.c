@@ -320,16 +320,19 @@ static bool rkey_rsp_note(const struct fake_ev *ev, void *arg)
  * whose buf_id is the response's id); never a key handed out before. IO
  * goes on both paths of the session, each with its own keys.
  */
-static void kernel_client_inval(void)
+/* win: the server's fabric has memory windows, each taking 4 binds (replaced every 2 IOs). */
+static void kernel_client_inval_(bool win)
 {
 	struct m rsp_msg = { .kind = FAKE_SEND, .dir = TO_CLT, .imm = 0,
 			     .msg = MSG(RTRS_MSG_RKEY_RSP) };
 	struct m rsp_write = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
 	struct rtrs_srv_opts so;
-	uint64_t rotations;
+	struct fake_stats st;
+	uint64_t rotations, chains, regs, binds;
 	unsigned qd = 16, n;
 	struct clt c;
 
+	fake_set_windows(win ? 4 : 0);
 	srv_opts(&so); /* always_invalidate on */
 	CHECK_EQ(so.queue_depth, qd);
 	CHECK_EQ(srv_start(&so), 0);
@@ -357,9 +360,25 @@ static void kernel_client_inval(void)
 	}
 	rotations = srv_stats().key_rotations;
 	memset(&rk, 0, sizeof(rk));
+	fake_get_stats(&st);
+	chains = st.chains;
+	regs = st.regs;
+	binds = st.binds;
 	fake_hold(rkey_rsp_note, NULL); /* notes, holds nothing */
 	for (unsigned i = 0; i < 8; i++)
 		CHECK(io_roundtrip(&c, i * LEN, (uint8_t)(40 + i)), "round trip %u", i);
+	/* Each read's response, its data and its RKEY_RSP, went as one post. */
+	fake_get_stats(&st);
+	CHECK_EQ(st.chains - chains, 8);
+	if (win) {
+		/* Keys rotate by binds: no chunk is registered again (8: the client's reads). */
+		CHECK_EQ(st.regs - regs, 8);
+		CHECK(st.binds - binds >= 16, "%llu binds", (unsigned long long)(st.binds - binds));
+		CHECK(st.windows > 1, "windows replaced");
+	} else {
+		CHECK(st.regs - regs >= 8 + 16, "chunks registered again");
+		CHECK_EQ(st.binds, 0);
+	}
 	{
 		/* RNBD's session messages go on the admin connection: answered the same way. */
 		static struct io io;
@@ -392,6 +411,17 @@ static void kernel_client_inval(void)
 	}
 	CHECK_EQ(ext_msgs(), 0);
 	CHECK_EQ(env_teardown(&c), 0);
+	fake_set_windows(0);
+}
+
+static void kernel_client_inval(void)
+{
+	kernel_client_inval_(false);
+}
+
+static void kernel_client_inval_win(void)
+{
+	kernel_client_inval_(true);
 }
 
 static bool path_down(void *arg)
@@ -406,7 +436,7 @@ static bool path_down(void *arg)
  * response gave, replaced since): the write is refused, nothing of it
  * reaches the server's user or memory, and the path closes.
  */
-static void kernel_client_inval_stale(void)
+static void kernel_client_inval_stale_(bool win)
 {
 	struct m req = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_IO_REQ_IMM) };
 	struct rtrs_srv_opts so;
@@ -415,6 +445,7 @@ static void kernel_client_inval_stale(void)
 	unsigned qd = 16;
 	struct clt c;
 
+	fake_set_windows(win ? 4 : 0);
 	srv_opts(&so);
 	CHECK_EQ(srv_start(&so), 0);
 	atomic_store(&rtrs_test_kernel_clt, true);
@@ -461,6 +492,21 @@ static void kernel_client_inval_stale(void)
 		CHECK_EQ(fake_wait(path_down, &c, "the path to close"), 0);
 	}
 	CHECK_EQ(env_teardown(&c), 0);
+	fake_set_windows(0);
+}
+
+static void kernel_client_inval_stale(void)
+{
+	kernel_client_inval_stale_(false);
+}
+
+/*
+ * The same with windows: the info response's key dies with the chunk's
+ * region at its first rotation, after which the chunk's keys are a window's.
+ */
+static void kernel_client_inval_stale_win(void)
+{
+	kernel_client_inval_stale_(true);
 }
 
 /* Without messages with immediates (iWARP) the kernel's scheme cannot be played: refused. */
@@ -890,6 +936,8 @@ static const struct scenario scenarios[] = {
 	{ "kernel_client_auth_required", kernel_client_auth_required },
 	{ "kernel_client_inval", kernel_client_inval },
 	{ "kernel_client_inval_stale", kernel_client_inval_stale },
+	{ "kernel_client_inval_win", kernel_client_inval_win },
+	{ "kernel_client_inval_stale_win", kernel_client_inval_stale_win },
 	{ "kernel_client_inval_refused", kernel_client_inval_refused },
 	{ "kernel_client_name_taken", kernel_client_name_taken },
 	{ "ext_mismatch", ext_mismatch },
