@@ -90,6 +90,12 @@ kg_load_client || exit 1
 kg_wait A-ready 120 || exit 1
 dk=$(kg_map kern 198.18.0.1 /dev/ram0) || exit 1
 do=$(kg_map ours 198.18.0.1 ram1 1235) || exit 1
+# Both devices written whole once first: otherwise the first run of each
+# pays for its server's first touch of the memory (brd's page allocations,
+# the memory device's page faults), not for the IO path.
+for dev in "$dk" "$do"; do
+	dd if=/dev/zero of="$dev" bs=1M count=64 oflag=direct status=none || exit 1
+done
 n=0
 for r in $(seq "$runs"); do
 	for target in kernel ours; do
@@ -177,6 +183,7 @@ cat >>bench/RESULTS.md <<MD
 
 Machine: $(machine); guests Linux $(cut -d' ' -f1 /var/tmp/rtrs-vm/image/version) under TCG (1 vCPU each, no KVM), rxe on a virtual cable.
 Command: \`RUNS=$RUNS DURATION=$DURATION BS=$BS QD=$QD RW=$RW INVAL=$INVAL${SERVER_OPTS:+ SERVER_OPTS=\"$SERVER_OPTS\"} bench/kernel-rnbd.sh --record\` (medians of $RUNS runs, the two servers alternating).
+Both devices written whole once (dd, 64 MiB) before the runs.
 fio in guest B: \`--rw=$RW --bs=$BS --iodepth=$QD --ioengine=libaio --direct=1 --runtime=$DURATION\` on /dev/rnbdX, the kernel's
 rnbd-client mapping A's brd /dev/ram0 from the kernel's rnbd-server, then a 64 MiB memory device from rnbd-server
 (\`--provider verbs -m ram1:64M\`); always_invalidate $([ "$INVAL" = 1 ] && echo "on in both (the kernel's \`always_invalidate=1\`, our default)" || echo "off in both (\`always_invalidate=0\`, \`--no-invalidate\`)"). CPU: each guest's non-idle time from /proc/stat over the run,
