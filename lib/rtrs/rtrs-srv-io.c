@@ -397,7 +397,12 @@ void srv_ops_abandon(struct srv_path *p)
 	for (uint32_t i = 0; s->ops && i < s->queue_depth; i++) {
 		struct rtrs_srv_op *op = &s->ops[i];
 
-		if (op->path == p && atomic_exchange(&op->revoking, false))
+		/*
+		 * Other paths' threads use other ops meanwhile: op->path is read
+		 * only when revoking says its writer is done with it (set before).
+		 */
+		if (atomic_load(&op->revoking) && op->path == p &&
+		    atomic_exchange(&op->revoking, false))
 			op_drop(op, p);
 	}
 }
