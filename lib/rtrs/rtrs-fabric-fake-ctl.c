@@ -175,13 +175,23 @@ static struct fake_ev *find_locked(fake_pred pred, void *arg)
 	return NULL;
 }
 
+/* From a fake_wait condition the lock is ours already. */
+static bool lock_unless_held(void)
+{
+	if (fk_locked())
+		return false;
+	fk_lock();
+	return true;
+}
+
 struct fake_ev *fake_find(fake_pred pred, void *arg)
 {
+	bool locked = lock_unless_held();
 	struct fake_ev *ev;
 
-	fk_lock();
 	ev = find_locked(pred, arg);
-	fk_unlock();
+	if (locked)
+		fk_unlock();
 	return ev;
 }
 
@@ -430,15 +440,6 @@ void fake_notify(void)
 	fk_lock();
 	pthread_cond_broadcast(&fk_net.cond);
 	fk_unlock();
-}
-
-/* From a fake_wait condition the lock is ours already. */
-static bool lock_unless_held(void)
-{
-	if (fk_locked())
-		return false;
-	fk_lock();
-	return true;
 }
 
 unsigned fake_delivered(fake_pred pred, void *arg)

@@ -128,7 +128,7 @@ bool fake_any(const struct fake_ev *ev, void *arg);
 /*
  * The first queued event matching pred (NULL: any) in posting order, or
  * NULL; it is claimed: the pump leaves it alone until the test delivers
- * or drops it.
+ * or drops it. May be called from a fake_wait condition.
  */
 struct fake_ev *fake_find(fake_pred pred, void *arg);
 /* The same, waiting for one to be posted; NULL (and a log line) after FAKE_WAIT_MS. */

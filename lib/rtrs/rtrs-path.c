@@ -201,6 +201,11 @@ void rtrs_con_pending_add(struct rtrs_con *con, struct rtrs_pending *it)
 {
 	log_dbg("%s#%u: send queue full, %s %u waits", rtrs_path_name(con->path), con->cid,
 		con->path->ops->item, it->id);
+	rtrs_con_queue(con, it);
+}
+
+void rtrs_con_queue(struct rtrs_con *con, struct rtrs_pending *it)
+{
 	pthread_mutex_lock(&con->pending_lock);
 	STAILQ_INSERT_TAIL(&con->pending, it, link);
 	pthread_mutex_unlock(&con->pending_lock);

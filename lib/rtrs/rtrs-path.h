@@ -163,5 +163,7 @@ void rtrs_con_kick(void *priv);
 
 /* it met a full send queue: it waits on con, which is kicked. Any thread. */
 void rtrs_con_pending_add(struct rtrs_con *con, struct rtrs_pending *it);
+/* The same without the log: it for con's thread to post (ops->post) when kicked. */
+void rtrs_con_queue(struct rtrs_con *con, struct rtrs_pending *it);
 
 #endif

@@ -24,6 +24,23 @@
  * The op's answer is out (or dropped). Callers keep p alive: they hold its
  * post_lock for reading, or run on a thread the path's teardown waits for.
  */
+/*
+ * The op ended: a request that waits for its chunk (op_defer) goes to its
+ * connection, which runs it on its own thread (srv_post_pending).
+ */
+static void op_handover(struct rtrs_srv_op *op)
+{
+	struct rtrs_srv_sess *s = op->sess;
+
+	pthread_mutex_lock(&s->defer_lock);
+	if (op->defer_con && !op->defer_queued) {
+		op->defer_queued = true;
+		op->defer.id = op->id;
+		rtrs_con_queue(&op->defer_con->c, &op->defer);
+	}
+	pthread_mutex_unlock(&s->defer_lock);
+}
+
 static void op_finish(struct rtrs_srv_op *op, struct srv_path *p)
 {
 	struct rtrs_srv_ctx *ctx = p->sess->ctx;
@@ -34,6 +51,9 @@ static void op_finish(struct rtrs_srv_op *op, struct srv_path *p)
 	if (!atomic_compare_exchange_strong(&op->state, &expected, OP_FREE) &&
 	    expected == OP_SENT)
 		atomic_compare_exchange_strong(&op->state, &expected, OP_FREE);
+	/* After the state (op_defer stores deferred, then reads the state). */
+	if (atomic_load(&op->deferred))
+		op_handover(op);
 	if (atomic_fetch_sub(&p->base.inflight, 1) == 1 && closing)
 		loop_queue(ctx->loop, &ctx->reap_work);
 }
@@ -234,19 +254,54 @@ static int op_post(struct rtrs_srv_op *op)
 	return op_post_last(op, p, fc, ch.wr, ch.n);
 }
 
-/* Completion thread (kick): a response that met a full send queue. */
-int srv_post_pending(struct rtrs_con *con, struct rtrs_pending *it)
+static void srv_handle_req(struct srv_con *con, uint32_t payload);
+
+/* Takes op's waiting request off it (defer_lock held); its payload. */
+static uint32_t op_defer_take(struct rtrs_srv_op *op)
 {
-	return op_post(&container_of(con, struct srv_con, c)->path->sess->ops[it->id]);
+	op->defer_con = NULL;
+	op->defer_queued = false;
+	atomic_store(&op->deferred, false);
+	return op->defer_payload;
 }
 
-/* A waiting response will not go out: its post failed (err) or its connection is gone (0). */
+/*
+ * Completion thread (kick): a response that met a full send queue, or a
+ * request whose chunk was busy, now free (op_handover).
+ */
+int srv_post_pending(struct rtrs_con *con, struct rtrs_pending *it)
+{
+	struct srv_con *sc = container_of(con, struct srv_con, c);
+	struct rtrs_srv_sess *s = sc->path->sess;
+	struct rtrs_srv_op *op = &s->ops[it->id];
+	uint32_t payload;
+
+	if (it != &op->defer)
+		return op_post(op);
+	pthread_mutex_lock(&s->defer_lock);
+	payload = op_defer_take(op);
+	pthread_mutex_unlock(&s->defer_lock);
+	srv_handle_req(sc, payload);
+	return 0;
+}
+
+/*
+ * A waiting response will not go out: its post failed (err) or its
+ * connection is gone (0). A waiting request is forgotten: the client's
+ * path fails it.
+ */
 void srv_drop_pending(struct rtrs_con *con, struct rtrs_pending *it, int err)
 {
 	struct srv_path *p = container_of(con, struct srv_con, c)->path;
+	struct rtrs_srv_op *op = &p->sess->ops[it->id];
 
-	if (err != -EPROTO) /* -EPROTO: op_post_last finished it */
-		op_drop(&p->sess->ops[it->id], p);
+	if (it == &op->defer) {
+		pthread_mutex_lock(&p->sess->defer_lock);
+		op_defer_take(op);
+		pthread_mutex_unlock(&p->sess->defer_lock);
+	} else if (err != -EPROTO) { /* -EPROTO: op_post_last finished it */
+		op_drop(op, p);
+	}
 }
 
 RTRS_EXPORT
@@ -304,6 +359,69 @@ static void op_deliver(struct rtrs_srv_op *op)
 		rtrs_srv_resp_rdma(op, rc < 0 ? rc : -rc);
 }
 
+/*
+ * A kernel client sends a request again on another path when its path
+ * fails (failover), with the same chunk, which this server may still be
+ * busy with: the first try is with the user, or its unbind is on its
+ * way, and the server may not know yet that its path is gone. The
+ * kernel's server has an op per path and takes the second try at once;
+ * here it waits for the op to end (op_handover), the path it came on
+ * left up. A client of this project fences instead (no request before
+ * the fence ack): it never gets here. 0: it waits (or its path closes:
+ * dropped); -EAGAIN: the op is ours to take now; -EPROTO: a request
+ * waits for the chunk already.
+ */
+static int op_defer(struct rtrs_srv_op *op, struct srv_con *con, uint32_t payload)
+{
+	struct rtrs_srv_sess *s = op->sess;
+	struct srv_path *p = con->path;
+	int state, rc = 0;
+
+	pthread_mutex_lock(&s->defer_lock);
+	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED) {
+		rc = -ENOTCONN; /* srv_defers_cancel ran or runs: nobody would take it */
+	} else if (op->defer_con) {
+		rc = -EPROTO;
+	} else {
+		op->defer_con = con;
+		op->defer_payload = payload;
+		op->defer_queued = false;
+		atomic_store(&op->deferred, true);
+		/* After deferred (op_finish stores the state, then reads deferred). */
+		state = atomic_load(&op->state);
+		if (state != OP_BUSY && state != OP_RESPONDING) {
+			op_defer_take(op);
+			rc = -EAGAIN;
+		}
+	}
+	pthread_mutex_unlock(&s->defer_lock);
+	if (!rc)
+		log_warn_rl("%s: chunk %u is still busy with an earlier request (a failover?): "
+			    "this one waits for it", path_name(p), op->id);
+	return rc == -ENOTCONN ? 0 : rc;
+}
+
+/*
+ * Loop thread, p closing (no request defers on it any more): requests
+ * that wait on p for their chunk are forgotten; those already handed over
+ * are dropped with p's connections (srv_drop_pending).
+ */
+void srv_defers_cancel(struct srv_path *p)
+{
+	struct rtrs_srv_sess *s = p->sess;
+
+	for (uint32_t i = 0; s->ops && i < s->queue_depth; i++) {
+		struct rtrs_srv_op *op = &s->ops[i];
+
+		if (!atomic_load(&op->deferred))
+			continue;
+		pthread_mutex_lock(&s->defer_lock);
+		if (op->defer_con && op->defer_con->path == p && !op->defer_queued)
+			op_defer_take(op);
+		pthread_mutex_unlock(&s->defer_lock);
+	}
+}
+
 static void srv_handle_req(struct srv_con *con, uint32_t payload)
 {
 	struct srv_path *p = con->path;
@@ -334,16 +452,23 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 		return;
 	}
 	op = &s->ops[req.chunk];
-	state = atomic_load(&op->state);
 	/* FREE, or SENT (its response is out): both are ours. */
-	do {
+	for (;;) {
+		state = atomic_load(&op->state);
 		if (state == OP_BUSY || state == OP_RESPONDING) {
-			log_err_rl("%s: request for chunk %u which is still in use", path_name(p),
-				   req.chunk);
-			srv_fail_path(p, -EPROTO);
+			rc = s->ext ? -EPROTO : op_defer(op, con, payload);
+			if (rc == -EAGAIN)
+				continue;
+			if (rc == -EPROTO) {
+				log_err_rl("%s: request for chunk %u which is still in use",
+					   path_name(p), req.chunk);
+				srv_fail_path(p, -EPROTO);
+			}
 			return;
 		}
-	} while (!atomic_compare_exchange_weak(&op->state, &state, OP_BUSY));
+		if (atomic_compare_exchange_weak(&op->state, &state, OP_BUSY))
+			break;
+	}
 	atomic_fetch_add(&p->base.inflight, 1);
 	op->path = p;
 	op->con = con;
@@ -402,8 +527,13 @@ void srv_ops_abandon(struct srv_path *p)
 		 * only when revoking says its writer is done with it (set before).
 		 */
 		if (atomic_load(&op->revoking) && op->path == p &&
-		    atomic_exchange(&op->revoking, false))
+		    atomic_exchange(&op->revoking, false)) {
+			int busy = OP_BUSY;
+
+			/* As an answer would take it: op_finish frees RESPONDING. */
+			atomic_compare_exchange_strong(&op->state, &busy, OP_RESPONDING);
 			op_drop(op, p);
+		}
 	}
 }
 

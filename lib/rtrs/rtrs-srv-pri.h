@@ -54,6 +54,18 @@ struct rtrs_srv_op {
 	bool need_inval;            /* a read whose client asked for its key's invalidation */
 	bool inv_sent;              /* ... and the SEND_WITH_INV is out */
 	struct rtrs_pending pend;   /* waits for room in con's send queue */
+	/*
+	 * A kernel client's request for the chunk again, on another path,
+	 * while the op is still busy with its first try (op_defer): it waits
+	 * for the op to end, then runs on its own connection (defer on
+	 * defer_con's pending list). sess->defer_lock; deferred mirrors
+	 * defer_con != NULL for the op's end to look at without the lock.
+	 */
+	atomic_bool deferred;
+	struct srv_con *defer_con;
+	uint32_t defer_payload;
+	bool defer_queued;          /* on defer_con's pending list */
+	struct rtrs_pending defer;
 };
 
 struct srv_con {
@@ -155,6 +167,7 @@ struct rtrs_srv_sess {
 	uint64_t sess_id;           /* this incarnation, random */
 	struct srv_keys keys;       /* inval && ext */
 	pthread_mutex_t key_lock;   /* every srv_keys of the session */
+	pthread_mutex_t defer_lock; /* ops' deferred requests (op_defer) */
 };
 
 struct rtrs_srv_ctx {
@@ -201,6 +214,7 @@ void srv_drop_pending(struct rtrs_con *con, struct rtrs_pending *it, int err);
 bool srv_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload);
 void srv_con_done(void *priv, void *ctx);
 void srv_ops_abandon(struct srv_path *p);
+void srv_defers_cancel(struct srv_path *p);
 
 /* rtrs-srv-keys.c */
 int srv_keys_setup(struct rtrs_srv_sess *s, struct srv_keys *k, bool records);

@@ -182,6 +182,7 @@ void srv_sess_free(struct rtrs_srv_sess *s)
 	sess_unmap_chunks(s);
 	fab_mr_dereg(&s->imm_mr);
 	pthread_mutex_destroy(&s->key_lock);
+	pthread_mutex_destroy(&s->defer_lock);
 	log_info("session %s closed", s->name[0] ? s->name : "(unnamed)");
 	free(s);
 	pthread_mutex_lock(&ctx->lock);
@@ -267,6 +268,7 @@ int srv_sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, bool ext,
 	s->ext = ext;
 	memcpy(s->paths_uuid, uuid, RTRS_UUID_LEN);
 	pthread_mutex_init(&s->key_lock, NULL);
+	pthread_mutex_init(&s->defer_lock, NULL);
 	s->inval = ctx->opts.always_invalidate;
 	s->kinval = s->inval && !ext;
 	s->queue_depth = ctx->opts.queue_depth;
@@ -358,6 +360,8 @@ void srv_path_stop(struct srv_path *p, int err)
 	srv_path_change_state(p, RTRS_PATH_CLOSING);
 	rtrs_path_wrunlock(&p->base);
 	loop_timer_arm(&p->base.hb.timer, 0, 0);
+	/* Requests waiting on this path for a busy chunk: the client's path fails them. */
+	srv_defers_cancel(p);
 	/* Responses that never got out are dropped: the client's path fails them. */
 	rtrs_path_destroy_cons(&p->base);
 	srv_ops_abandon(p);

@@ -769,6 +769,219 @@ static void project_read_descs(void)
 	read_three_twice(false, 3, 1000);
 }
 
+/* ---- a kernel client's failover: the request again, on another path ------------------------- */
+
+static bool reqs_on_b(void *arg)
+{
+	struct m req_b = { .kind = FAKE_WRITE, .dir = TO_SRV, .host = "b",
+			   .imm = IMM(RTRS_IO_REQ_IMM) };
+
+	return fake_delivered(match, &req_b) > *(unsigned *)arg;
+}
+
+static bool deferred_at_least(void *arg)
+{
+	return atomic_load(&srv.nr_deferred) >= (int)(intptr_t)arg;
+}
+
+/* The write completed, or its unbind on path a is held (and claimed: here). */
+struct unbind_wait {
+	struct io *io;
+	struct fake_ev *ev;
+};
+
+static bool io_called_or_unbind_a(void *arg)
+{
+	struct m done_a = { .kind = FAKE_DONE, .dir = TO_SRV, .host = "a" };
+	struct unbind_wait *uw = arg;
+
+	if (!uw->ev)
+		uw->ev = fake_find(match, &done_a);
+	return uw->ev || atomic_load(&uw->io->calls) > 0;
+}
+
+static bool logged_waits(void *arg)
+{
+	(void)arg;
+	return env_logged("waits for it");
+}
+
+static bool srv_heard_a_down(void *arg)
+{
+	struct m down_a = { .kind = FAKE_DOWN, .dir = TO_SRV, .host = "a" };
+
+	(void)arg;
+	return fake_delivered(match, &down_a) > 0;
+}
+
+/* qd writes at once: every chunk of the session carries one. */
+static void all_chunks(struct clt *c, unsigned qd)
+{
+	static struct io io[32];
+	unsigned started = 0;
+
+	for (unsigned i = 0; i < qd && i < ARRAY_SIZE(io); i++) {
+		int rc = io_start(&io[i], c, RTRS_WRITE, RTRS_IO_CON, (10 + i % 6) * LEN, LEN,
+				  (uint8_t)(90 + i % 6));
+
+		CHECK(rc == 0, "request %u: %s", i, strerror(-rc));
+		if (rc)
+			break;
+		started++;
+	}
+	CHECK_EQ(started, qd);
+	for (unsigned i = 0; i < started; i++) {
+		CHECK_EQ(io_wait(&io[i]), 0);
+		io_put(&io[i]);
+	}
+	for (unsigned i = 0; i < 6 && i < qd; i++)
+		CHECK(area_has((10 + i) * LEN, LEN, (uint8_t)(90 + i)));
+}
+
+/*
+ * A kernel client's path fails while the server's user still holds one
+ * of its requests, and before the server hears of it: the client sends the
+ * request again on path b, for the same chunk. The kernel's server keeps
+ * an op per path and takes it; ours lets it wait for the chunk (instead
+ * of failing path b for a chunk in use), then serves it. Path b stays up
+ * and every chunk is usable after.
+ */
+static void kernel_client_failover_busy(void)
+{
+	struct m down_a = { .kind = FAKE_DOWN, .dir = TO_SRV, .host = "a" };
+	struct m req_a = { .kind = FAKE_WRITE, .dir = TO_SRV, .host = "a",
+			   .imm = IMM(RTRS_IO_REQ_IMM) };
+	struct rtrs_srv_op *op = NULL;
+	static struct io io;
+	unsigned qd = 16, nb;
+	int held = 0;
+	bool on_a = false;
+	struct clt c;
+	int rc;
+
+	if (!srv_up(false, NULL))
+		return;
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(&c, "k", "ab");
+	c.o.mp_policy = RTRS_MP_POLICY_RR;
+	CHECK_EQ(clt_open(&c), 0);
+	CHECK_EQ(rtrs_clt_peer_ext(c.sess), 0);
+	/* A request on path a that the server's user holds. */
+	atomic_store(&srv.defer, true);
+	for (int i = 0; i < 4 && !on_a; i++) {
+		unsigned na = fake_delivered(match, &req_a);
+
+		CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 2 * LEN, LEN, 7), 0);
+		CHECK_EQ(fake_wait(deferred_at_least, (void *)(intptr_t)(i + 1), "the user to hold it"),
+			 0);
+		op = atomic_load(&srv.deferred[i]);
+		held = i + 1;
+		on_a = fake_delivered(match, &req_a) > na;
+		if (!on_a) {
+			CHECK_EQ(rtrs_srv_resp_rdma(op, 0), 0);
+			CHECK_EQ(io_wait(&io), 0);
+			io_put(&io);
+		}
+	}
+	CHECK(on_a, "a request went on path a");
+	if (!on_a)
+		goto out;
+	memset(srv.area + 2 * LEN, 0, LEN);
+	/* Path a ends; the server will hear of it only later. */
+	fake_hold(match, &down_a);
+	nb = fake_delivered(match, &(struct m){ .kind = FAKE_WRITE, .dir = TO_SRV, .host = "b",
+						 .imm = IMM(RTRS_IO_REQ_IMM) });
+	CHECK(fake_fail("k", "a", -1, -ECONNRESET, -ECONNRESET) >= 1);
+	CHECK_EQ(fake_wait(failed_over, NULL, "the request to fail over"), 0);
+	CHECK_EQ(fake_advance(50), 0); /* the session's wait timer */
+	CHECK_EQ(fake_wait(reqs_on_b, &nb, "the request again on path b"), 0);
+	CHECK_EQ(fake_wait(logged_waits, NULL, "the request to wait for its chunk"), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 1, "connected"), "path b is up");
+	CHECK_EQ(atomic_load(&srv.nr_deferred), held); /* the user has not seen it again */
+	CHECK_EQ(atomic_load(&io.calls), 0);
+	/* The user answers the first try: its response goes nowhere; the second try goes on. */
+	atomic_store(&srv.defer, false);
+	rc = rtrs_srv_resp_rdma(op, 0);
+	CHECK(rc == 0 || rc == -ENOTCONN, "late answer: %s", strerror(-rc));
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	CHECK(area_has(2 * LEN, LEN, 7), "the write landed");
+	fake_hold(NULL, NULL);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 1, "connected"), "path b is still up");
+	all_chunks(&c, qd);
+	CHECK(!env_logged("still in use"), "no chunk in use twice");
+out:
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+/*
+ * The same with always_invalidate and windows, the request's unbind on
+ * path a still on its way when path a closes: the server drops that
+ * request without handing it to its user (srv_ops_abandon), and its second
+ * try, on path b, waits for the chunk and is served once.
+ */
+static void kernel_client_inval_cut_unbinding(void)
+{
+	struct m done_a = { .kind = FAKE_DONE, .dir = TO_SRV, .host = "a" };
+	struct rtrs_srv_opts so;
+	struct unbind_wait uw = { .io = NULL };
+	struct fake_ev *ev = NULL;
+	static struct io io;
+	unsigned qd = 16;
+	int evs = 0;
+	struct clt c;
+
+	fake_set_windows(4);
+	srv_opts(&so); /* always_invalidate on */
+	CHECK_EQ(srv_start(&so), 0);
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(&c, "k", "ab");
+	c.o.mp_policy = RTRS_MP_POLICY_RR;
+	CHECK_EQ(clt_open(&c), 0);
+	/* Every chunk once on each path: their keys are windows now. */
+	for (unsigned i = 0; i < 4; i++)
+		all_chunks(&c, qd);
+	/* A write whose unbind on path a is held. */
+	for (int i = 0; i < 4 && !ev; i++) {
+		fake_hold(match, &done_a);
+		evs = atomic_load(&srv.rdma_evs);
+		CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 2 * LEN, LEN, 8), 0);
+		uw = (struct unbind_wait){ .io = &io };
+		CHECK_EQ(fake_wait(io_called_or_unbind_a, &uw, "the write or its unbind on a"), 0);
+		ev = uw.ev;
+		if (!ev) {
+			fake_hold(NULL, NULL);
+			CHECK_EQ(io_wait(&io), 0);
+			io_put(&io);
+		}
+	}
+	CHECK(ev != NULL, "an unbind on path a held");
+	if (!ev)
+		goto out;
+	CHECK_EQ(atomic_load(&srv.rdma_evs), evs); /* the user waits for the unbind */
+	memset(srv.area + 2 * LEN, 0, LEN);
+	CHECK(fake_fail("k", "a", -1, -ECONNRESET, -ECONNRESET) >= 1);
+	CHECK_EQ(fake_wait(srv_heard_a_down, NULL, "the server to hear of path a's end"), 0);
+	CHECK_EQ(fake_settle(), 0); /* ... and close it */
+	CHECK_EQ(fake_deliver(ev), -ENOTCONN); /* the unbind's completion never comes */
+	fake_hold(NULL, NULL);
+	CHECK_EQ(fake_wait(failed_over, NULL, "the request to fail over"), 0);
+	CHECK_EQ(fake_advance(50), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	CHECK(area_has(2 * LEN, LEN, 8), "the write landed");
+	CHECK_EQ(atomic_load(&srv.rdma_evs), evs + 1); /* once: the first try was dropped */
+	CHECK(clt_path_is(&c, 1, "connected"), "path b is still up");
+	all_chunks(&c, qd);
+	CHECK(!env_logged("still in use"), "no chunk in use twice");
+out:
+	fake_hold(NULL, NULL);
+	CHECK_EQ(env_teardown(&c), 0);
+	fake_set_windows(0);
+}
+
 /* ---- rules for everyone ---------------------------------------------------------------------- */
 
 static bool connreq(const struct fake_ev *ev, void *arg)
@@ -939,6 +1152,8 @@ static const struct scenario scenarios[] = {
 	{ "kernel_client_inval_win", kernel_client_inval_win },
 	{ "kernel_client_inval_stale_win", kernel_client_inval_stale_win },
 	{ "kernel_client_inval_refused", kernel_client_inval_refused },
+	{ "kernel_client_failover_busy", kernel_client_failover_busy },
+	{ "kernel_client_inval_cut_unbinding", kernel_client_inval_cut_unbinding },
 	{ "kernel_client_name_taken", kernel_client_name_taken },
 	{ "ext_mismatch", ext_mismatch },
 	{ "kernel_server_fallback", kernel_server_fallback },
