@@ -22,6 +22,11 @@
 #                    rnbd-server SIGKILLed and started again under the mapped
 #                    device (the kernel client reopens it by itself), the
 #                    pattern read back, mkfs.ext4 and fsck -n
+#   kclient-ours-two-paths  the kernel client maps ram0 over two paths;
+#                    A drops the second address during a 64 MiB write: it
+#                    completes, reads back equal, IO goes on over the path
+#                    left, and no path of the server failed for a chunk in
+#                    use (a failed-over request waits for its first try)
 #   kclient-auth-refused  rnbd-server requiring authentication refuses the
 #                    kernel client: the map fails, the kernel logs -13, no
 #                    oops, the server stays up
@@ -299,6 +304,89 @@ b_kclient_auth_refused() {
 	kg_dmesg_check B
 }
 
+# The kernel's rnbd-client maps ram0 from the project's rnbd-server over
+# two paths (198.18.0.1 and 198.18.0.11, the server listening on every
+# address) and A drops the second address while B writes the pattern: the
+# kernel client fails its requests over to the first path, where the
+# server takes them even if it still holds their first try (the path left
+# up); the pattern is read back equal, written again after the cut, and
+# A's memory holds it.
+a_kclient_ours_two_paths() {
+	local pid want got
+	ip addr add 198.18.0.11/24 dev eth0
+	"$KI_BUILD/daemons/rnbd-server" --provider verbs -p 1234 -m "ram0:${MIB}M" \
+		--log-level info >"$KG_RUN/A-rnbd-server.log" 2>&1 &
+	pid=$!
+	sleep 1
+	kill -0 "$pid" 2>/dev/null
+	kg_check A-our-server-started $? "(every address)"
+	kg_signal A-ready
+	kg_wait B-cut 300 && ip addr del 198.18.0.11/24 dev eth0 && kg_log "198.18.0.11 removed"
+	kg_signal A-cut
+	kg_wait "B-written B-done" 400
+	kill -0 "$pid" 2>/dev/null
+	kg_check A-our-server-alive $?
+	kg_signal A-checked
+	kg_wait B-done 400
+	! grep -q 'still in use' "$KG_RUN/A-rnbd-server.log"
+	kg_check A-no-path-failed-for-a-busy-chunk $?
+	grep -E 'still busy|path closed|went down' "$KG_RUN/A-rnbd-server.log" | head -n 6
+	kill "$pid"
+	wait "$pid"
+	kg_check A-our-server-exit $? "(SIGTERM)"
+	kg_dmesg_check A
+}
+
+b_kclient_ours_two_paths() {
+	local dev paths up n t0 pid rc
+	kg_load_client
+	kg_check B-kernel-client-loaded $?
+	kg_pattern /tmp/pattern "$MIB"
+	kg_wait A-ready 120 || return 1
+	if ! dev=$(kg_map "$SESS" 198.18.0.1 ram0 "" path=ip:198.18.0.11); then
+		kg_check B-map 1
+		return 1
+	fi
+	paths=/sys/class/rtrs-client/$SESS/paths
+	up=$(cat "$paths"/*/state 2>/dev/null | grep -c '^connected')
+	[ "$up" -eq 2 ]
+	kg_check B-map-two-paths $? "($dev, $up paths connected)"
+	# The pattern written 4 times over: the cut lands in the middle.
+	t0=$SECONDS
+	(for _ in 1 2 3 4; do
+		dd if=/tmp/pattern of="$dev" bs=64k oflag=direct status=none || exit 1
+	done) &
+	pid=$!
+	sleep 2
+	kg_signal B-cut
+	kg_wait A-cut 60
+	kill -0 "$pid" 2>/dev/null
+	kg_check B-cut-during-the-writes $? "(cut after $((SECONDS - t0)) s)"
+	wait "$pid"
+	rc=$?
+	kg_check B-writes-through-the-cut $rc "(4 x $MIB MiB in $((SECONDS - t0)) s)"
+	for _ in $(seq 300); do
+		n=$(cat "$paths"/*/state 2>/dev/null | grep -c '^connected')
+		[ "$n" -eq 1 ] && break
+		sleep 0.1
+	done
+	[ "$n" -eq 1 ]
+	kg_check B-second-path-down $? "($n connected: $(cat "$paths"/*/state 2>/dev/null | tr '\n' ' '))"
+	dd if="$dev" of=/tmp/back bs=1M count="$MIB" iflag=direct status=none && cmp /tmp/pattern /tmp/back
+	kg_check B-readback-equals-pattern $? "($MIB MiB)"
+	kg_pattern /tmp/pattern2 8
+	dd if=/tmp/pattern2 of="$dev" bs=1M oflag=direct status=none &&
+		dd if="$dev" of=/tmp/back bs=1M count=8 iflag=direct status=none &&
+		cmp /tmp/pattern2 /tmp/back
+	kg_check B-io-after-the-cut $? "(8 MiB on the path left)"
+	rm -f /tmp/back
+	kg_signal B-written
+	kg_wait A-checked 120
+	kg_unmap "$dev"
+	kg_check B-unmap $?
+	kg_dmesg_check B
+}
+
 a_control() { kernel_server; }
 b_control() { kernel_client_verify; }
 
@@ -350,7 +438,7 @@ build=$(cd "${1:?usage: kernel-interop-suite.sh BUILD_DIR [TEST...]}" && pwd)
 shift
 tests=("$@")
 [ ${#tests[@]} -gt 0 ] || tests=(control control-noinval kclient-ours kclient-ours-noinval kclient-ours-file
-	kclient-auth-refused ours-kserver ours-kserver-noinval)
+	kclient-ours-two-paths kclient-auth-refused ours-kserver ours-kserver-noinval)
 vm=$here/rtrs-vm
 wire=$here/rtrs-wire.py
 
