@@ -1,0 +1,585 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * JSON-RPC 2.0: the stream engine (texts in, requests run, answers out)
+ * and the parameter checks. No sockets here (rpc-server.c has them), so
+ * the fuzzer drives this file alone.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rpc.h"
+
+struct rpc_stream {
+	const struct rpc_method *methods;
+	size_t nr_methods;
+	void *priv;
+	rpc_out_fn out;
+	void *out_priv;
+	struct json_tokener *tok;
+	/*
+	 * The text being parsed, as fed so far. json-c's strict mode refuses
+	 * bytes after a complete value in the same call: the text is then
+	 * parsed again alone from here (texts back to back in one read).
+	 */
+	char *text;
+	size_t text_bytes, text_cap;
+	int err;                 /* the stream is over: why */
+};
+
+int rpc_errf(struct rpc_err *err, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err) {
+		err->code = code;
+		va_start(ap, fmt);
+		vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+/* ---- parameters ---- */
+
+int rpc_params_check(struct json_object *params, const char *const *names, struct rpc_err *err)
+{
+	if (!params)
+		return 0;
+	if (!json_object_is_type(params, json_type_object))
+		return rpc_errf(err, RPC_INVALID_PARAMS, "params must be an object");
+	json_object_object_foreach(params, key, val) {
+		size_t i;
+
+		(void)val;
+		for (i = 0; names && names[i] && strcmp(names[i], key); i++)
+			;
+		if (!names || !names[i])
+			return rpc_errf(err, RPC_INVALID_PARAMS, "unknown parameter \"%.64s\"", key);
+	}
+	return 0;
+}
+
+/* The parameter called name: 0 and *v, 1 when absent and optional, or an error. */
+static int param_get(struct json_object *params, const char *name, bool required,
+		     struct json_object **v, struct rpc_err *err)
+{
+	if (params && !json_object_is_type(params, json_type_object))
+		return rpc_errf(err, RPC_INVALID_PARAMS, "params must be an object");
+	if (!params || !json_object_object_get_ex(params, name, v) || !*v) {
+		if (required)
+			return rpc_errf(err, RPC_INVALID_PARAMS, "missing parameter \"%s\"", name);
+		return 1;
+	}
+	return 0;
+}
+
+static int str_check(struct json_object *v, const char *what, const char *name,
+		     struct rpc_err *err)
+{
+	if (!json_object_is_type(v, json_type_string))
+		return rpc_errf(err, RPC_INVALID_PARAMS, "%s \"%s\" must be a string", what, name);
+	if (!json_object_get_string_len(v))
+		return rpc_errf(err, RPC_INVALID_PARAMS, "%s \"%s\" must not be empty", what, name);
+	if (strlen(json_object_get_string(v)) != (size_t)json_object_get_string_len(v))
+		return rpc_errf(err, RPC_INVALID_PARAMS, "%s \"%s\" holds a NUL byte", what, name);
+	return 0;
+}
+
+int rpc_param_str(struct json_object *params, const char *name, bool required, const char **out,
+		  struct rpc_err *err)
+{
+	struct json_object *v;
+	int rc = param_get(params, name, required, &v, err);
+
+	if (rc)
+		return rc > 0 ? 0 : rc;
+	rc = str_check(v, "parameter", name, err);
+	if (!rc)
+		*out = json_object_get_string(v);
+	return rc;
+}
+
+int rpc_param_u64(struct json_object *params, const char *name, bool required, uint64_t min,
+		  uint64_t max, uint64_t *out, struct rpc_err *err)
+{
+	struct json_object *v;
+	int rc = param_get(params, name, required, &v, err);
+	uint64_t u;
+
+	if (rc)
+		return rc > 0 ? 0 : rc;
+	if (!json_object_is_type(v, json_type_int))
+		return rpc_errf(err, RPC_INVALID_PARAMS, "parameter \"%s\" must be an integer",
+				name);
+	if (json_object_get_int64(v) < 0)
+		return rpc_errf(err, RPC_INVALID_PARAMS, "parameter \"%s\" must not be negative",
+				name);
+	u = json_object_get_uint64(v);
+	if (u < min || u > max)
+		return rpc_errf(err, RPC_INVALID_PARAMS,
+				"parameter \"%s\" is %llu, out of range %llu..%llu", name,
+				(unsigned long long)u, (unsigned long long)min,
+				(unsigned long long)max);
+	*out = u;
+	return 0;
+}
+
+int rpc_param_bool(struct json_object *params, const char *name, bool required, bool *out,
+		   struct rpc_err *err)
+{
+	struct json_object *v;
+	int rc = param_get(params, name, required, &v, err);
+
+	if (rc)
+		return rc > 0 ? 0 : rc;
+	if (!json_object_is_type(v, json_type_boolean))
+		return rpc_errf(err, RPC_INVALID_PARAMS, "parameter \"%s\" must be true or false",
+				name);
+	*out = json_object_get_boolean(v);
+	return 0;
+}
+
+int rpc_param_strs(struct json_object *params, const char *name, bool required,
+		   struct json_object **out, struct rpc_err *err)
+{
+	struct json_object *v;
+	int rc = param_get(params, name, required, &v, err);
+
+	if (rc)
+		return rc > 0 ? 0 : rc;
+	if (!json_object_is_type(v, json_type_array))
+		return rpc_errf(err, RPC_INVALID_PARAMS, "parameter \"%s\" must be an array", name);
+	for (size_t i = 0; i < json_object_array_length(v); i++) {
+		rc = str_check(json_object_array_get_idx(v, i), "an item of", name, err);
+		if (rc)
+			return rc;
+	}
+	*out = v;
+	return 0;
+}
+
+/* ---- answers ---- */
+
+static struct json_object *answer_new(struct json_object *id)
+{
+	struct json_object *a = json_object_new_object();
+
+	if (!a)
+		return NULL;
+	if (json_object_object_add(a, "jsonrpc", json_object_new_string("2.0")) ||
+	    json_object_object_add(a, "id", id ? json_object_get(id) : NULL)) {
+		json_object_put(a);
+		return NULL;
+	}
+	return a;
+}
+
+static struct json_object *answer_error(struct json_object *id, const struct rpc_err *e)
+{
+	struct json_object *a = answer_new(id), *eo = json_object_new_object(), *data = NULL;
+	int code = e->code;
+
+	if (code < 0 && code > -4096) /* a method's negative errno: the errno itself */
+		code = -code;
+	if (code > 0 && code < 4096) {
+		const char *n = strerrorname_np(code);
+
+		data = json_object_new_object();
+		if (data)
+			json_object_object_add(data, "errno",
+					       json_object_new_string(n ? n : "unknown"));
+	}
+	if (!a || !eo ||
+	    json_object_object_add(eo, "code", json_object_new_int(code)) ||
+	    json_object_object_add(eo, "message",
+				   json_object_new_string(e->msg[0] ? e->msg :
+							  code > 0 && code < 4096 ?
+							  strerror(code) : "error")) ||
+	    (data && json_object_object_add(eo, "data", data)) ||
+	    json_object_object_add(a, "error", eo)) {
+		json_object_put(a);
+		json_object_put(eo);
+		return NULL;
+	}
+	return a;
+}
+
+static struct json_object *answer_result(struct json_object *id, struct json_object *result)
+{
+	struct json_object *a = answer_new(id);
+
+	if (!a || json_object_object_add(a, "result", result)) {
+		json_object_put(a);
+		json_object_put(result);
+		return NULL;
+	}
+	return a;
+}
+
+static int stream_send(struct rpc_stream *st, struct json_object *a)
+{
+	size_t len;
+	const char *s;
+	int rc;
+
+	if (!a)
+		return -ENOMEM;
+	s = json_object_to_json_string_length(a, JSON_C_TO_STRING_PLAIN |
+					      JSON_C_TO_STRING_NOSLASHESCAPE, &len);
+	rc = s ? st->out(st->out_priv, s, len) : -ENOMEM;
+	if (!rc)
+		rc = st->out(st->out_priv, "\n", 1);
+	json_object_put(a);
+	return rc;
+}
+
+static int send_error(struct rpc_stream *st, int code, const char *msg)
+{
+	struct rpc_err e;
+
+	rpc_errf(&e, code, "%s", msg);
+	return stream_send(st, answer_error(NULL, &e));
+}
+
+/* ---- requests ---- */
+
+static int methods_list(struct rpc_stream *st, struct json_object **result)
+{
+	struct json_object *arr = json_object_new_array();
+
+	for (size_t i = 0; arr && i < st->nr_methods; i++) {
+		const struct rpc_method *m = &st->methods[i];
+		struct json_object *o = json_object_new_object();
+
+		if (!o || json_object_object_add(o, "name", json_object_new_string(m->name)) ||
+		    json_object_object_add(o, "params", json_object_new_string(m->params ?
+										  m->params : "")) ||
+		    json_object_object_add(o, "help", json_object_new_string(m->help ?
+										m->help : "")) ||
+		    json_object_array_add(arr, o)) {
+			json_object_put(o);
+			json_object_put(arr);
+			return -ENOMEM;
+		}
+	}
+	*result = arr;
+	return arr ? 0 : -ENOMEM;
+}
+
+static bool id_valid(struct json_object *id)
+{
+	return !id || json_object_is_type(id, json_type_string) ||
+	       json_object_is_type(id, json_type_int) ||
+	       json_object_is_type(id, json_type_double);
+}
+
+/*
+ * One request: its answer (a new object), or NULL for a notification
+ * (*oom set when an answer could not be made).
+ */
+static struct json_object *request_run(struct rpc_stream *st, struct json_object *req, bool *oom)
+{
+	struct json_object *id = NULL, *v, *params = NULL, *result = NULL, *a;
+	bool has_id = false;
+	const char *method;
+	struct rpc_err e = { 0 };
+	int rc;
+
+	if (!json_object_is_type(req, json_type_object)) {
+		rpc_errf(&e, RPC_INVALID_REQUEST, "a request is an object");
+		goto invalid;
+	}
+	json_object_object_foreach(req, key, val) {
+		(void)val;
+		if (strcmp(key, "jsonrpc") && strcmp(key, "method") && strcmp(key, "params") &&
+		    strcmp(key, "id")) {
+			rpc_errf(&e, RPC_INVALID_REQUEST, "unknown member \"%.64s\" in the request",
+				 key);
+			goto invalid;
+		}
+	}
+	has_id = json_object_object_get_ex(req, "id", &id);
+	if (!id_valid(id)) {
+		id = NULL;
+		rpc_errf(&e, RPC_INVALID_REQUEST, "\"id\" must be a string, a number or null");
+		goto invalid;
+	}
+	if (!json_object_object_get_ex(req, "jsonrpc", &v) ||
+	    !json_object_is_type(v, json_type_string) || strcmp(json_object_get_string(v), "2.0")) {
+		rpc_errf(&e, RPC_INVALID_REQUEST, "\"jsonrpc\" must be \"2.0\"");
+		goto invalid;
+	}
+	if (!json_object_object_get_ex(req, "method", &v) ||
+	    !json_object_is_type(v, json_type_string)) {
+		rpc_errf(&e, RPC_INVALID_REQUEST, "\"method\" must be a string");
+		goto invalid;
+	}
+	method = json_object_get_string(v);
+	if (json_object_object_get_ex(req, "params", &params) &&
+	    !json_object_is_type(params, json_type_object)) {
+		rpc_errf(&e, RPC_INVALID_PARAMS, "\"params\" must be an object (parameters by name)");
+		goto answer;
+	}
+	if (!strcmp(method, "rpc.methods")) {
+		rc = params && json_object_object_length(params) ?
+		     rpc_errf(&e, RPC_INVALID_PARAMS, "rpc.methods takes no parameters") :
+		     methods_list(st, &result);
+	} else {
+		size_t i;
+
+		for (i = 0; i < st->nr_methods && strcmp(st->methods[i].name, method); i++)
+			;
+		if (i == st->nr_methods) {
+			rpc_errf(&e, RPC_METHOD_NOT_FOUND, "no method \"%.64s\" (rpc.methods lists them)",
+				 method);
+			goto answer;
+		}
+		rc = st->methods[i].fn(st->priv, params, &result, &e);
+	}
+	if (rc) {
+		json_object_put(result);
+		if (!e.msg[0] || e.code != rc)
+			rpc_errf(&e, rc, "%s", e.msg[0] ? e.msg : rc < 0 && rc > -4096 ?
+				 strerror(-rc) : "error");
+		goto answer;
+	}
+	if (!has_id) {
+		json_object_put(result);
+		return NULL;
+	}
+	a = answer_result(id, result);
+	*oom = !a;
+	return a;
+answer:
+	if (!has_id)
+		return NULL;
+	a = answer_error(id, &e);
+	*oom = !a;
+	return a;
+invalid:
+	/* Not a request, so not a notification either: answered with its id, or null. */
+	a = answer_error(has_id ? id : NULL, &e);
+	*oom = !a;
+	return a;
+}
+
+/* A whole text: a request or a batch. */
+static int text_run(struct rpc_stream *st, struct json_object *text)
+{
+	struct json_object *arr, *a;
+	bool oom = false;
+	size_t n;
+
+	if (!json_object_is_type(text, json_type_array)) {
+		a = request_run(st, text, &oom);
+		return oom ? -ENOMEM : a ? stream_send(st, a) : 0;
+	}
+	n = json_object_array_length(text);
+	if (!n)
+		return send_error(st, RPC_INVALID_REQUEST, "an empty batch");
+	if (n > RPC_BATCH_MAX)
+		return send_error(st, RPC_INVALID_REQUEST, "a batch of more than 256 requests");
+	arr = json_object_new_array();
+	if (!arr)
+		return -ENOMEM;
+	for (size_t i = 0; i < n && !oom; i++) {
+		a = request_run(st, json_object_array_get_idx(text, i), &oom);
+		if (a && json_object_array_add(arr, a)) {
+			json_object_put(a);
+			oom = true;
+		}
+	}
+	if (oom) {
+		json_object_put(arr);
+		return -ENOMEM;
+	}
+	if (!json_object_array_length(arr)) { /* notifications only */
+		json_object_put(arr);
+		return 0;
+	}
+	return stream_send(st, arr);
+}
+
+struct rpc_stream *rpc_stream_new(const struct rpc_method *methods, size_t nr_methods,
+				  void *priv, rpc_out_fn out, void *out_priv)
+{
+	struct rpc_stream *st = calloc(1, sizeof(*st));
+
+	if (!st)
+		return NULL;
+	st->tok = json_tokener_new();
+	if (!st->tok) {
+		free(st);
+		return NULL;
+	}
+	/*
+	 * Not JSON_TOKENER_VALIDATE_UTF8: json-c 0.16 refuses a character
+	 * split between two calls. The whole text is checked instead.
+	 */
+	json_tokener_set_flags(st->tok, JSON_TOKENER_STRICT);
+	st->methods = methods;
+	st->nr_methods = nr_methods;
+	st->priv = priv;
+	st->out = out;
+	st->out_priv = out_priv;
+	return st;
+}
+
+void rpc_stream_free(struct rpc_stream *st)
+{
+	if (!st)
+		return;
+	json_tokener_free(st->tok);
+	free(st->text);
+	free(st);
+}
+
+static bool only_blanks(const char *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != ' ' && p[i] != '\t' && p[i] != '\n' && p[i] != '\r')
+			return false;
+	return true;
+}
+
+/* RFC 3629 UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF. */
+static bool utf8_valid(const unsigned char *p, size_t n)
+{
+	for (size_t i = 0; i < n;) {
+		unsigned c = p[i], len, min;
+		uint32_t cp;
+
+		if (c < 0x80) {
+			i++;
+			continue;
+		}
+		if ((c & 0xe0) == 0xc0) {
+			len = 2, min = 0x80, cp = c & 0x1f;
+		} else if ((c & 0xf0) == 0xe0) {
+			len = 3, min = 0x800, cp = c & 0x0f;
+		} else if ((c & 0xf8) == 0xf0) {
+			len = 4, min = 0x10000, cp = c & 0x07;
+		} else {
+			return false;
+		}
+		if (n - i < len)
+			return false;
+		for (unsigned k = 1; k < len; k++) {
+			if ((p[i + k] & 0xc0) != 0x80)
+				return false;
+			cp = cp << 6 | (p[i + k] & 0x3f);
+		}
+		if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+			return false;
+		i += len;
+	}
+	return true;
+}
+
+static int text_append(struct rpc_stream *st, const char *buf, size_t n)
+{
+	if (!n)
+		return 0;
+	if (st->text_bytes + n > st->text_cap) {
+		size_t cap = st->text_cap ? st->text_cap : 4096;
+		char *p;
+
+		while (cap < st->text_bytes + n)
+			cap *= 2;
+		p = realloc(st->text, cap);
+		if (!p)
+			return -ENOMEM;
+		st->text = p;
+		st->text_cap = cap;
+	}
+	memcpy(st->text + st->text_bytes, buf, n);
+	st->text_bytes += n;
+	return 0;
+}
+
+/*
+ * The text fed so far, alone: a value when it is one exactly, else NULL
+ * and *te why (what a client is told does not depend on how its bytes
+ * were split between reads).
+ */
+static struct json_object *text_alone(struct rpc_stream *st, enum json_tokener_error *te)
+{
+	struct json_tokener *t = json_tokener_new();
+	struct json_object *v = NULL;
+
+	if (!t || !st->text_bytes) {
+		json_tokener_free(t);
+		return NULL;
+	}
+	json_tokener_set_flags(t, JSON_TOKENER_STRICT);
+	v = json_tokener_parse_ex(t, st->text, (int)st->text_bytes);
+	*te = json_tokener_get_error(t);
+	if (*te == json_tokener_continue)
+		*te = json_tokener_error_parse_eof;
+	if (v && json_tokener_get_parse_end(t) != st->text_bytes) {
+		json_object_put(v);
+		v = NULL;
+	}
+	json_tokener_free(t);
+	return v;
+}
+
+int rpc_stream_feed(struct rpc_stream *st, const char *buf, size_t len)
+{
+	while (!st->err && len) {
+		size_t room = RPC_REQ_MAX + 1 - st->text_bytes, n = len < room ? len : room, used;
+		struct json_object *text;
+		enum json_tokener_error te;
+		char msg[160];
+
+		/* Blanks between texts are no part of one (nor count toward its size). */
+		if (!st->text_bytes && only_blanks(buf, 1)) {
+			buf++;
+			len--;
+			continue;
+		}
+		/* A request is an object, a batch an array: no other text is one. */
+		if (!st->text_bytes && *buf != '{' && *buf != '[') {
+			send_error(st, RPC_PARSE_ERROR, "not JSON-RPC: a request is an object or an array");
+			st->err = -EPROTO;
+			break;
+		}
+		text = json_tokener_parse_ex(st->tok, buf, (int)n);
+		te = json_tokener_get_error(st->tok);
+		if (!text && te == json_tokener_continue) {
+			st->err = text_append(st, buf, n);
+			buf += n;
+			len -= n;
+			if (!st->err && st->text_bytes > RPC_REQ_MAX) {
+				send_error(st, RPC_INVALID_REQUEST, "a request larger than 1 MiB");
+				st->err = -EPROTO;
+			}
+			continue;
+		}
+		used = json_tokener_get_parse_end(st->tok);
+		st->err = text_append(st, buf, used);
+		if (st->err)
+			break;
+		/* A complete text with the next one behind it, or bytes that are not JSON. */
+		if (!text)
+			text = text_alone(st, &te);
+		if (!text || !utf8_valid((const unsigned char *)st->text, st->text_bytes)) {
+			snprintf(msg, sizeof(msg), "not JSON: %s",
+				 text ? "invalid UTF-8" : json_tokener_error_desc(te));
+			json_object_put(text);
+			send_error(st, RPC_PARSE_ERROR, msg);
+			st->err = -EPROTO;
+			break;
+		}
+		json_tokener_reset(st->tok);
+		st->text_bytes = 0;
+		buf += used;
+		len -= used;
+		st->err = text_run(st, text);
+		json_object_put(text);
+	}
+	return st->err;
+}

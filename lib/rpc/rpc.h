@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The control plane of every long-lived program of the project
+ * (rnbd-server, the client daemon, nbdkit with the rnbd plugin): JSON-RPC
+ * 2.0 over a Unix stream socket, JSON read and written by json-c only.
+ *
+ * On the stream, requests and responses are JSON texts one after the
+ * other (white space between them allowed; the responses end with '\n').
+ * A request may arrive in pieces or several in one read, or as a batch (an
+ * array); a request without "id" is a notification and gets no answer.
+ * "params" is an object or absent.
+ *
+ * The server has a thread of its own that serves every connection with
+ * poll(): methods run there, never on an IO thread. A text larger than
+ * RPC_REQ_MAX, bytes that are not JSON, or a client that lets more than
+ * RPC_OUT_MAX of answers pile up unread get an error where one can be
+ * sent, and the connection is closed; nothing else is affected.
+ *
+ * Errors: JSON-RPC's own codes (enum rpc_code) for requests that are not
+ * understood; a method's failure has the errno as its code (positive,
+ * 1..4095), a message naming the object and the cause, and data
+ * {"errno": "ENOENT"}.
+ */
+#ifndef RTRS_RPC_H
+#define RTRS_RPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <json-c/json.h>
+
+#define RPC_REQ_MAX (1u << 20)   /* bytes of one request text (a batch is one text) */
+#define RPC_OUT_MAX (16u << 20)  /* answers a connection may leave unread */
+#define RPC_CONN_MAX 64          /* connections at once; more wait in the backlog */
+#define RPC_BATCH_MAX 256        /* requests in a batch */
+
+enum rpc_code {
+	RPC_PARSE_ERROR = -32700,
+	RPC_INVALID_REQUEST = -32600,
+	RPC_METHOD_NOT_FOUND = -32601,
+	RPC_INVALID_PARAMS = -32602,
+	RPC_INTERNAL_ERROR = -32603,
+};
+
+struct rpc_err {
+	int code;                /* enum rpc_code, or an errno (positive) */
+	char msg[512];
+};
+
+/*
+ * A method: params is an object, or NULL when the request has none. It
+ * returns 0 with *result set (a new reference; NULL answers null), or a
+ * negative errno or an enum rpc_code with err's message set (rpc_errf).
+ */
+typedef int (*rpc_fn)(void *priv, struct json_object *params, struct json_object **result,
+		      struct rpc_err *err);
+
+struct rpc_method {
+	const char *name;
+	rpc_fn fn;
+	const char *params;      /* for rpc.methods: "session: string, device: string" */
+	const char *help;        /* for rpc.methods: one line */
+};
+
+/* Sets err (code: a negative errno or an enum rpc_code) and returns code. */
+int rpc_errf(struct rpc_err *err, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/*
+ * Parameters, checked: each returns 0, or RPC_INVALID_PARAMS with err
+ * naming the parameter and what is wrong. A missing optional parameter
+ * leaves *out as it was. rpc_params_check refuses parameters not in
+ * names (NULL-terminated) and params that are not an object.
+ */
+int rpc_params_check(struct json_object *params, const char *const *names, struct rpc_err *err);
+int rpc_param_str(struct json_object *params, const char *name, bool required, const char **out,
+		  struct rpc_err *err);
+int rpc_param_u64(struct json_object *params, const char *name, bool required, uint64_t min,
+		  uint64_t max, uint64_t *out, struct rpc_err *err);
+int rpc_param_bool(struct json_object *params, const char *name, bool required, bool *out,
+		   struct rpc_err *err);
+/* An array of strings (each not empty); *out points into params. */
+int rpc_param_strs(struct json_object *params, const char *name, bool required,
+		   struct json_object **out, struct rpc_err *err);
+
+/* ---- the stream engine (no sockets: the server and the fuzzer use it) ---- */
+
+struct rpc_stream;
+
+/* Where a stream's answers go: 0, or a negative errno to stop the stream. */
+typedef int (*rpc_out_fn)(void *priv, const char *text, size_t len);
+
+struct rpc_stream *rpc_stream_new(const struct rpc_method *methods, size_t nr_methods,
+				  void *priv, rpc_out_fn out, void *out_priv);
+void rpc_stream_free(struct rpc_stream *st);
+/*
+ * Feeds len bytes of the stream: every request completed is run and
+ * answered. 0; or -EPROTO once the stream cannot go on (not JSON, a text
+ * too large: answered with an error first), or out's error; after an
+ * error the stream takes nothing more.
+ */
+int rpc_stream_feed(struct rpc_stream *st, const char *buf, size_t len);
+
+/* ---- the server ---- */
+
+struct rpc_server;
+
+/*
+ * Listens on the Unix socket at path (mode 0600; a stale socket there,
+ * one nobody answers on, is replaced; any other file, or a live server's
+ * socket, is refused: -EEXIST / -EADDRINUSE) and serves it on a thread
+ * of its own until rpc_server_stop. name is for the log ("rnbd-server
+ * control"). The method "rpc.methods" is always there: every method with
+ * its parameters and help.
+ */
+int rpc_server_start(const char *path, const char *name, const struct rpc_method *methods,
+		     size_t nr_methods, void *priv, struct rpc_server **out);
+/* Stops the thread, closes every connection, removes the socket if still ours. */
+void rpc_server_stop(struct rpc_server *s);
+
+/* ---- the client ---- */
+
+/*
+ * Calls method with params (an object, or NULL; not consumed) on the
+ * server at path, waiting at most timeout_ms for the whole exchange. 0
+ * with *result (a new reference, possibly NULL for null); -EREMOTEIO when
+ * the server answered with an error (in err); another negative errno when
+ * the call did not happen or its answer was not understood (err says
+ * why).
+ */
+int rpc_call(const char *path, const char *method, struct json_object *params,
+	     unsigned timeout_ms, struct json_object **result, struct rpc_err *err);
+
+#endif

@@ -1,0 +1,577 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The JSON-RPC 2.0 control plane (lib/rpc): the stream engine fed by hand
+ * (pieces, batches, notifications, every kind of bad input), then the
+ * server on a real Unix socket: calls, the socket file's rules, and
+ * clients that send garbage, too much, or never read, which lose their
+ * connection while everyone else is served.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "rpc.h"
+
+/* ---- methods ---- */
+
+static int m_echo(void *priv, struct json_object *params, struct json_object **result,
+		  struct rpc_err *err)
+{
+	static const char *const names[] = { "name", "count", "force", NULL };
+	const char *name = NULL;
+	uint64_t count = 1;
+	bool force = false;
+	int rc;
+
+	if ((rc = rpc_params_check(params, names, err)) ||
+	    (rc = rpc_param_str(params, "name", true, &name, err)) ||
+	    (rc = rpc_param_u64(params, "count", false, 1, 1000, &count, err)) ||
+	    (rc = rpc_param_bool(params, "force", false, &force, err)))
+		return rc;
+	(void)priv;
+	*result = json_object_new_object();
+	json_object_object_add(*result, "name", json_object_new_string(name));
+	json_object_object_add(*result, "count", json_object_new_uint64(count));
+	json_object_object_add(*result, "force", json_object_new_boolean(force));
+	return 0;
+}
+
+static int m_missing(void *priv, struct json_object *params, struct json_object **result,
+		     struct rpc_err *err)
+{
+	const char *dev = "?";
+
+	rpc_param_str(params, "device", false, &dev, err);
+	return rpc_errf(err, -ENOENT, "device %s: no such device", dev);
+}
+
+static atomic_int notified;
+
+static int m_note(void *priv, struct json_object *params, struct json_object **result,
+		  struct rpc_err *err)
+{
+	notified++;
+	return 0; /* *result NULL: null */
+}
+
+static int m_bare(void *priv, struct json_object *params, struct json_object **result,
+		  struct rpc_err *err)
+{
+	return -EBUSY; /* no message: strerror's */
+}
+
+/* An answer as large as asked: 1 MiB per call. */
+static int m_big(void *priv, struct json_object *params, struct json_object **result,
+		 struct rpc_err *err)
+{
+	static char s[1 << 20];
+
+	memset(s, 'x', sizeof(s) - 1);
+	*result = json_object_new_string(s);
+	return 0;
+}
+
+static const struct rpc_method methods[] = {
+	{ "echo", m_echo, "name: string, count: integer, force: bool", "says it back" },
+	{ "missing", m_missing, "device: string", "always ENOENT" },
+	{ "note", m_note, "", "counts" },
+	{ "bare", m_bare, "", "EBUSY" },
+	{ "big", m_big, "", "1 MiB" },
+};
+
+/* ---- the stream ---- */
+
+struct sink {
+	char buf[4 << 20];
+	size_t len;
+};
+
+static struct sink sink;
+
+static int sink_out(void *priv, const char *text, size_t len)
+{
+	struct sink *s = priv;
+
+	if (s->len + len > sizeof(s->buf))
+		return -ENOBUFS;
+	memcpy(s->buf + s->len, text, len);
+	s->len += len;
+	return 0;
+}
+
+static struct rpc_stream *stream(void)
+{
+	sink.len = 0;
+	return rpc_stream_new(methods, sizeof(methods) / sizeof(methods[0]), NULL, sink_out, &sink);
+}
+
+/* The answers so far, parsed (one text per line). */
+static struct json_object *answer(unsigned idx)
+{
+	char *p = sink.buf, *end = sink.buf + sink.len;
+
+	for (unsigned i = 0; p < end; i++) {
+		char *nl = memchr(p, '\n', (size_t)(end - p));
+
+		if (!nl)
+			return NULL;
+		if (i == idx) {
+			*nl = 0;
+			struct json_object *o = json_tokener_parse(p);
+
+			*nl = '\n';
+			return o;
+		}
+		p = nl + 1;
+	}
+	return NULL;
+}
+
+static unsigned answers(void)
+{
+	unsigned n = 0;
+
+	for (size_t i = 0; i < sink.len; i++)
+		n += sink.buf[i] == '\n';
+	return n;
+}
+
+static int err_code(struct json_object *a)
+{
+	struct json_object *e, *c;
+
+	if (!a || !json_object_object_get_ex(a, "error", &e) ||
+	    !json_object_object_get_ex(e, "code", &c))
+		return 0;
+	return json_object_get_int(c);
+}
+
+static const char *err_msg(struct json_object *a)
+{
+	struct json_object *e, *m;
+
+	if (!a || !json_object_object_get_ex(a, "error", &e) ||
+	    !json_object_object_get_ex(e, "message", &m))
+		return "";
+	return json_object_get_string(m);
+}
+
+static const char *path_str(struct json_object *a, const char *k1, const char *k2)
+{
+	struct json_object *v;
+
+	if (!a || !json_object_object_get_ex(a, k1, &v))
+		return NULL;
+	if (k2 && !json_object_object_get_ex(v, k2, &v))
+		return NULL;
+	return json_object_get_string(v);
+}
+
+static int feed(struct rpc_stream *st, const char *s)
+{
+	return rpc_stream_feed(st, s, strlen(s));
+}
+
+/* One request, its answer's error code (0: a result) and message. */
+static int one(const char *req, const char *msg_has)
+{
+	struct rpc_stream *st = stream();
+	struct json_object *a;
+	int code, rc;
+
+	rc = feed(st, req);
+	CHECK(rc == 0 || rc == -EPROTO, "%s: %d", req, rc);
+	CHECK_EQ(answers(), 1);
+	a = answer(0);
+	code = err_code(a);
+	if (msg_has)
+		CHECK(strstr(err_msg(a), msg_has), "%s: message \"%s\" lacks \"%s\"", req,
+		      err_msg(a), msg_has);
+	json_object_put(a);
+	rpc_stream_free(st);
+	return code;
+}
+
+static void stream_requests(void)
+{
+	const char *req = "{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":"
+			  "\"sp ace \\\"q\\\" \\\\ \\u00e9\\n.raw\",\"count\":7},\"id\":\"a1\"}";
+	struct rpc_stream *st = stream();
+	struct json_object *a;
+
+	/* Byte by byte: one answer, when the text is complete. */
+	for (size_t i = 0; req[i]; i++) {
+		CHECK_EQ(rpc_stream_feed(st, req + i, 1), 0);
+		if (req[i + 1])
+			CHECK_EQ(answers(), 0);
+	}
+	CHECK_EQ(answers(), 1);
+	a = answer(0);
+	CHECK(a && !strcmp(path_str(a, "id", NULL), "a1"));
+	CHECK(a && !strcmp(path_str(a, "result", "name"), "sp ace \"q\" \\ \xc3\xa9\n.raw"),
+	      "the name came back as it was");
+	CHECK(a && !strcmp(path_str(a, "result", "count"), "7"));
+	CHECK(a && !strcmp(path_str(a, "jsonrpc", NULL), "2.0"));
+	json_object_put(a);
+	/* Two in one piece, blanks between, then a notification: two answers. */
+	sink.len = 0;
+	CHECK_EQ(feed(st, " {\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"x\"},"
+			  "\"id\":1}\r\n\t{\"jsonrpc\":\"2.0\",\"method\":\"missing\",\"params\":"
+			  "{\"device\":\"d0\"},\"id\":2}{\"jsonrpc\":\"2.0\",\"method\":\"note\"}\n"),
+		 0);
+	CHECK_EQ(answers(), 2);
+	CHECK_EQ(notified, 1);
+	a = answer(1);
+	CHECK_EQ(err_code(a), ENOENT);
+	CHECK(!strcmp(err_msg(a), "device d0: no such device"), "%s", err_msg(a));
+	{
+		struct json_object *e, *d, *n;
+
+		CHECK(json_object_object_get_ex(a, "error", &e) &&
+		      json_object_object_get_ex(e, "data", &d) &&
+		      json_object_object_get_ex(d, "errno", &n) &&
+		      !strcmp(json_object_get_string(n), "ENOENT"), "data.errno is ENOENT");
+	}
+	json_object_put(a);
+	rpc_stream_free(st);
+
+	/* A batch: answers in an array, none for its notification. */
+	st = stream();
+	CHECK_EQ(feed(st, "[{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"b\"},"
+			  "\"id\":10},{\"jsonrpc\":\"2.0\",\"method\":\"note\"},{\"x\":1},"
+			  "{\"jsonrpc\":\"2.0\",\"method\":\"rpc.methods\",\"id\":11}]"), 0);
+	CHECK_EQ(answers(), 1);
+	a = answer(0);
+	CHECK(json_object_is_type(a, json_type_array) && json_object_array_length(a) == 3,
+	      "three answers");
+	if (json_object_is_type(a, json_type_array) && json_object_array_length(a) == 3) {
+		CHECK(!strcmp(path_str(json_object_array_get_idx(a, 0), "result", "name"), "b"));
+		CHECK_EQ(err_code(json_object_array_get_idx(a, 1)), RPC_INVALID_REQUEST);
+		struct json_object *r;
+
+		CHECK(json_object_object_get_ex(json_object_array_get_idx(a, 2), "result", &r) &&
+		      json_object_array_length(r) == 5, "rpc.methods lists the 5 methods");
+	}
+	json_object_put(a);
+	/* Notifications only: nothing at all. */
+	sink.len = 0;
+	CHECK_EQ(feed(st, "[{\"jsonrpc\":\"2.0\",\"method\":\"note\"}]"), 0);
+	CHECK_EQ(answers(), 0);
+	rpc_stream_free(st);
+}
+
+static void stream_bad_requests(void)
+{
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"nope\",\"id\":1}", "no method \"nope\""),
+		 RPC_METHOD_NOT_FOUND);
+	CHECK_EQ(one("{\"jsonrpc\":\"1.0\",\"method\":\"echo\",\"id\":1}", "\"jsonrpc\""),
+		 RPC_INVALID_REQUEST);
+	CHECK_EQ(one("{\"method\":\"echo\",\"id\":1}", "\"jsonrpc\""), RPC_INVALID_REQUEST);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":5,\"id\":1}", "\"method\""),
+		 RPC_INVALID_REQUEST);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"id\":{}}", "\"id\""),
+		 RPC_INVALID_REQUEST);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"id\":1,\"extra\":2}",
+		     "unknown member"), RPC_INVALID_REQUEST);
+	CHECK_EQ(one("[]", "empty batch"), RPC_INVALID_REQUEST);
+	CHECK_EQ(one("42 ", "an object or an array"), RPC_PARSE_ERROR);
+	CHECK_EQ(one("\"s\"", "an object or an array"), RPC_PARSE_ERROR);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":[\"x\"],\"id\":1}",
+		     "by name"), RPC_INVALID_PARAMS);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"id\":1}",
+		     "missing parameter \"name\""), RPC_INVALID_PARAMS);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":3},\"id\":1}",
+		     "must be a string"), RPC_INVALID_PARAMS);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"\"},"
+		     "\"id\":1}", "must not be empty"), RPC_INVALID_PARAMS);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"a\\u0000b\"},"
+		     "\"id\":1}", "NUL"), RPC_INVALID_PARAMS);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"a\","
+		     "\"count\":-1},\"id\":1}", "negative"), RPC_INVALID_PARAMS);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"a\","
+		     "\"count\":1.5},\"id\":1}", "integer"), RPC_INVALID_PARAMS);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"a\","
+		     "\"count\":18446744073709551615},\"id\":1}", "out of range"),
+		 RPC_INVALID_PARAMS);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"a\","
+		     "\"force\":\"yes\"},\"id\":1}", "true or false"), RPC_INVALID_PARAMS);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"a\","
+		     "\"colour\":1},\"id\":1}", "unknown parameter \"colour\""), RPC_INVALID_PARAMS);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"rpc.methods\",\"params\":{\"a\":1},\"id\":1}",
+		     "no parameters"), RPC_INVALID_PARAMS);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"bare\",\"id\":1}", "busy"), EBUSY);
+}
+
+/* Bytes that are not JSON, or a text too large: an error answer, and the stream ends. */
+static void stream_garbage(void)
+{
+	static const char *const bad[] = {
+		"{\"jsonrpc\":\"2.0\",,}", "\x01\x02\x03", "{\"a\" 1}", "{\"a\":\"\xff\xfe\"}",
+		"{\"a\":1,}", "]", "{\"a\":tru}", "{\"a\":[1}",
+	};
+	struct rpc_stream *st;
+	struct json_object *a;
+	char *big;
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		st = stream();
+		CHECK_EQ(feed(st, bad[i]), -EPROTO);
+		CHECK_EQ(answers(), 1);
+		a = answer(0);
+		CHECK_EQ(err_code(a), RPC_PARSE_ERROR);
+		CHECK(a && json_object_object_get_ex(a, "id", NULL), "id: null");
+		json_object_put(a);
+		/* Nothing more is taken. */
+		CHECK_EQ(feed(st, "{\"jsonrpc\":\"2.0\",\"method\":\"note\"}"), -EPROTO);
+		CHECK_EQ(answers(), 1);
+		rpc_stream_free(st);
+	}
+	/* Deeper than the tokener's limit: refused, not a stack overflow. */
+	st = stream();
+	big = malloc(100000);
+	memset(big, '[', 99999);
+	big[99999] = 0;
+	CHECK_EQ(feed(st, big), -EPROTO);
+	a = answer(0);
+	CHECK_EQ(err_code(a), RPC_PARSE_ERROR);
+	json_object_put(a);
+	rpc_stream_free(st);
+	free(big);
+	/* A request of 1 MiB and more: refused once the limit is passed. */
+	st = stream();
+	big = malloc(RPC_REQ_MAX + 64);
+	snprintf(big, 64, "{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"");
+	memset(big + strlen(big), 'n', RPC_REQ_MAX + 64 - strlen(big) - 1);
+	big[RPC_REQ_MAX + 63] = 0;
+	CHECK_EQ(feed(st, big), -EPROTO);
+	CHECK_EQ(answers(), 1);
+	a = answer(0);
+	CHECK_EQ(err_code(a), RPC_INVALID_REQUEST);
+	CHECK(strstr(err_msg(a), "1 MiB"), "%s", err_msg(a));
+	json_object_put(a);
+	rpc_stream_free(st);
+	free(big);
+	/* Blanks alone are no request: nothing happens, however many. */
+	st = stream();
+	big = malloc(3 << 20);
+	memset(big, ' ', (3 << 20) - 1);
+	big[(3 << 20) - 1] = 0;
+	CHECK_EQ(feed(st, big), 0);
+	CHECK_EQ(answers(), 0);
+	CHECK_EQ(feed(st, "{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"n\"},"
+			  "\"id\":3}"), 0);
+	CHECK_EQ(answers(), 1);
+	rpc_stream_free(st);
+	free(big);
+}
+
+/* ---- the server ---- */
+
+static char dir[128], sock[108];
+
+static int raw_connect(void)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", sock);
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Reads until the peer closes (or 5 s): the bytes read. */
+static size_t read_to_close(int fd, char *buf, size_t cap)
+{
+	size_t n = 0;
+
+	for (;;) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		ssize_t k;
+
+		if (poll(&p, 1, 5000) <= 0)
+			return (size_t)-1;
+		k = read(fd, buf + n, cap - n - 1);
+		if (k <= 0)
+			break;
+		n += (size_t)k;
+		if (n == cap - 1)
+			break;
+	}
+	buf[n] = 0;
+	return n;
+}
+
+static bool call_echo_ok(const char *name)
+{
+	struct json_object *p = json_object_new_object(), *r = NULL, *v;
+	struct rpc_err e;
+	bool ok;
+
+	json_object_object_add(p, "name", json_object_new_string(name));
+	ok = !rpc_call(sock, "echo", p, 5000, &r, &e) && json_object_object_get_ex(r, "name", &v) &&
+	     !strcmp(json_object_get_string(v), name);
+	json_object_put(p);
+	json_object_put(r);
+	return ok;
+}
+
+static void server_calls(void)
+{
+	struct rpc_server *s;
+	struct json_object *r = NULL, *p;
+	struct rpc_err e;
+	struct stat st;
+	char buf[4096];
+	int fd;
+
+	CHECK_EQ(rpc_server_start(sock, "test", methods, 5, NULL, &s), 0);
+	CHECK(!stat(sock, &st) && S_ISSOCK(st.st_mode) && (st.st_mode & 0777) == 0600,
+	      "a socket, mode 0600 (%o)", st.st_mode & 0777);
+	CHECK(call_echo_ok("sp ace \"q\".raw"), "a name with a space and quotes");
+	p = json_object_new_object();
+	json_object_object_add(p, "device", json_object_new_string("d\"1"));
+	CHECK_EQ(rpc_call(sock, "missing", p, 5000, &r, &e), -EREMOTEIO);
+	CHECK_EQ(e.code, ENOENT);
+	CHECK(!strcmp(e.msg, "device d\"1: no such device"), "%s", e.msg);
+	json_object_put(p);
+	CHECK_EQ(rpc_call(sock, "nope", NULL, 5000, &r, &e), -EREMOTEIO);
+	CHECK_EQ(e.code, RPC_METHOD_NOT_FOUND);
+	CHECK_EQ(rpc_call(sock, "rpc.methods", NULL, 5000, &r, &e), 0);
+	CHECK(json_object_is_type(r, json_type_array) && json_object_array_length(r) == 5);
+	json_object_put(r);
+	/* A second server on the same socket: refused, the first goes on. */
+	{
+		struct rpc_server *s2 = NULL;
+
+		CHECK_EQ(rpc_server_start(sock, "test2", methods, 5, NULL, &s2), -EADDRINUSE);
+	}
+	/* Garbage: an error answer, then the connection closes; others go on. */
+	fd = raw_connect();
+	CHECK(fd >= 0);
+	CHECK_EQ(write(fd, "garbage{", 8), 8);
+	CHECK(read_to_close(fd, buf, sizeof(buf)) != (size_t)-1, "closed by the server");
+	CHECK(strstr(buf, "-32700"), "parse error answered: %s", buf);
+	close(fd);
+	CHECK(call_echo_ok("after garbage"));
+	/* 1 MiB and more in one request: an error, closed; others go on. */
+	{
+		static char big[RPC_REQ_MAX + 4096];
+		size_t off = 0;
+
+		off = (size_t)snprintf(big, sizeof(big), "{\"jsonrpc\":\"2.0\",\"method\":\"echo\","
+					"\"params\":{\"name\":\"");
+		memset(big + off, 'n', sizeof(big) - off);
+		fd = raw_connect();
+		/* The server may close before all is sent: EPIPE is fine. */
+		for (size_t sent = 0; sent < sizeof(big);) {
+			ssize_t k = send(fd, big + sent, sizeof(big) - sent, MSG_NOSIGNAL);
+
+			if (k <= 0)
+				break;
+			sent += (size_t)k;
+		}
+		CHECK(read_to_close(fd, buf, sizeof(buf)) != (size_t)-1, "closed by the server");
+		CHECK(strstr(buf, "1 MiB"), "too large answered: %.200s", buf);
+		close(fd);
+	}
+	CHECK(call_echo_ok("after a large one"));
+	/* A client that asks and never reads: dropped at 16 MiB; others go on meanwhile. */
+	{
+		const char *req = "{\"jsonrpc\":\"2.0\",\"method\":\"big\",\"id\":1}";
+		int sz = 4096;
+		bool closed = false;
+
+		fd = raw_connect();
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+		for (int i = 0; i < 64 && !closed; i++) {
+			if (send(fd, req, strlen(req), MSG_NOSIGNAL) < 0)
+				closed = true;
+			CHECK(call_echo_ok("while one never reads"));
+		}
+		CHECK(closed, "the client that never reads was dropped");
+		close(fd);
+	}
+	/* Many connections at once, each answered. */
+	{
+		int fds[RPC_CONN_MAX + 8];
+		const char *req = "{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"m\"},"
+				  "\"id\":7}\n";
+		unsigned ok = 0;
+
+		for (int i = 0; i < RPC_CONN_MAX + 8; i++) {
+			fds[i] = raw_connect();
+			if (fds[i] >= 0 && write(fds[i], req, strlen(req)) > 0)
+				shutdown(fds[i], SHUT_WR);
+		}
+		for (int i = 0; i < RPC_CONN_MAX + 8; i++) {
+			if (fds[i] < 0)
+				continue;
+			if (read_to_close(fds[i], buf, sizeof(buf)) != (size_t)-1 &&
+			    strstr(buf, "\"result\""))
+				ok++;
+			close(fds[i]);
+		}
+		CHECK_EQ(ok, RPC_CONN_MAX + 8);
+	}
+	rpc_server_stop(s);
+	CHECK(stat(sock, &st) && errno == ENOENT, "the socket is removed");
+	CHECK(rpc_call(sock, "echo", NULL, 1000, &r, &e) < 0 && e.msg[0], "%s", e.msg);
+}
+
+static void server_socket_file(void)
+{
+	struct rpc_server *s = NULL;
+	int fd;
+
+	/* A regular file at the path is never replaced. */
+	fd = open(sock, O_CREAT | O_WRONLY, 0600);
+	CHECK(fd >= 0);
+	close(fd);
+	CHECK_EQ(rpc_server_start(sock, "test", methods, 5, NULL, &s), -EEXIST);
+	CHECK(!access(sock, F_OK), "the file is still there");
+	unlink(sock);
+	/* A stale socket (nobody listens) is. */
+	{
+		struct sockaddr_un a = { .sun_family = AF_UNIX };
+
+		fd = socket(AF_UNIX, SOCK_STREAM, 0);
+		snprintf(a.sun_path, sizeof(a.sun_path), "%s", sock);
+		CHECK_EQ(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+		close(fd);
+	}
+	CHECK_EQ(rpc_server_start(sock, "test", methods, 5, NULL, &s), 0);
+	CHECK(call_echo_ok("after a stale socket"));
+	rpc_server_stop(s);
+	CHECK_EQ(rpc_server_start("", "test", methods, 5, NULL, &s), -EINVAL);
+}
+
+int main(void)
+{
+	const char *d = test_tmpdir(NULL, "test-rpc");
+
+	if (!d) {
+		fprintf(stderr, "no temporary directory\n");
+		return 1;
+	}
+	snprintf(dir, sizeof(dir), "%s", d);
+	snprintf(sock, sizeof(sock), "%.90s/ctl.sock", dir);
+	stream_requests();
+	stream_bad_requests();
+	stream_garbage();
+	server_calls();
+	server_socket_file();
+	return test_done("rpc");
+}
