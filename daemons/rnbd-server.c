@@ -9,19 +9,17 @@
  * from the command line (which wins). SIGINT or SIGTERM stops the server
  * after every IO in flight was answered, and removes its control socket;
  * SIGHUP checks the authentication key file again and logs the outcome.
- * With --control PATH the server listens on a Unix socket (replacing only
- * a stale socket there) for one-line commands (rnbd-ctl.h):
- *
- *   list                           every open device: session, name, counters
- *   force-close SESSION DEVICE     close a device a session has open
- *
- * and answers "ok" or "error: why".
+ * With --control PATH the server serves its management plane on a Unix
+ * socket (mode 0600; only a stale socket there is replaced): JSON-RPC 2.0
+ * (lib/rpc), the methods server.sessions, server.devices, server.close
+ * and server.stats, which the rnbd command calls (docs/management.md).
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,8 +33,8 @@
 
 #include "log.h"
 #include "opts.h"
-#include "rnbd-ctl.h"
 #include "rnbd.h"
+#include "rpc.h"
 #include "util.h"
 
 static const char *const engine_names[] = { "auto", "io_uring", "threads", NULL };
@@ -84,7 +82,7 @@ static const struct opt options[] = {
 	{ "busy-poll", 0, OPT_UINT, &g.busy_poll_us, 0, 1000000, .arg = "US",
 	  .help = "poll an empty completion queue this long before sleeping (RDMA devices)" },
 	{ "control", 0, OPT_STRING, &g.control, .arg = "PATH",
-	  .help = "Unix socket for commands (list, force-close SESSION DEVICE)" },
+	  .help = "serve the management plane (JSON-RPC, the rnbd command) on this Unix socket" },
 	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "log errors only (--log-level error)" },
 	{ "log-level", 0, OPT_STRING, &g.log_level, .arg = "LEVEL",
 	  .help = "error, warn, info or debug (default: RTRS_LOG_LEVEL, else info)" },
@@ -92,8 +90,7 @@ static const struct opt options[] = {
 };
 
 static struct rnbd_srv *srv;
-static int ctl_fd = -1;
-static struct stat ctl_st; /* the socket file we made: only that one is removed */
+static struct rpc_server *ctl;
 static int log_level = LOG_INFO;
 
 /* ---- logging: every line with its time ------------------------------------------ */
@@ -130,198 +127,234 @@ static void srv_log(int level, const char *fmt, ...)
 	log_line(NULL, level, line);
 }
 
-/* ---- control socket --------------------------------------------------------------- */
+/* ---- control socket: JSON-RPC (docs/management.md) ----------------------------------- */
 
-/* fd, or -1 once a write failed (timed out): the rest of the list is skipped. */
-static void ctl_list_one(void *priv, const struct rnbd_srv_dev_stats *st)
+/* Set once the server runs: methods called before it answer -EAGAIN. */
+static struct rnbd_srv *_Atomic live;
+
+static struct rnbd_srv *live_srv(struct rpc_err *err)
 {
-	int *fd = priv;
+	struct rnbd_srv *s = atomic_load(&live);
 
-	if (*fd < 0)
+	if (!s)
+		rpc_errf(err, -EAGAIN, "the server is starting");
+	return s;
+}
+
+static const char *const no_params[] = { NULL };
+
+/* Adds v under key to o; false once anything failed (v is dropped). */
+static bool put(struct json_object *o, const char *key, struct json_object *v)
+{
+	if (!o || !v || json_object_object_add(o, key, v)) {
+		json_object_put(v);
+		return false;
+	}
+	return true;
+}
+
+struct list_ctx {
+	struct json_object *arr;
+	const char *session;     /* server.sessions: only this session's devices */
+	bool failed;
+};
+
+static void dev_one(void *priv, const struct rnbd_srv_dev_stats *st)
+{
+	struct list_ctx *c = priv;
+	struct json_object *o;
+
+	if (c->failed)
 		return;
-	if (dprintf(*fd, "%s %s id=%u mode=%s reads=%" PRIu64 " read_bytes=%" PRIu64
-		    " writes=%" PRIu64 " write_bytes=%" PRIu64 " other=%" PRIu64 " errors=%" PRIu64
-		    " inflight=%u%s\n", st->session, st->device, st->device_id, st->mode, st->reads,
-		    st->read_bytes, st->writes, st->write_bytes, st->other, st->errors, st->inflight,
-		    st->closed ? " closed" : "") < 0)
-		*fd = -1;
+	if (c->session) {
+		if (!strcmp(st->session, c->session) &&
+		    json_object_array_add(c->arr, json_object_new_string(st->device)))
+			c->failed = true;
+		return;
+	}
+	o = json_object_new_object();
+	c->failed = !(put(o, "session", json_object_new_string(st->session)) &&
+		      put(o, "device", json_object_new_string(st->device)) &&
+		      put(o, "id", json_object_new_uint64(st->device_id)) &&
+		      put(o, "mode", json_object_new_string(st->mode)) &&
+		      put(o, "closed", json_object_new_boolean(st->closed)) &&
+		      put(o, "reads", json_object_new_uint64(st->reads)) &&
+		      put(o, "read_bytes", json_object_new_uint64(st->read_bytes)) &&
+		      put(o, "writes", json_object_new_uint64(st->writes)) &&
+		      put(o, "write_bytes", json_object_new_uint64(st->write_bytes)) &&
+		      put(o, "other", json_object_new_uint64(st->other)) &&
+		      put(o, "errors", json_object_new_uint64(st->errors)) &&
+		      put(o, "inflight", json_object_new_uint64(st->inflight))) ||
+		    json_object_array_add(c->arr, o);
+	if (c->failed)
+		json_object_put(o);
 }
 
-/*
- * One request: up to its newline, or until the client shuts its side
- * down. Its length, or -1 after answering why there is none.
- */
-static ssize_t ctl_read(int fd, char *buf, size_t cap)
+static int m_devices(void *priv, struct json_object *params, struct json_object **result,
+		     struct rpc_err *err)
 {
-	size_t n = 0;
-
-	while (n < cap && !memchr(buf, '\n', n)) {
-		ssize_t k = read(fd, buf + n, cap - n);
-
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-			dprintf(fd, "error: no complete line within 2 s\n");
-			return -1;
-		}
-		if (k <= 0)
-			break;
-		n += (size_t)k;
-	}
-	if (n == cap && !memchr(buf, '\n', n)) {
-		dprintf(fd, "error: request longer than %d bytes\n", RNBD_CTL_LINE_MAX);
-		return -1;
-	}
-	return (ssize_t)n;
-}
-
-static void ctl_command(int fd)
-{
-	char line[RNBD_CTL_LINE_MAX + 1];
-	struct rnbd_ctl_req req;
-	const char *why;
-	ssize_t n = ctl_read(fd, line, sizeof(line));
+	struct list_ctx c = { .arr = json_object_new_array() };
+	struct rnbd_srv *s = live_srv(err);
 	int rc;
 
-	if (n <= 0)
-		return;
-	if (rnbd_ctl_parse(line, (size_t)n, &req, &why)) {
-		dprintf(fd, "error: %s\n", why);
-		return;
+	if (!s || (rc = rpc_params_check(params, no_params, err))) {
+		json_object_put(c.arr);
+		return s ? rc : -EAGAIN;
 	}
-	if (req.cmd == RNBD_CTL_LIST) {
-		int out = fd;
-
-		rc = rnbd_srv_list(srv, ctl_list_one, &out);
-		if (out >= 0)
-			dprintf(fd, "ok %d device%s\n", rc, rc == 1 ? "" : "s");
-		return;
+	if (!c.arr)
+		return -ENOMEM;
+	rc = rnbd_srv_list(s, dev_one, &c);
+	if (rc < 0 || c.failed) {
+		json_object_put(c.arr);
+		return rc < 0 ? rc : -ENOMEM;
 	}
-	rc = rnbd_srv_force_close(srv, req.sess, req.dev);
-	srv_log(rc ? LOG_WARN : LOG_INFO, "control: force-close %s %s: %s", req.sess, req.dev,
-		rc ? strerror(-rc) : "done");
-	if (rc)
-		dprintf(fd, "error: %s\n", strerror(-rc));
-	else
-		dprintf(fd, "ok\n");
-}
-
-static void *ctl_thread(void *arg)
-{
-	for (;;) {
-		struct timeval tv = { .tv_sec = 2 };
-		int c = accept4(ctl_fd, NULL, NULL, SOCK_CLOEXEC);
-
-		if (c < 0) {
-			if (errno == EINTR || errno == ECONNABORTED)
-				continue;
-			break;
-		}
-		/*
-		 * A client that says nothing, or reads nothing back, does not
-		 * hold the socket (or a stop, or the server's locks a list
-		 * writes under). One that goes away early gets EPIPE, not the
-		 * server killed by SIGPIPE (ignored in main).
-		 */
-		setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-		setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-		ctl_command(c);
-		close(c);
-	}
-	return NULL;
-}
-
-/*
- * Whether a server answers on the Unix socket at path: 1 yes, 0 no (a
- * stale socket file), or a negative errno when that cannot be told.
- */
-static int socket_alive(const struct sockaddr_un *a)
-{
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), rc;
-
-	if (fd < 0)
-		return -errno;
-	rc = connect(fd, (const struct sockaddr *)a, sizeof(*a)) ? -errno : 1;
-	close(fd);
-	return rc == -ECONNREFUSED ? 0 : rc;
-}
-
-/*
- * The control socket at path. Something already there is replaced only
- * when it is a socket nobody answers on (left by a server that died): a
- * file of any other kind, or a live server's socket, is refused, so a
- * mistyped path never deletes a disk image.
- */
-static int ctl_open(const char *path)
-{
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	struct stat st;
-	int rc;
-
-	if (strlen(path) >= sizeof(a.sun_path)) {
-		fprintf(stderr, "rnbd-server: --control %s: path too long (at most %zu bytes)\n",
-			path, sizeof(a.sun_path) - 1);
-		return -ENAMETOOLONG;
-	}
-	strcpy(a.sun_path, path);
-	ctl_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (ctl_fd < 0) {
-		rc = -errno;
-		fprintf(stderr, "rnbd-server: --control %s: %s\n", path, strerror(-rc));
-		return rc;
-	}
-	rc = bind(ctl_fd, (struct sockaddr *)&a, sizeof(a)) ? -errno : 0;
-	if (rc == -EADDRINUSE) {
-		if (lstat(path, &st)) {
-			rc = -errno;
-			fprintf(stderr, "rnbd-server: --control %s: %s\n", path, strerror(-rc));
-			goto fail;
-		}
-		if (!S_ISSOCK(st.st_mode)) {
-			rc = -EEXIST;
-			fprintf(stderr, "rnbd-server: --control %s: exists and is not a socket; not "
-				"replacing it\n", path);
-			goto fail;
-		}
-		rc = socket_alive(&a);
-		if (rc) {
-			rc = rc > 0 ? -EADDRINUSE : rc;
-			fprintf(stderr, "rnbd-server: --control %s: %s\n", path, rc == -EADDRINUSE ?
-				"another server answers on this socket" : strerror(-rc));
-			goto fail;
-		}
-		/* A stale socket: nobody listens on it. */
-		if (unlink(path) && errno != ENOENT) {
-			rc = -errno;
-			fprintf(stderr, "rnbd-server: --control %s: removing the stale socket: %s\n",
-				path, strerror(-rc));
-			goto fail;
-		}
-		rc = bind(ctl_fd, (struct sockaddr *)&a, sizeof(a)) ? -errno : 0;
-	}
-	if (!rc && listen(ctl_fd, 4))
-		rc = -errno;
-	if (!rc && stat(path, &ctl_st))
-		rc = -errno;
-	if (rc) {
-		fprintf(stderr, "rnbd-server: --control %s: %s\n", path, strerror(-rc));
-		goto fail;
-	}
+	*result = c.arr;
 	return 0;
-fail:
-	close(ctl_fd);
-	ctl_fd = -1;
-	return rc;
 }
 
-/* Removes the control socket, if the file at its path is still ours. */
-static void ctl_remove(const char *path)
+static void sess_one(void *priv, const struct rtrs_srv_sess_info *si)
 {
-	struct stat st;
+	struct list_ctx *c = priv;
+	struct json_object *o = json_object_new_object(), *paths = json_object_new_array();
+	struct list_ctx devs = { .arr = json_object_new_array(), .session = si->name };
+	bool ok;
 
-	if (!stat(path, &st) && st.st_dev == ctl_st.st_dev && st.st_ino == ctl_st.st_ino)
-		unlink(path);
+	if (c->failed)
+		goto drop;
+	for (uint32_t i = 0; paths && i < si->paths_num; i++) {
+		const struct rtrs_srv_path_info *pi = &si->paths[i];
+		struct json_object *po = json_object_new_object();
+
+		ok = put(po, "peer", json_object_new_string(pi->peer)) &&
+		     put(po, "state", json_object_new_string(pi->state)) &&
+		     put(po, "age_ms", json_object_new_uint64(pi->age_ms)) &&
+		     put(po, "connections", json_object_new_uint64(pi->cons)) &&
+		     put(po, "inflight", json_object_new_uint64(pi->inflight)) &&
+		     put(po, "reads", json_object_new_uint64(pi->reads)) &&
+		     put(po, "read_bytes", json_object_new_uint64(pi->read_bytes)) &&
+		     put(po, "writes", json_object_new_uint64(pi->writes)) &&
+		     put(po, "write_bytes", json_object_new_uint64(pi->write_bytes)) &&
+		     (!pi->auth_host[0] ||
+		      put(po, "auth_host", json_object_new_string(pi->auth_host)));
+		if (!ok || json_object_array_add(paths, po)) {
+			json_object_put(po);
+			c->failed = true;
+			goto drop;
+		}
+	}
+	if (si->name[0] && devs.arr)
+		rnbd_srv_list(atomic_load(&live), dev_one, &devs);
+	ok = !devs.failed && put(o, "name", json_object_new_string(si->name)) &&
+	     put(o, "kernel_client", json_object_new_boolean(si->kernel_client)) &&
+	     put(o, "always_invalidate", json_object_new_boolean(si->always_invalidate)) &&
+	     put(o, "queue_depth", json_object_new_uint64(si->queue_depth)) &&
+	     put(o, "chunk_size", json_object_new_uint64(si->chunk_size)) &&
+	     put(o, "paths_up", json_object_new_uint64(si->paths_up)) &&
+	     put(o, "paths", paths) && put(o, "devices", devs.arr);
+	paths = devs.arr = NULL; /* put took them, or dropped them */
+	if (!ok || json_object_array_add(c->arr, o)) {
+		c->failed = true;
+		goto drop;
+	}
+	return;
+drop:
+	json_object_put(o);
+	json_object_put(paths);
+	json_object_put(devs.arr);
 }
+
+static int m_sessions(void *priv, struct json_object *params, struct json_object **result,
+		      struct rpc_err *err)
+{
+	struct list_ctx c = { .arr = json_object_new_array() };
+	struct rnbd_srv *s = live_srv(err);
+	int rc;
+
+	if (!s || (rc = rpc_params_check(params, no_params, err))) {
+		json_object_put(c.arr);
+		return s ? rc : -EAGAIN;
+	}
+	if (!c.arr)
+		return -ENOMEM;
+	rc = rtrs_srv_sessions(rnbd_srv_rtrs(s), sess_one, &c);
+	if (rc < 0 || c.failed) {
+		json_object_put(c.arr);
+		return rc < 0 ? rc : -ENOMEM;
+	}
+	*result = c.arr;
+	return 0;
+}
+
+static int m_close(void *priv, struct json_object *params, struct json_object **result,
+		   struct rpc_err *err)
+{
+	static const char *const names[] = { "session", "device", NULL };
+	const char *sess = NULL, *dev = NULL;
+	struct rnbd_srv *s = live_srv(err);
+	int rc;
+
+	if (!s)
+		return -EAGAIN;
+	if ((rc = rpc_params_check(params, names, err)) ||
+	    (rc = rpc_param_str(params, "session", true, &sess, err)) ||
+	    (rc = rpc_param_str(params, "device", true, &dev, err)))
+		return rc;
+	rc = rnbd_srv_force_close(s, sess, dev);
+	srv_log(rc ? LOG_WARN : LOG_INFO, "control: close %s %s: %s", sess, dev,
+		rc ? strerror(-rc) : "done");
+	if (rc == -ENOENT)
+		return rpc_errf(err, rc, "session %s has no device %s open", sess, dev);
+	if (rc == -EINPROGRESS)
+		return rpc_errf(err, rc, "device %s of session %s: closed, its IO still in flight "
+				"after 1 s (it is released when that IO completes)", dev, sess);
+	if (rc)
+		return rpc_errf(err, rc, "closing device %s of session %s: %s", dev, sess,
+				strerror(-rc));
+	*result = json_object_new_object();
+	return put(*result, "closed", json_object_new_boolean(true)) ? 0 : -ENOMEM;
+}
+
+static int m_stats(void *priv, struct json_object *params, struct json_object **result,
+		   struct rpc_err *err)
+{
+	struct rtrs_srv_stats st = { .size = sizeof(st) };
+	struct rnbd_srv *s = live_srv(err);
+	struct json_object *o;
+	int rc;
+
+	if (!s)
+		return -EAGAIN;
+	if ((rc = rpc_params_check(params, no_params, err)) ||
+	    (rc = rtrs_srv_get_stats(rnbd_srv_rtrs(s), &st)))
+		return rc;
+	o = json_object_new_object();
+	if (!(put(o, "connection_requests", json_object_new_uint64(st.connreqs)) &&
+	      put(o, "rejects", json_object_new_uint64(st.rejects)) &&
+	      put(o, "auth_ok", json_object_new_uint64(st.auth_ok)) &&
+	      put(o, "auth_failed", json_object_new_uint64(st.auth_failed)) &&
+	      put(o, "auth_timeouts", json_object_new_uint64(st.auth_timeouts)) &&
+	      put(o, "key_rotations", json_object_new_uint64(st.key_rotations)) &&
+	      put(o, "sessions", json_object_new_uint64(st.sessions)) &&
+	      put(o, "chunk_bytes", json_object_new_uint64(st.chunk_bytes)) &&
+	      put(o, "pending_evicted", json_object_new_uint64(st.pending_evicted)) &&
+	      put(o, "raw_closed", json_object_new_uint64(st.raw_closed)) &&
+	      put(o, "limit_refusals", json_object_new_uint64(st.limit_refusals)))) {
+		json_object_put(o);
+		return -ENOMEM;
+	}
+	*result = o;
+	return 0;
+}
+
+static const struct rpc_method methods[] = {
+	{ "server.sessions", m_sessions, "",
+	  "every session: its paths (peer, state, counters) and the devices it has open" },
+	{ "server.devices", m_devices, "", "every open device: session, mode, counters" },
+	{ "server.close", m_close, "session: string, device: string",
+	  "close a device a session has open (its later IO fails with ENOTCONN)" },
+	{ "server.stats", m_stats, "",
+	  "the transport's counters: connection requests, rejects, authentications, keys" },
+};
 
 /* ---- SIGHUP: the key file ------------------------------------------------------------- */
 
@@ -369,7 +402,6 @@ static char *join_mem(void)
 int main(int argc, char **argv)
 {
 	struct rnbd_srv_opts o;
-	pthread_t th;
 	sigset_t set;
 	char *mem = NULL;
 	int pos, rc, sig, port;
@@ -420,7 +452,12 @@ int main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 
 	/* The control socket first: a bad path fails before anyone connects. */
-	if (g.control && ctl_open(g.control)) {
+	if (g.control && (rc = rpc_server_start(g.control, "rnbd-server control", methods,
+					       sizeof(methods) / sizeof(methods[0]), NULL,
+					       &ctl))) {
+		fprintf(stderr, "rnbd-server: --control %s: %s\n", g.control,
+			rc == -EEXIST ? "exists and is not a socket; not replacing it" :
+			rc == -EADDRINUSE ? "another server answers on this socket" : strerror(-rc));
 		free(mem);
 		return 1;
 	}
@@ -435,11 +472,7 @@ int main(int argc, char **argv)
 		rnbd_srv_close(srv);
 		goto fail;
 	}
-	if (g.control && (rc = pthread_create(&th, NULL, ctl_thread, NULL))) {
-		fprintf(stderr, "rnbd-server: control thread: %s\n", strerror(rc));
-		rnbd_srv_close(srv);
-		goto fail;
-	}
+	atomic_store(&live, srv);
 	printf("rnbd-server listening on port %d\n", port);
 	fflush(stdout);
 	for (;;) {
@@ -450,20 +483,13 @@ int main(int argc, char **argv)
 		reload_keys();
 	}
 	srv_log(LOG_INFO, "%s, stopping", strsignal(sig));
-	if (g.control) {
-		shutdown(ctl_fd, SHUT_RDWR); /* wakes accept() */
-		pthread_join(th, NULL);
-		close(ctl_fd);
-		ctl_remove(g.control);
-	}
+	rpc_server_stop(ctl);
+	atomic_store(&live, NULL);
 	rnbd_srv_close(srv);
 	free(mem);
 	return 0;
 fail:
-	if (g.control) {
-		close(ctl_fd);
-		ctl_remove(g.control);
-	}
+	rpc_server_stop(ctl);
 	free(mem);
 	return 1;
 }

@@ -108,6 +108,12 @@ int rnbd_srv_list(struct rnbd_srv *srv,
 		  void (*fn)(void *priv, const struct rnbd_srv_dev_stats *st), void *priv);
 
 /*
+ * The server's transport, for what RTRS reports (rtrs_srv_sessions,
+ * rtrs_srv_get_stats): valid until rnbd_srv_close.
+ */
+struct rtrs_srv_ctx *rnbd_srv_rtrs(struct rnbd_srv *srv);
+
+/*
  * librnbd logs like librtrs, and these set both: level 0 error .. 3 debug
  * (warn until set; the libraries read no environment, the programs take
  * RTRS_LOG_LEVEL), and where lines go (NULL: stderr).

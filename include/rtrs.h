@@ -12,6 +12,7 @@
 #ifndef RTRS_H
 #define RTRS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -463,6 +464,39 @@ struct rtrs_srv_stats {
 };
 
 int rtrs_srv_get_stats(struct rtrs_srv_ctx *ctx, struct rtrs_srv_stats *st);
+
+/* A path of a server session, as rtrs_srv_sessions() reports it. */
+struct rtrs_srv_path_info {
+	char peer[64];             /* the client's address and port */
+	const char *state;         /* "connecting", "connected", "closing", "closed" */
+	uint64_t age_ms;           /* since its first connection request */
+	uint32_t cons;             /* connections accepted (admin + IO) */
+	uint32_t inflight;         /* requests with the user or answering now */
+	uint64_t reads, read_bytes, writes, write_bytes;
+	char auth_host[256];       /* the host it authenticated as; "" when none */
+};
+
+/* A session of the server, with its paths. */
+struct rtrs_srv_sess_info {
+	char name[256];            /* "" until its first path's info request named it */
+	bool kernel_client;        /* speaks only the Linux kernel's RTRS */
+	bool always_invalidate;
+	uint32_t queue_depth;
+	uint32_t chunk_size;
+	uint32_t paths_up;
+	uint32_t paths_num;
+	const struct rtrs_srv_path_info *paths; /* paths_num of them */
+	void *priv;                /* rtrs_srv_set_sess_priv()'s */
+};
+
+/*
+ * Calls fn once for each session the server has now, with a snapshot
+ * (valid during the call) taken on the service thread, outside any of the
+ * server's locks: fn may take its own. Returns the number of sessions, or
+ * a negative errno (-ENOMEM).
+ */
+int rtrs_srv_sessions(struct rtrs_srv_ctx *ctx,
+		      void (*fn)(void *priv, const struct rtrs_srv_sess_info *info), void *priv);
 
 int rtrs_srv_opts_init(struct rtrs_srv_opts *opts, size_t size);
 /* The default of rtrs_srv_opts.max_chunk_mem on this machine. */

@@ -1116,3 +1116,8 @@ void rnbd_srv_close(struct rnbd_srv *srv)
 	rtrs_srv_close(srv->rtrs);
 	srv_free(srv);
 }
+
+struct rtrs_srv_ctx *rnbd_srv_rtrs(struct rnbd_srv *srv)
+{
+	return srv ? srv->rtrs : NULL;
+}

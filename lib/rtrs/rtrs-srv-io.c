@@ -470,6 +470,13 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 			break;
 	}
 	atomic_fetch_add(&p->base.inflight, 1);
+	if (req.type == RTRS_MSG_READ) {
+		atomic_fetch_add_explicit(&p->st.reads, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&p->st.read_bytes, req.data_len, memory_order_relaxed);
+	} else {
+		atomic_fetch_add_explicit(&p->st.writes, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&p->st.write_bytes, req.data_len, memory_order_relaxed);
+	}
 	op->path = p;
 	op->con = con;
 	op->dir = req.type == RTRS_MSG_READ ? RTRS_READ : RTRS_WRITE;

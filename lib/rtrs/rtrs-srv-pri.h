@@ -126,6 +126,10 @@ struct srv_path {
 	struct fab_mr fence_keys_mr;
 	/* always_invalidate with a kernel client: this path's chunk keys. */
 	struct srv_keys keys;
+	/* Requests taken on this path (rtrs_srv_sessions). */
+	struct {
+		atomic_uint_fast64_t reads, read_bytes, writes, write_bytes;
+	} st;
 };
 
 struct rtrs_srv_sess {

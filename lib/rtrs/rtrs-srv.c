@@ -386,3 +386,90 @@ unsigned rtrs_srv_op_id(const struct rtrs_srv_op *op)
 {
 	return op->id;
 }
+
+/* ---- sessions, for the management plane ---------------------------------------------- */
+
+struct sess_snap {
+	struct rtrs_srv_sess_info info;
+	struct rtrs_srv_path_info *paths;
+};
+
+struct snap_call {
+	struct rtrs_srv_ctx *ctx;
+	struct sess_snap *v;
+	unsigned n;
+	int rc;
+};
+
+static void path_snap(struct srv_path *p, struct rtrs_srv_path_info *pi)
+{
+	uint64_t now = now_ms();
+
+	snprintf(pi->peer, sizeof(pi->peer), "%s", p->peer);
+	pi->state = rtrs_path_state_str(atomic_load(&p->base.state));
+	pi->age_ms = now > p->created_ms ? now - p->created_ms : 0;
+	pi->cons = p->nr_accepted;
+	pi->inflight = (uint32_t)atomic_load(&p->base.inflight);
+	pi->reads = atomic_load(&p->st.reads);
+	pi->read_bytes = atomic_load(&p->st.read_bytes);
+	pi->writes = atomic_load(&p->st.writes);
+	pi->write_bytes = atomic_load(&p->st.write_bytes);
+	if (atomic_load(&p->auth_host_ok))
+		snprintf(pi->auth_host, sizeof(pi->auth_host), "%s", p->auth_host);
+}
+
+/* Loop thread: the sessions and their paths, copied. */
+static void sessions_snap(void *arg)
+{
+	struct snap_call *c = arg;
+	unsigned n = 0;
+
+	for (struct rtrs_srv_sess *s = c->ctx->sessions; s; s = s->next)
+		n++;
+	c->v = n ? calloc(n, sizeof(*c->v)) : NULL;
+	if (n && !c->v) {
+		c->rc = -ENOMEM;
+		return;
+	}
+	for (struct rtrs_srv_sess *s = c->ctx->sessions; s; s = s->next) {
+		struct sess_snap *sn = &c->v[c->n++];
+		unsigned np = 0, i = 0;
+
+		snprintf(sn->info.name, sizeof(sn->info.name), "%s", s->name);
+		sn->info.kernel_client = !s->ext;
+		sn->info.always_invalidate = s->inval;
+		sn->info.queue_depth = s->queue_depth;
+		sn->info.chunk_size = s->chunk_size;
+		sn->info.paths_up = s->paths_up;
+		sn->info.priv = s->priv;
+		for (struct srv_path *p = s->paths; p; p = p->next)
+			np++;
+		sn->paths = np ? calloc(np, sizeof(*sn->paths)) : NULL;
+		if (np && !sn->paths) {
+			c->rc = -ENOMEM;
+			return;
+		}
+		for (struct srv_path *p = s->paths; p; p = p->next)
+			path_snap(p, &sn->paths[i++]);
+		sn->info.paths_num = np;
+		sn->info.paths = sn->paths;
+	}
+}
+
+RTRS_EXPORT
+int rtrs_srv_sessions(struct rtrs_srv_ctx *ctx,
+		      void (*fn)(void *priv, const struct rtrs_srv_sess_info *info), void *priv)
+{
+	struct snap_call c = { .ctx = ctx };
+
+	if (!ctx || !fn)
+		return -EINVAL;
+	loop_call(ctx->loop, sessions_snap, &c);
+	for (unsigned i = 0; i < c.n; i++) {
+		if (!c.rc)
+			fn(priv, &c.v[i].info);
+		free(c.v[i].paths);
+	}
+	free(c.v);
+	return c.rc ? c.rc : (int)c.n;
+}

@@ -108,7 +108,7 @@ wait_until 10 test -S "$dir/fault.sock" || { cat "$dir/fault.log"; echo "FAIL: n
 check "device info failing: the connection is refused" \
 	bash -c "! nbdinfo --size 'nbd+unix:///disk.img?socket=$dir/fault.sock' 2>/dev/null"
 check "... with the reason in nbdkit's log" grep -q "mapping disk.img: device info: " "$dir/fault.log"
-check "... and the server has nothing open for it" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+check "... and the server has nothing open for it" ctl_none "$dir/ctl"
 
 # Log level: RTRS_LOG_LEVEL, unless log_level= says otherwise (nbdkit -v
 # shows librnbd's info and debug lines as its debug lines).

@@ -63,7 +63,12 @@ c perf --device mem0 --rw randrw --bs 4k --iodepth 16 --runtime 3 --verify --jso
 	>"$dir/perf.json" 2>"$dir/perf.err" &
 perf_pid=$!
 pids+=($perf_pid)
-listed() { ctl "$dir/ctl" list >"$dir/list.out" && grep -q '^cli mem0 .*writes=[1-9]' "$dir/list.out"; }
+listed() {
+	ctl "$dir/ctl" server list devices -o json >"$dir/list.json" &&
+		ctl "$dir/ctl" server list >"$dir/list.txt" &&
+		ctl "$dir/ctl" server list sessions -o json >"$dir/sessions.json" &&
+		ctl_dev "$dir/ctl" cli mem0 1
+}
 wait_until 10 listed || true # the checks below say what list showed
 wait "$perf_pid" && perf_rc=0 || perf_rc=$?
 check "perf --verify exits 0" test "$perf_rc" -eq 0
@@ -73,13 +78,27 @@ j = json.load(open(sys.argv[1]))
 assert j["errors"] == 0 and j["bad"] == 0 and j["verify"] is True, j
 assert j["reads"] > 100 and j["writes"] > 100 and j["iops"] > 0, j
 PY
-check "list shows the session's device while it runs" \
-	grep -Eq '^cli mem0 id=0 mode=rw reads=[1-9][0-9]* read_bytes=[1-9][0-9]* writes=[1-9]' \
-	"$dir/list.out"
-check "list ends with ok and the count" grep -qx 'ok 1 device' "$dir/list.out"
-check "list after the client left: nothing" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
-check "an unknown control command is refused" \
-	bash -c "[[ \"\$1\" == 'error: unknown command'* ]]" _ "$(ctl "$dir/ctl" frobnicate)"
+check "server list devices (JSON) shows the session's device while it runs" \
+	python3 - "$dir/list.json" <<'PY'
+import json, sys
+d = [x for x in json.load(open(sys.argv[1])) if x["session"] == "cli" and x["device"] == "mem0"]
+assert len(d) == 1 and d[0]["mode"] == "rw" and d[0]["closed"] is False, d
+assert d[0]["reads"] > 0 and d[0]["read_bytes"] > 0 and d[0]["writes"] > 0, d
+PY
+check "server list sessions (JSON): its paths, their counters, its device" \
+	python3 - "$dir/sessions.json" <<'PY'
+import json, sys
+s = [x for x in json.load(open(sys.argv[1])) if x["name"] == "cli"]
+assert len(s) == 1 and s[0]["kernel_client"] is False and "mem0" in s[0]["devices"], s
+p = s[0]["paths"]
+assert p and all(x["state"] == "connected" and x["peer"].startswith("127.0.0.1:") for x in p), s
+assert sum(x["reads"] for x in p) > 0 and sum(x["writes"] for x in p) > 0, s
+PY
+check "server list (a table): a line per path, the session and its device" \
+	grep -Eq '^cli +rnbd +on +127\.0\.0\.1:[0-9]+ +connected .* mem0$' "$dir/list.txt"
+check "list after the client left: nothing" ctl_none "$dir/ctl"
+check "an unknown method is refused with exit 1" \
+	bash -c "! '$build/tools/rnbd' --socket '$dir/ctl' call frobnicate 2>'$dir/frob.err' && grep -q 'no method' '$dir/frob.err'"
 
 set +e
 c info --device nothing-here >/dev/null 2>"$dir/err1"
@@ -102,7 +121,7 @@ check "a path out of the search path: refused" \
 check "input past the device's end: exit 1, said" \
 	bash -c "[ $rc5 = 1 ] && grep -q 'do not fit in the 4194304 bytes of disk.img from offset 12582912; nothing written' '$dir/err5'"
 check "no --server: usage error" bash -c "[ $rc4 = 1 ] && grep -q -- '--server' '$dir/err4'"
-check "the server is still up and holds nothing" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+check "the server is still up and holds nothing" ctl_none "$dir/ctl"
 
 # ---- write: the bytes around the input ------------------------------------
 
@@ -159,7 +178,7 @@ check "two runs at once with the default session name" both
 c perf --device mem0 --runtime 2 >/dev/null 2>&1 &
 busy=$!
 pids+=($busy)
-cli_listed() { ctl "$dir/ctl" list | grep -q '^cli mem0'; }
+cli_listed() { ctl_dev "$dir/ctl" cli mem0; }
 wait_until 10 cli_listed || true # the check below fails if it never came
 set +e
 c info --device disk.img >/dev/null 2>"$dir/err7"
@@ -206,7 +225,7 @@ c perf --device restart.img --rw randrw --bs 4k --iodepth 16 --runtime 6 --verif
 	--fast-io-fail 20000 --log-level info >"$dir/perf-restart.json" 2>"$dir/perf-restart.err" &
 rperf=$!
 pids+=($rperf)
-perf_writes() { ctl "$dir/ctl" list | grep -q '^cli restart.img .*writes=[1-9]'; }
+perf_writes() { ctl_dev "$dir/ctl" cli restart.img 1; }
 check "perf runs before the restart" wait_until 10 perf_writes
 kill -KILL "$server_pid"
 wait "$server_pid" 2>/dev/null || true

@@ -9,8 +9,10 @@
 #   control  --control at a regular file, or at a socket a live server
 #            answers on, is refused and left alone; a stale socket (its
 #            server killed) is replaced; SIGTERM and SIGINT remove the
-#            socket; a client that leaves without reading does not kill the
-#            server (SIGPIPE); malformed requests get their reason.
+#            socket (mode 0600); a client that leaves without reading does
+#            not kill the server (SIGPIPE); the management plane is JSON-RPC
+#            (the rnbd command): bad requests get a JSON-RPC error with
+#            their reason, the server unaffected.
 #   SIGHUP   checks the key file and logs the outcome, good or bad; the
 #            server keeps serving.
 #   transport --addr, --provider, --queue-depth, --chunk-size, --auth-keys,
@@ -94,7 +96,7 @@ check "a value with '#' is the whole value" \
 	--file "$dir/out.img"
 check "... and the device read is the file below it" cmp -s "$dir/ex#1/disk.img" "$dir/out.img"
 check "a quoted value with ' #' is the whole value" \
-	test "$(ctl "$dir/ctl #2" list)" = "ok 0 devices"
+	test "$(ctl "$dir/ctl #2" server list devices -o json)" = "[]"
 stop_server
 
 # ---- control socket ---------------------------------------------------------
@@ -110,7 +112,9 @@ rnbd_server_start "$dir/a.log" -- --port 0 --mem-device m:1M --control "$dir/ctl
 check "--control at a live server's socket: refused" \
 	refused live 1 "--control $dir/ctl: another server answers on this socket" \
 	--port 0 --control "$dir/ctl"
-check "... and that server still answers on it" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+check "... and that server still answers on it" \
+	test "$(ctl "$dir/ctl" server list devices -o json)" = "[]"
+check "the socket is the owner's only (0600)" test "$(stat -c %a "$dir/ctl")" = 600
 
 # A client that sends and leaves at once: the answer meets a closed socket.
 for _ in 1 2 3; do
@@ -118,27 +122,92 @@ for _ in 1 2 3; do
 import socket, sys
 s = socket.socket(socket.AF_UNIX)
 s.connect(sys.argv[1])
-s.sendall(b"list\n")
+s.sendall(b'{"jsonrpc":"2.0","method":"server.sessions","id":1}')
 s.close()
 PY
 done
 check "a client leaving without reading does not kill the server" \
-	test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+	test "$(ctl "$dir/ctl" server list devices -o json)" = "[]"
 
-# Requests: one line, the right words, names within bounds.
-answer() { test "$(ctl "$dir/ctl" "$1")" = "$2" || { echo "  got: $(ctl "$dir/ctl" "$1")"; return 1; }; }
-check "list with CRLF" answer $'list\r' "ok 0 devices"
-check "force-close with one argument" answer "force-close cli" "error: force-close needs SESSION DEVICE"
-check "force-close with four arguments" answer "force-close a b c" \
-	"error: force-close needs SESSION DEVICE"
-check "list with an argument" answer "list all" "error: list takes no arguments"
-check "a session name over 255 bytes" answer "force-close $(printf 's%.0s' {1..300}) d" \
-	"error: session name longer than 255 bytes"
-check "a control character" answer $'list\x1b' "error: control character in the request"
-check "a request over 1024 bytes" answer "$(printf 'x%.0s' {1..2000})" \
-	"error: request longer than 1024 bytes"
-check "an unknown device" answer "force-close cli nothing" "error: No such file or directory"
-check "an empty request" answer "" "error: empty request (list, force-close SESSION DEVICE)"
+# Bad requests: a JSON-RPC error with the reason; the server goes on.
+rpc() { # BYTES: the server's whole answer to them
+	python3 - "$dir/ctl" "$1" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+s.connect(sys.argv[1])
+s.sendall(sys.argv[2].encode("utf-8", "surrogateescape"))
+s.shutdown(socket.SHUT_WR)
+out = b""
+while True:
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    out += chunk
+sys.stdout.write(out.decode("utf-8", "replace"))
+PY
+}
+# answer BYTES CODE TEXT: one answer, an error with CODE whose message has TEXT
+answer() {
+	python3 - "$(rpc "$1")" "$2" "$3" <<'PY'
+import json, sys
+a = json.loads(sys.argv[1])
+assert a["jsonrpc"] == "2.0" and a["error"]["code"] == int(sys.argv[2]), a
+assert sys.argv[3] in a["error"]["message"], a
+PY
+}
+req() { printf '{"jsonrpc":"2.0","method":"%s","params":%s,"id":1}' "$1" "$2"; }
+check "close without a device" answer "$(req server.close '{"session":"cli"}')" -32602 \
+	'missing parameter "device"'
+check "close with a number for a name" \
+	answer "$(req server.close '{"session":1,"device":"d"}')" -32602 'must be a string'
+check "close with an unknown parameter" \
+	answer "$(req server.close '{"session":"a","device":"d","x":1}')" -32602 'unknown parameter'
+check "list with a parameter" answer "$(req server.sessions '{"all":true}')" -32602 \
+	'unknown parameter "all"'
+check "an unknown device, named" \
+	answer "$(req server.close '{"session":"s p","device":"q\"x"}')" 2 \
+	'session s p has no device q"x open'
+check "an unknown method" answer "$(req frobnicate '{}')" -32601 'no method "frobnicate"'
+check "not JSON" answer 'list' -32700 'not JSON'
+check "garbage bytes" answer $'\x01\x02{' -32700 'not JSON'
+big_request() {
+	python3 - "$dir/ctl" <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+s.connect(sys.argv[1])
+req = json.dumps({"jsonrpc": "2.0", "method": "server.close", "id": 1,
+                  "params": {"session": "s" * (1 << 20), "device": "d"}}).encode()
+try:
+    s.sendall(req)  # the server may close before it has all: fine
+except OSError:
+    pass
+out = b""
+while True:
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    out += chunk
+a = json.loads(out)
+assert a["error"]["code"] == -32600 and "1 MiB" in a["error"]["message"], a
+PY
+}
+check "a request over 1 MiB: refused, the connection closed" big_request
+# exits WANT CMD...: CMD's exit status is WANT (its stderr in $dir/cmd.err)
+exits() {
+	local want=$1 rc=0
+	shift
+	"$@" 2>"$dir/cmd.err" >/dev/null || rc=$?
+	[ "$rc" -eq "$want" ] || { echo "  exit $rc: $(cat "$dir/cmd.err")"; return 1; }
+}
+check "the rnbd command: an unknown device, exit 1" \
+	exits 1 ctl "$dir/ctl" server close cli nothing
+check "... and its message names it" grep -q 'session cli has no device nothing open' "$dir/cmd.err"
+check "the rnbd command: bad usage, exit 2" exits 2 ctl "$dir/ctl" server close cli
+check "the rnbd command: no daemon, exit 3" exits 3 ctl "$dir/nobody" server list
+check "... and the server still answers" \
+	test "$(ctl "$dir/ctl" server list devices -o json)" = "[]"
 
 stop_server TERM
 check "SIGTERM: exit 0" test "$stopped" -eq 0
@@ -149,7 +218,7 @@ rnbd_server_start "$dir/b.log" -- --port 0 --mem-device m:1M --control "$dir/ctl
 stop_server KILL
 check "SIGKILL leaves the socket" test -S "$dir/ctl"
 rnbd_server_start "$dir/c.log" -- --port 0 --mem-device m:1M --control "$dir/ctl" || exit 1
-check "a stale socket is replaced" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+check "a stale socket is replaced" ctl_none "$dir/ctl"
 stop_server INT
 check "SIGINT: exit 0" test "$stopped" -eq 0
 check "SIGINT: the socket is gone" test ! -e "$dir/ctl"
@@ -172,7 +241,7 @@ check "SIGHUP with a broken key file: its line and reason logged as an error" \
 check "... the line named by librtrs" grep -q "server: $dir/keys line 2: " "$dir/hup.log"
 check "log lines carry their time" \
 	grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+ rnbd-server error: SIGHUP' "$dir/hup.log"
-check "after both SIGHUPs the server still answers" test "$(ctl "$dir/ctl" list)" = "ok 0 devices"
+check "after both SIGHUPs the server still answers" ctl_none "$dir/ctl"
 # auth SESSION: a client with host1's key gets the memory device's info.
 auth() {
 	"$client" info --server "127.0.0.1:$port" --session "$1" --device m --host-name host1 \

@@ -1,6 +1,6 @@
 # Shared by the shell tests (sourced): checks and their tally, background
 # processes that go when the script exits, an rnbd-server started and
-# waited for, and one-line commands on its control socket.
+# waited for, and the rnbd command on its control socket.
 #
 #   pids+=($!)                   after starting something in the background
 #   check "what" cmd args...     runs cmd; counts and prints ok/FAIL
@@ -9,7 +9,11 @@
 #                                runs PREFIX rnbd-server ARGS (e.g. PREFIX
 #                                "ip netns exec ns"), waits until it listens,
 #                                sets $port; fails with its log if it does not
-#   ctl SOCKET COMMAND           the control socket's whole answer
+#   ctl SOCKET ARGS...           the rnbd command on that control socket
+#                                (JSON-RPC): its output, its exit status
+#   ctl_dev SOCKET SESS DEV [N]  the server lists DEV open by SESS (with at
+#                                least N writes)
+#   ctl_none SOCKET              the server lists no open device
 #   wait_until SECONDS cmd...    polls cmd every 50 ms; false on timeout
 # Needs $build (the build directory) for rnbd_server_start, and python3.
 
@@ -63,21 +67,16 @@ rnbd_server_start() {
 }
 
 ctl() {
-	python3 - "$1" "$2" <<'PY'
-import socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(10)
-s.connect(sys.argv[1])
-s.sendall(sys.argv[2].encode() + b"\n")
-out = b""
-while True:
-    lines = out.split(b"\n")
-    if len(lines) > 1 and lines[-2].startswith((b"ok", b"error")):
-        break
-    chunk = s.recv(4096)
-    if not chunk:
-        break
-    out += chunk
-print(out.decode(), end="")
-PY
+	local sock=$1
+	shift
+	"$build/tools/rnbd" --socket "$sock" "$@"
 }
+
+ctl_dev() {
+	ctl "$1" server list devices -o json | python3 -c '
+import json, sys
+d = [x for x in json.load(sys.stdin) if x["session"] == sys.argv[1] and x["device"] == sys.argv[2]]
+sys.exit(0 if d and d[0]["writes"] >= int(sys.argv[3]) else 1)' "$2" "$3" "${4:-0}"
+}
+
+ctl_none() { test "$(ctl "$1" server list devices -o json)" = "[]"; }

@@ -82,6 +82,18 @@ kg_load_client() {
 
 kg_unload_client() { rmmod rnbd_client rtrs_client; }
 
+# kg_reach ADDR: waits (up to 30 s) until ADDR answers a ping: the cable is
+# up and its neighbour known, so that a connection fails for what it meets
+# at the other end, not for a guest still bringing its link up (seen once
+# with both host CPUs busy: no packet from B reached A).
+kg_reach() {
+	local t0=$SECONDS
+	until /bin/busybox ping -c 1 -W 1 "$1" >/dev/null 2>&1; do
+		[ $((SECONDS - t0)) -lt 30 ] || { kg_log "$1 does not answer a ping after 30 s"; return 1; }
+	done
+	[ $((SECONDS - t0)) -eq 0 ] || kg_log "$1 answers a ping after $((SECONDS - t0)) s"
+}
+
 # kg_map SESSNAME ADDR DEVICE_PATH [PORT [OPTION...]]: maps a remote device
 # through rnbd-client's sysfs and prints its /dev/rnbdN. The write blocks
 # while RTRS connects; it is given 120 s.
@@ -94,9 +106,13 @@ kg_map() {
 	# it parses path=, so a later dest_port= is silently ignored (1234).
 	[ -n "$port" ] && opts="dest_port=$port $opts"
 	opts="$opts path=ip:$addr device_path=$path access_mode=rw${*:+ $*}"
+	kg_reach "$addr" >&2
 	kg_log "map: $opts" >&2
-	timeout -k 5 120 sh -c 'echo "$1" >"$2/map_device"' _ "$opts" "$KG_CTL" ||
-		{ echo "kernel-guest: map_device '$opts' failed" >&2; return 1; }
+	timeout -k 5 120 sh -c 'echo "$1" >"$2/map_device"' _ "$opts" "$KG_CTL" || {
+		echo "kernel-guest: map_device '$opts' failed; the kernel said:" >&2
+		dmesg | grep -E 'rtrs|rnbd' | tail -n 8 >&2
+		return 1
+	}
 	# rnbd-client links the disk as devices/<device_path, / as !>@<sessname>
 	link=$KG_CTL/devices/${path//\//!}@$sess
 	[ -L "$link" ] || { echo "kernel-guest: mapped, but no $link" >&2; return 1; }

@@ -111,7 +111,8 @@ kernel_client_verify() { # [DEVICE_PATH (/dev/ram0)]
 our_server() {
 	local pid
 	"$KI_BUILD/daemons/rnbd-server" --provider verbs -a 198.18.0.1 -p 1234 \
-		-m "ram0:${MIB}M" --log-level info "$@" >"$KG_RUN/A-rnbd-server.log" 2>&1 &
+		-m "ram0:${MIB}M" --log-level info --control /tmp/rnbd-server.sock "$@" \
+		>"$KG_RUN/A-rnbd-server.log" 2>&1 &
 	pid=$!
 	sleep 1
 	kill -0 "$pid" 2>/dev/null
@@ -124,6 +125,7 @@ our_server() {
 	kg_capture_stop "$KG_RUN/capture.pcap"
 	kill -0 "$pid" 2>/dev/null
 	kg_check A-our-server-alive $?
+	kg_log "rnbd server stats: $("$KI_BUILD/tools/rnbd" -S /tmp/rnbd-server.sock server stats -o json)"
 	kill "$pid"
 	wait "$pid"
 	kg_check A-our-server-exit $? "(SIGTERM)"

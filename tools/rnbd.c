@@ -1,0 +1,288 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rnbd: the management command over the daemons' control sockets
+ * (JSON-RPC 2.0, lib/rpc; docs/management.md).
+ *
+ *   rnbd [options] server list [sessions|devices]
+ *   rnbd [options] server close SESSION DEVICE
+ *   rnbd [options] server stats
+ *   rnbd [options] call METHOD [PARAMS-JSON]
+ *
+ * Tables for people, -o json for scripts (the method's result as it came,
+ * one line). Exit codes: 0 done; 1 the daemon refused or failed (its
+ * message on stderr); 2 bad usage; 3 no daemon answered on the socket.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "opts.h"
+#include "rpc.h"
+
+#define EXIT_FAILED 1
+#define EXIT_USAGE 2
+#define EXIT_UNREACHABLE 3
+
+static const char *const output_names[] = { "table", "json", NULL };
+
+static struct {
+	const char *socket;
+	unsigned output;
+	uint64_t timeout_ms;
+} g = { .timeout_ms = 10000 };
+
+static const struct opt options[] = {
+	{ "socket", 'S', OPT_STRING, &g.socket, .arg = "PATH",
+	  .help = "the daemon's control socket (default /run/rnbd/server.sock for server ...)" },
+	{ "output", 'o', OPT_CHOICE, &g.output, .choices = output_names, .arg = "FORMAT",
+	  .help = "table (for people) or json (for scripts)" },
+	{ "timeout", 0, OPT_UINT, &g.timeout_ms, 1, 3600000, .arg = "MS",
+	  .help = "wait this long for the daemon's answer" },
+	{ 0 },
+};
+
+static const char usage[] =
+	"server list [sessions|devices] | server close SESSION DEVICE | server stats |\n"
+	"       call METHOD [PARAMS-JSON]";
+
+/* Prints s for a table: control characters as \xNN, so a name cannot forge lines. */
+static void cell(const char *s, int width)
+{
+	int n = 0;
+
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p < 0x20 || *p == 0x7f)
+			n += printf("\\x%02x", *p);
+		else
+			n += putchar(*p) != EOF;
+	}
+	if (width > n)
+		printf("%*s", width - n, "");
+}
+
+static const char *str(struct json_object *o, const char *key)
+{
+	struct json_object *v;
+
+	return json_object_object_get_ex(o, key, &v) ? json_object_get_string(v) : "";
+}
+
+static uint64_t u64(struct json_object *o, const char *key)
+{
+	struct json_object *v;
+
+	return json_object_object_get_ex(o, key, &v) ? json_object_get_uint64(v) : 0;
+}
+
+static bool flag(struct json_object *o, const char *key)
+{
+	struct json_object *v;
+
+	return json_object_object_get_ex(o, key, &v) && json_object_get_boolean(v);
+}
+
+static void table_sessions(struct json_object *r)
+{
+	printf("%-24s %-8s %-10s %-28s %-11s %8s %10s %10s  %s\n", "SESSION", "PEER", "INVAL",
+	       "PATH", "STATE", "INFLIGHT", "READS", "WRITES", "DEVICES");
+	for (size_t i = 0; i < json_object_array_length(r); i++) {
+		struct json_object *s = json_object_array_get_idx(r, i), *paths, *devs;
+
+		json_object_object_get_ex(s, "paths", &paths);
+		json_object_object_get_ex(s, "devices", &devs);
+		for (size_t j = 0; j < json_object_array_length(paths); j++) {
+			struct json_object *p = json_object_array_get_idx(paths, j);
+
+			cell(str(s, "name")[0] ? str(s, "name") : "(unnamed)", 24);
+			printf(" %-8s %-10s ", flag(s, "kernel_client") ? "kernel" : "rnbd",
+			       flag(s, "always_invalidate") ? "on" : "off");
+			cell(str(p, "peer"), 28);
+			printf(" %-11s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 "  ", str(p, "state"),
+			       u64(p, "inflight"), u64(p, "reads"), u64(p, "writes"));
+			for (size_t k = 0; k < json_object_array_length(devs); k++) {
+				if (k)
+					putchar(',');
+				cell(json_object_get_string(json_object_array_get_idx(devs, k)), 0);
+			}
+			putchar('\n');
+		}
+	}
+}
+
+static void table_devices(struct json_object *r)
+{
+	printf("%-24s %-24s %5s %-9s %10s %14s %10s %14s %8s %8s  %s\n", "SESSION", "DEVICE", "ID",
+	       "MODE", "READS", "READ_BYTES", "WRITES", "WRITE_BYTES", "ERRORS", "INFLIGHT",
+	       "STATE");
+	for (size_t i = 0; i < json_object_array_length(r); i++) {
+		struct json_object *d = json_object_array_get_idx(r, i);
+
+		cell(str(d, "session"), 24);
+		putchar(' ');
+		cell(str(d, "device"), 24);
+		printf(" %5" PRIu64 " %-9s %10" PRIu64 " %14" PRIu64 " %10" PRIu64 " %14" PRIu64
+		       " %8" PRIu64 " %8" PRIu64 "  %s\n", u64(d, "id"), str(d, "mode"),
+		       u64(d, "reads"), u64(d, "read_bytes"), u64(d, "writes"),
+		       u64(d, "write_bytes"), u64(d, "errors"), u64(d, "inflight"),
+		       flag(d, "closed") ? "closed" : "open");
+	}
+}
+
+static void table_object(struct json_object *r)
+{
+	json_object_object_foreach(r, key, val) {
+		printf("%-24s ", key);
+		cell(json_object_get_string(val), 0);
+		putchar('\n');
+	}
+}
+
+/* Calls method; prints the result with show (or as JSON). The exit code. */
+static int run(const char *sock, const char *method, struct json_object *params,
+	       void (*show)(struct json_object *r))
+{
+	struct json_object *r = NULL;
+	struct rpc_err e;
+	int rc = rpc_call(sock, method, params, (unsigned)g.timeout_ms, &r, &e);
+
+	json_object_put(params);
+	if (rc == -EREMOTEIO) {
+		fprintf(stderr, "rnbd: %s: %s\n", method, e.msg);
+		return EXIT_FAILED;
+	}
+	if (rc) {
+		fprintf(stderr, "rnbd: %s\n", e.msg[0] ? e.msg : strerror(-rc));
+		return rc == -EBADMSG || rc == -EMSGSIZE ? EXIT_FAILED : EXIT_UNREACHABLE;
+	}
+	if (g.output == 1 || !show) {
+		puts(r ? json_object_to_json_string_ext(r, JSON_C_TO_STRING_PLAIN |
+							JSON_C_TO_STRING_NOSLASHESCAPE) : "null");
+	} else if (show == table_object ? json_object_is_type(r, json_type_object) :
+		   json_object_is_type(r, json_type_array)) {
+		show(r);
+	} else {
+		fprintf(stderr, "rnbd: %s: an answer of an unexpected shape\n", method);
+		json_object_put(r);
+		return EXIT_FAILED;
+	}
+	json_object_put(r);
+	return fflush(stdout) ? EXIT_FAILED : 0;
+}
+
+static struct json_object *params2(const char *k1, const char *v1, const char *k2,
+				   const char *v2)
+{
+	struct json_object *p = json_object_new_object();
+
+	if (!p || json_object_object_add(p, k1, json_object_new_string(v1)) ||
+	    json_object_object_add(p, k2, json_object_new_string(v2))) {
+		json_object_put(p);
+		return NULL;
+	}
+	return p;
+}
+
+static int bad_usage(const char *why)
+{
+	fprintf(stderr, "rnbd: %s\nusage: rnbd [options] %s\n", why, usage);
+	return EXIT_USAGE;
+}
+
+static int server_cmd(int argc, char **argv)
+{
+	const char *sock = g.socket ? g.socket : "/run/rnbd/server.sock";
+
+	if (argc < 1)
+		return bad_usage("server needs list, close or stats");
+	if (!strcmp(argv[0], "list")) {
+		if (argc > 2)
+			return bad_usage("server list takes at most one of sessions, devices");
+		if (argc == 1 || !strcmp(argv[1], "sessions"))
+			return run(sock, "server.sessions", NULL, table_sessions);
+		if (!strcmp(argv[1], "devices"))
+			return run(sock, "server.devices", NULL, table_devices);
+		return bad_usage("server list: sessions or devices");
+	}
+	if (!strcmp(argv[0], "close")) {
+		struct json_object *p;
+
+		if (argc != 3)
+			return bad_usage("server close needs SESSION DEVICE");
+		p = params2("session", argv[1], "device", argv[2]);
+		if (!p)
+			return EXIT_FAILED;
+		return run(sock, "server.close", p, table_object);
+	}
+	if (!strcmp(argv[0], "stats")) {
+		if (argc != 1)
+			return bad_usage("server stats takes no arguments");
+		return run(sock, "server.stats", NULL, table_object);
+	}
+	return bad_usage("server: list, close or stats");
+}
+
+static int call_cmd(int argc, char **argv)
+{
+	struct json_object *p = NULL;
+
+	if (argc < 1 || argc > 2)
+		return bad_usage("call needs METHOD [PARAMS-JSON]");
+	if (!g.socket)
+		return bad_usage("call needs --socket");
+	if (argc == 2) {
+		enum json_tokener_error te;
+
+		p = json_tokener_parse_verbose(argv[1], &te);
+		if (!p || !json_object_is_type(p, json_type_object)) {
+			json_object_put(p);
+			fprintf(stderr, "rnbd: call %s: PARAMS-JSON is not a JSON object%s%s\n",
+				argv[0], p ? "" : ": ", p ? "" : json_tokener_error_desc(te));
+			return EXIT_USAGE;
+		}
+	}
+	g.output = 1;
+	return run(g.socket, argv[0], p, NULL);
+}
+
+int main(int argc, char **argv)
+{
+	char **words = calloc((size_t)argc + 1, sizeof(*words));
+	int n = 0, base = 0, pos, rc;
+
+	if (!words)
+		return EXIT_FAILED;
+	/*
+	 * Options go anywhere ("rnbd server list -o json"): the table's parser
+	 * stops at a word, which then stands as argv[0] for the next round.
+	 * After "--" every argument is a word (a device named "-x").
+	 */
+	for (;;) {
+		rc = opts_parse(options, "rnbd", usage, argc - base, argv + base, &pos);
+		if (rc) {
+			free(words);
+			return rc > 0 ? 0 : EXIT_USAGE;
+		}
+		pos += base;
+		if (pos > base + 1 && !strcmp(argv[pos - 1], "--")) {
+			while (pos < argc)
+				words[n++] = argv[pos++];
+			break;
+		}
+		if (pos >= argc)
+			break;
+		words[n++] = argv[pos];
+		base = pos;
+	}
+	if (!n)
+		rc = bad_usage("what to do?");
+	else if (!strcmp(words[0], "server"))
+		rc = server_cmd(n - 1, words + 1);
+	else if (!strcmp(words[0], "call"))
+		rc = call_cmd(n - 1, words + 1);
+	else
+		rc = bad_usage("unknown command (server, call)");
+	free(words);
+	return rc;
+}
