@@ -156,6 +156,12 @@ enum rnbd_clt_op {
 int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **out);
 /* Unmaps (force) what is still mapped and closes the session. */
 void rnbd_clt_sess_close(struct rnbd_clt_sess *sess);
+/*
+ * The session's transport, for what RTRS manages and reports (paths,
+ * their statistics, the policy, reconnects: rtrs.h); valid until
+ * rnbd_clt_sess_close. Closing it is rnbd_clt_sess_close's business.
+ */
+struct rtrs_clt_sess *rnbd_clt_rtrs(struct rnbd_clt_sess *sess);
 
 /*
  * Maps device dev_name (a path below the server's search path) in mode.

@@ -14,6 +14,7 @@ enum param_type {
 	P_SESSION_OPT, /* clt: a session option of the client front ends' table */
 	P_DEVICE,      /* an RNBD device name */
 	P_MODE,        /* rw, ro, migration */
+	P_CONTROL,     /* the management plane's Unix socket */
 };
 
 struct param {
@@ -34,6 +35,9 @@ static const struct param params[] = {
 	SESSION_OPT(CLT_OPT_PORT, .help = "port for a server= without :PORT"),
 	SESSION_OPT(CLT_OPT_PROVIDER),
 	{ P_MODE, .key = "mode", .arg = "rw|ro|migration", .help = "access mode" },
+	{ P_CONTROL, .key = "control", .arg = "PATH",
+	  .help = "serve the management plane (JSON-RPC: client.* methods, the rnbd command) on "
+		  "this Unix socket" },
 	SESSION_OPT(CLT_OPT_IO_CONS),
 	SESSION_OPT(CLT_OPT_POLICY),
 	SESSION_OPT(CLT_OPT_HB_INTERVAL),
@@ -99,6 +103,13 @@ static int set_value(struct rnbd_plugin_cfg *c, const struct param *p, const cha
 		}
 		return opts_errorf(err, errlen, -EINVAL, "%s=%s: expected rw, ro or migration", p->key,
 				   value);
+	case P_CONTROL:
+		/* sockaddr_un's sun_path: 108 bytes with the NUL. */
+		if (strlen(value) > 107)
+			return opts_errorf(err, errlen, -EINVAL, "%s=: a socket path of at most 107 "
+					   "bytes", p->key);
+		c->control = value;
+		return 0;
 	}
 	return opts_errorf(err, errlen, -EINVAL, "%s: bad parameter table", p->key);
 }

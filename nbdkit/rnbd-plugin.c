@@ -33,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clt-ctl.h"
 #include "opts.h"
 #include "rnbd-params.h"
 #include "rnbd.h"
@@ -42,6 +43,8 @@
 
 static struct rnbd_plugin_cfg cfg;
 static struct rnbd_clt_sess *sess;
+static struct clt_ctl ctl;          /* control=: the session and the exports, managed */
+static struct rpc_server *ctl_srv;
 
 /* A mapped device and the connections using it. */
 struct export {
@@ -130,6 +133,48 @@ static int session_open(struct rnbd_clt_sess **out)
 	return rc;
 }
 
+/* client.devices: the exports mapped now. */
+static int ctl_devices(void *priv, struct json_object *arr)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&exports_lock);
+	for (struct export *e = exports; e && !rc; e = e->next) {
+		struct rnbd_clt_dev_info in = { .size = sizeof(in) };
+		struct json_object *o = json_object_new_object();
+		static const char *const modes[] = { "ro", "rw", "migration" };
+
+		rnbd_clt_dev_info(e->dev, &in);
+		if (!o || json_object_object_add(o, "session",
+						 json_object_new_string(cfg.clt.opts.sessname)) ||
+		    json_object_object_add(o, "device", json_object_new_string(e->name)) ||
+		    json_object_object_add(o, "mode", json_object_new_string(modes[e->mode % 3])) ||
+		    json_object_object_add(o, "bytes", json_object_new_uint64(in.bytes)) ||
+		    json_object_object_add(o, "state", json_object_new_string(in.state ? in.state :
+									      "")) ||
+		    json_object_object_add(o, "connections", json_object_new_uint64(e->refs)) ||
+		    json_object_array_add(arr, o)) {
+			json_object_put(o);
+			rc = -ENOMEM;
+		}
+	}
+	pthread_mutex_unlock(&exports_lock);
+	return rc;
+}
+
+static int ctl_start(void)
+{
+	int rc = rpc_server_start(cfg.control, "nbdkit-rnbd control", clt_ctl_methods,
+				  clt_ctl_nr_methods, &ctl, &ctl_srv);
+
+	if (rc)
+		nbdkit_error("control=%s: %s", cfg.control,
+			     rc == -EEXIST ? "exists and is not a socket; not replacing it" :
+			     rc == -EADDRINUSE ? "another program answers on this socket" :
+			     strerror(-rc));
+	return rc;
+}
+
 /*
  * Before nbdkit forks into the background, while its errors still reach
  * the user and make it exit non-zero: connect (and authenticate) once, and
@@ -156,6 +201,13 @@ static int rnbd_get_ready(void)
 		rnbd_clt_unmap(d, true);
 	}
 	rnbd_clt_sess_close(s);
+	/* The control socket's path is checked here too (made and removed again). */
+	if (cfg.control) {
+		if (ctl_start())
+			return -1;
+		rpc_server_stop(ctl_srv);
+		ctl_srv = NULL;
+	}
 	return 0;
 }
 
@@ -171,14 +223,26 @@ static int rnbd_after_fork(void)
 	for (;;) {
 		int rc = session_open(&sess);
 
-		if (rc != -EPERM || now_ms() > end)
-			return rc ? -1 : 0;
-		usleep(50000);
+		if (rc == -EPERM && now_ms() <= end) {
+			usleep(50000);
+			continue;
+		}
+		if (rc)
+			return -1;
+		break;
 	}
+	if (!cfg.control)
+		return 0;
+	clt_ctl_init(&ctl, ctl_devices, NULL);
+	if (clt_ctl_add(&ctl, cfg.clt.opts.sessname, sess) || ctl_start())
+		return -1;
+	return 0;
 }
 
 static void rnbd_cleanup(void)
 {
+	rpc_server_stop(ctl_srv); /* no method runs after this */
+	ctl_srv = NULL;
 	rnbd_clt_sess_close(sess); /* unmaps what is left */
 	sess = NULL;
 }

@@ -3,6 +3,11 @@
  * rnbd: the management command over the daemons' control sockets
  * (JSON-RPC 2.0, lib/rpc; docs/management.md).
  *
+ *   rnbd [options] client list [sessions|paths|devices]
+ *   rnbd [options] client path add SESSION SERVER
+ *   rnbd [options] client path remove|reconnect|disconnect SESSION PATH-INDEX
+ *   rnbd [options] client policy SESSION round-robin|min-inflight|min-latency
+ *   rnbd [options] client stats reset SESSION [PATH-INDEX]
  *   rnbd [options] server list [sessions|devices]
  *   rnbd [options] server close SESSION DEVICE
  *   rnbd [options] server stats
@@ -35,7 +40,8 @@ static struct {
 
 static const struct opt options[] = {
 	{ "socket", 'S', OPT_STRING, &g.socket, .arg = "PATH",
-	  .help = "the daemon's control socket (default /run/rnbd/server.sock for server ...)" },
+	  .help = "the control socket (default /run/rnbd/client.sock for client ..., "
+		  "/run/rnbd/server.sock for server ...)" },
 	{ "output", 'o', OPT_CHOICE, &g.output, .choices = output_names, .arg = "FORMAT",
 	  .help = "table (for people) or json (for scripts)" },
 	{ "timeout", 0, OPT_UINT, &g.timeout_ms, 1, 3600000, .arg = "MS",
@@ -44,7 +50,10 @@ static const struct opt options[] = {
 };
 
 static const char usage[] =
-	"server list [sessions|devices] | server close SESSION DEVICE | server stats |\n"
+	"client list [sessions|paths|devices] | client path add SESSION SERVER |\n"
+	"       client path remove|reconnect|disconnect SESSION PATH | client policy SESSION POLICY |\n"
+	"       client stats reset SESSION [PATH] |\n"
+	"       server list [sessions|devices] | server close SESSION DEVICE | server stats |\n"
 	"       call METHOD [PARAMS-JSON]";
 
 /* Prints s for a table: control characters as \xNN, so a name cannot forge lines. */
@@ -127,6 +136,56 @@ static void table_devices(struct json_object *r)
 		       u64(d, "reads"), u64(d, "read_bytes"), u64(d, "writes"),
 		       u64(d, "write_bytes"), u64(d, "errors"), u64(d, "inflight"),
 		       flag(d, "closed") ? "closed" : "open");
+	}
+}
+
+static void table_clt_sessions(struct json_object *r)
+{
+	printf("%-24s %-7s %6s %6s %9s\n", "SESSION", "SERVER", "PATHS", "QD", "MAX_IO");
+	for (size_t i = 0; i < json_object_array_length(r); i++) {
+		struct json_object *s = json_object_array_get_idx(r, i), *paths;
+
+		json_object_object_get_ex(s, "paths", &paths);
+		cell(str(s, "name"), 24);
+		printf(" %-7s %3" PRIu64 "/%-2zu %6" PRIu64 " %9" PRIu64 "\n", str(s, "server"),
+		       u64(s, "paths_up"), json_object_array_length(paths), u64(s, "queue_depth"),
+		       u64(s, "max_io_size"));
+	}
+}
+
+static void table_clt_paths(struct json_object *r)
+{
+	printf("%-24s %5s %-32s %-12s %8s %10s %10s %10s %9s  %s\n", "SESSION", "INDEX", "PATH",
+	       "STATE", "INFLIGHT", "READS", "WRITES", "RECONNECTS", "FAILOVERS", "LAST_ERROR");
+	for (size_t i = 0; i < json_object_array_length(r); i++) {
+		struct json_object *s = json_object_array_get_idx(r, i), *paths;
+
+		json_object_object_get_ex(s, "paths", &paths);
+		for (size_t j = 0; j < json_object_array_length(paths); j++) {
+			struct json_object *p = json_object_array_get_idx(paths, j);
+
+			cell(str(s, "name"), 24);
+			printf(" %5" PRIu64 " ", u64(p, "index"));
+			cell(str(p, "name"), 32);
+			printf(" %-12s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %9" PRIu64
+			       "  %s\n", str(p, "state"), u64(p, "inflight"), u64(p, "reads"),
+			       u64(p, "writes"), u64(p, "reconnects"), u64(p, "failovers"),
+			       str(p, "last_error")[0] ? str(p, "last_error") : "-");
+		}
+	}
+}
+
+static void table_clt_devices(struct json_object *r)
+{
+	printf("%-24s %-24s %-9s %14s %-12s\n", "SESSION", "DEVICE", "MODE", "BYTES", "STATE");
+	for (size_t i = 0; i < json_object_array_length(r); i++) {
+		struct json_object *d = json_object_array_get_idx(r, i);
+
+		cell(str(d, "session"), 24);
+		putchar(' ');
+		cell(str(d, "device"), 24);
+		printf(" %-9s %14" PRIu64 " %-12s\n", str(d, "mode"), u64(d, "bytes"),
+		       str(d, "state"));
 	}
 }
 
@@ -223,6 +282,87 @@ static int server_cmd(int argc, char **argv)
 	return bad_usage("server: list, close or stats");
 }
 
+/* A path's index, as client list paths shows it. */
+static struct json_object *sess_path_params(const char *sess, const char *path, bool *bad)
+{
+	struct json_object *p = json_object_new_object();
+	char *end;
+	unsigned long v = strtoul(path, &end, 10);
+
+	*bad = !*path || *end || v > 1023 || path[0] == '-';
+	if (*bad || !p || json_object_object_add(p, "session", json_object_new_string(sess)) ||
+	    json_object_object_add(p, "path", json_object_new_uint64(v))) {
+		json_object_put(p);
+		return NULL;
+	}
+	return p;
+}
+
+static int client_cmd(int argc, char **argv)
+{
+	const char *sock = g.socket ? g.socket : "/run/rnbd/client.sock";
+	struct json_object *p;
+	bool bad;
+
+	if (argc < 1)
+		return bad_usage("client needs list, path, policy or stats");
+	if (!strcmp(argv[0], "list")) {
+		if (argc > 2)
+			return bad_usage("client list takes at most one of sessions, paths, devices");
+		if (argc == 1 || !strcmp(argv[1], "sessions"))
+			return run(sock, "client.sessions", NULL, table_clt_sessions);
+		if (!strcmp(argv[1], "paths"))
+			return run(sock, "client.sessions", NULL, table_clt_paths);
+		if (!strcmp(argv[1], "devices"))
+			return run(sock, "client.devices", NULL, table_clt_devices);
+		return bad_usage("client list: sessions, paths or devices");
+	}
+	if (!strcmp(argv[0], "path")) {
+		static const char *const ops[] = { "remove", "reconnect", "disconnect" };
+
+		if (argc == 4 && !strcmp(argv[1], "add")) {
+			p = params2("session", argv[2], "server", argv[3]);
+			return p ? run(sock, "client.path.add", p, table_object) : EXIT_FAILED;
+		}
+		for (size_t i = 0; argc == 4 && i < sizeof(ops) / sizeof(ops[0]); i++) {
+			char method[64];
+
+			if (strcmp(argv[1], ops[i]))
+				continue;
+			p = sess_path_params(argv[2], argv[3], &bad);
+			if (bad)
+				return bad_usage("PATH is the path's index (client list paths)");
+			snprintf(method, sizeof(method), "client.path.%s", ops[i]);
+			return p ? run(sock, method, p, table_object) : EXIT_FAILED;
+		}
+		return bad_usage("client path add SESSION SERVER | "
+				 "client path remove|reconnect|disconnect SESSION PATH");
+	}
+	if (!strcmp(argv[0], "policy")) {
+		if (argc != 3)
+			return bad_usage("client policy needs SESSION POLICY");
+		p = params2("session", argv[1], "policy", argv[2]);
+		return p ? run(sock, "client.policy", p, table_object) : EXIT_FAILED;
+	}
+	if (!strcmp(argv[0], "stats")) {
+		if ((argc != 3 && argc != 4) || strcmp(argv[1], "reset"))
+			return bad_usage("client stats reset SESSION [PATH]");
+		if (argc == 4) {
+			p = sess_path_params(argv[2], argv[3], &bad);
+			if (bad)
+				return bad_usage("PATH is the path's index (client list paths)");
+		} else {
+			p = json_object_new_object();
+			if (p && json_object_object_add(p, "session", json_object_new_string(argv[2]))) {
+				json_object_put(p);
+				p = NULL;
+			}
+		}
+		return p ? run(sock, "client.stats.reset", p, table_object) : EXIT_FAILED;
+	}
+	return bad_usage("client: list, path, policy or stats");
+}
+
 static int call_cmd(int argc, char **argv)
 {
 	struct json_object *p = NULL;
@@ -277,12 +417,14 @@ int main(int argc, char **argv)
 	}
 	if (!n)
 		rc = bad_usage("what to do?");
+	else if (!strcmp(words[0], "client"))
+		rc = client_cmd(n - 1, words + 1);
 	else if (!strcmp(words[0], "server"))
 		rc = server_cmd(n - 1, words + 1);
 	else if (!strcmp(words[0], "call"))
 		rc = call_cmd(n - 1, words + 1);
 	else
-		rc = bad_usage("unknown command (server, call)");
+		rc = bad_usage("unknown command (client, server, call)");
 	free(words);
 	return rc;
 }

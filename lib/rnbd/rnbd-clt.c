@@ -1083,3 +1083,8 @@ int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op op, uint32_t flags, uin
 	rc = rnbd_clt_submit(d, op, flags, offset, buf, len, waiter_done, &w);
 	return rc ? rc : waiter_wait(&w);
 }
+
+struct rtrs_clt_sess *rnbd_clt_rtrs(struct rnbd_clt_sess *sess)
+{
+	return sess ? sess->rtrs : NULL;
+}

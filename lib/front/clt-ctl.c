@@ -1,0 +1,442 @@
+/* SPDX-License-Identifier: MIT */
+/* The client.* management methods (clt-ctl.h, docs/management.md). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clt-ctl.h"
+
+static const char *const policy_names[] = {
+	[RTRS_MP_POLICY_RR] = "round-robin",
+	[RTRS_MP_POLICY_MIN_INFLIGHT] = "min-inflight",
+	[RTRS_MP_POLICY_MIN_LATENCY] = "min-latency",
+};
+
+const char *clt_ctl_policy_name(unsigned policy)
+{
+	return policy < sizeof(policy_names) / sizeof(policy_names[0]) ? policy_names[policy] :
+									   NULL;
+}
+
+int clt_ctl_policy_of(const char *name)
+{
+	for (unsigned i = 0; i < sizeof(policy_names) / sizeof(policy_names[0]); i++)
+		if (!strcmp(name, policy_names[i]))
+			return (int)i;
+	return -1;
+}
+
+void clt_ctl_init(struct clt_ctl *c, int (*devices)(void *priv, struct json_object *arr),
+		  void *priv)
+{
+	memset(c, 0, sizeof(*c));
+	pthread_mutex_init(&c->lock, NULL);
+	c->devices = devices;
+	c->priv = priv;
+}
+
+int clt_ctl_add(struct clt_ctl *c, const char *name, struct rnbd_clt_sess *sess)
+{
+	int rc = 0;
+
+	if (strlen(name) >= sizeof(c->sess[0].name))
+		return -ENAMETOOLONG;
+	pthread_mutex_lock(&c->lock);
+	for (unsigned i = 0; i < c->nr_sess && !rc; i++)
+		if (!strcmp(c->sess[i].name, name))
+			rc = -EEXIST;
+	if (!rc && c->nr_sess == CLT_CTL_SESS_MAX)
+		rc = -ENOSPC;
+	if (!rc) {
+		snprintf(c->sess[c->nr_sess].name, sizeof(c->sess[0].name), "%s", name);
+		c->sess[c->nr_sess++].sess = sess;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return rc;
+}
+
+void clt_ctl_del(struct clt_ctl *c, struct rnbd_clt_sess *sess)
+{
+	pthread_mutex_lock(&c->lock);
+	for (unsigned i = 0; i < c->nr_sess; i++) {
+		if (c->sess[i].sess == sess) {
+			c->sess[i] = c->sess[--c->nr_sess];
+			break;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
+struct rnbd_clt_sess *clt_ctl_find(struct clt_ctl *c, const char *name)
+{
+	struct rnbd_clt_sess *s = NULL;
+
+	pthread_mutex_lock(&c->lock);
+	for (unsigned i = 0; i < c->nr_sess && !s; i++)
+		if (!strcmp(c->sess[i].name, name))
+			s = c->sess[i].sess;
+	pthread_mutex_unlock(&c->lock);
+	return s;
+}
+
+/* ---- helpers ---- */
+
+static bool put(struct json_object *o, const char *key, struct json_object *v)
+{
+	if (!o || !v || json_object_object_add(o, key, v)) {
+		json_object_put(v);
+		return false;
+	}
+	return true;
+}
+
+/* The session named by params' "session", or an error in err. */
+static struct rtrs_clt_sess *sess_param(struct clt_ctl *c, struct json_object *params,
+					const char **name, struct rpc_err *err)
+{
+	struct rnbd_clt_sess *s;
+
+	if (rpc_param_str(params, "session", true, name, err))
+		return NULL;
+	s = clt_ctl_find(c, *name);
+	if (!s)
+		rpc_errf(err, -ENOENT, "no session %s", *name);
+	return s ? rnbd_clt_rtrs(s) : NULL;
+}
+
+/* params' "path": the index of a path of r, checked against the session. */
+static int path_param(struct rtrs_clt_sess *r, const char *name, struct json_object *params,
+		      unsigned *idx, struct rpc_err *err)
+{
+	struct rtrs_attrs a = { .size = sizeof(a) };
+	uint64_t v;
+	int rc = rpc_param_u64(params, "path", true, 0, 1023, &v, err);
+
+	if (rc)
+		return rc;
+	rtrs_clt_query(r, &a); /* paths_num is filled without a path up too */
+	if (v >= a.paths_num)
+		return rpc_errf(err, -ENOENT, "session %s has no path %llu (it has %u)", name,
+				(unsigned long long)v, a.paths_num);
+	*idx = (unsigned)v;
+	return 0;
+}
+
+static struct json_object *path_json(unsigned idx, const struct rtrs_path_stats *st)
+{
+	struct json_object *o = json_object_new_object();
+	bool ok;
+
+	ok = put(o, "index", json_object_new_uint64(idx)) &&
+	     put(o, "name", json_object_new_string(st->name)) &&
+	     put(o, "state", json_object_new_string(st->state)) &&
+	     put(o, "inflight", json_object_new_uint64(st->inflight)) &&
+	     put(o, "reads", json_object_new_uint64(st->reads)) &&
+	     put(o, "read_bytes", json_object_new_uint64(st->read_bytes)) &&
+	     put(o, "writes", json_object_new_uint64(st->writes)) &&
+	     put(o, "write_bytes", json_object_new_uint64(st->write_bytes)) &&
+	     put(o, "hb_latency_ns", json_object_new_uint64(st->hb_latency_ns)) &&
+	     put(o, "reconnects", json_object_new_uint64(st->reconnects)) &&
+	     put(o, "reconnect_failures", json_object_new_uint64(st->reconnect_failures)) &&
+	     put(o, "failovers", json_object_new_uint64(st->failovers)) &&
+	     put(o, "auth_runs", json_object_new_uint64(st->auth_runs)) &&
+	     put(o, "reconnect_verdict", json_object_new_string(st->reconnect_verdict ?
+								st->reconnect_verdict : "")) &&
+	     (!st->last_error ||
+	      put(o, "last_error", json_object_new_string(strerrorname_np(-st->last_error) ?
+							  strerrorname_np(-st->last_error) :
+							  "unknown")));
+	if (!ok) {
+		json_object_put(o);
+		return NULL;
+	}
+	return o;
+}
+
+static struct json_object *sess_json(const char *name, struct rnbd_clt_sess *s)
+{
+	struct rtrs_clt_sess *r = rnbd_clt_rtrs(s);
+	struct rtrs_attrs a = { .size = sizeof(a) };
+	struct json_object *o = json_object_new_object(), *paths = json_object_new_array();
+	int ext = rtrs_clt_peer_ext(r);
+	bool ok = o && paths;
+
+	rtrs_clt_query(r, &a);
+	for (unsigned i = 0; ok && i < a.paths_num; i++) {
+		struct rtrs_path_stats st = { .size = sizeof(st) };
+		struct json_object *p;
+
+		if (rtrs_clt_path_stats(r, i, &st))
+			continue; /* removed meanwhile */
+		p = path_json(i, &st);
+		ok = p && !json_object_array_add(paths, p);
+		if (!ok)
+			json_object_put(p);
+	}
+	ok = ok && put(o, "name", json_object_new_string(name)) &&
+	     put(o, "server", json_object_new_string(ext > 0 ? "rnbd" : "kernel")) &&
+	     put(o, "queue_depth", json_object_new_uint64(a.queue_depth)) &&
+	     put(o, "max_io_size", json_object_new_uint64(a.max_io_size)) &&
+	     put(o, "paths_up", json_object_new_uint64(a.paths_up)) &&
+	     put(o, "server_sessions", json_object_new_uint64(a.server_sessions)) &&
+	     put(o, "paths", paths);
+	if (!ok) {
+		json_object_put(o);
+		return NULL;
+	}
+	return o;
+}
+
+/* ---- methods ---- */
+
+static const char *const no_params[] = { NULL };
+static const char *const sess_path[] = { "session", "path", NULL };
+
+static int m_sessions(void *priv, struct json_object *params, struct json_object **result,
+		      struct rpc_err *err)
+{
+	struct clt_ctl *c = priv;
+	struct json_object *arr;
+	unsigned n;
+	int rc = rpc_params_check(params, no_params, err);
+	__typeof__(c->sess[0]) *snap;
+
+	if (rc)
+		return rc;
+	snap = malloc(sizeof(c->sess));
+	arr = json_object_new_array();
+	if (!snap || !arr) {
+		free(snap);
+		json_object_put(arr);
+		return -ENOMEM;
+	}
+	pthread_mutex_lock(&c->lock);
+	n = c->nr_sess;
+	memcpy(snap, c->sess, n * sizeof(snap[0]));
+	pthread_mutex_unlock(&c->lock);
+	for (unsigned i = 0; i < n; i++) {
+		struct json_object *o = sess_json(snap[i].name, snap[i].sess);
+
+		if (!o || json_object_array_add(arr, o)) {
+			json_object_put(o);
+			json_object_put(arr);
+			free(snap);
+			return -ENOMEM;
+		}
+	}
+	free(snap);
+	*result = arr;
+	return 0;
+}
+
+static int m_devices(void *priv, struct json_object *params, struct json_object **result,
+		     struct rpc_err *err)
+{
+	struct clt_ctl *c = priv;
+	struct json_object *arr;
+	int rc = rpc_params_check(params, no_params, err);
+
+	if (rc)
+		return rc;
+	arr = json_object_new_array();
+	if (!arr)
+		return -ENOMEM;
+	rc = c->devices ? c->devices(c->priv, arr) : 0;
+	if (rc) {
+		json_object_put(arr);
+		return rc;
+	}
+	*result = arr;
+	return 0;
+}
+
+static int m_path_add(void *priv, struct json_object *params, struct json_object **result,
+		      struct rpc_err *err)
+{
+	static const char *const names[] = { "session", "server", NULL };
+	struct rtrs_addr a = { .size = sizeof(a) };
+	struct rtrs_path_addr pa;
+	struct rtrs_clt_sess *r;
+	const char *name, *server;
+	char why[256];
+	unsigned idx;
+	int rc;
+
+	if ((rc = rpc_params_check(params, names, err)))
+		return rc;
+	if (!(r = sess_param(priv, params, &name, err)))
+		return err->code;
+	if ((rc = rpc_param_str(params, "server", true, &server, err)))
+		return rc;
+	if (rtrs_addr_parse(server, RNBD_DEFAULT_PORT_NR, &a, why, sizeof(why)))
+		return rpc_errf(err, RPC_INVALID_PARAMS, "server %s: %s", server, why);
+	rtrs_addr_path(&a, &pa);
+	rc = rtrs_clt_add_path(r, &pa, &idx);
+	if (rc)
+		return rpc_errf(err, rc, "session %s: adding a path to %s: %s", name, server,
+				strerror(-rc));
+	*result = json_object_new_object();
+	return put(*result, "index", json_object_new_uint64(idx)) ? 0 : -ENOMEM;
+}
+
+/* remove, reconnect, disconnect: the same shape. */
+static int path_op(void *priv, struct json_object *params, struct json_object **result,
+		   struct rpc_err *err, int (*op)(struct rtrs_clt_sess *, unsigned), const char *what)
+{
+	struct rtrs_clt_sess *r;
+	const char *name;
+	unsigned idx;
+	int rc;
+
+	if ((rc = rpc_params_check(params, sess_path, err)))
+		return rc;
+	if (!(r = sess_param(priv, params, &name, err)))
+		return err->code;
+	if ((rc = path_param(r, name, params, &idx, err)))
+		return rc;
+	rc = op(r, idx);
+	if (rc)
+		return rpc_errf(err, rc, "session %s: %s path %u: %s", name, what, idx,
+				strerror(-rc));
+	*result = json_object_new_object();
+	return put(*result, "index", json_object_new_uint64(idx)) ? 0 : -ENOMEM;
+}
+
+static int m_path_remove(void *priv, struct json_object *params, struct json_object **result,
+			 struct rpc_err *err)
+{
+	return path_op(priv, params, result, err, rtrs_clt_remove_path, "removing");
+}
+
+static int m_path_reconnect(void *priv, struct json_object *params,
+			    struct json_object **result, struct rpc_err *err)
+{
+	return path_op(priv, params, result, err, rtrs_clt_reconnect_path, "reconnecting");
+}
+
+static int m_path_disconnect(void *priv, struct json_object *params,
+			     struct json_object **result, struct rpc_err *err)
+{
+	return path_op(priv, params, result, err, rtrs_clt_disconnect_path, "disconnecting");
+}
+
+static int m_policy(void *priv, struct json_object *params, struct json_object **result,
+		    struct rpc_err *err)
+{
+	static const char *const names[] = { "session", "policy", NULL };
+	struct rtrs_clt_sess *r;
+	const char *name, *pol;
+	int rc, p;
+
+	if ((rc = rpc_params_check(params, names, err)))
+		return rc;
+	if (!(r = sess_param(priv, params, &name, err)))
+		return err->code;
+	if ((rc = rpc_param_str(params, "policy", true, &pol, err)))
+		return rc;
+	p = clt_ctl_policy_of(pol);
+	if (p < 0)
+		return rpc_errf(err, RPC_INVALID_PARAMS,
+				"policy %s: not round-robin, min-inflight or min-latency", pol);
+	rc = rtrs_clt_set_mp_policy(r, (enum rtrs_mp_policy)p);
+	if (rc)
+		return rpc_errf(err, rc, "session %s: policy %s: %s", name, pol, strerror(-rc));
+	*result = json_object_new_object();
+	return put(*result, "policy", json_object_new_string(pol)) ? 0 : -ENOMEM;
+}
+
+static int m_reconnect(void *priv, struct json_object *params, struct json_object **result,
+		       struct rpc_err *err)
+{
+	static const char *const names[] = { "session", "delay_ms", "jitter_ms", "max_attempts",
+					     NULL };
+	struct rtrs_clt_sess *r;
+	uint64_t delay, jitter, attempts;
+	struct json_object *v;
+	const char *name;
+	int rc, max;
+
+	if ((rc = rpc_params_check(params, names, err)))
+		return rc;
+	if (!(r = sess_param(priv, params, &name, err)))
+		return err->code;
+	if ((rc = rpc_param_u64(params, "delay_ms", true, 0, 3600000, &delay, err)) ||
+	    (rc = rpc_param_u64(params, "jitter_ms", true, 0, 3600000, &jitter, err)))
+		return rc;
+	/* max_attempts: a count, or -1 for no limit. */
+	if (json_object_object_get_ex(params, "max_attempts", &v) &&
+	    json_object_is_type(v, json_type_int) && json_object_get_int64(v) == -1) {
+		max = -1;
+	} else {
+		if ((rc = rpc_param_u64(params, "max_attempts", true, 0, 1000000, &attempts,
+					err))) {
+			char msg[sizeof(err->msg)];
+
+			memcpy(msg, err->msg, sizeof(msg));
+			return rpc_errf(err, rc, "%.400s (or -1: no limit)", msg);
+		}
+		max = (int)attempts;
+	}
+	rc = rtrs_clt_set_reconnect(r, (unsigned)delay, (unsigned)jitter, max);
+	if (rc)
+		return rpc_errf(err, rc, "session %s: reconnect parameters: %s", name,
+				strerror(-rc));
+	*result = json_object_new_object();
+	return put(*result, "delay_ms", json_object_new_uint64(delay)) &&
+	       put(*result, "jitter_ms", json_object_new_uint64(jitter)) &&
+	       put(*result, "max_attempts", json_object_new_int(max)) ? 0 : -ENOMEM;
+}
+
+static int m_stats_reset(void *priv, struct json_object *params, struct json_object **result,
+			 struct rpc_err *err)
+{
+	struct rtrs_attrs a = { .size = sizeof(a) };
+	struct rtrs_clt_sess *r;
+	const char *name;
+	unsigned idx, n = 0;
+	int rc;
+
+	if ((rc = rpc_params_check(params, sess_path, err)))
+		return rc;
+	if (!(r = sess_param(priv, params, &name, err)))
+		return err->code;
+	if (json_object_object_get_ex(params, "path", NULL)) {
+		if ((rc = path_param(r, name, params, &idx, err)))
+			return rc;
+		rc = rtrs_clt_reset_path_stats(r, idx);
+		n = !rc;
+	} else {
+		rtrs_clt_query(r, &a);
+		for (unsigned i = 0; i < a.paths_num; i++)
+			n += !rtrs_clt_reset_path_stats(r, i);
+		rc = 0;
+	}
+	if (rc)
+		return rpc_errf(err, rc, "session %s: %s", name, strerror(-rc));
+	*result = json_object_new_object();
+	return put(*result, "paths_reset", json_object_new_uint64(n)) ? 0 : -ENOMEM;
+}
+
+const struct rpc_method clt_ctl_methods[] = {
+	{ "client.sessions", m_sessions, "",
+	  "every session: its server's kind, limits and paths (state, counters, reconnects)" },
+	{ "client.devices", m_devices, "", "every mapped device: session, name, size, state" },
+	{ "client.path.add", m_path_add, "session: string, server: string ([SRC@]HOST[:PORT])",
+	  "add a path to a session and connect it" },
+	{ "client.path.remove", m_path_remove, "session: string, path: integer",
+	  "remove a path for good (its IO fails over)" },
+	{ "client.path.reconnect", m_path_reconnect, "session: string, path: integer",
+	  "reconnect a path now, with a fresh count of attempts" },
+	{ "client.path.disconnect", m_path_disconnect, "session: string, path: integer",
+	  "close a path and keep it closed until reconnected" },
+	{ "client.policy", m_policy, "session: string, policy: string",
+	  "the multipath policy: round-robin, min-inflight or min-latency" },
+	{ "client.reconnect", m_reconnect,
+	  "session: string, delay_ms: integer, jitter_ms: integer, max_attempts: integer (-1: "
+	  "no limit)", "the reconnect parameters, from the next attempt on" },
+	{ "client.stats.reset", m_stats_reset, "session: string, path: integer (optional)",
+	  "zero the counters of a path, or of every path of the session" },
+};
+
+const size_t clt_ctl_nr_methods = sizeof(clt_ctl_methods) / sizeof(clt_ctl_methods[0]);

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# A client process managed at run time (docs/management.md): nbdkit with
+# the rnbd plugin and control=, two paths to rnbd-server (127.0.0.1 and
+# 127.0.0.2), the rnbd command on its socket, while a loop writes random
+# data through NBD and reads it back (nbdcopy both ways, cmp):
+#   - client list -o json: the session, both paths with their addresses,
+#     states and counters; client list devices: the export while it is used;
+#   - path remove, path add, path disconnect and reconnect, each under that
+#     IO: the loop sees no error, and every round's data reads back equal;
+#   - a policy switch to round-robin shows in the per-path counters: both
+#     paths carry writes afterwards;
+#   - bad requests: an unknown session or path, a bad policy, a bad address:
+#     exit 1 with the object named; the plugin goes on.
+# Usage: client-ctl.sh BUILD_DIR. Exits 77 when a tool is missing.
+set -euo pipefail
+build=$(cd "${1:?usage: client-ctl.sh BUILD_DIR}" && pwd)
+plugin=$build/nbdkit/nbdkit-rnbd-plugin.so
+rnbd=$build/tools/rnbd
+
+for t in nbdkit nbdcopy python3; do
+	command -v "$t" >/dev/null || { echo "SKIP: $t is not installed"; exit 77; }
+done
+
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/nbdkit-sanitizer.sh" # skips a sanitizer build
+dir=$(mktemp -d /var/tmp/rnbd-cctl.XXXXXX)
+cleanup() {
+	touch "$dir/stop"
+	[ -e "$dir/nbdkit.pid" ] && kill "$(cat "$dir/nbdkit.pid")" 2>/dev/null || true
+	kill_pids
+	rm -rf "$dir"
+}
+trap cleanup EXIT
+
+size=$((16 << 20))
+rnbd_server_start "$dir/server.log" -- --port 0 --mem-device "mem0:$size" \
+	--control "$dir/sctl" || exit 1
+nbdkit -P "$dir/nbdkit.pid" -U "$dir/nbd.sock" "$plugin" server="127.0.0.1:$port" \
+	server="127.0.0.2:$port" session=cc device=mem0 control="$dir/cctl" \
+	reconnect_delay_ms=200 2>"$dir/nbdkit.log" || { cat "$dir/nbdkit.log"; exit 1; }
+# The background process opens the session and the socket after nbdkit forked.
+wait_until 10 test -S "$dir/cctl" || { cat "$dir/nbdkit.log"; echo "FAIL: no control socket"; exit 1; }
+uri="nbd+unix:///mem0?socket=$dir/nbd.sock"
+c() { "$rnbd" --socket "$dir/cctl" client "$@"; }
+
+c list -o json >"$dir/list0.json"
+check "client list -o json: one session, two paths connected, counters" \
+	python3 - "$dir/list0.json" "$port" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert len(s) == 1 and s[0]["name"] == "cc" and s[0]["server"] == "rnbd", s
+p = s[0]["paths"]
+assert [x["index"] for x in p] == [0, 1], p
+assert p[0]["name"] == "cc/127.0.0.1:" + sys.argv[2] and p[1]["name"] == "cc/127.0.0.2:" + sys.argv[2], p
+assert all(x["state"] == "connected" and "writes" in x and "read_bytes" in x for x in p), p
+assert s[0]["paths_up"] == 2 and s[0]["queue_depth"] > 0, s
+PY
+
+# The IO loop: random data written whole and read back, until told to stop.
+io_loop() {
+	local n=0 bad=0
+	while [ ! -e "$dir/stop" ]; do
+		head -c "$size" /dev/urandom >"$dir/w.bin"
+		if nbdcopy "$dir/w.bin" "$uri" 2>>"$dir/io.err" &&
+			nbdcopy "$uri" "$dir/r.bin" 2>>"$dir/io.err" &&
+			cmp -s "$dir/w.bin" "$dir/r.bin"; then
+			n=$((n + 1))
+		else
+			bad=$((bad + 1))
+		fi
+		echo "$n $bad" >"$dir/io.count.new"
+		mv "$dir/io.count.new" "$dir/io.count"
+	done
+}
+io_loop &
+io_pid=$!
+pids+=($io_pid)
+rounds() { local n=0; [ -e "$dir/io.count" ] && read -r n _ <"$dir/io.count"; echo "$n"; }
+rounds_at_least() { [ "$(rounds)" -ge "$1" ]; }
+# more_rounds N: N more rounds complete from now (30 s at most)
+more_rounds() { wait_until 30 rounds_at_least $(($(rounds) + $1)); }
+check "IO runs" more_rounds 1
+# The export is mapped while an NBD connection uses it (each nbdcopy opens one).
+export_listed() {
+	c list devices -o json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+sys.exit(0 if any(x["device"] == "mem0" and x["session"] == "cc" and x["bytes"] == int(sys.argv[1])
+                  and x["state"] == "mapped" and x["mode"] == "rw" for x in d) else 1)' "$size"
+}
+check "client list devices: the export, mapped, while IO uses it" wait_until 10 export_listed
+
+# path_field INDEX FIELD: a field of that path now
+path_field() {
+	c list -o json | python3 -c '
+import json, sys
+p = [x for x in json.load(sys.stdin)[0]["paths"] if x["index"] == int(sys.argv[1])]
+print(p[0][sys.argv[2]] if p else "")' "$1" "$2"
+}
+path_is() { test "$(path_field "$1" state)" = "$2"; }
+
+check "path remove 1" c path remove cc 1
+check "... path 1 is closed" wait_until 10 path_is 1 closed
+check "... IO goes on" more_rounds 2
+check "path add 127.0.0.2: index 2" bash -c "'$rnbd' --socket '$dir/cctl' client path add cc \
+	127.0.0.2:$port | grep -Eq '^index +2$'"
+check "... path 2 is connected" wait_until 10 path_is 2 connected
+check "policy round-robin" c policy cc round-robin
+check "... IO goes on" more_rounds 1
+w0=$(path_field 0 writes) w2=$(path_field 2 writes)
+check "... both paths carry writes after the switch" more_rounds 2
+d0=$(($(path_field 0 writes) - w0)) d2=$(($(path_field 2 writes) - w2))
+check "... the counters show it (path 0 +$d0, path 2 +$d2)" \
+	test "$d0" -gt 0 -a "$d2" -gt 0 -a $((d0 * 3)) -gt "$d2" -a $((d2 * 3)) -gt "$d0"
+check "path disconnect 0" c path disconnect cc 0
+check "... path 0 is closed" wait_until 10 path_is 0 closed
+check "... IO goes on" more_rounds 2
+check "path reconnect 0" c path reconnect cc 0
+check "... path 0 is connected again" wait_until 10 path_is 0 connected
+check "... IO goes on" more_rounds 2
+touch "$dir/stop"
+wait "$io_pid" || true
+check "stats reset cc 2" c stats reset cc 2
+check "... zeroes path 2's counters, not path 0's" \
+	test "$(path_field 2 writes)" = 0 -a "$(path_field 2 reads)" = 0 -a "$(path_field 0 writes)" -gt 0
+read -r n bad <"$dir/io.count"
+check "the IO loop: $n rounds of 16 MiB, every one read back equal, 0 errors" \
+	test "$bad" -eq 0 -a "$n" -ge 10
+[ "$bad" -eq 0 ] || tail -n 20 "$dir/io.err"
+
+# Bad requests: exit 1, the object named; the plugin goes on.
+fails() { # TEXT CMD...: exit 1 with TEXT on stderr
+	local want=$1 rc=0
+	shift
+	"$@" >/dev/null 2>"$dir/err" || rc=$?
+	[ "$rc" -eq 1 ] && grep -qF -- "$want" "$dir/err" || { echo "  exit $rc: $(cat "$dir/err")"; return 1; }
+}
+check "an unknown session" fails "no session nope" c path remove nope 0
+check "an unknown path" fails "session cc has no path 9" c path reconnect cc 9
+check "a bad policy" fails "policy fastest: not round-robin" c policy cc fastest
+check "a bad address" fails "server [::1" c path add cc "[::1"
+check "a path index that is not one: exit 2" bash -c "'$rnbd' --socket '$dir/cctl' client \
+	path remove cc x 2>/dev/null; [ \$? -eq 2 ]"
+check "reconnect parameters: max_attempts -1 taken" bash -c "'$rnbd' --socket '$dir/cctl' \
+	call client.reconnect '{\"session\":\"cc\",\"delay_ms\":100,\"jitter_ms\":10,\"max_attempts\":-1}' | grep -q '\"max_attempts\":-1'"
+check "reconnect parameters: a string refused" fails "max_attempts" \
+	"$rnbd" --socket "$dir/cctl" call client.reconnect \
+	'{"session":"cc","delay_ms":100,"jitter_ms":10,"max_attempts":"x"}'
+check "the plugin still serves" bash -c "nbdcopy '$uri' '$dir/r.bin' && cmp -s '$dir/w.bin' '$dir/r.bin'"
+check "... and answers" c list
+
+finish client-ctl
