@@ -33,6 +33,7 @@
 
 #include "log.h"
 #include "opts.h"
+#include "metrics.h"
 #include "rnbd.h"
 #include "rpc.h"
 #include "util.h"
@@ -40,7 +41,7 @@
 static const char *const engine_names[] = { "auto", "io_uring", "threads", NULL };
 
 static struct {
-	const char *config, *addr, *provider, *search, *auth_keys, *auth_name, *control;
+	const char *config, *addr, *provider, *search, *auth_keys, *auth_name, *control, *metrics;
 	const char *log_level;
 	struct opt_list mem;
 	uint64_t port, queue_depth, chunk_size, threads, hb_ms, busy_poll_us;
@@ -83,6 +84,8 @@ static const struct opt options[] = {
 	  .help = "poll an empty completion queue this long before sleeping (RDMA devices)" },
 	{ "control", 0, OPT_STRING, &g.control, .arg = "PATH",
 	  .help = "serve the management plane (JSON-RPC, the rnbd command) on this Unix socket" },
+	{ "metrics", 0, OPT_STRING, &g.metrics, .arg = "HOST:PORT",
+	  .help = "serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any, printed)" },
 	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "log errors only (--log-level error)" },
 	{ "log-level", 0, OPT_STRING, &g.log_level, .arg = "LEVEL",
 	  .help = "error, warn, info or debug (default: RTRS_LOG_LEVEL, else info)" },
@@ -91,6 +94,7 @@ static const struct opt options[] = {
 
 static struct rnbd_srv *srv;
 static struct rpc_server *ctl;
+static struct metrics_http *mhttp;
 static int log_level = LOG_INFO;
 
 /* ---- logging: every line with its time ------------------------------------------ */
@@ -346,6 +350,100 @@ static int m_stats(void *priv, struct json_object *params, struct json_object **
 	return 0;
 }
 
+/* ---- metrics (Prometheus) ---------------------------------------------------------- */
+
+enum { SRC_STATS, SRC_SESSIONS, SRC_DEVICES, SRC_NR };
+
+#define STAT(n, t, f, h) { .name = "rnbd_server_" n, .type = t, .help = h, .src = SRC_STATS, \
+			   .shape = METRICS_OBJ, .field = f }
+#define PATHS(n, t, h) .name = "rnbd_server_path_" n, .type = t, .help = h, \
+		       .src = SRC_SESSIONS, .shape = METRICS_NESTED, .nested = "paths", \
+		       .outer_label = "session", .outer_field = "name", .inner_label = "path", \
+		       .inner_field = "peer"
+#define PATH(n, t, f, h) { PATHS(n, t, h), .field = f }
+#define DEVS(n, t, h) .name = "rnbd_server_device_" n, .type = t, .help = h, \
+		      .src = SRC_DEVICES, .shape = METRICS_ARRAY, .outer_label = "session", \
+		      .outer_field = "session", .inner_label = "device", .inner_field = "device"
+#define DEV(n, t, f, h) { DEVS(n, t, h), .field = f }
+
+static const struct metrics_def metric_defs[] = {
+	STAT("connection_requests_total", "counter", "connection_requests",
+	     "RTRS connection requests that arrived"),
+	STAT("rejects_total", "counter", "rejects", "connection requests refused at once"),
+	STAT("auth_ok_total", "counter", "auth_ok", "paths that authenticated"),
+	STAT("auth_failed_total", "counter", "auth_failed", "authentications refused"),
+	STAT("auth_timeouts_total", "counter", "auth_timeouts",
+	     "paths closed for not authenticating in time"),
+	STAT("key_rotations_total", "counter", "key_rotations", "chunk keys registered"),
+	STAT("sessions", "gauge", "sessions", "sessions now"),
+	STAT("chunk_memory_bytes", "gauge", "chunk_bytes", "chunk memory mapped now"),
+	STAT("pending_evicted_total", "counter", "pending_evicted",
+	     "pending paths closed to make room for newer ones"),
+	STAT("raw_closed_total", "counter", "raw_closed",
+	     "TCP connections closed before their request"),
+	STAT("limit_refusals_total", "counter", "limit_refusals",
+	     "sessions refused for max_sessions or max_chunk_mem"),
+	{ PATHS("up", "gauge", "1 while the path is connected"), .field = "state",
+	  .match = "connected" },
+	PATH("inflight_requests", "gauge", "inflight", "requests with the store or answering now"),
+	PATH("reads_total", "counter", "reads", "read requests taken on the path"),
+	PATH("read_bytes_total", "counter", "read_bytes", "bytes asked for by reads"),
+	PATH("writes_total", "counter", "writes", "write requests taken on the path"),
+	PATH("write_bytes_total", "counter", "write_bytes", "bytes written by requests"),
+	DEV("reads_total", "counter", "reads", "reads the store completed"),
+	DEV("read_bytes_total", "counter", "read_bytes", "bytes the store read"),
+	DEV("writes_total", "counter", "writes", "writes the store completed"),
+	DEV("write_bytes_total", "counter", "write_bytes", "bytes the store wrote"),
+	DEV("other_requests_total", "counter", "other",
+	    "flush, discard, secure erase and write zeroes completed"),
+	DEV("errors_total", "counter", "errors", "requests the store answered with an error"),
+	DEV("inflight_requests", "gauge", "inflight", "requests with the store now"),
+	DEV("closed", "gauge", "closed", "1 once force-closed, until its client closes it"),
+};
+
+static int m_sessions(void *priv, struct json_object *params, struct json_object **result,
+		      struct rpc_err *err);
+static int m_devices(void *priv, struct json_object *params, struct json_object **result,
+		     struct rpc_err *err);
+static int m_stats(void *priv, struct json_object *params, struct json_object **result,
+		   struct rpc_err *err);
+
+/* The exposition, from what server.stats, server.sessions and server.devices answer. */
+static char *metrics_text(void *priv)
+{
+	struct json_object *srcs[SRC_NR] = { NULL };
+	struct rpc_err err;
+	char *text = NULL;
+
+	if (!m_stats(NULL, NULL, &srcs[SRC_STATS], &err) &&
+	    !m_sessions(NULL, NULL, &srcs[SRC_SESSIONS], &err) &&
+	    !m_devices(NULL, NULL, &srcs[SRC_DEVICES], &err))
+		text = metrics_render(metric_defs, sizeof(metric_defs) / sizeof(metric_defs[0]), srcs,
+				      SRC_NR);
+	for (int i = 0; i < SRC_NR; i++)
+		json_object_put(srcs[i]);
+	return text;
+}
+
+static int m_metrics(void *priv, struct json_object *params, struct json_object **result,
+		     struct rpc_err *err)
+{
+	char *text;
+	int rc;
+
+	if ((rc = rpc_params_check(params, no_params, err)))
+		return rc;
+	if (!live_srv(err))
+		return -EAGAIN;
+	text = metrics_text(NULL);
+	if (!text)
+		return -ENOMEM;
+	*result = json_object_new_object();
+	rc = put(*result, "text", json_object_new_string(text)) ? 0 : -ENOMEM;
+	free(text);
+	return rc;
+}
+
 static const struct rpc_method methods[] = {
 	{ "server.sessions", m_sessions, "",
 	  "every session: its paths (peer, state, counters) and the devices it has open" },
@@ -354,6 +452,7 @@ static const struct rpc_method methods[] = {
 	  "close a device a session has open (its later IO fails with ENOTCONN)" },
 	{ "server.stats", m_stats, "",
 	  "the transport's counters: connection requests, rejects, authentications, keys" },
+	{ "metrics", m_metrics, "", "every counter in Prometheus's text format: {\"text\": ...}" },
 };
 
 /* ---- SIGHUP: the key file ------------------------------------------------------------- */
@@ -473,6 +572,18 @@ int main(int argc, char **argv)
 		goto fail;
 	}
 	atomic_store(&live, srv);
+	if (g.metrics) {
+		char why[256];
+
+		rc = metrics_http_start(g.metrics, metrics_text, NULL, &mhttp, why, sizeof(why));
+		if (rc) {
+			fprintf(stderr, "rnbd-server: --metrics %s\n", why);
+			atomic_store(&live, NULL);
+			rnbd_srv_close(srv);
+			goto fail;
+		}
+		printf("rnbd-server metrics on port %u\n", metrics_http_port(mhttp));
+	}
 	printf("rnbd-server listening on port %d\n", port);
 	fflush(stdout);
 	for (;;) {
@@ -483,6 +594,7 @@ int main(int argc, char **argv)
 		reload_keys();
 	}
 	srv_log(LOG_INFO, "%s, stopping", strsignal(sig));
+	metrics_http_stop(mhttp);
 	rpc_server_stop(ctl);
 	atomic_store(&live, NULL);
 	rnbd_srv_close(srv);

@@ -74,6 +74,7 @@ static void check_cfg(const struct rnbd_plugin_cfg *c)
 	FAIL_IF(!rtrs_name_valid(o->sessname));
 	FAIL_IF(c->device && !rnbd_dev_name_valid(c->device, &why));
 	FAIL_IF(c->control && (!*c->control || strlen(c->control) > 107));
+	FAIL_IF(c->metrics && (!strchr(c->metrics, ':') || strlen(c->metrics) > 80));
 	FAIL_IF(!printable_word(o->provider));
 	FAIL_IF(o->auth_host_name && !rtrs_auth_name_valid(o->auth_host_name));
 	FAIL_IF(o->auth_server_name && !rtrs_auth_name_valid(o->auth_server_name));

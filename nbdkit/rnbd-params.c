@@ -15,6 +15,7 @@ enum param_type {
 	P_DEVICE,      /* an RNBD device name */
 	P_MODE,        /* rw, ro, migration */
 	P_CONTROL,     /* the management plane's Unix socket */
+	P_METRICS,     /* HOST:PORT of the Prometheus endpoint */
 };
 
 struct param {
@@ -38,6 +39,8 @@ static const struct param params[] = {
 	{ P_CONTROL, .key = "control", .arg = "PATH",
 	  .help = "serve the management plane (JSON-RPC: client.* methods, the rnbd command) on "
 		  "this Unix socket" },
+	{ P_METRICS, .key = "metrics", .arg = "HOST:PORT",
+	  .help = "serve Prometheus metrics at http://HOST:PORT/metrics" },
 	SESSION_OPT(CLT_OPT_IO_CONS),
 	SESSION_OPT(CLT_OPT_POLICY),
 	SESSION_OPT(CLT_OPT_HB_INTERVAL),
@@ -109,6 +112,13 @@ static int set_value(struct rnbd_plugin_cfg *c, const struct param *p, const cha
 			return opts_errorf(err, errlen, -EINVAL, "%s=: a socket path of at most 107 "
 					   "bytes", p->key);
 		c->control = value;
+		return 0;
+	case P_METRICS:
+		/* Checked when the endpoint starts (get_ready): a numeric address and a port. */
+		if (strlen(value) > 80 || !strchr(value, ':'))
+			return opts_errorf(err, errlen, -EINVAL, "%s=%s: expected HOST:PORT", p->key,
+					   value);
+		c->metrics = value;
 		return 0;
 	}
 	return opts_errorf(err, errlen, -EINVAL, "%s: bad parameter table", p->key);

@@ -3,7 +3,7 @@
  * The nbdkit plugin's parameters (key=value on nbdkit's command line): the
  * session options from the client front ends' table (lib/front/clt-opts.c,
  * the same names, checks and refusals as rnbd-client's --options), and the
- * plugin's own, device=, mode= and control=; one list drives parsing, checking and
+ * plugin's own, device=, mode=, control= and metrics=; one list drives parsing, checking and
  * the help text. Pure: no nbdkit, no network (the fuzzer calls it on its
  * own).
  */
@@ -30,6 +30,7 @@ struct rnbd_plugin_cfg {
 	const char *device;
 	unsigned mode;              /* enum rnbd_clt_mode */
 	const char *control;        /* control=: the management socket, or NULL */
+	const char *metrics;        /* metrics=: HOST:PORT of the Prometheus endpoint, or NULL */
 	unsigned set;               /* bit i: params[i] was given (repeats are refused) */
 };
 

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "clt-ctl.h"
+#include "metrics.h"
 #include "opts.h"
 #include "rnbd-params.h"
 #include "rnbd.h"
@@ -45,6 +46,7 @@ static struct rnbd_plugin_cfg cfg;
 static struct rnbd_clt_sess *sess;
 static struct clt_ctl ctl;          /* control=: the session and the exports, managed */
 static struct rpc_server *ctl_srv;
+static struct metrics_http *mhttp;  /* metrics= */
 
 /* A mapped device and the connections using it. */
 struct export {
@@ -162,6 +164,16 @@ static int ctl_devices(void *priv, struct json_object *arr)
 	return rc;
 }
 
+static int metrics_start(void)
+{
+	char why[256];
+	int rc = metrics_http_start(cfg.metrics, clt_ctl_metrics, &ctl, &mhttp, why, sizeof(why));
+
+	if (rc)
+		nbdkit_error("metrics=%s", why);
+	return rc;
+}
+
 static int ctl_start(void)
 {
 	int rc = rpc_server_start(cfg.control, "nbdkit-rnbd control", clt_ctl_methods,
@@ -208,6 +220,14 @@ static int rnbd_get_ready(void)
 		rpc_server_stop(ctl_srv);
 		ctl_srv = NULL;
 	}
+	/* And the metrics' address (bound and let go again). */
+	if (cfg.metrics) {
+		clt_ctl_init(&ctl, ctl_devices, NULL);
+		if (metrics_start())
+			return -1;
+		metrics_http_stop(mhttp);
+		mhttp = NULL;
+	}
 	return 0;
 }
 
@@ -231,16 +251,19 @@ static int rnbd_after_fork(void)
 			return -1;
 		break;
 	}
-	if (!cfg.control)
+	if (!cfg.control && !cfg.metrics)
 		return 0;
 	clt_ctl_init(&ctl, ctl_devices, NULL);
-	if (clt_ctl_add(&ctl, cfg.clt.opts.sessname, sess) || ctl_start())
+	if (clt_ctl_add(&ctl, cfg.clt.opts.sessname, sess) ||
+	    (cfg.control && ctl_start()) || (cfg.metrics && metrics_start()))
 		return -1;
 	return 0;
 }
 
 static void rnbd_cleanup(void)
 {
+	metrics_http_stop(mhttp);
+	mhttp = NULL;
 	rpc_server_stop(ctl_srv); /* no method runs after this */
 	ctl_srv = NULL;
 	rnbd_clt_sess_close(sess); /* unmaps what is left */

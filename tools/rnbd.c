@@ -8,9 +8,11 @@
  *   rnbd [options] client path remove|reconnect|disconnect SESSION PATH-INDEX
  *   rnbd [options] client policy SESSION round-robin|min-inflight|min-latency
  *   rnbd [options] client stats reset SESSION [PATH-INDEX]
+ *   rnbd [options] client metrics
  *   rnbd [options] server list [sessions|devices]
  *   rnbd [options] server close SESSION DEVICE
  *   rnbd [options] server stats
+ *   rnbd [options] server metrics
  *   rnbd [options] call METHOD [PARAMS-JSON]
  *
  * Tables for people, -o json for scripts (the method's result as it came,
@@ -52,8 +54,9 @@ static const struct opt options[] = {
 static const char usage[] =
 	"client list [sessions|paths|devices] | client path add SESSION SERVER |\n"
 	"       client path remove|reconnect|disconnect SESSION PATH | client policy SESSION POLICY |\n"
-	"       client stats reset SESSION [PATH] |\n"
+	"       client stats reset SESSION [PATH] | client metrics |\n"
 	"       server list [sessions|devices] | server close SESSION DEVICE | server stats |\n"
+	"       server metrics |\n"
 	"       call METHOD [PARAMS-JSON]";
 
 /* Prints s for a table: control characters as \xNN, so a name cannot forge lines. */
@@ -189,6 +192,12 @@ static void table_clt_devices(struct json_object *r)
 	}
 }
 
+/* metrics: the text as it came (Prometheus's format). */
+static void show_text(struct json_object *r)
+{
+	fputs(str(r, "text"), stdout);
+}
+
 static void table_object(struct json_object *r)
 {
 	json_object_object_foreach(r, key, val) {
@@ -218,7 +227,8 @@ static int run(const char *sock, const char *method, struct json_object *params,
 	if (g.output == 1 || !show) {
 		puts(r ? json_object_to_json_string_ext(r, JSON_C_TO_STRING_PLAIN |
 							JSON_C_TO_STRING_NOSLASHESCAPE) : "null");
-	} else if (show == table_object ? json_object_is_type(r, json_type_object) :
+	} else if (show == table_object || show == show_text ?
+		   json_object_is_type(r, json_type_object) :
 		   json_object_is_type(r, json_type_array)) {
 		show(r);
 	} else {
@@ -279,7 +289,12 @@ static int server_cmd(int argc, char **argv)
 			return bad_usage("server stats takes no arguments");
 		return run(sock, "server.stats", NULL, table_object);
 	}
-	return bad_usage("server: list, close or stats");
+	if (!strcmp(argv[0], "metrics")) {
+		if (argc != 1)
+			return bad_usage("server metrics takes no arguments");
+		return run(sock, "metrics", NULL, show_text);
+	}
+	return bad_usage("server: list, close, stats or metrics");
 }
 
 /* A path's index, as client list paths shows it. */
@@ -360,7 +375,12 @@ static int client_cmd(int argc, char **argv)
 		}
 		return p ? run(sock, "client.stats.reset", p, table_object) : EXIT_FAILED;
 	}
-	return bad_usage("client: list, path, policy or stats");
+	if (!strcmp(argv[0], "metrics")) {
+		if (argc != 1)
+			return bad_usage("client metrics takes no arguments");
+		return run(sock, "metrics", NULL, show_text);
+	}
+	return bad_usage("client: list, path, policy, stats or metrics");
 }
 
 static int call_cmd(int argc, char **argv)

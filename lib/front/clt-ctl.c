@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "clt-ctl.h"
+#include "metrics.h"
 
 static const char *const policy_names[] = {
 	[RTRS_MP_POLICY_RR] = "round-robin",
@@ -418,6 +419,82 @@ static int m_stats_reset(void *priv, struct json_object *params, struct json_obj
 	return put(*result, "paths_reset", json_object_new_uint64(n)) ? 0 : -ENOMEM;
 }
 
+/* ---- metrics (Prometheus) ---- */
+
+enum { SRC_SESSIONS, SRC_DEVICES, SRC_NR };
+
+#define PATHS(n, t, h) .name = "rnbd_client_path_" n, .type = t, .help = h, \
+		       .src = SRC_SESSIONS, .shape = METRICS_NESTED, .nested = "paths", \
+		       .outer_label = "session", .outer_field = "name", .inner_label = "path", \
+		       .inner_field = "name"
+#define PATH(n, t, f, h) { PATHS(n, t, h), .field = f }
+
+static const struct metrics_def metric_defs[] = {
+	{ .name = "rnbd_client_session_paths_up", .type = "gauge",
+	  .help = "paths of the session connected now", .src = SRC_SESSIONS,
+	  .shape = METRICS_ARRAY, .outer_label = "session", .outer_field = "name",
+	  .field = "paths_up" },
+	{ .name = "rnbd_client_session_server_sessions", .type = "gauge",
+	  .help = "server sessions the session has met (grows when a server restarted)",
+	  .src = SRC_SESSIONS, .shape = METRICS_ARRAY, .outer_label = "session",
+	  .outer_field = "name", .field = "server_sessions" },
+	{ PATHS("up", "gauge", "1 while the path is connected"), .field = "state",
+	  .match = "connected" },
+	PATH("inflight_requests", "gauge", "inflight", "requests in flight on the path now"),
+	PATH("reads_total", "counter", "reads", "reads sent on the path"),
+	PATH("read_bytes_total", "counter", "read_bytes", "bytes read on the path"),
+	PATH("writes_total", "counter", "writes", "writes sent on the path"),
+	PATH("write_bytes_total", "counter", "write_bytes", "bytes written on the path"),
+	PATH("reconnects_total", "counter", "reconnects", "successful reconnects"),
+	PATH("reconnect_failures_total", "counter", "reconnect_failures", "failed reconnects"),
+	PATH("failovers_total", "counter", "failovers",
+	     "requests moved off the path when it failed"),
+	PATH("auth_runs_total", "counter", "auth_runs", "authentications the path completed"),
+	{ PATHS("heartbeat_latency_seconds", "gauge", "the last heartbeat's round trip"),
+	  .field = "hb_latency_ns", .scale = 1e-9 },
+	{ .name = "rnbd_client_device_size_bytes", .type = "gauge", .help = "the device's size",
+	  .src = SRC_DEVICES, .shape = METRICS_ARRAY, .outer_label = "session",
+	  .outer_field = "session", .inner_label = "device", .inner_field = "device",
+	  .field = "bytes" },
+	{ .name = "rnbd_client_device_mapped", .type = "gauge",
+	  .help = "1 while the device is mapped and open", .src = SRC_DEVICES,
+	  .shape = METRICS_ARRAY, .outer_label = "session", .outer_field = "session",
+	  .inner_label = "device", .inner_field = "device", .field = "state",
+	  .match = "mapped" },
+};
+
+char *clt_ctl_metrics(void *priv)
+{
+	struct json_object *srcs[SRC_NR] = { NULL };
+	struct rpc_err err;
+	char *text = NULL;
+
+	if (!m_sessions(priv, NULL, &srcs[SRC_SESSIONS], &err) &&
+	    !m_devices(priv, NULL, &srcs[SRC_DEVICES], &err))
+		text = metrics_render(metric_defs, sizeof(metric_defs) / sizeof(metric_defs[0]), srcs,
+				      SRC_NR);
+	for (int i = 0; i < SRC_NR; i++)
+		json_object_put(srcs[i]);
+	return text;
+}
+
+static int m_metrics(void *priv, struct json_object *params, struct json_object **result,
+		     struct rpc_err *err)
+{
+	char *text;
+	int rc;
+
+	if ((rc = rpc_params_check(params, no_params, err)))
+		return rc;
+	text = clt_ctl_metrics(priv);
+	if (!text)
+		return -ENOMEM;
+	*result = json_object_new_object();
+	rc = put(*result, "text", json_object_new_string(text)) ? 0 : -ENOMEM;
+	free(text);
+	return rc;
+}
+
 const struct rpc_method clt_ctl_methods[] = {
 	{ "client.sessions", m_sessions, "",
 	  "every session: its server's kind, limits and paths (state, counters, reconnects)" },
@@ -437,6 +514,7 @@ const struct rpc_method clt_ctl_methods[] = {
 	  "no limit)", "the reconnect parameters, from the next attempt on" },
 	{ "client.stats.reset", m_stats_reset, "session: string, path: integer (optional)",
 	  "zero the counters of a path, or of every path of the session" },
+	{ "metrics", m_metrics, "", "every counter in Prometheus's text format: {\"text\": ...}" },
 };
 
 const size_t clt_ctl_nr_methods = sizeof(clt_ctl_methods) / sizeof(clt_ctl_methods[0]);

@@ -50,6 +50,9 @@ struct rnbd_clt_sess *clt_ctl_find(struct clt_ctl *c, const char *name);
 extern const struct rpc_method clt_ctl_methods[];
 extern const size_t clt_ctl_nr_methods;
 
+/* Every counter in Prometheus's text format (metrics_fn: priv is the clt_ctl). */
+char *clt_ctl_metrics(void *priv);
+
 /* The name of a multipath policy, or NULL; and back (-1: unknown). */
 const char *clt_ctl_policy_name(unsigned policy);
 int clt_ctl_policy_of(const char *name);

@@ -9,6 +9,8 @@
 #     IO: the loop sees no error, and every round's data reads back equal;
 #   - a policy switch to round-robin shows in the per-path counters: both
 #     paths carry writes afterwards;
+#   - metrics over HTTP (client and server) and through rnbd client metrics,
+#     parsed by Prometheus's parser, the path and device counters rising;
 #   - bad requests: an unknown session or path, a bad policy, a bad address:
 #     exit 1 with the object named; the plugin goes on.
 # Usage: client-ctl.sh BUILD_DIR. Exits 77 when a tool is missing.
@@ -17,7 +19,7 @@ build=$(cd "${1:?usage: client-ctl.sh BUILD_DIR}" && pwd)
 plugin=$build/nbdkit/nbdkit-rnbd-plugin.so
 rnbd=$build/tools/rnbd
 
-for t in nbdkit nbdcopy python3; do
+for t in nbdkit nbdcopy python3 curl; do
 	command -v "$t" >/dev/null || { echo "SKIP: $t is not installed"; exit 77; }
 done
 
@@ -33,11 +35,21 @@ cleanup() {
 trap cleanup EXIT
 
 size=$((16 << 20))
+# Prometheus's parser is Debian's python3-prometheus-client (Debian's python3).
+prom_py=
+for py in /usr/bin/python3 python3; do
+	"$py" -c 'import prometheus_client' 2>/dev/null && { prom_py=$py; break; }
+done
+[ -n "$prom_py" ] || { echo "SKIP: python3-prometheus-client is not installed"; exit 77; }
 rnbd_server_start "$dir/server.log" -- --port 0 --mem-device "mem0:$size" \
-	--control "$dir/sctl" || exit 1
+	--control "$dir/sctl" --metrics 127.0.0.1:0 || exit 1
+smport=$(grep -o 'metrics on port [0-9]*' "$dir/server.log" | grep -o '[0-9]*$')
+# A free port for the plugin's metrics (it prints none: it forks).
+cmport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 nbdkit -P "$dir/nbdkit.pid" -U "$dir/nbd.sock" "$plugin" server="127.0.0.1:$port" \
 	server="127.0.0.2:$port" session=cc device=mem0 control="$dir/cctl" \
-	reconnect_delay_ms=200 2>"$dir/nbdkit.log" || { cat "$dir/nbdkit.log"; exit 1; }
+	metrics="127.0.0.1:$cmport" reconnect_delay_ms=200 2>"$dir/nbdkit.log" ||
+	{ cat "$dir/nbdkit.log"; exit 1; }
 # The background process opens the session and the socket after nbdkit forked.
 wait_until 10 test -S "$dir/cctl" || { cat "$dir/nbdkit.log"; echo "FAIL: no control socket"; exit 1; }
 uri="nbd+unix:///mem0?socket=$dir/nbd.sock"
@@ -89,6 +101,68 @@ sys.exit(0 if any(x["device"] == "mem0" and x["session"] == "cc" and x["bytes"] 
                   and x["state"] == "mapped" and x["mode"] == "rw" for x in d) else 1)' "$size"
 }
 check "client list devices: the export, mapped, while IO uses it" wait_until 10 export_listed
+
+# Metrics: scraped twice over HTTP while IO runs, parsed by Prometheus's own
+# parser; the counters rose, with session, path and device labels.
+scrape() { # NAME: both endpoints into $dir/NAME-{clt,srv}.prom, and rnbd client metrics
+	curl -sf "http://127.0.0.1:$cmport/metrics" >"$dir/$1-clt.prom" &&
+		curl -sf "http://127.0.0.1:$smport/metrics" >"$dir/$1-srv.prom" &&
+		c metrics >"$dir/$1-cmd.prom"
+}
+check "metrics scraped (client, server, rnbd client metrics)" scrape m1
+check "... IO goes on" more_rounds 2
+check "metrics scraped again" scrape m2
+check "the metrics parse (prometheus_client) and the counters rose" "$prom_py" - "$dir" <<'PY'
+import sys
+from prometheus_client.parser import text_string_to_metric_families as parse
+
+def load(name):
+    out = {}
+    for fam in parse(open(sys.argv[1] + "/" + name).read()):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+c1, c2 = load("m1-clt.prom"), load("m2-clt.prom")
+s1, s2 = load("m1-srv.prom"), load("m2-srv.prom")
+cmd = load("m1-cmd.prom")
+# Devices come and go with the NBD connections; the rest is always there.
+steady = lambda m: {n for n in m if not n.startswith("rnbd_client_device_")}
+assert steady(cmd) == steady(c1) and len(steady(c1)) >= 13, (steady(cmd) ^ steady(c1))
+w = "rnbd_client_path_writes_total"
+assert len(c2[w]) == 2 and all(l["session"] == "cc" and l["path"].startswith("cc/127.0.0.") for l, v in c2[w]), c2[w]
+assert sum(v for l, v in c2[w]) > sum(v for l, v in c1[w]), (c1[w], c2[w])
+assert all(v == 1 for l, v in c2["rnbd_client_path_up"]), c2["rnbd_client_path_up"]
+assert c2["rnbd_client_session_paths_up"] == [({"session": "cc"}, 2.0)], c2["rnbd_client_session_paths_up"]
+sw = "rnbd_server_path_writes_total"
+assert sum(v for l, v in s2[sw]) > sum(v for l, v in s1[sw]), (s1[sw], s2[sw])
+assert all(l["session"] == "cc" for l, v in s2[sw]), s2[sw]
+assert s2["rnbd_server_sessions"][0][1] == 1, s2["rnbd_server_sessions"]
+assert s2["rnbd_server_connection_requests_total"][0][1] >= 4
+PY
+# The devices' metrics exist while the export is open (each round opens it).
+device_metrics() {
+	curl -sf "http://127.0.0.1:$smport/metrics" >"$dir/dev-srv.prom" &&
+		curl -sf "http://127.0.0.1:$cmport/metrics" >"$dir/dev-clt.prom" &&
+		"$prom_py" - "$dir" "$size" <<'PY'
+import sys
+from prometheus_client.parser import text_string_to_metric_families as parse
+def samples(name):
+    return [(s.name, s.labels, s.value) for f in parse(open(sys.argv[1] + "/" + name).read())
+            for s in f.samples]
+srv = samples("dev-srv.prom")
+clt = samples("dev-clt.prom")
+ok = any(n == "rnbd_server_device_write_bytes_total" and l == {"session": "cc", "device": "mem0"}
+         and v > 0 for n, l, v in srv)
+ok = ok and any(n == "rnbd_client_device_size_bytes" and l == {"session": "cc", "device": "mem0"}
+                and v == int(sys.argv[2]) for n, l, v in clt)
+sys.exit(0 if ok else 1)
+PY
+}
+check "device metrics while the export is open: the server's bytes, the client's size" \
+	wait_until 20 device_metrics
+check "a path other than /metrics: 404" test "$(curl -s -o /dev/null -w '%{http_code}' \
+	"http://127.0.0.1:$smport/")" = 404
 
 # path_field INDEX FIELD: a field of that path now
 path_field() {

@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Prometheus metrics of the long-lived programs (docs/management.md): the
+ * text exposition format (version 0.0.4) made from the same JSON the
+ * management methods answer, by a table per program that says which
+ * number of which object is which metric; and an HTTP endpoint
+ * (libmicrohttpd) serving GET /metrics on an address the admin chooses.
+ */
+#ifndef RTRS_METRICS_H
+#define RTRS_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <json-c/json.h>
+
+/* Where a metric's samples come from in the program's JSON sources. */
+enum metrics_src {
+	METRICS_OBJ,      /* an object: one sample, no label */
+	METRICS_ARRAY,    /* an array of objects: a sample each, labels from their fields */
+	METRICS_NESTED,   /* an array of objects each with an array (nested): a sample per
+			     inner object, labels from outer and inner fields */
+};
+
+struct metrics_def {
+	const char *name;        /* rnbd_server_path_reads_total */
+	const char *type;        /* "counter" or "gauge" */
+	const char *help;
+	unsigned src;            /* index of the JSON source (metrics_render's srcs) */
+	enum metrics_src shape;
+	const char *nested;      /* METRICS_NESTED: the inner array's field ("paths") */
+	/* label name = field of the outer object, then of the inner one */
+	const char *outer_label, *outer_field;
+	const char *inner_label, *inner_field;
+	const char *field;       /* the number; a boolean is 1 or 0; a string compared
+				    with match gives 1 or 0 */
+	const char *match;
+	double scale;            /* 0: 1 (ns to seconds: 1e-9) */
+};
+
+/*
+ * The exposition of defs over srcs (JSON values, not consumed): a new
+ * string (free()), or NULL without memory. Families with no sample are
+ * written with their HELP and TYPE only. Label values are escaped as the
+ * format says (backslash, double quote, newline).
+ */
+char *metrics_render(const struct metrics_def *defs, size_t nr_defs,
+		     struct json_object *const *srcs, size_t nr_srcs);
+
+struct metrics_http;
+
+/* The exposition, made on each scrape: a new string, or NULL (500). */
+typedef char *(*metrics_fn)(void *priv);
+
+/*
+ * Serves GET /metrics on addr ("HOST:PORT", a numeric IPv4 or [IPv6]
+ * address; port 0: any free one) from a thread of its own. 0, or a
+ * negative errno with why (a message for the user).
+ */
+int metrics_http_start(const char *addr, metrics_fn fn, void *priv, struct metrics_http **out,
+		       char *why, size_t whylen);
+/* The port it listens on. */
+unsigned metrics_http_port(struct metrics_http *h);
+void metrics_http_stop(struct metrics_http *h);
+
+#endif
