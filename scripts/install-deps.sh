@@ -9,7 +9,7 @@ packages=(
 	iperf3 gnuplot-nox
 	libssl-dev nvme-cli
 	liburing-dev
-	libjson-c-dev libmicrohttpd-dev python3-prometheus-client
+	libjson-c-dev libmicrohttpd-dev python3-prometheus-client curl
 	nbdkit nbdkit-plugin-dev libnbd-bin fio qemu-utils fuse3 e2fsprogs
 	tcpdump tshark
 )
