@@ -3,6 +3,10 @@
  * rnbd: the management command over the daemons' control sockets
  * (JSON-RPC 2.0, lib/rpc; docs/management.md).
  *
+ *   rnbd [options] client map DEVICE --session NAME [--server ADDR]... [--mode M]
+ *                                    [--option KEY=VALUE]...
+ *   rnbd [options] client unmap DEVICE [--session NAME] [--force]
+ *   rnbd [options] client save
  *   rnbd [options] client list [sessions|paths|devices]
  *   rnbd [options] client path add SESSION SERVER
  *   rnbd [options] client path remove|reconnect|disconnect SESSION PATH-INDEX
@@ -35,9 +39,11 @@
 static const char *const output_names[] = { "table", "json", NULL };
 
 static struct {
-	const char *socket;
+	const char *socket, *session, *mode;
 	unsigned output;
 	uint64_t timeout_ms;
+	struct opt_list servers, session_opts;
+	bool force;
 } g = { .timeout_ms = 10000 };
 
 static const struct opt options[] = {
@@ -48,11 +54,23 @@ static const struct opt options[] = {
 	  .help = "table (for people) or json (for scripts)" },
 	{ "timeout", 0, OPT_UINT, &g.timeout_ms, 1, 3600000, .arg = "MS",
 	  .help = "wait this long for the daemon's answer" },
+	{ "session", 's', OPT_STRING, &g.session, .arg = "NAME",
+	  .help = "client map/unmap: the RTRS session (the server's %SESSNAME%)" },
+	{ "server", 0, OPT_LIST, &g.servers, .arg = "[SRC@]HOST[:PORT]",
+	  .help = "client map: a path of a new session (repeat for more)" },
+	{ "mode", 0, OPT_STRING, &g.mode, .arg = "rw|ro|migration",
+	  .help = "client map: the access mode (default rw)" },
+	{ "option", 0, OPT_LIST, &g.session_opts, .arg = "KEY=VALUE",
+	  .help = "client map: a session option of a new session, by the nbdkit plugin's key "
+		  "(policy=round-robin, fast_io_fail_ms=30000, ...; repeat for more)" },
+	{ "force", 'f', OPT_FLAG, &g.force,
+	  .help = "client unmap: even with IO in flight" },
 	{ 0 },
 };
 
 static const char usage[] =
-	"client list [sessions|paths|devices] | client path add SESSION SERVER |\n"
+	"client map DEVICE --session NAME [--server ADDR]... | client unmap DEVICE | client save |\n"
+	"       client list [sessions|paths|devices] | client path add SESSION SERVER |\n"
 	"       client path remove|reconnect|disconnect SESSION PATH | client policy SESSION POLICY |\n"
 	"       client stats reset SESSION [PATH] | client metrics |\n"
 	"       server list [sessions|devices] | server close SESSION DEVICE | server stats |\n"
@@ -63,6 +81,9 @@ static const char usage[] =
 static void cell(const char *s, int width)
 {
 	int n = 0;
+
+	if (!s)
+		s = "-"; /* null */
 
 	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
 		if (*p < 0x20 || *p == 0x7f)
@@ -313,11 +334,76 @@ static struct json_object *sess_path_params(const char *sess, const char *path, 
 	return p;
 }
 
+/* client map DEVICE: params from --session, --server, --mode, --option. */
+static struct json_object *map_params(const char *device)
+{
+	struct json_object *p = json_object_new_object(), *servers = NULL, *opts = NULL;
+	bool ok = p && !json_object_object_add(p, "device", json_object_new_string(device)) &&
+		  !json_object_object_add(p, "session", json_object_new_string(g.session));
+
+	if (ok && g.mode)
+		ok = !json_object_object_add(p, "mode", json_object_new_string(g.mode));
+	if (ok && g.servers.n) {
+		servers = json_object_new_array();
+		for (unsigned i = 0; servers && i < g.servers.n; i++)
+			json_object_array_add(servers, json_object_new_string(g.servers.items[i]));
+		ok = servers && !json_object_object_add(p, "server", servers);
+	}
+	if (ok && g.session_opts.n) {
+		opts = json_object_new_object();
+		ok = opts && !json_object_object_add(p, "options", opts);
+		for (unsigned i = 0; ok && i < g.session_opts.n; i++) {
+			const char *kv = g.session_opts.items[i], *eq = strchr(kv, '=');
+			char key[64];
+
+			if (!eq || eq == kv || (size_t)(eq - kv) >= sizeof(key) || !eq[1]) {
+				fprintf(stderr, "rnbd: --option %s: expected KEY=VALUE\n", kv);
+				ok = false;
+				break;
+			}
+			memcpy(key, kv, (size_t)(eq - kv));
+			key[eq - kv] = 0;
+			ok = !json_object_object_add(opts, key, json_object_new_string(eq + 1));
+		}
+	}
+	if (!ok) {
+		json_object_put(p);
+		return NULL;
+	}
+	return p;
+}
+
 static int client_cmd(int argc, char **argv)
 {
 	const char *sock = g.socket ? g.socket : "/run/rnbd/client.sock";
 	struct json_object *p;
 	bool bad;
+
+	if (argc >= 1 && !strcmp(argv[0], "map")) {
+		if (argc != 2 || !g.session)
+			return bad_usage("client map DEVICE --session NAME [--server ADDR]... "
+					 "[--mode M] [--option KEY=VALUE]...");
+		p = map_params(argv[1]);
+		return p ? run(sock, "client.map", p, table_object) : EXIT_USAGE;
+	}
+	if (argc >= 1 && !strcmp(argv[0], "unmap")) {
+		if (argc != 2)
+			return bad_usage("client unmap DEVICE [--session NAME] [--force]");
+		p = json_object_new_object();
+		if (!p || json_object_object_add(p, "device", json_object_new_string(argv[1])) ||
+		    (g.session &&
+		     json_object_object_add(p, "session", json_object_new_string(g.session))) ||
+		    (g.force && json_object_object_add(p, "force", json_object_new_boolean(true)))) {
+			json_object_put(p);
+			return EXIT_FAILED;
+		}
+		return run(sock, "client.unmap", p, table_object);
+	}
+	if (argc >= 1 && !strcmp(argv[0], "save")) {
+		if (argc != 1)
+			return bad_usage("client save takes no arguments");
+		return run(sock, "client.save", NULL, table_object);
+	}
 
 	if (argc < 1)
 		return bad_usage("client needs list, path, policy or stats");
@@ -380,7 +466,7 @@ static int client_cmd(int argc, char **argv)
 			return bad_usage("client metrics takes no arguments");
 		return run(sock, "metrics", NULL, show_text);
 	}
-	return bad_usage("client: list, path, policy, stats or metrics");
+	return bad_usage("client: map, unmap, save, list, path, policy, stats or metrics");
 }
 
 static int call_cmd(int argc, char **argv)

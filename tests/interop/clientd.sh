@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# rnbd-clientd, the long-lived client, managed with the rnbd command
+# (docs/management.md), on a host without ublk (this one):
+#   - two devices mapped over two paths of one session; client list -o json
+#     shows both paths (addresses, states, counters) and both devices, each
+#     saying that no block device can be made here, and why;
+#   - client save writes the mappings; a restarted daemon maps them again;
+#   - unmapping the last device closes the session;
+#   - metrics scraped over HTTP parse with Prometheus's parser;
+#   - bad input: an unknown option, device or session, a bad mode, garbage
+#     and a request over 1 MiB on the socket: errors naming the object, exit
+#     codes 1 and 2, the daemon unaffected; a mappings file that is not JSON
+#     stops the daemon with the file named.
+# Usage: clientd.sh BUILD_DIR.
+set -euo pipefail
+build=$(cd "${1:?usage: clientd.sh BUILD_DIR}" && pwd)
+rnbd=$build/tools/rnbd
+clientd=$build/daemons/rnbd-clientd
+
+for t in python3 curl; do
+	command -v "$t" >/dev/null || { echo "SKIP: $t is not installed"; exit 77; }
+done
+[ -e /dev/ublk-control ] && echo "note: this kernel has ublk; the no-ublk checks below expect none"
+
+. "$(dirname "$0")/../lib/common.sh"
+dir=$(mktemp -d /var/tmp/rnbd-clientd.XXXXXX)
+trap 'kill_pids; rm -rf "$dir"' EXIT
+
+rnbd_server_start "$dir/server.log" -- --port 0 --mem-device "mem0:$((16 << 20))" \
+	--mem-device "mem1:$((8 << 20))" --control "$dir/sctl" || exit 1
+
+daemon_start() { # LOG
+	"$clientd" --control "$dir/cctl" --mappings "$dir/maps.json" --metrics 127.0.0.1:0 \
+		--log-level info >"$1" 2>&1 &
+	pids+=($!)
+	daemon_pid=$!
+	wait_until 10 grep -q 'rnbd-clientd ready' "$1" || { cat "$1"; echo "FAIL: no daemon"; exit 1; }
+	mport=$(grep -o 'metrics on port [0-9]*' "$1" | grep -o '[0-9]*$')
+}
+c() { "$rnbd" --socket "$dir/cctl" client "$@"; }
+daemon_start "$dir/d1.log"
+
+check "map mem0 over two paths" c map mem0 --session cd --server "127.0.0.1:$port" \
+	--server "127.0.0.2:$port" --option policy=round-robin --option fast_io_fail_ms=5000
+check "map mem1 through the same session" c map mem1 --session cd --mode ro
+c list -o json >"$dir/sessions.json"
+c list devices -o json >"$dir/devices.json"
+check "client list -o json: both paths, addresses, states, counters" \
+	python3 - "$dir/sessions.json" "$port" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert len(s) == 1 and s[0]["name"] == "cd" and s[0]["paths_up"] == 2, s
+names = [p["name"] for p in s[0]["paths"]]
+assert names == ["cd/127.0.0.1:" + sys.argv[2], "cd/127.0.0.2:" + sys.argv[2]], names
+assert all(p["state"] == "connected" and p["reads"] >= 1 and "writes" in p for p in s[0]["paths"]), s
+PY
+check "client list devices: both, their sizes and modes, no block device and why" \
+	python3 - "$dir/devices.json" <<'PY'
+import json, sys
+d = {x["device"]: x for x in json.load(open(sys.argv[1]))}
+assert d["mem0"]["bytes"] == 16 << 20 and d["mem0"]["mode"] == "rw", d
+assert d["mem1"]["bytes"] == 8 << 20 and d["mem1"]["mode"] == "ro", d
+for x in d.values():
+    assert x["session"] == "cd" and x["state"] == "mapped" and x["block_device"] is None, x
+    assert "no block device can be made here" in x["note"] and "ublk" in x["note"], x
+PY
+check "the server sees the session and both devices" \
+	bash -c "'$rnbd' --socket '$dir/sctl' server list -o json | python3 -c '
+import json, sys
+s = [x for x in json.load(sys.stdin) if x[\"name\"] == \"cd\"]
+assert len(s) == 1 and sorted(s[0][\"devices\"]) == [\"mem0\", \"mem1\"] and len(s[0][\"paths\"]) == 2, s'"
+
+curl -sf "http://127.0.0.1:$mport/metrics" >"$dir/m.prom"
+prom_py=
+for py in /usr/bin/python3 python3; do
+	"$py" -c 'import prometheus_client' 2>/dev/null && { prom_py=$py; break; }
+done
+if [ -n "$prom_py" ]; then
+	check "metrics: parsed by prometheus_client, paths and devices labelled" \
+		"$prom_py" - "$dir/m.prom" <<'PY'
+import sys
+from prometheus_client.parser import text_string_to_metric_families as parse
+s = {}
+for f in parse(open(sys.argv[1]).read()):
+    for x in f.samples:
+        s.setdefault(x.name, []).append((x.labels, x.value))
+assert len(s["rnbd_client_path_up"]) == 2 and all(v == 1 for l, v in s["rnbd_client_path_up"]), s
+sizes = {l["device"]: v for l, v in s["rnbd_client_device_size_bytes"]}
+assert sizes == {"mem0": 16 << 20, "mem1": 8 << 20}, sizes
+PY
+else
+	check "metrics: python3-prometheus-client is installed" false
+fi
+
+check "client save" c save
+check "... the file holds both mappings" python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert sorted(x["device"] for x in m) == ["mem0", "mem1"] and all(len(x["server"]) == 2 for x in m), m
+' "$dir/maps.json"
+kill "$daemon_pid"
+wait "$daemon_pid" 2>/dev/null || true
+check "a stopped daemon unmapped everything: the server has nothing open" ctl_none "$dir/sctl"
+daemon_start "$dir/d2.log"
+check "restarted: both mappings restored" bash -c "'$rnbd' --socket '$dir/cctl' client list \
+	devices -o json | python3 -c '
+import json, sys
+d = sorted((x[\"device\"], x[\"mode\"], x[\"state\"]) for x in json.load(sys.stdin))
+assert d == [(\"mem0\", \"rw\", \"mapped\"), (\"mem1\", \"ro\", \"mapped\")], d'"
+check "... through one session with its two paths again" bash -c "'$rnbd' --socket '$dir/cctl' \
+	client list -o json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+assert len(s) == 1 and s[0][\"name\"] == \"cd\" and s[0][\"paths_up\"] == 2, s'"
+
+# Bad input: exit 1 naming the object, exit 2 for usage; the daemon goes on.
+fails() { # CODE TEXT CMD...
+	local want=$1 text=$2 rc=0
+	shift 2
+	"$@" >/dev/null 2>"$dir/err" || rc=$?
+	[ "$rc" -eq "$want" ] && grep -qF -- "$text" "$dir/err" ||
+		{ echo "  exit $rc: $(cat "$dir/err")"; return 1; }
+}
+check "an unknown session option" fails 1 "unknown option colour" \
+	c map mem0 --session other --server "127.0.0.1:$port" --option colour=blue
+check "a bad option value" fails 1 "option policy=fastest" \
+	c map mem0 --session other --server "127.0.0.1:$port" --option policy=fastest
+check "a device the server does not have" fails 1 "device nothing of session other" \
+	c map nothing --session other --server "127.0.0.1:$port"
+check "a bad mode" fails 1 "mode rx: expected rw, ro or migration" \
+	c map mem0 --session cd --mode rx
+check "a new session without a server" fails 1 'missing parameter "server"' \
+	c map mem0 --session newone
+check "the same session, other servers" fails 1 "session cd is open already" \
+	c map mem0 --session cd --server 127.0.0.9
+check "unmap of a device not mapped" fails 1 "device nothing is not mapped" c unmap nothing
+check "map without --session: exit 2" fails 2 "client map DEVICE --session" c map mem0
+check "a bad --option: exit 2" fails 2 "--option policy: expected KEY=VALUE" \
+	c map mem0 --session x --server 127.0.0.1 --option policy
+check "garbage on the socket: a parse error" bash -c "printf '\\x01{' | python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(sys.stdin.buffer.read())
+s.shutdown(socket.SHUT_WR); a = s.recv(4096)
+assert b\"-32700\" in a, a' '$dir/cctl'"
+check "a request over 1 MiB: refused" python3 - "$dir/cctl" <<'PY'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+try:
+    s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "client.map",
+                          "params": {"device": "d" * (1 << 20), "session": "s"}}).encode())
+except OSError:
+    pass
+out = b""
+while True:
+    b = s.recv(65536)
+    if not b:
+        break
+    out += b
+assert json.loads(out)["error"]["code"] == -32600, out
+PY
+check "the daemon is unaffected" bash -c "'$rnbd' --socket '$dir/cctl' client list devices -o json \
+	| python3 -c 'import json, sys; assert len(json.load(sys.stdin)) == 2'"
+
+check "unmap mem0" c unmap mem0
+check "unmap mem1 (the last): the session closes" c unmap mem1 --session cd
+check "... no session left" test "$(c list -o json)" = "[]"
+check "... the server has nothing open" ctl_none "$dir/sctl"
+kill "$daemon_pid"
+wait "$daemon_pid" 2>/dev/null || true
+
+echo '[{"device": "mem0",' >"$dir/bad.json"
+rc=0
+"$clientd" --control "$dir/cctl2" --mappings "$dir/bad.json" >"$dir/d3.log" 2>&1 || rc=$?
+check "a mappings file that is not JSON stops the daemon, naming the file" \
+	bash -c "[ $rc -eq 1 ] && grep -q -- '--mappings $dir/bad.json' '$dir/d3.log'"
+check "... and no socket is left" test ! -e "$dir/cctl2"
+
+finish clientd
