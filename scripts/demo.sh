@@ -64,7 +64,7 @@ rport=$(grep -o 'port [0-9]*' "$dir/server.log" | cut -d' ' -f2)
 [ -n "$rport" ] || { echo "demo: rnbd-server did not start" >&2; exit 1; }
 nbdkit -f -v -U "$dir/nbd.sock" build/nbdkit/nbdkit-rnbd-plugin.so session=demo \
 	server="127.0.0.2@127.0.0.1:$rport" server="127.0.0.3@127.0.0.1:$rport" \
-	device=disk.img >"$dir/nbdkit.log" 2>&1 &
+	device=disk.img control="$dir/client.sock" >"$dir/nbdkit.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 200); do [ -S "$dir/nbd.sock" ] && break; sleep 0.05; done
 uri="nbd+unix:///disk.img?socket=$dir/nbd.sock"
@@ -90,3 +90,7 @@ echo "the server saw $paths_up paths of session demo connect (the nbdkit plugin 
 echo "server with one session before nbdkit starts serving, then connects for good):"
 grep 'path connected' "$dir/server.log" | sed -E 's/^[0-9T:.-]+ //; s/^rtrs info: /  /'
 echo "sha256 of the image $img_sum... = sha256 of the server's file $dev_sum..."
+echo
+echo "the plugin's session, from its control socket (rnbd client list paths):"
+build/tools/rnbd --socket "$dir/client.sock" client list paths | sed 's/^/  /'
+echo "(docs/management.md: the same with -o json, paths added and removed at run time, metrics)"
