@@ -297,6 +297,7 @@ struct rtrs_path_stats {
 	 */
 	const char *reconnect_verdict;
 	uint64_t auth_runs;        /* authentications this path completed */
+	char src[256];             /* the local address it connects from; "": any */
 };
 
 /* Statistics of path idx (0 .. paths_num - 1); -ENOENT past the last. */

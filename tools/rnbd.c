@@ -188,9 +188,18 @@ static void table_clt_paths(struct json_object *r)
 		for (size_t j = 0; j < json_object_array_length(paths); j++) {
 			struct json_object *p = json_object_array_get_idx(paths, j);
 
+			char path[600];
+			const char *name = str(p, "name"), *slash = strchr(name, '/');
+
+			/* With a source address: session/SRC@host:port, as --server takes it. */
+			if (str(p, "src")[0] && slash)
+				snprintf(path, sizeof(path), "%.*s/%s@%s", (int)(slash - name), name,
+					 str(p, "src"), slash + 1);
+			else
+				snprintf(path, sizeof(path), "%s", name);
 			cell(str(s, "name"), 24);
 			printf(" %5" PRIu64 " ", u64(p, "index"));
-			cell(str(p, "name"), 32);
+			cell(path, 32);
 			printf(" %-12s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %9" PRIu64
 			       "  %s\n", str(p, "state"), u64(p, "inflight"), u64(p, "reads"),
 			       u64(p, "writes"), u64(p, "reconnects"), u64(p, "failovers"),

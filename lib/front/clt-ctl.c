@@ -131,6 +131,7 @@ static struct json_object *path_json(unsigned idx, const struct rtrs_path_stats 
 
 	ok = put(o, "index", json_object_new_uint64(idx)) &&
 	     put(o, "name", json_object_new_string(st->name)) &&
+	     put(o, "src", json_object_new_string(st->src)) &&
 	     put(o, "state", json_object_new_string(st->state)) &&
 	     put(o, "inflight", json_object_new_uint64(st->inflight)) &&
 	     put(o, "reads", json_object_new_uint64(st->reads)) &&

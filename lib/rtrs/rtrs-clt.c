@@ -417,6 +417,7 @@ int rtrs_clt_path_stats(struct rtrs_clt_sess *s, unsigned idx, struct rtrs_path_
 	st->reconnect_verdict = atomic_load(&p->verdict) < 0 ? "" :
 				rtrs_reconnect_verdict_str(atomic_load(&p->verdict));
 	st->auth_runs = atomic_load(&p->stat_auth_runs);
+	snprintf(st->src, sizeof(st->src), "%s", p->src);
 	return 0;
 }
 
