@@ -9,11 +9,12 @@
  *
  *   rnbd-clientd [--control PATH] [--mappings FILE] [--metrics HOST:PORT]
  *
- * A mapped device is meant to become a Linux block device through ublk
- * (the userspace counterpart of /dev/rnbdX). Where the kernel has no ublk
- * (no /dev/ublk-control) the mapping still works, and the device says that
- * no block device can be made here (client.devices: "block_device": null
- * and the reason).
+ * A mapped device becomes a Linux block device, /dev/ublkbN, through ublk
+ * (ublk.c; the userspace counterpart of /dev/rnbdX). Where the kernel has
+ * no ublk (no /dev/ublk-control) the mapping still works, and the device
+ * says that no block device can be made here (client.devices:
+ * "block_device": null and the reason). A mounted or open block device is
+ * unmapped only by force; stopping the daemon removes every block device.
  *
  * --mappings FILE: a JSON array of mappings, each as client.map takes
  * them; read at start (a file that cannot be read or parsed stops the
@@ -40,6 +41,7 @@
 #include "opts.h"
 #include "rnbd.h"
 #include "rpc.h"
+#include "ublk.h"
 
 #define DEVS_MAX 256
 
@@ -83,6 +85,9 @@ struct dev {
 	char name[256];
 	enum rnbd_clt_mode mode;
 	struct rnbd_clt_dev *d;
+	struct ublk_dev *ub;          /* its block device, where ublk is */
+	char bdev[32];                /* "/dev/ublkbN", or "" */
+	char note[200];               /* why there is none */
 };
 
 static struct sess *sessions[CLT_CTL_SESS_MAX];
@@ -130,17 +135,14 @@ static void dlog(int level, const char *fmt, ...)
 
 /* ---- block devices: ublk ---- */
 
+static bool have_ublk;
+
 /* Whether this kernel can make block devices from userspace (ublk). */
-static void ublk_probe(void)
+static void probe_ublk(void)
 {
-	if (access("/dev/ublk-control", F_OK))
-		snprintf(ublk_note, sizeof(ublk_note),
-			 "no block device can be made here: this kernel has no ublk "
-			 "(/dev/ublk-control: %s; modprobe ublk_drv on Linux 6.0 or later)",
-			 strerror(errno));
-	else
-		snprintf(ublk_note, sizeof(ublk_note),
-			 "no block device made: rnbd-clientd does not drive ublk yet");
+	have_ublk = !ublk_probe(ublk_note, sizeof(ublk_note));
+	if (have_ublk)
+		snprintf(ublk_note, sizeof(ublk_note), "ublk: mapped devices become /dev/ublkbN");
 }
 
 /* ---- sessions and devices ---- */
@@ -347,8 +349,9 @@ static struct json_object *dev_json(struct dev *d)
 	    put(o, "logical_block_size", json_object_new_uint64(in.logical_block_size)) &&
 	    put(o, "max_io", json_object_new_uint64(in.max_io)) &&
 	    put(o, "read_only", json_object_new_boolean(in.read_only)) &&
-	    !json_object_object_add(o, "block_device", NULL) &&
-	    put(o, "note", json_object_new_string(ublk_note)))
+	    !json_object_object_add(o, "block_device",
+				    d->bdev[0] ? json_object_new_string(d->bdev) : NULL) &&
+	    (d->bdev[0] || put(o, "note", json_object_new_string(d->note))))
 		return o;
 	json_object_put(o);
 	return NULL;
@@ -443,11 +446,27 @@ static int m_map(void *priv, struct json_object *params, struct json_object **re
 		free(d);
 		goto fail;
 	}
+	snprintf(d->note, sizeof(d->note), "%s", ublk_note);
+	if (have_ublk) {
+		char why[200];
+		int id;
+
+		rc = ublk_dev_add(d->d, name, &d->ub, &id, why, sizeof(why));
+		if (rc) {
+			rpc_errf(err, rc, "device %s of session %s: mapped, but no block device: %s",
+				 name, sname, why);
+			rnbd_clt_unmap(d->d, true);
+			free(d);
+			goto fail;
+		}
+		snprintf(d->bdev, sizeof(d->bdev), "/dev/ublkb%d", id);
+	}
 	s->devs++;
 	pthread_mutex_lock(&devs_lock);
 	devs[slot] = d;
 	pthread_mutex_unlock(&devs_lock);
-	dlog(L_INFO, "device %s of session %s: mapped %s; %s", name, sname, mname, ublk_note);
+	dlog(L_INFO, "device %s of session %s: mapped %s; %s", name, sname, mname,
+	     d->bdev[0] ? d->bdev : d->note);
 	*result = dev_json(d);
 	return *result ? 0 : -ENOMEM;
 fail:
@@ -476,7 +495,7 @@ static int m_unmap(void *priv, struct json_object *params, struct json_object **
 		   struct rpc_err *err)
 {
 	static const char *const names[] = { "device", "session", "force", NULL };
-	bool force = false;
+	bool force = false, had_ub;
 	unsigned slot;
 	struct dev *d;
 	int rc;
@@ -490,12 +509,32 @@ static int m_unmap(void *priv, struct json_object *params, struct json_object **
 	 * Off the list first: nobody lists a device being unmapped. Only this
 	 * thread adds devices, so its slot is still free if it must go back.
 	 */
+	/* A block device in use (mounted, or open by someone) goes only by force. */
+	if (d->ub && !force) {
+		int fd = open(d->bdev, O_RDONLY | O_EXCL | O_CLOEXEC);
+
+		if (fd < 0 && errno == EBUSY)
+			return rpc_errf(err, -EBUSY, "device %s of session %s: %s is in use "
+					"(mounted or open; force unmaps anyway)", d->name,
+					d->s->name, d->bdev);
+		if (fd >= 0)
+			close(fd);
+	}
 	for (slot = 0; devs[slot] != d; slot++)
 		;
 	pthread_mutex_lock(&devs_lock);
 	devs[slot] = NULL;
 	pthread_mutex_unlock(&devs_lock);
-	rc = rnbd_clt_unmap(d->d, force);
+	had_ub = d->ub != NULL;
+	if (d->ub) {
+		ublk_dev_remove(d->ub); /* the block device first: its IO goes to d */
+		d->ub = NULL;
+		d->bdev[0] = 0;
+		snprintf(d->note, sizeof(d->note), "its block device was removed by an unmap "
+			 "that failed");
+	}
+	/* With the block device gone, nothing sends IO any more: what remains is answered. */
+	rc = rnbd_clt_unmap(d->d, force || had_ub);
 	if (rc) {
 		pthread_mutex_lock(&devs_lock);
 		devs[slot] = d;
@@ -544,6 +583,9 @@ static int m_resize(void *priv, struct json_object *params, struct json_object *
 		return rc;
 	if (!(d = dev_param(params, err)))
 		return err->code;
+	if (d->ub)
+		return rpc_errf(err, -EOPNOTSUPP, "device %s of session %s: %s keeps its size while "
+				"it is up (unmap and map it again)", d->name, d->s->name, d->bdev);
 	rc = rnbd_clt_resize(d->d, bytes);
 	if (rc)
 		return rpc_errf(err, rc, "device %s of session %s: %s", d->name, d->s->name,
@@ -701,7 +743,7 @@ int main(int argc, char **argv)
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
-	ublk_probe();
+	probe_ublk();
 	clt_ctl_init(&ctl, devices_fn, NULL);
 	memcpy(methods, own_methods, sizeof(own_methods));
 	nr_methods = sizeof(own_methods) / sizeof(own_methods[0]);
@@ -739,6 +781,7 @@ out:
 	rpc_server_stop(srv);
 	for (unsigned i = 0; i < DEVS_MAX; i++) {
 		if (devs[i]) {
+			ublk_dev_remove(devs[i]->ub);
 			rnbd_clt_unmap(devs[i]->d, true);
 			dev_drop(devs[i]);
 		}

@@ -2,8 +2,9 @@
 # Runs every test: unit and functional suites in a normal build, in an
 # ASan+UBSan build and in a TSan build; the NBD interop suite, the
 # functional suite over verbs on soft-RoCE and soft-iWARP in QEMU guests,
-# the netns suite and the kernel-interop suite (the kernel's RTRS/RNBD in
-# QEMU guests) (normal build); then the fuzz smoke run in a clang build.
+# the netns suite, the kernel-interop suite (the kernel's RTRS/RNBD in
+# QEMU guests) and the ublk suite (rnbd-clientd's block devices in a guest
+# on Linux 6.12) (normal build); then the fuzz smoke run in a clang build.
 # The test builds have fault injection (-Dfault_injection=true), which the
 # tests that inject faults need; the fuzz build is made as one to ship
 # (without it) and also checks that such a build has none of it (suite lint).
@@ -59,7 +60,7 @@ PY
 	passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 }
 
-run_build build gcc unit functional interop verbs netns kernel-interop -- -Dfault_injection=true
+run_build build gcc unit functional interop verbs netns kernel-interop ublk -- -Dfault_injection=true
 run_build build-asan gcc unit functional -- -Db_sanitize=address,undefined -Db_lundef=false \
 	-Dfault_injection=true
 run_build build-tsan gcc unit functional -- -Db_sanitize=thread -Db_lundef=false \

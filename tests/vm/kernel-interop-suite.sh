@@ -145,11 +145,22 @@ our_client_verify() {
 	kg_pattern /tmp/pattern "$MIB"
 	kg_sha256 /tmp/pattern >"$KG_RUN/B.sha256"
 	kg_wait A-ready 120 || return 1
+	# Both addresses answer first (the cable's first packets can be late under load).
+	kg_reach 198.18.0.1
+	kg_reach 198.18.0.11
 	"$clt" perf -s 198.18.0.1 -s 198.18.0.11 -S ours-cut --policy round-robin "${opts[@]}" \
 		--rw randrw --bs 4096 -q 16 --size 16M -t 15 --verify --reconnect-delay 60000 \
 		--hb-interval 500 >"$KG_RUN/B-perf.log" 2>&1 &
 	pid=$!
-	sleep 4
+	# The cut comes once both paths are up and IO runs on them: a path cut
+	# while the session opens fails the open, as the kernel's client does.
+	for _ in $(seq 600); do
+		[ "$(grep -c 'ours-cut/198.18.0.1[01]*:1234: connected, ' "$KG_RUN/B-perf.log")" -ge 2 ] &&
+			break
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	sleep 2
 	kg_signal B-cut
 	kg_log "asked A to cut the path to 198.18.0.11"
 	wait "$pid"

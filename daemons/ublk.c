@@ -1,0 +1,501 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ublk: an RNBD device as /dev/ublkbN (ublk.h). One hardware queue; its
+ * thread owns the queue's io_uring and issues every command of the queue
+ * (the kernel takes a queue's commands from one task only):
+ *
+ *   FETCH_REQ for every tag, with the tag's buffer
+ *   -> a request arrives (cqe, res OK): its descriptor is read, the IO sent
+ *      to the RNBD device (rnbd_clt_submit)
+ *   -> done (a library thread): the tag goes on the done list, an eventfd
+ *      wakes the queue thread
+ *   -> COMMIT_AND_FETCH_REQ with the result (bytes, or a negative errno),
+ *      which also waits for the tag's next request
+ *   -> STOP_DEV: the kernel answers the waiting commands with ABORT; when
+ *      every tag is aborted the thread ends.
+ *
+ * Commands are the ioctl-encoded ones (_IOWR('u', ...)), which every
+ * kernel with ublk takes; the legacy numbers may be configured out.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <linux/ublk_cmd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "ublk.h"
+
+#ifndef UBLK_F_CMD_IOCTL_ENCODE
+#define UBLK_F_CMD_IOCTL_ENCODE (1ULL << 6)
+#endif
+
+#define CTRL_OP(nr) _IOWR('u', (nr), struct ublksrv_ctrl_cmd)
+#define IO_OP(nr) _IOWR('u', (nr), struct ublksrv_io_cmd)
+
+#define QD_MAX 64                  /* tags of the queue */
+#define BUF_BYTES (256u << 10)     /* the largest request ublk hands us */
+#define TAG_EFD UINT64_MAX         /* user_data of the eventfd read */
+
+struct uio {
+	struct ublk_dev *u;
+	uint16_t tag;
+	int result;
+	struct uio *next;             /* on the done list */
+};
+
+struct ublk_dev {
+	char name[300];
+	struct rnbd_clt_dev *d;
+	struct rnbd_clt_dev_info info;
+	int ctrl_fd, cdev_fd;
+	int dev_id;
+	struct io_uring ctrl;          /* SQE128: control commands carry 32 bytes */
+	struct io_uring ring;          /* the queue's */
+	unsigned qd;
+	struct ublksrv_io_desc *descs;
+	size_t descs_len;
+	char *bufs;
+	struct uio *ios;
+	int efd;
+	uint64_t efd_val;              /* the eventfd read's buffer */
+	pthread_mutex_t lock;
+	struct uio *done;              /* done list (lock) */
+	pthread_t thread;
+	bool thread_up;
+	/* The queue thread's start: 1 when every FETCH went in, or a negative errno. */
+	pthread_cond_t cond;
+	int ready;
+};
+
+int ublk_probe(char *why, size_t len)
+{
+	int fd = open("/dev/ublk-control", O_RDWR | O_CLOEXEC);
+
+	if (fd < 0) {
+		int rc = -errno;
+
+		snprintf(why, len, "no block device can be made here: /dev/ublk-control: %s "
+			 "(this kernel has no ublk: Linux 6.0 or later with ublk_drv loaded)",
+			 strerror(-rc));
+		return rc;
+	}
+	close(fd);
+	return 0;
+}
+
+static int ctrl_cmd(struct ublk_dev *u, unsigned nr, void *addr, uint16_t len, uint64_t data0)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ctrl);
+	struct ublksrv_ctrl_cmd *c;
+	struct io_uring_cqe *cqe;
+	int rc;
+
+	if (!sqe)
+		return -EBUSY;
+	memset(sqe, 0, 2 * sizeof(*sqe)); /* SQE128: the command fills the second half */
+	sqe->opcode = IORING_OP_URING_CMD;
+	sqe->fd = u->ctrl_fd;
+	sqe->cmd_op = CTRL_OP(nr);
+	c = (struct ublksrv_ctrl_cmd *)sqe->cmd;
+	c->dev_id = u->dev_id < 0 ? UINT32_MAX : (uint32_t)u->dev_id;
+	c->queue_id = (uint16_t)-1;
+	c->addr = (uintptr_t)addr;
+	c->len = len;
+	c->data[0] = data0;
+	rc = io_uring_submit(&u->ctrl);
+	if (rc < 0)
+		return rc;
+	do
+		rc = io_uring_wait_cqe(&u->ctrl, &cqe);
+	while (rc == -EINTR);
+	if (rc)
+		return rc;
+	rc = cqe->res;
+	io_uring_cqe_seen(&u->ctrl, cqe);
+	return rc;
+}
+
+/* ---- the queue thread ---- */
+
+static void io_done(void *priv, int result)
+{
+	struct uio *io = priv;
+	struct ublk_dev *u = io->u;
+	uint64_t one = 1;
+
+	io->result = result;
+	pthread_mutex_lock(&u->lock);
+	io->next = u->done;
+	u->done = io;
+	pthread_mutex_unlock(&u->lock);
+	if (write(u->efd, &one, sizeof(one)) != sizeof(one))
+		abort(); /* an eventfd write cannot fail but by overflow */
+}
+
+static int prep_io_cmd(struct ublk_dev *u, unsigned nr, uint16_t tag, int result)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+	struct ublksrv_io_cmd *c;
+
+	if (!sqe)
+		return -EBUSY;
+	memset(sqe, 0, sizeof(*sqe));
+	sqe->opcode = IORING_OP_URING_CMD;
+	sqe->fd = u->cdev_fd;
+	sqe->cmd_op = IO_OP(nr);
+	sqe->user_data = tag;
+	c = (struct ublksrv_io_cmd *)sqe->cmd;
+	c->q_id = 0;
+	c->tag = tag;
+	c->result = result;
+	c->addr = (uintptr_t)(u->bufs + (size_t)tag * BUF_BYTES);
+	return 0;
+}
+
+static int prep_efd_read(struct ublk_dev *u)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+
+	if (!sqe)
+		return -EBUSY;
+	io_uring_prep_read(sqe, u->efd, &u->efd_val, sizeof(u->efd_val), 0);
+	sqe->user_data = TAG_EFD;
+	return 0;
+}
+
+/* A request in tag's descriptor: sent to the RNBD device, or answered at once. */
+static int serve(struct ublk_dev *u, uint16_t tag)
+{
+	const struct ublksrv_io_desc *iod = &u->descs[tag];
+	uint32_t flags = ublksrv_get_flags(iod), rflags = 0;
+	uint64_t off = iod->start_sector << 9;
+	uint32_t len = iod->nr_sectors << 9;
+	struct uio *io = &u->ios[tag];
+	enum rnbd_clt_op op;
+	void *buf = NULL;
+	int rc;
+
+	switch (ublksrv_get_op(iod)) {
+	case UBLK_IO_OP_READ:
+		op = RNBD_CLT_READ;
+		buf = u->bufs + (size_t)tag * BUF_BYTES;
+		break;
+	case UBLK_IO_OP_WRITE:
+		op = RNBD_CLT_WRITE;
+		buf = u->bufs + (size_t)tag * BUF_BYTES;
+		if (flags & (UBLK_IO_F_FUA >> 8))
+			rflags |= RNBD_CLT_F_FUA;
+		break;
+	case UBLK_IO_OP_FLUSH:
+		op = RNBD_CLT_FLUSH;
+		off = 0;
+		len = 0;
+		break;
+	case UBLK_IO_OP_DISCARD:
+		op = RNBD_CLT_DISCARD;
+		break;
+	case UBLK_IO_OP_WRITE_ZEROES:
+		op = RNBD_CLT_WRITE_ZEROES;
+		if (flags & (UBLK_IO_F_NOUNMAP >> 8))
+			rflags |= RNBD_CLT_F_NOUNMAP;
+		break;
+	default:
+		return prep_io_cmd(u, UBLK_IO_COMMIT_AND_FETCH_REQ, tag, -EOPNOTSUPP);
+	}
+	if ((op == RNBD_CLT_READ || op == RNBD_CLT_WRITE) && len > BUF_BYTES)
+		return prep_io_cmd(u, UBLK_IO_COMMIT_AND_FETCH_REQ, tag, -EIO);
+	io->result = 0;
+	rc = rnbd_clt_submit(u->d, op, rflags, off, buf, len, io_done, io);
+	if (rc)
+		return prep_io_cmd(u, UBLK_IO_COMMIT_AND_FETCH_REQ, tag, rc);
+	return 0;
+}
+
+/* The done list: each tag's result committed, its next request fetched. */
+static int commit_done(struct ublk_dev *u)
+{
+	struct uio *list;
+	int rc = 0;
+
+	pthread_mutex_lock(&u->lock);
+	list = u->done;
+	u->done = NULL;
+	pthread_mutex_unlock(&u->lock);
+	for (struct uio *io = list; io && !rc; io = io->next) {
+		const struct ublksrv_io_desc *iod = &u->descs[io->tag];
+		uint8_t op = ublksrv_get_op(iod);
+		int res = io->result;
+
+		/* Reads and writes answer the bytes done; the rest 0. */
+		if (!res && (op == UBLK_IO_OP_READ || op == UBLK_IO_OP_WRITE))
+			res = (int)(iod->nr_sectors << 9);
+		rc = prep_io_cmd(u, UBLK_IO_COMMIT_AND_FETCH_REQ, io->tag, res);
+	}
+	return rc;
+}
+
+static void set_ready(struct ublk_dev *u, int v)
+{
+	pthread_mutex_lock(&u->lock);
+	u->ready = v;
+	pthread_cond_broadcast(&u->cond);
+	pthread_mutex_unlock(&u->lock);
+}
+
+static void *queue_thread(void *arg)
+{
+	struct ublk_dev *u = arg;
+	unsigned aborted = 0;
+	int rc;
+
+	for (uint16_t t = 0; t < u->qd; t++) {
+		rc = prep_io_cmd(u, UBLK_IO_FETCH_REQ, t, 0);
+		if (rc)
+			break;
+	}
+	rc = prep_efd_read(u);
+	if (!rc)
+		rc = io_uring_submit(&u->ring);
+	set_ready(u, rc < 0 ? rc : 1);
+	if (rc < 0)
+		return NULL;
+	while (aborted < u->qd) {
+		struct io_uring_cqe *cqe;
+		unsigned head, seen = 0;
+
+		rc = io_uring_submit_and_wait(&u->ring, 1);
+		if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+			break;
+		io_uring_for_each_cqe(&u->ring, head, cqe) {
+			seen++;
+			if (cqe->user_data == TAG_EFD) {
+				if (prep_efd_read(u) || commit_done(u))
+					aborted = u->qd; /* no room: cannot go on */
+				continue;
+			}
+			if (cqe->res == UBLK_IO_RES_OK) {
+				if (serve(u, (uint16_t)cqe->user_data))
+					aborted = u->qd;
+			} else {
+				/* ABORT (stopping), or a command refused: the tag is done. */
+				aborted++;
+			}
+		}
+		io_uring_cq_advance(&u->ring, seen);
+	}
+	return NULL;
+}
+
+/* ---- add and remove ---- */
+
+static void dev_free(struct ublk_dev *u)
+{
+	if (u->descs && u->descs != MAP_FAILED)
+		munmap(u->descs, u->descs_len);
+	if (u->cdev_fd >= 0)
+		close(u->cdev_fd);
+	if (u->ring.ring_fd > 0)
+		io_uring_queue_exit(&u->ring);
+	if (u->dev_id >= 0)
+		ctrl_cmd(u, UBLK_CMD_DEL_DEV, NULL, 0, 0);
+	if (u->ctrl.ring_fd > 0)
+		io_uring_queue_exit(&u->ctrl);
+	if (u->ctrl_fd >= 0)
+		close(u->ctrl_fd);
+	if (u->efd >= 0)
+		close(u->efd);
+	free(u->bufs);
+	free(u->ios);
+	pthread_mutex_destroy(&u->lock);
+	pthread_cond_destroy(&u->cond);
+	free(u);
+}
+
+static unsigned shift_of(uint32_t v)
+{
+	unsigned s = 0;
+
+	while (v > 1) {
+		v >>= 1;
+		s++;
+	}
+	return s;
+}
+
+int ublk_dev_add(struct rnbd_clt_dev *d, const char *name, struct ublk_dev **out, int *dev_id,
+		 char *why, size_t len)
+{
+	struct ublksrv_ctrl_dev_info di = { 0 };
+	struct ublk_params p = { 0 };
+	struct ublk_dev *u = calloc(1, sizeof(*u));
+	long page = sysconf(_SC_PAGESIZE);
+	char path[64];
+	uint32_t max_io;
+	int rc;
+
+	if (!u)
+		return -ENOMEM;
+	u->ctrl_fd = u->cdev_fd = u->efd = -1;
+	u->dev_id = -1;
+	u->d = d;
+	pthread_mutex_init(&u->lock, NULL);
+	pthread_cond_init(&u->cond, NULL);
+	snprintf(u->name, sizeof(u->name), "%s", name);
+	u->info.size = sizeof(u->info);
+	rc = rnbd_clt_dev_info(d, &u->info);
+	if (rc) {
+		snprintf(why, len, "the device's limits: %s", strerror(-rc));
+		goto fail;
+	}
+	u->qd = u->info.queue_depth < QD_MAX ? u->info.queue_depth : QD_MAX;
+	if (!u->qd || u->info.logical_block_size < 512 || u->info.logical_block_size > (uint32_t)page) {
+		rc = -EINVAL;
+		snprintf(why, len, "limits ublk cannot take (queue depth %u, block size %u)",
+			 u->info.queue_depth, u->info.logical_block_size);
+		goto fail;
+	}
+	u->ctrl_fd = open("/dev/ublk-control", O_RDWR | O_CLOEXEC);
+	if (u->ctrl_fd < 0) {
+		rc = -errno;
+		snprintf(why, len, "/dev/ublk-control: %s", strerror(-rc));
+		goto fail;
+	}
+	rc = io_uring_queue_init(4, &u->ctrl, IORING_SETUP_SQE128);
+	if (rc) {
+		snprintf(why, len, "an io_uring with 128-byte entries: %s", strerror(-rc));
+		goto fail;
+	}
+	/* ADD_DEV: one queue, our depth and buffer size; the kernel picks the number. */
+	di.nr_hw_queues = 1;
+	di.queue_depth = (uint16_t)u->qd;
+	di.max_io_buf_bytes = BUF_BYTES;
+	di.dev_id = UINT32_MAX;
+	di.flags = UBLK_F_CMD_IOCTL_ENCODE;
+	rc = ctrl_cmd(u, UBLK_CMD_ADD_DEV, &di, sizeof(di), 0);
+	if (rc) {
+		snprintf(why, len, "ublk ADD_DEV: %s", strerror(-rc));
+		goto fail;
+	}
+	u->dev_id = (int)di.dev_id;
+	/* SET_PARAMS: the device's size, blocks, largest IO and what it offers. */
+	max_io = u->info.max_io < di.max_io_buf_bytes ? u->info.max_io : di.max_io_buf_bytes;
+	p.len = sizeof(p);
+	p.types = UBLK_PARAM_TYPE_BASIC;
+	p.basic.logical_bs_shift = (uint8_t)shift_of(u->info.logical_block_size);
+	p.basic.physical_bs_shift = (uint8_t)shift_of(u->info.physical_block_size >
+						     u->info.logical_block_size ?
+						     u->info.physical_block_size :
+						     u->info.logical_block_size);
+	p.basic.io_min_shift = p.basic.logical_bs_shift;
+	p.basic.io_opt_shift = p.basic.physical_bs_shift;
+	p.basic.max_sectors = max_io >> 9;
+	p.basic.dev_sectors = u->info.bytes >> 9;
+	if (u->info.read_only)
+		p.basic.attrs |= UBLK_ATTR_READ_ONLY;
+	if (u->info.write_cache) {
+		p.basic.attrs |= UBLK_ATTR_VOLATILE_CACHE;
+		if (u->info.fua)
+			p.basic.attrs |= UBLK_ATTR_FUA;
+	}
+	if (u->info.discard || u->info.write_zeroes) {
+		p.types |= UBLK_PARAM_TYPE_DISCARD;
+		p.discard.discard_granularity = u->info.logical_block_size;
+		p.discard.max_discard_sectors = u->info.discard ? 1u << 21 : 0;
+		p.discard.max_discard_segments = 1;
+		p.discard.max_write_zeroes_sectors = u->info.write_zeroes ? 1u << 21 : 0;
+	}
+	rc = ctrl_cmd(u, UBLK_CMD_SET_PARAMS, &p, sizeof(p), 0);
+	if (rc) {
+		snprintf(why, len, "ublk SET_PARAMS: %s", strerror(-rc));
+		goto fail;
+	}
+	/* The queue: its descriptors (read-only mapping), buffers, ring, eventfd. */
+	snprintf(path, sizeof(path), "/dev/ublkc%d", u->dev_id);
+	for (int i = 0; i < 100 && (u->cdev_fd = open(path, O_RDWR | O_CLOEXEC)) < 0 &&
+			errno == ENOENT; i++)
+		usleep(10000); /* udev (or devtmpfs) makes the node */
+	if (u->cdev_fd < 0) {
+		rc = -errno;
+		snprintf(why, len, "%s: %s", path, strerror(-rc));
+		goto fail;
+	}
+	u->descs_len = ((size_t)u->qd * sizeof(*u->descs) + (size_t)page - 1) & ~((size_t)page - 1);
+	u->descs = mmap(NULL, u->descs_len, PROT_READ, MAP_SHARED | MAP_POPULATE, u->cdev_fd,
+			UBLKSRV_CMD_BUF_OFFSET);
+	if (u->descs == MAP_FAILED) {
+		rc = -errno;
+		snprintf(why, len, "mapping %s's descriptors: %s", path, strerror(-rc));
+		goto fail;
+	}
+	if (posix_memalign((void **)&u->bufs, (size_t)page, (size_t)u->qd * BUF_BYTES) ||
+	    !(u->ios = calloc(u->qd, sizeof(*u->ios)))) {
+		rc = -ENOMEM;
+		snprintf(why, len, "out of memory for %u buffers", u->qd);
+		goto fail;
+	}
+	for (unsigned t = 0; t < u->qd; t++) {
+		u->ios[t].u = u;
+		u->ios[t].tag = (uint16_t)t;
+	}
+	u->efd = eventfd(0, EFD_CLOEXEC);
+	rc = u->efd < 0 ? -errno : io_uring_queue_init(2 * u->qd + 2, &u->ring, 0);
+	if (rc) {
+		snprintf(why, len, "the queue's io_uring: %s", strerror(-rc));
+		goto fail;
+	}
+	rc = -pthread_create(&u->thread, NULL, queue_thread, u);
+	if (rc) {
+		snprintf(why, len, "the queue thread: %s", strerror(-rc));
+		goto fail;
+	}
+	u->thread_up = true;
+	pthread_mutex_lock(&u->lock);
+	while (!u->ready)
+		pthread_cond_wait(&u->cond, &u->lock);
+	rc = u->ready < 0 ? u->ready : 0;
+	pthread_mutex_unlock(&u->lock);
+	if (rc) {
+		snprintf(why, len, "fetching the first requests: %s", strerror(-rc));
+		goto fail;
+	}
+	/* START_DEV waits until every tag is fetched, then adds /dev/ublkbN. */
+	rc = ctrl_cmd(u, UBLK_CMD_START_DEV, NULL, 0, (uint64_t)getpid());
+	if (rc) {
+		snprintf(why, len, "ublk START_DEV: %s", strerror(-rc));
+		goto fail;
+	}
+	*out = u;
+	*dev_id = u->dev_id;
+	return 0;
+fail:
+	if (u->thread_up) {
+		/* STOP_DEV aborts the fetched tags; the thread ends with them. */
+		ctrl_cmd(u, UBLK_CMD_STOP_DEV, NULL, 0, 0);
+		pthread_join(u->thread, NULL);
+	}
+	dev_free(u);
+	return rc;
+}
+
+void ublk_dev_remove(struct ublk_dev *u)
+{
+	if (!u)
+		return;
+	/*
+	 * STOP_DEV removes the disk, which waits for the requests the queue
+	 * thread still serves (it goes on committing them); then the kernel
+	 * aborts every waiting fetch and the thread ends.
+	 */
+	ctrl_cmd(u, UBLK_CMD_STOP_DEV, NULL, 0, 0);
+	pthread_join(u->thread, NULL);
+	dev_free(u);
+}
