@@ -121,6 +121,9 @@ R client unmap disk.img >/dev/null; check unmap $?
 [ ! -b "$dev" ]; check unmap-removes-block-device $?
 kill "$CPID" "$SPID"; wait
 dmesg | grep -E 'BUG:|Oops|Call Trace' >/tmp/oops; [ ! -s /tmp/oops ]; check kernel-log-clean $?
+# In a sanitizer build, the daemons' reports would be in their logs.
+! grep -lE 'ERROR: (Address|Leak|Thread)Sanitizer|runtime error:' /tmp/s.log /tmp/c*.log
+check no-sanitizer-report $?
 echo "--- clientd logs"; tail -n 8 /tmp/c1.log "$CLOG"
 GUEST
 
