@@ -47,6 +47,7 @@ static const struct param params[] = {
 	SESSION_OPT(CLT_OPT_FAST_IO_FAIL, .help = "how long IO waits for a path and a reopen"),
 	SESSION_OPT(CLT_OPT_RECONNECT_DELAY, .help = "delay before a failed path reconnects; "
 		    "jitter is half of it"),
+	SESSION_OPT(CLT_OPT_LOSS_TIMEOUT),
 	SESSION_OPT(CLT_OPT_SECRET),
 	SESSION_OPT(CLT_OPT_CTRL_SECRET),
 	SESSION_OPT(CLT_OPT_HOST_NAME),

@@ -25,6 +25,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,24 @@
 
 static const char *const output_names[] = { "table", "json", NULL };
 
+/* nvme-cli's options of client map, and the session option each sets. */
+enum { NV_LOSS, NV_DELAY, NV_FAST, NV_QUEUES, NV_SECRET, NV_CSECRET, NV_HOSTNQN, NV_NR };
+
+static const struct {
+	const char *flag, *key;
+	bool seconds;             /* the value is seconds; the option takes milliseconds */
+} nvme_opts[NV_NR] = {
+	[NV_LOSS] = { "ctrl-loss-tmo", "reconnect_loss_timeout_ms", true },
+	[NV_DELAY] = { "reconnect-delay", "reconnect_delay_ms", true },
+	[NV_FAST] = { "fast-io-fail-tmo", "fast_io_fail_ms", true },
+	[NV_QUEUES] = { "nr-io-queues", "io_connections", false },
+	[NV_SECRET] = { "dhchap-secret", "secret", false },
+	[NV_CSECRET] = { "dhchap-ctrl-secret", "ctrl_secret", false },
+	[NV_HOSTNQN] = { "hostnqn", "host_name", false },
+};
+
 static struct {
+	const char *nvme[NV_NR];
 	const char *socket, *session, *mode;
 	unsigned output;
 	uint64_t timeout_ms;
@@ -65,6 +83,21 @@ static const struct opt options[] = {
 		  "(policy=round-robin, fast_io_fail_ms=30000, ...; repeat for more)" },
 	{ "force", 'f', OPT_FLAG, &g.force,
 	  .help = "client unmap: even with IO in flight" },
+	/* nvme-cli's names for what they mean here (client map, a new session). */
+	{ "ctrl-loss-tmo", 0, OPT_STRING, &g.nvme[NV_LOSS], .arg = "SEC",
+	  .help = "client map: give a path up after failing to reconnect for SEC seconds" },
+	{ "reconnect-delay", 0, OPT_STRING, &g.nvme[NV_DELAY], .arg = "SEC",
+	  .help = "client map: wait SEC seconds before a failed path reconnects" },
+	{ "fast-io-fail-tmo", 0, OPT_STRING, &g.nvme[NV_FAST], .arg = "SEC",
+	  .help = "client map: IO waits at most SEC seconds for a path" },
+	{ "nr-io-queues", 0, OPT_STRING, &g.nvme[NV_QUEUES], .arg = "N",
+	  .help = "client map: IO connections per path" },
+	{ "dhchap-secret", 0, OPT_STRING, &g.nvme[NV_SECRET], .arg = "DHHC-1:...",
+	  .help = "client map: this host's DH-HMAC-CHAP secret", .secret = true },
+	{ "dhchap-ctrl-secret", 0, OPT_STRING, &g.nvme[NV_CSECRET], .arg = "DHHC-1:...",
+	  .help = "client map: authenticate the server too, with this secret", .secret = true },
+	{ "hostnqn", 0, OPT_STRING, &g.nvme[NV_HOSTNQN], .arg = "NQN",
+	  .help = "client map: this host's name for authentication" },
 	{ 0 },
 };
 
@@ -358,9 +391,37 @@ static struct json_object *map_params(const char *device)
 			json_object_array_add(servers, json_object_new_string(g.servers.items[i]));
 		ok = servers && !json_object_object_add(p, "server", servers);
 	}
+	for (unsigned i = 0; ok && i < NV_NR; i++) {
+		char ms[32];
+		const char *v = g.nvme[i];
+		unsigned long long sec;
+		char *end;
+
+		if (!v)
+			continue;
+		if (nvme_opts[i].seconds) {
+			errno = 0;
+			sec = strtoull(v, &end, 10);
+			if (!*v || *end || errno || sec > 86400 || v[0] == '-') {
+				fprintf(stderr, "rnbd: --%s %s: expected seconds, 0..86400\n",
+					nvme_opts[i].flag, v);
+				ok = false;
+				break;
+			}
+			snprintf(ms, sizeof(ms), "%llu", sec * 1000);
+			v = ms;
+		}
+		if (!opts) {
+			opts = json_object_new_object();
+			ok = opts && !json_object_object_add(p, "options", opts);
+		}
+		ok = ok && !json_object_object_add(opts, nvme_opts[i].key, json_object_new_string(v));
+	}
 	if (ok && g.session_opts.n) {
-		opts = json_object_new_object();
-		ok = opts && !json_object_object_add(p, "options", opts);
+		if (!opts) {
+			opts = json_object_new_object();
+			ok = opts && !json_object_object_add(p, "options", opts);
+		}
 		for (unsigned i = 0; ok && i < g.session_opts.n; i++) {
 			const char *kv = g.session_opts.items[i], *eq = strchr(kv, '=');
 			char key[64];

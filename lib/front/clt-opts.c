@@ -110,6 +110,10 @@ static const struct clt_def defs[CLT_OPT_NR] = {
 	[CLT_OPT_LOG_LEVEL] = { "log-level", "log_level", CT_LEVEL, F(log_level),
 		.expect = "expected error, warn, info or debug", .arg = "LEVEL",
 		.help = "error, warn, info or debug (default: RTRS_LOG_LEVEL)" },
+	[CLT_OPT_LOSS_TIMEOUT] = { "reconnect-loss-timeout", "reconnect_loss_timeout_ms", CT_UINT,
+		F(opts.reconnect_loss_timeout_ms), 0, 86400000, .arg = "MS",
+		.help = "give a path up after failing to reconnect for this long (0: never; "
+			"nvme-cli's ctrl-loss-tmo)" },
 };
 
 _Static_assert(RTRS_AUTH_WIRE_NAME_MAX == 223 && RTRS_NAME_MAX == 255,

@@ -37,6 +37,7 @@ enum clt_opt_id {
 	CLT_OPT_HOST_NAME,       /* opts.auth_host_name */
 	CLT_OPT_SERVER_NAME,     /* opts.auth_server_name */
 	CLT_OPT_LOG_LEVEL,       /* log_level below (librtrs and librnbd log through one state) */
+	CLT_OPT_LOSS_TIMEOUT,    /* opts.reconnect_loss_timeout_ms */
 	CLT_OPT_NR
 };
 

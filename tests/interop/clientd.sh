@@ -40,8 +40,9 @@ daemon_start() { # LOG
 c() { "$rnbd" --socket "$dir/cctl" client "$@"; }
 daemon_start "$dir/d1.log"
 
-check "map mem0 over two paths" c map mem0 --session cd --server "127.0.0.1:$port" \
-	--server "127.0.0.2:$port" --option policy=round-robin --option fast_io_fail_ms=5000
+check "map mem0 over two paths (nvme-cli's option names too)" c map mem0 --session cd \
+	--server "127.0.0.1:$port" --server "127.0.0.2:$port" --option policy=round-robin \
+	--fast-io-fail-tmo 5 --reconnect-delay 1 --ctrl-loss-tmo 60 --nr-io-queues 2
 check "map mem1 through the same session" c map mem1 --session cd --mode ro
 c list -o json >"$dir/sessions.json"
 c list devices -o json >"$dir/devices.json"
@@ -93,10 +94,13 @@ else
 fi
 
 check "client save" c save
-check "... the file holds both mappings" python3 -c '
+check "... the file holds both mappings, with the session's options in milliseconds" python3 -c '
 import json, sys
 m = json.load(open(sys.argv[1]))
 assert sorted(x["device"] for x in m) == ["mem0", "mem1"] and all(len(x["server"]) == 2 for x in m), m
+o = m[0]["options"]
+assert o == {"policy": "round-robin", "fast_io_fail_ms": "5000", "reconnect_delay_ms": "1000",
+             "reconnect_loss_timeout_ms": "60000", "io_connections": "2"}, o
 ' "$dir/maps.json"
 kill "$daemon_pid"
 wait "$daemon_pid" 2>/dev/null || true
@@ -137,6 +141,8 @@ check "unmap of a device not mapped" fails 1 "device nothing is not mapped" c un
 check "map without --session: exit 2" fails 2 "client map DEVICE --session" c map mem0
 check "a bad --option: exit 2" fails 2 "--option policy: expected KEY=VALUE" \
 	c map mem0 --session x --server 127.0.0.1 --option policy
+check "a bad --ctrl-loss-tmo: exit 2" fails 2 "--ctrl-loss-tmo soon: expected seconds" \
+	c map mem0 --session x --server 127.0.0.1 --ctrl-loss-tmo soon
 check "garbage on the socket: a parse error" bash -c "printf '\\x01{' | python3 -c '
 import socket, sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(sys.stdin.buffer.read())
