@@ -31,7 +31,12 @@ truncate -s 256M "$dir/disk.img"
 rnbd_server_start "$dir/server.log" ip netns exec "$S" -- --port 1234 --dev-search-path "$dir" \
 	--hb-interval 200 --control "$dir/ctl" || exit 1
 # The server's count of completed writes for the session (control socket).
-writes() { ctl "$dir/ctl" list | grep -o '^linkcut disk.img .* writes=[0-9]*' | grep -o '[0-9]*$'; }
+writes() { # the server's write count for the device (rnbd server list devices)
+	ctl "$dir/ctl" server list devices -o json | python3 -c '
+import json, sys
+d = [x for x in json.load(sys.stdin) if x["session"] == "linkcut" and x["device"] == "disk.img"]
+print(d[0]["writes"] if d else "")'
+}
 
 # -v: the transport's path events go to nbdkit's debug log.
 ip netns exec "$C" nbdkit -f -v -U "$dir/nbd.sock" "$build/nbdkit/nbdkit-rnbd-plugin.so" \
