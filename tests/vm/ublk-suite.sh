@@ -127,7 +127,8 @@ check no-sanitizer-report $?
 echo "--- clientd logs"; tail -n 8 /tmp/c1.log "$CLOG"
 GUEST
 
-out=$("$vm" run --bpo --rdma rxe --timeout 900 --mem 1536 --share-ro "$logs" -- \
+# The build folder too: a guest has its own /tmp, where a checkout may be.
+out=$("$vm" run --bpo --rdma rxe --timeout 900 --mem 1536 --share-ro "$logs" --share-ro "$build" -- \
 	bash "$logs/guest.sh" "$build" 2>&1)
 rc=$?
 passed=0 failed=0
