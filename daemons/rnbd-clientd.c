@@ -31,12 +31,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "clt-ctl.h"
 #include "clt-opts.h"
+#include "dlog.h"
 #include "metrics.h"
 #include "opts.h"
 #include "rnbd.h"
@@ -45,8 +45,6 @@
 
 #define DEVS_MAX 256
 
-/* The libraries' levels (log.h's, which syslog.h's names would hide). */
-enum { L_ERR, L_WARN, L_INFO, L_DBG };
 
 static struct {
 	const char *config, *control, *mappings, *metrics, *log_level;
@@ -94,44 +92,9 @@ static struct sess *sessions[CLT_CTL_SESS_MAX];
 static struct dev *devs[DEVS_MAX];
 static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER; /* devs[] for readers */
 static struct clt_ctl ctl;
-static int log_level = L_INFO;
+static int log_level = DLOG_INFO;
 static char ublk_note[160];
 
-/* ---- logging: time, level, object; or syslog ---- */
-
-static void log_line(void *priv, int level, const char *line)
-{
-	static const int prio[] = { LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG };
-	struct timespec ts;
-	struct tm tm;
-	char when[32];
-
-	if (g.syslog) {
-		syslog(prio[level < 0 ? 0 : level > 3 ? 3 : level], "%s", line);
-		return;
-	}
-	clock_gettime(CLOCK_REALTIME, &ts);
-	localtime_r(&ts.tv_sec, &tm);
-	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
-	fprintf(stderr, "%s.%03ld %s\n", when, ts.tv_nsec / 1000000, line);
-}
-
-__attribute__((format(printf, 2, 3)))
-static void dlog(int level, const char *fmt, ...)
-{
-	static const char *const names[] = { "error", "warn", "info", "debug" };
-	char line[1024];
-	va_list ap;
-	int n;
-
-	if (level > log_level)
-		return;
-	n = snprintf(line, sizeof(line), "rnbd-clientd %s: ", names[level]);
-	va_start(ap, fmt);
-	vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
-	va_end(ap);
-	log_line(NULL, level, line);
-}
 
 /* ---- block devices: ublk ---- */
 
@@ -264,7 +227,9 @@ static struct sess *sess_open(const char *name, struct json_object *params, stru
 		rc = rpc_errf(err, -ENOSPC, "no room for another session (at most %u)",
 			      CLT_CTL_SESS_MAX);
 	if (!rc) {
-		s->cfg.opts.reconnect_jitter_ms = s->cfg.opts.reconnect_delay_ms / 2;
+		/* As the plugin does: the jitter is half the delay unless given. */
+		if (!opts || !json_object_object_get_ex(opts, "reconnect_jitter_ms", NULL))
+			s->cfg.opts.reconnect_jitter_ms = s->cfg.opts.reconnect_delay_ms / 2;
 		rc = rnbd_clt_sess_open(&s->cfg.opts, &s->rnbd);
 		if (rc)
 			rpc_errf(err, rc, "session %s: %s", name, rc == -EPERM ?
@@ -282,7 +247,7 @@ static struct sess *sess_open(const char *name, struct json_object *params, stru
 	if (opts)
 		json_object_object_add(s->spec, "options", json_object_get(opts));
 	sessions[slot] = s;
-	dlog(L_INFO, "session %s: open, %zu path%s", name, json_object_array_length(servers),
+	dlog(DLOG_INFO, "session %s: open, %zu path%s", name, json_object_array_length(servers),
 	     json_object_array_length(servers) == 1 ? "" : "s");
 	return s;
 }
@@ -465,7 +430,7 @@ static int m_map(void *priv, struct json_object *params, struct json_object **re
 	pthread_mutex_lock(&devs_lock);
 	devs[slot] = d;
 	pthread_mutex_unlock(&devs_lock);
-	dlog(L_INFO, "device %s of session %s: mapped %s; %s", name, sname, mname,
+	dlog(DLOG_INFO, "device %s of session %s: mapped %s; %s", name, sname, mname,
 	     d->bdev[0] ? d->bdev : d->note);
 	*result = dev_json(d);
 	return *result ? 0 : -ENOMEM;
@@ -486,7 +451,7 @@ static void dev_drop(struct dev *d)
 	pthread_mutex_unlock(&devs_lock);
 	free(d);
 	if (--s->devs == 0) {
-		dlog(L_INFO, "session %s: its last device is unmapped; closing it", s->name);
+		dlog(DLOG_INFO, "session %s: its last device is unmapped; closing it", s->name);
 		sess_free(s);
 	}
 }
@@ -542,7 +507,7 @@ static int m_unmap(void *priv, struct json_object *params, struct json_object **
 		return rpc_errf(err, rc, "device %s of session %s: %s", d->name, d->s->name,
 				rc == -EBUSY ? "IO in flight (force unmaps anyway)" : strerror(-rc));
 	}
-	dlog(L_INFO, "device %s of session %s: unmapped%s", d->name, d->s->name,
+	dlog(DLOG_INFO, "device %s of session %s: unmapped%s", d->name, d->s->name,
 	     force ? " (force)" : "");
 	*result = json_object_new_object();
 	rc = put(*result, "device", json_object_new_string(d->name)) ? 0 : -ENOMEM;
@@ -595,6 +560,97 @@ static int m_resize(void *priv, struct json_object *params, struct json_object *
 	return *result ? 0 : -ENOMEM;
 }
 
+/* addr in brackets when it is IPv6 (holds a ':'), as rtrs_addr_parse reads it. */
+static const char *bracketed(const char *addr, size_t n, char *buf, size_t len)
+{
+	snprintf(buf, len, memchr(addr, ':', n) ? "[%.*s]" : "%.*s", (int)n, addr);
+	return buf;
+}
+
+/*
+ * A path's server as client.map takes it, "[SRC@]HOST:PORT", from its
+ * name ("session/host:port") and source; false if the name has no port.
+ */
+static bool path_server(const struct rtrs_path_stats *st, char *buf, size_t len)
+{
+	const char *slash = strchr(st->name, '/'), *colon = strrchr(st->name, ':');
+	char src[300], host[600];
+
+	if (!slash || !colon || colon <= slash + 1)
+		return false;
+	snprintf(buf, len, "%s%s%s%s",
+		 st->src[0] ? bracketed(st->src, strlen(st->src), src, sizeof(src)) : "",
+		 st->src[0] ? "@" : "",
+		 bracketed(slash + 1, (size_t)(colon - slash - 1), host, sizeof(host)), colon);
+	return true;
+}
+
+/*
+ * The session as it is now, as client.map takes it: its paths (those not
+ * removed, added ones too) and its options, with the policy and the
+ * reconnect parameters in force (changed at run time or not), so that a
+ * saved mapping restores what the admin has set up.
+ */
+static struct json_object *sess_spec_now(struct sess *s)
+{
+	struct rtrs_clt_sess *r = rnbd_clt_rtrs(s->rnbd);
+	struct rtrs_reconnect_params rp = { .size = sizeof(rp) };
+	struct rtrs_attrs a = { .size = sizeof(a) };
+	struct json_object *spec = json_object_new_object(), *servers = json_object_new_array();
+	struct json_object *opts = json_object_new_object(), *had;
+	const char *pol = clt_ctl_policy_name((unsigned)rtrs_clt_get_mp_policy(r));
+	bool ok = spec && servers && opts && pol && !rtrs_clt_get_reconnect(r, &rp);
+	const struct {
+		const char *key;
+		long long v;
+	} live[] = {
+		{ "reconnect_delay_ms", rp.delay_ms },
+		{ "reconnect_jitter_ms", rp.jitter_ms },
+		{ "max_reconnect_attempts", rp.max_attempts },
+		{ "reconnect_loss_timeout_ms", rp.loss_timeout_ms },
+		{ "fast_io_fail_ms", rp.fast_io_fail_ms },
+	};
+
+	rtrs_clt_query(r, &a);
+	for (unsigned i = 0; ok && i < a.paths_num; i++) {
+		struct rtrs_path_stats st = { .size = sizeof(st) };
+		char server[1200];
+
+		if (rtrs_clt_path_stats(r, i, &st) || st.removed ||
+		    !path_server(&st, server, sizeof(server)))
+			continue;
+		ok = !json_object_array_add(servers, json_object_new_string(server));
+	}
+	/* The options given at map (secrets, provider, ...), then what is in force. */
+	if (ok && json_object_object_get_ex(s->spec, "options", &had)) {
+		json_object_object_foreach(had, key, val)
+			ok = ok && !json_object_object_add(opts, key, json_object_get(val));
+	}
+	for (size_t i = 0; ok && i < sizeof(live) / sizeof(live[0]); i++) {
+		char num[32];
+
+		snprintf(num, sizeof(num), "%lld", live[i].v);
+		ok = !json_object_object_add(opts, live[i].key, json_object_new_string(num));
+	}
+	ok = ok && !json_object_object_add(opts, "policy", json_object_new_string(pol));
+	/* Every path removed: the servers it was mapped with, for the next start. */
+	if (ok && !json_object_array_length(servers) &&
+	    json_object_object_get_ex(s->spec, "server", &had)) {
+		json_object_put(servers);
+		servers = json_object_get(had);
+	}
+	if (ok && !json_object_object_add(spec, "server", servers)) {
+		servers = NULL;
+		if (!json_object_object_add(spec, "options", opts))
+			return spec;
+		opts = NULL;
+	}
+	json_object_put(servers);
+	json_object_put(opts);
+	json_object_put(spec);
+	return NULL;
+}
+
 /* The mappings now, as client.map takes them. */
 static struct json_object *mappings_json(void)
 {
@@ -602,23 +658,26 @@ static struct json_object *mappings_json(void)
 
 	for (unsigned i = 0; arr && i < DEVS_MAX; i++) {
 		struct dev *d = devs[i];
-		struct json_object *o, *v;
+		struct json_object *o, *v, *spec;
 
 		if (!d)
 			continue;
 		o = json_object_new_object();
-		if (!put(o, "device", json_object_new_string(d->name)) ||
+		spec = sess_spec_now(d->s);
+		if (!spec || !put(o, "device", json_object_new_string(d->name)) ||
 		    !put(o, "session", json_object_new_string(d->s->name)) ||
 		    !put(o, "mode", json_object_new_string(mode_names[d->mode])) ||
-		    (json_object_object_get_ex(d->s->spec, "server", &v) &&
+		    (json_object_object_get_ex(spec, "server", &v) &&
 		     !put(o, "server", json_object_get(v))) ||
-		    (json_object_object_get_ex(d->s->spec, "options", &v) &&
+		    (json_object_object_get_ex(spec, "options", &v) &&
 		     !put(o, "options", json_object_get(v))) ||
 		    json_object_array_add(arr, o)) {
+			json_object_put(spec);
 			json_object_put(o);
 			json_object_put(arr);
 			return NULL;
 		}
+		json_object_put(spec);
 	}
 	return arr;
 }
@@ -688,7 +747,7 @@ static int mappings_restore(void)
 
 	if (!arr) {
 		if (access(g.mappings, F_OK) && errno == ENOENT) {
-			dlog(L_INFO, "mappings file %s: none yet (client.save makes it)", g.mappings);
+			dlog(DLOG_INFO, "mappings file %s: none yet (client.save makes it)", g.mappings);
 			return 0;
 		}
 		fprintf(stderr, "rnbd-clientd: --mappings %s: %s\n", g.mappings,
@@ -707,7 +766,7 @@ static int mappings_restore(void)
 		int rc = m_map(NULL, m, &r, &e);
 
 		if (rc)
-			dlog(L_ERR, "mappings file %s: mapping %zu: %s", g.mappings, i + 1,
+			dlog(DLOG_ERR, "mappings file %s: mapping %zu: %s", g.mappings, i + 1,
 			     e.msg[0] ? e.msg : strerror(-rc));
 		json_object_put(r);
 	}
@@ -731,13 +790,12 @@ int main(int argc, char **argv)
 	}
 	log_level = opts_log_level("rnbd-clientd", g.log_level ? "--log-level" : "--quiet",
 				   g.log_level ? g.log_level : g.quiet ? "error" : NULL,
-				   getenv("RTRS_LOG_LEVEL"), L_INFO);
+				   getenv("RTRS_LOG_LEVEL"), DLOG_INFO);
 	if (log_level < 0)
 		return 2;
-	if (g.syslog)
-		openlog("rnbd-clientd", LOG_PID, LOG_DAEMON);
+	dlog_init("rnbd-clientd", log_level, g.syslog);
 	rnbd_set_log_level(log_level);
-	rnbd_set_log_fn(log_line, NULL);
+	rnbd_set_log_fn(dlog_sink, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
@@ -771,10 +829,10 @@ int main(int argc, char **argv)
 	}
 	printf("rnbd-clientd ready on %s\n", g.control);
 	fflush(stdout);
-	dlog(L_INFO, "%s", ublk_note);
+	dlog(DLOG_INFO, "%s", ublk_note);
 	while (sigwait(&set, &sig))
 		;
-	dlog(L_INFO, "%s, stopping: every device is unmapped", strsignal(sig));
+	dlog(DLOG_INFO, "%s, stopping: every device is unmapped", strsignal(sig));
 	rc = 0;
 out:
 	metrics_http_stop(mh);

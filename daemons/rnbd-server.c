@@ -31,7 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "dlog.h"
 #include "opts.h"
 #include "metrics.h"
 #include "rnbd.h"
@@ -46,7 +46,7 @@ static struct {
 	struct opt_list mem;
 	uint64_t port, queue_depth, chunk_size, threads, hb_ms, busy_poll_us;
 	unsigned engine;
-	bool direct, invalidate, quiet;
+	bool direct, invalidate, quiet, syslog;
 } g = {
 	.provider = "tcp", .port = RNBD_DEFAULT_PORT_NR, .queue_depth = 512,
 	.chunk_size = 128 << 10, .threads = 4, .hb_ms = 1000, .invalidate = true,
@@ -86,6 +86,7 @@ static const struct opt options[] = {
 	  .help = "serve the management plane (JSON-RPC, the rnbd command) on this Unix socket" },
 	{ "metrics", 0, OPT_STRING, &g.metrics, .arg = "HOST:PORT",
 	  .help = "serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any, printed)" },
+	{ "syslog", 0, OPT_FLAG, &g.syslog, .help = "log to syslog (the journal) instead of stderr" },
 	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "log errors only (--log-level error)" },
 	{ "log-level", 0, OPT_STRING, &g.log_level, .arg = "LEVEL",
 	  .help = "error, warn, info or debug (default: RTRS_LOG_LEVEL, else info)" },
@@ -95,41 +96,7 @@ static const struct opt options[] = {
 static struct rnbd_srv *srv;
 static struct rpc_server *ctl;
 static struct metrics_http *mhttp;
-static int log_level = LOG_INFO;
-
-/* ---- logging: every line with its time ------------------------------------------ */
-
-static void log_line(void *priv, int level, const char *line)
-{
-	struct timespec ts;
-	struct tm tm;
-	char when[32];
-
-	(void)priv;
-	(void)level;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	localtime_r(&ts.tv_sec, &tm);
-	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
-	/* One write per line, so lines from several threads do not interleave. */
-	fprintf(stderr, "%s.%03ld %s\n", when, ts.tv_nsec / 1000000, line);
-}
-
-__attribute__((format(printf, 2, 3)))
-static void srv_log(int level, const char *fmt, ...)
-{
-	static const char *const names[] = { "error", "warn", "info", "debug" };
-	char line[1024];
-	va_list ap;
-	int n;
-
-	if (level > log_level)
-		return;
-	n = snprintf(line, sizeof(line), "rnbd-server %s: ", names[level]);
-	va_start(ap, fmt);
-	vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
-	va_end(ap);
-	log_line(NULL, level, line);
-}
+static int log_level = DLOG_INFO;
 
 /* ---- control socket: JSON-RPC (docs/management.md) ----------------------------------- */
 
@@ -304,7 +271,7 @@ static int m_close(void *priv, struct json_object *params, struct json_object **
 	    (rc = rpc_param_str(params, "device", true, &dev, err)))
 		return rc;
 	rc = rnbd_srv_force_close(s, sess, dev);
-	srv_log(rc ? LOG_WARN : LOG_INFO, "control: close %s %s: %s", sess, dev,
+	dlog(rc ? DLOG_WARN : DLOG_INFO, "control: close %s %s: %s", sess, dev,
 		rc ? strerror(-rc) : "done");
 	if (rc == -ENOENT)
 		return rpc_errf(err, rc, "session %s has no device %s open", sess, dev);
@@ -468,16 +435,16 @@ static void reload_keys(void)
 	int rc;
 
 	if (!g.auth_keys) {
-		srv_log(LOG_INFO, "SIGHUP: no --auth-keys file, nothing to reload");
+		dlog(DLOG_INFO, "SIGHUP: no --auth-keys file, nothing to reload");
 		return;
 	}
 	/* Through librtrs's reader thread: a file that hangs holds up no signal. */
 	rc = rnbd_srv_check_keys(srv);
 	if (!rc)
-		srv_log(LOG_INFO, "SIGHUP: key file %s reloaded: valid; it applies from the next "
+		dlog(DLOG_INFO, "SIGHUP: key file %s reloaded: valid; it applies from the next "
 			"authentication", g.auth_keys);
 	else
-		srv_log(LOG_ERR, "SIGHUP: key file %s: %s (the line is logged above); "
+		dlog(DLOG_ERR, "SIGHUP: key file %s: %s (the line is logged above); "
 			"authentications fail until it is fixed", g.auth_keys, strerror(-rc));
 }
 
@@ -515,11 +482,12 @@ int main(int argc, char **argv)
 	/* --log-level, then --quiet, then RTRS_LOG_LEVEL, then info. */
 	log_level = opts_log_level("rnbd-server", g.log_level ? "--log-level" : "--quiet",
 				   g.log_level ? g.log_level : g.quiet ? "error" : NULL,
-				   getenv("RTRS_LOG_LEVEL"), LOG_INFO);
+				   getenv("RTRS_LOG_LEVEL"), DLOG_INFO);
 	if (log_level < 0)
 		return 2;
+	dlog_init("rnbd-server", log_level, g.syslog);
 	rnbd_set_log_level(log_level);
-	rnbd_set_log_fn(log_line, NULL);
+	rnbd_set_log_fn(dlog_sink, NULL);
 	if (g.mem.n && !(mem = join_mem()))
 		return 1;
 	rnbd_srv_opts_init(&o, sizeof(o));
@@ -593,7 +561,7 @@ int main(int argc, char **argv)
 			break;
 		reload_keys();
 	}
-	srv_log(LOG_INFO, "%s, stopping", strsignal(sig));
+	dlog(DLOG_INFO, "%s, stopping", strsignal(sig));
 	metrics_http_stop(mhttp);
 	rpc_server_stop(ctl);
 	atomic_store(&live, NULL);

@@ -277,6 +277,8 @@ int rtrs_clt_peer_ext(struct rtrs_clt_sess *sess);
 
 /* Switches the multipath policy at run time; -EINVAL for an unknown one. */
 int rtrs_clt_set_mp_policy(struct rtrs_clt_sess *sess, enum rtrs_mp_policy policy);
+/* The multipath policy in force (an enum rtrs_mp_policy), or -EINVAL. */
+int rtrs_clt_get_mp_policy(struct rtrs_clt_sess *sess);
 
 struct rtrs_path_stats {
 	size_t size;               /* sizeof(struct rtrs_path_stats), set by the caller */
@@ -298,6 +300,7 @@ struct rtrs_path_stats {
 	const char *reconnect_verdict;
 	uint64_t auth_runs;        /* authentications this path completed */
 	char src[256];             /* the local address it connects from; "": any */
+	bool removed;              /* rtrs_clt_remove_path: closed for good, the index kept */
 };
 
 /* Statistics of path idx (0 .. paths_num - 1); -ENOENT past the last. */
@@ -322,9 +325,26 @@ int rtrs_clt_add_path(struct rtrs_clt_sess *sess, const struct rtrs_path_addr *a
  * fence) to the other paths; the index is not reused. -ENOENT if unknown.
  */
 int rtrs_clt_remove_path(struct rtrs_clt_sess *sess, unsigned idx);
-/* Changes the reconnect parameters (see rtrs_clt_opts) from the next attempt on. */
-int rtrs_clt_set_reconnect(struct rtrs_clt_sess *sess, unsigned delay_ms, unsigned jitter_ms,
-			   int max_attempts);
+/*
+ * A session's reconnect parameters, as rtrs_clt_opts sets them at open
+ * (the meaning of each is there). Set the size before a get or a set.
+ */
+struct rtrs_reconnect_params {
+	size_t size;                /* sizeof(struct rtrs_reconnect_params) */
+	unsigned delay_ms;          /* 0..3600000 */
+	unsigned jitter_ms;         /* 0..3600000 */
+	int max_attempts;           /* -1 (no limit) .. 1000000 */
+	unsigned loss_timeout_ms;   /* 0 (no limit) .. 86400000 */
+	unsigned fast_io_fail_ms;   /* 0..3600000 */
+};
+/* The reconnect parameters in force. */
+int rtrs_clt_get_reconnect(struct rtrs_clt_sess *sess, struct rtrs_reconnect_params *p);
+/*
+ * Changes them all at once: delay, jitter, attempts and the loss timeout
+ * from a path's next attempt on, fast_io_fail_ms for requests that begin
+ * to wait from now on. -EINVAL (nothing changed) when one is out of range.
+ */
+int rtrs_clt_set_reconnect(struct rtrs_clt_sess *sess, const struct rtrs_reconnect_params *p);
 /*
  * Reconnects path idx now, whatever its state (a connected path is closed
  * first), with a fresh count of attempts. Returns at once; watch the state

@@ -48,6 +48,9 @@ static const struct param params[] = {
 	SESSION_OPT(CLT_OPT_RECONNECT_DELAY, .help = "delay before a failed path reconnects; "
 		    "jitter is half of it"),
 	SESSION_OPT(CLT_OPT_LOSS_TIMEOUT),
+	SESSION_OPT(CLT_OPT_MAX_RECONNECTS),
+	SESSION_OPT(CLT_OPT_RECONNECT_JITTER, .help = "add a random 0..MS to each reconnect "
+		    "delay (default: half the delay)"),
 	SESSION_OPT(CLT_OPT_SECRET),
 	SESSION_OPT(CLT_OPT_CTRL_SECRET),
 	SESSION_OPT(CLT_OPT_HOST_NAME),
@@ -142,6 +145,8 @@ int rnbd_plugin_cfg_set(struct rnbd_plugin_cfg *c, const char *key, const char *
 		rc = set_value(c, p, value, err, errlen);
 		if (!rc)
 			c->set |= 1u << i;
+		if (!rc && p->type == P_SESSION_OPT && p->clt == CLT_OPT_RECONNECT_JITTER)
+			c->jitter_given = true;
 		return rc;
 	}
 	return opts_errorf(err, errlen, -EINVAL, "unknown parameter %s (see --help)", key);

@@ -32,6 +32,7 @@ struct rnbd_plugin_cfg {
 	const char *control;        /* control=: the management socket, or NULL */
 	const char *metrics;        /* metrics=: HOST:PORT of the Prometheus endpoint, or NULL */
 	unsigned set;               /* bit i: params[i] was given (repeats are refused) */
+	bool jitter_given;          /* reconnect_jitter_ms=; else it is half the delay */
 };
 
 /* The defaults: session nbdkit-rnbd, port 1234, provider tcp, mode rw, ... */

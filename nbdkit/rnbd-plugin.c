@@ -123,8 +123,9 @@ static int session_open(struct rnbd_clt_sess **out)
 
 	rnbd_set_log_fn(log_to_nbdkit, NULL);
 	rnbd_set_log_level(cfg.clt.log_level);
-	/* The plugin's own rule: the reconnect jitter is half the delay. */
-	o.reconnect_jitter_ms = o.reconnect_delay_ms / 2;
+	/* The plugin's own rule: the reconnect jitter is half the delay, unless given. */
+	if (!cfg.jitter_given)
+		o.reconnect_jitter_ms = o.reconnect_delay_ms / 2;
 	rc = rnbd_clt_sess_open(&o, out);
 	if (rc == -EPERM)
 		nbdkit_error("session %s to %s: the server has a session of this name open "

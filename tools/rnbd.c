@@ -6,11 +6,16 @@
  *   rnbd [options] client map DEVICE --session NAME [--server ADDR]... [--mode M]
  *                                    [--option KEY=VALUE]...
  *   rnbd [options] client unmap DEVICE [--session NAME] [--force]
+ *   rnbd [options] client remap DEVICE [--session NAME]
+ *   rnbd [options] client resize DEVICE SIZE [--session NAME]
  *   rnbd [options] client save
  *   rnbd [options] client list [sessions|paths|devices]
  *   rnbd [options] client path add SESSION SERVER
  *   rnbd [options] client path remove|reconnect|disconnect SESSION PATH-INDEX
  *   rnbd [options] client policy SESSION round-robin|min-inflight|min-latency
+ *   rnbd [options] client reconnect-params SESSION [--reconnect-delay SEC]
+ *                  [--reconnect-jitter SEC] [--max-reconnect-attempts N]
+ *                  [--ctrl-loss-tmo SEC] [--fast-io-fail-tmo SEC]
  *   rnbd [options] client stats reset SESSION [PATH-INDEX]
  *   rnbd [options] client metrics
  *   rnbd [options] server list [sessions|devices]
@@ -32,6 +37,7 @@
 
 #include "opts.h"
 #include "rpc.h"
+#include "util.h"
 
 #define EXIT_FAILED 1
 #define EXIT_USAGE 2
@@ -39,20 +45,29 @@
 
 static const char *const output_names[] = { "table", "json", NULL };
 
-/* nvme-cli's options of client map, and the session option each sets. */
-enum { NV_LOSS, NV_DELAY, NV_FAST, NV_QUEUES, NV_SECRET, NV_CSECRET, NV_HOSTNQN, NV_NR };
+/*
+ * The session options that have flags of their own (nvme-cli's names where
+ * they mean the same): the session option each sets at client map, and
+ * the client.reconnect parameter it sets at client reconnect-params.
+ */
+enum { NV_LOSS, NV_DELAY, NV_JITTER, NV_ATTEMPTS, NV_FAST, NV_QUEUES, NV_SECRET, NV_CSECRET,
+       NV_HOSTNQN, NV_NR };
 
 static const struct {
 	const char *flag, *key;
 	bool seconds;             /* the value is seconds; the option takes milliseconds */
+	const char *param;        /* client.reconnect's name for it, or NULL */
 } nvme_opts[NV_NR] = {
-	[NV_LOSS] = { "ctrl-loss-tmo", "reconnect_loss_timeout_ms", true },
-	[NV_DELAY] = { "reconnect-delay", "reconnect_delay_ms", true },
-	[NV_FAST] = { "fast-io-fail-tmo", "fast_io_fail_ms", true },
-	[NV_QUEUES] = { "nr-io-queues", "io_connections", false },
-	[NV_SECRET] = { "dhchap-secret", "secret", false },
-	[NV_CSECRET] = { "dhchap-ctrl-secret", "ctrl_secret", false },
-	[NV_HOSTNQN] = { "hostnqn", "host_name", false },
+	[NV_LOSS] = { "ctrl-loss-tmo", "reconnect_loss_timeout_ms", true, "loss_timeout_ms" },
+	[NV_DELAY] = { "reconnect-delay", "reconnect_delay_ms", true, "delay_ms" },
+	[NV_JITTER] = { "reconnect-jitter", "reconnect_jitter_ms", true, "jitter_ms" },
+	[NV_ATTEMPTS] = { "max-reconnect-attempts", "max_reconnect_attempts", false,
+			  "max_attempts" },
+	[NV_FAST] = { "fast-io-fail-tmo", "fast_io_fail_ms", true, "fast_io_fail_ms" },
+	[NV_QUEUES] = { "nr-io-queues", "io_connections", false, NULL },
+	[NV_SECRET] = { "dhchap-secret", "secret", false, NULL },
+	[NV_CSECRET] = { "dhchap-ctrl-secret", "ctrl_secret", false, NULL },
+	[NV_HOSTNQN] = { "hostnqn", "host_name", false, NULL },
 };
 
 static struct {
@@ -88,6 +103,11 @@ static const struct opt options[] = {
 	  .help = "client map: give a path up after failing to reconnect for SEC seconds" },
 	{ "reconnect-delay", 0, OPT_STRING, &g.nvme[NV_DELAY], .arg = "SEC",
 	  .help = "client map: wait SEC seconds before a failed path reconnects" },
+	{ "reconnect-jitter", 0, OPT_STRING, &g.nvme[NV_JITTER], .arg = "SEC",
+	  .help = "client map: add a random 0..SEC seconds to each reconnect delay (default: "
+		  "half the delay)" },
+	{ "max-reconnect-attempts", 0, OPT_STRING, &g.nvme[NV_ATTEMPTS], .arg = "N",
+	  .help = "client map: give a path up after N failed reconnects in a row (-1: never)" },
 	{ "fast-io-fail-tmo", 0, OPT_STRING, &g.nvme[NV_FAST], .arg = "SEC",
 	  .help = "client map: IO waits at most SEC seconds for a path" },
 	{ "nr-io-queues", 0, OPT_STRING, &g.nvme[NV_QUEUES], .arg = "N",
@@ -103,6 +123,8 @@ static const struct opt options[] = {
 
 static const char usage[] =
 	"client map DEVICE --session NAME [--server ADDR]... | client unmap DEVICE | client save |\n"
+	"       client remap DEVICE | client resize DEVICE SIZE |\n"
+	"       client reconnect-params SESSION [--reconnect-delay SEC]... |\n"
 	"       client list [sessions|paths|devices] | client path add SESSION SERVER |\n"
 	"       client path remove|reconnect|disconnect SESSION PATH | client policy SESSION POLICY |\n"
 	"       client stats reset SESSION [PATH] | client metrics |\n"
@@ -198,15 +220,16 @@ static void table_devices(struct json_object *r)
 
 static void table_clt_sessions(struct json_object *r)
 {
-	printf("%-24s %-7s %6s %6s %9s\n", "SESSION", "SERVER", "PATHS", "QD", "MAX_IO");
+	printf("%-24s %-7s %6s %6s %9s  %s\n", "SESSION", "SERVER", "PATHS", "QD", "MAX_IO",
+	       "POLICY");
 	for (size_t i = 0; i < json_object_array_length(r); i++) {
 		struct json_object *s = json_object_array_get_idx(r, i), *paths;
 
 		json_object_object_get_ex(s, "paths", &paths);
 		cell(str(s, "name"), 24);
-		printf(" %-7s %3" PRIu64 "/%-2zu %6" PRIu64 " %9" PRIu64 "\n", str(s, "server"),
+		printf(" %-7s %3" PRIu64 "/%-2zu %6" PRIu64 " %9" PRIu64 "  %s\n", str(s, "server"),
 		       u64(s, "paths_up"), json_object_array_length(paths), u64(s, "queue_depth"),
-		       u64(s, "max_io_size"));
+		       u64(s, "max_io_size"), str(s, "policy"));
 	}
 }
 
@@ -234,7 +257,8 @@ static void table_clt_paths(struct json_object *r)
 			printf(" %5" PRIu64 " ", u64(p, "index"));
 			cell(path, 32);
 			printf(" %-12s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %9" PRIu64
-			       "  %s\n", str(p, "state"), u64(p, "inflight"), u64(p, "reads"),
+			       "  %s\n", flag(p, "removed") ? "removed" : str(p, "state"),
+			       u64(p, "inflight"), u64(p, "reads"),
 			       u64(p, "writes"), u64(p, "reconnects"), u64(p, "failovers"),
 			       str(p, "last_error")[0] ? str(p, "last_error") : "-");
 		}
@@ -376,6 +400,34 @@ static struct json_object *sess_path_params(const char *sess, const char *path, 
 	return p;
 }
 
+/*
+ * Seconds as nvme-cli takes them, with up to three decimals here ("0.5"),
+ * in milliseconds; false if v is not that or is above max_s.
+ */
+static bool seconds_ms(const char *v, uint64_t max_s, uint64_t *ms)
+{
+	const char *dot = strchr(v, '.');
+	char whole[24];
+	uint64_t sec, frac = 0;
+	size_t n = dot ? (size_t)(dot - v) : strlen(v), fn = dot ? strlen(dot + 1) : 0;
+
+	if (!n || n >= sizeof(whole) || (dot && (!fn || fn > 3)))
+		return false;
+	memcpy(whole, v, n);
+	whole[n] = 0;
+	if (parse_u64(whole, 0, max_s, &sec))
+		return false;
+	for (size_t i = 0; i < 3; i++) {
+		char c = i < fn ? dot[1 + i] : '0';
+
+		if (c < '0' || c > '9')
+			return false;
+		frac = frac * 10 + (uint64_t)(c - '0');
+	}
+	*ms = sec * 1000 + frac;
+	return *ms <= max_s * 1000;
+}
+
 /* client map DEVICE: params from --session, --server, --mode, --option. */
 static struct json_object *map_params(const char *device)
 {
@@ -394,21 +446,18 @@ static struct json_object *map_params(const char *device)
 	for (unsigned i = 0; ok && i < NV_NR; i++) {
 		char ms[32];
 		const char *v = g.nvme[i];
-		unsigned long long sec;
-		char *end;
+		uint64_t msv;
 
 		if (!v)
 			continue;
 		if (nvme_opts[i].seconds) {
-			errno = 0;
-			sec = strtoull(v, &end, 10);
-			if (!*v || *end || errno || sec > 86400 || v[0] == '-') {
+			if (!seconds_ms(v, 86400, &msv)) {
 				fprintf(stderr, "rnbd: --%s %s: expected seconds, 0..86400\n",
 					nvme_opts[i].flag, v);
 				ok = false;
 				break;
 			}
-			snprintf(ms, sizeof(ms), "%llu", sec * 1000);
+			snprintf(ms, sizeof(ms), "%" PRIu64, msv);
 			v = ms;
 		}
 		if (!opts) {
@@ -443,6 +492,64 @@ static struct json_object *map_params(const char *device)
 	return p;
 }
 
+/*
+ * client reconnect-params SESSION: client.reconnect's params from the
+ * flags; none given asks for the values in force. NULL after a message.
+ */
+static struct json_object *reconnect_params(const char *session)
+{
+	struct json_object *p = json_object_new_object();
+	bool ok = p && !json_object_object_add(p, "session", json_object_new_string(session));
+
+	for (unsigned i = 0; ok && i < NV_NR; i++) {
+		const char *v = g.nvme[i];
+		uint64_t n;
+
+		if (!v)
+			continue;
+		if (!nvme_opts[i].param) {
+			fprintf(stderr, "rnbd: --%s: for client map only\n", nvme_opts[i].flag);
+			ok = false;
+		} else if (nvme_opts[i].seconds) {
+			ok = seconds_ms(v, 86400, &n);
+			if (!ok)
+				fprintf(stderr, "rnbd: --%s %s: expected seconds, 0..86400\n",
+					nvme_opts[i].flag, v);
+			else
+				ok = !json_object_object_add(p, nvme_opts[i].param,
+							     json_object_new_int64((int64_t)n));
+		} else if (!strcmp(v, "-1")) {
+			ok = !json_object_object_add(p, nvme_opts[i].param, json_object_new_int(-1));
+		} else {
+			ok = !parse_u64(v, 0, 1000000, &n);
+			if (!ok)
+				fprintf(stderr, "rnbd: --%s %s: expected -1 or 0..1000000\n",
+					nvme_opts[i].flag, v);
+			else
+				ok = !json_object_object_add(p, nvme_opts[i].param,
+							     json_object_new_int64((int64_t)n));
+		}
+	}
+	if (!ok) {
+		json_object_put(p);
+		return NULL;
+	}
+	return p;
+}
+
+/* client remap|resize DEVICE: the device, and --session where given. */
+static struct json_object *dev_params(const char *device)
+{
+	struct json_object *p = json_object_new_object();
+
+	if (!p || json_object_object_add(p, "device", json_object_new_string(device)) ||
+	    (g.session && json_object_object_add(p, "session", json_object_new_string(g.session)))) {
+		json_object_put(p);
+		return NULL;
+	}
+	return p;
+}
+
 static int client_cmd(int argc, char **argv)
 {
 	const char *sock = g.socket ? g.socket : "/run/rnbd/client.sock";
@@ -468,6 +575,34 @@ static int client_cmd(int argc, char **argv)
 			return EXIT_FAILED;
 		}
 		return run(sock, "client.unmap", p, table_object);
+	}
+	if (argc >= 1 && !strcmp(argv[0], "remap")) {
+		if (argc != 2)
+			return bad_usage("client remap DEVICE [--session NAME]");
+		p = dev_params(argv[1]);
+		return p ? run(sock, "client.remap", p, table_object) : EXIT_FAILED;
+	}
+	if (argc >= 1 && !strcmp(argv[0], "resize")) {
+		uint64_t bytes;
+
+		if (argc != 3)
+			return bad_usage("client resize DEVICE SIZE [--session NAME]");
+		if (parse_size(argv[2], 1, UINT64_MAX >> 1, &bytes))
+			return bad_usage("SIZE: bytes, or with K, M, G or T (powers of 1024)");
+		p = dev_params(argv[1]);
+		if (p && json_object_object_add(p, "bytes", json_object_new_int64((int64_t)bytes))) {
+			json_object_put(p);
+			p = NULL;
+		}
+		return p ? run(sock, "client.resize", p, table_object) : EXIT_FAILED;
+	}
+	if (argc >= 1 && !strcmp(argv[0], "reconnect-params")) {
+		if (argc != 2)
+			return bad_usage("client reconnect-params SESSION [--reconnect-delay SEC] "
+					 "[--reconnect-jitter SEC] [--max-reconnect-attempts N] "
+					 "[--ctrl-loss-tmo SEC] [--fast-io-fail-tmo SEC]");
+		p = reconnect_params(argv[1]);
+		return p ? run(sock, "client.reconnect", p, table_object) : EXIT_USAGE;
 	}
 	if (argc >= 1 && !strcmp(argv[0], "save")) {
 		if (argc != 1)
@@ -536,7 +671,8 @@ static int client_cmd(int argc, char **argv)
 			return bad_usage("client metrics takes no arguments");
 		return run(sock, "metrics", NULL, show_text);
 	}
-	return bad_usage("client: map, unmap, save, list, path, policy, stats or metrics");
+	return bad_usage("client: map, unmap, remap, resize, save, list, path, policy, "
+			 "reconnect-params, stats or metrics");
 }
 
 static int call_cmd(int argc, char **argv)

@@ -58,6 +58,10 @@ static const struct clt_opt_pick clt_picks[] = {
 	{ CLT_OPT_BUSY_POLL, 0, NULL,
 	  "poll an empty completion queue this long before sleeping (RDMA devices)" },
 	{ CLT_OPT_RECONNECT_DELAY, 0, NULL, "client: delay before reconnecting a failed path" },
+	{ CLT_OPT_LOSS_TIMEOUT, 0, NULL, "client: give a path up after failing to reconnect for "
+	  "this long (0: never)" },
+	{ CLT_OPT_MAX_RECONNECTS, 0, NULL, "client: give a path up after N failed reconnects in "
+	  "a row (-1: never)" },
 	{ .id = CLT_OPT_PROVIDER },
 	{ CLT_OPT_IO_CONS, 'n', "cons", "client: IO connections (0 = one per CPU)" },
 	{ .id = CLT_OPT_HB_INTERVAL },

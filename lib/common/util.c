@@ -80,6 +80,7 @@ int parse_size(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 	case 'k': case 'K': shift = 10; break;
 	case 'm': case 'M': shift = 20; break;
 	case 'g': case 'G': shift = 30; break;
+	case 't': case 'T': shift = 40; break;
 	default: return -EINVAL;
 	}
 	if (*end && end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B"))

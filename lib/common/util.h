@@ -149,7 +149,7 @@ COMMON_EXPORT_VIS uint32_t rand_below(uint32_t bound) COMMON_LINK_NAME(rand_belo
 /* Parse an unsigned decimal with range check; 0 or -EINVAL/-ERANGE. */
 COMMON_EXPORT_VIS int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 	COMMON_LINK_NAME(parse_u64);
-/* Parse a size with optional K/M/G suffix (powers of 1024). */
+/* Parse a size with optional K/M/G/T suffix (powers of 1024; KiB or KB alike). */
 COMMON_EXPORT_VIS int parse_size(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 	COMMON_LINK_NAME(parse_size);
 

@@ -92,7 +92,11 @@ static bool put(struct json_object *o, const char *key, struct json_object *v)
 	return true;
 }
 
-/* The session named by params' "session", or an error in err. */
+/*
+ * The session named by params' "session", or an error in err. Methods
+ * check every parameter's type first and look objects up last, so that a
+ * malformed request is told so whatever it names.
+ */
 static struct rtrs_clt_sess *sess_param(struct clt_ctl *c, struct json_object *params,
 					const char **name, struct rpc_err *err)
 {
@@ -106,22 +110,43 @@ static struct rtrs_clt_sess *sess_param(struct clt_ctl *c, struct json_object *p
 	return s ? rnbd_clt_rtrs(s) : NULL;
 }
 
-/* params' "path": the index of a path of r, checked against the session. */
-static int path_param(struct rtrs_clt_sess *r, const char *name, struct json_object *params,
-		      unsigned *idx, struct rpc_err *err)
+/* params' "path": a path index, by type and range (path_exists checks it against a session). */
+static int path_param(struct json_object *params, bool required, unsigned *idx,
+		      struct rpc_err *err)
+{
+	uint64_t v = *idx;
+	int rc = rpc_param_u64(params, "path", required, 0, 1023, &v, err);
+
+	*idx = (unsigned)v;
+	return rc;
+}
+
+/* Whether r has a path idx; an error naming both if not. */
+static int path_exists(struct rtrs_clt_sess *r, const char *name, unsigned idx,
+		       struct rpc_err *err)
 {
 	struct rtrs_attrs a = { .size = sizeof(a) };
-	uint64_t v;
-	int rc = rpc_param_u64(params, "path", true, 0, 1023, &v, err);
 
-	if (rc)
-		return rc;
 	rtrs_clt_query(r, &a); /* paths_num is filled without a path up too */
-	if (v >= a.paths_num)
-		return rpc_errf(err, -ENOENT, "session %s has no path %llu (it has %u)", name,
-				(unsigned long long)v, a.paths_num);
-	*idx = (unsigned)v;
+	if (idx >= a.paths_num)
+		return rpc_errf(err, -ENOENT, "session %s has no path %u (it has %u)", name, idx,
+				a.paths_num);
 	return 0;
+}
+
+/* The reconnect parameters as JSON: client.reconnect's answer, client.sessions' "reconnect". */
+static struct json_object *reconnect_json(const struct rtrs_reconnect_params *rp)
+{
+	struct json_object *o = json_object_new_object();
+
+	if (put(o, "delay_ms", json_object_new_uint64(rp->delay_ms)) &&
+	    put(o, "jitter_ms", json_object_new_uint64(rp->jitter_ms)) &&
+	    put(o, "max_attempts", json_object_new_int(rp->max_attempts)) &&
+	    put(o, "loss_timeout_ms", json_object_new_uint64(rp->loss_timeout_ms)) &&
+	    put(o, "fast_io_fail_ms", json_object_new_uint64(rp->fast_io_fail_ms)))
+		return o;
+	json_object_put(o);
+	return NULL;
 }
 
 static struct json_object *path_json(unsigned idx, const struct rtrs_path_stats *st)
@@ -133,6 +158,7 @@ static struct json_object *path_json(unsigned idx, const struct rtrs_path_stats 
 	     put(o, "name", json_object_new_string(st->name)) &&
 	     put(o, "src", json_object_new_string(st->src)) &&
 	     put(o, "state", json_object_new_string(st->state)) &&
+	     put(o, "removed", json_object_new_boolean(st->removed)) &&
 	     put(o, "inflight", json_object_new_uint64(st->inflight)) &&
 	     put(o, "reads", json_object_new_uint64(st->reads)) &&
 	     put(o, "read_bytes", json_object_new_uint64(st->read_bytes)) &&
@@ -160,11 +186,14 @@ static struct json_object *sess_json(const char *name, struct rnbd_clt_sess *s)
 {
 	struct rtrs_clt_sess *r = rnbd_clt_rtrs(s);
 	struct rtrs_attrs a = { .size = sizeof(a) };
+	struct rtrs_reconnect_params rp = { .size = sizeof(rp) };
+	const char *pol = clt_ctl_policy_name((unsigned)rtrs_clt_get_mp_policy(r));
 	struct json_object *o = json_object_new_object(), *paths = json_object_new_array();
 	int ext = rtrs_clt_peer_ext(r);
 	bool ok = o && paths;
 
 	rtrs_clt_query(r, &a);
+	ok = ok && !rtrs_clt_get_reconnect(r, &rp);
 	for (unsigned i = 0; ok && i < a.paths_num; i++) {
 		struct rtrs_path_stats st = { .size = sizeof(st) };
 		struct json_object *p;
@@ -182,6 +211,8 @@ static struct json_object *sess_json(const char *name, struct rnbd_clt_sess *s)
 	     put(o, "max_io_size", json_object_new_uint64(a.max_io_size)) &&
 	     put(o, "paths_up", json_object_new_uint64(a.paths_up)) &&
 	     put(o, "server_sessions", json_object_new_uint64(a.server_sessions)) &&
+	     put(o, "policy", json_object_new_string(pol ? pol : "")) &&
+	     put(o, "reconnect", reconnect_json(&rp)) &&
 	     put(o, "paths", paths);
 	if (!ok) {
 		json_object_put(o);
@@ -265,14 +296,14 @@ static int m_path_add(void *priv, struct json_object *params, struct json_object
 	unsigned idx;
 	int rc;
 
-	if ((rc = rpc_params_check(params, names, err)))
-		return rc;
-	if (!(r = sess_param(priv, params, &name, err)))
-		return err->code;
-	if ((rc = rpc_param_str(params, "server", true, &server, err)))
+	if ((rc = rpc_params_check(params, names, err)) ||
+	    (rc = rpc_param_str(params, "session", true, &name, err)) ||
+	    (rc = rpc_param_str(params, "server", true, &server, err)))
 		return rc;
 	if (rtrs_addr_parse(server, RNBD_DEFAULT_PORT_NR, &a, why, sizeof(why)))
 		return rpc_errf(err, RPC_INVALID_PARAMS, "server %s: %s", server, why);
+	if (!(r = sess_param(priv, params, &name, err)))
+		return err->code;
 	rtrs_addr_path(&a, &pa);
 	rc = rtrs_clt_add_path(r, &pa, &idx);
 	if (rc)
@@ -288,14 +319,16 @@ static int path_op(void *priv, struct json_object *params, struct json_object **
 {
 	struct rtrs_clt_sess *r;
 	const char *name;
-	unsigned idx;
+	unsigned idx = 0;
 	int rc;
 
-	if ((rc = rpc_params_check(params, sess_path, err)))
+	if ((rc = rpc_params_check(params, sess_path, err)) ||
+	    (rc = rpc_param_str(params, "session", true, &name, err)) ||
+	    (rc = path_param(params, true, &idx, err)))
 		return rc;
 	if (!(r = sess_param(priv, params, &name, err)))
 		return err->code;
-	if ((rc = path_param(r, name, params, &idx, err)))
+	if ((rc = path_exists(r, name, idx, err)))
 		return rc;
 	rc = op(r, idx);
 	if (rc)
@@ -331,16 +364,16 @@ static int m_policy(void *priv, struct json_object *params, struct json_object *
 	const char *name, *pol;
 	int rc, p;
 
-	if ((rc = rpc_params_check(params, names, err)))
-		return rc;
-	if (!(r = sess_param(priv, params, &name, err)))
-		return err->code;
-	if ((rc = rpc_param_str(params, "policy", true, &pol, err)))
+	if ((rc = rpc_params_check(params, names, err)) ||
+	    (rc = rpc_param_str(params, "session", true, &name, err)) ||
+	    (rc = rpc_param_str(params, "policy", true, &pol, err)))
 		return rc;
 	p = clt_ctl_policy_of(pol);
 	if (p < 0)
 		return rpc_errf(err, RPC_INVALID_PARAMS,
 				"policy %s: not round-robin, min-inflight or min-latency", pol);
+	if (!(r = sess_param(priv, params, &name, err)))
+		return err->code;
 	rc = rtrs_clt_set_mp_policy(r, (enum rtrs_mp_policy)p);
 	if (rc)
 		return rpc_errf(err, rc, "session %s: policy %s: %s", name, pol, strerror(-rc));
@@ -348,46 +381,81 @@ static int m_policy(void *priv, struct json_object *params, struct json_object *
 	return put(*result, "policy", json_object_new_string(pol)) ? 0 : -ENOMEM;
 }
 
+/*
+ * client.reconnect: each parameter given replaces its value, the others
+ * stay as they are; the answer is every value in force. With only the
+ * session it changes nothing and says what is in force.
+ */
 static int m_reconnect(void *priv, struct json_object *params, struct json_object **result,
 		       struct rpc_err *err)
 {
 	static const char *const names[] = { "session", "delay_ms", "jitter_ms", "max_attempts",
-					     NULL };
+					     "loss_timeout_ms", "fast_io_fail_ms", NULL };
+	static const struct {
+		const char *name;
+		uint64_t max;
+		size_t off;
+	} ms[] = {
+		{ "delay_ms", 3600000, offsetof(struct rtrs_reconnect_params, delay_ms) },
+		{ "jitter_ms", 3600000, offsetof(struct rtrs_reconnect_params, jitter_ms) },
+		{ "loss_timeout_ms", 86400000,
+		  offsetof(struct rtrs_reconnect_params, loss_timeout_ms) },
+		{ "fast_io_fail_ms", 3600000,
+		  offsetof(struct rtrs_reconnect_params, fast_io_fail_ms) },
+	};
+	struct rtrs_reconnect_params rp = { .size = sizeof(rp) };
+	uint64_t val[sizeof(ms) / sizeof(ms[0])];
+	bool has[sizeof(ms) / sizeof(ms[0])], has_max, change = false;
 	struct rtrs_clt_sess *r;
-	uint64_t delay, jitter, attempts;
 	struct json_object *v;
 	const char *name;
-	int rc, max;
+	int rc, max = 0;
 
-	if ((rc = rpc_params_check(params, names, err)))
+	if ((rc = rpc_params_check(params, names, err)) ||
+	    (rc = rpc_param_str(params, "session", true, &name, err)))
 		return rc;
-	if (!(r = sess_param(priv, params, &name, err)))
-		return err->code;
-	if ((rc = rpc_param_u64(params, "delay_ms", true, 0, 3600000, &delay, err)) ||
-	    (rc = rpc_param_u64(params, "jitter_ms", true, 0, 3600000, &jitter, err)))
-		return rc;
+	for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++) {
+		has[i] = json_object_object_get_ex(params, ms[i].name, NULL);
+		if (has[i] && (rc = rpc_param_u64(params, ms[i].name, true, 0, ms[i].max, &val[i],
+						  err)))
+			return rc;
+	}
 	/* max_attempts: a count, or -1 for no limit. */
-	if (json_object_object_get_ex(params, "max_attempts", &v) &&
-	    json_object_is_type(v, json_type_int) && json_object_get_int64(v) == -1) {
-		max = -1;
-	} else {
-		if ((rc = rpc_param_u64(params, "max_attempts", true, 0, 1000000, &attempts,
-					err))) {
+	has_max = json_object_object_get_ex(params, "max_attempts", &v);
+	if (has_max) {
+		uint64_t attempts;
+
+		if (json_object_is_type(v, json_type_int) && json_object_get_int64(v) == -1) {
+			max = -1;
+		} else if ((rc = rpc_param_u64(params, "max_attempts", true, 0, 1000000, &attempts,
+					       err))) {
 			char msg[sizeof(err->msg)];
 
 			memcpy(msg, err->msg, sizeof(msg));
 			return rpc_errf(err, rc, "%.400s (or -1: no limit)", msg);
+		} else {
+			max = (int)attempts;
 		}
-		max = (int)attempts;
 	}
-	rc = rtrs_clt_set_reconnect(r, (unsigned)delay, (unsigned)jitter, max);
+	if (!(r = sess_param(priv, params, &name, err)))
+		return err->code;
+	rc = rtrs_clt_get_reconnect(r, &rp);
 	if (rc)
 		return rpc_errf(err, rc, "session %s: reconnect parameters: %s", name,
 				strerror(-rc));
-	*result = json_object_new_object();
-	return put(*result, "delay_ms", json_object_new_uint64(delay)) &&
-	       put(*result, "jitter_ms", json_object_new_uint64(jitter)) &&
-	       put(*result, "max_attempts", json_object_new_int(max)) ? 0 : -ENOMEM;
+	for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++) {
+		if (has[i])
+			*(unsigned *)((char *)&rp + ms[i].off) = (unsigned)val[i];
+		change |= has[i];
+	}
+	if (has_max)
+		rp.max_attempts = max;
+	change |= has_max;
+	if (change && (rc = rtrs_clt_set_reconnect(r, &rp)))
+		return rpc_errf(err, rc, "session %s: reconnect parameters: %s", name,
+				strerror(-rc));
+	*result = reconnect_json(&rp);
+	return *result ? 0 : -ENOMEM;
 }
 
 static int m_stats_reset(void *priv, struct json_object *params, struct json_object **result,
@@ -396,15 +464,18 @@ static int m_stats_reset(void *priv, struct json_object *params, struct json_obj
 	struct rtrs_attrs a = { .size = sizeof(a) };
 	struct rtrs_clt_sess *r;
 	const char *name;
-	unsigned idx, n = 0;
+	bool one = json_object_object_get_ex(params, "path", NULL);
+	unsigned idx = 0, n = 0;
 	int rc;
 
-	if ((rc = rpc_params_check(params, sess_path, err)))
+	if ((rc = rpc_params_check(params, sess_path, err)) ||
+	    (rc = rpc_param_str(params, "session", true, &name, err)) ||
+	    (one && (rc = path_param(params, true, &idx, err))))
 		return rc;
 	if (!(r = sess_param(priv, params, &name, err)))
 		return err->code;
-	if (json_object_object_get_ex(params, "path", NULL)) {
-		if ((rc = path_param(r, name, params, &idx, err)))
+	if (one) {
+		if ((rc = path_exists(r, name, idx, err)))
 			return rc;
 		rc = rtrs_clt_reset_path_stats(r, idx);
 		n = !rc;
@@ -511,8 +582,10 @@ const struct rpc_method clt_ctl_methods[] = {
 	{ "client.policy", m_policy, "session: string, policy: string",
 	  "the multipath policy: round-robin, min-inflight or min-latency" },
 	{ "client.reconnect", m_reconnect,
-	  "session: string, delay_ms: integer, jitter_ms: integer, max_attempts: integer (-1: "
-	  "no limit)", "the reconnect parameters, from the next attempt on" },
+	  "session: string; each optional: delay_ms, jitter_ms, max_attempts (-1: no limit), "
+	  "loss_timeout_ms (0: none), fast_io_fail_ms: integers",
+	  "the reconnect parameters: those given change (from the next attempt on), all are "
+	  "answered" },
 	{ "client.stats.reset", m_stats_reset, "session: string, path: integer (optional)",
 	  "zero the counters of a path, or of every path of the session" },
 	{ "metrics", m_metrics, "", "every counter in Prometheus's text format: {\"text\": ...}" },

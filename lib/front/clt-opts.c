@@ -19,6 +19,7 @@ enum clt_type {
 	CT_SECRET,   /* const char *, never printed */
 	CT_POLICY,   /* enum rtrs_mp_policy by name */
 	CT_LEVEL,    /* int, a log level by name (opts_log_level_parse) */
+	CT_ATTEMPTS, /* int, -1 (no limit) or a count in [min, max] */
 };
 
 struct clt_def {
@@ -114,6 +115,13 @@ static const struct clt_def defs[CLT_OPT_NR] = {
 		F(opts.reconnect_loss_timeout_ms), 0, 86400000, .arg = "MS",
 		.help = "give a path up after failing to reconnect for this long (0: never; "
 			"nvme-cli's ctrl-loss-tmo)" },
+	[CLT_OPT_MAX_RECONNECTS] = { "max-reconnect-attempts", "max_reconnect_attempts",
+		CT_ATTEMPTS, F(opts.max_reconnect_attempts), 0, 1000000, .arg = "N",
+		.help = "give a path up after N failed reconnects in a row (-1: never, the "
+			"default)" },
+	[CLT_OPT_RECONNECT_JITTER] = { "reconnect-jitter", "reconnect_jitter_ms", CT_UINT,
+		F(opts.reconnect_jitter_ms), 0, 3600000, .arg = "MS",
+		.help = "add a random 0..MS to each reconnect delay" },
 };
 
 _Static_assert(RTRS_AUTH_WIRE_NAME_MAX == 223 && RTRS_NAME_MAX == 255,
@@ -171,6 +179,17 @@ int clt_opt_set(struct clt_cfg *c, enum clt_opt_id id, const char *value, char *
 			*(uint16_t *)field = (uint16_t)v;
 		else
 			*(unsigned *)field = (unsigned)v;
+		return 0;
+	case CT_ATTEMPTS:
+		if (!strcmp(value, "-1")) {
+			*(int *)field = -1;
+			return 0;
+		}
+		if (parse_u64(value, d->min, d->max, &v))
+			return opts_errorf(err, errlen, -EINVAL,
+					   "expected -1 (no limit) or a number in %u..%u", d->min,
+					   d->max);
+		*(int *)field = (int)v;
 		return 0;
 	case CT_STRING:
 	case CT_SECRET:
@@ -255,6 +274,9 @@ void clt_opt_show(const struct clt_cfg *c, enum clt_opt_id id, char *buf, size_t
 	case CT_U16:
 		u = d->type == CT_U16 ? *(const uint16_t *)field : *(const unsigned *)field;
 		snprintf(buf, len, "%u", u);
+		break;
+	case CT_ATTEMPTS:
+		snprintf(buf, len, "%d", *(const int *)field);
 		break;
 	case CT_STRING:
 		s = *(const char *const *)field;

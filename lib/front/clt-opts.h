@@ -38,6 +38,8 @@ enum clt_opt_id {
 	CLT_OPT_SERVER_NAME,     /* opts.auth_server_name */
 	CLT_OPT_LOG_LEVEL,       /* log_level below (librtrs and librnbd log through one state) */
 	CLT_OPT_LOSS_TIMEOUT,    /* opts.reconnect_loss_timeout_ms */
+	CLT_OPT_MAX_RECONNECTS,  /* opts.max_reconnect_attempts */
+	CLT_OPT_RECONNECT_JITTER, /* opts.reconnect_jitter_ms */
 	CLT_OPT_NR
 };
 

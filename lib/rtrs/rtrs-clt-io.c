@@ -346,7 +346,7 @@ void clt_req_wait(struct clt_req *req)
 	bool first;
 
 	req->path = NULL;
-	req->wait_deadline_ms = now_ms() + s->fast_io_fail_ms;
+	req->wait_deadline_ms = now_ms() + atomic_load(&s->fast_io_fail_ms);
 	atomic_store(&req->state, REQ_INFLIGHT);
 	pthread_mutex_lock(&s->wait_lock);
 	first = STAILQ_EMPTY(&s->waiting);
@@ -407,7 +407,8 @@ int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 	{
 		int rc = clt_req_route(req);
 
-		if (rc == -ECONNABORTED && s->fast_io_fail_ms && clt_sess_path_may_come(s)) {
+		if (rc == -ECONNABORTED && atomic_load(&s->fast_io_fail_ms) &&
+		    clt_sess_path_may_come(s)) {
 			clt_req_wait(req);
 			return 0;
 		}

@@ -135,7 +135,7 @@ struct clt_path {
 	atomic_int attempts;        /* failed attempts in a row (loop and worker) */
 	atomic_uint_fast64_t down_since_ms; /* when it last failed (loss timeout) */
 	atomic_bool keep_closed;    /* disconnected by the user */
-	bool removed;               /* rtrs_clt_remove_path: the slot stays, closed */
+	atomic_bool removed;        /* rtrs_clt_remove_path: the slot stays, closed */
 	/* Fencing (docs/protocol.md section 10). */
 	bool srv_fence;             /* the server answers fences */
 	struct rtrs_msg_fence fence_msg; /* a fence sent over this path */
@@ -159,7 +159,7 @@ struct rtrs_clt_sess {
 	unsigned hb_interval_ms, hb_missed_max, connect_timeout_ms;
 	/* rtrs_clt_set_reconnect changes these while paths read them. */
 	atomic_uint reconnect_delay_ms, reconnect_jitter_ms;
-	unsigned reconnect_loss_timeout_ms;
+	atomic_uint reconnect_loss_timeout_ms;
 	atomic_int max_reconnect_attempts;
 	bool wait_timer_ready;
 	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
@@ -222,8 +222,8 @@ struct rtrs_clt_sess {
 	atomic_uint nr_mem;
 	pthread_rwlock_t mem_lock;  /* mem, and every path's mem_mrs and mem_ready */
 
-	/* Requests waiting for a path, bounded by fast_io_fail_ms. */
-	unsigned fast_io_fail_ms;
+	/* Requests waiting for a path, bounded by fast_io_fail_ms (rtrs_clt_set_reconnect). */
+	atomic_uint fast_io_fail_ms;
 	unsigned busy_poll_us;
 	pthread_mutex_t wait_lock;
 	struct clt_req_list waiting; /* for a path, oldest first */

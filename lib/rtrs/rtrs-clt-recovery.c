@@ -46,7 +46,7 @@ void clt_sess_retry_waiting(struct rtrs_clt_sess *s)
 		if (err) {
 			if (err == -ETIMEDOUT)
 				log_warn_rl("%s: no path came up within %u ms, request %u fails",
-					    s->name, s->fast_io_fail_ms, req->id);
+					    s->name, atomic_load(&s->fast_io_fail_ms), req->id);
 			req->path = NULL;
 			clt_req_complete(req, err);
 			continue;
@@ -114,7 +114,7 @@ bool clt_path_should_reconnect(struct clt_path *p, int err, int attempts)
 		.attempts = attempts,
 		.max_attempts = atomic_load(&s->max_reconnect_attempts),
 		.down_ms = now_ms() - atomic_load(&p->down_since_ms),
-		.loss_timeout_ms = s->reconnect_loss_timeout_ms,
+		.loss_timeout_ms = atomic_load(&s->reconnect_loss_timeout_ms),
 	};
 	enum rtrs_reconnect_verdict v = rtrs_should_reconnect(&in);
 
@@ -162,15 +162,16 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 	/* After this no completion thread of the path runs any more. */
 	clt_path_destroy_cons(p);
 	clt_fence_carrier_lost(p);
-	bool fence = p->srv_fence && s->fast_io_fail_ms && err != -ESHUTDOWN &&
-		     !atomic_load(&s->closing);
+	/* Loaded once: rtrs_clt_set_reconnect may change it meanwhile. */
+	bool may_wait = atomic_load(&s->fast_io_fail_ms) && err != -ESHUTDOWN &&
+			!atomic_load(&s->closing);
+	bool fence = p->srv_fence && may_wait;
 	/*
 	 * A kernel server has no fencing: its requests go to another path at
 	 * once, as the kernel's client fails them over (docs/protocol.md
 	 * section 14: what that does not guarantee).
 	 */
-	bool unfenced = !fence && !s->srv_ext && s->fast_io_fail_ms && err != -ESHUTDOWN &&
-			!atomic_load(&s->closing);
+	bool unfenced = !fence && !s->srv_ext && may_wait;
 	unsigned moved = 0, resent = 0;
 
 	clt_fence_reset(p);
@@ -195,7 +196,7 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 		atomic_fetch_sub(&p->base.inflight, 1);
 		req->path = NULL;
 		req->fence_path = p;
-		req->wait_deadline_ms = now_ms() + s->fast_io_fail_ms;
+		req->wait_deadline_ms = now_ms() + atomic_load(&s->fast_io_fail_ms);
 		pthread_mutex_lock(&s->wait_lock);
 		STAILQ_INSERT_TAIL(&s->fencing, req, wait_link);
 		pthread_mutex_unlock(&s->wait_lock);

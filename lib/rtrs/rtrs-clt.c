@@ -19,6 +19,15 @@
 
 static void path_fini(struct clt_path *p);
 
+/* Whether the reconnect parameters are within their documented ranges. */
+static bool reconnect_params_ok(unsigned delay_ms, unsigned jitter_ms, int max_attempts,
+				unsigned loss_timeout_ms, unsigned fast_io_fail_ms)
+{
+	return delay_ms <= 3600000 && jitter_ms <= 3600000 && max_attempts >= -1 &&
+	       max_attempts <= 1000000 && loss_timeout_ms <= 86400000 &&
+	       fast_io_fail_ms <= 3600000;
+}
+
 static int opts_validate(const struct rtrs_clt_opts *o)
 {
 	if (!o || o->size < sizeof(*o))
@@ -39,9 +48,11 @@ static int opts_validate(const struct rtrs_clt_opts *o)
 			return -EINVAL;
 		}
 	}
-	if (o->max_reconnect_attempts < -1 || o->reconnect_delay_ms > 3600000 ||
-	    o->reconnect_jitter_ms > 3600000 || o->fast_io_fail_ms > 3600000) {
-		log_err("%s: reconnect attempts below -1 or delay/jitter above an hour",
+	if (!reconnect_params_ok(o->reconnect_delay_ms, o->reconnect_jitter_ms,
+				 o->max_reconnect_attempts, o->reconnect_loss_timeout_ms,
+				 o->fast_io_fail_ms)) {
+		log_err("%s: reconnect parameters out of range (attempts -1..1000000, delay, "
+			"jitter and fast IO fail up to an hour, loss timeout up to a day)",
 			o->sessname);
 		return -EINVAL;
 	}
@@ -393,6 +404,12 @@ int rtrs_clt_set_mp_policy(struct rtrs_clt_sess *s, enum rtrs_mp_policy policy)
 }
 
 RTRS_EXPORT
+int rtrs_clt_get_mp_policy(struct rtrs_clt_sess *s)
+{
+	return s ? (int)atomic_load(&s->mp_policy) : -EINVAL;
+}
+
+RTRS_EXPORT
 int rtrs_clt_path_stats(struct rtrs_clt_sess *s, unsigned idx, struct rtrs_path_stats *st)
 {
 	struct clt_path *p;
@@ -418,6 +435,7 @@ int rtrs_clt_path_stats(struct rtrs_clt_sess *s, unsigned idx, struct rtrs_path_
 				rtrs_reconnect_verdict_str(atomic_load(&p->verdict));
 	st->auth_runs = atomic_load(&p->stat_auth_runs);
 	snprintf(st->src, sizeof(st->src), "%s", p->src);
+	st->removed = atomic_load(&p->removed);
 	return 0;
 }
 
@@ -522,26 +540,45 @@ int rtrs_clt_remove_path(struct rtrs_clt_sess *s, unsigned idx)
 
 	if (!s)
 		return -EINVAL;
-	if (idx >= s->paths_num || s->paths[idx].removed)
+	if (idx >= s->paths_num || atomic_load(&s->paths[idx].removed))
 		return -ENOENT;
 	rc = rtrs_clt_disconnect_path(s, idx);
 	if (!rc) {
-		s->paths[idx].removed = true;
+		atomic_store(&s->paths[idx].removed, true);
 		atomic_fetch_add(&s->paths_removed, 1);
 	}
 	return rc;
 }
 
 RTRS_EXPORT
-int rtrs_clt_set_reconnect(struct rtrs_clt_sess *s, unsigned delay_ms, unsigned jitter_ms,
-			   int max_attempts)
+int rtrs_clt_get_reconnect(struct rtrs_clt_sess *s, struct rtrs_reconnect_params *p)
 {
-	if (!s || max_attempts < -1 || delay_ms > 3600000 || jitter_ms > 3600000)
+	if (!s || !p || p->size < sizeof(*p))
+		return -EINVAL;
+	p->delay_ms = atomic_load(&s->reconnect_delay_ms);
+	p->jitter_ms = atomic_load(&s->reconnect_jitter_ms);
+	p->max_attempts = atomic_load(&s->max_reconnect_attempts);
+	p->loss_timeout_ms = atomic_load(&s->reconnect_loss_timeout_ms);
+	p->fast_io_fail_ms = atomic_load(&s->fast_io_fail_ms);
+	return 0;
+}
+
+RTRS_EXPORT
+int rtrs_clt_set_reconnect(struct rtrs_clt_sess *s, const struct rtrs_reconnect_params *p)
+{
+	if (!s || !p || p->size < sizeof(*p) ||
+	    !reconnect_params_ok(p->delay_ms, p->jitter_ms, p->max_attempts, p->loss_timeout_ms,
+				 p->fast_io_fail_ms))
 		return -EINVAL;
 	/* Read by the loop and the reconnect workers at the next attempt. */
-	atomic_store(&s->reconnect_delay_ms, delay_ms);
-	atomic_store(&s->reconnect_jitter_ms, jitter_ms);
-	atomic_store(&s->max_reconnect_attempts, max_attempts);
+	atomic_store(&s->reconnect_delay_ms, p->delay_ms);
+	atomic_store(&s->reconnect_jitter_ms, p->jitter_ms);
+	atomic_store(&s->max_reconnect_attempts, p->max_attempts);
+	atomic_store(&s->reconnect_loss_timeout_ms, p->loss_timeout_ms);
+	atomic_store(&s->fast_io_fail_ms, p->fast_io_fail_ms);
+	log_info("%s: reconnect delay %u ms, jitter %u ms, attempts %d, loss timeout %u ms, "
+		 "fast IO fail %u ms", s->name, p->delay_ms, p->jitter_ms, p->max_attempts,
+		 p->loss_timeout_ms, p->fast_io_fail_ms);
 	return 0;
 }
 
@@ -550,7 +587,7 @@ int rtrs_clt_reconnect_path(struct rtrs_clt_sess *s, unsigned idx)
 {
 	if (!s)
 		return -EINVAL;
-	if (idx >= s->paths_num || s->paths[idx].removed)
+	if (idx >= s->paths_num || atomic_load(&s->paths[idx].removed))
 		return -ENOENT;
 	if (atomic_load(&s->closing))
 		return -ESHUTDOWN;

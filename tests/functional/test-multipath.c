@@ -287,8 +287,27 @@ int main(void)
 	CHECK(rtrs_clt_add_path(sess, &bad, &idx) < 0, "a path nobody listens on is refused");
 	CHECK_EQ(rtrs_clt_query(sess, &attrs), 0);
 	CHECK_EQ(attrs.paths_num, 3);
-	CHECK_EQ(rtrs_clt_set_reconnect(sess, 500, 100, 5), 0);
-	CHECK_EQ(rtrs_clt_set_reconnect(sess, 500, 100, -2), -EINVAL);
+	struct rtrs_reconnect_params rp = { .size = sizeof(rp) }, rp2 = rp;
+
+	CHECK_EQ(rtrs_clt_get_reconnect(sess, &rp), 0);
+	CHECK_EQ(rp.fast_io_fail_ms, o.fast_io_fail_ms); /* what the session opened with */
+	CHECK_EQ(rp.max_attempts, o.max_reconnect_attempts);
+	rp = (struct rtrs_reconnect_params){ .size = sizeof(rp), .delay_ms = 500, .jitter_ms = 100,
+					     .max_attempts = 5, .loss_timeout_ms = 60000,
+					     .fast_io_fail_ms = 7000 };
+	CHECK_EQ(rtrs_clt_set_reconnect(sess, &rp), 0);
+	CHECK_EQ(rtrs_clt_get_reconnect(sess, &rp2), 0);
+	CHECK(!memcmp(&rp, &rp2, sizeof(rp)), "the values set are in force");
+	rp.max_attempts = -2;
+	CHECK_EQ(rtrs_clt_set_reconnect(sess, &rp), -EINVAL);
+	rp.max_attempts = 5;
+	rp.loss_timeout_ms = 86400001;
+	CHECK_EQ(rtrs_clt_set_reconnect(sess, &rp), -EINVAL);
+	rp.size = sizeof(rp) - 1;
+	CHECK_EQ(rtrs_clt_set_reconnect(sess, &rp), -EINVAL);
+	CHECK_EQ(rtrs_clt_get_reconnect(sess, &rp2), 0);
+	CHECK_EQ(rp2.loss_timeout_ms, 60000); /* a refused set changes nothing */
+	CHECK_EQ(rtrs_clt_get_mp_policy(sess), (int)RTRS_MP_POLICY_RR);
 
 	for (int i = 0; i < NIO; i++)
 		rtrs_clt_put_permit(sess, ios[i].permit);

@@ -221,6 +221,20 @@ check "reconnect parameters: max_attempts -1 taken" bash -c "'$rnbd' --socket '$
 check "reconnect parameters: a string refused" fails "max_attempts" \
 	"$rnbd" --socket "$dir/cctl" call client.reconnect \
 	'{"session":"cc","delay_ms":100,"jitter_ms":10,"max_attempts":"x"}'
+check "reconnect-params: loss timeout and fast IO fail too, the rest kept" bash -c \
+	"'$rnbd' --socket '$dir/cctl' client reconnect-params cc --ctrl-loss-tmo 120 \
+	--fast-io-fail-tmo 2.5 -o json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+assert r == {\"delay_ms\": 100, \"jitter_ms\": 10, \"max_attempts\": -1,
+             \"loss_timeout_ms\": 120000, \"fast_io_fail_ms\": 2500}, r'"
+check "... and client.sessions shows them with the policy" bash -c "'$rnbd' --socket \
+	'$dir/cctl' client list -o json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)[0]
+assert s[\"reconnect\"][\"fast_io_fail_ms\"] == 2500 and s[\"policy\"] == \"round-robin\", s'"
+check "bad input on every method (the plugin): JSON-RPC errors naming the cause" \
+	python3 "$(dirname "$0")/rpc-every-method.py" "$dir/cctl"
 check "the plugin still serves" bash -c "nbdcopy '$uri' '$dir/r.bin' && cmp -s '$dir/w.bin' '$dir/r.bin'"
 check "... and answers" c list
 

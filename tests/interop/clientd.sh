@@ -5,10 +5,14 @@
 #     shows both paths (addresses, states, counters) and both devices, each
 #     saying that no block device can be made here, and why;
 #   - client save writes the mappings; a restarted daemon maps them again;
+#   - run-time changes (reconnect-params, path add and remove, policy) are
+#     what client save writes, and what a restarted daemon restores;
+#     resize and remap;
 #   - unmapping the last device closes the session;
 #   - metrics scraped over HTTP parse with Prometheus's parser;
 #   - bad input: an unknown option, device or session, a bad mode, garbage
-#     and a request over 1 MiB on the socket: errors naming the object, exit
+#     and a request over 1 MiB on the socket, and bad input on every method
+#     of both daemons (rpc-every-method.py): errors naming the object, exit
 #     codes 1 and 2, the daemon unaffected; a mappings file that is not JSON
 #     stops the daemon with the file named.
 # Usage: clientd.sh BUILD_DIR.
@@ -38,6 +42,13 @@ daemon_start() { # LOG
 	mport=$(grep -o 'metrics on port [0-9]*' "$1" | grep -o '[0-9]*$')
 }
 c() { "$rnbd" --socket "$dir/cctl" client "$@"; }
+fails() { # CODE TEXT CMD...: exits CODE with TEXT on stderr
+	local want=$1 text=$2 rc=0
+	shift 2
+	"$@" >/dev/null 2>"$dir/err" || rc=$?
+	[ "$rc" -eq "$want" ] && grep -qF -- "$text" "$dir/err" ||
+		{ echo "  exit $rc: $(cat "$dir/err")"; return 1; }
+}
 daemon_start "$dir/d1.log"
 
 check "map mem0 over two paths (nvme-cli's option names too)" c map mem0 --session cd \
@@ -100,7 +111,8 @@ m = json.load(open(sys.argv[1]))
 assert sorted(x["device"] for x in m) == ["mem0", "mem1"] and all(len(x["server"]) == 2 for x in m), m
 o = m[0]["options"]
 assert o == {"policy": "round-robin", "fast_io_fail_ms": "5000", "reconnect_delay_ms": "1000",
-             "reconnect_loss_timeout_ms": "60000", "io_connections": "2"}, o
+             "reconnect_loss_timeout_ms": "60000", "io_connections": "2",
+             "reconnect_jitter_ms": "500", "max_reconnect_attempts": "-1"}, o
 ' "$dir/maps.json"
 kill "$daemon_pid"
 wait "$daemon_pid" 2>/dev/null || true
@@ -117,14 +129,56 @@ import json, sys
 s = json.load(sys.stdin)
 assert len(s) == 1 and s[0][\"name\"] == \"cd\" and s[0][\"paths_up\"] == 2, s'"
 
+# Run-time changes (reconnect parameters, paths, policy) are what client save writes.
+check "client reconnect-params: the values in force" bash -c "'$rnbd' --socket '$dir/cctl' \
+	client reconnect-params cd -o json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+assert r == {\"delay_ms\": 1000, \"jitter_ms\": 500, \"max_attempts\": -1,
+             \"loss_timeout_ms\": 60000, \"fast_io_fail_ms\": 5000}, r'"
+check "client reconnect-params: changed (seconds with decimals, attempts)" bash -c \
+	"'$rnbd' --socket '$dir/cctl' client reconnect-params cd --reconnect-delay 0.25 \
+	--max-reconnect-attempts 7 --fast-io-fail-tmo 9 -o json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+assert r == {\"delay_ms\": 250, \"jitter_ms\": 500, \"max_attempts\": 7,
+             \"loss_timeout_ms\": 60000, \"fast_io_fail_ms\": 9000}, r'"
+check "client path add 127.0.0.3" c path add cd "127.0.0.3:$port"
+check "client path remove 0" c path remove cd 0
+check "client policy min-latency" c policy cd min-latency
+check "client list paths: path 0 removed, 1 and 2 connected" bash -c "'$rnbd' --socket \
+	'$dir/cctl' client list paths | awk '\$2 == 0 { a = \$4 } \$2 == 2 { b = \$4 }
+	END { exit !(a == \"removed\" && b == \"connected\") }'"
+check "client resize mem0 8M: the size this client uses" bash -c "'$rnbd' --socket '$dir/cctl' \
+	client resize mem0 8M -o json | python3 -c '
+import json, sys
+assert json.load(sys.stdin)[\"bytes\"] == 8 << 20'"
+check "client remap of an open device: refused, named" fails 1 "device mem0 of session cd" \
+	c remap mem0
+check "client save after the changes" c save
+check "... the file holds the paths and settings in force" python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+port = sys.argv[2]
+for x in m:
+    assert x["server"] == ["127.0.0.2:" + port, "127.0.0.3:" + port], x
+    o = x["options"]
+    assert (o["reconnect_delay_ms"], o["max_reconnect_attempts"], o["fast_io_fail_ms"],
+            o["policy"], o["io_connections"]) == ("250", "7", "9000", "min-latency", "2"), o
+' "$dir/maps.json" "$port"
+kill "$daemon_pid"
+wait "$daemon_pid" 2>/dev/null || true
+daemon_start "$dir/d2b.log"
+check "restarted: the session as it was left (paths, policy, reconnect parameters)" bash -c \
+	"'$rnbd' --socket '$dir/cctl' client list -o json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)[0]
+names = [p[\"name\"] for p in s[\"paths\"]]
+assert names == [\"cd/127.0.0.2:$port\", \"cd/127.0.0.3:$port\"] and s[\"paths_up\"] == 2, s
+assert s[\"policy\"] == \"min-latency\" and s[\"reconnect\"][\"delay_ms\"] == 250, s
+assert s[\"reconnect\"][\"max_attempts\"] == 7, s'"
+
 # Bad input: exit 1 naming the object, exit 2 for usage; the daemon goes on.
-fails() { # CODE TEXT CMD...
-	local want=$1 text=$2 rc=0
-	shift 2
-	"$@" >/dev/null 2>"$dir/err" || rc=$?
-	[ "$rc" -eq "$want" ] && grep -qF -- "$text" "$dir/err" ||
-		{ echo "  exit $rc: $(cat "$dir/err")"; return 1; }
-}
 check "an unknown session option" fails 1 "unknown option colour" \
 	c map mem0 --session other --server "127.0.0.1:$port" --option colour=blue
 check "a bad option value" fails 1 "option policy=fastest" \
@@ -143,6 +197,21 @@ check "a bad --option: exit 2" fails 2 "--option policy: expected KEY=VALUE" \
 	c map mem0 --session x --server 127.0.0.1 --option policy
 check "a bad --ctrl-loss-tmo: exit 2" fails 2 "--ctrl-loss-tmo soon: expected seconds" \
 	c map mem0 --session x --server 127.0.0.1 --ctrl-loss-tmo soon
+check "reconnect-params: a bad --reconnect-delay, exit 2" fails 2 \
+	"--reconnect-delay 1.2345: expected seconds" c reconnect-params cd --reconnect-delay 1.2345
+check "reconnect-params: attempts below -1, exit 2" fails 2 \
+	"--max-reconnect-attempts -2: expected -1 or 0..1000000" \
+	c reconnect-params cd --max-reconnect-attempts -2
+check "reconnect-params: a map-only flag, exit 2" fails 2 "--nr-io-queues: for client map only" \
+	c reconnect-params cd --nr-io-queues 4
+check "reconnect-params: an unknown session, exit 1" fails 1 "no session nope" \
+	c reconnect-params nope --reconnect-delay 1
+check "resize: a size that is not one, exit 2" fails 2 "SIZE: bytes, or with K, M, G or T" \
+	c resize mem0 lots
+check "bad input on every method (rnbd-clientd): JSON-RPC errors naming the cause" \
+	python3 "$(dirname "$0")/rpc-every-method.py" "$dir/cctl"
+check "bad input on every method (rnbd-server)" \
+	python3 "$(dirname "$0")/rpc-every-method.py" "$dir/sctl"
 check "garbage on the socket: a parse error" bash -c "printf '\\x01{' | python3 -c '
 import socket, sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(sys.stdin.buffer.read())

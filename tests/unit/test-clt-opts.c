@@ -123,6 +123,20 @@ static void test_values(void)
 	set_ok(&c, CLT_OPT_RECONNECT_DELAY, "3600000");
 	CHECK_EQ(c.opts.reconnect_delay_ms, 3600000);
 	set_bad(&c, CLT_OPT_RECONNECT_DELAY, "3600001", -EINVAL, want);
+	set_ok(&c, CLT_OPT_MAX_RECONNECTS, "-1");
+	CHECK_EQ(c.opts.max_reconnect_attempts, -1);
+	set_ok(&c, CLT_OPT_MAX_RECONNECTS, "1000000");
+	CHECK_EQ(c.opts.max_reconnect_attempts, 1000000);
+	set_bad(&c, CLT_OPT_MAX_RECONNECTS, "-2", -EINVAL,
+		"expected -1 (no limit) or a number in 0..1000000");
+	set_bad(&c, CLT_OPT_MAX_RECONNECTS, "1000001", -EINVAL,
+		"expected -1 (no limit) or a number in 0..1000000");
+	{
+		char shown[32];
+
+		clt_opt_show(&c, CLT_OPT_MAX_RECONNECTS, shown, sizeof(shown));
+		CHECK(!strcmp(shown, "1000000"), "shown %s", shown);
+	}
 
 	set_ok(&c, CLT_OPT_POLICY, "round-robin");
 	CHECK_EQ(c.opts.mp_policy, RTRS_MP_POLICY_RR);

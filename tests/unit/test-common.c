@@ -234,6 +234,8 @@ static void test_parse_size(void)
 	CHECK_PARSE_OK(parse_size, "2G", 0, UINT64_MAX, 2ull << 30);
 	CHECK_PARSE_OK(parse_size, "2GB", 0, UINT64_MAX, 2ull << 30);
 	CHECK_PARSE_OK(parse_size, "2GiB", 0, UINT64_MAX, 2ull << 30);
+	CHECK_PARSE_OK(parse_size, "5T", 0, UINT64_MAX, 5ull << 40);
+	CHECK_PARSE_OK(parse_size, "5TiB", 0, UINT64_MAX, 5ull << 40);
 	CHECK_PARSE_OK(parse_size, "0K", 0, UINT64_MAX, 0);
 	CHECK_PARSE_OK(parse_size, "18446744073709551615", 0, UINT64_MAX, UINT64_MAX);
 
@@ -244,7 +246,7 @@ static void test_parse_size(void)
 	CHECK_PARSE_ERR(parse_size, "4KiBx", 0, UINT64_MAX, -EINVAL);
 	CHECK_PARSE_ERR(parse_size, "4KK", 0, UINT64_MAX, -EINVAL);
 	CHECK_PARSE_ERR(parse_size, "4B", 0, UINT64_MAX, -EINVAL);
-	CHECK_PARSE_ERR(parse_size, "4T", 0, UINT64_MAX, -EINVAL);
+	CHECK_PARSE_ERR(parse_size, "4P", 0, UINT64_MAX, -EINVAL);
 	CHECK_PARSE_ERR(parse_size, "4E", 0, UINT64_MAX, -EINVAL);
 	CHECK_PARSE_ERR(parse_size, "4 K", 0, UINT64_MAX, -EINVAL);
 	CHECK_PARSE_ERR(parse_size, "4K ", 0, UINT64_MAX, -EINVAL);
