@@ -6,7 +6,8 @@
 #   - map a 64 MiB file export: /dev/ublkbN of 64 MiB, its block size and
 #     largest IO from the server's answer;
 #   - a 64 MiB random pattern written (O_DIRECT) and read back equal; the
-#     server's file holds it;
+#     server's file holds it; a discard and a write zeroes read back as
+#     zeros, on the device and in the server's file, the rest intact;
 #   - mkfs.ext4, mount, files written and synced; rnbd-server SIGKILLed and
 #     started again under the mounted file system: IO resumes (more files),
 #     every file intact; unmount, fsck -n clean;
@@ -85,6 +86,29 @@ dd if=/tmp/pattern of="$dev" bs=1M oflag=direct status=none &&
 check pattern-read-back-equal $? "($MIB MiB, O_DIRECT)"
 cmp /tmp/pattern /tmp/exports/disk.img; check server-file-holds-pattern $?
 rm -f /tmp/back
+
+# Discard and write zeroes reach the server: those ranges read back as
+# zeros, through the device and in the server's file; the rest is intact.
+blkdiscard -o $((8 << 20)) -l $((4 << 20)) "$dev"; check discard $?
+blkdiscard -z -o $((16 << 20)) -l $((4 << 20)) "$dev"; check write-zeroes $?
+python3 - "$dev" /tmp/pattern /tmp/exports/disk.img <<'PY'
+import mmap, os, sys
+dev, pat, srv = sys.argv[1:4]
+want = bytearray(open(pat, "rb").read())
+for off in (8 << 20, 16 << 20):
+    want[off:off + (4 << 20)] = bytes(4 << 20)
+fd = os.open(dev, os.O_RDONLY | os.O_DIRECT)
+buf = mmap.mmap(-1, len(want))
+got = bytearray()
+while len(got) < len(want):
+    n = os.readv(fd, [buf])
+    if n <= 0:
+        break
+    got += buf[:n]
+assert got == want, "the device differs"
+assert open(srv, "rb").read() == bytes(want), "the server's file differs"
+PY
+check discard-zeroes-read-back $? "(device and server file)"
 
 mkfs.ext4 -q -F "$dev"; check mkfs-ext4 $?
 mkdir -p /tmp/mnt && mount "$dev" /tmp/mnt; check mount $?
