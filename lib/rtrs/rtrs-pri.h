@@ -223,6 +223,14 @@ static inline bool rtrs_hb_done(struct rtrs_hb *hb, void *ctx)
 }
 
 /*
+ * The kernel's heartbeat budget (RTRS_HB_INTERVAL_MS 5000 x RTRS_HB_MISSED_MAX
+ * 5): how long a kernel peer may be silent before the kernel itself would
+ * give up. Our server allows a kernel client at least this long (a kernel
+ * server would); docs/protocol.md section 8.
+ */
+#define RTRS_KERNEL_HB_BUDGET_MS 25000u
+
+/*
  * Heartbeats received on a connection (its completion thread only). A peer
  * beats at most every 10 ms, and answers ours: more than
  * RTRS_HB_RX_BURST in any 100 ms is a flood, and fails the path (a

@@ -763,6 +763,20 @@ int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	}
 	p->base.hb.interval_ms = ctx->opts.hb_interval_ms;
 	p->base.hb.missed_max = ctx->opts.hb_missed_max;
+	/*
+	 * A kernel client is allowed the silence a kernel server allows it
+	 * (5 x 5 s), as it expects: we still beat at our pace and it answers
+	 * each beat, but a stalled host (a busy VM) is not cut at 3 s. The
+	 * server gains nothing from noticing a dead client sooner: there is
+	 * nothing to fail over on this side.
+	 */
+	if (!s->ext) {
+		unsigned need = (RTRS_KERNEL_HB_BUDGET_MS + p->base.hb.interval_ms - 1) /
+				p->base.hb.interval_ms;
+
+		if (p->base.hb.missed_max < need)
+			p->base.hb.missed_max = need;
+	}
 	loop_work_init(&p->info_work, path_info_work);
 	loop_work_init(&p->fence_work, path_fence_work);
 	p->last_connreq_ms = now_ms();

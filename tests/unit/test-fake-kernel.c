@@ -1143,6 +1143,44 @@ static void hb_kernel_client_pace(void)
 	CHECK_EQ(env_teardown(&c), 0);
 }
 
+static bool srv_heard_down(void *arg)
+{
+	return atomic_load(&srv.link_down) > 0;
+}
+
+/*
+ * A kernel client whose host stalls (a busy VM): nothing of it reaches the
+ * server, its answers to our beats included. Our server (1 s, 3 missed)
+ * allows it the silence a kernel server would (5 x 5 s): the path stays
+ * through 20 s of it, and goes once the silence passes 25 s. With our own
+ * budget for it (3 s), the kernel-interop suite lost a map on a loaded
+ * machine.
+ */
+static void hb_kernel_client_stalled(void)
+{
+	struct m to_srv = { .dir = TO_SRV };
+	struct clt c;
+
+	if (!srv_up(false, our_beats))
+		return;
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(&c, "k", "a");
+	c.o.hb_interval_ms = 5000;
+	c.o.hb_missed_max = 5;
+	CHECK_EQ(clt_open(&c), 0);
+	fake_hold(match, &to_srv);
+	for (int i = 0; i < 20; i++)
+		CHECK_EQ(fake_advance(1000), 0);
+	CHECK_EQ(atomic_load(&srv.link_down), 0);
+	CHECK(!env_logged("no heartbeat"), "a stalled kernel client is kept for 20 s");
+	for (int i = 0; i < 10 && !atomic_load(&srv.link_down); i++)
+		CHECK_EQ(fake_advance(1000), 0);
+	CHECK_EQ(fake_wait(srv_heard_down, NULL, "the server to give the path up"), 0);
+	CHECK(env_logged("no heartbeat from the client for 25000 ms"), "given up after 25 s");
+	fake_hold(NULL, NULL);
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
 static const struct scenario scenarios[] = {
 	{ "kernel_client_wire", kernel_client_wire },
 	{ "project_client_wire", project_client_wire },
@@ -1164,6 +1202,7 @@ static const struct scenario scenarios[] = {
 	{ "first_conn_after_removal", first_conn_after_removal },
 	{ "hb_kernel_server_pace", hb_kernel_server_pace },
 	{ "hb_kernel_client_pace", hb_kernel_client_pace },
+	{ "hb_kernel_client_stalled", hb_kernel_client_stalled },
 };
 
 int main(int argc, char **argv)
