@@ -230,11 +230,19 @@ int main(void)
 	stats(1, &s1);
 	CHECK(s0.inflight + s1.inflight >= NIO - 2, "held in flight: %u + %u", s0.inflight,
 	      s1.inflight);
+	/*
+	 * Each request that completed before the last was issued (a loaded
+	 * machine can stall this thread past the server's hold) lets its path
+	 * take one more: the split is even but for those.
+	 */
+	int early = NIO - (int)(s0.inflight + s1.inflight);
+
 	wait_all();
 	stats(0, &s0);
 	stats(1, &s1);
-	CHECK_EQ(s0.writes, NIO / 2);
-	CHECK_EQ(s1.writes, NIO / 2);
+	CHECK_EQ(s0.writes + s1.writes, NIO);
+	CHECK(abs((int)s0.writes - (int)s1.writes) <= early, "split %llu/%llu, %d done early",
+	      (unsigned long long)s0.writes, (unsigned long long)s1.writes, early);
 
 	/* Unknown path index. */
 	CHECK_EQ(rtrs_clt_path_stats(sess, 2, &s0), -ENOENT);
