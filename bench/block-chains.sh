@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The block path against nbdkit, with fio as the yardstick (issue 17): one
+# fio job, 4 KiB randrw 50/50 at QD 32, against every contender, runs
+# alternating, and per chain the IO/s and the CPU time per IO summed over
+# every process of it (bench/chains.py):
+#   rnbd-mem      fio (rnbd engine, bench/fio/rnbd-fio.c) -> RTRS tcp -> rnbd-server memory
+#   perf-mem      rnbd-client perf, the same job -> rnbd-server memory
+#   gateway-mem   fio (nbd) -> nbdkit with the rnbd plugin (unix socket) -> rnbd-server memory
+#   nbdkit-mem    fio (nbd) -> nbdkit memory plugin (NBD over loopback TCP)
+#   rnbd-file     fio (rnbd engine) -> rnbd-server, a file export
+#   nbdkit-file   fio (nbd) -> nbdkit file plugin, the same file
+# fio is built from the source of Debian's fio (bench/fio-build.sh) and the
+# engine against it. RUNS (5) runs of DURATION (8) s each; --record appends
+# the section to bench/RESULTS.md with its plot in bench/plots/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-5}
+DURATION=${DURATION:-8}
+QD=${QD:-32}
+record=false
+[ "${1:-}" = --record ] && record=true
+
+fio_src=$(bench/fio-build.sh)
+fio=$fio_src/fio
+dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install ok installed" ||
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		python3-matplotlib >/dev/null
+. bench/lib.sh
+meson configure build-release -Dfio_src="$fio_src" >/dev/null
+meson compile -C build-release >/dev/null
+engine=$PWD/build-release/bench/rnbd-fio.so
+
+bench_processes
+size=1G
+# Written once, so that no chain pays for first touches.
+dd if=/dev/zero of="$tmp/disk.img" bs=1M count=1024 conv=notrunc status=none
+"$PWD/build-release/daemons/rnbd-server" --port 0 --dev-search-path "$tmp" \
+	--mem-device "mem0:$size" --quiet >"$tmp/server.log" 2>&1 &
+pids+=($!)
+spid=$!
+for _ in $(seq 100); do grep -q 'listening on port' "$tmp/server.log" && break; sleep 0.05; done
+port=$(grep -o 'port [0-9]*' "$tmp/server.log" | cut -d' ' -f2)
+nbdkit -f --threads 64 -U "$tmp/rnbd.sock" "$PWD/build-release/nbdkit/nbdkit-rnbd-plugin.so" \
+	server="127.0.0.1:$port" session=bench-gw >"$tmp/nbdkit-rnbd.log" 2>&1 &
+pids+=($!)
+gwpid=$!
+base=$((20000 + $$ % 20000))
+nbdkit -f --threads 64 -i 127.0.0.1 -p "$base" memory "$size" >"$tmp/nbdkit-mem.log" 2>&1 &
+pids+=($!)
+mempid=$!
+nbdkit -f --threads 64 -i 127.0.0.1 -p $((base + 1)) file "$tmp/disk.img" \
+	>"$tmp/nbdkit-file.log" 2>&1 &
+pids+=($!)
+filepid=$!
+sleep 2
+# Every memory export written whole once (first touches), through its own path.
+for uri in "nbd+unix:///mem0?socket=$tmp/rnbd.sock" "nbd://127.0.0.1:$base/"; do
+	"$fio" --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --size="$size" \
+		--iodepth=8 --thread >/dev/null
+done
+
+job=(--name=bench --rw=randrw --rwmixread=50 --bs=4k --size="$size" --iodepth="$QD"
+	--runtime="$DURATION" --time_based --thread --norandommap --randrepeat=0
+	--output-format=json)
+rnbd_job() { # DEVICE SESSION
+	printf '%s\n' "$fio" "${job[@]}" --ioengine="external:$engine" \
+		--rnbd_server="127.0.0.1:$port" --rnbd_session="$2" --filename="$1"
+}
+nbd_job() { # URI
+	printf '%s\n' "$fio" "${job[@]}" --ioengine=nbd --uri="$1"
+}
+perf_job() { # DEVICE
+	printf '%s\n' "$PWD/build-release/tools/rnbd-client" perf --server "127.0.0.1:$port" \
+		--session bench-perf --device "$1" --rw randrw --rwmixread 50 --bs 4k \
+		--iodepth "$QD" --size "$size" --runtime "$DURATION" --json
+}
+python3 - "$tmp/spec.json" "$RUNS" "$QD" "$spid" "$gwpid" "$mempid" "$filepid" \
+	"$(rnbd_job mem0 bench-fio | paste -sd'\t')" "$(perf_job mem0 | paste -sd'\t')" \
+	"$(nbd_job "nbd+unix:///mem0?socket=$tmp/rnbd.sock" | paste -sd'\t')" \
+	"$(nbd_job "nbd://127.0.0.1:$base/" | paste -sd'\t')" \
+	"$(rnbd_job disk.img bench-fio-file | paste -sd'\t')" \
+	"$(nbd_job "nbd://127.0.0.1:$((base + 1))/" | paste -sd'\t')" <<'PY'
+import json, sys
+out, runs, qd = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+srv, gw, mem, fil = map(int, sys.argv[4:8])
+cmds = [a.split("\t") for a in sys.argv[8:]]
+chains = [
+    ("rnbd-mem", "fio rnbd engine -> rnbd-server memory", "fio", {"rnbd-server": srv}),
+    ("perf-mem", "rnbd-client perf -> rnbd-server memory", "perf", {"rnbd-server": srv}),
+    ("gateway-mem", "fio nbd -> nbdkit rnbd plugin -> rnbd-server memory", "fio",
+     {"nbdkit": gw, "rnbd-server": srv}),
+    ("nbdkit-mem", "fio nbd -> nbdkit memory", "fio", {"nbdkit": mem}),
+    ("rnbd-file", "fio rnbd engine -> rnbd-server file", "fio", {"rnbd-server": srv}),
+    ("nbdkit-file", "fio nbd -> nbdkit file", "fio", {"nbdkit": fil}),
+]
+json.dump({"runs": runs, "title": "4 KiB randrw 50/50, QD %s, loopback" % qd,
+           "chains": [{"name": n, "label": l, "kind": k, "procs": p, "cmd": c}
+                      for (n, l, k, p), c in zip(chains, cmds)]}, open(out, "w"))
+PY
+day=$(date -u +%Y-%m-%d)
+plot=bench/plots/block-chains-$day.png
+python3 bench/chains.py "$tmp/spec.json" "$tmp/out.json" "$tmp/plot.png"
+
+report=$(python3 - "$tmp/out.json" "$RUNS" "$DURATION" "$QD" "$(machine)" "$plot" "$day" <<'PY'
+import json, sys
+o = json.load(open(sys.argv[1]))
+runs, dur, qd, machine, plot, day = sys.argv[2:8]
+c = {x["name"]: x for x in o["chains"]}
+def r(a, b, k="cpu_us_per_io"):
+    return c[a][k] / c[b][k]
+print()
+print("### %s Block chains with fio as the yardstick, loopback tcp" % day)
+print()
+print("Machine: %s. Command: `RUNS=%s DURATION=%s QD=%s bench/block-chains.sh` (4 KiB randrw 50/50, "
+      "QD %s, medians of %s alternating runs of %s s; fio built from Debian's fio source, "
+      "`--thread`; CPU per IO = utime + stime of every process of the chain over the run, "
+      "divided by its IOs). Plot: `%s`." % (machine, runs, dur, qd, qd, runs, dur, plot))
+print()
+print("| chain | IO/s | CPU us per IO (all processes) | of which servers |")
+print("|---|---|---|---|")
+for x in o["chains"]:
+    srv = sum(v for k, v in x["cpu_parts_us_per_io"].items() if k != "client")
+    print("| %s | %.0f | %.2f | %.2f |" % (x["label"], x["iops"], x["cpu_us_per_io"], srv))
+print()
+srvfile = c["rnbd-file"]["cpu_parts_us_per_io"]["rnbd-server"]
+nbdfile = c["nbdkit-file"]["cpu_parts_us_per_io"]["nbdkit"]
+print("| ratio | value | goal |")
+print("|---|---|---|")
+print("| rnbd memory chain / nbdkit memory, CPU per IO | %.2fx | <= 0.7x |" % r("rnbd-mem", "nbdkit-mem"))
+print("| rnbd file chain / nbdkit file, CPU per IO | %.2fx | <= 0.8x |" % r("rnbd-file", "nbdkit-file"))
+print("| rnbd-server / nbdkit file plugin, CPU per file IO | %.2fx | <= 1.0x |" % (srvfile / nbdfile))
+print("| NBD gateway chain / nbdkit memory, CPU per IO | %.2fx | <= 1.5x |" % r("gateway-mem", "nbdkit-mem"))
+print("| fio rnbd engine / rnbd-client perf, IO/s | %.2fx | within 10 %% |" % r("rnbd-mem", "perf-mem", "iops"))
+PY
+)
+echo "$report"
+if $record; then
+	mkdir -p bench/plots
+	cp "$tmp/plot.png" "$plot"
+	echo "$report" >>bench/RESULTS.md
+fi

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Runs block IO chains alternately and reports, per chain, the IO/s and
+the CPU time per IO summed over every process of the chain: the client
+(fio or rnbd-client perf: its rusage) and each long-lived process behind it
+(nbdkit, rnbd-server: utime + stime from /proc over the run).
+
+Usage: chains.py SPEC.json OUT.json [PLOT.png]
+SPEC: {"runs": N, "title": "...", "chains": [{"name": ..., "cmd": [...],
+        "kind": "fio" | "perf", "procs": {"label": PID, ...}}, ...]}
+OUT: per chain the runs and their medians; PLOT: IO/s and CPU per IO per
+chain, side by side (python3-matplotlib).
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def ticks(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+def ios_of(kind, text):
+    """(ios, iops, errors) from the client's JSON."""
+    j = json.loads(text)
+    if kind == "fio":
+        job = j["jobs"][0]
+        n = job["read"]["total_ios"] + job["write"]["total_ios"]
+        return n, job["read"]["iops"] + job["write"]["iops"], job["error"]
+    return j["reads"] + j["writes"], j["iops"], j["errors"] + j.get("bad", 0)
+
+
+def run(chain):
+    t0 = {k: ticks(p) for k, p in chain["procs"].items()}
+    start = time.monotonic()
+    proc = subprocess.Popen(chain["cmd"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate()
+    wall = time.monotonic() - start
+    t1 = {k: ticks(p) for k, p in chain["procs"].items()}
+    if proc.returncode != 0:
+        raise SystemExit("%s failed (%d): %s" % (chain["name"], proc.returncode,
+                                                  err.decode(errors="replace")[-2000:]))
+    n, iops, errors = ios_of(chain["kind"], out.decode())
+    if errors or n == 0:
+        raise SystemExit("%s: %d errors, %d IOs" % (chain["name"], errors, n))
+    return {"ios": n, "iops": iops, "wall": wall,
+            "cpu": {k: (t1[k] - t0[k]) / TICK for k in t0}}
+
+
+def main():
+    spec = json.load(open(sys.argv[1]))
+    chains = spec["chains"]
+    results = {c["name"]: [] for c in chains}
+    # The client's own CPU: rusage of the children, taken around each run.
+    for _ in range(spec["runs"]):
+        for c in chains:
+            before = os.times()
+            r = run(c)
+            after = os.times()
+            r["cpu"]["client"] = (after.children_user - before.children_user +
+                                  after.children_system - before.children_system)
+            r["cpu_us_per_io"] = sum(r["cpu"].values()) * 1e6 / r["ios"]
+            results[c["name"]].append(r)
+    out = {"title": spec.get("title", ""), "chains": []}
+    for c in chains:
+        rs = results[c["name"]]
+        parts = {k: statistics.median(r["cpu"][k] * 1e6 / r["ios"] for r in rs)
+                 for k in rs[0]["cpu"]}
+        out["chains"].append({
+            "name": c["name"], "label": c.get("label", c["name"]), "runs": rs,
+            "iops": statistics.median(r["iops"] for r in rs),
+            "cpu_us_per_io": statistics.median(r["cpu_us_per_io"] for r in rs),
+            "cpu_parts_us_per_io": parts,
+        })
+    json.dump(out, open(sys.argv[2], "w"), indent=1)
+    if len(sys.argv) > 3:
+        plot(out, sys.argv[3])
+
+
+def plot(out, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [c["label"] for c in out["chains"]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 0.6 * len(names) + 2))
+    y = range(len(names))
+    a.barh(y, [c["iops"] for c in out["chains"]], color="tab:blue")
+    a.set_yticks(list(y), names)
+    a.invert_yaxis()
+    a.set_xlabel("IO/s (median)")
+    left = [0.0] * len(names)
+    keys = sorted({k for c in out["chains"] for k in c["cpu_parts_us_per_io"]})
+    for k in keys:
+        vals = [c["cpu_parts_us_per_io"].get(k, 0.0) for c in out["chains"]]
+        b.barh(y, vals, left=left, label=k)
+        left = [l + v for l, v in zip(left, vals)]
+    b.set_yticks(list(y), [""] * len(names))
+    b.invert_yaxis()
+    b.set_xlabel("CPU us per IO, every process of the chain (median)")
+    b.legend(fontsize="small")
+    fig.suptitle(out["title"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+if __name__ == "__main__":
+    main()
