@@ -30,6 +30,7 @@ int rtrs_path_init(struct rtrs_path *p, const struct rtrs_path_ops *ops, struct 
 	atomic_init(&p->state, state);
 	atomic_init(&p->fail_err, 0);
 	atomic_init(&p->inflight, 0);
+	atomic_init(&p->hb.peer_ready, true);
 	atomic_init(&p->post_writer, (pthread_t)0);
 	loop_work_init(&p->fail_work, path_fail_work);
 	/* Writers (state changes) must not starve behind a stream of posts. */
@@ -145,6 +146,8 @@ void rtrs_path_hb_tick(struct rtrs_path *p)
 		rtrs_path_fail(p, -ETIMEDOUT);
 		return;
 	}
+	if (!atomic_load(&p->hb.peer_ready))
+		return; /* it may have no receive buffer for a beat yet (rtrs_hb.peer_ready) */
 	rc = rtrs_hb_post(&p->hb, p->cons[0]->fc, p->peer_imm.addr, p->peer_imm.key, false);
 	if (rc && rc != -EAGAIN) {
 		log_err("%s: sending a heartbeat failed: %s", rtrs_path_name(p), strerror(-rc));

@@ -195,6 +195,15 @@ struct rtrs_hb {
 	 * bound keeps them from piling up behind a peer that stops reading.
 	 */
 	atomic_bool ack_out;
+	/*
+	 * Beats go out once the peer has spoken since its path came up: a
+	 * kernel client posts its receive buffers when it reads the info
+	 * response, so a beat sent at once can meet an RNR NAK (seen under
+	 * load; soft-RoCE in 6.1 then lost the response queued behind it,
+	 * and the path died). Silence is still counted meanwhile. True
+	 * unless the server has just answered the info request.
+	 */
+	atomic_bool peer_ready;
 };
 
 /* Posts a heartbeat, or (ack) its answer unless one is on its way. */
@@ -277,6 +286,7 @@ static inline bool rtrs_hb_tick_expired(struct rtrs_hb *hb)
 
 static inline void rtrs_hb_heard(struct rtrs_hb *hb)
 {
+	atomic_store_explicit(&hb->peer_ready, true, memory_order_relaxed);
 	atomic_store_explicit(&hb->missed, 0, memory_order_relaxed);
 }
 

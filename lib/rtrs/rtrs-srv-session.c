@@ -513,7 +513,9 @@ void srv_path_probe(struct srv_path *p)
 
 	if (atomic_load(&p->base.hb.missed) + 1 < p->base.hb.missed_max)
 		atomic_store(&p->base.hb.missed, p->base.hb.missed_max - 1);
-	rc = rtrs_hb_post(&p->base.hb, p->cons[0].c.fc, p->base.peer_imm.addr, p->base.peer_imm.key, false);
+	rc = !atomic_load(&p->base.hb.peer_ready) ? 0 :
+	     rtrs_hb_post(&p->base.hb, p->cons[0].c.fc, p->base.peer_imm.addr,
+			  p->base.peer_imm.key, false);
 	if (rc && rc != -EAGAIN)
 		srv_path_stop(p, rc);
 	else
@@ -677,6 +679,8 @@ static void path_info_work(struct loop_work *w)
 	s->link_up = true;
 	s->paths_up++;
 	p->was_connected = true;
+	/* No beat until the client speaks again: it posts its receives on reading this. */
+	atomic_store(&p->base.hb.peer_ready, false);
 	rtrs_path_wrlock(&p->base);
 	srv_path_change_state(p, RTRS_PATH_CONNECTED);
 	rtrs_path_wrunlock(&p->base);

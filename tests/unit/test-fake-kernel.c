@@ -1181,6 +1181,41 @@ static void hb_kernel_client_stalled(void)
 	CHECK_EQ(env_teardown(&c), 0);
 }
 
+/*
+ * A kernel client posts its receive buffers when it reads the info
+ * response: the server sends it no beat until it has spoken since (an
+ * early beat met an RNR NAK on a loaded machine, and soft-RoCE lost the
+ * response queued behind it). Here the client first beats at 5 s: no beat
+ * to it before, ours every second after.
+ */
+static void hb_after_client_speaks(void)
+{
+	struct m hb_srv = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_HB_MSG_IMM) };
+	struct m hb_clt = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_HB_MSG_IMM) };
+	struct clt c;
+
+	if (!srv_up(false, our_beats))
+		return;
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(&c, "k", "a");
+	c.o.hb_interval_ms = 5000;
+	c.o.hb_missed_max = 5;
+	CHECK_EQ(clt_open(&c), 0);
+	fake_delivered_reset();
+	for (int i = 0; i < 4; i++)
+		CHECK_EQ(fake_advance(1000), 0);
+	CHECK_EQ(fake_delivered(match, &hb_clt), 0);
+	CHECK_EQ(fake_delivered(match, &hb_srv), 0); /* silent since the info response */
+	for (int i = 0; i < 4; i++)
+		CHECK_EQ(fake_advance(1000), 0);
+	CHECK(fake_delivered(match, &hb_clt) >= 1, "the client beat at 5 s");
+	CHECK(fake_delivered(match, &hb_srv) >= 2, "then the server beat every second: %u",
+	      fake_delivered(match, &hb_srv));
+	CHECK(clt_path_is(&c, 0, "connected"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(atomic_load(&srv.link_down), 0);
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
 static const struct scenario scenarios[] = {
 	{ "kernel_client_wire", kernel_client_wire },
 	{ "project_client_wire", project_client_wire },
@@ -1203,6 +1238,7 @@ static const struct scenario scenarios[] = {
 	{ "hb_kernel_server_pace", hb_kernel_server_pace },
 	{ "hb_kernel_client_pace", hb_kernel_client_pace },
 	{ "hb_kernel_client_stalled", hb_kernel_client_stalled },
+	{ "hb_after_client_speaks", hb_after_client_speaks },
 };
 
 int main(int argc, char **argv)
