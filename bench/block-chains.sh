@@ -99,7 +99,7 @@ json.dump({"runs": runs, "title": "4 KiB randrw 50/50, QD %s, loopback" % qd,
 PY
 day=$(date -u +%Y-%m-%d)
 plot=bench/plots/block-chains-$day.png
-python3 bench/chains.py "$tmp/spec.json" "$tmp/out.json" "$tmp/plot.png"
+/usr/bin/python3 bench/chains.py "$tmp/spec.json" "$tmp/out.json" "$tmp/plot.png"
 
 report=$(python3 - "$tmp/out.json" "$RUNS" "$DURATION" "$QD" "$(machine)" "$plot" "$day" <<'PY'
 import json, sys

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Runs block IO chains alternately and reports, per chain, the IO/s and
 the CPU time per IO summed over every process of the chain: the client
 (fio or rnbd-client perf: its rusage) and each long-lived process behind it
