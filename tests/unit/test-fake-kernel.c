@@ -1152,9 +1152,8 @@ static bool srv_heard_down(void *arg)
  * A kernel client whose host stalls (a busy VM): nothing of it reaches the
  * server, its answers to our beats included. Our server (1 s, 3 missed)
  * allows it the silence a kernel server would (5 x 5 s): the path stays
- * through 20 s of it, and goes once the silence passes 25 s. With our own
- * budget for it (3 s), the kernel-interop suite lost a map on a loaded
- * machine.
+ * through 20 s of it, and goes once the silence passes 25 s (with our own
+ * budget, 3 s, it went at once).
  */
 static void hb_kernel_client_stalled(void)
 {
