@@ -28,7 +28,8 @@ def ticks(pid):
 
 def ios_of(kind, text):
     """(ios, iops, errors) from the client's JSON."""
-    j = json.loads(text)
+    # fio's nbd engine says "fio: connected to NBD server" before its JSON.
+    j = json.loads(text[text.index("{"):])
     if kind == "fio":
         job = j["jobs"][0]
         n = job["read"]["total_ios"] + job["write"]["total_ios"]
@@ -46,7 +47,12 @@ def run(chain):
     if proc.returncode != 0:
         raise SystemExit("%s failed (%d): %s" % (chain["name"], proc.returncode,
                                                   err.decode(errors="replace")[-2000:]))
-    n, iops, errors = ios_of(chain["kind"], out.decode())
+    try:
+        n, iops, errors = ios_of(chain["kind"], out.decode())
+    except (ValueError, KeyError) as e:
+        raise SystemExit("%s: no result (%s): %s %s" % (chain["name"], e,
+                                                       out.decode(errors="replace")[:500],
+                                                       err.decode(errors="replace")[-1500:]))
     if errors or n == 0:
         raise SystemExit("%s: %d errors, %d IOs" % (chain["name"], errors, n))
     return {"ios": n, "iops": iops, "wall": wall,

@@ -20,7 +20,7 @@ dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install o
 bench_processes
 
 "$PWD/build-release/daemons/rnbd-server" --port 0 --mem-device "m0:$((64 << 20))" --quiet \
-	${SERVER_OPTS:-} >"$tmp/server.log" 2>&1 &
+	--control "$tmp/sctl" ${SERVER_OPTS:-} >"$tmp/server.log" 2>&1 &
 pids+=($!)
 spid=$!
 for _ in $(seq 100); do grep -q 'listening on port' "$tmp/server.log" && break; sleep 0.05; done
@@ -40,13 +40,25 @@ for r in $(seq "$ROUNDS"); do
 		"$rnbd" --socket "$tmp/cctl" client map m0 --session "mem-$r-$i" \
 			--server "127.0.0.1:$port" --mode ro >/dev/null
 	done
+	# Measured once the server has every session.
+	for _ in $(seq 300); do
+		[ "$("$rnbd" --socket "$tmp/sctl" server list -o json | python3 -c 'import json, sys; print(len(json.load(sys.stdin)))')" = "$N" ] && break
+		sleep 0.1
+	done
 	sleep 1
 	open=$(rss)
 	open_threads=$(threads)
 	for i in $(seq "$N"); do
 		"$rnbd" --socket "$tmp/cctl" client unmap m0 --session "mem-$r-$i" >/dev/null
 	done
-	sleep 2
+	# Measured once the server has let every session go (that is asynchronous).
+	for _ in $(seq 300); do
+		[ "$("$rnbd" --socket "$tmp/sctl" server list -o json)" = "[]" ] && break
+		sleep 0.1
+	done
+	[ "$("$rnbd" --socket "$tmp/sctl" server list -o json)" = "[]" ] ||
+		{ echo "session-memory: the server still has sessions 30 s after they closed" >&2; exit 1; }
+	sleep 1
 	echo "$r $open $(rss) $open_threads $(threads)" >>"$tmp/rounds"
 done
 
