@@ -1120,19 +1120,27 @@ static void our_beats(struct rtrs_srv_opts *so)
 	so->hb_missed_max = RTRS_DEFAULT_HB_MISSED_MAX;
 }
 
+/* Our server (1 s, 3 missed) and an open kernel client beating as the kernel does (5 s, 5). */
+static bool kernel_beats_up(struct clt *c)
+{
+	if (!srv_up(false, our_beats))
+		return false;
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(c, "k", "a");
+	c->o.hb_interval_ms = 5000;
+	c->o.hb_missed_max = 5;
+	CHECK_EQ(clt_open(c), 0);
+	return true;
+}
+
 /* The other way: a kernel client beats every 5 s; our server (1 s, 3 missed) keeps it. */
 static void hb_kernel_client_pace(void)
 {
 	struct m hb_clt = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_HB_MSG_IMM) };
 	struct clt c;
 
-	if (!srv_up(false, our_beats))
+	if (!kernel_beats_up(&c))
 		return;
-	atomic_store(&rtrs_test_kernel_clt, true);
-	clt_init(&c, "k", "a");
-	c.o.hb_interval_ms = 5000;
-	c.o.hb_missed_max = 5;
-	CHECK_EQ(clt_open(&c), 0);
 	for (int i = 0; i < 30; i++)
 		CHECK_EQ(fake_advance(1000), 0);
 	CHECK(clt_path_is(&c, 0, "connected"), "state %s", clt_path(&c, 0).state);
@@ -1160,13 +1168,8 @@ static void hb_kernel_client_stalled(void)
 	struct m to_srv = { .dir = TO_SRV };
 	struct clt c;
 
-	if (!srv_up(false, our_beats))
+	if (!kernel_beats_up(&c))
 		return;
-	atomic_store(&rtrs_test_kernel_clt, true);
-	clt_init(&c, "k", "a");
-	c.o.hb_interval_ms = 5000;
-	c.o.hb_missed_max = 5;
-	CHECK_EQ(clt_open(&c), 0);
 	fake_hold(match, &to_srv);
 	for (int i = 0; i < 20; i++)
 		CHECK_EQ(fake_advance(1000), 0);
@@ -1193,13 +1196,8 @@ static void hb_after_client_speaks(void)
 	struct m hb_clt = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_HB_MSG_IMM) };
 	struct clt c;
 
-	if (!srv_up(false, our_beats))
+	if (!kernel_beats_up(&c))
 		return;
-	atomic_store(&rtrs_test_kernel_clt, true);
-	clt_init(&c, "k", "a");
-	c.o.hb_interval_ms = 5000;
-	c.o.hb_missed_max = 5;
-	CHECK_EQ(clt_open(&c), 0);
 	fake_delivered_reset();
 	for (int i = 0; i < 4; i++)
 		CHECK_EQ(fake_advance(1000), 0);
