@@ -6,7 +6,7 @@ the CPU time per IO summed over every process of the chain: the client
 
 Usage: chains.py SPEC.json OUT.json [PLOT.png]
 SPEC: {"runs": N, "title": "...", "chains": [{"name": ..., "cmd": [...],
-        "kind": "fio" | "perf", "procs": {"label": PID, ...}}, ...]}
+        "kind": "fio" | "perf" | "ops", "procs": {"label": PID, ...}}, ...]}
 OUT: per chain the runs and their medians; PLOT: IO/s and CPU per IO per
 chain, side by side (python3-matplotlib).
 """
@@ -30,6 +30,8 @@ def ios_of(kind, text):
     """(ios, iops, errors) from the client's JSON."""
     # fio's nbd engine says "fio: connected to NBD server" before its JSON.
     j = json.loads(text[text.index("{"):])
+    if kind == "ops":  # rtrs-perf and raw-loop
+        return j["ops"], j["ops_per_sec"], j["errors"]
     if kind == "fio":
         job = j["jobs"][0]
         n = job["read"]["total_ios"] + job["write"]["total_ios"]

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The transport at 4 KiB against the least loop libfabric allows (issue 17):
+# bench/raw-loop (one connection, a write with remote data per request and
+# per answer, no headers, permits, keys or heartbeats) against rtrs-perf on
+# one IO connection, the same size and queue depth, writes and reads, over
+# loopback tcp; runs alternate (bench/chains.py), and per contender the
+# ops/s and CPU time per op of client and server together. Goal: rtrs-perf
+# >= 1.0x the raw loop in ops/s with CPU per op no higher. RUNS (5) runs of
+# DURATION (5) s; SIZE (4k), QD (64); --record appends the section to
+# bench/RESULTS.md with its plot.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-5}
+DURATION=${DURATION:-5}
+SIZE=${SIZE:-4096}
+QD=${QD:-64}
+record=false
+[ "${1:-}" = --record ] && record=true
+dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install ok installed" ||
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		python3-matplotlib >/dev/null
+. bench/lib.sh
+bench_processes
+raw=$PWD/build-release/bench/raw-loop
+
+"$raw" server --port 0 >"$tmp/raw.log" 2>&1 &
+pids+=($!)
+rawpid=$!
+"$perf" server --port 0 >"$tmp/perf.log" 2>&1 &
+pids+=($!)
+perfpid=$!
+for _ in $(seq 100); do
+	grep -q 'listening on port' "$tmp/raw.log" && grep -q 'port [0-9]' "$tmp/perf.log" && break
+	sleep 0.05
+done
+rport=$(grep -o 'listening on port [0-9]*' "$tmp/raw.log" | grep -o '[0-9]*$')
+pport=$(grep -o 'port [0-9]*' "$tmp/perf.log" | head -1 | grep -o '[0-9]*$')
+
+/usr/bin/python3 - "$tmp/spec.json" "$RUNS" "$rawpid" "$perfpid" "$raw" "$perf" "$rport" "$pport" \
+	"$SIZE" "$QD" "$DURATION" <<'PY'
+import json, sys
+out, runs, rawpid, perfpid, raw, perf, rport, pport, size, qd, dur = sys.argv[1:12]
+chains = []
+for mode in ("write", "read"):
+    chains.append({"name": "raw-" + mode, "label": "raw loop, %s" % mode, "kind": "ops",
+                   "procs": {"server": int(rawpid)},
+                   "cmd": [raw, "client", "--dst", "127.0.0.1:" + rport, "--mode", mode,
+                           "--size", size, "--queue-depth", qd, "--duration", dur, "--json"]})
+    chains.append({"name": "rtrs-" + mode, "label": "rtrs-perf, %s" % mode, "kind": "ops",
+                   "procs": {"server": int(perfpid)},
+                   "cmd": [perf, "client", "--dst", "127.0.0.1:" + pport, "--mode", mode,
+                           "--io-size", size, "--queue-depth", qd, "--duration", dur,
+                           "--cons", "1", "--json"]})
+json.dump({"runs": int(runs), "title": "%s B, QD %s, one connection, loopback tcp" % (size, qd),
+           "chains": chains}, open(out, "w"))
+PY
+day=$(date -u +%Y-%m-%d)
+plot=bench/plots/raw-vs-rtrs-$day.png
+/usr/bin/python3 bench/chains.py "$tmp/spec.json" "$tmp/out.json" "$tmp/plot.png"
+
+report=$(/usr/bin/python3 - "$tmp/out.json" "$RUNS" "$DURATION" "$SIZE" "$QD" "$(machine)" "$plot" \
+	"$day" <<'PY'
+import json, sys
+o = json.load(open(sys.argv[1]))
+runs, dur, size, qd, machine, plot, day = sys.argv[2:9]
+c = {x["name"]: x for x in o["chains"]}
+print()
+print("### %s The transport against a raw libfabric loop, %s B, loopback tcp" % (day, size))
+print()
+print("Machine: %s. Command: `RUNS=%s DURATION=%s SIZE=%s QD=%s bench/raw-vs-rtrs.sh` (one "
+      "connection, QD %s, medians of %s alternating runs of %s s; CPU per op = utime + stime "
+      "of client and server over the run, divided by the ops). Plot: `%s`." %
+      (machine, runs, dur, size, qd, qd, runs, dur, plot))
+print()
+print("| op | raw loop: ops/s | raw: CPU us/op | rtrs-perf: ops/s | rtrs: CPU us/op | ops/s ratio | CPU ratio | goal |")
+print("|---|---|---|---|---|---|---|---|")
+for m in ("write", "read"):
+    r, t = c["raw-" + m], c["rtrs-" + m]
+    print("| %s | %.0f | %.2f | %.0f | %.2f | %.2fx | %.2fx | >= 1.0x, CPU <= 1.0x |" % (
+        m, r["iops"], r["cpu_us_per_io"], t["iops"], t["cpu_us_per_io"],
+        t["iops"] / r["iops"], t["cpu_us_per_io"] / r["cpu_us_per_io"]))
+PY
+)
+echo "$report"
+if $record; then
+	mkdir -p bench/plots
+	cp "$tmp/plot.png" "$plot"
+	echo "$report" >>bench/RESULTS.md
+fi
