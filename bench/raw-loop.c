@@ -159,23 +159,21 @@ static void open_ep(struct side *s, struct fi_info *info, size_t depth)
 /* The next CM event of type want, with its private data in *pd. */
 static void cm_wait(struct side *s, uint32_t want, struct region_msg *pd)
 {
-	struct {
-		struct fi_eq_cm_entry e;
-		struct region_msg pd;
-	} ev;
+	uint64_t raw[(sizeof(struct fi_eq_cm_entry) + sizeof(*pd)) / 8 + 1];
+	struct fi_eq_cm_entry *ev = (struct fi_eq_cm_entry *)raw;
 	uint32_t type;
-	ssize_t n = fi_eq_sread(s->eq, &type, &ev, sizeof(ev), -1, 0);
+	ssize_t n = fi_eq_sread(s->eq, &type, ev, sizeof(raw), -1, 0);
 
 	if (n < 0)
 		die("fi_eq_sread", (int)n);
 	if (type != want)
 		die("unexpected connection event", -FI_EOTHER);
 	if (want == FI_CONNREQ)
-		s->info = ev.e.info;
+		s->info = ev->info;
 	if (pd) {
-		if ((size_t)n < sizeof(ev.e) + sizeof(*pd))
+		if ((size_t)n < sizeof(*ev) + sizeof(*pd))
 			die("the peer's region is missing from its private data", -FI_EOTHER);
-		*pd = ev.pd;
+		memcpy(pd, ev->data, sizeof(*pd));
 	}
 }
 
