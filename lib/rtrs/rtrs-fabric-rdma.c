@@ -63,9 +63,10 @@
 #define RDMA_IMM_MSG_LEN 4     /* an immediate carried as a message (iWARP) */
 #define RDMA_RX_MIN 64         /* the smallest receive buffer */
 #define RDMA_CQ_ACK_BATCH 64   /* completion events acknowledged at a time */
-#define RDMA_SIG_EVERY_MAX 64
+#define RDMA_SIG_EVERY_MAX 64  /* at most this many send requests go unsignalled in a row */
+#define NAT_CONNECT_PORT_TRIES 8 /* iWARP: CM ids tried when a port meets a TIME_WAIT socket */
 /* soft-iWARP's vendor id ("bmt"): its sends go out on a kernel TCP socket. */
-#define RDMA_SIW_VENDOR_ID 0x626d74  /* at most this many send requests go unsignalled in a row */
+#define RDMA_SIW_VENDOR_ID 0x626d74
 /* Private data the CM carries (IBA 12.7 via the RDMA CM's 36-byte header; MPA on iWARP). */
 #define RDMA_IB_CONNECT_MAX 56
 #define RDMA_IB_ACCEPT_MAX 196
@@ -1112,6 +1113,55 @@ static int con_start(struct fab_con *c, struct fab_con **out)
 	return rc;
 }
 
+/*
+ * The CM id of c, resolved, with its QP and thread, connecting: 0 when
+ * under way (*out is c), or a negative errno with c freed, but for
+ * -EADDRNOTAVAIL from rdma_connect, where c is left to the caller.
+ */
+static int nat_con_connect_id(struct fab *f, struct fab_con *c, struct rdma_conn_param *param,
+			      struct fab_con **out)
+{
+	int rc;
+
+	if (rdma_create_id(c->ch, &c->id, c, RDMA_PS_TCP)) {
+		rc = -errno;
+		goto fail;
+	}
+	c->own_id = true;
+	rc = id_resolve(c->ch, c->id, f, true);
+	if (rc) {
+		log_err("%s: resolving the address: %s", c->name, strerror(-rc));
+		goto fail;
+	}
+	rc = con_qp(c);
+	if (rc)
+		goto fail;
+	rc = con_start(c, out);
+	if (rc)
+		goto fail;
+	if (!rdma_connect(c->id, param))
+		return 0;
+	rc = -errno;
+	if (rc == -ECONNREFUSED) {
+		/*
+		 * iWARP connects the TCP socket here, and nobody listening is
+		 * said at once; the owner hears it as on IB and RoCE, from the
+		 * thread, as a refusal.
+		 */
+		log_dbg("%s: rdma_connect: %s", c->name, strerror(-rc));
+		atomic_store(&c->early_err, rc);
+		con_wake(c);
+		return 0;
+	}
+	*out = NULL;
+	if (rc == -EADDRNOTAVAIL)
+		return rc;
+	log_err("%s: rdma_connect: %s", c->name, strerror(-rc));
+fail:
+	con_free(c);
+	return rc;
+}
+
 static int nat_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
 			    size_t len, struct fab_con **out)
 {
@@ -1129,47 +1179,29 @@ static int nat_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const v
 			len, pdata_max(f, 0));
 		return -EMSGSIZE;
 	}
-	rc = con_new(f, cfg, &c);
-	if (rc)
-		return rc;
-	if (rdma_create_id(c->ch, &c->id, c, RDMA_PS_TCP)) {
-		rc = -errno;
-		goto fail;
-	}
-	c->own_id = true;
-	rc = id_resolve(c->ch, c->id, f, true);
-	if (rc) {
-		log_err("%s: resolving the address: %s", c->name, strerror(-rc));
-		goto fail;
-	}
-	rc = con_qp(c);
-	if (rc)
-		goto fail;
-	rc = con_start(c, out);
-	if (rc)
-		goto fail;
-	if (rdma_connect(c->id, &param)) {
-		rc = -errno;
-		if (rc == -ECONNREFUSED) {
-			/*
-			 * iWARP connects the TCP socket here, and nobody listening
-			 * is said at once; the owner hears it as on IB and RoCE,
-			 * from the thread, as a refusal.
-			 */
-			log_dbg("%s: rdma_connect: %s", c->name, strerror(-rc));
-			atomic_store(&c->early_err, rc);
-			con_wake(c);
-			return 0;
+	/*
+	 * iWARP binds the TCP socket to a port the RDMA CM picked from its own
+	 * space, which knows nothing of the kernel's sockets in TIME_WAIT: a
+	 * pick that meets one fails the connect with -EADDRNOTAVAIL (seen on
+	 * siw, a session opened among hundreds closed just before). A new CM
+	 * id picks another port: a few tries, then the error.
+	 */
+	for (unsigned tries = 1;; tries++) {
+		rc = con_new(f, cfg, &c);
+		if (rc)
+			return rc;
+		rc = nat_con_connect_id(f, c, &param, out);
+		if (rc != -EADDRNOTAVAIL)
+			return rc;
+		con_free(c);
+		if (tries == NAT_CONNECT_PORT_TRIES) {
+			log_err("%s: rdma_connect: %s (%u ports tried)", cfg->name, strerror(-rc),
+				tries);
+			return rc;
 		}
-		log_err("%s: rdma_connect: %s", c->name, strerror(-rc));
-		*out = NULL;
-		goto fail;
+		log_dbg("%s: rdma_connect: %s; again from another port", cfg->name,
+			strerror(-rc));
 	}
-	return 0;
-
-fail:
-	con_free(c);
-	return rc;
 }
 
 static int nat_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
