@@ -4,6 +4,7 @@
 # alternating, and per chain the IO/s and the CPU time per IO summed over
 # every process of it (bench/chains.py):
 #   rnbd-mem      fio (rnbd engine, bench/fio/rnbd-fio.c) -> RTRS tcp -> rnbd-server memory
+#   rnbd-mem-thr  the same with rnbd_poll=0: completions on librnbd's threads, not fio's
 #   perf-mem      rnbd-client perf, the same job -> rnbd-server memory
 #   gateway-mem   fio (nbd) -> nbdkit with the rnbd plugin (unix socket) -> rnbd-server memory
 #   nbdkit-mem    fio (nbd) -> nbdkit memory plugin (NBD over loopback TCP)
@@ -62,9 +63,9 @@ done
 job=(--name=bench --rw=randrw --rwmixread=50 --bs=4k --size="$size" --iodepth="$QD"
 	--runtime="$DURATION" --time_based --thread --norandommap --randrepeat=0
 	--output-format=json)
-rnbd_job() { # DEVICE SESSION
+rnbd_job() { # DEVICE SESSION [ENGINE OPTION]
 	printf '%s\n' "$fio" "${job[@]}" --ioengine="external:$engine" \
-		--rnbd_server="127.0.0.1:$port" --rnbd_session="$2" --filename="$1"
+		--rnbd_server="127.0.0.1:$port" --rnbd_session="$2" --filename="$1" ${3:+"$3"}
 }
 nbd_job() { # URI
 	printf '%s\n' "$fio" "${job[@]}" --ioengine=nbd --uri="$1"
@@ -75,7 +76,9 @@ perf_job() { # DEVICE
 		--iodepth "$QD" --size "$size" --runtime "$DURATION" --json
 }
 python3 - "$tmp/spec.json" "$RUNS" "$QD" "$spid" "$gwpid" "$mempid" "$filepid" \
-	"$(rnbd_job mem0 bench-fio | paste -sd'\t')" "$(perf_job mem0 | paste -sd'\t')" \
+	"$(rnbd_job mem0 bench-fio | paste -sd'\t')" \
+	"$(rnbd_job mem0 bench-fio-thr --rnbd_poll=0 | paste -sd'\t')" \
+	"$(perf_job mem0 | paste -sd'\t')" \
 	"$(nbd_job "nbd+unix:///mem0?socket=$tmp/rnbd.sock" | paste -sd'\t')" \
 	"$(nbd_job "nbd://127.0.0.1:$base/" | paste -sd'\t')" \
 	"$(rnbd_job disk.img bench-fio-file | paste -sd'\t')" \
@@ -86,6 +89,8 @@ srv, gw, mem, fil = map(int, sys.argv[4:8])
 cmds = [a.split("\t") for a in sys.argv[8:]]
 chains = [
     ("rnbd-mem", "fio rnbd engine -> rnbd-server memory", "fio", {"rnbd-server": srv}),
+    ("rnbd-mem-thr", "the same, completions on librnbd's threads (rnbd_poll=0)", "fio",
+     {"rnbd-server": srv}),
     ("perf-mem", "rnbd-client perf -> rnbd-server memory", "perf", {"rnbd-server": srv}),
     ("gateway-mem", "fio nbd -> nbdkit rnbd plugin -> rnbd-server memory", "fio",
      {"nbdkit": gw, "rnbd-server": srv}),
@@ -131,6 +136,7 @@ print("| rnbd file chain / nbdkit file, CPU per IO | %.2fx | <= 0.8x |" % r("rnb
 print("| rnbd-server / nbdkit file plugin, CPU per file IO | %.2fx | <= 1.0x |" % (srvfile / nbdfile))
 print("| NBD gateway chain / nbdkit memory, CPU per IO | %.2fx | <= 1.5x |" % r("gateway-mem", "nbdkit-mem"))
 print("| fio rnbd engine / rnbd-client perf, IO/s | %.2fx | within 10 %% |" % r("rnbd-mem", "perf-mem", "iops"))
+print("| fio rnbd engine, polled / on librnbd's threads, CPU per IO | %.2fx | |" % r("rnbd-mem", "rnbd-mem-thr"))
 PY
 )
 echo "$report"

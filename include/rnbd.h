@@ -237,6 +237,18 @@ typedef void (*rnbd_clt_done_fn)(void *priv, int result);
 int rnbd_clt_submit(struct rnbd_clt_dev *dev, enum rnbd_clt_op op, uint32_t flags,
 		    uint64_t offset, void *buf, uint32_t len, rnbd_clt_done_fn done, void *priv);
 
+/*
+ * Runs the session's IO completions on the calling thread (rtrs_clt_poll):
+ * the done callbacks of rnbd_clt_submit come from this call, with no
+ * hand-off, while a thread polls. Returns how many completions of the
+ * transport it ran, 0 on timeout or when an IO may have ended on a library
+ * thread (a failover, an IO held across a reconnect): the caller looks at
+ * what its done callbacks recorded, and polls again until all are in.
+ * -EOPNOTSUPP on a fabric without polled completions (RDMA devices): done
+ * callbacks come from library threads, as without polling.
+ */
+int rnbd_clt_poll(struct rnbd_clt_sess *sess, int timeout_ms);
+
 /* Synchronous form: submits and waits for the result. */
 int rnbd_clt_io(struct rnbd_clt_dev *dev, enum rnbd_clt_op op, uint32_t flags,
 		uint64_t offset, void *buf, uint32_t len);

@@ -238,6 +238,35 @@ int rtrs_clt_request(struct rtrs_clt_sess *sess, enum rtrs_dir dir,
 		     const struct iovec *usr, size_t usr_cnt,
 		     const struct iovec *data, size_t data_cnt);
 
+/*
+ * Polled completions: runs the completions of the session's IO
+ * connections on the calling thread, with no hand-off from a library
+ * thread. Returns how many requests it completed (conf callbacks it ran);
+ * 0 when timeout_ms passed without any, or at once when a request ended
+ * on a library thread since its last return (below). timeout_ms 0 looks
+ * once, a negative one waits without bound.
+ *
+ * While a thread polls (inside this call, or within the last 10 ms), the
+ * library's completion threads leave those connections' completions to
+ * it; afterwards they take them back, so a caller that stops polling only
+ * delays them. Requests that end elsewhere (a failed path's, completed by
+ * the library, or any while no thread polls) still run conf on a library
+ * thread, and make the next or a waiting rtrs_clt_poll return: a caller
+ * waits for its own completions by looking at what its callbacks
+ * recorded, then polling, until they are all in. Any number of threads
+ * may poll one session; one at a time reads.
+ *
+ * -EOPNOTSUPP where the session's fabric has no polled mode (the native
+ * RDMA fabric): its completions keep coming on library threads. Not from
+ * a library callback, nor during or after rtrs_clt_close.
+ */
+int rtrs_clt_poll(struct rtrs_clt_sess *sess, int timeout_ms);
+/*
+ * Makes a waiting rtrs_clt_poll return, or the next one at once: for
+ * what its caller waits for that ends outside the transport. Any thread.
+ */
+void rtrs_clt_poll_wake(struct rtrs_clt_sess *sess);
+
 struct rtrs_attrs {
 	size_t size;            /* sizeof(struct rtrs_attrs), set by the caller */
 	uint32_t queue_depth;

@@ -15,12 +15,15 @@
  *   filename=DEVICE                               the export
  *   rnbd_opts=policy=round-robin,provider=verbs   session options (the plugin's keys)
  *   rnbd_session=NAME                             default fio-PID-JOB
+ *   rnbd_poll=0                                   completions on librnbd's threads
  *
  * Each job process (or thread) opens its own session and maps the device
  * in its init; setup, which fio runs before it forks the jobs, only asks
- * the size. Completions arrive on librnbd's threads and are handed to
- * fio's thread under one lock; getevents sleeps only until as many as it
- * asked for are there.
+ * the size. Completions run on fio's thread, in getevents
+ * (rnbd_clt_poll); with rnbd_poll=0, or on a fabric that cannot be
+ * polled, they arrive on librnbd's threads and are handed to fio's thread
+ * under one lock, and getevents sleeps only until as many as it asked for
+ * are there.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -38,6 +41,7 @@
 struct rnbd_fio_opts {
 	void *pad; /* fio: an option's offset must not be 0 */
 	char *server, *session, *opts, *mode;
+	unsigned int poll;
 };
 
 static struct fio_option options[] = {
@@ -79,6 +83,16 @@ static struct fio_option options[] = {
 		.group = FIO_OPT_G_INVALID,
 	},
 	{
+		.name = "rnbd_poll",
+		.lname = "RNBD polled completions",
+		.type = FIO_OPT_BOOL,
+		.off1 = offsetof(struct rnbd_fio_opts, poll),
+		.def = "1",
+		.help = "completions run on fio's thread (rnbd_clt_poll); 0: on librnbd's threads",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
 		.name = NULL,
 	},
 };
@@ -94,6 +108,7 @@ struct rnbd_fio {
 	pthread_cond_t cond;
 	struct io_u **done;
 	unsigned nr_done, want;     /* want: getevents sleeps until nr_done reaches it */
+	bool polled;                /* completions come from rnbd_clt_poll in getevents */
 	/* Reaped by getevents, handed out by event. */
 	struct io_u **events;
 	unsigned nr_events;
@@ -266,6 +281,7 @@ static int rnbd_fio_init(struct thread_data *td)
 		rnbd_fio_free(r);
 		return 1;
 	}
+	r->polled = ((struct rnbd_fio_opts *)td->eo)->poll;
 	td->io_ops_data = r;
 	return 0;
 }
@@ -329,6 +345,22 @@ static enum fio_q_status rnbd_fio_queue(struct thread_data *td, struct io_u *io_
 	return FIO_Q_QUEUED;
 }
 
+/* Milliseconds from now until the absolute CLOCK_REALTIME time t, at least 0. */
+static int ms_until(const struct timespec *t)
+{
+	struct timespec now;
+	int64_t ms;
+
+	clock_gettime(CLOCK_REALTIME, &now);
+	ms = (t->tv_sec - now.tv_sec) * 1000 + (t->tv_nsec - now.tv_nsec) / 1000000;
+	return ms < 0 ? 0 : ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
+/*
+ * Waits for min completions: polled, the completions run here on fio's
+ * thread (rnbd_clt_poll); on a fabric without polling, they come from
+ * librnbd's threads and wake this one.
+ */
 static int rnbd_fio_getevents(struct thread_data *td, unsigned int min, unsigned int max,
 			      const struct timespec *t)
 {
@@ -345,8 +377,32 @@ static int rnbd_fio_getevents(struct thread_data *td, unsigned int min, unsigned
 			until.tv_nsec -= 1000000000;
 		}
 	}
+	if (r->polled) {
+		/* Also with min 0: what has come in is reaped now. */
+		for (bool first = true;; first = false) {
+			unsigned have;
+			int rc;
+
+			pthread_mutex_lock(&r->lock);
+			have = r->nr_done;
+			pthread_mutex_unlock(&r->lock);
+			if (have >= min && !first)
+				break;
+			rc = rnbd_clt_poll(r->sess, have >= min ? 0 : t ? ms_until(&until) : -1);
+			if (rc == -EOPNOTSUPP) {
+				r->polled = false;
+				break;
+			}
+			if (rc < 0) {
+				log_err("fio: rnbd: poll: %s\n", strerror(-rc));
+				return -rc > 0 ? rc : -EIO;
+			}
+			if (rc == 0 && t && ms_until(&until) == 0)
+				break;
+		}
+	}
 	pthread_mutex_lock(&r->lock);
-	while (r->nr_done < min) {
+	while (!r->polled && r->nr_done < min) {
 		r->want = min;
 		if (!t)
 			pthread_cond_wait(&r->cond, &r->lock);

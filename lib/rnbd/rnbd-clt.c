@@ -82,6 +82,7 @@ struct rnbd_clt_sess {
 	void *user_priv;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;         /* device states, inflight, the worker's flags */
+	unsigned inflight_waiters;   /* under lock: unmaps waiting for a device's inflight to drain */
 	struct rnbd_clt_dev *devs;
 	bool up;                     /* a path is up (link events) */
 	bool reopen;                 /* the worker is asked for a pass (reopen_all) */
@@ -337,13 +338,19 @@ static void held_run(struct io_list *list)
 {
 	struct clt_io *io;
 
+	struct rtrs_clt_sess *rtrs = NULL;
+
 	while ((io = STAILQ_FIRST(list))) {
 		STAILQ_REMOVE_HEAD(list, next);
+		rtrs = io->d->sess->rtrs;
 		if (io->verdict == 1)
 			io_send(io);
 		else
 			io_finish(io, io->verdict);
 	}
+	/* What ended here, on this thread, a poller learns of (rnbd_clt_poll). */
+	if (rtrs)
+		rtrs_clt_poll_wake(rtrs);
 }
 
 static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
@@ -755,8 +762,10 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 	pthread_mutex_unlock(&s->lock);
 	held_run(&held);
 	pthread_mutex_lock(&s->lock);
+	s->inflight_waiters++;
 	while (d->inflight || d->opening)
 		pthread_cond_wait(&s->cond, &s->lock);
+	s->inflight_waiters--;
 	/*
 	 * Open in the current server session: CLOSE, unless no path is up
 	 * (it would wait for one; the server forgets the device with the
@@ -935,7 +944,8 @@ static void io_finish(struct clt_io *io, int err)
 
 	rtrs_clt_put_permit(s->rtrs, io->permit); /* io may be reused from here on */
 	pthread_mutex_lock(&s->lock);
-	if (--d->inflight == 0)
+	/* Only an unmap waits for it: no wake-up of the worker per IO. */
+	if (--d->inflight == 0 && s->inflight_waiters)
 		pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);
 	in_done = true;
@@ -1082,6 +1092,11 @@ int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op op, uint32_t flags, uin
 		return -EDEADLK;
 	rc = rnbd_clt_submit(d, op, flags, offset, buf, len, waiter_done, &w);
 	return rc ? rc : waiter_wait(&w);
+}
+
+int rnbd_clt_poll(struct rnbd_clt_sess *sess, int timeout_ms)
+{
+	return sess ? rtrs_clt_poll(sess->rtrs, timeout_ms) : -EINVAL;
 }
 
 struct rtrs_clt_sess *rnbd_clt_rtrs(struct rnbd_clt_sess *sess)

@@ -588,6 +588,7 @@ int clt_path_connect(struct clt_path *p, bool retry)
 		log_err("%s: info exchange failed: %s", p->name, strerror(-rc));
 		goto out_fail;
 	}
+	clt_path_poll_enroll(p); /* before a request can go out on it */
 	rtrs_path_wrlock(&p->base);
 	if (!clt_path_change_state(p, RTRS_PATH_CONNECTED)) {
 		rtrs_path_wrunlock(&p->base);

@@ -15,9 +15,43 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 
 #include "rtrs-clt-pri.h"
+
+/*
+ * The session this thread polls now (rtrs_clt_poll), for clt_req_complete,
+ * and the requests it completed in the poll.
+ */
+static _Thread_local const struct rtrs_clt_sess *clt_polling;
+static _Thread_local int clt_polled_reqs;
+
+/*
+ * A completion that ran on another thread than a poller of s: counted
+ * (poll_seq), so that the next rtrs_clt_poll returns at once for its caller
+ * to look, and a waiting poller is woken. The count and waiting pair as
+ * in Dekker's: the poller raises waiting, then reads the count.
+ */
+static void clt_poll_nudge(struct rtrs_clt_sess *s)
+{
+	if (clt_polling == s)
+		clt_polled_reqs++;
+	else
+		rtrs_clt_poll_wake(s);
+}
+
+RTRS_EXPORT
+void rtrs_clt_poll_wake(struct rtrs_clt_sess *s)
+{
+	uint64_t one = 1;
+
+	atomic_fetch_add(&s->poll_seq, 1);
+	if (!atomic_load(&s->poller.waiting))
+		return;
+	if (write(s->poll_wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		log_warn_rl("%s: poll eventfd write: %s", s->name, strerror(errno));
+}
 
 void clt_req_release_mrs(struct clt_req *req)
 {
@@ -51,12 +85,212 @@ bool clt_req_complete(struct clt_req *req, int err)
 	if (req->bounced && !err)
 		req_unbounce(req);
 	ops = req->ops;
-	if (p) /* NULL: it was waiting for a path */
+	if (p) { /* NULL: it was waiting for a path */
 		atomic_fetch_sub(&p->base.inflight, 1);
+		atomic_fetch_sub_explicit(&req->con->inflight, 1, memory_order_relaxed);
+	}
 	atomic_store(&req->state, REQ_IDLE);
 	/* req may be reused by the permit holder from here on. */
 	ops.conf(ops.priv, err);
+	clt_poll_nudge(req->sess);
 	return true;
+}
+
+/*
+ * Polled completions (rtrs_clt_poll). A path's IO connections join the
+ * session's poll set before it turns CONNECTED, so no request goes out on
+ * a connection nobody may poll, and leave it before they are destroyed;
+ * both under poll_lock, which a poll round holds. Connection 0 is never
+ * polled: heartbeats and control messages stay on its thread.
+ */
+void clt_path_poll_enroll(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+
+	pthread_mutex_lock(&s->poll_lock);
+	p->poll_fds_in = true;
+	for (unsigned cid = 1; cid < p->base.nr_cons; cid++) {
+		struct fab_con *fc = p->cons[cid].c.fc;
+		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = p };
+
+		atomic_store(&p->cons[cid].inflight, 0);
+		int fd = fab_con_wait_fd(fc);
+
+		if (fd < 0 || s->poll_epfd < 0 || epoll_ctl(s->poll_epfd, EPOLL_CTL_ADD, fd, &ev))
+			p->poll_fds_in = false; /* no polled mode: rtrs_clt_poll says so */
+		fab_con_set_poller(fc, &s->poller);
+	}
+	p->polled = true;
+	pthread_mutex_unlock(&s->poll_lock);
+}
+
+static void path_poll_fds_out(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+
+	for (unsigned cid = 1; p->poll_fds_in && cid < p->base.nr_cons; cid++) {
+		int fd = fab_con_wait_fd(p->cons[cid].c.fc);
+
+		if (fd >= 0)
+			epoll_ctl(s->poll_epfd, EPOLL_CTL_DEL, fd, NULL);
+	}
+	p->poll_fds_in = false;
+}
+
+void clt_path_poll_leave(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+
+	pthread_mutex_lock(&s->poll_lock);
+	if (p->polled) {
+		path_poll_fds_out(p);
+		for (unsigned cid = 1; cid < p->base.nr_cons; cid++)
+			if (p->cons[cid].c.fc)
+				fab_con_set_poller(p->cons[cid].c.fc, NULL);
+		p->polled = false;
+	}
+	pthread_mutex_unlock(&s->poll_lock);
+}
+
+/*
+ * One round over the poll set: the completions run, or a negative errno.
+ * It reads only the queues of connections with requests in flight: on
+ * tcp every read of a completion queue costs a system call (the
+ * provider's progress looks at its socket), and a caller that stays on
+ * one CPU has its requests on one connection. With *sleep_ok, a round
+ * reads every queue, then arms them all to wake a sleeper, or clears
+ * *sleep_ok when one has something already. A path that is not CONNECTED
+ * any more is skipped, its fds out of the set: its connections may be
+ * shut down (their fds would say readable for ever) and its teardown
+ * completes what it had in flight.
+ */
+static int clt_poll_round(struct rtrs_clt_sess *s, bool *sleep_ok)
+{
+	size_t np = atomic_load(&s->paths_num);
+	int done = 0;
+
+	for (size_t i = 0; i < np; i++) {
+		struct clt_path *p = &s->paths[i];
+
+		if (!p->polled)
+			continue;
+		if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED) {
+			path_poll_fds_out(p);
+			continue;
+		}
+		for (unsigned cid = 1; cid < p->base.nr_cons; cid++) {
+			int n;
+
+			if (!*sleep_ok && !atomic_load_explicit(&p->cons[cid].inflight,
+								memory_order_relaxed))
+				continue;
+			n = fab_con_poll(p->cons[cid].c.fc);
+			if (n < 0)
+				return n;
+			done += n;
+		}
+	}
+	if (done || !*sleep_ok)
+		return done;
+	for (size_t i = 0; i < np; i++) {
+		struct clt_path *p = &s->paths[i];
+
+		for (unsigned cid = 1; p->polled && p->poll_fds_in && cid < p->base.nr_cons; cid++)
+			if (fab_con_trywait(p->cons[cid].c.fc)) {
+				*sleep_ok = false;
+				return 0;
+			}
+	}
+	return 0;
+}
+
+/* A round under poll_lock: *reqs, the requests it completed on this thread. */
+static int clt_poll_locked(struct rtrs_clt_sess *s, bool *armed, int *reqs)
+{
+	int n;
+
+	pthread_mutex_lock(&s->poll_lock);
+	clt_polling = s;
+	clt_polled_reqs = 0;
+	n = clt_poll_round(s, armed);
+	*reqs = clt_polled_reqs;
+	clt_polling = NULL;
+	pthread_mutex_unlock(&s->poll_lock);
+	return n;
+}
+
+/* rtrs_clt_poll's return: what ended elsewhere so far is the caller's to see now. */
+static int clt_poll_ret(struct rtrs_clt_sess *s, int n)
+{
+	atomic_store(&s->poll_seen, atomic_load(&s->poll_seq));
+	return n;
+}
+
+RTRS_EXPORT
+int rtrs_clt_poll(struct rtrs_clt_sess *s, int timeout_ms)
+{
+	uint64_t start = now_ms();
+
+	if (!s)
+		return -EINVAL;
+	if (s->poll_epfd < 0)
+		return -EOPNOTSUPP;
+	/* Something ended on another thread since the last return: look first. */
+	if (atomic_load(&s->poll_seq) != atomic_load(&s->poll_seen))
+		return clt_poll_ret(s, 0);
+	for (;;) {
+		struct epoll_event evs[16];
+		bool armed = false;
+		int n, ne, reqs, wait_ms = -1;
+
+		atomic_store(&s->poller.last_ms, now_ms());
+		n = clt_poll_locked(s, &armed, &reqs);
+		if (n < 0)
+			return n;
+		if (reqs || timeout_ms == 0)
+			return clt_poll_ret(s, reqs);
+		if (n)
+			continue; /* completions of sends only: there may be more */
+		if (timeout_ms > 0) {
+			uint64_t spent = now_ms() - start;
+
+			if (spent >= (uint64_t)timeout_ms)
+				return clt_poll_ret(s, 0);
+			wait_ms = timeout_ms - (int)spent;
+		}
+		atomic_fetch_add(&s->poller.waiting, 1);
+		if (atomic_load(&s->poll_seq) != atomic_load(&s->poll_seen)) {
+			atomic_fetch_sub(&s->poller.waiting, 1);
+			return clt_poll_ret(s, 0);
+		}
+		/* Again, now that a completion elsewhere wakes us, and arm the queues. */
+		armed = true;
+		n = clt_poll_locked(s, &armed, &reqs);
+		if (n) {
+			atomic_fetch_sub(&s->poller.waiting, 1);
+			if (n < 0)
+				return n;
+			if (reqs)
+				return clt_poll_ret(s, reqs);
+			continue;
+		}
+		if (!armed) {
+			/* Something came between the round and arming. */
+			atomic_fetch_sub(&s->poller.waiting, 1);
+			continue;
+		}
+		ne = epoll_wait(s->poll_epfd, evs, ARRAY_SIZE(evs), wait_ms);
+		atomic_fetch_sub(&s->poller.waiting, 1);
+		if (ne < 0 && errno != EINTR)
+			return -errno;
+		for (int i = 0; i < ne; i++) {
+			uint64_t v;
+
+			if (!evs[i].data.ptr && read(s->poll_wake_fd, &v, sizeof(v)) < 0 &&
+			    errno != EAGAIN)
+				log_warn_rl("%s: poll eventfd read: %s", s->name, strerror(errno));
+		}
+	}
 }
 
 /* A chunk key learned from the server: kept if newer than the one we have. */
@@ -255,6 +489,7 @@ static int req_issue(struct clt_req *req, struct clt_path *p)
 		   &p->cons[1 + (cpu % (p->base.nr_cons - 1))];
 	req->next_iov = 0;
 	atomic_fetch_add(&p->base.inflight, 1);
+	atomic_fetch_add_explicit(&req->con->inflight, 1, memory_order_relaxed);
 	if (req->dir == RTRS_WRITE) {
 		atomic_fetch_add_explicit(&p->stat_writes, 1, memory_order_relaxed);
 		atomic_fetch_add_explicit(&p->stat_write_bytes, req->data_len, memory_order_relaxed);
@@ -277,6 +512,7 @@ static int req_issue(struct clt_req *req, struct clt_path *p)
 		 */
 		atomic_store(&req->state, REQ_IDLE);
 		atomic_fetch_sub(&p->base.inflight, 1);
+		atomic_fetch_sub_explicit(&req->con->inflight, 1, memory_order_relaxed);
 		clt_req_release_mrs(req);
 		log_err_rl("%s: posting a request failed: %s", p->name, strerror(-rc));
 		(void)s;

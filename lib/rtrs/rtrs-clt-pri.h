@@ -78,6 +78,12 @@ struct clt_con {
 	 */
 	uint32_t rkey_buf_id;
 	uint32_t rkey;
+	/*
+	 * Requests issued on it and not completed: a poll round reads only
+	 * the queues of those with some (rtrs_clt_poll). Set to 0 when the
+	 * path joins the poll set; a path's teardown leaves it as it is.
+	 */
+	atomic_uint inflight;
 };
 
 struct clt_path {
@@ -148,6 +154,9 @@ struct clt_path {
 	/* The session's registered regions on this path's fabric (rtrs-clt-mem.c). */
 	struct fab_mr mem_mrs[RTRS_CLT_MEM_MAX];
 	bool mem_ready;             /* under sess->mem_lock: mem_mrs are p->fab's */
+	/* Its IO connections are in the session's poll set (under sess->poll_lock). */
+	bool polled;
+	bool poll_fds_in;           /* ... and their wait fds in poll_epfd */
 };
 
 struct rtrs_clt_sess {
@@ -222,6 +231,18 @@ struct rtrs_clt_sess {
 	atomic_uint nr_mem;
 	pthread_rwlock_t mem_lock;  /* mem, and every path's mem_mrs and mem_ready */
 
+	/*
+	 * rtrs_clt_poll: the poller the IO connections of every connected
+	 * path are given, the lock a poll round and the set's changes take,
+	 * the epoll set of their wait fds and an eventfd in it that
+	 * completions elsewhere write while a poller waits.
+	 */
+	struct fab_poller poller;
+	pthread_mutex_t poll_lock;
+	int poll_epfd, poll_wake_fd;
+	atomic_uint_fast64_t poll_seq;  /* completions run elsewhere (clt_poll_nudge) */
+	atomic_uint_fast64_t poll_seen; /* ... as of rtrs_clt_poll's last return */
+
 	/* Requests waiting for a path, bounded by fast_io_fail_ms (rtrs_clt_set_reconnect). */
 	atomic_uint fast_io_fail_ms;
 	unsigned busy_poll_us;
@@ -235,6 +256,9 @@ struct rtrs_clt_sess {
 /* rtrs-clt-io.c */
 void clt_req_release_mrs(struct clt_req *req);
 bool clt_req_complete(struct clt_req *req, int err);
+/* rtrs-clt-io.c: a connected path's IO connections into the poll set, and out. */
+void clt_path_poll_enroll(struct clt_path *p);
+void clt_path_poll_leave(struct clt_path *p);
 void clt_sess_key_update(struct rtrs_clt_sess *s, uint32_t id, uint32_t gen, uint64_t key);
 int clt_path_keys_merge(struct clt_path *p, size_t off);
 int clt_post_pending(struct rtrs_con *con, struct rtrs_pending *it);

@@ -82,6 +82,7 @@ bool clt_path_change_state(struct clt_path *p, enum rtrs_path_state to)
 
 void clt_path_destroy_cons(struct clt_path *p)
 {
+	clt_path_poll_leave(p);
 	rtrs_path_destroy_cons(&p->base);
 	for (unsigned i = 0; i < p->base.nr_cons; i++)
 		p->cons[i].connected = false;

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "rtrs-clt-pri.h"
@@ -90,6 +92,11 @@ static void sess_free(struct rtrs_clt_sess *s)
 	pthread_cond_destroy(&s->permit_cond);
 	pthread_mutex_destroy(&s->wait_lock);
 	pthread_mutex_destroy(&s->admin_lock);
+	pthread_mutex_destroy(&s->poll_lock);
+	if (s->poll_epfd >= 0)
+		close(s->poll_epfd);
+	if (s->poll_wake_fd >= 0)
+		close(s->poll_wake_fd);
 	free(s);
 }
 
@@ -298,6 +305,16 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
+	pthread_mutex_init(&s->poll_lock, NULL);
+	s->poll_epfd = epoll_create1(EPOLL_CLOEXEC);
+	s->poll_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (s->poll_epfd < 0 || s->poll_wake_fd < 0 ||
+	    epoll_ctl(s->poll_epfd, EPOLL_CTL_ADD, s->poll_wake_fd,
+		      &(struct epoll_event){ .events = EPOLLIN, .data.ptr = NULL })) {
+		rc = -errno;
+		log_err("%s: poll set: %s", o->sessname, strerror(-rc));
+		goto out_free;
+	}
 	snprintf(s->name, sizeof(s->name), "%s", o->sessname);
 	snprintf(s->provider, sizeof(s->provider), "%s", o->provider ? o->provider : "tcp");
 	s->port = o->port;

@@ -429,6 +429,26 @@ static void fault_con_retry_later(struct fab_con *c)
 	fab_con_retry_later(fc_of(c)->inner);
 }
 
+static int fault_con_poll(struct fab_con *c)
+{
+	return fab_con_poll(fc_of(c)->inner);
+}
+
+static int fault_con_trywait(struct fab_con *c)
+{
+	return fab_con_trywait(fc_of(c)->inner);
+}
+
+static int fault_con_wait_fd(const struct fab_con *c)
+{
+	return fab_con_wait_fd(fc_of_const(c)->inner);
+}
+
+static void fault_con_set_poller(struct fab_con *c, struct fab_poller *p)
+{
+	fab_con_set_poller(fc_of(c)->inner, p);
+}
+
 static void fault_con_destroy(struct fab_con *c)
 {
 	struct fault_con *wc = fc_of(c);
@@ -578,6 +598,10 @@ const struct fab_ops fab_fault_ops = {
 	.con_kick = fault_con_kick,
 	.con_retry_later = fault_con_retry_later,
 	.con_destroy = fault_con_destroy,
+	.con_poll = fault_con_poll,
+	.con_trywait = fault_con_trywait,
+	.con_wait_fd = fault_con_wait_fd,
+	.con_set_poller = fault_con_set_poller,
 	.con_local = fault_con_local,
 	.write = fault_write,
 	.write_imm = fault_write_imm,

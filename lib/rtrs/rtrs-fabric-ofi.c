@@ -52,6 +52,7 @@
  * that floods immediates grow that list without bound.
  */
 #define FAB_CQ_BATCH 512
+#define FAB_SIG_EVERY_MAX 64u   /* at most this many counted sends without a completion in a row */
 #define FAB_CM_BUF 256 /* >= any provider's FI_OPT_CM_DATA_SIZE we accept */
 #define RTRS_CM_DATA_MAX_PORTABLE 55 /* verbs: 56 minus the provider's header */
 #define FAB_IMM_MSG_LEN 4 /* an immediate carried as a message */
@@ -128,7 +129,14 @@ struct fab_con {
 	atomic_bool retry;     /* ops->kick again after a short wait */
 	atomic_uint tx_posted; /* tx_counted: posted and not completed */
 	unsigned tx_max;       /* ... at most this many (the granted tx size) */
+	atomic_uint tx_unsig;  /* counted sends without a ctx so far (tx_comp) */
+	unsigned tx_sig_every; /* ... every this many asks for a completion */
+	char tx_sig_mark;      /* the context of those completions: its address */
 	pthread_mutex_t rx_lock; /* rx pool set up from another thread */
+	/* Whoever reads the CQ and runs callbacks: the thread, or a poller. */
+	pthread_mutex_t cq_lock;
+	_Atomic(struct fab_poller *) poller; /* fab_con_set_poller */
+	atomic_bool poll_eq_due;  /* a poller met an error: the thread reads the EQ */
 	struct fi_cq_data_entry comps[FAB_CQ_BATCH]; /* the thread's, too big for its stack */
 	/* The flood watchdog (wd_*): its list, and what it saw of this thread. */
 	struct fab_con *wd_next, *wd_prev;
@@ -1107,9 +1115,12 @@ static void handle_comp(struct fab_con *c, const struct fi_cq_data_entry *e)
 		c->cfg.ops->recv(c->cfg.priv, e->op_context, e->len);
 		rx_repost(c, e->op_context);
 	} else {
+		bool mark = e->op_context == &c->tx_sig_mark;
+
 		if (c->fab->tx_counted)
-			atomic_fetch_sub_explicit(&c->tx_posted, 1, memory_order_relaxed);
-		if (e->op_context && e->op_context != c)
+			atomic_fetch_sub_explicit(&c->tx_posted, mark ? c->tx_sig_every : 1,
+						  memory_order_relaxed);
+		if (e->op_context && e->op_context != c && !mark)
 			c->cfg.ops->done(c->cfg.priv, e->op_context);
 	}
 }
@@ -1176,15 +1187,96 @@ static void handle_eq(struct fab_con *c)
 }
 
 /*
+ * One read of the CQ and the callbacks of what it found, the kick
+ * included when one is due: the completion thread's lap and fab_con_poll
+ * both, under cq_lock. Returns what fi_cq_read said; *eq_due is set when
+ * the EQ should be read next (an error may have come with an event).
+ */
+static ssize_t con_read_cq(struct fab_con *c, bool *eq_due)
+{
+	struct fi_cq_data_entry *comps = c->comps;
+	ssize_t n;
+
+	atomic_store_explicit(&c->read_since_ms, now_ms(), memory_order_relaxed);
+	n = fi_cq_read(c->cq, comps, FAB_CQ_BATCH);
+	atomic_store_explicit(&c->read_since_ms, 0, memory_order_relaxed);
+	if (atomic_load(&c->flooded) && !atomic_load(&c->down)) {
+		con_down(c, -EPROTO, NULL, 0);
+		*eq_due = true;
+	}
+	if (n > 0) {
+		for (ssize_t i = 0; i < n; i++)
+			if (!atomic_load(&c->down))
+				handle_comp(c, &comps[i]);
+	} else if (n == -FI_EAVAIL) {
+		handle_cq_error(c);
+		*eq_due = true;
+	} else if (n != -FI_EAGAIN) {
+		con_down(c, fab_errno(n), NULL, 0);
+		*eq_due = true;
+	}
+	bool kick = atomic_exchange(&c->kicked, false);
+
+	/* Retries after -EAGAIN: on any completion, else after 1 ms. */
+	if (n > 0 && atomic_exchange(&c->retry, false))
+		kick = true;
+	if (kick && !atomic_load(&c->down))
+		c->cfg.ops->kick(c->cfg.priv);
+	return n;
+}
+
+/* A poller holds the CQ now (struct fab_poller): the thread leaves it alone. */
+static bool con_yields_cq(struct fab_con *c)
+{
+	struct fab_poller *p = atomic_load_explicit(&c->poller, memory_order_acquire);
+
+	return p && (atomic_load(&p->waiting) > 0 ||
+		     now_ms() - atomic_load(&p->last_ms) < FAB_POLL_LEASE_MS);
+}
+
+/*
+ * A lap of the thread while a poller holds the CQ: wait for the EQ, a
+ * kick or the lease, then read the EQ and run a due kick. A retry after
+ * -EAGAIN still comes after 1 ms: the poller reads completions, but only
+ * this thread waits for time.
+ */
+static void con_lap_yielded(struct fab_con *c, bool *eq_due)
+{
+	struct pollfd pfd[2] = { { .fd = c->eq_fd, .events = POLLIN },
+				 { .fd = c->wake_fd, .events = POLLIN } };
+	bool retry = atomic_load(&c->retry);
+	int np = poll(pfd, 2, retry ? 1 : FAB_POLL_LEASE_MS);
+	uint64_t v;
+
+	if (np > 0 && (pfd[1].revents & POLLIN) && read(c->wake_fd, &v, sizeof(v)) < 0 &&
+	    errno != EAGAIN)
+		log_warn("%s: eventfd read: %s", c->name, strerror(errno));
+	if (np != 0 || pfd[0].revents || atomic_exchange(&c->poll_eq_due, false))
+		*eq_due = true;
+	pthread_mutex_lock(&c->cq_lock);
+	if (*eq_due) {
+		handle_eq(c);
+		*eq_due = false;
+	}
+	bool kick = atomic_exchange(&c->kicked, false);
+
+	if (np == 0 && retry && atomic_exchange(&c->retry, false))
+		kick = true;
+	if (kick && !atomic_load(&c->down))
+		c->cfg.ops->kick(c->cfg.priv);
+	pthread_mutex_unlock(&c->cq_lock);
+}
+
+/*
  * The completion thread. CQ entries are read until none are left; the EQ
  * (connect, disconnect) is read when its fd fires and every 64 laps, since
  * on tcp every fi_eq_read costs a system call and events there are rare.
  * Before sleeping, fi_trywait makes sure both fds will signal anything new.
+ * While a poller holds the CQ (fab_con_set_poller), only the EQ and kicks.
  */
 static void *con_thread(void *arg)
 {
 	struct fab_con *c = arg;
-	struct fi_cq_data_entry *comps = c->comps;
 	struct fid *fids[2] = { &c->cq->fid, &c->eq->fid };
 	bool eq_due = true;
 	unsigned laps = 0;
@@ -1209,43 +1301,26 @@ static void *con_thread(void *arg)
 				log_warn("%s: eventfd read: %s", c->name, strerror(errno));
 			continue;
 		}
-		atomic_store_explicit(&c->read_since_ms, now_ms(), memory_order_relaxed);
-		n = fi_cq_read(c->cq, comps, FAB_CQ_BATCH);
-		atomic_store_explicit(&c->read_since_ms, 0, memory_order_relaxed);
-		if (atomic_load(&c->flooded) && !atomic_load(&c->down)) {
-			con_down(c, -EPROTO, NULL, 0);
-			eq_due = true;
+		if (con_yields_cq(c)) {
+			con_lap_yielded(c, &eq_due);
+			continue;
 		}
-
-		if (n > 0) {
-			for (ssize_t i = 0; i < n; i++)
-				if (!atomic_load(&c->down))
-					handle_comp(c, &comps[i]);
-		} else if (n == -FI_EAVAIL) {
-			handle_cq_error(c);
-			eq_due = true;
-		} else if (n != -FI_EAGAIN) {
-			con_down(c, fab_errno(n), NULL, 0);
-			eq_due = true;
-		}
-		if (eq_due || (++laps & 63) == 0) {
+		pthread_mutex_lock(&c->cq_lock);
+		n = con_read_cq(c, &eq_due);
+		if (eq_due || (++laps & 63) == 0 || atomic_exchange(&c->poll_eq_due, false)) {
 			handle_eq(c);
 			eq_due = false;
 		}
-		bool kick = atomic_exchange(&c->kicked, false);
-
-		/* Retries after -EAGAIN: on any completion, else after 1 ms. */
-		if (n > 0 && atomic_exchange(&c->retry, false))
-			kick = true;
-		if (kick && !atomic_load(&c->down))
-			c->cfg.ops->kick(c->cfg.priv);
+		pthread_mutex_unlock(&c->cq_lock);
 		if (n > 0 || n == -FI_EAVAIL)
 			continue;
 		/* fi_trywait progresses the socket too: the watchdog sees it likewise. */
+		pthread_mutex_lock(&c->cq_lock);
 		atomic_store_explicit(&c->read_since_ms, now_ms(), memory_order_relaxed);
 		int tw = fi_trywait(c->fab->fabric, fids, 2);
 
 		atomic_store_explicit(&c->read_since_ms, 0, memory_order_relaxed);
+		pthread_mutex_unlock(&c->cq_lock);
 		if (tw != FI_SUCCESS) {
 			eq_due = true;
 			continue;
@@ -1269,6 +1344,57 @@ static void *con_thread(void *arg)
 		}
 	}
 	return NULL;
+}
+
+/* fab_con_poll: the CQ once on the caller's thread, unless another reads it now. */
+static int ofi_con_poll(struct fab_con *c)
+{
+	bool eq_due = false;
+	ssize_t n;
+
+	if (atomic_load(&c->shutdown) || atomic_load(&c->stop))
+		return 0;
+	if (pthread_mutex_trylock(&c->cq_lock))
+		return 0;
+	n = con_read_cq(c, &eq_due);
+	pthread_mutex_unlock(&c->cq_lock);
+	if (eq_due) {
+		/* The EQ is the thread's: wake it to read. */
+		uint64_t one = 1;
+
+		atomic_store(&c->poll_eq_due, true);
+		if (write(c->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+			log_warn("%s: eventfd write: %s", c->name, strerror(errno));
+	}
+	return n > 0 ? (int)n : 0;
+}
+
+static int ofi_con_trywait(struct fab_con *c)
+{
+	struct fid *fid = &c->cq->fid;
+	int tw;
+
+	if (atomic_load(&c->shutdown) || atomic_load(&c->stop))
+		return 0;
+	pthread_mutex_lock(&c->cq_lock);
+	tw = fi_trywait(c->fab->fabric, &fid, 1);
+	pthread_mutex_unlock(&c->cq_lock);
+	return tw == FI_SUCCESS ? 0 : -EAGAIN;
+}
+
+static int ofi_con_wait_fd(const struct fab_con *c)
+{
+	return c->cq_fd;
+}
+
+static void ofi_con_set_poller(struct fab_con *c, struct fab_poller *p)
+{
+	uint64_t one = 1;
+
+	atomic_store_explicit(&c->poller, p, memory_order_release);
+	/* Without one any more: the thread must read the CQ at once, not after its wait. */
+	if (!p && write(c->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		log_warn("%s: eventfd write: %s", c->name, strerror(errno));
 }
 
 /*
@@ -1311,6 +1437,7 @@ static void con_free(struct fab_con *c)
 	if (c->eq)
 		fi_close(&c->eq->fid);
 	pthread_mutex_destroy(&c->rx_lock);
+	pthread_mutex_destroy(&c->cq_lock);
 	if (c->epfd >= 0)
 		close(c->epfd);
 	if (c->wake_fd >= 0)
@@ -1348,6 +1475,7 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 	atomic_init(&c->shutdown, false);
 	atomic_init(&c->kicked, false);
 	pthread_mutex_init(&c->rx_lock, NULL);
+	pthread_mutex_init(&c->cq_lock, NULL);
 
 	/* Receives: messages, plus one per immediate where the provider needs it. */
 	rx_depth = cfg->rx_depth;
@@ -1363,6 +1491,7 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 	/* Within what the domain was granted (fab_open's queue). */
 	info->tx_attr->size = MIN(MAX(cfg->tx_depth, 16), f->attr.max_queue);
 	c->tx_max = (unsigned)info->tx_attr->size;
+	c->tx_sig_every = MIN(MAX(c->tx_max / 4, 1u), FAB_SIG_EVERY_MAX);
 	info->rx_attr->size = MIN(MAX(MAX(rx_depth, cfg->rx_queue), 16), f->attr.max_queue);
 	if (rx_depth > info->rx_attr->size) {
 		log_warn("%s: %zu receives wanted, the provider grants %zu", c->name, rx_depth,
@@ -1593,10 +1722,45 @@ static void tx_unreserve(struct fab_con *c)
 		atomic_fetch_sub_explicit(&c->tx_posted, 1, memory_order_relaxed);
 }
 
-/* FI_COMPLETION where ctx asks for one, or where every send is counted. */
-static uint64_t tx_comp_flag(const struct fab_con *c, const void *ctx)
+/*
+ * Which sends ask for a completion, and with what context. One with a ctx
+ * always. Where sends are counted (tx_counted), one without a ctx only
+ * every tx_sig_every-th, with the context tx_sig_mark: an endpoint
+ * completes its sends in the order they were queued, so that completion
+ * gives back the room of the tx_sig_every sends it closes (handle_comp).
+ * A completion is not free: libfabric 1.17's tcp writes its CQ's wait fd
+ * for every one, and the reader pays a read for it as well. *mark says
+ * which kind this one is, for tx_post_failed.
+ */
+static uint64_t tx_comp(struct fab_con *c, void *ctx, void **context, bool *mark)
 {
-	return ctx || c->fab->tx_counted ? FI_COMPLETION : 0;
+	*mark = false;
+	*context = ctx ? ctx : c;
+	if (ctx)
+		return FI_COMPLETION;
+	if (!c->fab->tx_counted)
+		return 0;
+	if ((atomic_fetch_add_explicit(&c->tx_unsig, 1, memory_order_relaxed) + 1) %
+	    c->tx_sig_every)
+		return 0;
+	*context = &c->tx_sig_mark;
+	*mark = true;
+	return FI_COMPLETION;
+}
+
+/*
+ * A counted send the provider refused: its room back. A mark gives back
+ * the room of all it stood for (their completions will never say it); an
+ * unsignalled one keeps its room until the next mark, which counts it.
+ */
+static void tx_post_failed(struct fab_con *c, void *ctx, bool mark)
+{
+	if (!c->fab->tx_counted)
+		return;
+	if (ctx)
+		tx_unreserve(c);
+	else if (mark)
+		atomic_fetch_sub_explicit(&c->tx_posted, c->tx_sig_every, memory_order_relaxed);
 }
 
 /* An immediate as a 4-byte message, injected: no buffer outlives the call. */
@@ -1614,11 +1778,10 @@ static int ofi_write(struct fab_con *c, const struct iovec *iov, void *const *de
 	struct fi_rma_iov riov[8];
 	struct fi_msg_rma msg = {
 		.msg_iov = iov, .desc = (void **)desc, .iov_count = iov_cnt,
-		.rma_iov = riov, .rma_iov_count = rma_cnt,
-		.context = ctx ? ctx : c, .data = imm,
+		.rma_iov = riov, .rma_iov_count = rma_cnt, .data = imm,
 	};
-	bool imm_msg = with_imm && c->fab->imm_by_send;
-	uint64_t flags = (with_imm && !imm_msg ? FI_REMOTE_CQ_DATA : 0) | tx_comp_flag(c, ctx);
+	bool imm_msg = with_imm && c->fab->imm_by_send, mark;
+	uint64_t flags = with_imm && !imm_msg ? FI_REMOTE_CQ_DATA : 0;
 	ssize_t rc;
 
 	if (rma_cnt > ARRAY_SIZE(riov) || rma_cnt > c->fab->attr.rma_iov_limit ||
@@ -1629,9 +1792,10 @@ static int ofi_write(struct fab_con *c, const struct iovec *iov, void *const *de
 	for (size_t i = 0; i < rma_cnt; i++)
 		riov[i] = (struct fi_rma_iov){ .addr = rma[i].addr, .len = rma[i].len,
 					       .key = rma[i].key };
+	flags |= tx_comp(c, ctx, &msg.context, &mark);
 	rc = fi_writemsg(c->ep, &msg, flags);
 	if (rc)
-		tx_unreserve(c);
+		tx_post_failed(c, ctx, mark);
 	/*
 	 * The immediate follows as a message: send-after-write order makes its
 	 * arrival mean the data is placed. If it meets -EAGAIN the caller posts
@@ -1651,7 +1815,9 @@ static int ofi_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_
 		.msg_iov = &iov, .iov_count = len ? 1 : 0, .rma_iov = &riov, .rma_iov_count = 1,
 		.context = ctx ? ctx : c, .data = imm,
 	};
+	uint64_t comp;
 	ssize_t rc;
+	bool mark;
 
 	if (len > c->fab->attr.inject_size)
 		return -EMSGSIZE;
@@ -1675,9 +1841,10 @@ static int ofi_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_
 		return fab_errno(fi_inject_writedata(c->ep, buf, len, imm, 0, addr, key));
 	if (tx_reserve(c))
 		return -EAGAIN;
-	rc = fi_writemsg(c->ep, &msg, FI_INJECT | FI_REMOTE_CQ_DATA | FI_COMPLETION);
+	comp = tx_comp(c, ctx, &msg.context, &mark);
+	rc = fi_writemsg(c->ep, &msg, FI_INJECT | FI_REMOTE_CQ_DATA | comp);
 	if (rc)
-		tx_unreserve(c);
+		tx_post_failed(c, ctx, mark);
 	return fab_errno(rc);
 }
 
@@ -1685,10 +1852,10 @@ static int ofi_send(struct fab_con *c, const void *buf, size_t len, void *desc, 
 {
 	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
 	struct fi_msg msg = {
-		.msg_iov = &iov, .desc = &desc, .iov_count = 1, .context = ctx ? ctx : c,
+		.msg_iov = &iov, .desc = &desc, .iov_count = 1,
 	};
-
 	ssize_t rc;
+	bool mark;
 
 	/*
 	 * Control messages go out from service threads, never from this
@@ -1698,9 +1865,11 @@ static int ofi_send(struct fab_con *c, const void *buf, size_t len, void *desc, 
 		if (tx_reserve(c)) {
 			rc = -FI_EAGAIN;
 		} else {
-			rc = fi_sendmsg(c->ep, &msg, tx_comp_flag(c, ctx));
+			uint64_t comp = tx_comp(c, ctx, &msg.context, &mark);
+
+			rc = fi_sendmsg(c->ep, &msg, comp);
 			if (rc)
-				tx_unreserve(c);
+				tx_post_failed(c, ctx, mark);
 		}
 		if (rc != -FI_EAGAIN || tries == 1000 || pthread_equal(pthread_self(), c->thread))
 			break;
@@ -1737,4 +1906,8 @@ const struct fab_ops fab_ofi_ops = {
 	.write = ofi_write,
 	.write_imm = ofi_write_imm,
 	.send = ofi_send,
+	.con_poll = ofi_con_poll,
+	.con_trywait = ofi_con_trywait,
+	.con_wait_fd = ofi_con_wait_fd,
+	.con_set_poller = ofi_con_set_poller,
 };

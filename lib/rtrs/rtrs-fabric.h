@@ -22,6 +22,7 @@
 #define RTRS_FABRIC_H
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -164,6 +165,8 @@ struct fab_wr {
  * the calls below dispatch on the object; fab_open picks the implementation.
  * Each member is documented at its wrapper below.
  */
+struct fab_poller;
+
 struct fab_ops {
 	const char *name;
 	int (*open)(const char *prov, const char *src, const char *node, const char *service,
@@ -210,6 +213,11 @@ struct fab_ops {
 	void (*win_free)(struct fab_win *w);
 	int (*win_bind)(struct fab_con *c, struct fab_win *w, const struct fab_mr *mr, void *buf,
 			size_t len, void *ctx);
+	/* Optional (NULL: -EOPNOTSUPP): completions read on the owner's thread. */
+	int (*con_poll)(struct fab_con *c);
+	int (*con_trywait)(struct fab_con *c);
+	int (*con_wait_fd)(const struct fab_con *c);
+	void (*con_set_poller)(struct fab_con *c, struct fab_poller *p);
 };
 
 /* The libfabric implementation (rtrs-fabric-ofi.c): tcp. */
@@ -420,6 +428,62 @@ static inline void fab_con_destroy(struct fab_con *c)
 	if (c)
 		fab_ops_of(c)->con_destroy(c);
 }
+/*
+ * Completions read by the owner's threads (rtrs_clt_poll). A connection
+ * given a poller leaves its completion queue to whoever calls
+ * fab_con_poll for as long as the poller says one is active: inside a
+ * wait (waiting > 0), or polled within FAB_POLL_LEASE_MS. Then its
+ * thread reads only connection events and kicks; otherwise it reads the
+ * queue itself, as without a poller, so completions never wait for a
+ * caller that stopped polling for longer than the lease. Every callback
+ * of a connection runs under one lock, whichever thread reads: they
+ * never run concurrently.
+ */
+#define FAB_POLL_LEASE_MS 10
+
+struct fab_poller {
+	_Atomic uint64_t last_ms;   /* now_ms() of the last fab_con_poll round */
+	atomic_int waiting;         /* callers asleep on the wait fds */
+};
+
+/*
+ * Reads the connection's completion queue once on the calling thread and
+ * runs the callbacks of what it found: their number, 0 when none or when
+ * another thread is reading it now, -EOPNOTSUPP where the fabric has no
+ * such mode. Not after fab_con_destroy has begun.
+ */
+static inline int fab_con_poll(struct fab_con *c)
+{
+	const struct fab_ops *o = fab_ops_of(c);
+
+	return o->con_poll ? o->con_poll(c) : -EOPNOTSUPP;
+}
+/*
+ * Before sleeping on fab_con_wait_fd: 0 when the fd will signal anything
+ * new, -EAGAIN when there is something to read first.
+ */
+static inline int fab_con_trywait(struct fab_con *c)
+{
+	const struct fab_ops *o = fab_ops_of(c);
+
+	return o->con_trywait ? o->con_trywait(c) : -EOPNOTSUPP;
+}
+/* An fd that turns readable when the completion queue has work: for epoll. */
+static inline int fab_con_wait_fd(const struct fab_con *c)
+{
+	const struct fab_ops *o = fab_ops_of(c);
+
+	return o->con_wait_fd ? o->con_wait_fd(c) : -EOPNOTSUPP;
+}
+/* Gives the connection a poller, or takes it away (NULL). */
+static inline void fab_con_set_poller(struct fab_con *c, struct fab_poller *p)
+{
+	const struct fab_ops *o = fab_ops_of(c);
+
+	if (o->con_set_poller)
+		o->con_set_poller(c, p);
+}
+
 /* Local address of the connection as "host:port". */
 static inline void fab_con_local(const struct fab_con *c, char *buf, size_t len)
 {
