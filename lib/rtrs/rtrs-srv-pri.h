@@ -184,6 +184,12 @@ struct rtrs_srv_ctx {
 	struct fab_lst *lst;
 	struct loop_fd lst_h;
 	struct loop_timer listen_timer;
+	/*
+	 * 50 ms after the last session freed, malloc_trim: a session's
+	 * teardown frees its pieces from several threads' arenas, and glibc
+	 * gives free pages inside an arena back only when asked.
+	 */
+	struct loop_timer trim_timer;
 	unsigned listen_failures;
 	pthread_mutex_t lock;       /* listening, port, nr_sessions for waiters */
 	pthread_cond_t cond;

@@ -213,6 +213,8 @@ void srv_sess_free(struct rtrs_srv_sess *s)
 	ctx->nr_sessions--;
 	pthread_cond_broadcast(&ctx->cond);
 	pthread_mutex_unlock(&ctx->lock);
+	if (ctx->trim_timer.h.fd >= 0 && !ctx->closing)
+		loop_timer_arm(&ctx->trim_timer, 50, 0); /* a burst of closes: one trim after it */
 }
 
 /*

@@ -9,6 +9,7 @@
  * server side of authentication.
  */
 #include <errno.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,12 @@ static void srv_lst_cb(struct loop_fd *h, uint32_t events)
 
 	fab_lst_process(ctx->lst, srv_on_connreq, ctx);
 	atomic_store(&ctx->st.raw_closed, fab_lst_closed(ctx->lst));
+}
+
+static void srv_trim_timer(struct loop_timer *t)
+{
+	(void)t;
+	malloc_trim(0);
 }
 
 static void srv_listen_timer(struct loop_timer *t)
@@ -231,6 +238,7 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 		return rc;
 	}
 	ctx->listen_timer.h.fd = -1;
+	ctx->trim_timer.h.fd = -1;
 	loop_work_init(&ctx->reap_work, srv_reap_work);
 	loop_work_init(&ctx->srv_verdict_work, srv_verdict_work);
 	pthread_mutex_init(&ctx->lock, NULL);
@@ -239,6 +247,9 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 	if (rc)
 		goto out_free;
 	rc = loop_timer_init(ctx->loop, &ctx->listen_timer, srv_listen_timer);
+	if (rc)
+		goto out_free;
+	rc = loop_timer_init(ctx->loop, &ctx->trim_timer, srv_trim_timer);
 	if (rc)
 		goto out_free;
 	/* Listening starts on the loop thread, never here (no network at init). */
@@ -307,6 +318,7 @@ static void srv_close_call(void *arg)
 
 	ctx->closing = true;
 	loop_timer_fini(&ctx->listen_timer);
+	loop_timer_fini(&ctx->trim_timer);
 	srv_verdicts_reap(ctx, true);
 	if (ctx->lst) {
 		loop_del_fd(ctx->loop, &ctx->lst_h);
