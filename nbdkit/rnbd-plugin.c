@@ -505,7 +505,7 @@ static int rnbd_zero(void *handle, uint32_t count, uint64_t offset, uint32_t fla
 static struct nbdkit_plugin plugin = {
 	.name = "rnbd",
 	.longname = "RNBD devices over RTRS (librnbd)",
-	.version = "0.1",
+	.version = RTRS_PROJECT_VERSION,
 	.description = "Serves remote RNBD devices as NBD exports; the export name is the device.",
 	.load = rnbd_load,
 	.config = rnbd_config,

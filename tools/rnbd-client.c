@@ -741,6 +741,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "rnbd-client: out of memory\n");
 		return 1;
 	}
+	if (opts_version_arg(argc, argv, "rnbd-client"))
+		return 0;
 	if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
 		opts_help(options, "rnbd-client", usage);
 		free(options);

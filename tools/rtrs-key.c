@@ -180,6 +180,8 @@ int main(int argc, char **argv)
 	if (rc < 0)
 		return 2;
 	g_log_level = rc;
+	if (opts_version_arg(argc, argv, "rtrs-key"))
+		return 0;
 	if (argc < 2) {
 		usage(stderr);
 		return 2;

@@ -494,6 +494,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "rtrs-perf: out of memory\n");
 		return 1;
 	}
+	if (opts_version_arg(argc, argv, "rtrs-perf"))
+		return 0;
 	if (argc < 2 || (strcmp(argv[1], "server") && strcmp(argv[1], "client"))) {
 		if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
 			opts_help(options, "rtrs-perf", usage);

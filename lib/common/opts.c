@@ -20,6 +20,26 @@
 /* getopt_long values: option i is OPT_VAL + i, its --no- form NEG_VAL + i. */
 #define OPT_VAL 256
 #define NEG_VAL 0x10000
+#define VERSION_VAL 255 /* --version: below every option's value */
+
+const char *opts_version(void)
+{
+	return RTRS_PROJECT_VERSION;
+}
+
+/* "PROG VERSION", with PROG's first word ("rtrs-key gen" is rtrs-key). */
+static void version_print(const char *prog)
+{
+	printf("%.*s %s\n", (int)strcspn(prog, " "), prog, opts_version());
+}
+
+bool opts_version_arg(int argc, char **argv, const char *prog)
+{
+	if (argc < 2 || strcmp(argv[1], "--version"))
+		return false;
+	version_print(prog);
+	return true;
+}
 
 static unsigned table_len(const struct opt *t)
 {
@@ -106,6 +126,7 @@ void opts_help(const struct opt *t, const char *prog, const char *usage)
 		printf("\n");
 	}
 	printf("  %-30s %s\n", "-h, --help", "show this help");
+	printf("  %-30s %s\n", "--version", "show the version");
 	if (config)
 		printf("\nConfig file: one option per line, \"NAME VALUE\" or \"NAME = VALUE\"; a flag "
 		       "as NAME,\nNAME false or no-NAME; '#' at the start of a line or after a blank "
@@ -178,7 +199,7 @@ static int set_opt(const struct opt *o, const char *arg, char *err, size_t errle
 /* The getopt_long tables for t: every option, every --no- form, --help. */
 static int getopt_tables(const struct opt *t, unsigned n, struct option **lo_out, char **so_out)
 {
-	struct option *lo = calloc(2 * n + 2, sizeof(*lo));
+	struct option *lo = calloc(2 * n + 3, sizeof(*lo));
 	char *so = calloc(2 * n + 3, 1);
 	char *sp = so;
 	unsigned k = 0;
@@ -216,7 +237,8 @@ static int getopt_tables(const struct opt *t, unsigned n, struct option **lo_out
 		}
 		lo[k++] = (struct option){ neg, no_argument, NULL, NEG_VAL + (int)i };
 	}
-	lo[k] = (struct option){ "help", no_argument, NULL, 'h' };
+	lo[k++] = (struct option){ "help", no_argument, NULL, 'h' };
+	lo[k] = (struct option){ "version", no_argument, NULL, VERSION_VAL };
 	*lo_out = lo;
 	*so_out = so;
 	return 0;
@@ -327,6 +349,11 @@ int opts_parse(const struct opt *t, const char *prog, const char *usage, int arg
 			break;
 		if (c == 'h') {
 			opts_help(t, prog, usage);
+			rc = 1;
+			break;
+		}
+		if (c == VERSION_VAL) {
+			version_print(prog);
 			rc = 1;
 			break;
 		}

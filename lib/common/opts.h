@@ -58,12 +58,19 @@ struct opt {
  * gives it (in any form the parser accepts: -c F, --config=F, --conf F),
  * that file is read first (opts_parse_file), so the command line wins.
  * Positional arguments are left in argv[*first_pos .. argc). Returns 0, 1
- * when --help was printed, or a negative errno after printing a clear
+ * when --help or --version was printed, or a negative errno after printing a clear
  * error.
  */
 int opts_parse(const struct opt *table, const char *prog, const char *usage, int argc,
 	       char **argv, int *first_pos);
 void opts_help(const struct opt *table, const char *prog, const char *usage);
+/*
+ * --version: every program takes it where it takes --help (opts_parse
+ * prints "PROG VERSION" and returns 1); a program with subcommands asks
+ * opts_version_arg first, which prints it when argv[1] is --version.
+ */
+const char *opts_version(void);
+bool opts_version_arg(int argc, char **argv, const char *prog);
 
 /*
  * Reads a config file against the same table (exact names, no prefixes):

@@ -609,6 +609,37 @@ static void test_opts_help(void)
 	CHECK(strstr(buf, "[read|write|mixed] (default write)") != NULL);
 	CHECK(strstr(buf, "-p, --peer ADDR") != NULL);
 	CHECK(strstr(buf, "-h, --help") != NULL);
+	CHECK(strstr(buf, "--version") != NULL);
+	vals_reset(&v);
+
+	/* --version: "PROG VERSION" on stdout (PROG's first word), 1 as for --help. */
+	{
+		char *argv[] = { (char *)"prog", (char *)"-d", (char *)"7", (char *)"--version",
+				 NULL };
+		char want[64];
+		struct capture c;
+		int fp = -1, err;
+
+		capture_begin(&c, 1);
+		err = quiet_begin(2);
+		rc = opts_parse(t, "prog sub", "", 4, argv, &fp);
+		quiet_end(2, err);
+		capture_end(&c, buf, sizeof(buf));
+		snprintf(want, sizeof(want), "prog %s\n", opts_version());
+		CHECK_EQ(rc, 1);
+		CHECK(!strcmp(buf, want), "--version printed '%s'", buf);
+		CHECK(opts_version()[0] >= '0' && opts_version()[0] <= '9');
+		char *top[] = { (char *)"tool", (char *)"--version", NULL };
+
+		capture_begin(&c, 1);
+		CHECK(opts_version_arg(2, top, "tool"));
+		capture_end(&c, buf, sizeof(buf));
+		snprintf(want, sizeof(want), "tool %s\n", opts_version());
+		CHECK(!strcmp(buf, want), "opts_version_arg printed '%s'", buf);
+		CHECK(!opts_version_arg(1, top, "tool"));
+		top[1] = (char *)"--versio";
+		CHECK(!opts_version_arg(2, top, "tool"));
+	}
 	vals_reset(&v);
 }
 
