@@ -15,7 +15,9 @@ for t in nm objdump; do
 done
 . "$src/tests/lib/common.sh"
 
-lib=$build/lib/rtrs/librtrs.so
+lib=$build/lib/rtrs/librtrs.so.0
+check "librtrs's SONAME is librtrs.so.0" bash -c \
+	"readelf -d '$lib' | grep -q 'Library soname: \\[librtrs.so.0\\]'"
 private="rtrs_common_log_level rtrs_common_log_msg rtrs_common_log_ratelimit_ok
 rtrs_common_log_set_sink rtrs_common_parse_size rtrs_common_parse_u64 rtrs_common_rand_below
 rtrs_common_rand_bytes"

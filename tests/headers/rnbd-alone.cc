@@ -1,0 +1,3 @@
+// SPDX-License-Identifier: MIT
+// include/rnbd.h compiles alone in C++, with nothing before it.
+#include "rnbd.h"

@@ -1,0 +1,3 @@
+/* SPDX-License-Identifier: MIT */
+/* include/rtrs.h compiles alone, with nothing before it. */
+#include "rtrs.h"

@@ -1,0 +1,3 @@
+// SPDX-License-Identifier: MIT
+// include/rtrs.h compiles alone in C++, with nothing before it.
+#include "rtrs.h"
