@@ -12,6 +12,7 @@ packages=(
 	libjson-c-dev libmicrohttpd-dev python3-prometheus-client curl
 	nbdkit nbdkit-plugin-dev libnbd-bin fio qemu-utils fuse3 e2fsprogs
 	tcpdump tshark
+	systemd
 )
 
 missing=()

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# What meson install gives an admin, in a scratch destdir: librtrs.so.0 with
+# its header and pkg-config file, the daemons in sbin, the nbdkit plugin
+# under the prefix, systemd units that systemd-analyze accepts, an example
+# configuration rnbd-server starts from; a program built from the installed
+# header and library alone (pkg-config) moves verified bytes to
+# rtrs-test-server; every program says its version.
+# Usage: install.sh BUILD_DIR.
+set -euo pipefail
+build=$(cd "${1:?usage: install.sh BUILD_DIR}" && pwd)
+src=$(cd "$(dirname "$0")/../.." && pwd)
+for t in pkg-config systemd-analyze cc; do
+	command -v "$t" >/dev/null || { echo "install: $t is not installed"; exit 77; }
+done
+
+. "$src/tests/lib/common.sh"
+dir=$(mktemp -d /var/tmp/rtrs-install.XXXXXX)
+trap 'kill_pids; rm -rf "$dir"' EXIT
+root=$dir/root
+prefix=$(meson introspect --buildoptions "$build" |
+	python3 -c 'import json, sys; print([o["value"] for o in json.load(sys.stdin) if o["name"] == "prefix"][0])')
+libdir=$(meson introspect --buildoptions "$build" |
+	python3 -c 'import json, sys; print([o["value"] for o in json.load(sys.stdin) if o["name"] == "libdir"][0])')
+check "meson install into a destdir" bash -c "meson install -C '$build' --destdir '$root' >'$dir/install.log' 2>&1"
+p=$root$prefix
+check "librtrs.so.0 and its links" test -e "$p/$libdir/librtrs.so.0" -a -L "$p/$libdir/librtrs.so"
+check "  its SONAME is librtrs.so.0" bash -c \
+	"readelf -d '$p/$libdir/librtrs.so.0' | grep -q 'Library soname: \\[librtrs.so.0\\]'"
+check "include/rtrs.h" test -f "$p/include/rtrs.h"
+check "the daemons in sbin" test -x "$p/sbin/rnbd-server" -a -x "$p/sbin/rnbd-clientd"
+check "the nbdkit plugin under the prefix" test -f "$p/$libdir/nbdkit/plugins/nbdkit-rnbd-plugin.so"
+check "the example configuration" test -f "$p/share/doc/rtrs/examples/rnbd-server.conf.example"
+
+# pkg-config from the destdir: its paths moved there.
+export PKG_CONFIG_PATH=$p/$libdir/pkgconfig PKG_CONFIG_SYSROOT_DIR=$root
+check "pkg-config --cflags --libs librtrs" pkg-config --cflags --libs librtrs
+# shellcheck disable=SC2046
+check "a program from the installed header and library builds" \
+	cc -std=c11 -Wall -Wextra -Werror -I"$src/tests/lib" "$src/tests/interop/installed-client.c" \
+	-o "$dir/installed-client" $(pkg-config --cflags --libs librtrs) -pthread
+"$build/tests/functional/rtrs-test-server" --port 0 >"$dir/server.log" 2>&1 &
+pids+=($!)
+wait_until 10 grep -q 'port [0-9]' "$dir/server.log" || cat "$dir/server.log"
+sport=$(grep -o 'port [0-9]*' "$dir/server.log" | head -1 | grep -o '[0-9]*$')
+check "  and moves verified bytes through the installed librtrs.so.0" \
+	env LD_LIBRARY_PATH="$p/$libdir" "$dir/installed-client" "127.0.0.1:$sport"
+check "  which is the one it loads" bash -c \
+	"LD_LIBRARY_PATH='$p/$libdir' ldd '$dir/installed-client' | grep -q '$p/$libdir/librtrs.so.0'"
+
+# The units, with their programs' paths moved into the destdir.
+for u in rnbd-server rnbd-clientd; do
+	sed "s|$prefix/sbin/|$p/sbin/|g" "$p/lib/systemd/system/$u.service" >"$dir/$u.service"
+done
+check "systemd-analyze verify accepts the units" \
+	systemd-analyze verify --man=no "$dir/rnbd-server.service" "$dir/rnbd-clientd.service"
+check "  rnbd-server's reloads with SIGHUP" grep -q '^ExecReload=.*-HUP' "$dir/rnbd-server.service"
+check "  both sandboxed" bash -c "grep -l '^NoNewPrivileges=yes' '$dir'/*.service | wc -l | grep -qx 2"
+
+# rnbd-server from the example configuration (its export folder moved here).
+mkdir "$dir/exports"
+sed "s|^dev-search-path .*|dev-search-path $dir/exports|; s|^port .*|port 0|" \
+	"$p/share/doc/rtrs/examples/rnbd-server.conf.example" >"$dir/rnbd-server.conf"
+rnbd_server_start "$dir/rnbd.log" -- --config "$dir/rnbd-server.conf"
+check "rnbd-server starts from the example configuration" test -n "$port"
+
+for prog in "$p/sbin/rnbd-server" "$p/sbin/rnbd-clientd" "$p/bin/rnbd" "$p/bin/rnbd-client" \
+	"$p/bin/rtrs-perf" "$p/bin/rtrs-key"; do
+	want="$(basename "$prog") $(meson introspect --projectinfo "$build" |
+		python3 -c 'import json, sys; print(json.load(sys.stdin)["version"])')"
+	check "$(basename "$prog") --version says '$want'" bash -c \
+		"[ \"\$(LD_LIBRARY_PATH='$p/$libdir' '$prog' --version)\" = '$want' ]"
+done
+finish install
