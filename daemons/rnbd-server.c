@@ -46,10 +46,10 @@ static struct {
 	struct opt_list mem;
 	uint64_t port, queue_depth, chunk_size, threads, hb_ms, busy_poll_us;
 	unsigned engine;
-	bool direct, invalidate, quiet, syslog;
+	bool direct, inline_writes, invalidate, quiet, syslog;
 } g = {
 	.provider = "tcp", .port = RNBD_DEFAULT_PORT_NR, .queue_depth = 512,
-	.chunk_size = 128 << 10, .threads = 4, .hb_ms = 1000, .invalidate = true,
+	.chunk_size = 128 << 10, .threads = 4, .hb_ms = 1000, .invalidate = true, .inline_writes = true,
 };
 
 static const struct opt options[] = {
@@ -69,6 +69,9 @@ static const struct opt options[] = {
 	  .help = "IO engine" },
 	{ "threads", 't', OPT_UINT, &g.threads, 1, 256, .arg = "N", .help = "IO pool threads" },
 	{ "direct", 0, OPT_FLAG, &g.direct, .help = "open files and devices with O_DIRECT" },
+	{ "inline-writes", 0, OPT_FLAG, &g.inline_writes,
+	  .help = "write buffered files at once on the receiving thread where the file system "
+		  "cannot write with RWF_NOWAIT (ext4)" },
 	{ "queue-depth", 'q', OPT_UINT, &g.queue_depth, 1, 65535, .arg = "N",
 	  .help = "requests in flight per session" },
 	{ "chunk-size", 0, OPT_SIZE, &g.chunk_size, 8192, 128 << 20, .arg = "BYTES",
@@ -506,6 +509,7 @@ int main(int argc, char **argv)
 	o.engine = engine_names[g.engine];
 	o.engine_threads = (unsigned)g.threads;
 	o.direct = g.direct;
+	o.inline_writes = g.inline_writes;
 
 	/*
 	 * Signals go to sigwait below, not to library threads. A control

@@ -53,6 +53,15 @@ struct rnbd_srv_opts {
 	const char *engine;         /* "auto" (io_uring, else threads), "io_uring", "threads" */
 	unsigned engine_threads;    /* pool threads (default 4) */
 	int direct;                 /* open files and devices with O_DIRECT */
+	/*
+	 * A buffered file whose file system cannot write with RWF_NOWAIT
+	 * (ext4): its plain writes are done at once on the thread that
+	 * received them, which copies them into the page cache, rather than
+	 * handed to the engine (io_uring would pass each to a worker thread).
+	 * That thread may then wait while the kernel throttles dirty pages.
+	 * Default 1.
+	 */
+	int inline_writes;
 };
 
 int rnbd_srv_opts_init(struct rnbd_srv_opts *opts, size_t size);

@@ -33,6 +33,7 @@
 
 struct rnbd_engine {
 	bool uring;
+	bool inline_writes;   /* rnbd_engine_set_inline_writes */
 	/* the pool: every engine has one */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -392,6 +393,11 @@ int rnbd_engine_open(enum rnbd_engine_kind kind, unsigned threads, unsigned dept
 	return 0;
 }
 
+void rnbd_engine_set_inline_writes(struct rnbd_engine *e, bool on)
+{
+	e->inline_writes = on;
+}
+
 const char *rnbd_engine_name(const struct rnbd_engine *e)
 {
 	return e->uring ? "io_uring" : "threads";
@@ -570,8 +576,13 @@ static int mem_exec(struct rnbd_store *s, struct rnbd_breq *r)
  * A plain read or write of a buffered file whose pages are in the page
  * cache is done at once on the submitting thread (RWF_NOWAIT: the kernel
  * refuses, -EAGAIN, rather than wait for the disk or a lock): no hand-off
- * to a ring or a pool thread and back. True when the whole request was
- * done; otherwise it goes the usual way, whole (a read read again, a write
+ * to a ring or a pool thread and back. Where the file system cannot write
+ * with RWF_NOWAIT (ext4), a plain write is done at once all the same when
+ * the engine says so (inline_writes): a copy into the page cache, which
+ * io_uring would hand to one of its worker threads, a context switch each
+ * way (bench/RESULTS.md, file engines); the thread may wait while the
+ * kernel throttles dirty pages. True when the whole request was done;
+ * otherwise it goes the usual way, whole (a read read again, a write
  * written again with the same bytes).
  */
 static bool nowait_try(struct rnbd_store *s, struct rnbd_breq *r)
@@ -580,9 +591,14 @@ static bool nowait_try(struct rnbd_store *s, struct rnbd_breq *r)
 	bool w = r->op == RNBD_OP_WRITE;
 	ssize_t n;
 
-	if ((r->op != RNBD_OP_READ && !w) || r->flags & (RNBD_F_FUA | RNBD_F_PREFLUSH) ||
-	    !atomic_load_explicit(&s->nowait[w], memory_order_relaxed))
+	if ((r->op != RNBD_OP_READ && !w) || r->flags & (RNBD_F_FUA | RNBD_F_PREFLUSH))
 		return false;
+	if (!atomic_load_explicit(&s->nowait[w], memory_order_relaxed)) {
+		if (!w || s->direct || !s->e->inline_writes)
+			return false;
+		n = pwritev2(s->fd, &iov, 1, (off_t)r->offset, 0);
+		return n == (ssize_t)r->len;
+	}
 	n = w ? pwritev2(s->fd, &iov, 1, (off_t)r->offset, RWF_NOWAIT)
 	      : preadv2(s->fd, &iov, 1, (off_t)r->offset, RWF_NOWAIT);
 	if (n < 0 && errno == EOPNOTSUPP) /* not on this file system (ext4 writes): never */

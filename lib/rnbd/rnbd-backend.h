@@ -72,6 +72,12 @@ enum rnbd_engine_kind {
  */
 int rnbd_engine_open(enum rnbd_engine_kind kind, unsigned threads, unsigned depth,
 		     struct rnbd_engine **out);
+/*
+ * Buffered files on a file system without RWF_NOWAIT writes: plain writes
+ * done at once on the submitting thread (rnbd_srv_opts.inline_writes).
+ * Before any store is opened on e.
+ */
+void rnbd_engine_set_inline_writes(struct rnbd_engine *e, bool on);
 /* "io_uring" or "threads" (what AUTO became). */
 const char *rnbd_engine_name(const struct rnbd_engine *e);
 /* Waits for every submitted request to complete, then frees the engine. */

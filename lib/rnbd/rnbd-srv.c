@@ -792,6 +792,7 @@ int rnbd_srv_opts_init(struct rnbd_srv_opts *o, size_t size)
 	o->rtrs.port = RNBD_DEFAULT_PORT_NR;
 	o->engine = "auto";
 	o->engine_threads = 4;
+	o->inline_writes = 1;
 	return 0;
 }
 
@@ -919,6 +920,8 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 		snprintf(srv->search, sizeof(srv->search), "%s", o->dev_search_path);
 	srv->o.dev_search_path = srv->search[0] ? srv->search : NULL;
 	rc = rnbd_engine_open(kind, o->engine_threads, MAX(o->rtrs.queue_depth, 64u), &srv->engine);
+	if (!rc)
+		rnbd_engine_set_inline_writes(srv->engine, o->inline_writes);
 	if (rc) {
 		log_err("rnbd: cannot start the %s engine: %s", o->engine, strerror(-rc));
 		srv_free(srv);

@@ -198,7 +198,11 @@ static void check_file(const char *what, const char *path, const uint8_t *model)
 
 static bool direct_untested; /* an O_DIRECT case could not run */
 
-static void test_file(enum rnbd_engine_kind kind, bool direct)
+/*
+ * inline_w: buffered writes done at once on the submitting thread where the
+ * file system cannot write with RWF_NOWAIT (ext4, as /var/tmp here).
+ */
+static void test_file(enum rnbd_engine_kind kind, bool direct, bool inline_w)
 {
 	char path[] = "/var/tmp/rnbd-backend-test.XXXXXX", what[64];
 	uint8_t *model = calloc(1, DEV_SIZE);
@@ -214,7 +218,9 @@ static void test_file(enum rnbd_engine_kind kind, bool direct)
 	CHECK(rc == 0, "engine: %s", strerror(-rc));
 	if (rc)
 		goto out;
-	snprintf(what, sizeof(what), "%s%s", rnbd_engine_name(e), direct ? " O_DIRECT" : "");
+	rnbd_engine_set_inline_writes(e, inline_w);
+	snprintf(what, sizeof(what), "%s%s%s", rnbd_engine_name(e), direct ? " O_DIRECT" : "",
+		 inline_w ? " inline writes" : "");
 	CHECK(!strcmp(rnbd_engine_name(e), kind == RNBD_ENGINE_THREADS ? "threads" : "io_uring"),
 	      "%s", rnbd_engine_name(e));
 	fd = open(path, O_RDWR | (direct ? O_DIRECT : 0));
@@ -327,10 +333,12 @@ int main(int argc, char **argv)
 
 	if (argc > 1 && !strcmp(argv[1], "--blockdev"))
 		return test_blockdev();
-	test_file(RNBD_ENGINE_URING, false);
-	test_file(RNBD_ENGINE_URING, true);
-	test_file(RNBD_ENGINE_THREADS, false);
-	test_file(RNBD_ENGINE_THREADS, true);
+	test_file(RNBD_ENGINE_URING, false, false);
+	test_file(RNBD_ENGINE_URING, false, true);
+	test_file(RNBD_ENGINE_THREADS, false, true);
+	test_file(RNBD_ENGINE_URING, true, false);
+	test_file(RNBD_ENGINE_THREADS, false, false);
+	test_file(RNBD_ENGINE_THREADS, true, false);
 	test_memory();
 	test_not_a_store();
 	rc = test_done("rnbd-backend");
