@@ -21,15 +21,8 @@ QD=${QD:-32}
 record=false
 [ "${1:-}" = --record ] && record=true
 
-fio_src=$(bench/fio-build.sh)
-fio=$fio_src/fio
-dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install ok installed" ||
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-		python3-matplotlib >/dev/null
 . bench/lib.sh
-meson configure build-release -Dfio_src="$fio_src" >/dev/null
-meson compile -C build-release >/dev/null
-engine=$PWD/build-release/bench/rnbd-fio.so
+fio_with_engine
 
 bench_processes
 size=1G

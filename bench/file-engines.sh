@@ -9,8 +9,9 @@
 # (bench/chains.py). Every rnbd-server engine tries RWF_NOWAIT first:
 # what the page cache holds is done on the completion thread that received
 # the request; where the file system cannot write so (ext4), buffered
-# writes are done there all the same (--inline-writes, the default). RUNS (3) runs of DURATION (8) s; --record appends the section
-# to bench/RESULTS.md with its plot.
+# writes are done there all the same (--inline-writes, the default).
+# RUNS (3) runs of DURATION (8) s; --record appends the section to
+# bench/RESULTS.md with its plot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
@@ -19,15 +20,8 @@ QD=${QD:-32}
 record=false
 [ "${1:-}" = --record ] && record=true
 
-fio_src=$(bench/fio-build.sh)
-fio=$fio_src/fio
-dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install ok installed" ||
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-		python3-matplotlib >/dev/null
 . bench/lib.sh
-meson configure build-release -Dfio_src="$fio_src" >/dev/null
-meson compile -C build-release >/dev/null
-engine=$PWD/build-release/bench/rnbd-fio.so
+fio_with_engine
 
 bench_processes
 dd if=/dev/zero of="$tmp/disk.img" bs=1M count=1024 status=none

@@ -21,3 +21,18 @@ bench_processes() {
 	pids=()
 	trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
 }
+
+# The block benchmarks' fio: built from the source of Debian's fio
+# (bench/fio-build.sh), with the RNBD engine built against it into
+# build-release; sets $fio and $engine. Also python3-matplotlib for the plots.
+fio_with_engine() {
+	local src
+	src=$(bench/fio-build.sh)
+	fio=$src/fio
+	dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install ok installed" ||
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			python3-matplotlib >/dev/null
+	meson configure build-release -Dfio_src="$src" >/dev/null
+	meson compile -C build-release >/dev/null
+	engine=$PWD/build-release/bench/rnbd-fio.so
+}
