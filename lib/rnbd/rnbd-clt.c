@@ -25,6 +25,7 @@
 #include <sys/queue.h>
 
 #include "log.h"
+#include "rnbd-export.h"
 #include "rnbd-hooks.h"
 #include "rnbd-path.h"
 #include "rnbd-proto.h"
@@ -567,6 +568,7 @@ static void *worker(void *arg)
 
 /* ---- sessions ------------------------------------------------------------------- */
 
+RNBD_EXPORT
 int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **out)
 {
 	struct rtrs_clt_opts o;
@@ -638,6 +640,7 @@ fail:
 	return rc;
 }
 
+RNBD_EXPORT
 void rnbd_clt_sess_close(struct rnbd_clt_sess *s)
 {
 	if (!s)
@@ -678,6 +681,7 @@ static struct rnbd_clt_dev *dev_find(struct rnbd_clt_sess *s, const char *name)
 	return NULL;
 }
 
+RNBD_EXPORT
 int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mode mode,
 		 struct rnbd_clt_dev **out)
 {
@@ -741,6 +745,7 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 	return 0;
 }
 
+RNBD_EXPORT
 int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 {
 	struct io_list held = STAILQ_HEAD_INITIALIZER(held);
@@ -792,6 +797,7 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 	return 0;
 }
 
+RNBD_EXPORT
 int rnbd_clt_remap(struct rnbd_clt_dev *d)
 {
 	struct io_list release = STAILQ_HEAD_INITIALIZER(release);
@@ -816,6 +822,7 @@ int rnbd_clt_remap(struct rnbd_clt_dev *d)
 	return rc;
 }
 
+RNBD_EXPORT
 int rnbd_clt_resize(struct rnbd_clt_dev *d, uint64_t size)
 {
 	uint64_t server;
@@ -838,6 +845,7 @@ int rnbd_clt_resize(struct rnbd_clt_dev *d, uint64_t size)
 	return rc;
 }
 
+RNBD_EXPORT
 int rnbd_clt_dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
 {
 	if (!d || !in || in->size < sizeof(*in))
@@ -1029,6 +1037,7 @@ static int dev_takes(const struct rnbd_clt_dev *d, enum rnbd_io_op op, uint64_t 
 	return 0;
 }
 
+RNBD_EXPORT
 int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags,
 		    uint64_t offset, void *buf, uint32_t len, rnbd_clt_done_fn done, void *priv)
 {
@@ -1082,6 +1091,7 @@ int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags
 	return 0;
 }
 
+RNBD_EXPORT
 int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op op, uint32_t flags, uint64_t offset,
 		void *buf, uint32_t len)
 {
@@ -1094,11 +1104,13 @@ int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op op, uint32_t flags, uin
 	return rc ? rc : waiter_wait(&w);
 }
 
+RNBD_EXPORT
 int rnbd_clt_poll(struct rnbd_clt_sess *sess, int timeout_ms)
 {
 	return sess ? rtrs_clt_poll(sess->rtrs, timeout_ms) : -EINVAL;
 }
 
+RNBD_EXPORT
 struct rtrs_clt_sess *rnbd_clt_rtrs(struct rnbd_clt_sess *sess)
 {
 	return sess ? sess->rtrs : NULL;

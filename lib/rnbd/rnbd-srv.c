@@ -44,6 +44,7 @@
 
 #include "log.h"
 #include "rnbd-backend.h"
+#include "rnbd-export.h"
 #include "rnbd-path.h"
 #include "rnbd-proto.h"
 #include "rnbd.h"
@@ -766,11 +767,13 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 /* ---- logging ------------------------------------------------------------------- */
 
 /* One log state in the process, librtrs.so's (lib/common is linked once, there). */
+RNBD_EXPORT
 void rnbd_set_log_level(int level)
 {
 	rtrs_set_log_level(level);
 }
 
+RNBD_EXPORT
 void rnbd_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *priv)
 {
 	rtrs_set_log_fn(fn, priv);
@@ -778,6 +781,7 @@ void rnbd_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *
 
 /* ---- the server ----------------------------------------------------------------- */
 
+RNBD_EXPORT
 int rnbd_srv_opts_init(struct rnbd_srv_opts *o, size_t size)
 {
 	int rc;
@@ -868,6 +872,7 @@ static void srv_free(struct rnbd_srv *srv)
 	free(srv);
 }
 
+RNBD_EXPORT
 int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 {
 	static const struct { const char *name; enum rnbd_engine_kind kind; } engines[] = {
@@ -964,6 +969,7 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	return 0;
 }
 
+RNBD_EXPORT
 int rnbd_srv_port(struct rnbd_srv *srv, unsigned timeout_ms)
 {
 	int rc = rtrs_srv_wait_listening(srv->rtrs, timeout_ms);
@@ -971,11 +977,13 @@ int rnbd_srv_port(struct rnbd_srv *srv, unsigned timeout_ms)
 	return rc ? rc : rtrs_srv_get_port(srv->rtrs);
 }
 
+RNBD_EXPORT
 int rnbd_srv_check_keys(struct rnbd_srv *srv)
 {
 	return srv ? rtrs_srv_check_keys(srv->rtrs) : -EINVAL;
 }
 
+RNBD_EXPORT
 int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char *dev_name)
 {
 	struct rel_waiter w = { false };
@@ -1051,6 +1059,7 @@ struct list_item {
  * they are released, so a slow fn (a control client that does not read)
  * holds up nothing of the server.
  */
+RNBD_EXPORT
 int rnbd_srv_list(struct rnbd_srv *srv,
 		  void (*fn)(void *priv, const struct rnbd_srv_dev_stats *st), void *priv)
 {
@@ -1111,6 +1120,7 @@ int rnbd_srv_list(struct rnbd_srv *srv,
 	return rc ? rc : (int)n;
 }
 
+RNBD_EXPORT
 void rnbd_srv_close(struct rnbd_srv *srv)
 {
 	if (!srv)
@@ -1120,6 +1130,7 @@ void rnbd_srv_close(struct rnbd_srv *srv)
 	srv_free(srv);
 }
 
+RNBD_EXPORT
 struct rtrs_srv_ctx *rnbd_srv_rtrs(struct rnbd_srv *srv)
 {
 	return srv ? srv->rtrs : NULL;

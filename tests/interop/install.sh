@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# What meson install gives an admin, in a scratch destdir: librtrs.so.0 with
-# its header and pkg-config file, the daemons in sbin, the nbdkit plugin
-# under the prefix, systemd units that systemd-analyze accepts, an example
-# configuration rnbd-server starts from; a program built from the installed
-# header and library alone (pkg-config) moves verified bytes to
-# rtrs-test-server; every program says its version.
+# What meson install gives an admin, in a scratch destdir: librtrs.so.0 and
+# librnbd.so.0 with their headers and pkg-config files, the daemons in
+# sbin, the nbdkit plugin under the prefix, systemd units that
+# systemd-analyze accepts, an example configuration rnbd-server starts
+# from, the man pages; programs built from the installed headers and
+# libraries alone (pkg-config) move verified bytes to rtrs-test-server and
+# to that rnbd-server; every program says its version.
 # Usage: install.sh BUILD_DIR.
 set -euo pipefail
 build=$(cd "${1:?usage: install.sh BUILD_DIR}" && pwd)
@@ -27,13 +28,17 @@ check "librtrs.so.0 and its links" test -e "$p/$libdir/librtrs.so.0" -a -L "$p/$
 check "  its SONAME is librtrs.so.0" bash -c \
 	"readelf -d '$p/$libdir/librtrs.so.0' | grep -q 'Library soname: \\[librtrs.so.0\\]'"
 check "include/rtrs.h" test -f "$p/include/rtrs.h"
+check "librnbd.so.0 and its links" test -e "$p/$libdir/librnbd.so.0" -a -L "$p/$libdir/librnbd.so"
+check "  its SONAME is librnbd.so.0" bash -c \
+	"readelf -d '$p/$libdir/librnbd.so.0' | grep -q 'Library soname: \\[librnbd.so.0\\]'"
+check "include/rnbd.h" test -f "$p/include/rnbd.h"
 check "the daemons in sbin" test -x "$p/sbin/rnbd-server" -a -x "$p/sbin/rnbd-clientd"
 check "the nbdkit plugin under the prefix" test -f "$p/$libdir/nbdkit/plugins/nbdkit-rnbd-plugin.so"
 check "the example configuration" test -f "$p/share/doc/rtrs/examples/rnbd-server.conf.example"
 
 # pkg-config from the destdir: its paths moved there.
 export PKG_CONFIG_PATH=$p/$libdir/pkgconfig PKG_CONFIG_SYSROOT_DIR=$root
-check "pkg-config --cflags --libs librtrs" pkg-config --cflags --libs librtrs
+check "pkg-config --cflags --libs librtrs librnbd" pkg-config --cflags --libs librtrs librnbd
 # shellcheck disable=SC2046
 check "a program from the installed header and library builds" \
 	cc -std=c11 -Wall -Wextra -Werror -I"$src/tests/lib" "$src/tests/interop/installed-client.c" \
@@ -62,6 +67,15 @@ sed "s|^dev-search-path .*|dev-search-path $dir/exports|; s|^port .*|port 0|" \
 	"$p/share/doc/rtrs/examples/rnbd-server.conf.example" >"$dir/rnbd-server.conf"
 rnbd_server_start "$dir/rnbd.log" -- --config "$dir/rnbd-server.conf"
 check "rnbd-server starts from the example configuration" test -n "$port"
+head -c $((4 << 20)) /dev/zero >"$dir/exports/disk0"
+# shellcheck disable=SC2046
+check "a program from the installed rnbd.h and librnbd builds" \
+	cc -std=c11 -Wall -Wextra -Werror "$src/tests/interop/installed-rnbd.c" \
+	-o "$dir/installed-rnbd" $(pkg-config --cflags --libs librnbd)
+check "  and writes verified bytes to that server's file through the installed librnbd.so.0" \
+	env LD_LIBRARY_PATH="$p/$libdir" "$dir/installed-rnbd" "127.0.0.1:$port" disk0 "$dir/exports/disk0"
+check "  which is the one it loads" bash -c \
+	"LD_LIBRARY_PATH='$p/$libdir' ldd '$dir/installed-rnbd' | grep -q '$p/$libdir/librnbd.so.0'"
 
 for prog in "$p/sbin/rnbd-server" "$p/sbin/rnbd-clientd" "$p/bin/rnbd" "$p/bin/rnbd-client" \
 	"$p/bin/rtrs-perf" "$p/bin/rtrs-key"; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The libraries read no environment, checked in what was built: librtrs.so
-# and the static libraries import neither getenv nor secure_getenv (the
+# The libraries read no environment, checked in what was built: librtrs.so,
+# librnbd.so and the static libraries import neither getenv nor secure_getenv (the
 # programs read RTRS_LOG_LEVEL and pass the level in; tests set faults
 # through rtrs-fault.h). Fault injection is in librtrs exactly when the
 # build was made with -Dfault_injection=true.
