@@ -23,6 +23,7 @@ struct param {
 	enum clt_opt_id clt;        /* P_SESSION_OPT */
 	const char *key, *arg;      /* the plugin's own (P_SESSION_OPT: from the table) */
 	const char *help;           /* NULL: the table's */
+	const char *dflt;           /* the default in words, where the table's value is not it */
 };
 
 #define SESSION_OPT(id, ...) { .type = P_SESSION_OPT, .clt = (id), __VA_ARGS__ }
@@ -45,18 +46,17 @@ static const struct param params[] = {
 	SESSION_OPT(CLT_OPT_POLICY),
 	SESSION_OPT(CLT_OPT_HB_INTERVAL),
 	SESSION_OPT(CLT_OPT_FAST_IO_FAIL, .help = "how long IO waits for a path and a reopen"),
-	SESSION_OPT(CLT_OPT_RECONNECT_DELAY, .help = "delay before a failed path reconnects; "
-		    "jitter is half of it"),
+	SESSION_OPT(CLT_OPT_RECONNECT_DELAY, .help = "delay before a failed path reconnects"),
 	SESSION_OPT(CLT_OPT_LOSS_TIMEOUT),
 	SESSION_OPT(CLT_OPT_MAX_RECONNECTS),
-	SESSION_OPT(CLT_OPT_RECONNECT_JITTER, .help = "add a random 0..MS to each reconnect "
-		    "delay (default: half the delay)"),
+	SESSION_OPT(CLT_OPT_RECONNECT_JITTER, .help = "add a random 0..MS to each reconnect delay",
+		    .dflt = "half the reconnect delay"),
 	SESSION_OPT(CLT_OPT_SECRET),
 	SESSION_OPT(CLT_OPT_CTRL_SECRET),
 	SESSION_OPT(CLT_OPT_HOST_NAME),
 	SESSION_OPT(CLT_OPT_SERVER_NAME),
 	SESSION_OPT(CLT_OPT_LOG_LEVEL, .help = "librnbd's lines (info and debug as nbdkit debug, "
-		    "-v) (default: RTRS_LOG_LEVEL, else info)"),
+		    "-v)", .dflt = "RTRS_LOG_LEVEL, else info"),
 };
 
 _Static_assert(ARRAY_SIZE(params) <= 32, "set has a bit per key");
@@ -159,6 +159,26 @@ int rnbd_plugin_cfg_complete(const struct rnbd_plugin_cfg *c, char *err, size_t 
 	return 0;
 }
 
+/* Parameter i's "key=", argument, help and default (dflt, len bytes; "" for none). */
+static void param_doc(unsigned i, const struct rnbd_plugin_cfg *d, const char **key,
+		      const char **arg, const char **help, char *dflt, size_t len)
+{
+	const struct param *p = &params[i];
+	bool opt = p->type == P_SESSION_OPT;
+
+	*key = param_key(p);
+	*arg = opt ? clt_opt_arg(p->clt) : p->arg;
+	*help = p->help ? p->help : clt_opt_help(p->clt);
+	dflt[0] = 0;
+	if (p->dflt)
+		snprintf(dflt, len, "%s", p->dflt);
+	else if (opt)
+		clt_opt_show(&d->clt, p->clt, dflt, len);
+	for (unsigned m = 0; p->type == P_MODE && m < ARRAY_SIZE(mode_values); m++)
+		if (mode_values[m] == d->mode)
+			snprintf(dflt, len, "%s", mode_names[m]);
+}
+
 const char *rnbd_plugin_cfg_help(void)
 {
 	static char help[4096];
@@ -169,21 +189,30 @@ const char *rnbd_plugin_cfg_help(void)
 
 		rnbd_plugin_cfg_init(&dflt);
 		for (unsigned i = 0; i < ARRAY_SIZE(params) && used < sizeof(help); i++) {
-			const struct param *p = &params[i];
-			bool opt = p->type == P_SESSION_OPT;
-			char lhs[64], val[256] = "";
+			const char *key, *arg, *text;
+			char lhs[64], val[256];
 
-			snprintf(lhs, sizeof(lhs), "%s=%s", param_key(p), opt ? clt_opt_arg(p->clt) : p->arg);
-			if (opt)
-				clt_opt_show(&dflt.clt, p->clt, val, sizeof(val));
-			for (unsigned m = 0; p->type == P_MODE && m < ARRAY_SIZE(mode_values); m++)
-				if (mode_values[m] == dflt.mode)
-					snprintf(val, sizeof(val), "%s", mode_names[m]);
+			param_doc(i, &dflt, &key, &arg, &text, val, sizeof(val));
+			snprintf(lhs, sizeof(lhs), "%s=%s", key, arg);
 			used += (size_t)snprintf(help + used, sizeof(help) - used, "%s%-36s %s%s%s%s",
-						 i ? "\n" : "", lhs,
-						 p->help ? p->help : clt_opt_help(p->clt),
-						 val[0] ? " (default " : "", val, val[0] ? ")" : "");
+						 i ? "\n" : "", lhs, text, val[0] ? " (default " : "",
+						 val, val[0] ? ")" : "");
 		}
 	}
 	return help;
+}
+
+void rnbd_plugin_cfg_man(FILE *f)
+{
+	struct rnbd_plugin_cfg dflt;
+
+	rnbd_plugin_cfg_init(&dflt);
+	for (unsigned i = 0; i < ARRAY_SIZE(params); i++) {
+		const char *key, *arg, *text;
+		char term[64], val[256];
+
+		param_doc(i, &dflt, &key, &arg, &text, val, sizeof(val));
+		snprintf(term, sizeof(term), "%s=", key);
+		opts_man_item(f, term, arg, text, val);
+	}
 }

@@ -12,7 +12,8 @@ packages=(
 	libjson-c-dev libmicrohttpd-dev python3-prometheus-client curl
 	nbdkit nbdkit-plugin-dev libnbd-bin fio qemu-utils fuse3 e2fsprogs
 	tcpdump tshark
-	systemd
+	systemd man-db scdoc
+	debhelper dpkg-dev lintian fakeroot
 )
 
 missing=()

@@ -66,47 +66,116 @@ int opts_errorf(char *err, size_t errlen, int rc, const char *fmt, ...)
 	return rc;
 }
 
-static void print_default(const struct opt *o)
+/* The default --help shows for o into buf ("" for none). */
+static void default_str(const struct opt *o, char *buf, size_t len)
 {
+	buf[0] = 0;
 	switch (o->type) {
 	case OPT_FLAG:
 		if (*(bool *)o->ptr)
-			printf(" (default on)");
+			snprintf(buf, len, "on");
 		break;
 	case OPT_UINT:
 	case OPT_SIZE:
-		printf(" (default %" PRIu64 ")", *(uint64_t *)o->ptr);
+		snprintf(buf, len, "%" PRIu64, *(uint64_t *)o->ptr);
 		break;
 	case OPT_STRING:
 		if (*(const char **)o->ptr)
-			printf(" (default %s)", *(const char **)o->ptr);
+			snprintf(buf, len, "%s", *(const char **)o->ptr);
 		break;
 	case OPT_CHOICE:
-		printf(" (default %s)", o->choices[*(unsigned *)o->ptr]);
+		snprintf(buf, len, "%s", o->choices[*(unsigned *)o->ptr]);
 		break;
-	case OPT_CUSTOM: {
-		char buf[256] = "";
-
+	case OPT_CUSTOM:
 		if (o->show)
-			o->show(o, buf, sizeof(buf));
-		if (buf[0])
-			printf(" (default %s)", buf);
+			o->show(o, buf, len);
 		break;
-	}
 	default:
 		break;
 	}
 }
 
+void opts_man_text(FILE *f, const char *s)
+{
+	for (; *s; s++) {
+		if (*s == '*' || *s == '_' || *s == '\\')
+			fputc('\\', f);
+		fputc(*s, f);
+	}
+}
+
+void opts_man_item(FILE *f, const char *term, const char *arg, const char *help, const char *dflt)
+{
+	fputc('*', f);
+	opts_man_text(f, term);
+	fputc('*', f);
+	if (arg && *arg) {
+		/* "key=" takes its argument without a blank */
+		fputs(term[0] && term[strlen(term) - 1] == '=' ? "_" : " _", f);
+		opts_man_text(f, arg);
+		fputc('_', f);
+	}
+	fputs("\n\t", f);
+	/* Help texts start lower case, as --help has them; a man page's items are sentences. */
+	if (*help >= 'a' && *help <= 'z') {
+		fputc(*help - 'a' + 'A', f);
+		help++;
+	}
+	opts_man_text(f, help);
+	if (dflt && *dflt) {
+		fputs(". Default: ", f);
+		opts_man_text(f, dflt);
+	}
+	fputs(".\n\n", f);
+}
+
+/*
+ * The table as scdoc(5) items for a man page: the options of the command
+ * line, or (config) the names a config file takes. With no entry that is
+ * not the config option itself, nothing.
+ */
+static void man_items(const struct opt *t, bool config)
+{
+	for (unsigned i = 0; t[i].name; i++) {
+		const struct opt *o = &t[i];
+		char term[96], help[1024], dflt[256];
+		size_t used;
+
+		if (config && o->type == OPT_CONFIG)
+			continue;
+		if (config)
+			snprintf(term, sizeof(term), "%s%s", negatable(o) ? "[no-]" : "", o->name);
+		else if (o->short_name)
+			snprintf(term, sizeof(term), "-%c, --%s%s", o->short_name,
+				 negatable(o) ? "[no-]" : "", o->name);
+		else
+			snprintf(term, sizeof(term), "--%s%s", negatable(o) ? "[no-]" : "", o->name);
+		used = (size_t)snprintf(help, sizeof(help), "%s", o->help);
+		if (o->type == OPT_CHOICE)
+			for (unsigned c = 0; o->choices[c] && used < sizeof(help); c++)
+				used += (size_t)snprintf(help + used, sizeof(help) - used, "%s%s",
+							 c ? ", " : ": one of ", o->choices[c]);
+		if (config && o->type == OPT_CUSTOM && o->repeat && used < sizeof(help))
+			snprintf(help + used, sizeof(help) - used, " (may be given more than once)");
+		default_str(o, dflt, sizeof(dflt));
+		opts_man_item(stdout, term, config && o->type == OPT_FLAG ? "" : o->arg, help, dflt);
+	}
+}
+
 void opts_help(const struct opt *t, const char *prog, const char *usage)
 {
+	const char *fmt = getenv("RTRS_HELP_FORMAT");
 	bool config = false;
 
+	if (fmt && (!strcmp(fmt, "man") || !strcmp(fmt, "man-config"))) {
+		man_items(t, !strcmp(fmt, "man-config"));
+		return;
+	}
 	printf("Usage: %s %s\n\nOptions:\n", prog, usage);
 	for (unsigned i = 0; t[i].name; i++) {
 		const struct opt *o = &t[i];
 		const char *no = negatable(o) ? "[no-]" : "";
-		char lhs[64];
+		char lhs[64], dflt[256];
 
 		config |= o->type == OPT_CONFIG;
 		if (o->short_name)
@@ -122,7 +191,9 @@ void opts_help(const struct opt *t, const char *prog, const char *usage)
 				printf("%s%s", c ? "|" : "", o->choices[c]);
 			printf("]");
 		}
-		print_default(o);
+		default_str(o, dflt, sizeof(dflt));
+		if (dflt[0])
+			printf(" (default %s)", dflt);
 		printf("\n");
 	}
 	printf("  %-30s %s\n", "-h, --help", "show this help");

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum opt_type {
 	OPT_FLAG,    /* bool: --NAME sets it, --no-NAME clears it */
@@ -63,7 +64,21 @@ struct opt {
  */
 int opts_parse(const struct opt *table, const char *prog, const char *usage, int argc,
 	       char **argv, int *first_pos);
+/*
+ * --help: usage and the table. With RTRS_HELP_FORMAT=man in the
+ * environment it prints the table as scdoc(5) items instead, and with
+ * RTRS_HELP_FORMAT=man-config the names a config file takes: the man
+ * pages' option lists are made from the tables at build time (docs/man/).
+ */
 void opts_help(const struct opt *table, const char *prog, const char *usage);
+/*
+ * One scdoc(5) item: *term* _arg_, then help (and ". Default: dflt" when
+ * dflt is not empty) indented; the text escaped (opts_man_text). For the
+ * man pages of parameter tables that are not struct opt (the nbdkit
+ * plugin's).
+ */
+void opts_man_item(FILE *f, const char *term, const char *arg, const char *help, const char *dflt);
+void opts_man_text(FILE *f, const char *s);
 /*
  * --version: every program takes it where it takes --help (opts_parse
  * prints "PROG VERSION" and returns 1); a program with subcommands asks

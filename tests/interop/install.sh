@@ -77,6 +77,42 @@ check "  and writes verified bytes to that server's file through the installed l
 check "  which is the one it loads" bash -c \
 	"LD_LIBRARY_PATH='$p/$libdir' ldd '$dir/installed-rnbd' | grep -q '$p/$libdir/librnbd.so.0'"
 
+ # The man pages: installed, rendered by man(1) without a warning, and each
+# program's lists every option its --help does (both come from its table).
+for page in man8/rnbd-server.8 man5/rnbd-server.conf.5 man8/rnbd-clientd.8 man5/rnbd-clientd.conf.5 \
+	man8/rnbd.8 man1/rnbd-client.1 man1/rtrs-perf.1 man1/rtrs-key.1 man1/nbdkit-rnbd-plugin.1; do
+	check "man page $page renders without warnings" bash -c \
+		"MANWIDTH=80 man --warnings -l '$p/share/man/$page' >'$dir/page.txt' 2>'$dir/page.err' &&
+		 ! grep -q . '$dir/page.err' && grep -q '^NAME' '$dir/page.txt'"
+done
+lists_options() { # PROG PAGE [ARGS...]: every --option of PROG ARGS --help is in PAGE
+	local prog=$1 page=$2 opt missing=
+	shift 2
+	MANWIDTH=200 man -l "$page" 2>/dev/null | sed 's/\[no-\]//g' >"$dir/page.txt"
+	for opt in $(LD_LIBRARY_PATH="$p/$libdir" "$prog" "$@" --help | sed 's/\[no-\]//g' |
+		grep -oE '^ +(-[a-zA-Z], )?--[a-z][a-z0-9-]*' | grep -oE -- '--[a-z0-9-]+'); do
+		grep -qE -- "(^|[ ,])$opt( |$)" "$dir/page.txt" || missing="$missing $opt"
+	done
+	[ -z "$missing" ] || { echo "  not in $page:$missing"; return 1; }
+}
+check "rnbd-server(8) lists every option of rnbd-server --help" \
+	lists_options "$p/sbin/rnbd-server" "$p/share/man/man8/rnbd-server.8"
+check "rnbd-clientd(8) lists every option of rnbd-clientd --help" \
+	lists_options "$p/sbin/rnbd-clientd" "$p/share/man/man8/rnbd-clientd.8"
+check "rnbd-client(1) lists every option of rnbd-client --help" \
+	lists_options "$p/bin/rnbd-client" "$p/share/man/man1/rnbd-client.1"
+check "rtrs-perf(1) lists every option of rtrs-perf --help" \
+	lists_options "$p/bin/rtrs-perf" "$p/share/man/man1/rtrs-perf.1"
+check "rnbd(8) lists every option of rnbd --help" \
+	lists_options "$p/bin/rnbd" "$p/share/man/man8/rnbd.8"
+check "rtrs-key(1) lists every option of rtrs-key gen --help" \
+	lists_options "$p/bin/rtrs-key" "$p/share/man/man1/rtrs-key.1" gen
+check "nbdkit-rnbd-plugin(1) lists every key of the plugin's --help" bash -c \
+	"for k in \$(nbdkit '$p/$libdir/nbdkit/plugins/nbdkit-rnbd-plugin.so' --help 2>/dev/null |
+		grep -oE '^[a-z_]+='); do
+		MANWIDTH=200 man -l '$p/share/man/man1/nbdkit-rnbd-plugin.1' 2>/dev/null | grep -q \"^ *\$k\" ||
+			{ echo \"  \$k missing\"; exit 1; }; done"
+
 for prog in "$p/sbin/rnbd-server" "$p/sbin/rnbd-clientd" "$p/bin/rnbd" "$p/bin/rnbd-client" \
 	"$p/bin/rtrs-perf" "$p/bin/rtrs-key"; do
 	want="$(basename "$prog") $(meson introspect --projectinfo "$build" |
