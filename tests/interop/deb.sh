@@ -96,9 +96,14 @@ check "a program from the installed rnbd.h and librnbd builds" \
 	$(pkg-config --cflags --libs librnbd)
 check "  and moves verified bytes into the server's file" \
 	"$dir/installed-rnbd" "127.0.0.1:$sport" disk0 "$dir/exports/disk0"
-check "  through the installed libraries" bash -c \
-	"ldd '$dir/installed-rnbd' | grep -q '$lib/librnbd.so.0' &&
-	 ldd '$dir/installed-rnbd' | grep -q '$lib/librtrs.so.0'"
+loads() { # PROG LIB: PROG loads the installed LIB (through /lib or /usr/lib: merged /usr)
+	local got
+	got=$(ldd "$1" | awk -v l="$2" '$1 == l { print $3 }')
+	[ -n "$got" ] && [ "$(readlink -f "$got")" = "$(readlink -f "$lib/$2")" ] ||
+		{ echo "  $2: $got"; return 1; }
+}
+check "  through the installed librnbd.so.0" loads "$dir/installed-rnbd" librnbd.so.0
+check "  and librtrs.so.0" loads "$dir/installed-rnbd" librtrs.so.0
 
 check "systemd-analyze verify accepts the installed units" \
 	systemd-analyze verify --man=no /lib/systemd/system/rnbd-server.service \
