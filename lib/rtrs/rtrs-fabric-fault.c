@@ -313,6 +313,11 @@ static int fault_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, s
 	return fab_mr_reg(ff_of(f)->inner, buf, len, access, mr);
 }
 
+static void fault_trim(struct fab *f)
+{
+	fab_trim(ff_of(f)->inner);
+}
+
 static int fault_win_alloc(struct fab *f, struct fab_win *w)
 {
 	return fab_win_alloc(ff_of(f)->inner, w);
@@ -590,6 +595,7 @@ const struct fab_ops fab_fault_ops = {
 	.close = fault_close,
 	.attr = fault_attr,
 	.mr_reg = fault_mr_reg,
+	.trim = fault_trim,
 	.listen = fault_listen,
 	.con_connect = fault_con_connect,
 	.con_accept = fault_con_accept,

@@ -61,7 +61,16 @@ struct fab {
 	const struct fab_ops *ops; /* first: struct fab_obj */
 	struct fi_info *info;
 	struct fid_fabric *fabric;
+	/*
+	 * The domain, and how many objects on it are open (connections, each
+	 * with its endpoint and CQ, and memory registrations), under
+	 * dom_lock. fab_trim closes it while nothing is open, which frees
+	 * what the provider keeps for objects long gone (its MR map's tree
+	 * nodes); the next object opens it again (dom_hold).
+	 */
+	pthread_mutex_t dom_lock;
 	struct fid_domain *domain;
+	unsigned dom_users;
 	struct fab_attr attr;
 	bool prov_key;
 	bool imm_by_send;   /* no remote CQ data: immediates travel as messages */
@@ -118,6 +127,7 @@ struct fab_con {
 	struct fid_ep *ep;
 	struct fid_cq *cq;
 	struct fid_eq *eq;
+	bool dom_held;      /* one of the fab's domain users (dom_hold) */
 	int cq_fd, eq_fd, wake_fd, epfd;
 	struct fab_rx rx;
 	pthread_t thread;
@@ -531,6 +541,7 @@ static int ofi_open(const char *prov, const char *src, const char *node, const c
 		rc = fab_errno(rc);
 		goto out_close_fabric;
 	}
+	pthread_mutex_init(&f->dom_lock, NULL);
 
 	uint64_t mm = f->info->domain_attr->mr_mode;
 	struct fab_attr *a = &f->attr;
@@ -574,8 +585,11 @@ static void ofi_close(struct fab *f)
 {
 	if (!f)
 		return;
+	if (f->dom_users)
+		log_warn("fabric: closed with %u objects open on its domain", f->dom_users);
 	if (f->domain)
 		fi_close(&f->domain->fid);
+	pthread_mutex_destroy(&f->dom_lock);
 	if (f->fabric)
 		fi_close(&f->fabric->fid);
 	fi_freeinfo(f->info);
@@ -588,8 +602,47 @@ static const struct fab_attr *ofi_attr(const struct fab *f)
 	return &f->attr;
 }
 
+/* The domain for one more object, opened again if fab_trim closed it; dom_drop when it goes. */
+static int dom_hold(struct fab *f, struct fid_domain **out)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&f->dom_lock);
+	if (!f->domain)
+		rc = fi_domain(f->fabric, f->info, &f->domain, NULL);
+	if (!rc) {
+		f->dom_users++;
+		*out = f->domain;
+	}
+	pthread_mutex_unlock(&f->dom_lock);
+	if (rc) {
+		log_err("fabric: fi_domain: %s", fab_strerror(rc));
+		return fab_errno(rc);
+	}
+	return 0;
+}
+
+static void dom_drop(struct fab *f)
+{
+	pthread_mutex_lock(&f->dom_lock);
+	f->dom_users--;
+	pthread_mutex_unlock(&f->dom_lock);
+}
+
+static void ofi_trim(struct fab *f)
+{
+	pthread_mutex_lock(&f->dom_lock);
+	if (f->domain && !f->dom_users) {
+		fi_close(&f->domain->fid);
+		f->domain = NULL;
+		log_dbg("fabric: %s domain released: nothing open on it", f->attr.prov_name);
+	}
+	pthread_mutex_unlock(&f->dom_lock);
+}
+
 static int ofi_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr)
 {
+	struct fid_domain *dom;
 	struct fid_mr *fmr;
 	uint64_t acc = 0, key;
 	int rc;
@@ -621,6 +674,9 @@ static int ofi_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 	 * through the domain's keyed permutation: any connection of the domain
 	 * may name any key, so a key must not tell its neighbours.
 	 */
+	rc = dom_hold(f, &dom);
+	if (rc)
+		return rc;
 	for (int tries = 0;; tries++) {
 		if (f->prov_key)
 			key = 0;
@@ -630,11 +686,13 @@ static int ofi_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 			key = keyperm_key31(&f->keys,
 					    (uint32_t)(atomic_fetch_add(&f->next_key, 1) %
 						       KEYPERM_KEY31_MAX));
-		rc = fi_mr_reg(f->domain, buf, len, acc, 0, key, 0, &fmr, NULL);
+		/* The context is the fab: ofi_mr_dereg gives the domain back through it. */
+		rc = fi_mr_reg(dom, buf, len, acc, 0, key, 0, &fmr, f);
 		if (rc != -FI_ENOKEY || f->prov_key || tries == 64)
 			break;
 	}
 	if (rc) {
+		dom_drop(f);
 		log_err("fabric: registering %zu bytes failed: %s", len, fab_strerror(rc));
 		return fab_errno(rc);
 	}
@@ -643,6 +701,7 @@ static int ofi_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 		log_err("fabric: provider key 0x%llx does not fit 32 bits",
 			(unsigned long long)key);
 		fi_close(&fmr->fid);
+		dom_drop(f);
 		return -EOVERFLOW;
 	}
 	mr->priv = fmr;
@@ -656,7 +715,11 @@ static int ofi_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 static void ofi_mr_dereg(struct fab_mr *mr)
 {
 	if (mr && mr->priv) {
-		fi_close(&((struct fid_mr *)mr->priv)->fid);
+		struct fid_mr *fmr = mr->priv;
+		struct fab *f = fmr->fid.context;
+
+		fi_close(&fmr->fid);
+		dom_drop(f);
 		mr->priv = NULL;
 		mr->ops = NULL;
 	}
@@ -1436,6 +1499,8 @@ static void con_free(struct fab_con *c)
 		fi_close(&c->cq->fid);
 	if (c->eq)
 		fi_close(&c->eq->fid);
+	if (c->dom_held)
+		dom_drop(c->fab);
 	pthread_mutex_destroy(&c->rx_lock);
 	pthread_mutex_destroy(&c->cq_lock);
 	if (c->epfd >= 0)
@@ -1457,6 +1522,7 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 		      struct fab_con **out)
 {
 	struct fi_cq_attr cq_attr = { 0 };
+	struct fid_domain *dom;
 	struct fab_con *c;
 	struct fi_info *info;
 	size_t rx_depth, cq_size;
@@ -1499,7 +1565,13 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 		rx_depth = info->rx_attr->size;
 	}
 	cq_size = info->tx_attr->size + info->rx_attr->size + 16;
-	rc = fi_endpoint(f->domain, info, &c->ep, NULL);
+	rc = dom_hold(f, &dom);
+	if (rc) {
+		fi_freeinfo(info);
+		goto out_free;
+	}
+	c->dom_held = true;
+	rc = fi_endpoint(dom, info, &c->ep, NULL);
 	fi_freeinfo(info);
 	if (rc) {
 		log_err("%s: fi_endpoint: %s", c->name, fab_strerror(rc));
@@ -1509,7 +1581,7 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 	cq_attr.size = cq_size;
 	cq_attr.format = FI_CQ_FORMAT_DATA;
 	cq_attr.wait_obj = FI_WAIT_FD;
-	rc = fi_cq_open(f->domain, &cq_attr, &c->cq, NULL);
+	rc = fi_cq_open(dom, &cq_attr, &c->cq, NULL);
 	if (rc) {
 		rc = fab_errno(rc);
 		goto out_free;
@@ -1885,6 +1957,7 @@ const struct fab_ops fab_ofi_ops = {
 	.attr = ofi_attr,
 	.mr_reg = ofi_mr_reg,
 	.mr_dereg = ofi_mr_dereg,
+	.trim = ofi_trim,
 	.listen = ofi_listen,
 	.lst_close = ofi_lst_close,
 	.lst_fd = ofi_lst_fd,

@@ -175,6 +175,7 @@ struct fab_ops {
 	const struct fab_attr *(*attr)(const struct fab *f);
 	int (*mr_reg)(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr);
 	void (*mr_dereg)(struct fab_mr *mr);
+	void (*trim)(struct fab *f);
 	int (*listen)(struct fab *f, struct fab_lst **out);
 	void (*lst_close)(struct fab_lst *l);
 	int (*lst_fd)(const struct fab_lst *l);
@@ -285,6 +286,21 @@ static inline void fab_mr_dereg(struct fab_mr *mr)
 {
 	if (mr && mr->ops)
 		mr->ops->mr_dereg(mr);
+}
+
+/*
+ * While no connection or registration of f is open, gives back what the
+ * implementation keeps for ones that are gone (libfabric: it closes the
+ * domain, whose MR map keeps a node for every key ever registered; the
+ * next connection or registration opens a new one). A no-op otherwise,
+ * and where an implementation keeps nothing.
+ */
+static inline void fab_trim(struct fab *f)
+{
+	const struct fab_ops *o = fab_ops_of(f);
+
+	if (o->trim)
+		o->trim(f);
 }
 
 /* A memory window, not bound yet; -EOPNOTSUPP where fab_attr.win_binds is 0. */

@@ -26,9 +26,17 @@ static void srv_lst_cb(struct loop_fd *h, uint32_t events)
 	atomic_store(&ctx->st.raw_closed, fab_lst_closed(ctx->lst));
 }
 
+/*
+ * After the last session of a burst was freed: with no connection or
+ * registration left, the fabric lets go of what it kept for them (its
+ * domain), then the heap goes back to the system.
+ */
 static void srv_trim_timer(struct loop_timer *t)
 {
-	(void)t;
+	struct rtrs_srv_ctx *ctx = container_of(t, struct rtrs_srv_ctx, trim_timer);
+
+	if (ctx->fab)
+		fab_trim(ctx->fab);
 	malloc_trim(0);
 }
 
