@@ -6,7 +6,8 @@
 # RSS within 2 MiB of its value before they opened. N (32) sessions; the
 # measure is repeated ROUNDS (3) times on one server, so that a second
 # round shows whether memory comes back for good. --record appends the
-# section to bench/RESULTS.md with a plot in bench/plots/.
+# section to bench/RESULTS.md with a plot in bench/plots/ (TAG=name: the plot's
+# file name ends in -name, so that runs of one day keep theirs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-32}
@@ -101,7 +102,7 @@ PY
 echo "$report"
 if $record; then
 	mkdir -p bench/plots
-	name=bench/plots/session-memory-$(date -u +%Y-%m-%d).png
+	name=bench/plots/session-memory-$(date -u +%Y-%m-%d)${TAG:+-$TAG}.png
 	cp "$tmp/plot.png" "$name"
 	echo "$report" >>bench/RESULTS.md
 	echo "" >>bench/RESULTS.md
