@@ -13,7 +13,7 @@ packages=(
 	nbdkit nbdkit-plugin-dev libnbd-bin fio qemu-utils fuse3 e2fsprogs
 	tcpdump tshark
 	systemd man-db scdoc
-	debhelper dpkg-dev lintian fakeroot
+	build-essential debhelper dpkg-dev lintian fakeroot
 )
 
 missing=()
