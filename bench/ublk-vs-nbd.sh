@@ -19,7 +19,7 @@
 # and rnbd-clientd, or nbdkit; utime + stime), medians, and ours / nbd.
 #   bench/ublk-vs-nbd.sh [--record]
 # --record appends the section to bench/RESULTS.md, with its plot in
-# bench/plots/ublk-vs-nbd-DATE[-verbs].png.
+# bench/plots/ublk-vs-nbd-DATE[-verbs][-TAG].png (TAG: runs of one day keep their plots).
 # Environment: RUNS (3), DURATION (fio seconds, 10), BS (4k), QD (16),
 # RW (randrw, 50/50), ENGINE (libaio; or io_uring), PROVIDER (tcp; or verbs),
 # NBD_CONNS (2: nbd-client's connections, one per guest CPU as RTRS opens
@@ -165,7 +165,7 @@ fi
 date=$(date -u +%Y-%m-%d)
 suffix=
 [ "$PROVIDER" = tcp ] || suffix=-$PROVIDER
-png=bench/plots/ublk-vs-nbd-$date$suffix.png
+png=bench/plots/ublk-vs-nbd-$date$suffix${TAG:+-$TAG}.png
 report=$(/usr/bin/python3 - "$run" "$run/plot.png" "$PROVIDER" <<'EOF'
 import json, statistics, sys
 run, png, provider = sys.argv[1:4]

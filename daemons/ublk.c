@@ -7,8 +7,8 @@
  *   FETCH_REQ for every tag, with the tag's buffer
  *   -> a request arrives (cqe, res OK): its descriptor is read, the IO sent
  *      to the RNBD device (rnbd_clt_submit)
- *   -> done (a library thread): the tag goes on the done list, an eventfd
- *      wakes the queue thread
+ *   -> done (a library thread): the tag goes on the done list; the first
+ *      on an empty list wakes the queue thread through an eventfd
  *   -> COMMIT_AND_FETCH_REQ with the result (bytes, or a negative errno),
  *      which also waits for the tag's next request
  *   -> STOP_DEV: the kernel answers the waiting commands with ABORT; when
@@ -126,18 +126,27 @@ static int ctrl_cmd(struct ublk_dev *u, unsigned nr, void *addr, uint16_t len, u
 
 /* ---- the queue thread ---- */
 
+/*
+ * Only the completion that finds the done list empty wakes the queue
+ * thread: the ones after it join the list that wake-up will take whole
+ * (commit_done), so a burst of completions costs one eventfd write and one
+ * wake-up, not one each. A wake-up that finds the list already taken
+ * commits nothing.
+ */
 static void io_done(void *priv, int result)
 {
 	struct uio *io = priv;
 	struct ublk_dev *u = io->u;
 	uint64_t one = 1;
+	bool first;
 
 	io->result = result;
 	pthread_mutex_lock(&u->lock);
+	first = !u->done;
 	io->next = u->done;
 	u->done = io;
 	pthread_mutex_unlock(&u->lock);
-	if (write(u->efd, &one, sizeof(one)) != sizeof(one))
+	if (first && write(u->efd, &one, sizeof(one)) != sizeof(one))
 		abort(); /* an eventfd write cannot fail but by overflow */
 }
 
