@@ -202,7 +202,7 @@ const char *rnbd_plugin_cfg_help(void)
 	return help;
 }
 
-void rnbd_plugin_cfg_man(FILE *f)
+int rnbd_plugin_cfg_man(FILE *f)
 {
 	struct rnbd_plugin_cfg dflt;
 
@@ -213,6 +213,8 @@ void rnbd_plugin_cfg_man(FILE *f)
 
 		param_doc(i, &dflt, &key, &arg, &text, val, sizeof(val));
 		snprintf(term, sizeof(term), "%s=", key);
-		opts_man_item(f, term, arg, text, val);
+		if (opts_man_item(f, term, arg, text, val))
+			return -EINVAL;
 	}
+	return 0;
 }

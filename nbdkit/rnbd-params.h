@@ -52,7 +52,7 @@ int rnbd_plugin_cfg_complete(const struct rnbd_plugin_cfg *c, char *err, size_t 
 
 /* "key=VALUE  help" lines for nbdkit's --help, from the list and its defaults. */
 const char *rnbd_plugin_cfg_help(void);
-/* The same list as scdoc(5) items, for nbdkit-rnbd-plugin(1) (docs/man/). */
-void rnbd_plugin_cfg_man(FILE *f);
+/* The same list as scdoc(5) items, for nbdkit-rnbd-plugin(1) (docs/man/); 0 or -EINVAL (opts_man_item). */
+int rnbd_plugin_cfg_man(FILE *f);
 
 #endif

@@ -10,6 +10,7 @@
 
 int main(void)
 {
-	rnbd_plugin_cfg_man(stdout);
+	if (rnbd_plugin_cfg_man(stdout))
+		return 70;
 	return fflush(stdout) ? 1 : 0;
 }

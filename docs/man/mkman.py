@@ -10,8 +10,9 @@ ARG... prints with RTRS_HELP_FORMAT=FORMAT in its environment (opts_help in
 lib/common/opts.c: "man" for command-line options, "man-config" for the
 names a config file takes; FORMAT "-" runs PROG as it is, for a generator
 such as nbdkit/rnbd-plugin-man). "@VERSION@" anywhere becomes VERSION. A
-marker left unfilled, a filler that fails or prints nothing for a marker,
-or scdoc refusing the result stops the build with the page's name.
+marker left unfilled, a filler that fails (an exit status but 0, or 1 after
+--help) or prints nothing, or scdoc refusing the result stops the build with
+the page's name.
 """
 import os
 import subprocess
@@ -44,7 +45,7 @@ def main(argv):
         if run.returncode not in (0, 1):  # opts_parse returns 1 after --help
             fail("%s: %s exited with %d: %s" % (template, " ".join(cmd), run.returncode,
                                                  run.stderr.strip()))
-        if fmt != "-" and run.returncode != 0 and not run.stdout:
+        if not run.stdout.strip():
             fail("%s: %s printed nothing" % (template, " ".join(cmd)))
         fills[marker] = run.stdout.rstrip("\n")
 
@@ -57,8 +58,7 @@ def main(argv):
             if name not in fills:
                 fail("%s: no filler for %s" % (template, line))
             used.add(name)
-            if fills[name]:
-                out += [fills[name], ""]
+            out += [fills[name], ""]
             continue
         out.append(line.replace("@VERSION@", version))
     unused = set(fills) - used

@@ -104,8 +104,20 @@ void opts_man_text(FILE *f, const char *s)
 	}
 }
 
-void opts_man_item(FILE *f, const char *term, const char *arg, const char *help, const char *dflt)
+int opts_man_item(FILE *f, const char *term, const char *arg, const char *help, const char *dflt)
 {
+	/*
+	 * The help starts a line of its own: roff takes a line that starts
+	 * with '.' or '\'' as a request, which no escape of scdoc's keeps, so
+	 * such a text is refused; scdoc itself reads a list, a table, a
+	 * literal block or a comment into a line that starts with one of
+	 * "-[]|`;", which a backslash keeps as text.
+	 */
+	if (*help == '.' || *help == '\'') {
+		fprintf(stderr, "man page: the help of %s starts with '%c', which roff takes as a "
+			"request\n", term, *help);
+		return -EINVAL;
+	}
 	fputc('*', f);
 	opts_man_text(f, term);
 	fputc('*', f);
@@ -120,6 +132,8 @@ void opts_man_item(FILE *f, const char *term, const char *arg, const char *help,
 	if (*help >= 'a' && *help <= 'z') {
 		fputc(*help - 'a' + 'A', f);
 		help++;
+	} else if (*help && strchr("-[]|`;", *help)) {
+		fputc('\\', f);
 	}
 	opts_man_text(f, help);
 	if (dflt && *dflt) {
@@ -127,6 +141,7 @@ void opts_man_item(FILE *f, const char *term, const char *arg, const char *help,
 		opts_man_text(f, dflt);
 	}
 	fputs(".\n\n", f);
+	return 0;
 }
 
 /*
@@ -134,7 +149,7 @@ void opts_man_item(FILE *f, const char *term, const char *arg, const char *help,
  * line, or (config) the names a config file takes. With no entry that is
  * not the config option itself, nothing.
  */
-static void man_items(const struct opt *t, bool config)
+static int man_items(const struct opt *t, bool config)
 {
 	for (unsigned i = 0; t[i].name; i++) {
 		const struct opt *o = &t[i];
@@ -158,8 +173,11 @@ static void man_items(const struct opt *t, bool config)
 		if (config && o->type == OPT_CUSTOM && o->repeat && used < sizeof(help))
 			snprintf(help + used, sizeof(help) - used, " (may be given more than once)");
 		default_str(o, dflt, sizeof(dflt));
-		opts_man_item(stdout, term, config && o->type == OPT_FLAG ? "" : o->arg, help, dflt);
+		if (opts_man_item(stdout, term, config && o->type == OPT_FLAG ? "" : o->arg, help,
+				  dflt))
+			return -EINVAL;
 	}
+	return 0;
 }
 
 void opts_help(const struct opt *t, const char *prog, const char *usage)
@@ -168,7 +186,9 @@ void opts_help(const struct opt *t, const char *prog, const char *usage)
 	bool config = false;
 
 	if (fmt && (!strcmp(fmt, "man") || !strcmp(fmt, "man-config"))) {
-		man_items(t, !strcmp(fmt, "man-config"));
+		/* The build makes the man page from this: a table it cannot use stops it. */
+		if (man_items(t, !strcmp(fmt, "man-config")))
+			exit(70);
 		return;
 	}
 	printf("Usage: %s %s\n\nOptions:\n", prog, usage);

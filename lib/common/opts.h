@@ -75,9 +75,11 @@ void opts_help(const struct opt *table, const char *prog, const char *usage);
  * One scdoc(5) item: *term* _arg_, then help (and ". Default: dflt" when
  * dflt is not empty) indented; the text escaped (opts_man_text). For the
  * man pages of parameter tables that are not struct opt (the nbdkit
- * plugin's).
+ * plugin's). -EINVAL, with why on stderr, for a help text that roff would
+ * take as a request (one that starts with '.' or '\''); the man pages of
+ * such a table are not made (--help with RTRS_HELP_FORMAT=man exits 70).
  */
-void opts_man_item(FILE *f, const char *term, const char *arg, const char *help, const char *dflt);
+int opts_man_item(FILE *f, const char *term, const char *arg, const char *help, const char *dflt);
 void opts_man_text(FILE *f, const char *s);
 /*
  * --version: every program takes it where it takes --help (opts_parse

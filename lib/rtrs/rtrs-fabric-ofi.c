@@ -633,9 +633,15 @@ static void ofi_trim(struct fab *f)
 {
 	pthread_mutex_lock(&f->dom_lock);
 	if (f->domain && !f->dom_users) {
-		fi_close(&f->domain->fid);
-		f->domain = NULL;
-		log_dbg("fabric: %s domain released: nothing open on it", f->attr.prov_name);
+		int rc = fi_close(&f->domain->fid);
+
+		if (rc) { /* something open on it that is not counted: keep it, and say so */
+			log_warn("fabric: %s domain not released: %s", f->attr.prov_name,
+				 fab_strerror(rc));
+		} else {
+			f->domain = NULL;
+			log_dbg("fabric: %s domain released: nothing open on it", f->attr.prov_name);
+		}
 	}
 	pthread_mutex_unlock(&f->dom_lock);
 }

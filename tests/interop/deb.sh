@@ -27,7 +27,7 @@ for t in dpkg-buildpackage lintian apt-get pkg-config systemd-analyze man cc; do
 done
 pkgs=(librtrs0 librtrs-dev librnbd0 librnbd-dev rnbd-server rnbd-client rnbd-utils nbdkit-plugin-rnbd)
 for p in "${pkgs[@]}"; do
-	if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "installed"; then
+	if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -qx "install ok installed"; then
 		echo "deb: $p is installed on this machine; not replacing it (skipping)"
 		exit 77
 	fi
@@ -54,7 +54,7 @@ check "dpkg-buildpackage -us -uc -b builds the packages" bash -c \
 	 { tail -40 '$dir/build.log'; exit 1; }"
 debs=()
 for p in "${pkgs[@]}"; do
-	f=$(ls "$dir"/"${p}"_*.deb 2>/dev/null | head -1)
+	f=$(ls "$dir"/"${p}"_*.deb 2>/dev/null | head -1 || true)
 	check "  package $p" test -n "$f"
 	[ -n "$f" ] && debs+=("$f")
 done
@@ -63,10 +63,12 @@ check "lintian reports no error" bash -c \
 	"lintian --fail-on error '$dir'/*.changes >'$dir/lintian.log' 2>&1 || { cat '$dir/lintian.log'; exit 1; }"
 grep -E '^[EW]: ' "$dir/lintian.log" || true
 
+# Purged on the way out whatever happens from here (a purge of packages that
+# are not installed does nothing), even if the install is cut short.
+installed=true
 check "apt-get install ./*.deb" bash -c \
 	"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${debs[*]} \
 	 >'$dir/install.log' 2>&1 || { tail -20 '$dir/install.log'; exit 1; }"
-installed=true
 lib=/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 
 check "man rnbd-server renders" bash -c \

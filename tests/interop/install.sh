@@ -86,11 +86,13 @@ for page in man8/rnbd-server.8 man5/rnbd-server.conf.5 man8/rnbd-clientd.8 man5/
 		 ! grep -q . '$dir/page.err' && grep -q '^NAME' '$dir/page.txt'"
 done
 lists_options() { # PROG PAGE [ARGS...]: every --option of PROG ARGS --help is in PAGE
-	local prog=$1 page=$2 opt missing=
+	local prog=$1 page=$2 opt opts missing=
 	shift 2
 	MANWIDTH=200 man -l "$page" 2>/dev/null | sed 's/\[no-\]//g' >"$dir/page.txt"
-	for opt in $(LD_LIBRARY_PATH="$p/$libdir" "$prog" "$@" --help | sed 's/\[no-\]//g' |
-		grep -oE '^ +(-[a-zA-Z], )?--[a-z][a-z0-9-]*' | grep -oE -- '--[a-z0-9-]+'); do
+	opts=$(LD_LIBRARY_PATH="$p/$libdir" "$prog" "$@" --help | sed 's/\[no-\]//g' |
+		grep -oE '^ +(-[a-zA-Z], )?--[a-z][a-z0-9-]*' | grep -oE -- '--[a-z0-9-]+')
+	[ -n "$opts" ] || { echo "  $prog $* --help listed no option"; return 1; }
+	for opt in $opts; do
 		grep -qE -- "(^|[ ,])$opt( |$)" "$dir/page.txt" || missing="$missing $opt"
 	done
 	[ -z "$missing" ] || { echo "  not in $page:$missing"; return 1; }
@@ -107,11 +109,18 @@ check "rnbd(8) lists every option of rnbd --help" \
 	lists_options "$p/bin/rnbd" "$p/share/man/man8/rnbd.8"
 check "rtrs-key(1) lists every option of rtrs-key gen --help" \
 	lists_options "$p/bin/rtrs-key" "$p/share/man/man1/rtrs-key.1" gen
-check "nbdkit-rnbd-plugin(1) lists every key of the plugin's --help" bash -c \
-	"for k in \$(nbdkit '$p/$libdir/nbdkit/plugins/nbdkit-rnbd-plugin.so' --help 2>/dev/null |
-		grep -oE '^[a-z_]+='); do
-		MANWIDTH=200 man -l '$p/share/man/man1/nbdkit-rnbd-plugin.1' 2>/dev/null | grep -q \"^ *\$k\" ||
-			{ echo \"  \$k missing\"; exit 1; }; done"
+lists_keys() { # every key=VALUE of the installed plugin's --help is in its page
+	local keys k missing=
+	keys=$(LD_LIBRARY_PATH="$p/$libdir" nbdkit "$p/$libdir/nbdkit/plugins/nbdkit-rnbd-plugin.so" \
+		--help 2>&1 | grep -oE '^[a-z_]+=')
+	[ -n "$keys" ] || { echo "  nbdkit listed no key of the plugin"; return 1; }
+	MANWIDTH=200 man -l "$p/share/man/man1/nbdkit-rnbd-plugin.1" 2>/dev/null >"$dir/page.txt"
+	for k in $keys; do
+		grep -q "^ *$k" "$dir/page.txt" || missing="$missing $k"
+	done
+	[ -z "$missing" ] || { echo "  not in nbdkit-rnbd-plugin(1):$missing"; return 1; }
+}
+check "nbdkit-rnbd-plugin(1) lists every key of the plugin's --help" lists_keys
 
 for prog in "$p/sbin/rnbd-server" "$p/sbin/rnbd-clientd" "$p/bin/rnbd" "$p/bin/rnbd-client" \
 	"$p/bin/rtrs-perf" "$p/bin/rtrs-key"; do

@@ -643,6 +643,71 @@ static void test_opts_help(void)
 	vals_reset(&v);
 }
 
+/* What opts_man_item writes for one item, into buf (NUL-terminated); its return value. */
+static int man_item(char *buf, size_t len, const char *term, const char *arg, const char *help,
+		    const char *dflt)
+{
+	FILE *f = fmemopen(buf, len, "w");
+	int rc, err;
+
+	if (!f)
+		return -errno;
+	err = quiet_begin(2);
+	rc = opts_man_item(f, term, arg, help, dflt);
+	quiet_end(2, err);
+	fclose(f);
+	return rc;
+}
+
+/*
+ * The man pages' items (docs/man/): scdoc markup, the text escaped where
+ * scdoc would read markup into it, and a text roff would take as a request
+ * refused. Also the table as items through opts_help (RTRS_HELP_FORMAT).
+ */
+static void test_opts_man(void)
+{
+	struct opt t[NOPTS];
+	struct opt_vals v = { 0 };
+	char buf[4096];
+
+	CHECK_EQ(man_item(buf, sizeof(buf), "-d, --depth", "N", "queue depth", "5"), 0);
+	CHECK(!strcmp(buf, "*-d, --depth* _N_\n\tQueue depth. Default: 5.\n\n"), "item: '%s'", buf);
+	CHECK_EQ(man_item(buf, sizeof(buf), "io_size=", "BYTES", "a *big* one_two \\ x", ""), 0);
+	CHECK(!strcmp(buf, "*io\\_size=*_BYTES_\n\tA \\*big\\* one\\_two \\\\ x.\n\n"),
+	      "escapes: '%s'", buf);
+	CHECK_EQ(man_item(buf, sizeof(buf), "x", NULL, "-1: never", NULL), 0);
+	CHECK(strstr(buf, "\t\\-1: never.") != NULL, "a leading '-' escaped: '%s'", buf);
+	CHECK_EQ(man_item(buf, sizeof(buf), "x", NULL, "[a|b]", NULL), 0);
+	CHECK(strstr(buf, "\t\\[a|b].") != NULL, "a leading '[' escaped: '%s'", buf);
+	CHECK_EQ(man_item(buf, sizeof(buf), "x", NULL, ".so evil", NULL), -EINVAL);
+	CHECK_EQ(man_item(buf, sizeof(buf), "x", NULL, "'br", NULL), -EINVAL);
+
+	/* The table: long and short names, the argument, the default, flags with [no-]. */
+	{
+		struct capture c;
+
+		table_init(t, &v);
+		vals_reset(&v);
+		setenv("RTRS_HELP_FORMAT", "man", 1);
+		capture_begin(&c, 1);
+		opts_help(t, "prog", "[options]");
+		capture_end(&c, buf, sizeof(buf));
+		CHECK(strstr(buf, "*-d, --depth* _N_\n\t") != NULL, "man:\n%s", buf);
+		CHECK(strstr(buf, "*-v, --\\[no-\\]verbose*") == NULL &&
+		      strstr(buf, "*-v, --[no-]verbose*") != NULL, "man:\n%s", buf);
+		CHECK(strstr(buf, "Default: 5.") != NULL);
+		CHECK(strstr(buf, "Usage:") == NULL, "no usage line in man items");
+		setenv("RTRS_HELP_FORMAT", "man-config", 1);
+		capture_begin(&c, 1);
+		opts_help(t, "prog", "[options]");
+		capture_end(&c, buf, sizeof(buf));
+		CHECK(strstr(buf, "*depth* _N_") != NULL, "man-config:\n%s", buf);
+		CHECK(strstr(buf, "--depth") == NULL, "man-config names have no dashes:\n%s", buf);
+		unsetenv("RTRS_HELP_FORMAT");
+		vals_reset(&v);
+	}
+}
+
 /*
  * opts_parse is called more than once per process (tools parse, then parse
  * again; tests parse many tables). Each call must start from a clean getopt
@@ -1690,6 +1755,7 @@ int main(void)
 	test_opts_parse();
 	test_opts_errors();
 	test_opts_help();
+	test_opts_man();
 	test_opts_twice();
 	test_opts_file();
 	test_opts_config();
