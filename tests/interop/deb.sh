@@ -119,6 +119,12 @@ done
 
 kill_pids
 pids=()
+# rnbd-clientd's saved mappings, as "rnbd client save" leaves them: the
+# purge takes them (not when this machine had that folder before).
+state=false
+if [ ! -e /var/lib/rnbd ]; then
+	mkdir /var/lib/rnbd && echo '[]' >/var/lib/rnbd/mappings && state=true
+fi
 check "the packages purge" bash -c \
 	"DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq ${pkgs[*]} >'$dir/purge.log' 2>&1 ||
 	 { cat '$dir/purge.log'; exit 1; }"
@@ -126,4 +132,8 @@ installed=false
 check "  and leave none of their files" bash -c \
 	"! ls /usr/sbin/rnbd-server $lib/librtrs.so.0 $lib/librnbd.so.0 /usr/include/rnbd.h \
 	   /lib/systemd/system/rnbd-server.service 2>/dev/null | grep -q ."
+if $state; then
+	check "  nor rnbd-clientd's state (/var/lib/rnbd)" test ! -e /var/lib/rnbd
+	rm -rf /var/lib/rnbd
+fi
 finish deb
