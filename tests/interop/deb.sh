@@ -59,8 +59,11 @@ for p in "${pkgs[@]}"; do
 	[ -n "$f" ] && debs+=("$f")
 done
 [ ${#debs[@]} -eq ${#pkgs[@]} ] || { finish deb; exit 1; }
+# lintian leaves folders of its own in TMPDIR (mldbm-elf-*): this one's go with $dir.
+mkdir "$dir/tmp"
 check "lintian reports no error" bash -c \
-	"lintian --fail-on error '$dir'/*.changes >'$dir/lintian.log' 2>&1 || { cat '$dir/lintian.log'; exit 1; }"
+	"TMPDIR='$dir/tmp' lintian --fail-on error '$dir'/*.changes >'$dir/lintian.log' 2>&1 ||
+	 { cat '$dir/lintian.log'; exit 1; }"
 grep -E '^[EW]: ' "$dir/lintian.log" || true
 
 # Purged on the way out whatever happens from here (a purge of packages that
