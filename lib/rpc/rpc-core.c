@@ -6,11 +6,17 @@
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "rpc.h"
+
+#define RPC_STR_(x) #x
+#define RPC_STR(x) RPC_STR_(x)
 
 struct rpc_stream {
 	const struct rpc_method *methods;
@@ -20,12 +26,17 @@ struct rpc_stream {
 	void *out_priv;
 	struct json_tokener *tok;
 	/*
-	 * The text being parsed, as fed so far. json-c's strict mode refuses
-	 * bytes after a complete value in the same call: the text is then
-	 * parsed again alone from here (texts back to back in one read).
+	 * The text being received, as fed so far. Where it ends is found by
+	 * scanning its brackets outside strings, byte by byte, and only the
+	 * whole text is parsed: json-c's own incremental parse depends on
+	 * where the bytes were split (0.16 takes "-1-1" as a number when it
+	 * arrives a byte at a time, and refuses it when it arrives whole).
 	 */
 	char *text;
 	size_t text_bytes, text_cap;
+	uint64_t open_kinds;     /* one bit per open bracket, innermost lowest: 1 '[', 0 '{' */
+	unsigned depth;          /* brackets open */
+	bool in_string, escaped;
 	int err;                 /* the stream is over: why */
 };
 
@@ -410,15 +421,13 @@ struct rpc_stream *rpc_stream_new(const struct rpc_method *methods, size_t nr_me
 
 	if (!st)
 		return NULL;
-	st->tok = json_tokener_new();
+	/* One more level than the scanner lets through: json-c counts the top. */
+	st->tok = json_tokener_new_ex(RPC_DEPTH_MAX + 1);
 	if (!st->tok) {
 		free(st);
 		return NULL;
 	}
-	/*
-	 * Not JSON_TOKENER_VALIDATE_UTF8: json-c 0.16 refuses a character
-	 * split between two calls. The whole text is checked instead.
-	 */
+	/* UTF-8 is checked by utf8_valid(), with the overlong forms json-c takes. */
 	json_tokener_set_flags(st->tok, JSON_TOKENER_STRICT);
 	st->methods = methods;
 	st->nr_methods = nr_methods;
@@ -501,39 +510,93 @@ static int text_append(struct rpc_stream *st, const char *buf, size_t n)
 }
 
 /*
- * The text fed so far, alone: a value when it is one exactly, else NULL
- * and *te why (what a client is told does not depend on how its bytes
- * were split between reads).
+ * Scans up to n bytes of the text being received and returns how many
+ * belong to it; *done when its last bracket closed. -1 and *why when its
+ * brackets cannot be JSON: one closes what another opened, or they nest
+ * deeper than RPC_DEPTH_MAX.
  */
-static struct json_object *text_alone(struct rpc_stream *st, enum json_tokener_error *te)
+static ssize_t text_scan(struct rpc_stream *st, const char *buf, size_t n, bool *done,
+			 const char **why)
 {
-	struct json_tokener *t = json_tokener_new();
-	struct json_object *v = NULL;
+	*done = false;
+	for (size_t i = 0; i < n; i++) {
+		char c = buf[i];
 
-	if (!t || !st->text_bytes) {
-		json_tokener_free(t);
-		return NULL;
+		if (st->in_string) {
+			if (st->escaped)
+				st->escaped = false;
+			else if (c == '\\')
+				st->escaped = true;
+			else if (c == '"')
+				st->in_string = false;
+			continue;
+		}
+		switch (c) {
+		case '"':
+			st->in_string = true;
+			break;
+		case '{':
+		case '[':
+			if (st->depth == RPC_DEPTH_MAX) {
+				*why = "nested deeper than " RPC_STR(RPC_DEPTH_MAX) " levels";
+				return -1;
+			}
+			st->open_kinds = st->open_kinds << 1 | (c == '[');
+			st->depth++;
+			break;
+		case '}':
+		case ']':
+			if (!st->depth || (st->open_kinds & 1) != (c == ']')) {
+				*why = c == '}' ? "a '}' closes no object" : "a ']' closes no array";
+				return -1;
+			}
+			st->open_kinds >>= 1;
+			if (!--st->depth) {
+				*done = true;
+				return (ssize_t)i + 1;
+			}
+			break;
+		}
 	}
-	json_tokener_set_flags(t, JSON_TOKENER_STRICT);
-	v = json_tokener_parse_ex(t, st->text, (int)st->text_bytes);
-	*te = json_tokener_get_error(t);
-	if (*te == json_tokener_continue)
+	return (ssize_t)n;
+}
+
+/* The text received, whole: its value, or NULL and *te why it is none. */
+static struct json_object *text_parse(struct rpc_stream *st, enum json_tokener_error *te)
+{
+	struct json_object *v;
+
+	json_tokener_reset(st->tok);
+	v = json_tokener_parse_ex(st->tok, st->text, (int)st->text_bytes);
+	*te = json_tokener_get_error(st->tok);
+	if (!v && *te == json_tokener_continue)
 		*te = json_tokener_error_parse_eof;
-	if (v && json_tokener_get_parse_end(t) != st->text_bytes) {
+	if (v && json_tokener_get_parse_end(st->tok) != st->text_bytes) {
 		json_object_put(v);
 		v = NULL;
+		*te = json_tokener_error_parse_unexpected;
 	}
-	json_tokener_free(t);
 	return v;
+}
+
+static void parse_error(struct rpc_stream *st, const char *why)
+{
+	char msg[160];
+
+	snprintf(msg, sizeof(msg), "not JSON: %s", why);
+	send_error(st, RPC_PARSE_ERROR, msg);
+	st->err = -EPROTO;
 }
 
 int rpc_stream_feed(struct rpc_stream *st, const char *buf, size_t len)
 {
 	while (!st->err && len) {
-		size_t room = RPC_REQ_MAX + 1 - st->text_bytes, n = len < room ? len : room, used;
+		size_t room = RPC_REQ_MAX + 1 - st->text_bytes, n = len < room ? len : room;
 		struct json_object *text;
 		enum json_tokener_error te;
-		char msg[160];
+		const char *why = NULL;
+		bool done;
+		ssize_t used;
 
 		/* Blanks between texts are no part of one (nor count toward its size). */
 		if (!st->text_bytes && only_blanks(buf, 1)) {
@@ -547,37 +610,30 @@ int rpc_stream_feed(struct rpc_stream *st, const char *buf, size_t len)
 			st->err = -EPROTO;
 			break;
 		}
-		text = json_tokener_parse_ex(st->tok, buf, (int)n);
-		te = json_tokener_get_error(st->tok);
-		if (!text && te == json_tokener_continue) {
-			st->err = text_append(st, buf, n);
-			buf += n;
-			len -= n;
-			if (!st->err && st->text_bytes > RPC_REQ_MAX) {
+		used = text_scan(st, buf, n, &done, &why);
+		if (used < 0) {
+			parse_error(st, why);
+			break;
+		}
+		st->err = text_append(st, buf, (size_t)used);
+		if (st->err)
+			break;
+		buf += used;
+		len -= (size_t)used;
+		if (!done) {
+			if (st->text_bytes > RPC_REQ_MAX) {
 				send_error(st, RPC_INVALID_REQUEST, "a request larger than 1 MiB");
 				st->err = -EPROTO;
 			}
 			continue;
 		}
-		used = json_tokener_get_parse_end(st->tok);
-		st->err = text_append(st, buf, used);
-		if (st->err)
-			break;
-		/* A complete text with the next one behind it, or bytes that are not JSON. */
-		if (!text)
-			text = text_alone(st, &te);
+		text = text_parse(st, &te);
 		if (!text || !utf8_valid((const unsigned char *)st->text, st->text_bytes)) {
-			snprintf(msg, sizeof(msg), "not JSON: %s",
-				 text ? "invalid UTF-8" : json_tokener_error_desc(te));
 			json_object_put(text);
-			send_error(st, RPC_PARSE_ERROR, msg);
-			st->err = -EPROTO;
+			parse_error(st, text ? "invalid UTF-8" : json_tokener_error_desc(te));
 			break;
 		}
-		json_tokener_reset(st->tok);
 		st->text_bytes = 0;
-		buf += used;
-		len -= used;
 		st->err = text_run(st, text);
 		json_object_put(text);
 	}

@@ -31,6 +31,7 @@
 #include <json-c/json.h>
 
 #define RPC_REQ_MAX (1u << 20)   /* bytes of one request text (a batch is one text) */
+#define RPC_DEPTH_MAX 32         /* brackets a request text may nest */
 #define RPC_OUT_MAX (16u << 20)  /* answers a connection may leave unread */
 #define RPC_CONN_MAX 64          /* connections at once; more wait in the backlog */
 #define RPC_BATCH_MAX 256        /* requests in a batch */

@@ -375,6 +375,83 @@ static void stream_garbage(void)
 	free(big);
 }
 
+/*
+ * However the bytes are split, the same texts, the same answers, the same
+ * end: json-c 0.16 alone took {"a":-1-1} a byte at a time and refused it
+ * whole. Brackets inside strings, escaped quotes and texts back to back
+ * are where a boundary could be taken wrongly.
+ */
+static void stream_split(void)
+{
+	static const char *const texts[] = {
+		"{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":-1-1},\"id\":1}",
+		"{\"a\":--",
+		"{\"a\":1e5e5}",
+		"{\"a\":nul}",
+		"{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"]}\\\"{[\\\\\"},"
+		"\"id\":2}[{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"x\"},"
+		"\"id\":3}] {\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"y\"},\"id\":4}",
+		"{\"a\":[1}",
+		"[{\"a\":1]",
+	};
+	static char whole[sizeof(sink.buf)];
+
+	for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
+		const char *t = texts[i];
+		struct rpc_stream *st = stream();
+		size_t whole_len;
+		int ra, rb = 0;
+
+		ra = feed(st, t);
+		rpc_stream_free(st);
+		whole_len = sink.len;
+		memcpy(whole, sink.buf, whole_len);
+		st = stream();
+		for (size_t k = 0; t[k] && !rb; k++)
+			rb = rpc_stream_feed(st, t + k, 1);
+		rpc_stream_free(st);
+		CHECK(ra == rb, "%s: %d whole, %d a byte at a time", t, ra, rb);
+		CHECK(whole_len == sink.len && !memcmp(whole, sink.buf, whole_len),
+		      "%s: the same answers whole and a byte at a time", t);
+	}
+	/* -1-1 is no number, however it arrives. */
+	CHECK_EQ(one(texts[0], "not JSON"), RPC_PARSE_ERROR);
+	/* Three texts back to back, brackets and quotes in a name: three answers. */
+	{
+		struct rpc_stream *st = stream();
+		struct json_object *a;
+
+		CHECK_EQ(feed(st, texts[4]), 0);
+		CHECK_EQ(answers(), 3);
+		a = answer(0);
+		CHECK(a && !strcmp(path_str(a, "result", "name"), "]}\"{[\\"), "%s",
+		      path_str(a, "result", "name"));
+		json_object_put(a);
+		rpc_stream_free(st);
+	}
+	/* A bracket closing what it did not open ends the stream at once. */
+	CHECK_EQ(one("{\"a\":[1}", "closes no object"), RPC_PARSE_ERROR);
+	CHECK_EQ(one("[{\"a\":1]", "closes no array"), RPC_PARSE_ERROR);
+	/* RPC_DEPTH_MAX levels are JSON (not a request); one more is refused at once. */
+	{
+		char deep[6 * RPC_DEPTH_MAX + 3];
+		size_t n = 0;
+
+		for (unsigned k = 1; k < RPC_DEPTH_MAX; k++)
+			n += (size_t)sprintf(deep + n, "{\"a\":");
+		n += (size_t)sprintf(deep + n, "{}");
+		for (unsigned k = 1; k < RPC_DEPTH_MAX; k++)
+			deep[n++] = '}';
+		deep[n] = 0;
+		CHECK_EQ(one(deep, NULL), RPC_INVALID_REQUEST);
+		n = 0;
+		for (unsigned k = 0; k <= RPC_DEPTH_MAX; k++)
+			deep[n++] = '[';
+		deep[n] = 0;
+		CHECK_EQ(one(deep, "deeper than 32"), RPC_PARSE_ERROR);
+	}
+}
+
 /* ---- the server ---- */
 
 static char dir[128], sock[108];
@@ -571,6 +648,7 @@ int main(void)
 	stream_requests();
 	stream_bad_requests();
 	stream_garbage();
+	stream_split();
 	server_calls();
 	server_socket_file();
 	return test_done("rpc");
