@@ -5,7 +5,8 @@
 # every process of it (bench/chains.py):
 #   rnbd-mem      fio (rnbd engine, bench/fio/rnbd-fio.c) -> RTRS tcp -> rnbd-server memory
 #   rnbd-mem-thr  the same with rnbd_poll=0: completions on librnbd's threads, not fio's
-#   perf-mem      rnbd-client perf, the same job -> rnbd-server memory
+#   perf-mem      rnbd-client perf, the same job -> rnbd-server memory (polled completions)
+#   perf-mem-thr  the same with --completions threads, as rnbd-mem-thr
 #   gateway-mem   fio (nbd) -> nbdkit with the rnbd plugin (unix socket) -> rnbd-server memory
 #   nbdkit-mem    fio (nbd) -> nbdkit memory plugin (NBD over loopback TCP)
 #   rnbd-file     fio (rnbd engine) -> rnbd-server, a file export
@@ -63,15 +64,16 @@ rnbd_job() { # DEVICE SESSION [ENGINE OPTION]
 nbd_job() { # URI
 	printf '%s\n' "$fio" "${job[@]}" --ioengine=nbd --uri="$1"
 }
-perf_job() { # DEVICE
+perf_job() { # DEVICE COMPLETIONS
 	printf '%s\n' "$PWD/build-release/tools/rnbd-client" perf --server "127.0.0.1:$port" \
 		--session bench-perf --device "$1" --rw randrw --rwmixread 50 --bs 4k \
-		--iodepth "$QD" --size "$size" --runtime "$DURATION" --json
+		--iodepth "$QD" --size "$size" --runtime "$DURATION" --completions "$2" --json
 }
 python3 - "$tmp/spec.json" "$RUNS" "$QD" "$spid" "$gwpid" "$mempid" "$filepid" \
 	"$(rnbd_job mem0 bench-fio | paste -sd'\t')" \
 	"$(rnbd_job mem0 bench-fio-thr --rnbd_poll=0 | paste -sd'\t')" \
-	"$(perf_job mem0 | paste -sd'\t')" \
+	"$(perf_job mem0 poll | paste -sd'\t')" \
+	"$(perf_job mem0 threads | paste -sd'\t')" \
 	"$(nbd_job "nbd+unix:///mem0?socket=$tmp/rnbd.sock" | paste -sd'\t')" \
 	"$(nbd_job "nbd://127.0.0.1:$base/" | paste -sd'\t')" \
 	"$(rnbd_job disk.img bench-fio-file | paste -sd'\t')" \
@@ -85,6 +87,7 @@ chains = [
     ("rnbd-mem-thr", "the same, completions on librnbd's threads (rnbd_poll=0)", "fio",
      {"rnbd-server": srv}),
     ("perf-mem", "rnbd-client perf -> rnbd-server memory", "perf", {"rnbd-server": srv}),
+    ("perf-mem-thr", "the same, --completions threads", "perf", {"rnbd-server": srv}),
     ("gateway-mem", "fio nbd -> nbdkit rnbd plugin -> rnbd-server memory", "fio",
      {"nbdkit": gw, "rnbd-server": srv}),
     ("nbdkit-mem", "fio nbd -> nbdkit memory", "fio", {"nbdkit": mem}),
@@ -128,13 +131,16 @@ print("| rnbd memory chain / nbdkit memory, CPU per IO | %.2fx | <= 0.7x |" % r(
 print("| rnbd file chain / nbdkit file, CPU per IO | %.2fx | <= 0.8x |" % r("rnbd-file", "nbdkit-file"))
 print("| rnbd-server / nbdkit file plugin, CPU per file IO | %.2fx | <= 1.0x |" % (srvfile / nbdfile))
 print("| NBD gateway chain / nbdkit memory, CPU per IO | %.2fx | <= 1.5x |" % r("gateway-mem", "nbdkit-mem"))
-print("| fio rnbd engine / rnbd-client perf, IO/s | %.2fx | within 10 %% |" % r("rnbd-mem", "perf-mem", "iops"))
+print("| fio rnbd engine / rnbd-client perf, IO/s, both polled | %.2fx | within 10 %% |" % r("rnbd-mem", "perf-mem", "iops"))
+print("| fio rnbd engine / rnbd-client perf, IO/s, both on librnbd's threads | %.2fx | within 10 %% |" % r("rnbd-mem-thr", "perf-mem-thr", "iops"))
+print("| fio rnbd engine / rnbd-client perf, CPU per IO, both polled | %.2fx | |" % r("rnbd-mem", "perf-mem"))
 print("| fio rnbd engine, polled / on librnbd's threads, CPU per IO | %.2fx | |" % r("rnbd-mem", "rnbd-mem-thr"))
 # The gateway is both other chains end to end: fio and nbdkit as in the
 # nbdkit memory chain, then an RTRS client and rnbd-server as in the perf
-# chain. Their sum (less the memory plugin's copy and perf's own IO
-# generation, both small) is what the gateway cannot go below.
-floor = c["nbdkit-mem"]["cpu_us_per_io"] + c["perf-mem"]["cpu_us_per_io"]
+# chain on librnbd's threads, as the plugin's are. Their sum (less the
+# memory plugin's copy and perf's own IO generation, both small) is what
+# the gateway cannot go below.
+floor = c["nbdkit-mem"]["cpu_us_per_io"] + c["perf-mem-thr"]["cpu_us_per_io"]
 print("| NBD gateway chain / (nbdkit memory + rnbd-client perf chains), CPU per IO | %.2fx | |"
       % (c["gateway-mem"]["cpu_us_per_io"] / floor))
 print("| (nbdkit memory + rnbd-client perf chains) / nbdkit memory, CPU per IO | %.2fx | |"

@@ -77,6 +77,15 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["errors"] == 0 and j["bad"] == 0 and j["verify"] is True, j
 assert j["reads"] > 100 and j["writes"] > 100 and j["iops"] > 0, j
+assert j["completions"] == "poll", j
+PY
+check "perf --completions threads --verify: completions on librnbd's threads, every read verified" \
+	python3 - <(c perf --device mem0 --rw randrw --bs 4k --iodepth 16 --runtime 1 --verify --json \
+		--completions threads 2>"$dir/perf-thr.err") <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["errors"] == 0 and j["bad"] == 0 and j["completions"] == "threads", j
+assert j["reads"] > 100 and j["writes"] > 100, j
 PY
 check "server list devices (JSON) shows the session's device while it runs" \
 	python3 - "$dir/list.json" <<'PY'
