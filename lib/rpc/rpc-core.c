@@ -620,13 +620,13 @@ int rpc_stream_feed(struct rpc_stream *st, const char *buf, size_t len)
 			break;
 		buf += used;
 		len -= (size_t)used;
-		if (!done) {
-			if (st->text_bytes > RPC_REQ_MAX) {
-				send_error(st, RPC_INVALID_REQUEST, "a request larger than 1 MiB");
-				st->err = -EPROTO;
-			}
-			continue;
+		if (st->text_bytes > RPC_REQ_MAX) {
+			send_error(st, RPC_INVALID_REQUEST, "a request larger than 1 MiB");
+			st->err = -EPROTO;
+			break;
 		}
+		if (!done)
+			continue;
 		text = text_parse(st, &te);
 		if (!text || !utf8_valid((const unsigned char *)st->text, st->text_bytes)) {
 			json_object_put(text);

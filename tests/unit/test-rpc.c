@@ -361,6 +361,25 @@ static void stream_garbage(void)
 	json_object_put(a);
 	rpc_stream_free(st);
 	free(big);
+	/* A whole text of RPC_REQ_MAX bytes is taken; one byte more is not. */
+	for (size_t extra = 0; extra < 2; extra++) {
+		const char *head = "{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"";
+		const char *tail = "\"},\"id\":5}";
+		size_t total = RPC_REQ_MAX + extra, hl = strlen(head), tl = strlen(tail);
+
+		big = malloc(total + 1);
+		memcpy(big, head, hl);
+		memset(big + hl, 'n', total - hl - tl);
+		memcpy(big + total - tl, tail, tl + 1);
+		st = stream();
+		CHECK_EQ(feed(st, big), extra ? -EPROTO : 0);
+		CHECK_EQ(answers(), 1);
+		a = answer(0);
+		CHECK_EQ(err_code(a), extra ? RPC_INVALID_REQUEST : 0);
+		json_object_put(a);
+		rpc_stream_free(st);
+		free(big);
+	}
 	/* Blanks alone are no request: nothing happens, however many. */
 	st = stream();
 	big = malloc(3 << 20);
