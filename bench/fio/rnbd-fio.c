@@ -378,7 +378,11 @@ static int rnbd_fio_getevents(struct thread_data *td, unsigned int min, unsigned
 		}
 	}
 	if (r->polled) {
-		/* Also with min 0: what has come in is reaped now. */
+		/*
+		 * Polls until min are in. With none in, also for min 0: what
+		 * has come in is reaped now. With enough in already, not at all
+		 * (each round reads every connection's CQ, a system call each).
+		 */
 		for (bool first = true;; first = false) {
 			unsigned have;
 			int rc;
@@ -386,7 +390,7 @@ static int rnbd_fio_getevents(struct thread_data *td, unsigned int min, unsigned
 			pthread_mutex_lock(&r->lock);
 			have = r->nr_done;
 			pthread_mutex_unlock(&r->lock);
-			if (have >= min && !first)
+			if (have >= min && (!first || have))
 				break;
 			rc = rnbd_clt_poll(r->sess, have >= min ? 0 : t ? ms_until(&until) : -1);
 			if (rc == -EOPNOTSUPP) {
