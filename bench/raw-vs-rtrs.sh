@@ -5,7 +5,9 @@
 # one IO connection, the same size and queue depth, writes and reads, over
 # loopback tcp; runs alternate (bench/chains.py), and per contender the
 # ops/s and CPU time per op of client and server together. Goal: rtrs-perf
-# >= 1.0x the raw loop in ops/s with CPU per op no higher. RUNS (5) runs of
+# >= 1.0x the raw loop in ops/s with CPU per op no higher. rtrs-perf runs
+# twice: as deployed (always_invalidate: a new chunk key per IO) and with
+# --no-invalidate, the raw loop's terms (its keys never change). RUNS (5) runs of
 # DURATION (5) s; SIZE (4k), QD (64); --record appends the section to
 # bench/RESULTS.md with its plot.
 set -euo pipefail
@@ -29,17 +31,22 @@ rawpid=$!
 "$perf" server --port 0 >"$tmp/perf.log" 2>&1 &
 pids+=($!)
 perfpid=$!
+"$perf" server --port 0 --no-invalidate >"$tmp/perf-ni.log" 2>&1 &
+pids+=($!)
+nipid=$!
 for _ in $(seq 100); do
-	grep -q 'listening on port' "$tmp/raw.log" && grep -q 'port [0-9]' "$tmp/perf.log" && break
+	grep -q 'listening on port' "$tmp/raw.log" && grep -q 'port [0-9]' "$tmp/perf.log" &&
+		grep -q 'port [0-9]' "$tmp/perf-ni.log" && break
 	sleep 0.05
 done
 rport=$(grep -o 'listening on port [0-9]*' "$tmp/raw.log" | grep -o '[0-9]*$')
 pport=$(grep -o 'port [0-9]*' "$tmp/perf.log" | head -1 | grep -o '[0-9]*$')
+niport=$(grep -o 'port [0-9]*' "$tmp/perf-ni.log" | head -1 | grep -o '[0-9]*$')
 
 /usr/bin/python3 - "$tmp/spec.json" "$RUNS" "$rawpid" "$perfpid" "$raw" "$perf" "$rport" "$pport" \
-	"$SIZE" "$QD" "$DURATION" <<'PY'
+	"$SIZE" "$QD" "$DURATION" "$nipid" "$niport" <<'PY'
 import json, sys
-out, runs, rawpid, perfpid, raw, perf, rport, pport, size, qd, dur = sys.argv[1:12]
+out, runs, rawpid, perfpid, raw, perf, rport, pport, size, qd, dur, nipid, niport = sys.argv[1:14]
 chains = []
 for mode in ("write", "read"):
     chains.append({"name": "raw-" + mode, "label": "raw loop, %s" % mode, "kind": "ops",
@@ -51,11 +58,16 @@ for mode in ("write", "read"):
                    "cmd": [perf, "client", "--dst", "127.0.0.1:" + pport, "--mode", mode,
                            "--io-size", size, "--queue-depth", qd, "--duration", dur,
                            "--cons", "1", "--json"]})
+    chains.append({"name": "rtrs-ni-" + mode, "label": "rtrs-perf --no-invalidate, %s" % mode,
+                   "kind": "ops", "procs": {"server": int(nipid)},
+                   "cmd": [perf, "client", "--dst", "127.0.0.1:" + niport, "--mode", mode,
+                           "--io-size", size, "--queue-depth", qd, "--duration", dur,
+                           "--cons", "1", "--json"]})
 json.dump({"runs": int(runs), "title": "%s B, QD %s, one connection, loopback tcp" % (size, qd),
            "chains": chains}, open(out, "w"))
 PY
 day=$(date -u +%Y-%m-%d)
-plot=bench/plots/raw-vs-rtrs-$day.png
+plot=bench/plots/raw-vs-rtrs-$day${TAG:+-$TAG}.png  # TAG: runs of one day keep their plots
 /usr/bin/python3 bench/chains.py "$tmp/spec.json" "$tmp/out.json" "$tmp/plot.png"
 
 report=$(/usr/bin/python3 - "$tmp/out.json" "$RUNS" "$DURATION" "$SIZE" "$QD" "$(machine)" "$plot" \
@@ -72,13 +84,14 @@ print("Machine: %s. Command: `RUNS=%s DURATION=%s SIZE=%s QD=%s bench/raw-vs-rtr
       "of client and server over the run, divided by the ops). Plot: `%s`." %
       (machine, runs, dur, size, qd, qd, runs, dur, plot))
 print()
-print("| op | raw loop: ops/s | raw: CPU us/op | rtrs-perf: ops/s | rtrs: CPU us/op | ops/s ratio | CPU ratio | goal |")
-print("|---|---|---|---|---|---|---|---|")
+print("| op | rtrs-perf server | raw loop: ops/s | raw: CPU us/op | rtrs-perf: ops/s | rtrs: CPU us/op | ops/s ratio | CPU ratio | goal |")
+print("|---|---|---|---|---|---|---|---|---|")
 for m in ("write", "read"):
-    r, t = c["raw-" + m], c["rtrs-" + m]
-    print("| %s | %.0f | %.2f | %.0f | %.2f | %.2fx | %.2fx | >= 1.0x, CPU <= 1.0x |" % (
-        m, r["iops"], r["cpu_us_per_io"], t["iops"], t["cpu_us_per_io"],
-        t["iops"] / r["iops"], t["cpu_us_per_io"] / r["cpu_us_per_io"]))
+    for k, how in (("rtrs-", "always_invalidate"), ("rtrs-ni-", "--no-invalidate")):
+        r, t = c["raw-" + m], c[k + m]
+        print("| %s | %s | %.0f | %.2f | %.0f | %.2f | %.2fx | %.2fx | >= 1.0x, CPU <= 1.0x |" % (
+            m, how, r["iops"], r["cpu_us_per_io"], t["iops"], t["cpu_us_per_io"],
+            t["iops"] / r["iops"], t["cpu_us_per_io"] / r["cpu_us_per_io"]))
 PY
 )
 echo "$report"
