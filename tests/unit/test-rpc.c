@@ -368,6 +368,10 @@ static void stream_garbage(void)
 		size_t total = RPC_REQ_MAX + extra, hl = strlen(head), tl = strlen(tail);
 
 		big = malloc(total + 1);
+		if (!big) {
+			CHECK(big, "out of memory");
+			return;
+		}
 		memcpy(big, head, hl);
 		memset(big + hl, 'n', total - hl - tl);
 		memcpy(big + total - tl, tail, tl + 1);
