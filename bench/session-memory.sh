@@ -7,11 +7,17 @@
 # measure is repeated ROUNDS (3) times on one server, so that a second
 # round shows whether memory comes back for good. --record appends the
 # section to bench/RESULTS.md with a plot in bench/plots/ (TAG=name: the plot's
-# file name ends in -name, so that runs of one day keep theirs).
+# file name ends in -name, so that runs of one day keep theirs). While the
+# sessions are open and idle, the server's wake-ups (context switches of
+# all its threads) and CPU are counted over IDLE_S (5) seconds: idle
+# sessions carry only heartbeats. BUILD (build-release) is the build tree
+# whose rnbd-server, rnbd-clientd and rnbd run: another revision's, for a
+# before-and-after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-32}
 ROUNDS=${ROUNDS:-3}
+IDLE_S=${IDLE_S:-5}
 record=false
 [ "${1:-}" = --record ] && record=true
 dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install ok installed" ||
@@ -19,19 +25,22 @@ dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install o
 		python3-matplotlib >/dev/null
 . bench/lib.sh
 bench_processes
+bin=$(realpath "${BUILD:-build-release}")
 
-"$PWD/build-release/daemons/rnbd-server" --port 0 --mem-device "m0:$((64 << 20))" --quiet \
+"$bin/daemons/rnbd-server" --port 0 --mem-device "m0:$((64 << 20))" --quiet \
 	--control "$tmp/sctl" ${SERVER_OPTS:-} >"$tmp/server.log" 2>&1 &
 pids+=($!)
 spid=$!
 for _ in $(seq 100); do grep -q 'listening on port' "$tmp/server.log" && break; sleep 0.05; done
 port=$(grep -o 'listening on port [0-9]*' "$tmp/server.log" | grep -o '[0-9]*$')
-"$PWD/build-release/daemons/rnbd-clientd" --control "$tmp/cctl" --quiet >"$tmp/clientd.log" 2>&1 &
+"$bin/daemons/rnbd-clientd" --control "$tmp/cctl" --quiet >"$tmp/clientd.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [ -S "$tmp/cctl" ] && break; sleep 0.05; done
-rnbd=$PWD/build-release/tools/rnbd
+rnbd=$bin/tools/rnbd
 rss() { awk '/^VmRSS/ { print $2 }' "/proc/$spid/status"; }   # kB
 threads() { ls "/proc/$spid/task" | wc -l; }
+switches() { cat "/proc/$spid"/task/*/status | awk '/ctxt_switches/ { s += $2 } END { print s }'; }
+cputicks() { awk '{ print $14 + $15 }' "/proc/$spid/stat"; }
 
 sleep 1
 start=$(rss)
@@ -49,6 +58,9 @@ for r in $(seq "$ROUNDS"); do
 	sleep 1
 	open=$(rss)
 	open_threads=$(threads)
+	w0=$(switches) c0=$(cputicks)
+	sleep "$IDLE_S"
+	wakes=$(($(switches) - w0)) ticks=$(($(cputicks) - c0))
 	for i in $(seq "$N"); do
 		"$rnbd" --socket "$tmp/cctl" client unmap m0 --session "mem-$r-$i" >/dev/null
 	done
@@ -60,26 +72,29 @@ for r in $(seq "$ROUNDS"); do
 	[ "$("$rnbd" --socket "$tmp/sctl" server list -o json)" = "[]" ] ||
 		{ echo "session-memory: the server still has sessions 30 s after they closed" >&2; exit 1; }
 	sleep 1
-	echo "$r $open $(rss) $open_threads $(threads)" >>"$tmp/rounds"
+	echo "$r $open $(rss) $open_threads $(threads) $wakes $ticks" >>"$tmp/rounds"
 done
 
 report=$(/usr/bin/python3 - "$tmp/rounds" "$start" "$N" "$(machine)" "$ROUNDS" "${SERVER_OPTS:-}" \
-	"$tmp/plot.png" <<'PY'
+	"$tmp/plot.png" "$IDLE_S" "$(getconf CLK_TCK)" <<'PY'
 import sys
 rounds = [list(map(int, l.split())) for l in open(sys.argv[1])]
 start, n, machine, nrounds, opts, plot = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
+idle_s, hz = int(sys.argv[8]), int(sys.argv[9])
 print()
 print("### %s rnbd-server memory per idle session" % __import__("time").strftime("%Y-%m-%d", __import__("time").gmtime()))
 print()
 print("Machine: %s. Command: `N=%d ROUNDS=%s %sbench/session-memory.sh` (server RSS from "
       "/proc; each session maps a 64 MiB memory device read-only through rnbd-clientd, one "
-      "path, tcp, no IO)." % (machine, n, nrounds, ("SERVER_OPTS='%s' " % opts) if opts else "", ))
+      "path, tcp, no IO; idle wake-ups and CPU: the server's context switches and utime + "
+      "stime over %d s with the sessions open)." % (machine, n, nrounds, ("SERVER_OPTS='%s' " % opts) if opts else "", idle_s))
 print()
-print("| round | RSS at start | with %d sessions | per idle session | after they closed | above start | threads open/closed |" % n)
-print("|---|---|---|---|---|---|---|")
-for r, op, cl, t1, t2 in rounds:
-    print("| %d | %.1f MiB | %.1f MiB | %.0f KiB | %.1f MiB | %.1f MiB | %d / %d |" % (
-        r, start / 1024, op / 1024, (op - start) / n, cl / 1024, (cl - start) / 1024, t1, t2))
+print("| round | RSS at start | with %d sessions | per idle session | after they closed | above start | threads open/closed | idle: wake-ups/s | idle: CPU |" % n)
+print("|---|---|---|---|---|---|---|---|---|")
+for r, op, cl, t1, t2, wk, tk in rounds:
+    print("| %d | %.1f MiB | %.1f MiB | %.0f KiB | %.1f MiB | %.1f MiB | %d / %d | %.0f | %.2f %% |" % (
+        r, start / 1024, op / 1024, (op - start) / n, cl / 1024, (cl - start) / 1024, t1, t2,
+        wk / idle_s, 100.0 * tk / hz / idle_s))
 print()
 print("Goals: an idle session <= 512 KiB; after the sessions close, RSS within 2 MiB of the start.")
 import matplotlib
@@ -87,7 +102,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 fig, ax = plt.subplots(figsize=(8, 3.5))
 xs, ys, labels = [0], [start / 1024], ["start"]
-for r, op, cl, _, _ in rounds:
+for r, op, cl, *_ in rounds:
     xs += [len(xs), len(xs) + 1]
     ys += [op / 1024, cl / 1024]
     labels += ["%d open (r%d)" % (n, r), "closed (r%d)" % r]
