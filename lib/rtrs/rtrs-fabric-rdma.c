@@ -927,7 +927,7 @@ static void *con_thread(void *arg)
 		}
 		struct epoll_event evs[3];
 		bool retry = atomic_load(&c->retry);
-		int ne = epoll_wait(c->epfd, evs, ARRAY_SIZE(evs), retry ? 1 : 1000);
+		int ne = epoll_wait(c->epfd, evs, ARRAY_SIZE(evs), retry ? 1 : 10000);
 
 		if (ne == 0 && retry && atomic_exchange(&c->retry, false))
 			atomic_store(&c->kicked, true);
