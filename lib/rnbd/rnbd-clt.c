@@ -23,6 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/queue.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <linux/futex.h>
 
 #include "log.h"
 #include "rnbd-export.h"
@@ -135,33 +139,47 @@ struct clt_io {
 
 /* ---- one request ---------------------------------------------------------------- */
 
+/*
+ * A caller waiting for its request's end: a futex word, RUNNING until the
+ * caller goes to sleep on it (SLEEPING) or the request ends (DONE). The
+ * completion stores the result, then the word; the caller may return as
+ * soon as it reads DONE, so after that store the completion uses only the
+ * word's address, for the wake (one that reaches a later wait at the same
+ * address is spurious there, and every futex user checks its word again).
+ * One wait and one wake per request, where a mutex and a condition cost a
+ * third system call: pthread_cond_wait takes its mutex back as contended,
+ * so its unlock always wakes.
+ */
+enum { WAITER_RUNNING, WAITER_DONE, WAITER_SLEEPING };
+
 struct waiter {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	bool done;
+	atomic_uint state;
 	int err;
 };
 
 static void waiter_done(void *priv, int err)
 {
 	struct waiter *w = priv;
+	atomic_uint *word = &w->state;
 
-	pthread_mutex_lock(&w->lock);
-	w->done = true;
 	w->err = err;
-	pthread_cond_signal(&w->cond);
-	pthread_mutex_unlock(&w->lock);
+	if (atomic_exchange_explicit(word, WAITER_DONE, memory_order_acq_rel) == WAITER_SLEEPING)
+		syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 /* Waits for waiter_done; its result. */
 static int waiter_wait(struct waiter *w)
 {
-	pthread_mutex_lock(&w->lock);
-	while (!w->done)
-		pthread_cond_wait(&w->cond, &w->lock);
-	pthread_mutex_unlock(&w->lock);
-	pthread_mutex_destroy(&w->lock);
-	pthread_cond_destroy(&w->cond);
+	unsigned st = WAITER_RUNNING;
+
+	if (atomic_compare_exchange_strong_explicit(&w->state, &st, WAITER_SLEEPING,
+						    memory_order_acquire, memory_order_acquire))
+		st = WAITER_SLEEPING;
+	while (st != WAITER_DONE) {
+		/* Returns at once unless the word still says SLEEPING; woken, or not, look again. */
+		syscall(SYS_futex, &w->state, FUTEX_WAIT_PRIVATE, WAITER_SLEEPING, NULL, NULL, 0);
+		st = atomic_load_explicit(&w->state, memory_order_acquire);
+	}
 	return w->err;
 }
 
@@ -193,7 +211,7 @@ static uint64_t sess_epoch(struct rnbd_clt_sess *s)
 static int request(struct rnbd_clt_sess *s, uint64_t epoch, enum rtrs_dir dir, const void *msg,
 		   size_t msglen, void *data, size_t datalen)
 {
-	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
+	struct waiter w = { WAITER_RUNNING, 0 };
 	struct rtrs_clt_req_ops ops = { .priv = &w, .conf = waiter_done };
 	struct iovec usr = { (void *)msg, msglen }, iov = { data, datalen };
 	int rc;
@@ -1095,7 +1113,7 @@ RNBD_EXPORT
 int rnbd_clt_io(struct rnbd_clt_dev *d, enum rnbd_clt_op op, uint32_t flags, uint64_t offset,
 		void *buf, uint32_t len)
 {
-	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0 };
+	struct waiter w = { WAITER_RUNNING, 0 };
 	int rc;
 
 	if (in_done)

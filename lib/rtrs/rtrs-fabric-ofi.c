@@ -253,6 +253,29 @@ static void wd_check(struct fab_con *c)
 }
 
 /*
+ * Until the process has used *tick more of CPU. Where the kernel will not
+ * sleep on that clock (a sandbox that filters it), on the wall clock from
+ * then on, as the watchdog did before, rather than spin.
+ */
+static void wd_sleep(const struct timespec *tick)
+{
+	static bool wall;
+	int rc = EINVAL;
+
+	if (!wall) {
+		rc = clock_nanosleep(CLOCK_PROCESS_CPUTIME_ID, 0, tick, NULL);
+		if (rc && rc != EINTR) {
+			log_warn("fabric: the flood watchdog cannot sleep on the process's CPU "
+				 "clock (%s): it wakes every %d ms instead", strerror(rc),
+				 FAB_WD_TICK_MS);
+			wall = true;
+		}
+	}
+	if (wall)
+		nanosleep(tick, NULL);
+}
+
+/*
  * The watchdog lives as long as the process once started (a thread that
  * stops and starts with the connections would race its own restart); with
  * no connection to watch it sleeps until one comes. Between looks it
@@ -273,7 +296,7 @@ static void *wd_thread(void *arg)
 		for (struct fab_con *c = wd.head; c; c = c->wd_next)
 			wd_check(c);
 		pthread_mutex_unlock(&wd.lock);
-		clock_nanosleep(CLOCK_PROCESS_CPUTIME_ID, 0, &tick, NULL);
+		wd_sleep(&tick);
 		pthread_mutex_lock(&wd.lock);
 	}
 	pthread_mutex_unlock(&wd.lock);
