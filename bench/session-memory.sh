@@ -8,16 +8,17 @@
 # round shows whether memory comes back for good. --record appends the
 # section to bench/RESULTS.md with a plot in bench/plots/ (TAG=name: the plot's
 # file name ends in -name, so that runs of one day keep theirs). While the
-# sessions are open and idle, the server's wake-ups (context switches of
-# all its threads) and CPU are counted over IDLE_S (5) seconds: idle
-# sessions carry only heartbeats. BUILD (build-release) is the build tree
-# whose rnbd-server, rnbd-clientd and rnbd run: another revision's, for a
-# before-and-after.
+# sessions are open and idle, the server's wake-ups (voluntary context
+# switches of all its threads) and CPU are counted over IDLE_S (10)
+# seconds: idle sessions carry only heartbeats. BUILD (build-release, from
+# the tree's top) is the build tree whose rnbd-server, rnbd-clientd and
+# rnbd run: another revision's, for a before-and-after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-32}
 ROUNDS=${ROUNDS:-3}
-IDLE_S=${IDLE_S:-5}
+IDLE_S=${IDLE_S:-10}
+[[ "$IDLE_S" =~ ^[1-9][0-9]*$ ]] || { echo "session-memory: IDLE_S: whole seconds, at least 1" >&2; exit 2; }
 record=false
 [ "${1:-}" = --record ] && record=true
 dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install ok installed" ||
@@ -26,6 +27,7 @@ dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install o
 . bench/lib.sh
 bench_processes
 bin=$(realpath "${BUILD:-build-release}")
+[ -x "$bin/daemons/rnbd-server" ] || { echo "session-memory: no $bin/daemons/rnbd-server" >&2; exit 2; }
 
 "$bin/daemons/rnbd-server" --port 0 --mem-device "m0:$((64 << 20))" --quiet \
 	--control "$tmp/sctl" ${SERVER_OPTS:-} >"$tmp/server.log" 2>&1 &
@@ -39,7 +41,9 @@ for _ in $(seq 100); do [ -S "$tmp/cctl" ] && break; sleep 0.05; done
 rnbd=$bin/tools/rnbd
 rss() { awk '/^VmRSS/ { print $2 }' "/proc/$spid/status"; }   # kB
 threads() { ls "/proc/$spid/task" | wc -l; }
-switches() { cat "/proc/$spid"/task/*/status | awk '/ctxt_switches/ { s += $2 } END { print s }'; }
+# A thread that ends between the glob and the read takes its count along: clamped below.
+switches() { { cat "/proc/$spid"/task/*/status 2>/dev/null || true; } |
+	awk '/^voluntary_ctxt_switches/ { s += $2 } END { print s + 0 }'; }
 cputicks() { awk '{ print $14 + $15 }' "/proc/$spid/stat"; }
 
 sleep 1
@@ -61,6 +65,7 @@ for r in $(seq "$ROUNDS"); do
 	w0=$(switches) c0=$(cputicks)
 	sleep "$IDLE_S"
 	wakes=$(($(switches) - w0)) ticks=$(($(cputicks) - c0))
+	[ "$wakes" -ge 0 ] || wakes=0
 	for i in $(seq "$N"); do
 		"$rnbd" --socket "$tmp/cctl" client unmap m0 --session "mem-$r-$i" >/dev/null
 	done
@@ -76,18 +81,19 @@ for r in $(seq "$ROUNDS"); do
 done
 
 report=$(/usr/bin/python3 - "$tmp/rounds" "$start" "$N" "$(machine)" "$ROUNDS" "${SERVER_OPTS:-}" \
-	"$tmp/plot.png" "$IDLE_S" "$(getconf CLK_TCK)" <<'PY'
+	"$tmp/plot.png" "$IDLE_S" "$(getconf CLK_TCK)" "${BUILD:-}" <<'PY'
 import sys
 rounds = [list(map(int, l.split())) for l in open(sys.argv[1])]
 start, n, machine, nrounds, opts, plot = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
-idle_s, hz = int(sys.argv[8]), int(sys.argv[9])
+idle_s, hz, build = int(sys.argv[8]), int(sys.argv[9]), sys.argv[10]
 print()
 print("### %s rnbd-server memory per idle session" % __import__("time").strftime("%Y-%m-%d", __import__("time").gmtime()))
 print()
-print("Machine: %s. Command: `N=%d ROUNDS=%s %sbench/session-memory.sh` (server RSS from "
+print("Machine: %s. Command: `N=%d ROUNDS=%s IDLE_S=%d %s%sbench/session-memory.sh` (server RSS from "
       "/proc; each session maps a 64 MiB memory device read-only through rnbd-clientd, one "
-      "path, tcp, no IO; idle wake-ups and CPU: the server's context switches and utime + "
-      "stime over %d s with the sessions open)." % (machine, n, nrounds, ("SERVER_OPTS='%s' " % opts) if opts else "", idle_s))
+      "path, tcp, no IO; idle wake-ups and CPU: the server's voluntary context switches and "
+      "utime + stime over %d s with the sessions open)." % (machine, n, nrounds, idle_s,
+      ("SERVER_OPTS='%s' " % opts) if opts else "", ("BUILD=%s " % build) if build else "", idle_s))
 print()
 print("| round | RSS at start | with %d sessions | per idle session | after they closed | above start | threads open/closed | idle: wake-ups/s | idle: CPU |" % n)
 print("|---|---|---|---|---|---|---|---|---|")

@@ -169,17 +169,18 @@ static bool raw_is_waiting_socket(int fd);
  * can: it has at most a queue depth of requests out before it needs our
  * answers, which need fi_cq_read to return. So a thread that burns
  * FAB_READ_CPU_MAX_MS of CPU in one fi_cq_read is being flooded; one
- * watchdog thread per process looks each time the process has used
- * FAB_WD_TICK_MS more of CPU and resets the connection's socket, which ends
- * the read. CPU time, not wall time, both for the read (a thread that is
- * merely preempted on a busy machine is no flood) and for the watchdog's
- * sleep: a flooded thread burns CPU, so the watchdog looks at least every
- * FAB_WD_TICK_MS of wall time then, while an idle process with many
- * sessions does not wake it at all (it woke 200 times a second before).
- * Measured here (bench/RESULTS.md), the longest read of well-behaved
- * traffic took 3 ms of CPU (128 KiB writes at queue depth 64, 4 KiB at
- * 512); a flood queues about 80 bytes of completions per 48 read, some
- * 10 MB in 15 ms.
+ * watchdog thread per process looks at them and resets the connection's
+ * socket, which ends the read. CPU time, not wall time: a thread that is
+ * merely preempted on a busy machine is no flood. While a look finds some
+ * thread in a read, the next comes FAB_WD_TICK_MS later; while it finds
+ * none, once the process has used FAB_WD_TICK_MS more of CPU (its CPU
+ * clock, which the kernel reads at its scheduler tick): a flood burns CPU
+ * and so wakes the watchdog within a tick or two, while an idle process
+ * with many sessions does not wake it at all (it woke 200 times a second
+ * before). Measured here (bench/RESULTS.md), the longest read of
+ * well-behaved traffic took 3 ms of CPU (128 KiB writes at queue depth 64,
+ * 4 KiB at 512); a flood queues about 80 bytes of completions per 48 read,
+ * some 10 MB in 15 ms.
  */
 #define FAB_READ_CPU_MAX_MS 15
 #define FAB_WD_TICK_MS 5
@@ -229,58 +230,64 @@ static void con_kill_sockets(struct fab_con *c)
 	fclose(f);
 }
 
-static void wd_check(struct fab_con *c)
+/* Looks at c; returns whether its thread is in a read. */
+static bool wd_check(struct fab_con *c)
 {
 	uint64_t since = atomic_load_explicit(&c->read_since_ms, memory_order_relaxed);
 	uint64_t cpu, ms;
 
 	if (!since || atomic_load(&c->flooded) || !c->thread_started)
-		return;
+		return since != 0;
 	cpu = thread_cpu_ns(c->thread);
 	if (since != c->wd_seen_since) {
 		/* A read the watchdog has not seen yet: its start. */
 		c->wd_seen_since = since;
 		c->wd_cpu0_ns = cpu;
-		return;
+		return true;
 	}
 	ms = (cpu - c->wd_cpu0_ns) / 1000000;
 	if (ms < FAB_READ_CPU_MAX_MS)
-		return;
+		return true;
 	atomic_store(&c->flooded, true);
 	log_err_rl("%s: the peer sends faster than it may (one completion read took %llu ms "
 		   "of CPU): closing the connection", c->name, (unsigned long long)ms);
 	con_kill_sockets(c);
+	return true;
 }
 
 /*
- * Until the process has used *tick more of CPU. Where the kernel will not
- * sleep on that clock (a sandbox that filters it), on the wall clock from
- * then on, as the watchdog did before, rather than spin.
+ * Until the process has used FAB_WD_TICK_MS more of CPU, without the lock.
+ * Where the kernel will not sleep on that clock (a sandbox that filters
+ * it), false from then on: the caller ticks on the wall clock instead.
  */
-static void wd_sleep(const struct timespec *tick)
+static bool wd_cpu_sleep(void)
 {
-	static bool wall;
-	int rc = EINVAL;
+	static const struct timespec tick = { 0, FAB_WD_TICK_MS * 1000000L };
+	static bool refused;
+	int rc;
 
-	if (!wall) {
-		rc = clock_nanosleep(CLOCK_PROCESS_CPUTIME_ID, 0, tick, NULL);
-		if (rc && rc != EINTR) {
-			log_warn("fabric: the flood watchdog cannot sleep on the process's CPU "
-				 "clock (%s): it wakes every %d ms instead", strerror(rc),
-				 FAB_WD_TICK_MS);
-			wall = true;
-		}
+	if (refused)
+		return false;
+	pthread_mutex_unlock(&wd.lock);
+	rc = clock_nanosleep(CLOCK_PROCESS_CPUTIME_ID, 0, &tick, NULL);
+	pthread_mutex_lock(&wd.lock);
+	if (rc && rc != EINTR) {
+		log_warn("fabric: the flood watchdog cannot sleep on the process's CPU clock (%s): "
+			 "it looks every %d ms instead", strerror(rc), FAB_WD_TICK_MS);
+		refused = true;
+		return false;
 	}
-	if (wall)
-		nanosleep(tick, NULL);
+	return true;
 }
+
+_Static_assert(FAB_WD_TICK_MS < 1000, "the watchdog's tick is a timespec's nanoseconds");
 
 /*
  * The watchdog lives as long as the process once started (a thread that
  * stops and starts with the connections would race its own restart); with
  * no connection to watch it sleeps until one comes. Between looks it
- * sleeps on the process's CPU clock, without the lock: connections come
- * and go meanwhile.
+ * waits FAB_WD_TICK_MS, or, when no thread was in a read, sleeps on the
+ * process's CPU clock without the lock (connections come and go then).
  */
 static void *wd_thread(void *arg)
 {
@@ -291,13 +298,15 @@ static void *wd_thread(void *arg)
 			pthread_cond_wait(&wd.cond, &wd.lock);
 			continue;
 		}
-		const struct timespec tick = { 0, FAB_WD_TICK_MS * 1000000L };
+		bool reading = false;
 
 		for (struct fab_con *c = wd.head; c; c = c->wd_next)
-			wd_check(c);
-		pthread_mutex_unlock(&wd.lock);
-		wd_sleep(&tick);
-		pthread_mutex_lock(&wd.lock);
+			reading |= wd_check(c);
+		if (!reading && wd_cpu_sleep())
+			continue;
+		struct timespec dl = deadline_ms(FAB_WD_TICK_MS);
+
+		pthread_cond_timedwait(&wd.cond, &wd.lock, &dl);
 	}
 	pthread_mutex_unlock(&wd.lock);
 	return arg;
@@ -1428,7 +1437,7 @@ static void *con_thread(void *arg)
 		}
 		struct epoll_event evs[3];
 		bool retry = atomic_load(&c->retry);
-		int ne = epoll_wait(c->epfd, evs, ARRAY_SIZE(evs), retry ? 1 : 10000);
+		int ne = epoll_wait(c->epfd, evs, ARRAY_SIZE(evs), retry ? 1 : 1000);
 
 		if (ne == 0 && retry && atomic_exchange(&c->retry, false))
 			atomic_store(&c->kicked, true);
@@ -1771,7 +1780,17 @@ static int ofi_con_rx_setup(struct fab_con *c, size_t count, size_t size)
 
 static void ofi_con_retry_later(struct fab_con *c)
 {
+	uint64_t one = 1;
+
 	atomic_store(&c->retry, true);
+	/*
+	 * From a poller's thread (fab_con_poll runs kicks too), the completion
+	 * thread may be asleep already: wake it, so that the retry comes after
+	 * 1 ms as on its own thread, not at its idle timeout.
+	 */
+	if (c->thread_started && !pthread_equal(pthread_self(), c->thread) &&
+	    write(c->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		log_warn("%s: eventfd write: %s", c->name, strerror(errno));
 }
 
 static void ofi_con_kick(struct fab_con *c)

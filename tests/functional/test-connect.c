@@ -982,9 +982,10 @@ static void test_idle_listener(void)
 /*
  * Connections come and go on two threads at once, so the count of
  * connections in the process goes through 0 again and again while another
- * connection is being made: the flood watchdog (one thread per process,
- * started by the first connection, stopped by the last) is stopped and
- * started concurrently. Thread A makes and destroys connections; thread B
+ * connection is being made: the flood watchdog (one thread per process)
+ * was then started by the first connection and stopped by the last, so it
+ * was stopped and started concurrently (it now lives as long as the
+ * process once started). Thread A makes and destroys connections; thread B
  * makes one, keeps it until A has destroyed two more, destroys it, and so
  * on. A's destroys must never wait for B. Before, B's start of the
  * watchdog revived the one A had just stopped (and was joining), so A
