@@ -157,16 +157,21 @@ void clt_path_poll_leave(struct clt_path *p)
  * It reads only the queues of connections with requests in flight: on
  * tcp every read of a completion queue costs a system call (the
  * provider's progress looks at its socket), and a caller that stays on
- * one CPU has its requests on one connection. With *sleep_ok, a round
- * reads every queue, then arms them all to wake a sleeper, or clears
- * *sleep_ok when one has something already. A path that is not CONNECTED
- * any more is skipped, its fds out of the set: its connections may be
- * shut down (their fds would say readable for ever) and its teardown
- * completes what it had in flight.
+ * one CPU has its requests on one connection. A path that is not
+ * CONNECTED any more is skipped, its fds out of the set: its connections
+ * may be shut down (their fds would say readable for ever) and its
+ * teardown completes what it had in flight.
+ *
+ * With *sleep_ok the round arms every queue to wake a sleeper instead,
+ * and clears *sleep_ok when one has something already, which it then
+ * reads. It does not read the queues first: the round before found them
+ * empty, and arming one looks at it again (on tcp fi_trywait reads the
+ * queue and progresses the socket), so what came since is not lost.
  */
 static int clt_poll_round(struct rtrs_clt_sess *s, bool *sleep_ok)
 {
 	size_t np = atomic_load(&s->paths_num);
+	bool arm = *sleep_ok;
 	int done = 0;
 
 	for (size_t i = 0; i < np; i++) {
@@ -179,29 +184,24 @@ static int clt_poll_round(struct rtrs_clt_sess *s, bool *sleep_ok)
 			continue;
 		}
 		for (unsigned cid = 1; cid < p->base.nr_cons; cid++) {
+			struct fab_con *fc = p->cons[cid].c.fc;
 			int n;
 
-			if (!*sleep_ok && !atomic_load_explicit(&p->cons[cid].inflight,
-								memory_order_relaxed))
+			if (arm) {
+				if (!p->poll_fds_in || !fab_con_trywait(fc))
+					continue;
+				*sleep_ok = false;
+			} else if (!atomic_load_explicit(&p->cons[cid].inflight,
+							 memory_order_relaxed)) {
 				continue;
-			n = fab_con_poll(p->cons[cid].c.fc);
+			}
+			n = fab_con_poll(fc);
 			if (n < 0)
 				return n;
 			done += n;
 		}
 	}
-	if (done || !*sleep_ok)
-		return done;
-	for (size_t i = 0; i < np; i++) {
-		struct clt_path *p = &s->paths[i];
-
-		for (unsigned cid = 1; p->polled && p->poll_fds_in && cid < p->base.nr_cons; cid++)
-			if (fab_con_trywait(p->cons[cid].c.fc)) {
-				*sleep_ok = false;
-				return 0;
-			}
-	}
-	return 0;
+	return done;
 }
 
 /* A round under poll_lock: *reqs, the requests it completed on this thread. */
