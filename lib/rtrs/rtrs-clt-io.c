@@ -259,6 +259,7 @@ int rtrs_clt_poll(struct rtrs_clt_sess *s, int timeout_ms)
 			wait_ms = timeout_ms - (int)spent;
 		}
 		atomic_fetch_add(&s->poller.waiting, 1);
+		atomic_fetch_add(&s->poller.sleeps, 1);
 		if (atomic_load(&s->poll_seq) != atomic_load(&s->poll_seen)) {
 			atomic_fetch_sub(&s->poller.waiting, 1);
 			return clt_poll_ret(s, 0);

@@ -146,6 +146,9 @@ struct fab_con {
 	/* Whoever reads the CQ and runs callbacks: the thread, or a poller. */
 	pthread_mutex_t cq_lock;
 	_Atomic(struct fab_poller *) poller; /* fab_con_set_poller */
+	/* The thread's: the poller's sleeps at its last yielded lap, if it was asleep. */
+	unsigned yield_sleeps;
+	bool yield_asleep;
 	atomic_bool poll_eq_due;  /* a poller met an error: the thread reads the EQ */
 	struct fi_cq_data_entry comps[FAB_CQ_BATCH]; /* the thread's, too big for its stack */
 	/* The flood watchdog (wd_*): its list, and what it saw of this thread. */
@@ -1349,19 +1352,36 @@ static bool con_yields_cq(struct fab_con *c)
  * kick or the lease, then read the EQ and run a due kick. A retry after
  * -EAGAIN still comes after 1 ms: the poller reads completions, but only
  * this thread waits for time.
+ *
+ * A poller found in the same wait as a lap before is idle: the lap then
+ * also waits on the CQ's fd, for up to a second instead of a lease, so an
+ * idle polled session does not wake this thread 100 times a second.
+ * Whatever ends the poller's wait on the CQ ends this one too; a poller
+ * that woke for another reason and stopped polling leaves the CQ armed,
+ * so its next completion wakes this thread, and the lap after looks at
+ * the lease again. After a wake on the CQ's fd the next lap is a short
+ * one: the fd stays readable until the poller reads the queue.
  */
 static void con_lap_yielded(struct fab_con *c, bool *eq_due)
 {
-	struct pollfd pfd[2] = { { .fd = c->eq_fd, .events = POLLIN },
-				 { .fd = c->wake_fd, .events = POLLIN } };
+	struct fab_poller *p = atomic_load_explicit(&c->poller, memory_order_acquire);
+	struct pollfd pfd[3] = { { .fd = c->eq_fd, .events = POLLIN },
+				 { .fd = c->wake_fd, .events = POLLIN },
+				 { .fd = c->cq_fd, .events = POLLIN } };
 	bool retry = atomic_load(&c->retry);
-	int np = poll(pfd, 2, retry ? 1 : FAB_POLL_LEASE_MS);
+	unsigned sleeps = p ? atomic_load(&p->sleeps) : 0;
+	bool asleep = p && atomic_load(&p->waiting) > 0;
+	bool idle = !retry && asleep && c->yield_asleep && sleeps == c->yield_sleeps;
+	int np = poll(pfd, idle ? 3 : 2, retry ? 1 : idle ? 1000 : FAB_POLL_LEASE_MS);
 	uint64_t v;
 
+	c->yield_asleep = asleep && !(idle && np > 0 && pfd[2].revents);
+	c->yield_sleeps = sleeps;
 	if (np > 0 && (pfd[1].revents & POLLIN) && read(c->wake_fd, &v, sizeof(v)) < 0 &&
 	    errno != EAGAIN)
 		log_warn("%s: eventfd read: %s", c->name, strerror(errno));
-	if (np != 0 || pfd[0].revents || atomic_exchange(&c->poll_eq_due, false))
+	if (np < 0 || (np > 0 && (pfd[0].revents || pfd[1].revents)) ||
+	    atomic_exchange(&c->poll_eq_due, false))
 		*eq_due = true;
 	pthread_mutex_lock(&c->cq_lock);
 	if (*eq_due) {

@@ -451,7 +451,11 @@ static inline void fab_con_destroy(struct fab_con *c)
  * wait (waiting > 0), or polled within FAB_POLL_LEASE_MS. Then its
  * thread reads only connection events and kicks; otherwise it reads the
  * queue itself, as without a poller, so completions never wait for a
- * caller that stopped polling for longer than the lease. Every callback
+ * caller that stopped polling for longer than the lease. A thread that
+ * finds the same wait (sleeps unchanged) still going a lease later sleeps
+ * on the completion queue's fd too, rather than look again every lease:
+ * whatever wakes the caller wakes it, and a caller that left its wait
+ * and stopped polling still has its completions read. Every callback
  * of a connection runs under one lock, whichever thread reads: they
  * never run concurrently.
  */
@@ -460,6 +464,7 @@ static inline void fab_con_destroy(struct fab_con *c)
 struct fab_poller {
 	_Atomic uint64_t last_ms;   /* now_ms() of the last fab_con_poll round */
 	atomic_int waiting;         /* callers asleep on the wait fds */
+	atomic_uint sleeps;         /* waits begun so far, by any caller */
 };
 
 /*

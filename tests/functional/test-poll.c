@@ -167,6 +167,13 @@ static void part_hand_back(void)
 	while (atomic_load(&outstanding) && test_now_ms() - t0 < 5000)
 		usleep(1000);
 	CHECK_EQ(atomic_load(&outstanding), 0);
+	/*
+	 * part_timeouts' idle poll left the completion threads waiting on
+	 * the queues' fds for up to a second (con_lap_yielded): the
+	 * completion wakes them, it does not wait for that second.
+	 */
+	CHECK(test_now_ms() - t0 < 500, "the completion after the poller left took %llu ms",
+	      (unsigned long long)(test_now_ms() - t0));
 	CHECK_EQ(ios[0].err, 0);
 	CHECK_EQ(atomic_load(&elsewhere) - before, 1);
 	/* That completion makes the next poll return at once, for its caller to look. */
