@@ -257,7 +257,8 @@ int rtrs_clt_request(struct rtrs_clt_sess *sess, enum rtrs_dir dir,
  * may poll one session; one at a time reads.
  *
  * -EOPNOTSUPP where the session's fabric has no polled mode (the native
- * RDMA fabric): its completions keep coming on library threads. Not from
+ * RDMA fabric), at once from its first connected path on: its
+ * completions keep coming on library threads. Not from
  * a library callback, nor during or after rtrs_clt_close.
  */
 int rtrs_clt_poll(struct rtrs_clt_sess *sess, int timeout_ms);

@@ -106,20 +106,34 @@ bool clt_req_complete(struct clt_req *req, int err)
 void clt_path_poll_enroll(struct clt_path *p)
 {
 	struct rtrs_clt_sess *s = p->sess;
+	unsigned cid;
 
 	pthread_mutex_lock(&s->poll_lock);
-	p->poll_fds_in = true;
-	for (unsigned cid = 1; cid < p->base.nr_cons; cid++) {
-		struct fab_con *fc = p->cons[cid].c.fc;
+	for (cid = 1; cid < p->base.nr_cons; cid++) {
 		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = p };
+		int fd = fab_con_wait_fd(p->cons[cid].c.fc);
 
 		atomic_store(&p->cons[cid].inflight, 0);
-		int fd = fab_con_wait_fd(fc);
-
 		if (fd < 0 || s->poll_epfd < 0 || epoll_ctl(s->poll_epfd, EPOLL_CTL_ADD, fd, &ev))
-			p->poll_fds_in = false; /* no polled mode: rtrs_clt_poll says so */
-		fab_con_set_poller(fc, &s->poller);
+			break;
 	}
+	if (cid < p->base.nr_cons) {
+		/*
+		 * No polled mode (a fabric without wait fds, or a full epoll
+		 * set): the path's threads keep reading their queues, and
+		 * rtrs_clt_poll says -EOPNOTSUPP from now on.
+		 */
+		for (unsigned k = 1; k < cid; k++)
+			epoll_ctl(s->poll_epfd, EPOLL_CTL_DEL, fab_con_wait_fd(p->cons[k].c.fc),
+				  NULL);
+		atomic_store(&s->poll_unsupported, true);
+		rtrs_clt_poll_wake(s); /* a poller asleep now returns and learns it */
+		pthread_mutex_unlock(&s->poll_lock);
+		return;
+	}
+	for (cid = 1; cid < p->base.nr_cons; cid++)
+		fab_con_set_poller(p->cons[cid].c.fc, &s->poller);
+	p->poll_fds_in = true;
 	p->polled = true;
 	pthread_mutex_unlock(&s->poll_lock);
 }
@@ -162,11 +176,13 @@ void clt_path_poll_leave(struct clt_path *p)
  * may be shut down (their fds would say readable for ever) and its
  * teardown completes what it had in flight.
  *
- * With *sleep_ok the round arms every queue to wake a sleeper instead,
- * and clears *sleep_ok when one has something already, which it then
- * reads. It does not read the queues first: the round before found them
- * empty, and arming one looks at it again (on tcp fi_trywait reads the
- * queue and progresses the socket), so what came since is not lost.
+ * With *sleep_ok the round arms every queue in the set to wake a sleeper
+ * instead, and at the first that refuses, since it has something already,
+ * reads that one, clears *sleep_ok and ends. It reads no queue before
+ * arming it: arming refuses whenever anything is queued (on tcp,
+ * fi_trywait looks at the queue with a zero-count read, which progresses
+ * the socket), so nothing is slept over, and a read first would only
+ * cost another system call in the provider.
  */
 static int clt_poll_round(struct rtrs_clt_sess *s, bool *sleep_ok)
 {
@@ -187,17 +203,15 @@ static int clt_poll_round(struct rtrs_clt_sess *s, bool *sleep_ok)
 			struct fab_con *fc = p->cons[cid].c.fc;
 			int n;
 
-			if (arm) {
-				if (!p->poll_fds_in || !fab_con_trywait(fc))
-					continue;
-				*sleep_ok = false;
-			} else if (!atomic_load_explicit(&p->cons[cid].inflight,
-							 memory_order_relaxed)) {
+			if (arm ? !fab_con_trywait(fc)
+				: !atomic_load_explicit(&p->cons[cid].inflight,
+							memory_order_relaxed))
 				continue;
-			}
 			n = fab_con_poll(fc);
-			if (n < 0)
+			if (n < 0 || arm) {
+				*sleep_ok = false;
 				return n;
+			}
 			done += n;
 		}
 	}
@@ -236,13 +250,16 @@ int rtrs_clt_poll(struct rtrs_clt_sess *s, int timeout_ms)
 	if (s->poll_epfd < 0)
 		return -EOPNOTSUPP;
 	/* Something ended on another thread since the last return: look first. */
-	if (atomic_load(&s->poll_seq) != atomic_load(&s->poll_seen))
+	if (atomic_load(&s->poll_seq) != atomic_load(&s->poll_seen) &&
+	    !atomic_load(&s->poll_unsupported))
 		return clt_poll_ret(s, 0);
 	for (;;) {
 		struct epoll_event evs[16];
 		bool armed = false;
 		int n, ne, reqs, wait_ms = -1;
 
+		if (atomic_load(&s->poll_unsupported))
+			return -EOPNOTSUPP;
 		atomic_store(&s->poller.last_ms, now_ms());
 		n = clt_poll_locked(s, &armed, &reqs);
 		if (n < 0)

@@ -83,6 +83,24 @@ static void io_exact(void)
 }
 
 /*
+ * A fabric without wait fds for its queues (the fake one, RDMA devices):
+ * rtrs_clt_poll says so at once, whatever its timeout, and requests
+ * complete on the library's threads as ever.
+ */
+static void poll_unsupported(void)
+{
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	CHECK_EQ(rtrs_clt_poll(c.sess, 0), -EOPNOTSUPP);
+	CHECK_EQ(rtrs_clt_poll(c.sess, 60000), -EOPNOTSUPP);
+	CHECK(io_roundtrip(&c, 0, 3), "write then read at 0");
+	CHECK_EQ(rtrs_clt_poll(c.sess, -1), -EOPNOTSUPP);
+	teardown(&c);
+}
+
+/*
  * Two local vectors and two remote ranges per write: a write request of
  * five vectors goes as three writes (the last with the immediate), and a
  * read of five vectors comes back as three.
@@ -983,6 +1001,7 @@ static void replay_no_inval(void)
 static const struct scenario scenarios[] = {
 	{ "io_exact", io_exact },
 	{ "io_split", io_split },
+	{ "poll_unsupported", poll_unsupported },
 	{ "mem_registered", mem_registered },
 	{ "io_eagain_client", io_eagain_client },
 	{ "io_eagain_server", io_eagain_server },

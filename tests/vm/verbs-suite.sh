@@ -45,7 +45,7 @@ fi
 . "$here/suite-results.sh"
 
 env_common="cd $build && export RTRS_TEST_PROVIDER=verbs RTRS_TEST_SERVER=$build/tests/functional/rtrs-test-server RTRS_PERF=$build/tools/rtrs-perf"
-one_guest=(test-io test-close test-peer-death test-connect test-reconnect test-multipath test-fence
+one_guest=(test-io test-close test-peer-death test-connect test-reconnect test-multipath test-fence test-poll
 	test-auth test-rnbd-srv test-rnbd)
 
 for dev in "${devices[@]}"; do
