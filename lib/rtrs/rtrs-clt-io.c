@@ -109,13 +109,23 @@ void clt_path_poll_enroll(struct clt_path *p)
 	unsigned cid;
 
 	pthread_mutex_lock(&s->poll_lock);
+	for (cid = 1; cid < p->base.nr_cons; cid++)
+		atomic_store(&p->cons[cid].inflight, 0);
+	if (atomic_load(&s->poll_unsupported)) {
+		pthread_mutex_unlock(&s->poll_lock);
+		return;
+	}
 	for (cid = 1; cid < p->base.nr_cons; cid++) {
 		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = p };
 		int fd = fab_con_wait_fd(p->cons[cid].c.fc);
 
-		atomic_store(&p->cons[cid].inflight, 0);
-		if (fd < 0 || s->poll_epfd < 0 || epoll_ctl(s->poll_epfd, EPOLL_CTL_ADD, fd, &ev))
+		if (fd < 0)
 			break;
+		if (epoll_ctl(s->poll_epfd, EPOLL_CTL_ADD, fd, &ev)) {
+			log_warn("%s: no polled completions from now on: epoll_ctl: %s", p->name,
+				 strerror(errno));
+			break;
+		}
 	}
 	if (cid < p->base.nr_cons) {
 		/*
@@ -171,8 +181,9 @@ void clt_path_poll_leave(struct clt_path *p)
  * It reads only the queues of connections with requests in flight: on
  * tcp every read of a completion queue costs a system call (the
  * provider's progress looks at its socket), and a caller that stays on
- * one CPU has its requests on one connection. A path that is not
- * CONNECTED any more is skipped, its fds out of the set: its connections
+ * one CPU has its requests on one connection. A CONNECTING path (just
+ * enrolled) is skipped; a path that is neither CONNECTING nor CONNECTED
+ * is skipped with its fds out of the set: its connections
  * may be shut down (their fds would say readable for ever) and its
  * teardown completes what it had in flight.
  *
@@ -192,11 +203,15 @@ static int clt_poll_round(struct rtrs_clt_sess *s, bool *sleep_ok)
 
 	for (size_t i = 0; i < np; i++) {
 		struct clt_path *p = &s->paths[i];
+		int state;
 
 		if (!p->polled)
 			continue;
-		if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED) {
-			path_poll_fds_out(p);
+		state = atomic_load(&p->base.state);
+		if (state != RTRS_PATH_CONNECTED) {
+			/* CONNECTING: enrolled a moment before it turns CONNECTED. */
+			if (state != RTRS_PATH_CONNECTING)
+				path_poll_fds_out(p);
 			continue;
 		}
 		for (unsigned cid = 1; cid < p->base.nr_cons; cid++) {
@@ -275,8 +290,9 @@ int rtrs_clt_poll(struct rtrs_clt_sess *s, int timeout_ms)
 				return clt_poll_ret(s, 0);
 			wait_ms = timeout_ms - (int)spent;
 		}
-		atomic_fetch_add(&s->poller.waiting, 1);
+		/* sleeps first: a thread that reads waiting first sees this wait's number. */
 		atomic_fetch_add(&s->poller.sleeps, 1);
+		atomic_fetch_add(&s->poller.waiting, 1);
 		if (atomic_load(&s->poll_seq) != atomic_load(&s->poll_seen)) {
 			atomic_fetch_sub(&s->poller.waiting, 1);
 			return clt_poll_ret(s, 0);

@@ -1369,8 +1369,9 @@ static void con_lap_yielded(struct fab_con *c, bool *eq_due)
 				 { .fd = c->wake_fd, .events = POLLIN },
 				 { .fd = c->cq_fd, .events = POLLIN } };
 	bool retry = atomic_load(&c->retry);
-	unsigned sleeps = p ? atomic_load(&p->sleeps) : 0;
+	/* waiting, then sleeps: the poller counts a sleep before it waits. */
 	bool asleep = p && atomic_load(&p->waiting) > 0;
+	unsigned sleeps = p ? atomic_load(&p->sleeps) : 0;
 	bool idle = !retry && asleep && c->yield_asleep && sleeps == c->yield_sleeps;
 	int np = poll(pfd, idle ? 3 : 2, retry ? 1 : idle ? 1000 : FAB_POLL_LEASE_MS);
 	uint64_t v;
@@ -1385,8 +1386,15 @@ static void con_lap_yielded(struct fab_con *c, bool *eq_due)
 		*eq_due = true;
 	pthread_mutex_lock(&c->cq_lock);
 	if (*eq_due) {
+		struct fid *eq = &c->eq->fid;
+
 		handle_eq(c);
-		*eq_due = false;
+		/*
+		 * On tcp reading the EQ leaves its wait fd's signal set: only
+		 * fi_trywait resets it, and a lap that never did would find
+		 * eq_fd readable at once, lap after lap.
+		 */
+		*eq_due = fi_trywait(c->fab->fabric, &eq, 1) != FI_SUCCESS;
 	}
 	bool kick = atomic_exchange(&c->kicked, false);
 

@@ -454,8 +454,8 @@ static inline void fab_con_destroy(struct fab_con *c)
  * caller that stopped polling for longer than the lease. A thread that
  * finds the same wait (sleeps unchanged) still going a lease later sleeps
  * on the completion queue's fd too, rather than look again every lease:
- * whatever wakes the caller wakes it, and a caller that left its wait
- * and stopped polling still has its completions read. Every callback
+ * whatever makes the queue readable wakes it, so a caller that left its
+ * wait and stopped polling still has its completions read. Every callback
  * of a connection runs under one lock, whichever thread reads: they
  * never run concurrently.
  */

@@ -10,6 +10,8 @@
  *   C. a caller that stops polling: its completion comes from a library
  *      thread, soon (the lease runs out);
  *   D. rtrs_clt_poll_wake from another thread ends an unbounded wait;
+ *   F. the path reconnected under a polling thread: the next completion
+ *      still wakes a poll (done before E);
  *   E. the server killed under a poller waiting without bound: every
  *      request ends once, with an error, and the wait ends (a completion
  *      on the library's thread wakes the poller).
@@ -204,6 +206,69 @@ static void part_wake(void)
 	CHECK(took >= 50 && took < 5000, "the woken poll took %llu ms", (unsigned long long)took);
 }
 
+static atomic_bool spin_stop;
+
+static void *spin_poll(void *arg)
+{
+	(void)arg;
+	while (!atomic_load(&spin_stop))
+		rtrs_clt_poll(sess, 1);
+	return NULL;
+}
+
+/*
+ * F: the path reconnected while another thread polls all along, then a
+ * write, and this thread polls for it: the new connections are in the
+ * poll set. A path enrols them a moment before it turns CONNECTED, and a
+ * round that ran in between used to take them out again for good (the poll
+ * then slept through the write's completion until its timeout). That
+ * window is microseconds wide: eight rounds here seldom hit it; with a
+ * 50 ms sleep put between the two, most rounds did.
+ */
+static void part_reconnected(void)
+{
+	struct rtrs_reconnect_params was = { .size = sizeof(was) }, now;
+
+	CHECK_EQ(rtrs_clt_get_reconnect(sess, &was), 0);
+	now = was;
+	now.delay_ms = 0;
+	now.jitter_ms = 0;
+	now.max_attempts = 5;
+	CHECK_EQ(rtrs_clt_set_reconnect(sess, &now), 0);
+	for (unsigned round = 0; round < 8; round++) {
+		struct rtrs_path_stats st = { .size = sizeof(st) };
+		uint64_t reconnects, t0;
+		pthread_t t;
+
+		CHECK_EQ(rtrs_clt_path_stats(sess, 0, &st), 0);
+		reconnects = st.reconnects;
+		atomic_store(&spin_stop, false);
+		CHECK_EQ(pthread_create(&t, NULL, spin_poll, NULL), 0);
+		CHECK_EQ(rtrs_clt_reconnect_path(sess, 0), 0);
+		t0 = test_now_ms();
+		do {
+			usleep(1000);
+			CHECK_EQ(rtrs_clt_path_stats(sess, 0, &st), 0);
+		} while ((st.reconnects == reconnects || strcmp(st.state, "connected")) &&
+			 test_now_ms() - t0 < 10000);
+		atomic_store(&spin_stop, true);
+		pthread_join(t, NULL);
+		CHECK(st.reconnects > reconnects && !strcmp(st.state, "connected"),
+		      "round %u: the path is %s after %llu reconnects", round, st.state,
+		      (unsigned long long)st.reconnects);
+		test_fill(ios[0].buf, IO_SIZE, 11 + round);
+		CHECK_EQ(io_start(&ios[0], RTRS_WRITE, 0), 0);
+		t0 = test_now_ms();
+		while (atomic_load(&outstanding) && test_now_ms() - t0 < 3000)
+			CHECK(rtrs_clt_poll(sess, 3000) >= 0, "poll");
+		CHECK(test_now_ms() - t0 < 1000, "round %u: the write after a reconnect took %llu ms",
+		      round, (unsigned long long)(test_now_ms() - t0));
+		CHECK_EQ(atomic_load(&outstanding), 0);
+		CHECK_EQ(ios[0].err, 0);
+	}
+	CHECK_EQ(rtrs_clt_set_reconnect(sess, &was), 0);
+}
+
 static void on_alarm(int sig)
 {
 	(void)sig;
@@ -290,6 +355,7 @@ int main(void)
 		part_timeouts();
 		part_hand_back();
 		part_wake();
+		part_reconnected();
 		part_server_death(&srv);
 	}
 	for (unsigned i = 0; i < QD; i++)
