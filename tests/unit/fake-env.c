@@ -113,6 +113,15 @@ static int srv_rdma_ev(void *priv, struct rtrs_srv_op *op, enum rtrs_dir dir, vo
 	return rtrs_srv_resp_rdma(op, 0);
 }
 
+int srv_held(void)
+{
+	int n = 0;
+
+	while (n < (int)ARRAY_SIZE(srv.deferred) && atomic_load(&srv.deferred[n]))
+		n++;
+	return n;
+}
+
 static int srv_link_ev(struct rtrs_srv_sess *sess, enum rtrs_srv_link_ev ev, void *priv)
 {
 	if (ev == RTRS_SRV_LINK_EV_DISCONNECTED) {

@@ -45,11 +45,18 @@ struct srv_env {
 	/* Deferring: rdma_ev keeps the ops here instead of answering. */
 	atomic_bool defer;
 	struct rtrs_srv_op *_Atomic deferred[16];
-	atomic_int nr_deferred;
+	atomic_int nr_deferred;       /* counted before the slot is filled: see srv_held() */
 	char keys_path[256];
 };
 
 extern struct srv_env srv;
+
+/*
+ * How many ops the server's user holds that a scenario can answer: the
+ * filled slots of srv.deferred from the first (rdma_ev counts an op in
+ * nr_deferred before it stores it).
+ */
+int srv_held(void);
 
 /* Options a scenario starts from: queue depth 16, 16 KiB chunks, heartbeats off. */
 void srv_opts(struct rtrs_srv_opts *so);

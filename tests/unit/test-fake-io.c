@@ -795,7 +795,7 @@ static void reconnect_races_close(void)
 
 static bool one_deferred(void *arg)
 {
-	return atomic_load(&srv.nr_deferred) == 1;
+	return srv_held() == 1 && atomic_load(&srv.nr_deferred) == 1;
 }
 
 /*

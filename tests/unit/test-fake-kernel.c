@@ -781,7 +781,7 @@ static bool reqs_on_b(void *arg)
 
 static bool deferred_at_least(void *arg)
 {
-	return atomic_load(&srv.nr_deferred) >= (int)(intptr_t)arg;
+	return srv_held() >= (int)(intptr_t)arg;
 }
 
 /* The write completed, or its unbind on path a is held (and claimed: here). */
