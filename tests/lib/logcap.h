@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -47,6 +48,15 @@ static inline void log_sink(void *priv, int level, const char *line)
 static inline const char *log_text(void)
 {
 	return log_buf ? log_buf : "";
+}
+
+/* Writes everything logged so far to f; safe while the library logs. */
+static inline void log_dump_to(FILE *f)
+{
+	pthread_mutex_lock(&log_lock);
+	fputs(log_buf ? log_buf : "", f);
+	fflush(f);
+	pthread_mutex_unlock(&log_lock);
 }
 
 /* A mark for log_since: how much has been logged so far. */

@@ -60,7 +60,7 @@ unsigned env_log_count(const char *s)
 
 void env_log_dump(void)
 {
-	fputs(log_text(), stderr);
+	log_dump_to(stderr);
 }
 
 void env_reset(void)
