@@ -11,6 +11,10 @@
 #   nbdkit-mem    fio (nbd) -> nbdkit memory plugin (NBD over loopback TCP)
 #   rnbd-file     fio (rnbd engine) -> rnbd-server, a file export
 #   nbdkit-file   fio (nbd) -> nbdkit file plugin, the same file
+#   raw-write     bench/raw-loop (a minimal request/response loop over the same
+#   raw-read      libfabric provider), 4 KiB writes or reads at the same QD: the
+#                 floor the memory chain is held to (goal: within 1.15x of the
+#                 mean of the two in CPU per IO)
 # fio is built from the source of Debian's fio (bench/fio-build.sh) and the
 # engine against it. RUNS (5) runs of DURATION (8) s each; --record appends
 # the section to bench/RESULTS.md with its plot in bench/plots/.
@@ -47,6 +51,11 @@ nbdkit -f --threads 64 -i 127.0.0.1 -p $((base + 1)) file "$tmp/disk.img" \
 	>"$tmp/nbdkit-file.log" 2>&1 &
 pids+=($!)
 filepid=$!
+"$PWD/build-release/bench/raw-loop" server --port 0 >"$tmp/raw.log" 2>&1 &
+pids+=($!)
+rawpid=$!
+for _ in $(seq 100); do grep -q 'listening on port' "$tmp/raw.log" && break; sleep 0.05; done
+rport=$(grep -o 'listening on port [0-9]*' "$tmp/raw.log" | grep -o '[0-9]*$')
 sleep 2
 # Every memory export written whole once (first touches), through its own path.
 for uri in "nbd+unix:///mem0?socket=$tmp/rnbd.sock" "nbd://127.0.0.1:$base/"; do
@@ -69,7 +78,11 @@ perf_job() { # DEVICE COMPLETIONS
 		--session bench-perf --device "$1" --rw randrw --rwmixread 50 --bs 4k \
 		--iodepth "$QD" --size "$size" --runtime "$DURATION" --completions "$2" --json
 }
-python3 - "$tmp/spec.json" "$RUNS" "$QD" "$spid" "$gwpid" "$mempid" "$filepid" \
+raw_job() { # MODE
+	printf '%s\n' "$PWD/build-release/bench/raw-loop" client --dst "127.0.0.1:$rport" \
+		--mode "$1" --size 4096 --queue-depth "$QD" --duration "$DURATION" --json
+}
+python3 - "$tmp/spec.json" "$RUNS" "$QD" "$spid" "$gwpid" "$mempid" "$filepid" "$rawpid" \
 	"$(rnbd_job mem0 bench-fio | paste -sd'\t')" \
 	"$(rnbd_job mem0 bench-fio-thr --rnbd_poll=0 | paste -sd'\t')" \
 	"$(perf_job mem0 poll | paste -sd'\t')" \
@@ -77,11 +90,13 @@ python3 - "$tmp/spec.json" "$RUNS" "$QD" "$spid" "$gwpid" "$mempid" "$filepid" \
 	"$(nbd_job "nbd+unix:///mem0?socket=$tmp/rnbd.sock" | paste -sd'\t')" \
 	"$(nbd_job "nbd://127.0.0.1:$base/" | paste -sd'\t')" \
 	"$(rnbd_job disk.img bench-fio-file | paste -sd'\t')" \
-	"$(nbd_job "nbd://127.0.0.1:$((base + 1))/" | paste -sd'\t')" <<'PY'
+	"$(nbd_job "nbd://127.0.0.1:$((base + 1))/" | paste -sd'\t')" \
+	"$(raw_job write | paste -sd'\t')" \
+	"$(raw_job read | paste -sd'\t')" <<'PY'
 import json, sys
 out, runs, qd = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-srv, gw, mem, fil = map(int, sys.argv[4:8])
-cmds = [a.split("\t") for a in sys.argv[8:]]
+srv, gw, mem, fil, raw = map(int, sys.argv[4:9])
+cmds = [a.split("\t") for a in sys.argv[9:]]
 chains = [
     ("rnbd-mem", "fio rnbd engine -> rnbd-server memory", "fio", {"rnbd-server": srv}),
     ("rnbd-mem-thr", "the same, completions on librnbd's threads (rnbd_poll=0)", "fio",
@@ -93,6 +108,8 @@ chains = [
     ("nbdkit-mem", "fio nbd -> nbdkit memory", "fio", {"nbdkit": mem}),
     ("rnbd-file", "fio rnbd engine -> rnbd-server file", "fio", {"rnbd-server": srv}),
     ("nbdkit-file", "fio nbd -> nbdkit file", "fio", {"nbdkit": fil}),
+    ("raw-write", "raw libfabric loop, 4 KiB writes (bench/raw-loop)", "ops", {"raw-loop": raw}),
+    ("raw-read", "raw libfabric loop, 4 KiB reads", "ops", {"raw-loop": raw}),
 ]
 json.dump({"runs": runs, "title": "4 KiB randrw 50/50, QD %s, loopback" % qd,
            "chains": [{"name": n, "label": l, "kind": k, "procs": p, "cmd": c}
@@ -128,6 +145,9 @@ nbdfile = c["nbdkit-file"]["cpu_parts_us_per_io"]["nbdkit"]
 print("| ratio | value | goal |")
 print("|---|---|---|")
 print("| rnbd memory chain / nbdkit memory, CPU per IO | %.2fx | <= 0.7x |" % r("rnbd-mem", "nbdkit-mem"))
+raw = (c["raw-write"]["cpu_us_per_io"] + c["raw-read"]["cpu_us_per_io"]) / 2
+print("| rnbd memory chain / raw loop (mean of its writes and reads), CPU per IO | %.2fx | <= 1.15x |"
+      % (c["rnbd-mem"]["cpu_us_per_io"] / raw))
 print("| rnbd file chain / nbdkit file, CPU per IO | %.2fx | <= 0.8x |" % r("rnbd-file", "nbdkit-file"))
 print("| rnbd-server / nbdkit file plugin, CPU per file IO | %.2fx | <= 1.0x |" % (srvfile / nbdfile))
 print("| NBD gateway chain / nbdkit memory, CPU per IO | %.2fx | <= 1.5x |" % r("gateway-mem", "nbdkit-mem"))
