@@ -5,6 +5,8 @@
 # every process of it (bench/chains.py):
 #   rnbd-mem      fio (rnbd engine, bench/fio/rnbd-fio.c) -> RTRS tcp -> rnbd-server memory
 #   rnbd-mem-thr  the same with rnbd_poll=0: completions on librnbd's threads, not fio's
+#   rnbd-mem-noinv the same as rnbd-mem against a second rnbd-server started with
+#                 --no-invalidate: what always_invalidate's key rotation costs
 #   perf-mem      rnbd-client perf, the same job -> rnbd-server memory (polled completions)
 #   perf-mem-thr  the same with --completions threads, as rnbd-mem-thr
 #   gateway-mem   fio (nbd) -> nbdkit with the rnbd plugin (unix socket) -> rnbd-server memory
@@ -37,8 +39,18 @@ dd if=/dev/zero of="$tmp/disk.img" bs=1M count=1024 conv=notrunc status=none
 	--mem-device "mem0:$size" --quiet >"$tmp/server.log" 2>&1 &
 pids+=($!)
 spid=$!
-for _ in $(seq 100); do grep -q 'listening on port' "$tmp/server.log" && break; sleep 0.05; done
+# The same server without always_invalidate (no key rotation per IO), for its cost.
+"$PWD/build-release/daemons/rnbd-server" --port 0 --dev-search-path "$tmp" \
+	--mem-device "mem0:$size" --no-invalidate --quiet >"$tmp/server-noinv.log" 2>&1 &
+pids+=($!)
+nipid=$!
+for _ in $(seq 100); do
+	grep -q 'listening on port' "$tmp/server.log" && grep -q 'listening on port' \
+		"$tmp/server-noinv.log" && break
+	sleep 0.05
+done
 port=$(grep -o 'port [0-9]*' "$tmp/server.log" | cut -d' ' -f2)
+niport=$(grep -o 'port [0-9]*' "$tmp/server-noinv.log" | cut -d' ' -f2)
 nbdkit -f --threads 64 -U "$tmp/rnbd.sock" "$PWD/build-release/nbdkit/nbdkit-rnbd-plugin.so" \
 	server="127.0.0.1:$port" session=bench-gw >"$tmp/nbdkit-rnbd.log" 2>&1 &
 pids+=($!)
@@ -62,13 +74,15 @@ for uri in "nbd+unix:///mem0?socket=$tmp/rnbd.sock" "nbd://127.0.0.1:$base/"; do
 	"$fio" --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --size="$size" \
 		--iodepth=8 --thread >/dev/null
 done
+"$fio" --name=fill --ioengine="external:$engine" --rnbd_server="127.0.0.1:$niport" \
+	--filename=mem0 --rw=write --bs=1M --size="$size" --iodepth=8 --thread >/dev/null
 
 job=(--name=bench --rw=randrw --rwmixread=50 --bs=4k --size="$size" --iodepth="$QD"
 	--runtime="$DURATION" --time_based --thread --norandommap --randrepeat=0
 	--output-format=json)
-rnbd_job() { # DEVICE SESSION [ENGINE OPTION]
+rnbd_job() { # DEVICE SESSION [ENGINE OPTION [PORT]]
 	printf '%s\n' "$fio" "${job[@]}" --ioengine="external:$engine" \
-		--rnbd_server="127.0.0.1:$port" --rnbd_session="$2" --filename="$1" ${3:+"$3"}
+		--rnbd_server="127.0.0.1:${4:-$port}" --rnbd_session="$2" --filename="$1" ${3:+"$3"}
 }
 nbd_job() { # URI
 	printf '%s\n' "$fio" "${job[@]}" --ioengine=nbd --uri="$1"
@@ -82,9 +96,10 @@ raw_job() { # MODE
 	printf '%s\n' "$PWD/build-release/bench/raw-loop" client --dst "127.0.0.1:$rport" \
 		--mode "$1" --size 4096 --queue-depth "$QD" --duration "$DURATION" --json
 }
-python3 - "$tmp/spec.json" "$RUNS" "$QD" "$spid" "$gwpid" "$mempid" "$filepid" "$rawpid" \
+python3 - "$tmp/spec.json" "$RUNS" "$QD" "$spid" "$gwpid" "$mempid" "$filepid" "$rawpid" "$nipid" \
 	"$(rnbd_job mem0 bench-fio | paste -sd'\t')" \
 	"$(rnbd_job mem0 bench-fio-thr --rnbd_poll=0 | paste -sd'\t')" \
+	"$(rnbd_job mem0 bench-fio-noinv "" "$niport" | paste -sd'\t')" \
 	"$(perf_job mem0 poll | paste -sd'\t')" \
 	"$(perf_job mem0 threads | paste -sd'\t')" \
 	"$(nbd_job "nbd+unix:///mem0?socket=$tmp/rnbd.sock" | paste -sd'\t')" \
@@ -95,12 +110,14 @@ python3 - "$tmp/spec.json" "$RUNS" "$QD" "$spid" "$gwpid" "$mempid" "$filepid" "
 	"$(raw_job read | paste -sd'\t')" <<'PY'
 import json, sys
 out, runs, qd = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-srv, gw, mem, fil, raw = map(int, sys.argv[4:9])
-cmds = [a.split("\t") for a in sys.argv[9:]]
+srv, gw, mem, fil, raw, noinv = map(int, sys.argv[4:10])
+cmds = [a.split("\t") for a in sys.argv[10:]]
 chains = [
     ("rnbd-mem", "fio rnbd engine -> rnbd-server memory", "fio", {"rnbd-server": srv}),
     ("rnbd-mem-thr", "the same, completions on librnbd's threads (rnbd_poll=0)", "fio",
      {"rnbd-server": srv}),
+    ("rnbd-mem-noinv", "fio rnbd engine -> rnbd-server memory, --no-invalidate", "fio",
+     {"rnbd-server": noinv}),
     ("perf-mem", "rnbd-client perf -> rnbd-server memory", "perf", {"rnbd-server": srv}),
     ("perf-mem-thr", "the same, --completions threads", "perf", {"rnbd-server": srv}),
     ("gateway-mem", "fio nbd -> nbdkit rnbd plugin -> rnbd-server memory", "fio",
@@ -148,6 +165,10 @@ print("| rnbd memory chain / nbdkit memory, CPU per IO | %.2fx | <= 0.7x |" % r(
 raw = (c["raw-write"]["cpu_us_per_io"] + c["raw-read"]["cpu_us_per_io"]) / 2
 print("| rnbd memory chain / raw loop (mean of its writes and reads), CPU per IO | %.2fx | <= 1.15x |"
       % (c["rnbd-mem"]["cpu_us_per_io"] / raw))
+print("| the same without always_invalidate (a server with --no-invalidate) / raw loop, CPU per IO | %.2fx | |"
+      % (c["rnbd-mem-noinv"]["cpu_us_per_io"] / raw))
+print("| rnbd memory chain / the same without always_invalidate, CPU per IO | %.2fx | |"
+      % r("rnbd-mem", "rnbd-mem-noinv"))
 print("| rnbd file chain / nbdkit file, CPU per IO | %.2fx | <= 0.8x |" % r("rnbd-file", "nbdkit-file"))
 print("| rnbd-server / nbdkit file plugin, CPU per file IO | %.2fx | <= 1.0x |" % (srvfile / nbdfile))
 print("| NBD gateway chain / nbdkit memory, CPU per IO | %.2fx | <= 1.5x |" % r("gateway-mem", "nbdkit-mem"))
