@@ -464,6 +464,11 @@ static void fault_con_destroy(struct fab_con *c)
 	free(wc);
 }
 
+static void fault_con_rename(struct fab_con *c, const char *name)
+{
+	fab_con_rename(fc_of(c)->inner, name);
+}
+
 static void fault_con_local(const struct fab_con *c, char *buf, size_t len)
 {
 	fab_con_local(fc_of_const(c)->inner, buf, len);
@@ -609,6 +614,7 @@ const struct fab_ops fab_fault_ops = {
 	.con_wait_fd = fault_con_wait_fd,
 	.con_set_poller = fault_con_set_poller,
 	.con_local = fault_con_local,
+	.con_rename = fault_con_rename,
 	.write = fault_write,
 	.write_imm = fault_write_imm,
 	.send = fault_send,

@@ -124,6 +124,8 @@ struct fab_con {
 	struct fab *fab;
 	struct fab_con_cfg cfg;
 	char name[64];
+	char tname[16];             /* the thread's name (con_rename), under name_lock */
+	pthread_mutex_t name_lock;
 	struct fid_ep *ep;
 	struct fid_cq *cq;
 	struct fid_eq *eq;
@@ -1418,10 +1420,11 @@ static void *con_thread(void *arg)
 	struct fid *fids[2] = { &c->cq->fid, &c->eq->fid };
 	bool eq_due = true;
 	unsigned laps = 0;
-	char tname[16];
 
-	snprintf(tname, sizeof(tname), "%.15s", c->name);
-	pthread_setname_np(pthread_self(), tname);
+	/* Under the lock: a rename before this thread got here is not undone. */
+	pthread_mutex_lock(&c->name_lock);
+	pthread_setname_np(pthread_self(), c->tname);
+	pthread_mutex_unlock(&c->name_lock);
 	while (!atomic_load(&c->stop)) {
 		ssize_t n;
 
@@ -1578,6 +1581,7 @@ static void con_free(struct fab_con *c)
 		dom_drop(c->fab);
 	pthread_mutex_destroy(&c->rx_lock);
 	pthread_mutex_destroy(&c->cq_lock);
+	pthread_mutex_destroy(&c->name_lock);
 	if (c->epfd >= 0)
 		close(c->epfd);
 	if (c->wake_fd >= 0)
@@ -1611,6 +1615,8 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 	c->cfg = *cfg;
 	c->cq_fd = c->eq_fd = c->wake_fd = c->epfd = -1;
 	snprintf(c->name, sizeof(c->name), "%s", cfg->name);
+	snprintf(c->tname, sizeof(c->tname), "%.15s", cfg->name);
+	pthread_mutex_init(&c->name_lock, NULL);
 	atomic_init(&c->stop, false);
 	atomic_init(&c->down, false);
 	atomic_init(&c->shutdown, false);
@@ -1846,6 +1852,15 @@ static void ofi_con_destroy(struct fab_con *c)
 	con_free(c);
 }
 
+static void ofi_con_rename(struct fab_con *c, const char *name)
+{
+	pthread_mutex_lock(&c->name_lock);
+	snprintf(c->tname, sizeof(c->tname), "%.15s", name);
+	if (c->thread_started)
+		pthread_setname_np(c->thread, c->tname);
+	pthread_mutex_unlock(&c->name_lock);
+}
+
 static void ofi_con_local(const struct fab_con *c, char *buf, size_t len)
 {
 	struct sockaddr_storage ss;
@@ -2061,6 +2076,7 @@ const struct fab_ops fab_ofi_ops = {
 	.con_retry_later = ofi_con_retry_later,
 	.con_destroy = ofi_con_destroy,
 	.con_local = ofi_con_local,
+	.con_rename = ofi_con_rename,
 	.write = ofi_write,
 	.write_imm = ofi_write_imm,
 	.send = ofi_send,

@@ -118,6 +118,8 @@ struct fab_con {
 	struct fab *fab;
 	struct fab_con_cfg cfg;
 	char name[64];
+	char tname[16];             /* the thread's name (con_rename), under name_lock */
+	pthread_mutex_t name_lock;
 	struct rdma_event_channel *ch;
 	struct rdma_cm_id *id;
 	bool own_id;            /* destroy id with the connection */
@@ -858,10 +860,11 @@ static void *con_thread(void *arg)
 	struct fab_con *c = arg;
 	bool armed = false;
 	unsigned laps = 0;
-	char tname[16];
 
-	snprintf(tname, sizeof(tname), "%.15s", c->name);
-	pthread_setname_np(pthread_self(), tname);
+	/* Under the lock: a rename before this thread got here is not undone. */
+	pthread_mutex_lock(&c->name_lock);
+	pthread_setname_np(pthread_self(), c->tname);
+	pthread_mutex_unlock(&c->name_lock);
 	while (!atomic_load(&c->stop)) {
 		int n;
 
@@ -976,6 +979,7 @@ static void con_free(struct fab_con *c)
 	free(c->rx.buf);
 	pthread_mutex_destroy(&c->rx_lock);
 	pthread_mutex_destroy(&c->tx_lock);
+	pthread_mutex_destroy(&c->name_lock);
 	free(c->tx_fifo);
 	if (c->epfd >= 0)
 		close(c->epfd);
@@ -1013,6 +1017,8 @@ static int con_new(struct fab *f, const struct fab_con_cfg *cfg, struct fab_con 
 	c->cfg = *cfg;
 	c->wake_fd = c->epfd = -1;
 	snprintf(c->name, sizeof(c->name), "%s", cfg->name);
+	snprintf(c->tname, sizeof(c->tname), "%.15s", cfg->name);
+	pthread_mutex_init(&c->name_lock, NULL);
 	pthread_mutex_init(&c->rx_lock, NULL);
 	pthread_mutex_init(&c->tx_lock, NULL);
 	c->poll_ns = (uint64_t)cfg->poll_us * 1000;
@@ -1318,6 +1324,15 @@ static void nat_con_destroy(struct fab_con *c)
 		return;
 	atomic_store(&c->shutdown, true);
 	con_free(c);
+}
+
+static void nat_con_rename(struct fab_con *c, const char *name)
+{
+	pthread_mutex_lock(&c->name_lock);
+	snprintf(c->tname, sizeof(c->tname), "%.15s", name);
+	if (c->thread_started)
+		pthread_setname_np(c->thread, c->tname);
+	pthread_mutex_unlock(&c->name_lock);
 }
 
 static void nat_con_local(const struct fab_con *c, char *buf, size_t len)
@@ -1733,6 +1748,7 @@ const struct fab_ops fab_rdma_ops = {
 	.con_retry_later = nat_con_retry_later,
 	.con_destroy = nat_con_destroy,
 	.con_local = nat_con_local,
+	.con_rename = nat_con_rename,
 	.write = nat_write,
 	.write_imm = nat_write_imm,
 	.send = nat_send,

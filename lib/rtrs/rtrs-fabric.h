@@ -219,6 +219,7 @@ struct fab_ops {
 	int (*con_trywait)(struct fab_con *c);
 	int (*con_wait_fd)(const struct fab_con *c);
 	void (*con_set_poller)(struct fab_con *c, struct fab_poller *p);
+	void (*con_rename)(struct fab_con *c, const char *name);
 };
 
 /* The libfabric implementation (rtrs-fabric-ofi.c): tcp. */
@@ -503,6 +504,21 @@ static inline void fab_con_set_poller(struct fab_con *c, struct fab_poller *p)
 
 	if (o->con_set_poller)
 		o->con_set_poller(c, p);
+}
+
+/*
+ * Names the connection's thread after name (its first 15 bytes, as ps and
+ * top -H show it), for a connection whose owner learnt its name only
+ * after it came up (the server's first path, before the session's name).
+ * Its log lines keep the name it was made with. Where the fabric has no
+ * thread per connection, nothing.
+ */
+static inline void fab_con_rename(struct fab_con *c, const char *name)
+{
+	const struct fab_ops *o = fab_ops_of(c);
+
+	if (o->con_rename)
+		o->con_rename(c, name);
 }
 
 /* Local address of the connection as "host:port". */

@@ -674,6 +674,15 @@ static void path_info_work(struct loop_work *w)
 		snprintf(s->auth_host, sizeof(s->auth_host), "%s", p->auth_host);
 	snprintf(p->name_info, sizeof(p->name_info), "%s/%s", s->name, p->peer);
 	atomic_store_explicit(&p->base.name, p->name_info, memory_order_release);
+	/* Threads named before the session had a name ("(new)/PEER#CID") take it now. */
+	for (unsigned i = 0; i < p->base.nr_cons; i++) {
+		char cname[sizeof(p->name_info) + 16];
+
+		if (!p->cons[i].c.fc)
+			continue;
+		snprintf(cname, sizeof(cname), "%s#%u", p->name_info, i);
+		fab_con_rename(p->cons[i].c.fc, cname);
+	}
 	p->base.peer_imm = (struct rtrs_desc){ .addr = p->info.imm_addr, .key = p->info.imm_key };
 
 	rc = sess_map_chunks(s);

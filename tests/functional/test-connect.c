@@ -11,9 +11,12 @@
  *   - an idle listener stays idle past its handshake timeout: the fabric's
  *     own descriptors are no peer's connections to be cut;
  *   - connections made and destroyed from several threads at once start
- *     and stop the fabric's watchdog thread cleanly.
+ *     and stop the fabric's watchdog thread cleanly;
+ *   - the server's connection threads carry the session's name once the
+ *     session has one, not the "(new)" of before its first path's info.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -199,6 +202,70 @@ static int srv_rdma_ev(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir, vo
 		       size_t datalen, const void *usr, size_t usrlen)
 {
 	return -EIO;
+}
+
+/* Threads of this process whose name starts with prefix. */
+static unsigned threads_named(const char *prefix)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	unsigned n = 0;
+
+	CHECK(d != NULL, "/proc/self/task: %s", strerror(errno));
+	while (d && (e = readdir(d))) {
+		char path[300], name[32] = "";
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue; /* the thread ended meanwhile */
+		if (fgets(name, sizeof(name), f) && !strncmp(name, prefix, strlen(prefix)))
+			n++;
+		fclose(f);
+	}
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/*
+ * The server names a path's connection threads when it accepts them; the
+ * first path's come before the session's name (in its info request), as
+ * "(new)/PEER". Once the session is up they carry its name, as ps and
+ * top -H show them.
+ */
+static void test_thread_names(void)
+{
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_path_addr path = { .dst = NULL };
+	struct rtrs_srv_opts so;
+	struct rtrs_clt_opts o;
+	struct rtrs_srv_ctx *srv;
+	struct rtrs_clt_sess *s = NULL;
+	char dst[96];
+	int port, rc;
+
+	srv_opts(&so, 16);
+	srv = srv_start(&ops, &so, &port);
+	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
+	path.dst = dst;
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = "thr-names";
+	o.paths = &path;
+	o.paths_num = 1;
+	o.nr_io_cons = 1;
+	rc = rtrs_clt_open(&o, &s);
+	CHECK(rc == 0, "session up: %s", strerror(-rc));
+	if (!rc) {
+		/* The server's admin and IO connections: "thr-names/PEER#CID", cut to 15 bytes. */
+		CHECK_EQ(threads_named("thr-names/"), 2);
+		CHECK_EQ(threads_named("(new)"), 0);
+		rtrs_clt_close(s);
+	}
+	rtrs_srv_close(srv);
 }
 
 static void test_malformed(void)
@@ -1090,6 +1157,7 @@ int main(void)
 
 	test_bad_options();
 	test_cm_data_limit();
+	test_thread_names();
 	if (tcp)
 		test_unreachable(); /* plain TCP sockets play the peer */
 	test_malformed();
