@@ -253,6 +253,7 @@ static void test_thread_names(void)
 	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
 	path.dst = dst;
 	rtrs_clt_opts_init(&o, sizeof(o));
+	o.provider = test_provider();
 	o.sessname = "thr-names";
 	o.paths = &path;
 	o.paths_num = 1;
