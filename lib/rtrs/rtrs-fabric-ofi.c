@@ -123,7 +123,15 @@ struct fab_con {
 	const struct fab_ops *ops;
 	struct fab *fab;
 	struct fab_con_cfg cfg;
-	char name[64];
+	/*
+	 * The name log lines give: name_made until a rename, then name_later
+	 * (con_rename, once). A logger may still hold name_made: it never
+	 * changes, and neither does name_later once published.
+	 */
+	_Atomic(const char *) name;
+	char name_made[64];
+	char name_later[64];
+	bool renamed;               /* under name_lock */
 	char tname[16];             /* the thread's name (con_rename), under name_lock */
 	pthread_mutex_t name_lock;
 	struct fid_ep *ep;
@@ -1614,7 +1622,8 @@ static int con_create(struct fab *f, struct fi_info *base, const struct fab_con_
 	c->fab = f;
 	c->cfg = *cfg;
 	c->cq_fd = c->eq_fd = c->wake_fd = c->epfd = -1;
-	snprintf(c->name, sizeof(c->name), "%s", cfg->name);
+	snprintf(c->name_made, sizeof(c->name_made), "%s", cfg->name);
+	atomic_init(&c->name, c->name_made);
 	snprintf(c->tname, sizeof(c->tname), "%.15s", cfg->name);
 	pthread_mutex_init(&c->name_lock, NULL);
 	atomic_init(&c->stop, false);
@@ -1855,6 +1864,11 @@ static void ofi_con_destroy(struct fab_con *c)
 static void ofi_con_rename(struct fab_con *c, const char *name)
 {
 	pthread_mutex_lock(&c->name_lock);
+	if (!c->renamed) {
+		snprintf(c->name_later, sizeof(c->name_later), "%s", name);
+		atomic_store_explicit(&c->name, c->name_later, memory_order_release);
+		c->renamed = true;
+	}
 	snprintf(c->tname, sizeof(c->tname), "%.15s", name);
 	if (c->thread_started)
 		pthread_setname_np(c->thread, c->tname);

@@ -117,7 +117,15 @@ struct fab_con {
 	const struct fab_ops *ops;
 	struct fab *fab;
 	struct fab_con_cfg cfg;
-	char name[64];
+	/*
+	 * The name log lines give: name_made until a rename, then name_later
+	 * (con_rename, once). A logger may still hold name_made: it never
+	 * changes, and neither does name_later once published.
+	 */
+	_Atomic(const char *) name;
+	char name_made[64];
+	char name_later[64];
+	bool renamed;               /* under name_lock */
 	char tname[16];             /* the thread's name (con_rename), under name_lock */
 	pthread_mutex_t name_lock;
 	struct rdma_event_channel *ch;
@@ -1016,7 +1024,8 @@ static int con_new(struct fab *f, const struct fab_con_cfg *cfg, struct fab_con 
 	c->fab = f;
 	c->cfg = *cfg;
 	c->wake_fd = c->epfd = -1;
-	snprintf(c->name, sizeof(c->name), "%s", cfg->name);
+	snprintf(c->name_made, sizeof(c->name_made), "%s", cfg->name);
+	atomic_init(&c->name, c->name_made);
 	snprintf(c->tname, sizeof(c->tname), "%.15s", cfg->name);
 	pthread_mutex_init(&c->name_lock, NULL);
 	pthread_mutex_init(&c->rx_lock, NULL);
@@ -1329,6 +1338,11 @@ static void nat_con_destroy(struct fab_con *c)
 static void nat_con_rename(struct fab_con *c, const char *name)
 {
 	pthread_mutex_lock(&c->name_lock);
+	if (!c->renamed) {
+		snprintf(c->name_later, sizeof(c->name_later), "%s", name);
+		atomic_store_explicit(&c->name, c->name_later, memory_order_release);
+		c->renamed = true;
+	}
 	snprintf(c->tname, sizeof(c->tname), "%.15s", name);
 	if (c->thread_started)
 		pthread_setname_np(c->thread, c->tname);

@@ -507,11 +507,11 @@ static inline void fab_con_set_poller(struct fab_con *c, struct fab_poller *p)
 }
 
 /*
- * Names the connection's thread after name (its first 15 bytes, as ps and
- * top -H show it), for a connection whose owner learnt its name only
- * after it came up (the server's first path, before the session's name).
- * Its log lines keep the name it was made with. Where the fabric has no
- * thread per connection, nothing.
+ * Renames a connection whose owner learnt its name only after it came up
+ * (the server's first path, before the session's name): its log lines
+ * from now on, once (a second rename changes only the thread), and its
+ * thread (the first 15 bytes, as ps and top -H show it), where the fabric
+ * has one per connection.
  */
 static inline void fab_con_rename(struct fab_con *c, const char *name)
 {

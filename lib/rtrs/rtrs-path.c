@@ -160,7 +160,7 @@ static void con_hb_imm(struct rtrs_con *con, bool ack)
 	struct rtrs_path *p = con->path;
 	int rc;
 
-	if (!rtrs_hb_received(&p->hb, &con->hb_rx, con->cid, ack, rtrs_path_name(p))) {
+	if (!rtrs_hb_received(&p->hb, &con->hb_rx, con->cid, ack, rtrs_path_name(p), con->fc)) {
 		fab_con_shutdown(con->fc);
 		rtrs_path_fail(p, -EPROTO);
 		return;

@@ -251,6 +251,7 @@ static inline bool rtrs_hb_done(struct rtrs_hb *hb, void *ctx)
 struct rtrs_hb_rx {
 	uint64_t win_ms;
 	unsigned n;
+	const void *reported;       /* the connection whose breach was logged */
 };
 
 static inline bool rtrs_hb_rx_flood(struct rtrs_hb_rx *r)
@@ -296,19 +297,25 @@ static inline void rtrs_hb_acked(struct rtrs_hb *hb)
 }
 
 /*
- * A heartbeat (ack: its answer) arrived on connection cid, on that
- * connection's completion thread: true when it keeps to the rules (the
- * admin connection, a heartbeat's pace); else it is logged, and the caller
- * shuts the connection down and fails the path with -EPROTO.
+ * A heartbeat (ack: its answer) arrived on connection cid (conn, the
+ * fabric's connection), on that connection's completion thread: true when
+ * it keeps to the rules (the admin connection, a heartbeat's pace); else
+ * it is logged, once per connection (the beats queued behind the first
+ * that broke them say nothing new, and would crowd other paths' lines out
+ * of the rate limit), and the caller shuts the connection down and fails
+ * the path with -EPROTO.
  */
 static inline bool rtrs_hb_received(struct rtrs_hb *hb, struct rtrs_hb_rx *rx, unsigned cid,
-				    bool ack, const char *name)
+				    bool ack, const char *name, const void *conn)
 {
 	if (cid != 0 || rtrs_hb_rx_flood(rx)) {
-		log_err_rl("%s: %s on connection %u; failing the path", name,
-			   cid ? "heartbeat" : "heartbeat flood", cid);
+		if (rx->reported != conn)
+			log_err_rl("%s: %s on connection %u; failing the path", name,
+				   cid ? "heartbeat" : "heartbeat flood", cid);
+		rx->reported = conn;
 		return false;
 	}
+	rx->reported = NULL;
 	if (ack)
 		rtrs_hb_acked(hb);
 	return true;

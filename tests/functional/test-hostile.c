@@ -99,9 +99,15 @@ struct wire_write_imm {     /* tcpx_cq_data_hdr + one ofi_rma_iov, no data */
 	struct wire_rma_iov iov;
 };
 
+struct wire_write {         /* tcpx_base_hdr + one ofi_rma_iov, no data, no completion */
+	struct wire_base_hdr base;
+	struct wire_rma_iov iov;
+};
+
 _Static_assert(sizeof(struct wire_ctrl_hdr) == 32, "ofi_ctrl_hdr");
 _Static_assert(sizeof(struct wire_base_hdr) == 16, "tcpx_base_hdr");
 _Static_assert(sizeof(struct wire_write_imm) == 48, "write with immediate");
+_Static_assert(sizeof(struct wire_write) == 40, "write");
 
 static int write_all(int fd, const void *buf, size_t len)
 {
@@ -236,7 +242,15 @@ static int wire_send(int fd, const void *buf, size_t len)
 static struct proc srv;
 
 /* Starts rtrs-test-server with at most nofile fds and extra options. */
+static bool server_start_log(unsigned nofile, const char *const *extra, const char *err_path);
+
 static bool server_start(unsigned nofile, const char *const *extra)
+{
+	return server_start_log(nofile, extra, NULL);
+}
+
+/* With err_path, the server's log goes to that file. */
+static bool server_start_log(unsigned nofile, const char *const *extra, const char *err_path)
 {
 	static const char *const base[] = { "--queue-depth", "64", "--store-size", "1M",
 					    "--hb-interval", "200" };
@@ -254,7 +268,7 @@ static bool server_start(unsigned nofile, const char *const *extra)
 	if (nofile)
 		lim.rlim_cur = nofile;
 	setrlimit(RLIMIT_NOFILE, &lim);
-	rc = proc_spawn_server(argv, &srv);
+	rc = proc_spawn_server_log(argv, &srv, err_path);
 	setrlimit(RLIMIT_NOFILE, &old);
 	CHECK(rc == 0, "server start: %s", strerror(-rc));
 	return rc == 0;
@@ -474,6 +488,13 @@ static atomic_uint_fast64_t flood_sent;
 static atomic_uint flood_paths;
 
 /* A connected path of its own (no authentication), or -errno. */
+static atomic_int flood_named_port; /* the first path's local port, once its info is answered */
+
+/*
+ * A flooding path. The first waits for the answer to its info request
+ * before it floods, so that the server knows its session's name by then
+ * and its flood's log lines can name it (the rest flood at once).
+ */
 static int flood_path(struct rtrs_conn_rsp *rsp)
 {
 	struct rtrs_conn_req req;
@@ -495,53 +516,84 @@ static int flood_path(struct rtrs_conn_rsp *rsp)
 	}
 	/* A small receive buffer that is never read: the answers back up at once. */
 	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-	snprintf(info.pathname, sizeof(info.pathname), "flooder%u",
-		 atomic_fetch_add(&flood_paths, 1));
+	unsigned nr = atomic_fetch_add(&flood_paths, 1);
+
+	snprintf(info.pathname, sizeof(info.pathname), "flooder%u", nr);
 	rtrs_info_req_encode(&ireq, &info);
 	rc = wire_send(fd, &ireq, sizeof(ireq));
 	if (rc) {
 		close(fd);
 		return rc;
 	}
+	if (nr == 0) {
+		struct pollfd pfd = { .fd = fd, .events = POLLIN };
+		struct sockaddr_in sin;
+		socklen_t sl = sizeof(sin);
+
+		/* The first bytes after the info request are its answer. */
+		if (poll(&pfd, 1, 5000) == 1 && !getsockname(fd, (struct sockaddr *)&sin, &sl))
+			atomic_store(&flood_named_port, ntohs(sin.sin_port));
+	}
 	return fd;
 }
 
-/* Heartbeats as fast as the socket takes them, never reading; a new path when closed. */
+/*
+ * Heartbeats as fast as the socket takes them, never reading; a new path
+ * when closed. The first path sends empty writes without an immediate
+ * instead, which make no completion: what the provider reads for them
+ * keeps its reader in one fi_cq_read, for the fabric's flood watchdog.
+ */
 static void *flood_thread(void *arg)
 {
-	static struct wire_write_imm burst[256];
+	static union {
+		struct wire_write_imm hb[256];
+		struct wire_write w[256];
+	} burst;
 
 	while (!atomic_load(&flood_stop)) {
 		struct rtrs_conn_rsp rsp;
 		int fd = flood_path(&rsp);
+		bool silent = atomic_load(&flood_paths) == 1;
+		size_t each = silent ? sizeof(burst.w[0]) : sizeof(burst.hb[0]);
+		size_t len = 256 * each;
 
 		if (fd < 0) {
 			usleep(10 * 1000);
 			continue;
 		}
-		for (size_t i = 0; i < ARRAY_SIZE(burst); i++)
-			burst[i] = (struct wire_write_imm){
-				.base = { .version = 3, .op = 4, .flags = 1, .rma_iov_cnt = 1,
-					  .hdr_size = sizeof(burst[0]), .size = sizeof(burst[0]) },
-				.cq_data = rtrs_to_imm(RTRS_HB_MSG_IMM, 0),
-				.iov = { .addr = rsp.imm_desc.addr, .len = 0,
-					 .key = rsp.imm_desc.key },
-			};
+		for (size_t i = 0; i < 256; i++) {
+			struct wire_rma_iov iov = { .addr = rsp.imm_desc.addr, .len = 0,
+						    .key = rsp.imm_desc.key };
+
+			if (silent)
+				burst.w[i] = (struct wire_write){
+					.base = { .version = 3, .op = 4, .rma_iov_cnt = 1,
+						  .hdr_size = sizeof(burst.w[0]),
+						  .size = sizeof(burst.w[0]) },
+					.iov = iov,
+				};
+			else
+				burst.hb[i] = (struct wire_write_imm){
+					.base = { .version = 3, .op = 4, .flags = 1, .rma_iov_cnt = 1,
+						  .hdr_size = sizeof(burst.hb[0]),
+						  .size = sizeof(burst.hb[0]) },
+					.cq_data = rtrs_to_imm(RTRS_HB_MSG_IMM, 0),
+					.iov = iov,
+				};
+		}
 		while (!atomic_load(&flood_stop)) {
 			/* Whole messages: blocking, with a timeout (SO_SNDTIMEO) to look up. */
 			struct timeval tv = { .tv_usec = 100 * 1000 };
 			ssize_t n;
 
 			setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-			n = send(fd, burst, sizeof(burst), MSG_NOSIGNAL);
+			n = send(fd, &burst, len, MSG_NOSIGNAL);
 			if (n > 0) {
-				size_t rest = (size_t)n % sizeof(burst[0]);
+				size_t rest = (size_t)n % each;
 
-				if (rest && write_all(fd, (char *)&burst[0] + rest,
-						      sizeof(burst[0]) - rest))
+				if (rest && write_all(fd, (char *)&burst + rest, each - rest))
 					break;
-				atomic_fetch_add(&flood_sent, ((size_t)n + sizeof(burst[0]) - 1) /
-							      sizeof(burst[0]));
+				atomic_fetch_add(&flood_sent, ((size_t)n + each - 1) / each);
 			} else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
 				continue;
 			} else {
@@ -553,21 +605,58 @@ static void *flood_thread(void *arg)
 	return arg;
 }
 
+/*
+ * Lines of the log file at path that contain what (shown on stderr with
+ * show); how many of them also contain also. -1 if the file cannot be read.
+ */
+static int log_lines_with(const char *path, const char *what, const char *also, int *with_also,
+			  bool show)
+{
+	char line[1024];
+	int n = 0;
+	FILE *f = fopen(path, "r");
+
+	*with_also = 0;
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		if (!strstr(line, what))
+			continue;
+		n++;
+		if (strstr(line, also))
+			(*with_also)++;
+		if (show)
+			fprintf(stderr, "  %s", line);
+	}
+	fclose(f);
+	return n;
+}
+
 static void test_hb_flood(void)
 {
 	const char *extra[] = { NULL };
+	char logpath[] = "/tmp/test-hostile-flood-XXXXXX";
 	long rss0, rss, most = 0;
+	int lfd, named;
 	pthread_t t;
 	uint64_t t0;
 	bool legit;
 
-	if (!server_start(0, extra))
+	lfd = mkstemp(logpath);
+	CHECK(lfd >= 0, "mkstemp: %s", strerror(errno));
+	if (lfd < 0)
 		return;
+	close(lfd);
+	if (!server_start_log(0, extra, logpath)) {
+		unlink(logpath);
+		return;
+	}
 	usleep(200 * 1000);
 	rss0 = proc_rss_kb(srv.pid);
 	atomic_store(&flood_stop, false);
 	atomic_store(&flood_sent, 0);
 	atomic_store(&flood_paths, 0);
+	atomic_store(&flood_named_port, 0);
 	CHECK_EQ(pthread_create(&t, NULL, flood_thread, NULL), 0);
 	usleep(500 * 1000);
 	/* The server is still itself: a client gets in and moves data during the flood. */
@@ -591,6 +680,35 @@ static void test_hb_flood(void)
 		(unsigned long long)atomic_load(&flood_sent), atomic_load(&flood_paths), rss0,
 		rss, most);
 	server_stop();
+	/*
+	 * The log says which session floods, once the server knows it: every
+	 * line about the first path (its info request answered before it
+	 * flooded) names "flooder0", the fabric watchdog's about its
+	 * connection too (fab_con_rename; before, it said "(new)/PEER#0").
+	 */
+	char port[16];
+	int lines, caught;
+
+	CHECK(atomic_load(&flood_named_port) > 0, "the first flooder's info request answered");
+	snprintf(port, sizeof(port), ":%d", atomic_load(&flood_named_port));
+	fprintf(stderr, "the first flooder's lines in the server's log:\n");
+	lines = log_lines_with(logpath, port, "flooder0/", &named, true);
+	CHECK(lines > 0, "the first flooder's path is logged (%d lines with %s)", lines, port);
+	CHECK_EQ(named, lines);
+	log_lines_with(logpath, "sends faster than it may", port, &caught, false);
+	CHECK_EQ(caught, 1);
+	if (g_failures) {
+		/* What the server said (a sanitizer's report, say) goes with the failure. */
+		FILE *f = fopen(logpath, "r");
+		char line[1024];
+
+		fprintf(stderr, "server log:\n");
+		while (f && fgets(line, sizeof(line), f))
+			fputs(line, stderr);
+		if (f)
+			fclose(f);
+	}
+	unlink(logpath);
 }
 
 /* ---- a replayed connection request --------------------------------------------- */

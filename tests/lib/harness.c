@@ -167,6 +167,11 @@ const char *test_server_path(void)
 
 int proc_spawn_server(char *const argv_in[], struct proc *p)
 {
+	return proc_spawn_server_log(argv_in, p, NULL);
+}
+
+int proc_spawn_server_log(char *const argv_in[], struct proc *p, const char *err_path)
+{
 	const char *at = getenv("RTRS_TEST_SERVER_AT");
 	char *argv[64], a_prov[] = "--provider", a_addr[] = "--addr";
 	int fds[2], n = 0;
@@ -205,6 +210,15 @@ int proc_spawn_server(char *const argv_in[], struct proc *p)
 	if (p->pid == 0) {
 		/* The server must not outlive a crashed test. */
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (err_path) {
+			int efd = open(err_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+
+			if (efd < 0 || dup2(efd, STDERR_FILENO) < 0) {
+				fprintf(stderr, "harness: %s: %s\n", err_path, strerror(errno));
+				_exit(127);
+			}
+			close(efd);
+		}
 		dup2(fds[1], STDOUT_FILENO);
 		close(fds[0]);
 		close(fds[1]);

@@ -29,6 +29,8 @@ struct proc {
  * guest, say). 0 or -errno.
  */
 int proc_spawn_server(char *const argv[], struct proc *p);
+/* The same with the server's stderr (its log) in the file err_path (created or truncated). */
+int proc_spawn_server_log(char *const argv[], struct proc *p, const char *err_path);
 /* "host:port" of p. */
 void proc_dst(const struct proc *p, char *buf, size_t len);
 /* RTRS_TEST_PROVIDER (tcp) and RTRS_TEST_ADDR (127.0.0.1). */
