@@ -416,7 +416,7 @@ static int m_map(void *priv, struct json_object *params, struct json_object **re
 		char why[200];
 		int id;
 
-		rc = ublk_dev_add(d->d, name, &d->ub, &id, why, sizeof(why));
+		rc = ublk_dev_add(s->rnbd, d->d, name, &d->ub, &id, why, sizeof(why));
 		if (rc) {
 			rpc_errf(err, rc, "device %s of session %s: mapped, but no block device: %s",
 				 name, sname, why);

@@ -7,8 +7,12 @@
  *   FETCH_REQ for every tag, with the tag's buffer
  *   -> a request arrives (cqe, res OK): its descriptor is read, the IO sent
  *      to the RNBD device (rnbd_clt_submit)
- *   -> done (a library thread): the tag goes on the done list; the first
- *      on an empty list wakes the queue thread through an eventfd
+ *   -> done: polled, on the queue thread itself (rnbd_clt_poll between
+ *      its io_uring waits; the session's poll fd sits in the ring as a
+ *      poll request while it sleeps); else, or on a fabric without polled
+ *      completions, on a library thread: the tag goes on the done list,
+ *      and the first on an empty list from another thread wakes the queue
+ *      thread through an eventfd
  *   -> COMMIT_AND_FETCH_REQ with the result (bytes, or a negative errno),
  *      which also waits for the tag's next request
  *   -> STOP_DEV: the kernel answers the waiting commands with ABORT; when
@@ -21,6 +25,7 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <linux/ublk_cmd.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -32,6 +37,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "dlog.h"
 #include "ublk.h"
 
 #ifndef UBLK_F_CMD_IOCTL_ENCODE
@@ -44,6 +50,7 @@
 #define QD_MAX 64                  /* tags of the queue */
 #define BUF_BYTES (256u << 10)     /* the largest request ublk hands us */
 #define TAG_EFD UINT64_MAX         /* user_data of the eventfd read */
+#define TAG_POLL (UINT64_MAX - 1)  /* user_data of the poll on the session's poll fd */
 
 struct uio {
 	struct ublk_dev *u;
@@ -52,9 +59,60 @@ struct uio {
 	struct uio *next;             /* on the done list */
 };
 
+/*
+ * Who polls a session: one queue thread of the devices on it, so that a
+ * completion wakes one thread, not every device's (the others' done
+ * lists fill from the poller's thread, and their eventfds wake them).
+ * When the poller's device goes, the next of the others to look takes it.
+ */
+struct poll_claim {
+	struct poll_claim *next;
+	struct rnbd_clt_sess *sess;
+	unsigned refs;                 /* devices on sess (claims_lock) */
+	_Atomic(struct ublk_dev *) owner;
+};
+
+static pthread_mutex_t claims_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct poll_claim *claims;
+
+static struct poll_claim *claim_get(struct rnbd_clt_sess *sess)
+{
+	struct poll_claim *c;
+
+	pthread_mutex_lock(&claims_lock);
+	for (c = claims; c && c->sess != sess; c = c->next)
+		;
+	if (!c && (c = calloc(1, sizeof(*c)))) {
+		c->sess = sess;
+		atomic_init(&c->owner, NULL);
+		c->next = claims;
+		claims = c;
+	}
+	if (c)
+		c->refs++;
+	pthread_mutex_unlock(&claims_lock);
+	return c;
+}
+
+static void claim_put(struct poll_claim *c)
+{
+	pthread_mutex_lock(&claims_lock);
+	if (--c->refs == 0) {
+		struct poll_claim **pp = &claims;
+
+		while (*pp != c)
+			pp = &(*pp)->next;
+		*pp = c->next;
+		free(c);
+	}
+	pthread_mutex_unlock(&claims_lock);
+}
+
 struct ublk_dev {
 	char name[300];
 	struct rnbd_clt_dev *d;
+	struct rnbd_clt_sess *sess;    /* d's, polled by the queue thread */
+	struct poll_claim *claim;      /* sess's poller, NULL: none (no memory) */
 	struct rnbd_clt_dev_info info;
 	int ctrl_fd, cdev_fd;
 	int dev_id;
@@ -133,6 +191,8 @@ static int ctrl_cmd(struct ublk_dev *u, unsigned nr, void *addr, uint16_t len, u
  * wake-up, not one each. A wake-up that finds the list already taken
  * commits nothing.
  */
+static _Thread_local struct ublk_dev *queue_of_thread; /* on a queue thread, its device */
+
 static void io_done(void *priv, int result)
 {
 	struct uio *io = priv;
@@ -146,7 +206,8 @@ static void io_done(void *priv, int result)
 	io->next = u->done;
 	u->done = io;
 	pthread_mutex_unlock(&u->lock);
-	if (first && write(u->efd, &one, sizeof(one)) != sizeof(one))
+	/* Polled on the queue thread: it commits the list when the poll returns. */
+	if (first && queue_of_thread != u && write(u->efd, &one, sizeof(one)) != sizeof(one))
 		abort(); /* an eventfd write cannot fail but by overflow */
 }
 
@@ -178,6 +239,18 @@ static int prep_efd_read(struct ublk_dev *u)
 		return -EBUSY;
 	io_uring_prep_read(sqe, u->efd, &u->efd_val, sizeof(u->efd_val), 0);
 	sqe->user_data = TAG_EFD;
+	return 0;
+}
+
+/* While the queue thread sleeps: wakes it when the session has completions to poll. */
+static int prep_poll(struct ublk_dev *u, int fd)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+
+	if (!sqe)
+		return -EBUSY;
+	io_uring_prep_poll_add(sqe, fd, POLLIN);
+	sqe->user_data = TAG_POLL;
 	return 0;
 }
 
@@ -260,11 +333,110 @@ static void set_ready(struct ublk_dev *u, int v)
 	pthread_mutex_unlock(&u->lock);
 }
 
+/*
+ * The polled part of a lap: the session's completions run here, what
+ * they finished is committed, and the session is made ready for the
+ * sleeps to come. Returns how long the next sleep may be: 1 (until a
+ * cqe; *armed: the session stays armed, over as many laps as need not
+ * poll, until rnbd_clt_poll_wait_end), or 0 (poll again first).
+ * On a fabric without polled completions, or after a poll error,
+ * *poll_fd goes to -1 and the library's threads complete from then on.
+ */
+static unsigned queue_poll(struct ublk_dev *u, int *poll_fd, bool *poll_queued, bool *armed,
+			   bool *stuck)
+{
+	int rc = rnbd_clt_poll(u->sess, 0);
+
+	*armed = false;
+	if (rc < 0) {
+		/* -EOPNOTSUPP: the fabric has no polled mode; else the library's threads take over. */
+		if (rc == -EOPNOTSUPP)
+			dlog(DLOG_INFO, "ublk: /dev/ublkb%d (%s): the fabric has no polled "
+			     "completions: they come on the library's threads", u->dev_id, u->name);
+		else
+			dlog(DLOG_WARN, "ublk: /dev/ublkb%d (%s): polling the session: %s; "
+			     "completions on the library's threads from now on", u->dev_id, u->name,
+			     strerror(-rc));
+		*poll_fd = -1;
+		return 1;
+	}
+	if (commit_done(u)) {
+		*stuck = true;
+		return 1;
+	}
+	rc = rnbd_clt_poll_wait_begin(u->sess);
+	if (rc == -EAGAIN)
+		return 0;
+	if (rc < 0) {
+		dlog(DLOG_WARN, "ublk: /dev/ublkb%d (%s): arming the session's poll: %s; "
+		     "completions on the library's threads from now on", u->dev_id, u->name,
+		     strerror(-rc));
+		*poll_fd = -1;
+		return 1;
+	}
+	if (!*poll_queued) {
+		if (prep_poll(u, *poll_fd)) {
+			rnbd_clt_poll_wait_end(u->sess);
+			*stuck = true;
+			return 1;
+		}
+		*poll_queued = true;
+	}
+	*armed = true;
+	return 1;
+}
+
+/*
+ * The session's poller, if none is: its poll fd; -EBUSY while another
+ * device's thread polls; another negative errno when the session cannot
+ * be polled (a fabric without polled completions).
+ */
+static int poll_take(struct ublk_dev *u)
+{
+	struct ublk_dev *none = NULL;
+	int fd;
+
+	if (!u->claim)
+		return -ENOMEM;
+	if (atomic_load_explicit(&u->claim->owner, memory_order_relaxed) ||
+	    !atomic_compare_exchange_strong(&u->claim->owner, &none, u))
+		return -EBUSY;
+	fd = rnbd_clt_poll_fd(u->sess);
+	if (fd < 0) {
+		atomic_store(&u->claim->owner, NULL);
+		dlog(DLOG_INFO, "ublk: /dev/ublkb%d (%s): completions on the library's threads "
+		     "(no polled mode: %s)", u->dev_id, u->name, strerror(-fd));
+		return fd;
+	}
+	dlog(DLOG_INFO, "ublk: /dev/ublkb%d (%s): its queue thread polls the session's "
+	     "completions", u->dev_id, u->name);
+	return fd;
+}
+
+static void poll_give_back(struct ublk_dev *u)
+{
+	struct ublk_dev *me = u;
+
+	if (u->claim)
+		atomic_compare_exchange_strong(&u->claim->owner, &me, NULL);
+}
+
 static void *queue_thread(void *arg)
 {
 	struct ublk_dev *u = arg;
 	unsigned aborted = 0;
+	int poll_fd = -1;
+	/*
+	 * armed: between rnbd_clt_poll_wait_begin and _end, across laps: a
+	 * lap woken only by the kernel's requests leaves the session armed
+	 * (what they send cannot be missed: its completion, or a send the
+	 * provider must progress, makes the poll fd readable). poll_due: the
+	 * poll fired, so the next lap polls.
+	 */
+	bool poll_queued = false, may_poll = true, armed = false, poll_due = false;
 	int rc;
+
+	queue_of_thread = u;
 
 	for (uint16_t t = 0; t < u->qd; t++) {
 		rc = prep_io_cmd(u, UBLK_IO_FETCH_REQ, t, 0);
@@ -279,13 +451,37 @@ static void *queue_thread(void *arg)
 		return NULL;
 	while (aborted < u->qd) {
 		struct io_uring_cqe *cqe;
-		unsigned head, seen = 0;
+		unsigned head, seen = 0, wait = 1;
+		bool stuck = false;
 
-		rc = io_uring_submit_and_wait(&u->ring, 1);
+		if (poll_fd < 0 && may_poll) {
+			poll_fd = poll_take(u);
+			if (poll_fd < 0 && poll_fd != -EBUSY)
+				may_poll = false;
+		}
+		if (poll_fd >= 0 && (!armed || poll_due)) {
+			if (armed)
+				rnbd_clt_poll_wait_end(u->sess);
+			poll_due = false;
+			wait = queue_poll(u, &poll_fd, &poll_queued, &armed, &stuck);
+			if (poll_fd < 0) {
+				/* No polled mode (or it failed): library threads, from now on. */
+				may_poll = false;
+				poll_give_back(u);
+			}
+		}
+		if (stuck)
+			break; /* no room in the ring: cannot go on */
+		rc = io_uring_submit_and_wait(&u->ring, wait);
 		if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
 			break;
 		io_uring_for_each_cqe(&u->ring, head, cqe) {
 			seen++;
+			if (cqe->user_data == TAG_POLL) {
+				poll_queued = false; /* fired: the next lap polls and queues another */
+				poll_due = true;
+				continue;
+			}
 			if (cqe->user_data == TAG_EFD) {
 				if (prep_efd_read(u) || commit_done(u))
 					aborted = u->qd; /* no room: cannot go on */
@@ -301,6 +497,9 @@ static void *queue_thread(void *arg)
 		}
 		io_uring_cq_advance(&u->ring, seen);
 	}
+	if (armed)
+		rnbd_clt_poll_wait_end(u->sess);
+	poll_give_back(u);
 	return NULL;
 }
 
@@ -308,6 +507,8 @@ static void *queue_thread(void *arg)
 
 static void dev_free(struct ublk_dev *u)
 {
+	if (u->claim)
+		claim_put(u->claim);
 	if (u->descs && u->descs != MAP_FAILED)
 		munmap(u->descs, u->descs_len);
 	if (u->cdev_fd >= 0)
@@ -340,8 +541,8 @@ static unsigned shift_of(uint32_t v)
 	return s;
 }
 
-int ublk_dev_add(struct rnbd_clt_dev *d, const char *name, struct ublk_dev **out, int *dev_id,
-		 char *why, size_t len)
+int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char *name,
+		 struct ublk_dev **out, int *dev_id, char *why, size_t len)
 {
 	struct ublksrv_ctrl_dev_info di = { 0 };
 	struct ublk_params p = { 0 };
@@ -356,6 +557,8 @@ int ublk_dev_add(struct rnbd_clt_dev *d, const char *name, struct ublk_dev **out
 	u->ctrl_fd = u->cdev_fd = u->efd = -1;
 	u->dev_id = -1;
 	u->d = d;
+	u->sess = sess;
+	u->claim = claim_get(sess); /* NULL (no memory): not polled, done on library threads */
 	pthread_mutex_init(&u->lock, NULL);
 	pthread_cond_init(&u->cond, NULL);
 	snprintf(u->name, sizeof(u->name), "%s", name);
@@ -456,7 +659,7 @@ int ublk_dev_add(struct rnbd_clt_dev *d, const char *name, struct ublk_dev **out
 		u->ios[t].tag = (uint16_t)t;
 	}
 	u->efd = eventfd(0, EFD_CLOEXEC);
-	rc = u->efd < 0 ? -errno : io_uring_queue_init(2 * u->qd + 2, &u->ring, 0);
+	rc = u->efd < 0 ? -errno : io_uring_queue_init(2 * u->qd + 3, &u->ring, 0);
 	if (rc) {
 		snprintf(why, len, "the queue's io_uring: %s", strerror(-rc));
 		goto fail;

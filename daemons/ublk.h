@@ -23,12 +23,13 @@ struct ublk_dev;
 int ublk_probe(char *why, size_t len);
 
 /*
- * A block device for d, started: *out, its number N (/dev/ublkbN) in
- * *dev_id. The caller keeps d mapped until ublk_dev_remove returns. 0 or
- * a negative errno with why.
+ * A block device for d, of session sess, started: *out, its number N
+ * (/dev/ublkbN) in *dev_id. Its queue thread polls sess for d's
+ * completions (rnbd_clt_poll), where the fabric allows. The caller keeps
+ * d mapped until ublk_dev_remove returns. 0 or a negative errno with why.
  */
-int ublk_dev_add(struct rnbd_clt_dev *d, const char *name, struct ublk_dev **out,
-		 int *dev_id, char *why, size_t len);
+int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char *name,
+		 struct ublk_dev **out, int *dev_id, char *why, size_t len);
 
 /*
  * Stops and deletes the block device: requests still queued fail, those

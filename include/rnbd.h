@@ -257,6 +257,16 @@ int rnbd_clt_submit(struct rnbd_clt_dev *dev, enum rnbd_clt_op op, uint32_t flag
  * callbacks come from library threads, as without polling.
  */
 int rnbd_clt_poll(struct rnbd_clt_sess *sess, int timeout_ms);
+/*
+ * To sleep in the caller's own loop between polls (rtrs_clt_poll_fd,
+ * rtrs_clt_poll_wait_begin and rtrs_clt_poll_wait_end in rtrs.h): the fd
+ * that turns readable when rnbd_clt_poll has something to do; 0 when the
+ * caller may sleep on it, -EAGAIN when it should poll instead; the end of
+ * every such sleep.
+ */
+int rnbd_clt_poll_fd(struct rnbd_clt_sess *sess);
+int rnbd_clt_poll_wait_begin(struct rnbd_clt_sess *sess);
+void rnbd_clt_poll_wait_end(struct rnbd_clt_sess *sess);
 
 /* Synchronous form: submits and waits for the result. */
 int rnbd_clt_io(struct rnbd_clt_dev *dev, enum rnbd_clt_op op, uint32_t flags,

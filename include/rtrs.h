@@ -267,6 +267,20 @@ int rtrs_clt_poll(struct rtrs_clt_sess *sess, int timeout_ms);
  * what its caller waits for that ends outside the transport. Any thread.
  */
 void rtrs_clt_poll_wake(struct rtrs_clt_sess *sess);
+/*
+ * For a caller that sleeps in its own loop (an io_uring, an epoll set)
+ * instead of in rtrs_clt_poll: rtrs_clt_poll_fd is a file descriptor that
+ * turns readable when rtrs_clt_poll has something to do (-EOPNOTSUPP as
+ * rtrs_clt_poll). Before sleeping on it, rtrs_clt_poll_wait_begin: 0 when
+ * the fd will wake the sleeper for anything that comes, and then
+ * rtrs_clt_poll_wait_end must follow the sleep, on any wake-up, before
+ * the next rtrs_clt_poll; -EAGAIN when something is there already (it may
+ * have run completions on this thread): poll, do not sleep. While between
+ * the two, the session counts as polled, as inside rtrs_clt_poll.
+ */
+int rtrs_clt_poll_fd(struct rtrs_clt_sess *sess);
+int rtrs_clt_poll_wait_begin(struct rtrs_clt_sess *sess);
+void rtrs_clt_poll_wait_end(struct rtrs_clt_sess *sess);
 
 struct rtrs_attrs {
 	size_t size;            /* sizeof(struct rtrs_attrs), set by the caller */

@@ -1129,6 +1129,25 @@ int rnbd_clt_poll(struct rnbd_clt_sess *sess, int timeout_ms)
 }
 
 RNBD_EXPORT
+int rnbd_clt_poll_fd(struct rnbd_clt_sess *sess)
+{
+	return sess ? rtrs_clt_poll_fd(sess->rtrs) : -EINVAL;
+}
+
+RNBD_EXPORT
+int rnbd_clt_poll_wait_begin(struct rnbd_clt_sess *sess)
+{
+	return sess ? rtrs_clt_poll_wait_begin(sess->rtrs) : -EINVAL;
+}
+
+RNBD_EXPORT
+void rnbd_clt_poll_wait_end(struct rnbd_clt_sess *sess)
+{
+	if (sess)
+		rtrs_clt_poll_wait_end(sess->rtrs);
+}
+
+RNBD_EXPORT
 struct rtrs_clt_sess *rnbd_clt_rtrs(struct rnbd_clt_sess *sess)
 {
 	return sess ? sess->rtrs : NULL;

@@ -51,6 +51,12 @@ void rtrs_clt_poll_wake(struct rtrs_clt_sess *s)
 		return;
 	if (write(s->poll_wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
 		log_warn_rl("%s: poll eventfd write: %s", s->name, strerror(errno));
+	/*
+	 * After the write: a sleeper outside rtrs_clt_poll that finds it set
+	 * reads the count whole (rtrs_clt_poll_wait_end); one that comes
+	 * between the two reads nothing and wakes once more, harmless.
+	 */
+	atomic_store(&s->poll_wake_set, true);
 }
 
 void clt_req_release_mrs(struct clt_req *req)
@@ -325,6 +331,65 @@ int rtrs_clt_poll(struct rtrs_clt_sess *s, int timeout_ms)
 				log_warn_rl("%s: poll eventfd read: %s", s->name, strerror(errno));
 		}
 	}
+}
+
+RTRS_EXPORT
+int rtrs_clt_poll_fd(struct rtrs_clt_sess *s)
+{
+	if (!s)
+		return -EINVAL;
+	if (s->poll_epfd < 0 || atomic_load(&s->poll_unsupported))
+		return -EOPNOTSUPP;
+	return s->poll_epfd;
+}
+
+/*
+ * rtrs_clt_poll's way to sleep, for a caller that sleeps elsewhere: the
+ * poller counted asleep (the completion threads leave the queues to it),
+ * then every queue armed, as before rtrs_clt_poll's epoll_wait. A queue
+ * that refuses is read, and the caller hears -EAGAIN: what it read ran
+ * here, and the caller polls again before it sleeps.
+ */
+RTRS_EXPORT
+int rtrs_clt_poll_wait_begin(struct rtrs_clt_sess *s)
+{
+	bool armed = true;
+	int n, reqs;
+
+	if (!s)
+		return -EINVAL;
+	if (s->poll_epfd < 0 || atomic_load(&s->poll_unsupported))
+		return -EOPNOTSUPP;
+	atomic_store(&s->poller.last_ms, now_ms());
+	/* sleeps first: a thread that reads waiting first sees this wait's number. */
+	atomic_fetch_add(&s->poller.sleeps, 1);
+	atomic_fetch_add(&s->poller.waiting, 1);
+	if (atomic_load(&s->poll_seq) != atomic_load(&s->poll_seen)) {
+		/* Something ended elsewhere since rtrs_clt_poll last returned: it says so first. */
+		atomic_fetch_sub(&s->poller.waiting, 1);
+		return -EAGAIN;
+	}
+	n = clt_poll_locked(s, &armed, &reqs);
+	if (n || !armed) {
+		atomic_fetch_sub(&s->poller.waiting, 1);
+		return n < 0 ? n : -EAGAIN;
+	}
+	return 0;
+}
+
+RTRS_EXPORT
+void rtrs_clt_poll_wait_end(struct rtrs_clt_sess *s)
+{
+	uint64_t v;
+
+	if (!s)
+		return;
+	atomic_fetch_sub(&s->poller.waiting, 1);
+	atomic_store(&s->poller.last_ms, now_ms());
+	/* A wake written while asleep: read, or the fd would stay readable for ever. */
+	if (atomic_exchange(&s->poll_wake_set, false) &&
+	    read(s->poll_wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+		log_warn_rl("%s: poll eventfd read: %s", s->name, strerror(errno));
 }
 
 /* A chunk key learned from the server: kept if newer than the one we have. */

@@ -242,6 +242,7 @@ struct rtrs_clt_sess {
 	int poll_epfd, poll_wake_fd;
 	atomic_uint_fast64_t poll_seq;  /* completions run elsewhere (clt_poll_nudge) */
 	atomic_uint_fast64_t poll_seen; /* ... as of rtrs_clt_poll's last return */
+	atomic_bool poll_wake_set;      /* poll_wake_fd written since its last read (wait_end) */
 	atomic_bool poll_unsupported;   /* a path's queues have no wait fds: no polled mode */
 
 	/* Requests waiting for a path, bounded by fast_io_fail_ms (rtrs_clt_set_reconnect). */

@@ -12,6 +12,11 @@
  *   D. rtrs_clt_poll_wake from another thread ends an unbounded wait;
  *   F. the path reconnected under a polling thread: the next completion
  *      still wakes a poll (done before E);
+ *   G. a caller that sleeps in its own epoll set on rtrs_clt_poll_fd
+ *      (rtrs_clt_poll_wait_begin/end around each sleep), as rnbd-clientd's
+ *      ublk queue does in its io_uring: verified IO with no sleep that
+ *      times out while IO is outstanding, the fd quiet when idle, and a
+ *      wake from another thread ends a sleep without leaving it readable;
  *   E. the server killed under a poller waiting without bound: every
  *      request ends once, with an error, and the wait ends (a completion
  *      on the library's thread wakes the poller).
@@ -24,6 +29,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -139,6 +145,100 @@ static void part_verified(void)
 	CHECK(here >= ROUNDS * QD / 2, "%u of %u completions on the polling thread", here,
 	      ROUNDS * QD);
 	printf("  A: %u of %u completions on the polling thread\n", here, ROUNDS * QD);
+}
+
+static void *waker(void *arg);
+
+/* One sleep in the caller's own epoll set; what epoll_wait said, or -1 if not armed. */
+static int own_sleep(int ep, int ms)
+{
+	struct epoll_event ev;
+	int rc = rtrs_clt_poll_wait_begin(sess), ne;
+
+	if (rc == -EAGAIN)
+		return -1;
+	CHECK_EQ(rc, 0);
+	if (rc)
+		return -1;
+	ne = epoll_wait(ep, &ev, 1, ms);
+	rtrs_clt_poll_wait_end(sess);
+	return ne;
+}
+
+static void part_own_loop(void)
+{
+	unsigned before = atomic_load(&on_poller), before_else = atomic_load(&elsewhere);
+	unsigned bad = 0, errs = 0, sleeps = 0, missed = 0;
+	struct epoll_event ev = { .events = EPOLLIN };
+	int fd = rtrs_clt_poll_fd(sess), ep = epoll_create1(EPOLL_CLOEXEC), ne;
+	pthread_t t;
+	uint64_t t0;
+
+	CHECK(fd >= 0, "rtrs_clt_poll_fd: %s", strerror(-fd));
+	CHECK(ep >= 0 && epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) == 0, "epoll: %s", strerror(errno));
+	if (fd < 0 || ep < 0)
+		return;
+	for (unsigned r = 0; r < ROUNDS; r++) {
+		enum rtrs_dir dir = r & 1 ? RTRS_READ : RTRS_WRITE;
+
+		for (unsigned i = 0; i < QD; i++) {
+			uint64_t off = ((uint64_t)(r / 2) * QD + i) * IO_SIZE;
+
+			if (dir == RTRS_WRITE)
+				test_fill(ios[i].buf, IO_SIZE, (unsigned)off + 77);
+			else
+				memset(ios[i].buf, 0, IO_SIZE);
+			CHECK_EQ(io_start(&ios[i], dir, off), 0);
+		}
+		while (atomic_load(&outstanding)) {
+			int n = rtrs_clt_poll(sess, 0);
+
+			CHECK(n >= 0, "rtrs_clt_poll: %s", strerror(-n));
+			if (n < 0 || !atomic_load(&outstanding))
+				break;
+			ne = own_sleep(ep, 2000);
+			sleeps += ne >= 0;
+			/* Asleep with IO outstanding and nothing woke it: a lost wake-up. */
+			missed += ne == 0;
+			if (missed > 3)
+				break;
+		}
+		for (unsigned i = 0; i < QD; i++) {
+			uint8_t want[IO_SIZE];
+			uint64_t off = ((uint64_t)(r / 2) * QD + i) * IO_SIZE;
+
+			errs += ios[i].err != 0 || atomic_load(&ios[i].calls) != 1;
+			if (dir == RTRS_READ) {
+				test_fill(want, IO_SIZE, (unsigned)off + 77);
+				bad += memcmp(want, ios[i].buf, IO_SIZE) != 0;
+			}
+		}
+	}
+	unsigned here = atomic_load(&on_poller) - before, there = atomic_load(&elsewhere) - before_else;
+
+	CHECK_EQ(errs, 0);
+	CHECK_EQ(bad, 0);
+	CHECK_EQ(missed, 0);
+	CHECK_EQ(here + there, ROUNDS * QD);
+	CHECK(here >= ROUNDS * QD / 2, "%u of %u completions on the polling thread", here,
+	      ROUNDS * QD);
+	printf("  G: %u of %u completions on the polling thread, %u sleeps in its own epoll set\n",
+	       here, ROUNDS * QD, sleeps);
+
+	/* Idle and armed: the fd stays quiet. */
+	CHECK_EQ(rtrs_clt_poll(sess, 0), 0);
+	CHECK_EQ(own_sleep(ep, 100), 0);
+	/* A wake from another thread ends the sleep... */
+	CHECK_EQ(pthread_create(&t, NULL, waker, NULL), 0);
+	t0 = test_now_ms();
+	CHECK_EQ(own_sleep(ep, 5000), 1);
+	CHECK(test_now_ms() - t0 < 4000, "the woken sleep took %llu ms",
+	      (unsigned long long)(test_now_ms() - t0));
+	pthread_join(t, NULL);
+	/* ... the next poll says so at once, and the fd is quiet again after it. */
+	CHECK_EQ(rtrs_clt_poll(sess, 0), 0);
+	CHECK_EQ(own_sleep(ep, 100), 0);
+	close(ep);
 }
 
 static void part_timeouts(void)
@@ -352,6 +452,7 @@ int main(void)
 	} else {
 		CHECK_EQ(rc, 0);
 		part_verified();
+		part_own_loop();
 		part_timeouts();
 		part_hand_back();
 		part_wake();

@@ -14,7 +14,10 @@
 #   - a normal unmap of a mounted device is refused (EBUSY);
 #   - client save, rnbd-clientd stopped (its devices go) and started again:
 #     the mapping is restored, the file system mounts and its files are
-#     intact; unmap removes /dev/ublkbN.
+#     intact; unmap removes /dev/ublkbN;
+#   - polled completions, over tcp on loopback: two devices of one session
+#     written and read back at once, four streams each, equal, and one
+#     queue thread polls the session for both.
 # Usage: ublk-suite.sh BUILD_DIR. Prints "N passed, N failed, N skipped";
 # exits 77 when guests cannot be run here.
 set -uo pipefail
@@ -143,10 +146,57 @@ mount "$dev" /tmp/mnt && (cd /tmp/mnt && sha256sum -c --quiet /tmp/sums); check 
 umount /tmp/mnt
 R client unmap disk.img >/dev/null; check unmap $?
 [ ! -b "$dev" ]; check unmap-removes-block-device $?
+
+# Polled completions (tcp on loopback; soft-RoCE above has none): two
+# devices of one session, each with its own ublk queue, written and read
+# back at once, four streams each; one queue thread polls the session's
+# completions for both (its log says which), the other's come to it.
+mkdir -p /tmp/exports2
+for f in a b; do head -c $((32 << 20)) /dev/zero >/tmp/exports2/$f.img; done
+"$B/daemons/rnbd-server" --provider tcp -a 127.0.0.1 -p 1235 -s /tmp/exports2 \
+	--log-level info >/tmp/s2.log 2>&1 &
+S2PID=$!
+wait_for 60 grep -q 'listening on port' /tmp/s2.log; check tcp-server-started $?
+R client map a.img --session tp --server 127.0.0.1:1235 --option provider=tcp -o json >/tmp/ma.json
+check tcp-map-a $? "$(cat /tmp/ma.json)"
+R client map b.img --session tp -o json >/tmp/mb.json
+check tcp-map-b $? "$(cat /tmp/mb.json)"
+da=$(python3 -c 'import json; print(json.load(open("/tmp/ma.json"))["block_device"] or "")')
+db=$(python3 -c 'import json; print(json.load(open("/tmp/mb.json"))["block_device"] or "")')
+[ -b "$da" ] && [ -b "$db" ]; check tcp-block-devices $? "($da $db)"
+streams() { # PATTERN DEVICE: four 8 MiB quarters written and read back at once
+	local q pids=() rc=0
+	for q in 0 1 2 3; do
+		( dd if="$1" of="$2" bs=64k skip=$((q * 128)) seek=$((q * 128)) count=128 \
+			oflag=direct conv=notrunc status=none &&
+		  dd if="$2" of="$1.$q" bs=64k skip=$((q * 128)) count=128 iflag=direct \
+			status=none &&
+		  dd if="$1" of="$1.want$q" bs=64k skip=$((q * 128)) count=128 status=none &&
+		  cmp "$1.want$q" "$1.$q" ) &
+		pids+=($!)
+	done
+	for q in "${pids[@]}"; do wait "$q" || rc=1; done
+	return $rc
+}
+head -c $((32 << 20)) /dev/urandom >/tmp/pa
+head -c $((32 << 20)) /dev/urandom >/tmp/pb
+streams /tmp/pa "$da" & PA=$!
+streams /tmp/pb "$db" & PB=$!
+wait $PA; ra=$?
+wait $PB; rb=$?
+[ $ra -eq 0 ] && [ $rb -eq 0 ]; check tcp-two-devices-read-back-equal $? "(a $ra, b $rb)"
+cmp /tmp/pa /tmp/exports2/a.img && cmp /tmp/pb /tmp/exports2/b.img
+check tcp-server-files-hold-patterns $?
+np=$(grep -c "queue thread polls the session's completions" "$CLOG")
+[ "$np" -eq 1 ]; check tcp-one-queue-thread-polls $? "($np in $CLOG)"
+R client unmap a.img --session tp >/dev/null && R client unmap b.img --session tp >/dev/null
+check tcp-unmap $?
+kill "$S2PID"
+
 kill "$CPID" "$SPID"; wait
 dmesg | grep -E 'BUG:|Oops|Call Trace' >/tmp/oops; [ ! -s /tmp/oops ]; check kernel-log-clean $?
 # In a sanitizer build, the daemons' reports would be in their logs.
-! grep -lE 'ERROR: (Address|Leak|Thread)Sanitizer|runtime error:' /tmp/s.log /tmp/c*.log
+! grep -lE 'ERROR: (Address|Leak|Thread)Sanitizer|runtime error:' /tmp/s.log /tmp/s2.log /tmp/c*.log
 check no-sanitizer-report $?
 echo "--- clientd logs"; tail -n 8 /tmp/c1.log "$CLOG"
 GUEST
