@@ -26,6 +26,9 @@
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "log.h"
 #include "rnbd-backend.h"
@@ -554,6 +557,39 @@ const struct rnbd_store_info *rnbd_store_info(const struct rnbd_store *s)
 	return &s->info;
 }
 
+/*
+ * A write into a memory device: the data goes past the CPU's caches
+ * (non-temporal stores). The device is large and written at random, so
+ * the lines written are rarely in cache; a plain copy reads each one
+ * first to own it, twice the memory traffic, and evicts lines the next
+ * requests need. The sfence orders the stores before the response that
+ * follows: a read of the range after it sees the data. Measured with
+ * 4 KiB random writes (bench/RESULTS.md): 0.15-0.2 us less per IO for
+ * rnbd-server. Unaligned ranges, and CPUs without SSE2, copy plainly.
+ */
+static void mem_copy_in(void *dst, const void *src, size_t len)
+{
+#if defined(__SSE2__)
+	if (!(((uintptr_t)dst | (uintptr_t)src | len) & 63)) {
+		__m128i *d = dst;
+		const __m128i *from = src;
+
+		for (size_t i = 0; i < len / 16; i += 4) {
+			__m128i a = _mm_load_si128(from + i), b = _mm_load_si128(from + i + 1);
+			__m128i c = _mm_load_si128(from + i + 2), e = _mm_load_si128(from + i + 3);
+
+			_mm_stream_si128(d + i, a);
+			_mm_stream_si128(d + i + 1, b);
+			_mm_stream_si128(d + i + 2, c);
+			_mm_stream_si128(d + i + 3, e);
+		}
+		_mm_sfence();
+		return;
+	}
+#endif
+	memcpy(dst, src, len);
+}
+
 static int mem_exec(struct rnbd_store *s, struct rnbd_breq *r)
 {
 	switch (r->op) {
@@ -561,7 +597,7 @@ static int mem_exec(struct rnbd_store *s, struct rnbd_breq *r)
 		memcpy(r->buf, s->mem + r->offset, r->len);
 		break;
 	case RNBD_OP_WRITE:
-		memcpy(s->mem + r->offset, r->buf, r->len);
+		mem_copy_in(s->mem + r->offset, r->buf, r->len);
 		break;
 	case RNBD_OP_FLUSH:
 		break;

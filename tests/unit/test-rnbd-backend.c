@@ -6,7 +6,8 @@
  * disjoint slots (reads, writes with and without FUA and PREFLUSH, flushes,
  * discards, write zeroes with and without NOUNMAP, secure erase); each
  * read must return what the model holds, and at the end the file, read
- * through a descriptor of its own, must equal the model byte for byte.
+ * through a descriptor of its own, must equal the model byte for byte;
+ * and memory-store writes at every alignment read back equal.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +20,7 @@
 
 #include "check.h"
 #include "rnbd-backend.h"
+#include "util.h"
 
 #define DEV_SIZE (8u << 20)
 #define SLOTS 64
@@ -240,6 +242,59 @@ out:
 	free(model);
 }
 
+/* One request on the memory store, which completes it before returning. */
+static int mem_io(struct rnbd_store *s, enum rnbd_io_op op, uint64_t off, void *buf, uint32_t len)
+{
+	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1 };
+	struct req q = { .w = &w, .err = 1 };
+
+	q.r = (struct rnbd_breq){ .op = op, .offset = off, .len = len, .buf = buf,
+				  .done = req_done };
+	rnbd_store_submit(s, &q.r);
+	CHECK_EQ(w.left, 0u);
+	return q.err;
+}
+
+/*
+ * Writes into the memory store at every alignment of device offset,
+ * buffer and length: the aligned ones take non-temporal stores, the rest
+ * a plain copy; each reads back equal, and the bytes around it stay.
+ */
+static void test_memory_alignments(void)
+{
+	static const uint32_t lens[] = { 1, 63, 64, 65, 512, 4032, 4096, 4100, 65536 };
+	static const unsigned shifts[] = { 0, 1, 8, 16, 63, 64 };
+	uint8_t *src = NULL, *back = NULL, *model = calloc(1, DEV_SIZE);
+	struct rnbd_store *s;
+	uint64_t off = 0;
+
+	CHECK(model);
+	CHECK_EQ(posix_memalign((void **)&src, 4096, 65536 + 128), 0);
+	CHECK_EQ(posix_memalign((void **)&back, 4096, 65536 + 128), 0);
+	CHECK_EQ(rnbd_store_memory(DEV_SIZE, &s), 0);
+	for (size_t l = 0; l < ARRAY_SIZE(lens); l++)
+		for (size_t b = 0; b < ARRAY_SIZE(shifts); b++)
+			for (size_t d = 0; d < ARRAY_SIZE(shifts); d++) {
+				uint32_t len = lens[l];
+				uint64_t at = off + shifts[d];
+
+				CHECK(at + len + 64 <= DEV_SIZE);
+				for (uint32_t i = 0; i < len; i++)
+					src[shifts[b] + i] = (uint8_t)rnd(256);
+				CHECK_EQ(mem_io(s, RNBD_OP_WRITE, at, src + shifts[b], len), 0);
+				memcpy(model + at, src + shifts[b], len);
+				/* The range and a line either side of it. */
+				at = at >= 64 ? at - 64 : 0;
+				CHECK_EQ(mem_io(s, RNBD_OP_READ, at, back, len + 128), 0);
+				CHECK(memcmp(back, model + at, len + 128) == 0);
+				off += ((uint64_t)len + 64 + 4095) & ~4095ull;
+			}
+	rnbd_store_close(s);
+	free(src);
+	free(back);
+	free(model);
+}
+
 static void test_memory(void)
 {
 	uint8_t *model = calloc(1, DEV_SIZE);
@@ -341,6 +396,7 @@ int main(int argc, char **argv)
 	test_file(RNBD_ENGINE_THREADS, true, false);
 	test_memory();
 	test_not_a_store();
+	test_memory_alignments();
 	rc = test_done("rnbd-backend");
 	if (!rc && direct_untested) {
 		fprintf(stderr, "SKIP: O_DIRECT is not supported where the test files are\n");
