@@ -168,6 +168,9 @@ struct fab_con {
 	uint64_t wd_seen_since;
 	uint64_t wd_cpu0_ns;
 	atomic_bool flooded;
+	/* The thread's: reads without a completion after a wake by the CQ (con_dry_lap). */
+	uint64_t dry_laps;
+	uint64_t dry_cpu0_ns;
 };
 
 static int ofi_con_rx_setup(struct fab_con *c, size_t count, size_t size);
@@ -261,11 +264,54 @@ static bool wd_check(struct fab_con *c)
 	ms = (cpu - c->wd_cpu0_ns) / 1000000;
 	if (ms < FAB_READ_CPU_MAX_MS)
 		return true;
-	atomic_store(&c->flooded, true);
+	if (atomic_exchange(&c->flooded, true))
+		return true;
 	log_err_rl("%s: the peer sends faster than it may (one completion read took %llu ms "
 		   "of CPU): closing the connection", c->name, (unsigned long long)ms);
 	con_kill_sockets(c);
 	return true;
+}
+
+/*
+ * The flood the watchdog cannot see: writes that make no completion (no
+ * immediate), sent no faster than the reader takes them. Each read ends
+ * soon, finding nothing, and the thread wakes again at once for the next
+ * bytes: no read is long, but the thread burns CPU for as long as the
+ * peer likes. A peer of this project or the kernel's never sends that:
+ * each of its requests and messages makes a completion here, so a wake
+ * by the CQ that reads none is a message still arriving in pieces (a
+ * large write on a slow path takes some hundreds of wakes, each of a few
+ * microseconds). After FAB_DRY_LAPS such reads in a row the thread notes
+ * its CPU time, and every FAB_DRY_LAPS reads after looks again (a system
+ * call per FAB_DRY_LAPS, none on the common path): FAB_DRY_CPU_MAX_MS of
+ * CPU without a completion closes the connection as the watchdog does.
+ */
+#define FAB_DRY_LAPS 256
+#define FAB_DRY_CPU_MAX_MS 50
+
+static void con_dry_lap(struct fab_con *c)
+{
+	struct timespec ts;
+	uint64_t cpu, ms;
+
+	if (++c->dry_laps % FAB_DRY_LAPS || atomic_load(&c->flooded) ||
+	    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts))
+		return;
+	cpu = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	if (c->dry_laps == FAB_DRY_LAPS) {
+		c->dry_cpu0_ns = cpu;
+		return;
+	}
+	ms = (cpu - c->dry_cpu0_ns) / 1000000;
+	if (ms < FAB_DRY_CPU_MAX_MS)
+		return;
+	/* As wd_check: the same flag, so only one of the two says it. */
+	if (atomic_exchange(&c->flooded, true))
+		return;
+	log_err_rl("%s: the peer sends faster than it may (%llu reads found no completion, "
+		   "%llu ms of CPU): closing the connection", c->name,
+		   (unsigned long long)c->dry_laps, (unsigned long long)ms);
+	con_kill_sockets(c);
 }
 
 /*
@@ -1426,7 +1472,7 @@ static void *con_thread(void *arg)
 {
 	struct fab_con *c = arg;
 	struct fid *fids[2] = { &c->cq->fid, &c->eq->fid };
-	bool eq_due = true;
+	bool eq_due = true, cq_woke = false;
 	unsigned laps = 0;
 
 	/* Under the lock: a rename before this thread got here is not undone. */
@@ -1461,8 +1507,14 @@ static void *con_thread(void *arg)
 			eq_due = false;
 		}
 		pthread_mutex_unlock(&c->cq_lock);
-		if (n > 0 || n == -FI_EAVAIL)
+		if (n > 0 || n == -FI_EAVAIL) {
+			c->dry_laps = 0;
+			cq_woke = false;
 			continue;
+		}
+		if (cq_woke)
+			con_dry_lap(c);
+		cq_woke = false;
 		/* fi_trywait progresses the socket too: the watchdog sees it likewise. */
 		pthread_mutex_lock(&c->cq_lock);
 		atomic_store_explicit(&c->read_since_ms, now_ms(), memory_order_relaxed);
@@ -1472,6 +1524,7 @@ static void *con_thread(void *arg)
 		pthread_mutex_unlock(&c->cq_lock);
 		if (tw != FI_SUCCESS) {
 			eq_due = true;
+			cq_woke = true;
 			continue;
 		}
 		struct epoll_event evs[3];
@@ -1485,7 +1538,9 @@ static void *con_thread(void *arg)
 		for (int i = 0; i < ne; i++) {
 			uint64_t v;
 
-			if (evs[i].data.fd == c->eq_fd)
+			if (evs[i].data.fd == c->cq_fd)
+				cq_woke = true;
+			else if (evs[i].data.fd == c->eq_fd)
 				eq_due = true;
 			else if (evs[i].data.fd == c->wake_fd &&
 				 read(c->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)

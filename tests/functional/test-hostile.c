@@ -727,6 +727,77 @@ static void test_hb_flood(void)
 	unlink(logpath);
 }
 
+/*
+ * Writes without an immediate, paced so that the server's reader keeps
+ * up: each read ends soon and finds no completion, which the watchdog
+ * (one long read) cannot see. The reader's count of such reads must
+ * close the connection (con_dry_lap): the peer's sends start to fail,
+ * the server's log says why, naming the path, and a client still gets
+ * in and moves data.
+ */
+static void test_silent_trickle(void)
+{
+	const char *extra[] = { "--hb-interval", "2000", NULL };
+	char logpath[] = "/tmp/test-hostile-trickle-XXXXXX", port[16];
+	static struct wire_write burst[64];
+	struct rtrs_conn_rsp rsp;
+	uint64_t sent = 0, t0;
+	int lfd, fd, caught, named, lines, err = 0;
+	bool legit;
+
+	lfd = mkstemp(logpath);
+	CHECK(lfd >= 0, "mkstemp: %s", strerror(errno));
+	if (lfd < 0)
+		return;
+	close(lfd);
+	if (!server_start_log(0, extra, logpath)) {
+		unlink(logpath);
+		return;
+	}
+	atomic_store(&flood_paths, 0);
+	atomic_store(&flood_named_port, 0);
+	fd = flood_path(&rsp); /* "flooder0", its info answered */
+	CHECK(fd >= 0, "the trickling path connects: %s", strerror(fd < 0 ? -fd : 0));
+	if (fd < 0) {
+		server_stop();
+		unlink(logpath);
+		return;
+	}
+	for (size_t i = 0; i < ARRAY_SIZE(burst); i++)
+		burst[i] = (struct wire_write){
+			.base = { .version = 3, .op = 4, .rma_iov_cnt = 1,
+				  .hdr_size = sizeof(burst[0]), .size = sizeof(burst[0]) },
+			.iov = { .addr = rsp.imm_desc.addr, .len = 0, .key = rsp.imm_desc.key },
+		};
+	t0 = test_now_ms();
+	while (test_now_ms() - t0 < 8000) {
+		int rc = write_all(fd, burst, sizeof(burst));
+
+		if (rc) {
+			err = -rc;
+			break;
+		}
+		sent += ARRAY_SIZE(burst);
+		usleep(100);
+	}
+	close(fd);
+	legit = legit_session(srv.port, "legit-trickle", false, 64);
+	server_stop();
+	fprintf(stderr, "silent trickle: %llu writes in %llu ms, then %s\n", (unsigned long long)sent,
+		(unsigned long long)(test_now_ms() - t0), err ? strerror(err) : "no error");
+	CHECK(err == ECONNRESET || err == EPIPE, "the server closed the trickling path (%s)",
+	      err ? strerror(err) : "still open after 8 s");
+	CHECK(legit, "a client after the trickle");
+	CHECK(atomic_load(&flood_named_port) > 0, "the trickling path's info request answered");
+	snprintf(port, sizeof(port), ":%d", atomic_load(&flood_named_port));
+	fprintf(stderr, "the trickling path's lines in the server's log:\n");
+	lines = log_lines_with(logpath, port, "flooder0/", &named, true);
+	CHECK_EQ(named, lines);
+	log_lines_with(logpath, "reads found no completion", port, &caught, false);
+	CHECK_EQ(caught, 1);
+	unlink(logpath);
+}
+
 /* ---- a replayed connection request --------------------------------------------- */
 
 /*
@@ -1022,6 +1093,7 @@ int main(void)
 	rtrs_set_log_level(0);
 	test_exhaustion();
 	test_hb_flood();
+	test_silent_trickle();
 	test_replay();
 	test_final_refusal();
 	test_session_limits();
