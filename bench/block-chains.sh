@@ -17,6 +17,9 @@
 #   raw-read      libfabric provider), 4 KiB writes or reads at the same QD: the
 #                 floor the memory chain is held to (goal: within 1.15x of the
 #                 mean of the two in CPU per IO)
+# Each round runs every chain once, the order rotating from round to round;
+# each ratio is taken within a round and reported as the median over the
+# rounds with its range, since this machine's speed drifts between rounds.
 # fio is built from the source of Debian's fio (bench/fio-build.sh) and the
 # engine against it. RUNS (5) runs of DURATION (8) s each; --record appends
 # the section to bench/RESULTS.md with its plot in bench/plots/.
@@ -137,17 +140,29 @@ plot=bench/plots/block-chains-$day${TAG:+-$TAG}.png  # TAG: runs of one day keep
 /usr/bin/python3 bench/chains.py "$tmp/spec.json" "$tmp/out.json" "$tmp/plot.png"
 
 report=$(python3 - "$tmp/out.json" "$RUNS" "$DURATION" "$QD" "$(machine)" "$plot" "$day" <<'PY'
-import json, sys
+import json, statistics, sys
 o = json.load(open(sys.argv[1]))
 runs, dur, qd, machine, plot, day = sys.argv[2:8]
 c = {x["name"]: x for x in o["chains"]}
+rounds = range(len(o["chains"][0]["runs"]))
+def run(a, i):
+    return c[a]["runs"][i]
+def part(a, i, proc):  # one process's CPU per IO in round i
+    return run(a, i)["cpu"][proc] * 1e6 / run(a, i)["ios"]
+def raw(i):  # the raw loop in round i: the mean of its writes and reads
+    return (run("raw-write", i)["cpu_us_per_io"] + run("raw-read", i)["cpu_us_per_io"]) / 2
+def per_round(f):
+    """A ratio taken in each round (chains.py runs every chain once per
+    round, the order rotating): its median, and its lowest and highest."""
+    v = [f(i) for i in rounds]
+    return "%.2fx (%.2f-%.2f)" % (statistics.median(v), min(v), max(v))
 def r(a, b, k="cpu_us_per_io"):
-    return c[a][k] / c[b][k]
+    return per_round(lambda i: run(a, i)[k] / run(b, i)[k])
 print()
 print("### %s Block chains with fio as the yardstick, loopback tcp" % day)
 print()
 print("Machine: %s. Command: `RUNS=%s DURATION=%s QD=%s bench/block-chains.sh` (4 KiB randrw 50/50, "
-      "QD %s, medians of %s alternating runs of %s s; fio built from Debian's fio source, "
+      "QD %s, medians of %s rounds of %s s runs, every chain once per round, the order rotating; fio built from Debian's fio source, "
       "`--thread`; CPU per IO = utime + stime of every process of the chain over the run, "
       "divided by its IOs). Plot: `%s`." % (machine, runs, dur, qd, qd, runs, dur, plot))
 print()
@@ -157,35 +172,37 @@ for x in o["chains"]:
     srv = sum(v for k, v in x["cpu_parts_us_per_io"].items() if k != "client")
     print("| %s | %.0f | %.2f | %.2f |" % (x["label"], x["iops"], x["cpu_us_per_io"], srv))
 print()
-srvfile = c["rnbd-file"]["cpu_parts_us_per_io"]["rnbd-server"]
-nbdfile = c["nbdkit-file"]["cpu_parts_us_per_io"]["nbdkit"]
-print("| ratio | value | goal |")
+print("Ratios are taken in each round, the two chains' runs of one round against each other, "
+      "then their median over the %s rounds, with the lowest and highest in brackets." % runs)
+print()
+print("| ratio | value (range over the rounds) | goal |")
 print("|---|---|---|")
-print("| rnbd memory chain / nbdkit memory, CPU per IO | %.2fx | <= 0.7x |" % r("rnbd-mem", "nbdkit-mem"))
-raw = (c["raw-write"]["cpu_us_per_io"] + c["raw-read"]["cpu_us_per_io"]) / 2
-print("| rnbd memory chain / raw loop (mean of its writes and reads), CPU per IO | %.2fx | <= 1.15x |"
-      % (c["rnbd-mem"]["cpu_us_per_io"] / raw))
-print("| the same without always_invalidate (a server with --no-invalidate) / raw loop, CPU per IO | %.2fx | |"
-      % (c["rnbd-mem-noinv"]["cpu_us_per_io"] / raw))
-print("| rnbd memory chain / the same without always_invalidate, CPU per IO | %.2fx | |"
+print("| rnbd memory chain / nbdkit memory, CPU per IO | %s | <= 0.7x |" % r("rnbd-mem", "nbdkit-mem"))
+print("| rnbd memory chain / raw loop (mean of its writes and reads), CPU per IO | %s | <= 1.15x |"
+      % per_round(lambda i: run("rnbd-mem", i)["cpu_us_per_io"] / raw(i)))
+print("| the same without always_invalidate (a server with --no-invalidate) / raw loop, CPU per IO | %s | |"
+      % per_round(lambda i: run("rnbd-mem-noinv", i)["cpu_us_per_io"] / raw(i)))
+print("| rnbd memory chain / the same without always_invalidate, CPU per IO | %s | |"
       % r("rnbd-mem", "rnbd-mem-noinv"))
-print("| rnbd file chain / nbdkit file, CPU per IO | %.2fx | <= 0.8x |" % r("rnbd-file", "nbdkit-file"))
-print("| rnbd-server / nbdkit file plugin, CPU per file IO | %.2fx | <= 1.0x |" % (srvfile / nbdfile))
-print("| NBD gateway chain / nbdkit memory, CPU per IO | %.2fx | <= 1.5x |" % r("gateway-mem", "nbdkit-mem"))
-print("| fio rnbd engine / rnbd-client perf, IO/s, both polled | %.2fx | within 10 %% |" % r("rnbd-mem", "perf-mem", "iops"))
-print("| fio rnbd engine / rnbd-client perf, IO/s, both on librnbd's threads | %.2fx | within 10 %% |" % r("rnbd-mem-thr", "perf-mem-thr", "iops"))
-print("| fio rnbd engine / rnbd-client perf, CPU per IO, both polled | %.2fx | |" % r("rnbd-mem", "perf-mem"))
-print("| fio rnbd engine, polled / on librnbd's threads, CPU per IO | %.2fx | |" % r("rnbd-mem", "rnbd-mem-thr"))
+print("| rnbd file chain / nbdkit file, CPU per IO | %s | <= 0.8x |" % r("rnbd-file", "nbdkit-file"))
+print("| rnbd-server / nbdkit file plugin, CPU per file IO | %s | <= 1.0x |"
+      % per_round(lambda i: part("rnbd-file", i, "rnbd-server") / part("nbdkit-file", i, "nbdkit")))
+print("| NBD gateway chain / nbdkit memory, CPU per IO | %s | <= 1.5x |" % r("gateway-mem", "nbdkit-mem"))
+print("| fio rnbd engine / rnbd-client perf, IO/s, both polled | %s | within 10 %% |" % r("rnbd-mem", "perf-mem", "iops"))
+print("| fio rnbd engine / rnbd-client perf, IO/s, both on librnbd's threads | %s | within 10 %% |" % r("rnbd-mem-thr", "perf-mem-thr", "iops"))
+print("| fio rnbd engine / rnbd-client perf, CPU per IO, both polled | %s | |" % r("rnbd-mem", "perf-mem"))
+print("| fio rnbd engine, polled / on librnbd's threads, CPU per IO | %s | |" % r("rnbd-mem", "rnbd-mem-thr"))
 # The gateway is both other chains end to end: fio and nbdkit as in the
 # nbdkit memory chain, then an RTRS client and rnbd-server as in the perf
 # chain on librnbd's threads, as the plugin's are. Their sum (less the
 # memory plugin's copy and perf's own IO generation, both small) is what
 # the gateway cannot go below.
-floor = c["nbdkit-mem"]["cpu_us_per_io"] + c["perf-mem-thr"]["cpu_us_per_io"]
-print("| NBD gateway chain / (nbdkit memory + rnbd-client perf chains), CPU per IO | %.2fx | |"
-      % (c["gateway-mem"]["cpu_us_per_io"] / floor))
-print("| (nbdkit memory + rnbd-client perf chains) / nbdkit memory, CPU per IO | %.2fx | |"
-      % (floor / c["nbdkit-mem"]["cpu_us_per_io"]))
+def floor(i):
+    return run("nbdkit-mem", i)["cpu_us_per_io"] + run("perf-mem-thr", i)["cpu_us_per_io"]
+print("| NBD gateway chain / (nbdkit memory + rnbd-client perf chains), CPU per IO | %s | |"
+      % per_round(lambda i: run("gateway-mem", i)["cpu_us_per_io"] / floor(i)))
+print("| (nbdkit memory + rnbd-client perf chains) / nbdkit memory, CPU per IO | %s | |"
+      % per_round(lambda i: floor(i) / run("nbdkit-mem", i)["cpu_us_per_io"]))
 PY
 )
 echo "$report"

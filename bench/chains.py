@@ -7,7 +7,7 @@ the CPU time per IO summed over every process of the chain: the client
 Usage: chains.py SPEC.json OUT.json [PLOT.png]
 SPEC: {"runs": N, "title": "...", "chains": [{"name": ..., "cmd": [...],
         "kind": "fio" | "perf" | "ops", "procs": {"label": PID, ...}}, ...]}
-OUT: per chain the runs and their medians; PLOT: IO/s and CPU per IO per
+OUT: per chain the runs (in round order) and their medians; PLOT: IO/s and CPU per IO per
 chain, side by side (python3-matplotlib).
 """
 import json
@@ -66,8 +66,13 @@ def main():
     chains = spec["chains"]
     results = {c["name"]: [] for c in chains}
     # The client's own CPU: rusage of the children, taken around each run.
-    for _ in range(spec["runs"]):
-        for c in chains:
+    # Round i starts at chain i (mod their number): none runs first in every
+    # round, after a quiet pause or right behind the same neighbour. The runs
+    # of every chain stay in round order, so runs[i] of two chains are of one
+    # round and can be compared pair by pair.
+    for i in range(spec["runs"]):
+        k = i % len(chains)
+        for c in chains[k:] + chains[:k]:
             before = os.times()
             r = run(c)
             after = os.times()
