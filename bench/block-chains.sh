@@ -140,7 +140,9 @@ plot=bench/plots/block-chains-$day${TAG:+-$TAG}.png  # TAG: runs of one day keep
 /usr/bin/python3 bench/chains.py "$tmp/spec.json" "$tmp/out.json" "$tmp/plot.png"
 
 report=$(python3 - "$tmp/out.json" "$RUNS" "$DURATION" "$QD" "$(machine)" "$plot" "$day" <<'PY'
-import json, statistics, sys
+import json, sys
+sys.path.insert(0, "bench")
+from chains import round_ratio, spread
 o = json.load(open(sys.argv[1]))
 runs, dur, qd, machine, plot, day = sys.argv[2:8]
 c = {x["name"]: x for x in o["chains"]}
@@ -151,13 +153,10 @@ def part(a, i, proc):  # one process's CPU per IO in round i
     return run(a, i)["cpu"][proc] * 1e6 / run(a, i)["ios"]
 def raw(i):  # the raw loop in round i: the mean of its writes and reads
     return (run("raw-write", i)["cpu_us_per_io"] + run("raw-read", i)["cpu_us_per_io"]) / 2
-def per_round(f):
-    """A ratio taken in each round (chains.py runs every chain once per
-    round, the order rotating): its median, and its lowest and highest."""
-    v = [f(i) for i in rounds]
-    return "%.2fx (%.2f-%.2f)" % (statistics.median(v), min(v), max(v))
+def per_round(f):  # f(i): a ratio in round i
+    return spread([f(i) for i in rounds])
 def r(a, b, k="cpu_us_per_io"):
-    return per_round(lambda i: run(a, i)[k] / run(b, i)[k])
+    return round_ratio(c[a], c[b], k)
 print()
 print("### %s Block chains with fio as the yardstick, loopback tcp" % day)
 print()

@@ -61,6 +61,18 @@ def run(chain):
             "cpu": {k: (t1[k] - t0[k]) / TICK for k in t0}}
 
 
+def spread(values):
+    """Ratios taken one per round: their median, then the lowest and highest."""
+    return "%.2fx (%.2f-%.2f)" % (statistics.median(values), min(values), max(values))
+
+
+def round_ratio(a, b, key="cpu_us_per_io"):
+    """Chain a against chain b (two of OUT's chains), key of a run over the
+    same of b's run in the same round, as spread() gives it. The reports of
+    the scripts import this (sys.path gets bench/)."""
+    return spread([x[key] / y[key] for x, y in zip(a["runs"], b["runs"])])
+
+
 def main():
     spec = json.load(open(sys.argv[1]))
     chains = spec["chains"]

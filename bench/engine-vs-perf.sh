@@ -71,16 +71,20 @@ plot=bench/plots/engine-vs-perf-$day${TAG:+-$TAG}.png  # TAG: runs of one day ke
 
 report=$(python3 - "$tmp/out.json" "$RUNS" "$DURATION" "$QD" "$(machine)" "$plot" "$day" <<'PY'
 import json, sys
+sys.path.insert(0, "bench")
+from chains import round_ratio
 o = json.load(open(sys.argv[1]))
 runs, dur, qd, machine, plot, day = sys.argv[2:8]
 c = {x["name"]: x for x in o["chains"]}
 def r(a, b, k="cpu_us_per_io"):
-    return c[a][k] / c[b][k]
+    return round_ratio(c[a], c[b], k)
+def client(x):  # the client's CPU per IO in each run
+    return [dict(y, client_us=y["cpu"]["client"] * 1e6 / y["ios"]) for y in x["runs"]]
 print()
 print("### %s fio's rnbd engine against rnbd-client perf, loopback tcp" % day)
 print()
 print("Machine: %s. Command: `RUNS=%s DURATION=%s QD=%s bench/engine-vs-perf.sh` (4 KiB randrw "
-      "50/50, QD %s, rnbd-server memory device, medians of %s alternating runs of %s s; CPU per "
+      "50/50, QD %s, rnbd-server memory device, medians of %s rounds of %s s runs, the order rotating; CPU per "
       "IO = utime + stime of the client process and rnbd-server over the run, divided by the "
       "IOs). Plot: `%s`." % (machine, runs, dur, qd, qd, runs, dur, plot))
 print()
@@ -91,13 +95,16 @@ for x in o["chains"]:
     print("| %s | %.0f | %.2f | %.2f | %s |" % (x["label"], x["iops"], x["cpu_us_per_io"],
           p["client"], "%.2f" % p["rnbd-server"] if "rnbd-server" in p else "-"))
 print()
-print("| ratio | value | goal |")
+print("Ratios are taken in each round, then their median over the rounds, with the lowest and "
+      "highest in brackets.")
+print()
+print("| ratio | value (range over the rounds) | goal |")
 print("|---|---|---|")
-print("| fio engine / perf, IO/s, both polled | %.2fx | 0.9-1.1x |" % r("fio-poll", "perf-poll", "iops"))
-print("| fio engine / perf, IO/s, both on librnbd's threads | %.2fx | 0.9-1.1x |" % r("fio-thr", "perf-thr", "iops"))
-print("| fio engine / perf, CPU per IO, both polled | %.2fx | |" % r("fio-poll", "perf-poll"))
-print("| fio engine / perf, client CPU per IO, both polled | %.2fx | |" %
-      (c["fio-poll"]["cpu_parts_us_per_io"]["client"] / c["perf-poll"]["cpu_parts_us_per_io"]["client"]))
+print("| fio engine / perf, IO/s, both polled | %s | 0.9-1.1x |" % r("fio-poll", "perf-poll", "iops"))
+print("| fio engine / perf, IO/s, both on librnbd's threads | %s | 0.9-1.1x |" % r("fio-thr", "perf-thr", "iops"))
+print("| fio engine / perf, CPU per IO, both polled | %s | |" % r("fio-poll", "perf-poll"))
+print("| fio engine / perf, client CPU per IO, both polled | %s | |" %
+      round_ratio({"runs": client(c["fio-poll"])}, {"runs": client(c["perf-poll"])}, "client_us"))
 PY
 )
 echo "$report"

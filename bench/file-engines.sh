@@ -80,23 +80,29 @@ plot=bench/plots/file-engines-$day.png
 
 report=$(python3 - "$tmp/out.json" "$RUNS" "$DURATION" "$QD" "$(machine)" "$plot" "$day" <<'PY'
 import json, sys
+sys.path.insert(0, "bench")
+from chains import round_ratio
 o = json.load(open(sys.argv[1]))
 runs, dur, qd, machine, plot, day = sys.argv[2:8]
 c = {x["name"]: x for x in o["chains"]}
 srv = lambda x: sum(v for k, v in x["cpu_parts_us_per_io"].items() if k != "client")
+def srv_runs(x):  # each run with its servers' CPU per IO
+    return {"runs": [dict(y, srv_us=sum(v for k, v in y["cpu"].items() if k != "client") * 1e6 /
+                          y["ios"]) for y in x["runs"]]}
 print()
 print("### %s rnbd-server's file engines against nbdkit's file plugin, loopback tcp" % day)
 print()
 print("Machine: %s. Command: `RUNS=%s DURATION=%s QD=%s bench/file-engines.sh` (fio, 4 KiB randrw "
       "50/50, QD %s, on a 1 GiB file written whole and read into the page cache first; the rnbd "
-      "engine polled for rnbd-server, fio's nbd engine for nbdkit; medians of %s alternating runs "
-      "of %s s). Plot: `%s`." % (machine, runs, dur, qd, qd, runs, dur, plot))
+      "engine polled for rnbd-server, fio's nbd engine for nbdkit; medians of %s rounds "
+      "of %s s runs, the order rotating). Plot: `%s`." % (machine, runs, dur, qd, qd, runs, dur, plot))
 print()
-print("| server | IO/s | server CPU us per IO | chain CPU us per IO | server / nbdkit's |")
+print("| server | IO/s | server CPU us per IO | chain CPU us per IO | server / nbdkit's, per round (range) |")
 print("|---|---|---|---|---|")
 for x in o["chains"]:
-    print("| %s | %.0f | %.2f | %.2f | %.2fx |" % (x["label"], x["iops"], srv(x), x["cpu_us_per_io"],
-                                                 srv(x) / srv(c["nbdkit"])))
+    print("| %s | %.0f | %.2f | %.2f | %s |" % (x["label"], x["iops"], srv(x), x["cpu_us_per_io"],
+                                              round_ratio(srv_runs(x), srv_runs(c["nbdkit"]),
+                                                          "srv_us")))
 PY
 )
 echo "$report"

@@ -72,7 +72,9 @@ plot=bench/plots/raw-vs-rtrs-$day${TAG:+-$TAG}.png  # TAG: runs of one day keep 
 
 report=$(/usr/bin/python3 - "$tmp/out.json" "$RUNS" "$DURATION" "$SIZE" "$QD" "$(machine)" "$plot" \
 	"$day" <<'PY'
-import json, statistics, sys
+import json, sys
+sys.path.insert(0, "bench")
+from chains import round_ratio
 o = json.load(open(sys.argv[1]))
 runs, dur, size, qd, machine, plot, day = sys.argv[2:9]
 c = {x["name"]: x for x in o["chains"]}
@@ -86,17 +88,12 @@ print("Machine: %s. Command: `RUNS=%s DURATION=%s SIZE=%s QD=%s bench/raw-vs-rtr
 print()
 print("| op | rtrs-perf server | raw loop: ops/s | raw: CPU us/op | rtrs-perf: ops/s | rtrs: CPU us/op | ops/s ratio | CPU ratio | goal |")
 print("|---|---|---|---|---|---|---|---|---|")
-def per_round(t, r, k):
-    """t against r in each round (chains.py runs both once per round, the
-    order rotating): the median over the rounds, with the lowest and highest."""
-    v = [a[k] / b[k] for a, b in zip(t["runs"], r["runs"])]
-    return "%.2fx (%.2f-%.2f)" % (statistics.median(v), min(v), max(v))
 for m in ("write", "read"):
     for k, how in (("rtrs-", "always_invalidate"), ("rtrs-ni-", "--no-invalidate")):
         r, t = c["raw-" + m], c[k + m]
         print("| %s | %s | %.0f | %.2f | %.0f | %.2f | %s | %s | >= 1.0x, CPU <= 1.0x |" % (
             m, how, r["iops"], r["cpu_us_per_io"], t["iops"], t["cpu_us_per_io"],
-            per_round(t, r, "iops"), per_round(t, r, "cpu_us_per_io")))
+            round_ratio(t, r, "iops"), round_ratio(t, r)))
 print()
 print("The ratios are taken in each round, then their median over the rounds, with the "
       "lowest and highest in brackets.")
