@@ -6,9 +6,17 @@ the CPU time per IO summed over every process of the chain: the client
 
 Usage: chains.py SPEC.json OUT.json [PLOT.png]
 SPEC: {"runs": N, "title": "...", "chains": [{"name": ..., "cmd": [...],
-        "kind": "fio" | "perf" | "ops", "procs": {"label": PID, ...}}, ...]}
+        "kind": "fio" | "perf" | "ops", "procs": {"label": PID, ...}}, ...],
+       "syscalls": SECONDS (optional)}
 OUT: per chain the runs (in round order) and their medians; PLOT: IO/s and CPU per IO per
 chain, side by side (python3-matplotlib).
+
+With "syscalls", every process of the chain is also watched by perf stat
+(its system calls by kind and its context switches) over a window of that
+many seconds, from 1.5 s into the run (the sessions and their threads are
+up by then): per run "sys" gives, per process, the counts per IO, taken
+with the run's IO/s over the window. Counting costs CPU, so the scripts
+that report CPU per IO do not ask for it.
 """
 import json
 import os
@@ -39,10 +47,50 @@ def ios_of(kind, text):
     return j["reads"] + j["writes"], j["iops"], j["errors"] + j.get("bad", 0)
 
 
-def run(chain):
+# What perf stat counts per process in "syscalls" mode.
+SYSCALLS = ["sendmsg", "sendto", "recvfrom", "recvmsg", "epoll_wait", "epoll_pwait", "poll", "ppoll",
+            "read", "write", "readv", "writev", "futex", "io_uring_enter", "pread64", "pwrite64",
+            "preadv2", "pwritev2"]
+EVENTS = ["raw_syscalls:sys_enter", "context-switches"] + \
+    ["syscalls:sys_enter_" + n for n in SYSCALLS]
+
+
+def watch(pids, window):
+    """perf stat on each process (label: pid) for window seconds; started now."""
+    out = {}
+    for k, p in pids.items():
+        f = "/tmp/chains-perf-%d-%s.csv" % (os.getpid(), k)
+        out[k] = (f, subprocess.Popen(["perf", "stat", "-x,", "-e", ",".join(EVENTS), "-p",
+                                       str(p), "-o", f, "--", "sleep", str(window)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return out
+
+
+def counts(watched):
+    """{label: {event: count}} of watch()'s processes, once they ended."""
+    res = {}
+    for k, (f, proc) in watched.items():
+        proc.wait()
+        c = {}
+        with open(f) as fh:
+            for line in fh:
+                x = line.strip().split(",")
+                if len(x) > 2 and x[0].isdigit():
+                    name = x[2].replace("syscalls:sys_enter_", "")
+                    c["syscalls" if name == "raw_syscalls:sys_enter" else name] = int(x[0])
+        os.unlink(f)
+        res[k] = c
+    return res
+
+
+def run(chain, window=None):
     t0 = {k: ticks(p) for k, p in chain["procs"].items()}
     start = time.monotonic()
     proc = subprocess.Popen(chain["cmd"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    watched = None
+    if window:
+        time.sleep(1.5)
+        watched = watch(dict(chain["procs"], client=proc.pid), window)
     out, err = proc.communicate()
     wall = time.monotonic() - start
     t1 = {k: ticks(p) for k, p in chain["procs"].items()}
@@ -57,8 +105,11 @@ def run(chain):
                                                        err.decode(errors="replace")[-1500:]))
     if errors or n == 0:
         raise SystemExit("%s: %d errors, %d IOs" % (chain["name"], errors, n))
-    return {"ios": n, "iops": iops, "wall": wall,
-            "cpu": {k: (t1[k] - t0[k]) / TICK for k in t0}}
+    r = {"ios": n, "iops": iops, "wall": wall, "cpu": {k: (t1[k] - t0[k]) / TICK for k in t0}}
+    if watched:
+        r["sys"] = {k: {e: v / (iops * window) for e, v in c.items()}
+                    for k, c in counts(watched).items()}
+    return r
 
 
 def spread(values):
@@ -86,7 +137,7 @@ def main():
         k = i % len(chains)
         for c in chains[k:] + chains[:k]:
             before = os.times()
-            r = run(c)
+            r = run(c, spec.get("syscalls"))
             after = os.times()
             r["cpu"]["client"] = (after.children_user - before.children_user +
                                   after.children_system - before.children_system)
@@ -103,6 +154,10 @@ def main():
             "cpu_us_per_io": statistics.median(r["cpu_us_per_io"] for r in rs),
             "cpu_parts_us_per_io": parts,
         })
+        if "sys" in rs[0]:
+            out["chains"][-1]["sys_per_io"] = {
+                k: {e: statistics.median(r["sys"][k].get(e, 0.0) for r in rs)
+                    for e in rs[0]["sys"][k]} for k in rs[0]["sys"]}
     json.dump(out, open(sys.argv[2], "w"), indent=1)
     if len(sys.argv) > 3:
         plot(out, sys.argv[3])
