@@ -15,6 +15,14 @@
 
 #include "rtrs-clt-pri.h"
 
+/* The server refused this attempt with err; the first refusal is kept. */
+static void clt_path_refused(struct clt_path *p, int err)
+{
+	int zero = 0;
+
+	atomic_compare_exchange_strong(&p->refused_err, &zero, err);
+}
+
 static void clt_con_connected(void *priv, const void *data, size_t len)
 {
 	struct clt_con *con = container_of(priv, struct clt_con, c);
@@ -29,7 +37,7 @@ static void clt_con_connected(void *priv, const void *data, size_t len)
 		con->err = rc;
 	} else if (con->rsp.err) {
 		con->err = con->rsp.err;
-		atomic_store(&p->refused, true);
+		clt_path_refused(p, con->rsp.err);
 		if (con->rsp.dnr)
 			atomic_store(&p->fail_dnr, true);
 	} else {
@@ -52,7 +60,7 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 			log_err("%s: server rejected connection %u: %s%s", p->name, con->c.cid,
 				strerror(-rsp.err), rsp.dnr ? " (do not retry)" : "");
 			err = rsp.err;
-			atomic_store(&p->refused, true);
+			clt_path_refused(p, rsp.err);
 			if (rsp.dnr)
 				atomic_store(&p->fail_dnr, true);
 		} else {
@@ -147,7 +155,7 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 		log_err("%s: server refused the path: %s%s", p->name, strerror(-verdict),
 			dnr ? " (do not retry)" : "");
 		atomic_store(&p->fail_dnr, dnr);
-		atomic_store(&p->refused, true);
+		clt_path_refused(p, verdict);
 		rc = verdict;
 	} else if (p->sess->inval) {
 		for (uint32_t i = 0; i < p->sess->queue_depth; i++)
@@ -545,7 +553,7 @@ int clt_path_connect(struct clt_path *p, bool retry)
 	p->auth_rx_len = 0;
 	atomic_store(&p->base.fail_err, 0);
 	atomic_store(&p->fail_dnr, false);
-	atomic_store(&p->refused, false);
+	atomic_store(&p->refused_err, 0);
 	rtrs_hb_reset(&p->base.hb);
 	/* As the kernel: counted before every connect, so 1 on the first. */
 	p->recon_cnt++;
@@ -650,7 +658,12 @@ int clt_path_open(struct clt_path *p)
 						.max_attempts = RTRS_OPEN_REFUSED_TRIES };
 
 		rc = clt_path_connect(p, false);
-		if (!rc || !atomic_load(&p->refused))
+		/*
+		 * Only when the refusal is what ended the attempt: a refusal
+		 * that arrives after the path failed otherwise (its connection 0
+		 * reset, say) answers a connection of a path already lost.
+		 */
+		if (!rc || atomic_load(&p->refused_err) != rc)
 			return rc;
 		in.err = rc;
 		in.dnr = atomic_load(&p->fail_dnr);

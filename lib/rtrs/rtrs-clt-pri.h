@@ -130,7 +130,7 @@ struct clt_path {
 	size_t auth_rx_len;         /* under lock: a message waits */
 	/* The reconnect decision's inputs and its last verdict. */
 	atomic_bool fail_dnr;       /* do not retry: the server said so, or it changed */
-	atomic_bool refused;        /* the server answered this attempt with an errno */
+	atomic_int refused_err;     /* the errno the server first refused this attempt with */
 	atomic_int last_err;
 	atomic_int verdict;         /* enum rtrs_reconnect_verdict; -1: none yet */
 	atomic_uint_fast64_t stat_auth_runs;

@@ -12,6 +12,7 @@
  * scenario moves the loops' clock: no sleeps, no timing luck.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -928,6 +929,92 @@ static void handshake_info_lost(void)
 	srv_stop();
 }
 
+struct late_refusal {
+	atomic_bool done;
+	int rejects;    /* the server's answers to connection 1 that were refusals */
+};
+
+static bool late_refusal_done(void *arg)
+{
+	return atomic_load(&((struct late_refusal *)arg)->done);
+}
+
+/*
+ * On the connecting thread, inside the post of connection 1's request:
+ * the client's end of connection 0 is reset (the server's notices
+ * nothing), and the request reaches the server claiming a third
+ * connection, which does not fit the path: refused (-EEXIST, retry
+ * allowed). The client learns of the reset first and of the refusal
+ * after, all before its thread waits for connection 1.
+ */
+static void con1_requested(struct fake_ev *cr, void *arg)
+{
+	struct m clt_down = { .kind = FAKE_DOWN, .dir = TO_CLT, .cid = CID(0) };
+	struct m reject1 = { .kind = FAKE_REJECT, .cid = CID(1) };
+	struct late_refusal *r = arg;
+	struct rtrs_msg_conn_req msg;
+	struct rtrs_conn_req req;
+	struct fake_ev *ev, *rej;
+	const char *why = NULL;
+
+	CHECK_EQ(fake_fail("s", NULL, 0, -ECONNRESET, 0), 1);
+	CHECK_EQ(rtrs_conn_req_decode(cr->data, cr->len, &req, &why), 0);
+	req.cid_num = 3;
+	rtrs_conn_req_encode(&msg, &req);
+	CHECK_EQ(fake_rewrite(cr, &msg, sizeof(msg)), 0);
+	CHECK_EQ(fake_deliver(cr), 0);
+	rej = fake_wait_ev(match, &reject1, "the refusal of connection 1");
+	ev = fake_wait_ev(match, &clt_down, "the client's end of connection 0 going down");
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), 0);
+	if (rej) {
+		r->rejects++;
+		CHECK_EQ(fake_deliver(rej), 0);
+	}
+	atomic_store(&r->done, true);
+	fake_notify();
+}
+
+/*
+ * The race CI met in pending_per_peer: a path's connection 0 is reset
+ * while connection 1's request is on its way, and the server refuses that
+ * request. The refusal answers a connection of a path already lost:
+ * rtrs_clt_open fails with the reset, as when the refusal never came, and
+ * does not start the path again (a refusal that ends an attempt is
+ * retried; this one did not end it).
+ */
+static void handshake_refused_after_reset(void)
+{
+	struct m accept0 = { .kind = FAKE_ACCEPT, .cid = CID(0) };
+	struct m est0 = { .kind = FAKE_ESTABLISHED, .cid = CID(0) };
+	struct m connreq1 = { .kind = FAKE_CONNREQ, .cid = CID(1) };
+	struct late_refusal r = { 0 };
+	struct rtrs_srv_opts so;
+	struct fake_ev *acc, *est;
+	struct clt c;
+
+	srv_opts(&so);
+	CHECK_EQ(srv_start(&so), 0);
+	clt_init(&c, "s", "a");
+	acc = open_step_to(&c, match, &accept0, "connection 0's accept");
+	est = fake_wait_ev(match, &est0, "the server's end of connection 0");
+	if (est)
+		CHECK_EQ(fake_deliver(est), 0);
+	fake_on_post(match, &connreq1, con1_requested, &r);
+	if (acc)
+		CHECK_EQ(fake_deliver(acc), 0);
+	CHECK_EQ(fake_wait(late_refusal_done, &r, "connection 1's request and its refusal"), 0);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c), -ECONNRESET);
+	CHECK_EQ(r.rejects, 1);
+	CHECK(!env_logged("trying again"), "the open started the path again");
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().connreqs, 2);
+	CHECK_EQ(srv_stats().rejects, 1);
+	srv_stop();
+}
+
 /* ---- always_invalidate --------------------------------------------------------------------------------- */
 
 static void no_inval(struct rtrs_srv_opts *so, struct rtrs_clt_opts *o)
@@ -1025,6 +1112,7 @@ static const struct scenario scenarios[] = {
 	{ "server_restart", server_restart },
 	{ "handshake_con1_cut", handshake_con1_cut },
 	{ "handshake_info_lost", handshake_info_lost },
+	{ "handshake_refused_after_reset", handshake_refused_after_reset },
 	{ "replay_stale_key", replay_stale_key },
 	{ "replay_no_inval", replay_no_inval },
 };
