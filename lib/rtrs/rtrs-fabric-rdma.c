@@ -74,6 +74,8 @@
 #define RDMA_IW_PDATA_MAX 255 /* MPA carries 512; rdma_cm's length field is a byte */
 /* The IB CM's reject reason for a consumer's reject, which carries its private data. */
 #define RDMA_IB_REJ_CONSUMER 28
+/* ... and the CM's when nothing listens on the service (the port). */
+#define RDMA_IB_REJ_NO_LISTENER 8
 
 struct fab {
 	const struct fab_ops *ops; /* first: struct fab_obj */
@@ -822,6 +824,23 @@ static void handle_cm(struct fab_con *c)
 			if (!c->fab->iwarp && status != RDMA_IB_REJ_CONSUMER)
 				len = 0;
 			log_dbg("%s: rejected (status %d, %zu bytes)", c->name, status, len);
+			if (!len) {
+				char local[64];
+
+				/* No server's answer: the CM's own (on iWARP, an MPA reject or a close). */
+				sockaddr_str(rdma_get_local_addr(c->id), local, sizeof(local));
+				if (c->fab->iwarp && status < 0)
+					log_warn_rl("%s: refused by the peer's connection manager, not "
+						    "by a server (%s, from %s)", c->name,
+						    strerror(-status), local);
+				else if (!c->fab->iwarp && status == RDMA_IB_REJ_NO_LISTENER)
+					log_warn_rl("%s: refused from %s: nothing listens at the "
+						    "destination", c->name, local);
+				else
+					log_warn_rl("%s: refused by the peer's connection manager, not "
+						    "by a server (reject reason %d, from %s)", c->name,
+						    status, local);
+			}
 			con_down(c, -ECONNREFUSED, len ? data : NULL, len);
 			break;
 		case RDMA_CM_EVENT_UNREACHABLE:
@@ -1163,7 +1182,11 @@ static int nat_con_connect_id(struct fab *f, struct fab_con *c, struct rdma_conn
 		 * said at once; the owner hears it as on IB and RoCE, from the
 		 * thread, as a refusal.
 		 */
-		log_dbg("%s: rdma_connect: %s", c->name, strerror(-rc));
+		char local[64];
+
+		sockaddr_str(rdma_get_local_addr(c->id), local, sizeof(local));
+		log_warn_rl("%s: refused at once from %s: nothing listens at the destination",
+			    c->name, local);
 		atomic_store(&c->early_err, rc);
 		con_wake(c);
 		return 0;
