@@ -179,8 +179,9 @@ static int srv_link_ev(struct rtrs_srv_sess *s, enum rtrs_srv_link_ev ev, void *
 	if (ev == RTRS_SRV_LINK_EV_CONNECTED) {
 		up_events++;
 	} else {
-		down_events++;
+		/* The time first: the test, seeing the count, reads it unlocked. */
 		down_ms = test_now_ms();
+		down_events++;
 	}
 	pthread_mutex_unlock(&ev_lock);
 	return 0;
