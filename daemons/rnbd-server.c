@@ -45,11 +45,17 @@ static struct {
 	const char *log_level;
 	struct opt_list mem;
 	uint64_t port, queue_depth, chunk_size, threads, hb_ms, busy_poll_us;
+	uint64_t max_sessions, max_sessions_per_peer, max_chunk_mem, max_pending,
+		 max_pending_per_peer, handshake_ms;
 	unsigned engine;
 	bool direct, inline_writes, invalidate, quiet, syslog;
 } g = {
 	.provider = "tcp", .port = RNBD_DEFAULT_PORT_NR, .queue_depth = 512,
 	.chunk_size = 128 << 10, .threads = 4, .hb_ms = 1000, .invalidate = true, .inline_writes = true,
+	.max_sessions = RTRS_DEFAULT_MAX_SESSIONS,
+	.max_sessions_per_peer = RTRS_DEFAULT_MAX_SESSIONS_PER_PEER,
+	.max_pending = RTRS_DEFAULT_MAX_PENDING, .max_pending_per_peer = RTRS_DEFAULT_MAX_PENDING_PER_PEER,
+	.handshake_ms = RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS,
 };
 
 static const struct opt options[] = {
@@ -85,6 +91,20 @@ static const struct opt options[] = {
 	  .help = "heartbeat period" },
 	{ "busy-poll", 0, OPT_UINT, &g.busy_poll_us, 0, 1000000, .arg = "US",
 	  .help = "poll an empty completion queue this long before sleeping (RDMA devices)" },
+	{ "max-sessions", 0, OPT_UINT, &g.max_sessions, 1, 100000, .arg = "N",
+	  .help = "sessions in all; one more is refused (ENOSPC)" },
+	{ "max-sessions-per-peer", 0, OPT_UINT, &g.max_sessions_per_peer, 1, 100000, .arg = "N",
+	  .help = "sessions of one client address, or with --auth-keys of one host name" },
+	{ "max-chunk-mem", 0, OPT_SIZE, &g.max_chunk_mem, 0, 1ull << 50, .arg = "BYTES",
+	  .help = "chunk memory of all sessions, queue depth x chunk size each (0: a quarter "
+		  "of this machine's memory)" },
+	{ "max-pending", 0, OPT_UINT, &g.max_pending, 1, 100000, .arg = "N",
+	  .help = "connections still in their handshake, in all" },
+	{ "max-pending-per-peer", 0, OPT_UINT, &g.max_pending_per_peer, 1, 100000, .arg = "N",
+	  .help = "connections still in their handshake from one address" },
+	{ "handshake-timeout", 0, OPT_UINT, &g.handshake_ms, 100, 600000, .arg = "MS",
+	  .help = "close a connection that sends no connection request in MS; a handshake that "
+		  "makes no step in a quarter of it may be closed for a newcomer" },
 	{ "control", 0, OPT_STRING, &g.control, .arg = "PATH",
 	  .help = "serve the management plane (JSON-RPC, the rnbd command) on this Unix socket" },
 	{ "metrics", 0, OPT_STRING, &g.metrics, .arg = "HOST:PORT",
@@ -504,6 +524,12 @@ int main(int argc, char **argv)
 	o.rtrs.auth_name = g.auth_name;
 	o.rtrs.hb_interval_ms = (unsigned)g.hb_ms;
 	o.rtrs.busy_poll_us = (unsigned)g.busy_poll_us;
+	o.rtrs.max_sessions = (unsigned)g.max_sessions;
+	o.rtrs.max_sessions_per_peer = (unsigned)g.max_sessions_per_peer;
+	o.rtrs.max_chunk_mem = g.max_chunk_mem;
+	o.rtrs.max_pending = (unsigned)g.max_pending;
+	o.rtrs.max_pending_per_peer = (unsigned)g.max_pending_per_peer;
+	o.rtrs.handshake_timeout_ms = (unsigned)g.handshake_ms;
 	o.dev_search_path = g.search;
 	o.mem_devices = mem;
 	o.engine = engine_names[g.engine];

@@ -42,6 +42,7 @@ enum rtrs_dir { RTRS_READ = 0, RTRS_WRITE = 1 };
 #define RTRS_DEFAULT_MAX_PENDING_PER_PEER 8
 #define RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS 5000
 #define RTRS_DEFAULT_MAX_SESSIONS 256
+#define RTRS_DEFAULT_MAX_SESSIONS_PER_PEER 64
 
 /* One path: an optional source address and a destination "host[:port]". */
 struct rtrs_path_addr {
@@ -489,12 +490,17 @@ struct rtrs_srv_opts {
 	 * connection request yet, or a path not yet connected: with
 	 * authentication, one whose host has not proven itself) is pending:
 	 * at most max_pending (32) in all and max_pending_per_peer (8) from
-	 * one address; a new one beyond a limit closes the oldest pending
-	 * one of the same scope. A TCP connection that sends no request
-	 * within handshake_timeout_ms (5000) is closed. max_sessions (256)
-	 * connected sessions, and max_chunk_mem bytes of chunk memory for
-	 * all of them (default a quarter of the machine's memory): a session
-	 * beyond either is refused (ENOSPC, the client may retry).
+	 * one address. A new one beyond a limit closes the oldest pending
+	 * one of the same scope that has stalled (no step of its handshake
+	 * for a quarter of handshake_timeout_ms); when all of them are
+	 * progressing, the new one is refused (EBUSY, the client tries
+	 * again). A TCP connection that sends no request within
+	 * handshake_timeout_ms (5000) is closed. max_sessions (256)
+	 * connected sessions, at most max_sessions_per_peer (64) of them
+	 * from one address (with authentication: of one host name), and
+	 * max_chunk_mem bytes of chunk memory for all of them (default a
+	 * quarter of the machine's memory): a session beyond any is refused
+	 * (ENOSPC, the client may retry).
 	 */
 	unsigned max_pending;
 	unsigned max_pending_per_peer;
@@ -509,6 +515,7 @@ struct rtrs_srv_opts {
 	 * the rdma fabric (RDMA devices); other fabrics ignore it.
 	 */
 	unsigned busy_poll_us;
+	unsigned max_sessions_per_peer; /* see max_pending above; 0: the default */
 };
 
 /* Counters of a server, for tests and monitoring. */

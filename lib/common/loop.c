@@ -424,6 +424,11 @@ void loop_test_advance(unsigned ms)
 	pthread_mutex_unlock(&tclock.lock);
 }
 
+uint64_t loop_now_ms(void)
+{
+	return tclock.on ? loop_test_now() : now_ms();
+}
+
 uint64_t loop_test_now(void)
 {
 	uint64_t now;

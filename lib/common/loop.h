@@ -76,6 +76,11 @@ void loop_test_clock(void (*idle)(void));
 void loop_test_advance(unsigned ms);
 /* The test clock's time in ms (0 at loop_test_clock). */
 uint64_t loop_test_now(void);
+/*
+ * The service loops' time in ms, from any thread: now_ms(), or the test
+ * clock's when it is on. For deadlines a test must step with its timers.
+ */
+uint64_t loop_now_ms(void);
 /* True when every loop is blocked with nothing ready and no work queued. */
 bool loop_test_idle(void);
 

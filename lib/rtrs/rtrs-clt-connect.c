@@ -32,6 +32,8 @@ static void clt_con_connected(void *priv, const void *data, size_t len)
 
 	pthread_mutex_lock(&p->lock);
 	rc = rtrs_conn_rsp_decode(data, len, &con->rsp, &why);
+	if (!rc)
+		atomic_store(&p->reached, true);
 	if (rc) {
 		log_err("%s: invalid connect response on connection %u: %s", p->name, con->c.cid, why);
 		con->err = rc;
@@ -57,6 +59,7 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 	if (err == -ECONNREFUSED && len) {
 		/* A reject from the server carries its reason. */
 		if (rtrs_conn_rsp_decode(data, len, &rsp, &why) == 0 && rsp.err) {
+			atomic_store(&p->reached, true);
 			log_err("%s: server rejected connection %u: %s%s", p->name, con->c.cid,
 				strerror(-rsp.err), rsp.dnr ? " (do not retry)" : "");
 			err = rsp.err;
@@ -554,6 +557,7 @@ int clt_path_connect(struct clt_path *p, bool retry)
 	atomic_store(&p->base.fail_err, 0);
 	atomic_store(&p->fail_dnr, false);
 	atomic_store(&p->refused_err, 0);
+	atomic_store(&p->reached, false);
 	rtrs_hb_reset(&p->base.hb);
 	/* As the kernel: counted before every connect, so 1 on the first. */
 	p->recon_cnt++;
@@ -642,11 +646,42 @@ out_fail:
 }
 
 /*
+ * Whether a first connect that failed with rc may be tried again: it
+ * reached the server (an RTRS answer, accept or refusal, came back) and
+ * the server refused it without "do not retry", or dropped it midway
+ * (a storm of clients: the server closes a stalled handshake, or a
+ * connection of a path it just closed). No answer at all (nothing
+ * listening, a silent peer, a timeout before any answer) and a final
+ * verdict fail the open at once, as in the kernel.
+ */
+static bool path_open_retryable(struct clt_path *p, int rc)
+{
+	if (!atomic_load(&p->reached))
+		return false;
+	if (atomic_load(&p->refused_err) == rc)
+		return true;
+	switch (rc) {
+	case -ECONNRESET:
+	case -ECONNABORTED:
+	case -ECONNREFUSED:
+	case -EPIPE:
+	case -ENOTCONN:
+	case -EAGAIN:
+	case -EBUSY:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/*
  * The first connect of a path, in rtrs_clt_open. A server that refuses
- * without saying "do not retry" is busy or mid-change (a path it still
- * closes, a host whose proof it is recording): try again, a few times,
- * after the reconnect delay. Anything else (no answer, a rejected or
- * missing key, "do not retry") fails the open at once, as in the kernel.
+ * without saying "do not retry", or drops a handshake it had answered, is
+ * busy (a storm of clients opening at once) or mid-change (a path it still
+ * closes, a host whose proof it is recording): try again, up to
+ * RTRS_OPEN_TRIES times in all, after the reconnect delay and jitter, as a
+ * reconnect does. Anything else (no answer, a rejected or missing key, "do
+ * not retry") fails the open at once.
  */
 int clt_path_open(struct clt_path *p)
 {
@@ -654,17 +689,13 @@ int clt_path_open(struct clt_path *p)
 	int rc;
 
 	for (int attempt = 1;; attempt++) {
-		struct rtrs_reconnect_in in = { .attempts = attempt,
-						.max_attempts = RTRS_OPEN_REFUSED_TRIES };
+		struct rtrs_reconnect_in in = { .attempts = attempt, .max_attempts = RTRS_OPEN_TRIES };
+		bool refused;
 
 		rc = clt_path_connect(p, false);
-		/*
-		 * Only when the refusal is what ended the attempt: a refusal
-		 * that arrives after the path failed otherwise (its connection 0
-		 * reset, say) answers a connection of a path already lost.
-		 */
-		if (!rc || atomic_load(&p->refused_err) != rc)
+		if (!rc || !path_open_retryable(p, rc))
 			return rc;
+		refused = atomic_load(&p->refused_err) == rc;
 		in.err = rc;
 		in.dnr = atomic_load(&p->fail_dnr);
 		if (rtrs_should_reconnect(&in) != RTRS_RECONNECT_RETRY)
@@ -672,8 +703,9 @@ int clt_path_open(struct clt_path *p)
 		unsigned ms = rtrs_reconnect_wait_ms(s->reconnect_delay_ms, s->reconnect_jitter_ms,
 						     0);
 
-		log_info("%s: the server refused the path (%s); trying again in %u ms (%d of %d)",
-			 p->name, strerror(-rc), ms, attempt + 1, RTRS_OPEN_REFUSED_TRIES);
+		log_info("%s: the server %s the path (%s); trying again in %u ms (%d of %d)",
+			 p->name, refused ? "refused" : "dropped", strerror(-rc), ms, attempt + 1,
+			 RTRS_OPEN_TRIES);
 		usleep((useconds_t)MIN(ms, 10000u) * 1000);
 		rtrs_path_wrlock(&p->base);
 		clt_path_change_state(p, RTRS_PATH_CONNECTING);

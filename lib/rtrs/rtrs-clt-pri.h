@@ -131,6 +131,7 @@ struct clt_path {
 	/* The reconnect decision's inputs and its last verdict. */
 	atomic_bool fail_dnr;       /* do not retry: the server said so, or it changed */
 	atomic_int refused_err;     /* the errno the server first refused this attempt with */
+	atomic_bool reached;        /* this attempt had an RTRS answer (accept or refusal) */
 	atomic_int last_err;
 	atomic_int verdict;         /* enum rtrs_reconnect_verdict; -1: none yet */
 	atomic_uint_fast64_t stat_auth_runs;

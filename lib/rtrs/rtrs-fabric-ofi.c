@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <rdma/fabric.h>
@@ -85,6 +86,7 @@ struct lst_raw {
 	unsigned long ino;  /* the socket's inode: fd numbers come round again */
 	int fd;
 	uint64_t since_ms;
+	bool spoke;         /* bytes wait in it: its request came, the provider reads it next */
 	char peer[INET6_ADDRSTRLEN];
 };
 
@@ -1067,10 +1069,19 @@ static void ofi_lst_sweep(struct fab_lst *l)
 		}
 		if (r->since_ms == now)
 			raw_peer(fd, r->peer, sizeof(r->peer));
+		int ready = 0;
+
+		r->spoke = ioctl(fd, FIONREAD, &ready) == 0 && ready > 0;
 	}
 	if (n)
 		qsort(cur, n, sizeof(*cur), raw_cmp);
-	/* Past the deadline; then the oldest of a peer over its share. */
+	/*
+	 * Past the deadline; then the oldest of a peer over its share, and
+	 * the oldest over the limit in all. The limits count only the silent
+	 * ones: a socket whose request is in (a storm of clients connecting
+	 * at once, faster than the provider reads them) is the provider's
+	 * next to read, not a flood's.
+	 */
 	for (size_t i = 0; i < n && lim->timeout_ms; i++)
 		if (now - cur[i].since_ms >= lim->timeout_ms)
 			late += raw_close(l, &cur[i]);
@@ -1078,10 +1089,12 @@ static void ofi_lst_sweep(struct fab_lst *l)
 		for (size_t i = 0; i < n;) {
 			size_t j = i, alive = 0;
 
-			while (j < n && !strcmp(cur[j].peer, cur[i].peer))
-				alive += cur[j++].fd >= 0;
+			while (j < n && !strcmp(cur[j].peer, cur[i].peer)) {
+				alive += cur[j].fd >= 0 && !cur[j].spoke;
+				j++;
+			}
 			for (size_t k = i; k < j && alive > lim->max_per_peer; k++)
-				if (raw_close(l, &cur[k])) {
+				if (!cur[k].spoke && raw_close(l, &cur[k])) {
 					alive--;
 					over++;
 				}
@@ -1092,12 +1105,13 @@ static void ofi_lst_sweep(struct fab_lst *l)
 		size_t alive = 0;
 
 		for (size_t i = 0; i < n; i++)
-			alive += cur[i].fd >= 0;
+			alive += cur[i].fd >= 0 && !cur[i].spoke;
 		while (alive > lim->max_total) {
 			struct lst_raw *oldest = NULL;
 
 			for (size_t i = 0; i < n; i++)
-				if (cur[i].fd >= 0 && (!oldest || cur[i].since_ms < oldest->since_ms))
+				if (cur[i].fd >= 0 && !cur[i].spoke &&
+				    (!oldest || cur[i].since_ms < oldest->since_ms))
 					oldest = &cur[i];
 			raw_close(l, oldest);
 			alive--;

@@ -66,6 +66,7 @@ int rtrs_srv_opts_init(struct rtrs_srv_opts *o, size_t size)
 	o->max_pending_per_peer = RTRS_DEFAULT_MAX_PENDING_PER_PEER;
 	o->handshake_timeout_ms = RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS;
 	o->max_sessions = RTRS_DEFAULT_MAX_SESSIONS;
+	o->max_sessions_per_peer = RTRS_DEFAULT_MAX_SESSIONS_PER_PEER;
 	o->max_chunk_mem = rtrs_default_max_chunk_mem();
 	return 0;
 }

@@ -36,8 +36,11 @@
 #define RTRS_CLT_ADMIN_RX_QUEUE 1040
 /* Queue entries a client asks its fabric for before it knows the server's. */
 #define RTRS_CLT_QUEUE_HINT 8192
-/* rtrs_clt_open: connects of a path the server refuses without "do not retry". */
-#define RTRS_OPEN_REFUSED_TRIES 5
+/*
+ * rtrs_clt_open: connects of a path that reached the server and was
+ * refused without "do not retry", or dropped (clt_path_open).
+ */
+#define RTRS_OPEN_TRIES 10
 /* always_invalidate: a new chunk key must differ from this many before it. */
 #define RTRS_KEY_HISTORY 4
 /* Size of the region each side lets the peer aim empty writes at. */
@@ -144,17 +147,19 @@ const char *rtrs_reconnect_verdict_str(enum rtrs_reconnect_verdict v);
 /*
  * Admission of a path that has not proven itself yet (the server, at each
  * connection request for a new path): pending[] are those already
- * pending, each with its peer's host and the order it came in. With max_total
- * (all) or max_per_peer (from host) reached, the oldest pending one in
- * that scope must go to make room: a peer that holds half-open paths
- * loses its oldest, while a client mid-handshake, being newer, goes on.
- * Returns how many must go (0 to 2, named in evict[], the one in all
- * first), or -EBUSY when the limit is reached and nothing can go
- * (a limit of 0). Pure: rtrs-srv-admit.c.
+ * pending, each with its peer's host, the order it came in and whether it
+ * has stalled (made no step of its handshake for a while). With max_total
+ * (all) or max_per_peer (from host) reached, the oldest stalled one in
+ * that scope goes to make room: a peer that holds half-open paths loses
+ * them, while handshakes that are progressing are never cut short; when
+ * none in the scope has stalled, the newcomer is refused (-EBUSY, the
+ * client tries again later). Returns how many must go (0 to 2, named in
+ * evict[], the one in all first), or -EBUSY. Pure: rtrs-srv-admit.c.
  */
 struct rtrs_admit_entry {
 	const char *host;
 	uint64_t serial;   /* order of creation: the lower, the older */
+	bool stalled;      /* no step of its handshake for a while */
 };
 
 struct rtrs_admit_limits {

@@ -23,6 +23,19 @@ unsigned srv_sessions_named(const struct rtrs_srv_ctx *ctx)
 	return n;
 }
 
+/*
+ * Named sessions of one owner: with authentication the host name its
+ * first path proved, else the address that path came from.
+ */
+unsigned srv_sessions_of(const struct rtrs_srv_ctx *ctx, const char *owner)
+{
+	unsigned n = 0;
+
+	for (const struct rtrs_srv_sess *s = ctx->sessions; s; s = s->next)
+		n += s->name[0] && !strcmp(ctx->auth_required ? s->auth_host : s->peer_host, owner);
+	return n;
+}
+
 int rtrs_admit_decide(const struct rtrs_admit_entry *pending, size_t n, const char *host,
 		      const struct rtrs_admit_limits *lim, struct rtrs_admit_evict evict[2])
 {
@@ -38,13 +51,14 @@ int rtrs_admit_decide(const struct rtrs_admit_entry *pending, size_t n, const ch
 			if (scope && strcmp(pending[i].host, host))
 				continue;
 			count++;
-			if (oldest == n || pending[i].serial < pending[oldest].serial)
+			if (pending[i].stalled &&
+			    (oldest == n || pending[i].serial < pending[oldest].serial))
 				oldest = i;
 		}
 		if (count < max)
 			continue;
 		if (oldest == n)
-			return -EBUSY;
+			return -EBUSY; /* every one of them is progressing: the newcomer waits */
 		evict[nr_evict++] = (struct rtrs_admit_evict){ .idx = oldest, .per_peer = scope,
 							       .count = count };
 	}
@@ -63,9 +77,20 @@ static bool path_pending(const struct srv_path *p)
 }
 
 /*
+ * How long a pending path may go without a step of its handshake before
+ * admission may close it for a newcomer: a quarter of the handshake
+ * timeout (1250 ms by default). A client connects one connection after
+ * another, each a round trip, so a live one steps far more often.
+ */
+static uint64_t srv_admit_stall_ms(const struct rtrs_srv_ctx *ctx)
+{
+	return MAX(ctx->opts.handshake_timeout_ms / 4, 20u);
+}
+
+/*
  * Loop thread: room for one more pending path from host, as
- * rtrs_admit_decide says: the paths it names are closed first. -EBUSY
- * when nothing can go.
+ * rtrs_admit_decide says: the stalled paths it names are closed first.
+ * -EBUSY when every pending path in the scope is progressing.
  */
 static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host)
 {
@@ -75,6 +100,7 @@ static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host)
 	struct rtrs_admit_entry *pending;
 	struct srv_path **paths;
 	struct rtrs_admit_evict evict[2];
+	uint64_t now = loop_now_ms(), stall = srv_admit_stall_ms(ctx);
 	size_t n = 0;
 	int rc;
 
@@ -93,8 +119,13 @@ static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host)
 		for (struct srv_path *p = s->paths; p; p = p->next) {
 			if (!path_pending(p))
 				continue;
-			pending[n] = (struct rtrs_admit_entry){ .host = p->peer_host,
-								.serial = p->serial };
+			/* Stamped on other threads too: it may be later than now. */
+			uint64_t step = atomic_load(&p->progress_ms);
+
+			pending[n] = (struct rtrs_admit_entry){
+				.host = p->peer_host, .serial = p->serial,
+				.stalled = now > step && now - step >= stall,
+			};
 			paths[n++] = p;
 		}
 	}
@@ -102,8 +133,9 @@ static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host)
 	for (int i = 0; i < rc; i++) {
 		struct srv_path *oldest = paths[evict[i].idx];
 
-		log_warn("%s: closed to make room for a new connection from %s (%u pending%s%s)",
-			 path_name(oldest), host, evict[i].count,
+		log_warn("%s: closed to make room for a new connection from %s: no step of its "
+			 "handshake for %llu ms (%u pending%s%s)", path_name(oldest), host,
+			 (unsigned long long)(now - atomic_load(&oldest->progress_ms)), evict[i].count,
 			 evict[i].per_peer ? " from " : " in all", evict[i].per_peer ? host : "");
 		atomic_fetch_add(&ctx->st.pending_evicted, 1);
 		srv_path_stop(oldest, -ETIMEDOUT);
@@ -390,15 +422,28 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 		/*
 		 * The client starts this path again: it may have given up on
 		 * the old one without our noticing yet, or this is somebody
-		 * replaying its request. Only a path that has gone silent
-		 * goes: a connected one is probed (srv_path_probe), one still
-		 * connecting ends on its own (its connections close, or the
-		 * connect timeout). The client's next attempt finds it gone.
+		 * replaying its request. A connected path goes only if it has
+		 * gone silent: it is probed (srv_path_probe). A handshake is
+		 * superseded: the client restarts a path only after giving up
+		 * on it, and only who saw its request knows its uuid. The
+		 * client's next attempt finds it gone.
 		 */
 		srv_reject_ext(ctx, creq, peer, -EAGAIN, false, req.ext,
 			       "the client reconnects a path still open here");
 		if (atomic_load(&p->base.state) == RTRS_PATH_CONNECTED)
 			srv_path_probe(p);
+		else
+			srv_path_stop(p, -ECONNRESET);
+		return;
+	} else if (atomic_load(&p->base.state) == RTRS_PATH_CLOSING ||
+		   atomic_load(&p->base.state) == RTRS_PATH_CLOSED) {
+		/*
+		 * A later connection of a path closed here (its handshake
+		 * stalled, a connection of it failed): gone once its last op
+		 * is answered, and the client starts it anew after this.
+		 */
+		srv_reject_ext(ctx, creq, peer, -EAGAIN, false, req.ext,
+			       "its path was closed here; the client must start it again");
 		return;
 	} else if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTING || req.cid_num != p->base.nr_cons ||
 		   p->cons[req.cid].c.fc) {
@@ -417,6 +462,7 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 		return;
 	}
 	p->last_connreq_ms = now_ms();
+	atomic_store(&p->progress_ms, loop_now_ms());
 
 	/* For a kernel client the encoder leaves out everything of ours. */
 	struct rtrs_conn_rsp rsp = {

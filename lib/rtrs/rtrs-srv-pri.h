@@ -92,6 +92,12 @@ struct srv_path {
 	unsigned nr_accepted;
 	struct srv_con *cons;
 	uint64_t last_connreq_ms;
+	/*
+	 * The last step of its handshake (a connection requested or up, an
+	 * authentication message): admission never evicts a path that made
+	 * one within a quarter of handshake_timeout_ms (srv_admit_stall_ms).
+	 */
+	atomic_uint_fast64_t progress_ms;
 	struct rtrs_info_req info;  /* from the admin thread to the loop */
 	struct loop_work info_work;
 	void *info_rsp;
@@ -138,6 +144,7 @@ struct rtrs_srv_sess {
 	uint8_t paths_uuid[RTRS_UUID_LEN];
 	char name[RTRS_NAME_MAX + 1];
 	char auth_host[RTRS_AUTH_WIRE_NAME]; /* the host its first path authenticated as */
+	char peer_host[64];         /* the address its first named path came from */
 	void *priv;
 	uint32_t queue_depth;
 	uint32_t chunk_size;
@@ -243,6 +250,7 @@ static inline struct srv_keys *srv_op_keys(const struct rtrs_srv_op *op)
 }
 
 /* rtrs-srv-admit.c */
+unsigned srv_sessions_of(const struct rtrs_srv_ctx *ctx, const char *owner);
 unsigned srv_sessions_named(const struct rtrs_srv_ctx *ctx);
 bool srv_name_taken(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,
 		    const char *name);

@@ -34,6 +34,7 @@ static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
 		srv_fail_path(p, -EPROTO);
 		return;
 	}
+	atomic_store(&p->progress_ms, loop_now_ms());
 	step = rtrs_auth_srv_step(&p->auth, buf, len, p->auth_tx, sizeof(p->auth_tx), &out_len);
 	/*
 	 * Before the answer goes out: once the client reads SUCCESS1 it may
@@ -130,6 +131,7 @@ static void srv_con_connected(void *priv, const void *data, size_t len)
 {
 	struct srv_con *con = container_of(priv, struct srv_con, c);
 
+	atomic_store(&con->path->progress_ms, loop_now_ms());
 	log_dbg("%s: connection %u established", path_name(con->path), con->c.cid);
 }
 
@@ -668,7 +670,19 @@ static void path_info_work(struct loop_work *w)
 			srv_path_refuse(p, -ENOSPC, false);
 			return;
 		}
+		const char *owner = ctx->auth_required ? p->auth_host : p->peer_host;
+
+		if (srv_sessions_of(ctx, owner) >= ctx->opts.max_sessions_per_peer) {
+			log_err("%s: session %s refused: %s %s has %u sessions already "
+				"(max_sessions_per_peer)", path_name(p), p->info.pathname,
+				ctx->auth_required ? "host" : "address", owner,
+				ctx->opts.max_sessions_per_peer);
+			atomic_fetch_add(&ctx->st.limit_refusals, 1);
+			srv_path_refuse(p, -ENOSPC, false);
+			return;
+		}
 		snprintf(s->name, sizeof(s->name), "%s", p->info.pathname);
+		snprintf(s->peer_host, sizeof(s->peer_host), "%s", p->peer_host);
 	}
 	if (ctx->auth_required && !s->auth_host[0])
 		snprintf(s->auth_host, sizeof(s->auth_host), "%s", p->auth_host);
@@ -820,6 +834,7 @@ int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	loop_work_init(&p->fence_work, path_fence_work);
 	p->last_connreq_ms = now_ms();
 	p->created_ms = now_ms();
+	atomic_init(&p->progress_ms, loop_now_ms());
 	/* Paths made in the same millisecond are still told apart by age. */
 	p->serial = ++ctx->path_serial;
 	rc = fab_mr_reg(ctx->fab, p->verdict, sizeof(p->verdict), FAB_MR_LOCAL, &p->verdict_mr);

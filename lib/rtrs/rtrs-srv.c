@@ -153,6 +153,8 @@ static void srv_opts_defaults(struct rtrs_srv_opts *o)
 		o->handshake_timeout_ms = RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS;
 	if (!o->max_sessions)
 		o->max_sessions = RTRS_DEFAULT_MAX_SESSIONS;
+	if (!o->max_sessions_per_peer)
+		o->max_sessions_per_peer = MIN(RTRS_DEFAULT_MAX_SESSIONS_PER_PEER, o->max_sessions);
 	if (!o->max_chunk_mem)
 		o->max_chunk_mem = rtrs_default_max_chunk_mem();
 }

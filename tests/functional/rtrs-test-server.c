@@ -34,6 +34,7 @@ static struct {
 	uint64_t port, queue_depth, chunk_size, store_size, hb_ms, hb_missed, delay_us;
 	uint64_t exit_after, fault_eagain_every;
 	uint64_t max_pending, max_pending_per_peer, handshake_ms, max_sessions, max_chunk_mem;
+	uint64_t max_sessions_per_peer;
 	bool async, apply_late;
 	const char *addr, *provider, *auth_keys;
 } g = {
@@ -73,6 +74,8 @@ static const struct opt options[] = {
 	  .help = "connected sessions (0: default)" },
 	{ "max-chunk-mem", 0, OPT_SIZE, &g.max_chunk_mem, 0, 1ull << 40, .arg = "SIZE",
 	  .help = "chunk memory of all sessions (0: default)" },
+	{ "max-sessions-per-peer", 0, OPT_UINT, &g.max_sessions_per_peer, 0, 100000, .arg = "N",
+	  .help = "sessions per peer address or authenticated host (0: default)" },
 	{ "fault-eagain-every", 0, OPT_UINT, &g.fault_eagain_every, 2, 1000000, .arg = "N",
 	  .help = "fault injection: every Nth write on a connection meets a full send queue" },
 	{ 0 },
@@ -241,6 +244,7 @@ int main(int argc, char **argv)
 	o.handshake_timeout_ms = (unsigned)g.handshake_ms;
 	o.max_sessions = (unsigned)g.max_sessions;
 	o.max_chunk_mem = g.max_chunk_mem;
+	o.max_sessions_per_peer = (unsigned)g.max_sessions_per_peer;
 	rc = rtrs_srv_open(&ops, &o, &ctx);
 	if (rc) {
 		fprintf(stderr, "rtrs-test-server: %s\n", strerror(-rc));

@@ -333,8 +333,14 @@ static int legit_open(int port, const char *name, bool auth, struct rtrs_clt_ses
 	o.nr_io_cons = 1;
 	o.hb_interval_ms = 200;
 	o.connect_timeout_ms = 5000;
-	o.reconnect_delay_ms = 20;
-	o.reconnect_jitter_ms = 20;
+	/*
+	 * Under attack from its own address, a pending slot frees once an
+	 * attacker's handshake stalls (a quarter of the handshake timeout:
+	 * 750 ms in test_exhaustion); meanwhile the open is refused (EBUSY)
+	 * and tries again, RTRS_OPEN_TRIES times in all: 200 ms apart spans it.
+	 */
+	o.reconnect_delay_ms = 200;
+	o.reconnect_jitter_ms = 100;
 	if (auth) {
 		o.auth_secret = KEY;
 		o.auth_host_name = HOST;

@@ -467,7 +467,8 @@ struct fake_ev *open_step_to(struct clt *c, fake_pred pred, void *arg, const cha
 	return step_until(pred, arg, what);
 }
 
-int open_cut_at(struct clt *c, fake_pred pred, void *arg, const char *what, int cid, bool drop)
+struct fake_ev *open_cut_at(struct clt *c, fake_pred pred, void *arg, const char *what, int cid,
+			    bool drop)
 {
 	struct fake_ev *ev = open_step_to(c, pred, arg, what);
 	int cut;
@@ -477,9 +478,28 @@ int open_cut_at(struct clt *c, fake_pred pred, void *arg, const char *what, int 
 	cut = fake_fail(c->o.sessname, NULL, cid, -ECONNRESET, -ECONNRESET);
 	if (ev && !drop)
 		fake_unclaim(ev);
-	fake_hold(NULL, NULL);
 	if (cut != 1)
 		fprintf(stderr, "open_cut_at(%s): %d connections cut, not 1\n", what, cut);
+	return hold_open_retry();
+}
+
+struct fake_ev *hold_open_retry(void)
+{
+	struct m retry = { .kind = FAKE_CONNREQ, .cid = CID(0) };
+	struct fake_ev *ev;
+
+	fake_hold(match, &retry);
+	ev = fake_wait_ev(match, &retry, "the open's next attempt");
+	if (ev)
+		CHECK_EQ(fake_settle(), 0);
+	return ev;
+}
+
+int open_resume(struct clt *c, struct fake_ev *retry)
+{
+	if (retry)
+		fake_unclaim(retry);
+	fake_hold(NULL, NULL);
 	return clt_open_join(c);
 }
 

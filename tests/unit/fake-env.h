@@ -170,11 +170,24 @@ struct fake_ev *step_until(fake_pred pred, void *arg, const char *what);
  */
 struct fake_ev *open_step_to(struct clt *c, fake_pred pred, void *arg, const char *what);
 /*
- * The same, then cuts c's connection cid at both ends (-ECONNRESET), lets
- * everything go, and returns what rtrs_clt_open returned. With drop, the
- * event stepped to is lost first.
+ * The same, then cuts c's connection cid at both ends (-ECONNRESET) and
+ * lets everything go but the connection request (cid 0) of the open's
+ * next attempt, which it waits for and returns claimed: rtrs_clt_open,
+ * which had its answer from the server, starts a dropped path again
+ * (NULL and a log line if it did not). With drop, the event stepped to is
+ * lost first. The test looks at what the first attempt left, then
+ * open_resume.
  */
-int open_cut_at(struct clt *c, fake_pred pred, void *arg, const char *what, int cid, bool drop);
+struct fake_ev *open_cut_at(struct clt *c, fake_pred pred, void *arg, const char *what, int cid,
+			    bool drop);
+/*
+ * Lets everything go but the connection request (cid 0) of an open's next
+ * attempt: waits for it and returns it claimed (NULL if none came), once
+ * the first attempt has settled.
+ */
+struct fake_ev *hold_open_retry(void);
+/* Lets the held attempt (may be NULL) and everything else go; what rtrs_clt_open returned. */
+int open_resume(struct clt *c, struct fake_ev *retry);
 /* Waits until an event matching pred is queued; leaves it where it is. */
 bool ev_appears(fake_pred pred, void *arg, const char *what);
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "fake-main.h"
+#include "rtrs-pri.h"
 
 static bool srv_up(const struct rtrs_srv_opts *so)
 {
@@ -223,13 +224,13 @@ static void auth_dup_challenge(void)
 /*
  * A forged information request arrives on connection 0 before the
  * NEGOTIATE: the server closes the path (-EACCES) without mapping a byte
- * of chunk memory, and the client's open fails.
+ * of chunk memory; the client's open, dropped, tries again and opens.
  */
 static void auth_info_before_auth(void)
 {
 	struct rtrs_info_req info = { .imm_addr = 0, .imm_key = 1 };
 	struct rtrs_msg_info_req msg;
-	struct fake_ev *neg, *forged;
+	struct fake_ev *neg, *forged, *retry;
 	struct clt c;
 
 	if (!auth_setup(&c, KEY_A))
@@ -244,29 +245,37 @@ static void auth_info_before_auth(void)
 		CHECK_EQ(fake_deliver(forged), 0);
 		fake_drop(neg);
 	}
-	fake_hold(NULL, NULL);
-	CHECK_EQ(clt_open_join(&c), -ECONNRESET);
-	CHECK_EQ(fake_settle(), 0);
+	retry = hold_open_retry();
+	CHECK(retry != NULL);
 	CHECK(env_logged("message before authentication; closing the path"), "logged");
 	CHECK_EQ(srv_stats().auth_ok, 0);
 	CHECK_EQ(srv_stats().chunk_bytes, 0);
 	CHECK_EQ(srv_stats().sessions, 0);
 	CHECK_EQ(atomic_load(&srv.link_up), 0);
+	CHECK_EQ(open_resume(&c, retry), 0);
+	CHECK_EQ(srv_stats().auth_ok, 1);
 	teardown(&c);
 }
 
-/* Connection 0 is cut after the CHALLENGE: no authentication either way, nothing left. */
+/*
+ * Connection 0 is cut after the CHALLENGE: no authentication either way,
+ * nothing left; the open's next attempt authenticates.
+ */
 static void auth_cut_mid(void)
 {
+	struct fake_ev *retry;
 	struct clt c;
 
 	if (!auth_setup(&c, KEY_A))
 		return;
-	CHECK_EQ(open_cut_at(&c, match, &to_clt_challenge, "the CHALLENGE", 0, false), -ECONNRESET);
-	CHECK_EQ(fake_settle(), 0);
+	retry = open_cut_at(&c, match, &to_clt_challenge, "the CHALLENGE", 0, false);
+	CHECK(retry != NULL);
 	CHECK_EQ(srv_stats().auth_ok, 0);
 	CHECK_EQ(srv_stats().auth_failed, 0);
 	CHECK_EQ(srv_stats().sessions, 0);
+	CHECK_EQ(open_resume(&c, retry), 0);
+	CHECK_EQ(srv_stats().auth_ok, 1);
+	CHECK_EQ(srv_stats().auth_failed, 0);
 	teardown(&c);
 }
 
@@ -349,11 +358,29 @@ static bool accept_of(const struct fake_ev *ev, void *arg)
 	return ev->kind == FAKE_ACCEPT && !strcmp(ev->sess, arg);
 }
 
+/* The answers to sessions p0 and p1 (pending_three). */
+static bool to_p0_p1(const struct fake_ev *ev, void *arg)
+{
+	return !ev->to_server && (!strcmp(ev->sess, "p0") || !strcmp(ev->sess, "p1"));
+}
+
+static bool refused_busy(void *arg)
+{
+	return env_logged("too many connections still to prove themselves (Device or resource busy)");
+}
+
+/* How far the test clock must move for a pending path to count as stalled. */
+#define STALL_MS (RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS / 4 + 1)
+
 /*
- * Three sessions from hosts srcs[i] each get their connection 0 accepted
- * and then wait (the server's answers are held): with limits that allow
- * two pending paths in their scope, the third closes the oldest. The
- * first session's open fails; the other two finish.
+ * Three sessions from hosts srcs[i], with limits that allow two pending
+ * paths in their scope. p0 and p1 get their connection 0 accepted and
+ * wait (the server's answers to them are held). p2 finds both
+ * progressing: it is refused (EBUSY), nothing of theirs is cut, and its
+ * open tries again. Once both have made no step for a quarter of the
+ * handshake timeout (the test clock moves), p2's next attempt closes the
+ * older, p0, and opens. p0's open, dropped after the server had answered
+ * it, tries again too: all three open and move data.
  */
 static void pending_three(const char *const srcs[3], unsigned max_pending, unsigned per_peer)
 {
@@ -366,20 +393,27 @@ static void pending_three(const char *const srcs[3], unsigned max_pending, unsig
 	so.max_pending_per_peer = per_peer;
 	if (!srv_up(&so))
 		return;
-	fake_hold(match, &(struct m){ .dir = TO_CLT });
+	fake_hold(to_p0_p1, NULL);
 	for (int i = 0; i < 3; i++) {
 		clt_init(&c[i], names[i], "a");
 		clt_src(&c[i], 0, srcs[i]);
+	}
+	for (int i = 0; i < 2; i++) {
 		clt_open_async(&c[i]);
 		CHECK(ev_appears(accept_of, (void *)names[i], "the accept"));
-		CHECK_EQ(srv_stats().pending_evicted, i < 2 ? 0 : 1);
 	}
-	fake_hold(NULL, NULL);
-	CHECK_EQ(clt_open_join(&c[0]), -ECONNRESET);
-	CHECK_EQ(clt_open_join(&c[1]), 0);
+	clt_open_async(&c[2]);
+	CHECK_EQ(fake_wait(refused_busy, NULL, "p2 refused while p0 and p1 progress"), 0);
+	CHECK_EQ(srv_stats().pending_evicted, 0);
+	CHECK_EQ(fake_advance(STALL_MS), 0);
 	CHECK_EQ(clt_open_join(&c[2]), 0);
+	CHECK_EQ(srv_stats().pending_evicted, 1);
 	CHECK(env_logged("closed to make room for a new connection from"), "the eviction is logged");
-	for (int i = 1; i < 3; i++)
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c[1]), 0);
+	CHECK_EQ(clt_open_join(&c[0]), 0);
+	CHECK(env_logged("p0/a:1234: the server dropped the path"), "p0 tried again");
+	for (int i = 0; i < 3; i++)
 		CHECK(io_roundtrip(&c[i], (uint32_t)i * LEN, (uint8_t)(70 + i)), "IO of %s", names[i]);
 	for (int i = 0; i < 3; i++)
 		clt_close(&c[i]);
@@ -423,8 +457,9 @@ static bool negotiate_of_v1(const struct fake_ev *ev, void *arg)
  * One pending path per peer, with authentication. v0's host has proven
  * itself and v0 waits before its information request: not pending any
  * more, so v1 from the same peer is let in without closing it. v1 waits
- * before authenticating: pending, so v2 closes v1, the oldest pending,
- * and never v0, which finishes.
+ * before authenticating: pending and progressing, so v2 is refused and
+ * tries again; once v1 has stalled, v2 closes it, never v0, and opens.
+ * v0 finishes; v1, dropped, tries again and opens too.
  */
 static void pending_proven_host(void)
 {
@@ -448,16 +483,21 @@ static void pending_proven_host(void)
 	CHECK(ev_appears(negotiate_of_v1, NULL, "v1's NEGOTIATE"));
 	CHECK_EQ(srv_stats().pending_evicted, 0);
 	clt_open_async(&c[2]);
+	CHECK_EQ(fake_wait(refused_busy, NULL, "v2 refused while v1 progresses"), 0);
+	CHECK_EQ(srv_stats().pending_evicted, 0);
+	CHECK_EQ(fake_advance(STALL_MS), 0);
 	CHECK_EQ(clt_open_join(&c[2]), 0);
 	CHECK_EQ(srv_stats().pending_evicted, 1);
 	fake_hold(NULL, NULL);
 	CHECK_EQ(clt_open_join(&c[0]), 0);
-	CHECK_EQ(clt_open_join(&c[1]), -ECONNRESET);
+	CHECK_EQ(clt_open_join(&c[1]), 0);
+	CHECK(env_logged("v1/a:1234: the server dropped the path"), "v1 tried again");
 	CHECK(c[0].sess && io_roundtrip(&c[0], 0, 81), "IO of v0");
+	CHECK(c[1].sess && io_roundtrip(&c[1], 2 * LEN, 83), "IO of v1");
 	CHECK(c[2].sess && io_roundtrip(&c[2], LEN, 82), "IO of v2");
 	for (int i = 0; i < 3; i++)
 		clt_close(&c[i]);
-	CHECK_EQ(srv_stats().auth_ok, 2);
+	CHECK_EQ(srv_stats().auth_ok, 3);
 	CHECK_EQ(fake_settle(), 0);
 	srv_stop();
 }
@@ -484,7 +524,8 @@ static void after_the_last_close(struct fake_ev *ev, void *arg)
 
 /*
  * One session allowed: a second is refused with -ENOSPC, which may change,
- * so the open tries five times (its delay set to nothing), each refused.
+ * so the open tries RTRS_OPEN_TRIES times (its delay set to nothing), each
+ * refused.
  */
 static void max_sessions(void)
 {
@@ -503,13 +544,67 @@ static void max_sessions(void)
 	fake_on_post(first_connreq_of_m1, NULL, after_the_last_close, &attempts);
 	CHECK_EQ(clt_open(&c1), -ENOSPC);
 	fake_on_post(NULL, NULL, NULL, NULL);
-	CHECK_EQ(atomic_load(&attempts), 5);
+	CHECK_EQ(atomic_load(&attempts), RTRS_OPEN_TRIES);
 	CHECK_EQ(fake_settle(), 0);
-	CHECK_EQ(srv_stats().limit_refusals, 5);
+	CHECK_EQ(srv_stats().limit_refusals, RTRS_OPEN_TRIES);
 	CHECK(c0.sess && io_roundtrip(&c0, 0, 91), "the first session's IO goes on");
 	clt_close(&c0);
 	CHECK_EQ(fake_settle(), 0);
 	srv_stop();
+}
+
+/*
+ * One session per peer: a second session from the same address is refused
+ * (-ENOSPC, tried RTRS_OPEN_TRIES times), one from another address comes
+ * in. With authentication the peer is the host name it proved: a session
+ * of the same host from another address is refused.
+ */
+static void sessions_per_peer(bool auth)
+{
+	static const char *const srcs[3] = { "h1", "h1", "h2" };
+	static const char *const names[3] = { "q0", "q1", "q2" };
+	struct rtrs_srv_opts so;
+	struct clt c[3];
+
+	if (auth)
+		srv_opts_auth(&so, KEY_A);
+	else
+		srv_opts(&so);
+	so.max_sessions_per_peer = 1;
+	if (!srv_up(&so))
+		return;
+	for (int i = 0; i < 3; i++) {
+		clt_init(&c[i], names[i], "a");
+		clt_src(&c[i], 0, auth && i == 1 ? "h3" : srcs[i]);
+		c[i].o.reconnect_delay_ms = 0;
+		if (auth)
+			c[i].o.auth_secret = KEY_A;
+	}
+	CHECK_EQ(clt_open(&c[0]), 0);
+	CHECK_EQ(clt_open(&c[1]), -ENOSPC);
+	CHECK_EQ(srv_stats().limit_refusals, RTRS_OPEN_TRIES);
+	CHECK(env_logged(auth ? "refused: host " : "refused: address h1 has 1 sessions already "
+		"(max_sessions_per_peer)"), "the refusal names the peer and the limit");
+	/* Another host (without authentication: address) is not held to the first's share. */
+	if (!auth) {
+		CHECK_EQ(clt_open(&c[2]), 0);
+		CHECK(c[2].sess && io_roundtrip(&c[2], LEN, 93), "the other peer's IO");
+	}
+	CHECK(c[0].sess && io_roundtrip(&c[0], 0, 92), "the first session's IO goes on");
+	for (int i = 0; i < 3; i++)
+		clt_close(&c[i]);
+	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+static void max_sessions_per_peer(void)
+{
+	sessions_per_peer(false);
+}
+
+static void max_sessions_per_host(void)
+{
+	sessions_per_peer(true);
 }
 
 /* More connections per path than the server allows: refused, do not retry, one request. */
@@ -684,6 +779,8 @@ static const struct scenario scenarios[] = {
 	{ "pending_total", pending_total },
 	{ "pending_proven_host", pending_proven_host },
 	{ "max_sessions", max_sessions },
+	{ "max_sessions_per_peer", max_sessions_per_peer },
+	{ "max_sessions_per_host", max_sessions_per_host },
 	{ "too_many_cons", too_many_cons },
 	{ "final_refusal_without_reject_data", final_refusal_without_reject_data },
 	{ "final_refusal_on_reconnect_without_reject_data",

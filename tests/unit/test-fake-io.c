@@ -887,44 +887,68 @@ static void server_restart(void)
 
 /*
  * Connection 1 is accepted by the server but cut before the client sees
- * the accept: rtrs_clt_open fails with the connection's error, and the
- * server drops the half-built path and its session, chunks never mapped.
+ * the accept: the server drops the half-built path and its session,
+ * chunks never mapped, and rtrs_clt_open, which had its answer from the
+ * server, starts the path again and opens.
  */
 static void handshake_con1_cut(void)
 {
 	struct m accept1 = { .kind = FAKE_ACCEPT, .cid = CID(1) };
 	struct rtrs_srv_opts so;
+	struct fake_ev *retry;
 	struct clt c;
 
 	srv_opts(&so);
 	CHECK_EQ(srv_start(&so), 0);
 	clt_init(&c, "s", "a");
-	CHECK_EQ(open_cut_at(&c, match, &accept1, "connection 1's accept", 1, false), -ECONNRESET);
-	CHECK_EQ(fake_settle(), 0);
+	retry = open_cut_at(&c, match, &accept1, "connection 1's accept", 1, false);
+	CHECK(retry != NULL);
+	CHECK(env_logged("the server dropped the path (Connection reset by peer); trying again"),
+	      "the open rode through the cut");
 	CHECK_EQ(srv_stats().sessions, 0);
 	CHECK_EQ(srv_stats().chunk_bytes, 0);
 	CHECK_EQ(atomic_load(&srv.link_up), 0);
+	CHECK_EQ(open_resume(&c, retry), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().sessions, 1);
+	CHECK_EQ(atomic_load(&srv.link_up), 1);
+	CHECK(io_roundtrip(&c, 0, 39), "IO after the open");
+	clt_close(&c);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().sessions, 0);
+	CHECK_EQ(srv_stats().chunk_bytes, 0);
 	srv_stop();
 }
 
 /*
- * The information response is lost and connection 0 is cut: the open
- * fails; the server had connected the path (link up) and takes it down
- * again (link down), freeing the session.
+ * The information response is lost and connection 0 is cut: the server
+ * had connected the path (link up) and takes it down again (link down),
+ * freeing the session; the open tries again and gets a new one.
  */
 static void handshake_info_lost(void)
 {
 	struct m info = { .dir = TO_CLT, .msg = MSG(RTRS_MSG_INFO_RSP) };
 	struct rtrs_srv_opts so;
+	struct fake_ev *retry;
 	struct clt c;
 
 	srv_opts(&so);
 	CHECK_EQ(srv_start(&so), 0);
 	clt_init(&c, "s", "a");
-	CHECK_EQ(open_cut_at(&c, match, &info, "the information response", 0, true), -ECONNRESET);
-	CHECK_EQ(fake_settle(), 0);
+	retry = open_cut_at(&c, match, &info, "the information response", 0, true);
+	CHECK(retry != NULL);
 	CHECK_EQ(atomic_load(&srv.link_up), 1);
 	CHECK_EQ(atomic_load(&srv.link_down), 1);
+	CHECK_EQ(srv_stats().sessions, 0);
+	CHECK_EQ(open_resume(&c, retry), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(atomic_load(&srv.link_up), 2);
+	CHECK_EQ(atomic_load(&srv.link_down), 1);
+	CHECK_EQ(srv_stats().sessions, 1);
+	CHECK(io_roundtrip(&c, 0, 41), "IO after the open");
+	clt_close(&c);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(atomic_load(&srv.link_down), 2);
 	CHECK_EQ(srv_stats().sessions, 0);
 	srv_stop();
 }
@@ -978,10 +1002,11 @@ static void con1_requested(struct fake_ev *cr, void *arg)
 /*
  * The race CI met in pending_per_peer: a path's connection 0 is reset
  * while connection 1's request is on its way, and the server refuses that
- * request. The refusal answers a connection of a path already lost:
- * rtrs_clt_open fails with the reset, as when the refusal never came, and
- * does not start the path again (a refusal that ends an attempt is
- * retried; this one did not end it).
+ * request. The refusal answers a connection of a path already lost: the
+ * attempt ended with the reset, and rtrs_clt_open, which had the server's
+ * answer, starts the path again as for any drop. The server, which saw
+ * nothing of the reset, gives up the old handshake when the path's
+ * connection 0 comes again (refused, EAGAIN); the attempt after opens.
  */
 static void handshake_refused_after_reset(void)
 {
@@ -1006,12 +1031,16 @@ static void handshake_refused_after_reset(void)
 	CHECK_EQ(fake_wait(late_refusal_done, &r, "connection 1's request and its refusal"), 0);
 	fake_on_post(NULL, NULL, NULL, NULL);
 	fake_hold(NULL, NULL);
-	CHECK_EQ(clt_open_join(&c), -ECONNRESET);
+	CHECK_EQ(clt_open_join(&c), 0);
 	CHECK_EQ(r.rejects, 1);
-	CHECK(!env_logged("trying again"), "the open started the path again");
+	CHECK(env_logged("the server dropped the path (Connection reset by peer); trying again"),
+	      "the open started the path again after the reset");
+	CHECK(env_logged("the client reconnects a path still open here"),
+	      "the server gave the old handshake up");
+	CHECK(io_roundtrip(&c, 0, 45), "IO after the open");
+	clt_close(&c);
 	CHECK_EQ(fake_settle(), 0);
-	CHECK_EQ(srv_stats().connreqs, 2);
-	CHECK_EQ(srv_stats().rejects, 1);
+	CHECK_EQ(srv_stats().sessions, 0);
 	srv_stop();
 }
 

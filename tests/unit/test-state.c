@@ -589,14 +589,17 @@ static void test_reconnect_verdict_names(void)
 
 /*
  * Admission of pending paths (rtrs_admit_decide): below the limits all
- * come in; at a limit the oldest in that scope goes; the one in all goes
- * first, and is not counted again for the peer; a limit of 0 refuses.
+ * come in; at a limit the oldest stalled one in that scope goes; the one
+ * in all goes first, and is not counted again for the peer; where every
+ * one in the scope is progressing, nothing goes and the newcomer is
+ * refused (-EBUSY), as with a limit of 0.
  */
 static void test_admit(void)
 {
 	const struct rtrs_admit_limits lim = { .max_total = 4, .max_per_peer = 2 };
 	struct rtrs_admit_entry p[] = {
-		{ "10.0.0.1", 500 }, { "10.0.0.2", 100 }, { "10.0.0.1", 300 }, { "10.0.0.3", 200 },
+		{ "10.0.0.1", 500, true }, { "10.0.0.2", 100, true }, { "10.0.0.1", 300, true },
+		{ "10.0.0.3", 200, true },
 	};
 	struct rtrs_admit_evict ev[2];
 
@@ -619,11 +622,30 @@ static void test_admit(void)
 	CHECK(ev[1].idx == 2 && ev[1].per_peer, "second %zu", ev[1].idx);
 	/* The one evicted in all is the peer's own oldest: nothing more to do for the peer. */
 	struct rtrs_admit_entry q[] = {
-		{ "10.0.0.1", 100 }, { "10.0.0.1", 300 }, { "10.0.0.2", 200 }, { "10.0.0.3", 400 },
+		{ "10.0.0.1", 100, true }, { "10.0.0.1", 300, true }, { "10.0.0.2", 200, true },
+		{ "10.0.0.3", 400, true },
 	};
 
 	CHECK_EQ(rtrs_admit_decide(q, 4, "10.0.0.1", &lim, ev), 1);
 	CHECK(ev[0].idx == 0 && !ev[0].per_peer, "evicted %zu", ev[0].idx);
+	/*
+	 * Progressing handshakes are never cut short: the peer's oldest (300)
+	 * is progressing, so its stalled newer one (500) goes; with both
+	 * progressing the newcomer is refused. In all, the oldest stalled one
+	 * goes (200, not the progressing 100).
+	 */
+	p[2].stalled = false;
+	CHECK_EQ(rtrs_admit_decide(p, 3, "10.0.0.1", &lim, ev), 1);
+	CHECK(ev[0].idx == 0 && ev[0].per_peer, "evicted %zu", ev[0].idx);
+	p[0].stalled = false;
+	CHECK_EQ(rtrs_admit_decide(p, 3, "10.0.0.1", &lim, ev), -EBUSY);
+	p[1].stalled = false;
+	CHECK_EQ(rtrs_admit_decide(p, 4, "10.0.0.9", &lim, ev), 1);
+	CHECK(ev[0].idx == 3 && !ev[0].per_peer, "evicted %zu", ev[0].idx);
+	/* ... and when that frees no room for the peer, nothing goes at all. */
+	CHECK_EQ(rtrs_admit_decide(p, 4, "10.0.0.1", &lim, ev), -EBUSY);
+	p[3].stalled = false;
+	CHECK_EQ(rtrs_admit_decide(p, 4, "10.0.0.9", &lim, ev), -EBUSY);
 	/* A limit of 0: nothing pending may exist, nothing can go. */
 	const struct rtrs_admit_limits none = { .max_total = 0, .max_per_peer = 2 };
 

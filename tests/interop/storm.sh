@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# A storm of sessions opened at one instant from one address, as a rack of
+# hypervisors (or one restoring its mappings) does to its storage server:
+# N rnbd-client perf processes (default 50), each a session of one path
+# with 8 IO connections (9 in all), wait on a FIFO and are let go together
+# against one rnbd-server exporting a file each. Every session must open
+# and move verified data (--verify, 0 errors), without and with
+# DH-HMAC-CHAP; the server's admission closes no handshake that was
+# progressing (pending_evicted 0: it makes a newcomer wait, EBUSY, and the
+# client's open tries again) and lists every session it served.
+# Usage: storm.sh BUILD_DIR [SESSIONS].
+set -euo pipefail
+build=$(cd "${1:?usage: storm.sh BUILD_DIR [SESSIONS]}" && pwd)
+n=${2:-50}
+client=$build/tools/rnbd-client
+command -v python3 >/dev/null || { echo "SKIP: python3 is not installed"; exit 77; }
+
+. "$(dirname "$0")/../lib/common.sh"
+dir=$(mktemp -d /var/tmp/rnbd-storm.XXXXXX)
+trap 'kill_pids; [ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
+# Each client holds about 20 fds, the server 10 per session.
+ulimit -n 65536 2>/dev/null || true
+
+mkdir "$dir/export"
+for i in $(seq 1 "$n"); do truncate -s 8M "$dir/export/d$i"; done
+umask 077
+"$build/tools/rtrs-key" gen --hmac 1 >"$dir/hv1.key"
+echo "hv1 $(cat "$dir/hv1.key")" >"$dir/keys"
+
+# storm NAME [CLIENT-OPTIONS...]: all n clients at once; true when each verified.
+storm() {
+	local name=$1 i ok=0 cpids=()
+	shift
+	rm -f "$dir/go"
+	mkfifo "$dir/go"
+	for i in $(seq 1 "$n"); do
+		(read -r _ <"$dir/go" || true
+		 exec "$client" perf --server "127.0.0.1:$port" --session "$name-$i" --device "d$i" \
+			--io-connections 8 --rw randrw --bs 4k --iodepth 8 --runtime 2 --verify "$@" \
+			>"$dir/$name-$i.out" 2>&1) &
+		cpids+=($!)
+	done
+	sleep 1 # every client sits in its open() of the FIFO
+	: >"$dir/go"
+	for i in $(seq 1 "$n"); do
+		if wait "${cpids[$((i - 1))]}" && grep -q 'verified' "$dir/$name-$i.out" &&
+			grep -q 'errors 0$' "$dir/$name-$i.out"; then
+			ok=$((ok + 1))
+		elif [ ! -e "$dir/$name.shown" ]; then
+			touch "$dir/$name.shown"
+			echo "  $name-$i: $(tail -3 "$dir/$name-$i.out")"
+		fi
+	done
+	echo "  $name: $ok of $n sessions opened and verified"
+	[ "$ok" -eq "$n" ]
+}
+
+# stats FIELD: the server's transport counter.
+stat_is() {
+	ctl "$dir/ctl" server stats -o json | python3 -c '
+import json, sys
+st = json.load(sys.stdin)
+v = st[sys.argv[1]]
+if v != int(sys.argv[2]):
+    print("  %s = %d, not %s" % (sys.argv[1], v, sys.argv[2]))
+    sys.exit(1)' "$1" "$2"
+}
+
+rnbd_server_start "$dir/server.log" -- --port 0 --dev-search-path "$dir/export" \
+	--queue-depth 64 --control "$dir/ctl" || exit 1
+check "$n sessions of 9 connections at once: each opens and verifies its data" storm plain
+check "... no progressing handshake was closed for a newcomer" stat_is pending_evicted 0
+check "... the limit on pending handshakes was met (newcomers waited)" \
+	grep -q 'too many connections still to prove themselves' "$dir/server.log"
+kill_pids
+pids=()
+
+rnbd_server_start "$dir/auth.log" -- --port 0 --dev-search-path "$dir/export" \
+	--queue-depth 64 --control "$dir/ctl" --auth-keys "$dir/keys" || exit 1
+check "$n authenticated sessions of one host at once: each opens and verifies its data" \
+	storm auth --host-name hv1 --secret "@$dir/hv1.key"
+check "... no progressing handshake was closed for a newcomer" stat_is pending_evicted 0
+check "... every path authenticated" stat_is auth_failed 0
+finish storm
