@@ -350,7 +350,11 @@ struct rtrs_path_stats {
 
 /* Statistics of path idx (0 .. paths_num - 1); -ENOENT past the last. */
 int rtrs_clt_path_stats(struct rtrs_clt_sess *sess, unsigned idx, struct rtrs_path_stats *st);
-/* Zeroes the counters of path idx (not inflight, which is a state). */
+/*
+ * Zeroes the counters of path idx: reads, writes and their bytes,
+ * reconnects, reconnect failures, failovers and authentication runs (not
+ * inflight, the heartbeat latency, the last error or verdict: states).
+ */
 int rtrs_clt_reset_path_stats(struct rtrs_clt_sess *sess, unsigned idx);
 
 /*

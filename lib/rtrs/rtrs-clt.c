@@ -626,5 +626,9 @@ int rtrs_clt_reset_path_stats(struct rtrs_clt_sess *s, unsigned idx)
 	atomic_store(&p->stat_read_bytes, 0);
 	atomic_store(&p->stat_writes, 0);
 	atomic_store(&p->stat_write_bytes, 0);
+	atomic_store(&p->stat_reconnects, 0);
+	atomic_store(&p->stat_reconnect_failures, 0);
+	atomic_store(&p->stat_failovers, 0);
+	atomic_store(&p->stat_auth_runs, 0);
 	return 0;
 }

@@ -198,6 +198,18 @@ wait "$io_pid" || true
 check "stats reset cc 2" c stats reset cc 2
 check "... zeroes path 2's counters, not path 0's" \
 	test "$(path_field 2 writes)" = 0 -a "$(path_field 2 reads)" = 0 -a "$(path_field 0 writes)" -gt 0
+check "path 0 counted its reconnect" test "$(path_field 0 reconnects)" -gt 0
+check "stats reset cc 0" c stats reset cc 0
+# every_zero PATH FIELD...: each of the path's counters is 0.
+every_zero() {
+	local p=$1 f
+	shift
+	for f in "$@"; do
+		[ "$(path_field "$p" "$f")" = 0 ] || { echo "  path $p: $f = $(path_field "$p" "$f")"; return 1; }
+	done
+}
+check "... zeroes every counter of path 0, reconnects and failovers too" every_zero 0 \
+	reads read_bytes writes write_bytes reconnects reconnect_failures failovers auth_runs
 read -r n bad <"$dir/io.count"
 check "the IO loop: $n rounds of 16 MiB, every one read back equal, 0 errors" \
 	test "$bad" -eq 0 -a "$n" -ge 10
