@@ -124,7 +124,7 @@ static void log_line(void *priv, int level, const char *line)
  * The default session name: rnbd-client-HOST-PID-RANDOM, so that runs at
  * the same time (the server refuses a second session of one name) and runs
  * from different hosts never share one. Characters a session name cannot
- * hold ('.', '/', blanks, anything not printable) become '-'.
+ * hold ('/', blanks, anything not printable) become '-'.
  */
 static const char *default_session(void)
 {
@@ -139,7 +139,7 @@ static const char *default_session(void)
 	n = snprintf(name, sizeof(name), "rnbd-client-%s-%ld-%08x", host[0] ? host : "host",
 		     (long)getpid(), r);
 	for (int i = 0; i < n && name[i]; i++)
-		if (name[i] <= ' ' || name[i] >= 0x7f || name[i] == '.' || name[i] == '/')
+		if (name[i] <= ' ' || name[i] >= 0x7f || name[i] == '/')
 			name[i] = '-';
 	return name;
 }

@@ -132,22 +132,94 @@ static const char usage[] =
 	"       server metrics |\n"
 	"       call METHOD [PARAMS-JSON]";
 
-/* Prints s for a table: control characters as \xNN, so a name cannot forge lines. */
-static void cell(const char *s, int width)
+/*
+ * A table: columns as wide as their widest cell (a session's default name
+ * or a long device path does not push the rest out of line), left- or
+ * right-aligned ('l', 'r' in align), the last column not padded. Cells
+ * are escaped as they are added: control characters as \xNN, so a name
+ * cannot forge lines. Out of memory, the cell prints as "?".
+ */
+#define TABLE_MAX_COLS 12
+
+struct table {
+	size_t ncols, nrows, cap;
+	const char *align;
+	char **cells;              /* nrows x ncols, row 0 the heading */
+};
+
+static char *escaped(const char *s)
 {
-	int n = 0;
+	size_t n = 1;
+	char *out, *o;
 
 	if (!s)
 		s = "-"; /* null */
-
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+		n += *p < 0x20 || *p == 0x7f ? 4 : 1;
+	o = out = malloc(n);
+	if (!out)
+		return NULL;
 	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
 		if (*p < 0x20 || *p == 0x7f)
-			n += printf("\\x%02x", *p);
+			o += sprintf(o, "\\x%02x", *p);
 		else
-			n += putchar(*p) != EOF;
+			*o++ = (char)*p;
 	}
-	if (width > n)
-		printf("%*s", width - n, "");
+	*o = '\0';
+	return out;
+}
+
+/* Adds a row of t->ncols cells (NULL-terminated list not needed: ncols of them). */
+static void table_row(struct table *t, const char *const *cells)
+{
+	if (t->nrows == t->cap) {
+		size_t cap = t->cap ? 2 * t->cap : 16;
+		char **c = realloc(t->cells, cap * t->ncols * sizeof(*c));
+
+		if (!c)
+			return;
+		t->cells = c;
+		t->cap = cap;
+	}
+	for (size_t i = 0; i < t->ncols; i++)
+		t->cells[t->nrows * t->ncols + i] = escaped(cells[i]);
+	t->nrows++;
+}
+
+static void table_init(struct table *t, const char *align, const char *const *heads)
+{
+	*t = (struct table){ .ncols = strlen(align), .align = align };
+	table_row(t, heads);
+}
+
+/* Prints and frees the table. */
+static void table_print(struct table *t)
+{
+	size_t w[TABLE_MAX_COLS] = { 0 };
+
+	for (size_t r = 0; r < t->nrows; r++)
+		for (size_t c = 0; c < t->ncols; c++) {
+			const char *s = t->cells[r * t->ncols + c];
+
+			w[c] = MAX(w[c], s ? strlen(s) : 1);
+		}
+	for (size_t r = 0; r < t->nrows; r++) {
+		for (size_t c = 0; c < t->ncols; c++) {
+			const char *s = t->cells[r * t->ncols + c];
+			bool last = c + 1 == t->ncols;
+
+			if (!s)
+				s = "?";
+			if (t->align[c] == 'r')
+				printf("%*s", (int)w[c], s);
+			else
+				printf("%-*s", last ? 0 : (int)w[c], s);
+			fputs(last ? "\n" : "  ", stdout);
+		}
+	}
+	for (size_t i = 0; i < t->nrows * t->ncols; i++)
+		free(t->cells[i]);
+	free(t->cells);
 }
 
 static const char *str(struct json_object *o, const char *key)
@@ -171,80 +243,110 @@ static bool flag(struct json_object *o, const char *key)
 	return json_object_object_get_ex(o, key, &v) && json_object_get_boolean(v);
 }
 
+/* A number as a cell: buf must hold 21 bytes. */
+static const char *num(char *buf, uint64_t v)
+{
+	snprintf(buf, 21, "%" PRIu64, v);
+	return buf;
+}
+
 static void table_sessions(struct json_object *r)
 {
-	printf("%-24s %-8s %-10s %-28s %-11s %8s %10s %10s  %s\n", "SESSION", "PEER", "INVAL",
-	       "PATH", "STATE", "INFLIGHT", "READS", "WRITES", "DEVICES");
+	static const char *const heads[] = { "SESSION", "PEER", "INVAL", "PATH", "STATE",
+					     "INFLIGHT", "READS", "WRITES", "DEVICES" };
+	struct table t;
+
+	table_init(&t, "lllllrrrl", heads);
 	for (size_t i = 0; i < json_object_array_length(r); i++) {
 		struct json_object *s = json_object_array_get_idx(r, i), *paths, *devs;
+		char devices[4096] = "", n[3][21];
+		size_t len = 0;
 
 		json_object_object_get_ex(s, "paths", &paths);
 		json_object_object_get_ex(s, "devices", &devs);
+		for (size_t k = 0; k < json_object_array_length(devs) && len < sizeof(devices); k++)
+			len += (size_t)snprintf(devices + len, sizeof(devices) - len, "%s%s",
+						k ? "," : "",
+						json_object_get_string(json_object_array_get_idx(devs, k)));
 		for (size_t j = 0; j < json_object_array_length(paths); j++) {
 			struct json_object *p = json_object_array_get_idx(paths, j);
+			const char *row[] = {
+				str(s, "name")[0] ? str(s, "name") : "(unnamed)",
+				flag(s, "kernel_client") ? "kernel" : "rnbd",
+				flag(s, "always_invalidate") ? "on" : "off", str(p, "peer"),
+				str(p, "state"), num(n[0], u64(p, "inflight")),
+				num(n[1], u64(p, "reads")), num(n[2], u64(p, "writes")), devices,
+			};
 
-			cell(str(s, "name")[0] ? str(s, "name") : "(unnamed)", 24);
-			printf(" %-8s %-10s ", flag(s, "kernel_client") ? "kernel" : "rnbd",
-			       flag(s, "always_invalidate") ? "on" : "off");
-			cell(str(p, "peer"), 28);
-			printf(" %-11s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 "  ", str(p, "state"),
-			       u64(p, "inflight"), u64(p, "reads"), u64(p, "writes"));
-			for (size_t k = 0; k < json_object_array_length(devs); k++) {
-				if (k)
-					putchar(',');
-				cell(json_object_get_string(json_object_array_get_idx(devs, k)), 0);
-			}
-			putchar('\n');
+			table_row(&t, row);
 		}
 	}
+	table_print(&t);
 }
 
 static void table_devices(struct json_object *r)
 {
-	printf("%-24s %-24s %5s %-9s %10s %14s %10s %14s %8s %8s  %s\n", "SESSION", "DEVICE", "ID",
-	       "MODE", "READS", "READ_BYTES", "WRITES", "WRITE_BYTES", "ERRORS", "INFLIGHT",
-	       "STATE");
+	static const char *const heads[] = { "SESSION", "DEVICE", "ID", "MODE", "READS",
+					     "READ_BYTES", "WRITES", "WRITE_BYTES", "ERRORS",
+					     "INFLIGHT", "STATE" };
+	struct table t;
+
+	table_init(&t, "llrlrrrrrrl", heads);
 	for (size_t i = 0; i < json_object_array_length(r); i++) {
 		struct json_object *d = json_object_array_get_idx(r, i);
+		char n[7][21];
+		const char *row[] = {
+			str(d, "session"), str(d, "device"), num(n[0], u64(d, "id")), str(d, "mode"),
+			num(n[1], u64(d, "reads")), num(n[2], u64(d, "read_bytes")),
+			num(n[3], u64(d, "writes")), num(n[4], u64(d, "write_bytes")),
+			num(n[5], u64(d, "errors")), num(n[6], u64(d, "inflight")),
+			flag(d, "closed") ? "closed" : "open",
+		};
 
-		cell(str(d, "session"), 24);
-		putchar(' ');
-		cell(str(d, "device"), 24);
-		printf(" %5" PRIu64 " %-9s %10" PRIu64 " %14" PRIu64 " %10" PRIu64 " %14" PRIu64
-		       " %8" PRIu64 " %8" PRIu64 "  %s\n", u64(d, "id"), str(d, "mode"),
-		       u64(d, "reads"), u64(d, "read_bytes"), u64(d, "writes"),
-		       u64(d, "write_bytes"), u64(d, "errors"), u64(d, "inflight"),
-		       flag(d, "closed") ? "closed" : "open");
+		table_row(&t, row);
 	}
+	table_print(&t);
 }
 
 static void table_clt_sessions(struct json_object *r)
 {
-	printf("%-24s %-7s %6s %6s %9s  %s\n", "SESSION", "SERVER", "PATHS", "QD", "MAX_IO",
-	       "POLICY");
+	static const char *const heads[] = { "SESSION", "SERVER", "PATHS", "QD", "MAX_IO",
+					     "POLICY" };
+	struct table t;
+
+	table_init(&t, "llrrrl", heads);
 	for (size_t i = 0; i < json_object_array_length(r); i++) {
 		struct json_object *s = json_object_array_get_idx(r, i), *paths;
+		char up[48], n[2][21];
 
 		json_object_object_get_ex(s, "paths", &paths);
-		cell(str(s, "name"), 24);
-		printf(" %-7s %3" PRIu64 "/%-2zu %6" PRIu64 " %9" PRIu64 "  %s\n", str(s, "server"),
-		       u64(s, "paths_up"), json_object_array_length(paths), u64(s, "queue_depth"),
-		       u64(s, "max_io_size"), str(s, "policy"));
+		snprintf(up, sizeof(up), "%" PRIu64 "/%zu", u64(s, "paths_up"),
+			 json_object_array_length(paths));
+		const char *row[] = {
+			str(s, "name"), str(s, "server"), up, num(n[0], u64(s, "queue_depth")),
+			num(n[1], u64(s, "max_io_size")), str(s, "policy"),
+		};
+
+		table_row(&t, row);
 	}
+	table_print(&t);
 }
 
 static void table_clt_paths(struct json_object *r)
 {
-	printf("%-24s %5s %-32s %-12s %8s %10s %10s %10s %9s  %s\n", "SESSION", "INDEX", "PATH",
-	       "STATE", "INFLIGHT", "READS", "WRITES", "RECONNECTS", "FAILOVERS", "LAST_ERROR");
+	static const char *const heads[] = { "SESSION", "INDEX", "PATH", "STATE", "INFLIGHT",
+					     "READS", "WRITES", "RECONNECTS", "FAILOVERS",
+					     "LAST_ERROR" };
+	struct table t;
+
+	table_init(&t, "lrllrrrrrl", heads);
 	for (size_t i = 0; i < json_object_array_length(r); i++) {
 		struct json_object *s = json_object_array_get_idx(r, i), *paths;
 
 		json_object_object_get_ex(s, "paths", &paths);
 		for (size_t j = 0; j < json_object_array_length(paths); j++) {
 			struct json_object *p = json_object_array_get_idx(paths, j);
-
-			char path[600];
+			char path[600], n[6][21];
 			const char *name = str(p, "name"), *slash = strchr(name, '/');
 
 			/* With a source address: session/SRC@host:port, as --server takes it. */
@@ -253,30 +355,38 @@ static void table_clt_paths(struct json_object *r)
 					 str(p, "src"), slash + 1);
 			else
 				snprintf(path, sizeof(path), "%s", name);
-			cell(str(s, "name"), 24);
-			printf(" %5" PRIu64 " ", u64(p, "index"));
-			cell(path, 32);
-			printf(" %-12s %8" PRIu64 " %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %9" PRIu64
-			       "  %s\n", flag(p, "removed") ? "removed" : str(p, "state"),
-			       u64(p, "inflight"), u64(p, "reads"),
-			       u64(p, "writes"), u64(p, "reconnects"), u64(p, "failovers"),
-			       str(p, "last_error")[0] ? str(p, "last_error") : "-");
+			const char *row[] = {
+				str(s, "name"), num(n[0], u64(p, "index")), path,
+				flag(p, "removed") ? "removed" : str(p, "state"),
+				num(n[1], u64(p, "inflight")), num(n[2], u64(p, "reads")),
+				num(n[3], u64(p, "writes")), num(n[4], u64(p, "reconnects")),
+				num(n[5], u64(p, "failovers")),
+				str(p, "last_error")[0] ? str(p, "last_error") : "-",
+			};
+
+			table_row(&t, row);
 		}
 	}
+	table_print(&t);
 }
 
 static void table_clt_devices(struct json_object *r)
 {
-	printf("%-24s %-24s %-9s %14s %-12s\n", "SESSION", "DEVICE", "MODE", "BYTES", "STATE");
+	static const char *const heads[] = { "SESSION", "DEVICE", "MODE", "BYTES", "STATE" };
+	struct table t;
+
+	table_init(&t, "lllrl", heads);
 	for (size_t i = 0; i < json_object_array_length(r); i++) {
 		struct json_object *d = json_object_array_get_idx(r, i);
+		char n[21];
+		const char *row[] = {
+			str(d, "session"), str(d, "device"), str(d, "mode"),
+			num(n, u64(d, "bytes")), str(d, "state"),
+		};
 
-		cell(str(d, "session"), 24);
-		putchar(' ');
-		cell(str(d, "device"), 24);
-		printf(" %-9s %14" PRIu64 " %-12s\n", str(d, "mode"), u64(d, "bytes"),
-		       str(d, "state"));
+		table_row(&t, row);
 	}
+	table_print(&t);
 }
 
 /* metrics: the text as it came (Prometheus's format). */
@@ -287,11 +397,21 @@ static void show_text(struct json_object *r)
 
 static void table_object(struct json_object *r)
 {
+	static const char *const heads[] = { "KEY", "VALUE" };
+	struct table t;
+
+	table_init(&t, "ll", heads);
 	json_object_object_foreach(r, key, val) {
-		printf("%-24s ", key);
-		cell(json_object_get_string(val), 0);
-		putchar('\n');
+		const char *row[] = { key, json_object_get_string(val) };
+
+		table_row(&t, row);
 	}
+	/* Key and value, without the heading. */
+	free(t.cells[0]);
+	free(t.cells[1]);
+	memmove(t.cells, t.cells + 2, (t.nrows - 1) * 2 * sizeof(*t.cells));
+	t.nrows--;
+	table_print(&t);
 }
 
 /* Calls method; prints the result with show (or as JSON). The exit code. */

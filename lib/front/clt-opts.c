@@ -72,7 +72,7 @@ static const struct clt_def defs[CLT_OPT_NR] = {
 		.help = "the server's port, for a path without :PORT" },
 	[CLT_OPT_SESSION] = { "session", "session", CT_STRING, F(opts.sessname),
 		.valid = rtrs_name_valid,
-		.expect = "expected 1..255 printable characters without blanks, '/' or '.'",
+		.expect = "expected 1..255 printable characters without blanks or '/', not '.' or '..'",
 		.arg = "NAME", .help = "session name, the RNBD server's %SESSNAME%" },
 	[CLT_OPT_PROVIDER] = { "provider", "provider", CT_STRING, F(opts.provider),
 		.valid = word_valid, .expect = "expected printable characters without blanks",

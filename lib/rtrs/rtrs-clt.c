@@ -35,7 +35,7 @@ static int opts_validate(const struct rtrs_clt_opts *o)
 	if (!o || o->size < sizeof(*o))
 		return -EINVAL;
 	if (!o->sessname || !rtrs_name_valid(o->sessname)) {
-		log_err("session name %s is invalid: 1..255 printable characters without '/' or '.'",
+		log_err("session name %s is invalid: 1..255 printable characters without blanks or '/', not '.' or '..'",
 			o->sessname ? o->sessname : "(null)");
 		return -EINVAL;
 	}

@@ -17,10 +17,11 @@ bool rtrs_name_valid(const char *name)
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = (unsigned char)name[i];
 
-		if (c <= ' ' || c >= 0x7f || c == '/' || c == '.')
+		if (c <= ' ' || c >= 0x7f || c == '/')
 			return false;
 	}
-	return true;
+	/* A path component of its own (%SESSNAME%): not "." or "..". */
+	return strcmp(name, ".") && strcmp(name, "..");
 }
 
 /* ---- connection messages ------------------------------------------------ */

@@ -655,7 +655,12 @@ static inline int rtrs_msg_type(const void *buf, size_t len)
 	return le16_get(t);
 }
 
-/* Session names: 1..255 bytes, printable, no '/' and no '.' (as the kernel). */
+/*
+ * Session names: 1..255 bytes, printable ASCII without blanks, no '/'
+ * (the kernel takes any name without '/'; a host name with dots is a
+ * common one), and not "." or ".." (the name is a directory with
+ * %SESSNAME%).
+ */
 bool rtrs_name_valid(const char *name);
 
 #endif

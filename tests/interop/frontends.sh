@@ -59,7 +59,7 @@ bad=(
 	"dst|server|server|a@b@c|more than one '@'"
 	"dst|server|server|a b|expected [SRC@]HOST[:PORT], printable and without blanks"
 	"-|port|port|0|expected a number in 1..65535"
-	"sessname|session|session|a.b|expected 1..255 printable characters without blanks, '/' or '.'"
+	"sessname|session|session|a/b|expected 1..255 printable characters without blanks or '/', not '.' or '..'"
 	"provider|provider|provider|a b|expected printable characters without blanks"
 	"cons|io-connections|io_connections|2000|expected a number in 0..1024"
 	"policy|policy|policy|fastest|expected round-robin, min-inflight or min-latency"

@@ -63,11 +63,19 @@ c perf --device mem0 --rw randrw --bs 4k --iodepth 16 --runtime 3 --verify --jso
 	>"$dir/perf.json" 2>"$dir/perf.err" &
 perf_pid=$!
 pids+=($perf_pid)
+# Until the session has both read and written (a loaded machine may show
+# the first write before the first read).
 listed() {
 	ctl "$dir/ctl" server list devices -o json >"$dir/list.json" &&
 		ctl "$dir/ctl" server list >"$dir/list.txt" &&
 		ctl "$dir/ctl" server list sessions -o json >"$dir/sessions.json" &&
-		ctl_dev "$dir/ctl" cli mem0 1
+		ctl_dev "$dir/ctl" cli mem0 1 &&
+		python3 -c '
+import json, sys
+s = [x for x in json.load(open(sys.argv[1])) if x["name"] == "cli"]
+p = s[0]["paths"] if s else []
+sys.exit(0 if sum(x["reads"] for x in p) > 0 and sum(x["writes"] for x in p) > 0 else 1)' \
+			"$dir/sessions.json"
 }
 wait_until 10 listed || true # the checks below say what list showed
 wait "$perf_pid" && perf_rc=0 || perf_rc=$?
@@ -184,6 +192,33 @@ both() { # two runs at once with the default session name
 	wait "$p" && [ $r -eq 0 ] || { cat "$dir/s1.err" "$dir/s2.err"; return 1; }
 }
 check "two runs at once with the default session name" both
+# aligned FILE: every line of the table has its columns where the heading
+# has them (a default session name is longer than any fixed column).
+aligned() {
+	python3 - "$1" <<'PY'
+import re, sys
+lines = open(sys.argv[1]).read().splitlines()
+fields = lambda l: [(m.start(), m.end()) for m in re.finditer(r"\S+(?: \S+)*", l)]
+head = fields(lines[0])
+assert len(lines) > 1, lines
+for l in lines[1:]:
+    row = fields(l)
+    assert len(row) == len(head), (l, lines[0])
+    # each cell lies under its heading: left-aligned ones start with it,
+    # right-aligned ones end with it
+    for (hs, he), (s, e) in zip(head, row):
+        assert s == hs or e == he, (lines[0][hs:he], l[s:e], lines)
+PY
+}
+long_listed() {
+	ctl "$dir/ctl" server list >"$dir/long.txt" && grep -q '^rnbd-client-' "$dir/long.txt"
+}
+"$client" perf --server "127.0.0.1:$port" --device mem0 --runtime 3 >/dev/null 2>&1 &
+long=$!
+pids+=($long)
+check "server list with a default session name: listed" wait_until 10 long_listed
+check "... its columns stay in line" aligned "$dir/long.txt"
+wait "$long" || true
 c perf --device mem0 --runtime 6 >/dev/null 2>&1 & # long enough for a loaded machine
 busy=$!
 pids+=($busy)

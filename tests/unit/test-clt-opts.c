@@ -147,10 +147,12 @@ static void test_values(void)
 
 	set_ok(&c, CLT_OPT_SESSION, "s-1");
 	CHECK(!strcmp(c.opts.sessname, "s-1"));
-	set_bad(&c, CLT_OPT_SESSION, "a.b", -EINVAL,
-		"expected 1..255 printable characters without blanks, '/' or '.'");
+	set_ok(&c, CLT_OPT_SESSION, "host1.example.com");
+	CHECK(!strcmp(c.opts.sessname, "host1.example.com"));
+	set_bad(&c, CLT_OPT_SESSION, "..", -EINVAL,
+		"expected 1..255 printable characters without blanks or '/', not '.' or '..'");
 	set_bad(&c, CLT_OPT_SESSION, "a/b", -EINVAL,
-		"expected 1..255 printable characters without blanks, '/' or '.'");
+		"expected 1..255 printable characters without blanks or '/', not '.' or '..'");
 	set_ok(&c, CLT_OPT_PROVIDER, "verbs;ofi_rxm");
 	CHECK(!strcmp(c.opts.provider, "verbs;ofi_rxm"));
 	set_bad(&c, CLT_OPT_PROVIDER, "a b", -EINVAL, "expected printable characters without blanks");

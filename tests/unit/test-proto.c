@@ -633,7 +633,11 @@ static void test_names(void)
 	CHECK(!rtrs_name_valid("a/b"));
 	CHECK(!rtrs_name_valid("."));
 	CHECK(!rtrs_name_valid(".."));
-	CHECK(!rtrs_name_valid("sess.1"));
+	/* As the kernel: dots are fine (host names), only "." and ".." are not. */
+	CHECK(rtrs_name_valid("sess.1"));
+	CHECK(rtrs_name_valid("host1.example.com"));
+	CHECK(rtrs_name_valid("..a"));
+	CHECK(rtrs_name_valid("..."));
 	CHECK(!rtrs_name_valid("a b"));
 	CHECK(!rtrs_name_valid("a\tb"));
 	CHECK(!rtrs_name_valid("a\nb"));
@@ -699,7 +703,7 @@ static void test_info_req(void)
 	CHECK_REJECT(-EMSGSIZE, info_req_dec(&m, 0, &out, WHY));
 	{
 		struct rtrs_msg_info_req b = m;
-		static const char *const bad[] = { "", "a/b", "/", ".", "..", "x.y", "a b",
+		static const char *const bad[] = { "", "a/b", "/", ".", "..", "a b",
 						   "tab\t", "\x01", "del\x7f", "hi\xff" };
 
 		b.type = le16_put(RTRS_MSG_INFO_RSP);
@@ -716,8 +720,14 @@ static void test_info_req(void)
 		/* A valid prefix does not hide a bad character after it. */
 		b = m;
 		memset(b.pathname, 'q', RTRS_NAME_MAX);
-		b.pathname[RTRS_NAME_MAX - 1] = '.';
+		b.pathname[RTRS_NAME_MAX - 1] = '/';
 		CHECK_REJECT(-EINVAL, info_req_dec(&b, sizeof(b), &out, WHY));
+		/* A host name, as the kernel's client takes it. */
+		b = m;
+		memset(b.pathname, 0, sizeof(b.pathname));
+		memcpy(b.pathname, "host1.example.com", 17);
+		CHECK_ACCEPT(info_req_dec(&b, sizeof(b), &out, WHY));
+		CHECK(!strcmp(out.pathname, "host1.example.com"), "%s", out.pathname);
 	}
 }
 
