@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Every function, file and option the documents name exists in the tree.
+"""Every function, file, option and section the documents name exists in the tree.
 
 Usage: doc-names.py SOURCE_DIR [DOC...]
-Without DOC it checks the documents (README.md, docs/*.md), and that every
-document any file of the tree names (a comment's `docs/x.md`) exists. Prints
+Without DOC it checks the documents (README.md, docs/*.md, the man pages'
+sources docs/man/*.scd), and that every document any file of the tree names
+(a comment's `docs/x.md`, with its "section N") exists. Prints
 "FILE:LINE: why" for each name it cannot find and exits 1 if there is one.
 
 What a document names, and where it must be:
@@ -23,7 +24,13 @@ What a document names, and where it must be:
   - a command-line option `--name`: in a command line of one of the
     project's programs, an entry of that program's option table (or the
     shared client table, lib/front/clt-opts.c); of a script of the tree, an
-    option the script parses; elsewhere, an entry of some table or script.
+    option the script parses; in a man page (docs/man/PROG.N.scd), PROG's;
+    elsewhere, an entry of some table or script;
+  - a section, "section 7.2" or "sections 3.10 and 11": a numbered heading
+    of the document named just before it (docs/protocol.md section 7.2),
+    else of the document it is in.
+Upper-case names (constants, and notation such as `IO_RSP(id, err)`) and
+words without an `_` are not looked up.
 
 A name that is not the project's says whose it is, and is not looked up:
 preceded by an owner's possessive ("the kernel's `process_read`", "nvme-cli's
@@ -37,14 +44,13 @@ import os
 import re
 import sys
 
-# Whose a name is, when it is not the project's ("the kernel's X").
-OWNERS = (r"kernel|Linux|Linux's NVMe host|NVMe|nvme-cli|libfabric|rdma-core|librdmacm|"
-          r"libibverbs|liburing|json-c|libmicrohttpd|OpenSSL|libcrypto|glibc|nbdkit|fio|QEMU|"
-          r"qemu|siw|rxe|systemd|Debian|scdoc|busybox|perftest|blk-mq|block layer|"
-          r"ublk|ublk_drv|RDMA CM|CM|NVMe host|iproute2|nftables|libnbd|Prometheus|meson")
+# Whose a name is, when it is not the project's: the projects the documents
+# compare with or build on ("the kernel's X", "Linux's X", "the NVMe host's
+# X", "nvme-cli's --hostnqn", "libfabric's X"...). A project, not a name.
+OWNERS = (r"kernel|Linux|NVMe host|NVMe|nvme-cli|libfabric|rdma-core|liburing|glibc|nbdkit|"
+          r"fio|QEMU|meson")
 OWNED_BEFORE = re.compile(
-    r"(?:\b(?:" + OWNERS + r")'s|\b(?:the\s+)?kernel(?:\s+(?:module|driver|function|macro))?:?"
-    r"|\bthe\s+kernel\s+\()"
+    r"(?:\b(?:" + OWNERS + r")'s|\bthe\s+kernel\s+\()"
     r"\s*(?:`[^`]+`\s*(?:,|and|or|/)\s*)*$")
 OWNED_AFTER = re.compile(r"^`?\s*(?:\([^)]*\)\s*)?(?:in|of|from)\s+(?:the\s+|Linux's\s+)?(?:"
                          + OWNERS + r")\b")
@@ -276,12 +282,6 @@ class Checker:
                 self.looked["options"] += 1
                 if m.group(1) in opts:
                     continue
-                if prose and not cmd.startswith("--") and cmd not in self.t.opt_names \
-                        and os.path.basename(cmd) not in {os.path.basename(f)
-                                                          for f in self.t.script_opts}:
-                    # A span of prose that starts with a word: the option alone.
-                    if m.group(1) in self.t.all_opts:
-                        continue
                 whose = ("in no option table" if opts is self.t.all_opts
                          else "not an option of " + os.path.basename(cmd))
                 self.bad(doc, line_of(text, pos), f"option --{m.group(1)} is {whose}")
@@ -309,7 +309,22 @@ class Checker:
                 if sec not in self.t.sections[target]:
                     self.bad(doc, line_of(text, m.start()), f"{target} has no section {sec}")
 
+    def man_page(self, doc, text):
+        """A man page's source (docs/man/PROG.N.scd): its --options are PROG's,
+        and the tree's paths it names exist."""
+        prog = os.path.basename(doc).split(".")[0]
+        opts = self.t.opt_names.get(prog, self.t.all_opts)
+        for m in re.finditer(r"(?<![\w-])--([a-z][a-z0-9-]*[a-z0-9])(?![\w-])", text):
+            self.looked["options"] += 1
+            if m.group(1) not in opts:
+                self.bad(doc, line_of(text, m.start()), f"option --{m.group(1)} is not an option of {prog}")
+        for m in re.finditer(r"(?<![\w./@:$-])((?:" + "|".join(TOP_DIRS) + r")/[\w.*\[\]/-]*[\w*\]/])",
+                             text):
+            self.path(doc, text, m.start(), m.end(), m.group(1))
+
     def doc(self, doc, text):
+        if doc.endswith(".scd"):
+            return self.man_page(doc, text)
         self.sections(doc, text, doc if doc in self.t.sections else None)
         # Fenced blocks: shell lines (options, files), C (calls); the rest is
         # layout (protocol tables) and not looked up.
@@ -356,7 +371,7 @@ class Checker:
                             + r"|\[ch\])", s):
                 self.path(doc, text, pos, end, s)
                 continue
-            if "--" in s:
+            if "--" in s and not self.owned(text, pos, end):
                 self.command_options(doc, text, pos, s, True)
         # Outside backticks: name() and the tree's paths.
         plain = re.sub(r"`[^`\n]*`", lambda m: " " * len(m.group(0)), text)
@@ -397,6 +412,9 @@ def main(argv):
     if not docs:
         docs = ["README.md"] + sorted(
             "docs/" + f for f in os.listdir(os.path.join(root, "docs")) if f.endswith(".md"))
+        if os.path.isdir(os.path.join(root, "docs", "man")):
+            docs += sorted("docs/man/" + f for f in os.listdir(os.path.join(root, "docs", "man"))
+                           if f.endswith(".scd"))
         docs = [os.path.join(root, d) for d in docs]
         ck.source_refs()
     for d in docs:
