@@ -3,12 +3,14 @@
 #  1. RTRS: a server on 127.0.0.1 and a client session that verifies every
 #     byte it moves;
 #  2. RNBD as a block device: rnbd-server exports a file, nbdkit's rnbd plugin
-#     maps it over two paths (two loopback source addresses) and serves it
-#     as an NBD export, qemu-img converts a disk image onto it and compares,
-#     and the server's file is checked against the image.
+#     maps it over two paths (two loopback source addresses, policy
+#     round-robin so that both carry IO) and serves it as an NBD export,
+#     qemu-img converts a disk image onto it and compares, the server's file
+#     is checked against the image, and each path's share of the IO is shown.
+# Installs only what it needs (scripts/install-deps.sh --demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh --demo
 
 [ -f build/build.ninja ] || meson setup build >/dev/null
 meson compile -C build >/dev/null
@@ -63,13 +65,16 @@ for _ in $(seq 100); do grep -q 'listening on port' "$dir/server.log" && break; 
 rport=$(grep -o 'port [0-9]*' "$dir/server.log" | cut -d' ' -f2)
 [ -n "$rport" ] || { echo "demo: rnbd-server did not start" >&2; exit 1; }
 nbdkit -f -v -U "$dir/nbd.sock" build/nbdkit/nbdkit-rnbd-plugin.so session=demo \
-	server="127.0.0.2@127.0.0.1:$rport" server="127.0.0.3@127.0.0.1:$rport" \
+	server="127.0.0.2@127.0.0.1:$rport" server="127.0.0.3@127.0.0.1:$rport" policy=round-robin \
 	device=disk.img control="$dir/client.sock" >"$dir/nbdkit.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 200); do [ -S "$dir/nbd.sock" ] && break; sleep 0.05; done
 uri="nbd+unix:///disk.img?socket=$dir/nbd.sock"
 echo "rnbd-server exports $dir/disk.img ($((size >> 20)) MiB); nbdkit maps it through"
 echo "session \"demo\" over two paths (from 127.0.0.2 and 127.0.0.3) and serves it as $uri"
+echo "The session's policy is round-robin: requests take the paths in turn. (The default,"
+echo "min-inflight, sends a request to the path with the fewest in flight, the first on a tie:"
+echo "at the low queue depth qemu-img reaches here, that leaves the second path idle.)"
 nbdinfo "$uri" | grep -E 'export-size|can_(flush|fua|trim|zero|multi_conn)' | sed 's/^/  /'
 
 # A disk image: 192 MiB of random data and a zero tail.
@@ -93,4 +98,15 @@ echo "sha256 of the image $img_sum... = sha256 of the server's file $dev_sum..."
 echo
 echo "the plugin's session, from its control socket (rnbd client list paths):"
 build/tools/rnbd --socket "$dir/client.sock" client list paths | sed 's/^/  /'
+# Each path's share, from the same method as JSON: round-robin gives both some.
+build/tools/rnbd --socket "$dir/client.sock" -o json client list paths | python3 -c '
+import json, sys
+paths = [p for s in json.load(sys.stdin) for p in s["paths"]]
+total = sum(p["reads"] + p["writes"] for p in paths) or 1
+share = ["path %d (from %s) %.0f %%" % (p["index"], p["src"], 100.0 * (p["reads"] + p["writes"]) / total)
+         for p in paths]
+print("round-robin: of the requests, " + " and ".join(share))
+idle = ["path %d" % p["index"] for p in paths if p["reads"] + p["writes"] == 0]
+if idle or len(paths) != 2:
+    sys.exit("demo: " + (", ".join(idle) or "a path") + " carried no IO")'
 echo "(docs/management.md: the same with -o json, paths added and removed at run time, metrics)"

@@ -1,20 +1,38 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the project needs (build, tests, fuzzing,
-# benchmarks). Does nothing when they are all present.
+# Installs the Debian packages the project needs. Does nothing when they are
+# all present.
+#   install-deps.sh          everything: the build, every test suite,
+#                            fuzzing, benchmarks, packaging (scripts/test.sh)
+#   install-deps.sh --demo   what scripts/demo.sh needs: the build, and
+#                            nbdkit, nbdinfo and qemu-img for its NBD part
 set -euo pipefail
 
-packages=(
-	gcc libasan8 libubsan1 libtsan2 clang libclang-rt-14-dev meson ninja-build pkg-config python3
-	libfabric-dev libfabric-bin libibverbs-dev librdmacm-dev iproute2 nftables
+# The build (README.md, "To build only"), and python3 for the man pages.
+build=(
+	gcc libc6-dev meson ninja-build pkg-config python3
+	libfabric-dev libibverbs-dev librdmacm-dev libssl-dev liburing-dev
+	libjson-c-dev libmicrohttpd-dev nbdkit-plugin-dev scdoc
+)
+# What the demo runs besides the build.
+demo=(nbdkit libnbd-bin qemu-utils)
+# The tests, fuzzing, benchmarks and the Debian packages.
+tests=(
+	libasan8 libubsan1 libtsan2 clang libclang-rt-14-dev
+	libfabric-bin iproute2 nftables
 	iperf3 gnuplot-nox
-	libssl-dev nvme-cli
-	liburing-dev
-	libjson-c-dev libmicrohttpd-dev python3-prometheus-client curl
-	nbdkit nbdkit-plugin-dev libnbd-bin fio qemu-utils fuse3 e2fsprogs
+	nvme-cli
+	python3-prometheus-client curl
+	fio fuse3 e2fsprogs
 	tcpdump tshark
-	systemd man-db scdoc
+	systemd man-db
 	build-essential debhelper dpkg-dev lintian fakeroot
 )
+
+case "${1:-}" in
+"") packages=("${build[@]}" "${demo[@]}" "${tests[@]}") ;;
+--demo) packages=("${build[@]}" "${demo[@]}") ;;
+*) echo "usage: install-deps.sh [--demo]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The RNBD client over librtrs (ref/rtrs-upstream.md section 5.3).
+ * The RNBD client over librtrs (docs/rnbd.md section 4).
  *
  * A session is one RTRS session; devices mapped through it share it. Every
  * admin exchange is a synchronous RTRS request from the caller's thread:

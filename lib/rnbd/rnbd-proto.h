@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * RNBD wire protocol, major version 2, as the kernel's rnbd-proto.h lays it
- * out (ref/rtrs-upstream.md section 5): messages travel as the RTRS user
+ * out (docs/protocol.md section 13): messages travel as the RTRS user
  * header of a request; answers to SESS_INFO and OPEN come back as the read
  * data of that request. All fields little-endian.
  *

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The RNBD server over librtrs (ref/rtrs-upstream.md section 5.4).
+ * The RNBD server over librtrs (docs/rnbd.md section 2).
  *
  * Sessions come and go with the transport's link events. Requests arrive
  * through rdma_ev on the transport's completion threads: SESS_INFO and

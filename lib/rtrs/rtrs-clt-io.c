@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * RTRS client: requests and permits. A request is mapped, its header
- * encoded and posted on a path the policy picks (req_route); with no path
- * it waits (req_wait, bounded by fast_io_fail_ms). Responses come in on
- * the connections' completion threads (clt_con_imm); with always_invalidate
- * each carries the chunk's next key, which the session keeps (the newest
- * generation wins, sess_key_update).
+ * encoded and posted on a path the policy picks (clt_req_route); with no
+ * path it waits (clt_req_wait, bounded by fast_io_fail_ms). Responses come
+ * in on the connections' completion threads (rtrs_con_imm, then
+ * clt_handle_rsp); with always_invalidate each carries the chunk's next
+ * key, which the session keeps (the newest generation wins,
+ * clt_sess_key_update).
  *
  * Ownership of a request: IDLE (owned by the permit holder) -> INFLIGHT
  * (owned by the path it was posted on) -> completed exactly once by

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * RTRS client: what happens when a path fails. The failure reaches the
- * service loop (rtrs_path_fail), which stops the path (path_stop): its
+ * service loop (rtrs_path_fail), which stops the path (clt_path_stop): its
  * requests fail, or, with fencing, wait until another path's fence of the
  * failed one is answered and are then sent again (rtrs-clt-fence.c,
  * clt_sess_retry_waiting). Then the reconnect decision (rtrs_should_reconnect)

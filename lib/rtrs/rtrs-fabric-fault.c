@@ -2,7 +2,7 @@
 /*
  * Fault injection as a fabric layer (rtrs-fault.h), compiled only with
  * meson -Dfault_injection=true. fab_open comes here; a fabric opened while
- * a fault applies to it is the libfabric one wrapped, and so are its
+ * a fault applies to it is the one fab_impl picks, wrapped, and so are its
  * connections: each wrapper object starts with &fab_fault_ops and holds
  * the inner object. Listeners, connection requests and memory
  * registrations are the inner implementation's own objects, handed out as

@@ -6,13 +6,14 @@
  * exports the calls below. A build to ship has none of it, and this is not
  * part of the library's interface (include/rtrs.h).
  *
- * The faults are injected by a wrapper around the libfabric implementation
- * of the fabric layer (rtrs-fabric-fault.c). They apply to every fabric
+ * The faults are injected by a wrapper around the fabric the build would
+ * open (fab_impl: rdma-core or libfabric; rtrs-fabric-fault.c, described
+ * in docs/architecture.md section 6). They apply to every fabric
  * opened after rtrs_fault_set() until the next call: a client opens one per
  * path at each connect attempt, a server one per listening address. A
  * fabric keeps the faults it was opened with for the life of its
- * connections. A fabric opened while no fault applies to it is the
- * libfabric one itself, unwrapped.
+ * connections. A fabric opened while no fault applies to it is the inner
+ * one itself, unwrapped.
  */
 #ifndef RTRS_FAULT_H
 #define RTRS_FAULT_H

@@ -113,7 +113,7 @@ static void *write_waiting(void *arg)
 
 /*
  * A request sent while the path is closing after a failure (it reconnects
- * next): the window is held open by the log sink, which path_stop calls in
+ * next): the window is held open by the log sink, which clt_path_stop calls in
  * it when it fails the path's requests over ("... wait for this path to be
  * fenced"); the sink lets the probe send its request, then returns.
  */
@@ -315,7 +315,7 @@ int main(void)
 	 * 2b. A request sent while the path is closing after its failure
 	 * waits for it like one sent while it reconnects, instead of failing
 	 * for want of a path (-ECONNABORTED). The server holds each IO for a
-	 * second, so a write is in flight when it dies and path_stop fails it
+	 * second, so a write is in flight when it dies and clt_path_stop fails it
 	 * over, logging while the path is closing: the sink holds the window
 	 * open while the probe sends.
 	 */
