@@ -86,7 +86,9 @@ static const struct opt options[] = {
 	  .help = "revoke a chunk's key while its IO is served (always_invalidate)" },
 	{ "auth-keys", 0, OPT_STRING, &g.auth_keys, .arg = "FILE",
 	  .help = "require DH-HMAC-CHAP; FILE maps host names to secrets" },
-	{ "auth-name", 0, OPT_STRING, &g.auth_name, .arg = "NAME", .help = "this server's name" },
+	{ "auth-name", 0, OPT_STRING, &g.auth_name, .arg = "NAME",
+	  .help = "this server's name in authentication, which clients must be told "
+		  "(their --server-name; default rtrs-server)" },
 	{ "hb-interval", 0, OPT_UINT, &g.hb_ms, 10, 600000, .arg = "MS",
 	  .help = "heartbeat period" },
 	{ "busy-poll", 0, OPT_UINT, &g.busy_poll_us, 0, 1000000, .arg = "US",

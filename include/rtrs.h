@@ -642,6 +642,14 @@ void rtrs_set_log_level(int level);
  * Set it before opening sessions or servers, not while they run.
  */
 void rtrs_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *priv);
+/*
+ * Why the last call of librtrs (or librnbd) that failed on this thread
+ * failed, where its errno alone does not say: "cannot resolve host.example:
+ * Name or service not known", "host secret @/etc/key: cannot open the key
+ * file: No such file or directory". "" when there is nothing to add. The
+ * string is the thread's own, valid until its next call into the library.
+ */
+const char *rtrs_last_error(void);
 
 #ifdef __cplusplus
 }

@@ -165,7 +165,8 @@ static int connect_map(unsigned mode, int log_level)
 		return 1;
 	}
 	if (rc) {
-		fprintf(stderr, "rnbd-client: session %s to %s: %s\n", sessname, dst, strerror(-rc));
+		fprintf(stderr, "rnbd-client: session %s to %s: %s\n", sessname, dst,
+			rtrs_last_error()[0] ? rtrs_last_error() : strerror(-rc));
 		return 1;
 	}
 	rc = rnbd_clt_map(sess, g.device, (enum rnbd_clt_mode)mode, &dev);

@@ -346,7 +346,7 @@ static int run_client(void)
 	rc = rtrs_clt_open(&o, &sess);
 	if (rc) {
 		fprintf(stderr, "rtrs-perf: cannot open session to %s: %s\n", o.paths[0].dst,
-			strerror(-rc));
+			rtrs_last_error()[0] ? rtrs_last_error() : strerror(-rc));
 		return 1;
 	}
 	rtrs_clt_query(sess, &attrs);

@@ -44,6 +44,29 @@ void log_msg(enum log_level lvl, const char *fmt, ...)
 	errno = saved;
 }
 
+static __thread char t_detail[512];
+
+void err_detail(const char *fmt, ...)
+{
+	int saved = errno;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(t_detail, sizeof(t_detail), fmt, ap);
+	va_end(ap);
+	errno = saved;
+}
+
+void err_detail_clear(void)
+{
+	t_detail[0] = '\0';
+}
+
+const char *err_detail_get(void)
+{
+	return t_detail;
+}
+
 int log_ratelimit_ok(struct log_ratelimit *rl)
 {
 	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;

@@ -51,6 +51,17 @@ COMMON_EXPORT_VIS int log_ratelimit_ok(struct log_ratelimit *rl) COMMON_LINK_NAM
 			log_msg((lvl), __VA_ARGS__);                     \
 	} while (0)
 
+/*
+ * Why the call failing on this thread failed, where its errno alone does
+ * not say (a host name that does not resolve, a key file that cannot be
+ * read): the last err_detail() before it returns; rtrs_last_error() hands
+ * it to the caller. err_detail_clear() at the start of such a call.
+ */
+COMMON_EXPORT_VIS void err_detail(const char *fmt, ...)
+	COMMON_LINK_NAME(err_detail) __attribute__((format(printf, 1, 2)));
+COMMON_EXPORT_VIS void err_detail_clear(void) COMMON_LINK_NAME(err_detail_clear);
+COMMON_EXPORT_VIS const char *err_detail_get(void) COMMON_LINK_NAME(err_detail_get);
+
 #define log_err_rl(...) log_rl(LOG_ERR, __VA_ARGS__)
 #define log_warn_rl(...) log_rl(LOG_WARN, __VA_ARGS__)
 

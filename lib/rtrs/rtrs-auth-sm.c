@@ -67,6 +67,9 @@ static const char *fail_exp_str(unsigned e)
 		[RTRS_AUTH_FAIL_INCORRECT_MESSAGE] = "incorrect message",
 	};
 
+	if (e == RTRS_AUTH_FAIL_SERVER_NAME)
+		return "it has another name";
+
 	return e < ARRAY_SIZE(names) && names[e] ? names[e] : "unknown reason";
 }
 
@@ -130,7 +133,19 @@ static int auth_response(struct rtrs_auth_txn *t, const struct rtrs_auth_key *k,
 static enum rtrs_auth_step clt_on_failure1(struct rtrs_auth_txn *t,
 					   const struct rtrs_auth_msg *m, struct auth_out *o)
 {
-	log_err("%s: server refused authentication: %s", t->log_name, fail_exp_str(m->fail_exp));
+	if (m->fail_exp == RTRS_AUTH_FAIL_SERVER_NAME) {
+		log_err("%s: the server is not named %s: set this client's server name to the "
+			"server's (rnbd-server --auth-name, default rtrs-server)", t->log_name,
+			t->cfg->server);
+		err_detail("the server is not named %s (authentication names the server: set "
+			   "the client's server name to the server's --auth-name, default "
+			   "rtrs-server)", t->cfg->server);
+	} else {
+		log_err("%s: server refused authentication: %s", t->log_name,
+			fail_exp_str(m->fail_exp));
+		err_detail("the server refused authentication: %s (host %s: its secret, or not "
+			   "in the server's key file)", fail_exp_str(m->fail_exp), t->cfg->name);
+	}
 	/* Never answer a FAILURE1 (NVMe: no FAILURE2 after it). */
 	return auth_fail(t, o, -EKEYREJECTED, 0, 0, false);
 }
@@ -216,6 +231,8 @@ static enum rtrs_auth_step clt_on_success1(struct rtrs_auth_txn *t,
 	if (!m->valid) {
 		log_err("%s: server %s did not prove its identity (no controller response)",
 			t->log_name, cfg->server);
+		err_detail("server %s did not prove its identity (it has no controller secret "
+			   "for this host)", cfg->server);
 		return auth_fail(t, o, -EKEYREJECTED, RTRS_AUTH_FAILURE2, RTRS_AUTH_FAIL_FAILED,
 				 false);
 	}
@@ -227,6 +244,8 @@ static enum rtrs_auth_step clt_on_success1(struct rtrs_auth_txn *t,
 	if (!same) {
 		log_err("%s: server %s failed authentication: its response does not match the "
 			"controller secret", t->log_name, cfg->server);
+		err_detail("server %s failed authentication: its response does not match the "
+			   "controller secret", cfg->server);
 		return auth_fail(t, o, -EKEYREJECTED, RTRS_AUTH_FAILURE2, RTRS_AUTH_FAIL_FAILED,
 				 false);
 	}
@@ -343,7 +362,8 @@ static enum rtrs_auth_step srv_on_negotiate(struct rtrs_auth_txn *t,
 	if (strcmp(m->server, cfg->name)) {
 		log_err("%s: host %s asks for server %s, this is %s", t->log_name, t->host,
 			m->server, cfg->name);
-		return auth_fail(t, o, -EACCES, RTRS_AUTH_FAILURE1, RTRS_AUTH_FAIL_FAILED, true);
+		return auth_fail(t, o, -EACCES, RTRS_AUTH_FAILURE1, RTRS_AUTH_FAIL_SERVER_NAME,
+				 true);
 	}
 	hash = pick(cfg->hashes, cfg->nr_hashes, m->hashes, m->nr_hashes);
 	if (hash < 0) {

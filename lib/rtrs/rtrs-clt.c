@@ -249,6 +249,28 @@ static void default_host_name(char *buf, size_t len)
 }
 
 /* Authentication settings of a session; secrets are loaded now and kept in memory. */
+/*
+ * A secret that cannot be had: logged and told to the caller
+ * (rtrs_last_error) with the file it was to come from. The secret itself
+ * is never repeated: only an argument naming a file ("@FILE", "file:FILE")
+ * is.
+ */
+static void secret_failed(const char *sess, const char *what, const char *arg, const char *why,
+			  int rc)
+{
+	const char *path = arg[0] == '@' ? arg + 1 : !strncmp(arg, "file:", 5) ? arg + 5 : NULL;
+
+	if (path) {
+		log_err("%s: %s file %s: %s: %s", sess, what, path, why ? why : "cannot be used",
+			strerror(-rc));
+		err_detail("%s file %s: %s: %s", what, path, why ? why : "cannot be used",
+			   strerror(-rc));
+	} else {
+		log_err("%s: %s: %s", sess, what, why ? why : strerror(-rc));
+		err_detail("%s: %s", what, why ? why : strerror(-rc));
+	}
+}
+
 static int sess_auth_setup(struct rtrs_clt_sess *s, const struct rtrs_clt_opts *o)
 {
 	struct rtrs_auth_cfg *cfg = &s->auth;
@@ -274,7 +296,7 @@ static int sess_auth_setup(struct rtrs_clt_sess *s, const struct rtrs_clt_opts *
 	if (o->auth_secret) {
 		rc = rtrs_auth_key_load(o->auth_secret, &cfg->hkey, &why);
 		if (rc) {
-			log_err("%s: host secret: %s", s->name, why ? why : strerror(-rc));
+			secret_failed(s->name, "host secret", o->auth_secret, why, rc);
 			return rc;
 		}
 	}
@@ -285,7 +307,7 @@ static int sess_auth_setup(struct rtrs_clt_sess *s, const struct rtrs_clt_opts *
 		}
 		rc = rtrs_auth_key_load(o->auth_ctrl_secret, &cfg->ckey, &why);
 		if (rc) {
-			log_err("%s: controller secret: %s", s->name, why ? why : strerror(-rc));
+			secret_failed(s->name, "controller secret", o->auth_ctrl_secret, why, rc);
 			return rc;
 		}
 	}
@@ -299,6 +321,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	long ncpu;
 	int rc;
 
+	err_detail_clear();
 	rc = opts_validate(o);
 	if (rc)
 		return rc;
@@ -519,6 +542,7 @@ int rtrs_clt_add_path(struct rtrs_clt_sess *s, const struct rtrs_path_addr *addr
 	size_t n;
 	int rc;
 
+	err_detail_clear();
 	if (!s || !addr || !addr->dst || !*addr->dst)
 		return -EINVAL;
 	if (atomic_load(&s->closing))

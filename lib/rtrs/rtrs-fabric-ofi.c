@@ -513,6 +513,7 @@ static int hints_set_src(struct fi_info *h, const char *src)
 
 	if (rc) {
 		log_err("fabric: source address %s: %s", src, gai_strerror(rc));
+		err_detail("cannot resolve the source address %s: %s", src, gai_strerror(rc));
 		return -EINVAL;
 	}
 	h->src_addr = malloc(res->ai_addrlen);
@@ -558,6 +559,7 @@ static int no_provider_errno(const char *node, const char *service)
 	if (!rc)
 		return -ENODEV;
 	log_err("fabric: %s: %s", node, gai_strerror(rc));
+	err_detail("cannot resolve %s: %s", node, gai_strerror(rc));
 	return rc == EAI_SYSTEM ? -errno : -ENXIO;
 }
 

@@ -208,6 +208,7 @@ static int resolve(const char *node, const char *service, bool passive,
 	if (rc) {
 		log_err("fabric: %s%s%s: %s", node ? node : "*", service ? ":" : "",
 			service ? service : "", gai_strerror(rc));
+		err_detail("cannot resolve %s: %s", node ? node : "*", gai_strerror(rc));
 		return rc == EAI_SYSTEM ? -errno : -ENXIO;
 	}
 	memset(out, 0, sizeof(*out));

@@ -345,6 +345,8 @@ enum rtrs_auth_fail {
 	RTRS_AUTH_FAIL_DHGROUP_UNUSABLE = 0x05,
 	RTRS_AUTH_FAIL_INCORRECT_PAYLOAD = 0x06,
 	RTRS_AUTH_FAIL_INCORRECT_MESSAGE = 0x07,
+	/* This project's: the NEGOTIATE named a server other than this one. */
+	RTRS_AUTH_FAIL_SERVER_NAME = 0xf0,
 };
 
 #define RTRS_AUTH_TYPE_COMMON 0x00    /* NEGOTIATE, FAILURE1/2 */

@@ -151,6 +151,12 @@ void rtrs_set_log_level(int level)
 }
 
 RTRS_EXPORT
+const char *rtrs_last_error(void)
+{
+	return err_detail_get();
+}
+
+RTRS_EXPORT
 void rtrs_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *priv)
 {
 	log_set_sink(fn, priv);

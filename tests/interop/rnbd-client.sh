@@ -138,6 +138,20 @@ check "a path out of the search path: refused" \
 check "input past the device's end: exit 1, said" \
 	bash -c "[ $rc5 = 1 ] && grep -q 'do not fit in the 4194304 bytes of disk.img from offset 12582912; nothing written' '$dir/err5'"
 check "no --server: usage error" bash -c "[ $rc4 = 1 ] && grep -q -- '--server' '$dir/err4'"
+# says WHAT CMD...: exit 1, and stderr holds WHAT (the cause, not only an errno).
+says() {
+	local want=$1 rc=0
+	shift
+	"$@" >/dev/null 2>"$dir/says.err" || rc=$?
+	[ "$rc" -eq 1 ] && grep -qF -- "$want" "$dir/says.err" ||
+		{ echo "  exit $rc: $(tail -1 "$dir/says.err")"; return 1; }
+}
+check "a host name that does not resolve: said so" \
+	says "to nosuchhost.invalid: cannot resolve nosuchhost.invalid: " \
+	"$client" info --server nosuchhost.invalid --device disk.img
+check "a key file that is not there: named" \
+	says "host secret file $dir/nokey: cannot open the key file: No such file or directory" \
+	c info --device disk.img --secret "@$dir/nokey"
 check "the server is still up and holds nothing" ctl_none "$dir/ctl"
 
 # ---- write: the bytes around the input ------------------------------------
@@ -288,5 +302,26 @@ check "the client opened the device again on the new server" \
 	grep -q 'restart.img open again' "$dir/perf-restart.err"
 check "... after librtrs told it of the new server session" \
 	grep -q 'the server has a new session for us' "$dir/perf-restart.err"
+
+# ---- authentication: the server's name ---------------------------------------------
+
+umask 077
+"$build/tools/rtrs-key" gen --hmac 1 >"$dir/host1.key"
+echo "host1 $(cat "$dir/host1.key")" >"$dir/keys"
+(umask 022)
+rnbd_server_start "$dir/auth.log" -- --port 0 --mem-device m:1M --auth-keys "$dir/keys" \
+	--auth-name storage1 || exit 1
+a() { "$client" info --server "127.0.0.1:$port" --device m --host-name host1 "$@"; }
+check "authenticated with the server's name: works" \
+	a --secret "@$dir/host1.key" --server-name storage1
+check "another server name: told the server is not named that" \
+	says "the server is not named storage2 (authentication names the server: set the client's server name to the server's --auth-name, default rtrs-server)" \
+	a --secret "@$dir/host1.key" --server-name storage2
+check "the default server name (rtrs-server): told so too" \
+	says "the server is not named rtrs-server" a --secret "@$dir/host1.key"
+"$build/tools/rtrs-key" gen --hmac 1 >"$dir/other.key"
+check "a wrong key: told the server refused authentication" \
+	says "the server refused authentication: authentication failed" \
+	a --secret "@$dir/other.key" --server-name storage1
 
 finish rnbd-client

@@ -624,7 +624,7 @@ static void test_refusals(void)
 	run(x);
 	CHECK_TR("server name mismatch", x, NEG, F1);
 	CHECK_END("server name mismatch", x, FAIL, -EKEYREJECTED, FAIL, -EACCES);
-	CHECK_FAIL_MSG("server name mismatch", x, 1, F1, RTRS_AUTH_FAIL_FAILED);
+	CHECK_FAIL_MSG("server name mismatch", x, 1, F1, RTRS_AUTH_FAIL_SERVER_NAME);
 	xfree(x);
 
 	/* Nothing in common. */
