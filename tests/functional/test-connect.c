@@ -921,7 +921,7 @@ static void test_bad_options(void)
 	struct rtrs_srv_ctx *srv;
 	struct rtrs_clt_sess *s;
 	char longname[300];
-	const char *names[] = { "a/b", "a.b", "", "tab\there", longname };
+	const char *names[] = { "a/b", ".", "..", "", "tab\there", longname };
 	const struct { uint32_t qd, chunk; } srv_bad[] = {
 		{ 0, 131072 }, { 65536, 131072 }, { 64, 12345 }, { 64, 4096 }, { 65535, 1u << 20 },
 	};
