@@ -8,10 +8,11 @@
 # DH-HMAC-CHAP; the server's admission closes no handshake that was
 # progressing (pending_evicted 0: it makes a newcomer wait, EBUSY, and the
 # client's open tries again) and lists every session it served.
-# Usage: storm.sh BUILD_DIR [SESSIONS].
+# Usage: storm.sh BUILD_DIR [SESSIONS [IO-CONNECTIONS]]   (50 and 8 by default).
 set -euo pipefail
-build=$(cd "${1:?usage: storm.sh BUILD_DIR [SESSIONS]}" && pwd)
+build=$(cd "${1:?usage: storm.sh BUILD_DIR [SESSIONS [IO-CONNECTIONS]]}" && pwd)
 n=${2:-50}
+cons=${3:-8}
 client=$build/tools/rnbd-client
 command -v python3 >/dev/null || { echo "SKIP: python3 is not installed"; exit 77; }
 
@@ -36,7 +37,7 @@ storm() {
 	for i in $(seq 1 "$n"); do
 		(read -r _ <"$dir/go" || true
 		 exec "$client" perf --server "127.0.0.1:$port" --session "$name-$i" --device "d$i" \
-			--io-connections 8 --rw randrw --bs 4k --iodepth 8 --runtime 2 --verify "$@" \
+			--io-connections "$cons" --rw randrw --bs 4k --iodepth 8 --runtime 2 --verify "$@" \
 			>"$dir/$name-$i.out" 2>&1) &
 		cpids+=($!)
 	done
@@ -68,7 +69,8 @@ if v != int(sys.argv[2]):
 
 rnbd_server_start "$dir/server.log" -- --port 0 --dev-search-path "$dir/export" \
 	--queue-depth 64 --control "$dir/ctl" || exit 1
-check "$n sessions of 9 connections at once: each opens and verifies its data" storm plain
+check "$n sessions of $((cons + 1)) connections at once: each opens and verifies its data" \
+	storm plain
 check "... no progressing handshake was closed for a newcomer" stat_is pending_evicted 0
 check "... the limit on pending handshakes was met (newcomers waited)" \
 	grep -q 'too many connections still to prove themselves' "$dir/server.log"
