@@ -113,14 +113,15 @@ static void sample(struct buf *b, const struct metrics_def *d, struct json_objec
 	if (!value_of(d, inner ? inner : outer, &v))
 		return;
 	bput(b, d->name, strlen(d->name));
-	if (d->outer_label || d->inner_label) {
-		bput(b, "{", 1);
-		if (d->outer_label)
-			bput_label(b, d->outer_label, jstr(outer, d->outer_field), true);
-		if (d->inner_label)
-			bput_label(b, d->inner_label, jstr(inner, d->inner_field), !d->outer_label);
-		bput(b, "}", 1);
+	for (size_t i = 0; i < METRICS_LABELS_MAX && d->labels[i].name; i++) {
+		const struct metrics_label *l = &d->labels[i];
+
+		if (!i)
+			bput(b, "{", 1);
+		bput_label(b, l->name, jstr(l->inner && inner ? inner : outer, l->field), !i);
 	}
+	if (d->labels[0].name)
+		bput(b, "}", 1);
 	/* Counters are integers here; %.17g keeps them exact up to 2^53. */
 	bprintf(b, " %.17g\n", v);
 }

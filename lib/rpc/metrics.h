@@ -22,6 +22,15 @@ enum metrics_src {
 			     inner object, labels from outer and inner fields */
 };
 
+/* A label: its name, and the field of the outer object (or of the inner one) it takes. */
+struct metrics_label {
+	const char *name;        /* NULL: no more labels */
+	const char *field;
+	bool inner;              /* METRICS_NESTED: of the inner object */
+};
+
+#define METRICS_LABELS_MAX 4
+
 struct metrics_def {
 	const char *name;        /* rnbd_server_path_reads_total */
 	const char *type;        /* "counter" or "gauge" */
@@ -29,9 +38,11 @@ struct metrics_def {
 	unsigned src;            /* index of the JSON source (metrics_render's srcs) */
 	enum metrics_src shape;
 	const char *nested;      /* METRICS_NESTED: the inner array's field ("paths") */
-	/* label name = field of the outer object, then of the inner one */
-	const char *outer_label, *outer_field;
-	const char *inner_label, *inner_field;
+	/*
+	 * The labels, in this order. The program's table makes them unique
+	 * within the family: metrics_render writes what it is given.
+	 */
+	struct metrics_label labels[METRICS_LABELS_MAX];
 	const char *field;       /* the number; a boolean is 1 or 0; a string compared
 				    with match gives 1 or 0 */
 	const char *match;
