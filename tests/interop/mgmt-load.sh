@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The metrics endpoint (docs/management.md, "Metrics") under load, on
-# rnbd-server and rnbd-clientd:
+# The management plane (docs/management.md) under load: the metrics
+# endpoints of rnbd-server and rnbd-clientd, and rnbd-server's control
+# socket:
 #   - 20 slow connections from 127.0.0.5, each sending a byte of its request
 #     header every second: scrapes from 127.0.0.1 are answered meanwhile,
 #     and the slow ones are closed by the server within a few seconds;
@@ -8,14 +9,18 @@
 #     each, mapped by rnbd-clientd from rnbd-server, real connections): a
 #     scrape of either is answered, and no two of its series share their
 #     labels;
+#   - the control socket with 64 stuck clients (8 asking 12 MiB of answers
+#     without reading them, 28 idle, 28 with half a request sent): rnbd
+#     server stats is answered within 3 s, and the server grew by less than
+#     32 MiB;
 #   - a --metrics port already taken: rnbd-server exits 1 naming
 #     address:port and EADDRINUSE;
 #   - every line rnbd-server logged has its time and level (libmicrohttpd's
 #     own lines too).
-# Usage: metrics-load.sh BUILD_DIR. Exits 77 when a tool is missing or the
+# Usage: mgmt-load.sh BUILD_DIR. Exits 77 when a tool is missing or the
 # descriptor limit is too low to hold more than 1024.
 set -euo pipefail
-build=$(cd "${1:?usage: metrics-load.sh BUILD_DIR}" && pwd)
+build=$(cd "${1:?usage: mgmt-load.sh BUILD_DIR}" && pwd)
 rnbd=$build/tools/rnbd
 clientd=$build/daemons/rnbd-clientd
 
@@ -121,6 +126,68 @@ check "... no two series share their labels" series_unique "$dir/clt.prom"
 check "... a path series per session ($n)" \
 	test "$(grep -c '^rnbd_client_path_up{' "$dir/clt.prom")" -eq "$n"
 
+# The control socket: 8 clients ask server.sessions for 12 MiB of answers
+# each and never read them, 28 connect and say nothing, 28 send half a
+# request; the owner's rnbd gets in, and the answers nobody reads do not
+# pile up (before, each such client held its 12 MiB for as long as it
+# stayed).
+python3 - "$dir/sctl" "$srv_pid" "$dir/stuck.out" <<'PY' &
+import json, socket, sys, time
+path, pid, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def rss():
+    return int([l for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS")][0].split()[1])
+req = b'{"jsonrpc":"2.0","method":"server.sessions","id":1}'
+s = socket.socket(socket.AF_UNIX)
+s.connect(path)
+s.sendall(req)
+s.shutdown(socket.SHUT_WR)
+size = len(b"".join(iter(lambda: s.recv(65536), b"")))
+s.close()
+per = (12 << 20) // size
+before = rss()
+conns, asked = [], 0
+for i in range(64):
+    s = socket.socket(socket.AF_UNIX)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(path)
+    s.setblocking(False)
+    if 8 <= i < 36:
+        s.send(b'{"jsonrpc":')
+    conns.append(s)
+# The first 8 ask, in turns, until each asked for 12 MiB or 3 s passed.
+left, end = [per] * 8, time.monotonic() + 3
+while any(left) and time.monotonic() < end:
+    moved = False
+    for i in range(8):
+        try:
+            while left[i]:
+                conns[i].send(req)
+                left[i] -= 1
+                asked += 1
+                moved = True
+        except BlockingIOError:
+            pass
+    if not moved:
+        time.sleep(0.01)
+time.sleep(1)
+with open(out, "w") as f:
+    f.write(f"{rss() - before} {asked} {per * 8}\n")
+time.sleep(8)  # the stuck clients stay while rnbd is called
+PY
+stuck_pid=$!
+pids+=($stuck_pid)
+wait_until 30 test -s "$dir/stuck.out"
+read -r grown asked want <"$dir/stuck.out"
+owner_in() {
+	local t0=$SECONDS
+	"$rnbd" --socket "$dir/sctl" --timeout 3000 server stats >/dev/null || return 1
+	[ $((SECONDS - t0)) -le 3 ]
+}
+check "64 stuck clients on the control socket: rnbd server stats answered within 3 s" owner_in
+check "... $asked of $want requests (12 MiB of answers each) sent and never read: rnbd-server grew by ${grown} KiB (< 32 MiB)" \
+	test "$grown" -lt $((32 << 10))
+kill "$stuck_pid" 2>/dev/null || true
+
 # A taken --metrics port: exit 1, address:port and the cause named.
 taken() {
 	local rc=0
@@ -142,5 +209,7 @@ mhd_lines() { # libmicrohttpd's own lines (ours say "sent no whole request")
 }
 check "... libmicrohttpd's too (the slow senders gave some), naming address and port" mhd_lines
 
-kill "$clt_pid" "$srv_pid" 2>/dev/null || true
-finish metrics-load
+# The client first: with its server gone it would wait for its sessions.
+kill "$clt_pid" 2>/dev/null || true
+wait "$clt_pid" 2>/dev/null || true
+finish mgmt-load
