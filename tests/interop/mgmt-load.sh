@@ -11,8 +11,8 @@
 #     labels;
 #   - the control socket with 64 stuck clients (8 asking 12 MiB of answers
 #     without reading them, 28 idle, 28 with half a request sent): rnbd
-#     server stats is answered within 3 s, and the server grew by less than
-#     32 MiB;
+#     server stats is answered within 3 s, the server took less than half of
+#     the requests, and (without a sanitizer) grew by less than 32 MiB;
 #   - a --metrics port already taken: rnbd-server exits 1 naming
 #     address:port and EADDRINUSE;
 #   - every line rnbd-server logged has its time and level (libmicrohttpd's
@@ -184,8 +184,14 @@ owner_in() {
 	[ $((SECONDS - t0)) -le 3 ]
 }
 check "64 stuck clients on the control socket: rnbd server stats answered within 3 s" owner_in
-check "... $asked of $want requests (12 MiB of answers each) sent and never read: rnbd-server grew by ${grown} KiB (< 32 MiB)" \
-	test "$grown" -lt $((32 << 10))
+check "... of $want requests (12 MiB of answers each), the server took $asked (< half): it reads no more while answers wait" \
+	test "$asked" -lt $((want / 2))
+# ASan keeps what is freed (its quarantine): the size is only told in a plain build.
+if ldd "$build/daemons/rnbd-server" | grep -Eq 'lib(a|ub|t)san'; then
+	echo "note: rnbd-server is built with a sanitizer; it grew by ${grown} KiB (not checked)"
+else
+	check "... and rnbd-server grew by ${grown} KiB (< 32 MiB)" test "$grown" -lt $((32 << 10))
+fi
 kill "$stuck_pid" 2>/dev/null || true
 
 # A taken --metrics port: exit 1, address:port and the cause named.
