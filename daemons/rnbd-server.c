@@ -222,6 +222,7 @@ static void sess_one(void *priv, const struct rtrs_srv_sess_info *si)
 		struct json_object *po = json_object_new_object();
 
 		ok = put(po, "peer", json_object_new_string(pi->peer)) &&
+		     put(po, "local", json_object_new_string(pi->local)) &&
 		     put(po, "state", json_object_new_string(pi->state)) &&
 		     put(po, "age_ms", json_object_new_uint64(pi->age_ms)) &&
 		     put(po, "connections", json_object_new_uint64(pi->cons)) &&
@@ -348,14 +349,19 @@ enum { SRC_STATS, SRC_SESSIONS, SRC_DEVICES, SRC_NR };
 
 #define STAT(n, t, f, h) { .name = "rnbd_server_" n, .type = t, .help = h, .src = SRC_STATS, \
 			   .shape = METRICS_OBJ, .field = f }
+/*
+ * A path's series: session, and path, the client's address and this
+ * server's, without ports ("10.0.0.2@10.0.0.1"): a path reconnecting keeps
+ * its series, and two paths of one session from different addresses (or to
+ * different ones) have one each (metrics_paths).
+ */
 #define PATHS(n, t, h) .name = "rnbd_server_path_" n, .type = t, .help = h, \
 		       .src = SRC_SESSIONS, .shape = METRICS_NESTED, .nested = "paths", \
-		       .outer_label = "session", .outer_field = "name", .inner_label = "path", \
-		       .inner_field = "peer"
+		       .labels = { { "session", "name", false }, { "path", "label", true } }
 #define PATH(n, t, f, h) { PATHS(n, t, h), .field = f }
 #define DEVS(n, t, h) .name = "rnbd_server_device_" n, .type = t, .help = h, \
-		      .src = SRC_DEVICES, .shape = METRICS_ARRAY, .outer_label = "session", \
-		      .outer_field = "session", .inner_label = "device", .inner_field = "device"
+		      .src = SRC_DEVICES, .shape = METRICS_ARRAY, \
+		      .labels = { { "session", "session", false }, { "device", "device", false } }
 #define DEV(n, t, f, h) { DEVS(n, t, h), .field = f }
 
 static const struct metrics_def metric_defs[] = {
@@ -400,6 +406,82 @@ static int m_devices(void *priv, struct json_object *params, struct json_object 
 static int m_stats(void *priv, struct json_object *params, struct json_object **result,
 		   struct rpc_err *err);
 
+/* "10.0.0.2:41234" or "[fe80::1]:41234": the address alone. */
+static void host_of(const char *addr, char *buf, size_t len)
+{
+	const char *colon = strrchr(addr, ':');
+	size_t n = colon ? (size_t)(colon - addr) : strlen(addr);
+
+	if (n >= 2 && addr[0] == '[' && addr[n - 1] == ']') {
+		addr++;
+		n -= 2;
+	}
+	snprintf(buf, len, "%.*s", (int)n, addr);
+}
+
+static const char *jfield(struct json_object *o, const char *key)
+{
+	struct json_object *v;
+
+	return json_object_object_get_ex(o, key, &v) && json_object_get_string(v) ?
+		       json_object_get_string(v) : "";
+}
+
+/*
+ * server.sessions as the path series want it: sessions not yet named (a
+ * handshake under way) out, and each path's "label": CLIENT@SERVER, the
+ * addresses without ports. Two paths of one session between the same two
+ * addresses (the client allows it) are told apart by the younger's client
+ * port: the older keeps the plain label.
+ */
+static int metrics_paths(struct json_object *sessions)
+{
+	for (size_t i = json_object_array_length(sessions); i-- > 0;) {
+		struct json_object *so = json_object_array_get_idx(sessions, i), *paths, *v;
+		size_t n;
+
+		if (!*jfield(so, "name")) {
+			json_object_array_del_idx(sessions, i, 1);
+			continue;
+		}
+		if (!json_object_object_get_ex(so, "paths", &paths))
+			continue;
+		n = json_object_array_length(paths);
+		/* Oldest first, so that an older path's label does not change. */
+		for (size_t done = 0; done < n; done++) {
+			struct json_object *p = NULL;
+			uint64_t age = 0;
+			char peer[64], local[64], label[160];
+			bool taken = false;
+
+			for (size_t k = 0; k < n; k++) {
+				struct json_object *q = json_object_array_get_idx(paths, k);
+				uint64_t a = json_object_object_get_ex(q, "age_ms", &v) ?
+						     json_object_get_uint64(v) : 0;
+
+				if (!json_object_object_get_ex(q, "label", NULL) && (!p || a > age)) {
+					p = q;
+					age = a;
+				}
+			}
+			host_of(jfield(p, "peer"), peer, sizeof(peer));
+			host_of(jfield(p, "local"), local, sizeof(local));
+			snprintf(label, sizeof(label), "%s@%s", peer, local);
+			for (size_t k = 0; k < n && !taken; k++) {
+				struct json_object *q = json_object_array_get_idx(paths, k);
+
+				taken = json_object_object_get_ex(q, "label", &v) &&
+					!strcmp(json_object_get_string(v), label);
+			}
+			if (taken)
+				snprintf(label, sizeof(label), "%s@%s", jfield(p, "peer"), local);
+			if (!put(p, "label", json_object_new_string(label)))
+				return -ENOMEM;
+		}
+	}
+	return 0;
+}
+
 /* The exposition, from what server.stats, server.sessions and server.devices answer. */
 static char *metrics_text(void *priv)
 {
@@ -409,6 +491,7 @@ static char *metrics_text(void *priv)
 
 	if (!m_stats(NULL, NULL, &srcs[SRC_STATS], &err) &&
 	    !m_sessions(NULL, NULL, &srcs[SRC_SESSIONS], &err) &&
+	    !metrics_paths(srcs[SRC_SESSIONS]) &&
 	    !m_devices(NULL, NULL, &srcs[SRC_DEVICES], &err))
 		text = metrics_render(metric_defs, sizeof(metric_defs) / sizeof(metric_defs[0]), srcs,
 				      SRC_NR);

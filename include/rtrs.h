@@ -550,6 +550,7 @@ struct rtrs_srv_path_info {
 	uint32_t inflight;         /* requests with the user or answering now */
 	uint64_t reads, read_bytes, writes, write_bytes;
 	char auth_host[256];       /* the host it authenticated as; "" when none */
+	char local[64];            /* this server's address and port it came in on; "" before */
 };
 
 /* A session of the server, with its paths. */

@@ -495,21 +495,27 @@ static int m_stats_reset(void *priv, struct json_object *params, struct json_obj
 
 enum { SRC_SESSIONS, SRC_DEVICES, SRC_NR };
 
+/*
+ * A path's series are told apart by session and index (a path keeps its
+ * index for life, reconnects included, and indexes are not reused); src
+ * and dst say where it goes. A removed path has no series: a path added
+ * again in its place is a new one, with an index of its own.
+ */
 #define PATHS(n, t, h) .name = "rnbd_client_path_" n, .type = t, .help = h, \
 		       .src = SRC_SESSIONS, .shape = METRICS_NESTED, .nested = "paths", \
-		       .outer_label = "session", .outer_field = "name", .inner_label = "path", \
-		       .inner_field = "name"
+		       .labels = { { "session", "name", false }, { "path", "index", true }, \
+				   { "src", "src", true }, { "dst", "dst", true } }
 #define PATH(n, t, f, h) { PATHS(n, t, h), .field = f }
+#define SESS_LABELS .labels = { { "session", "name", false } }
+#define DEV_LABELS .labels = { { "session", "session", false }, { "device", "device", false } }
 
 static const struct metrics_def metric_defs[] = {
 	{ .name = "rnbd_client_session_paths_up", .type = "gauge",
 	  .help = "paths of the session connected now", .src = SRC_SESSIONS,
-	  .shape = METRICS_ARRAY, .outer_label = "session", .outer_field = "name",
-	  .field = "paths_up" },
+	  .shape = METRICS_ARRAY, SESS_LABELS, .field = "paths_up" },
 	{ .name = "rnbd_client_session_server_sessions", .type = "gauge",
 	  .help = "server sessions the session has met (grows when a server restarted)",
-	  .src = SRC_SESSIONS, .shape = METRICS_ARRAY, .outer_label = "session",
-	  .outer_field = "name", .field = "server_sessions" },
+	  .src = SRC_SESSIONS, .shape = METRICS_ARRAY, SESS_LABELS, .field = "server_sessions" },
 	{ PATHS("up", "gauge", "1 while the path is connected"), .field = "state",
 	  .match = "connected" },
 	PATH("inflight_requests", "gauge", "inflight", "requests in flight on the path now"),
@@ -525,15 +531,37 @@ static const struct metrics_def metric_defs[] = {
 	{ PATHS("heartbeat_latency_seconds", "gauge", "the last heartbeat's round trip"),
 	  .field = "hb_latency_ns", .scale = 1e-9 },
 	{ .name = "rnbd_client_device_size_bytes", .type = "gauge", .help = "the device's size",
-	  .src = SRC_DEVICES, .shape = METRICS_ARRAY, .outer_label = "session",
-	  .outer_field = "session", .inner_label = "device", .inner_field = "device",
-	  .field = "bytes" },
+	  .src = SRC_DEVICES, .shape = METRICS_ARRAY, DEV_LABELS, .field = "bytes" },
 	{ .name = "rnbd_client_device_mapped", .type = "gauge",
 	  .help = "1 while the device is mapped and open", .src = SRC_DEVICES,
-	  .shape = METRICS_ARRAY, .outer_label = "session", .outer_field = "session",
-	  .inner_label = "device", .inner_field = "device", .field = "state",
-	  .match = "mapped" },
+	  .shape = METRICS_ARRAY, DEV_LABELS, .field = "state", .match = "mapped" },
 };
+
+/* client.sessions as the path series want it: removed paths out, "dst" (HOST:PORT) in. */
+static int metrics_paths(struct json_object *sessions)
+{
+	for (size_t i = 0; i < json_object_array_length(sessions); i++) {
+		struct json_object *paths, *v;
+
+		if (!json_object_object_get_ex(json_object_array_get_idx(sessions, i), "paths",
+					       &paths))
+			continue;
+		for (size_t k = json_object_array_length(paths); k-- > 0;) {
+			struct json_object *p = json_object_array_get_idx(paths, k);
+			const char *name, *slash;
+
+			if (json_object_object_get_ex(p, "removed", &v) && json_object_get_boolean(v)) {
+				json_object_array_del_idx(paths, k, 1);
+				continue;
+			}
+			name = json_object_object_get_ex(p, "name", &v) ? json_object_get_string(v) : "";
+			slash = strchr(name, '/'); /* "session/host:port"; a session name has no '/' */
+			if (!put(p, "dst", json_object_new_string(slash ? slash + 1 : name)))
+				return -ENOMEM;
+		}
+	}
+	return 0;
+}
 
 char *clt_ctl_metrics(void *priv)
 {
@@ -542,6 +570,7 @@ char *clt_ctl_metrics(void *priv)
 	char *text = NULL;
 
 	if (!m_sessions(priv, NULL, &srcs[SRC_SESSIONS], &err) &&
+	    !metrics_paths(srcs[SRC_SESSIONS]) &&
 	    !m_devices(priv, NULL, &srcs[SRC_DEVICES], &err))
 		text = metrics_render(metric_defs, sizeof(metric_defs) / sizeof(metric_defs[0]), srcs,
 				      SRC_NR);

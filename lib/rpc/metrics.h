@@ -22,6 +22,15 @@ enum metrics_src {
 			     inner object, labels from outer and inner fields */
 };
 
+/* A label: its name, and the field of the outer object (or of the inner one) it takes. */
+struct metrics_label {
+	const char *name;        /* NULL: no more labels */
+	const char *field;
+	bool inner;              /* METRICS_NESTED: of the inner object */
+};
+
+#define METRICS_LABELS_MAX 4
+
 struct metrics_def {
 	const char *name;        /* rnbd_server_path_reads_total */
 	const char *type;        /* "counter" or "gauge" */
@@ -29,9 +38,11 @@ struct metrics_def {
 	unsigned src;            /* index of the JSON source (metrics_render's srcs) */
 	enum metrics_src shape;
 	const char *nested;      /* METRICS_NESTED: the inner array's field ("paths") */
-	/* label name = field of the outer object, then of the inner one */
-	const char *outer_label, *outer_field;
-	const char *inner_label, *inner_field;
+	/*
+	 * The labels, in this order. The program's table makes them unique
+	 * within the family: metrics_render writes what it is given.
+	 */
+	struct metrics_label labels[METRICS_LABELS_MAX];
 	const char *field;       /* the number; a boolean is 1 or 0; a string compared
 				    with match gives 1 or 0 */
 	const char *match;
@@ -54,9 +65,21 @@ typedef char *(*metrics_fn)(void *priv);
 
 /*
  * Serves GET /metrics on addr ("HOST:PORT", a numeric IPv4 or [IPv6]
- * address; port 0: any free one) from a thread of its own. 0, or a
- * negative errno with why (a message for the user).
+ * address; port 0: any free one) from a thread of its own, with
+ * libmicrohttpd in epoll mode (any number of descriptors in the process).
+ * At most METRICS_HTTP_CONN_MAX connections, METRICS_HTTP_PER_IP_MAX from
+ * one address; a request must have arrived whole METRICS_HTTP_REQ_MS after
+ * its connection opened or its last answer went out, or the connection
+ * is closed (a slow sender cannot hold a place); a connection silent for
+ * METRICS_HTTP_IDLE_S is closed. libmicrohttpd's own lines go to the log
+ * (log.h) at warn, rate-limited. 0, or a negative errno with why (a
+ * message for the user naming addr and the cause: "127.0.0.1:9464:
+ * cannot listen: Address already in use (EADDRINUSE)").
  */
+#define METRICS_HTTP_CONN_MAX 64
+#define METRICS_HTTP_PER_IP_MAX 8
+#define METRICS_HTTP_REQ_MS 5000
+#define METRICS_HTTP_IDLE_S 10
 int metrics_http_start(const char *addr, metrics_fn fn, void *priv, struct metrics_http **out,
 		       char *why, size_t whylen);
 /* The port it listens on. */

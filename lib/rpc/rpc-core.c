@@ -588,15 +588,22 @@ static void parse_error(struct rpc_stream *st, const char *why)
 	st->err = -EPROTO;
 }
 
-int rpc_stream_feed(struct rpc_stream *st, const char *buf, size_t len)
+/*
+ * Feeds buf until it is used up, or (one) a text was answered; *used: the
+ * bytes taken. st->err, or 1 when one and a text was answered.
+ */
+static int feed(struct rpc_stream *st, const char *buf, size_t len, bool one, size_t *used)
 {
+	const char *start = buf;
+	int answered = 0;
+
 	while (!st->err && len) {
 		size_t room = RPC_REQ_MAX + 1 - st->text_bytes, n = len < room ? len : room;
 		struct json_object *text;
 		enum json_tokener_error te;
 		const char *why = NULL;
 		bool done;
-		ssize_t used;
+		ssize_t took;
 
 		/* Blanks between texts are no part of one (nor count toward its size). */
 		if (!st->text_bytes && only_blanks(buf, 1)) {
@@ -610,16 +617,16 @@ int rpc_stream_feed(struct rpc_stream *st, const char *buf, size_t len)
 			st->err = -EPROTO;
 			break;
 		}
-		used = text_scan(st, buf, n, &done, &why);
-		if (used < 0) {
+		took = text_scan(st, buf, n, &done, &why);
+		if (took < 0) {
 			parse_error(st, why);
 			break;
 		}
-		st->err = text_append(st, buf, (size_t)used);
+		st->err = text_append(st, buf, (size_t)took);
 		if (st->err)
 			break;
-		buf += used;
-		len -= (size_t)used;
+		buf += took;
+		len -= (size_t)took;
 		if (st->text_bytes > RPC_REQ_MAX) {
 			send_error(st, RPC_INVALID_REQUEST, "a request larger than 1 MiB");
 			st->err = -EPROTO;
@@ -636,6 +643,28 @@ int rpc_stream_feed(struct rpc_stream *st, const char *buf, size_t len)
 		st->text_bytes = 0;
 		st->err = text_run(st, text);
 		json_object_put(text);
+		if (one) {
+			answered = 1;
+			break;
+		}
 	}
-	return st->err;
+	*used = (size_t)(buf - start);
+	return st->err ? st->err : answered;
+}
+
+int rpc_stream_feed(struct rpc_stream *st, const char *buf, size_t len)
+{
+	size_t used;
+
+	return feed(st, buf, len, false, &used);
+}
+
+int rpc_stream_feed_text(struct rpc_stream *st, const char *buf, size_t len, size_t *used)
+{
+	return feed(st, buf, len, true, used);
+}
+
+size_t rpc_stream_partial(const struct rpc_stream *st)
+{
+	return st->text_bytes;
 }

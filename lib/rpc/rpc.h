@@ -12,9 +12,15 @@
  *
  * The server has a thread of its own that serves every connection with
  * poll(): methods run there, never on an IO thread. A text larger than
- * RPC_REQ_MAX, bytes that are not JSON, or a client that lets more than
- * RPC_OUT_MAX of answers pile up unread get an error where one can be
- * sent, and the connection is closed; nothing else is affected.
+ * RPC_REQ_MAX, bytes that are not JSON, or answers to one text over
+ * RPC_OUT_MAX get an error where one can be sent, and the connection is
+ * closed; nothing else is affected. A connection is not read while more
+ * than RPC_OUT_LOW of its answers wait, and is closed when they have not
+ * moved for RPC_STALL_MS, when a request begun is not complete after
+ * RPC_REQUEST_MS, or when it has been idle for RPC_IDLE_MS. At
+ * RPC_CONN_MAX connections, a new one takes the place of the one that has
+ * made no progress (no request answered, no answer written) for longest,
+ * if that is a second at least.
  *
  * Errors: JSON-RPC's own codes (enum rpc_code) for requests that are not
  * understood; a method's failure has the errno as its code (positive,
@@ -32,9 +38,13 @@
 
 #define RPC_REQ_MAX (1u << 20)   /* bytes of one request text (a batch is one text) */
 #define RPC_DEPTH_MAX 32         /* brackets a request text may nest */
-#define RPC_OUT_MAX (16u << 20)  /* answers a connection may leave unread */
+#define RPC_OUT_MAX (16u << 20)  /* answers to one request text (a batch's all together) */
+#define RPC_OUT_LOW (64u << 10)  /* answers waiting beyond which a connection is not read */
 #define RPC_CONN_MAX 64          /* connections at once; more wait in the backlog */
 #define RPC_BATCH_MAX 256        /* requests in a batch */
+#define RPC_IDLE_MS 30000        /* a connection with nothing under way, silent: closed */
+#define RPC_REQUEST_MS 10000     /* a request text begun and not complete: closed */
+#define RPC_STALL_MS 10000       /* answers waiting, not one byte of them read: closed */
 
 enum rpc_code {
 	RPC_PARSE_ERROR = -32700,
@@ -102,6 +112,15 @@ void rpc_stream_free(struct rpc_stream *st);
  * error the stream takes nothing more.
  */
 int rpc_stream_feed(struct rpc_stream *st, const char *buf, size_t len);
+/*
+ * The same, but it stops once a text was answered: 1 then, 0 when buf was
+ * used up without a text ending, or the error; *used says how much of buf
+ * it took. The server feeds a connection's input this way so that it can
+ * stop while answers wait.
+ */
+int rpc_stream_feed_text(struct rpc_stream *st, const char *buf, size_t len, size_t *used);
+/* Bytes of a text begun and not yet complete (0: between texts). */
+size_t rpc_stream_partial(const struct rpc_stream *st);
 
 /* ---- the server ---- */
 
@@ -119,6 +138,12 @@ int rpc_server_start(const char *path, const char *name, const struct rpc_method
 		     size_t nr_methods, void *priv, struct rpc_server **out);
 /* Stops the thread, closes every connection, removes the socket if still ours. */
 void rpc_server_stop(struct rpc_server *s);
+/*
+ * Other times than RPC_IDLE_MS, RPC_REQUEST_MS and RPC_STALL_MS (tests), in
+ * force from the thread's next wake-up.
+ */
+void rpc_server_set_times(struct rpc_server *s, unsigned idle_ms, unsigned request_ms,
+			  unsigned stall_ms);
 
 /* ---- the client ---- */
 

@@ -505,5 +505,7 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 		srv_path_stop(p, rc);
 		return;
 	}
+	if (!req.cid)
+		fab_con_local(p->cons[0].c.fc, p->local, sizeof(p->local));
 	p->nr_accepted++;
 }

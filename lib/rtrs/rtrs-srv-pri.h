@@ -81,6 +81,7 @@ struct srv_path {
 	uint8_t uuid[RTRS_UUID_LEN];
 	char peer[64];
 	char peer_host[64];         /* the peer's address without the port: limits */
+	char local[64];             /* the address:port its first connection came in on */
 	/*
 	 * The log name: "(new)/peer" until the info request names the session,
 	 * then "session/peer". Connection threads log with it while the loop

@@ -428,6 +428,7 @@ static void path_snap(struct srv_path *p, struct rtrs_srv_path_info *pi)
 	uint64_t now = now_ms();
 
 	snprintf(pi->peer, sizeof(pi->peer), "%s", p->peer);
+	snprintf(pi->local, sizeof(pi->local), "%s", p->local);
 	pi->state = rtrs_path_state_str(atomic_load(&p->base.state));
 	pi->age_ms = now > p->created_ms ? now - p->created_ms : 0;
 	pi->cons = p->nr_accepted;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A client process managed at run time (docs/management.md): nbdkit with
-# the rnbd plugin and control=, two paths to rnbd-server (127.0.0.1 and
-# 127.0.0.2), the rnbd command on its socket, while a loop writes random
-# data through NBD and reads it back (nbdcopy both ways, cmp):
+# the rnbd plugin and control=, two paths to rnbd-server at 127.0.0.1, from
+# 127.0.0.2 and 127.0.0.3 (README's demo), the rnbd command on its socket,
+# while a loop writes random data through NBD and reads it back (nbdcopy
+# both ways, cmp):
 #   - client list -o json: the session, both paths with their addresses,
 #     states and counters; client list devices: the export while it is used;
 #   - path remove, path add, path disconnect and reconnect, each under that
@@ -11,6 +12,9 @@
 #     paths carry writes afterwards;
 #   - metrics over HTTP (client and server) and through rnbd client metrics,
 #     parsed by Prometheus's parser, the path and device counters rising;
+#     no two series share their labels, before and after a path is removed
+#     and added again, and the server's path labels stay as they were across
+#     the re-add and a reconnect;
 #   - bad requests: an unknown session or path, a bad policy, a bad address:
 #     exit 1 with the object named; the plugin goes on.
 # Usage: client-ctl.sh BUILD_DIR. Exits 77 when a tool is missing.
@@ -46,8 +50,8 @@ rnbd_server_start "$dir/server.log" -- --port 0 --mem-device "mem0:$size" \
 smport=$(grep -o 'metrics on port [0-9]*' "$dir/server.log" | grep -o '[0-9]*$')
 # A free port for the plugin's metrics (it prints none: it forks).
 cmport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-nbdkit -P "$dir/nbdkit.pid" -U "$dir/nbd.sock" "$plugin" server="127.0.0.1:$port" \
-	server="127.0.0.2:$port" session=cc device=mem0 control="$dir/cctl" \
+nbdkit -P "$dir/nbdkit.pid" -U "$dir/nbd.sock" "$plugin" server="127.0.0.2@127.0.0.1:$port" \
+	server="127.0.0.3@127.0.0.1:$port" session=cc device=mem0 control="$dir/cctl" \
 	metrics="127.0.0.1:$cmport" reconnect_delay_ms=200 2>"$dir/nbdkit.log" ||
 	{ cat "$dir/nbdkit.log"; exit 1; }
 # The background process opens the session and the socket after nbdkit forked.
@@ -63,7 +67,8 @@ s = json.load(open(sys.argv[1]))
 assert len(s) == 1 and s[0]["name"] == "cc" and s[0]["server"] == "rnbd", s
 p = s[0]["paths"]
 assert [x["index"] for x in p] == [0, 1], p
-assert p[0]["name"] == "cc/127.0.0.1:" + sys.argv[2] and p[1]["name"] == "cc/127.0.0.2:" + sys.argv[2], p
+assert all(x["name"] == "cc/127.0.0.1:" + sys.argv[2] for x in p), p
+assert [x["src"] for x in p] == ["127.0.0.2", "127.0.0.3"], p
 assert all(x["state"] == "connected" and "writes" in x and "read_bytes" in x for x in p), p
 assert s[0]["paths_up"] == 2 and s[0]["queue_depth"] > 0, s
 PY
@@ -109,9 +114,42 @@ scrape() { # NAME: both endpoints into $dir/NAME-{clt,srv}.prom, and rnbd client
 		curl -sf "http://127.0.0.1:$smport/metrics" >"$dir/$1-srv.prom" &&
 		c metrics >"$dir/$1-cmd.prom"
 }
+# series_unique NAME: no two series of the scrape NAME share their labels
+# (the check of docs/management.md: every line but comments, less its value).
+series_unique() {
+	local f d
+	for f in "$dir/$1"-{clt,srv,cmd}.prom; do
+		d=$(grep -v '^#' "$f" | sed 's/ [^ ]*$//' | sort | uniq -d)
+		[ -z "$d" ] || { echo "  duplicate series in $(basename "$f"):"; echo "$d" | head -5; return 1; }
+	done
+}
+# path_series NAME CLIENT_PATHS: the client's path series are the paths
+# CLIENT_PATHS ("0:127.0.0.2 1:127.0.0.3", index:source, all to 127.0.0.1),
+# and the server's are its two paths, by address (127.0.0.2@127.0.0.1 and
+# 127.0.0.3@127.0.0.1), however often they reconnected.
+path_series() {
+	"$prom_py" - "$dir" "$1" "$port" "$2" <<'PY'
+import sys
+from prometheus_client.parser import text_string_to_metric_families as parse
+d, name, port, want = sys.argv[1:5]
+def labels(kind, metric):
+    return [s.labels for f in parse(open(f"{d}/{name}-{kind}.prom").read())
+            for s in f.samples if s.name == metric]
+clt = sorted((l["session"], l["path"], l["src"], l["dst"])
+             for l in labels("clt", "rnbd_client_path_up"))
+exp = sorted(("cc", w.split(":")[0], w.split(":")[1], "127.0.0.1:" + port) for w in want.split())
+assert clt == exp, (clt, exp)
+srv = sorted((l["session"], l["path"]) for l in labels("srv", "rnbd_server_path_up"))
+assert srv == [("cc", "127.0.0.2@127.0.0.1"), ("cc", "127.0.0.3@127.0.0.1")], srv
+PY
+}
 check "metrics scraped (client, server, rnbd client metrics)" scrape m1
+check "... no two series share their labels" series_unique m1
+check "... a series per path: index, source and destination; the server's by address" \
+	path_series m1 "0:127.0.0.2 1:127.0.0.3"
 check "... IO goes on" more_rounds 2
 check "metrics scraped again" scrape m2
+check "... no two series share their labels" series_unique m2
 check "the metrics parse (prometheus_client) and the counters rose" "$prom_py" - "$dir" <<'PY'
 import sys
 from prometheus_client.parser import text_string_to_metric_families as parse
@@ -130,7 +168,8 @@ cmd = load("m1-cmd.prom")
 steady = lambda m: {n for n in m if not n.startswith("rnbd_client_device_")}
 assert steady(cmd) == steady(c1) and len(steady(c1)) >= 13, (steady(cmd) ^ steady(c1))
 w = "rnbd_client_path_writes_total"
-assert len(c2[w]) == 2 and all(l["session"] == "cc" and l["path"].startswith("cc/127.0.0.") for l, v in c2[w]), c2[w]
+assert sorted((l["session"], l["path"], l["src"]) for l, v in c2[w]) == \
+    [("cc", "0", "127.0.0.2"), ("cc", "1", "127.0.0.3")], c2[w]
 assert sum(v for l, v in c2[w]) > sum(v for l, v in c1[w]), (c1[w], c2[w])
 assert all(v == 1 for l, v in c2["rnbd_client_path_up"]), c2["rnbd_client_path_up"]
 assert c2["rnbd_client_session_paths_up"] == [({"session": "cc"}, 2.0)], c2["rnbd_client_session_paths_up"]
@@ -177,9 +216,14 @@ path_is() { test "$(path_field "$1" state)" = "$2"; }
 check "path remove 1" c path remove cc 1
 check "... path 1 is closed" wait_until 10 path_is 1 closed
 check "... IO goes on" more_rounds 2
-check "path add 127.0.0.2: index 2" bash -c "'$rnbd' --socket '$dir/cctl' client path add cc \
-	127.0.0.2:$port | grep -Eq '^index +2$'"
+removed_gone() { scrape m3 && series_unique m3 && ! grep -q 'path="1"' "$dir/m3-clt.prom"; }
+check "... metrics: the removed path has no series, none is doubled" removed_gone
+check "path add 127.0.0.3@127.0.0.1 again: index 2" bash -c "'$rnbd' --socket '$dir/cctl' client \
+	path add cc 127.0.0.3@127.0.0.1:$port | grep -Eq '^index +2$'"
 check "... path 2 is connected" wait_until 10 path_is 2 connected
+scrape_paths() { scrape "$1" && series_unique "$1" >/dev/null && path_series "$1" "$2" >/dev/null 2>&1; }
+check "... metrics: paths 0 and 2 (from 127.0.0.3 again), no series doubled; the server's labels as before" \
+	wait_until 10 scrape_paths m4 "0:127.0.0.2 2:127.0.0.3"
 check "policy round-robin" c policy cc round-robin
 check "... IO goes on" more_rounds 1
 w0=$(path_field 0 writes) w2=$(path_field 2 writes)
@@ -192,6 +236,8 @@ check "... path 0 is closed" wait_until 10 path_is 0 closed
 check "... IO goes on" more_rounds 2
 check "path reconnect 0" c path reconnect cc 0
 check "... path 0 is connected again" wait_until 10 path_is 0 connected
+check "... metrics: the same series after the reconnect, on both sides" \
+	wait_until 10 scrape_paths m5 "0:127.0.0.2 2:127.0.0.3"
 check "... IO goes on" more_rounds 2
 touch "$dir/stop"
 wait "$io_pid" || true

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -514,6 +515,40 @@ static size_t read_to_close(int fd, char *buf, size_t cap)
 	return n;
 }
 
+/* Whether the server closed fd within ms (a send then fails with EPIPE; nothing is read). */
+static bool wait_closed(int fd, unsigned ms)
+{
+	for (unsigned t = 0; t < ms; t += 20) {
+		if (send(fd, " ", 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno == EPIPE)
+			return true;
+		usleep(20 * 1000);
+	}
+	return false;
+}
+
+/* This process's resident memory (the server runs in it), KiB. */
+static long rss_kib(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long kib = -1;
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kib;
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
 static bool call_echo_ok(const char *name)
 {
 	struct json_object *p = json_object_new_object(), *r = NULL, *v;
@@ -588,21 +623,58 @@ static void server_calls(void)
 		close(fd);
 	}
 	CHECK(call_echo_ok("after a large one"));
-	/* A client that asks and never reads: dropped at 16 MiB; others go on meanwhile. */
+	/*
+	 * Clients that ask and never read: each holds the answers to one text
+	 * (1 MiB here), not all it asked for (the server reads no more while
+	 * they wait); everyone else is served meanwhile. Before, 8 such clients
+	 * asking 12 MiB each held 96 MiB until they went away.
+	 */
 	{
 		const char *req = "{\"jsonrpc\":\"2.0\",\"method\":\"big\",\"id\":1}";
-		int sz = 4096;
-		bool closed = false;
+		int sz = 4096, fds[8];
+		long before = rss_kib(), grown;
+		bool gone = true;
 
-		fd = raw_connect();
-		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
-		for (int i = 0; i < 64 && !closed; i++) {
-			if (send(fd, req, strlen(req), MSG_NOSIGNAL) < 0)
-				closed = true;
-			CHECK(call_echo_ok("while one never reads"));
+		for (int k = 0; k < 8; k++) {
+			fds[k] = raw_connect();
+			CHECK(fds[k] >= 0);
+			setsockopt(fds[k], SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+			for (int i = 0; i < 12; i++)
+				CHECK(send(fds[k], req, strlen(req), MSG_NOSIGNAL) > 0);
 		}
-		CHECK(closed, "the client that never reads was dropped");
+		CHECK(call_echo_ok("while 8 never read"));
+		usleep(300 * 1000);
+		CHECK(call_echo_ok("while 8 never read, again"));
+		grown = rss_kib() - before;
+		printf("8 clients that never read (12 MiB asked each): the server grew by %ld KiB\n",
+		       grown);
+		CHECK(grown < 40 * 1024, "8 clients that never read grew the server by %ld KiB", grown);
+		/* Answers not read for the stall time: closed (EPIPE at the client's next send). */
+		rpc_server_set_times(s, RPC_IDLE_MS, RPC_REQUEST_MS, 300);
+		CHECK(call_echo_ok("wakes the server to the new times"));
+		for (int k = 0; k < 8; k++) {
+			gone = gone && wait_closed(fds[k], 3000);
+			close(fds[k]);
+		}
+		CHECK(gone, "clients that do not read their answers are closed");
+		rpc_server_set_times(s, RPC_IDLE_MS, RPC_REQUEST_MS, RPC_STALL_MS);
+	}
+	/* A batch whose answers pass 16 MiB: closed; others go on. */
+	{
+		char batch[64 * 20];
+		size_t off = 0;
+
+		off += (size_t)snprintf(batch + off, sizeof(batch) - off, "[");
+		for (int i = 0; i < 20; i++)
+			off += (size_t)snprintf(batch + off, sizeof(batch) - off,
+						"%s{\"jsonrpc\":\"2.0\",\"method\":\"big\",\"id\":%d}",
+						i ? "," : "", i);
+		snprintf(batch + off, sizeof(batch) - off, "]");
+		fd = raw_connect();
+		CHECK(send(fd, batch, strlen(batch), MSG_NOSIGNAL) > 0);
+		CHECK(wait_closed(fd, 5000), "20 MiB of answers to one batch: closed");
 		close(fd);
+		CHECK(call_echo_ok("after a batch too large to answer"));
 	}
 	/* Many connections at once, each answered. */
 	{
@@ -658,6 +730,62 @@ static void server_socket_file(void)
 	CHECK_EQ(rpc_server_start("", "test", methods, 5, NULL, &s), -EINVAL);
 }
 
+/*
+ * Idle and half-sent connections cannot lock the owner out: at the limit a
+ * newcomer takes the place of the one that has made no progress for
+ * longest; and both kinds are closed after their time.
+ */
+static void server_stuck_clients(void)
+{
+	struct rpc_server *s;
+	int fds[RPC_CONN_MAX];
+	char buf[256];
+	uint64_t t0;
+
+	CHECK_EQ(rpc_server_start(sock, "test", methods, 5, NULL, &s), 0);
+	for (int i = 0; i < RPC_CONN_MAX; i++) {
+		fds[i] = raw_connect();
+		CHECK(fds[i] >= 0);
+		/* Half of them send the beginning of a request, and no more. */
+		if (i % 2)
+			CHECK(write(fds[i], "{\"jsonrpc\":", 11) == 11);
+	}
+	usleep(100 * 1000);
+	t0 = now_ms();
+	CHECK(call_echo_ok("past 64 stuck clients"), "the owner is locked out");
+	printf("64 stuck clients: a call answered after %llu ms\n",
+	       (unsigned long long)(now_ms() - t0));
+	CHECK(now_ms() - t0 < 4000, "answered after %llu ms", (unsigned long long)(now_ms() - t0));
+	CHECK(call_echo_ok("past 64 stuck clients, again"));
+	for (int i = 0; i < RPC_CONN_MAX; i++)
+		close(fds[i]);
+	rpc_server_stop(s);
+
+	/* An idle connection and a request never finished: closed after their times. */
+	CHECK_EQ(rpc_server_start(sock, "test", methods, 5, NULL, &s), 0);
+	rpc_server_set_times(s, 300, 300, 300);
+	fds[0] = raw_connect();
+	fds[1] = raw_connect();
+	CHECK(fds[0] >= 0 && fds[1] >= 0);
+	CHECK(write(fds[1], "{\"jsonrpc\":\"2.0\",", 17) == 17);
+	t0 = now_ms();
+	CHECK(read_to_close(fds[0], buf, sizeof(buf)) == 0, "an idle connection is closed");
+	CHECK(read_to_close(fds[1], buf, sizeof(buf)) == 0, "a request never finished: closed");
+	CHECK(now_ms() - t0 < 3000, "closed after %llu ms", (unsigned long long)(now_ms() - t0));
+	close(fds[0]);
+	close(fds[1]);
+	/* A request that arrives slowly but within its time is answered. */
+	fds[0] = raw_connect();
+	CHECK(write(fds[0], "{\"jsonrpc\":\"2.0\",", 17) == 17);
+	usleep(100 * 1000);
+	CHECK(write(fds[0], "\"method\":\"echo\",\"params\":{\"name\":\"s\"},\"id\":1}", 46) == 46);
+	shutdown(fds[0], SHUT_WR);
+	CHECK(read_to_close(fds[0], buf, sizeof(buf)) != (size_t)-1 && strstr(buf, "\"result\""),
+	      "a request in two pieces 100 ms apart: %s", buf);
+	close(fds[0]);
+	rpc_server_stop(s);
+}
+
 int main(void)
 {
 	const char *d = test_tmpdir(NULL, "test-rpc");
@@ -673,6 +801,7 @@ int main(void)
 	stream_garbage();
 	stream_split();
 	server_calls();
+	server_stuck_clients();
 	server_socket_file();
 	return test_done("rpc");
 }
