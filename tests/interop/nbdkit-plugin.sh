@@ -61,7 +61,7 @@ bad=(
 	"port=99999: expected a number in 1..65535|port=99999"
 	"port=0: expected a number in 1..65535|port=0"
 	"mode=rx: expected rw, ro or migration|mode=rx"
-	"session=a.b: expected 1..255 printable|session=a.b"
+	"session=a/b: expected 1..255 printable|session=a/b"
 	"device=../x: |device=../x"
 	"fast_io_fail_ms=soon: expected a number|fast_io_fail_ms=soon"
 	"io_connections=2000: expected a number in 0..1024|io_connections=2000"
