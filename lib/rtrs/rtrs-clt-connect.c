@@ -646,29 +646,30 @@ out_fail:
 }
 
 /*
- * Whether a first connect that failed with rc may be tried again: it
- * reached the server (an RTRS answer, accept or refusal, came back) and
- * the server refused it without "do not retry", or dropped it midway
- * (a storm of clients: the server closes a stalled handshake, or a
- * connection of a path it just closed). No answer at all (nothing
- * listening, a silent peer, a timeout before any answer) and a final
- * verdict fail the open at once, as in the kernel.
+ * Whether a first connect that failed with rc may be tried again: the
+ * server refused it without "do not retry", or a peer that had taken the
+ * connection dropped it (a storm of clients: the server closes a stalled
+ * handshake, a silent socket over its limits, or a connection of a path
+ * it just closed). Nothing listening, a silent peer, a timeout, an
+ * unreachable host and a final verdict fail the open at once, as in the
+ * kernel; so does a refusal at connect of a later connection unless the
+ * server had answered this attempt (reached).
  */
 static bool path_open_retryable(struct clt_path *p, int rc)
 {
-	if (!atomic_load(&p->reached))
-		return false;
 	if (atomic_load(&p->refused_err) == rc)
 		return true;
 	switch (rc) {
 	case -ECONNRESET:
 	case -ECONNABORTED:
-	case -ECONNREFUSED:
+	case -EIO:
 	case -EPIPE:
 	case -ENOTCONN:
 	case -EAGAIN:
 	case -EBUSY:
 		return true;
+	case -ECONNREFUSED:
+		return atomic_load(&p->reached);
 	default:
 		return false;
 	}
