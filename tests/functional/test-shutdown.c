@@ -15,12 +15,14 @@
  * -ESHUTDOWN.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -110,6 +112,36 @@ static void *path_adder(void *arg)
 	return NULL;
 }
 
+/* Whether every thread of pid is stopped (SIGSTOP takes effect thread by thread). */
+static bool all_stopped(pid_t pid)
+{
+	char path[320], line[512];
+	struct dirent *e;
+	bool all = true;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	d = opendir(path);
+	if (!d)
+		return false;
+	while (all && (e = readdir(d))) {
+		char *p;
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", (int)pid, e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue; /* gone */
+		p = fgets(line, sizeof(line), f) ? strrchr(line, ')') : NULL;
+		all = p && p[1] == ' ' && p[2] == 'T';
+		fclose(f);
+	}
+	closedir(d);
+	return all;
+}
+
 /* A listener that accepts TCP (the kernel does) and never says a word. */
 static int silent_listener(void)
 {
@@ -145,6 +177,8 @@ int main(void)
 		printf("SKIP: the silent listener is a TCP one (provider %s)\n", test_provider());
 		return 77;
 	}
+	if (getenv("TEST_LOG"))
+		rtrs_set_log_level(3);
 	lfd = silent_listener();
 	CHECK(lfd >= 0, "a silent listener: %s", strerror(errno));
 	snprintf(qd, sizeof(qd), "%d", QD);
@@ -160,6 +194,9 @@ int main(void)
 
 	/* The server stops answering; every permit's request goes out to it. */
 	kill(srv.pid, SIGSTOP);
+	for (t = test_now_ms(); !all_stopped(srv.pid) && test_now_ms() - t < 5000;)
+		usleep(1000);
+	CHECK(all_stopped(srv.pid), "the server is frozen");
 	for (int i = 0; i < QD; i++) {
 		struct iovec usr = { &ios[i].hdr, sizeof(ios[i].hdr) };
 		struct iovec data = { ios[i].buf, sizeof(ios[i].buf) };
@@ -210,6 +247,19 @@ int main(void)
 		      atomic_load(&ios[i].err));
 		CHECK(atomic_load(&ios[i].at_ms) - t0 < BOUND_MS, "request %d after %llu ms", i,
 		      (unsigned long long)(atomic_load(&ios[i].at_ms) - t0));
+	}
+	{
+		uint64_t last = 0;
+
+		for (int i = 0; i < QD; i++)
+			if (atomic_load(&ios[i].at_ms) > last)
+				last = atomic_load(&ios[i].at_ms);
+		printf("after the shutdown: permit waiter %llu ms, open %llu ms, path add %llu ms, "
+		       "last request %llu ms\n",
+		       (unsigned long long)(atomic_load(&waiter_ms) - t0),
+		       (unsigned long long)(atomic_load(&silent_open_ms) - t0),
+		       (unsigned long long)(atomic_load(&add_ms) - t0),
+		       (unsigned long long)(last - t0));
 	}
 	{
 		struct iovec usr = { &ios[0].hdr, sizeof(ios[0].hdr) };
