@@ -11,7 +11,8 @@
  * "params" is an object or absent.
  *
  * The server has a thread of its own that serves every connection with
- * poll(): methods run there, never on an IO thread. A text larger than
+ * poll(): methods run there, never on an IO thread (or, with
+ * RPC_SERVER_THREADED, on a thread of each connection). A text larger than
  * RPC_REQ_MAX, bytes that are not JSON, or a client that lets more than
  * RPC_OUT_MAX of answers pile up unread get an error where one can be
  * sent, and the connection is closed; nothing else is affected.
@@ -117,7 +118,21 @@ struct rpc_server;
  */
 int rpc_server_start(const char *path, const char *name, const struct rpc_method *methods,
 		     size_t nr_methods, void *priv, struct rpc_server **out);
-/* Stops the thread, closes every connection, removes the socket if still ours. */
+/*
+ * Each connection's requests run on a thread of the connection's own, in
+ * their order: a method that blocks (a map waiting for its server) holds
+ * only the requests that came after it on its connection. Methods of
+ * different connections then run at the same time, and must be safe so;
+ * rpc_server_stop waits for those in progress.
+ */
+#define RPC_SERVER_THREADED 1u
+/* rpc_server_start with flags (RPC_SERVER_THREADED, or 0). */
+int rpc_server_start_flags(const char *path, const char *name, const struct rpc_method *methods,
+			   size_t nr_methods, void *priv, unsigned flags, struct rpc_server **out);
+/*
+ * Stops the thread, closes every connection, removes the socket if still
+ * ours; threaded, after the methods in progress have returned.
+ */
 void rpc_server_stop(struct rpc_server *s);
 
 /* ---- the client ---- */
