@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -50,6 +52,16 @@ struct rpc_conn {
 
 /* Bytes a threaded connection may have read and not fed: then it is not read. */
 #define RPC_IN_MAX (RPC_REQ_MAX + 65536)
+/* A threaded server's stop: how long the answers of the methods in progress may take to go. */
+#define RPC_DRAIN_MS 1000
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
 
 struct rpc_server {
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -66,6 +78,12 @@ struct rpc_server {
 	pthread_mutex_t lock;     /* workers */
 	pthread_cond_t cond;      /* a worker ended */
 	unsigned workers;         /* worker threads not yet ended */
+	/*
+	 * Threaded, stopping: nothing more is read or accepted; the methods in
+	 * progress end and their answers go out, for up to RPC_DRAIN_MS.
+	 */
+	atomic_bool draining;
+	uint64_t drain_end_ms;    /* the poll thread's */
 	char rbuf[65536];         /* the thread's read buffer */
 };
 
@@ -340,12 +358,14 @@ static void *server_thread(void *arg)
 	struct pollfd pfd[RPC_CONN_MAX + 3];
 
 	for (;;) {
+		bool drain = atomic_load(&s->draining), pending = false;
+		int timeout = -1;
 		unsigned n = 0;
 
-		pfd[n++] = (struct pollfd){ .fd = s->efd, .events = POLLIN };
+		pfd[n++] = (struct pollfd){ .fd = drain ? -1 : s->efd, .events = POLLIN };
 		pfd[n++] = (struct pollfd){ .fd = s->wfd, .events = POLLIN };
 		/* At the limit, new clients wait in the backlog. */
-		pfd[n++] = (struct pollfd){ .fd = s->nr_conns < RPC_CONN_MAX ? s->lfd : -1,
+		pfd[n++] = (struct pollfd){ .fd = s->nr_conns < RPC_CONN_MAX && !drain ? s->lfd : -1,
 					    .events = POLLIN };
 		for (unsigned i = 0; i < s->nr_conns; i++) {
 			struct rpc_conn *c = s->conns[i];
@@ -354,19 +374,34 @@ static void *server_thread(void *arg)
 			/* A threaded connection with a request pending is not read further. */
 			pfd[n++] = (struct pollfd){
 				.fd = c->fd,
-				.events = (short)((c->ending || c->in_len >= RPC_IN_MAX ? 0 : POLLIN) |
-						  (c->off < c->len ? POLLOUT : 0)),
+				.events = (short)((c->ending || drain || c->in_len >= RPC_IN_MAX ? 0 :
+						   POLLIN) | (c->off < c->len ? POLLOUT : 0)),
 			};
+			pending |= c->busy || c->in_len || c->off < c->len;
 			pthread_mutex_unlock(&c->lock);
 		}
-		if (poll(pfd, n, -1) < 0) {
+		if (drain) {
+			uint64_t now = mono_ms();
+
+			/* Done when no method runs and every answer is out, or at the deadline. */
+			if (!pending || now >= s->drain_end_ms)
+				break;
+			timeout = (int)(s->drain_end_ms - now);
+		}
+		if (poll(pfd, n, timeout) < 0) {
 			if (errno == EINTR)
 				continue;
 			log_err("%s: poll: %s", s->name, strerror(errno));
 			break;
 		}
-		if (pfd[0].revents)
-			break;
+		if (pfd[0].revents) {
+			if (!threaded(s))
+				break;
+			/* Threaded: the answers of the methods in progress go out first. */
+			s->drain_end_ms = mono_ms() + RPC_DRAIN_MS;
+			atomic_store(&s->draining, true);
+			continue;
+		}
 		if (pfd[1].revents) {
 			uint64_t v;
 
@@ -378,7 +413,7 @@ static void *server_thread(void *arg)
 			short re = pfd[3 + i].revents;
 
 			pthread_mutex_lock(&c->lock);
-			if ((re & (POLLIN | POLLHUP | POLLERR)) && !c->ending)
+			if ((re & (POLLIN | POLLHUP | POLLERR)) && !c->ending && !drain)
 				conn_read(s, c);
 			else if (re & (POLLHUP | POLLERR))
 				c->dead = true; /* ending, and nobody reads the rest */

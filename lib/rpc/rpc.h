@@ -123,7 +123,9 @@ int rpc_server_start(const char *path, const char *name, const struct rpc_method
  * their order: a method that blocks (a map waiting for its server) holds
  * only the requests that came after it on its connection. Methods of
  * different connections then run at the same time, and must be safe so;
- * rpc_server_stop waits for those in progress.
+ * rpc_server_stop reads nothing more, waits for those in progress (and
+ * for those read already), and gives their answers up to a second to go
+ * out.
  */
 #define RPC_SERVER_THREADED 1u
 /* rpc_server_start with flags (RPC_SERVER_THREADED, or 0). */

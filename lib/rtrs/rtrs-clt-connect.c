@@ -592,8 +592,9 @@ int clt_path_connect(struct clt_path *p, bool retry)
 	for (unsigned cid = 0; cid < p->base.nr_cons; cid++) {
 		rc = path_connect_con(p, cid);
 		if (rc) {
-			log_err("%s: connection %u of %u failed: %s", p->name, cid, p->base.nr_cons,
-				strerror(-rc));
+			/* A session closing or shut down is no failure of the connection. */
+			log_at(rc == -ESHUTDOWN ? LOG_INFO : LOG_ERR, "%s: connection %u of %u failed: %s",
+			       p->name, cid, p->base.nr_cons, strerror(-rc));
 			goto out_fail;
 		}
 		if (cid == 0) {

@@ -692,7 +692,8 @@ static void server_calls(unsigned flags)
  * Connection A asks for "slow" twice and then "echo"; while the first slow
  * runs, another connection's echo is answered at once, and so is a third
  * connection's slow (concurrent with A's). Released, A's answers come in
- * order. Stopping the server waits for a method in progress.
+ * order. Stopping the server waits for a method in progress, and its
+ * answer goes out.
  */
 static const struct rpc_method slow_methods[] = {
 	{ "echo", m_echo, "name: string", "says it back" },
@@ -763,6 +764,8 @@ static void server_threaded(void)
 	slow_release(true);
 	pthread_join(t, NULL);
 	CHECK(__atomic_load_n(&stop.done, __ATOMIC_SEQ_CST));
+	CHECK(read_to_close(a, buf, sizeof(buf)) != (size_t)-1 && strstr(buf, "slept"),
+	      "the method's answer went out before the stop closed it: %s", buf);
 	close(a);
 }
 
