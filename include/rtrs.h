@@ -67,7 +67,7 @@ struct rtrs_addr {
 
 /*
  * Parses a path's address, "[SRC@]HOST[:PORT]", the syntax every front end
- * of this project takes (rtrs-perf --dst, rnbd-client --server, the nbdkit
+ * of this project takes (rtrs-perf and rnbd-client --server, the nbdkit
  * plugin's server=):
  *
  *   - HOST is a name or an address; an IPv6 address goes in brackets

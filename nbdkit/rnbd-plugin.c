@@ -12,12 +12,13 @@
  * server= keys add paths to the session.
  *
  * Other keys (rnbd-params.c, which checks each; the session's come from
- * the client front ends' table, lib/front/clt-opts.c): port (1234),
- * provider (tcp), mode (rw | ro | migration), io_connections, policy,
- * hb_interval_ms, fast_io_fail_ms (how long IO waits for a path),
- * reconnect_delay_ms, secret, ctrl_secret, host_name, server_name
- * (DH-HMAC-CHAP, see rtrs.h; secrets as "@FILE" keep them off the command
- * line), log_level.
+ * the client front ends' table, lib/front/clt-opts.c, with its names and
+ * defaults): port (1234), provider (tcp), mode (rw | ro | migration),
+ * io_connections, policy, hb_interval_ms, fast_io_fail_ms (how long IO
+ * waits for a path), reconnect_delay_ms, reconnect_jitter_ms,
+ * reconnect_loss_timeout_ms, max_reconnect_attempts, busy_poll_us, secret,
+ * ctrl_secret, host_name, server_name (DH-HMAC-CHAP, see rtrs.h; secrets as
+ * "@FILE" keep them off the command line), log_level.
  *
  * Before nbdkit forks into the background (get_ready) the plugin connects
  * once and maps device= read-only, so a wrong server, key or device makes
@@ -123,9 +124,6 @@ static int session_open(struct rnbd_clt_sess **out)
 
 	rnbd_set_log_fn(log_to_nbdkit, NULL);
 	rnbd_set_log_level(cfg.clt.log_level);
-	/* The plugin's own rule: the reconnect jitter is half the delay, unless given. */
-	if (!cfg.jitter_given)
-		o.reconnect_jitter_ms = o.reconnect_delay_ms / 2;
 	rc = rnbd_clt_sess_open(&o, out);
 	if (rc == -EPERM)
 		nbdkit_error("session %s to %s: the server has a session of this name open "

@@ -222,8 +222,8 @@ check "reconnect parameters: a string refused" fails "max_attempts" \
 	"$rnbd" --socket "$dir/cctl" call client.reconnect \
 	'{"session":"cc","delay_ms":100,"jitter_ms":10,"max_attempts":"x"}'
 check "reconnect-params: loss timeout and fast IO fail too, the rest kept" bash -c \
-	"'$rnbd' --socket '$dir/cctl' client reconnect-params cc --ctrl-loss-tmo 120 \
-	--fast-io-fail-tmo 2.5 -o json | python3 -c '
+	"'$rnbd' --socket '$dir/cctl' client reconnect-params cc \
+	--reconnect-loss-timeout-ms 120000 --fast-io-fail-ms 2500 -o json | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
 assert r == {\"delay_ms\": 100, \"jitter_ms\": 10, \"max_attempts\": -1,

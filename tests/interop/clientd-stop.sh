@@ -164,12 +164,13 @@ check "SIGTERM as it starts: stopped within 5 s" stops_within TERM 5
 # ---- a frozen server ---------------------------------------------------------
 frozen() { # SECONDS_FROZEN_BEFORE_SIGTERM
 	local spid
-	rnbd_server_start "$dir/fserver.log" -- --port 0 --mem-device "mem0:$((8 << 20))" \
-		--control "$dir/fctl" || return 1
+	rnbd_server_start "$dir/fserver$1.log" -- --port 0 --mem-device "mem0:$((8 << 20))" \
+		--control "$dir/fctl$1" || return 1
 	spid=${pids[-1]}
 	daemon_start
-	c map mem0 --session frozen --server "127.0.0.1:$port" --no-block-device \
-		--fast-io-fail-ms 600000 >/dev/null || { kill "$spid"; return 1; }
+	c map mem0 --session "frozen$1" --server "127.0.0.1:$port" --no-block-device \
+		--fast-io-fail-ms 600000 >"$dir/frozen.out" 2>&1 ||
+		{ echo "  map: $(cat "$dir/frozen.out")"; kill "$spid"; return 1; }
 	kill -STOP "$spid"
 	sleep "$1"
 	stops_within TERM 5 || { kill -CONT "$spid"; kill "$spid"; return 1; }
