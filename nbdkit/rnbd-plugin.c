@@ -443,6 +443,34 @@ static int rnbd_can_multi_conn(void *handle)
 	return 1;
 }
 
+/*
+ * The errno an NBD client gets for ours: NBD has a few codes (EPERM, EIO,
+ * ENOMEM, EINVAL, ENOSPC, EOVERFLOW, ENOTSUP, ESHUTDOWN) and nbdkit sends
+ * EINVAL for any other, which would tell the client that its request was
+ * wrong; a device the server closed (ENOTCONN), one unmapped (ENODEV), no
+ * path (ETIMEDOUT, ECONNABORTED) are the device's failure: EIO, as a block
+ * device's would be. nbdkit's log keeps ours.
+ */
+static int nbd_errno(int err)
+{
+	switch (err) {
+	case EPERM:
+	case EROFS:
+	case EIO:
+	case ENOMEM:
+	case EINVAL:
+	case ENOSPC:
+	case EDQUOT:
+	case EFBIG:
+	case EOVERFLOW:
+	case EOPNOTSUPP:
+	case ESHUTDOWN:
+		return err;
+	default:
+		return EIO;
+	}
+}
+
 /* One IO; nbdkit's error from ours. */
 static int do_io(void *handle, enum rnbd_clt_op op, uint32_t flags, uint64_t offset, void *buf,
 		 uint32_t count)
@@ -459,9 +487,10 @@ static int do_io(void *handle, enum rnbd_clt_op op, uint32_t flags, uint64_t off
 	}
 	rc = rnbd_clt_io(h->e->dev, op, flags, offset, buf, count);
 	if (rc) {
-		nbdkit_error("%s: IO at %llu+%u: %s", h->e->name, (unsigned long long)offset,
-			     count, strerror(-rc));
-		nbdkit_set_error(-rc);
+		nbdkit_error("%s: IO at %llu+%u: %s%s", h->e->name, (unsigned long long)offset,
+			     count, strerror(-rc), rc == -ENOTCONN ? " (the server closed the device)"
+			     : "");
+		nbdkit_set_error(nbd_errno(-rc));
 		return -1;
 	}
 	return 0;
