@@ -50,7 +50,7 @@ def ticks(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return int(f[11]) + int(f[12])
 t0 = ticks(srv.pid)
-clt = subprocess.Popen([perf, "client", "--dst", f"127.0.0.1:{port}", "--mode", mode,
+clt = subprocess.Popen([perf, "client", "--server", f"127.0.0.1:{port}", "--mode", mode,
                         "--io-size", size, "--queue-depth", qd, "--duration", dur, "--json"],
                        stdout=subprocess.PIPE, text=True)
 out = clt.stdout.read()

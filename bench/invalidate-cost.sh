@@ -44,7 +44,7 @@ cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 one() { # port server-pid mode size qd: prints "ops/s server-cpu-us-per-op"
 	local t0 t1 json
 	t0=$(cpu_ticks "$2")
-	json=$("$perf" client --dst "127.0.0.1:$1" --mode "$3" --io-size "$4" --queue-depth "$5" \
+	json=$("$perf" client --server "127.0.0.1:$1" --mode "$3" --io-size "$4" --queue-depth "$5" \
 		--duration "$DURATION" --json)
 	t1=$(cpu_ticks "$2")
 	python3 -c "import json,sys; r=json.loads(sys.argv[1]); assert r['errors']==0 and r['bad']==0

@@ -26,7 +26,7 @@ for _ in $(seq 100); do grep -q port "$tmp/srv" && break; sleep 0.05; done
 
 run() { # dsts... -> GB/s
 	local args=()
-	for d in "$@"; do args+=(--dst "$d"); done
+	for d in "$@"; do args+=(--server "$d"); done
 	ip netns exec $C "$perf" client "${args[@]}" --mode write --io-size 64k --queue-depth 32 \
 		--duration "$DURATION" --json |
 		python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["errors"]==0; print(r["gb_per_sec"])'
@@ -36,7 +36,7 @@ two=$(run 198.18.1.1:4791 198.18.2.1:4791)
 ratio=$(python3 -c "print(f'{$two / $one:.2f}')")
 
 # Silent path with the default heartbeat.
-ip netns exec $C "$perf" client --dst 198.18.1.1:4791 --dst 198.18.2.1:4791 --mode write \
+ip netns exec $C "$perf" client --server 198.18.1.1:4791 --server 198.18.2.1:4791 --mode write \
 	--io-size 4k --queue-depth 16 --duration 14 --json >"$tmp/silent.json" &
 pid=$!
 sleep 3

@@ -45,20 +45,20 @@ run() { # mode size qd field [client options]
 	local mode=$1 size=$2 qd=$3 field=$4
 	shift 4
 	for _ in $(seq "$RUNS"); do
-		"$perf" client --dst "127.0.0.1:$port" --mode "$mode" --io-size "$size" \
+		"$perf" client --server "127.0.0.1:$port" --mode "$mode" --io-size "$size" \
 			--queue-depth "$qd" --duration "$DURATION" --json "$@" |
 			python3 -c "import json,sys; r=json.load(sys.stdin); assert r['errors']==0; print(r['$field'])"
 	done | median
 }
 
-w1m_1=$(run write 1M 16 gb_per_sec --cons 1)
-r1m_1=$(run read 1M 16 gb_per_sec --cons 1)
+w1m_1=$(run write 1M 16 gb_per_sec --io-connections 1)
+r1m_1=$(run read 1M 16 gb_per_sec --io-connections 1)
 w1m=$(run write 1M 16 gb_per_sec)
 r1m=$(run read 1M 16 gb_per_sec)
 w4k=$(run write 4k 64 ops_per_sec)
 r4k=$(run read 4k 64 ops_per_sec)
-w4k_1=$(run write 4k 64 ops_per_sec --cons 1)
-qd1=$(run write 4k 1 ops_per_sec --cons 1)
+w4k_1=$(run write 4k 64 ops_per_sec --io-connections 1)
+qd1=$(run write 4k 1 ops_per_sec --io-connections 1)
 
 ratio() { python3 -c "print(f'{$1 / $2 * 100:.0f} %')"; }
 machine=$(machine)

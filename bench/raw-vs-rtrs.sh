@@ -55,14 +55,14 @@ for mode in ("write", "read"):
                            "--size", size, "--queue-depth", qd, "--duration", dur, "--json"]})
     chains.append({"name": "rtrs-" + mode, "label": "rtrs-perf, %s" % mode, "kind": "ops",
                    "procs": {"server": int(perfpid)},
-                   "cmd": [perf, "client", "--dst", "127.0.0.1:" + pport, "--mode", mode,
+                   "cmd": [perf, "client", "--server", "127.0.0.1:" + pport, "--mode", mode,
                            "--io-size", size, "--queue-depth", qd, "--duration", dur,
-                           "--cons", "1", "--json"]})
+                           "--io-connections", "1", "--json"]})
     chains.append({"name": "rtrs-ni-" + mode, "label": "rtrs-perf --no-invalidate, %s" % mode,
                    "kind": "ops", "procs": {"server": int(nipid)},
-                   "cmd": [perf, "client", "--dst", "127.0.0.1:" + niport, "--mode", mode,
+                   "cmd": [perf, "client", "--server", "127.0.0.1:" + niport, "--mode", mode,
                            "--io-size", size, "--queue-depth", qd, "--duration", dur,
-                           "--cons", "1", "--json"]})
+                           "--io-connections", "1", "--json"]})
 json.dump({"runs": int(runs), "title": "%s B, QD %s, one connection, loopback tcp" % (size, qd),
            "chains": chains}, open(out, "w"))
 PY

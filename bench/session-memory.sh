@@ -52,7 +52,7 @@ start=$(rss)
 for r in $(seq "$ROUNDS"); do
 	for i in $(seq "$N"); do
 		"$rnbd" --socket "$tmp/cctl" client map m0 --session "mem-$r-$i" \
-			--server "127.0.0.1:$port" --mode ro >/dev/null
+			--server "127.0.0.1:$port" --mode ro --no-block-device >/dev/null
 	done
 	# Measured once the server has every session.
 	for _ in $(seq 300); do

@@ -80,7 +80,7 @@ turn() { # BUILD NAME N: one run of that build's rnbd-clientd; N 0 checks the da
 	cpid=$!
 	wait_for 60 grep -q 'rnbd-clientd ready' "/tmp/c-$name.log"; check "clientd-$name" $?
 	"$b/tools/rnbd" --socket /tmp/c.sock --timeout 120000 client map mem0 --session ab \
-		--server 127.0.0.1:1234 --option provider=tcp -o json >/tmp/map.json
+		--server 127.0.0.1:1234 --provider tcp -o json >/tmp/map.json
 	check "map-$name" $?
 	dev=$(python3 -c 'import json; print(json.load(open("/tmp/map.json"))["block_device"] or "")')
 	[ -b "$dev" ]; check "block-device-$name" $? "($dev)"

@@ -95,7 +95,7 @@ wait_for 60 grep -q 'listening on port' /tmp/s.log; check rnbd-server-started $?
 "$build/daemons/rnbd-clientd" --control /tmp/c.sock --log-level info >/tmp/c.log 2>&1 &
 cpid=$!
 wait_for 60 grep -q 'rnbd-clientd ready' /tmp/c.log; check rnbd-clientd-started $?
-R client map mem0 --session bench --server "$addr:1234" --option provider="$provider" \
+R client map mem0 --session bench --server "$addr:1234" --provider "$provider" \
 	-o json >/tmp/map.json
 check rnbd-mapped $? "$(cat /tmp/map.json)"
 ours=$(python3 -c 'import json; print(json.load(open("/tmp/map.json"))["block_device"] or "")')
@@ -246,7 +246,7 @@ Machine: $(machine); host load average $load at the start, $(cut -d' ' -f1-3 /pr
 Linux $kver under TCG ($SMP vCPU, no KVM).
 Command: \`RUNS=$RUNS DURATION=$DURATION BS=$BS QD=$QD RW=$RW ENGINE=$ENGINE PROVIDER=$PROVIDER NBD_CONNS=$NBD_CONNS bench/ublk-vs-nbd.sh --record\`
 (medians of $RUNS runs, the two devices alternating). Ours: rnbd-server \`--provider $PROVIDER -a $addr -m mem0:64M\` and
-rnbd-clientd mapping it (\`rnbd client map mem0 --option provider=$PROVIDER\`) as /dev/ublkbN. The peer: \`nbdkit memory 64M\`
+rnbd-clientd mapping it (\`rnbd client map mem0 --provider $PROVIDER\`) as /dev/ublkbN. The peer: \`nbdkit memory 64M\`
 on 127.0.0.1 and Debian's nbd.ko, \`nbd-client 127.0.0.1 PORT /dev/nbd0 -C $NBD_CONNS\`. A 64 MiB random pattern was written
 through each device and read back equal (O_DIRECT) before the runs. fio on each: \`--rw=$RW --rwmixread=50 --bs=$BS
 --iodepth=$QD --ioengine=$ENGINE --direct=1 --runtime=$DURATION\`. CPU: the guest's non-idle time from /proc/stat over the

@@ -42,8 +42,8 @@ for dev in "${devices[@]}"; do
 		p1=\$(grep -o 'port [0-9]*' /tmp/s1.out | cut -d' ' -f2)
 		rtrs() { # NAME PORT SERVER_PID [OPTS]
 			local c0=\$(cpu \$3)
-			/usr/bin/time -f 'TIME %U %S' -o /tmp/t.out $perf client --provider verbs --dst 198.18.0.1:\$2 \
-				--mode write --io-size 64k --queue-depth 64 --cons 1 --duration $DURATION --json \$4 >/tmp/c.out
+			/usr/bin/time -f 'TIME %U %S' -o /tmp/t.out $perf client --provider verbs --server 198.18.0.1:\$2 \
+				--mode write --io-size 64k --queue-depth 64 --io-connections 1 --duration $DURATION --json \$4 >/tmp/c.out
 			local c1=\$(cpu \$3)
 			python3 -c \"import json; r = json.load(open('/tmp/c.out')); t = open('/tmp/t.out').read().split()
 print('\$1', r['gb_per_sec'] * 8, r['ops'], float(t[1]) + float(t[2]) + \$c1 - \$c0)\"
@@ -108,7 +108,7 @@ section=$(cat <<MD
 Machine: $(nproc) vCPU host, guest Linux $(cut -d' ' -f1 /var/tmp/rtrs-vm/image/version) under TCG (2 vCPU, no KVM), the native RDMA fabric (rdma-core $(dpkg-query -W -f='${Version}' libibverbs-dev 2>/dev/null)).
 Command: \`RUNS=$RUNS DURATION=$DURATION POLL_US=$POLL_US bench/verbs-vs-perftest.sh\` (medians of $RUNS runs, the three contenders alternating).
 Peer: \`ib_write_bw -R -s 65536 -D $DURATION\` (perftest: one QP, 128 writes in flight, busy-polling); rtrs-perf: \`client --provider verbs
---mode write --io-size 64k --queue-depth 64 --cons 1\` from one registered buffer area (every write also waits for the server's
+--mode write --io-size 64k --queue-depth 64 --io-connections 1\` from one registered buffer area (every write also waits for the server's
 response), with the defaults (threads sleep when their completion queue is empty) and with \`--busy-poll $POLL_US\` on both ends.
 CPU: utime + stime of both ends per IO. Plot: [$(basename "$png")](plots/$(basename "$png")).
 

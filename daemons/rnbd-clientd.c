@@ -10,17 +10,31 @@
  *   rnbd-clientd [--control PATH] [--mappings FILE] [--metrics HOST:PORT]
  *
  * A mapped device becomes a Linux block device, /dev/ublkbN, through ublk
- * (ublk.c; the userspace counterpart of /dev/rnbdX). Where the kernel has
- * no ublk (no /dev/ublk-control) the mapping still works, and the device
- * says that no block device can be made here (client.devices:
- * "block_device": null and the reason). A mounted or open block device is
- * unmapped only by force; stopping the daemon removes every block device.
+ * (ublk.c; the userspace counterpart of /dev/rnbdX). A map that asks for
+ * none ("block_device": false) maps the device without one; one that asks
+ * for one (the default) where the kernel has no ublk fails, naming why. A
+ * mounted or open block device is unmapped only by force; stopping the
+ * daemon removes every block device.
  *
  * --mappings FILE: a JSON array of mappings, each as client.map takes
  * them; read at start (a file that cannot be read or parsed stops the
- * daemon with the file and the reason; a mapping that fails is logged and
- * kept), written by client.save (whole, through a temporary file renamed
- * into place).
+ * daemon with the file and the reason), mapped once the control socket is
+ * up, several at once (a mapping that fails is logged and kept), written
+ * by client.save (whole, through a temporary file renamed into place).
+ *
+ * Threads: the control socket's methods run on a thread per connection
+ * (RPC_SERVER_THREADED), so a map waiting for a server that does not
+ * answer holds only its own request; the mappings are restored by a few
+ * threads of their own; main waits for signals. state_lock guards the
+ * lists of sessions and devices and what the threads share of each; the
+ * network (opening a session, a map, an unmap) and ublk are used without
+ * it, the object marked meanwhile (a session opening, a device busy).
+ *
+ * Stopping (SIGTERM, SIGINT, SIGQUIT): new maps are refused; every
+ * session's devices are unmapped (each session on a thread of its own) for
+ * up to STOP_GRACE_MS; then librtrs stops waiting for any server
+ * (rtrs_clt_shutdown_all): what is left fails at once (IO in flight,
+ * opens, maps), and is undone.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -44,6 +58,9 @@
 #include "ublk.h"
 
 #define DEVS_MAX 256
+#define STOP_GRACE_MS 2000   /* a stop waits this long for servers to answer */
+#define STOP_ABORT_MS 2500   /* ... then this long for what is left to fail and end */
+#define RESTORE_THREADS 16   /* mappings restored at once */
 
 
 static struct {
@@ -67,7 +84,12 @@ static const struct opt options[] = {
 	{ 0 },
 };
 
-/* A session: its options (strings owned here) and librnbd's handle. */
+/*
+ * A session: its options (strings owned here) and librnbd's handle. Listed
+ * (sessions[]) from the first map that names it: while that map opens it
+ * (opening), other maps through it wait for the outcome. It is closed when
+ * it has no device and nobody uses it (users: maps in progress, a stop).
+ */
 struct sess {
 	char name[256];
 	struct clt_cfg cfg;
@@ -75,22 +97,37 @@ struct sess {
 	unsigned nr_strs;
 	struct json_object *spec;     /* servers and options, as mapped (for client.save) */
 	struct rnbd_clt_sess *rnbd;
+	/* state_lock */
 	unsigned devs;
+	unsigned users;
+	bool listed;                  /* in sessions[] */
+	bool opening;                 /* its first map opens it */
+	int failed;                   /* the open failed: the error, for those who waited */
+	char fail_msg[512];
 };
 
 struct dev {
 	struct sess *s;
 	char name[256];
 	enum rnbd_clt_mode mode;
+	bool want_bdev;               /* the map asked for a block device */
 	struct rnbd_clt_dev *d;
+	/* state_lock */
 	struct ublk_dev *ub;          /* its block device, where ublk is */
 	char bdev[32];                /* "/dev/ublkbN", or "" */
 	char note[200];               /* why there is none */
+	bool busy;                    /* an unmap or a remap runs on it */
 };
 
+static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t state_cond = PTHREAD_COND_INITIALIZER; /* any change below */
 static struct sess *sessions[CLT_CTL_SESS_MAX];
 static struct dev *devs[DEVS_MAX];
-static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER; /* devs[] for readers */
+static unsigned ndevs;               /* devices in devs[] */
+static unsigned maps_pending;        /* maps in progress: devices that may come */
+static unsigned workers;             /* restore and stop threads running */
+static bool stopping;
+static pthread_mutex_t save_lock = PTHREAD_MUTEX_INITIALIZER; /* one client.save at a time */
 static struct clt_ctl ctl;
 static int log_level = DLOG_INFO;
 static char ublk_note[160];
@@ -110,6 +147,30 @@ static void probe_ublk(void)
 
 /* ---- sessions and devices ---- */
 
+/*
+ * A deep copy of v, or NULL. json-c counts references without atomics:
+ * what threads share (a session's spec, read under state_lock) must share
+ * no object with what one of them frees unlocked (a request's params, an
+ * answer).
+ */
+static struct json_object *copy(struct json_object *v)
+{
+	struct json_object *c = NULL;
+
+	return v && !json_object_deep_copy(v, &c, NULL) ? c : NULL;
+}
+
+/* Adds v to o as key (v's reference is o's, or dropped): false on failure. */
+static bool put(struct json_object *o, const char *key, struct json_object *v)
+{
+	if (!o || !v || json_object_object_add(o, key, v)) {
+		json_object_put(v);
+		return false;
+	}
+	return true;
+}
+
+/* The listed session named name (state_lock held). */
 static struct sess *sess_find(const char *name)
 {
 	for (unsigned i = 0; i < CLT_CTL_SESS_MAX; i++)
@@ -118,13 +179,32 @@ static struct sess *sess_find(const char *name)
 	return NULL;
 }
 
-static void sess_free(struct sess *s)
+/* Lists s (state_lock held): false when there is no room. */
+static bool sess_list(struct sess *s)
 {
-	if (!s)
-		return;
+	for (unsigned i = 0; i < CLT_CTL_SESS_MAX; i++) {
+		if (!sessions[i]) {
+			sessions[i] = s;
+			s->listed = true;
+			return true;
+		}
+	}
+	return false;
+}
+
+static void sess_unlist(struct sess *s)
+{
 	for (unsigned i = 0; i < CLT_CTL_SESS_MAX; i++)
 		if (sessions[i] == s)
 			sessions[i] = NULL;
+	s->listed = false;
+}
+
+/* Closes s (no lock held; unlisted, nobody uses it): off the control plane, then closed. */
+static void sess_destroy(struct sess *s)
+{
+	if (!s)
+		return;
 	if (s->rnbd) {
 		clt_ctl_del(&ctl, s->rnbd);
 		rnbd_clt_sess_close(s->rnbd);
@@ -133,6 +213,21 @@ static void sess_free(struct sess *s)
 		free(s->strs[i]);
 	json_object_put(s->spec);
 	free(s);
+}
+
+/*
+ * A user of s is done (state_lock held). True when s has no device and
+ * no user left: it is unlisted, and the caller closes it (sess_destroy)
+ * once the lock is dropped.
+ */
+static bool sess_release(struct sess *s)
+{
+	if (--s->users || s->devs)
+		return false;
+	if (s->listed)
+		sess_unlist(s);
+	pthread_cond_broadcast(&state_cond);
+	return true;
 }
 
 /* An option value for cfg: kept as long as the session. */
@@ -179,13 +274,12 @@ static int sess_opt(struct sess *s, enum clt_opt_id id, const char *key, struct 
 /*
  * A new session named name from params' "server" (an array) and "options"
  * (an object of the client front ends' keys, as the nbdkit plugin takes
- * them): opened, registered. The new session, or NULL with err set.
+ * them), checked, not opened yet (sess_connect). NULL with err set.
  */
-static struct sess *sess_open(const char *name, struct json_object *params, struct rpc_err *err)
+static struct sess *sess_new(const char *name, struct json_object *params, struct rpc_err *err)
 {
 	struct json_object *servers = NULL, *opts = NULL;
 	struct sess *s = calloc(1, sizeof(*s));
-	unsigned slot;
 	int rc;
 
 	if (!s) {
@@ -194,8 +288,6 @@ static struct sess *sess_open(const char *name, struct json_object *params, stru
 	}
 	snprintf(s->name, sizeof(s->name), "%s", name);
 	clt_cfg_init(&s->cfg, CLT_MAX_PATHS);
-	s->cfg.opts.fast_io_fail_ms = 30000;
-	s->cfg.opts.reconnect_delay_ms = 1000;
 	rc = rpc_param_strs(params, "server", true, &servers, err);
 	if (!rc && !json_object_array_length(servers))
 		rc = rpc_errf(err, RPC_INVALID_PARAMS, "server: at least one path is needed");
@@ -221,38 +313,45 @@ static struct sess *sess_open(const char *name, struct json_object *params, stru
 				break;
 		}
 	}
-	for (slot = 0; !rc && slot < CLT_CTL_SESS_MAX && sessions[slot]; slot++)
-		;
-	if (!rc && slot == CLT_CTL_SESS_MAX)
-		rc = rpc_errf(err, -ENOSPC, "no room for another session (at most %u)",
-			      CLT_CTL_SESS_MAX);
 	if (!rc) {
-		/* As the plugin does: the jitter is half the delay unless given. */
-		if (!opts || !json_object_object_get_ex(opts, "reconnect_jitter_ms", NULL))
-			s->cfg.opts.reconnect_jitter_ms = s->cfg.opts.reconnect_delay_ms / 2;
-		rc = rnbd_clt_sess_open(&s->cfg.opts, &s->rnbd);
-		if (rc)
-			rpc_errf(err, rc, "session %s: %s", name, rc == -EPERM ?
-				 "the server has a session of this name open (another client)" :
-				 strerror(-rc));
+		clt_cfg_finish(&s->cfg); /* the front ends' defaults, as everywhere */
+		s->spec = json_object_new_object();
+		if (!s->spec ||
+		    !put(s->spec, "server", copy(servers)) ||
+		    (opts && !put(s->spec, "options", copy(opts))))
+			rc = rpc_errf(err, -ENOMEM, "session %s: out of memory", name);
 	}
-	if (!rc && (rc = clt_ctl_add(&ctl, name, s->rnbd)))
-		rpc_errf(err, rc, "session %s: %s", name, strerror(-rc));
 	if (rc) {
-		sess_free(s);
+		sess_destroy(s);
 		return NULL;
 	}
-	s->spec = json_object_new_object();
-	json_object_object_add(s->spec, "server", json_object_get(servers));
-	if (opts)
-		json_object_object_add(s->spec, "options", json_object_get(opts));
-	sessions[slot] = s;
-	dlog(DLOG_INFO, "session %s: open, %zu path%s", name, json_object_array_length(servers),
-	     json_object_array_length(servers) == 1 ? "" : "s");
 	return s;
 }
 
-/* The device named by params ("session" optional when the name is unique). */
+/* Opens s (no lock held) and puts it on the control plane: 0, or err set. */
+static int sess_connect(struct sess *s, struct rpc_err *err)
+{
+	struct json_object *servers = NULL;
+	size_t n;
+	int rc = rnbd_clt_sess_open(&s->cfg.opts, &s->rnbd);
+
+	if (rc)
+		return rpc_errf(err, rc, "session %s: %s", s->name, rc == -EPERM ?
+				"the server has a session of this name open (another client)" :
+				rc == -ESHUTDOWN ? "rnbd-clientd is stopping" : strerror(-rc));
+	rc = clt_ctl_add(&ctl, s->name, s->rnbd);
+	if (rc) {
+		rnbd_clt_sess_close(s->rnbd);
+		s->rnbd = NULL;
+		return rpc_errf(err, rc, "session %s: %s", s->name, strerror(-rc));
+	}
+	json_object_object_get_ex(s->spec, "server", &servers);
+	n = json_object_array_length(servers);
+	dlog(DLOG_INFO, "session %s: open, %zu path%s", s->name, n, n == 1 ? "" : "s");
+	return 0;
+}
+
+/* The device named by params ("session" optional when the name is unique); state_lock held. */
 static struct dev *dev_param(struct json_object *params, struct rpc_err *err)
 {
 	const char *name = NULL, *sname = NULL;
@@ -291,15 +390,8 @@ static int mode_of(const char *s)
 
 /* ---- methods ---- */
 
-static bool put(struct json_object *o, const char *key, struct json_object *v)
-{
-	if (!o || !v || json_object_object_add(o, key, v)) {
-		json_object_put(v);
-		return false;
-	}
-	return true;
-}
 
+/* d as client.devices lists it (state_lock held). */
 static struct json_object *dev_json(struct dev *d)
 {
 	struct rnbd_clt_dev_info in = { .size = sizeof(in) };
@@ -326,7 +418,7 @@ static int devices_fn(void *priv, struct json_object *arr)
 {
 	int rc = 0;
 
-	pthread_mutex_lock(&devs_lock);
+	pthread_mutex_lock(&state_lock);
 	for (unsigned i = 0; i < DEVS_MAX && !rc; i++) {
 		struct json_object *o;
 
@@ -338,7 +430,7 @@ static int devices_fn(void *priv, struct json_object *arr)
 			rc = -ENOMEM;
 		}
 	}
-	pthread_mutex_unlock(&devs_lock);
+	pthread_mutex_unlock(&state_lock);
 	return rc;
 }
 
@@ -363,56 +455,104 @@ static int m_map(void *priv, struct json_object *params, struct json_object **re
 		 struct rpc_err *err)
 {
 	static const char *const names[] = { "device", "session", "server", "mode", "options",
-					     NULL };
+					     "block_device", NULL };
 	const char *name, *sname, *mname = "rw";
-	struct sess *s;
-	struct dev *d;
-	unsigned slot;
-	bool fresh = false;
+	struct sess *s, *fresh = NULL;
+	struct dev *d = NULL;
+	bool want_bdev = true, undo = false, close_s;
 	int rc, mode;
 
 	if ((rc = rpc_params_check(params, names, err)) ||
 	    (rc = rpc_param_str(params, "device", true, &name, err)) ||
 	    (rc = rpc_param_str(params, "session", true, &sname, err)) ||
-	    (rc = rpc_param_str(params, "mode", false, &mname, err)))
+	    (rc = rpc_param_str(params, "mode", false, &mname, err)) ||
+	    (rc = rpc_param_bool(params, "block_device", false, &want_bdev, err)))
 		return rc;
 	mode = mode_of(mname);
 	if (mode < 0)
 		return rpc_errf(err, RPC_INVALID_PARAMS, "mode %s: expected rw, ro or migration",
 				mname);
-	for (slot = 0; slot < DEVS_MAX && devs[slot]; slot++)
-		;
-	if (slot == DEVS_MAX)
-		return rpc_errf(err, -ENOSPC, "no room for another device (at most %u)", DEVS_MAX);
+	if (want_bdev && !have_ublk)
+		return rpc_errf(err, -ENODEV, "device %s of session %s: %s; block_device false "
+				"maps it without one", name, sname, ublk_note);
+	pthread_mutex_lock(&state_lock);
 	s = sess_find(sname);
-	if (s && !spec_same(s, params))
-		return rpc_errf(err, -EEXIST, "session %s is open already with other servers or "
-				"options: map through it without them (client.path.add adds paths)",
-				sname);
-	if (!s) {
-		s = sess_open(sname, params, err);
-		if (!s)
+	if (!s && !stopping && ndevs + maps_pending < DEVS_MAX) {
+		/* A new one: checked unlocked (no network), then listed unless another came. */
+		pthread_mutex_unlock(&state_lock);
+		fresh = sess_new(sname, params, err);
+		if (!fresh)
 			return err->code;
-		fresh = true;
+		pthread_mutex_lock(&state_lock);
+		s = sess_find(sname);
 	}
-	d = calloc(1, sizeof(*d));
-	if (!d) {
-		rc = -ENOMEM;
-		goto fail;
-	}
-	d->s = s;
-	d->mode = (enum rnbd_clt_mode)mode;
-	snprintf(d->name, sizeof(d->name), "%s", name);
-	rc = rnbd_clt_map(s->rnbd, name, d->mode, &d->d);
+	if (stopping)
+		rc = rpc_errf(err, -ESHUTDOWN, "device %s of session %s: rnbd-clientd is stopping",
+			      name, sname);
+	else if (ndevs + maps_pending >= DEVS_MAX)
+		rc = rpc_errf(err, -ENOSPC, "no room for another device (at most %u)", DEVS_MAX);
+	else if (s && !spec_same(s, params))
+		rc = rpc_errf(err, -EEXIST, "session %s is open already with other servers or "
+			      "options: map through it without them (client.path.add adds paths)",
+			      sname);
+	else if (!s && !sess_list(fresh))
+		rc = rpc_errf(err, -ENOSPC, "no room for another session (at most %u)",
+			      CLT_CTL_SESS_MAX);
 	if (rc) {
-		rpc_errf(err, rc, "device %s of session %s: %s", name, sname,
-			 rc == -EPERM ? "the server refused the mode (another client writes it)" :
-			 rc == -EEXIST ? "mapped already" : strerror(-rc));
-		free(d);
-		goto fail;
+		pthread_mutex_unlock(&state_lock);
+		sess_destroy(fresh);
+		return rc;
 	}
-	snprintf(d->note, sizeof(d->note), "%s", ublk_note);
-	if (have_ublk) {
+	if (s) {
+		sess_destroy(fresh); /* another request listed it meanwhile (not opened: no network) */
+		fresh = NULL;
+	} else {
+		s = fresh;
+		s->opening = true;
+	}
+	s->users++;
+	maps_pending++;
+	if (fresh) {
+		pthread_mutex_unlock(&state_lock);
+		rc = sess_connect(s, err);
+		pthread_mutex_lock(&state_lock);
+		s->opening = false;
+		if (rc) {
+			/* Those waiting get this error; later maps open it again. */
+			s->failed = rc;
+			snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", err->msg);
+			sess_unlist(s);
+		}
+		pthread_cond_broadcast(&state_cond);
+	} else {
+		while (s->opening)
+			pthread_cond_wait(&state_cond, &state_lock);
+		if (s->failed)
+			rc = rpc_errf(err, s->failed, "%s", s->fail_msg);
+	}
+	pthread_mutex_unlock(&state_lock);
+
+	if (!rc) {
+		d = calloc(1, sizeof(*d));
+		rc = d ? 0 : rpc_errf(err, -ENOMEM, "out of memory");
+	}
+	if (!rc) {
+		d->s = s;
+		d->mode = (enum rnbd_clt_mode)mode;
+		d->want_bdev = want_bdev;
+		snprintf(d->name, sizeof(d->name), "%s", name);
+		rc = rnbd_clt_map(s->rnbd, name, d->mode, &d->d);
+		if (rc) {
+			rpc_errf(err, rc, "device %s of session %s: %s", name, sname,
+				 rc == -EPERM ? "the server refused the mode (another client writes it)" :
+				 rc == -EEXIST ? "mapped already" :
+				 rc == -ESHUTDOWN || rc == -ECONNABORTED ?
+				 "rnbd-clientd is stopping" : strerror(-rc));
+			free(d);
+			d = NULL;
+		}
+	}
+	if (!rc && want_bdev) {
 		char why[200];
 		int id;
 
@@ -422,97 +562,165 @@ static int m_map(void *priv, struct json_object *params, struct json_object **re
 				 name, sname, why);
 			rnbd_clt_unmap(d->d, true);
 			free(d);
-			goto fail;
+			d = NULL;
+		} else {
+			snprintf(d->bdev, sizeof(d->bdev), "/dev/ublkb%d", id);
 		}
-		snprintf(d->bdev, sizeof(d->bdev), "/dev/ublkb%d", id);
+	} else if (!rc) {
+		snprintf(d->note, sizeof(d->note), "no block device: none was asked for "
+			 "(block_device false)");
 	}
-	s->devs++;
-	pthread_mutex_lock(&devs_lock);
-	devs[slot] = d;
-	pthread_mutex_unlock(&devs_lock);
-	dlog(DLOG_INFO, "device %s of session %s: mapped %s; %s", name, sname, mname,
-	     d->bdev[0] ? d->bdev : d->note);
-	*result = dev_json(d);
-	return *result ? 0 : -ENOMEM;
-fail:
-	if (fresh)
-		sess_free(s);
-	return err->code ? err->code : rc;
+
+	pthread_mutex_lock(&state_lock);
+	maps_pending--;
+	if (!rc && stopping) {
+		/* Mapped while the stop unmaps everything: undone here. */
+		rc = rpc_errf(err, -ESHUTDOWN, "device %s of session %s: rnbd-clientd is stopping",
+			      name, sname);
+		undo = true;
+	}
+	if (!rc) {
+		for (unsigned i = 0; i < DEVS_MAX; i++) {
+			if (!devs[i]) {
+				devs[i] = d;
+				break;
+			}
+		}
+		ndevs++;
+		s->devs++;
+		*result = dev_json(d);
+		if (!*result)
+			rc = -ENOMEM; /* mapped all the same: the list shows it */
+	}
+	close_s = sess_release(s);
+	pthread_cond_broadcast(&state_cond);
+	pthread_mutex_unlock(&state_lock);
+	if (undo) {
+		ublk_dev_remove(d->ub);
+		rnbd_clt_unmap(d->d, true);
+		free(d);
+	} else if (!rc) {
+		dlog(DLOG_INFO, "device %s of session %s: mapped %s; %s", name, sname, mname,
+		     d->bdev[0] ? d->bdev : d->note);
+	}
+	if (close_s) {
+		if (s->rnbd)
+			dlog(DLOG_INFO, "session %s: no device mapped through it: closing it", sname);
+		sess_destroy(s);
+	}
+	return rc;
 }
 
-static void dev_drop(struct dev *d)
+/*
+ * Unmaps d, marked busy by the caller (no lock held): its block device
+ * first (its IO goes to d), then the mapping. 0, or rnbd_clt_unmap's
+ * error with d as it was (less its block device).
+ */
+static int dev_unmap(struct dev *d, bool force)
+{
+	struct ublk_dev *ub;
+
+	pthread_mutex_lock(&state_lock);
+	ub = d->ub;
+	pthread_mutex_unlock(&state_lock);
+	if (ub) {
+		ublk_dev_remove(ub);
+		pthread_mutex_lock(&state_lock);
+		d->ub = NULL;
+		d->bdev[0] = 0;
+		snprintf(d->note, sizeof(d->note), "its block device was removed by an unmap "
+			 "that failed");
+		pthread_mutex_unlock(&state_lock);
+		force = true; /* with the block device gone, nothing sends IO any more */
+	}
+	return rnbd_clt_unmap(d->d, force);
+}
+
+/*
+ * d is unmapped (state_lock held): off the list. True when its session
+ * has nothing left: unlisted, and the caller closes it once the lock is
+ * dropped (sess_destroy). d is the caller's to free.
+ */
+static bool dev_drop(struct dev *d)
 {
 	struct sess *s = d->s;
 
-	pthread_mutex_lock(&devs_lock);
 	for (unsigned i = 0; i < DEVS_MAX; i++)
 		if (devs[i] == d)
 			devs[i] = NULL;
-	pthread_mutex_unlock(&devs_lock);
-	free(d);
-	if (--s->devs == 0) {
-		dlog(DLOG_INFO, "session %s: its last device is unmapped; closing it", s->name);
-		sess_free(s);
-	}
+	ndevs--;
+	pthread_cond_broadcast(&state_cond);
+	if (--s->devs || s->users)
+		return false;
+	sess_unlist(s);
+	return true;
 }
 
 static int m_unmap(void *priv, struct json_object *params, struct json_object **result,
 		   struct rpc_err *err)
 {
 	static const char *const names[] = { "device", "session", "force", NULL };
-	bool force = false, had_ub;
-	unsigned slot;
+	char dname[256], sname[256], bdev[32];
+	bool force = false, close_s;
 	struct dev *d;
+	struct sess *s;
 	int rc;
 
 	if ((rc = rpc_params_check(params, names, err)) ||
 	    (rc = rpc_param_bool(params, "force", false, &force, err)))
 		return rc;
-	if (!(d = dev_param(params, err)))
-		return err->code;
-	/*
-	 * Off the list first: nobody lists a device being unmapped. Only this
-	 * thread adds devices, so its slot is still free if it must go back.
-	 */
+	pthread_mutex_lock(&state_lock);
+	d = dev_param(params, err);
+	if (d && stopping)
+		rc = rpc_errf(err, -ESHUTDOWN, "device %s of session %s: rnbd-clientd is stopping "
+			      "(it unmaps every device)", d->name, d->s->name);
+	else if (d && d->busy)
+		rc = rpc_errf(err, -EBUSY, "device %s of session %s: another request unmaps or "
+			      "remaps it now", d->name, d->s->name);
+	else if (!d)
+		rc = err->code;
+	if (!rc) {
+		d->busy = true;
+		snprintf(dname, sizeof(dname), "%s", d->name);
+		snprintf(sname, sizeof(sname), "%s", d->s->name);
+		snprintf(bdev, sizeof(bdev), "%s", d->ub ? d->bdev : "");
+	}
+	pthread_mutex_unlock(&state_lock);
+	if (rc)
+		return rc;
 	/* A block device in use (mounted, or open by someone) goes only by force. */
-	if (d->ub && !force) {
-		int fd = open(d->bdev, O_RDONLY | O_EXCL | O_CLOEXEC);
+	if (bdev[0] && !force) {
+		int fd = open(bdev, O_RDONLY | O_EXCL | O_CLOEXEC);
 
 		if (fd < 0 && errno == EBUSY)
-			return rpc_errf(err, -EBUSY, "device %s of session %s: %s is in use "
-					"(mounted or open; force unmaps anyway)", d->name,
-					d->s->name, d->bdev);
+			rc = rpc_errf(err, -EBUSY, "device %s of session %s: %s is in use "
+				      "(mounted or open; force unmaps anyway)", dname, sname, bdev);
 		if (fd >= 0)
 			close(fd);
 	}
-	for (slot = 0; devs[slot] != d; slot++)
-		;
-	pthread_mutex_lock(&devs_lock);
-	devs[slot] = NULL;
-	pthread_mutex_unlock(&devs_lock);
-	had_ub = d->ub != NULL;
-	if (d->ub) {
-		ublk_dev_remove(d->ub); /* the block device first: its IO goes to d */
-		d->ub = NULL;
-		d->bdev[0] = 0;
-		snprintf(d->note, sizeof(d->note), "its block device was removed by an unmap "
-			 "that failed");
+	if (!rc) {
+		rc = dev_unmap(d, force);
+		if (rc)
+			rpc_errf(err, rc, "device %s of session %s: %s", dname, sname,
+				 rc == -EBUSY ? "IO in flight (force unmaps anyway)" : strerror(-rc));
 	}
-	/* With the block device gone, nothing sends IO any more: what remains is answered. */
-	rc = rnbd_clt_unmap(d->d, force || had_ub);
-	if (rc) {
-		pthread_mutex_lock(&devs_lock);
-		devs[slot] = d;
-		pthread_mutex_unlock(&devs_lock);
-		return rpc_errf(err, rc, "device %s of session %s: %s", d->name, d->s->name,
-				rc == -EBUSY ? "IO in flight (force unmaps anyway)" : strerror(-rc));
-	}
-	dlog(DLOG_INFO, "device %s of session %s: unmapped%s", d->name, d->s->name,
+	pthread_mutex_lock(&state_lock);
+	d->busy = false;
+	s = d->s;
+	close_s = !rc && dev_drop(d);
+	pthread_cond_broadcast(&state_cond);
+	pthread_mutex_unlock(&state_lock);
+	if (rc)
+		return rc;
+	free(d);
+	dlog(DLOG_INFO, "device %s of session %s: unmapped%s", dname, sname,
 	     force ? " (force)" : "");
+	if (close_s) {
+		dlog(DLOG_INFO, "session %s: its last device is unmapped; closing it", sname);
+		sess_destroy(s);
+	}
 	*result = json_object_new_object();
-	rc = put(*result, "device", json_object_new_string(d->name)) ? 0 : -ENOMEM;
-	dev_drop(d);
-	return rc;
+	return put(*result, "device", json_object_new_string(dname)) ? 0 : -ENOMEM;
 }
 
 static int m_remap(void *priv, struct json_object *params, struct json_object **result,
@@ -524,15 +732,33 @@ static int m_remap(void *priv, struct json_object *params, struct json_object **
 
 	if ((rc = rpc_params_check(params, names, err)))
 		return rc;
-	if (!(d = dev_param(params, err)))
-		return err->code;
-	rc = rnbd_clt_remap(d->d);
+	pthread_mutex_lock(&state_lock);
+	d = dev_param(params, err);
+	if (!d)
+		rc = err->code;
+	else if (stopping)
+		rc = rpc_errf(err, -ESHUTDOWN, "device %s of session %s: rnbd-clientd is stopping",
+			      d->name, d->s->name);
+	else if (d->busy)
+		rc = rpc_errf(err, -EBUSY, "device %s of session %s: another request unmaps or "
+			      "remaps it now", d->name, d->s->name);
+	else
+		d->busy = true;
+	pthread_mutex_unlock(&state_lock);
 	if (rc)
-		return rpc_errf(err, rc, "device %s of session %s: %s", d->name, d->s->name,
-				rc == -EALREADY ? "it is mapped and open: nothing to remap" :
-				strerror(-rc));
-	*result = dev_json(d);
-	return *result ? 0 : -ENOMEM;
+		return rc;
+	rc = rnbd_clt_remap(d->d);
+	pthread_mutex_lock(&state_lock);
+	d->busy = false;
+	pthread_cond_broadcast(&state_cond);
+	if (rc)
+		rpc_errf(err, rc, "device %s of session %s: %s", d->name, d->s->name,
+			 rc == -EALREADY ? "it is mapped and open: nothing to remap" :
+			 strerror(-rc));
+	else if (!(*result = dev_json(d)))
+		rc = -ENOMEM;
+	pthread_mutex_unlock(&state_lock);
+	return rc;
 }
 
 static int m_resize(void *priv, struct json_object *params, struct json_object **result,
@@ -546,18 +772,25 @@ static int m_resize(void *priv, struct json_object *params, struct json_object *
 	if ((rc = rpc_params_check(params, names, err)) ||
 	    (rc = rpc_param_u64(params, "bytes", true, 1, UINT64_MAX, &bytes, err)))
 		return rc;
-	if (!(d = dev_param(params, err)))
-		return err->code;
-	if (d->ub)
-		return rpc_errf(err, -EOPNOTSUPP, "device %s of session %s: %s keeps its size while "
-				"it is up (unmap and map it again)", d->name, d->s->name, d->bdev);
-	rc = rnbd_clt_resize(d->d, bytes);
-	if (rc)
-		return rpc_errf(err, rc, "device %s of session %s: %s", d->name, d->s->name,
-				rc == -EINVAL ? "the size must be whole blocks, at least one, at most "
-				"the server's" : strerror(-rc));
-	*result = dev_json(d);
-	return *result ? 0 : -ENOMEM;
+	/* No server call: done under the lock. */
+	pthread_mutex_lock(&state_lock);
+	d = dev_param(params, err);
+	if (!d)
+		rc = err->code;
+	else if (d->busy)
+		rc = rpc_errf(err, -EBUSY, "device %s of session %s: another request unmaps or "
+			      "remaps it now", d->name, d->s->name);
+	else if (d->ub)
+		rc = rpc_errf(err, -EOPNOTSUPP, "device %s of session %s: %s keeps its size while "
+			      "it is up (unmap and map it again)", d->name, d->s->name, d->bdev);
+	else if ((rc = rnbd_clt_resize(d->d, bytes)))
+		rpc_errf(err, rc, "device %s of session %s: %s", d->name, d->s->name,
+			 rc == -EINVAL ? "the size must be whole blocks, at least one, at most "
+			 "the server's" : strerror(-rc));
+	else if (!(*result = dev_json(d)))
+		rc = -ENOMEM;
+	pthread_mutex_unlock(&state_lock);
+	return rc;
 }
 
 /* addr in brackets when it is IPv6 (holds a ':'), as rtrs_addr_parse reads it. */
@@ -624,7 +857,7 @@ static struct json_object *sess_spec_now(struct sess *s)
 	/* The options given at map (secrets, provider, ...), then what is in force. */
 	if (ok && json_object_object_get_ex(s->spec, "options", &had)) {
 		json_object_object_foreach(had, key, val)
-			ok = ok && !json_object_object_add(opts, key, json_object_get(val));
+			ok = ok && put(opts, key, copy(val));
 	}
 	for (size_t i = 0; ok && i < sizeof(live) / sizeof(live[0]); i++) {
 		char num[32];
@@ -637,7 +870,7 @@ static struct json_object *sess_spec_now(struct sess *s)
 	if (ok && !json_object_array_length(servers) &&
 	    json_object_object_get_ex(s->spec, "server", &had)) {
 		json_object_put(servers);
-		servers = json_object_get(had);
+		servers = copy(had);
 	}
 	if (ok && !json_object_object_add(spec, "server", servers)) {
 		servers = NULL;
@@ -651,7 +884,7 @@ static struct json_object *sess_spec_now(struct sess *s)
 	return NULL;
 }
 
-/* The mappings now, as client.map takes them. */
+/* The mappings now, as client.map takes them (state_lock held). */
 static struct json_object *mappings_json(void)
 {
 	struct json_object *arr = json_object_new_array();
@@ -667,10 +900,11 @@ static struct json_object *mappings_json(void)
 		if (!spec || !put(o, "device", json_object_new_string(d->name)) ||
 		    !put(o, "session", json_object_new_string(d->s->name)) ||
 		    !put(o, "mode", json_object_new_string(mode_names[d->mode])) ||
+		    (!d->want_bdev && !put(o, "block_device", json_object_new_boolean(false))) ||
 		    (json_object_object_get_ex(spec, "server", &v) &&
-		     !put(o, "server", json_object_get(v))) ||
+		     !put(o, "server", copy(v))) ||
 		    (json_object_object_get_ex(spec, "options", &v) &&
-		     !put(o, "options", json_object_get(v))) ||
+		     !put(o, "options", copy(v))) ||
 		    json_object_array_add(arr, o)) {
 			json_object_put(spec);
 			json_object_put(o);
@@ -694,9 +928,17 @@ static int m_save(void *priv, struct json_object *params, struct json_object **r
 		return rc;
 	if (!g.mappings)
 		return rpc_errf(err, -ENOENT, "rnbd-clientd runs without --mappings: nowhere to save");
-	arr = mappings_json();
-	if (!arr)
-		return -ENOMEM;
+	pthread_mutex_lock(&save_lock);
+	pthread_mutex_lock(&state_lock);
+	/* Not while the stop unmaps everything: the file would lose them. */
+	arr = stopping ? NULL : mappings_json();
+	rc = stopping ? rpc_errf(err, -ESHUTDOWN, "rnbd-clientd is stopping: the mappings file "
+				 "is left as it is") : arr ? 0 : -ENOMEM;
+	pthread_mutex_unlock(&state_lock);
+	if (rc) {
+		pthread_mutex_unlock(&save_lock);
+		return rc;
+	}
 	snprintf(tmp, sizeof(tmp), "%s.new", g.mappings);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	rc = fd < 0 ? -errno : 0;
@@ -709,8 +951,10 @@ static int m_save(void *priv, struct json_object *params, struct json_object **r
 		close(fd);
 	if (!rc && rename(tmp, g.mappings))
 		rc = -errno;
-	if (rc) {
+	if (rc)
 		unlink(tmp);
+	pthread_mutex_unlock(&save_lock);
+	if (rc) {
 		json_object_put(arr);
 		return rpc_errf(err, rc, "saving the mappings to %s: %s", g.mappings,
 				strerror(-rc));
@@ -728,8 +972,10 @@ static size_t nr_methods;
 static const struct rpc_method own_methods[] = {
 	{ "client.map", m_map,
 	  "device: string, session: string, server: [string] (a new session), mode: rw|ro|"
-	  "migration (default rw), options: object (a new session)",
-	  "map a device, opening its session when it is new" },
+	  "migration (default rw), options: object (a new session), block_device: bool "
+	  "(default true)",
+	  "map a device, opening its session when it is new; as a block device unless "
+	  "block_device is false" },
 	{ "client.unmap", m_unmap, "device: string, session: string (optional), force: bool",
 	  "unmap a device (force: even with IO in flight); the last one closes its session" },
 	{ "client.remap", m_remap, "device: string, session: string (optional)",
@@ -741,10 +987,16 @@ static const struct rpc_method own_methods[] = {
 
 /* ---- the mappings file ---- */
 
-static int mappings_restore(void)
+/*
+ * The mappings file, read and checked (before the control socket: a file
+ * that cannot be read stops the daemon): 0 with *out (NULL: no file yet),
+ * or -EINVAL after saying why.
+ */
+static int mappings_load(struct json_object **out)
 {
 	struct json_object *arr = json_object_from_file(g.mappings);
 
+	*out = NULL;
 	if (!arr) {
 		if (access(g.mappings, F_OK) && errno == ENOENT) {
 			dlog(DLOG_INFO, "mappings file %s: none yet (client.save makes it)", g.mappings);
@@ -760,26 +1012,233 @@ static int mappings_restore(void)
 		json_object_put(arr);
 		return -EINVAL;
 	}
-	for (size_t i = 0; i < json_object_array_length(arr); i++) {
-		struct json_object *m = json_object_array_get_idx(arr, i), *r = NULL;
-		struct rpc_err e = { 0 };
-		int rc = m_map(NULL, m, &r, &e);
+	*out = arr;
+	return 0;
+}
 
+static struct json_object *restoring;  /* the file's mappings */
+static size_t restore_next;            /* the next one to map (state_lock) */
+
+/* A restore thread: maps the file's mappings one after the other, with the others. */
+static void *restore_thread(void *arg)
+{
+	size_t n = json_object_array_length(restoring);
+
+	pthread_setname_np(pthread_self(), "restore");
+	for (;;) {
+		struct json_object *r = NULL;
+		struct rpc_err e = { 0 };
+		size_t i;
+		int rc;
+
+		pthread_mutex_lock(&state_lock);
+		i = restore_next < n && !stopping ? restore_next++ : n;
+		pthread_mutex_unlock(&state_lock);
+		if (i == n)
+			break;
+		rc = m_map(NULL, json_object_array_get_idx(restoring, i), &r, &e);
 		if (rc)
-			dlog(DLOG_ERR, "mappings file %s: mapping %zu: %s", g.mappings, i + 1,
-			     e.msg[0] ? e.msg : strerror(-rc));
+			dlog(rc == -ESHUTDOWN ? DLOG_INFO : DLOG_ERR, "mappings file %s: mapping %zu: %s",
+			     g.mappings, i + 1, e.msg[0] ? e.msg : strerror(-rc));
 		json_object_put(r);
 	}
-	json_object_put(arr);
-	return 0;
+	pthread_mutex_lock(&state_lock);
+	workers--;
+	pthread_cond_broadcast(&state_cond);
+	pthread_mutex_unlock(&state_lock);
+	return NULL;
+}
+
+/* Threads (detached, counted in workers) running fn(arg); how many started. */
+static unsigned spawn(void *(*fn)(void *), void *arg, unsigned n)
+{
+	pthread_attr_t attr;
+	unsigned started = 0;
+
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	for (unsigned i = 0; i < n; i++) {
+		pthread_t t;
+
+		pthread_mutex_lock(&state_lock);
+		workers++;
+		pthread_mutex_unlock(&state_lock);
+		if (pthread_create(&t, &attr, fn, arg)) {
+			pthread_mutex_lock(&state_lock);
+			workers--;
+			pthread_mutex_unlock(&state_lock);
+			break;
+		}
+		started++;
+	}
+	pthread_attr_destroy(&attr);
+	return started;
+}
+
+/* ---- stopping ---- */
+
+/* A stop thread: the devices of one session unmapped (each by force), then the session closed. */
+static void *stop_sess_thread(void *arg)
+{
+	struct sess *s = arg;
+	bool close_s;
+
+	pthread_mutex_lock(&state_lock);
+	for (;;) {
+		struct dev *d = NULL;
+		bool busy = false;
+
+		for (unsigned i = 0; i < DEVS_MAX && !d; i++) {
+			if (devs[i] && devs[i]->s == s) {
+				if (devs[i]->busy)
+					busy = true; /* a request unmaps or remaps it: wait for it */
+				else
+					d = devs[i];
+			}
+		}
+		if (!d && !busy)
+			break;
+		if (!d) {
+			pthread_cond_wait(&state_cond, &state_lock);
+			continue;
+		}
+		d->busy = true;
+		pthread_mutex_unlock(&state_lock);
+		dev_unmap(d, true);
+		dlog(DLOG_INFO, "device %s of session %s: unmapped", d->name, s->name);
+		pthread_mutex_lock(&state_lock);
+		dev_drop(d); /* the session is ours: not closed there */
+		free(d);
+	}
+	close_s = sess_release(s);
+	pthread_mutex_unlock(&state_lock);
+	if (close_s)
+		sess_destroy(s);
+	pthread_mutex_lock(&state_lock);
+	workers--;
+	pthread_cond_broadcast(&state_cond);
+	pthread_mutex_unlock(&state_lock);
+	return NULL;
+}
+
+/* Waits (state_lock held) until no thread and no map is left, or ms pass: whether none is. */
+static bool idle_within(unsigned ms)
+{
+	struct timespec dl;
+
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += ms / 1000;
+	dl.tv_nsec += (long)(ms % 1000) * 1000000;
+	if (dl.tv_nsec >= 1000000000) {
+		dl.tv_sec++;
+		dl.tv_nsec -= 1000000000;
+	}
+	while ((workers || maps_pending) &&
+	       pthread_cond_timedwait(&state_cond, &state_lock, &dl) != ETIMEDOUT)
+		;
+	return !workers && !maps_pending;
+}
+
+/*
+ * Unmaps everything and closes every session, within STOP_GRACE_MS +
+ * STOP_ABORT_MS whatever the servers do: each session's devices on a
+ * thread of its own, for up to STOP_GRACE_MS; then librtrs stops waiting
+ * for the servers (rtrs_clt_shutdown_all), and what is left (a server
+ * that does not answer, an open or a map in progress) fails and ends.
+ * False if something was still left then.
+ */
+static bool stop_all(void)
+{
+	struct sess *open[CLT_CTL_SESS_MAX];
+	unsigned n = 0;
+	bool idle;
+
+	pthread_mutex_lock(&state_lock);
+	stopping = true;
+	for (unsigned i = 0; i < CLT_CTL_SESS_MAX; i++) {
+		struct sess *s = sessions[i];
+
+		/* Sessions being opened are their map's: it undoes itself. */
+		if (s && !s->opening) {
+			s->users++;
+			open[n++] = s;
+		}
+	}
+	pthread_mutex_unlock(&state_lock);
+	for (unsigned i = 0; i < n; i++)
+		if (!spawn(stop_sess_thread, open[i], 1))
+			stop_sess_thread(open[i]); /* no thread: here, one after the other */
+	pthread_mutex_lock(&state_lock);
+	idle = idle_within(STOP_GRACE_MS);
+	pthread_mutex_unlock(&state_lock);
+	if (!idle)
+		dlog(DLOG_WARN, "a server does not answer within %u ms (or a map is in progress): "
+		     "not waiting for it any more", STOP_GRACE_MS);
+	/* Whatever is left, or comes (a method still running), fails at once from here on. */
+	rtrs_clt_shutdown_all();
+	pthread_mutex_lock(&state_lock);
+	idle = idle_within(STOP_ABORT_MS);
+	pthread_mutex_unlock(&state_lock);
+	return idle;
+}
+
+/*
+ * Signals, taken by sigwait in main (blocked everywhere else): these stop
+ * the daemon; the others in the set would end it by default, and a
+ * packaged daemon meets them (a reload's SIGHUP, a stray SIGUSR1): each is
+ * logged and changes nothing.
+ */
+static const int stop_sigs[] = { SIGINT, SIGTERM, SIGQUIT };
+static const int noted_sigs[] = { SIGHUP, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO,
+				  SIGPWR, SIGXCPU, SIGXFSZ,
+#ifdef SIGSTKFLT
+				  SIGSTKFLT,
+#endif
+};
+
+static bool stop_sig(int sig)
+{
+	for (size_t i = 0; i < sizeof(stop_sigs) / sizeof(stop_sigs[0]); i++)
+		if (sig == stop_sigs[i])
+			return true;
+	return false;
+}
+
+static void sigs_block(sigset_t *set)
+{
+	sigemptyset(set);
+	for (size_t i = 0; i < sizeof(stop_sigs) / sizeof(stop_sigs[0]); i++)
+		sigaddset(set, stop_sigs[i]);
+	for (size_t i = 0; i < sizeof(noted_sigs) / sizeof(noted_sigs[0]); i++)
+		sigaddset(set, noted_sigs[i]);
+	for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++)
+		sigaddset(set, sig);
+	pthread_sigmask(SIG_BLOCK, set, NULL); /* before any thread: they all inherit it */
+	signal(SIGPIPE, SIG_IGN);
+}
+
+/* "SIGHUP", or "SIGRTMIN+3". */
+static const char *sig_name(int sig, char *buf, size_t len)
+{
+	const char *abbrev = sigabbrev_np(sig);
+
+	if (abbrev)
+		snprintf(buf, len, "SIG%s", abbrev);
+	else if (sig >= SIGRTMIN && sig <= SIGRTMAX)
+		snprintf(buf, len, "SIGRTMIN+%d", sig - SIGRTMIN);
+	else
+		snprintf(buf, len, "signal %d", sig);
+	return buf;
 }
 
 int main(int argc, char **argv)
 {
 	struct rpc_server *srv = NULL;
 	struct metrics_http *mh = NULL;
+	char name[32];
 	sigset_t set;
 	int pos, rc, sig;
+	bool ended;
 
 	rc = opts_parse(options, "rnbd-clientd", "[options]", argc, argv, &pos);
 	if (rc)
@@ -793,24 +1252,21 @@ int main(int argc, char **argv)
 				   getenv("RTRS_LOG_LEVEL"), DLOG_INFO);
 	if (log_level < 0)
 		return 2;
+	sigs_block(&set);
 	dlog_init("rnbd-clientd", log_level, g.syslog);
 	rnbd_set_log_level(log_level);
 	rnbd_set_log_fn(dlog_sink, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	sigemptyset(&set);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGTERM);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	probe_ublk();
 	clt_ctl_init(&ctl, devices_fn, NULL);
 	memcpy(methods, own_methods, sizeof(own_methods));
 	nr_methods = sizeof(own_methods) / sizeof(own_methods[0]);
 	memcpy(methods + nr_methods, clt_ctl_methods, clt_ctl_nr_methods * sizeof(methods[0]));
 	nr_methods += clt_ctl_nr_methods;
-	/* Restored before the socket: a file that cannot be read stops the daemon first. */
-	if (g.mappings && mappings_restore())
+	/* Read before the socket (a file that cannot be read stops the daemon), mapped after it. */
+	if (g.mappings && mappings_load(&restoring))
 		return 1;
-	rc = rpc_server_start(g.control, "rnbd-clientd control", methods, nr_methods, &ctl, &srv);
+	rc = rpc_server_start_flags(g.control, "rnbd-clientd control", methods, nr_methods, &ctl,
+				    RPC_SERVER_THREADED, &srv);
 	if (rc) {
 		fprintf(stderr, "rnbd-clientd: --control %s: %s\n", g.control,
 			rc == -EEXIST ? "exists and is not a socket; not replacing it" :
@@ -830,19 +1286,44 @@ int main(int argc, char **argv)
 	printf("rnbd-clientd ready on %s\n", g.control);
 	fflush(stdout);
 	dlog(DLOG_INFO, "%s", ublk_note);
-	while (sigwait(&set, &sig))
-		;
-	dlog(DLOG_INFO, "%s, stopping: every device is unmapped", strsignal(sig));
+	if (restoring && json_object_array_length(restoring)) {
+		size_t n = json_object_array_length(restoring);
+
+		dlog(DLOG_INFO, "mappings file %s: restoring %zu mapping%s", g.mappings, n,
+		     n == 1 ? "" : "s");
+		if (!spawn(restore_thread, NULL, n < RESTORE_THREADS ? (unsigned)n : RESTORE_THREADS))
+			dlog(DLOG_ERR, "mappings file %s: no thread to restore the mappings: %s",
+			     g.mappings, strerror(errno));
+	}
+	for (;;) {
+		if (sigwait(&set, &sig))
+			continue;
+		if (stop_sig(sig))
+			break;
+		dlog(DLOG_INFO, "%s (%s): ignored; rnbd-clientd has nothing to reload (client.map "
+		     "and client.unmap change the mappings)", sig_name(sig, name, sizeof(name)),
+		     strsignal(sig));
+	}
+	dlog(DLOG_INFO, "%s (%s), stopping: every device is unmapped",
+	     sig_name(sig, name, sizeof(name)), strsignal(sig));
 	rc = 0;
 out:
+	ended = stop_all();
 	metrics_http_stop(mh);
-	rpc_server_stop(srv);
-	for (unsigned i = 0; i < DEVS_MAX; i++) {
-		if (devs[i]) {
-			ublk_dev_remove(devs[i]->ub);
-			rnbd_clt_unmap(devs[i]->d, true);
-			dev_drop(devs[i]);
-		}
+	rpc_server_stop(srv); /* after the methods in progress, which fail at once by now */
+	if (!ended) {
+		pthread_mutex_lock(&state_lock);
+		ended = idle_within(1000);
+		pthread_mutex_unlock(&state_lock);
 	}
+	if (!ended) {
+		/* Never seen: a thread stuck outside librtrs. Exit without running the libraries' ends. */
+		dlog(DLOG_ERR, "stopping: %u threads and %u maps did not end; exiting without them",
+		     workers, maps_pending);
+		fflush(NULL);
+		_exit(1);
+	}
+	json_object_put(restoring);
+	dlog(DLOG_INFO, "stopped");
 	return rc ? 1 : 0;
 }

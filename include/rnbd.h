@@ -185,7 +185,11 @@ int rnbd_clt_map(struct rnbd_clt_sess *sess, const char *dev_name, enum rnbd_clt
  * gone when this returns 0.
  */
 int rnbd_clt_unmap(struct rnbd_clt_dev *dev, bool force);
-/* Opens the device again on the server (-EALREADY if it is mapped). */
+/*
+ * Opens the device again on the server: one disconnected, or one the
+ * server closed ("closed": its old id is closed first). -EALREADY if it
+ * is mapped, -EBUSY while it is being opened or unmapped.
+ */
 int rnbd_clt_remap(struct rnbd_clt_dev *dev);
 /*
  * Changes the size this client uses: bytes, whole blocks, at least one and
@@ -206,7 +210,11 @@ struct rnbd_clt_dev_info {
 	bool discard, write_zeroes, secure_erase;
 	bool write_cache;           /* flush means something */
 	bool fua;
-	/* "mapped", "disconnected", "reopening", "unmapping" (a forced unmap waits for IO) */
+	/*
+	 * "mapped", "disconnected", "reopening", "unmapping" (a forced unmap
+	 * waits for IO), "closed" (the server closed it: IO fails with
+	 * -ENOTCONN; rnbd_clt_remap opens it again)
+	 */
 	const char *state;
 	uint32_t queue_depth;       /* IO slots of the session (IO in flight at most) */
 };
@@ -225,7 +233,8 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *dev, struct rnbd_clt_dev_info *info);
  * or alignment; FUA or PREFLUSH on a read, NOUNMAP on anything but write
  * zeroes, unknown flags), -EOPNOTSUPP (discard, secure erase or write zeroes
  * on a device that does not offer it: see rnbd_clt_dev_info), -ENOTCONN (the
- * server closed the device), -ETIMEDOUT (not open again within
+ * server closed the device: from the first, the device is "closed" and
+ * its IO fails so unsent), -ETIMEDOUT (not open again within
  * fast_io_fail_ms), -ECONNABORTED (no path and none coming), or the server's
  * error. -EROFS, -EOPNOTSUPP and -EINVAL are decided here, with nothing sent.
  */

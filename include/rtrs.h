@@ -68,7 +68,7 @@ struct rtrs_addr {
 
 /*
  * Parses a path's address, "[SRC@]HOST[:PORT]", the syntax every front end
- * of this project takes (rtrs-perf --dst, rnbd-client --server, the nbdkit
+ * of this project takes (rtrs-perf and rnbd-client --server, the nbdkit
  * plugin's server=):
  *
  *   - HOST is a name or an address; an IPv6 address goes in brackets
@@ -202,6 +202,20 @@ int rtrs_clt_open(const struct rtrs_clt_opts *opts, struct rtrs_clt_sess **out);
  * from a library callback.
  */
 void rtrs_clt_close(struct rtrs_clt_sess *sess);
+
+/*
+ * For a program that is stopping (a daemon's SIGTERM): every client
+ * session of the process stops waiting for its servers, at once and for
+ * good. Opens in progress (rtrs_clt_open, rtrs_clt_add_path), and every
+ * one after this, fail with -ESHUTDOWN; requests in flight or waiting for a
+ * path complete with -ECONNABORTED, new ones are refused with -ESHUTDOWN;
+ * permit waiters get NULL; no path reconnects. Returns without waiting:
+ * what is failed completes on the library's threads, and rtrs_clt_close,
+ * still needed for each session, then takes no longer than the local
+ * teardown, whatever the servers do. Any thread, not from a library
+ * callback.
+ */
+void rtrs_clt_shutdown_all(void);
 
 enum rtrs_clt_con_type { RTRS_ADMIN_CON, RTRS_IO_CON };
 enum rtrs_wait { RTRS_PERMIT_NOWAIT, RTRS_PERMIT_WAIT };

@@ -51,6 +51,7 @@ static const struct param params[] = {
 	SESSION_OPT(CLT_OPT_MAX_RECONNECTS),
 	SESSION_OPT(CLT_OPT_RECONNECT_JITTER, .help = "add a random 0..MS to each reconnect delay",
 		    .dflt = "half the reconnect delay"),
+	SESSION_OPT(CLT_OPT_BUSY_POLL),
 	SESSION_OPT(CLT_OPT_SECRET),
 	SESSION_OPT(CLT_OPT_CTRL_SECRET),
 	SESSION_OPT(CLT_OPT_HOST_NAME),
@@ -74,8 +75,6 @@ void rnbd_plugin_cfg_init(struct rnbd_plugin_cfg *c)
 	memset(c, 0, sizeof(*c));
 	clt_cfg_init(&c->clt, RNBD_PLUGIN_MAX_PATHS);
 	c->clt.opts.sessname = "nbdkit-rnbd";
-	c->clt.opts.fast_io_fail_ms = 30000;
-	c->clt.opts.reconnect_delay_ms = 500;
 	c->mode = RNBD_CLT_RW;
 }
 
@@ -145,17 +144,16 @@ int rnbd_plugin_cfg_set(struct rnbd_plugin_cfg *c, const char *key, const char *
 		rc = set_value(c, p, value, err, errlen);
 		if (!rc)
 			c->set |= 1u << i;
-		if (!rc && p->type == P_SESSION_OPT && p->clt == CLT_OPT_RECONNECT_JITTER)
-			c->jitter_given = true;
 		return rc;
 	}
 	return opts_errorf(err, errlen, -EINVAL, "unknown parameter %s (see --help)", key);
 }
 
-int rnbd_plugin_cfg_complete(const struct rnbd_plugin_cfg *c, char *err, size_t errlen)
+int rnbd_plugin_cfg_complete(struct rnbd_plugin_cfg *c, char *err, size_t errlen)
 {
 	if (!c->clt.opts.paths_num)
 		return opts_errorf(err, errlen, -EINVAL, "server=[SRC@]HOST[:PORT] is required");
+	clt_cfg_finish(&c->clt);
 	return 0;
 }
 

@@ -24,7 +24,8 @@ struct rnbd_plugin_cfg {
 	/*
 	 * The session: server= (clt.opts.paths, at most 8), session, port,
 	 * provider, io_connections, policy, hb_interval_ms, fast_io_fail_ms,
-	 * reconnect_delay_ms, the DH-HMAC-CHAP keys, and log_level
+	 * the reconnect parameters, busy_poll_us, the DH-HMAC-CHAP keys, and
+	 * log_level
 	 * (clt.log_level, -1: not given: RTRS_LOG_LEVEL, else info).
 	 */
 	struct clt_cfg clt;
@@ -33,7 +34,6 @@ struct rnbd_plugin_cfg {
 	const char *control;        /* control=: the management socket, or NULL */
 	const char *metrics;        /* metrics=: HOST:PORT of the Prometheus endpoint, or NULL */
 	unsigned set;               /* bit i: params[i] was given (repeats are refused) */
-	bool jitter_given;          /* reconnect_jitter_ms=; else it is half the delay */
 };
 
 /* The defaults: session nbdkit-rnbd, port 1234, provider tcp, mode rw, ... */
@@ -48,7 +48,7 @@ int rnbd_plugin_cfg_set(struct rnbd_plugin_cfg *c, const char *key, const char *
 			char *err, size_t errlen);
 
 /* After the last key: what must be there is (server=). 0 or -EINVAL with err. */
-int rnbd_plugin_cfg_complete(const struct rnbd_plugin_cfg *c, char *err, size_t errlen);
+int rnbd_plugin_cfg_complete(struct rnbd_plugin_cfg *c, char *err, size_t errlen);
 
 /* "key=VALUE  help" lines for nbdkit's --help, from the list and its defaults. */
 const char *rnbd_plugin_cfg_help(void);

@@ -12,12 +12,13 @@
  * server= keys add paths to the session.
  *
  * Other keys (rnbd-params.c, which checks each; the session's come from
- * the client front ends' table, lib/front/clt-opts.c): port (1234),
- * provider (tcp), mode (rw | ro | migration), io_connections, policy,
- * hb_interval_ms, fast_io_fail_ms (how long IO waits for a path),
- * reconnect_delay_ms, secret, ctrl_secret, host_name, server_name
- * (DH-HMAC-CHAP, see rtrs.h; secrets as "@FILE" keep them off the command
- * line), log_level.
+ * the client front ends' table, lib/front/clt-opts.c, with its names and
+ * defaults): port (1234), provider (tcp), mode (rw | ro | migration),
+ * io_connections, policy, hb_interval_ms, fast_io_fail_ms (how long IO
+ * waits for a path), reconnect_delay_ms, reconnect_jitter_ms,
+ * reconnect_loss_timeout_ms, max_reconnect_attempts, busy_poll_us, secret,
+ * ctrl_secret, host_name, server_name (DH-HMAC-CHAP, see rtrs.h; secrets as
+ * "@FILE" keep them off the command line), log_level.
  *
  * Before nbdkit forks into the background (get_ready) the plugin connects
  * once and maps device= read-only, so a wrong server, key or device makes
@@ -123,9 +124,6 @@ static int session_open(struct rnbd_clt_sess **out)
 
 	rnbd_set_log_fn(log_to_nbdkit, NULL);
 	rnbd_set_log_level(cfg.clt.log_level);
-	/* The plugin's own rule: the reconnect jitter is half the delay, unless given. */
-	if (!cfg.jitter_given)
-		o.reconnect_jitter_ms = o.reconnect_delay_ms / 2;
 	rc = rnbd_clt_sess_open(&o, out);
 	if (rc == -EPERM)
 		nbdkit_error("session %s to %s: the server has a session of this name open "
@@ -445,6 +443,34 @@ static int rnbd_can_multi_conn(void *handle)
 	return 1;
 }
 
+/*
+ * The errno an NBD client gets for ours: NBD has a few codes (EPERM, EIO,
+ * ENOMEM, EINVAL, ENOSPC, EOVERFLOW, ENOTSUP, ESHUTDOWN) and nbdkit sends
+ * EINVAL for any other, which would tell the client that its request was
+ * wrong; a device the server closed (ENOTCONN), one unmapped (ENODEV), no
+ * path (ETIMEDOUT, ECONNABORTED) are the device's failure: EIO, as a block
+ * device's would be. nbdkit's log keeps ours.
+ */
+static int nbd_errno(int err)
+{
+	switch (err) {
+	case EPERM:
+	case EROFS:
+	case EIO:
+	case ENOMEM:
+	case EINVAL:
+	case ENOSPC:
+	case EDQUOT:
+	case EFBIG:
+	case EOVERFLOW:
+	case EOPNOTSUPP:
+	case ESHUTDOWN:
+		return err;
+	default:
+		return EIO;
+	}
+}
+
 /* One IO; nbdkit's error from ours. */
 static int do_io(void *handle, enum rnbd_clt_op op, uint32_t flags, uint64_t offset, void *buf,
 		 uint32_t count)
@@ -461,9 +487,10 @@ static int do_io(void *handle, enum rnbd_clt_op op, uint32_t flags, uint64_t off
 	}
 	rc = rnbd_clt_io(h->e->dev, op, flags, offset, buf, count);
 	if (rc) {
-		nbdkit_error("%s: IO at %llu+%u: %s", h->e->name, (unsigned long long)offset,
-			     count, strerror(-rc));
-		nbdkit_set_error(-rc);
+		nbdkit_error("%s: IO at %llu+%u: %s%s", h->e->name, (unsigned long long)offset,
+			     count, strerror(-rc), rc == -ENOTCONN ? " (the server closed the device)"
+			     : "");
+		nbdkit_set_error(nbd_errno(-rc));
 		return -1;
 	}
 	return 0;

@@ -39,7 +39,7 @@ echo
 total=0
 for mode in write read; do
 	for size in 4096 65536 126976; do
-		line=$("$perf" client --dst "127.0.0.1:$port" --mode "$mode" --io-size "$size" \
+		line=$("$perf" client --server "127.0.0.1:$port" --mode "$mode" --io-size "$size" \
 			--queue-depth 64 --duration 2 --verify --json)
 		read -r ops gbs p50 p99 errs bad < <(python3 -c '
 import json, sys

@@ -59,7 +59,7 @@ static struct clt_cfg cfg;
 static const struct clt_opt_pick clt_picks[] = {
 	{ .id = CLT_OPT_SERVER, .short_name = 's' },
 	{ .id = CLT_OPT_PORT, .short_name = 'p' },
-	{ CLT_OPT_SESSION, 'S', NULL, "session name, the server's %SESSNAME% (default: "
+	{ CLT_OPT_SESSION, 'S', "session name, the server's %SESSNAME% (default: "
 	  "rnbd-client-HOST-PID-RANDOM, new for every run)" },
 	{ .id = CLT_OPT_PROVIDER },
 	{ .id = CLT_OPT_IO_CONS },
@@ -68,13 +68,14 @@ static const struct clt_opt_pick clt_picks[] = {
 	{ .id = CLT_OPT_FAST_IO_FAIL },
 	{ .id = CLT_OPT_BUSY_POLL },
 	{ .id = CLT_OPT_RECONNECT_DELAY },
+	{ .id = CLT_OPT_RECONNECT_JITTER },
 	{ .id = CLT_OPT_LOSS_TIMEOUT },
 	{ .id = CLT_OPT_MAX_RECONNECTS },
 	{ .id = CLT_OPT_SECRET },
 	{ .id = CLT_OPT_CTRL_SECRET },
 	{ .id = CLT_OPT_HOST_NAME },
 	{ .id = CLT_OPT_SERVER_NAME },
-	{ CLT_OPT_LOG_LEVEL, 0, NULL, "error, warn, info or debug (default: RTRS_LOG_LEVEL, else "
+	{ CLT_OPT_LOG_LEVEL, 0, "error, warn, info or debug (default: RTRS_LOG_LEVEL, else "
 	  "warn)" },
 };
 
@@ -770,7 +771,6 @@ int main(int argc, char **argv)
 	int pos, rc, level;
 
 	clt_cfg_init(&cfg, MAX_PATHS);
-	cfg.opts.fast_io_fail_ms = 30000;
 	options = clt_opts_table(&cfg, clt_picks, ARRAY_SIZE(clt_picks), own_options);
 	if (!options) {
 		fprintf(stderr, "rnbd-client: out of memory\n");
@@ -791,10 +791,13 @@ int main(int argc, char **argv)
 		free(options);
 		return 2;
 	}
-	rc = opts_parse(options, "rnbd-client", usage, argc - 1, argv + 1, &pos);
+	rc = clt_opts_renamed("rnbd-client", argc, argv, false);
+	if (!rc)
+		rc = opts_parse(options, "rnbd-client", usage, argc - 1, argv + 1, &pos);
 	free(options);
 	if (rc)
 		return rc > 0 ? 0 : 2;
+	clt_cfg_finish(&cfg);
 	if (pos != argc - 1) {
 		fprintf(stderr, "rnbd-client: unexpected argument '%s'\n", argv[pos + 1]);
 		return 2;

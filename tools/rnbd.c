@@ -4,7 +4,7 @@
  * (JSON-RPC 2.0, lib/rpc; docs/management.md).
  *
  *   rnbd [options] client map DEVICE --session NAME [--server ADDR]... [--mode M]
- *                                    [--option KEY=VALUE]...
+ *                                    [--no-block-device] [--SESSION-OPTION VALUE]...
  *   rnbd [options] client unmap DEVICE [--session NAME] [--force]
  *   rnbd [options] client remap DEVICE [--session NAME]
  *   rnbd [options] client resize DEVICE SIZE [--session NAME]
@@ -13,9 +13,9 @@
  *   rnbd [options] client path add SESSION SERVER
  *   rnbd [options] client path remove|reconnect|disconnect SESSION PATH-INDEX
  *   rnbd [options] client policy SESSION round-robin|min-inflight|min-latency
- *   rnbd [options] client reconnect-params SESSION [--reconnect-delay SEC]
- *                  [--reconnect-jitter SEC] [--max-reconnect-attempts N]
- *                  [--ctrl-loss-tmo SEC] [--fast-io-fail-tmo SEC]
+ *   rnbd [options] client reconnect-params SESSION [--reconnect-delay-ms MS]
+ *                  [--reconnect-jitter-ms MS] [--max-reconnect-attempts N]
+ *                  [--reconnect-loss-timeout-ms MS] [--fast-io-fail-ms MS]
  *   rnbd [options] client stats reset SESSION [PATH-INDEX]
  *   rnbd [options] client metrics
  *   rnbd [options] server list [sessions|devices]
@@ -24,9 +24,13 @@
  *   rnbd [options] server metrics
  *   rnbd [options] call METHOD [PARAMS-JSON]
  *
- * Tables for people, -o json for scripts (the method's result as it came,
- * one line). Exit codes: 0 done; 1 the daemon refused or failed (its
- * message on stderr); 2 bad usage; 3 no daemon answered on the socket.
+ * The session options of client map are the client front ends' (one table,
+ * lib/front/clt-opts.c: the same names, units, checks and refusals as
+ * rnbd-client's and the nbdkit plugin's), sent as client.map's "options"
+ * by their keys. Tables for people, -o json for scripts (the method's
+ * result as it came, one line). Exit codes: 0 done; 1 the daemon refused
+ * or failed (its message on stderr); 2 bad usage; 3 no daemon answered on
+ * the socket.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -35,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clt-opts.h"
 #include "opts.h"
 #include "rpc.h"
 #include "util.h"
@@ -46,38 +51,85 @@
 static const char *const output_names[] = { "table", "json", NULL };
 
 /*
- * The session options that have flags of their own (nvme-cli's names where
- * they mean the same): the session option each sets at client map, and
- * the client.reconnect parameter it sets at client reconnect-params.
+ * The session options client map takes (every one of the front ends' table
+ * but the server, the session and the log level, which are the command's
+ * or the daemon's), and the client.reconnect parameter of those that
+ * reconnect-params changes on an open session.
  */
-enum { NV_LOSS, NV_DELAY, NV_JITTER, NV_ATTEMPTS, NV_FAST, NV_QUEUES, NV_SECRET, NV_CSECRET,
-       NV_HOSTNQN, NV_NR };
-
 static const struct {
-	const char *flag, *key;
-	bool seconds;             /* the value is seconds; the option takes milliseconds */
-	const char *param;        /* client.reconnect's name for it, or NULL */
-} nvme_opts[NV_NR] = {
-	[NV_LOSS] = { "ctrl-loss-tmo", "reconnect_loss_timeout_ms", true, "loss_timeout_ms" },
-	[NV_DELAY] = { "reconnect-delay", "reconnect_delay_ms", true, "delay_ms" },
-	[NV_JITTER] = { "reconnect-jitter", "reconnect_jitter_ms", true, "jitter_ms" },
-	[NV_ATTEMPTS] = { "max-reconnect-attempts", "max_reconnect_attempts", false,
-			  "max_attempts" },
-	[NV_FAST] = { "fast-io-fail-tmo", "fast_io_fail_ms", true, "fast_io_fail_ms" },
-	[NV_QUEUES] = { "nr-io-queues", "io_connections", false, NULL },
-	[NV_SECRET] = { "dhchap-secret", "secret", false, NULL },
-	[NV_CSECRET] = { "dhchap-ctrl-secret", "ctrl_secret", false, NULL },
-	[NV_HOSTNQN] = { "hostnqn", "host_name", false, NULL },
+	enum clt_opt_id id;
+	const char *param;        /* client.reconnect's name for it, or NULL: map only */
+} sess_opts[] = {
+	{ CLT_OPT_PORT, NULL },
+	{ CLT_OPT_PROVIDER, NULL },
+	{ CLT_OPT_IO_CONS, NULL },
+	{ CLT_OPT_POLICY, NULL },
+	{ CLT_OPT_HB_INTERVAL, NULL },
+	{ CLT_OPT_FAST_IO_FAIL, "fast_io_fail_ms" },
+	{ CLT_OPT_RECONNECT_DELAY, "delay_ms" },
+	{ CLT_OPT_RECONNECT_JITTER, "jitter_ms" },
+	{ CLT_OPT_MAX_RECONNECTS, "max_attempts" },
+	{ CLT_OPT_LOSS_TIMEOUT, "loss_timeout_ms" },
+	{ CLT_OPT_BUSY_POLL, NULL },
+	{ CLT_OPT_SECRET, NULL },
+	{ CLT_OPT_CTRL_SECRET, NULL },
+	{ CLT_OPT_HOST_NAME, NULL },
+	{ CLT_OPT_SERVER_NAME, NULL },
 };
+#define NR_SESS_OPTS (sizeof(sess_opts) / sizeof(sess_opts[0]))
 
 static struct {
-	const char *nvme[NV_NR];
+	const char *sopt[NR_SESS_OPTS];   /* the values given, checked */
 	const char *socket, *session, *mode;
 	unsigned output;
 	uint64_t timeout_ms;
-	struct opt_list servers, session_opts;
-	bool force;
-} g = { .timeout_ms = 10000 };
+	struct opt_list servers;
+	bool force, block_device;
+	struct clt_cfg check;             /* where the values are checked (the table's checks) */
+} g = { .timeout_ms = 10000, .block_device = true };
+
+/* --server and the session options: checked by the front ends' table, kept as given. */
+static int sess_opt_set(const struct opt *o, const char *arg, char *err, size_t errlen)
+{
+	size_t i = (size_t)(uintptr_t)o->priv;
+	int rc;
+
+	if (i == NR_SESS_OPTS) {
+		rc = clt_opt_set(&g.check, CLT_OPT_SERVER, arg, err, errlen);
+		if (!rc) {
+			const char **items = realloc(g.servers.items,
+						     (g.servers.n + 1) * sizeof(*items));
+
+			if (!items)
+				return opts_errorf(err, errlen, -ENOMEM, "out of memory");
+			items[g.servers.n++] = arg;
+			g.servers.items = items;
+		}
+		return rc;
+	}
+	rc = clt_opt_set(&g.check, sess_opts[i].id, arg, err, errlen);
+	if (!rc)
+		g.sopt[i] = arg;
+	return rc;
+}
+
+/* --session: a name the front ends' table takes (the same check and refusal). */
+static int session_set(const struct opt *o, const char *arg, char *err, size_t errlen)
+{
+	int rc = clt_opt_set(&g.check, CLT_OPT_SESSION, arg, err, errlen);
+
+	if (!rc)
+		g.session = arg;
+	return rc;
+}
+
+/* The default --help shows: the front ends' (the daemon's, for a new session). */
+static void sess_opt_show(const struct opt *o, char *buf, size_t len)
+{
+	size_t i = (size_t)(uintptr_t)o->priv;
+
+	clt_opt_show(&g.check, i < NR_SESS_OPTS ? sess_opts[i].id : CLT_OPT_SERVER, buf, len);
+}
 
 static const struct opt options[] = {
 	{ "socket", 'S', OPT_STRING, &g.socket, .arg = "PATH",
@@ -87,44 +139,54 @@ static const struct opt options[] = {
 	  .help = "table (for people) or json (for scripts)" },
 	{ "timeout", 0, OPT_UINT, &g.timeout_ms, 1, 3600000, .arg = "MS",
 	  .help = "wait this long for the daemon's answer" },
-	{ "session", 's', OPT_STRING, &g.session, .arg = "NAME",
+	{ "session", 's', OPT_CUSTOM, .set = session_set, .arg = "NAME",
 	  .help = "client map/unmap: the RTRS session (the server's %SESSNAME%)" },
-	{ "server", 0, OPT_LIST, &g.servers, .arg = "[SRC@]HOST[:PORT]",
-	  .help = "client map: a path of a new session (repeat for more)" },
 	{ "mode", 0, OPT_STRING, &g.mode, .arg = "rw|ro|migration",
 	  .help = "client map: the access mode (default rw)" },
-	{ "option", 0, OPT_LIST, &g.session_opts, .arg = "KEY=VALUE",
-	  .help = "client map: a session option of a new session, by the nbdkit plugin's key "
-		  "(policy=round-robin, fast_io_fail_ms=30000, ...; repeat for more)" },
+	{ "block-device", 0, OPT_FLAG, &g.block_device,
+	  .help = "client map: the device as a block device (ublk); --no-block-device maps it "
+		  "without one" },
 	{ "force", 'f', OPT_FLAG, &g.force,
 	  .help = "client unmap: even with IO in flight" },
-	/* nvme-cli's names for what they mean here (client map, a new session). */
-	{ "ctrl-loss-tmo", 0, OPT_STRING, &g.nvme[NV_LOSS], .arg = "SEC",
-	  .help = "client map: give a path up after failing to reconnect for SEC seconds" },
-	{ "reconnect-delay", 0, OPT_STRING, &g.nvme[NV_DELAY], .arg = "SEC",
-	  .help = "client map: wait SEC seconds before a failed path reconnects" },
-	{ "reconnect-jitter", 0, OPT_STRING, &g.nvme[NV_JITTER], .arg = "SEC",
-	  .help = "client map: add a random 0..SEC seconds to each reconnect delay (default: "
-		  "half the delay)" },
-	{ "max-reconnect-attempts", 0, OPT_STRING, &g.nvme[NV_ATTEMPTS], .arg = "N",
-	  .help = "client map: give a path up after N failed reconnects in a row (-1: never)" },
-	{ "fast-io-fail-tmo", 0, OPT_STRING, &g.nvme[NV_FAST], .arg = "SEC",
-	  .help = "client map: IO waits at most SEC seconds for a path" },
-	{ "nr-io-queues", 0, OPT_STRING, &g.nvme[NV_QUEUES], .arg = "N",
-	  .help = "client map: IO connections per path" },
-	{ "dhchap-secret", 0, OPT_STRING, &g.nvme[NV_SECRET], .arg = "DHHC-1:...",
-	  .help = "client map: this host's DH-HMAC-CHAP secret", .secret = true },
-	{ "dhchap-ctrl-secret", 0, OPT_STRING, &g.nvme[NV_CSECRET], .arg = "DHHC-1:...",
-	  .help = "client map: authenticate the server too, with this secret", .secret = true },
-	{ "hostnqn", 0, OPT_STRING, &g.nvme[NV_HOSTNQN], .arg = "NQN",
-	  .help = "client map: this host's name for authentication" },
 	{ 0 },
 };
+
+/*
+ * The whole table: the options above, then --server and the session
+ * options from the front ends' table (allocated, with their help).
+ */
+static struct opt *options_table(void)
+{
+	size_t nown = sizeof(options) / sizeof(options[0]) - 1, k = nown;
+	struct opt *t = calloc(nown + 1 + NR_SESS_OPTS + 1, sizeof(*t));
+
+	if (!t)
+		return NULL;
+	memcpy(t, options, nown * sizeof(*t));
+	for (size_t i = 0; i <= NR_SESS_OPTS; i++) {
+		enum clt_opt_id id = i < NR_SESS_OPTS ? sess_opts[i].id : CLT_OPT_SERVER;
+		char *help = NULL;
+
+		if (asprintf(&help, "client map, a new session%s: %s",
+			     i < NR_SESS_OPTS && sess_opts[i].param ? " (and reconnect-params)" : "",
+			     clt_opt_help(id)) < 0) {
+			free(t);
+			return NULL;
+		}
+		t[k++] = (struct opt){
+			.name = clt_opt_name(id), .type = OPT_CUSTOM, .arg = clt_opt_arg(id),
+			.help = help, .set = sess_opt_set, .show = sess_opt_show,
+			.priv = (const void *)(uintptr_t)i, .repeat = id == CLT_OPT_SERVER,
+			.secret = clt_opt_secret(id),
+		};
+	}
+	return t;
+}
 
 static const char usage[] =
 	"client map DEVICE --session NAME [--server ADDR]... | client unmap DEVICE | client save |\n"
 	"       client remap DEVICE | client resize DEVICE SIZE |\n"
-	"       client reconnect-params SESSION [--reconnect-delay SEC]... |\n"
+	"       client reconnect-params SESSION [--reconnect-delay-ms MS]... |\n"
 	"       client list [sessions|paths|devices] | client path add SESSION SERVER |\n"
 	"       client path remove|reconnect|disconnect SESSION PATH | client policy SESSION POLICY |\n"
 	"       client stats reset SESSION [PATH] | client metrics |\n"
@@ -520,35 +582,7 @@ static struct json_object *sess_path_params(const char *sess, const char *path, 
 	return p;
 }
 
-/*
- * Seconds as nvme-cli takes them, with up to three decimals here ("0.5"),
- * in milliseconds; false if v is not that or is above max_s.
- */
-static bool seconds_ms(const char *v, uint64_t max_s, uint64_t *ms)
-{
-	const char *dot = strchr(v, '.');
-	char whole[24];
-	uint64_t sec, frac = 0;
-	size_t n = dot ? (size_t)(dot - v) : strlen(v), fn = dot ? strlen(dot + 1) : 0;
-
-	if (!n || n >= sizeof(whole) || (dot && (!fn || fn > 3)))
-		return false;
-	memcpy(whole, v, n);
-	whole[n] = 0;
-	if (parse_u64(whole, 0, max_s, &sec))
-		return false;
-	for (size_t i = 0; i < 3; i++) {
-		char c = i < fn ? dot[1 + i] : '0';
-
-		if (c < '0' || c > '9')
-			return false;
-		frac = frac * 10 + (uint64_t)(c - '0');
-	}
-	*ms = sec * 1000 + frac;
-	return *ms <= max_s * 1000;
-}
-
-/* client map DEVICE: params from --session, --server, --mode, --option. */
+/* client map DEVICE: params from --session, --server, --mode, --no-block-device, the options. */
 static struct json_object *map_params(const char *device)
 {
 	struct json_object *p = json_object_new_object(), *servers = NULL, *opts = NULL;
@@ -557,53 +591,23 @@ static struct json_object *map_params(const char *device)
 
 	if (ok && g.mode)
 		ok = !json_object_object_add(p, "mode", json_object_new_string(g.mode));
+	if (ok && !g.block_device)
+		ok = !json_object_object_add(p, "block_device", json_object_new_boolean(false));
 	if (ok && g.servers.n) {
 		servers = json_object_new_array();
 		for (unsigned i = 0; servers && i < g.servers.n; i++)
 			json_object_array_add(servers, json_object_new_string(g.servers.items[i]));
 		ok = servers && !json_object_object_add(p, "server", servers);
 	}
-	for (unsigned i = 0; ok && i < NV_NR; i++) {
-		char ms[32];
-		const char *v = g.nvme[i];
-		uint64_t msv;
-
-		if (!v)
+	for (size_t i = 0; ok && i < NR_SESS_OPTS; i++) {
+		if (!g.sopt[i])
 			continue;
-		if (nvme_opts[i].seconds) {
-			if (!seconds_ms(v, 86400, &msv)) {
-				fprintf(stderr, "rnbd: --%s %s: expected seconds, 0..86400\n",
-					nvme_opts[i].flag, v);
-				ok = false;
-				break;
-			}
-			snprintf(ms, sizeof(ms), "%" PRIu64, msv);
-			v = ms;
-		}
 		if (!opts) {
 			opts = json_object_new_object();
 			ok = opts && !json_object_object_add(p, "options", opts);
 		}
-		ok = ok && !json_object_object_add(opts, nvme_opts[i].key, json_object_new_string(v));
-	}
-	if (ok && g.session_opts.n) {
-		if (!opts) {
-			opts = json_object_new_object();
-			ok = opts && !json_object_object_add(p, "options", opts);
-		}
-		for (unsigned i = 0; ok && i < g.session_opts.n; i++) {
-			const char *kv = g.session_opts.items[i], *eq = strchr(kv, '=');
-			char key[64];
-
-			if (!eq || eq == kv || (size_t)(eq - kv) >= sizeof(key) || !eq[1]) {
-				fprintf(stderr, "rnbd: --option %s: expected KEY=VALUE\n", kv);
-				ok = false;
-				break;
-			}
-			memcpy(key, kv, (size_t)(eq - kv));
-			key[eq - kv] = 0;
-			ok = !json_object_object_add(opts, key, json_object_new_string(eq + 1));
-		}
+		ok = ok && !json_object_object_add(opts, clt_opt_key(sess_opts[i].id),
+						   json_object_new_string(g.sopt[i]));
 	}
 	if (!ok) {
 		json_object_put(p);
@@ -614,40 +618,26 @@ static struct json_object *map_params(const char *device)
 
 /*
  * client reconnect-params SESSION: client.reconnect's params from the
- * flags; none given asks for the values in force. NULL after a message.
+ * options (checked already); none given asks for the values in force.
+ * NULL after a message (exit 2) or for want of memory.
  */
 static struct json_object *reconnect_params(const char *session)
 {
 	struct json_object *p = json_object_new_object();
 	bool ok = p && !json_object_object_add(p, "session", json_object_new_string(session));
 
-	for (unsigned i = 0; ok && i < NV_NR; i++) {
-		const char *v = g.nvme[i];
-		uint64_t n;
-
-		if (!v)
+	for (size_t i = 0; ok && i < NR_SESS_OPTS; i++) {
+		if (!g.sopt[i])
 			continue;
-		if (!nvme_opts[i].param) {
-			fprintf(stderr, "rnbd: --%s: for client map only\n", nvme_opts[i].flag);
+		if (!sess_opts[i].param) {
+			fprintf(stderr, "rnbd: --%s: for client map only\n",
+				clt_opt_name(sess_opts[i].id));
 			ok = false;
-		} else if (nvme_opts[i].seconds) {
-			ok = seconds_ms(v, 86400, &n);
-			if (!ok)
-				fprintf(stderr, "rnbd: --%s %s: expected seconds, 0..86400\n",
-					nvme_opts[i].flag, v);
-			else
-				ok = !json_object_object_add(p, nvme_opts[i].param,
-							     json_object_new_int64((int64_t)n));
-		} else if (!strcmp(v, "-1")) {
-			ok = !json_object_object_add(p, nvme_opts[i].param, json_object_new_int(-1));
 		} else {
-			ok = !parse_u64(v, 0, 1000000, &n);
-			if (!ok)
-				fprintf(stderr, "rnbd: --%s %s: expected -1 or 0..1000000\n",
-					nvme_opts[i].flag, v);
-			else
-				ok = !json_object_object_add(p, nvme_opts[i].param,
-							     json_object_new_int64((int64_t)n));
+			/* A number the table took: -1 (attempts) or 0..86400000. */
+			ok = !json_object_object_add(p, sess_opts[i].param,
+						     json_object_new_int64(strtoll(g.sopt[i], NULL,
+										   10)));
 		}
 	}
 	if (!ok) {
@@ -679,7 +669,7 @@ static int client_cmd(int argc, char **argv)
 	if (argc >= 1 && !strcmp(argv[0], "map")) {
 		if (argc != 2 || !g.session)
 			return bad_usage("client map DEVICE --session NAME [--server ADDR]... "
-					 "[--mode M] [--option KEY=VALUE]...");
+					 "[--mode M] [--no-block-device] [--SESSION-OPTION VALUE]...");
 		p = map_params(argv[1]);
 		return p ? run(sock, "client.map", p, table_object) : EXIT_USAGE;
 	}
@@ -718,9 +708,9 @@ static int client_cmd(int argc, char **argv)
 	}
 	if (argc >= 1 && !strcmp(argv[0], "reconnect-params")) {
 		if (argc != 2)
-			return bad_usage("client reconnect-params SESSION [--reconnect-delay SEC] "
-					 "[--reconnect-jitter SEC] [--max-reconnect-attempts N] "
-					 "[--ctrl-loss-tmo SEC] [--fast-io-fail-tmo SEC]");
+			return bad_usage("client reconnect-params SESSION [--reconnect-delay-ms MS] "
+					 "[--reconnect-jitter-ms MS] [--max-reconnect-attempts N] "
+					 "[--reconnect-loss-timeout-ms MS] [--fast-io-fail-ms MS]");
 		p = reconnect_params(argv[1]);
 		return p ? run(sock, "client.reconnect", p, table_object) : EXIT_USAGE;
 	}
@@ -818,20 +808,30 @@ static int call_cmd(int argc, char **argv)
 	return run(g.socket, argv[0], p, NULL);
 }
 
+static struct opt *table; /* the options with the session options (options_table) */
+
 int main(int argc, char **argv)
 {
 	char **words = calloc((size_t)argc + 1, sizeof(*words));
 	int n = 0, base = 0, pos, rc;
 
-	if (!words)
+	clt_cfg_init(&g.check, CLT_MAX_PATHS);
+	table = options_table();
+	if (!words || !table) {
+		fprintf(stderr, "rnbd: out of memory\n");
 		return EXIT_FAILED;
+	}
+	if (clt_opts_renamed("rnbd", argc, argv, true)) {
+		free(words);
+		return EXIT_USAGE;
+	}
 	/*
 	 * Options go anywhere ("rnbd server list -o json"): the table's parser
 	 * stops at a word, which then stands as argv[0] for the next round.
 	 * After "--" every argument is a word (a device named "-x").
 	 */
 	for (;;) {
-		rc = opts_parse(options, "rnbd", usage, argc - base, argv + base, &pos);
+		rc = opts_parse(table, "rnbd", usage, argc - base, argv + base, &pos);
 		if (rc) {
 			free(words);
 			return rc > 0 ? 0 : EXIT_USAGE;

@@ -3,9 +3,9 @@
  * rtrs-perf: transport benchmark.
  *
  *   rtrs-perf server [options]            answer every IO at once
- *   rtrs-perf client --dst HOST[:PORT]    keep --queue-depth IOs in flight
- *                                        (--dst again for more paths,
- *                                        [SRC@]HOST[:PORT] to pick a source)
+ *   rtrs-perf client --server HOST[:PORT]  keep --queue-depth IOs in flight
+ *                                         (--server again for more paths,
+ *                                         [SRC@]HOST[:PORT] to pick a source)
  *
  * The client prints op/s, GB/s and latency percentiles (or --json).
  * With --verify, writes carry a pattern the server checks and reads return
@@ -50,35 +50,37 @@ static struct {
 static struct clt_cfg cfg;
 
 static const struct clt_opt_pick clt_picks[] = {
-	{ CLT_OPT_SERVER, 'd', "dst", "client: a path to the server (repeat for more paths); "
+	{ CLT_OPT_SERVER, 'd', "client: a path to the server (repeat for more paths); "
 	  "SRC@ picks the local address" },
-	{ CLT_OPT_POLICY, 'P', NULL, "client: multipath policy: round-robin, min-inflight or "
+	{ CLT_OPT_POLICY, 'P', "client: multipath policy: round-robin, min-inflight or "
 	  "min-latency" },
-	{ CLT_OPT_FAST_IO_FAIL, 0, NULL, "client: how long IO waits for a path" },
-	{ CLT_OPT_BUSY_POLL, 0, NULL,
+	{ CLT_OPT_FAST_IO_FAIL, 0, "client: how long IO waits for a path" },
+	{ CLT_OPT_BUSY_POLL, 0,
 	  "poll an empty completion queue this long before sleeping (RDMA devices)" },
-	{ CLT_OPT_RECONNECT_DELAY, 0, NULL, "client: delay before reconnecting a failed path" },
-	{ CLT_OPT_LOSS_TIMEOUT, 0, NULL, "client: give a path up after failing to reconnect for "
+	{ CLT_OPT_RECONNECT_DELAY, 0, "client: delay before reconnecting a failed path" },
+	{ CLT_OPT_RECONNECT_JITTER, 0, "client: add a random 0..MS to each reconnect delay; "
+	  "unless given, half the delay" },
+	{ CLT_OPT_LOSS_TIMEOUT, 0, "client: give a path up after failing to reconnect for "
 	  "this long (0: never)" },
-	{ CLT_OPT_MAX_RECONNECTS, 0, NULL, "client: give a path up after N failed reconnects in "
+	{ CLT_OPT_MAX_RECONNECTS, 0, "client: give a path up after N failed reconnects in "
 	  "a row (-1: never)" },
 	{ .id = CLT_OPT_PROVIDER },
-	{ CLT_OPT_IO_CONS, 'n', "cons", "client: IO connections (0 = one per CPU)" },
+	{ CLT_OPT_IO_CONS, 'n', "client: IO connections (0 = one per CPU)" },
 	{ .id = CLT_OPT_HB_INTERVAL },
-	{ CLT_OPT_SESSION, 0, "sessname", "client: session name" },
-	{ CLT_OPT_SECRET, 0, NULL, "client: this host's DH-HMAC-CHAP secret" },
-	{ CLT_OPT_CTRL_SECRET, 0, NULL, "client: authenticate the server too, with this secret" },
-	{ CLT_OPT_HOST_NAME, 0, NULL, "client: host name for authentication (default: "
+	{ CLT_OPT_SESSION, 0, "client: session name" },
+	{ CLT_OPT_SECRET, 0, "client: this host's DH-HMAC-CHAP secret" },
+	{ CLT_OPT_CTRL_SECRET, 0, "client: authenticate the server too, with this secret" },
+	{ CLT_OPT_HOST_NAME, 0, "client: host name for authentication (default: "
 	  "/etc/nvme/hostnqn)" },
-	{ CLT_OPT_SERVER_NAME, 0, NULL, "server's name for authentication (default rtrs-server)" },
-	{ CLT_OPT_LOG_LEVEL, 0, NULL, "error, warn, info or debug (default: RTRS_LOG_LEVEL, "
+	{ CLT_OPT_SERVER_NAME, 0, "server's name for authentication (default rtrs-server)" },
+	{ CLT_OPT_LOG_LEVEL, 0, "error, warn, info or debug (default: RTRS_LOG_LEVEL, "
 	  "else warn)" },
 };
 
 static const struct opt own_options[] = {
 	{ "addr", 'a', OPT_STRING, &g.addr, .arg = "ADDR", .help = "server: listen address" },
 	{ "port", 'p', OPT_UINT, &g.port, 0, 65535, .arg = "N",
-	  .help = "server: listen port (0 = any, printed); client: port of a --dst without :PORT" },
+	  .help = "server: listen port (0 = any, printed); client: port of a --server without :PORT" },
 	{ "event", 'e', OPT_LIST, &g.events, .arg = "SEC:ACTION:ARG",
 	  .help = "client: during the run, at SEC seconds: remove:IDX, add:[SRC@]HOST:PORT, "
 		  "or cut:IDX (fail the path; it reconnects)" },
@@ -338,7 +340,7 @@ static int run_client(void)
 	int rc, out_rc = 0;
 
 	if (!o.paths_num) {
-		fprintf(stderr, "rtrs-perf: client needs 1..%d --dst [SRC@]HOST[:PORT]\n",
+		fprintf(stderr, "rtrs-perf: client needs 1..%d --server [SRC@]HOST[:PORT]\n",
 			RTRS_PERF_MAX_PATHS);
 		return 2;
 	}
@@ -506,10 +508,13 @@ int main(int argc, char **argv)
 		free(options);
 		return 2;
 	}
-	rc = opts_parse(options, "rtrs-perf", usage, argc - 1, argv + 1, &pos);
+	rc = clt_opts_renamed("rtrs-perf", argc, argv, false);
+	if (!rc)
+		rc = opts_parse(options, "rtrs-perf", usage, argc - 1, argv + 1, &pos);
 	free(options);
 	if (rc)
 		return rc > 0 ? 0 : 2;
+	clt_cfg_finish(&cfg);
 	if (pos != argc - 1) {
 		fprintf(stderr, "rtrs-perf: unexpected argument '%s'\n", argv[pos + 1]);
 		return 2;

@@ -137,7 +137,6 @@ static int cfg_from_job(struct thread_data *td, struct rnbd_fio *r)
 		return -EINVAL;
 	}
 	clt_cfg_init(&r->cfg, CLT_MAX_PATHS);
-	r->cfg.opts.fast_io_fail_ms = 30000;
 	n1 = strlen(o->server) + 1;
 	n2 = o->opts ? strlen(o->opts) + 1 : 1;
 	r->strs = malloc(n1 + n2 + sizeof(r->sessname));
@@ -176,8 +175,7 @@ static int cfg_from_job(struct thread_data *td, struct rnbd_fio *r)
 		snprintf(r->sessname, sizeof(r->sessname), "fio-%d-%d", (int)getpid(),
 			 td->thread_number);
 	r->cfg.opts.sessname = r->sessname;
-	/* The plugin's rule: reconnect jitter half the delay. */
-	r->cfg.opts.reconnect_jitter_ms = r->cfg.opts.reconnect_delay_ms / 2;
+	clt_cfg_finish(&r->cfg); /* the front ends' rule: jitter half the delay unless given */
 	if (mode_of(o->mode) < 0) {
 		log_err("fio: rnbd: rnbd_mode %s: expected rw, ro or migration\n", o->mode);
 		return -EINVAL;

@@ -33,6 +33,7 @@ void clt_ctl_init(struct clt_ctl *c, int (*devices)(void *priv, struct json_obje
 {
 	memset(c, 0, sizeof(*c));
 	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->cond, NULL);
 	c->devices = devices;
 	c->priv = priv;
 }
@@ -51,34 +52,66 @@ int clt_ctl_add(struct clt_ctl *c, const char *name, struct rnbd_clt_sess *sess)
 		rc = -ENOSPC;
 	if (!rc) {
 		snprintf(c->sess[c->nr_sess].name, sizeof(c->sess[0].name), "%s", name);
-		c->sess[c->nr_sess++].sess = sess;
+		c->sess[c->nr_sess].sess = sess;
+		c->sess[c->nr_sess].refs = 0;
+		c->sess[c->nr_sess++].leaving = false;
 	}
 	pthread_mutex_unlock(&c->lock);
 	return rc;
 }
 
+/* The entry of sess (c->lock held), or NULL. */
+static __typeof__(((struct clt_ctl *)0)->sess[0]) *entry_of(struct clt_ctl *c,
+							     struct rnbd_clt_sess *sess)
+{
+	for (unsigned i = 0; i < c->nr_sess; i++)
+		if (c->sess[i].sess == sess)
+			return &c->sess[i];
+	return NULL;
+}
+
 void clt_ctl_del(struct clt_ctl *c, struct rnbd_clt_sess *sess)
 {
+	__typeof__(c->sess[0]) *e;
+
 	pthread_mutex_lock(&c->lock);
-	for (unsigned i = 0; i < c->nr_sess; i++) {
-		if (c->sess[i].sess == sess) {
-			c->sess[i] = c->sess[--c->nr_sess];
-			break;
-		}
+	e = entry_of(c, sess);
+	if (e) {
+		e->leaving = true; /* found no more */
+		while ((e = entry_of(c, sess)) && e->refs)
+			pthread_cond_wait(&c->cond, &c->lock);
+		if (e)
+			*e = c->sess[--c->nr_sess];
 	}
 	pthread_mutex_unlock(&c->lock);
 }
 
-struct rnbd_clt_sess *clt_ctl_find(struct clt_ctl *c, const char *name)
+struct rnbd_clt_sess *clt_ctl_get(struct clt_ctl *c, const char *name)
 {
 	struct rnbd_clt_sess *s = NULL;
 
 	pthread_mutex_lock(&c->lock);
-	for (unsigned i = 0; i < c->nr_sess && !s; i++)
-		if (!strcmp(c->sess[i].name, name))
+	for (unsigned i = 0; i < c->nr_sess && !s; i++) {
+		if (!c->sess[i].leaving && !strcmp(c->sess[i].name, name)) {
 			s = c->sess[i].sess;
+			c->sess[i].refs++;
+		}
+	}
 	pthread_mutex_unlock(&c->lock);
 	return s;
+}
+
+void clt_ctl_put(struct clt_ctl *c, struct rnbd_clt_sess *sess)
+{
+	__typeof__(c->sess[0]) *e;
+
+	if (!sess)
+		return;
+	pthread_mutex_lock(&c->lock);
+	e = entry_of(c, sess);
+	if (e && --e->refs == 0 && e->leaving)
+		pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
 }
 
 /* ---- helpers ---- */
@@ -93,20 +126,24 @@ static bool put(struct json_object *o, const char *key, struct json_object *v)
 }
 
 /*
- * The session named by params' "session", or an error in err. Methods
- * check every parameter's type first and look objects up last, so that a
- * malformed request is told so whatever it names.
+ * The session named by params' "session", held (*held, for clt_ctl_put),
+ * or an error in err. Methods check every parameter's type first and look
+ * objects up last, so that a malformed request is told so whatever it
+ * names.
  */
 static struct rtrs_clt_sess *sess_param(struct clt_ctl *c, struct json_object *params,
-					const char **name, struct rpc_err *err)
+					const char **name, struct rnbd_clt_sess **held,
+					struct rpc_err *err)
 {
 	struct rnbd_clt_sess *s;
 
+	*held = NULL;
 	if (rpc_param_str(params, "session", true, name, err))
 		return NULL;
-	s = clt_ctl_find(c, *name);
+	s = clt_ctl_get(c, *name);
 	if (!s)
 		rpc_errf(err, -ENOENT, "no session %s", *name);
+	*held = s;
 	return s ? rnbd_clt_rtrs(s) : NULL;
 }
 
@@ -244,21 +281,30 @@ static int m_sessions(void *priv, struct json_object *params, struct json_object
 		json_object_put(arr);
 		return -ENOMEM;
 	}
+	/* Held while they are read: a session's close waits for that (clt_ctl_del). */
 	pthread_mutex_lock(&c->lock);
-	n = c->nr_sess;
-	memcpy(snap, c->sess, n * sizeof(snap[0]));
+	n = 0;
+	for (unsigned i = 0; i < c->nr_sess; i++) {
+		if (!c->sess[i].leaving) {
+			c->sess[i].refs++;
+			snap[n++] = c->sess[i];
+		}
+	}
 	pthread_mutex_unlock(&c->lock);
-	for (unsigned i = 0; i < n; i++) {
+	for (unsigned i = 0; i < n && arr; i++) {
 		struct json_object *o = sess_json(snap[i].name, snap[i].sess);
 
 		if (!o || json_object_array_add(arr, o)) {
 			json_object_put(o);
 			json_object_put(arr);
-			free(snap);
-			return -ENOMEM;
+			arr = NULL;
 		}
 	}
+	for (unsigned i = 0; i < n; i++)
+		clt_ctl_put(c, snap[i].sess);
 	free(snap);
+	if (!arr)
+		return -ENOMEM;
 	*result = arr;
 	return 0;
 }
@@ -284,8 +330,8 @@ static int m_devices(void *priv, struct json_object *params, struct json_object 
 	return 0;
 }
 
-static int m_path_add(void *priv, struct json_object *params, struct json_object **result,
-		      struct rpc_err *err)
+static int m_path_add_held(void *priv, struct json_object *params, struct json_object **result,
+			   struct rpc_err *err, struct rnbd_clt_sess **held)
 {
 	static const char *const names[] = { "session", "server", NULL };
 	struct rtrs_addr a = { .size = sizeof(a) };
@@ -302,7 +348,7 @@ static int m_path_add(void *priv, struct json_object *params, struct json_object
 		return rc;
 	if (rtrs_addr_parse(server, RNBD_DEFAULT_PORT_NR, &a, why, sizeof(why)))
 		return rpc_errf(err, RPC_INVALID_PARAMS, "server %s: %s", server, why);
-	if (!(r = sess_param(priv, params, &name, err)))
+	if (!(r = sess_param(priv, params, &name, held, err)))
 		return err->code;
 	rtrs_addr_path(&a, &pa);
 	rc = rtrs_clt_add_path(r, &pa, &idx);
@@ -313,9 +359,20 @@ static int m_path_add(void *priv, struct json_object *params, struct json_object
 	return put(*result, "index", json_object_new_uint64(idx)) ? 0 : -ENOMEM;
 }
 
+static int m_path_add(void *priv, struct json_object *params, struct json_object **result,
+		      struct rpc_err *err)
+{
+	struct rnbd_clt_sess *held = NULL;
+	int rc = m_path_add_held(priv, params, result, err, &held);
+
+	clt_ctl_put(priv, held);
+	return rc;
+}
+
 /* remove, reconnect, disconnect: the same shape. */
-static int path_op(void *priv, struct json_object *params, struct json_object **result,
-		   struct rpc_err *err, int (*op)(struct rtrs_clt_sess *, unsigned), const char *what)
+static int path_op_held(void *priv, struct json_object *params, struct json_object **result,
+			struct rpc_err *err, int (*op)(struct rtrs_clt_sess *, unsigned),
+			const char *what, struct rnbd_clt_sess **held)
 {
 	struct rtrs_clt_sess *r;
 	const char *name;
@@ -326,7 +383,7 @@ static int path_op(void *priv, struct json_object *params, struct json_object **
 	    (rc = rpc_param_str(params, "session", true, &name, err)) ||
 	    (rc = path_param(params, true, &idx, err)))
 		return rc;
-	if (!(r = sess_param(priv, params, &name, err)))
+	if (!(r = sess_param(priv, params, &name, held, err)))
 		return err->code;
 	if ((rc = path_exists(r, name, idx, err)))
 		return rc;
@@ -336,6 +393,16 @@ static int path_op(void *priv, struct json_object *params, struct json_object **
 				strerror(-rc));
 	*result = json_object_new_object();
 	return put(*result, "index", json_object_new_uint64(idx)) ? 0 : -ENOMEM;
+}
+
+static int path_op(void *priv, struct json_object *params, struct json_object **result,
+		   struct rpc_err *err, int (*op)(struct rtrs_clt_sess *, unsigned), const char *what)
+{
+	struct rnbd_clt_sess *held = NULL;
+	int rc = path_op_held(priv, params, result, err, op, what, &held);
+
+	clt_ctl_put(priv, held);
+	return rc;
 }
 
 static int m_path_remove(void *priv, struct json_object *params, struct json_object **result,
@@ -356,8 +423,8 @@ static int m_path_disconnect(void *priv, struct json_object *params,
 	return path_op(priv, params, result, err, rtrs_clt_disconnect_path, "disconnecting");
 }
 
-static int m_policy(void *priv, struct json_object *params, struct json_object **result,
-		    struct rpc_err *err)
+static int m_policy_held(void *priv, struct json_object *params, struct json_object **result,
+			 struct rpc_err *err, struct rnbd_clt_sess **held)
 {
 	static const char *const names[] = { "session", "policy", NULL };
 	struct rtrs_clt_sess *r;
@@ -372,7 +439,7 @@ static int m_policy(void *priv, struct json_object *params, struct json_object *
 	if (p < 0)
 		return rpc_errf(err, RPC_INVALID_PARAMS,
 				"policy %s: not round-robin, min-inflight or min-latency", pol);
-	if (!(r = sess_param(priv, params, &name, err)))
+	if (!(r = sess_param(priv, params, &name, held, err)))
 		return err->code;
 	rc = rtrs_clt_set_mp_policy(r, (enum rtrs_mp_policy)p);
 	if (rc)
@@ -381,13 +448,23 @@ static int m_policy(void *priv, struct json_object *params, struct json_object *
 	return put(*result, "policy", json_object_new_string(pol)) ? 0 : -ENOMEM;
 }
 
+static int m_policy(void *priv, struct json_object *params, struct json_object **result,
+		    struct rpc_err *err)
+{
+	struct rnbd_clt_sess *held = NULL;
+	int rc = m_policy_held(priv, params, result, err, &held);
+
+	clt_ctl_put(priv, held);
+	return rc;
+}
+
 /*
  * client.reconnect: each parameter given replaces its value, the others
  * stay as they are; the answer is every value in force. With only the
  * session it changes nothing and says what is in force.
  */
-static int m_reconnect(void *priv, struct json_object *params, struct json_object **result,
-		       struct rpc_err *err)
+static int m_reconnect_held(void *priv, struct json_object *params, struct json_object **result,
+			    struct rpc_err *err, struct rnbd_clt_sess **held)
 {
 	static const char *const names[] = { "session", "delay_ms", "jitter_ms", "max_attempts",
 					     "loss_timeout_ms", "fast_io_fail_ms", NULL };
@@ -437,7 +514,7 @@ static int m_reconnect(void *priv, struct json_object *params, struct json_objec
 			max = (int)attempts;
 		}
 	}
-	if (!(r = sess_param(priv, params, &name, err)))
+	if (!(r = sess_param(priv, params, &name, held, err)))
 		return err->code;
 	rc = rtrs_clt_get_reconnect(r, &rp);
 	if (rc)
@@ -458,8 +535,18 @@ static int m_reconnect(void *priv, struct json_object *params, struct json_objec
 	return *result ? 0 : -ENOMEM;
 }
 
-static int m_stats_reset(void *priv, struct json_object *params, struct json_object **result,
-			 struct rpc_err *err)
+static int m_reconnect(void *priv, struct json_object *params, struct json_object **result,
+		       struct rpc_err *err)
+{
+	struct rnbd_clt_sess *held = NULL;
+	int rc = m_reconnect_held(priv, params, result, err, &held);
+
+	clt_ctl_put(priv, held);
+	return rc;
+}
+
+static int m_stats_reset_held(void *priv, struct json_object *params, struct json_object **result,
+			      struct rpc_err *err, struct rnbd_clt_sess **held)
 {
 	struct rtrs_attrs a = { .size = sizeof(a) };
 	struct rtrs_clt_sess *r;
@@ -472,7 +559,7 @@ static int m_stats_reset(void *priv, struct json_object *params, struct json_obj
 	    (rc = rpc_param_str(params, "session", true, &name, err)) ||
 	    (one && (rc = path_param(params, true, &idx, err))))
 		return rc;
-	if (!(r = sess_param(priv, params, &name, err)))
+	if (!(r = sess_param(priv, params, &name, held, err)))
 		return err->code;
 	if (one) {
 		if ((rc = path_exists(r, name, idx, err)))
@@ -489,6 +576,16 @@ static int m_stats_reset(void *priv, struct json_object *params, struct json_obj
 		return rpc_errf(err, rc, "session %s: %s", name, strerror(-rc));
 	*result = json_object_new_object();
 	return put(*result, "paths_reset", json_object_new_uint64(n)) ? 0 : -ENOMEM;
+}
+
+static int m_stats_reset(void *priv, struct json_object *params, struct json_object **result,
+			 struct rpc_err *err)
+{
+	struct rnbd_clt_sess *held = NULL;
+	int rc = m_stats_reset_held(priv, params, result, err, &held);
+
+	clt_ctl_put(priv, held);
+	return rc;
 }
 
 /* ---- metrics (Prometheus) ---- */

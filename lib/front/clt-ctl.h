@@ -4,13 +4,13 @@
  * the client daemon): its RNBD sessions, their RTRS paths, the devices
  * mapped through them, over JSON-RPC (lib/rpc; docs/management.md lists
  * the methods). The program registers its sessions here and says how to
- * list its devices; the methods run on the rpc server's thread.
+ * list its devices. The methods may run on several threads at once (an
+ * rpc server with RPC_SERVER_THREADED).
  *
- * Sessions are added and removed by the program only where no method can
- * run at the same time (before the rpc server starts, after it stops, or
- * from a method on its thread): a method looks a session up under the
- * lock and then uses it unlocked, through calls that may block (adding a
- * path connects it).
+ * A method holds the session it uses (clt_ctl_get) while it uses it,
+ * unlocked, through calls that may block (adding a path connects it);
+ * clt_ctl_del makes the session unfindable and waits until nobody holds
+ * it, so that the program may close it afterwards.
  */
 #ifndef RTRS_FRONT_CLT_CTL_H
 #define RTRS_FRONT_CLT_CTL_H
@@ -24,9 +24,12 @@
 
 struct clt_ctl {
 	pthread_mutex_t lock;
+	pthread_cond_t cond;      /* a held session let go */
 	struct {
 		char name[256];
 		struct rnbd_clt_sess *sess;
+		unsigned refs;    /* methods using it */
+		bool leaving;     /* clt_ctl_del waits for refs to drop */
 	} sess[CLT_CTL_SESS_MAX];
 	unsigned nr_sess;
 	/*
@@ -42,9 +45,11 @@ void clt_ctl_init(struct clt_ctl *c, int (*devices)(void *priv, struct json_obje
 		  void *priv);
 /* -EEXIST: a session of that name is registered; -ENOSPC: past CLT_CTL_SESS_MAX. */
 int clt_ctl_add(struct clt_ctl *c, const char *name, struct rnbd_clt_sess *sess);
+/* Unregisters sess once no method holds it (it waits for them). */
 void clt_ctl_del(struct clt_ctl *c, struct rnbd_clt_sess *sess);
-/* The session registered as name, or NULL. */
-struct rnbd_clt_sess *clt_ctl_find(struct clt_ctl *c, const char *name);
+/* The session registered as name, held until clt_ctl_put; or NULL. */
+struct rnbd_clt_sess *clt_ctl_get(struct clt_ctl *c, const char *name);
+void clt_ctl_put(struct clt_ctl *c, struct rnbd_clt_sess *sess);
 
 /* The client.* methods; their priv is the struct clt_ctl. */
 extern const struct rpc_method clt_ctl_methods[];

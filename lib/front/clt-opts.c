@@ -82,15 +82,15 @@ static const struct clt_def defs[CLT_OPT_NR] = {
 	[CLT_OPT_POLICY] = { "policy", "policy", CT_POLICY, F(opts.mp_policy),
 		.expect = "expected round-robin, min-inflight or min-latency", .arg = "NAME",
 		.help = "how a request picks its path: round-robin, min-inflight or min-latency" },
-	[CLT_OPT_HB_INTERVAL] = { "hb-interval", "hb_interval_ms", CT_UINT, F(opts.hb_interval_ms),
-		10, 600000, .arg = "MS", .help = "heartbeat interval" },
-	[CLT_OPT_FAST_IO_FAIL] = { "fast-io-fail", "fast_io_fail_ms", CT_UINT,
+	[CLT_OPT_HB_INTERVAL] = { "hb-interval-ms", "hb_interval_ms", CT_UINT,
+		F(opts.hb_interval_ms), 10, 600000, .arg = "MS", .help = "heartbeat interval" },
+	[CLT_OPT_FAST_IO_FAIL] = { "fast-io-fail-ms", "fast_io_fail_ms", CT_UINT,
 		F(opts.fast_io_fail_ms), 0, 3600000, .arg = "MS",
-		.help = "how long IO waits for a path" },
-	[CLT_OPT_RECONNECT_DELAY] = { "reconnect-delay", "reconnect_delay_ms", CT_UINT,
+		.help = "how long IO waits for a path (0: it fails at once without one)" },
+	[CLT_OPT_RECONNECT_DELAY] = { "reconnect-delay-ms", "reconnect_delay_ms", CT_UINT,
 		F(opts.reconnect_delay_ms), 0, 3600000, .arg = "MS",
 		.help = "delay before a failed path reconnects" },
-	[CLT_OPT_BUSY_POLL] = { "busy-poll", "busy_poll_us", CT_UINT, F(opts.busy_poll_us),
+	[CLT_OPT_BUSY_POLL] = { "busy-poll-us", "busy_poll_us", CT_UINT, F(opts.busy_poll_us),
 		0, 1000000, .arg = "US",
 		.help = "poll an empty completion queue this long before sleeping (RDMA devices)" },
 	[CLT_OPT_SECRET] = { "secret", "secret", CT_SECRET, F(opts.auth_secret),
@@ -111,17 +111,17 @@ static const struct clt_def defs[CLT_OPT_NR] = {
 	[CLT_OPT_LOG_LEVEL] = { "log-level", "log_level", CT_LEVEL, F(log_level),
 		.expect = "expected error, warn, info or debug", .arg = "LEVEL",
 		.help = "error, warn, info or debug (default: RTRS_LOG_LEVEL)" },
-	[CLT_OPT_LOSS_TIMEOUT] = { "reconnect-loss-timeout", "reconnect_loss_timeout_ms", CT_UINT,
-		F(opts.reconnect_loss_timeout_ms), 0, 86400000, .arg = "MS",
+	[CLT_OPT_LOSS_TIMEOUT] = { "reconnect-loss-timeout-ms", "reconnect_loss_timeout_ms",
+		CT_UINT, F(opts.reconnect_loss_timeout_ms), 0, 86400000, .arg = "MS",
 		.help = "give a path up after failing to reconnect for this long (0: never; "
 			"nvme-cli's ctrl-loss-tmo)" },
 	[CLT_OPT_MAX_RECONNECTS] = { "max-reconnect-attempts", "max_reconnect_attempts",
 		CT_ATTEMPTS, F(opts.max_reconnect_attempts), 0, 1000000, .arg = "N",
 		.help = "give a path up after N failed reconnects in a row (-1: never, the "
 			"default)" },
-	[CLT_OPT_RECONNECT_JITTER] = { "reconnect-jitter", "reconnect_jitter_ms", CT_UINT,
+	[CLT_OPT_RECONNECT_JITTER] = { "reconnect-jitter-ms", "reconnect_jitter_ms", CT_UINT,
 		F(opts.reconnect_jitter_ms), 0, 3600000, .arg = "MS",
-		.help = "add a random 0..MS to each reconnect delay" },
+		.help = "add a random 0..MS to each reconnect delay; unless given, half the delay" },
 };
 
 _Static_assert(RTRS_AUTH_WIRE_NAME_MAX == 223 && RTRS_NAME_MAX == 255,
@@ -131,9 +131,19 @@ void clt_cfg_init(struct clt_cfg *c, unsigned max_paths)
 {
 	memset(c, 0, sizeof(*c));
 	rtrs_clt_opts_init(&c->opts, sizeof(c->opts));
+	/* The front ends' defaults, where they differ from librtrs's. */
+	c->opts.fast_io_fail_ms = CLT_FAST_IO_FAIL_MS;
+	c->opts.reconnect_delay_ms = CLT_RECONNECT_DELAY_MS;
+	c->opts.reconnect_jitter_ms = CLT_RECONNECT_DELAY_MS / 2;
 	c->opts.paths = c->paths;
 	c->max_paths = max_paths < 1 ? 1 : max_paths > CLT_MAX_PATHS ? CLT_MAX_PATHS : max_paths;
 	c->log_level = -1;
+}
+
+void clt_cfg_finish(struct clt_cfg *c)
+{
+	if (!c->jitter_given)
+		c->opts.reconnect_jitter_ms = c->opts.reconnect_delay_ms / 2;
 }
 
 static int add_path(struct clt_cfg *c, const char *value, char *err, size_t errlen)
@@ -179,6 +189,8 @@ int clt_opt_set(struct clt_cfg *c, enum clt_opt_id id, const char *value, char *
 			*(uint16_t *)field = (uint16_t)v;
 		else
 			*(unsigned *)field = (unsigned)v;
+		if (id == CLT_OPT_RECONNECT_JITTER)
+			c->jitter_given = true;
 		return 0;
 	case CT_ATTEMPTS:
 		if (!strcmp(value, "-1")) {
@@ -296,6 +308,57 @@ void clt_opt_show(const struct clt_cfg *c, enum clt_opt_id id, char *buf, size_t
 	}
 }
 
+/*
+ * Names the front ends' command lines had before each option got one name
+ * (with its unit) everywhere: refused, with the name to use. Those that
+ * were a shorter form of today's name in the same unit still work (the
+ * parser takes an unambiguous prefix: --fast-io-fail), but not in the rnbd
+ * command, where --reconnect-delay and --reconnect-jitter took seconds.
+ */
+static const struct {
+	const char *old, *now, *how;
+	bool rnbd_only;             /* still a prefix of the new name elsewhere */
+} renamed[] = {
+	{ "dst", "server", "", false },
+	{ "sessname", "session", "", false },
+	{ "cons", "io-connections", "", false },
+	{ "ctrl-loss-tmo", "reconnect-loss-timeout-ms", " (milliseconds; it took seconds)", false },
+	{ "fast-io-fail-tmo", "fast-io-fail-ms", " (milliseconds; it took seconds)", false },
+	{ "nr-io-queues", "io-connections", "", false },
+	{ "dhchap-secret", "secret", "", false },
+	{ "dhchap-ctrl-secret", "ctrl-secret", "", false },
+	{ "hostnqn", "host-name", "", false },
+	{ "option", NULL, ": each option has a flag of its own (--fast-io-fail-ms, --policy, ...; "
+	  "see --help)", false },
+	{ "reconnect-delay", "reconnect-delay-ms", " (milliseconds; it took seconds)", true },
+	{ "reconnect-jitter", "reconnect-jitter-ms", " (milliseconds; it took seconds)", true },
+};
+
+int clt_opts_renamed(const char *prog, int argc, char **argv, bool rnbd)
+{
+	for (int i = 1; i < argc && strcmp(argv[i], "--"); i++) {
+		const char *a = argv[i];
+
+		if (strncmp(a, "--", 2))
+			continue;
+		for (size_t k = 0; k < ARRAY_SIZE(renamed); k++) {
+			size_t n = strlen(renamed[k].old);
+
+			if ((renamed[k].rnbd_only && !rnbd) || strncmp(a + 2, renamed[k].old, n) ||
+			    (a[2 + n] && a[2 + n] != '='))
+				continue;
+			if (renamed[k].now)
+				fprintf(stderr, "%s: --%s is now --%s%s\n", prog, renamed[k].old,
+					renamed[k].now, renamed[k].how);
+			else
+				fprintf(stderr, "%s: --%s is gone%s\n", prog, renamed[k].old,
+					renamed[k].how);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
 /* ---- the command line ----------------------------------------------------------- */
 
 static int cli_set(const struct opt *o, const char *arg, char *err, size_t errlen)
@@ -329,7 +392,7 @@ struct opt *clt_opts_table(struct clt_cfg *c, const struct clt_opt_pick *picks, 
 		if ((unsigned)picks[i].id >= CLT_OPT_NR)
 			continue;
 		t[k++] = (struct opt){
-			.name = picks[i].name ? picks[i].name : d->name,
+			.name = d->name,
 			.short_name = picks[i].short_name,
 			.type = OPT_CUSTOM,
 			.ptr = c,

@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The session options of the client front ends (rtrs-perf, rnbd-client and
- * the nbdkit plugin), in one table: each option's name on a command line
- * (--NAME) and as an nbdkit key (KEY=VALUE), its type, bounds, check,
- * help text, and the field of struct rtrs_clt_opts it sets. The front ends
- * differ only in what they pick from it, a short letter or an older name
- * (rtrs-perf's --dst), help text that says more, and their defaults (set
- * in the struct before parsing); the checks and the refusals are the same
- * everywhere. Pure: no network, no library state (the fuzzer builds it).
+ * The session options of the client front ends (rtrs-perf, rnbd-client,
+ * the rnbd command's client map and rnbd-clientd, the nbdkit plugin), in
+ * one table: each option's one name, on a command line (--NAME) and as a
+ * key (KEY=VALUE: the plugin's, and client.map's "options"), the same but
+ * for '-' and '_' and with its unit in it (fast_io_fail_ms,
+ * --fast-io-fail-ms); its type, bounds, check, help text, default, and the
+ * field of struct rtrs_clt_opts it sets. The front ends differ only in
+ * what they pick from it, a short letter, and help text that says more;
+ * the checks, the refusals and the defaults are the same everywhere.
+ * Pure: no network, no library state (the fuzzer builds it).
  */
 #ifndef RTRS_FRONT_CLT_OPTS_H
 #define RTRS_FRONT_CLT_OPTS_H
@@ -20,6 +22,13 @@
 
 /* Paths a front end may take at most; each front end sets its own limit up to it. */
 #define CLT_MAX_PATHS 16
+
+/*
+ * The front ends' defaults where they are not librtrs's: IO waits 30 s for
+ * a path, a failed path reconnects after 1 s plus up to half that.
+ */
+#define CLT_FAST_IO_FAIL_MS 30000
+#define CLT_RECONNECT_DELAY_MS 1000
 
 enum clt_opt_id {
 	CLT_OPT_SERVER,          /* [SRC@]HOST[:PORT], repeatable: opts.paths */
@@ -55,10 +64,16 @@ struct clt_cfg {
 	struct rtrs_path_addr paths[CLT_MAX_PATHS];
 	unsigned max_paths;     /* this front end's limit, 1 .. CLT_MAX_PATHS */
 	int log_level;          /* 0 error .. 3 debug; -1 not given */
+	bool jitter_given;      /* reconnect_jitter_ms was set */
 };
 
-/* librtrs's defaults (rtrs_clt_opts_init), no path yet, log level not given. */
+/*
+ * The front ends' defaults (librtrs's, with CLT_FAST_IO_FAIL_MS and
+ * CLT_RECONNECT_DELAY_MS), no path yet, log level not given.
+ */
 void clt_cfg_init(struct clt_cfg *c, unsigned max_paths);
+/* After the options: the reconnect jitter is half the delay, unless given. */
+void clt_cfg_finish(struct clt_cfg *c);
 
 /*
  * Sets option id from text value (not empty): checked, then stored in c.
@@ -83,13 +98,20 @@ int clt_opt_by_key(const char *key);
 /* Its value in c as --help shows a default ("" for none: paths, secrets, unset). */
 void clt_opt_show(const struct clt_cfg *c, enum clt_opt_id id, char *buf, size_t len);
 
-/* A command-line option from the table: a short letter, an older name, more help. */
+/* A command-line option from the table: a short letter, more help. */
 struct clt_opt_pick {
 	enum clt_opt_id id;
 	char short_name;        /* 0: none */
-	const char *name;       /* NULL: the table's */
 	const char *help;       /* NULL: the table's */
 };
+
+/*
+ * Whether argv (up to "--") gives a name the front ends no longer have:
+ * -EINVAL after printing "PROG: --OLD is now --NEW" (rnbd: the rnbd
+ * command, whose --reconnect-delay and --reconnect-jitter took seconds);
+ * else 0.
+ */
+int clt_opts_renamed(const char *prog, int argc, char **argv, bool rnbd);
 
 /*
  * A front end's command-line table (lib/common/opts.h): the session

@@ -40,13 +40,17 @@
  * MAPPED: open in the current server session, IO goes to the transport.
  * CLOSED: not open there (its server session went away, or its open
  * failed); IO waits at the gate and asks for an open. REOPENING: an OPEN is
- * on its way; IO waits at the gate for its outcome.
+ * on its way; IO waits at the gate for its outcome. SRV_CLOSED: the server
+ * closed it (a force-close: it answered an IO sent under the device's
+ * current id and server session with -ENOTCONN); IO fails with -ENOTCONN
+ * unsent, nothing opens it again but a remap.
  */
-enum dev_state { DEV_MAPPED, DEV_CLOSED, DEV_REOPENING, DEV_UNMAPPED };
+enum dev_state { DEV_MAPPED, DEV_CLOSED, DEV_REOPENING, DEV_UNMAPPED, DEV_SRV_CLOSED };
 
 static const char *const dev_state_names[] = {
 	[DEV_MAPPED] = "mapped", [DEV_CLOSED] = "disconnected",
 	[DEV_REOPENING] = "reopening", [DEV_UNMAPPED] = "unmapped",
+	[DEV_SRV_CLOSED] = "closed",
 };
 
 struct clt_io;
@@ -67,6 +71,7 @@ struct rnbd_clt_dev {
 	unsigned inflight;           /* rnbd_clt_io calls using it */
 	bool refusing;               /* a forced unmap is under way */
 	bool opening;                /* an OPEN for it is on the wire (map, remap or worker) */
+	uint64_t closed_epoch;       /* SRV_CLOSED: the server session that holds its id */
 	struct io_list held;         /* IO at the gate: waits for the (re)open */
 };
 
@@ -794,7 +799,8 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 	 * (it would wait for one; the server forgets the device with the
 	 * session if the path does not come back).
 	 */
-	open_there = d->state == DEV_MAPPED && s->up;
+	open_there = (d->state == DEV_MAPPED ||
+		      (d->state == DEV_SRV_CLOSED && d->closed_epoch == s->epoch)) && s->up;
 	epoch = s->epoch;
 	d->state = DEV_UNMAPPED;
 	for (struct rnbd_clt_dev **pp = &s->devs; *pp; pp = &(*pp)->next) {
@@ -828,11 +834,25 @@ int rnbd_clt_remap(struct rnbd_clt_dev *d)
 	pthread_mutex_lock(&s->lock);
 	if (d->state == DEV_MAPPED)
 		rc = -EALREADY;
-	else if (d->state != DEV_CLOSED || d->refusing || d->opening)
+	else if ((d->state != DEV_CLOSED && d->state != DEV_SRV_CLOSED) || d->refusing ||
+		 d->opening)
 		rc = -EBUSY;
 	else {
+		bool held = d->state == DEV_SRV_CLOSED && d->closed_epoch == s->epoch && s->up;
+		uint64_t epoch = s->epoch;
+		uint32_t id = d->id;
+
 		d->state = DEV_REOPENING;
 		d->opening = true;
+		if (held) {
+			/* The server keeps a closed device's id until told: closed first. */
+			pthread_mutex_unlock(&s->lock);
+			rc = dev_close_msg(s, epoch, id);
+			if (rc && rc != -ENOTCONN)
+				log_warn("rnbd: %s: closing %s (id %u) on the server before opening it "
+					 "again: %s", s->name, d->name, id, strerror(-rc));
+			pthread_mutex_lock(&s->lock);
+		}
 		rc = dev_reopen(d, &release);
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -908,6 +928,8 @@ static int io_route(struct clt_io *io)
 
 	if (d->refusing || d->state == DEV_UNMAPPED)
 		return -ENODEV;
+	if (d->state == DEV_SRV_CLOSED)
+		return -ENOTCONN;
 	if (d->state == DEV_MAPPED) {
 		io->max = dev_max_piece(d, io->op);
 		if (!io->max)
@@ -1001,7 +1023,7 @@ static void io_conf(void *priv, int err)
 	struct rnbd_clt_dev *d = io->d;
 	struct rnbd_clt_sess *s = d->sess;
 	bool retry = err == -ENOTCONN || err == -ETIMEDOUT || err == -ECONNABORTED ||
-		     err == -EPROTO;
+		     err == -EPROTO, closed = false;
 	int route = -1; /* 1: send the next piece, 0: held, < 0: finished with result */
 	int result = err;
 
@@ -1012,6 +1034,11 @@ static void io_conf(void *priv, int err)
 		pthread_cond_broadcast(&s->cond); /* the worker's pass waits for it */
 	if (retry && (io->epoch != s->epoch || io->gen != d->gen)) {
 		route = io_route(io); /* the same piece again; if it cannot go, err stands */
+	} else if (err == -ENOTCONN && d->state == DEV_MAPPED) {
+		/* Its server session and id are the device's now: the server closed it. */
+		d->state = DEV_SRV_CLOSED;
+		d->closed_epoch = s->epoch;
+		closed = true;
 	} else if (!err && io->flush_first) {
 		io->flush_first = false; /* flushed: now the IO itself */
 		route = result = io_route(io);
@@ -1024,6 +1051,9 @@ static void io_conf(void *priv, int err)
 		route = result = io_route(io);
 	}
 	pthread_mutex_unlock(&s->lock);
+	if (closed)
+		log_warn("rnbd: %s: %s was closed by the server: its IO fails with ENOTCONN "
+			 "(a remap opens it again)", s->name, d->name);
 	if (route == 1)
 		io_send(io);
 	else if (route < 0)
@@ -1044,6 +1074,8 @@ static int dev_takes(const struct rnbd_clt_dev *d, enum rnbd_io_op op, uint64_t 
 
 	if (d->state == DEV_UNMAPPED || d->refusing)
 		return -ENODEV;
+	if (d->state == DEV_SRV_CLOSED)
+		return -ENOTCONN;
 	if (d->mode == RNBD_ACCESS_RO && op != RNBD_OP_READ && op != RNBD_OP_FLUSH)
 		return -EROFS;
 	if (op == RNBD_OP_FLUSH)

@@ -11,16 +11,17 @@
  * "params" is an object or absent.
  *
  * The server has a thread of its own that serves every connection with
- * poll(): methods run there, never on an IO thread. A text larger than
+ * poll(): methods run there, never on an IO thread (or, with
+ * RPC_SERVER_THREADED, on a thread of each connection). A text larger than
  * RPC_REQ_MAX, bytes that are not JSON, or answers to one text over
  * RPC_OUT_MAX get an error where one can be sent, and the connection is
  * closed; nothing else is affected. A connection is not read while more
  * than RPC_OUT_LOW of its answers wait, and is closed when they have not
  * moved for RPC_STALL_MS, when a request begun is not complete after
- * RPC_REQUEST_MS, or when it has been idle for RPC_IDLE_MS. At
- * RPC_CONN_MAX connections, a new one takes the place of the one that has
- * made no progress (no request answered, no answer written) for longest,
- * if that is a second at least.
+ * RPC_REQUEST_MS, or when it has been idle for RPC_IDLE_MS (never while
+ * a method of its runs). At RPC_CONN_MAX connections, a new one takes the
+ * place of the one that has made no progress (no request answered, no
+ * answer written) for longest, if that is a second at least.
  *
  * Errors: JSON-RPC's own codes (enum rpc_code) for requests that are not
  * understood; a method's failure has the errno as its code (positive,
@@ -136,7 +137,23 @@ struct rpc_server;
  */
 int rpc_server_start(const char *path, const char *name, const struct rpc_method *methods,
 		     size_t nr_methods, void *priv, struct rpc_server **out);
-/* Stops the thread, closes every connection, removes the socket if still ours. */
+/*
+ * Each connection's requests run on a thread of the connection's own, in
+ * their order: a method that blocks (a map waiting for its server) holds
+ * only the requests that came after it on its connection. Methods of
+ * different connections then run at the same time, and must be safe so;
+ * rpc_server_stop reads nothing more, waits for those in progress (and
+ * for those read already), and gives their answers up to a second to go
+ * out.
+ */
+#define RPC_SERVER_THREADED 1u
+/* rpc_server_start with flags (RPC_SERVER_THREADED, or 0). */
+int rpc_server_start_flags(const char *path, const char *name, const struct rpc_method *methods,
+			   size_t nr_methods, void *priv, unsigned flags, struct rpc_server **out);
+/*
+ * Stops the thread, closes every connection, removes the socket if still
+ * ours; threaded, after the methods in progress have returned.
+ */
 void rpc_server_stop(struct rpc_server *s);
 /*
  * Other times than RPC_IDLE_MS, RPC_REQUEST_MS and RPC_STALL_MS (tests), in

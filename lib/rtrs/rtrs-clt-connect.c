@@ -179,6 +179,18 @@ static const struct fab_con_ops clt_con_ops = {
 	.kick = rtrs_con_kick,
 };
 
+/*
+ * Why an attempt in progress gives up, if it does (p->lock held): the
+ * path's failure, or the session closing or shut down (rtrs_clt_shutdown_all),
+ * which a failure reported before the attempt reset fail_err would miss.
+ */
+static int path_gave_up(struct clt_path *p)
+{
+	int err = atomic_load(&p->base.fail_err);
+
+	return err ? err : atomic_load(&p->sess->closing) ? -ESHUTDOWN : 0;
+}
+
 /* Waits for connection con to connect; 0 or its error. */
 static int path_wait_con(struct clt_path *p, struct clt_con *con)
 {
@@ -186,10 +198,10 @@ static int path_wait_con(struct clt_path *p, struct clt_con *con)
 	int rc = 0;
 
 	pthread_mutex_lock(&p->lock);
-	while (!con->connected && !con->err && !atomic_load(&p->base.fail_err) && rc != ETIMEDOUT)
+	while (!con->connected && !con->err && !path_gave_up(p) && rc != ETIMEDOUT)
 		rc = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
-	rc = atomic_load(&p->base.fail_err) ? atomic_load(&p->base.fail_err) : con->connected ? 0 :
-	     con->err ? con->err : -ETIMEDOUT;
+	rc = path_gave_up(p) ? path_gave_up(p) : con->connected ? 0 : con->err ? con->err :
+	     -ETIMEDOUT;
 	pthread_mutex_unlock(&p->lock);
 	return rc;
 }
@@ -306,14 +318,13 @@ static int path_authenticate(struct clt_path *p)
 			break;
 		}
 		pthread_mutex_lock(&p->lock);
-		while (!p->auth_rx_len && !p->cons[0].err && !atomic_load(&p->base.fail_err) &&
-		       wait != ETIMEDOUT)
+		while (!p->auth_rx_len && !p->cons[0].err && !path_gave_up(p) && wait != ETIMEDOUT)
 			wait = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
 		len = p->auth_rx_len;
 		if (len)
 			memcpy(msg, p->auth_rx, len);
 		p->auth_rx_len = 0;
-		rc = len ? 0 : atomic_load(&p->base.fail_err) ? atomic_load(&p->base.fail_err) :
+		rc = len ? 0 : path_gave_up(p) ? path_gave_up(p) :
 		     p->cons[0].err ? p->cons[0].err : -ETIMEDOUT;
 		pthread_mutex_unlock(&p->lock);
 		if (rc)
@@ -515,9 +526,9 @@ static int path_exchange_info(struct clt_path *p)
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&p->lock);
-	while (!p->info_done && !p->cons[0].err && !atomic_load(&p->base.fail_err) && wait != ETIMEDOUT)
+	while (!p->info_done && !p->cons[0].err && !path_gave_up(p) && wait != ETIMEDOUT)
 		wait = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
-	rc = atomic_load(&p->base.fail_err) ? atomic_load(&p->base.fail_err) :
+	rc = path_gave_up(p) ? path_gave_up(p) :
 	     p->info_done ? p->info_err : p->cons[0].err ? p->cons[0].err : -ETIMEDOUT;
 	pthread_mutex_unlock(&p->lock);
 	return rc;
@@ -585,8 +596,9 @@ int clt_path_connect(struct clt_path *p, bool retry)
 	for (unsigned cid = 0; cid < p->base.nr_cons; cid++) {
 		rc = path_connect_con(p, cid);
 		if (rc) {
-			log_err("%s: connection %u of %u failed: %s", p->name, cid, p->base.nr_cons,
-				strerror(-rc));
+			/* A session closing or shut down is no failure of the connection. */
+			log_at(rc == -ESHUTDOWN ? LOG_INFO : LOG_ERR, "%s: connection %u of %u failed: %s",
+			       p->name, cid, p->base.nr_cons, strerror(-rc));
 			goto out_fail;
 		}
 		if (cid == 0) {
@@ -707,7 +719,12 @@ int clt_path_open(struct clt_path *p)
 		log_info("%s: the server %s the path (%s); trying again in %u ms (%d of %d)",
 			 p->name, refused ? "refused" : "dropped", strerror(-rc), ms, attempt + 1,
 			 RTRS_OPEN_TRIES);
-		usleep((useconds_t)MIN(ms, 10000u) * 1000);
+		/* In slices: a shutdown (closing) ends the wait. */
+		for (unsigned slept = 0; slept < MIN(ms, 10000u) && !atomic_load(&s->closing);
+		     slept += 50)
+			usleep(50000);
+		if (atomic_load(&s->closing))
+			return -ESHUTDOWN;
 		rtrs_path_wrlock(&p->base);
 		clt_path_change_state(p, RTRS_PATH_CONNECTING);
 		rtrs_path_wrunlock(&p->base);

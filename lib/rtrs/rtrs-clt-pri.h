@@ -254,6 +254,10 @@ struct rtrs_clt_sess {
 	struct clt_req_list fencing; /* in flight on a failed path, awaiting its fence */
 	struct loop_timer wait_timer;
 	struct loop_work wait_work;
+
+	/* The process's sessions, for rtrs_clt_shutdown_all (under its lock, rtrs-clt.c). */
+	struct rtrs_clt_sess *all_next, **all_prev;
+	struct clt_path *adding;    /* a path rtrs_clt_add_path is connecting */
 };
 
 /* rtrs-clt-io.c */

@@ -123,11 +123,97 @@ static void path_close_call(void *arg)
 	loop_timer_fini(&p->base.hb.timer);
 }
 
+/*
+ * The process's sessions, for rtrs_clt_shutdown_all: listed once every
+ * path of rtrs_clt_open is set up, unlisted as rtrs_clt_close begins, so
+ * that a listed session and its paths are whole while the lock is held.
+ */
+static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct rtrs_clt_sess *all_sess;
+static bool all_shutdown;
+
+/* Wakes a thread connecting p: it sees closing (path_gave_up) and gives up. */
+static void path_wake(struct clt_path *p)
+{
+	pthread_mutex_lock(&p->lock);
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+}
+
+/*
+ * s stops waiting for its server (all_lock held): closing, as in
+ * rtrs_clt_close, without the teardown. Its paths fail (their requests
+ * complete with -ECONNABORTED on the service loop, clt_path_stop), the
+ * threads connecting them give up, permit waiters and the requests waiting
+ * for a path are answered.
+ */
+static void sess_shutdown(struct rtrs_clt_sess *s)
+{
+	size_t n = atomic_load(&s->paths_num);
+
+	pthread_mutex_lock(&s->permit_lock);
+	atomic_store(&s->closing, true);
+	pthread_cond_broadcast(&s->permit_cond);
+	pthread_mutex_unlock(&s->permit_lock);
+	for (size_t i = 0; i < n; i++) {
+		clt_fail_path(&s->paths[i], -ESHUTDOWN);
+		path_wake(&s->paths[i]);
+	}
+	if (s->adding)
+		path_wake(s->adding);
+	loop_queue(s->loop, &s->wait_work);
+}
+
+/* Lists s (its paths set up); false when the process is shut down already. */
+static bool sess_list(struct rtrs_clt_sess *s)
+{
+	bool ok;
+
+	pthread_mutex_lock(&all_lock);
+	ok = !all_shutdown;
+	if (ok) {
+		s->all_next = all_sess;
+		if (all_sess)
+			all_sess->all_prev = &s->all_next;
+		s->all_prev = &all_sess;
+		all_sess = s;
+	}
+	pthread_mutex_unlock(&all_lock);
+	return ok;
+}
+
+static void sess_unlist(struct rtrs_clt_sess *s)
+{
+	pthread_mutex_lock(&all_lock);
+	if (s->all_prev) {
+		*s->all_prev = s->all_next;
+		if (s->all_next)
+			s->all_next->all_prev = s->all_prev;
+		s->all_prev = NULL;
+	}
+	pthread_mutex_unlock(&all_lock);
+}
+
+RTRS_EXPORT
+void rtrs_clt_shutdown_all(void)
+{
+	unsigned n = 0;
+
+	pthread_mutex_lock(&all_lock);
+	all_shutdown = true;
+	for (struct rtrs_clt_sess *s = all_sess; s; s = s->all_next, n++)
+		sess_shutdown(s);
+	pthread_mutex_unlock(&all_lock);
+	log_info("client shut down: %u session%s no longer wait for their servers", n,
+		 n == 1 ? "" : "s");
+}
+
 RTRS_EXPORT
 void rtrs_clt_close(struct rtrs_clt_sess *s)
 {
 	if (!s)
 		return;
+	sess_unlist(s);
 	pthread_mutex_lock(&s->permit_lock);
 	atomic_store(&s->closing, true);
 	pthread_cond_broadcast(&s->permit_cond);
@@ -393,6 +479,11 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 		if (rc)
 			goto out_free;
 	}
+	if (!sess_list(s)) {
+		log_err("%s: not opened: the client is shut down", s->name);
+		rc = -ESHUTDOWN;
+		goto out_free;
+	}
 	for (size_t i = 0; i < s->paths_num; i++) {
 		rc = clt_path_open(&s->paths[i]);
 		if (rc)
@@ -557,8 +648,16 @@ int rtrs_clt_add_path(struct rtrs_clt_sess *s, const struct rtrs_path_addr *addr
 	p = &s->paths[n];
 	memset(p, 0, sizeof(*p));
 	rc = path_init(s, p, (unsigned)n, addr);
-	if (!rc)
+	if (!rc) {
+		/* Seen by a shutdown from here on, or closing is seen by the connect. */
+		pthread_mutex_lock(&all_lock);
+		s->adding = p;
+		pthread_mutex_unlock(&all_lock);
 		rc = clt_path_connect(p, false);
+		pthread_mutex_lock(&all_lock);
+		s->adding = NULL;
+		pthread_mutex_unlock(&all_lock);
+	}
 	if (rc) {
 		/* Never published: tear the slot down again. */
 		path_fini(p);

@@ -212,7 +212,7 @@ static void frozen_client(void)
 	snprintf(hb, sizeof(hb), "%d", HB_MS);
 	pid = fork();
 	if (pid == 0) {
-		execl(perf, perf, "client", "--dst", dst, "-t", "60", "-q", "4",
+		execl(perf, perf, "client", "--server", dst, "-t", "60", "-q", "4",
 		      "--hb-interval", hb, "--provider", test_provider(), (char *)NULL);
 		_exit(127);
 	}

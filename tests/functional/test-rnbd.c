@@ -236,6 +236,30 @@ static void test_async(struct rnbd_clt_dev *d)
 	free(r);
 }
 
+/* Devices of session sess the server has open (closed or not), and how many of them closed. */
+struct srv_count {
+	const char *sess;
+	unsigned open, closed;
+};
+
+static void srv_count_fn(void *priv, const struct rnbd_srv_dev_stats *st)
+{
+	struct srv_count *c = priv;
+
+	if (!strcmp(st->session, c->sess)) {
+		c->open++;
+		c->closed += st->closed;
+	}
+}
+
+static struct srv_count srv_count(const char *sess)
+{
+	struct srv_count c = { .sess = sess };
+
+	rnbd_srv_list(srv, srv_count_fn, &c);
+	return c;
+}
+
 static void test_all(void)
 {
 	static uint8_t a[BIG], b[BIG], zero[BIG];
@@ -304,12 +328,32 @@ static void test_all(void)
 	CHECK_EQ(rnbd_clt_map(s2, "disk", RNBD_CLT_MIGRATION, &d2), 0);
 	CHECK_EQ(rnbd_clt_unmap(d2, false), 0);
 
-	/* Force-close on the server: IO fails with -ENOTCONN; unmap still works. */
+	/*
+	 * Force-close on the server: IO fails with -ENOTCONN, and from then on
+	 * the device says it is closed and its IO fails so unsent. A remap
+	 * gives the server its id back and opens it again; an unmap of a
+	 * closed device gives the id back too.
+	 */
 	CHECK_EQ(rnbd_clt_map(s2, "disk", RNBD_CLT_RO, &d2), 0);
 	CHECK_EQ(rnbd_srv_force_close(srv, "c2", "disk"), 0);
 	CHECK_EQ(rnbd_clt_io(d2, RNBD_CLT_READ, 0, 0, b, 4096), -ENOTCONN);
+	CHECK_EQ(rnbd_clt_dev_info(d2, &in), 0);
+	CHECK(!strcmp(in.state, "closed"), "a force-closed device says so: %s", in.state);
+	CHECK_EQ(rnbd_clt_io(d2, RNBD_CLT_READ, 0, 0, b, 4096), -ENOTCONN);
+	CHECK(srv_count("c2").open == 1 && srv_count("c2").closed == 1,
+	      "the server holds the closed device's id");
+	CHECK_EQ(rnbd_clt_remap(d2), 0);
+	CHECK_EQ(rnbd_clt_dev_info(d2, &in), 0);
+	CHECK(!strcmp(in.state, "mapped"), "remapped: %s", in.state);
+	CHECK(srv_count("c2").open == 1 && srv_count("c2").closed == 0,
+	      "the remap closed the old id: one device open on the server");
+	CHECK_EQ(rnbd_clt_io(d2, RNBD_CLT_READ, 0, 8 << 20, b, 65536), 0);
+	CHECK(!memcmp(a, b, 65536), "the remapped device reads the data");
 	CHECK_EQ(rnbd_clt_remap(d2), -EALREADY);
+	CHECK_EQ(rnbd_srv_force_close(srv, "c2", "disk"), 0);
+	CHECK_EQ(rnbd_clt_io(d2, RNBD_CLT_READ, 0, 0, b, 4096), -ENOTCONN);
 	CHECK_EQ(rnbd_clt_unmap(d2, false), 0);
+	CHECK_EQ(srv_count("c2").open, 0);
 
 	/*
 	 * The server restarts under a mapped device. A read issued while it is

@@ -16,7 +16,10 @@
 #     and added again, and the server's path labels stay as they were across
 #     the re-add and a reconnect;
 #   - bad requests: an unknown session or path, a bad policy, a bad address:
-#     exit 1 with the object named; the plugin goes on.
+#     exit 1 with the object named; the plugin goes on;
+#   - the server force-closes the export while an NBD client (qemu-io)
+#     holds it: the NBD read fails with EIO (not EINVAL), and client list
+#     devices shows it "closed" (not "mapped"), its metric 0.
 # Usage: client-ctl.sh BUILD_DIR. Exits 77 when a tool is missing.
 set -euo pipefail
 build=$(cd "${1:?usage: client-ctl.sh BUILD_DIR}" && pwd)
@@ -280,8 +283,8 @@ check "reconnect parameters: a string refused" fails "max_attempts" \
 	"$rnbd" --socket "$dir/cctl" call client.reconnect \
 	'{"session":"cc","delay_ms":100,"jitter_ms":10,"max_attempts":"x"}'
 check "reconnect-params: loss timeout and fast IO fail too, the rest kept" bash -c \
-	"'$rnbd' --socket '$dir/cctl' client reconnect-params cc --ctrl-loss-tmo 120 \
-	--fast-io-fail-tmo 2.5 -o json | python3 -c '
+	"'$rnbd' --socket '$dir/cctl' client reconnect-params cc \
+	--reconnect-loss-timeout-ms 120000 --fast-io-fail-ms 2500 -o json | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
 assert r == {\"delay_ms\": 100, \"jitter_ms\": 10, \"max_attempts\": -1,
@@ -295,5 +298,38 @@ check "bad input on every method (the plugin): JSON-RPC errors naming the cause"
 	python3 "$(dirname "$0")/rpc-every-method.py" "$dir/cctl"
 check "the plugin still serves" bash -c "nbdcopy '$uri' '$dir/r.bin' && cmp -s '$dir/w.bin' '$dir/r.bin'"
 check "... and answers" c list
+
+# The server closes the export while an NBD client holds it (qemu-io: a
+# read, a pause, a read): the client lists the device as closed, the NBD
+# read fails with EIO (the device's failure; NBD has no ENOTCONN, and
+# nbdkit would send EINVAL, "your request is wrong"), nbdkit's log names
+# ENOTCONN.
+if command -v qemu-io >/dev/null; then
+	dev_state() { # STATE: the export's state is STATE
+		c list devices -o json | python3 -c '
+import json, sys
+sys.exit(0 if any(x["device"] == "mem0" and x["state"] == sys.argv[1] for x in json.load(sys.stdin))
+         else 1)' "$1"
+	}
+	# qemu-io's output comes at its end (a file is block-buffered): it is read then.
+	qemu-io -f raw "$uri" -c "read 0 4096" -c "sleep 3000" -c "read 4096 4096" \
+		-c "sleep 5000" >"$dir/qio.out" 2>&1 &
+	qio=$!
+	wait_until 10 dev_state mapped || true
+	sleep 0.5
+	check "rnbd server close of the export in use" ctl "$dir/sctl" server close cc mem0
+	check "... once IO met it, the export is listed as closed, not mapped (held still)" \
+		wait_until 8 dev_state closed
+	check "... the metric says it is not mapped" bash -c "'$rnbd' --socket '$dir/cctl' client \
+		metrics | grep -q '^rnbd_client_device_mapped{.*device=\"mem0\".*} 0'"
+	wait "$qio" || true
+	sed 's/^/  qemu-io: /' "$dir/qio.out" | head -5
+	check "... the read after the close failed with EIO" \
+		grep -q "read failed: Input/output error" "$dir/qio.out"
+	check "... the read before it went through" \
+		grep -q "^read 4096/4096 bytes at offset 0" "$dir/qio.out"
+else
+	echo "note: no qemu-io: the force-close part is skipped"
+fi
 
 finish client-ctl

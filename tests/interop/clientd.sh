@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # rnbd-clientd, the long-lived client, managed with the rnbd command
 # (docs/management.md), on a host without ublk (this one):
-#   - two devices mapped over two paths of one session; client list -o json
+#   - a map that asks for a block device (the default) fails, exit 1, saying
+#     why none can be made here, and leaves nothing open on the server;
+#   - two devices mapped without one (--no-block-device) over two paths of
+#     one session, with the front ends' option names; client list -o json
 #     shows both paths (addresses, states, counters) and both devices, each
-#     saying that no block device can be made here, and why;
-#   - client save writes the mappings; a restarted daemon maps them again;
+#     saying it has no block device because none was asked for;
+#   - client save writes the mappings; a restarted daemon maps them again
+#     (once its socket is up);
 #   - run-time changes (reconnect-params, path add and remove, policy) are
 #     what client save writes, and what a restarted daemon restores;
 #     resize and remap;
@@ -51,10 +55,16 @@ fails() { # CODE TEXT CMD...: exits CODE with TEXT on stderr
 }
 daemon_start "$dir/d1.log"
 
-check "map mem0 over two paths (nvme-cli's option names too)" c map mem0 --session cd \
-	--server "127.0.0.1:$port" --server "127.0.0.2:$port" --option policy=round-robin \
-	--fast-io-fail-tmo 5 --reconnect-delay 1 --ctrl-loss-tmo 60 --nr-io-queues 2
-check "map mem1 through the same session" c map mem1 --session cd --mode ro
+check "a map asking for a block device where none can be made: exit 1, why" \
+	fails 1 "device mem0 of session nob: no block device can be made here: /dev/ublk-control" \
+	c map mem0 --session nob --server "127.0.0.1:$port"
+check "... nothing is mapped" test "$(c list devices -o json)" = "[]"
+check "... the server has nothing open" ctl_none "$dir/sctl"
+check "map mem0 over two paths (the front ends' option names)" c map mem0 --session cd \
+	--server "127.0.0.1:$port" --server "127.0.0.2:$port" --no-block-device \
+	--policy round-robin --fast-io-fail-ms 5000 --reconnect-delay-ms 1000 \
+	--reconnect-loss-timeout-ms 60000 --io-connections 2
+check "map mem1 through the same session" c map mem1 --session cd --mode ro --no-block-device
 c list -o json >"$dir/sessions.json"
 c list devices -o json >"$dir/devices.json"
 check "client list -o json: both paths, addresses, states, counters" \
@@ -74,7 +84,7 @@ assert d["mem0"]["bytes"] == 16 << 20 and d["mem0"]["mode"] == "rw", d
 assert d["mem1"]["bytes"] == 8 << 20 and d["mem1"]["mode"] == "ro", d
 for x in d.values():
     assert x["session"] == "cd" and x["state"] == "mapped" and x["block_device"] is None, x
-    assert "no block device can be made here" in x["note"] and "ublk" in x["note"], x
+    assert "none was asked for" in x["note"], x
 PY
 check "the server sees the session and both devices" \
 	bash -c "'$rnbd' --socket '$dir/sctl' server list -o json | python3 -c '
@@ -109,6 +119,7 @@ check "... the file holds both mappings, with the session's options in milliseco
 import json, sys
 m = json.load(open(sys.argv[1]))
 assert sorted(x["device"] for x in m) == ["mem0", "mem1"] and all(len(x["server"]) == 2 for x in m), m
+assert all(x["block_device"] is False for x in m), m
 o = m[0]["options"]
 assert o == {"policy": "round-robin", "fast_io_fail_ms": "5000", "reconnect_delay_ms": "1000",
              "reconnect_loss_timeout_ms": "60000", "io_connections": "2",
@@ -117,7 +128,10 @@ assert o == {"policy": "round-robin", "fast_io_fail_ms": "5000", "reconnect_dela
 kill "$daemon_pid"
 wait "$daemon_pid" 2>/dev/null || true
 check "a stopped daemon unmapped everything: the server has nothing open" ctl_none "$dir/sctl"
+# The mappings are restored once the socket is up: wait until there are N.
+mapped_n() { [ "$(c list devices -o json | python3 -c 'import json, sys; print(len(json.load(sys.stdin)))')" = "$1" ]; }
 daemon_start "$dir/d2.log"
+wait_until 10 mapped_n 2 || true
 check "restarted: both mappings restored" bash -c "'$rnbd' --socket '$dir/cctl' client list \
 	devices -o json | python3 -c '
 import json, sys
@@ -136,9 +150,9 @@ import json, sys
 r = json.load(sys.stdin)
 assert r == {\"delay_ms\": 1000, \"jitter_ms\": 500, \"max_attempts\": -1,
              \"loss_timeout_ms\": 60000, \"fast_io_fail_ms\": 5000}, r'"
-check "client reconnect-params: changed (seconds with decimals, attempts)" bash -c \
-	"'$rnbd' --socket '$dir/cctl' client reconnect-params cd --reconnect-delay 0.25 \
-	--max-reconnect-attempts 7 --fast-io-fail-tmo 9 -o json | python3 -c '
+check "client reconnect-params: changed (the map's option names, milliseconds)" bash -c \
+	"'$rnbd' --socket '$dir/cctl' client reconnect-params cd --reconnect-delay-ms 250 \
+	--max-reconnect-attempts 7 --fast-io-fail-ms 9000 -o json | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
 assert r == {\"delay_ms\": 250, \"jitter_ms\": 500, \"max_attempts\": 7,
@@ -169,6 +183,7 @@ for x in m:
 kill "$daemon_pid"
 wait "$daemon_pid" 2>/dev/null || true
 daemon_start "$dir/d2b.log"
+wait_until 10 mapped_n 2 || true
 check "restarted: the session as it was left (paths, policy, reconnect parameters)" bash -c \
 	"'$rnbd' --socket '$dir/cctl' client list -o json | python3 -c '
 import json, sys
@@ -179,33 +194,50 @@ assert s[\"policy\"] == \"min-latency\" and s[\"reconnect\"][\"delay_ms\"] == 25
 assert s[\"reconnect\"][\"max_attempts\"] == 7, s'"
 
 # Bad input: exit 1 naming the object, exit 2 for usage; the daemon goes on.
-check "an unknown session option" fails 1 "unknown option colour" \
-	c map mem0 --session other --server "127.0.0.1:$port" --option colour=blue
-check "a bad option value" fails 1 "option policy=fastest" \
-	c map mem0 --session other --server "127.0.0.1:$port" --option policy=fastest
+map_call() { # PARAMS-JSON: client.map by hand (what the command line checks itself)
+	"$rnbd" --socket "$dir/cctl" call client.map "$1"
+}
+check "an unknown session option (the daemon's check)" fails 1 "unknown option colour" \
+	map_call "{\"device\": \"mem0\", \"session\": \"other\", \"block_device\": false,
+	\"server\": [\"127.0.0.1:$port\"], \"options\": {\"colour\": \"blue\"}}"
+check "a bad option value (the daemon's check)" fails 1 \
+	"option policy=fastest: expected round-robin, min-inflight or min-latency" \
+	map_call "{\"device\": \"mem0\", \"session\": \"other\", \"block_device\": false,
+	\"server\": [\"127.0.0.1:$port\"], \"options\": {\"policy\": \"fastest\"}}"
+check "... the command line's: exit 2, the same reason" fails 2 \
+	"rnbd: --policy fastest: expected round-robin, min-inflight or min-latency" \
+	c map mem0 --session other --server "127.0.0.1:$port" --policy fastest
 check "a device the server does not have" fails 1 "device nothing of session other" \
-	c map nothing --session other --server "127.0.0.1:$port"
+	c map nothing --session other --server "127.0.0.1:$port" --no-block-device
 check "a bad mode" fails 1 "mode rx: expected rw, ro or migration" \
 	c map mem0 --session cd --mode rx
 check "a new session without a server" fails 1 'missing parameter "server"' \
-	c map mem0 --session newone
+	c map mem0 --session newone --no-block-device
 check "the same session, other servers" fails 1 "session cd is open already" \
-	c map mem0 --session cd --server 127.0.0.9
+	c map mem0 --session cd --server 127.0.0.9 --no-block-device
 check "unmap of a device not mapped" fails 1 "device nothing is not mapped" c unmap nothing
 check "map without --session: exit 2" fails 2 "client map DEVICE --session" c map mem0
-check "a bad --option: exit 2" fails 2 "--option policy: expected KEY=VALUE" \
-	c map mem0 --session x --server 127.0.0.1 --option policy
-check "a bad --ctrl-loss-tmo: exit 2" fails 2 "--ctrl-loss-tmo soon: expected seconds" \
-	c map mem0 --session x --server 127.0.0.1 --ctrl-loss-tmo soon
-check "reconnect-params: a bad --reconnect-delay, exit 2" fails 2 \
-	"--reconnect-delay 1.2345: expected seconds" c reconnect-params cd --reconnect-delay 1.2345
+check "--option: exit 2, the flags to use instead" fails 2 \
+	"--option is gone: each option has a flag of its own (--fast-io-fail-ms" \
+	c map mem0 --session x --server 127.0.0.1 --option policy=round-robin
+check "nvme-cli's --ctrl-loss-tmo (seconds): exit 2, renamed" fails 2 \
+	"--ctrl-loss-tmo is now --reconnect-loss-timeout-ms (milliseconds; it took seconds)" \
+	c map mem0 --session x --server 127.0.0.1 --ctrl-loss-tmo 60
+check "a bad --reconnect-loss-timeout-ms: exit 2" fails 2 \
+	"--reconnect-loss-timeout-ms soon: expected a number in 0..86400000" \
+	c map mem0 --session x --server 127.0.0.1 --reconnect-loss-timeout-ms soon
+check "reconnect-params: --reconnect-delay (it took seconds) is refused, exit 2" fails 2 \
+	"--reconnect-delay is now --reconnect-delay-ms" c reconnect-params cd --reconnect-delay 1
+check "reconnect-params: a bad --reconnect-delay-ms, exit 2" fails 2 \
+	"--reconnect-delay-ms 1.5: expected a number in 0..3600000" \
+	c reconnect-params cd --reconnect-delay-ms 1.5
 check "reconnect-params: attempts below -1, exit 2" fails 2 \
-	"--max-reconnect-attempts -2: expected -1 or 0..1000000" \
+	"--max-reconnect-attempts -2: expected -1 (no limit) or a number in 0..1000000" \
 	c reconnect-params cd --max-reconnect-attempts -2
-check "reconnect-params: a map-only flag, exit 2" fails 2 "--nr-io-queues: for client map only" \
-	c reconnect-params cd --nr-io-queues 4
+check "reconnect-params: a map-only flag, exit 2" fails 2 "--io-connections: for client map only" \
+	c reconnect-params cd --io-connections 4
 check "reconnect-params: an unknown session, exit 1" fails 1 "no session nope" \
-	c reconnect-params nope --reconnect-delay 1
+	c reconnect-params nope --reconnect-delay-ms 1000
 check "resize: a size that is not one, exit 2" fails 2 "SIZE: bytes, or with K, M, G or T" \
 	c resize mem0 lots
 check "bad input on every method (rnbd-clientd): JSON-RPC errors naming the cause" \

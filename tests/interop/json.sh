@@ -50,7 +50,7 @@ check "perf --json: valid, the device's name exact" parses "$dir/perf.json" "$na
 pids+=($!)
 wait_until 10 grep -q 'listening on port' "$dir/perf-server.log" || { cat "$dir/perf-server.log"; exit 1; }
 pport=$(grep -o 'listening on port [0-9]*' "$dir/perf-server.log" | grep -o '[0-9]*$')
-"$build/tools/rtrs-perf" client --dst "127.0.0.1:$pport" --duration 1 --json >"$dir/rtrs.json" || true
+"$build/tools/rtrs-perf" client --server "127.0.0.1:$pport" --duration 1 --json >"$dir/rtrs.json" || true
 check "rtrs-perf --json: valid, with its paths and counters" parses "$dir/rtrs.json" "" \
 	'assert j["paths"][0]["state"] == "connected" and j["ops"] > 0 and j["errors"] == 0 and j["provider"] == "tcp"'
 

@@ -33,7 +33,8 @@ rnbd_server_start "$dir/s.log" -- --port 0 --mem-device "m0:$((4 << 20))" --cont
 pids+=($!)
 cpid=$!
 wait_until 10 grep -q 'rnbd-clientd ready' "$dir/c.log" || { cat "$dir/c.log"; exit 1; }
-"$rnbd" --socket "$dir/cctl" client map m0 --session lg --server "127.0.0.1:$port" >/dev/null
+"$rnbd" --socket "$dir/cctl" client map m0 --session lg --server "127.0.0.1:$port" \
+	--no-block-device >/dev/null
 "$rnbd" --socket "$dir/cctl" client unmap m0 >/dev/null
 kill "$cpid"
 wait "$cpid" 2>/dev/null || true
@@ -84,7 +85,8 @@ in_ns "$clientd" --syslog --control "$dir/cctl2" --log-level info >"$dir/c2.log"
 pids+=($!)
 cpid=$!
 wait_until 10 grep -q 'rnbd-clientd ready' "$dir/c2.log" || { cat "$dir/c2.log"; exit 1; }
-"$rnbd" --socket "$dir/cctl2" client map m1 --session sl --server "127.0.0.1:$port2" >/dev/null
+"$rnbd" --socket "$dir/cctl2" client map m1 --session sl --server "127.0.0.1:$port2" \
+	--no-block-device >/dev/null
 "$rnbd" --socket "$dir/cctl2" client unmap m1 >/dev/null
 kill "$cpid" "$spid"
 wait "$cpid" "$spid" 2>/dev/null || true
@@ -137,7 +139,8 @@ RTRS_LOG_LEVEL=error "$clientd" --control "$dir/cctl4" >"$dir/l7.log" 2>&1 &
 pids+=($!)
 cpid=$!
 wait_until 10 test -S "$dir/cctl4" || true
-"$rnbd" --socket "$dir/cctl4" client map m0 --session lv --server "127.0.0.1:$port" >/dev/null
+"$rnbd" --socket "$dir/cctl4" client map m0 --session lv --server "127.0.0.1:$port" \
+	--no-block-device >/dev/null
 kill "$cpid"
 wait "$cpid" 2>/dev/null || true
 check "RTRS_LOG_LEVEL=error: rnbd-clientd logs no info line" \

@@ -109,7 +109,7 @@ while [ "$(fds "$srv_pid")" -le 1100 ] || [ "$(fds "$clt_pid")" -le 1100 ]; do
 	n=$((n + 1))
 	[ "$n" -le 16 ] || break
 	"$rnbd" --socket "$dir/cctl" client map mem0 --session "s$n" --server "127.0.0.1:$port" \
-		--mode ro --nr-io-queues 16 >/dev/null 2>"$dir/map.err" ||
+		--mode ro --no-block-device --io-connections 16 >/dev/null 2>"$dir/map.err" ||
 		{ echo "  map s$n: $(cat "$dir/map.err")"; break; }
 done
 sfds=$(fds "$srv_pid") cfds=$(fds "$clt_pid")

@@ -280,7 +280,7 @@ check "a bad RTRS_LOG_LEVEL: exit 2, said" \
 # then at the device's gate for its reopen) and goes to the new server.
 head -c $((8 << 20)) /dev/zero >"$dir/export/restart.img"
 c perf --device restart.img --rw randrw --bs 4k --iodepth 16 --runtime 6 --verify --json \
-	--fast-io-fail 20000 --log-level info >"$dir/perf-restart.json" 2>"$dir/perf-restart.err" &
+	--fast-io-fail-ms 20000 --log-level info >"$dir/perf-restart.json" 2>"$dir/perf-restart.err" &
 rperf=$!
 pids+=($rperf)
 perf_writes() { ctl_dev "$dir/ctl" cli restart.img 1; }

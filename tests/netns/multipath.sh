@@ -44,9 +44,9 @@ check() { # name condition-exit-status detail
 
 # client SECONDS FAST_IO_FAIL_MS > JSON on stdout
 client() {
-	ip netns exec $C "$perf" client --dst 198.18.1.1:4791 --dst 198.18.2.1:4791 \
+	ip netns exec $C "$perf" client --server 198.18.1.1:4791 --server 198.18.2.1:4791 \
 		--queue-depth 16 --io-size 16k --duration "$1" --verify --json \
-		--hb-interval $HB --reconnect-delay 300 --fast-io-fail "$2" 2>"$tmp/clt.err"
+		--hb-interval-ms $HB --reconnect-delay-ms 300 --fast-io-fail-ms "$2" 2>"$tmp/clt.err"
 }
 field() { python3 -c "import json,sys; r=json.loads(sys.argv[1]); print(eval(sys.argv[2]))" "$1" "$2"; }
 

@@ -1,17 +1,25 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The client front ends' session options (lib/front/clt-opts.c), the one
- * table rtrs-perf, rnbd-client and the nbdkit plugin take them from:
+ * table rtrs-perf, rnbd-client, the rnbd command, rnbd-clientd and the
+ * nbdkit plugin take them from:
  *
- *   - the table: every option has a command-line name, an nbdkit key, an
- *     argument and help; names and keys are unique and found by key;
- *   - clt_cfg_init gives librtrs's defaults;
+ *   - the table: every option has one name, the command line's with '-'
+ *     where the key has '_' (fast-io-fail-ms, fast_io_fail_ms), an argument
+ *     and help; a time's name ends in its unit (-ms, -us); names and keys
+ *     are unique and found by key;
+ *   - clt_cfg_init gives librtrs's defaults but for the front ends' own
+ *     (fast_io_fail_ms 30000, reconnect_delay_ms 1000), and clt_cfg_finish
+ *     makes the jitter half the delay unless it was given;
+ *   - the names the front ends had before are refused with the new one
+ *     (clt_opts_renamed), --reconnect-delay only in the rnbd command (it
+ *     took seconds there);
  *   - each option lands in its field of struct rtrs_clt_opts, a refused
  *     value leaves it as it was, with the exact reason (the same text every
  *     front end prints after its own "--NAME VALUE: " or "KEY=VALUE: ");
  *   - paths go through rtrs_addr_parse up to the front end's limit;
- *   - as a command line (lib/common/opts.c): picks rename and add short
- *     letters, the front end's own options follow, --help shows the
+ *   - as a command line (lib/common/opts.c): picks add short letters and
+ *     help, the front end's own options follow, --help shows the
  *     defaults, a refused secret is not repeated, and in a config file
  *     only the path may come twice.
  */
@@ -32,8 +40,21 @@ static void test_table(void)
 		CHECK(name && *name && key && *key, "option %d unnamed", i);
 		CHECK(clt_opt_arg((enum clt_opt_id)i)[0] && clt_opt_help((enum clt_opt_id)i)[0],
 		      "%s: no argument name or help", name);
-		/* --names-with-dashes, keys_with_underscores. */
+		/* One name: --names-with-dashes, keys_with_underscores, otherwise the same. */
 		CHECK(!strchr(name, '_') && !strchr(key, '-'), "%s / %s", name, key);
+		{
+			char k[64];
+
+			snprintf(k, sizeof(k), "%s", name);
+			for (char *c = k; *c; c++)
+				*c = *c == '-' ? '_' : *c;
+			CHECK(!strcmp(k, key), "--%s is not %s=", name, key);
+		}
+		/* A time carries its unit in its name. */
+		if (!strcmp(clt_opt_arg((enum clt_opt_id)i), "MS"))
+			CHECK(strlen(key) > 3 && !strcmp(key + strlen(key) - 3, "_ms"), "%s", key);
+		if (!strcmp(clt_opt_arg((enum clt_opt_id)i), "US"))
+			CHECK(strlen(key) > 3 && !strcmp(key + strlen(key) - 3, "_us"), "%s", key);
 		CHECK_EQ(clt_opt_by_key(key), i);
 		for (int j = 0; j < i; j++) {
 			CHECK(strcmp(name, clt_opt_name((enum clt_opt_id)j)), "%s twice", name);
@@ -48,6 +69,8 @@ static void test_table(void)
 	CHECK(!strcmp(clt_opt_name(CLT_OPT_NR), ""));
 }
 
+static void set_ok(struct clt_cfg *c, enum clt_opt_id id, const char *value);
+
 static void test_defaults(void)
 {
 	struct rtrs_clt_opts lib;
@@ -55,9 +78,22 @@ static void test_defaults(void)
 
 	rtrs_clt_opts_init(&lib, sizeof(lib));
 	clt_cfg_init(&c, 4);
-	lib.paths = c.paths; /* the only field that differs: it points into c */
-	CHECK(!memcmp(&c.opts, &lib, sizeof(lib)), "clt_cfg_init is not rtrs_clt_opts_init");
+	/* librtrs's, but for the paths (they point into c) and the front ends' own. */
+	lib.paths = c.paths;
+	lib.fast_io_fail_ms = 30000;
+	lib.reconnect_delay_ms = 1000;
+	lib.reconnect_jitter_ms = 500;
+	CHECK(!memcmp(&c.opts, &lib, sizeof(lib)), "clt_cfg_init is not the front ends' defaults");
 	CHECK_EQ(c.opts.paths_num, 0);
+	CHECK(!c.jitter_given);
+	/* The jitter: half the delay, unless given. */
+	set_ok(&c, CLT_OPT_RECONNECT_DELAY, "300");
+	clt_cfg_finish(&c);
+	CHECK_EQ(c.opts.reconnect_jitter_ms, 150);
+	set_ok(&c, CLT_OPT_RECONNECT_JITTER, "7");
+	set_ok(&c, CLT_OPT_RECONNECT_DELAY, "5000");
+	clt_cfg_finish(&c);
+	CHECK_EQ(c.opts.reconnect_jitter_ms, 7);
 	CHECK_EQ(c.log_level, -1);
 	CHECK_EQ(c.max_paths, 4);
 	clt_cfg_init(&c, 0);
@@ -215,8 +251,8 @@ static const struct opt own[] = {
 };
 
 static const struct clt_opt_pick picks[] = {
-	{ CLT_OPT_SERVER, 'd', "dst", NULL },
-	{ CLT_OPT_SESSION, 0, "sessname", "the session's name here" },
+	{ CLT_OPT_SERVER, 'd', NULL },
+	{ CLT_OPT_SESSION, 0, "the session's name here" },
 	{ .id = CLT_OPT_PORT },
 	{ .id = CLT_OPT_POLICY },
 	{ .id = CLT_OPT_SECRET },
@@ -258,12 +294,12 @@ static void test_cli(void)
 	while (t[n].name)
 		n++;
 	CHECK_EQ(n, 7);
-	CHECK(!strcmp(t[0].name, "dst") && t[0].short_name == 'd' && t[0].type == OPT_CUSTOM);
-	CHECK(!strcmp(t[1].name, "sessname") && !strcmp(t[1].help, "the session's name here"));
+	CHECK(!strcmp(t[0].name, "server") && t[0].short_name == 'd' && t[0].type == OPT_CUSTOM);
+	CHECK(!strcmp(t[1].name, "session") && !strcmp(t[1].help, "the session's name here"));
 	CHECK(!strcmp(t[2].name, "port") && !strcmp(t[2].help, clt_opt_help(CLT_OPT_PORT)));
 	CHECK(!strcmp(t[5].name, "flag") && !strcmp(t[6].name, "depth"));
 
-	rc = parse(t, "-d h1 --dst=src@h2:7 --port 99 --policy round-robin --sessname s -f -q 8",
+	rc = parse(t, "-d h1 --server=src@h2:7 --port 99 --policy round-robin --session s -f -q 8",
 		   err, sizeof(err));
 	CHECK(rc == 0, "rc %d: %s", rc, err);
 	CHECK_EQ(c.opts.paths_num, 2);
@@ -277,28 +313,28 @@ static void test_cli(void)
 	/* Refusals: the option, the value, the table's reason; never a secret. */
 	CHECK_EQ(parse(t, "--port 0", err, sizeof(err)), -EINVAL);
 	CHECK(!strcmp(err, "prog: --port 0: expected a number in 1..65535\n"), "%s", err);
-	CHECK_EQ(parse(t, "--dst h:0", err, sizeof(err)), -EINVAL);
-	CHECK(!strcmp(err, "prog: --dst h:0: port '0' is not a number in 1..65535\n"), "%s", err);
-	CHECK_EQ(parse(t, "--dst h3 --dst h4", err, sizeof(err)), -E2BIG);
-	CHECK(!strcmp(err, "prog: --dst h4: at most 3 paths\n"), "%s", err);
+	CHECK_EQ(parse(t, "--server h:0", err, sizeof(err)), -EINVAL);
+	CHECK(!strcmp(err, "prog: --server h:0: port '0' is not a number in 1..65535\n"), "%s",
+	      err);
+	CHECK_EQ(parse(t, "--server h3 --server h4", err, sizeof(err)), -E2BIG);
+	CHECK(!strcmp(err, "prog: --server h4: at most 3 paths\n"), "%s", err);
 	CHECK_EQ(parse(t, "--secret hunter2", err, sizeof(err)), -EINVAL);
 	CHECK(!strcmp(err, "prog: --secret: expected DHHC-1:..., @FILE or file:FILE\n"), "%s", err);
-	CHECK_EQ(parse(t, "--sessname=", err, sizeof(err)), -EINVAL);
-	CHECK(!strcmp(err, "prog: --sessname : empty value\n"), "%s", err);
+	CHECK_EQ(parse(t, "--session=", err, sizeof(err)), -EINVAL);
+	CHECK(!strcmp(err, "prog: --session : empty value\n"), "%s", err);
 
 	/* --help: the picked names, the front end's help, the current values as defaults. */
 	capture_begin(&cap, 1);
 	opts_help(t, "prog", "[options]");
 	capture_end(&cap, out, sizeof(out));
-	CHECK(strstr(out, "-d, --dst [SRC@]HOST[:PORT]") != NULL, "%s", out);
+	CHECK(strstr(out, "-d, --server [SRC@]HOST[:PORT]") != NULL, "%s", out);
 	CHECK(strstr(out, "the session's name here (default s)") != NULL, "%s", out);
 	CHECK(strstr(out, "(default 99)") && strstr(out, "(default round-robin)"), "%s", out);
-	CHECK(!strstr(out, "--server") && !strstr(out, "--session "), "%s", out);
 	CHECK(strstr(out, "-q, --depth N") != NULL, "%s", out);
 
 	/* A config file: the path may come again, nothing else. */
 	{
-		char text[] = "dst h3\nport 5\n";
+		char text[] = "server h3\nport 5\n";
 		char twice[] = "port 5\nport 6\n";
 
 		clt_cfg_init(&c, 3);
@@ -308,7 +344,7 @@ static void test_cli(void)
 		CHECK(!strcmp(err, "f.conf:2: port set again (first on line 1)"), "%s", err);
 	}
 	{
-		char text[] = "dst h1\ndst h2\nsecret nope\n";
+		char text[] = "server h1\nserver h2\nsecret nope\n";
 
 		clt_cfg_init(&c, 3);
 		CHECK_EQ(opts_parse_text(t, "g.conf", text, strlen(text), err, sizeof(err)), -EINVAL);
@@ -319,9 +355,47 @@ static void test_cli(void)
 	free(t);
 }
 
+/* The names of before: refused with today's, each where it meant something else. */
+static bool renamed(const char *args, bool rnbd, const char *want)
+{
+	static char words[256];
+	char *argv[16] = { (char *)"prog" }, err[512];
+	struct capture cap;
+	int argc = 1, rc;
+
+	snprintf(words, sizeof(words), "%s", args);
+	for (char *w = strtok(words, " "); w && argc < 15; w = strtok(NULL, " "))
+		argv[argc++] = w;
+	capture_begin(&cap, 2);
+	rc = clt_opts_renamed("prog", argc, argv, rnbd);
+	capture_end(&cap, err, sizeof(err));
+	CHECK(rc == (want ? -EINVAL : 0) && !strcmp(err, want ? want : ""), "%s: %d \"%s\"", args,
+	      rc, err);
+	return true;
+}
+
+static void test_renamed(void)
+{
+	renamed("--dst h1", false, "prog: --dst is now --server\n");
+	renamed("-q 1 --sessname=s", false, "prog: --sessname is now --session\n");
+	renamed("--cons 2", false, "prog: --cons is now --io-connections\n");
+	renamed("--fast-io-fail-tmo 5", true,
+		"prog: --fast-io-fail-tmo is now --fast-io-fail-ms (milliseconds; it took seconds)\n");
+	renamed("--ctrl-loss-tmo 5", true, "prog: --ctrl-loss-tmo is now "
+		"--reconnect-loss-timeout-ms (milliseconds; it took seconds)\n");
+	renamed("--reconnect-delay 1", true,
+		"prog: --reconnect-delay is now --reconnect-delay-ms (milliseconds; it took "
+		"seconds)\n");
+	/* Elsewhere it was milliseconds, and is a prefix of the new name: it still works. */
+	renamed("--reconnect-delay 1", false, NULL);
+	renamed("--reconnect-delay-ms 1 --fast-io-fail 3 --server h", true, NULL);
+	renamed("-- --dst", false, NULL);
+}
+
 int main(void)
 {
 	test_table();
+	test_renamed();
 	test_defaults();
 	test_values();
 	test_paths();

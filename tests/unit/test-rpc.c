@@ -82,6 +82,54 @@ static int m_big(void *priv, struct json_object *params, struct json_object **re
 	return 0;
 }
 
+/* "slow": waits until slow_release() (at most 10 s), counting who waits. */
+static pthread_mutex_t slow_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t slow_cond = PTHREAD_COND_INITIALIZER;
+static bool slow_go;
+static unsigned slow_waiting, slow_done;
+
+static int m_slow(void *priv, struct json_object *params, struct json_object **result,
+		  struct rpc_err *err)
+{
+	struct timespec dl;
+
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += 10;
+	pthread_mutex_lock(&slow_lock);
+	slow_waiting++;
+	pthread_cond_broadcast(&slow_cond);
+	while (!slow_go && pthread_cond_timedwait(&slow_cond, &slow_lock, &dl) == 0)
+		;
+	slow_waiting--;
+	slow_done++;
+	pthread_mutex_unlock(&slow_lock);
+	*result = json_object_new_string("slept");
+	return 0;
+}
+
+static bool slow_wait_for(unsigned waiting)
+{
+	struct timespec dl;
+	bool ok;
+
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += 5;
+	pthread_mutex_lock(&slow_lock);
+	while (slow_waiting < waiting && pthread_cond_timedwait(&slow_cond, &slow_lock, &dl) == 0)
+		;
+	ok = slow_waiting >= waiting;
+	pthread_mutex_unlock(&slow_lock);
+	return ok;
+}
+
+static void slow_release(bool go)
+{
+	pthread_mutex_lock(&slow_lock);
+	slow_go = go;
+	pthread_cond_broadcast(&slow_cond);
+	pthread_mutex_unlock(&slow_lock);
+}
+
 static const struct rpc_method methods[] = {
 	{ "echo", m_echo, "name: string, count: integer, force: bool", "says it back" },
 	{ "missing", m_missing, "device: string", "always ENOENT" },
@@ -563,7 +611,7 @@ static bool call_echo_ok(const char *name)
 	return ok;
 }
 
-static void server_calls(void)
+static void server_calls(unsigned flags)
 {
 	struct rpc_server *s;
 	struct json_object *r = NULL, *p;
@@ -572,7 +620,7 @@ static void server_calls(void)
 	char buf[4096];
 	int fd;
 
-	CHECK_EQ(rpc_server_start(sock, "test", methods, 5, NULL, &s), 0);
+	CHECK_EQ(rpc_server_start_flags(sock, "test", methods, 5, NULL, flags, &s), 0);
 	CHECK(!stat(sock, &st) && S_ISSOCK(st.st_mode) && (st.st_mode & 0777) == 0600,
 	      "a socket, mode 0600 (%o)", st.st_mode & 0777);
 	CHECK(call_echo_ok("sp ace \"q\".raw"), "a name with a space and quotes");
@@ -703,6 +751,88 @@ static void server_calls(void)
 	CHECK(rpc_call(sock, "echo", NULL, 1000, &r, &e) < 0 && e.msg[0], "%s", e.msg);
 }
 
+/*
+ * RPC_SERVER_THREADED: a method that blocks holds only its own connection.
+ * Connection A asks for "slow" twice and then "echo"; while the first slow
+ * runs, another connection's echo is answered at once, and so is a third
+ * connection's slow (concurrent with A's). Released, A's answers come in
+ * order. Stopping the server waits for a method in progress, and its
+ * answer goes out.
+ */
+static const struct rpc_method slow_methods[] = {
+	{ "echo", m_echo, "name: string", "says it back" },
+	{ "slow", m_slow, "", "waits to be released" },
+};
+
+struct stop_arg {
+	struct rpc_server *s;
+	bool done;
+};
+
+static void *stopper(void *arg)
+{
+	struct stop_arg *a = arg;
+
+	rpc_server_stop(a->s);
+	__atomic_store_n(&a->done, true, __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+static void server_threaded(void)
+{
+	const char *reqs = "{\"jsonrpc\":\"2.0\",\"method\":\"slow\",\"id\":1}"
+			   "{\"jsonrpc\":\"2.0\",\"method\":\"slow\",\"id\":2}"
+			   "{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"a\"},"
+			   "\"id\":3}";
+	const char *one = "{\"jsonrpc\":\"2.0\",\"method\":\"slow\",\"id\":9}";
+	struct stop_arg stop = { 0 };
+	struct rpc_server *s;
+	char buf[4096];
+	pthread_t t;
+	int a, b;
+
+	slow_release(false);
+	CHECK_EQ(rpc_server_start_flags(sock, "test", slow_methods, 2, NULL, RPC_SERVER_THREADED,
+					&s), 0);
+	a = raw_connect();
+	CHECK(a >= 0 && write(a, reqs, strlen(reqs)) == (ssize_t)strlen(reqs));
+	shutdown(a, SHUT_WR);
+	CHECK(slow_wait_for(1), "A's first slow runs");
+	CHECK(call_echo_ok("while A's slow runs"), "another connection is answered");
+	b = raw_connect();
+	CHECK(b >= 0 && write(b, one, strlen(one)) == (ssize_t)strlen(one));
+	shutdown(b, SHUT_WR);
+	CHECK(slow_wait_for(2), "a third connection's slow runs beside A's");
+	CHECK_EQ(slow_waiting, 2); /* A's second waits for its first: one at a time per connection */
+	slow_release(true);
+	CHECK(read_to_close(a, buf, sizeof(buf)) != (size_t)-1, "A answered and closed");
+	{
+		char *i1 = strstr(buf, "\"id\":1"), *i2 = strstr(buf, "\"id\":2");
+		char *i3 = strstr(buf, "\"id\":3");
+
+		CHECK(i1 && i2 && i3 && i1 < i2 && i2 < i3, "A's answers in order: %s", buf);
+	}
+	CHECK(read_to_close(b, buf, sizeof(buf)) != (size_t)-1 && strstr(buf, "slept"),
+	      "B answered: %s", buf);
+	close(a);
+	close(b);
+	/* A stop waits for the method in progress, and then is done. */
+	slow_release(false);
+	a = raw_connect();
+	CHECK(a >= 0 && write(a, one, strlen(one)) == (ssize_t)strlen(one));
+	CHECK(slow_wait_for(1), "a slow runs");
+	stop.s = s;
+	pthread_create(&t, NULL, stopper, &stop);
+	usleep(200 * 1000);
+	CHECK(!__atomic_load_n(&stop.done, __ATOMIC_SEQ_CST), "the stop waits for the method");
+	slow_release(true);
+	pthread_join(t, NULL);
+	CHECK(__atomic_load_n(&stop.done, __ATOMIC_SEQ_CST));
+	CHECK(read_to_close(a, buf, sizeof(buf)) != (size_t)-1 && strstr(buf, "slept"),
+	      "the method's answer went out before the stop closed it: %s", buf);
+	close(a);
+}
+
 static void server_socket_file(void)
 {
 	struct rpc_server *s = NULL;
@@ -800,8 +930,10 @@ int main(void)
 	stream_bad_requests();
 	stream_garbage();
 	stream_split();
-	server_calls();
+	server_calls(0);
+	server_calls(RPC_SERVER_THREADED);
 	server_stuck_clients();
+	server_threaded();
 	server_socket_file();
 	return test_done("rpc");
 }

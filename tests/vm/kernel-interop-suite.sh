@@ -155,8 +155,8 @@ our_client_verify() {
 	kg_reach 198.18.0.1
 	kg_reach 198.18.0.11
 	"$clt" perf -s 198.18.0.1 -s 198.18.0.11 -S ours-cut --policy round-robin "${opts[@]}" \
-		--rw randrw --bs 4096 -q 16 --size 16M -t 15 --verify --reconnect-delay 60000 \
-		--hb-interval 500 >"$KG_RUN/B-perf.log" 2>&1 &
+		--rw randrw --bs 4096 -q 16 --size 16M -t 15 --verify --reconnect-delay-ms 60000 \
+		--hb-interval-ms 500 >"$KG_RUN/B-perf.log" 2>&1 &
 	pid=$!
 	# The cut comes once both paths are up and IO runs on them: a path cut
 	# while the session opens fails the open, as the kernel's client does.

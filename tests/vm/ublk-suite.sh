@@ -13,11 +13,14 @@
 #     every file intact; unmount, fsck -n clean;
 #   - a normal unmap of a mounted device is refused (EBUSY);
 #   - client save, rnbd-clientd stopped (its devices go) and started again:
-#     the mapping is restored, the file system mounts and its files are
-#     intact; unmap removes /dev/ublkbN;
+#     the mapping is restored (after its socket is up), the file system
+#     mounts and its files are intact; unmap removes /dev/ublkbN;
 #   - polled completions, over tcp on loopback: two devices of one session
 #     written and read back at once, four streams each, equal, and one
-#     queue thread polls the session for both.
+#     queue thread polls the session for both;
+#   - rnbd-clientd stopped (SIGTERM) with its server frozen (SIGSTOP) under
+#     a write, fast_io_fail_ms 600000: it ends within 5 s, the write fails
+#     with EIO, the block device is gone.
 # Usage: ublk-suite.sh BUILD_DIR. Prints "N passed, N failed, N skipped";
 # exits 77 when guests cannot be run here.
 set -uo pipefail
@@ -72,8 +75,8 @@ server; check server-started $?
 clientd; check clientd-started $?
 grep -q 'ublk: mapped devices become' "$CLOG"; check clientd-found-ublk $?
 
-R client map disk.img --session ub --server 198.18.0.1 --option provider=verbs \
-	--option fast_io_fail_ms=60000 -o json >/tmp/map.json
+R client map disk.img --session ub --server 198.18.0.1 --provider verbs \
+	--fast-io-fail-ms 60000 -o json >/tmp/map.json
 check map $? "$(cat /tmp/map.json)"
 dev=$(python3 -c 'import json; print(json.load(open("/tmp/map.json"))["block_device"] or "")')
 [ -b "$dev" ]; check block-device $? "($dev)"
@@ -137,11 +140,14 @@ R client save >/dev/null; check client-save $?
 kill "$CPID"; wait "$CPID"; check clientd-stopped $?
 [ ! -b "$dev" ]; check block-device-gone-with-clientd $?
 clientd; check clientd-restarted $?
-dev=$(R client list devices -o json | python3 -c '
+restored() { # the restored mapping's block device, once it is there (mapped after "ready")
+	dev=$(R client list devices -o json | python3 -c '
 import json, sys
 d = [x for x in json.load(sys.stdin) if x["device"] == "disk.img"]
 print(d[0]["block_device"] if d and d[0]["block_device"] else "")')
-[ -b "$dev" ]; check mapping-restored $? "($dev)"
+	[ -b "$dev" ]
+}
+wait_for 60 restored; check mapping-restored $? "($dev)"
 mount "$dev" /tmp/mnt && (cd /tmp/mnt && sha256sum -c --quiet /tmp/sums); check files-intact-after-restore $?
 umount /tmp/mnt
 R client unmap disk.img >/dev/null; check unmap $?
@@ -157,7 +163,7 @@ for f in a b; do head -c $((32 << 20)) /dev/zero >/tmp/exports2/$f.img; done
 	--log-level info >/tmp/s2.log 2>&1 &
 S2PID=$!
 wait_for 60 grep -q 'listening on port' /tmp/s2.log; check tcp-server-started $?
-R client map a.img --session tp --server 127.0.0.1:1235 --option provider=tcp -o json >/tmp/ma.json
+R client map a.img --session tp --server 127.0.0.1:1235 --provider tcp -o json >/tmp/ma.json
 check tcp-map-a $? "$(cat /tmp/ma.json)"
 R client map b.img --session tp -o json >/tmp/mb.json
 check tcp-map-b $? "$(cat /tmp/mb.json)"
@@ -191,6 +197,28 @@ np=$(grep -c "queue thread polls the session's completions" "$CLOG")
 [ "$np" -eq 1 ]; check tcp-one-queue-thread-polls $? "($np in $CLOG)"
 R client unmap a.img --session tp >/dev/null && R client unmap b.img --session tp >/dev/null
 check tcp-unmap $?
+
+# The server frozen under a write, fast_io_fail_ms 10 min: SIGTERM ends
+# rnbd-clientd within 5 s, the write fails (EIO), the block device goes.
+R client map a.img --session fz --server 127.0.0.1:1235 --provider tcp \
+	--fast-io-fail-ms 600000 -o json >/tmp/mf.json
+check frozen-map $? "$(cat /tmp/mf.json)"
+df=$(python3 -c 'import json; print(json.load(open("/tmp/mf.json"))["block_device"] or "")')
+kill -STOP "$S2PID"
+dd if=/dev/zero of="$df" bs=64k count=256 oflag=direct status=none 2>/tmp/dd.err &
+DD=$!
+sleep 2
+t0=$(date +%s%3N)
+kill "$CPID"
+wait_for 10 bash -c "! kill -0 $CPID 2>/dev/null"
+t=$(($(date +%s%3N) - t0))
+[ "$t" -lt 5000 ]; check stop-with-server-frozen-under-io-within-5s $? "($t ms)"
+wait "$CPID"; check stop-with-server-frozen-exit-0 $?
+wait "$DD"; ddrc=$?
+[ "$ddrc" -ne 0 ] && grep -q "Input/output error" /tmp/dd.err
+check frozen-write-fails-eio $? "(dd exit $ddrc: $(head -c 200 /tmp/dd.err))"
+[ ! -b "$df" ]; check frozen-block-device-gone $?
+kill -CONT "$S2PID"
 kill "$S2PID"
 
 kill "$CPID" "$SPID"; wait
