@@ -45,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -338,7 +339,8 @@ static int sess_connect(struct sess *s, struct rpc_err *err)
 	if (rc)
 		return rpc_errf(err, rc, "session %s: %s", s->name, rc == -EPERM ?
 				"the server has a session of this name open (another client)" :
-				rc == -ESHUTDOWN ? "rnbd-clientd is stopping" : strerror(-rc));
+				rc == -ESHUTDOWN ? "rnbd-clientd is stopping" :
+				rtrs_last_error()[0] ? rtrs_last_error() : strerror(-rc));
 	rc = clt_ctl_add(&ctl, s->name, s->rnbd);
 	if (rc) {
 		rnbd_clt_sess_close(s->rnbd);
@@ -472,6 +474,13 @@ static int m_map(void *priv, struct json_object *params, struct json_object **re
 	if (mode < 0)
 		return rpc_errf(err, RPC_INVALID_PARAMS, "mode %s: expected rw, ro or migration",
 				mname);
+	{
+		const char *why = NULL;
+
+		/* Before any session is opened for it. */
+		if (rnbd_dev_name_check(name, &why))
+			return rpc_errf(err, -EINVAL, "device %s: %s", name, why);
+	}
 	if (want_bdev && !have_ublk)
 		return rpc_errf(err, -ENODEV, "device %s of session %s: %s; block_device false "
 				"maps it without one", name, sname, ublk_note);
@@ -547,7 +556,10 @@ static int m_map(void *priv, struct json_object *params, struct json_object **re
 				 rc == -EPERM ? "the server refused the mode (another client writes it)" :
 				 rc == -EEXIST ? "mapped already" :
 				 rc == -ESHUTDOWN || rc == -ECONNABORTED ?
-				 "rnbd-clientd is stopping" : strerror(-rc));
+				 "rnbd-clientd is stopping" :
+				 rc == -EINVAL ? "the server refused the name (Invalid argument: below "
+				 "its search path there is no such regular file or block device, or the "
+				 "name leads out of it)" : strerror(-rc));
 			free(d);
 			d = NULL;
 		}
@@ -994,16 +1006,85 @@ static const struct rpc_method own_methods[] = {
  */
 static int mappings_load(struct json_object **out)
 {
-	struct json_object *arr = json_object_from_file(g.mappings);
+	struct json_object *arr = NULL;
+	char *text = NULL, why[160] = "";
+	struct stat st;
+	size_t len = 0;
+	int fd;
 
 	*out = NULL;
-	if (!arr) {
-		if (access(g.mappings, F_OK) && errno == ENOENT) {
-			dlog(DLOG_INFO, "mappings file %s: none yet (client.save makes it)", g.mappings);
-			return 0;
+	/* Without blocking: a FIFO named by mistake must not hang the start. */
+	fd = open(g.mappings, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	if (fd < 0 && errno == ENOENT) {
+		dlog(DLOG_INFO, "mappings file %s: none yet (client.save makes it)", g.mappings);
+		return 0;
+	}
+	if (fd < 0 || fstat(fd, &st))
+		snprintf(why, sizeof(why), "cannot be read: %s", strerror(errno));
+	else if (S_ISDIR(st.st_mode))
+		snprintf(why, sizeof(why), "is a directory, not a file");
+	else if (!S_ISREG(st.st_mode))
+		snprintf(why, sizeof(why), "is not a regular file");
+	else if (st.st_size > (64 << 20))
+		snprintf(why, sizeof(why), "is larger than 64 MiB");
+	else if (!(text = malloc((size_t)st.st_size + 1)))
+		snprintf(why, sizeof(why), "out of memory");
+	while (!why[0] && len < (size_t)st.st_size) {
+		ssize_t n = read(fd, text + len, (size_t)st.st_size - len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			snprintf(why, sizeof(why), "cannot be read: %s",
+				 n < 0 ? strerror(errno) : "it shrank while read");
+			break;
 		}
-		fprintf(stderr, "rnbd-clientd: --mappings %s: %s\n", g.mappings,
-			json_util_get_last_err() ? json_util_get_last_err() : "cannot be read");
+		len += (size_t)n;
+	}
+	if (fd >= 0)
+		close(fd);
+	if (!why[0] && !len)
+		snprintf(why, sizeof(why), "is empty: a mappings file is a JSON array of mappings "
+			 "(\"[]\" for none)");
+	if (!why[0]) {
+		struct json_tokener *tok = json_tokener_new();
+		enum json_tokener_error te = json_tokener_error_size;
+		size_t end = 0;
+
+		if (!tok) {
+			snprintf(why, sizeof(why), "out of memory");
+		} else {
+			arr = json_tokener_parse_ex(tok, text, (int)len);
+			te = json_tokener_get_error(tok);
+			end = json_tokener_get_parse_end(tok);
+			json_tokener_free(tok);
+		}
+		if (arr && te == json_tokener_success) {
+			/* Only blanks may follow the array. */
+			while (end < len && strchr(" \t\r\n", text[end]))
+				end++;
+			if (end < len) {
+				te = json_tokener_error_parse_unexpected;
+				json_object_put(arr);
+				arr = NULL;
+			}
+		} else if (arr) {
+			json_object_put(arr);
+			arr = NULL;
+		}
+		if (!arr && !why[0]) {
+			unsigned line = 1;
+
+			for (size_t i = 0; i < end && i < len; i++)
+				line += text[i] == '\n';
+			snprintf(why, sizeof(why), "line %u: not JSON: %s", line,
+				 te == json_tokener_continue ? "it ends too early" :
+				 json_tokener_error_desc(te));
+		}
+	}
+	free(text);
+	if (why[0]) {
+		fprintf(stderr, "rnbd-clientd: --mappings %s: %s\n", g.mappings, why);
 		return -EINVAL;
 	}
 	if (!json_object_is_type(arr, json_type_array)) {

@@ -173,9 +173,18 @@ void rnbd_clt_sess_close(struct rnbd_clt_sess *sess);
 struct rtrs_clt_sess *rnbd_clt_rtrs(struct rnbd_clt_sess *sess);
 
 /*
+ * Whether dev_name can name a device at all (1..RNBD_DEV_NAME_MAX-1 bytes,
+ * no control characters, no "." or ".." component, not only slashes): 0,
+ * or -EINVAL with the reason in *why (a static string; why may be NULL).
+ * Checks nothing on a server: a caller can refuse a name before it opens
+ * a session for it.
+ */
+int rnbd_dev_name_check(const char *dev_name, const char **why);
+/*
  * Maps device dev_name (a path below the server's search path) in mode.
  * -EPERM: the server's sharing rule refused the mode; -EEXIST: this
- * session has mapped that name already.
+ * session has mapped that name already; -EINVAL for a name
+ * rnbd_dev_name_check refuses (its reason in rtrs_last_error()).
  */
 int rnbd_clt_map(struct rnbd_clt_sess *sess, const char *dev_name, enum rnbd_clt_mode mode,
 		 struct rnbd_clt_dev **out);

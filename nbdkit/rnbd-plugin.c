@@ -117,6 +117,12 @@ static int rnbd_config_complete(void)
 }
 
 /* The session of cfg; 0, or nbdkit_error said why. */
+/* Why a call of the libraries failed: their reason, else the errno's. */
+static const char *why_failed(int rc)
+{
+	return rtrs_last_error()[0] ? rtrs_last_error() : strerror(-rc);
+}
+
 static int session_open(struct rnbd_clt_sess **out)
 {
 	struct rtrs_clt_opts o = cfg.clt.opts;
@@ -130,7 +136,7 @@ static int session_open(struct rnbd_clt_sess **out)
 			     "(another client uses it; choose another session=)", o.sessname,
 			     o.paths[0].dst);
 	else if (rc)
-		nbdkit_error("session %s to %s: %s", o.sessname, o.paths[0].dst, strerror(-rc));
+		nbdkit_error("session %s to %s: %s", o.sessname, o.paths[0].dst, why_failed(rc));
 	return rc;
 }
 
@@ -205,7 +211,7 @@ static int rnbd_get_ready(void)
 	if (cfg.device) {
 		rc = rnbd_clt_map(s, cfg.device, RNBD_CLT_RO, &d);
 		if (rc) {
-			nbdkit_error("device=%s: %s", cfg.device, strerror(-rc));
+			nbdkit_error("device=%s: %s", cfg.device, why_failed(rc));
 			rnbd_clt_sess_close(s);
 			return -1;
 		}
@@ -335,7 +341,7 @@ static void *rnbd_open(int readonly)
 		rc = rnbd_clt_map(sess, name, want, &e->dev);
 		if (rc) {
 			pthread_mutex_unlock(&exports_lock);
-			nbdkit_error("mapping %s: %s", name, strerror(-rc));
+			nbdkit_error("mapping %s: %s", name, why_failed(rc));
 			free(e->name);
 			free(e);
 			free(h);

@@ -705,6 +705,12 @@ static struct rnbd_clt_dev *dev_find(struct rnbd_clt_sess *s, const char *name)
 }
 
 RNBD_EXPORT
+int rnbd_dev_name_check(const char *dev_name, const char **why)
+{
+	return rnbd_dev_name_valid(dev_name, why) ? 0 : -EINVAL;
+}
+
+RNBD_EXPORT
 int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mode mode,
 		 struct rnbd_clt_dev **out)
 {
@@ -713,10 +719,12 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 	const char *why = NULL;
 	int rc;
 
+	err_detail_clear();
 	if (!s || !out || (unsigned)mode > RNBD_ACCESS_MIGRATION)
 		return -EINVAL;
 	if (!rnbd_dev_name_valid(dev_name, &why)) {
 		log_err("rnbd: %s: cannot map \"%s\": %s", s->name, dev_name ? dev_name : "", why);
+		err_detail("%s", why);
 		return -EINVAL;
 	}
 	d = calloc(1, sizeof(*d));

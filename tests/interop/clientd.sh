@@ -209,6 +209,21 @@ check "... the command line's: exit 2, the same reason" fails 2 \
 	c map mem0 --session other --server "127.0.0.1:$port" --policy fastest
 check "a device the server does not have" fails 1 "device nothing of session other" \
 	c map nothing --session other --server "127.0.0.1:$port" --no-block-device
+connreqs() {
+	ctl "$dir/sctl" server stats -o json |
+		python3 -c 'import json, sys; print(json.load(sys.stdin)["connection_requests"])'
+}
+before=$(connreqs)
+check "a name that leads out (../etc/passwd): refused with the reason" fails 1 \
+	'device ../etc/passwd: "." or ".." in device name' \
+	c map ../etc/passwd --session esc --server "127.0.0.1:$port" --no-block-device
+check "... before any session was opened for it" test "$(connreqs)" = "$before"
+check "a server that does not resolve: said so" fails 1 \
+	"session dns: cannot resolve nosuch.invalid: Name or service not known" \
+	c map mem0 --session dns --server nosuch.invalid --no-block-device
+check "a key file that is not there: named" fails 1 \
+	"session key: host secret file $dir/nokey: cannot open the key file: No such file or directory" \
+	c map mem0 --session key --server "127.0.0.1:$port" --secret "@$dir/nokey" --no-block-device
 check "a bad mode" fails 1 "mode rx: expected rw, ro or migration" \
 	c map mem0 --session cd --mode rx
 check "a new session without a server" fails 1 'missing parameter "server"' \
@@ -281,5 +296,23 @@ rc=0
 check "a mappings file that is not JSON stops the daemon, naming the file" \
 	bash -c "[ $rc -eq 1 ] && grep -q -- '--mappings $dir/bad.json' '$dir/d3.log'"
 check "... and no socket is left" test ! -e "$dir/cctl2"
+# bad_maps NAME REASON: the daemon stops, exit 1, naming the file and the reason.
+bad_maps() {
+	local rc=0
+	"$clientd" --control "$dir/cctl2" --mappings "$dir/$1" >"$dir/d4.log" 2>&1 || rc=$?
+	[ "$rc" -eq 1 ] && grep -qF -- "--mappings $dir/$1: $2" "$dir/d4.log" && [ ! -e "$dir/cctl2" ] ||
+		{ echo "  exit $rc: $(cat "$dir/d4.log")"; return 1; }
+}
+check "... the line and json-c's reason, not its state word" \
+	bad_maps bad.json "line 2: not JSON: it ends too early"
+: >"$dir/empty.json"
+check "an empty mappings file: said so" bad_maps empty.json 'is empty: a mappings file is a JSON array'
+mkdir "$dir/dir.json"
+check "a directory: said so" bad_maps dir.json "is a directory, not a file"
+printf '[\n {"device": "mem0",\n  "session" 1}\n]\n' >"$dir/line3.json"
+check "an error on line 3: that line" bad_maps line3.json "line 3: not JSON: "
+mkfifo "$dir/fifo.json"
+check "a FIFO: refused at once, not waited on" timeout 5 bash -c "$(declare -f bad_maps); \
+	clientd='$clientd' dir='$dir' bad_maps fifo.json 'is not a regular file'"
 
 finish clientd

@@ -52,6 +52,12 @@ fails() {
 
 check "a server nobody listens on: nbdkit exits 1 with the reason" \
 	fails refused "session nbdkit-rnbd to 127.0.0.1:1: Connection refused" server=127.0.0.1:1
+check "a server that does not resolve: nbdkit exits 1 saying so" \
+	fails dns "session nbdkit-rnbd to nosuch.invalid: cannot resolve nosuch.invalid: " \
+	server=nosuch.invalid
+check "a default device leading out: nbdkit exits 1 with the reason" \
+	fails esc 'device=../etc/passwd: "." or ".." in device name' server="127.0.0.1:$port" \
+	device=../etc/passwd
 check "a missing default device: nbdkit exits 1 naming it" \
 	fails nodev "device=nothing.img: No such file or directory" server="127.0.0.1:$port" \
 	device=nothing.img
