@@ -81,6 +81,7 @@ static void srv_listen_timer(struct loop_timer *t)
 	loop_timer_arm(&ctx->listen_timer, tick, tick);
 	pthread_mutex_lock(&ctx->lock);
 	ctx->listening = true;
+	ctx->listen_err = 0;
 	ctx->port = fab_lst_port(ctx->lst);
 	pthread_cond_broadcast(&ctx->cond);
 	pthread_mutex_unlock(&ctx->lock);
@@ -92,9 +93,13 @@ static void srv_listen_timer(struct loop_timer *t)
 	return;
 
 retry:
-	if (ctx->listen_failures++ == 0)
+	/* Said at the first failure and whenever the cause changes; kept for the waiters. */
+	pthread_mutex_lock(&ctx->lock);
+	if (ctx->listen_failures++ == 0 || rc != ctx->listen_err)
 		log_warn("cannot listen on %s:%s with provider %s yet (%s); retrying every %u ms",
 			 ctx->addr, port, ctx->provider, strerror(-rc), ctx->opts.listen_retry_ms);
+	ctx->listen_err = rc;
+	pthread_mutex_unlock(&ctx->lock);
 	if (ctx->fab && !ctx->lst) {
 		fab_close(ctx->fab);
 		ctx->fab = NULL;
@@ -157,7 +162,7 @@ static void srv_opts_defaults(struct rtrs_srv_opts *o)
 		o->max_chunk_mem = rtrs_default_max_chunk_mem();
 }
 
-/* The whole key file must parse; which host we look up does not matter. */
+/* The whole key file must parse and list a host (else every host is refused). */
 static int srv_check_keys(struct rtrs_srv_ctx *ctx)
 {
 	struct rtrs_auth_cfg *cfg = &ctx->auth_cfg;
@@ -166,12 +171,13 @@ static int srv_check_keys(struct rtrs_srv_ctx *ctx)
 	unsigned line = 0;
 	int rc;
 
-	rc = rtrs_keyfile_lookup(cfg->keyfile, "(validation)", &hk, &ck, &line, &why);
+	rc = rtrs_keyfile_lookup(cfg->keyfile, NULL, &hk, &ck, &line, &why);
 	rtrs_auth_wipe(&hk, sizeof(hk));
 	rtrs_auth_wipe(&ck, sizeof(ck));
-	if (rc == -ESRCH)
-		return 0;
-	if (rc && line)
+	if (rc == -ENOKEY)
+		log_err("server: authentication key file %s lists no host: every host would be "
+			"refused", cfg->keys_file);
+	else if (rc && line)
 		log_err("server: %s line %u: %s", cfg->keys_file, line, why ? why : "invalid");
 	else if (rc)
 		log_err("server: authentication key file %s: %s", cfg->keys_file,
@@ -304,7 +310,7 @@ int rtrs_srv_wait_listening(struct rtrs_srv_ctx *ctx, unsigned timeout_ms)
 	pthread_mutex_lock(&ctx->lock);
 	while (!ctx->listening && rc != ETIMEDOUT)
 		rc = pthread_cond_timedwait(&ctx->cond, &ctx->lock, &dl);
-	rc = ctx->listening ? 0 : -ETIMEDOUT;
+	rc = ctx->listening ? 0 : ctx->listen_err ? ctx->listen_err : -ETIMEDOUT;
 	pthread_mutex_unlock(&ctx->lock);
 	return rc;
 }
