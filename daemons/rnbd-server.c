@@ -46,7 +46,7 @@ static struct {
 	struct opt_list mem;
 	uint64_t port, queue_depth, chunk_size, threads, hb_ms, busy_poll_us, listen_timeout;
 	unsigned engine;
-	bool direct, inline_writes, invalidate, quiet, syslog;
+	bool direct, buffered_bdev, inline_writes, invalidate, quiet, syslog;
 } g = {
 	.provider = "tcp", .port = RNBD_DEFAULT_PORT_NR, .queue_depth = 512,
 	.chunk_size = 128 << 10, .threads = 4, .hb_ms = 1000, .invalidate = true, .inline_writes = true,
@@ -72,7 +72,11 @@ static const struct opt options[] = {
 	{ "engine", 'e', OPT_CHOICE, &g.engine, .choices = engine_names, .arg = "NAME",
 	  .help = "IO engine" },
 	{ "threads", 't', OPT_UINT, &g.threads, 1, 256, .arg = "N", .help = "IO pool threads" },
-	{ "direct", 0, OPT_FLAG, &g.direct, .help = "open files and devices with O_DIRECT" },
+	{ "direct", 0, OPT_FLAG, &g.direct, .help = "open files with O_DIRECT (no page cache)" },
+	{ "buffered-bdev", 0, OPT_FLAG, &g.buffered_bdev,
+	  .help = "serve block devices through the page cache, announcing a write cache and FUA; "
+		  "without it they are opened with O_DIRECT and announced with the write cache "
+		  "and FUA the device has, as the kernel's rnbd-server does" },
 	{ "inline-writes", 0, OPT_FLAG, &g.inline_writes,
 	  .help = "write buffered files at once on the receiving thread where the file system "
 		  "cannot write with RWF_NOWAIT (ext4)" },
@@ -577,6 +581,7 @@ int main(int argc, char **argv)
 	o.engine = engine_names[g.engine];
 	o.engine_threads = (unsigned)g.threads;
 	o.direct = g.direct;
+	o.buffered_bdev = g.buffered_bdev;
 	o.inline_writes = g.inline_writes;
 
 	/*

@@ -56,7 +56,7 @@ struct rnbd_srv_opts {
 	const char *mem_devices;
 	const char *engine;         /* "auto" (io_uring, else threads), "io_uring", "threads" */
 	unsigned engine_threads;    /* pool threads (default 4) */
-	int direct;                 /* open files and devices with O_DIRECT */
+	int direct;                 /* open files with O_DIRECT (block devices: buffered_bdev) */
 	/*
 	 * A buffered file whose file system cannot write with RWF_NOWAIT
 	 * (ext4): its plain writes are done at once on the thread that
@@ -66,6 +66,15 @@ struct rnbd_srv_opts {
 	 * Default 1.
 	 */
 	int inline_writes;
+	/*
+	 * Block devices are served as the kernel's rnbd-server serves them:
+	 * opened with O_DIRECT, announced with the write cache and FUA their
+	 * own queue has (sysfs queue/write_cache, queue/fua), so a client
+	 * flushes only where a flush means something. buffered_bdev 1 serves
+	 * them through the page cache instead, announcing a write cache and
+	 * FUA (flush and FUA then cost an fdatasync). Default 0.
+	 */
+	int buffered_bdev;
 };
 
 int rnbd_srv_opts_init(struct rnbd_srv_opts *opts, size_t size);

@@ -346,12 +346,42 @@ static struct mem_dev *mem_find(struct rnbd_srv *srv, const char *name)
 	return NULL;
 }
 
+/*
+ * O_DIRECT on an opened file or block device where the server's options
+ * want it: a block device unless buffered_bdev, a file with direct. Closes
+ * fd on failure.
+ */
+static int dev_set_direct(struct rnbd_srv *srv, int fd, bool *direct, const char **why)
+{
+	struct stat st;
+	int fl;
+
+	if (fstat(fd, &st)) {
+		*why = "cannot stat it";
+		goto fail;
+	}
+	*direct = S_ISBLK(st.st_mode) ? !srv->o.buffered_bdev : srv->o.direct;
+	if (!*direct)
+		return 0;
+	fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_DIRECT)) {
+		*why = "cannot open it with O_DIRECT";
+		goto fail;
+	}
+	return 0;
+fail:
+	fl = -errno;
+	close(fd);
+	return fl;
+}
+
 /* Opens the backing store of a new device of sess. */
 static int dev_open_store(struct rnbd_sess *sess, struct sess_dev *sd, const char **why)
 {
 	struct rnbd_srv *srv = sess->srv;
 	struct mem_dev *m = mem_find(srv, sd->name);
 	char root[4096];
+	bool direct;
 	dev_t dev;
 	ino_t ino;
 	int fd, rc;
@@ -368,11 +398,13 @@ static int dev_open_store(struct rnbd_sess *sess, struct sess_dev *sd, const cha
 		if (rc)
 			return rc;
 		rc = rnbd_dev_open(root, sd->name,
-				   (sd->mode == RNBD_ACCESS_RO ? O_RDONLY : O_RDWR) |
-				   (srv->o.direct ? O_DIRECT : 0), &fd, why);
+				   sd->mode == RNBD_ACCESS_RO ? O_RDONLY : O_RDWR, &fd, why);
 		if (rc)
 			return rc;
-		rc = rnbd_store_fd(srv->engine, fd, srv->o.direct, &sd->store);
+		rc = dev_set_direct(srv, fd, &direct, why);
+		if (rc)
+			return rc;
+		rc = rnbd_store_fd(srv->engine, fd, direct, &sd->store);
 		if (rc) {
 			*why = "not a file or block device";
 			return rc;
@@ -415,7 +447,7 @@ static void open_rsp_fill(struct rnbd_msg_open_rsp *m, const struct sess_dev *sd
 		 */
 		.max_segments = 128,
 		.secure_discard = in->secure_erase,
-		.cache_policy = in->write_cache ? RNBD_WRITEBACK | RNBD_FUA : 0,
+		.cache_policy = (in->write_cache ? RNBD_WRITEBACK : 0) | (in->fua ? RNBD_FUA : 0),
 	};
 
 	r.max_hw_sectors -= r.max_hw_sectors % (lbs >> RNBD_SECTOR_SHIFT);
@@ -504,9 +536,12 @@ static int open_locked(struct rnbd_sess *sess, const struct rnbd_open *req, void
 	sess->devs[id] = sd;
 	open_rsp_fill(data, sd);
 	pthread_mutex_unlock(&sess->lock);
-	log_info("rnbd: %s: opened %s (%s) as device %u, %llu bytes", sess->name, sd->name,
-		 rnbd_access_mode_name(sd->mode), id,
-		 (unsigned long long)rnbd_store_info(sd->store)->size);
+	const struct rnbd_store_info *in = rnbd_store_info(sd->store);
+
+	log_info("rnbd: %s: opened %s (%s) as device %u, %llu bytes%s%s, %s, %s", sess->name,
+		 sd->name, rnbd_access_mode_name(sd->mode), id, (unsigned long long)in->size,
+		 in->block_device ? ", block device" : "", in->direct ? ", O_DIRECT" : "",
+		 in->write_cache ? "write cache" : "no write cache", in->fua ? "FUA" : "no FUA");
 	return 0;
 }
 
@@ -1028,9 +1063,10 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 		return rc;
 	}
 	if (srv->search[0])
-		log_info("rnbd: serving files and block devices below %s (%s engine%s)",
-			 srv->search, rnbd_engine_name(srv->engine),
-			 o->direct ? ", O_DIRECT" : "");
+		log_info("rnbd: serving files and block devices below %s (%s engine; files %s, "
+			 "block devices %s)", srv->search, rnbd_engine_name(srv->engine),
+			 o->direct ? "O_DIRECT" : "buffered",
+			 o->buffered_bdev ? "buffered" : "O_DIRECT");
 	else
 		log_info("rnbd: serving memory devices only (no search path)");
 	if (!strcmp(srv->search, "/"))

@@ -30,6 +30,13 @@
 #            a directory, a key file that lists no host, memory devices
 #            beyond the machine's RAM and swap, a size with an unknown unit,
 #            a bad --metrics address, a --chunk-size that is no power of two.
+#   block devices (root and losetup, else skipped, said): a loop device is
+#            opened with O_DIRECT and announced with the write cache and FUA
+#            its queue has in sysfs (write back: a write cache, no FUA;
+#            write through: neither), as the kernel's rnbd-server does;
+#            bytes written through the server are on the device (read with
+#            O_DIRECT); --buffered-bdev serves it through the page cache,
+#            announcing a write cache and FUA.
 #   listening a taken port or a missing address: the cause is logged at
 #            once; SIGTERM stops the waiting server within 5 s (exit 0);
 #            SIGHUP does not; --listen-timeout ends the wait with exit 1
@@ -223,7 +230,6 @@ waiter forever
 wait_until 5 grep -qs "cannot listen" "$dir/forever.log" || true
 sleep 1.5
 check "without --listen-timeout: still waiting after the first retries" kill -0 "${pids[-1]}"
-forever=${pids[-1]}
 kill -TERM "$holder"
 wait "$holder" 2>/dev/null || true
 check "... and listening on the port once it is free" \
@@ -454,6 +460,64 @@ wait "$perf_pid" 2>/dev/null || true
 unset 'pids[-1]'
 stop_server
 stop_server
+
+# ---- block devices: O_DIRECT, the device's own write cache and FUA ---------------
+
+if [ "$(id -u)" = 0 ] && command -v losetup >/dev/null; then
+	truncate -s 16M "$dir/lo.img"
+	loopdev=$(losetup -f --show "$dir/lo.img")
+	trap 'kill_pids; losetup -d "$loopdev"; rm -rf "$dir"' EXIT
+	q=/sys/block/${loopdev#/dev/}/queue
+	mkdir "$dir/bdev"
+	mknod "$dir/bdev/disk" b $((0x$(stat -c %t "$loopdev"))) $((0x$(stat -c %T "$loopdev")))
+	# announced NAME WC FUA [ARGS]: the client is told write cache WC and FUA FUA (1/0).
+	announced() {
+		"$client" info --server "127.0.0.1:$port" --session "$1" --device disk --json \
+			>"$dir/bd-$1.json" 2>"$dir/bd-$1.err" || { cat "$dir/bd-$1.err"; return 1; }
+		python3 - "$dir/bd-$1.json" "$2" "$3" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+want = (sys.argv[2] == "1", sys.argv[3] == "1")
+assert (j["write_cache"], j["fua"]) == want, (j["write_cache"], j["fua"], want)
+PY
+	}
+	echo "write back" >"$q/write_cache"
+	rnbd_server_start "$dir/bd.log" -- --port 0 -s "$dir/bdev" || exit 1
+	check "a block device: a write cache, no FUA, as its queue says ($(cat "$q/write_cache"), fua $(cat "$q/fua"))" \
+		announced bd1 1 "$(cat "$q/fua")"
+	check "... opened with O_DIRECT, said in the log" grep -q \
+		"bd1: opened disk (ro) as device 0, 16777216 bytes, block device, O_DIRECT, write cache, no FUA" \
+		"$dir/bd.log"
+	echo "write through" >"$q/write_cache"
+	check "the device made write-through: announced without a write cache or FUA" \
+		announced bd2 0 0
+	head -c 1048576 /dev/urandom >"$dir/bd.pattern"
+	bd_bytes() {
+		"$client" write --server "127.0.0.1:$port" --session bd3 --device disk \
+			--offset 1048576 --file "$dir/bd.pattern" 2>"$dir/bd3.err" >/dev/null &&
+		"$client" read --server "127.0.0.1:$port" --session bd4 --device disk \
+			--offset 1048576 --length 1048576 --file "$dir/bd.back" 2>>"$dir/bd3.err" \
+			>/dev/null && cmp -s "$dir/bd.pattern" "$dir/bd.back" &&
+		dd if="$loopdev" of="$dir/bd.direct" bs=1M skip=1 count=1 iflag=direct \
+			status=none && cmp -s "$dir/bd.pattern" "$dir/bd.direct" ||
+			{ cat "$dir/bd3.err"; return 1; }
+	}
+	check "1 MiB written through the server reads back, and is on the device (O_DIRECT read)" \
+		bd_bytes
+	stop_server
+	echo "write back" >"$q/write_cache"
+	rnbd_server_start "$dir/bdbuf.log" -- --port 0 -s "$dir/bdev" --buffered-bdev || exit 1
+	check "--buffered-bdev: announced with a write cache and FUA (the page cache's)" \
+		announced bd5 1 1
+	check "... and not opened with O_DIRECT" grep -q \
+		"bd5: opened disk (ro) as device 0, 16777216 bytes, block device, write cache, FUA" \
+		"$dir/bdbuf.log"
+	stop_server
+	losetup -d "$loopdev"
+	trap 'kill_pids; rm -rf "$dir"' EXIT
+else
+	echo "skip: block devices (needs root and losetup)"
+fi
 
 # ---- log level: RTRS_LOG_LEVEL, unless an option says otherwise -------------------
 
