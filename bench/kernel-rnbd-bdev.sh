@@ -15,7 +15,10 @@
 #          a write cache the client completes them itself
 # Reported: IOPS medians per job and server, ours over the kernel's; the
 # write cache and FUA each mapping shows in B's sysfs; the flushes each of
-# our servers received (server.devices 'other', over the control socket).
+# our servers received (server.devices 'other', over the control socket);
+# before the runs, fio's verify (kg_fio_verify, 16 MiB of 4 KiB random
+# writes, each read back and checked) through each of our two servers; the
+# host's load average at start and end (the host may be shared).
 #   bench/kernel-rnbd-bdev.sh [--record]
 # Environment: RUNS (3), DURATION (fio seconds, 10), BS (4k), QD (16),
 # RW (randrw), SYNC (16).
@@ -36,6 +39,7 @@ vm=tests/vm/rtrs-vm
 command -v fio >/dev/null || { echo "bench: fio is needed (rtrs-vm image installs it)" >&2; exit 1; }
 run=$(mktemp -d /tmp/kernel-rnbd-bdev.XXXXXX)
 trap 'rm -rf "$run"' EXIT
+load0=$(cut -d' ' -f1 /proc/loadavg)
 
 guest=$run/guest.sh
 cat >"$guest" <<'EOF'
@@ -97,6 +101,14 @@ for t in "kernel $dk" "direct $dd_" "buffered $db"; do
 	# Written whole once: the runs then measure the IO path, not first touches.
 	dd if=/dev/zero of="$2" bs=1M count=64 oflag=direct status=none || exit 1
 done
+for t in "direct $dd_" "buffered $db"; do
+	set -- $t
+	if kg_fio_verify "$2" 16 >"$run/B-verify-$1.log" 2>&1; then
+		echo "$1 verified" >>"$run/B-verify"
+	else
+		echo "$1 FAILED" >>"$run/B-verify"
+	fi
+done
 n=0
 for r in $(seq "$runs"); do
 	for job in plain sync; do
@@ -155,7 +167,10 @@ print("RUNS " + " ".join("%s/%s:%.0f" % (jb, t, v) for (jb, t), vs in sorted(iop
                          for v in vs))
 EOF
 )
+load1=$(cut -d' ' -f1 /proc/loadavg)
 echo "$report"
+echo "fio verify through our servers: $(tr '\n' ' ' <"$run/B-verify")"
+echo "host load average (1 min): $load0 at start, $load1 at end"
 echo "A's devices:"; cat "$run/A-devices"
 echo "as B's rnbd-client maps them (write_cache fua):"; cat "$run/B-announced"
 oops=$(cat "$run/B-oops" 2>/dev/null || echo "?")
@@ -172,6 +187,8 @@ ram1 from rnbd-server (\`--provider verbs -s /dev\`, O_DIRECT), ram2 from rnbd-s
 Guest B's rnbd-client shows them as (write_cache, fua): $(tr '\n' ';' <"$run/B-announced" | sed 's/;$//; s/;/; /g').
 fio in guest B on /dev/rnbdX: plain \`--rw=$RW --bs=$BS --iodepth=$QD --ioengine=libaio --direct=1 --runtime=$DURATION\`; sync: the same
 with \`--fdatasync=$SYNC\`. Flushes: what each of our servers counted (server.devices \`other\`) over a run. Kernel warnings or oopses in B: $oops.
+fio verify (16 MiB of 4 KiB random writes, each read back and checked) through our servers before the runs: $(tr '\n' ' ' <"$run/B-verify" | sed 's/ $//').
+Host load average (1 min; the host is shared): $load0 at start, $load1 at end.
 
 | job | kernel rnbd-server IOPS | ours, O_DIRECT (default) | ours, --buffered-bdev |
 |---|---|---|---|

@@ -44,6 +44,7 @@ static void srv_listen_timer(struct loop_timer *t)
 {
 	struct rtrs_srv_ctx *ctx = container_of(t, struct rtrs_srv_ctx, listen_timer);
 	char port[8];
+	bool say;
 	int rc;
 
 	if (ctx->lst) {
@@ -93,13 +94,14 @@ static void srv_listen_timer(struct loop_timer *t)
 	return;
 
 retry:
-	/* Said at the first failure and whenever the cause changes; kept for the waiters. */
+	/* Kept for the waiters; said at the first failure and whenever the cause changes. */
 	pthread_mutex_lock(&ctx->lock);
-	if (ctx->listen_failures++ == 0 || rc != ctx->listen_err)
-		log_warn("cannot listen on %s:%s with provider %s yet (%s); retrying every %u ms",
-			 ctx->addr, port, ctx->provider, strerror(-rc), ctx->opts.listen_retry_ms);
+	say = ctx->listen_failures++ == 0 || rc != ctx->listen_err;
 	ctx->listen_err = rc;
 	pthread_mutex_unlock(&ctx->lock);
+	if (say)
+		log_warn("cannot listen on %s:%s with provider %s yet (%s); retrying every %u ms",
+			 ctx->addr, port, ctx->provider, strerror(-rc), ctx->opts.listen_retry_ms);
 	if (ctx->fab && !ctx->lst) {
 		fab_close(ctx->fab);
 		ctx->fab = NULL;
