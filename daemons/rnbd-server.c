@@ -547,6 +547,21 @@ int main(int argc, char **argv)
 	char *mem = NULL;
 	int pos, rc, sig, port;
 
+	/*
+	 * Signals first: blocked here, so that every thread made later blocks
+	 * them too, and taken by sigwait or wait_listening. SIGINT and SIGTERM
+	 * get their default action back: libinfinipath (which libfabric loads
+	 * for its psm provider) installs a handler for them in its constructor
+	 * that exits 1 without a word; the unit sets IPATH_NO_BACKTRACE=1,
+	 * which keeps it from doing so before main runs.
+	 */
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGINT, SIG_DFL);
+	signal(SIGTERM, SIG_DFL);
 	rc = opts_parse(options, "rnbd-server", "[options]", argc, argv, &pos);
 	if (rc)
 		return rc > 0 ? 0 : 2;
@@ -584,18 +599,8 @@ int main(int argc, char **argv)
 	o.buffered_bdev = g.buffered_bdev;
 	o.inline_writes = g.inline_writes;
 
-	/*
-	 * Signals go to sigwait below, not to library threads, from here on:
-	 * one that comes while the server starts or waits to listen is taken
-	 * there (wait_listening). A control client that leaves early must not
-	 * kill the server with SIGPIPE.
-	 */
+	/* A control client that leaves early must not kill the server with SIGPIPE. */
 	signal(SIGPIPE, SIG_IGN);
-	sigemptyset(&set);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGHUP);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
 
 	/* The control socket and metrics first: a bad path fails before anyone connects. */
 	if (g.control && (rc = rpc_server_start(g.control, "rnbd-server control", methods,

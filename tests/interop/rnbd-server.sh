@@ -41,7 +41,10 @@
 #            once; SIGTERM stops the waiting server within 5 s (exit 0);
 #            SIGHUP does not; --listen-timeout ends the wait with exit 1
 #            and the real errno; without it the server keeps retrying and
-#            listens once the port is free.
+#            listens once the port is free. Started as the systemd unit
+#            starts it (its Environment= lines), SIGTERM at any moment of the
+#            start ends it with exit 0, or by the default action before main
+#            runs, never with libinfinipath's silent exit 1.
 # Usage: rnbd-server.sh BUILD_DIR.
 set -euo pipefail
 build=$(cd "${1:?usage: rnbd-server.sh BUILD_DIR}" && pwd)
@@ -173,6 +176,28 @@ check "queue depth x chunk size beyond the immediate: refused by librtrs, exit 2
 	early qdchunk "do not fit the 28-bit immediate" -m m:1M -q 65535 --chunk-size 128M
 
 # ---- listening: a taken port, a missing address, signals ------------------------
+
+# SIGTERM while the server starts, in the unit's environment: 0 (taken by
+# the server) or 143 (the default action, before main), within 5 s.
+unit_env=()
+while IFS= read -r l; do unit_env+=("${l#Environment=}"); done \
+	< <(grep '^Environment=' "$(dirname "$0")/../../systemd/rnbd-server.service.in")
+term_at() {
+	local rc=0 t0
+	env "${unit_env[@]}" "$server" --port 0 --mem-device m:1M >"$dir/start.log" 2>&1 &
+	local p=$!
+	sleep "$1"
+	t0=$EPOCHREALTIME
+	kill -TERM "$p"
+	wait "$p" || rc=$?
+	python3 -c "import sys; sys.exit(0 if $EPOCHREALTIME - $t0 < 5 else 1)" &&
+		{ [ "$rc" -eq 0 ] || [ "$rc" -eq 143 ]; } ||
+		{ echo "  exit $rc: $(cat "$dir/start.log")"; return 1; }
+}
+for at in 0.02 0.1 0.2 0.3 0.5; do
+	check "SIGTERM $at s into the start (the unit's environment): exit 0 or 143 within 5 s" \
+		term_at "$at"
+done
 
 # The first server holds a port; a second one on it cannot listen.
 rnbd_server_start "$dir/holder.log" -- --port 0 --mem-device m:1M || exit 1
