@@ -44,11 +44,11 @@ static struct {
 	const char *config, *addr, *provider, *search, *auth_keys, *auth_name, *control, *metrics;
 	const char *log_level;
 	struct opt_list mem;
-	uint64_t port, queue_depth, chunk_size, threads, hb_ms, busy_poll_us;
+	uint64_t port, queue_depth, chunk_size, threads, hb_ms, busy_poll_us, listen_timeout;
 	uint64_t max_sessions, max_sessions_per_peer, max_chunk_mem, max_pending,
 		 max_pending_per_peer, handshake_ms;
 	unsigned engine;
-	bool direct, inline_writes, invalidate, quiet, syslog;
+	bool direct, buffered_bdev, inline_writes, invalidate, quiet, syslog;
 } g = {
 	.provider = "tcp", .port = RNBD_DEFAULT_PORT_NR, .queue_depth = 512,
 	.chunk_size = 128 << 10, .threads = 4, .hb_ms = 1000, .invalidate = true, .inline_writes = true,
@@ -64,6 +64,10 @@ static const struct opt options[] = {
 	{ "addr", 'a', OPT_STRING, &g.addr, .arg = "ADDR", .help = "listen address (default all)" },
 	{ "port", 'p', OPT_UINT, &g.port, 0, 65535, .arg = "N",
 	  .help = "listen port (0: any, printed)" },
+	{ "listen-timeout", 0, OPT_UINT, &g.listen_timeout, 0, 31536000, .arg = "SEC",
+	  .help = "while the address is missing or the port taken, retry listening every second "
+		  "for this long, then exit 1 with the cause (0: for ever; the cause is logged at "
+		  "once and every minute)" },
 	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME",
 	  .help = "fabric: tcp (libfabric) or verbs (RDMA devices, rdma-core)" },
 	{ "dev-search-path", 's', OPT_STRING, &g.search, .arg = "DIR",
@@ -74,7 +78,11 @@ static const struct opt options[] = {
 	{ "engine", 'e', OPT_CHOICE, &g.engine, .choices = engine_names, .arg = "NAME",
 	  .help = "IO engine" },
 	{ "threads", 't', OPT_UINT, &g.threads, 1, 256, .arg = "N", .help = "IO pool threads" },
-	{ "direct", 0, OPT_FLAG, &g.direct, .help = "open files and devices with O_DIRECT" },
+	{ "direct", 0, OPT_FLAG, &g.direct, .help = "open files with O_DIRECT (no page cache)" },
+	{ "buffered-bdev", 0, OPT_FLAG, &g.buffered_bdev,
+	  .help = "serve block devices through the page cache, announcing a write cache and FUA; "
+		  "without it they are opened with O_DIRECT and announced with the write cache "
+		  "and FUA the device has, as the kernel's rnbd-server does" },
 	{ "inline-writes", 0, OPT_FLAG, &g.inline_writes,
 	  .help = "write buffered files at once on the receiving thread where the file system "
 		  "cannot write with RWF_NOWAIT (ext4)" },
@@ -556,6 +564,38 @@ static void reload_keys(void)
 			"authentications fail until it is fixed", g.auth_keys, strerror(-rc));
 }
 
+/*
+ * Waits until the server listens, taking signals meanwhile: its port, or
+ * a negative errno: -EINTR after SIGINT or SIGTERM (*sig says which), or
+ * why it could not listen once --listen-timeout has passed.
+ */
+static int wait_listening(const sigset_t *set, int *sig)
+{
+	const struct timespec now = { 0 };
+	uint64_t t0 = now_ms(), next_note = t0 + 60000;
+	int rc;
+
+	for (;;) {
+		rc = rnbd_srv_port(srv, 50);
+		if (rc >= 0)
+			return rc;
+		*sig = sigtimedwait(set, NULL, &now);
+		if (*sig == SIGHUP)
+			reload_keys();
+		else if (*sig > 0)
+			return -EINTR;
+		if (g.listen_timeout && now_ms() - t0 >= g.listen_timeout * 1000)
+			return rc;
+		if (rc != -ETIMEDOUT && now_ms() >= next_note) {
+			dlog(DLOG_WARN, "still not listening on %s:%" PRIu64 " after %" PRIu64 " s: %s; "
+			     "retrying %s", g.addr ? g.addr : "0.0.0.0", g.port,
+			     (now_ms() - t0) / 1000, strerror(-rc),
+			     g.listen_timeout ? "until --listen-timeout" : "for ever (--listen-timeout 0)");
+			next_note += 60000;
+		}
+	}
+}
+
 /* "a:1,b:2" from the repeated --mem-device values. */
 static char *join_mem(void)
 {
@@ -573,6 +613,38 @@ static char *join_mem(void)
 	return s;
 }
 
+/*
+ * The options that can be checked alone, before anything starts: a mistake
+ * here is a usage error (exit 2), said with the option. What only librnbd
+ * can check (memory devices, the key file's lines, queue depth with chunk
+ * size) it refuses with -EINVAL (-ENOKEY for a key file without a host),
+ * also before anything listens.
+ */
+static int check_options(void)
+{
+	struct stat st;
+	char why[256];
+
+	if (!is_pow2(g.chunk_size)) {
+		fprintf(stderr, "rnbd-server: --chunk-size %" PRIu64 ": not a power of two\n",
+			g.chunk_size);
+		return -EINVAL;
+	}
+	if (g.metrics && metrics_addr_check(g.metrics, why, sizeof(why))) {
+		fprintf(stderr, "rnbd-server: --metrics %s\n", why);
+		return -EINVAL;
+	}
+	if (g.auth_keys && stat(g.auth_keys, &st)) {
+		fprintf(stderr, "rnbd-server: --auth-keys %s: %s\n", g.auth_keys, strerror(errno));
+		return -EINVAL;
+	}
+	if (g.auth_keys && !S_ISREG(st.st_mode)) {
+		fprintf(stderr, "rnbd-server: --auth-keys %s: not a regular file\n", g.auth_keys);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct rnbd_srv_opts o;
@@ -580,6 +652,21 @@ int main(int argc, char **argv)
 	char *mem = NULL;
 	int pos, rc, sig, port;
 
+	/*
+	 * Signals first: blocked here, so that every thread made later blocks
+	 * them too, and taken by sigwait or wait_listening. SIGINT and SIGTERM
+	 * get their default action back: libinfinipath (which libfabric loads
+	 * for its psm provider) installs a handler for them in its constructor
+	 * that exits 1 without a word; the unit sets IPATH_NO_BACKTRACE=1,
+	 * which keeps it from doing so before main runs.
+	 */
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGINT, SIG_DFL);
+	signal(SIGTERM, SIG_DFL);
 	rc = opts_parse(options, "rnbd-server", "[options]", argc, argv, &pos);
 	if (rc)
 		return rc > 0 ? 0 : 2;
@@ -591,7 +678,7 @@ int main(int argc, char **argv)
 	log_level = opts_log_level("rnbd-server", g.log_level ? "--log-level" : "--quiet",
 				   g.log_level ? g.log_level : g.quiet ? "error" : NULL,
 				   getenv("RTRS_LOG_LEVEL"), DLOG_INFO);
-	if (log_level < 0)
+	if (log_level < 0 || check_options())
 		return 2;
 	dlog_init("rnbd-server", log_level, g.syslog);
 	rnbd_set_log_level(log_level);
@@ -620,20 +707,13 @@ int main(int argc, char **argv)
 	o.engine = engine_names[g.engine];
 	o.engine_threads = (unsigned)g.threads;
 	o.direct = g.direct;
+	o.buffered_bdev = g.buffered_bdev;
 	o.inline_writes = g.inline_writes;
 
-	/*
-	 * Signals go to sigwait below, not to library threads. A control
-	 * client that leaves early must not kill the server with SIGPIPE.
-	 */
+	/* A control client that leaves early must not kill the server with SIGPIPE. */
 	signal(SIGPIPE, SIG_IGN);
-	sigemptyset(&set);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGHUP);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
 
-	/* The control socket first: a bad path fails before anyone connects. */
+	/* The control socket and metrics first: a bad path fails before anyone connects. */
 	if (g.control && (rc = rpc_server_start(g.control, "rnbd-server control", methods,
 					       sizeof(methods) / sizeof(methods[0]), NULL,
 					       &ctl))) {
@@ -643,30 +723,48 @@ int main(int argc, char **argv)
 		free(mem);
 		return 1;
 	}
+	if (g.metrics) {
+		char why[256];
+
+		/* Scrapes answer 500 until the server runs (live). */
+		rc = metrics_http_start(g.metrics, metrics_text, NULL, &mhttp, why, sizeof(why));
+		if (rc) {
+			fprintf(stderr, "rnbd-server: --metrics %s\n", why);
+			goto fail;
+		}
+	}
 	rc = rnbd_srv_open(&o, &srv);
 	if (rc) {
-		fprintf(stderr, "rnbd-server: cannot start: %s\n", strerror(-rc));
-		goto fail;
+		/* An option librnbd refused (it said which): a usage error, as above. */
+		bool usage = rc == -EINVAL || rc == -ENOKEY;
+
+		fprintf(stderr, "rnbd-server: cannot start: %s\n",
+			usage ? "the configuration was refused (the error above says why)" :
+			strerror(-rc));
+		metrics_http_stop(mhttp);
+		rpc_server_stop(ctl);
+		free(mem);
+		return usage ? 2 : 1;
 	}
-	port = rnbd_srv_port(srv, 30000);
+	port = wait_listening(&set, &sig);
+	if (port == -EINTR) {
+		dlog(DLOG_INFO, "%s before listening, stopping", strsignal(sig));
+		metrics_http_stop(mhttp);
+		rpc_server_stop(ctl);
+		rnbd_srv_close(srv);
+		free(mem);
+		return 0;
+	}
 	if (port < 0) {
-		fprintf(stderr, "rnbd-server: not listening: %s\n", strerror(-port));
+		fprintf(stderr, "rnbd-server: not listening on %s:%" PRIu64 " after %" PRIu64 " s "
+			"(--listen-timeout): %s\n", g.addr ? g.addr : "0.0.0.0", g.port,
+			g.listen_timeout, strerror(-port));
 		rnbd_srv_close(srv);
 		goto fail;
 	}
 	atomic_store(&live, srv);
-	if (g.metrics) {
-		char why[256];
-
-		rc = metrics_http_start(g.metrics, metrics_text, NULL, &mhttp, why, sizeof(why));
-		if (rc) {
-			fprintf(stderr, "rnbd-server: --metrics %s\n", why);
-			atomic_store(&live, NULL);
-			rnbd_srv_close(srv);
-			goto fail;
-		}
+	if (mhttp)
 		printf("rnbd-server metrics on port %u\n", metrics_http_port(mhttp));
-	}
 	printf("rnbd-server listening on port %d\n", port);
 	fflush(stdout);
 	for (;;) {
@@ -684,6 +782,7 @@ int main(int argc, char **argv)
 	free(mem);
 	return 0;
 fail:
+	metrics_http_stop(mhttp);
 	rpc_server_stop(ctl);
 	free(mem);
 	return 1;

@@ -38,6 +38,8 @@ struct rnbd_srv_opts {
 	 * absolute path; it may hold %SESSNAME%, replaced by the session's
 	 * name. Names with "." or ".." components, and symlinks leading out,
 	 * are refused; so is anything but a regular file or a block device.
+	 * Its fixed part (up to the component holding %SESSNAME%) must be a
+	 * directory when the server opens (else -EINVAL, the cause logged).
 	 * Default NULL: no file or block device is exported, and OPEN of a
 	 * name that is not a memory device fails with -ENOENT.
 	 */
@@ -45,14 +47,16 @@ struct rnbd_srv_opts {
 	/*
 	 * Memory devices, for benchmarks: "name:size[,name:size...]" (size
 	 * with K/M/G). A client opening one of these names gets that memory
-	 * instead of a file; all sessions share it. With neither these nor a
-	 * search path there is nothing to export: rnbd_srv_open refuses
+	 * instead of a file; all sessions share it. Each is a multiple of
+	 * 4 KiB, and together they fit in the machine's RAM and swap (they are
+	 * allocated as they are written): else -EINVAL. With neither these
+	 * nor a search path there is nothing to export: rnbd_srv_open refuses
 	 * (-EINVAL).
 	 */
 	const char *mem_devices;
 	const char *engine;         /* "auto" (io_uring, else threads), "io_uring", "threads" */
 	unsigned engine_threads;    /* pool threads (default 4) */
-	int direct;                 /* open files and devices with O_DIRECT */
+	int direct;                 /* open files with O_DIRECT (block devices: buffered_bdev) */
 	/*
 	 * A buffered file whose file system cannot write with RWF_NOWAIT
 	 * (ext4): its plain writes are done at once on the thread that
@@ -62,12 +66,25 @@ struct rnbd_srv_opts {
 	 * Default 1.
 	 */
 	int inline_writes;
+	/*
+	 * Block devices are served as the kernel's rnbd-server serves them:
+	 * opened with O_DIRECT, announced with the write cache and FUA their
+	 * own queue has (sysfs queue/write_cache, queue/fua), so a client
+	 * flushes only where a flush means something. buffered_bdev 1 serves
+	 * them through the page cache instead, announcing a write cache and
+	 * FUA (flush and FUA then cost an fdatasync). Default 0.
+	 */
+	int buffered_bdev;
 };
 
 int rnbd_srv_opts_init(struct rnbd_srv_opts *opts, size_t size);
-/* Starts serving; listening starts on the transport's service thread. */
+/*
+ * Starts serving; listening starts on the transport's service thread.
+ * -EINVAL (or -ENOKEY: a key file that lists no host) when an option is
+ * refused, the option and the cause logged; otherwise a negative errno.
+ */
 int rnbd_srv_open(const struct rnbd_srv_opts *opts, struct rnbd_srv **out);
-/* Waits until listening (-ETIMEDOUT), then the port. */
+/* Waits until listening, then the port; not listening, rtrs_srv_wait_listening's error. */
 int rnbd_srv_port(struct rnbd_srv *srv, unsigned timeout_ms);
 /*
  * Closes a device a session has open, from the server side: later IO on it

@@ -486,7 +486,8 @@ struct rtrs_srv_opts {
 	 * learns any chunk address or key. The file lists
 	 * "<host name> <host secret> [<ctrl secret>]" per line and is read
 	 * at every authentication, so a changed key applies to the next
-	 * connect. It must be a regular file; it is read on a thread of its
+	 * connect. It must be a regular file, and list a host when the server
+	 * opens (-ENOKEY: it would refuse every one); it is read on a thread of its
 	 * own, and an authentication that waits more than 1 s for it fails
 	 * (the host may retry). A client that speaks only the Linux kernel's
 	 * RTRS cannot authenticate and is refused (-EACCES).
@@ -602,13 +603,18 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *op
 
 /*
  * Reads the authentication key file again and checks every line (on
- * SIGHUP, say): 0, or the error, logged with file and line. Keys are read
- * at every authentication anyway; this tells at once that a change parses.
- * -ENOENT when the server has no key file.
+ * SIGHUP, say): 0, or the error, logged with file and line (-ENOKEY: it
+ * lists no host). Keys are read at every authentication anyway; this tells
+ * at once that a change parses. -ENOENT when the server has no key file.
  */
 int rtrs_srv_check_keys(struct rtrs_srv_ctx *ctx);
 
-/* Waits until the server listens; returns 0, or -ETIMEDOUT. */
+/*
+ * Waits until the server listens: 0. Not listening after timeout_ms (0:
+ * look only), the error its last attempt to listen met (-EADDRINUSE,
+ * -EADDRNOTAVAIL, ...; it keeps retrying every listen_retry_ms), or
+ * -ETIMEDOUT while no attempt has failed yet.
+ */
 int rtrs_srv_wait_listening(struct rtrs_srv_ctx *ctx, unsigned timeout_ms);
 /* The port the server listens on (after rtrs_srv_wait_listening). */
 int rtrs_srv_get_port(struct rtrs_srv_ctx *ctx);

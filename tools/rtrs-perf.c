@@ -285,45 +285,101 @@ static void io_conf(void *priv, int err)
 	}
 }
 
+/* An --event, checked before the run starts. */
+struct perf_event {
+	uint64_t ms;                /* into the run */
+	const char *action;         /* "remove", "cut", "add" */
+	const char *arg;            /* as given */
+	unsigned idx;               /* remove, cut: the path */
+	struct rtrs_addr addr;      /* add */
+	bool done;
+};
+
+static struct perf_event *events;
+
+/*
+ * The --event entries, each "SEC:ACTION:ARG": SEC within the run, ACTION
+ * remove or cut with a path index, or add with an address. 0, or -EINVAL
+ * after saying which entry and why (before anything starts).
+ */
+static int events_parse(void)
+{
+	events = calloc(g.events.n + 1, sizeof(*events));
+	if (!events) {
+		fprintf(stderr, "rtrs-perf: out of memory\n");
+		return -ENOMEM;
+	}
+	for (unsigned i = 0; i < g.events.n; i++) {
+		struct perf_event *e = &events[i];
+		const char *spec = g.events.items[i], *c1, *c2;
+		char action[16], why[256];
+		uint64_t idx;
+		double sec;
+		char *end;
+
+		c1 = strchr(spec, ':');
+		c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+		if (!c2 || c1 == spec || c2 == c1 + 1 || !c2[1]) {
+			fprintf(stderr, "rtrs-perf: --event %s: expected SEC:ACTION:ARG\n", spec);
+			return -EINVAL;
+		}
+		errno = 0;
+		sec = strtod(spec, &end);
+		if (end != c1 || errno || !(sec >= 0) || sec >= (double)g.duration) {
+			fprintf(stderr, "rtrs-perf: --event %s: SEC must be a number of seconds, at least "
+				"0 and less than the run's --duration %" PRIu64 "\n", spec, g.duration);
+			return -EINVAL;
+		}
+		e->ms = (uint64_t)(sec * 1000);
+		e->arg = c2 + 1;
+		snprintf(action, sizeof(action), "%.*s", (int)(c2 - c1 - 1), c1 + 1);
+		if (!strcmp(action, "remove") || !strcmp(action, "cut")) {
+			e->action = action[0] == 'r' ? "remove" : "cut";
+			if (parse_u64(e->arg, 0, RTRS_PERF_MAX_PATHS - 1, &idx)) {
+				fprintf(stderr, "rtrs-perf: --event %s: %s takes a path index in 0..%d\n",
+					spec, e->action, RTRS_PERF_MAX_PATHS - 1);
+				return -EINVAL;
+			}
+			e->idx = (unsigned)idx;
+		} else if (!strcmp(action, "add")) {
+			e->action = "add";
+			e->addr.size = sizeof(e->addr);
+			if (rtrs_addr_parse(e->arg, 0, &e->addr, why, sizeof(why))) {
+				fprintf(stderr, "rtrs-perf: --event %s: %s\n", spec, why);
+				return -EINVAL;
+			}
+		} else {
+			fprintf(stderr, "rtrs-perf: --event %s: unknown action \"%.*s\" (remove, cut or "
+				"add)\n", spec, (int)(c2 - c1 - 1), c1 + 1);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
 /* Applies the --event entries due by ms into the run; marks them done. */
-static void run_events(struct rtrs_clt_sess *sess, uint64_t ms, bool *done)
+static void run_events(struct rtrs_clt_sess *sess, uint64_t ms)
 {
 	for (unsigned i = 0; i < g.events.n; i++) {
-		char action[16] = "", arg[300] = "";
-		double sec;
+		struct perf_event *e = &events[i];
 		int rc = -EINVAL;
 
-		if (done[i])
+		if (e->done || ms < e->ms)
 			continue;
-		if (sscanf(g.events.items[i], "%lf:%15[a-z]:%299s", &sec, action, arg) != 3) {
-			fprintf(stderr, "rtrs-perf: --event %s: expected SEC:ACTION:ARG\n",
-				g.events.items[i]);
-			done[i] = true;
-			continue;
-		}
-		if (ms < (uint64_t)(sec * 1000))
-			continue;
-		done[i] = true;
-		if (!strcmp(action, "remove")) {
-			rc = rtrs_clt_remove_path(sess, (unsigned)atoi(arg));
-		} else if (!strcmp(action, "cut")) {
-			rc = rtrs_clt_reconnect_path(sess, (unsigned)atoi(arg));
-		} else if (!strcmp(action, "add")) {
-			struct rtrs_addr a = { .size = sizeof(a) };
+		e->done = true;
+		if (e->action[0] == 'r') {
+			rc = rtrs_clt_remove_path(sess, e->idx);
+		} else if (e->action[0] == 'c') {
+			rc = rtrs_clt_reconnect_path(sess, e->idx);
+		} else {
 			struct rtrs_path_addr pa;
-			char why[256];
 			unsigned idx;
 
-			if (rtrs_addr_parse(arg, 0, &a, why, sizeof(why))) {
-				fprintf(stderr, "rtrs-perf: at %.1f s: add %s: %s\n", (double)ms / 1000,
-					arg, why);
-				continue;
-			}
-			rtrs_addr_path(&a, &pa);
+			rtrs_addr_path(&e->addr, &pa);
 			rc = rtrs_clt_add_path(sess, &pa, &idx);
 		}
-		fprintf(stderr, "rtrs-perf: at %.1f s: %s %s: %s\n", (double)ms / 1000, action,
-			arg, rc ? strerror(-rc) : "done");
+		fprintf(stderr, "rtrs-perf: at %.1f s: %s %s: %s\n", (double)ms / 1000, e->action,
+			e->arg, rc ? strerror(-rc) : "done");
 	}
 }
 
@@ -394,13 +450,10 @@ static int run_client(void)
 			break;
 		}
 	}
-	bool *ev_done = calloc(g.events.n + 1, sizeof(*ev_done));
-
 	for (uint64_t ms = 0; ms < g.duration * 1000 && !atomic_load(&stopping); ms += 10) {
 		usleep(10000);
-		run_events(sess, (now_ns() - t0) / 1000000, ev_done);
+		run_events(sess, (now_ns() - t0) / 1000000);
 	}
-	free(ev_done);
 	atomic_store(&stopping, true);
 	pthread_mutex_lock(&done_lock);
 	while (atomic_load(&active))
@@ -526,5 +579,13 @@ int main(int argc, char **argv)
 	if (cfg.log_level < 0)
 		return 2;
 	rtrs_set_log_level(cfg.log_level);
-	return strcmp(argv[1], "server") ? run_client() : run_server();
+	if (g.events.n && !strcmp(argv[1], "server")) {
+		fprintf(stderr, "rtrs-perf: --event is the client's (see --help)\n");
+		return 2;
+	}
+	if (events_parse())
+		return 2;
+	rc = strcmp(argv[1], "server") ? run_client() : run_server();
+	free(events);
+	return rc;
 }

@@ -291,7 +291,7 @@ static int set_opt(const struct opt *o, const char *arg, char *err, size_t errle
 static int getopt_tables(const struct opt *t, unsigned n, struct option **lo_out, char **so_out)
 {
 	struct option *lo = calloc(2 * n + 3, sizeof(*lo));
-	char *so = calloc(2 * n + 3, 1);
+	char *so = calloc(2 * n + 4, 1);
 	char *sp = so;
 	unsigned k = 0;
 
@@ -301,6 +301,7 @@ static int getopt_tables(const struct opt *t, unsigned n, struct option **lo_out
 		return -ENOMEM;
 	}
 	*sp++ = '+';
+	*sp++ = ':'; /* a missing argument comes back as ':', told apart from an unknown option */
 	*sp++ = 'h';
 	for (unsigned i = 0; i < n; i++) {
 		lo[k++] = (struct option){ t[i].name,
@@ -404,6 +405,35 @@ static int read_config_option(const struct opt *t, unsigned n, const char *prog,
 	return opts_parse_file(t, prog, path);
 }
 
+/*
+ * What getopt_long refused (c is ':' or '?'), said: an option without its
+ * argument, one given an argument it takes none of, an unknown or
+ * ambiguous one. optopt is the short option's letter, the long option's
+ * value, or 0 for a long option getopt could not name.
+ */
+static void bad_option(const struct opt *t, unsigned n, const char *prog, int c, int argc,
+		       char **argv)
+{
+	const char *arg = optind > 0 && optind <= argc ? argv[optind - 1] : "";
+	const struct opt *o;
+	bool neg;
+
+	o = optopt > 0 ? opt_of(t, n, optopt, &neg) : NULL;
+	if (c == ':' && o && optopt < OPT_VAL)
+		fprintf(stderr, "%s: option -%c needs an argument (see --help)\n", prog, optopt);
+	else if (c == ':' && o)
+		fprintf(stderr, "%s: option --%s needs an argument (see --help)\n", prog, o->name);
+	else if (o && optopt >= OPT_VAL)
+		fprintf(stderr, "%s: option --%s%s takes no argument (%s)\n", prog,
+			neg ? "no-" : "", o->name, arg);
+	else if (optopt == VERSION_VAL || optopt == 'h')
+		fprintf(stderr, "%s: %s takes no argument\n", prog, arg);
+	else if (optopt > 0 && optopt < OPT_VAL)
+		fprintf(stderr, "%s: unknown option -%c (see --help)\n", prog, optopt);
+	else
+		fprintf(stderr, "%s: %s: unknown or ambiguous option (see --help)\n", prog, arg);
+}
+
 int opts_parse(const struct opt *t, const char *prog, const char *usage, int argc,
 	       char **argv, int *first_pos)
 {
@@ -450,12 +480,7 @@ int opts_parse(const struct opt *t, const char *prog, const char *usage, int arg
 		}
 		o = opt_of(t, n, c, &neg);
 		if (!o) {
-			if (optopt >= OPT_VAL || (optopt == 0 && optind > 0))
-				fprintf(stderr, "%s: %s: unknown, ambiguous or missing its argument "
-					"(see --help)\n", prog, argv[optind - 1]);
-			else
-				fprintf(stderr, "%s: -%c: unknown option or missing argument (see --help)\n",
-					prog, optopt);
+			bad_option(t, n, prog, c, argc, argv);
 			rc = -EINVAL;
 			break;
 		}
@@ -671,10 +696,17 @@ int opts_parse_text(const struct opt *t, const char *name, char *text, size_t le
 	return rc;
 }
 
+static const char *file_type(mode_t m)
+{
+	return S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device" :
+	       S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a file";
+}
+
 /* The whole file, NUL-terminated; 0 or a negative errno with why in err. */
 static int read_config(const char *path, char **out, size_t *outlen, char *err, size_t errlen)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	/* Non-blocking: opening a FIFO (or a device) must not wait for its other end. */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 	size_t len = 0, cap = 4096;
 	struct stat st;
 	char *buf = NULL;
@@ -690,7 +722,12 @@ static int read_config(const char *path, char **out, size_t *outlen, char *err, 
 		rc = opts_errorf(err, errlen, -EISDIR, "%s: is a directory, not a config file", path);
 		goto out;
 	}
-	if (S_ISREG(st.st_mode) && st.st_size > CONFIG_MAX) {
+	if (!S_ISREG(st.st_mode)) {
+		rc = opts_errorf(err, errlen, -EINVAL, "%s: not a regular file (%s), not a config "
+			       "file", path, file_type(st.st_mode));
+		goto out;
+	}
+	if (st.st_size > CONFIG_MAX) {
 		rc = opts_errorf(err, errlen, -EFBIG, "%s: larger than %u bytes: not a config file",
 			       path, CONFIG_MAX);
 		goto out;

@@ -60,7 +60,8 @@ struct opt {
  * that file is read first (opts_parse_file), so the command line wins.
  * Positional arguments are left in argv[*first_pos .. argc). Returns 0, 1
  * when --help or --version was printed, or a negative errno after printing a clear
- * error.
+ * error (an option given without its argument: "option -p needs an argument",
+ * told apart from an unknown or ambiguous option).
  */
 int opts_parse(const struct opt *table, const char *prog, const char *usage, int argc,
 	       char **argv, int *first_pos);
@@ -103,7 +104,9 @@ bool opts_version_arg(int argc, char **argv, const char *prog);
  *   - an option other than OPT_LIST (or OPT_CUSTOM with repeat) given
  *     twice, an unknown name, a missing or extra value, a control
  *     character, a NUL byte, a config option (files do not nest), a
- *     directory, an unreadable file, or one larger than 1 MiB is an error.
+ *     directory or anything else that is not a regular file (a FIFO is
+ *     opened without waiting for a writer, and refused), an unreadable
+ *     file, or one larger than 1 MiB is an error.
  *
  * Values are kept for the life of the process. Returns 0, or a negative
  * errno after printing "prog: FILE:LINE: why" (or "prog: FILE: why").

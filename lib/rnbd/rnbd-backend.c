@@ -448,22 +448,42 @@ static struct rnbd_store *store_new(void)
 	return s;
 }
 
-/* A block device's queue attribute from sysfs, or dflt. */
-static uint64_t queue_attr(dev_t rdev, const char *name, uint64_t dflt)
+/*
+ * A block device's queue attribute from sysfs, its first line into buf
+ * without the newline: false when it cannot be read. A partition has no
+ * queue of its own: its disk's (the directory above) is read.
+ */
+static bool queue_str(dev_t rdev, const char *name, char *buf, int len)
 {
 	char path[128];
-	unsigned long long v;
 	FILE *f;
+	bool ok;
 
 	snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/queue/%s", major(rdev), minor(rdev),
 		 name);
 	f = fopen(path, "r");
+	if (!f) {
+		snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/../queue/%s", major(rdev),
+			 minor(rdev), name);
+		f = fopen(path, "r");
+	}
 	if (!f)
-		return dflt;
-	if (fscanf(f, "%llu", &v) != 1)
-		v = dflt;
+		return false;
+	ok = fgets(buf, len, f) != NULL;
 	fclose(f);
-	return v;
+	if (ok)
+		buf[strcspn(buf, "\n")] = '\0';
+	return ok;
+}
+
+/* A block device's numeric queue attribute, or dflt. */
+static uint64_t queue_attr(dev_t rdev, const char *name, uint64_t dflt)
+{
+	char buf[32];
+	uint64_t v;
+
+	return queue_str(rdev, name, buf, sizeof(buf)) && !parse_u64(buf, 0, UINT64_MAX, &v) ?
+	       v : dflt;
 }
 
 int rnbd_store_fd(struct rnbd_engine *e, int fd, bool direct, struct rnbd_store **out)
@@ -506,7 +526,16 @@ int rnbd_store_fd(struct rnbd_engine *e, int fd, bool direct, struct rnbd_store 
 		in->discard = queue_attr(st.st_rdev, "discard_max_bytes", 0) > 0;
 		in->write_zeroes = true; /* BLKZEROOUT writes zeros where the device cannot */
 		in->secure_erase = false;
-		in->write_cache = true;
+		/*
+		 * Direct: the device's own write cache ("write back" or "write
+		 * through") and FUA; through the page cache, both. What cannot
+		 * be read counts as there: a flush too many costs little.
+		 */
+		char wc[32];
+
+		in->write_cache = !direct || !queue_str(st.st_rdev, "write_cache", wc, sizeof(wc)) ||
+				  strcmp(wc, "write through") != 0;
+		in->fua = !direct || queue_attr(st.st_rdev, "fua", 1) != 0;
 	} else if (S_ISREG(st.st_mode)) {
 		in->size = (uint64_t)st.st_size;
 		in->logical_block_size = direct ? 4096 : 512;
@@ -514,10 +543,12 @@ int rnbd_store_fd(struct rnbd_engine *e, int fd, bool direct, struct rnbd_store 
 		in->discard = true;
 		in->write_zeroes = true;
 		in->write_cache = true;
+		in->fua = true;
 	} else {
 		rc = -ENOTBLK;
 		goto fail;
 	}
+	in->direct = direct;
 	in->size -= in->size % in->logical_block_size;
 	atomic_init(&s->nowait[0], !direct); /* the page cache is there to hit */
 	atomic_init(&s->nowait[1], !direct);

@@ -54,8 +54,16 @@ struct rnbd_store_info {
 	bool secure_erase;            /* advertised for memory; block devices are tried on
 					 request (BLKSECDISCARD) but not advertised */
 	bool write_zeroes;
-	bool write_cache;             /* flush means something (reported for files and every
-					 block device: fdatasync is cheap where there is none) */
+	/*
+	 * A write cache (flush means something) and FUA, as the server
+	 * announces them: files and block devices served through the page
+	 * cache have both; a block device opened with O_DIRECT has what its
+	 * queue has (sysfs queue/write_cache and queue/fua; both when those
+	 * cannot be read), as the kernel's rnbd-server announces it.
+	 */
+	bool write_cache;
+	bool fua;
+	bool direct;                  /* opened with O_DIRECT */
 	dev_t dev;                    /* identity of the backing object, for the sharing rule */
 	ino_t ino;
 };

@@ -33,6 +33,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -40,6 +41,7 @@
 #include <string.h>
 #include <sys/queue.h>
 #include <sys/stat.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -344,12 +346,42 @@ static struct mem_dev *mem_find(struct rnbd_srv *srv, const char *name)
 	return NULL;
 }
 
+/*
+ * O_DIRECT on an opened file or block device where the server's options
+ * want it: a block device unless buffered_bdev, a file with direct. Closes
+ * fd on failure.
+ */
+static int dev_set_direct(struct rnbd_srv *srv, int fd, bool *direct, const char **why)
+{
+	struct stat st;
+	int fl;
+
+	if (fstat(fd, &st)) {
+		*why = "cannot stat it";
+		goto fail;
+	}
+	*direct = S_ISBLK(st.st_mode) ? !srv->o.buffered_bdev : srv->o.direct;
+	if (!*direct)
+		return 0;
+	fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_DIRECT)) {
+		*why = "cannot open it with O_DIRECT";
+		goto fail;
+	}
+	return 0;
+fail:
+	fl = -errno;
+	close(fd);
+	return fl;
+}
+
 /* Opens the backing store of a new device of sess. */
 static int dev_open_store(struct rnbd_sess *sess, struct sess_dev *sd, const char **why)
 {
 	struct rnbd_srv *srv = sess->srv;
 	struct mem_dev *m = mem_find(srv, sd->name);
 	char root[4096];
+	bool direct;
 	dev_t dev;
 	ino_t ino;
 	int fd, rc;
@@ -366,11 +398,13 @@ static int dev_open_store(struct rnbd_sess *sess, struct sess_dev *sd, const cha
 		if (rc)
 			return rc;
 		rc = rnbd_dev_open(root, sd->name,
-				   (sd->mode == RNBD_ACCESS_RO ? O_RDONLY : O_RDWR) |
-				   (srv->o.direct ? O_DIRECT : 0), &fd, why);
+				   sd->mode == RNBD_ACCESS_RO ? O_RDONLY : O_RDWR, &fd, why);
 		if (rc)
 			return rc;
-		rc = rnbd_store_fd(srv->engine, fd, srv->o.direct, &sd->store);
+		rc = dev_set_direct(srv, fd, &direct, why);
+		if (rc)
+			return rc;
+		rc = rnbd_store_fd(srv->engine, fd, direct, &sd->store);
 		if (rc) {
 			*why = "not a file or block device";
 			return rc;
@@ -413,7 +447,7 @@ static void open_rsp_fill(struct rnbd_msg_open_rsp *m, const struct sess_dev *sd
 		 */
 		.max_segments = 128,
 		.secure_discard = in->secure_erase,
-		.cache_policy = in->write_cache ? RNBD_WRITEBACK | RNBD_FUA : 0,
+		.cache_policy = (in->write_cache ? RNBD_WRITEBACK : 0) | (in->fua ? RNBD_FUA : 0),
 	};
 
 	r.max_hw_sectors -= r.max_hw_sectors % (lbs >> RNBD_SECTOR_SHIFT);
@@ -502,9 +536,12 @@ static int open_locked(struct rnbd_sess *sess, const struct rnbd_open *req, void
 	sess->devs[id] = sd;
 	open_rsp_fill(data, sd);
 	pthread_mutex_unlock(&sess->lock);
-	log_info("rnbd: %s: opened %s (%s) as device %u, %llu bytes", sess->name, sd->name,
-		 rnbd_access_mode_name(sd->mode), id,
-		 (unsigned long long)rnbd_store_info(sd->store)->size);
+	const struct rnbd_store_info *in = rnbd_store_info(sd->store);
+
+	log_info("rnbd: %s: opened %s (%s) as device %u, %llu bytes%s%s, %s, %s", sess->name,
+		 sd->name, rnbd_access_mode_name(sd->mode), id, (unsigned long long)in->size,
+		 in->block_device ? ", block device" : "", in->direct ? ", O_DIRECT" : "",
+		 in->write_cache ? "write cache" : "no write cache", in->fua ? "FUA" : "no FUA");
 	return 0;
 }
 
@@ -801,9 +838,27 @@ int rnbd_srv_opts_init(struct rnbd_srv_opts *o, size_t size)
 }
 
 /* "name:size[,name:size...]" -> memory stores. */
+/*
+ * What memory devices may hold in all: the machine's RAM and swap. Their
+ * memory is anonymous and mapped without a reservation, taken as it is
+ * written; more than this can never be written whole (the OOM killer
+ * ends the server first), so it is refused at start.
+ */
+static uint64_t mem_devices_room(uint64_t *ram, uint64_t *swap)
+{
+	struct sysinfo si;
+
+	if (sysinfo(&si))
+		return UINT64_MAX; /* not known: nothing refused */
+	*ram = (uint64_t)si.totalram * si.mem_unit;
+	*swap = (uint64_t)si.totalswap * si.mem_unit;
+	return *ram + *swap;
+}
+
 static int mem_devices_parse(struct rnbd_srv *srv, const char *spec)
 {
 	char buf[4096], *save = NULL, *item;
+	uint64_t total = 0, ram = 0, swap = 0, room = mem_devices_room(&ram, &swap);
 	int rc;
 
 	if (snprintf(buf, sizeof(buf), "%s", spec) >= (int)sizeof(buf))
@@ -824,9 +879,28 @@ static int mem_devices_parse(struct rnbd_srv *srv, const char *spec)
 			return -EINVAL;
 		}
 		rc = parse_size(colon + 1, 4096, UINT64_MAX >> 1, &size);
-		if (rc || size % 4096) {
-			log_err("rnbd: memory device %s: bad size \"%s\" (multiples of 4 KiB)", item,
+		if (rc == -ERANGE && parse_size(colon + 1, 0, UINT64_MAX, &size) == 0 && size < 4096) {
+			log_err("rnbd: memory device %s: size %s is less than 4 KiB", item, colon + 1);
+			return -EINVAL;
+		}
+		if (rc) {
+			log_err("rnbd: memory device %s: size \"%s\": %s", item, colon + 1,
+				rc == -ERANGE ? "too large" :
+				"expected a number of bytes, with K, M, G or T (KiB, MiB, GiB, TiB)");
+			return -EINVAL;
+		}
+		if (size % 4096) {
+			log_err("rnbd: memory device %s: size %s is not a multiple of 4 KiB", item,
 				colon + 1);
+			return -EINVAL;
+		}
+		total += size;
+		if (total > room) {
+			log_err("rnbd: memory device %s: %s%s is more than this machine's memory "
+				"(%" PRIu64 " MiB RAM + %" PRIu64 " MiB swap): memory devices are "
+				"allocated as they are written, and could never be written whole",
+				item, colon + 1, srv->nmem ? " with the memory devices before it" : "",
+				ram >> 20, swap >> 20);
 			return -EINVAL;
 		}
 		rnbd_dev_name_normalize(item);
@@ -839,7 +913,9 @@ static int mem_devices_parse(struct rnbd_srv *srv, const char *spec)
 		snprintf(m->name, sizeof(m->name), "%s", item);
 		rc = rnbd_store_memory(size, &m->store);
 		if (rc) {
-			log_err("rnbd: memory device %s: %s", item, strerror(-rc));
+			/* With vm.overcommit_memory 2 the mapping is charged whole, at once. */
+			log_err("rnbd: memory device %s: cannot map %s: %s", item, colon + 1,
+				strerror(-rc));
 			return rc;
 		}
 		srv->nmem++;
@@ -872,6 +948,37 @@ static void srv_free(struct rnbd_srv *srv)
 	free(srv);
 }
 
+/*
+ * The search path's fixed part, up to the component that holds
+ * %SESSNAME%, must be a directory at start: a mistyped path would
+ * otherwise serve nothing, each client told ENOENT. -EINVAL, the cause
+ * logged.
+ */
+static int search_path_check(const char *search)
+{
+	const char *tok = strstr(search, RNBD_SESSNAME_TOKEN);
+	size_t n = strlen(search);
+	char dir[4096];
+	struct stat st;
+
+	if (tok) {
+		n = (size_t)(tok - search);
+		while (n > 1 && search[n - 1] != '/')
+			n--;
+		n -= n > 1; /* "/srv", not "/srv/" */
+	}
+	snprintf(dir, sizeof(dir), "%.*s", (int)n, search);
+	const char *why = stat(dir, &st) ? strerror(errno) :
+			  !S_ISDIR(st.st_mode) ? "not a directory" : NULL;
+
+	if (why) {
+		log_err("rnbd: the device search path %s%s%s: %s", search, tok ? ": " : "",
+			tok ? dir : "", why);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 RNBD_EXPORT
 int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 {
@@ -902,6 +1009,8 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 			sizeof(srv->search) - 1);
 		return -ENAMETOOLONG;
 	}
+	if (o->dev_search_path && (rc = search_path_check(o->dev_search_path)))
+		return rc;
 	srv = calloc(1, sizeof(*srv));
 	if (!srv)
 		return -ENOMEM;
@@ -954,9 +1063,10 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 		return rc;
 	}
 	if (srv->search[0])
-		log_info("rnbd: serving files and block devices below %s (%s engine%s)",
-			 srv->search, rnbd_engine_name(srv->engine),
-			 o->direct ? ", O_DIRECT" : "");
+		log_info("rnbd: serving files and block devices below %s (%s engine; files %s, "
+			 "block devices %s)", srv->search, rnbd_engine_name(srv->engine),
+			 o->direct ? "O_DIRECT" : "buffered",
+			 o->buffered_bdev ? "buffered" : "O_DIRECT");
 	else
 		log_info("rnbd: serving memory devices only (no search path)");
 	if (!strcmp(srv->search, "/"))

@@ -479,6 +479,14 @@ static int listen_on(const struct sockaddr_storage *ss, socklen_t len)
 	return fd;
 }
 
+int metrics_addr_check(const char *addr, char *why, size_t whylen)
+{
+	struct sockaddr_storage ss;
+	socklen_t len;
+
+	return parse_addr(addr, &ss, &len, why, whylen);
+}
+
 int metrics_http_start(const char *addr, metrics_fn fn, void *priv, struct metrics_http **out,
 		       char *why, size_t whylen)
 {

@@ -82,6 +82,8 @@ typedef char *(*metrics_fn)(void *priv);
 #define METRICS_HTTP_IDLE_S 10
 int metrics_http_start(const char *addr, metrics_fn fn, void *priv, struct metrics_http **out,
 		       char *why, size_t whylen);
+/* addr checked as metrics_http_start takes it, nothing started: 0, or -EINVAL with why. */
+int metrics_addr_check(const char *addr, char *why, size_t whylen);
 /* The port it listens on. */
 unsigned metrics_http_port(struct metrics_http *h);
 void metrics_http_stop(struct metrics_http *h);

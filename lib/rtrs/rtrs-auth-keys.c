@@ -535,13 +535,13 @@ int rtrs_auth_keyfile_parse(const char *buf, size_t len, const char *host,
 
 	if (line)
 		*line = 0;
-	if (!host || !hkey)
-		REJECT(-EINVAL, "no host");
+	if (!hkey)
+		REJECT(-EINVAL, "no key to fill");
 	memset(hkey, 0, sizeof(*hkey));
 	if (ckey)
 		memset(ckey, 0, sizeof(*ckey));
-	host_len = strlen(host);
-	if (!host_len || host_len > RTRS_AUTH_NAME_MAX)
+	host_len = host ? strlen(host) : 0;
+	if (host && (!host_len || host_len > RTRS_AUTH_NAME_MAX))
 		REJECT(-EINVAL, "bad host name");
 	p = buf;
 	end = buf + len;
@@ -558,7 +558,8 @@ int rtrs_auth_keyfile_parse(const char *buf, size_t len, const char *host,
 		lineno++;
 		if (!n)
 			continue;
-		rc = keyfile_line(l, n, host, host_len, &match, &name, &name_len, &th, &tc, why);
+		rc = keyfile_line(l, n, host ? host : "", host_len, &match, &name, &name_len, &th,
+				  &tc, why);
 		if (!rc)
 			rc = names_add(&names, name, name_len, why);
 		if (rc)
@@ -573,7 +574,11 @@ int rtrs_auth_keyfile_parse(const char *buf, size_t len, const char *host,
 	rtrs_auth_wipe(&th, sizeof(th));
 	rtrs_auth_wipe(&tc, sizeof(tc));
 	free(names.v);
-	if (!rc && !found) {
+	if (!rc && !names.n) {
+		rc = host ? -ESRCH : -ENOKEY;
+		if (why)
+			*why = "the key file lists no host";
+	} else if (!rc && host && !found) {
 		rc = -ESRCH;
 		if (why)
 			*why = "host not in the key file";

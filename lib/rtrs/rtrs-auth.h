@@ -122,6 +122,8 @@ int rtrs_auth_key_load(const char *arg, struct rtrs_auth_key *out, const char **
  * Looks host up; -ESRCH when the file does not list it, -EINVAL (with
  * *line and *why set) for a malformed line, -errno when the file cannot
  * be read (-ENOENT: it does not exist). ctrl->len is 0 when the line has no controller secret.
+ * host NULL checks the file only: 0 when every line parses and it lists a
+ * host (hkey and ckey are left zeroed), -ENOKEY when it lists none.
  */
 int rtrs_auth_keyfile_lookup(const char *path, const char *host, struct rtrs_auth_key *hkey,
 			     struct rtrs_auth_key *ckey, unsigned *line, const char **why);

@@ -199,9 +199,10 @@ struct rtrs_srv_ctx {
 	 */
 	struct loop_timer trim_timer;
 	unsigned listen_failures;
-	pthread_mutex_t lock;       /* listening, port, nr_sessions for waiters */
+	pthread_mutex_t lock;       /* listening, listen_err, port, nr_sessions for waiters */
 	pthread_cond_t cond;
 	bool listening;
+	int listen_err;             /* why the last attempt to listen failed; 0 once listening */
 	bool closing;
 	int port;
 	struct rtrs_srv_sess *sessions;

@@ -44,6 +44,7 @@ static void srv_listen_timer(struct loop_timer *t)
 {
 	struct rtrs_srv_ctx *ctx = container_of(t, struct rtrs_srv_ctx, listen_timer);
 	char port[8];
+	bool say;
 	int rc;
 
 	if (ctx->lst) {
@@ -81,6 +82,7 @@ static void srv_listen_timer(struct loop_timer *t)
 	loop_timer_arm(&ctx->listen_timer, tick, tick);
 	pthread_mutex_lock(&ctx->lock);
 	ctx->listening = true;
+	ctx->listen_err = 0;
 	ctx->port = fab_lst_port(ctx->lst);
 	pthread_cond_broadcast(&ctx->cond);
 	pthread_mutex_unlock(&ctx->lock);
@@ -92,7 +94,12 @@ static void srv_listen_timer(struct loop_timer *t)
 	return;
 
 retry:
-	if (ctx->listen_failures++ == 0)
+	/* Kept for the waiters; said at the first failure and whenever the cause changes. */
+	pthread_mutex_lock(&ctx->lock);
+	say = ctx->listen_failures++ == 0 || rc != ctx->listen_err;
+	ctx->listen_err = rc;
+	pthread_mutex_unlock(&ctx->lock);
+	if (say)
 		log_warn("cannot listen on %s:%s with provider %s yet (%s); retrying every %u ms",
 			 ctx->addr, port, ctx->provider, strerror(-rc), ctx->opts.listen_retry_ms);
 	if (ctx->fab && !ctx->lst) {
@@ -159,7 +166,7 @@ static void srv_opts_defaults(struct rtrs_srv_opts *o)
 		o->max_chunk_mem = rtrs_default_max_chunk_mem();
 }
 
-/* The whole key file must parse; which host we look up does not matter. */
+/* The whole key file must parse and list a host (else every host is refused). */
 static int srv_check_keys(struct rtrs_srv_ctx *ctx)
 {
 	struct rtrs_auth_cfg *cfg = &ctx->auth_cfg;
@@ -168,12 +175,13 @@ static int srv_check_keys(struct rtrs_srv_ctx *ctx)
 	unsigned line = 0;
 	int rc;
 
-	rc = rtrs_keyfile_lookup(cfg->keyfile, "(validation)", &hk, &ck, &line, &why);
+	rc = rtrs_keyfile_lookup(cfg->keyfile, NULL, &hk, &ck, &line, &why);
 	rtrs_auth_wipe(&hk, sizeof(hk));
 	rtrs_auth_wipe(&ck, sizeof(ck));
-	if (rc == -ESRCH)
-		return 0;
-	if (rc && line)
+	if (rc == -ENOKEY)
+		log_err("server: authentication key file %s lists no host: every host would be "
+			"refused", cfg->keys_file);
+	else if (rc && line)
 		log_err("server: %s line %u: %s", cfg->keys_file, line, why ? why : "invalid");
 	else if (rc)
 		log_err("server: authentication key file %s: %s", cfg->keys_file,
@@ -306,7 +314,7 @@ int rtrs_srv_wait_listening(struct rtrs_srv_ctx *ctx, unsigned timeout_ms)
 	pthread_mutex_lock(&ctx->lock);
 	while (!ctx->listening && rc != ETIMEDOUT)
 		rc = pthread_cond_timedwait(&ctx->cond, &ctx->lock, &dl);
-	rc = ctx->listening ? 0 : -ETIMEDOUT;
+	rc = ctx->listening ? 0 : ctx->listen_err ? ctx->listen_err : -ETIMEDOUT;
 	pthread_mutex_unlock(&ctx->lock);
 	return rc;
 }

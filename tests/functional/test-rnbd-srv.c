@@ -273,7 +273,7 @@ static void test_defaults(void)
 		fprintf(stderr, "test-rnbd-srv: RNBD_SERVER not set, the daemon is not checked\n");
 		return;
 	}
-	/* The daemon with no search path and no memory device: exit 1, and why. */
+	/* The daemon with no search path and no memory device: refused options, exit 2, and why. */
 	snprintf(cmd, sizeof(cmd), "timeout 10 %s --addr %s --port 0 --provider %s 2>&1",
 		 daemon, test_addr(), test_provider());
 	f = popen(cmd, "r");
@@ -284,7 +284,7 @@ static void test_defaults(void)
 		n += strlen(out + n);
 	out[n] = '\0';
 	st = pclose(f);
-	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1, "rnbd-server status %d: %s", st, out);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 2, "rnbd-server status %d: %s", st, out);
 	CHECK(strstr(out, "nothing to export") && !strstr(out, "listening"), "%s", out);
 }
 

@@ -23,6 +23,28 @@
 #   log level RTRS_LOG_LEVEL is honoured (error: no info lines; debug:
 #            debug lines) unless --log-level or --quiet says otherwise; a
 #            bad value stops the server.
+#   checks   options are checked before anything starts (exit 2, the option
+#            or file and the cause, nothing listening, no control socket
+#            left): an option without its argument, a FIFO as the config
+#            file (at once, not blocked in open), a search path that is not
+#            a directory, a key file that lists no host, memory devices
+#            beyond the machine's RAM and swap, a size with an unknown unit,
+#            a bad --metrics address, a --chunk-size that is no power of two.
+#   block devices (root and losetup, else skipped, said): a loop device is
+#            opened with O_DIRECT and announced with the write cache and FUA
+#            its queue has in sysfs (write back: a write cache, no FUA;
+#            write through: neither), as the kernel's rnbd-server does;
+#            bytes written through the server are on the device (read with
+#            O_DIRECT); --buffered-bdev serves it through the page cache,
+#            announcing a write cache and FUA.
+#   listening a taken port or a missing address: the cause is logged at
+#            once; SIGTERM stops the waiting server within 5 s (exit 0);
+#            SIGHUP does not; --listen-timeout ends the wait with exit 1
+#            and the real errno; without it the server keeps retrying and
+#            listens once the port is free. Started as the systemd unit
+#            starts it (its Environment= lines), SIGTERM at any moment of the
+#            start ends it with exit 0, or by the default action before main
+#            runs, never with libinfinipath's silent exit 1.
 # Usage: rnbd-server.sh BUILD_DIR.
 set -euo pipefail
 build=$(cd "${1:?usage: rnbd-server.sh BUILD_DIR}" && pwd)
@@ -98,6 +120,150 @@ check "... and the device read is the file below it" cmp -s "$dir/ex#1/disk.img"
 check "a quoted value with ' #' is the whole value" \
 	test "$(ctl "$dir/ctl #2" server list devices -o json)" = "[]"
 stop_server
+
+# ---- options checked before anything starts ------------------------------------
+
+# early NAME WANT ARGS...: exit 2 within 5 s, WANT in stderr, and nothing was
+# started: no listening line, no control socket left.
+early() {
+	local name=$1 want=$2 t0=$SECONDS
+	shift 2
+	refused "$name" 2 "$want" --port 0 --control "$dir/early.sock" "$@" || return 1
+	[ $((SECONDS - t0)) -le 5 ] || { echo "  took $((SECONDS - t0)) s"; return 1; }
+	! grep -q 'listening' "$dir/$name.out" "$dir/$name.err" ||
+		{ echo "  it listened: $(cat "$dir/$name.err")"; return 1; }
+	[ ! -e "$dir/early.sock" ] || { echo "  the control socket was left"; return 1; }
+}
+check "-p without its argument: said so, not 'unknown option'" \
+	early noarg "rnbd-server: option -p needs an argument" -m m:1M -p
+check "--port without its argument: said so" \
+	early noarg-long "rnbd-server: option --port needs an argument" -m m:1M --port
+mkfifo "$dir/fifo.conf"
+check "a FIFO as the config file: refused at once, not opened for a writer" \
+	early fifo "config file $dir/fifo.conf: not a regular file (a FIFO)" -c "$dir/fifo.conf"
+check "a search path that does not exist" \
+	early nodir "the device search path $dir/none: No such file or directory" -s "$dir/none"
+check "a search path whose fixed part does not exist" \
+	early nodir2 "the device search path $dir/none/%SESSNAME%: $dir/none: No such file" \
+	-s "$dir/none/%SESSNAME%"
+echo "a file" >"$dir/plain"
+check "a search path that is a file" \
+	early notdir "the device search path $dir/plain: not a directory" -s "$dir/plain"
+(umask 077 && : >"$dir/empty.keys" && printf '# nobody yet\n\n' >"$dir/comment.keys")
+check "an empty key file: refused, not refusing every host later" \
+	early emptykeys "key file $dir/empty.keys lists no host" -m m:1M --auth-keys "$dir/empty.keys"
+check "a key file of comments only: the same" \
+	early commentkeys "key file $dir/comment.keys lists no host" -m m:1M \
+	--auth-keys "$dir/comment.keys"
+check "a missing key file: named" \
+	early nokeys "--auth-keys $dir/none.keys: No such file or directory" -m m:1M \
+	--auth-keys "$dir/none.keys"
+# More than RAM and swap together, whatever this machine has.
+toobig=$(awk '/^(MemTotal|SwapTotal):/ { kb += $2 } END { printf "%dG", kb / 1048576 + 2 }' \
+	/proc/meminfo)
+check "-m mem0:$toobig, more than RAM and swap: refused with the machine's memory" \
+	early bigmem "memory device mem0: $toobig is more than this machine's memory" -m "mem0:$toobig"
+check "-m mem0:1P: the unit is the cause, not '4 KiB multiples'" \
+	early petamem 'memory device mem0: size "1P": expected a number of bytes, with K, M, G or T' \
+	-m mem0:1P
+check "-m mem0:5000: not a multiple of 4 KiB" \
+	early oddmem "memory device mem0: size 5000 is not a multiple of 4 KiB" -m mem0:5000
+check "--metrics without a port: refused before the listener" \
+	early metrics "rnbd-server: --metrics nowhere: expected HOST:PORT" -m m:1M --metrics nowhere
+check "--chunk-size 100k: not a power of two, refused before the listener" \
+	early chunk "rnbd-server: --chunk-size 102400: not a power of two" -m m:1M --chunk-size 100k
+check "queue depth x chunk size beyond the immediate: refused by librtrs, exit 2" \
+	early qdchunk "do not fit the 28-bit immediate" -m m:1M -q 65535 --chunk-size 128M
+
+# ---- listening: a taken port, a missing address, signals ------------------------
+
+# SIGTERM while the server starts, in the unit's environment: 0 (taken by
+# the server) or 143 (the default action, before main), within 5 s.
+unit_env=()
+while IFS= read -r l; do unit_env+=("${l#Environment=}"); done \
+	< <(grep '^Environment=' "$(dirname "$0")/../../systemd/rnbd-server.service.in")
+term_at() {
+	local rc=0 t0
+	env "${unit_env[@]}" "$server" --port 0 --mem-device m:1M >"$dir/start.log" 2>&1 &
+	local p=$!
+	sleep "$1"
+	t0=$EPOCHREALTIME
+	kill -TERM "$p"
+	wait "$p" || rc=$?
+	python3 -c "import sys; sys.exit(0 if $EPOCHREALTIME - $t0 < 5 else 1)" &&
+		{ [ "$rc" -eq 0 ] || [ "$rc" -eq 143 ]; } ||
+		{ echo "  exit $rc: $(cat "$dir/start.log")"; return 1; }
+}
+for at in 0.02 0.1 0.2 0.3 0.5; do
+	check "SIGTERM $at s into the start (the unit's environment): exit 0 or 143 within 5 s" \
+		term_at "$at"
+done
+
+# The first server holds a port; a second one on it cannot listen.
+rnbd_server_start "$dir/holder.log" -- --port 0 --mem-device m:1M || exit 1
+held=$port
+holder=${pids[-1]}
+# waiter NAME ARGS...: a server started on the held port, in the background.
+waiter() {
+	local name=$1
+	shift
+	"$server" --port "$held" --mem-device m:1M "$@" >"$dir/$name.log" 2>&1 &
+	pids+=($!)
+}
+# stops_within SECONDS SIGNAL: the last server started exits 0 that soon after SIGNAL.
+stops_within() {
+	local t0=$EPOCHREALTIME ms
+	stop_server "$2"
+	ms=$(python3 -c "print(int(($EPOCHREALTIME - $t0) * 1000))")
+	echo "  (stopped in $ms ms, exit $stopped)"
+	[ "$stopped" -eq 0 ] && [ "$ms" -lt $(($1 * 1000)) ]
+}
+waiter taken
+check "a taken port: the real cause logged at once" \
+	wait_until 5 grep -qs "cannot listen on 0.0.0.0:$held .*(Address already in use)" \
+	"$dir/taken.log"
+kill -HUP "${pids[-1]}"
+sleep 0.5
+check "SIGHUP while waiting to listen: handled, the server waits on" \
+	bash -c "kill -0 ${pids[-1]} && grep -q 'SIGHUP: no --auth-keys file' '$dir/taken.log'"
+check "SIGTERM while waiting to listen: exit 0 within 5 s" stops_within 5 TERM
+check "... and said" grep -q "Terminated before listening, stopping" "$dir/taken.log"
+waiter taken-int
+wait_until 5 grep -qs "cannot listen" "$dir/taken-int.log" || true
+check "SIGINT while waiting to listen: exit 0 within 5 s" stops_within 5 INT
+
+# listen_fails NAME WANT ARGS...: exit 1 after --listen-timeout 1 (within 6 s),
+# its message the real errno, not a timeout.
+listen_fails() {
+	local name=$1 want=$2 rc=0 t0=$SECONDS
+	shift 2
+	timeout 20 "$server" --mem-device m:1M --listen-timeout 1 "$@" >"$dir/$name.out" \
+		2>"$dir/$name.err" || rc=$?
+	[ "$rc" -eq 1 ] && [ $((SECONDS - t0)) -le 6 ] && grep -qF -- "$want" "$dir/$name.err" &&
+		! grep -q 'timed out' "$dir/$name.err" ||
+		{ echo "  exit $rc after $((SECONDS - t0)) s: $(cat "$dir/$name.err")"; return 1; }
+}
+check "--listen-timeout 1 on a taken port: exit 1, Address already in use" \
+	listen_fails inuse "not listening on 0.0.0.0:$held after 1 s (--listen-timeout): Address already in use" \
+	--port "$held"
+check "--listen-timeout 1 on an address this host lacks: exit 1, Cannot assign requested address" \
+	listen_fails noaddr "not listening on 192.0.2.1:0 after 1 s (--listen-timeout): Cannot assign" \
+	--addr 192.0.2.1 --port 0
+
+# Without --listen-timeout the server keeps retrying: it listens once the port is free.
+waiter forever
+wait_until 5 grep -qs "cannot listen" "$dir/forever.log" || true
+sleep 1.5
+check "without --listen-timeout: still waiting after the first retries" kill -0 "${pids[-1]}"
+kill -TERM "$holder"
+wait "$holder" 2>/dev/null || true
+check "... and listening on the port once it is free" \
+	wait_until 10 grep -qs "listening on port $held" "$dir/forever.log"
+check "... reading through it" \
+	"$client" info --server "127.0.0.1:$held" --session forever --device m
+check "SIGTERM while serving: exit 0 within 5 s" stops_within 5 TERM
+for i in "${!pids[@]}"; do [ "${pids[$i]}" != "$holder" ] || unset "pids[$i]"; done
+pids=("${pids[@]}")
 
 # ---- control socket ---------------------------------------------------------
 
@@ -319,6 +485,64 @@ wait "$perf_pid" 2>/dev/null || true
 unset 'pids[-1]'
 stop_server
 stop_server
+
+# ---- block devices: O_DIRECT, the device's own write cache and FUA ---------------
+
+if [ "$(id -u)" = 0 ] && command -v losetup >/dev/null; then
+	truncate -s 16M "$dir/lo.img"
+	loopdev=$(losetup -f --show "$dir/lo.img")
+	trap 'kill_pids; losetup -d "$loopdev"; rm -rf "$dir"' EXIT
+	q=/sys/block/${loopdev#/dev/}/queue
+	mkdir "$dir/bdev"
+	mknod "$dir/bdev/disk" b $((0x$(stat -c %t "$loopdev"))) $((0x$(stat -c %T "$loopdev")))
+	# announced NAME WC FUA [ARGS]: the client is told write cache WC and FUA FUA (1/0).
+	announced() {
+		"$client" info --server "127.0.0.1:$port" --session "$1" --device disk --json \
+			>"$dir/bd-$1.json" 2>"$dir/bd-$1.err" || { cat "$dir/bd-$1.err"; return 1; }
+		python3 - "$dir/bd-$1.json" "$2" "$3" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+want = (sys.argv[2] == "1", sys.argv[3] == "1")
+assert (j["write_cache"], j["fua"]) == want, (j["write_cache"], j["fua"], want)
+PY
+	}
+	echo "write back" >"$q/write_cache"
+	rnbd_server_start "$dir/bd.log" -- --port 0 -s "$dir/bdev" || exit 1
+	check "a block device: a write cache, no FUA, as its queue says ($(cat "$q/write_cache"), fua $(cat "$q/fua"))" \
+		announced bd1 1 "$(cat "$q/fua")"
+	check "... opened with O_DIRECT, said in the log" grep -q \
+		"bd1: opened disk (ro) as device 0, 16777216 bytes, block device, O_DIRECT, write cache, no FUA" \
+		"$dir/bd.log"
+	echo "write through" >"$q/write_cache"
+	check "the device made write-through: announced without a write cache or FUA" \
+		announced bd2 0 0
+	head -c 1048576 /dev/urandom >"$dir/bd.pattern"
+	bd_bytes() {
+		"$client" write --server "127.0.0.1:$port" --session bd3 --device disk \
+			--offset 1048576 --file "$dir/bd.pattern" 2>"$dir/bd3.err" >/dev/null &&
+		"$client" read --server "127.0.0.1:$port" --session bd4 --device disk \
+			--offset 1048576 --length 1048576 --file "$dir/bd.back" 2>>"$dir/bd3.err" \
+			>/dev/null && cmp -s "$dir/bd.pattern" "$dir/bd.back" &&
+		dd if="$loopdev" of="$dir/bd.direct" bs=1M skip=1 count=1 iflag=direct \
+			status=none && cmp -s "$dir/bd.pattern" "$dir/bd.direct" ||
+			{ cat "$dir/bd3.err"; return 1; }
+	}
+	check "1 MiB written through the server reads back, and is on the device (O_DIRECT read)" \
+		bd_bytes
+	stop_server
+	echo "write back" >"$q/write_cache"
+	rnbd_server_start "$dir/bdbuf.log" -- --port 0 -s "$dir/bdev" --buffered-bdev || exit 1
+	check "--buffered-bdev: announced with a write cache and FUA (the page cache's)" \
+		announced bd5 1 1
+	check "... and not opened with O_DIRECT" grep -q \
+		"bd5: opened disk (ro) as device 0, 16777216 bytes, block device, write cache, FUA" \
+		"$dir/bdbuf.log"
+	stop_server
+	losetup -d "$loopdev"
+	trap 'kill_pids; rm -rf "$dir"' EXIT
+else
+	echo "skip: block devices (needs root and losetup)"
+fi
 
 # ---- log level: RTRS_LOG_LEVEL, unless an option says otherwise -------------------
 

@@ -2,6 +2,9 @@
 # rtrs-perf's log level: librtrs reads no environment, so the program takes
 # RTRS_LOG_LEVEL and sets the library's level: --log-level wins, then
 # RTRS_LOG_LEVEL, then warn; a bad value stops it (exit 2) naming it.
+# --event: every entry is checked before the run (exit 2, the entry and
+# why), against a live server that would otherwise serve the run; a good
+# one runs. An option without its argument says so.
 # Usage: rtrs-perf.sh BUILD_DIR.
 set -euo pipefail
 build=$(cd "${1:?usage: rtrs-perf.sh BUILD_DIR}" && pwd)
@@ -47,4 +50,35 @@ check "a bad RTRS_LOG_LEVEL: exit 2, said" \
 	refused loud "rtrs-perf: RTRS_LOG_LEVEL=loud: expected error, warn, info or debug"
 check "a bad --log-level: exit 2, said" \
 	refused info "rtrs-perf: --log-level 5: expected error, warn, info or debug" --log-level 5
+
+# ---- --event: checked before the run ---------------------------------------------
+
+"$perf" server --port 0 >"$dir/ev-srv.log" 2>&1 &
+pids+=($!)
+wait_until 10 grep -q 'listening on port' "$dir/ev-srv.log" || cat "$dir/ev-srv.log"
+evport=$(grep -o 'listening on port [0-9]*' "$dir/ev-srv.log" | grep -o '[0-9]*$' || true)
+# event_refused SPEC WANT: the client exits 2 within 3 s, saying WANT; it never ran.
+event_refused() {
+	local rc=0 t0=$SECONDS
+	timeout 20 "$perf" client --dst "127.0.0.1:${evport:-1}" --duration 2 --event "$1" \
+		>"$dir/ev.log" 2>&1 || rc=$?
+	[ "$rc" = 2 ] && [ $((SECONDS - t0)) -le 3 ] && grep -qF -- "$2" "$dir/ev.log" &&
+		! grep -q 'op/s' "$dir/ev.log" || { echo "  exit $rc: $(cat "$dir/ev.log")"; return 1; }
+}
+check "--event 1:explode:0: exit 2 before the run, the action named" \
+	event_refused 1:explode:0 '--event 1:explode:0: unknown action "explode" (remove, cut or add)'
+check "--event with no ARG" event_refused 1:cut '--event 1:cut: expected SEC:ACTION:ARG'
+check "--event with a SEC that is no number" event_refused x:cut:0 '--event x:cut:0: SEC must be'
+check "--event after the run's end" event_refused 2:cut:0 'less than the run'"'"'s --duration 2'
+check "--event cut of no path index" event_refused 1:cut:one '--event 1:cut:one: cut takes a path index'
+check "--event add of a bad address" event_refused '1:add:[::1' "--event 1:add:[::1: no ']' after '['"
+event_runs() {
+	timeout 20 "$perf" client --dst "127.0.0.1:${evport:-1}" --duration 2 --event 1:cut:0 \
+		>"$dir/ev-ok.log" 2>&1 && grep -q 'at 1\.[0-9] s: cut 0: done' "$dir/ev-ok.log" ||
+		{ cat "$dir/ev-ok.log"; return 1; }
+}
+check "a good --event runs: the path is cut at 1 s" event_runs
+check "-p without its argument: exit 2, said so" \
+	refused warn "rtrs-perf: option -p needs an argument" -p
+
 finish rtrs-perf

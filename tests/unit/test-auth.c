@@ -720,6 +720,22 @@ static void test_keyfile(void)
 	CHECK_WHY(-ESRCH, rtrs_auth_keyfile_lookup(path, "nqn.host", &hk, &ck, &line, WHY));
 	CHECK_WHY(-EINVAL, rtrs_auth_keyfile_lookup(path, "", &hk, &ck, &line, WHY));
 	CHECK(log_len == 0, "unexpected log: %s", log_text());
+	/* No host: the file checked alone; one that lists none is told apart. */
+	CHECK_WHY(0, rtrs_auth_keyfile_lookup(path, NULL, &hk, &ck, &line, WHY));
+	CHECK(hk.len == 0 && ck.len == 0);
+	{
+		char epath[300];
+		const char *ewhy = NULL;
+
+		snprintf(epath, sizeof(epath), "%s/no-hosts", tmpdir);
+		write_file(epath, 0600, "# every host removed\n\n");
+		CHECK_EQ(rtrs_auth_keyfile_lookup(epath, NULL, &hk, &ck, &line, &ewhy), -ENOKEY);
+		CHECK(ewhy && !strcmp(ewhy, "the key file lists no host"), "%s", ewhy ? ewhy : "");
+		CHECK_WHY(-ESRCH, rtrs_auth_keyfile_lookup(epath, "nqn.host-1", &hk, &ck, &line, WHY));
+		write_file(epath, 0600, "");
+		CHECK_EQ(rtrs_auth_keyfile_lookup(epath, NULL, &hk, &ck, &line, &ewhy), -ENOKEY);
+		unlink(epath);
+	}
 
 	/* Rotation: the next lookup sees the new file. */
 	snprintf(text, sizeof(text), "nqn.host-1 %s\n", s2);

@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -768,6 +770,60 @@ static void test_opts_twice(void)
 	vals_reset(&v);
 }
 
+/* opts_parse's error on stderr for args, into msg; its return code. */
+static int parse_err(const struct opt *t, struct argv_store *st, const char *const *args,
+		     char *msg, size_t len)
+{
+	struct capture c;
+	int fp, rc;
+
+	st->argc = 0;
+	st->argv[st->argc++] = (char *)"prog";
+	while (*args && st->argc < (int)ARRAY_SIZE(st->argv) - 1)
+		st->argv[st->argc++] = (char *)*args++;
+	st->argv[st->argc] = NULL;
+	capture_begin(&c, 2);
+	rc = opts_parse(t, "prog", "[options]", st->argc, st->argv, &fp);
+	capture_end(&c, msg, len);
+	return rc;
+}
+
+/*
+ * What a refused option is told as: a missing argument is not an unknown
+ * option ("-p" alone was called one), an argument to a flag, an unknown
+ * or ambiguous name.
+ */
+static void test_opts_messages(void)
+{
+	static const struct { const char *args[3]; const char *want; } cases[] = {
+		{ { "-d" }, "prog: option -d needs an argument (see --help)" },
+		{ { "-v", "-d" }, "prog: option -d needs an argument" },
+		{ { "-vd" }, "prog: option -d needs an argument" },
+		{ { "--depth" }, "prog: option --depth needs an argument (see --help)" },
+		{ { "--dep" }, "prog: option --depth needs an argument" },
+		{ { "--peer" }, "prog: option --peer needs an argument" },
+		{ { "-x" }, "prog: unknown option -x (see --help)" },
+		{ { "--bogus" }, "prog: --bogus: unknown or ambiguous option" },
+		{ { "--verbose=1" }, "prog: option --verbose takes no argument (--verbose=1)" },
+		{ { "--no-quiet=no" }, "prog: option --no-quiet takes no argument" },
+	};
+	struct opt t[NOPTS];
+	struct opt_vals v = { 0 };
+	struct argv_store st;
+	char msg[512];
+
+	table_init(t, &v);
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		vals_reset(&v);
+		CHECK_EQ(parse_err(t, &st, cases[i].args, msg, sizeof(msg)), -EINVAL);
+		CHECK(strstr(msg, cases[i].want) != NULL, "%s: got \"%s\", want \"%s\"",
+		      cases[i].args[0], msg, cases[i].want);
+		CHECK(!strstr(msg, "unknown") || !strstr(cases[i].want, "needs"),
+		      "%s called unknown: %s", cases[i].args[0], msg);
+	}
+	vals_reset(&v);
+}
+
 /* ---- loop.h -------------------------------------------------------------- */
 
 /* Holds the loop thread until released, so that tests can queue behind it. */
@@ -1424,6 +1480,27 @@ static void write_conf(char *path, const char *text, size_t len)
 	close(fd);
 }
 
+/* Opens path for writing after 1 s, unless told to stop first. */
+struct fifo_writer {
+	const char *path;
+	atomic_bool stop;
+};
+
+static void *fifo_writer_fn(void *arg)
+{
+	struct fifo_writer *fw = arg;
+	int fd;
+
+	for (int i = 0; i < 100 && !atomic_load(&fw->stop); i++)
+		sleep_ms(10);
+	if (atomic_load(&fw->stop))
+		return NULL;
+	fd = open(fw->path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+	if (fd >= 0)
+		close(fd);
+	return NULL;
+}
+
 /*
  * Runs opts_parse_file on text with stderr captured: the return code, and
  * what it printed in msg.
@@ -1562,6 +1639,9 @@ static void test_opts_file(void)
 	{
 		struct capture c;
 
+		char fifo[128];
+		uint64_t t0;
+
 		capture_begin(&c, 2);
 		CHECK_EQ(opts_parse_file(t, "prog", "/nonexistent/rtrs.conf"), -ENOENT);
 		CHECK_EQ(opts_parse_file(t, "prog", "/tmp"), -EISDIR);
@@ -1569,6 +1649,26 @@ static void test_opts_file(void)
 		CHECK(strstr(msg, "prog: config file /nonexistent/rtrs.conf: No such file") != NULL,
 		      "%s", msg);
 		CHECK(strstr(msg, "prog: config file /tmp: is a directory") != NULL, "%s", msg);
+		/* A FIFO nobody writes: refused at once, not waited on in open(). */
+		snprintf(fifo, sizeof(fifo), "%s.fifo", path);
+		unlink(fifo);
+		CHECK_EQ(mkfifo(fifo, 0600), 0);
+		/* A writer comes after 1 s, so that a parse that waits fails rather than hangs. */
+		struct fifo_writer fw = { .path = fifo };
+		pthread_t th;
+
+		CHECK_EQ(pthread_create(&th, NULL, fifo_writer_fn, &fw), 0);
+		t0 = now_ms();
+		capture_begin(&c, 2);
+		CHECK_EQ(opts_parse_file(t, "prog", fifo), -EINVAL);
+		CHECK_EQ(opts_parse_file(t, "prog", "/dev/null"), -EINVAL);
+		capture_end(&c, msg, sizeof(msg));
+		CHECK(now_ms() - t0 < 1000, "a FIFO held the parse for %" PRIu64 " ms", now_ms() - t0);
+		atomic_store(&fw.stop, true);
+		pthread_join(th, NULL);
+		CHECK(strstr(msg, "not a regular file (a FIFO)") && strstr(msg, fifo), "%s", msg);
+		CHECK(strstr(msg, "/dev/null: not a regular file (a character device)"), "%s", msg);
+		unlink(fifo);
 	}
 	{
 		size_t big = (1u << 20) + 1;
@@ -1757,6 +1857,7 @@ int main(void)
 	test_opts_help();
 	test_opts_man();
 	test_opts_twice();
+	test_opts_messages();
 	test_opts_file();
 	test_opts_config();
 	test_opts_negation();

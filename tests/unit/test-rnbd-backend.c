@@ -168,8 +168,8 @@ static void exercise(const char *what, struct rnbd_store *s, uint8_t *model, boo
 	}
 	reqs[0].r.offset = DEV_SIZE - 512;
 	reqs[0].r.len = 1024;
-	reqs[1].r.offset = direct ? 512 : DEV_SIZE;
-	reqs[1].r.len = direct ? 512 : 512;
+	reqs[1].r.offset = direct ? unit / 2 : DEV_SIZE;
+	reqs[1].r.len = direct ? unit : 512;
 	rnbd_store_submit(s, &reqs[0].r);
 	rnbd_store_submit(s, &reqs[1].r);
 	pthread_mutex_lock(&w.lock);
@@ -320,9 +320,28 @@ static void test_not_a_store(void)
 	rnbd_engine_close(e);
 }
 
+/* Writes text to the loop device's sysfs queue attribute name; false if it cannot. */
+static bool queue_set(const char *dev, const char *name, const char *text)
+{
+	char path[128];
+	FILE *f;
+	bool ok;
+
+	snprintf(path, sizeof(path), "/sys/block/%s/queue/%s", strrchr(dev, '/') + 1, name);
+	f = fopen(path, "w");
+	if (!f)
+		return false;
+	ok = fputs(text, f) >= 0;
+	return fclose(f) == 0 && ok;
+}
+
 /*
  * A loop device over a file (root, losetup): discard and write zeroes as
- * block ioctls, size and block sizes from the device.
+ * block ioctls, size and block sizes from the device; buffered and with
+ * O_DIRECT, each engine. Buffered it has a write cache and FUA (the page
+ * cache); direct, what its queue says in sysfs, as the kernel's
+ * rnbd-server announces it: a loop device has a write cache ("write back")
+ * and no FUA, and none once "write through" is written there.
  */
 static int test_blockdev(void)
 {
@@ -350,8 +369,9 @@ static int test_blockdev(void)
 	dev[strcspn(dev, "\n")] = '\0';
 	CHECK(dev[0] == '/', "losetup gave a device: '%s'", dev);
 	if (dev[0] == '/') {
-		for (int k = 0; k < 2; k++) {
-			enum rnbd_engine_kind kind = k ? RNBD_ENGINE_THREADS : RNBD_ENGINE_URING;
+		for (int k = 0; k < 6; k++) {
+			enum rnbd_engine_kind kind = k % 2 ? RNBD_ENGINE_THREADS : RNBD_ENGINE_URING;
+			bool direct = k >= 2, through = k >= 4;
 			char what[96];
 
 			int rc = rnbd_engine_open(kind, 4, 64, &e);
@@ -359,20 +379,32 @@ static int test_blockdev(void)
 			CHECK(rc == 0, "engine: %s", strerror(-rc));
 			if (rc)
 				continue;
+			CHECK(queue_set(dev, "write_cache", through ? "write through" : "write back"),
+			      "%s: setting its write cache: %s", dev, strerror(errno));
 			/* A failed step skips the rest, so the loop device is always detached. */
-			fd = open(dev, O_RDWR);
+			fd = open(dev, O_RDWR | (direct ? O_DIRECT : 0));
 			CHECK(fd >= 0, "%s: %s", dev, strerror(errno));
-			rc = fd < 0 ? -EIO : rnbd_store_fd(e, fd, false, &s);
+			rc = fd < 0 ? -EIO : rnbd_store_fd(e, fd, direct, &s);
 			CHECK_EQ(rc, 0);
 			if (!rc) {
-				CHECK(rnbd_store_info(s)->block_device);
-				CHECK_EQ(rnbd_store_info(s)->logical_block_size, 512);
-				snprintf(what, sizeof(what), "%s on %s", rnbd_engine_name(e), dev);
-				exercise(what, s, model, false);
+				const struct rnbd_store_info *in = rnbd_store_info(s);
+
+				CHECK(in->block_device);
+				CHECK_EQ(in->logical_block_size, 512);
+				CHECK_EQ(in->direct, direct);
+				CHECK(in->write_cache == !through, "%s%s: write cache %d",
+				      direct ? "direct" : "buffered", through ? ", write through" : "",
+				      in->write_cache);
+				CHECK(in->fua == !direct, "%s: FUA %d (a loop device has none)",
+				      direct ? "direct" : "buffered", in->fua);
+				snprintf(what, sizeof(what), "%s on %s%s%s", rnbd_engine_name(e), dev,
+					 direct ? ", O_DIRECT" : "", through ? ", write through" : "");
+				exercise(what, s, model, direct);
 				rnbd_store_close(s);
 			}
 			rnbd_engine_close(e);
 		}
+		queue_set(dev, "write_cache", "write back");
 		snprintf(cmd, sizeof(cmd), "losetup -d '%s'", dev);
 		CHECK_EQ(system(cmd), 0);
 		check_file("loop device's file", path, model);
