@@ -1321,6 +1321,15 @@ int main(int argc, char **argv)
 	int pos, rc, sig;
 	bool ended;
 
+	/*
+	 * Signals first, and the terminating ones at their default action:
+	 * libinfinipath (libfabric's psm provider) installs a SIGINT/SIGTERM
+	 * handler in its constructor that exits 1 without a word; the unit
+	 * sets IPATH_NO_BACKTRACE=1 for the moments before main.
+	 */
+	for (size_t i = 0; i < sizeof(stop_sigs) / sizeof(stop_sigs[0]); i++)
+		signal(stop_sigs[i], SIG_DFL);
+	sigs_block(&set);
 	rc = opts_parse(options, "rnbd-clientd", "[options]", argc, argv, &pos);
 	if (rc)
 		return rc > 0 ? 0 : 2;
@@ -1333,7 +1342,6 @@ int main(int argc, char **argv)
 				   getenv("RTRS_LOG_LEVEL"), DLOG_INFO);
 	if (log_level < 0)
 		return 2;
-	sigs_block(&set);
 	dlog_init("rnbd-clientd", log_level, g.syslog);
 	rnbd_set_log_level(log_level);
 	rnbd_set_log_fn(dlog_sink, NULL);

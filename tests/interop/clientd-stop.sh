@@ -161,6 +161,29 @@ dpid=$!
 wait_until 10 test -S "$dir/cctl" || true
 check "SIGTERM as it starts: stopped within 5 s" stops_within TERM 5
 
+# SIGTERM at any moment of the start, in the unit's environment: 0 (taken by
+# the daemon) or 143 (the default action, before main), within 5 s; never a
+# library's silent exit 1 (libinfinipath's handler).
+unit_env=()
+while IFS= read -r l; do unit_env+=("${l#Environment=}"); done \
+	< <(grep '^Environment=' "$(dirname "$0")/../../systemd/rnbd-clientd.service.in")
+term_at() {
+	local rc=0 t0
+	env "${unit_env[@]}" "$clientd" --control "$dir/tctl" >"$dir/start.log" 2>&1 &
+	local p=$!
+	sleep "$1"
+	t0=$EPOCHREALTIME
+	kill -TERM "$p"
+	wait "$p" || rc=$?
+	python3 -c "import sys; sys.exit(0 if $EPOCHREALTIME - $t0 < 5 else 1)" &&
+		{ [ "$rc" -eq 0 ] || [ "$rc" -eq 143 ]; } && [ ! -e "$dir/tctl" ] ||
+		{ echo "  exit $rc: $(cat "$dir/start.log")"; return 1; }
+}
+for at in 0.02 0.1 0.2 0.3 0.5; do
+	check "SIGTERM $at s into the start (the unit's environment): exit 0 or 143 within 5 s" \
+		term_at "$at"
+done
+
 # ---- a frozen server ---------------------------------------------------------
 frozen() { # SECONDS_FROZEN_BEFORE_SIGTERM
 	local spid
