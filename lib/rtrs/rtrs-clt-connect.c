@@ -354,6 +354,15 @@ static int path_server_kind(struct clt_path *p, const struct rtrs_conn_rsp *rsp)
 {
 	struct rtrs_clt_sess *s = p->sess;
 
+	if (!rsp->ext && strchr(s->name, '.')) {
+		/* It would refuse the info request with EINVAL, naming nothing. */
+		log_err("%s: the server speaks the kernel's RTRS only, which refuses a session name "
+			"with a '.'; choose another session name", p->name);
+		err_detail("the server speaks the kernel's RTRS only, which refuses a session name "
+			   "with a '.' (%s)", s->name);
+		atomic_store(&p->fail_dnr, true);
+		return -EINVAL;
+	}
 	if (!s->srv_ext_known) {
 		s->srv_ext = rsp->ext;
 		s->srv_ext_known = true;

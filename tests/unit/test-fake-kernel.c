@@ -588,6 +588,31 @@ static bool path_back(void *arg)
 }
 
 /*
+ * A session name with a '.' (a host name), which a server of ours takes:
+ * a kernel server would refuse the info request with EINVAL and say
+ * nothing. The client stops after connection 0's answer, final, and says
+ * why; the server never sees an info request.
+ */
+static void kernel_server_dotted_name(void)
+{
+	struct fake_stats st0, st;
+	struct clt c;
+
+	if (!srv_up(true, NULL))
+		return;
+	fake_get_stats(&st0);
+	clt_init(&c, "host1.example.com", "a");
+	c.o.reconnect_delay_ms = 0;
+	CHECK_EQ(clt_open(&c), -EINVAL);
+	CHECK(env_logged("refuses a session name with a '.'"), "the client says why");
+	fake_get_stats(&st);
+	CHECK_EQ(st.accepts - st0.accepts, 1);
+	CHECK_EQ(w.info_req_len, 0);
+	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+/*
  * A client of ours meets a kernel server: it falls back. Its info
  * request is the kernel's, it sends no fence (a failed path's request
  * goes to another path at once, unfenced) and no authentication message, its
@@ -1228,6 +1253,7 @@ static const struct scenario scenarios[] = {
 	{ "kernel_client_name_taken", kernel_client_name_taken },
 	{ "ext_mismatch", ext_mismatch },
 	{ "kernel_server_fallback", kernel_server_fallback },
+	{ "kernel_server_dotted_name", kernel_server_dotted_name },
 	{ "kernel_server_secret_refused", kernel_server_secret_refused },
 	{ "kernel_server_read_one_desc", kernel_server_read_one_desc },
 	{ "project_read_descs", project_read_descs },
