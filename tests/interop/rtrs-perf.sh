@@ -60,7 +60,7 @@ evport=$(grep -o 'listening on port [0-9]*' "$dir/ev-srv.log" | grep -o '[0-9]*$
 # event_refused SPEC WANT: the client exits 2 within 3 s, saying WANT; it never ran.
 event_refused() {
 	local rc=0 t0=$SECONDS
-	timeout 20 "$perf" client --dst "127.0.0.1:${evport:-1}" --duration 2 --event "$1" \
+	timeout 20 "$perf" client --server "127.0.0.1:${evport:-1}" --duration 2 --event "$1" \
 		>"$dir/ev.log" 2>&1 || rc=$?
 	[ "$rc" = 2 ] && [ $((SECONDS - t0)) -le 3 ] && grep -qF -- "$2" "$dir/ev.log" &&
 		! grep -q 'op/s' "$dir/ev.log" || { echo "  exit $rc: $(cat "$dir/ev.log")"; return 1; }
@@ -73,7 +73,7 @@ check "--event after the run's end" event_refused 2:cut:0 'less than the run'"'"
 check "--event cut of no path index" event_refused 1:cut:one '--event 1:cut:one: cut takes a path index'
 check "--event add of a bad address" event_refused '1:add:[::1' "--event 1:add:[::1: no ']' after '['"
 event_runs() {
-	timeout 20 "$perf" client --dst "127.0.0.1:${evport:-1}" --duration 2 --event 1:cut:0 \
+	timeout 20 "$perf" client --server "127.0.0.1:${evport:-1}" --duration 2 --event 1:cut:0 \
 		>"$dir/ev-ok.log" 2>&1 && grep -q 'at 1\.[0-9] s: cut 0: done' "$dir/ev-ok.log" ||
 		{ cat "$dir/ev-ok.log"; return 1; }
 }
