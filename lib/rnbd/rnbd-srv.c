@@ -535,13 +535,20 @@ static int open_locked(struct rnbd_sess *sess, const struct rnbd_open *req, void
 	pthread_mutex_unlock(&sess->srv->rel_lock);
 	sess->devs[id] = sd;
 	open_rsp_fill(data, sd);
-	pthread_mutex_unlock(&sess->lock);
-	const struct rnbd_store_info *in = rnbd_store_info(sd->store);
+	/*
+	 * What the log says is taken under the lock: once it is let go, a
+	 * close from the client or the server may release sd's store.
+	 */
+	struct rnbd_store_info in = *rnbd_store_info(sd->store);
+	char name[sizeof(sd->name)];
+	enum rnbd_access_mode mode = sd->mode;
 
+	memcpy(name, sd->name, sizeof(name));
+	pthread_mutex_unlock(&sess->lock);
 	log_info("rnbd: %s: opened %s (%s) as device %u, %llu bytes%s%s, %s, %s", sess->name,
-		 sd->name, rnbd_access_mode_name(sd->mode), id, (unsigned long long)in->size,
-		 in->block_device ? ", block device" : "", in->direct ? ", O_DIRECT" : "",
-		 in->write_cache ? "write cache" : "no write cache", in->fua ? "FUA" : "no FUA");
+		 name, rnbd_access_mode_name(mode), id, (unsigned long long)in.size,
+		 in.block_device ? ", block device" : "", in.direct ? ", O_DIRECT" : "",
+		 in.write_cache ? "write cache" : "no write cache", in.fua ? "FUA" : "no FUA");
 	return 0;
 }
 
