@@ -71,15 +71,22 @@ static int m_bare(void *priv, struct json_object *params, struct json_object **r
 	return -EBUSY; /* no message: strerror's */
 }
 
-/* An answer as large as asked: 1 MiB per call. */
+static char big_text[1 << 20];
+
+static void big_fill(void)
+{
+	memset(big_text, 'x', sizeof(big_text) - 1);
+}
+
+/* An answer of 1 MiB per call; methods of several connections run at once (threaded). */
 static int m_big(void *priv, struct json_object *params, struct json_object **result,
 		 struct rpc_err *err)
 {
-	static char s[1 << 20];
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-	memset(s, 'x', sizeof(s) - 1);
-	*result = json_object_new_string(s);
-	return 0;
+	pthread_once(&once, big_fill);
+	*result = json_object_new_string(big_text);
+	return *result ? 0 : -ENOMEM;
 }
 
 /* "slow": waits until slow_release() (at most 10 s), counting who waits. */
@@ -696,7 +703,10 @@ static void server_calls(unsigned flags)
 		grown = rss_kib() - before;
 		printf("8 clients that never read (12 MiB asked each): the server grew by %ld KiB\n",
 		       grown);
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+		/* A sanitizer's allocator keeps what was freed for a while: the bound is not its. */
 		CHECK(grown < 40 * 1024, "8 clients that never read grew the server by %ld KiB", grown);
+#endif
 		/* Answers not read for the stall time: closed (EPIPE at the client's next send). */
 		rpc_server_set_times(s, RPC_IDLE_MS, RPC_REQUEST_MS, 300);
 		CHECK(call_echo_ok("wakes the server to the new times"));
