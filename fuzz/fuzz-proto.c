@@ -454,10 +454,11 @@ static void fuzz_name(const uint8_t *p, size_t n)
 	s[len] = '\0';
 	ok = rtrs_name_valid(s);
 	len = strlen(s);
-	/* Printable ASCII without space, '.' and '/'. */
+	/* Printable ASCII without space and '/', and not "." or "..". */
 	FAIL_IF(ok != (len >= 1 && len <= RTRS_NAME_MAX &&
-		       strspn(s, "!\"#$%&'()*+,-0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-				 "[\\]^_`abcdefghijklmnopqrstuvwxyz{|}~") == len));
+		       strspn(s, "!\"#$%&'()*+,-.0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+				 "[\\]^_`abcdefghijklmnopqrstuvwxyz{|}~") == len &&
+		       strcmp(s, ".") && strcmp(s, "..")));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

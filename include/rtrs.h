@@ -127,7 +127,7 @@ enum rtrs_clt_link_ev {
 
 struct rtrs_clt_opts {
 	size_t size;                /* sizeof(struct rtrs_clt_opts) */
-	const char *sessname;       /* 1..255 chars, no '/' or '.' */
+	const char *sessname;       /* 1..255 printable, no blank or '/', not "."/".." */
 	const struct rtrs_path_addr *paths;
 	size_t paths_num;           /* 1 .. 128 */
 	uint16_t port;              /* default RTRS_DEFAULT_PORT */
