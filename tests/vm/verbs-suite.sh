@@ -71,7 +71,7 @@ for dev in "${devices[@]}"; do
 					tail -n 30 /tmp/\$t.log | grep -v '^#'
 				done
 				echo \"RESULT \$t \$rc \$((SECONDS - s)) \$try\"
-				[ \$rc -eq 0 ] || [ \$rc -eq 124 ] || tail -n 30 /tmp/\$t.log
+				[ \$rc -eq 0 ] || [ \$rc -eq 124 ] || { grep -m 20 'CHECK(.*) failed' /tmp/\$t.log; tail -n 30 /tmp/\$t.log; }
 			done" 2>&1)
 		vmrc=$?
 		if [ $attempt -eq 1 ] && grep -qE 'console: .*(Oops|BUG: |RIP: )' <<<"$out" &&
