@@ -69,7 +69,7 @@ static const struct opt options[] = {
 		  "for this long, then exit 1 with the cause (0: for ever; the cause is logged at "
 		  "once and every minute)" },
 	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME",
-	  .help = "fabric: tcp (libfabric) or verbs (RDMA devices, rdma-core)" },
+	  .help = "fabric: tcp (native, io_uring) or verbs (RDMA devices, rdma-core)" },
 	{ "dev-search-path", 's', OPT_STRING, &g.search, .arg = "DIR",
 	  .help = "export the files and block devices below DIR (none without it); "
 		  "%SESSNAME% is the session's name" },

@@ -76,7 +76,7 @@ static const struct clt_def defs[CLT_OPT_NR] = {
 		.arg = "NAME", .help = "session name, the RNBD server's %SESSNAME%" },
 	[CLT_OPT_PROVIDER] = { "provider", "provider", CT_STRING, F(opts.provider),
 		.valid = word_valid, .expect = "expected printable characters without blanks",
-		.arg = "NAME", .help = "fabric: tcp (libfabric) or verbs (RDMA devices, rdma-core)" },
+		.arg = "NAME", .help = "fabric: tcp (native, io_uring) or verbs (RDMA devices, rdma-core)" },
 	[CLT_OPT_IO_CONS] = { "io-connections", "io_connections", CT_UINT, F(opts.nr_io_cons),
 		0, 1024, .arg = "N", .help = "IO connections per path (0 = one per CPU)" },
 	[CLT_OPT_POLICY] = { "policy", "policy", CT_POLICY, F(opts.mp_policy),

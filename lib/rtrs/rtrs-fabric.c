@@ -66,6 +66,8 @@ const struct fab_ops *fab_impl(const char *prov)
 {
 	if (prov && (!strcmp(prov, "verbs") || !strcmp(prov, "rdma")))
 		return &fab_rdma_ops;
+	if (!prov || !strcmp(prov, "tcp"))
+		return &fab_tcp_ops;
 	return &fab_ofi_ops;
 }
 

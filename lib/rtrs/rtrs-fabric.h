@@ -224,6 +224,18 @@ struct fab_ops {
 
 /* The libfabric implementation (rtrs-fabric-ofi.c): tcp. */
 extern const struct fab_ops fab_ofi_ops;
+/*
+ * The native TCP implementation (rtrs-fabric-tcp.c): sockets in poll
+ * groups on io_uring, provider "tcp".
+ */
+extern const struct fab_ops fab_tcp_ops;
+/*
+ * Poll groups of the tcp fabric: how many threads the next start makes (0:
+ * one per CPU); they start with the first tcp fab and stop with the last.
+ */
+void fab_tcp_groups(unsigned n);
+/* Group threads running now (0 when no tcp fab is open). */
+unsigned fab_tcp_groups_running(void);
 /* The rdma-core implementation (rtrs-fabric-rdma.c): RDMA devices, providers "verbs" and "rdma". */
 extern const struct fab_ops fab_rdma_ops;
 /*

@@ -817,3 +817,69 @@ int rtrs_auth_decode(const void *buf, size_t len, struct rtrs_auth_msg *out, con
 		REJECT(-EPROTO, "unknown authentication message");
 	}
 }
+
+void rtrs_tcp_hdr_encode(struct rtrs_tcp_hdr *h, const struct rtrs_tcp_frame *f)
+{
+	*h = (struct rtrs_tcp_hdr){
+		.magic = RTRS_TCP_MAGIC, .version = RTRS_TCP_VERSION, .op = (uint8_t)f->op,
+		.flags = f->has_imm ? RTRS_TCP_F_IMM : 0, .len = le32_put(f->len),
+		.key = le64_put(f->key), .off = le64_put(f->off),
+		.imm = le32_put(f->has_imm ? f->imm : 0),
+	};
+}
+
+int rtrs_tcp_hdr_decode(const void *buf, size_t len, struct rtrs_tcp_frame *out,
+			const char **why)
+{
+	struct rtrs_tcp_hdr h;
+	uint32_t max = 0;
+
+	if (len < sizeof(h))
+		REJECT(-EMSGSIZE, "frame header shorter than 32 bytes");
+	memcpy(&h, buf, sizeof(h));
+	if (h.magic != RTRS_TCP_MAGIC)
+		REJECT(-EPROTO, "not an RTRS frame (bad magic)");
+	if (h.version != RTRS_TCP_VERSION)
+		REJECT(-EPROTO, "unknown frame version");
+	memset(out, 0, sizeof(*out));
+	out->op = h.op;
+	out->has_imm = h.flags & RTRS_TCP_F_IMM;
+	out->len = le32_get(h.len);
+	out->key = le64_get(h.key);
+	out->off = le64_get(h.off);
+	out->imm = le32_get(h.imm);
+	switch (h.op) {
+	case RTRS_TCP_CONNECT:
+	case RTRS_TCP_ACCEPT:
+	case RTRS_TCP_REJECT:
+		max = RTRS_TCP_CM_MAX;
+		if (h.flags)
+			REJECT(-EPROTO, "flags on a connection frame");
+		break;
+	case RTRS_TCP_WRITE:
+		max = RTRS_TCP_WRITE_MAX;
+		if (!out->len && !out->has_imm)
+			REJECT(-EPROTO, "empty write without an immediate");
+		if (out->off > UINT64_MAX - out->len)
+			REJECT(-EPROTO, "write offset and length overflow");
+		break;
+	case RTRS_TCP_SEND:
+		max = RTRS_TCP_SEND_MAX;
+		if (!out->len)
+			REJECT(-EPROTO, "empty send");
+		break;
+	default:
+		REJECT(-EPROTO, "unknown frame op");
+	}
+	if (h.flags & ~RTRS_TCP_F_IMM)
+		REJECT(-EPROTO, "unknown frame flags");
+	if (h.op != RTRS_TCP_WRITE && (out->key || out->off))
+		REJECT(-EPROTO, "key or offset on a frame that is not a write");
+	if (!out->has_imm && out->imm)
+		REJECT(-EPROTO, "immediate without its flag");
+	if (le32_get(h.reserved))
+		REJECT(-EPROTO, "reserved frame bytes not zero");
+	if (out->len > max)
+		REJECT(-EMSGSIZE, "frame longer than its op allows");
+	return 0;
+}

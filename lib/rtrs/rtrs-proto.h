@@ -658,6 +658,67 @@ static inline int rtrs_msg_type(const void *buf, size_t len)
 }
 
 /*
+ * The TCP fabric's frames (lib/rtrs/rtrs-fabric-tcp.c, docs/protocol.md
+ * section 15). Over TCP, RTRS's operations travel on the byte stream as
+ * frames: this 32-byte header, then len bytes of payload. CONNECT, ACCEPT
+ * and REJECT carry the RDMA CM's private data (the 56-byte conn_req and
+ * conn_rsp above); WRITE puts its payload at off in the region of key (an
+ * RDMA write) and, with RTRS_TCP_F_IMM, delivers imm after it (a write
+ * with immediate; len may then be 0); SEND is a two-sided message, with
+ * RTRS_TCP_F_IMM followed by its immediate. The layout is the same on any
+ * byte stream (kernel TLS or OpenSSL may sit under it).
+ */
+#define RTRS_TCP_MAGIC 0x52      /* 'R' */
+#define RTRS_TCP_VERSION 1
+#define RTRS_TCP_HDR_LEN 32
+#define RTRS_TCP_CM_MAX 256      /* private data of CONNECT, ACCEPT, REJECT */
+#define RTRS_TCP_SEND_MAX (64u << 10)
+#define RTRS_TCP_WRITE_MAX RTRS_MAX_CHUNK_SIZE
+#define RTRS_TCP_F_IMM 0x01
+
+enum rtrs_tcp_op {
+	RTRS_TCP_CONNECT = 1,
+	RTRS_TCP_ACCEPT = 2,
+	RTRS_TCP_REJECT = 3,
+	RTRS_TCP_WRITE = 4,
+	RTRS_TCP_SEND = 5,
+};
+
+struct rtrs_tcp_hdr {
+	uint8_t magic;          /* RTRS_TCP_MAGIC */
+	uint8_t version;        /* RTRS_TCP_VERSION */
+	uint8_t op;             /* enum rtrs_tcp_op */
+	uint8_t flags;          /* RTRS_TCP_F_IMM (WRITE, SEND); 0 otherwise */
+	struct le32 len;        /* payload bytes that follow */
+	struct le64 key;        /* WRITE: the region's key; 0 otherwise */
+	struct le64 off;        /* WRITE: byte offset in the region; 0 otherwise */
+	struct le32 imm;        /* RTRS_TCP_F_IMM: the immediate; 0 otherwise */
+	struct le32 reserved;   /* 0 */
+} __attribute__((packed));
+static_assert(sizeof(struct rtrs_tcp_hdr) == RTRS_TCP_HDR_LEN, "rtrs_tcp_hdr");
+static_assert(offsetof(struct rtrs_tcp_hdr, key) == 8, "rtrs_tcp_hdr key at 8");
+static_assert(offsetof(struct rtrs_tcp_hdr, imm) == 24, "rtrs_tcp_hdr imm at 24");
+
+struct rtrs_tcp_frame {
+	enum rtrs_tcp_op op;
+	bool has_imm;
+	uint32_t len;
+	uint64_t key;
+	uint64_t off;
+	uint32_t imm;
+};
+
+void rtrs_tcp_hdr_encode(struct rtrs_tcp_hdr *h, const struct rtrs_tcp_frame *f);
+/*
+ * Checks every field: magic, version, a known op, flags the op may have,
+ * zeros where the op has none, len within the op's bound (and off + len
+ * without overflow), an empty WRITE only with an immediate. 0, or -EPROTO
+ * or -EMSGSIZE with *why.
+ */
+int rtrs_tcp_hdr_decode(const void *buf, size_t len, struct rtrs_tcp_frame *out,
+			const char **why);
+
+/*
  * Session names: 1..255 bytes, printable ASCII without blanks, no '/'
  * (the kernel takes any name without '/'; a host name with dots is a
  * common one), and not "." or ".." (the name is a directory with

@@ -46,7 +46,7 @@ static struct {
 
 static const struct opt options[] = {
 	{ "addr", 'a', OPT_STRING, &g.addr, .arg = "ADDR", .help = "listen address" },
-	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME", .help = "fabric: tcp (libfabric) or verbs (RDMA devices, rdma-core)" },
+	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME", .help = "fabric: tcp (native, io_uring) or verbs (RDMA devices, rdma-core)" },
 	{ "exit-after", 0, OPT_UINT, &g.exit_after, 0, 1000000, .arg = "N",
 	  .help = "exit after N sessions have ended (0: run until a signal)" },
 	{ "port", 'p', OPT_UINT, &g.port, 0, 65535, .arg = "N", .help = "port (0 = any)" },

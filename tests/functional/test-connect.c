@@ -261,8 +261,18 @@ static void test_thread_names(void)
 	rc = rtrs_clt_open(&o, &s);
 	CHECK(rc == 0, "session up: %s", strerror(-rc));
 	if (!rc) {
-		/* The server's admin and IO connections: "thr-names/PEER#CID", cut to 15 bytes. */
-		CHECK_EQ(threads_named("thr-names/"), 2);
+		const char *prov = test_provider();
+
+		if (!prov || !strcmp(prov, "tcp")) {
+			/* Poll groups: no thread per connection, one per CPU in all. */
+			CHECK_EQ(threads_named("thr-names/"), 0);
+			CHECK_EQ(threads_named("rtrs-tcp-"), fab_tcp_groups_running());
+			CHECK(fab_tcp_groups_running() == (unsigned)sysconf(_SC_NPROCESSORS_ONLN),
+			      "%u poll groups", fab_tcp_groups_running());
+		} else {
+			/* The server's admin and IO connections: "thr-names/PEER#CID", cut to 15 bytes. */
+			CHECK_EQ(threads_named("thr-names/"), 2);
+		}
 		CHECK_EQ(threads_named("(new)"), 0);
 		rtrs_clt_close(s);
 	}

@@ -1,0 +1,2355 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The fabric layer over TCP sockets and io_uring (provider "tcp"): the only
+ * file that frames RTRS's operations on a byte stream (struct rtrs_tcp_hdr,
+ * rtrs-proto.h; docs/protocol.md section 15).
+ *
+ * Poll groups. A process runs a fixed set of group threads ("rtrs-tcp-N",
+ * one per CPU unless fab_tcp_groups() said otherwise), started with the
+ * first tcp fab and stopped with the last. Every connection belongs to one
+ * group for its life, the one with the fewest connections when it was
+ * made. A group owns an io_uring: each of its connections has at most one
+ * poll for input and one for output armed in it, and the group waits for
+ * all of them, and for its eventfd, in one io_uring_enter per pass. A
+ * readable connection gets TCP_RX_BUDGET frames per pass; one with more
+ * waits on the group's ready list behind the others, so a peer that floods
+ * gets its share and no more. Other threads hand a group work through the
+ * connection's work bits (queue_work): start, flush, completions, kick,
+ * destroy. Every callback of a connection runs on its group's thread.
+ *
+ * Data is received straight into its place: a WRITE's payload by recvmsg
+ * into the region its key names (checked against the region's bounds and
+ * access first), a SEND's into the connection's receive buffer. Sends go
+ * out inline from the posting thread when nothing is queued before them
+ * (sendmsg, MSG_DONTWAIT); what does not fit is queued and flushed by the
+ * group when the socket takes more.
+ *
+ * Memory keys are the domain's: a keyed permutation of a counter
+ * (keyperm.h), as in the other fabrics, so that a key tells nothing of
+ * its neighbours; 32-bit keys skip those still registered, 64-bit keys
+ * (FAB_MR_KEY64) never repeat. A region's remote offsets start at 0.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "keyperm.h"
+#include "log.h"
+#include "rtrs-fabric.h"
+#include "rtrs-proto.h"
+#include "util.h"
+
+#define TCP_RX_BUDGET 16        /* frames a connection gets per group pass */
+#define TCP_INJECT 64           /* fab_write_imm_data bytes */
+#define TCP_IOV_LIMIT 32
+#define TCP_RMA_LIMIT 16
+#define TCP_QUEUE_DEFAULT 1024
+#define TCP_QUEUE_MAX 65600
+#define TCP_RING_SQ 512
+#define TCP_RING_CQ 16384
+#define TCP_FLUSH_IOV 64        /* iovecs gathered into one sendmsg by a flush */
+#define TCP_MR_BUCKETS 4096
+#define TCP_ACCEPT_BATCH 256    /* accepts per listener event */
+#define TCP_GROUPS_MAX 256
+
+/* cqe user_data tags: the low bits of a connection's address */
+#define TAG_RX 1u
+#define TAG_TX 2u
+#define TAG_MASK 3u
+#define UD_EFD 0u               /* the group's eventfd read */
+#define UD_IGNORE 3u            /* poll removals: nothing to do on their completion */
+
+/* Work for a group (struct fab_con.work) */
+enum {
+	W_START = 1u << 0,   /* arm the first polls (and, server: connected) */
+	W_FLUSH = 1u << 1,   /* the send queue has frames */
+	W_DONE = 1u << 2,    /* completions to deliver */
+	W_KICK = 1u << 3,    /* ops->kick */
+	W_RETRY = 1u << 4,   /* ops->kick after the next completion or 1 ms */
+	W_DESTROY = 1u << 5, /* let go of it */
+	W_FAIL = 1u << 6,    /* a send met an error: down */
+};
+
+struct tcp_mr {
+	struct tcp_mr *next;     /* the fab's hash chain */
+	uint64_t key;
+	char *buf;
+	size_t len;
+	unsigned access;
+	atomic_uint refs;        /* the table's, and one per connection writing into it */
+	atomic_uint active;      /* recvmsg calls writing into it right now */
+	atomic_bool dead;        /* deregistered: no write may start */
+	struct fab *fab;
+};
+
+struct fab {
+	const struct fab_ops *ops; /* first: struct fab_obj */
+	struct fab_attr attr;
+	bool server;
+	struct sockaddr_storage addr;  /* client: the destination; server: where to listen */
+	socklen_t addrlen;
+	struct sockaddr_storage src;   /* client: the source, if given */
+	socklen_t srclen;
+	pthread_rwlock_t mr_lock;
+	struct tcp_mr *mr_tab[TCP_MR_BUCKETS];
+	atomic_uint_fast64_t next_key;
+	atomic_uint_fast64_t next_key64;
+	struct keyperm keys;
+};
+
+struct tcp_group {
+	unsigned idx;
+	pthread_t thread;
+	struct io_uring ring;
+	int efd;
+	uint64_t efd_val;
+	atomic_bool woken;             /* an eventfd write is on its way */
+	pthread_mutex_t lock;          /* the work list */
+	struct fab_con *work_head, *work_tail;
+	atomic_uint nr_cons;
+	atomic_bool stop;
+	/* The group thread's own */
+	struct fab_con *ready_head, *ready_tail;  /* readable, budget spent */
+	struct fab_con *retry_head;               /* retry_later */
+	struct fab_con *lease_head;               /* readable while a poller has them */
+	uint64_t passes;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	unsigned users;        /* open tcp fabs */
+	unsigned want;         /* fab_tcp_groups(); 0: one per CPU */
+	unsigned n;
+	struct tcp_group *g;
+} grp = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+/* A frame or a chain of them waiting to go out. */
+struct tcp_txf {
+	struct tcp_txf *next;
+	void *ctx;
+	bool counted;            /* against tx_max: the owner's, not a CONNECT */
+	unsigned niov, cur;
+	struct iovec *iov;
+	char data[];             /* the iovecs, then the bytes copied */
+};
+
+enum tcp_state {
+	TC_CONNECTING,  /* client: the TCP connect is under way */
+	TC_HELLO,       /* client: CONNECT sent, waiting for ACCEPT or REJECT */
+	TC_UP,
+	TC_DOWN,
+};
+
+struct tcp_destroy_wait {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+};
+
+struct fab_con {
+	const struct fab_ops *ops;
+	struct fab *fab;
+	struct fab_con_cfg cfg;
+	_Atomic(const char *) name;
+	char name_made[64];
+	char name_later[64];
+	atomic_bool renamed;
+	int fd;
+	bool server;
+	struct tcp_group *g;
+	/* Work from other threads: the bits, and the group's list (under g->lock). */
+	atomic_uint work;
+	bool on_work;
+	struct fab_con *work_next;
+	struct tcp_destroy_wait *dw;
+	atomic_bool shut;        /* fab_con_shutdown */
+	atomic_bool down_called;
+	atomic_bool destroying;
+	atomic_bool retry;
+	/* Sending, under tx_lock */
+	pthread_mutex_t tx_lock;
+	struct tcp_txf *txq_head, *txq_tail;
+	unsigned tx_n, tx_max;
+	bool tx_open;            /* the socket is connected: frames may go out inline */
+	bool tx_dead;            /* a send failed, or shut down: posts are dropped */
+	int tx_err;
+	void **dctx;             /* completions to deliver, in order */
+	size_t dctx_n, dctx_cap;
+	/* The group thread's own */
+	enum tcp_state state;
+	bool rx_armed, tx_armed, tx_want;
+	bool on_ready;
+	struct fab_con *ready_next;
+	bool on_retry;
+	bool released;           /* con_release ran: freed once its polls are back */
+	struct fab_con *retry_next;
+	uint64_t retry_at;
+	bool on_lease;
+	struct fab_con *lease_next;
+	uint64_t lease_at;
+	unsigned char hdr[RTRS_TCP_HDR_LEN];
+	size_t hdr_got;
+	bool in_payload;
+	struct rtrs_tcp_frame fr;
+	char *dst;
+	size_t left;
+	struct tcp_mr *mr;
+	char cm[RTRS_TCP_CM_MAX];
+	/*
+	 * Every callback runs under cb_lock, on the group's thread or on a
+	 * poller's (fab_con_poll); so does everything that reads the socket.
+	 */
+	pthread_mutex_t cb_lock;
+	_Atomic(struct fab_poller *) poller;
+	/* The receive buffer (fab_con_rx_setup): one, as each is given back on return. */
+	pthread_mutex_t rx_lock;
+	char *rx_buf;
+	size_t rx_size;
+	uint64_t frames_in;
+};
+
+struct fab_lst;
+
+struct tcp_raw {
+	int fd;
+	size_t idx;              /* in the listener's list */
+	uint64_t since_ms;
+	bool spoke;              /* bytes have come */
+	size_t got;
+	char peer[INET6_ADDRSTRLEN + 8];
+	unsigned char buf[RTRS_TCP_HDR_LEN + RTRS_TCP_CM_MAX];
+};
+
+struct fab_lst {
+	const struct fab_ops *ops;
+	struct fab *fab;
+	int lfd, epfd, port, spare_fd;
+	struct fab_lst_limits lim;
+	struct tcp_raw **raw;
+	size_t nr_raw, cap;
+	uint64_t closed;
+};
+
+struct fab_connreq {
+	const struct fab_ops *ops;
+	struct fab_lst *l;
+	struct tcp_raw *r;
+	bool answered;
+};
+
+static const char *con_name(const struct fab_con *c)
+{
+	return atomic_load_explicit(&c->name, memory_order_acquire);
+}
+
+static void sockaddr_str(const void *sa, char *buf, size_t len)
+{
+	const struct sockaddr *s = sa;
+	char host[INET6_ADDRSTRLEN] = "?";
+	unsigned port = 0;
+
+	if (s->sa_family == AF_INET) {
+		const struct sockaddr_in *in = sa;
+
+		inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+		port = ntohs(in->sin_port);
+		snprintf(buf, len, "%s:%u", host, port);
+	} else if (s->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = sa;
+
+		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+		port = ntohs(in6->sin6_port);
+		snprintf(buf, len, "[%s]:%u", host, port);
+	} else {
+		snprintf(buf, len, "?");
+	}
+}
+
+/* ---- groups -------------------------------------------------------------------- */
+
+void fab_tcp_groups(unsigned n)
+{
+	pthread_mutex_lock(&grp.lock);
+	grp.want = MIN(n, TCP_GROUPS_MAX);
+	pthread_mutex_unlock(&grp.lock);
+}
+
+unsigned fab_tcp_groups_running(void)
+{
+	unsigned n;
+
+	pthread_mutex_lock(&grp.lock);
+	n = grp.users ? grp.n : 0;
+	pthread_mutex_unlock(&grp.lock);
+	return n;
+}
+
+static void group_wake(struct tcp_group *g)
+{
+	uint64_t one = 1;
+
+	if (atomic_exchange(&g->woken, true))
+		return;
+	if (write(g->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		log_warn_rl("tcp group %u: eventfd write: %s", g->idx, strerror(errno));
+}
+
+static struct io_uring_sqe *group_sqe(struct tcp_group *g)
+{
+	struct io_uring_sqe *sqe;
+
+	while (!(sqe = io_uring_get_sqe(&g->ring)))
+		io_uring_submit(&g->ring);
+	return sqe;
+}
+
+static void efd_arm(struct tcp_group *g)
+{
+	struct io_uring_sqe *sqe = group_sqe(g);
+
+	io_uring_prep_read(sqe, g->efd, &g->efd_val, sizeof(g->efd_val), 0);
+	io_uring_sqe_set_data64(sqe, UD_EFD);
+}
+
+static void queue_work(struct fab_con *c, unsigned bits)
+{
+	struct tcp_group *g = c->g;
+	bool wake = false;
+
+	/*
+	 * The bits under the lock: the group takes them only after it took c
+	 * off its list under the lock, so a W_DESTROY cannot free c before
+	 * this call is done with it.
+	 */
+	pthread_mutex_lock(&g->lock);
+	atomic_fetch_or(&c->work, bits);
+	if (!c->on_work) {
+		c->on_work = true;
+		c->work_next = NULL;
+		if (g->work_tail)
+			g->work_tail->work_next = c;
+		else
+			g->work_head = c;
+		g->work_tail = c;
+		wake = true;
+	}
+	pthread_mutex_unlock(&g->lock);
+	if (wake)
+		group_wake(g);
+}
+
+static bool on_group_thread(const struct fab_con *c)
+{
+	return c->g && pthread_equal(pthread_self(), c->g->thread);
+}
+
+/* A connection whose callbacks must stay silent: shut down, gone down or going. */
+static bool con_quiet(struct fab_con *c)
+{
+	return atomic_load(&c->shut) || atomic_load(&c->down_called) ||
+	       atomic_load(&c->destroying);
+}
+
+static void con_down(struct fab_con *c, int err, const void *data, size_t len)
+{
+	c->state = TC_DOWN;
+	if (atomic_load(&c->shut) || atomic_load(&c->destroying) ||
+	    atomic_exchange(&c->down_called, true))
+		return;
+	c->cfg.ops->down(c->cfg.priv, err, data, len);
+}
+
+static void mr_put(struct tcp_mr *mr);
+
+/* The connection failed: no more input, nothing more sent, down() once. */
+static void con_fail(struct fab_con *c, int err, const void *data, size_t len)
+{
+	pthread_mutex_lock(&c->tx_lock);
+	c->tx_dead = true;
+	pthread_mutex_unlock(&c->tx_lock);
+	if (c->mr) {
+		mr_put(c->mr);
+		c->mr = NULL;
+	}
+	c->in_payload = false;
+	shutdown(c->fd, SHUT_RDWR);
+	con_down(c, err, data, len);
+}
+
+static void arm_rx(struct fab_con *c)
+{
+	struct io_uring_sqe *sqe;
+
+	if (c->rx_armed || c->on_ready || c->state == TC_DOWN || atomic_load(&c->destroying))
+		return;
+	sqe = group_sqe(c->g);
+	io_uring_prep_poll_add(sqe, c->fd, POLLIN | POLLRDHUP);
+	io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)c | TAG_RX);
+	c->rx_armed = true;
+}
+
+static void arm_tx(struct fab_con *c)
+{
+	struct io_uring_sqe *sqe;
+
+	if (c->tx_armed || c->state == TC_DOWN || atomic_load(&c->destroying))
+		return;
+	sqe = group_sqe(c->g);
+	io_uring_prep_poll_add(sqe, c->fd, POLLOUT);
+	io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)c | TAG_TX);
+	c->tx_armed = true;
+}
+
+static void ready_add(struct fab_con *c)
+{
+	struct tcp_group *g = c->g;
+
+	if (c->on_ready)
+		return;
+	c->on_ready = true;
+	c->ready_next = NULL;
+	if (g->ready_tail)
+		g->ready_tail->ready_next = c;
+	else
+		g->ready_head = c;
+	g->ready_tail = c;
+}
+
+/* ---- memory regions ------------------------------------------------------------ */
+
+static unsigned mr_bucket(uint64_t key)
+{
+	return (unsigned)((key ^ (key >> 29)) % TCP_MR_BUCKETS);
+}
+
+static struct tcp_mr *mr_find_locked(struct fab *f, uint64_t key)
+{
+	for (struct tcp_mr *m = f->mr_tab[mr_bucket(key)]; m; m = m->next)
+		if (m->key == key)
+			return m;
+	return NULL;
+}
+
+static void mr_put(struct tcp_mr *mr)
+{
+	if (atomic_fetch_sub(&mr->refs, 1) == 1)
+		free(mr);
+}
+
+/* A region a peer may write len bytes into at off, with a reference; NULL and *why if none. */
+static struct tcp_mr *mr_get_remote(struct fab *f, uint64_t key, uint64_t off, uint64_t len,
+				    const char **why)
+{
+	struct tcp_mr *m;
+
+	pthread_rwlock_rdlock(&f->mr_lock);
+	m = mr_find_locked(f, key);
+	if (!m)
+		*why = "write to an unknown key";
+	else if (!(m->access & FAB_MR_REMOTE_WRITE))
+		*why = "write to a key without remote access";
+	else if (off > m->len || len > m->len - off)
+		*why = "write beyond the region of its key";
+	else
+		atomic_fetch_add(&m->refs, 1);
+	pthread_rwlock_unlock(&f->mr_lock);
+	return *why ? NULL : m;
+}
+
+static int tcp_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr)
+{
+	struct tcp_mr *m;
+	uint64_t key = 0;
+	int tries;
+
+	memset(mr, 0, sizeof(*mr));
+	mr->buf = buf;
+	mr->len = len;
+	/* Local memory needs nothing: the socket reads and writes it. */
+	if (!(access & FAB_MR_REMOTE_WRITE))
+		return 0;
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->buf = buf;
+	m->len = len;
+	m->access = access;
+	m->fab = f;
+	atomic_init(&m->refs, 1);
+	pthread_rwlock_wrlock(&f->mr_lock);
+	for (tries = 0; tries < 64; tries++) {
+		if (access & FAB_MR_KEY64)
+			key = keyperm_key64(&f->keys, atomic_fetch_add(&f->next_key64, 1));
+		else
+			key = keyperm_key31(&f->keys, (uint32_t)(atomic_fetch_add(&f->next_key, 1) %
+								 KEYPERM_KEY31_MAX));
+		if (!mr_find_locked(f, key))
+			break;
+	}
+	if (tries == 64) {
+		pthread_rwlock_unlock(&f->mr_lock);
+		free(m);
+		log_err("tcp: no free memory key after 64 tries");
+		return -ENOSPC;
+	}
+	m->key = key;
+	m->next = f->mr_tab[mr_bucket(key)];
+	f->mr_tab[mr_bucket(key)] = m;
+	pthread_rwlock_unlock(&f->mr_lock);
+	mr->ops = &fab_tcp_ops;
+	mr->priv = m;
+	mr->key = key;
+	mr->base = 0;
+	return 0;
+}
+
+static void tcp_mr_dereg(struct fab_mr *mr)
+{
+	struct tcp_mr *m = mr->priv, **pp;
+	struct fab *f;
+
+	if (!m)
+		return;
+	f = m->fab;
+	pthread_rwlock_wrlock(&f->mr_lock);
+	for (pp = &f->mr_tab[mr_bucket(m->key)]; *pp; pp = &(*pp)->next) {
+		if (*pp == m) {
+			*pp = m->next;
+			break;
+		}
+	}
+	pthread_rwlock_unlock(&f->mr_lock);
+	/*
+	 * No write starts into it from now on; one inside recvmsg ends soon
+	 * (the socket is non-blocking). A connection that was half way through
+	 * a payload for it fails on its next read, as a write to a revoked
+	 * key does on RDMA.
+	 */
+	atomic_store(&m->dead, true);
+	while (atomic_load(&m->active))
+		sched_yield();
+	mr->priv = NULL;
+	mr->ops = NULL;
+	mr_put(m);
+}
+
+/* ---- sending ------------------------------------------------------------------- */
+
+/* Under tx_lock: a completion for the group to deliver. */
+static int dctx_add(struct fab_con *c, void *ctx)
+{
+	if (c->dctx_n == c->dctx_cap) {
+		size_t cap = c->dctx_cap ? c->dctx_cap * 2 : 16;
+		void **n = realloc(c->dctx, cap * sizeof(*n));
+
+		if (!n)
+			return -ENOMEM;
+		c->dctx = n;
+		c->dctx_cap = cap;
+	}
+	c->dctx[c->dctx_n++] = ctx;
+	return 0;
+}
+
+static size_t iov_total(const struct iovec *iov, unsigned n)
+{
+	size_t t = 0;
+
+	for (unsigned i = 0; i < n; i++)
+		t += iov[i].iov_len;
+	return t;
+}
+
+/* Skips done bytes of iov[*cur..n). */
+static void iov_advance(struct iovec *iov, unsigned n, unsigned *cur, size_t done)
+{
+	while (*cur < n && done) {
+		size_t take = MIN(done, iov[*cur].iov_len);
+
+		iov[*cur].iov_base = (char *)iov[*cur].iov_base + take;
+		iov[*cur].iov_len -= take;
+		done -= take;
+		if (!iov[*cur].iov_len)
+			(*cur)++;
+	}
+	while (*cur < n && !iov[*cur].iov_len)
+		(*cur)++;
+}
+
+/*
+ * Under tx_lock: queues what is left of iov[cur..n) as one entry. Bytes in
+ * [keep, keep + keep_len) (the frame headers, on the poster's stack) and,
+ * with copy_all, all of them are copied; the rest stays where it is, the
+ * caller's until its completion, as on RDMA.
+ */
+static int txq_add(struct fab_con *c, const struct iovec *iov, unsigned n, unsigned cur,
+		   const void *keep, size_t keep_len, bool copy_all, void *ctx)
+{
+	size_t copy = 0, niov = n - cur;
+	struct tcp_txf *t;
+	char *p;
+
+	for (unsigned i = cur; i < n; i++) {
+		const char *b = iov[i].iov_base;
+
+		if (copy_all || (b >= (const char *)keep && b < (const char *)keep + keep_len))
+			copy += iov[i].iov_len;
+	}
+	t = malloc(sizeof(*t) + niov * sizeof(struct iovec) + copy);
+	if (!t)
+		return -ENOMEM;
+	t->next = NULL;
+	t->ctx = ctx;
+	t->counted = true;
+	t->niov = (unsigned)niov;
+	t->cur = 0;
+	t->iov = (struct iovec *)t->data;
+	p = t->data + niov * sizeof(struct iovec);
+	for (unsigned i = cur; i < n; i++) {
+		const char *b = iov[i].iov_base;
+		struct iovec *d = &t->iov[i - cur];
+
+		if (copy_all || (b >= (const char *)keep && b < (const char *)keep + keep_len)) {
+			memcpy(p, b, iov[i].iov_len);
+			*d = (struct iovec){ p, iov[i].iov_len };
+			p += iov[i].iov_len;
+		} else {
+			*d = iov[i];
+		}
+	}
+	if (c->txq_tail)
+		c->txq_tail->next = t;
+	else
+		c->txq_head = t;
+	c->txq_tail = t;
+	c->tx_n++;
+	return 0;
+}
+
+/*
+ * Posts frames: inline when nothing waits before them, else queued for
+ * the group. 0 also when the connection is broken or shut down: the frames
+ * are dropped, as a QP in error drops what is posted to it, and the owner
+ * hears of it through down(). -EAGAIN when tx_depth entries are queued.
+ */
+static int tx_post(struct fab_con *c, struct iovec *iov, unsigned n, const void *keep,
+		   size_t keep_len, bool copy_all, void *ctx)
+{
+	unsigned cur = 0;
+	unsigned bits = 0;
+	int rc = 0;
+
+	pthread_mutex_lock(&c->tx_lock);
+	if (c->tx_dead) {
+		pthread_mutex_unlock(&c->tx_lock);
+		return 0;
+	}
+	if (c->tx_n >= c->tx_max) {
+		pthread_mutex_unlock(&c->tx_lock);
+		return -EAGAIN;
+	}
+	if (c->tx_open && !c->txq_head) {
+		size_t total = iov_total(iov, n);
+		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
+		ssize_t w = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+
+		if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+			c->tx_dead = true;
+			c->tx_err = -errno;
+			pthread_mutex_unlock(&c->tx_lock);
+			queue_work(c, W_FAIL);
+			return 0;
+		}
+		if (w > 0 && (size_t)w == total) {
+			if (ctx) {
+				rc = dctx_add(c, ctx);
+				bits |= W_DONE;
+			}
+			pthread_mutex_unlock(&c->tx_lock);
+			if (bits)
+				queue_work(c, bits);
+			return rc;
+		}
+		if (w > 0)
+			iov_advance(iov, n, &cur, (size_t)w);
+	}
+	rc = txq_add(c, iov, n, cur, keep, keep_len, copy_all, ctx);
+	pthread_mutex_unlock(&c->tx_lock);
+	if (!rc)
+		queue_work(c, W_FLUSH);
+	return rc;
+}
+
+/*
+ * Group thread: sends what is queued, as much as the socket takes. True
+ * when the queue is empty; false when it waits for room (POLLOUT) or the
+ * connection failed (*err).
+ */
+static bool tx_flush(struct fab_con *c, bool *delivered, int *err)
+{
+	struct iovec iov[TCP_FLUSH_IOV];
+	bool empty;
+
+	*err = 0;
+	pthread_mutex_lock(&c->tx_lock);
+	while (c->txq_head && c->tx_open && !c->tx_dead) {
+		unsigned n = 0;
+		ssize_t w;
+
+		for (struct tcp_txf *t = c->txq_head; t && n < TCP_FLUSH_IOV; t = t->next)
+			for (unsigned i = t->cur; i < t->niov && n < TCP_FLUSH_IOV; i++)
+				iov[n++] = t->iov[i];
+		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
+
+		w = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			break;
+		if (w < 0) {
+			c->tx_dead = true;
+			*err = -errno;
+			break;
+		}
+		/* The bytes sent close entries in order. */
+		size_t done = (size_t)w;
+
+		for (struct tcp_txf *t = c->txq_head; t && done; t = t->next) {
+			size_t take = MIN(done, iov_total(t->iov + t->cur, t->niov - t->cur));
+
+			iov_advance(t->iov, t->niov, &t->cur, take);
+			done -= take;
+		}
+		while (c->txq_head && c->txq_head->cur == c->txq_head->niov) {
+			struct tcp_txf *t = c->txq_head;
+
+			c->txq_head = t->next;
+			if (!c->txq_head)
+				c->txq_tail = NULL;
+			c->tx_n -= t->counted;
+			if (t->ctx && !dctx_add(c, t->ctx))
+				*delivered = true;
+			free(t);
+		}
+	}
+	empty = !c->txq_head;
+	pthread_mutex_unlock(&c->tx_lock);
+	return empty && !*err;
+}
+
+/* ---- receiving ----------------------------------------------------------------- */
+
+static void con_protocol_error(struct fab_con *c, const char *why)
+{
+	log_warn_rl("%s: peer broke the frame protocol: %s", con_name(c), why);
+	con_fail(c, -EPROTO, NULL, 0);
+}
+
+/* A frame header is in c->hdr: checks it and sets up where its payload goes. */
+static bool rx_frame_start(struct fab_con *c)
+{
+	const char *why = NULL;
+	struct rtrs_tcp_frame *f = &c->fr;
+
+	c->hdr_got = 0;
+	if (rtrs_tcp_hdr_decode(c->hdr, sizeof(c->hdr), f, &why)) {
+		con_protocol_error(c, why);
+		return false;
+	}
+	c->frames_in++;
+	switch (f->op) {
+	case RTRS_TCP_ACCEPT:
+	case RTRS_TCP_REJECT:
+		if (c->state != TC_HELLO) {
+			con_protocol_error(c, "connection frame on an established connection");
+			return false;
+		}
+		c->dst = c->cm;
+		break;
+	case RTRS_TCP_WRITE:
+	case RTRS_TCP_SEND:
+		if (c->state != TC_UP) {
+			con_protocol_error(c, "data before the connection was accepted");
+			return false;
+		}
+		if (f->op == RTRS_TCP_WRITE) {
+			c->dst = NULL;
+			if (f->len) {
+				c->mr = mr_get_remote(c->fab, f->key, f->off, f->len, &why);
+				if (!c->mr) {
+					con_protocol_error(c, why);
+					return false;
+				}
+				c->dst = c->mr->buf + f->off;
+			}
+			break;
+		}
+		pthread_mutex_lock(&c->rx_lock);
+		c->dst = c->rx_buf;
+		if (!c->rx_buf)
+			why = "message with no receive buffer set up";
+		else if (f->len > c->rx_size)
+			why = "message longer than the receive buffer";
+		pthread_mutex_unlock(&c->rx_lock);
+		if (why) {
+			con_protocol_error(c, why);
+			return false;
+		}
+		break;
+	default:
+		con_protocol_error(c, "connection request on a connection");
+		return false;
+	}
+	c->left = f->len;
+	c->in_payload = true;
+	return true;
+}
+
+/* The payload is all in: the callbacks it makes. False when the connection ended. */
+static bool rx_frame_end(struct fab_con *c)
+{
+	struct rtrs_tcp_frame *f = &c->fr;
+	void *priv = c->cfg.priv;
+
+	c->in_payload = false;
+	switch (f->op) {
+	case RTRS_TCP_ACCEPT:
+		c->state = TC_UP;
+		if (!con_quiet(c))
+			c->cfg.ops->connected(priv, c->cm, f->len);
+		break;
+	case RTRS_TCP_REJECT:
+		con_fail(c, -ECONNREFUSED, c->cm, f->len);
+		return false;
+	case RTRS_TCP_WRITE:
+		if (c->mr) {
+			mr_put(c->mr);
+			c->mr = NULL;
+		}
+		if (f->has_imm && !con_quiet(c))
+			c->cfg.ops->imm(priv, f->imm);
+		break;
+	case RTRS_TCP_SEND:
+		if (!con_quiet(c))
+			c->cfg.ops->recv(priv, c->rx_buf, f->len);
+		if (f->has_imm && !con_quiet(c))
+			c->cfg.ops->imm(priv, f->imm);
+		break;
+	default:
+		break;
+	}
+	return !con_quiet(c) && c->state != TC_DOWN;
+}
+
+enum rx_end { RX_EMPTY, RX_BUDGET, RX_STOP };
+
+/*
+ * Under cb_lock: reads frames, at most TCP_RX_BUDGET; *frames, how many
+ * ended. RX_EMPTY when the socket has no more, RX_BUDGET when the budget
+ * ran out, RX_STOP when the connection ended or went quiet.
+ */
+static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
+{
+	unsigned budget = TCP_RX_BUDGET;
+	enum rx_end end = RX_STOP;
+
+	*frames = 0;
+
+	while (budget && !con_quiet(c) && c->state != TC_DOWN) {
+		struct iovec iov[2];
+		unsigned n = 0;
+		struct msghdr mh = { .msg_iov = iov };
+		ssize_t r;
+		bool guard = false;
+
+		if (!c->in_payload && c->hdr_got == sizeof(c->hdr)) {
+			if (!rx_frame_start(c))
+				return RX_STOP;
+			if (!c->left) {
+				budget--;
+				(*frames)++;
+				if (!rx_frame_end(c))
+					return RX_STOP;
+				continue;
+			}
+		}
+		if (c->in_payload) {
+			iov[n++] = (struct iovec){ c->dst + (c->fr.len - c->left), c->left };
+			if (c->mr) {
+				atomic_fetch_add(&c->mr->active, 1);
+				guard = true;
+				if (atomic_load(&c->mr->dead)) {
+					atomic_fetch_sub(&c->mr->active, 1);
+					log_warn_rl("%s: write into a key deregistered under it",
+						    con_name(c));
+					con_fail(c, -EACCES, NULL, 0);
+					return RX_STOP;
+				}
+			}
+		}
+		/* The next header with the payload's end, in the same call. */
+		iov[n++] = (struct iovec){ c->hdr + c->hdr_got, sizeof(c->hdr) - c->hdr_got };
+		mh.msg_iovlen = n;
+		r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
+		if (guard)
+			atomic_fetch_sub(&c->mr->active, 1);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return RX_EMPTY;
+		if (r <= 0) {
+			con_fail(c, r ? -errno : -ECONNRESET, NULL, 0);
+			return RX_STOP;
+		}
+		size_t got = (size_t)r;
+
+		if (c->in_payload) {
+			size_t take = MIN(got, c->left);
+
+			c->left -= take;
+			got -= take;
+			if (!c->left) {
+				budget--;
+				(*frames)++;
+				c->hdr_got += got;
+				if (!rx_frame_end(c))
+					return RX_STOP;
+				continue;
+			}
+		}
+		c->hdr_got += got;
+	}
+	if (!budget && !con_quiet(c) && c->state != TC_DOWN)
+		end = RX_BUDGET;
+	return end;
+}
+
+/*
+ * Group thread, under cb_lock: reads, then waits on the ready list when
+ * the budget ran out, or arms its poll when the socket is empty.
+ */
+static void con_rx(struct fab_con *c)
+{
+	unsigned frames;
+
+	switch (rx_frames(c, &frames)) {
+	case RX_EMPTY:
+		arm_rx(c);
+		break;
+	case RX_BUDGET:
+		ready_add(c);
+		break;
+	case RX_STOP:
+		break;
+	}
+}
+
+static bool poller_active(struct fab_con *c)
+{
+	struct fab_poller *p = atomic_load(&c->poller);
+
+	return p && (atomic_load(&p->waiting) > 0 ||
+		     now_ms() - atomic_load(&p->last_ms) < FAB_POLL_LEASE_MS);
+}
+
+
+
+/* ---- the group thread ---------------------------------------------------------- */
+
+static void con_free(struct fab_con *c);
+
+/* Destroying: the polls still armed are removed; their completions free it. */
+static void con_release(struct fab_con *c)
+{
+	struct tcp_group *g = c->g;
+	struct io_uring_sqe *sqe;
+
+	c->released = true;
+	if (c->on_ready) {
+		struct fab_con **pp = &g->ready_head, *prev = NULL;
+
+		for (; *pp; prev = *pp, pp = &(*pp)->ready_next) {
+			if (*pp == c) {
+				*pp = c->ready_next;
+				if (g->ready_tail == c)
+					g->ready_tail = prev;
+				break;
+			}
+		}
+		c->on_ready = false;
+	}
+	if (c->on_retry) {
+		for (struct fab_con **pp = &g->retry_head; *pp; pp = &(*pp)->retry_next) {
+			if (*pp == c) {
+				*pp = c->retry_next;
+				break;
+			}
+		}
+		c->on_retry = false;
+	}
+	if (c->on_lease) {
+		for (struct fab_con **pp = &g->lease_head; *pp; pp = &(*pp)->lease_next) {
+			if (*pp == c) {
+				*pp = c->lease_next;
+				break;
+			}
+		}
+		c->on_lease = false;
+	}
+	if (c->rx_armed) {
+		sqe = group_sqe(g);
+		io_uring_prep_poll_remove(sqe, (uint64_t)(uintptr_t)c | TAG_RX);
+		io_uring_sqe_set_data64(sqe, UD_IGNORE);
+	}
+	if (c->tx_armed) {
+		sqe = group_sqe(g);
+		io_uring_prep_poll_remove(sqe, (uint64_t)(uintptr_t)c | TAG_TX);
+		io_uring_sqe_set_data64(sqe, UD_IGNORE);
+	}
+	if (!c->rx_armed && !c->tx_armed)
+		con_free(c);
+}
+
+static void con_deliver_done(struct fab_con *c)
+{
+	void *local[32], **ctxs = local;
+	size_t n;
+
+	pthread_mutex_lock(&c->tx_lock);
+	n = c->dctx_n;
+	if (n > ARRAY_SIZE(local)) {
+		ctxs = c->dctx;
+		c->dctx = NULL;
+		c->dctx_cap = 0;
+	} else {
+		memcpy(local, c->dctx, n * sizeof(*ctxs));
+	}
+	c->dctx_n = 0;
+	pthread_mutex_unlock(&c->tx_lock);
+	for (size_t i = 0; i < n && !con_quiet(c); i++)
+		c->cfg.ops->done(c->cfg.priv, ctxs[i]);
+	if (ctxs != local)
+		free(ctxs);
+	if (n && c->on_retry)
+		c->retry_at = 0; /* a completion: the retry is due now */
+}
+
+static void con_flush(struct fab_con *c)
+{
+	bool delivered = false;
+	int err;
+
+	if (c->state == TC_DOWN)
+		return;
+	if (!tx_flush(c, &delivered, &err)) {
+		if (err) {
+			con_fail(c, err, NULL, 0);
+			return;
+		}
+		pthread_mutex_lock(&c->tx_lock);
+		bool waiting = c->txq_head && c->tx_open && !c->tx_dead;
+		pthread_mutex_unlock(&c->tx_lock);
+		if (waiting)
+			arm_tx(c);
+	}
+	if (delivered)
+		con_deliver_done(c);
+}
+
+/* Client: the TCP connect finished (POLLOUT on the socket). */
+static void con_connect_done(struct fab_con *c)
+{
+	int err = 0;
+	socklen_t len = sizeof(err);
+
+	if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) || err) {
+		if (!err)
+			err = errno;
+		log_dbg("%s: connect: %s", con_name(c), strerror(err));
+		con_fail(c, err == ECONNREFUSED ? -ECONNREFUSED : -err, NULL, 0);
+		return;
+	}
+	c->state = TC_HELLO;
+	pthread_mutex_lock(&c->tx_lock);
+	c->tx_open = true;
+	pthread_mutex_unlock(&c->tx_lock);
+	con_flush(c);
+	arm_rx(c);
+}
+
+static void con_work(struct fab_con *c)
+{
+	unsigned bits = atomic_exchange(&c->work, 0);
+
+	if (bits & W_DESTROY) {
+		con_release(c);
+		return;
+	}
+	if (atomic_load(&c->destroying))
+		return;
+	pthread_mutex_lock(&c->cb_lock);
+	if (bits & W_START) {
+		if (c->state == TC_CONNECTING) {
+			arm_tx(c);
+		} else {
+			if (c->server && !con_quiet(c))
+				c->cfg.ops->connected(c->cfg.priv, NULL, 0);
+			arm_rx(c);
+		}
+	}
+	if (bits & W_FAIL) {
+		int err;
+
+		pthread_mutex_lock(&c->tx_lock);
+		err = c->tx_err ? c->tx_err : -ECONNRESET;
+		pthread_mutex_unlock(&c->tx_lock);
+		con_fail(c, err, NULL, 0);
+	}
+	if ((bits & W_FLUSH) && c->state != TC_CONNECTING)
+		con_flush(c);
+	if (bits & W_DONE)
+		con_deliver_done(c);
+	if ((bits & W_RETRY) && !c->on_retry) {
+		c->on_retry = true;
+		c->retry_at = now_ms() + 1;
+		c->retry_next = c->g->retry_head;
+		c->g->retry_head = c;
+	}
+	if ((bits & W_KICK) && !con_quiet(c))
+		c->cfg.ops->kick(c->cfg.priv);
+	pthread_mutex_unlock(&c->cb_lock);
+}
+
+static void group_drain_work(struct tcp_group *g)
+{
+	/*
+	 * One at a time off the list: a callback may destroy another
+	 * connection of the group, which must then be found listed (its
+	 * W_DESTROY waits its turn), never freed under this loop.
+	 */
+	for (;;) {
+		struct fab_con *c;
+
+		pthread_mutex_lock(&g->lock);
+		c = g->work_head;
+		if (c) {
+			g->work_head = c->work_next;
+			if (!g->work_head)
+				g->work_tail = NULL;
+			c->on_work = false;
+		}
+		pthread_mutex_unlock(&g->lock);
+		if (!c)
+			break;
+		con_work(c);
+	}
+}
+
+/* Each connection on the ready list at the start gets one more budget; ones that use it up again go behind. */
+static void group_run_ready(struct tcp_group *g)
+{
+	size_t n = 0;
+
+	for (struct fab_con *c = g->ready_head; c; c = c->ready_next)
+		n++;
+	while (n-- && g->ready_head) {
+		struct fab_con *c = g->ready_head;
+
+		g->ready_head = c->ready_next;
+		if (!g->ready_head)
+			g->ready_tail = NULL;
+		c->on_ready = false;
+		if (!atomic_load(&c->destroying)) {
+			pthread_mutex_lock(&c->cb_lock);
+			con_rx(c);
+			pthread_mutex_unlock(&c->cb_lock);
+		}
+	}
+}
+
+static void group_run_retry(struct tcp_group *g)
+{
+	uint64_t now = now_ms();
+
+	/* From the head again after each kick: a kick may destroy a listed connection. */
+	for (;;) {
+		struct fab_con **pp = &g->retry_head, *c;
+
+		while (*pp && (*pp)->retry_at > now)
+			pp = &(*pp)->retry_next;
+		c = *pp;
+		if (!c)
+			break;
+		*pp = c->retry_next;
+		c->on_retry = false;
+		pthread_mutex_lock(&c->cb_lock);
+		if (!con_quiet(c))
+			c->cfg.ops->kick(c->cfg.priv);
+		pthread_mutex_unlock(&c->cb_lock);
+	}
+	/*
+	 * Input left a lease long to a poller: read it here, so that nothing
+	 * waits on a caller that stopped polling.
+	 */
+	for (;;) {
+		struct fab_con **pp = &g->lease_head, *c;
+
+		while (*pp && (*pp)->lease_at > now)
+			pp = &(*pp)->lease_next;
+		c = *pp;
+		if (!c)
+			break;
+		*pp = c->lease_next;
+		c->on_lease = false;
+		pthread_mutex_lock(&c->cb_lock);
+		if (c->state != TC_DOWN)
+			con_rx(c);
+		pthread_mutex_unlock(&c->cb_lock);
+	}
+}
+
+static void group_cqe(struct tcp_group *g, struct io_uring_cqe *cqe)
+{
+	uint64_t ud = io_uring_cqe_get_data64(cqe);
+	struct fab_con *c = (struct fab_con *)(uintptr_t)(ud & ~(uint64_t)TAG_MASK);
+
+	if (ud == UD_EFD) {
+		efd_arm(g);
+		atomic_store(&g->woken, false);
+		return;
+	}
+	if (ud == UD_IGNORE)
+		return;
+	if ((ud & TAG_MASK) == TAG_RX)
+		c->rx_armed = false;
+	else
+		c->tx_armed = false;
+	if (c->released) {
+		if (!c->rx_armed && !c->tx_armed)
+			con_free(c);
+		return;
+	}
+	if (atomic_load(&c->destroying))
+		return;
+	pthread_mutex_lock(&c->cb_lock);
+	if (c->state == TC_DOWN) {
+		/* nothing */
+	} else if ((ud & TAG_MASK) == TAG_TX) {
+		if (c->state == TC_CONNECTING)
+			con_connect_done(c);
+		else
+			con_flush(c);
+	} else if (c->state == TC_UP && poller_active(c)) {
+		/* A poller reads it; after a lease, whatever is left is read here. */
+		if (!c->on_lease) {
+			c->on_lease = true;
+			c->lease_at = now_ms() + FAB_POLL_LEASE_MS;
+			c->lease_next = g->lease_head;
+			g->lease_head = c;
+		}
+	} else {
+		con_rx(c);
+	}
+	pthread_mutex_unlock(&c->cb_lock);
+}
+
+static void *group_thread(void *arg)
+{
+	struct tcp_group *g = arg;
+	char name[16];
+
+	snprintf(name, sizeof(name), "rtrs-tcp-%u", g->idx);
+	pthread_setname_np(pthread_self(), name);
+	efd_arm(g);
+	while (!atomic_load(&g->stop)) {
+		struct io_uring_cqe *cqe;
+		unsigned head, seen = 0;
+		int rc;
+
+		g->passes++;
+		group_drain_work(g);
+		group_run_ready(g);
+		group_run_retry(g);
+		if (g->ready_head) {
+			rc = io_uring_submit(&g->ring);
+		} else {
+			bool timer = g->retry_head || g->lease_head;
+			struct __kernel_timespec ts = { .tv_sec = timer ? 0 : 1,
+							.tv_nsec = timer ? 1000000 : 0 };
+
+			rc = io_uring_submit_and_wait_timeout(&g->ring, &cqe, 1, &ts, NULL);
+		}
+		if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EBUSY)
+			log_warn_rl("tcp group %u: io_uring_enter: %s", g->idx, strerror(-rc));
+		io_uring_for_each_cqe(&g->ring, head, cqe) {
+			group_cqe(g, cqe);
+			seen++;
+		}
+		io_uring_cq_advance(&g->ring, seen);
+	}
+	return NULL;
+}
+
+static int groups_get(void)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&grp.lock);
+	if (grp.users++) {
+		pthread_mutex_unlock(&grp.lock);
+		return 0;
+	}
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned n = grp.want ? grp.want : (unsigned)MAX(cpus, 1);
+
+	grp.g = calloc(n, sizeof(*grp.g));
+	if (!grp.g) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	for (grp.n = 0; grp.n < n; grp.n++) {
+		struct tcp_group *g = &grp.g[grp.n];
+		struct io_uring_params p = { .flags = IORING_SETUP_CQSIZE, .cq_entries = TCP_RING_CQ };
+
+		g->idx = grp.n;
+		pthread_mutex_init(&g->lock, NULL);
+		/* Blocking: io_uring would answer a read of a non-blocking one with -EAGAIN. */
+		g->efd = eventfd(0, EFD_CLOEXEC);
+		if (g->efd < 0) {
+			rc = -errno;
+			pthread_mutex_destroy(&g->lock);
+			break;
+		}
+		rc = io_uring_queue_init_params(TCP_RING_SQ, &g->ring, &p);
+		if (rc) {
+			log_err("tcp: io_uring_queue_init: %s", strerror(-rc));
+			close(g->efd);
+			pthread_mutex_destroy(&g->lock);
+			break;
+		}
+		rc = -pthread_create(&g->thread, NULL, group_thread, g);
+		if (rc) {
+			io_uring_queue_exit(&g->ring);
+			close(g->efd);
+			pthread_mutex_destroy(&g->lock);
+			break;
+		}
+	}
+	if (!rc) {
+		pthread_mutex_unlock(&grp.lock);
+		log_dbg("tcp: %u poll groups", grp.n);
+		return 0;
+	}
+fail:
+	grp.users--;
+	for (unsigned i = 0; i < grp.n; i++) {
+		atomic_store(&grp.g[i].stop, true);
+		group_wake(&grp.g[i]);
+		pthread_join(grp.g[i].thread, NULL);
+		io_uring_queue_exit(&grp.g[i].ring);
+		close(grp.g[i].efd);
+		pthread_mutex_destroy(&grp.g[i].lock);
+	}
+	free(grp.g);
+	grp.g = NULL;
+	grp.n = 0;
+	pthread_mutex_unlock(&grp.lock);
+	return rc;
+}
+
+static void groups_put(void)
+{
+	pthread_mutex_lock(&grp.lock);
+	if (--grp.users) {
+		pthread_mutex_unlock(&grp.lock);
+		return;
+	}
+	for (unsigned i = 0; i < grp.n; i++) {
+		struct tcp_group *g = &grp.g[i];
+
+		if (atomic_load(&g->nr_cons))
+			log_warn("tcp group %u: stopped with %u connections", i,
+				 atomic_load(&g->nr_cons));
+		atomic_store(&g->stop, true);
+		atomic_store(&g->woken, false);
+		group_wake(g);
+		pthread_join(g->thread, NULL);
+		io_uring_queue_exit(&g->ring);
+		close(g->efd);
+		pthread_mutex_destroy(&g->lock);
+	}
+	free(grp.g);
+	grp.g = NULL;
+	grp.n = 0;
+	pthread_mutex_unlock(&grp.lock);
+}
+
+/* The group with the fewest connections. */
+static struct tcp_group *group_pick(void)
+{
+	struct tcp_group *best = NULL;
+
+	pthread_mutex_lock(&grp.lock);
+	for (unsigned i = 0; i < grp.n; i++)
+		if (!best || atomic_load(&grp.g[i].nr_cons) < atomic_load(&best->nr_cons))
+			best = &grp.g[i];
+	if (best)
+		atomic_fetch_add(&best->nr_cons, 1);
+	pthread_mutex_unlock(&grp.lock);
+	return best;
+}
+
+/* ---- fabric and domain --------------------------------------------------------- */
+
+static int resolve(const char *node, const char *service, bool passive,
+		   struct sockaddr_storage *out, socklen_t *outlen, const char *what)
+{
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = passive ? AI_PASSIVE : 0 };
+	struct addrinfo *res = NULL;
+	int rc = getaddrinfo(node, service, &hints, &res);
+
+	if (rc) {
+		/* The wording the other fabrics use: "cannot resolve HOST: why". */
+		log_err("fabric: %s %s: %s", what, node ? node : "*", gai_strerror(rc));
+		if (!strcmp(what, "source address"))
+			err_detail("cannot resolve the source address %s: %s", node, gai_strerror(rc));
+		else
+			err_detail("cannot resolve %s: %s", node ? node : "*", gai_strerror(rc));
+		return rc == EAI_SYSTEM ? -errno : -ENXIO;
+	}
+	memcpy(out, res->ai_addr, res->ai_addrlen);
+	*outlen = res->ai_addrlen;
+	freeaddrinfo(res);
+	return 0;
+}
+
+static int tcp_open(const char *prov, const char *src, const char *node, const char *service,
+		    bool server, size_t queue, struct fab **out)
+{
+	struct fab *f;
+	int rc;
+
+	(void)prov;
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	f->ops = &fab_tcp_ops;
+	f->server = server;
+	rc = resolve(node, service ? service : "0", server, &f->addr, &f->addrlen,
+		     server ? "listen address" : "address");
+	if (!rc && src && *src) {
+		rc = resolve(src, NULL, true, &f->src, &f->srclen, "source address");
+		if (rc == -ENXIO)
+			rc = -EINVAL;
+	}
+	if (!rc)
+		rc = keyperm_init(&f->keys);
+	if (rc) {
+		free(f);
+		return rc;
+	}
+	rc = groups_get();
+	if (rc) {
+		keyperm_clear(&f->keys);
+		free(f);
+		return rc;
+	}
+	pthread_rwlock_init(&f->mr_lock, NULL);
+	atomic_init(&f->next_key, 0);
+	atomic_init(&f->next_key64, KEYPERM_KEY64_MIN);
+
+	struct fab_attr *a = &f->attr;
+
+	snprintf(a->prov_name, sizeof(a->prov_name), "tcp");
+	a->iov_limit = TCP_IOV_LIMIT;
+	a->rma_iov_limit = TCP_RMA_LIMIT;
+	a->max_queue = queue ? MIN(queue, TCP_QUEUE_MAX) : TCP_QUEUE_DEFAULT;
+	a->inject_size = TCP_INJECT;
+	a->connect_data_max = RTRS_TCP_CM_MAX;
+	*out = f;
+	return 0;
+}
+
+static void tcp_close(struct fab *f)
+{
+	size_t left = 0;
+
+	if (!f)
+		return;
+	for (size_t i = 0; i < TCP_MR_BUCKETS; i++)
+		for (struct tcp_mr *m = f->mr_tab[i], *n; m; m = n) {
+			n = m->next;
+			left++;
+			mr_put(m);
+		}
+	if (left)
+		log_warn("fabric: tcp closed with %zu memory regions registered", left);
+	pthread_rwlock_destroy(&f->mr_lock);
+	keyperm_clear(&f->keys);
+	free(f);
+	groups_put();
+}
+
+static const struct fab_attr *tcp_attr(const struct fab *f)
+{
+	return &f->attr;
+}
+
+/* ---- listening ----------------------------------------------------------------- */
+
+static int sock_new(int family)
+{
+	int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	int one = 1;
+
+	if (fd < 0)
+		return -errno;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	return fd;
+}
+
+static int tcp_listen(struct fab *f, struct fab_lst **out)
+{
+	struct fab_lst *l = calloc(1, sizeof(*l));
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
+	int one = 1, rc;
+
+	if (!l)
+		return -ENOMEM;
+	l->ops = &fab_tcp_ops;
+	l->fab = f;
+	l->epfd = -1;
+	l->spare_fd = -1;
+	l->lfd = sock_new(f->addr.ss_family);
+	if (l->lfd < 0) {
+		rc = l->lfd;
+		goto fail;
+	}
+	setsockopt(l->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(l->lfd, (struct sockaddr *)&f->addr, f->addrlen) || listen(l->lfd, 4096)) {
+		rc = -errno;
+		char a[80];
+
+		sockaddr_str(&f->addr, a, sizeof(a));
+		log_err("listener: %s: %s", a, strerror(-rc));
+		err_detail("cannot listen on %s: %s", a, strerror(-rc));
+		goto fail;
+	}
+	if (!getsockname(l->lfd, (struct sockaddr *)&ss, &sl))
+		l->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port) :
+						     ntohs(((struct sockaddr_in *)&ss)->sin_port);
+	l->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (l->epfd < 0 || epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->lfd, &ev)) {
+		rc = -errno;
+		goto fail;
+	}
+	/* One fd kept back: with the table full, a connection is still accepted and closed. */
+	l->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	*out = l;
+	return 0;
+fail:
+	if (l->lfd >= 0)
+		close(l->lfd);
+	if (l->epfd >= 0)
+		close(l->epfd);
+	free(l);
+	return rc;
+}
+
+static void raw_free(struct fab_lst *l, struct tcp_raw *r, bool counted)
+{
+	if (r->fd >= 0) {
+		epoll_ctl(l->epfd, EPOLL_CTL_DEL, r->fd, NULL);
+		close(r->fd);
+	}
+	if (counted)
+		l->closed++;
+	free(r);
+}
+
+/* Takes raw i out of the list (its order does not matter: ages are stored). */
+static struct tcp_raw *raw_take(struct fab_lst *l, size_t i)
+{
+	struct tcp_raw *r = l->raw[i];
+
+	l->raw[i] = l->raw[--l->nr_raw];
+	l->raw[i]->idx = i;
+	return r;
+}
+
+static void tcp_lst_close(struct fab_lst *l)
+{
+	if (!l)
+		return;
+	while (l->nr_raw)
+		raw_free(l, raw_take(l, l->nr_raw - 1), false);
+	free(l->raw);
+	close(l->lfd);
+	close(l->epfd);
+	if (l->spare_fd >= 0)
+		close(l->spare_fd);
+	free(l);
+}
+
+static int tcp_lst_fd(const struct fab_lst *l)
+{
+	return l->epfd;
+}
+
+static int tcp_lst_port(const struct fab_lst *l)
+{
+	return l->port;
+}
+
+static void tcp_lst_limit(struct fab_lst *l, const struct fab_lst_limits *lim)
+{
+	l->lim = *lim;
+}
+
+static uint64_t tcp_lst_closed(const struct fab_lst *l)
+{
+	return l->closed;
+}
+
+/*
+ * The limits on silent connections (no byte of their request yet): the
+ * oldest of a peer beyond max_per_peer, the oldest of all beyond
+ * max_total. One whose request is coming in is no flood's: it is read
+ * next. Returns how many were closed.
+ */
+static size_t raw_enforce(struct fab_lst *l, const char *peer)
+{
+	size_t closed = 0;
+
+	for (int pass = 0; pass < 2; pass++) {
+		unsigned max = pass ? l->lim.max_total : l->lim.max_per_peer;
+
+		if (!max)
+			continue;
+		for (;;) {
+			size_t alive = 0, oldest = SIZE_MAX;
+
+			for (size_t i = 0; i < l->nr_raw; i++) {
+				struct tcp_raw *r = l->raw[i];
+
+				if (r->spoke || (!pass && strcmp(r->peer, peer)))
+					continue;
+				alive++;
+				if (oldest == SIZE_MAX || r->since_ms < l->raw[oldest]->since_ms)
+					oldest = i;
+			}
+			if (alive <= max)
+				break;
+			raw_free(l, raw_take(l, oldest), true);
+			closed++;
+		}
+	}
+	return closed;
+}
+
+static void raw_peer(int fd, char *buf, size_t len)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	const void *a = NULL;
+
+	snprintf(buf, len, "?");
+	if (getpeername(fd, (struct sockaddr *)&ss, &sl))
+		return;
+	if (ss.ss_family == AF_INET)
+		a = &((struct sockaddr_in *)&ss)->sin_addr;
+	else if (ss.ss_family == AF_INET6)
+		a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+	if (a)
+		inet_ntop(ss.ss_family, a, buf, (socklen_t)len);
+}
+
+static void lst_accept(struct fab_lst *l)
+{
+	size_t over = 0;
+
+	for (int i = 0; i < TCP_ACCEPT_BATCH; i++) {
+		int fd = accept4(l->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP };
+		struct tcp_raw *r;
+		int one = 1;
+
+		if (fd < 0 && (errno == EMFILE || errno == ENFILE) && l->spare_fd >= 0) {
+			/* Out of fds: take the connection with the spare and close it at once. */
+			close(l->spare_fd);
+			fd = accept4(l->lfd, NULL, NULL, SOCK_CLOEXEC);
+			if (fd >= 0)
+				close(fd);
+			l->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+			log_warn_rl("listener: out of file descriptors: connection closed at once");
+			l->closed++;
+			continue;
+		}
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED &&
+			    errno != EINTR)
+				log_warn_rl("listener: accept: %s", strerror(errno));
+			if (errno == ECONNABORTED || errno == EINTR)
+				continue;
+			break;
+		}
+		r = calloc(1, sizeof(*r));
+		if (r && l->nr_raw == l->cap) {
+			size_t cap = l->cap ? l->cap * 2 : 64;
+			struct tcp_raw **n = realloc(l->raw, cap * sizeof(*n));
+
+			if (n) {
+				l->raw = n;
+				l->cap = cap;
+			}
+		}
+		if (!r || l->nr_raw == l->cap) {
+			free(r);
+			close(fd);
+			l->closed++;
+			continue;
+		}
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		r->fd = fd;
+		r->since_ms = now_ms();
+		raw_peer(fd, r->peer, sizeof(r->peer));
+		ev.data.ptr = r;
+		if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &ev)) {
+			raw_free(l, r, true);
+			continue;
+		}
+		r->idx = l->nr_raw;
+		l->raw[l->nr_raw++] = r;
+		over += raw_enforce(l, r->peer);
+	}
+	if (over)
+		log_warn_rl("listener: closed %zu connections that sent no connection request "
+			    "(over the limits of %u, %u per peer)", over, l->lim.max_total,
+			    l->lim.max_per_peer);
+}
+
+static void tcp_lst_sweep(struct fab_lst *l)
+{
+	uint64_t now = now_ms();
+	size_t late = 0;
+
+	if (!l->lim.timeout_ms)
+		return;
+	for (size_t i = 0; i < l->nr_raw;) {
+		if (now - l->raw[i]->since_ms >= l->lim.timeout_ms) {
+			raw_free(l, raw_take(l, i), true);
+			late++;
+		} else {
+			i++;
+		}
+	}
+	if (late)
+		log_warn_rl("listener: closed %zu connections that sent no connection request "
+			    "(after %u ms)", late, l->lim.timeout_ms);
+}
+
+/* Reads what a raw connection sent; its request whole: the callback. False: r is gone. */
+static void raw_read(struct fab_lst *l, struct tcp_raw *r,
+		     void (*cb)(void *priv, struct fab_connreq *req, const void *data, size_t len),
+		     void *priv)
+{
+	struct rtrs_tcp_frame fr = { 0 };
+	const char *why = NULL;
+	size_t idx = r->idx;
+	ssize_t n;
+
+	for (;;) {
+		size_t need = RTRS_TCP_HDR_LEN;
+
+		if (r->got >= RTRS_TCP_HDR_LEN) {
+			if (!rtrs_tcp_hdr_decode(r->buf, r->got, &fr, &why) &&
+			    fr.op != RTRS_TCP_CONNECT)
+				why = "first frame is not a connection request";
+			if (why) {
+				log_warn_rl("listener: %s: %s", r->peer, why);
+				raw_free(l, raw_take(l, idx), true);
+				return;
+			}
+			need = RTRS_TCP_HDR_LEN + fr.len;
+			if (r->got == need)
+				break;
+		}
+		n = recv(r->fd, r->buf + r->got, need - r->got, MSG_DONTWAIT);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return;
+		if (n <= 0) {
+			raw_free(l, raw_take(l, idx), true);
+			return;
+		}
+		r->spoke = true;
+		r->got += (size_t)n;
+	}
+	raw_take(l, idx);
+	epoll_ctl(l->epfd, EPOLL_CTL_DEL, r->fd, NULL);
+
+	struct fab_connreq req = { .ops = &fab_tcp_ops, .l = l, .r = r };
+
+	cb(priv, &req, r->buf + RTRS_TCP_HDR_LEN, fr.len);
+	if (!req.answered)
+		raw_free(l, r, false);
+}
+
+static int tcp_lst_process(struct fab_lst *l,
+			   void (*cb)(void *priv, struct fab_connreq *req, const void *data,
+				      size_t len),
+			   void *priv)
+{
+	struct epoll_event evs[64];
+
+	for (int rounds = 0; rounds < 64; rounds++) {
+		bool listener = false;
+		int n = epoll_wait(l->epfd, evs, ARRAY_SIZE(evs), 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			break;
+		/* The raw connections first: accepting may close some of them. */
+		for (int i = 0; i < n; i++) {
+			if (evs[i].data.ptr)
+				raw_read(l, evs[i].data.ptr, cb, priv);
+			else
+				listener = true;
+		}
+		if (listener)
+			lst_accept(l);
+	}
+	return 0;
+}
+
+/* Sends a connection frame on a socket of our own, blocking briefly at most. */
+static int cm_send(int fd, enum rtrs_tcp_op op, const void *data, size_t len)
+{
+	struct rtrs_tcp_frame f = { .op = op, .len = (uint32_t)len };
+	struct rtrs_tcp_hdr h;
+	struct iovec iov[2] = { { &h, sizeof(h) }, { (void *)data, len } };
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = len ? 2 : 1 };
+	ssize_t w;
+
+	rtrs_tcp_hdr_encode(&h, &f);
+	w = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+	return w == (ssize_t)(sizeof(h) + len) ? 0 : w < 0 ? -errno : -EAGAIN;
+}
+
+static int tcp_reject(struct fab_lst *l, struct fab_connreq *req, const void *data, size_t len)
+{
+	int rc;
+
+	if (len > RTRS_TCP_CM_MAX)
+		return -EMSGSIZE;
+	char junk[512];
+
+	rc = cm_send(req->r->fd, RTRS_TCP_REJECT, data, len);
+	req->answered = true;
+	/*
+	 * The peer reads the verdict, then the end of the stream: what it sent
+	 * beyond its request is read first, or the close would reset the
+	 * connection and the verdict with it.
+	 */
+	shutdown(req->r->fd, SHUT_WR);
+	for (int i = 0; i < 64 && recv(req->r->fd, junk, sizeof(junk), MSG_DONTWAIT) > 0; i++)
+		;
+	raw_free(l, req->r, false);
+	return rc;
+}
+
+static void tcp_connreq_peer(const struct fab_connreq *req, char *buf, size_t len)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+
+	if (getpeername(req->r->fd, (struct sockaddr *)&ss, &sl))
+		snprintf(buf, len, "?");
+	else
+		sockaddr_str(&ss, buf, len);
+}
+
+/* ---- connections --------------------------------------------------------------- */
+
+static int con_rx_alloc(struct fab_con *c, size_t count, size_t size)
+{
+	char *buf;
+
+	if (!count || !size)
+		return -EINVAL;
+	pthread_mutex_lock(&c->rx_lock);
+	if (c->rx_buf) {
+		pthread_mutex_unlock(&c->rx_lock);
+		return -EEXIST;
+	}
+	/* One buffer: each message is given back when recv() returns. */
+	buf = malloc(size);
+	if (buf) {
+		c->rx_buf = buf;
+		c->rx_size = size;
+	}
+	pthread_mutex_unlock(&c->rx_lock);
+	return buf ? 0 : -ENOMEM;
+}
+
+static int tcp_con_rx_setup(struct fab_con *c, size_t count, size_t size)
+{
+	return con_rx_alloc(c, count, size);
+}
+
+static int con_create(struct fab *f, int fd, const struct fab_con_cfg *cfg, bool server,
+		      struct fab_con **out)
+{
+	struct fab_con *c = calloc(1, sizeof(*c));
+	int rc;
+
+	if (!c)
+		return -ENOMEM;
+	c->ops = &fab_tcp_ops;
+	c->fab = f;
+	c->cfg = *cfg;
+	c->cfg.name = NULL;
+	snprintf(c->name_made, sizeof(c->name_made), "%s", cfg->name ? cfg->name : "tcp");
+	atomic_init(&c->name, c->name_made);
+	c->fd = fd;
+	c->server = server;
+	c->tx_max = (unsigned)MAX(cfg->tx_depth, 1);
+	c->state = server ? TC_UP : TC_CONNECTING;
+	pthread_mutex_init(&c->tx_lock, NULL);
+	pthread_mutex_init(&c->rx_lock, NULL);
+	pthread_mutex_init(&c->cb_lock, NULL);
+	if (cfg->rx_depth && cfg->rx_size) {
+		rc = con_rx_alloc(c, cfg->rx_depth, cfg->rx_size);
+		if (rc) {
+			pthread_mutex_destroy(&c->tx_lock);
+			pthread_mutex_destroy(&c->rx_lock);
+			pthread_mutex_destroy(&c->cb_lock);
+			free(c);
+			return rc;
+		}
+	}
+	c->g = group_pick();
+	*out = c;
+	return 0;
+}
+
+static void con_free(struct fab_con *c)
+{
+	struct tcp_destroy_wait *dw = c->dw;
+	struct tcp_group *g = c->g;
+
+	/*
+	 * Work queued before its W_DESTROY was taken with earlier bits (the
+	 * bits are read whole) leaves it listed: out of the list before it
+	 * goes.
+	 */
+	pthread_mutex_lock(&g->lock);
+	if (c->on_work) {
+		struct fab_con *prev = NULL;
+
+		for (struct fab_con *w = g->work_head; w; prev = w, w = w->work_next) {
+			if (w != c)
+				continue;
+			if (prev)
+				prev->work_next = c->work_next;
+			else
+				g->work_head = c->work_next;
+			if (g->work_tail == c)
+				g->work_tail = prev;
+			break;
+		}
+		c->on_work = false;
+	}
+	pthread_mutex_unlock(&g->lock);
+
+	while (c->txq_head) {
+		struct tcp_txf *t = c->txq_head;
+
+		c->txq_head = t->next;
+		free(t);
+	}
+	if (c->mr)
+		mr_put(c->mr);
+	free(c->dctx);
+	free(c->rx_buf);
+	if (c->fd >= 0)
+		close(c->fd);
+	atomic_fetch_sub(&g->nr_cons, 1);
+	pthread_mutex_destroy(&c->tx_lock);
+	pthread_mutex_destroy(&c->rx_lock);
+	pthread_mutex_destroy(&c->cb_lock);
+	free(c);
+	if (dw) {
+		pthread_mutex_lock(&dw->lock);
+		dw->done = true;
+		pthread_cond_signal(&dw->cond);
+		pthread_mutex_unlock(&dw->lock);
+	}
+}
+
+static int tcp_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
+			   size_t len, struct fab_con **out)
+{
+	struct rtrs_tcp_frame fr = { .op = RTRS_TCP_CONNECT, .len = (uint32_t)len };
+	struct rtrs_tcp_hdr h;
+	struct iovec iov[2] = { { &h, sizeof(h) }, { (void *)data, len } };
+	struct fab_con *c;
+	int fd, rc;
+
+	if (len > RTRS_TCP_CM_MAX) {
+		log_err("%s: %zu bytes of connection data exceed the provider's %u", cfg->name,
+			len, RTRS_TCP_CM_MAX);
+		return -EMSGSIZE;
+	}
+	fd = sock_new(f->addr.ss_family);
+	if (fd < 0)
+		return fd;
+	if (f->srclen && bind(fd, (struct sockaddr *)&f->src, f->srclen)) {
+		rc = -errno;
+		char a[80];
+
+		sockaddr_str(&f->src, a, sizeof(a));
+		log_err("%s: cannot bind to the source address %s: %s", cfg->name, a,
+			strerror(-rc));
+		err_detail("cannot use the source address %s: %s", a, strerror(-rc));
+		close(fd);
+		return rc;
+	}
+	rc = con_create(f, fd, cfg, false, &c);
+	if (rc) {
+		close(fd);
+		return rc;
+	}
+	rtrs_tcp_hdr_encode(&h, &fr);
+	pthread_mutex_lock(&c->tx_lock);
+	rc = txq_add(c, iov, len ? 2 : 1, 0, NULL, 0, true, NULL);
+	if (!rc) {
+		c->txq_tail->counted = false; /* the CONNECT frame is not the owner's */
+		c->tx_n--;
+	}
+	pthread_mutex_unlock(&c->tx_lock);
+	if (!rc && connect(fd, (struct sockaddr *)&f->addr, f->addrlen) && errno != EINPROGRESS)
+		rc = -errno;
+	if (rc) {
+		char a[80];
+
+		sockaddr_str(&f->addr, a, sizeof(a));
+		log_err("%s: connect to %s: %s", cfg->name, a, strerror(-rc));
+		c->fd = -1;
+		close(fd);
+		atomic_store(&c->destroying, true);
+		con_free(c);
+		return rc;
+	}
+	*out = c;
+	queue_work(c, W_START);
+	return 0;
+}
+
+static int tcp_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
+			  const void *data, size_t len, struct fab_con **out)
+{
+	struct fab_con *c;
+	int rc;
+
+	if (len > RTRS_TCP_CM_MAX)
+		return -EMSGSIZE;
+	rc = con_create(f, req->r->fd, cfg, true, &c);
+	if (rc)
+		return rc;
+	/* The verdict first: nothing of the owner's may pass it. */
+	rc = cm_send(c->fd, RTRS_TCP_ACCEPT, data, len);
+	if (rc) {
+		log_warn("%s: accept: %s", c->name_made, strerror(-rc));
+		c->fd = -1;
+		con_free(c);
+		return rc;
+	}
+	req->answered = true;
+	req->r->fd = -1;
+	free(req->r);
+	c->tx_open = true;
+	*out = c;
+	queue_work(c, W_START);
+	return 0;
+}
+
+static void tcp_con_shutdown(struct fab_con *c)
+{
+	if (!c || atomic_exchange(&c->shut, true))
+		return;
+	pthread_mutex_lock(&c->tx_lock);
+	c->tx_dead = true;
+	pthread_mutex_unlock(&c->tx_lock);
+	shutdown(c->fd, SHUT_RDWR);
+}
+
+static void tcp_con_kick(struct fab_con *c)
+{
+	queue_work(c, W_KICK);
+}
+
+static void tcp_con_retry_later(struct fab_con *c)
+{
+	queue_work(c, W_RETRY);
+}
+
+static void tcp_con_destroy(struct fab_con *c)
+{
+	struct tcp_destroy_wait dw = { .done = false };
+
+	if (!c)
+		return;
+	atomic_store(&c->shut, true);
+	if (on_group_thread(c)) {
+		/*
+		 * From a callback of another connection of this group: the
+		 * group lets go of it when it may (its polls are removed).
+		 */
+		atomic_store(&c->destroying, true);
+		shutdown(c->fd, SHUT_RDWR);
+		queue_work(c, W_DESTROY);
+		return;
+	}
+	pthread_mutex_init(&dw.lock, NULL);
+	cond_init_mono(&dw.cond);
+	c->dw = &dw;
+	atomic_store(&c->destroying, true);
+	shutdown(c->fd, SHUT_RDWR);
+	queue_work(c, W_DESTROY);
+	pthread_mutex_lock(&dw.lock);
+	while (!dw.done)
+		pthread_cond_wait(&dw.cond, &dw.lock);
+	pthread_mutex_unlock(&dw.lock);
+	pthread_cond_destroy(&dw.cond);
+	pthread_mutex_destroy(&dw.lock);
+}
+
+static void tcp_con_rename(struct fab_con *c, const char *name)
+{
+	if (atomic_exchange(&c->renamed, true))
+		return;
+	snprintf(c->name_later, sizeof(c->name_later), "%s", name);
+	atomic_store_explicit(&c->name, c->name_later, memory_order_release);
+}
+
+static void tcp_con_local(const struct fab_con *c, char *buf, size_t len)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+
+	if (getsockname(c->fd, (struct sockaddr *)&ss, &sl))
+		snprintf(buf, len, "?");
+	else
+		sockaddr_str(&ss, buf, len);
+}
+
+/* ---- polled mode (rtrs_clt_poll) ---------------------------------------------- */
+
+/*
+ * The caller's thread reads the socket and runs the callbacks, as the
+ * group would: 0 when another thread is at it. While the connection's
+ * poller is active (rtrs-fabric.h, FAB_POLL_LEASE_MS), the group leaves
+ * its input to the poller and reads only what is still there a lease
+ * later.
+ */
+static int tcp_con_poll(struct fab_con *c)
+{
+	unsigned frames = 0;
+
+	if (atomic_load(&c->destroying) || pthread_mutex_trylock(&c->cb_lock))
+		return 0;
+	if (c->state == TC_UP && !con_quiet(c))
+		rx_frames(c, &frames);
+	pthread_mutex_unlock(&c->cb_lock);
+	return (int)frames;
+}
+
+/* The socket itself is the wait fd: readable when a frame (or the end) is there. */
+static int tcp_con_trywait(struct fab_con *c)
+{
+	struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
+
+	return poll(&pfd, 1, 0) > 0 ? -EAGAIN : 0;
+}
+
+static int tcp_con_wait_fd(const struct fab_con *c)
+{
+	return c->fd;
+}
+
+static void tcp_con_set_poller(struct fab_con *c, struct fab_poller *p)
+{
+	/* Taken away: what the group left to it is read at the lease's end. */
+	atomic_store(&c->poller, p);
+}
+
+/* ---- operations ---------------------------------------------------------------- */
+
+/*
+ * Frames for a write of iov[0..iov_cnt) into rma[0..rma_cnt): one WRITE
+ * per remote range, the immediate on the last. hdrs: rma_cnt headers;
+ * out: room for rma_cnt * (iov_cnt + 1) iovecs. Returns their number, or
+ * -EINVAL when the lengths disagree.
+ */
+static int write_frames(const struct iovec *iov, size_t iov_cnt, const struct fab_rma *rma,
+			size_t rma_cnt, bool with_imm, uint32_t imm, struct rtrs_tcp_hdr *hdrs,
+			struct iovec *out)
+{
+	size_t li = 0, loff = 0;
+	int n = 0;
+
+	for (size_t r = 0; r < rma_cnt; r++) {
+		struct rtrs_tcp_frame f = {
+			.op = RTRS_TCP_WRITE, .len = (uint32_t)rma[r].len, .key = rma[r].key,
+			.off = rma[r].addr, .has_imm = with_imm && r == rma_cnt - 1, .imm = imm,
+		};
+		uint64_t need = rma[r].len;
+
+		if (rma[r].len > RTRS_TCP_WRITE_MAX)
+			return -EINVAL;
+		rtrs_tcp_hdr_encode(&hdrs[r], &f);
+		out[n++] = (struct iovec){ &hdrs[r], sizeof(hdrs[r]) };
+		while (need) {
+			if (li == iov_cnt)
+				return -EINVAL;
+			size_t take = MIN(need, iov[li].iov_len - loff);
+
+			if (take)
+				out[n++] = (struct iovec){ (char *)iov[li].iov_base + loff, take };
+			need -= take;
+			loff += take;
+			if (loff == iov[li].iov_len) {
+				li++;
+				loff = 0;
+			}
+		}
+	}
+	return n;
+}
+
+static int tcp_write(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
+		     const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
+		     void *ctx)
+{
+	struct rtrs_tcp_hdr hdrs[TCP_RMA_LIMIT];
+	struct iovec out[TCP_RMA_LIMIT * (TCP_IOV_LIMIT + 1)];
+	int n;
+
+	(void)desc;
+	if (!rma_cnt || rma_cnt > TCP_RMA_LIMIT || iov_cnt > TCP_IOV_LIMIT)
+		return -EINVAL;
+	n = write_frames(iov, iov_cnt, rma, rma_cnt, with_imm, imm, hdrs, out);
+	if (n < 0)
+		return n;
+	return tx_post(c, out, (unsigned)n, hdrs, sizeof(hdrs), false, ctx);
+}
+
+static int tcp_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
+			 uint64_t key, uint32_t imm, void *ctx)
+{
+	struct rtrs_tcp_frame f = { .op = RTRS_TCP_WRITE, .len = (uint32_t)len, .key = key,
+				    .off = addr, .has_imm = true, .imm = imm };
+	struct rtrs_tcp_hdr h;
+	struct iovec iov[2] = { { &h, sizeof(h) }, { (void *)buf, len } };
+
+	if (len > TCP_INJECT)
+		return -EMSGSIZE;
+	rtrs_tcp_hdr_encode(&h, &f);
+	return tx_post(c, iov, len ? 2 : 1, NULL, 0, true, ctx);
+}
+
+static int send_frame(struct fab_con *c, const void *buf, size_t len, bool has_imm, uint32_t imm,
+		      void *ctx)
+{
+	struct rtrs_tcp_frame f = { .op = RTRS_TCP_SEND, .len = (uint32_t)len, .has_imm = has_imm,
+				    .imm = imm };
+	struct rtrs_tcp_hdr h;
+	int rc;
+
+	if (!len || len > RTRS_TCP_SEND_MAX)
+		return -EMSGSIZE;
+	rtrs_tcp_hdr_encode(&h, &f);
+	/*
+	 * Control messages go out from service threads, where waiting for room
+	 * is safe; never on the group's own thread.
+	 */
+	for (int tries = 0;; tries++) {
+		struct iovec iov[2] = { { &h, sizeof(h) }, { (void *)buf, len } };
+
+		rc = tx_post(c, iov, 2, NULL, 0, true, ctx);
+		if (rc != -EAGAIN || tries == 1000 || on_group_thread(c))
+			return rc;
+		usleep(1000);
+	}
+}
+
+static int tcp_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)
+{
+	(void)desc;
+	return send_frame(c, buf, len, false, 0, ctx);
+}
+
+static int tcp_send_imm(struct fab_con *c, const void *buf, size_t len, void *desc, uint32_t imm,
+			void *ctx)
+{
+	(void)desc;
+	return send_frame(c, buf, len, true, imm, ctx);
+}
+
+const struct fab_ops fab_tcp_ops = {
+	.name = "tcp",
+	.open = tcp_open,
+	.close = tcp_close,
+	.attr = tcp_attr,
+	.mr_reg = tcp_mr_reg,
+	.mr_dereg = tcp_mr_dereg,
+	.listen = tcp_listen,
+	.lst_close = tcp_lst_close,
+	.lst_fd = tcp_lst_fd,
+	.lst_port = tcp_lst_port,
+	.lst_process = tcp_lst_process,
+	.lst_limit = tcp_lst_limit,
+	.lst_sweep = tcp_lst_sweep,
+	.lst_closed = tcp_lst_closed,
+	.reject = tcp_reject,
+	.connreq_peer = tcp_connreq_peer,
+	.con_connect = tcp_con_connect,
+	.con_accept = tcp_con_accept,
+	.con_shutdown = tcp_con_shutdown,
+	.con_rx_setup = tcp_con_rx_setup,
+	.con_kick = tcp_con_kick,
+	.con_retry_later = tcp_con_retry_later,
+	.con_destroy = tcp_con_destroy,
+	.con_local = tcp_con_local,
+	.con_rename = tcp_con_rename,
+	.write = tcp_write,
+	.write_imm = tcp_write_imm,
+	.send = tcp_send,
+	.send_imm = tcp_send_imm,
+	.con_poll = tcp_con_poll,
+	.con_trywait = tcp_con_trywait,
+	.con_wait_fd = tcp_con_wait_fd,
+	.con_set_poller = tcp_con_set_poller,
+};
