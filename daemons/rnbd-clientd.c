@@ -66,6 +66,7 @@
 
 static struct {
 	const char *config, *control, *mappings, *metrics, *log_level;
+	uint64_t poll_groups;
 	bool quiet, syslog;
 } g = { .control = "/run/rnbd/client.sock" };
 
@@ -78,6 +79,8 @@ static const struct opt options[] = {
 	  .help = "restore the mappings in FILE at start; client.save writes them there" },
 	{ "metrics", 0, OPT_STRING, &g.metrics, .arg = "HOST:PORT",
 	  .help = "serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any, printed)" },
+	{ "poll-groups", 0, OPT_UINT, &g.poll_groups, 0, RTRS_MAX_POLL_GROUPS, .arg = "N",
+	  .help = "threads that serve every tcp connection of the process (0: one per CPU)" },
 	{ "syslog", 0, OPT_FLAG, &g.syslog, .help = "log to syslog (the journal) instead of stderr" },
 	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "log errors only (--log-level error)" },
 	{ "log-level", 0, OPT_STRING, &g.log_level, .arg = "LEVEL",
@@ -316,6 +319,7 @@ static struct sess *sess_new(const char *name, struct json_object *params, struc
 	}
 	if (!rc) {
 		clt_cfg_finish(&s->cfg); /* the front ends' defaults, as everywhere */
+		s->cfg.opts.poll_groups = (unsigned)g.poll_groups; /* the daemon's, for every session */
 		s->spec = json_object_new_object();
 		if (!s->spec ||
 		    !put(s->spec, "server", copy(servers)) ||

@@ -45,6 +45,7 @@ static struct {
 	const char *log_level;
 	struct opt_list mem;
 	uint64_t port, queue_depth, chunk_size, threads, hb_ms, busy_poll_us, listen_timeout;
+	uint64_t poll_groups;
 	uint64_t max_sessions, max_sessions_per_peer, max_chunk_mem, max_pending,
 		 max_pending_per_peer, handshake_ms;
 	unsigned engine;
@@ -99,6 +100,8 @@ static const struct opt options[] = {
 		  "(their --server-name; default rtrs-server)" },
 	{ "hb-interval", 0, OPT_UINT, &g.hb_ms, 10, 600000, .arg = "MS",
 	  .help = "heartbeat period" },
+	{ "poll-groups", 0, OPT_UINT, &g.poll_groups, 0, RTRS_MAX_POLL_GROUPS, .arg = "N",
+	  .help = "threads that serve every tcp connection of the process (0: one per CPU)" },
 	{ "busy-poll", 0, OPT_UINT, &g.busy_poll_us, 0, 1000000, .arg = "US",
 	  .help = "poll an empty completion queue this long before sleeping (RDMA devices)" },
 	{ "max-sessions", 0, OPT_UINT, &g.max_sessions, 1, 100000, .arg = "N",
@@ -696,6 +699,7 @@ int main(int argc, char **argv)
 	o.rtrs.auth_name = g.auth_name;
 	o.rtrs.hb_interval_ms = (unsigned)g.hb_ms;
 	o.rtrs.busy_poll_us = (unsigned)g.busy_poll_us;
+	o.rtrs.poll_groups = (unsigned)g.poll_groups;
 	o.rtrs.max_sessions = (unsigned)g.max_sessions;
 	o.rtrs.max_sessions_per_peer = (unsigned)g.max_sessions_per_peer;
 	o.rtrs.max_chunk_mem = g.max_chunk_mem;

@@ -31,6 +31,8 @@ enum rtrs_dir { RTRS_READ = 0, RTRS_WRITE = 1 };
 
 /* Defaults (documented in docs/architecture.md). */
 #define RTRS_DEFAULT_PORT 1234
+/* Poll groups a process may run (rtrs_clt_opts and rtrs_srv_opts, poll_groups). */
+#define RTRS_MAX_POLL_GROUPS 256
 #define RTRS_DEFAULT_PROVIDER "tcp"
 #define RTRS_DEFAULT_QUEUE_DEPTH 512
 #define RTRS_DEFAULT_CHUNK_SIZE (128u << 10)
@@ -131,7 +133,7 @@ struct rtrs_clt_opts {
 	const struct rtrs_path_addr *paths;
 	size_t paths_num;           /* 1 .. 128 */
 	uint16_t port;              /* default RTRS_DEFAULT_PORT */
-	const char *provider;       /* libfabric provider name; default "tcp" */
+	const char *provider;       /* "tcp" (the default) or "verbs" (RDMA devices) */
 	unsigned nr_io_cons;        /* IO connections per path; 0 = one per CPU, <= 128 */
 	unsigned hb_interval_ms;    /* heartbeat period (default 1000) */
 	unsigned hb_missed_max;     /* missed heartbeats before a path fails (default 3) */
@@ -188,6 +190,13 @@ struct rtrs_clt_opts {
 	 * the rdma fabric (RDMA devices); other fabrics ignore it.
 	 */
 	unsigned busy_poll_us;
+	/*
+	 * The process's poll groups on tcp: how many threads serve every tcp
+	 * connection of the process (0: one per CPU, the default). They start
+	 * with the first tcp session or server and stop with the last; the
+	 * open that starts them sets their number, later ones do not change it.
+	 */
+	unsigned poll_groups;
 };
 
 /* Fills defaults; returns -EINVAL if size is not one this library knows. */
@@ -535,6 +544,13 @@ struct rtrs_srv_opts {
 	 */
 	unsigned busy_poll_us;
 	unsigned max_sessions_per_peer; /* see max_pending above; 0: the default */
+	/*
+	 * The process's poll groups on tcp: how many threads serve every tcp
+	 * connection of the process (0: one per CPU, the default). They start
+	 * with the first tcp session or server and stop with the last; the
+	 * open that starts them sets their number, later ones do not change it.
+	 */
+	unsigned poll_groups;
 };
 
 /* Counters of a server, for tests and monitoring. */

@@ -52,6 +52,7 @@ static const struct param params[] = {
 	SESSION_OPT(CLT_OPT_RECONNECT_JITTER, .help = "add a random 0..MS to each reconnect delay",
 		    .dflt = "half the reconnect delay"),
 	SESSION_OPT(CLT_OPT_BUSY_POLL),
+	SESSION_OPT(CLT_OPT_POLL_GROUPS),
 	SESSION_OPT(CLT_OPT_SECRET),
 	SESSION_OPT(CLT_OPT_CTRL_SECRET),
 	SESSION_OPT(CLT_OPT_HOST_NAME),

@@ -67,6 +67,7 @@ static const struct clt_opt_pick clt_picks[] = {
 	{ .id = CLT_OPT_HB_INTERVAL },
 	{ .id = CLT_OPT_FAST_IO_FAIL },
 	{ .id = CLT_OPT_BUSY_POLL },
+	{ .id = CLT_OPT_POLL_GROUPS },
 	{ .id = CLT_OPT_RECONNECT_DELAY },
 	{ .id = CLT_OPT_RECONNECT_JITTER },
 	{ .id = CLT_OPT_LOSS_TIMEOUT },

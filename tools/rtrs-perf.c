@@ -57,6 +57,7 @@ static const struct clt_opt_pick clt_picks[] = {
 	{ CLT_OPT_FAST_IO_FAIL, 0, "client: how long IO waits for a path" },
 	{ CLT_OPT_BUSY_POLL, 0,
 	  "poll an empty completion queue this long before sleeping (RDMA devices)" },
+	{ CLT_OPT_POLL_GROUPS, 0, "threads that serve every tcp connection of the process (0: one per CPU)" },
 	{ CLT_OPT_RECONNECT_DELAY, 0, "client: delay before reconnecting a failed path" },
 	{ CLT_OPT_RECONNECT_JITTER, 0, "client: add a random 0..MS to each reconnect delay; "
 	  "unless given, half the delay" },
@@ -180,6 +181,7 @@ static int run_server(void)
 	o.hb_interval_ms = cfg.opts.hb_interval_ms;
 	o.always_invalidate = !g.no_invalidate;
 	o.busy_poll_us = cfg.opts.busy_poll_us;
+	o.poll_groups = cfg.opts.poll_groups;
 	o.auth_keys_file = g.auth_keys;
 	o.auth_name = cfg.opts.auth_server_name;
 	sigemptyset(&set);

@@ -49,6 +49,7 @@ enum clt_opt_id {
 	CLT_OPT_LOSS_TIMEOUT,    /* opts.reconnect_loss_timeout_ms */
 	CLT_OPT_MAX_RECONNECTS,  /* opts.max_reconnect_attempts */
 	CLT_OPT_RECONNECT_JITTER, /* opts.reconnect_jitter_ms */
+	CLT_OPT_POLL_GROUPS,     /* opts.poll_groups */
 	CLT_OPT_NR
 };
 

@@ -67,6 +67,11 @@ static int opts_validate(const struct rtrs_clt_opts *o)
 		log_err("%s: connection count, heartbeat or timeout out of range", o->sessname);
 		return -EINVAL;
 	}
+	if (o->poll_groups > RTRS_MAX_POLL_GROUPS) {
+		log_err("%s: %u poll groups, at most %d", o->sessname, o->poll_groups,
+			RTRS_MAX_POLL_GROUPS);
+		return -EINVAL;
+	}
 	return 0;
 }
 
@@ -411,6 +416,8 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	rc = opts_validate(o);
 	if (rc)
 		return rc;
+	if (o->poll_groups)
+		fab_tcp_groups(o->poll_groups); /* for when the groups start */
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;

@@ -52,6 +52,7 @@
 #include "log.h"
 #include "rtrs-fabric.h"
 #include "rtrs-proto.h"
+#include "rtrs.h"
 #include "util.h"
 
 #define TCP_RX_BUDGET 16        /* frames a connection gets per group pass */
@@ -65,7 +66,7 @@
 #define TCP_FLUSH_IOV 64        /* iovecs gathered into one sendmsg by a flush */
 #define TCP_MR_BUCKETS 4096
 #define TCP_ACCEPT_BATCH 256    /* accepts per listener event */
-#define TCP_GROUPS_MAX 256
+#define TCP_GROUPS_MAX RTRS_MAX_POLL_GROUPS
 
 /* cqe user_data tags: the low bits of a connection's address */
 #define TAG_RX 1u

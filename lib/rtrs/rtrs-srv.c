@@ -135,7 +135,7 @@ static int srv_opts_validate(const struct rtrs_srv_ops *ops, const struct rtrs_s
 	}
 	if (!o->hb_interval_ms || !o->hb_missed_max || !o->listen_retry_ms ||
 	    o->max_cons_per_path < 2 || o->max_cons_per_path > RTRS_MAX_CONNS ||
-	    !o->connect_timeout_ms)
+	    !o->connect_timeout_ms || o->poll_groups > RTRS_MAX_POLL_GROUPS)
 		return -EINVAL;
 	if (o->auth_keys_file && (!*o->auth_keys_file || !o->auth_timeout_ms)) {
 		log_err("server: authentication needs a key file name and a timeout");
@@ -235,6 +235,8 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 	rc = srv_opts_validate(ops, o);
 	if (rc)
 		return rc;
+	if (o->poll_groups)
+		fab_tcp_groups(o->poll_groups); /* for when the groups start */
 	ctx = calloc(1, sizeof(*ctx));
 	if (!ctx)
 		return -ENOMEM;
