@@ -14,7 +14,7 @@
 #   rnbd-file     fio (rnbd engine) -> rnbd-server, a file export
 #   nbdkit-file   fio (nbd) -> nbdkit file plugin, the same file
 #   raw-write     bench/raw-loop (a minimal request/response loop over the same
-#   raw-read      libfabric provider), 4 KiB writes or reads at the same QD: the
+#   raw-read      TCP on io_uring), 4 KiB writes or reads at the same QD: the
 #                 floor the memory chain is held to (goal: within 1.15x of the
 #                 mean of the two in CPU per IO)
 # Each round runs every chain once, the order rotating from round to round;
@@ -128,8 +128,8 @@ chains = [
     ("nbdkit-mem", "fio nbd -> nbdkit memory", "fio", {"nbdkit": mem}),
     ("rnbd-file", "fio rnbd engine -> rnbd-server file", "fio", {"rnbd-server": srv}),
     ("nbdkit-file", "fio nbd -> nbdkit file", "fio", {"nbdkit": fil}),
-    ("raw-write", "raw libfabric loop, 4 KiB writes (bench/raw-loop)", "ops", {"raw-loop": raw}),
-    ("raw-read", "raw libfabric loop, 4 KiB reads", "ops", {"raw-loop": raw}),
+    ("raw-write", "raw io_uring loop, 4 KiB writes (bench/raw-loop)", "ops", {"raw-loop": raw}),
+    ("raw-read", "raw io_uring loop, 4 KiB reads", "ops", {"raw-loop": raw}),
 ]
 json.dump({"runs": runs, "title": "4 KiB randrw 50/50, QD %s, loopback" % qd,
            "chains": [{"name": n, "label": l, "kind": k, "procs": p, "cmd": c}

@@ -89,8 +89,8 @@ chains = [
     ("nbdkit-mem", "fio nbd -> nbdkit memory", "fio", {"nbdkit": mem}),
     ("rnbd-file", "fio rnbd engine -> rnbd-server file", "fio", {"rnbd-server": srv}),
     ("nbdkit-file", "fio nbd -> nbdkit file", "fio", {"nbdkit": fil}),
-    ("raw-write", "raw libfabric loop, 4 KiB writes", "ops", {"raw-loop": raw}),
-    ("raw-read", "raw libfabric loop, 4 KiB reads", "ops", {"raw-loop": raw}),
+    ("raw-write", "raw io_uring loop, 4 KiB writes", "ops", {"raw-loop": raw}),
+    ("raw-read", "raw io_uring loop, 4 KiB reads", "ops", {"raw-loop": raw}),
 ]
 json.dump({"runs": runs, "syscalls": window,
            "title": "4 KiB randrw 50/50, QD %s, loopback: system calls per IO" % qd,

@@ -11,7 +11,7 @@ cycle=$PWD/build-release/bench/mr-cycle
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
 machine() {
-	echo "$(nproc) vCPU, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r), libfabric $(pkg-config --modversion libfabric)"
+	echo "$(nproc) vCPU, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r), liburing $(pkg-config --modversion liburing)"
 }
 
 # Background processes of a loopback benchmark: start them with "... &

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The transport at 4 KiB against the least loop libfabric allows (issue 17):
-# bench/raw-loop (one connection, a write with remote data per request and
-# per answer, no headers, permits, keys or heartbeats) against rtrs-perf on
+# The transport at 4 KiB against the least loop TCP on io_uring allows
+# (issues 17, 35): bench/raw-loop (one connection, a header and the data per
+# request and per answer, no frames, permits, keys or heartbeats) against rtrs-perf on
 # one IO connection, the same size and queue depth, writes and reads, over
 # loopback tcp; runs alternate (bench/chains.py), and per contender the
 # ops/s and CPU time per op of client and server together. Goal: rtrs-perf
@@ -79,7 +79,7 @@ o = json.load(open(sys.argv[1]))
 runs, dur, size, qd, machine, plot, day = sys.argv[2:9]
 c = {x["name"]: x for x in o["chains"]}
 print()
-print("### %s The transport against a raw libfabric loop, %s B, loopback tcp" % (day, size))
+print("### %s The transport against a raw io_uring loop, %s B, loopback tcp" % (day, size))
 print()
 print("Machine: %s. Command: `RUNS=%s DURATION=%s SIZE=%s QD=%s bench/raw-vs-rtrs.sh` (one "
       "connection, QD %s, medians of %s rounds of %s s runs, each chain once per round, the order rotating; CPU per op = utime + stime "

@@ -8,7 +8,7 @@
 # by the IOs the client completed. As root, where perf can place uprobes,
 # a short extra run per build also counts the server's calls of libc's
 # malloc, calloc and realloc per IO (not during the timed runs: a uprobe
-# costs microseconds per call), with always_invalidate (libfabric's MR
+# costs microseconds per call), with always_invalidate (the fabric's MR
 # registration of the new chunk key allocates) and without. Each number is the median of RUNS runs of
 # DURATION seconds; with --record the section is appended to
 # bench/RESULTS.md.
@@ -115,7 +115,7 @@ if [ "$(id -u)" = 0 ] && command -v perf >/dev/null && [ -n "$libc" ] &&
 	for b in base new; do
 		count_allocs "$b" "$b"
 	done
-	# Without always_invalidate: no chunk key is registered per IO (by libfabric).
+	# Without always_invalidate: no chunk key is registered per IO (by the fabric).
 	for b in base new; do
 		kill "${spid[$b]}"
 		wait "${spid[$b]}" 2>/dev/null || true
@@ -140,7 +140,7 @@ table() {
 	if [ -n "${allocs[new]:-}" ]; then
 		echo
 		echo "Server calls of malloc, calloc and realloc per IO (uprobes on libc, mem0 4k randrw, 2 s,"
-		echo "the whole process: librtrs and libfabric too): before ${allocs[base]}, slots ${allocs[new]};"
+		echo "the whole process: librtrs too): before ${allocs[base]}, slots ${allocs[new]};"
 		echo "with --no-invalidate (no chunk key registered per IO) before ${allocs[base-noinv]},"
 		echo "slots ${allocs[new-noinv]}."
 	fi

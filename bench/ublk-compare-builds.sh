@@ -2,7 +2,7 @@
 # rnbd-clientd's ublk device, two builds of rnbd-clientd in ONE QEMU guest
 # (Debian's 6.12 backports kernel, ublk_drv): BASE (a git revision, built
 # in a scratch worktree) and the tree as it is (build-release), started in
-# turn against the same rnbd-server (this tree's, -m mem0:64M, libfabric tcp
+# turn against the same rnbd-server (this tree's, -m mem0:64M, tcp
 # on the guest's 127.0.0.1), RUNS times each, alternating. Each turn starts
 # that build's rnbd-clientd, maps mem0 as /dev/ublkbN, runs one fio job on
 # it and unmaps. Reported per build, medians: IOPS, and CPU time per IO of

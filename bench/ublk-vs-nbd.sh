@@ -4,7 +4,7 @@
 # backports kernel (rtrs-vm run --bpo: ublk_drv; Debian's nbd.ko of the same
 # kernel package, taken from the image's kernel tree and loaded by insmod):
 #   ours: fio -> /dev/ublkbN -> rnbd-clientd (librnbd) -> RTRS -> rnbd-server
-#         (-m mem0:64M), over libfabric tcp on the guest's 127.0.0.1
+#         (-m mem0:64M), over tcp on the guest's 127.0.0.1
 #         (PROVIDER=verbs: soft-RoCE, rxe on the guest's eth0 instead);
 #   nbd:  fio -> /dev/nbd0 -> the kernel's nbd client (nbd-client, NBD_CONNS
 #         connections) -> NBD over TCP on 127.0.0.1 -> nbdkit memory 64M.

@@ -1326,10 +1326,8 @@ int main(int argc, char **argv)
 	bool ended;
 
 	/*
-	 * Signals first, and the terminating ones at their default action:
-	 * libinfinipath (libfabric's psm provider) installs a SIGINT/SIGTERM
-	 * handler in its constructor that exits 1 without a word; the unit
-	 * sets IPATH_NO_BACKTRACE=1 for the moments before main.
+	 * Signals first, and the terminating ones at their default action,
+	 * whatever a library's constructor installed for them.
 	 */
 	for (size_t i = 0; i < sizeof(stop_sigs) / sizeof(stop_sigs[0]); i++)
 		signal(stop_sigs[i], SIG_DFL);

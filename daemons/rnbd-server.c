@@ -658,10 +658,8 @@ int main(int argc, char **argv)
 	/*
 	 * Signals first: blocked here, so that every thread made later blocks
 	 * them too, and taken by sigwait or wait_listening. SIGINT and SIGTERM
-	 * get their default action back: libinfinipath (which libfabric loads
-	 * for its psm provider) installs a handler for them in its constructor
-	 * that exits 1 without a word; the unit sets IPATH_NO_BACKTRACE=1,
-	 * which keeps it from doing so before main runs.
+	 * get their default action back, whatever a library's constructor
+	 * installed for them.
 	 */
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * librtrs: a reliable multipath transport for IO blocks, modelled on the
- * Linux kernel's RTRS, running over libfabric.
+ * Linux kernel's RTRS, running over TCP (a native fabric on io_uring) and
+ * RDMA devices (rdma-core).
  *
  * Conventions: every function returns 0 or a negative errno (or a handle and
  * writes the errno through an out parameter). Handles are opaque. Option

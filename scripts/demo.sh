@@ -32,7 +32,7 @@ for _ in $(seq 100); do grep -q "port" "$out" && break; sleep 0.05; done
 port=$(grep -o 'port [0-9]*' "$out" | cut -d' ' -f2)
 [ -n "$port" ] || { echo "demo: the server did not start" >&2; exit 1; }
 
-echo "RTRS server listening on 127.0.0.1:$port (libfabric tcp provider)."
+echo "RTRS server listening on 127.0.0.1:$port (tcp fabric)."
 echo "A client session connects one path: an admin connection plus one IO"
 echo "connection per CPU, then keeps 64 requests in flight for 2 s per run."
 echo

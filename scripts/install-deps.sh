@@ -10,7 +10,7 @@ set -euo pipefail
 # The build (README.md, "To build only"), and python3 for the man pages.
 build=(
 	gcc libc6-dev meson ninja-build pkg-config python3
-	libfabric-dev libibverbs-dev librdmacm-dev libssl-dev liburing-dev
+	libibverbs-dev librdmacm-dev libssl-dev liburing-dev
 	libjson-c-dev libmicrohttpd-dev nbdkit-plugin-dev scdoc
 )
 # What the demo runs besides the build.
@@ -18,7 +18,7 @@ demo=(nbdkit libnbd-bin qemu-utils)
 # The tests, fuzzing, benchmarks and the Debian packages.
 tests=(
 	libasan8 libubsan1 libtsan2 clang libclang-rt-14-dev
-	libfabric-bin iproute2 nftables
+	iproute2 nftables
 	iperf3 gnuplot-nox
 	nvme-cli
 	python3-prometheus-client curl

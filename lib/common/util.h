@@ -68,9 +68,9 @@ static inline unsigned bits_for(uint64_t v)
 }
 
 /*
- * Orderings that pass through libfabric (a completion comes after its post)
- * are invisible to ThreadSanitizer, which does not see into the provider:
- * the post releases and the completion acquires the same object.
+ * Orderings that pass through the network or a device (a completion comes
+ * after its post) are invisible to ThreadSanitizer: the post releases and
+ * the completion acquires the same object.
  */
 #if defined(__SANITIZE_THREAD__)
 #define RTRS_TSAN 1

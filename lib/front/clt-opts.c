@@ -33,13 +33,10 @@ struct clt_def {
 	const char *arg, *help;
 };
 
-/* Printable ASCII without blanks: provider names. */
-static bool word_valid(const char *s)
+/* The fabrics librtrs has (fab_impl): a name it would refuse is refused here first. */
+static bool provider_valid(const char *s)
 {
-	for (const char *p = s; *p; p++)
-		if ((unsigned char)*p <= ' ' || (unsigned char)*p >= 0x7f)
-			return false;
-	return *s != '\0';
+	return !strcmp(s, "tcp") || !strcmp(s, "verbs") || !strcmp(s, "rdma");
 }
 
 /*
@@ -75,7 +72,7 @@ static const struct clt_def defs[CLT_OPT_NR] = {
 		.expect = "expected 1..255 printable characters without blanks or '/', not '.' or '..'",
 		.arg = "NAME", .help = "session name, the RNBD server's %SESSNAME%" },
 	[CLT_OPT_PROVIDER] = { "provider", "provider", CT_STRING, F(opts.provider),
-		.valid = word_valid, .expect = "expected printable characters without blanks",
+		.valid = provider_valid, .expect = "expected tcp, verbs or rdma",
 		.arg = "NAME", .help = "fabric: tcp (native, io_uring) or verbs (RDMA devices, rdma-core)" },
 	[CLT_OPT_IO_CONS] = { "io-connections", "io_connections", CT_UINT, F(opts.nr_io_cons),
 		0, 1024, .arg = "N", .help = "IO connections per path (0 = one per CPU)" },

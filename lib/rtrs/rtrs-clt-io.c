@@ -186,9 +186,8 @@ void clt_path_poll_leave(struct clt_path *p)
 /*
  * One round over the poll set: the completions run, or a negative errno.
  * It reads only the queues of connections with requests in flight: on
- * tcp every read of a completion queue costs a system call (the
- * provider's progress looks at its socket), and a caller that stays on
- * one CPU has its requests on one connection. A CONNECTING path (just
+ * tcp every look costs a system call (a read of the socket), and a caller
+ * that stays on one CPU has its requests on one connection. A CONNECTING path (just
  * enrolled) is skipped; a path that is neither CONNECTING nor CONNECTED
  * is skipped with its fds out of the set: its connections
  * may be shut down (their fds would say readable for ever) and its
@@ -198,9 +197,8 @@ void clt_path_poll_leave(struct clt_path *p)
  * instead, and at the first that refuses, since it has something already,
  * reads that one, clears *sleep_ok and ends. It reads no queue before
  * arming it: arming refuses whenever anything is queued (on tcp,
- * fi_trywait looks at the queue with a zero-count read, which progresses
- * the socket), so nothing is slept over, and a read first would only
- * cost another system call in the provider.
+ * fab_con_trywait polls the socket), so nothing is slept over, and a read
+ * first would only cost another system call.
  */
 static int clt_poll_round(struct rtrs_clt_sess *s, bool *sleep_ok)
 {

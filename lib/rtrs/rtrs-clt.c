@@ -67,6 +67,12 @@ static int opts_validate(const struct rtrs_clt_opts *o)
 		log_err("%s: connection count, heartbeat or timeout out of range", o->sessname);
 		return -EINVAL;
 	}
+	if (!fab_known(o->provider)) {
+		log_err("%s: unknown provider %s (tcp, verbs or rdma)", o->sessname, o->provider);
+		err_detail("unknown provider %s: the fabrics are tcp, and verbs or rdma for RDMA "
+			   "devices", o->provider);
+		return -EPROTONOSUPPORT;
+	}
 	if (o->poll_groups > RTRS_MAX_POLL_GROUPS) {
 		log_err("%s: %u poll groups, at most %d", o->sessname, o->poll_groups,
 			RTRS_MAX_POLL_GROUPS);

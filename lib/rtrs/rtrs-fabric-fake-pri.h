@@ -9,7 +9,7 @@
  * One lock (fk_net.lock, fk_lock/fk_unlock) guards everything: the domains,
  * listeners, connections, registrations and the event queue. It is never
  * held while an owner's callback runs, so callbacks may post, register
- * and shut connections down as they do over libfabric. fk_net.cond is
+ * and shut connections down as they do over a real fabric. fk_net.cond is
  * broadcast whenever anything changes, and when a service loop goes idle,
  * so that every wait of a test checks again what it waits for. Lines
  * logged under the lock (fk_log) wait until it is released: a test's log

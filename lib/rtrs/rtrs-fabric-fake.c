@@ -508,7 +508,7 @@ static void fake_con_kick(struct fab_con *c)
 static void fake_con_retry_later(struct fab_con *c)
 {
 	fk_lock();
-	/* After the next completion; with nothing on its way, now (the 1 ms of libfabric's). */
+	/* After the next completion; with nothing on its way, now (the 1 ms of the real fabrics). */
 	if (c->tx_out)
 		c->retry = true;
 	else if (!c->kick_queued && !c->shutdown && !c->down)

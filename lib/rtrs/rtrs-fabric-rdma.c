@@ -3,19 +3,20 @@
  * The fabric layer over rdma-core: librdmacm for connections, libibverbs
  * for everything that moves data. The only file in the project that calls
  * rdma_* or ibv_*. It is the fabric for RDMA devices (soft-RoCE, siw,
- * hardware); libfabric (rtrs-fabric-ofi.c) stays the fabric for tcp.
+ * hardware); rtrs-fabric-tcp.c is the fabric for TCP.
  *
  * Why native: the kernel's RTRS puts its connection request, response and
  * reject in the RDMA CM's private data, raw. libfabric's verbs provider
  * puts a length byte in front of that data in both directions, so neither
- * side could read the kernel's. Here private data goes out and comes in as
+ * side could read the kernel's (that is why this fabric exists rather
+ * than libfabric's, which the project no longer uses). Here private data goes out and comes in as
  * it is; on IB and RoCE the CM pads it (a request to 56 bytes, an accept to
  * 196, a reject to 148), and the decoders read the prefix they know.
  *
  * The rules that shape this file:
  *   - RDMA_PS_TCP CM ids, as the kernel's RTRS uses; RC queue pairs;
  *   - every connection has its own CM event channel, completion channel
- *     and thread (as in the libfabric fabric): the thread sleeps in epoll
+ *     and thread: the thread sleeps in epoll
  *     on both and on an eventfd for kicks, never busy-polls;
  *   - a client resolves the address and route before it returns from
  *     fab_con_connect, so the receive pool is posted before the request

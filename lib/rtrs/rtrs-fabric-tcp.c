@@ -45,6 +45,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -1630,27 +1631,90 @@ static uint64_t tcp_lst_closed(const struct fab_lst *l)
 }
 
 /*
- * The limits on silent connections (no byte of their request yet): the
- * oldest of a peer beyond max_per_peer, the oldest of all beyond
- * max_total. One whose request is coming in is no flood's: it is read
- * next. Returns how many were closed.
+ * A connection is silent when no byte of its request has come, neither
+ * read nor waiting in the socket (FIONREAD), and TCP_RAW_GRACE_MS passed
+ * since it was accepted: one just accepted is no flood's yet (a storm of
+ * clients connecting at once is accepted in a batch, some before they
+ * sent). Beyond TCP_RAW_HARD_CAP times max_total silent-or-young ones, the
+ * oldest go whatever their age: a connect flood cannot take the fds.
  */
+#define TCP_RAW_GRACE_MS 100
+#define TCP_RAW_HARD_CAP 4
+
+static bool raw_silent(const struct tcp_raw *r, uint64_t now)
+{
+	return !r->spoke && now - r->since_ms >= TCP_RAW_GRACE_MS;
+}
+
+/* Marks those whose bytes wait in the socket: they are read next, no flood. */
+static void raw_refresh(struct fab_lst *l)
+{
+	for (size_t i = 0; i < l->nr_raw; i++) {
+		struct tcp_raw *r = l->raw[i];
+		int ready = 0;
+
+		if (!r->spoke && !ioctl(r->fd, FIONREAD, &ready) && ready > 0)
+			r->spoke = true;
+	}
+}
+
+/*
+ * The limits on silent connections: the oldest of a peer beyond
+ * max_per_peer (of peer, or of every peer when NULL), the oldest of all
+ * beyond max_total. Returns how many were closed.
+ */
+static size_t raw_enforce_peer(struct fab_lst *l, const char *peer, uint64_t now, bool hard);
+
 static size_t raw_enforce(struct fab_lst *l, const char *peer)
 {
+	uint64_t now = now_ms();
 	size_t closed = 0;
 
-	for (int pass = 0; pass < 2; pass++) {
-		unsigned max = pass ? l->lim.max_total : l->lim.max_per_peer;
+	raw_refresh(l);
+	if (l->lim.max_per_peer && peer) {
+		closed += raw_enforce_peer(l, peer, now, false);
+	} else if (l->lim.max_per_peer) {
+		/* Each peer once: the first raw of it in the list, from the end (takes move the last). */
+		for (size_t i = l->nr_raw; i-- > 0;) {
+			bool seen = false;
 
-		if (!max)
-			continue;
+			if (i >= l->nr_raw)
+				continue;
+			for (size_t j = i + 1; j < l->nr_raw && !seen; j++)
+				seen = !strcmp(l->raw[j]->peer, l->raw[i]->peer);
+			if (!seen) {
+				char p[sizeof(l->raw[i]->peer)];
+
+				memcpy(p, l->raw[i]->peer, sizeof(p));
+				closed += raw_enforce_peer(l, p, now, false);
+			}
+		}
+	}
+	if (l->lim.max_total) {
+		closed += raw_enforce_peer(l, NULL, now, false);
+		closed += raw_enforce_peer(l, NULL, now, true);
+	}
+	return closed;
+}
+
+/*
+ * peer NULL: the total limit over every peer. hard: the hard cap, which
+ * counts every one that has not spoken, young or not.
+ */
+static size_t raw_enforce_peer(struct fab_lst *l, const char *peer, uint64_t now, bool hard)
+{
+	unsigned max = peer ? l->lim.max_per_peer : l->lim.max_total * (hard ? TCP_RAW_HARD_CAP : 1);
+	size_t closed = 0;
+
+	{
 		for (;;) {
 			size_t alive = 0, oldest = SIZE_MAX;
 
 			for (size_t i = 0; i < l->nr_raw; i++) {
 				struct tcp_raw *r = l->raw[i];
 
-				if (r->spoke || (!pass && strcmp(r->peer, peer)))
+				if ((hard ? r->spoke : !raw_silent(r, now)) ||
+				    (peer && strcmp(r->peer, peer)))
 					continue;
 				alive++;
 				if (oldest == SIZE_MAX || r->since_ms < l->raw[oldest]->since_ms)
@@ -1751,9 +1815,7 @@ static void tcp_lst_sweep(struct fab_lst *l)
 	uint64_t now = now_ms();
 	size_t late = 0;
 
-	if (!l->lim.timeout_ms)
-		return;
-	for (size_t i = 0; i < l->nr_raw;) {
+	for (size_t i = 0; l->lim.timeout_ms && i < l->nr_raw;) {
 		if (now - l->raw[i]->since_ms >= l->lim.timeout_ms) {
 			raw_free(l, raw_take(l, i), true);
 			late++;
@@ -1761,9 +1823,12 @@ static void tcp_lst_sweep(struct fab_lst *l)
 			i++;
 		}
 	}
-	if (late)
+	size_t over = raw_enforce(l, NULL);
+
+	if (late || over)
 		log_warn_rl("listener: closed %zu connections that sent no connection request "
-			    "(after %u ms)", late, l->lim.timeout_ms);
+			    "(%zu after %u ms, %zu over the limits of %u, %u per peer)", late + over,
+			    late, l->lim.timeout_ms, over, l->lim.max_total, l->lim.max_per_peer);
 }
 
 /* Reads what a raw connection sent; its request whole: the callback. False: r is gone. */

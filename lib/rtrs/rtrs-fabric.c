@@ -2,8 +2,9 @@
 /*
  * Which implementation of the fabric layer fab_open() uses: one registered
  * under the provider's name (fab_register), else rdma-core for RDMA
- * devices ("verbs", "rdma") and libfabric for the rest (tcp). Only the
- * unit tests register one (the fake fabric).
+ * devices ("verbs", "rdma") and the native TCP fabric for "tcp" (the
+ * default); any other name is refused. Only the unit tests register one
+ * (the fake fabric).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -11,6 +12,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "log.h"
 #include "rtrs-fabric.h"
 #include "util.h"
 
@@ -46,6 +48,16 @@ int fab_register(const struct fab_ops *ops)
 	return rc;
 }
 
+bool fab_known(const char *prov)
+{
+	unsigned n = atomic_load(&reg.n);
+
+	for (unsigned i = 0; prov && i < n; i++)
+		if (!strcmp(reg.ops[i]->name, prov))
+			return true;
+	return fab_impl(prov) != NULL;
+}
+
 int fab_open(const char *prov, const char *src, const char *node, const char *service,
 	     bool server, size_t queue, struct fab **out)
 {
@@ -54,6 +66,12 @@ int fab_open(const char *prov, const char *src, const char *node, const char *se
 	for (unsigned i = 0; prov && i < n; i++)
 		if (!strcmp(reg.ops[i]->name, prov))
 			return reg.ops[i]->open(prov, src, node, service, server, queue, out);
+	if (!fab_impl(prov)) {
+		log_err("fabric: unknown provider %s (tcp, verbs or rdma)", prov);
+		err_detail("unknown provider %s: the fabrics are tcp, and verbs or rdma for RDMA "
+			   "devices", prov);
+		return -EPROTONOSUPPORT;
+	}
 #ifdef RTRS_FAULT_INJECTION
 	/* Test builds: the shipped fabric through the fault wrapper (rtrs-fabric-fault.c). */
 	return fab_fault_ops.open(prov, src, node, service, server, queue, out);
@@ -68,7 +86,7 @@ const struct fab_ops *fab_impl(const char *prov)
 		return &fab_rdma_ops;
 	if (!prov || !strcmp(prov, "tcp"))
 		return &fab_tcp_ops;
-	return &fab_ofi_ops;
+	return NULL;
 }
 
 /* A fabric without chains posts one operation through its single calls. */

@@ -1,22 +1,24 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The fabric layer: the internal interface between RTRS and the network.
- * rtrs-fabric-ofi.c implements it over libfabric (tcp) and is the only file
- * that calls fi_*; rtrs-fabric-rdma.c implements it over librdmacm and
- * libibverbs (RDMA devices) and is the only file that calls rdma_* and ibv_*.
+ * The fabric layer: the internal interface between RTRS and the network,
+ * one implementation per transport. rtrs-fabric-tcp.c implements it over
+ * TCP sockets (frames on the stream, poll groups on io_uring) and is the
+ * only file that frames RTRS on a byte stream; rtrs-fabric-rdma.c
+ * implements it over librdmacm and libibverbs (RDMA devices) and is the
+ * only file that calls rdma_* and ibv_*.
  *
  * Objects:
  *   fab      a fabric + domain, and the memory-key counters of that domain.
  *            Client: one per path. Server: one per listening address.
  *   fab_lst  a passive endpoint; its connection requests are delivered by
  *            fab_lst_process() from the owner's service loop.
- *   fab_con  one connected endpoint with its own CQ, EQ and completion
- *            thread. The thread blocks (fd + fi_trywait + epoll), reads the
- *            CQ and drives the EQ, and calls the owner's fab_con_ops.
+ *   fab_con  one connected endpoint. Its completions and events run the
+ *            owner's fab_con_ops on the fabric's threads (tcp: the poll
+ *            group it belongs to; rdma: a thread per connection), or on a
+ *            poller's (fab_con_poll).
  *
- * Errors: 0 or a negative errno; libfabric codes never leak out of here.
- * The interface is an ops table (struct fab_ops) so that a second
- * implementation (native rdma-core verbs) can sit beside libfabric.
+ * Errors: 0 or a negative errno. The interface is an ops table (struct
+ * fab_ops), dispatched on each object's first member.
  */
 #ifndef RTRS_FABRIC_H
 #define RTRS_FABRIC_H
@@ -222,8 +224,6 @@ struct fab_ops {
 	void (*con_rename)(struct fab_con *c, const char *name);
 };
 
-/* The libfabric implementation (rtrs-fabric-ofi.c): tcp. */
-extern const struct fab_ops fab_ofi_ops;
 /*
  * The native TCP implementation (rtrs-fabric-tcp.c): sockets in poll
  * groups on io_uring, provider "tcp".
@@ -240,13 +240,14 @@ unsigned fab_tcp_groups_running(void);
 extern const struct fab_ops fab_rdma_ops;
 /*
  * The shipped implementation for provider prov: rdma-core for "verbs" and
- * "rdma", libfabric for everything else.
+ * "rdma", the native TCP fabric for "tcp" and NULL (the default); NULL for
+ * any other name, which fab_open refuses (-EPROTONOSUPPORT).
  */
 const struct fab_ops *fab_impl(const char *prov);
 #ifdef RTRS_FAULT_INJECTION
 /*
- * Test builds only (meson -Dfault_injection=true): wraps fab_ofi_ops and
- * injects the faults set with rtrs_fault_set() (rtrs-fabric-fault.c).
+ * Test builds only (meson -Dfault_injection=true): wraps the shipped
+ * implementation (fab_impl) and injects the faults set with rtrs_fault_set() (rtrs-fabric-fault.c).
  */
 extern const struct fab_ops fab_fault_ops;
 #endif
@@ -255,10 +256,12 @@ extern const struct fab_ops fab_fault_ops;
  * Another implementation, chosen by its provider name (ops->name) in
  * fab_open from now on: the fake fabric of the unit tests
  * (rtrs-fabric-fake.c) registers itself as "fake". Nothing in the library
- * registers one, so every other name goes to libfabric. -ENOSPC when the
+ * registers one, so every other name goes to fab_impl. -ENOSPC when the
  * table is full, -EEXIST for a name already taken.
  */
 int fab_register(const struct fab_ops *ops);
+/* Whether fab_open has an implementation for provider prov (NULL: tcp). */
+bool fab_known(const char *prov);
 
 struct fab_obj {
 	const struct fab_ops *ops;
@@ -303,10 +306,8 @@ static inline void fab_mr_dereg(struct fab_mr *mr)
 
 /*
  * While no connection or registration of f is open, gives back what the
- * implementation keeps for ones that are gone (libfabric: it closes the
- * domain, whose MR map keeps a node for every key ever registered; the
- * next connection or registration opens a new one). A no-op otherwise,
- * and where an implementation keeps nothing.
+ * implementation keeps for ones that are gone. A no-op otherwise, and where
+ * an implementation keeps nothing (tcp and rdma-core both).
  */
 static inline void fab_trim(struct fab *f)
 {

@@ -7,7 +7,7 @@
  * part of the library's interface (include/rtrs.h).
  *
  * The faults are injected by a wrapper around the fabric the build would
- * open (fab_impl: rdma-core or libfabric; rtrs-fabric-fault.c, described
+ * open (fab_impl: tcp or rdma-core; rtrs-fabric-fault.c, described
  * in docs/architecture.md section 6). They apply to every fabric
  * opened after rtrs_fault_set() until the next call: a client opens one per
  * path at each connect attempt, a server one per listening address. A

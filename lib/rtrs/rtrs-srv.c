@@ -28,8 +28,8 @@ static void srv_lst_cb(struct loop_fd *h, uint32_t events)
 
 /*
  * After the last session of a burst was freed: with no connection or
- * registration left, the fabric lets go of what it kept for them (its
- * domain), then the heap goes back to the system.
+ * registration left, the fabric lets go of what it kept for them (where
+ * it keeps anything: fab_trim), then the heap goes back to the system.
  */
 static void srv_trim_timer(struct loop_timer *t)
 {
@@ -137,6 +137,12 @@ static int srv_opts_validate(const struct rtrs_srv_ops *ops, const struct rtrs_s
 	    o->max_cons_per_path < 2 || o->max_cons_per_path > RTRS_MAX_CONNS ||
 	    !o->connect_timeout_ms || o->poll_groups > RTRS_MAX_POLL_GROUPS)
 		return -EINVAL;
+	if (!fab_known(o->provider)) {
+		log_err("server: unknown provider %s (tcp, verbs or rdma)", o->provider);
+		err_detail("unknown provider %s: the fabrics are tcp, and verbs or rdma for RDMA "
+			   "devices", o->provider);
+		return -EPROTONOSUPPORT;
+	}
 	if (o->auth_keys_file && (!*o->auth_keys_file || !o->auth_timeout_ms)) {
 		log_err("server: authentication needs a key file name and a timeout");
 		return -EINVAL;

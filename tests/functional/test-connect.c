@@ -1004,12 +1004,11 @@ static uint64_t cpu_ms(void)
 
 /*
  * A listener with nobody connecting, well past its handshake timeout. The
- * sweep that cuts TCP connections which never send a request looks at the
- * sockets in the listener's wait set, and libfabric keeps one of its own
- * there (the event queue's signal, a unix socketpair, on tcp and verbs):
- * cut, it read as ready for ever and the service loop spun on it, both
- * CPUs' worth, from 5 s after the start of every server. The server must
- * stay idle, cut nothing and still take a session.
+ * sweep that cuts TCP connections which never send a request must cut
+ * only those: an earlier fabric once cut a signal socket of its own in the
+ * listener's wait set, which then read as ready for ever and the service
+ * loop spun on it, both CPUs' worth. The server must stay idle, cut
+ * nothing and still take a session.
  */
 static void test_idle_listener(void)
 {

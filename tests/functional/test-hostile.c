@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * A server under attack by clients that do not play by the rules, each
- * speaking the libfabric tcp provider's wire (ofi_ctrl_hdr for the
- * connection handshake, tcpx headers after it) straight on a socket, so
+ * speaking the tcp fabric's frames (struct rtrs_tcp_hdr: CONNECT for the
+ * handshake, WRITE and SEND after it) straight on a socket, so
  * that they can do what no library client would: stop reading, send
  * nothing, replay what they saw. In every case a legitimate client still
  * connects and moves verified data, and the server's memory and file

@@ -2,9 +2,8 @@
 /*
  * The server gives back what the fabric kept for closed sessions: 50 ms
  * after the last session of a burst is freed, the RTRS server asks its
- * fabric to trim, and libfabric's domain is closed while nothing is open
- * on it (its MR map keeps a tree node for every key ever registered, and
- * those pinned heap pages: bench/session-memory.sh). Here, with librnbd's
+ * fabric to trim (a fabric that keeps state for registrations long gone
+ * would give it back while nothing is open). Here, with librnbd's
  * server and client in one process:
  *   - with one session still open, closing another releases nothing, and
  *     the open one's IO goes on;
@@ -12,8 +11,8 @@
  *   - the next session opens a new domain and its IO is verified, with
  *     the bytes earlier sessions wrote still in the memory device; three
  *     rounds of it.
- * Only libfabric keeps anything to trim: on the native fabrics (tcp, and
- * verbs for RDMA devices) the test checks IO across the rounds only.
+ * Neither fabric (tcp, and verbs for RDMA devices) keeps anything to trim
+ * today: the test checks IO across the rounds only.
  */
 #include <errno.h>
 #include <stdio.h>

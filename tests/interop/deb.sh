@@ -110,6 +110,13 @@ loads() { # PROG LIB: PROG loads the installed LIB (through /lib or /usr/lib: me
 check "  through the installed librnbd.so.0" loads "$dir/installed-rnbd" librnbd.so.0
 check "  and librtrs.so.0" loads "$dir/installed-rnbd" librtrs.so.0
 
+# One fabric per transport, both the project's: nothing installed loads libfabric.
+for prog in /usr/sbin/rnbd-server /usr/sbin/rnbd-clientd /usr/bin/rnbd /usr/bin/rnbd-client \
+	/usr/bin/rtrs-perf "$lib/librtrs.so.0" "$lib/librnbd.so.0"; do
+	check "  ldd $prog names no libfabric" bash -c "! ldd '$prog' | grep -q libfabric"
+done
+check "  debian/control names no libfabric" bash -c "! grep -qi libfabric '$src/debian/control'"
+
 check "systemd-analyze verify accepts the installed units" \
 	systemd-analyze verify --man=no /lib/systemd/system/rnbd-server.service \
 	/lib/systemd/system/rnbd-clientd.service

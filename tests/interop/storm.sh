@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # A storm of sessions opened at one instant from one address, as a rack of
 # hypervisors (or one restoring its mappings) does to its storage server:
-# N rnbd-client perf processes (default 50), each a session of one path
+# N rnbd-client perf processes (default 200), each a session of one path
 # with 8 IO connections (9 in all), wait on a FIFO and are let go together
 # against one rnbd-server exporting a file each. Every session must open
 # and move verified data (--verify, 0 errors), without and with
 # DH-HMAC-CHAP; the server's admission closes no handshake that was
 # progressing (pending_evicted 0: it makes a newcomer wait, EBUSY, and the
-# client's open tries again) and lists every session it served.
-# Usage: storm.sh BUILD_DIR [SESSIONS [IO-CONNECTIONS]]   (50 and 8 by default).
+# client's open tries again) and lists every session it served. Then the
+# same N under verified IO while the server is killed (-9) and started
+# again on its port: every session reconnects and ends with 0 errors and
+# 0 bad bytes.
+# Usage: storm.sh BUILD_DIR [SESSIONS [IO-CONNECTIONS]]   (200 and 8 by default).
 set -euo pipefail
 build=$(cd "${1:?usage: storm.sh BUILD_DIR [SESSIONS [IO-CONNECTIONS]]}" && pwd)
-n=${2:-50}
+n=${2:-200}
 cons=${3:-8}
 client=$build/tools/rnbd-client
 command -v python3 >/dev/null || { echo "SKIP: python3 is not installed"; exit 77; }
@@ -29,6 +32,8 @@ umask 077
 echo "hv1 $(cat "$dir/hv1.key")" >"$dir/keys"
 
 # storm NAME [CLIENT-OPTIONS...]: all n clients at once; true when each verified.
+# STORM_RUNTIME (2 s) is each client's run; STORM_DURING, if set, is run
+# once the clients are let go (the server's restart).
 storm() {
 	local name=$1 i ok=0 cpids=()
 	shift
@@ -37,12 +42,14 @@ storm() {
 	for i in $(seq 1 "$n"); do
 		(read -r _ <"$dir/go" || true
 		 exec "$client" perf --server "127.0.0.1:$port" --session "$name-$i" --device "d$i" \
-			--io-connections "$cons" --rw randrw --bs 4k --iodepth 8 --runtime 2 --verify "$@" \
+			--io-connections "$cons" --rw randrw --bs 4k --iodepth 8 \
+			--runtime "${STORM_RUNTIME:-2}" --verify "$@" \
 			>"$dir/$name-$i.out" 2>&1) &
 		cpids+=($!)
 	done
 	sleep 1 # every client sits in its open() of the FIFO
 	: >"$dir/go"
+	[ -z "${STORM_DURING:-}" ] || $STORM_DURING
 	for i in $(seq 1 "$n"); do
 		if wait "${cpids[$((i - 1))]}" && grep -q 'verified' "$dir/$name-$i.out" &&
 			grep -q 'errors 0$' "$dir/$name-$i.out"; then
@@ -83,4 +90,41 @@ check "$n authenticated sessions of one host at once: each opens and verifies it
 	storm auth --host-name hv1 --secret "@$dir/hv1.key"
 check "... no progressing handshake was closed for a newcomer" stat_is pending_evicted 0
 check "... every path authenticated" stat_is auth_failed 0
+kill_pids
+pids=()
+
+# The server killed under verified IO and started again on its port, as an
+# upgrade or a crash does: once every session is open and moving data. All
+# n at once from one address: the per-peer session cap (64) is raised, as
+# for a host that is a whole rack's gateway.
+server_args=(--port 0 --dev-search-path "$dir/export" --queue-depth 64 --control "$dir/ctl"
+	--max-sessions-per-peer "$n" --max-sessions "$((n + 16))")
+rnbd_server_start "$dir/restart.log" -- "${server_args[@]}" || exit 1
+restart_port=$port
+restart_server() {
+	for _ in $(seq 300); do
+		[ "$(ctl_sessions)" -ge "$n" ] && break
+		sleep 0.1
+	done
+	sleep 1 # IO on every session
+	echo "  $(ctl_sessions) sessions open; killing the server"
+	kill -9 "${pids[0]}"
+	wait "${pids[0]}" 2>/dev/null || true
+	sleep 1
+	server_args[1]=$restart_port
+	"$build/daemons/rnbd-server" "${server_args[@]}" >"$dir/restart2.log" 2>&1 &
+	pids[0]=$!
+	wait_until 10 grep -q 'listening on port' "$dir/restart2.log" ||
+		echo "  the server did not come back: $(tail -2 "$dir/restart2.log")"
+}
+ctl_sessions() {
+	ctl "$dir/ctl" server stats -o json 2>/dev/null |
+		python3 -c 'import json, sys; print(json.load(sys.stdin)["sessions"])' 2>/dev/null ||
+		echo 0
+}
+storm_restart() {
+	STORM_RUNTIME=20 STORM_DURING=restart_server storm restart --fast-io-fail-ms 30000
+}
+check "$n sessions under verified IO, the server killed and started again: each reconnects with 0 errors" \
+	storm_restart
 finish storm

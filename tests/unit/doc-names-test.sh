@@ -64,7 +64,7 @@ cat >"$tmp/doc.md" <<'EOF'
 
 `clt_path_stop` stops a path and `rtrs_clt_open()` opens a session; the
 kernel's `process_io_rsp` and Linux's `nvmf_should_reconnect` are theirs.
-`fi_cq_read()` is libfabric's, called by `lib/rtrs/rtrs-fabric-ofi.c`.
+`io_uring_submit()` is liburing's, called by `lib/rtrs/rtrs-fabric-tcp.c`.
 See docs/protocol.md section 7.2 and `include/rtrs.h`.
 
 Missing: `clt_path_vanish()`, `lib/rtrs/rtrs-gone.c`, docs/protocol.md

@@ -12,7 +12,7 @@ What a document names, and where it must be:
     call in a ```c block), or in backticks as `name(...)`: a C function
     defined or declared at the start of a line, a macro, an ops member
     `(*name)(`, a shell or Python function of the tree; or, for a library's
-    function (libc, libfabric...), one the C sources call;
+    function (libc, liburing...), one the C sources call;
   - an identifier in backticks that looks like a C one (lower case with an
     `_`, also `struct x`, `a.b`, `a->b`): a word of the C sources (comments
     left out) or of the scripts, or a wire message (`rkey_rsp`: the struct

@@ -189,9 +189,14 @@ static void test_values(void)
 		"expected 1..255 printable characters without blanks or '/', not '.' or '..'");
 	set_bad(&c, CLT_OPT_SESSION, "a/b", -EINVAL,
 		"expected 1..255 printable characters without blanks or '/', not '.' or '..'");
-	set_ok(&c, CLT_OPT_PROVIDER, "verbs;ofi_rxm");
-	CHECK(!strcmp(c.opts.provider, "verbs;ofi_rxm"));
-	set_bad(&c, CLT_OPT_PROVIDER, "a b", -EINVAL, "expected printable characters without blanks");
+	set_ok(&c, CLT_OPT_PROVIDER, "verbs");
+	CHECK(!strcmp(c.opts.provider, "verbs"));
+	set_ok(&c, CLT_OPT_PROVIDER, "rdma");
+	set_ok(&c, CLT_OPT_PROVIDER, "tcp");
+	CHECK(!strcmp(c.opts.provider, "tcp"));
+	/* libfabric's names are gone with it: one fabric per transport. */
+	set_bad(&c, CLT_OPT_PROVIDER, "verbs;ofi_rxm", -EINVAL, "expected tcp, verbs or rdma");
+	set_bad(&c, CLT_OPT_PROVIDER, "a b", -EINVAL, "expected tcp, verbs or rdma");
 	set_ok(&c, CLT_OPT_HOST_NAME, "nqn.2014-08.org.nvmexpress:uuid:1");
 	CHECK(!strcmp(c.opts.auth_host_name, "nqn.2014-08.org.nvmexpress:uuid:1"));
 	set_bad(&c, CLT_OPT_HOST_NAME, "a b", -EINVAL,

@@ -513,7 +513,7 @@ static void test_conn_rsp(void)
 		CHECK_EQ(out.err, -ECONNREFUSED);
 		CHECK(out.dnr);
 	}
-	/* Shorter than 56 bytes (the 20-byte reject of before, libfabric's header eating one). */
+	/* Shorter than 56 bytes (the 20-byte reject of before, a CM's length byte eating one). */
 	CHECK_REJECT(-EMSGSIZE, conn_rsp_dec(&m, 55, &out, WHY));
 	CHECK_REJECT(-EMSGSIZE, conn_rsp_dec(&m, 20, &out, WHY));
 	CHECK_REJECT(-EMSGSIZE, conn_rsp_dec(&m, 6, &out, WHY));
@@ -525,7 +525,7 @@ static void test_conn_rsp(void)
 	put16(&m, 4, 0xffff);
 	CHECK_ACCEPT(conn_rsp_dec(&m, sizeof(m), &out, WHY));
 	CHECK_EQ(out.err, -1);
-	/* What libfabric's one-byte header made of the kernel's reject: -23038. */
+	/* What a CM's one-byte length header made of the kernel's reject: -23038. */
 	put16(&m, 4, 0xa602);
 	CHECK_REJECT(-EPROTO, conn_rsp_dec(&m, sizeof(m), &out, WHY));
 	put16(&m, 4, (uint16_t)-4096);
