@@ -324,7 +324,8 @@ static void efd_arm(struct tcp_group *g)
 {
 	struct io_uring_sqe *sqe = group_sqe(g);
 
-	io_uring_prep_read(sqe, g->efd, &g->efd_val, sizeof(g->efd_val), 0);
+	/* A poll, not a read: a blocking read would be punted to an io-wq worker thread. */
+	io_uring_prep_poll_add(sqe, g->efd, POLLIN);
 	io_uring_sqe_set_data64(sqe, UD_EFD);
 }
 
@@ -1231,6 +1232,8 @@ static void group_cqe(struct tcp_group *g, struct io_uring_cqe *cqe)
 	struct fab_con *c = (struct fab_con *)(uintptr_t)(ud & ~(uint64_t)TAG_MASK);
 
 	if (ud == UD_EFD) {
+		if (read(g->efd, &g->efd_val, sizeof(g->efd_val)) < 0 && errno != EAGAIN)
+			log_warn_rl("tcp group %u: eventfd read: %s", g->idx, strerror(errno));
 		efd_arm(g);
 		atomic_store(&g->woken, false);
 		return;
@@ -1330,8 +1333,7 @@ static int groups_get(void)
 
 		g->idx = grp.n;
 		pthread_mutex_init(&g->lock, NULL);
-		/* Blocking: io_uring would answer a read of a non-blocking one with -EAGAIN. */
-		g->efd = eventfd(0, EFD_CLOEXEC);
+		g->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 		if (g->efd < 0) {
 			rc = -errno;
 			pthread_mutex_destroy(&g->lock);
