@@ -399,21 +399,27 @@ static void conn_drop(struct rpc_server *s, struct rpc_conn *c)
  */
 static int evict_victim(const struct rpc_server *s, uint64_t now, uint64_t *next)
 {
+	uint64_t vprog = 0;
 	int v = -1;
 
 	for (unsigned i = 0; i < s->nr_conns; i++) {
 		struct rpc_conn *c = s->conns[i];
+		uint64_t prog;
 		bool busy;
 
+		/* Both under the lock: a worker answering it moves progress_ms (conn_fed). */
 		pthread_mutex_lock(&c->lock);
 		busy = c->busy;
+		prog = c->progress_ms;
 		pthread_mutex_unlock(&c->lock);
-		if (!busy && (v < 0 || c->progress_ms < s->conns[v]->progress_ms))
+		if (!busy && (v < 0 || prog < vprog)) {
 			v = (int)i;
+			vprog = prog;
+		}
 	}
-	if (v >= 0 && s->conns[v]->progress_ms + RPC_EVICT_MS > now) {
-		if (s->conns[v]->progress_ms + RPC_EVICT_MS < *next)
-			*next = s->conns[v]->progress_ms + RPC_EVICT_MS;
+	if (v >= 0 && vprog + RPC_EVICT_MS > now) {
+		if (vprog + RPC_EVICT_MS < *next)
+			*next = vprog + RPC_EVICT_MS;
 		return -1;
 	}
 	return v;
