@@ -59,23 +59,29 @@ assert j["mode"] == "ro" and "read_only" not in j and j["logical_block_size"] ==
 assert j["max_io"] > 0 and j["queue_depth"] > 0 and j["discard"] is True, j
 PY
 
-c perf --device mem0 --rw randrw --bs 4k --iodepth 16 --runtime 3 --verify --json \
+# 8 s: the listing below must catch the session while it runs, and on a
+# loaded machine each rnbd call takes a while (3 s was too short once).
+c perf --device mem0 --rw randrw --bs 4k --iodepth 16 --runtime 8 --verify --json \
 	>"$dir/perf.json" 2>"$dir/perf.err" &
 perf_pid=$!
 pids+=($perf_pid)
-# Until the session has both read and written (a loaded machine may show
-# the first write before the first read).
+# Until every listing shows the session having both read and written (a
+# loaded machine may show the first write before the first read, and one
+# listing before the next).
 listed() {
 	ctl "$dir/ctl" server list devices -o json >"$dir/list.json" &&
 		ctl "$dir/ctl" server list >"$dir/list.txt" &&
 		ctl "$dir/ctl" server list sessions -o json >"$dir/sessions.json" &&
 		ctl_dev "$dir/ctl" cli mem0 1 &&
+		grep -Eq '^cli +rnbd +on +127\.0\.0\.1:[0-9]+ +connected .* mem0$' "$dir/list.txt" &&
 		python3 -c '
 import json, sys
 s = [x for x in json.load(open(sys.argv[1])) if x["name"] == "cli"]
 p = s[0]["paths"] if s else []
-sys.exit(0 if sum(x["reads"] for x in p) > 0 and sum(x["writes"] for x in p) > 0 else 1)' \
-			"$dir/sessions.json"
+d = [x for x in json.load(open(sys.argv[2])) if x["session"] == "cli" and x["device"] == "mem0"]
+ok = sum(x["reads"] for x in p) > 0 and sum(x["writes"] for x in p) > 0
+ok = ok and d and d[0]["reads"] > 0 and d[0]["writes"] > 0
+sys.exit(0 if ok else 1)' "$dir/sessions.json" "$dir/list.json"
 }
 wait_until 10 listed || true # the checks below say what list showed
 wait "$perf_pid" && perf_rc=0 || perf_rc=$?
