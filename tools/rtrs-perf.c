@@ -35,12 +35,12 @@ static const char *const mode_names[] = { "write", "read", NULL };
 static struct {
 	const char *addr, *auth_keys;
 	struct opt_list events;
-	uint64_t port, queue_depth, chunk_size, io_size, duration;
+	uint64_t port, queue_depth, chunk_size, io_size, duration, sessions;
 	unsigned mode;
 	bool json, verify, quiet, no_invalidate;
 } g = {
 	.port = RTRS_DEFAULT_PORT, .queue_depth = 64, .chunk_size = RTRS_DEFAULT_CHUNK_SIZE,
-	.io_size = 4096, .duration = 5,
+	.io_size = 4096, .duration = 5, .sessions = 1,
 };
 
 /*
@@ -95,6 +95,9 @@ static const struct opt own_options[] = {
 	  .help = "server: chunk size (power of two)" },
 	{ "duration", 't', OPT_UINT, &g.duration, 1, 86400, .arg = "SEC",
 	  .help = "client: seconds to run" },
+	{ "sessions", 0, OPT_UINT, &g.sessions, 1, 10000, .arg = "N",
+	  .help = "client: hold N sessions (NAME-1 .. NAME-N), opened all at once; the "
+		  "queue depth is spread over them, each IO moving to the next session" },
 	{ "verify", 'V', OPT_FLAG, &g.verify,
 	  .help = "client: check every byte moved (the server follows)" },
 	{ "no-invalidate", 0, OPT_FLAG, &g.no_invalidate,
@@ -215,6 +218,7 @@ static struct hist hist;
 
 struct perf_io {
 	struct rtrs_clt_sess *sess;
+	unsigned si;                /* the session's index (--sessions) */
 	struct rtrs_permit *permit;
 	uint8_t *buf;
 	struct perf_hdr hdr;
@@ -223,6 +227,8 @@ struct perf_io {
 };
 
 static atomic_uint_fast64_t ops_done, ops_err, ops_bad, seq_next;
+static struct rtrs_clt_sess **sessions; /* g.sessions of them */
+static atomic_uint rot_next;
 static atomic_uint active;
 static atomic_bool stopping;
 static pthread_mutex_t done_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -277,6 +283,19 @@ static void io_conf(void *priv, int err)
 	if (atomic_load_explicit(&stopping, memory_order_relaxed)) {
 		io_retire();
 		return;
+	}
+	if (g.sessions > 1) {
+		/* On to the next session, if it has a permit free; else where it was. */
+		unsigned si = atomic_fetch_add(&rot_next, 1) % (unsigned)g.sessions;
+		struct rtrs_permit *pm = si == io->si ? NULL :
+			rtrs_clt_get_permit(sessions[si], RTRS_IO_CON, RTRS_PERMIT_NOWAIT);
+
+		if (pm) {
+			rtrs_clt_put_permit(io->sess, io->permit);
+			io->permit = pm;
+			io->sess = sessions[si];
+			io->si = si;
+		}
 	}
 	rc = io_submit(io);
 	if (rc) {
@@ -385,6 +404,164 @@ static void run_events(struct rtrs_clt_sess *sess, uint64_t ms)
 	}
 }
 
+/* --sessions: the openers, all at once (at most OPENERS threads, each taking the next). */
+#define OPENERS 256
+
+static atomic_uint open_next, open_failed;
+static atomic_int open_first_err;
+static const struct rtrs_clt_opts *open_opts;
+
+static void *opener(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		unsigned i = atomic_fetch_add(&open_next, 1);
+		struct rtrs_clt_opts o;
+		char name[256]; /* a session name: 1..255 bytes */
+		int rc, none = 0;
+
+		if (i >= g.sessions)
+			return NULL;
+		o = *open_opts;
+		snprintf(name, sizeof(name), "%.200s-%u", o.sessname ? o.sessname : "rtrs-perf",
+			 i + 1);
+		o.sessname = name;
+		rc = rtrs_clt_open(&o, &sessions[i]);
+		if (rc) {
+			sessions[i] = NULL;
+			atomic_fetch_add(&open_failed, 1);
+			atomic_compare_exchange_strong(&open_first_err, &none, rc);
+		}
+	}
+}
+
+static int run_io(struct rtrs_clt_sess *const *ss, unsigned n, double open_secs);
+
+static int run_sessions(const struct rtrs_clt_opts *o)
+{
+	unsigned n = (unsigned)g.sessions, nt = MIN(n, OPENERS), started = 0;
+	pthread_t *t = calloc(nt, sizeof(*t));
+	uint64_t t0 = now_ns();
+	double secs;
+	int rc = 0;
+
+	sessions = calloc(n, sizeof(*sessions));
+	if (!t || !sessions) {
+		free(t);
+		fprintf(stderr, "rtrs-perf: out of memory for %u sessions\n", n);
+		return 1;
+	}
+	open_opts = o;
+	for (; started < nt; started++)
+		if (pthread_create(&t[started], NULL, opener, NULL))
+			break;
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(t[i], NULL);
+	free(t);
+	if (!started)
+		opener(NULL);
+	secs = (double)(now_ns() - t0) / 1e9;
+	if (atomic_load(&open_failed)) {
+		fprintf(stderr, "rtrs-perf: %u of %u sessions did not open, first: %s\n",
+			atomic_load(&open_failed), n, strerror(-atomic_load(&open_first_err)));
+		rc = 1;
+	} else {
+		rc = run_io(sessions, n, secs);
+	}
+	for (unsigned i = 0; i < n; i++)
+		if (sessions[i])
+			rtrs_clt_close(sessions[i]);
+	free(sessions);
+	sessions = NULL;
+	return rc;
+}
+
+/*
+ * IO over n sessions: g.queue_depth IOs in flight in all, IO i starting on
+ * session i % n and moving on at each completion (io_conf).
+ */
+static int run_io(struct rtrs_clt_sess *const *ss, unsigned n, double open_secs)
+{
+	uint64_t stride = (g.io_size + 4095) & ~4095ull, t0, nops;
+	struct perf_io *ios = calloc(g.queue_depth, sizeof(*ios));
+	uint8_t *area = aligned_alloc(4096, stride * g.queue_depth);
+	double secs;
+	int rc = 0;
+
+	if (!ios || !area) {
+		fprintf(stderr, "rtrs-perf: out of memory for %" PRIu64 " buffers\n", g.queue_depth);
+		free(ios);
+		free(area);
+		return 1;
+	}
+	for (uint64_t i = 0; i < g.queue_depth; i++) {
+		ios[i].si = (unsigned)(i % n);
+		ios[i].sess = ss[ios[i].si];
+		ios[i].permit = rtrs_clt_get_permit(ios[i].sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+		ios[i].buf = area + i * stride;
+		ios[i].ops = (struct rtrs_clt_req_ops){ .priv = &ios[i], .conf = io_conf };
+	}
+	atomic_store(&rot_next, (unsigned)(g.queue_depth % n));
+	t0 = now_ns();
+	for (uint64_t i = 0; i < g.queue_depth; i++) {
+		atomic_fetch_add(&active, 1);
+		rc = io_submit(&ios[i]);
+		if (rc) {
+			fprintf(stderr, "rtrs-perf: submit: %s\n", strerror(-rc));
+			atomic_store(&stopping, true);
+			io_retire();
+			break;
+		}
+	}
+	for (uint64_t ms = 0; ms < g.duration * 1000 && !atomic_load(&stopping); ms += 10)
+		usleep(10000);
+	atomic_store(&stopping, true);
+	pthread_mutex_lock(&done_lock);
+	while (atomic_load(&active))
+		pthread_cond_wait(&done_cond, &done_lock);
+	pthread_mutex_unlock(&done_lock);
+	secs = (double)(now_ns() - t0) / 1e9;
+	nops = atomic_load(&ops_done);
+	if (g.json) {
+		struct json_object *jo = json_object_new_object(), *lat = json_object_new_object();
+		bool failed = false;
+
+		jput(jo, "sessions", json_object_new_uint64(n), &failed);
+		jput(jo, "open_seconds", jfixed(open_secs, 3), &failed);
+		jput(jo, "mode", json_object_new_string(mode_names[g.mode]), &failed);
+		jput(jo, "io_size", json_object_new_uint64(g.io_size), &failed);
+		jput(jo, "queue_depth", json_object_new_uint64(g.queue_depth), &failed);
+		jput(jo, "seconds", jfixed(secs, 3), &failed);
+		jput(jo, "ops", json_object_new_uint64(nops), &failed);
+		jput(jo, "ops_per_sec", jfixed((double)nops / secs, 0), &failed);
+		jput(lat, "p50", json_object_new_uint64(hist_percentile(&hist, 50, nops)), &failed);
+		jput(lat, "p99", json_object_new_uint64(hist_percentile(&hist, 99, nops)), &failed);
+		jput(jo, "lat_us", lat, &failed);
+		jput(jo, "errors", json_object_new_uint64(atomic_load(&ops_err)), &failed);
+		jput(jo, "bad", json_object_new_uint64(atomic_load(&ops_bad)), &failed);
+		rc = jprint(jo, failed);
+	} else {
+		printf("rtrs-perf: %u sessions opened in %.2f s; %s %" PRIu64 " B, qd %" PRIu64
+		       " over them, %.2f s%s\n", n, open_secs, mode_names[g.mode], g.io_size,
+		       g.queue_depth, secs, g.verify ? ", verified" : "");
+		printf("  %" PRIu64 " ops  %.0f op/s  latency us p50 %" PRIu64 " p99 %" PRIu64
+		       "  errors %" PRIuFAST64 "\n", nops, (double)nops / secs,
+		       hist_percentile(&hist, 50, nops), hist_percentile(&hist, 99, nops),
+		       atomic_load(&ops_err));
+	}
+	if (atomic_load(&ops_err))
+		fprintf(stderr, "rtrs-perf: %" PRIuFAST64 " IOs failed, first: %s\n",
+			atomic_load(&ops_err), strerror(-first_err));
+	if (atomic_load(&ops_bad))
+		fprintf(stderr, "rtrs-perf: %" PRIuFAST64 " reads returned wrong bytes\n",
+			atomic_load(&ops_bad));
+	for (uint64_t i = 0; i < g.queue_depth; i++)
+		rtrs_clt_put_permit(ios[i].sess, ios[i].permit);
+	free(ios);
+	free(area);
+	return rc || atomic_load(&ops_err) || atomic_load(&ops_bad) ? 1 : 0;
+}
+
 static int run_client(void)
 {
 	struct rtrs_attrs attrs = { .size = sizeof(attrs) };
@@ -403,6 +580,14 @@ static int run_client(void)
 		return 2;
 	}
 	o.port = (uint16_t)g.port;
+	if (g.sessions > 1) {
+		if (g.events.n) {
+			fprintf(stderr, "rtrs-perf: --event acts on one session, not --sessions %" PRIu64
+				"\n", g.sessions);
+			return 2;
+		}
+		return run_sessions(&o);
+	}
 	rc = rtrs_clt_open(&o, &sess);
 	if (rc) {
 		fprintf(stderr, "rtrs-perf: cannot open session to %s: %s\n", o.paths[0].dst,

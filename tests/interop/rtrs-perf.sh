@@ -78,6 +78,25 @@ event_runs() {
 		{ cat "$dir/ev-ok.log"; return 1; }
 }
 check "a good --event runs: the path is cut at 1 s" event_runs
+# --sessions: 8 sessions of 3 connections opened at once from one process,
+# verified writes and then reads with the queue depth spread over them.
+sessions_run() {
+	local m
+	for m in write read; do
+		timeout 60 "$perf" client --server "127.0.0.1:${evport:-1}" --duration 2 --sessions 8 \
+			--io-connections 2 --queue-depth 16 --verify --mode "$m" --json \
+			>"$dir/sess-$m.json" 2>"$dir/sess-$m.err" || { cat "$dir/sess-$m.err"; return 1; }
+		python3 - "$dir/sess-$m.json" <<'PY' || return 1
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["sessions"] == 8 and j["errors"] == 0 and j["bad"] == 0 and j["ops"] > 100, j
+PY
+	done
+}
+check "--sessions 8: every session opens, verified writes and reads, 0 errors" sessions_run
+check "--sessions with --event: refused (an event acts on one session)" \
+	bash -c "'$perf' client --server 127.0.0.1:1 --sessions 2 --duration 2 --event 1:cut:0 \
+		>'$dir/se.log' 2>&1; [ \$? = 2 ] && grep -q 'acts on one session' '$dir/se.log'"
 check "-p without its argument: exit 2, said so" \
 	refused warn "rtrs-perf: option -p needs an argument" -p
 
