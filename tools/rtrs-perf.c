@@ -36,6 +36,7 @@ static struct {
 	const char *addr, *auth_keys;
 	struct opt_list events;
 	uint64_t port, queue_depth, chunk_size, io_size, duration, sessions;
+	uint64_t max_sessions, max_sessions_per_peer;
 	unsigned mode;
 	bool json, verify, quiet, no_invalidate;
 } g = {
@@ -106,6 +107,10 @@ static const struct opt own_options[] = {
 	  .help = "server: require DH-HMAC-CHAP; FILE lists \"HOST SECRET [CTRL-SECRET]\"" },
 	{ "json", 'j', OPT_FLAG, &g.json, .help = "client: print one JSON object" },
 	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "server: no banner" },
+	{ "max-sessions", 0, OPT_UINT, &g.max_sessions, 1, 100000, .arg = "N",
+	  .help = "server: sessions in all (default: the library's)" },
+	{ "max-sessions-per-peer", 0, OPT_UINT, &g.max_sessions_per_peer, 1, 100000, .arg = "N",
+	  .help = "server: sessions of one address (default: the library's)" },
 	{ 0 },
 };
 
@@ -187,6 +192,8 @@ static int run_server(void)
 	o.poll_groups = cfg.opts.poll_groups;
 	o.auth_keys_file = g.auth_keys;
 	o.auth_name = cfg.opts.auth_server_name;
+	o.max_sessions = (unsigned)g.max_sessions;
+	o.max_sessions_per_peer = (unsigned)g.max_sessions_per_peer;
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
