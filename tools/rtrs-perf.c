@@ -36,7 +36,7 @@ static struct {
 	const char *addr, *auth_keys;
 	struct opt_list events;
 	uint64_t port, queue_depth, chunk_size, io_size, duration, sessions;
-	uint64_t max_sessions, max_sessions_per_peer;
+	uint64_t max_sessions, max_sessions_per_peer, hold;
 	unsigned mode;
 	bool json, verify, quiet, no_invalidate;
 } g = {
@@ -107,6 +107,9 @@ static const struct opt own_options[] = {
 	  .help = "server: require DH-HMAC-CHAP; FILE lists \"HOST SECRET [CTRL-SECRET]\"" },
 	{ "json", 'j', OPT_FLAG, &g.json, .help = "client: print one JSON object" },
 	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "server: no banner" },
+	{ "hold", 0, OPT_UINT, &g.hold, 0, 86400, .arg = "SEC",
+	  .help = "client: keep the session(s) open and idle this long after the run (as with "
+		  "--sessions)" },
 	{ "max-sessions", 0, OPT_UINT, &g.max_sessions, 1, 100000, .arg = "N",
 	  .help = "server: sessions in all (default: the library's)" },
 	{ "max-sessions-per-peer", 0, OPT_UINT, &g.max_sessions_per_peer, 1, 100000, .arg = "N",
@@ -473,7 +476,15 @@ static int run_sessions(const struct rtrs_clt_opts *o)
 			atomic_load(&open_failed), n, strerror(-atomic_load(&open_first_err)));
 		rc = 1;
 	} else {
+		/* At once, for whoever measures what comes next (bench/scale.sh). */
+		fprintf(stderr, "rtrs-perf: %u sessions opened in %.3f s\n", n, secs);
 		rc = run_io(sessions, n, secs);
+		if (g.hold) {
+			fflush(stdout);
+			fprintf(stderr, "rtrs-perf: holding %u idle sessions for %" PRIu64 " s\n", n,
+				g.hold);
+			sleep((unsigned)g.hold);
+		}
 	}
 	for (unsigned i = 0; i < n; i++)
 		if (sessions[i])
@@ -587,7 +598,7 @@ static int run_client(void)
 		return 2;
 	}
 	o.port = (uint16_t)g.port;
-	if (g.sessions > 1) {
+	if (g.sessions > 1 || g.hold) {
 		if (g.events.n) {
 			fprintf(stderr, "rtrs-perf: --event acts on one session, not --sessions %" PRIu64
 				"\n", g.sessions);

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# A server for a fleet (issue 35): what N sessions cost. One rtrs-perf
+# server (tcp, QD chunks of 16 KiB per session, limits raised) and one rtrs-perf
+# client holding N sessions of CONS IO connections (--sessions N, 4 by
+# default: 5 connections each), opened together, for N in NS
+# ("1 10 100 1000"). Per N: the time for all N to be open; then a constant
+# total load, 4 KiB writes at total queue depth QD (64) spread over the
+# sessions for DURATION (5) s: ops/s and CPU per IO of server and generator
+# together (their CPU clocks over the window); then the sessions idle for
+# HOLD (6) s: the server's CPU over 4 s of it (heartbeats only), threads,
+# fds and RSS of both processes. Prints a table; --record appends it to
+# bench/RESULTS.md with a plot in bench/plots/. BUILD (build-release) is the
+# build tree that runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NS=${NS:-"1 10 100 1000"}
+CONS=${CONS:-4}
+QD=${QD:-64}
+DURATION=${DURATION:-5}
+HOLD=${HOLD:-6}
+record=false
+[ "${1:-}" = --record ] && record=true
+dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install ok installed" ||
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		python3-matplotlib >/dev/null
+. bench/lib.sh
+bench_processes
+bin=$(realpath "${BUILD:-build-release}")
+perf=$bin/tools/rtrs-perf
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+hz=$(getconf CLK_TCK)
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+rss() { awk '/^VmRSS/ { print $2 }' "/proc/$1/status"; }
+nthreads() { ls "/proc/$1/task" | wc -l; }
+nfds() { ls "/proc/$1/fd" | wc -l; }
+
+echo "N cons open_s ops_per_s cpu_us_per_io srv_threads gen_threads srv_fds srv_rss_kb gen_rss_kb srv_idle_cpu_pct" >"$tmp/table"
+for n in $NS; do
+	"$perf" server --port 0 --queue-depth "$QD" --chunk-size 16k --max-sessions $((n + 64)) \
+		--max-sessions-per-peer $((n + 64)) >"$tmp/srv-$n.log" 2>&1 &
+	pids+=($!)
+	spid=$!
+	for _ in $(seq 100); do grep -q 'listening on port' "$tmp/srv-$n.log" && break; sleep 0.05; done
+	port=$(grep -o 'listening on port [0-9]*' "$tmp/srv-$n.log" | grep -o '[0-9]*$')
+	"$perf" client --server "127.0.0.1:$port" --sessions "$n" --io-connections "$CONS" \
+		--queue-depth "$QD" --duration "$DURATION" --hold "$HOLD" --json \
+		>"$tmp/gen-$n.json" 2>"$tmp/gen-$n.err" &
+	pids+=($!)
+	cpid=$!
+	until grep -q 'sessions opened in' "$tmp/gen-$n.err"; do
+		kill -0 "$cpid" 2>/dev/null || { cat "$tmp/gen-$n.err" >&2; exit 1; }
+		sleep 0.02
+	done
+	s0=$(ticks "$spid") c0=$(ticks "$cpid")
+	until grep -q 'holding' "$tmp/gen-$n.err"; do sleep 0.02; done
+	s1=$(ticks "$spid") c1=$(ticks "$cpid")
+	sleep 1
+	i0=$(ticks "$spid")
+	sleep 4
+	i1=$(ticks "$spid")
+	row=$(python3 - "$tmp/gen-$n.json" "$n" "$CONS" "$((s1 - s0 + c1 - c0))" "$hz" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+n, cons, ticks, hz = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+assert j["errors"] == 0 and j["sessions"] == n, j
+print(n, cons + 1, j["open_seconds"], j["ops_per_sec"], "%.1f" % (ticks / hz * 1e6 / max(j["ops"], 1)), end=" ")
+PY
+)
+	echo "$row $(nthreads "$spid") $(nthreads "$cpid") $(nfds "$spid") $(rss "$spid") $(rss "$cpid") $(awk -v t=$((i1 - i0)) -v hz="$hz" 'BEGIN { printf "%.1f", t / hz / 4 * 100 }')" >>"$tmp/table"
+	wait "$cpid" || { cat "$tmp/gen-$n.err" >&2; exit 1; }
+	kill "$spid"
+	wait "$spid" 2>/dev/null || true
+done
+column -t "$tmp/table"
+if $record; then
+	day=$(date +%F)
+	plot=bench/plots/scale-$day.png
+	/usr/bin/python3 - "$tmp/table" "$plot" <<'PY'
+import sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+rows = [l.split() for l in open(sys.argv[1])][1:]
+n = [int(r[0]) for r in rows]
+fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
+ax[0].plot(n, [float(r[2]) for r in rows], "o-"); ax[0].set_title("all N open (s)")
+ax[1].plot(n, [float(r[4]) for r in rows], "o-"); ax[1].set_title("CPU per IO, server + generator (us)")
+ax[2].plot(n, [int(r[8]) / 1024 for r in rows], "o-", label="server RSS (MiB)")
+ax[2].plot(n, [int(r[6]) for r in rows], "^-", label="generator threads")
+ax[2].plot(n, [int(r[5]) for r in rows], "s-", label="server threads")
+ax[2].legend(); ax[2].set_yscale("log"); ax[2].set_title("threads and RSS")
+for a in ax:
+    a.set_xscale("log"); a.set_xlabel("sessions (N)")
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=90)
+PY
+	{
+		echo
+		echo "### $day Sessions at scale (bench/scale.sh)"
+		echo
+		echo "\`NS=\"$NS\" CONS=$CONS QD=$QD DURATION=$DURATION bench/scale.sh --record\` on $(machine)."
+		echo "One rtrs-perf server (tcp, $QD chunks of 16 KiB per session) and one rtrs-perf client holding N sessions of"
+		echo "$((CONS + 1)) connections, opened together; 4 KiB writes at total QD $QD spread over the sessions."
+		echo
+		echo '```'
+		column -t "$tmp/table"
+		echo '```'
+		echo
+		echo "![scale]($(basename "$plot" | sed 's|^|plots/|'))"
+	} >>bench/RESULTS.md
+	echo "recorded in bench/RESULTS.md, plot $plot"
+fi
