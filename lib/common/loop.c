@@ -389,6 +389,68 @@ void loop_call(struct loop *l, void (*fn)(void *arg), void *arg)
 	pthread_cond_destroy(&c.cond);
 }
 
+/* ---- shared loops --------------------------------------------------------------- */
+
+static struct {
+	pthread_mutex_t lock;      /* the slots and their users */
+	struct loop *loop[LOOP_SHARED_MAX];
+	unsigned users[LOOP_SHARED_MAX];
+} shared = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+int loop_shared_get(const char *name, struct loop **out)
+{
+	unsigned best = 0;
+	int rc = 0;
+
+	pthread_mutex_lock(&shared.lock);
+	for (unsigned i = 1; i < LOOP_SHARED_MAX; i++)
+		if (shared.users[i] < shared.users[best])
+			best = i;
+	if (!shared.loop[best]) {
+		char n[32];
+
+		snprintf(n, sizeof(n), "%.24s-%u", name, best);
+		rc = loop_create(n, &shared.loop[best]);
+	}
+	if (!rc) {
+		shared.users[best]++;
+		*out = shared.loop[best];
+	}
+	pthread_mutex_unlock(&shared.lock);
+	return rc;
+}
+
+void loop_shared_put(struct loop *l)
+{
+	struct loop *stop = NULL;
+
+	if (!l)
+		return;
+	pthread_mutex_lock(&shared.lock);
+	for (unsigned i = 0; i < LOOP_SHARED_MAX; i++) {
+		if (shared.loop[i] != l)
+			continue;
+		if (--shared.users[i] == 0 && !loop_in_thread(l)) {
+			stop = l;
+			shared.loop[i] = NULL;
+		}
+		break;
+	}
+	pthread_mutex_unlock(&shared.lock);
+	loop_destroy(stop);
+}
+
+unsigned loop_shared_users(unsigned *n, unsigned max)
+{
+	unsigned i;
+
+	pthread_mutex_lock(&shared.lock);
+	for (i = 0; i < LOOP_SHARED_MAX && i < max; i++)
+		n[i] = shared.loop[i] ? shared.users[i] : 0;
+	pthread_mutex_unlock(&shared.lock);
+	return i;
+}
+
 /* ---- the test clock ------------------------------------------------------------- */
 
 void loop_test_clock(void (*idle)(void))

@@ -44,6 +44,23 @@ int loop_create(const char *name, struct loop **out);
 void loop_destroy(struct loop *l);
 bool loop_in_thread(const struct loop *l);
 
+/*
+ * The process's shared service loops (LOOP_SHARED_MAX of them, made on
+ * first use): a user that needs a loop for timers and failure handling,
+ * such as a client session, takes the least used one, so that the threads
+ * do not grow with the number of users. Handlers of one user then share
+ * the thread with the others': they must not block for long. Before
+ * loop_shared_put a user takes its fds and timers off (on the loop) and
+ * makes sure none of its work is queued (loop_call is a barrier for work
+ * queued before it); the last put stops the loop unless it comes from the
+ * loop's own thread (the loop then stays, for the next user).
+ */
+#define LOOP_SHARED_MAX 2
+int loop_shared_get(const char *name, struct loop **out);
+void loop_shared_put(struct loop *l);
+/* Users of each shared loop, for tests: n[i] of slot i; returns the slots. */
+unsigned loop_shared_users(unsigned *n, unsigned max);
+
 int loop_add_fd(struct loop *l, struct loop_fd *h, uint32_t events);
 void loop_del_fd(struct loop *l, struct loop_fd *h);
 

@@ -13,7 +13,8 @@
  * server forgot the devices: it tells us that a path reached a new server
  * session (RTRS_CLT_LINK_EV_SERVER_SESSION), and from then on every device
  * is closed behind a gate until a worker thread of the session has sent
- * SESS_INFO and OPEN again for it. IO meeting a closed gate waits at it for
+ * SESS_INFO and OPEN again for it (the worker runs only while there is such
+ * a pass to make: an idle session has no thread). IO meeting a closed gate waits at it for
  * that open, and for nothing else.
  */
 #include <errno.h>
@@ -109,9 +110,39 @@ struct rnbd_clt_sess {
 	unsigned on_wire_old;        /* ... sent in an earlier one */
 	struct clt_io *ios;          /* one slot per RTRS permit */
 	bool stop;
+	bool ready;                  /* the open is done: passes may start a worker */
 	pthread_t worker;
-	bool worker_started;
+	bool worker_started;         /* not joined yet */
+	bool worker_running;         /* it has not decided to end */
 };
+
+static void *worker(void *arg);
+
+/*
+ * The worker is asked for a pass (s->lock held): started unless it runs
+ * (it takes the pass before it ends) or the session is not open yet (the
+ * open starts it) or closing. A thread that cannot be had now is tried
+ * again at the next ask.
+ */
+static void want_pass(struct rnbd_clt_sess *s)
+{
+	int rc;
+
+	s->reopen = true;
+	if (s->worker_running || s->stop || !s->ready)
+		return;
+	if (s->worker_started)
+		pthread_join(s->worker, NULL); /* it ended: it no longer needs the lock */
+	s->worker_started = false;
+	rc = pthread_create(&s->worker, NULL, worker, s);
+	if (rc) {
+		log_err("rnbd: %s: cannot start the worker that opens devices again: %s", s->name,
+			strerror(rc));
+		return;
+	}
+	s->worker_started = true;
+	s->worker_running = true;
+}
 
 /*
  * An IO lives in the session's slot for its permit from submit to done, so
@@ -335,7 +366,7 @@ static void held_add(struct rnbd_clt_dev *d, struct clt_io *io)
 
 	STAILQ_INSERT_TAIL(&d->held, io, next);
 	if (d->state == DEV_CLOSED && !s->stop) {
-		s->reopen = true;
+		want_pass(s);
 		pthread_cond_broadcast(&s->cond);
 	}
 }
@@ -398,7 +429,7 @@ static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
 		 */
 		s->up = true;
 		if (!s->passing)
-			s->reopen = true;
+			want_pass(s);
 		break;
 	case RTRS_CLT_LINK_EV_SERVER_SESSION:
 		/*
@@ -412,7 +443,7 @@ static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
 		for (struct rnbd_clt_dev *d = s->devs; d; d = d->next)
 			if (d->state == DEV_MAPPED)
 				d->state = DEV_CLOSED;
-		s->reopen = true; /* SESS_INFO, and the devices */
+		want_pass(s); /* SESS_INFO, and the devices */
 		if (!s->stop)
 			log_info("rnbd: %s: the server has a new session for us (it restarted, or "
 				 "dropped the old one): devices are opened again", s->name);
@@ -478,7 +509,7 @@ static int dev_open_locked(struct rnbd_clt_dev *d, struct io_list *release)
 	} else {
 		d->state = DEV_CLOSED;
 		if (!s->stop)
-			s->reopen = true;
+			want_pass(s);
 	}
 	pthread_cond_broadcast(&s->cond);
 	return rc;
@@ -567,24 +598,22 @@ static void reopen_all(struct rnbd_clt_sess *s)
 	held_run(&release);
 }
 
-/* The session's worker: the passes that open devices again (reopen_all). */
+/* The session's worker: the passes that open devices again (reopen_all), while asked. */
 static void *worker(void *arg)
 {
 	struct rnbd_clt_sess *s = arg;
 
+	pthread_setname_np(pthread_self(), "rnbd-reopen");
 	pthread_mutex_lock(&s->lock);
-	while (!s->stop) {
-		if (s->reopen) {
-			s->reopen = false;
-			s->passing = true;
-			pthread_mutex_unlock(&s->lock);
-			reopen_all(s);
-			pthread_mutex_lock(&s->lock);
-			s->passing = false;
-			continue;
-		}
-		pthread_cond_wait(&s->cond, &s->lock);
+	while (!s->stop && s->reopen) {
+		s->reopen = false;
+		s->passing = true;
+		pthread_mutex_unlock(&s->lock);
+		reopen_all(s);
+		pthread_mutex_lock(&s->lock);
+		s->passing = false;
 	}
+	s->worker_running = false;
 	pthread_mutex_unlock(&s->lock);
 	return NULL;
 }
@@ -642,10 +671,15 @@ int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **
 	s->queue_depth = a.queue_depth - 1;
 	s->project_srv = rtrs_clt_peer_ext(s->rtrs) == 1;
 	s->ios = calloc(a.queue_depth, sizeof(*s->ios)); /* indexed by permit id */
-	rc = s->ios ? -pthread_create(&s->worker, NULL, worker, s) : -ENOMEM;
-	if (rc)
+	if (!s->ios) {
+		rc = -ENOMEM;
 		goto fail_rtrs;
-	s->worker_started = true;
+	}
+	pthread_mutex_lock(&s->lock);
+	s->ready = true;
+	if (s->reopen) /* asked while opening */
+		want_pass(s);
+	pthread_mutex_unlock(&s->lock);
 	log_info("rnbd: %s: session open, protocol version %u, IO up to %u bytes%s", s->name,
 		 s->ver, s->max_io, s->project_srv ? "" : "; a kernel server: PREFLUSH goes as a "
 		 "FLUSH first, NOUNMAP is refused");
@@ -679,7 +713,7 @@ void rnbd_clt_sess_close(struct rnbd_clt_sess *s)
 		rnbd_clt_unmap(d, true);
 	}
 	pthread_mutex_lock(&s->lock);
-	s->stop = true;
+	s->stop = true; /* no worker starts any more */
 	pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);
 	if (s->worker_started)

@@ -219,6 +219,22 @@ void rtrs_clt_shutdown_all(void)
 		 n == 1 ? "" : "s");
 }
 
+static void loop_call_nothing(void *arg)
+{
+	(void)arg;
+}
+
+/* Whether a work item of s is queued on its loop (closing: paths stopped). */
+static bool sess_work_queued(struct rtrs_clt_sess *s)
+{
+	if (atomic_load(&s->wait_work.queued))
+		return true;
+	for (size_t i = 0; s->paths && i < RTRS_MAX_PATHS; i++)
+		if (s->paths[i].sess && atomic_load(&s->paths[i].base.fail_work.queued))
+			return true;
+	return false;
+}
+
 RTRS_EXPORT
 void rtrs_clt_close(struct rtrs_clt_sess *s)
 {
@@ -242,7 +258,10 @@ void rtrs_clt_close(struct rtrs_clt_sess *s)
 	/* Closing: every request still waiting for a path fails now. */
 	if (s->loop && s->wait_timer_ready)
 		loop_call(s->loop, sess_close_waiting, s);
-	loop_destroy(s->loop);
+	/* The loop is shared: none of this session's work may stay queued on it. */
+	while (s->loop && sess_work_queued(s))
+		loop_call(s->loop, loop_call_nothing, NULL);
+	loop_shared_put(s->loop);
 	s->loop = NULL;
 	sess_free(s);
 }
@@ -473,7 +492,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	rc = sess_auth_setup(s, o);
 	if (rc)
 		goto out_free;
-	rc = loop_create("rtrs-clt", &s->loop);
+	rc = loop_shared_get("rtrs-clt", &s->loop);
 	if (rc)
 		goto out_free;
 	rc = loop_timer_init(s->loop, &s->wait_timer, clt_sess_wait_timer);

@@ -32,6 +32,7 @@
 #include "check.h"
 #include "harness.h"
 #include "logcap.h"
+#include "loop.h"
 #include "rtrs-fabric.h"
 #include "rtrs-proto.h"
 #include "rtrs.h"
@@ -274,8 +275,27 @@ static void test_thread_names(void)
 			CHECK_EQ(threads_named("thr-names/"), 2);
 		}
 		CHECK_EQ(threads_named("(new)"), 0);
-		rtrs_clt_close(s);
 	}
+	/*
+	 * Client sessions share the process's service loops: eight sessions
+	 * more, and still no more than LOOP_SHARED_MAX loop threads; none
+	 * once every session is closed.
+	 */
+	struct rtrs_clt_sess *more[8] = { NULL };
+	char names[8][16];
+
+	for (unsigned i = 0; i < 8; i++) {
+		snprintf(names[i], sizeof(names[i]), "thr-more-%u", i);
+		o.sessname = names[i];
+		rc = rtrs_clt_open(&o, &more[i]);
+		CHECK(rc == 0, "session %u up: %s", i, strerror(-rc));
+	}
+	CHECK(threads_named("rtrs-clt-") >= 1 && threads_named("rtrs-clt-") <= LOOP_SHARED_MAX,
+	      "%u service loop threads for 9 sessions", threads_named("rtrs-clt-"));
+	for (unsigned i = 0; i < 8; i++)
+		rtrs_clt_close(more[i]);
+	rtrs_clt_close(s);
+	CHECK_EQ(threads_named("rtrs-clt-"), 0);
 	rtrs_srv_close(srv);
 }
 
