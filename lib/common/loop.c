@@ -17,8 +17,13 @@
 struct loop {
 	int epfd;
 	struct loop_fd wake;       /* eventfd: work queued or stop */
+	struct loop_fd tfd;        /* timerfd: the earliest deadline of the heap (not on the test clock) */
 	pthread_t thread;
-	pthread_mutex_t lock;      /* protects the work list and stop */
+	pthread_mutex_t lock;      /* protects the work list, stop and the timers' heap */
+	struct loop_timer **heap;  /* armed timers, earliest deadline first */
+	unsigned heap_n, heap_cap;
+	uint64_t tfd_ns;           /* the deadline tfd is set to, 0 none */
+	unsigned nr_timers;        /* set up on this loop: the heap's room */
 	struct loop_work *head, *tail;
 	bool stop;
 	/* The batch being dispatched, so loop_del_fd can cancel its events. */
@@ -30,22 +35,21 @@ struct loop {
 	atomic_bool test_blocked;  /* about to block in epoll_wait */
 	atomic_uint test_wakes;    /* returns from epoll_wait */
 	struct loop *test_next;
-	struct loop_timer *test_timers;
 	struct loop_fd *test_fds;
 };
 
 /*
  * The test clock: off unless a test turns it on before its first loop.
- * Timers are then eventfds that loop_test_advance() makes readable, so a
- * scenario decides when a heartbeat or a reconnect fires, not the wall
- * clock; and loop_test_idle() tells when every loop has done what it was
+ * Timers then follow its time, which moves only in loop_test_advance()
+ * (that wakes the loops), so a scenario decides when a heartbeat or a
+ * reconnect fires, not the wall clock; and loop_test_idle() tells when every loop has done what it was
  * given. A process that never turns it on pays one test of l->test per
  * loop lap and per timer call.
  */
 static struct {
 	pthread_mutex_t lock;      /* the lists of loops and timers, now_ms, due times */
 	bool on;
-	uint64_t now_ms;
+	_Atomic uint64_t now_ms;   /* read without the lock: a loop's timers are under its own */
 	struct loop *loops;
 	void (*idle)(void);
 } tclock = { .lock = PTHREAD_MUTEX_INITIALIZER };
@@ -68,6 +72,145 @@ static void loop_run_work(struct loop *l)
 		atomic_store(&w->queued, false);
 		w->fn(w);
 	}
+}
+
+/* ---- timers: a heap per loop, one timerfd ------------------------------------------ */
+
+static void loop_kick(struct loop *l);
+
+static uint64_t loop_time_ns(const struct loop *l)
+{
+	return l->test ? loop_test_now() * 1000000ull : now_ns();
+}
+
+static bool heap_less(const struct loop_timer *a, const struct loop_timer *b)
+{
+	return a->deadline_ns < b->deadline_ns;
+}
+
+static void heap_set(struct loop *l, unsigned i, struct loop_timer *t)
+{
+	l->heap[i] = t;
+	t->idx = i;
+}
+
+static void heap_up(struct loop *l, unsigned i)
+{
+	struct loop_timer *t = l->heap[i];
+
+	while (i && heap_less(t, l->heap[(i - 1) / 2])) {
+		heap_set(l, i, l->heap[(i - 1) / 2]);
+		i = (i - 1) / 2;
+	}
+	heap_set(l, i, t);
+}
+
+static void heap_down(struct loop *l, unsigned i)
+{
+	struct loop_timer *t = l->heap[i];
+
+	for (;;) {
+		unsigned c = 2 * i + 1;
+
+		if (c >= l->heap_n)
+			break;
+		if (c + 1 < l->heap_n && heap_less(l->heap[c + 1], l->heap[c]))
+			c++;
+		if (!heap_less(l->heap[c], t))
+			break;
+		heap_set(l, i, l->heap[c]);
+		i = c;
+	}
+	heap_set(l, i, t);
+}
+
+/* l->lock held. */
+static void heap_remove(struct loop *l, struct loop_timer *t)
+{
+	unsigned i = t->idx;
+	struct loop_timer *last;
+
+	if (i == LOOP_TIMER_IDLE)
+		return;
+	t->idx = LOOP_TIMER_IDLE;
+	last = l->heap[--l->heap_n];
+	if (last == t)
+		return;
+	heap_set(l, i, last);
+	heap_up(l, i);
+	heap_down(l, last->idx);
+}
+
+/* l->lock held; the heap has room (loop_timer_init makes it). */
+static void heap_insert(struct loop *l, struct loop_timer *t)
+{
+	heap_set(l, l->heap_n++, t);
+	heap_up(l, t->idx);
+}
+
+/* l->lock held: the timerfd follows the earliest deadline. */
+static void tfd_update(struct loop *l)
+{
+	uint64_t want = l->heap_n ? l->heap[0]->deadline_ns : 0;
+	struct itimerspec its = { 0 };
+
+	if (l->test) {
+		if (want && want <= loop_test_now() * 1000000ull)
+			loop_kick(l);
+		return;
+	}
+	if (want == l->tfd_ns)
+		return;
+	l->tfd_ns = want;
+	if (want) {
+		its.it_value.tv_sec = (time_t)(want / 1000000000ull);
+		its.it_value.tv_nsec = (long)(want % 1000000000ull);
+	}
+	timerfd_settime(l->tfd.fd, TFD_TIMER_ABSTIME, &its, NULL);
+}
+
+/*
+ * Loop thread: fires the timers that are due, one at a time (a callback
+ * may arm, disarm or finish any timer), the earliest deadline first; with
+ * it every other one already due whose deadline comes next. A periodic
+ * timer's expiries in between collapse into one, as a timerfd counts them.
+ */
+static void run_timers(struct loop *l)
+{
+	uint64_t now = loop_time_ns(l);
+
+	for (;;) {
+		struct loop_timer *t;
+
+		pthread_mutex_lock(&l->lock);
+		t = l->heap_n ? l->heap[0] : NULL;
+		if (!t || t->due_ns > now) {
+			tfd_update(l);
+			pthread_mutex_unlock(&l->lock);
+			return;
+		}
+		heap_remove(l, t);
+		if (t->period_ms) {
+			uint64_t period = t->period_ms * 1000000ull;
+
+			while (t->due_ns <= now)
+				t->due_ns += period;
+			t->deadline_ns = t->due_ns + (l->test ? 0 : t->slack_ms * 1000000ull);
+			heap_insert(l, t);
+		}
+		pthread_mutex_unlock(&l->lock);
+		t->cb(t);
+	}
+}
+
+static void loop_tfd_cb(struct loop_fd *h, uint32_t events)
+{
+	struct loop *l = container_of(h, struct loop, tfd);
+	uint64_t v;
+
+	(void)events;
+	if (read(h->fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+		log_warn("%s: timerfd read: %s", l->name, strerror(errno));
 }
 
 static void *loop_thread(void *arg)
@@ -106,6 +249,7 @@ static void *loop_thread(void *arg)
 		}
 		l->batch = NULL;
 		l->batch_len = 0;
+		run_timers(l);
 		loop_run_work(l);
 		pthread_mutex_lock(&l->lock);
 		bool stop = l->stop && !l->head;
@@ -165,12 +309,20 @@ int loop_create(const char *name, struct loop **out)
 		goto out_close_ep;
 	}
 	l->wake.cb = loop_wake_cb;
+	l->tfd.fd = -1;
 	pthread_mutex_lock(&tclock.lock);
 	l->test = tclock.on;
 	pthread_mutex_unlock(&tclock.lock);
 	rc = loop_add_fd(l, &l->wake, EPOLLIN);
 	if (rc)
 		goto out_close_wake;
+	if (!l->test) {
+		l->tfd.fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+		l->tfd.cb = loop_tfd_cb;
+		rc = l->tfd.fd < 0 ? -errno : loop_add_fd(l, &l->tfd, EPOLLIN);
+		if (rc)
+			goto out_close_wake;
+	}
 	if (l->test) {
 		pthread_mutex_lock(&tclock.lock);
 		l->test_next = tclock.loops;
@@ -186,6 +338,8 @@ int loop_create(const char *name, struct loop **out)
 	return 0;
 
 out_close_wake:
+	if (l->tfd.fd >= 0)
+		close(l->tfd.fd);
 	close(l->wake.fd);
 out_close_ep:
 	close(l->epfd);
@@ -206,6 +360,11 @@ void loop_destroy(struct loop *l)
 	pthread_mutex_unlock(&l->lock);
 	loop_kick(l);
 	pthread_join(l->thread, NULL);
+	for (unsigned i = 0; i < l->heap_n; i++)
+		l->heap[i]->idx = LOOP_TIMER_IDLE;
+	free(l->heap);
+	if (l->tfd.fd >= 0)
+		close(l->tfd.fd);
 	close(l->wake.fd);
 	close(l->epfd);
 	pthread_mutex_destroy(&l->lock);
@@ -251,87 +410,71 @@ void loop_del_fd(struct loop *l, struct loop_fd *h)
 				l->batch[i].data.ptr = NULL;
 }
 
-static void loop_timer_cb(struct loop_fd *h, uint32_t events)
-{
-	struct loop_timer *t = container_of(h, struct loop_timer, h);
-	uint64_t expirations;
-
-	if (read(h->fd, &expirations, sizeof(expirations)) != sizeof(expirations))
-		return; /* disarmed or re-armed meanwhile */
-	t->cb(t);
-}
-
 int loop_timer_init(struct loop *l, struct loop_timer *t, void (*cb)(struct loop_timer *t))
 {
-	int rc;
+	int rc = 0;
 
-	t->loop = l;
-	t->cb = cb;
-	t->h.cb = loop_timer_cb;
-	/* The test clock fires a timer by making its eventfd readable. */
-	t->h.fd = l->test ? eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC) :
-		  timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-	if (t->h.fd < 0)
-		return -errno;
-	rc = loop_add_fd(l, &t->h, EPOLLIN);
-	if (rc) {
-		close(t->h.fd);
-		t->h.fd = -1;
-		return rc;
+	pthread_mutex_lock(&l->lock);
+	/* Room for every timer set up, so that arming never allocates. */
+	if (l->heap_cap == l->nr_timers) {
+		unsigned cap = l->heap_cap ? 2 * l->heap_cap : 16;
+		struct loop_timer **h = realloc(l->heap, cap * sizeof(*h));
+
+		if (h) {
+			l->heap = h;
+			l->heap_cap = cap;
+		} else {
+			rc = -ENOMEM;
+		}
 	}
-	if (l->test) {
-		pthread_mutex_lock(&tclock.lock);
-		t->test_due_ms = 0;
-		t->test_next = l->test_timers;
-		l->test_timers = t;
-		pthread_mutex_unlock(&tclock.lock);
+	if (!rc) {
+		l->nr_timers++;
+		t->cb = cb;
+		t->idx = LOOP_TIMER_IDLE;
+		t->period_ms = 0;
+		t->loop = l;
 	}
-	return 0;
+	pthread_mutex_unlock(&l->lock);
+	return rc;
 }
 
-static struct timespec ms_to_ts(unsigned ms)
+void loop_timer_slack(struct loop_timer *t, unsigned slack_ms)
 {
-	return (struct timespec){ .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L };
+	t->slack_ms = slack_ms;
 }
 
 void loop_timer_arm(struct loop_timer *t, unsigned first_ms, unsigned period_ms)
 {
-	struct itimerspec its = { .it_value = ms_to_ts(first_ms), .it_interval = ms_to_ts(period_ms) };
+	struct loop *l = t->loop;
 
-	if (t->h.fd < 0)
+	if (!l)
 		return;
-	if (t->loop->test) {
-		uint64_t v;
+	uint64_t now = loop_time_ns(l);
 
-		pthread_mutex_lock(&tclock.lock);
-		/* An expiry not read yet is gone, as timerfd_settime makes it. */
-		if (read(t->h.fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-			log_warn("%s: timer eventfd read: %s", t->loop->name, strerror(errno));
-		t->test_due_ms = first_ms ? tclock.now_ms + first_ms : 0;
-		t->test_period_ms = period_ms;
-		pthread_mutex_unlock(&tclock.lock);
-		return;
+	pthread_mutex_lock(&l->lock);
+	heap_remove(l, t);
+	t->period_ms = period_ms;
+	if (first_ms) {
+		t->due_ns = now + first_ms * 1000000ull;
+		t->deadline_ns = t->due_ns + (l->test ? 0 : t->slack_ms * 1000000ull);
+		heap_insert(l, t);
 	}
-	timerfd_settime(t->h.fd, 0, &its, NULL);
+	tfd_update(l);
+	pthread_mutex_unlock(&l->lock);
 }
 
 void loop_timer_fini(struct loop_timer *t)
 {
-	if (t->h.fd < 0)
+	struct loop *l = t->loop;
+
+	if (!l)
 		return;
-	if (t->loop->test) {
-		pthread_mutex_lock(&tclock.lock);
-		for (struct loop_timer **pt = &t->loop->test_timers; *pt; pt = &(*pt)->test_next) {
-			if (*pt == t) {
-				*pt = t->test_next;
-				break;
-			}
-		}
-		pthread_mutex_unlock(&tclock.lock);
-	}
-	loop_del_fd(t->loop, &t->h);
-	close(t->h.fd);
-	t->h.fd = -1;
+	pthread_mutex_lock(&l->lock);
+	heap_remove(l, t);
+	l->nr_timers--;
+	tfd_update(l);
+	pthread_mutex_unlock(&l->lock);
+	t->loop = NULL;
 }
 
 void loop_queue(struct loop *l, struct loop_work *w)
@@ -465,24 +608,11 @@ void loop_test_clock(void (*idle)(void))
 
 void loop_test_advance(unsigned ms)
 {
-	uint64_t one = 1;
-
 	pthread_mutex_lock(&tclock.lock);
-	tclock.now_ms += ms;
-	for (struct loop *l = tclock.loops; l; l = l->test_next) {
-		for (struct loop_timer *t = l->test_timers; t; t = t->test_next) {
-			if (!t->test_due_ms || t->test_due_ms > tclock.now_ms)
-				continue;
-			if (write(t->h.fd, &one, sizeof(one)) < 0)
-				log_warn("%s: timer eventfd write: %s", l->name, strerror(errno));
-			/* Expiries in between collapse into one, as a timerfd read counts them. */
-			if (t->test_period_ms)
-				while (t->test_due_ms <= tclock.now_ms)
-					t->test_due_ms += t->test_period_ms;
-			else
-				t->test_due_ms = 0;
-		}
-	}
+	atomic_fetch_add(&tclock.now_ms, ms);
+	/* Each loop looks at its timers when it wakes (run_timers). */
+	for (struct loop *l = tclock.loops; l; l = l->test_next)
+		loop_kick(l);
 	pthread_mutex_unlock(&tclock.lock);
 }
 
@@ -493,12 +623,7 @@ uint64_t loop_now_ms(void)
 
 uint64_t loop_test_now(void)
 {
-	uint64_t now;
-
-	pthread_mutex_lock(&tclock.lock);
-	now = tclock.now_ms;
-	pthread_mutex_unlock(&tclock.lock);
-	return now;
+	return atomic_load(&tclock.now_ms);
 }
 
 /*

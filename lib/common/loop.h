@@ -23,15 +23,21 @@ struct loop_fd {
 	struct loop_fd *test_next;    /* the test clock's list of the loop's fds */
 };
 
+/*
+ * A timer of a loop: one of the loop's heap, which one timerfd per loop
+ * serves. A timer may fire up to slack_ms late, so that timers due close
+ * together fire in one wake-up (loop_timer_slack; 0 by default).
+ */
 struct loop_timer {
-	struct loop_fd h;
-	struct loop *loop;
+	struct loop *loop;           /* NULL: not set up (zeroed), or finished */
 	void (*cb)(struct loop_timer *t);
-	/* The test clock's (loop_test_clock): when it fires next, its period. */
-	struct loop_timer *test_next;
-	uint64_t test_due_ms;
-	unsigned test_period_ms;
+	uint64_t due_ns;             /* loop time it fires at (armed) */
+	uint64_t deadline_ns;        /* due_ns + slack: the heap's order */
+	unsigned period_ms;
+	unsigned slack_ms;
+	unsigned idx;                /* place in the heap; LOOP_TIMER_IDLE when not armed */
 };
+#define LOOP_TIMER_IDLE (~0u)
 
 struct loop_work {
 	struct loop_work *next;
@@ -64,10 +70,18 @@ unsigned loop_shared_users(unsigned *n, unsigned max);
 int loop_add_fd(struct loop *l, struct loop_fd *h, uint32_t events);
 void loop_del_fd(struct loop *l, struct loop_fd *h);
 
+/* Sets t up on l (it takes no fd); any thread. */
 int loop_timer_init(struct loop *l, struct loop_timer *t, void (*cb)(struct loop_timer *t));
-/* first_ms 0 disarms; period_ms 0 = one shot. */
+/* first_ms 0 disarms; period_ms 0 = one shot. Any thread. */
 void loop_timer_arm(struct loop_timer *t, unsigned first_ms, unsigned period_ms);
+/* How late t may fire, from its next arming on (heartbeats: a tenth of the interval). */
+void loop_timer_slack(struct loop_timer *t, unsigned slack_ms);
+/* Disarms t for good; on the loop thread while the loop runs (t->loop is NULL after). */
 void loop_timer_fini(struct loop_timer *t);
+static inline bool loop_timer_live(const struct loop_timer *t)
+{
+	return t->loop != NULL;
+}
 
 static inline void loop_work_init(struct loop_work *w, void (*fn)(struct loop_work *w))
 {
@@ -89,7 +103,7 @@ void loop_call(struct loop *l, void (*fn)(void *arg), void *arg);
  * calls it runs on CLOCK_MONOTONIC as always.
  */
 void loop_test_clock(void (*idle)(void));
-/* Moves the test clock on by ms: timers due by then fire (once each, as a timerfd). */
+/* Moves the test clock on by ms: timers due by then fire (once each; slack is not used). */
 void loop_test_advance(unsigned ms);
 /* The test clock's time in ms (0 at loop_test_clock). */
 uint64_t loop_test_now(void);

@@ -629,7 +629,7 @@ int clt_path_connect(struct clt_path *p, bool retry)
 		goto out_fail;
 	}
 	rtrs_path_wrunlock(&p->base);
-	loop_timer_arm(&p->base.hb.timer, p->base.hb.interval_ms, p->base.hb.interval_ms);
+	rtrs_path_hb_arm(&p->base);
 	if (atomic_fetch_add(&s->paths_up, 1) == 0 && s->link_ev && atomic_load(&s->opened))
 		s->link_ev(s->priv, RTRS_CLT_LINK_EV_RECONNECTED);
 	if (s->path_ev && atomic_load(&s->opened))

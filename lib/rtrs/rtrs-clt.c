@@ -276,8 +276,8 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 	int rc;
 
 	p->idx = idx;
-	p->base.hb.timer.h.fd = -1;
-	p->reconnect_timer.h.fd = -1;
+	p->base.hb.timer.loop = NULL;
+	p->reconnect_timer.loop = NULL;
 	rc = rtrs_split_hostport(addr->dst, s->port, p->host, sizeof(p->host), p->port,
 				 sizeof(p->port));
 	if (rc) {
@@ -484,7 +484,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	atomic_init(&s->paths_up, 0);
 	s->fast_io_fail_ms = o->fast_io_fail_ms;
 	s->busy_poll_us = o->busy_poll_us;
-	s->wait_timer.h.fd = -1;
+	s->wait_timer.loop = NULL;
 	loop_work_init(&s->wait_work, clt_sess_wait_work);
 	rc = rand_bytes(s->paths_uuid, sizeof(s->paths_uuid));
 	if (rc)

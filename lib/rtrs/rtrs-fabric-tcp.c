@@ -870,6 +870,7 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
 {
 	unsigned budget = TCP_RX_BUDGET;
 	enum rx_end end = RX_STOP;
+	bool drained = false; /* a read came back short: the socket had no more */
 
 	*frames = 0;
 
@@ -891,6 +892,9 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
 				continue;
 			}
 		}
+		/* What is buffered is taken first; then a read that would find nothing is saved. */
+		if (drained)
+			return RX_EMPTY;
 		if (c->in_payload) {
 			iov[n++] = (struct iovec){ c->dst + (c->fr.len - c->left), c->left };
 			if (c->mr) {
@@ -921,6 +925,7 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
 		}
 		size_t got = (size_t)r;
 
+		drained = got < iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
 		if (c->in_payload) {
 			size_t take = MIN(got, c->left);
 

@@ -46,6 +46,12 @@ int rtrs_path_init(struct rtrs_path *p, const struct rtrs_path_ops *ops, struct 
 	return rc;
 }
 
+void rtrs_path_hb_arm(struct rtrs_path *p)
+{
+	loop_timer_slack(&p->hb.timer, p->hb.interval_ms / 10);
+	loop_timer_arm(&p->hb.timer, p->hb.interval_ms, p->hb.interval_ms);
+}
+
 void rtrs_path_fini(struct rtrs_path *p)
 {
 	loop_timer_fini(&p->hb.timer);

@@ -96,6 +96,12 @@ int rtrs_path_init(struct rtrs_path *p, const struct rtrs_path_ops *ops, struct 
 		   const char *name, enum rtrs_path_state state,
 		   void (*hb_cb)(struct loop_timer *t));
 /* Undoes rtrs_path_init (the timer first: nothing may run afterwards). */
+/*
+ * Starts the heartbeat timer at the path's interval. It may fire up to a
+ * tenth of the interval late, so that the heartbeats of many paths of one
+ * loop share its wake-ups.
+ */
+void rtrs_path_hb_arm(struct rtrs_path *p);
 void rtrs_path_fini(struct rtrs_path *p);
 /* cons[cid] of the side's array: set once, when the array is made. */
 void rtrs_con_init(struct rtrs_con *con, struct rtrs_path *p, unsigned cid);

@@ -215,7 +215,7 @@ void srv_sess_free(struct rtrs_srv_sess *s)
 	ctx->nr_sessions--;
 	pthread_cond_broadcast(&ctx->cond);
 	pthread_mutex_unlock(&ctx->lock);
-	if (ctx->trim_timer.h.fd >= 0 && !ctx->closing)
+	if (loop_timer_live(&ctx->trim_timer) && !ctx->closing)
 		loop_timer_arm(&ctx->trim_timer, 50, 0); /* a burst of closes: one trim after it */
 }
 
@@ -750,10 +750,10 @@ static const struct rtrs_path_ops srv_path_ops = {
 	.stop = srv_path_stop_op,
 };
 
-/* Undoes srv_path_create, whole or in part (fence_timer.h.fd -1: the base is not set up). */
+/* Undoes srv_path_create, whole or in part (fence_timer not live: the base is not set up). */
 static void path_fini(struct srv_path *p)
 {
-	if (p->fence_timer.h.fd >= 0) {
+	if (loop_timer_live(&p->fence_timer)) {
 		loop_timer_fini(&p->fence_timer);
 		rtrs_path_fini(&p->base);
 	}
@@ -784,7 +784,7 @@ int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 
 	if (!p)
 		return -ENOMEM;
-	p->fence_timer.h.fd = -1;
+	p->fence_timer.loop = NULL;
 	p->sess = s;
 	memcpy(p->uuid, req->sess_uuid, RTRS_UUID_LEN);
 	snprintf(p->peer, sizeof(p->peer), "%s", peer);
@@ -846,7 +846,7 @@ int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 		return rc;
 	}
 	/* Ticks from now on: the handshake's deadlines while connecting, then heartbeats. */
-	loop_timer_arm(&p->base.hb.timer, p->base.hb.interval_ms, p->base.hb.interval_ms);
+	rtrs_path_hb_arm(&p->base);
 	p->next = s->paths;
 	s->paths = p;
 	s->paths_num++;

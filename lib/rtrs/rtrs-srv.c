@@ -263,8 +263,8 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 		free(ctx);
 		return rc;
 	}
-	ctx->listen_timer.h.fd = -1;
-	ctx->trim_timer.h.fd = -1;
+	ctx->listen_timer.loop = NULL;
+	ctx->trim_timer.loop = NULL;
 	loop_work_init(&ctx->reap_work, srv_reap_work);
 	loop_work_init(&ctx->srv_verdict_work, srv_verdict_work);
 	pthread_mutex_init(&ctx->lock, NULL);
