@@ -65,7 +65,8 @@
 #define TCP_RING_SQ 512
 #define TCP_RING_CQ 16384
 #define TCP_FLUSH_IOV 64        /* iovecs gathered into one sendmsg by a flush */
-#define TCP_MR_BUCKETS 4096
+/* The memory keys' table starts this small and doubles past one region a bucket. */
+#define TCP_MR_BUCKETS_MIN 16
 #define TCP_ACCEPT_BATCH 256    /* accepts per listener event */
 #define TCP_GROUPS_MAX RTRS_MAX_POLL_GROUPS
 
@@ -108,7 +109,8 @@ struct fab {
 	struct sockaddr_storage src;   /* client: the source, if given */
 	socklen_t srclen;
 	pthread_rwlock_t mr_lock;
-	struct tcp_mr *mr_tab[TCP_MR_BUCKETS];
+	struct tcp_mr **mr_tab;        /* mr_nb buckets, a power of 2 (mr_lock) */
+	size_t mr_nb, mr_count;
 	atomic_uint_fast64_t next_key;
 	atomic_uint_fast64_t next_key64;
 	struct keyperm keys;
@@ -435,14 +437,15 @@ static void ready_add(struct fab_con *c)
 
 /* ---- memory regions ------------------------------------------------------------ */
 
-static unsigned mr_bucket(uint64_t key)
+/* Keys are a keyed permutation's output (keyperm.h): their low bits spread evenly. */
+static size_t mr_bucket(const struct fab *f, uint64_t key)
 {
-	return (unsigned)((key ^ (key >> 29)) % TCP_MR_BUCKETS);
+	return (size_t)(key ^ (key >> 29)) & (f->mr_nb - 1);
 }
 
 static struct tcp_mr *mr_find_locked(struct fab *f, uint64_t key)
 {
-	for (struct tcp_mr *m = f->mr_tab[mr_bucket(key)]; m; m = m->next)
+	for (struct tcp_mr *m = f->mr_tab[mr_bucket(f, key)]; m; m = m->next)
 		if (m->key == key)
 			return m;
 	return NULL;
@@ -472,6 +475,32 @@ static struct tcp_mr *mr_get_remote(struct fab *f, uint64_t key, uint64_t off, u
 		atomic_fetch_add(&m->refs, 1);
 	pthread_rwlock_unlock(&f->mr_lock);
 	return *why ? NULL : m;
+}
+
+/*
+ * Doubles the table (mr_lock held for writing): a server holds every
+ * session's chunks in one table, 64,000 regions for 1000 sessions of 64,
+ * and a lookup per incoming write must stay one short chain.
+ */
+static void mr_grow_locked(struct fab *f)
+{
+	size_t nb = f->mr_nb * 2;
+	struct tcp_mr **tab = calloc(nb, sizeof(*tab));
+
+	if (!tab)
+		return;
+	for (size_t i = 0; i < f->mr_nb; i++) {
+		for (struct tcp_mr *m = f->mr_tab[i], *n; m; m = n) {
+			size_t b = (size_t)(m->key ^ (m->key >> 29)) & (nb - 1);
+
+			n = m->next;
+			m->next = tab[b];
+			tab[b] = m;
+		}
+	}
+	free(f->mr_tab);
+	f->mr_tab = tab;
+	f->mr_nb = nb;
 }
 
 static int tcp_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr)
@@ -511,8 +540,11 @@ static int tcp_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 		return -ENOSPC;
 	}
 	m->key = key;
-	m->next = f->mr_tab[mr_bucket(key)];
-	f->mr_tab[mr_bucket(key)] = m;
+	if (f->mr_count >= f->mr_nb)
+		mr_grow_locked(f); /* stays as it is when memory is short: chains grow */
+	m->next = f->mr_tab[mr_bucket(f, key)];
+	f->mr_tab[mr_bucket(f, key)] = m;
+	f->mr_count++;
 	pthread_rwlock_unlock(&f->mr_lock);
 	mr->ops = &fab_tcp_ops;
 	mr->priv = m;
@@ -530,9 +562,10 @@ static void tcp_mr_dereg(struct fab_mr *mr)
 		return;
 	f = m->fab;
 	pthread_rwlock_wrlock(&f->mr_lock);
-	for (pp = &f->mr_tab[mr_bucket(m->key)]; *pp; pp = &(*pp)->next) {
+	for (pp = &f->mr_tab[mr_bucket(f, m->key)]; *pp; pp = &(*pp)->next) {
 		if (*pp == m) {
 			*pp = m->next;
+			f->mr_count--;
 			break;
 		}
 	}
@@ -1468,13 +1501,16 @@ static int tcp_open(const char *prov, const char *src, const char *node, const c
 	}
 	if (!rc)
 		rc = keyperm_init(&f->keys);
-	if (rc) {
-		free(f);
-		return rc;
+	if (!rc) {
+		f->mr_nb = TCP_MR_BUCKETS_MIN;
+		f->mr_tab = calloc(f->mr_nb, sizeof(*f->mr_tab));
+		rc = f->mr_tab ? 0 : -ENOMEM;
 	}
-	rc = groups_get();
+	if (!rc)
+		rc = groups_get();
 	if (rc) {
 		keyperm_clear(&f->keys);
+		free(f->mr_tab);
 		free(f);
 		return rc;
 	}
@@ -1500,7 +1536,7 @@ static void tcp_close(struct fab *f)
 
 	if (!f)
 		return;
-	for (size_t i = 0; i < TCP_MR_BUCKETS; i++)
+	for (size_t i = 0; f->mr_tab && i < f->mr_nb; i++)
 		for (struct tcp_mr *m = f->mr_tab[i], *n; m; m = n) {
 			n = m->next;
 			left++;
@@ -1510,6 +1546,7 @@ static void tcp_close(struct fab *f)
 		log_warn("fabric: tcp closed with %zu memory regions registered", left);
 	pthread_rwlock_destroy(&f->mr_lock);
 	keyperm_clear(&f->keys);
+	free(f->mr_tab);
 	free(f);
 	groups_put();
 }
