@@ -131,7 +131,10 @@ struct tcp_group {
 	struct fab_con *ready_head, *ready_tail;  /* readable, budget spent */
 	struct fab_con *retry_head;               /* retry_later */
 	struct fab_con *lease_head;               /* readable while a poller has them */
-	uint64_t passes;
+	/* Written by the group thread only; read by fab_tcp_group_stats. */
+	atomic_uint_fast64_t passes;
+	atomic_uint_fast64_t budget_yields;       /* a connection's turn ended with input left */
+	atomic_uint max_turn;                     /* the most frames one turn read */
 };
 
 static struct {
@@ -986,13 +989,18 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
  */
 static void con_rx(struct fab_con *c)
 {
+	struct tcp_group *g = c->g;
 	unsigned frames;
+	enum rx_end end = rx_frames(c, &frames);
 
-	switch (rx_frames(c, &frames)) {
+	if (frames > atomic_load_explicit(&g->max_turn, memory_order_relaxed))
+		atomic_store_explicit(&g->max_turn, frames, memory_order_relaxed);
+	switch (end) {
 	case RX_EMPTY:
 		arm_rx(c);
 		break;
 	case RX_BUDGET:
+		atomic_fetch_add_explicit(&g->budget_yields, 1, memory_order_relaxed);
 		ready_add(c);
 		break;
 	case RX_STOP:
@@ -1324,7 +1332,8 @@ static void *group_thread(void *arg)
 		unsigned head, seen = 0;
 		int rc;
 
-		g->passes++;
+		atomic_store_explicit(&g->passes, atomic_load_explicit(&g->passes, memory_order_relaxed) + 1,
+				      memory_order_relaxed);
 		group_drain_work(g);
 		group_run_ready(g);
 		group_run_retry(g);
@@ -1439,6 +1448,30 @@ static void groups_put(void)
 	grp.g = NULL;
 	grp.n = 0;
 	pthread_mutex_unlock(&grp.lock);
+}
+
+int fab_tcp_group_stats(unsigned idx, struct fab_tcp_group_stats *st)
+{
+	int rc = -ENOENT;
+
+	pthread_mutex_lock(&grp.lock);
+	if (idx < grp.n) {
+		struct tcp_group *g = &grp.g[idx];
+
+		st->passes = atomic_load_explicit(&g->passes, memory_order_relaxed);
+		st->budget_yields = atomic_load_explicit(&g->budget_yields, memory_order_relaxed);
+		st->max_turn_frames = atomic_load_explicit(&g->max_turn, memory_order_relaxed);
+		st->turn_budget = TCP_RX_BUDGET;
+		st->nr_cons = atomic_load(&g->nr_cons);
+		rc = 0;
+	}
+	pthread_mutex_unlock(&grp.lock);
+	return rc;
+}
+
+int fab_tcp_con_group(const struct fab_con *c)
+{
+	return c && fab_ops_of(c) == &fab_tcp_ops && c->g ? (int)c->g->idx : -EINVAL;
 }
 
 /* The group with the fewest connections. */

@@ -236,6 +236,18 @@ extern const struct fab_ops fab_tcp_ops;
 void fab_tcp_groups(unsigned n);
 /* Group threads running now (0 when no tcp fab is open). */
 unsigned fab_tcp_groups_running(void);
+/* What a poll group did so far, for tests and statistics. */
+struct fab_tcp_group_stats {
+	uint64_t passes;          /* trips round its loop */
+	uint64_t budget_yields;   /* turns that ended with the connection's input not all read */
+	unsigned max_turn_frames; /* the most frames one connection's turn read */
+	unsigned turn_budget;     /* frames a turn may read (TCP_RX_BUDGET) */
+	unsigned nr_cons;         /* connections placed on it now */
+};
+/* Group idx's statistics; -ENOENT when no such group runs. */
+int fab_tcp_group_stats(unsigned idx, struct fab_tcp_group_stats *st);
+/* The poll group a tcp connection was placed on for its life; -EINVAL for another fabric's. */
+int fab_tcp_con_group(const struct fab_con *c);
 /* The rdma-core implementation (rtrs-fabric-rdma.c): RDMA devices, providers "verbs" and "rdma". */
 extern const struct fab_ops fab_rdma_ops;
 /*
