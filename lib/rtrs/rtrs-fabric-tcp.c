@@ -1723,16 +1723,19 @@ static bool raw_silent(const struct tcp_raw *r, uint64_t now)
 	return !r->spoke && now - r->since_ms >= TCP_RAW_GRACE_MS;
 }
 
-/* Marks those whose bytes wait in the socket: they are read next, no flood. */
-static void raw_refresh(struct fab_lst *l)
+/*
+ * Whether bytes of r's request wait in its socket (FIONREAD): then it is
+ * read next, no flood's, and is marked as having spoken. Asked only of a
+ * connection about to be closed for the limits, so that a flood costs a
+ * system call per connection it makes, not one per connection held.
+ */
+static bool raw_has_bytes(struct tcp_raw *r)
 {
-	for (size_t i = 0; i < l->nr_raw; i++) {
-		struct tcp_raw *r = l->raw[i];
-		int ready = 0;
+	int ready = 0;
 
-		if (!r->spoke && !ioctl(r->fd, FIONREAD, &ready) && ready > 0)
-			r->spoke = true;
-	}
+	if (!r->spoke && !ioctl(r->fd, FIONREAD, &ready) && ready > 0)
+		r->spoke = true;
+	return r->spoke;
 }
 
 /*
@@ -1747,7 +1750,6 @@ static size_t raw_enforce(struct fab_lst *l, const char *peer)
 	uint64_t now = now_ms();
 	size_t closed = 0;
 
-	raw_refresh(l);
 	if (l->lim.max_per_peer && peer) {
 		closed += raw_enforce_peer(l, peer, now, false);
 	} else if (l->lim.max_per_peer) {
@@ -1799,6 +1801,8 @@ static size_t raw_enforce_peer(struct fab_lst *l, const char *peer, uint64_t now
 			}
 			if (alive <= max)
 				break;
+			if (raw_has_bytes(l->raw[oldest]))
+				continue; /* it spoke after all: counted no more */
 			raw_free(l, raw_take(l, oldest), true);
 			closed++;
 		}

@@ -65,6 +65,64 @@ int rtrs_admit_decide(const struct rtrs_admit_entry *pending, size_t n, const ch
 	return nr_evict;
 }
 
+static bool waiter_is(const struct rtrs_admit_waiter *w, const char *host, const uint8_t uuid[16])
+{
+	return w->refusals && !memcmp(w->uuid, uuid, sizeof(w->uuid)) && !strcmp(w->host, host);
+}
+
+void rtrs_admit_waits(const struct rtrs_admit_waiter *w, size_t n, const char *host,
+		      const uint8_t uuid[16], uint64_t now_ms, unsigned *waits, unsigned *most)
+{
+	*waits = 0;
+	*most = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!w[i].refusals || strcmp(w[i].host, host))
+			continue;
+		if (waiter_is(&w[i], host, uuid))
+			*waits = w[i].refusals;
+		else if (now_ms - w[i].last_ms < RTRS_ADMIT_WAITER_LIVE_MS && w[i].refusals > *most)
+			*most = w[i].refusals;
+	}
+}
+
+int rtrs_admit_queue(int decided, unsigned waits, unsigned most)
+{
+	return decided >= 0 && waits < most ? -EBUSY : decided;
+}
+
+void rtrs_admit_waiter_note(struct rtrs_admit_waiter *w, size_t n, const char *host,
+			    const uint8_t uuid[16], uint64_t now_ms)
+{
+	size_t v = 0;
+
+	if (!n)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		if (waiter_is(&w[i], host, uuid)) {
+			w[i].refusals++;
+			w[i].last_ms = now_ms;
+			return;
+		}
+	}
+	/* A free entry, else the one refused least and, of those, seen longest ago. */
+	for (size_t i = 1; i < n && w[v].refusals; i++)
+		if (!w[i].refusals || w[i].refusals < w[v].refusals ||
+		    (w[i].refusals == w[v].refusals && w[i].last_ms < w[v].last_ms))
+			v = i;
+	snprintf(w[v].host, sizeof(w[v].host), "%s", host);
+	memcpy(w[v].uuid, uuid, sizeof(w[v].uuid));
+	w[v].refusals = 1;
+	w[v].last_ms = now_ms;
+}
+
+void rtrs_admit_waiter_forget(struct rtrs_admit_waiter *w, size_t n, const char *host,
+			      const uint8_t uuid[16])
+{
+	for (size_t i = 0; i < n; i++)
+		if (waiter_is(&w[i], host, uuid))
+			w[i].refusals = 0;
+}
+
 /*
  * A path still to prove itself: not connected, and with authentication
  * on, its host not authenticated yet. These are what a peer can hold
@@ -92,8 +150,9 @@ static uint64_t srv_admit_stall_ms(const struct rtrs_srv_ctx *ctx)
  * rtrs_admit_decide says: the stalled paths it names are closed first.
  * -EBUSY when every pending path in the scope is progressing.
  */
-static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host)
+static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host, const uint8_t uuid[16])
 {
+	unsigned waits, most;
 	const struct rtrs_admit_limits lim = {
 		.max_total = ctx->opts.max_pending, .max_per_peer = ctx->opts.max_pending_per_peer,
 	};
@@ -130,6 +189,12 @@ static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host)
 		}
 	}
 	rc = rtrs_admit_decide(pending, n, host, &lim, evict);
+	rtrs_admit_waits(ctx->waiters, RTRS_ADMIT_WAITERS, host, uuid, now, &waits, &most);
+	rc = rtrs_admit_queue(rc, waits, most);
+	if (rc == -EBUSY)
+		rtrs_admit_waiter_note(ctx->waiters, RTRS_ADMIT_WAITERS, host, uuid, now);
+	else if (rc >= 0 && waits)
+		rtrs_admit_waiter_forget(ctx->waiters, RTRS_ADMIT_WAITERS, host, uuid);
 	for (int i = 0; i < rc; i++) {
 		struct srv_path *oldest = paths[evict[i].idx];
 
@@ -397,7 +462,7 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 		char host[64];
 
 		srv_peer_host_of(peer, host, sizeof(host));
-		rc = req.cid == 0 ? pending_admit(ctx, host) : 0;
+		rc = req.cid == 0 ? pending_admit(ctx, host, req.sess_uuid) : 0;
 		if (rc) {
 			srv_reject_ext(ctx, creq, peer, rc, false, req.ext,
 				       "too many connections still to prove themselves");

@@ -211,6 +211,8 @@ struct rtrs_srv_ctx {
 	struct loop_work reap_work; /* frees closed paths nobody references */
 	struct srv_verdict *verdicts; /* final refusals held open (srv_reject_dnr) */
 	unsigned nr_verdicts;
+	/* Paths refused busy, who goes first when a place frees (rtrs_admit_queue); loop thread. */
+	struct rtrs_admit_waiter waiters[RTRS_ADMIT_WAITERS];
 	struct loop_work srv_verdict_work;
 	bool auth_required;
 	struct rtrs_auth_cfg auth_cfg;

@@ -653,6 +653,59 @@ static void test_admit(void)
 }
 
 /*
+ * Who waited longest goes first (rtrs_admit_waits, rtrs_admit_queue, the
+ * waiters' table): a newcomer refused fewer times than another live
+ * waiter of its host may take neither a free place nor a stalled path's;
+ * the table counts refusals per (host, uuid),
+ * forgets who got in, lets waiters of other hosts and dead ones (not seen
+ * for RTRS_ADMIT_WAITER_LIVE_MS) count for nothing, and when full gives
+ * the place of the entry refused least, seen longest ago.
+ */
+static void test_admit_waiters(void)
+{
+	static struct rtrs_admit_waiter w[4];
+	const uint8_t a[16] = { 1 }, b[16] = { 2 }, c[16] = { 3 }, d[16] = { 4 }, e[16] = { 5 };
+	unsigned waits, most;
+
+	memset(w, 0, sizeof(w));
+	CHECK_EQ(rtrs_admit_queue(0, 0, 0), 0);        /* room and nobody waiting: anyone */
+	CHECK_EQ(rtrs_admit_queue(0, 0, 5), -EBUSY);   /* room kept for who waited */
+	CHECK_EQ(rtrs_admit_queue(1, 0, 1), -EBUSY);   /* a place freed: the waiter first */
+	CHECK_EQ(rtrs_admit_queue(2, 3, 3), 2);        /* as often refused: it may */
+	CHECK_EQ(rtrs_admit_queue(-EBUSY, 9, 0), -EBUSY);
+
+	/* A flood's paths, refused once each and never back; a client that tries again. */
+	rtrs_admit_waiter_note(w, 4, "10.0.0.1", a, 1000);
+	rtrs_admit_waiter_note(w, 4, "10.0.0.1", b, 1001);
+	rtrs_admit_waits(w, 4, "10.0.0.1", c, 1002, &waits, &most);
+	CHECK(waits == 0 && most == 1, "newcomer: waits %u most %u", waits, most);
+	rtrs_admit_waiter_note(w, 4, "10.0.0.1", c, 1002);
+	rtrs_admit_waiter_note(w, 4, "10.0.0.1", c, 1200);
+	rtrs_admit_waits(w, 4, "10.0.0.1", c, 1300, &waits, &most);
+	CHECK(waits == 2 && most == 1, "retrying client: waits %u most %u", waits, most);
+	CHECK_EQ(rtrs_admit_queue(1, waits, most), 1);
+	rtrs_admit_waits(w, 4, "10.0.0.1", a, 1300, &waits, &most);
+	CHECK(waits == 1 && most == 2, "flood path: waits %u most %u", waits, most);
+	CHECK_EQ(rtrs_admit_queue(1, waits, most), -EBUSY);
+	/* Another host's waiters do not count; dead ones neither. */
+	rtrs_admit_waits(w, 4, "10.0.0.2", d, 1300, &waits, &most);
+	CHECK(waits == 0 && most == 0, "other host: waits %u most %u", waits, most);
+	rtrs_admit_waits(w, 4, "10.0.0.1", d, 1200 + RTRS_ADMIT_WAITER_LIVE_MS, &waits, &most);
+	CHECK(most == 0, "dead waiters count: most %u", most);
+	/* Full: the entry refused least and seen longest ago (a) makes room. */
+	rtrs_admit_waiter_note(w, 4, "10.0.0.2", d, 1400);
+	rtrs_admit_waiter_note(w, 4, "10.0.0.1", e, 1500);
+	rtrs_admit_waits(w, 4, "10.0.0.1", a, 1500, &waits, &most);
+	CHECK_EQ(waits, 0);
+	rtrs_admit_waits(w, 4, "10.0.0.1", c, 1500, &waits, &most);
+	CHECK_EQ(waits, 2);
+	/* In: forgotten, its place free. */
+	rtrs_admit_waiter_forget(w, 4, "10.0.0.1", c);
+	rtrs_admit_waits(w, 4, "10.0.0.1", c, 1500, &waits, &most);
+	CHECK(waits == 0 && most == 1, "after it got in: waits %u most %u", waits, most);
+}
+
+/*
  * The receives a client posts on each IO connection (verbs): as the
  * kernel's client, 2 x queue depth, so that a server may answer every read
  * with a send with invalidate and the response; never fewer than before
@@ -680,5 +733,6 @@ int main(void)
 	test_should_reconnect();
 	test_reconnect_verdict_names();
 	test_admit();
+	test_admit_waiters();
 	return test_done("state");
 }
