@@ -177,16 +177,18 @@ int rtrs_admit_decide(const struct rtrs_admit_entry *pending, size_t n, const ch
 		      const struct rtrs_admit_limits *lim, struct rtrs_admit_evict evict[2]);
 
 /*
- * Who waited longest goes first. A path refused -EBUSY is remembered by
- * its peer's host and its uuid (which a client keeps across the attempts
- * of one open and its reconnects) with how many times it was refused. A
- * newcomer may take a free place, or that of a stalled path, only if no
- * live waiter of its host was refused more often than it: a flood of new
- * half-open paths from the client's own address, which never come back,
- * can no longer win the places from a client that tries again (a new
- * client under such a flood is refused once, then goes first). Live: seen within RTRS_ADMIT_WAITER_LIVE_MS.
- * The table holds RTRS_ADMIT_WAITERS; a full one gives the place of the
- * entry refused least and seen longest ago. Pure: rtrs-srv-admit.c.
+ * Who waited goes first. A path refused -EBUSY is remembered by its
+ * peer's host and its uuid (which a client keeps across the attempts of
+ * one open and its reconnects) with how many times it was refused. While
+ * a host has a live waiter (refused within RTRS_ADMIT_WAITER_LIVE_MS), a
+ * newcomer of that host that was never refused takes neither a free place
+ * nor a stalled path's: it is refused once and waits its turn like the
+ * others; one that comes back is taken as the limits allow. A flood of
+ * new half-open paths from a client's own address, which never come back,
+ * then stops winning the places from a client that tries again, and a
+ * storm of clients (all of whom come back) loses no place. The table holds
+ * RTRS_ADMIT_WAITERS; a full one gives the place of the entry refused
+ * least and seen longest ago. Pure: rtrs-srv-admit.c.
  */
 #define RTRS_ADMIT_WAITERS 256
 #define RTRS_ADMIT_WAITER_LIVE_MS 5000
@@ -201,7 +203,7 @@ struct rtrs_admit_waiter {
 /* How many times (host, uuid) was refused busy, and the most any other live waiter of host was. */
 void rtrs_admit_waits(const struct rtrs_admit_waiter *w, size_t n, const char *host,
 		      const uint8_t uuid[16], uint64_t now_ms, unsigned *waits, unsigned *most);
-/* decided (rtrs_admit_decide's return) for a newcomer that waited waits times, others most. */
+/* decided (rtrs_admit_decide's return) for a newcomer refused waits times; most, as above. */
 int rtrs_admit_queue(int decided, unsigned waits, unsigned most);
 /* (host, uuid) was refused busy at now_ms: counted. */
 void rtrs_admit_waiter_note(struct rtrs_admit_waiter *w, size_t n, const char *host,

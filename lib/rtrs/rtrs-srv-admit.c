@@ -87,7 +87,7 @@ void rtrs_admit_waits(const struct rtrs_admit_waiter *w, size_t n, const char *h
 
 int rtrs_admit_queue(int decided, unsigned waits, unsigned most)
 {
-	return decided >= 0 && waits < most ? -EBUSY : decided;
+	return decided >= 0 && !waits && most ? -EBUSY : decided;
 }
 
 void rtrs_admit_waiter_note(struct rtrs_admit_waiter *w, size_t n, const char *host,

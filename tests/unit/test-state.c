@@ -653,10 +653,10 @@ static void test_admit(void)
 }
 
 /*
- * Who waited longest goes first (rtrs_admit_waits, rtrs_admit_queue, the
- * waiters' table): a newcomer refused fewer times than another live
- * waiter of its host may take neither a free place nor a stalled path's;
- * the table counts refusals per (host, uuid),
+ * Who waited goes first (rtrs_admit_waits, rtrs_admit_queue, the waiters'
+ * table): while its host has a live waiter, a newcomer never refused
+ * takes neither a free place nor a stalled path's, and one that comes
+ * back is taken as the limits allow; the table counts refusals per (host, uuid),
  * forgets who got in, lets waiters of other hosts and dead ones (not seen
  * for RTRS_ADMIT_WAITER_LIVE_MS) count for nothing, and when full gives
  * the place of the entry refused least, seen longest ago.
@@ -670,8 +670,9 @@ static void test_admit_waiters(void)
 	memset(w, 0, sizeof(w));
 	CHECK_EQ(rtrs_admit_queue(0, 0, 0), 0);        /* room and nobody waiting: anyone */
 	CHECK_EQ(rtrs_admit_queue(0, 0, 5), -EBUSY);   /* room kept for who waited */
-	CHECK_EQ(rtrs_admit_queue(1, 0, 1), -EBUSY);   /* a place freed: the waiter first */
-	CHECK_EQ(rtrs_admit_queue(2, 3, 3), 2);        /* as often refused: it may */
+	CHECK_EQ(rtrs_admit_queue(1, 0, 1), -EBUSY);   /* a place freed: the waiters first */
+	CHECK_EQ(rtrs_admit_queue(2, 3, 3), 2);        /* one that came back: as the limits allow */
+	CHECK_EQ(rtrs_admit_queue(0, 1, 7), 0);        /* ... whoever waited longer */
 	CHECK_EQ(rtrs_admit_queue(-EBUSY, 9, 0), -EBUSY);
 
 	/* A flood's paths, refused once each and never back; a client that tries again. */
@@ -684,9 +685,10 @@ static void test_admit_waiters(void)
 	rtrs_admit_waits(w, 4, "10.0.0.1", c, 1300, &waits, &most);
 	CHECK(waits == 2 && most == 1, "retrying client: waits %u most %u", waits, most);
 	CHECK_EQ(rtrs_admit_queue(1, waits, most), 1);
-	rtrs_admit_waits(w, 4, "10.0.0.1", a, 1300, &waits, &most);
-	CHECK(waits == 1 && most == 2, "flood path: waits %u most %u", waits, most);
+	rtrs_admit_waits(w, 4, "10.0.0.1", e, 1300, &waits, &most);
+	CHECK(waits == 0 && most == 2, "another new flood path: waits %u most %u", waits, most);
 	CHECK_EQ(rtrs_admit_queue(1, waits, most), -EBUSY);
+	CHECK_EQ(rtrs_admit_queue(0, waits, most), -EBUSY);
 	/* Another host's waiters do not count; dead ones neither. */
 	rtrs_admit_waits(w, 4, "10.0.0.2", d, 1300, &waits, &most);
 	CHECK(waits == 0 && most == 0, "other host: waits %u most %u", waits, most);
