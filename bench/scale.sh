@@ -8,13 +8,17 @@
 # sessions for DURATION (5) s: ops/s and CPU per IO of server and generator
 # together (their CPU clocks over the window); then the sessions idle for
 # HOLD (6) s: the server's CPU over 4 s of it (heartbeats only), threads,
-# fds and RSS of both processes. Prints a table; --record appends it to
+# fds and RSS of both processes. EXTRA ("100:32") adds points of
+# SESSIONS:IO-CONNECTIONS after the sweep (100 sessions of 33 connections:
+# a rack of 32-CPU hypervisors), plotted as points of their own. Prints
+# a table; --record appends it to
 # bench/RESULTS.md with a plot in bench/plots/. BUILD (build-release) is the
 # build tree that runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NS=${NS:-"1 10 100 1000"}
 CONS=${CONS:-4}
+EXTRA=${EXTRA-"100:32"}
 QD=${QD:-64}
 DURATION=${DURATION:-5}
 HOLD=${HOLD:-6}
@@ -35,14 +39,18 @@ nthreads() { ls "/proc/$1/task" | wc -l; }
 nfds() { ls "/proc/$1/fd" | wc -l; }
 
 echo "N cons open_s ops_per_s cpu_us_per_io srv_threads gen_threads srv_fds srv_rss_kb gen_rss_kb srv_idle_cpu_pct" >"$tmp/table"
-for n in $NS; do
+points=()
+for n in $NS; do points+=("$n:$CONS"); done
+for x in $EXTRA; do points+=("$x"); done
+for point in "${points[@]}"; do
+	n=${point%%:*} cons=${point##*:}
 	"$perf" server --port 0 --queue-depth "$QD" --chunk-size 16k --max-sessions $((n + 64)) \
 		--max-sessions-per-peer $((n + 64)) >"$tmp/srv-$n.log" 2>&1 &
 	pids+=($!)
 	spid=$!
 	for _ in $(seq 100); do grep -q 'listening on port' "$tmp/srv-$n.log" && break; sleep 0.05; done
 	port=$(grep -o 'listening on port [0-9]*' "$tmp/srv-$n.log" | grep -o '[0-9]*$')
-	"$perf" client --server "127.0.0.1:$port" --sessions "$n" --io-connections "$CONS" \
+	"$perf" client --server "127.0.0.1:$port" --sessions "$n" --io-connections "$cons" \
 		--queue-depth "$QD" --duration "$DURATION" --hold "$HOLD" --json \
 		>"$tmp/gen-$n.json" 2>"$tmp/gen-$n.err" &
 	pids+=($!)
@@ -58,7 +66,7 @@ for n in $NS; do
 	i0=$(ticks "$spid")
 	sleep 4
 	i1=$(ticks "$spid")
-	row=$(python3 - "$tmp/gen-$n.json" "$n" "$CONS" "$((s1 - s0 + c1 - c0))" "$hz" <<'PY'
+	row=$(python3 - "$tmp/gen-$n.json" "$n" "$cons" "$((s1 - s0 + c1 - c0))" "$hz" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 n, cons, ticks, hz = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -75,12 +83,14 @@ column -t "$tmp/table"
 if $record; then
 	day=$(date +%F)
 	plot=bench/plots/scale-$day.png
-	/usr/bin/python3 - "$tmp/table" "$plot" <<'PY'
+	/usr/bin/python3 - "$tmp/table" "$plot" "$((CONS + 1))" <<'PY'
 import sys
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-rows = [l.split() for l in open(sys.argv[1])][1:]
+allrows = [l.split() for l in open(sys.argv[1])][1:]
+rows = [r for r in allrows if r[1] == sys.argv[3]]
+extra = [r for r in allrows if r[1] != sys.argv[3]]
 n = [int(r[0]) for r in rows]
 fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
 ax[0].plot(n, [float(r[2]) for r in rows], "o-"); ax[0].set_title("all N open (s)")
@@ -88,6 +98,13 @@ ax[1].plot(n, [float(r[4]) for r in rows], "o-"); ax[1].set_title("CPU per IO, s
 ax[2].plot(n, [int(r[8]) / 1024 for r in rows], "o-", label="server RSS (MiB)")
 ax[2].plot(n, [int(r[6]) for r in rows], "^-", label="generator threads")
 ax[2].plot(n, [int(r[5]) for r in rows], "s-", label="server threads")
+for r in extra:
+    lab = "%s x %s cons" % (r[0], r[1])
+    ax[0].plot([int(r[0])], [float(r[2])], "D", label=lab)
+    ax[1].plot([int(r[0])], [float(r[4])], "D", label=lab)
+    ax[2].plot([int(r[0])], [int(r[8]) / 1024], "D", label="server RSS, " + lab)
+if extra:
+    ax[0].legend(); ax[1].legend()
 ax[2].legend(); ax[2].set_yscale("log"); ax[2].set_title("threads and RSS")
 for a in ax:
     a.set_xscale("log"); a.set_xlabel("sessions (N)")
@@ -98,9 +115,11 @@ PY
 		echo
 		echo "### $day Sessions at scale (bench/scale.sh)"
 		echo
-		echo "\`NS=\"$NS\" CONS=$CONS QD=$QD DURATION=$DURATION bench/scale.sh --record\` on $(machine)."
+		echo "\`NS=\"$NS\" CONS=$CONS EXTRA=\"$EXTRA\" QD=$QD DURATION=$DURATION bench/scale.sh --record\` on $(machine)."
 		echo "One rtrs-perf server (tcp, $QD chunks of 16 KiB per session) and one rtrs-perf client holding N sessions of"
-		echo "$((CONS + 1)) connections, opened together; 4 KiB writes at total QD $QD spread over the sessions."
+		echo "$((CONS + 1)) connections (and the EXTRA points: sessions:IO connections), opened together; 4 KiB writes at"
+		echo "total QD $QD spread over the sessions. Columns: sessions, connections each, seconds until all were open,"
+		echo "ops/s, CPU per IO of server and generator together (us), threads, server fds, RSS (KiB), server CPU idle (%)."
 		echo
 		echo '```'
 		column -t "$tmp/table"
