@@ -37,12 +37,18 @@
 struct rnbd_engine {
 	bool uring;
 	bool inline_writes;   /* rnbd_engine_set_inline_writes */
-	/* the pool: every engine has one */
+	/*
+	 * the pool: every engine has one, of up to nthreads threads started
+	 * as work comes that finds none idle (an engine on io_uring that
+	 * never needs it has none); they stay until the engine closes
+	 */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	STAILQ_HEAD(, rnbd_breq) queue;
 	bool stop;
 	unsigned nthreads;
+	unsigned started;     /* threads[0 .. started) run */
+	unsigned idle;        /* waiting for work */
 	pthread_t *threads;
 	/* io_uring */
 	struct io_uring ring;
@@ -211,7 +217,9 @@ static void *pool_thread(void *arg)
 		if (!r) {
 			if (e->stop)
 				break;
+			e->idle++;
 			pthread_cond_wait(&e->cond, &e->lock);
+			e->idle--;
 			continue;
 		}
 		STAILQ_REMOVE_HEAD(&e->queue, link);
@@ -225,10 +233,27 @@ static void *pool_thread(void *arg)
 
 static void pool_queue(struct rnbd_engine *e, struct rnbd_breq *r)
 {
+	bool inline_run = false;
+
 	pthread_mutex_lock(&e->lock);
 	STAILQ_INSERT_TAIL(&e->queue, r, link);
-	pthread_cond_signal(&e->cond);
+	if (e->idle) {
+		pthread_cond_signal(&e->cond);
+	} else if (e->started < e->nthreads) {
+		int rc = pthread_create(&e->threads[e->started], NULL, pool_thread, e);
+
+		if (!rc)
+			e->started++;
+		else if (!e->started)
+			inline_run = true; /* no thread to take it: run it here */
+		if (rc)
+			log_warn_rl("rnbd: IO pool: cannot start a thread: %s", strerror(rc));
+	}
+	if (inline_run)
+		STAILQ_REMOVE(&e->queue, r, rnbd_breq, link);
 	pthread_mutex_unlock(&e->lock);
+	if (inline_run)
+		complete(r, exec_sync(r->store, r));
 }
 
 /* ---- io_uring ------------------------------------------------------------------ */
@@ -384,14 +409,6 @@ int rnbd_engine_open(enum rnbd_engine_kind kind, unsigned threads, unsigned dept
 		}
 		e->reaper_started = true;
 	}
-	for (unsigned i = 0; i < e->nthreads; i++) {
-		rc = -pthread_create(&e->threads[i], NULL, pool_thread, e);
-		if (rc) {
-			e->nthreads = i;
-			rnbd_engine_close(e);
-			return rc;
-		}
-	}
 	*out = e;
 	return 0;
 }
@@ -414,7 +431,7 @@ void rnbd_engine_close(struct rnbd_engine *e)
 	e->stop = true;
 	pthread_cond_broadcast(&e->cond);
 	pthread_mutex_unlock(&e->lock);
-	for (unsigned i = 0; i < e->nthreads; i++)
+	for (unsigned i = 0; i < e->started; i++)
 		pthread_join(e->threads[i], NULL);
 	if (e->reaper_started) {
 		struct io_uring_sqe *sqe;
