@@ -188,9 +188,11 @@ int rtrs_admit_decide(const struct rtrs_admit_entry *pending, size_t n, const ch
  * then stops winning the places from a client that tries again, and a
  * storm of clients (all of whom come back) loses no place. The table holds
  * RTRS_ADMIT_WAITERS; a full one gives the place of the entry refused
- * least and seen longest ago. Pure: rtrs-srv-admit.c.
+ * least and seen longest ago, of the noting host's own once it holds half
+ * the table (a flood from one address cannot push the others' waiters
+ * out). Pure: rtrs-srv-admit.c.
  */
-#define RTRS_ADMIT_WAITERS 256
+#define RTRS_ADMIT_WAITERS 1024
 #define RTRS_ADMIT_WAITER_LIVE_MS 5000
 
 struct rtrs_admit_waiter {

@@ -90,25 +90,45 @@ int rtrs_admit_queue(int decided, unsigned waits, unsigned most)
 	return decided >= 0 && !waits && most ? -EBUSY : decided;
 }
 
+/* Whether a should make room before b: refused fewer times, then seen longer ago. */
+static bool waiter_weaker(const struct rtrs_admit_waiter *a, const struct rtrs_admit_waiter *b)
+{
+	return a->refusals < b->refusals || (a->refusals == b->refusals && a->last_ms < b->last_ms);
+}
+
 void rtrs_admit_waiter_note(struct rtrs_admit_waiter *w, size_t n, const char *host,
 			    const uint8_t uuid[16], uint64_t now_ms)
 {
-	size_t v = 0;
+	size_t free_i = n, weakest = n, weakest_own = n, own = 0, v;
 
-	if (!n)
-		return;
 	for (size_t i = 0; i < n; i++) {
 		if (waiter_is(&w[i], host, uuid)) {
 			w[i].refusals++;
 			w[i].last_ms = now_ms;
 			return;
 		}
+		if (!w[i].refusals) {
+			if (free_i == n)
+				free_i = i;
+			continue;
+		}
+		if (weakest == n || waiter_weaker(&w[i], &w[weakest]))
+			weakest = i;
+		if (!strcmp(w[i].host, host)) {
+			own++;
+			if (weakest_own == n || waiter_weaker(&w[i], &w[weakest_own]))
+				weakest_own = i;
+		}
 	}
-	/* A free entry, else the one refused least and, of those, seen longest ago. */
-	for (size_t i = 1; i < n && w[v].refusals; i++)
-		if (!w[i].refusals || w[i].refusals < w[v].refusals ||
-		    (w[i].refusals == w[v].refusals && w[i].last_ms < w[v].last_ms))
-			v = i;
+	/*
+	 * A free entry; else, a host that holds half the table makes room
+	 * from its own; else the weakest of all goes (the oldest refused
+	 * once: a client that comes back does so well before a flood refused
+	 * at the same time has filled the table anew).
+	 */
+	v = free_i < n ? free_i : own >= n / 2 && weakest_own < n ? weakest_own : weakest;
+	if (v == n)
+		return;
 	snprintf(w[v].host, sizeof(w[v].host), "%s", host);
 	memcpy(w[v].uuid, uuid, sizeof(w[v].uuid));
 	w[v].refusals = 1;

@@ -1209,10 +1209,63 @@ static void test_continuous_floods(void)
 	server_stop();
 }
 
-int main(void)
+/*
+ * test-hostile --flood PORT SECONDS: the floods of test_continuous_floods
+ * from the two other addresses, against a server someone else runs (the
+ * storm test runs them beside its storm); stops early on SIGTERM. Prints
+ * what it made.
+ */
+static volatile sig_atomic_t flood_term;
+
+static void on_term(int sig)
 {
-	const char *dir = test_tmpdir("/tmp", "rtrs-test-hostile");
+	(void)sig;
+	flood_term = 1;
+}
+
+static int flood_main(int port, unsigned secs)
+{
+	struct flooder fl[3] = {
+		{ .src = test_addr_n(2), .half = false, .pacing_us = 200 },
+		{ .src = test_addr_n(3), .half = false, .pacing_us = 200 },
+		{ .src = test_addr_n(3), .half = true, .pacing_us = 2000 },
+	};
+	uint64_t made = 0;
+
+	signal(SIGTERM, on_term);
+	for (unsigned i = 0; i < 3; i++) {
+		fl[i].port = port;
+		if (pthread_create(&fl[i].t, NULL, flooder_thread, &fl[i])) {
+			fprintf(stderr, "test-hostile --flood: cannot start a flooder\n");
+			return 1;
+		}
+	}
+	for (unsigned ms = 0; ms < secs * 1000 && !flood_term; ms += 50)
+		usleep(50 * 1000);
+	for (unsigned i = 0; i < 3; i++) {
+		atomic_store(&fl[i].stop, true);
+		pthread_join(fl[i].t, NULL);
+		made += atomic_load(&fl[i].made);
+	}
+	printf("test-hostile --flood: %llu raw connections and half-open paths from %s and %s\n",
+	       (unsigned long long)made, test_addr_n(2), test_addr_n(3));
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *dir;
 	struct rlimit lim;
+
+	if (argc == 4 && !strcmp(argv[1], "--flood")) {
+		signal(SIGPIPE, SIG_IGN);
+		return flood_main(atoi(argv[2]), (unsigned)atoi(argv[3]));
+	}
+	if (argc != 1) {
+		fprintf(stderr, "usage: test-hostile [--flood PORT SECONDS]\n");
+		return 2;
+	}
+	dir = test_tmpdir("/tmp", "rtrs-test-hostile");
 
 	if (!dir)
 		return 1;

@@ -701,7 +701,21 @@ static void test_admit_waiters(void)
 	CHECK_EQ(waits, 0);
 	rtrs_admit_waits(w, 4, "10.0.0.1", c, 1500, &waits, &most);
 	CHECK_EQ(waits, 2);
+	/* A host that holds half the table makes room from its own: b goes, not d. */
+	memset(w, 0, sizeof(w));
+	rtrs_admit_waiter_note(w, 4, "10.0.0.1", a, 100);
+	rtrs_admit_waiter_note(w, 4, "10.0.0.3", b, 200);
+	rtrs_admit_waiter_note(w, 4, "10.0.0.3", c, 300);
+	rtrs_admit_waiter_note(w, 4, "10.0.0.1", d, 400);
+	rtrs_admit_waiter_note(w, 4, "10.0.0.3", e, 500);
+	rtrs_admit_waits(w, 4, "10.0.0.1", a, 600, &waits, &most);
+	CHECK(waits == 1 && most == 1, "10.0.0.1's oldest kept: waits %u most %u", waits, most);
+	rtrs_admit_waits(w, 4, "10.0.0.3", b, 600, &waits, &most);
+	CHECK_EQ(waits, 0);
+	rtrs_admit_waits(w, 4, "10.0.0.3", e, 600, &waits, &most);
+	CHECK_EQ(waits, 1);
 	/* In: forgotten, its place free. */
+	rtrs_admit_waiter_note(w, 4, "10.0.0.1", c, 700);
 	rtrs_admit_waiter_forget(w, 4, "10.0.0.1", c);
 	rtrs_admit_waits(w, 4, "10.0.0.1", c, 1500, &waits, &most);
 	CHECK(waits == 0 && most == 1, "after it got in: waits %u most %u", waits, most);
