@@ -233,6 +233,9 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 		clt_path_schedule_reconnect(p, 0);
 }
 
+/* Reconnect threads running in the process (RTRS_RECONNECT_THREADS_MAX). */
+static atomic_uint reconnect_threads;
+
 /* A reconnect attempt, on its own thread: connecting blocks. */
 static void *path_reconnect_worker(void *arg)
 {
@@ -254,6 +257,7 @@ static void *path_reconnect_worker(void *arg)
 			log_warn("%s: reconnect failed (%s); path closed after %d attempts", p->name,
 				 strerror(-rc), atomic_load(&p->attempts));
 	}
+	atomic_fetch_sub(&reconnect_threads, 1);
 	return NULL;
 }
 
@@ -275,12 +279,19 @@ void clt_path_reconnect_timer(struct loop_timer *t)
 		rtrs_path_wrunlock(&p->base);
 		return;
 	}
+	/* Others are connecting: this path's turn comes a little later. */
+	if (atomic_fetch_add(&reconnect_threads, 1) >= RTRS_RECONNECT_THREADS_MAX) {
+		atomic_fetch_sub(&reconnect_threads, 1);
+		loop_timer_arm(&p->reconnect_timer, RTRS_RECONNECT_DEFER_MS, 0);
+		return;
+	}
 	rtrs_path_wrlock(&p->base);
 	clt_path_change_state(p, RTRS_PATH_CONNECTING);
 	rtrs_path_wrunlock(&p->base);
 	if (pthread_create(&p->worker, NULL, path_reconnect_worker, p) == 0) {
 		p->worker_started = true;
 	} else {
+		atomic_fetch_sub(&reconnect_threads, 1);
 		clt_path_change_state(p, RTRS_PATH_RECONNECTING);
 		clt_path_schedule_reconnect(p, 1000);
 	}

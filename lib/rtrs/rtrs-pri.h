@@ -41,6 +41,13 @@
  * refused without "do not retry", or dropped (clt_path_open).
  */
 #define RTRS_OPEN_TRIES 10
+/*
+ * Reconnect attempts running at once in a process (each a thread while it
+ * lasts): a thousand paths that lost their server all at once take turns,
+ * the others' timers firing again RTRS_RECONNECT_DEFER_MS later.
+ */
+#define RTRS_RECONNECT_THREADS_MAX 16
+#define RTRS_RECONNECT_DEFER_MS 50
 /* always_invalidate: a new chunk key must differ from this many before it. */
 #define RTRS_KEY_HISTORY 4
 /* Size of the region each side lets the peer aim empty writes at. */
