@@ -78,7 +78,7 @@ static const struct opt options[] = {
 	  .help = "also export SIZE bytes of memory as NAME (repeatable)" },
 	{ "engine", 'e', OPT_CHOICE, &g.engine, .choices = engine_names, .arg = "NAME",
 	  .help = "IO engine" },
-	{ "threads", 't', OPT_UINT, &g.threads, 1, 256, .arg = "N", .help = "IO pool threads" },
+	{ "threads", 't', OPT_UINT, &g.threads, 1, 256, .arg = "N", .help = "IO pool threads at most, started as requests find none idle" },
 	{ "direct", 0, OPT_FLAG, &g.direct, .help = "open files with O_DIRECT (no page cache)" },
 	{ "buffered-bdev", 0, OPT_FLAG, &g.buffered_bdev,
 	  .help = "serve block devices through the page cache, announcing a write cache and FUA; "
