@@ -1314,6 +1314,107 @@ static void test_loop_timers(void)
 	loop_destroy(l);
 }
 
+/*
+ * Many one-shot timers in one loop's heap, armed from another thread in a
+ * shuffled order with due times 10..200 ms and a slack of 20 ms, a third
+ * of them disarmed again and some re-armed: each armed one fires exactly
+ * once, never before its due time (measured from its arming), and those
+ * disarmed never; then a loop with no timer left sleeps (its timerfd is
+ * disarmed: no spurious callbacks afterwards).
+ */
+#define HEAP_TIMERS 200
+
+struct heap_timer {
+	struct loop_timer t;
+	uint64_t armed_ns;
+	unsigned due_ms;
+	bool want;
+	atomic_uint fired;
+	atomic_uint early;
+};
+
+static void heap_timer_cb(struct loop_timer *t)
+{
+	struct heap_timer *h = container_of(t, struct heap_timer, t);
+
+	if (now_ns() < h->armed_ns + h->due_ms * 1000000ull)
+		atomic_fetch_add(&h->early, 1);
+	atomic_fetch_add(&h->fired, 1);
+}
+
+static void heap_fini_all(void *arg)
+{
+	struct heap_timer *h = arg;
+
+	for (unsigned i = 0; i < HEAP_TIMERS; i++)
+		loop_timer_fini(&h[i].t);
+}
+
+static void test_loop_timer_heap(void)
+{
+	static struct heap_timer h[HEAP_TIMERS];
+	unsigned order[HEAP_TIMERS], fired = 0, want = 0;
+	struct loop *l = NULL;
+
+	CHECK_EQ(loop_create("test-heap", &l), 0);
+	if (!l)
+		return;
+	memset(h, 0, sizeof(h));
+	srand(7);
+	for (unsigned i = 0; i < HEAP_TIMERS; i++) {
+		CHECK_EQ(loop_timer_init(l, &h[i].t, heap_timer_cb), 0);
+		loop_timer_slack(&h[i].t, 20);
+		order[i] = i;
+	}
+	for (unsigned i = HEAP_TIMERS - 1; i > 0; i--) {
+		unsigned j = (unsigned)rand() % (i + 1), x = order[i];
+
+		order[i] = order[j];
+		order[j] = x;
+	}
+	for (unsigned k = 0; k < HEAP_TIMERS; k++) {
+		struct heap_timer *t = &h[order[k]];
+
+		t->due_ms = 10 + (unsigned)rand() % 191;
+		t->want = true;
+		t->armed_ns = now_ns();
+		loop_timer_arm(&t->t, t->due_ms, 0);
+	}
+	for (unsigned i = 0; i < HEAP_TIMERS; i += 3) {
+		loop_timer_arm(&h[i].t, 0, 0); /* disarmed before its time: never fires */
+		h[i].want = false;
+		if (i % 2 == 0) {
+			/* ... and this one armed again, later. */
+			h[i].due_ms = 50;
+			h[i].want = true;
+			h[i].armed_ns = now_ns();
+			loop_timer_arm(&h[i].t, h[i].due_ms, 0);
+		}
+	}
+	sleep_ms(400);
+	barrier(l);
+	for (unsigned i = 0; i < HEAP_TIMERS; i++) {
+		unsigned f = atomic_load(&h[i].fired);
+
+		want += h[i].want;
+		fired += f;
+		CHECK(f == (h[i].want ? 1u : 0u), "timer %u fired %u times (armed: %d, %u ms)", i, f,
+		      h[i].want, h[i].due_ms);
+		CHECK(!atomic_load(&h[i].early), "timer %u fired before its %u ms", i, h[i].due_ms);
+	}
+	CHECK_EQ(fired, want);
+	/* Nothing armed: nothing more fires. */
+	sleep_ms(100);
+	barrier(l);
+	unsigned after = 0;
+
+	for (unsigned i = 0; i < HEAP_TIMERS; i++)
+		after += atomic_load(&h[i].fired);
+	CHECK_EQ(after, fired);
+	loop_call(l, heap_fini_all, h);
+	loop_destroy(l);
+}
+
 struct releaser {
 	struct blocker *b;
 	unsigned after_ms;
@@ -1866,6 +1967,7 @@ int main(void)
 	test_loop_fd();
 	test_loop_del_in_handler();
 	test_loop_timers();
+	test_loop_timer_heap();
 	test_loop_destroy();
 	return test_done("common");
 }
