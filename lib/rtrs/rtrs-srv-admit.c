@@ -151,7 +151,7 @@ void rtrs_admit_waiter_forget(struct rtrs_admit_waiter *w, size_t n, const char 
 static bool path_pending(const struct srv_path *p)
 {
 	return atomic_load(&p->base.state) == RTRS_PATH_CONNECTING &&
-	       !(p->sess->ctx->auth_required && atomic_load(&p->auth_host_ok));
+	       !(p->sess->ctx->auth_required && rtrs_srv_hs_host_proven(atomic_load(&p->hs)));
 }
 
 /*
@@ -247,7 +247,9 @@ bool srv_name_taken(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,
  */
 void srv_path_refuse(struct srv_path *p, int err, bool dnr)
 {
-	if (!p->sess->ext) {
+	const char *why;
+
+	if (!p->sess->ext || srv_hs_step(p, SRV_HS_EV_REFUSE, &why)) {
 		srv_path_stop(p, err);
 		return;
 	}
@@ -540,10 +542,9 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 			srv_path_stop(p, -ETIMEDOUT);
 		return;
 	}
-	if (ctx->auth_required && req.cid && !atomic_load(&p->auth_host_ok)) {
+	if (req.cid && (rc = srv_hs_step(p, SRV_HS_EV_CONNREQ, &why))) {
 		/* Only an authenticated host adds connections to its path. */
-		srv_reject_ext(ctx, creq, peer, -EACCES, false, req.ext,
-			       "connection before the path authenticated");
+		srv_reject_ext(ctx, creq, peer, rc, false, req.ext, why);
 		return;
 	}
 	p->last_connreq_ms = now_ms();

@@ -9,6 +9,7 @@
 
 #include "rtrs-auth-sm.h"
 #include "rtrs-path.h"
+#include "rtrs-srv-hs.h"
 
 enum srv_op_state { OP_FREE, OP_BUSY, OP_RESPONDING, OP_SENT };
 
@@ -104,7 +105,6 @@ struct srv_path {
 	void *info_rsp;
 	size_t info_rsp_len;
 	struct fab_mr info_rsp_mr;
-	atomic_bool info_received;
 	/* A fence asked for on this path (its admin connection). */
 	uint8_t fence_uuid[RTRS_UUID_LEN];
 	atomic_bool fence_pending;
@@ -114,11 +114,14 @@ struct srv_path {
 	struct fab_mr fence_ack_mr;
 	bool cons_destroyed;
 	bool was_connected;
-	/* Authentication: cid 0's completion thread runs it; the loop reads the flags. */
+	/*
+	 * The handshake (enum rtrs_srv_hs_state), moved by srv_hs_step from
+	 * the loop and from connection 0's completion thread.
+	 */
+	_Atomic int hs;
+	/* Authentication: cid 0's completion thread runs it. */
 	struct rtrs_auth_txn auth;
-	atomic_bool auth_host_ok;   /* the host proved its identity: more connections may come */
 	char auth_host[RTRS_AUTH_WIRE_NAME]; /* who, once authenticated */
-	atomic_bool auth_done;      /* transaction complete: the info request may come */
 	char auth_tx[RTRS_AUTH_MSG_MAX];
 	struct fab_mr auth_tx_mr;
 	/* A refusal went out (FAILURE1 or a verdict): close once the client had time to read it. */
@@ -274,6 +277,7 @@ void srv_reap_work(struct loop_work *w);
 void srv_path_stop(struct srv_path *p, int err);
 void srv_fail_path(struct srv_path *p, int err);
 void srv_path_probe(struct srv_path *p);
+int srv_hs_step(struct srv_path *p, enum rtrs_srv_hs_event ev, const char **why);
 int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 		    const char *peer, struct srv_path **out);
 

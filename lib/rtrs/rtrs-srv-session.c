@@ -17,6 +17,26 @@
 #include "rtrs-srv-pri.h"
 
 /*
+ * Any thread: the handshake event ev on p, against the table
+ * (rtrs_srv_hs_next), by compare-and-swap. 0, or the errno the event is
+ * refused with (*why says by which rule); the state then stays.
+ */
+int srv_hs_step(struct srv_path *p, enum rtrs_srv_hs_event ev, const char **why)
+{
+	int from = atomic_load(&p->hs), to, rc;
+
+	do {
+		rc = rtrs_srv_hs_next(from, ev, &to, why);
+		if (rc)
+			return rc;
+	} while (from != to && !atomic_compare_exchange_weak(&p->hs, &from, to));
+	if (from != to)
+		log_dbg("%s: handshake %s -> %s (%s)", path_name(p), rtrs_srv_hs_state_str(from),
+			rtrs_srv_hs_state_str(to), rtrs_srv_hs_event_str(ev));
+	return 0;
+}
+
+/*
  * An authentication message on connection 0 of a path being established,
  * on that connection's completion thread: the crypto (DH too) runs here,
  * off the service loop.
@@ -25,13 +45,15 @@ static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
 {
 	struct rtrs_srv_ctx *ctx = p->sess->ctx;
 	enum rtrs_auth_step step;
+	const char *why;
 	size_t out_len = 0;
 	int rc;
 
-	if (!ctx->auth_required || atomic_load(&p->auth_done) || atomic_load(&p->close_at_ms) ||
-	    p->auth.state == AUTH_SRV_FAILED) {
-		log_err("%s: authentication message not expected; closing the path", path_name(p));
-		srv_fail_path(p, -EPROTO);
+	rc = srv_hs_step(p, SRV_HS_EV_AUTH_MSG, &why);
+	if (rc) {
+		log_err("%s: %s; closing the path (handshake %s)", path_name(p), why,
+			rtrs_srv_hs_state_str(atomic_load(&p->hs)));
+		srv_fail_path(p, rc);
 		return;
 	}
 	atomic_store(&p->progress_ms, loop_now_ms());
@@ -41,8 +63,15 @@ static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
 	 * request its next connection at once, and srv_on_connreq (on the
 	 * loop) must find the host already proven.
 	 */
-	if (p->auth.host_ok)
-		atomic_store(&p->auth_host_ok, true);
+	if (p->auth.host_ok && step != RTRS_AUTH_FAILED)
+		srv_hs_step(p, SRV_HS_EV_HOST_OK, &why);
+	if (step == RTRS_AUTH_DONE) {
+		/* auth_host before the state that shows it (path_snap). */
+		snprintf(p->auth_host, sizeof(p->auth_host), "%s", p->auth.host);
+		srv_hs_step(p, SRV_HS_EV_AUTH_DONE, &why);
+	} else if (step == RTRS_AUTH_FAILED) {
+		srv_hs_step(p, SRV_HS_EV_AUTH_FAILED, &why);
+	}
 	rc = out_len ? fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL) : 0;
 	switch (step) {
 	case RTRS_AUTH_CONTINUE:
@@ -52,13 +81,10 @@ static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
 		log_info("%s: host %s authenticated (%s, %s%s)", path_name(p), p->auth.host,
 			 rtrs_auth_hash_name(p->auth.hash), rtrs_auth_dhgroup_name(p->auth.group),
 			 p->auth.bidir ? ", bidirectional" : "");
-		snprintf(p->auth_host, sizeof(p->auth_host), "%s", p->auth.host);
-		atomic_store(&p->auth_done, true);
 		rtrs_auth_txn_end(&p->auth);
 		break;
 	case RTRS_AUTH_FAILED:
 		atomic_fetch_add(&ctx->st.auth_failed, 1);
-		atomic_store(&p->auth_host_ok, false);
 		rtrs_auth_txn_end(&p->auth);
 		if (out_len && !rc) {
 			/* Let the FAILURE1 reach the client; it closes, or the timer does. */
@@ -102,20 +128,20 @@ static void srv_con_recv(void *priv, void *buf, size_t len)
 		loop_queue(p->sess->ctx->loop, &p->fence_work);
 		return;
 	}
-	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTING &&
-	    rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
+	if (con->c.cid != 0 || atomic_load(&p->base.state) != RTRS_PATH_CONNECTING) {
+		log_err_rl("%s: unexpected message on connection %u", path_name(p), con->c.cid);
+		srv_fail_path(p, -EPROTO);
+		return;
+	}
+	if (rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
 		srv_auth_recv(p, buf, len);
 		return;
 	}
-	if (con->c.cid == 0 && p->sess->ctx->auth_required && !atomic_load(&p->auth_done)) {
-		log_err("%s: message before authentication; closing the path", path_name(p));
-		srv_fail_path(p, -EACCES);
-		return;
-	}
-	if (con->c.cid != 0 || atomic_load(&p->base.state) != RTRS_PATH_CONNECTING ||
-	    atomic_exchange(&p->info_received, true)) {
-		log_err_rl("%s: unexpected message on connection %u", path_name(p), con->c.cid);
-		srv_fail_path(p, -EPROTO);
+	rc = srv_hs_step(p, SRV_HS_EV_MSG, &why);
+	if (rc) {
+		log_err_rl("%s: %s; closing the path (handshake %s)", path_name(p), why,
+			   rtrs_srv_hs_state_str(atomic_load(&p->hs)));
+		srv_fail_path(p, rc);
 		return;
 	}
 	rc = rtrs_info_req_decode(buf, len, p->sess->ext, &p->info, &why);
@@ -495,13 +521,14 @@ static void path_handshake_deadlines(struct srv_path *p)
 {
 	struct rtrs_srv_ctx *ctx = p->sess->ctx;
 	uint64_t close_at = atomic_load(&p->close_at_ms);
+	int hs = atomic_load(&p->hs);
 
 	if (close_at && now_ms() >= close_at) {
 		/* Refused: the client had its chance to read why. */
 		srv_path_stop(p, p->close_err);
 		return;
 	}
-	if (ctx->auth_required && !atomic_load(&p->auth_done) && !close_at &&
+	if ((hs == SRV_HS_AUTH || hs == SRV_HS_HOST_OK) &&
 	    now_ms() - p->created_ms > ctx->opts.auth_timeout_ms) {
 		log_err("%s: not authenticated after %u ms, closing the path", path_name(p),
 			ctx->opts.auth_timeout_ms);
@@ -628,6 +655,7 @@ static void path_info_work(struct loop_work *w)
 	struct srv_path *p = container_of(w, struct srv_path, info_work);
 	struct rtrs_srv_sess *s = p->sess;
 	struct rtrs_srv_ctx *ctx = s->ctx;
+	const char *why;
 	int rc;
 
 	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTING) {
@@ -725,6 +753,12 @@ static void path_info_work(struct loop_work *w)
 			return;
 		}
 	}
+	if (srv_hs_step(p, SRV_HS_EV_INFO_OK, &why)) {
+		log_err("%s: %s (handshake %s)", path_name(p), why,
+			rtrs_srv_hs_state_str(atomic_load(&p->hs)));
+		srv_path_stop(p, -EPROTO);
+		return;
+	}
 	s->link_up = true;
 	s->paths_up++;
 	p->was_connected = true;
@@ -790,6 +824,7 @@ int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	snprintf(p->peer, sizeof(p->peer), "%s", peer);
 	srv_peer_host_of(peer, p->peer_host, sizeof(p->peer_host));
 	snprintf(p->name_new, sizeof(p->name_new), "%s/%s", s->name[0] ? s->name : "(new)", peer);
+	atomic_init(&p->hs, rtrs_srv_hs_initial(ctx->auth_required));
 	rtrs_auth_srv_begin(&p->auth, &ctx->auth_cfg, p->name_new);
 	p->cons = calloc(req->cid_num, sizeof(*p->cons));
 	p->base.cons = calloc(req->cid_num, sizeof(*p->base.cons));

@@ -442,6 +442,7 @@ struct snap_call {
 static void path_snap(struct srv_path *p, struct rtrs_srv_path_info *pi)
 {
 	uint64_t now = now_ms();
+	int hs = atomic_load(&p->hs);
 
 	snprintf(pi->peer, sizeof(pi->peer), "%s", p->peer);
 	snprintf(pi->local, sizeof(pi->local), "%s", p->local);
@@ -453,7 +454,8 @@ static void path_snap(struct srv_path *p, struct rtrs_srv_path_info *pi)
 	pi->read_bytes = atomic_load(&p->st.read_bytes);
 	pi->writes = atomic_load(&p->st.writes);
 	pi->write_bytes = atomic_load(&p->st.write_bytes);
-	if (atomic_load(&p->auth_host_ok))
+	/* Copied before the transaction's end moved the state on (srv_auth_recv). */
+	if (rtrs_srv_hs_host_proven(hs) && hs != SRV_HS_HOST_OK)
 		snprintf(pi->auth_host, sizeof(pi->auth_host), "%s", p->auth_host);
 }
 

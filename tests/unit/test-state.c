@@ -2,8 +2,9 @@
 /*
  * Unit tests for the pieces of lib/rtrs that do not touch the network: the
  * path state table and names (rtrs.c), host:port splitting (rtrs.c), the
- * heartbeat bookkeeping helpers (rtrs-pri.h) and the reconnect decision
- * (rtrs_should_reconnect, rtrs.c).
+ * heartbeat bookkeeping helpers (rtrs-pri.h), the reconnect decision
+ * (rtrs_should_reconnect, rtrs.c), admission (rtrs-srv-admit.c) and the
+ * server's handshake table (rtrs-srv-hs.c).
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -16,6 +17,7 @@
 
 #include "check.h"
 #include "rtrs-pri.h"
+#include "rtrs-srv-hs.h"
 
 /* ---- path states --------------------------------------------------------- */
 
@@ -736,6 +738,139 @@ static void test_clt_io_rx_depth(void)
 	CHECK_EQ(rtrs_clt_io_rx_depth(1), 17);
 }
 
+/* ---- the server's handshake table (rtrs-srv-hs.c) ------------------------ */
+
+/* What each (state, event) does, written out apart from the table; the rest is -EPROTO. */
+static const struct {
+	int state, ev, next, err;
+} hs_expect[] = {
+	{ SRV_HS_AUTH, SRV_HS_EV_CONNREQ, -1, -EACCES },
+	{ SRV_HS_AUTH, SRV_HS_EV_AUTH_MSG, SRV_HS_AUTH, 0 },
+	{ SRV_HS_AUTH, SRV_HS_EV_HOST_OK, SRV_HS_HOST_OK, 0 },
+	{ SRV_HS_AUTH, SRV_HS_EV_AUTH_DONE, SRV_HS_WAIT_INFO, 0 },
+	{ SRV_HS_AUTH, SRV_HS_EV_AUTH_FAILED, SRV_HS_AUTH_FAILED, 0 },
+	{ SRV_HS_AUTH, SRV_HS_EV_MSG, -1, -EACCES },
+	{ SRV_HS_HOST_OK, SRV_HS_EV_CONNREQ, SRV_HS_HOST_OK, 0 },
+	{ SRV_HS_HOST_OK, SRV_HS_EV_AUTH_MSG, SRV_HS_HOST_OK, 0 },
+	{ SRV_HS_HOST_OK, SRV_HS_EV_HOST_OK, SRV_HS_HOST_OK, 0 },
+	{ SRV_HS_HOST_OK, SRV_HS_EV_AUTH_DONE, SRV_HS_WAIT_INFO, 0 },
+	{ SRV_HS_HOST_OK, SRV_HS_EV_AUTH_FAILED, SRV_HS_AUTH_FAILED, 0 },
+	{ SRV_HS_HOST_OK, SRV_HS_EV_MSG, -1, -EACCES },
+	{ SRV_HS_WAIT_INFO, SRV_HS_EV_CONNREQ, SRV_HS_WAIT_INFO, 0 },
+	{ SRV_HS_WAIT_INFO, SRV_HS_EV_MSG, SRV_HS_INFO, 0 },
+	{ SRV_HS_INFO, SRV_HS_EV_CONNREQ, -1, -EEXIST },
+	{ SRV_HS_INFO, SRV_HS_EV_INFO_OK, SRV_HS_DONE, 0 },
+	{ SRV_HS_INFO, SRV_HS_EV_REFUSE, SRV_HS_REFUSED, 0 },
+	{ SRV_HS_AUTH_FAILED, SRV_HS_EV_CONNREQ, -1, -EACCES },
+	{ SRV_HS_AUTH_FAILED, SRV_HS_EV_MSG, -1, -EACCES },
+	{ SRV_HS_REFUSED, SRV_HS_EV_CONNREQ, -1, -EEXIST },
+	{ SRV_HS_DONE, SRV_HS_EV_CONNREQ, -1, -EEXIST },
+};
+
+/* Runs evs from the start; the state reached, or -errno of the first refused. */
+static int hs_walk(bool auth, const int *evs, size_t n)
+{
+	int st = rtrs_srv_hs_initial(auth), next, rc;
+	const char *why;
+
+	for (size_t i = 0; i < n; i++) {
+		rc = rtrs_srv_hs_next(st, evs[i], &next, &why);
+		if (rc) {
+			CHECK(why && *why, "a refusal names its rule");
+			return rc;
+		}
+		st = next;
+	}
+	return st;
+}
+
+static void test_srv_hs(void)
+{
+	unsigned n_go = 0;
+
+	CHECK_EQ(SRV_HS_NR_STATES, 7);
+	CHECK_EQ(SRV_HS_NR_EVENTS, 9);
+	for (int st = -2; st < SRV_HS_NR_STATES + 2; st++) {
+		for (int ev = -2; ev < SRV_HS_NR_EVENTS + 2; ev++) {
+			int next = -100, rc, want_next = -1, want_err = -EPROTO;
+			const char *why = NULL;
+
+			rc = rtrs_srv_hs_next(st, ev, &next, &why);
+			if (st < 0 || st >= SRV_HS_NR_STATES || ev < 0 || ev >= SRV_HS_NR_EVENTS) {
+				CHECK_EQ(rc, -EINVAL);
+				continue;
+			}
+			for (unsigned i = 0; i < ARRAY_SIZE(hs_expect); i++)
+				if (hs_expect[i].state == st && hs_expect[i].ev == ev) {
+					want_next = hs_expect[i].next;
+					want_err = hs_expect[i].err;
+				}
+			if (want_err) {
+				CHECK(rc == want_err && next == -100 && why && *why,
+				      "%s on %s: %d (%s), want %d", rtrs_srv_hs_event_str(ev),
+				      rtrs_srv_hs_state_str(st), rc, why ? why : "-", want_err);
+			} else {
+				CHECK(rc == 0 && next == want_next, "%s on %s: %d -> %s, want %s",
+				      rtrs_srv_hs_event_str(ev), rtrs_srv_hs_state_str(st), rc,
+				      rtrs_srv_hs_state_str(next), rtrs_srv_hs_state_str(want_next));
+				n_go++;
+			}
+			/* Nothing leads back to where authentication is still owed. */
+			if (!rc && st != SRV_HS_AUTH)
+				CHECK(next != SRV_HS_AUTH, "%s leads back to auth",
+				      rtrs_srv_hs_state_str(st));
+			/* The path is connected only by the response, after the request. */
+			if (!rc && next == SRV_HS_DONE)
+				CHECK(st == SRV_HS_INFO && ev == SRV_HS_EV_INFO_OK);
+			/* A message on another connection is never taken before the path is up. */
+			if (ev == SRV_HS_EV_MSG_OTHER)
+				CHECK_EQ(rc, -EPROTO);
+		}
+		CHECK(strcmp(rtrs_srv_hs_state_str(st), "unknown") ||
+		      st < 0 || st >= SRV_HS_NR_STATES);
+	}
+	CHECK_EQ(n_go, 13);
+
+	/* Whole handshakes, as clients run them. */
+	static const int plain[] = { SRV_HS_EV_CONNREQ, SRV_HS_EV_CONNREQ, SRV_HS_EV_MSG,
+				     SRV_HS_EV_INFO_OK };
+	static const int authed[] = { SRV_HS_EV_AUTH_MSG, SRV_HS_EV_AUTH_MSG, SRV_HS_EV_HOST_OK,
+				      SRV_HS_EV_AUTH_DONE, SRV_HS_EV_CONNREQ, SRV_HS_EV_MSG,
+				      SRV_HS_EV_INFO_OK };
+	/* Bidirectional: more connections come between SUCCESS1 and SUCCESS2. */
+	static const int bidir[] = { SRV_HS_EV_AUTH_MSG, SRV_HS_EV_AUTH_MSG, SRV_HS_EV_HOST_OK,
+				     SRV_HS_EV_CONNREQ, SRV_HS_EV_AUTH_MSG, SRV_HS_EV_AUTH_DONE,
+				     SRV_HS_EV_CONNREQ, SRV_HS_EV_MSG, SRV_HS_EV_REFUSE };
+	static const int early_con[] = { SRV_HS_EV_AUTH_MSG, SRV_HS_EV_CONNREQ };
+	static const int early_info[] = { SRV_HS_EV_AUTH_MSG, SRV_HS_EV_MSG };
+	static const int failed_con[] = { SRV_HS_EV_AUTH_MSG, SRV_HS_EV_AUTH_FAILED,
+					  SRV_HS_EV_CONNREQ };
+	static const int auth_unasked[] = { SRV_HS_EV_CONNREQ, SRV_HS_EV_AUTH_MSG };
+	static const int info_twice[] = { SRV_HS_EV_MSG, SRV_HS_EV_MSG };
+	static const int late_con[] = { SRV_HS_EV_MSG, SRV_HS_EV_INFO_OK, SRV_HS_EV_CONNREQ };
+
+	CHECK_EQ(hs_walk(false, plain, ARRAY_SIZE(plain)), SRV_HS_DONE);
+	CHECK_EQ(hs_walk(true, plain, ARRAY_SIZE(plain)), -EACCES);
+	CHECK_EQ(hs_walk(true, authed, ARRAY_SIZE(authed)), SRV_HS_DONE);
+	CHECK_EQ(hs_walk(true, bidir, ARRAY_SIZE(bidir)), SRV_HS_REFUSED);
+	CHECK_EQ(hs_walk(true, early_con, ARRAY_SIZE(early_con)), -EACCES);
+	CHECK_EQ(hs_walk(true, early_info, ARRAY_SIZE(early_info)), -EACCES);
+	CHECK_EQ(hs_walk(true, failed_con, ARRAY_SIZE(failed_con)), -EACCES);
+	CHECK_EQ(hs_walk(false, auth_unasked, ARRAY_SIZE(auth_unasked)), -EPROTO);
+	CHECK_EQ(hs_walk(false, info_twice, ARRAY_SIZE(info_twice)), -EPROTO);
+	CHECK_EQ(hs_walk(false, late_con, ARRAY_SIZE(late_con)), -EEXIST);
+
+	/* Admission stops counting a path as pending once its host is proven. */
+	CHECK(!rtrs_srv_hs_host_proven(SRV_HS_AUTH));
+	CHECK(!rtrs_srv_hs_host_proven(SRV_HS_AUTH_FAILED));
+	CHECK(rtrs_srv_hs_host_proven(SRV_HS_HOST_OK));
+	CHECK(rtrs_srv_hs_host_proven(SRV_HS_WAIT_INFO));
+	CHECK(rtrs_srv_hs_host_proven(SRV_HS_INFO));
+	CHECK(rtrs_srv_hs_host_proven(SRV_HS_REFUSED));
+	CHECK(rtrs_srv_hs_host_proven(SRV_HS_DONE));
+	CHECK(!rtrs_srv_hs_host_proven(-1) && !rtrs_srv_hs_host_proven(SRV_HS_NR_STATES));
+}
+
 int main(void)
 {
 	test_clt_io_rx_depth();
@@ -750,5 +885,6 @@ int main(void)
 	test_reconnect_verdict_names();
 	test_admit();
 	test_admit_waiters();
+	test_srv_hs();
 	return test_done("state");
 }
