@@ -46,11 +46,11 @@ enum { COMPL_POLL, COMPL_THREADS };
 static struct {
 	const char *device, *file;
 	uint64_t offset, length;
-	uint64_t bs, iodepth, runtime, rwmixread, size;
+	uint64_t bs, iodepth, runtime, rwmixread, size, sessions;
 	unsigned mode, rw, completions;
 	bool verify, json, verbose;
 } g = {
-	.bs = 4096, .iodepth = 32, .runtime = 10, .rwmixread = 50, .rw = RW_RANDRW,
+	.bs = 4096, .iodepth = 32, .runtime = 10, .rwmixread = 50, .rw = RW_RANDRW, .sessions = 1,
 };
 
 /* The session options (lib/front/clt-opts.c). */
@@ -103,6 +103,10 @@ static const struct opt own_options[] = {
 	{ "completions", 0, OPT_CHOICE, &g.completions, .choices = completion_names,
 	  .arg = "WHERE", .help = "perf: where IO completions run: poll (this thread, "
 	  "rnbd_clt_poll; threads where the fabric cannot be polled) or threads (librnbd's)" },
+	{ "sessions", 0, OPT_UINT, &g.sessions, 1, 10000, .arg = "N",
+	  .help = "perf: N sessions opened at once (SESSION-1 .. SESSION-N), session i mapping "
+	  "device NAME-i; --iodepth is spread over them, each IO moving on to the next session; "
+	  "completions on librnbd's threads" },
 	{ "verify", 'V', OPT_FLAG, &g.verify,
 	  .help = "perf: reads check what this run wrote (unwritten blocks are not checked)" },
 	{ "json", 'j', OPT_FLAG, &g.json, .help = "perf, info: print one JSON object" },
@@ -113,6 +117,11 @@ static const struct opt own_options[] = {
 
 static struct rnbd_clt_sess *sess;
 static struct rnbd_clt_dev *dev;
+/* perf --sessions: every session and its device (sess and dev are the first). */
+static struct rnbd_clt_sess **sesss;
+static struct rnbd_clt_dev **devs;
+static unsigned nsess = 1;
+static double open_secs;
 static struct rnbd_clt_dev_info info = { .size = sizeof(info) };
 
 static void log_line(void *priv, int level, const char *line)
@@ -183,10 +192,143 @@ static int connect_map(unsigned mode, int log_level)
 	return 0;
 }
 
+/* --sessions: the openers, all at once (at most OPENERS threads, each taking the next). */
+#define OPENERS 256
+
+static struct {
+	atomic_uint next, failed;
+	atomic_int first_err;
+	atomic_uint first_failed;   /* the index + 1 of the first that failed */
+	unsigned mode;
+} op_;
+
+static void *opener(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		unsigned i = atomic_fetch_add(&op_.next, 1), none = 0;
+		struct rtrs_clt_opts o = cfg.opts;
+		char name[256], dname[512]; /* a session name: 1..255 bytes */
+		int rc, zero = 0;
+
+		if (i >= nsess)
+			return NULL;
+		snprintf(name, sizeof(name), "%.200s-%u", cfg.opts.sessname, i + 1);
+		snprintf(dname, sizeof(dname), "%s-%u", g.device, i + 1);
+		o.sessname = name;
+		rc = rnbd_clt_sess_open(&o, &sesss[i]);
+		if (!rc) {
+			rc = rnbd_clt_map(sesss[i], dname, (enum rnbd_clt_mode)op_.mode, &devs[i]);
+			if (rc) {
+				rnbd_clt_sess_close(sesss[i]);
+				sesss[i] = NULL;
+			}
+		} else {
+			sesss[i] = NULL;
+		}
+		if (rc) {
+			devs[i] = NULL;
+			atomic_fetch_add(&op_.failed, 1);
+			if (atomic_compare_exchange_strong(&op_.first_err, &zero, rc))
+				atomic_compare_exchange_strong(&op_.first_failed, &none, i + 1);
+		}
+	}
+}
+
+/* Unmaps and closes what connect_many opened. */
+static void disconnect_many(void)
+{
+	for (unsigned i = 0; i < nsess; i++) {
+		if (!sesss[i])
+			continue;
+		if (devs[i])
+			rnbd_clt_unmap(devs[i], false);
+		rnbd_clt_sess_close(sesss[i]);
+	}
+	free(sesss);
+	free(devs);
+	sesss = NULL;
+	devs = NULL;
+}
+
+/*
+ * perf --sessions N: N sessions opened at once, each mapping its device;
+ * info is the first's, and every device must be as large. 0, or prints
+ * why and returns 1.
+ */
+static int connect_many(unsigned mode, int log_level)
+{
+	unsigned nt, started = 0;
+	pthread_t *t;
+	uint64_t t0 = now_ns();
+
+	if (!cfg.opts.paths_num || !g.device) {
+		fprintf(stderr, "rnbd-client: needs --device and 1..%d --server\n", MAX_PATHS);
+		return 1;
+	}
+	nsess = (unsigned)g.sessions;
+	nt = MIN(nsess, OPENERS);
+	rnbd_set_log_fn(log_line, NULL);
+	rnbd_set_log_level(log_level);
+	sesss = calloc(nsess, sizeof(*sesss));
+	devs = calloc(nsess, sizeof(*devs));
+	t = calloc(nt, sizeof(*t));
+	if (!sesss || !devs || !t) {
+		free(t);
+		fprintf(stderr, "rnbd-client: out of memory for %u sessions\n", nsess);
+		return 1;
+	}
+	op_.mode = mode;
+	for (; started < nt; started++)
+		if (pthread_create(&t[started], NULL, opener, NULL))
+			break;
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(t[i], NULL);
+	free(t);
+	if (!started)
+		opener(NULL);
+	open_secs = (double)(now_ns() - t0) / 1e9;
+	if (atomic_load(&op_.failed)) {
+		unsigned i = atomic_load(&op_.first_failed) - 1;
+
+		fprintf(stderr, "rnbd-client: %u of %u sessions did not open and map their device, "
+			"first: session %s-%u, device %s-%u (%s): %s\n", atomic_load(&op_.failed),
+			nsess, cfg.opts.sessname, i + 1, g.device, i + 1, mode_names[mode + 1],
+			strerror(-atomic_load(&op_.first_err)));
+		disconnect_many();
+		return 1;
+	}
+	sess = sesss[0];
+	dev = devs[0];
+	for (unsigned i = 0; i < nsess; i++) {
+		struct rnbd_clt_dev_info di = { .size = sizeof(di) };
+		int rc = rnbd_clt_dev_info(devs[i], &di);
+
+		if (!rc && !i)
+			info = di;
+		if (rc || di.bytes < info.bytes || di.logical_block_size != info.logical_block_size ||
+		    di.max_io < info.max_io || di.queue_depth < info.queue_depth) {
+			fprintf(stderr, "rnbd-client: device %s-%u: %s\n", g.device, i + 1,
+				rc ? strerror(-rc) : "smaller than the first device, or its block size, "
+				"largest IO or queue depth differ");
+			disconnect_many();
+			return 1;
+		}
+	}
+	/* At once, for whoever measures what comes next (bench/scale.sh). */
+	fprintf(stderr, "rnbd-client: %u sessions opened and mapped in %.3f s\n", nsess, open_secs);
+	return 0;
+}
+
 static void disconnect(void)
 {
-	int rc = rnbd_clt_unmap(dev, false);
+	int rc;
 
+	if (sesss) {
+		disconnect_many();
+		return;
+	}
+	rc = rnbd_clt_unmap(dev, false);
 	if (rc)
 		fprintf(stderr, "rnbd-client: unmapping %s: %s\n", g.device, strerror(-rc));
 	rnbd_clt_sess_close(sess);
@@ -216,6 +358,9 @@ static int run_info(unsigned mode)
 		bool failed = false;
 
 		jput(o, "device", json_object_new_string(g.device), &failed);
+		jput(o, "sessions", json_object_new_uint64(nsess), &failed);
+		if (nsess > 1)
+			jput(o, "open_seconds", jfixed(open_secs, 3), &failed);
 		jput(o, "bytes", json_object_new_uint64(info.bytes), &failed);
 		jput(o, "logical_block_size", json_object_new_uint64(info.logical_block_size),
 		     &failed);
@@ -486,6 +631,7 @@ out:
 
 struct slot {
 	unsigned idx;
+	unsigned d;             /* the device (--sessions) of the IO in flight */
 	uint64_t rng;
 	uint64_t seq;           /* sequential patterns: the next block of this slot */
 	uint64_t start_ns;
@@ -497,8 +643,10 @@ struct slot {
 static struct {
 	struct slot *slots;
 	uint64_t blocks;                /* of bs in the region */
-	uint32_t *gens;                 /* --verify: per block, what was last written (0: none) */
+	uint32_t *gens;                 /* --verify: per device and block, what was last written
+					   (0: none) */
 	struct hist hist;
+	atomic_uint next_dev;           /* --sessions: the device of the next IO */
 	atomic_uint_fast64_t reads, writes, errors, bad;
 	atomic_uint active;
 	atomic_bool stopping;
@@ -563,6 +711,12 @@ static void perf_fail(int err)
 
 static void perf_done(void *priv, int err);
 
+/* --verify: the generation of the block the slot's IO is on. */
+static uint32_t *slot_gen(const struct slot *sl)
+{
+	return &p.gens[(uint64_t)sl->d * p.blocks + sl->block];
+}
+
 /*
  * The slot's next IO. With --verify a slot uses only the blocks equal to
  * its index modulo iodepth, so no two IO in flight touch the same block.
@@ -584,11 +738,14 @@ static int perf_submit(struct slot *sl)
 			    (g.rw == RW_RANDRW && rng_next(&sl->rng) % 100 >= g.rwmixread);
 	}
 	sl->block = g.verify ? k * g.iodepth + sl->idx : k;
+	sl->d = nsess > 1 ? atomic_fetch_add_explicit(&p.next_dev, 1, memory_order_relaxed) % nsess
+			  : 0;
 	if (g.verify && sl->write)
-		pattern_fill((uint64_t *)sl->buf, g.bs / 8, sl->block, p.gens[sl->block] + 1);
+		pattern_fill((uint64_t *)sl->buf, g.bs / 8, sl->block, *slot_gen(sl) + 1);
 	sl->start_ns = now_ns();
-	return rnbd_clt_submit(dev, sl->write ? RNBD_CLT_WRITE : RNBD_CLT_READ, 0,
-			       sl->block * g.bs, sl->buf, (uint32_t)g.bs, perf_done, sl);
+	return rnbd_clt_submit(nsess > 1 ? devs[sl->d] : dev,
+			       sl->write ? RNBD_CLT_WRITE : RNBD_CLT_READ, 0, sl->block * g.bs,
+			       sl->buf, (uint32_t)g.bs, perf_done, sl);
 }
 
 static void perf_done(void *priv, int err)
@@ -605,11 +762,11 @@ static void perf_done(void *priv, int err)
 	if (sl->write) {
 		atomic_fetch_add_explicit(&p.writes, 1, memory_order_relaxed);
 		if (g.verify)
-			p.gens[sl->block]++;
+			(*slot_gen(sl))++;
 	} else {
 		atomic_fetch_add_explicit(&p.reads, 1, memory_order_relaxed);
-		if (g.verify && p.gens[sl->block] &&
-		    !pattern_check((uint64_t *)sl->buf, g.bs / 8, sl->block, p.gens[sl->block]))
+		if (g.verify && *slot_gen(sl) &&
+		    !pattern_check((uint64_t *)sl->buf, g.bs / 8, sl->block, *slot_gen(sl)))
 			atomic_fetch_add(&p.bad, 1);
 	}
 	if (atomic_load_explicit(&p.stopping, memory_order_relaxed)) {
@@ -671,7 +828,7 @@ static int run_perf(void)
 	p.blocks = region / g.bs;
 	p.slots = calloc(g.iodepth, sizeof(*p.slots));
 	if (g.verify)
-		p.gens = calloc(p.blocks, sizeof(*p.gens));
+		p.gens = calloc(p.blocks * nsess, sizeof(*p.gens));
 	if (!p.slots || (g.verify && !p.gens)) {
 		fprintf(stderr, "rnbd-client: out of memory\n");
 		return 1;
@@ -697,7 +854,7 @@ static int run_perf(void)
 			break;
 		}
 	}
-	if (g.completions == COMPL_POLL)
+	if (g.completions == COMPL_POLL && nsess == 1)
 		perf_poll(t0 + g.runtime * 1000000000ull);
 	pthread_mutex_lock(&p.lock);
 	while (atomic_load(&p.active) && !atomic_load(&p.stopping))
@@ -718,11 +875,14 @@ static int run_perf(void)
 		bool failed = false;
 
 		jput(o, "device", json_object_new_string(g.device), &failed);
+		jput(o, "sessions", json_object_new_uint64(nsess), &failed);
+		if (nsess > 1)
+			jput(o, "open_seconds", jfixed(open_secs, 3), &failed);
 		jput(o, "rw", json_object_new_string(rw_names[g.rw]), &failed);
 		jput(o, "bs", json_object_new_uint64(g.bs), &failed);
 		jput(o, "iodepth", json_object_new_uint64(g.iodepth), &failed);
-		jput(o, "completions", json_object_new_string(completion_names[g.completions]),
-		     &failed);
+		jput(o, "completions", json_object_new_string(completion_names[
+			nsess > 1 ? COMPL_THREADS : g.completions]), &failed);
 		jput(o, "seconds", jfixed(secs, 3), &failed);
 		jput(o, "reads", json_object_new_uint64(r), &failed);
 		jput(o, "writes", json_object_new_uint64(w), &failed);
@@ -738,9 +898,11 @@ static int run_perf(void)
 		jput(o, "verify", json_object_new_boolean(g.verify), &failed);
 		out_rc = json_out(o, failed);
 	} else {
-		printf("rnbd-client perf: %s %s bs %" PRIu64 " iodepth %" PRIu64 ", %.2f s%s\n",
-		       g.device, rw_names[g.rw], g.bs, g.iodepth, secs,
+		printf("rnbd-client perf: %s%s %s bs %" PRIu64 " iodepth %" PRIu64 ", %.2f s%s\n",
+		       g.device, nsess > 1 ? "-1.." : "", rw_names[g.rw], g.bs, g.iodepth, secs,
 		       g.verify ? ", verified" : "");
+		if (nsess > 1)
+			printf("  %u sessions, opened and mapped in %.3f s\n", nsess, open_secs);
 		printf("  read: IOPS=%.0f  write: IOPS=%.0f  total: IOPS=%.0f, %.1f MB/s\n",
 		       (double)r / secs, (double)w / secs, (double)n / secs,
 		       (double)n * (double)g.bs / secs / 1e6);
@@ -817,7 +979,11 @@ int main(int argc, char **argv)
 						    getenv("RTRS_LOG_LEVEL"), 1);
 	if (level < 0)
 		return 2;
-	if (connect_map(mode, level))
+	if (g.sessions > 1 && cmd != 3) {
+		fprintf(stderr, "rnbd-client: --sessions is for perf\n");
+		return 2;
+	}
+	if (g.sessions > 1 ? connect_many(mode, level) : connect_map(mode, level))
 		return 1;
 	switch (cmd) {
 	case 0: rc = run_info(mode); break;

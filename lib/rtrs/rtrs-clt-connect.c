@@ -60,8 +60,10 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 		/* A reject from the server carries its reason. */
 		if (rtrs_conn_rsp_decode(data, len, &rsp, &why) == 0 && rsp.err) {
 			atomic_store(&p->reached, true);
-			log_err("%s: server rejected connection %u: %s%s", p->name, con->c.cid,
-				strerror(-rsp.err), rsp.dnr ? " (do not retry)" : "");
+			/* Busy or mid-change: what an open or a reconnect tries again (info). */
+			log_at(!rsp.dnr && (rsp.err == -EBUSY || rsp.err == -EAGAIN) ? LOG_INFO :
+			       LOG_ERR, "%s: server rejected connection %u: %s%s", p->name,
+			       con->c.cid, strerror(-rsp.err), rsp.dnr ? " (do not retry)" : "");
 			err = rsp.err;
 			clt_path_refused(p, rsp.err);
 			if (rsp.dnr)
@@ -606,8 +608,10 @@ int clt_path_connect(struct clt_path *p, bool retry)
 		rc = path_connect_con(p, cid);
 		if (rc) {
 			/* A session closing or shut down is no failure of the connection. */
-			log_at(rc == -ESHUTDOWN ? LOG_INFO : LOG_ERR, "%s: connection %u of %u failed: %s",
-			       p->name, cid, p->base.nr_cons, strerror(-rc));
+			log_at(rc == -ESHUTDOWN || ((rc == -EBUSY || rc == -EAGAIN) &&
+							!atomic_load(&p->fail_dnr)) ? LOG_INFO : LOG_ERR,
+			       "%s: connection %u of %u failed: %s", p->name, cid, p->base.nr_cons,
+			       strerror(-rc));
 			goto out_fail;
 		}
 		if (cid == 0) {
@@ -720,8 +724,11 @@ int clt_path_open(struct clt_path *p)
 		refused = atomic_load(&p->refused_err) == rc;
 		in.err = rc;
 		in.dnr = atomic_load(&p->fail_dnr);
-		if (rtrs_should_reconnect(&in) != RTRS_RECONNECT_RETRY)
+		if (rtrs_should_reconnect(&in) != RTRS_RECONNECT_RETRY) {
+			log_err("%s: the server %s the path (%s) %d times; giving up", p->name,
+				refused ? "refused" : "dropped", strerror(-rc), attempt);
 			return rc;
+		}
 		unsigned ms = rtrs_reconnect_wait_ms(s->reconnect_delay_ms, s->reconnect_jitter_ms,
 						     0);
 

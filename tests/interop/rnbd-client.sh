@@ -101,6 +101,18 @@ j = json.load(open(sys.argv[1]))
 assert j["errors"] == 0 and j["bad"] == 0 and j["completions"] == "threads", j
 assert j["reads"] > 100 and j["writes"] > 100, j
 PY
+for i in $(seq 1 24); do truncate -s 1M "$dir/export/many-$i"; done
+check "perf --sessions 24: 24 sessions open at once, each maps its own device, every read verified" \
+	python3 - <(c perf --sessions 24 --device many --rw randrw --bs 4k --iodepth 16 --runtime 2 \
+		--verify --json 2>"$dir/perf-many.err") <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["sessions"] == 24 and j["errors"] == 0 and j["bad"] == 0, j
+assert j["reads"] > 100 and j["writes"] > 100 and j["open_seconds"] < 30, j
+PY
+check "... and the writes reached every one of the 24 files" bash -c \
+	'for i in $(seq 1 24); do cmp -s "$0/export/many-$i" <(head -c 1M /dev/zero) && exit 1; done; exit 0' "$dir"
+check "--sessions is refused outside perf: exit 2, said" bash -c '"$0" info --server 127.0.0.1:1 --device mem0 --sessions 2 2>&1 | grep -q "sessions is for perf"; [ "${PIPESTATUS[0]}" = 2 ]' "$client"
 check "server list devices (JSON) shows the session's device while it runs" \
 	python3 - "$dir/list.json" <<'PY'
 import json, sys
