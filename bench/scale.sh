@@ -13,7 +13,10 @@
 # a rack of 32-CPU hypervisors), plotted as points of their own. Prints
 # a table; --record appends it to
 # bench/RESULTS.md with a plot in bench/plots/. BUILD (build-release) is the
-# build tree that runs.
+# build tree that runs. SERVER=rnbd measures rnbd-server instead, exporting
+# N files of 256 KiB (sparse, below a --dev-search-path), with
+# rnbd-client perf --sessions N as the generator, each session mapping its
+# own file, 4 KiB random reads and writes (half each) at total QD QD.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NS=${NS:-"1 10 100 1000"}
@@ -22,6 +25,8 @@ EXTRA=${EXTRA-"100:32"}
 QD=${QD:-64}
 DURATION=${DURATION:-5}
 HOLD=${HOLD:-6}
+SERVER=${SERVER:-rtrs}
+case $SERVER in rtrs|rnbd) ;; *) echo "scale.sh: SERVER is rtrs or rnbd, not $SERVER" >&2; exit 2;; esac
 record=false
 [ "${1:-}" = --record ] && record=true
 dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install ok installed" ||
@@ -31,6 +36,8 @@ dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install o
 bench_processes
 bin=$(realpath "${BUILD:-build-release}")
 perf=$bin/tools/rtrs-perf
+rnbd_server=$bin/daemons/rnbd-server
+rnbd_client=$bin/tools/rnbd-client
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 hz=$(getconf CLK_TCK)
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
@@ -44,23 +51,38 @@ for n in $NS; do points+=("$n:$CONS"); done
 for x in $EXTRA; do points+=("$x"); done
 for point in "${points[@]}"; do
 	n=${point%%:*} cons=${point##*:}
-	"$perf" server --port 0 --queue-depth "$QD" --chunk-size 16k --max-sessions $((n + 64)) \
-		--max-sessions-per-peer $((n + 64)) >"$tmp/srv-$n.log" 2>&1 &
+	if [ "$SERVER" = rtrs ]; then
+		"$perf" server --port 0 --queue-depth "$QD" --chunk-size 16k --max-sessions $((n + 64)) \
+			--max-sessions-per-peer $((n + 64)) >"$tmp/srv-$n.log" 2>&1 &
+	else
+		rm -rf "$tmp/exp" && mkdir "$tmp/exp"
+		for i in $(seq "$n"); do truncate -s 256K "$tmp/exp/d-$i"; done
+		"$rnbd_server" --port 0 --dev-search-path "$tmp/exp" --queue-depth $((QD + 1)) \
+			--chunk-size 16k --max-sessions $((n + 64)) --max-sessions-per-peer $((n + 64)) \
+			--quiet >"$tmp/srv-$n.log" 2>&1 &
+	fi
 	pids+=($!)
 	spid=$!
 	for _ in $(seq 100); do grep -q 'listening on port' "$tmp/srv-$n.log" && break; sleep 0.05; done
 	port=$(grep -o 'listening on port [0-9]*' "$tmp/srv-$n.log" | grep -o '[0-9]*$')
-	"$perf" client --server "127.0.0.1:$port" --sessions "$n" --io-connections "$cons" \
-		--queue-depth "$QD" --duration "$DURATION" --hold "$HOLD" --json \
-		>"$tmp/gen-$n.json" 2>"$tmp/gen-$n.err" &
+	if [ "$SERVER" = rtrs ]; then
+		"$perf" client --server "127.0.0.1:$port" --sessions "$n" --io-connections "$cons" \
+			--queue-depth "$QD" --duration "$DURATION" --hold "$HOLD" --json \
+			>"$tmp/gen-$n.json" 2>"$tmp/gen-$n.err" &
+	else
+		"$rnbd_client" perf --server "127.0.0.1:$port" --sessions "$n" --device d \
+			--io-connections "$cons" --rw randrw --bs 4k --iodepth "$QD" \
+			--runtime "$DURATION" --hold "$HOLD" --completions threads --json \
+			>"$tmp/gen-$n.json" 2>"$tmp/gen-$n.err" &
+	fi
 	pids+=($!)
 	cpid=$!
-	until grep -q 'sessions opened in' "$tmp/gen-$n.err"; do
+	until grep -q 'sessions opened' "$tmp/gen-$n.err" 2>/dev/null; do
 		kill -0 "$cpid" 2>/dev/null || { cat "$tmp/gen-$n.err" >&2; exit 1; }
 		sleep 0.02
 	done
 	s0=$(ticks "$spid") c0=$(ticks "$cpid")
-	until grep -q 'holding' "$tmp/gen-$n.err"; do sleep 0.02; done
+	until grep -q 'holding' "$tmp/gen-$n.err" 2>/dev/null; do sleep 0.02; done
 	s1=$(ticks "$spid") c1=$(ticks "$cpid")
 	sleep 1
 	i0=$(ticks "$spid")
@@ -71,6 +93,8 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 n, cons, ticks, hz = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 assert j["errors"] == 0 and j["sessions"] == n, j
+if "ops" not in j:  # rnbd-client perf
+    j["ops"], j["ops_per_sec"] = j["reads"] + j["writes"], j["iops"]
 print(n, cons + 1, j["open_seconds"], j["ops_per_sec"], "%.1f" % (ticks / hz * 1e6 / max(j["ops"], 1)), end=" ")
 PY
 )
@@ -82,7 +106,7 @@ done
 column -t "$tmp/table"
 if $record; then
 	day=$(date +%F)
-	plot=bench/plots/scale-$day.png
+	plot=bench/plots/scale-$day$([ "$SERVER" = rnbd ] && echo -rnbd).png
 	/usr/bin/python3 - "$tmp/table" "$plot" "$((CONS + 1))" <<'PY'
 import sys
 import matplotlib
@@ -113,11 +137,17 @@ fig.savefig(sys.argv[2], dpi=90)
 PY
 	{
 		echo
-		echo "### $day Sessions at scale (bench/scale.sh)"
+		echo "### $day Sessions at scale (bench/scale.sh$([ "$SERVER" = rnbd ] && echo ", rnbd-server"))"
 		echo
-		echo "\`NS=\"$NS\" CONS=$CONS EXTRA=\"$EXTRA\" QD=$QD DURATION=$DURATION bench/scale.sh --record\` on $(machine)."
-		echo "One rtrs-perf server (tcp, $QD chunks of 16 KiB per session) and one rtrs-perf client holding N sessions of"
-		echo "$((CONS + 1)) connections (and the EXTRA points: sessions:IO connections), opened together; 4 KiB writes at"
+		echo "\`SERVER=$SERVER NS=\"$NS\" CONS=$CONS EXTRA=\"$EXTRA\" QD=$QD DURATION=$DURATION bench/scale.sh --record\` on $(machine)."
+		if [ "$SERVER" = rtrs ]; then
+			echo "One rtrs-perf server (tcp, $QD chunks of 16 KiB per session) and one rtrs-perf client holding N sessions of"
+			echo "$((CONS + 1)) connections (and the EXTRA points: sessions:IO connections), opened together; 4 KiB writes at"
+		else
+			echo "One rnbd-server (tcp, $QD chunks of 16 KiB per session, N files of 256 KiB) and one rnbd-client perf holding"
+			echo "N sessions of $((CONS + 1)) connections, each mapping its own file (and the EXTRA points: sessions:IO"
+			echo "connections), opened together; 4 KiB random reads and writes (half each) at"
+		fi
 		echo "total QD $QD spread over the sessions. Columns: sessions, connections each, seconds until all were open,"
 		echo "ops/s, CPU per IO of server and generator together (us), threads, server fds, RSS (KiB), server CPU idle (%)."
 		echo

@@ -46,11 +46,11 @@ enum { COMPL_POLL, COMPL_THREADS };
 static struct {
 	const char *device, *file;
 	uint64_t offset, length;
-	uint64_t bs, iodepth, runtime, rwmixread, size, sessions;
+	uint64_t bs, iodepth, runtime, rwmixread, size, sessions, hold;
 	unsigned mode, rw, completions;
 	bool verify, json, verbose;
 } g = {
-	.bs = 4096, .iodepth = 32, .runtime = 10, .rwmixread = 50, .rw = RW_RANDRW, .sessions = 1,
+	.bs = 4096, .iodepth = 32, .runtime = 10, .rwmixread = 50, .rw = RW_RANDRW,
 };
 
 /* The session options (lib/front/clt-opts.c). */
@@ -107,6 +107,9 @@ static const struct opt own_options[] = {
 	  .help = "perf: N sessions opened at once (SESSION-1 .. SESSION-N), session i mapping "
 	  "device NAME-i; --iodepth is spread over them, each IO moving on to the next session; "
 	  "completions on librnbd's threads" },
+	{ "hold", 0, OPT_UINT, &g.hold, 0, 86400, .arg = "SEC",
+	  .help = "perf: keep the sessions open and idle this long after the run (bench/scale.sh "
+	  "measures them)" },
 	{ "verify", 'V', OPT_FLAG, &g.verify,
 	  .help = "perf: reads check what this run wrote (unwritten blocks are not checked)" },
 	{ "json", 'j', OPT_FLAG, &g.json, .help = "perf, info: print one JSON object" },
@@ -359,7 +362,7 @@ static int run_info(unsigned mode)
 
 		jput(o, "device", json_object_new_string(g.device), &failed);
 		jput(o, "sessions", json_object_new_uint64(nsess), &failed);
-		if (nsess > 1)
+		if (g.sessions)
 			jput(o, "open_seconds", jfixed(open_secs, 3), &failed);
 		jput(o, "bytes", json_object_new_uint64(info.bytes), &failed);
 		jput(o, "logical_block_size", json_object_new_uint64(info.logical_block_size),
@@ -876,7 +879,7 @@ static int run_perf(void)
 
 		jput(o, "device", json_object_new_string(g.device), &failed);
 		jput(o, "sessions", json_object_new_uint64(nsess), &failed);
-		if (nsess > 1)
+		if (g.sessions)
 			jput(o, "open_seconds", jfixed(open_secs, 3), &failed);
 		jput(o, "rw", json_object_new_string(rw_names[g.rw]), &failed);
 		jput(o, "bs", json_object_new_uint64(g.bs), &failed);
@@ -899,9 +902,9 @@ static int run_perf(void)
 		out_rc = json_out(o, failed);
 	} else {
 		printf("rnbd-client perf: %s%s %s bs %" PRIu64 " iodepth %" PRIu64 ", %.2f s%s\n",
-		       g.device, nsess > 1 ? "-1.." : "", rw_names[g.rw], g.bs, g.iodepth, secs,
+		       g.device, g.sessions ? "-1.." : "", rw_names[g.rw], g.bs, g.iodepth, secs,
 		       g.verify ? ", verified" : "");
-		if (nsess > 1)
+		if (g.sessions)
 			printf("  %u sessions, opened and mapped in %.3f s\n", nsess, open_secs);
 		printf("  read: IOPS=%.0f  write: IOPS=%.0f  total: IOPS=%.0f, %.1f MB/s\n",
 		       (double)r / secs, (double)w / secs, (double)n / secs,
@@ -918,6 +921,12 @@ static int run_perf(void)
 	if (atomic_load(&p.bad))
 		fprintf(stderr, "rnbd-client: %" PRIuFAST64 " reads returned wrong bytes\n",
 			atomic_load(&p.bad));
+	if (g.hold) {
+		fflush(stdout);
+		fprintf(stderr, "rnbd-client: holding %u idle sessions for %" PRIu64 " s\n", nsess,
+			g.hold);
+		sleep((unsigned)g.hold);
+	}
 	for (unsigned i = 0; i < g.iodepth; i++)
 		free(p.slots[i].buf);
 	free(p.slots);
@@ -979,11 +988,11 @@ int main(int argc, char **argv)
 						    getenv("RTRS_LOG_LEVEL"), 1);
 	if (level < 0)
 		return 2;
-	if (g.sessions > 1 && cmd != 3) {
-		fprintf(stderr, "rnbd-client: --sessions is for perf\n");
+	if ((g.sessions || g.hold) && cmd != 3) {
+		fprintf(stderr, "rnbd-client: --sessions and --hold are for perf\n");
 		return 2;
 	}
-	if (g.sessions > 1 ? connect_many(mode, level) : connect_map(mode, level))
+	if (g.sessions ? connect_many(mode, level) : connect_map(mode, level))
 		return 1;
 	switch (cmd) {
 	case 0: rc = run_info(mode); break;
