@@ -47,6 +47,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "keyperm.h"
@@ -120,6 +121,7 @@ struct tcp_group {
 	unsigned idx;
 	pthread_t thread;
 	struct io_uring ring;
+	bool r_disabled;               /* the ring waits for its thread (io_uring_enable_rings) */
 	int efd;
 	uint64_t efd_val;
 	atomic_bool woken;             /* an eventfd write is on its way */
@@ -1326,6 +1328,15 @@ static void *group_thread(void *arg)
 
 	snprintf(name, sizeof(name), "rtrs-tcp-%u", g->idx);
 	pthread_setname_np(pthread_self(), name);
+	if (g->r_disabled) {
+		/* liburing 2.3 declares io_uring_enable_rings but does not export it. */
+		long rc = syscall(__NR_io_uring_register, g->ring.ring_fd,
+				  IORING_REGISTER_ENABLE_RINGS, NULL, 0);
+
+		/* Cannot fail on a ring made disabled; the group would be dead if it did. */
+		if (rc < 0)
+			log_err("tcp group %u: enabling its ring: %s", g->idx, strerror(errno));
+	}
 	efd_arm(g);
 	while (!atomic_load(&g->stop)) {
 		struct io_uring_cqe *cqe;
@@ -1338,7 +1349,8 @@ static void *group_thread(void *arg)
 		group_run_ready(g);
 		group_run_retry(g);
 		if (g->ready_head) {
-			rc = io_uring_submit(&g->ring);
+			/* And the completions queued meanwhile (DEFER_TASKRUN posts them only so). */
+			rc = io_uring_submit_and_get_events(&g->ring);
 		} else {
 			bool timer = g->retry_head || g->lease_head;
 			struct __kernel_timespec ts = { .tv_sec = timer ? 0 : 1,
@@ -1376,7 +1388,20 @@ static int groups_get(void)
 	}
 	for (grp.n = 0; grp.n < n; grp.n++) {
 		struct tcp_group *g = &grp.g[grp.n];
-		struct io_uring_params p = { .flags = IORING_SETUP_CQSIZE, .cq_entries = TCP_RING_CQ };
+		/*
+		 * Only the group thread submits, so the ring is its alone
+		 * (SINGLE_ISSUER, enabled by the thread itself): a socket's
+		 * wake-up then queues its poll's completion for the next wait
+		 * (DEFER_TASKRUN) instead of signalling the thread at once, and
+		 * wakes it only when it sleeps. Kernels before 6.1: no IPI for
+		 * it at least (COOP_TASKRUN), or neither.
+		 */
+		static const unsigned tries[] = {
+			IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
+			IORING_SETUP_R_DISABLED,
+			IORING_SETUP_COOP_TASKRUN,
+			0,
+		};
 
 		g->idx = grp.n;
 		pthread_mutex_init(&g->lock, NULL);
@@ -1386,7 +1411,14 @@ static int groups_get(void)
 			pthread_mutex_destroy(&g->lock);
 			break;
 		}
-		rc = io_uring_queue_init_params(TCP_RING_SQ, &g->ring, &p);
+		rc = -EINVAL;
+		for (unsigned t = 0; t < ARRAY_SIZE(tries) && rc == -EINVAL; t++) {
+			struct io_uring_params p = { .flags = IORING_SETUP_CQSIZE | tries[t],
+						     .cq_entries = TCP_RING_CQ };
+
+			rc = io_uring_queue_init_params(TCP_RING_SQ, &g->ring, &p);
+			g->r_disabled = !rc && (tries[t] & IORING_SETUP_R_DISABLED);
+		}
 		if (rc) {
 			log_err("tcp: io_uring_queue_init: %s", strerror(-rc));
 			close(g->efd);
