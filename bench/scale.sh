@@ -106,7 +106,8 @@ done
 column -t "$tmp/table"
 if $record; then
 	day=$(date +%F)
-	plot=bench/plots/scale-$day$([ "$SERVER" = rnbd ] && echo -rnbd).png
+	suffix=; [ "$SERVER" = rnbd ] && suffix=-rnbd
+	plot=bench/plots/scale-$day$suffix.png
 	/usr/bin/python3 - "$tmp/table" "$plot" "$((CONS + 1))" <<'PY'
 import sys
 import matplotlib
@@ -137,7 +138,7 @@ fig.savefig(sys.argv[2], dpi=90)
 PY
 	{
 		echo
-		echo "### $day Sessions at scale (bench/scale.sh$([ "$SERVER" = rnbd ] && echo ", rnbd-server"))"
+		echo "### $day Sessions at scale (bench/scale.sh${suffix:+, rnbd-server})"
 		echo
 		echo "\`SERVER=$SERVER NS=\"$NS\" CONS=$CONS EXTRA=\"$EXTRA\" QD=$QD DURATION=$DURATION bench/scale.sh --record\` on $(machine)."
 		if [ "$SERVER" = rtrs ]; then
