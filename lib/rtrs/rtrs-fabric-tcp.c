@@ -133,6 +133,7 @@ struct tcp_group {
 	struct fab_con *ready_head, *ready_tail;  /* readable, budget spent */
 	struct fab_con *retry_head;               /* retry_later */
 	struct fab_con *lease_head;               /* readable while a poller has them */
+	struct fab_con *cork_head;                /* frames posted by this thread, to send */
 	/* Written by the group thread only; read by fab_tcp_group_stats. */
 	atomic_uint_fast64_t passes;
 	atomic_uint_fast64_t budget_yields;       /* a connection's turn ended with input left */
@@ -204,6 +205,8 @@ struct fab_con {
 	bool rx_armed, tx_armed, tx_want;
 	bool on_ready;
 	struct fab_con *ready_next;
+	bool on_cork;            /* frames its group's callbacks posted wait for group_uncork */
+	struct fab_con *cork_next;
 	bool on_retry;
 	bool released;           /* con_release ran: freed once its polls are back */
 	struct fab_con *retry_next;
@@ -359,7 +362,8 @@ static void queue_work(struct fab_con *c, unsigned bits)
 		wake = true;
 	}
 	pthread_mutex_unlock(&g->lock);
-	if (wake)
+	/* The group's own thread looks at its list before it sleeps (group_thread). */
+	if (wake && !pthread_equal(pthread_self(), g->thread))
 		group_wake(g);
 }
 
@@ -438,6 +442,53 @@ static void ready_add(struct fab_con *c)
 	else
 		g->ready_head = c;
 	g->ready_tail = c;
+}
+
+/*
+ * Group thread: c has frames that one of the group's callbacks posted.
+ * They leave together when the callback's turn is over (group_uncork):
+ * a turn that answers or issues many requests sends them in one sendmsg.
+ */
+static void cork_add(struct fab_con *c)
+{
+	struct tcp_group *g = c->g;
+
+	if (c->on_cork)
+		return;
+	c->on_cork = true;
+	c->cork_next = g->cork_head;
+	g->cork_head = c;
+}
+
+static void cork_forget(struct fab_con *c)
+{
+	struct fab_con **pp = &c->g->cork_head;
+
+	if (!c->on_cork)
+		return;
+	while (*pp && *pp != c)
+		pp = &(*pp)->cork_next;
+	if (*pp)
+		*pp = c->cork_next;
+	c->on_cork = false;
+}
+
+static void con_flush(struct fab_con *c);
+
+/* Group thread, holding no connection's cb_lock: sends what the turn just over posted. */
+static void group_uncork(struct tcp_group *g)
+{
+	struct fab_con *c;
+
+	while ((c = g->cork_head)) {
+		g->cork_head = c->cork_next;
+		c->on_cork = false;
+		if (atomic_load(&c->destroying) || c->released)
+			continue;
+		pthread_mutex_lock(&c->cb_lock);
+		con_flush(c);
+		pthread_mutex_unlock(&c->cb_lock);
+	}
 }
 
 /* ---- memory regions ------------------------------------------------------------ */
@@ -704,7 +755,14 @@ static int tx_post(struct fab_con *c, struct iovec *iov, unsigned n, const void 
 		pthread_mutex_unlock(&c->tx_lock);
 		return -EAGAIN;
 	}
-	if (c->tx_open && !c->txq_head) {
+	/*
+	 * Inline, unless the group's own thread posts (a callback of its
+	 * pass): then the frames wait for the pass's end and leave with the
+	 * others of the pass in one sendmsg (con_flush from the work list).
+	 */
+	bool cork = on_group_thread(c);
+
+	if (c->tx_open && !c->txq_head && !cork) {
 		size_t total = iov_total(iov, n);
 		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
 		ssize_t w = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -731,7 +789,9 @@ static int tx_post(struct fab_con *c, struct iovec *iov, unsigned n, const void 
 	}
 	rc = txq_add(c, iov, n, cur, keep, keep_len, copy_all, ctx);
 	pthread_mutex_unlock(&c->tx_lock);
-	if (!rc)
+	if (!rc && cork)
+		cork_add(c);
+	else if (!rc)
 		queue_work(c, W_FLUSH);
 	return rc;
 }
@@ -1031,6 +1091,7 @@ static void con_release(struct fab_con *c)
 	struct io_uring_sqe *sqe;
 
 	c->released = true;
+	cork_forget(c);
 	if (c->on_ready) {
 		struct fab_con **pp = &g->ready_head, *prev = NULL;
 
@@ -1346,9 +1407,16 @@ static void *group_thread(void *arg)
 		atomic_store_explicit(&g->passes, atomic_load_explicit(&g->passes, memory_order_relaxed) + 1,
 				      memory_order_relaxed);
 		group_drain_work(g);
+		group_uncork(g);
 		group_run_ready(g);
+		group_uncork(g);
 		group_run_retry(g);
-		if (g->ready_head) {
+		group_uncork(g);
+		/* Work this thread queued itself wakes nobody. */
+		pthread_mutex_lock(&g->lock);
+		bool work = g->work_head != NULL;
+		pthread_mutex_unlock(&g->lock);
+		if (g->ready_head || work) {
 			/* And the completions queued meanwhile (DEFER_TASKRUN posts them only so). */
 			rc = io_uring_submit_and_get_events(&g->ring);
 		} else {
@@ -1362,6 +1430,8 @@ static void *group_thread(void *arg)
 			log_warn_rl("tcp group %u: io_uring_enter: %s", g->idx, strerror(-rc));
 		io_uring_for_each_cqe(&g->ring, head, cqe) {
 			group_cqe(g, cqe);
+			/* What the turn posted leaves now, one sendmsg per connection. */
+			group_uncork(g);
 			seen++;
 		}
 		io_uring_cq_advance(&g->ring, seen);
