@@ -192,10 +192,11 @@ struct rtrs_clt_opts {
 	 */
 	unsigned busy_poll_us;
 	/*
-	 * The process's poll groups on tcp: how many threads serve every tcp
-	 * connection of the process (0: one per CPU, the default). They start
-	 * with the first tcp session or server and stop with the last; the
-	 * open that starts them sets their number, later ones do not change it.
+	 * The process's poll groups: how many threads serve every connection
+	 * of the process, per fabric (tcp, RDMA devices; 0: one per CPU, the
+	 * default). A fabric's groups start with its first session or server
+	 * and stop with its last; the open that starts them sets their
+	 * number, later ones do not change it.
 	 */
 	unsigned poll_groups;
 };
@@ -546,10 +547,11 @@ struct rtrs_srv_opts {
 	unsigned busy_poll_us;
 	unsigned max_sessions_per_peer; /* see max_pending above; 0: the default */
 	/*
-	 * The process's poll groups on tcp: how many threads serve every tcp
-	 * connection of the process (0: one per CPU, the default). They start
-	 * with the first tcp session or server and stop with the last; the
-	 * open that starts them sets their number, later ones do not change it.
+	 * The process's poll groups: how many threads serve every connection
+	 * of the process, per fabric (tcp, RDMA devices; 0: one per CPU, the
+	 * default). A fabric's groups start with its first session or server
+	 * and stop with its last; the open that starts them sets their
+	 * number, later ones do not change it.
 	 */
 	unsigned poll_groups;
 };

@@ -261,8 +261,7 @@ static void disconnect_many(void)
  */
 static int connect_many(unsigned mode, int log_level)
 {
-	unsigned nt, started = 0;
-	pthread_t *t;
+	unsigned nt;
 	uint64_t t0 = now_ns();
 
 	if (!cfg.opts.paths_num || !g.device) {
@@ -275,21 +274,12 @@ static int connect_many(unsigned mode, int log_level)
 	rnbd_set_log_level(log_level);
 	sesss = calloc(nsess, sizeof(*sesss));
 	devs = calloc(nsess, sizeof(*devs));
-	t = calloc(nt, sizeof(*t));
-	if (!sesss || !devs || !t) {
-		free(t);
+	if (!sesss || !devs) {
 		fprintf(stderr, "rnbd-client: out of memory for %u sessions\n", nsess);
 		return 1;
 	}
 	op_.mode = mode;
-	for (; started < nt; started++)
-		if (pthread_create(&t[started], NULL, opener, NULL))
-			break;
-	for (unsigned i = 0; i < started; i++)
-		pthread_join(t[i], NULL);
-	free(t);
-	if (!started)
-		opener(NULL);
+	threads_run(nt, opener, NULL);
 	open_secs = (double)(now_ns() - t0) / 1e9;
 	if (atomic_load(&op_.failed)) {
 		unsigned i = atomic_load(&op_.first_failed) - 1;

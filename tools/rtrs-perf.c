@@ -58,7 +58,7 @@ static const struct clt_opt_pick clt_picks[] = {
 	{ CLT_OPT_FAST_IO_FAIL, 0, "client: how long IO waits for a path" },
 	{ CLT_OPT_BUSY_POLL, 0,
 	  "poll an empty completion queue this long before sleeping (RDMA devices)" },
-	{ CLT_OPT_POLL_GROUPS, 0, "threads that serve every tcp connection of the process (0: one per CPU)" },
+	{ CLT_OPT_POLL_GROUPS, 0, "threads that serve the connections of the process, per fabric (0: one per CPU)" },
 	{ CLT_OPT_RECONNECT_DELAY, 0, "client: delay before reconnecting a failed path" },
 	{ CLT_OPT_RECONNECT_JITTER, 0, "client: add a random 0..MS to each reconnect delay; "
 	  "unless given, half the delay" },
@@ -449,27 +449,18 @@ static int run_io(struct rtrs_clt_sess *const *ss, unsigned n, double open_secs)
 
 static int run_sessions(const struct rtrs_clt_opts *o)
 {
-	unsigned n = (unsigned)g.sessions, nt = MIN(n, OPENERS), started = 0;
-	pthread_t *t = calloc(nt, sizeof(*t));
+	unsigned n = (unsigned)g.sessions;
 	uint64_t t0 = now_ns();
 	double secs;
 	int rc = 0;
 
 	sessions = calloc(n, sizeof(*sessions));
-	if (!t || !sessions) {
-		free(t);
+	if (!sessions) {
 		fprintf(stderr, "rtrs-perf: out of memory for %u sessions\n", n);
 		return 1;
 	}
 	open_opts = o;
-	for (; started < nt; started++)
-		if (pthread_create(&t[started], NULL, opener, NULL))
-			break;
-	for (unsigned i = 0; i < started; i++)
-		pthread_join(t[i], NULL);
-	free(t);
-	if (!started)
-		opener(NULL);
+	threads_run(MIN(n, OPENERS), opener, NULL);
 	secs = (double)(now_ns() - t0) / 1e9;
 	if (atomic_load(&open_failed)) {
 		fprintf(stderr, "rtrs-perf: %u of %u sessions did not open, first: %s\n",

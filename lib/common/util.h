@@ -139,6 +139,26 @@ static inline void cleanup_unlock(pthread_mutex_t **m)
 #define LOCK_SCOPE_0(m, c) LOCK_SCOPE_1(m, scope_lock_##c)
 #define LOCK_SCOPE(m) LOCK_SCOPE_0(m, __COUNTER__)
 
+/*
+ * Runs fn(arg) on up to n threads at once and joins them (fn on the
+ * caller's thread when none could start); how many ran on threads.
+ */
+static inline unsigned threads_run(unsigned n, void *(*fn)(void *), void *arg)
+{
+	pthread_t *t = calloc(n ? n : 1, sizeof(*t));
+	unsigned started = 0;
+
+	for (; t && started < n; started++)
+		if (pthread_create(&t[started], NULL, fn, arg))
+			break;
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(t[i], NULL);
+	free(t);
+	if (!started)
+		fn(arg);
+	return started;
+}
+
 /* Exported from librtrs.so for librnbd and the programs (export.h). */
 
 /* Fill buf with random bytes from the kernel; 0 or -errno. */

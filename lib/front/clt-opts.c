@@ -92,7 +92,7 @@ static const struct clt_def defs[CLT_OPT_NR] = {
 		.help = "poll an empty completion queue this long before sleeping (RDMA devices)" },
 	[CLT_OPT_POLL_GROUPS] = { "poll-groups", "poll_groups", CT_UINT, F(opts.poll_groups),
 		0, RTRS_MAX_POLL_GROUPS, .arg = "N",
-		.help = "threads that serve every tcp connection of the process (0: one per CPU)" },
+		.help = "threads that serve the connections of the process, per fabric (0: one per CPU)" },
 	[CLT_OPT_SECRET] = { "secret", "secret", CT_SECRET, F(opts.auth_secret),
 		.valid = secret_valid, .expect = "expected DHHC-1:..., @FILE or file:FILE",
 		.arg = "DHHC-1:...|@FILE", .help = "this host's DH-HMAC-CHAP secret" },

@@ -441,8 +441,10 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	rc = opts_validate(o);
 	if (rc)
 		return rc;
-	if (o->poll_groups)
-		fab_tcp_groups(o->poll_groups); /* for when the groups start */
+	if (o->poll_groups) { /* for when the groups start */
+		fab_tcp_groups(o->poll_groups);
+		fab_rdma_groups(o->poll_groups);
+	}
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;

@@ -15,9 +15,18 @@
  *
  * The rules that shape this file:
  *   - RDMA_PS_TCP CM ids, as the kernel's RTRS uses; RC queue pairs;
- *   - every connection has its own CM event channel, completion channel
- *     and thread: the thread sleeps in epoll
- *     on both and on an eventfd for kicks, never busy-polls;
+ *   - no thread per connection: a process runs poll groups (one per CPU
+ *     unless told otherwise, fab_rdma_groups), and every connection belongs
+ *     to one for its life, the one with the fewest. A group has one CM
+ *     event channel for all of its connections' ids and, per device, CQs
+ *     that its connections' queue pairs share (each with its completion
+ *     channel); its thread sleeps in epoll on those and on an eventfd
+ *     for work (kicks, retries, destroys), and runs every callback of its
+ *     connections. A completion is its connection's by the QP number;
+ *   - a connection leaves its group on the group's thread: its QP is
+ *     destroyed there, the CQ is read until it is empty once more (what
+ *     the QP left in it is dropped), and only then can its QP number mean
+ *     another connection;
  *   - a client resolves the address and route before it returns from
  *     fab_con_connect, so the receive pool is posted before the request
  *     leaves (a peer may send the moment it accepts);
@@ -53,6 +62,7 @@
 
 #include "log.h"
 #include "rtrs-fabric.h"
+#include "rtrs.h"
 #include "util.h"
 
 #define RDMA_CQ_BATCH 64
@@ -73,6 +83,11 @@
 #define RDMA_IB_ACCEPT_MAX 196
 #define RDMA_IB_REJECT_MAX 148
 #define RDMA_IW_PDATA_MAX 255 /* MPA carries 512; rdma_cm's length field is a byte */
+#define RDMA_GROUPS_MAX RTRS_MAX_POLL_GROUPS
+#define RDMA_GCQ_ENTRIES 8192  /* a group's CQ has at least this many entries */
+#define RDMA_GCQ_DRAIN_PASSES 1000 /* reads of a CQ to find it empty after a QP left */
+#define RDMA_RETRY_MS 1        /* a retry after -EAGAIN comes this soon without completions */
+#define RDMA_INSERT_WAIT_MS 2000 /* a reused QP number waits this long for its last owner */
 /* The IB CM's reject reason for a consumer's reject, which carries its private data. */
 #define RDMA_IB_REJ_CONSUMER 28
 /* ... and the CM's when nothing listens on the service (the port). */
@@ -83,8 +98,10 @@ struct fab {
 	struct ibv_context *verbs; /* the device every connection of this fab uses */
 	struct ibv_pd *pd;
 	struct fab_attr attr;
+	unsigned max_cqe;          /* the device's largest CQ */
 	bool iwarp;
 	bool sigpipe_guard;        /* siw: posting can raise SIGPIPE (below) */
+	bool siw;                  /* holds a siw_plug reference */
 	bool server;
 	struct sockaddr_storage src, dst; /* client: where from and to */
 	bool has_src;
@@ -116,6 +133,63 @@ struct fab_rx {
 	size_t size;
 };
 
+/*
+ * A CQ of a poll group on one device, shared by the QPs of the group's
+ * connections there; its completion channel is its own. Made by a
+ * connection's setup when the group has none with room, kept until the
+ * groups stop; the list only grows (the group thread reads it without
+ * the lock).
+ */
+struct rdma_gcq {
+	struct rdma_gcq *next;
+	struct rdma_group *g;
+	struct ibv_context *verbs;
+	struct ibv_comp_channel *cc;
+	struct ibv_cq *cq;
+	unsigned size;          /* entries */
+	unsigned used;          /* reserved by QPs on it (send + receive queues), under g->lock */
+	bool armed;             /* group thread only */
+	unsigned unacked;       /* completion events not yet acknowledged; group thread only */
+};
+
+/* QP number -> connection, open addressing; under the group's lock. */
+struct rdma_qpmap {
+	uint32_t *key;          /* 0: empty; RDMA_QPMAP_GONE: removed */
+	struct fab_con **val;
+	size_t cap, used, live; /* used counts removed slots too */
+};
+#define RDMA_QPMAP_GONE UINT32_MAX
+
+struct rdma_group {
+	unsigned idx;
+	pthread_t thread;
+	int epfd, efd;
+	struct rdma_event_channel *ch; /* every connection's CM id, once set up */
+	pthread_mutex_t lock;   /* cqs (adding), map, work, destroy waits */
+	_Atomic(struct rdma_gcq *) cqs;
+	struct rdma_qpmap map;
+	struct fab_con *work;   /* connections with work bits set */
+	struct fab_con *retry;  /* waiting to be kicked again (group thread only) */
+	uint64_t retry_since;
+	atomic_bool woken, stop;
+	atomic_uint nr_cons;
+	atomic_ullong poll_ns;  /* busy-poll this long before sleeping (the most any asked) */
+};
+
+/* Work handed to a connection's group (fab_con.work). */
+enum {
+	W_KICK = 1u << 0,       /* ops->kick */
+	W_RETRY = 1u << 1,      /* ops->kick after a completion or RDMA_RETRY_MS */
+	W_EARLY = 1u << 2,      /* down(early_err): the connect failed at once */
+	W_DESTROY = 1u << 3,    /* leave the group (destroy) */
+};
+
+struct rdma_destroy_wait {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+};
+
 struct fab_con {
 	const struct fab_ops *ops;
 	struct fab *fab;
@@ -128,27 +202,28 @@ struct fab_con {
 	_Atomic(const char *) name;
 	char name_made[64];
 	char name_later[64];
-	bool renamed;               /* under name_lock */
-	char tname[16];             /* the thread's name (con_rename), under name_lock */
-	pthread_mutex_t name_lock;
-	struct rdma_event_channel *ch;
+	atomic_bool renamed;
+	struct rdma_event_channel *ch; /* client: the id's channel while it resolves */
 	struct rdma_cm_id *id;
 	bool own_id;            /* destroy id with the connection */
-	struct ibv_comp_channel *cc;
-	struct ibv_cq *cq;
+	struct rdma_group *g;   /* for its life */
+	struct rdma_gcq *gcq;   /* its QP's CQ */
+	unsigned cq_reserved;   /* entries of gcq it reserved */
 	bool qp_made;
-	unsigned cq_unacked;    /* completion events not yet acknowledged */
-	int wake_fd, epfd;
+	bool qp_gone;           /* destroyed by the group */
+	uint32_t qpn;           /* its QP's number, kept past the QP */
+	bool in_map;
 	struct fab_rx rx;
+	size_t rx_cap;          /* receives it may post: what its CQ room was reserved for */
 	pthread_mutex_t rx_lock; /* rx pool set up from another thread */
-	pthread_t thread;
-	bool thread_started;
-	atomic_bool stop;
+	atomic_uint work;       /* W_* bits for the group */
+	struct fab_con *work_next, *retry_next;
+	bool in_retry;          /* group thread only */
+	struct rdma_destroy_wait *dw; /* the destroyer waiting, if any */
+	atomic_bool destroying; /* no callback runs any more */
 	atomic_bool down;       /* down() was called (or the owner shut us down) */
 	atomic_bool shutdown;   /* fab_con_shutdown() was called */
-	atomic_bool kicked;     /* ops->kick is due */
-	atomic_bool retry;      /* ops->kick again after a short wait */
-	atomic_int early_err;   /* a connect that failed at once: down() from the thread */
+	atomic_int early_err;   /* a connect that failed at once: down() from the group */
 	atomic_uint tx_posted;  /* work requests posted and not completed */
 	unsigned tx_max;        /* the send queue's size */
 	/*
@@ -165,11 +240,22 @@ struct fab_con {
 	unsigned *tx_fifo;      /* tx_max entries */
 	unsigned tx_head, tx_count;
 	size_t max_inline;      /* granted */
-	uint64_t poll_ns;       /* busy-poll this long before sleeping */
-	struct ibv_wc wcs[RDMA_CQ_BATCH];
 };
 
+/* The poll groups of this process: started with the first fab, stopped with the last. */
+static struct {
+	pthread_mutex_t lock;
+	unsigned want;          /* fab_rdma_groups; 0: one per CPU */
+	unsigned users, n;
+	struct rdma_group *g;
+} rgrp = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+/* The group whose thread this is, if any. */
+static __thread struct rdma_group *tls_group;
+
 static int nat_con_rx_setup(struct fab_con *c, size_t count, size_t size);
+static int groups_get(void);
+static void groups_put(void);
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -308,6 +394,59 @@ static size_t pdata_max(const struct fab *f, int op)
 
 /* ---- fabric and domain ----------------------------------------------------------- */
 
+/*
+ * siw's user library takes the mmap key 0x90000 (SIW_INVAL_UOBJ_KEY) for
+ * "no queue": a CQ, send or receive queue that the kernel maps at that page
+ * offset fails to be made (NULL, errno untouched), and so does every later
+ * one, which lands on the same free offset. The kernel hands out offsets
+ * from the lowest free page of the process's device context, so the 145th
+ * page is met after some dozens of connections. A CQ of RDMA_SIW_PLUG_CQE
+ * entries (1 MiB) made first holds the pages up to past that offset for as
+ * long as the fabric is open in the process.
+ */
+#define RDMA_SIW_PLUG_CQE 32768
+static struct {
+	pthread_mutex_t lock;
+	unsigned users;
+	struct ibv_context *verbs[8];
+	struct ibv_cq *cq[8];
+} siw_plug = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static void siw_plug_get(struct ibv_context *verbs)
+{
+	unsigned i;
+
+	pthread_mutex_lock(&siw_plug.lock);
+	siw_plug.users++;
+	for (i = 0; i < ARRAY_SIZE(siw_plug.verbs) && siw_plug.verbs[i]; i++)
+		if (siw_plug.verbs[i] == verbs)
+			break;
+	if (i < ARRAY_SIZE(siw_plug.verbs) && !siw_plug.verbs[i]) {
+		siw_plug.cq[i] = ibv_create_cq(verbs, RDMA_SIW_PLUG_CQE, NULL, NULL, 0);
+		if (siw_plug.cq[i])
+			siw_plug.verbs[i] = verbs;
+		else
+			log_warn("fabric: %s: the completion queue that keeps siw's invalid mmap "
+				 "key unused could not be made; connections may fail to be made",
+				 ibv_get_device_name(verbs->device));
+	}
+	pthread_mutex_unlock(&siw_plug.lock);
+}
+
+static void siw_plug_put(void)
+{
+	pthread_mutex_lock(&siw_plug.lock);
+	if (siw_plug.users && !--siw_plug.users) {
+		for (unsigned i = 0; i < ARRAY_SIZE(siw_plug.verbs); i++) {
+			if (siw_plug.cq[i])
+				ibv_destroy_cq(siw_plug.cq[i]);
+			siw_plug.cq[i] = NULL;
+			siw_plug.verbs[i] = NULL;
+		}
+	}
+	pthread_mutex_unlock(&siw_plug.lock);
+}
+
 /* The device's limits as the upper layers see them. */
 static int fab_setup_device(struct fab *f, struct ibv_context *verbs)
 {
@@ -317,8 +456,10 @@ static int fab_setup_device(struct fab *f, struct ibv_context *verbs)
 	if (ibv_query_device(verbs, &da))
 		return -errno;
 	f->verbs = verbs;
+	f->max_cqe = (unsigned)MAX(da.max_cqe, 0);
 	f->iwarp = verbs->device->transport_type == IBV_TRANSPORT_IWARP;
 	f->sigpipe_guard = f->iwarp && da.vendor_id == RDMA_SIW_VENDOR_ID;
+	f->siw = f->sigpipe_guard;
 	f->pd = ibv_alloc_pd(verbs);
 	if (!f->pd)
 		return errno ? -errno : -ENOMEM;
@@ -437,6 +578,11 @@ static int nat_open(const char *prov, const char *src, const char *node, const c
 	rc = fab_setup_device(f, verbs);
 	if (rc)
 		goto fail;
+	rc = groups_get();
+	if (rc)
+		goto fail;
+	if (f->siw)
+		siw_plug_get(verbs);
 	if (id)
 		rdma_destroy_id(id);
 	if (ch)
@@ -469,7 +615,10 @@ static void nat_close(struct fab *f)
 		rdma_destroy_event_channel(f->lch);
 	if (f->pd && ibv_dealloc_pd(f->pd))
 		log_warn("fabric: a protection domain still in use at close");
+	if (f->siw)
+		siw_plug_put();
 	free(f);
+	groups_put();
 }
 
 static const struct fab_attr *nat_attr(const struct fab *f)
@@ -670,12 +819,233 @@ static void nat_connreq_peer(const struct fab_connreq *req, char *buf, size_t le
 	sockaddr_str(rdma_get_peer_addr(req->id), buf, len);
 }
 
+/* ---- poll groups ------------------------------------------------------------------- */
+
+void fab_rdma_groups(unsigned n)
+{
+	pthread_mutex_lock(&rgrp.lock);
+	rgrp.want = MIN(n, RDMA_GROUPS_MAX);
+	pthread_mutex_unlock(&rgrp.lock);
+}
+
+unsigned fab_rdma_groups_running(void)
+{
+	unsigned n;
+
+	pthread_mutex_lock(&rgrp.lock);
+	n = rgrp.users ? rgrp.n : 0;
+	pthread_mutex_unlock(&rgrp.lock);
+	return n;
+}
+
+int fab_rdma_con_group(const struct fab_con *c)
+{
+	return c && fab_ops_of(c) == &fab_rdma_ops && c->g ? (int)c->g->idx : -EINVAL;
+}
+
+static void group_wake(struct rdma_group *g)
+{
+	uint64_t one = 1;
+
+	if (atomic_exchange(&g->woken, true))
+		return;
+	if (write(g->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		log_warn_rl("rdma group %u: eventfd write: %s", g->idx, strerror(errno));
+}
+
+/* Hands work to c's group; wakes it unless this is a group thread (it looks before sleeping). */
+static void queue_work(struct fab_con *c, unsigned bits)
+{
+	struct rdma_group *g = c->g;
+
+	if (atomic_fetch_or(&c->work, bits))
+		return; /* already on the list */
+	pthread_mutex_lock(&g->lock);
+	c->work_next = g->work;
+	g->work = c;
+	pthread_mutex_unlock(&g->lock);
+	if (tls_group != g)
+		group_wake(g);
+}
+
+static size_t qpmap_slot(const struct rdma_qpmap *m, uint32_t qpn)
+{
+	return (size_t)(qpn * 2654435761u) & (m->cap - 1);
+}
+
+/* The connection of QP number qpn, or NULL; under g->lock. */
+static struct fab_con *qpmap_find(const struct rdma_qpmap *m, uint32_t qpn)
+{
+	if (!m->cap)
+		return NULL;
+	for (size_t i = qpmap_slot(m, qpn);; i = (i + 1) & (m->cap - 1)) {
+		if (m->key[i] == qpn)
+			return m->val[i];
+		if (!m->key[i])
+			return NULL;
+	}
+}
+
+/* Under g->lock; -EEXIST while qpn still means another connection. */
+static int qpmap_add(struct rdma_qpmap *m, uint32_t qpn, struct fab_con *c)
+{
+	if (qpmap_find(m, qpn))
+		return -EEXIST;
+	if ((m->used + 1) * 2 > m->cap) {
+		/* Twice as large, or as large again when removed slots fill it. */
+		struct rdma_qpmap n = { .cap = !m->cap ? 64 : m->live * 4 < m->cap ? m->cap :
+					       m->cap * 2 };
+
+		n.key = calloc(n.cap, sizeof(*n.key));
+		n.val = calloc(n.cap, sizeof(*n.val));
+		if (!n.key || !n.val) {
+			free(n.key);
+			free(n.val);
+			return -ENOMEM;
+		}
+		for (size_t i = 0; i < m->cap; i++) {
+			if (!m->key[i] || m->key[i] == RDMA_QPMAP_GONE)
+				continue;
+			size_t j = qpmap_slot(&n, m->key[i]);
+
+			while (n.key[j])
+				j = (j + 1) & (n.cap - 1);
+			n.key[j] = m->key[i];
+			n.val[j] = m->val[i];
+			n.used++;
+			n.live++;
+		}
+		free(m->key);
+		free(m->val);
+		*m = n;
+	}
+	size_t i = qpmap_slot(m, qpn);
+
+	while (m->key[i] && m->key[i] != RDMA_QPMAP_GONE)
+		i = (i + 1) & (m->cap - 1);
+	if (!m->key[i])
+		m->used++;
+	m->live++;
+	m->key[i] = qpn;
+	m->val[i] = c;
+	return 0;
+}
+
+static void qpmap_del(struct rdma_qpmap *m, uint32_t qpn)
+{
+	if (!m->cap)
+		return;
+	for (size_t i = qpmap_slot(m, qpn); m->key[i]; i = (i + 1) & (m->cap - 1)) {
+		if (m->key[i] == qpn) {
+			m->key[i] = RDMA_QPMAP_GONE;
+			m->val[i] = NULL;
+			m->live--;
+			return;
+		}
+	}
+}
+
+/*
+ * A CQ of c's group on c's device with room for n more entries: one it
+ * has, or a new one. The reservation is c's until it leaves the group.
+ */
+static int gcq_reserve(struct fab_con *c, unsigned n)
+{
+	struct rdma_group *g = c->g;
+	struct fab *f = c->fab;
+	struct rdma_gcq *q;
+	int rc;
+
+	if (n > f->max_cqe) {
+		log_err("%s: %u completion queue entries needed, the device has at most %u",
+			c->name, n, f->max_cqe);
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&g->lock);
+	for (q = atomic_load(&g->cqs); q; q = q->next) {
+		if (q->verbs == f->verbs && q->size - q->used >= n) {
+			q->used += n;
+			pthread_mutex_unlock(&g->lock);
+			c->gcq = q;
+			c->cq_reserved = n;
+			return 0;
+		}
+	}
+	q = calloc(1, sizeof(*q));
+	if (!q) {
+		pthread_mutex_unlock(&g->lock);
+		return -ENOMEM;
+	}
+	q->g = g;
+	q->verbs = f->verbs;
+	q->size = MIN(MAX(n, RDMA_GCQ_ENTRIES), f->max_cqe);
+	q->cc = ibv_create_comp_channel(f->verbs);
+	rc = q->cc ? set_nonblock(q->cc->fd) : (errno ? -errno : -ENOMEM);
+	if (!rc) {
+		q->cq = ibv_create_cq(f->verbs, (int)q->size, q, q->cc, 0);
+		if (!q->cq) {
+			rc = errno ? -errno : -ENOMEM;
+			log_err("rdma group %u: ibv_create_cq (%u entries): %s", g->idx, q->size,
+				strerror(-rc));
+		}
+	}
+	if (!rc) {
+		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = q };
+
+		if (epoll_ctl(g->epfd, EPOLL_CTL_ADD, q->cc->fd, &ev))
+			rc = -errno;
+	}
+	if (rc) {
+		if (q->cq)
+			ibv_destroy_cq(q->cq);
+		if (q->cc)
+			ibv_destroy_comp_channel(q->cc);
+		free(q);
+		pthread_mutex_unlock(&g->lock);
+		return rc;
+	}
+	q->used = n;
+	q->next = atomic_load(&g->cqs);
+	atomic_store(&g->cqs, q); /* published whole: the thread walks the list unlocked */
+	pthread_mutex_unlock(&g->lock);
+	log_dbg("rdma group %u: a completion queue of %u entries on %s", g->idx, q->size,
+		ibv_get_device_name(f->verbs->device));
+	c->gcq = q;
+	c->cq_reserved = n;
+	group_wake(g); /* to arm it */
+	return 0;
+}
+
+/* The QP number of c means c to its group from now on (waits while it means a connection leaving). */
+static int con_map(struct fab_con *c)
+{
+	struct rdma_group *g = c->g;
+	uint64_t end = now_ms() + RDMA_INSERT_WAIT_MS;
+	int rc;
+
+	for (;;) {
+		pthread_mutex_lock(&g->lock);
+		rc = qpmap_add(&g->map, c->qpn, c);
+		pthread_mutex_unlock(&g->lock);
+		if (rc != -EEXIST || now_ms() >= end)
+			break;
+		usleep(1000);
+	}
+	if (rc)
+		log_err("%s: QP %u into its group's table: %s", c->name, c->qpn,
+			strerror(-rc));
+	else
+		c->in_map = true;
+	return rc;
+}
+
 /* ---- connections --------------------------------------------------------------------- */
 
 static void con_down(struct fab_con *c, int err, const void *data, size_t len)
 {
 	/* After our own shutdown the owner already knows; say nothing. */
-	if (atomic_exchange(&c->down, true) || atomic_load(&c->shutdown))
+	if (atomic_exchange(&c->down, true) || atomic_load(&c->shutdown) ||
+	    atomic_load(&c->destroying))
 		return;
 	c->cfg.ops->down(c->cfg.priv, err, data, len);
 }
@@ -746,12 +1116,14 @@ static void tx_complete(struct fab_con *c)
 /*
  * Completions with an error come for unsignalled requests too; they only
  * come once the connection failed, when the send queue's room no longer
- * matters.
+ * matters. Nothing of a connection being destroyed reaches its owner.
  */
 static void handle_wc(struct fab_con *c, const struct ibv_wc *wc)
 {
 	bool recv = wc->opcode & IBV_WC_RECV;
 
+	if (atomic_load(&c->destroying))
+		return;
 	if (wc->status != IBV_WC_SUCCESS) {
 		if (atomic_load(&c->down) || atomic_load(&c->shutdown))
 			return; /* flushes after the connection went away */
@@ -796,211 +1168,493 @@ static void handle_wc(struct fab_con *c, const struct ibv_wc *wc)
 		c->cfg.ops->imm(c->cfg.priv, ntohl(wc->imm_data));
 }
 
-/* A CM event on the connection's own channel. */
-static void handle_cm(struct fab_con *c)
+/* A CM event of one of the group's connections. */
+static void handle_cm(struct fab_con *c, enum rdma_cm_event_type type, int status,
+		      const uint8_t *data, size_t len)
+{
+	switch (type) {
+	case RDMA_CM_EVENT_ESTABLISHED:
+		c->cfg.ops->connected(c->cfg.priv, data, len);
+		break;
+	case RDMA_CM_EVENT_REJECTED:
+		/*
+		 * A consumer's reject carries its data; the CM's own (no
+		 * listener on the port, a timeout) carries padding.
+		 */
+		if (!c->fab->iwarp && status != RDMA_IB_REJ_CONSUMER)
+			len = 0;
+		log_dbg("%s: rejected (status %d, %zu bytes)", c->name, status, len);
+		if (!len) {
+			char local[64];
+
+			/* No server's answer: the CM's own (on iWARP, an MPA reject or a close). */
+			sockaddr_str(rdma_get_local_addr(c->id), local, sizeof(local));
+			if (c->fab->iwarp && status < 0)
+				log_warn_rl("%s: refused by the peer's connection manager, not "
+					    "by a server (%s, from %s)", c->name,
+					    strerror(-status), local);
+			else if (!c->fab->iwarp && status == RDMA_IB_REJ_NO_LISTENER)
+				log_warn_rl("%s: refused from %s: nothing listens at the "
+					    "destination", c->name, local);
+			else
+				log_warn_rl("%s: refused by the peer's connection manager, not "
+					    "by a server (reject reason %d, from %s)", c->name,
+					    status, local);
+		}
+		con_down(c, -ECONNREFUSED, len ? data : NULL, len);
+		break;
+	case RDMA_CM_EVENT_UNREACHABLE:
+	case RDMA_CM_EVENT_CONNECT_ERROR:
+		log_dbg("%s: %s (status %d)", c->name, rdma_event_str(type), status);
+		con_down(c, status == -ECONNREFUSED ? -ECONNREFUSED : -ETIMEDOUT, NULL, 0);
+		break;
+	case RDMA_CM_EVENT_DISCONNECTED:
+		con_down(c, -ECONNRESET, NULL, 0);
+		break;
+	case RDMA_CM_EVENT_DEVICE_REMOVAL:
+		con_down(c, -ENODEV, NULL, 0);
+		break;
+	case RDMA_CM_EVENT_ADDR_CHANGE:
+		con_down(c, -ENETRESET, NULL, 0);
+		break;
+	default:
+		log_dbg("%s: ignoring %s", c->name, rdma_event_str(type));
+	}
+}
+
+/*
+ * The group's CM events. An event holds its id until acknowledged, so
+ * rdma_destroy_id (by a destroyer, after the connection left the group)
+ * cannot return while the event is read: the connection is looked at
+ * first, and one being destroyed is passed over.
+ */
+static void group_cm(struct rdma_group *g)
 {
 	struct rdma_cm_event *ev;
 	uint8_t data[UINT8_MAX + 1]; /* private_data_len is a byte */
 
-	while (rdma_get_cm_event(c->ch, &ev) == 0) {
+	while (rdma_get_cm_event(g->ch, &ev) == 0) {
+		struct fab_con *c = ev->id ? ev->id->context : NULL;
 		enum rdma_cm_event_type type = ev->event;
 		int status = ev->status;
 		size_t len = ev->param.conn.private_data_len;
+		bool skip = !c || atomic_load(&c->destroying) || atomic_load(&c->down);
 
 		if (len && ev->param.conn.private_data)
 			memcpy(data, ev->param.conn.private_data, len);
 		else
 			len = 0;
 		rdma_ack_cm_event(ev);
-		if (atomic_load(&c->down))
-			continue;
-		switch (type) {
-		case RDMA_CM_EVENT_ESTABLISHED:
-			c->cfg.ops->connected(c->cfg.priv, data, len);
-			break;
-		case RDMA_CM_EVENT_REJECTED:
-			/*
-			 * A consumer's reject carries its data; the CM's own (no
-			 * listener on the port, a timeout) carries padding.
-			 */
-			if (!c->fab->iwarp && status != RDMA_IB_REJ_CONSUMER)
-				len = 0;
-			log_dbg("%s: rejected (status %d, %zu bytes)", c->name, status, len);
-			if (!len) {
-				char local[64];
-
-				/* No server's answer: the CM's own (on iWARP, an MPA reject or a close). */
-				sockaddr_str(rdma_get_local_addr(c->id), local, sizeof(local));
-				if (c->fab->iwarp && status < 0)
-					log_warn_rl("%s: refused by the peer's connection manager, not "
-						    "by a server (%s, from %s)", c->name,
-						    strerror(-status), local);
-				else if (!c->fab->iwarp && status == RDMA_IB_REJ_NO_LISTENER)
-					log_warn_rl("%s: refused from %s: nothing listens at the "
-						    "destination", c->name, local);
-				else
-					log_warn_rl("%s: refused by the peer's connection manager, not "
-						    "by a server (reject reason %d, from %s)", c->name,
-						    status, local);
-			}
-			con_down(c, -ECONNREFUSED, len ? data : NULL, len);
-			break;
-		case RDMA_CM_EVENT_UNREACHABLE:
-		case RDMA_CM_EVENT_CONNECT_ERROR:
-			log_dbg("%s: %s (status %d)", c->name, rdma_event_str(type), status);
-			con_down(c, status == -ECONNREFUSED ? -ECONNREFUSED : -ETIMEDOUT, NULL, 0);
-			break;
-		case RDMA_CM_EVENT_DISCONNECTED:
-			con_down(c, -ECONNRESET, NULL, 0);
-			break;
-		case RDMA_CM_EVENT_DEVICE_REMOVAL:
-			con_down(c, -ENODEV, NULL, 0);
-			break;
-		case RDMA_CM_EVENT_ADDR_CHANGE:
-			con_down(c, -ENETRESET, NULL, 0);
-			break;
-		default:
-			log_dbg("%s: ignoring %s", c->name, rdma_event_str(type));
-		}
+		if (!skip)
+			handle_cm(c, type, status, data, len);
 	}
 }
 
-/* Takes the completion channel's events; the CQ is to be armed again. */
-static void cc_drain(struct fab_con *c)
+/* Takes a CQ's completion events; it is to be armed again. */
+static void gcq_events(struct rdma_gcq *q)
 {
 	struct ibv_cq *cq;
 	void *ctx;
 
-	while (ibv_get_cq_event(c->cc, &cq, &ctx) == 0) {
-		if (++c->cq_unacked >= RDMA_CQ_ACK_BATCH) {
-			ibv_ack_cq_events(c->cq, c->cq_unacked);
-			c->cq_unacked = 0;
+	while (ibv_get_cq_event(q->cc, &cq, &ctx) == 0) {
+		if (++q->unacked >= RDMA_CQ_ACK_BATCH) {
+			ibv_ack_cq_events(q->cq, q->unacked);
+			q->unacked = 0;
 		}
 	}
+	q->armed = false;
 }
 
 /*
- * The completion thread: reads the CQ until it is empty, arms it, reads
- * once more (what came between the last read and the arming), then sleeps
- * on the completion channel, the CM channel and the kick eventfd.
+ * Reads up to a batch of q's completions and runs them; how many, or -EIO.
+ * A completion whose QP means no connection is what a connection that left
+ * the group left behind.
  */
-static void *con_thread(void *arg)
+static int gcq_poll(struct rdma_group *g, struct rdma_gcq *q, struct ibv_wc *wcs,
+		    struct fab_con **cons)
 {
-	struct fab_con *c = arg;
-	bool armed = false;
-	unsigned laps = 0;
+	int n = ibv_poll_cq(q->cq, RDMA_CQ_BATCH, wcs);
 
-	/* Under the lock: a rename before this thread got here is not undone. */
-	pthread_mutex_lock(&c->name_lock);
-	pthread_setname_np(pthread_self(), c->tname);
-	pthread_mutex_unlock(&c->name_lock);
-	while (!atomic_load(&c->stop)) {
-		int n;
+	if (n <= 0)
+		return n < 0 ? -EIO : 0;
+	pthread_mutex_lock(&g->lock);
+	for (int i = 0; i < n; i++)
+		cons[i] = qpmap_find(&g->map, wcs[i].qp_num);
+	pthread_mutex_unlock(&g->lock);
+	for (int i = 0; i < n; i++)
+		if (cons[i])
+			handle_wc(cons[i], &wcs[i]);
+	return n;
+}
 
-		if (atomic_load(&c->shutdown)) {
-			/* Shut down: nothing of it matters any more. Wait to be stopped. */
-			struct pollfd pw = { .fd = c->wake_fd, .events = POLLIN };
-			uint64_t v;
+static void con_free(struct fab_con *c);
 
-			if (poll(&pw, 1, 1000) > 0 && read(c->wake_fd, &v, sizeof(v)) < 0 &&
-			    errno != EAGAIN)
-				log_warn("%s: eventfd read: %s", c->name, strerror(errno));
+/*
+ * c leaves its group, on the group's thread: its QP goes, the CQ is read
+ * until it is empty (what the QP left there is dropped, c being
+ * destroyed), its QP number and CQ room are given back. Then the destroyer
+ * waiting is told, or, with none waiting, c is freed here.
+ */
+static void group_release(struct rdma_group *g, struct fab_con *c, struct ibv_wc *wcs,
+			  struct fab_con **cons)
+{
+	if (c->in_retry) {
+		for (struct fab_con **p = &g->retry; *p; p = &(*p)->retry_next) {
+			if (*p == c) {
+				*p = c->retry_next;
+				break;
+			}
+		}
+		c->in_retry = false;
+	}
+	if (c->qp_made && !c->qp_gone) {
+		rdma_destroy_qp(c->id);
+		c->qp_gone = true;
+		for (unsigned i = 0; i < RDMA_GCQ_DRAIN_PASSES; i++) {
+			int n = gcq_poll(g, c->gcq, wcs, cons);
+
+			if (n < RDMA_CQ_BATCH)
+				break;
+		}
+	}
+	pthread_mutex_lock(&g->lock);
+	if (c->in_map)
+		qpmap_del(&g->map, c->qpn);
+	c->in_map = false;
+	if (c->gcq)
+		c->gcq->used -= c->cq_reserved;
+	c->cq_reserved = 0;
+	struct rdma_destroy_wait *dw = c->dw;
+	pthread_mutex_unlock(&g->lock);
+	if (dw) {
+		pthread_mutex_lock(&dw->lock);
+		dw->done = true;
+		pthread_cond_signal(&dw->cond);
+		pthread_mutex_unlock(&dw->lock);
+	} else {
+		con_free(c);
+	}
+}
+
+/* The work handed to the group; whether there was any. */
+static bool group_drain_work(struct rdma_group *g, struct ibv_wc *wcs, struct fab_con **cons)
+{
+	struct fab_con *list;
+
+	pthread_mutex_lock(&g->lock);
+	list = g->work;
+	g->work = NULL;
+	pthread_mutex_unlock(&g->lock);
+	if (!list)
+		return false;
+	while (list) {
+		struct fab_con *c = list;
+		unsigned bits;
+
+		list = c->work_next;
+		bits = atomic_exchange(&c->work, 0);
+		if (bits & W_DESTROY) {
+			group_release(g, c, wcs, cons);
 			continue;
 		}
-		int early = atomic_exchange(&c->early_err, 0);
+		if (atomic_load(&c->destroying))
+			continue; /* its W_DESTROY is on its way */
+		if (bits & W_EARLY) {
+			int err = atomic_exchange(&c->early_err, 0);
 
-		if (early)
-			con_down(c, early, NULL, 0);
-		n = ibv_poll_cq(c->cq, RDMA_CQ_BATCH, c->wcs);
-		if (n < 0) {
-			log_err("%s: polling the completion queue failed", c->name);
-			con_down(c, -EIO, NULL, 0);
-			n = 0;
+			if (err)
+				con_down(c, err, NULL, 0);
 		}
-		for (int i = 0; i < n; i++)
-			handle_wc(c, &c->wcs[i]);
-		/* A busy connection still hears of a disconnect. */
-		if (n > 0 && (++laps & 63) == 0)
-			handle_cm(c);
-		bool kick = atomic_exchange(&c->kicked, false);
-
-		/* Retries after -EAGAIN: on any completion, else after 1 ms. */
-		if (n > 0 && atomic_exchange(&c->retry, false))
-			kick = true;
-		if (kick && !atomic_load(&c->down))
+		if ((bits & W_RETRY) && !c->in_retry) {
+			if (!g->retry)
+				g->retry_since = now_ms();
+			c->retry_next = g->retry;
+			g->retry = c;
+			c->in_retry = true;
+		}
+		if ((bits & W_KICK) && !atomic_load(&c->down))
 			c->cfg.ops->kick(c->cfg.priv);
-		if (n > 0 || kick)
-			continue;
-		if (c->poll_ns && !armed) {
-			/* Busy-poll a while before sleeping: a wake-up costs more than a short spin. */
-			struct timespec t;
-			uint64_t until, now;
+	}
+	return true;
+}
 
-			clock_gettime(CLOCK_MONOTONIC, &t);
-			until = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec + c->poll_ns;
+/* Kicks the connections waiting to retry. */
+static void group_run_retry(struct rdma_group *g)
+{
+	struct fab_con *list = g->retry;
+
+	g->retry = NULL;
+	while (list) {
+		struct fab_con *c = list;
+
+		list = c->retry_next;
+		c->in_retry = false;
+		if (!atomic_load(&c->down) && !atomic_load(&c->destroying))
+			c->cfg.ops->kick(c->cfg.priv);
+	}
+}
+
+static uint64_t mono_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* Every CQ of the group read once; completions run. */
+static int group_poll(struct rdma_group *g, struct ibv_wc *wcs, struct fab_con **cons)
+{
+	int total = 0;
+
+	for (struct rdma_gcq *q = atomic_load(&g->cqs); q; q = q->next) {
+		int n = gcq_poll(g, q, wcs, cons);
+
+		if (n < 0) {
+			log_err_rl("rdma group %u: polling a completion queue failed", g->idx);
+			continue;
+		}
+		total += n;
+	}
+	return total;
+}
+
+/*
+ * A group's thread: runs the work handed to it, reads its CQs until they
+ * are empty, arms them, reads once more (what came between the last read
+ * and the arming), then sleeps on their completion channels, the CM
+ * channel and the eventfd. Retries after -EAGAIN run on the next
+ * completion, else after RDMA_RETRY_MS.
+ */
+static void *group_thread(void *arg)
+{
+	struct rdma_group *g = arg;
+	struct ibv_wc wcs[RDMA_CQ_BATCH];
+	struct fab_con *cons[RDMA_CQ_BATCH];
+	char name[16];
+	unsigned laps = 0;
+	bool cm_due = true;
+
+	tls_group = g;
+	snprintf(name, sizeof(name), "rtrs-rdma-g%u", g->idx);
+	pthread_setname_np(pthread_self(), name);
+	while (!atomic_load(&g->stop)) {
+		bool busy = group_drain_work(g, wcs, cons);
+		int n = group_poll(g, wcs, cons);
+
+		/* A busy group still hears of a disconnect. */
+		if (cm_due || (n > 0 && (++laps & 63) == 0)) {
+			cm_due = false;
+			group_cm(g);
+		}
+		if (g->retry && (n > 0 || now_ms() - g->retry_since >= RDMA_RETRY_MS)) {
+			group_run_retry(g);
+			busy = true;
+		}
+		if (n > 0 || busy)
+			continue;
+		uint64_t poll_ns = atomic_load_explicit(&g->poll_ns, memory_order_relaxed);
+
+		if (poll_ns) {
+			/* Busy-poll a while before sleeping: a wake-up costs more than a short spin. */
+			uint64_t until = mono_ns() + poll_ns;
+
 			do {
-				n = ibv_poll_cq(c->cq, RDMA_CQ_BATCH, c->wcs);
-				clock_gettime(CLOCK_MONOTONIC, &t);
-				now = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-			} while (n == 0 && now < until && !atomic_load(&c->kicked) &&
-				 !atomic_load(&c->stop));
-			for (int i = 0; i < n; i++)
-				handle_wc(c, &c->wcs[i]);
-			if (n != 0 || atomic_load(&c->kicked))
+				n = group_poll(g, wcs, cons);
+			} while (n == 0 && !atomic_load(&g->woken) && !atomic_load(&g->stop) &&
+				 mono_ns() < until);
+			if (n != 0 || atomic_load(&g->woken))
 				continue;
 		}
-		if (!armed) {
-			if (ibv_req_notify_cq(c->cq, 0)) {
-				log_err("%s: arming the completion queue failed", c->name);
-				con_down(c, -EIO, NULL, 0);
-			}
-			armed = true;
-			continue;
-		}
-		struct epoll_event evs[3];
-		bool retry = atomic_load(&c->retry);
-		int ne = epoll_wait(c->epfd, evs, ARRAY_SIZE(evs), retry ? 1 : 10000);
+		bool armed_now = false;
 
-		if (ne == 0 && retry && atomic_exchange(&c->retry, false))
-			atomic_store(&c->kicked, true);
+		for (struct rdma_gcq *q = atomic_load(&g->cqs); q; q = q->next) {
+			if (q->armed)
+				continue;
+			if (ibv_req_notify_cq(q->cq, 0))
+				log_err_rl("rdma group %u: arming a completion queue failed", g->idx);
+			q->armed = true;
+			armed_now = true;
+		}
+		if (armed_now)
+			continue;
+		pthread_mutex_lock(&g->lock);
+		bool work = g->work != NULL;
+		pthread_mutex_unlock(&g->lock);
+		if (work)
+			continue;
+
+		struct epoll_event evs[16];
+		int ne = epoll_wait(g->epfd, evs, ARRAY_SIZE(evs), g->retry ? RDMA_RETRY_MS : 10000);
+
 		for (int i = 0; i < ne; i++) {
+			void *p = evs[i].data.ptr;
 			uint64_t v;
 
-			if (evs[i].data.fd == c->cc->fd) {
-				cc_drain(c);
-				armed = false;
-			} else if (evs[i].data.fd == c->ch->fd) {
-				handle_cm(c);
-			} else if (evs[i].data.fd == c->wake_fd &&
-				   read(c->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN) {
-				log_warn("%s: eventfd read: %s", c->name, strerror(errno));
+			if (p == (void *)&g->efd) {
+				atomic_store(&g->woken, false);
+				if (read(g->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+					log_warn_rl("rdma group %u: eventfd read: %s", g->idx,
+						    strerror(errno));
+			} else if (p == (void *)g) {
+				cm_due = true;
+			} else {
+				gcq_events(p);
 			}
 		}
 	}
+	tls_group = NULL;
 	return NULL;
 }
 
+static void group_fini(struct rdma_group *g)
+{
+	struct rdma_gcq *q = atomic_load(&g->cqs);
+
+	while (q) {
+		struct rdma_gcq *next = q->next;
+
+		if (q->used)
+			log_warn("rdma group %u: a completion queue still has %u entries reserved",
+				 g->idx, q->used);
+		if (q->unacked)
+			ibv_ack_cq_events(q->cq, q->unacked);
+		if (ibv_destroy_cq(q->cq))
+			log_warn("rdma group %u: destroying a completion queue: %s", g->idx,
+				 strerror(errno));
+		ibv_destroy_comp_channel(q->cc);
+		free(q);
+		q = next;
+	}
+	if (g->ch)
+		rdma_destroy_event_channel(g->ch);
+	if (g->epfd >= 0)
+		close(g->epfd);
+	if (g->efd >= 0)
+		close(g->efd);
+	free(g->map.key);
+	free(g->map.val);
+	pthread_mutex_destroy(&g->lock);
+}
+
+static int group_init(struct rdma_group *g, unsigned idx)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+	int rc;
+
+	g->idx = idx;
+	g->epfd = g->efd = -1;
+	pthread_mutex_init(&g->lock, NULL);
+	g->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	g->epfd = epoll_create1(EPOLL_CLOEXEC);
+	g->ch = channel_open();
+	if (g->efd < 0 || g->epfd < 0 || !g->ch) {
+		rc = errno ? -errno : -ENOMEM;
+		goto fail;
+	}
+	ev.data.ptr = &g->efd;
+	if (epoll_ctl(g->epfd, EPOLL_CTL_ADD, g->efd, &ev)) {
+		rc = -errno;
+		goto fail;
+	}
+	ev.data.ptr = g;
+	if (epoll_ctl(g->epfd, EPOLL_CTL_ADD, g->ch->fd, &ev)) {
+		rc = -errno;
+		goto fail;
+	}
+	rc = -pthread_create(&g->thread, NULL, group_thread, g);
+	if (!rc)
+		return 0;
+fail:
+	log_err("rdma: starting poll group %u: %s", idx, strerror(-rc));
+	group_fini(g);
+	return rc;
+}
+
+static void group_stop(struct rdma_group *g)
+{
+	atomic_store(&g->stop, true);
+	atomic_store(&g->woken, false);
+	group_wake(g);
+	pthread_join(g->thread, NULL);
+	group_fini(g);
+}
+
+static int groups_get(void)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&rgrp.lock);
+	if (rgrp.users++) {
+		pthread_mutex_unlock(&rgrp.lock);
+		return 0;
+	}
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned n = rgrp.want ? rgrp.want : (unsigned)MAX(cpus, 1);
+
+	rgrp.g = calloc(n, sizeof(*rgrp.g));
+	if (!rgrp.g)
+		rc = -ENOMEM;
+	for (rgrp.n = 0; !rc && rgrp.n < n; rgrp.n++) {
+		rc = group_init(&rgrp.g[rgrp.n], rgrp.n);
+		if (rc)
+			break;
+	}
+	if (rc) {
+		for (unsigned i = 0; i < rgrp.n; i++)
+			group_stop(&rgrp.g[i]);
+		free(rgrp.g);
+		rgrp.g = NULL;
+		rgrp.n = 0;
+		rgrp.users--;
+	} else {
+		log_dbg("rdma: %u poll groups", rgrp.n);
+	}
+	pthread_mutex_unlock(&rgrp.lock);
+	return rc;
+}
+
+static void groups_put(void)
+{
+	pthread_mutex_lock(&rgrp.lock);
+	if (--rgrp.users) {
+		pthread_mutex_unlock(&rgrp.lock);
+		return;
+	}
+	for (unsigned i = 0; i < rgrp.n; i++) {
+		if (atomic_load(&rgrp.g[i].nr_cons))
+			log_warn("rdma group %u: stopped with %u connections", i,
+				 atomic_load(&rgrp.g[i].nr_cons));
+		group_stop(&rgrp.g[i]);
+	}
+	free(rgrp.g);
+	rgrp.g = NULL;
+	rgrp.n = 0;
+	pthread_mutex_unlock(&rgrp.lock);
+}
+
+/* The group with the fewest connections; counted on it. */
+static struct rdma_group *group_pick(void)
+{
+	struct rdma_group *best = NULL;
+
+	pthread_mutex_lock(&rgrp.lock);
+	for (unsigned i = 0; i < rgrp.n; i++)
+		if (!best || atomic_load(&rgrp.g[i].nr_cons) < atomic_load(&best->nr_cons))
+			best = &rgrp.g[i];
+	if (best)
+		atomic_fetch_add(&best->nr_cons, 1);
+	pthread_mutex_unlock(&rgrp.lock);
+	return best;
+}
+
+/* What is left of c once it is out of its group (or was never in one). */
 static void con_free(struct fab_con *c)
 {
-	if (c->thread_started) {
-		uint64_t one = 1;
-
-		atomic_store(&c->stop, true);
-		if (write(c->wake_fd, &one, sizeof(one)) < 0)
-			log_warn("%s: eventfd write: %s", c->name, strerror(errno));
-		pthread_join(c->thread, NULL);
-	}
-	if (c->qp_made)
+	if (c->qp_made && !c->qp_gone)
 		rdma_destroy_qp(c->id);
 	if (c->id && c->own_id)
 		rdma_destroy_id(c->id);
-	if (c->cq) {
-		if (c->cq_unacked)
-			ibv_ack_cq_events(c->cq, c->cq_unacked);
-		ibv_destroy_cq(c->cq);
-	}
-	if (c->cc)
-		ibv_destroy_comp_channel(c->cc);
 	if (c->ch)
 		rdma_destroy_event_channel(c->ch);
 	if (c->rx.mr)
@@ -1008,63 +1662,84 @@ static void con_free(struct fab_con *c)
 	free(c->rx.buf);
 	pthread_mutex_destroy(&c->rx_lock);
 	pthread_mutex_destroy(&c->tx_lock);
-	pthread_mutex_destroy(&c->name_lock);
 	free(c->tx_fifo);
-	if (c->epfd >= 0)
-		close(c->epfd);
-	if (c->wake_fd >= 0)
-		close(c->wake_fd);
+	if (c->cq_reserved) { /* its QP was never made: the group never had it */
+		pthread_mutex_lock(&c->g->lock);
+		c->gcq->used -= c->cq_reserved;
+		pthread_mutex_unlock(&c->g->lock);
+	}
+	if (c->g)
+		atomic_fetch_sub(&c->g->nr_cons, 1);
 	free(c);
 }
 
-static int epoll_add(int epfd, int fd)
+/*
+ * Destroys c: no callback of it runs once this returns. A connection whose
+ * QP was made leaves its group on the group's thread (group_release):
+ * from any other thread this waits for that; from its group's thread (a
+ * callback of another of its connections) it is handed over and freed
+ * there.
+ */
+static void con_destroy(struct fab_con *c)
 {
-	struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd };
+	struct rdma_destroy_wait dw = { .done = false };
 
-	return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) ? -errno : 0;
+	atomic_store(&c->destroying, true);
+	if (!c->qp_made) {
+		con_free(c);
+		return;
+	}
+	if (tls_group == c->g) {
+		/* From a callback of another connection of its group: nothing of c runs now. */
+		queue_work(c, W_DESTROY);
+		return;
+	}
+	pthread_mutex_init(&dw.lock, NULL);
+	cond_init_mono(&dw.cond);
+	pthread_mutex_lock(&c->g->lock);
+	c->dw = &dw;
+	pthread_mutex_unlock(&c->g->lock);
+	queue_work(c, W_DESTROY);
+	pthread_mutex_lock(&dw.lock);
+	while (!dw.done)
+		pthread_cond_wait(&dw.cond, &dw.lock);
+	pthread_mutex_unlock(&dw.lock);
+	pthread_cond_destroy(&dw.cond);
+	pthread_mutex_destroy(&dw.lock);
+	con_free(c);
 }
 
-/* Wakes the thread from its sleep. */
-static void con_wake(struct fab_con *c)
-{
-	uint64_t one = 1;
-
-	if (write(c->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-		log_warn("%s: eventfd write: %s", c->name, strerror(errno));
-}
-
-/* A connection object with its channels and fds; no id, CQ or QP yet. */
+/* A connection object on a poll group; no id, CQ or QP yet. */
 static int con_new(struct fab *f, const struct fab_con_cfg *cfg, struct fab_con **out)
 {
 	struct fab_con *c = calloc(1, sizeof(*c));
-	int rc;
+	uint64_t poll_ns = (uint64_t)cfg->poll_us * 1000;
 
 	if (!c)
 		return -ENOMEM;
 	c->ops = &fab_rdma_ops;
 	c->fab = f;
 	c->cfg = *cfg;
-	c->wake_fd = c->epfd = -1;
 	snprintf(c->name_made, sizeof(c->name_made), "%s", cfg->name);
 	atomic_init(&c->name, c->name_made);
-	snprintf(c->tname, sizeof(c->tname), "%.15s", cfg->name);
-	pthread_mutex_init(&c->name_lock, NULL);
 	pthread_mutex_init(&c->rx_lock, NULL);
 	pthread_mutex_init(&c->tx_lock, NULL);
-	c->poll_ns = (uint64_t)cfg->poll_us * 1000;
-	c->ch = channel_open();
-	c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	c->epfd = epoll_create1(EPOLL_CLOEXEC);
-	if (!c->ch || c->wake_fd < 0 || c->epfd < 0) {
-		rc = errno ? -errno : -ENOMEM;
+	c->g = group_pick();
+	if (!c->g) {
 		con_free(c);
-		return rc;
+		return -ENODEV; /* no fab open: cannot be */
 	}
+	for (uint64_t cur = atomic_load(&c->g->poll_ns); cur < poll_ns;)
+		if (atomic_compare_exchange_weak(&c->g->poll_ns, &cur, poll_ns))
+			break;
 	*out = c;
 	return 0;
 }
 
-/* The CQ and the QP on c->id (which is resolved, or a request's), and the receive pool. */
+/*
+ * The QP on c->id (which is resolved, or a request's), its CQ room in the
+ * group, its place in the group's table and the receive pool.
+ */
 static int con_qp(struct fab_con *c)
 {
 	struct fab *f = c->fab;
@@ -1084,39 +1759,37 @@ static int con_qp(struct fab_con *c)
 		log_warn("%s: %zu receives wanted, the device grants %zu", c->name, rx_depth, rxq);
 		rx_depth = rxq;
 	}
-	c->cc = ibv_create_comp_channel(f->verbs);
-	if (!c->cc)
-		return errno ? -errno : -ENOMEM;
-	rc = set_nonblock(c->cc->fd);
+	rc = gcq_reserve(c, (unsigned)(tx + rxq));
 	if (rc)
 		return rc;
-	c->cq = ibv_create_cq(f->verbs, (int)(tx + rxq + 16), c, c->cc, 0);
-	if (!c->cq) {
-		rc = errno ? -errno : -ENOMEM;
-		log_err("%s: ibv_create_cq: %s", c->name, strerror(-rc));
-		return rc;
-	}
-	qa.send_cq = c->cq;
-	qa.recv_cq = c->cq;
+	c->rx_cap = rxq;
+	qa.send_cq = c->gcq->cq;
+	qa.recv_cq = c->gcq->cq;
 	qa.qp_type = IBV_QPT_RC;
 	qa.cap.max_send_wr = (uint32_t)tx;
 	qa.cap.max_recv_wr = (uint32_t)rxq;
 	qa.cap.max_send_sge = (uint32_t)f->attr.iov_limit;
 	qa.cap.max_recv_sge = 1;
 	qa.cap.max_inline_data = RDMA_INLINE;
+	errno = 0;
 	if (rdma_create_qp(c->id, f->pd, &qa)) {
-		rc = -errno;
+		rc = errno ? -errno : -EIO; /* a provider may fail without saying why */
 		log_err("%s: rdma_create_qp (send %zu, receive %zu): %s", c->name, tx, rxq,
 			strerror(-rc));
 		return rc;
 	}
 	c->qp_made = true;
+	c->qpn = c->id->qp->qp_num;
+	rc = con_map(c);
+	if (rc)
+		return rc;
 	if (qa.cap.max_inline_data < RDMA_INLINE) {
 		log_err("%s: the device grants %u inline bytes, %d needed", c->name,
 			qa.cap.max_inline_data, RDMA_INLINE);
 		return -EOPNOTSUPP;
 	}
 	c->max_inline = qa.cap.max_inline_data;
+	/* Never more than the CQ room reserved for it, whatever the QP grants. */
 	c->tx_max = MIN(qa.cap.max_send_wr, (uint32_t)tx);
 	c->tx_sig_every = MIN(MAX(c->tx_max / 4, 1), RDMA_SIG_EVERY_MAX);
 	c->tx_fifo = calloc(c->tx_max, sizeof(*c->tx_fifo));
@@ -1128,37 +1801,22 @@ static int con_qp(struct fab_con *c)
 	return rc;
 }
 
-/* Starts the thread; *out is set first, since callbacks read it from the first event. */
-static int con_start(struct fab_con *c, struct fab_con **out)
-{
-	int rc = epoll_add(c->epfd, c->cc->fd);
-
-	if (!rc)
-		rc = epoll_add(c->epfd, c->ch->fd);
-	if (!rc)
-		rc = epoll_add(c->epfd, c->wake_fd);
-	if (rc)
-		return rc;
-	*out = c;
-	c->thread_started = true;
-	rc = -pthread_create(&c->thread, NULL, con_thread, c);
-	if (rc) {
-		c->thread_started = false;
-		*out = NULL;
-	}
-	return rc;
-}
-
 /*
- * The CM id of c, resolved, with its QP and thread, connecting: 0 when
- * under way (*out is c), or a negative errno with c freed, but for
- * -EADDRNOTAVAIL from rdma_connect, where c is left to the caller.
+ * The CM id of c, resolved on c's own channel, with its QP, moved to the
+ * group's channel and connecting: 0 when under way (*out is c), or a
+ * negative errno with c destroyed, but for -EADDRNOTAVAIL from
+ * rdma_connect, where c is left to the caller.
  */
 static int nat_con_connect_id(struct fab *f, struct fab_con *c, struct rdma_conn_param *param,
 			      struct fab_con **out)
 {
 	int rc;
 
+	c->ch = channel_open();
+	if (!c->ch) {
+		rc = errno ? -errno : -ENOMEM;
+		goto fail;
+	}
 	if (rdma_create_id(c->ch, &c->id, c, RDMA_PS_TCP)) {
 		rc = -errno;
 		goto fail;
@@ -1172,9 +1830,15 @@ static int nat_con_connect_id(struct fab *f, struct fab_con *c, struct rdma_conn
 	rc = con_qp(c);
 	if (rc)
 		goto fail;
-	rc = con_start(c, out);
-	if (rc)
+	/* From here the group reads its events. */
+	if (rdma_migrate_id(c->id, c->g->ch)) {
+		rc = -errno;
+		log_err("%s: rdma_migrate_id: %s", c->name, strerror(-rc));
 		goto fail;
+	}
+	rdma_destroy_event_channel(c->ch);
+	c->ch = NULL;
+	*out = c;
 	if (!rdma_connect(c->id, param))
 		return 0;
 	rc = -errno;
@@ -1182,7 +1846,7 @@ static int nat_con_connect_id(struct fab *f, struct fab_con *c, struct rdma_conn
 		/*
 		 * iWARP connects the TCP socket here, and nobody listening is
 		 * said at once; the owner hears it as on IB and RoCE, from the
-		 * thread, as a refusal.
+		 * group, as a refusal.
 		 */
 		char local[64];
 
@@ -1190,7 +1854,7 @@ static int nat_con_connect_id(struct fab *f, struct fab_con *c, struct rdma_conn
 		log_warn_rl("%s: refused at once from %s: nothing listens at the destination",
 			    c->name, local);
 		atomic_store(&c->early_err, rc);
-		con_wake(c);
+		queue_work(c, W_EARLY);
 		return 0;
 	}
 	*out = NULL;
@@ -1198,7 +1862,7 @@ static int nat_con_connect_id(struct fab *f, struct fab_con *c, struct rdma_conn
 		return rc;
 	log_err("%s: rdma_connect: %s", c->name, strerror(-rc));
 fail:
-	con_free(c);
+	con_destroy(c);
 	return rc;
 }
 
@@ -1233,7 +1897,7 @@ static int nat_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const v
 		rc = nat_con_connect_id(f, c, &param, out);
 		if (rc != -EADDRNOTAVAIL)
 			return rc;
-		con_free(c);
+		con_destroy(c);
 		if (tries == NAT_CONNECT_PORT_TRIES) {
 			log_err("%s: rdma_connect: %s (%u ports tried)", cfg->name, strerror(-rc),
 				tries);
@@ -1264,14 +1928,14 @@ static int nat_con_accept(struct fab *f, struct fab_connreq *req, const struct f
 	rc = con_qp(c);
 	if (rc)
 		goto fail;
-	if (rdma_migrate_id(c->id, c->ch)) {
+	/* The group reads its events from here: the id names the connection. */
+	c->id->context = c;
+	if (rdma_migrate_id(c->id, c->g->ch)) {
 		rc = -errno;
 		goto fail;
 	}
 	migrated = true;
-	rc = con_start(c, out);
-	if (rc)
-		goto fail;
+	*out = c;
 	if (rdma_accept(c->id, &param)) {
 		rc = -errno;
 		log_err("%s: rdma_accept: %s", c->name, strerror(-rc));
@@ -1287,13 +1951,14 @@ static int nat_con_accept(struct fab *f, struct fab_connreq *req, const struct f
 fail:
 	/*
 	 * The id stays the listener's, which refuses and frees it: back on
-	 * the listener's channel first, since ours closes with the connection
-	 * (and closing a channel destroys the ids on it).
+	 * the listener's channel first, since the group's destroys the ids on
+	 * it when it closes.
 	 */
 	if (migrated && rdma_migrate_id(c->id, f->lch))
 		log_err("%s: handing the request back to the listener: %s", c->name,
 			strerror(errno));
-	con_free(c);
+	c->id->context = NULL;
+	con_destroy(c);
 	return rc;
 }
 
@@ -1306,6 +1971,11 @@ static int nat_con_rx_setup(struct fab_con *c, size_t count, size_t size)
 	size = MAX(size, RDMA_RX_MIN);
 	if (mul_overflow(count, size, &bytes) || !count || size > UINT32_MAX)
 		return -EINVAL;
+	if (count > c->rx_cap) {
+		log_err("%s: %zu receive buffers, the queue was made for %zu", c->name, count,
+			c->rx_cap);
+		return -EINVAL;
+	}
 	pthread_mutex_lock(&c->rx_lock);
 	if (c->rx.count) {
 		pthread_mutex_unlock(&c->rx_lock);
@@ -1334,13 +2004,12 @@ static int nat_con_rx_setup(struct fab_con *c, size_t count, size_t size)
 
 static void nat_con_retry_later(struct fab_con *c)
 {
-	atomic_store(&c->retry, true);
+	queue_work(c, W_RETRY);
 }
 
 static void nat_con_kick(struct fab_con *c)
 {
-	if (!atomic_exchange(&c->kicked, true))
-		con_wake(c);
+	queue_work(c, W_KICK);
 }
 
 static void nat_con_shutdown(struct fab_con *c)
@@ -1357,21 +2026,15 @@ static void nat_con_destroy(struct fab_con *c)
 	if (!c)
 		return;
 	atomic_store(&c->shutdown, true);
-	con_free(c);
+	con_destroy(c);
 }
 
 static void nat_con_rename(struct fab_con *c, const char *name)
 {
-	pthread_mutex_lock(&c->name_lock);
-	if (!c->renamed) {
-		snprintf(c->name_later, sizeof(c->name_later), "%s", name);
-		atomic_store_explicit(&c->name, c->name_later, memory_order_release);
-		c->renamed = true;
-	}
-	snprintf(c->tname, sizeof(c->tname), "%.15s", name);
-	if (c->thread_started)
-		pthread_setname_np(c->thread, c->tname);
-	pthread_mutex_unlock(&c->name_lock);
+	if (atomic_exchange(&c->renamed, true))
+		return;
+	snprintf(c->name_later, sizeof(c->name_later), "%s", name);
+	atomic_store_explicit(&c->name, c->name_later, memory_order_release);
 }
 
 static void nat_con_local(const struct fab_con *c, char *buf, size_t len)
@@ -1732,14 +2395,14 @@ static int nat_send(struct fab_con *c, const void *buf, size_t len, void *desc, 
 	else
 		return -EINVAL;
 	/*
-	 * Control messages go out from service threads, never from this
-	 * connection's completion thread, so waiting for room is safe here.
+	 * Control messages go out from service threads; on a group thread
+	 * (a callback) waiting for room could wait for ever.
 	 */
 	for (int tries = 0;; tries++) {
 		rc = tx_reserve(c, 1);
 		if (!rc)
 			rc = post_chain(c, &wr, &wr, 1);
-		if (rc != -EAGAIN || tries == 1000 || pthread_equal(pthread_self(), c->thread))
+		if (rc != -EAGAIN || tries == 1000 || tls_group)
 			break;
 		usleep(1000);
 	}

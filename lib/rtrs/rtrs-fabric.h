@@ -13,9 +13,9 @@
  *   fab_lst  a passive endpoint; its connection requests are delivered by
  *            fab_lst_process() from the owner's service loop.
  *   fab_con  one connected endpoint. Its completions and events run the
- *            owner's fab_con_ops on the fabric's threads (tcp: the poll
- *            group it belongs to; rdma: a thread per connection), or on a
- *            poller's (fab_con_poll).
+ *            owner's fab_con_ops on the thread of the poll group it
+ *            belongs to for its life (each fabric has its groups), or on
+ *            a poller's (fab_con_poll, tcp).
  *
  * Errors: 0 or a negative errno. The interface is an ops table (struct
  * fab_ops), dispatched on each object's first member.
@@ -250,6 +250,16 @@ int fab_tcp_group_stats(unsigned idx, struct fab_tcp_group_stats *st);
 int fab_tcp_con_group(const struct fab_con *c);
 /* The rdma-core implementation (rtrs-fabric-rdma.c): RDMA devices, providers "verbs" and "rdma". */
 extern const struct fab_ops fab_rdma_ops;
+/*
+ * Poll groups of the rdma-core fabric, as fab_tcp_groups: how many the next
+ * start makes (0: one per CPU); they start with the first rdma fab and stop
+ * with the last.
+ */
+void fab_rdma_groups(unsigned n);
+/* Group threads running now (0 when no rdma fab is open). */
+unsigned fab_rdma_groups_running(void);
+/* The poll group an rdma connection was placed on for its life; -EINVAL for another fabric's. */
+int fab_rdma_con_group(const struct fab_con *c);
 /*
  * The shipped implementation for provider prov: rdma-core for "verbs" and
  * "rdma", the native TCP fabric for "tcp" and NULL (the default); NULL for

@@ -241,8 +241,10 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 	rc = srv_opts_validate(ops, o);
 	if (rc)
 		return rc;
-	if (o->poll_groups)
-		fab_tcp_groups(o->poll_groups); /* for when the groups start */
+	if (o->poll_groups) { /* for when the groups start */
+		fab_tcp_groups(o->poll_groups);
+		fab_rdma_groups(o->poll_groups);
+	}
 	ctx = calloc(1, sizeof(*ctx));
 	if (!ctx)
 		return -ENOMEM;

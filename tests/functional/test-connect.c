@@ -233,10 +233,9 @@ static unsigned threads_named(const char *prefix)
 }
 
 /*
- * The server names a path's connection threads when it accepts them; the
- * first path's come before the session's name (in its info request), as
- * "(new)/PEER". Once the session is up they carry its name, as ps and
- * top -H show them.
+ * No thread per connection, on either fabric: the process's poll groups,
+ * one per CPU, run every connection of the client and of the server, and
+ * no thread carries a session's or a peer's name.
  */
 static void test_thread_names(void)
 {
@@ -264,16 +263,12 @@ static void test_thread_names(void)
 	if (!rc) {
 		const char *prov = test_provider();
 
-		if (!prov || !strcmp(prov, "tcp")) {
-			/* Poll groups: no thread per connection, one per CPU in all. */
-			CHECK_EQ(threads_named("thr-names/"), 0);
-			CHECK_EQ(threads_named("rtrs-tcp-"), fab_tcp_groups_running());
-			CHECK(fab_tcp_groups_running() == (unsigned)sysconf(_SC_NPROCESSORS_ONLN),
-			      "%u poll groups", fab_tcp_groups_running());
-		} else {
-			/* The server's admin and IO connections: "thr-names/PEER#CID", cut to 15 bytes. */
-			CHECK_EQ(threads_named("thr-names/"), 2);
-		}
+		bool tcp = !prov || !strcmp(prov, "tcp");
+		unsigned groups = tcp ? fab_tcp_groups_running() : fab_rdma_groups_running();
+
+		CHECK_EQ(threads_named("thr-names"), 0);
+		CHECK_EQ(threads_named(tcp ? "rtrs-tcp-" : "rtrs-rdma-g"), groups);
+		CHECK(groups == (unsigned)sysconf(_SC_NPROCESSORS_ONLN), "%u poll groups", groups);
 		CHECK_EQ(threads_named("(new)"), 0);
 	}
 	/*

@@ -7,6 +7,8 @@
 #     client and server through the guest's own RDMA device; test-multipath
 #     and test-fence with their paths from three addresses of that device's
 #     netdev (198.18.0.1, .11, .12: RTRS_TEST_ADDR, RTRS_TEST_ADDR2 and 3);
+#     then verbs-scale.sh: 50 rtrs-perf sessions of 4 connections, verified,
+#     with the server's and the client's threads within the guest's CPUs + 4;
 #   - two guests on a virtual cable: rtrs-test-server in guest A, test-io in
 #     guest B.
 # The same test binaries as on tcp; the provider is chosen at run time.
@@ -72,7 +74,12 @@ for dev in "${devices[@]}"; do
 				done
 				echo \"RESULT \$t \$rc \$((SECONDS - s)) \$try\"
 				[ \$rc -eq 0 ] || [ \$rc -eq 124 ] || { grep -m 20 'CHECK(.*) failed' /tmp/\$t.log; tail -n 30 /tmp/\$t.log; }
-			done" 2>&1)
+			done
+			s=\$SECONDS
+			$here/run-bounded 240 $here/verbs-scale.sh ./tools/rtrs-perf 198.18.0.1 50 3 >/tmp/scale.log 2>&1
+			rc=\$?
+			tail -n 8 /tmp/scale.log
+			echo \"RESULT verbs-scale \$rc \$((SECONDS - s)) 1\"" 2>&1)
 		vmrc=$?
 		if [ $attempt -eq 1 ] && grep -qE 'console: .*(Oops|BUG: |RIP: )' <<<"$out" &&
 			grep -q 'console: .*siw_tx_hdt' <<<"$out"; then
@@ -95,7 +102,7 @@ for dev in "${devices[@]}"; do
 		result "verbs/$dev one guest: $t" "$rc" "$note"
 		n=$((n + 1))
 	done < <(grep '^RESULT ' <<<"$out")
-	[ $n -eq ${#one_guest[@]} ] || result "verbs/$dev one guest: guest finished (vm exit $vmrc)" 1
+	[ $n -eq $((${#one_guest[@]} + 1)) ] || result "verbs/$dev one guest: guest finished (vm exit $vmrc)" 1
 
 	# Two guests: server in A, test-io in B over the cable.
 	"$vm" pair --rdma "$dev" --timeout 600 --share "$build" \
