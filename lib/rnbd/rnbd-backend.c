@@ -400,6 +400,22 @@ int rnbd_engine_open(enum rnbd_engine_kind kind, unsigned threads, unsigned dept
 		e->uring = rc == 0;
 	}
 	if (e->uring) {
+		/*
+		 * What the ring cannot do without blocking (buffered writes
+		 * to most file systems) goes to the kernel's io-wq workers,
+		 * threads of this process; by default up to 4 per CPU. A
+		 * buffered write is a copy into the page cache: a quarter of
+		 * the CPUs (at least one) keep up with the network, and the
+		 * process stays within its thread budget.
+		 */
+		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+		unsigned max[2] = { (unsigned)MAX(cpus / 4, 1), 0 }; /* bounded; unbounded as is */
+
+		rc = io_uring_register_iowq_max_workers(&e->ring, max);
+		if (rc)
+			log_dbg("rnbd: io_uring's worker limit stays the kernel's: %s", strerror(-rc));
+	}
+	if (e->uring) {
 		rc = -pthread_create(&e->reaper, NULL, reaper_thread, e);
 		if (rc) {
 			io_uring_queue_exit(&e->ring);

@@ -177,25 +177,39 @@ static void dev_free(struct rnbd_srv *srv, struct sess_dev *sd)
 
 static void *release_thread(void *arg);
 
+/* Under rel_lock: one more release thread; 0 or a negative errno. */
+static int release_thread_start_locked(struct rnbd_srv *srv)
+{
+	pthread_t *grown = realloc(srv->rel_threads, (srv->rel_nthreads + 1) * sizeof(*grown));
+	int rc;
+
+	if (!grown)
+		return -ENOMEM;
+	srv->rel_threads = grown;
+	rc = -pthread_create(&grown[srv->rel_nthreads], NULL, release_thread, srv);
+	if (!rc)
+		srv->rel_nthreads++;
+	return rc;
+}
+
 /*
  * Queues sd for a release thread (its last reference is gone); starts
- * another thread when none is idle, so that one release blocked in a close
- * that hangs (a FUSE or NFS file) does not hold up the others. The first
- * thread exists from rnbd_srv_open on, so a failed start only waits.
+ * one when none is idle: the first with the first release, another when
+ * all are busy, so that one release blocked in a close that hangs (a FUSE
+ * or NFS file) does not hold up the others. A start that fails leaves the
+ * release queued for a thread that frees up, the next release's start, or
+ * srv_free's.
  */
 static void release_queue(struct rnbd_srv *srv, struct sess_dev *sd)
 {
 	pthread_mutex_lock(&srv->rel_lock);
 	STAILQ_INSERT_TAIL(&srv->rel_queue, sd, rel_link);
 	if (!srv->rel_idle && !srv->rel_stop) {
-		pthread_t *grown = realloc(srv->rel_threads,
-					   (srv->rel_nthreads + 1) * sizeof(*grown));
+		int rc = release_thread_start_locked(srv);
 
-		if (grown) {
-			srv->rel_threads = grown;
-			if (!pthread_create(&grown[srv->rel_nthreads], NULL, release_thread, srv))
-				srv->rel_nthreads++;
-		}
+		if (rc)
+			log_warn_rl("rnbd: cannot start a release thread: %s%s", strerror(-rc),
+				    srv->rel_nthreads ? "" : "; the release waits for the next");
 	}
 	pthread_cond_broadcast(&srv->rel_cond);
 	pthread_mutex_unlock(&srv->rel_lock);
@@ -938,8 +952,17 @@ static int mem_devices_parse(struct rnbd_srv *srv, const char *spec)
 static void srv_free(struct rnbd_srv *srv)
 {
 	pthread_mutex_lock(&srv->rel_lock);
-	while (srv->live)
+	while (srv->live) {
+		/* Releases queued while no thread could start: start one now. */
+		if (!srv->rel_nthreads && !STAILQ_EMPTY(&srv->rel_queue) &&
+		    release_thread_start_locked(srv)) {
+			struct timespec t = deadline_ms(100);
+
+			pthread_cond_timedwait(&srv->rel_cond, &srv->rel_lock, &t);
+			continue;
+		}
 		pthread_cond_wait(&srv->rel_cond, &srv->rel_lock);
+	}
 	srv->rel_stop = true;
 	pthread_cond_broadcast(&srv->rel_cond);
 	pthread_mutex_unlock(&srv->rel_lock);
@@ -1028,15 +1051,6 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	pthread_mutex_init(&srv->lock, NULL);
 	pthread_mutex_init(&srv->rel_lock, NULL);
 	cond_init_mono(&srv->rel_cond); /* force-close waits with a deadline */
-	srv->rel_threads = calloc(1, sizeof(*srv->rel_threads));
-	rc = srv->rel_threads ? -pthread_create(&srv->rel_threads[0], NULL, release_thread, srv)
-			      : -ENOMEM;
-	if (rc) {
-		log_err("rnbd: cannot start the release thread: %s", strerror(-rc));
-		srv_free(srv);
-		return rc;
-	}
-	srv->rel_nthreads = 1;
 	if (o->dev_search_path)
 		snprintf(srv->search, sizeof(srv->search), "%s", o->dev_search_path);
 	srv->o.dev_search_path = srv->search[0] ? srv->search : NULL;
