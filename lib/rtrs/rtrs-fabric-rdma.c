@@ -85,7 +85,6 @@
 #define RDMA_IW_PDATA_MAX 255 /* MPA carries 512; rdma_cm's length field is a byte */
 #define RDMA_GROUPS_MAX RTRS_MAX_POLL_GROUPS
 #define RDMA_GCQ_ENTRIES 8192  /* a group's CQ has at least this many entries */
-#define RDMA_GCQ_DRAIN_PASSES 1000 /* reads of a CQ to find it empty after a QP left */
 #define RDMA_RETRY_MS 1        /* a retry after -EAGAIN comes this soon without completions */
 #define RDMA_INSERT_WAIT_MS 2000 /* a reused QP number waits this long for its last owner */
 /* The IB CM's reject reason for a consumer's reject, which carries its private data. */
@@ -133,6 +132,14 @@ struct fab_rx {
 	size_t size;
 };
 
+/* QP number -> connection, open addressing; under the group's lock. */
+struct rdma_qpmap {
+	uint32_t *key;          /* 0: empty; RDMA_QPMAP_GONE: removed */
+	struct fab_con **val;
+	size_t cap, used, live; /* used counts removed slots too */
+};
+#define RDMA_QPMAP_GONE UINT32_MAX
+
 /*
  * A CQ of a poll group on one device, shared by the QPs of the group's
  * connections there; its completion channel is its own. Made by a
@@ -148,17 +155,14 @@ struct rdma_gcq {
 	struct ibv_cq *cq;
 	unsigned size;          /* entries */
 	unsigned used;          /* reserved by QPs on it (send + receive queues), under g->lock */
+	/*
+	 * Its QPs by number, under g->lock: per CQ, since each device
+	 * numbers its QPs on its own.
+	 */
+	struct rdma_qpmap map;
 	bool armed;             /* group thread only */
 	unsigned unacked;       /* completion events not yet acknowledged; group thread only */
 };
-
-/* QP number -> connection, open addressing; under the group's lock. */
-struct rdma_qpmap {
-	uint32_t *key;          /* 0: empty; RDMA_QPMAP_GONE: removed */
-	struct fab_con **val;
-	size_t cap, used, live; /* used counts removed slots too */
-};
-#define RDMA_QPMAP_GONE UINT32_MAX
 
 struct rdma_group {
 	unsigned idx;
@@ -167,13 +171,12 @@ struct rdma_group {
 	struct rdma_event_channel *ch; /* every connection's CM id, once set up */
 	pthread_mutex_t lock;   /* cqs (adding), map, work, destroy waits */
 	_Atomic(struct rdma_gcq *) cqs;
-	struct rdma_qpmap map;
 	struct fab_con *work;   /* connections with work bits set */
 	struct fab_con *retry;  /* waiting to be kicked again (group thread only) */
 	uint64_t retry_since;
 	atomic_bool woken, stop;
 	atomic_uint nr_cons;
-	atomic_ullong poll_ns;  /* busy-poll this long before sleeping (the most any asked) */
+	_Atomic uint64_t poll_ns; /* busy-poll this long before sleeping (the most any asked) */
 };
 
 /* Work handed to a connection's group (fab_con.work). */
@@ -843,6 +846,16 @@ int fab_rdma_con_group(const struct fab_con *c)
 	return c && fab_ops_of(c) == &fab_rdma_ops && c->g ? (int)c->g->idx : -EINVAL;
 }
 
+/* The eventfd read, then the flag cleared: a wake after this writes it again. */
+static void group_woken(struct rdma_group *g)
+{
+	uint64_t v;
+
+	if (read(g->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+		log_warn_rl("rdma group %u: eventfd read: %s", g->idx, strerror(errno));
+	atomic_store(&g->woken, false);
+}
+
 static void group_wake(struct rdma_group *g)
 {
 	uint64_t one = 1;
@@ -1025,7 +1038,7 @@ static int con_map(struct fab_con *c)
 
 	for (;;) {
 		pthread_mutex_lock(&g->lock);
-		rc = qpmap_add(&g->map, c->qpn, c);
+		rc = qpmap_add(&c->gcq->map, c->qpn, c);
 		pthread_mutex_unlock(&g->lock);
 		if (rc != -EEXIST || now_ms() >= end)
 			break;
@@ -1279,7 +1292,7 @@ static int gcq_poll(struct rdma_group *g, struct rdma_gcq *q, struct ibv_wc *wcs
 		return n < 0 ? -EIO : 0;
 	pthread_mutex_lock(&g->lock);
 	for (int i = 0; i < n; i++)
-		cons[i] = qpmap_find(&g->map, wcs[i].qp_num);
+		cons[i] = qpmap_find(&q->map, wcs[i].qp_num);
 	pthread_mutex_unlock(&g->lock);
 	for (int i = 0; i < n; i++)
 		if (cons[i])
@@ -1310,16 +1323,20 @@ static void group_release(struct rdma_group *g, struct fab_con *c, struct ibv_wc
 	if (c->qp_made && !c->qp_gone) {
 		rdma_destroy_qp(c->id);
 		c->qp_gone = true;
-		for (unsigned i = 0; i < RDMA_GCQ_DRAIN_PASSES; i++) {
+		/* Every entry it can hold, and as many again that others add meanwhile. */
+		for (unsigned i = 0; i < 2 * c->gcq->size / RDMA_CQ_BATCH + 2; i++) {
 			int n = gcq_poll(g, c->gcq, wcs, cons);
 
+			if (n < 0)
+				log_err_rl("%s: reading the completion queue after its QP went: %s",
+					   c->name, strerror(-n));
 			if (n < RDMA_CQ_BATCH)
 				break;
 		}
 	}
 	pthread_mutex_lock(&g->lock);
 	if (c->in_map)
-		qpmap_del(&g->map, c->qpn);
+		qpmap_del(&c->gcq->map, c->qpn);
 	c->in_map = false;
 	if (c->gcq)
 		c->gcq->used -= c->cq_reserved;
@@ -1463,7 +1480,12 @@ static void *group_thread(void *arg)
 				n = group_poll(g, wcs, cons);
 			} while (n == 0 && !atomic_load(&g->woken) && !atomic_load(&g->stop) &&
 				 mono_ns() < until);
-			if (n != 0 || atomic_load(&g->woken))
+			if (atomic_load(&g->woken)) {
+				group_woken(g);
+				cm_due = true; /* the CM channel was not watched meanwhile */
+				continue;
+			}
+			if (n != 0)
 				continue;
 		}
 		bool armed_now = false;
@@ -1489,13 +1511,9 @@ static void *group_thread(void *arg)
 
 		for (int i = 0; i < ne; i++) {
 			void *p = evs[i].data.ptr;
-			uint64_t v;
 
 			if (p == (void *)&g->efd) {
-				atomic_store(&g->woken, false);
-				if (read(g->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-					log_warn_rl("rdma group %u: eventfd read: %s", g->idx,
-						    strerror(errno));
+				group_woken(g);
 			} else if (p == (void *)g) {
 				cm_due = true;
 			} else {
@@ -1523,6 +1541,8 @@ static void group_fini(struct rdma_group *g)
 			log_warn("rdma group %u: destroying a completion queue: %s", g->idx,
 				 strerror(errno));
 		ibv_destroy_comp_channel(q->cc);
+		free(q->map.key);
+		free(q->map.val);
 		free(q);
 		q = next;
 	}
@@ -1532,8 +1552,6 @@ static void group_fini(struct rdma_group *g)
 		close(g->epfd);
 	if (g->efd >= 0)
 		close(g->efd);
-	free(g->map.key);
-	free(g->map.val);
 	pthread_mutex_destroy(&g->lock);
 }
 
@@ -1878,6 +1896,11 @@ static int nat_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const v
 
 	if (f->server)
 		return -EINVAL;
+	if (tls_group) {
+		/* It waits for the address, the route and a QP number its group may still hold. */
+		log_err("%s: a connection cannot be made from a poll group's thread", cfg->name);
+		return -EDEADLK;
+	}
 	if (len > pdata_max(f, 0)) {
 		log_err("%s: %zu bytes of connection data exceed the provider's %zu", cfg->name,
 			len, pdata_max(f, 0));
@@ -1921,6 +1944,10 @@ static int nat_con_accept(struct fab *f, struct fab_connreq *req, const struct f
 
 	if (len > pdata_max(f, 1))
 		return -EMSGSIZE;
+	if (tls_group) {
+		log_err("%s: a connection cannot be accepted on a poll group's thread", cfg->name);
+		return -EDEADLK;
+	}
 	rc = con_new(f, cfg, &c);
 	if (rc)
 		return rc;
@@ -1936,19 +1963,27 @@ static int nat_con_accept(struct fab *f, struct fab_connreq *req, const struct f
 	}
 	migrated = true;
 	*out = c;
-	if (rdma_accept(c->id, &param)) {
-		rc = -errno;
-		log_err("%s: rdma_accept: %s", c->name, strerror(-rc));
-		*out = NULL;
-		goto fail;
-	}
-	/* The connection owns the request's id from here on. */
+	/*
+	 * The connection owns the request's id from the accept on: its events
+	 * may come, and a destroy follow, before rdma_accept returns here.
+	 */
 	c->own_id = true;
 	req->answered = true;
 	req->accepted = true;
+	if (rdma_accept(c->id, &param)) {
+		rc = -errno;
+		log_err("%s: rdma_accept: %s", c->name, strerror(-rc));
+		c->own_id = false;
+		req->answered = false;
+		req->accepted = false;
+		*out = NULL;
+		goto fail;
+	}
 	return 0;
 
 fail:
+	/* Nothing of it reaches the owner, even an event read before the id moves back. */
+	atomic_store(&c->destroying, true);
 	/*
 	 * The id stays the listener's, which refuses and frees it: back on
 	 * the listener's channel first, since the group's destroys the ids on

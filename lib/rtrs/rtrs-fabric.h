@@ -427,14 +427,15 @@ struct fab_con_cfg {
 
 /*
  * Client: creates an endpoint to the fab's destination and connects it.
- * *out is set before any callback of the connection can run.
+ * *out is set before any callback of the connection can run. It waits
+ * (address, route): not from a poll group's thread (rdma: -EDEADLK).
  */
 static inline int fab_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
 		    size_t len, struct fab_con **out)
 {
 	return fab_ops_of(f)->con_connect(f, cfg, data, len, out);
 }
-/* Server: creates an endpoint for req and accepts it with data; *out as above. */
+/* Server: creates an endpoint for req and accepts it with data; *out and threads as above. */
 static inline int fab_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
 		   const void *data, size_t len, struct fab_con **out)
 {
@@ -461,7 +462,7 @@ static inline int fab_con_rx_setup(struct fab_con *c, size_t count, size_t size)
 {
 	return fab_ops_of(c)->con_rx_setup(c, count, size);
 }
-/* Asks the completion thread to call ops->kick soon. Any thread. */
+/* Asks the connection's poll group to call ops->kick soon. Any thread. */
 static inline void fab_con_kick(struct fab_con *c)
 {
 	fab_ops_of(c)->con_kick(c);
@@ -474,7 +475,13 @@ static inline void fab_con_retry_later(struct fab_con *c)
 {
 	fab_ops_of(c)->con_retry_later(c);
 }
-/* Stops the completion thread and frees everything. Not from its thread. */
+/*
+ * Frees the connection; once this returns no callback of it runs or will
+ * run. From a callback of another connection of its poll group it hands
+ * the connection to the group and returns; from any other thread it waits
+ * for the group to let go (so not from a callback on another group whose
+ * connections that group may be destroying at the same time).
+ */
 static inline void fab_con_destroy(struct fab_con *c)
 {
 	if (c)
