@@ -2,8 +2,8 @@
 /*
  * raw-loop: the least a request/response loop over TCP on io_uring can do,
  * the floor the native TCP fabric is held to (bench/raw-vs-rtrs.sh,
- * bench/block-chains.sh; issue 35). One connection, each side one thread
- * with one io_uring: a pass submits what it has to send and its next
+ * bench/block-chains.sh; issue 35). One connection by default, each side
+ * one thread with one io_uring: a pass submits what it has to send and its next
  * receive and waits in one io_uring_enter, as a poll group does. Per IO:
  *   write: the client sends an 8-byte header (slot, length) and SIZE
  *          bytes; the server answers with the 8-byte header alone;
@@ -12,9 +12,16 @@
  * No frames of RTRS, no permits, no keys, no heartbeats: RTRS does all of
  * those on top. Payloads land in a receive buffer, not in place.
  *
+ * With --connections N the client holds N connections on its one ring and
+ * the server serves all it accepts on its one ring, as a poll group holds
+ * many: the queue depth is spread over them, each IO moving to the next
+ * connection (as rtrs-perf --sessions does), so at N >= QD no connection
+ * carries more than one IO at a time: the floor of bench/scale.sh's
+ * constant total load.
+ *
  *   raw-loop server [--port N]
  *   raw-loop client --dst HOST:PORT [--mode write|read] [--size BYTES]
- *                   [--queue-depth N] [--duration S] [--json]
+ *                   [--queue-depth N] [--connections N] [--duration S] [--json]
  *
  * The client prints ops and ops/s (--json: {"ops", "ops_per_sec",
  * "errors"}); the server runs until it is killed.
@@ -39,14 +46,15 @@
 
 #define READ_FLAG 0x80000000u
 #define SLOTS_MAX 4096
+#define CONS_MAX 16384
 #define HDR 8
 
 static struct {
 	const char *dst;
-	uint64_t port, size, qd, duration;
+	uint64_t port, size, qd, duration, cons;
 	unsigned mode;
 	bool json;
-} g = { .port = 0, .size = 4096, .qd = 64, .duration = 5 };
+} g = { .port = 0, .size = 4096, .qd = 64, .duration = 5, .cons = 1 };
 
 static const char *const mode_names[] = { "write", "read", NULL };
 
@@ -58,23 +66,35 @@ static const struct opt options[] = {
 	{ "size", 's', OPT_SIZE, &g.size, 1, 1u << 20, .arg = "BYTES", .help = "client: IO size" },
 	{ "queue-depth", 'q', OPT_UINT, &g.qd, 1, SLOTS_MAX, .arg = "N",
 	  .help = "client: IOs in flight" },
+	{ "connections", 'n', OPT_UINT, &g.cons, 1, CONS_MAX, .arg = "N",
+	  .help = "client: connections, each IO on the next" },
 	{ "duration", 't', OPT_UINT, &g.duration, 1, 3600, .arg = "S", .help = "client: seconds" },
 	{ "json", 0, OPT_FLAG, &g.json, .help = "client: the result as JSON" },
 	{ 0 },
 };
 
-/* One side: its socket, its ring, and the bytes on their way in and out. */
+/* One connection of a side: its socket and the bytes on their way in and out. */
 struct side {
 	int fd;
-	struct io_uring ring;
+	unsigned idx;       /* in sides[] */
 	char *in;           /* received, not yet parsed: in[0 .. in_len) */
 	size_t in_len, in_cap;
 	char *out[2];       /* being filled, being sent */
 	size_t out_len[2], out_cap[2], out_sent;
 	int filling;
 	bool sending, receiving;
+	bool closing;       /* the peer closed: freed once its last send is done */
 	char *payload;      /* what writes and read answers carry */
 };
+
+/* A process's one ring, and its connections (the server's as accepted). */
+static struct io_uring ring;
+static struct side **sides;
+static unsigned nsides;
+
+/* A completion's user data: the connection's index, and what it was. */
+enum { UD_SEND = 1, UD_RECV = 2, UD_ACCEPT = 3 };
+#define UD(idx, kind) (((uint64_t)(idx) << 2) | (kind))
 
 static void die(const char *what, int err)
 {
@@ -90,17 +110,44 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void side_init(struct side *s, int fd, size_t max_msg)
+static void ring_init(unsigned entries)
 {
-	int one = 1, rc;
+	int rc = io_uring_queue_init(entries, &ring, 0);
 
-	s->fd = fd;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	rc = io_uring_queue_init(8, &s->ring, 0);
 	if (rc)
 		die("io_uring_queue_init", -rc);
-	s->in_cap = 4 * (max_msg + HDR) + (1 << 20);
-	s->out_cap[0] = s->out_cap[1] = 1 << 20;
+}
+
+static struct io_uring_sqe *sqe_get(void)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+
+	if (!sqe) {
+		io_uring_submit(&ring);
+		sqe = io_uring_get_sqe(&ring);
+		if (!sqe)
+			die("io_uring_get_sqe", EBUSY);
+	}
+	return sqe;
+}
+
+/* A new connection of this side; its buffers sized for one connection of many. */
+static struct side *side_new(int fd, size_t max_msg)
+{
+	struct side *s = calloc(1, sizeof(*s)), **grown;
+	int one = 1;
+	size_t buf = g.cons > 1 ? 64 << 10 : 1 << 20;
+
+	grown = realloc(sides, (nsides + 1) * sizeof(*sides));
+	if (!s || !grown)
+		die("malloc", ENOMEM);
+	sides = grown;
+	s->idx = nsides;
+	sides[nsides++] = s;
+	s->fd = fd;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	s->in_cap = 4 * (max_msg + HDR) + buf;
+	s->out_cap[0] = s->out_cap[1] = buf;
 	s->in = malloc(s->in_cap);
 	s->out[0] = malloc(s->out_cap[0]);
 	s->out[1] = malloc(s->out_cap[1]);
@@ -108,6 +155,18 @@ static void side_init(struct side *s, int fd, size_t max_msg)
 	if (!s->in || !s->out[0] || !s->out[1] || !s->payload)
 		die("malloc", ENOMEM);
 	memset(s->payload, 0x5a, max_msg);
+	return s;
+}
+
+static void side_free(struct side *s)
+{
+	sides[s->idx] = NULL;
+	close(s->fd);
+	free(s->in);
+	free(s->out[0]);
+	free(s->out[1]);
+	free(s->payload);
+	free(s);
 }
 
 /* Appends a message to the buffer being filled. */
@@ -137,72 +196,78 @@ static void put(struct side *s, uint32_t slot, uint32_t len, bool with_payload)
 	s->out_len[s->filling] += HDR + (with_payload ? len : 0);
 }
 
-/*
- * One pass: the send of what was filled (when none is on its way) and a
- * receive, submitted with the wait; then what completed. Returns the
- * bytes received (0: the peer closed).
- */
-static ssize_t pass(struct side *s)
+/* What s has to send (when none is on its way) and its next receive, queued on the ring. */
+static void side_arm(struct side *s)
 {
-	struct io_uring_cqe *cqe;
-	unsigned head, seen = 0;
-	ssize_t got = -EAGAIN;
-
 	if (!s->sending && s->out_len[s->filling]) {
-		struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
+		struct io_uring_sqe *sqe = sqe_get();
 
 		s->filling ^= 1; /* the other buffer fills meanwhile */
 		s->out_sent = 0;
 		io_uring_prep_send(sqe, s->fd, s->out[s->filling ^ 1], s->out_len[s->filling ^ 1],
 				   MSG_NOSIGNAL);
-		io_uring_sqe_set_data64(sqe, 1);
+		io_uring_sqe_set_data64(sqe, UD(s->idx, UD_SEND));
 		s->sending = true;
 	}
 	if (!s->receiving) {
-		struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
+		struct io_uring_sqe *sqe = sqe_get();
 
 		io_uring_prep_recv(sqe, s->fd, s->in + s->in_len, s->in_cap - s->in_len, 0);
-		io_uring_sqe_set_data64(sqe, 2);
+		io_uring_sqe_set_data64(sqe, UD(s->idx, UD_RECV));
 		s->receiving = true;
 	}
-	int rc = io_uring_submit_and_wait(&s->ring, 1);
+}
+
+/*
+ * A completion of s: a receive's bytes (returned; 0: the peer closed), or
+ * a send's (-EAGAIN returned).
+ */
+static ssize_t side_complete(struct side *s, unsigned kind, int res)
+{
+	if (kind == UD_RECV) {
+		s->receiving = false;
+		if (res > 0)
+			s->in_len += (size_t)res;
+		if (res < 0 && res != -EAGAIN && res != -EINTR)
+			die("recv", -res);
+		return res < 0 ? -EAGAIN : res;
+	}
+	/* The send: what is left of it goes again with the next pass. */
+	int done = s->filling ^ 1;
+
+	if (res < 0)
+		die("send", -res);
+	s->out_sent += (size_t)res;
+	s->sending = false;
+	if (s->out_sent < s->out_len[done]) {
+		/* Partial: move the rest to the front and send it before the new bytes. */
+		size_t rest = s->out_len[done] - s->out_sent;
+		char *f;
+
+		reserve(s, rest);
+		f = s->out[s->filling];
+		memmove(f + rest, f, s->out_len[s->filling]);
+		memcpy(f, s->out[done] + s->out_sent, rest);
+		s->out_len[s->filling] += rest;
+	}
+	s->out_len[done] = 0;
+	return -EAGAIN;
+}
+
+/* One pass: the ring submitted and waited on once; every completion is given to fn. */
+static void pass(void (*fn)(struct io_uring_cqe *cqe))
+{
+	struct io_uring_cqe *cqe;
+	unsigned head, seen = 0;
+	int rc = io_uring_submit_and_wait(&ring, 1);
 
 	if (rc < 0 && rc != -EINTR)
 		die("io_uring_enter", -rc);
-	io_uring_for_each_cqe(&s->ring, head, cqe) {
+	io_uring_for_each_cqe(&ring, head, cqe) {
 		seen++;
-		if (io_uring_cqe_get_data64(cqe) == 2) {
-			s->receiving = false;
-			got = cqe->res;
-			if (got > 0)
-				s->in_len += (size_t)got;
-			continue;
-		}
-		/* The send: what is left of it goes again with the next pass. */
-		int sent = cqe->res;
-		int done = s->filling ^ 1;
-
-		if (sent < 0)
-			die("send", -sent);
-		s->out_sent += (size_t)sent;
-		s->sending = false;
-		if (s->out_sent < s->out_len[done]) {
-			/* Partial: move the rest to the front and send it before the new bytes. */
-			size_t rest = s->out_len[done] - s->out_sent;
-			char *f;
-
-			reserve(s, rest);
-			f = s->out[s->filling];
-			memmove(f + rest, f, s->out_len[s->filling]);
-			memcpy(f, s->out[done] + s->out_sent, rest);
-			s->out_len[s->filling] += rest;
-		}
-		s->out_len[done] = 0;
+		fn(cqe);
 	}
-	io_uring_cq_advance(&s->ring, seen);
-	if (got < 0 && got != -EAGAIN && got != -EINTR)
-		die("recv", (int)-got);
-	return got;
+	io_uring_cq_advance(&ring, seen);
 }
 
 /* Complete messages in s->in: handled by fn, then dropped. */
@@ -240,49 +305,68 @@ static size_t srv_msg(struct side *s, uint32_t slot, uint32_t len, const char *p
 	return HDR + (read ? 0 : len);
 }
 
+static int lfd;
+
+static void accept_arm(void)
+{
+	struct io_uring_sqe *sqe = sqe_get();
+
+	io_uring_prep_accept(sqe, lfd, NULL, NULL, SOCK_CLOEXEC);
+	io_uring_sqe_set_data64(sqe, UD(0, UD_ACCEPT));
+}
+
+static void srv_cqe(struct io_uring_cqe *cqe)
+{
+	uint64_t ud = io_uring_cqe_get_data64(cqe);
+	unsigned kind = ud & 3;
+	struct side *s;
+
+	if (kind == UD_ACCEPT) {
+		if (cqe->res >= 0)
+			side_arm(side_new(cqe->res, 1u << 20));
+		accept_arm();
+		return;
+	}
+	s = sides[ud >> 2];
+	if (side_complete(s, kind, cqe->res) == 0)
+		s->closing = true;
+	if (s->closing) {
+		if (!s->sending)
+			side_free(s);
+		return;
+	}
+	parse(s, srv_msg);
+	side_arm(s);
+}
+
 static int server(void)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)g.port),
 				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	socklen_t sl = sizeof(sa);
-	int one = 1, lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int one = 1;
 
+	lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (lfd < 0)
 		die("socket", errno);
 	setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) || listen(lfd, 16) ||
+	if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) || listen(lfd, 4096) ||
 	    getsockname(lfd, (struct sockaddr *)&sa, &sl))
 		die("listen", errno);
 	printf("raw-loop listening on port %u\n", ntohs(sa.sin_port));
 	fflush(stdout);
-	for (;;) {
-		struct side s = { 0 };
-		int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-
-		if (fd < 0)
-			continue;
-		side_init(&s, fd, 1u << 20);
-		for (;;) {
-			ssize_t got = pass(&s);
-
-			if (got == 0)
-				break;
-			parse(&s, srv_msg);
-		}
-		io_uring_queue_exit(&s.ring);
-		close(fd);
-		free(s.in);
-		free(s.out[0]);
-		free(s.out[1]);
-		free(s.payload);
-	}
+	ring_init(4096);
+	accept_arm();
+	for (;;)
+		pass(srv_cqe);
 	return 0;
 }
 
 static uint64_t c_ops, c_end;
 static uint64_t c_inflight;
+static unsigned c_next; /* the connection the next IO goes to */
 
-/* Client: an answer whole: the next request in its slot, until the time is up. */
+/* Client: an answer whole: the next request on the next connection, until the time is up. */
 static size_t clt_msg(struct side *s, uint32_t slot, uint32_t len, const char *p, size_t avail)
 {
 	bool read = slot & READ_FLAG;
@@ -291,21 +375,36 @@ static size_t clt_msg(struct side *s, uint32_t slot, uint32_t len, const char *p
 	if (read && avail < len)
 		return 0;
 	c_ops++;
-	if (now_ns() < c_end)
-		put(s, slot, (uint32_t)g.size, !read);
-	else
+	if (now_ns() < c_end) {
+		struct side *to = sides[c_next];
+
+		c_next = (c_next + 1) % nsides;
+		put(to, slot, (uint32_t)g.size, !read);
+		if (to != s)
+			side_arm(to);
+	} else {
 		c_inflight--;
+	}
 	return HDR + (read ? len : 0);
+}
+
+static void clt_cqe(struct io_uring_cqe *cqe)
+{
+	uint64_t ud = io_uring_cqe_get_data64(cqe);
+	struct side *s = sides[ud >> 2];
+
+	if (side_complete(s, ud & 3, cqe->res) == 0)
+		die("the server closed a connection", ECONNRESET);
+	parse(s, clt_msg);
+	side_arm(s);
 }
 
 static int client(void)
 {
 	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res;
-	struct side s = { 0 };
 	char host[256], *colon;
 	uint32_t flag = g.mode == 1 ? READ_FLAG : 0;
 	uint64_t start;
-	int fd;
 
 	if (!g.dst || strlen(g.dst) >= sizeof(host) || !(colon = strrchr(g.dst, ':'))) {
 		fprintf(stderr, "raw-loop: client needs --dst HOST:PORT\n");
@@ -315,21 +414,26 @@ static int client(void)
 	host[colon - g.dst] = 0;
 	if (getaddrinfo(host, colon + 1, &hints, &res))
 		die("getaddrinfo", EINVAL);
-	fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || connect(fd, res->ai_addr, res->ai_addrlen))
-		die("connect", errno);
+	ring_init(4096);
+	for (uint64_t i = 0; i < g.cons; i++) {
+		int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+		if (fd < 0 || connect(fd, res->ai_addr, res->ai_addrlen))
+			die("connect", errno);
+		side_new(fd, g.size);
+	}
 	freeaddrinfo(res);
-	side_init(&s, fd, g.size);
 	start = now_ns();
 	c_end = start + g.duration * 1000000000u;
 	c_inflight = g.qd;
-	for (uint32_t i = 0; i < g.qd; i++)
-		put(&s, i | flag, (uint32_t)g.size, !flag);
-	while (c_inflight) {
-		if (pass(&s) == 0)
-			die("the server closed the connection", ECONNRESET);
-		parse(&s, clt_msg);
+	for (uint32_t i = 0; i < g.qd; i++) {
+		put(sides[c_next], i | flag, (uint32_t)g.size, !flag);
+		c_next = (c_next + 1) % nsides;
 	}
+	for (unsigned i = 0; i < nsides; i++)
+		side_arm(sides[i]);
+	while (c_inflight)
+		pass(clt_cqe);
 	double secs = (double)(now_ns() - start) / 1e9;
 
 	if (g.json)
@@ -338,8 +442,8 @@ static int client(void)
 	else
 		printf("%s %" PRIu64 " B: %" PRIu64 " ops in %.2f s, %.0f ops/s\n",
 		       mode_names[g.mode], g.size, c_ops, secs, (double)c_ops / secs);
-	shutdown(fd, SHUT_RDWR);
-	close(fd);
+	for (unsigned i = 0; i < nsides; i++)
+		shutdown(sides[i]->fd, SHUT_RDWR);
 	return 0;
 }
 

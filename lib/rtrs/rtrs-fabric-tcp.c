@@ -66,6 +66,17 @@
 #define TCP_RING_SQ 512
 #define TCP_RING_CQ 16384
 #define TCP_FLUSH_IOV 64        /* iovecs gathered into one sendmsg by a flush */
+/*
+ * Read-ahead after a frame with no or a small payload: the next read takes
+ * up to this many bytes, so that a run of such frames (responses: a header,
+ * an immediate, a message of a few bytes) costs one recvmsg, not one each
+ * and one more that finds nothing. Payload bytes caught in it are copied
+ * to their place; a payload larger than TCP_LA_SMALL is read straight into
+ * place and turns read-ahead off until a small frame again, so bulk data
+ * never goes through it but for the bytes of one read at a change.
+ */
+#define TCP_LA_LEN (16 * RTRS_TCP_HDR_LEN)
+#define TCP_LA_SMALL 256
 /* The memory keys' table starts this small and doubles past one region a bucket. */
 #define TCP_MR_BUCKETS_MIN 16
 #define TCP_ACCEPT_BATCH 256    /* accepts per listener event */
@@ -217,6 +228,9 @@ struct fab_con {
 	unsigned char hdr[RTRS_TCP_HDR_LEN];
 	size_t hdr_got;
 	bool in_payload;
+	bool la_want;            /* the last frame was small: the next read reads ahead */
+	uint16_t la_off, la_len; /* la[la_off .. la_len) read, not yet taken */
+	unsigned char la[TCP_LA_LEN];
 	struct rtrs_tcp_frame fr;
 	char *dst;
 	size_t left;
@@ -928,6 +942,7 @@ static bool rx_frame_end(struct fab_con *c)
 	void *priv = c->cfg.priv;
 
 	c->in_payload = false;
+	c->la_want = f->len <= TCP_LA_SMALL;
 	switch (f->op) {
 	case RTRS_TCP_ACCEPT:
 		c->state = TC_UP;
@@ -960,6 +975,67 @@ static bool rx_frame_end(struct fab_con *c)
 enum rx_end { RX_EMPTY, RX_BUDGET, RX_STOP };
 
 /*
+ * A write into c->mr's region is about to start: holds it off
+ * deregistration (active) unless that began; false (and c failed) then.
+ */
+static bool rx_mr_enter(struct fab_con *c)
+{
+	if (!c->mr)
+		return true;
+	atomic_fetch_add(&c->mr->active, 1);
+	if (atomic_load(&c->mr->dead)) {
+		atomic_fetch_sub(&c->mr->active, 1);
+		log_warn_rl("%s: write into a key deregistered under it", con_name(c));
+		con_fail(c, -EACCES, NULL, 0);
+		return false;
+	}
+	return true;
+}
+
+static void rx_mr_exit(struct fab_con *c)
+{
+	if (c->mr)
+		atomic_fetch_sub(&c->mr->active, 1);
+}
+
+/*
+ * Takes bytes read ahead (c->la): into the header, or into the payload's
+ * place. Counts a frame that ended in *frames and *budget; false when the
+ * connection ended.
+ */
+static bool rx_take_ahead(struct fab_con *c, unsigned *budget, unsigned *frames)
+{
+	size_t avail = (size_t)(c->la_len - c->la_off), take;
+	const unsigned char *from = c->la + c->la_off;
+
+	if (c->in_payload) {
+		take = MIN(avail, c->left);
+		if (!rx_mr_enter(c))
+			return false;
+		memcpy(c->dst + (c->fr.len - c->left), from, take);
+		rx_mr_exit(c);
+		c->left -= take;
+	} else {
+		take = MIN(avail, sizeof(c->hdr) - c->hdr_got);
+		memcpy(c->hdr + c->hdr_got, from, take);
+		c->hdr_got += take;
+		if (c->hdr_got < sizeof(c->hdr))
+			goto out;
+		if (!rx_frame_start(c))
+			return false;
+	}
+	if (c->in_payload && !c->left) {
+		(*budget)--;
+		(*frames)++;
+		c->la_off = (uint16_t)(c->la_off + take);
+		return rx_frame_end(c);
+	}
+out:
+	c->la_off = (uint16_t)(c->la_off + take);
+	return true;
+}
+
+/*
  * Under cb_lock: reads frames, at most TCP_RX_BUDGET; *frames, how many
  * ended. RX_EMPTY when the socket has no more, RX_BUDGET when the budget
  * ran out, RX_STOP when the connection ended or went quiet.
@@ -977,8 +1053,14 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
 		unsigned n = 0;
 		struct msghdr mh = { .msg_iov = iov };
 		ssize_t r;
-		bool guard = false;
+		bool guard = false, ahead = false;
 
+		if (c->la_off < c->la_len) {
+			if (!rx_take_ahead(c, &budget, frames))
+				return RX_STOP;
+			continue;
+		}
+		c->la_off = c->la_len = 0;
 		if (!c->in_payload && c->hdr_got == sizeof(c->hdr)) {
 			if (!rx_frame_start(c))
 				return RX_STOP;
@@ -993,26 +1075,25 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
 		/* What is buffered is taken first; then a read that would find nothing is saved. */
 		if (drained)
 			return RX_EMPTY;
-		if (c->in_payload) {
+		if (c->la_want && (!c->in_payload || c->left <= TCP_LA_SMALL)) {
+			iov[n++] = (struct iovec){ c->la, sizeof(c->la) };
+			ahead = true;
+		} else if (c->in_payload) {
 			iov[n++] = (struct iovec){ c->dst + (c->fr.len - c->left), c->left };
 			if (c->mr) {
-				atomic_fetch_add(&c->mr->active, 1);
-				guard = true;
-				if (atomic_load(&c->mr->dead)) {
-					atomic_fetch_sub(&c->mr->active, 1);
-					log_warn_rl("%s: write into a key deregistered under it",
-						    con_name(c));
-					con_fail(c, -EACCES, NULL, 0);
+				if (!rx_mr_enter(c))
 					return RX_STOP;
-				}
+				guard = true;
 			}
+			/* The next header with the payload's end, in the same call. */
+			iov[n++] = (struct iovec){ c->hdr + c->hdr_got, sizeof(c->hdr) - c->hdr_got };
+		} else {
+			iov[n++] = (struct iovec){ c->hdr + c->hdr_got, sizeof(c->hdr) - c->hdr_got };
 		}
-		/* The next header with the payload's end, in the same call. */
-		iov[n++] = (struct iovec){ c->hdr + c->hdr_got, sizeof(c->hdr) - c->hdr_got };
 		mh.msg_iovlen = n;
 		r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
 		if (guard)
-			atomic_fetch_sub(&c->mr->active, 1);
+			rx_mr_exit(c);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -1024,6 +1105,10 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
 		size_t got = (size_t)r;
 
 		drained = got < iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
+		if (ahead) {
+			c->la_len = (uint16_t)got;
+			continue;
+		}
 		if (c->in_payload) {
 			size_t take = MIN(got, c->left);
 

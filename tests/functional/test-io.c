@@ -13,13 +13,26 @@
  * with every Nth write refused as if the send queue were full, on both
  * sides: the pending lists and kicks carry the load (rtrs-fault.h; a build
  * without -Dfault_injection=true skips it).
+ *
+ * test-io --resegment (the test test-io-resegment; tcp only) runs the same
+ * through a proxy that passes each direction's bytes on in pieces of
+ * random sizes (1 byte to 9 KiB, a third of them under 40 bytes, with
+ * pauses between some), so that the receiver finds frames split at every
+ * kind of place: inside a header, between a header and its payload, inside
+ * a payload, several frames in one read and the bytes read ahead.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -316,6 +329,113 @@ static void part_refusals(void)
 	CHECK_EQ(attrs.max_hdr_size, 4096);
 }
 
+/* ---- the resegmenting proxy (--resegment) ------------------------------------ */
+
+static struct {
+	int lfd;
+	struct sockaddr_in to;
+	atomic_ullong pieces;
+} rs;
+
+struct rs_pipe {
+	int from, to;
+	unsigned seed;
+};
+
+/* Passes from's bytes on to to in pieces of random sizes, until either side ends. */
+static void *rs_pipe_thread(void *arg)
+{
+	struct rs_pipe *p = arg;
+	char *buf = malloc(1 << 16);
+
+	if (!buf)
+		goto out;
+	for (;;) {
+		ssize_t got = read(p->from, buf, 1 << 16), off = 0;
+
+		if (got <= 0)
+			break;
+		while (off < got) {
+			unsigned r = (unsigned)rand_r(&p->seed);
+			size_t piece = r % 3 == 0 ? 1 + r / 3 % 40 : r % 3 == 1 ? 1 + r / 3 % 600 :
+						    1 + r / 3 % 9000;
+			ssize_t w;
+
+			piece = MIN_(piece, (size_t)(got - off));
+			w = send(p->to, buf + off, piece, MSG_NOSIGNAL);
+			if (w <= 0)
+				goto done;
+			off += w;
+			atomic_fetch_add(&rs.pieces, 1);
+			if (r % 7 == 0)
+				usleep(50); /* the receiver reads what came so far */
+		}
+	}
+done:
+	free(buf);
+out:
+	shutdown(p->to, SHUT_WR);
+	shutdown(p->from, SHUT_RD);
+	free(p);
+	return NULL;
+}
+
+/* Accepts the client's connections, each to a connection of its own to the server. */
+static void *rs_accept_thread(void *arg)
+{
+	unsigned seed = 1;
+
+	(void)arg;
+	for (;;) {
+		int one = 1, c = accept(rs.lfd, NULL, NULL), s;
+		struct rs_pipe *up, *down;
+		pthread_t t;
+
+		if (c < 0)
+			break;
+		s = socket(AF_INET, SOCK_STREAM, 0);
+		if (s < 0 || connect(s, (struct sockaddr *)&rs.to, sizeof(rs.to))) {
+			close(c);
+			if (s >= 0)
+				close(s);
+			continue;
+		}
+		setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		up = malloc(sizeof(*up));
+		down = malloc(sizeof(*down));
+		if (!up || !down)
+			abort();
+		*up = (struct rs_pipe){ .from = c, .to = s, .seed = seed++ };
+		*down = (struct rs_pipe){ .from = s, .to = c, .seed = seed++ };
+		/* Detached: the process ends with the test. */
+		if (pthread_create(&t, NULL, rs_pipe_thread, up) || pthread_detach(t) ||
+		    pthread_create(&t, NULL, rs_pipe_thread, down) || pthread_detach(t))
+			abort();
+	}
+	return NULL;
+}
+
+/* Starts the proxy in front of the server at host:port; dst becomes the proxy's address. */
+static int rs_start(const char *host, int port, char *dst, size_t len)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t al = sizeof(a);
+	pthread_t t;
+
+	rs.to = (struct sockaddr_in){ .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	if (inet_pton(AF_INET, host, &rs.to.sin_addr) != 1)
+		return -EINVAL;
+	rs.lfd = socket(AF_INET, SOCK_STREAM, 0);
+	if (rs.lfd < 0 || bind(rs.lfd, (struct sockaddr *)&a, sizeof(a)) || listen(rs.lfd, 64) ||
+	    getsockname(rs.lfd, (struct sockaddr *)&a, &al))
+		return -errno;
+	if (pthread_create(&t, NULL, rs_accept_thread, NULL) || pthread_detach(t))
+		return -EAGAIN;
+	snprintf(dst, len, "127.0.0.1:%u", ntohs(a.sin_port));
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	char qd[16], store[32], a_port[] = "--port", a_zero[] = "0", a_qd[] = "--queue-depth";
@@ -327,6 +447,7 @@ int main(int argc, char **argv)
 	struct proc srv;
 	char dst[64];
 	int rc, status;
+	bool resegment = false;
 
 	if (argc == 3 && !strcmp(argv[1], a_every)) {
 		char *end;
@@ -346,8 +467,12 @@ int main(int argc, char **argv)
 #else
 		SKIP("%s: built without -Dfault_injection=true", a_every);
 #endif
+	} else if (argc == 2 && !strcmp(argv[1], "--resegment")) {
+		if (strcmp(test_provider(), "tcp") || getenv("RTRS_TEST_SERVER_AT"))
+			SKIP("--resegment: a tcp server of its own only (provider %s)", test_provider());
+		resegment = true;
 	} else if (argc != 1) {
-		fprintf(stderr, "usage: test-io [%s N]\n", a_every);
+		fprintf(stderr, "usage: test-io [%s N | --resegment]\n", a_every);
 		return 2;
 	}
 	snprintf(qd, sizeof(qd), "%u", 512);
@@ -356,6 +481,12 @@ int main(int argc, char **argv)
 	if (rc)
 		return 1;
 	proc_dst(&srv, dst, sizeof(dst));
+	if (resegment) {
+		rc = rs_start(srv.host, srv.port, dst, sizeof(dst));
+		CHECK(rc == 0, "the resegmenting proxy: %s", strerror(-rc));
+		if (rc)
+			goto out;
+	}
 	path = (struct rtrs_path_addr){ .src = test_addr(), .dst = dst };
 	rtrs_clt_opts_init(&o, sizeof(o));
 	o.provider = test_provider();
@@ -395,6 +526,9 @@ int main(int argc, char **argv)
 		rtrs_fault_set(NULL);
 #endif
 	}
+	if (resegment) /* the stream went through in pieces, many more than frames */
+		CHECK(atomic_load(&rs.pieces) > 100000, "pieces passed on: %llu",
+		      (unsigned long long)atomic_load(&rs.pieces));
 out:
 	status = proc_signal(&srv, SIGTERM, true);
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "server exit status %d", status);
