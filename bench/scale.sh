@@ -17,6 +17,13 @@
 # N files of 256 KiB (sparse, below a --dev-search-path), with
 # rnbd-client perf --sessions N as the generator, each session mapping its
 # own file, 4 KiB random reads and writes (half each) at total QD QD.
+# Beside each point, the floor: bench/raw-loop with as many connections as
+# the sessions have IO connections (N x CONS), the same total QD and IO
+# size, each IO on the next connection, its ops/s and CPU per IO (server
+# and client) over the same window (raw_ops_per_s, raw_cpu_us_per_io); a
+# transport cannot do with less than one segment each way per IO once the
+# connections outnumber the IOs in flight, and the floor shows what that
+# costs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NS=${NS:-"1 10 100 1000"}
@@ -38,6 +45,7 @@ bin=$(realpath "${BUILD:-build-release}")
 perf=$bin/tools/rtrs-perf
 rnbd_server=$bin/daemons/rnbd-server
 rnbd_client=$bin/tools/rnbd-client
+raw=$bin/bench/raw-loop
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 hz=$(getconf CLK_TCK)
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
@@ -45,7 +53,33 @@ rss() { awk '/^VmRSS/ { print $2 }' "/proc/$1/status"; }
 nthreads() { ls "/proc/$1/task" | wc -l; }
 nfds() { ls "/proc/$1/fd" | wc -l; }
 
-echo "N cons open_s ops_per_s cpu_us_per_io srv_threads gen_threads srv_fds srv_rss_kb gen_rss_kb srv_idle_cpu_pct" >"$tmp/table"
+echo "N cons open_s ops_per_s cpu_us_per_io srv_threads gen_threads srv_fds srv_rss_kb gen_rss_kb srv_idle_cpu_pct raw_ops_per_s raw_cpu_us_per_io" >"$tmp/table"
+
+# The floor at CONNS connections: raw-loop's ops/s and CPU per IO (us), over 3 s of a 5 s run.
+raw_floor() {
+	local conns=$1 rs rc port r0 c0 r1 c1
+	"$raw" server --port 0 >"$tmp/raw-srv.log" 2>&1 &
+	rs=$!
+	pids+=("$rs")
+	for _ in $(seq 100); do grep -q 'listening on port' "$tmp/raw-srv.log" && break; sleep 0.05; done
+	port=$(grep -o 'listening on port [0-9]*' "$tmp/raw-srv.log" | grep -o '[0-9]*$')
+	"$raw" client --dst "127.0.0.1:$port" --connections "$conns" --queue-depth "$QD" \
+		--size 4096 --duration 5 --json >"$tmp/raw.json" &
+	rc=$!
+	sleep 1.5
+	r0=$(ticks "$rs") c0=$(ticks "$rc")
+	sleep 3
+	r1=$(ticks "$rs") c1=$(ticks "$rc")
+	wait "$rc"
+	kill "$rs"
+	wait "$rs" 2>/dev/null || true
+	python3 - "$tmp/raw.json" "$((r1 - r0 + c1 - c0))" "$hz" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+ticks, hz = int(sys.argv[2]), int(sys.argv[3])
+print(round(j["ops_per_sec"]), "%.1f" % (ticks / hz * 1e6 / (3 * j["ops_per_sec"])))
+PY
+}
 points=()
 for n in $NS; do points+=("$n:$CONS"); done
 for x in $EXTRA; do points+=("$x"); done
@@ -98,16 +132,22 @@ if "ops" not in j:  # rnbd-client perf
 print(n, cons + 1, j["open_seconds"], j["ops_per_sec"], "%.1f" % (ticks / hz * 1e6 / max(j["ops"], 1)), end=" ")
 PY
 )
-	echo "$row $(nthreads "$spid") $(nthreads "$cpid") $(nfds "$spid") $(rss "$spid") $(rss "$cpid") $(awk -v t=$((i1 - i0)) -v hz="$hz" 'BEGIN { printf "%.1f", t / hz / 4 * 100 }')" >>"$tmp/table"
+	row="$row $(nthreads "$spid") $(nthreads "$cpid") $(nfds "$spid") $(rss "$spid") $(rss "$cpid") $(awk -v t=$((i1 - i0)) -v hz="$hz" 'BEGIN { printf "%.1f", t / hz / 4 * 100 }')"
 	wait "$cpid" || { cat "$tmp/gen-$n.err" >&2; exit 1; }
 	kill "$spid"
 	wait "$spid" 2>/dev/null || true
+	echo "$row $(raw_floor $((n * cons)))" >>"$tmp/table"
 done
 column -t "$tmp/table"
 if $record; then
 	day=$(date +%F)
 	suffix=; [ "$SERVER" = rnbd ] && suffix=-rnbd
 	plot=bench/plots/scale-$day$suffix.png
+	i=2
+	while [ -e "$plot" ]; do # a run of the same day keeps its plot
+		plot=bench/plots/scale-$day$suffix-$i.png
+		i=$((i + 1))
+	done
 	/usr/bin/python3 - "$tmp/table" "$plot" "$((CONS + 1))" <<'PY'
 import sys
 import matplotlib
@@ -119,7 +159,9 @@ extra = [r for r in allrows if r[1] != sys.argv[3]]
 n = [int(r[0]) for r in rows]
 fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
 ax[0].plot(n, [float(r[2]) for r in rows], "o-"); ax[0].set_title("all N open (s)")
-ax[1].plot(n, [float(r[4]) for r in rows], "o-"); ax[1].set_title("CPU per IO, server + generator (us)")
+ax[1].plot(n, [float(r[4]) for r in rows], "o-", label="server + generator")
+ax[1].plot(n, [float(r[12]) for r in rows], "v--", label="raw-loop floor, N x cons connections")
+ax[1].set_title("CPU per IO (us)")
 ax[2].plot(n, [int(r[8]) / 1024 for r in rows], "o-", label="server RSS (MiB)")
 ax[2].plot(n, [int(r[6]) for r in rows], "^-", label="generator threads")
 ax[2].plot(n, [int(r[5]) for r in rows], "s-", label="server threads")
@@ -129,7 +171,8 @@ for r in extra:
     ax[1].plot([int(r[0])], [float(r[4])], "D", label=lab)
     ax[2].plot([int(r[0])], [int(r[8]) / 1024], "D", label="server RSS, " + lab)
 if extra:
-    ax[0].legend(); ax[1].legend()
+    ax[0].legend()
+ax[1].legend()
 ax[2].legend(); ax[2].set_yscale("log"); ax[2].set_title("threads and RSS")
 for a in ax:
     a.set_xscale("log"); a.set_xlabel("sessions (N)")
@@ -150,7 +193,9 @@ PY
 			echo "connections), opened together; 4 KiB random reads and writes (half each) at"
 		fi
 		echo "total QD $QD spread over the sessions. Columns: sessions, connections each, seconds until all were open,"
-		echo "ops/s, CPU per IO of server and generator together (us), threads, server fds, RSS (KiB), server CPU idle (%)."
+		echo "ops/s, CPU per IO of server and generator together (us), threads, server fds, RSS (KiB), server CPU idle (%),"
+		echo "and the floor: bench/raw-loop over N x cons connections at the same total QD, each IO on the next connection"
+		echo "(ops/s, CPU per IO of its server and client, us)."
 		echo
 		echo '```'
 		column -t "$tmp/table"
