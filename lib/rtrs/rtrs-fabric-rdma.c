@@ -187,25 +187,11 @@ enum {
 	W_DESTROY = 1u << 3,    /* leave the group (destroy) */
 };
 
-struct rdma_destroy_wait {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	bool done;
-};
-
 struct fab_con {
 	const struct fab_ops *ops;
 	struct fab *fab;
 	struct fab_con_cfg cfg;
-	/*
-	 * The name log lines give: name_made until a rename, then name_later
-	 * (con_rename, once). A logger may still hold name_made: it never
-	 * changes, and neither does name_later once published.
-	 */
-	_Atomic(const char *) name;
-	char name_made[64];
-	char name_later[64];
-	atomic_bool renamed;
+	struct fab_con_name name; /* in log lines (con_name) */
 	struct rdma_event_channel *ch; /* client: the id's channel while it resolves */
 	struct rdma_cm_id *id;
 	bool own_id;            /* destroy id with the connection */
@@ -222,7 +208,7 @@ struct fab_con {
 	atomic_uint work;       /* W_* bits for the group */
 	struct fab_con *work_next, *retry_next;
 	bool in_retry;          /* group thread only */
-	struct rdma_destroy_wait *dw; /* the destroyer waiting, if any */
+	struct fab_done *dw; /* the destroyer waiting, if any */
 	atomic_bool destroying; /* no callback runs any more */
 	atomic_bool down;       /* down() was called (or the owner shut us down) */
 	atomic_bool shutdown;   /* fab_con_shutdown() was called */
@@ -261,6 +247,11 @@ static int groups_get(void);
 static void groups_put(void);
 
 /* ---- helpers ------------------------------------------------------------------ */
+
+static const char *con_name(const struct fab_con *c)
+{
+	return fab_con_name_get(&c->name);
+}
 
 static void sockaddr_str(const struct sockaddr *s, char *buf, size_t len)
 {
@@ -971,7 +962,7 @@ static int gcq_reserve(struct fab_con *c, unsigned n)
 
 	if (n > f->max_cqe) {
 		log_err("%s: %u completion queue entries needed, the device has at most %u",
-			c->name, n, f->max_cqe);
+			con_name(c), n, f->max_cqe);
 		return -EINVAL;
 	}
 	pthread_mutex_lock(&g->lock);
@@ -1045,7 +1036,7 @@ static int con_map(struct fab_con *c)
 		usleep(1000);
 	}
 	if (rc)
-		log_err("%s: QP %u into its group's table: %s", c->name, c->qpn,
+		log_err("%s: QP %u into its group's table: %s", con_name(c), c->qpn,
 			strerror(-rc));
 	else
 		c->in_map = true;
@@ -1090,7 +1081,7 @@ static void rx_repost(struct fab_con *c, uint64_t wr_id)
 	int rc = rx_post(c, i);
 
 	if (rc && !atomic_load(&c->down)) {
-		log_err("%s: reposting a receive failed: %s", c->name, strerror(-rc));
+		log_err("%s: reposting a receive failed: %s", con_name(c), strerror(-rc));
 		con_down(c, rc, NULL, 0);
 	}
 }
@@ -1120,7 +1111,7 @@ static void tx_complete(struct fab_con *c)
 	}
 	pthread_mutex_unlock(&c->tx_lock);
 	if (!covers) {
-		log_err_rl("%s: a send completion that no signalled request accounts for", c->name);
+		log_err_rl("%s: a send completion that no signalled request accounts for", con_name(c));
 		return;
 	}
 	atomic_fetch_sub_explicit(&c->tx_posted, covers, memory_order_relaxed);
@@ -1141,7 +1132,7 @@ static void handle_wc(struct fab_con *c, const struct ibv_wc *wc)
 		if (atomic_load(&c->down) || atomic_load(&c->shutdown))
 			return; /* flushes after the connection went away */
 		if (wc->status != IBV_WC_WR_FLUSH_ERR)
-			log_err_rl("%s: completion error: %s (vendor error 0x%x)", c->name,
+			log_err_rl("%s: completion error: %s (vendor error 0x%x)", con_name(c),
 				   ibv_wc_status_str(wc->status), wc->vendor_err);
 		con_down(c, wc_errno(wc->status), NULL, 0);
 		return;
@@ -1153,7 +1144,7 @@ static void handle_wc(struct fab_con *c, const struct ibv_wc *wc)
 		return;
 	}
 	if (!is_rx_buf(c, wc->wr_id)) {
-		log_err_rl("%s: receive completion with an unknown buffer", c->name);
+		log_err_rl("%s: receive completion with an unknown buffer", con_name(c));
 		return;
 	}
 	if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
@@ -1196,7 +1187,7 @@ static void handle_cm(struct fab_con *c, enum rdma_cm_event_type type, int statu
 		 */
 		if (!c->fab->iwarp && status != RDMA_IB_REJ_CONSUMER)
 			len = 0;
-		log_dbg("%s: rejected (status %d, %zu bytes)", c->name, status, len);
+		log_dbg("%s: rejected (status %d, %zu bytes)", con_name(c), status, len);
 		if (!len) {
 			char local[64];
 
@@ -1204,21 +1195,21 @@ static void handle_cm(struct fab_con *c, enum rdma_cm_event_type type, int statu
 			sockaddr_str(rdma_get_local_addr(c->id), local, sizeof(local));
 			if (c->fab->iwarp && status < 0)
 				log_warn_rl("%s: refused by the peer's connection manager, not "
-					    "by a server (%s, from %s)", c->name,
+					    "by a server (%s, from %s)", con_name(c),
 					    strerror(-status), local);
 			else if (!c->fab->iwarp && status == RDMA_IB_REJ_NO_LISTENER)
 				log_warn_rl("%s: refused from %s: nothing listens at the "
-					    "destination", c->name, local);
+					    "destination", con_name(c), local);
 			else
 				log_warn_rl("%s: refused by the peer's connection manager, not "
-					    "by a server (reject reason %d, from %s)", c->name,
+					    "by a server (reject reason %d, from %s)", con_name(c),
 					    status, local);
 		}
 		con_down(c, -ECONNREFUSED, len ? data : NULL, len);
 		break;
 	case RDMA_CM_EVENT_UNREACHABLE:
 	case RDMA_CM_EVENT_CONNECT_ERROR:
-		log_dbg("%s: %s (status %d)", c->name, rdma_event_str(type), status);
+		log_dbg("%s: %s (status %d)", con_name(c), rdma_event_str(type), status);
 		con_down(c, status == -ECONNREFUSED ? -ECONNREFUSED : -ETIMEDOUT, NULL, 0);
 		break;
 	case RDMA_CM_EVENT_DISCONNECTED:
@@ -1231,7 +1222,7 @@ static void handle_cm(struct fab_con *c, enum rdma_cm_event_type type, int statu
 		con_down(c, -ENETRESET, NULL, 0);
 		break;
 	default:
-		log_dbg("%s: ignoring %s", c->name, rdma_event_str(type));
+		log_dbg("%s: ignoring %s", con_name(c), rdma_event_str(type));
 	}
 }
 
@@ -1329,7 +1320,7 @@ static void group_release(struct rdma_group *g, struct fab_con *c, struct ibv_wc
 
 			if (n < 0)
 				log_err_rl("%s: reading the completion queue after its QP went: %s",
-					   c->name, strerror(-n));
+					   con_name(c), strerror(-n));
 			if (n < RDMA_CQ_BATCH)
 				break;
 		}
@@ -1341,13 +1332,10 @@ static void group_release(struct rdma_group *g, struct fab_con *c, struct ibv_wc
 	if (c->gcq)
 		c->gcq->used -= c->cq_reserved;
 	c->cq_reserved = 0;
-	struct rdma_destroy_wait *dw = c->dw;
+	struct fab_done *dw = c->dw;
 	pthread_mutex_unlock(&g->lock);
 	if (dw) {
-		pthread_mutex_lock(&dw->lock);
-		dw->done = true;
-		pthread_cond_signal(&dw->cond);
-		pthread_mutex_unlock(&dw->lock);
+		fab_done_signal(dw);
 	} else {
 		con_free(c);
 	}
@@ -1700,7 +1688,7 @@ static void con_free(struct fab_con *c)
  */
 static void con_destroy(struct fab_con *c)
 {
-	struct rdma_destroy_wait dw = { .done = false };
+	struct fab_done dw;
 
 	atomic_store(&c->destroying, true);
 	if (!c->qp_made) {
@@ -1712,18 +1700,12 @@ static void con_destroy(struct fab_con *c)
 		queue_work(c, W_DESTROY);
 		return;
 	}
-	pthread_mutex_init(&dw.lock, NULL);
-	cond_init_mono(&dw.cond);
+	fab_done_init(&dw);
 	pthread_mutex_lock(&c->g->lock);
 	c->dw = &dw;
 	pthread_mutex_unlock(&c->g->lock);
 	queue_work(c, W_DESTROY);
-	pthread_mutex_lock(&dw.lock);
-	while (!dw.done)
-		pthread_cond_wait(&dw.cond, &dw.lock);
-	pthread_mutex_unlock(&dw.lock);
-	pthread_cond_destroy(&dw.cond);
-	pthread_mutex_destroy(&dw.lock);
+	fab_done_wait(&dw);
 	con_free(c);
 }
 
@@ -1738,8 +1720,7 @@ static int con_new(struct fab *f, const struct fab_con_cfg *cfg, struct fab_con 
 	c->ops = &fab_rdma_ops;
 	c->fab = f;
 	c->cfg = *cfg;
-	snprintf(c->name_made, sizeof(c->name_made), "%s", cfg->name);
-	atomic_init(&c->name, c->name_made);
+	fab_con_name_init(&c->name, cfg->name);
 	pthread_mutex_init(&c->rx_lock, NULL);
 	pthread_mutex_init(&c->tx_lock, NULL);
 	c->g = group_pick();
@@ -1769,12 +1750,12 @@ static int con_qp(struct fab_con *c)
 	int rc;
 
 	if (c->id->verbs != f->verbs) {
-		log_err("%s: the route goes through another RDMA device (%s)", c->name,
+		log_err("%s: the route goes through another RDMA device (%s)", con_name(c),
 			c->id->verbs ? ibv_get_device_name(c->id->verbs->device) : "?");
 		return -ENODEV;
 	}
 	if (rx_depth > rxq) {
-		log_warn("%s: %zu receives wanted, the device grants %zu", c->name, rx_depth, rxq);
+		log_warn("%s: %zu receives wanted, the device grants %zu", con_name(c), rx_depth, rxq);
 		rx_depth = rxq;
 	}
 	rc = gcq_reserve(c, (unsigned)(tx + rxq));
@@ -1792,7 +1773,7 @@ static int con_qp(struct fab_con *c)
 	errno = 0;
 	if (rdma_create_qp(c->id, f->pd, &qa)) {
 		rc = errno ? -errno : -EIO; /* a provider may fail without saying why */
-		log_err("%s: rdma_create_qp (send %zu, receive %zu): %s", c->name, tx, rxq,
+		log_err("%s: rdma_create_qp (send %zu, receive %zu): %s", con_name(c), tx, rxq,
 			strerror(-rc));
 		return rc;
 	}
@@ -1802,7 +1783,7 @@ static int con_qp(struct fab_con *c)
 	if (rc)
 		return rc;
 	if (qa.cap.max_inline_data < RDMA_INLINE) {
-		log_err("%s: the device grants %u inline bytes, %d needed", c->name,
+		log_err("%s: the device grants %u inline bytes, %d needed", con_name(c),
 			qa.cap.max_inline_data, RDMA_INLINE);
 		return -EOPNOTSUPP;
 	}
@@ -1842,7 +1823,7 @@ static int nat_con_connect_id(struct fab *f, struct fab_con *c, struct rdma_conn
 	c->own_id = true;
 	rc = id_resolve(c->ch, c->id, f, true);
 	if (rc) {
-		log_err("%s: resolving the address: %s", c->name, strerror(-rc));
+		log_err("%s: resolving the address: %s", con_name(c), strerror(-rc));
 		goto fail;
 	}
 	rc = con_qp(c);
@@ -1851,7 +1832,7 @@ static int nat_con_connect_id(struct fab *f, struct fab_con *c, struct rdma_conn
 	/* From here the group reads its events. */
 	if (rdma_migrate_id(c->id, c->g->ch)) {
 		rc = -errno;
-		log_err("%s: rdma_migrate_id: %s", c->name, strerror(-rc));
+		log_err("%s: rdma_migrate_id: %s", con_name(c), strerror(-rc));
 		goto fail;
 	}
 	rdma_destroy_event_channel(c->ch);
@@ -1870,7 +1851,7 @@ static int nat_con_connect_id(struct fab *f, struct fab_con *c, struct rdma_conn
 
 		sockaddr_str(rdma_get_local_addr(c->id), local, sizeof(local));
 		log_warn_rl("%s: refused at once from %s: nothing listens at the destination",
-			    c->name, local);
+			    con_name(c), local);
 		atomic_store(&c->early_err, rc);
 		queue_work(c, W_EARLY);
 		return 0;
@@ -1878,7 +1859,7 @@ static int nat_con_connect_id(struct fab *f, struct fab_con *c, struct rdma_conn
 	*out = NULL;
 	if (rc == -EADDRNOTAVAIL)
 		return rc;
-	log_err("%s: rdma_connect: %s", c->name, strerror(-rc));
+	log_err("%s: rdma_connect: %s", con_name(c), strerror(-rc));
 fail:
 	con_destroy(c);
 	return rc;
@@ -1972,7 +1953,7 @@ static int nat_con_accept(struct fab *f, struct fab_connreq *req, const struct f
 	req->accepted = true;
 	if (rdma_accept(c->id, &param)) {
 		rc = -errno;
-		log_err("%s: rdma_accept: %s", c->name, strerror(-rc));
+		log_err("%s: rdma_accept: %s", con_name(c), strerror(-rc));
 		c->own_id = false;
 		req->answered = false;
 		req->accepted = false;
@@ -1990,7 +1971,7 @@ fail:
 	 * it when it closes.
 	 */
 	if (migrated && rdma_migrate_id(c->id, f->lch))
-		log_err("%s: handing the request back to the listener: %s", c->name,
+		log_err("%s: handing the request back to the listener: %s", con_name(c),
 			strerror(errno));
 	c->id->context = NULL;
 	con_destroy(c);
@@ -2007,7 +1988,7 @@ static int nat_con_rx_setup(struct fab_con *c, size_t count, size_t size)
 	if (mul_overflow(count, size, &bytes) || !count || size > UINT32_MAX)
 		return -EINVAL;
 	if (count > c->rx_cap) {
-		log_err("%s: %zu receive buffers, the queue was made for %zu", c->name, count,
+		log_err("%s: %zu receive buffers, the queue was made for %zu", con_name(c), count,
 			c->rx_cap);
 		return -EINVAL;
 	}
@@ -2066,10 +2047,7 @@ static void nat_con_destroy(struct fab_con *c)
 
 static void nat_con_rename(struct fab_con *c, const char *name)
 {
-	if (atomic_exchange(&c->renamed, true))
-		return;
-	snprintf(c->name_later, sizeof(c->name_later), "%s", name);
-	atomic_store_explicit(&c->name, c->name_later, memory_order_release);
+	fab_con_name_set(&c->name, name);
 }
 
 static void nat_con_local(const struct fab_con *c, char *buf, size_t len)

@@ -176,20 +176,11 @@ enum tcp_state {
 	TC_DOWN,
 };
 
-struct tcp_destroy_wait {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	bool done;
-};
-
 struct fab_con {
 	const struct fab_ops *ops;
 	struct fab *fab;
 	struct fab_con_cfg cfg;
-	_Atomic(const char *) name;
-	char name_made[64];
-	char name_later[64];
-	atomic_bool renamed;
+	struct fab_con_name name;
 	int fd;
 	bool server;
 	struct tcp_group *g;
@@ -197,7 +188,7 @@ struct fab_con {
 	atomic_uint work;
 	bool on_work;
 	struct fab_con *work_next;
-	struct tcp_destroy_wait *dw;
+	struct fab_done *dw;
 	atomic_bool shut;        /* fab_con_shutdown */
 	atomic_bool down_called;
 	atomic_bool destroying;
@@ -280,7 +271,7 @@ struct fab_connreq {
 
 static const char *con_name(const struct fab_con *c)
 {
-	return atomic_load_explicit(&c->name, memory_order_acquire);
+	return fab_con_name_get(&c->name);
 }
 
 static void sockaddr_str(const void *sa, char *buf, size_t len)
@@ -2264,8 +2255,7 @@ static int con_create(struct fab *f, int fd, const struct fab_con_cfg *cfg, bool
 	c->fab = f;
 	c->cfg = *cfg;
 	c->cfg.name = NULL;
-	snprintf(c->name_made, sizeof(c->name_made), "%s", cfg->name ? cfg->name : "tcp");
-	atomic_init(&c->name, c->name_made);
+	fab_con_name_init(&c->name, cfg->name ? cfg->name : "tcp");
 	c->fd = fd;
 	c->server = server;
 	c->tx_max = (unsigned)MAX(cfg->tx_depth, 1);
@@ -2290,7 +2280,7 @@ static int con_create(struct fab *f, int fd, const struct fab_con_cfg *cfg, bool
 
 static void con_free(struct fab_con *c)
 {
-	struct tcp_destroy_wait *dw = c->dw;
+	struct fab_done *dw = c->dw;
 	struct tcp_group *g = c->g;
 
 	/*
@@ -2335,10 +2325,7 @@ static void con_free(struct fab_con *c)
 	pthread_mutex_destroy(&c->cb_lock);
 	free(c);
 	if (dw) {
-		pthread_mutex_lock(&dw->lock);
-		dw->done = true;
-		pthread_cond_signal(&dw->cond);
-		pthread_mutex_unlock(&dw->lock);
+		fab_done_signal(dw);
 	}
 }
 
@@ -2415,7 +2402,7 @@ static int tcp_con_accept(struct fab *f, struct fab_connreq *req, const struct f
 	/* The verdict first: nothing of the owner's may pass it. */
 	rc = cm_send(c->fd, RTRS_TCP_ACCEPT, data, len);
 	if (rc) {
-		log_warn("%s: accept: %s", c->name_made, strerror(-rc));
+		log_warn("%s: accept: %s", c->name.made, strerror(-rc));
 		c->fd = -1;
 		con_free(c);
 		return rc;
@@ -2451,7 +2438,7 @@ static void tcp_con_retry_later(struct fab_con *c)
 
 static void tcp_con_destroy(struct fab_con *c)
 {
-	struct tcp_destroy_wait dw = { .done = false };
+	struct fab_done dw;
 
 	if (!c)
 		return;
@@ -2466,26 +2453,17 @@ static void tcp_con_destroy(struct fab_con *c)
 		queue_work(c, W_DESTROY);
 		return;
 	}
-	pthread_mutex_init(&dw.lock, NULL);
-	cond_init_mono(&dw.cond);
+	fab_done_init(&dw);
 	c->dw = &dw;
 	atomic_store(&c->destroying, true);
 	shutdown(c->fd, SHUT_RDWR);
 	queue_work(c, W_DESTROY);
-	pthread_mutex_lock(&dw.lock);
-	while (!dw.done)
-		pthread_cond_wait(&dw.cond, &dw.lock);
-	pthread_mutex_unlock(&dw.lock);
-	pthread_cond_destroy(&dw.cond);
-	pthread_mutex_destroy(&dw.lock);
+	fab_done_wait(&dw);
 }
 
 static void tcp_con_rename(struct fab_con *c, const char *name)
 {
-	if (atomic_exchange(&c->renamed, true))
-		return;
-	snprintf(c->name_later, sizeof(c->name_later), "%s", name);
-	atomic_store_explicit(&c->name, c->name_later, memory_order_release);
+	fab_con_name_set(&c->name, name);
 }
 
 static void tcp_con_local(const struct fab_con *c, char *buf, size_t len)

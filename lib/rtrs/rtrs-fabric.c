@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "log.h"
@@ -115,4 +116,45 @@ int fab_post(struct fab_con *c, const struct fab_wr *wrs, size_t n, void *ctx)
 	if (o->post)
 		return o->post(c, wrs, n, ctx);
 	return n == 1 ? post_one(c, wrs, ctx) : -EOPNOTSUPP;
+}
+
+void fab_con_name_init(struct fab_con_name *n, const char *name)
+{
+	snprintf(n->made, sizeof(n->made), "%s", name);
+	n->later[0] = 0;
+	atomic_init(&n->renamed, false);
+	atomic_init(&n->cur, n->made);
+}
+
+void fab_con_name_set(struct fab_con_name *n, const char *name)
+{
+	if (atomic_exchange(&n->renamed, true))
+		return;
+	snprintf(n->later, sizeof(n->later), "%s", name);
+	atomic_store_explicit(&n->cur, n->later, memory_order_release);
+}
+
+void fab_done_init(struct fab_done *d)
+{
+	d->done = false;
+	pthread_mutex_init(&d->lock, NULL);
+	cond_init_mono(&d->cond);
+}
+
+void fab_done_signal(struct fab_done *d)
+{
+	pthread_mutex_lock(&d->lock);
+	d->done = true;
+	pthread_cond_signal(&d->cond);
+	pthread_mutex_unlock(&d->lock);
+}
+
+void fab_done_wait(struct fab_done *d)
+{
+	pthread_mutex_lock(&d->lock);
+	while (!d->done)
+		pthread_cond_wait(&d->cond, &d->lock);
+	pthread_mutex_unlock(&d->lock);
+	pthread_cond_destroy(&d->cond);
+	pthread_mutex_destroy(&d->lock);
 }

@@ -24,6 +24,7 @@
 #define RTRS_FABRIC_H
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -284,6 +285,41 @@ extern const struct fab_ops fab_fault_ops;
 int fab_register(const struct fab_ops *ops);
 /* Whether fab_open has an implementation for provider prov (NULL: tcp). */
 bool fab_known(const char *prov);
+
+/*
+ * For the fabrics' implementations: what their connections share.
+ *
+ * A connection's name in log lines: made with it, renamed once (when its
+ * session is known). A logger may hold the first name while the rename
+ * publishes the second: neither buffer changes once published.
+ */
+struct fab_con_name {
+	_Atomic(const char *) cur;
+	char made[64];
+	char later[64];
+	atomic_bool renamed;
+};
+void fab_con_name_init(struct fab_con_name *n, const char *name);
+/* The second name; a later call does nothing. */
+void fab_con_name_set(struct fab_con_name *n, const char *name);
+static inline const char *fab_con_name_get(const struct fab_con_name *n)
+{
+	return atomic_load_explicit(&((struct fab_con_name *)n)->cur, memory_order_acquire);
+}
+
+/*
+ * A destroyer waiting for a group thread to let a connection go: on the
+ * destroyer's stack, fab_done_init, then fab_done_wait (which also ends
+ * it); the group's thread calls fab_done_signal once.
+ */
+struct fab_done {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+};
+void fab_done_init(struct fab_done *d);
+void fab_done_signal(struct fab_done *d);
+void fab_done_wait(struct fab_done *d);
 
 struct fab_obj {
 	const struct fab_ops *ops;
