@@ -34,6 +34,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rtrs.h"
@@ -114,11 +115,26 @@ static int io_start(struct io *io, enum rtrs_dir dir, uint32_t op, uint64_t off,
 	return rc;
 }
 
+/*
+ * Waits for every request of a batch. A completion that never comes (a
+ * frame lost or misread) fails the test after WAIT_MAX_S instead of
+ * hanging it: the requests still point into this stack, so it exits.
+ */
+#define WAIT_MAX_S 90
 static void wait_all(pthread_mutex_t *lock, pthread_cond_t *cond, unsigned *outstanding)
 {
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until); /* the clock of PTHREAD_COND_INITIALIZER */
+	until.tv_sec += WAIT_MAX_S;
 	pthread_mutex_lock(lock);
-	while (*outstanding)
-		pthread_cond_wait(cond, lock);
+	while (*outstanding) {
+		if (pthread_cond_timedwait(cond, lock, &until) == ETIMEDOUT && *outstanding) {
+			CHECK(0, "%u requests still without a completion after %d s", *outstanding,
+			      WAIT_MAX_S);
+			exit(test_done("test-io"));
+		}
+	}
 	pthread_mutex_unlock(lock);
 }
 
