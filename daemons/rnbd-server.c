@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -568,35 +569,78 @@ static void reload_keys(void)
 }
 
 /*
- * Waits until the server listens, taking signals meanwhile: its port, or
- * a negative errno: -EINTR after SIGINT or SIGTERM (*sig says which), or
- * why it could not listen once --listen-timeout has passed.
+ * The main thread serves the control socket and the metrics (rpc_serve,
+ * no thread of their own) and, beside them, these: signals, and until the
+ * server listens, the wait for it.
  */
-static int wait_listening(const sigset_t *set, int *sig)
+enum { MAIN_SIGNAL = 1, MAIN_NOT_LISTENING };
+struct main_state {
+	int sfd;                 /* signalfd: SIGINT, SIGTERM, SIGHUP */
+	int sig;                 /* the one that ended it */
+	int port;                /* 0 until listening */
+	int listen_err;          /* MAIN_NOT_LISTENING: why */
+	uint64_t t0, next_note;
+};
+
+/* SIGHUP checks the keys; SIGINT and SIGTERM end rpc_serve. */
+static int signal_fn(void *priv, bool readable)
 {
-	const struct timespec now = { 0 };
-	uint64_t t0 = now_ms(), next_note = t0 + 60000;
+	struct main_state *m = priv;
+	struct signalfd_siginfo si;
+
+	if (!readable)
+		return 0;
+	while (read(m->sfd, &si, sizeof(si)) == sizeof(si)) {
+		if (si.ssi_signo == SIGHUP) {
+			reload_keys();
+			continue;
+		}
+		m->sig = (int)si.ssi_signo;
+		return MAIN_SIGNAL;
+	}
+	return 0;
+}
+
+/* Until the server listens: asked every 50 ms. */
+static int listen_prepare(void *priv)
+{
+	return ((struct main_state *)priv)->port ? -1 : 50;
+}
+
+/*
+ * Listening: the port printed, the server live for the control socket and
+ * the metrics. Not after --listen-timeout: MAIN_NOT_LISTENING, with why.
+ */
+static int listen_fn(void *priv, bool readable)
+{
+	struct main_state *m = priv;
 	int rc;
 
-	for (;;) {
-		rc = rnbd_srv_port(srv, 50);
-		if (rc >= 0)
-			return rc;
-		*sig = sigtimedwait(set, NULL, &now);
-		if (*sig == SIGHUP)
-			reload_keys();
-		else if (*sig > 0)
-			return -EINTR;
-		if (g.listen_timeout && now_ms() - t0 >= g.listen_timeout * 1000)
-			return rc;
-		if (rc != -ETIMEDOUT && now_ms() >= next_note) {
-			dlog(DLOG_WARN, "still not listening on %s:%" PRIu64 " after %" PRIu64 " s: %s; "
-			     "retrying %s", g.addr ? g.addr : "0.0.0.0", g.port,
-			     (now_ms() - t0) / 1000, strerror(-rc),
-			     g.listen_timeout ? "until --listen-timeout" : "for ever (--listen-timeout 0)");
-			next_note += 60000;
-		}
+	(void)readable;
+	if (m->port)
+		return 0;
+	rc = rnbd_srv_port(srv, 0);
+	if (rc >= 0) {
+		m->port = rc;
+		atomic_store(&live, srv);
+		if (mhttp)
+			printf("rnbd-server metrics on port %u\n", metrics_http_port(mhttp));
+		printf("rnbd-server listening on port %d\n", rc);
+		fflush(stdout);
+		return 0;
 	}
+	if (g.listen_timeout && now_ms() - m->t0 >= g.listen_timeout * 1000) {
+		m->listen_err = rc;
+		return MAIN_NOT_LISTENING;
+	}
+	if (rc != -ETIMEDOUT && now_ms() >= m->next_note) {
+		dlog(DLOG_WARN, "still not listening on %s:%" PRIu64 " after %" PRIu64 " s: %s; "
+		     "retrying %s", g.addr ? g.addr : "0.0.0.0", g.port,
+		     (now_ms() - m->t0) / 1000, strerror(-rc),
+		     g.listen_timeout ? "until --listen-timeout" : "for ever (--listen-timeout 0)");
+		m->next_note += 60000;
+	}
+	return 0;
 }
 
 /* "a:1,b:2" from the repeated --mem-device values. */
@@ -651,13 +695,16 @@ static int check_options(void)
 int main(int argc, char **argv)
 {
 	struct rnbd_srv_opts o;
+	struct main_state m = { .sfd = -1 };
+	struct rpc_watch w[3];
+	size_t nw = 0;
 	sigset_t set;
 	char *mem = NULL;
-	int pos, rc, sig, port;
+	int pos, rc;
 
 	/*
 	 * Signals first: blocked here, so that every thread made later blocks
-	 * them too, and taken by sigwait or wait_listening. SIGINT and SIGTERM
+	 * them too, and taken from a signalfd on this thread. SIGINT and SIGTERM
 	 * get their default action back, whatever a library's constructor
 	 * installed for them.
 	 */
@@ -716,9 +763,9 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 
 	/* The control socket and metrics first: a bad path fails before anyone connects. */
-	if (g.control && (rc = rpc_server_start(g.control, "rnbd-server control", methods,
-					       sizeof(methods) / sizeof(methods[0]), NULL,
-					       &ctl))) {
+	if (g.control && (rc = rpc_server_start_flags(g.control, "rnbd-server control", methods,
+						     sizeof(methods) / sizeof(methods[0]), NULL,
+						     RPC_SERVER_CALLER, &ctl))) {
 		fprintf(stderr, "rnbd-server: --control %s: %s\n", g.control,
 			rc == -EEXIST ? "exists and is not a socket; not replacing it" :
 			rc == -EADDRINUSE ? "another server answers on this socket" : strerror(-rc));
@@ -729,7 +776,8 @@ int main(int argc, char **argv)
 		char why[256];
 
 		/* Scrapes answer 500 until the server runs (live). */
-		rc = metrics_http_start(g.metrics, metrics_text, NULL, &mhttp, why, sizeof(why));
+		rc = metrics_http_start_flags(g.metrics, metrics_text, NULL, METRICS_HTTP_CALLER,
+					      &mhttp, why, sizeof(why));
 		if (rc) {
 			fprintf(stderr, "rnbd-server: --metrics %s\n", why);
 			goto fail;
@@ -748,35 +796,36 @@ int main(int argc, char **argv)
 		free(mem);
 		return usage ? 2 : 1;
 	}
-	port = wait_listening(&set, &sig);
-	if (port == -EINTR) {
-		dlog(DLOG_INFO, "%s before listening, stopping", strsignal(sig));
-		metrics_http_stop(mhttp);
-		rpc_server_stop(ctl);
-		rnbd_srv_close(srv);
-		free(mem);
-		return 0;
-	}
-	if (port < 0) {
-		fprintf(stderr, "rnbd-server: not listening on %s:%" PRIu64 " after %" PRIu64 " s "
-			"(--listen-timeout): %s\n", g.addr ? g.addr : "0.0.0.0", g.port,
-			g.listen_timeout, strerror(-port));
+	m.t0 = now_ms();
+	m.next_note = m.t0 + 60000;
+	m.sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+	if (m.sfd < 0) {
+		fprintf(stderr, "rnbd-server: signalfd: %s\n", strerror(errno));
 		rnbd_srv_close(srv);
 		goto fail;
 	}
-	atomic_store(&live, srv);
+	w[nw++] = (struct rpc_watch){ .fd = m.sfd, .fn = signal_fn, .priv = &m };
+	w[nw++] = (struct rpc_watch){ .fd = -1, .prepare = listen_prepare, .fn = listen_fn,
+				      .priv = &m };
 	if (mhttp)
-		printf("rnbd-server metrics on port %u\n", metrics_http_port(mhttp));
-	printf("rnbd-server listening on port %d\n", port);
-	fflush(stdout);
-	for (;;) {
-		if (sigwait(&set, &sig))
-			continue;
-		if (sig != SIGHUP)
-			break;
-		reload_keys();
+		metrics_http_watch(mhttp, &w[nw++]);
+	rc = rpc_serve(ctl, w, nw);
+	close(m.sfd);
+	if (rc == MAIN_NOT_LISTENING) {
+		fprintf(stderr, "rnbd-server: not listening on %s:%" PRIu64 " after %" PRIu64 " s "
+			"(--listen-timeout): %s\n", g.addr ? g.addr : "0.0.0.0", g.port,
+			g.listen_timeout, strerror(-m.listen_err));
+		rnbd_srv_close(srv);
+		goto fail;
 	}
-	dlog(DLOG_INFO, "%s, stopping", strsignal(sig));
+	if (rc < 0) {
+		fprintf(stderr, "rnbd-server: serving the control socket and signals: %s\n",
+			strerror(-rc));
+		atomic_store(&live, NULL);
+		rnbd_srv_close(srv);
+		goto fail;
+	}
+	dlog(DLOG_INFO, "%s%s, stopping", strsignal(m.sig), m.port ? "" : " before listening");
 	metrics_http_stop(mhttp);
 	rpc_server_stop(ctl);
 	atomic_store(&live, NULL);

@@ -210,6 +210,7 @@ static void *pool_thread(void *arg)
 {
 	struct rnbd_engine *e = arg;
 
+	pthread_setname_np(pthread_self(), "rnbd-pool");
 	pthread_mutex_lock(&e->lock);
 	for (;;) {
 		struct rnbd_breq *r = STAILQ_FIRST(&e->queue);
@@ -343,6 +344,7 @@ static void *reaper_thread(void *arg)
 {
 	struct rnbd_engine *e = arg;
 
+	pthread_setname_np(pthread_self(), "rnbd-reaper");
 	for (;;) {
 		struct io_uring_cqe *cqe;
 		struct rnbd_breq *r;
@@ -701,8 +703,16 @@ static bool nowait_try(struct rnbd_store *s, struct rnbd_breq *r)
 	}
 	n = w ? pwritev2(s->fd, &iov, 1, (off_t)r->offset, RWF_NOWAIT)
 	      : preadv2(s->fd, &iov, 1, (off_t)r->offset, RWF_NOWAIT);
-	if (n < 0 && errno == EOPNOTSUPP) /* not on this file system (ext4 writes): never */
+	if (n < 0 && errno == EOPNOTSUPP) {
+		/*
+		 * Not on this file system (ext4 writes): never again, and this
+		 * write too is done the way the next ones will be, not handed
+		 * to io_uring, whose worker thread for it (io-wq) would stay.
+		 */
 		atomic_store_explicit(&s->nowait[w], false, memory_order_relaxed);
+		if (w && !s->direct && s->e->inline_writes)
+			n = pwritev2(s->fd, &iov, 1, (off_t)r->offset, 0);
+	}
 	return n == (ssize_t)r->len;
 }
 

@@ -57,6 +57,8 @@
 #define MEM_DEVS_MAX 16
 /* How long rnbd_srv_force_close waits for the device's IO in flight. */
 #define RNBD_FORCE_CLOSE_WAIT_MS 1000
+/* A release thread with nothing to do for this long ends. */
+#define RNBD_RELEASE_IDLE_MS 5000
 
 struct mem_dev {
 	char name[RNBD_DEV_NAME_MAX];
@@ -141,11 +143,14 @@ struct rnbd_srv {
 	LIST_HEAD(, writers) writers;
 	struct mem_dev mem[MEM_DEVS_MAX];
 	unsigned nmem;
-	/* Releases: a queue and the threads that work it (one more when none is idle). */
+	/*
+	 * Releases: a queue and the threads that work it (one more when none
+	 * is idle; detached, each ends after RNBD_RELEASE_IDLE_MS with nothing
+	 * to do).
+	 */
 	pthread_mutex_t rel_lock;
-	pthread_cond_t rel_cond;     /* work queued, a device released or freed */
+	pthread_cond_t rel_cond;     /* work queued, a device released or freed, a thread ended */
 	STAILQ_HEAD(, sess_dev) rel_queue;
-	pthread_t *rel_threads;
 	unsigned rel_nthreads, rel_idle;
 	bool rel_stop;
 	unsigned live;               /* devices not freed yet */
@@ -180,13 +185,14 @@ static void *release_thread(void *arg);
 /* Under rel_lock: one more release thread; 0 or a negative errno. */
 static int release_thread_start_locked(struct rnbd_srv *srv)
 {
-	pthread_t *grown = realloc(srv->rel_threads, (srv->rel_nthreads + 1) * sizeof(*grown));
+	pthread_attr_t attr;
+	pthread_t t;
 	int rc;
 
-	if (!grown)
-		return -ENOMEM;
-	srv->rel_threads = grown;
-	rc = -pthread_create(&grown[srv->rel_nthreads], NULL, release_thread, srv);
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	rc = -pthread_create(&t, &attr, release_thread, srv);
+	pthread_attr_destroy(&attr);
 	if (!rc)
 		srv->rel_nthreads++;
 	return rc;
@@ -288,6 +294,7 @@ static void *release_thread(void *arg)
 {
 	struct rnbd_srv *srv = arg;
 
+	pthread_setname_np(pthread_self(), "rnbd-release");
 	pthread_mutex_lock(&srv->rel_lock);
 	for (;;) {
 		struct sess_dev *sd = STAILQ_FIRST(&srv->rel_queue);
@@ -295,11 +302,17 @@ static void *release_thread(void *arg)
 		bool gone;
 
 		if (!sd) {
+			struct timespec dl = deadline_ms(RNBD_RELEASE_IDLE_MS);
+			int rc = 0;
+
 			if (srv->rel_stop)
 				break;
 			srv->rel_idle++;
-			pthread_cond_wait(&srv->rel_cond, &srv->rel_lock);
+			while (STAILQ_EMPTY(&srv->rel_queue) && !srv->rel_stop && rc != ETIMEDOUT)
+				rc = pthread_cond_timedwait(&srv->rel_cond, &srv->rel_lock, &dl);
 			srv->rel_idle--;
+			if (rc == ETIMEDOUT && STAILQ_EMPTY(&srv->rel_queue))
+				break; /* idle: a release that comes starts another */
 			continue;
 		}
 		STAILQ_REMOVE_HEAD(&srv->rel_queue, rel_link);
@@ -322,6 +335,9 @@ static void *release_thread(void *arg)
 			rtrs_srv_resp_rdma(op, 0);
 		pthread_mutex_lock(&srv->rel_lock);
 	}
+	/* The last touch of srv: srv_free waits for rel_nthreads 0 under the lock. */
+	srv->rel_nthreads--;
+	pthread_cond_broadcast(&srv->rel_cond);
 	pthread_mutex_unlock(&srv->rel_lock);
 	return NULL;
 }
@@ -965,10 +981,9 @@ static void srv_free(struct rnbd_srv *srv)
 	}
 	srv->rel_stop = true;
 	pthread_cond_broadcast(&srv->rel_cond);
+	while (srv->rel_nthreads)
+		pthread_cond_wait(&srv->rel_cond, &srv->rel_lock);
 	pthread_mutex_unlock(&srv->rel_lock);
-	for (unsigned i = 0; i < srv->rel_nthreads; i++)
-		pthread_join(srv->rel_threads[i], NULL);
-	free(srv->rel_threads);
 	for (unsigned i = 0; i < srv->nmem; i++)
 		rnbd_store_close(srv->mem[i].store);
 	rnbd_engine_close(srv->engine);

@@ -18,6 +18,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "rpc.h"
 
 struct buf {
 	char *p;
@@ -193,7 +194,8 @@ struct metrics_http {
 	void *priv;
 	char addr[80];           /* as given, for the log */
 	unsigned port;
-	int epfd, stopfd;
+	int epfd, stopfd;        /* thread: what it waits on; caller: MHD's own epoll fd */
+	bool caller;             /* METRICS_HTTP_CALLER: served by rpc_serve */
 	pthread_t thread;
 	struct mconn *conns;     /* the thread's own */
 	uint64_t cut;            /* connections cut for a request too slow to arrive */
@@ -433,20 +435,45 @@ static uint64_t reap(struct metrics_http *h, uint64_t now)
 	return next;
 }
 
+/* Closes what is overdue; the ms until something else is due (at most a second). */
+static int http_prepare(void *arg)
+{
+	struct metrics_http *h = arg;
+	MHD_UNSIGNED_LONG_LONG mhd_ms;
+	uint64_t now = mono_ms(), next = reap(h, now);
+	int timeout = 1000;
+
+	if (next != UINT64_MAX && next - now < (uint64_t)timeout)
+		timeout = (int)(next - now) + 1;
+	if (MHD_get_timeout(h->d, &mhd_ms) == MHD_YES && mhd_ms < (MHD_UNSIGNED_LONG_LONG)timeout)
+		timeout = (int)mhd_ms;
+	return timeout;
+}
+
+/* libmicrohttpd's work: what is readable, and its timeouts (it checks them itself). */
+static int http_run(void *arg, bool readable)
+{
+	struct metrics_http *h = arg;
+
+	(void)readable;
+	MHD_run(h->d);
+	return 0;
+}
+
+void metrics_http_watch(struct metrics_http *h, struct rpc_watch *w)
+{
+	*w = (struct rpc_watch){ .fd = h->epfd, .prepare = http_prepare, .fn = http_run,
+				 .priv = h };
+}
+
 static void *http_thread(void *arg)
 {
 	struct metrics_http *h = arg;
 	struct epoll_event ev[4];
 
 	for (;;) {
-		MHD_UNSIGNED_LONG_LONG mhd_ms;
-		uint64_t now = mono_ms(), next = reap(h, now);
-		int timeout = 1000, n;
+		int timeout = http_prepare(h), n;
 
-		if (next != UINT64_MAX && next - now < (uint64_t)timeout)
-			timeout = (int)(next - now) + 1;
-		if (MHD_get_timeout(h->d, &mhd_ms) == MHD_YES && mhd_ms < (MHD_UNSIGNED_LONG_LONG)timeout)
-			timeout = (int)mhd_ms;
 		n = epoll_wait(h->epfd, ev, 4, timeout);
 		if (n < 0 && errno != EINTR) {
 			log_err("metrics http://%s: epoll_wait: %s", h->addr, strerror(errno));
@@ -489,6 +516,12 @@ int metrics_addr_check(const char *addr, char *why, size_t whylen)
 
 int metrics_http_start(const char *addr, metrics_fn fn, void *priv, struct metrics_http **out,
 		       char *why, size_t whylen)
+{
+	return metrics_http_start_flags(addr, fn, priv, 0, out, why, whylen);
+}
+
+int metrics_http_start_flags(const char *addr, metrics_fn fn, void *priv, unsigned flags,
+			     struct metrics_http **out, char *why, size_t whylen)
 {
 	struct sockaddr_storage ss, bound;
 	socklen_t len, blen = sizeof(bound);
@@ -538,6 +571,17 @@ int metrics_http_start(const char *addr, metrics_fn fn, void *priv, struct metri
 		goto fail;
 	}
 	ei = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD);
+	if (flags & METRICS_HTTP_CALLER) {
+		if (!ei) {
+			rc = -EIO;
+			snprintf(why, whylen, "%s: no epoll descriptor", addr);
+			goto fail;
+		}
+		h->caller = true;
+		h->epfd = ei->epoll_fd; /* MHD's: not closed here */
+		*out = h;
+		return 0;
+	}
 	h->epfd = epoll_create1(EPOLL_CLOEXEC);
 	h->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (!ei || h->epfd < 0 || h->stopfd < 0) {
@@ -584,6 +628,11 @@ void metrics_http_stop(struct metrics_http *h)
 
 	if (!h)
 		return;
+	if (h->caller) {
+		MHD_stop_daemon(h->d);
+		free(h);
+		return;
+	}
 	if (write(h->stopfd, &one, sizeof(one)) != sizeof(one))
 		log_err("metrics http://%s: waking its thread: %s", h->addr, strerror(errno));
 	pthread_join(h->thread, NULL);

@@ -82,6 +82,17 @@ typedef char *(*metrics_fn)(void *priv);
 #define METRICS_HTTP_IDLE_S 10
 int metrics_http_start(const char *addr, metrics_fn fn, void *priv, struct metrics_http **out,
 		       char *why, size_t whylen);
+/*
+ * No thread of its own: served by rpc_serve (rpc.h) on the caller's thread
+ * through the watch metrics_http_watch fills in.
+ */
+#define METRICS_HTTP_CALLER 1u
+/* metrics_http_start with flags (METRICS_HTTP_CALLER, or 0). */
+int metrics_http_start_flags(const char *addr, metrics_fn fn, void *priv, unsigned flags,
+			     struct metrics_http **out, char *why, size_t whylen);
+struct rpc_watch;
+/* The watch that serves h (started with METRICS_HTTP_CALLER) in rpc_serve. */
+void metrics_http_watch(struct metrics_http *h, struct rpc_watch *w);
 /* addr checked as metrics_http_start takes it, nothing started: 0, or -EINVAL with why. */
 int metrics_addr_check(const char *addr, char *why, size_t whylen);
 /* The port it listens on. */

@@ -498,16 +498,71 @@ static void server_accept(struct rpc_server *s)
 	}
 }
 
-static void *server_thread(void *arg)
+/* The watches' prepare: the first non-zero return, else 0; lowers *timeout to theirs. */
+static int watches_prepare(const struct rpc_watch *w, size_t nw, int *timeout)
 {
-	struct rpc_server *s = arg;
-	struct pollfd pfd[RPC_CONN_MAX + 3];
+	for (size_t i = 0; i < nw; i++) {
+		int t = w[i].prepare ? w[i].prepare(w[i].priv) : -1;
+
+		if (t < -1)
+			return t;
+		if (t >= 0 && (*timeout < 0 || t < *timeout))
+			*timeout = t;
+	}
+	return 0;
+}
+
+/* The watches' fn, after the wait (pfd: their poll entries): the first non-zero return. */
+static int watches_run(const struct rpc_watch *w, size_t nw, const struct pollfd *pfd)
+{
+	for (size_t i = 0; i < nw; i++) {
+		int rc = w[i].fn(w[i].priv, pfd[i].revents != 0);
+
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+/* rpc_serve without a server: the watches alone. */
+static int serve_watches(const struct rpc_watch *w, size_t nw)
+{
+	struct pollfd pfd[RPC_WATCH_MAX];
+
+	for (;;) {
+		int timeout = -1, rc = watches_prepare(w, nw, &timeout);
+
+		if (rc)
+			return rc;
+		for (size_t i = 0; i < nw; i++)
+			pfd[i] = (struct pollfd){ .fd = w[i].fd, .events = POLLIN };
+		if (poll(pfd, nw, timeout) < 0) {
+			if (errno == EINTR)
+				continue;
+			rc = -errno;
+			log_err("rpc_serve: poll: %s", strerror(errno));
+			return rc;
+		}
+		rc = watches_run(w, nw, pfd);
+		if (rc)
+			return rc;
+	}
+}
+
+/*
+ * The server's loop, on its thread or (RPC_SERVER_CALLER) rpc_serve's
+ * with the watches w: returns 0 when stopped (efd), or a watch's value.
+ */
+static int serve(struct rpc_server *s, const struct rpc_watch *w, size_t nw)
+{
+	struct pollfd pfd[RPC_CONN_MAX + 3 + RPC_WATCH_MAX];
+	int ended = 0;
 
 	for (;;) {
 		uint64_t now = mono_ms(), next = UINT64_MAX;
 		bool pending = false;
 		unsigned n = 0;
-		int timeout;
+		int timeout, rc;
 
 		/* Time limits first: what expired goes, the rest say when to wake. */
 		for (unsigned i = 0; i < s->nr_conns && !s->draining;) {
@@ -552,14 +607,27 @@ static void *server_thread(void *arg)
 			if (!pending || now >= s->drain_end_ms)
 				break;
 			timeout = (int)(s->drain_end_ms - now);
+		} else if ((rc = watches_prepare(w, nw, &timeout))) {
+			ended = rc;
+			if (!threaded(s))
+				break;
+			s->drain_end_ms = mono_ms() + RPC_DRAIN_MS;
+			s->draining = true;
+			continue;
 		}
-		if (poll(pfd, n, timeout) < 0) {
+		for (size_t i = 0; i < nw; i++)
+			pfd[n + i] = (struct pollfd){ .fd = s->draining ? -1 : w[i].fd, .events = POLLIN };
+		if (poll(pfd, n + nw, timeout) < 0) {
 			if (errno == EINTR)
 				continue;
 			log_err("%s: poll: %s", s->name, strerror(errno));
+			if (!ended)
+				ended = -errno;
 			break;
 		}
-		if (pfd[0].revents) {
+		rc = s->draining ? 0 : watches_run(w, nw, pfd + n);
+		if (pfd[0].revents || rc) {
+			ended = rc;
 			if (!threaded(s))
 				break;
 			/* Threaded: the answers of the methods in progress go out first. */
@@ -601,7 +669,20 @@ static void *server_thread(void *arg)
 		if (pfd[2].revents & POLLIN)
 			server_accept(s);
 	}
+	return ended;
+}
+
+static void *server_thread(void *arg)
+{
+	serve(arg, NULL, 0);
 	return NULL;
+}
+
+int rpc_serve(struct rpc_server *s, const struct rpc_watch *w, size_t n)
+{
+	if (n > RPC_WATCH_MAX || (s && !(s->flags & RPC_SERVER_CALLER)))
+		return -EINVAL;
+	return s ? serve(s, w, n) : serve_watches(w, n);
 }
 
 /* Whether something answers on the Unix socket a: 1 yes, 0 no (stale), or a negative errno. */
@@ -697,7 +778,7 @@ int rpc_server_start_flags(const char *path, const char *name, const struct rpc_
 	rc = server_bind(s, path);
 	if (rc)
 		goto fail;
-	rc = -pthread_create(&s->thread, NULL, server_thread, s);
+	rc = flags & RPC_SERVER_CALLER ? 0 : -pthread_create(&s->thread, NULL, server_thread, s);
 	if (rc) {
 		unlink(path);
 		goto fail;
@@ -724,9 +805,11 @@ void rpc_server_stop(struct rpc_server *s)
 
 	if (!s)
 		return;
-	if (write(s->efd, &one, sizeof(one)) != sizeof(one))
-		log_err("%s: waking the server thread: %s", s->name, strerror(errno));
-	pthread_join(s->thread, NULL);
+	if (!(s->flags & RPC_SERVER_CALLER)) {
+		if (write(s->efd, &one, sizeof(one)) != sizeof(one))
+			log_err("%s: waking the server thread: %s", s->name, strerror(errno));
+		pthread_join(s->thread, NULL);
+	}
 	for (unsigned i = 0; i < s->nr_conns; i++)
 		conn_drop(s, s->conns[i]);
 	/* Threaded: each worker ends after the method it runs, if any. */

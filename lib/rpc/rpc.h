@@ -42,6 +42,7 @@
 #define RPC_OUT_MAX (16u << 20)  /* answers to one request text (a batch's all together) */
 #define RPC_OUT_LOW (64u << 10)  /* answers waiting beyond which a connection is not read */
 #define RPC_CONN_MAX 64          /* connections at once; more wait in the backlog */
+#define RPC_WATCH_MAX 8          /* watches rpc_serve takes */
 #define RPC_BATCH_MAX 256        /* requests in a batch */
 #define RPC_IDLE_MS 30000        /* a connection with nothing under way, silent: closed */
 #define RPC_REQUEST_MS 10000     /* a request text begun and not complete: closed */
@@ -151,10 +152,38 @@ int rpc_server_start(const char *path, const char *name, const struct rpc_method
 int rpc_server_start_flags(const char *path, const char *name, const struct rpc_method *methods,
 			   size_t nr_methods, void *priv, unsigned flags, struct rpc_server **out);
 /*
+ * No thread of its own: the server is served by rpc_serve on the caller's
+ * thread (a daemon's main thread, which also takes its signals there).
+ */
+#define RPC_SERVER_CALLER 2u
+/*
  * Stops the thread, closes every connection, removes the socket if still
  * ours; threaded, after the methods in progress have returned.
+ * RPC_SERVER_CALLER: after rpc_serve has returned.
  */
 void rpc_server_stop(struct rpc_server *s);
+
+/*
+ * Something else that rpc_serve's thread serves beside the server: fd is
+ * polled for reading (a negative fd: none, prepare's time only). Before
+ * each wait prepare (may be NULL) does what is due and returns the ms
+ * until it wants to run again (-1: no limit); after it, fn runs with
+ * whether fd was readable. A non-zero return of either ends rpc_serve
+ * with that value (0 is for going on).
+ */
+struct rpc_watch {
+	int fd;
+	int (*prepare)(void *priv);
+	int (*fn)(void *priv, bool readable);
+	void *priv;
+};
+/*
+ * Serves s (started with RPC_SERVER_CALLER; NULL: none) and the n watches
+ * on the calling thread until a watch ends it: returns that watch's value
+ * (the server's requests in progress answered first, as rpc_server_stop
+ * would). A negative errno when waiting fails (the cause logged).
+ */
+int rpc_serve(struct rpc_server *s, const struct rpc_watch *w, size_t n);
 /*
  * Other times than RPC_IDLE_MS, RPC_REQUEST_MS and RPC_STALL_MS (tests), in
  * force from the thread's next wake-up.

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -926,6 +927,81 @@ static void server_stuck_clients(void)
 	rpc_server_stop(s);
 }
 
+/* ---- served on the caller's thread (RPC_SERVER_CALLER, rpc_serve) ---- */
+
+struct caller_arg {
+	int efd;
+	bool echo_ok;
+	unsigned prepared, ran;
+};
+
+/* A client of the served server: one call, then the eventfd that ends rpc_serve. */
+static void *caller_client(void *arg)
+{
+	struct caller_arg *a = arg;
+	uint64_t one = 1;
+
+	a->echo_ok = call_echo_ok("served by the caller");
+	CHECK_EQ(write(a->efd, &one, sizeof(one)), (ssize_t)sizeof(one));
+	return NULL;
+}
+
+static int caller_end_fn(void *priv, bool readable)
+{
+	struct caller_arg *a = priv;
+	uint64_t v;
+
+	if (!readable)
+		return 0;
+	CHECK_EQ(read(a->efd, &v, sizeof(v)), (ssize_t)sizeof(v));
+	return 7;
+}
+
+static int caller_tick_prepare(void *priv)
+{
+	((struct caller_arg *)priv)->prepared++;
+	return 10;
+}
+
+static int caller_tick_fn(void *priv, bool readable)
+{
+	CHECK(!readable, "a watch without fd is never readable");
+	((struct caller_arg *)priv)->ran++;
+	return 0;
+}
+
+static void server_caller(void)
+{
+	struct caller_arg a = { .efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) };
+	struct rpc_watch w[2] = {
+		{ .fd = -1, .prepare = caller_tick_prepare, .fn = caller_tick_fn, .priv = &a },
+		{ .fd = a.efd, .fn = caller_end_fn, .priv = &a },
+	};
+	struct rpc_server *s;
+	pthread_t t;
+	uint64_t one = 1;
+
+	CHECK(a.efd >= 0);
+	/* No server: the watches alone, ended by the first non-zero return. */
+	CHECK_EQ(write(a.efd, &one, sizeof(one)), (ssize_t)sizeof(one));
+	CHECK_EQ(rpc_serve(NULL, w, 2), 7);
+	CHECK(a.prepared >= 1 && a.ran >= 1, "prepare %u, fn %u", a.prepared, a.ran);
+	/* A server with a thread of its own is not the caller's to serve. */
+	CHECK_EQ(rpc_server_start(sock, "test", methods, 5, NULL, &s), 0);
+	CHECK_EQ(rpc_serve(s, w, 2), -EINVAL);
+	rpc_server_stop(s);
+	CHECK_EQ(rpc_server_start_flags(sock, "test", methods, 5, NULL, RPC_SERVER_CALLER, &s), 0);
+	a.prepared = a.ran = 0;
+	CHECK_EQ(pthread_create(&t, NULL, caller_client, &a), 0);
+	CHECK_EQ(rpc_serve(s, w, 2), 7);
+	pthread_join(t, NULL);
+	CHECK(a.echo_ok, "the method answered on the serving thread");
+	CHECK(a.prepared >= 1 && a.ran >= 1, "prepare %u, fn %u", a.prepared, a.ran);
+	rpc_server_stop(s);
+	CHECK(access(sock, F_OK) && errno == ENOENT, "socket removed at stop");
+	close(a.efd);
+}
+
 int main(void)
 {
 	const char *d = test_tmpdir(NULL, "test-rpc");
@@ -945,5 +1021,6 @@ int main(void)
 	server_stuck_clients();
 	server_threaded();
 	server_socket_file();
+	server_caller();
 	return test_done("rpc");
 }
