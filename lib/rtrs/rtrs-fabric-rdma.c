@@ -194,6 +194,7 @@ struct fab_con {
 	struct fab_con_name name; /* in log lines (con_name) */
 	struct rdma_event_channel *ch; /* client: the id's channel while it resolves */
 	struct rdma_cm_id *id;
+	struct ibv_qp *qp;      /* id's QP once made; it may outlive id (group_release) */
 	bool own_id;            /* destroy id with the connection */
 	struct rdma_group *g;   /* for its life */
 	struct rdma_gcq *gcq;   /* its QP's CQ */
@@ -1063,7 +1064,7 @@ static int rx_post(struct fab_con *c, size_t i)
 	};
 	struct ibv_recv_wr wr = { .wr_id = sge.addr, .sg_list = &sge, .num_sge = 1 }, *bad;
 
-	return -ibv_post_recv(c->id->qp, &wr, &bad);
+	return -ibv_post_recv(c->qp, &wr, &bad);
 }
 
 static bool is_rx_buf(const struct fab_con *c, uint64_t wr_id)
@@ -1312,7 +1313,25 @@ static void group_release(struct rdma_group *g, struct fab_con *c, struct ibv_wc
 		c->in_retry = false;
 	}
 	if (c->qp_made && !c->qp_gone) {
-		rdma_destroy_qp(c->id);
+		if (c->fab->iwarp && c->own_id) {
+			/*
+			 * iWARP: the CM id first. siw's destroy_qp waits, asleep
+			 * in the kernel and deaf to signals, until every
+			 * reference to the QP is gone, and the iWARP CM holds
+			 * one until it has processed the connection's close or
+			 * its id is destroyed: destroying the QP first makes this
+			 * thread, and every connection of the group, wait on the
+			 * CM (seen once under load: a test held until its guest's
+			 * timeout). Destroying the id drops the CM's reference at
+			 * once. Here, on the group's thread, no CM event of c is
+			 * being handled.
+			 */
+			rdma_destroy_id(c->id);
+			c->id = NULL;
+			ibv_destroy_qp(c->qp);
+		} else {
+			rdma_destroy_qp(c->id);
+		}
 		c->qp_gone = true;
 		/* Every entry it can hold, and as many again that others add meanwhile. */
 		for (unsigned i = 0; i < 2 * c->gcq->size / RDMA_CQ_BATCH + 2; i++) {
@@ -1778,7 +1797,8 @@ static int con_qp(struct fab_con *c)
 		return rc;
 	}
 	c->qp_made = true;
-	c->qpn = c->id->qp->qp_num;
+	c->qp = c->id->qp;
+	c->qpn = c->qp->qp_num;
 	rc = con_map(c);
 	if (rc)
 		return rc;
@@ -2082,12 +2102,12 @@ static int post_send(struct fab_con *c, struct ibv_send_wr *first, struct ibv_se
 	int rc;
 
 	if (!c->fab->sigpipe_guard)
-		return ibv_post_send(c->id->qp, first, bad);
+		return ibv_post_send(c->qp, first, bad);
 	sigemptyset(&pipe_set);
 	sigaddset(&pipe_set, SIGPIPE);
 	pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
 	was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
-	rc = ibv_post_send(c->id->qp, first, bad);
+	rc = ibv_post_send(c->qp, first, bad);
 	if (!was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE))
 		while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR)
 			;
@@ -2363,7 +2383,7 @@ static int nat_win_bind(struct fab_con *c, struct fab_win *w, const struct fab_m
 	pthread_mutex_lock(&c->tx_lock);
 	sig = tx_sig_due(c, ctx != NULL, 1);
 	b.send_flags = sig ? IBV_SEND_SIGNALED : 0;
-	rc = ibv_bind_mw(c->id->qp, w->priv, &b);
+	rc = ibv_bind_mw(c->qp, w->priv, &b);
 	tx_account(c, 1, rc ? 1 : 0, sig);
 	pthread_mutex_unlock(&c->tx_lock);
 	if (rc)
