@@ -136,7 +136,12 @@ json.dump({"runs": runs, "title": "4 KiB randrw 50/50, QD %s, loopback" % qd,
                       for (n, l, k, p), c in zip(chains, cmds)]}, open(out, "w"))
 PY
 day=$(date -u +%Y-%m-%d)
-plot=bench/plots/block-chains-$day${TAG:+-$TAG}.png  # TAG: runs of one day keep their plots
+plot=bench/plots/block-chains-$day${TAG:+-$TAG}.png  # TAG: names the run's plot
+i=2
+while $record && [ -e "$plot" ]; do # a recorded run of the same day keeps its plot
+	plot=bench/plots/block-chains-$day${TAG:+-$TAG}-$i.png
+	i=$((i + 1))
+done
 /usr/bin/python3 bench/chains.py "$tmp/spec.json" "$tmp/out.json" "$tmp/plot.png"
 
 report=$(python3 - "$tmp/out.json" "$RUNS" "$DURATION" "$QD" "$(machine)" "$plot" "$day" <<'PY'
