@@ -550,6 +550,21 @@ static int serve_watches(const struct rpc_watch *w, size_t nw)
 }
 
 /*
+ * The loop is asked to end (stopped, or a watch's value rc, kept in
+ * *ended): true to end now; threaded, it drains first (the answers of
+ * the methods in progress go out).
+ */
+static bool serve_ending(struct rpc_server *s, int rc, int *ended)
+{
+	*ended = rc;
+	if (!threaded(s))
+		return true;
+	s->drain_end_ms = mono_ms() + RPC_DRAIN_MS;
+	s->draining = true;
+	return false;
+}
+
+/*
  * The server's loop, on its thread or (RPC_SERVER_CALLER) rpc_serve's
  * with the watches w: returns 0 when stopped (efd), or a watch's value.
  */
@@ -608,11 +623,8 @@ static int serve(struct rpc_server *s, const struct rpc_watch *w, size_t nw)
 				break;
 			timeout = (int)(s->drain_end_ms - now);
 		} else if ((rc = watches_prepare(w, nw, &timeout))) {
-			ended = rc;
-			if (!threaded(s))
+			if (serve_ending(s, rc, &ended))
 				break;
-			s->drain_end_ms = mono_ms() + RPC_DRAIN_MS;
-			s->draining = true;
 			continue;
 		}
 		for (size_t i = 0; i < nw; i++)
@@ -627,12 +639,8 @@ static int serve(struct rpc_server *s, const struct rpc_watch *w, size_t nw)
 		}
 		rc = s->draining ? 0 : watches_run(w, nw, pfd + n);
 		if (pfd[0].revents || rc) {
-			ended = rc;
-			if (!threaded(s))
+			if (serve_ending(s, rc, &ended))
 				break;
-			/* Threaded: the answers of the methods in progress go out first. */
-			s->drain_end_ms = mono_ms() + RPC_DRAIN_MS;
-			s->draining = true;
 			continue;
 		}
 		if (pfd[1].revents) {
