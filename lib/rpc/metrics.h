@@ -65,7 +65,8 @@ typedef char *(*metrics_fn)(void *priv);
 
 /*
  * Serves GET /metrics on addr ("HOST:PORT", a numeric IPv4 or [IPv6]
- * address; port 0: any free one) from a thread of its own, with
+ * address; port 0: any free one) from a thread of its own (or the caller's:
+ * METRICS_HTTP_CALLER, below), with
  * libmicrohttpd in epoll mode (any number of descriptors in the process).
  * At most METRICS_HTTP_CONN_MAX connections, METRICS_HTTP_PER_IP_MAX from
  * one address; a request must have arrived whole METRICS_HTTP_REQ_MS after
