@@ -630,11 +630,13 @@ static int serve(struct rpc_server *s, const struct rpc_watch *w, size_t nw)
 		for (size_t i = 0; i < nw; i++)
 			pfd[n + i] = (struct pollfd){ .fd = s->draining ? -1 : w[i].fd, .events = POLLIN };
 		if (poll(pfd, n + nw, timeout) < 0) {
-			if (errno == EINTR)
+			int err = errno;
+
+			if (err == EINTR)
 				continue;
-			log_err("%s: poll: %s", s->name, strerror(errno));
+			log_err("%s: poll: %s", s->name, strerror(err));
 			if (!ended)
-				ended = -errno;
+				ended = -err;
 			break;
 		}
 		rc = s->draining ? 0 : watches_run(w, nw, pfd + n);
