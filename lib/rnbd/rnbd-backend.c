@@ -40,16 +40,16 @@ struct rnbd_engine {
 	/*
 	 * the pool: every engine has one, of up to nthreads threads started
 	 * as work comes that finds none idle (an engine on io_uring that
-	 * never needs it has none); they stay until the engine closes
+	 * never needs it has none); detached, each ends after
+	 * RNBD_POOL_IDLE_MS without work
 	 */
 	pthread_mutex_t lock;
-	pthread_cond_t cond;
+	pthread_cond_t cond;  /* work queued, stop, a thread ended */
 	STAILQ_HEAD(, rnbd_breq) queue;
 	bool stop;
 	unsigned nthreads;
-	unsigned started;     /* threads[0 .. started) run */
+	unsigned started;     /* threads running */
 	unsigned idle;        /* waiting for work */
-	pthread_t *threads;
 	/* io_uring */
 	struct io_uring ring;
 	pthread_mutex_t sq_lock;
@@ -75,6 +75,9 @@ struct rnbd_store {
 	pthread_cond_t idle;
 	unsigned inflight;
 };
+
+/* A pool thread without work for this long ends. */
+#define RNBD_POOL_IDLE_MS 5000
 
 /* user_data of the NOP that tells the reaper to stop */
 #define REAPER_STOP ((void *)1)
@@ -216,11 +219,17 @@ static void *pool_thread(void *arg)
 		struct rnbd_breq *r = STAILQ_FIRST(&e->queue);
 
 		if (!r) {
+			struct timespec dl = deadline_ms(RNBD_POOL_IDLE_MS);
+			int rc = 0;
+
 			if (e->stop)
 				break;
 			e->idle++;
-			pthread_cond_wait(&e->cond, &e->lock);
+			while (STAILQ_EMPTY(&e->queue) && !e->stop && rc != ETIMEDOUT)
+				rc = pthread_cond_timedwait(&e->cond, &e->lock, &dl);
 			e->idle--;
+			if (rc == ETIMEDOUT && STAILQ_EMPTY(&e->queue))
+				break; /* idle: work that comes starts another */
 			continue;
 		}
 		STAILQ_REMOVE_HEAD(&e->queue, link);
@@ -228,6 +237,9 @@ static void *pool_thread(void *arg)
 		complete(r, exec_sync(r->store, r));
 		pthread_mutex_lock(&e->lock);
 	}
+	/* The last touch of e: rnbd_engine_close waits for started 0 under the lock. */
+	e->started--;
+	pthread_cond_broadcast(&e->cond);
 	pthread_mutex_unlock(&e->lock);
 	return NULL;
 }
@@ -241,7 +253,14 @@ static void pool_queue(struct rnbd_engine *e, struct rnbd_breq *r)
 	if (e->idle) {
 		pthread_cond_signal(&e->cond);
 	} else if (e->started < e->nthreads) {
-		int rc = pthread_create(&e->threads[e->started], NULL, pool_thread, e);
+		pthread_attr_t attr;
+		pthread_t t;
+		int rc;
+
+		pthread_attr_init(&attr);
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		rc = pthread_create(&t, &attr, pool_thread, e);
+		pthread_attr_destroy(&attr);
 
 		if (!rc)
 			e->started++;
@@ -383,19 +402,13 @@ int rnbd_engine_open(enum rnbd_engine_kind kind, unsigned threads, unsigned dept
 	if (!e)
 		return -ENOMEM;
 	pthread_mutex_init(&e->lock, NULL);
-	pthread_cond_init(&e->cond, NULL);
+	cond_init_mono(&e->cond); /* idle pool threads wait with a deadline */
 	pthread_mutex_init(&e->sq_lock, NULL);
 	STAILQ_INIT(&e->queue);
 	e->nthreads = threads ? threads : 4;
-	e->threads = calloc(e->nthreads, sizeof(*e->threads));
-	if (!e->threads) {
-		free(e);
-		return -ENOMEM;
-	}
 	if (kind != RNBD_ENGINE_THREADS) {
 		rc = io_uring_queue_init(depth ? depth : 256, &e->ring, 0);
 		if (rc && kind == RNBD_ENGINE_URING) {
-			free(e->threads);
 			free(e);
 			return rc;
 		}
@@ -421,7 +434,6 @@ int rnbd_engine_open(enum rnbd_engine_kind kind, unsigned threads, unsigned dept
 		rc = -pthread_create(&e->reaper, NULL, reaper_thread, e);
 		if (rc) {
 			io_uring_queue_exit(&e->ring);
-			free(e->threads);
 			free(e);
 			return rc;
 		}
@@ -448,9 +460,9 @@ void rnbd_engine_close(struct rnbd_engine *e)
 	pthread_mutex_lock(&e->lock);
 	e->stop = true;
 	pthread_cond_broadcast(&e->cond);
+	while (e->started)
+		pthread_cond_wait(&e->cond, &e->lock);
 	pthread_mutex_unlock(&e->lock);
-	for (unsigned i = 0; i < e->started; i++)
-		pthread_join(e->threads[i], NULL);
 	if (e->reaper_started) {
 		struct io_uring_sqe *sqe;
 
@@ -465,7 +477,6 @@ void rnbd_engine_close(struct rnbd_engine *e)
 	}
 	if (e->uring)
 		io_uring_queue_exit(&e->ring);
-	free(e->threads);
 	free(e);
 }
 

@@ -9,6 +9,7 @@
  * through a descriptor of its own, must equal the model byte for byte;
  * and memory-store writes at every alignment read back equal.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -414,6 +415,81 @@ static int test_blockdev(void)
 	return test_done("rnbd-backend-blockdev");
 }
 
+/* Threads of this process named name (/proc/self/task/N/comm). */
+static unsigned threads_named(const char *name)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *de;
+	unsigned n = 0;
+
+	while (d && (de = readdir(d))) {
+		char path[64], comm[32] = "";
+		FILE *f;
+
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%.20s/comm", de->d_name);
+		f = fopen(path, "r");
+		if (f && fgets(comm, sizeof(comm), f))
+			comm[strcspn(comm, "\n")] = 0;
+		if (f)
+			fclose(f);
+		n += !strcmp(comm, name);
+	}
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/* One request on store s, waited for; its error. */
+static int sync_io(struct rnbd_store *s, enum rnbd_io_op op, uint64_t off, void *buf, uint32_t len)
+{
+	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1 };
+	struct req q = { .w = &w, .err = 1 };
+
+	q.r = (struct rnbd_breq){ .op = op, .offset = off, .len = len, .buf = buf,
+				  .done = req_done };
+	rnbd_store_submit(s, &q.r);
+	pthread_mutex_lock(&w.lock);
+	while (w.left)
+		pthread_cond_wait(&w.cond, &w.lock);
+	pthread_mutex_unlock(&w.lock);
+	return q.err;
+}
+
+/*
+ * The threads engine's pool: a thread starts with the work, ends after
+ * 5 s without any (RNBD_POOL_IDLE_MS), and work after that starts one
+ * again; closing the engine waits for the one running.
+ */
+static void test_pool_idle(void)
+{
+	char path[] = "/var/tmp/rnbd-backend-test.XXXXXX";
+	static uint8_t buf[4096], back[4096];
+	struct rnbd_engine *e;
+	struct rnbd_store *s;
+	int fd = mkstemp(path);
+
+	CHECK(fd >= 0);
+	CHECK_EQ(ftruncate(fd, 1 << 20), 0);
+	CHECK_EQ(rnbd_engine_open(RNBD_ENGINE_THREADS, 2, 0, &e), 0);
+	CHECK_EQ(rnbd_store_fd(e, fd, false, &s), 0);
+	memset(buf, 0x5a, sizeof(buf));
+	CHECK_EQ(sync_io(s, RNBD_OP_FLUSH, 0, NULL, 0), 0);
+	CHECK(threads_named("rnbd-pool") >= 1, "a pool thread runs after a request");
+	usleep(5600 * 1000);
+	CHECK_EQ(threads_named("rnbd-pool"), 0u);
+	CHECK_EQ(sync_io(s, RNBD_OP_WRITE, 4096, buf, sizeof(buf)), 0);
+	CHECK_EQ(sync_io(s, RNBD_OP_FLUSH, 0, NULL, 0), 0);
+	CHECK(threads_named("rnbd-pool") >= 1, "work after the idle end starts one again");
+	CHECK_EQ(pread(fd, back, sizeof(back), 4096), (ssize_t)sizeof(back));
+	CHECK(!memcmp(back, buf, sizeof(buf)), "the write after the idle end landed");
+	rnbd_store_close(s);
+	rnbd_engine_close(e);
+	CHECK_EQ(threads_named("rnbd-pool"), 0u);
+	unlink(path);
+}
+
 int main(int argc, char **argv)
 {
 	int rc;
@@ -429,6 +505,7 @@ int main(int argc, char **argv)
 	test_memory();
 	test_not_a_store();
 	test_memory_alignments();
+	test_pool_idle();
 	rc = test_done("rnbd-backend");
 	if (!rc && direct_untested) {
 		fprintf(stderr, "SKIP: O_DIRECT is not supported where the test files are\n");
