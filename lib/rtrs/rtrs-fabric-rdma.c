@@ -75,7 +75,6 @@
 #define RDMA_RX_MIN 64         /* the smallest receive buffer */
 #define RDMA_CQ_ACK_BATCH 64   /* completion events acknowledged at a time */
 #define RDMA_SIG_EVERY_MAX 64  /* at most this many send requests go unsignalled in a row */
-#define NAT_CONNECT_PORT_TRIES 8 /* iWARP: CM ids tried when a port meets a TIME_WAIT socket */
 /* soft-iWARP's vendor id ("bmt"): its sends go out on a kernel TCP socket. */
 #define RDMA_SIW_VENDOR_ID 0x626d74
 /* Private data the CM carries (IBA 12.7 via the RDMA CM's 36-byte header; MPA on iWARP). */
@@ -183,7 +182,6 @@ struct rdma_group {
 enum {
 	W_KICK = 1u << 0,       /* ops->kick */
 	W_RETRY = 1u << 1,      /* ops->kick after a completion or RDMA_RETRY_MS */
-	W_EARLY = 1u << 2,      /* down(early_err): the connect failed at once */
 	W_DESTROY = 1u << 3,    /* leave the group (destroy) */
 };
 
@@ -192,8 +190,15 @@ struct fab_con {
 	struct fab *fab;
 	struct fab_con_cfg cfg;
 	struct fab_con_name name; /* in log lines (con_name) */
-	struct rdma_event_channel *ch; /* client: the id's channel while it resolves */
 	struct rdma_cm_id *id;
+	/*
+	 * A client's connection: its id is on the group's channel from the
+	 * start, and the group resolves, makes the QP and connects (handle_cm);
+	 * destroying it goes through the group even before a QP is made.
+	 */
+	bool on_group;
+	uint8_t pdata[RDMA_IW_PDATA_MAX]; /* the connect's private data, kept until then */
+	uint8_t pdata_len;
 	struct ibv_qp *qp;      /* id's QP once made; it may outlive id (group_release) */
 	bool own_id;            /* destroy id with the connection */
 	struct rdma_group *g;   /* for its life */
@@ -213,7 +218,6 @@ struct fab_con {
 	atomic_bool destroying; /* no callback runs any more */
 	atomic_bool down;       /* down() was called (or the owner shut us down) */
 	atomic_bool shutdown;   /* fab_con_shutdown() was called */
-	atomic_int early_err;   /* a connect that failed at once: down() from the group */
 	atomic_uint tx_posted;  /* work requests posted and not completed */
 	unsigned tx_max;        /* the send queue's size */
 	/*
@@ -244,6 +248,7 @@ static struct {
 static __thread struct rdma_group *tls_group;
 
 static int nat_con_rx_setup(struct fab_con *c, size_t count, size_t size);
+static int con_connect_routed(struct fab_con *c);
 static int groups_get(void);
 static void groups_put(void);
 
@@ -321,7 +326,7 @@ static struct rdma_event_channel *channel_open(void)
 
 /*
  * Waits up to ms for the next event on ch, which must be want; 0, or the
- * error the event means. Before a connection's thread runs: resolution.
+ * error the event means. fab_open's resolution, before the fab has a group.
  */
 static int cm_wait(struct rdma_event_channel *ch, enum rdma_cm_event_type want, unsigned ms)
 {
@@ -362,21 +367,13 @@ static int cm_wait(struct rdma_event_channel *ch, enum rdma_cm_event_type want, 
 	return rc;
 }
 
-/* Resolves id's address (and route, when route) to dst from src. */
-static int id_resolve(struct rdma_event_channel *ch, struct rdma_cm_id *id, struct fab *f,
-		      bool route)
+/* Resolves id's address to dst from src: the device behind the route (fab_open). */
+static int id_resolve(struct rdma_event_channel *ch, struct rdma_cm_id *id, struct fab *f)
 {
-	int rc;
-
 	if (rdma_resolve_addr(id, f->has_src ? (struct sockaddr *)&f->src : NULL,
 			      (struct sockaddr *)&f->dst, RDMA_RESOLVE_MS))
 		return -errno;
-	rc = cm_wait(ch, RDMA_CM_EVENT_ADDR_RESOLVED, RDMA_RESOLVE_MS + 1000);
-	if (rc || !route)
-		return rc;
-	if (rdma_resolve_route(id, RDMA_RESOLVE_MS))
-		return -errno;
-	return cm_wait(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, RDMA_RESOLVE_MS + 1000);
+	return cm_wait(ch, RDMA_CM_EVENT_ADDR_RESOLVED, RDMA_RESOLVE_MS + 1000);
 }
 
 /* The most private data the CM carries for op on this fab's transport. */
@@ -562,7 +559,7 @@ static int nat_open(const char *prov, const char *src, const char *node, const c
 		if (rc)
 			goto fail;
 		/* The device behind the route: memory is registered before any connection. */
-		rc = id_resolve(ch, id, f, false);
+		rc = id_resolve(ch, id, f);
 		if (rc) {
 			log_err("fabric: no RDMA device reaches %s:%s: %s", node, service,
 				strerror(-rc));
@@ -1032,7 +1029,8 @@ static int con_map(struct fab_con *c)
 		pthread_mutex_lock(&g->lock);
 		rc = qpmap_add(&c->gcq->map, c->qpn, c);
 		pthread_mutex_unlock(&g->lock);
-		if (rc != -EEXIST || now_ms() >= end)
+		/* On the group's thread the last owner is gone: it left here (group_release). */
+		if (rc != -EEXIST || now_ms() >= end || tls_group == g)
 			break;
 		usleep(1000);
 	}
@@ -1177,7 +1175,29 @@ static void handle_wc(struct fab_con *c, const struct ibv_wc *wc)
 static void handle_cm(struct fab_con *c, enum rdma_cm_event_type type, int status,
 		      const uint8_t *data, size_t len)
 {
+	int rc;
+
 	switch (type) {
+	case RDMA_CM_EVENT_ADDR_RESOLVED:
+		if (rdma_resolve_route(c->id, RDMA_RESOLVE_MS)) {
+			rc = -errno;
+			log_err("%s: resolving the route: %s", con_name(c), strerror(-rc));
+			con_down(c, rc, NULL, 0);
+		}
+		break;
+	case RDMA_CM_EVENT_ROUTE_RESOLVED:
+		rc = con_connect_routed(c);
+		if (rc)
+			con_down(c, rc, NULL, 0);
+		break;
+	case RDMA_CM_EVENT_ADDR_ERROR:
+	case RDMA_CM_EVENT_ROUTE_ERROR:
+		rc = status < 0 ? status : type == RDMA_CM_EVENT_ADDR_ERROR ? -EHOSTUNREACH :
+		     -ENETUNREACH;
+		log_err("%s: resolving the %s: %s", con_name(c),
+			type == RDMA_CM_EVENT_ADDR_ERROR ? "address" : "route", strerror(-rc));
+		con_down(c, rc, NULL, 0);
+		break;
 	case RDMA_CM_EVENT_ESTABLISHED:
 		c->cfg.ops->connected(c->cfg.priv, data, len);
 		break;
@@ -1383,12 +1403,6 @@ static bool group_drain_work(struct rdma_group *g, struct ibv_wc *wcs, struct fa
 		}
 		if (atomic_load(&c->destroying))
 			continue; /* its W_DESTROY is on its way */
-		if (bits & W_EARLY) {
-			int err = atomic_exchange(&c->early_err, 0);
-
-			if (err)
-				con_down(c, err, NULL, 0);
-		}
 		if ((bits & W_RETRY) && !c->in_retry) {
 			if (!g->retry)
 				g->retry_since = now_ms();
@@ -1680,8 +1694,6 @@ static void con_free(struct fab_con *c)
 		rdma_destroy_qp(c->id);
 	if (c->id && c->own_id)
 		rdma_destroy_id(c->id);
-	if (c->ch)
-		rdma_destroy_event_channel(c->ch);
 	if (c->rx.mr)
 		ibv_dereg_mr(c->rx.mr);
 	free(c->rx.buf);
@@ -1700,7 +1712,8 @@ static void con_free(struct fab_con *c)
 
 /*
  * Destroys c: no callback of it runs once this returns. A connection whose
- * QP was made leaves its group on the group's thread (group_release):
+ * QP was made, or whose id is on the group's channel (a client's, from
+ * its connect on), leaves its group on the group's thread (group_release):
  * from any other thread this waits for that; from its group's thread (a
  * callback of another of its connections) it is handed over and freed
  * there.
@@ -1710,7 +1723,7 @@ static void con_destroy(struct fab_con *c)
 	struct fab_done dw;
 
 	atomic_store(&c->destroying, true);
-	if (!c->qp_made) {
+	if (!c->qp_made && !c->on_group) {
 		con_free(c);
 		return;
 	}
@@ -1821,84 +1834,62 @@ static int con_qp(struct fab_con *c)
 }
 
 /*
- * The CM id of c, resolved on c's own channel, with its QP, moved to the
- * group's channel and connecting: 0 when under way (*out is c), or a
- * negative errno with c destroyed, but for -EADDRNOTAVAIL from
- * rdma_connect, where c is left to the caller.
+ * A client's connection, on its group's thread from the resolved route on
+ * (handle_cm): the QP, then the connect request with the private data kept
+ * since nat_con_connect. 0, or the error the owner hears as down().
  */
-static int nat_con_connect_id(struct fab *f, struct fab_con *c, struct rdma_conn_param *param,
-			      struct fab_con **out)
+static int con_connect_routed(struct fab_con *c)
 {
-	int rc;
+	struct rdma_conn_param param = {
+		.private_data = c->pdata, .private_data_len = c->pdata_len,
+		.retry_count = 7, .rnr_retry_count = 7,
+	};
+	int rc = con_qp(c);
 
-	c->ch = channel_open();
-	if (!c->ch) {
-		rc = errno ? -errno : -ENOMEM;
-		goto fail;
-	}
-	if (rdma_create_id(c->ch, &c->id, c, RDMA_PS_TCP)) {
-		rc = -errno;
-		goto fail;
-	}
-	c->own_id = true;
-	rc = id_resolve(c->ch, c->id, f, true);
-	if (rc) {
-		log_err("%s: resolving the address: %s", con_name(c), strerror(-rc));
-		goto fail;
-	}
-	rc = con_qp(c);
 	if (rc)
-		goto fail;
-	/* From here the group reads its events. */
-	if (rdma_migrate_id(c->id, c->g->ch)) {
-		rc = -errno;
-		log_err("%s: rdma_migrate_id: %s", con_name(c), strerror(-rc));
-		goto fail;
-	}
-	rdma_destroy_event_channel(c->ch);
-	c->ch = NULL;
-	*out = c;
-	if (!rdma_connect(c->id, param))
+		return rc;
+	if (!rdma_connect(c->id, &param))
 		return 0;
 	rc = -errno;
 	if (rc == -ECONNREFUSED) {
-		/*
-		 * iWARP connects the TCP socket here, and nobody listening is
-		 * said at once; the owner hears it as on IB and RoCE, from the
-		 * group, as a refusal.
-		 */
+		/* iWARP connects the TCP socket here: nobody listening is said at once. */
 		char local[64];
 
 		sockaddr_str(rdma_get_local_addr(c->id), local, sizeof(local));
 		log_warn_rl("%s: refused at once from %s: nothing listens at the destination",
 			    con_name(c), local);
-		atomic_store(&c->early_err, rc);
-		queue_work(c, W_EARLY);
-		return 0;
+	} else if (rc == -EADDRNOTAVAIL) {
+		/*
+		 * iWARP binds the TCP socket to a port the RDMA CM picked from
+		 * its own space, which knows nothing of the kernel's sockets in
+		 * TIME_WAIT (seen on siw, a session opened among hundreds closed
+		 * just before): the owner's next attempt picks another.
+		 */
+		log_warn_rl("%s: rdma_connect: the port the CM picked is taken (%s)", con_name(c),
+			    strerror(-rc));
+	} else {
+		log_err("%s: rdma_connect: %s", con_name(c), strerror(-rc));
 	}
-	*out = NULL;
-	if (rc == -EADDRNOTAVAIL)
-		return rc;
-	log_err("%s: rdma_connect: %s", con_name(c), strerror(-rc));
-fail:
-	con_destroy(c);
 	return rc;
 }
 
+/*
+ * Starts a client's connection: its CM id on the group's channel, the
+ * address being resolved. The group goes on from the events (handle_cm:
+ * route, QP, connect); nothing here waits, so the caller may be a service
+ * loop that many sessions share. What fails later reaches the owner as
+ * down() with the error.
+ */
 static int nat_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const void *data,
 			    size_t len, struct fab_con **out)
 {
-	struct rdma_conn_param param = {
-		.private_data = data, .private_data_len = (uint8_t)len,
-		.retry_count = 7, .rnr_retry_count = 7,
-	};
 	struct fab_con *c;
 	int rc;
 
 	if (f->server)
 		return -EINVAL;
 	if (tls_group) {
-		/* It waits for the address, the route and a QP number its group may still hold. */
+		/* A reused QP number may wait for another group's release (con_map). */
 		log_err("%s: a connection cannot be made from a poll group's thread", cfg->name);
 		return -EDEADLK;
 	}
@@ -1907,29 +1898,29 @@ static int nat_con_connect(struct fab *f, const struct fab_con_cfg *cfg, const v
 			len, pdata_max(f, 0));
 		return -EMSGSIZE;
 	}
-	/*
-	 * iWARP binds the TCP socket to a port the RDMA CM picked from its own
-	 * space, which knows nothing of the kernel's sockets in TIME_WAIT: a
-	 * pick that meets one fails the connect with -EADDRNOTAVAIL (seen on
-	 * siw, a session opened among hundreds closed just before). A new CM
-	 * id picks another port: a few tries, then the error.
-	 */
-	for (unsigned tries = 1;; tries++) {
-		rc = con_new(f, cfg, &c);
-		if (rc)
-			return rc;
-		rc = nat_con_connect_id(f, c, &param, out);
-		if (rc != -EADDRNOTAVAIL)
-			return rc;
-		con_destroy(c);
-		if (tries == NAT_CONNECT_PORT_TRIES) {
-			log_err("%s: rdma_connect: %s (%u ports tried)", cfg->name, strerror(-rc),
-				tries);
-			return rc;
-		}
-		log_dbg("%s: rdma_connect: %s; again from another port", cfg->name,
-			strerror(-rc));
+	rc = con_new(f, cfg, &c);
+	if (rc)
+		return rc;
+	memcpy(c->pdata, data, len);
+	c->pdata_len = (uint8_t)len;
+	if (rdma_create_id(c->g->ch, &c->id, c, RDMA_PS_TCP)) {
+		rc = -errno;
+		log_err("%s: rdma_create_id: %s", con_name(c), strerror(-rc));
+		con_free(c);
+		return rc;
 	}
+	c->own_id = true;
+	c->on_group = true;
+	/* Its events may come, and a down() reach the owner, before this returns. */
+	*out = c;
+	if (rdma_resolve_addr(c->id, f->has_src ? (struct sockaddr *)&f->src : NULL,
+			      (struct sockaddr *)&f->dst, RDMA_RESOLVE_MS) == 0)
+		return 0;
+	rc = -errno;
+	log_err("%s: resolving the address: %s", con_name(c), strerror(-rc));
+	*out = NULL;
+	con_destroy(c);
+	return rc;
 }
 
 static int nat_con_accept(struct fab *f, struct fab_connreq *req, const struct fab_con_cfg *cfg,
