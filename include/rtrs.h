@@ -105,9 +105,10 @@ enum rtrs_mp_policy {
 
 enum rtrs_clt_link_ev {
 	/*
-	 * Events are delivered only after rtrs_clt_open has returned. A
-	 * callback ignores values it does not know: later versions may add
-	 * events.
+	 * Events are delivered only after rtrs_clt_open has returned, on the
+	 * client's service loop, which many sessions share: a callback must
+	 * not block (wait for a request's answer, open a session). A callback
+	 * ignores values it does not know: later versions may add events.
 	 */
 	RTRS_CLT_LINK_EV_RECONNECTED, /* a path came up while none was up */
 	RTRS_CLT_LINK_EV_DISCONNECTED, /* no path is up any more */
@@ -116,7 +117,7 @@ enum rtrs_clt_link_ev {
 	 * dropped this session (its last path went) and made a new one, so
 	 * whatever the user set up in the old one (RNBD's open devices) is
 	 * gone. Delivered once per new server session (however many paths
-	 * reach it), on the thread connecting the path, before that path or
+	 * reach it), while the path connects, before that path or
 	 * any other path to the new session carries a request and before
 	 * RECONNECTED; rtrs_attrs.server_sessions has counted it already. A
 	 * request the library held across the reconnect (waiting for a path,
@@ -159,7 +160,7 @@ struct rtrs_clt_opts {
 	 */
 	unsigned fast_io_fail_ms;
 	void (*link_ev)(void *priv, enum rtrs_clt_link_ev ev);
-	/* Optional: a path came up (up = 1) or went down (0); idx as in stats. */
+	/* Optional: a path came up (up = 1) or went down (0); idx as in stats; as link_ev. */
 	void (*path_ev)(void *priv, unsigned idx, int up);
 	void *priv;
 	/*

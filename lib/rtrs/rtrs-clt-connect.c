@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * RTRS client: establishing a path, on the caller's thread (rtrs_clt_open,
- * rtrs_clt_add_path) or a reconnect worker: connection 0, authentication,
- * the other connections, the information exchange (clt_path_connect). The
- * connection callbacks of the handshake (connected, down, two-sided
- * messages) wake the establishing thread through clt_path.cond.
+ * RTRS client: establishing a path, as a state machine on the session's
+ * service loop (clt_cst_table): connection 0, authentication, the other
+ * connections, the information exchange. The connection callbacks of the
+ * handshake (connected, down, two-sided messages) record what came under
+ * clt_path.lock and queue the path's conn_work; the loop takes the next
+ * step. No thread waits for a path: rtrs_clt_open and rtrs_clt_add_path
+ * start an attempt and wait for its verdict (clt_path.conn_done), a
+ * reconnect is an attempt the reconnect timer starts.
  */
 #include <errno.h>
 #include <sched.h>
@@ -45,8 +48,8 @@ static void clt_con_connected(void *priv, const void *data, size_t len)
 	} else {
 		con->connected = true;
 	}
-	pthread_cond_broadcast(&p->cond);
 	pthread_mutex_unlock(&p->lock);
+	clt_path_kick(p);
 }
 
 static void clt_con_down(void *priv, int err, const void *data, size_t len)
@@ -78,11 +81,11 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 
 	con->err = err ? err : -ECONNRESET;
 	con->connected = false;
-	pthread_cond_broadcast(&p->cond);
 	pthread_mutex_unlock(&p->lock);
+	clt_path_kick(p);
 	/*
-	 * Connected: tear the path down. Connecting: clt_fail_path only wakes
-	 * the establishing thread, which reports (even after its last wait).
+	 * Connected: tear the path down. Connecting: the attempt's next step
+	 * sees the failure (clt_fail_path only records it).
 	 */
 	if (was_connected)
 		log_warn("%s: connection %u went down: %s", p->name, con->c.cid, strerror(-err));
@@ -129,7 +132,7 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 	}
 	pthread_mutex_lock(&p->lock);
 	if (con->c.cid == 0 && rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
-		/* For the connecting thread, which runs the transaction. */
+		/* For the attempt's next step, which runs the transaction. */
 		if (p->auth_rx_len || len > sizeof(p->auth_rx)) {
 			pthread_mutex_unlock(&p->lock);
 			log_err_rl("%s: unexpected authentication message", p->name);
@@ -138,8 +141,8 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 		}
 		memcpy(p->auth_rx, buf, len);
 		p->auth_rx_len = len;
-		pthread_cond_broadcast(&p->cond);
 		pthread_mutex_unlock(&p->lock);
+		clt_path_kick(p);
 		return;
 	}
 	if (con->c.cid != 0 || p->info_done) {
@@ -168,8 +171,8 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 	}
 	p->info_err = rc;
 	p->info_done = true;
-	pthread_cond_broadcast(&p->cond);
 	pthread_mutex_unlock(&p->lock);
+	clt_path_kick(p);
 }
 
 static const struct fab_con_ops clt_con_ops = {
@@ -181,32 +184,7 @@ static const struct fab_con_ops clt_con_ops = {
 	.kick = rtrs_con_kick,
 };
 
-/*
- * Why an attempt in progress gives up, if it does (p->lock held): the
- * path's failure, or the session closing or shut down (rtrs_clt_shutdown_all),
- * which a failure reported before the attempt reset fail_err would miss.
- */
-static int path_gave_up(struct clt_path *p)
-{
-	int err = atomic_load(&p->base.fail_err);
-
-	return err ? err : atomic_load(&p->sess->closing) ? -ESHUTDOWN : 0;
-}
-
-/* Waits for connection con to connect; 0 or its error. */
-static int path_wait_con(struct clt_path *p, struct clt_con *con)
-{
-	struct timespec dl = deadline_ms(p->sess->connect_timeout_ms);
-	int rc = 0;
-
-	pthread_mutex_lock(&p->lock);
-	while (!con->connected && !con->err && !path_gave_up(p) && rc != ETIMEDOUT)
-		rc = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
-	rc = path_gave_up(p) ? path_gave_up(p) : con->connected ? 0 : con->err ? con->err :
-	     -ETIMEDOUT;
-	pthread_mutex_unlock(&p->lock);
-	return rc;
-}
+static int path_auth_begin(struct clt_path *p);
 
 /* Allocates what depends on the queue depth, once per session. */
 static int sess_set_limits(struct rtrs_clt_sess *s, const struct rtrs_conn_rsp *rsp)
@@ -244,6 +222,7 @@ static int sess_set_limits(struct rtrs_clt_sess *s, const struct rtrs_conn_rsp *
 	return 0;
 }
 
+/* Asks for connection cid; the answer comes as its connected or down callback. */
 static int path_connect_con(struct clt_path *p, unsigned cid)
 {
 	struct rtrs_clt_sess *s = p->sess;
@@ -267,7 +246,6 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 		.rx_queue = cid ? 0 : RTRS_CLT_ADMIN_RX_QUEUE,
 		.poll_us = cid ? s->busy_poll_us : 0,
 	};
-	int rc;
 
 	snprintf(name, sizeof(name), "%s#%u", s->name, cid);
 	memcpy(req.sess_uuid, p->uuid, RTRS_UUID_LEN);
@@ -276,74 +254,11 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 	con->path = p;
 	con->c.cid = cid;
 	con->rkey_buf_id = UINT32_MAX;
+	pthread_mutex_lock(&p->lock);
 	con->err = 0;
 	con->connected = false;
-	rc = fab_con_connect(p->fab, &cfg, &msg, sizeof(msg), &con->c.fc);
-	if (rc)
-		return rc;
-	return path_wait_con(p, con);
-}
-
-/*
- * DH-HMAC-CHAP on connection 0, on the connecting thread: the completion
- * thread hands each message over (auth_rx) and this thread answers.
- */
-static int path_authenticate(struct clt_path *p)
-{
-	struct rtrs_clt_sess *s = p->sess;
-	struct timespec dl = deadline_ms(s->connect_timeout_ms);
-	enum rtrs_auth_step step = RTRS_AUTH_CONTINUE;
-	char msg[RTRS_AUTH_MSG_MAX];
-	size_t out_len = 0, len;
-	int rc, wait = 0;
-
-	if (!s->auth.hkey.len) {
-		log_err("%s: the server requires authentication and this client has no secret",
-			p->name);
-		return -ENOKEY;
-	}
-	rc = fab_mr_reg(p->fab, p->auth_tx, sizeof(p->auth_tx), FAB_MR_LOCAL, &p->auth_tx_mr);
-	if (rc)
-		return rc;
-	rc = rtrs_auth_clt_begin(&p->auth, &s->auth, p->name, ++p->auth_tid, p->auth_tx,
-				 sizeof(p->auth_tx), &out_len);
-	while (!rc) {
-		if (out_len) {
-			rc = fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL);
-			if (rc)
-				break;
-		}
-		if (step == RTRS_AUTH_DONE)
-			break;
-		if (step == RTRS_AUTH_FAILED) {
-			rc = p->auth.err;
-			break;
-		}
-		pthread_mutex_lock(&p->lock);
-		while (!p->auth_rx_len && !p->cons[0].err && !path_gave_up(p) && wait != ETIMEDOUT)
-			wait = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
-		len = p->auth_rx_len;
-		if (len)
-			memcpy(msg, p->auth_rx, len);
-		p->auth_rx_len = 0;
-		rc = len ? 0 : path_gave_up(p) ? path_gave_up(p) :
-		     p->cons[0].err ? p->cons[0].err : -ETIMEDOUT;
-		pthread_mutex_unlock(&p->lock);
-		if (rc)
-			break;
-		step = rtrs_auth_clt_step(&p->auth, msg, len, p->auth_tx, sizeof(p->auth_tx),
-					  &out_len);
-	}
-	if (!rc) {
-		atomic_fetch_add(&p->stat_auth_runs, 1);
-		log_info("%s: authenticated as %s (%s, %s%s)", p->name, s->auth.name,
-			 rtrs_auth_hash_name(p->auth.hash), rtrs_auth_dhgroup_name(p->auth.group),
-			 p->auth.bidir ? ", server authenticated too" : "");
-	} else {
-		log_err("%s: authentication failed: %s", p->name, strerror(-rc));
-	}
-	rtrs_auth_txn_end(&p->auth);
-	return rc;
+	pthread_mutex_unlock(&p->lock);
+	return fab_con_connect(p->fab, &cfg, &msg, sizeof(msg), &con->c.fc);
 }
 
 /*
@@ -500,7 +415,7 @@ static int path_after_first_con(struct clt_path *p)
 		return rc;
 	}
 	if (rsp->flags & RTRS_MSG_AUTH_F)
-		return path_authenticate(p);
+		return path_auth_begin(p);
 	if (!s->srv_ext && s->auth.hkey.len) {
 		/* Never AUTH messages to a kernel server: it would take them for garbage. */
 		log_err("%s: the server does not offer authentication (it speaks only the kernel's "
@@ -516,11 +431,165 @@ static int path_after_first_con(struct clt_path *p)
 	return 0;
 }
 
-static int path_exchange_info(struct clt_path *p)
+void clt_path_release_mrs(struct clt_path *p)
+{
+	clt_path_mem_release(p);
+	fab_mr_dereg(&p->auth_tx_mr);
+	fab_mr_dereg(&p->fence_mr);
+	fab_mr_dereg(&p->hdr_mr);
+	fab_mr_dereg(&p->info_req_mr);
+	fab_mr_dereg(&p->imm_mr);
+}
+
+/*
+ * After the connections are gone: the path's registrations. Its fabric
+ * stays for the next attempt (opening one resolves, which may block):
+ * path_fini closes it, or an attempt that lost the device (-ENODEV).
+ */
+void clt_path_release(struct clt_path *p)
+{
+	clt_path_release_mrs(p);
+}
+
+
+/* ---- authentication ------------------------------------------------------------ */
+
+/*
+ * DH-HMAC-CHAP on connection 0: the first message out. The server's
+ * answers come through clt_con_recv (auth_rx), and CST_AUTH answers them.
+ */
+static int path_auth_begin(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	size_t out_len = 0;
+	int rc;
+
+	if (!s->auth.hkey.len) {
+		log_err("%s: the server requires authentication and this client has no secret",
+			p->name);
+		return -ENOKEY;
+	}
+	rc = fab_mr_reg(p->fab, p->auth_tx, sizeof(p->auth_tx), FAB_MR_LOCAL, &p->auth_tx_mr);
+	if (rc)
+		return rc;
+	p->auth_active = true;
+	rc = rtrs_auth_clt_begin(&p->auth, &s->auth, p->name, ++p->auth_tid, p->auth_tx,
+				 sizeof(p->auth_tx), &out_len);
+	if (!rc && out_len)
+		rc = fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL);
+	return rc;
+}
+
+/* The transaction is over (rc: how); its secrets are wiped. */
+static void path_auth_end(struct clt_path *p, int rc)
+{
+	struct rtrs_clt_sess *s = p->sess;
+
+	if (!p->auth_active)
+		return;
+	p->auth_active = false;
+	if (!rc) {
+		atomic_fetch_add(&p->stat_auth_runs, 1);
+		log_info("%s: authenticated as %s (%s, %s%s)", p->name, s->auth.name,
+			 rtrs_auth_hash_name(p->auth.hash), rtrs_auth_dhgroup_name(p->auth.group),
+			 p->auth.bidir ? ", server authenticated too" : "");
+	} else {
+		log_err("%s: authentication failed: %s", p->name, strerror(-rc));
+	}
+	rtrs_auth_txn_end(&p->auth);
+}
+
+/* ---- the attempt as a state machine ---------------------------------------------- */
+
+/*
+ * The steps of an attempt (clt_path.cst), each waiting for one thing. On
+ * the loop: path_step runs when a callback queued conn_work or the step's
+ * timer (connect_timeout_ms) fired. A step's ready() (p->lock held) says
+ * whether what it waits for came; its leave() acts on it and names the
+ * next step, whose enter() sends what that one waits an answer to.
+ */
+enum clt_cst {
+	CST_IDLE,  /* no attempt */
+	CST_CON,   /* connection cst_cid asked for: waits for the server's answer */
+	CST_AUTH,  /* authenticating on connection 0: waits for the server's next message */
+	CST_INFO,  /* the info request sent: waits for the response */
+	CST_DONE,  /* leave(): the path is established */
+	CST_NR,
+};
+
+struct clt_cst_def {
+	const char *name;
+	int (*enter)(struct clt_path *p);  /* 0: under way; or the attempt fails */
+	int (*ready)(struct clt_path *p);  /* 1: came; 0: not yet; < 0: the attempt fails */
+	int (*leave)(struct clt_path *p);  /* the next step, or < 0: the attempt fails */
+};
+
+static int cst_con_enter(struct clt_path *p)
+{
+	return path_connect_con(p, p->cst_cid);
+}
+
+static int cst_con_ready(struct clt_path *p)
+{
+	const struct clt_con *con = &p->cons[p->cst_cid];
+
+	return con->connected ? 1 : con->err;
+}
+
+/* After connection 0 and its authentication: the next connection, or the info exchange. */
+static int cst_after_con(struct clt_path *p)
+{
+	if (++p->cst_cid < p->base.nr_cons)
+		return CST_CON;
+	return CST_INFO;
+}
+
+static int cst_con_leave(struct clt_path *p)
+{
+	int rc;
+
+	if (p->cst_cid != 0)
+		return cst_after_con(p);
+	rc = path_after_first_con(p);
+	if (rc)
+		return rc;
+	return p->auth_active ? CST_AUTH : cst_after_con(p);
+}
+
+static int cst_auth_ready(struct clt_path *p)
+{
+	return p->auth_rx_len ? 1 : p->cons[0].err;
+}
+
+static int cst_auth_leave(struct clt_path *p)
+{
+	char msg[RTRS_AUTH_MSG_MAX];
+	enum rtrs_auth_step step;
+	size_t len, out_len = 0;
+	int rc = 0;
+
+	pthread_mutex_lock(&p->lock);
+	len = p->auth_rx_len;
+	memcpy(msg, p->auth_rx, len);
+	p->auth_rx_len = 0;
+	pthread_mutex_unlock(&p->lock);
+	step = rtrs_auth_clt_step(&p->auth, msg, len, p->auth_tx, sizeof(p->auth_tx), &out_len);
+	if (out_len)
+		rc = fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL);
+	if (!rc && step == RTRS_AUTH_FAILED)
+		rc = p->auth.err ? p->auth.err : -EACCES;
+	if (rc)
+		return rc;
+	if (step != RTRS_AUTH_DONE)
+		return CST_AUTH;
+	path_auth_end(p, 0);
+	return cst_after_con(p);
+}
+
+static int cst_info_enter(struct clt_path *p)
 {
 	struct rtrs_info_req r = { 0 };
-	struct timespec dl = deadline_ms(p->sess->connect_timeout_ms);
-	int rc, wait = 0;
+	int rc;
 
 	snprintf(r.pathname, sizeof(r.pathname), "%s", p->sess->name);
 	if (p->sess->srv_ext) {
@@ -532,147 +601,31 @@ static int path_exchange_info(struct clt_path *p)
 	rc = fab_mr_reg(p->fab, &p->info_req, sizeof(p->info_req), FAB_MR_LOCAL, &p->info_req_mr);
 	if (rc)
 		return rc;
-	rc = fab_send(p->cons[0].c.fc, &p->info_req, sizeof(p->info_req), p->info_req_mr.desc,
-		      NULL);
-	if (rc)
-		return rc;
-	pthread_mutex_lock(&p->lock);
-	while (!p->info_done && !p->cons[0].err && !path_gave_up(p) && wait != ETIMEDOUT)
-		wait = pthread_cond_timedwait(&p->cond, &p->lock, &dl);
-	rc = path_gave_up(p) ? path_gave_up(p) :
-	     p->info_done ? p->info_err : p->cons[0].err ? p->cons[0].err : -ETIMEDOUT;
-	pthread_mutex_unlock(&p->lock);
-	return rc;
+	return fab_send(p->cons[0].c.fc, &p->info_req, sizeof(p->info_req), p->info_req_mr.desc,
+			NULL);
 }
 
-void clt_path_release_mrs(struct clt_path *p)
+static int cst_info_ready(struct clt_path *p)
 {
-	clt_path_mem_release(p);
-	fab_mr_dereg(&p->auth_tx_mr);
-	fab_mr_dereg(&p->fence_mr);
-	fab_mr_dereg(&p->hdr_mr);
-	fab_mr_dereg(&p->info_req_mr);
-	fab_mr_dereg(&p->imm_mr);
+	return p->info_done ? 1 : p->cons[0].err;
 }
 
-/* After the connections are gone: the path's registrations and fabric. */
-void clt_path_release(struct clt_path *p)
+static int cst_info_leave(struct clt_path *p)
 {
-	clt_path_release_mrs(p);
-	fab_close(p->fab);
-	p->fab = NULL;
+	return p->info_err ? p->info_err : CST_DONE;
 }
+
+static const struct clt_cst_def clt_cst_table[CST_NR] = {
+	[CST_IDLE] = { "idle", NULL, NULL, NULL },
+	[CST_CON] = { "connect", cst_con_enter, cst_con_ready, cst_con_leave },
+	[CST_AUTH] = { "authenticate", NULL, cst_auth_ready, cst_auth_leave },
+	[CST_INFO] = { "info", cst_info_enter, cst_info_ready, cst_info_leave },
+	[CST_DONE] = { "done", NULL, NULL, NULL },
+};
 
 /*
- * Establishes the path; the caller's thread blocks. On failure the path
- * ends CLOSED, or (retry) RECONNECTING with the next attempt scheduled.
- */
-int clt_path_connect(struct clt_path *p, bool retry)
-{
-	struct rtrs_clt_sess *s = p->sess;
-	bool again;
-	int rc;
-
-	p->info_done = false;
-	p->info_err = 0;
-	p->auth_rx_len = 0;
-	atomic_store(&p->base.fail_err, 0);
-	atomic_store(&p->fail_dnr, false);
-	atomic_store(&p->refused_err, 0);
-	atomic_store(&p->reached, false);
-	rtrs_hb_reset(&p->base.hb);
-	/* As the kernel: counted before every connect, so 1 on the first. */
-	p->recon_cnt++;
-	/*
-	 * As the kernel (for_new_clt): the session's first path, a path
-	 * added when every other was removed, and a path that got through
-	 * once may create the session at the server; a path added to a
-	 * session the server knows may not. (A path being added is not in
-	 * paths_num yet.)
-	 */
-	p->first_sent = p->connected_once || !atomic_load(&s->ever_accepted) ||
-			atomic_load(&s->paths_removed) == atomic_load(&s->paths_num);
-	/* The server's queue depth is not known yet: ask for room for a large one. */
-	rc = fab_open(s->provider, p->src[0] ? p->src : NULL, p->host, p->port, false,
-		      RTRS_CLT_QUEUE_HINT, &p->fab);
-	if (rc) {
-		log_err("%s: cannot resolve %s:%s with provider %s: %s", p->name, p->host,
-			p->port, s->provider, strerror(-rc));
-		return rc;
-	}
-	rc = fab_mr_reg(p->fab, &p->fence_msg, sizeof(p->fence_msg), FAB_MR_LOCAL,
-			&p->fence_mr);
-	if (rc)
-		goto out_fail;
-	for (unsigned cid = 0; cid < p->base.nr_cons; cid++) {
-		rc = path_connect_con(p, cid);
-		if (rc) {
-			/* A session closing or shut down is no failure of the connection. */
-			log_at(rc == -ESHUTDOWN || ((rc == -EBUSY || rc == -EAGAIN) &&
-							!atomic_load(&p->fail_dnr)) ? LOG_INFO : LOG_ERR,
-			       "%s: connection %u of %u failed: %s", p->name, cid, p->base.nr_cons,
-			       strerror(-rc));
-			goto out_fail;
-		}
-		if (cid == 0) {
-			rc = path_after_first_con(p);
-			if (rc)
-				goto out_fail;
-		}
-	}
-	rc = path_exchange_info(p);
-	if (rc) {
-		log_err("%s: info exchange failed: %s", p->name, strerror(-rc));
-		goto out_fail;
-	}
-	clt_path_poll_enroll(p); /* before a request can go out on it */
-	rtrs_path_wrlock(&p->base);
-	if (!clt_path_change_state(p, RTRS_PATH_CONNECTED)) {
-		rtrs_path_wrunlock(&p->base);
-		rc = -EIO;
-		goto out_fail;
-	}
-	rtrs_path_wrunlock(&p->base);
-	rtrs_path_hb_arm(&p->base);
-	if (atomic_fetch_add(&s->paths_up, 1) == 0 && s->link_ev && atomic_load(&s->opened))
-		s->link_ev(s->priv, RTRS_CLT_LINK_EV_RECONNECTED);
-	if (s->path_ev && atomic_load(&s->opened))
-		s->path_ev(s->priv, p->idx, 1);
-	/* A failure reported while we were finishing: handle it now. */
-	if (atomic_load(&p->base.fail_err))
-		loop_queue(s->loop, &p->base.fail_work);
-	/*
-	 * Requests that failed over from this path go too: the server took
-	 * this reconnect only after the old path was drained and freed.
-	 */
-	clt_fence_implied(p);
-	/* Requests waiting for a path go now. */
-	loop_queue(s->loop, &s->wait_work);
-	log_info("%s: connected, %u connections, queue depth %u, max io %u", p->name,
-		 p->base.nr_cons, s->queue_depth, s->max_io_size);
-	return 0;
-
-out_fail:
-	clt_path_destroy_cons(p);
-	clt_path_release(p);
-	/* Another attempt? This one counts (the worker adds it afterwards). */
-	if (retry) {
-		again = clt_path_should_reconnect(p, rc, atomic_load(&p->attempts) + 1);
-	} else {
-		again = false;
-		atomic_store(&p->last_err, rc);
-	}
-	rtrs_path_wrlock(&p->base);
-	clt_path_change_state(p, again ? RTRS_PATH_RECONNECTING : RTRS_PATH_CLOSED);
-	rtrs_path_wrunlock(&p->base);
-	if (again)
-		clt_path_schedule_reconnect(p, 0); /* arming a timer is safe off the loop */
-	return rc;
-}
-
-/*
- * Whether a first connect that failed with rc may be tried again: the
- * server refused it without "do not retry", or a peer that had taken the
+ * Whether an open whose attempt failed with rc may try again: the server
+ * refused it without "do not retry", or a peer that had taken the
  * connection dropped it (a storm of clients: the server closes a stalled
  * handshake, a silent socket over its limits, or a connection of a path
  * it just closed). Nothing listening, a silent peer, a timeout, an
@@ -692,6 +645,7 @@ static bool path_open_retryable(struct clt_path *p, int rc)
 	case -ENOTCONN:
 	case -EAGAIN:
 	case -EBUSY:
+	case -EADDRNOTAVAIL: /* iWARP: the port the CM picked is in TIME_WAIT */
 		return true;
 	case -ECONNREFUSED:
 		return atomic_load(&p->reached);
@@ -700,49 +654,357 @@ static bool path_open_retryable(struct clt_path *p, int rc)
 	}
 }
 
-/*
- * The first connect of a path, in rtrs_clt_open. A server that refuses
- * without saying "do not retry", or drops a handshake it had answered, is
- * busy (a storm of clients opening at once) or mid-change (a path it still
- * closes, a host whose proof it is recording): try again, up to
- * RTRS_OPEN_TRIES times in all, after the reconnect delay and jitter, as a
- * reconnect does. Anything else (no answer, a rejected or missing key, "do
- * not retry") fails the open at once.
- */
-int clt_path_open(struct clt_path *p)
+/* The open (or add) waiting on p has its verdict. Loop thread. */
+static void path_open_finish(struct clt_path *p, int rc)
+{
+	p->opening = false;
+	pthread_mutex_lock(&p->lock);
+	/* The why, for rtrs_last_error() on the opener's thread. */
+	snprintf(p->conn_detail, sizeof(p->conn_detail), "%s", rc ? err_detail_get() : "");
+	p->conn_rc = rc;
+	p->conn_done = true;
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+}
+
+/* The attempt is over, either way: no step, no step timer, out of the count. */
+static void path_attempt_over(struct clt_path *p)
+{
+	p->cst = CST_IDLE;
+	loop_timer_arm(&p->conn_timer, 0, 0);
+	if (p->attempt_counted) {
+		p->attempt_counted = false;
+		atomic_fetch_sub(&clt_reconnects_running, 1);
+	}
+}
+
+/* The attempt got through: the path is up. */
+static void path_attempt_done(struct clt_path *p)
 {
 	struct rtrs_clt_sess *s = p->sess;
-	int rc;
 
-	for (int attempt = 1;; attempt++) {
-		struct rtrs_reconnect_in in = { .attempts = attempt, .max_attempts = RTRS_OPEN_TRIES };
-		bool refused;
+	path_attempt_over(p);
+	clt_path_poll_enroll(p); /* before a request can go out on it */
+	rtrs_path_wrlock(&p->base);
+	if (!clt_path_change_state(p, RTRS_PATH_CONNECTED)) {
+		rtrs_path_wrunlock(&p->base);
+		clt_path_attempt_failed(p, -EIO);
+		return;
+	}
+	rtrs_path_wrunlock(&p->base);
+	rtrs_path_hb_arm(&p->base);
+	if (atomic_fetch_add(&s->paths_up, 1) == 0 && s->link_ev && atomic_load(&s->opened))
+		s->link_ev(s->priv, RTRS_CLT_LINK_EV_RECONNECTED);
+	if (s->path_ev && atomic_load(&s->opened))
+		s->path_ev(s->priv, p->idx, 1);
+	/* A failure reported while we were finishing: handle it now. */
+	if (atomic_load(&p->base.fail_err))
+		loop_queue(s->loop, &p->base.fail_work);
+	/*
+	 * Requests that failed over from this path go too: the server took
+	 * this reconnect only after the old path was drained and freed.
+	 */
+	clt_fence_implied(p);
+	/* Requests waiting for a path go now. */
+	loop_queue(s->loop, &s->wait_work);
+	log_info("%s: connected, %u connections, queue depth %u, max io %u", p->name,
+		 p->base.nr_cons, s->queue_depth, s->max_io_size);
+	if (p->opening) {
+		path_open_finish(p, 0);
+	} else {
+		atomic_store(&p->attempts, 0);
+		atomic_fetch_add(&p->stat_reconnects, 1);
+		log_info("%s: reconnected", p->name);
+	}
+}
 
-		rc = clt_path_connect(p, false);
-		if (!rc || !path_open_retryable(p, rc))
-			return rc;
-		refused = atomic_load(&p->refused_err) == rc;
-		in.err = rc;
-		in.dnr = atomic_load(&p->fail_dnr);
-		if (rtrs_should_reconnect(&in) != RTRS_RECONNECT_RETRY) {
-			log_err("%s: the server %s the path (%s) %d times; giving up", p->name,
-				refused ? "refused" : "dropped", strerror(-rc), attempt);
-			return rc;
+/*
+ * The attempt failed with rc: its connections and registrations go; then
+ * an open tries again (path_open_retryable, RTRS_OPEN_TRIES in all) or
+ * has its verdict, and a reconnect asks the reconnect decision.
+ */
+void clt_path_attempt_failed(struct clt_path *p, int rc)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	enum clt_cst st = p->cst;
+	bool again;
+
+	path_attempt_over(p);
+	if (st == CST_CON)
+		/* A session closing or shut down is no failure of the connection. */
+		log_at(rc == -ESHUTDOWN || ((rc == -EBUSY || rc == -EAGAIN) &&
+					    !atomic_load(&p->fail_dnr)) ? LOG_INFO : LOG_ERR,
+		       "%s: connection %u of %u failed: %s", p->name, p->cst_cid, p->base.nr_cons,
+		       strerror(-rc));
+	else if (st == CST_INFO)
+		log_err("%s: info exchange failed: %s", p->name, strerror(-rc));
+	path_auth_end(p, rc);
+	clt_path_destroy_cons(p);
+	clt_path_release(p);
+	if (rc == -ENODEV) {
+		/* The device went: the next attempt opens the fabric anew. */
+		fab_close(p->fab);
+		p->fab = NULL;
+	}
+	if (p->opening) {
+		struct rtrs_reconnect_in in = {
+			.attempts = p->open_attempt, .max_attempts = p->open_tries, .err = rc,
+			.dnr = atomic_load(&p->fail_dnr), .stopping = atomic_load(&s->closing),
+		};
+		bool refused = atomic_load(&p->refused_err) == rc;
+
+		atomic_store(&p->last_err, rc);
+		if (rc == -ESHUTDOWN || !path_open_retryable(p, rc) ||
+		    rtrs_should_reconnect(&in) != RTRS_RECONNECT_RETRY) {
+			if (path_open_retryable(p, rc) && rc != -ESHUTDOWN && !in.stopping &&
+			    p->open_tries > 1)
+				log_err("%s: the server %s the path (%s) %d times; giving up",
+					p->name, refused ? "refused" : "dropped", strerror(-rc),
+					p->open_attempt);
+			rtrs_path_wrlock(&p->base);
+			clt_path_change_state(p, RTRS_PATH_CLOSED);
+			rtrs_path_wrunlock(&p->base);
+			path_open_finish(p, rc);
+			return;
 		}
 		unsigned ms = rtrs_reconnect_wait_ms(s->reconnect_delay_ms, s->reconnect_jitter_ms,
 						     0);
 
+		/* MIN: a delay set for reconnects must not hold an open for minutes. */
+		ms = MIN(ms, 10000u);
 		log_info("%s: the server %s the path (%s); trying again in %u ms (%d of %d)",
-			 p->name, refused ? "refused" : "dropped", strerror(-rc), ms, attempt + 1,
-			 RTRS_OPEN_TRIES);
-		/* In slices: a shutdown (closing) ends the wait. */
-		for (unsigned slept = 0; slept < MIN(ms, 10000u) && !atomic_load(&s->closing);
-		     slept += 50)
-			usleep(50000);
-		if (atomic_load(&s->closing))
-			return -ESHUTDOWN;
-		rtrs_path_wrlock(&p->base);
-		clt_path_change_state(p, RTRS_PATH_CONNECTING);
-		rtrs_path_wrunlock(&p->base);
+			 p->name, refused ? "refused" : "dropped", strerror(-rc), ms,
+			 p->open_attempt + 1, p->open_tries);
+		p->open_attempt++;
+		loop_timer_arm(&p->reconnect_timer, MAX(ms, 1u), 0); /* state stays CONNECTING */
+		return;
 	}
+	/* A reconnect: this attempt counts. */
+	again = clt_path_should_reconnect(p, rc, atomic_load(&p->attempts) + 1);
+	atomic_fetch_add(&p->attempts, 1);
+	atomic_fetch_add(&p->stat_reconnect_failures, 1);
+	rtrs_path_wrlock(&p->base);
+	clt_path_change_state(p, again ? RTRS_PATH_RECONNECTING : RTRS_PATH_CLOSED);
+	rtrs_path_wrunlock(&p->base);
+	if (again)
+		clt_path_schedule_reconnect(p, 0);
+	else
+		log_warn("%s: reconnect failed (%s); path closed after %d attempts", p->name,
+			 strerror(-rc), atomic_load(&p->attempts));
+}
+
+/* Arms the step's timer and sends what the step waits an answer to. */
+static int path_enter(struct clt_path *p, enum clt_cst st)
+{
+	bool fresh = p->cst != st || st == CST_CON;
+
+	p->cst = st;
+	if (!fresh)
+		return 0; /* the same step goes on: its timer too */
+	loop_timer_arm(&p->conn_timer, p->sess->connect_timeout_ms, 0);
+	return clt_cst_table[st].enter ? clt_cst_table[st].enter(p) : 0;
+}
+
+/*
+ * Why an attempt in progress gives up, if it does: the path's failure, or
+ * the session closing or shut down (rtrs_clt_shutdown_all), which a
+ * failure reported before the attempt reset fail_err would miss.
+ */
+static int path_gave_up(struct clt_path *p)
+{
+	int err = atomic_load(&p->base.fail_err);
+
+	return err ? err : atomic_load(&p->sess->closing) ? -ESHUTDOWN : 0;
+}
+
+/*
+ * Takes the attempt as far as what has come allows; timeout: the step's
+ * timer fired. Loop thread.
+ */
+static void path_step(struct clt_path *p, bool timeout)
+{
+	for (;;) {
+		const struct clt_cst_def *d = &clt_cst_table[p->cst];
+		int rc;
+
+		if (p->cst == CST_IDLE) {
+			/* An open between two tries, and the session closing: it ends now. */
+			if (p->opening && atomic_load(&p->sess->closing)) {
+				loop_timer_arm(&p->reconnect_timer, 0, 0);
+				rtrs_path_wrlock(&p->base);
+				clt_path_change_state(p, RTRS_PATH_CLOSED);
+				rtrs_path_wrunlock(&p->base);
+				path_open_finish(p, -ESHUTDOWN);
+			}
+			return;
+		}
+		/*
+		 * What came is taken first (a server's FAILURE1 tells more than
+		 * the close after it); a failure of the path or the session
+		 * closing before a connection's own error.
+		 */
+		pthread_mutex_lock(&p->lock);
+		rc = d->ready(p);
+		if (rc <= 0 && path_gave_up(p))
+			rc = path_gave_up(p);
+		pthread_mutex_unlock(&p->lock);
+		if (rc == 0) {
+			if (!timeout)
+				return;
+			rc = -ETIMEDOUT;
+		}
+		if (rc > 0)
+			rc = d->leave(p);
+		if (rc == CST_DONE) {
+			path_attempt_done(p);
+			return;
+		}
+		if (rc >= 0)
+			rc = path_enter(p, (enum clt_cst)rc);
+		if (rc < 0) {
+			clt_path_attempt_failed(p, rc);
+			return;
+		}
+		timeout = false;
+	}
+}
+
+static void path_conn_work(struct loop_work *w)
+{
+	path_step(container_of(w, struct clt_path, conn_work), false);
+}
+
+static void path_conn_timer(struct loop_timer *t)
+{
+	path_step(container_of(t, struct clt_path, conn_timer), true);
+}
+
+/* Any thread: something an attempt of p may wait for happened. */
+void clt_path_kick(struct clt_path *p)
+{
+	struct loop *l = p->sess->loop;
+
+	if (l)
+		loop_queue(l, &p->conn_work);
+}
+
+/* Loop thread: an attempt in progress, or an open between two tries, takes note of a failure or close now. */
+void clt_path_attempt_poke(struct clt_path *p)
+{
+	path_step(p, false);
+}
+
+int clt_path_conn_init(struct clt_path *p)
+{
+	loop_work_init(&p->conn_work, path_conn_work);
+	return loop_timer_init(p->sess->loop, &p->conn_timer, path_conn_timer);
+}
+
+/*
+ * Starts an attempt: the fabric (kept from the last attempt), the fence
+ * message's registration, connection 0 asked for. On failure the attempt
+ * ends as any other (clt_path_attempt_failed). Loop thread.
+ */
+void clt_path_attempt_start(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	int rc;
+
+	pthread_mutex_lock(&p->lock);
+	p->info_done = false;
+	p->info_err = 0;
+	p->auth_rx_len = 0;
+	for (unsigned i = 0; i < p->base.nr_cons; i++) {
+		p->cons[i].err = 0;
+		p->cons[i].connected = false;
+	}
+	pthread_mutex_unlock(&p->lock);
+	p->cst_cid = 0;
+	atomic_store(&p->base.fail_err, 0);
+	atomic_store(&p->fail_dnr, false);
+	atomic_store(&p->refused_err, 0);
+	atomic_store(&p->reached, false);
+	rtrs_hb_reset(&p->base.hb);
+	/* As the kernel: counted before every connect, so 1 on the first. */
+	p->recon_cnt++;
+	/*
+	 * As the kernel (for_new_clt): the session's first path, a path
+	 * added when every other was removed, and a path that got through
+	 * once may create the session at the server; a path added to a
+	 * session the server knows may not. (A path being added is not in
+	 * paths_num yet.)
+	 */
+	p->first_sent = p->connected_once || !atomic_load(&s->ever_accepted) ||
+			atomic_load(&s->paths_removed) == atomic_load(&s->paths_num);
+	if (p->opening)
+		err_detail_clear(); /* the loop's: what this attempt says (path_open_finish) */
+	p->cst = CST_CON; /* an attempt from here on: a failure ends it */
+	if (!p->fab) {
+		/* The server's queue depth is not known yet: ask for room for a large one. */
+		rc = fab_open(s->provider, p->src[0] ? p->src : NULL, p->host, p->port, false,
+			      RTRS_CLT_QUEUE_HINT, &p->fab);
+		if (rc) {
+			p->fab = NULL;
+			log_err("%s: cannot resolve %s:%s with provider %s: %s", p->name, p->host,
+				p->port, s->provider, strerror(-rc));
+			p->cst = CST_IDLE; /* nothing to say about a connection */
+			clt_path_attempt_failed(p, rc);
+			return;
+		}
+	}
+	rc = fab_mr_reg(p->fab, &p->fence_msg, sizeof(p->fence_msg), FAB_MR_LOCAL,
+			&p->fence_mr);
+	if (!rc) {
+		p->cst = CST_IDLE;
+		rc = path_enter(p, CST_CON);
+	}
+	if (rc) {
+		clt_path_attempt_failed(p, rc);
+		return;
+	}
+	/* What came before the step was entered (a callback's kick is queued anyway). */
+}
+
+static void path_open_call(void *arg)
+{
+	struct clt_path *p = arg;
+
+	p->opening = true;
+	p->open_attempt = 1;
+	clt_path_attempt_start(p);
+}
+
+/*
+ * The first connect of a path, for rtrs_clt_open (tries RTRS_OPEN_TRIES)
+ * and rtrs_clt_add_path (1), on the caller's thread, which waits for the
+ * verdict while the loop runs the attempts. A server that refuses without
+ * saying "do not retry", or drops a handshake it had answered, is busy (a
+ * storm of clients opening at once) or mid-change (a path it still
+ * closes, a host whose proof it is recording): tried again, up to tries
+ * times in all, after the reconnect delay and jitter, as a reconnect
+ * does. Anything else (no answer, a rejected or missing key, "do not
+ * retry") fails the open at once. A session shut down meanwhile ends it
+ * with -ESHUTDOWN.
+ */
+int clt_path_open(struct clt_path *p, int tries)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	int rc;
+
+	if (loop_in_thread(s->loop)) {
+		log_err("%s: a path cannot be opened from the client's service loop (a callback)",
+			p->name);
+		return -EDEADLK;
+	}
+	p->conn_done = false;
+	p->open_tries = tries;
+	loop_call(s->loop, path_open_call, p);
+	pthread_mutex_lock(&p->lock);
+	while (!p->conn_done)
+		pthread_cond_wait(&p->cond, &p->lock);
+	rc = p->conn_rc;
+	if (p->conn_detail[0])
+		err_detail("%s", p->conn_detail);
+	pthread_mutex_unlock(&p->lock);
+	return rc;
 }

@@ -117,12 +117,30 @@ struct clt_path {
 	 */
 	bool connected_once;
 	bool first_sent;
-	pthread_mutex_t lock;       /* connection establishment */
+	/*
+	 * Establishing the path: a state machine on the service loop
+	 * (rtrs-clt-connect.c). lock guards what the connections' callbacks
+	 * hand over (cons[].connected and .err, info_*, auth_rx*) and the
+	 * verdict an opener waits for on cond (conn_done, conn_rc).
+	 */
+	pthread_mutex_t lock;
 	pthread_cond_t cond;
+	unsigned cst;               /* enum clt_cst: the attempt's step (loop thread) */
+	unsigned cst_cid;           /* the connection CST_CON waits for */
+	struct loop_work conn_work; /* a callback's news: path_step */
+	struct loop_timer conn_timer; /* the step's deadline, connect_timeout_ms */
+	bool opening;               /* rtrs_clt_open or _add_path waits (loop thread) */
+	int open_attempt;           /* ... and this is its attempt number, of open_tries */
+	int open_tries;
+	bool attempt_counted;       /* a reconnect in clt_reconnects_running */
+	bool conn_done;             /* the opener's verdict, conn_rc, is in */
+	int conn_rc;
+	char conn_detail[512];      /* ... and the loop's err_detail for it */
 	bool info_done;
 	int info_err;
-	/* Authentication: the connecting thread runs it; cid 0 hands messages over. */
+	/* Authentication: the step CST_AUTH runs it; cid 0 hands messages over. */
 	struct rtrs_auth_txn auth;
+	bool auth_active;           /* auth holds a transaction (path_auth_end wipes it) */
 	uint16_t auth_tid;
 	char auth_tx[RTRS_AUTH_MSG_MAX];
 	struct fab_mr auth_tx_mr;
@@ -135,11 +153,9 @@ struct clt_path {
 	atomic_int last_err;
 	atomic_int verdict;         /* enum rtrs_reconnect_verdict; -1: none yet */
 	atomic_uint_fast64_t stat_auth_runs;
-	/* Reconnect: the timer (loop) starts a worker thread per attempt. */
+	/* Reconnect: the timer (loop) starts an attempt; an open's next try too. */
 	struct loop_timer reconnect_timer;
-	pthread_t worker;
-	bool worker_started;        /* loop thread and close only */
-	atomic_int attempts;        /* failed attempts in a row (loop and worker) */
+	atomic_int attempts;        /* failed reconnect attempts in a row */
 	atomic_uint_fast64_t down_since_ms; /* when it last failed (loss timeout) */
 	atomic_bool keep_closed;    /* disconnected by the user */
 	atomic_bool removed;        /* rtrs_clt_remove_path: the slot stays, closed */
@@ -291,6 +307,7 @@ void clt_path_schedule_reconnect(struct clt_path *p, unsigned min_ms);
 bool clt_path_should_reconnect(struct clt_path *p, int err, int attempts);
 void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next);
 void clt_path_reconnect_timer(struct loop_timer *t);
+extern atomic_uint clt_reconnects_running;
 void clt_fail_path(struct clt_path *p, int err);
 void clt_path_hb_timer(struct loop_timer *t);
 extern const struct rtrs_path_ops clt_path_ops;
@@ -303,7 +320,11 @@ bool clt_req_map_mem(struct clt_req *req, struct clt_path *p);
 /* rtrs-clt-connect.c */
 void clt_path_release_mrs(struct clt_path *p);
 void clt_path_release(struct clt_path *p);
-int clt_path_connect(struct clt_path *p, bool retry);
-int clt_path_open(struct clt_path *p);
+int clt_path_conn_init(struct clt_path *p);
+void clt_path_kick(struct clt_path *p);
+void clt_path_attempt_start(struct clt_path *p);
+void clt_path_attempt_poke(struct clt_path *p);
+void clt_path_attempt_failed(struct clt_path *p, int rc);
+int clt_path_open(struct clt_path *p, int tries);
 
 #endif

@@ -5,7 +5,7 @@
  * requests fail, or, with fencing, wait until another path's fence of the
  * failed one is answered and are then sent again (rtrs-clt-fence.c,
  * clt_sess_retry_waiting). Then the reconnect decision (rtrs_should_reconnect)
- * and the reconnect timer and worker (docs/protocol.md section 10,
+ * and the reconnect timer (docs/protocol.md section 10,
  * docs/security.md section 5).
  */
 #include <errno.h>
@@ -143,7 +143,7 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 	st = atomic_load(&p->base.state);
 	was_up = st == RTRS_PATH_CONNECTED;
 	if (st == RTRS_PATH_CLOSED || st == RTRS_PATH_CONNECTING) {
-		/* Closed already, or a worker is connecting it: it decides. */
+		/* Closed already, or an attempt is connecting it: it decides. */
 		rtrs_path_wrunlock(&p->base);
 		return;
 	}
@@ -233,42 +233,23 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 		clt_path_schedule_reconnect(p, 0);
 }
 
-/* Reconnect threads running in the process (RTRS_RECONNECT_THREADS_MAX). */
-static atomic_uint reconnect_threads;
+/* Reconnect attempts in progress in the process (RTRS_RECONNECT_ATTEMPTS_MAX). */
+atomic_uint clt_reconnects_running;
 
-/* A reconnect attempt, on its own thread: connecting blocks. */
-static void *path_reconnect_worker(void *arg)
-{
-	struct clt_path *p = arg;
-	char tname[16];
-	int rc;
-
-	snprintf(tname, sizeof(tname), "rtrs-reconnect");
-	pthread_setname_np(pthread_self(), tname);
-	rc = clt_path_connect(p, true);
-	if (!rc) {
-		atomic_store(&p->attempts, 0);
-		atomic_fetch_add(&p->stat_reconnects, 1);
-		log_info("%s: reconnected", p->name);
-	} else {
-		atomic_fetch_add(&p->attempts, 1);
-		atomic_fetch_add(&p->stat_reconnect_failures, 1);
-		if (atomic_load(&p->base.state) == RTRS_PATH_CLOSED)
-			log_warn("%s: reconnect failed (%s); path closed after %d attempts", p->name,
-				 strerror(-rc), atomic_load(&p->attempts));
-	}
-	atomic_fetch_sub(&reconnect_threads, 1);
-	return NULL;
-}
-
-/* Loop thread: the reconnect timer fired. */
+/*
+ * Loop thread: the reconnect timer fired. An open between two tries makes
+ * its next; a RECONNECTING path, asked again, starts an attempt.
+ */
 void clt_path_reconnect_timer(struct loop_timer *t)
 {
 	struct clt_path *p = container_of(t, struct clt_path, reconnect_timer);
 
-	if (p->worker_started) {
-		pthread_join(p->worker, NULL); /* the last attempt, finished */
-		p->worker_started = false;
+	if (p->opening) {
+		if (atomic_load(&p->sess->closing))
+			clt_path_attempt_poke(p); /* ends the open */
+		else
+			clt_path_attempt_start(p);
+		return;
 	}
 	if (atomic_load(&p->base.state) != RTRS_PATH_RECONNECTING)
 		return;
@@ -280,27 +261,23 @@ void clt_path_reconnect_timer(struct loop_timer *t)
 		return;
 	}
 	/* Others are connecting: this path's turn comes a little later. */
-	if (atomic_fetch_add(&reconnect_threads, 1) >= RTRS_RECONNECT_THREADS_MAX) {
-		atomic_fetch_sub(&reconnect_threads, 1);
+	if (atomic_fetch_add(&clt_reconnects_running, 1) >= RTRS_RECONNECT_ATTEMPTS_MAX) {
+		atomic_fetch_sub(&clt_reconnects_running, 1);
 		loop_timer_arm(&p->reconnect_timer, RTRS_RECONNECT_DEFER_MS, 0);
 		return;
 	}
+	p->attempt_counted = true;
 	rtrs_path_wrlock(&p->base);
 	clt_path_change_state(p, RTRS_PATH_CONNECTING);
 	rtrs_path_wrunlock(&p->base);
-	if (pthread_create(&p->worker, NULL, path_reconnect_worker, p) == 0) {
-		p->worker_started = true;
-	} else {
-		atomic_fetch_sub(&reconnect_threads, 1);
-		clt_path_change_state(p, RTRS_PATH_RECONNECTING);
-		clt_path_schedule_reconnect(p, 1000);
-	}
+	clt_path_attempt_start(p);
 }
 
 /*
- * While the path is being established its establishing thread owns it: a
- * failure wakes that thread, which gives up itself (and checks fail_err
- * once more after the path is up, for a failure in between).
+ * While the path is being established its attempt owns it: a failure is
+ * news for the attempt's next step, which gives up itself (and
+ * path_attempt_done checks fail_err once more after the path is up, for a
+ * failure in between).
  */
 static bool clt_fail_elsewhere(struct rtrs_path *base)
 {
@@ -308,9 +285,7 @@ static bool clt_fail_elsewhere(struct rtrs_path *base)
 
 	if (atomic_load(&base->state) != RTRS_PATH_CONNECTING)
 		return false;
-	pthread_mutex_lock(&p->lock);
-	pthread_cond_broadcast(&p->cond);
-	pthread_mutex_unlock(&p->lock);
+	clt_path_kick(p);
 	return true;
 }
 

@@ -123,14 +123,12 @@ static void path_close_call(void *arg)
 {
 	struct clt_path *p = arg;
 
-	/* No more attempts (closing is set), and the last one is over. */
+	/* No more attempts (closing is set), and one in progress ends here. */
 	loop_timer_arm(&p->reconnect_timer, 0, 0);
-	if (p->worker_started) {
-		pthread_join(p->worker, NULL);
-		p->worker_started = false;
-	}
+	clt_path_attempt_poke(p);
 	clt_path_stop(p, -ESHUTDOWN, RTRS_PATH_CLOSED);
 	loop_timer_fini(&p->reconnect_timer);
+	loop_timer_fini(&p->conn_timer);
 	loop_timer_fini(&p->base.hb.timer);
 }
 
@@ -143,19 +141,11 @@ static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct rtrs_clt_sess *all_sess;
 static bool all_shutdown;
 
-/* Wakes a thread connecting p: it sees closing (path_gave_up) and gives up. */
-static void path_wake(struct clt_path *p)
-{
-	pthread_mutex_lock(&p->lock);
-	pthread_cond_broadcast(&p->cond);
-	pthread_mutex_unlock(&p->lock);
-}
-
 /*
  * s stops waiting for its server (all_lock held): closing, as in
  * rtrs_clt_close, without the teardown. Its paths fail (their requests
  * complete with -ECONNABORTED on the service loop, clt_path_stop), the
- * threads connecting them give up, permit waiters and the requests waiting
+ * attempts connecting them give up, permit waiters and the requests waiting
  * for a path are answered.
  */
 static void sess_shutdown(struct rtrs_clt_sess *s)
@@ -168,10 +158,10 @@ static void sess_shutdown(struct rtrs_clt_sess *s)
 	pthread_mutex_unlock(&s->permit_lock);
 	for (size_t i = 0; i < n; i++) {
 		clt_fail_path(&s->paths[i], -ESHUTDOWN);
-		path_wake(&s->paths[i]);
+		clt_path_kick(&s->paths[i]);
 	}
 	if (s->adding)
-		path_wake(s->adding);
+		clt_path_kick(s->adding);
 	loop_queue(s->loop, &s->wait_work);
 }
 
@@ -230,7 +220,8 @@ static bool sess_work_queued(struct rtrs_clt_sess *s)
 	if (atomic_load(&s->wait_work.queued))
 		return true;
 	for (size_t i = 0; s->paths && i < RTRS_MAX_PATHS; i++)
-		if (s->paths[i].sess && atomic_load(&s->paths[i].base.fail_work.queued))
+		if (s->paths[i].sess && (atomic_load(&s->paths[i].base.fail_work.queued) ||
+					  atomic_load(&s->paths[i].conn_work.queued)))
 			return true;
 	return false;
 }
@@ -278,6 +269,7 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 	p->idx = idx;
 	p->base.hb.timer.loop = NULL;
 	p->reconnect_timer.loop = NULL;
+	p->conn_timer.loop = NULL;
 	rc = rtrs_split_hostport(addr->dst, s->port, p->host, sizeof(p->host), p->port,
 				 sizeof(p->port));
 	if (rc) {
@@ -311,6 +303,9 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 	p->base.hb.missed_max = s->hb_missed_max;
 	atomic_init(&p->keep_closed, false);
 	atomic_init(&p->verdict, -1);
+	rc = clt_path_conn_init(p);
+	if (rc)
+		return rc;
 	return loop_timer_init(s->loop, &p->reconnect_timer, clt_path_reconnect_timer);
 }
 
@@ -318,11 +313,13 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 static void path_fini(struct clt_path *p)
 {
 	loop_timer_fini(&p->reconnect_timer);
+	loop_timer_fini(&p->conn_timer);
 	if (!p->sess)
 		return;
 	rtrs_path_fini(&p->base);
 	clt_path_release_mrs(p);
 	fab_close(p->fab);
+	p->fab = NULL;
 	for (unsigned i = 0; p->cons && i < p->base.nr_cons; i++)
 		rtrs_con_fini(&p->cons[i].c);
 	free(p->cons);
@@ -519,7 +516,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 		goto out_free;
 	}
 	for (size_t i = 0; i < s->paths_num; i++) {
-		rc = clt_path_open(&s->paths[i]);
+		rc = clt_path_open(&s->paths[i], RTRS_OPEN_TRIES);
 		if (rc)
 			goto out_free;
 	}
@@ -610,11 +607,10 @@ static void path_disconnect_call(void *arg)
 
 	atomic_store(&p->keep_closed, true);
 	loop_timer_arm(&p->reconnect_timer, 0, 0);
-	if (p->worker_started) {
-		/* An attempt in progress gives up (fail_err) and stays closed. */
+	if (p->cst) {
+		/* An attempt in progress gives up (fail_err) and stays closed (keep_closed). */
 		clt_fail_path(p, -ESHUTDOWN);
-		pthread_join(p->worker, NULL);
-		p->worker_started = false;
+		clt_path_attempt_poke(p);
 	}
 	/* Not a session close: its requests fail over after a fence. */
 	clt_path_stop(p, -ENOTCONN, RTRS_PATH_CLOSED);
@@ -687,13 +683,19 @@ int rtrs_clt_add_path(struct rtrs_clt_sess *s, const struct rtrs_path_addr *addr
 		pthread_mutex_lock(&all_lock);
 		s->adding = p;
 		pthread_mutex_unlock(&all_lock);
-		rc = clt_path_connect(p, false);
+		rc = clt_path_open(p, 1);
 		pthread_mutex_lock(&all_lock);
 		s->adding = NULL;
 		pthread_mutex_unlock(&all_lock);
 	}
 	if (rc) {
-		/* Never published: tear the slot down again. */
+		/*
+		 * Never published: tear the slot down again, once no news for
+		 * the attempt (a callback's kick before its connection went)
+		 * is queued on the loop.
+		 */
+		while (p->sess && atomic_load(&p->conn_work.queued))
+			loop_call(s->loop, loop_call_nothing, NULL);
 		path_fini(p);
 		memset(p, 0, sizeof(*p));
 		pthread_mutex_unlock(&s->admin_lock);
@@ -744,7 +746,7 @@ int rtrs_clt_set_reconnect(struct rtrs_clt_sess *s, const struct rtrs_reconnect_
 	    !reconnect_params_ok(p->delay_ms, p->jitter_ms, p->max_attempts, p->loss_timeout_ms,
 				 p->fast_io_fail_ms))
 		return -EINVAL;
-	/* Read by the loop and the reconnect workers at the next attempt. */
+	/* Read by the loop at the next attempt. */
 	atomic_store(&s->reconnect_delay_ms, p->delay_ms);
 	atomic_store(&s->reconnect_jitter_ms, p->jitter_ms);
 	atomic_store(&s->max_reconnect_attempts, p->max_attempts);

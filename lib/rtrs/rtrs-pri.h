@@ -42,11 +42,13 @@
  */
 #define RTRS_OPEN_TRIES 10
 /*
- * Reconnect attempts running at once in a process (each a thread while it
- * lasts): a thousand paths that lost their server all at once take turns,
- * the others' timers firing again RTRS_RECONNECT_DEFER_MS later.
+ * Reconnect attempts in progress at once in a process (state machines on
+ * the service loop, no thread each): a thousand paths that lost their
+ * server all at once take turns, the others' timers firing again
+ * RTRS_RECONNECT_DEFER_MS later, so that the server meets a stream of
+ * handshakes rather than a wall of them.
  */
-#define RTRS_RECONNECT_THREADS_MAX 16
+#define RTRS_RECONNECT_ATTEMPTS_MAX 16
 #define RTRS_RECONNECT_DEFER_MS 50
 /* always_invalidate: a new chunk key must differ from this many before it. */
 #define RTRS_KEY_HISTORY 4

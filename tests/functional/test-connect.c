@@ -18,6 +18,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -298,6 +299,84 @@ static void test_thread_names(void)
 	for (int i = 0; i < 200 && threads_named("rtrs-clt-"); i++)
 		usleep(10 * 1000);
 	CHECK_EQ(threads_named("rtrs-clt-"), 0);
+	rtrs_srv_close(srv);
+}
+
+/* Every thread of this process. */
+static unsigned threads_all(void)
+{
+	return threads_named("");
+}
+
+/*
+ * Reconnects are state machines on the service loops, not threads: 16
+ * sessions lose their server and try again every 100 to 150 ms (refused,
+ * nothing listens) for 1.5 s, and the process never has a thread more
+ * than before (an attempt on a thread of its own, as before, is caught by
+ * one of the 150 samples); then the server comes back on the same port
+ * and every session is up again.
+ */
+static void test_reconnect_threads(void)
+{
+	enum { N = 16 };
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_path_addr path = { .dst = NULL };
+	struct rtrs_clt_sess *s[N] = { NULL };
+	struct rtrs_srv_opts so;
+	struct rtrs_clt_opts o;
+	struct rtrs_srv_ctx *srv;
+	char dst[96], names[N][16];
+	unsigned base, most = 0, up = 0;
+	uint64_t failures = 0;
+	int port, rc;
+
+	srv_opts(&so, 16);
+	srv = srv_start(&ops, &so, &port);
+	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
+	path.dst = dst;
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.provider = test_provider();
+	o.paths = &path;
+	o.paths_num = 1;
+	o.nr_io_cons = 1;
+	o.reconnect_delay_ms = 100;
+	o.reconnect_jitter_ms = 50;
+	o.max_reconnect_attempts = -1;
+	for (unsigned i = 0; i < N; i++) {
+		snprintf(names[i], sizeof(names[i]), "recon-thr-%u", i);
+		o.sessname = names[i];
+		rc = rtrs_clt_open(&o, &s[i]);
+		CHECK(rc == 0, "session %u up: %s", i, strerror(-rc));
+	}
+	base = threads_all();
+	rtrs_srv_close(srv);
+	for (int i = 0; i < 150; i++) {
+		most = MAX(most, threads_all());
+		usleep(10 * 1000);
+	}
+	for (unsigned i = 0; i < N; i++) {
+		struct rtrs_path_stats st = { .size = sizeof(st) };
+
+		if (s[i] && rtrs_clt_path_stats(s[i], 0, &st) == 0)
+			failures += st.reconnect_failures;
+	}
+	CHECK(failures >= N, "%" PRIu64 " failed reconnect attempts in 1.5 s", failures);
+	CHECK(most <= base, "%u threads while %u sessions reconnect, %u before", most, N, base);
+	so.port = (uint16_t)port;
+	srv = srv_start(&ops, &so, &port);
+	for (int i = 0; i < 1000 && up < N; i++) {
+		up = 0;
+		for (unsigned j = 0; j < N; j++) {
+			struct rtrs_attrs a = { .size = sizeof(a) };
+
+			up += s[j] && rtrs_clt_query(s[j], &a) == 0;
+		}
+		if (up < N)
+			usleep(10 * 1000);
+	}
+	CHECK(up == N, "%u of %u sessions up again once the server is back", up, N);
+	for (unsigned i = 0; i < N; i++)
+		rtrs_clt_close(s[i]);
 	rtrs_srv_close(srv);
 }
 
@@ -1191,6 +1270,7 @@ int main(void)
 	test_bad_options();
 	test_cm_data_limit();
 	test_thread_names();
+	test_reconnect_threads();
 	if (tcp)
 		test_unreachable(); /* plain TCP sockets play the peer */
 	test_malformed();

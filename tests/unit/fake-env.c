@@ -239,31 +239,45 @@ void clt_src(struct clt *c, unsigned i, const char *src)
 	c->pa[i].src = c->src[i];
 }
 
-int clt_open(struct clt *c)
+static void *clt_open_thread(void *arg)
 {
+	struct clt *c = arg;
 	int rc = rtrs_clt_open(&c->o, &c->sess);
 
 	atomic_store(&c->rc, rc);
 	atomic_store(&c->opened, true);
-	return rc;
-}
-
-static void *clt_open_thread(void *arg)
-{
-	clt_open(arg);
 	fake_notify();
 	return NULL;
 }
 
+int clt_open(struct clt *c)
+{
+	clt_open_async(c);
+	return clt_open_join(c);
+}
+
 void clt_open_async(struct clt *c)
 {
+	atomic_store(&c->opened, false);
 	c->thr_started = pthread_create(&c->thr, NULL, clt_open_thread, c) == 0;
 	if (!c->thr_started)
 		atomic_store(&c->rc, -EAGAIN);
 }
 
+/*
+ * Waits for the open. The attempts run on the service loop, whose timers
+ * follow the test clock: an open that is still waiting once everything
+ * has settled waits for a timer (its next try after a refusal, a step's
+ * timeout), and the clock is moved on for it, 10 ms at a time.
+ */
 int clt_open_join(struct clt *c)
 {
+	for (unsigned ms = 0; c->thr_started && !atomic_load(&c->opened) && ms < 120000;
+	     ms += 10) {
+		if (fake_settle() || atomic_load(&c->opened))
+			break;
+		loop_test_advance(10);
+	}
 	if (c->thr_started)
 		pthread_join(c->thr, NULL);
 	c->thr_started = false;
@@ -489,8 +503,17 @@ struct fake_ev *hold_open_retry(void)
 	struct fake_ev *ev;
 
 	fake_hold(match, &retry);
-	ev = fake_wait_ev(match, &retry, "the open's next attempt");
-	if (ev)
+	/* The open tries again after its delay, on the loop's (test) clock. */
+	for (unsigned ms = 0;; ms += 50) {
+		CHECK_EQ(fake_settle(), 0);
+		ev = fake_find(match, &retry);
+		if (ev || ms >= 20000)
+			break;
+		loop_test_advance(50);
+	}
+	if (!ev)
+		fprintf(stderr, "the open's next attempt did not come within 20 s of its clock\n");
+	else
 		CHECK_EQ(fake_settle(), 0);
 	return ev;
 }

@@ -91,6 +91,7 @@ struct clt {
 void clt_init(struct clt *c, const char *name, const char *hosts);
 /* The source address of path i (for the server's per-peer limits). */
 void clt_src(struct clt *c, unsigned i, const char *src);
+/* rtrs_clt_open, moving the test clock on while it waits for a timer (clt_open_join). */
 int clt_open(struct clt *c);
 /* rtrs_clt_open on a thread of its own (a scenario steps its handshake). */
 void clt_open_async(struct clt *c);

@@ -587,6 +587,14 @@ static bool path_back(void *arg)
 	return atomic_load(&((struct clt *)arg)->path_up) >= 1; /* path_ev: after the open only */
 }
 
+/* Notes every event as it is posted (wire_note), for as long as it is set. */
+static void note_post(struct fake_ev *ev, void *arg)
+{
+	wire_note(ev);
+	fake_on_post(fake_any, NULL, note_post, arg);
+	fake_unclaim(ev);
+}
+
 /*
  * A session name with a '.' (a host name), which a server of ours takes:
  * a kernel server would refuse the info request with EINVAL and say
@@ -603,10 +611,14 @@ static void kernel_server_dotted_name(void)
 	fake_get_stats(&st0);
 	clt_init(&c, "host1.example.com", "a");
 	c.o.reconnect_delay_ms = 0;
+	memset(&w, 0, sizeof(w));
+	fake_on_post(fake_any, NULL, note_post, NULL);
 	CHECK_EQ(clt_open(&c), -EINVAL);
+	fake_on_post(NULL, NULL, NULL, NULL);
 	CHECK(env_logged("refuses a session name with a '.'"), "the client says why");
 	fake_get_stats(&st);
 	CHECK_EQ(st.accepts - st0.accepts, 1);
+	CHECK_EQ(w.nr_req, 1); /* the events were noted: connection 0's request */
 	CHECK_EQ(w.info_req_len, 0);
 	CHECK_EQ(fake_settle(), 0);
 	srv_stop();
