@@ -206,6 +206,28 @@ static int srv_rdma_ev(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir, vo
 	return -EIO;
 }
 
+/*
+ * A server (queue depth 16) on a port of its own, and client options for
+ * one path to it (dst holds its address) with one IO connection.
+ */
+static struct rtrs_srv_ctx *srv_and_clt(const struct rtrs_srv_ops *ops, struct rtrs_srv_opts *so,
+					struct rtrs_clt_opts *o, struct rtrs_path_addr *path,
+					char *dst, size_t dst_len, int *port)
+{
+	struct rtrs_srv_ctx *srv;
+
+	srv_opts(so, 16);
+	srv = srv_start(ops, so, port);
+	snprintf(dst, dst_len, "%s:%d", test_addr(), *port);
+	*path = (struct rtrs_path_addr){ .dst = dst };
+	rtrs_clt_opts_init(o, sizeof(*o));
+	o->provider = test_provider();
+	o->paths = path;
+	o->paths_num = 1;
+	o->nr_io_cons = 1;
+	return srv;
+}
+
 /* Threads of this process whose name starts with prefix. */
 static unsigned threads_named(const char *prefix)
 {
@@ -249,16 +271,8 @@ static void test_thread_names(void)
 	char dst[96];
 	int port, rc;
 
-	srv_opts(&so, 16);
-	srv = srv_start(&ops, &so, &port);
-	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
-	path.dst = dst;
-	rtrs_clt_opts_init(&o, sizeof(o));
-	o.provider = test_provider();
+	srv = srv_and_clt(&ops, &so, &o, &path, dst, sizeof(dst), &port);
 	o.sessname = "thr-names";
-	o.paths = &path;
-	o.paths_num = 1;
-	o.nr_io_cons = 1;
 	rc = rtrs_clt_open(&o, &s);
 	CHECK(rc == 0, "session up: %s", strerror(-rc));
 	if (!rc) {
@@ -330,15 +344,7 @@ static void test_reconnect_threads(void)
 	uint64_t failures = 0;
 	int port, rc;
 
-	srv_opts(&so, 16);
-	srv = srv_start(&ops, &so, &port);
-	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
-	path.dst = dst;
-	rtrs_clt_opts_init(&o, sizeof(o));
-	o.provider = test_provider();
-	o.paths = &path;
-	o.paths_num = 1;
-	o.nr_io_cons = 1;
+	srv = srv_and_clt(&ops, &so, &o, &path, dst, sizeof(dst), &port);
 	o.reconnect_delay_ms = 100;
 	o.reconnect_jitter_ms = 50;
 	o.max_reconnect_attempts = -1;
