@@ -3,12 +3,17 @@
  * Backing stores and their engines (see rnbd-backend.h).
  *
  * The thread engine: a FIFO of requests and a pool of threads that run
- * each one to the end with plain system calls. The io_uring engine: reads,
- * writes and flushes go to one ring, submitted under a lock from whatever
- * thread the request comes on and reaped by one thread; a PREFLUSH is a
- * flush stage before the request; what io_uring cannot do here (discard,
- * write zeroes, secure erase: fallocate and block ioctls) and whatever meets
- * a full ring goes to the engine's thread pool instead.
+ * each one to the end with plain system calls. The io_uring engine: reads
+ * and writes go to one ring, submitted under a lock from whatever thread
+ * the request comes on and reaped by one thread; flushes go to the
+ * engine's flusher, one thread that takes every flush queued and makes
+ * each store durable with one fdatasync for all of them (io_uring would
+ * hand each fsync to a worker thread of its own, io-wq, up to 8 per
+ * submitting thread, one of them kept for the life of the process); a
+ * PREFLUSH is a flush stage before the request, a FUA write to the page
+ * cache one after it; what io_uring cannot do here (discard, write zeroes,
+ * secure erase: fallocate and block ioctls) and whatever meets a full ring
+ * goes to the engine's thread pool instead.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -50,6 +55,14 @@ struct rnbd_engine {
 	unsigned nthreads;
 	unsigned started;     /* threads running */
 	unsigned idle;        /* waiting for work */
+	/*
+	 * the flusher (io_uring engines): flushes queued, under lock; its
+	 * thread starts with the first, ends after RNBD_POOL_IDLE_MS without
+	 */
+	STAILQ_HEAD(, rnbd_breq) flushq;
+	pthread_cond_t flush_cond;
+	bool flusher;         /* its thread runs */
+	atomic_uint_fast64_t flushes, flush_syncs; /* flush stages; fdatasync calls for them */
 	/* io_uring */
 	struct io_uring ring;
 	pthread_mutex_t sq_lock;
@@ -278,8 +291,27 @@ static void pool_queue(struct rnbd_engine *e, struct rnbd_breq *r)
 
 /* ---- io_uring ------------------------------------------------------------------ */
 
-/* Stages of a request on the ring. */
-enum { STAGE_PREFLUSH = 1, STAGE_MAIN };
+/*
+ * Stages of a request on the io_uring engine: a flush before (PREFLUSH),
+ * the request, a flush after (a FUA write to the page cache).
+ */
+enum { STAGE_PREFLUSH = 1, STAGE_MAIN, STAGE_POSTFLUSH };
+
+/* r's current stage is a flush: the flusher's. */
+static bool stage_is_flush(const struct rnbd_breq *r)
+{
+	return r->stage != STAGE_MAIN || r->op == RNBD_OP_FLUSH ||
+	       (r->op == RNBD_OP_WRITE && !r->len);
+}
+
+/* A FUA write whose data goes to the page cache: durable by a flush after it. */
+static bool fua_by_flush(const struct rnbd_breq *r)
+{
+	return r->op == RNBD_OP_WRITE && r->len && (r->flags & RNBD_F_FUA) && !r->store->direct;
+}
+
+static void flush_queue(struct rnbd_engine *e, struct rnbd_breq *r);
+static bool nowait_try(struct rnbd_store *s, struct rnbd_breq *r);
 
 /* Puts r's current stage on the ring; false if the ring is full. */
 static bool uring_post(struct rnbd_engine *e, struct rnbd_breq *r)
@@ -291,14 +323,12 @@ static bool uring_post(struct rnbd_engine *e, struct rnbd_breq *r)
 	pthread_mutex_lock(&e->sq_lock);
 	sqe = io_uring_get_sqe(&e->ring);
 	if (sqe) {
-		if (r->stage == STAGE_PREFLUSH || r->op == RNBD_OP_FLUSH ||
-		    (r->op == RNBD_OP_WRITE && !r->len)) {
-			io_uring_prep_fsync(sqe, s->fd, IORING_FSYNC_DATASYNC);
-		} else if (r->op == RNBD_OP_READ) {
+		if (r->op == RNBD_OP_READ) {
 			io_uring_prep_read(sqe, s->fd, r->buf, r->len, r->offset);
 		} else {
 			io_uring_prep_write(sqe, s->fd, r->buf, r->len, r->offset);
-			if (r->flags & RNBD_F_FUA)
+			/* O_DIRECT: the device writes through (REQ_FUA), no worker */
+			if ((r->flags & RNBD_F_FUA) && s->direct)
 				sqe->rw_flags = RWF_DSYNC;
 		}
 		io_uring_sqe_set_data(sqe, r);
@@ -316,11 +346,31 @@ static bool uring_post(struct rnbd_engine *e, struct rnbd_breq *r)
 	return ok;
 }
 
+/* r's current stage on the ring, or, the ring full, the rest of r on the pool. */
+static void post_or_pool(struct rnbd_engine *e, struct rnbd_breq *r)
+{
+	if (!uring_post(e, r))
+		pool_queue(e, r); /* it does it all; a PREFLUSH done is no longer asked for */
+}
+
+/* r's read or write is done: a FUA write to the page cache is flushed now. */
+static void main_done(struct rnbd_engine *e, struct rnbd_breq *r)
+{
+	if (!fua_by_flush(r)) {
+		complete(r, 0);
+		return;
+	}
+	r->stage = STAGE_POSTFLUSH;
+	flush_queue(e, r);
+}
+
 static void uring_start(struct rnbd_engine *e, struct rnbd_breq *r)
 {
 	r->stage = r->flags & RNBD_F_PREFLUSH ? STAGE_PREFLUSH : STAGE_MAIN;
-	if (!uring_post(e, r))
-		pool_queue(e, r); /* full ring: the pool does it all */
+	if (stage_is_flush(r))
+		flush_queue(e, r);
+	else
+		post_or_pool(e, r);
 }
 
 /* A completion of r's current stage with result res. */
@@ -332,17 +382,24 @@ static void uring_step(struct rnbd_engine *e, struct rnbd_breq *r, int res)
 	}
 	if (r->stage == STAGE_PREFLUSH) {
 		r->stage = STAGE_MAIN;
+		r->flags &= ~RNBD_F_PREFLUSH; /* done */
 		if (r->op == RNBD_OP_FLUSH || !r->len) {
 			complete(r, 0);
 			return;
 		}
-	} else if ((r->op == RNBD_OP_READ || r->op == RNBD_OP_WRITE) && r->len) {
+		/* On the flusher's thread: at once if it can be, as at submission. */
+		if (nowait_try(r->store, r)) {
+			main_done(e, r);
+			return;
+		}
+	} else if (r->stage == STAGE_MAIN && (r->op == RNBD_OP_READ || r->op == RNBD_OP_WRITE) &&
+		   r->len) {
 		if (res == 0) {
 			complete(r, -EIO);
 			return;
 		}
 		if ((uint32_t)res == r->len) {
-			complete(r, 0);
+			main_done(e, r);
 			return;
 		}
 		/* Short: the rest as a request of its own. */
@@ -350,13 +407,105 @@ static void uring_step(struct rnbd_engine *e, struct rnbd_breq *r, int res)
 		r->offset += (uint32_t)res;
 		r->len -= (uint32_t)res;
 	} else {
-		complete(r, 0);
+		complete(r, 0); /* a flush, the request's or after it */
 		return;
 	}
-	if (!uring_post(e, r)) {
-		r->flags &= ~RNBD_F_PREFLUSH; /* done already */
-		pool_queue(e, r);
+	post_or_pool(e, r);
+}
+
+/* ---- the flusher (io_uring engines) ------------------------------------------- */
+
+/*
+ * Takes every flush queued and makes each store durable with one
+ * fdatasync, begun after each of them was queued (after the write that a
+ * post-flush follows had completed): it covers them all. Their next
+ * stages start from here.
+ */
+static void *flusher_thread(void *arg)
+{
+	struct rnbd_engine *e = arg;
+
+	pthread_setname_np(pthread_self(), "rnbd-flush");
+	pthread_mutex_lock(&e->lock);
+	for (;;) {
+		STAILQ_HEAD(, rnbd_breq) batch = STAILQ_HEAD_INITIALIZER(batch);
+
+		if (STAILQ_EMPTY(&e->flushq)) {
+			struct timespec dl = deadline_ms(RNBD_POOL_IDLE_MS);
+			int rc = 0;
+
+			while (STAILQ_EMPTY(&e->flushq) && !e->stop && rc != ETIMEDOUT)
+				rc = pthread_cond_timedwait(&e->flush_cond, &e->lock, &dl);
+			if (STAILQ_EMPTY(&e->flushq))
+				break; /* idle or stopping: a flush that comes starts another */
+			continue;
+		}
+		STAILQ_CONCAT(&batch, &e->flushq);
+		pthread_mutex_unlock(&e->lock);
+		while (!STAILQ_EMPTY(&batch)) {
+			struct rnbd_store *s = STAILQ_FIRST(&batch)->store;
+			STAILQ_HEAD(, rnbd_breq) mine = STAILQ_HEAD_INITIALIZER(mine);
+			struct rnbd_breq *r, *t;
+			int rc = datasync(s->fd);
+
+			atomic_fetch_add_explicit(&e->flush_syncs, 1, memory_order_relaxed);
+			for (r = STAILQ_FIRST(&batch); r; r = t) {
+				t = STAILQ_NEXT(r, link);
+				if (r->store == s) {
+					STAILQ_REMOVE(&batch, r, rnbd_breq, link);
+					STAILQ_INSERT_TAIL(&mine, r, link);
+				}
+			}
+			/* The next stages may queue flushes again: not this batch's. */
+			while ((r = STAILQ_FIRST(&mine))) {
+				STAILQ_REMOVE_HEAD(&mine, link);
+				uring_step(e, r, rc);
+			}
+		}
+		pthread_mutex_lock(&e->lock);
 	}
+	/* The last touch of e: rnbd_engine_close waits for flusher false under the lock. */
+	e->flusher = false;
+	pthread_cond_broadcast(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	return NULL;
+}
+
+static void flush_queue(struct rnbd_engine *e, struct rnbd_breq *r)
+{
+	bool inline_run = false;
+
+	atomic_fetch_add_explicit(&e->flushes, 1, memory_order_relaxed);
+	pthread_mutex_lock(&e->lock);
+	STAILQ_INSERT_TAIL(&e->flushq, r, link);
+	if (e->flusher) {
+		pthread_cond_signal(&e->flush_cond);
+	} else {
+		pthread_attr_t attr;
+		pthread_t t;
+		int rc;
+
+		pthread_attr_init(&attr);
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		rc = pthread_create(&t, &attr, flusher_thread, e);
+		pthread_attr_destroy(&attr);
+		if (!rc) {
+			e->flusher = true;
+		} else {
+			log_warn_rl("rnbd: flusher: cannot start a thread: %s", strerror(rc));
+			STAILQ_REMOVE(&e->flushq, r, rnbd_breq, link);
+			inline_run = true; /* no thread to take it: run it here */
+		}
+	}
+	pthread_mutex_unlock(&e->lock);
+	if (inline_run)
+		uring_step(e, r, datasync(r->store->fd));
+}
+
+void rnbd_engine_flush_stats(struct rnbd_engine *e, uint64_t *flushes, uint64_t *syncs)
+{
+	*flushes = atomic_load(&e->flushes);
+	*syncs = atomic_load(&e->flush_syncs);
 }
 
 static void *reaper_thread(void *arg)
@@ -403,6 +552,8 @@ int rnbd_engine_open(enum rnbd_engine_kind kind, unsigned threads, unsigned dept
 		return -ENOMEM;
 	pthread_mutex_init(&e->lock, NULL);
 	cond_init_mono(&e->cond); /* idle pool threads wait with a deadline */
+	cond_init_mono(&e->flush_cond);
+	STAILQ_INIT(&e->flushq);
 	pthread_mutex_init(&e->sq_lock, NULL);
 	STAILQ_INIT(&e->queue);
 	e->nthreads = threads ? threads : 4;
@@ -460,7 +611,8 @@ void rnbd_engine_close(struct rnbd_engine *e)
 	pthread_mutex_lock(&e->lock);
 	e->stop = true;
 	pthread_cond_broadcast(&e->cond);
-	while (e->started)
+	pthread_cond_broadcast(&e->flush_cond);
+	while (e->started || e->flusher)
 		pthread_cond_wait(&e->cond, &e->lock);
 	pthread_mutex_unlock(&e->lock);
 	if (e->reaper_started) {
@@ -704,7 +856,9 @@ static bool nowait_try(struct rnbd_store *s, struct rnbd_breq *r)
 	bool w = r->op == RNBD_OP_WRITE;
 	ssize_t n;
 
-	if ((r->op != RNBD_OP_READ && !w) || r->flags & (RNBD_F_FUA | RNBD_F_PREFLUSH))
+	/* FUA: on io_uring engines a write to the page cache is flushed after (main_done). */
+	if ((r->op != RNBD_OP_READ && !w) || (r->flags & RNBD_F_PREFLUSH) ||
+	    ((r->flags & RNBD_F_FUA) && (s->direct || !s->e->uring)))
 		return false;
 	if (!atomic_load_explicit(&s->nowait[w], memory_order_relaxed)) {
 		if (!w || s->direct || !s->e->inline_writes)
@@ -745,7 +899,10 @@ static void store_exec(struct rnbd_store *s, struct rnbd_breq *r)
 		return;
 	}
 	if (nowait_try(s, r)) {
-		complete(r, 0);
+		if (s->e->uring)
+			main_done(s->e, r);
+		else
+			complete(r, 0);
 		return;
 	}
 	if (s->e->uring && (r->op == RNBD_OP_READ || r->op == RNBD_OP_WRITE ||

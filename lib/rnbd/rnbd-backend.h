@@ -88,6 +88,12 @@ int rnbd_engine_open(enum rnbd_engine_kind kind, unsigned threads, unsigned dept
 void rnbd_engine_set_inline_writes(struct rnbd_engine *e, bool on);
 /* "io_uring" or "threads" (what AUTO became). */
 const char *rnbd_engine_name(const struct rnbd_engine *e);
+/*
+ * io_uring engines: flush stages run (a FLUSH, a PREFLUSH, a FUA write to
+ * the page cache) and the fdatasync calls the flusher made for them; fewer
+ * calls than flushes when several were queued at once.
+ */
+void rnbd_engine_flush_stats(struct rnbd_engine *e, uint64_t *flushes, uint64_t *syncs);
 /* Waits for every submitted request to complete, then frees the engine. */
 void rnbd_engine_close(struct rnbd_engine *e);
 

@@ -756,8 +756,9 @@ void clt_path_attempt_failed(struct clt_path *p, int rc)
 		atomic_store(&p->last_err, rc);
 		if (rc == -ESHUTDOWN || !path_open_retryable(p, rc) ||
 		    rtrs_should_reconnect(&in) != RTRS_RECONNECT_RETRY) {
+			/* Out of tries (a final verdict was logged as such). */
 			if (path_open_retryable(p, rc) && rc != -ESHUTDOWN && !in.stopping &&
-			    p->open_tries > 1)
+			    !in.dnr && p->open_tries > 1)
 				log_err("%s: the server %s the path (%s) %d times; giving up",
 					p->name, refused ? "refused" : "dropped", strerror(-rc),
 					p->open_attempt);

@@ -11,6 +11,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -506,6 +507,81 @@ static void test_pool_idle(void)
 	unlink(path);
 }
 
+/*
+ * The io_uring engine's flusher: 64 flushes submitted at once while the
+ * page cache holds 16 MiB to write all complete, with fewer fdatasync
+ * calls than flushes (one covers those queued meanwhile) and no worker
+ * thread of io_uring made for them (an fsync on the ring took up to 8 per
+ * submitting thread); a FUA write to the page cache runs a flush after it;
+ * the flusher's thread ends when idle.
+ */
+static void test_flusher(void)
+{
+	enum { N = 64 };
+	char path[] = "/var/tmp/rnbd-backend-test.XXXXXX";
+	static uint8_t big[1 << 20], buf[4096], back[4096];
+	static struct req q[N];
+	struct waiter w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, N };
+	uint64_t flushes, syncs, flushes2, syncs2;
+	struct rnbd_engine *e;
+	struct rnbd_store *s;
+	int fd = mkstemp(path);
+	unsigned workers;
+
+	CHECK(fd >= 0);
+	CHECK_EQ(ftruncate(fd, 32 << 20), 0);
+	CHECK_EQ(rnbd_engine_open(RNBD_ENGINE_URING, 2, 0, &e), 0);
+	CHECK_EQ(rnbd_store_fd(e, fd, false, &s), 0);
+	memset(big, 0xa5, sizeof(big));
+	for (unsigned i = 0; i < 16; i++)
+		CHECK_EQ(sync_io(s, RNBD_OP_WRITE, (uint64_t)i << 20, big, sizeof(big)), 0);
+	workers = threads_named("iou-wrk");
+	for (unsigned i = 0; i < N; i++) {
+		q[i] = (struct req){ .w = &w, .err = 1 };
+		q[i].r = (struct rnbd_breq){ .op = RNBD_OP_FLUSH, .done = req_done };
+	}
+	for (unsigned i = 0; i < N; i++)
+		rnbd_store_submit(s, &q[i].r);
+	pthread_mutex_lock(&w.lock);
+	while (w.left)
+		pthread_cond_wait(&w.cond, &w.lock);
+	pthread_mutex_unlock(&w.lock);
+	for (unsigned i = 0; i < N; i++)
+		CHECK_EQ(q[i].err, 0);
+	rnbd_engine_flush_stats(e, &flushes, &syncs);
+	CHECK_EQ(flushes, (uint64_t)N);
+	CHECK(syncs >= 1 && syncs < flushes, "%" PRIu64 " fdatasync calls for %" PRIu64 " flushes",
+	      syncs, flushes);
+	CHECK(threads_named("iou-wrk") <= workers, "io_uring workers: %u after the flushes, %u before",
+	      threads_named("iou-wrk"), workers);
+	CHECK_EQ(threads_named("rnbd-flush"), 1u);
+	memset(buf, 0x3c, sizeof(buf));
+	struct waiter w1 = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1 };
+
+	q[0] = (struct req){ .w = &w1, .err = 1 };
+	q[0].r = (struct rnbd_breq){ .op = RNBD_OP_WRITE, .flags = RNBD_F_FUA, .offset = 8192,
+				     .len = sizeof(buf), .buf = buf, .done = req_done };
+	rnbd_store_submit(s, &q[0].r);
+	pthread_mutex_lock(&w1.lock);
+	while (w1.left)
+		pthread_cond_wait(&w1.cond, &w1.lock);
+	pthread_mutex_unlock(&w1.lock);
+	CHECK_EQ(q[0].err, 0);
+	rnbd_engine_flush_stats(e, &flushes2, &syncs2);
+	CHECK_EQ(flushes2, flushes + 1); /* the FUA write's flush after it */
+	CHECK_EQ(syncs2, syncs + 1);
+	CHECK_EQ(pread(fd, back, sizeof(back), 8192), (ssize_t)sizeof(back));
+	CHECK(!memcmp(back, buf, sizeof(buf)), "the FUA write landed");
+	usleep(5500 * 1000);
+	CHECK_EQ(threads_left("rnbd-flush"), 0u);
+	CHECK_EQ(sync_io(s, RNBD_OP_FLUSH, 0, NULL, 0), 0); /* and one starts again */
+	rnbd_store_close(s);
+	rnbd_engine_close(e);
+	CHECK_EQ(threads_left("rnbd-flush"), 0u);
+	close(fd);
+	unlink(path);
+}
+
 int main(int argc, char **argv)
 {
 	int rc;
@@ -522,6 +598,7 @@ int main(int argc, char **argv)
 	test_not_a_store();
 	test_memory_alignments();
 	test_pool_idle();
+	test_flusher();
 	rc = test_done("rnbd-backend");
 	if (!rc && direct_untested) {
 		fprintf(stderr, "SKIP: O_DIRECT is not supported where the test files are\n");
