@@ -13,7 +13,10 @@
 # --record appends the section to bench/RESULTS.md, with its plot in
 # bench/plots/server-compare-builds-DATE[-TAG].png.
 # Environment: BASE (HEAD~1), RUNS (5), DURATION (8), QD (32), MEM (1G),
-# SERVER_OPTS (more rnbd-server options for both, e.g. --no-invalidate).
+# SERVER_OPTS (more rnbd-server options for both, e.g. --no-invalidate),
+# DEVICE (mem: the memory device; file: a file of MEM bytes in /var/tmp,
+# served through the engine), FSYNC (N: fio sends a flush after every N
+# writes; 0, the default: none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 record=false
@@ -25,6 +28,11 @@ DURATION=${DURATION:-8}
 QD=${QD:-32}
 MEM=${MEM:-1G}
 SERVER_OPTS=${SERVER_OPTS:-}
+DEVICE=${DEVICE:-mem}
+FSYNC=${FSYNC:-0}
+[ "$DEVICE" = mem ] || [ "$DEVICE" = file ] || { echo "$0: DEVICE: mem or file" >&2; exit 2; }
+[[ "$FSYNC" =~ ^[0-9]+$ ]] || { echo "$0: FSYNC: a whole number" >&2; exit 2; }
+export DEVICE FSYNC # for the report
 for v in RUNS DURATION QD; do
 	[[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "$0: $v: a whole number, at least 1" >&2; exit 2; }
 done
@@ -43,6 +51,12 @@ git worktree add --detach "$base_src" "$base_rev" >/dev/null 2>&1
 meson setup "$base_src/build" "$base_src" -Dbuildtype=release >/dev/null
 meson compile -C "$base_src/build" daemons/rnbd-server >/dev/null
 
+if [ "$DEVICE" = file ]; then
+	dev=disk.img
+	truncate -s "$MEM" "$tmp/$dev"
+else
+	dev=mem0
+fi
 start_server() { # NAME BINARY: sets port_NAME and pid_NAME
 	# shellcheck disable=SC2086 # SERVER_OPTS: words
 	"$2" --port 0 --dev-search-path "$tmp" --mem-device "mem0:$MEM" --quiet $SERVER_OPTS \
@@ -60,7 +74,7 @@ start_server new "$PWD/build-release/daemons/rnbd-server"
 for b in base new; do
 	port=port_$b
 	if ! "$fio" --name=verify --ioengine="external:$engine" --rnbd_server="127.0.0.1:${!port}" \
-		--rnbd_session="verify-$b" --filename=mem0 --rw=randwrite --bs=4k --size="$MEM" \
+		--rnbd_session="verify-$b" --filename="$dev" --rw=randwrite --bs=4k --size="$MEM" \
 		--iodepth=16 --thread --verify=crc32c --do_verify=1 --verify_fatal=1 \
 		>"$tmp/verify-$b.out" 2>&1; then
 		echo "$0: the $b server's data did not verify:" >&2
@@ -74,7 +88,8 @@ job() { # BUILD RW
 	printf '%s\n' "$fio" --name=bench --rw="$2" --rwmixread=50 --bs=4k --size="$MEM" \
 		--iodepth="$QD" --runtime="$DURATION" --time_based --thread --norandommap \
 		--randrepeat=0 --output-format=json --ioengine="external:$engine" \
-		--rnbd_server="127.0.0.1:${!port}" --rnbd_session="bench-$1-$2" --filename=mem0
+		--rnbd_server="127.0.0.1:${!port}" --rnbd_session="bench-$1-$2" --filename="$dev" \
+		--fsync="$FSYNC"
 }
 python3 - "$tmp/spec.json" "$RUNS" "$QD" "$pid_base" "$pid_new" "$base_rev" "$new_rev" \
 	"$(job base randrw | paste -sd'\t')" "$(job new randrw | paste -sd'\t')" \
@@ -85,7 +100,11 @@ cmds = [a.split("\t") for a in sys.argv[8:]]
 chains = [("base-randrw", "base %s, randrw" % rb, int(pb)), ("new-randrw", "new %s, randrw" % rn, int(pn)),
           ("base-randwrite", "base %s, randwrite" % rb, int(pb)),
           ("new-randwrite", "new %s, randwrite" % rn, int(pn))]
-json.dump({"runs": int(runs), "title": "rnbd-server %s vs %s, 4 KiB, QD %s, memory device" % (rn, rb, qd),
+import os
+what = "memory device" if os.environ["DEVICE"] == "mem" else "file"
+if os.environ["FSYNC"] != "0":
+    what += ", a flush every %s writes" % os.environ["FSYNC"]
+json.dump({"runs": int(runs), "title": "rnbd-server %s vs %s, 4 KiB, QD %s, %s" % (rn, rb, qd, what),
            "chains": [{"name": n, "label": l, "kind": "fio", "procs": {"rnbd-server": p}, "cmd": c}
                       for (n, l, p), c in zip(chains, cmds)]}, open(out, "w"))
 PY
@@ -100,14 +119,22 @@ o = json.load(open(sys.argv[1]))
 runs, dur, qd, mem, machine, plot, day, rb, rn, base, opts = sys.argv[2:13]
 c = {x["name"]: x for x in o["chains"]}
 print()
-print("### %s rnbd-server: %s against %s, loopback tcp, memory device" % (day, rn, rb))
+import os
+dev, fsync = os.environ["DEVICE"], os.environ["FSYNC"]
+what = "memory device" if dev == "mem" else "a %s file on /var/tmp" % mem
+if fsync != "0":
+    what += ", a flush (fio `--fsync=%s`) after every %s writes" % (fsync, fsync)
+env = "".join(" %s=%s" % (k, v) for k, v in (("DEVICE", dev), ("FSYNC", fsync))
+              if v not in ("mem", "0"))
+print("### %s rnbd-server: %s against %s, loopback tcp, %s" % (day, rn, rb, what))
 print()
-print("Machine: %s. Command: `BASE=%s RUNS=%s DURATION=%s QD=%s%s bench/server-compare-builds.sh` "
-      "(4 KiB, QD %s, medians of %s alternating runs of %s s against `rnbd-server --mem-device mem0:%s%s`; "
-      "the client is the same fio and RNBD engine for both; CPU per IO = utime + stime over the run, "
-      "divided by its IOs; each server's data verified by fio's crc32c first). Plot: `%s`."
-      % (machine, base, runs, dur, qd, " SERVER_OPTS='%s'" % opts if opts else "", qd, runs, dur, mem,
-         " " + opts if opts else "", plot))
+print("Machine: %s. Command: `BASE=%s RUNS=%s DURATION=%s QD=%s%s%s bench/server-compare-builds.sh` "
+      "(4 KiB, QD %s, medians of %s alternating runs of %s s against `rnbd-server --mem-device mem0:%s%s`, "
+      "device: %s; the client is the same fio and RNBD engine for both; CPU per IO = utime + stime "
+      "over the run, divided by its IOs (flushes not counted as IOs); each server's data verified by "
+      "fio's crc32c first). Plot: `%s`."
+      % (machine, base, runs, dur, qd, " SERVER_OPTS='%s'" % opts if opts else "", env, qd, runs, dur,
+         mem, " " + opts if opts else "", what, plot))
 print()
 print("| load | build | IO/s | rnbd-server CPU us per IO | fio CPU us per IO | both |")
 print("|---|---|---|---|---|---|")
