@@ -257,6 +257,20 @@ static void *pool_thread(void *arg)
 	return NULL;
 }
 
+/* Starts fn(e) on a detached thread; 0 or the error of pthread_create. */
+static int start_detached(void *(*fn)(void *), struct rnbd_engine *e)
+{
+	pthread_attr_t attr;
+	pthread_t t;
+	int rc;
+
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	rc = pthread_create(&t, &attr, fn, e);
+	pthread_attr_destroy(&attr);
+	return rc;
+}
+
 static void pool_queue(struct rnbd_engine *e, struct rnbd_breq *r)
 {
 	bool inline_run = false;
@@ -266,14 +280,7 @@ static void pool_queue(struct rnbd_engine *e, struct rnbd_breq *r)
 	if (e->idle) {
 		pthread_cond_signal(&e->cond);
 	} else if (e->started < e->nthreads) {
-		pthread_attr_t attr;
-		pthread_t t;
-		int rc;
-
-		pthread_attr_init(&attr);
-		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-		rc = pthread_create(&t, &attr, pool_thread, e);
-		pthread_attr_destroy(&attr);
+		int rc = start_detached(pool_thread, e);
 
 		if (!rc)
 			e->started++;
@@ -481,14 +488,8 @@ static void flush_queue(struct rnbd_engine *e, struct rnbd_breq *r)
 	if (e->flusher) {
 		pthread_cond_signal(&e->flush_cond);
 	} else {
-		pthread_attr_t attr;
-		pthread_t t;
-		int rc;
+		int rc = start_detached(flusher_thread, e);
 
-		pthread_attr_init(&attr);
-		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-		rc = pthread_create(&t, &attr, flusher_thread, e);
-		pthread_attr_destroy(&attr);
 		if (!rc) {
 			e->flusher = true;
 		} else {

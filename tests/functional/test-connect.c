@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "threads.h"
 #include "harness.h"
 #include "logcap.h"
 #include "loop.h"
@@ -228,33 +229,6 @@ static struct rtrs_srv_ctx *srv_and_clt(const struct rtrs_srv_ops *ops, struct r
 	return srv;
 }
 
-/* Threads of this process whose name starts with prefix. */
-static unsigned threads_named(const char *prefix)
-{
-	DIR *d = opendir("/proc/self/task");
-	struct dirent *e;
-	unsigned n = 0;
-
-	CHECK(d != NULL, "/proc/self/task: %s", strerror(errno));
-	while (d && (e = readdir(d))) {
-		char path[300], name[32] = "";
-		FILE *f;
-
-		if (e->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
-		f = fopen(path, "r");
-		if (!f)
-			continue; /* the thread ended meanwhile */
-		if (fgets(name, sizeof(name), f) && !strncmp(name, prefix, strlen(prefix)))
-			n++;
-		fclose(f);
-	}
-	if (d)
-		closedir(d);
-	return n;
-}
-
 /*
  * No thread per connection, on either fabric: the process's poll groups,
  * one per CPU, run every connection of the client and of the server, and
@@ -310,9 +284,7 @@ static void test_thread_names(void)
 	 * (the kernel clears the tid pthread_join waits on before the task
 	 * leaves /proc; wide in a TCG guest).
 	 */
-	for (int i = 0; i < 200 && threads_named("rtrs-clt-"); i++)
-		usleep(10 * 1000);
-	CHECK_EQ(threads_named("rtrs-clt-"), 0);
+	CHECK_EQ(threads_left("rtrs-clt-"), 0);
 	rtrs_srv_close(srv);
 }
 

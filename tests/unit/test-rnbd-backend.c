@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "threads.h"
 #include "rnbd-backend.h"
 #include "util.h"
 
@@ -416,48 +418,6 @@ static int test_blockdev(void)
 	return test_done("rnbd-backend-blockdev");
 }
 
-/* Threads of this process named name (/proc/self/task/N/comm). */
-static unsigned threads_named(const char *name)
-{
-	DIR *d = opendir("/proc/self/task");
-	struct dirent *de;
-	unsigned n = 0;
-
-	while (d && (de = readdir(d))) {
-		char path[64], comm[32] = "";
-		FILE *f;
-
-		if (de->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "/proc/self/task/%.20s/comm", de->d_name);
-		f = fopen(path, "r");
-		if (f && fgets(comm, sizeof(comm), f))
-			comm[strcspn(comm, "\n")] = 0;
-		if (f)
-			fclose(f);
-		n += !strcmp(comm, name);
-	}
-	if (d)
-		closedir(d);
-	return n;
-}
-
-/*
- * Threads named name once those on their way out have gone: a detached
- * thread that has let go of everything may still be listed while it
- * exits; waits up to a second for the count to reach 0.
- */
-static unsigned threads_left(const char *name)
-{
-	unsigned n = threads_named(name);
-
-	for (int i = 0; n && i < 100; i++) {
-		usleep(10000);
-		n = threads_named(name);
-	}
-	return n;
-}
-
 /* One request on store s, waited for; its error. */
 static int sync_io(struct rnbd_store *s, enum rnbd_io_op op, uint64_t off, void *buf, uint32_t len)
 {
@@ -507,8 +467,32 @@ static void test_pool_idle(void)
 	unlink(path);
 }
 
+struct flush_batch {
+	struct rnbd_store *s;
+	struct req *q;
+	unsigned n;
+	atomic_bool *release;
+};
+
 /*
- * The io_uring engine's flusher: 64 flushes submitted at once while the
+ * Submits a batch of flushes, as a poll group's thread would, and stays
+ * until released: io_uring's workers for what a thread submitted are
+ * threads of their own, which go with it.
+ */
+static void *submit_flushes(void *arg)
+{
+	struct flush_batch *b = arg;
+
+	for (unsigned i = 0; i < b->n; i++)
+		rnbd_store_submit(b->s, &b->q[i].r);
+	while (!atomic_load(b->release))
+		usleep(1000);
+	return NULL;
+}
+
+/*
+ * The io_uring engine's flusher: 64 flushes submitted at once (from 4
+ * threads, as by poll groups) while the
  * page cache holds 16 MiB to write all complete, with fewer fdatasync
  * calls than flushes (one covers those queued meanwhile) and no worker
  * thread of io_uring made for them (an fsync on the ring took up to 8 per
@@ -540,20 +524,32 @@ static void test_flusher(void)
 		q[i] = (struct req){ .w = &w, .err = 1 };
 		q[i].r = (struct rnbd_breq){ .op = RNBD_OP_FLUSH, .done = req_done };
 	}
-	for (unsigned i = 0; i < N; i++)
-		rnbd_store_submit(s, &q[i].r);
+	pthread_t thr[4];
+	struct flush_batch fb[4];
+	atomic_bool release = false;
+	unsigned workers_after;
+
+	for (unsigned i = 0; i < 4; i++) {
+		fb[i] = (struct flush_batch){ .s = s, .q = &q[i * N / 4], .n = N / 4,
+					      .release = &release };
+		CHECK_EQ(pthread_create(&thr[i], NULL, submit_flushes, &fb[i]), 0);
+	}
 	pthread_mutex_lock(&w.lock);
 	while (w.left)
 		pthread_cond_wait(&w.cond, &w.lock);
 	pthread_mutex_unlock(&w.lock);
+	workers_after = threads_named("iou-wrk");
+	atomic_store(&release, true);
+	for (unsigned i = 0; i < 4; i++)
+		pthread_join(thr[i], NULL);
 	for (unsigned i = 0; i < N; i++)
 		CHECK_EQ(q[i].err, 0);
 	rnbd_engine_flush_stats(e, &flushes, &syncs);
 	CHECK_EQ(flushes, (uint64_t)N);
 	CHECK(syncs >= 1 && syncs < flushes, "%" PRIu64 " fdatasync calls for %" PRIu64 " flushes",
 	      syncs, flushes);
-	CHECK(threads_named("iou-wrk") <= workers, "io_uring workers: %u after the flushes, %u before",
-	      threads_named("iou-wrk"), workers);
+	CHECK(workers_after <= workers, "io_uring workers: %u after the flushes, %u before",
+	      workers_after, workers);
 	CHECK_EQ(threads_named("rnbd-flush"), 1u);
 	memset(buf, 0x3c, sizeof(buf));
 	struct waiter w1 = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1 };
