@@ -17,9 +17,10 @@
  * connection's work bits (queue_work): start, flush, completions, kick,
  * destroy. Every callback of a connection runs on its group's thread.
  *
- * Data is received straight into its place: a WRITE's payload by recvmsg
- * into the region its key names (checked against the region's bounds and
- * access first), a SEND's into the connection's receive buffer. Sends go
+ * Data goes to its place: a WRITE's payload into the region its key names
+ * (checked against the region's bounds and access first), a SEND's into
+ * the connection's receive buffer; large payloads are read straight into
+ * it, small ones copied from a read-ahead (see TCP_RX_AHEAD). Sends go
  * out inline from the posting thread when nothing is queued before them
  * (sendmsg, MSG_DONTWAIT); what does not fit is queued and flushed by the
  * group when the socket takes more.
@@ -57,7 +58,8 @@
 #include "rtrs.h"
 #include "util.h"
 
-#define TCP_RX_BUDGET 16        /* frames a connection gets per group pass */
+#define TCP_RX_BUDGET 64        /* frames a connection gets per group pass */
+#define TCP_RX_FLUSH 16         /* what the frames of a turn answered leaves after this many */
 #define TCP_INJECT 64           /* fab_write_imm_data bytes */
 #define TCP_IOV_LIMIT 32
 #define TCP_RMA_LIMIT 16
@@ -67,16 +69,23 @@
 #define TCP_RING_CQ 16384
 #define TCP_FLUSH_IOV 64        /* iovecs gathered into one sendmsg by a flush */
 /*
- * Read-ahead after a frame with no or a small payload: the next read takes
- * up to this many bytes, so that a run of such frames (responses: a header,
- * an immediate, a message of a few bytes) costs one recvmsg, not one each
- * and one more that finds nothing. Payload bytes caught in it are copied
- * to their place; a payload larger than TCP_LA_SMALL is read straight into
- * place and turns read-ahead off until a small frame again, so bulk data
- * never goes through it but for the bytes of one read at a change.
+ * Read-ahead. After a frame whose payload was at most TCP_LA_SMALL bytes,
+ * the next read takes up to TCP_RX_AHEAD bytes into the reading thread's
+ * buffer (struct rx_ahead), so that a run of small frames (4 KiB IOs,
+ * their requests and responses) costs one recvmsg for all of them, not one
+ * each: the kernel's per-call cost is several times that of copying 4 KiB
+ * from a buffer that is hot in the cache (bench/RESULTS.md, 2026-12-03).
+ * Payload bytes caught in it are copied to their place. A frame larger than
+ * TCP_LA_SMALL has the rest of its payload read straight into place, with
+ * only the next header beside it, so bulk data is never copied but for
+ * what one read-ahead caught of it. Bytes a turn read but could not take
+ * (its budget ran out) wait in the connection's stash until its next turn:
+ * nothing per connection is kept between turns otherwise.
  */
-#define TCP_LA_LEN (16 * RTRS_TCP_HDR_LEN)
-#define TCP_LA_SMALL 256
+#define TCP_RX_AHEAD (64 * 1024)
+#define TCP_LA_SMALL (8 * 1024)
+#define TCP_LA_RUN 8
+#define TCP_LA_SHORT (16 * RTRS_TCP_HDR_LEN)
 /* The memory keys' table starts this small and doubles past one region a bucket. */
 #define TCP_MR_BUCKETS_MIN 16
 #define TCP_ACCEPT_BATCH 256    /* accepts per listener event */
@@ -220,8 +229,9 @@ struct fab_con {
 	size_t hdr_got;
 	bool in_payload;
 	bool la_want;            /* the last frame was small: the next read reads ahead */
-	uint16_t la_off, la_len; /* la[la_off .. la_len) read, not yet taken */
-	unsigned char la[TCP_LA_LEN];
+	uint8_t small_run;       /* small frames in a row, up to TCP_LA_RUN */
+	unsigned char *stash;    /* read ahead, not taken: stash[stash_off .. stash_len) */
+	size_t stash_off, stash_len;
 	struct rtrs_tcp_frame fr;
 	char *dst;
 	size_t left;
@@ -934,6 +944,10 @@ static bool rx_frame_end(struct fab_con *c)
 
 	c->in_payload = false;
 	c->la_want = f->len <= TCP_LA_SMALL;
+	if (!c->la_want)
+		c->small_run = 0;
+	else if (c->small_run < TCP_LA_RUN)
+		c->small_run++;
 	switch (f->op) {
 	case RTRS_TCP_ACCEPT:
 		c->state = TC_UP;
@@ -989,15 +1003,68 @@ static void rx_mr_exit(struct fab_con *c)
 		atomic_fetch_sub(&c->mr->active, 1);
 }
 
-/*
- * Takes bytes read ahead (c->la): into the header, or into the payload's
- * place. Counts a frame that ended in *frames and *budget; false when the
- * connection ended.
- */
-static bool rx_take_ahead(struct fab_con *c, unsigned *budget, unsigned *frames)
+/* A thread's read-ahead buffer: the group's, or a poller's (fab_con_poll). */
+struct rx_ahead {
+	bool busy;               /* a turn of this thread is using it */
+	unsigned char buf[TCP_RX_AHEAD];
+};
+
+static pthread_key_t rx_ahead_key;
+static bool rx_ahead_keyed;
+static pthread_once_t rx_ahead_once = PTHREAD_ONCE_INIT;
+static __thread struct rx_ahead *rx_ahead_mine;
+
+static void rx_ahead_key_make(void)
 {
-	size_t avail = (size_t)(c->la_len - c->la_off), take;
-	const unsigned char *from = c->la + c->la_off;
+	rx_ahead_keyed = pthread_key_create(&rx_ahead_key, free) == 0;
+}
+
+/*
+ * The calling thread's buffer, taken for one turn; NULL when it cannot
+ * have one (no memory) or a turn of this thread already holds it (a
+ * callback that polls another connection): that turn reads without
+ * read-ahead.
+ */
+static struct rx_ahead *rx_ahead_take(void)
+{
+	struct rx_ahead *ra = rx_ahead_mine;
+
+	if (!ra) {
+		pthread_once(&rx_ahead_once, rx_ahead_key_make);
+		if (!rx_ahead_keyed)
+			return NULL;
+		ra = malloc(sizeof(*ra));
+		if (!ra)
+			return NULL;
+		if (pthread_setspecific(rx_ahead_key, ra)) {
+			free(ra);
+			return NULL;
+		}
+		ra->busy = false;
+		rx_ahead_mine = ra;
+	}
+	if (ra->busy)
+		return NULL;
+	ra->busy = true;
+	return ra;
+}
+
+static void rx_ahead_give(struct rx_ahead *ra)
+{
+	if (ra)
+		ra->busy = false;
+}
+
+/*
+ * Takes bytes read ahead, buf[*off .. len): into the header, or into the
+ * payload's place. Counts a frame that ended in *frames and *budget; false
+ * when the connection ended.
+ */
+static bool rx_take_ahead(struct fab_con *c, const unsigned char *buf, size_t *off, size_t len,
+			  unsigned *budget, unsigned *frames)
+{
+	size_t avail = len - *off, take;
+	const unsigned char *from = buf + *off;
 
 	if (c->in_payload) {
 		take = MIN(avail, c->left);
@@ -1010,19 +1077,50 @@ static bool rx_take_ahead(struct fab_con *c, unsigned *budget, unsigned *frames)
 		take = MIN(avail, sizeof(c->hdr) - c->hdr_got);
 		memcpy(c->hdr + c->hdr_got, from, take);
 		c->hdr_got += take;
+		*off += take;
 		if (c->hdr_got < sizeof(c->hdr))
-			goto out;
+			return true;
 		if (!rx_frame_start(c))
 			return false;
+		take = 0;
 	}
+	*off += take;
 	if (c->in_payload && !c->left) {
 		(*budget)--;
 		(*frames)++;
-		c->la_off = (uint16_t)(c->la_off + take);
 		return rx_frame_end(c);
 	}
-out:
-	c->la_off = (uint16_t)(c->la_off + take);
+	return true;
+}
+
+/*
+ * Takes buf[0 .. len) read ahead, as far as the budget goes; what is left
+ * goes to the stash. False when the connection ended (the rest is dropped).
+ */
+static bool rx_take_buf(struct fab_con *c, const unsigned char *buf, size_t len, unsigned *budget,
+			unsigned *frames)
+{
+	size_t off = 0;
+
+	while (off < len) {
+		if (!*budget)
+			break;
+		if (!rx_take_ahead(c, buf, &off, len, budget, frames))
+			return false;
+		if (con_quiet(c) || c->state == TC_DOWN)
+			return false;
+	}
+	if (off < len) {
+		c->stash = malloc(len - off);
+		if (!c->stash) {
+			log_warn_rl("%s: no memory for %zu bytes read ahead", con_name(c), len - off);
+			con_fail(c, -ENOMEM, NULL, 0);
+			return false;
+		}
+		memcpy(c->stash, buf + off, len - off);
+		c->stash_off = 0;
+		c->stash_len = len - off;
+	}
 	return true;
 }
 
@@ -1036,6 +1134,8 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
 	unsigned budget = TCP_RX_BUDGET;
 	enum rx_end end = RX_STOP;
 	bool drained = false; /* a read came back short: the socket had no more */
+	struct rx_ahead *ra = NULL;
+	unsigned flushed = 0;
 
 	*frames = 0;
 
@@ -1044,62 +1144,73 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
 		unsigned n = 0;
 		struct msghdr mh = { .msg_iov = iov };
 		ssize_t r;
-		bool guard = false, ahead = false;
+		bool guard = false, ahead, bulk;
 
-		if (c->la_off < c->la_len) {
-			if (!rx_take_ahead(c, &budget, frames))
-				return RX_STOP;
+		if (c->stash) {
+			size_t off = c->stash_off;
+			bool ok = rx_take_ahead(c, c->stash, &off, c->stash_len, &budget, frames);
+
+			c->stash_off = off;
+			if (off == c->stash_len) {
+				free(c->stash);
+				c->stash = NULL;
+			}
+			if (!ok)
+				goto out;
 			continue;
 		}
-		c->la_off = c->la_len = 0;
 		if (!c->in_payload && c->hdr_got == sizeof(c->hdr)) {
 			if (!rx_frame_start(c))
-				return RX_STOP;
+				goto out;
 			if (!c->left) {
 				budget--;
 				(*frames)++;
 				if (!rx_frame_end(c))
-					return RX_STOP;
+					goto out;
 				continue;
 			}
 		}
 		/* What is buffered is taken first; then a read that would find nothing is saved. */
-		if (drained)
-			return RX_EMPTY;
-		if (c->la_want && (!c->in_payload || c->left <= TCP_LA_SMALL)) {
-			iov[n++] = (struct iovec){ c->la, sizeof(c->la) };
-			ahead = true;
-		} else if (c->in_payload) {
+		if (drained) {
+			end = RX_EMPTY;
+			goto out;
+		}
+		/* Read ahead after small frames, or within one; a large one's rest goes in place. */
+		ahead = c->in_payload ? c->fr.len <= TCP_LA_SMALL : c->la_want;
+		if (ahead && !ra)
+			ra = rx_ahead_take();
+		ahead = ahead && ra;
+		if (c->in_payload) {
 			iov[n++] = (struct iovec){ c->dst + (c->fr.len - c->left), c->left };
 			if (c->mr) {
 				if (!rx_mr_enter(c))
-					return RX_STOP;
+					goto out;
 				guard = true;
 			}
-			/* The next header with the payload's end, in the same call. */
-			iov[n++] = (struct iovec){ c->hdr + c->hdr_got, sizeof(c->hdr) - c->hdr_got };
-		} else {
-			iov[n++] = (struct iovec){ c->hdr + c->hdr_got, sizeof(c->hdr) - c->hdr_got };
 		}
+		bulk = ahead && c->small_run >= TCP_LA_RUN;
+		if (ahead)
+			iov[n++] = (struct iovec){ ra->buf, bulk ? sizeof(ra->buf) : TCP_LA_SHORT };
+		else
+			/* The header, or the next one with the payload's end, in the same call. */
+			iov[n++] = (struct iovec){ c->hdr + c->hdr_got, sizeof(c->hdr) - c->hdr_got };
 		mh.msg_iovlen = n;
 		r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
 		if (guard)
 			rx_mr_exit(c);
 		if (r < 0 && errno == EINTR)
 			continue;
-		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			return RX_EMPTY;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			end = RX_EMPTY;
+			goto out;
+		}
 		if (r <= 0) {
 			con_fail(c, r ? -errno : -ECONNRESET, NULL, 0);
-			return RX_STOP;
+			goto out;
 		}
 		size_t got = (size_t)r;
 
 		drained = got < iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
-		if (ahead) {
-			c->la_len = (uint16_t)got;
-			continue;
-		}
 		if (c->in_payload) {
 			size_t take = MIN(got, c->left);
 
@@ -1108,16 +1219,32 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
 			if (!c->left) {
 				budget--;
 				(*frames)++;
-				c->hdr_got += got;
 				if (!rx_frame_end(c))
-					return RX_STOP;
-				continue;
+					goto out;
 			}
 		}
-		c->hdr_got += got;
+		if (got) {
+			if (!ahead)
+				c->hdr_got += got;
+			else if (!rx_take_buf(c, ra->buf, got, &budget, frames))
+				goto out;
+		}
+		/*
+		 * What the frames of this read answered leaves now, in one
+		 * sendmsg, not at the turn's end: the peer's next requests
+		 * need not wait for the rest of the turn.
+		 */
+		if ((bulk || *frames - flushed >= TCP_RX_FLUSH) && c->on_cork &&
+		    on_group_thread(c)) {
+			flushed = *frames;
+			cork_forget(c);
+			con_flush(c);
+		}
 	}
 	if (!budget && !con_quiet(c) && c->state != TC_DOWN)
 		end = RX_BUDGET;
+out:
+	rx_ahead_give(ra);
 	return end;
 }
 
@@ -2317,6 +2444,7 @@ static void con_free(struct fab_con *c)
 		mr_put(c->mr);
 	free(c->dctx);
 	free(c->rx_buf);
+	free(c->stash);
 	if (c->fd >= 0)
 		close(c->fd);
 	atomic_fetch_sub(&g->nr_cons, 1);
@@ -2498,11 +2626,23 @@ static int tcp_con_poll(struct fab_con *c)
 	return (int)frames;
 }
 
-/* The socket itself is the wait fd: readable when a frame (or the end) is there. */
+/*
+ * The socket itself is the wait fd: readable when a frame (or the end) is
+ * there. Frames a turn read but left (the stash, a header whose frame
+ * did not start) are not on it: -EAGAIN while there are, or while a
+ * turn is reading.
+ */
 static int tcp_con_trywait(struct fab_con *c)
 {
 	struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
+	bool left;
 
+	if (pthread_mutex_trylock(&c->cb_lock))
+		return -EAGAIN;
+	left = c->stash || (!c->in_payload && c->hdr_got == sizeof(c->hdr));
+	pthread_mutex_unlock(&c->cb_lock);
+	if (left)
+		return -EAGAIN;
 	return poll(&pfd, 1, 0) > 0 ? -EAGAIN : 0;
 }
 
