@@ -906,6 +906,8 @@ int clt_path_conn_init(struct clt_path *p)
  * message's registration, connection 0 asked for. On failure the attempt
  * ends as any other (clt_path_attempt_failed). Loop thread.
  */
+static int path_fab_open(struct clt_path *p);
+
 void clt_path_attempt_start(struct clt_path *p)
 {
 	struct rtrs_clt_sess *s = p->sess;
@@ -941,9 +943,14 @@ void clt_path_attempt_start(struct clt_path *p)
 		err_detail_clear(); /* the loop's: what this attempt says (path_open_finish) */
 	p->cst = CST_CON; /* an attempt from here on: a failure ends it */
 	if (!p->fab) {
-		/* The server's queue depth is not known yet: ask for room for a large one. */
-		rc = fab_open(s->provider, p->src[0] ? p->src : NULL, p->host, p->port, false,
-			      RTRS_CLT_QUEUE_HINT, &p->fab);
+		/*
+		 * The opener's thread tried (clt_path_open) and failed; otherwise
+		 * a fabric closed after its device went is opened again here.
+		 */
+		rc = p->fab_open_rc;
+		p->fab_open_rc = 0;
+		if (!rc)
+			rc = path_fab_open(p);
 		if (rc) {
 			p->fab = NULL;
 			log_err("%s: cannot resolve %s:%s with provider %s: %s", p->name, p->host,
@@ -964,6 +971,13 @@ void clt_path_attempt_start(struct clt_path *p)
 		return;
 	}
 	/* What came before the step was entered (a callback's kick is queued anyway). */
+}
+
+/* The server's queue depth is not known yet: asks for room for a large one. */
+static int path_fab_open(struct clt_path *p)
+{
+	return fab_open(p->sess->provider, p->src[0] ? p->src : NULL, p->host, p->port, false,
+			RTRS_CLT_QUEUE_HINT, &p->fab);
 }
 
 static void path_open_call(void *arg)
@@ -999,6 +1013,20 @@ int clt_path_open(struct clt_path *p, int tries)
 	}
 	p->conn_done = false;
 	p->open_tries = tries;
+	/*
+	 * The fabric is opened here, on the opener's thread, which waits
+	 * anyway: resolving a name or an RDMA address may take seconds, which
+	 * on the loop would hold every session's heartbeats. The loop takes
+	 * the fabric (or the error) with the call.
+	 */
+	p->fab_open_rc = 0;
+	if (!p->fab) {
+		rc = path_fab_open(p);
+		if (rc) {
+			p->fab = NULL;
+			p->fab_open_rc = rc;
+		}
+	}
 	loop_call(s->loop, path_open_call, p);
 	pthread_mutex_lock(&p->lock);
 	while (!p->conn_done)

@@ -132,6 +132,7 @@ struct clt_path {
 	bool opening;               /* rtrs_clt_open or _add_path waits (loop thread) */
 	int open_attempt;           /* ... and this is its attempt number, of open_tries */
 	int open_tries;
+	int fab_open_rc;            /* the opener's fab_open failed so (clt_path_open) */
 	bool attempt_counted;       /* a reconnect in clt_reconnects_running */
 	bool conn_done;             /* the opener's verdict, conn_rc, is in */
 	int conn_rc;
