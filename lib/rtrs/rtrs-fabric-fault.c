@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rtrs-fault.h"
@@ -40,6 +41,7 @@ struct fault_set {
 	bool set_uuid;
 	uint8_t paths_uuid[RTRS_UUID_LEN];
 	bool kernel_client;
+	unsigned open_delay_ms;
 	/* stale_rkey: the first key each chunk id was written with. */
 	pthread_mutex_t key_lock;
 	uint64_t *first_key;
@@ -122,9 +124,10 @@ static int fault_set_new(const struct rtrs_fault *f, struct fault_set **out)
 
 	*out = NULL;
 	if (!f || (!f->eagain_every && !f->delay_us && !f->stale_rkey && !f->paths_uuid &&
-		   !f->kernel_client))
+		   !f->kernel_client && !f->open_delay_ms))
 		return 0;
 	if (f->eagain_every == 1 || f->delay_us > FAULT_MAX_DELAY_US ||
+	    f->open_delay_ms > FAULT_MAX_DELAY_US / 1000 ||
 	    (f->delay_src && strlen(f->delay_src) >= sizeof(fs->delay_src)) ||
 	    (f->paths_uuid && strlen(f->paths_uuid) > RTRS_UUID_LEN))
 		return -EINVAL;
@@ -139,6 +142,7 @@ static int fault_set_new(const struct rtrs_fault *f, struct fault_set **out)
 		snprintf(fs->delay_src, sizeof(fs->delay_src), "%s", f->delay_src);
 	fs->stale_rkey = f->stale_rkey;
 	fs->kernel_client = f->kernel_client;
+	fs->open_delay_ms = f->open_delay_ms;
 	if (f->paths_uuid) {
 		fs->set_uuid = true;
 		memcpy(fs->paths_uuid, f->paths_uuid, strlen(f->paths_uuid));
@@ -263,6 +267,15 @@ static int fault_open(const char *prov, const char *src, const char *node, const
 	bool slow, client_faults;
 	int rc;
 
+	if (fs && fs->open_delay_ms && !server) {
+		struct timespec ts = { .tv_sec = fs->open_delay_ms / 1000,
+				       .tv_nsec = (long)(fs->open_delay_ms % 1000) * 1000000L };
+
+		log_warn("fault injection: opening a fabric to %s:%s %u ms late", node ? node : "*",
+			 service ? service : "*", fs->open_delay_ms);
+		while (nanosleep(&ts, &ts) && errno == EINTR)
+			;
+	}
 	slow = fs && fault_slow(fs, src);
 	client_faults = fs && !server && (fs->stale_rkey || fs->set_uuid || fs->kernel_client);
 	if (!fs || (!fs->eagain_every && !slow && !client_faults)) {

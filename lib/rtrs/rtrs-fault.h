@@ -61,6 +61,12 @@ struct rtrs_fault {
 	 * it set while the session may reconnect.
 	 */
 	bool kernel_client;
+	/*
+	 * Client: fab_open takes this many milliseconds longer (a name or an
+	 * RDMA address slow to resolve), on whatever thread calls it. 0: off;
+	 * at most 10000.
+	 */
+	unsigned open_delay_ms;
 };
 
 /*

@@ -13,7 +13,9 @@
  *   - connections made and destroyed from several threads at once start
  *     and stop the fabric's watchdog thread cleanly;
  *   - the server's connection threads carry the session's name once the
- *     session has one, not the "(new)" of before its first path's info.
+ *     session has one, not the "(new)" of before its first path's info;
+ *   - a path's fabric is opened on the opener's thread: a slow one (fault
+ *     injection) holds no other session's work on the service loops.
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -38,6 +40,9 @@
 #include "rtrs-fabric.h"
 #include "rtrs-proto.h"
 #include "rtrs.h"
+#ifdef RTRS_FAULT_INJECTION
+#include "rtrs-fault.h"
+#endif
 
 /* ---- a raw fabric client ----------------------------------------------------- */
 
@@ -356,6 +361,77 @@ static void test_reconnect_threads(void)
 	for (unsigned i = 0; i < N; i++)
 		rtrs_clt_close(s[i]);
 	rtrs_srv_close(srv);
+}
+
+#ifdef RTRS_FAULT_INJECTION
+struct slow_open {
+	const struct rtrs_clt_opts *o;
+	struct rtrs_clt_sess *s;
+	int rc;
+	uint64_t ms;
+};
+
+static void *slow_open_thread(void *arg)
+{
+	struct slow_open *so = arg;
+	uint64_t t0 = test_now_ms();
+
+	so->rc = rtrs_clt_open(so->o, &so->s);
+	so->ms = test_now_ms() - t0;
+	return NULL;
+}
+#endif
+
+/*
+ * An open whose fabric takes 3 s to open (a name or an RDMA address slow
+ * to resolve: fault injection) while two sessions sit on the process's
+ * two service loops: closing either, which runs on its loop, takes no
+ * longer than usual. With the fabric opened on the loop, the one that
+ * shares the slow session's loop would wait out the 3 s.
+ */
+static void test_slow_fabric_open(void)
+{
+#ifdef RTRS_FAULT_INJECTION
+	enum { DELAY_MS = 3000, CLOSE_MAX_MS = 1500 };
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_path_addr path = { .dst = NULL };
+	struct rtrs_clt_sess *c[2] = { NULL, NULL };
+	struct rtrs_fault f = { .open_delay_ms = DELAY_MS };
+	struct rtrs_srv_opts so;
+	struct rtrs_clt_opts o, ob;
+	struct rtrs_srv_ctx *srv;
+	struct slow_open sl = { .o = &ob };
+	char dst[96];
+	pthread_t t;
+	int port;
+
+	srv = srv_and_clt(&ops, &so, &o, &path, dst, sizeof(dst), &port);
+	o.sessname = "loop-a";
+	CHECK_EQ(rtrs_clt_open(&o, &c[0]), 0);
+	o.sessname = "loop-b";
+	CHECK_EQ(rtrs_clt_open(&o, &c[1]), 0);
+	ob = o;
+	ob.sessname = "slow-open";
+	CHECK_EQ(rtrs_fault_set(&f), 0);
+	CHECK_EQ(pthread_create(&t, NULL, slow_open_thread, &sl), 0);
+	usleep(300 * 1000); /* in its fabric's open by now */
+	CHECK_EQ(rtrs_fault_set(NULL), 0);
+	for (unsigned i = 0; i < 2; i++) {
+		uint64_t t0 = test_now_ms(), ms;
+
+		rtrs_clt_close(c[i]);
+		ms = test_now_ms() - t0;
+		CHECK(ms < CLOSE_MAX_MS, "closing session %u took %llu ms while another opened "
+		      "its fabric", i, (unsigned long long)ms);
+	}
+	pthread_join(t, NULL);
+	CHECK(sl.rc == 0, "the slow open: %s", strerror(-sl.rc));
+	CHECK(sl.ms >= DELAY_MS, "the slow open took %llu ms: the fault did not hold it",
+	      (unsigned long long)sl.ms);
+	if (!sl.rc)
+		rtrs_clt_close(sl.s);
+	rtrs_srv_close(srv);
+#endif
 }
 
 static void test_malformed(void)
@@ -1249,6 +1325,7 @@ int main(void)
 	test_cm_data_limit();
 	test_thread_names();
 	test_reconnect_threads();
+	test_slow_fabric_open();
 	if (tcp)
 		test_unreachable(); /* plain TCP sockets play the peer */
 	test_malformed();
