@@ -334,7 +334,9 @@ a_kclient_ours_two_paths() {
 	kill -0 "$pid" 2>/dev/null
 	kg_check A-our-server-started $? "(every address)"
 	kg_signal A-ready
-	kg_wait B-cut 300 && ip addr del 198.18.0.11/24 dev eth0 && kg_log "198.18.0.11 removed"
+	# B-done: B gave up before the cut (its map failed); nothing to wait for.
+	kg_wait "B-cut B-done" 300 && [ -e "$KG_RUN/B-cut" ] &&
+		ip addr del 198.18.0.11/24 dev eth0 && kg_log "198.18.0.11 removed"
 	kg_signal A-cut
 	kg_wait "B-written B-done" 400
 	kill -0 "$pid" 2>/dev/null
@@ -356,9 +358,16 @@ b_kclient_ours_two_paths() {
 	kg_check B-kernel-client-loaded $?
 	kg_pattern /tmp/pattern "$MIB"
 	kg_wait A-ready 120 || return 1
+	# Once more if the first map fails: under TCG the kernel client's
+	# connect of the second path has timed out once in many runs (-110,
+	# no request seen by the server); the first failure is printed above.
 	if ! dev=$(kg_map "$SESS" 198.18.0.1 ram0 "" path=ip:198.18.0.11); then
-		kg_check B-map 1
-		return 1
+		kg_log "the map failed; once more in 2 s"
+		sleep 2
+		if ! dev=$(kg_map "$SESS" 198.18.0.1 ram0 "" path=ip:198.18.0.11); then
+			kg_check B-map 1
+			return 1
+		fi
 	fi
 	paths=/sys/class/rtrs-client/$SESS/paths
 	up=$(cat "$paths"/*/state 2>/dev/null | grep -c '^connected')
