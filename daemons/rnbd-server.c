@@ -46,7 +46,7 @@ static struct {
 	const char *log_level;
 	struct opt_list mem;
 	uint64_t port, queue_depth, chunk_size, threads, hb_ms, busy_poll_us, listen_timeout;
-	uint64_t poll_groups;
+	uint64_t poll_groups, srq_depth;
 	uint64_t max_sessions, max_sessions_per_peer, max_chunk_mem, max_pending,
 		 max_pending_per_peer, handshake_ms;
 	unsigned engine;
@@ -57,7 +57,7 @@ static struct {
 	.max_sessions = RTRS_DEFAULT_MAX_SESSIONS,
 	.max_sessions_per_peer = RTRS_DEFAULT_MAX_SESSIONS_PER_PEER,
 	.max_pending = RTRS_DEFAULT_MAX_PENDING, .max_pending_per_peer = RTRS_DEFAULT_MAX_PENDING_PER_PEER,
-	.handshake_ms = RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS,
+	.handshake_ms = RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS, .srq_depth = RTRS_DEFAULT_SRQ_DEPTH,
 };
 
 static const struct opt options[] = {
@@ -103,6 +103,9 @@ static const struct opt options[] = {
 	  .help = "heartbeat period" },
 	{ "poll-groups", 0, OPT_UINT, &g.poll_groups, 0, RTRS_MAX_POLL_GROUPS, .arg = "N",
 	  .help = "threads that serve the connections of the process, per fabric (0: one per CPU)" },
+	{ "srq-depth", 0, OPT_UINT, &g.srq_depth, 0, 1u << 20, .arg = "N",
+	  .help = "RDMA devices: receives of the queue that a poll group's IO connections on a "
+		  "device share (0: each connection posts its own, queue depth + 16)" },
 	{ "busy-poll", 0, OPT_UINT, &g.busy_poll_us, 0, 1000000, .arg = "US",
 	  .help = "poll an empty completion queue this long before sleeping (RDMA devices)" },
 	{ "max-sessions", 0, OPT_UINT, &g.max_sessions, 1, 100000, .arg = "N",
@@ -744,6 +747,8 @@ int main(int argc, char **argv)
 	o.rtrs.auth_name = g.auth_name;
 	o.rtrs.hb_interval_ms = (unsigned)g.hb_ms;
 	o.rtrs.busy_poll_us = (unsigned)g.busy_poll_us;
+	o.rtrs.srq_depth = (unsigned)g.srq_depth;
+	o.rtrs.no_srq = !g.srq_depth;
 	o.rtrs.poll_groups = (unsigned)g.poll_groups;
 	o.rtrs.max_sessions = (unsigned)g.max_sessions;
 	o.rtrs.max_sessions_per_peer = (unsigned)g.max_sessions_per_peer;

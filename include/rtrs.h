@@ -42,6 +42,8 @@ enum rtrs_dir { RTRS_READ = 0, RTRS_WRITE = 1 };
 #define RTRS_DEFAULT_CONNECT_TIMEOUT_MS 10000
 #define RTRS_DEFAULT_FAST_IO_FAIL_MS 5000
 #define RTRS_DEFAULT_MAX_PENDING 32
+/* Receives of a server's shared receive queue per poll group and RDMA device. */
+#define RTRS_DEFAULT_SRQ_DEPTH 4096
 #define RTRS_DEFAULT_MAX_PENDING_PER_PEER 8
 #define RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS 5000
 #define RTRS_DEFAULT_MAX_SESSIONS 256
@@ -555,6 +557,18 @@ struct rtrs_srv_opts {
 	 * number, later ones do not change it.
 	 */
 	unsigned poll_groups;
+	/*
+	 * RDMA devices: the IO connections of a poll group on one device take
+	 * their receives (one per incoming immediate) from one shared receive
+	 * queue of srq_depth receives (0: RTRS_DEFAULT_SRQ_DEPTH, at most
+	 * what the device allows), so that receive memory does not grow with
+	 * the connections; a peer that finds it empty retries (RNR), as the
+	 * kernel's and our client ask for without limit. no_srq: each
+	 * connection posts its own, queue_depth + 16 of them. Set by the
+	 * server that opens first in a process; the tcp fabric ignores both.
+	 */
+	unsigned srq_depth;
+	bool no_srq;
 };
 
 /* Counters of a server, for tests and monitoring. */

@@ -36,12 +36,12 @@ static struct {
 	const char *addr, *auth_keys;
 	struct opt_list events;
 	uint64_t port, queue_depth, chunk_size, io_size, duration, sessions;
-	uint64_t max_sessions, max_sessions_per_peer, hold;
+	uint64_t max_sessions, max_sessions_per_peer, hold, srq_depth;
 	unsigned mode;
 	bool json, verify, quiet, no_invalidate;
 } g = {
 	.port = RTRS_DEFAULT_PORT, .queue_depth = 64, .chunk_size = RTRS_DEFAULT_CHUNK_SIZE,
-	.io_size = 4096, .duration = 5, .sessions = 1,
+	.io_size = 4096, .duration = 5, .sessions = 1, .srq_depth = RTRS_DEFAULT_SRQ_DEPTH,
 };
 
 /*
@@ -112,6 +112,9 @@ static const struct opt own_options[] = {
 		  "--sessions)" },
 	{ "max-sessions", 0, OPT_UINT, &g.max_sessions, 1, 100000, .arg = "N",
 	  .help = "server: sessions in all (default: the library's)" },
+	{ "srq-depth", 0, OPT_UINT, &g.srq_depth, 0, 1u << 20, .arg = "N",
+	  .help = "server, RDMA devices: receives of the queue that a poll group's IO connections "
+		  "on a device share (0: each connection posts its own)" },
 	{ "max-sessions-per-peer", 0, OPT_UINT, &g.max_sessions_per_peer, 1, 100000, .arg = "N",
 	  .help = "server: sessions of one address (default: the library's)" },
 	{ 0 },
@@ -193,6 +196,8 @@ static int run_server(void)
 	o.always_invalidate = !g.no_invalidate;
 	o.busy_poll_us = cfg.opts.busy_poll_us;
 	o.poll_groups = cfg.opts.poll_groups;
+	o.srq_depth = (unsigned)g.srq_depth;
+	o.no_srq = !g.srq_depth;
 	o.auth_keys_file = g.auth_keys;
 	o.auth_name = cfg.opts.auth_server_name;
 	o.max_sessions = (unsigned)g.max_sessions;

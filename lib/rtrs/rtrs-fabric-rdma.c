@@ -83,9 +83,16 @@
 #define RDMA_IB_REJECT_MAX 148
 #define RDMA_IW_PDATA_MAX 255 /* MPA carries 512; rdma_cm's length field is a byte */
 #define RDMA_GROUPS_MAX RTRS_MAX_POLL_GROUPS
-#define RDMA_GCQ_ENTRIES 8192  /* a group's CQ has at least this many entries */
+#define RDMA_GCQ_ENTRIES 8192  /* a group's CQ has at least this many entries (a server's twice) */
 #define RDMA_RETRY_MS 1        /* a retry after -EAGAIN comes this soon without completions */
 #define RDMA_INSERT_WAIT_MS 2000 /* a reused QP number waits this long for its last owner */
+#define RDMA_SRQ_DEFAULT RTRS_DEFAULT_SRQ_DEPTH
+/*
+ * The wait a peer's RNR NAK asks for when a shared receive queue is empty
+ * (IBA's encoding: 10 is 0.32 ms). The CM leaves 0, which is 655 ms.
+ */
+#define RDMA_SRQ_RNR_TIMER 10
+#define RDMA_SRQ_RX 64         /* bytes per receive of a shared receive queue (imm only) */
 /* The IB CM's reject reason for a consumer's reject, which carries its private data. */
 #define RDMA_IB_REJ_CONSUMER 28
 /* ... and the CM's when nothing listens on the service (the port). */
@@ -97,6 +104,7 @@ struct fab {
 	struct ibv_pd *pd;
 	struct fab_attr attr;
 	unsigned max_cqe;          /* the device's largest CQ */
+	unsigned max_srq_wr;       /* the device's largest SRQ (0: it has none) */
 	bool iwarp;
 	bool sigpipe_guard;        /* siw: posting can raise SIGPIPE (below) */
 	bool siw;                  /* holds a siw_plug reference */
@@ -161,6 +169,33 @@ struct rdma_gcq {
 	struct rdma_qpmap map;
 	bool armed;             /* group thread only */
 	unsigned unacked;       /* completion events not yet acknowledged; group thread only */
+	/*
+	 * The shared receive queue whose receives this CQ's QPs may complete
+	 * (one at most), while srq_users of them use it; its srq_count
+	 * entries are reserved in used meanwhile, since every receive could
+	 * complete here. Under g->lock.
+	 */
+	struct rdma_gsrq *srq;
+	unsigned srq_users;
+};
+
+/*
+ * A shared receive queue of a poll group on one device and PD
+ * (rdma_srq_depth receives of RDMA_SRQ_RX bytes, all posted), used by a
+ * server's imm-only connections there: made by the first, destroyed with
+ * the last (users); its CQs reserve room for it (rdma_gcq.srq). The list
+ * and users under g->lock; a connection that holds it posts to it without.
+ */
+struct rdma_gsrq {
+	struct rdma_gsrq *next;
+	struct rdma_group *g;
+	struct ibv_context *verbs;
+	struct ibv_pd *pd;
+	struct ibv_srq *srq;
+	struct ibv_mr *mr;
+	char *buf;
+	unsigned count;
+	unsigned users;
 };
 
 struct rdma_group {
@@ -170,6 +205,7 @@ struct rdma_group {
 	struct rdma_event_channel *ch; /* every connection's CM id, once set up */
 	pthread_mutex_t lock;   /* cqs (adding), map, work, destroy waits */
 	_Atomic(struct rdma_gcq *) cqs;
+	struct rdma_gsrq *srqs; /* under lock */
 	struct fab_con *work;   /* connections with work bits set */
 	struct fab_con *retry;  /* waiting to be kicked again (group thread only) */
 	uint64_t retry_since;
@@ -209,6 +245,7 @@ struct fab_con {
 	uint32_t qpn;           /* its QP's number, kept past the QP */
 	bool in_map;
 	struct fab_rx rx;
+	struct rdma_gsrq *srq;  /* where its receives come from, if shared (gcq->srq) */
 	size_t rx_cap;          /* receives it may post: what its CQ room was reserved for */
 	pthread_mutex_t rx_lock; /* rx pool set up from another thread */
 	atomic_uint work;       /* W_* bits for the group */
@@ -243,6 +280,9 @@ static struct {
 	unsigned users, n;
 	struct rdma_group *g;
 } rgrp = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+/* Receives of a group's shared receive queue per device (fab_rdma_srq); 0: none. */
+static _Atomic unsigned rdma_srq_depth = RDMA_SRQ_DEFAULT;
 
 /* The group whose thread this is, if any. */
 static __thread struct rdma_group *tls_group;
@@ -449,6 +489,7 @@ static int fab_setup_device(struct fab *f, struct ibv_context *verbs)
 		return -errno;
 	f->verbs = verbs;
 	f->max_cqe = (unsigned)MAX(da.max_cqe, 0);
+	f->max_srq_wr = da.max_srq ? (unsigned)MAX(da.max_srq_wr, 0) : 0;
 	f->iwarp = verbs->device->transport_type == IBV_TRANSPORT_IWARP;
 	f->sigpipe_guard = f->iwarp && da.vendor_id == RDMA_SIW_VENDOR_ID;
 	f->siw = f->sigpipe_guard;
@@ -476,9 +517,9 @@ static int fab_setup_device(struct fab *f, struct ibv_context *verbs)
 	 */
 	if ((da.device_cap_flags & IBV_DEVICE_MEM_WINDOW) && da.max_mw > 0)
 		a->win_binds = 255;
-	log_dbg("fabric: device %s (%s), max_qp_wr %d, max_sge %d, max_cqe %d",
+	log_dbg("fabric: device %s (%s), max_qp_wr %d, max_sge %d, max_cqe %d, max_srq_wr %d",
 		ibv_get_device_name(verbs->device), f->iwarp ? "iWARP" : "IB/RoCE", da.max_qp_wr,
-		da.max_sge, da.max_cqe);
+		da.max_sge, da.max_cqe, da.max_srq ? da.max_srq_wr : 0);
 	return 0;
 }
 
@@ -813,6 +854,11 @@ static void nat_connreq_peer(const struct fab_connreq *req, char *buf, size_t le
 
 /* ---- poll groups ------------------------------------------------------------------- */
 
+void fab_rdma_srq(unsigned depth)
+{
+	atomic_store(&rdma_srq_depth, depth);
+}
+
 void fab_rdma_groups(unsigned n)
 {
 	pthread_mutex_lock(&rgrp.lock);
@@ -947,12 +993,171 @@ static void qpmap_del(struct rdma_qpmap *m, uint32_t qpn)
 	}
 }
 
+/* Whether wr_id is a receive buffer of q. */
+static bool srq_owns(const struct rdma_gsrq *q, uint64_t wr_id)
+{
+	const char *p = (const char *)(uintptr_t)wr_id;
+
+	return q && p >= q->buf && p < q->buf + (size_t)q->count * RDMA_SRQ_RX;
+}
+
+/* Posts n receive buffers of q from the one at p on, in chains. */
+static int srq_post(struct rdma_gsrq *q, char *p, unsigned n)
+{
+	struct ibv_sge sge[RDMA_CQ_BATCH];
+	struct ibv_recv_wr wr[RDMA_CQ_BATCH], *bad;
+
+	while (n) {
+		unsigned k = MIN(n, RDMA_CQ_BATCH);
+
+		for (unsigned i = 0; i < k; i++, p += RDMA_SRQ_RX) {
+			sge[i] = (struct ibv_sge){ .addr = (uintptr_t)p, .length = RDMA_SRQ_RX,
+						   .lkey = q->mr->lkey };
+			wr[i] = (struct ibv_recv_wr){ .wr_id = sge[i].addr, .sg_list = &sge[i],
+						      .num_sge = 1,
+						      .next = i + 1 < k ? &wr[i + 1] : NULL };
+		}
+		int rc = ibv_post_srq_recv(q->srq, wr, &bad);
+
+		if (rc)
+			return -rc;
+		n -= k;
+	}
+	return 0;
+}
+
+/* A shared receive goes back to its queue, whatever became of its completion. */
+static void srq_repost(struct rdma_gsrq *q, uint64_t wr_id)
+{
+	int rc = srq_post(q, (char *)(uintptr_t)wr_id, 1);
+
+	if (rc)
+		log_err_rl("rdma group %u: reposting a shared receive failed: %s", q->g->idx,
+			   strerror(-rc));
+}
+
+static void gsrq_free(struct rdma_gsrq *q)
+{
+	if (q->srq && ibv_destroy_srq(q->srq))
+		log_warn("rdma group %u: destroying a shared receive queue: %s", q->g->idx,
+			 strerror(errno));
+	if (q->mr)
+		ibv_dereg_mr(q->mr);
+	free(q->buf);
+	free(q);
+}
+
+/*
+ * The group's shared receive queue on f's device and PD, made with count
+ * receives, every one posted, if it has none; one more user. g->lock held.
+ */
+static int gsrq_get(struct rdma_group *g, struct fab *f, unsigned count, struct rdma_gsrq **out)
+{
+	struct ibv_srq_init_attr sa = { .attr = { .max_wr = count, .max_sge = 1 } };
+	struct rdma_gsrq *q;
+	int rc;
+
+	for (q = g->srqs; q; q = q->next) {
+		if (q->verbs == f->verbs && q->pd == f->pd) {
+			q->users++;
+			*out = q;
+			return 0;
+		}
+	}
+	q = calloc(1, sizeof(*q));
+	if (!q)
+		return -ENOMEM;
+	q->g = g;
+	q->verbs = f->verbs;
+	q->pd = f->pd;
+	q->buf = calloc(count, RDMA_SRQ_RX);
+	if (q->buf)
+		q->mr = ibv_reg_mr(f->pd, q->buf, (size_t)count * RDMA_SRQ_RX,
+				   IBV_ACCESS_LOCAL_WRITE);
+	errno = 0;
+	q->srq = q->mr ? ibv_create_srq(f->pd, &sa) : NULL;
+	if (!q->srq) {
+		rc = errno ? -errno : -ENOMEM;
+		log_err("rdma group %u: a shared receive queue of %u receives on %s: %s", g->idx,
+			count, ibv_get_device_name(f->verbs->device), strerror(-rc));
+		gsrq_free(q);
+		return rc;
+	}
+	q->count = count;
+	rc = srq_post(q, q->buf, count);
+	if (rc) {
+		log_err("rdma group %u: posting the shared receive queue: %s", g->idx,
+			strerror(-rc));
+		gsrq_free(q);
+		return rc;
+	}
+	log_dbg("rdma group %u: a shared receive queue of %u receives on %s", g->idx, count,
+		ibv_get_device_name(f->verbs->device));
+	q->users = 1;
+	q->next = g->srqs;
+	g->srqs = q;
+	*out = q;
+	return 0;
+}
+
+/* One user fewer of q; the last one destroys it (its QP is gone). g->lock held. */
+static void gsrq_put(struct rdma_group *g, struct rdma_gsrq *q)
+{
+	if (--q->users)
+		return;
+	for (struct rdma_gsrq **pp = &g->srqs; *pp; pp = &(*pp)->next) {
+		if (*pp == q) {
+			*pp = q->next;
+			break;
+		}
+	}
+	log_dbg("rdma group %u: the shared receive queue on %s goes", g->idx,
+		ibv_get_device_name(q->verbs->device));
+	gsrq_free(q);
+}
+
+/* What c reserved on its CQ given back, its hold on the SRQ too; g->lock held. */
+static void gcq_unreserve(struct fab_con *c)
+{
+	struct rdma_gcq *q = c->gcq;
+
+	if (!q)
+		return;
+	q->used -= c->cq_reserved;
+	c->cq_reserved = 0;
+	if (c->srq) {
+		if (!--q->srq_users) {
+			q->used -= q->srq->count;
+			q->srq = NULL;
+		}
+		gsrq_put(c->g, c->srq);
+		c->srq = NULL;
+	}
+}
+
+/* Whether q can take n more entries and, with sq, its users (only those with own_srq). */
+static bool gcq_fits(const struct rdma_gcq *q, const struct fab *f, unsigned n,
+		     const struct rdma_gsrq *sq, bool own_srq)
+{
+	if (q->verbs != f->verbs)
+		return false;
+	if (!sq)
+		return q->size - q->used >= n;
+	if (q->srq == sq)
+		return q->size - q->used >= n;
+	return !own_srq && !q->srq && q->size - q->used >= n + sq->count;
+}
+
 /*
  * A CQ of c's group on c's device with room for n more entries: one it
- * has, or a new one. The reservation is c's until it leaves the group.
+ * has, or a new one. With srq (receives), c takes its receives from the
+ * group's shared receive queue on the device (made now if there is none),
+ * and the CQ has room for all of them too (counted once per CQ). The
+ * reservation is c's until it leaves the group.
  */
-static int gcq_reserve(struct fab_con *c, unsigned n)
+static int gcq_reserve(struct fab_con *c, unsigned n, unsigned srq)
 {
+	struct rdma_gsrq *sq = NULL;
 	struct rdma_group *g = c->g;
 	struct fab *f = c->fab;
 	struct rdma_gcq *q;
@@ -963,24 +1168,54 @@ static int gcq_reserve(struct fab_con *c, unsigned n)
 			con_name(c), n, f->max_cqe);
 		return -EINVAL;
 	}
+	if (n + srq > f->max_cqe) {
+		log_err("%s: %u completion queue entries needed with its shared receive queue, "
+			"the device has at most %u", con_name(c), n + srq, f->max_cqe);
+		return -EINVAL;
+	}
 	pthread_mutex_lock(&g->lock);
-	for (q = atomic_load(&g->cqs); q; q = q->next) {
-		if (q->verbs == f->verbs && q->size - q->used >= n) {
-			q->used += n;
+	if (srq) {
+		rc = gsrq_get(g, f, srq, &sq);
+		if (rc) {
 			pthread_mutex_unlock(&g->lock);
-			c->gcq = q;
-			c->cq_reserved = n;
-			return 0;
+			return rc;
 		}
+		srq = sq->count; /* the one there may be of another size */
+	}
+	/*
+	 * With an SRQ, a CQ that has room reserved for it already comes
+	 * first: each other CQ that takes its users reserves that room again.
+	 */
+	q = NULL;
+	for (int pass = sq ? 0 : 1; pass < 2 && !q; pass++)
+		for (q = atomic_load(&g->cqs); q; q = q->next)
+			if (gcq_fits(q, f, n, sq, pass == 0))
+				break;
+	if (q) {
+		unsigned need = n + (sq && q->srq != sq ? srq : 0);
+
+		q->used += need;
+		if (sq) {
+			q->srq = sq;
+			q->srq_users++;
+			c->srq = sq;
+		}
+		pthread_mutex_unlock(&g->lock);
+		c->gcq = q;
+		c->cq_reserved = n;
+		return 0;
 	}
 	q = calloc(1, sizeof(*q));
 	if (!q) {
+		if (sq)
+			gsrq_put(g, sq);
 		pthread_mutex_unlock(&g->lock);
 		return -ENOMEM;
 	}
 	q->g = g;
 	q->verbs = f->verbs;
-	q->size = MIN(MAX(n, RDMA_GCQ_ENTRIES), f->max_cqe);
+	/* A server's are larger: its IO connections' SRQ takes room on each that they use. */
+	q->size = MIN(MAX(n + srq, f->server ? 2 * RDMA_GCQ_ENTRIES : RDMA_GCQ_ENTRIES), f->max_cqe);
 	q->cc = ibv_create_comp_channel(f->verbs);
 	rc = q->cc ? set_nonblock(q->cc->fd) : (errno ? -errno : -ENOMEM);
 	if (!rc) {
@@ -1003,10 +1238,17 @@ static int gcq_reserve(struct fab_con *c, unsigned n)
 		if (q->cc)
 			ibv_destroy_comp_channel(q->cc);
 		free(q);
+		if (sq)
+			gsrq_put(g, sq);
 		pthread_mutex_unlock(&g->lock);
 		return rc;
 	}
-	q->used = n;
+	q->used = n + srq;
+	if (sq) {
+		q->srq = sq;
+		q->srq_users = 1;
+		c->srq = sq;
+	}
 	q->next = atomic_load(&g->cqs);
 	atomic_store(&g->cqs, q); /* published whole: the thread walks the list unlocked */
 	pthread_mutex_unlock(&g->lock);
@@ -1076,8 +1318,15 @@ static bool is_rx_buf(const struct fab_con *c, uint64_t wr_id)
 
 static void rx_repost(struct fab_con *c, uint64_t wr_id)
 {
-	size_t i = (size_t)((char *)(uintptr_t)wr_id - c->rx.buf) / c->rx.size;
-	int rc = rx_post(c, i);
+	size_t i;
+	int rc;
+
+	if (c->srq) {
+		srq_repost(c->srq, wr_id);
+		return;
+	}
+	i = (size_t)((char *)(uintptr_t)wr_id - c->rx.buf) / c->rx.size;
+	rc = rx_post(c, i);
 
 	if (rc && !atomic_load(&c->down)) {
 		log_err("%s: reposting a receive failed: %s", con_name(c), strerror(-rc));
@@ -1124,10 +1373,15 @@ static void tx_complete(struct fab_con *c)
 static void handle_wc(struct fab_con *c, const struct ibv_wc *wc)
 {
 	bool recv = wc->opcode & IBV_WC_RECV;
+	/* Told by its buffer: a failed completion's opcode means nothing. */
+	bool srq_rx = srq_owns(c->srq, wc->wr_id);
 
-	if (atomic_load(&c->destroying))
-		return;
-	if (wc->status != IBV_WC_SUCCESS) {
+	if (atomic_load(&c->destroying) || wc->status != IBV_WC_SUCCESS) {
+		/* A shared receive serves the other connections whatever became of this one. */
+		if (srq_rx)
+			srq_repost(c->srq, wc->wr_id);
+		if (atomic_load(&c->destroying))
+			return;
 		if (atomic_load(&c->down) || atomic_load(&c->shutdown))
 			return; /* flushes after the connection went away */
 		if (wc->status != IBV_WC_WR_FLUSH_ERR)
@@ -1142,7 +1396,7 @@ static void handle_wc(struct fab_con *c, const struct ibv_wc *wc)
 			c->cfg.ops->done(c->cfg.priv, (void *)(uintptr_t)wc->wr_id);
 		return;
 	}
-	if (!is_rx_buf(c, wc->wr_id)) {
+	if (!srq_rx && !is_rx_buf(c, wc->wr_id)) {
 		log_err_rl("%s: receive completion with an unknown buffer", con_name(c));
 		return;
 	}
@@ -1199,6 +1453,18 @@ static void handle_cm(struct fab_con *c, enum rdma_cm_event_type type, int statu
 		con_down(c, rc, NULL, 0);
 		break;
 	case RDMA_CM_EVENT_ESTABLISHED:
+		if (c->srq) {
+			/*
+			 * In RTS (rdma_accept moved it), where the RNR timer may
+			 * change; until now a sender that found the shared queue
+			 * empty was told to wait 655 ms (the CM's 0).
+			 */
+			struct ibv_qp_attr qa = { .min_rnr_timer = RDMA_SRQ_RNR_TIMER };
+
+			if (ibv_modify_qp(c->qp, &qa, IBV_QP_MIN_RNR_TIMER))
+				log_warn_rl("%s: setting the RNR timer: %s", con_name(c),
+					    strerror(errno));
+		}
 		c->cfg.ops->connected(c->cfg.priv, data, len);
 		break;
 	case RDMA_CM_EVENT_REJECTED:
@@ -1303,8 +1569,12 @@ static int gcq_poll(struct rdma_group *g, struct rdma_gcq *q, struct ibv_wc *wcs
 	if (n <= 0)
 		return n < 0 ? -EIO : 0;
 	pthread_mutex_lock(&g->lock);
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < n; i++) {
 		cons[i] = qpmap_find(&q->map, wcs[i].qp_num);
+		/* A shared receive that a connection gone left behind goes back. */
+		if (!cons[i] && srq_owns(q->srq, wcs[i].wr_id))
+			srq_repost(q->srq, wcs[i].wr_id);
+	}
 	pthread_mutex_unlock(&g->lock);
 	for (int i = 0; i < n; i++)
 		if (cons[i])
@@ -1368,9 +1638,7 @@ static void group_release(struct rdma_group *g, struct fab_con *c, struct ibv_wc
 	if (c->in_map)
 		qpmap_del(&c->gcq->map, c->qpn);
 	c->in_map = false;
-	if (c->gcq)
-		c->gcq->used -= c->cq_reserved;
-	c->cq_reserved = 0;
+	gcq_unreserve(c);
 	struct fab_done *dw = c->dw;
 	pthread_mutex_unlock(&g->lock);
 	if (dw) {
@@ -1567,6 +1835,14 @@ static void group_fini(struct rdma_group *g)
 		free(q);
 		q = next;
 	}
+	while (g->srqs) {
+		struct rdma_gsrq *sq = g->srqs;
+
+		log_warn("rdma group %u: a shared receive queue still has %u users", g->idx,
+			 sq->users);
+		g->srqs = sq->next;
+		gsrq_free(sq);
+	}
 	if (g->ch)
 		rdma_destroy_event_channel(g->ch);
 	if (g->epfd >= 0)
@@ -1702,7 +1978,7 @@ static void con_free(struct fab_con *c)
 	free(c->tx_fifo);
 	if (c->cq_reserved) { /* its QP was never made: the group never had it */
 		pthread_mutex_lock(&c->g->lock);
-		c->gcq->used -= c->cq_reserved;
+		gcq_unreserve(c);
 		pthread_mutex_unlock(&c->g->lock);
 	}
 	if (c->g)
@@ -1779,6 +2055,7 @@ static int con_qp(struct fab_con *c)
 	size_t tx = MIN(MAX(cfg->tx_depth, 16), f->attr.max_queue);
 	size_t rx_depth = cfg->rx_depth;
 	size_t rxq = MIN(MAX(MAX(rx_depth, cfg->rx_queue), 16), f->attr.max_queue);
+	unsigned srq = 0;
 	int rc;
 
 	if (c->id->verbs != f->verbs) {
@@ -1790,23 +2067,40 @@ static int con_qp(struct fab_con *c)
 		log_warn("%s: %zu receives wanted, the device grants %zu", con_name(c), rx_depth, rxq);
 		rx_depth = rxq;
 	}
-	rc = gcq_reserve(c, (unsigned)(tx + rxq));
+	/*
+	 * A server's connection that only receives immediates (its IO
+	 * connections) takes them from its group's shared receive queue on the
+	 * device, so that receive memory does not grow with the connections.
+	 * On IB and RoCE a sender that finds it empty waits and retries (RNR,
+	 * without limit: both clients ask for 7); iWARP has no such retry (an
+	 * untagged message without a receive ends the connection), so there
+	 * each connection keeps its own, which its peer's credit never
+	 * overruns.
+	 */
+	if (f->server && rx_depth && !cfg->rx_size && !cfg->rx_queue && f->max_srq_wr && !f->iwarp)
+		srq = MIN(MIN(atomic_load(&rdma_srq_depth), f->max_srq_wr), f->max_cqe / 2);
+	rc = gcq_reserve(c, (unsigned)(tx + (srq ? 0 : rxq)), srq);
 	if (rc)
 		return rc;
-	c->rx_cap = rxq;
 	qa.send_cq = c->gcq->cq;
 	qa.recv_cq = c->gcq->cq;
 	qa.qp_type = IBV_QPT_RC;
 	qa.cap.max_send_wr = (uint32_t)tx;
-	qa.cap.max_recv_wr = (uint32_t)rxq;
 	qa.cap.max_send_sge = (uint32_t)f->attr.iov_limit;
-	qa.cap.max_recv_sge = 1;
+	if (c->srq) {
+		qa.srq = c->srq->srq;
+		rx_depth = 0;
+	} else {
+		c->rx_cap = rxq;
+		qa.cap.max_recv_wr = (uint32_t)rxq;
+		qa.cap.max_recv_sge = 1;
+	}
 	qa.cap.max_inline_data = RDMA_INLINE;
 	errno = 0;
 	if (rdma_create_qp(c->id, f->pd, &qa)) {
 		rc = errno ? -errno : -EIO; /* a provider may fail without saying why */
-		log_err("%s: rdma_create_qp (send %zu, receive %zu): %s", con_name(c), tx, rxq,
-			strerror(-rc));
+		log_err("%s: rdma_create_qp (send %zu, receive %zu%s): %s", con_name(c), tx,
+			c->srq ? (size_t)0 : rxq, c->srq ? ", shared" : "", strerror(-rc));
 		return rc;
 	}
 	c->qp_made = true;

@@ -257,6 +257,12 @@ extern const struct fab_ops fab_rdma_ops;
  * with the last.
  */
 void fab_rdma_groups(unsigned n);
+/*
+ * Receives of the shared receive queue that a server's imm-only connections
+ * of one poll group on one device share (0: each posts its own); for CQs
+ * made from now on.
+ */
+void fab_rdma_srq(unsigned depth);
 /* Group threads running now (0 when no rdma fab is open). */
 unsigned fab_rdma_groups_running(void);
 /* The poll group an rdma connection was placed on for its life; -EINVAL for another fabric's. */

@@ -245,6 +245,7 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 		fab_tcp_groups(o->poll_groups);
 		fab_rdma_groups(o->poll_groups);
 	}
+	fab_rdma_srq(o->no_srq ? 0 : o->srq_depth ? o->srq_depth : RTRS_DEFAULT_SRQ_DEPTH);
 	ctx = calloc(1, sizeof(*ctx));
 	if (!ctx)
 		return -ENOMEM;

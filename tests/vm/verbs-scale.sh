@@ -5,6 +5,11 @@
 # the threads of the server, all along, and of the client once its sessions
 # are open (it opens them from up to 256 threads at once), must stay within
 # the guest's CPUs + 4 (the poll groups: no thread per connection).
+# The server's IO connections share a receive queue per poll group of
+# SRQ receives (32), fewer than the client keeps in flight (64): on rxe,
+# senders find it empty and retry (RNR NAKs, counted by the device, must
+# be seen) and no IO fails; the server's log must name the queue. siw
+# (iWARP, no RNR) keeps a receive queue per connection.
 # Usage: verbs-scale.sh RTRS_PERF ADDR [SESSIONS [IO_CONS]]
 # Exits 0 when every session opened, moved verified data with 0 errors and
 # both processes kept to the bound; prints what it saw.
@@ -14,16 +19,24 @@ addr=${2:?address}
 sessions=${3:-50}
 io_cons=${4:-3}
 port=4801
+srq=${SRQ:-32}
 cpus=$(nproc)
 bound=$((cpus + 4))
 out=$(mktemp /tmp/verbs-scale.XXXXXX)
 err=$(mktemp /tmp/verbs-scale.XXXXXX)
-trap 'kill "$spid" 2>/dev/null; wait 2>/dev/null; rm -f "$out" "$err"' EXIT
+slog=$(mktemp /tmp/verbs-scale.XXXXXX)
+trap 'kill "$spid" 2>/dev/null; wait 2>/dev/null; rm -f "$out" "$err" "$slog"' EXIT
 
 threads() { ls "/proc/$1/task" 2>/dev/null | wc -l; }
+# RNR NAKs the guest's rxe device sent (its receive queue empty), 0 on siw.
+rnr_sent() { cat /sys/class/infiniband/rxe*/ports/1/hw_counters/send_rnr_err 2>/dev/null || echo 0; }
+rxe=false
+ls /sys/class/infiniband/ 2>/dev/null | grep -q '^rxe' && rxe=true
+rnr0=$(rnr_sent)
 
-"$perf" server --provider verbs --addr "$addr" --port $port --queue-depth 16 --chunk-size 16k \
-	--max-sessions $((sessions + 16)) --max-sessions-per-peer $((sessions + 16)) --quiet &
+RTRS_LOG_LEVEL=debug "$perf" server --provider verbs --addr "$addr" --port $port --queue-depth 16 \
+	--chunk-size 16k --srq-depth "$srq" --max-sessions $((sessions + 16)) \
+	--max-sessions-per-peer $((sessions + 16)) --quiet 2>"$slog" &
 spid=$!
 sleep 2 # listening (an RDMA listener shows in no socket table)
 "$perf" client --provider verbs -d "$addr:$port" --sessions "$sessions" --io-connections "$io_cons" \
@@ -44,8 +57,17 @@ wait $cpid
 crc=$?
 grep -v "refused\|rejected" "$err" | tail -n 5
 cat "$out"
-echo "verbs-scale: $sessions sessions x $((io_cons + 1)) connections: server threads at most $smax, client $cmax (bound: $cpus CPUs + 4 = $bound); client exit $crc"
+rnr=$(($(rnr_sent) - rnr0))
+echo "verbs-scale: $sessions sessions x $((io_cons + 1)) connections: server threads at most $smax, client $cmax (bound: $cpus CPUs + 4 = $bound); client exit $crc; shared receive queue of $srq: $rnr RNR NAKs sent"
 rc=0
+if $rxe; then
+	grep -q "a shared receive queue of $srq receives" "$slog" ||
+		{ echo "verbs-scale: the server made no shared receive queue of $srq"; rc=1; }
+	[ "$rnr" -gt 0 ] || { echo "verbs-scale: no sender found the shared receive queue empty"; rc=1; }
+elif grep -q "shared receive queue" "$slog"; then
+	echo "verbs-scale: a shared receive queue on iWARP"
+	rc=1
+fi
 [ $crc -eq 0 ] || { echo "verbs-scale: the client failed"; rc=1; }
 grep -q '"errors":0,"bad":0' "$out" || { echo "verbs-scale: errors or bad bytes"; rc=1; }
 grep -q "\"sessions\":$sessions," "$out" || { echo "verbs-scale: not every session opened"; rc=1; }
