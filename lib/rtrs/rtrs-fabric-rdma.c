@@ -788,9 +788,13 @@ static int nat_lst_process(struct fab_lst *l,
 		size_t len = 0;
 
 		if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
+			char peer[64];
+
 			len = ev->param.conn.private_data_len;
 			if (len && ev->param.conn.private_data)
 				memcpy(data, ev->param.conn.private_data, len);
+			sockaddr_str(rdma_get_peer_addr(ev->id), peer, sizeof(peer));
+			log_dbg("listener: a connection request from %s (%zu bytes)", peer, len);
 		} else {
 			log_dbg("listener: %s (status %d)", rdma_event_str(type), ev->status);
 			if (type == RDMA_CM_EVENT_DEVICE_REMOVAL)
@@ -1536,6 +1540,8 @@ static void group_cm(struct rdma_group *g)
 		else
 			len = 0;
 		rdma_ack_cm_event(ev);
+		log_dbg("%s: %s (status %d)%s", c ? con_name(c) : "rdma group", rdma_event_str(type),
+			status, skip ? ", ignored" : "");
 		if (!skip)
 			handle_cm(c, type, status, data, len);
 	}

@@ -327,8 +327,10 @@ b_kclient_auth_refused() {
 a_kclient_ours_two_paths() {
 	local pid want got
 	ip addr add 198.18.0.11/24 dev eth0
+	# Debug: every CM event the listener and the connections see, for
+	# when the kernel client's second path times out (B prints the log).
 	"$KI_BUILD/daemons/rnbd-server" --provider verbs -p 1234 -m "ram0:${MIB}M" \
-		--log-level info >"$KG_RUN/A-rnbd-server.log" 2>&1 &
+		--log-level debug >"$KG_RUN/A-rnbd-server.log" 2>&1 &
 	pid=$!
 	sleep 1
 	kill -0 "$pid" 2>/dev/null
@@ -362,7 +364,9 @@ b_kclient_ours_two_paths() {
 	# connect of the second path has timed out once in many runs (-110,
 	# no request seen by the server); the first failure is printed above.
 	if ! dev=$(kg_map "$SESS" 198.18.0.1 ram0 "" path=ip:198.18.0.11); then
-		kg_log "the map failed; once more in 2 s"
+		kg_log "the map failed; the server's log until now:"
+		tail -n 40 "$KG_RUN/A-rnbd-server.log"
+		kg_log "once more in 2 s"
 		sleep 2
 		if ! dev=$(kg_map "$SESS" 198.18.0.1 ram0 "" path=ip:198.18.0.11); then
 			kg_check B-map 1
