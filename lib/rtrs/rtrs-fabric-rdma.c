@@ -1082,16 +1082,16 @@ static int gsrq_get(struct rdma_group *g, struct fab *f, unsigned count, struct 
 	q->srq = q->mr ? ibv_create_srq(f->pd, &sa) : NULL;
 	if (!q->srq) {
 		rc = errno ? -errno : -ENOMEM;
-		log_err("rdma group %u: a shared receive queue of %u receives on %s: %s", g->idx,
-			count, ibv_get_device_name(f->verbs->device), strerror(-rc));
+		log_err_rl("rdma group %u: a shared receive queue of %u receives on %s: %s",
+			   g->idx, count, ibv_get_device_name(f->verbs->device), strerror(-rc));
 		gsrq_free(q);
 		return rc;
 	}
 	q->count = count;
 	rc = srq_post(q, q->buf, count);
 	if (rc) {
-		log_err("rdma group %u: posting the shared receive queue: %s", g->idx,
-			strerror(-rc));
+		log_err_rl("rdma group %u: posting the shared receive queue: %s", g->idx,
+			   strerror(-rc));
 		gsrq_free(q);
 		return rc;
 	}
@@ -1154,38 +1154,25 @@ static bool gcq_fits(const struct rdma_gcq *q, const struct fab *f, unsigned n,
 
 /*
  * A CQ of c's group on c's device with room for n more entries: one it
- * has, or a new one. With srq (receives), c takes its receives from the
- * group's shared receive queue on the device (made now if there is none),
- * and the CQ has room for all of them too (counted once per CQ). The
- * reservation is c's until it leaves the group.
+ * has, or a new one. With sq (a hold on the group's shared receive queue,
+ * gsrq_get), c takes its receives from there, and the CQ has room for all
+ * of them too (counted once per CQ); the hold becomes c's, unless this
+ * fails. The reservation is c's until it leaves the group.
  */
-static int gcq_reserve(struct fab_con *c, unsigned n, unsigned srq)
+static int gcq_reserve(struct fab_con *c, unsigned n, struct rdma_gsrq *sq)
 {
-	struct rdma_gsrq *sq = NULL;
+	unsigned srq = sq ? sq->count : 0;
 	struct rdma_group *g = c->g;
 	struct fab *f = c->fab;
 	struct rdma_gcq *q;
 	int rc;
 
-	if (n > f->max_cqe) {
-		log_err("%s: %u completion queue entries needed, the device has at most %u",
-			con_name(c), n, f->max_cqe);
-		return -EINVAL;
-	}
 	if (n + srq > f->max_cqe) {
-		log_err("%s: %u completion queue entries needed with its shared receive queue, "
-			"the device has at most %u", con_name(c), n + srq, f->max_cqe);
+		log_err("%s: %u completion queue entries needed, the device has at most %u",
+			con_name(c), n + srq, f->max_cqe);
 		return -EINVAL;
 	}
 	pthread_mutex_lock(&g->lock);
-	if (srq) {
-		rc = gsrq_get(g, f, srq, &sq);
-		if (rc) {
-			pthread_mutex_unlock(&g->lock);
-			return rc;
-		}
-		srq = sq->count; /* the one there may be of another size */
-	}
 	/*
 	 * With an SRQ, a CQ that has room reserved for it already comes
 	 * first: each other CQ that takes its users reserves that room again.
@@ -1211,8 +1198,6 @@ static int gcq_reserve(struct fab_con *c, unsigned n, unsigned srq)
 	}
 	q = calloc(1, sizeof(*q));
 	if (!q) {
-		if (sq)
-			gsrq_put(g, sq);
 		pthread_mutex_unlock(&g->lock);
 		return -ENOMEM;
 	}
@@ -1242,8 +1227,6 @@ static int gcq_reserve(struct fab_con *c, unsigned n, unsigned srq)
 		if (q->cc)
 			ibv_destroy_comp_channel(q->cc);
 		free(q);
-		if (sq)
-			gsrq_put(g, sq);
 		pthread_mutex_unlock(&g->lock);
 		return rc;
 	}
@@ -2061,6 +2044,7 @@ static int con_qp(struct fab_con *c)
 	size_t tx = MIN(MAX(cfg->tx_depth, 16), f->attr.max_queue);
 	size_t rx_depth = cfg->rx_depth;
 	size_t rxq = MIN(MAX(MAX(rx_depth, cfg->rx_queue), 16), f->attr.max_queue);
+	struct rdma_gsrq *sq = NULL;
 	unsigned srq = 0;
 	int rc;
 
@@ -2085,9 +2069,25 @@ static int con_qp(struct fab_con *c)
 	 */
 	if (f->server && rx_depth && !cfg->rx_size && !cfg->rx_queue && f->max_srq_wr && !f->iwarp)
 		srq = MIN(MIN(atomic_load(&rdma_srq_depth), f->max_srq_wr), f->max_cqe / 2);
-	rc = gcq_reserve(c, (unsigned)(tx + (srq ? 0 : rxq)), srq);
-	if (rc)
+	if (srq) {
+		pthread_mutex_lock(&c->g->lock);
+		rc = gsrq_get(c->g, f, srq, &sq);
+		pthread_mutex_unlock(&c->g->lock);
+		if (rc) {
+			log_warn_rl("%s: no shared receive queue (%s): it posts receives of its own",
+				    con_name(c), strerror(-rc));
+			sq = NULL;
+		}
+	}
+	rc = gcq_reserve(c, (unsigned)(tx + (sq ? 0 : rxq)), sq);
+	if (rc) {
+		if (sq) {
+			pthread_mutex_lock(&c->g->lock);
+			gsrq_put(c->g, sq);
+			pthread_mutex_unlock(&c->g->lock);
+		}
 		return rc;
+	}
 	qa.send_cq = c->gcq->cq;
 	qa.recv_cq = c->gcq->cq;
 	qa.qp_type = IBV_QPT_RC;
