@@ -44,9 +44,9 @@ cat >"$guest" <<'EOF'
 set -u
 role=$1 run=$2 build=$3 here=$4 runs=$5 dur=$6 sessions=$7 srq=$8 bs=$9 qd=${10} rw=${11}
 . "$here/tests/vm/kernel-guest.sh"
+. "$here/bench/kernel-bench-guest.sh"
 KG_NAME=$role KG_RUN=$run
 kg_in_guest || exit 1
-cpu() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
 mem() { # PID NAME: "NAME rss_kib threads"
 	echo "$2 $(awk '/^VmRSS/ { print $2 }' "/proc/$1/status") $(ls "/proc/$1/task" | wc -l)"
 }
@@ -74,10 +74,10 @@ if [ "$role" = A ]; then
 	for n in $(seq $((2 * runs))); do
 		kg_wait "go-$n B-done" 600
 		[ -e "$run/B-done" ] && break
-		cpu >"$run/A-$n.start"
+		kb_cpu >"$run/A-$n.start"
 		kg_signal "ack-$n"
 		kg_wait "end-$n" 600
-		cpu >"$run/A-$n.end"
+		kb_cpu >"$run/A-$n.end"
 		kg_signal "ackend-$n"
 	done
 	kg_wait B-done 900
@@ -105,16 +105,7 @@ n=0
 for r in $(seq "$runs"); do
 	for port in 1235 1236; do
 		n=$((n + 1))
-		kg_signal "go-$n"
-		kg_wait "ack-$n" 60
-		cpu >"$run/B-$n.start"
-		fio --name=bench --filename="${first[$port]}" --rw="$rw" --bs="$bs" --iodepth="$qd" \
-			--ioengine=libaio --direct=1 --time_based --runtime="$dur" --size=4M \
-			--output-format=json >"$run/fio-$n.json" 2>"$run/fio-$n.err"
-		cpu >"$run/B-$n.end"
-		echo "$n $port" >>"$run/order"
-		kg_signal "end-$n"
-		kg_wait "ackend-$n" 60
+		kb_b_run "$n" "$port" "${first[$port]}" "$rw" "$bs" "$qd" "$dur" 4M
 	done
 done
 for d in /sys/block/rnbd*; do echo normal >"$d/rnbd/unmap_device"; done

@@ -47,9 +47,9 @@ cat >"$guest" <<'EOF'
 set -u
 role=$1 run=$2 build=$3 here=$4 runs=$5 dur=$6 bs=$7 qd=$8 rw=$9 inval=${10} prof=${11}
 . "$here/tests/vm/kernel-guest.sh"
+. "$here/bench/kernel-bench-guest.sh"
 KG_NAME=$role KG_RUN=$run
 kg_in_guest || exit 1
-cpu() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
 if [ "$role" = A ]; then
 	kg_load_brd 64 && kg_load_server "always_invalidate=$inval" ||
 		{ echo "A: kernel server not loaded"; exit 1; }
@@ -64,14 +64,14 @@ if [ "$role" = A ]; then
 	for n in $(seq $((2 * runs))); do
 		kg_wait "go-$n B-done" 600
 		[ -e "$run/B-done" ] && break
-		cpu >"$run/A-$n.start"
+		kb_cpu >"$run/A-$n.start"
 		if [ "$prof" = 1 ] && [ "$n" -le 2 ]; then
 			perf record -a -g -q -o "/tmp/perf-$n.data" 2>/dev/null &
 			perf_pid=$!
 		fi
 		kg_signal "ack-$n"
 		kg_wait "end-$n" 600
-		cpu >"$run/A-$n.end"
+		kb_cpu >"$run/A-$n.end"
 		if [ "$prof" = 1 ] && [ "$n" -le 2 ]; then
 			kill -INT "$perf_pid"
 			wait "$perf_pid"
@@ -102,16 +102,7 @@ for r in $(seq "$runs"); do
 		n=$((n + 1))
 		dev=$dk
 		[ "$target" = ours ] && dev=$do
-		kg_signal "go-$n"
-		kg_wait "ack-$n" 60
-		cpu >"$run/B-$n.start"
-		fio --name=bench --filename="$dev" --rw="$rw" --bs="$bs" --iodepth="$qd" \
-			--ioengine=libaio --direct=1 --time_based --runtime="$dur" --size=64M \
-			--output-format=json >"$run/fio-$n.json" 2>"$run/fio-$n.err"
-		cpu >"$run/B-$n.end"
-		echo "$n $target" >>"$run/order"
-		kg_signal "end-$n"
-		kg_wait "ackend-$n" 60
+		kb_b_run "$n" "$target" "$dev" "$rw" "$bs" "$qd" "$dur" 64M
 	done
 done
 kg_unmap "$dk"

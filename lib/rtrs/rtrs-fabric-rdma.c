@@ -203,7 +203,7 @@ struct rdma_group {
 	pthread_t thread;
 	int epfd, efd;
 	struct rdma_event_channel *ch; /* every connection's CM id, once set up */
-	pthread_mutex_t lock;   /* cqs (adding), map, work, destroy waits */
+	pthread_mutex_t lock;   /* cqs (adding), map, srqs, CQ and SRQ room, work, destroy waits */
 	_Atomic(struct rdma_gcq *) cqs;
 	struct rdma_gsrq *srqs; /* under lock */
 	struct fab_con *work;   /* connections with work bits set */
