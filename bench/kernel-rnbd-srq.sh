@@ -121,6 +121,7 @@ args="$run $PWD/build-release $PWD $RUNS $DURATION $SESSIONS $SRQ $BS $QD $RW"
 
 date=$(date -u +%Y-%m-%d)
 png=bench/plots/kernel-rnbd-srq-$date.png
+$record || png=$run/plot.png # the plot goes into bench/plots with --record only
 report=$(/usr/bin/python3 - "$run" "$png" "$SESSIONS" <<'EOF'
 import json, statistics, sys
 run, png, sessions = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -120,6 +120,7 @@ chmod +x "$guest"
 
 date=$(date -u +%Y-%m-%d)
 png=bench/plots/kernel-rnbd-$date-inval$INVAL.png
+$record || png=$run/plot.png # the plot goes into bench/plots with --record only
 report=$(/usr/bin/python3 - "$run" "$png" <<'EOF'
 import json, statistics, sys
 run, png = sys.argv[1], sys.argv[2]
