@@ -207,7 +207,11 @@ struct rtrs_clt_opts {
 /* Fills defaults; returns -EINVAL if size is not one this library knows. */
 int rtrs_clt_opts_init(struct rtrs_clt_opts *opts, size_t size);
 
-/* Opens a session and connects every path; fails as a whole. */
+/*
+ * Opens a session and connects every path: the first alone (it makes the
+ * session at the server), then the others together. Fails as a whole, with
+ * the first failing path's error.
+ */
 int rtrs_clt_open(const struct rtrs_clt_opts *opts, struct rtrs_clt_sess **out);
 
 /*

@@ -991,17 +991,18 @@ static void path_open_call(void *arg)
 
 /*
  * The first connect of a path, for rtrs_clt_open (tries RTRS_OPEN_TRIES)
- * and rtrs_clt_add_path (1), on the caller's thread, which waits for the
- * verdict while the loop runs the attempts. A server that refuses without
- * saying "do not retry", or drops a handshake it had answered, is busy (a
- * storm of clients opening at once) or mid-change (a path it still
- * closes, a host whose proof it is recording): tried again, up to tries
- * times in all, after the reconnect delay and jitter, as a reconnect
- * does. Anything else (no answer, a rejected or missing key, "do not
- * retry") fails the open at once. A session shut down meanwhile ends it
- * with -ESHUTDOWN.
+ * and rtrs_clt_add_path (1), begun on the caller's thread, which then
+ * waits for the verdict (clt_path_open_wait) while the loop runs the
+ * attempts; rtrs_clt_open begins its paths after the first together and
+ * waits for them all. A server that refuses without saying "do not retry",
+ * or drops a handshake it had answered, is busy (a storm of clients
+ * opening at once) or mid-change (a path it still closes, a host whose
+ * proof it is recording): tried again, up to tries times in all, after
+ * the reconnect delay and jitter, as a reconnect does. Anything else (no
+ * answer, a rejected or missing key, "do not retry") fails the open at
+ * once. A session shut down meanwhile ends it with -ESHUTDOWN.
  */
-int clt_path_open(struct clt_path *p, int tries)
+int clt_path_open_begin(struct clt_path *p, int tries)
 {
 	struct rtrs_clt_sess *s = p->sess;
 	int rc;
@@ -1028,6 +1029,14 @@ int clt_path_open(struct clt_path *p, int tries)
 		}
 	}
 	loop_call(s->loop, path_open_call, p);
+	return 0;
+}
+
+/* The verdict on an open begun by clt_path_open_begin (its why in err_detail). */
+int clt_path_open_wait(struct clt_path *p)
+{
+	int rc;
+
 	pthread_mutex_lock(&p->lock);
 	while (!p->conn_done)
 		pthread_cond_wait(&p->cond, &p->lock);
@@ -1036,4 +1045,11 @@ int clt_path_open(struct clt_path *p, int tries)
 		err_detail("%s", p->conn_detail);
 	pthread_mutex_unlock(&p->lock);
 	return rc;
+}
+
+int clt_path_open(struct clt_path *p, int tries)
+{
+	int rc = clt_path_open_begin(p, tries);
+
+	return rc ? rc : clt_path_open_wait(p);
 }

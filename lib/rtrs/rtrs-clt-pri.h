@@ -326,6 +326,8 @@ void clt_path_kick(struct clt_path *p);
 void clt_path_attempt_start(struct clt_path *p);
 void clt_path_attempt_poke(struct clt_path *p);
 void clt_path_attempt_failed(struct clt_path *p, int rc);
+int clt_path_open_begin(struct clt_path *p, int tries);
+int clt_path_open_wait(struct clt_path *p);
 int clt_path_open(struct clt_path *p, int tries);
 
 #endif

@@ -515,8 +515,32 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 		rc = -ESHUTDOWN;
 		goto out_free;
 	}
-	for (size_t i = 0; i < s->paths_num; i++) {
-		rc = clt_path_open(&s->paths[i], RTRS_OPEN_TRIES);
+	/*
+	 * The first path makes the session at the server (a kernel server
+	 * takes a path that is not first only into a session it has): it
+	 * opens alone. The others open together, each with its own tries;
+	 * every one begun is waited for, and the first failure (in path
+	 * order) is the open's.
+	 */
+	rc = clt_path_open(&s->paths[0], RTRS_OPEN_TRIES);
+	if (rc)
+		goto out_free;
+	{
+		size_t begun = 1;
+		int prc;
+
+		for (; begun < s->paths_num; begun++) {
+			prc = clt_path_open_begin(&s->paths[begun], RTRS_OPEN_TRIES);
+			if (prc) {
+				rc = prc;
+				break;
+			}
+		}
+		for (size_t i = 1; i < begun; i++) {
+			prc = clt_path_open_wait(&s->paths[i]);
+			if (prc && !rc)
+				rc = prc;
+		}
 		if (rc)
 			goto out_free;
 	}

@@ -15,14 +15,19 @@
  *   - the server's connection threads carry the session's name once the
  *     session has one, not the "(new)" of before its first path's info;
  *   - a path's fabric is opened on the opener's thread: a slow one (fault
- *     injection) holds no other session's work on the service loops.
+ *     injection) holds no other session's work on the service loops;
+ *   - the paths after the first open together: two that are slow to
+ *     connect (a proxy) come up in the time of one, two silent ones cost
+ *     one connect timeout.
  */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -600,6 +605,198 @@ static void test_unreachable(void)
 	rc = open_client("no!such!host:1234", 500, &s);
 	CHECK_EQ(rc, -ENXIO);
 	CHECK(log_has("no!such!host"), "the name is in the log");
+}
+
+/*
+ * A proxy that is slow to connect: each connection it accepts waits
+ * PROXY_DELAY_MS, then is joined to the server's port and its bytes copied
+ * both ways until either side closes. A path through it takes at least
+ * that long to come up.
+ */
+#define PROXY_DELAY_MS 700
+
+struct proxy {
+	int lfd, port;
+	struct sockaddr_in to;
+	atomic_int pairs;   /* joined connections still copying */
+	pthread_t thr;
+};
+
+struct proxy_pair {
+	struct proxy *px;
+	int fd;
+};
+
+static void *proxy_pair_run(void *arg)
+{
+	struct proxy_pair *pp = arg;
+	struct proxy *px = pp->px;
+	int a = pp->fd, b;
+	char *buf = malloc(65536);
+
+	free(pp);
+	usleep(PROXY_DELAY_MS * 1000);
+	b = socket(AF_INET, SOCK_STREAM, 0);
+	if (buf && b >= 0 && connect(b, (struct sockaddr *)&px->to, sizeof(px->to)) == 0) {
+		struct pollfd pf[2] = { { .fd = a, .events = POLLIN }, { .fd = b, .events = POLLIN } };
+
+		for (;;) {
+			ssize_t n;
+			int from;
+
+			if (poll(pf, 2, 20000) <= 0)
+				break;
+			from = pf[0].revents ? 0 : 1;
+			n = read(pf[from].fd, buf, 65536);
+			if (n <= 0 || write(pf[!from].fd, buf, (size_t)n) != n)
+				break;
+		}
+	}
+	if (b >= 0)
+		close(b);
+	close(a);
+	free(buf);
+	atomic_fetch_sub(&px->pairs, 1);
+	return NULL;
+}
+
+static void *proxy_accept_run(void *arg)
+{
+	struct proxy *px = arg;
+
+	for (;;) {
+		int fd = accept(px->lfd, NULL, NULL);
+		struct proxy_pair *pp;
+		pthread_t t;
+
+		if (fd < 0)
+			return NULL; /* the listener was shut down */
+		pp = malloc(sizeof(*pp));
+		if (!pp) {
+			close(fd);
+			continue;
+		}
+		*pp = (struct proxy_pair){ px, fd };
+		atomic_fetch_add(&px->pairs, 1);
+		if (pthread_create(&t, NULL, proxy_pair_run, pp)) {
+			atomic_fetch_sub(&px->pairs, 1);
+			close(fd);
+			free(pp);
+			continue;
+		}
+		pthread_detach(t);
+	}
+}
+
+/* A proxy to 127.0.0.1:to_port; false when it cannot be set up. */
+static bool proxy_start(struct proxy *px, int to_port)
+{
+	px->to = (struct sockaddr_in){ .sin_family = AF_INET, .sin_port = htons((uint16_t)to_port),
+				       .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	atomic_init(&px->pairs, 0);
+	px->lfd = tcp_socket(true, &px->port);
+	return px->lfd >= 0 && pthread_create(&px->thr, NULL, proxy_accept_run, px) == 0;
+}
+
+/* Stops accepting, then waits for the copies (their client closed). */
+static void proxy_stop(struct proxy *px)
+{
+	shutdown(px->lfd, SHUT_RDWR);
+	pthread_join(px->thr, NULL);
+	close(px->lfd);
+	for (int i = 0; i < 500 && atomic_load(&px->pairs); i++)
+		usleep(10000);
+	CHECK_EQ(atomic_load(&px->pairs), 0);
+}
+
+/* Opens paths to dst, then to the proxy: how long it took, or 0 on failure. */
+static uint64_t open_timed(const char *dst, const char *slow, size_t nslow)
+{
+	struct rtrs_attrs attrs = { .size = sizeof(attrs) };
+	struct rtrs_path_addr paths[3] = { { .dst = dst }, { .dst = slow }, { .dst = slow } };
+	struct rtrs_clt_sess *s = NULL;
+	struct rtrs_clt_opts o;
+	uint64_t t0, took;
+	int rc;
+
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = "test-paths-together";
+	o.paths = paths;
+	o.paths_num = 1 + nslow;
+	o.nr_io_cons = 1;
+	t0 = test_now_ms();
+	rc = rtrs_clt_open(&o, &s);
+	took = test_now_ms() - t0;
+	CHECK(rc == 0, "open of %zu paths: %s", 1 + nslow, strerror(-rc));
+	if (rc)
+		return 0;
+	CHECK_EQ(rtrs_clt_query(s, &attrs), 0);
+	CHECK_EQ(attrs.paths_up, 1 + nslow);
+	rtrs_clt_close(s);
+	return took;
+}
+
+/*
+ * A session's paths after the first open together: paths 1 and 2 through
+ * a proxy that is slow to connect come up in about the time one of them
+ * takes, not two; and with two paths at a port that listens but never
+ * speaks, the open fails with ETIMEDOUT after one connect timeout.
+ */
+static void test_paths_together(void)
+{
+	char a_port[] = "--port", a_zero[] = "0";
+	char *argv[] = { (char *)test_server_path(), a_port, a_zero, NULL };
+	struct proxy px;
+	struct proc srv;
+	char dst[96], slow[32], silent[32];
+	const char *colon;
+	uint64_t one, two, t0, took;
+	struct rtrs_clt_sess *s = NULL;
+	struct rtrs_path_addr paths[3];
+	struct rtrs_clt_opts o;
+	int port, fd, rc;
+
+	if (proc_spawn_server(argv, &srv)) {
+		CHECK(0, "test server started");
+		return;
+	}
+	proc_dst(&srv, dst, sizeof(dst));
+	colon = strrchr(dst, ':');
+	if (!colon || !proxy_start(&px, atoi(colon + 1))) {
+		CHECK(0, "proxy to %s", dst);
+		proc_signal(&srv, SIGTERM, true);
+		return;
+	}
+	snprintf(slow, sizeof(slow), "127.0.0.1:%d", px.port);
+	one = open_timed(dst, slow, 1);
+	two = open_timed(dst, slow, 2);
+	/* One after the other, two slow paths would take twice as long as one. */
+	fprintf(stderr, "paths through a slow proxy: one up in %llu ms, two in %llu ms\n",
+		(unsigned long long)one, (unsigned long long)two);
+	CHECK(one >= PROXY_DELAY_MS && two && two < one + one / 2,
+	      "one slow path came up in %llu ms, two in %llu ms", (unsigned long long)one,
+	      (unsigned long long)two);
+	proxy_stop(&px);
+
+	fd = tcp_socket(true, &port);
+	snprintf(silent, sizeof(silent), "127.0.0.1:%d", port);
+	paths[0] = (struct rtrs_path_addr){ .dst = dst };
+	paths[1] = (struct rtrs_path_addr){ .dst = silent };
+	paths[2] = (struct rtrs_path_addr){ .dst = silent };
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.sessname = "test-paths-silent";
+	o.paths = paths;
+	o.paths_num = 3;
+	o.nr_io_cons = 1;
+	o.connect_timeout_ms = 1000;
+	t0 = test_now_ms();
+	rc = rtrs_clt_open(&o, &s);
+	took = test_now_ms() - t0;
+	CHECK_EQ(rc, -ETIMEDOUT);
+	CHECK(took >= 900 && took < 1900, "two silent paths timed out together: %llu ms",
+	      (unsigned long long)took);
+	close(fd);
+	proc_signal(&srv, SIGTERM, true);
 }
 
 /* ---- a client that breaks the protocol after a correct handshake ---------- */
@@ -1328,6 +1525,8 @@ int main(void)
 	test_slow_fabric_open();
 	if (tcp)
 		test_unreachable(); /* plain TCP sockets play the peer */
+	if (tcp)
+		test_paths_together();
 	test_malformed();
 	test_half_connected();
 	test_rogue_client();
