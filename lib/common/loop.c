@@ -432,6 +432,7 @@ int loop_timer_init(struct loop *l, struct loop_timer *t, void (*cb)(struct loop
 		t->cb = cb;
 		t->idx = LOOP_TIMER_IDLE;
 		t->period_ms = 0;
+		t->slack_ms = 0; /* a timer in memory that was not zeroed fires on time too */
 		t->loop = l;
 	}
 	pthread_mutex_unlock(&l->lock);

@@ -487,6 +487,8 @@ static void path_auth_end(struct clt_path *p, int rc)
 
 	if (!p->auth_active)
 		return;
+	/* The worker lets go of auth first (a step under way is waited for). */
+	offload_cancel(&p->auth_job);
 	p->auth_active = false;
 	if (!rc) {
 		atomic_fetch_add(&p->stat_auth_runs, 1);
@@ -512,6 +514,7 @@ enum clt_cst {
 	CST_IDLE,  /* no attempt */
 	CST_CON,   /* connection cst_cid asked for: waits for the server's answer */
 	CST_AUTH,  /* authenticating on connection 0: waits for the server's next message */
+	CST_AUTH_CALC, /* ... which an offload worker answers (auth_job): waits for it */
 	CST_INFO,  /* the info request sent: waits for the response */
 	CST_DONE,  /* leave(): the path is established */
 	CST_NR,
@@ -561,23 +564,76 @@ static int cst_auth_ready(struct clt_path *p)
 	return p->auth_rx_len ? 1 : p->cons[0].err;
 }
 
+/* The server's message goes to the worker (CST_AUTH_CALC). */
 static int cst_auth_leave(struct clt_path *p)
 {
-	char msg[RTRS_AUTH_MSG_MAX];
-	enum rtrs_auth_step step;
-	size_t len, out_len = 0;
-	int rc = 0;
-
 	pthread_mutex_lock(&p->lock);
-	len = p->auth_rx_len;
-	memcpy(msg, p->auth_rx, len);
+	p->auth_msg_len = p->auth_rx_len;
+	memcpy(p->auth_msg, p->auth_rx, p->auth_rx_len);
 	p->auth_rx_len = 0;
 	pthread_mutex_unlock(&p->lock);
-	step = rtrs_auth_clt_step(&p->auth, msg, len, p->auth_tx, sizeof(p->auth_tx), &out_len);
-	if (out_len)
-		rc = fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL);
-	if (!rc && step == RTRS_AUTH_FAILED)
-		rc = p->auth.err ? p->auth.err : -EACCES;
+	return CST_AUTH_CALC;
+}
+
+/* Offload worker: the answer to the server's message (a DH exchange, maybe). */
+static void path_auth_job(struct offload_job *j)
+{
+	struct clt_path *p = container_of(j, struct clt_path, auth_job);
+
+	p->auth_out_len = 0;
+	err_detail_clear();
+	p->auth_step = rtrs_auth_clt_step(&p->auth, p->auth_msg, p->auth_msg_len, p->auth_tx,
+					  sizeof(p->auth_tx), &p->auth_out_len);
+	/* The why of a refusal is this thread's: the loop takes it with the verdict. */
+	snprintf(p->auth_detail, sizeof(p->auth_detail), "%s", err_detail_get());
+}
+
+/* Offload worker, the pool's lock held: the loop takes the answer. */
+static void path_auth_job_done(struct offload_job *j)
+{
+	clt_path_kick(container_of(j, struct clt_path, auth_job));
+}
+
+static int cst_auth_calc_enter(struct clt_path *p)
+{
+	int rc = offload_submit(&p->auth_job);
+
+	if (rc == -EAGAIN) {
+		/* No worker to be had: the loop answers itself. */
+		path_auth_job(&p->auth_job);
+		atomic_store(&p->auth_job.state, OFFLOAD_DONE);
+		clt_path_kick(p);
+		rc = 0;
+	}
+	return rc;
+}
+
+/*
+ * The answer is waited for even when connection 0 went down meanwhile: a
+ * FAILURE1 being read tells more than the close after it (the step's timer
+ * still bounds the wait).
+ */
+static int cst_auth_calc_ready(struct clt_path *p)
+{
+	return atomic_load(&p->auth_job.state) == OFFLOAD_DONE;
+}
+
+static int cst_auth_calc_leave(struct clt_path *p)
+{
+	enum rtrs_auth_step step;
+	int rc = 0;
+
+	if (!offload_take(&p->auth_job))
+		return -EIO; /* ready said done */
+	step = (enum rtrs_auth_step)p->auth_step;
+	if (p->auth_detail[0])
+		err_detail("%s", p->auth_detail);
+	if (p->auth_out_len)
+		rc = fab_send(p->cons[0].c.fc, p->auth_tx, p->auth_out_len, p->auth_tx_mr.desc,
+			      NULL);
+	/* The verdict before a send that failed: the server may have closed already. */
+	if (step == RTRS_AUTH_FAILED)
+		return p->auth.err ? p->auth.err : -EACCES;
 	if (rc)
 		return rc;
 	if (step != RTRS_AUTH_DONE)
@@ -619,6 +675,8 @@ static const struct clt_cst_def clt_cst_table[CST_NR] = {
 	[CST_IDLE] = { "idle", NULL, NULL, NULL },
 	[CST_CON] = { "connect", cst_con_enter, cst_con_ready, cst_con_leave },
 	[CST_AUTH] = { "authenticate", NULL, cst_auth_ready, cst_auth_leave },
+	[CST_AUTH_CALC] = { "authenticate (computing)", cst_auth_calc_enter, cst_auth_calc_ready,
+			    cst_auth_calc_leave },
 	[CST_INFO] = { "info", cst_info_enter, cst_info_ready, cst_info_leave },
 	[CST_DONE] = { "done", NULL, NULL, NULL },
 };
@@ -794,15 +852,23 @@ void clt_path_attempt_failed(struct clt_path *p, int rc)
 			 strerror(-rc), atomic_load(&p->attempts));
 }
 
+static bool cst_is_auth(unsigned st)
+{
+	return st == CST_AUTH || st == CST_AUTH_CALC;
+}
+
 /* Arms the step's timer and sends what the step waits an answer to. */
 static int path_enter(struct clt_path *p, enum clt_cst st)
 {
 	bool fresh = p->cst != st || st == CST_CON;
+	/* The whole authentication shares one deadline, the computing included. */
+	bool auth_on = cst_is_auth(p->cst) && cst_is_auth(st);
 
 	p->cst = st;
 	if (!fresh)
 		return 0; /* the same step goes on: its timer too */
-	loop_timer_arm(&p->conn_timer, p->sess->connect_timeout_ms, 0);
+	if (!auth_on)
+		loop_timer_arm(&p->conn_timer, p->sess->connect_timeout_ms, 0);
 	return clt_cst_table[st].enter ? clt_cst_table[st].enter(p) : 0;
 }
 
@@ -846,7 +912,12 @@ static void path_step(struct clt_path *p, bool timeout)
 		 */
 		pthread_mutex_lock(&p->lock);
 		rc = d->ready(p);
-		if (rc <= 0 && path_gave_up(p))
+		/*
+		 * An answer being computed is waited for (the job is bounded,
+		 * and a close must wait for it anyway): what it makes of a
+		 * FAILURE1 tells more than the failure that followed it.
+		 */
+		if (rc <= 0 && path_gave_up(p) && (p->cst != CST_AUTH_CALC || timeout))
 			rc = path_gave_up(p);
 		pthread_mutex_unlock(&p->lock);
 		if (rc == 0) {
@@ -898,6 +969,7 @@ void clt_path_attempt_poke(struct clt_path *p)
 int clt_path_conn_init(struct clt_path *p)
 {
 	loop_work_init(&p->conn_work, path_conn_work);
+	offload_job_init(&p->auth_job, path_auth_job, path_auth_job_done);
 	return loop_timer_init(p->sess->loop, &p->conn_timer, path_conn_timer);
 }
 

@@ -8,6 +8,7 @@
 #define RTRS_CLT_PRI_H
 
 #include "rtrs-auth-sm.h"
+#include "offload.h"
 #include "rtrs-path.h"
 
 struct rtrs_permit {
@@ -147,6 +148,17 @@ struct clt_path {
 	struct fab_mr auth_tx_mr;
 	char auth_rx[RTRS_AUTH_MSG_MAX];
 	size_t auth_rx_len;         /* under lock: a message waits */
+	/*
+	 * CST_AUTH_CALC: the server's message in auth_msg is answered on an
+	 * offload worker (a DH exchange is too slow for the loop): the job
+	 * owns auth, auth_tx and the results below until the loop takes it.
+	 */
+	struct offload_job auth_job;
+	char auth_msg[RTRS_AUTH_MSG_MAX];
+	size_t auth_msg_len;
+	int auth_step;              /* enum rtrs_auth_step, the job's verdict */
+	size_t auth_out_len;        /* bytes of auth_tx to send */
+	char auth_detail[512];      /* the job's err_detail, for the loop's (rtrs_last_error) */
 	/* The reconnect decision's inputs and its last verdict. */
 	atomic_bool fail_dnr;       /* do not retry: the server said so, or it changed */
 	atomic_int refused_err;     /* the errno the server first refused this attempt with */

@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "loop.h"
+#include "offload.h"
 #include "rtrs-fabric-fake-pri.h"
 #include "util.h"
 
@@ -35,6 +36,7 @@ int fake_init(void)
 	if (rc)
 		return rc;
 	loop_test_clock(fk_loop_idle);
+	offload_idle_hook(fk_loop_idle);
 	rc = -pthread_create(&fk_net.pump, NULL, fk_pump_thread, NULL);
 	fk_net.pump_started = !rc;
 	return rc;
@@ -393,10 +395,10 @@ int fake_eagain(const char *sess, const char *host, int cid, bool server, unsign
 	return found;
 }
 
-/* Nothing the pump may deliver, no callback running, every loop idle. */
+/* Nothing the pump may deliver, no callback or offloaded job running, every loop idle. */
 static bool settled(void *arg)
 {
-	if (fk_net.pump_busy || fk_pump_next())
+	if (fk_net.pump_busy || fk_pump_next() || !offload_idle())
 		return false;
 	for (struct fab_con *c = fk_net.cons; c; c = c->next)
 		if (c->in_cb)

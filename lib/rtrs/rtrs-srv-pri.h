@@ -7,6 +7,7 @@
 #ifndef RTRS_SRV_PRI_H
 #define RTRS_SRV_PRI_H
 
+#include "offload.h"
 #include "rtrs-auth-sm.h"
 #include "rtrs-path.h"
 #include "rtrs-srv-hs.h"
@@ -119,11 +120,27 @@ struct srv_path {
 	 * the loop and from connection 0's completion thread.
 	 */
 	_Atomic int hs;
-	/* Authentication: cid 0's completion thread runs it. */
+	/*
+	 * Authentication: cid 0's completion thread queues each message in
+	 * auth_in (under auth_lock; a client sends one and waits, so a third
+	 * waiting is a protocol error) and an offload worker answers them in
+	 * order (auth_job, srv_auth_job: a DH exchange is too slow for a poll
+	 * group); the job owns auth, auth_msg and auth_tx. srv_path_stop waits
+	 * for it before the connections go.
+	 */
 	struct rtrs_auth_txn auth;
 	char auth_host[RTRS_AUTH_WIRE_NAME]; /* who, once authenticated */
 	char auth_tx[RTRS_AUTH_MSG_MAX];
 	struct fab_mr auth_tx_mr;
+	struct offload_job auth_job;
+	pthread_mutex_t auth_lock;
+	struct {
+		char buf[RTRS_AUTH_MSG_MAX];
+		size_t len;
+	} auth_in[2];
+	unsigned auth_in_n;
+	char auth_msg[RTRS_AUTH_MSG_MAX]; /* the one being answered */
+	size_t auth_msg_len;
 	/* A refusal went out (FAILURE1 or a verdict): close once the client had time to read it. */
 	atomic_uint_fast64_t close_at_ms;
 	int close_err;

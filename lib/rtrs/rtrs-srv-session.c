@@ -37,11 +37,11 @@ int srv_hs_step(struct srv_path *p, enum rtrs_srv_hs_event ev, const char **why)
 }
 
 /*
- * An authentication message on connection 0 of a path being established,
- * on that connection's completion thread: the crypto (DH too) runs here,
- * off the service loop.
+ * Offload worker: answers the authentication message in p->auth_msg (the
+ * crypto, a DH exchange too, runs here: on a poll group it would hold every
+ * other connection of the group).
  */
-static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
+static void srv_auth_answer(struct srv_path *p)
 {
 	struct rtrs_srv_ctx *ctx = p->sess->ctx;
 	enum rtrs_auth_step step;
@@ -56,8 +56,9 @@ static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
 		srv_fail_path(p, rc);
 		return;
 	}
+	step = rtrs_auth_srv_step(&p->auth, p->auth_msg, p->auth_msg_len, p->auth_tx,
+				  sizeof(p->auth_tx), &out_len);
 	atomic_store(&p->progress_ms, loop_now_ms());
-	step = rtrs_auth_srv_step(&p->auth, buf, len, p->auth_tx, sizeof(p->auth_tx), &out_len);
 	/*
 	 * Before the answer goes out: once the client reads SUCCESS1 it may
 	 * request its next connection at once, and srv_on_connreq (on the
@@ -102,6 +103,92 @@ static void srv_auth_recv(struct srv_path *p, const void *buf, size_t len)
 	}
 }
 
+/* The information request on connection 0 of a path being established. */
+static void srv_info_recv(struct srv_path *p, const void *buf, size_t len)
+{
+	const char *why = NULL;
+	int rc;
+
+	rc = srv_hs_step(p, SRV_HS_EV_MSG, &why);
+	if (rc) {
+		log_err_rl("%s: %s; closing the path (handshake %s)", path_name(p), why,
+			   rtrs_srv_hs_state_str(atomic_load(&p->hs)));
+		srv_fail_path(p, rc);
+		return;
+	}
+	rc = rtrs_info_req_decode(buf, len, p->sess->ext, &p->info, &why);
+	if (rc) {
+		log_err("%s: invalid info request: %s", path_name(p), why);
+		srv_fail_path(p, rc);
+		return;
+	}
+	loop_queue(p->sess->ctx->loop, &p->info_work);
+}
+
+/* Offload worker: the messages waiting, in the order they came. */
+static void srv_auth_job(struct offload_job *j)
+{
+	struct srv_path *p = container_of(j, struct srv_path, auth_job);
+
+	for (;;) {
+		pthread_mutex_lock(&p->auth_lock);
+		if (!p->auth_in_n) {
+			pthread_mutex_unlock(&p->auth_lock);
+			return;
+		}
+		p->auth_msg_len = p->auth_in[0].len;
+		memcpy(p->auth_msg, p->auth_in[0].buf, p->auth_in[0].len);
+		if (--p->auth_in_n)
+			p->auth_in[0] = p->auth_in[1];
+		pthread_mutex_unlock(&p->auth_lock);
+		if (rtrs_msg_type(p->auth_msg, p->auth_msg_len) == RTRS_MSG_AUTH)
+			srv_auth_answer(p);
+		else
+			srv_info_recv(p, p->auth_msg, p->auth_msg_len);
+	}
+}
+
+/*
+ * A message on connection 0 of a path being established, on that
+ * connection's completion thread. Authentication messages are queued for
+ * an offload worker (srv_auth_job), which checks each against the
+ * handshake in turn; so is any message that comes while some wait or one
+ * is answered (a bidirectional client sends SUCCESS2 and its information
+ * request back to back: they are taken in that order). A client sends one
+ * authentication message and waits for the answer, so a third message
+ * waiting is a protocol error. False when msg is for the caller (nothing
+ * waits).
+ */
+static bool srv_auth_recv(struct srv_path *p, const void *buf, size_t len, bool auth)
+{
+	int st;
+	bool full;
+
+	pthread_mutex_lock(&p->auth_lock);
+	st = atomic_load(&p->auth_job.state);
+	if (!auth && !p->auth_in_n && st != OFFLOAD_QUEUED && st != OFFLOAD_RUNNING) {
+		pthread_mutex_unlock(&p->auth_lock);
+		return false;
+	}
+	full = len > sizeof(p->auth_in[0].buf) || p->auth_in_n == 2;
+	if (!full) {
+		memcpy(p->auth_in[p->auth_in_n].buf, buf, len);
+		p->auth_in[p->auth_in_n++].len = len;
+	}
+	pthread_mutex_unlock(&p->auth_lock);
+	if (full) {
+		log_err("%s: %s; closing the path", path_name(p),
+			len > sizeof(p->auth_in[0].buf) ? "a handshake message too long"
+							: "messages before the last was answered");
+		srv_fail_path(p, -EPROTO);
+		return true;
+	}
+	atomic_store(&p->progress_ms, loop_now_ms());
+	if (offload_submit(&p->auth_job) == -EAGAIN)
+		srv_auth_job(&p->auth_job); /* no worker to be had: here, then */
+	return true;
+}
+
 static void srv_con_recv(void *priv, void *buf, size_t len)
 {
 	struct srv_con *con = container_of(priv, struct srv_con, c);
@@ -133,24 +220,8 @@ static void srv_con_recv(void *priv, void *buf, size_t len)
 		srv_fail_path(p, -EPROTO);
 		return;
 	}
-	if (rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
-		srv_auth_recv(p, buf, len);
-		return;
-	}
-	rc = srv_hs_step(p, SRV_HS_EV_MSG, &why);
-	if (rc) {
-		log_err_rl("%s: %s; closing the path (handshake %s)", path_name(p), why,
-			   rtrs_srv_hs_state_str(atomic_load(&p->hs)));
-		srv_fail_path(p, rc);
-		return;
-	}
-	rc = rtrs_info_req_decode(buf, len, p->sess->ext, &p->info, &why);
-	if (rc) {
-		log_err("%s: invalid info request: %s", path_name(p), why);
-		srv_fail_path(p, rc);
-		return;
-	}
-	loop_queue(p->sess->ctx->loop, &p->info_work);
+	if (!srv_auth_recv(p, buf, len, rtrs_msg_type(buf, len) == RTRS_MSG_AUTH))
+		srv_info_recv(p, buf, len);
 }
 
 static void srv_con_connected(void *priv, const void *data, size_t len)
@@ -416,6 +487,11 @@ void srv_path_stop(struct srv_path *p, int err)
 	loop_timer_arm(&p->base.hb.timer, 0, 0);
 	/* Requests waiting on this path for a busy chunk: the client's path fails them. */
 	srv_defers_cancel(p);
+	/*
+	 * An authentication answer being computed finishes first (it sends on
+	 * connection 0): at most one DH exchange of waiting, on this loop.
+	 */
+	offload_cancel(&p->auth_job);
 	/* Responses that never got out are dropped: the client's path fails them. */
 	rtrs_path_destroy_cons(&p->base);
 	srv_ops_abandon(p);
@@ -799,6 +875,8 @@ static void path_fini(struct srv_path *p)
 	free(p->fence_keys);
 	free(p->info_rsp);
 	srv_keys_release(p->sess, &p->keys);
+	offload_cancel(&p->auth_job);
+	pthread_mutex_destroy(&p->auth_lock);
 	rtrs_auth_txn_end(&p->auth);
 	for (unsigned i = 0; p->cons && i < p->base.nr_cons; i++) {
 		rtrs_con_fini(&p->cons[i].c);
@@ -825,6 +903,8 @@ int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	srv_peer_host_of(peer, p->peer_host, sizeof(p->peer_host));
 	snprintf(p->name_new, sizeof(p->name_new), "%s/%s", s->name[0] ? s->name : "(new)", peer);
 	atomic_init(&p->hs, rtrs_srv_hs_initial(ctx->auth_required));
+	offload_job_init(&p->auth_job, srv_auth_job, NULL);
+	pthread_mutex_init(&p->auth_lock, NULL);
 	rtrs_auth_srv_begin(&p->auth, &ctx->auth_cfg, p->name_new);
 	p->cons = calloc(req->cid_num, sizeof(*p->cons));
 	p->base.cons = calloc(req->cid_num, sizeof(*p->base.cons));

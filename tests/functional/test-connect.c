@@ -16,6 +16,9 @@
  *     session has one, not the "(new)" of before its first path's info;
  *   - a path's fabric is opened on the opener's thread: a slow one (fault
  *     injection) holds no other session's work on the service loops;
+ *   - the DH-HMAC-CHAP steps (ffdhe8192) run on offload workers: the
+ *     client's service loops keep their timers and, on one poll group, an
+ *     open session keeps its IO going meanwhile;
  *   - the paths after the first open together: two that are slow to
  *     connect (a proxy) come up in the time of one, two silent ones cost
  *     one connect timeout.
@@ -42,6 +45,7 @@
 #include "harness.h"
 #include "logcap.h"
 #include "loop.h"
+#include "offload.h"
 #include "rtrs-fabric.h"
 #include "rtrs-proto.h"
 #include "rtrs.h"
@@ -437,6 +441,175 @@ static void test_slow_fabric_open(void)
 		rtrs_clt_close(sl.s);
 	rtrs_srv_close(srv);
 #endif
+}
+
+/*
+ * The DH-HMAC-CHAP steps run on offload workers, not on a client's service
+ * loop nor on a server's poll group: with one poll group for the whole
+ * process, while a second session authenticates with ffdhe8192 (about 150
+ * ms of CPU for each side's step on this machine's kind), a timer on each
+ * shared client loop keeps firing every 5 ms, and the first session's
+ * requests keep completing (each within 100 ms; on the group, one would
+ * wait for the server's step), and a worker did the steps.
+ */
+struct loop_probe {
+	struct loop_timer t;
+	_Atomic uint64_t last, max_gap;
+};
+
+static void probe_tick(struct loop_timer *t)
+{
+	struct loop_probe *pr = container_of(t, struct loop_probe, t);
+	uint64_t now = test_now_ms(), last = atomic_load(&pr->last);
+
+	if (last && now - last > atomic_load(&pr->max_gap))
+		atomic_store(&pr->max_gap, now - last);
+	atomic_store(&pr->last, now);
+}
+
+static void probe_stop(void *arg)
+{
+	loop_timer_fini(arg);
+}
+
+/* Requests one after another on a session, each answered (with -EIO) by the server. */
+struct io_probe {
+	struct rtrs_clt_sess *s;
+	atomic_bool stop;
+	_Atomic uint64_t max_ms, done;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool answered;
+};
+
+static void io_probe_conf(void *priv, int err)
+{
+	struct io_probe *io = priv;
+
+	(void)err;
+	pthread_mutex_lock(&io->lock);
+	io->answered = true;
+	pthread_cond_signal(&io->cond);
+	pthread_mutex_unlock(&io->lock);
+}
+
+static void *io_probe_run(void *arg)
+{
+	struct io_probe *io = arg;
+	static char hdr[16], buf[4096];
+	struct rtrs_clt_req_ops ops = { .priv = io, .conf = io_probe_conf };
+	struct iovec usr = { hdr, sizeof(hdr) }, data = { buf, sizeof(buf) };
+
+	while (!atomic_load(&io->stop)) {
+		struct rtrs_permit *pm = rtrs_clt_get_permit(io->s, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+		uint64_t t0 = test_now_ms();
+
+		if (!pm)
+			break;
+		io->answered = false;
+		if (rtrs_clt_request(io->s, RTRS_READ, &ops, pm, &usr, 1, &data, 1) == 0) {
+			pthread_mutex_lock(&io->lock);
+			while (!io->answered)
+				pthread_cond_wait(&io->cond, &io->lock);
+			pthread_mutex_unlock(&io->lock);
+		}
+		rtrs_clt_put_permit(io->s, pm);
+		if (test_now_ms() - t0 > atomic_load(&io->max_ms))
+			atomic_store(&io->max_ms, test_now_ms() - t0);
+		atomic_fetch_add(&io->done, 1);
+		usleep(2000);
+	}
+	return NULL;
+}
+
+static void test_dh_off_loop(void)
+{
+	static const char key[] = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+	static const char host[] = "nqn.2014-08.org.nvmexpress:uuid:test-dh-off-loop";
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_path_addr path = { .dst = NULL };
+	struct loop_probe pr[LOOP_SHARED_MAX];
+	struct loop *loops[LOOP_SHARED_MAX];
+	struct io_probe io = { .lock = PTHREAD_MUTEX_INITIALIZER,
+			       .cond = PTHREAD_COND_INITIALIZER };
+	struct rtrs_clt_sess *a = NULL, *b = NULL;
+	struct rtrs_srv_opts so;
+	struct rtrs_clt_opts o;
+	struct rtrs_srv_ctx *srv;
+	char keys[] = "/tmp/test-dh-keys.XXXXXX", dst[96];
+	uint64_t gap = 0;
+	unsigned workers = 0;
+	pthread_t t;
+	int port, fd, rc;
+
+	fd = mkstemp(keys);
+	CHECK(fd >= 0, "key file");
+	if (fd < 0)
+		return;
+	dprintf(fd, "%s %s\n", host, key);
+	close(fd);
+	/* One poll group: the first session's IO shares it with the second's handshake. */
+	fab_tcp_groups(1);
+	fab_rdma_groups(1);
+	srv_opts(&so, 16);
+	so.auth_keys_file = keys;
+	so.auth_dhgroups = "ffdhe8192";
+	srv = srv_start(&ops, &so, &port);
+	snprintf(dst, sizeof(dst), "%s:%d", test_addr(), port);
+	path.dst = dst;
+	rtrs_clt_opts_init(&o, sizeof(o));
+	o.provider = test_provider();
+	o.paths = &path;
+	o.paths_num = 1;
+	o.nr_io_cons = 1;
+	o.auth_host_name = host;
+	o.auth_secret = key;
+	o.auth_dhgroups = "ffdhe8192";
+	o.sessname = "dh-first";
+	rc = rtrs_clt_open(&o, &a);
+	CHECK(rc == 0, "an ffdhe8192 session opens: %s", strerror(-rc));
+	if (rc)
+		goto out;
+	io.s = a;
+	CHECK_EQ(pthread_create(&t, NULL, io_probe_run, &io), 0);
+	/* Both shared client loops: the second session takes one of them. */
+	for (unsigned i = 0; i < LOOP_SHARED_MAX; i++) {
+		CHECK_EQ(loop_shared_get("rtrs-clt", &loops[i]), 0);
+		atomic_init(&pr[i].last, 0);
+		atomic_init(&pr[i].max_gap, 0);
+		CHECK_EQ(loop_timer_init(loops[i], &pr[i].t, probe_tick), 0);
+		loop_timer_arm(&pr[i].t, 5, 5);
+	}
+	usleep(50 * 1000);
+	o.sessname = "dh-second";
+	rc = rtrs_clt_open(&o, &b);
+	workers = offload_workers();
+	CHECK(rc == 0, "a second ffdhe8192 session opens: %s", strerror(-rc));
+	for (unsigned i = 0; i < LOOP_SHARED_MAX; i++) {
+		loop_call(loops[i], probe_stop, &pr[i].t);
+		gap = MAX(gap, atomic_load(&pr[i].max_gap));
+		loop_shared_put(loops[i]);
+	}
+	atomic_store(&io.stop, true);
+	pthread_join(t, NULL);
+	fprintf(stderr, "ffdhe8192 open: the client loops' longest stall %llu ms; the open session's "
+		"slowest request of %llu %llu ms; %u offload workers\n", (unsigned long long)gap,
+		(unsigned long long)atomic_load(&io.done), (unsigned long long)atomic_load(&io.max_ms),
+		workers);
+	CHECK(workers >= 1, "an offload worker computed the steps");
+	CHECK(gap < 100, "a client loop stalled %llu ms during the DH steps",
+	      (unsigned long long)gap);
+	CHECK(atomic_load(&io.done) >= 10 && atomic_load(&io.max_ms) < 100,
+	      "the open session's slowest of %llu requests took %llu ms during the DH steps",
+	      (unsigned long long)atomic_load(&io.done), (unsigned long long)atomic_load(&io.max_ms));
+	if (!rc)
+		rtrs_clt_close(b);
+	rtrs_clt_close(a);
+out:
+	rtrs_srv_close(srv);
+	fab_tcp_groups(0);
+	fab_rdma_groups(0);
+	unlink(keys);
 }
 
 static void test_malformed(void)
@@ -1523,6 +1696,7 @@ int main(void)
 	test_thread_names();
 	test_reconnect_threads();
 	test_slow_fabric_open();
+	test_dh_off_loop();
 	if (tcp)
 		test_unreachable(); /* plain TCP sockets play the peer */
 	if (tcp)

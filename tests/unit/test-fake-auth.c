@@ -82,10 +82,10 @@ static bool answer_to_con1(const struct fake_ev *ev, void *arg)
 }
 
 /*
- * Runs inside srv_auth_recv, on the thread that delivered the client's
+ * Runs inside srv_auth_answer, on the offload worker answering the client's
  * REPLY, the moment the server posts SUCCESS1: SUCCESS1 arrives at once,
  * the client requests connection 1, and the server's loop answers that
- * request, all before srv_auth_recv goes on past its fab_send.
+ * request, all before srv_auth_answer goes on past its fab_send.
  */
 static void success1_posted(struct fake_ev *ev, void *arg)
 {
@@ -108,7 +108,7 @@ static void success1_posted(struct fake_ev *ev, void *arg)
 
 /*
  * The ordering race found in srv_auth_recv (commit a8951cb restored the
- * order): the server must record that the host proved itself
+ * order; srv_auth_answer now): the server must record that the host proved itself
  * (auth_host_ok) before SUCCESS1 leaves. Here the client's connection 1
  * reaches the server between the send and the rest of srv_auth_recv; with
  * the order wrong the server refuses it (-EACCES) and the open needs a
@@ -127,6 +127,8 @@ static void auth_success1_race(void)
 	CHECK(rep != NULL);
 	if (rep)
 		CHECK_EQ(fake_deliver(rep), 0);
+	/* The REPLY is answered on an offload worker: the hook runs there. */
+	CHECK_EQ(fake_settle(), 0);
 	fake_on_post(NULL, NULL, NULL, NULL);
 	CHECK(r.ran, "SUCCESS1 was posted");
 	CHECK(r.answer == FAKE_ACCEPT, "connection 1, requested as SUCCESS1 arrived, was %s",
@@ -173,6 +175,8 @@ static void auth_dup_negotiate(void)
 		CHECK_EQ(fake_deliver(ev), 0);
 	if (rep)
 		CHECK_EQ(fake_deliver(rep), 0);
+	/* Answered (an offload worker) before the client's close can drop it. */
+	CHECK_EQ(fake_settle(), 0);
 	fake_hold(NULL, NULL);
 	CHECK_EQ(clt_open_join(&c), -EKEYREJECTED);
 	CHECK_EQ(fake_settle(), 0);
@@ -194,7 +198,7 @@ static void auth_dup_negotiate(void)
  */
 static void auth_dup_challenge(void)
 {
-	struct fake_ev *chal, *dup;
+	struct fake_ev *chal, *dup, *rep;
 	struct clt c;
 
 	if (!auth_setup(&c, KEY_A))
@@ -205,7 +209,14 @@ static void auth_dup_challenge(void)
 	if (dup) {
 		CHECK_EQ(fake_deliver(chal), 0);
 		/* Answered: the client has taken the first one. */
-		CHECK(ev_appears(match, &to_srv_reply, "the client's REPLY"));
+		rep = fake_wait_ev(match, &to_srv_reply, "the client's REPLY");
+		/*
+		 * The server answers it (an offload worker does) before the
+		 * copy reaches the client: its SUCCESS1 waits, held.
+		 */
+		if (rep)
+			CHECK_EQ(fake_deliver(rep), 0);
+		CHECK(ev_appears(match, &to_clt_success1, "the server's SUCCESS1"));
 		CHECK_EQ(fake_deliver(dup), 0);
 	}
 	CHECK(ev_appears(match, &(struct m){ .dir = TO_SRV, .auth = AUTH(RTRS_AUTH_FAILURE2) },

@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Offload: a few worker threads, shared by the process, for work too slow
+ * for a service loop or a poll group (a DH-HMAC-CHAP step: a Diffie-Hellman
+ * exchange in ffdhe8192 costs about 150 ms of CPU). Workers are made when
+ * jobs wait and none is free, up to half the CPUs but at least two (a
+ * process that is client and server, as tests are, answers both sides at
+ * once) and at most OFFLOAD_WORKERS_MAX, and end after OFFLOAD_IDLE_MS
+ * without work: a process that offloads nothing has none.
+ *
+ * A job runs fn on a worker, then, under the pool's lock, is marked done and
+ * notify runs (queue the owner's loop work: it must not block or call into
+ * this module). After notify the worker never touches the job again, so
+ * once offload_cancel returns the owner may reuse or free the job and what
+ * fn worked on. Jobs run in the order they were submitted. A job submitted
+ * again while fn runs (fn handed its result over itself, and the next input
+ * came) runs again once fn returns, without a notify in between.
+ */
+#ifndef RTRS_COMMON_OFFLOAD_H
+#define RTRS_COMMON_OFFLOAD_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#define OFFLOAD_WORKERS_MAX 4
+#define OFFLOAD_IDLE_MS 5000
+
+enum offload_state {
+	OFFLOAD_IDLE,    /* never submitted, cancelled, or done and seen */
+	OFFLOAD_QUEUED,
+	OFFLOAD_RUNNING,
+	OFFLOAD_DONE,
+};
+
+struct offload_job {
+	void (*fn)(struct offload_job *j);     /* on a worker */
+	void (*notify)(struct offload_job *j); /* on the worker, under the pool's lock */
+	struct offload_job *next;
+	_Atomic int state;                     /* enum offload_state */
+	bool again;                            /* submitted while running (pool's lock) */
+};
+
+static inline void offload_job_init(struct offload_job *j, void (*fn)(struct offload_job *j),
+				    void (*notify)(struct offload_job *j))
+{
+	j->fn = fn;
+	j->notify = notify;
+	j->next = NULL;
+	j->again = false;
+	atomic_init(&j->state, OFFLOAD_IDLE);
+}
+
+/*
+ * Queues j; one already queued: -EBUSY; one running: it runs again after.
+ * -EAGAIN when no worker exists and none can be made (the caller may run
+ * fn itself).
+ */
+int offload_submit(struct offload_job *j);
+/* True once fn has returned and notify ran; the state goes back to idle. */
+bool offload_take(struct offload_job *j);
+/*
+ * j is out of the pool when this returns: taken off the queue if it had not
+ * started, waited for if it runs. Any thread but a worker.
+ */
+void offload_cancel(struct offload_job *j);
+/* No job queued or running (the fake fabric's tests: nothing is still to come). */
+bool offload_idle(void);
+/*
+ * Tests: fn runs (on the worker, no lock of this module held) each time the
+ * pool becomes idle, so that a waiter for offload_idle() is woken.
+ */
+void offload_idle_hook(void (*fn)(void));
+/* Workers alive now, for tests. */
+unsigned offload_workers(void);
+
+#endif
