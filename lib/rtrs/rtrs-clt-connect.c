@@ -512,6 +512,7 @@ static void path_auth_end(struct clt_path *p, int rc)
  */
 enum clt_cst {
 	CST_IDLE,  /* no attempt */
+	CST_OPEN,  /* the fabric opened again (its device went) on an offload worker: waits for it */
 	CST_CON,   /* connection cst_cid asked for: waits for the server's answer */
 	CST_AUTH,  /* authenticating on connection 0: waits for the server's next message */
 	CST_AUTH_CALC, /* ... which an offload worker answers (auth_job): waits for it */
@@ -526,6 +527,71 @@ struct clt_cst_def {
 	int (*ready)(struct clt_path *p);  /* 1: came; 0: not yet; < 0: the attempt fails */
 	int (*leave)(struct clt_path *p);  /* the next step, or < 0: the attempt fails */
 };
+
+static int path_fab_open(struct clt_path *p, struct fab **out);
+static int path_gave_up(struct clt_path *p);
+
+/* Offload worker: a name or an RDMA address to resolve may take seconds. */
+static void path_open_job(struct offload_job *j)
+{
+	struct clt_path *p = container_of(j, struct clt_path, open_job);
+
+	p->fab_opened = NULL;
+	p->open_rc = path_fab_open(p, &p->fab_opened);
+	if (p->open_rc)
+		p->fab_opened = NULL;
+}
+
+static void path_open_job_done(struct offload_job *j)
+{
+	clt_path_kick(container_of(j, struct clt_path, open_job));
+}
+
+static int cst_open_enter(struct clt_path *p)
+{
+	int rc = offload_submit(&p->open_job);
+
+	if (rc == -EAGAIN) {
+		path_open_job(&p->open_job); /* no worker to be had: here, then */
+		atomic_store(&p->open_job.state, OFFLOAD_DONE);
+		clt_path_kick(p);
+		rc = 0;
+	}
+	return rc;
+}
+
+/* Waited for whatever else happens (path_step): the job holds the fabric it opens. */
+static int cst_open_ready(struct clt_path *p)
+{
+	return atomic_load(&p->open_job.state) == OFFLOAD_DONE;
+}
+
+/* The fence message's registration, then connection 0. */
+static int path_fab_ready(struct clt_path *p)
+{
+	int rc = fab_mr_reg(p->fab, &p->fence_msg, sizeof(p->fence_msg), FAB_MR_LOCAL,
+			    &p->fence_mr);
+
+	return rc ? rc : CST_CON;
+}
+
+static int cst_open_leave(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	int rc;
+
+	if (!offload_take(&p->open_job))
+		return -EIO; /* ready said done */
+	if (p->open_rc) {
+		log_err("%s: cannot resolve %s:%s with provider %s: %s", p->name, p->host, p->port,
+			s->provider, strerror(-p->open_rc));
+		return p->open_rc;
+	}
+	p->fab = p->fab_opened;
+	p->fab_opened = NULL;
+	rc = path_gave_up(p);
+	return rc ? rc : path_fab_ready(p);
+}
 
 static int cst_con_enter(struct clt_path *p)
 {
@@ -673,6 +739,7 @@ static int cst_info_leave(struct clt_path *p)
 
 static const struct clt_cst_def clt_cst_table[CST_NR] = {
 	[CST_IDLE] = { "idle", NULL, NULL, NULL },
+	[CST_OPEN] = { "open", cst_open_enter, cst_open_ready, cst_open_leave },
 	[CST_CON] = { "connect", cst_con_enter, cst_con_ready, cst_con_leave },
 	[CST_AUTH] = { "authenticate", NULL, cst_auth_ready, cst_auth_leave },
 	[CST_AUTH_CALC] = { "authenticate (computing)", cst_auth_calc_enter, cst_auth_calc_ready,
@@ -723,6 +790,16 @@ static void path_open_finish(struct clt_path *p, int rc)
 	p->conn_done = true;
 	pthread_cond_broadcast(&p->cond);
 	pthread_mutex_unlock(&p->lock);
+}
+
+/* A fabric the open job made and the attempt did not take is closed (any thread but a worker). */
+void clt_path_open_job_end(struct clt_path *p)
+{
+	offload_cancel(&p->open_job);
+	if (p->fab_opened) {
+		fab_close(p->fab_opened);
+		p->fab_opened = NULL;
+	}
 }
 
 /* The attempt is over, either way: no step, no step timer, out of the count. */
@@ -797,6 +874,7 @@ void clt_path_attempt_failed(struct clt_path *p, int rc)
 	else if (st == CST_INFO)
 		log_err("%s: info exchange failed: %s", p->name, strerror(-rc));
 	path_auth_end(p, rc);
+	clt_path_open_job_end(p);
 	clt_path_destroy_cons(p);
 	clt_path_release(p);
 	if (rc == -ENODEV) {
@@ -888,7 +966,7 @@ static int path_gave_up(struct clt_path *p)
  * Takes the attempt as far as what has come allows; timeout: the step's
  * timer fired. Loop thread.
  */
-static void path_step(struct clt_path *p, bool timeout)
+static void path_step(struct clt_path *p, bool timeout, bool force)
 {
 	for (;;) {
 		const struct clt_cst_def *d = &clt_cst_table[p->cst];
@@ -910,18 +988,23 @@ static void path_step(struct clt_path *p, bool timeout)
 		 * the close after it); a failure of the path or the session
 		 * closing before a connection's own error.
 		 */
+		/*
+		 * An offload job under way is waited for, unless the attempt
+		 * is ended by force (a close, a disconnect: clt_path_attempt_poke):
+		 * what an authentication answer makes of a FAILURE1 tells more
+		 * than the failure that followed it, and a fabric being opened
+		 * is the job's until it is done (its own resolution bounds it).
+		 */
+		bool wait_job = !force && (p->cst == CST_OPEN ||
+					   (p->cst == CST_AUTH_CALC && !timeout));
+
 		pthread_mutex_lock(&p->lock);
 		rc = d->ready(p);
-		/*
-		 * An answer being computed is waited for (the job is bounded,
-		 * and a close must wait for it anyway): what it makes of a
-		 * FAILURE1 tells more than the failure that followed it.
-		 */
-		if (rc <= 0 && path_gave_up(p) && (p->cst != CST_AUTH_CALC || timeout))
+		if (rc <= 0 && !wait_job && path_gave_up(p))
 			rc = path_gave_up(p);
 		pthread_mutex_unlock(&p->lock);
 		if (rc == 0) {
-			if (!timeout)
+			if (!timeout || wait_job)
 				return;
 			rc = -ETIMEDOUT;
 		}
@@ -938,17 +1021,18 @@ static void path_step(struct clt_path *p, bool timeout)
 			return;
 		}
 		timeout = false;
+		force = false;
 	}
 }
 
 static void path_conn_work(struct loop_work *w)
 {
-	path_step(container_of(w, struct clt_path, conn_work), false);
+	path_step(container_of(w, struct clt_path, conn_work), false, false);
 }
 
 static void path_conn_timer(struct loop_timer *t)
 {
-	path_step(container_of(t, struct clt_path, conn_timer), true);
+	path_step(container_of(t, struct clt_path, conn_timer), true, false);
 }
 
 /* Any thread: something an attempt of p may wait for happened. */
@@ -963,13 +1047,14 @@ void clt_path_kick(struct clt_path *p)
 /* Loop thread: an attempt in progress, or an open between two tries, takes note of a failure or close now. */
 void clt_path_attempt_poke(struct clt_path *p)
 {
-	path_step(p, false);
+	path_step(p, false, true);
 }
 
 int clt_path_conn_init(struct clt_path *p)
 {
 	loop_work_init(&p->conn_work, path_conn_work);
 	offload_job_init(&p->auth_job, path_auth_job, path_auth_job_done);
+	offload_job_init(&p->open_job, path_open_job, path_open_job_done);
 	return loop_timer_init(p->sess->loop, &p->conn_timer, path_conn_timer);
 }
 
@@ -978,8 +1063,6 @@ int clt_path_conn_init(struct clt_path *p)
  * message's registration, connection 0 asked for. On failure the attempt
  * ends as any other (clt_path_attempt_failed). Loop thread.
  */
-static int path_fab_open(struct clt_path *p);
-
 void clt_path_attempt_start(struct clt_path *p)
 {
 	struct rtrs_clt_sess *s = p->sess;
@@ -1014,30 +1097,25 @@ void clt_path_attempt_start(struct clt_path *p)
 	if (p->opening)
 		err_detail_clear(); /* the loop's: what this attempt says (path_open_finish) */
 	p->cst = CST_CON; /* an attempt from here on: a failure ends it */
-	if (!p->fab) {
-		/*
-		 * The opener's thread tried (clt_path_open) and failed; otherwise
-		 * a fabric closed after its device went is opened again here.
-		 */
+	if (!p->fab && p->fab_open_rc) {
+		/* The opener's thread tried (clt_path_open) and failed. */
 		rc = p->fab_open_rc;
 		p->fab_open_rc = 0;
-		if (!rc)
-			rc = path_fab_open(p);
-		if (rc) {
-			p->fab = NULL;
-			log_err("%s: cannot resolve %s:%s with provider %s: %s", p->name, p->host,
-				p->port, s->provider, strerror(-rc));
-			p->cst = CST_IDLE; /* nothing to say about a connection */
-			clt_path_attempt_failed(p, rc);
-			return;
-		}
+		log_err("%s: cannot resolve %s:%s with provider %s: %s", p->name, p->host,
+			p->port, s->provider, strerror(-rc));
+		p->cst = CST_IDLE; /* nothing to say about a connection */
+		clt_path_attempt_failed(p, rc);
+		return;
 	}
-	rc = fab_mr_reg(p->fab, &p->fence_msg, sizeof(p->fence_msg), FAB_MR_LOCAL,
-			&p->fence_mr);
-	if (!rc) {
-		p->cst = CST_IDLE;
-		rc = path_enter(p, CST_CON);
-	}
+	/*
+	 * A fabric closed after its device went is opened again on an offload
+	 * worker (CST_OPEN): resolving may take seconds, which on the loop
+	 * would hold every session's heartbeats.
+	 */
+	p->cst = CST_IDLE;
+	rc = p->fab ? path_fab_ready(p) : CST_OPEN;
+	if (rc >= 0)
+		rc = path_enter(p, (enum clt_cst)rc);
 	if (rc) {
 		clt_path_attempt_failed(p, rc);
 		return;
@@ -1046,10 +1124,10 @@ void clt_path_attempt_start(struct clt_path *p)
 }
 
 /* The server's queue depth is not known yet: asks for room for a large one. */
-static int path_fab_open(struct clt_path *p)
+static int path_fab_open(struct clt_path *p, struct fab **out)
 {
 	return fab_open(p->sess->provider, p->src[0] ? p->src : NULL, p->host, p->port, false,
-			RTRS_CLT_QUEUE_HINT, &p->fab);
+			RTRS_CLT_QUEUE_HINT, out);
 }
 
 static void path_open_call(void *arg)
@@ -1094,7 +1172,7 @@ int clt_path_open_begin(struct clt_path *p, int tries)
 	 */
 	p->fab_open_rc = 0;
 	if (!p->fab) {
-		rc = path_fab_open(p);
+		rc = path_fab_open(p, &p->fab);
 		if (rc) {
 			p->fab = NULL;
 			p->fab_open_rc = rc;

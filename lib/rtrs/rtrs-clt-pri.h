@@ -134,6 +134,10 @@ struct clt_path {
 	int open_attempt;           /* ... and this is its attempt number, of open_tries */
 	int open_tries;
 	int fab_open_rc;            /* the opener's fab_open failed so (clt_path_open) */
+	/* CST_OPEN: a fabric opened again on an offload worker (after its device went). */
+	struct offload_job open_job;
+	struct fab *fab_opened;     /* the job's fabric, until the loop takes it */
+	int open_rc;
 	bool attempt_counted;       /* a reconnect in clt_reconnects_running */
 	bool conn_done;             /* the opener's verdict, conn_rc, is in */
 	int conn_rc;
@@ -338,6 +342,7 @@ void clt_path_kick(struct clt_path *p);
 void clt_path_attempt_start(struct clt_path *p);
 void clt_path_attempt_poke(struct clt_path *p);
 void clt_path_attempt_failed(struct clt_path *p, int rc);
+void clt_path_open_job_end(struct clt_path *p);
 int clt_path_open_begin(struct clt_path *p, int tries);
 int clt_path_open_wait(struct clt_path *p);
 int clt_path_open(struct clt_path *p, int tries);

@@ -316,6 +316,9 @@ static void path_fini(struct clt_path *p)
 	loop_timer_fini(&p->conn_timer);
 	if (!p->sess)
 		return;
+	/* No offload job may still hold the path. */
+	offload_cancel(&p->auth_job);
+	clt_path_open_job_end(p);
 	rtrs_path_fini(&p->base);
 	clt_path_release_mrs(p);
 	fab_close(p->fab);

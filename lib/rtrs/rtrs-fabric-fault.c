@@ -42,6 +42,7 @@ struct fault_set {
 	uint8_t paths_uuid[RTRS_UUID_LEN];
 	bool kernel_client;
 	unsigned open_delay_ms;
+	bool down_nodev;
 	/* stale_rkey: the first key each chunk id was written with. */
 	pthread_mutex_t key_lock;
 	uint64_t *first_key;
@@ -71,7 +72,7 @@ struct fault_con {
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fault_set *g_set;
-static atomic_uint_fast64_t st_eagain, st_delayed, st_stale, st_uuids, st_kernel;
+static atomic_uint_fast64_t st_eagain, st_delayed, st_stale, st_uuids, st_kernel, st_nodev;
 
 static struct fault_fab *ff_of(struct fab *f)
 {
@@ -124,7 +125,7 @@ static int fault_set_new(const struct rtrs_fault *f, struct fault_set **out)
 
 	*out = NULL;
 	if (!f || (!f->eagain_every && !f->delay_us && !f->stale_rkey && !f->paths_uuid &&
-		   !f->kernel_client && !f->open_delay_ms))
+		   !f->kernel_client && !f->open_delay_ms && !f->down_nodev))
 		return 0;
 	if (f->eagain_every == 1 || f->delay_us > FAULT_MAX_DELAY_US ||
 	    f->open_delay_ms > FAULT_MAX_DELAY_US / 1000 ||
@@ -143,6 +144,7 @@ static int fault_set_new(const struct rtrs_fault *f, struct fault_set **out)
 	fs->stale_rkey = f->stale_rkey;
 	fs->kernel_client = f->kernel_client;
 	fs->open_delay_ms = f->open_delay_ms;
+	fs->down_nodev = f->down_nodev;
 	if (f->paths_uuid) {
 		fs->set_uuid = true;
 		memcpy(fs->paths_uuid, f->paths_uuid, strlen(f->paths_uuid));
@@ -182,6 +184,7 @@ RTRS_EXPORT void rtrs_fault_get_stats(struct rtrs_fault_stats *st)
 	st->stale_keys = atomic_load(&st_stale);
 	st->uuids = atomic_load(&st_uuids);
 	st->kernel_reqs = atomic_load(&st_kernel);
+	st->nodev = atomic_load(&st_nodev);
 }
 
 /* ---- connection callbacks: the owner's, with the faults in between ---------- */
@@ -208,6 +211,10 @@ static void fault_down(void *priv, int err, const void *data, size_t len)
 {
 	struct fault_con *c = priv;
 
+	if (c->client && c->fs->down_nodev) {
+		atomic_fetch_add(&st_nodev, 1);
+		err = -ENODEV;
+	}
 	c->user_ops->down(c->user_priv, err, data, len);
 }
 
@@ -277,7 +284,8 @@ static int fault_open(const char *prov, const char *src, const char *node, const
 			;
 	}
 	slow = fs && fault_slow(fs, src);
-	client_faults = fs && !server && (fs->stale_rkey || fs->set_uuid || fs->kernel_client);
+	client_faults = fs && !server &&
+			(fs->stale_rkey || fs->set_uuid || fs->kernel_client || fs->down_nodev);
 	if (!fs || (!fs->eagain_every && !slow && !client_faults)) {
 		fault_set_put(fs);
 		return fab_impl(prov)->open(prov, src, node, service, server, queue, out);
@@ -297,12 +305,13 @@ static int fault_open(const char *prov, const char *src, const char *node, const
 	ff->fs = fs;
 	ff->server = server;
 	ff->delay_us = slow ? fs->delay_us : 0;
-	log_warn("fault injection: %s %s:%s:%s%s%s%s%s", server ? "listening on" : "connecting to",
+	log_warn("fault injection: %s %s:%s:%s%s%s%s%s%s", server ? "listening on" : "connecting to",
 		 node ? node : "*", service ? service : "*",
 		 fs->eagain_every ? " every write may be refused" : "",
 		 slow ? " slow" : "", client_faults && fs->stale_rkey ? " stale keys" : "",
 		 client_faults && fs->set_uuid ? " claimed session uuid" : "",
-		 client_faults && fs->kernel_client ? " as a kernel client" : "");
+		 client_faults && fs->kernel_client ? " as a kernel client" : "",
+		 client_faults && fs->down_nodev ? " downs as a removed device" : "");
 	*out = (struct fab *)(void *)ff;
 	return 0;
 }

@@ -67,6 +67,13 @@ struct rtrs_fault {
 	 * at most 10000.
 	 */
 	unsigned open_delay_ms;
+	/*
+	 * Client: a connection of a fabric opened under it that goes down
+	 * (refused, reset, timed out) reports -ENODEV instead, as rdma-core
+	 * does when its device is removed: an attempt failing so closes the
+	 * path's fabric, and the next attempt opens it again.
+	 */
+	bool down_nodev;
 };
 
 /*
@@ -83,6 +90,7 @@ struct rtrs_fault_stats {
 	uint64_t stale_keys;  /* writes sent with an older key than the client gave */
 	uint64_t uuids;       /* connection requests sent with paths_uuid */
 	uint64_t kernel_reqs; /* connection requests sent as a kernel client's */
+	uint64_t nodev;       /* connections reported down with -ENODEV (down_nodev) */
 };
 
 void rtrs_fault_get_stats(struct rtrs_fault_stats *st);

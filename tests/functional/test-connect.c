@@ -19,6 +19,8 @@
  *   - the DH-HMAC-CHAP steps (ffdhe8192) run on offload workers: the
  *     client's service loops keep their timers and, on one poll group, an
  *     open session keeps its IO going meanwhile;
+ *   - a path whose device went opens its fabric again on an offload worker:
+ *     the service loops keep their timers meanwhile;
  *   - the paths after the first open together: two that are slow to
  *     connect (a proxy) come up in the time of one, two silent ones cost
  *     one connect timeout.
@@ -610,6 +612,88 @@ out:
 	fab_tcp_groups(0);
 	fab_rdma_groups(0);
 	unlink(keys);
+}
+
+/*
+ * A path whose device went (fault injection: its connections report
+ * -ENODEV) opens its fabric again on an offload worker: with the fabric
+ * taking 1.5 s to open, the server gone and back, the path reconnects and
+ * the client's service loops keep their 5 ms timers meanwhile (on the loop
+ * the open would stall them 1.5 s).
+ */
+static void test_device_gone_reopen(void)
+{
+#ifdef RTRS_FAULT_INJECTION
+	enum { OPEN_MS = 1500 };
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_path_addr path = { .dst = NULL };
+	struct rtrs_fault f = { .down_nodev = true, .open_delay_ms = OPEN_MS };
+	struct rtrs_fault_stats fst;
+	struct loop_probe pr[LOOP_SHARED_MAX];
+	struct loop *loops[LOOP_SHARED_MAX];
+	struct rtrs_clt_sess *s = NULL;
+	struct rtrs_path_stats st = { .size = sizeof(st) };
+	struct rtrs_srv_opts so;
+	struct rtrs_clt_opts o;
+	struct rtrs_srv_ctx *srv;
+	char dst[96];
+	uint64_t gap = 0, t0, took = 0;
+	int port, rc;
+
+	srv = srv_and_clt(&ops, &so, &o, &path, dst, sizeof(dst), &port);
+	o.sessname = "device-gone";
+	o.reconnect_delay_ms = 100;
+	o.reconnect_jitter_ms = 0;
+	o.max_reconnect_attempts = -1;
+	CHECK_EQ(rtrs_fault_set(&f), 0);
+	rc = rtrs_clt_open(&o, &s);
+	CHECK(rc == 0, "open: %s", strerror(-rc));
+	if (rc)
+		goto out;
+	for (unsigned i = 0; i < LOOP_SHARED_MAX; i++) {
+		CHECK_EQ(loop_shared_get("rtrs-clt", &loops[i]), 0);
+		atomic_init(&pr[i].last, 0);
+		atomic_init(&pr[i].max_gap, 0);
+		CHECK_EQ(loop_timer_init(loops[i], &pr[i].t, probe_tick), 0);
+		loop_timer_arm(&pr[i].t, 5, 5);
+	}
+	/* Gone: the path fails, a reconnect is refused with -ENODEV, the fabric closes. */
+	t0 = test_now_ms();
+	rtrs_srv_close(srv);
+	usleep(400 * 1000);
+	so.port = (uint16_t)port;
+	srv = srv_start(&ops, &so, &port);
+	for (int i = 0; i < 1000; i++) {
+		struct rtrs_attrs a = { .size = sizeof(a) };
+
+		if (rtrs_clt_query(s, &a) == 0) {
+			took = test_now_ms() - t0;
+			break;
+		}
+		usleep(10 * 1000);
+	}
+	for (unsigned i = 0; i < LOOP_SHARED_MAX; i++) {
+		loop_call(loops[i], probe_stop, &pr[i].t);
+		gap = MAX(gap, atomic_load(&pr[i].max_gap));
+		loop_shared_put(loops[i]);
+	}
+	rtrs_fault_get_stats(&fst);
+	CHECK_EQ(rtrs_clt_path_stats(s, 0, &st), 0);
+	fprintf(stderr, "device gone: path back after %llu ms, %llu reconnect failures, %llu "
+		"-ENODEV downs, the client loops' longest stall %llu ms\n",
+		(unsigned long long)took, (unsigned long long)st.reconnect_failures,
+		(unsigned long long)fst.nodev, (unsigned long long)gap);
+	CHECK(took >= OPEN_MS, "the path came back after %llu ms: its fabric was not opened again",
+	      (unsigned long long)took);
+	CHECK(fst.nodev >= 1, "a connection went down with -ENODEV");
+	CHECK(log_has("opening a fabric to"), "the fabric was opened again");
+	CHECK(gap < 500, "a client loop stalled %llu ms while the fabric opened again",
+	      (unsigned long long)gap);
+	rtrs_clt_close(s);
+out:
+	CHECK_EQ(rtrs_fault_set(NULL), 0);
+	rtrs_srv_close(srv);
+#endif
 }
 
 static void test_malformed(void)
@@ -1697,6 +1781,7 @@ int main(void)
 	test_reconnect_threads();
 	test_slow_fabric_open();
 	test_dh_off_loop();
+	test_device_gone_reopen();
 	if (tcp)
 		test_unreachable(); /* plain TCP sockets play the peer */
 	if (tcp)
