@@ -69,6 +69,14 @@
 #define RDMA_RESOLVE_MS 5000   /* address and route resolution */
 #define RDMA_INLINE 64         /* inline bytes asked for: immediates' data, key records */
 #define RDMA_SGE_MAX 16        /* local vectors per operation, at most */
+/*
+ * Providers round a send queue up to a power of two (rxe: its entries and
+ * one more): a depth up to this far past one is cut to just below it, which
+ * halves the ring and the CQ room it reserves (a queue depth of 512 with its
+ * 16 spare entries asked for 528, and got 1024). Posts beyond it wait in
+ * the connection's pending list, as on any full queue.
+ */
+#define RDMA_SQ_SLACK 32
 #define RDMA_CHAIN_MAX 16      /* work requests in one post (fab_post) */
 #define RDMA_CHAIN_SGE 48      /* ... and their vectors */
 #define RDMA_IMM_MSG_LEN 4     /* an immediate carried as a message (iWARP) */
@@ -2036,12 +2044,22 @@ static int con_new(struct fab *f, const struct fab_con_cfg *cfg, struct fab_con 
  * The QP on c->id (which is resolved, or a request's), its CQ room in the
  * group, its place in the group's table and the receive pool.
  */
+/* want, or just below the power of two it is at most RDMA_SQ_SLACK past. */
+static size_t sq_depth(size_t want)
+{
+	size_t p = 1;
+
+	while (p <= (want + 1) / 2)
+		p *= 2; /* the largest power of two not above want + 1 */
+	return p > 16 && want + 1 - p <= RDMA_SQ_SLACK ? p - 1 : want;
+}
+
 static int con_qp(struct fab_con *c)
 {
 	struct fab *f = c->fab;
 	const struct fab_con_cfg *cfg = &c->cfg;
 	struct ibv_qp_init_attr qa = { 0 };
-	size_t tx = MIN(MAX(cfg->tx_depth, 16), f->attr.max_queue);
+	size_t tx = MIN(sq_depth(MAX(cfg->tx_depth, 16)), f->attr.max_queue);
 	size_t rx_depth = cfg->rx_depth;
 	size_t rxq = MIN(MAX(MAX(rx_depth, cfg->rx_queue), 16), f->attr.max_queue);
 	struct rdma_gsrq *sq = NULL;
