@@ -34,6 +34,18 @@ static void pool_init(void)
 	pool.max = (unsigned)MIN(MAX(ncpu / 2, 2), OFFLOAD_WORKERS_MAX);
 }
 
+/* Pool's lock held: j at the queue's end. */
+static void queue_push(struct offload_job *j)
+{
+	j->next = NULL;
+	atomic_store(&j->state, OFFLOAD_QUEUED);
+	if (pool.tail)
+		pool.tail->next = j;
+	else
+		pool.head = j;
+	pool.tail = j;
+}
+
 static void *worker(void *arg)
 {
 	(void)arg;
@@ -67,12 +79,7 @@ static void *worker(void *arg)
 		if (j->again) {
 			/* Submitted while it ran: once more, at the queue's end. */
 			j->again = false;
-			atomic_store(&j->state, OFFLOAD_QUEUED);
-			if (pool.tail)
-				pool.tail->next = j;
-			else
-				pool.head = j;
-			pool.tail = j;
+			queue_push(j);
 		} else {
 			atomic_store(&j->state, OFFLOAD_DONE);
 			if (j->notify)
@@ -125,13 +132,7 @@ int offload_submit(struct offload_job *j)
 			log_warn_rl("offload: no worker thread: %s", strerror(-rc));
 	}
 	if (!rc) {
-		j->next = NULL;
-		atomic_store(&j->state, OFFLOAD_QUEUED);
-		if (pool.tail)
-			pool.tail->next = j;
-		else
-			pool.head = j;
-		pool.tail = j;
+		queue_push(j);
 		pthread_cond_signal(&pool.work);
 	}
 	pthread_mutex_unlock(&pool.lock);

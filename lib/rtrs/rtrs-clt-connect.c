@@ -547,17 +547,23 @@ static void path_open_job_done(struct offload_job *j)
 	clt_path_kick(container_of(j, struct clt_path, open_job));
 }
 
-static int cst_open_enter(struct clt_path *p)
+/* j to an offload worker; with none to be had, run here (its result is the loop's next step). */
+static int path_offload(struct clt_path *p, struct offload_job *j)
 {
-	int rc = offload_submit(&p->open_job);
+	int rc = offload_submit(j);
 
 	if (rc == -EAGAIN) {
-		path_open_job(&p->open_job); /* no worker to be had: here, then */
-		atomic_store(&p->open_job.state, OFFLOAD_DONE);
+		j->fn(j);
+		atomic_store(&j->state, OFFLOAD_DONE);
 		clt_path_kick(p);
 		rc = 0;
 	}
 	return rc;
+}
+
+static int cst_open_enter(struct clt_path *p)
+{
+	return path_offload(p, &p->open_job);
 }
 
 /* Waited for whatever else happens (path_step): the job holds the fabric it opens. */
@@ -662,16 +668,7 @@ static void path_auth_job_done(struct offload_job *j)
 
 static int cst_auth_calc_enter(struct clt_path *p)
 {
-	int rc = offload_submit(&p->auth_job);
-
-	if (rc == -EAGAIN) {
-		/* No worker to be had: the loop answers itself. */
-		path_auth_job(&p->auth_job);
-		atomic_store(&p->auth_job.state, OFFLOAD_DONE);
-		clt_path_kick(p);
-		rc = 0;
-	}
-	return rc;
+	return path_offload(p, &p->auth_job);
 }
 
 /*

@@ -474,6 +474,31 @@ static void probe_stop(void *arg)
 	loop_timer_fini(arg);
 }
 
+/* A 5 ms timer on each of the shared client loops (the sessions take one of them). */
+static void probes_start(struct loop_probe *pr, struct loop **loops)
+{
+	for (unsigned i = 0; i < LOOP_SHARED_MAX; i++) {
+		CHECK_EQ(loop_shared_get("rtrs-clt", &loops[i]), 0);
+		atomic_init(&pr[i].last, 0);
+		atomic_init(&pr[i].max_gap, 0);
+		CHECK_EQ(loop_timer_init(loops[i], &pr[i].t, probe_tick), 0);
+		loop_timer_arm(&pr[i].t, 5, 5);
+	}
+}
+
+/* The timers stopped: the longest a loop went without firing one, ms. */
+static uint64_t probes_stop(struct loop_probe *pr, struct loop **loops)
+{
+	uint64_t gap = 0;
+
+	for (unsigned i = 0; i < LOOP_SHARED_MAX; i++) {
+		loop_call(loops[i], probe_stop, &pr[i].t);
+		gap = MAX(gap, atomic_load(&pr[i].max_gap));
+		loop_shared_put(loops[i]);
+	}
+	return gap;
+}
+
 /* Requests one after another on a session, each answered (with -EIO) by the server. */
 struct io_probe {
 	struct rtrs_clt_sess *s;
@@ -574,24 +599,13 @@ static void test_dh_off_loop(void)
 		goto out;
 	io.s = a;
 	CHECK_EQ(pthread_create(&t, NULL, io_probe_run, &io), 0);
-	/* Both shared client loops: the second session takes one of them. */
-	for (unsigned i = 0; i < LOOP_SHARED_MAX; i++) {
-		CHECK_EQ(loop_shared_get("rtrs-clt", &loops[i]), 0);
-		atomic_init(&pr[i].last, 0);
-		atomic_init(&pr[i].max_gap, 0);
-		CHECK_EQ(loop_timer_init(loops[i], &pr[i].t, probe_tick), 0);
-		loop_timer_arm(&pr[i].t, 5, 5);
-	}
+	probes_start(pr, loops);
 	usleep(50 * 1000);
 	o.sessname = "dh-second";
 	rc = rtrs_clt_open(&o, &b);
 	workers = offload_workers();
 	CHECK(rc == 0, "a second ffdhe8192 session opens: %s", strerror(-rc));
-	for (unsigned i = 0; i < LOOP_SHARED_MAX; i++) {
-		loop_call(loops[i], probe_stop, &pr[i].t);
-		gap = MAX(gap, atomic_load(&pr[i].max_gap));
-		loop_shared_put(loops[i]);
-	}
+	gap = probes_stop(pr, loops);
 	atomic_store(&io.stop, true);
 	pthread_join(t, NULL);
 	fprintf(stderr, "ffdhe8192 open: the client loops' longest stall %llu ms; the open session's "
@@ -650,13 +664,7 @@ static void test_device_gone_reopen(void)
 	CHECK(rc == 0, "open: %s", strerror(-rc));
 	if (rc)
 		goto out;
-	for (unsigned i = 0; i < LOOP_SHARED_MAX; i++) {
-		CHECK_EQ(loop_shared_get("rtrs-clt", &loops[i]), 0);
-		atomic_init(&pr[i].last, 0);
-		atomic_init(&pr[i].max_gap, 0);
-		CHECK_EQ(loop_timer_init(loops[i], &pr[i].t, probe_tick), 0);
-		loop_timer_arm(&pr[i].t, 5, 5);
-	}
+	probes_start(pr, loops);
 	/* Gone: the path fails, a reconnect is refused with -ENODEV, the fabric closes. */
 	t0 = test_now_ms();
 	rtrs_srv_close(srv);
@@ -672,11 +680,7 @@ static void test_device_gone_reopen(void)
 		}
 		usleep(10 * 1000);
 	}
-	for (unsigned i = 0; i < LOOP_SHARED_MAX; i++) {
-		loop_call(loops[i], probe_stop, &pr[i].t);
-		gap = MAX(gap, atomic_load(&pr[i].max_gap));
-		loop_shared_put(loops[i]);
-	}
+	gap = probes_stop(pr, loops);
 	rtrs_fault_get_stats(&fst);
 	CHECK_EQ(rtrs_clt_path_stats(s, 0, &st), 0);
 	fprintf(stderr, "device gone: path back after %llu ms, %llu reconnect failures, %llu "
