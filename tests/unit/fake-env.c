@@ -258,17 +258,41 @@ int clt_open(struct clt *c)
 
 void clt_open_async(struct clt *c)
 {
+	c->open_mark = log_mark();
 	atomic_store(&c->opened, false);
 	c->thr_started = pthread_create(&c->thr, NULL, clt_open_thread, c) == 0;
 	if (!c->thr_started)
 		atomic_store(&c->rc, -EAGAIN);
 }
 
+/* Paths of c's session that logged "connected" since its open began. */
+static unsigned paths_connected(const struct clt *c)
+{
+	char pre[300];
+	unsigned n = 0;
+
+	snprintf(pre, sizeof(pre), "%s/", c->o.sessname);
+	pthread_mutex_lock(&log_lock);
+	for (const char *p = log_buf && c->open_mark <= log_len ? log_buf + c->open_mark : "";
+	     (p = strstr(p, ": connected, ")); p++) {
+		const char *line = p;
+
+		while (line > log_buf && line[-1] != '\n')
+			line--;
+		n += strstr(line, pre) != NULL && strstr(line, pre) < p;
+	}
+	pthread_mutex_unlock(&log_lock);
+	return n;
+}
+
 /*
  * Waits for the open. The attempts run on the service loop, whose timers
  * follow the test clock: an open that is still waiting once everything
  * has settled waits for a timer (its next try after a refusal, a step's
- * timeout), and the clock is moved on for it, 10 ms at a time.
+ * timeout), and the clock is moved on for it, 10 ms at a time. Once every
+ * path logged that it is connected the verdict is in, and only the
+ * opener's thread has still to return: the clock stays (moved on, a
+ * heartbeat armed at the connect would tick before the scenario starts).
  */
 int clt_open_join(struct clt *c)
 {
@@ -276,6 +300,10 @@ int clt_open_join(struct clt *c)
 	     ms += 10) {
 		if (fake_settle() || atomic_load(&c->opened))
 			break;
+		if (paths_connected(c) >= c->o.paths_num) {
+			usleep(1000);
+			continue;
+		}
 		loop_test_advance(10);
 	}
 	if (c->thr_started)

@@ -81,6 +81,7 @@ struct clt {
 	atomic_int rc;
 	atomic_bool opened;
 	atomic_int path_up, path_down;
+	size_t open_mark;   /* the log from clt_open_async on */
 };
 
 /*
