@@ -34,16 +34,103 @@ static void pool_init(void)
 	pool.max = (unsigned)MIN(MAX(ncpu / 2, 2), OFFLOAD_WORKERS_MAX);
 }
 
-/* Pool's lock held: j at the queue's end. */
+/*
+ * The queue (pool's lock): a ring of classes, each its first job (pool.head
+ * to pool.tail, through next), the class's other jobs behind it (more to
+ * more_tail, through next). j joins its class, or the ring's end.
+ */
 static void queue_push(struct offload_job *j)
 {
 	j->next = NULL;
+	j->more = j->more_tail = NULL;
 	atomic_store(&j->state, OFFLOAD_QUEUED);
+	for (struct offload_job *l = pool.head; j->cls && l; l = l->next) {
+		if (l->cls != j->cls)
+			continue;
+		if (l->more_tail)
+			l->more_tail->next = j;
+		else
+			l->more = j;
+		l->more_tail = j;
+		return;
+	}
 	if (pool.tail)
 		pool.tail->next = j;
 	else
 		pool.head = j;
 	pool.tail = j;
+}
+
+/* The first job of l's class after l, heading the rest of it (NULL: none). */
+static struct offload_job *class_next(struct offload_job *l)
+{
+	struct offload_job *f = l->more;
+
+	if (f) {
+		f->more = f->next;
+		f->more_tail = f->next ? l->more_tail : NULL;
+		f->next = NULL;
+	}
+	l->more = l->more_tail = NULL;
+	return f;
+}
+
+/* The ring's first class gives its first job; the class goes to the end. */
+static struct offload_job *queue_pop(void)
+{
+	struct offload_job *j = pool.head, *f;
+
+	if (!j)
+		return NULL;
+	pool.head = j->next;
+	if (!pool.head)
+		pool.tail = NULL;
+	j->next = NULL;
+	f = class_next(j);
+	if (f) {
+		if (pool.tail)
+			pool.tail->next = f;
+		else
+			pool.head = f;
+		pool.tail = f;
+	}
+	return j;
+}
+
+/* j, queued, leaves the queue; its class keeps its place in the ring. */
+static void queue_remove(struct offload_job *j)
+{
+	struct offload_job *prev = NULL;
+
+	for (struct offload_job *l = pool.head; l; prev = l, l = l->next) {
+		if (l == j) {
+			struct offload_job *f = class_next(j);
+
+			if (f)
+				f->next = j->next;
+			else
+				f = j->next;
+			if (prev)
+				prev->next = f;
+			else
+				pool.head = f;
+			if (pool.tail == j)
+				pool.tail = f && !f->next ? f : prev;
+			j->next = NULL;
+			return;
+		}
+		if (!j->cls || l->cls != j->cls)
+			continue;
+		for (struct offload_job **pp = &l->more, *mp = NULL; *pp; mp = *pp, pp = &(*pp)->next) {
+			if (*pp != j)
+				continue;
+			*pp = j->next;
+			if (l->more_tail == j)
+				l->more_tail = mp;
+			j->next = NULL;
+			return;
+		}
+	}
 }
 
 static void *worker(void *arg)
@@ -52,9 +139,9 @@ static void *worker(void *arg)
 	pthread_setname_np(pthread_self(), "rtrs-offload");
 	pthread_mutex_lock(&pool.lock);
 	for (;;) {
-		struct offload_job *j = pool.head;
+		struct offload_job *j;
 
-		if (!j) {
+		if (!pool.head) {
 			struct timespec dl = deadline_ms(OFFLOAD_IDLE_MS);
 			int rc = 0;
 
@@ -66,10 +153,7 @@ static void *worker(void *arg)
 				break;
 			continue;
 		}
-		pool.head = j->next;
-		if (!pool.head)
-			pool.tail = NULL;
-		j->next = NULL;
+		j = queue_pop();
 		atomic_store(&j->state, OFFLOAD_RUNNING);
 		pool.running++;
 		pthread_mutex_unlock(&pool.lock);
@@ -157,20 +241,8 @@ void offload_cancel(struct offload_job *j)
 			pthread_cond_wait(&pool.done, &pool.lock);
 			continue;
 		}
-		if (st == OFFLOAD_QUEUED) {
-			struct offload_job **pp = &pool.head, *prev = NULL;
-
-			while (*pp && *pp != j) {
-				prev = *pp;
-				pp = &(*pp)->next;
-			}
-			if (*pp) {
-				*pp = j->next;
-				if (pool.tail == j)
-					pool.tail = prev;
-			}
-			j->next = NULL;
-		}
+		if (st == OFFLOAD_QUEUED)
+			queue_remove(j);
 		break;
 	}
 	atomic_store(&j->state, OFFLOAD_IDLE);

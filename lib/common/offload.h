@@ -12,15 +12,25 @@
  * notify runs (queue the owner's loop work: it must not block or call into
  * this module). After notify the worker never touches the job again, so
  * once offload_cancel returns the owner may reuse or free the job and what
- * fn worked on. Jobs run in the order they were submitted. A job submitted
- * again while fn runs (fn handed its result over itself, and the next input
- * came) runs again once fn returns, without a notify in between.
+ * fn worked on. A job submitted again while fn runs (fn handed its result
+ * over itself, and the next input came) runs again once fn returns, without
+ * a notify in between.
+ *
+ * Fairness. A job has a class (offload_job_class; by default a class of its
+ * own): jobs of one class run in the order they were submitted, and the
+ * classes with jobs waiting take turns, one job each. A server gives a
+ * path's handshake the class of the peer's address, so a host that opens
+ * a thousand handshakes at once (a flood, or a storm of its own sessions)
+ * has a worker for one job in each round, and a host with one handshake
+ * waits behind at most one job of every other host, not behind all of
+ * theirs.
  */
 #ifndef RTRS_COMMON_OFFLOAD_H
 #define RTRS_COMMON_OFFLOAD_H
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #define OFFLOAD_WORKERS_MAX 4
 #define OFFLOAD_IDLE_MS 5000
@@ -35,7 +45,9 @@ enum offload_state {
 struct offload_job {
 	void (*fn)(struct offload_job *j);     /* on a worker */
 	void (*notify)(struct offload_job *j); /* on the worker, under the pool's lock */
-	struct offload_job *next;
+	struct offload_job *next;              /* the ring of classes (first jobs) */
+	struct offload_job *more, *more_tail;  /* a first job's: its class's others */
+	uint64_t cls;                          /* its class; 0: its own */
 	_Atomic int state;                     /* enum offload_state */
 	bool again;                            /* submitted while running (pool's lock) */
 };
@@ -46,8 +58,26 @@ static inline void offload_job_init(struct offload_job *j, void (*fn)(struct off
 	j->fn = fn;
 	j->notify = notify;
 	j->next = NULL;
+	j->more = j->more_tail = NULL;
+	j->cls = 0;
 	j->again = false;
 	atomic_init(&j->state, OFFLOAD_IDLE);
+}
+
+/* Jobs of class cls share turns (not while j is queued or running). */
+static inline void offload_job_class(struct offload_job *j, uint64_t cls)
+{
+	j->cls = cls;
+}
+
+/* A class for a name (a peer's address): FNV-1a, never 0. */
+static inline uint64_t offload_class_of(const char *name)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+		h = (h ^ *p) * 0x100000001b3ull;
+	return h ? h : 1;
 }
 
 /*

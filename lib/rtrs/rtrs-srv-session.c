@@ -904,6 +904,8 @@ int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	snprintf(p->name_new, sizeof(p->name_new), "%s/%s", s->name[0] ? s->name : "(new)", peer);
 	atomic_init(&p->hs, rtrs_srv_hs_initial(ctx->auth_required));
 	offload_job_init(&p->auth_job, srv_auth_job, NULL);
+	/* A host's handshakes take turns with other hosts' (offload.h). */
+	offload_job_class(&p->auth_job, offload_class_of(p->peer_host));
 	pthread_mutex_init(&p->auth_lock, NULL);
 	rtrs_auth_srv_begin(&p->auth, &ctx->auth_cfg, p->name_new);
 	p->cons = calloc(req->cid_num, sizeof(*p->cons));

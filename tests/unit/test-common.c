@@ -2,7 +2,7 @@
 /*
  * Unit tests for lib/common: the integer and parsing helpers (util.h), the
  * option table parser (opts.h), the service loop (loop.h) and the memory
- * key permutation (keyperm.h).
+ * key permutation (keyperm.h), the offload workers' queue (offload.h).
  *
  * Loop tests never rely on a sleep for ordering: a "blocker" work item holds
  * the loop thread while the test queues more work, and loop_call() is used
@@ -29,6 +29,7 @@
 #include "check.h"
 #include "keyperm.h"
 #include "loop.h"
+#include "offload.h"
 #include "opts.h"
 #include "util.h"
 
@@ -1945,6 +1946,129 @@ static void test_opts_log_level(void)
 	free(keep);
 }
 
+/* ---- offload.h: classes take turns ---------------------------------------- */
+
+/*
+ * A gate holds a worker until it is opened; a step records its name in the
+ * order steps ran. With every worker but one held by a gate, the one left
+ * runs the queue one job at a time, so the order is the queue's.
+ */
+struct gate {
+	struct offload_job j;
+	atomic_bool open, in;
+};
+
+struct step {
+	struct offload_job j;
+	char name[4];
+};
+
+static pthread_mutex_t steps_lock = PTHREAD_MUTEX_INITIALIZER;
+static char steps_ran[64];
+static atomic_uint steps_n;
+
+static void gate_fn(struct offload_job *j)
+{
+	struct gate *g = (struct gate *)j;
+
+	atomic_store(&g->in, true);
+	while (!atomic_load(&g->open))
+		sleep_ms(1);
+}
+
+static void step_fn(struct offload_job *j)
+{
+	struct step *s = (struct step *)j;
+
+	pthread_mutex_lock(&steps_lock);
+	strcat(steps_ran, s->name);
+	pthread_mutex_unlock(&steps_lock);
+	atomic_fetch_add(&steps_n, 1);
+}
+
+static void steps_init(struct step *st, const char *const *names, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		offload_job_init(&st[i].j, step_fn, NULL);
+		/* A name's letter is its class: "A1" and "A2" take turns with "B1". */
+		char cls[2] = { names[i][0], 0 };
+
+		offload_job_class(&st[i].j, offload_class_of(cls));
+		snprintf(st[i].name, sizeof(st[i].name), "%s", names[i]);
+	}
+	pthread_mutex_lock(&steps_lock);
+	steps_ran[0] = 0;
+	pthread_mutex_unlock(&steps_lock);
+	atomic_store(&steps_n, 0);
+}
+
+static void test_offload_classes(void)
+{
+	struct gate gates[OFFLOAD_WORKERS_MAX + 1];
+	unsigned held = 0;
+
+	/* Every worker the pool will make, held: until a gate stays queued. */
+	for (unsigned i = 0; i <= OFFLOAD_WORKERS_MAX; i++) {
+		offload_job_init(&gates[i].j, gate_fn, NULL);
+		atomic_init(&gates[i].open, false);
+		atomic_init(&gates[i].in, false);
+		CHECK(offload_submit(&gates[i].j) == 0, "gate %u queued", i);
+		uint64_t end = now_ms() + 1000;
+
+		while (!atomic_load(&gates[i].in) && now_ms() < end)
+			sleep_ms(1);
+		if (!atomic_load(&gates[i].in)) {
+			offload_cancel(&gates[i].j); /* no worker for it: every one is held */
+			break;
+		}
+		held++;
+	}
+	CHECK(held >= 2 && held <= OFFLOAD_WORKERS_MAX, "%u workers held (at least 2)", held);
+	CHECK(offload_workers() == held, "%u workers, %u held", offload_workers(), held);
+
+	/* Five jobs of one class, then one each of two others: A's others wait their turns. */
+	static const char *const order1[] = { "A1", "A2", "A3", "A4", "A5", "B1", "C1" };
+	struct step st[7];
+
+	steps_init(st, order1, 7);
+	for (unsigned i = 0; i < 7; i++)
+		CHECK(offload_submit(&st[i].j) == 0, "%s queued", order1[i]);
+	CHECK(offload_submit(&st[0].j) == -EBUSY, "a queued job is not queued twice");
+	atomic_store(&gates[0].open, true);
+	CHECK(wait_uint_ge(&steps_n, 7, 5000), "7 steps ran (%u)", atomic_load(&steps_n));
+	CHECK(!strcmp(steps_ran, "A1B1C1A2A3A4A5"), "the classes took turns: %s", steps_ran);
+	for (unsigned i = 0; i < 7; i++)
+		CHECK(offload_take(&st[i].j), "%s done", order1[i]);
+
+	/* Cancelled: a class's first job (its next keeps the class's place), one behind it. */
+	static const char *const order2[] = { "A1", "A2", "A3", "A4", "B1", "C1", "C2" };
+
+	steps_init(st, order2, 7);
+	atomic_store(&gates[0].open, false);
+	atomic_store(&gates[0].in, false);
+	CHECK(offload_submit(&gates[0].j) == 0, "the gate queued again");
+	while (!atomic_load(&gates[0].in))
+		sleep_ms(1);
+	for (unsigned i = 0; i < 7; i++)
+		CHECK(offload_submit(&st[i].j) == 0, "%s queued", order2[i]);
+	offload_cancel(&st[0].j); /* A's first: A2 heads the class, before B */
+	offload_cancel(&st[2].j); /* behind A2 */
+	offload_cancel(&st[6].j); /* the last job queued */
+	atomic_store(&gates[0].open, true);
+	CHECK(wait_uint_ge(&steps_n, 4, 5000), "4 steps ran (%u)", atomic_load(&steps_n));
+	sleep_ms(20);
+	CHECK(!strcmp(steps_ran, "A2B1C1A4"), "cancelled jobs left, the rest in turns: %s",
+	      steps_ran);
+	CHECK(atomic_load(&st[0].j.state) == OFFLOAD_IDLE && !offload_take(&st[0].j),
+	      "a cancelled job is idle and never done");
+
+	for (unsigned i = 0; i < held; i++)
+		atomic_store(&gates[i].open, true);
+	for (unsigned i = 0; i < held; i++)
+		offload_cancel(&gates[i].j);
+	CHECK(offload_idle(), "nothing queued or running at the end");
+}
+
 int main(void)
 {
 	test_bits();
@@ -1969,5 +2093,6 @@ int main(void)
 	test_loop_timers();
 	test_loop_timer_heap();
 	test_loop_destroy();
+	test_offload_classes();
 	return test_done("common");
 }
