@@ -67,7 +67,14 @@
 #define TCP_QUEUE_MAX 65600
 #define TCP_RING_SQ 512
 #define TCP_RING_CQ 16384
-#define TCP_FLUSH_IOV 64        /* iovecs gathered into one sendmsg by a flush */
+/*
+ * Iovecs gathered into one sendmsg by a flush. A frame takes 2 to 4 (its
+ * header, the payload, a user header, a new key), so 64 split a flush of
+ * 30 answered 4 KiB reads into 2 or 3 calls, and each call pushes its own
+ * segments: 256 took 7-9 % off the CPU per 4 KiB IO of writes and of
+ * always_invalidate reads (bench/RESULTS.md, 2026-12-04).
+ */
+#define TCP_FLUSH_IOV 256
 /*
  * Read-ahead. After a frame whose payload was at most TCP_LA_SMALL bytes,
  * the next read takes up to TCP_RX_AHEAD bytes into the reading thread's
