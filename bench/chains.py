@@ -8,7 +8,8 @@ Usage: chains.py SPEC.json OUT.json [PLOT.png]
 SPEC: {"runs": N, "title": "...", "chains": [{"name": ..., "cmd": [...],
         "kind": "fio" | "perf" | "ops", "procs": {"label": PID, ...}}, ...],
        "syscalls": SECONDS (optional)}
-OUT: per chain the runs (in round order) and their medians; PLOT: IO/s and CPU per IO per
+OUT: per chain the runs (in round order) and their medians (CPU per IO in
+all, and per process: all, and user time alone); PLOT: IO/s and CPU per IO per
 chain, side by side (python3-matplotlib).
 
 With "syscalls", every process of the chain is also watched by perf stat
@@ -28,10 +29,10 @@ import time
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def ticks(pid):
+def ticks(pid, user_only=False):
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime
+    return int(fields[11]) + (0 if user_only else int(fields[12]))  # utime, stime
 
 
 def ios_of(kind, text):
@@ -85,6 +86,7 @@ def counts(watched):
 
 def run(chain, window=None):
     t0 = {k: ticks(p) for k, p in chain["procs"].items()}
+    u0 = {k: ticks(p, True) for k, p in chain["procs"].items()}
     start = time.monotonic()
     proc = subprocess.Popen(chain["cmd"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     watched = None
@@ -94,6 +96,7 @@ def run(chain, window=None):
     out, err = proc.communicate()
     wall = time.monotonic() - start
     t1 = {k: ticks(p) for k, p in chain["procs"].items()}
+    u1 = {k: ticks(p, True) for k, p in chain["procs"].items()}
     if proc.returncode != 0:
         raise SystemExit("%s failed (%d): %s" % (chain["name"], proc.returncode,
                                                   err.decode(errors="replace")[-2000:]))
@@ -105,7 +108,8 @@ def run(chain, window=None):
                                                        err.decode(errors="replace")[-1500:]))
     if errors or n == 0:
         raise SystemExit("%s: %d errors, %d IOs" % (chain["name"], errors, n))
-    r = {"ios": n, "iops": iops, "wall": wall, "cpu": {k: (t1[k] - t0[k]) / TICK for k in t0}}
+    r = {"ios": n, "iops": iops, "wall": wall, "cpu": {k: (t1[k] - t0[k]) / TICK for k in t0},
+         "user": {k: (u1[k] - u0[k]) / TICK for k in u0}}
     if watched:
         r["sys"] = {k: {e: v / (iops * window) for e, v in c.items()}
                     for k, c in counts(watched).items()}
@@ -141,6 +145,7 @@ def main():
             after = os.times()
             r["cpu"]["client"] = (after.children_user - before.children_user +
                                   after.children_system - before.children_system)
+            r["user"]["client"] = after.children_user - before.children_user
             r["cpu_us_per_io"] = sum(r["cpu"].values()) * 1e6 / r["ios"]
             results[c["name"]].append(r)
     out = {"title": spec.get("title", ""), "chains": []}
@@ -153,6 +158,9 @@ def main():
             "iops": statistics.median(r["iops"] for r in rs),
             "cpu_us_per_io": statistics.median(r["cpu_us_per_io"] for r in rs),
             "cpu_parts_us_per_io": parts,
+            # of which user time (the rest is the kernel's)
+            "user_parts_us_per_io": {k: statistics.median(r["user"][k] * 1e6 / r["ios"]
+                                                          for r in rs) for k in rs[0]["user"]},
         })
         if "sys" in rs[0]:
             out["chains"][-1]["sys_per_io"] = {

@@ -97,6 +97,19 @@ for m in ("write", "read"):
 print()
 print("The ratios are taken in each round, then their median over the rounds, with the "
       "lowest and highest in brackets.")
+print()
+print("Where the CPU goes (us per op, medians): user and kernel time of each side.")
+print()
+print("| op | chain | client user | client kernel | server user | server kernel |")
+print("|---|---|---|---|---|---|")
+for m in ("write", "read"):
+    for k, how in (("raw-", "raw loop"), ("rtrs-", "rtrs-perf, always_invalidate"),
+                   ("rtrs-ni-", "rtrs-perf, --no-invalidate")):
+        x = c[k + m]
+        a, u = x["cpu_parts_us_per_io"], x["user_parts_us_per_io"]
+        print("| %s | %s | %.2f | %.2f | %.2f | %.2f |" % (
+            m, how, u["client"], a["client"] - u["client"], u["server"],
+            a["server"] - u["server"]))
 PY
 )
 echo "$report"
