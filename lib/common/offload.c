@@ -165,10 +165,15 @@ static void *worker(void *arg)
 			j->again = false;
 			queue_push(j);
 		} else {
+			void (*notify)(struct offload_job *) = j->notify;
+
+			/*
+			 * Nothing of j is read once it is done: offload_take
+			 * (no lock) may give it back to its owner at once.
+			 */
 			atomic_store(&j->state, OFFLOAD_DONE);
-			if (j->notify)
-				j->notify(j);
-			/* j is its owner's again from here on. */
+			if (notify)
+				notify(j);
 		}
 		pthread_cond_broadcast(&pool.done);
 		if (!pool.head && !pool.running && atomic_load(&idle_hook)) {

@@ -10,9 +10,11 @@
  *
  * A job runs fn on a worker, then, under the pool's lock, is marked done and
  * notify runs (queue the owner's loop work: it must not block or call into
- * this module). After notify the worker never touches the job again, so
- * once offload_cancel returns the owner may reuse or free the job and what
- * fn worked on. A job submitted again while fn runs (fn handed its result
+ * this module). Once it is marked done the worker reads nothing of the job
+ * (notify gets its address), so once offload_take saw it done, or
+ * offload_cancel returned, the owner may reuse or free the job and what fn
+ * worked on; a notify still running holds the pool's lock, which
+ * offload_submit and offload_cancel wait for. A job submitted again while fn runs (fn handed its result
  * over itself, and the next input came) runs again once fn returns, without
  * a notify in between.
  *
@@ -86,7 +88,7 @@ static inline uint64_t offload_class_of(const char *name)
  * fn itself).
  */
 int offload_submit(struct offload_job *j);
-/* True once fn has returned and notify ran; the state goes back to idle. */
+/* True once fn has returned (notify may still run); the state goes back to idle. */
 bool offload_take(struct offload_job *j);
 /*
  * j is out of the pool when this returns: taken off the queue if it had not
