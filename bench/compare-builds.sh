@@ -6,9 +6,13 @@
 # is the median of RUNS runs of DURATION seconds, and the ratio is new
 # over base. With --record NAME "TITLE" the table goes into
 # bench/RESULTS.md under TITLE and a plot into bench/plots/NAME.svg.
+# SYSCALLS=1 also counts, with perf stat, each side's sendmsg, recvmsg and
+# io_uring_enter calls per IO (a second table); counting costs CPU in every
+# call, so the CPU figures of such a run compare only within it.
 #
 #   BASE=2bd45d8 RUNS=5 DURATION=5 bench/compare-builds.sh
 #   LOADS="write 4k 64;read 1m 16" bench/compare-builds.sh
+#   LOADS="write 4k 64 1"   (a fourth field: IO connections; default one per CPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
@@ -39,7 +43,8 @@ base_perf=$base_src/build/tools/rtrs-perf
 one() {
 	python3 - "$@" "$DURATION" <<'PY'
 import json, os, re, subprocess, sys
-perf, mode, size, qd, dur = sys.argv[1:6]
+perf, mode, size, qd = sys.argv[1:5]
+cons, dur = (sys.argv[5], sys.argv[6]) if len(sys.argv) > 6 else (None, sys.argv[5])
 srv = subprocess.Popen([perf, "server", "--addr", "127.0.0.1", "--port", "0",
                         "--queue-depth", "128", "--chunk-size", "2m"],
                        stdout=subprocess.PIPE, text=True)
@@ -50,8 +55,19 @@ def ticks(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return int(f[11]) + int(f[12])
 t0 = ticks(srv.pid)
-clt = subprocess.Popen([perf, "client", "--server", f"127.0.0.1:{port}", "--mode", mode,
-                        "--io-size", size, "--queue-depth", qd, "--duration", dur, "--json"],
+EV = ["sendmsg", "recvmsg", "io_uring_enter"]
+count = os.environ.get("SYSCALLS") == "1"
+pre, stat = [], None
+if count:
+    evs = ",".join("syscalls:sys_enter_" + e for e in EV)
+    stat = subprocess.Popen(["perf", "stat", "-x,", "-e", evs, "-p", str(srv.pid), "-o",
+                             "/tmp/cb-srv-%d.csv" % os.getpid(), "--", "sleep",
+                             str(float(dur) + 0.5)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pre = ["perf", "stat", "-x,", "-e", evs, "-o", "/tmp/cb-clt-%d.csv" % os.getpid(), "--"]
+clt = subprocess.Popen(pre + [perf, "client", "--server", f"127.0.0.1:{port}", "--mode", mode,
+                        "--io-size", size, "--queue-depth", qd, "--duration", dur, "--json"] +
+                       (["--io-connections", cons] if cons else []),
                        stdout=subprocess.PIPE, text=True)
 out = clt.stdout.read()
 _, status, ru = os.wait4(clt.pid, 0)
@@ -61,21 +77,36 @@ srv.wait()
 r = json.loads(out)
 assert status == 0 and r["errors"] == 0 and r["bad"] == 0, out
 cpu = ru.ru_utime + ru.ru_stime + (t1 - t0) / tick
-print(r["ops_per_sec"], cpu * 1e6 / r["ops"])
+calls = []
+if count:
+    stat.wait()
+    for side in ("clt", "srv"):
+        f = "/tmp/cb-%s-%d.csv" % (side, os.getpid())
+        c = {}
+        for line in open(f):
+            x = line.strip().split(",")
+            if len(x) > 2 and x[0].isdigit():
+                c[x[2].replace("syscalls:sys_enter_", "")] = int(x[0])
+        os.unlink(f)
+        calls += ["%.4f" % (c.get(e, 0) / r["ops"]) for e in EV]
+print(r["ops_per_sec"], cpu * 1e6 / r["ops"], *calls)
 PY
 }
 
 IFS=';' read -r -a cases <<<"$LOADS"
-declare -A ops cpu
+declare -A ops cpu calls
 for c in "${cases[@]}"; do
-	for b in base new; do ops[$b:$c]= cpu[$b:$c]=; done
+	for b in base new; do ops[$b:$c]= cpu[$b:$c]=; for i in 0 1 2 3 4 5; do calls[$b:$c:$i]=; done; done
 	for _ in $(seq "$RUNS"); do
 		for b in base new; do
 			p=$perf
 			[ $b = base ] && p=$base_perf
-			read -r o u < <(one "$p" $c)
-			ops[$b:$c]+="$o "
-			cpu[$b:$c]+="$u "
+			read -r -a v < <(one "$p" $c)
+			ops[$b:$c]+="${v[0]} "
+			cpu[$b:$c]+="${v[1]} "
+			for i in "${!v[@]}"; do
+				[ "$i" -lt 2 ] || calls[$b:$c:$((i - 2))]+="${v[$i]} "
+			done
 		done
 	done
 done
@@ -96,7 +127,22 @@ table() {
 			"$(python3 -c "print($no / $bo)")" "$(python3 -c "print($nc / $bc)")"
 	done
 }
+# The system calls per IO (SYSCALLS=1): medians, client then server.
+calls_table() {
+	echo "| load (mode size QD) | build | client sendmsg | client recvmsg | client io_uring_enter | server sendmsg | server recvmsg | server io_uring_enter |"
+	echo "|---|---|---|---|---|---|---|---|"
+	for c in "${cases[@]}"; do
+		for b in base new; do
+			local row="| $c | $([ $b = base ] && echo "$base_rev" || echo "$new_rev") |"
+			for i in 0 1 2 3 4 5; do
+				row+=" $(tr ' ' '\n' <<<"${calls[$b:$c:$i]}" | grep . | median) |"
+			done
+			echo "$row"
+		done
+	done
+}
 out=$(table)
+[ "${SYSCALLS:-}" = 1 ] && out+=$'\n\nSystem calls per IO (medians):\n\n'$(calls_table)
 echo "$out"
 [ -n "$name" ] || exit 0
 
@@ -122,7 +168,7 @@ GP
 	echo
 	echo "### $(date +%F) $title"
 	echo
-	echo "Machine: $(machine). Command: \`BASE=$BASE RUNS=$RUNS DURATION=$DURATION bench/compare-builds.sh\`"
+	echo "Machine: $(machine). Command: \`BASE=$BASE RUNS=$RUNS DURATION=$DURATION LOADS=\"$LOADS\"${SYSCALLS:+ SYSCALLS=$SYSCALLS} bench/compare-builds.sh\`"
 	echo "(rtrs-perf client and server on 127.0.0.1, release builds of $base_rev and $new_rev, alternating;"
 	echo "medians of $RUNS runs of $DURATION s; CPU = utime + stime of client and server per IO)."
 	echo
