@@ -29,6 +29,8 @@ int main(int argc, char **argv)
 	unsigned chunks = argc > 2 ? (unsigned)atoi(argv[2]) : 128;
 	size_t chunk = argc > 3 ? (size_t)atol(argv[3]) : 256 * 1024;
 	unsigned cycles = argc > 4 ? (unsigned)atoi(argv[4]) : 500000;
+	unsigned access = FAB_MR_REMOTE_WRITE |
+			  (argc > 5 && !strcmp(argv[5], "31") ? 0 : FAB_MR_KEY64);
 	struct fab_mr *mrs;
 	struct fab *f;
 	char *mem;
@@ -47,8 +49,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	for (unsigned i = 0; i < chunks; i++) {
-		rc = fab_mr_reg(f, mem + (size_t)i * chunk, chunk,
-				FAB_MR_REMOTE_WRITE | FAB_MR_KEY64, &mrs[i]);
+		rc = fab_mr_reg(f, mem + (size_t)i * chunk, chunk, access, &mrs[i]);
 		if (rc) {
 			fprintf(stderr, "mr-cycle: registering chunk %u: %s\n", i, strerror(-rc));
 			return 1;
@@ -59,8 +60,7 @@ int main(int argc, char **argv)
 		struct fab_mr *m = &mrs[n % chunks];
 
 		fab_mr_dereg(m);
-		rc = fab_mr_reg(f, mem + (size_t)(n % chunks) * chunk, chunk,
-				FAB_MR_REMOTE_WRITE | FAB_MR_KEY64, m);
+		rc = fab_mr_reg(f, mem + (size_t)(n % chunks) * chunk, chunk, access, m);
 		if (rc) {
 			fprintf(stderr, "mr-cycle: cycle %u: %s\n", n, strerror(-rc));
 			return 1;
