@@ -250,7 +250,8 @@ static pthread_mutex_t done_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t done_cond = PTHREAD_COND_INITIALIZER;
 static int first_err;
 
-static int io_submit(struct perf_io *io)
+/* start_ns: when it is sent; a completion passes its own clock reading on. */
+static int io_submit(struct perf_io *io, uint64_t start_ns)
 {
 	struct iovec usr = { &io->hdr, sizeof(io->hdr) };
 	struct iovec data = { io->buf, g.io_size };
@@ -266,7 +267,7 @@ static int io_submit(struct perf_io *io)
 		else
 			memset(io->buf, 0, g.io_size);
 	}
-	io->start_ns = now_ns();
+	io->start_ns = start_ns;
 	return rtrs_clt_request(io->sess, dir, &io->ops, io->permit, &usr, 1, &data, 1);
 }
 
@@ -282,6 +283,7 @@ static void io_retire(void)
 static void io_conf(void *priv, int err)
 {
 	struct perf_io *io = priv;
+	uint64_t now;
 	int rc;
 
 	if (err) {
@@ -293,7 +295,8 @@ static void io_conf(void *priv, int err)
 	}
 	if (g.verify && g.mode == 1 && !pattern_check(io->buf, g.io_size, io->hdr.seq))
 		atomic_fetch_add(&ops_bad, 1);
-	hist_add(&hist, (now_ns() - io->start_ns) / 1000);
+	now = now_ns(); /* the end of this IO and the start of the next: one reading */
+	hist_add(&hist, (now - io->start_ns) / 1000);
 	atomic_fetch_add_explicit(&ops_done, 1, memory_order_relaxed);
 	if (atomic_load_explicit(&stopping, memory_order_relaxed)) {
 		io_retire();
@@ -312,7 +315,7 @@ static void io_conf(void *priv, int err)
 			io->si = si;
 		}
 	}
-	rc = io_submit(io);
+	rc = io_submit(io, now);
 	if (rc) {
 		if (atomic_fetch_add(&ops_err, 1) == 0)
 			first_err = rc;
@@ -519,7 +522,7 @@ static int run_io(struct rtrs_clt_sess *const *ss, unsigned n, double open_secs)
 	t0 = now_ns();
 	for (uint64_t i = 0; i < g.queue_depth; i++) {
 		atomic_fetch_add(&active, 1);
-		rc = io_submit(&ios[i]);
+		rc = io_submit(&ios[i], now_ns());
 		if (rc) {
 			fprintf(stderr, "rtrs-perf: submit: %s\n", strerror(-rc));
 			atomic_store(&stopping, true);
@@ -643,7 +646,7 @@ static int run_client(void)
 	t0 = now_ns();
 	for (uint64_t i = 0; i < g.queue_depth; i++) {
 		atomic_fetch_add(&active, 1);
-		rc = io_submit(&ios[i]);
+		rc = io_submit(&ios[i], now_ns());
 		if (rc) {
 			fprintf(stderr, "rtrs-perf: submit: %s\n", strerror(-rc));
 			atomic_store(&stopping, true);
