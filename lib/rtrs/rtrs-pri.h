@@ -223,6 +223,43 @@ void rtrs_admit_waiter_note(struct rtrs_admit_waiter *w, size_t n, const char *h
 void rtrs_admit_waiter_forget(struct rtrs_admit_waiter *w, size_t n, const char *host,
 			      const uint8_t uuid[16]);
 
+/*
+ * A new session names a session the server still holds (its holder): the
+ * successor of a client that died or restarted, or a second client with
+ * the same name. Only the holder's own host (the authenticated host, else
+ * the address) may take the name over, and only once the holder is gone
+ * with all it dispatched: the successor's path waits (checked again every
+ * RTRS_TAKEOVER_POLL_MS) until the server frees the holder, whose ops the
+ * user has all answered by then, so nothing the dead client sent can reach
+ * the device after the successor's first IO (the fence of a restart;
+ * docs/protocol.md section 10). Verdicts: RTRS_TAKEOVER_WAIT; _PROCEED,
+ * no holder; _TAKEN, another host's name, or a holder that still has a
+ * connected path after live_ms (a client that is alive: refused, do not
+ * retry, -EPERM); _RETRY, a holder still draining after drain_ms (refused,
+ * -EAGAIN: the client's open tries again). Pure: rtrs-srv-admit.c.
+ */
+#define RTRS_TAKEOVER_POLL_MS 5
+/* A draining holder is waited for this long per attempt (within a client's info timeout, 10 s). */
+#define RTRS_TAKEOVER_DRAIN_MS 5000
+
+enum rtrs_takeover_verdict {
+	RTRS_TAKEOVER_PROCEED,
+	RTRS_TAKEOVER_WAIT,
+	RTRS_TAKEOVER_TAKEN,
+	RTRS_TAKEOVER_RETRY,
+};
+
+struct rtrs_takeover_in {
+	bool held;           /* a session of that name exists */
+	bool same_host;      /* ... of the newcomer's host */
+	unsigned paths_up;   /* its connected paths */
+	uint64_t waited_ms;  /* since the newcomer's path first asked */
+	uint64_t live_ms;    /* a holder connected this long after is alive */
+	uint64_t drain_ms;   /* the wait for a draining holder, per attempt */
+};
+
+enum rtrs_takeover_verdict rtrs_takeover_decide(const struct rtrs_takeover_in *in);
+
 /* Splits "host:port", "[v6]:port" or "host" as rtrs_addr_parse does; 0 or -EINVAL. */
 int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
 			char *port, size_t portlen);

@@ -230,13 +230,24 @@ static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host, const uint8
 	return rc < 0 ? rc : 0;
 }
 
-bool srv_name_taken(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,
-		    const char *name)
+enum rtrs_takeover_verdict rtrs_takeover_decide(const struct rtrs_takeover_in *in)
+{
+	if (!in->held)
+		return RTRS_TAKEOVER_PROCEED;
+	if (!in->same_host)
+		return RTRS_TAKEOVER_TAKEN;
+	if (in->paths_up)
+		return in->waited_ms >= in->live_ms ? RTRS_TAKEOVER_TAKEN : RTRS_TAKEOVER_WAIT;
+	return in->waited_ms >= in->drain_ms ? RTRS_TAKEOVER_RETRY : RTRS_TAKEOVER_WAIT;
+}
+
+struct rtrs_srv_sess *srv_name_holder(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,
+				      const char *name)
 {
 	for (struct rtrs_srv_sess *s = ctx->sessions; s; s = s->next)
 		if (s != self && !strcmp(s->name, name))
-			return true;
-	return false;
+			return s;
+	return NULL;
 }
 
 /*

@@ -111,6 +111,8 @@ struct srv_path {
 	atomic_bool fence_pending;
 	struct loop_work fence_work;
 	struct loop_timer fence_timer;
+	/* Its session's name is held by a session it waits to take over from (srv_takeover_check). */
+	uint64_t takeover_since_ms;
 	struct rtrs_msg_fence fence_ack;
 	struct fab_mr fence_ack_mr;
 	bool cons_destroyed;
@@ -276,8 +278,9 @@ static inline struct srv_keys *srv_op_keys(const struct rtrs_srv_op *op)
 /* rtrs-srv-admit.c */
 unsigned srv_sessions_of(const struct rtrs_srv_ctx *ctx, const char *owner);
 unsigned srv_sessions_named(const struct rtrs_srv_ctx *ctx);
-bool srv_name_taken(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,
-		    const char *name);
+/* The session named name, other than self; NULL when none is. */
+struct rtrs_srv_sess *srv_name_holder(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,
+				      const char *name);
 void srv_path_refuse(struct srv_path *p, int err, bool dnr);
 void srv_peer_host_of(const char *peer, char *buf, size_t len);
 void srv_verdicts_reap(struct rtrs_srv_ctx *ctx, bool all);

@@ -585,7 +585,13 @@ static void path_fence_work(struct loop_work *w)
 
 static void path_fence_timer(struct loop_timer *t)
 {
-	srv_fence_check(container_of(t, struct srv_path, fence_timer));
+	struct srv_path *p = container_of(t, struct srv_path, fence_timer);
+
+	/* While the path connects, its timer paces a takeover's wait (srv_takeover_check). */
+	if (p->takeover_since_ms)
+		loop_queue(p->sess->ctx->loop, &p->info_work);
+	else
+		srv_fence_check(p);
 }
 
 /*
@@ -726,6 +732,53 @@ static int path_info_rsp(struct srv_path *p)
 	return rc;
 }
 
+static unsigned srv_takeover_drain_ms(const struct rtrs_srv_ctx *ctx)
+{
+	return MIN(ctx->opts.connect_timeout_ms / 2, RTRS_TAKEOVER_DRAIN_MS);
+}
+
+/*
+ * Loop thread: p's session name against a session the server still holds
+ * (rtrs_takeover_decide). While it waits, p's info request is taken again
+ * every RTRS_TAKEOVER_POLL_MS (fence_timer, idle while p connects).
+ */
+static enum rtrs_takeover_verdict srv_takeover_check(struct srv_path *p)
+{
+	struct rtrs_srv_ctx *ctx = p->sess->ctx;
+	struct rtrs_srv_sess *h = srv_name_holder(ctx, p->sess, p->info.pathname);
+	uint64_t now = loop_now_ms(), live = (uint64_t)ctx->opts.hb_interval_ms * ctx->opts.hb_missed_max;
+	struct rtrs_takeover_in in = { .held = h != NULL };
+	enum rtrs_takeover_verdict v;
+	bool first = false;
+
+	if (h) {
+		in.same_host = ctx->auth_required ? !strcmp(h->auth_host, p->auth_host) :
+			       !strcmp(h->peer_host, p->peer_host);
+		in.paths_up = h->paths_up;
+		if (!p->takeover_since_ms) {
+			p->takeover_since_ms = now ? now : 1;
+			first = true;
+		}
+		in.waited_ms = now - p->takeover_since_ms;
+		in.drain_ms = srv_takeover_drain_ms(ctx);
+		in.live_ms = MIN(live, in.drain_ms);
+	}
+	v = rtrs_takeover_decide(&in);
+	if (v == RTRS_TAKEOVER_WAIT) {
+		if (first)
+			log_info("%s: session %s is still held by this host's previous session "
+				 "(%u paths up); waiting until it is gone with all its requests",
+				 path_name(p), p->info.pathname, in.paths_up);
+		loop_timer_arm(&p->fence_timer, RTRS_TAKEOVER_POLL_MS, 0);
+	} else if (v == RTRS_TAKEOVER_PROCEED && p->takeover_since_ms) {
+		log_info("%s: session %s taken over after %llu ms", path_name(p), p->info.pathname,
+			 (unsigned long long)(now - p->takeover_since_ms));
+	}
+	if (v != RTRS_TAKEOVER_WAIT)
+		p->takeover_since_ms = 0;
+	return v;
+}
+
 static void path_info_work(struct loop_work *w)
 {
 	struct srv_path *p = container_of(w, struct srv_path, info_work);
@@ -762,9 +815,20 @@ static void path_info_work(struct loop_work *w)
 		return;
 	}
 	if (!s->name[0]) {
-		if (srv_name_taken(ctx, s, p->info.pathname)) {
+		switch (srv_takeover_check(p)) {
+		case RTRS_TAKEOVER_PROCEED:
+			break;
+		case RTRS_TAKEOVER_WAIT:
+			return;
+		case RTRS_TAKEOVER_TAKEN:
 			log_err("%s: session name %s is already in use", path_name(p), p->info.pathname);
 			srv_path_refuse(p, -EPERM, true);
+			return;
+		case RTRS_TAKEOVER_RETRY:
+			log_warn("%s: session %s of this host still has requests at the server after "
+				 "%u ms; refused, the client tries again", path_name(p),
+				 p->info.pathname, srv_takeover_drain_ms(ctx));
+			srv_path_refuse(p, -EAGAIN, false);
 			return;
 		}
 		if (srv_sessions_named(ctx) >= ctx->opts.max_sessions) {

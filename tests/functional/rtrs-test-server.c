@@ -6,6 +6,11 @@
  * client asks for. --async answers from a separate thread, so IO is held by
  * the "user" while the transport runs on.
  *
+ * --hold-first-us US (with --async --apply-late) holds the first write the
+ * server receives that long on a thread of its own, then stores and
+ * answers it; the writes after it go on meanwhile: a slow device that
+ * finishes an old write after newer ones (test-takeover).
+ *
  * --fault-eagain-every N refuses every Nth write on each connection with
  * -EAGAIN (rtrs-fault.h: builds with -Dfault_injection=true; elsewhere it
  * exits 77 saying so). RTRS_LOG_LEVEL sets the library's level.
@@ -32,7 +37,7 @@
 
 static struct {
 	uint64_t port, queue_depth, chunk_size, store_size, hb_ms, hb_missed, delay_us;
-	uint64_t exit_after, fault_eagain_every;
+	uint64_t exit_after, fault_eagain_every, hold_first_us;
 	uint64_t max_pending, max_pending_per_peer, handshake_ms, max_sessions, max_chunk_mem;
 	uint64_t max_sessions_per_peer;
 	bool async, apply_late;
@@ -62,6 +67,8 @@ static const struct opt options[] = {
 	  .help = "async: store a write only when answering it (a slow device)" },
 	{ "delay-us", 0, OPT_UINT, &g.delay_us, 0, 10000000, .arg = "US",
 	  .help = "async: hold each IO this long" },
+	{ "hold-first-us", 0, OPT_UINT, &g.hold_first_us, 0, 60000000, .arg = "US",
+	  .help = "hold the first write this long, apart from the others (with --async --apply-late)" },
 	{ "auth-keys", 0, OPT_STRING, &g.auth_keys, .arg = "FILE",
 	  .help = "require DH-HMAC-CHAP; FILE lists HOST SECRET [CTRL-SECRET]" },
 	{ "max-pending", 0, OPT_UINT, &g.max_pending, 0, 100000, .arg = "N",
@@ -141,8 +148,29 @@ static void *responder(void *arg)
 	}
 }
 
+static struct pending held;
+static atomic_bool held_taken;
+
+static void *hold_first(void *arg)
+{
+	(void)arg;
+	usleep((useconds_t)g.hold_first_us);
+	memcpy(store + held.off, held.src, held.len);
+	rtrs_srv_resp_rdma(held.id, held.err);
+	return NULL;
+}
+
 static void answer_write(struct rtrs_srv_op *id, int err, void *src, uint64_t off, size_t len)
 {
+	if (src && g.hold_first_us && !atomic_exchange(&held_taken, true)) {
+		pthread_t t;
+
+		held = (struct pending){ id, err, src, off, len, 0 };
+		if (!pthread_create(&t, NULL, hold_first, NULL)) {
+			pthread_detach(t);
+			return;
+		}
+	}
 	if (!g.async) {
 		rtrs_srv_resp_rdma(id, err);
 		return;

@@ -663,6 +663,35 @@ static void test_admit(void)
  * for RTRS_ADMIT_WAITER_LIVE_MS) count for nothing, and when full gives
  * the place of the entry refused least, seen longest ago.
  */
+/*
+ * A session name the server still holds (rtrs_takeover_decide): free, it
+ * proceeds; another host's, refused at once; this host's holder with a
+ * connected path is waited for until live_ms, then refused as a live
+ * client; a holder with no path up but requests still at the user is
+ * waited for until drain_ms, then the newcomer retries.
+ */
+static void test_takeover(void)
+{
+	struct rtrs_takeover_in in = { .live_ms = 3000, .drain_ms = 5000 };
+
+	CHECK_EQ(rtrs_takeover_decide(&in), RTRS_TAKEOVER_PROCEED);
+	in.held = true;
+	CHECK_EQ(rtrs_takeover_decide(&in), RTRS_TAKEOVER_TAKEN);
+	in.same_host = true;
+	in.paths_up = 1;
+	CHECK_EQ(rtrs_takeover_decide(&in), RTRS_TAKEOVER_WAIT);
+	in.waited_ms = 2999;
+	CHECK_EQ(rtrs_takeover_decide(&in), RTRS_TAKEOVER_WAIT);
+	in.waited_ms = 3000;
+	CHECK_EQ(rtrs_takeover_decide(&in), RTRS_TAKEOVER_TAKEN);
+	in.paths_up = 0;
+	CHECK_EQ(rtrs_takeover_decide(&in), RTRS_TAKEOVER_WAIT);
+	in.waited_ms = 5000;
+	CHECK_EQ(rtrs_takeover_decide(&in), RTRS_TAKEOVER_RETRY);
+	in.held = false;
+	CHECK_EQ(rtrs_takeover_decide(&in), RTRS_TAKEOVER_PROCEED);
+}
+
 static void test_admit_waiters(void)
 {
 	static struct rtrs_admit_waiter w[4];
@@ -885,6 +914,7 @@ int main(void)
 	test_reconnect_verdict_names();
 	test_admit();
 	test_admit_waiters();
+	test_takeover();
 	test_srv_hs();
 	return test_done("state");
 }
