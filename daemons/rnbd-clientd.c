@@ -8,13 +8,17 @@
  * sessions, paths, policy, reconnects, statistics).
  *
  *   rnbd-clientd [--control PATH] [--mappings FILE] [--metrics HOST:PORT]
+ *                [--runtime-dir DIR] [--on-stop handover|remove]
  *
  * A mapped device becomes a Linux block device, /dev/ublkbN, through ublk
  * (ublk.c; the userspace counterpart of /dev/rnbdX). A map that asks for
  * none ("block_device": false) maps the device without one; one that asks
  * for one (the default) where the kernel has no ublk fails, naming why. A
- * mounted or open block device is unmapped only by force; stopping the
- * daemon removes every block device.
+ * mounted or open block device is unmapped only by force. Block devices
+ * outlive the daemon: each is recorded in --runtime-dir, and the next
+ * daemon takes over what the last one left, however it ended (rec_write,
+ * recover_scan, recover_one); a stop hands them over (handover_all) unless
+ * --on-stop remove.
  *
  * --mappings FILE: a JSON array of mappings, each as client.map takes
  * them; read at start (a file that cannot be read or parsed stops the
@@ -30,12 +34,15 @@
  * network (opening a session, a map, an unmap) and ublk are used without
  * it, the object marked meanwhile (a session opening, a device busy).
  *
- * Stopping (SIGTERM, SIGINT, SIGQUIT): new maps are refused; every
- * session's devices are unmapped (each session on a thread of its own) for
- * up to STOP_GRACE_MS; then librtrs stops waiting for any server
+ * Stopping (SIGTERM, SIGINT, SIGQUIT): new maps are refused; the block
+ * devices are handed over (their sent requests answered, then left to the
+ * kernel for the next daemon), or with --on-stop remove removed; every
+ * other device is unmapped (each session on a thread of its own) for up to
+ * STOP_GRACE_MS; then librtrs stops waiting for any server
  * (rtrs_clt_shutdown_all): what is left fails at once (IO in flight,
  * opens, maps), and is undone.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -45,6 +52,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <systemd/sd-daemon.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -57,18 +66,27 @@
 #include "rnbd.h"
 #include "rpc.h"
 #include "ublk.h"
+#include "util.h"
 
 #define DEVS_MAX 256
 #define STOP_GRACE_MS 2000   /* a stop waits this long for servers to answer */
 #define STOP_ABORT_MS 2500   /* ... then this long for what is left to fail and end */
 #define RESTORE_THREADS 16   /* mappings restored at once */
+#define RECOVER_WAIT_MS 10000 /* for the kernel to let a dead daemon's block device go */
+#define RECOVER_TRY_MS 60000 /* a device left by a dead daemon is mapped again this long */
+#define LOCK_WAIT_MS 30000   /* for the previous daemon of --runtime-dir to end */
 
+
+enum on_stop { ON_STOP_HANDOVER, ON_STOP_REMOVE };
+static const char *const on_stop_names[] = { "handover", "remove", NULL };
 
 static struct {
-	const char *config, *control, *mappings, *metrics, *log_level;
+	const char *config, *control, *mappings, *metrics, *log_level, *runtime_dir, *dev_links;
 	uint64_t poll_groups;
+	unsigned on_stop;
 	bool quiet, syslog;
-} g = { .control = "/run/rnbd/client.sock" };
+} g = { .control = "/run/rnbd/client.sock", .runtime_dir = "/run/rnbd/clientd",
+	.dev_links = "/dev/rnbd" };
 
 static const struct opt options[] = {
 	{ "config", 'c', OPT_CONFIG, &g.config, .arg = "FILE",
@@ -79,6 +97,15 @@ static const struct opt options[] = {
 	  .help = "restore the mappings in FILE at start; client.save writes them there" },
 	{ "metrics", 0, OPT_STRING, &g.metrics, .arg = "HOST:PORT",
 	  .help = "serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any, printed)" },
+	{ "runtime-dir", 0, OPT_STRING, &g.runtime_dir, .arg = "DIR",
+	  .help = "where each block device's mapping is kept while it exists, for the next "
+		  "rnbd-clientd to take it over (default /run/rnbd/clientd)" },
+	{ "dev-links", 0, OPT_STRING, &g.dev_links, .arg = "DIR",
+	  .help = "stable names of the block devices: DIR/SESSION/DEVICE, a link to /dev/ublkbN "
+		  "(default /dev/rnbd)" },
+	{ "on-stop", 0, OPT_CHOICE, &g.on_stop, .choices = on_stop_names, .arg = "WHAT",
+	  .help = "what a stop does with the block devices: handover (they stay, their IO "
+		  "waits for the next rnbd-clientd; the default) or remove" },
 	{ "poll-groups", 0, OPT_UINT, &g.poll_groups, 0, RTRS_MAX_POLL_GROUPS, .arg = "N",
 	  .help = "threads that serve the connections of the process, per fabric (0: one per CPU)" },
 	{ "syslog", 0, OPT_FLAG, &g.syslog, .help = "log to syslog (the journal) instead of stderr" },
@@ -118,9 +145,11 @@ struct dev {
 	struct rnbd_clt_dev *d;
 	/* state_lock */
 	struct ublk_dev *ub;          /* its block device, where ublk is */
+	int ub_id;                    /* N of /dev/ublkbN (its record in --runtime-dir) */
 	char bdev[32];                /* "/dev/ublkbN", or "" */
 	char note[200];               /* why there is none */
 	bool busy;                    /* an unmap or a remap runs on it */
+	bool handed;                  /* its block device is handed over: a stop leaves it */
 };
 
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -149,6 +178,81 @@ static void probe_ublk(void)
 		snprintf(ublk_note, sizeof(ublk_note), "ublk: mapped devices become /dev/ublkbN");
 }
 
+/* ---- stable names: --dev-links DIR/SESSION/DEVICE -> /dev/ublkbN ---- */
+
+/*
+ * The link of device dname of session sname, in buf: false when a name
+ * cannot be a path below DIR (empty, ".", "..", a "/" in the session's).
+ * Device names may hold "/" (a path below the server's search path):
+ * their folders are made below the session's.
+ */
+static bool link_path(const char *sname, const char *dname, char *buf, size_t len)
+{
+	int n;
+
+	if (!sname[0] || strchr(sname, '/') || !strcmp(sname, ".") || !strcmp(sname, "..") ||
+	    rnbd_dev_name_check(dname, NULL))
+		return false;
+	while (*dname == '/')
+		dname++;
+	n = snprintf(buf, len, "%s/%s/%s", g.dev_links, sname, dname);
+	return n > 0 && (size_t)n < len;
+}
+
+/* DIR/SESSION/DEVICE -> /dev/ublkbN, made or replaced at once (a new link renamed over it). */
+static void link_make(const char *sname, const char *dname, int id)
+{
+	char path[4096], tmp[4200], target[32];
+
+	if (!link_path(sname, dname, path, sizeof(path))) {
+		dlog(DLOG_WARN, "device %s of session %s: no link below %s for these names",
+		     dname, sname, g.dev_links);
+		return;
+	}
+	for (char *p = path + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = 0;
+		if (mkdir(path, 0755) && errno != EEXIST) {
+			dlog(DLOG_WARN, "device %s of session %s: making %s: %s", dname, sname, path,
+			     strerror(errno));
+			return;
+		}
+		*p = '/';
+	}
+	snprintf(target, sizeof(target), "/dev/ublkb%d", id);
+	snprintf(tmp, sizeof(tmp), "%s.%d.new", path, (int)getpid());
+	unlink(tmp);
+	if (symlink(target, tmp) || rename(tmp, path)) {
+		dlog(DLOG_WARN, "device %s of session %s: the link %s -> %s: %s", dname, sname,
+		     path, target, strerror(errno));
+		unlink(tmp);
+	}
+}
+
+/* The link, if it still leads to /dev/ublkbN; then its folders while empty, up to DIR. */
+static void link_drop(const char *sname, const char *dname, int id)
+{
+	char path[4096], target[64], want[32];
+	ssize_t n;
+
+	if (!link_path(sname, dname, path, sizeof(path)))
+		return;
+	snprintf(want, sizeof(want), "/dev/ublkb%d", id);
+	n = readlink(path, target, sizeof(target) - 1);
+	if (n < 0)
+		return;
+	target[n] = 0;
+	if (strcmp(target, want) || unlink(path))
+		return;
+	for (char *slash; (slash = strrchr(path, '/')) && (size_t)(slash - path) >
+	     strlen(g.dev_links);) {
+		*slash = 0;
+		if (rmdir(path))
+			break;
+	}
+}
+
 /* ---- sessions and devices ---- */
 
 /*
@@ -162,6 +266,12 @@ static struct json_object *copy(struct json_object *v)
 	struct json_object *c = NULL;
 
 	return v && !json_object_deep_copy(v, &c, NULL) ? c : NULL;
+}
+
+/* An array's length; 0 for none. */
+static size_t arr_len(struct json_object *a)
+{
+	return json_object_is_type(a, json_type_array) ? json_object_array_length(a) : 0;
 }
 
 /* Adds v to o as key (v's reference is o's, or dropped): false on failure. */
@@ -414,8 +524,13 @@ static struct json_object *dev_json(struct dev *d)
 	    put(o, "read_only", json_object_new_boolean(in.read_only)) &&
 	    !json_object_object_add(o, "block_device",
 				    d->bdev[0] ? json_object_new_string(d->bdev) : NULL) &&
-	    (d->bdev[0] || put(o, "note", json_object_new_string(d->note))))
-		return o;
+	    (d->bdev[0] || put(o, "note", json_object_new_string(d->note)))) {
+		char link[4096];
+
+		if (!d->bdev[0] || !link_path(d->s->name, d->name, link, sizeof(link)) ||
+		    put(o, "link", json_object_new_string(link)))
+			return o;
+	}
 	json_object_put(o);
 	return NULL;
 }
@@ -457,14 +572,26 @@ static bool spec_same(struct sess *s, struct json_object *params)
 	return true;
 }
 
-static int m_map(void *priv, struct json_object *params, struct json_object **result,
-		 struct rpc_err *err)
+static struct json_object *mapping_of(struct dev *d);
+static void rec_write(int id, struct json_object *mapping);
+static void rec_write_locked(int id, struct json_object *mapping);
+static void rec_drop(int id);
+static pthread_mutex_t rec_lock;
+
+/*
+ * client.map, and a restore: recover_id >= 0 takes over /dev/ublkb<recover_id>,
+ * left by a daemon that ended, as the device's block device instead of
+ * making one (*recovered: ublk_dev_recover ran, whatever came of it).
+ */
+static int map_do(struct json_object *params, int recover_id, bool *recovered,
+		  struct json_object **result, struct rpc_err *err)
 {
 	static const char *const names[] = { "device", "session", "server", "mode", "options",
 					     "block_device", NULL };
 	const char *name, *sname, *mname = "rw";
 	struct sess *s, *fresh = NULL;
 	struct dev *d = NULL;
+	struct json_object *rec = NULL;
 	bool want_bdev = true, undo = false, close_s;
 	int rc, mode;
 
@@ -569,10 +696,16 @@ static int m_map(void *priv, struct json_object *params, struct json_object **re
 		}
 	}
 	if (!rc && want_bdev) {
-		char why[200];
-		int id;
+		char why[300];
+		int id = recover_id;
 
-		rc = ublk_dev_add(s->rnbd, d->d, name, &d->ub, &id, why, sizeof(why));
+		if (recover_id >= 0) {
+			*recovered = true;
+			rc = ublk_dev_recover(s->rnbd, d->d, name, recover_id, RECOVER_WAIT_MS, &d->ub,
+					      why, sizeof(why));
+		} else {
+			rc = ublk_dev_add(s->rnbd, d->d, name, &d->ub, &id, why, sizeof(why));
+		}
 		if (rc) {
 			rpc_errf(err, rc, "device %s of session %s: mapped, but no block device: %s",
 				 name, sname, why);
@@ -580,6 +713,7 @@ static int m_map(void *priv, struct json_object *params, struct json_object **re
 			free(d);
 			d = NULL;
 		} else {
+			d->ub_id = id;
 			snprintf(d->bdev, sizeof(d->bdev), "/dev/ublkb%d", id);
 		}
 	} else if (!rc) {
@@ -608,16 +742,38 @@ static int m_map(void *priv, struct json_object *params, struct json_object **re
 		if (!*result)
 			rc = -ENOMEM; /* mapped all the same: the list shows it */
 	}
+	if (d && d->ub)
+		rec = mapping_of(d);
 	close_s = sess_release(s);
 	pthread_cond_broadcast(&state_cond);
 	pthread_mutex_unlock(&state_lock);
-	if (undo) {
+	if (undo && d->ub && g.on_stop == ON_STOP_HANDOVER) {
+		/* Made or taken over as the daemon stops: it stays, like the others. */
+		ublk_dev_handover(d->ub, STOP_GRACE_MS);
+		pthread_mutex_lock(&rec_lock);
+		rec_write_locked(d->ub_id, rec);
+		pthread_mutex_unlock(&rec_lock);
+		rec = NULL;
+		close_s = false; /* its session ends with the process */
+	} else if (undo) {
+		if (d->ub)
+			rec_drop(d->ub_id);
 		ublk_dev_remove(d->ub);
 		rnbd_clt_unmap(d->d, true);
 		free(d);
-	} else if (!rc) {
-		dlog(DLOG_INFO, "device %s of session %s: mapped %s; %s", name, sname, mname,
+	} else if (d && d->ub) {
+		/* The next rnbd-clientd takes the block device over from this. */
+		rec_write(d->ub_id, rec);
+		rec = NULL;
+		link_make(sname, name, d->ub_id);
+	}
+	json_object_put(rec);
+	if (!undo && d && (!rc || rc == -ENOMEM)) {
+		dlog(DLOG_INFO, "device %s of session %s: %s %s; %s", name, sname,
+		     recover_id >= 0 ? "mapped again" : "mapped", mname,
 		     d->bdev[0] ? d->bdev : d->note);
+		if (recover_id >= 0)
+			dlog(DLOG_INFO, "ublk: %s taken over: its IO goes on", d->bdev);
 	}
 	if (close_s) {
 		if (s->rnbd)
@@ -625,6 +781,15 @@ static int m_map(void *priv, struct json_object *params, struct json_object **re
 		sess_destroy(s);
 	}
 	return rc;
+}
+
+static int m_map(void *priv, struct json_object *params, struct json_object **result,
+		 struct rpc_err *err)
+{
+	bool recovered = false;
+
+	(void)priv;
+	return map_do(params, -1, &recovered, result, err);
 }
 
 /*
@@ -647,6 +812,8 @@ static int dev_unmap(struct dev *d, bool force)
 		snprintf(d->note, sizeof(d->note), "its block device was removed by an unmap "
 			 "that failed");
 		pthread_mutex_unlock(&state_lock);
+		rec_drop(d->ub_id); /* after it left the list: no rec_write brings it back */
+		link_drop(d->s->name, d->name, d->ub_id);
 		force = true; /* with the block device gone, nothing sends IO any more */
 	}
 	return rnbd_clt_unmap(d->d, force);
@@ -781,6 +948,7 @@ static int m_resize(void *priv, struct json_object *params, struct json_object *
 		    struct rpc_err *err)
 {
 	static const char *const names[] = { "device", "session", "bytes", NULL };
+	struct rnbd_clt_dev_info old = { .size = sizeof(old) };
 	uint64_t bytes;
 	struct dev *d;
 	int rc;
@@ -796,14 +964,20 @@ static int m_resize(void *priv, struct json_object *params, struct json_object *
 	else if (d->busy)
 		rc = rpc_errf(err, -EBUSY, "device %s of session %s: another request unmaps or "
 			      "remaps it now", d->name, d->s->name);
-	else if (d->ub)
-		rc = rpc_errf(err, -EOPNOTSUPP, "device %s of session %s: %s keeps its size while "
-			      "it is up (unmap and map it again)", d->name, d->s->name, d->bdev);
-	else if ((rc = rnbd_clt_resize(d->d, bytes)))
+	else if (d->ub && !ublk_dev_can_resize(d->ub))
+		rc = rpc_errf(err, -EOPNOTSUPP, "device %s of session %s: %s keeps its size: this "
+			      "kernel's ublk cannot change a live device's size (UBLK_F_UPDATE_SIZE, "
+			      "Linux 6.16); unmap and map it again", d->name, d->s->name, d->bdev);
+	else if ((rc = rnbd_clt_dev_info(d->d, &old)) || (rc = rnbd_clt_resize(d->d, bytes)))
 		rpc_errf(err, rc, "device %s of session %s: %s", d->name, d->s->name,
 			 rc == -EINVAL ? "the size must be whole blocks, at least one, at most "
 			 "the server's" : strerror(-rc));
-	else if (!(*result = dev_json(d)))
+	else if (d->ub && (rc = ublk_dev_resize(d->ub, bytes))) {
+		rpc_errf(err, rc, "device %s of session %s: %s: ublk UPDATE_SIZE: %s", d->name,
+			 d->s->name, d->bdev, strerror(-rc));
+		/* The block device keeps its size; so does the mapping. */
+		rnbd_clt_resize(d->d, old.bytes);
+	} else if (!(*result = dev_json(d)))
 		rc = -ENOMEM;
 	pthread_mutex_unlock(&state_lock);
 	return rc;
@@ -900,36 +1074,62 @@ static struct json_object *sess_spec_now(struct sess *s)
 	return NULL;
 }
 
+/* d's mapping now, as client.map takes it (state_lock held), or NULL. */
+static struct json_object *mapping_of(struct dev *d)
+{
+	struct json_object *o = json_object_new_object(), *v, *spec = sess_spec_now(d->s);
+
+	if (!spec || !put(o, "device", json_object_new_string(d->name)) ||
+	    !put(o, "session", json_object_new_string(d->s->name)) ||
+	    !put(o, "mode", json_object_new_string(mode_names[d->mode])) ||
+	    (!d->want_bdev && !put(o, "block_device", json_object_new_boolean(false))) ||
+	    (json_object_object_get_ex(spec, "server", &v) && !put(o, "server", copy(v))) ||
+	    (json_object_object_get_ex(spec, "options", &v) && !put(o, "options", copy(v)))) {
+		json_object_put(spec);
+		json_object_put(o);
+		return NULL;
+	}
+	json_object_put(spec);
+	return o;
+}
+
 /* The mappings now, as client.map takes them (state_lock held). */
 static struct json_object *mappings_json(void)
 {
 	struct json_object *arr = json_object_new_array();
 
 	for (unsigned i = 0; arr && i < DEVS_MAX; i++) {
-		struct dev *d = devs[i];
-		struct json_object *o, *v, *spec;
+		struct json_object *o;
 
-		if (!d)
+		if (!devs[i])
 			continue;
-		o = json_object_new_object();
-		spec = sess_spec_now(d->s);
-		if (!spec || !put(o, "device", json_object_new_string(d->name)) ||
-		    !put(o, "session", json_object_new_string(d->s->name)) ||
-		    !put(o, "mode", json_object_new_string(mode_names[d->mode])) ||
-		    (!d->want_bdev && !put(o, "block_device", json_object_new_boolean(false))) ||
-		    (json_object_object_get_ex(spec, "server", &v) &&
-		     !put(o, "server", copy(v))) ||
-		    (json_object_object_get_ex(spec, "options", &v) &&
-		     !put(o, "options", copy(v))) ||
-		    json_object_array_add(arr, o)) {
-			json_object_put(spec);
+		o = mapping_of(devs[i]);
+		if (!o || json_object_array_add(arr, o)) {
 			json_object_put(o);
 			json_object_put(arr);
 			return NULL;
 		}
-		json_object_put(spec);
 	}
 	return arr;
+}
+
+/* Every block device's record, written again with its mapping now (client.save). */
+static void rec_refresh(void)
+{
+	struct json_object *maps[DEVS_MAX];
+	int ids[DEVS_MAX];
+	unsigned n = 0;
+
+	pthread_mutex_lock(&state_lock);
+	for (unsigned i = 0; i < DEVS_MAX; i++) {
+		if (devs[i] && devs[i]->ub) {
+			ids[n] = devs[i]->ub_id;
+			maps[n++] = mapping_of(devs[i]);
+		}
+	}
+	pthread_mutex_unlock(&state_lock);
+	for (unsigned i = 0; i < n; i++)
+		rec_write(ids[i], maps[i]);
 }
 
 static int m_save(void *priv, struct json_object *params, struct json_object **result,
@@ -955,6 +1155,7 @@ static int m_save(void *priv, struct json_object *params, struct json_object **r
 		pthread_mutex_unlock(&save_lock);
 		return rc;
 	}
+	rec_refresh();
 	snprintf(tmp, sizeof(tmp), "%s.new", g.mappings);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	rc = fd < 0 ? -errno : 0;
@@ -980,6 +1181,313 @@ static int m_save(void *priv, struct json_object *params, struct json_object **r
 	     put(*result, "file", json_object_new_string(g.mappings)) ? 0 : -ENOMEM;
 	json_object_put(arr);
 	return rc;
+}
+
+/* ---- block devices that outlive the daemon: --runtime-dir ---- */
+
+/*
+ * Each block device has a record, DIR/ublkbN.json: {"ublk": N, "mapping":
+ * its mapping as client.map takes it}, written when the device is made
+ * (and again at client.save), removed when it is removed. A daemon that
+ * ends without removing its devices (a crash, a kill, a stop with
+ * --on-stop handover) leaves them to the kernel, which holds their IO;
+ * the next daemon of the same DIR (one at a time: DIR/lock) maps each
+ * recorded device again and takes its block device over
+ * (ublk_dev_recover), before the mappings file.
+ */
+static int rt_lock_fd = -1;
+/* Orders the writes and removals of records: none comes back after its device went. */
+static pthread_mutex_t rec_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void rec_path(int id, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s/ublkb%d.json", g.runtime_dir, id);
+}
+
+/*
+ * id's record, mapping in it (taken, may be NULL: out of memory), through
+ * a temporary file; rec_lock held.
+ */
+static void rec_write_locked(int id, struct json_object *mapping)
+{
+	struct json_object *o = json_object_new_object();
+	char path[4096], tmp[4200];
+	int fd = -1, rc = 0;
+
+	rec_path(id, path, sizeof(path));
+	snprintf(tmp, sizeof(tmp), "%s.new", path);
+	/* The pid: the kernel's record of who serves the device, so that no other's is taken. */
+	if (!mapping || !put(o, "ublk", json_object_new_int(id)) ||
+	    !put(o, "pid", json_object_new_int(getpid()))) {
+		rc = -ENOMEM; /* mapping still ours: dropped below */
+	} else {
+		if (!put(o, "mapping", mapping))
+			rc = -ENOMEM;
+		mapping = NULL; /* o's, or dropped by put */
+	}
+	if (!rc) {
+		fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		rc = fd < 0 ? -errno : 0;
+	}
+	if (!rc && json_object_to_fd(fd, o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE))
+		rc = -EIO;
+	if (fd >= 0 && !rc && fsync(fd))
+		rc = -errno;
+	if (fd >= 0)
+		close(fd);
+	if (!rc && rename(tmp, path))
+		rc = -errno;
+	if (rc) {
+		unlink(tmp);
+		dlog(DLOG_ERR, "ublk: /dev/ublkb%d: its record %s cannot be written: %s; the next "
+		     "rnbd-clientd cannot take it over", id, path, strerror(-rc));
+	}
+	json_object_put(o);
+	json_object_put(mapping);
+}
+
+/* id's record, while a device of the list has block device id (else mapping is dropped). */
+static void rec_write(int id, struct json_object *mapping)
+{
+	bool live = false;
+
+	/* Under rec_lock: an unmap drops the record after its block device left the list. */
+	pthread_mutex_lock(&rec_lock);
+	pthread_mutex_lock(&state_lock);
+	for (unsigned j = 0; j < DEVS_MAX && !live; j++)
+		live = devs[j] && devs[j]->ub && devs[j]->ub_id == id;
+	pthread_mutex_unlock(&state_lock);
+	if (live)
+		rec_write_locked(id, mapping);
+	else
+		json_object_put(mapping);
+	pthread_mutex_unlock(&rec_lock);
+}
+
+static void rec_drop(int id)
+{
+	char path[4096];
+	int rc;
+
+	rec_path(id, path, sizeof(path));
+	pthread_mutex_lock(&rec_lock);
+	rc = unlink(path) && errno != ENOENT ? errno : 0;
+	pthread_mutex_unlock(&rec_lock);
+	if (rc)
+		dlog(DLOG_WARN, "ublk: /dev/ublkb%d: removing its record %s: %s", id, path,
+		     strerror(rc));
+}
+
+/*
+ * DIR made (its parents too) and locked: one daemon per runtime
+ * directory; a new one waits up to LOCK_WAIT_MS for the last to end. 0,
+ * or -1 after saying why.
+ */
+static int runtime_open(void)
+{
+	char buf[4096], path[4200];
+
+	snprintf(buf, sizeof(buf), "%s", g.runtime_dir);
+	for (char *p = buf + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = 0;
+		if (mkdir(buf, 0755) && errno != EEXIST) {
+			fprintf(stderr, "rnbd-clientd: --runtime-dir %s: making %s: %s\n",
+				g.runtime_dir, buf, strerror(errno));
+			return -1;
+		}
+		*p = '/';
+	}
+	if (mkdir(buf, 0700) && errno != EEXIST) {
+		fprintf(stderr, "rnbd-clientd: --runtime-dir %s: %s\n", g.runtime_dir,
+			strerror(errno));
+		return -1;
+	}
+	snprintf(path, sizeof(path), "%s/lock", g.runtime_dir);
+	rt_lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (rt_lock_fd < 0) {
+		fprintf(stderr, "rnbd-clientd: --runtime-dir %s: %s: %s\n", g.runtime_dir, path,
+			strerror(errno));
+		return -1;
+	}
+	for (unsigned ms = 0; flock(rt_lock_fd, LOCK_EX | LOCK_NB); ms += 20) {
+		if (errno != EWOULDBLOCK && errno != EINTR) {
+			fprintf(stderr, "rnbd-clientd: --runtime-dir %s: locking %s: %s\n",
+				g.runtime_dir, path, strerror(errno));
+			return -1;
+		}
+		if (!ms)
+			dlog(DLOG_INFO, "--runtime-dir %s: another rnbd-clientd holds it; waiting up "
+			     "to %u s for it to end", g.runtime_dir, LOCK_WAIT_MS / 1000);
+		if (ms >= LOCK_WAIT_MS) {
+			fprintf(stderr, "rnbd-clientd: --runtime-dir %s: another rnbd-clientd still "
+				"runs with it after %u s\n", g.runtime_dir, LOCK_WAIT_MS / 1000);
+			return -1;
+		}
+		usleep(20000);
+	}
+	return 0;
+}
+
+/*
+ * The block devices a previous daemon left: a JSON array of its records
+ * whose devices wait for a daemon ({"ublk": N, "mapping": {...}}). A record
+ * whose device is gone is removed; one that cannot be read is logged and
+ * left as it is.
+ */
+static struct json_object *recover_scan(void)
+{
+	struct json_object *jobs = json_object_new_array();
+	DIR *dir = opendir(g.runtime_dir);
+	struct dirent *e;
+
+	if (!dir || !jobs) {
+		if (dir)
+			closedir(dir);
+		return jobs;
+	}
+	while ((e = readdir(dir))) {
+		struct json_object *rec, *v, *m;
+		struct ublk_state st;
+		char path[4200], tail[8] = "";
+		int id = -1, rc;
+
+		if (sscanf(e->d_name, "ublkb%d%7s", &id, tail) != 2 || strcmp(tail, ".json") ||
+		    id < 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", g.runtime_dir, e->d_name);
+		rec = json_object_from_file(path);
+		if (!rec || !json_object_object_get_ex(rec, "ublk", &v) ||
+		    !json_object_is_type(v, json_type_int) || json_object_get_int(v) != id ||
+		    !json_object_object_get_ex(rec, "mapping", &m) ||
+		    !json_object_is_type(m, json_type_object)) {
+			dlog(DLOG_ERR, "--runtime-dir %s: %s is no record of /dev/ublkb%d (%s); "
+			     "its device is not taken over", g.runtime_dir, e->d_name, id,
+			     rec ? "not {\"ublk\": N, \"mapping\": {...}}" : json_util_get_last_err());
+			json_object_put(rec);
+			continue;
+		}
+		rc = ublk_dev_state(id, &st);
+		if (!rc && (!json_object_object_get_ex(rec, "pid", &v) ||
+			    json_object_get_int(v) != st.pid)) {
+			/* The number was given to a device of another program since. */
+			dlog(DLOG_INFO, "ublk: /dev/ublkb%d: served by pid %d, not by the daemon "
+			     "that recorded it; its record goes", id, st.pid);
+			rc = -ENODEV;
+		}
+		if (rc == -ENODEV || (!rc && (!st.recoverable || st.state == UBLK_S_DEV_DEAD))) {
+			dlog(DLOG_INFO, "ublk: /dev/ublkb%d: %s; its record goes", id,
+			     rc ? "not ours" : "not to be taken over");
+			unlink(path);
+			json_object_put(rec);
+			continue;
+		}
+		if (rc) {
+			dlog(DLOG_ERR, "ublk: /dev/ublkb%d: its state: %s; not taken over", id,
+			     strerror(-rc));
+			json_object_put(rec);
+			continue;
+		}
+		if (json_object_array_add(jobs, rec))
+			json_object_put(rec);
+	}
+	closedir(dir);
+	return jobs;
+}
+
+/* Whether the mapping m (of the mappings file) is one of the devices taken over. */
+static bool recovering_has(struct json_object *jobs, struct json_object *m)
+{
+	struct json_object *d, *s;
+
+	if (!json_object_object_get_ex(m, "device", &d) || !json_object_object_get_ex(m, "session", &s))
+		return false;
+	for (size_t i = 0; i < arr_len(jobs); i++) {
+		struct json_object *jm, *jd, *js;
+
+		json_object_object_get_ex(json_object_array_get_idx(jobs, i), "mapping", &jm);
+		if (json_object_object_get_ex(jm, "device", &jd) &&
+		    json_object_object_get_ex(jm, "session", &js) &&
+		    !strcmp(json_object_get_string(jd), json_object_get_string(d)) &&
+		    !strcmp(json_object_get_string(js), json_object_get_string(s)))
+			return true;
+	}
+	return false;
+}
+
+/* Sleeps ms, or less when a stop begins: whether it did not. */
+static bool nap(unsigned ms)
+{
+	for (unsigned t = 0; t < ms; t += 50) {
+		bool stop;
+
+		pthread_mutex_lock(&state_lock);
+		stop = stopping;
+		pthread_mutex_unlock(&state_lock);
+		if (stop)
+			return false;
+		usleep(50000);
+	}
+	return true;
+}
+
+/*
+ * A device a previous daemon left: mapped again, tried for RECOVER_TRY_MS
+ * while its session cannot be opened (its IO waits in the kernel
+ * meanwhile); then given up: the block device is removed and its IO fails.
+ */
+static void recover_one(struct json_object *job)
+{
+	struct json_object *v, *m;
+	uint64_t t0 = now_ms();
+	bool recovered = false;
+	unsigned tries = 0;
+	int id, rc;
+
+	json_object_object_get_ex(job, "ublk", &v);
+	json_object_object_get_ex(job, "mapping", &m);
+	id = json_object_get_int(v);
+	dlog(DLOG_INFO, "ublk: /dev/ublkb%d outlived the previous rnbd-clientd: mapping it again",
+	     id);
+	for (;;) {
+		struct json_object *r = NULL;
+		struct rpc_err e = { 0 };
+
+		rc = map_do(m, id, &recovered, &r, &e);
+		json_object_put(r);
+		if (!rc)
+			return;
+		tries++;
+		if (recovered || rc == -ESHUTDOWN || now_ms() - t0 >= RECOVER_TRY_MS) {
+			dlog(rc == -ESHUTDOWN ? DLOG_INFO : DLOG_ERR, "ublk: /dev/ublkb%d: %s",
+			     id, e.msg[0] ? e.msg : strerror(-rc));
+			break;
+		}
+		if (tries == 1 || tries % 10 == 0)
+			dlog(DLOG_WARN, "ublk: /dev/ublkb%d: mapping it again (try %u): %s; its IO "
+			     "waits, trying again for up to %u s", id, tries,
+			     e.msg[0] ? e.msg : strerror(-rc), RECOVER_TRY_MS / 1000);
+		if (!nap(1000)) {
+			rc = -ESHUTDOWN;
+			break;
+		}
+	}
+	if (rc == -ESHUTDOWN || (recovered && rc == -EBUSY))
+		return; /* left as it is, for the next daemon */
+	if (!recovered) {
+		dlog(DLOG_ERR, "ublk: /dev/ublkb%d: not mapped again after %u tries: removing it "
+		     "(its IO fails)", id, tries);
+		ublk_dev_abandon(id);
+	}
+	rec_drop(id);
+	{
+		struct json_object *dn, *sn;
+
+		if (json_object_object_get_ex(m, "device", &dn) &&
+		    json_object_object_get_ex(m, "session", &sn))
+			link_drop(json_object_get_string(sn), json_object_get_string(dn), id);
+	}
 }
 
 static struct rpc_method methods[64];
@@ -1102,16 +1610,47 @@ static int mappings_load(struct json_object **out)
 }
 
 static struct json_object *restoring;  /* the file's mappings */
+static struct json_object *recovering; /* the block devices a previous daemon left */
 static size_t restore_next;            /* the next one to map (state_lock) */
+static unsigned restorers;             /* restore threads still running (state_lock) */
 
-/* A restore thread: maps the file's mappings one after the other, with the others. */
+/*
+ * Ready: the control socket is up and what the last daemon left and the
+ * mappings file held is mapped (or failed). Under systemd (Type=notify)
+ * READY=1 goes out now, so that units ordered after this one (the
+ * mounts of remote-fs.target) find the block devices there.
+ */
+static void ready(void)
+{
+	size_t n;
+
+	pthread_mutex_lock(&state_lock);
+	n = ndevs;
+	pthread_mutex_unlock(&state_lock);
+	dlog(DLOG_INFO, "ready: %zu device%s mapped", n, n == 1 ? "" : "s");
+	sd_notifyf(0, "READY=1\nSTATUS=%zu device%s mapped", n, n == 1 ? "" : "s");
+}
+
+/* A restore thread ends (state_lock held): the last one says the daemon is ready. */
+static bool restorer_done(unsigned n)
+{
+	restorers -= n;
+	return !restorers;
+}
+
+/*
+ * A restore thread: takes the devices to take over, then the file's
+ * mappings (but those), one after the other, with the other threads.
+ */
 static void *restore_thread(void *arg)
 {
-	size_t n = json_object_array_length(restoring);
+	size_t nr = arr_len(recovering), n = nr + arr_len(restoring);
+	bool last;
 
+	(void)arg;
 	pthread_setname_np(pthread_self(), "restore");
 	for (;;) {
-		struct json_object *r = NULL;
+		struct json_object *r = NULL, *m;
 		struct rpc_err e = { 0 };
 		size_t i;
 		int rc;
@@ -1121,16 +1660,29 @@ static void *restore_thread(void *arg)
 		pthread_mutex_unlock(&state_lock);
 		if (i == n)
 			break;
-		rc = m_map(NULL, json_object_array_get_idx(restoring, i), &r, &e);
+		if (i < nr) {
+			recover_one(json_object_array_get_idx(recovering, i));
+			continue;
+		}
+		m = json_object_array_get_idx(restoring, i - nr);
+		if (recovering_has(recovering, m)) {
+			dlog(DLOG_INFO, "mappings file %s: mapping %zu: taken over from the previous "
+			     "rnbd-clientd", g.mappings, i - nr + 1);
+			continue;
+		}
+		rc = m_map(NULL, m, &r, &e);
 		if (rc)
 			dlog(rc == -ESHUTDOWN ? DLOG_INFO : DLOG_ERR, "mappings file %s: mapping %zu: %s",
-			     g.mappings, i + 1, e.msg[0] ? e.msg : strerror(-rc));
+			     g.mappings, i - nr + 1, e.msg[0] ? e.msg : strerror(-rc));
 		json_object_put(r);
 	}
 	pthread_mutex_lock(&state_lock);
+	last = restorer_done(1);
 	workers--;
 	pthread_cond_broadcast(&state_cond);
 	pthread_mutex_unlock(&state_lock);
+	if (last)
+		ready();
 	return NULL;
 }
 
@@ -1174,7 +1726,7 @@ static void *stop_sess_thread(void *arg)
 		bool busy = false;
 
 		for (unsigned i = 0; i < DEVS_MAX && !d; i++) {
-			if (devs[i] && devs[i]->s == s) {
+			if (devs[i] && devs[i]->s == s && !devs[i]->handed) {
 				if (devs[i]->busy)
 					busy = true; /* a request unmaps or remaps it: wait for it */
 				else
@@ -1268,6 +1820,44 @@ static bool stop_all(void)
 }
 
 /*
+ * A stop that hands the block devices over to the next daemon
+ * (--on-stop handover): new maps are refused; each block device stops
+ * taking requests (the kernel holds them for the next daemon) and answers
+ * those it sent, waiting up to STOP_GRACE_MS in all. The devices and
+ * their records stay, and so do their sessions: the process is to exit
+ * without closing them (its end closes them; the server frees them once
+ * their requests are answered). Then the rest stops as stop_all stops
+ * it: the devices without a block device are unmapped and their sessions
+ * closed. Returns how many block devices were handed over; *left, their
+ * requests still unanswered (given again to the next daemon, and fenced
+ * by the server); *ended, stop_all's.
+ */
+static unsigned handover_all(unsigned *left, bool *ended)
+{
+	struct dev *ds[DEVS_MAX];
+	uint64_t end = now_ms() + STOP_GRACE_MS;
+	unsigned n = 0;
+
+	*left = 0;
+	pthread_mutex_lock(&state_lock);
+	stopping = true;
+	for (unsigned i = 0; i < DEVS_MAX; i++) {
+		if (devs[i] && devs[i]->ub && !devs[i]->busy) {
+			devs[i]->handed = true;
+			ds[n++] = devs[i];
+		}
+	}
+	pthread_mutex_unlock(&state_lock);
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t now = now_ms();
+
+		*left += ublk_dev_handover(ds[i]->ub, now < end ? (unsigned)(end - now) : 0);
+	}
+	*ended = stop_all();
+	return n;
+}
+
+/*
  * Signals, taken by sigwait in main (blocked everywhere else): these stop
  * the daemon; the others in the set would end it by default, and a
  * packaged daemon meets them (a reload's SIGHUP, a stray SIGUSR1): each is
@@ -1356,6 +1946,10 @@ int main(int argc, char **argv)
 	/* Read before the socket (a file that cannot be read stops the daemon), mapped after it. */
 	if (g.mappings && mappings_load(&restoring))
 		return 1;
+	/* Block devices only: where ublk is not, there is nothing to hand over. */
+	if (have_ublk && runtime_open())
+		return 1;
+	recovering = have_ublk ? recover_scan() : NULL;
 	rc = rpc_server_start_flags(g.control, "rnbd-clientd control", methods, nr_methods, &ctl,
 				    RPC_SERVER_THREADED, &srv);
 	if (rc) {
@@ -1377,23 +1971,58 @@ int main(int argc, char **argv)
 	printf("rnbd-clientd ready on %s\n", g.control);
 	fflush(stdout);
 	dlog(DLOG_INFO, "%s", ublk_note);
-	if (restoring && json_object_array_length(restoring)) {
-		size_t n = json_object_array_length(restoring);
+	{
+		size_t nr = arr_len(recovering), n = nr + arr_len(restoring);
 
-		dlog(DLOG_INFO, "mappings file %s: restoring %zu mapping%s", g.mappings, n,
-		     n == 1 ? "" : "s");
-		if (!spawn(restore_thread, NULL, n < RESTORE_THREADS ? (unsigned)n : RESTORE_THREADS))
-			dlog(DLOG_ERR, "mappings file %s: no thread to restore the mappings: %s",
-			     g.mappings, strerror(errno));
+		if (nr)
+			dlog(DLOG_INFO, "taking over %zu block device%s the previous rnbd-clientd left",
+			     nr, nr == 1 ? "" : "s");
+		if (n - nr)
+			dlog(DLOG_INFO, "mappings file %s: restoring %zu mapping%s", g.mappings, n - nr,
+			     n - nr == 1 ? "" : "s");
+		unsigned want = n < RESTORE_THREADS ? (unsigned)n : RESTORE_THREADS, got;
+		bool last;
+
+		pthread_mutex_lock(&state_lock);
+		restorers = want;
+		pthread_mutex_unlock(&state_lock);
+		got = want ? spawn(restore_thread, NULL, want) : 0;
+		if (want && !got)
+			dlog(DLOG_ERR, "no thread to restore the mappings: %s", strerror(errno));
+		pthread_mutex_lock(&state_lock);
+		last = restorer_done(want - got);
+		pthread_mutex_unlock(&state_lock);
+		if (last && (!want || got < want))
+			ready(); /* nothing to restore, or the threads that never started were the last */
 	}
 	for (;;) {
 		if (sigwait(&set, &sig))
 			continue;
-		if (stop_sig(sig))
+		if (stop_sig(sig)) {
+			sd_notify(0, "STOPPING=1");
 			break;
+		}
 		dlog(DLOG_INFO, "%s (%s): ignored; rnbd-clientd has nothing to reload (client.map "
 		     "and client.unmap change the mappings)", sig_name(sig, name, sizeof(name)),
 		     strsignal(sig));
+	}
+	if (g.on_stop == ON_STOP_HANDOVER) {
+		unsigned left, n;
+
+		dlog(DLOG_INFO, "%s (%s), stopping: the block devices stay for the next "
+		     "rnbd-clientd (--on-stop handover)", sig_name(sig, name, sizeof(name)),
+		     strsignal(sig));
+		n = handover_all(&left, &ended);
+		metrics_http_stop(mh);
+		rpc_server_stop(srv);
+		if (!ended)
+			dlog(DLOG_ERR, "stopping: %u threads and %u maps did not end", workers,
+			     maps_pending);
+		dlog(DLOG_INFO, "stopped: %u block device%s handed over to the next rnbd-clientd "
+		     "(%u request%s unanswered, given to it again)", n, n == 1 ? "" : "s", left,
+		     left == 1 ? "" : "s");
+		fflush(NULL);
+		_exit(0); /* the sessions end with the process; the devices stay */
 	}
 	dlog(DLOG_INFO, "%s (%s), stopping: every device is unmapped",
 	     sig_name(sig, name, sizeof(name)), strsignal(sig));

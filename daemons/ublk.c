@@ -20,6 +20,15 @@
  *
  * Commands are the ioctl-encoded ones (_IOWR('u', ...)), which every
  * kernel with ublk takes; the legacy numbers may be configured out.
+ *
+ * Devices are made with user recovery and reissue: when the process ends
+ * (its queue thread's commands cancelled as the thread exits), the kernel
+ * quiesces the device, puts back the requests the daemon had taken and
+ * not committed, and holds every request until a process recovers it
+ * (START_USER_RECOVERY, every tag fetched again, END_USER_RECOVERY:
+ * ublk_dev_recover). A handover (ublk_dev_handover) stops serving new
+ * requests, commits those already sent, and ends the queue thread without
+ * STOP_DEV, leaving the device for the next daemon.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -44,7 +53,13 @@
 #define UBLK_F_CMD_IOCTL_ENCODE (1ULL << 6)
 #endif
 
+#ifndef UBLK_F_UPDATE_SIZE
+#define UBLK_F_UPDATE_SIZE (1ULL << 10)  /* Linux 6.16: UPDATE_SIZE on a live device */
+#endif
+
 #define CTRL_OP(nr) _IOWR('u', (nr), struct ublksrv_ctrl_cmd)
+#define CTRL_GET_FEATURES _IOR('u', 0x13, struct ublksrv_ctrl_cmd)
+#define CTRL_UPDATE_SIZE _IOWR('u', 0x15, struct ublksrv_ctrl_cmd)
 #define IO_OP(nr) _IOWR('u', (nr), struct ublksrv_io_cmd)
 
 #define QD_MAX 64                  /* tags of the queue */
@@ -119,6 +134,7 @@ struct ublk_dev {
 	struct io_uring ctrl;          /* SQE128: control commands carry 32 bytes */
 	struct io_uring ring;          /* the queue's */
 	unsigned qd;
+	bool can_resize;               /* made with UBLK_F_UPDATE_SIZE */
 	struct ublksrv_io_desc *descs;
 	size_t descs_len;
 	char *bufs;
@@ -129,6 +145,14 @@ struct ublk_dev {
 	struct uio *done;              /* done list (lock) */
 	pthread_t thread;
 	bool thread_up;
+	/*
+	 * A handover (ublk_dev_handover): requests that come are left
+	 * unanswered for the kernel to give the next daemon; sent counts
+	 * those sent to the RNBD device and not yet committed.
+	 */
+	atomic_bool draining;
+	atomic_uint sent;
+	atomic_bool leaving;           /* the queue thread submits what it has and ends */
 	/* The queue thread's start: 1 when every FETCH went in, or a negative errno. */
 	pthread_cond_t cond;
 	int ready;
@@ -150,7 +174,24 @@ int ublk_probe(char *why, size_t len)
 	return 0;
 }
 
+static int ctrl_cmd_op(struct ublk_dev *u, unsigned op, void *addr, uint16_t len,
+		       uint64_t data0);
+
 static int ctrl_cmd(struct ublk_dev *u, unsigned nr, void *addr, uint16_t len, uint64_t data0)
+{
+	return ctrl_cmd_op(u, CTRL_OP(nr), addr, len, data0);
+}
+
+/* The kernel's ublk features (GET_FEATURES, Linux 6.5); 0 where it cannot say. */
+static uint64_t features(struct ublk_dev *u)
+{
+	uint64_t f = 0;
+
+	return ctrl_cmd_op(u, CTRL_GET_FEATURES, &f, sizeof(f), 0) ? 0 : f;
+}
+
+static int ctrl_cmd_op(struct ublk_dev *u, unsigned op, void *addr, uint16_t len,
+		       uint64_t data0)
 {
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ctrl);
 	struct ublksrv_ctrl_cmd *c;
@@ -162,7 +203,7 @@ static int ctrl_cmd(struct ublk_dev *u, unsigned nr, void *addr, uint16_t len, u
 	memset(sqe, 0, 2 * sizeof(*sqe)); /* SQE128: the command fills the second half */
 	sqe->opcode = IORING_OP_URING_CMD;
 	sqe->fd = u->ctrl_fd;
-	sqe->cmd_op = CTRL_OP(nr);
+	sqe->cmd_op = op;
 	c = (struct ublksrv_ctrl_cmd *)sqe->cmd;
 	c->dev_id = u->dev_id < 0 ? UINT32_MAX : (uint32_t)u->dev_id;
 	c->queue_id = (uint16_t)-1;
@@ -296,9 +337,12 @@ static int serve(struct ublk_dev *u, uint16_t tag)
 	if ((op == RNBD_CLT_READ || op == RNBD_CLT_WRITE) && len > BUF_BYTES)
 		return prep_io_cmd(u, UBLK_IO_COMMIT_AND_FETCH_REQ, tag, -EIO);
 	io->result = 0;
+	atomic_fetch_add(&u->sent, 1);
 	rc = rnbd_clt_submit(u->d, op, rflags, off, buf, len, io_done, io);
-	if (rc)
+	if (rc) {
+		atomic_fetch_sub(&u->sent, 1);
 		return prep_io_cmd(u, UBLK_IO_COMMIT_AND_FETCH_REQ, tag, rc);
+	}
 	return 0;
 }
 
@@ -321,6 +365,7 @@ static int commit_done(struct ublk_dev *u)
 		if (!res && (op == UBLK_IO_OP_READ || op == UBLK_IO_OP_WRITE))
 			res = (int)(iod->nr_sectors << 9);
 		rc = prep_io_cmd(u, UBLK_IO_COMMIT_AND_FETCH_REQ, io->tag, res);
+		atomic_fetch_sub(&u->sent, 1);
 	}
 	return rc;
 }
@@ -454,6 +499,11 @@ static void *queue_thread(void *arg)
 		unsigned head, seen = 0, wait = 1;
 		bool stuck = false;
 
+		if (atomic_load(&u->leaving)) {
+			/* A handover: the last commits go in; the fetches stay for the kernel to cancel. */
+			io_uring_submit(&u->ring);
+			break;
+		}
 		if (poll_fd < 0 && may_poll) {
 			poll_fd = poll_take(u);
 			if (poll_fd < 0 && poll_fd != -EBUSY)
@@ -488,6 +538,9 @@ static void *queue_thread(void *arg)
 				continue;
 			}
 			if (cqe->res == UBLK_IO_RES_OK) {
+				/* Handing over: the kernel gives it to the next daemon. */
+				if (atomic_load(&u->draining))
+					continue;
 				if (serve(u, (uint16_t)cqe->user_data))
 					aborted = u->qd;
 			} else {
@@ -541,17 +594,15 @@ static unsigned shift_of(uint32_t v)
 	return s;
 }
 
-int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char *name,
-		 struct ublk_dev **out, int *dev_id, char *why, size_t len)
+/* The device of d, its control ring open; dev_id -1 (none yet). 0 or a negative errno with why. */
+static int dev_new(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char *name,
+		   struct ublk_dev **out, char *why, size_t len)
 {
-	struct ublksrv_ctrl_dev_info di = { 0 };
-	struct ublk_params p = { 0 };
 	struct ublk_dev *u = calloc(1, sizeof(*u));
 	long page = sysconf(_SC_PAGESIZE);
-	char path[64];
-	uint32_t max_io;
 	int rc;
 
+	*out = u;
 	if (!u)
 		return -ENOMEM;
 	u->ctrl_fd = u->cdev_fd = u->efd = -1;
@@ -566,38 +617,119 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
 	rc = rnbd_clt_dev_info(d, &u->info);
 	if (rc) {
 		snprintf(why, len, "the device's limits: %s", strerror(-rc));
-		goto fail;
+		return rc;
 	}
 	u->qd = u->info.queue_depth < QD_MAX ? u->info.queue_depth : QD_MAX;
 	if (!u->qd || u->info.logical_block_size < 512 || u->info.logical_block_size > (uint32_t)page) {
-		rc = -EINVAL;
 		snprintf(why, len, "limits ublk cannot take (queue depth %u, block size %u)",
 			 u->info.queue_depth, u->info.logical_block_size);
-		goto fail;
+		return -EINVAL;
 	}
 	u->ctrl_fd = open("/dev/ublk-control", O_RDWR | O_CLOEXEC);
 	if (u->ctrl_fd < 0) {
 		rc = -errno;
 		snprintf(why, len, "/dev/ublk-control: %s", strerror(-rc));
-		goto fail;
+		return rc;
 	}
 	rc = io_uring_queue_init(4, &u->ctrl, IORING_SETUP_SQE128);
-	if (rc) {
+	if (rc)
 		snprintf(why, len, "an io_uring with 128-byte entries: %s", strerror(-rc));
-		goto fail;
+	return rc;
+}
+
+/*
+ * The queue of u->dev_id (u->qd tags): its descriptors (read-only mapping),
+ * buffers, ring, eventfd and thread, every tag fetched. 0 or a negative
+ * errno with why; on failure the thread, if it started, is u->thread_up.
+ */
+static int queue_start(struct ublk_dev *u, char *why, size_t len)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	char path[64];
+	int rc;
+
+	snprintf(path, sizeof(path), "/dev/ublkc%d", u->dev_id);
+	for (int i = 0; i < 100 && (u->cdev_fd = open(path, O_RDWR | O_CLOEXEC)) < 0 &&
+			errno == ENOENT; i++)
+		usleep(10000); /* udev (or devtmpfs) makes the node */
+	if (u->cdev_fd < 0) {
+		rc = -errno;
+		snprintf(why, len, "%s: %s", path, strerror(-rc));
+		return rc;
 	}
-	/* ADD_DEV: one queue, our depth and buffer size; the kernel picks the number. */
+	u->descs_len = ((size_t)u->qd * sizeof(*u->descs) + (size_t)page - 1) & ~((size_t)page - 1);
+	u->descs = mmap(NULL, u->descs_len, PROT_READ, MAP_SHARED | MAP_POPULATE, u->cdev_fd,
+			UBLKSRV_CMD_BUF_OFFSET);
+	if (u->descs == MAP_FAILED) {
+		rc = -errno;
+		snprintf(why, len, "mapping %s's descriptors: %s", path, strerror(-rc));
+		return rc;
+	}
+	if (posix_memalign((void **)&u->bufs, (size_t)page, (size_t)u->qd * BUF_BYTES) ||
+	    !(u->ios = calloc(u->qd, sizeof(*u->ios)))) {
+		snprintf(why, len, "out of memory for %u buffers", u->qd);
+		return -ENOMEM;
+	}
+	for (unsigned t = 0; t < u->qd; t++) {
+		u->ios[t].u = u;
+		u->ios[t].tag = (uint16_t)t;
+	}
+	u->efd = eventfd(0, EFD_CLOEXEC);
+	rc = u->efd < 0 ? -errno : io_uring_queue_init(2 * u->qd + 3, &u->ring, 0);
+	if (rc) {
+		snprintf(why, len, "the queue's io_uring: %s", strerror(-rc));
+		return rc;
+	}
+	rc = -pthread_create(&u->thread, NULL, queue_thread, u);
+	if (rc) {
+		snprintf(why, len, "the queue thread: %s", strerror(-rc));
+		return rc;
+	}
+	u->thread_up = true;
+	pthread_mutex_lock(&u->lock);
+	while (!u->ready)
+		pthread_cond_wait(&u->cond, &u->lock);
+	rc = u->ready < 0 ? u->ready : 0;
+	pthread_mutex_unlock(&u->lock);
+	if (rc)
+		snprintf(why, len, "fetching the first requests: %s", strerror(-rc));
+	return rc;
+}
+
+int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char *name,
+		 struct ublk_dev **out, int *dev_id, char *why, size_t len)
+{
+	struct ublksrv_ctrl_dev_info di = { 0 };
+	struct ublk_params p = { 0 };
+	struct ublk_dev *u;
+	uint32_t max_io;
+	int rc;
+
+	rc = dev_new(sess, d, name, &u, why, len);
+	if (rc)
+		goto fail;
+	/*
+	 * ADD_DEV: one queue, our depth and buffer size; the kernel picks the
+	 * number. With user recovery the device outlives this daemon: when it
+	 * dies the kernel holds the device's IO, and gives what this daemon
+	 * had taken and not answered to the next one (REISSUE), which
+	 * ublk_dev_recover attaches.
+	 */
 	di.nr_hw_queues = 1;
 	di.queue_depth = (uint16_t)u->qd;
 	di.max_io_buf_bytes = BUF_BYTES;
 	di.dev_id = UINT32_MAX;
-	di.flags = UBLK_F_CMD_IOCTL_ENCODE;
+	di.flags = UBLK_F_CMD_IOCTL_ENCODE | UBLK_F_USER_RECOVERY | UBLK_F_USER_RECOVERY_REISSUE;
+	/* Where the kernel can change a live device's size, client.resize reaches it. */
+	if (features(u) & UBLK_F_UPDATE_SIZE)
+		di.flags |= UBLK_F_UPDATE_SIZE;
 	rc = ctrl_cmd(u, UBLK_CMD_ADD_DEV, &di, sizeof(di), 0);
 	if (rc) {
 		snprintf(why, len, "ublk ADD_DEV: %s", strerror(-rc));
 		goto fail;
 	}
 	u->dev_id = (int)di.dev_id;
+	u->can_resize = di.flags & UBLK_F_UPDATE_SIZE;
 	/* SET_PARAMS: the device's size, blocks, largest IO and what it offers. */
 	max_io = u->info.max_io < di.max_io_buf_bytes ? u->info.max_io : di.max_io_buf_bytes;
 	p.len = sizeof(p);
@@ -630,55 +762,9 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
 		snprintf(why, len, "ublk SET_PARAMS: %s", strerror(-rc));
 		goto fail;
 	}
-	/* The queue: its descriptors (read-only mapping), buffers, ring, eventfd. */
-	snprintf(path, sizeof(path), "/dev/ublkc%d", u->dev_id);
-	for (int i = 0; i < 100 && (u->cdev_fd = open(path, O_RDWR | O_CLOEXEC)) < 0 &&
-			errno == ENOENT; i++)
-		usleep(10000); /* udev (or devtmpfs) makes the node */
-	if (u->cdev_fd < 0) {
-		rc = -errno;
-		snprintf(why, len, "%s: %s", path, strerror(-rc));
+	rc = queue_start(u, why, len);
+	if (rc)
 		goto fail;
-	}
-	u->descs_len = ((size_t)u->qd * sizeof(*u->descs) + (size_t)page - 1) & ~((size_t)page - 1);
-	u->descs = mmap(NULL, u->descs_len, PROT_READ, MAP_SHARED | MAP_POPULATE, u->cdev_fd,
-			UBLKSRV_CMD_BUF_OFFSET);
-	if (u->descs == MAP_FAILED) {
-		rc = -errno;
-		snprintf(why, len, "mapping %s's descriptors: %s", path, strerror(-rc));
-		goto fail;
-	}
-	if (posix_memalign((void **)&u->bufs, (size_t)page, (size_t)u->qd * BUF_BYTES) ||
-	    !(u->ios = calloc(u->qd, sizeof(*u->ios)))) {
-		rc = -ENOMEM;
-		snprintf(why, len, "out of memory for %u buffers", u->qd);
-		goto fail;
-	}
-	for (unsigned t = 0; t < u->qd; t++) {
-		u->ios[t].u = u;
-		u->ios[t].tag = (uint16_t)t;
-	}
-	u->efd = eventfd(0, EFD_CLOEXEC);
-	rc = u->efd < 0 ? -errno : io_uring_queue_init(2 * u->qd + 3, &u->ring, 0);
-	if (rc) {
-		snprintf(why, len, "the queue's io_uring: %s", strerror(-rc));
-		goto fail;
-	}
-	rc = -pthread_create(&u->thread, NULL, queue_thread, u);
-	if (rc) {
-		snprintf(why, len, "the queue thread: %s", strerror(-rc));
-		goto fail;
-	}
-	u->thread_up = true;
-	pthread_mutex_lock(&u->lock);
-	while (!u->ready)
-		pthread_cond_wait(&u->cond, &u->lock);
-	rc = u->ready < 0 ? u->ready : 0;
-	pthread_mutex_unlock(&u->lock);
-	if (rc) {
-		snprintf(why, len, "fetching the first requests: %s", strerror(-rc));
-		goto fail;
-	}
 	/* START_DEV waits until every tag is fetched, then adds /dev/ublkbN. */
 	rc = ctrl_cmd(u, UBLK_CMD_START_DEV, NULL, 0, (uint64_t)getpid());
 	if (rc) {
@@ -689,13 +775,175 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
 	*dev_id = u->dev_id;
 	return 0;
 fail:
-	if (u->thread_up) {
+	if (u && u->thread_up) {
 		/* STOP_DEV aborts the fetched tags; the thread ends with them. */
 		ctrl_cmd(u, UBLK_CMD_STOP_DEV, NULL, 0, 0);
 		pthread_join(u->thread, NULL);
 	}
+	if (u)
+		dev_free(u);
+	return rc;
+}
+
+int ublk_dev_state(int dev_id, struct ublk_state *st)
+{
+	struct ublksrv_ctrl_dev_info di = { 0 };
+	struct ublk_dev u = { .ctrl_fd = -1, .dev_id = dev_id };
+	int rc;
+
+	if (dev_id < 0)
+		return -ENODEV;
+	u.ctrl_fd = open("/dev/ublk-control", O_RDWR | O_CLOEXEC);
+	if (u.ctrl_fd < 0)
+		return -errno;
+	rc = io_uring_queue_init(4, &u.ctrl, IORING_SETUP_SQE128);
+	if (!rc) {
+		rc = ctrl_cmd(&u, UBLK_CMD_GET_DEV_INFO, &di, sizeof(di), 0);
+		io_uring_queue_exit(&u.ctrl);
+	}
+	close(u.ctrl_fd);
+	if (rc)
+		return rc;
+	st->state = di.state;
+	st->recoverable = di.flags & UBLK_F_USER_RECOVERY;
+	st->pid = di.ublksrv_pid;
+	st->queue_depth = di.queue_depth;
+	return 0;
+}
+
+int ublk_dev_abandon(int dev_id)
+{
+	struct ublk_dev u = { .ctrl_fd = -1, .dev_id = dev_id };
+	int rc;
+
+	u.ctrl_fd = open("/dev/ublk-control", O_RDWR | O_CLOEXEC);
+	if (u.ctrl_fd < 0)
+		return -errno;
+	rc = io_uring_queue_init(4, &u.ctrl, IORING_SETUP_SQE128);
+	if (!rc) {
+		rc = ctrl_cmd(&u, UBLK_CMD_STOP_DEV, NULL, 0, 0);
+		if (!rc)
+			rc = ctrl_cmd(&u, UBLK_CMD_DEL_DEV, NULL, 0, 0);
+		io_uring_queue_exit(&u.ctrl);
+	}
+	close(u.ctrl_fd);
+	return rc;
+}
+
+int ublk_dev_recover(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char *name,
+		     int dev_id, unsigned wait_ms, struct ublk_dev **out, char *why, size_t len)
+{
+	struct ublksrv_ctrl_dev_info di = { 0 };
+	struct ublk_params p = { .len = sizeof(p) };
+	struct ublk_dev *u;
+	unsigned waited = 0;
+	int rc;
+
+	rc = dev_new(sess, d, name, &u, why, len);
+	if (rc)
+		goto fail;
+	u->dev_id = dev_id;
+	rc = ctrl_cmd(u, UBLK_CMD_GET_DEV_INFO, &di, sizeof(di), 0);
+	if (rc) {
+		snprintf(why, len, "ublk GET_DEV_INFO of /dev/ublkb%d: %s", dev_id, strerror(-rc));
+		goto fail_nodev;
+	}
+	if (!(di.flags & UBLK_F_USER_RECOVERY) || di.nr_hw_queues != 1 || !di.queue_depth ||
+	    di.queue_depth > QD_MAX || di.max_io_buf_bytes > BUF_BYTES) {
+		rc = -EINVAL;
+		snprintf(why, len, "/dev/ublkb%d was not made by rnbd-clientd with user recovery "
+			 "(flags %#llx, %u queues of %u)", dev_id, (unsigned long long)di.flags,
+			 di.nr_hw_queues, di.queue_depth);
+		goto fail_nodev;
+	}
+	u->qd = di.queue_depth;
+	u->can_resize = di.flags & UBLK_F_UPDATE_SIZE;
+	/* What the device offers now against what the block device says. */
+	if (!ctrl_cmd(u, UBLK_CMD_GET_PARAMS, &p, sizeof(p), 0) &&
+	    (uint64_t)p.basic.dev_sectors << 9 > u->info.bytes)
+		dlog(DLOG_WARN, "ublk: /dev/ublkb%d (%s): the device has %llu bytes now, the block "
+		     "device %llu: IO beyond the device's end fails", dev_id, name,
+		     (unsigned long long)u->info.bytes,
+		     (unsigned long long)p.basic.dev_sectors << 9);
+	/*
+	 * START_USER_RECOVERY: once the old daemon has exited (its /dev/ublkcN
+	 * released) and the kernel has quiesced the device; -EBUSY until then.
+	 */
+	for (;;) {
+		rc = ctrl_cmd(u, UBLK_CMD_START_USER_RECOVERY, NULL, 0, 0);
+		if (rc != -EBUSY || waited >= wait_ms)
+			break;
+		usleep(20000);
+		waited += 20;
+	}
+	if (rc) {
+		snprintf(why, len, "ublk START_USER_RECOVERY of /dev/ublkb%d: %s%s", dev_id,
+			 strerror(-rc), rc == -EBUSY ? " (another daemon still serves it, or the "
+			 "kernel has not quiesced it)" : "");
+		goto fail_nodev;
+	}
+	rc = queue_start(u, why, len);
+	if (rc)
+		goto fail;
+	/* END_USER_RECOVERY waits for every tag's fetch, then lets the held IO through. */
+	rc = ctrl_cmd(u, UBLK_CMD_END_USER_RECOVERY, NULL, 0, (uint64_t)getpid());
+	if (rc) {
+		snprintf(why, len, "ublk END_USER_RECOVERY of /dev/ublkb%d: %s", dev_id,
+			 strerror(-rc));
+		goto fail;
+	}
+	*out = u;
+	return 0;
+fail:
+	/*
+	 * Recovery started: the device cannot be given back half attached.
+	 * STOP_DEV ends it (its held IO fails); the caller forgets it.
+	 */
+	if (u && u->dev_id >= 0) {
+		ctrl_cmd(u, UBLK_CMD_STOP_DEV, NULL, 0, 0);
+		if (u->thread_up)
+			pthread_join(u->thread, NULL);
+	}
+	if (u)
+		dev_free(u);
+	return rc;
+fail_nodev:
+	/* Nothing done to the device: another try (or daemon) may still recover it. */
+	u->dev_id = -1;
 	dev_free(u);
 	return rc;
+}
+
+int ublk_dev_resize(struct ublk_dev *u, uint64_t bytes)
+{
+	if (!u->can_resize)
+		return -EOPNOTSUPP;
+	return ctrl_cmd_op(u, CTRL_UPDATE_SIZE, NULL, 0, bytes >> 9);
+}
+
+bool ublk_dev_can_resize(const struct ublk_dev *u)
+{
+	return u->can_resize;
+}
+
+unsigned ublk_dev_handover(struct ublk_dev *u, unsigned wait_ms)
+{
+	uint64_t one = 1;
+	unsigned left, waited = 0;
+
+	if (!u)
+		return 0;
+	atomic_store(&u->draining, true);
+	while ((left = atomic_load(&u->sent)) && waited < wait_ms) {
+		usleep(5000);
+		waited += 5;
+	}
+	atomic_store(&u->leaving, true);
+	if (write(u->efd, &one, sizeof(one)) != sizeof(one))
+		abort(); /* an eventfd write cannot fail but by overflow */
+	pthread_join(u->thread, NULL);
+	u->thread_up = false;
+	return atomic_load(&u->sent);
 }
 
 void ublk_dev_remove(struct ublk_dev *u)

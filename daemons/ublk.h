@@ -13,7 +13,10 @@
 #ifndef RNBD_UBLK_H
 #define RNBD_UBLK_H
 
+#include <linux/ublk_cmd.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "rnbd.h"
 
@@ -36,5 +39,56 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
  * sent to the server are waited for. After it, nothing of d is used.
  */
 void ublk_dev_remove(struct ublk_dev *u);
+
+/*
+ * A new size (whole blocks) for the block device, announced to the kernel
+ * (a size change event): 0, or -EOPNOTSUPP where the kernel cannot change
+ * a live ublk device's size (UBLK_F_UPDATE_SIZE, Linux 6.16); then
+ * ublk_dev_can_resize is false from the start.
+ */
+int ublk_dev_resize(struct ublk_dev *u, uint64_t bytes);
+bool ublk_dev_can_resize(const struct ublk_dev *u);
+
+/*
+ * Devices outlive their daemon (UBLK_F_USER_RECOVERY with REISSUE): when
+ * the process that serves one ends, however it ends, the kernel keeps
+ * /dev/ublkbN and holds its IO; what the process had taken and not
+ * answered is given again to the next one. That one attaches with
+ * ublk_dev_recover.
+ */
+struct ublk_state {
+	int state;          /* UBLK_S_DEV_LIVE, _QUIESCED (waits for a daemon), _DEAD */
+	bool recoverable;   /* made with user recovery */
+	int pid;            /* the daemon that serves (served) it */
+	unsigned queue_depth;
+};
+
+/* Device N's state: 0, -ENODEV when there is none, or another negative errno. */
+int ublk_dev_state(int dev_id, struct ublk_state *st);
+
+/* Stops and deletes device N, left by a daemon and not taken over: its held IO fails. */
+int ublk_dev_abandon(int dev_id);
+
+/*
+ * Attaches to /dev/ublkb<dev_id>, left by a daemon that ended, as the
+ * block device of d (mapped again by the caller): waits up to wait_ms for
+ * the kernel to have let the old daemon go, then serves the device, its
+ * held IO first. 0 with *out, or a negative errno with why; the device is
+ * left as it was when the kernel refused to start the recovery (-EBUSY:
+ * another daemon serves it), else stopped and deleted.
+ */
+int ublk_dev_recover(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char *name,
+		     int dev_id, unsigned wait_ms, struct ublk_dev **out, char *why, size_t len);
+
+/*
+ * A planned handover to the next daemon: requests that come from now on
+ * are left for the kernel to give the next daemon; those sent to the RNBD
+ * device are waited for, up to wait_ms, and answered. Then the queue
+ * thread ends; the process is to exit without removing the device (its
+ * exit hands the device to the kernel). Returns how many were still
+ * unanswered (given again to the next daemon: the server fences them,
+ * docs/protocol.md section 10). u is not freed.
+ */
+unsigned ublk_dev_handover(struct ublk_dev *u, unsigned wait_ms);
 
 #endif

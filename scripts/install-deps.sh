@@ -11,7 +11,7 @@ set -euo pipefail
 build=(
 	gcc libc6-dev meson ninja-build pkg-config python3
 	libibverbs-dev librdmacm-dev libssl-dev liburing-dev
-	libjson-c-dev libmicrohttpd-dev nbdkit-plugin-dev scdoc
+	libjson-c-dev libmicrohttpd-dev nbdkit-plugin-dev scdoc libsystemd-dev
 )
 # What the demo runs besides the build.
 demo=(nbdkit libnbd-bin qemu-utils)

@@ -8,7 +8,7 @@
 #     shows both paths (addresses, states, counters) and both devices, each
 #     saying it has no block device because none was asked for;
 #   - client save writes the mappings; a restarted daemon maps them again
-#     (once its socket is up);
+#     (once its socket is up), and only then sends READY=1 to NOTIFY_SOCKET;
 #   - run-time changes (reconnect-params, path add and remove, policy) are
 #     what client save writes, and what a restarted daemon restores;
 #     resize and remap;
@@ -130,8 +130,36 @@ wait "$daemon_pid" 2>/dev/null || true
 check "a stopped daemon unmapped everything: the server has nothing open" ctl_none "$dir/sctl"
 # The mappings are restored once the socket is up: wait until there are N.
 mapped_n() { [ "$(c list devices -o json | python3 -c 'import json, sys; print(len(json.load(sys.stdin)))')" = "$1" ]; }
-daemon_start "$dir/d2.log"
+# Under systemd (Type=notify): READY=1 on NOTIFY_SOCKET once the mappings
+# are restored. A listener takes it and at once asks what is mapped.
+python3 - "$dir/notify" "$rnbd" "$dir/cctl" "$dir/ready.json" <<'PY' &
+import json, os, socket, subprocess, sys
+path, rnbd, ctl, out = sys.argv[1:5]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(path)
+s.settimeout(30)
+msgs = []
+while True:
+    m = s.recv(4096).decode()
+    msgs.append(m)
+    if "READY=1" in m.split("\n"):
+        break
+devs = json.loads(subprocess.run([rnbd, "--socket", ctl, "client", "list", "devices", "-o", "json"],
+                                 capture_output=True, text=True).stdout)
+json.dump({"messages": msgs, "devices": devs}, open(out, "w"))
+PY
+listener=$!
+wait_until 10 test -S "$dir/notify" || true
+NOTIFY_SOCKET=$dir/notify daemon_start "$dir/d2.log"
 wait_until 10 mapped_n 2 || true
+wait "$listener" || true
+check "READY=1 on NOTIFY_SOCKET, once both mappings are restored" python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert any("READY=1" in m and "STATUS=2 devices mapped" in m for m in r["messages"]), r["messages"]
+d = sorted((x["device"], x["state"]) for x in r["devices"])
+assert d == [("mem0", "mapped"), ("mem1", "mapped")], d
+' "$dir/ready.json"
 check "restarted: both mappings restored" bash -c "'$rnbd' --socket '$dir/cctl' client list \
 	devices -o json | python3 -c '
 import json, sys

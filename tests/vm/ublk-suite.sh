@@ -18,9 +18,19 @@
 #   - polled completions, over tcp on loopback: two devices of one session
 #     written and read back at once, four streams each, equal, and one
 #     queue thread polls the session for both;
-#   - rnbd-clientd stopped (SIGTERM) with its server frozen (SIGSTOP) under
-#     a write, fast_io_fail_ms 600000: it ends within 5 s, the write fails
-#     with EIO, the block device is gone.
+#   - rnbd-clientd stopped (SIGTERM, --on-stop remove) with its server
+#     frozen (SIGSTOP) under a write, fast_io_fail_ms 600000: it ends
+#     within 5 s, the write fails with EIO, the block device is gone;
+#   - block devices that outlive the daemon: ext4 under fio --verify (4 KiB
+#     random writes, QD 16), rnbd-clientd killed (SIGKILL) at 20 random
+#     moments and 3 times stopped (SIGTERM, handover), started again each
+#     time: the device is taken over, its node and its stable name
+#     (/dev/rnbd/SESSION/DEVICE) never go, fio ends with no error or bad
+#     block, fsck is clean; unmap removes device, record and name;
+#   - fenced reissue: a slow backend (dm-delay, writes held 500 ms),
+#     sixteen writers stamping generation numbers, the daemon killed with
+#     writes held, 20 runs: no block reads back older than its last
+#     written generation.
 # Usage: ublk-suite.sh BUILD_DIR. Prints "N passed, N failed, N skipped";
 # exits 77 when guests cannot be run here.
 set -uo pipefail
@@ -63,16 +73,16 @@ server() {
 	SPID=$!
 	wait_for 60 grep -q 'listening on port' /tmp/s.log
 }
-clientd() { # each start its own log: "ready" is this one's
+clientd() { # [OPTION...]: each start its own log: "ready" is this one's
 	CLOG=/tmp/c$((++NC)).log
 	"$B/daemons/rnbd-clientd" --control /tmp/c.sock --mappings /tmp/maps.json \
-		--log-level info >"$CLOG" 2>&1 &
+		--runtime-dir /tmp/rt --log-level info "$@" >"$CLOG" 2>&1 &
 	CPID=$!
 	wait_for 60 grep -q 'rnbd-clientd ready' "$CLOG"
 }
 NC=0
 server; check server-started $?
-clientd; check clientd-started $?
+clientd --on-stop remove; check clientd-started $?
 grep -q 'ublk: mapped devices become' "$CLOG"; check clientd-found-ublk $?
 
 R client map disk.img --session ub --server 198.18.0.1 --provider verbs \
@@ -139,7 +149,7 @@ fsck.ext4 -n "$dev" >/tmp/fsck.log 2>&1; check fsck-clean $? "($(tail -n1 /tmp/f
 R client save >/dev/null; check client-save $?
 kill "$CPID"; wait "$CPID"; check clientd-stopped $?
 [ ! -b "$dev" ]; check block-device-gone-with-clientd $?
-clientd; check clientd-restarted $?
+clientd --on-stop remove; check clientd-restarted $?
 restored() { # the restored mapping's block device, once it is there (mapped after "ready")
 	dev=$(R client list devices -o json | python3 -c '
 import json, sys
@@ -221,7 +231,163 @@ check frozen-write-fails-eio $? "(dd exit $ddrc: $(head -c 200 /tmp/dd.err))"
 kill -CONT "$S2PID"
 kill "$S2PID"
 
-kill "$CPID" "$SPID"; wait
+# Block devices that outlive rnbd-clientd (ublk user recovery): ext4 on a
+# mapped device under fio --verify (random 4 KiB writes, QD 16, each block
+# verified soon after it is written); rnbd-clientd killed (SIGKILL) at 20
+# random moments and started again each time: the new one takes the block
+# device over (its record in --runtime-dir), the device node never goes,
+# fio ends with no error and no bad block, fsck is clean. Then planned
+# restarts (SIGTERM, --on-stop handover, then a new daemon: what a
+# package upgrade's restart does) under the same fio.
+rm -f /tmp/maps.json # the file's mapping of disk.img is not restored here
+clientd; check recovery-clientd-started $?
+R client map disk.img --session rc --server 198.18.0.1 --provider verbs \
+	--fast-io-fail-ms 60000 -o json >/tmp/mr.json
+check recovery-map $? "$(cat /tmp/mr.json)"
+dr=$(python3 -c 'import json; print(json.load(open("/tmp/mr.json"))["block_device"] or "")')
+[ -f "/tmp/rt/$(basename "$dr").json" ]; check recovery-record-written $? "(/tmp/rt)"
+[ "$(readlink /dev/rnbd/rc/disk.img)" = "$dr" ]
+check stable-name-link $? "(/dev/rnbd/rc/disk.img -> $(readlink /dev/rnbd/rc/disk.img))"
+mkfs.ext4 -q -F "$dr" && mount "$dr" /tmp/mnt; check recovery-mount $?
+rm -f /tmp/gone
+( while [ -b "$dr" ]; do sleep 0.05; done; echo "$(date +%s.%N)" >/tmp/gone ) &
+WATCH=$!
+fio --name=rcv --filename=/tmp/mnt/fio.dat --size=16M --rw=randwrite --bs=4k \
+	--iodepth=16 --ioengine=libaio --direct=1 --verify=crc32c --verify_backlog=256 \
+	--verify_fatal=1 --time_based --runtime=900 --output=/tmp/fio.out >/dev/null 2>&1 &
+FIO=$!
+sleep 2
+takeover_ms=()
+restart_cycle() { # SIGNAL: the daemon stopped so, a new one started; the takeover's time
+	local t0 t1
+	t0=$(date +%s%3N)
+	kill "-$1" "$CPID"; wait "$CPID" 2>/dev/null
+	clientd || return 1
+	wait_for 60 grep -q 'taken over: its IO goes on' "$CLOG" || return 1
+	t1=$(date +%s%3N)
+	takeover_ms+=($((t1 - t0)))
+}
+ok=0
+for i in $(seq 20); do
+	sleep "0.$((RANDOM % 9 + 1))$((RANDOM % 10))"
+	restart_cycle KILL || break
+	kill -0 "$FIO" 2>/dev/null || break
+	ok=$i
+done
+[ "$ok" -eq 20 ]; check recovery-20-kills-taken-over $? "($ok of 20; ms: ${takeover_ms[*]})"
+okp=0
+for i in 1 2 3; do
+	sleep 1
+	restart_cycle TERM || break
+	grep -q 'handed over to the next rnbd-clientd' "/tmp/c$((NC - 1)).log" || break
+	okp=$i
+done
+[ "$okp" -eq 3 ]; check recovery-3-planned-restarts $? "(${takeover_ms[*]:20})"
+sleep 3
+kill -INT "$FIO"; wait "$FIO"; frc=$? # 128: "terminating on signal", the one sent
+errs=$(grep -c 'err= 0' /tmp/fio.out)
+{ [ "$frc" -eq 0 ] || [ "$frc" -eq 128 ]; } && [ "$errs" -eq 1 ] &&
+	! grep -qiE 'verify failed|bad magic|bad header|mismatch' /tmp/fio.out
+check recovery-fio-verify-clean $? "(exit $frc; $(grep -E 'err=|WRITE:' /tmp/fio.out | head -3 | tr '\n' ' '))"
+kill "$WATCH" 2>/dev/null; wait "$WATCH" 2>/dev/null
+[ ! -e /tmp/gone ]; check recovery-device-node-never-gone $?
+[ "$(readlink /dev/rnbd/rc/disk.img)" = "$dr" ]; check stable-name-after-takeovers $?
+umount /tmp/mnt; check recovery-umount $?
+fsck.ext4 -n "$dr" >/tmp/fsck2.log 2>&1; check recovery-fsck-clean $? "($(tail -n1 /tmp/fsck2.log))"
+echo "takeover-ms ${takeover_ms[*]}"
+R client resize disk.img 32M --session rc >/dev/null 2>/tmp/resize.err
+[ $? -eq 1 ] && grep -q 'UBLK_F_UPDATE_SIZE' /tmp/resize.err
+check resize-refused-where-ublk-cannot $? "($(cat /tmp/resize.err))"
+R client unmap disk.img --session rc >/dev/null; check recovery-unmap $?
+[ ! -b "$dr" ] && [ ! -e "/tmp/rt/$(basename "$dr").json" ] && [ ! -e /dev/rnbd/rc ]
+check recovery-unmap-removes-device-record-and-name $?
+kill "$CPID"; wait "$CPID"
+
+# Fenced reissue: a slow backend (dm-delay: every write held 500 ms) under
+# rnbd-server over tcp; sixteen writers stamp a block each with generation
+# numbers, each block's next generation written once its last one is done;
+# rnbd-clientd is killed while writes are held, and started again: the
+# server admits its session only once the dead one's writes are finished,
+# so after the writers stop no block reads back older than the last
+# generation written to it. 20 runs.
+cat >/tmp/gen.py <<'PY'
+import json, mmap, os, struct, sys, threading
+B = 4096
+def write(dev, nblocks, nthreads, stop, out):
+    fd = os.open(dev, os.O_RDWR | os.O_DIRECT)
+    done, errors = [0] * nblocks, []
+    def worker(t):
+        buf, g = mmap.mmap(-1, B), 0
+        while not os.path.exists(stop):
+            g += 1
+            for b in range(t, nblocks, nthreads):
+                buf.seek(0)
+                buf.write(struct.pack("<QQ", b, g) * (B // 16))
+                try:
+                    os.pwritev(fd, [buf], b * B)
+                except OSError as e:
+                    errors.append("block %d generation %d: %s" % (b, g, e))
+                    return
+                done[b] = g
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(nthreads)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    json.dump({"done": done, "errors": errors}, open(out, "w"))
+def check(dev, state):
+    st = json.load(open(state))
+    fd, buf, bad = os.open(dev, os.O_RDONLY | os.O_DIRECT), mmap.mmap(-1, B), []
+    for b, want in enumerate(st["done"]):
+        os.preadv(fd, [buf], b * B)
+        blk, g = struct.unpack_from("<QQ", buf, 0)
+        if blk != b or g != want:
+            bad.append("block %d: generation %d (block %d), last written %d" % (b, g, blk, want))
+    print("; ".join(st["errors"] + bad[:4]) or "%d blocks, %d writes" % (len(st["done"]), sum(st["done"])))
+    sys.exit(1 if st["errors"] or bad else 0)
+if sys.argv[1] == "write":
+    write(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])
+else:
+    check(sys.argv[2], sys.argv[3])
+PY
+head -c $((16 << 20)) /dev/zero >/tmp/slow.img
+lo=$(losetup -f --show /tmp/slow.img) &&
+	dmsetup create slow --noudevsync --table "0 32768 delay $lo 0 0 $lo 0 500" &&
+	dmsetup mknodes slow && [ -b /dev/mapper/slow ]
+check fence-slow-backend $? "(dm-delay over $lo: writes held 500 ms)"
+"$B/daemons/rnbd-server" --provider tcp -a 127.0.0.1 -p 1236 -s /dev/mapper \
+	--log-level info >/tmp/s3.log 2>&1 &
+S3PID=$!
+wait_for 60 grep -q 'listening on port' /tmp/s3.log; check fence-server-started $?
+clientd
+R client map slow --session fence --server 127.0.0.1:1236 --provider tcp \
+	--fast-io-fail-ms 60000 -o json >/tmp/ms.json
+check fence-map $? "$(cat /tmp/ms.json)"
+ds=$(python3 -c 'import json; print(json.load(open("/tmp/ms.json"))["block_device"] or "")')
+fenced=0 details=""
+for run in $(seq 20); do
+	rm -f /tmp/gen.stop
+	python3 /tmp/gen.py write "$ds" 16 16 /tmp/gen.stop /tmp/gen.json &
+	GW=$!
+	sleep "0.$((RANDOM % 5 + 3))"
+	restart_cycle KILL || { details="run $run: no takeover"; break; }
+	sleep 1.5
+	touch /tmp/gen.stop
+	wait "$GW"
+	sleep 0.6 # a write of the dead daemon that was not fenced would have landed by now
+	if ! out=$(python3 /tmp/gen.py check "$ds" /tmp/gen.json); then
+		details="run $run: $out"
+		break
+	fi
+	fenced=$run
+done
+[ "$fenced" -eq 20 ]
+check fence-20-kills-no-older-generation $? "($fenced of 20; ${details:-$out}; takeover ms \
+${takeover_ms[*]: -20}; the server waited for the dead session in \
+$(grep -c 'taken over after' /tmp/s3.log) runs)"
+R client unmap slow --session fence >/dev/null; check fence-unmap $?
+kill "$CPID" "$S3PID"; wait "$CPID" "$S3PID"
+dmsetup remove slow; losetup -d "$lo"
+
+kill "$CPID" "$SPID" "$FIO" "$WATCH" "$S3PID" 2>/dev/null; wait
 dmesg | grep -E 'BUG:|Oops|Call Trace' >/tmp/oops; [ ! -s /tmp/oops ]; check kernel-log-clean $?
 # In a sanitizer build, the daemons' reports would be in their logs.
 ! grep -lE 'ERROR: (Address|Leak|Thread)Sanitizer|runtime error:' /tmp/s.log /tmp/s2.log /tmp/c*.log
