@@ -22,7 +22,7 @@ tests=(
 	iperf3 gnuplot-nox
 	nvme-cli
 	python3-prometheus-client curl
-	fio fuse3 e2fsprogs
+	fio fuse3 e2fsprogs mdadm
 	tcpdump tshark
 	systemd man-db
 	build-essential debhelper dpkg-dev lintian fakeroot

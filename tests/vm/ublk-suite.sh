@@ -30,7 +30,12 @@
 #   - fenced reissue: a slow backend (dm-delay, writes held 500 ms),
 #     sixteen writers stamping generation numbers, the daemon killed with
 #     writes held, 20 runs: no block reads back older than its last
-#     written generation.
+#     written generation;
+#   - md RAID1 (internal bitmap) over block devices from two servers under
+#     fio --verify: a server killed, then its link cut, then killed again
+#     with rnbd-clientd killed mid-resync: the leg is marked faulty in
+#     bounded time, IO goes on, the leg is re-added and resynced from the
+#     bitmap, a check finds 0 mismatches, fio ends clean.
 # Usage: ublk-suite.sh BUILD_DIR. Prints "N passed, N failed, N skipped";
 # exits 77 when guests cannot be run here.
 set -uo pipefail
@@ -387,7 +392,117 @@ R client unmap slow --session fence >/dev/null; check fence-unmap $?
 kill "$CPID" "$S3PID"; wait "$CPID" "$S3PID"
 dmsetup remove slow; losetup -d "$lo"
 
-kill "$CPID" "$SPID" "$FIO" "$WATCH" "$S3PID" 2>/dev/null; wait
+# md RAID1 across two servers (docs/management.md, "Past one server"): two
+# rnbd-servers over tcp, a 32 MiB leg each, mapped by one rnbd-clientd with
+# fast_io_fail_ms 2000; md RAID1 with an internal bitmap over both block
+# devices, under fio --verify. Server A killed: md marks its leg faulty
+# within fast_io_fail + 5 s and IO goes on; A back: the leg re-added, the
+# bitmap resyncs, a check finds no mismatch. The same with A's link cut
+# (nftables drops its port, nothing answers) instead of a kill; and with
+# rnbd-clientd killed and taken over in the middle of the resync.
+mkdir -p /tmp/md-a /tmp/md-b
+head -c $((32 << 20)) /dev/zero >/tmp/md-a/leg.img
+head -c $((32 << 20)) /dev/zero >/tmp/md-b/leg.img
+mdserver() { # a|b PORT: the leg's server, started (again)
+	"$B/daemons/rnbd-server" --provider tcp -a 127.0.0.1 -p "$2" -s "/tmp/md-$1" \
+		--log-level info >>"/tmp/md-$1.log" 2>&1 &
+	eval "MD_$1=$!"
+	wait_for 60 grep -q "listening on port $2" "/tmp/md-$1.log"
+}
+mdserver a 1237 && mdserver b 1238; check md-servers-started $?
+clientd
+R client map leg.img --session mda --server 127.0.0.1:1237 --provider tcp \
+	--fast-io-fail-ms 2000 --reconnect-delay-ms 500 -o json >/tmp/mda.json &&
+	R client map leg.img --session mdb --server 127.0.0.1:1238 --provider tcp \
+	--fast-io-fail-ms 2000 --reconnect-delay-ms 500 -o json >/tmp/mdb.json
+check md-legs-mapped $?
+la=$(python3 -c 'import json; print(json.load(open("/tmp/mda.json"))["block_device"] or "")')
+lb=$(python3 -c 'import json; print(json.load(open("/tmp/mdb.json"))["block_device"] or "")')
+mdadm --create /dev/md0 --run --level=1 --raid-devices=2 --bitmap=internal \
+	--metadata=1.2 --failfast "$la" "$lb" >/tmp/mdadm.log 2>&1 && mdadm --wait /dev/md0
+check md-raid1-created $? "($la $lb; $(tail -n1 /tmp/mdadm.log))"
+fio --name=md --filename=/dev/md0 --size=16M --rw=randwrite --bs=4k --iodepth=16 \
+	--ioengine=libaio --direct=1 --verify=crc32c --verify_backlog=256 --verify_fatal=1 \
+	--time_based --runtime=900 --output=/tmp/fio-md.out >/dev/null 2>&1 &
+MDFIO=$!
+sleep 2
+leg_state() { cat "/sys/block/md0/md/dev-$(basename "$1")/state" 2>/dev/null; }
+faulty_within() { # LEG SECONDS: ms until md marks LEG faulty, or fail
+	local t0 end
+	t0=$(date +%s%3N); end=$((t0 + $2 * 1000))
+	until leg_state "$1" | grep -q faulty; do
+		[ "$(date +%s%3N)" -lt "$end" ] || return 1
+		sleep 0.1
+	done
+	echo $(($(date +%s%3N) - t0))
+}
+leg_ready() { # SESSION LEG: its device open on its server again, and readable
+	R client list devices -o json | python3 -c '
+import json, sys
+sys.exit(not [d for d in json.load(sys.stdin) if d["session"] == sys.argv[1] and d["state"] == "mapped"])
+' "$1" 2>/dev/null && dd if="$2" of=/dev/null bs=4k count=1 iflag=direct status=none 2>/dev/null
+}
+leg_back() { wait_for 60 leg_ready "$@"; }
+re_add() { # LEG: back in the array from its bitmap (re-added, not added anew)
+	mdadm /dev/md0 --re-add --failfast "$1" >>/tmp/readd.err 2>&1 && grep -q 're-added' /tmp/readd.err
+}
+resync() { # LEG: back into the array, the bitmap's blocks copied, then a check
+	leg_back mda "$1" || return 1
+	mdadm /dev/md0 --remove "$1" >/tmp/readd.err 2>&1 || return 1 # it was faulty: out
+	wait_for 60 re_add "$1" || return 1
+	mdadm --wait /dev/md0
+	wait_for 120 bash -c "grep -q 'idle' /sys/block/md0/md/sync_action" || return 1
+	[ "$(cat /sys/block/md0/md/degraded)" = 0 ]
+}
+check_mismatch() { # a full check of both legs: 0 mismatches
+	echo check >/sys/block/md0/md/sync_action
+	sleep 1
+	mdadm --wait /dev/md0
+	wait_for 120 bash -c "grep -q 'idle' /sys/block/md0/md/sync_action" || return 1
+	[ "$(cat /sys/block/md0/md/mismatch_cnt)" = 0 ]
+}
+# 1. Server A killed.
+kill -KILL "$MD_a"; wait "$MD_a" 2>/dev/null
+ms=$(faulty_within "$la" 7); check md-kill-leg-faulty-within-fast-io-fail-plus-5s $? "($ms ms)"
+sleep 2
+kill -0 "$MDFIO"; check md-io-goes-on-degraded $?
+mdserver a 1237; check md-server-a-back $?
+resync "$la"; check md-kill-leg-re-added-resynced $? "($(leg_state "$la"); degraded \
+$(cat /sys/block/md0/md/degraded); $(grep -A2 '^md0' /proc/mdstat | tr '\n' ' '); \
+$(tail -n 3 /tmp/readd.err | tr '\n' ' '))"
+check_mismatch; check md-kill-check-no-mismatch $? "(mismatch_cnt $(cat /sys/block/md0/md/mismatch_cnt))"
+# 2. Server A's link cut: its port silently dropped.
+nft add table inet mdcut && nft add chain inet mdcut in '{ type filter hook input priority 0; }' &&
+	nft add rule inet mdcut in tcp dport 1237 drop && nft add rule inet mdcut in tcp sport 1237 drop
+check md-link-cut $?
+ms=$(faulty_within "$la" 12); check md-cut-leg-faulty $? "($ms ms: heartbeats, then fast_io_fail)"
+sleep 2
+nft delete table inet mdcut; check md-link-restored $?
+resync "$la"; check md-cut-leg-re-added-resynced $? "($(leg_state "$la"))"
+check_mismatch; check md-cut-check-no-mismatch $? "(mismatch_cnt $(cat /sys/block/md0/md/mismatch_cnt))"
+# 3. Server A killed again; while its leg resyncs, rnbd-clientd is killed and taken over.
+kill -KILL "$MD_a"; wait "$MD_a" 2>/dev/null
+faulty_within "$la" 7 >/dev/null; check md-again-leg-faulty $?
+mdserver a 1237
+leg_back mda "$la"; check md-again-leg-back $?
+mdadm /dev/md0 --remove "$la" >/tmp/readd.err 2>&1
+wait_for 60 re_add "$la"; check md-again-re-add $? "($(tail -n 2 /tmp/readd.err | tr '\n' ' '))"
+restart_cycle KILL; check md-clientd-killed-mid-resync-taken-over $? "(${takeover_ms[*]: -1} ms)"
+mdadm --wait /dev/md0
+wait_for 120 bash -c "grep -q 'idle' /sys/block/md0/md/sync_action" &&
+	[ "$(cat /sys/block/md0/md/degraded)" = 0 ]
+check md-resync-done-after-takeover $?
+check_mismatch; check md-again-check-no-mismatch $? "(mismatch_cnt $(cat /sys/block/md0/md/mismatch_cnt))"
+kill -INT "$MDFIO"; wait "$MDFIO"; frc=$?
+{ [ "$frc" -eq 0 ] || [ "$frc" -eq 128 ]; } && [ "$(grep -c 'err= 0' /tmp/fio-md.out)" -eq 1 ] &&
+	! grep -qiE 'verify failed|bad magic|bad header|mismatch' /tmp/fio-md.out
+check md-fio-verify-clean $? "(exit $frc; $(grep -E 'err=' /tmp/fio-md.out | head -1))"
+mdadm --stop /dev/md0 >/dev/null 2>&1; check md-stopped $?
+R client unmap leg.img --session mda >/dev/null && R client unmap leg.img --session mdb >/dev/null
+check md-legs-unmapped $?
+kill "$CPID" "$MD_a" "$MD_b"; wait "$CPID" "$MD_a" "$MD_b" 2>/dev/null
+
+kill "$CPID" "$SPID" "$FIO" "$WATCH" "$S3PID" "$MDFIO" "$MD_a" "$MD_b" 2>/dev/null; wait
 dmesg | grep -E 'BUG:|Oops|Call Trace' >/tmp/oops; [ ! -s /tmp/oops ]; check kernel-log-clean $?
 # In a sanitizer build, the daemons' reports would be in their logs.
 ! grep -lE 'ERROR: (Address|Leak|Thread)Sanitizer|runtime error:' /tmp/s.log /tmp/s2.log /tmp/c*.log
