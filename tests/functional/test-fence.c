@@ -26,49 +26,9 @@
 #include "harness.h"
 #include "test-proto-hdr.h"
 
-#define LEN 4096
+#define LEN TEST_AIO_LEN
 
 static struct rtrs_clt_sess *sess;
-
-struct aio {
-	struct rtrs_permit *permit;
-	struct test_hdr hdr;
-	struct rtrs_clt_req_ops ops;
-	uint8_t buf[LEN];
-	atomic_int calls;
-	atomic_int err;
-	uint64_t t_done;
-};
-
-static void conf(void *priv, int err)
-{
-	struct aio *a = priv;
-
-	a->t_done = test_now_ms();
-	atomic_store(&a->err, err);
-	atomic_fetch_add(&a->calls, 1);
-}
-
-static int start(struct aio *a, enum rtrs_dir dir, uint8_t fill)
-{
-	struct iovec usr = { &a->hdr, sizeof(a->hdr) }, data = { a->buf, LEN };
-
-	memset(a->buf, fill, LEN);
-	a->hdr = (struct test_hdr){ .magic = TEST_MAGIC, .op = TEST_OP_IO, .offset = 0,
-				    .len = LEN };
-	a->ops = (struct rtrs_clt_req_ops){ .priv = a, .conf = conf };
-	atomic_store(&a->calls, 0);
-	return rtrs_clt_request(sess, dir, &a->ops, a->permit, &usr, 1, &data, 1);
-}
-
-static bool wait_done(struct aio *a, unsigned ms)
-{
-	uint64_t end = test_now_ms() + ms;
-
-	while (!atomic_load(&a->calls) && test_now_ms() < end)
-		usleep(1000);
-	return atomic_load(&a->calls) > 0;
-}
 
 int main(void)
 {
@@ -78,7 +38,7 @@ int main(void)
 			 a_late, NULL };
 	struct rtrs_path_addr paths[2];
 	struct rtrs_clt_opts o;
-	static struct aio w1, w2, r;
+	static struct test_aio w1, w2, r;
 	struct rtrs_path_stats st = { .size = sizeof(st) };
 	struct proc srv;
 	char dst[96];
@@ -110,27 +70,27 @@ int main(void)
 
 	/* 1. W1 on path 0, held by the server; then path 0 fails. */
 	t0 = test_now_ms();
-	CHECK_EQ(start(&w1, RTRS_WRITE, 0x11), 0);
+	CHECK_EQ(test_aio_start(sess, &w1, RTRS_WRITE, 0x11), 0);
 	rtrs_clt_path_stats(sess, 0, &st);
 	CHECK_EQ(st.inflight, 1);
 	usleep(100 * 1000);
 	CHECK_EQ(rtrs_clt_reconnect_path(sess, 0), 0); /* fails the path with W1 in flight */
 
 	/* 2. W1 completes once, successfully, and only after the fence. */
-	CHECK(wait_done(&w1, 8000), "W1 completed");
+	CHECK(test_aio_wait(&w1, 8000), "W1 completed");
 	CHECK_EQ(atomic_load(&w1.err), 0);
 	CHECK(w1.t_done - t0 >= 600, "W1 completed after %llu ms, before the held copy was done",
 	      (unsigned long long)(w1.t_done - t0));
 
 	/* 3. W2, newer, same range. */
-	CHECK_EQ(start(&w2, RTRS_WRITE, 0x22), 0);
-	CHECK(wait_done(&w2, 8000), "W2 completed");
+	CHECK_EQ(test_aio_start(sess, &w2, RTRS_WRITE, 0x22), 0);
+	CHECK(test_aio_wait(&w2, 8000), "W2 completed");
 	CHECK_EQ(atomic_load(&w2.err), 0);
 
 	/* 4. Give any stale copy time to land, then read: W2's bytes survive. */
 	usleep(800 * 1000);
-	CHECK_EQ(start(&r, RTRS_READ, 0), 0);
-	CHECK(wait_done(&r, 8000), "read completed");
+	CHECK_EQ(test_aio_start(sess, &r, RTRS_READ, 0), 0);
+	CHECK(test_aio_wait(&r, 8000), "read completed");
 	CHECK_EQ(atomic_load(&r.err), 0);
 	CHECK(r.buf[0] == 0x22 && r.buf[LEN - 1] == 0x22, "read %#x: the newer write was lost",
 	      r.buf[0]);

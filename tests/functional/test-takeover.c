@@ -32,46 +32,8 @@
 #include "harness.h"
 #include "test-proto-hdr.h"
 
-#define LEN 4096
+#define LEN TEST_AIO_LEN
 #define HOLD_MS 1500
-
-struct aio {
-	struct rtrs_permit *permit;
-	struct test_hdr hdr;
-	struct rtrs_clt_req_ops ops;
-	uint8_t buf[LEN];
-	atomic_int calls;
-	atomic_int err;
-};
-
-static void conf(void *priv, int err)
-{
-	struct aio *a = priv;
-
-	atomic_store(&a->err, err);
-	atomic_fetch_add(&a->calls, 1);
-}
-
-static int start(struct rtrs_clt_sess *s, struct aio *a, enum rtrs_dir dir, uint8_t fill)
-{
-	struct iovec usr = { &a->hdr, sizeof(a->hdr) }, data = { a->buf, LEN };
-
-	memset(a->buf, fill, LEN);
-	a->hdr = (struct test_hdr){ .magic = TEST_MAGIC, .op = TEST_OP_IO, .offset = 0,
-				    .len = LEN };
-	a->ops = (struct rtrs_clt_req_ops){ .priv = a, .conf = conf };
-	atomic_store(&a->calls, 0);
-	return rtrs_clt_request(s, dir, &a->ops, a->permit, &usr, 1, &data, 1);
-}
-
-static bool wait_done(struct aio *a, unsigned ms)
-{
-	uint64_t end = test_now_ms() + ms;
-
-	while (!atomic_load(&a->calls) && test_now_ms() < end)
-		usleep(1000);
-	return atomic_load(&a->calls) > 0;
-}
 
 static void opts(struct rtrs_clt_opts *o, struct rtrs_path_addr *path, const char *src,
 		 const char *dst)
@@ -93,14 +55,14 @@ static void doomed(const char *dst, int fd)
 	struct rtrs_path_addr path;
 	struct rtrs_clt_opts o;
 	struct rtrs_clt_sess *s;
-	static struct aio w1;
+	static struct test_aio w1;
 	char ok = 1;
 
 	opts(&o, &path, test_addr_n(1), dst);
 	if (rtrs_clt_open(&o, &s))
 		_exit(1);
 	w1.permit = rtrs_clt_get_permit(s, RTRS_IO_CON, RTRS_PERMIT_WAIT);
-	if (start(s, &w1, RTRS_WRITE, 0x11))
+	if (test_aio_start(s, &w1, RTRS_WRITE, 0x11))
 		_exit(1);
 	if (write(fd, &ok, 1) != 1)
 		_exit(1);
@@ -117,7 +79,7 @@ int main(void)
 	struct rtrs_path_addr path;
 	struct rtrs_clt_opts o;
 	struct rtrs_clt_sess *s = NULL, *other = NULL;
-	static struct aio w2, r;
+	static struct test_aio w2, r;
 	struct proc srv;
 	char dst[96], ok = 0;
 	uint64_t t_w1, t_open;
@@ -161,13 +123,13 @@ int main(void)
 	/* 3. W2, then the read: W2's bytes. */
 	w2.permit = rtrs_clt_get_permit(s, RTRS_IO_CON, RTRS_PERMIT_WAIT);
 	r.permit = rtrs_clt_get_permit(s, RTRS_IO_CON, RTRS_PERMIT_WAIT);
-	CHECK_EQ(start(s, &w2, RTRS_WRITE, 0x22), 0);
-	CHECK(wait_done(&w2, 8000), "W2 completed");
+	CHECK_EQ(test_aio_start(s, &w2, RTRS_WRITE, 0x22), 0);
+	CHECK(test_aio_wait(&w2, 8000), "W2 completed");
 	CHECK_EQ(atomic_load(&w2.err), 0);
 	while (test_now_ms() < t_w1 + HOLD_MS + 300)
 		usleep(10000);
-	CHECK_EQ(start(s, &r, RTRS_READ, 0), 0);
-	CHECK(wait_done(&r, 8000), "read completed");
+	CHECK_EQ(test_aio_start(s, &r, RTRS_READ, 0), 0);
+	CHECK(test_aio_wait(&r, 8000), "read completed");
 	CHECK_EQ(atomic_load(&r.err), 0);
 	CHECK(r.buf[0] == 0x22 && r.buf[LEN - 1] == 0x22,
 	      "read %#x: the dead client's write landed after its successor's", r.buf[0]);

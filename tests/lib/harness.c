@@ -86,6 +86,36 @@ int test_request(struct rtrs_clt_sess *s, enum rtrs_dir dir, const void *usr, si
 	return rc;
 }
 
+static void test_aio_conf(void *priv, int err)
+{
+	struct test_aio *a = priv;
+
+	a->t_done = test_now_ms();
+	atomic_store(&a->err, err);
+	atomic_fetch_add(&a->calls, 1);
+}
+
+int test_aio_start(struct rtrs_clt_sess *s, struct test_aio *a, enum rtrs_dir dir, uint8_t fill)
+{
+	struct iovec usr = { &a->hdr, sizeof(a->hdr) }, data = { a->buf, TEST_AIO_LEN };
+
+	memset(a->buf, fill, TEST_AIO_LEN);
+	a->hdr = (struct test_hdr){ .magic = TEST_MAGIC, .op = TEST_OP_IO, .offset = 0,
+				    .len = TEST_AIO_LEN };
+	a->ops = (struct rtrs_clt_req_ops){ .priv = a, .conf = test_aio_conf };
+	atomic_store(&a->calls, 0);
+	return rtrs_clt_request(s, dir, &a->ops, a->permit, &usr, 1, &data, 1);
+}
+
+bool test_aio_wait(struct test_aio *a, unsigned ms)
+{
+	uint64_t end = test_now_ms() + ms;
+
+	while (!atomic_load(&a->calls) && test_now_ms() < end)
+		usleep(1000);
+	return atomic_load(&a->calls) > 0;
+}
+
 const char *test_provider(void)
 {
 	const char *p = getenv("RTRS_TEST_PROVIDER");

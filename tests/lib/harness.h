@@ -8,12 +8,14 @@
 #ifndef RTRS_TEST_HARNESS_H
 #define RTRS_TEST_HARNESS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "rtrs.h"
+#include "test-proto-hdr.h"
 
 struct proc {
 	pid_t pid;          /* 0: a server this test did not start */
@@ -56,6 +58,28 @@ uint64_t test_now_ms(void);
  */
 int test_request(struct rtrs_clt_sess *s, enum rtrs_dir dir, const void *usr, size_t usr_len,
 		 void *data, size_t data_len);
+/*
+ * One asynchronous IO of the test protocol (test-proto-hdr.h): TEST_AIO_LEN
+ * bytes at offset 0 of rtrs-test-server's store, on the caller's permit
+ * (a->permit). test_aio_start fills buf with fill and sends it (0 or the
+ * submit error); test_aio_wait waits up to ms for its completion: calls
+ * counts them, err is the last one's, t_done its time (test_now_ms).
+ */
+#define TEST_AIO_LEN 4096
+
+struct test_aio {
+	struct rtrs_permit *permit;
+	struct test_hdr hdr;
+	struct rtrs_clt_req_ops ops;
+	uint8_t buf[TEST_AIO_LEN];
+	atomic_int calls;
+	atomic_int err;
+	uint64_t t_done;
+};
+
+int test_aio_start(struct rtrs_clt_sess *s, struct test_aio *a, enum rtrs_dir dir, uint8_t fill);
+bool test_aio_wait(struct test_aio *a, unsigned ms);
+
 /* Polls path idx of s until its state is state ("connected", ...) or ms pass. */
 bool test_wait_path(struct rtrs_clt_sess *s, unsigned idx, const char *state, unsigned ms);
 /* A pattern that differs with seed and along the buffer. */
