@@ -36,3 +36,25 @@ fio_with_engine() {
 	meson compile -C build-release >/dev/null
 	engine=$PWD/build-release/bench/rnbd-fio.so
 }
+
+# bench_guest RUN VM-RUN-ARGS...: tests/vm/rtrs-vm run VM-RUN-ARGS... into
+# RUN/guest.log, booted once more when the guest gave no "CHECK" line at
+# all (a TCG boot now and then dies before its init); exits, with the log,
+# when the guest failed: an exit status, a "CHECK name FAIL" line, or no
+# RUN/order (the runs it made).
+bench_guest() {
+	local run=$1 rc attempt
+	shift
+	for attempt in 1 2; do
+		rc=0
+		tests/vm/rtrs-vm run "$@" >"$run/guest.log" 2>&1 || rc=$?
+		[ "$rc" -eq 125 ] && ! grep -q '^CHECK' "$run/guest.log" || break
+		echo "bench: the guest gave no result; booting it again" >&2
+	done
+	grep '^CHECK' "$run/guest.log" || true
+	if [ "$rc" -ne 0 ] || grep -q '^CHECK .* FAIL' "$run/guest.log" || [ ! -s "$run/order" ]; then
+		cat "$run/guest.log"
+		echo "bench: the guest failed (exit $rc)" >&2
+		exit 1
+	fi
+}

@@ -98,20 +98,9 @@ dmesg | grep -cE 'BUG:|Oops|WARNING:|Call Trace' >"$run/oops" || true
 EOF
 
 load=$(cut -d' ' -f1-3 /proc/loadavg)
-for attempt in 1 2; do
-	rc=0
-	"$vm" run --bpo --smp "$SMP" --mem 1536 \
-		--timeout $((600 + 3 * RUNS * (DURATION + 30))) --share "$run" --share-ro "$PWD" -- \
-		bash "$run/guest.sh" "$run" "$PWD/build-release" "$RUNS" "$DURATION" \
-		>"$run/guest.log" 2>&1 || rc=$?
-	[ "$rc" -eq 125 ] && ! grep -q '^CHECK' "$run/guest.log" || break
-	echo "bench: the guest gave no result; booting it again" >&2
-done
-if [ "$rc" -ne 0 ] || grep -q '^CHECK .* FAIL' "$run/guest.log" || [ ! -s "$run/order" ]; then
-	cat "$run/guest.log"
-	echo "bench: the guest failed (exit $rc)" >&2
-	exit 1
-fi
+bench_guest "$run" --bpo --smp "$SMP" --mem 1536 \
+	--timeout $((600 + 3 * RUNS * (DURATION + 30))) --share "$run" --share-ro "$PWD" -- \
+	bash "$run/guest.sh" "$run" "$PWD/build-release" "$RUNS" "$DURATION"
 
 date=$(date -u +%Y-%m-%d)
 png=bench/plots/ublk-restart-$date${TAG:+-$TAG}.png

@@ -143,24 +143,11 @@ wait
 dmesg | grep -cE 'BUG:|Oops|WARNING:|Call Trace' >"$run/oops" || true
 EOF
 
-# A guest that gives no status at all (a TCG boot now and then dies before
-# init) is booted once more; a failed check is not.
 load=$(cut -d' ' -f1-3 /proc/loadavg)
-for attempt in 1 2; do
-	rc=0
-	"$vm" run --bpo --rdma rxe --smp "$SMP" --mem 1536 \
-		--timeout $((600 + 2 * RUNS * (DURATION + 60))) --share "$run" --share-ro "$PWD" -- \
-		bash "$run/guest.sh" "$run" "$PWD/build-release" "$RUNS" "$DURATION" "$BS" "$QD" "$RW" \
-		"$ENGINE" "$PROVIDER" "$addr" "$NBD_CONNS" >"$run/guest.log" 2>&1 || rc=$?
-	[ "$rc" -eq 125 ] && ! grep -q '^CHECK' "$run/guest.log" || break
-	echo "bench: the guest gave no result; booting it again" >&2
-done
-grep '^CHECK' "$run/guest.log" || true
-if [ "$rc" -ne 0 ] || grep -q '^CHECK .* FAIL' "$run/guest.log" || [ ! -s "$run/order" ]; then
-	cat "$run/guest.log"
-	echo "bench: the guest failed (exit $rc)" >&2
-	exit 1
-fi
+bench_guest "$run" --bpo --rdma rxe --smp "$SMP" --mem 1536 \
+	--timeout $((600 + 2 * RUNS * (DURATION + 60))) --share "$run" --share-ro "$PWD" -- \
+	bash "$run/guest.sh" "$run" "$PWD/build-release" "$RUNS" "$DURATION" "$BS" "$QD" "$RW" \
+	"$ENGINE" "$PROVIDER" "$addr" "$NBD_CONNS"
 
 date=$(date -u +%Y-%m-%d)
 suffix=
