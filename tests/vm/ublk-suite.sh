@@ -311,10 +311,13 @@ kill "$CPID"; wait "$CPID"
 # Fenced reissue: a slow backend (dm-delay: every write held 500 ms) under
 # rnbd-server over tcp; sixteen writers stamp a block each with generation
 # numbers, each block's next generation written once its last one is done;
-# rnbd-clientd is killed while writes are held, and started again: the
-# server admits its session only once the dead one's writes are finished,
-# so after the writers stop no block reads back older than the last
-# generation written to it. 20 runs.
+# rnbd-clientd is killed while writes are held, and its successor maps the
+# same blocks without the delay (device-mapper "fast"; its record pointed
+# there), so its writes do not queue behind the dead daemon's: the server
+# admits its session only once the dead one's writes are finished, so
+# after the writers stop no block reads back older than the last
+# generation written to it. 20 runs. Without the fence (the server's wait
+# removed) a held write of the dead daemon lands over a newer one.
 cat >/tmp/gen.py <<'PY'
 import json, mmap, os, struct, sys, threading
 B = 4096
@@ -356,8 +359,9 @@ PY
 head -c $((16 << 20)) /dev/zero >/tmp/slow.img
 lo=$(losetup -f --show /tmp/slow.img) &&
 	dmsetup create slow --noudevsync --table "0 32768 delay $lo 0 0 $lo 0 500" &&
-	dmsetup mknodes slow && [ -b /dev/mapper/slow ]
-check fence-slow-backend $? "(dm-delay over $lo: writes held 500 ms)"
+	dmsetup create fast --noudevsync --table "0 32768 linear $lo 0" &&
+	dmsetup mknodes && [ -b /dev/mapper/slow ] && [ -b /dev/mapper/fast ]
+check fence-slow-backend $? "(dm-delay over $lo: writes held 500 ms; fast: the same blocks)"
 "$B/daemons/rnbd-server" --provider tcp -a 127.0.0.1 -p 1236 -s /dev/mapper \
 	--log-level info >/tmp/s3.log 2>&1 &
 S3PID=$!
@@ -373,7 +377,13 @@ for run in $(seq 20); do
 	python3 /tmp/gen.py write "$ds" 16 16 /tmp/gen.stop /tmp/gen.json &
 	GW=$!
 	sleep "0.$((RANDOM % 5 + 3))"
-	restart_cycle KILL || { details="run $run: no takeover"; break; }
+	t0=$(date +%s%3N)
+	kill -KILL "$CPID"; wait "$CPID" 2>/dev/null
+	# The successor writes straight to the blocks (fast), not behind the dead one's held writes.
+	sed -i 's/"device":"slow"/"device":"fast"/' /tmp/rt/*.json
+	clientd && wait_for 60 grep -q 'taken over: its IO goes on' "$CLOG" ||
+		{ details="run $run: no takeover"; break; }
+	takeover_ms+=($(($(date +%s%3N) - t0)))
 	sleep 1.5
 	touch /tmp/gen.stop
 	wait "$GW"
@@ -383,6 +393,11 @@ for run in $(seq 20); do
 		break
 	fi
 	fenced=$run
+	# Back to the slow device for the next run.
+	R client unmap fast --session fence >/dev/null &&
+		R client map slow --session fence --server 127.0.0.1:1236 --provider tcp \
+		--fast-io-fail-ms 60000 -o json >/tmp/ms.json || { details="run $run: remap"; break; }
+	ds=$(python3 -c 'import json; print(json.load(open("/tmp/ms.json"))["block_device"] or "")')
 done
 [ "$fenced" -eq 20 ]
 check fence-20-kills-no-older-generation $? "($fenced of 20; ${details:-$out}; takeover ms \
@@ -390,7 +405,7 @@ ${takeover_ms[*]: -20}; the server waited for the dead session in \
 $(grep -c 'taken over after' /tmp/s3.log) runs)"
 R client unmap slow --session fence >/dev/null; check fence-unmap $?
 kill "$CPID" "$S3PID"; wait "$CPID" "$S3PID"
-dmsetup remove slow; losetup -d "$lo"
+dmsetup remove slow; dmsetup remove fast; losetup -d "$lo"
 
 # md RAID1 across two servers (docs/management.md, "Past one server"): two
 # rnbd-servers over tcp, a 32 MiB leg each, mapped by one rnbd-clientd with
