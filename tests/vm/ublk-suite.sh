@@ -316,8 +316,11 @@ kill "$CPID"; wait "$CPID"
 # there), so its writes do not queue behind the dead daemon's: the server
 # admits its session only once the dead one's writes are finished, so
 # after the writers stop no block reads back older than the last
-# generation written to it. 20 runs. Without the fence (the server's wait
-# removed) a held write of the dead daemon lands over a newer one.
+# generation written to it. 20 runs. (Not yet a test that fails without
+# the fence: with the server's wait removed it still passes, since the
+# writers rewrite every block after the dead daemon's held write lands;
+# they must stop before it does. The fence's negative control is
+# tests/functional/test-takeover.c.)
 cat >/tmp/gen.py <<'PY'
 import json, mmap, os, struct, sys, threading
 B = 4096
