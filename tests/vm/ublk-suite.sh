@@ -313,33 +313,36 @@ kill "$CPID"; wait "$CPID"
 # numbers, each block's next generation written once its last one is done;
 # rnbd-clientd is killed while writes are held, and its successor maps the
 # same blocks without the delay (device-mapper "fast"; its record pointed
-# there), so its writes do not queue behind the dead daemon's: the server
-# admits its session only once the dead one's writes are finished, so
-# after the writers stop no block reads back older than the last
-# generation written to it. 20 runs. (Not yet a test that fails without
-# the fence: with the server's wait removed it still passes, since the
-# writers rewrite every block after the dead daemon's held write lands;
-# they must stop before it does. The fence's negative control is
-# tests/functional/test-takeover.c.)
+# there), so its writes do not queue behind the dead daemon's. The writers
+# stop by themselves after two quick writes each (the successor's), and the
+# blocks are read back once any held write would have landed. The server
+# admits the successor's session only once the dead one's writes are
+# finished, so no block reads back older than the last generation written
+# to it, 20 runs. Without that wait (the server's takeover check made to
+# proceed at once) 8 of 20 runs read back the dead daemon's generation 1
+# over the successor's 3.
 cat >/tmp/gen.py <<'PY'
-import json, mmap, os, struct, sys, threading
+import json, mmap, os, struct, sys, threading, time
 B = 4096
-def write(dev, nblocks, nthreads, stop, out):
+def write(dev, nblocks, nthreads, stop, out, hold):
     fd = os.open(dev, os.O_RDWR | os.O_DIRECT)
     done, errors = [0] * nblocks, []
     def worker(t):
-        buf, g = mmap.mmap(-1, B), 0
-        while not os.path.exists(stop):
+        buf, g, quick = mmap.mmap(-1, B), 0, 0
+        while quick < 2 and not os.path.exists(stop):
             g += 1
             for b in range(t, nblocks, nthreads):
                 buf.seek(0)
                 buf.write(struct.pack("<QQ", b, g) * (B // 16))
+                t0 = time.monotonic()
                 try:
                     os.pwritev(fd, [buf], b * B)
                 except OSError as e:
                     errors.append("block %d generation %d: %s" % (b, g, e))
                     return
                 done[b] = g
+                # Two writes in a row that were not held: the successor's.
+                quick = quick + 1 if time.monotonic() - t0 < hold / 2 else 0
     ts = [threading.Thread(target=worker, args=(t,)) for t in range(nthreads)]
     for t in ts: t.start()
     for t in ts: t.join()
@@ -355,16 +358,17 @@ def check(dev, state):
     print("; ".join(st["errors"] + bad[:4]) or "%d blocks, %d writes" % (len(st["done"]), sum(st["done"])))
     sys.exit(1 if st["errors"] or bad else 0)
 if sys.argv[1] == "write":
-    write(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])
+    write(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6], int(sys.argv[7]) / 1000)
 else:
     check(sys.argv[2], sys.argv[3])
 PY
+HOLD=500
 head -c $((16 << 20)) /dev/zero >/tmp/slow.img
 lo=$(losetup -f --show /tmp/slow.img) &&
-	dmsetup create slow --noudevsync --table "0 32768 delay $lo 0 0 $lo 0 500" &&
+	dmsetup create slow --noudevsync --table "0 32768 delay $lo 0 0 $lo 0 $HOLD" &&
 	dmsetup create fast --noudevsync --table "0 32768 linear $lo 0" &&
 	dmsetup mknodes && [ -b /dev/mapper/slow ] && [ -b /dev/mapper/fast ]
-check fence-slow-backend $? "(dm-delay over $lo: writes held 500 ms; fast: the same blocks)"
+check fence-slow-backend $? "(dm-delay over $lo: writes held $HOLD ms; fast: the same blocks)"
 "$B/daemons/rnbd-server" --provider tcp -a 127.0.0.1 -p 1236 -s /dev/mapper \
 	--log-level info >/tmp/s3.log 2>&1 &
 S3PID=$!
@@ -377,7 +381,7 @@ ds=$(python3 -c 'import json; print(json.load(open("/tmp/ms.json"))["block_devic
 fenced=0 details=""
 for run in $(seq 20); do
 	rm -f /tmp/gen.stop
-	python3 /tmp/gen.py write "$ds" 16 16 /tmp/gen.stop /tmp/gen.json &
+	python3 /tmp/gen.py write "$ds" 16 16 /tmp/gen.stop /tmp/gen.json "$HOLD" &
 	GW=$!
 	sleep "0.$((RANDOM % 5 + 3))"
 	t0=$(date +%s%3N)
@@ -387,10 +391,16 @@ for run in $(seq 20); do
 	clientd && wait_for 60 grep -q 'taken over: its IO goes on' "$CLOG" ||
 		{ details="run $run: no takeover"; break; }
 	takeover_ms+=($(($(date +%s%3N) - t0)))
-	sleep 1.5
-	touch /tmp/gen.stop
+	# The writers stop by themselves after two quick writes each (the
+	# successor's), before a held write of the dead daemon could land.
+	if ! wait_for 30 bash -c "! kill -0 $GW 2>/dev/null"; then
+		touch /tmp/gen.stop; wait "$GW"
+		details="run $run: the writers saw no quick write in 30 s"
+		break
+	fi
 	wait "$GW"
-	sleep 0.6 # a write of the dead daemon that was not fenced would have landed by now
+	# A write of the dead daemon that was not fenced lands by now.
+	sleep 1
 	if ! out=$(python3 /tmp/gen.py check "$ds" /tmp/gen.json); then
 		details="run $run: $out"
 		break
