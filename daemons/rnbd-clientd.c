@@ -73,7 +73,6 @@
 #define STOP_ABORT_MS 2500   /* ... then this long for what is left to fail and end */
 #define RESTORE_THREADS 16   /* mappings restored at once */
 #define RECOVER_WAIT_MS 10000 /* for the kernel to let a dead daemon's block device go */
-#define RECOVER_TRY_MS 60000 /* a device left by a dead daemon is mapped again this long */
 #define LOCK_WAIT_MS 30000   /* for the previous daemon of --runtime-dir to end */
 
 
@@ -82,11 +81,11 @@ static const char *const on_stop_names[] = { "handover", "remove", NULL };
 
 static struct {
 	const char *config, *control, *mappings, *metrics, *log_level, *runtime_dir, *dev_links;
-	uint64_t poll_groups;
+	uint64_t poll_groups, recover_timeout;
 	unsigned on_stop;
 	bool quiet, syslog;
 } g = { .control = "/run/rnbd/client.sock", .runtime_dir = "/run/rnbd/clientd",
-	.dev_links = "/dev/rnbd" };
+	.dev_links = "/dev/rnbd", .recover_timeout = 60 };
 
 static const struct opt options[] = {
 	{ "config", 'c', OPT_CONFIG, &g.config, .arg = "FILE",
@@ -106,6 +105,9 @@ static const struct opt options[] = {
 	{ "on-stop", 0, OPT_CHOICE, &g.on_stop, .choices = on_stop_names, .arg = "WHAT",
 	  .help = "what a stop does with the block devices: handover (they stay, their IO "
 		  "waits for the next rnbd-clientd; the default) or remove" },
+	{ "recover-timeout", 0, OPT_UINT, &g.recover_timeout, 1, 86400, .arg = "SECONDS",
+	  .help = "how long a block device left by a previous rnbd-clientd waits for its "
+		  "session to open again before it is removed and its IO fails (default 60)" },
 	{ "poll-groups", 0, OPT_UINT, &g.poll_groups, 0, RTRS_MAX_POLL_GROUPS, .arg = "N",
 	  .help = "threads that serve the connections of the process, per fabric (0: one per CPU)" },
 	{ "syslog", 0, OPT_FLAG, &g.syslog, .help = "log to syslog (the journal) instead of stderr" },
@@ -1433,7 +1435,7 @@ static bool nap(unsigned ms)
 }
 
 /*
- * A device a previous daemon left: mapped again, tried for RECOVER_TRY_MS
+ * A device a previous daemon left: mapped again, tried for --recover-timeout
  * while its session cannot be opened (its IO waits in the kernel
  * meanwhile); then given up: the block device is removed and its IO fails.
  */
@@ -1459,7 +1461,7 @@ static void recover_one(struct json_object *job)
 		if (!rc)
 			return;
 		tries++;
-		if (recovered || rc == -ESHUTDOWN || now_ms() - t0 >= RECOVER_TRY_MS) {
+		if (recovered || rc == -ESHUTDOWN || now_ms() - t0 >= g.recover_timeout * 1000) {
 			dlog(rc == -ESHUTDOWN ? DLOG_INFO : DLOG_ERR, "ublk: /dev/ublkb%d: %s",
 			     id, e.msg[0] ? e.msg : strerror(-rc));
 			break;
@@ -1467,7 +1469,7 @@ static void recover_one(struct json_object *job)
 		if (tries == 1 || tries % 10 == 0)
 			dlog(DLOG_WARN, "ublk: /dev/ublkb%d: mapping it again (try %u): %s; its IO "
 			     "waits, trying again for up to %u s", id, tries,
-			     e.msg[0] ? e.msg : strerror(-rc), RECOVER_TRY_MS / 1000);
+			     e.msg[0] ? e.msg : strerror(-rc), (unsigned)g.recover_timeout);
 		if (!nap(1000)) {
 			rc = -ESHUTDOWN;
 			break;

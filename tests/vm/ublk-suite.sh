@@ -30,7 +30,8 @@
 #   - fenced reissue: a slow backend (dm-delay, writes held 500 ms),
 #     sixteen writers stamping generation numbers, the daemon killed with
 #     writes held, 20 runs: no block reads back older than its last
-#     written generation;
+#     written generation; a device whose server stays away is removed
+#     after --recover-timeout, its IO failed;
 #   - md RAID1 (internal bitmap) over block devices from two servers under
 #     fio --verify: a server killed, then its link cut, then killed again
 #     with rnbd-clientd killed mid-resync: the leg is marked faulty in
@@ -416,8 +417,25 @@ done
 check fence-20-kills-no-older-generation $? "($fenced of 20; ${details:-$out}; takeover ms \
 ${takeover_ms[*]: -20}; the server waited for the dead session in \
 $(grep -c 'taken over after' /tmp/s3.log) runs)"
-R client unmap slow --session fence >/dev/null; check fence-unmap $?
-kill "$CPID" "$S3PID"; wait "$CPID" "$S3PID"
+
+# A device whose session cannot be opened again: rnbd-clientd killed, then
+# its server; a write waits in the kernel; the next daemon, with
+# --recover-timeout 3, tries for 3 s and then removes the block device:
+# the write fails (EIO), the record and the stable name go.
+kill -KILL "$CPID" "$S3PID"; wait "$CPID" "$S3PID" 2>/dev/null
+dd if=/dev/zero of="$ds" bs=4k count=1 oflag=direct 2>/tmp/gu.err &
+DD=$!
+t0=$(date +%s%3N)
+clientd --recover-timeout 3
+wait_for 30 bash -c "[ ! -b $ds ]"; gone=$?
+gone_ms=$(($(date +%s%3N) - t0))
+wait "$DD"; ddrc=$?
+[ "$gone" -eq 0 ] && [ "$gone_ms" -ge 3000 ] && [ "$ddrc" -ne 0 ] &&
+	grep -q 'Input/output error' /tmp/gu.err && [ ! -e "/tmp/rt/$(basename "$ds").json" ] &&
+	[ ! -e /dev/rnbd/fence ] && grep -q 'not mapped again after' "$CLOG"
+check recover-timeout-removes-device $? "(gone ${gone_ms} ms after the start, dd exit $ddrc: \
+$(grep -m1 -i error /tmp/gu.err); $(grep -m1 'not mapped again' "$CLOG" | cut -d' ' -f4-))"
+kill "$CPID"; wait "$CPID"
 dmsetup remove slow; dmsetup remove fast; losetup -d "$lo"
 
 # md RAID1 across two servers (docs/management.md, "Past one server"): two
