@@ -42,9 +42,10 @@
 static const char *const engine_names[] = { "auto", "io_uring", "threads", NULL };
 
 static struct {
-	const char *config, *addr, *provider, *search, *auth_keys, *auth_name, *control, *metrics;
+	const char *config, *addr, *provider, *search, *auth_keys, *auth_name, *access, *control;
+	const char *metrics;
 	const char *log_level;
-	struct opt_list mem;
+	struct opt_list mem, qos;
 	uint64_t port, queue_depth, chunk_size, threads, hb_ms, busy_poll_us, listen_timeout;
 	uint64_t poll_groups, srq_depth;
 	uint64_t max_sessions, max_sessions_per_peer, max_chunk_mem, max_pending,
@@ -99,6 +100,13 @@ static const struct opt options[] = {
 	{ "auth-name", 0, OPT_STRING, &g.auth_name, .arg = "NAME",
 	  .help = "this server's name in authentication, which clients must be told "
 		  "(their --server-name; default rtrs-server)" },
+	{ "qos", 0, OPT_LIST, &g.qos, .arg = "KIND:NAME:LIMITS",
+	  .help = "rate limits of a session or device name, repeatable: "
+		  "session:hv1:iops=2000 or device:vm/a.img:read_bps=100M,write_iops=500 "
+		  "(iops, read_iops, write_iops, bps, read_bps, write_bps; rnbd server qos at run time)" },
+	{ "access", 0, OPT_STRING, &g.access, .arg = "FILE",
+	  .help = "which host may use which session names and open which devices in which "
+		  "modes (required with --auth-keys; read again on SIGHUP)" },
 	{ "hb-interval", 0, OPT_UINT, &g.hb_ms, 10, 600000, .arg = "MS",
 	  .help = "heartbeat period" },
 	{ "poll-groups", 0, OPT_UINT, &g.poll_groups, 0, RTRS_MAX_POLL_GROUPS, .arg = "N",
@@ -164,11 +172,58 @@ static bool put(struct json_object *o, const char *key, struct json_object *v)
 	return true;
 }
 
+/* put, where v NULL means nothing to put. */
+static bool put_opt(struct json_object *o, const char *key, struct json_object *v)
+{
+	return !v || put(o, key, v);
+}
+
 struct list_ctx {
 	struct json_object *arr;
 	const char *session;     /* server.sessions: only this session's devices */
 	bool failed;
 };
+
+/* ---- rate limits ---------------------------------------------------------------- */
+
+static const char *const qos_keys[] = { "iops", "read_iops", "write_iops", "bps", "read_bps",
+					"write_bps", NULL };
+
+static uint64_t *qos_field(struct rnbd_qos_limits *l, unsigned i)
+{
+	uint64_t *f[] = { &l->iops, &l->read_iops, &l->write_iops, &l->bps, &l->read_bps,
+			  &l->write_bps };
+
+	return f[i];
+}
+
+/* {"limits": {...}, "delayed", "queued", "wait_us"} of a name, or NULL (none set, no memory). */
+static struct json_object *qos_json(struct rnbd_srv *s, enum rnbd_qos_kind kind, const char *name)
+{
+	struct rnbd_qos_limits l = { .size = sizeof(l) };
+	struct rnbd_qos_stats st = { .size = sizeof(st) };
+	struct json_object *o, *lo;
+	bool ok;
+
+	if (!name[0] || rnbd_srv_qos_get(s, kind, name, &l, &st))
+		return NULL;
+	o = json_object_new_object();
+	lo = json_object_new_object();
+	ok = o && lo;
+	for (unsigned i = 0; ok && qos_keys[i]; i++)
+		ok = put(lo, qos_keys[i], json_object_new_uint64(*qos_field(&l, i)));
+	ok = ok && put(o, "limits", lo);
+	lo = NULL;
+	ok = ok && put(o, "delayed", json_object_new_uint64(st.delayed)) &&
+	     put(o, "queued", json_object_new_uint64(st.queued)) &&
+	     put(o, "wait_us", json_object_new_uint64(st.wait_us));
+	if (!ok) {
+		json_object_put(o);
+		json_object_put(lo);
+		return NULL;
+	}
+	return o;
+}
 
 static void dev_one(void *priv, const struct rnbd_srv_dev_stats *st)
 {
@@ -195,7 +250,8 @@ static void dev_one(void *priv, const struct rnbd_srv_dev_stats *st)
 		      put(o, "write_bytes", json_object_new_uint64(st->write_bytes)) &&
 		      put(o, "other", json_object_new_uint64(st->other)) &&
 		      put(o, "errors", json_object_new_uint64(st->errors)) &&
-		      put(o, "inflight", json_object_new_uint64(st->inflight))) ||
+		      put(o, "inflight", json_object_new_uint64(st->inflight)) &&
+		      put_opt(o, "qos", qos_json(atomic_load(&live), RNBD_QOS_DEVICE, st->device))) ||
 		    json_object_array_add(c->arr, o);
 	if (c->failed)
 		json_object_put(o);
@@ -262,7 +318,8 @@ static void sess_one(void *priv, const struct rtrs_srv_sess_info *si)
 	     put(o, "queue_depth", json_object_new_uint64(si->queue_depth)) &&
 	     put(o, "chunk_size", json_object_new_uint64(si->chunk_size)) &&
 	     put(o, "paths_up", json_object_new_uint64(si->paths_up)) &&
-	     put(o, "paths", paths) && put(o, "devices", devs.arr);
+	     put(o, "paths", paths) && put(o, "devices", devs.arr) &&
+	     put_opt(o, "qos", qos_json(atomic_load(&live), RNBD_QOS_SESSION, si->name));
 	paths = devs.arr = NULL; /* put took them, or dropped them */
 	if (!ok || json_object_array_add(c->arr, o)) {
 		c->failed = true;
@@ -412,6 +469,17 @@ static const struct metrics_def metric_defs[] = {
 	DEV("errors_total", "counter", "errors", "requests the store answered with an error"),
 	DEV("inflight_requests", "gauge", "inflight", "requests with the store now"),
 	DEV("closed", "gauge", "closed", "1 once force-closed, until its client closes it"),
+	DEV("qos_delayed_total", "counter", "qos.delayed",
+	    "IOs on the device's name that waited for its rate limits"),
+	DEV("qos_queued_requests", "gauge", "qos.queued", "IOs waiting for the device's rate limits now"),
+	{ .name = "rnbd_server_session_qos_delayed_total", .type = "counter",
+	  .help = "IOs of the session that waited for its rate limits", .src = SRC_SESSIONS,
+	  .shape = METRICS_ARRAY, .labels = { { "session", "name", false } },
+	  .field = "qos.delayed" },
+	{ .name = "rnbd_server_session_qos_queued_requests", .type = "gauge",
+	  .help = "IOs of the session waiting for its rate limits now", .src = SRC_SESSIONS,
+	  .shape = METRICS_ARRAY, .labels = { { "session", "name", false } },
+	  .field = "qos.queued" },
 };
 
 static int m_sessions(void *priv, struct json_object *params, struct json_object **result,
@@ -534,6 +602,88 @@ static int m_metrics(void *priv, struct json_object *params, struct json_object 
 	return rc;
 }
 
+/*
+ * Rate limits of a session or device name: without limits, what is set;
+ * with some, those set (the others stay), at once.
+ */
+static int m_qos(void *priv, struct json_object *params, struct json_object **result,
+		 struct rpc_err *err)
+{
+	static const char *const names[] = { "kind", "name", "iops", "read_iops", "write_iops",
+					     "bps", "read_bps", "write_bps", NULL };
+	struct rnbd_qos_limits l = { .size = sizeof(l) }, given = { .size = sizeof(given) };
+	const char *kstr = NULL, *name = NULL;
+	struct rnbd_srv *s = live_srv(err);
+	enum rnbd_qos_kind kind;
+	bool has[6] = { false };
+	bool set = false;
+	int rc;
+
+	(void)priv;
+	if (!s)
+		return -EAGAIN;
+	if ((rc = rpc_params_check(params, names, err)) ||
+	    (rc = rpc_param_str(params, "kind", true, &kstr, err)) ||
+	    (rc = rpc_param_str(params, "name", true, &name, err)))
+		return rc;
+	for (unsigned i = 0; qos_keys[i]; i++) {
+		uint64_t max = i < 3 ? 100000000 : 1ull << 50;
+
+		if (!json_object_object_get_ex(params, qos_keys[i], NULL))
+			continue;
+		if ((rc = rpc_param_u64(params, qos_keys[i], true, 0, max, qos_field(&given, i),
+					err)))
+			return rc;
+		has[i] = set = true;
+	}
+	if (strcmp(kstr, "session") && strcmp(kstr, "device"))
+		return rpc_errf(err, RPC_INVALID_PARAMS, "kind %s: not session or device", kstr);
+	kind = !strcmp(kstr, "session") ? RNBD_QOS_SESSION : RNBD_QOS_DEVICE;
+	rc = rnbd_srv_qos_get(s, kind, name, &l, NULL);
+	if (rc == -EINVAL)
+		return rpc_errf(err, RPC_INVALID_PARAMS, "name: not a %s name (empty, or longer "
+				"than 255 bytes)", kstr);
+	if (rc == -ENOENT && !set)
+		return rpc_errf(err, rc, "%s %s has no rate limits", kstr, name);
+	for (unsigned i = 0; qos_keys[i]; i++)
+		if (has[i])
+			*qos_field(&l, i) = *qos_field(&given, i);
+	if (set) {
+		rc = rnbd_srv_qos_set(s, kind, name, &l);
+		if (rc)
+			return rpc_errf(err, rc, "%s %s: %s", kstr, name, strerror(-rc));
+		dlog(DLOG_INFO, "control: rate limits of %s %s set", kstr, name);
+	}
+	*result = qos_json(s, kind, name);
+	if (!*result)
+		return -ENOMEM;
+	return put(*result, "kind", json_object_new_string(kstr)) &&
+	       put(*result, "name", json_object_new_string(name)) ? 0 : -ENOMEM;
+}
+
+/* The access file read again; its error, file and line, as the answer. */
+static int m_access_reload(void *priv, struct json_object *params, struct json_object **result,
+			   struct rpc_err *err)
+{
+	struct rnbd_srv *s = live_srv(err);
+	char why[512];
+	int rc;
+
+	(void)priv;
+	if (!s)
+		return -EAGAIN;
+	if ((rc = rpc_params_check(params, no_params, err)))
+		return rc;
+	rc = rnbd_srv_reload_access(s, why, sizeof(why));
+	if (rc == -ENOENT)
+		return rpc_errf(err, rc, "no access file (--access)");
+	if (rc)
+		return rpc_errf(err, rc, "access file %s: nothing new is granted until it is fixed",
+				why);
+	*result = json_object_new_object();
+	return *result ? 0 : -ENOMEM;
+}
+
 static const struct rpc_method methods[] = {
 	{ "server.sessions", m_sessions, "",
 	  "every session: its paths (peer, state, counters) and the devices it has open" },
@@ -542,6 +692,12 @@ static const struct rpc_method methods[] = {
 	  "close a device a session has open (its later IO fails with ENOTCONN)" },
 	{ "server.stats", m_stats, "",
 	  "the transport's counters: connection requests, rejects, authentications, keys" },
+	{ "server.qos", m_qos,
+	  "kind: string (session or device), name: string, iops, read_iops, write_iops, bps, "
+	  "read_bps, write_bps: integer (optional)",
+	  "a session's or device's rate limits: those given set (0: none), all shown" },
+	{ "server.access.reload", m_access_reload, "",
+	  "read the access file again (as SIGHUP does): its error, with file and line, if any" },
 	{ "metrics", m_metrics, "", "every counter in Prometheus's text format: {\"text\": ...}" },
 };
 
@@ -555,7 +711,15 @@ static const struct rpc_method methods[] = {
  */
 static void reload_keys(void)
 {
+	char why[512];
 	int rc;
+
+	if (g.access) {
+		rc = rnbd_srv_reload_access(srv, why, sizeof(why));
+		if (!rc)
+			dlog(DLOG_INFO, "SIGHUP: access file %s read again: it applies to every "
+			     "session and open from now on", g.access);
+	}
 
 	if (!g.auth_keys) {
 		dlog(DLOG_INFO, "SIGHUP: no --auth-keys file, nothing to reload");
@@ -692,6 +856,18 @@ static int check_options(void)
 		fprintf(stderr, "rnbd-server: --auth-keys %s: not a regular file\n", g.auth_keys);
 		return -EINVAL;
 	}
+	if (g.auth_keys && !g.access) {
+		fprintf(stderr, "rnbd-server: --auth-keys needs --access FILE: which host may use "
+			"which session names and open which devices (docs/security.md section 2.6; "
+			"the line \"* sessions=* migration=*\" grants every authenticated host "
+			"everything)\n");
+		return -EINVAL;
+	}
+	if (g.access && !g.auth_keys) {
+		fprintf(stderr, "rnbd-server: --access %s names hosts by their authentication: it "
+			"needs --auth-keys\n", g.access);
+		return -EINVAL;
+	}
 	return 0;
 }
 
@@ -703,6 +879,7 @@ int main(int argc, char **argv)
 	size_t nw = 0;
 	sigset_t set;
 	char *mem = NULL;
+	const char **qos_specs = NULL;
 	int pos, rc;
 
 	/*
@@ -736,6 +913,11 @@ int main(int argc, char **argv)
 	rnbd_set_log_fn(dlog_sink, NULL);
 	if (g.mem.n && !(mem = join_mem()))
 		return 1;
+	/* The rate limits as librnbd takes them: NULL-terminated. */
+	if (g.qos.n && !(qos_specs = calloc(g.qos.n + 1, sizeof(*qos_specs))))
+		return 1;
+	for (unsigned i = 0; i < g.qos.n; i++)
+		qos_specs[i] = g.qos.items[i];
 	rnbd_srv_opts_init(&o, sizeof(o));
 	o.rtrs.addr = g.addr;
 	o.rtrs.port = (uint16_t)g.port;
@@ -745,6 +927,8 @@ int main(int argc, char **argv)
 	o.rtrs.always_invalidate = g.invalidate;
 	o.rtrs.auth_keys_file = g.auth_keys;
 	o.rtrs.auth_name = g.auth_name;
+	o.access_file = g.access;
+	o.qos = qos_specs;
 	o.rtrs.hb_interval_ms = (unsigned)g.hb_ms;
 	o.rtrs.busy_poll_us = (unsigned)g.busy_poll_us;
 	o.rtrs.srq_depth = (unsigned)g.srq_depth;
@@ -775,6 +959,7 @@ int main(int argc, char **argv)
 			rc == -EEXIST ? "exists and is not a socket; not replacing it" :
 			rc == -EADDRINUSE ? "another server answers on this socket" : strerror(-rc));
 		free(mem);
+		free(qos_specs);
 		return 1;
 	}
 	if (g.metrics) {
@@ -799,6 +984,7 @@ int main(int argc, char **argv)
 		metrics_http_stop(mhttp);
 		rpc_server_stop(ctl);
 		free(mem);
+		free(qos_specs);
 		return usage ? 2 : 1;
 	}
 	m.t0 = now_ms();
@@ -836,10 +1022,12 @@ int main(int argc, char **argv)
 	atomic_store(&live, NULL);
 	rnbd_srv_close(srv);
 	free(mem);
+	free(qos_specs);
 	return 0;
 fail:
 	metrics_http_stop(mhttp);
 	rpc_server_stop(ctl);
 	free(mem);
+	free(qos_specs);
 	return 1;
 }

@@ -75,6 +75,45 @@ struct rnbd_srv_opts {
 	 * FUA (flush and FUA then cost an fdatasync). Default 0.
 	 */
 	int buffered_bdev;
+	/*
+	 * Which authenticated host may use which session names and open which
+	 * devices in which modes (docs/security.md section 2.6). Required
+	 * with rtrs.auth_keys_file and refused without it (hosts are named by
+	 * their authentication): an authenticating server without it would
+	 * let every host open everything, so rnbd_srv_open refuses (-EINVAL).
+	 * A session name or a device not granted is refused with -EACCES.
+	 * Read at open and again by rnbd_srv_reload_access.
+	 */
+	const char *access_file;
+	/*
+	 * Rate limits at start (docs/rnbd.md section 2.7): NULL, or a
+	 * NULL-terminated list of "session:NAME:LIMITS" and
+	 * "device:NAME:LIMITS", LIMITS being KEY=VALUE[,KEY=VALUE...] with the
+	 * keys of struct rnbd_qos_limits (iops=2000,write_bps=100M). A spec
+	 * that does not parse: rnbd_srv_open refuses (-EINVAL), logging it.
+	 */
+	const char *const *qos;
+};
+
+/* What a rate limit applies to: every IO of a session, or of a device (all sessions). */
+enum rnbd_qos_kind { RNBD_QOS_SESSION, RNBD_QOS_DEVICE };
+
+/*
+ * Limits per second; 0: none. IOPS count reads (reads, read_iops) and
+ * writes, write zeroes, discards and secure erases (writes, write_iops);
+ * bytes count what reads and writes move. A flush is never held.
+ */
+struct rnbd_qos_limits {
+	size_t size;       /* sizeof(struct rnbd_qos_limits), set by the caller */
+	uint64_t iops, read_iops, write_iops;
+	uint64_t bps, read_bps, write_bps;
+};
+
+struct rnbd_qos_stats {
+	size_t size;       /* sizeof(struct rnbd_qos_stats), set by the caller */
+	uint64_t delayed;  /* IOs that waited for their tokens */
+	uint64_t queued;   /* IOs waiting now */
+	uint64_t wait_us;  /* their waits, summed */
 };
 
 int rnbd_srv_opts_init(struct rnbd_srv_opts *opts, size_t size);
@@ -103,6 +142,25 @@ int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char 
  * file.
  */
 int rnbd_srv_check_keys(struct rnbd_srv *srv);
+/*
+ * Reads the access file again (SIGHUP): its rules apply to every session
+ * and open from now on (what is open stays open). 0; or the error, with
+ * the file, the line and the cause logged and in err (errlen bytes, may
+ * be NULL), and then nothing new is granted to any host until a read
+ * succeeds (fail closed). -ENOENT without an access file.
+ */
+int rnbd_srv_reload_access(struct rnbd_srv *srv, char *err, size_t errlen);
+/*
+ * Sets the rate limits of a session name or a device name (all zero:
+ * none), at once for its IO from now on, whether or not it is connected
+ * or open; IO waiting already goes at the new rate. 0, or -EINVAL (a name
+ * empty or longer than 255 bytes, l->size too small), -ENOMEM.
+ */
+int rnbd_srv_qos_set(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char *name,
+		     const struct rnbd_qos_limits *l);
+/* Its limits and counters (st may be NULL): 0, or -ENOENT when none was ever set. */
+int rnbd_srv_qos_get(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char *name,
+		     struct rnbd_qos_limits *l, struct rnbd_qos_stats *st);
 /*
  * Stops serving: every IO in flight is answered first (so this waits for a
  * backing file that hangs), and every device is released.

@@ -676,6 +676,12 @@ int rtrs_srv_sess_peer_ext(struct rtrs_srv_sess *sess);
 void rtrs_srv_set_sess_priv(struct rtrs_srv_sess *sess, void *priv);
 void *rtrs_srv_get_sess_priv(struct rtrs_srv_sess *sess);
 int rtrs_srv_get_sess_name(struct rtrs_srv_sess *sess, char *buf, size_t len);
+/*
+ * The host the session's paths authenticated as (docs/security.md): set
+ * before link_ev's CONNECTED; "" on a server without authentication.
+ * -ENOBUFS when it does not fit in len.
+ */
+int rtrs_srv_get_sess_host(struct rtrs_srv_sess *sess, char *buf, size_t len);
 int rtrs_srv_get_queue_depth(struct rtrs_srv_sess *sess);
 /* The session an op belongs to. */
 struct rtrs_srv_sess *rtrs_srv_op_sess(struct rtrs_srv_op *id);

@@ -22,6 +22,8 @@
  *   rnbd [options] server close SESSION DEVICE
  *   rnbd [options] server stats
  *   rnbd [options] server metrics
+ *   rnbd [options] server access reload
+ *   rnbd [options] server qos session|device NAME [KEY=VALUE...]
  *   rnbd [options] call METHOD [PARAMS-JSON]
  *
  * The session options of client map are the client front ends' (one table,
@@ -191,7 +193,8 @@ static const char usage[] =
 	"       client path remove|reconnect|disconnect SESSION PATH | client policy SESSION POLICY |\n"
 	"       client stats reset SESSION [PATH] | client metrics |\n"
 	"       server list [sessions|devices] | server close SESSION DEVICE | server stats |\n"
-	"       server metrics |\n"
+	"       server metrics | server access reload |\n"
+	"       server qos session|device NAME [iops|read_iops|write_iops|bps|read_bps|write_bps=N...] |\n"
 	"       call METHOD [PARAMS-JSON]";
 
 /*
@@ -528,6 +531,54 @@ static int bad_usage(const char *why)
 	return EXIT_USAGE;
 }
 
+/*
+ * server qos session|device NAME [KEY=VALUE...]: server.qos; IO rates are
+ * numbers, byte rates sizes (100M).
+ */
+static int server_qos(const char *sock, int argc, char **argv)
+{
+	static const char *const keys[] = { "iops", "read_iops", "write_iops", "bps", "read_bps",
+					    "write_bps", NULL };
+	struct json_object *p;
+
+	if (argc < 3 || (strcmp(argv[1], "session") && strcmp(argv[1], "device")))
+		return bad_usage("server qos needs session|device NAME [KEY=VALUE...]");
+	p = params2("kind", argv[1], "name", argv[2]);
+	if (!p) {
+		json_object_put(p);
+		return EXIT_FAILED;
+	}
+	for (int i = 3; i < argc; i++) {
+		const char *eq = strchr(argv[i], '=');
+		unsigned k;
+		uint64_t v;
+
+		for (k = 0; eq && keys[k]; k++)
+			if (strlen(keys[k]) == (size_t)(eq - argv[i]) &&
+			    !strncmp(argv[i], keys[k], (size_t)(eq - argv[i])))
+				break;
+		if (!eq || !keys[k]) {
+			json_object_put(p);
+			fprintf(stderr, "rnbd: server qos: \"%s\" is not KEY=VALUE with KEY one of "
+				"iops, read_iops, write_iops, bps, read_bps, write_bps\n", argv[i]);
+			return EXIT_USAGE;
+		}
+		if (k < 3 ? parse_u64(eq + 1, 0, 100000000, &v) :
+			    parse_size(eq + 1, 0, 1ull << 50, &v)) {
+			json_object_put(p);
+			fprintf(stderr, "rnbd: server qos: %s: %s\n", argv[i],
+				k < 3 ? "not a number of IOs per second up to 100000000" :
+					"not a byte rate up to 1P (100M, 2G)");
+			return EXIT_USAGE;
+		}
+		if (json_object_object_add(p, keys[k], json_object_new_uint64(v))) {
+			json_object_put(p);
+			return EXIT_FAILED;
+		}
+	}
+	return run(sock, "server.qos", p, table_object);
+}
+
 static int server_cmd(int argc, char **argv)
 {
 	const char *sock = g.socket ? g.socket : "/run/rnbd/server.sock";
@@ -563,7 +614,14 @@ static int server_cmd(int argc, char **argv)
 			return bad_usage("server metrics takes no arguments");
 		return run(sock, "metrics", NULL, show_text);
 	}
-	return bad_usage("server: list, close, stats or metrics");
+	if (!strcmp(argv[0], "qos"))
+		return server_qos(sock, argc, argv);
+	if (!strcmp(argv[0], "access")) {
+		if (argc != 2 || strcmp(argv[1], "reload"))
+			return bad_usage("server access: reload");
+		return run(sock, "server.access.reload", NULL, table_object);
+	}
+	return bad_usage("server: list, close, stats, metrics, qos or access reload");
 }
 
 /* A path's index, as client list paths shows it. */

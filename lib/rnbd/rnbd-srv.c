@@ -45,10 +45,12 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "rnbd-access.h"
 #include "rnbd-backend.h"
 #include "rnbd-export.h"
 #include "rnbd-path.h"
 #include "rnbd-proto.h"
+#include "rnbd-qos.h"
 #include "rnbd.h"
 #include "rtrs.h"
 #include "util.h"
@@ -87,6 +89,7 @@ struct sess_dev {
 	bool own_store;              /* files: closed with the device; memory: shared */
 	bool forced;                 /* sess->lock: closed by the server: IO gets -ENOTCONN */
 	struct writers *w;           /* NULL when read-only */
+	struct rnbd_qos *_Atomic qos; /* its name's rate limits; NULL: none ever set */
 	/* One while open (until `closing`), one per IO in flight; the last releases. */
 	atomic_uint refs;
 	atomic_bool closing;
@@ -110,12 +113,15 @@ struct srv_io {
 	struct rnbd_breq r;
 	struct rtrs_srv_op *op;
 	struct sess_dev *sd;
+	struct rnbd_qos_item q;      /* while its tokens are awaited */
 };
 
 struct rnbd_sess {
 	struct rnbd_srv *srv;
 	LIST_ENTRY(rnbd_sess) link;  /* srv->sessions */
 	char name[RNBD_SESSNAME_MAX];
+	char host[RNBD_SESSNAME_MAX]; /* the host it authenticated as; "" without authentication */
+	struct rnbd_qos *_Atomic qos; /* its name's rate limits; NULL: none ever set */
 	atomic_uint ver;             /* negotiated; 0 before SESS_INFO */
 	/*
 	 * The client speaks only the kernel's RTRS (rtrs_srv_sess_peer_ext):
@@ -136,6 +142,15 @@ struct rnbd_sess {
 struct rnbd_srv {
 	struct rnbd_srv_opts o;
 	char search[4096];
+	/*
+	 * The access file's rules (with authentication): access_lock guards
+	 * the pointer, taken for reading around each look-up. NULL after a
+	 * read that failed: nothing is granted.
+	 */
+	char access_file[4096];
+	pthread_rwlock_t access_lock;
+	struct rnbd_access *access;
+	struct rnbd_qos_ctx *qos;    /* rate limits (rnbd-qos.h) */
 	struct rtrs_srv_ctx *rtrs;
 	struct rnbd_engine *engine;
 	pthread_mutex_t lock;
@@ -155,6 +170,68 @@ struct rnbd_srv {
 	bool rel_stop;
 	unsigned live;               /* devices not freed yet */
 };
+
+/* ---- access (docs/security.md section 2.6) -------------------------------------- */
+
+static bool access_session(struct rnbd_srv *srv, const char *host, const char *name)
+{
+	bool ok;
+
+	pthread_rwlock_rdlock(&srv->access_lock);
+	ok = rnbd_access_session(srv->access, host, name);
+	pthread_rwlock_unlock(&srv->access_lock);
+	if (!ok)
+		log_err("rnbd: session %s refused: host %s may not use that name (%s%s)", name,
+			host, srv->access_file, srv->access ? "" : ", which could not be read");
+	return ok;
+}
+
+/* May sess open o (its name normalized)? -EACCES, logged, if not. */
+static int access_device(struct rnbd_sess *sess, const struct rnbd_open *o)
+{
+	struct rnbd_srv *srv = sess->srv;
+	bool ok;
+
+	if (!srv->access_file[0])
+		return 0;
+	pthread_rwlock_rdlock(&srv->access_lock);
+	ok = rnbd_access_device(srv->access, sess->host, o->dev_name, o->access_mode);
+	pthread_rwlock_unlock(&srv->access_lock);
+	if (ok)
+		return 0;
+	log_err("rnbd: %s: host %s may not open %s (%s): not granted by %s%s", sess->name,
+		sess->host, o->dev_name, rnbd_access_mode_name(o->access_mode), srv->access_file,
+		srv->access ? "" : ", which could not be read");
+	return -EACCES;
+}
+
+/*
+ * Reads the access file into srv: 0, or the error (in err, and logged
+ * unless at open, whose caller reports it) and nothing granted.
+ */
+static int access_load(struct rnbd_srv *srv, bool at_open, char *err, size_t errlen)
+{
+	struct rnbd_access *a = NULL, *old;
+	char why[512];
+	int rc = rnbd_access_load(srv->access_file, &a, why, sizeof(why));
+
+	if (err && errlen)
+		snprintf(err, errlen, "%s", rc ? why : "");
+	if (rc && at_open)
+		log_err("rnbd: access file %s", why);
+	else if (rc)
+		log_err("rnbd: access file %s: nothing new is granted to any host until it is "
+			"fixed", why);
+	else
+		log_info("rnbd: access file %s: %u hosts' lines", srv->access_file,
+			 rnbd_access_lines(a));
+	pthread_rwlock_wrlock(&srv->access_lock);
+	old = srv->access;
+	srv->access = a;
+	pthread_rwlock_unlock(&srv->access_lock);
+	rnbd_access_free(old);
+	return rc;
+}
 
 /* ---- devices ------------------------------------------------------------------ */
 
@@ -510,13 +587,12 @@ static int do_sess_info(struct rnbd_sess *sess, enum rtrs_dir dir, void *data, s
 
 static int open_locked(struct rnbd_sess *sess, const struct rnbd_open *req, void *data)
 {
-	struct rnbd_open o = *req;
+	struct rnbd_open o = *req; /* its name normalized */
 	struct sess_dev *sd, **grown;
 	const char *why = NULL;
 	uint32_t id;
 	int rc;
 
-	rnbd_dev_name_normalize(o.dev_name);
 	pthread_mutex_lock(&sess->lock);
 	/* The same name again (a remap): the device it has. */
 	for (id = 0; id < sess->ndevs; id++) {
@@ -564,6 +640,8 @@ static int open_locked(struct rnbd_sess *sess, const struct rnbd_open *req, void
 	sess->srv->live++;
 	pthread_mutex_unlock(&sess->srv->rel_lock);
 	sess->devs[id] = sd;
+	/* Under sess->lock: a limit set meanwhile finds it in the table, or is found here. */
+	atomic_store(&sd->qos, rnbd_qos_find(sess->srv->qos, RNBD_QOS_DEVICE, sd->name));
 	open_rsp_fill(data, sd);
 	/*
 	 * What the log says is taken under the lock: once it is let go, a
@@ -599,6 +677,10 @@ static int do_open(struct rnbd_sess *sess, enum rtrs_dir dir, void *data, size_t
 		return rc;
 	}
 	memset(data, 0, datalen);
+	rnbd_dev_name_normalize(o.dev_name);
+	rc = access_device(sess, &o);
+	if (rc)
+		return rc;
 	/*
 	 * The session's OPENs one at a time (two of one name are one device);
 	 * other sessions' OPENs, CLOSEs and IO do not wait for this one, whose
@@ -673,6 +755,112 @@ static void io_done(struct rnbd_breq *r, int err)
 	dev_put(sd);
 }
 
+/* ---- rate limits (rnbd-qos.h) -------------------------------------------------- */
+
+/* May io go now? false: the rate limits hold it, qos_dispatch submits it later. */
+static bool qos_admit(struct rnbd_sess *sess, struct sess_dev *sd, struct srv_io *io)
+{
+	struct rnbd_qos *gs = atomic_load_explicit(&sess->qos, memory_order_relaxed);
+	struct rnbd_qos *gd = atomic_load_explicit(&sd->qos, memory_order_relaxed);
+	bool moves = io->r.op == RNBD_OP_READ || io->r.op == RNBD_OP_WRITE;
+
+	if (!rnbd_qos_active(gs) && !rnbd_qos_active(gd))
+		return true;
+	io->q = (struct rnbd_qos_item){
+		.g = { gs, gd }, .read = io->r.op == RNBD_OP_READ,
+		.bytes = moves ? io->r.len : 0, .owner = sess,
+	};
+	return rnbd_qos_admit(sess->srv->qos, &io->q);
+}
+
+/* The qos thread: io's tokens are there (err 0), or its session went (-ENOTCONN). */
+static void qos_dispatch(struct rnbd_qos_item *it, int err)
+{
+	struct srv_io *io = container_of(it, struct srv_io, q);
+	struct sess_dev *sd = io->sd;
+
+	if (!err) {
+		rnbd_store_submit(sd->store, &io->r);
+		return;
+	}
+	rtrs_srv_resp_rdma(io->op, err);
+	dev_put(sd);
+}
+
+/* Points the sessions and open devices of g's name at g. */
+static void qos_attach(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char *name,
+		       struct rnbd_qos *g)
+{
+	struct rnbd_sess *sess;
+
+	pthread_mutex_lock(&srv->lock);
+	LIST_FOREACH(sess, &srv->sessions, link) {
+		if (kind == RNBD_QOS_SESSION) {
+			if (!strcmp(sess->name, name))
+				atomic_store(&sess->qos, g);
+			continue;
+		}
+		pthread_mutex_lock(&sess->lock);
+		for (uint32_t id = 0; id < sess->ndevs; id++)
+			if (sess->devs[id] && !strcmp(sess->devs[id]->name, name))
+				atomic_store(&sess->devs[id]->qos, g);
+		pthread_mutex_unlock(&sess->lock);
+	}
+	pthread_mutex_unlock(&srv->lock);
+}
+
+/* A name as the server keeps it: a device's normalized. -EINVAL if empty or too long. */
+static int qos_name(enum rnbd_qos_kind kind, const char *name, char *out, size_t len)
+{
+	if (!name || !name[0] || strlen(name) >= len || strlen(name) > 255)
+		return -EINVAL;
+	snprintf(out, len, "%s", name);
+	if (kind == RNBD_QOS_DEVICE)
+		rnbd_dev_name_normalize(out);
+	return out[0] ? 0 : -EINVAL;
+}
+
+RNBD_EXPORT
+int rnbd_srv_qos_set(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char *name,
+		     const struct rnbd_qos_limits *l)
+{
+	char n[RNBD_DEV_NAME_MAX > RNBD_SESSNAME_MAX ? RNBD_DEV_NAME_MAX : RNBD_SESSNAME_MAX];
+	struct rnbd_qos *g;
+	int rc;
+
+	if (!srv || !l || l->size < sizeof(*l))
+		return -EINVAL;
+	rc = qos_name(kind, name, n, sizeof(n));
+	if (!rc)
+		rc = rnbd_qos_set(srv->qos, kind, n, l, &g);
+	if (rc)
+		return rc;
+	qos_attach(srv, kind, n, g);
+	log_info("rnbd: rate limits of %s %s: iops %llu (read %llu, write %llu), bytes/s %llu "
+		 "(read %llu, write %llu)", kind == RNBD_QOS_SESSION ? "session" : "device", n,
+		 (unsigned long long)l->iops, (unsigned long long)l->read_iops,
+		 (unsigned long long)l->write_iops, (unsigned long long)l->bps,
+		 (unsigned long long)l->read_bps, (unsigned long long)l->write_bps);
+	return 0;
+}
+
+RNBD_EXPORT
+int rnbd_srv_qos_get(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char *name,
+		     struct rnbd_qos_limits *l, struct rnbd_qos_stats *st)
+{
+	char n[RNBD_DEV_NAME_MAX > RNBD_SESSNAME_MAX ? RNBD_DEV_NAME_MAX : RNBD_SESSNAME_MAX];
+	struct rnbd_qos *g;
+
+	if (!srv || !l || l->size < sizeof(*l) || (st && st->size < sizeof(*st)) ||
+	    qos_name(kind, name, n, sizeof(n)))
+		return -EINVAL;
+	g = rnbd_qos_find(srv->qos, kind, n);
+	if (!g)
+		return -ENOENT;
+	rnbd_qos_get(srv->qos, g, l, st);
+	return 0;
+}
+
 static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir dir,
 		 void *data, size_t datalen, const void *usr, size_t usrlen)
 {
@@ -729,6 +917,8 @@ static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir d
 		.op = m.op, .flags = m.flags, .offset = m.sector << RNBD_SECTOR_SHIFT,
 		.len = m.bi_size, .buf = data, .done = io_done,
 	};
+	if (m.op != RNBD_OP_FLUSH && !qos_admit(sess, sd, io))
+		return 0; /* qos_dispatch submits it once its tokens are there */
 	rnbd_store_submit(sd->store, &io->r);
 	return 0;
 }
@@ -818,7 +1008,15 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 		pthread_mutex_init(&sess->open_lock, NULL);
 		pthread_mutex_init(&sess->lock, NULL);
 		memcpy(sess->name, name, sizeof(sess->name));
+		rtrs_srv_get_sess_host(rs, sess->host, sizeof(sess->host));
+		if (srv->access_file[0] && !access_session(srv, sess->host, name)) {
+			free(sess->ios);
+			free(sess);
+			return -EACCES;
+		}
 		pthread_mutex_lock(&srv->lock);
+		/* Under srv->lock: a limit set meanwhile finds it listed, or is found here. */
+		atomic_store(&sess->qos, rnbd_qos_find(srv->qos, RNBD_QOS_SESSION, name));
 		LIST_INSERT_HEAD(&srv->sessions, sess, link);
 		pthread_mutex_unlock(&srv->lock);
 		rtrs_srv_set_sess_priv(rs, sess);
@@ -834,6 +1032,7 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 	LIST_REMOVE(sess, link); /* linked when its priv was set */
 	pthread_mutex_unlock(&srv->lock);
 	log_info("rnbd: session %s down, closing its devices", sess->name);
+	rnbd_qos_drop(srv->qos, sess); /* its IO held by rate limits: answered, not done */
 	sess_destroy(sess);
 	return 0;
 }
@@ -986,7 +1185,10 @@ static void srv_free(struct rnbd_srv *srv)
 	pthread_mutex_unlock(&srv->rel_lock);
 	for (unsigned i = 0; i < srv->nmem; i++)
 		rnbd_store_close(srv->mem[i].store);
+	rnbd_qos_ctx_close(srv->qos);
 	rnbd_engine_close(srv->engine);
+	rnbd_access_free(srv->access);
+	pthread_rwlock_destroy(&srv->access_lock);
 	pthread_mutex_destroy(&srv->lock);
 	pthread_mutex_destroy(&srv->rel_lock);
 	pthread_cond_destroy(&srv->rel_cond);
@@ -1056,6 +1258,21 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	}
 	if (o->dev_search_path && (rc = search_path_check(o->dev_search_path)))
 		return rc;
+	if (o->rtrs.auth_keys_file && !o->access_file) {
+		log_err("rnbd: an authenticating server needs an access file (which host may use "
+			"which session names and open which devices; docs/security.md section "
+			"2.6): without one every host would open everything");
+		return -EINVAL;
+	}
+	if (o->access_file && !o->rtrs.auth_keys_file) {
+		log_err("rnbd: the access file %s names hosts by their authentication: it needs "
+			"a key file", o->access_file);
+		return -EINVAL;
+	}
+	if (o->access_file && (!o->access_file[0] || strlen(o->access_file) >= 4096)) {
+		log_err("rnbd: the access file's name is empty or longer than 4095 bytes");
+		return -EINVAL;
+	}
 	srv = calloc(1, sizeof(*srv));
 	if (!srv)
 		return -ENOMEM;
@@ -1065,10 +1282,20 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	STAILQ_INIT(&srv->rel_queue);
 	pthread_mutex_init(&srv->lock, NULL);
 	pthread_mutex_init(&srv->rel_lock, NULL);
+	pthread_rwlock_init(&srv->access_lock, NULL);
 	cond_init_mono(&srv->rel_cond); /* force-close waits with a deadline */
 	if (o->dev_search_path)
 		snprintf(srv->search, sizeof(srv->search), "%s", o->dev_search_path);
 	srv->o.dev_search_path = srv->search[0] ? srv->search : NULL;
+	if (o->access_file) {
+		snprintf(srv->access_file, sizeof(srv->access_file), "%s", o->access_file);
+		srv->o.access_file = srv->access_file;
+		rc = access_load(srv, true, NULL, 0);
+		if (rc) {
+			srv_free(srv);
+			return rc == -ENOMEM ? rc : -EINVAL;
+		}
+	}
 	rc = rnbd_engine_open(kind, o->engine_threads, MAX(o->rtrs.queue_depth, 64u), &srv->engine);
 	if (!rc)
 		rnbd_engine_set_inline_writes(srv->engine, o->inline_writes);
@@ -1080,6 +1307,27 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 	if (o->mem_devices && (rc = mem_devices_parse(srv, o->mem_devices))) {
 		srv_free(srv);
 		return rc;
+	}
+	rc = rnbd_qos_ctx_open(qos_dispatch, &srv->qos);
+	if (rc) {
+		log_err("rnbd: cannot start the rate limits' thread: %s", strerror(-rc));
+		srv_free(srv);
+		return rc;
+	}
+	for (const char *const *q = o->qos; q && *q; q++) {
+		struct rnbd_qos_limits l;
+		enum rnbd_qos_kind qkind;
+		char name[256];
+		const char *why = NULL;
+
+		rc = rnbd_qos_parse(*q, &qkind, name, sizeof(name), &l, &why);
+		if (!rc)
+			rc = rnbd_srv_qos_set(srv, qkind, name, &l);
+		if (rc) {
+			log_err("rnbd: rate limit \"%s\": %s", *q, why ? why : strerror(-rc));
+			srv_free(srv);
+			return -EINVAL;
+		}
 	}
 	/*
 	 * Nothing is exported unless asked for: a server without a search path
@@ -1127,6 +1375,19 @@ RNBD_EXPORT
 int rnbd_srv_check_keys(struct rnbd_srv *srv)
 {
 	return srv ? rtrs_srv_check_keys(srv->rtrs) : -EINVAL;
+}
+
+RNBD_EXPORT
+int rnbd_srv_reload_access(struct rnbd_srv *srv, char *err, size_t errlen)
+{
+	if (!srv)
+		return -EINVAL;
+	if (!srv->access_file[0]) {
+		if (err && errlen)
+			snprintf(err, errlen, "no access file");
+		return -ENOENT;
+	}
+	return access_load(srv, false, err, errlen);
 }
 
 RNBD_EXPORT

@@ -91,12 +91,29 @@ static const char *jstr(struct json_object *o, const char *field)
 	return json_object_get_string(v) ? json_object_get_string(v) : "";
 }
 
+/* The field of o, or of an object in it ("qos.delayed"): NULL when there is none. */
+static struct json_object *field_of(struct json_object *o, const char *field)
+{
+	const char *dot = strchr(field, '.');
+	struct json_object *v;
+	char head[64];
+
+	if (!dot)
+		return json_object_object_get_ex(o, field, &v) ? v : NULL;
+	if ((size_t)(dot - field) >= sizeof(head))
+		return NULL;
+	snprintf(head, sizeof(head), "%.*s", (int)(dot - field), field);
+	if (!json_object_object_get_ex(o, head, &v) || !json_object_is_type(v, json_type_object))
+		return NULL;
+	return field_of(v, dot + 1);
+}
+
 /* The sample's value: false when the object has no such field. */
 static bool value_of(const struct metrics_def *d, struct json_object *o, double *out)
 {
-	struct json_object *v;
+	struct json_object *v = field_of(o, d->field);
 
-	if (!json_object_object_get_ex(o, d->field, &v) || !v)
+	if (!v)
 		return false;
 	if (d->match)
 		*out = json_object_is_type(v, json_type_string) &&

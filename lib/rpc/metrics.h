@@ -43,8 +43,8 @@ struct metrics_def {
 	 * within the family: metrics_render writes what it is given.
 	 */
 	struct metrics_label labels[METRICS_LABELS_MAX];
-	const char *field;       /* the number; a boolean is 1 or 0; a string compared
-				    with match gives 1 or 0 */
+	const char *field;       /* the number ("qos.delayed": of an object in the sample's);
+				    a boolean is 1 or 0; a string compared with match gives 1 or 0 */
 	const char *match;
 	double scale;            /* 0: 1 (ns to seconds: 1e-9) */
 };

@@ -411,6 +411,14 @@ int rtrs_srv_get_sess_name(struct rtrs_srv_sess *s, char *buf, size_t len)
 }
 
 RTRS_EXPORT
+int rtrs_srv_get_sess_host(struct rtrs_srv_sess *s, char *buf, size_t len)
+{
+	int n = snprintf(buf, len, "%s", s->auth_host);
+
+	return n >= 0 && (size_t)n < len ? 0 : -ENOBUFS;
+}
+
+RTRS_EXPORT
 int rtrs_srv_get_queue_depth(struct rtrs_srv_sess *s)
 {
 	return (int)s->queue_depth;

@@ -718,6 +718,9 @@ static int opts_sess_open(const char *name, const char *secret, const char *srv_
 	return test_rnbd_clt_open(&c, out);
 }
 
+/* The access file beside the key file: the host may use everything. */
+static char opts_access[512];
+
 static void opts_srv_init(struct rnbd_srv_opts *o, const char *keys, uint16_t want_port)
 {
 	rnbd_srv_opts_init(o, sizeof(*o));
@@ -729,6 +732,7 @@ static void opts_srv_init(struct rnbd_srv_opts *o, const char *keys, uint16_t wa
 	o->rtrs.max_sessions = 1;
 	o->rtrs.listen_retry_ms = 50;
 	o->rtrs.auth_keys_file = keys;
+	o->access_file = keys ? opts_access : NULL;
 	o->rtrs.auth_name = SRV_NAME;
 	o->mem_devices = "mem0:1M";
 }
@@ -763,6 +767,13 @@ static void test_transport_opts(void)
 	fprintf(f, "%s %s\n", HOST_NAME, HOST_KEY);
 	fclose(f);
 	chmod(keys, 0600);
+	snprintf(opts_access, sizeof(opts_access), "%s/access", top);
+	f = fopen(opts_access, "w");
+	CHECK(f != NULL, "%s", opts_access);
+	if (!f)
+		return;
+	fprintf(f, "%s sessions=* migration=*\n", HOST_NAME);
+	fclose(f);
 	rnbd_set_log_fn(log_sink, NULL);
 
 	opts_srv_init(&o, keys, 0);

@@ -327,8 +327,9 @@ umask 077
 "$build/tools/rtrs-key" gen --hmac 1 >"$dir/host1.key"
 echo "host1 $(cat "$dir/host1.key")" >"$dir/keys"
 (umask 022)
+echo '* sessions=* migration=*' >"$dir/all.access"
 rnbd_server_start "$dir/auth.log" -- --port 0 --mem-device m:1M --auth-keys "$dir/keys" \
-	--auth-name storage1 || exit 1
+	--access "$dir/all.access" --auth-name storage1 || exit 1
 a() { "$client" info --server "127.0.0.1:$port" --device m --host-name host1 "$@"; }
 check "authenticated with the server's name: works" \
 	a --secret "@$dir/host1.key" --server-name storage1

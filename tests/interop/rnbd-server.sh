@@ -150,14 +150,16 @@ echo "a file" >"$dir/plain"
 check "a search path that is a file" \
 	early notdir "the device search path $dir/plain: not a directory" -s "$dir/plain"
 (umask 077 && : >"$dir/empty.keys" && printf '# nobody yet\n\n' >"$dir/comment.keys")
+echo '* sessions=* migration=*' >"$dir/all.access" # every authenticated host: everything
 check "an empty key file: refused, not refusing every host later" \
-	early emptykeys "key file $dir/empty.keys lists no host" -m m:1M --auth-keys "$dir/empty.keys"
+	early emptykeys "key file $dir/empty.keys lists no host" -m m:1M --auth-keys "$dir/empty.keys" \
+	--access "$dir/all.access"
 check "a key file of comments only: the same" \
 	early commentkeys "key file $dir/comment.keys lists no host" -m m:1M \
-	--auth-keys "$dir/comment.keys"
+	--auth-keys "$dir/comment.keys" --access "$dir/all.access"
 check "a missing key file: named" \
 	early nokeys "--auth-keys $dir/none.keys: No such file or directory" -m m:1M \
-	--auth-keys "$dir/none.keys"
+	--auth-keys "$dir/none.keys" --access "$dir/all.access"
 # More than RAM and swap together, whatever this machine has.
 toobig=$(awk '/^(MemTotal|SwapTotal):/ { kb += $2 } END { printf "%dG", kb / 1048576 + 2 }' \
 	/proc/meminfo)
@@ -395,7 +397,7 @@ umask 077
 "$build/tools/rtrs-key" gen --hmac 1 >"$dir/host1.key"
 echo "host1 $(cat "$dir/host1.key")" >"$dir/keys"
 rnbd_server_start "$dir/hup.log" -- --port 0 --control "$dir/ctl" --auth-keys "$dir/keys" \
-	--mem-device m:1M || exit 1
+	--access "$dir/all.access" --mem-device m:1M || exit 1
 hup_pid=${pids[-1]}
 kill -HUP "$hup_pid" || true
 check "SIGHUP with a good key file: logged as reloaded" \
@@ -430,7 +432,7 @@ check "SIGTERM after SIGHUP: exit 0, socket gone" \
 # The key file from above, good again; a server name of its own.
 srvname=nqn.2026-11.io.rnbd:opts-test
 opts=(--addr 127.0.0.1 --provider tcp --queue-depth 40 --chunk-size 64k --hb-interval 100
-      --auth-keys "$dir/keys" --auth-name "$srvname" --mem-device m:4M)
+      --auth-keys "$dir/keys" --access "$dir/all.access" --auth-name "$srvname" --mem-device m:4M)
 creds=(--host-name host1 --secret "@$dir/host1.key" --server-name "$srvname")
 rnbd_server_start "$dir/opts.log" -- --port 0 "${opts[@]}" || exit 1
 check "--addr, --provider, --queue-depth, --chunk-size: librtrs listens with them" \

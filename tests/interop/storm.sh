@@ -98,8 +98,9 @@ check "... the limit on pending handshakes was met (newcomers waited)" \
 kill_pids
 pids=()
 
+echo 'hv1 sessions=* migration=*' >"$dir/access"
 rnbd_server_start "$dir/auth.log" -- --port 0 --dev-search-path "$dir/export" \
-	--queue-depth 64 --control "$dir/ctl" --auth-keys "$dir/keys" || exit 1
+	--queue-depth 64 --control "$dir/ctl" --auth-keys "$dir/keys" --access "$dir/access" || exit 1
 storm_auth() {
 	STORM_FLOOD=1 storm auth --host-name hv1 --secret "@$dir/hv1.key"
 }

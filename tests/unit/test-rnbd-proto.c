@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "rnbd-access.h"
 #include "rnbd-path.h"
 #include "rnbd-proto.h"
 
@@ -563,6 +564,86 @@ static void test_io_for_kernel(void)
 	CHECK_EQ(rnbd_io_for_kernel(RNBD_OP_WRITE_ZEROES, &flags, &first), -EOPNOTSUPP);
 }
 
+/* The access file (lib/rnbd/rnbd-access.c): what a text grants, and each refusal with its line. */
+static void test_access_file(void)
+{
+	static const char text[] =
+		"# host   what it may use\n"
+		"\n"
+		"  host-a sessions=a-*,shared rw=a.img ro=images/*\r\n"
+		"host-b\tsessions=b-1 migration=vm/*\n"
+		"host-a rw=extra/x.img\n"
+		"* ro=pub/*";
+	static const struct { const char *text, *why; } bad[] = {
+		{ "host-a rw\n", ":1: a field is not kind=patterns" },
+		{ "# c\nhost-a wr=x\n", ":2: unknown kind" },
+		{ "host-a\n", ":1: a host with nothing granted" },
+		{ "host-a rw=a,,b\n", ":1: an empty pattern" },
+		{ "host-a rw=\n", ":1: an empty pattern" },
+		{ "host-a rw=a,\n", ":1: an empty pattern" },
+		{ "host-a rw=/a.img\n", ":1: a device pattern starting with '/'" },
+		{ "ok ro=x\nhost-a ro=x\x01\n", ":2: a control character" },
+	};
+	struct rnbd_access *a = NULL;
+	char err[256], big[300];
+	int rc;
+
+	rc = rnbd_access_parse(text, strlen(text), "acc", &a, err, sizeof(err));
+	CHECK(rc == 0 && a, "%s", err);
+	if (!a)
+		return;
+	CHECK_EQ(rnbd_access_lines(a), 4);
+	CHECK(rnbd_access_session(a, "host-a", "a-1"));
+	CHECK(rnbd_access_session(a, "host-a", "shared"));
+	CHECK(!rnbd_access_session(a, "host-a", "b-1"), "another host's name");
+	CHECK(!rnbd_access_session(a, "host-a", "shared2"), "a pattern matches whole names");
+	CHECK(rnbd_access_session(a, "host-b", "b-1"));
+	CHECK(!rnbd_access_session(a, "host-b", "b-2"));
+	CHECK(!rnbd_access_session(a, "host-c", "a-1"), "a host no line names");
+	CHECK(!rnbd_access_session(a, "host-c", "x"), "the * line grants no session name");
+	/* Modes: ro < rw < migration. */
+	CHECK(rnbd_access_device(a, "host-a", "a.img", RNBD_ACCESS_RO));
+	CHECK(rnbd_access_device(a, "host-a", "a.img", RNBD_ACCESS_RW));
+	CHECK(!rnbd_access_device(a, "host-a", "a.img", RNBD_ACCESS_MIGRATION));
+	CHECK(rnbd_access_device(a, "host-a", "images/base", RNBD_ACCESS_RO));
+	CHECK(rnbd_access_device(a, "host-a", "images/x/y", RNBD_ACCESS_RO), "* matches /");
+	CHECK(!rnbd_access_device(a, "host-a", "images/base", RNBD_ACCESS_RW));
+	CHECK(rnbd_access_device(a, "host-a", "extra/x.img", RNBD_ACCESS_RW), "lines add up");
+	CHECK(!rnbd_access_device(a, "host-a", "b.img", RNBD_ACCESS_RO));
+	CHECK(rnbd_access_device(a, "host-b", "vm/1", RNBD_ACCESS_MIGRATION));
+	CHECK(rnbd_access_device(a, "host-b", "vm/1", RNBD_ACCESS_RO));
+	CHECK(!rnbd_access_device(a, "host-b", "a.img", RNBD_ACCESS_RO));
+	CHECK(rnbd_access_device(a, "host-c", "pub/doc", RNBD_ACCESS_RO), "the * line");
+	CHECK(rnbd_access_device(a, "host-a", "pub/doc", RNBD_ACCESS_RO), "the * line adds up");
+	CHECK(!rnbd_access_device(a, "host-c", "pub/doc", RNBD_ACCESS_RW));
+	rnbd_access_free(a);
+	/* No rules (a file that could not be read): nothing. */
+	CHECK(!rnbd_access_session(NULL, "host-a", "a-1"));
+	CHECK(!rnbd_access_device(NULL, "host-a", "a.img", RNBD_ACCESS_RO));
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		a = NULL;
+		err[0] = '\0';
+		rc = rnbd_access_parse(bad[i].text, strlen(bad[i].text), "acc", &a, err, sizeof(err));
+		CHECK(rc == -EINVAL && !a && !strncmp(err, "acc", 3) && strstr(err, bad[i].why),
+		      "%zu: rc %d, \"%s\", want \"%s\"", i, rc, err, bad[i].why);
+		rnbd_access_free(a);
+	}
+	rc = rnbd_access_parse("h ro=x\0y\n", 9, "acc", &a, err, sizeof(err));
+	CHECK(rc == -EINVAL && strstr(err, "a NUL byte"), "%s", err);
+	memset(big, 'h', sizeof(big));
+	memcpy(big + 224, " ro=x", 6);
+	rc = rnbd_access_parse(big, 229, "acc", &a, err, sizeof(err));
+	CHECK(rc == -EINVAL && strstr(err, ":1: a host name longer than 223 bytes"), "%s", err);
+	rc = rnbd_access_parse("", 0, "acc", &a, err, sizeof(err));
+	CHECK(rc == 0 && a && rnbd_access_lines(a) == 0, "an empty file grants nothing");
+	rnbd_access_free(a);
+	rc = rnbd_access_load("/nonexistent/acc", &a, err, sizeof(err));
+	CHECK(rc == -ENOENT && strstr(err, "/nonexistent/acc: "), "%s", err);
+	rc = rnbd_access_load("/", &a, err, sizeof(err));
+	CHECK(rc == -EINVAL && strstr(err, "not a regular file"), "%s", err);
+}
+
 int main(void)
 {
 	test_io_for_kernel();
@@ -577,5 +658,6 @@ int main(void)
 	test_access();
 	test_names();
 	test_paths();
+	test_access_file();
 	return test_done("rnbd-proto");
 }

@@ -282,8 +282,10 @@ a_kclient_auth_refused() {
 	mkdir -p /run/keys && chmod 700 /run/keys
 	echo "nqn.2014-08.org.nvmexpress:uuid:some-host $("$KI_BUILD/tools/rtrs-key" gen)" \
 		>/run/keys/hosts && chmod 600 /run/keys/hosts
+	echo '* sessions=* migration=*' >/run/keys/access
 	"$KI_BUILD/daemons/rnbd-server" --provider verbs -a 198.18.0.1 -p 1234 -m "ram0:${MIB}M" \
-		--auth-keys /run/keys/hosts --log-level info >"$KG_RUN/A-rnbd-server.log" 2>&1 &
+		--auth-keys /run/keys/hosts --access /run/keys/access --log-level info \
+		>"$KG_RUN/A-rnbd-server.log" 2>&1 &
 	pid=$!
 	sleep 1
 	kill -0 "$pid" 2>/dev/null

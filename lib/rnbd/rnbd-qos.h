@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Rate limits of the server (docs/rnbd.md section 2.7): a limit group per
+ * session name or device name, each with six token buckets (IOPS and
+ * bytes per second; all, reads, writes), and one thread that lets queued
+ * IO go as tokens come.
+ *
+ * An IO of a session with no active group, on a device with none, never
+ * comes here (the server checks the two pointers). Otherwise
+ * rnbd_qos_admit takes its tokens and lets it go at once, or queues it on
+ * the group that holds it back; the thread hands it to the dispatch
+ * callback once every group of the IO has tokens for it. Reads and writes
+ * queue apart, each in its order: a write limit does not hold reads back.
+ * Groups are made by rnbd_qos_set and live as long as the context.
+ *
+ * Locks: ctx->lock guards every group's buckets and queue; the dispatch
+ * callback runs on the thread without it.
+ */
+#ifndef RNBD_QOS_H
+#define RNBD_QOS_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+#include "rnbd.h"
+
+enum { RNBD_QOS_IOPS, RNBD_QOS_READ_IOPS, RNBD_QOS_WRITE_IOPS, RNBD_QOS_BPS, RNBD_QOS_READ_BPS,
+       RNBD_QOS_WRITE_BPS, RNBD_QOS_NR };
+
+/* One rate: tokens come at rate per second, up to the burst. */
+struct rnbd_qos_bucket {
+	uint64_t rate; /* 0: no limit */
+	double tokens;
+};
+
+/* The burst of a rate: a tenth of a second's worth, at least one. */
+double rnbd_qos_burst(uint64_t rate);
+/* Tokens for dt_ns more, up to the burst. */
+void rnbd_qos_refill(struct rnbd_qos_bucket *b, uint64_t dt_ns);
+/*
+ * Whether amount may go: tokens for it, or for the whole burst when it is
+ * larger (a large IO waits for a full bucket, then leaves a debt).
+ */
+bool rnbd_qos_can(const struct rnbd_qos_bucket *b, uint64_t amount);
+/* How long until rnbd_qos_can(b, amount), in ns (0: now). */
+uint64_t rnbd_qos_wait_ns(const struct rnbd_qos_bucket *b, uint64_t amount);
+
+struct rnbd_qos;
+struct rnbd_qos_ctx;
+
+/* An IO on its way: in the server's request slot. */
+struct rnbd_qos_item {
+	STAILQ_ENTRY(rnbd_qos_item) link;
+	struct rnbd_qos *g[2];       /* its groups (session's, device's), NULL where none */
+	bool read;
+	uint32_t bytes;
+	const void *owner;           /* its session, for rnbd_qos_drop */
+	uint64_t queued_ns;
+};
+
+/* The dispatch callback: err 0 (tokens taken: go) or -ENOTCONN (dropped: answer it). */
+typedef void (*rnbd_qos_dispatch_fn)(struct rnbd_qos_item *it, int err);
+
+int rnbd_qos_ctx_open(rnbd_qos_dispatch_fn dispatch, struct rnbd_qos_ctx **out);
+/* Stops the thread; nothing may be queued any more. */
+void rnbd_qos_ctx_close(struct rnbd_qos_ctx *ctx);
+
+/* The group of kind and name, or NULL when no limit was ever set on it. */
+struct rnbd_qos *rnbd_qos_find(struct rnbd_qos_ctx *ctx, enum rnbd_qos_kind kind,
+			       const char *name);
+/* Sets its limits (made if new): 0 or -ENOMEM / -EINVAL (a name too long or empty). */
+int rnbd_qos_set(struct rnbd_qos_ctx *ctx, enum rnbd_qos_kind kind, const char *name,
+		 const struct rnbd_qos_limits *l, struct rnbd_qos **out);
+/* Any limit set? (An inactive group lets every IO go without the lock.) */
+bool rnbd_qos_active(const struct rnbd_qos *g);
+void rnbd_qos_get(struct rnbd_qos_ctx *ctx, const struct rnbd_qos *g, struct rnbd_qos_limits *l,
+		  struct rnbd_qos_stats *st);
+/* true: go now, tokens taken; false: queued, dispatched by the thread later. */
+bool rnbd_qos_admit(struct rnbd_qos_ctx *ctx, struct rnbd_qos_item *it);
+/* Every queued item of owner is dispatched with -ENOTCONN, soon, by the thread. */
+void rnbd_qos_drop(struct rnbd_qos_ctx *ctx, const void *owner);
+
+/*
+ * "session:NAME:KEY=VALUE[,KEY=VALUE...]" or "device:NAME:...", keys iops,
+ * read_iops, write_iops, bps, read_bps, write_bps (bytes: K, M, G
+ * suffixes, powers of 1024); the name is what lies between the first and
+ * the last ':'. 0 and *kind, name (namelen bytes), *l; or -EINVAL and why.
+ */
+int rnbd_qos_parse(const char *spec, enum rnbd_qos_kind *kind, char *name, size_t namelen,
+		   struct rnbd_qos_limits *l, const char **why);
+
+#endif
