@@ -661,6 +661,30 @@ static int m_qos(void *priv, struct json_object *params, struct json_object **re
 	       put(*result, "name", json_object_new_string(name)) ? 0 : -ENOMEM;
 }
 
+/* The key file read again: revoked hosts' paths closed. */
+static int m_keys_reload(void *priv, struct json_object *params, struct json_object **result,
+			 struct rpc_err *err)
+{
+	struct rnbd_srv *s = live_srv(err);
+	int rc;
+
+	(void)priv;
+	if (!s)
+		return -EAGAIN;
+	if ((rc = rpc_params_check(params, no_params, err)))
+		return rc;
+	if (!g.auth_keys)
+		return rpc_errf(err, -ENOENT, "no key file (--auth-keys)");
+	rc = rnbd_srv_reload_keys(s);
+	if (rc < 0)
+		return rpc_errf(err, rc, "key file %s: %s (the line is in the log); nobody revoked, "
+				"authentications fail until it is fixed", g.auth_keys, strerror(-rc));
+	dlog(DLOG_INFO, "control: key file %s reloaded; %d paths of hosts it no longer lists "
+	     "closed", g.auth_keys, rc);
+	*result = json_object_new_object();
+	return put(*result, "paths_closed", json_object_new_int(rc)) ? 0 : -ENOMEM;
+}
+
 /* The access file read again; its error, file and line, as the answer. */
 static int m_access_reload(void *priv, struct json_object *params, struct json_object **result,
 			   struct rpc_err *err)
@@ -696,6 +720,9 @@ static const struct rpc_method methods[] = {
 	  "kind: string (session or device), name: string, iops, read_iops, write_iops, bps, "
 	  "read_bps, write_bps: integer (optional)",
 	  "a session's or device's rate limits: those given set (0: none), all shown" },
+	{ "server.keys.reload", m_keys_reload, "",
+	  "read the key file again (as SIGHUP does): every path of a host it no longer lists "
+	  "is closed, and that host is refused from then on" },
 	{ "server.access.reload", m_access_reload, "",
 	  "read the access file again (as SIGHUP does): its error, with file and line, if any" },
 	{ "metrics", m_metrics, "", "every counter in Prometheus's text format: {\"text\": ...}" },
@@ -726,10 +753,10 @@ static void reload_keys(void)
 		return;
 	}
 	/* Through librtrs's reader thread: a file that hangs holds up no signal. */
-	rc = rnbd_srv_check_keys(srv);
-	if (!rc)
+	rc = rnbd_srv_reload_keys(srv);
+	if (rc >= 0)
 		dlog(DLOG_INFO, "SIGHUP: key file %s reloaded: valid; it applies from the next "
-			"authentication", g.auth_keys);
+			"authentication; %d paths of hosts it no longer lists closed", g.auth_keys, rc);
 	else
 		dlog(DLOG_ERR, "SIGHUP: key file %s: %s (the line is logged above); "
 			"authentications fail until it is fixed", g.auth_keys, strerror(-rc));

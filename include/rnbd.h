@@ -143,6 +143,12 @@ int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char 
  */
 int rnbd_srv_check_keys(struct rnbd_srv *srv);
 /*
+ * rnbd_srv_check_keys, then every live path of a host the key file no
+ * longer lists is closed (rtrs_srv_reload_keys): the number of paths
+ * closed, or the error (then nobody is revoked).
+ */
+int rnbd_srv_reload_keys(struct rnbd_srv *srv);
+/*
  * Reads the access file again (SIGHUP): its rules apply to every session
  * and open from now on (what is open stays open). 0; or the error, with
  * the file, the line and the cause logged and in err (errlen bytes, may

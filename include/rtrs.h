@@ -646,6 +646,15 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *op
  * at once that a change parses. -ENOENT when the server has no key file.
  */
 int rtrs_srv_check_keys(struct rtrs_srv_ctx *ctx);
+/*
+ * rtrs_srv_check_keys, then revocation: every live path of a host the
+ * file no longer lists is closed (its client's reconnect is then refused,
+ * and it does not retry). A host still listed keeps its paths, whatever
+ * its key now is: a changed key applies from its next authentication.
+ * The number of paths closed, or the error (nobody is revoked on a file
+ * that does not parse or cannot be read).
+ */
+int rtrs_srv_reload_keys(struct rtrs_srv_ctx *ctx);
 
 /*
  * Waits until the server listens: 0. Not listening after timeout_ms (0:

@@ -23,6 +23,7 @@
  *   rnbd [options] server stats
  *   rnbd [options] server metrics
  *   rnbd [options] server access reload
+ *   rnbd [options] server keys reload
  *   rnbd [options] server qos session|device NAME [KEY=VALUE...]
  *   rnbd [options] call METHOD [PARAMS-JSON]
  *
@@ -193,7 +194,7 @@ static const char usage[] =
 	"       client path remove|reconnect|disconnect SESSION PATH | client policy SESSION POLICY |\n"
 	"       client stats reset SESSION [PATH] | client metrics |\n"
 	"       server list [sessions|devices] | server close SESSION DEVICE | server stats |\n"
-	"       server metrics | server access reload |\n"
+	"       server metrics | server access reload | server keys reload |\n"
 	"       server qos session|device NAME [iops|read_iops|write_iops|bps|read_bps|write_bps=N...] |\n"
 	"       call METHOD [PARAMS-JSON]";
 
@@ -616,12 +617,17 @@ static int server_cmd(int argc, char **argv)
 	}
 	if (!strcmp(argv[0], "qos"))
 		return server_qos(sock, argc, argv);
+	if (!strcmp(argv[0], "keys")) {
+		if (argc != 2 || strcmp(argv[1], "reload"))
+			return bad_usage("server keys: reload");
+		return run(sock, "server.keys.reload", NULL, table_object);
+	}
 	if (!strcmp(argv[0], "access")) {
 		if (argc != 2 || strcmp(argv[1], "reload"))
 			return bad_usage("server access: reload");
 		return run(sock, "server.access.reload", NULL, table_object);
 	}
-	return bad_usage("server: list, close, stats, metrics, qos or access reload");
+	return bad_usage("server: list, close, stats, metrics, qos, keys reload or access reload");
 }
 
 /* A path's index, as client list paths shows it. */

@@ -1378,6 +1378,12 @@ int rnbd_srv_check_keys(struct rnbd_srv *srv)
 }
 
 RNBD_EXPORT
+int rnbd_srv_reload_keys(struct rnbd_srv *srv)
+{
+	return srv ? rtrs_srv_reload_keys(srv->rtrs) : -EINVAL;
+}
+
+RNBD_EXPORT
 int rnbd_srv_reload_access(struct rnbd_srv *srv, char *err, size_t errlen)
 {
 	if (!srv)

@@ -231,6 +231,96 @@ int rtrs_srv_check_keys(struct rtrs_srv_ctx *ctx)
 	return rc;
 }
 
+/* Loop thread: every path of the sessions of the hosts named is closed. */
+struct revoke_call {
+	struct rtrs_srv_ctx *ctx;
+	char (*hosts)[RTRS_AUTH_WIRE_NAME];
+	unsigned nr_hosts;
+	unsigned closed;          /* paths */
+	bool snap;                /* first pass: only list the hosts of live sessions */
+};
+
+static bool revoke_has(const struct revoke_call *c, const char *host)
+{
+	for (unsigned i = 0; i < c->nr_hosts; i++)
+		if (!strcmp(c->hosts[i], host))
+			return true;
+	return false;
+}
+
+static void sessions_revoke(void *arg)
+{
+	struct revoke_call *c = arg;
+
+	for (struct rtrs_srv_sess *s = c->ctx->sessions; s; s = s->next) {
+		if (!s->auth_host[0])
+			continue;
+		if (c->snap) {
+			void *grown;
+
+			if (revoke_has(c, s->auth_host))
+				continue;
+			grown = realloc(c->hosts, (c->nr_hosts + 1) * sizeof(*c->hosts));
+			if (!grown)
+				continue; /* not revoked now: the next reload sees it */
+			c->hosts = grown;
+			snprintf(c->hosts[c->nr_hosts++], sizeof(*c->hosts), "%s", s->auth_host);
+			continue;
+		}
+		if (!revoke_has(c, s->auth_host))
+			continue;
+		for (struct srv_path *p = s->paths; p; p = p->next) {
+			enum rtrs_path_state st = atomic_load(&p->base.state);
+
+			if (st == RTRS_PATH_CLOSING || st == RTRS_PATH_CLOSED)
+				continue;
+			log_warn("%s: host %s is no longer in the key file %s: path closed", path_name(p),
+				 s->auth_host, c->ctx->auth_keys_file);
+			srv_path_stop(p, -EKEYREJECTED);
+			c->closed++;
+		}
+	}
+}
+
+RTRS_EXPORT
+int rtrs_srv_reload_keys(struct rtrs_srv_ctx *ctx)
+{
+	struct revoke_call c = { .ctx = ctx, .snap = true };
+	unsigned keep = 0;
+	int rc = rtrs_srv_check_keys(ctx);
+
+	if (rc)
+		return rc;
+	/* The hosts of live sessions; each looked up in the file, off the loop. */
+	loop_call(ctx->loop, sessions_revoke, &c);
+	for (unsigned i = 0; i < c.nr_hosts; i++) {
+		struct rtrs_auth_key hk, ck;
+		const char *why = NULL;
+		unsigned line = 0;
+
+		rc = rtrs_keyfile_lookup(ctx->auth_cfg.keyfile, c.hosts[i], &hk, &ck, &line, &why);
+		rtrs_auth_wipe(&hk, sizeof(hk));
+		rtrs_auth_wipe(&ck, sizeof(ck));
+		if (rc && rc != -ESRCH) {
+			/* Not read whole: revoke nobody on a guess. */
+			log_err("server: key file %s: %s: no host revoked", ctx->auth_keys_file,
+				why ? why : strerror(-rc));
+			free(c.hosts);
+			return rc;
+		}
+		if (!rc)
+			continue; /* still listed: kept */
+		memmove(c.hosts[keep], c.hosts[i], sizeof(*c.hosts));
+		keep++;
+	}
+	c.nr_hosts = keep;
+	c.snap = false;
+	if (keep)
+		loop_call(ctx->loop, sessions_revoke, &c);
+	free(c.hosts);
+	return (int)c.closed;
+}
+
 RTRS_EXPORT
 int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 		  struct rtrs_srv_ctx **out)

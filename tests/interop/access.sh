@@ -13,7 +13,11 @@
 #   - a file broken at run time: the reload names file and line, and
 #     nothing new is granted to anyone until it is fixed;
 #   - at start: --auth-keys without --access, --access without --auth-keys
-#     and a bad line each stop the server with the cause.
+#     and a bad line each stop the server with the cause;
+#   - host B removed from the key file under verified IO of A and B, the
+#     file read again (rnbd server keys reload): B's path closes, its
+#     reconnect is refused and not retried, its IO fails within 5 s; A's
+#     goes on without an error.
 # Usage: access.sh BUILD_DIR.
 set -euo pipefail
 build=$(cd "${1:?usage: access.sh BUILD_DIR}" && pwd)
@@ -155,6 +159,37 @@ cp "$dir/access.full" "$dir/access.new" && mv "$dir/access.new" "$dir/access"
 check "fixed and read again: B opens again" \
 	bash -c "'$build/tools/rnbd' --socket '$dir/ctl' server access reload >/dev/null" 
 check "... its device" round_trip B b-4 b.img
+# ---- a host revoked at run time (its key removed) -----------------------------------
+
+# A and B under verified IO; B's line leaves the key file, which is read
+# again: B's path closes, its reconnect is refused and never tried again,
+# its IO fails once it has no path (fast_io_fail 2 s); A's goes on.
+cp "$dir/export/a.img" "$dir/export/a.keep"
+as A perf a-rot --device a.img --rw randrw --runtime 8 --verify --iodepth 8 \
+	>"$dir/perf-a.out" 2>&1 &
+pa=$!
+as B perf b-rot --device b.img --rw randrw --runtime 8 --verify --iodepth 8 \
+	--fast-io-fail-ms 2000 >"$dir/perf-b.out" 2>&1 &
+pb=$!
+sleep 2
+(umask 077 && grep -v '^host-b ' "$dir/keys" >"$dir/keys.new" && mv "$dir/keys.new" "$dir/keys")
+t0=$SECONDS
+ctl "$dir/ctl" server keys reload -o json >"$dir/revoke.json" 2>&1
+check "host B's key removed, the key file read again (rnbd server keys reload): its path closed" \
+	python3 -c "import json; j = json.load(open('$dir/revoke.json')); assert j['paths_closed'] >= 1, j"
+rc=0
+wait "$pb" || rc=$?
+check "... B's IO stops within 5 s, failed (no path), not hung" \
+	bash -c "[ $rc -ne 0 ] && [ $((SECONDS - t0)) -le 5 ]"
+check "... its reconnect was refused as a verdict, and not tried again" \
+	bash -c "grep -Eq 'rejected|No key|do not retry' '$dir/perf-b.out'"
+sleep 2
+check "... the server saw one attempt after the reload, no more" \
+	test "$(grep -c "host host-b is not in $dir/keys" "$dir/server.log")" -eq 1
+rc=0
+wait "$pa" || rc=$?
+check "A's verified IO went on without an error meanwhile" \
+	bash -c "[ $rc -eq 0 ] && grep -q 'errors 0' '$dir/perf-a.out'"
 check "the server is still up" kill -0 "$server_pid"
 
 finish access
