@@ -557,9 +557,22 @@ echo "--- clientd logs"; tail -n 8 /tmp/c1.log "$CLOG"
 GUEST
 
 # The build folder too: a guest has its own /tmp, where a checkout may be.
-out=$("$vm" run --bpo --rdma rxe --timeout 900 --mem 1536 --share-ro "$logs" --share-ro "$build" -- \
-	bash "$logs/guest.sh" "$build" 2>&1)
-rc=$?
+# A guest whose kernel locks up (an RCU stall under TCG, its vCPUs starved
+# by the host's load: seen twice, in the middle of different sections) is
+# reported with its console and run once more, as the verbs suite does; a
+# second lockup fails.
+for attempt in 1 2; do
+	out=$("$vm" run --bpo --rdma rxe --timeout 900 --mem 1536 --share-ro "$logs" \
+		--share-ro "$build" -- bash "$logs/guest.sh" "$build" 2>&1)
+	rc=$?
+	if [ "$attempt" -eq 1 ] && [ "$rc" -eq 125 ] && grep -q 'guest: kernel lockup' <<<"$out"; then
+		grep -E 'kernel lockup|console: ' <<<"$out" | sed 's/^/  /'
+		echo "  ublk: the guest's kernel locked up after $(grep -c '^CHECK ' <<<"$out") checks" \
+			"(above): running the guest again"
+		continue
+	fi
+	break
+done
 passed=0 failed=0
 while read -r _ name st detail; do
 	if [ "$st" = ok ]; then
