@@ -131,6 +131,18 @@ enum rtrs_clt_link_ev {
 	RTRS_CLT_LINK_EV_SERVER_SESSION,
 };
 
+/*
+ * TLS 1.3 with pre-shared keys on tcp paths (docs/security.md section 9).
+ * A client requires it or not; a server has it off, offers it or requires
+ * it. A mismatch is refused with -EPROTONOSUPPORT and "do not retry".
+ * RDMA paths have no TLS: only RTRS_TLS_OFF opens them.
+ */
+enum rtrs_tls_mode {
+	RTRS_TLS_OFF = 0,
+	RTRS_TLS_OFFERED = 1,   /* server only: a client may use TLS or not */
+	RTRS_TLS_REQUIRED = 2,
+};
+
 struct rtrs_clt_opts {
 	size_t size;                /* sizeof(struct rtrs_clt_opts) */
 	const char *sessname;       /* 1..255 printable, no blank or '/', not "."/".." */
@@ -202,6 +214,19 @@ struct rtrs_clt_opts {
 	 * number, later ones do not change it.
 	 */
 	unsigned poll_groups;
+	/*
+	 * TLS (RTRS_TLS_REQUIRED): every connection of every path runs a TLS
+	 * 1.3 handshake with a PSK before its first byte of RTRS, and its
+	 * records carry everything after. tls_key: the PSK, an NVMe
+	 * interchange string as `nvme gen-tls-key` writes it
+	 * ("NVMeTLSkey-1:01:...:") or "@PATH"; without it the PSK is derived
+	 * from auth_secret (-ENOKEY when there is neither). A wrong or unknown
+	 * key fails the path with -EKEYREJECTED, never retried. tls_no_ktls:
+	 * keep the records in user space where the kernel could take them.
+	 */
+	enum rtrs_tls_mode tls;
+	const char *tls_key;
+	bool tls_no_ktls;
 };
 
 /* Fills defaults; returns -EINVAL if size is not one this library knows. */
@@ -573,6 +598,15 @@ struct rtrs_srv_opts {
 	 */
 	unsigned srq_depth;
 	bool no_srq;
+	/*
+	 * TLS on the tcp provider: RTRS_TLS_OFF (a TLS client is refused),
+	 * RTRS_TLS_OFFERED or RTRS_TLS_REQUIRED (a plain client is refused).
+	 * Needs auth_keys_file, whose lines hold the PSKs: a host's "tls="
+	 * key, or its DH-HMAC-CHAP secret for derived ones; they are read at
+	 * open and at rtrs_srv_reload_keys. tls_no_ktls as for the client.
+	 */
+	enum rtrs_tls_mode tls;
+	bool tls_no_ktls;
 };
 
 /* Counters of a server, for tests and monitoring. */

@@ -38,7 +38,7 @@ static struct {
 	uint64_t port, queue_depth, chunk_size, io_size, duration, sessions;
 	uint64_t max_sessions, max_sessions_per_peer, hold, srq_depth;
 	unsigned mode;
-	bool json, verify, quiet, no_invalidate;
+	bool json, verify, quiet, no_invalidate, no_ktls;
 } g = {
 	.port = RTRS_DEFAULT_PORT, .queue_depth = 64, .chunk_size = RTRS_DEFAULT_CHUNK_SIZE,
 	.io_size = 4096, .duration = 5, .sessions = 1, .srq_depth = RTRS_DEFAULT_SRQ_DEPTH,
@@ -75,6 +75,10 @@ static const struct clt_opt_pick clt_picks[] = {
 	{ CLT_OPT_HOST_NAME, 0, "client: host name for authentication (default: "
 	  "/etc/nvme/hostnqn)" },
 	{ CLT_OPT_SERVER_NAME, 0, "server's name for authentication (default rtrs-server)" },
+	{ CLT_OPT_TLS, 0, "TLS 1.3 with a PSK: client off or required; server off, offered or "
+	  "required (its PSKs are in --auth-keys)" },
+	{ CLT_OPT_TLS_KEY, 0, "client: the TLS PSK (NVMeTLSkey-1:...; default: derived from "
+	  "--secret)" },
 	{ CLT_OPT_LOG_LEVEL, 0, "error, warn, info or debug (default: RTRS_LOG_LEVEL, "
 	  "else warn)" },
 };
@@ -106,6 +110,8 @@ static const struct opt own_options[] = {
 	{ "auth-keys", 0, OPT_STRING, &g.auth_keys, .arg = "FILE",
 	  .help = "server: require DH-HMAC-CHAP; FILE lists \"HOST SECRET [CTRL-SECRET]\"" },
 	{ "json", 'j', OPT_FLAG, &g.json, .help = "client: print one JSON object" },
+	{ "no-ktls", 0, OPT_FLAG, &g.no_ktls,
+	  .help = "TLS records in user space even where the kernel has TLS (for measurements)" },
 	{ "quiet", 0, OPT_FLAG, &g.quiet, .help = "server: no banner" },
 	{ "hold", 0, OPT_UINT, &g.hold, 0, 86400, .arg = "SEC",
 	  .help = "client: keep the session(s) open and idle this long after the run (as with "
@@ -200,6 +206,8 @@ static int run_server(void)
 	o.no_srq = !g.srq_depth;
 	o.auth_keys_file = g.auth_keys;
 	o.auth_name = cfg.opts.auth_server_name;
+	o.tls = cfg.opts.tls;
+	o.tls_no_ktls = g.no_ktls;
 	o.max_sessions = (unsigned)g.max_sessions;
 	o.max_sessions_per_peer = (unsigned)g.max_sessions_per_peer;
 	sigemptyset(&set);
@@ -772,6 +780,7 @@ int main(int argc, char **argv)
 	if (rc)
 		return rc > 0 ? 0 : 2;
 	clt_cfg_finish(&cfg);
+	cfg.opts.tls_no_ktls = g.no_ktls;
 	if (pos != argc - 1) {
 		fprintf(stderr, "rtrs-perf: unexpected argument '%s'\n", argv[pos + 1]);
 		return 2;

@@ -20,6 +20,7 @@ enum clt_type {
 	CT_POLICY,   /* enum rtrs_mp_policy by name */
 	CT_LEVEL,    /* int, a log level by name (opts_log_level_parse) */
 	CT_ATTEMPTS, /* int, -1 (no limit) or a count in [min, max] */
+	CT_TLS,      /* enum rtrs_tls_mode: off or required */
 };
 
 struct clt_def {
@@ -50,6 +51,19 @@ static bool secret_valid(const char *s)
 	return !strncmp(s, "DHHC-1:", 7) || (s[0] == '@' && s[1]) ||
 	       (!strncmp(s, "file:", 5) && s[5]);
 }
+
+/* A TLS PSK as rtrs_tls_key_load reads it: checked whole when the session opens. */
+static bool tls_key_valid(const char *s)
+{
+	return !strncmp(s, "NVMeTLSkey-1:", 13) || (s[0] == '@' && s[1]) ||
+	       (!strncmp(s, "file:", 5) && s[5]);
+}
+
+static const char *const tls_names[] = {
+	[RTRS_TLS_OFF] = "off",
+	[RTRS_TLS_OFFERED] = "offered",   /* a server's; a client refuses it at open */
+	[RTRS_TLS_REQUIRED] = "required",
+};
 
 static const char *const policy_names[] = {
 	[RTRS_MP_POLICY_RR] = "round-robin",
@@ -123,6 +137,13 @@ static const struct clt_def defs[CLT_OPT_NR] = {
 	[CLT_OPT_RECONNECT_JITTER] = { "reconnect-jitter-ms", "reconnect_jitter_ms", CT_UINT,
 		F(opts.reconnect_jitter_ms), 0, 3600000, .arg = "MS",
 		.help = "add a random 0..MS to each reconnect delay; unless given, half the delay" },
+	[CLT_OPT_TLS] = { "tls", "tls", CT_TLS, F(opts.tls), .expect = "expected off, offered or required",
+		.arg = "off|required",
+		.help = "TLS 1.3 with a PSK on every connection (tcp): off or required" },
+	[CLT_OPT_TLS_KEY] = { "tls-key", "tls_key", CT_SECRET, F(opts.tls_key),
+		.valid = tls_key_valid, .expect = "expected NVMeTLSkey-1:..., @FILE or file:FILE",
+		.arg = "NVMeTLSkey-1:...|@FILE",
+		.help = "the TLS PSK, as nvme gen-tls-key writes it (default: derived from --secret)" },
 };
 
 _Static_assert(RTRS_AUTH_WIRE_NAME_MAX == 223 && RTRS_NAME_MAX == 255,
@@ -218,6 +239,14 @@ int clt_opt_set(struct clt_cfg *c, enum clt_opt_id id, const char *value, char *
 			}
 		}
 		return opts_errorf(err, errlen, -EINVAL, "%s", d->expect);
+	case CT_TLS:
+		for (unsigned i = 0; i < ARRAY_SIZE(tls_names); i++) {
+			if (tls_names[i] && !strcmp(value, tls_names[i])) {
+				*(enum rtrs_tls_mode *)field = (enum rtrs_tls_mode)i;
+				return 0;
+			}
+		}
+		return opts_errorf(err, errlen, -EINVAL, "%s", d->expect);
 	case CT_LEVEL:
 		level = opts_log_level_parse(value);
 		if (level < 0)
@@ -298,6 +327,10 @@ void clt_opt_show(const struct clt_cfg *c, enum clt_opt_id id, char *buf, size_t
 	case CT_POLICY:
 		u = (unsigned)*(const enum rtrs_mp_policy *)field;
 		snprintf(buf, len, "%s", u < ARRAY_SIZE(policy_names) ? policy_names[u] : "");
+		break;
+	case CT_TLS:
+		u = (unsigned)*(const enum rtrs_tls_mode *)field;
+		snprintf(buf, len, "%s", u < ARRAY_SIZE(tls_names) && tls_names[u] ? tls_names[u] : "");
 		break;
 	case CT_LEVEL:
 		u = (unsigned)*(const int *)field;

@@ -50,6 +50,8 @@ enum clt_opt_id {
 	CLT_OPT_MAX_RECONNECTS,  /* opts.max_reconnect_attempts */
 	CLT_OPT_RECONNECT_JITTER, /* opts.reconnect_jitter_ms */
 	CLT_OPT_POLL_GROUPS,     /* opts.poll_groups */
+	CLT_OPT_TLS,             /* opts.tls: off or required */
+	CLT_OPT_TLS_KEY,         /* opts.tls_key */
 	CLT_OPT_NR
 };
 

@@ -46,7 +46,8 @@ bool rtrs_auth_key_len_valid(size_t len)
 	X(KERR_COLON, "Missing the trailing ':'")                    \
 	X(KERR_LENGTH, "Invalid key length")                         \
 	X(KERR_BASE64, "Base64 decoding failed")                     \
-	X(KERR_CRC, "CRC mismatch")
+	X(KERR_CRC, "CRC mismatch")                                  \
+	X(KERR_TLS_HEADER, "Invalid key header (want NVMeTLSkey-1:<01|02>:)")
 
 enum key_err {
 	KERR_NONE = -1,
@@ -69,6 +70,12 @@ static const char *const host_key_why[] = {
 
 static const char *const ctrl_key_why[] = {
 #define X(id, s) "controller secret: " s,
+	KEY_ERRORS(X)
+#undef X
+};
+
+static const char *const tls_key_why[] = {
+#define X(id, s) "TLS key: " s,
 	KEY_ERRORS(X)
 #undef X
 };
@@ -126,34 +133,40 @@ static int b64_decode(const char *s, size_t n, uint8_t *out, size_t out_max)
 }
 
 /*
- * Parses s[0..n) (already trimmed). Fills the CRCs when the string got that
- * far, so a tool can report them; out is wiped on any failure.
+ * Parses s[0..n) (already trimmed): a DHHC-1 secret, or with tls an NVMe
+ * TLS PSK in the interchange format ("NVMeTLSkey-1:<01|02>:...:", whose
+ * hash id also fixes the length: 32 bytes for 01, 48 for 02). Fills the
+ * CRCs when the string got that far, so a tool can report them; out is
+ * wiped on any failure.
  */
-static enum key_err key_parse(const char *s, size_t n, struct rtrs_auth_key *out,
-			      uint32_t *crc_stored, uint32_t *crc_computed)
+static enum key_err key_parse_kind(const char *s, size_t n, bool tls, struct rtrs_auth_key *out,
+				   uint32_t *crc_stored, uint32_t *crc_computed)
 {
+	const char *pfx = tls ? "NVMeTLSkey-1:" : "DHHC-1:";
+	size_t pl = strlen(pfx);
 	uint8_t raw[RTRS_AUTH_MAX_KEY_LEN + 4];
 	uint32_t stored, computed;
 	size_t b64_len;
 	int got;
 
 	memset(out, 0, sizeof(*out));
-	/* "DHHC-1:" hh ":" base64 ":" */
-	if (n < 10 || memcmp(s, "DHHC-1:", 7) || s[9] != ':' || !isxdigit((unsigned char)s[7]) ||
-	    !isxdigit((unsigned char)s[8]))
-		return KERR_HEADER;
-	if (s[7] != '0' || s[8] < '0' || s[8] > '3')
+	/* prefix hh ":" base64 ":" */
+	if (n < pl + 3 || memcmp(s, pfx, pl) || s[pl + 2] != ':' ||
+	    !isxdigit((unsigned char)s[pl]) || !isxdigit((unsigned char)s[pl + 1]))
+		return tls ? KERR_TLS_HEADER : KERR_HEADER;
+	if (s[pl] != '0' || s[pl + 1] < (tls ? '1' : '0') || s[pl + 1] > (tls ? '2' : '3'))
 		return KERR_HMAC;
-	if (s[n - 1] != ':' || n == 10)
+	if (s[n - 1] != ':' || n == pl + 3)
 		return KERR_COLON;
-	b64_len = n - 11;
+	b64_len = n - pl - 4;
 	/* 36, 52 or 68 bytes encode to 48, 72 or 92 characters. */
 	if (b64_len != 48 && b64_len != 72 && b64_len != 92)
-		return memchr(s + 10, ':', b64_len) ? KERR_BASE64 : KERR_LENGTH;
-	got = b64_decode(s + 10, b64_len, raw, sizeof(raw));
+		return memchr(s + pl + 3, ':', b64_len) ? KERR_BASE64 : KERR_LENGTH;
+	got = b64_decode(s + pl + 3, b64_len, raw, sizeof(raw));
 	if (got < 0)
 		return KERR_BASE64;
-	if (!rtrs_auth_key_len_valid((size_t)got - 4)) {
+	if (!rtrs_auth_key_len_valid((size_t)got - 4) ||
+	    (tls && (size_t)got - 4 != (s[pl + 1] == '1' ? 32u : 48u))) {
 		OPENSSL_cleanse(raw, sizeof(raw));
 		return KERR_LENGTH;
 	}
@@ -169,11 +182,17 @@ static enum key_err key_parse(const char *s, size_t n, struct rtrs_auth_key *out
 		OPENSSL_cleanse(raw, sizeof(raw));
 		return KERR_CRC;
 	}
-	out->hmac = (uint8_t)(s[8] - '0');
+	out->hmac = (uint8_t)(s[pl + 1] - '0');
 	out->len = (uint8_t)got;
 	memcpy(out->key, raw, (size_t)got);
 	OPENSSL_cleanse(raw, sizeof(raw));
 	return KERR_NONE;
+}
+
+static enum key_err key_parse(const char *s, size_t n, struct rtrs_auth_key *out,
+			      uint32_t *crc_stored, uint32_t *crc_computed)
+{
+	return key_parse_kind(s, n, false, out, crc_stored, crc_computed);
 }
 
 static int key_err_errno(enum key_err e)
@@ -218,6 +237,53 @@ int rtrs_auth_key_check(const char *s, struct rtrs_auth_key *out, uint32_t *crc_
 int rtrs_auth_key_parse(const char *s, struct rtrs_auth_key *out, const char **why)
 {
 	return rtrs_auth_key_check(s, out, NULL, NULL, why);
+}
+
+int rtrs_tls_key_check(const char *s, struct rtrs_auth_key *out, uint32_t *crc_stored,
+		       uint32_t *crc_computed, const char **why)
+{
+	enum key_err e;
+	size_t n;
+
+	if (crc_stored)
+		*crc_stored = 0;
+	if (crc_computed)
+		*crc_computed = 0;
+	if (!s || !out)
+		REJECT(-EINVAL, "no key");
+	n = strlen(s);
+	s = trim(s, &n);
+	e = key_parse_kind(s, n, true, out, crc_stored, crc_computed);
+	if (e != KERR_NONE)
+		REJECT(key_err_errno(e), key_why[e]);
+	return 0;
+}
+
+int rtrs_tls_key_format(const struct rtrs_auth_key *k, char *buf, size_t len)
+{
+	uint8_t raw[RTRS_AUTH_MAX_KEY_LEN + 4];
+	char b64[4 * ((sizeof(raw) + 2) / 3) + 1];
+	uint32_t crc;
+	int n;
+
+	if (!k || !buf || !((k->hmac == 1 && k->len == 32) || (k->hmac == 2 && k->len == 48)))
+		return -EINVAL;
+	crc = rtrs_auth_crc32(k->key, k->len);
+	memcpy(raw, k->key, k->len);
+	raw[k->len] = (uint8_t)crc;
+	raw[k->len + 1] = (uint8_t)(crc >> 8);
+	raw[k->len + 2] = (uint8_t)(crc >> 16);
+	raw[k->len + 3] = (uint8_t)(crc >> 24);
+	EVP_EncodeBlock((unsigned char *)b64, raw, k->len + 4);
+	OPENSSL_cleanse(raw, sizeof(raw));
+	n = snprintf(buf, len, "NVMeTLSkey-1:%02x:%s:", k->hmac, b64);
+	OPENSSL_cleanse(b64, sizeof(b64));
+	if (n < 0 || (size_t)n >= len) {
+		if (len)
+			OPENSSL_cleanse(buf, len);
+		return -ENOSPC;
+	}
+	return 0;
 }
 
 int rtrs_auth_key_format(const struct rtrs_auth_key *k, char *buf, size_t len)
@@ -402,7 +468,7 @@ static const char *next_line(const char **p, const char *end, size_t *n)
 	return s;
 }
 
-int rtrs_auth_key_load(const char *arg, struct rtrs_auth_key *out, const char **why)
+static int key_load(const char *arg, bool tls, struct rtrs_auth_key *out, const char **why)
 {
 	const char *path = NULL, *p, *end, *l;
 	char *buf = NULL;
@@ -417,7 +483,8 @@ int rtrs_auth_key_load(const char *arg, struct rtrs_auth_key *out, const char **
 	else if (!strncmp(arg, "file:", 5))
 		path = arg + 5;
 	if (!path)
-		return rtrs_auth_key_parse(arg, out, why);
+		return tls ? rtrs_tls_key_check(arg, out, NULL, NULL, why) :
+			     rtrs_auth_key_parse(arg, out, why);
 	if (!*path)
 		REJECT(-EINVAL, "empty key file name");
 	rc = read_secret_file(path, &buf, &len, why);
@@ -433,7 +500,7 @@ int rtrs_auth_key_load(const char *arg, struct rtrs_auth_key *out, const char **
 
 		if (!n)
 			continue;
-		e = key_parse(l, n, out, NULL, NULL);
+		e = key_parse_kind(l, n, tls, out, NULL, NULL);
 		rc = key_err_errno(e);
 		if (rc && why)
 			*why = key_why[e];
@@ -441,6 +508,16 @@ int rtrs_auth_key_load(const char *arg, struct rtrs_auth_key *out, const char **
 	}
 	free_secret(buf, len);
 	return rc;
+}
+
+int rtrs_auth_key_load(const char *arg, struct rtrs_auth_key *out, const char **why)
+{
+	return key_load(arg, false, out, why);
+}
+
+int rtrs_tls_key_load(const char *arg, struct rtrs_auth_key *out, const char **why)
+{
+	return key_load(arg, true, out, why);
 }
 
 /* Splits the next whitespace-separated field off s[0..*n). */
@@ -460,38 +537,61 @@ static const char *next_field(const char **s, const char *end, size_t *n)
 }
 
 /*
- * One non-blank line of a server key file: "<host> <host secret> [<ctrl secret>]".
- * Sets *match when it is host's line, and then fills hkey and ckey.
+ * One non-blank line of a server key file:
+ * "<host> <host secret> [<ctrl secret>] [tls=<TLS PSK>]".
+ * Sets *match when it is host's line, and then fills hkey, ckey and tkey
+ * (tkey may be NULL).
  */
 static int keyfile_line(const char *l, size_t n, const char *host, size_t host_len,
 			bool *match, const char **name, size_t *name_len,
-			struct rtrs_auth_key *hkey, struct rtrs_auth_key *ckey, const char **why)
+			struct rtrs_auth_key *hkey, struct rtrs_auth_key *ckey,
+			struct rtrs_auth_key *tkey, const char **why)
 {
-	const char *f[4], *p = l, *end = l + n;
-	size_t fl[4];
+	const char *f[5], *p = l, *end = l + n;
+	size_t fl[5];
 	unsigned nf = 0;
+	bool have_c = false, have_t = false;
 	enum key_err e;
 
-	while (nf < 4 && (f[nf] = next_field(&p, end, &fl[nf])))
+	while (nf < 5 && (f[nf] = next_field(&p, end, &fl[nf])))
 		nf++;
 	if (nf < 2)
 		REJECT(-EINVAL, "missing the host secret");
-	if (nf > 3)
+	if (nf > 4)
 		REJECT(-EINVAL, "too many fields");
 	if (fl[0] > RTRS_AUTH_NAME_MAX)
 		REJECT(-EINVAL, "host name too long");
 	*match = fl[0] == host_len && !memcmp(f[0], host, host_len);
 	*name = f[0];
 	*name_len = fl[0];
+	memset(ckey, 0, sizeof(*ckey));
+	if (tkey)
+		memset(tkey, 0, sizeof(*tkey));
 	e = key_parse(f[1], fl[1], hkey, NULL, NULL);
 	if (e != KERR_NONE)
 		REJECT(-EINVAL, host_key_why[e]);
-	if (nf == 3) {
-		e = key_parse(f[2], fl[2], ckey, NULL, NULL);
+	for (unsigned i = 2; i < nf; i++) {
+		if (fl[i] > 4 && !memcmp(f[i], "tls=", 4)) {
+			struct rtrs_auth_key t;
+
+			if (have_t)
+				REJECT(-EINVAL, "two TLS keys");
+			have_t = true;
+			e = key_parse_kind(f[i] + 4, fl[i] - 4, true, &t, NULL, NULL);
+			if (e == KERR_NONE && tkey)
+				*tkey = t;
+			rtrs_auth_wipe(&t, sizeof(t));
+			if (e != KERR_NONE)
+				REJECT(-EINVAL, tls_key_why[e]);
+			continue;
+		}
+		if (have_c || have_t)
+			REJECT(-EINVAL, have_c ? "too many fields" :
+					"the controller secret comes before tls=");
+		have_c = true;
+		e = key_parse(f[i], fl[i], ckey, NULL, NULL);
 		if (e != KERR_NONE)
 			REJECT(-EINVAL, ctrl_key_why[e]);
-	} else {
-		memset(ckey, 0, sizeof(*ckey));
 	}
 	return 0;
 }
@@ -559,7 +659,7 @@ int rtrs_auth_keyfile_parse(const char *buf, size_t len, const char *host,
 		if (!n)
 			continue;
 		rc = keyfile_line(l, n, host ? host : "", host_len, &match, &name, &name_len, &th,
-				  &tc, why);
+				  &tc, NULL, why);
 		if (!rc)
 			rc = names_add(&names, name, name_len, why);
 		if (rc)
@@ -608,6 +708,57 @@ int rtrs_auth_keyfile_lookup(const char *path, const char *host, struct rtrs_aut
 	if (rc)
 		return rc;
 	rc = rtrs_auth_keyfile_parse(buf, len, host, hkey, ckey, line, why);
+	free_secret(buf, len);
+	return rc;
+}
+
+int rtrs_auth_keyfile_each(const char *path,
+			   int (*fn)(void *arg, const char *host, size_t host_len,
+				     const struct rtrs_auth_key *hkey,
+				     const struct rtrs_auth_key *tkey),
+			   void *arg, unsigned *line, const char **why)
+{
+	struct rtrs_auth_key th, tc, tt;
+	struct name_set names = { 0 };
+	const char *p, *end, *l;
+	unsigned lineno = 0;
+	char *buf = NULL;
+	size_t len = 0, n;
+	int rc;
+
+	if (line)
+		*line = 0;
+	if (!path || !fn)
+		REJECT(-EINVAL, "no key file");
+	rc = read_secret_file(path, &buf, &len, why);
+	if (rc)
+		return rc;
+	p = buf;
+	end = buf + len;
+	while ((l = next_line(&p, end, &n))) {
+		const char *name;
+		size_t name_len;
+		bool match;
+
+		lineno++;
+		if (!n)
+			continue;
+		rc = keyfile_line(l, n, "", 0, &match, &name, &name_len, &th, &tc, &tt, why);
+		if (!rc)
+			rc = names_add(&names, name, name_len, why);
+		if (rc) {
+			if (line && rc == -EINVAL)
+				*line = lineno;
+			break;
+		}
+		rc = fn(arg, name, name_len, &th, &tt);
+		if (rc)
+			break;
+	}
+	rtrs_auth_wipe(&th, sizeof(th));
+	rtrs_auth_wipe(&tc, sizeof(tc));
+	rtrs_auth_wipe(&tt, sizeof(tt));
+	free(names.v);
 	free_secret(buf, len);
 	return rc;
 }

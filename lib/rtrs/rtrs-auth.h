@@ -99,6 +99,19 @@ int rtrs_auth_key_check(const char *s, struct rtrs_auth_key *out, uint32_t *crc_
 int rtrs_auth_key_format(const struct rtrs_auth_key *k, char *buf, size_t len);
 
 /*
+ * NVMe TLS PSKs in the interchange format, as `nvme gen-tls-key` writes
+ * them: "NVMeTLSkey-1:<hh>:<base64(psk || crc32_le(psk))>:", hh 01
+ * (SHA-256, a 32-byte PSK) or 02 (SHA-384, 48 bytes). The same rules and
+ * errors as rtrs_auth_key_check; out->hmac is the hash id (1 or 2).
+ */
+int rtrs_tls_key_check(const char *s, struct rtrs_auth_key *out, uint32_t *crc_stored,
+		       uint32_t *crc_computed, const char **why);
+/* Formats k (hmac 1 and 32 bytes, or 2 and 48) as "NVMeTLSkey-1:%02x:<base64>:". */
+int rtrs_tls_key_format(const struct rtrs_auth_key *k, char *buf, size_t len);
+/* rtrs_auth_key_load for a TLS PSK: the string, or "@PATH" / "file:PATH". */
+int rtrs_tls_key_load(const char *arg, struct rtrs_auth_key *out, const char **why);
+
+/*
  * Makes a secret: len (32/48/64) bytes from secret (NULL: random). With
  * hmac > 0 and nqn non-NULL the bytes are first transformed as nvme-cli 2.x
  * (Debian's) does: HMAC_hmac(secret, nqn || "NVMe-over-Fabrics"), whose
@@ -132,6 +145,18 @@ int rtrs_auth_keyfile_lookup(const char *path, const char *host, struct rtrs_aut
 int rtrs_auth_keyfile_parse(const char *buf, size_t len, const char *host,
 			    struct rtrs_auth_key *hkey, struct rtrs_auth_key *ckey, unsigned *line,
 			    const char **why);
+
+/*
+ * Reads the key file at path and calls fn for each host line, in order,
+ * with its host secret and its TLS PSK (tkey->len 0 when the line has no
+ * "tls=" field). Stops at the first line that does not parse (-EINVAL,
+ * *line, *why) or the first non-zero return of fn, which it returns.
+ */
+int rtrs_auth_keyfile_each(const char *path,
+			   int (*fn)(void *arg, const char *host, size_t host_len,
+				     const struct rtrs_auth_key *hkey,
+				     const struct rtrs_auth_key *tkey),
+			   void *arg, unsigned *line, const char **why);
 
 /*
  * The same lookup on a key file read by a thread of its own, so that a

@@ -65,8 +65,10 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 			atomic_store(&p->reached, true);
 			/* Busy or mid-change: what an open or a reconnect tries again (info). */
 			log_at(!rsp.dnr && (rsp.err == -EBUSY || rsp.err == -EAGAIN) ? LOG_INFO :
-			       LOG_ERR, "%s: server rejected connection %u: %s%s", p->name,
-			       con->c.cid, strerror(-rsp.err), rsp.dnr ? " (do not retry)" : "");
+			       LOG_ERR, "%s: server rejected connection %u: %s%s%s", p->name,
+			       con->c.cid, strerror(-rsp.err), rsp.dnr ? " (do not retry)" : "",
+			       rsp.err != -EPROTONOSUPPORT ? "" : p->sess->tls ?
+			       ": the server has no TLS" : ": the server requires TLS");
 			err = rsp.err;
 			clt_path_refused(p, rsp.err);
 			if (rsp.dnr)
@@ -529,6 +531,7 @@ struct clt_cst_def {
 };
 
 static int path_fab_open(struct clt_path *p, struct fab **out);
+static int path_fab_open_plain(struct clt_path *p, struct fab **out);
 static int path_gave_up(struct clt_path *p);
 
 /* Offload worker: a name or an RDMA address to resolve may take seconds. */
@@ -1122,6 +1125,20 @@ void clt_path_attempt_start(struct clt_path *p)
 
 /* The server's queue depth is not known yet: asks for room for a large one. */
 static int path_fab_open(struct clt_path *p, struct fab **out)
+{
+	int rc = path_fab_open_plain(p, out);
+
+	if (rc || !p->sess->tls)
+		return rc;
+	rc = fab_set_tls(*out, FAB_TLS_REQUIRED, p->sess->tls);
+	if (rc) {
+		fab_close(*out);
+		*out = NULL;
+	}
+	return rc;
+}
+
+static int path_fab_open_plain(struct clt_path *p, struct fab **out)
 {
 	return fab_open(p->sess->provider, p->src[0] ? p->src : NULL, p->host, p->port, false,
 			RTRS_CLT_QUEUE_HINT, out);

@@ -233,6 +233,8 @@ struct rtrs_clt_sess {
 
 	/* Authentication settings, secrets included (wiped at close). */
 	struct rtrs_auth_cfg auth;
+	/* TLS (opts.tls): every path's fabric gets it (NULL: none). */
+	struct rtrs_tls_ctx *tls;
 	/*
 	 * The server is of this project (RTRS_MSG_EXT_F), known from the
 	 * first path and the same for all: without, it is a kernel server

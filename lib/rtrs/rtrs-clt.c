@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "rtrs-clt-pri.h"
+#include "rtrs-tls.h"
 
 static void path_fini(struct clt_path *p);
 
@@ -78,6 +79,15 @@ static int opts_validate(const struct rtrs_clt_opts *o)
 			RTRS_MAX_POLL_GROUPS);
 		return -EINVAL;
 	}
+	if (o->tls != RTRS_TLS_OFF && o->tls != RTRS_TLS_REQUIRED) {
+		log_err("%s: a client's TLS is off or required", o->sessname);
+		return -EINVAL;
+	}
+	if (o->tls != RTRS_TLS_OFF && strcmp(o->provider ? o->provider : "tcp", "tcp")) {
+		log_err("%s: TLS is on tcp paths only, not %s", o->sessname, o->provider);
+		err_detail("TLS needs the tcp provider, not %s", o->provider);
+		return -EPROTONOSUPPORT;
+	}
 	return 0;
 }
 
@@ -97,6 +107,8 @@ static void sess_free(struct rtrs_clt_sess *s)
 		free(s->bounce[i]);
 	free(s->bounce);
 	rtrs_auth_wipe(&s->auth, sizeof(s->auth));
+	if (s->tls)
+		rtrs_tls_ctx_put(s->tls);
 	pthread_mutex_destroy(&s->rkey_lock);
 	pthread_rwlock_destroy(&s->mem_lock);
 	pthread_mutex_destroy(&s->permit_lock);
@@ -426,6 +438,29 @@ static int sess_auth_setup(struct rtrs_clt_sess *s, const struct rtrs_clt_opts *
 			secret_failed(s->name, "controller secret", o->auth_ctrl_secret, why, rc);
 			return rc;
 		}
+	}
+	if (o->tls == RTRS_TLS_REQUIRED) {
+		struct rtrs_auth_key tk = { 0 };
+
+		if (o->tls_key) {
+			rc = rtrs_tls_key_load(o->tls_key, &tk, &why);
+			if (rc) {
+				secret_failed(s->name, "TLS key", o->tls_key, why, rc);
+				return rc;
+			}
+		}
+		rc = rtrs_tls_ctx_client(cfg->name, cfg->server, &tk, &cfg->hkey, o->tls_no_ktls,
+					 &s->tls);
+		rtrs_auth_wipe(&tk, sizeof(tk));
+		if (rc == -ENOKEY) {
+			log_err("%s: TLS needs a key: a TLS key or a host secret to derive it from",
+				s->name);
+			err_detail("TLS needs a key (tls_key, or auth_secret to derive it from)");
+		} else if (rc) {
+			log_err("%s: TLS: %s", s->name, strerror(-rc));
+		}
+		if (rc)
+			return rc;
 	}
 	return 0;
 }

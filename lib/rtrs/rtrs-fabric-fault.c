@@ -486,6 +486,11 @@ static void fault_con_destroy(struct fab_con *c)
 	free(wc);
 }
 
+static int fault_set_tls(struct fab *f, enum fab_tls_mode mode, struct rtrs_tls_ctx *ctx)
+{
+	return fab_set_tls(ff_of(f)->inner, mode, ctx);
+}
+
 static void fault_con_rename(struct fab_con *c, const char *name)
 {
 	fab_con_rename(fc_of(c)->inner, name);
@@ -637,6 +642,7 @@ const struct fab_ops fab_fault_ops = {
 	.con_set_poller = fault_con_set_poller,
 	.con_local = fault_con_local,
 	.con_rename = fault_con_rename,
+	.set_tls = fault_set_tls,
 	.write = fault_write,
 	.write_imm = fault_write_imm,
 	.send = fault_send,

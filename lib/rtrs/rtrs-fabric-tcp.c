@@ -55,6 +55,7 @@
 #include "log.h"
 #include "rtrs-fabric.h"
 #include "rtrs-proto.h"
+#include "rtrs-tls.h"
 #include "rtrs.h"
 #include "util.h"
 
@@ -142,6 +143,8 @@ struct fab {
 	atomic_uint_fast64_t next_key;
 	atomic_uint_fast64_t next_key64;
 	struct keyperm keys;
+	enum fab_tls_mode tls_mode;    /* fab_set_tls */
+	struct rtrs_tls_ctx *tls;
 };
 
 struct tcp_group {
@@ -187,6 +190,7 @@ struct tcp_txf {
 
 enum tcp_state {
 	TC_CONNECTING,  /* client: the TCP connect is under way */
+	TC_TLS,         /* client: the TLS handshake is under way (CONNECT waits) */
 	TC_HELLO,       /* client: CONNECT sent, waiting for ACCEPT or REJECT */
 	TC_UP,
 	TC_DOWN,
@@ -245,6 +249,15 @@ struct fab_con {
 	struct tcp_mr *mr;
 	char cm[RTRS_TCP_CM_MAX];
 	/*
+	 * TLS: the connection's (NULL without); tls_io while OpenSSL makes
+	 * the records (without kernel TLS). tls_plain: a TLS client's server
+	 * answered in the clear, which only a REJECT may be.
+	 */
+	struct rtrs_tls *tls;
+	bool tls_io;
+	bool tls_plain;
+	bool tls_heard;          /* bytes of TLS came from the server: no more peeking */
+	/*
 	 * Every callback runs under cb_lock, on the group's thread or on a
 	 * poller's (fab_con_poll); so does everything that reads the socket.
 	 */
@@ -264,6 +277,10 @@ struct tcp_raw {
 	size_t idx;              /* in the listener's list */
 	uint64_t since_ms;
 	bool spoke;              /* bytes have come */
+	bool plain;              /* its first byte was not TLS's */
+	struct rtrs_tls *tls;    /* a TLS handshake, then its records */
+	bool tls_io;             /* the records are OpenSSL's (no kernel TLS) */
+	bool want_out;           /* the handshake waits to write: EPOLLOUT */
 	size_t got;
 	char peer[INET6_ADDRSTRLEN + 8];
 	unsigned char buf[RTRS_TCP_HDR_LEN + RTRS_TCP_CM_MAX];
@@ -761,6 +778,22 @@ static int txq_add(struct fab_con *c, const struct iovec *iov, unsigned n, unsig
  * are dropped, as a QP in error drops what is posted to it, and the owner
  * hears of it through down(). -EAGAIN when tx_depth entries are queued.
  */
+/* The socket's sendmsg, or OpenSSL's records. */
+static ssize_t con_sendv(struct fab_con *c, struct iovec *iov, unsigned n)
+{
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
+
+	if (c->tls_io)
+		return rtrs_tls_writev(c->tls, iov, n);
+	return sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* Encrypted bytes wait in user space for the socket. */
+static bool con_tls_pending(struct fab_con *c)
+{
+	return c->tls_io && rtrs_tls_pending(c->tls);
+}
+
 static int tx_post(struct fab_con *c, struct iovec *iov, unsigned n, const void *keep,
 		   size_t keep_len, bool copy_all, void *ctx)
 {
@@ -784,10 +817,9 @@ static int tx_post(struct fab_con *c, struct iovec *iov, unsigned n, const void 
 	 */
 	bool cork = on_group_thread(c);
 
-	if (c->tx_open && !c->txq_head && !cork) {
+	if (c->tx_open && !c->txq_head && !cork && !con_tls_pending(c)) {
 		size_t total = iov_total(iov, n);
-		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
-		ssize_t w = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+		ssize_t w = con_sendv(c, iov, n);
 
 		if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
 			c->tx_dead = true;
@@ -830,16 +862,24 @@ static bool tx_flush(struct fab_con *c, bool *delivered, int *err)
 
 	*err = 0;
 	pthread_mutex_lock(&c->tx_lock);
-	while (c->txq_head && c->tx_open && !c->tx_dead) {
+	while (c->tx_open && !c->tx_dead) {
 		unsigned n = 0;
 		ssize_t w;
 
+		if (!c->txq_head) {
+			/* The last records may wait in user space. */
+			int prc = c->tls_io ? rtrs_tls_push(c->tls) : 0;
+
+			if (prc && prc != -EAGAIN) {
+				c->tx_dead = true;
+				*err = prc;
+			}
+			break;
+		}
 		for (struct tcp_txf *t = c->txq_head; t && n < TCP_FLUSH_IOV; t = t->next)
 			for (unsigned i = t->cur; i < t->niov && n < TCP_FLUSH_IOV; i++)
 				iov[n++] = t->iov[i];
-		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
-
-		w = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+		w = con_sendv(c, iov, n);
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -870,7 +910,7 @@ static bool tx_flush(struct fab_con *c, bool *delivered, int *err)
 			free(t);
 		}
 	}
-	empty = !c->txq_head;
+	empty = !c->txq_head && !con_tls_pending(c);
 	pthread_mutex_unlock(&c->tx_lock);
 	return empty && !*err;
 }
@@ -900,6 +940,10 @@ static bool rx_frame_start(struct fab_con *c)
 	case RTRS_TCP_REJECT:
 		if (c->state != TC_HELLO) {
 			con_protocol_error(c, "connection frame on an established connection");
+			return false;
+		}
+		if (f->op == RTRS_TCP_ACCEPT && c->tls_plain) {
+			con_protocol_error(c, "the server accepted a TLS connection in the clear");
 			return false;
 		}
 		c->dst = c->cm;
@@ -1202,7 +1246,7 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
 			/* The header, or the next one with the payload's end, in the same call. */
 			iov[n++] = (struct iovec){ c->hdr + c->hdr_got, sizeof(c->hdr) - c->hdr_got };
 		mh.msg_iovlen = n;
-		r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
+		r = c->tls_io ? rtrs_tls_readv(c->tls, iov, n) : recvmsg(c->fd, &mh, MSG_DONTWAIT);
 		if (guard)
 			rx_mr_exit(c);
 		if (r < 0 && errno == EINTR)
@@ -1384,13 +1428,68 @@ static void con_flush(struct fab_con *c)
 			return;
 		}
 		pthread_mutex_lock(&c->tx_lock);
-		bool waiting = c->txq_head && c->tx_open && !c->tx_dead;
+		bool waiting = (c->txq_head || con_tls_pending(c)) && c->tx_open && !c->tx_dead;
 		pthread_mutex_unlock(&c->tx_lock);
 		if (waiting)
 			arm_tx(c);
 	}
 	if (delivered)
 		con_deliver_done(c);
+}
+
+/* Client: the TLS handshake is done; the CONNECT waiting goes now. */
+static void con_tls_up(struct fab_con *c)
+{
+	char d[96];
+
+	c->tls_io = !rtrs_tls_ktls(c->tls);
+	rtrs_tls_describe(c->tls, d, sizeof(d));
+	log_dbg("%s: TLS: %s", con_name(c), d);
+	c->state = TC_HELLO;
+	pthread_mutex_lock(&c->tx_lock);
+	c->tx_open = true;
+	pthread_mutex_unlock(&c->tx_lock);
+	con_flush(c);
+	arm_rx(c);
+}
+
+/*
+ * Client, TC_TLS: a step of the handshake (readable: in; else out). A
+ * server that answers a ClientHello in the clear (its first byte an RTRS
+ * frame's) has refused TLS: its REJECT is read as such.
+ */
+static void con_tls_step(struct fab_con *c, bool readable)
+{
+	bool ww;
+	int rc;
+
+	if (readable && !c->tls_heard) {
+		unsigned char b;
+		ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+
+		if (n == 1 && b == RTRS_TCP_MAGIC) {
+			c->tls_plain = true;
+			c->state = TC_HELLO;
+			con_rx(c);
+			return;
+		}
+		c->tls_heard = n == 1;
+	}
+	rc = rtrs_tls_handshake(c->tls, &ww);
+	if (!rc) {
+		con_tls_up(c);
+		return;
+	}
+	if (rc == -EAGAIN) {
+		if (ww)
+			arm_tx(c);
+		else
+			arm_rx(c);
+		return;
+	}
+	log_err("%s: %s", con_name(c), rtrs_tls_error(c->tls));
+	err_detail("%s", rtrs_tls_error(c->tls));
+	con_fail(c, rc, NULL, 0);
 }
 
 /* Client: the TCP connect finished (POLLOUT on the socket). */
@@ -1404,6 +1503,17 @@ static void con_connect_done(struct fab_con *c)
 			err = errno;
 		log_dbg("%s: connect: %s", con_name(c), strerror(err));
 		con_fail(c, err == ECONNREFUSED ? -ECONNREFUSED : -err, NULL, 0);
+		return;
+	}
+	if (c->fab->tls_mode != FAB_TLS_OFF) {
+		int rc = rtrs_tls_new(c->fab->tls, c->fd, false, con_name(c), &c->tls);
+
+		if (rc) {
+			con_fail(c, rc, NULL, 0);
+			return;
+		}
+		c->state = TC_TLS;
+		con_tls_step(c, false);
 		return;
 	}
 	c->state = TC_HELLO;
@@ -1431,7 +1541,11 @@ static void con_work(struct fab_con *c)
 		} else {
 			if (c->server && !con_quiet(c))
 				c->cfg.ops->connected(c->cfg.priv, NULL, 0);
-			arm_rx(c);
+			/* OpenSSL may hold bytes the listener read past the request. */
+			if (c->tls_io && c->state == TC_UP)
+				con_rx(c);
+			else
+				arm_rx(c);
 		}
 	}
 	if (bits & W_FAIL) {
@@ -1442,7 +1556,7 @@ static void con_work(struct fab_con *c)
 		pthread_mutex_unlock(&c->tx_lock);
 		con_fail(c, err, NULL, 0);
 	}
-	if ((bits & W_FLUSH) && c->state != TC_CONNECTING)
+	if ((bits & W_FLUSH) && c->state != TC_CONNECTING && c->state != TC_TLS)
 		con_flush(c);
 	if (bits & W_DONE)
 		con_deliver_done(c);
@@ -1573,6 +1687,8 @@ static void group_cqe(struct tcp_group *g, struct io_uring_cqe *cqe)
 	pthread_mutex_lock(&c->cb_lock);
 	if (c->state == TC_DOWN) {
 		/* nothing */
+	} else if (c->state == TC_TLS) {
+		con_tls_step(c, (ud & TAG_MASK) == TAG_RX);
 	} else if ((ud & TAG_MASK) == TAG_TX) {
 		if (c->state == TC_CONNECTING)
 			con_connect_done(c);
@@ -1892,8 +2008,27 @@ static void tcp_close(struct fab *f)
 	pthread_rwlock_destroy(&f->mr_lock);
 	keyperm_clear(&f->keys);
 	free(f->mr_tab);
+	if (f->tls)
+		rtrs_tls_ctx_put(f->tls);
 	free(f);
 	groups_put();
+}
+
+static int tcp_set_tls(struct fab *f, enum fab_tls_mode mode, struct rtrs_tls_ctx *ctx)
+{
+	if (mode != FAB_TLS_OFF && !ctx)
+		return -ENOKEY;
+	if (mode == FAB_TLS_OFFERED && !f->server)
+		return -EINVAL;
+	if (ctx)
+		rtrs_tls_ctx_get(ctx);
+	if (f->tls)
+		rtrs_tls_ctx_put(f->tls);
+	f->tls = mode == FAB_TLS_OFF ? NULL : ctx;
+	if (mode == FAB_TLS_OFF && ctx)
+		rtrs_tls_ctx_put(ctx);
+	f->tls_mode = mode;
+	return 0;
 }
 
 static const struct fab_attr *tcp_attr(const struct fab *f)
@@ -1966,6 +2101,7 @@ fail:
 
 static void raw_free(struct fab_lst *l, struct tcp_raw *r, bool counted)
 {
+	rtrs_tls_free(r->tls);
 	if (r->fd >= 0) {
 		epoll_ctl(l->epfd, EPOLL_CTL_DEL, r->fd, NULL);
 		close(r->fd);
@@ -2224,6 +2360,135 @@ static void tcp_lst_sweep(struct fab_lst *l)
 			    late, l->lim.timeout_ms, over, l->lim.max_total, l->lim.max_per_peer);
 }
 
+/* Sends a connection frame on a socket of our own, blocking briefly at most. */
+static int cm_send(int fd, enum rtrs_tcp_op op, const void *data, size_t len);
+
+/* cm_send, through OpenSSL's records when they are: the frame is taken whole or not at all. */
+static int tls_cm_send(struct rtrs_tls *tls, enum rtrs_tcp_op op, const void *data, size_t len)
+{
+	struct rtrs_tcp_frame f = { .op = op, .len = (uint32_t)len };
+	struct rtrs_tcp_hdr h;
+	struct iovec iov[2] = { { &h, sizeof(h) }, { (void *)data, len } };
+	ssize_t w;
+
+	rtrs_tcp_hdr_encode(&h, &f);
+	w = rtrs_tls_writev(tls, iov, len ? 2 : 1);
+	if (w < 0)
+		return -errno;
+	return w == (ssize_t)(sizeof(h) + len) ? 0 : -EAGAIN;
+}
+
+static int raw_cm_send(struct tcp_raw *r, enum rtrs_tcp_op op, const void *data, size_t len)
+{
+	return r->tls_io ? tls_cm_send(r->tls, op, data, len) : cm_send(r->fd, op, data, len);
+}
+
+/*
+ * Answers a raw connection with a REJECT and closes it. The peer reads
+ * the verdict, then the end of the stream: what it sent beyond its
+ * request is read first, or the close would reset the connection and the
+ * verdict with it.
+ */
+static int raw_reject(struct fab_lst *l, struct tcp_raw *r, const void *data, size_t len,
+		      bool counted)
+{
+	char junk[512];
+	int rc = raw_cm_send(r, RTRS_TCP_REJECT, data, len);
+
+	shutdown(r->fd, SHUT_WR);
+	for (int i = 0; i < 64 && recv(r->fd, junk, sizeof(junk), MSG_DONTWAIT) > 0; i++)
+		;
+	raw_free(l, r, counted);
+	return rc;
+}
+
+/* A TLS mismatch: -EPROTONOSUPPORT with DNR, in the clear; r is gone. */
+static void raw_refuse_tls(struct fab_lst *l, struct tcp_raw *r, const char *why)
+{
+	struct rtrs_conn_rsp rsp = { .err = -EPROTONOSUPPORT, .dnr = true };
+	struct rtrs_msg_conn_rsp m;
+
+	log_warn_rl("listener: %s: refused: %s", r->peer, why);
+	rtrs_conn_rsp_encode(&m, &rsp);
+	raw_reject(l, raw_take(l, r->idx), &m, sizeof(m), true);
+}
+
+/*
+ * TLS on a raw connection: its first byte says whether it speaks TLS (a
+ * handshake record, 0x16) or RTRS in the clear; the server's mode says
+ * whether that may go on. Then the handshake, a step per event. True
+ * when the request may be read (plainly, or through OpenSSL); false when
+ * it waits, or r is gone.
+ */
+static bool raw_tls(struct fab_lst *l, struct tcp_raw *r)
+{
+	struct fab *f = l->fab;
+	bool ww;
+	int rc;
+
+	if (r->plain || r->tls_io)
+		return true;
+	if (!r->tls) {
+		unsigned char b;
+		ssize_t n;
+
+		do
+			n = recv(r->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+		while (n < 0 && errno == EINTR);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return false;
+		if (n <= 0) {
+			raw_free(l, raw_take(l, r->idx), true);
+			return false;
+		}
+		r->spoke = true;
+		if (b != 0x16) {
+			if (b == RTRS_TCP_MAGIC && f->tls_mode == FAB_TLS_REQUIRED) {
+				raw_refuse_tls(l, r, "a connection without TLS (this server requires it)");
+				return false;
+			}
+			r->plain = true;
+			return true;
+		}
+		if (f->tls_mode == FAB_TLS_OFF) {
+			raw_refuse_tls(l, r, "a TLS connection (this server has no TLS)");
+			return false;
+		}
+		rc = rtrs_tls_new(f->tls, r->fd, true, r->peer, &r->tls);
+		if (rc) {
+			log_warn_rl("listener: %s: TLS: %s", r->peer, strerror(-rc));
+			raw_free(l, raw_take(l, r->idx), true);
+			return false;
+		}
+	}
+	rc = rtrs_tls_handshake(r->tls, &ww);
+	if (rc == -EAGAIN || (!rc && ww)) {
+		if (ww != r->want_out) {
+			struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP | (ww ? EPOLLOUT : 0),
+						  .data.ptr = r };
+
+			r->want_out = ww;
+			epoll_ctl(l->epfd, EPOLL_CTL_MOD, r->fd, &ev);
+		}
+		return false;
+	}
+	if (rc) {
+		log_warn_rl("listener: %s: %s", r->peer, rtrs_tls_error(r->tls));
+		raw_free(l, raw_take(l, r->idx), true);
+		return false;
+	}
+	if (r->want_out) {
+		struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = r };
+
+		r->want_out = false;
+		epoll_ctl(l->epfd, EPOLL_CTL_MOD, r->fd, &ev);
+	}
+	r->tls_io = !rtrs_tls_ktls(r->tls);
+	if (!r->tls_io)
+		r->plain = true; /* the kernel has the records: the socket reads plainly */
+	return true;
+}
+
 /* Reads what a raw connection sent; its request whole: the callback. False: r is gone. */
 static void raw_read(struct fab_lst *l, struct tcp_raw *r,
 		     void (*cb)(void *priv, struct fab_connreq *req, const void *data, size_t len),
@@ -2234,6 +2499,8 @@ static void raw_read(struct fab_lst *l, struct tcp_raw *r,
 	size_t idx = r->idx;
 	ssize_t n;
 
+	if (!raw_tls(l, r))
+		return;
 	for (;;) {
 		size_t need = RTRS_TCP_HDR_LEN;
 
@@ -2250,7 +2517,13 @@ static void raw_read(struct fab_lst *l, struct tcp_raw *r,
 			if (r->got == need)
 				break;
 		}
-		n = recv(r->fd, r->buf + r->got, need - r->got, MSG_DONTWAIT);
+		if (r->tls_io) {
+			struct iovec iov = { r->buf + r->got, need - r->got };
+
+			n = rtrs_tls_readv(r->tls, &iov, 1);
+		} else {
+			n = recv(r->fd, r->buf + r->got, need - r->got, MSG_DONTWAIT);
+		}
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -2318,24 +2591,10 @@ static int cm_send(int fd, enum rtrs_tcp_op op, const void *data, size_t len)
 
 static int tcp_reject(struct fab_lst *l, struct fab_connreq *req, const void *data, size_t len)
 {
-	int rc;
-
 	if (len > RTRS_TCP_CM_MAX)
 		return -EMSGSIZE;
-	char junk[512];
-
-	rc = cm_send(req->r->fd, RTRS_TCP_REJECT, data, len);
 	req->answered = true;
-	/*
-	 * The peer reads the verdict, then the end of the stream: what it sent
-	 * beyond its request is read first, or the close would reset the
-	 * connection and the verdict with it.
-	 */
-	shutdown(req->r->fd, SHUT_WR);
-	for (int i = 0; i < 64 && recv(req->r->fd, junk, sizeof(junk), MSG_DONTWAIT) > 0; i++)
-		;
-	raw_free(l, req->r, false);
-	return rc;
+	return raw_reject(l, req->r, data, len, false);
 }
 
 static void tcp_connreq_peer(const struct fab_connreq *req, char *buf, size_t len)
@@ -2452,6 +2711,7 @@ static void con_free(struct fab_con *c)
 	free(c->dctx);
 	free(c->rx_buf);
 	free(c->stash);
+	rtrs_tls_free(c->tls);
 	if (c->fd >= 0)
 		close(c->fd);
 	atomic_fetch_sub(&g->nr_cons, 1);
@@ -2535,7 +2795,7 @@ static int tcp_con_accept(struct fab *f, struct fab_connreq *req, const struct f
 	if (rc)
 		return rc;
 	/* The verdict first: nothing of the owner's may pass it. */
-	rc = cm_send(c->fd, RTRS_TCP_ACCEPT, data, len);
+	rc = raw_cm_send(req->r, RTRS_TCP_ACCEPT, data, len);
 	if (rc) {
 		log_warn("%s: accept: %s", c->name.made, strerror(-rc));
 		c->fd = -1;
@@ -2544,10 +2804,16 @@ static int tcp_con_accept(struct fab *f, struct fab_connreq *req, const struct f
 	}
 	req->answered = true;
 	req->r->fd = -1;
+	c->tls = req->r->tls;
+	c->tls_io = req->r->tls_io;
+	req->r->tls = NULL;
+	if (c->tls)
+		rtrs_tls_rename(c->tls, c->name.made);
 	free(req->r);
 	c->tx_open = true;
 	*out = c;
-	queue_work(c, W_START);
+	/* The ACCEPT's records may wait for the socket: the flush sends them. */
+	queue_work(c, W_START | (c->tls_io ? W_FLUSH : 0));
 	return 0;
 }
 
@@ -2599,6 +2865,8 @@ static void tcp_con_destroy(struct fab_con *c)
 static void tcp_con_rename(struct fab_con *c, const char *name)
 {
 	fab_con_name_set(&c->name, name);
+	if (c->tls)
+		rtrs_tls_rename(c->tls, name);
 }
 
 static void tcp_con_local(const struct fab_con *c, char *buf, size_t len)
@@ -2646,7 +2914,8 @@ static int tcp_con_trywait(struct fab_con *c)
 
 	if (pthread_mutex_trylock(&c->cb_lock))
 		return -EAGAIN;
-	left = c->stash || (!c->in_payload && c->hdr_got == sizeof(c->hdr));
+	left = c->stash || (!c->in_payload && c->hdr_got == sizeof(c->hdr)) ||
+	       (c->tls_io && !rtrs_tls_drained(c->tls));
 	pthread_mutex_unlock(&c->cb_lock);
 	if (left)
 		return -EAGAIN;
@@ -2803,6 +3072,7 @@ const struct fab_ops fab_tcp_ops = {
 	.con_destroy = tcp_con_destroy,
 	.con_local = tcp_con_local,
 	.con_rename = tcp_con_rename,
+	.set_tls = tcp_set_tls,
 	.write = tcp_write,
 	.write_imm = tcp_write_imm,
 	.send = tcp_send,

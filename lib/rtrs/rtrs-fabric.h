@@ -169,6 +169,16 @@ struct fab_wr {
  * Each member is documented at its wrapper below.
  */
 struct fab_poller;
+struct rtrs_tls_ctx;
+
+/*
+ * TLS on a fabric's connections (rtrs-tls.h; the tcp fabric has it).
+ * Client: off or required (every connection runs the handshake before a
+ * byte of RTRS). Server: off (a TLS client is refused), offered (either),
+ * or required (a plain client is refused). Refusals are a CM reject with
+ * -EPROTONOSUPPORT and DNR, sent in the clear.
+ */
+enum fab_tls_mode { FAB_TLS_OFF, FAB_TLS_OFFERED, FAB_TLS_REQUIRED };
 
 struct fab_ops {
 	const char *name;
@@ -223,6 +233,8 @@ struct fab_ops {
 	int (*con_wait_fd)(const struct fab_con *c);
 	void (*con_set_poller)(struct fab_con *c, struct fab_poller *p);
 	void (*con_rename)(struct fab_con *c, const char *name);
+	/* Optional (NULL: no TLS, -EPROTONOSUPPORT for any mode but off). */
+	int (*set_tls)(struct fab *f, enum fab_tls_mode mode, struct rtrs_tls_ctx *ctx);
 };
 
 /*
@@ -393,6 +405,20 @@ static inline void fab_win_free(struct fab_win *w)
 {
 	if (w && w->ops)
 		w->ops->win_free(w);
+}
+
+/*
+ * Sets f's TLS, before its first connection or listener; ctx is
+ * referenced (rtrs_tls_ctx_get) until f closes. -EPROTONOSUPPORT on a
+ * fabric without TLS unless mode is FAB_TLS_OFF.
+ */
+static inline int fab_set_tls(struct fab *f, enum fab_tls_mode mode, struct rtrs_tls_ctx *ctx)
+{
+	const struct fab_ops *o = fab_ops_of(f);
+
+	if (!o->set_tls)
+		return mode == FAB_TLS_OFF ? 0 : -EPROTONOSUPPORT;
+	return o->set_tls(f, mode, ctx);
 }
 
 /* ---- listening --------------------------------------------------------------- */

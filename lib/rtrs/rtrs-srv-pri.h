@@ -239,6 +239,7 @@ struct rtrs_srv_ctx {
 	bool auth_required;
 	struct rtrs_auth_cfg auth_cfg;
 	char auth_keys_file[4096];
+	struct rtrs_tls_ctx *tls;   /* opts.tls: the PSKs of the key file */
 	struct {
 		atomic_uint_fast64_t connreqs, rejects, auth_ok, auth_failed, auth_timeouts;
 		atomic_uint_fast64_t key_rotations, chunk_bytes;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "rtrs-srv-pri.h"
+#include "rtrs-tls.h"
 
 static void srv_lst_cb(struct loop_fd *h, uint32_t events)
 {
@@ -60,6 +61,12 @@ static void srv_listen_timer(struct loop_timer *t)
 			      &ctx->fab);
 		if (rc)
 			goto retry;
+		rc = fab_set_tls(ctx->fab, (enum fab_tls_mode)ctx->opts.tls, ctx->tls);
+		if (rc) {
+			fab_close(ctx->fab);
+			ctx->fab = NULL;
+			goto retry;
+		}
 	}
 	rc = fab_listen(ctx->fab, &ctx->lst);
 	if (rc)
@@ -86,9 +93,11 @@ static void srv_listen_timer(struct loop_timer *t)
 	ctx->port = fab_lst_port(ctx->lst);
 	pthread_cond_broadcast(&ctx->cond);
 	pthread_mutex_unlock(&ctx->lock);
-	log_info("listening on %s:%d (%s), queue depth %u, chunk %u, always_invalidate %s",
+	log_info("listening on %s:%d (%s), queue depth %u, chunk %u, always_invalidate %s, TLS %s",
 		 ctx->addr, ctx->port, ctx->provider, ctx->opts.queue_depth,
-		 ctx->opts.max_chunk_size, ctx->opts.always_invalidate ? "on" : "off");
+		 ctx->opts.max_chunk_size, ctx->opts.always_invalidate ? "on" : "off",
+		 ctx->opts.tls == RTRS_TLS_REQUIRED ? "required" :
+		 ctx->opts.tls == RTRS_TLS_OFFERED ? "offered" : "off");
 	/* Requests that arrived between listen and the fd being watched. */
 	srv_lst_cb(&ctx->lst_h, EPOLLIN);
 	return;
@@ -145,6 +154,20 @@ static int srv_opts_validate(const struct rtrs_srv_ops *ops, const struct rtrs_s
 	}
 	if (o->auth_keys_file && (!*o->auth_keys_file || !o->auth_timeout_ms)) {
 		log_err("server: authentication needs a key file name and a timeout");
+		return -EINVAL;
+	}
+	if ((unsigned)o->tls > RTRS_TLS_REQUIRED) {
+		log_err("server: unknown TLS mode %d", (int)o->tls);
+		return -EINVAL;
+	}
+	if (o->tls != RTRS_TLS_OFF && strcmp(o->provider ? o->provider : "tcp", "tcp")) {
+		log_err("server: TLS is on the tcp provider only, not %s", o->provider);
+		err_detail("TLS needs the tcp provider, not %s", o->provider);
+		return -EPROTONOSUPPORT;
+	}
+	if (o->tls != RTRS_TLS_OFF && !o->auth_keys_file) {
+		log_err("server: TLS needs the authentication key file: it holds the PSKs");
+		err_detail("TLS needs an authentication key file (it holds the PSKs)");
 		return -EINVAL;
 	}
 	if (o->auth_name && !rtrs_auth_name_valid(o->auth_name)) {
@@ -213,7 +236,19 @@ static int srv_auth_setup(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_opts *
 		log_err("server: cannot start reading %s: %s", cfg->keys_file, strerror(-rc));
 		return rc;
 	}
-	return srv_check_keys(ctx);
+	rc = srv_check_keys(ctx);
+	if (!rc && o->tls != RTRS_TLS_OFF) {
+		const char *why = NULL;
+		unsigned line = 0;
+
+		rc = rtrs_tls_ctx_server(cfg->name, cfg->keys_file, o->tls_no_ktls, &ctx->tls, &line,
+					 &why);
+		if (rc && line)
+			log_err("server: %s line %u: %s", cfg->keys_file, line, why ? why : "invalid");
+		else if (rc)
+			log_err("server: TLS: %s", why ? why : strerror(-rc));
+	}
+	return rc;
 }
 
 RTRS_EXPORT
@@ -291,6 +326,17 @@ int rtrs_srv_reload_keys(struct rtrs_srv_ctx *ctx)
 
 	if (rc)
 		return rc;
+	if (ctx->tls) {
+		const char *why = NULL;
+		unsigned line = 0;
+
+		rc = rtrs_tls_ctx_reload(ctx->tls, &line, &why);
+		if (rc) {
+			log_err("server: key file %s%s%u: %s: TLS keys kept", ctx->auth_keys_file,
+				line ? " line " : "", line, why ? why : strerror(-rc));
+			return rc;
+		}
+	}
 	/* The hosts of live sessions; each looked up in the file, off the loop. */
 	loop_call(ctx->loop, sessions_revoke, &c);
 	for (unsigned i = 0; i < c.nr_hosts; i++) {
@@ -353,6 +399,8 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 	rc = srv_auth_setup(ctx, o);
 	if (rc) {
 		rtrs_keyfile_free(ctx->auth_cfg.keyfile);
+		if (ctx->tls)
+			rtrs_tls_ctx_put(ctx->tls);
 		free(ctx);
 		return rc;
 	}
@@ -379,6 +427,8 @@ int rtrs_srv_open(const struct rtrs_srv_ops *ops, const struct rtrs_srv_opts *o,
 out_free:
 	loop_destroy(ctx->loop);
 	rtrs_keyfile_free(ctx->auth_cfg.keyfile);
+	if (ctx->tls)
+		rtrs_tls_ctx_put(ctx->tls);
 	pthread_mutex_destroy(&ctx->lock);
 	pthread_cond_destroy(&ctx->cond);
 	free(ctx);
@@ -467,6 +517,8 @@ void rtrs_srv_close(struct rtrs_srv_ctx *ctx)
 	loop_destroy(ctx->loop);
 	fab_close(ctx->fab);
 	rtrs_keyfile_free(ctx->auth_cfg.keyfile);
+	if (ctx->tls)
+		rtrs_tls_ctx_put(ctx->tls);
 	pthread_mutex_destroy(&ctx->lock);
 	pthread_cond_destroy(&ctx->cond);
 	free(ctx);
