@@ -42,6 +42,7 @@ static struct {
 	uint64_t max_sessions_per_peer;
 	bool async, apply_late;
 	const char *addr, *provider, *auth_keys;
+	unsigned tls;
 } g = {
 	.provider = "tcp",
 	.queue_depth = RTRS_DEFAULT_QUEUE_DEPTH, .chunk_size = RTRS_DEFAULT_CHUNK_SIZE,
@@ -49,7 +50,11 @@ static struct {
 	.hb_missed = RTRS_DEFAULT_HB_MISSED_MAX, .addr = "127.0.0.1",
 };
 
+static const char *const tls_modes[] = { "off", "offered", "required", NULL };
+
 static const struct opt options[] = {
+	{ "tls", 0, OPT_CHOICE, &g.tls, .choices = tls_modes, .arg = "MODE",
+	  .help = "TLS: off, offered or required (the PSKs are in --auth-keys)" },
 	{ "addr", 'a', OPT_STRING, &g.addr, .arg = "ADDR", .help = "listen address" },
 	{ "provider", 0, OPT_STRING, &g.provider, .arg = "NAME", .help = "fabric: tcp (native, io_uring) or verbs (RDMA devices, rdma-core)" },
 	{ "exit-after", 0, OPT_UINT, &g.exit_after, 0, 1000000, .arg = "N",
@@ -266,6 +271,7 @@ int main(int argc, char **argv)
 	o.hb_interval_ms = (unsigned)g.hb_ms;
 	o.hb_missed_max = (unsigned)g.hb_missed;
 	o.auth_keys_file = g.auth_keys;
+	o.tls = (enum rtrs_tls_mode)g.tls;
 	o.auth_name = "nqn.2026-11.io.rtrs:test-server";
 	o.max_pending = (unsigned)g.max_pending;
 	o.max_pending_per_peer = (unsigned)g.max_pending_per_peer;

@@ -505,6 +505,7 @@ int main(int argc, char **argv)
 	}
 	path = (struct rtrs_path_addr){ .src = test_addr(), .dst = dst };
 	rtrs_clt_opts_init(&o, sizeof(o));
+	test_clt_tls(&o);
 	o.provider = test_provider();
 	o.sessname = "test-io";
 	o.paths = &path;

@@ -170,6 +170,7 @@ int main(void)
 	paths[0] = (struct rtrs_path_addr){ .src = test_addr_n(1), .dst = dst };
 	paths[1] = (struct rtrs_path_addr){ .src = test_addr_n(2), .dst = dst };
 	rtrs_clt_opts_init(&o, sizeof(o));
+	test_clt_tls(&o);
 	o.sessname = "test-multipath";
 	o.provider = test_provider();
 	o.paths = paths;

@@ -239,6 +239,7 @@ int main(void)
 	proc_dst(&srv, dst, sizeof(dst));
 	path = (struct rtrs_path_addr){ .dst = dst };
 	rtrs_clt_opts_init(&o, sizeof(o));
+	test_clt_tls(&o);
 	o.sessname = "test-reconnect";
 	o.provider = test_provider();
 	o.paths = &path;

@@ -200,6 +200,56 @@ int proc_spawn_server(char *const argv_in[], struct proc *p)
 	return proc_spawn_server_log(argv_in, p, NULL);
 }
 
+#define TEST_TLS_HOST "rtrs-test-tls"
+#define TEST_TLS_SERVER "nqn.2026-11.io.rtrs:test-server"
+#define TEST_TLS_SECRET "DHHC-1:00:LO8u2NM6dzYMKk5cNdu/JyuHVwHasEznfJE+2d3d/R1Dlfga:"
+#define TEST_TLS_KEY "NVMeTLSkey-1:01:xVmrEyQwwzeG6rJsEnhZ+zWQDNO3AFMxa4iXBiO7z9md8hNw:"
+
+static char tls_keys_path[64];
+
+static void tls_keys_unlink(void)
+{
+	if (tls_keys_path[0])
+		unlink(tls_keys_path);
+}
+
+bool test_tls(void)
+{
+	const char *e = getenv("RTRS_TEST_TLS");
+
+	return e && !strcmp(e, "1");
+}
+
+void test_clt_tls(struct rtrs_clt_opts *o)
+{
+	if (!test_tls())
+		return;
+	o->tls = RTRS_TLS_REQUIRED;
+	o->tls_key = TEST_TLS_KEY;
+	o->auth_secret = TEST_TLS_SECRET;
+	o->auth_host_name = TEST_TLS_HOST;
+	o->auth_server_name = TEST_TLS_SERVER;
+}
+
+/* The key file of RTRS_TEST_TLS's servers: written once, gone at exit. */
+static const char *tls_keys_file(void)
+{
+	int fd;
+
+	if (tls_keys_path[0])
+		return tls_keys_path;
+	snprintf(tls_keys_path, sizeof(tls_keys_path), "/tmp/rtrs-test-tls-XXXXXX");
+	fd = mkstemp(tls_keys_path);
+	if (fd < 0 || dprintf(fd, "%s %s tls=%s\n", TEST_TLS_HOST, TEST_TLS_SECRET,
+			      TEST_TLS_KEY) < 0) {
+		fprintf(stderr, "harness: TLS key file: %s\n", strerror(errno));
+		exit(1);
+	}
+	close(fd);
+	atexit(tls_keys_unlink);
+	return tls_keys_path;
+}
+
 int proc_spawn_server_log(char *const argv_in[], struct proc *p, const char *err_path)
 {
 	const char *at = getenv("RTRS_TEST_SERVER_AT");
@@ -223,7 +273,7 @@ int proc_spawn_server_log(char *const argv_in[], struct proc *p, const char *err
 		return 0;
 	}
 	snprintf(p->host, sizeof(p->host), "%s", test_addr());
-	while (argv_in[n] && n < 58) {
+	while (argv_in[n] && n < 54) {
 		argv[n] = argv_in[n];
 		n++;
 	}
@@ -231,6 +281,19 @@ int proc_spawn_server_log(char *const argv_in[], struct proc *p, const char *err
 	argv[n++] = (char *)test_provider();
 	argv[n++] = a_addr;
 	argv[n++] = p->host;
+	if (test_tls() && strstr(argv[0], "rtrs-test-server")) {
+		static char a_keys[] = "--auth-keys", a_tls[] = "--tls", a_req[] = "required";
+		bool own = false;
+
+		for (int i = 1; i < n; i++)
+			own |= !strcmp(argv[i], "--auth-keys");
+		if (!own) {
+			argv[n++] = a_keys;
+			argv[n++] = (char *)tls_keys_file();
+			argv[n++] = a_tls;
+			argv[n++] = a_req;
+		}
+	}
 	argv[n] = NULL;
 	if (pipe(fds))
 		return -errno;

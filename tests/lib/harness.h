@@ -47,6 +47,15 @@ const char *test_addr(void);
 const char *test_addr_n(unsigned n);
 /* Sends sig; with wait, reaps the process and returns its status. */
 int proc_signal(struct proc *p, int sig, bool wait);
+/*
+ * RTRS_TEST_TLS=1: the functional tests' sessions run on TLS. The servers
+ * proc_spawn_server starts (rtrs-test-server, unless the test gives its own
+ * --auth-keys) require it, with a key file the harness writes; a test
+ * calls test_clt_tls on its client options, which then require TLS with
+ * that file's host, secret and PSK. Without the variable both do nothing.
+ */
+bool test_tls(void);
+void test_clt_tls(struct rtrs_clt_opts *o);
 /* Path of the test server from $RTRS_TEST_SERVER (set by meson). */
 const char *test_server_path(void);
 /* Milliseconds on the monotonic clock. */
