@@ -40,6 +40,8 @@
 #include "util.h"
 
 static const char *const engine_names[] = { "auto", "io_uring", "threads", NULL };
+/* enum rtrs_tls_mode's order */
+static const char *const tls_names[] = { "off", "offered", "required", NULL };
 
 static struct {
 	const char *config, *addr, *provider, *search, *auth_keys, *auth_name, *access, *control;
@@ -50,7 +52,8 @@ static struct {
 	uint64_t poll_groups, srq_depth;
 	uint64_t max_sessions, max_sessions_per_peer, max_chunk_mem, max_pending,
 		 max_pending_per_peer, handshake_ms;
-	unsigned engine;
+	unsigned engine, tls;
+	bool no_ktls;
 	bool direct, buffered_bdev, inline_writes, invalidate, quiet, syslog;
 } g = {
 	.provider = "tcp", .port = RNBD_DEFAULT_PORT_NR, .queue_depth = 512,
@@ -100,6 +103,12 @@ static const struct opt options[] = {
 	{ "auth-name", 0, OPT_STRING, &g.auth_name, .arg = "NAME",
 	  .help = "this server's name in authentication, which clients must be told "
 		  "(their --server-name; default rtrs-server)" },
+	{ "tls", 0, OPT_CHOICE, &g.tls, .choices = tls_names, .arg = "MODE",
+	  .help = "TLS 1.3 with PSKs on tcp: off, offered (a client may) or required (a client "
+		  "must); the PSKs are in the --auth-keys file (tls=NVMeTLSkey-1:..., else "
+		  "derived from the host's secret)" },
+	{ "no-ktls", 0, OPT_FLAG, &g.no_ktls,
+	  .help = "keep TLS records in user space where the kernel could take them" },
 	{ "qos", 0, OPT_LIST, &g.qos, .arg = "KIND:NAME:LIMITS",
 	  .help = "rate limits of a session or device name, repeatable: "
 		  "session:hv1:iops=2000 or device:vm/a.img:read_bps=100M,write_iops=500 "
@@ -890,6 +899,15 @@ static int check_options(void)
 			"everything)\n");
 		return -EINVAL;
 	}
+	if (g.tls && !g.auth_keys) {
+		fprintf(stderr, "rnbd-server: --tls %s needs --auth-keys FILE: it holds the PSKs "
+			"(docs/security.md section 9)\n", tls_names[g.tls]);
+		return -EINVAL;
+	}
+	if (g.tls && strcmp(g.provider, "tcp")) {
+		fprintf(stderr, "rnbd-server: --tls is for the tcp provider, not %s\n", g.provider);
+		return -EINVAL;
+	}
 	if (g.access && !g.auth_keys) {
 		fprintf(stderr, "rnbd-server: --access %s names hosts by their authentication: it "
 			"needs --auth-keys\n", g.access);
@@ -954,6 +972,8 @@ int main(int argc, char **argv)
 	o.rtrs.always_invalidate = g.invalidate;
 	o.rtrs.auth_keys_file = g.auth_keys;
 	o.rtrs.auth_name = g.auth_name;
+	o.rtrs.tls = (enum rtrs_tls_mode)g.tls;
+	o.rtrs.tls_no_ktls = g.no_ktls;
 	o.access_file = g.access;
 	o.qos = qos_specs;
 	o.rtrs.hb_interval_ms = (unsigned)g.hb_ms;

@@ -76,6 +76,8 @@ static const struct clt_opt_pick clt_picks[] = {
 	{ .id = CLT_OPT_CTRL_SECRET },
 	{ .id = CLT_OPT_HOST_NAME },
 	{ .id = CLT_OPT_SERVER_NAME },
+	{ .id = CLT_OPT_TLS },
+	{ .id = CLT_OPT_TLS_KEY },
 	{ CLT_OPT_LOG_LEVEL, 0, "error, warn, info or debug (default: RTRS_LOG_LEVEL, else "
 	  "warn)" },
 };

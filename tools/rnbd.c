@@ -78,6 +78,8 @@ static const struct {
 	{ CLT_OPT_CTRL_SECRET, NULL },
 	{ CLT_OPT_HOST_NAME, NULL },
 	{ CLT_OPT_SERVER_NAME, NULL },
+	{ CLT_OPT_TLS, NULL },
+	{ CLT_OPT_TLS_KEY, NULL },
 };
 #define NR_SESS_OPTS (sizeof(sess_opts) / sizeof(sess_opts[0]))
 

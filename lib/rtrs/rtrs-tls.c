@@ -487,6 +487,16 @@ int rtrs_tls_ctx_client(const char *host, const char *server, const struct rtrs_
 	if (!t)
 		return -ENOMEM;
 	t->hash = derived ? 1 : k->hmac;
+	/*
+	 * The one suite of the PSK's hash: a server picks a suite before it
+	 * looks at the PSK, and skips a PSK whose hash is not the suite's.
+	 */
+	if (!SSL_CTX_set_ciphersuites(t->ssl, t->hash == 2 ? "TLS_AES_256_GCM_SHA384" :
+					      "TLS_AES_128_GCM_SHA256")) {
+		ERR_clear_error();
+		rtrs_tls_ctx_put(t);
+		return -EINVAL;
+	}
 	rc = rtrs_tls_identity(derived, t->hash, host, server, t->identity, sizeof(t->identity));
 	if (!rc)
 		rc = rtrs_tls_psk(k, derived, t->identity, t->psk, &t->psk_len);
