@@ -10,7 +10,9 @@
 #      completes; for longer: IO fails with ETIMEDOUT;
 #   d. kills the server and starts it again: the paths reconnect and the
 #      IO in flight and waiting completes, verified.
-# Usage: multipath.sh BUILD_DIR. Prints "N passed, N failed"; 77 = skipped.
+# With TLS=1 every connection runs in TLS (the server requires it, with a
+# PSK of nvme gen-tls-key in its key file).
+# Usage: [TLS=1] multipath.sh BUILD_DIR. Prints "N passed, N failed"; 77 = skipped.
 set -uo pipefail
 build=$(cd "${1:?usage: multipath.sh BUILD_DIR}" && pwd)
 perf=$build/tools/rtrs-perf
@@ -26,10 +28,23 @@ trap 'netns_cleanup; rm -rf "$tmp"' EXIT
 netns_setup || exit 1
 
 HB=500 MISSED=3
+srv_tls=() clt_tls=()
+if [ "${TLS:-0}" = 1 ]; then
+	command -v nvme >/dev/null || { echo "multipath: nvme (nvme-cli) missing; skipping"; exit 77; }
+	(
+		umask 077
+		nvme gen-dhchap-key -m 0 -n mp-host >"$tmp/secret"
+		nvme gen-tls-key >"$tmp/tls"
+		echo "mp-host $(cat "$tmp/secret") tls=$(cat "$tmp/tls")" >"$tmp/keys"
+	)
+	srv_tls=(--auth-keys "$tmp/keys" --tls required)
+	clt_tls=(--host-name mp-host --secret "@$tmp/secret" --tls required --tls-key "@$tmp/tls")
+	echo "multipath: on TLS"
+fi
 start_server() {
 	: >"$tmp/srv.log"
 	ip netns exec $S "$perf" server --addr 0.0.0.0 --port 4791 --queue-depth 64 \
-		--hb-interval $HB --quiet >"$tmp/srv.log" 2>&1 &
+		--hb-interval $HB --quiet "${srv_tls[@]}" >"$tmp/srv.log" 2>&1 &
 	srv=$!
 	disown $srv
 	for _ in $(seq 100); do grep -q port "$tmp/srv.log" && break; sleep 0.05; done
@@ -46,7 +61,8 @@ check() { # name condition-exit-status detail
 client() {
 	ip netns exec $C "$perf" client --server 198.18.1.1:4791 --server 198.18.2.1:4791 \
 		--queue-depth 16 --io-size 16k --duration "$1" --verify --json \
-		--hb-interval-ms $HB --reconnect-delay-ms 300 --fast-io-fail-ms "$2" 2>"$tmp/clt.err"
+		--hb-interval-ms $HB --reconnect-delay-ms 300 --fast-io-fail-ms "$2" "${clt_tls[@]}" \
+		2>"$tmp/clt.err"
 }
 field() { python3 -c "import json,sys; r=json.loads(sys.argv[1]); print(eval(sys.argv[2]))" "$1" "$2"; }
 
