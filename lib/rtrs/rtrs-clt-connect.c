@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "rtrs-clt-pri.h"
+#include "rtrs-tls.h"
 
 /* The server refused this attempt with err; the first refusal is kept. */
 static void clt_path_refused(struct clt_path *p, int err)
@@ -125,8 +126,24 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 		con->rkey = key;
 		return;
 	}
+	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTED &&
+	    rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
+		/* The server asks for a re-authentication, or answers one. */
+		pthread_mutex_lock(&p->lock);
+		if (p->auth_rx_len || len > sizeof(p->auth_rx)) {
+			pthread_mutex_unlock(&p->lock);
+			log_err_rl("%s: unexpected authentication message", p->name);
+			clt_fail_path(p, -EPROTO);
+			return;
+		}
+		memcpy(p->auth_rx, buf, len);
+		p->auth_rx_len = len;
+		pthread_mutex_unlock(&p->lock);
+		loop_queue(p->sess->loop, &p->reauth_work);
+		return;
+	}
 	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTED) {
-		/* Once connected, the only message is a fence's answer. */
+		/* Once connected, the only other message is a fence's answer. */
 		rc = clt_fence_answered(p, buf, len);
 		if (rc)
 			clt_fail_path(p, rc);
@@ -457,6 +474,53 @@ void clt_path_release(struct clt_path *p)
 /* ---- authentication ------------------------------------------------------------ */
 
 /*
+ * The secrets for an authentication of p, into p->auth_cfg: read again from
+ * their files (a rotated key is taken at the path's next authentication,
+ * a re-authentication or a reconnect), else the ones in use.
+ */
+static void path_auth_keys(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	struct rtrs_auth_key hk = { 0 }, ck = { 0 };
+	const char *why = NULL;
+	int rc = 0;
+
+	if (s->auth_secret_file)
+		rc = rtrs_auth_key_load(s->auth_secret_file, &hk, &why);
+	if (!rc && s->auth_ctrl_file)
+		rc = rtrs_auth_key_load(s->auth_ctrl_file, &ck, &why);
+	pthread_mutex_lock(&s->auth_lock);
+	if (rc)
+		log_warn("%s: cannot read the secret again (%s: %s): the one "
+			 "in use stays", p->name, why ? why : "", strerror(-rc));
+	else {
+		bool changed = s->auth_secret_file && memcmp(&s->auth.hkey, &hk, sizeof(hk));
+
+		if (s->auth_secret_file)
+			s->auth.hkey = hk;
+		if (s->auth_ctrl_file)
+			s->auth.ckey = ck;
+		/* A TLS PSK derived from the secret: the next handshakes take the new one's. */
+		if (changed && s->tls && s->tls_derived) {
+			struct rtrs_auth_key none = { 0 };
+			struct rtrs_tls_ctx *t = NULL;
+
+			if (!rtrs_tls_ctx_client(s->auth.name, s->auth.server, &none, &s->auth.hkey,
+						 s->tls_no_ktls, &t)) {
+				rtrs_tls_ctx_put(s->tls);
+				s->tls = t;
+			}
+		}
+	}
+	p->auth_cfg = s->auth;
+	if (s->tls && p->fab)
+		fab_set_tls(p->fab, FAB_TLS_REQUIRED, s->tls);
+	pthread_mutex_unlock(&s->auth_lock);
+	rtrs_auth_wipe(&hk, sizeof(hk));
+	rtrs_auth_wipe(&ck, sizeof(ck));
+}
+
+/*
  * DH-HMAC-CHAP on connection 0: the first message out. The server's
  * answers come through clt_con_recv (auth_rx), and CST_AUTH answers them.
  */
@@ -475,7 +539,8 @@ static int path_auth_begin(struct clt_path *p)
 	if (rc)
 		return rc;
 	p->auth_active = true;
-	rc = rtrs_auth_clt_begin(&p->auth, &s->auth, p->name, ++p->auth_tid, p->auth_tx,
+	path_auth_keys(p);
+	rc = rtrs_auth_clt_begin(&p->auth, &p->auth_cfg, p->name, ++p->auth_tid, p->auth_tx,
 				 sizeof(p->auth_tx), &out_len);
 	if (!rc && out_len)
 		rc = fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL);
@@ -501,6 +566,132 @@ static void path_auth_end(struct clt_path *p, int rc)
 		log_err("%s: authentication failed: %s", p->name, strerror(-rc));
 	}
 	rtrs_auth_txn_end(&p->auth);
+}
+
+/* ---- re-authentication of a connected path ---------------------------------------- */
+
+/*
+ * The server's key file changed and it asks this path to authenticate
+ * again (RTRS_AUTH_REAUTH, docs/security.md section 3.8): the secrets are
+ * read again from their files (a client whose key was rotated has its new
+ * one there), and a new transaction runs on connection 0 while IO goes on.
+ * A refusal fails the path with the transaction's verdict (-EKEYREJECTED:
+ * it does not retry).
+ */
+static void path_reauth_job(struct offload_job *j)
+{
+	struct clt_path *p = container_of(j, struct clt_path, reauth_job);
+
+	p->auth_out_len = 0;
+	p->auth_step = rtrs_auth_clt_step(&p->auth, p->auth_msg, p->auth_msg_len, p->auth_tx,
+					  sizeof(p->auth_tx), &p->auth_out_len);
+}
+
+static void path_reauth_job_done(struct offload_job *j)
+{
+	struct clt_path *p = container_of(j, struct clt_path, reauth_job);
+
+	loop_queue(p->sess->loop, &p->reauth_work);
+}
+
+static void path_reauth_end(struct clt_path *p, int rc)
+{
+	p->reauth = false;
+	rtrs_auth_txn_end(&p->auth);
+	if (!rc) {
+		atomic_fetch_add(&p->stat_auth_runs, 1);
+		log_info("%s: authenticated again as %s (%s, %s)", p->name, p->auth_cfg.name,
+			 rtrs_auth_hash_name(p->auth.hash), rtrs_auth_dhgroup_name(p->auth.group));
+		return;
+	}
+	log_err("%s: re-authentication failed: %s", p->name, strerror(-rc));
+	if (rc == -EKEYREJECTED || rc == -ENOKEY)
+		atomic_store(&p->fail_dnr, true);
+	clt_fail_path(p, rc);
+}
+
+/* Loop thread: the job's answer out, then the next message of the server in. */
+static void path_reauth_work(struct loop_work *w)
+{
+	struct clt_path *p = container_of(w, struct clt_path, reauth_work);
+	struct rtrs_auth_msg m;
+	const char *why = NULL;
+	size_t out_len = 0;
+	int st, rc;
+
+	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED) {
+		/* The path went down: the next attempt authenticates from scratch. */
+		if (p->reauth) {
+			offload_cancel(&p->reauth_job);
+			p->reauth = false;
+			rtrs_auth_txn_end(&p->auth);
+		}
+		return;
+	}
+	st = atomic_load(&p->reauth_job.state);
+	if (p->reauth && st == OFFLOAD_DONE && offload_take(&p->reauth_job)) {
+		enum rtrs_auth_step step = (enum rtrs_auth_step)p->auth_step;
+
+		rc = p->auth_out_len ? fab_send(p->cons[0].c.fc, p->auth_tx, p->auth_out_len,
+						p->auth_tx_mr.desc, NULL) : 0;
+		if (step == RTRS_AUTH_FAILED) {
+			path_reauth_end(p, p->auth.err ? p->auth.err : -EKEYREJECTED);
+			return;
+		}
+		if (rc) {
+			path_reauth_end(p, rc);
+			return;
+		}
+		if (step == RTRS_AUTH_DONE)
+			path_reauth_end(p, 0);
+	} else if (st == OFFLOAD_QUEUED || st == OFFLOAD_RUNNING) {
+		return; /* its end queues this again */
+	}
+	pthread_mutex_lock(&p->lock);
+	if (!p->auth_rx_len) {
+		pthread_mutex_unlock(&p->lock);
+		return;
+	}
+	p->auth_msg_len = p->auth_rx_len;
+	memcpy(p->auth_msg, p->auth_rx, p->auth_rx_len);
+	p->auth_rx_len = 0;
+	pthread_mutex_unlock(&p->lock);
+	rc = rtrs_auth_decode(p->auth_msg, p->auth_msg_len, &m, &why);
+	if (!rc && m.id == RTRS_AUTH_REAUTH) {
+		if (p->reauth) {
+			log_err("%s: a second re-authentication request during one", p->name);
+			clt_fail_path(p, -EPROTO);
+			return;
+		}
+		if (!p->auth_tid) {
+			log_err("%s: re-authentication asked of a path that never authenticated",
+				p->name);
+			clt_fail_path(p, -EPROTO);
+			return;
+		}
+		log_info("%s: the server asks to authenticate again", p->name);
+		path_auth_keys(p);
+		rc = rtrs_auth_clt_begin(&p->auth, &p->auth_cfg, p->name, ++p->auth_tid, p->auth_tx,
+					 sizeof(p->auth_tx), &out_len);
+		p->reauth = true;
+		if (!rc && out_len)
+			rc = fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL);
+		if (rc)
+			path_reauth_end(p, rc);
+		return;
+	}
+	if (!p->reauth) {
+		log_err("%s: authentication message on a connected path%s%s", p->name,
+			rc ? ": " : "", rc ? why : "");
+		clt_fail_path(p, -EPROTO);
+		return;
+	}
+	/* The transaction's next step (a DH exchange, maybe) on a worker. */
+	if (offload_submit(&p->reauth_job) == -EAGAIN) {
+		p->reauth_job.fn(&p->reauth_job);
+		atomic_store(&p->reauth_job.state, OFFLOAD_DONE);
+		loop_queue(p->sess->loop, &p->reauth_work);
+	}
 }
 
 /* ---- the attempt as a state machine ---------------------------------------------- */
@@ -1054,6 +1245,8 @@ int clt_path_conn_init(struct clt_path *p)
 {
 	loop_work_init(&p->conn_work, path_conn_work);
 	offload_job_init(&p->auth_job, path_auth_job, path_auth_job_done);
+	offload_job_init(&p->reauth_job, path_reauth_job, path_reauth_job_done);
+	loop_work_init(&p->reauth_work, path_reauth_work);
 	offload_job_init(&p->open_job, path_open_job, path_open_job_done);
 	return loop_timer_init(p->sess->loop, &p->conn_timer, path_conn_timer);
 }
@@ -1068,6 +1261,12 @@ void clt_path_attempt_start(struct clt_path *p)
 	struct rtrs_clt_sess *s = p->sess;
 	int rc;
 
+	/* A re-authentication of the path's last life ends here, before auth is used again. */
+	if (p->reauth) {
+		offload_cancel(&p->reauth_job);
+		p->reauth = false;
+		rtrs_auth_txn_end(&p->auth);
+	}
 	pthread_mutex_lock(&p->lock);
 	p->info_done = false;
 	p->info_err = 0;
@@ -1126,11 +1325,14 @@ void clt_path_attempt_start(struct clt_path *p)
 /* The server's queue depth is not known yet: asks for room for a large one. */
 static int path_fab_open(struct clt_path *p, struct fab **out)
 {
+	struct rtrs_clt_sess *s = p->sess;
 	int rc = path_fab_open_plain(p, out);
 
-	if (rc || !p->sess->tls)
+	if (rc || !s->tls)
 		return rc;
-	rc = fab_set_tls(*out, FAB_TLS_REQUIRED, p->sess->tls);
+	pthread_mutex_lock(&s->auth_lock);
+	rc = fab_set_tls(*out, FAB_TLS_REQUIRED, s->tls);
+	pthread_mutex_unlock(&s->auth_lock);
 	if (rc) {
 		fab_close(*out);
 		*out = NULL;

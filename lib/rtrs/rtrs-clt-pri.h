@@ -163,6 +163,19 @@ struct clt_path {
 	int auth_step;              /* enum rtrs_auth_step, the job's verdict */
 	size_t auth_out_len;        /* bytes of auth_tx to send */
 	char auth_detail[512];      /* the job's err_detail, for the loop's (rtrs_last_error) */
+	/*
+	 * Re-authentication of the connected path, asked by the server
+	 * (RTRS_AUTH_REAUTH): reauth while it runs, driven by reauth_work on
+	 * the loop and reauth_job on an offload worker, with auth, auth_tx,
+	 * auth_rx, auth_msg and the job's results as an attempt has them (no
+	 * attempt runs on a connected path). auth_cfg: the session's settings
+	 * as this path's transactions use them, copied under the session's
+	 * auth_lock (a re-authentication reads the secrets' files again).
+	 */
+	bool reauth;
+	struct loop_work reauth_work;
+	struct offload_job reauth_job;
+	struct rtrs_auth_cfg auth_cfg;
 	/* The reconnect decision's inputs and its last verdict. */
 	atomic_bool fail_dnr;       /* do not retry: the server said so, or it changed */
 	atomic_int refused_err;     /* the errno the server first refused this attempt with */
@@ -233,8 +246,16 @@ struct rtrs_clt_sess {
 
 	/* Authentication settings, secrets included (wiped at close). */
 	struct rtrs_auth_cfg auth;
-	/* TLS (opts.tls): every path's fabric gets it (NULL: none). */
+	/* auth's keys, changed by a re-authentication that read them again from: */
+	pthread_mutex_t auth_lock;
+	char *auth_secret_file, *auth_ctrl_file;  /* "@PATH" or "file:PATH" as given; NULL: inline */
+	/*
+	 * TLS (opts.tls): every path's fabric gets it (NULL: none), under
+	 * auth_lock. tls_derived: its PSK comes from auth.hkey, so a
+	 * re-authentication that read a new secret makes a new one.
+	 */
 	struct rtrs_tls_ctx *tls;
+	bool tls_derived, tls_no_ktls;
 	/*
 	 * The server is of this project (RTRS_MSG_EXT_F), known from the
 	 * first path and the same for all: without, it is a kernel server

@@ -107,6 +107,9 @@ static void sess_free(struct rtrs_clt_sess *s)
 		free(s->bounce[i]);
 	free(s->bounce);
 	rtrs_auth_wipe(&s->auth, sizeof(s->auth));
+	free(s->auth_secret_file);
+	free(s->auth_ctrl_file);
+	pthread_mutex_destroy(&s->auth_lock);
 	if (s->tls)
 		rtrs_tls_ctx_put(s->tls);
 	pthread_mutex_destroy(&s->rkey_lock);
@@ -233,7 +236,8 @@ static bool sess_work_queued(struct rtrs_clt_sess *s)
 		return true;
 	for (size_t i = 0; s->paths && i < RTRS_MAX_PATHS; i++)
 		if (s->paths[i].sess && (atomic_load(&s->paths[i].base.fail_work.queued) ||
-					  atomic_load(&s->paths[i].conn_work.queued)))
+					  atomic_load(&s->paths[i].conn_work.queued) ||
+					  atomic_load(&s->paths[i].reauth_work.queued)))
 			return true;
 	return false;
 }
@@ -330,6 +334,8 @@ static void path_fini(struct clt_path *p)
 		return;
 	/* No offload job may still hold the path. */
 	offload_cancel(&p->auth_job);
+	offload_cancel(&p->reauth_job);
+	rtrs_auth_wipe(&p->auth_cfg, sizeof(p->auth_cfg));
 	clt_path_open_job_end(p);
 	rtrs_path_fini(&p->base);
 	clt_path_release_mrs(p);
@@ -421,6 +427,14 @@ static int sess_auth_setup(struct rtrs_clt_sess *s, const struct rtrs_clt_opts *
 	rc = rtrs_auth_cfg_lists(cfg, o->auth_hashes, o->auth_dhgroups, false, s->name);
 	if (rc)
 		return rc;
+	/* Files are read again when the server asks for a re-authentication. */
+	if (o->auth_secret && (o->auth_secret[0] == '@' || !strncmp(o->auth_secret, "file:", 5)) &&
+	    !(s->auth_secret_file = strdup(o->auth_secret)))
+		return -ENOMEM;
+	if (o->auth_ctrl_secret &&
+	    (o->auth_ctrl_secret[0] == '@' || !strncmp(o->auth_ctrl_secret, "file:", 5)) &&
+	    !(s->auth_ctrl_file = strdup(o->auth_ctrl_secret)))
+		return -ENOMEM;
 	if (o->auth_secret) {
 		rc = rtrs_auth_key_load(o->auth_secret, &cfg->hkey, &why);
 		if (rc) {
@@ -449,6 +463,8 @@ static int sess_auth_setup(struct rtrs_clt_sess *s, const struct rtrs_clt_opts *
 				return rc;
 			}
 		}
+		s->tls_derived = !tk.len;
+		s->tls_no_ktls = o->tls_no_ktls;
 		rc = rtrs_tls_ctx_client(cfg->name, cfg->server, &tk, &cfg->hkey, o->tls_no_ktls,
 					 &s->tls);
 		rtrs_auth_wipe(&tk, sizeof(tk));
@@ -484,6 +500,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	if (!s)
 		return -ENOMEM;
 	pthread_mutex_init(&s->poll_lock, NULL);
+	pthread_mutex_init(&s->auth_lock, NULL);
 	s->poll_epfd = epoll_create1(EPOLL_CLOEXEC);
 	s->poll_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (s->poll_epfd < 0 || s->poll_wake_fd < 0 ||

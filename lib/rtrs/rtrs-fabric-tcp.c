@@ -144,6 +144,7 @@ struct fab {
 	atomic_uint_fast64_t next_key64;
 	struct keyperm keys;
 	enum fab_tls_mode tls_mode;    /* fab_set_tls */
+	pthread_mutex_t tls_lock;      /* tls: it may change (a client's key rotated) */
 	struct rtrs_tls_ctx *tls;
 };
 
@@ -1506,7 +1507,11 @@ static void con_connect_done(struct fab_con *c)
 		return;
 	}
 	if (c->fab->tls_mode != FAB_TLS_OFF) {
-		int rc = rtrs_tls_new(c->fab->tls, c->fd, false, con_name(c), &c->tls);
+		int rc;
+
+		pthread_mutex_lock(&c->fab->tls_lock);
+		rc = rtrs_tls_new(c->fab->tls, c->fd, false, con_name(c), &c->tls);
+		pthread_mutex_unlock(&c->fab->tls_lock);
 
 		if (rc) {
 			con_fail(c, rc, NULL, 0);
@@ -1976,6 +1981,7 @@ static int tcp_open(const char *prov, const char *src, const char *node, const c
 		return rc;
 	}
 	pthread_rwlock_init(&f->mr_lock, NULL);
+	pthread_mutex_init(&f->tls_lock, NULL);
 	atomic_init(&f->next_key, 0);
 	atomic_init(&f->next_key64, KEYPERM_KEY64_MIN);
 
@@ -2010,6 +2016,7 @@ static void tcp_close(struct fab *f)
 	free(f->mr_tab);
 	if (f->tls)
 		rtrs_tls_ctx_put(f->tls);
+	pthread_mutex_destroy(&f->tls_lock);
 	free(f);
 	groups_put();
 }
@@ -2020,14 +2027,17 @@ static int tcp_set_tls(struct fab *f, enum fab_tls_mode mode, struct rtrs_tls_ct
 		return -ENOKEY;
 	if (mode == FAB_TLS_OFFERED && !f->server)
 		return -EINVAL;
-	if (ctx)
+	struct rtrs_tls_ctx *old;
+
+	if (ctx && mode != FAB_TLS_OFF)
 		rtrs_tls_ctx_get(ctx);
-	if (f->tls)
-		rtrs_tls_ctx_put(f->tls);
+	pthread_mutex_lock(&f->tls_lock);
+	old = f->tls;
 	f->tls = mode == FAB_TLS_OFF ? NULL : ctx;
-	if (mode == FAB_TLS_OFF && ctx)
-		rtrs_tls_ctx_put(ctx);
 	f->tls_mode = mode;
+	pthread_mutex_unlock(&f->tls_lock);
+	if (old)
+		rtrs_tls_ctx_put(old);
 	return 0;
 }
 

@@ -670,10 +670,12 @@ size_t rtrs_auth_encode(void *buf, size_t cap, const struct rtrs_auth_msg *m)
 		break;
 	}
 	case RTRS_AUTH_FAILURE1:
-	case RTRS_AUTH_FAILURE2: {
+	case RTRS_AUTH_FAILURE2:
+	case RTRS_AUTH_REAUTH: {
 		struct rtrs_auth_failure f = {
 			.auth_type = RTRS_AUTH_TYPE_COMMON, .auth_id = m->id,
-			.t_id = le16_put(m->tid), .rescode = 1, .rescode_exp = m->fail_exp,
+			.t_id = le16_put(m->tid), .rescode = m->id == RTRS_AUTH_REAUTH ? 0 : 1,
+			.rescode_exp = m->id == RTRS_AUTH_REAUTH ? 0 : m->fail_exp,
 		};
 
 		len = sizeof(f);
@@ -811,6 +813,17 @@ int rtrs_auth_decode(const void *buf, size_t len, struct rtrs_auth_msg *out, con
 		memcpy(&f, p, sizeof(f));
 		out->tid = le16_get(f.t_id);
 		out->fail_exp = f.rescode_exp;
+		return 0;
+	}
+	case RTRS_AUTH_REAUTH: {
+		struct rtrs_auth_failure f;
+
+		if (p[0] != RTRS_AUTH_TYPE_COMMON || plen != sizeof(f))
+			REJECT(-EPROTO, "malformed re-authentication request");
+		memcpy(&f, p, sizeof(f));
+		if (f.rescode || f.rescode_exp)
+			REJECT(-EPROTO, "re-authentication request with a reason");
+		out->tid = le16_get(f.t_id);
 		return 0;
 	}
 	default:

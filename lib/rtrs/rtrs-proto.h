@@ -334,6 +334,13 @@ enum rtrs_auth_msg_id {
 	RTRS_AUTH_SUCCESS2 = 0x04,
 	RTRS_AUTH_FAILURE2 = 0xf0,
 	RTRS_AUTH_FAILURE1 = 0xf1,
+	/*
+	 * This project's: the server asks the client of a connected path to
+	 * authenticate again (its key file changed), with a new transaction
+	 * from NEGOTIATE on. Eight bytes, the layout of FAILURE1 with rescode
+	 * and rescode_exp 0.
+	 */
+	RTRS_AUTH_REAUTH = 0xe0,
 };
 
 /* Failure explanations (rescode_exp); the reason code is always 1, "failed". */

@@ -143,6 +143,16 @@ struct srv_path {
 	unsigned auth_in_n;
 	char auth_msg[RTRS_AUTH_MSG_MAX]; /* the one being answered */
 	size_t auth_msg_len;
+	/*
+	 * Re-authentication of the connected path (srv_path_reauth, after the
+	 * key file changed): reauth while its transaction runs (the same auth,
+	 * auth_job and auth_tx), since when; auth_digest: a digest of the keys
+	 * the path last authenticated with, so that a reload re-authenticates
+	 * only the paths whose keys changed.
+	 */
+	atomic_bool reauth;
+	atomic_uint_fast64_t reauth_since_ms;
+	uint8_t auth_digest[32];
 	/* A refusal went out (FAILURE1 or a verdict): close once the client had time to read it. */
 	atomic_uint_fast64_t close_at_ms;
 	int close_err;
@@ -296,6 +306,10 @@ int srv_sess_create(struct rtrs_srv_ctx *ctx, const uint8_t *uuid, bool ext,
 		    struct rtrs_srv_sess **out);
 void srv_reap_work(struct loop_work *w);
 void srv_path_stop(struct srv_path *p, int err);
+/* Loop thread: asks the client of connected path p to authenticate again; false if it cannot. */
+bool srv_path_reauth(struct srv_path *p);
+/* SHA-256 over a host's keys, as auth_digest holds it. */
+void srv_auth_digest(const struct rtrs_auth_key *hk, const struct rtrs_auth_key *ck, uint8_t out[32]);
 void srv_fail_path(struct srv_path *p, int err);
 void srv_path_probe(struct srv_path *p);
 int srv_hs_step(struct srv_path *p, enum rtrs_srv_hs_event ev, const char **why);

@@ -14,6 +14,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
 #include "rtrs-srv-pri.h"
 
 /*
@@ -44,33 +46,48 @@ int srv_hs_step(struct srv_path *p, enum rtrs_srv_hs_event ev, const char **why)
 static void srv_auth_answer(struct srv_path *p)
 {
 	struct rtrs_srv_ctx *ctx = p->sess->ctx;
+	bool re = atomic_load(&p->reauth);
 	enum rtrs_auth_step step;
 	const char *why;
 	size_t out_len = 0;
 	int rc;
 
-	rc = srv_hs_step(p, SRV_HS_EV_AUTH_MSG, &why);
-	if (rc) {
-		log_err("%s: %s; closing the path (handshake %s)", path_name(p), why,
-			rtrs_srv_hs_state_str(atomic_load(&p->hs)));
-		srv_fail_path(p, rc);
-		return;
+	if (!re) {
+		rc = srv_hs_step(p, SRV_HS_EV_AUTH_MSG, &why);
+		if (rc) {
+			log_err("%s: %s; closing the path (handshake %s)", path_name(p), why,
+				rtrs_srv_hs_state_str(atomic_load(&p->hs)));
+			srv_fail_path(p, rc);
+			return;
+		}
 	}
 	step = rtrs_auth_srv_step(&p->auth, p->auth_msg, p->auth_msg_len, p->auth_tx,
 				  sizeof(p->auth_tx), &out_len);
 	atomic_store(&p->progress_ms, loop_now_ms());
+	if (re && p->auth.host_ok && strcmp(p->auth.host, p->auth_host)) {
+		/* A connected path's host is the one it authenticated as: nobody else. */
+		log_err("%s: host %s re-authenticated as %s; closing the path", path_name(p),
+			p->auth_host, p->auth.host);
+		atomic_fetch_add(&ctx->st.auth_failed, 1);
+		rtrs_auth_txn_end(&p->auth);
+		srv_fail_path(p, -EKEYREJECTED);
+		return;
+	}
 	/*
 	 * Before the answer goes out: once the client reads SUCCESS1 it may
 	 * request its next connection at once, and srv_on_connreq (on the
 	 * loop) must find the host already proven.
 	 */
-	if (p->auth.host_ok && step != RTRS_AUTH_FAILED)
+	if (!re && p->auth.host_ok && step != RTRS_AUTH_FAILED)
 		srv_hs_step(p, SRV_HS_EV_HOST_OK, &why);
 	if (step == RTRS_AUTH_DONE) {
-		/* auth_host before the state that shows it (path_snap). */
-		snprintf(p->auth_host, sizeof(p->auth_host), "%s", p->auth.host);
-		srv_hs_step(p, SRV_HS_EV_AUTH_DONE, &why);
-	} else if (step == RTRS_AUTH_FAILED) {
+		srv_auth_digest(&p->auth.hkey, &p->auth.ckey, p->auth_digest);
+		if (!re) {
+			/* auth_host before the state that shows it (path_snap). */
+			snprintf(p->auth_host, sizeof(p->auth_host), "%s", p->auth.host);
+			srv_hs_step(p, SRV_HS_EV_AUTH_DONE, &why);
+		}
+	} else if (step == RTRS_AUTH_FAILED && !re) {
 		srv_hs_step(p, SRV_HS_EV_AUTH_FAILED, &why);
 	}
 	rc = out_len ? fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL) : 0;
@@ -79,13 +96,18 @@ static void srv_auth_answer(struct srv_path *p)
 		break;
 	case RTRS_AUTH_DONE:
 		atomic_fetch_add(&ctx->st.auth_ok, 1);
-		log_info("%s: host %s authenticated (%s, %s%s)", path_name(p), p->auth.host,
-			 rtrs_auth_hash_name(p->auth.hash), rtrs_auth_dhgroup_name(p->auth.group),
+		log_info("%s: host %s %sauthenticated (%s, %s%s)", path_name(p), p->auth.host,
+			 re ? "re-" : "", rtrs_auth_hash_name(p->auth.hash),
+			 rtrs_auth_dhgroup_name(p->auth.group),
 			 p->auth.bidir ? ", bidirectional" : "");
 		rtrs_auth_txn_end(&p->auth);
+		atomic_store(&p->reauth, false);
 		break;
 	case RTRS_AUTH_FAILED:
 		atomic_fetch_add(&ctx->st.auth_failed, 1);
+		if (re)
+			log_err("%s: host %s failed to re-authenticate: %s; closing the path",
+				path_name(p), p->auth_host, strerror(-p->auth.err));
 		rtrs_auth_txn_end(&p->auth);
 		if (out_len && !rc) {
 			/* Let the FAILURE1 reach the client; it closes, or the timer does. */
@@ -101,6 +123,52 @@ static void srv_auth_answer(struct srv_path *p)
 			strerror(-rc));
 		srv_fail_path(p, rc);
 	}
+}
+
+void srv_auth_digest(const struct rtrs_auth_key *hk, const struct rtrs_auth_key *ck, uint8_t out[32])
+{
+	EVP_MD_CTX *m = EVP_MD_CTX_new();
+	unsigned n = 32;
+
+	memset(out, 0, 32);
+	if (!m)
+		return;
+	if (!EVP_DigestInit_ex(m, EVP_sha256(), NULL) ||
+	    !EVP_DigestUpdate(m, hk, sizeof(*hk)) || !EVP_DigestUpdate(m, ck, sizeof(*ck)) ||
+	    !EVP_DigestFinal_ex(m, out, &n))
+		memset(out, 0, 32);
+	EVP_MD_CTX_free(m);
+}
+
+bool srv_path_reauth(struct srv_path *p)
+{
+	struct rtrs_srv_ctx *ctx = p->sess->ctx;
+	struct rtrs_auth_msg m = { .id = RTRS_AUTH_REAUTH, .tid = 0 };
+	size_t len;
+	int rc;
+
+	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED || !p->sess->ext ||
+	    !p->auth_host[0] || atomic_load(&p->reauth))
+		return false;
+	/* No transaction runs on a connected path: the job is idle, auth is ours. */
+	rtrs_auth_srv_begin(&p->auth, &ctx->auth_cfg, path_name(p));
+	pthread_mutex_lock(&p->auth_lock);
+	p->auth_in_n = 0;
+	pthread_mutex_unlock(&p->auth_lock);
+	atomic_store(&p->reauth_since_ms, now_ms());
+	atomic_store(&p->reauth, true);
+	len = rtrs_auth_encode(p->auth_tx, sizeof(p->auth_tx), &m);
+	rc = len ? fab_send(p->cons[0].c.fc, p->auth_tx, len, p->auth_tx_mr.desc, NULL) : -EIO;
+	if (rc) {
+		log_err("%s: cannot ask host %s to authenticate again: %s", path_name(p),
+			p->auth_host, strerror(-rc));
+		atomic_store(&p->reauth, false);
+		srv_fail_path(p, rc);
+		return false;
+	}
+	log_info("%s: key file changed: host %s asked to authenticate again", path_name(p),
+		 p->auth_host);
+	return true;
 }
 
 /* The information request on connection 0 of a path being established. */
@@ -203,6 +271,17 @@ static void srv_con_recv(void *priv, void *buf, size_t len)
 			log_err_rl("%s: a message on a connected path from a kernel client",
 				   path_name(p));
 			srv_fail_path(p, -EPROTO);
+			return;
+		}
+		if (rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
+			/* Only while the server asked for it (srv_path_reauth). */
+			if (!atomic_load(&p->reauth)) {
+				log_err_rl("%s: authentication message on a connected path",
+					   path_name(p));
+				srv_fail_path(p, -EPROTO);
+				return;
+			}
+			srv_auth_recv(p, buf, len, true);
 			return;
 		}
 		/* One fence at a time per path: the client waits for each ack. */
@@ -630,11 +709,28 @@ static void path_handshake_deadlines(struct srv_path *p)
 static void path_timer(struct loop_timer *t)
 {
 	struct srv_path *p = container_of(t, struct srv_path, base.hb.timer);
+	struct rtrs_srv_ctx *ctx = p->sess->ctx;
+	uint64_t close_at;
 
-	if (atomic_load(&p->base.state) == RTRS_PATH_CONNECTING)
+	if (atomic_load(&p->base.state) == RTRS_PATH_CONNECTING) {
 		path_handshake_deadlines(p);
-	else
-		rtrs_path_hb_tick(&p->base);
+		return;
+	}
+	/* A re-authentication that failed (its FAILURE1 had time), or takes too long. */
+	close_at = atomic_load(&p->close_at_ms);
+	if (close_at && now_ms() >= close_at) {
+		srv_path_stop(p, p->close_err);
+		return;
+	}
+	if (atomic_load(&p->reauth) &&
+	    now_ms() - atomic_load(&p->reauth_since_ms) > ctx->opts.auth_timeout_ms) {
+		log_err("%s: host %s did not authenticate again within %u ms, closing the path",
+			path_name(p), p->auth_host, ctx->opts.auth_timeout_ms);
+		atomic_fetch_add(&ctx->st.auth_timeouts, 1);
+		srv_path_stop(p, -ETIMEDOUT);
+		return;
+	}
+	rtrs_path_hb_tick(&p->base);
 }
 
 /*

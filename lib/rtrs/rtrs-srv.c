@@ -273,7 +273,32 @@ struct revoke_call {
 	unsigned nr_hosts;
 	unsigned closed;          /* paths */
 	bool snap;                /* first pass: only list the hosts of live sessions */
+	/* Re-authentication: the hosts kept, each with the digest of its keys now. */
+	char (*kept)[RTRS_AUTH_WIRE_NAME];
+	uint8_t (*digest)[32];
+	unsigned nr_kept;
+	unsigned reauth;          /* paths asked to authenticate again */
 };
+
+/* Loop thread: the connected paths of kept hosts whose keys changed authenticate again. */
+static void sessions_reauth(void *arg)
+{
+	struct revoke_call *c = arg;
+
+	for (struct rtrs_srv_sess *s = c->ctx->sessions; s; s = s->next) {
+		unsigned k;
+
+		if (!s->auth_host[0])
+			continue;
+		for (k = 0; k < c->nr_kept && strcmp(c->kept[k], s->auth_host); k++)
+			;
+		if (k == c->nr_kept)
+			continue;
+		for (struct srv_path *p = s->paths; p; p = p->next)
+			if (memcmp(p->auth_digest, c->digest[k], 32) && srv_path_reauth(p))
+				c->reauth++;
+	}
+}
 
 static bool revoke_has(const struct revoke_call *c, const char *host)
 {
@@ -345,6 +370,21 @@ int rtrs_srv_reload_keys(struct rtrs_srv_ctx *ctx)
 		unsigned line = 0;
 
 		rc = rtrs_keyfile_lookup(ctx->auth_cfg.keyfile, c.hosts[i], &hk, &ck, &line, &why);
+		if (!rc) {
+			/* Still listed: kept, and authenticated again if its keys changed. */
+			void *k = realloc(c.kept, (c.nr_kept + 1) * sizeof(*c.kept));
+			void *d = k ? realloc(c.digest, (c.nr_kept + 1) * sizeof(*c.digest)) : NULL;
+
+			if (k)
+				c.kept = k;
+			if (d)
+				c.digest = d;
+			if (k && d) {
+				snprintf(c.kept[c.nr_kept], sizeof(*c.kept), "%s", c.hosts[i]);
+				srv_auth_digest(&hk, &ck, c.digest[c.nr_kept]);
+				c.nr_kept++;
+			}
+		}
 		rtrs_auth_wipe(&hk, sizeof(hk));
 		rtrs_auth_wipe(&ck, sizeof(ck));
 		if (rc && rc != -ESRCH) {
@@ -352,10 +392,12 @@ int rtrs_srv_reload_keys(struct rtrs_srv_ctx *ctx)
 			log_err("server: key file %s: %s: no host revoked", ctx->auth_keys_file,
 				why ? why : strerror(-rc));
 			free(c.hosts);
+			free(c.kept);
+			free(c.digest);
 			return rc;
 		}
 		if (!rc)
-			continue; /* still listed: kept */
+			continue;
 		memmove(c.hosts[keep], c.hosts[i], sizeof(*c.hosts));
 		keep++;
 	}
@@ -363,7 +405,14 @@ int rtrs_srv_reload_keys(struct rtrs_srv_ctx *ctx)
 	c.snap = false;
 	if (keep)
 		loop_call(ctx->loop, sessions_revoke, &c);
+	if (c.nr_kept)
+		loop_call(ctx->loop, sessions_reauth, &c);
+	if (c.reauth)
+		log_info("server: key file %s: %u paths of hosts whose keys changed asked to "
+			 "authenticate again", ctx->auth_keys_file, c.reauth);
 	free(c.hosts);
+	free(c.kept);
+	free(c.digest);
 	return (int)c.closed;
 }
 
