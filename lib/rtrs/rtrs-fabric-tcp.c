@@ -2607,6 +2607,12 @@ static int tcp_reject(struct fab_lst *l, struct fab_connreq *req, const void *da
 	return raw_reject(l, req->r, data, len, false);
 }
 
+static void tcp_connreq_tls_host(const struct fab_connreq *req, char *buf, size_t len)
+{
+	if (req->r->tls)
+		snprintf(buf, len, "%s", rtrs_tls_peer_host(req->r->tls));
+}
+
 static void tcp_connreq_peer(const struct fab_connreq *req, char *buf, size_t len)
 {
 	struct sockaddr_storage ss;
@@ -3083,6 +3089,7 @@ const struct fab_ops fab_tcp_ops = {
 	.con_local = tcp_con_local,
 	.con_rename = tcp_con_rename,
 	.set_tls = tcp_set_tls,
+	.connreq_tls_host = tcp_connreq_tls_host,
 	.write = tcp_write,
 	.write_imm = tcp_write_imm,
 	.send = tcp_send,

@@ -235,6 +235,8 @@ struct fab_ops {
 	void (*con_rename)(struct fab_con *c, const char *name);
 	/* Optional (NULL: no TLS, -EPROTONOSUPPORT for any mode but off). */
 	int (*set_tls)(struct fab *f, enum fab_tls_mode mode, struct rtrs_tls_ctx *ctx);
+	/* Optional (NULL: no TLS): the host a TLS request's PSK identity named. */
+	void (*connreq_tls_host)(const struct fab_connreq *req, char *buf, size_t len);
 };
 
 /*
@@ -477,6 +479,20 @@ static inline int fab_reject(struct fab_lst *l, struct fab_connreq *req, const v
 static inline void fab_connreq_peer(const struct fab_connreq *req, char *buf, size_t len)
 {
 	fab_ops_of(req)->connreq_peer(req, buf, len);
+}
+
+/*
+ * The host name of the PSK a request's TLS handshake used ("" for a request
+ * without TLS): who the TLS layer says the peer is.
+ */
+static inline void fab_connreq_tls_host(const struct fab_connreq *req, char *buf, size_t len)
+{
+	const struct fab_ops *o = fab_ops_of(req);
+
+	if (len)
+		buf[0] = '\0';
+	if (o->connreq_tls_host)
+		o->connreq_tls_host(req, buf, len);
 }
 
 /* ---- connections ------------------------------------------------------------- */

@@ -432,7 +432,7 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 	struct rtrs_srv_sess *s;
 	struct srv_path *p;
 	const char *why = NULL;
-	char peer[64], name[RTRS_NAME_MAX + 96];
+	char peer[64], name[RTRS_NAME_MAX + 96], tls_host[RTRS_AUTH_WIRE_NAME];
 	int rc;
 
 	fab_connreq_peer(creq, peer, sizeof(peer));
@@ -556,6 +556,17 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 	if (req.cid && (rc = srv_hs_step(p, SRV_HS_EV_CONNREQ, &why))) {
 		/* Only an authenticated host adds connections to its path. */
 		srv_reject_ext(ctx, creq, peer, rc, false, req.ext, why);
+		return;
+	}
+	/* TLS: every connection of a path is the host's that authenticated it. */
+	fab_connreq_tls_host(creq, tls_host, sizeof(tls_host));
+	if (!req.cid) {
+		snprintf(p->tls_host, sizeof(p->tls_host), "%s", tls_host);
+	} else if (strcmp(tls_host, p->tls_host)) {
+		log_err("%s: connection %u's TLS key is host %s's, the path's host %s's", path_name(p),
+			req.cid, tls_host[0] ? tls_host : "(none)", p->tls_host);
+		srv_reject_ext(ctx, creq, peer, -EKEYREJECTED, true, req.ext,
+			       "a TLS key of another host");
 		return;
 	}
 	p->last_connreq_ms = now_ms();

@@ -132,6 +132,7 @@ struct srv_path {
 	 */
 	struct rtrs_auth_txn auth;
 	char auth_host[RTRS_AUTH_WIRE_NAME]; /* who, once authenticated */
+	char tls_host[RTRS_AUTH_WIRE_NAME];  /* connection 0's TLS identity said this host ("": none) */
 	char auth_tx[RTRS_AUTH_MSG_MAX];
 	struct fab_mr auth_tx_mr;
 	struct offload_job auth_job;

@@ -64,6 +64,27 @@ static void srv_auth_answer(struct srv_path *p)
 	step = rtrs_auth_srv_step(&p->auth, p->auth_msg, p->auth_msg_len, p->auth_tx,
 				  sizeof(p->auth_tx), &out_len);
 	atomic_store(&p->progress_ms, loop_now_ms());
+	if (!re && p->auth.host_ok && p->tls_host[0] && strcmp(p->auth.host, p->tls_host)) {
+		/* The TLS key said who the peer is; DH-HMAC-CHAP must say the same. */
+		struct rtrs_auth_msg f = { .id = RTRS_AUTH_FAILURE1, .tid = p->auth.tid,
+					   .fail_exp = RTRS_AUTH_FAIL_FAILED };
+
+		log_err("%s: host %s authenticated inside a TLS connection of host %s; closing the "
+			"path", path_name(p), p->auth.host, p->tls_host);
+		atomic_fetch_add(&ctx->st.auth_failed, 1);
+		rtrs_auth_txn_end(&p->auth);
+		srv_hs_step(p, SRV_HS_EV_AUTH_FAILED, &why);
+		/* FAILURE1 first: the client's verdict is then final. */
+		out_len = rtrs_auth_encode(p->auth_tx, sizeof(p->auth_tx), &f);
+		if (out_len && !fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc,
+					 NULL)) {
+			p->close_err = -EKEYREJECTED;
+			atomic_store(&p->close_at_ms, now_ms() + 1000);
+		} else {
+			srv_fail_path(p, -EKEYREJECTED);
+		}
+		return;
+	}
 	if (re && p->auth.host_ok && strcmp(p->auth.host, p->auth_host)) {
 		/* A connected path's host is the one it authenticated as: nobody else. */
 		log_err("%s: host %s re-authenticated as %s; closing the path", path_name(p),

@@ -93,6 +93,7 @@ struct rtrs_tls {
 	size_t wpend;                /* SSL_write holds a record of this many bytes: retried first */
 	int sock_err;
 	bool rblocked;               /* the last read wanted the socket: no whole record is held */
+	char peer_host[RTRS_AUTH_NAME_MAX + 1]; /* server: the identity's host, its key found */
 };
 
 /* ---- keys and identities ------------------------------------------------------ */
@@ -420,6 +421,8 @@ static int srv_find_session(SSL *ssl, const unsigned char *id, size_t idlen, SSL
 		*sess = psk_session(ssl, derived ? 1 : hash, psk, psk_len);
 		if (!*sess)
 			set_err(c, "cannot make the TLS session");
+		else
+			snprintf(c->peer_host, sizeof(c->peer_host), "%s", host);
 	}
 	OPENSSL_cleanse(psk, sizeof(psk));
 	return 1;
@@ -661,6 +664,12 @@ void rtrs_tls_free(struct rtrs_tls *c)
 	OPENSSL_cleanse(c->sec_s, sizeof(c->sec_s));
 	pthread_mutex_destroy(&c->lock);
 	free(c);
+}
+
+const char *rtrs_tls_peer_host(const struct rtrs_tls *c)
+{
+	/* Set during the handshake, read after it (the listener's thread, then the group's). */
+	return c->done ? c->peer_host : "";
 }
 
 void rtrs_tls_rename(struct rtrs_tls *c, const char *name)

@@ -82,6 +82,8 @@ struct rtrs_tls;
 int rtrs_tls_new(struct rtrs_tls_ctx *t, int fd, bool server, const char *peer,
 		 struct rtrs_tls **out);
 void rtrs_tls_free(struct rtrs_tls *c);
+/* Server: the host of the identity whose PSK the handshake used ("" before). */
+const char *rtrs_tls_peer_host(const struct rtrs_tls *c);
 /* The name used in log lines (a connection's new name once it has one). */
 void rtrs_tls_rename(struct rtrs_tls *c, const char *name);
 
