@@ -57,6 +57,8 @@ static const struct param params[] = {
 	SESSION_OPT(CLT_OPT_CTRL_SECRET),
 	SESSION_OPT(CLT_OPT_HOST_NAME),
 	SESSION_OPT(CLT_OPT_SERVER_NAME),
+	SESSION_OPT(CLT_OPT_TLS),
+	SESSION_OPT(CLT_OPT_TLS_KEY),
 	SESSION_OPT(CLT_OPT_LOG_LEVEL, .help = "librnbd's lines (info and debug as nbdkit debug, "
 		    "-v)", .dflt = "RTRS_LOG_LEVEL, else info"),
 };
