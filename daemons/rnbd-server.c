@@ -764,8 +764,9 @@ static void reload_keys(void)
 	/* Through librtrs's reader thread: a file that hangs holds up no signal. */
 	rc = rnbd_srv_reload_keys(srv);
 	if (rc >= 0)
-		dlog(DLOG_INFO, "SIGHUP: key file %s reloaded: valid; it applies from the next "
-			"authentication; %d paths of hosts it no longer lists closed", g.auth_keys, rc);
+		dlog(DLOG_INFO, "SIGHUP: key file %s reloaded: valid; live paths of hosts whose keys "
+			"changed authenticate again; %d paths of hosts it no longer lists closed",
+		     g.auth_keys, rc);
 	else
 		dlog(DLOG_ERR, "SIGHUP: key file %s: %s (the line is logged above); "
 			"authentications fail until it is fixed", g.auth_keys, strerror(-rc));
