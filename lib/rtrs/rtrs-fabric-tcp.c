@@ -2496,6 +2496,12 @@ static bool raw_tls(struct fab_lst *l, struct tcp_raw *r)
 	r->tls_io = !rtrs_tls_ktls(r->tls);
 	if (!r->tls_io)
 		r->plain = true; /* the kernel has the records: the socket reads plainly */
+	{
+		char d[96];
+
+		rtrs_tls_describe(r->tls, d, sizeof(d));
+		log_dbg("listener: %s: TLS: %s, host %s", r->peer, d, rtrs_tls_peer_host(r->tls));
+	}
 	return true;
 }
 
