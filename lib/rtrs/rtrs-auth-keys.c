@@ -214,8 +214,8 @@ static const char *trim(const char *s, size_t *n)
 	return s;
 }
 
-int rtrs_auth_key_check(const char *s, struct rtrs_auth_key *out, uint32_t *crc_stored,
-			uint32_t *crc_computed, const char **why)
+static int key_check(const char *s, bool tls, struct rtrs_auth_key *out, uint32_t *crc_stored,
+		     uint32_t *crc_computed, const char **why)
 {
 	enum key_err e;
 	size_t n;
@@ -228,10 +228,16 @@ int rtrs_auth_key_check(const char *s, struct rtrs_auth_key *out, uint32_t *crc_
 		REJECT(-EINVAL, "no secret");
 	n = strlen(s);
 	s = trim(s, &n);
-	e = key_parse(s, n, out, crc_stored, crc_computed);
+	e = key_parse_kind(s, n, tls, out, crc_stored, crc_computed);
 	if (e != KERR_NONE)
 		REJECT(key_err_errno(e), key_why[e]);
 	return 0;
+}
+
+int rtrs_auth_key_check(const char *s, struct rtrs_auth_key *out, uint32_t *crc_stored,
+			uint32_t *crc_computed, const char **why)
+{
+	return key_check(s, false, out, crc_stored, crc_computed, why);
 }
 
 int rtrs_auth_key_parse(const char *s, struct rtrs_auth_key *out, const char **why)
@@ -242,75 +248,47 @@ int rtrs_auth_key_parse(const char *s, struct rtrs_auth_key *out, const char **w
 int rtrs_tls_key_check(const char *s, struct rtrs_auth_key *out, uint32_t *crc_stored,
 		       uint32_t *crc_computed, const char **why)
 {
-	enum key_err e;
-	size_t n;
+	return key_check(s, true, out, crc_stored, crc_computed, why);
+}
 
-	if (crc_stored)
-		*crc_stored = 0;
-	if (crc_computed)
-		*crc_computed = 0;
-	if (!s || !out)
-		REJECT(-EINVAL, "no key");
-	n = strlen(s);
-	s = trim(s, &n);
-	e = key_parse_kind(s, n, true, out, crc_stored, crc_computed);
-	if (e != KERR_NONE)
-		REJECT(key_err_errno(e), key_why[e]);
+/* k as PREFIX<hh>:<base64(key || crc32_le(key))>: into buf; k is checked by the caller. */
+static int key_format(const struct rtrs_auth_key *k, const char *prefix, char *buf, size_t len)
+{
+	uint8_t raw[RTRS_AUTH_MAX_KEY_LEN + 4];
+	char b64[4 * ((sizeof(raw) + 2) / 3) + 1];
+	uint32_t crc;
+	int n;
+
+	crc = rtrs_auth_crc32(k->key, k->len);
+	memcpy(raw, k->key, k->len);
+	raw[k->len] = (uint8_t)crc;
+	raw[k->len + 1] = (uint8_t)(crc >> 8);
+	raw[k->len + 2] = (uint8_t)(crc >> 16);
+	raw[k->len + 3] = (uint8_t)(crc >> 24);
+	EVP_EncodeBlock((unsigned char *)b64, raw, k->len + 4);
+	OPENSSL_cleanse(raw, sizeof(raw));
+	n = snprintf(buf, len, "%s%02x:%s:", prefix, k->hmac, b64);
+	OPENSSL_cleanse(b64, sizeof(b64));
+	if (n < 0 || (size_t)n >= len) {
+		if (len)
+			OPENSSL_cleanse(buf, len);
+		return -ENOSPC;
+	}
 	return 0;
 }
 
 int rtrs_tls_key_format(const struct rtrs_auth_key *k, char *buf, size_t len)
 {
-	uint8_t raw[RTRS_AUTH_MAX_KEY_LEN + 4];
-	char b64[4 * ((sizeof(raw) + 2) / 3) + 1];
-	uint32_t crc;
-	int n;
-
 	if (!k || !buf || !((k->hmac == 1 && k->len == 32) || (k->hmac == 2 && k->len == 48)))
 		return -EINVAL;
-	crc = rtrs_auth_crc32(k->key, k->len);
-	memcpy(raw, k->key, k->len);
-	raw[k->len] = (uint8_t)crc;
-	raw[k->len + 1] = (uint8_t)(crc >> 8);
-	raw[k->len + 2] = (uint8_t)(crc >> 16);
-	raw[k->len + 3] = (uint8_t)(crc >> 24);
-	EVP_EncodeBlock((unsigned char *)b64, raw, k->len + 4);
-	OPENSSL_cleanse(raw, sizeof(raw));
-	n = snprintf(buf, len, "NVMeTLSkey-1:%02x:%s:", k->hmac, b64);
-	OPENSSL_cleanse(b64, sizeof(b64));
-	if (n < 0 || (size_t)n >= len) {
-		if (len)
-			OPENSSL_cleanse(buf, len);
-		return -ENOSPC;
-	}
-	return 0;
+	return key_format(k, "NVMeTLSkey-1:", buf, len);
 }
 
 int rtrs_auth_key_format(const struct rtrs_auth_key *k, char *buf, size_t len)
 {
-	uint8_t raw[RTRS_AUTH_MAX_KEY_LEN + 4];
-	char b64[4 * ((sizeof(raw) + 2) / 3) + 1];
-	uint32_t crc;
-	int n;
-
 	if (!k || !buf || k->hmac > RTRS_AUTH_HASH_SHA512 || !rtrs_auth_key_len_valid(k->len))
 		return -EINVAL;
-	crc = rtrs_auth_crc32(k->key, k->len);
-	memcpy(raw, k->key, k->len);
-	raw[k->len] = (uint8_t)crc;
-	raw[k->len + 1] = (uint8_t)(crc >> 8);
-	raw[k->len + 2] = (uint8_t)(crc >> 16);
-	raw[k->len + 3] = (uint8_t)(crc >> 24);
-	EVP_EncodeBlock((unsigned char *)b64, raw, k->len + 4);
-	OPENSSL_cleanse(raw, sizeof(raw));
-	n = snprintf(buf, len, "DHHC-1:%02x:%s:", k->hmac, b64);
-	OPENSSL_cleanse(b64, sizeof(b64));
-	if (n < 0 || (size_t)n >= len) {
-		if (len)
-			OPENSSL_cleanse(buf, len);
-		return -ENOSPC;
-	}
-	return 0;
+	return key_format(k, "DHHC-1:", buf, len);
 }
 
 int rtrs_auth_key_generate(unsigned hmac_id, size_t len, const uint8_t *secret, const char *nqn,

@@ -126,9 +126,14 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 		con->rkey = key;
 		return;
 	}
-	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTED &&
-	    rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
-		/* The server asks for a re-authentication, or answers one. */
+	if (con->c.cid == 0 && rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
+		bool connected = atomic_load(&p->base.state) == RTRS_PATH_CONNECTED;
+
+		/*
+		 * For the attempt's next step, which runs the transaction; on a
+		 * connected path, a re-authentication's (the server asks for
+		 * one, or answers it).
+		 */
 		pthread_mutex_lock(&p->lock);
 		if (p->auth_rx_len || len > sizeof(p->auth_rx)) {
 			pthread_mutex_unlock(&p->lock);
@@ -139,7 +144,10 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 		memcpy(p->auth_rx, buf, len);
 		p->auth_rx_len = len;
 		pthread_mutex_unlock(&p->lock);
-		loop_queue(p->sess->loop, &p->reauth_work);
+		if (connected)
+			loop_queue(p->sess->loop, &p->reauth_work);
+		else
+			clt_path_kick(p);
 		return;
 	}
 	if (con->c.cid == 0 && atomic_load(&p->base.state) == RTRS_PATH_CONNECTED) {
@@ -150,20 +158,6 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 		return;
 	}
 	pthread_mutex_lock(&p->lock);
-	if (con->c.cid == 0 && rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
-		/* For the attempt's next step, which runs the transaction. */
-		if (p->auth_rx_len || len > sizeof(p->auth_rx)) {
-			pthread_mutex_unlock(&p->lock);
-			log_err_rl("%s: unexpected authentication message", p->name);
-			clt_fail_path(p, -EPROTO);
-			return;
-		}
-		memcpy(p->auth_rx, buf, len);
-		p->auth_rx_len = len;
-		pthread_mutex_unlock(&p->lock);
-		clt_path_kick(p);
-		return;
-	}
 	if (con->c.cid != 0 || p->info_done) {
 		pthread_mutex_unlock(&p->lock);
 		log_err_rl("%s: unexpected message on connection %u", p->name, con->c.cid);

@@ -1438,7 +1438,18 @@ static void con_flush(struct fab_con *c)
 		con_deliver_done(c);
 }
 
-/* Client: the TLS handshake is done; the CONNECT waiting goes now. */
+/* Client: the stream is ready (TCP connected, TLS up if any): the CONNECT waiting goes now. */
+static void con_hello(struct fab_con *c)
+{
+	c->state = TC_HELLO;
+	pthread_mutex_lock(&c->tx_lock);
+	c->tx_open = true;
+	pthread_mutex_unlock(&c->tx_lock);
+	con_flush(c);
+	arm_rx(c);
+}
+
+/* Client: the TLS handshake is done. */
 static void con_tls_up(struct fab_con *c)
 {
 	char d[96];
@@ -1446,12 +1457,7 @@ static void con_tls_up(struct fab_con *c)
 	c->tls_io = !rtrs_tls_ktls(c->tls);
 	rtrs_tls_describe(c->tls, d, sizeof(d));
 	log_dbg("%s: TLS: %s", con_name(c), d);
-	c->state = TC_HELLO;
-	pthread_mutex_lock(&c->tx_lock);
-	c->tx_open = true;
-	pthread_mutex_unlock(&c->tx_lock);
-	con_flush(c);
-	arm_rx(c);
+	con_hello(c);
 }
 
 /*
@@ -1521,12 +1527,7 @@ static void con_connect_done(struct fab_con *c)
 		con_tls_step(c, false);
 		return;
 	}
-	c->state = TC_HELLO;
-	pthread_mutex_lock(&c->tx_lock);
-	c->tx_open = true;
-	pthread_mutex_unlock(&c->tx_lock);
-	con_flush(c);
-	arm_rx(c);
+	con_hello(c);
 }
 
 static void con_work(struct fab_con *c)
