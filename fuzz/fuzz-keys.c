@@ -136,18 +136,20 @@ static void fuzz_tls_key(const uint8_t *p, size_t n)
 static void fuzz_tls_identity(const uint8_t *p, size_t n)
 {
 	char host[RTRS_AUTH_NAME_MAX + 1], server[RTRS_AUTH_NAME_MAX + 1];
-	char again[RTRS_TLS_IDENTITY_MAX + 1];
+	char again[RTRS_TLS_IDENTITY_MAX + 1], digest[RTRS_TLS_DIGEST_LEN + 1];
 	const char *why = NULL;
+	enum rtrs_tls_kind kind;
 	unsigned hash;
-	bool derived;
 	int rc;
 
-	rc = rtrs_tls_identity_parse((const char *)p, n, &derived, &hash, host, server, &why);
+	rc = rtrs_tls_identity_parse((const char *)p, n, &kind, &hash, host, server, digest, &why);
 	CHECK_WHY(rc, why);
 	FAIL_IF(rc > 0);
 	if (rc)
 		return;
-	FAIL_IF(rtrs_tls_identity(derived, hash, host, server, again, sizeof(again)) != 0);
+	FAIL_IF(rtrs_tls_identity(kind, hash, host, server,
+				  kind == RTRS_TLS_GENERATED ? digest : NULL, again,
+				  sizeof(again)) != 0);
 	FAIL_IF(strlen(again) != n || memcmp(again, p, n));
 }
 

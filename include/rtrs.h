@@ -141,6 +141,14 @@ enum rtrs_tls_mode {
 	RTRS_TLS_OFF = 0,
 	RTRS_TLS_OFFERED = 1,   /* server only: a client may use TLS or not */
 	RTRS_TLS_REQUIRED = 2,
+	/*
+	 * Client only: TLS with a PSK that a DH-HMAC-CHAP exchange generates
+	 * for each path (NVMe 2.1's secure channel concatenation): the path
+	 * first authenticates on a connection in the clear, then every
+	 * connection runs TLS with the generated PSK. Needs auth_secret, a DH
+	 * group and a server that offers or requires TLS.
+	 */
+	RTRS_TLS_CONCAT = 3,
 };
 
 struct rtrs_clt_opts {
@@ -215,7 +223,7 @@ struct rtrs_clt_opts {
 	 */
 	unsigned poll_groups;
 	/*
-	 * TLS (RTRS_TLS_REQUIRED): every connection of every path runs a TLS
+	 * TLS (RTRS_TLS_REQUIRED, RTRS_TLS_CONCAT): every connection of every path runs a TLS
 	 * 1.3 handshake with a PSK before its first byte of RTRS, and its
 	 * records carry everything after. tls_key: the PSK, an NVMe
 	 * interchange string as `nvme gen-tls-key` writes it

@@ -75,8 +75,8 @@ static const struct clt_opt_pick clt_picks[] = {
 	{ CLT_OPT_HOST_NAME, 0, "client: host name for authentication (default: "
 	  "/etc/nvme/hostnqn)" },
 	{ CLT_OPT_SERVER_NAME, 0, "server's name for authentication (default rtrs-server)" },
-	{ CLT_OPT_TLS, 0, "TLS 1.3 with a PSK: client off or required; server off, offered or "
-	  "required (its PSKs are in --auth-keys)" },
+	{ CLT_OPT_TLS, 0, "TLS 1.3 with a PSK: client off, required or concat; server off, "
+	  "offered or required (its PSKs are in --auth-keys)" },
 	{ CLT_OPT_TLS_KEY, 0, "client: the TLS PSK (NVMeTLSkey-1:...; default: derived from "
 	  "--secret)" },
 	{ CLT_OPT_LOG_LEVEL, 0, "error, warn, info or debug (default: RTRS_LOG_LEVEL, "

@@ -63,6 +63,7 @@ static const char *const tls_names[] = {
 	[RTRS_TLS_OFF] = "off",
 	[RTRS_TLS_OFFERED] = "offered",   /* a server's; a client refuses it at open */
 	[RTRS_TLS_REQUIRED] = "required",
+	[RTRS_TLS_CONCAT] = "concat",     /* a client's */
 };
 
 static const char *const policy_names[] = {
@@ -137,9 +138,11 @@ static const struct clt_def defs[CLT_OPT_NR] = {
 	[CLT_OPT_RECONNECT_JITTER] = { "reconnect-jitter-ms", "reconnect_jitter_ms", CT_UINT,
 		F(opts.reconnect_jitter_ms), 0, 3600000, .arg = "MS",
 		.help = "add a random 0..MS to each reconnect delay; unless given, half the delay" },
-	[CLT_OPT_TLS] = { "tls", "tls", CT_TLS, F(opts.tls), .expect = "expected off, offered or required",
-		.arg = "off|required",
-		.help = "TLS 1.3 with a PSK on every connection (tcp): off or required" },
+	[CLT_OPT_TLS] = { "tls", "tls", CT_TLS, F(opts.tls), .expect = "expected off, offered, required or concat",
+		.arg = "off|required|concat",
+		.help = "TLS 1.3 with a PSK on every connection (tcp): off, required (a configured "
+			"or derived PSK), or concat (a PSK each path's DH-HMAC-CHAP exchange "
+			"generates)" },
 	[CLT_OPT_TLS_KEY] = { "tls-key", "tls_key", CT_SECRET, F(opts.tls_key),
 		.valid = tls_key_valid, .expect = "expected NVMeTLSkey-1:..., @FILE or file:FILE",
 		.arg = "NVMeTLSkey-1:...|@FILE",

@@ -121,7 +121,7 @@ static int auth_response(struct rtrs_auth_txn *t, const struct rtrs_auth_key *k,
 	rc = rtrs_auth_transform(k, host ? hostname : server, tk, &tk_len);
 	if (!rc)
 		rc = rtrs_auth_response(t->hash, tk, tk_len, host ? t->c1 : t->c2,
-					t->group ? t->ks : NULL, host ? t->s1 : t->s2, t->tid, 0,
+					t->group ? t->ks : NULL, host ? t->s1 : t->s2, t->tid, t->scc,
 					host, host ? hostname : server, host ? server : hostname,
 					out);
 	rtrs_auth_wipe(tk, sizeof(tk));
@@ -168,6 +168,12 @@ static enum rtrs_auth_step clt_on_challenge(struct rtrs_auth_txn *t,
 			m->group);
 		return auth_fail(t, o, -EPROTO, RTRS_AUTH_FAILURE2,
 				 RTRS_AUTH_FAIL_DHGROUP_UNUSABLE, false);
+	}
+	if (t->scc && m->group == RTRS_AUTH_DH_NULL) {
+		log_err("%s: server chose no DH group for a secure channel concatenation",
+			t->log_name);
+		return auth_fail(t, o, -EPROTO, RTRS_AUTH_FAILURE2,
+				 RTRS_AUTH_FAIL_CONCAT_MISMATCH, false);
 	}
 	t->hash = m->hash;
 	t->group = m->group;
@@ -267,7 +273,7 @@ int rtrs_auth_clt_begin(struct rtrs_auth_txn *t, const struct rtrs_auth_cfg *cfg
 {
 	struct rtrs_auth_msg neg = {
 		.id = RTRS_AUTH_NEGOTIATE, .tid = tid,
-		.nr_hashes = (uint8_t)cfg->nr_hashes, .nr_groups = (uint8_t)cfg->nr_groups,
+		.nr_hashes = (uint8_t)cfg->nr_hashes,
 	};
 
 	memset(t, 0, sizeof(*t));
@@ -281,7 +287,21 @@ int rtrs_auth_clt_begin(struct rtrs_auth_txn *t, const struct rtrs_auth_cfg *cfg
 		return -ENOKEY;
 	}
 	memcpy(neg.hashes, cfg->hashes, cfg->nr_hashes);
-	memcpy(neg.groups, cfg->groups, cfg->nr_groups);
+	t->scc = cfg->scc;
+	neg.scc = cfg->scc;
+	/* A PSK from the exchange needs a DH group: null is not offered then. */
+	for (unsigned i = 0; i < cfg->nr_groups; i++)
+		if (!cfg->scc || cfg->groups[i] != RTRS_AUTH_DH_NULL)
+			neg.groups[neg.nr_groups++] = cfg->groups[i];
+	if (!neg.nr_groups) {
+		log_err("%s: secure channel concatenation needs a DH group, and only null is "
+			"allowed", log_name);
+		err_detail("secure channel concatenation needs a DH group (ffdhe2048 or "
+			   "larger), and only null is allowed");
+		t->state = AUTH_CLT_FAILED;
+		t->err = -EINVAL;
+		return -EINVAL;
+	}
 	snprintf(neg.host, sizeof(neg.host), "%s", cfg->name);
 	snprintf(neg.server, sizeof(neg.server), "%s", cfg->server);
 	*out_len = rtrs_auth_encode(out, cap, &neg);
@@ -356,9 +376,13 @@ static enum rtrs_auth_step srv_on_negotiate(struct rtrs_auth_txn *t,
 
 	t->tid = m->tid;
 	snprintf(t->host, sizeof(t->host), "%s", m->host);
-	if (m->scc)
+	if (m->scc != t->scc) {
+		log_err("%s: host %s asks for %s, this connection is for %s", t->log_name,
+			t->host, m->scc ? "secure channel concatenation" : "no concatenation",
+			t->scc ? "secure channel concatenation" : "authentication alone");
 		return auth_fail(t, o, -EPROTO, RTRS_AUTH_FAILURE1,
 				 RTRS_AUTH_FAIL_CONCAT_MISMATCH, true);
+	}
 	if (strcmp(m->server, cfg->name)) {
 		log_err("%s: host %s asks for server %s, this is %s", t->log_name, t->host,
 			m->server, cfg->name);
@@ -371,7 +395,16 @@ static enum rtrs_auth_step srv_on_negotiate(struct rtrs_auth_txn *t,
 		return auth_fail(t, o, -EPROTO, RTRS_AUTH_FAILURE1, RTRS_AUTH_FAIL_HASH_UNUSABLE,
 				 true);
 	}
-	group = pick(cfg->groups, cfg->nr_groups, m->groups, m->nr_groups);
+	{
+		/* A PSK from the exchange needs a DH group: with SC_C, null is not picked. */
+		uint8_t ours[RTRS_AUTH_NR_DHGROUPS];
+		unsigned n = 0;
+
+		for (unsigned i = 0; i < cfg->nr_groups; i++)
+			if (!t->scc || cfg->groups[i] != RTRS_AUTH_DH_NULL)
+				ours[n++] = cfg->groups[i];
+		group = pick(ours, n, m->groups, m->nr_groups);
+	}
 	if (group < 0) {
 		log_err("%s: host %s offers no DH group this server accepts", t->log_name,
 			t->host);
@@ -524,6 +557,28 @@ enum rtrs_auth_step rtrs_auth_srv_step(struct rtrs_auth_txn *t, const void *msg,
 {
 	return auth_dispatch(t, srv_table, ARRAY_SIZE(srv_table), true, msg, len, out, cap,
 			     out_len);
+}
+
+int rtrs_auth_txn_psk(const struct rtrs_auth_txn *t, uint8_t *out, size_t *out_len,
+		      unsigned *hash)
+{
+	static const uint8_t zeros[RTRS_AUTH_MAX_HASH_LEN];
+	uint8_t cc[2 * RTRS_AUTH_MAX_HASH_LEN];
+	int rc;
+
+	if (t->scc != RTRS_AUTH_SCC_NEWTLSPSK || !t->group || !t->hl ||
+	    (t->state != AUTH_CLT_DONE && t->state != AUTH_SRV_DONE) ||
+	    t->hl > RTRS_AUTH_MAX_HASH_LEN)
+		return -EINVAL;
+	memcpy(cc, t->c1, t->hl);
+	memcpy(cc + t->hl, t->bidir ? t->c2 : zeros, t->hl);
+	rc = rtrs_auth_hmac(t->hash, t->ks, t->hl, cc, 2 * t->hl, out);
+	rtrs_auth_wipe(cc, sizeof(cc));
+	if (rc)
+		return rc;
+	*out_len = t->hl;
+	*hash = t->hash;
+	return 0;
 }
 
 void rtrs_auth_txn_end(struct rtrs_auth_txn *t)

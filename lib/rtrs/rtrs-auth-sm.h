@@ -27,6 +27,7 @@ struct rtrs_auth_cfg {
 	char server[RTRS_AUTH_NAME_MAX + 1]; /* the server we expect */
 	struct rtrs_auth_key hkey;           /* len 0: none */
 	struct rtrs_auth_key ckey;           /* len 0: not bidirectional */
+	uint8_t scc;                         /* RTRS_AUTH_SCC_*: NEGOTIATE's SC_C */
 	/* server only: the key file, by path or (a server) read on its own thread */
 	const char *keys_file;
 	struct rtrs_keyfile *keyfile;
@@ -76,6 +77,8 @@ struct rtrs_auth_txn {
 	char host[RTRS_AUTH_WIRE_NAME];
 	struct rtrs_auth_key hkey, ckey;
 	bool host_ok;               /* server: R1 checked (the host is who it says) */
+	/* SC_C of this transaction; the server's caller sets the one it expects (0 by default). */
+	uint8_t scc;
 };
 
 /* Host: starts a transaction; out gets the NEGOTIATE. */
@@ -96,6 +99,15 @@ enum rtrs_auth_step rtrs_auth_clt_step(struct rtrs_auth_txn *t, const void *msg,
 				       void *out, size_t cap, size_t *out_len);
 enum rtrs_auth_step rtrs_auth_srv_step(struct rtrs_auth_txn *t, const void *msg, size_t len,
 				       void *out, size_t cap, size_t *out_len);
+/*
+ * Secure channel concatenation: the PSK a completed transaction with SC_C
+ * NEWTLSPSK generated, HMAC_H(Ks, C1 || C2) (C2 zeros when the exchange
+ * was not bidirectional), H the negotiated hash: hash_len bytes into out
+ * (RTRS_AUTH_MAX_HASH_LEN), *hash the hash id. Before rtrs_auth_txn_end.
+ * -EINVAL for a transaction not done, without SC_C or without a DH group.
+ */
+int rtrs_auth_txn_psk(const struct rtrs_auth_txn *t, uint8_t *out, size_t *out_len,
+		      unsigned *hash);
 /* Frees and wipes what the transaction holds. */
 void rtrs_auth_txn_end(struct rtrs_auth_txn *t);
 

@@ -280,6 +280,14 @@ out:
 	return rc;
 }
 
+int rtrs_auth_hmac(unsigned hash, const uint8_t *key, size_t key_len, const uint8_t *data,
+		   size_t len, uint8_t *out)
+{
+	struct chunk c = { data, len };
+
+	return hmac(hash, key, key_len, &c, 1, out);
+}
+
 static int digest(unsigned hash, const void *buf, size_t len, uint8_t *out)
 {
 	EVP_MD *md;

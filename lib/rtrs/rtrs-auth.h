@@ -182,6 +182,9 @@ int rtrs_keyfile_lookup(struct rtrs_keyfile *kf, const char *host, struct rtrs_a
 int rtrs_auth_transform(const struct rtrs_auth_key *k, const char *nqn, uint8_t *out,
 			size_t *out_len);
 
+/* HMAC_H(key, data), H a hash id (1..3): hash_len bytes into out. */
+int rtrs_auth_hmac(unsigned hash, const uint8_t *key, size_t key_len, const uint8_t *data,
+		   size_t len, uint8_t *out);
 /* Ks = H(g^xy), H the negotiated hash; out holds hash_len bytes. */
 int rtrs_auth_session_key(unsigned hash, const uint8_t *gxy, size_t gxy_len, uint8_t *out);
 

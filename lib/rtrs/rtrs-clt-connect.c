@@ -27,6 +27,20 @@ static void clt_path_refused(struct clt_path *p, int err)
 	atomic_compare_exchange_strong(&p->refused_err, &zero, err);
 }
 
+/* The server's refusal of a connection, and what it means. */
+static void clt_log_refusal(const struct clt_con *con, const struct rtrs_conn_rsp *rsp)
+{
+	const struct clt_path *p = con->path;
+	bool tls = p->sess->tls || p->sess->tls_concat;
+
+	/* Busy or mid-change: what an open or a reconnect tries again (info). */
+	log_at(!rsp->dnr && (rsp->err == -EBUSY || rsp->err == -EAGAIN) ? LOG_INFO : LOG_ERR,
+	       "%s: server rejected connection %u: %s%s%s", p->name, con->c.cid,
+	       strerror(-rsp->err), rsp->dnr ? " (do not retry)" : "",
+	       rsp->err != -EPROTONOSUPPORT ? "" : tls ? ": the server has no TLS" :
+	       ": the server requires TLS");
+}
+
 static void clt_con_connected(void *priv, const void *data, size_t len)
 {
 	struct clt_con *con = container_of(priv, struct clt_con, c);
@@ -42,6 +56,8 @@ static void clt_con_connected(void *priv, const void *data, size_t len)
 		log_err("%s: invalid connect response on connection %u: %s", p->name, con->c.cid, why);
 		con->err = rc;
 	} else if (con->rsp.err) {
+		/* A verdict: a refusal held open until we read it. */
+		clt_log_refusal(con, &con->rsp);
 		con->err = con->rsp.err;
 		clt_path_refused(p, con->rsp.err);
 		if (con->rsp.dnr)
@@ -64,12 +80,7 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 		/* A reject from the server carries its reason. */
 		if (rtrs_conn_rsp_decode(data, len, &rsp, &why) == 0 && rsp.err) {
 			atomic_store(&p->reached, true);
-			/* Busy or mid-change: what an open or a reconnect tries again (info). */
-			log_at(!rsp.dnr && (rsp.err == -EBUSY || rsp.err == -EAGAIN) ? LOG_INFO :
-			       LOG_ERR, "%s: server rejected connection %u: %s%s%s", p->name,
-			       con->c.cid, strerror(-rsp.err), rsp.dnr ? " (do not retry)" : "",
-			       rsp.err != -EPROTONOSUPPORT ? "" : p->sess->tls ?
-			       ": the server has no TLS" : ": the server requires TLS");
+			clt_log_refusal(con, &rsp);
 			err = rsp.err;
 			clt_path_refused(p, rsp.err);
 			if (rsp.dnr)
@@ -80,6 +91,14 @@ static void clt_con_down(void *priv, int err, const void *data, size_t len)
 		}
 	}
 	pthread_mutex_lock(&p->lock);
+	if (con->concat) {
+		/* The concatenation's connection: the step waiting on it sees the end. */
+		con->err = err ? err : -ECONNRESET;
+		con->connected = false;
+		pthread_mutex_unlock(&p->lock);
+		clt_path_kick(p);
+		return;
+	}
 	bool was_connected = atomic_load(&p->base.state) == RTRS_PATH_CONNECTED;
 
 	con->err = err ? err : -ECONNRESET;
@@ -263,6 +282,20 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 	snprintf(name, sizeof(name), "%s#%u", s->name, cid);
 	memcpy(req.sess_uuid, p->uuid, RTRS_UUID_LEN);
 	memcpy(req.paths_uuid, s->paths_uuid, RTRS_UUID_LEN);
+	con->concat = p->concat_phase && !cid;
+	if (con->concat) {
+		/* A connection of its own at the server: throwaway session and path. */
+		int rc = rtrs_auth_random(req.sess_uuid, RTRS_UUID_LEN);
+
+		if (!rc)
+			rc = rtrs_auth_random(req.paths_uuid, RTRS_UUID_LEN);
+		if (rc)
+			return rc;
+		req.concat = true;
+		req.cid_num = 1;
+		req.first_conn = true;
+		snprintf(name, sizeof(name), "%s#concat", s->name);
+	}
 	rtrs_conn_req_encode(&msg, &req);
 	con->path = p;
 	con->c.cid = cid;
@@ -534,6 +567,7 @@ static int path_auth_begin(struct clt_path *p)
 		return rc;
 	p->auth_active = true;
 	path_auth_keys(p);
+	p->auth_cfg.scc = p->concat_phase ? RTRS_AUTH_SCC_NEWTLSPSK : RTRS_AUTH_SCC_NONE;
 	rc = rtrs_auth_clt_begin(&p->auth, &p->auth_cfg, p->name, ++p->auth_tid, p->auth_tx,
 				 sizeof(p->auth_tx), &out_len);
 	if (!rc && out_len)
@@ -766,6 +800,10 @@ static int path_fab_ready(struct clt_path *p)
 	int rc = fab_mr_reg(p->fab, &p->fence_msg, sizeof(p->fence_msg), FAB_MR_LOCAL,
 			    &p->fence_mr);
 
+	/* Concatenation: every attempt begins in the clear and makes its own PSK. */
+	p->concat_phase = p->sess->tls_concat;
+	if (!rc && p->concat_phase)
+		rc = fab_set_tls(p->fab, FAB_TLS_OFF, NULL);
 	return rc ? rc : CST_CON;
 }
 
@@ -785,6 +823,68 @@ static int cst_open_leave(struct clt_path *p)
 	p->fab_opened = NULL;
 	rc = path_gave_up(p);
 	return rc ? rc : path_fab_ready(p);
+}
+
+/* ---- secure channel concatenation (docs/security.md section 9.3) -------------------- */
+
+/* The concatenation's connection is up: its exchange, with SC_C NEWTLSPSK. */
+static int path_concat_begin(struct clt_path *p)
+{
+	int rc;
+
+	if (!p->cons[0].rsp.ext || !(p->cons[0].rsp.flags & RTRS_MSG_AUTH_F)) {
+		log_err("%s: the server took a secure channel concatenation without asking for "
+			"authentication", p->name);
+		atomic_store(&p->fail_dnr, true);
+		return -EPROTO;
+	}
+	rc = fab_con_rx_setup(p->cons[0].c.fc, 2, RTRS_ADMIN_MSG_SIZE);
+	if (rc)
+		return rc;
+	rc = path_auth_begin(p);
+	return rc ? rc : CST_AUTH;
+}
+
+/*
+ * The exchange is done: its PSK makes the path's TLS context, the
+ * connection in the clear goes, and the attempt connects again from
+ * connection 0, with TLS, as for RTRS_TLS_REQUIRED.
+ */
+static int path_concat_switch(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	uint8_t psk[RTRS_AUTH_MAX_HASH_LEN];
+	char digest[RTRS_TLS_DIGEST_LEN + 1];
+	struct rtrs_tls_ctx *t = NULL;
+	struct rtrs_auth_key k;
+	size_t len = 0;
+	unsigned hash = 0;
+	int rc;
+
+	rc = rtrs_auth_txn_psk(&p->auth, psk, &len, &hash);
+	if (!rc)
+		rc = rtrs_tls_generated(psk, len, hash, p->auth_cfg.name, p->auth_cfg.server, &k,
+					digest);
+	if (!rc)
+		rc = rtrs_tls_ctx_client_generated(p->auth_cfg.name, p->auth_cfg.server, &k, digest,
+						   s->tls_no_ktls, &t);
+	rtrs_auth_wipe(psk, sizeof(psk));
+	rtrs_auth_wipe(&k, sizeof(k));
+	path_auth_end(p, rc);
+	if (rc)
+		return rc;
+	fab_con_destroy(p->cons[0].c.fc);
+	p->cons[0].c.fc = NULL;
+	p->cons[0].concat = false;
+	fab_mr_dereg(&p->auth_tx_mr);
+	rc = fab_set_tls(p->fab, FAB_TLS_REQUIRED, t);
+	rtrs_tls_ctx_put(t);
+	if (rc)
+		return rc;
+	p->concat_phase = false;
+	log_info("%s: TLS PSK %s generated by the exchange (secure channel concatenation)",
+		 p->name, digest);
+	return CST_CON;
 }
 
 static int cst_con_enter(struct clt_path *p)
@@ -813,6 +913,8 @@ static int cst_con_leave(struct clt_path *p)
 
 	if (p->cst_cid != 0)
 		return cst_after_con(p);
+	if (p->concat_phase)
+		return path_concat_begin(p);
 	rc = path_after_first_con(p);
 	if (rc)
 		return rc;
@@ -889,6 +991,8 @@ static int cst_auth_calc_leave(struct clt_path *p)
 		return rc;
 	if (step != RTRS_AUTH_DONE)
 		return CST_AUTH;
+	if (p->concat_phase)
+		return path_concat_switch(p);
 	path_auth_end(p, 0);
 	return cst_after_con(p);
 }

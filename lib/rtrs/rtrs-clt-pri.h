@@ -72,6 +72,7 @@ struct clt_con {
 	bool connected;             /* under path->lock */
 	int err;                    /* under path->lock: why it went down */
 	struct rtrs_conn_rsp rsp;   /* cid 0: what the server accepted with */
+	bool concat;                /* cid 0 of a secure channel concatenation: its end ends nothing */
 	/*
 	 * kinval: the RKEY_RSP of the message the immediate in hand came
 	 * with (recv, then imm, on the completion thread); rkey_buf_id
@@ -144,6 +145,12 @@ struct clt_path {
 	char conn_detail[512];      /* ... and the loop's err_detail for it */
 	bool info_done;
 	int info_err;
+	/*
+	 * RTRS_TLS_CONCAT: the attempt authenticates on a connection in the
+	 * clear first (concat_phase), then opens the path with TLS under the
+	 * PSK that exchange generated (path_concat_switch).
+	 */
+	bool concat_phase;
 	/* Authentication: the step CST_AUTH runs it; cid 0 hands messages over. */
 	struct rtrs_auth_txn auth;
 	bool auth_active;           /* auth holds a transaction (path_auth_end wipes it) */
@@ -256,6 +263,7 @@ struct rtrs_clt_sess {
 	 */
 	struct rtrs_tls_ctx *tls;
 	bool tls_derived, tls_no_ktls;
+	bool tls_concat;            /* RTRS_TLS_CONCAT: each attempt of a path generates its PSK */
 	/*
 	 * The server is of this project (RTRS_MSG_EXT_F), known from the
 	 * first path and the same for all: without, it is a kernel server

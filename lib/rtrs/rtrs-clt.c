@@ -79,8 +79,14 @@ static int opts_validate(const struct rtrs_clt_opts *o)
 			RTRS_MAX_POLL_GROUPS);
 		return -EINVAL;
 	}
-	if (o->tls != RTRS_TLS_OFF && o->tls != RTRS_TLS_REQUIRED) {
-		log_err("%s: a client's TLS is off or required", o->sessname);
+	if (o->tls != RTRS_TLS_OFF && o->tls != RTRS_TLS_REQUIRED && o->tls != RTRS_TLS_CONCAT) {
+		log_err("%s: a client's TLS is off, required or concat", o->sessname);
+		return -EINVAL;
+	}
+	if (o->tls == RTRS_TLS_CONCAT && o->tls_key) {
+		log_err("%s: TLS with secure channel concatenation generates its PSK: no TLS key",
+			o->sessname);
+		err_detail("TLS concat generates its PSK from the authentication: give no TLS key");
 		return -EINVAL;
 	}
 	if (o->tls != RTRS_TLS_OFF && strcmp(o->provider ? o->provider : "tcp", "tcp")) {
@@ -477,6 +483,16 @@ static int sess_auth_setup(struct rtrs_clt_sess *s, const struct rtrs_clt_opts *
 		}
 		if (rc)
 			return rc;
+	}
+	if (o->tls == RTRS_TLS_CONCAT) {
+		/* Each path's PSK comes from its own exchange (rtrs-clt-connect.c). */
+		if (!cfg->hkey.len) {
+			log_err("%s: TLS concat needs a host secret to authenticate with", s->name);
+			err_detail("TLS concat needs a host secret (auth_secret)");
+			return -ENOKEY;
+		}
+		s->tls_concat = true;
+		s->tls_no_ktls = o->tls_no_ktls;
 	}
 	return 0;
 }

@@ -2454,10 +2454,12 @@ static bool raw_tls(struct fab_lst *l, struct tcp_raw *r)
 		}
 		r->spoke = true;
 		if (b != 0x16) {
-			if (b == RTRS_TCP_MAGIC && f->tls_mode == FAB_TLS_REQUIRED) {
-				raw_refuse_tls(l, r, "a connection without TLS (this server requires it)");
-				return false;
-			}
+			/*
+			 * In the clear. A server that requires TLS takes only a
+			 * secure channel concatenation so (RTRS_CONN_CONCAT):
+			 * its server decides by the request (fab_connreq_tls_host
+			 * says "" for it).
+			 */
 			r->plain = true;
 			return true;
 		}

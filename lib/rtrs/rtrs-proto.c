@@ -39,7 +39,7 @@ void rtrs_conn_req_encode(struct rtrs_msg_conn_req *m, const struct rtrs_conn_re
 	m->flags = r->first_conn ? RTRS_CONN_FIRST : 0;
 	if (r->ext)
 		m->flags |= RTRS_CONN_EXT | (r->fence ? RTRS_CONN_FENCE : 0) |
-			    (r->auth ? RTRS_CONN_AUTH : 0);
+			    (r->auth ? RTRS_CONN_AUTH : 0) | (r->concat ? RTRS_CONN_CONCAT : 0);
 }
 
 static int check_magic_version(struct le16 magic, struct le16 version, const char **why)
@@ -80,6 +80,7 @@ int rtrs_conn_req_decode(const void *buf, size_t len, struct rtrs_conn_req *out,
 	out->ext = m.flags & RTRS_CONN_EXT;
 	out->fence = out->ext && (m.flags & RTRS_CONN_FENCE);
 	out->auth = out->ext && (m.flags & RTRS_CONN_AUTH);
+	out->concat = out->ext && (m.flags & RTRS_CONN_CONCAT);
 	memcpy(out->sess_uuid, m.sess_uuid, RTRS_UUID_LEN);
 	memcpy(out->paths_uuid, m.paths_uuid, RTRS_UUID_LEN);
 	return 0;

@@ -155,6 +155,14 @@ static_assert(sizeof(struct rtrs_sg_desc) == 16, "rtrs_sg_desc");
  * and the extended info_req and info_rsp: a peer of this project.
  */
 #define RTRS_CONN_EXT 0x08
+/*
+ * Secure channel concatenation (docs/security.md section 9.3): a plain
+ * connection whose only purpose is a DH-HMAC-CHAP exchange with SC_C
+ * NEWTLSPSK that gives the path its TLS PSK; its session and path uuids
+ * are throwaway ones, it is connection 0 of 1, and the server closes it
+ * once the exchange is done. With EXT and AUTH only.
+ */
+#define RTRS_CONN_CONCAT 0x10
 
 /* The kernel's layout: 56 bytes, the two RDMA CM bytes first (sent as 0). */
 struct rtrs_msg_conn_req {
@@ -364,6 +372,9 @@ enum rtrs_auth_fail {
 #define RTRS_AUTH_WIRE_NAME_MAX 223   /* ... holding 1..223 printable chars, as an NQN */
 #define RTRS_AUTH_WIRE_MAX_HL 64
 #define RTRS_AUTH_WIRE_MAX_DHV 1024
+/* NEGOTIATE's SC_C, as NVMe's: no concatenation, or a new TLS PSK from this exchange. */
+#define RTRS_AUTH_SCC_NONE 0x00
+#define RTRS_AUTH_SCC_NEWTLSPSK 0x01
 
 struct rtrs_msg_auth {
 	struct le16 type;         /* RTRS_MSG_AUTH */
@@ -378,7 +389,7 @@ struct rtrs_auth_negotiate {
 	uint8_t auth_id;          /* NEGOTIATE */
 	uint8_t rsvd1[2];
 	struct le16 t_id;
-	uint8_t sc_c;             /* secure channel concatenation: 0 here */
+	uint8_t sc_c;             /* secure channel concatenation: RTRS_AUTH_SCC_* */
 	uint8_t napd;             /* protocol descriptors: 1 */
 	/* the one descriptor */
 	uint8_t authid;           /* RTRS_AUTH_PROTO_DHCHAP */
@@ -466,6 +477,7 @@ struct rtrs_conn_req {
 	bool ext;               /* RTRS_CONN_EXT: a peer of this project */
 	bool fence;             /* RTRS_CONN_FENCE (decoded with ext only) */
 	bool auth;              /* RTRS_CONN_AUTH (decoded with ext only) */
+	bool concat;            /* RTRS_CONN_CONCAT (decoded with ext only) */
 	uint8_t sess_uuid[RTRS_UUID_LEN];
 	uint8_t paths_uuid[RTRS_UUID_LEN];
 };

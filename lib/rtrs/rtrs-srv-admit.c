@@ -454,6 +454,26 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 			       "more connections per path than allowed");
 		return;
 	}
+	/* TLS: a connection in the clear only where the server allows it. */
+	fab_connreq_tls_host(creq, tls_host, sizeof(tls_host));
+	if (req.concat) {
+		why = ctx->opts.tls == RTRS_TLS_OFF ?
+		      "a secure channel concatenation, and this server has no TLS" :
+		      tls_host[0] ? "a secure channel concatenation inside TLS" :
+		      !ctx->auth_required || !req.auth ?
+		      "a secure channel concatenation without authentication" :
+		      req.cid || req.cid_num != 1 || !req.first_conn ?
+		      "a secure channel concatenation that is not a path's only connection" : NULL;
+		if (why) {
+			srv_reject_ext(ctx, creq, peer, ctx->opts.tls == RTRS_TLS_OFF ?
+				       -EPROTONOSUPPORT : -EPROTO, true, req.ext, why);
+			return;
+		}
+	} else if (ctx->opts.tls == RTRS_TLS_REQUIRED && !tls_host[0]) {
+		srv_reject_ext(ctx, creq, peer, -EPROTONOSUPPORT, true, req.ext,
+			       "a connection without TLS (this server requires it)");
+		return;
+	}
 	if (ctx->auth_required && !req.auth) {
 		srv_reject_ext(ctx, creq, peer, -EACCES, true, req.ext,
 			       "authentication required and the client does not speak it");
@@ -515,6 +535,11 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 				srv_sess_free(s);
 			return;
 		}
+		if (req.concat) {
+			/* Its one transaction must generate a TLS PSK (SC_C NEWTLSPSK). */
+			p->concat = true;
+			p->auth.scc = RTRS_AUTH_SCC_NEWTLSPSK;
+		}
 	} else if (req.cid == 0 && (atomic_load(&p->base.state) == RTRS_PATH_CONNECTED ||
 				    p->cons[0].c.fc)) {
 		/*
@@ -559,7 +584,6 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 		return;
 	}
 	/* TLS: every connection of a path is the host's that authenticated it. */
-	fab_connreq_tls_host(creq, tls_host, sizeof(tls_host));
 	if (!req.cid) {
 		snprintf(p->tls_host, sizeof(p->tls_host), "%s", tls_host);
 	} else if (strcmp(tls_host, p->tls_host)) {

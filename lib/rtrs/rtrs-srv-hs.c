@@ -25,6 +25,7 @@ static const struct hs_rule hs_table[SRV_HS_NR_STATES][SRV_HS_NR_EVENTS] = {
 		[SRV_HS_EV_AUTH_MSG] = GO(SRV_HS_AUTH),
 		[SRV_HS_EV_HOST_OK] = GO(SRV_HS_HOST_OK),
 		[SRV_HS_EV_AUTH_DONE] = GO(SRV_HS_WAIT_INFO),
+		[SRV_HS_EV_CONCAT_DONE] = GO(SRV_HS_CONCAT),
 		[SRV_HS_EV_AUTH_FAILED] = GO(SRV_HS_AUTH_FAILED),
 		[SRV_HS_EV_MSG] = NO(-EACCES, "message before authentication"),
 	},
@@ -33,6 +34,7 @@ static const struct hs_rule hs_table[SRV_HS_NR_STATES][SRV_HS_NR_EVENTS] = {
 		[SRV_HS_EV_AUTH_MSG] = GO(SRV_HS_HOST_OK),
 		[SRV_HS_EV_HOST_OK] = GO(SRV_HS_HOST_OK),
 		[SRV_HS_EV_AUTH_DONE] = GO(SRV_HS_WAIT_INFO),
+		[SRV_HS_EV_CONCAT_DONE] = GO(SRV_HS_CONCAT),
 		[SRV_HS_EV_AUTH_FAILED] = GO(SRV_HS_AUTH_FAILED),
 		[SRV_HS_EV_MSG] = NO(-EACCES, "message before authentication"),
 	},
@@ -59,6 +61,11 @@ static const struct hs_rule hs_table[SRV_HS_NR_STATES][SRV_HS_NR_EVENTS] = {
 	[SRV_HS_DONE] = {
 		[SRV_HS_EV_CONNREQ] = NO(-EEXIST, "connection of a connected path"),
 	},
+	[SRV_HS_CONCAT] = {
+		[SRV_HS_EV_CONNREQ] = NO(-EPROTO, "connection of a concatenation's path"),
+		[SRV_HS_EV_AUTH_MSG] = NO(-EPROTO, "authentication message after the concatenation"),
+		[SRV_HS_EV_MSG] = NO(-EPROTO, "message on a concatenation's connection"),
+	},
 };
 
 static const char *const hs_state_names[SRV_HS_NR_STATES] = {
@@ -69,6 +76,7 @@ static const char *const hs_state_names[SRV_HS_NR_STATES] = {
 	[SRV_HS_AUTH_FAILED] = "auth-failed",
 	[SRV_HS_REFUSED] = "refused",
 	[SRV_HS_DONE] = "done",
+	[SRV_HS_CONCAT] = "concat",
 };
 
 static const char *const hs_event_names[SRV_HS_NR_EVENTS] = {
@@ -81,6 +89,7 @@ static const char *const hs_event_names[SRV_HS_NR_EVENTS] = {
 	[SRV_HS_EV_MSG_OTHER] = "msg-other-con",
 	[SRV_HS_EV_INFO_OK] = "info-ok",
 	[SRV_HS_EV_REFUSE] = "refuse",
+	[SRV_HS_EV_CONCAT_DONE] = "concat-done",
 };
 
 int rtrs_srv_hs_next(int state, int ev, int *next, const char **why)
@@ -104,7 +113,7 @@ int rtrs_srv_hs_next(int state, int ev, int *next, const char **why)
 bool rtrs_srv_hs_host_proven(int state)
 {
 	return state == SRV_HS_HOST_OK || state == SRV_HS_WAIT_INFO || state == SRV_HS_INFO ||
-	       state == SRV_HS_REFUSED || state == SRV_HS_DONE;
+	       state == SRV_HS_REFUSED || state == SRV_HS_DONE || state == SRV_HS_CONCAT;
 }
 
 const char *rtrs_srv_hs_state_str(int state)

@@ -24,6 +24,7 @@ enum rtrs_srv_hs_state {
 	SRV_HS_AUTH_FAILED,   /* FAILURE1 went out: closed once the client read it */
 	SRV_HS_REFUSED,       /* a verdict went out in place of the response: closed likewise */
 	SRV_HS_DONE,          /* the response went out: the path is connected */
+	SRV_HS_CONCAT,        /* a concatenation's exchange is done, its PSK kept: the client closes */
 	SRV_HS_NR_STATES,
 };
 
@@ -37,6 +38,7 @@ enum rtrs_srv_hs_event {
 	SRV_HS_EV_MSG_OTHER,  /* a message on a connection other than 0 */
 	SRV_HS_EV_INFO_OK,    /* the information response is going out */
 	SRV_HS_EV_REFUSE,     /* a verdict is going out in place of it */
+	SRV_HS_EV_CONCAT_DONE, /* a concatenation connection's transaction completed */
 	SRV_HS_NR_EVENTS,
 };
 

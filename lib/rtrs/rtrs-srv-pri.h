@@ -133,6 +133,7 @@ struct srv_path {
 	struct rtrs_auth_txn auth;
 	char auth_host[RTRS_AUTH_WIRE_NAME]; /* who, once authenticated */
 	char tls_host[RTRS_AUTH_WIRE_NAME];  /* connection 0's TLS identity said this host ("": none) */
+	bool concat;                /* a secure channel concatenation's path (RTRS_CONN_CONCAT) */
 	char auth_tx[RTRS_AUTH_MSG_MAX];
 	struct fab_mr auth_tx_mr;
 	struct offload_job auth_job;

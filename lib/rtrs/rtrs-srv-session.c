@@ -17,6 +17,7 @@
 #include <openssl/evp.h>
 
 #include "rtrs-srv-pri.h"
+#include "rtrs-tls.h"
 
 /*
  * Any thread: the handshake event ev on p, against the table
@@ -36,6 +37,38 @@ int srv_hs_step(struct srv_path *p, enum rtrs_srv_hs_event ev, const char **why)
 		log_dbg("%s: handshake %s -> %s (%s)", path_name(p), rtrs_srv_hs_state_str(from),
 			rtrs_srv_hs_state_str(to), rtrs_srv_hs_event_str(ev));
 	return 0;
+}
+
+/*
+ * Secure channel concatenation: the PSK p's completed transaction
+ * generated goes to the server's TLS context, for the handshakes of the
+ * host's path that follow (docs/security.md section 9.3).
+ */
+static int srv_concat_keep(struct srv_path *p)
+{
+	struct rtrs_srv_ctx *ctx = p->sess->ctx;
+	uint8_t psk[RTRS_AUTH_MAX_HASH_LEN];
+	char digest[RTRS_TLS_DIGEST_LEN + 1];
+	struct rtrs_auth_key k;
+	size_t len = 0;
+	unsigned hash = 0;
+	int rc;
+
+	rc = rtrs_auth_txn_psk(&p->auth, psk, &len, &hash);
+	if (!rc)
+		rc = rtrs_tls_generated(psk, len, hash, p->auth.host, ctx->auth_cfg.name, &k,
+					digest);
+	if (!rc)
+		rc = ctx->tls ? rtrs_tls_ctx_add_generated(ctx->tls, p->auth.host, &k, digest) :
+				-EPROTONOSUPPORT;
+	rtrs_auth_wipe(psk, sizeof(psk));
+	rtrs_auth_wipe(&k, sizeof(k));
+	if (rc)
+		log_err("%s: cannot keep the TLS PSK generated for host %s: %s", path_name(p),
+			p->auth.host, strerror(-rc));
+	else
+		log_dbg("%s: TLS PSK %s generated for host %s", path_name(p), digest, p->auth.host);
+	return rc;
 }
 
 /*
@@ -101,7 +134,16 @@ static void srv_auth_answer(struct srv_path *p)
 	 */
 	if (!re && p->auth.host_ok && step != RTRS_AUTH_FAILED)
 		srv_hs_step(p, SRV_HS_EV_HOST_OK, &why);
-	if (step == RTRS_AUTH_DONE) {
+	if (step == RTRS_AUTH_DONE && !re && p->concat) {
+		/* The PSK is kept before the answer goes: the client connects with it at once. */
+		rc = srv_concat_keep(p);
+		if (rc) {
+			rtrs_auth_txn_end(&p->auth);
+			srv_fail_path(p, rc);
+			return;
+		}
+		srv_hs_step(p, SRV_HS_EV_CONCAT_DONE, &why);
+	} else if (step == RTRS_AUTH_DONE) {
 		srv_auth_digest(&p->auth.hkey, &p->auth.ckey, p->auth_digest);
 		if (!re) {
 			/* auth_host before the state that shows it (path_snap). */
@@ -117,12 +159,19 @@ static void srv_auth_answer(struct srv_path *p)
 		break;
 	case RTRS_AUTH_DONE:
 		atomic_fetch_add(&ctx->st.auth_ok, 1);
-		log_info("%s: host %s %sauthenticated (%s, %s%s)", path_name(p), p->auth.host,
+		log_info("%s: host %s %sauthenticated (%s, %s%s)%s", path_name(p), p->auth.host,
 			 re ? "re-" : "", rtrs_auth_hash_name(p->auth.hash),
 			 rtrs_auth_dhgroup_name(p->auth.group),
-			 p->auth.bidir ? ", bidirectional" : "");
+			 p->auth.bidir ? ", bidirectional" : "",
+			 p->concat ? ": a TLS PSK generated for its path (secure channel "
+				     "concatenation)" : "");
 		rtrs_auth_txn_end(&p->auth);
 		atomic_store(&p->reauth, false);
+		if (p->concat && !rc) {
+			/* The client closes this connection and comes back with TLS. */
+			p->close_err = -ETIMEDOUT;
+			atomic_store(&p->close_at_ms, now_ms() + ctx->opts.auth_timeout_ms);
+		}
 		break;
 	case RTRS_AUTH_FAILED:
 		atomic_fetch_add(&ctx->st.auth_failed, 1);
@@ -335,8 +384,11 @@ static void srv_con_connected(void *priv, const void *data, size_t len)
 static void srv_con_down(void *priv, int err, const void *data, size_t len)
 {
 	struct srv_con *con = container_of(priv, struct srv_con, c);
+	/* A concatenation's connection ends once its PSK is made: as it should. */
+	bool done = atomic_load(&con->path->hs) == SRV_HS_CONCAT;
 
-	log_info("%s: connection %u went down: %s", path_name(con->path), con->c.cid, strerror(-err));
+	log_at(done ? LOG_DBG : LOG_INFO, "%s: connection %u went down: %s", path_name(con->path),
+	       con->c.cid, strerror(-err));
 	srv_fail_path(con->path, err);
 }
 
@@ -597,7 +649,8 @@ void srv_path_stop(struct srv_path *p, int err)
 	srv_ops_abandon(p);
 	p->cons_destroyed = true;
 	srv_path_change_state(p, RTRS_PATH_CLOSED);
-	log_info("%s: path closed: %s", path_name(p), strerror(-err));
+	log_at(atomic_load(&p->hs) == SRV_HS_CONCAT ? LOG_DBG : LOG_INFO, "%s: path closed: %s",
+	       path_name(p), strerror(-err));
 	if (p->was_connected && --s->paths_up == 0 && s->link_up) {
 		s->link_up = false;
 		if (s->ctx->ops.link_ev)

@@ -157,7 +157,7 @@ static int srv_opts_validate(const struct rtrs_srv_ops *ops, const struct rtrs_s
 		return -EINVAL;
 	}
 	if ((unsigned)o->tls > RTRS_TLS_REQUIRED) {
-		log_err("server: unknown TLS mode %d", (int)o->tls);
+		log_err("server: TLS mode %d is not a server's (off, offered or required)", (int)o->tls);
 		return -EINVAL;
 	}
 	if (o->tls != RTRS_TLS_OFF && strcmp(o->provider ? o->provider : "tcp", "tcp")) {

@@ -52,6 +52,14 @@
 #define TLS_REC_ROOM (TLS_REC + 256)   /* one record's ciphertext, at most */
 #define TLS_SUITES "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384"
 
+/* A generated PSK (rtrs_tls_ctx_add_generated). */
+struct tls_gen_ent {
+	char host[RTRS_AUTH_NAME_MAX + 1];
+	char digest[RTRS_TLS_DIGEST_LEN + 1];
+	struct rtrs_auth_key psk;
+	uint64_t used_ms;
+};
+
 struct tls_psk_ent {
 	char *host;
 	struct rtrs_auth_key hkey;   /* the DH-HMAC-CHAP secret: derived identities */
@@ -68,6 +76,8 @@ struct rtrs_tls_ctx {
 	size_t psk_len;
 	unsigned hash;
 	/* server */
+	struct tls_gen_ent *gen;     /* generated PSKs (lock), gen_n of them */
+	size_t gen_n;
 	char server_name[RTRS_AUTH_NAME_MAX + 1];
 	char *keys_path;
 	pthread_rwlock_t lock;       /* ents */
@@ -108,42 +118,74 @@ static bool name_ok(const char *s, size_t n)
 	return true;
 }
 
-int rtrs_tls_identity(bool derived, unsigned hash, const char *host, const char *server,
-		      char *buf, size_t len)
+static bool kind_ok(int k)
 {
+	return k == RTRS_TLS_CONFIGURED || k == RTRS_TLS_DERIVED || k == RTRS_TLS_GENERATED;
+}
+
+static bool digest_ok(const char *d, size_t n)
+{
+	if (n != RTRS_TLS_DIGEST_LEN)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!((d[i] >= '0' && d[i] <= '9') || (d[i] >= 'a' && d[i] <= 'f')))
+			return false;
+	return true;
+}
+
+int rtrs_tls_identity(enum rtrs_tls_kind kind, unsigned hash, const char *host,
+		      const char *server, const char *digest, char *buf, size_t len)
+{
+	bool gen = kind == RTRS_TLS_GENERATED;
 	int n;
 
-	if (!host || !server || (hash != 1 && hash != 2) || (derived && hash != 1) ||
-	    !name_ok(host, strlen(host)) || !name_ok(server, strlen(server)))
+	if (!kind_ok(kind) || !host || !server || (hash != 1 && hash != 2) ||
+	    (kind == RTRS_TLS_DERIVED && hash != 1) || !name_ok(host, strlen(host)) ||
+	    !name_ok(server, strlen(server)) || gen != (digest != NULL) ||
+	    (gen && !digest_ok(digest, strlen(digest))))
 		return -EINVAL;
-	n = snprintf(buf, len, "RTRS0%c0%u %s %s", derived ? 'D' : 'R', hash, host, server);
+	n = snprintf(buf, len, "RTRS0%c0%u %s %s%s%s", (char)kind, hash, host, server,
+		     gen ? " " : "", gen ? digest : "");
 	return n < 0 || (size_t)n >= len ? -ENOSPC : 0;
 }
 
-int rtrs_tls_identity_parse(const char *id, size_t len, bool *derived, unsigned *hash,
-			    char *host, char *server, const char **why)
+int rtrs_tls_identity_parse(const char *id, size_t len, enum rtrs_tls_kind *kind,
+			    unsigned *hash, char *host, char *server, char *digest,
+			    const char **why)
 {
-	const char *h, *sp, *s;
+	const char *h, *sp, *s, *end = id + len, *send;
 
 	if (len < 9 || len > RTRS_TLS_IDENTITY_MAX || memcmp(id, "RTRS0", 5) ||
-	    (id[5] != 'R' && id[5] != 'D') || id[6] != '0' || (id[7] != '1' && id[7] != '2') ||
-	    id[8] != ' ')
+	    !kind_ok(id[5]) || id[6] != '0' || (id[7] != '1' && id[7] != '2') || id[8] != ' ')
 		REJECT(-EINVAL, "not an RTRS PSK identity");
-	*derived = id[5] == 'D';
+	*kind = (enum rtrs_tls_kind)id[5];
 	*hash = (unsigned)(id[7] - '0');
-	if (*derived && *hash != 1)
+	if (*kind == RTRS_TLS_DERIVED && *hash != 1)
 		REJECT(-EINVAL, "a derived identity is SHA-256");
 	h = id + 9;
 	sp = memchr(h, ' ', len - 9);
 	if (!sp)
 		REJECT(-EINVAL, "identity without a server name");
 	s = sp + 1;
-	if (!name_ok(h, (size_t)(sp - h)) || !name_ok(s, (size_t)(id + len - s)))
+	send = memchr(s, ' ', (size_t)(end - s));
+	if ((*kind == RTRS_TLS_GENERATED) != (send != NULL))
+		REJECT(-EINVAL, *kind == RTRS_TLS_GENERATED ? "generated identity without a digest"
+							    : "identity with a field too many");
+	if (!send)
+		send = end;
+	if (!name_ok(h, (size_t)(sp - h)) || !name_ok(s, (size_t)(send - s)))
 		REJECT(-EINVAL, "bad name in the identity");
+	if (send != end && !digest_ok(send + 1, (size_t)(end - send - 1)))
+		REJECT(-EINVAL, "bad digest in the identity");
 	memcpy(host, h, (size_t)(sp - h));
 	host[sp - h] = '\0';
-	memcpy(server, s, (size_t)(id + len - s));
-	server[id + len - s] = '\0';
+	memcpy(server, s, (size_t)(send - s));
+	server[send - s] = '\0';
+	digest[0] = '\0';
+	if (send != end) {
+		memcpy(digest, send + 1, RTRS_TLS_DIGEST_LEN);
+		digest[RTRS_TLS_DIGEST_LEN] = '\0';
+	}
 	return 0;
 }
 
@@ -171,7 +213,7 @@ static int hkdf(const EVP_MD *md, int mode, const uint8_t *salt, size_t salt_len
 	return 0;
 }
 
-int rtrs_tls_psk(const struct rtrs_auth_key *key, bool derived, const char *identity,
+int rtrs_tls_psk(const struct rtrs_auth_key *key, enum rtrs_tls_kind kind, const char *identity,
 		 uint8_t *out, size_t *out_len)
 {
 	static const uint8_t salt[] = "RTRS TLS PSK 1";
@@ -179,10 +221,37 @@ int rtrs_tls_psk(const struct rtrs_auth_key *key, bool derived, const char *iden
 
 	if (!key || !key->len || !identity)
 		return -ENOKEY;
-	md = !derived && key->hmac == 2 ? EVP_sha384() : EVP_sha256();
+	md = kind != RTRS_TLS_DERIVED && key->hmac == 2 ? EVP_sha384() : EVP_sha256();
 	*out_len = (size_t)EVP_MD_get_size(md);
 	return hkdf(md, EVP_PKEY_HKDEF_MODE_EXTRACT_AND_EXPAND, salt, sizeof(salt) - 1, key->key,
 		    key->len, (const uint8_t *)identity, strlen(identity), out, *out_len);
+}
+
+int rtrs_tls_generated(const uint8_t *psk, size_t len, unsigned auth_hash, const char *host,
+		       const char *server, struct rtrs_auth_key *out,
+		       char digest[RTRS_TLS_DIGEST_LEN + 1])
+{
+	char label[32 + 2 * RTRS_AUTH_NAME_MAX];
+	uint8_t mac[32];
+	int n, rc;
+
+	if (!psk || len < 32 || len > sizeof(out->key) || auth_hash < 1 || auth_hash > 3 ||
+	    !host || !server)
+		return -EINVAL;
+	n = snprintf(label, sizeof(label), "RTRS generated PSK %s %s", host, server);
+	if (n < 0 || (size_t)n >= sizeof(label))
+		return -EINVAL;
+	memset(out, 0, sizeof(*out));
+	out->hmac = auth_hash == RTRS_AUTH_HASH_SHA256 ? 1 : 2;
+	out->len = (uint8_t)len;
+	memcpy(out->key, psk, len);
+	rc = rtrs_auth_hmac(RTRS_AUTH_HASH_SHA256, psk, len, (const uint8_t *)label, (size_t)n, mac);
+	if (rc)
+		return rc;
+	for (int i = 0; i < RTRS_TLS_DIGEST_LEN / 2; i++)
+		snprintf(digest + 2 * i, 3, "%02x", mac[i]);
+	OPENSSL_cleanse(mac, sizeof(mac));
+	return 0;
 }
 
 /* RFC 8446 section 7.1, with an empty context. */
@@ -374,22 +443,39 @@ static int clt_use_session(SSL *ssl, const EVP_MD *md, const unsigned char **id,
 	return 1;
 }
 
+/* Under t->lock (write): the generated PSKs not used for too long go. */
+static void gen_expire_locked(struct rtrs_tls_ctx *t, uint64_t now)
+{
+	size_t j = 0;
+
+	for (size_t i = 0; i < t->gen_n; i++) {
+		if (now - t->gen[i].used_ms >= RTRS_TLS_GENERATED_IDLE_MS) {
+			OPENSSL_cleanse(&t->gen[i].psk, sizeof(t->gen[i].psk));
+			continue;
+		}
+		t->gen[j++] = t->gen[i];
+	}
+	t->gen_n = j;
+}
+
 static int srv_find_session(SSL *ssl, const unsigned char *id, size_t idlen, SSL_SESSION **sess)
 {
 	struct rtrs_tls *c = SSL_get_app_data(ssl);
 	struct rtrs_tls_ctx *t = c->t;
 	char host[RTRS_AUTH_NAME_MAX + 1], server[RTRS_AUTH_NAME_MAX + 1];
-	char ident[RTRS_TLS_IDENTITY_MAX + 1];
+	char ident[RTRS_TLS_IDENTITY_MAX + 1], digest[RTRS_TLS_DIGEST_LEN + 1];
 	const char *why = NULL;
-	const struct rtrs_auth_key *key = NULL;
+	struct rtrs_auth_key key;
+	bool found = false;
+	enum rtrs_tls_kind kind;
 	uint8_t psk[48];
 	size_t psk_len = 0;
 	unsigned hash;
-	bool derived;
 	int rc = -ENOKEY;
 
 	*sess = NULL;
-	if (rtrs_tls_identity_parse((const char *)id, idlen, &derived, &hash, host, server, &why)) {
+	if (rtrs_tls_identity_parse((const char *)id, idlen, &kind, &hash, host, server, digest,
+				    &why)) {
 		set_err(c, "TLS identity refused: %s", why);
 		return 1;
 	}
@@ -400,25 +486,47 @@ static int srv_find_session(SSL *ssl, const unsigned char *id, size_t idlen, SSL
 	}
 	memcpy(ident, id, idlen);
 	ident[idlen] = '\0';
-	pthread_rwlock_rdlock(&t->lock);
-	for (size_t i = 0; i < t->n; i++) {
-		if (strcmp(t->ents[i].host, host))
-			continue;
-		key = derived ? &t->ents[i].hkey : &t->ents[i].tkey;
-		break;
+	memset(&key, 0, sizeof(key));
+	if (kind == RTRS_TLS_GENERATED) {
+		pthread_rwlock_wrlock(&t->lock);
+		gen_expire_locked(t, now_ms());
+		for (size_t i = 0; i < t->gen_n && !found; i++) {
+			if (strcmp(t->gen[i].host, host) || strcmp(t->gen[i].digest, digest))
+				continue;
+			key = t->gen[i].psk;
+			t->gen[i].used_ms = now_ms();
+			found = true;
+		}
+		pthread_rwlock_unlock(&t->lock);
+		if (!found)
+			set_err(c, "host %s presents a generated PSK this server does not have "
+				"(not made here, or forgotten after %d s unused)", host,
+				RTRS_TLS_GENERATED_IDLE_MS / 1000);
+	} else {
+		pthread_rwlock_rdlock(&t->lock);
+		for (size_t i = 0; i < t->n; i++) {
+			if (strcmp(t->ents[i].host, host))
+				continue;
+			key = kind == RTRS_TLS_DERIVED ? t->ents[i].hkey : t->ents[i].tkey;
+			found = true;
+			break;
+		}
+		pthread_rwlock_unlock(&t->lock);
+		if (!found)
+			set_err(c, "host %s is not in the key file", host);
+		else if (!key.len)
+			set_err(c, "host %s has no tls= key in the key file", host);
 	}
-	if (!key)
-		set_err(c, "host %s is not in the key file", host);
-	else if (!key->len)
-		set_err(c, "host %s has no tls= key in the key file", host);
-	else if (!derived && key->hmac != hash)
+	if (!found || !key.len)
+		;
+	else if (kind != RTRS_TLS_DERIVED && key.hmac != hash)
 		set_err(c, "host %s presents a SHA-%s identity, its key is SHA-%s", host,
-			hash == 2 ? "384" : "256", key->hmac == 2 ? "384" : "256");
+			hash == 2 ? "384" : "256", key.hmac == 2 ? "384" : "256");
 	else
-		rc = rtrs_tls_psk(key, derived, ident, psk, &psk_len);
-	pthread_rwlock_unlock(&t->lock);
+		rc = rtrs_tls_psk(&key, kind, ident, psk, &psk_len);
+	OPENSSL_cleanse(&key, sizeof(key));
 	if (!rc) {
-		*sess = psk_session(ssl, derived ? 1 : hash, psk, psk_len);
+		*sess = psk_session(ssl, kind == RTRS_TLS_DERIVED ? 1 : hash, psk, psk_len);
 		if (!*sess)
 			set_err(c, "cannot make the TLS session");
 		else
@@ -426,6 +534,54 @@ static int srv_find_session(SSL *ssl, const unsigned char *id, size_t idlen, SSL
 	}
 	OPENSSL_cleanse(psk, sizeof(psk));
 	return 1;
+}
+
+int rtrs_tls_ctx_add_generated(struct rtrs_tls_ctx *t, const char *host,
+			       const struct rtrs_auth_key *psk, const char *digest)
+{
+	uint64_t now = now_ms();
+	size_t mine = 0, lru = SIZE_MAX, lru_mine = SIZE_MAX;
+
+	if (!t || !t->server || !host || !name_ok(host, strlen(host)) || !psk || !psk->len ||
+	    (psk->hmac != 1 && psk->hmac != 2) || !digest || !digest_ok(digest, strlen(digest)))
+		return -EINVAL;
+	pthread_rwlock_wrlock(&t->lock);
+	gen_expire_locked(t, now);
+	for (size_t i = 0; i < t->gen_n; i++) {
+		if (lru == SIZE_MAX || t->gen[i].used_ms < t->gen[lru].used_ms)
+			lru = i;
+		if (strcmp(t->gen[i].host, host))
+			continue;
+		mine++;
+		if (lru_mine == SIZE_MAX || t->gen[i].used_ms < t->gen[lru_mine].used_ms)
+			lru_mine = i;
+	}
+	size_t slot = t->gen_n;
+
+	if (mine >= RTRS_TLS_GENERATED_PER_HOST)
+		slot = lru_mine;
+	else if (t->gen_n >= RTRS_TLS_GENERATED_MAX)
+		slot = lru;
+	if (slot == t->gen_n) {
+		if (!(t->gen_n & (t->gen_n - 1)) || !t->gen) {
+			size_t cap = t->gen_n ? 2 * t->gen_n : 8;
+			struct tls_gen_ent *g = realloc(t->gen, cap * sizeof(*g));
+
+			if (!g) {
+				pthread_rwlock_unlock(&t->lock);
+				return -ENOMEM;
+			}
+			t->gen = g;
+		}
+		t->gen_n++;
+	}
+	OPENSSL_cleanse(&t->gen[slot].psk, sizeof(t->gen[slot].psk));
+	snprintf(t->gen[slot].host, sizeof(t->gen[slot].host), "%s", host);
+	snprintf(t->gen[slot].digest, sizeof(t->gen[slot].digest), "%s", digest);
+	t->gen[slot].psk = *psk;
+	t->gen[slot].used_ms = now;
+	pthread_rwlock_unlock(&t->lock);
+	return 0;
 }
 
 static SSL_CTX *ctx_common(bool server)
@@ -475,12 +631,10 @@ static struct rtrs_tls_ctx *ctx_new(bool server, bool no_ktls)
 	return t;
 }
 
-int rtrs_tls_ctx_client(const char *host, const char *server, const struct rtrs_auth_key *tls_key,
-			const struct rtrs_auth_key *host_key, bool no_ktls,
-			struct rtrs_tls_ctx **out)
+static int ctx_client(enum rtrs_tls_kind kind, const char *host, const char *server,
+		      const struct rtrs_auth_key *k, const char *digest, bool no_ktls,
+		      struct rtrs_tls_ctx **out)
 {
-	bool derived = !tls_key || !tls_key->len;
-	const struct rtrs_auth_key *k = derived ? host_key : tls_key;
 	struct rtrs_tls_ctx *t;
 	int rc;
 
@@ -489,7 +643,7 @@ int rtrs_tls_ctx_client(const char *host, const char *server, const struct rtrs_
 	t = ctx_new(false, no_ktls);
 	if (!t)
 		return -ENOMEM;
-	t->hash = derived ? 1 : k->hmac;
+	t->hash = kind == RTRS_TLS_DERIVED ? 1 : k->hmac;
 	/*
 	 * The one suite of the PSK's hash: a server picks a suite before it
 	 * looks at the PSK, and skips a PSK whose hash is not the suite's.
@@ -500,9 +654,10 @@ int rtrs_tls_ctx_client(const char *host, const char *server, const struct rtrs_
 		rtrs_tls_ctx_put(t);
 		return -EINVAL;
 	}
-	rc = rtrs_tls_identity(derived, t->hash, host, server, t->identity, sizeof(t->identity));
+	rc = rtrs_tls_identity(kind, t->hash, host, server, digest, t->identity,
+			       sizeof(t->identity));
 	if (!rc)
-		rc = rtrs_tls_psk(k, derived, t->identity, t->psk, &t->psk_len);
+		rc = rtrs_tls_psk(k, kind, t->identity, t->psk, &t->psk_len);
 	if (rc) {
 		rtrs_tls_ctx_put(t);
 		return rc;
@@ -510,6 +665,25 @@ int rtrs_tls_ctx_client(const char *host, const char *server, const struct rtrs_
 	SSL_CTX_set_psk_use_session_callback(t->ssl, clt_use_session);
 	*out = t;
 	return 0;
+}
+
+int rtrs_tls_ctx_client(const char *host, const char *server, const struct rtrs_auth_key *tls_key,
+			const struct rtrs_auth_key *host_key, bool no_ktls,
+			struct rtrs_tls_ctx **out)
+{
+	bool derived = !tls_key || !tls_key->len;
+
+	return ctx_client(derived ? RTRS_TLS_DERIVED : RTRS_TLS_CONFIGURED, host, server,
+			  derived ? host_key : tls_key, NULL, no_ktls, out);
+}
+
+int rtrs_tls_ctx_client_generated(const char *host, const char *server,
+				  const struct rtrs_auth_key *psk, const char *digest,
+				  bool no_ktls, struct rtrs_tls_ctx **out)
+{
+	if (!digest)
+		return -EINVAL;
+	return ctx_client(RTRS_TLS_GENERATED, host, server, psk, digest, no_ktls, out);
 }
 
 struct ents_build {
@@ -608,6 +782,9 @@ void rtrs_tls_ctx_put(struct rtrs_tls_ctx *t)
 		return;
 	SSL_CTX_free(t->ssl);
 	ents_free(t->ents, t->n);
+	if (t->gen)
+		OPENSSL_cleanse(t->gen, t->gen_n * sizeof(*t->gen));
+	free(t->gen);
 	free(t->keys_path);
 	OPENSSL_cleanse(t->psk, sizeof(t->psk));
 	pthread_rwlock_destroy(&t->lock);

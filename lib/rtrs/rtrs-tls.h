@@ -23,32 +23,61 @@
 
 #include "rtrs-auth.h"
 
-/* A TLS connection's PSK identity: "RTRS0R0h host server", at most this long. */
-#define RTRS_TLS_IDENTITY_MAX (9 + RTRS_AUTH_NAME_MAX + 1 + RTRS_AUTH_NAME_MAX)
+/*
+ * What kind of PSK an identity names (its fifth character):
+ * RTRS_TLS_CONFIGURED, a key given to both sides ("tls=", tls_key);
+ * RTRS_TLS_DERIVED, one derived from the host's DH-HMAC-CHAP secret;
+ * RTRS_TLS_GENERATED, one a DH-HMAC-CHAP exchange with SC_C NEWTLSPSK
+ * generated for one path (secure channel concatenation,
+ * rtrs_auth_txn_psk), named by its digest.
+ */
+enum rtrs_tls_kind {
+	RTRS_TLS_CONFIGURED = 'R',
+	RTRS_TLS_DERIVED = 'D',
+	RTRS_TLS_GENERATED = 'G',
+};
+
+/* A generated PSK's digest in its identity: 32 hex digits. */
+#define RTRS_TLS_DIGEST_LEN 32
+/* A TLS connection's PSK identity: "RTRS0G0h host server digest", at most this long. */
+#define RTRS_TLS_IDENTITY_MAX \
+	(9 + RTRS_AUTH_NAME_MAX + 1 + RTRS_AUTH_NAME_MAX + 1 + RTRS_TLS_DIGEST_LEN)
 
 /*
- * The identity a client presents: "RTRS0<k>0<h> <host> <server>" with k
- * 'R' for a configured PSK (h its hash id, 1 or 2) or 'D' for one derived
- * from the host's DH-HMAC-CHAP secret (h 1). -EINVAL for names that are
- * not 1..RTRS_AUTH_NAME_MAX printable characters without blanks.
+ * The identity a client presents: "RTRS0<k>0<h> <host> <server>", and for
+ * a generated PSK " <digest>" after it; k is the kind, h the hash id of
+ * the TLS suite (1 SHA-256, 2 SHA-384; derived ones 1). -EINVAL for names
+ * that are not 1..RTRS_AUTH_NAME_MAX printable characters without blanks,
+ * or a digest where the kind has none (or none where it has one).
  */
-int rtrs_tls_identity(bool derived, unsigned hash, const char *host, const char *server,
-		      char *buf, size_t len);
+int rtrs_tls_identity(enum rtrs_tls_kind kind, unsigned hash, const char *host,
+		      const char *server, const char *digest, char *buf, size_t len);
 /*
- * Splits an identity into its kind, hash and names (NUL-terminated copies
- * into host and server, each RTRS_AUTH_NAME_MAX + 1 bytes). -EINVAL (and
- * *why) for anything else.
+ * Splits an identity into its kind, hash, names and digest
+ * (NUL-terminated copies: host and server RTRS_AUTH_NAME_MAX + 1 bytes
+ * each, digest RTRS_TLS_DIGEST_LEN + 1, "" for kinds without one).
+ * -EINVAL (and *why) for anything else.
  */
-int rtrs_tls_identity_parse(const char *id, size_t len, bool *derived, unsigned *hash,
-			    char *host, char *server, const char **why);
+int rtrs_tls_identity_parse(const char *id, size_t len, enum rtrs_tls_kind *kind,
+			    unsigned *hash, char *host, char *server, char *digest,
+			    const char **why);
 /*
- * The PSK TLS uses for identity: HKDF (the key's hash) of the configured
- * PSK, or of the DH-HMAC-CHAP secret for a derived one (SHA-256), with the
- * identity as the info, so that a key opens only the identity it was made
- * for. out holds 48 bytes; *out_len is 32 or 48.
+ * The PSK TLS uses for identity: HKDF of the key with the identity as the
+ * info, so that a key opens only the identity it was made for: SHA-256
+ * for a derived key, else the key's hmac (2: SHA-384). out holds 48
+ * bytes; *out_len is 32 or 48.
  */
-int rtrs_tls_psk(const struct rtrs_auth_key *key, bool derived, const char *identity,
+int rtrs_tls_psk(const struct rtrs_auth_key *key, enum rtrs_tls_kind kind, const char *identity,
 		 uint8_t *out, size_t *out_len);
+/*
+ * A generated PSK (its hmac the suite's hash id, 1 or 2) as an RTRS key,
+ * from an exchange's output (rtrs_auth_txn_psk: hash id 1..3, 32..64
+ * bytes), and its digest: hex of the first 16 bytes of
+ * HMAC-SHA256(psk, "RTRS generated PSK <host> <server>").
+ */
+int rtrs_tls_generated(const uint8_t *psk, size_t len, unsigned auth_hash, const char *host,
+		       const char *server, struct rtrs_auth_key *out,
+		       char digest[RTRS_TLS_DIGEST_LEN + 1]);
 
 /* ---- contexts ---------------------------------------------------------------- */
 
@@ -62,6 +91,10 @@ struct rtrs_tls_ctx;
 int rtrs_tls_ctx_client(const char *host, const char *server, const struct rtrs_auth_key *tls_key,
 			const struct rtrs_auth_key *host_key, bool no_ktls,
 			struct rtrs_tls_ctx **out);
+/* A client path's context for a generated PSK (rtrs_tls_generated). */
+int rtrs_tls_ctx_client_generated(const char *host, const char *server,
+				  const struct rtrs_auth_key *psk, const char *digest,
+				  bool no_ktls, struct rtrs_tls_ctx **out);
 /*
  * A server's context: the PSKs of the key file at keys_path (each host's
  * "tls=" key, or its DH-HMAC-CHAP secret for derived identities), read
@@ -70,7 +103,19 @@ int rtrs_tls_ctx_client(const char *host, const char *server, const struct rtrs_
  */
 int rtrs_tls_ctx_server(const char *server, const char *keys_path, bool no_ktls,
 			struct rtrs_tls_ctx **out, unsigned *line, const char **why);
-/* Reads the key file again; on error the old keys stay. */
+/*
+ * Server: a PSK an exchange generated for host (rtrs_tls_generated), for
+ * the handshakes of that path's connections: kept while they use it, and
+ * forgotten RTRS_TLS_GENERATED_IDLE_MS after its last handshake; at most
+ * RTRS_TLS_GENERATED_PER_HOST per host and RTRS_TLS_GENERATED_MAX in all
+ * (the least recently used goes first).
+ */
+#define RTRS_TLS_GENERATED_IDLE_MS 60000
+#define RTRS_TLS_GENERATED_PER_HOST 32
+#define RTRS_TLS_GENERATED_MAX 4096
+int rtrs_tls_ctx_add_generated(struct rtrs_tls_ctx *t, const char *host,
+			       const struct rtrs_auth_key *psk, const char *digest);
+/* Reads the key file again; on error the old keys stay (generated PSKs stay too). */
 int rtrs_tls_ctx_reload(struct rtrs_tls_ctx *t, unsigned *line, const char **why);
 void rtrs_tls_ctx_get(struct rtrs_tls_ctx *t);
 void rtrs_tls_ctx_put(struct rtrs_tls_ctx *t);

@@ -6,6 +6,10 @@
 #     plain path holds them (the capture can see them);
 #   - a PSK from `nvme gen-tls-key` (SHA-256 and SHA-384) works, and so does
 #     one derived from the host's DH-HMAC-CHAP secret (no tls= key);
+#   - secure channel concatenation (--tls concat): each path's PSK comes
+#     from a DH-HMAC-CHAP exchange in the clear; the pattern's round holds
+#     none of the pattern either; a wrong secret is EKEYREJECTED once, a
+#     server without TLS EPROTONOSUPPORT once;
 #   - each refusal fails the first attempt with its errno and is not tried
 #     again (the server sees it once): a wrong PSK and a host the server
 #     has no key for (EKEYREJECTED), a client without a key (ENOKEY, no
@@ -142,6 +146,31 @@ check "a PSK derived from the DH-HMAC-CHAP secret (host-c, no tls= key)" \
 check "a TLS client to a server that offers TLS" pattern_round "$offer" --tls required \
 	--tls-key "@$dir/a.tls"
 check "a plain client to a server that offers TLS" pattern_round "$offer"
+
+# ---- secure channel concatenation ------------------------------------------------------
+
+n0=$(grep -c 'a TLS PSK generated for its path' "$dir/req.log" || true)
+check "concat: the pattern written and read back, each path's PSK from its exchange" \
+	capture concat "$req" --tls concat
+check "... the capture holds none of it" test "$(in_capture "$dir/concat.pcap")" -eq 0
+check "... and is not empty (it saw the session)" \
+	test "$(stat -c %s "$dir/concat.pcap")" -gt $((2 << 20))
+check "... the server generated one PSK per session (the write's and the read's)" \
+	test "$(grep -c 'a TLS PSK generated for its path' "$dir/req.log")" -eq $((n0 + 2))
+check "... and the generated identities, not the derived one, opened TLS" \
+	bash -c "! grep -q 'RTRS0D01 host-a' '$dir/req.log'"
+check "concat to a server that offers TLS" pattern_round "$offer" --tls concat
+check "concat with a wrong secret: EKEYREJECTED at the first attempt, never again" \
+	refused "Key was rejected by service" "$dir/req.log" "host host-b failed authentication" \
+	"$client" info --server "127.0.0.1:$req" --host-name host-b --secret "@$dir/a.secret" \
+	--tls concat --device disk.img
+check "concat to a server without TLS: EPROTONOSUPPORT at the first attempt, never again" \
+	refused "Protocol not supported" "$dir/off.log" \
+	"a secure channel concatenation, and this server has no TLS" \
+	as a info "$off" --device disk.img --tls concat
+check "concat with a TLS key: refused at open" \
+	refused "generates its PSK" "$dir/req.log" "" \
+	as a info "$req" --device disk.img --tls concat --tls-key "@$dir/a.tls"
 
 # ---- refusals -------------------------------------------------------------------------
 

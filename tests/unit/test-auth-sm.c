@@ -1334,6 +1334,94 @@ static void test_txn_end(void)
 	xfree(x);
 }
 
+/* Secure channel concatenation: both ends generate the same PSK, a new one per exchange. */
+static void test_concat(void)
+{
+	char hs[RTRS_AUTH_KEY_STR_MAX], cs[RTRS_AUTH_KEY_STR_MAX];
+	uint8_t a[RTRS_AUTH_MAX_HASH_LEN], b[RTRS_AUTH_MAX_HASH_LEN], c[RTRS_AUTH_MAX_HASH_LEN];
+	size_t al = 0, bl = 0, cl = 0;
+	unsigned ah = 0, bh = 0, ch = 0;
+	struct rtrs_auth_msg m;
+	struct xchg *x = xnew();
+
+	rtrs_auth_key_format(&rb_hk, hs, sizeof(hs));
+	rtrs_auth_key_format(&rb_ck, cs, sizeof(cs));
+	write_keys(hs, cs);
+	for (int bidir = 0; bidir < 2; bidir++) {
+		host_cfg(&x->hc, "sha384", NULL, &rb_hk, bidir ? &rb_ck : NULL);
+		x->hc.scc = RTRS_AUTH_SCC_NEWTLSPSK;
+		srv_cfg(&x->sc, NULL, "null,ffdhe2048");
+		xstart(x);
+		x->srv.scc = RTRS_AUTH_SCC_NEWTLSPSK;
+		CHECK(decode_msg(x, 0, &m) && m.scc == RTRS_AUTH_SCC_NEWTLSPSK && m.nr_groups == 5,
+		      "NEGOTIATE: SC_C 1 and every group but null");
+		run(x);
+		CHECK(x->clt_res == RTRS_AUTH_DONE && x->srv_res == RTRS_AUTH_DONE,
+		      "bidir %d: %s / %s", bidir, step_name(x->clt_res), step_name(x->srv_res));
+		CHECK_EQ(x->srv.group, RTRS_AUTH_DH_FFDHE2048); /* null comes first, but not here */
+		CHECK_EQ(rtrs_auth_txn_psk(&x->clt, a, &al, &ah), 0);
+		CHECK_EQ(rtrs_auth_txn_psk(&x->srv, b, &bl, &bh), 0);
+		CHECK(al == 48 && bl == 48 && ah == 2 && bh == 2, "%zu %zu %u %u", al, bl, ah, bh);
+		CHECK(!memcmp(a, b, al), "host and server generate the same PSK");
+		rtrs_auth_txn_end(&x->clt);
+		rtrs_auth_txn_end(&x->srv);
+		xstart(x);
+		x->srv.scc = RTRS_AUTH_SCC_NEWTLSPSK;
+		run(x);
+		CHECK_EQ(rtrs_auth_txn_psk(&x->clt, c, &cl, &ch), 0);
+		CHECK(memcmp(a, c, al), "another exchange, another PSK");
+		rtrs_auth_txn_end(&x->clt);
+		rtrs_auth_txn_end(&x->srv);
+	}
+
+	/* A transaction without SC_C generates nothing. */
+	host_cfg(&x->hc, "sha256", "ffdhe2048", &rb_hk, NULL);
+	srv_cfg(&x->sc, NULL, NULL);
+	xstart(x);
+	run(x);
+	CHECK(x->clt_res == RTRS_AUTH_DONE);
+	CHECK_EQ(rtrs_auth_txn_psk(&x->clt, a, &al, &ah), -EINVAL);
+	rtrs_auth_txn_end(&x->clt);
+	rtrs_auth_txn_end(&x->srv);
+
+	/* SC_C where the server expects none, and none where it expects it: a mismatch. */
+	host_cfg(&x->hc, "sha256", "ffdhe2048", &rb_hk, NULL);
+	x->hc.scc = RTRS_AUTH_SCC_NEWTLSPSK;
+	xstart(x);
+	run(x);
+	CHECK(x->srv_res == RTRS_AUTH_FAILED && x->clt_res == RTRS_AUTH_FAILED);
+	CHECK(decode_msg(x, 1, &m) && m.id == RTRS_AUTH_FAILURE1 &&
+	      m.fail_exp == RTRS_AUTH_FAIL_CONCAT_MISMATCH, "FAILURE1: concatenation mismatch");
+	CHECK_EQ(x->clt.err, -EKEYREJECTED);
+	rtrs_auth_txn_end(&x->clt);
+	rtrs_auth_txn_end(&x->srv);
+	host_cfg(&x->hc, "sha256", "ffdhe2048", &rb_hk, NULL);
+	xstart(x);
+	x->srv.scc = RTRS_AUTH_SCC_NEWTLSPSK;
+	run(x);
+	CHECK(x->srv_res == RTRS_AUTH_FAILED && x->clt_res == RTRS_AUTH_FAILED);
+	rtrs_auth_txn_end(&x->clt);
+	rtrs_auth_txn_end(&x->srv);
+
+	/* No DH group to be had: the host does not even start; a server with null only refuses. */
+	host_cfg(&x->hc, "sha256", "null", &rb_hk, NULL);
+	x->hc.scc = RTRS_AUTH_SCC_NEWTLSPSK;
+	xstart(x);
+	CHECK_EQ(x->begin_rc, -EINVAL);
+	rtrs_auth_txn_end(&x->clt);
+	rtrs_auth_txn_end(&x->srv);
+	host_cfg(&x->hc, "sha256", NULL, &rb_hk, NULL);
+	x->hc.scc = RTRS_AUTH_SCC_NEWTLSPSK;
+	srv_cfg(&x->sc, NULL, "null");
+	xstart(x);
+	x->srv.scc = RTRS_AUTH_SCC_NEWTLSPSK;
+	run(x);
+	CHECK(x->srv_res == RTRS_AUTH_FAILED && x->clt_res == RTRS_AUTH_FAILED);
+	CHECK(decode_msg(x, 1, &m) && m.id == RTRS_AUTH_FAILURE1 &&
+	      m.fail_exp == RTRS_AUTH_FAIL_DHGROUP_UNUSABLE);
+	xfree(x);
+}
+
 static void test_state_names(void)
 {
 	for (int a = 0; a < AUTH_CLT_NR_STATES; a++) {
@@ -1396,6 +1484,7 @@ int main(void)
 	new_key(3, 64, &rb_ck, NULL);
 
 	test_state_names();
+	test_concat();
 	test_matrix();
 	test_preference();
 	test_refusals();

@@ -794,6 +794,11 @@ static const struct {
 	{ SRV_HS_AUTH_FAILED, SRV_HS_EV_MSG, -1, -EACCES },
 	{ SRV_HS_REFUSED, SRV_HS_EV_CONNREQ, -1, -EEXIST },
 	{ SRV_HS_DONE, SRV_HS_EV_CONNREQ, -1, -EEXIST },
+	{ SRV_HS_AUTH, SRV_HS_EV_CONCAT_DONE, SRV_HS_CONCAT, 0 },
+	{ SRV_HS_HOST_OK, SRV_HS_EV_CONCAT_DONE, SRV_HS_CONCAT, 0 },
+	{ SRV_HS_CONCAT, SRV_HS_EV_CONNREQ, -1, -EPROTO },
+	{ SRV_HS_CONCAT, SRV_HS_EV_AUTH_MSG, -1, -EPROTO },
+	{ SRV_HS_CONCAT, SRV_HS_EV_MSG, -1, -EPROTO },
 };
 
 /* Runs evs from the start; the state reached, or -errno of the first refused. */
@@ -817,8 +822,8 @@ static void test_srv_hs(void)
 {
 	unsigned n_go = 0;
 
-	CHECK_EQ(SRV_HS_NR_STATES, 7);
-	CHECK_EQ(SRV_HS_NR_EVENTS, 9);
+	CHECK_EQ(SRV_HS_NR_STATES, 8);
+	CHECK_EQ(SRV_HS_NR_EVENTS, 10);
 	for (int st = -2; st < SRV_HS_NR_STATES + 2; st++) {
 		for (int ev = -2; ev < SRV_HS_NR_EVENTS + 2; ev++) {
 			int next = -100, rc, want_next = -1, want_err = -EPROTO;
@@ -858,7 +863,7 @@ static void test_srv_hs(void)
 		CHECK(strcmp(rtrs_srv_hs_state_str(st), "unknown") ||
 		      st < 0 || st >= SRV_HS_NR_STATES);
 	}
-	CHECK_EQ(n_go, 13);
+	CHECK_EQ(n_go, 15);
 
 	/* Whole handshakes, as clients run them. */
 	static const int plain[] = { SRV_HS_EV_CONNREQ, SRV_HS_EV_CONNREQ, SRV_HS_EV_MSG,
@@ -877,6 +882,13 @@ static void test_srv_hs(void)
 	static const int auth_unasked[] = { SRV_HS_EV_CONNREQ, SRV_HS_EV_AUTH_MSG };
 	static const int info_twice[] = { SRV_HS_EV_MSG, SRV_HS_EV_MSG };
 	static const int late_con[] = { SRV_HS_EV_MSG, SRV_HS_EV_INFO_OK, SRV_HS_EV_CONNREQ };
+	/* Secure channel concatenation: the exchange, then nothing more on that path. */
+	static const int concat[] = { SRV_HS_EV_AUTH_MSG, SRV_HS_EV_AUTH_MSG, SRV_HS_EV_HOST_OK,
+				      SRV_HS_EV_CONCAT_DONE };
+	static const int concat_info[] = { SRV_HS_EV_AUTH_MSG, SRV_HS_EV_HOST_OK,
+					   SRV_HS_EV_CONCAT_DONE, SRV_HS_EV_MSG };
+	static const int concat_con[] = { SRV_HS_EV_AUTH_MSG, SRV_HS_EV_HOST_OK,
+					  SRV_HS_EV_CONCAT_DONE, SRV_HS_EV_CONNREQ };
 
 	CHECK_EQ(hs_walk(false, plain, ARRAY_SIZE(plain)), SRV_HS_DONE);
 	CHECK_EQ(hs_walk(true, plain, ARRAY_SIZE(plain)), -EACCES);
@@ -888,6 +900,9 @@ static void test_srv_hs(void)
 	CHECK_EQ(hs_walk(false, auth_unasked, ARRAY_SIZE(auth_unasked)), -EPROTO);
 	CHECK_EQ(hs_walk(false, info_twice, ARRAY_SIZE(info_twice)), -EPROTO);
 	CHECK_EQ(hs_walk(false, late_con, ARRAY_SIZE(late_con)), -EEXIST);
+	CHECK_EQ(hs_walk(true, concat, ARRAY_SIZE(concat)), SRV_HS_CONCAT);
+	CHECK_EQ(hs_walk(true, concat_info, ARRAY_SIZE(concat_info)), -EPROTO);
+	CHECK_EQ(hs_walk(true, concat_con, ARRAY_SIZE(concat_con)), -EPROTO);
 
 	/* Admission stops counting a path as pending once its host is proven. */
 	CHECK(!rtrs_srv_hs_host_proven(SRV_HS_AUTH));
@@ -897,6 +912,7 @@ static void test_srv_hs(void)
 	CHECK(rtrs_srv_hs_host_proven(SRV_HS_INFO));
 	CHECK(rtrs_srv_hs_host_proven(SRV_HS_REFUSED));
 	CHECK(rtrs_srv_hs_host_proven(SRV_HS_DONE));
+	CHECK(rtrs_srv_hs_host_proven(SRV_HS_CONCAT));
 	CHECK(!rtrs_srv_hs_host_proven(-1) && !rtrs_srv_hs_host_proven(SRV_HS_NR_STATES));
 }
 

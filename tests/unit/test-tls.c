@@ -95,29 +95,54 @@ static void test_identity(void)
 {
 	char id[RTRS_TLS_IDENTITY_MAX + 1], host[RTRS_AUTH_NAME_MAX + 1];
 	char server[RTRS_AUTH_NAME_MAX + 1], long_name[300];
+	char digest[RTRS_TLS_DIGEST_LEN + 1];
 	const char *why = NULL;
+	const char *dg = "0123456789abcdef0123456789abcdef";
+	enum rtrs_tls_kind kind;
 	unsigned hash;
-	bool derived;
 
-	CHECK_EQ(rtrs_tls_identity(false, 2, "host-a", "srv", id, sizeof(id)), 0);
+	CHECK_EQ(rtrs_tls_identity(RTRS_TLS_CONFIGURED, 2, "host-a", "srv", NULL, id, sizeof(id)), 0);
 	CHECK(!strcmp(id, "RTRS0R02 host-a srv"), "%s", id);
-	CHECK_EQ(rtrs_tls_identity_parse(id, strlen(id), &derived, &hash, host, server, &why), 0);
-	CHECK(!derived && hash == 2 && !strcmp(host, "host-a") && !strcmp(server, "srv"));
-	CHECK_EQ(rtrs_tls_identity(true, 1, "h", "s", id, sizeof(id)), 0);
+	CHECK_EQ(rtrs_tls_identity_parse(id, strlen(id), &kind, &hash, host, server, digest, &why),
+		 0);
+	CHECK(kind == RTRS_TLS_CONFIGURED && hash == 2 && !strcmp(host, "host-a") &&
+	      !strcmp(server, "srv") && !digest[0]);
+	CHECK_EQ(rtrs_tls_identity(RTRS_TLS_DERIVED, 1, "h", "s", NULL, id, sizeof(id)), 0);
 	CHECK(!strcmp(id, "RTRS0D01 h s"), "%s", id);
-	CHECK_EQ(rtrs_tls_identity(true, 2, "h", "s", id, sizeof(id)), -EINVAL);
-	CHECK_EQ(rtrs_tls_identity(false, 1, "a b", "s", id, sizeof(id)), -EINVAL);
+	CHECK_EQ(rtrs_tls_identity(RTRS_TLS_DERIVED, 2, "h", "s", NULL, id, sizeof(id)), -EINVAL);
+	CHECK_EQ(rtrs_tls_identity(RTRS_TLS_CONFIGURED, 1, "a b", "s", NULL, id, sizeof(id)),
+		 -EINVAL);
 	memset(long_name, 'x', 224);
 	long_name[224] = '\0';
-	CHECK_EQ(rtrs_tls_identity(false, 1, long_name, "s", id, sizeof(id)), -EINVAL);
+	CHECK_EQ(rtrs_tls_identity(RTRS_TLS_CONFIGURED, 1, long_name, "s", NULL, id, sizeof(id)),
+		 -EINVAL);
+	/* Generated: a digest, and only there. */
+	CHECK_EQ(rtrs_tls_identity(RTRS_TLS_GENERATED, 2, "h", "s", dg, id, sizeof(id)), 0);
+	CHECK(!strcmp(id, "RTRS0G02 h s 0123456789abcdef0123456789abcdef"), "%s", id);
+	CHECK_EQ(rtrs_tls_identity_parse(id, strlen(id), &kind, &hash, host, server, digest, &why),
+		 0);
+	CHECK(kind == RTRS_TLS_GENERATED && hash == 2 && !strcmp(host, "h") &&
+	      !strcmp(server, "s") && !strcmp(digest, dg));
+	CHECK_EQ(rtrs_tls_identity(RTRS_TLS_GENERATED, 1, "h", "s", NULL, id, sizeof(id)), -EINVAL);
+	CHECK_EQ(rtrs_tls_identity(RTRS_TLS_CONFIGURED, 1, "h", "s", dg, id, sizeof(id)), -EINVAL);
+	CHECK_EQ(rtrs_tls_identity(RTRS_TLS_GENERATED, 1, "h", "s", "0123", id, sizeof(id)),
+		 -EINVAL);
+	memset(long_name, 'x', 223);
+	long_name[223] = '\0';
+	CHECK_EQ(rtrs_tls_identity(RTRS_TLS_GENERATED, 2, long_name, long_name, dg, id, sizeof(id)),
+		 0);
+	CHECK_EQ(strlen(id), RTRS_TLS_IDENTITY_MAX);
 
 	static const char *const bad[] = {
 		"", "RTRS0R01", "RTRS0R01 host", "RTRS0X01 h s", "RTRS0R03 h s", "RTRS0D02 h s",
 		"NVMe0R01 h s", "RTRS0R01 h  s", "RTRS0R01  h s", "RTRS0R01 h s\x01",
+		"RTRS0G01 h s", "RTRS0G01 h s 0123456789abcdef0123456789abcde",
+		"RTRS0G01 h s 0123456789abcdef0123456789abcdeF", "RTRS0R01 h s 0123",
+		"RTRS0G01 h s 0123456789abcdef0123456789abcdef ",
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-		CHECK_EQ(rtrs_tls_identity_parse(bad[i], strlen(bad[i]), &derived, &hash, host,
-						 server, &why), -EINVAL);
+		CHECK_EQ(rtrs_tls_identity_parse(bad[i], strlen(bad[i]), &kind, &hash, host,
+						 server, digest, &why), -EINVAL);
 }
 
 static void test_psk(void)
@@ -129,17 +154,17 @@ static void test_psk(void)
 
 	CHECK_EQ(rtrs_tls_key_check(TLS_A, &k, NULL, NULL, &why), 0);
 	CHECK_EQ(rtrs_auth_key_parse(SECRET_A, &s, &why), 0);
-	CHECK_EQ(rtrs_tls_psk(&k, false, "RTRS0R01 a srv", a, &al), 0);
-	CHECK_EQ(rtrs_tls_psk(&k, false, "RTRS0R01 a srv", b, &bl), 0);
-	CHECK_EQ(rtrs_tls_psk(&k, false, "RTRS0R01 b srv", c, &cl), 0);
+	CHECK_EQ(rtrs_tls_psk(&k, RTRS_TLS_CONFIGURED, "RTRS0R01 a srv", a, &al), 0);
+	CHECK_EQ(rtrs_tls_psk(&k, RTRS_TLS_CONFIGURED, "RTRS0R01 a srv", b, &bl), 0);
+	CHECK_EQ(rtrs_tls_psk(&k, RTRS_TLS_CONFIGURED, "RTRS0R01 b srv", c, &cl), 0);
 	CHECK_EQ(al, 32);
 	CHECK(!memcmp(a, b, 32), "the same key and identity give the same PSK");
 	CHECK(memcmp(a, c, 32), "another identity, another PSK");
 	CHECK(memcmp(a, k.key, 32), "the PSK is not the configured key itself");
-	CHECK_EQ(rtrs_tls_psk(&s, true, "RTRS0D01 a srv", c, &cl), 0);
+	CHECK_EQ(rtrs_tls_psk(&s, RTRS_TLS_DERIVED, "RTRS0D01 a srv", c, &cl), 0);
 	CHECK_EQ(cl, 32);
 	k.len = 0;
-	CHECK_EQ(rtrs_tls_psk(&k, false, "RTRS0R01 a srv", a, &al), -ENOKEY);
+	CHECK_EQ(rtrs_tls_psk(&k, RTRS_TLS_CONFIGURED, "RTRS0R01 a srv", a, &al), -ENOKEY);
 }
 
 /* ---- handshakes on a socket pair ------------------------------------------------------ */
