@@ -20,7 +20,7 @@ enum clt_type {
 	CT_POLICY,   /* enum rtrs_mp_policy by name */
 	CT_LEVEL,    /* int, a log level by name (opts_log_level_parse) */
 	CT_ATTEMPTS, /* int, -1 (no limit) or a count in [min, max] */
-	CT_TLS,      /* enum rtrs_tls_mode: off or required */
+	CT_TLS,      /* enum rtrs_tls_mode: off, required or concat */
 };
 
 struct clt_def {

@@ -217,15 +217,18 @@ bool test_tls(void)
 {
 	const char *e = getenv("RTRS_TEST_TLS");
 
-	return e && !strcmp(e, "1");
+	return e && (!strcmp(e, "1") || !strcmp(e, "concat"));
 }
 
 void test_clt_tls(struct rtrs_clt_opts *o)
 {
 	if (!test_tls())
 		return;
-	o->tls = RTRS_TLS_REQUIRED;
-	o->tls_key = TEST_TLS_KEY;
+	const char *e = getenv("RTRS_TEST_TLS");
+	bool concat = !strcmp(e, "concat");
+
+	o->tls = concat ? RTRS_TLS_CONCAT : RTRS_TLS_REQUIRED;
+	o->tls_key = concat ? NULL : TEST_TLS_KEY;
 	o->auth_secret = TEST_TLS_SECRET;
 	o->auth_host_name = TEST_TLS_HOST;
 	o->auth_server_name = TEST_TLS_SERVER;

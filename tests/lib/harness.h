@@ -52,7 +52,9 @@ int proc_signal(struct proc *p, int sig, bool wait);
  * proc_spawn_server starts (rtrs-test-server, unless the test gives its own
  * --auth-keys) require it, with a key file the harness writes; a test
  * calls test_clt_tls on its client options, which then require TLS with
- * that file's host, secret and PSK. Without the variable both do nothing.
+ * that file's host, secret and PSK. RTRS_TEST_TLS=concat: the same, the
+ * clients with RTRS_TLS_CONCAT (a PSK from each path's exchange). Without
+ * the variable both do nothing.
  */
 bool test_tls(void);
 void test_clt_tls(struct rtrs_clt_opts *o);

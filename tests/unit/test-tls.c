@@ -5,7 +5,9 @@
  * nvme-cli, identities, the PSK binding, key files with tls= fields, and
  * whole handshakes and records between a client and a server on a socket
  * pair: bytes through in both directions as written, a wrong key, an
- * unknown host, a derived key, a SHA-384 key.
+ * unknown host, a derived key, a SHA-384 key; generated PSKs (secure
+ * channel concatenation): refused until the server has them, bound to
+ * their host and digest, the least recently used pushed out.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -290,6 +292,79 @@ static void pair_close(struct pair *p)
 	close(p->fd[1]);
 }
 
+/* One handshake of a generated PSK against a server context that may know it. */
+static void gen_round(struct rtrs_tls_ctx *sctx, const char *host, const struct rtrs_auth_key *k,
+		      const char *digest, int want, const char *why, const char *err)
+{
+	struct pair p;
+
+	memset(&p, 0, sizeof(p));
+	CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, p.fd), 0);
+	CHECK_EQ(rtrs_tls_ctx_client_generated(host, "srv", k, digest, true, &p.cctx), 0);
+	rtrs_tls_ctx_get(sctx);
+	p.sctx = sctx;
+	CHECK_EQ(rtrs_tls_new(p.cctx, p.fd[0], false, "client", &p.c), 0);
+	CHECK_EQ(rtrs_tls_new(p.sctx, p.fd[1], true, "server", &p.s), 0);
+	pump(p.c, p.s, &p.crc, &p.src);
+	CHECK(p.crc == want && p.src == want, "%s: %d %d", why, p.crc, p.src);
+	if (!want) {
+		CHECK(!strcmp(rtrs_tls_peer_host(p.s), host));
+		CHECK(transfer(p.c, p.s, 100000, 6), "%s", why);
+	} else {
+		CHECK(strstr(rtrs_tls_error(p.s), err), "%s: %s", why, rtrs_tls_error(p.s));
+	}
+	pair_close(&p);
+}
+
+/* Secure channel concatenation's PSKs: only what the server was given, by host and digest. */
+static void test_generated(void)
+{
+	struct rtrs_tls_ctx *sctx = NULL;
+	struct rtrs_auth_key k, k2, k384;
+	char d[RTRS_TLS_DIGEST_LEN + 1], d2[RTRS_TLS_DIGEST_LEN + 1], d384[RTRS_TLS_DIGEST_LEN + 1];
+	uint8_t raw[64];
+	const char *why = NULL;
+	unsigned line = 0;
+
+	for (int i = 0; i < 64; i++)
+		raw[i] = (uint8_t)(i * 13 + 5);
+	CHECK_EQ(write_keys("host-a " SECRET_A "\n"), 0);
+	CHECK_EQ(rtrs_tls_ctx_server("srv", keys_path, true, &sctx, &line, &why), 0);
+	CHECK_EQ(rtrs_tls_generated(raw, 32, 1, "host-a", "srv", &k, d), 0);
+	CHECK(k.hmac == 1 && k.len == 32 && strlen(d) == RTRS_TLS_DIGEST_LEN);
+	CHECK_EQ(rtrs_tls_generated(raw, 48, 2, "host-a", "srv", &k384, d384), 0);
+	CHECK(k384.hmac == 2 && strcmp(d, d384));
+	raw[0] ^= 1;
+	CHECK_EQ(rtrs_tls_generated(raw, 32, 1, "host-a", "srv", &k2, d2), 0);
+	CHECK(strcmp(d, d2), "another PSK, another digest");
+	CHECK_EQ(rtrs_tls_generated(raw, 16, 1, "host-a", "srv", &k2, d2), -EINVAL);
+	CHECK_EQ(rtrs_tls_generated(raw, 32, 4, "host-a", "srv", &k2, d2), -EINVAL);
+
+	gen_round(sctx, "host-a", &k, d, -EKEYREJECTED, "not given to the server yet",
+		  "generated PSK this server does not have");
+	CHECK_EQ(rtrs_tls_ctx_add_generated(sctx, "host-a", &k, d), 0);
+	CHECK_EQ(rtrs_tls_ctx_add_generated(sctx, "host-a", &k384, d384), 0);
+	gen_round(sctx, "host-a", &k, d, 0, "SHA-256, given", NULL);
+	gen_round(sctx, "host-a", &k, d, 0, "used again by another connection of the path", NULL);
+	gen_round(sctx, "host-a", &k384, d384, 0, "SHA-384, given", NULL);
+	gen_round(sctx, "host-b", &k, d, -EKEYREJECTED, "another host presenting it",
+		  "generated PSK this server does not have");
+	gen_round(sctx, "host-a", &k2, d, -EKEYREJECTED, "another PSK under its digest",
+		  "binder");
+	CHECK_EQ(rtrs_tls_ctx_add_generated(sctx, "host-a", &k, "xyz"), -EINVAL);
+	CHECK_EQ(rtrs_tls_ctx_add_generated(sctx, "a b", &k, d), -EINVAL);
+	/* At most RTRS_TLS_GENERATED_PER_HOST per host: the least recently used goes. */
+	for (int i = 0; i < RTRS_TLS_GENERATED_PER_HOST; i++) {
+		raw[1] = (uint8_t)i;
+		CHECK_EQ(rtrs_tls_generated(raw, 32, 1, "host-a", "srv", &k2, d2), 0);
+		CHECK_EQ(rtrs_tls_ctx_add_generated(sctx, "host-a", &k2, d2), 0);
+	}
+	gen_round(sctx, "host-a", &k2, d2, 0, "the newest of many", NULL);
+	gen_round(sctx, "host-a", &k, d, -EKEYREJECTED, "the oldest, pushed out",
+		  "generated PSK this server does not have");
+	rtrs_tls_ctx_put(sctx);
+}
+
 static void test_handshakes(void)
 {
 	struct pair p;
@@ -418,6 +493,7 @@ int main(void)
 	test_identity();
 	test_psk();
 	test_handshakes();
+	test_generated();
 	unlink(keys_path);
 	return test_done("test-tls");
 }
