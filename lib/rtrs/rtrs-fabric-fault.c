@@ -25,6 +25,7 @@
 
 #include "rtrs-fault.h"
 #include "rtrs-pri.h"
+#include "rtrs-tls.h"
 
 /* Chunk ids fit the queue depth: 16 bits on the wire. */
 #define FAULT_MAX_CHUNKS 65536
@@ -43,6 +44,8 @@ struct fault_set {
 	bool kernel_client;
 	unsigned open_delay_ms;
 	bool down_nodev;
+	struct rtrs_tls_ctx *tls_alt;  /* tls_host's context, or NULL */
+	bool tls_later_only;
 	/* stale_rkey: the first key each chunk id was written with. */
 	pthread_mutex_t key_lock;
 	uint64_t *first_key;
@@ -55,6 +58,10 @@ struct fault_fab {
 	struct fault_set *fs;
 	bool server;
 	unsigned delay_us;         /* this fabric's connections are slow */
+	/* tls_alt: what the owner set (fab_set_tls), given to connection 0 with tls_later_only */
+	pthread_mutex_t tls_lock;
+	enum fab_tls_mode tls_mode;
+	struct rtrs_tls_ctx *tls_own;
 };
 
 struct fault_con {
@@ -73,6 +80,7 @@ struct fault_con {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fault_set *g_set;
 static atomic_uint_fast64_t st_eagain, st_delayed, st_stale, st_uuids, st_kernel, st_nodev;
+static atomic_uint_fast64_t st_tls;
 
 static struct fault_fab *ff_of(struct fab *f)
 {
@@ -101,6 +109,8 @@ static void fault_set_put(struct fault_set *fs)
 	if (!fs || atomic_fetch_sub(&fs->refs, 1) != 1)
 		return;
 	pthread_mutex_destroy(&fs->key_lock);
+	if (fs->tls_alt)
+		rtrs_tls_ctx_put(fs->tls_alt);
 	free(fs->first_key);
 	free(fs->key_seen);
 	free(fs);
@@ -125,8 +135,11 @@ static int fault_set_new(const struct rtrs_fault *f, struct fault_set **out)
 
 	*out = NULL;
 	if (!f || (!f->eagain_every && !f->delay_us && !f->stale_rkey && !f->paths_uuid &&
-		   !f->kernel_client && !f->open_delay_ms && !f->down_nodev))
+		   !f->kernel_client && !f->open_delay_ms && !f->down_nodev && !f->tls_host &&
+		   !f->tls_server && !f->tls_key))
 		return 0;
+	if (!f->tls_host != !f->tls_server || !f->tls_host != !f->tls_key)
+		return -EINVAL;
 	if (f->eagain_every == 1 || f->delay_us > FAULT_MAX_DELAY_US ||
 	    f->open_delay_ms > FAULT_MAX_DELAY_US / 1000 ||
 	    (f->delay_src && strlen(f->delay_src) >= sizeof(fs->delay_src)) ||
@@ -150,6 +163,21 @@ static int fault_set_new(const struct rtrs_fault *f, struct fault_set **out)
 		memcpy(fs->paths_uuid, f->paths_uuid, strlen(f->paths_uuid));
 	}
 	pthread_mutex_init(&fs->key_lock, NULL);
+	fs->tls_later_only = f->tls_later_only;
+	if (f->tls_key) {
+		struct rtrs_auth_key k;
+		const char *why = NULL;
+		int rc = rtrs_tls_key_check(f->tls_key, &k, NULL, NULL, &why);
+
+		if (!rc)
+			rc = rtrs_tls_ctx_client(f->tls_host, f->tls_server, &k, NULL, true,
+						 &fs->tls_alt);
+		rtrs_auth_wipe(&k, sizeof(k));
+		if (rc) {
+			fault_set_put(fs);
+			return rc;
+		}
+	}
 	if (fs->stale_rkey) {
 		fs->first_key = calloc(FAULT_MAX_CHUNKS, sizeof(*fs->first_key));
 		fs->key_seen = calloc(FAULT_MAX_CHUNKS, sizeof(*fs->key_seen));
@@ -185,6 +213,7 @@ RTRS_EXPORT void rtrs_fault_get_stats(struct rtrs_fault_stats *st)
 	st->uuids = atomic_load(&st_uuids);
 	st->kernel_reqs = atomic_load(&st_kernel);
 	st->nodev = atomic_load(&st_nodev);
+	st->tls_swaps = atomic_load(&st_tls);
 }
 
 /* ---- connection callbacks: the owner's, with the faults in between ---------- */
@@ -285,7 +314,8 @@ static int fault_open(const char *prov, const char *src, const char *node, const
 	}
 	slow = fs && fault_slow(fs, src);
 	client_faults = fs && !server &&
-			(fs->stale_rkey || fs->set_uuid || fs->kernel_client || fs->down_nodev);
+			(fs->stale_rkey || fs->set_uuid || fs->kernel_client || fs->down_nodev ||
+			 fs->tls_alt);
 	if (!fs || (!fs->eagain_every && !slow && !client_faults)) {
 		fault_set_put(fs);
 		return fab_impl(prov)->open(prov, src, node, service, server, queue, out);
@@ -304,14 +334,16 @@ static int fault_open(const char *prov, const char *src, const char *node, const
 	ff->ops = &fab_fault_ops;
 	ff->fs = fs;
 	ff->server = server;
+	pthread_mutex_init(&ff->tls_lock, NULL);
 	ff->delay_us = slow ? fs->delay_us : 0;
-	log_warn("fault injection: %s %s:%s:%s%s%s%s%s%s", server ? "listening on" : "connecting to",
+	log_warn("fault injection: %s %s:%s:%s%s%s%s%s%s%s", server ? "listening on" : "connecting to",
 		 node ? node : "*", service ? service : "*",
 		 fs->eagain_every ? " every write may be refused" : "",
 		 slow ? " slow" : "", client_faults && fs->stale_rkey ? " stale keys" : "",
 		 client_faults && fs->set_uuid ? " claimed session uuid" : "",
 		 client_faults && fs->kernel_client ? " as a kernel client" : "",
-		 client_faults && fs->down_nodev ? " downs as a removed device" : "");
+		 client_faults && fs->down_nodev ? " downs as a removed device" : "",
+		 client_faults && fs->tls_alt ? " another host's TLS key" : "");
 	*out = (struct fab *)(void *)ff;
 	return 0;
 }
@@ -322,6 +354,9 @@ static void fault_close(struct fab *f)
 
 	fab_close(ff->inner);
 	fault_set_put(ff->fs);
+	if (ff->tls_own)
+		rtrs_tls_ctx_put(ff->tls_own);
+	pthread_mutex_destroy(&ff->tls_lock);
 	free(ff);
 }
 
@@ -411,8 +446,25 @@ static int con_open(struct fab *f, struct fab_connreq *req, const struct fab_con
 			rc = conn_req_rewrite(c->fs, c->name, data, len, &m);
 			data = &m;
 		}
-		if (!rc)
+		if (!rc && c->fs->tls_alt) {
+			/* Another host's PSK for this connection (all, or all but 0). */
+			struct rtrs_conn_req cr;
+			const char *why = NULL;
+			bool swap = !c->fs->tls_later_only ||
+				    (!rtrs_conn_req_decode(data, len, &cr, &why) && cr.cid);
+
+			pthread_mutex_lock(&ff->tls_lock);
+			if (ff->tls_mode != FAB_TLS_OFF)
+				rc = fab_set_tls(ff->inner, ff->tls_mode,
+						 swap ? c->fs->tls_alt : ff->tls_own);
+			if (!rc)
+				rc = fab_con_connect(ff->inner, &icfg, data, len, &c->inner);
+			pthread_mutex_unlock(&ff->tls_lock);
+			if (!rc && swap && ff->tls_mode != FAB_TLS_OFF)
+				atomic_fetch_add(&st_tls, 1);
+		} else if (!rc) {
 			rc = fab_con_connect(ff->inner, &icfg, data, len, &c->inner);
+		}
 	}
 	if (rc) {
 		*out = NULL;
@@ -488,7 +540,21 @@ static void fault_con_destroy(struct fab_con *c)
 
 static int fault_set_tls(struct fab *f, enum fab_tls_mode mode, struct rtrs_tls_ctx *ctx)
 {
-	return fab_set_tls(ff_of(f)->inner, mode, ctx);
+	struct fault_fab *ff = ff_of(f);
+	int rc;
+
+	pthread_mutex_lock(&ff->tls_lock);
+	rc = fab_set_tls(ff->inner, mode, ctx);
+	if (!rc) {
+		if (ctx && mode != FAB_TLS_OFF)
+			rtrs_tls_ctx_get(ctx);
+		if (ff->tls_own)
+			rtrs_tls_ctx_put(ff->tls_own);
+		ff->tls_own = mode != FAB_TLS_OFF ? ctx : NULL;
+		ff->tls_mode = mode;
+	}
+	pthread_mutex_unlock(&ff->tls_lock);
+	return rc;
 }
 
 static void fault_con_rename(struct fab_con *c, const char *name)

@@ -74,6 +74,17 @@ struct rtrs_fault {
 	 * path's fabric, and the next attempt opens it again.
 	 */
 	bool down_nodev;
+	/*
+	 * Client: TLS handshakes present another host's configured PSK:
+	 * tls_key (an NVMeTLSkey-1 string) under the identity of tls_host at
+	 * server tls_server, in place of the session's own; on every
+	 * connection, or with tls_later_only on connections other than 0
+	 * only. A host that holds another's TLS key. All three or none.
+	 */
+	const char *tls_host;
+	const char *tls_server;
+	const char *tls_key;
+	bool tls_later_only;
 };
 
 /*
@@ -91,6 +102,7 @@ struct rtrs_fault_stats {
 	uint64_t uuids;       /* connection requests sent with paths_uuid */
 	uint64_t kernel_reqs; /* connection requests sent as a kernel client's */
 	uint64_t nodev;       /* connections reported down with -ENODEV (down_nodev) */
+	uint64_t tls_swaps;   /* connections made with the tls_host's PSK */
 };
 
 void rtrs_fault_get_stats(struct rtrs_fault_stats *st);

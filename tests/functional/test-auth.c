@@ -11,8 +11,9 @@
  *   - a wrong controller secret: the client refuses the server;
  *   - a key rotated on the server while connected, then the link cut: the
  *     reconnect fails once and stops ("key rejected");
- *   - a client that keeps revoked chunk keys, and another host claiming a
- *     session, both by fault injection (rtrs-fault.h: builds with
+ *   - a client that keeps revoked chunk keys, another host claiming a
+ *     session, and a host presenting another host's TLS key (on connection
+ *     0, or on a later connection of its path), all by fault injection (rtrs-fault.h: builds with
  *     -Dfault_injection=true; elsewhere those parts are skipped and the
  *     test ends with 77);
  *   - no secret ever appears in the logs.
@@ -117,6 +118,9 @@ static int srv_link_ev(struct rtrs_srv_sess *sess, enum rtrs_srv_link_ev ev, voi
 	return err;
 }
 
+/* The server's TLS (test_tls_key_of_another_host). */
+static enum rtrs_tls_mode srv_tls;
+
 static void srv_start(bool auth, int port)
 {
 	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev, .link_ev = srv_link_ev };
@@ -131,6 +135,7 @@ static void srv_start(bool auth, int port)
 	so.listen_retry_ms = 50;
 	so.auth_name = SERVER;
 	so.auth_keys_file = auth ? keys_path : NULL;
+	so.tls = srv_tls;
 	CHECK_EQ(rtrs_srv_open(&ops, &so, &srv), 0);
 	CHECK_EQ(rtrs_srv_wait_listening(srv, 5000), 0);
 	srv_port = rtrs_srv_get_port(srv);
@@ -908,6 +913,94 @@ static void test_session_of_another_host(void)
 }
 #endif
 
+/*
+ * TLS binds the host (docs/security.md section 9.6): a host holding
+ * another host's TLS key (fault injection presents it in the handshake)
+ * is refused when its DH-HMAC-CHAP names itself inside the other's TLS
+ * connection, and when a later connection of its path carries the other's
+ * key; each with -EKEYREJECTED at the first attempt, never tried again.
+ */
+#ifdef RTRS_FAULT_INJECTION
+/* Two PSKs of `nvme gen-tls-key --hmac=1`. */
+static const char *const TLS_OWN = "NVMeTLSkey-1:01:mUmrQMBgwTrPGOs5PQ+5piOkaXxggNfNqfmoHYrGOmxAV6Yj:";
+static const char *const TLS_OTHER = "NVMeTLSkey-1:01:T/5KX6Towu5BfWmah+meNgMyTgzktG65QgF1kPf7xHRpfSqj:";
+
+static void test_tls_key_of_another_host(void)
+{
+	const char *other = "nqn.2014-08.org.nvmexpress:uuid:other-host";
+	struct rtrs_fault f = { 0 };
+	struct rtrs_fault_stats fst;
+	struct rtrs_clt_opts o;
+	struct rtrs_path_addr pa;
+	struct rtrs_clt_sess *sess = NULL;
+	char dst[64];
+	FILE *kf;
+	size_t mark;
+	int rc;
+
+	if (strcmp(test_provider(), "tcp")) {
+		SKIP_PART("TLS binding: TLS is on the tcp fabric only");
+		return;
+	}
+	kf = fopen(keys_path, "w");
+	CHECK(kf != NULL);
+	if (!kf)
+		return;
+	fprintf(kf, "%s %s tls=%s\n%s %s tls=%s\n", other, KEY_C, TLS_OTHER, HOST, KEY_A, TLS_OWN);
+	fclose(kf);
+	chmod(keys_path, 0600);
+	srv_tls = RTRS_TLS_REQUIRED;
+	srv_start(true, 0);
+	f.tls_host = other;
+	f.tls_server = SERVER;
+	f.tls_key = TLS_OTHER;
+	for (int later = 0; later < 2; later++) {
+		const char *want = later ? "TLS key is host " : "authenticated inside a TLS connection of host";
+
+		clt_opts(&o, &pa, dst, sizeof(dst));
+		o.auth_secret = KEY_A;
+		o.tls = RTRS_TLS_REQUIRED;
+		o.tls_key = TLS_OWN;
+		f.tls_later_only = later;
+		mark = log_mark();
+		CHECK_EQ(rtrs_fault_set(&f), 0);
+		rc = rtrs_clt_open(&o, &sess);
+		rtrs_fault_set(NULL);
+		CHECK(rc == -EKEYREJECTED, "%s: %s", later ? "a later connection with the other's key"
+			: "the other's key on connection 0", rc ? strerror(-rc) : "opened");
+		if (!rc)
+			rtrs_clt_close(sess);
+		sess = NULL;
+		CHECK(log_has_since(mark, want), "the server says why (%s)", want);
+		/* Refused once: the open did not try again. */
+		const char *t = log_since(mark), *hit = strstr(t, want);
+
+		CHECK(hit && !strstr(hit + 1, want), "refused exactly once");
+	}
+	rtrs_fault_get_stats(&fst);
+	CHECK(fst.tls_swaps >= 2, "connections with the other host's key: %llu",
+	      (unsigned long long)fst.tls_swaps);
+	/* The host's own key alone still opens, and its IO is whole. */
+	clt_opts(&o, &pa, dst, sizeof(dst));
+	o.auth_secret = KEY_A;
+	o.tls = RTRS_TLS_REQUIRED;
+	o.tls_key = TLS_OWN;
+	rc = rtrs_clt_open(&o, &sess);
+	CHECK(rc == 0, "its own key: %s", strerror(-rc));
+	if (!rc) {
+		CHECK(io_verified(sess, 0, 9), "IO on its own TLS key");
+		rtrs_clt_close(sess);
+	}
+	srv_stop();
+	srv_tls = RTRS_TLS_OFF;
+}
+#else
+static void test_tls_key_of_another_host(void)
+{
+	SKIP_PART("TLS binding: built without -Dfault_injection=true");
+}
+#endif
+
 int main(void)
 {
 	/* Holds secrets: gone with the process, however it ends. */
@@ -928,6 +1021,7 @@ int main(void)
 	test_stale_key();
 	test_refused_by_user();
 	test_session_of_another_host();
+	test_tls_key_of_another_host();
 	test_opens_under_load();
 	test_fifo_key_file();
 	test_no_secret_logged();
