@@ -581,6 +581,20 @@ int rtrs_auth_txn_psk(const struct rtrs_auth_txn *t, uint8_t *out, size_t *out_l
 	return 0;
 }
 
+int rtrs_auth_txn_tls_psk(const struct rtrs_auth_txn *t, const char *host, const char *server,
+			  struct rtrs_auth_key *out, char digest[RTRS_TLS_DIGEST_LEN + 1])
+{
+	uint8_t psk[RTRS_AUTH_MAX_HASH_LEN];
+	size_t len = 0;
+	unsigned hash = 0;
+	int rc = rtrs_auth_txn_psk(t, psk, &len, &hash);
+
+	if (!rc)
+		rc = rtrs_tls_generated(psk, len, hash, host, server, out, digest);
+	rtrs_auth_wipe(psk, sizeof(psk));
+	return rc;
+}
+
 void rtrs_auth_txn_end(struct rtrs_auth_txn *t)
 {
 	rtrs_auth_dh_free(t->dh);

@@ -15,6 +15,7 @@
 
 #include "rtrs-auth.h"
 #include "rtrs-proto.h"
+#include "rtrs-tls.h"
 
 /* What both sides are configured with. */
 struct rtrs_auth_cfg {
@@ -108,6 +109,9 @@ enum rtrs_auth_step rtrs_auth_srv_step(struct rtrs_auth_txn *t, const void *msg,
  */
 int rtrs_auth_txn_psk(const struct rtrs_auth_txn *t, uint8_t *out, size_t *out_len,
 		      unsigned *hash);
+/* The same as a TLS key for host at server, and its digest (rtrs_tls_generated). */
+int rtrs_auth_txn_tls_psk(const struct rtrs_auth_txn *t, const char *host, const char *server,
+			  struct rtrs_auth_key *out, char digest[RTRS_TLS_DIGEST_LEN + 1]);
 /* Frees and wipes what the transaction holds. */
 void rtrs_auth_txn_end(struct rtrs_auth_txn *t);
 

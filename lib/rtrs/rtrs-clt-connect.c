@@ -853,22 +853,15 @@ static int path_concat_begin(struct clt_path *p)
 static int path_concat_switch(struct clt_path *p)
 {
 	struct rtrs_clt_sess *s = p->sess;
-	uint8_t psk[RTRS_AUTH_MAX_HASH_LEN];
 	char digest[RTRS_TLS_DIGEST_LEN + 1];
 	struct rtrs_tls_ctx *t = NULL;
 	struct rtrs_auth_key k;
-	size_t len = 0;
-	unsigned hash = 0;
 	int rc;
 
-	rc = rtrs_auth_txn_psk(&p->auth, psk, &len, &hash);
-	if (!rc)
-		rc = rtrs_tls_generated(psk, len, hash, p->auth_cfg.name, p->auth_cfg.server, &k,
-					digest);
+	rc = rtrs_auth_txn_tls_psk(&p->auth, p->auth_cfg.name, p->auth_cfg.server, &k, digest);
 	if (!rc)
 		rc = rtrs_tls_ctx_client_generated(p->auth_cfg.name, p->auth_cfg.server, &k, digest,
 						   s->tls_no_ktls, &t);
-	rtrs_auth_wipe(psk, sizeof(psk));
 	rtrs_auth_wipe(&k, sizeof(k));
 	path_auth_end(p, rc);
 	if (rc)

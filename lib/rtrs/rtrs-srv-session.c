@@ -47,21 +47,14 @@ int srv_hs_step(struct srv_path *p, enum rtrs_srv_hs_event ev, const char **why)
 static int srv_concat_keep(struct srv_path *p)
 {
 	struct rtrs_srv_ctx *ctx = p->sess->ctx;
-	uint8_t psk[RTRS_AUTH_MAX_HASH_LEN];
 	char digest[RTRS_TLS_DIGEST_LEN + 1];
 	struct rtrs_auth_key k;
-	size_t len = 0;
-	unsigned hash = 0;
 	int rc;
 
-	rc = rtrs_auth_txn_psk(&p->auth, psk, &len, &hash);
-	if (!rc)
-		rc = rtrs_tls_generated(psk, len, hash, p->auth.host, ctx->auth_cfg.name, &k,
-					digest);
+	rc = rtrs_auth_txn_tls_psk(&p->auth, p->auth.host, ctx->auth_cfg.name, &k, digest);
 	if (!rc)
 		rc = ctx->tls ? rtrs_tls_ctx_add_generated(ctx->tls, p->auth.host, &k, digest) :
 				-EPROTONOSUPPORT;
-	rtrs_auth_wipe(psk, sizeof(psk));
 	rtrs_auth_wipe(&k, sizeof(k));
 	if (rc)
 		log_err("%s: cannot keep the TLS PSK generated for host %s: %s", path_name(p),
