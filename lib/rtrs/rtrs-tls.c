@@ -743,6 +743,21 @@ int rtrs_tls_ctx_reload(struct rtrs_tls_ctx *t, unsigned *line, const char **why
 	old_n = t->n;
 	t->ents = b.v;
 	t->n = b.n;
+	/* A host no longer in the file keeps no generated PSK either. */
+	size_t j = 0;
+
+	for (size_t i = 0; i < t->gen_n; i++) {
+		bool listed = false;
+
+		for (size_t e = 0; e < t->n && !listed; e++)
+			listed = !strcmp(t->ents[e].host, t->gen[i].host);
+		if (!listed) {
+			OPENSSL_cleanse(&t->gen[i].psk, sizeof(t->gen[i].psk));
+			continue;
+		}
+		t->gen[j++] = t->gen[i];
+	}
+	t->gen_n = j;
 	pthread_rwlock_unlock(&t->lock);
 	ents_free(old, old_n);
 	return 0;

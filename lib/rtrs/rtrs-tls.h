@@ -115,7 +115,10 @@ int rtrs_tls_ctx_server(const char *server, const char *keys_path, bool no_ktls,
 #define RTRS_TLS_GENERATED_MAX 4096
 int rtrs_tls_ctx_add_generated(struct rtrs_tls_ctx *t, const char *host,
 			       const struct rtrs_auth_key *psk, const char *digest);
-/* Reads the key file again; on error the old keys stay (generated PSKs stay too). */
+/*
+ * Reads the key file again; on error the old keys stay. Generated PSKs
+ * stay, but those of hosts no longer in the file.
+ */
 int rtrs_tls_ctx_reload(struct rtrs_tls_ctx *t, unsigned *line, const char **why);
 void rtrs_tls_ctx_get(struct rtrs_tls_ctx *t);
 void rtrs_tls_ctx_put(struct rtrs_tls_ctx *t);

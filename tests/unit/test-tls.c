@@ -362,6 +362,11 @@ static void test_generated(void)
 	gen_round(sctx, "host-a", &k2, d2, 0, "the newest of many", NULL);
 	gen_round(sctx, "host-a", &k, d, -EKEYREJECTED, "the oldest, pushed out",
 		  "generated PSK this server does not have");
+	/* A host removed from the key file loses its generated PSKs at the reload. */
+	CHECK_EQ(write_keys("host-b " SECRET_A "\n"), 0);
+	CHECK_EQ(rtrs_tls_ctx_reload(sctx, &line, &why), 0);
+	gen_round(sctx, "host-a", &k2, d2, -EKEYREJECTED, "its host removed from the key file",
+		  "generated PSK this server does not have");
 	rtrs_tls_ctx_put(sctx);
 }
 
