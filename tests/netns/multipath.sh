@@ -11,8 +11,10 @@
 #   d. kills the server and starts it again: the paths reconnect and the
 #      IO in flight and waiting completes, verified.
 # With TLS=1 every connection runs in TLS (the server requires it, with a
-# PSK of nvme gen-tls-key in its key file).
-# Usage: [TLS=1] multipath.sh BUILD_DIR. Prints "N passed, N failed"; 77 = skipped.
+# PSK of nvme gen-tls-key in its key file); with TLS=concat the client's
+# PSKs come from each attempt's DH-HMAC-CHAP exchange (secure channel
+# concatenation), so every reconnect makes a new one.
+# Usage: [TLS=1|concat] multipath.sh BUILD_DIR. Prints "N passed, N failed"; 77 = skipped.
 set -uo pipefail
 build=$(cd "${1:?usage: multipath.sh BUILD_DIR}" && pwd)
 perf=$build/tools/rtrs-perf
@@ -29,7 +31,7 @@ netns_setup || exit 1
 
 HB=500 MISSED=3
 srv_tls=() clt_tls=()
-if [ "${TLS:-0}" = 1 ]; then
+if [ "${TLS:-0}" != 0 ]; then
 	command -v nvme >/dev/null || { echo "multipath: nvme (nvme-cli) missing; skipping"; exit 77; }
 	(
 		umask 077
@@ -39,7 +41,9 @@ if [ "${TLS:-0}" = 1 ]; then
 	)
 	srv_tls=(--auth-keys "$tmp/keys" --tls required)
 	clt_tls=(--host-name mp-host --secret "@$tmp/secret" --tls required --tls-key "@$tmp/tls")
-	echo "multipath: on TLS"
+	[ "$TLS" = concat ] && clt_tls=(--host-name mp-host --secret "@$tmp/secret" --tls concat)
+	if [ "$TLS" = concat ]; then echo "multipath: on TLS, PSKs by secure channel concatenation"
+	else echo "multipath: on TLS"; fi
 fi
 start_server() {
 	: >"$tmp/srv.log"
