@@ -284,13 +284,16 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 	memcpy(req.paths_uuid, s->paths_uuid, RTRS_UUID_LEN);
 	con->concat = p->concat_phase && !cid;
 	if (con->concat) {
-		/* A connection of its own at the server: throwaway session and path. */
-		int rc = rtrs_auth_random(req.sess_uuid, RTRS_UUID_LEN);
-
-		if (!rc)
-			rc = rtrs_auth_random(req.paths_uuid, RTRS_UUID_LEN);
-		if (rc)
-			return rc;
+		/*
+		 * A session and path of its own at the server, named after the
+		 * path's (every byte ^ 0x5c): never the real ones, and the same
+		 * at each try, so that a server busy with a storm of opens
+		 * knows the retry as one that waits (rtrs_admit_waits).
+		 */
+		for (unsigned i = 0; i < RTRS_UUID_LEN; i++) {
+			req.sess_uuid[i] ^= 0x5c;
+			req.paths_uuid[i] ^= 0x5c;
+		}
 		req.concat = true;
 		req.cid_num = 1;
 		req.first_conn = true;

@@ -107,12 +107,13 @@ int rtrs_tls_ctx_server(const char *server, const char *keys_path, bool no_ktls,
  * Server: a PSK an exchange generated for host (rtrs_tls_generated), for
  * the handshakes of that path's connections: kept while they use it, and
  * forgotten RTRS_TLS_GENERATED_IDLE_MS after its last handshake; at most
- * RTRS_TLS_GENERATED_PER_HOST per host and RTRS_TLS_GENERATED_MAX in all
- * (the least recently used goes first).
+ * RTRS_TLS_GENERATED_PER_HOST per host (a host opening that many paths at
+ * once) and RTRS_TLS_GENERATED_MAX in all (the least recently used goes
+ * first; an entry is about 350 bytes).
  */
 #define RTRS_TLS_GENERATED_IDLE_MS 60000
-#define RTRS_TLS_GENERATED_PER_HOST 32
-#define RTRS_TLS_GENERATED_MAX 4096
+#define RTRS_TLS_GENERATED_PER_HOST 1024
+#define RTRS_TLS_GENERATED_MAX 16384
 int rtrs_tls_ctx_add_generated(struct rtrs_tls_ctx *t, const char *host,
 			       const struct rtrs_auth_key *psk, const char *digest);
 /*

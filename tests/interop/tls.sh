@@ -9,7 +9,8 @@
 #   - secure channel concatenation (--tls concat): each path's PSK comes
 #     from a DH-HMAC-CHAP exchange in the clear; the pattern's round holds
 #     none of the pattern either; a wrong secret is EKEYREJECTED once, a
-#     server without TLS EPROTONOSUPPORT once;
+#     server without TLS EPROTONOSUPPORT once; 40 concat sessions opened
+#     at one instant all open and verify their IO;
 #   - each refusal fails the first attempt with its errno and is not tried
 #     again (the server sees it once): a wrong PSK and a host the server
 #     has no key for (EKEYREJECTED), a client without a key (ENOKEY, no
@@ -171,6 +172,38 @@ check "concat to a server without TLS: EPROTONOSUPPORT at the first attempt, nev
 check "concat with a TLS key: refused at open" \
 	refused "generates its PSK" "$dir/req.log" "" \
 	as a info "$req" --device disk.img --tls concat --tls-key "@$dir/a.tls"
+
+# A storm of concatenations: 40 sessions opened at one instant. Each path's
+# concatenation comes back under the same name when the server, busy,
+# made it wait, so admission lets it through in its turn.
+for i in $(seq 40); do head -c 1M /dev/zero >"$dir/export/s$i.img"; done
+rm -f "$dir/go"
+mkfifo "$dir/go"
+storm=()
+for i in $(seq 40); do
+	( read -r _ <"$dir/go"
+	  # The default reconnect delay: a busy server's refusals are retried
+	  # over seconds, not the 100 ms of the other rounds.
+	  "$client" perf --server "127.0.0.1:$req" --host-name host-a --secret "@$dir/a.secret" \
+		--device "s$i.img" --tls concat --verify -t 2 -q 4 --io-connections 2 \
+		--json >"$dir/storm.$i.json" 2>"$dir/storm.$i.err" ) &
+	storm+=($!)
+done
+sleep 0.5
+python3 -c 'import sys; open(sys.argv[1], "w").write("go\n" * 40)' "$dir/go"
+storm_fail=0
+for p in "${storm[@]}"; do wait "$p" || storm_fail=$((storm_fail + 1)); done
+check "a storm of 40 concat sessions at once: every one opens and verifies its IO ($storm_fail failed)" \
+	python3 -c '
+import glob, json, sys
+n = 0
+for f in glob.glob(sys.argv[1] + "/storm.*.json"):
+    j = json.load(open(f))
+    if j["errors"] or j["bad"] or j["reads"] + j["writes"] == 0:
+        sys.exit(1)
+    n += 1
+sys.exit(0 if n == 40 else 1)' "$dir"
+[ "$storm_fail" -eq 0 ] || cat "$dir"/storm.*.err | sort | uniq -c | head -5
 
 # ---- refusals -------------------------------------------------------------------------
 
