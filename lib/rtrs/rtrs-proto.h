@@ -159,7 +159,8 @@ static_assert(sizeof(struct rtrs_sg_desc) == 16, "rtrs_sg_desc");
  * Secure channel concatenation (docs/security.md section 9.3): a plain
  * connection whose only purpose is a DH-HMAC-CHAP exchange with SC_C
  * NEWTLSPSK that gives the path its TLS PSK; its session and path uuids
- * are throwaway ones, it is connection 0 of 1, and the server closes it
+ * are the path's with every byte ^ 0x5c (a session of its own at the
+ * server), it is connection 0 of 1, and the server closes it
  * once the exchange is done. With EXT and AUTH only.
  */
 #define RTRS_CONN_CONCAT 0x10
