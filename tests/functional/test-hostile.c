@@ -17,7 +17,10 @@
  *   - continuous floods of raw connections and half-open paths from two
  *     other addresses, then from the client's own: every authenticated
  *     open succeeds (within its retries) and moves verified data, and the
- *     server's CPU under the flood stays under FLOOD_CPU_BOUND_PCT.
+ *     server's CPU under the flood stays under FLOOD_CPU_BOUND_PCT;
+ *   - the same floods against a server that requires TLS, the client's
+ *     opens on TLS with a derived PSK and with secure channel
+ *     concatenation.
  * The server is rtrs-test-server in a process of its own (RSS and fds are
  * read from /proc).
  */
@@ -299,6 +302,9 @@ static int proc_fds(pid_t pid)
 
 /* ---- the legitimate client ------------------------------------------------------ */
 
+/* The legitimate client's TLS (test_continuous_floods_tls): off unless set. */
+static enum rtrs_tls_mode legit_tls;
+
 static int legit_open(int port, const char *name, bool auth, struct rtrs_clt_sess **out)
 {
 	struct rtrs_path_addr pa;
@@ -327,6 +333,7 @@ static int legit_open(int port, const char *name, bool auth, struct rtrs_clt_ses
 		o.auth_secret = KEY;
 		o.auth_host_name = HOST;
 		o.auth_server_name = SERVER;
+		o.tls = legit_tls; /* a PSK derived from the secret, or generated per path */
 	}
 	return rtrs_clt_open(&o, out);
 }
@@ -1210,6 +1217,51 @@ static void test_continuous_floods(void)
 }
 
 /*
+ * The same floods against a server that requires TLS: the raw connections
+ * wait for a ClientHello that never comes, the half-open paths' requests
+ * come in the clear and are refused at admission; the legitimate client's
+ * opens, with a derived PSK and with secure channel concatenation (whose
+ * first connection is in the clear, as theirs), all get in.
+ */
+static void test_continuous_floods_tls(void)
+{
+	const char *extra[] = { "--auth-keys", keys_path, "--handshake-timeout", "3000",
+				"--tls", "required", NULL };
+	struct flooder other[3] = {
+		{ .src = test_addr_n(2), .half = false, .pacing_us = 200 },
+		{ .src = test_addr_n(3), .half = false, .pacing_us = 200 },
+		{ .src = test_addr_n(3), .half = true, .pacing_us = 2000 },
+	};
+	struct flooder own[2] = {
+		{ .src = test_addr(), .half = true, .pacing_us = 2000 },
+		{ .src = test_addr(), .half = false, .pacing_us = 500 },
+	};
+	double cpu;
+
+	if (strcmp(test_provider(), "tcp")) {
+		/* Nothing to test: RDMA paths have no TLS (not a skip: tcp runs it). */
+		printf("test-hostile: floods against TLS: no TLS on provider %s\n", test_provider());
+		return;
+	}
+	write_keys();
+	if (!server_start(0, extra))
+		return;
+	legit_tls = RTRS_TLS_REQUIRED;
+	CHECK_EQ(opens_under_flood(srv.port, other, 3, "others-tls", 8, &cpu), 0);
+	CHECK(cpu <= FLOOD_CPU_BOUND_PCT, "the server spent %.0f%% of a CPU under the floods", cpu);
+	legit_tls = RTRS_TLS_CONCAT;
+	CHECK_EQ(opens_under_flood(srv.port, other, 3, "others-concat", 8, &cpu), 0);
+	CHECK(cpu <= FLOOD_CPU_BOUND_PCT, "the server spent %.0f%% of a CPU under the floods", cpu);
+	CHECK_EQ(opens_under_flood(srv.port, own, 2, "own-address-concat", 8, &cpu), 0);
+	CHECK(cpu <= FLOOD_CPU_BOUND_PCT, "the server spent %.0f%% of a CPU under the floods", cpu);
+	legit_tls = RTRS_TLS_REQUIRED;
+	CHECK(legit_session(srv.port, "legit-tls-after-floods", true, 16),
+	      "a TLS session after the floods");
+	legit_tls = RTRS_TLS_OFF;
+	server_stop();
+}
+
+/*
  * test-hostile --flood PORT SECONDS: the floods of test_continuous_floods
  * from the two other addresses, against a server someone else runs (the
  * storm test runs them beside its storm); stops early on SIGTERM. Prints
@@ -1299,5 +1351,6 @@ int main(int argc, char **argv)
 	test_final_refusal();
 	test_session_limits();
 	test_continuous_floods();
+	test_continuous_floods_tls();
 	return test_done("test-hostile");
 }
