@@ -1188,20 +1188,28 @@ static int opens_under_flood(int port, struct flooder *fl, unsigned nfl, const c
 #define FLOOD_CPU_BOUND_PCT 60.0
 #endif
 
+/*
+ * The flooders: from other addresses raw connects (two) and half-open
+ * paths; from the client's own, half-open paths and raw connects.
+ */
+static void floods_init(struct flooder other[3], struct flooder own[2])
+{
+	memset(other, 0, 3 * sizeof(*other));
+	memset(own, 0, 2 * sizeof(*own));
+	other[0] = (struct flooder){ .src = test_addr_n(2), .half = false, .pacing_us = 200 };
+	other[1] = (struct flooder){ .src = test_addr_n(3), .half = false, .pacing_us = 200 };
+	other[2] = (struct flooder){ .src = test_addr_n(3), .half = true, .pacing_us = 2000 };
+	own[0] = (struct flooder){ .src = test_addr(), .half = true, .pacing_us = 2000 };
+	own[1] = (struct flooder){ .src = test_addr(), .half = false, .pacing_us = 500 };
+}
+
 static void test_continuous_floods(void)
 {
 	const char *extra[] = { "--auth-keys", keys_path, "--handshake-timeout", "3000", NULL };
-	struct flooder other[3] = {
-		{ .src = test_addr_n(2), .half = false, .pacing_us = 200 },
-		{ .src = test_addr_n(3), .half = false, .pacing_us = 200 },
-		{ .src = test_addr_n(3), .half = true, .pacing_us = 2000 },
-	};
-	struct flooder own[2] = {
-		{ .src = test_addr(), .half = true, .pacing_us = 2000 },
-		{ .src = test_addr(), .half = false, .pacing_us = 500 },
-	};
+	struct flooder other[3], own[2];
 	double cpu;
 
+	floods_init(other, own);
 	write_keys();
 	if (!server_start(0, extra))
 		return;
@@ -1227,15 +1235,7 @@ static void test_continuous_floods_tls(void)
 {
 	const char *extra[] = { "--auth-keys", keys_path, "--handshake-timeout", "3000",
 				"--tls", "required", NULL };
-	struct flooder other[3] = {
-		{ .src = test_addr_n(2), .half = false, .pacing_us = 200 },
-		{ .src = test_addr_n(3), .half = false, .pacing_us = 200 },
-		{ .src = test_addr_n(3), .half = true, .pacing_us = 2000 },
-	};
-	struct flooder own[2] = {
-		{ .src = test_addr(), .half = true, .pacing_us = 2000 },
-		{ .src = test_addr(), .half = false, .pacing_us = 500 },
-	};
+	struct flooder other[3], own[2];
 	double cpu;
 
 	if (strcmp(test_provider(), "tcp")) {
@@ -1243,6 +1243,7 @@ static void test_continuous_floods_tls(void)
 		printf("test-hostile: floods against TLS: no TLS on provider %s\n", test_provider());
 		return;
 	}
+	floods_init(other, own);
 	write_keys();
 	if (!server_start(0, extra))
 		return;
