@@ -91,11 +91,27 @@
  * nothing per connection is kept between turns otherwise.
  */
 #define TCP_RX_AHEAD (64 * 1024)
+/*
+ * Queued frames (struct tcp_txf) whose iovecs and copied bytes fit
+ * TCP_TXF_SMALL, as a response or a request header does, are kept, up to
+ * TCP_TXF_CACHE of them, by the thread that sent them (struct txf_cache):
+ * a group's pass queues its answers and frees them in the flush, more
+ * than malloc's per-thread cache holds.
+ */
+#define TCP_TXF_SMALL 256
+#define TCP_TXF_CACHE 64
 #define TCP_LA_SMALL (8 * 1024)
 #define TCP_LA_RUN 8
 #define TCP_LA_SHORT (16 * RTRS_TCP_HDR_LEN)
 /* The memory keys' table starts this small and doubles past one region a bucket. */
 #define TCP_MR_BUCKETS_MIN 16
+/*
+ * Deregistered regions kept for the next registration (struct fab.mr_free):
+ * a read registers the caller's buffer and an always_invalidate chunk gets
+ * a new key on every IO, and malloc's per-thread caches miss when another
+ * thread frees what one allocated.
+ */
+#define TCP_MR_CACHE 64
 #define TCP_ACCEPT_BATCH 256    /* accepts per listener event */
 #define TCP_GROUPS_MAX RTRS_MAX_POLL_GROUPS
 
@@ -140,6 +156,8 @@ struct fab {
 	pthread_rwlock_t mr_lock;
 	struct tcp_mr **mr_tab;        /* mr_nb buckets, a power of 2 (mr_lock) */
 	size_t mr_nb, mr_count;
+	struct tcp_mr *mr_free;        /* deregistered, no reference left (mr_lock) */
+	unsigned mr_nfree;
 	atomic_uint_fast64_t next_key;
 	atomic_uint_fast64_t next_key64;
 	struct keyperm keys;
@@ -184,6 +202,7 @@ struct tcp_txf {
 	struct tcp_txf *next;
 	void *ctx;
 	bool counted;            /* against tx_max: the owner's, not a CONNECT */
+	bool small;              /* TCP_TXF_SMALL bytes of data: a thread's cache may keep it */
 	unsigned niov, cur;
 	struct iovec *iov;
 	char data[];             /* the iovecs, then the bytes copied */
@@ -601,7 +620,7 @@ static void mr_grow_locked(struct fab *f)
 
 static int tcp_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr)
 {
-	struct tcp_mr *m;
+	struct tcp_mr *m = NULL;
 	uint64_t key = 0;
 	int tries;
 
@@ -611,15 +630,25 @@ static int tcp_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 	/* Local memory needs nothing: the socket reads and writes it. */
 	if (!(access & FAB_MR_REMOTE_WRITE))
 		return 0;
-	m = calloc(1, sizeof(*m));
-	if (!m)
-		return -ENOMEM;
+	pthread_rwlock_wrlock(&f->mr_lock);
+	if (f->mr_free) {
+		m = f->mr_free;
+		f->mr_free = m->next;
+		f->mr_nfree--;
+	} else {
+		pthread_rwlock_unlock(&f->mr_lock);
+		m = malloc(sizeof(*m));
+		if (!m)
+			return -ENOMEM;
+		pthread_rwlock_wrlock(&f->mr_lock);
+	}
 	m->buf = buf;
 	m->len = len;
 	m->access = access;
 	m->fab = f;
 	atomic_init(&m->refs, 1);
-	pthread_rwlock_wrlock(&f->mr_lock);
+	atomic_init(&m->active, 0);
+	atomic_init(&m->dead, false);
 	for (tries = 0; tries < 64; tries++) {
 		if (access & FAB_MR_KEY64)
 			key = keyperm_key64(&f->keys, atomic_fetch_add(&f->next_key64, 1));
@@ -657,6 +686,15 @@ static void tcp_mr_dereg(struct fab_mr *mr)
 	if (!m)
 		return;
 	f = m->fab;
+	/*
+	 * No write starts into it from now on; one inside recvmsg ends soon
+	 * (the socket is non-blocking). A connection that was half way through
+	 * a payload for it, or finds its key before it leaves the table, fails
+	 * on its next read, as a write to a revoked key does on RDMA.
+	 */
+	atomic_store(&m->dead, true);
+	while (atomic_load(&m->active))
+		sched_yield();
 	pthread_rwlock_wrlock(&f->mr_lock);
 	for (pp = &f->mr_tab[mr_bucket(f, m->key)]; *pp; pp = &(*pp)->next) {
 		if (*pp == m) {
@@ -665,22 +703,98 @@ static void tcp_mr_dereg(struct fab_mr *mr)
 			break;
 		}
 	}
-	pthread_rwlock_unlock(&f->mr_lock);
 	/*
-	 * No write starts into it from now on; one inside recvmsg ends soon
-	 * (the socket is non-blocking). A connection that was half way through
-	 * a payload for it fails on its next read, as a write to a revoked
-	 * key does on RDMA.
+	 * Out of the table, no connection can take a reference (mr_get_remote
+	 * takes them under the read lock): with none held, it is kept for
+	 * the next registration; else the last connection's mr_put frees it.
 	 */
-	atomic_store(&m->dead, true);
-	while (atomic_load(&m->active))
-		sched_yield();
+	if (atomic_load(&m->refs) == 1 && f->mr_nfree < TCP_MR_CACHE) {
+		m->next = f->mr_free;
+		f->mr_free = m;
+		f->mr_nfree++;
+		m = NULL;
+	}
+	pthread_rwlock_unlock(&f->mr_lock);
 	mr->priv = NULL;
 	mr->ops = NULL;
-	mr_put(m);
+	if (m)
+		mr_put(m);
 }
 
 /* ---- sending ------------------------------------------------------------------- */
+
+struct txf_cache {
+	unsigned n;
+	struct tcp_txf *head;
+};
+
+static pthread_key_t txf_key;
+static bool txf_keyed;
+static pthread_once_t txf_once = PTHREAD_ONCE_INIT;
+static __thread struct txf_cache *txf_mine;
+
+static void txf_cache_free(void *p)
+{
+	struct txf_cache *tc = p;
+
+	for (struct tcp_txf *t = tc->head, *n; t; t = n) {
+		n = t->next;
+		free(t);
+	}
+	free(tc);
+	txf_mine = NULL;
+}
+
+static void txf_key_make(void)
+{
+	txf_keyed = pthread_key_create(&txf_key, txf_cache_free) == 0;
+}
+
+/* A queue entry with room for need bytes of iovecs and copies. */
+static struct tcp_txf *txf_alloc(size_t need)
+{
+	struct txf_cache *tc = txf_mine;
+	struct tcp_txf *t;
+
+	if (need > TCP_TXF_SMALL) {
+		t = malloc(sizeof(*t) + need);
+		if (t)
+			t->small = false;
+		return t;
+	}
+	if (tc && tc->head) {
+		t = tc->head;
+		tc->head = t->next;
+		tc->n--;
+		return t;
+	}
+	t = malloc(sizeof(*t) + TCP_TXF_SMALL);
+	if (t)
+		t->small = true;
+	return t;
+}
+
+static void txf_release(struct tcp_txf *t)
+{
+	struct txf_cache *tc = txf_mine;
+
+	if (t->small && !tc) {
+		pthread_once(&txf_once, txf_key_make);
+		tc = txf_keyed ? calloc(1, sizeof(*tc)) : NULL;
+		if (tc && pthread_setspecific(txf_key, tc)) {
+			free(tc);
+			tc = NULL;
+		}
+		txf_mine = tc;
+	}
+	if (t->small && tc && tc->n < TCP_TXF_CACHE) {
+		t->next = tc->head;
+		tc->head = t;
+		tc->n++;
+		return;
+	}
+	free(t);
+}
 
 /* Under tx_lock: a completion for the group to deliver. */
 static int dctx_add(struct fab_con *c, void *ctx)
@@ -742,7 +856,7 @@ static int txq_add(struct fab_con *c, const struct iovec *iov, unsigned n, unsig
 		if (copy_all || (b >= (const char *)keep && b < (const char *)keep + keep_len))
 			copy += iov[i].iov_len;
 	}
-	t = malloc(sizeof(*t) + niov * sizeof(struct iovec) + copy);
+	t = txf_alloc(niov * sizeof(struct iovec) + copy);
 	if (!t)
 		return -ENOMEM;
 	t->next = NULL;
@@ -908,7 +1022,7 @@ static bool tx_flush(struct fab_con *c, bool *delivered, int *err)
 			c->tx_n -= t->counted;
 			if (t->ctx && !dctx_add(c, t->ctx))
 				*delivered = true;
-			free(t);
+			txf_release(t);
 		}
 	}
 	empty = !c->txq_head && !con_tls_pending(c);
@@ -2012,6 +2126,10 @@ static void tcp_close(struct fab *f)
 		}
 	if (left)
 		log_warn("fabric: tcp closed with %zu memory regions registered", left);
+	for (struct tcp_mr *m = f->mr_free, *n; m; m = n) {
+		n = m->next;
+		free(m);
+	}
 	pthread_rwlock_destroy(&f->mr_lock);
 	keyperm_clear(&f->keys);
 	free(f->mr_tab);
@@ -2729,7 +2847,7 @@ static void con_free(struct fab_con *c)
 		struct tcp_txf *t = c->txq_head;
 
 		c->txq_head = t->next;
-		free(t);
+		txf_release(t);
 	}
 	if (c->mr)
 		mr_put(c->mr);
