@@ -721,6 +721,30 @@ static void tcp_mr_dereg(struct fab_mr *mr)
 		mr_put(m);
 }
 
+/* With no region registered, the kept ones go back to the heap. */
+static void tcp_trim(struct fab *f)
+{
+	struct tcp_mr *m, *n;
+	unsigned nfree;
+
+	pthread_rwlock_wrlock(&f->mr_lock);
+	if (f->mr_count) {
+		pthread_rwlock_unlock(&f->mr_lock);
+		return;
+	}
+	m = f->mr_free;
+	nfree = f->mr_nfree;
+	f->mr_free = NULL;
+	f->mr_nfree = 0;
+	pthread_rwlock_unlock(&f->mr_lock);
+	for (; m; m = n) {
+		n = m->next;
+		free(m);
+	}
+	if (nfree)
+		log_dbg("fabric: tcp trim: %u kept memory regions given back", nfree);
+}
+
 /* ---- sending ------------------------------------------------------------------- */
 
 struct txf_cache {
@@ -3196,6 +3220,7 @@ const struct fab_ops fab_tcp_ops = {
 	.attr = tcp_attr,
 	.mr_reg = tcp_mr_reg,
 	.mr_dereg = tcp_mr_dereg,
+	.trim = tcp_trim,
 	.listen = tcp_listen,
 	.lst_close = tcp_lst_close,
 	.lst_fd = tcp_lst_fd,

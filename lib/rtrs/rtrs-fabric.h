@@ -383,9 +383,9 @@ static inline void fab_mr_dereg(struct fab_mr *mr)
 }
 
 /*
- * While no connection or registration of f is open, gives back what the
- * implementation keeps for ones that are gone. A no-op otherwise, and where
- * an implementation keeps nothing (tcp and rdma-core both).
+ * While no registration of f is open, gives back what the implementation
+ * keeps for ones that are gone (tcp: the regions kept for reuse). A no-op
+ * otherwise, and where an implementation keeps nothing (rdma-core).
  */
 static inline void fab_trim(struct fab *f)
 {
