@@ -527,7 +527,8 @@ struct fake_ev *open_cut_at(struct clt *c, fake_pred pred, void *arg, const char
 
 struct fake_ev *hold_open_retry(void)
 {
-	struct m retry = { .kind = FAKE_CONNREQ, .cid = CID(0) };
+	/* Static: the hold stays after this returns, and the pump reads it then. */
+	static struct m retry = { .kind = FAKE_CONNREQ, .cid = CID(0) };
 	struct fake_ev *ev;
 
 	fake_hold(match, &retry);
