@@ -3,8 +3,9 @@
 # meet the same machine: the tree as it is and BASE (a git revision, built
 # in a scratch worktree). For each load: IO/s, and CPU time per IO summed
 # over client and server (utime + stime of both processes); each number
-# is the median of RUNS runs of DURATION seconds, and the ratio is new
-# over base. With --record NAME "TITLE" the table goes into
+# is the median of RUNS runs of DURATION seconds, the builds' order turning
+# each round, and a ratio (new over base) the median of the rounds' own
+# ratios, with their range. With --record NAME "TITLE" the table goes into
 # bench/RESULTS.md under TITLE and a plot into bench/plots/NAME.svg.
 # SYSCALLS=1 also counts, with perf stat, each side's sendmsg, recvmsg and
 # io_uring_enter calls per IO (a second table); counting costs CPU in every
@@ -97,8 +98,13 @@ IFS=';' read -r -a cases <<<"$LOADS"
 declare -A ops cpu calls
 for c in "${cases[@]}"; do
 	for b in base new; do ops[$b:$c]= cpu[$b:$c]=; for i in 0 1 2 3 4 5; do calls[$b:$c:$i]=; done; done
-	for _ in $(seq "$RUNS"); do
-		for b in base new; do
+	for r in $(seq "$RUNS"); do
+		# The order turns each round: the second of a pair runs on a
+		# machine the first has just warmed (or heated), and a fixed order
+		# put 5-6 % between two builds of the same tree on 4 KiB writes.
+		order="base new"
+		[ $((r % 2)) -eq 0 ] && order="new base"
+		for b in $order; do
 			p=$perf
 			[ $b = base ] && p=$base_perf
 			read -r -a v < <(one "$p" $c)
@@ -114,6 +120,17 @@ done
 new_rev=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- lib include tools || echo +)
 data=$(mktemp)
 trap 'rm -f "$data"; git worktree remove --force "$base_src" >/dev/null 2>&1 || rm -rf "$base_src"' EXIT
+# ratios "NEW..." "BASE...": the two builds' runs of each round against each
+# other, then the median over the rounds with the lowest and highest: this
+# machine's speed shifts by a third for minutes at a time, and a pair of
+# runs meets the same one where the medians of each build need not.
+ratios() {
+	python3 - "$1" "$2" <<'PY'
+import statistics, sys
+r = sorted(float(n) / float(b) for n, b in zip(sys.argv[1].split(), sys.argv[2].split()))
+print("%.2fx (%.2f-%.2f)" % (statistics.median(r), r[0], r[-1]))
+PY
+}
 table() {
 	echo "| load (mode size QD) | $base_rev: IO/s | $base_rev: CPU us/IO | $new_rev: IO/s | $new_rev: CPU us/IO | IO/s ratio | CPU/IO ratio |"
 	echo "|---|---|---|---|---|---|---|"
@@ -123,8 +140,9 @@ table() {
 		no=$(tr ' ' '\n' <<<"${ops[new:$c]}" | grep . | median)
 		nc=$(tr ' ' '\n' <<<"${cpu[new:$c]}" | grep . | median)
 		printf '"%s" %s %s %s %s\n' "$c" "$bo" "$bc" "$no" "$nc" >>"$data"
-		printf '| %s | %.0f | %.2f | %.0f | %.2f | %.2fx | %.2fx |\n' "$c" "$bo" "$bc" "$no" "$nc" \
-			"$(python3 -c "print($no / $bo)")" "$(python3 -c "print($nc / $bc)")"
+		printf '| %s | %.0f | %.2f | %.0f | %.2f | %s | %s |\n' "$c" "$bo" "$bc" "$no" "$nc" \
+			"$(ratios "${ops[new:$c]}" "${ops[base:$c]}")" \
+			"$(ratios "${cpu[new:$c]}" "${cpu[base:$c]}")"
 	done
 }
 # The system calls per IO (SYSCALLS=1): medians, client then server.
@@ -170,7 +188,9 @@ GP
 	echo
 	echo "Machine: $(machine). Command: \`BASE=$BASE RUNS=$RUNS DURATION=$DURATION LOADS=\"$LOADS\"${SYSCALLS:+ SYSCALLS=$SYSCALLS} bench/compare-builds.sh\`"
 	echo "(rtrs-perf client and server on 127.0.0.1, release builds of $base_rev and $new_rev, alternating;"
-	echo "medians of $RUNS runs of $DURATION s; CPU = utime + stime of client and server per IO)."
+	echo "medians of $RUNS runs of $DURATION s, the order turning each round; a ratio is the median over the"
+	echo "rounds of the two runs of a round against each other, the lowest and highest in brackets;"
+	echo "CPU = utime + stime of client and server per IO)."
 	echo
 	echo "$out"
 	echo
