@@ -504,7 +504,12 @@ struct rtrs_srv_ops {
 	 */
 	int (*rdma_ev)(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir,
 		       void *data, size_t datalen, const void *usr, size_t usrlen);
-	/* Session up/down. A non-zero return on CONNECTED refuses the session. */
+	/*
+	 * Session up/down. A non-zero return on CONNECTED refuses the session:
+	 * the client's path gets it as its errno (-EACCES and -EPERM: do not
+	 * retry; a positive errno counts as its negative); a value whose size
+	 * is beyond 4095 goes as -ECONNRESET.
+	 */
 	int (*link_ev)(struct rtrs_srv_sess *sess, enum rtrs_srv_link_ev ev, void *priv);
 	void *priv;
 };

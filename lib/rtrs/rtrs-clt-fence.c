@@ -12,7 +12,9 @@
  * A failed path's fence: FENCE_NONE -> FENCE_SENT (a carrier path sent
  * it) -> FENCE_DONE (answered, or implied). A carrier that fails before
  * the answer puts the fence back to FENCE_NONE, and the next pass sends it
- * over another path. Each carrier carries one fence at a time.
+ * over another path. Each carrier carries one fence at a time, from its
+ * send until its answer (or its own loss), even when the fence was
+ * implied meanwhile: the server answers every fence.
  */
 #include <errno.h>
 #include <string.h>
@@ -95,6 +97,12 @@ int clt_fence_answered(struct clt_path *carrier, const void *buf, size_t len)
 		return -EPROTO;
 	atomic_store(&f->fence_err, err);
 	atomic_store(&f->fence, FENCE_DONE);
+	/*
+	 * The carrier is free for the next fence only now: a fence made
+	 * moot by its path's reconnect (clt_fence_implied) is still answered,
+	 * and a second fence on the carrier before that would cross it.
+	 */
+	atomic_compare_exchange_strong(&carrier->fence_for, &f, NULL);
 	loop_queue(s->loop, &s->wait_work);
 	return 0;
 }
@@ -112,13 +120,6 @@ void clt_fence_process(struct rtrs_clt_sess *s, uint64_t now, bool may_come)
 	struct clt_req_list go = STAILQ_HEAD_INITIALIZER(go);
 	struct clt_req *req;
 
-	/* A carrier whose fence was answered may carry the next one. */
-	for (size_t i = 0; i < s->paths_num; i++) {
-		struct clt_path *f = atomic_load(&s->paths[i].fence_for);
-
-		if (f && atomic_load(&f->fence) == FENCE_DONE)
-			atomic_compare_exchange_strong(&s->paths[i].fence_for, &f, NULL);
-	}
 	pthread_mutex_lock(&s->wait_lock);
 	STAILQ_CONCAT(&list, &s->fencing);
 	pthread_mutex_unlock(&s->wait_lock);

@@ -471,11 +471,17 @@ static int req_post(struct clt_req *req)
 
 		for (size_t i = 0; i < cnt; i++)
 			rma.len += iov[first + i].iov_len;
-		if (last)
+		if (last) {
+			/* Before the post: its response may come before fab_write returns. */
+			atomic_store(&req->sent, true);
 			tsan_release(req); /* clt_req_complete's acquire; req is not read after */
+		}
 		rc = fab_write(fc, &iov[first], &desc[first], cnt, &rma, 1, last, imm, NULL);
-		if (rc)
+		if (rc) {
+			if (last)
+				atomic_store(&req->sent, false);
 			return rc;
+		}
 		if (last)
 			return 0;
 		req->next_iov += cnt;
@@ -586,6 +592,7 @@ static int req_issue(struct clt_req *req, struct clt_path *p)
 	req->con = req->con_type == RTRS_ADMIN_CON ? &p->cons[0] :
 		   &p->cons[1 + (cpu % (p->base.nr_cons - 1))];
 	req->next_iov = 0;
+	atomic_store(&req->sent, false);
 	atomic_fetch_add(&p->base.inflight, 1);
 	atomic_fetch_add_explicit(&req->con->inflight, 1, memory_order_relaxed);
 	if (req->dir == RTRS_WRITE) {
@@ -812,7 +819,8 @@ static void clt_handle_rsp(struct clt_con *con, uint32_t payload)
 		return;
 	}
 	req = &s->reqs[id];
-	if (atomic_load(&req->state) != REQ_INFLIGHT || req->path != p) {
+	if (atomic_load(&req->state) != REQ_INFLIGHT || req->path != p ||
+	    !atomic_load(&req->sent)) {
 		log_err_rl("%s: response for request %u that is not in flight here", p->name, id);
 		clt_fail_path(p, -EPROTO);
 		return;

@@ -58,6 +58,12 @@ struct clt_req {
 	 * session's, max_io_size bytes) and is copied out on success.
 	 */
 	bool bounced;
+	/*
+	 * The write that carries the immediate is posted (req_post): only
+	 * then may a response come. One for a request still waiting for
+	 * room in its send queue is the server's error, not a completion.
+	 */
+	atomic_bool sent;
 	size_t next_iov;            /* posting progress after -EAGAIN */
 	uint64_t next_off;
 	struct rtrs_pending pend;   /* waits for room in con's send queue */

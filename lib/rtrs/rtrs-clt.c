@@ -148,6 +148,17 @@ static void path_close_call(void *arg)
 	loop_timer_arm(&p->reconnect_timer, 0, 0);
 	clt_path_attempt_poke(p);
 	clt_path_stop(p, -ESHUTDOWN, RTRS_PATH_CLOSED);
+	/*
+	 * A re-authentication's job ends now: its end queues reauth_work on
+	 * this loop, which the close waits for (sess_work_queued) while the
+	 * loop is still the session's; left to run, it would queue it on a
+	 * loop the session let go of.
+	 */
+	if (p->reauth) {
+		offload_cancel(&p->reauth_job);
+		p->reauth = false;
+		rtrs_auth_txn_end(&p->auth);
+	}
 	loop_timer_fini(&p->reconnect_timer);
 	loop_timer_fini(&p->conn_timer);
 	loop_timer_fini(&p->base.hb.timer);
@@ -311,6 +322,10 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 	p->sess = s;
 	pthread_mutex_init(&p->lock, NULL);
 	cond_init_mono(&p->cond);
+	/* Its work items before anything can fail: a close of a half-made path kicks them. */
+	rc = clt_path_conn_init(p);
+	if (rc)
+		return rc;
 	p->base.nr_cons = 1 + s->nr_io_cons;
 	p->cons = calloc(p->base.nr_cons, sizeof(*p->cons));
 	p->base.cons = calloc(p->base.nr_cons, sizeof(*p->base.cons));
@@ -325,9 +340,6 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 	p->base.hb.missed_max = s->hb_missed_max;
 	atomic_init(&p->keep_closed, false);
 	atomic_init(&p->verdict, -1);
-	rc = clt_path_conn_init(p);
-	if (rc)
-		return rc;
 	return loop_timer_init(s->loop, &p->reconnect_timer, clt_path_reconnect_timer);
 }
 
@@ -578,8 +590,12 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	s->paths_num = o->paths_num;
 	for (size_t i = 0; i < o->paths_num; i++) {
 		rc = path_init(s, &s->paths[i], (unsigned)i, &o->paths[i]);
-		if (rc)
+		if (rc) {
+			/* Half made: undone here, so that the close sees no path in it. */
+			path_fini(&s->paths[i]);
+			memset(&s->paths[i], 0, sizeof(s->paths[i]));
 			goto out_free;
+		}
 	}
 	if (!sess_list(s)) {
 		log_err("%s: not opened: the client is shut down", s->name);

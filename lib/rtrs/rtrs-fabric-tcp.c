@@ -938,6 +938,7 @@ static int tx_post(struct fab_con *c, struct iovec *iov, unsigned n, const void 
 {
 	unsigned cur = 0;
 	unsigned bits = 0;
+	bool partial = false;
 	int rc = 0;
 
 	pthread_mutex_lock(&c->tx_lock);
@@ -972,15 +973,36 @@ static int tx_post(struct fab_con *c, struct iovec *iov, unsigned n, const void 
 				rc = dctx_add(c, ctx);
 				bits |= W_DONE;
 			}
+			if (rc) {
+				/* It left, and its done cannot be kept: the connection fails. */
+				c->tx_dead = true;
+				c->tx_err = rc;
+				bits = W_FAIL;
+				rc = 0;
+			}
 			pthread_mutex_unlock(&c->tx_lock);
 			if (bits)
 				queue_work(c, bits);
 			return rc;
 		}
-		if (w > 0)
+		if (w > 0) {
 			iov_advance(iov, n, &cur, (size_t)w);
+			partial = true;
+		}
 	}
 	rc = txq_add(c, iov, n, cur, keep, keep_len, copy_all, ctx);
+	if (rc && partial) {
+		/*
+		 * Part of the frame is on the stream and the rest has no room:
+		 * the stream is out of step, so the connection fails (the post
+		 * is not refused: the peer may act on what it got).
+		 */
+		c->tx_dead = true;
+		c->tx_err = rc;
+		pthread_mutex_unlock(&c->tx_lock);
+		queue_work(c, W_FAIL);
+		return 0;
+	}
 	pthread_mutex_unlock(&c->tx_lock);
 	if (!rc && cork)
 		cork_add(c);
@@ -1044,8 +1066,13 @@ static bool tx_flush(struct fab_con *c, bool *delivered, int *err)
 			if (!c->txq_head)
 				c->txq_tail = NULL;
 			c->tx_n -= t->counted;
-			if (t->ctx && !dctx_add(c, t->ctx))
+			if (t->ctx && !dctx_add(c, t->ctx)) {
 				*delivered = true;
+			} else if (t->ctx) {
+				/* Its done cannot be kept: the connection fails, as a lost send would. */
+				c->tx_dead = true;
+				*err = -ENOMEM;
+			}
 			txf_release(t);
 		}
 	}
@@ -3122,7 +3149,8 @@ static int write_frames(const struct iovec *iov, size_t iov_cnt, const struct fa
 		};
 		uint64_t need = rma[r].len;
 
-		if (rma[r].len > RTRS_TCP_WRITE_MAX)
+		/* An empty write without an immediate is what the peer refuses (the decoder). */
+		if (rma[r].len > RTRS_TCP_WRITE_MAX || (!rma[r].len && !f.has_imm))
 			return -EINVAL;
 		rtrs_tcp_hdr_encode(&hdrs[r], &f);
 		out[n++] = (struct iovec){ &hdrs[r], sizeof(hdrs[r]) };
@@ -3141,6 +3169,11 @@ static int write_frames(const struct iovec *iov, size_t iov_cnt, const struct fa
 			}
 		}
 	}
+	/* The local bytes are the remote ranges', no more (RDMA fails such a post too). */
+	while (li < iov_cnt && !iov[li].iov_len)
+		li++;
+	if (loff || li < iov_cnt)
+		return -EINVAL;
 	return n;
 }
 

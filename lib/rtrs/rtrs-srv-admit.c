@@ -511,11 +511,26 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 		}
 	}
 	p = srv_path_find(s, req.sess_uuid);
+	if (!p && req.cid) {
+		/*
+		 * A path starts with its connection 0 (a kernel client waits
+		 * for each connection before the next): a later one of a path
+		 * unknown here belongs to one closed and reaped meanwhile, and
+		 * taking it as a new path would let a peer open paths that
+		 * never pass the pending limits. The client starts it anew.
+		 */
+		srv_reject_ext(ctx, creq, peer, -EAGAIN, false, req.ext,
+			       "a later connection of a path unknown here; the client must start "
+			       "it again");
+		if (!s->paths)
+			srv_sess_free(s);
+		return;
+	}
 	if (!p) {
 		char host[64];
 
 		srv_peer_host_of(peer, host, sizeof(host));
-		rc = req.cid == 0 ? pending_admit(ctx, host, req.sess_uuid) : 0;
+		rc = pending_admit(ctx, host, req.sess_uuid);
 		if (rc) {
 			srv_reject_ext(ctx, creq, peer, rc, false, req.ext,
 				       "too many connections still to prove themselves");

@@ -143,6 +143,12 @@ struct srv_path {
 		size_t len;
 	} auth_in[2];
 	unsigned auth_in_n;
+	/*
+	 * srv_path_stop ran (under auth_lock): nothing more is queued and a
+	 * job that runs after it (one a completion submitted as the path
+	 * stopped) answers nothing, so none sends on a connection gone.
+	 */
+	bool auth_stopped;
 	char auth_msg[RTRS_AUTH_MSG_MAX]; /* the one being answered */
 	size_t auth_msg_len;
 	/*

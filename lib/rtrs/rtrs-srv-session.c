@@ -263,7 +263,7 @@ static void srv_auth_job(struct offload_job *j)
 
 	for (;;) {
 		pthread_mutex_lock(&p->auth_lock);
-		if (!p->auth_in_n) {
+		if (!p->auth_in_n || p->auth_stopped) {
 			pthread_mutex_unlock(&p->auth_lock);
 			return;
 		}
@@ -296,6 +296,11 @@ static bool srv_auth_recv(struct srv_path *p, const void *buf, size_t len, bool 
 	bool full;
 
 	pthread_mutex_lock(&p->auth_lock);
+	if (p->auth_stopped) {
+		/* The path stops (it passed the state check as it did): nothing to answer. */
+		pthread_mutex_unlock(&p->auth_lock);
+		return true;
+	}
 	st = atomic_load(&p->auth_job.state);
 	if (!auth && !p->auth_in_n && st != OFFLOAD_QUEUED && st != OFFLOAD_RUNNING) {
 		pthread_mutex_unlock(&p->auth_lock);
@@ -635,7 +640,15 @@ void srv_path_stop(struct srv_path *p, int err)
 	/*
 	 * An authentication answer being computed finishes first (it sends on
 	 * connection 0): at most one DH exchange of waiting, on this loop.
+	 * After auth_stopped nothing is answered: a message that a completion
+	 * thread queues as the path stops (it passed its state check before
+	 * CLOSING) is dropped, and a job it submits after this cancel does
+	 * nothing (path_fini's cancel waits for it before the path is freed).
 	 */
+	pthread_mutex_lock(&p->auth_lock);
+	p->auth_stopped = true;
+	p->auth_in_n = 0;
+	pthread_mutex_unlock(&p->auth_lock);
 	offload_cancel(&p->auth_job);
 	/* Responses that never got out are dropped: the client's path fails them. */
 	rtrs_path_destroy_cons(&p->base);
@@ -1050,7 +1063,11 @@ static void path_info_work(struct loop_work *w)
 	if (!s->link_up && ctx->ops.link_ev) {
 		rc = ctx->ops.link_ev(s, RTRS_SRV_LINK_EV_CONNECTED, ctx->ops.priv);
 		if (rc) {
-			rc = rc < 0 ? rc : -rc;
+			/* Any int may come back: the wire carries an errno in 1..4095. */
+			if (rc > 0 && rc <= 4095)
+				rc = -rc;
+			else if (rc < -4095 || rc > 0)
+				rc = -ECONNRESET;
 			log_err("%s: session refused by its user: %s", path_name(p), strerror(-rc));
 			srv_path_refuse(p, rc, rc == -EACCES || rc == -EPERM);
 			return;
@@ -1090,6 +1107,7 @@ static const struct rtrs_path_ops srv_path_ops = {
 /* Undoes srv_path_create, whole or in part (fence_timer not live: the base is not set up). */
 static void path_fini(struct srv_path *p)
 {
+	offload_cancel(&p->auth_job); /* first: the job uses what follows */
 	if (loop_timer_live(&p->fence_timer)) {
 		loop_timer_fini(&p->fence_timer);
 		rtrs_path_fini(&p->base);
@@ -1102,7 +1120,6 @@ static void path_fini(struct srv_path *p)
 	free(p->fence_keys);
 	free(p->info_rsp);
 	srv_keys_release(p->sess, &p->keys);
-	offload_cancel(&p->auth_job);
 	pthread_mutex_destroy(&p->auth_lock);
 	rtrs_auth_txn_end(&p->auth);
 	for (unsigned i = 0; p->cons && i < p->base.nr_cons; i++) {

@@ -142,6 +142,20 @@ static int srv_opts_validate(const struct rtrs_srv_ops *ops, const struct rtrs_s
 		log_err("server: queue depth x chunk size exceeds 4 GiB");
 		return -EINVAL;
 	}
+	if (o->always_invalidate && !strcmp(o->provider ? o->provider : "tcp", "tcp") &&
+	    rtrs_info_rsp_size(o->queue_depth, o->queue_depth) > RTRS_TCP_SEND_MAX) {
+		/* A chunk's descriptor and its key record each: one tcp message. */
+		log_err("server: queue depth %u with always_invalidate on tcp: the information "
+			"response (a descriptor and a key per chunk) would exceed one message of "
+			"%u bytes; at most %zu chunks", o->queue_depth, RTRS_TCP_SEND_MAX,
+			(RTRS_TCP_SEND_MAX - rtrs_info_rsp_size(0, 0)) /
+				(rtrs_info_rsp_size(1, 1) - rtrs_info_rsp_size(0, 0)));
+		err_detail("queue depth %u with always_invalidate on tcp: at most %zu chunks",
+			   o->queue_depth,
+			   (RTRS_TCP_SEND_MAX - rtrs_info_rsp_size(0, 0)) /
+				   (rtrs_info_rsp_size(1, 1) - rtrs_info_rsp_size(0, 0)));
+		return -EINVAL;
+	}
 	if (!o->hb_interval_ms || !o->hb_missed_max || !o->listen_retry_ms ||
 	    o->max_cons_per_path < 2 || o->max_cons_per_path > RTRS_MAX_CONNS ||
 	    !o->connect_timeout_ms || o->poll_groups > RTRS_MAX_POLL_GROUPS)

@@ -12,6 +12,8 @@
  *   - a heartbeat flood from a client that stops reading;
  *   - a client's connection request replayed while it does IO: its path
  *     stays up;
+ *   - later connections of paths that were never started: each refused,
+ *     none holds a path or a socket;
  *   - more sessions, and more chunk memory, than the server allows: the
  *     client is refused with ENOSPC;
  *   - continuous floods of raw connections and half-open paths from two
@@ -976,6 +978,51 @@ static void test_final_refusal(void)
 	server_stop();
 }
 
+/*
+ * Later connections (cid 1) of paths nobody started: a path begins with its
+ * connection 0, so each is refused (-EAGAIN, the client starts its path
+ * again) and none makes a path, which would be one that never met the
+ * pending limits: the attacker's sockets, all held open, leave the server
+ * with none of them.
+ */
+static void test_later_connection(void)
+{
+	enum { N = 100 };
+	const char *extra[] = { NULL };
+	static int fds[N];
+	int nfd = 0, refused = 0, fd0, most = 0;
+
+	if (!server_start(0, extra))
+		return;
+	usleep(100 * 1000);
+	fd0 = proc_fds(srv.pid);
+	for (int i = 0; i < N; i++) {
+		struct rtrs_conn_req req;
+		struct rtrs_msg_conn_req m;
+		uint8_t buf[128];
+		size_t len;
+		int fd = -1, rc;
+
+		random_req(&req, 1, 2, false);
+		rtrs_conn_req_encode(&m, &req);
+		len = wire_connreq(&m, buf, sizeof(buf));
+		rc = wire_handshake(srv.port, buf, len, NULL, &fd);
+		refused += rc == -EAGAIN;
+		if (fd >= 0)
+			fds[nfd++] = fd;
+	}
+	usleep(200 * 1000);
+	most = proc_fds(srv.pid);
+	CHECK(refused == N, "%d of %d later connections of unknown paths refused with EAGAIN",
+	      refused, N);
+	CHECK(most - fd0 < 20, "server fds %d -> %d with %d such sockets held open", fd0, most,
+	      nfd);
+	CHECK(legit_session(srv.port, "legit-later", false, 16), "a client after them");
+	for (int i = 0; i < nfd; i++)
+		close(fds[i]);
+	server_stop();
+}
+
 /* ---- sessions and chunk memory ------------------------------------------------ */
 
 static void test_session_limits(void)
@@ -1350,6 +1397,7 @@ int main(int argc, char **argv)
 	test_silent_trickle();
 	test_replay();
 	test_final_refusal();
+	test_later_connection();
 	test_session_limits();
 	test_continuous_floods();
 	test_continuous_floods_tls();

@@ -437,6 +437,62 @@ static void dup_response(void)
 	teardown(&c);
 }
 
+static atomic_bool hold_to_srv;
+
+/* Responses and the client's kicks; and, once hold_to_srv, everything to the server. */
+static bool rsp_or_clt_kick(const struct fake_ev *ev, void *arg)
+{
+	return match(ev, arg) || (ev->kind == FAKE_KICK && !ev->to_server) ||
+	       (atomic_load(&hold_to_srv) && ev->to_server);
+}
+
+/*
+ * A response for a request that has not gone out: the permit's next
+ * request meets a full send queue and waits on the connection's pending
+ * list (its kick held), when a copy of the permit's last response comes.
+ * It completes nothing (the request is still the poster's, linked on the
+ * list) and fails the path (-EPROTO); the request completes once, later.
+ */
+static void rsp_before_post(void)
+{
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	static struct io io, io2;
+	struct fake_ev *ev, *dup;
+	unsigned id = 0;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	fake_hold(rsp_or_clt_kick, &rsp);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 11), 0);
+	ev = fake_wait_ev(match, &rsp, "the response");
+	dup = ev ? fake_dup(ev) : NULL;
+	CHECK(dup != NULL);
+	if (dup) {
+		CHECK_EQ(fake_deliver(ev), 0);
+		CHECK_EQ(io_wait(&io), 0);
+		id = rtrs_permit_id(io.permit);
+		io_put(&io);
+		CHECK_EQ(fake_eagain("s", "a", 1, false, 1), 1);
+		CHECK_EQ(io_start(&io2, &c, RTRS_WRITE, RTRS_IO_CON, LEN, LEN, 12), 0);
+		CHECK(rtrs_permit_id(io2.permit) == id, "the same permit (its response's id)");
+		/* The server's reaction to the connection the client shuts waits (forged_imm). */
+		atomic_store(&hold_to_srv, true);
+		CHECK_EQ(fake_deliver(dup), 0);
+		CHECK_EQ(atomic_load(&io2.calls), 0);
+		CHECK(env_logged("that is not in flight here"), "the response is named");
+	}
+	fake_hold(NULL, NULL);
+	atomic_store(&hold_to_srv, false);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(clt_path(&c, 0).last_error, -EPROTO);
+	CHECK_EQ(fake_advance(10000), 0);
+	io_wait(&io2);
+	CHECK_EQ(atomic_load(&io2.calls), 1);
+	io_put(&io2);
+	teardown(&c);
+}
+
 /* A copy of the response with its immediate changed to imm: delivered after the real one. */
 static void forged_imm(uint32_t imm, const char *logged)
 {
@@ -1127,6 +1183,7 @@ static const struct scenario scenarios[] = {
 	{ "hb_reorder_response", hb_reorder_response },
 	{ "hb_ack_completion_delayed", hb_ack_completion_delayed },
 	{ "dup_response", dup_response },
+	{ "rsp_before_post", rsp_before_post },
 	{ "hb_on_io_con", hb_on_io_con },
 	{ "unknown_imm", unknown_imm },
 	{ "failover_lost_response", failover_lost_response },
