@@ -373,8 +373,9 @@ int rtrs_clt_query(struct rtrs_clt_sess *sess, struct rtrs_attrs *attrs);
  * What the server speaks (docs/protocol.md, "Kernel peers"): 1, a server
  * of this project, which answered the client's extension bit; 0, a server
  * that speaks only the Linux kernel's RTRS. With a kernel server there is
- * no fencing (a failed path's requests fail with -ECONNABORTED instead of
- * failing over), no authentication (a session with auth_secret is refused
+ * no fencing (a failed path's requests go to another path at once, as the
+ * kernel's client fails them over: docs/protocol.md section 14 says what
+ * that does not guarantee), no authentication (a session with auth_secret is refused
  * with -EPROTONOSUPPORT), no refusal reasons after the connections are
  * up, reads of several vectors go through a bounce buffer, and
  * RTRS_CLT_LINK_EV_SERVER_SESSION comes with every reconnect that may have

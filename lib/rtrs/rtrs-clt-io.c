@@ -631,17 +631,18 @@ int clt_req_route(struct clt_req *req)
 	struct rtrs_clt_sess *s = req->sess;
 	struct rtrs_mp_path snap[RTRS_MAX_PATHS];
 	enum rtrs_mp_policy policy = atomic_load(&s->mp_policy);
+	size_t n = atomic_load(&s->paths_num); /* once: a path may be added meanwhile */
 	int rc = -ECONNABORTED;
 
-	for (size_t i = 0; i < s->paths_num; i++)
+	for (size_t i = 0; i < n; i++)
 		snap[i] = (struct rtrs_mp_path){
 			.connected = atomic_load(&s->paths[i].base.state) == RTRS_PATH_CONNECTED,
 			.inflight = atomic_load(&s->paths[i].base.inflight),
 			.latency_ns = atomic_load(&s->paths[i].base.hb.latency_ns),
 		};
-	for (size_t tries = 0; tries < s->paths_num; tries++) {
+	for (size_t tries = 0; tries < n; tries++) {
 		unsigned rr = atomic_load(&s->rr_cursor);
-		int i = rtrs_mp_select(policy, snap, s->paths_num, &rr);
+		int i = rtrs_mp_select(policy, snap, n, &rr);
 		struct clt_path *p;
 
 		if (i < 0)
