@@ -413,6 +413,13 @@ static void uring_step(struct rnbd_engine *e, struct rnbd_breq *r, int res)
 		r->buf = (uint8_t *)r->buf + res;
 		r->offset += (uint32_t)res;
 		r->len -= (uint32_t)res;
+		/*
+		 * A FUA write to the page cache: should the rest go to the
+		 * pool (a full ring), its RWF_DSYNC covers only the rest, and
+		 * the flush before it makes what was written so far durable.
+		 */
+		if (fua_by_flush(r))
+			r->flags |= RNBD_F_PREFLUSH;
 	} else {
 		complete(r, 0); /* a flush, the request's or after it */
 		return;
@@ -857,8 +864,11 @@ static bool nowait_try(struct rnbd_store *s, struct rnbd_breq *r)
 	bool w = r->op == RNBD_OP_WRITE;
 	ssize_t n;
 
-	/* FUA: on io_uring engines a write to the page cache is flushed after (main_done). */
-	if ((r->op != RNBD_OP_READ && !w) || (r->flags & RNBD_F_PREFLUSH) ||
+	/*
+	 * FUA: on io_uring engines a write to the page cache is flushed after
+	 * (main_done). An empty write is a flush (stage_is_flush): never here.
+	 */
+	if ((r->op != RNBD_OP_READ && !w) || !r->len || (r->flags & RNBD_F_PREFLUSH) ||
 	    ((r->flags & RNBD_F_FUA) && (s->direct || !s->e->uring)))
 		return false;
 	if (!atomic_load_explicit(&s->nowait[w], memory_order_relaxed)) {

@@ -496,8 +496,8 @@ static void *submit_flushes(void *arg)
  * page cache holds 16 MiB to write all complete, with fewer fdatasync
  * calls than flushes (one covers those queued meanwhile) and no worker
  * thread of io_uring made for them (an fsync on the ring took up to 8 per
- * submitting thread); a FUA write to the page cache runs a flush after it;
- * the flusher's thread ends when idle.
+ * submitting thread); a FUA write to the page cache runs a flush after it,
+ * and an empty FUA write is one; the flusher's thread ends when idle.
  */
 static void test_flusher(void)
 {
@@ -515,6 +515,8 @@ static void test_flusher(void)
 	CHECK(fd >= 0);
 	CHECK_EQ(ftruncate(fd, 32 << 20), 0);
 	CHECK_EQ(rnbd_engine_open(RNBD_ENGINE_URING, 2, 0, &e), 0);
+	/* As rnbd-server has it: plain writes at once where RWF_NOWAIT cannot (ext4). */
+	rnbd_engine_set_inline_writes(e, true);
 	CHECK_EQ(rnbd_store_fd(e, fd, false, &s), 0);
 	memset(big, 0xa5, sizeof(big));
 	for (unsigned i = 0; i < 16; i++)
@@ -568,6 +570,22 @@ static void test_flusher(void)
 	CHECK_EQ(syncs2, syncs + 1);
 	CHECK_EQ(pread(fd, back, sizeof(back), 8192), (ssize_t)sizeof(back));
 	CHECK(!memcmp(back, buf, sizeof(buf)), "the FUA write landed");
+	/* An empty write with FUA (no PREFLUSH): a flush, as the kernel sent them once. */
+	struct waiter w2 = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1 };
+	uint64_t flushes3, syncs3;
+
+	q[0] = (struct req){ .w = &w2, .err = 1 };
+	q[0].r = (struct rnbd_breq){ .op = RNBD_OP_WRITE, .flags = RNBD_F_FUA, .offset = 0,
+				     .len = 0, .buf = buf, .done = req_done };
+	rnbd_store_submit(s, &q[0].r);
+	pthread_mutex_lock(&w2.lock);
+	while (w2.left)
+		pthread_cond_wait(&w2.cond, &w2.lock);
+	pthread_mutex_unlock(&w2.lock);
+	CHECK_EQ(q[0].err, 0);
+	rnbd_engine_flush_stats(e, &flushes3, &syncs3);
+	CHECK_EQ(flushes3, flushes2 + 1);
+	CHECK_EQ(syncs3, syncs2 + 1);
 	usleep(5500 * 1000);
 	CHECK_EQ(threads_left("rnbd-flush"), 0u);
 	CHECK_EQ(sync_io(s, RNBD_OP_FLUSH, 0, NULL, 0), 0); /* and one starts again */
