@@ -150,8 +150,10 @@ struct dev {
 	int ub_id;                    /* N of /dev/ublkbN (its record in --runtime-dir) */
 	char bdev[32];                /* "/dev/ublkbN", or "" */
 	char note[200];               /* why there is none */
-	bool busy;                    /* an unmap or a remap runs on it */
+	bool busy;                    /* a map's last steps, an unmap or a remap run on it */
+	bool unmapping;               /* busy with an unmap: a handover leaves it to it */
 	bool handed;                  /* its block device is handed over: a stop leaves it */
+	uint64_t serial;              /* this mapping's own number: ub_id comes round again */
 };
 
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -575,7 +577,7 @@ static bool spec_same(struct sess *s, struct json_object *params)
 }
 
 static struct json_object *mapping_of(struct dev *d);
-static void rec_write(int id, struct json_object *mapping);
+static void rec_write(int id, uint64_t serial, struct json_object *mapping);
 static void rec_write_locked(int id, struct json_object *mapping);
 static void rec_drop(int id);
 static pthread_mutex_t rec_lock;
@@ -594,7 +596,7 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 	struct sess *s, *fresh = NULL;
 	struct dev *d = NULL;
 	struct json_object *rec = NULL;
-	bool want_bdev = true, undo = false, close_s;
+	bool want_bdev = true, undo = false, inserted = false, close_s;
 	int rc, mode;
 
 	if ((rc = rpc_params_check(params, names, err)) ||
@@ -675,7 +677,11 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 	pthread_mutex_unlock(&state_lock);
 
 	if (!rc) {
+		static atomic_uint_fast64_t serials;
+
 		d = calloc(1, sizeof(*d));
+		if (d)
+			d->serial = atomic_fetch_add(&serials, 1) + 1;
 		rc = d ? 0 : rpc_errf(err, -ENOMEM, "out of memory");
 	}
 	if (!rc) {
@@ -732,6 +738,13 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 		undo = true;
 	}
 	if (!rc) {
+		/*
+		 * Busy until its record and link are made below, unlocked: an
+		 * unmap meanwhile would free it under us, and leave a record
+		 * and a link behind for a device gone.
+		 */
+		d->busy = true;
+		inserted = true;
 		for (unsigned i = 0; i < DEVS_MAX; i++) {
 			if (!devs[i]) {
 				devs[i] = d;
@@ -765,7 +778,7 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 		free(d);
 	} else if (d && d->ub) {
 		/* The next rnbd-clientd takes the block device over from this. */
-		rec_write(d->ub_id, rec);
+		rec_write(d->ub_id, d->serial, rec);
 		rec = NULL;
 		link_make(sname, name, d->ub_id);
 	}
@@ -776,6 +789,12 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 		     d->bdev[0] ? d->bdev : d->note);
 		if (recover_id >= 0)
 			dlog(DLOG_INFO, "ublk: %s taken over: its IO goes on", d->bdev);
+	}
+	if (inserted) {
+		pthread_mutex_lock(&state_lock);
+		d->busy = false;
+		pthread_cond_broadcast(&state_cond);
+		pthread_mutex_unlock(&state_lock);
 	}
 	if (close_s) {
 		if (s->rnbd)
@@ -841,6 +860,48 @@ static bool dev_drop(struct dev *d)
 	return true;
 }
 
+/*
+ * A process other than this one with the block device bdev open: its pid,
+ * or 0. An exclusive open (a mount, md, LVM) is seen by O_EXCL; an
+ * ordinary one (qemu, dd, a database) only here, among /proc's open files.
+ */
+static pid_t bdev_opener(const char *bdev)
+{
+	struct stat want;
+	DIR *proc;
+	struct dirent *pe;
+	pid_t found = 0, self = getpid();
+
+	if (stat(bdev, &want) || !S_ISBLK(want.st_mode) || !(proc = opendir("/proc")))
+		return 0;
+	while (!found && (pe = readdir(proc))) {
+		char path[64];
+		char *end;
+		long pid = strtol(pe->d_name, &end, 10);
+		DIR *fds;
+		struct dirent *fe;
+
+		if (*end || pid <= 0 || pid == self)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%ld/fd", pid);
+		fds = opendir(path);
+		if (!fds)
+			continue; /* gone, or not ours to see */
+		while (!found && (fe = readdir(fds))) {
+			struct stat st;
+
+			if (fe->d_name[0] == '.')
+				continue;
+			if (!fstatat(dirfd(fds), fe->d_name, &st, 0) && S_ISBLK(st.st_mode) &&
+			    st.st_rdev == want.st_rdev)
+				found = (pid_t)pid;
+		}
+		closedir(fds);
+	}
+	closedir(proc);
+	return found;
+}
+
 static int m_unmap(void *priv, struct json_object *params, struct json_object **result,
 		   struct rpc_err *err)
 {
@@ -866,6 +927,7 @@ static int m_unmap(void *priv, struct json_object *params, struct json_object **
 		rc = err->code;
 	if (!rc) {
 		d->busy = true;
+		d->unmapping = true;
 		snprintf(dname, sizeof(dname), "%s", d->name);
 		snprintf(sname, sizeof(sname), "%s", d->s->name);
 		snprintf(bdev, sizeof(bdev), "%s", d->ub ? d->bdev : "");
@@ -877,11 +939,20 @@ static int m_unmap(void *priv, struct json_object *params, struct json_object **
 	if (bdev[0] && !force) {
 		int fd = open(bdev, O_RDONLY | O_EXCL | O_CLOEXEC);
 
+		pid_t pid = 0;
+
 		if (fd < 0 && errno == EBUSY)
 			rc = rpc_errf(err, -EBUSY, "device %s of session %s: %s is in use "
-				      "(mounted or open; force unmaps anyway)", dname, sname, bdev);
+				      "(mounted, or held exclusively; force unmaps anyway)", dname,
+				      sname, bdev);
 		if (fd >= 0)
 			close(fd);
+		/* A probe's open (udev's blkid after a map) ends soon: looked at a few times. */
+		for (int t = 0; !rc && (pid = bdev_opener(bdev)) && t < 5; t++)
+			usleep(200 * 1000);
+		if (!rc && pid)
+			rc = rpc_errf(err, -EBUSY, "device %s of session %s: %s is open in process "
+				      "%ld (force unmaps anyway)", dname, sname, bdev, (long)pid);
 	}
 	if (!rc) {
 		rc = dev_unmap(d, force);
@@ -891,6 +962,7 @@ static int m_unmap(void *priv, struct json_object *params, struct json_object **
 	}
 	pthread_mutex_lock(&state_lock);
 	d->busy = false;
+	d->unmapping = false;
 	s = d->s;
 	close_s = !rc && dev_drop(d);
 	pthread_cond_broadcast(&state_cond);
@@ -1119,6 +1191,7 @@ static struct json_object *mappings_json(void)
 static void rec_refresh(void)
 {
 	struct json_object *maps[DEVS_MAX];
+	uint64_t serials[DEVS_MAX];
 	int ids[DEVS_MAX];
 	unsigned n = 0;
 
@@ -1126,12 +1199,13 @@ static void rec_refresh(void)
 	for (unsigned i = 0; i < DEVS_MAX; i++) {
 		if (devs[i] && devs[i]->ub) {
 			ids[n] = devs[i]->ub_id;
+			serials[n] = devs[i]->serial;
 			maps[n++] = mapping_of(devs[i]);
 		}
 	}
 	pthread_mutex_unlock(&state_lock);
 	for (unsigned i = 0; i < n; i++)
-		rec_write(ids[i], maps[i]);
+		rec_write(ids[i], serials[i], maps[i]);
 }
 
 static int m_save(void *priv, struct json_object *params, struct json_object **result,
@@ -1248,8 +1322,12 @@ static void rec_write_locked(int id, struct json_object *mapping)
 	json_object_put(mapping);
 }
 
-/* id's record, while a device of the list has block device id (else mapping is dropped). */
-static void rec_write(int id, struct json_object *mapping)
+/*
+ * id's record, while the mapping numbered serial is listed with block
+ * device id (else mapping is dropped): an id another mapping got since,
+ * the first one unmapped meanwhile, keeps that one's record.
+ */
+static void rec_write(int id, uint64_t serial, struct json_object *mapping)
 {
 	bool live = false;
 
@@ -1257,7 +1335,7 @@ static void rec_write(int id, struct json_object *mapping)
 	pthread_mutex_lock(&rec_lock);
 	pthread_mutex_lock(&state_lock);
 	for (unsigned j = 0; j < DEVS_MAX && !live; j++)
-		live = devs[j] && devs[j]->ub && devs[j]->ub_id == id;
+		live = devs[j] && devs[j]->ub && devs[j]->ub_id == id && devs[j]->serial == serial;
 	pthread_mutex_unlock(&state_lock);
 	if (live)
 		rec_write_locked(id, mapping);
@@ -1760,18 +1838,26 @@ static void *stop_sess_thread(void *arg)
 	return NULL;
 }
 
-/* Waits (state_lock held) until no thread and no map is left, or ms pass: whether none is. */
-static bool idle_within(unsigned ms)
+/* ms from now, for state_cond (CLOCK_REALTIME). */
+static struct timespec state_deadline(uint64_t ms)
 {
 	struct timespec dl;
 
 	clock_gettime(CLOCK_REALTIME, &dl);
-	dl.tv_sec += ms / 1000;
+	dl.tv_sec += (time_t)(ms / 1000);
 	dl.tv_nsec += (long)(ms % 1000) * 1000000;
 	if (dl.tv_nsec >= 1000000000) {
 		dl.tv_sec++;
 		dl.tv_nsec -= 1000000000;
 	}
+	return dl;
+}
+
+/* Waits (state_lock held) until no thread and no map is left, or ms pass: whether none is. */
+static bool idle_within(unsigned ms)
+{
+	struct timespec dl = state_deadline(ms);
+
 	while ((workers || maps_pending) &&
 	       pthread_cond_timedwait(&state_cond, &state_lock, &dl) != ETIMEDOUT)
 		;
@@ -1843,6 +1929,22 @@ static unsigned handover_all(unsigned *left, bool *ended)
 	*left = 0;
 	pthread_mutex_lock(&state_lock);
 	stopping = true;
+	/*
+	 * A remap (or a map's last steps) ends first: its device is handed
+	 * over like the others, not left to the stop, which removes what it
+	 * finds. One being unmapped is left to its unmap.
+	 */
+	for (;;) {
+		bool wait = false;
+
+		for (unsigned i = 0; i < DEVS_MAX; i++)
+			wait |= devs[i] && devs[i]->ub && devs[i]->busy && !devs[i]->unmapping;
+		if (!wait || now_ms() >= end)
+			break;
+		struct timespec dl = state_deadline(end - now_ms());
+
+		pthread_cond_timedwait(&state_cond, &state_lock, &dl);
+	}
 	for (unsigned i = 0; i < DEVS_MAX; i++) {
 		if (devs[i] && devs[i]->ub && !devs[i]->busy) {
 			devs[i]->handed = true;

@@ -236,6 +236,11 @@ static _Thread_local struct ublk_dev *queue_of_thread; /* on a queue thread, its
 
 static void io_done(void *priv, int result)
 {
+	/*
+	 * On the queue thread (a poll's completion, or a request that failed
+	 * at once in serve) no eventfd is written: the thread commits the
+	 * list after the poll and after each lap (queue_thread).
+	 */
 	struct uio *io = priv;
 	struct ublk_dev *u = io->u;
 	uint64_t one = 1;
@@ -247,7 +252,6 @@ static void io_done(void *priv, int result)
 	io->next = u->done;
 	u->done = io;
 	pthread_mutex_unlock(&u->lock);
-	/* Polled on the queue thread: it commits the list when the poll returns. */
 	if (first && queue_of_thread != u && write(u->efd, &one, sizeof(one)) != sizeof(one))
 		abort(); /* an eventfd write cannot fail but by overflow */
 }
@@ -549,6 +553,15 @@ static void *queue_thread(void *arg)
 			}
 		}
 		io_uring_cq_advance(&u->ring, seen);
+		/*
+		 * A request that failed at once in serve (no path, the session
+		 * closing) completed on this thread outside a poll, and
+		 * io_done wrote no eventfd for it: committed here, or the tag
+		 * (and every completion after it, which finds the list
+		 * non-empty) would wait for ever.
+		 */
+		if (aborted < u->qd && commit_done(u))
+			aborted = u->qd;
 	}
 	if (armed)
 		rnbd_clt_poll_wait_end(u->sess);

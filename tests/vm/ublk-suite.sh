@@ -11,7 +11,8 @@
 #   - mkfs.ext4, mount, files written and synced; rnbd-server SIGKILLed and
 #     started again under the mounted file system: IO resumes (more files),
 #     every file intact; unmount, fsck -n clean;
-#   - a normal unmap of a mounted device is refused (EBUSY);
+#   - a normal unmap of a mounted device is refused (EBUSY), and of one
+#     that a process has open (an ordinary open, no O_EXCL);
 #   - client save, rnbd-clientd stopped (its devices go) and started again:
 #     the mapping is restored (after its socket is up), the file system
 #     mounts and its files are intact; unmap removes /dev/ublkbN;
@@ -166,6 +167,11 @@ print(d[0]["block_device"] if d and d[0]["block_device"] else "")')
 wait_for 60 restored; check mapping-restored $? "($dev)"
 mount "$dev" /tmp/mnt && (cd /tmp/mnt && sha256sum -c --quiet /tmp/sums); check files-intact-after-restore $?
 umount /tmp/mnt
+exec 7<"$dev" # an ordinary open (no O_EXCL), as qemu or dd has it
+R client unmap disk.img 2>/tmp/unmap.err
+[ $? -eq 1 ] && grep -q 'is open in process' /tmp/unmap.err
+check unmap-of-open-refused $? "($(cat /tmp/unmap.err))"
+exec 7<&-
 R client unmap disk.img >/dev/null; check unmap $?
 [ ! -b "$dev" ]; check unmap-removes-block-device $?
 
