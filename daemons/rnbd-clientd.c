@@ -635,7 +635,7 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 			      name, sname);
 	else if (ndevs + maps_pending >= DEVS_MAX)
 		rc = rpc_errf(err, -ENOSPC, "no room for another device (at most %u)", DEVS_MAX);
-	else if (s && !spec_same(s, params))
+	else if (s && recover_id < 0 && !spec_same(s, params))
 		rc = rpc_errf(err, -EEXIST, "session %s is open already with other servers or "
 			      "options: map through it without them (client.path.add adds paths)",
 			      sname);
@@ -647,6 +647,15 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 		sess_destroy(fresh);
 		return rc;
 	}
+	if (s && recover_id >= 0 && !spec_same(s, params))
+		/*
+		 * A block device taken over joins its session as the last
+		 * daemon had it: records written before a path was added or a
+		 * parameter changed say what the session was then.
+		 */
+		dlog(DLOG_INFO, "device %s of session %s: its record names other servers or "
+		     "options than the session has now; it is taken over through the session",
+		     name, sname);
 	if (s) {
 		sess_destroy(fresh); /* another request listed it meanwhile (not opened: no network) */
 		fresh = NULL;

@@ -64,6 +64,31 @@ static struct {
 	.handshake_ms = RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS, .srq_depth = RTRS_DEFAULT_SRQ_DEPTH,
 };
 
+/*
+ * --mem-device NAME:SIZE: the form and the size checked here, so that a
+ * mistake in a config file is said with its file and line; the name is
+ * librnbd's to check (it says which and why).
+ */
+static int mem_set(const struct opt *o, const char *arg, char *err, size_t errlen)
+{
+	const char *colon = strrchr(arg, ':');
+	const char **n;
+	uint64_t size;
+
+	(void)o;
+	if (!colon || colon == arg)
+		return opts_errorf(err, errlen, -EINVAL, "expected NAME:SIZE");
+	if (parse_size(colon + 1, 4096, UINT64_MAX >> 1, &size) || size % 4096)
+		return opts_errorf(err, errlen, -EINVAL, "size \"%s\": expected a multiple of 4 KiB "
+				   "(K, M, G or T)", colon + 1);
+	n = realloc(g.mem.items, (g.mem.n + 1) * sizeof(*n));
+	if (!n)
+		return opts_errorf(err, errlen, -ENOMEM, "out of memory");
+	n[g.mem.n++] = arg;
+	g.mem.items = n;
+	return 0;
+}
+
 static const struct opt options[] = {
 	{ "config", 'c', OPT_CONFIG, &g.config, .arg = "FILE",
 	  .help = "read options from FILE first (\"name value\" per line, see below)" },
@@ -79,8 +104,8 @@ static const struct opt options[] = {
 	{ "dev-search-path", 's', OPT_STRING, &g.search, .arg = "DIR",
 	  .help = "export the files and block devices below DIR (none without it); "
 		  "%SESSNAME% is the session's name" },
-	{ "mem-device", 'm', OPT_LIST, &g.mem, .arg = "NAME:SIZE",
-	  .help = "also export SIZE bytes of memory as NAME (repeatable)" },
+	{ "mem-device", 'm', OPT_CUSTOM, .set = mem_set, .repeat = true, .arg = "NAME:SIZE",
+	  .help = "also export SIZE bytes of memory as NAME (repeatable; SIZE a multiple of 4K)" },
 	{ "engine", 'e', OPT_CHOICE, &g.engine, .choices = engine_names, .arg = "NAME",
 	  .help = "IO engine" },
 	{ "threads", 't', OPT_UINT, &g.threads, 1, 256, .arg = "N", .help = "IO pool threads at most, started as requests find none idle" },
@@ -94,8 +119,8 @@ static const struct opt options[] = {
 		  "cannot write with RWF_NOWAIT (ext4)" },
 	{ "queue-depth", 'q', OPT_UINT, &g.queue_depth, 1, 65535, .arg = "N",
 	  .help = "requests in flight per session" },
-	{ "chunk-size", 0, OPT_SIZE, &g.chunk_size, 8192, 128 << 20, .arg = "BYTES",
-	  .help = "largest request plus its header" },
+	{ "chunk-size", 0, OPT_SIZE, &g.chunk_size, 8192, 128 << 20, .arg = "BYTES", .pow2 = true,
+	  .help = "largest request plus its header (a power of two)" },
 	{ "invalidate", 0, OPT_FLAG, &g.invalidate,
 	  .help = "revoke a chunk's key while its IO is served (always_invalidate)" },
 	{ "auth-keys", 0, OPT_STRING, &g.auth_keys, .arg = "FILE",
@@ -876,11 +901,6 @@ static int check_options(void)
 	struct stat st;
 	char why[256];
 
-	if (!is_pow2(g.chunk_size)) {
-		fprintf(stderr, "rnbd-server: --chunk-size %" PRIu64 ": not a power of two\n",
-			g.chunk_size);
-		return -EINVAL;
-	}
 	if (g.metrics && metrics_addr_check(g.metrics, why, sizeof(why))) {
 		fprintf(stderr, "rnbd-server: --metrics %s\n", why);
 		return -EINVAL;

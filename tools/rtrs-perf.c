@@ -96,7 +96,7 @@ static const struct opt own_options[] = {
 	  .help = "client: bytes per IO" },
 	{ "queue-depth", 'q', OPT_UINT, &g.queue_depth, 1, 65535, .arg = "N",
 	  .help = "client: IOs in flight; server: chunks per session" },
-	{ "chunk-size", 'c', OPT_SIZE, &g.chunk_size, 8192, 128u << 20, .arg = "SIZE",
+	{ "chunk-size", 'c', OPT_SIZE, &g.chunk_size, 8192, 128u << 20, .arg = "SIZE", .pow2 = true,
 	  .help = "server: chunk size (power of two)" },
 	{ "duration", 't', OPT_UINT, &g.duration, 1, 86400, .arg = "SEC",
 	  .help = "client: seconds to run" },

@@ -244,6 +244,9 @@ static int set_opt(const struct opt *o, const char *arg, char *err, size_t errle
 		if (parse_size(arg, o->min, o->max, &v))
 			return opts_errorf(err, errlen, -EINVAL, "expected a size (K/M/G) in %" PRIu64
 					 "..%" PRIu64, o->min, o->max);
+		if (o->pow2 && (v & (v - 1)))
+			return opts_errorf(err, errlen, -EINVAL, "%" PRIu64 " is not a power of two",
+					   v);
 		*(uint64_t *)o->ptr = v;
 		return 0;
 	case OPT_STRING:

@@ -49,6 +49,8 @@ struct opt {
 	bool repeat;
 	/* The value is a secret: no message repeats it (OPT_STRING, OPT_CUSTOM). */
 	bool secret;
+	/* OPT_SIZE: the value must be a power of two. */
+	bool pow2;
 };
 
 /*

@@ -1091,14 +1091,13 @@ static uint64_t mem_devices_room(uint64_t *ram, uint64_t *swap)
 	return *ram + *swap;
 }
 
-static int mem_devices_parse(struct rnbd_srv *srv, const char *spec)
+/* buf: the list, NAME:SIZE[,NAME:SIZE...], cut up here. */
+static int mem_devices_parse_in(struct rnbd_srv *srv, char *buf)
 {
-	char buf[4096], *save = NULL, *item;
+	char *save = NULL, *item;
 	uint64_t total = 0, ram = 0, swap = 0, room = mem_devices_room(&ram, &swap);
 	int rc;
 
-	if (snprintf(buf, sizeof(buf), "%s", spec) >= (int)sizeof(buf))
-		return -ENAMETOOLONG;
 	for (item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
 		char *colon = strrchr(item, ':');
 		struct mem_dev *m;
@@ -1157,6 +1156,21 @@ static int mem_devices_parse(struct rnbd_srv *srv, const char *spec)
 		srv->nmem++;
 	}
 	return 0;
+}
+
+/* spec: as the option gives it (rnbd_srv_opts.mem_devices), any length. */
+static int mem_devices_parse(struct rnbd_srv *srv, const char *spec)
+{
+	char *buf = strdup(spec);
+	int rc;
+
+	if (!buf) {
+		log_err("rnbd: memory devices: out of memory");
+		return -ENOMEM;
+	}
+	rc = mem_devices_parse_in(srv, buf);
+	free(buf);
+	return rc;
 }
 
 /*
