@@ -3,7 +3,8 @@
 # memory devices, rnbd-client perf (4 KiB, QD 32):
 #   - a session limited to 2000 IOPS (--qos at start) gets 2000 +- 10 %;
 #     another session's IOPS beside it are within 10 % of what it gets
-#     alone (best of two runs each way, alternated);
+#     alone (two rounds of a run alone then one beside it; the better
+#     round's ratio);
 #   - server.sessions and the metrics show the limit and the IO it delayed;
 #   - the limit lifted at run time (rnbd server qos ... iops=0): the session
 #     runs far above it; set again: back to it;
@@ -59,17 +60,19 @@ perf alone1 free m2 4 --rw randrw
 together 1
 perf alone2 free m2 4 --rw randrw
 together 2
-best() { python3 -c "import sys; print(max(map(float, sys.argv[1:])))" "$@"; }
-alone=$(best "$(val alone1 iops)" "$(val alone2 iops)")
-both=$(best "$(val both1 iops)" "$(val both2 iops)")
+# Each round's own ratio (its two runs a few seconds apart: this machine's
+# speed moves by a third over minutes), the better of the two rounds.
+ratio=$(python3 -c "import sys; v = list(map(float, sys.argv[1:])); \
+print("%.2f" % max(v[2] / v[0], v[3] / v[1]))" "$(val alone1 iops)" "$(val alone2 iops)" \
+	"$(val both1 iops)" "$(val both2 iops)")
 echo "  free session alone: $(val alone1 iops), $(val alone2 iops) IOPS; beside the limited \
 one: $(val both1 iops), $(val both2 iops); the limited one: $(val lim1 iops), $(val lim2 iops)"
 check "the limited session gets 2000 IOPS +- 10 % (first run)" within "$(val lim1 iops)" 2000 10
 check "... and in the second" within "$(val lim2 iops)" 2000 10
 check "... no IO of it failed" \
 	test "$(val lim1 errors)" -eq 0 -a "$(val lim2 errors)" -eq 0
-check "the other session beside it: within 10 % of alone (best of two)" \
-	python3 -c "import sys; sys.exit(float('$both') < 0.9 * float('$alone'))"
+check "the other session beside it: within 10 % of alone (the better round: $ratio)" \
+	python3 -c "import sys; sys.exit(float('$ratio') < 0.9)"
 
 # Shown while it runs.
 perf show lim m1 4 --rw randread &
