@@ -63,7 +63,7 @@ together 2
 # Each round's own ratio (its two runs a few seconds apart: this machine's
 # speed moves by a third over minutes), the better of the two rounds.
 ratio=$(python3 -c "import sys; v = list(map(float, sys.argv[1:])); \
-print("%.2f" % max(v[2] / v[0], v[3] / v[1]))" "$(val alone1 iops)" "$(val alone2 iops)" \
+print('%.2f' % max(v[2] / v[0], v[3] / v[1]))" "$(val alone1 iops)" "$(val alone2 iops)" \
 	"$(val both1 iops)" "$(val both2 iops)")
 echo "  free session alone: $(val alone1 iops), $(val alone2 iops) IOPS; beside the limited \
 one: $(val both1 iops), $(val both2 iops); the limited one: $(val lim1 iops), $(val lim2 iops)"
