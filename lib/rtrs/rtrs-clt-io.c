@@ -11,7 +11,10 @@
  * Ownership of a request: IDLE (owned by the permit holder) -> INFLIGHT
  * (owned by the path it was posted on) -> completed exactly once by
  * whoever wins the INFLIGHT -> DONE compare-and-swap: the response handler,
- * or the path teardown after the path's threads have stopped.
+ * or the path teardown after the path's threads have stopped. A response
+ * is taken only once the write carrying the immediate is posted
+ * (clt_req.sent); before that the request may still wait on its
+ * connection's pending list, and a response is the server's error.
  */
 #include <errno.h>
 #include <stdlib.h>
