@@ -215,6 +215,23 @@ static void random_req(struct rtrs_conn_req *req, uint16_t cid, uint16_t cid_num
 	}
 }
 
+/*
+ * A connection request of a new random path (random_req) as a
+ * connection's first message: wire_handshake's answer, *fdp the socket.
+ */
+static int random_handshake(int port, uint16_t cid, uint16_t cid_num, bool auth, int *fdp)
+{
+	struct rtrs_conn_req req;
+	struct rtrs_msg_conn_req m;
+	uint8_t buf[128];
+	size_t len;
+
+	random_req(&req, cid, cid_num, auth);
+	rtrs_conn_req_encode(&m, &req);
+	len = wire_connreq(&m, buf, sizeof(buf));
+	return wire_handshake(port, buf, len, NULL, fdp);
+}
+
 /* A two-sided message on an established connection. */
 static int wire_send(int fd, const void *buf, size_t len)
 {
@@ -433,16 +450,8 @@ static void test_exhaustion(void)
 	CHECK(nraw == RAW, "%d raw connections made", nraw);
 	/* Paths that announce 129 connections and never authenticate. */
 	for (int i = 0; i < HALF; i++) {
-		struct rtrs_conn_req req;
-		struct rtrs_msg_conn_req m;
-		uint8_t buf[128];
-		size_t len;
-		int fd = -1, rc;
+		int fd = -1, rc = random_handshake(srv.port, 0, 129, true, &fd);
 
-		random_req(&req, 0, 129, true);
-		rtrs_conn_req_encode(&m, &req);
-		len = wire_connreq(&m, buf, sizeof(buf));
-		rc = wire_handshake(srv.port, buf, len, NULL, &fd);
 		accepted += rc == 0;
 		if (fd >= 0)
 			half[nhalf++] = fd;
@@ -997,16 +1006,8 @@ static void test_later_connection(void)
 	usleep(100 * 1000);
 	fd0 = proc_fds(srv.pid);
 	for (int i = 0; i < N; i++) {
-		struct rtrs_conn_req req;
-		struct rtrs_msg_conn_req m;
-		uint8_t buf[128];
-		size_t len;
-		int fd = -1, rc;
+		int fd = -1, rc = random_handshake(srv.port, 1, 2, false, &fd);
 
-		random_req(&req, 1, 2, false);
-		rtrs_conn_req_encode(&m, &req);
-		len = wire_connreq(&m, buf, sizeof(buf));
-		rc = wire_handshake(srv.port, buf, len, NULL, &fd);
 		refused += rc == -EAGAIN;
 		if (fd >= 0)
 			fds[nfd++] = fd;

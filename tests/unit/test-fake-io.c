@@ -409,25 +409,39 @@ static void hb_ack_completion_delayed(void)
  * and the second copy, for a request no longer in flight, fails the path
  * (-EPROTO).
  */
-static void dup_response(void)
+/*
+ * A write through c whose response (rsp, held by hold) is copied before it
+ * is delivered: the request completed, the copy returned claimed (NULL if
+ * no response came).
+ */
+static struct fake_ev *write_rsp_copy(struct clt *c, struct io *io, fake_pred hold, struct m *rsp)
 {
-	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
-	static struct io io;
 	struct fake_ev *ev, *dup;
-	struct clt c;
 
-	if (!setup(&c, "a", NULL))
-		return;
-	fake_hold(match, &rsp);
-	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 11), 0);
-	ev = fake_wait_ev(match, &rsp, "the response");
+	fake_hold(hold, rsp);
+	CHECK_EQ(io_start(io, c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 11), 0);
+	ev = fake_wait_ev(match, rsp, "the response");
 	dup = ev ? fake_dup(ev) : NULL;
 	CHECK(dup != NULL);
 	if (dup) {
 		CHECK_EQ(fake_deliver(ev), 0);
-		CHECK_EQ(io_wait(&io), 0);
-		CHECK_EQ(fake_deliver(dup), 0);
+		CHECK_EQ(io_wait(io), 0);
 	}
+	return dup;
+}
+
+static void dup_response(void)
+{
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	static struct io io;
+	struct fake_ev *dup;
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	dup = write_rsp_copy(&c, &io, match, &rsp);
+	if (dup)
+		CHECK_EQ(fake_deliver(dup), 0);
 	CHECK_EQ(fake_settle(), 0);
 	CHECK_EQ(atomic_load(&io.calls), 1);
 	io_put(&io);
@@ -457,20 +471,14 @@ static void rsp_before_post(void)
 {
 	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
 	static struct io io, io2;
-	struct fake_ev *ev, *dup;
+	struct fake_ev *dup;
 	unsigned id = 0;
 	struct clt c;
 
 	if (!setup(&c, "a", NULL))
 		return;
-	fake_hold(rsp_or_clt_kick, &rsp);
-	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 11), 0);
-	ev = fake_wait_ev(match, &rsp, "the response");
-	dup = ev ? fake_dup(ev) : NULL;
-	CHECK(dup != NULL);
+	dup = write_rsp_copy(&c, &io, rsp_or_clt_kick, &rsp);
 	if (dup) {
-		CHECK_EQ(fake_deliver(ev), 0);
-		CHECK_EQ(io_wait(&io), 0);
 		id = rtrs_permit_id(io.permit);
 		io_put(&io);
 		CHECK_EQ(fake_eagain("s", "a", 1, false, 1), 1);

@@ -45,6 +45,15 @@ struct req {
 	uint8_t *check;        /* reads: what the model holds */
 };
 
+/* Until every request of w is done. */
+static void waiter_wait(struct waiter *w)
+{
+	pthread_mutex_lock(&w->lock);
+	while (w->left)
+		pthread_cond_wait(&w->cond, &w->lock);
+	pthread_mutex_unlock(&w->lock);
+}
+
 static void req_done(struct rnbd_breq *br, int err)
 {
 	struct req *q = (struct req *)br;
@@ -136,10 +145,7 @@ static void exercise(const char *what, struct rnbd_store *s, uint8_t *model, boo
 		}
 		for (unsigned i = 0; i < SLOTS; i++)
 			rnbd_store_submit(s, &reqs[i].r);
-		pthread_mutex_lock(&w.lock);
-		while (w.left)
-			pthread_cond_wait(&w.cond, &w.lock);
-		pthread_mutex_unlock(&w.lock);
+		waiter_wait(&w);
 		for (unsigned i = 0; i < SLOTS; i++) {
 			struct req *q = &reqs[i];
 
@@ -176,10 +182,7 @@ static void exercise(const char *what, struct rnbd_store *s, uint8_t *model, boo
 	reqs[1].r.len = direct ? unit : 512;
 	rnbd_store_submit(s, &reqs[0].r);
 	rnbd_store_submit(s, &reqs[1].r);
-	pthread_mutex_lock(&w.lock);
-	while (w.left)
-		pthread_cond_wait(&w.cond, &w.lock);
-	pthread_mutex_unlock(&w.lock);
+	waiter_wait(&w);
 	CHECK_EQ(reqs[0].err, -EINVAL);
 	CHECK_EQ(reqs[1].err, -EINVAL);
 	for (unsigned i = 0; i < SLOTS; i++) {
@@ -427,10 +430,7 @@ static int sync_io(struct rnbd_store *s, enum rnbd_io_op op, uint64_t off, void 
 	q.r = (struct rnbd_breq){ .op = op, .offset = off, .len = len, .buf = buf,
 				  .done = req_done };
 	rnbd_store_submit(s, &q.r);
-	pthread_mutex_lock(&w.lock);
-	while (w.left)
-		pthread_cond_wait(&w.cond, &w.lock);
-	pthread_mutex_unlock(&w.lock);
+	waiter_wait(&w);
 	return q.err;
 }
 
@@ -536,10 +536,7 @@ static void test_flusher(void)
 					      .release = &release };
 		CHECK_EQ(pthread_create(&thr[i], NULL, submit_flushes, &fb[i]), 0);
 	}
-	pthread_mutex_lock(&w.lock);
-	while (w.left)
-		pthread_cond_wait(&w.cond, &w.lock);
-	pthread_mutex_unlock(&w.lock);
+	waiter_wait(&w);
 	workers_after = threads_named("iou-wrk");
 	atomic_store(&release, true);
 	for (unsigned i = 0; i < 4; i++)
@@ -560,10 +557,7 @@ static void test_flusher(void)
 	q[0].r = (struct rnbd_breq){ .op = RNBD_OP_WRITE, .flags = RNBD_F_FUA, .offset = 8192,
 				     .len = sizeof(buf), .buf = buf, .done = req_done };
 	rnbd_store_submit(s, &q[0].r);
-	pthread_mutex_lock(&w1.lock);
-	while (w1.left)
-		pthread_cond_wait(&w1.cond, &w1.lock);
-	pthread_mutex_unlock(&w1.lock);
+	waiter_wait(&w1);
 	CHECK_EQ(q[0].err, 0);
 	rnbd_engine_flush_stats(e, &flushes2, &syncs2);
 	CHECK_EQ(flushes2, flushes + 1); /* the FUA write's flush after it */
@@ -578,10 +572,7 @@ static void test_flusher(void)
 	q[0].r = (struct rnbd_breq){ .op = RNBD_OP_WRITE, .flags = RNBD_F_FUA, .offset = 0,
 				     .len = 0, .buf = buf, .done = req_done };
 	rnbd_store_submit(s, &q[0].r);
-	pthread_mutex_lock(&w2.lock);
-	while (w2.left)
-		pthread_cond_wait(&w2.cond, &w2.lock);
-	pthread_mutex_unlock(&w2.lock);
+	waiter_wait(&w2);
 	CHECK_EQ(q[0].err, 0);
 	rnbd_engine_flush_stats(e, &flushes3, &syncs3);
 	CHECK_EQ(flushes3, flushes2 + 1);
