@@ -75,12 +75,23 @@ static int mem_set(const struct opt *o, const char *arg, char *err, size_t errle
 	const char **n;
 	uint64_t size;
 
+	int rc;
+
 	(void)o;
 	if (!colon || colon == arg)
 		return opts_errorf(err, errlen, -EINVAL, "expected NAME:SIZE");
-	if (parse_size(colon + 1, 4096, UINT64_MAX >> 1, &size) || size % 4096)
-		return opts_errorf(err, errlen, -EINVAL, "size \"%s\": expected a multiple of 4 KiB "
-				   "(K, M, G or T)", colon + 1);
+	/* Said as librnbd says it (mem_devices_parse), the cause first. */
+	rc = parse_size(colon + 1, 4096, UINT64_MAX >> 1, &size);
+	if (rc == -ERANGE && !parse_size(colon + 1, 0, UINT64_MAX, &size) && size < 4096)
+		return opts_errorf(err, errlen, -EINVAL, "memory device %.*s: size %s is less than "
+				   "4 KiB", (int)(colon - arg), arg, colon + 1);
+	if (rc)
+		return opts_errorf(err, errlen, -EINVAL, "memory device %.*s: size \"%s\": %s",
+				   (int)(colon - arg), arg, colon + 1, rc == -ERANGE ? "too large" :
+				   "expected a number of bytes, with K, M, G or T (KiB, MiB, GiB, TiB)");
+	if (size % 4096)
+		return opts_errorf(err, errlen, -EINVAL, "memory device %.*s: size %s is not a "
+				   "multiple of 4 KiB", (int)(colon - arg), arg, colon + 1);
 	n = realloc(g.mem.items, (g.mem.n + 1) * sizeof(*n));
 	if (!n)
 		return opts_errorf(err, errlen, -ENOMEM, "out of memory");

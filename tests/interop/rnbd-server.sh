@@ -173,7 +173,7 @@ check "-m mem0:5000: not a multiple of 4 KiB" \
 check "--metrics without a port: refused before the listener" \
 	early metrics "rnbd-server: --metrics nowhere: expected HOST:PORT" -m m:1M --metrics nowhere
 check "--chunk-size 100k: not a power of two, refused before the listener" \
-	early chunk "rnbd-server: --chunk-size 102400: not a power of two" -m m:1M --chunk-size 100k
+	early chunk "rnbd-server: --chunk-size 100k: 102400 is not a power of two" -m m:1M --chunk-size 100k
 check "queue depth x chunk size beyond the immediate: refused by librtrs, exit 2" \
 	early qdchunk "do not fit the 28-bit immediate" -m m:1M -q 65535 --chunk-size 128M
 
