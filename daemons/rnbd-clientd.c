@@ -117,6 +117,14 @@ static const struct opt options[] = {
 	{ 0 },
 };
 
+/* "FILE:LINE: NAME" for a value from a config file, else "--NAME" (opts_name_of). */
+static const char *origin(const char *name, const char *value)
+{
+	static char buf[4400];
+
+	return opts_name_of(name, value, buf, sizeof(buf));
+}
+
 /*
  * A session: its options (strings owned here) and librnbd's handle. Listed
  * (sessions[]) from the first map that names it: while that map opens it
@@ -1382,36 +1390,40 @@ static int runtime_open(void)
 			continue;
 		*p = 0;
 		if (mkdir(buf, 0755) && errno != EEXIST) {
-			fprintf(stderr, "rnbd-clientd: --runtime-dir %s: making %s: %s\n",
-				g.runtime_dir, buf, strerror(errno));
+			fprintf(stderr, "rnbd-clientd: %s %s: making %s: %s\n",
+				origin("runtime-dir", g.runtime_dir), g.runtime_dir, buf, strerror(errno));
 			return -1;
 		}
 		*p = '/';
 	}
 	if (mkdir(buf, 0700) && errno != EEXIST) {
-		fprintf(stderr, "rnbd-clientd: --runtime-dir %s: %s\n", g.runtime_dir,
+		fprintf(stderr, "rnbd-clientd: %s %s: %s\n",
+			origin("runtime-dir", g.runtime_dir), g.runtime_dir,
 			strerror(errno));
 		return -1;
 	}
 	snprintf(path, sizeof(path), "%s/lock", g.runtime_dir);
 	rt_lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (rt_lock_fd < 0) {
-		fprintf(stderr, "rnbd-clientd: --runtime-dir %s: %s: %s\n", g.runtime_dir, path,
+		fprintf(stderr, "rnbd-clientd: %s %s: %s: %s\n",
+			origin("runtime-dir", g.runtime_dir), g.runtime_dir, path,
 			strerror(errno));
 		return -1;
 	}
 	for (unsigned ms = 0; flock(rt_lock_fd, LOCK_EX | LOCK_NB); ms += 20) {
 		if (errno != EWOULDBLOCK && errno != EINTR) {
-			fprintf(stderr, "rnbd-clientd: --runtime-dir %s: locking %s: %s\n",
-				g.runtime_dir, path, strerror(errno));
+			fprintf(stderr, "rnbd-clientd: %s %s: locking %s: %s\n",
+				origin("runtime-dir", g.runtime_dir), g.runtime_dir, path,
+				strerror(errno));
 			return -1;
 		}
 		if (!ms)
 			dlog(DLOG_INFO, "--runtime-dir %s: another rnbd-clientd holds it; waiting up "
 			     "to %u s for it to end", g.runtime_dir, LOCK_WAIT_MS / 1000);
 		if (ms >= LOCK_WAIT_MS) {
-			fprintf(stderr, "rnbd-clientd: --runtime-dir %s: another rnbd-clientd still "
-				"runs with it after %u s\n", g.runtime_dir, LOCK_WAIT_MS / 1000);
+			fprintf(stderr, "rnbd-clientd: %s %s: another rnbd-clientd still runs "
+				"with it after %u s\n", origin("runtime-dir", g.runtime_dir),
+				g.runtime_dir, LOCK_WAIT_MS / 1000);
 			return -1;
 		}
 		usleep(20000);
@@ -1685,12 +1697,13 @@ static int mappings_load(struct json_object **out)
 	}
 	free(text);
 	if (why[0]) {
-		fprintf(stderr, "rnbd-clientd: --mappings %s: %s\n", g.mappings, why);
+		fprintf(stderr, "rnbd-clientd: %s %s: %s\n", origin("mappings", g.mappings),
+			g.mappings, why);
 		return -EINVAL;
 	}
 	if (!json_object_is_type(arr, json_type_array)) {
-		fprintf(stderr, "rnbd-clientd: --mappings %s: not a JSON array of mappings\n",
-			g.mappings);
+		fprintf(stderr, "rnbd-clientd: %s %s: not a JSON array of mappings\n",
+			origin("mappings", g.mappings), g.mappings);
 		json_object_put(arr);
 		return -EINVAL;
 	}
@@ -2042,7 +2055,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "rnbd-clientd: unexpected argument \"%s\" (see --help)\n", argv[pos]);
 		return 2;
 	}
-	log_level = opts_log_level("rnbd-clientd", g.log_level ? "--log-level" : "--quiet",
+	log_level = opts_log_level("rnbd-clientd",
+				   g.log_level ? origin("log-level", g.log_level) : "--quiet",
 				   g.log_level ? g.log_level : g.quiet ? "error" : NULL,
 				   getenv("RTRS_LOG_LEVEL"), DLOG_INFO);
 	if (log_level < 0)
@@ -2066,7 +2080,8 @@ int main(int argc, char **argv)
 	rc = rpc_server_start_flags(g.control, "rnbd-clientd control", methods, nr_methods, &ctl,
 				    RPC_SERVER_THREADED, &srv);
 	if (rc) {
-		fprintf(stderr, "rnbd-clientd: --control %s: %s\n", g.control,
+		fprintf(stderr, "rnbd-clientd: %s %s: %s\n", origin("control", g.control),
+			g.control,
 			rc == -EEXIST ? "exists and is not a socket; not replacing it" :
 			rc == -EADDRINUSE ? "another program answers on this socket" : strerror(-rc));
 		goto out;
@@ -2076,7 +2091,7 @@ int main(int argc, char **argv)
 
 		rc = metrics_http_start(g.metrics, clt_ctl_metrics, &ctl, &mh, why, sizeof(why));
 		if (rc) {
-			fprintf(stderr, "rnbd-clientd: --metrics %s\n", why);
+			fprintf(stderr, "rnbd-clientd: %s %s\n", origin("metrics", g.metrics), why);
 			goto out;
 		}
 		printf("rnbd-clientd metrics on port %u\n", metrics_http_port(mh));

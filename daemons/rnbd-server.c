@@ -907,28 +907,59 @@ static char *join_mem(void)
  * size) it refuses with -EINVAL (-ENOKEY for a key file without a host),
  * also before anything listens.
  */
+/* "FILE:LINE: NAME" for a value from a config file, else "--NAME" (opts_name_of). */
+static const char *origin(const char *name, const char *value)
+{
+	static char buf[4400];
+
+	return opts_name_of(name, value, buf, sizeof(buf));
+}
+
+/*
+ * The options parsing could not check alone, or only together; each error
+ * names the option as the parser does: its config file's line, or --NAME.
+ */
 static int check_options(void)
 {
 	struct stat st;
 	char why[256];
 
-	if (g.metrics && metrics_addr_check(g.metrics, why, sizeof(why))) {
-		fprintf(stderr, "rnbd-server: --metrics %s\n", why);
+	if (!opts_provider_valid(g.provider)) {
+		fprintf(stderr, "rnbd-server: %s %s: expected tcp, verbs or rdma\n",
+			origin("provider", g.provider), g.provider);
 		return -EINVAL;
 	}
+	if (g.metrics && metrics_addr_check(g.metrics, why, sizeof(why))) {
+		fprintf(stderr, "rnbd-server: %s %s\n", origin("metrics", g.metrics), why);
+		return -EINVAL;
+	}
+	for (unsigned i = 0; i < g.qos.n; i++) {
+		struct rnbd_qos_limits l;
+		enum rnbd_qos_kind kind;
+		const char *cause = NULL;
+		char name[256];
+
+		if (rnbd_qos_parse(g.qos.items[i], &kind, name, sizeof(name), &l, &cause)) {
+			fprintf(stderr, "rnbd-server: %s %s: %s\n", origin("qos", g.qos.items[i]),
+				g.qos.items[i], cause ? cause : "not a rate limit");
+			return -EINVAL;
+		}
+	}
 	if (g.auth_keys && stat(g.auth_keys, &st)) {
-		fprintf(stderr, "rnbd-server: --auth-keys %s: %s\n", g.auth_keys, strerror(errno));
+		fprintf(stderr, "rnbd-server: %s %s: %s\n", origin("auth-keys", g.auth_keys),
+			g.auth_keys, strerror(errno));
 		return -EINVAL;
 	}
 	if (g.auth_keys && !S_ISREG(st.st_mode)) {
-		fprintf(stderr, "rnbd-server: --auth-keys %s: not a regular file\n", g.auth_keys);
+		fprintf(stderr, "rnbd-server: %s %s: not a regular file\n",
+			origin("auth-keys", g.auth_keys), g.auth_keys);
 		return -EINVAL;
 	}
 	if (g.auth_keys && !g.access) {
-		fprintf(stderr, "rnbd-server: --auth-keys needs --access FILE: which host may use "
+		fprintf(stderr, "rnbd-server: %s needs --access FILE: which host may use "
 			"which session names and open which devices (docs/security.md section 2.6; "
 			"the line \"* sessions=* migration=*\" grants every authenticated host "
-			"everything)\n");
+			"everything)\n", origin("auth-keys", g.auth_keys));
 		return -EINVAL;
 	}
 	if (g.tls && !g.auth_keys) {
@@ -941,8 +972,8 @@ static int check_options(void)
 		return -EINVAL;
 	}
 	if (g.access && !g.auth_keys) {
-		fprintf(stderr, "rnbd-server: --access %s names hosts by their authentication: it "
-			"needs --auth-keys\n", g.access);
+		fprintf(stderr, "rnbd-server: %s %s names hosts by their authentication: it "
+			"needs --auth-keys\n", origin("access", g.access), g.access);
 		return -EINVAL;
 	}
 	return 0;
@@ -980,7 +1011,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	/* --log-level, then --quiet, then RTRS_LOG_LEVEL, then info. */
-	log_level = opts_log_level("rnbd-server", g.log_level ? "--log-level" : "--quiet",
+	log_level = opts_log_level("rnbd-server",
+				   g.log_level ? origin("log-level", g.log_level) : "--quiet",
 				   g.log_level ? g.log_level : g.quiet ? "error" : NULL,
 				   getenv("RTRS_LOG_LEVEL"), DLOG_INFO);
 	if (log_level < 0 || check_options())

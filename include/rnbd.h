@@ -168,6 +168,17 @@ int rnbd_srv_qos_set(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char *
 int rnbd_srv_qos_get(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char *name,
 		     struct rnbd_qos_limits *l, struct rnbd_qos_stats *st);
 /*
+ * A rate limit as rnbd_srv_opts.qos takes it, checked without a server
+ * (a program checks its options with it as it reads them):
+ * "session:NAME:KEY=VALUE[,KEY=VALUE...]" or "device:NAME:...", keys
+ * iops, read_iops, write_iops, bps, read_bps, write_bps (bytes: K, M, G
+ * suffixes, powers of 1024); the name is what lies between the first and
+ * the last ':'. 0 and *kind, name (namelen bytes), *l; or -EINVAL and why
+ * (a static string).
+ */
+int rnbd_qos_parse(const char *spec, enum rnbd_qos_kind *kind, char *name, size_t namelen,
+		   struct rnbd_qos_limits *l, const char **why);
+/*
  * Stops serving: every IO in flight is answered first (so this waits for a
  * backing file that hangs), and every device is released.
  */

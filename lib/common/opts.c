@@ -511,9 +511,18 @@ int opts_parse(const struct opt *t, const char *prog, const char *usage, int arg
 
 /*
  * Buffers read from config files, kept for the life of the process
- * (options point into them); held here so that they stay reachable.
+ * (options point into them); held here so that they stay reachable, with
+ * where their lines ended, so that a value can be traced to its line
+ * (opts_name_of).
  */
-static char **kept;
+struct kept_file {
+	char *text;
+	size_t len;
+	char *path;
+	size_t *nl;  /* offsets of the '\n's, ascending */
+	size_t nnl;
+};
+static struct kept_file *kept;
 static size_t nkept;
 
 static bool blank(char c)
@@ -786,8 +795,9 @@ out:
 
 int opts_parse_file(const struct opt *t, const char *prog, const char *path)
 {
-	char err[4608], **grown, *text = NULL;
-	size_t len = 0;
+	char err[4608], *text = NULL;
+	struct kept_file *grown, *k;
+	size_t len = 0, nnl = 0;
 	int rc;
 
 	rc = read_config(path, &text, &len, err, sizeof(err));
@@ -795,18 +805,64 @@ int opts_parse_file(const struct opt *t, const char *prog, const char *path)
 		fprintf(stderr, "%s: config file %s\n", prog, err);
 		return rc;
 	}
+	for (size_t i = 0; i < len; i++)
+		nnl += text[i] == '\n';
 	grown = realloc(kept, (nkept + 1) * sizeof(*kept));
-	if (!grown) {
+	if (grown)
+		kept = grown;
+	k = grown ? &kept[nkept] : NULL;
+	if (k) {
+		*k = (struct kept_file){ .text = text, .len = len, .path = strdup(path),
+					 .nl = malloc((nnl ? nnl : 1) * sizeof(size_t)) };
+		if (!k->path || !k->nl) {
+			free(k->path);
+			free(k->nl);
+			k = NULL;
+		}
+	}
+	if (!k) {
 		free(text);
 		fprintf(stderr, "%s: config file %s: out of memory\n", prog, path);
 		return -ENOMEM;
 	}
-	kept = grown;
-	kept[nkept++] = text;
+	for (size_t i = 0; i < len; i++)
+		if (text[i] == '\n')
+			k->nl[k->nnl++] = i;
+	nkept++;
 	rc = opts_parse_text(t, path, text, len, err, sizeof(err));
 	if (rc)
 		fprintf(stderr, "%s: %s\n", prog, err);
 	return rc;
+}
+
+const char *opts_name_of(const char *name, const char *value, char *buf, size_t len)
+{
+	for (size_t i = 0; value && i < nkept; i++) {
+		const struct kept_file *k = &kept[i];
+		size_t off, lo = 0, hi = k->nnl;
+
+		if (value < k->text || value > k->text + k->len)
+			continue;
+		/* Its line: one more than the newlines before it. */
+		off = (size_t)(value - k->text);
+		while (lo < hi) {
+			size_t mid = lo + (hi - lo) / 2;
+
+			if (k->nl[mid] < off)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		snprintf(buf, len, "%s:%zu: %s", k->path, lo + 1, name);
+		return buf;
+	}
+	snprintf(buf, len, "--%s", name);
+	return buf;
+}
+
+bool opts_provider_valid(const char *s)
+{
+	return s && (!strcmp(s, "tcp") || !strcmp(s, "verbs") || !strcmp(s, "rdma"));
 }
 
 /* ---- log levels ------------------------------------------------------------------ */

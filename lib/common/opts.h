@@ -116,6 +116,19 @@ bool opts_version_arg(int argc, char **argv, const char *prog);
 int opts_parse_file(const struct opt *table, const char *prog, const char *path);
 
 /*
+ * How a message names an option whose value a program checks after
+ * parsing: "FILE:LINE: NAME" when value (a string that an OPT_STRING,
+ * OPT_LIST or OPT_CUSTOM option was given) came from a line of a config
+ * file that opts_parse_file read, else "--NAME" (the command line). So
+ * "PROG: %s %s: why" with this and the value reads as the parser's own
+ * errors do. Written to buf (len bytes, always terminated); returns buf.
+ */
+const char *opts_name_of(const char *name, const char *value, char *buf, size_t len);
+
+/* The fabrics a program may name: tcp, verbs, or rdma (the same as verbs). */
+bool opts_provider_valid(const char *s);
+
+/*
  * The parser behind opts_parse_file, on text in memory: text holds len
  * bytes and has room for one more (it is rewritten in place, and string
  * options point into it, so the caller keeps it while they are used).

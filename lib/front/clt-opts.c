@@ -35,11 +35,6 @@ struct clt_def {
 };
 
 /* The fabrics librtrs has (fab_impl): a name it would refuse is refused here first. */
-static bool provider_valid(const char *s)
-{
-	return !strcmp(s, "tcp") || !strcmp(s, "verbs") || !strcmp(s, "rdma");
-}
-
 /*
  * What librtrs reads as a secret (rtrs_auth_key_load): a DHHC-1 string, or
  * "@FILE" / "file:FILE" naming a file that holds one. The string itself is
@@ -87,7 +82,7 @@ static const struct clt_def defs[CLT_OPT_NR] = {
 		.expect = "expected 1..255 printable characters without blanks or '/', not '.' or '..'",
 		.arg = "NAME", .help = "session name, the RNBD server's %SESSNAME%" },
 	[CLT_OPT_PROVIDER] = { "provider", "provider", CT_STRING, F(opts.provider),
-		.valid = provider_valid, .expect = "expected tcp, verbs or rdma",
+		.valid = opts_provider_valid, .expect = "expected tcp, verbs or rdma",
 		.arg = "NAME", .help = "fabric: tcp (native, io_uring) or verbs (RDMA devices, rdma-core)" },
 	[CLT_OPT_IO_CONS] = { "io-connections", "io_connections", CT_UINT, F(opts.nr_io_cons),
 		0, 1024, .arg = "N", .help = "IO connections per path (0 = one per CPU)" },

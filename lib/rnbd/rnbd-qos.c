@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "rnbd-export.h"
 #include "rnbd-qos.h"
 #include "util.h"
 
@@ -419,6 +420,7 @@ void rnbd_qos_get(struct rnbd_qos_ctx *ctx, const struct rnbd_qos *g, struct rnb
 
 /* ---- the spec of a limit ------------------------------------------------------ */
 
+RNBD_EXPORT
 int rnbd_qos_parse(const char *spec, enum rnbd_qos_kind *kind, char *name, size_t namelen,
 		   struct rnbd_qos_limits *l, const char **why)
 {

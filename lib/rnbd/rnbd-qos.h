@@ -82,13 +82,4 @@ bool rnbd_qos_admit(struct rnbd_qos_ctx *ctx, struct rnbd_qos_item *it);
 /* Every queued item of owner is dispatched with -ENOTCONN, soon, by the thread. */
 void rnbd_qos_drop(struct rnbd_qos_ctx *ctx, const void *owner);
 
-/*
- * "session:NAME:KEY=VALUE[,KEY=VALUE...]" or "device:NAME:...", keys iops,
- * read_iops, write_iops, bps, read_bps, write_bps (bytes: K, M, G
- * suffixes, powers of 1024); the name is what lies between the first and
- * the last ':'. 0 and *kind, name (namelen bytes), *l; or -EINVAL and why.
- */
-int rnbd_qos_parse(const char *spec, enum rnbd_qos_kind *kind, char *name, size_t namelen,
-		   struct rnbd_qos_limits *l, const char **why);
-
 #endif

@@ -28,7 +28,7 @@ rc=0
 timeout 10 "$build/daemons/rnbd-server" --port 0 -m m:1M --qos session:x:iops=many \
 	>"$dir/bad.log" 2>&1 || rc=$?
 check "a bad --qos: refused at start with the spec and the cause" \
-	bash -c "[ $rc -eq 2 ] && grep -qF 'rate limit \"session:x:iops=many\": an IO rate that is not a number' '$dir/bad.log'"
+	bash -c "[ $rc -eq 2 ] && grep -qF -- '--qos session:x:iops=many: an IO rate that is not a number' '$dir/bad.log'"
 
 rnbd_server_start "$dir/server.log" -- --port 0 --control "$dir/ctl" --metrics 127.0.0.1:0 \
 	-m "m1:64M" -m "m2:64M" -m "m3:64M" --qos session:lim:iops=2000 || exit 1

@@ -3,7 +3,9 @@
 
 #   config   a file named with an abbreviated --conf is read; a bad line, a
 #            nested config line, a directory or a missing file stop the
-#            server with the file (and line) named, exit status 2; a flag the
+#            server with the file (and line) named, exit status 2, also for
+#            values checked after reading (--qos, --provider, --log-level,
+#            --metrics); a flag the
 #            file sets is cleared with --no-FLAG; '#' inside a value and a
 #            quoted value with " #" reach the server intact.
 #   control  --control at a regular file, or at a socket a live server
@@ -83,6 +85,23 @@ printf 'port 0\nqueue-depth 70000\n' >"$dir/bad.conf"
 check "a bad line through --conf: exit 2 naming the file and line" \
 	refused bad 2 "$dir/bad.conf:2: queue-depth 70000: expected a number in 1..65535" \
 	--conf "$dir/bad.conf"
+# Values checked after the file is read name their line as well.
+printf 'port 0\n# rates\nqos session:a:iops=10\nqos session:b:iop=10\n' >"$dir/qos.conf"
+check "a rate limit that does not parse: its file and line" \
+	refused qosline 2 "$dir/qos.conf:4: qos session:b:iop=10: an unknown limit" -m m:1M \
+	-c "$dir/qos.conf"
+printf 'port 0\nprovider tpc\n' >"$dir/prov.conf"
+check "an unknown provider: its file and line" \
+	refused provline 2 "$dir/prov.conf:2: provider tpc: expected tcp, verbs or rdma" -m m:1M \
+	-c "$dir/prov.conf"
+printf '\nlog-level chatty\n' >"$dir/level.conf"
+check "an unknown log level: its file and line" \
+	refused levelline 2 "$dir/level.conf:2: log-level chatty: expected error, warn" -m m:1M \
+	--port 0 -c "$dir/level.conf"
+printf 'port 0\n\n\nmetrics nowhere\n' >"$dir/metrics.conf"
+check "a metrics address without a port: its file and line" \
+	refused metricsline 2 "$dir/metrics.conf:4: metrics nowhere: expected HOST:PORT" -m m:1M \
+	-c "$dir/metrics.conf"
 printf 'port 0\n' >"$dir/inner.conf"
 printf '# outer\nconfig %s\n' "$dir/inner.conf" >"$dir/nested.conf"
 check "a config line in a config file: refused" \

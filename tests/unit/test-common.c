@@ -1650,6 +1650,23 @@ static void test_opts_file(void)
 	CHECK(v.name && !strcmp(v.name, "my session name"), "%s", v.name ? v.name : "NULL");
 	CHECK_EQ(v.mode, 2);
 	CHECK_EQ(v.peers.n, 2);
+	/* A value checked later names its line (the path is gone, the name stays). */
+	{
+		char where[128], cli[] = "x";
+
+		snprintf(want, sizeof(want), "%s:6: name", path);
+		opts_name_of("name", v.name, where, sizeof(where));
+		CHECK(!strcmp(where, want), "%s", where);
+		snprintf(want, sizeof(want), "%s:9: peer", path);
+		opts_name_of("peer", v.peers.n == 2 ? v.peers.items[1] : NULL, where, sizeof(where));
+		CHECK(!strcmp(where, want), "%s", where);
+		opts_name_of("name", cli, where, sizeof(where));
+		CHECK(!strcmp(where, "--name"), "%s", where);
+		opts_name_of("name", NULL, where, sizeof(where));
+		CHECK(!strcmp(where, "--name"), "%s", where);
+		CHECK(opts_provider_valid("tcp") && opts_provider_valid("rdma") &&
+		      !opts_provider_valid("tpc") && !opts_provider_valid(NULL));
+	}
 
 	/* The command line after the file wins, and clears a flag the file set. */
 	{
