@@ -1204,14 +1204,21 @@ static struct json_object *mappings_json(void)
 	return arr;
 }
 
-/* Every block device's record, written again with its mapping now (client.save). */
+/*
+ * Every block device's record, written again with its mapping now
+ * (client.save, and a change to a session's paths, policy or reconnect
+ * parameters). One refresh at a time: a later one's mappings are never
+ * overwritten by an earlier one's.
+ */
 static void rec_refresh(void)
 {
+	static pthread_mutex_t refresh_lock = PTHREAD_MUTEX_INITIALIZER;
 	struct json_object *maps[DEVS_MAX];
 	uint64_t serials[DEVS_MAX];
 	int ids[DEVS_MAX];
 	unsigned n = 0;
 
+	pthread_mutex_lock(&refresh_lock);
 	pthread_mutex_lock(&state_lock);
 	for (unsigned i = 0; i < DEVS_MAX; i++) {
 		if (devs[i] && devs[i]->ub) {
@@ -1223,6 +1230,7 @@ static void rec_refresh(void)
 	pthread_mutex_unlock(&state_lock);
 	for (unsigned i = 0; i < n; i++)
 		rec_write(ids[i], serials[i], maps[i]);
+	pthread_mutex_unlock(&refresh_lock);
 }
 
 static int m_save(void *priv, struct json_object *params, struct json_object **result,
@@ -1592,6 +1600,7 @@ static void recover_one(struct json_object *job)
 }
 
 static struct rpc_method methods[64];
+
 static size_t nr_methods;
 
 static const struct rpc_method own_methods[] = {
@@ -1609,6 +1618,61 @@ static const struct rpc_method own_methods[] = {
 	  "the size this client uses (whole blocks, at most the server's)" },
 	{ "client.save", m_save, "", "write the mappings to the --mappings file" },
 };
+
+/*
+ * clt_ctl's methods that change what a session is: its paths, its policy,
+ * its reconnect parameters. Done, the records of the block devices follow,
+ * so that the next daemon takes them over with the session as it is now
+ * (not as it was mapped).
+ */
+static const char *const spec_methods[] = { "client.path.add", "client.path.remove",
+					    "client.policy", "client.reconnect" };
+static rpc_fn spec_fns[sizeof(spec_methods) / sizeof(spec_methods[0])];
+
+static int spec_call(unsigned i, void *priv, struct json_object *params,
+		     struct json_object **result, struct rpc_err *err)
+{
+	int rc = spec_fns[i](priv, params, result, err);
+
+	if (!rc)
+		rec_refresh();
+	return rc;
+}
+
+#define SPEC_WRAP(i)                                                                         \
+	static int spec_call##i(void *priv, struct json_object *params,                      \
+				struct json_object **result, struct rpc_err *err)            \
+	{                                                                                    \
+		return spec_call(i, priv, params, result, err);                              \
+	}
+SPEC_WRAP(0)
+SPEC_WRAP(1)
+SPEC_WRAP(2)
+SPEC_WRAP(3)
+static const rpc_fn spec_wraps[] = { spec_call0, spec_call1, spec_call2, spec_call3 };
+_Static_assert(sizeof(spec_wraps) / sizeof(spec_wraps[0]) == sizeof(spec_fns) / sizeof(spec_fns[0]),
+	       "a wrapper per method that changes a session");
+
+/* methods[]: ours, then clt_ctl's, those that change a session wrapped. */
+static size_t methods_make(void)
+{
+	size_t n = sizeof(own_methods) / sizeof(own_methods[0]);
+
+	memcpy(methods, own_methods, sizeof(own_methods));
+	memcpy(methods + n, clt_ctl_methods, clt_ctl_nr_methods * sizeof(methods[0]));
+	for (size_t i = n; i < n + clt_ctl_nr_methods; i++) {
+		for (unsigned k = 0; k < sizeof(spec_methods) / sizeof(spec_methods[0]); k++) {
+			if (!strcmp(methods[i].name, spec_methods[k])) {
+				spec_fns[k] = methods[i].fn;
+				methods[i].fn = spec_wraps[k];
+			}
+		}
+	}
+	for (unsigned k = 0; k < sizeof(spec_methods) / sizeof(spec_methods[0]); k++)
+		if (!spec_fns[k])
+			abort(); /* clt_ctl renamed one: this table must follow */
+	return n + clt_ctl_nr_methods;
+}
 
 /* ---- the mappings file ---- */
 
@@ -2066,10 +2130,7 @@ int main(int argc, char **argv)
 	rnbd_set_log_fn(dlog_sink, NULL);
 	probe_ublk();
 	clt_ctl_init(&ctl, devices_fn, NULL);
-	memcpy(methods, own_methods, sizeof(own_methods));
-	nr_methods = sizeof(own_methods) / sizeof(own_methods[0]);
-	memcpy(methods + nr_methods, clt_ctl_methods, clt_ctl_nr_methods * sizeof(methods[0]));
-	nr_methods += clt_ctl_nr_methods;
+	nr_methods = methods_make();
 	/* Read before the socket (a file that cannot be read stops the daemon), mapped after it. */
 	if (g.mappings && mappings_load(&restoring))
 		return 1;

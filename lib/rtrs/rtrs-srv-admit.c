@@ -386,9 +386,21 @@ static void srv_reject_ext(struct rtrs_srv_ctx *ctx, struct fab_connreq *req, co
 	struct rtrs_conn_rsp rsp = { .err = err, .dnr = dnr && ext };
 	struct rtrs_msg_conn_rsp msg;
 
+	/*
+	 * Rate-limited per reason: a flood of one kind of refusal (a peer
+	 * that retries a bad request, a storm past the pending limits) is
+	 * counted, and does not hide a different one.
+	 */
+	static struct log_ratelimit rl[32];
+	uint32_t h = 2166136261u;
+
+	for (const char *c = why; *c && c < why + 32; c++)
+		h = (h ^ (unsigned char)*c) * 16777619u;
 	atomic_fetch_add(&ctx->st.rejects, 1);
-	log_warn("connection from %s%s rejected: %s (%s%s)", ext ? "" : "kernel client ", peer,
-		 why, strerror(-err), rsp.dnr ? ", do not retry" : "");
+	if (g_log_level >= LOG_WARN && log_ratelimit_ok(&rl[h % 32]))
+		log_msg(LOG_WARN, "connection from %s%s rejected: %s (%s%s)",
+			ext ? "" : "kernel client ", peer, why, strerror(-err),
+			rsp.dnr ? ", do not retry" : "");
 	rtrs_conn_rsp_encode(&msg, &rsp);
 	if (rsp.dnr && verdict_send(ctx, req, &msg))
 		return;

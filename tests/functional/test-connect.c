@@ -755,6 +755,28 @@ static void test_malformed(void)
 	m.version = le16_put(0x0207);
 	CHECK_EQ(raw_connect(port, &m, sizeof(m)), 1);
 
+	/*
+	 * A peer that repeats a bad request: each refused, the log lines
+	 * rate-limited (10 per 5 s for a reason), and another reason still
+	 * logged in the same seconds.
+	 */
+	{
+		size_t mark = log_mark();
+		unsigned lines;
+
+		for (int i = 0; i < 30; i++) {
+			good_req(&m, true);
+			m.magic = le16_put(0x1234);
+			CHECK_EQ(raw_connect(port, &m, sizeof(m)), -EPROTO);
+		}
+		good_req(&m, true);
+		m.cid = le16_put(2);
+		CHECK_EQ(raw_connect(port, &m, sizeof(m)), -EINVAL);
+		CHECK(log_wait_for("connection id beyond connection count", 2000));
+		lines = log_count_since(mark, "rejected: bad magic");
+		CHECK(lines >= 1 && lines <= 10, "%u lines for 30 refusals of one reason", lines);
+	}
+
 	rtrs_srv_close(srv);
 }
 

@@ -81,6 +81,19 @@ static inline bool log_has_since(size_t mark, const char *s)
 	return found;
 }
 
+/* How many times s was logged since a mark; safe while the library logs. */
+static inline unsigned log_count_since(size_t mark, const char *s)
+{
+	unsigned n = 0;
+
+	pthread_mutex_lock(&log_lock);
+	if (log_buf && mark <= log_len)
+		for (const char *l = log_buf + mark; (l = strstr(l, s)); l++)
+			n++;
+	pthread_mutex_unlock(&log_lock);
+	return n;
+}
+
 /* What was logged since a mark (log_mark() at some point). */
 static inline const char *log_since(size_t mark)
 {

@@ -27,7 +27,9 @@
 #     moments and 3 times stopped (SIGTERM, handover), started again each
 #     time: the device is taken over, its node and its stable name
 #     (/dev/rnbd/SESSION/DEVICE) never go, fio ends with no error or bad
-#     block, fsck is clean; unmap removes device, record and name;
+#     block, fsck is clean; a path added before the kills is in the
+#     record and in the session of every daemon that takes over; unmap
+#     removes device, record and name;
 #   - fenced reissue: a slow backend (dm-delay, writes held 500 ms),
 #     sixteen writers stamping generation numbers, the daemon killed with
 #     writes held, 20 runs: no block reads back older than its last
@@ -258,6 +260,13 @@ R client map disk.img --session rc --server 198.18.0.1 --provider verbs \
 check recovery-map $? "$(cat /tmp/mr.json)"
 dr=$(python3 -c 'import json; print(json.load(open("/tmp/mr.json"))["block_device"] or "")')
 [ -f "/tmp/rt/$(basename "$dr").json" ]; check recovery-record-written $? "(/tmp/rt)"
+# A path added at run time: the record follows, so every daemon that takes
+# the device over below opens the session with both paths.
+R client path add rc 198.18.0.1 >/dev/null &&
+	python3 -c 'import json, sys
+m = json.load(open(sys.argv[1]))["mapping"]
+assert m["server"] == ["198.18.0.1:1234"] * 2, m["server"]' "/tmp/rt/$(basename "$dr").json"
+check recovery-record-follows-path-add $? "($(cat "/tmp/rt/$(basename "$dr").json"))"
 [ "$(readlink /dev/rnbd/rc/disk.img)" = "$dr" ]
 check stable-name-link $? "(/dev/rnbd/rc/disk.img -> $(readlink /dev/rnbd/rc/disk.img))"
 mkfs.ext4 -q -F "$dr" && mount "$dr" /tmp/mnt; check recovery-mount $?
@@ -287,6 +296,11 @@ for i in $(seq 20); do
 	ok=$i
 done
 [ "$ok" -eq 20 ]; check recovery-20-kills-taken-over $? "($ok of 20; ms: ${takeover_ms[*]})"
+R client list sessions -o json >/tmp/rcs.json &&
+	python3 -c 'import json, sys
+s = [x for x in json.load(open(sys.argv[1])) if x["name"] == "rc"]
+assert len(s) == 1 and len(s[0]["paths"]) == 2, s' /tmp/rcs.json
+check recovery-takeover-keeps-added-path $? "($(head -c 600 /tmp/rcs.json))"
 okp=0
 for i in 1 2 3; do
 	sleep 1
