@@ -585,7 +585,7 @@ static bool spec_same(struct sess *s, struct json_object *params)
 }
 
 static struct json_object *mapping_of(struct dev *d);
-static void rec_write(int id, uint64_t serial, struct json_object *mapping);
+static void rec_write(int id, uint64_t serial);
 static void rec_write_locked(int id, struct json_object *mapping);
 static void rec_drop(int id);
 static pthread_mutex_t rec_lock;
@@ -774,8 +774,8 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 		if (!*result)
 			rc = -ENOMEM; /* mapped all the same: the list shows it */
 	}
-	if (d && d->ub)
-		rec = mapping_of(d);
+	if (undo && d && d->ub)
+		rec = mapping_of(d); /* for the handover below; else rec_write takes it */
 	close_s = sess_release(s);
 	pthread_cond_broadcast(&state_cond);
 	pthread_mutex_unlock(&state_lock);
@@ -795,8 +795,7 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 		free(d);
 	} else if (d && d->ub) {
 		/* The next rnbd-clientd takes the block device over from this. */
-		rec_write(d->ub_id, d->serial, rec);
-		rec = NULL;
+		rec_write(d->ub_id, d->serial);
 		link_make(sname, name, d->ub_id);
 	}
 	json_object_put(rec);
@@ -1207,30 +1206,24 @@ static struct json_object *mappings_json(void)
 /*
  * Every block device's record, written again with its mapping now
  * (client.save, and a change to a session's paths, policy or reconnect
- * parameters). One refresh at a time: a later one's mappings are never
- * overwritten by an earlier one's.
+ * parameters).
  */
 static void rec_refresh(void)
 {
-	static pthread_mutex_t refresh_lock = PTHREAD_MUTEX_INITIALIZER;
-	struct json_object *maps[DEVS_MAX];
 	uint64_t serials[DEVS_MAX];
 	int ids[DEVS_MAX];
 	unsigned n = 0;
 
-	pthread_mutex_lock(&refresh_lock);
 	pthread_mutex_lock(&state_lock);
 	for (unsigned i = 0; i < DEVS_MAX; i++) {
 		if (devs[i] && devs[i]->ub) {
 			ids[n] = devs[i]->ub_id;
-			serials[n] = devs[i]->serial;
-			maps[n++] = mapping_of(devs[i]);
+			serials[n++] = devs[i]->serial;
 		}
 	}
 	pthread_mutex_unlock(&state_lock);
 	for (unsigned i = 0; i < n; i++)
-		rec_write(ids[i], serials[i], maps[i]);
-	pthread_mutex_unlock(&refresh_lock);
+		rec_write(ids[i], serials[i]);
 }
 
 static int m_save(void *priv, struct json_object *params, struct json_object **result,
@@ -1349,23 +1342,27 @@ static void rec_write_locked(int id, struct json_object *mapping)
 
 /*
  * id's record, while the mapping numbered serial is listed with block
- * device id (else mapping is dropped): an id another mapping got since,
- * the first one unmapped meanwhile, keeps that one's record.
+ * device id (else nothing): an id another mapping got since, the first
+ * one unmapped meanwhile, keeps that one's record. The mapping is taken
+ * as it is at the write, under rec_lock: of two writes (a map's, a path
+ * added meanwhile), the later one holds the later state.
  */
-static void rec_write(int id, uint64_t serial, struct json_object *mapping)
+static void rec_write(int id, uint64_t serial)
 {
+	struct json_object *mapping = NULL;
 	bool live = false;
 
 	/* Under rec_lock: an unmap drops the record after its block device left the list. */
 	pthread_mutex_lock(&rec_lock);
 	pthread_mutex_lock(&state_lock);
-	for (unsigned j = 0; j < DEVS_MAX && !live; j++)
+	for (unsigned j = 0; j < DEVS_MAX && !live; j++) {
 		live = devs[j] && devs[j]->ub && devs[j]->ub_id == id && devs[j]->serial == serial;
+		if (live)
+			mapping = mapping_of(devs[j]);
+	}
 	pthread_mutex_unlock(&state_lock);
 	if (live)
-		rec_write_locked(id, mapping);
-	else
-		json_object_put(mapping);
+		rec_write_locked(id, mapping); /* NULL (no memory): said there */
 	pthread_mutex_unlock(&rec_lock);
 }
 
@@ -1634,7 +1631,9 @@ static int spec_call(unsigned i, void *priv, struct json_object *params,
 {
 	int rc = spec_fns[i](priv, params, result, err);
 
-	if (!rc)
+	/* client.reconnect with the session alone only answers: nothing to write. */
+	if (!rc && json_object_is_type(params, json_type_object) &&
+	    json_object_object_length(params) > 1)
 		rec_refresh();
 	return rc;
 }

@@ -968,7 +968,8 @@ static int check_options(void)
 		return -EINVAL;
 	}
 	if (g.tls && strcmp(g.provider, "tcp")) {
-		fprintf(stderr, "rnbd-server: --tls is for the tcp provider, not %s\n", g.provider);
+		fprintf(stderr, "rnbd-server: --tls is for the tcp provider, not %s (%s)\n",
+			g.provider, origin("provider", g.provider));
 		return -EINVAL;
 	}
 	if (g.access && !g.auth_keys) {
@@ -1066,7 +1067,7 @@ int main(int argc, char **argv)
 	if (g.control && (rc = rpc_server_start_flags(g.control, "rnbd-server control", methods,
 						     sizeof(methods) / sizeof(methods[0]), NULL,
 						     RPC_SERVER_CALLER, &ctl))) {
-		fprintf(stderr, "rnbd-server: --control %s: %s\n", g.control,
+		fprintf(stderr, "rnbd-server: %s %s: %s\n", origin("control", g.control), g.control,
 			rc == -EEXIST ? "exists and is not a socket; not replacing it" :
 			rc == -EADDRINUSE ? "another server answers on this socket" : strerror(-rc));
 		free(mem);
@@ -1080,7 +1081,7 @@ int main(int argc, char **argv)
 		rc = metrics_http_start_flags(g.metrics, metrics_text, NULL, METRICS_HTTP_CALLER,
 					      &mhttp, why, sizeof(why));
 		if (rc) {
-			fprintf(stderr, "rnbd-server: --metrics %s\n", why);
+			fprintf(stderr, "rnbd-server: %s %s\n", origin("metrics", g.metrics), why);
 			goto fail;
 		}
 	}

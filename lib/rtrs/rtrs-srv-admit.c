@@ -380,24 +380,44 @@ static bool verdict_send(struct rtrs_srv_ctx *ctx, struct fab_connreq *req,
  * then stops), and then the refusal is held open until read. A kernel
  * client (ext false) gets the kernel's reject: 56 bytes, no flags.
  */
+/*
+ * The log's rate limit of a reason (a static string: every reason is
+ * one): a flood of one kind of refusal (a peer that retries a bad
+ * request, a storm past the pending limits) is counted, and does not hide
+ * another kind.
+ */
+static struct log_ratelimit *reject_rl(const char *why)
+{
+	static struct {
+		const char *why;
+		struct log_ratelimit rl;
+	} tab[64];
+	static struct log_ratelimit other;
+	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	size_t h = ((uintptr_t)why >> 3) % 64;
+	struct log_ratelimit *rl = &other;
+
+	pthread_mutex_lock(&lock);
+	for (size_t i = 0; i < 64; i++, h = (h + 1) % 64) {
+		if (!tab[h].why)
+			tab[h].why = why;
+		if (tab[h].why == why) {
+			rl = &tab[h].rl;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&lock);
+	return rl;
+}
+
 static void srv_reject_ext(struct rtrs_srv_ctx *ctx, struct fab_connreq *req, const char *peer,
 			   int err, bool dnr, bool ext, const char *why)
 {
 	struct rtrs_conn_rsp rsp = { .err = err, .dnr = dnr && ext };
 	struct rtrs_msg_conn_rsp msg;
 
-	/*
-	 * Rate-limited per reason: a flood of one kind of refusal (a peer
-	 * that retries a bad request, a storm past the pending limits) is
-	 * counted, and does not hide a different one.
-	 */
-	static struct log_ratelimit rl[32];
-	uint32_t h = 2166136261u;
-
-	for (const char *c = why; *c && c < why + 32; c++)
-		h = (h ^ (unsigned char)*c) * 16777619u;
 	atomic_fetch_add(&ctx->st.rejects, 1);
-	if (g_log_level >= LOG_WARN && log_ratelimit_ok(&rl[h % 32]))
+	if (g_log_level >= LOG_WARN && log_ratelimit_ok(reject_rl(why)))
 		log_msg(LOG_WARN, "connection from %s%s rejected: %s (%s%s)",
 			ext ? "" : "kernel client ", peer, why, strerror(-err),
 			rsp.dnr ? ", do not retry" : "");
