@@ -65,8 +65,9 @@ static struct {
 };
 
 /*
- * --mem-device NAME:SIZE: the form and the size checked here, so that a
- * mistake in a config file is said with its file and line; the name is
+ * --mem-device NAME:SIZE: the form, the name (rnbd_dev_name_check) and
+ * the size checked here, so that a mistake in a config file is said with
+ * its file and line; a name given twice and the machine's memory are
  * librnbd's to check (it says which and why).
  */
 static int mem_set(const struct opt *o, const char *arg, char *err, size_t errlen)
@@ -80,6 +81,15 @@ static int mem_set(const struct opt *o, const char *arg, char *err, size_t errle
 	(void)o;
 	if (!colon || colon == arg)
 		return opts_errorf(err, errlen, -EINVAL, "expected NAME:SIZE");
+	{
+		char name[4096];
+		const char *why = NULL;
+
+		snprintf(name, sizeof(name), "%.*s", (int)(colon - arg), arg);
+		if (rnbd_dev_name_check(name, &why))
+			return opts_errorf(err, errlen, -EINVAL, "memory device \"%s\": %s", name,
+					   why ? why : "not a device name");
+	}
 	/* Said as librnbd says it (mem_devices_parse), the cause first. */
 	rc = parse_size(colon + 1, 4096, UINT64_MAX >> 1, &size);
 	if (rc == -ERANGE && !parse_size(colon + 1, 0, UINT64_MAX, &size) && size < 4096)

@@ -187,6 +187,10 @@ check "-m mem0:$toobig, more than RAM and swap: refused with the machine's memor
 check "-m mem0:1P: the unit is the cause, not '4 KiB multiples'" \
 	early petamem 'memory device mem0: size "1P": expected a number of bytes, with K, M, G or T' \
 	-m mem0:1P
+printf '# two devices\nmem-device ok:1M\nmem-device a/../b:1M\n' >"$dir/memname.conf"
+check "a memory device's name with \"..\": its file and line" \
+	early memname "$dir/memname.conf:3: mem-device a/../b:1M: memory device \"a/../b\": \".\" or \"..\" in device name" \
+	-c "$dir/memname.conf"
 check "-m mem0:5000: not a multiple of 4 KiB" \
 	early oddmem "memory device mem0: size 5000 is not a multiple of 4 KiB" -m mem0:5000
 check "--metrics without a port: refused before the listener" \
