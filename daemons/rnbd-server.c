@@ -16,6 +16,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -926,13 +927,38 @@ static const char *origin(const char *name, const char *value)
 }
 
 /*
+ * A listen address written as numbers must be one: "10.0.0.300" or
+ * "fe80::1::2" is a typo that retrying would never cure. A name is left to
+ * the listener, which retries while it does not resolve (DNS may come up
+ * after the server).
+ */
+static int listen_addr_check(const char *addr, char *why, size_t len)
+{
+	struct addrinfo hints = { .ai_flags = AI_PASSIVE | AI_NUMERICHOST }, *res;
+	bool numeric = !*addr || strchr(addr, ':') || strspn(addr, "0123456789.") == strlen(addr);
+	int rc;
+
+	if (!numeric)
+		return 0;
+	rc = getaddrinfo(addr, NULL, &hints, &res);
+	if (rc) {
+		snprintf(why, len, "not an IPv4 or IPv6 address (%s)", gai_strerror(rc));
+		return -EINVAL;
+	}
+	freeaddrinfo(res);
+	return 0;
+}
+
+/*
  * The options parsing could not check alone, or only together; each error
  * names the option as the parser does: its config file's line, or --NAME.
  */
 static int check_options(void)
 {
 	struct stat st;
-	char why[256];
+	char why[4200];
+	const char *bad;
+	int rc;
 
 	if (!opts_provider_valid(g.provider)) {
 		fprintf(stderr, "rnbd-server: %s %s: expected tcp, verbs or rdma\n",
@@ -954,6 +980,20 @@ static int check_options(void)
 				g.qos.items[i], cause ? cause : "not a rate limit");
 			return -EINVAL;
 		}
+	}
+	if (g.addr && (rc = listen_addr_check(g.addr, why, sizeof(why)))) {
+		fprintf(stderr, "rnbd-server: %s %s: %s\n", origin("addr", g.addr), g.addr, why);
+		return rc;
+	}
+	if (g.search && (rc = rnbd_search_path_check(g.search, why, sizeof(why)))) {
+		fprintf(stderr, "rnbd-server: %s %s: %s\n", origin("dev-search-path", g.search),
+			g.search, why);
+		return -EINVAL;
+	}
+	if (g.auth_name && rtrs_auth_name_check(g.auth_name, &bad)) {
+		fprintf(stderr, "rnbd-server: %s %s: %s\n", origin("auth-name", g.auth_name),
+			g.auth_name, bad);
+		return -EINVAL;
 	}
 	if (g.auth_keys && stat(g.auth_keys, &st)) {
 		fprintf(stderr, "rnbd-server: %s %s: %s\n", origin("auth-keys", g.auth_keys),

@@ -20,7 +20,9 @@
  *   7 name       [string]
  *   8 auth       [msg]           (DH-HMAC-CHAP messages in their envelope)
  *   9 new_rkey   [buf_id:le16][slot]
+ *  10 fence      [ack?:1][msg]   (FENCE or FENCE_ACK, re-encoded)
  */
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -444,6 +446,35 @@ static void fuzz_rkey_rsp(const uint8_t *p, size_t n)
 	FAIL_IF(id != (uint32_t)(p[2] | p[3] << 8));
 }
 
+/* A fence or its ack: what decodes encodes back to the same bytes, as far as they mean anything. */
+static void fuzz_fence(const uint8_t *p, size_t n)
+{
+	enum rtrs_msg_type type = n && (p[0] & 1) ? RTRS_MSG_FENCE_ACK : RTRS_MSG_FENCE;
+	uint8_t uuid[RTRS_UUID_LEN];
+	struct rtrs_msg_fence m;
+	const char *why = NULL;
+	int32_t recon = INT32_MIN, recon2;
+	int err = INT_MIN, err2, rc;
+	void *b;
+
+	if (n) {
+		p++;
+		n--;
+	}
+	b = dup_exact(p, n);
+	rc = rtrs_fence_decode(b, n, type, uuid, &recon, &err, &why);
+	CHECK_WHY(rc, why);
+	free(b);
+	if (rc)
+		return;
+	FAIL_IF(recon < -1 || recon > UINT16_MAX);
+	FAIL_IF(err > 0 || err < INT16_MIN || (type == RTRS_MSG_FENCE && err));
+	rtrs_fence_encode(&m, type == RTRS_MSG_FENCE_ACK, uuid, recon, err);
+	FAIL_IF(rtrs_fence_decode(&m, sizeof(m), type, uuid, &recon2, &err2, &why));
+	FAIL_IF(recon2 != recon || err2 != err);
+	FAIL_IF(memcmp(m.path_uuid, p + 8, RTRS_UUID_LEN));
+}
+
 static void fuzz_name(const uint8_t *p, size_t n)
 {
 	char s[RTRS_NAME_MAX + 8];
@@ -466,7 +497,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size < 1)
 		return 0;
 	init_once();
-	switch (data[0] % 10) {
+	switch (data[0] % 11) {
 	case 0:
 		fuzz_conn_req(data + 1, size - 1);
 		break;
@@ -496,6 +527,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		break;
 	case 9:
 		fuzz_new_rkey(data + 1, size - 1);
+		break;
+	case 10:
+		fuzz_fence(data + 1, size - 1);
 		break;
 	}
 	return 0;

@@ -772,6 +772,14 @@ void rtrs_set_log_fn(void (*fn)(void *priv, int level, const char *line), void *
  * string is the thread's own, valid until its next call into the library.
  */
 const char *rtrs_last_error(void);
+/*
+ * Whether name can be an authentication name (a server's auth_name, a
+ * client's host name): 1..223 printable ASCII characters, no blank. 0, or
+ * -EINVAL with the reason in *why (a static string; why may be NULL). A
+ * program checks its option with it before it opens anything, so that its
+ * error can name where the value came from.
+ */
+int rtrs_auth_name_check(const char *name, const char **why);
 
 #ifdef __cplusplus
 }

@@ -1212,16 +1212,26 @@ static void srv_free(struct rnbd_srv *srv)
 /*
  * The search path's fixed part, up to the component that holds
  * %SESSNAME%, must be a directory at start: a mistyped path would
- * otherwise serve nothing, each client told ENOENT. -EINVAL, the cause
- * logged.
+ * otherwise serve nothing, each client told ENOENT.
  */
-static int search_path_check(const char *search)
+RNBD_EXPORT
+int rnbd_search_path_check(const char *search, char *why, size_t len)
 {
-	const char *tok = strstr(search, RNBD_SESSNAME_TOKEN);
-	size_t n = strlen(search);
-	char dir[4096];
+	const char *tok;
+	size_t n;
+	char dir[sizeof(((struct rnbd_srv *)0)->search)];
 	struct stat st;
 
+	if (!search || search[0] != '/') {
+		snprintf(why, len, "not an absolute path");
+		return -EINVAL;
+	}
+	n = strlen(search);
+	if (n >= sizeof(dir)) {
+		snprintf(why, len, "longer than %zu bytes", sizeof(dir) - 1);
+		return -ENAMETOOLONG;
+	}
+	tok = strstr(search, RNBD_SESSNAME_TOKEN);
 	if (tok) {
 		n = (size_t)(tok - search);
 		while (n > 1 && search[n - 1] != '/')
@@ -1229,12 +1239,12 @@ static int search_path_check(const char *search)
 		n -= n > 1; /* "/srv", not "/srv/" */
 	}
 	snprintf(dir, sizeof(dir), "%.*s", (int)n, search);
-	const char *why = stat(dir, &st) ? strerror(errno) :
-			  !S_ISDIR(st.st_mode) ? "not a directory" : NULL;
+	const char *cause = stat(dir, &st) ? strerror(errno) :
+			    !S_ISDIR(st.st_mode) ? "not a directory" : NULL;
 
-	if (why) {
-		log_err("rnbd: the device search path %s%s%s: %s", search, tok ? ": " : "",
-			tok ? dir : "", why);
+	if (cause) {
+		snprintf(why, len, "%s%s", tok ? dir : "", tok ? ": " : "");
+		snprintf(why + strlen(why), len - strlen(why), "%s", cause);
 		return -EINVAL;
 	}
 	return 0;
@@ -1261,17 +1271,16 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 			o->engine ? o->engine : "");
 		return -EINVAL;
 	}
-	if (o->dev_search_path && o->dev_search_path[0] != '/') {
-		log_err("rnbd: the device search path \"%s\" is not absolute", o->dev_search_path);
-		return -EINVAL;
+	if (o->dev_search_path) {
+		char why[4200];
+
+		rc = rnbd_search_path_check(o->dev_search_path, why, sizeof(why));
+		if (rc) {
+			log_err("rnbd: the device search path \"%s\": %s", o->dev_search_path, why);
+			err_detail("the device search path: %s", why);
+			return rc;
+		}
 	}
-	if (o->dev_search_path && strlen(o->dev_search_path) >= sizeof(srv->search)) {
-		log_err("rnbd: the device search path is longer than %zu bytes",
-			sizeof(srv->search) - 1);
-		return -ENAMETOOLONG;
-	}
-	if (o->dev_search_path && (rc = search_path_check(o->dev_search_path)))
-		return rc;
 	if (o->rtrs.auth_keys_file && !o->access_file) {
 		log_err("rnbd: an authenticating server needs an access file (which host may use "
 			"which session names and open which devices; docs/security.md section "

@@ -1105,6 +1105,7 @@ static void path_attempt_done(struct clt_path *p)
 
 	path_attempt_over(p);
 	clt_path_poll_enroll(p); /* before a request can go out on it */
+	atomic_store(&p->live_recon, p->recon_cnt); /* the incarnation requests go out on */
 	rtrs_path_wrlock(&p->base);
 	if (!clt_path_change_state(p, RTRS_PATH_CONNECTED)) {
 		rtrs_path_wrunlock(&p->base);

@@ -32,7 +32,7 @@ static void fence_send(struct rtrs_clt_sess *s, struct clt_path *f)
 		if (h == f || atomic_load(&h->fence_for) || !h->srv_fence ||
 		    atomic_load(&h->base.state) != RTRS_PATH_CONNECTED)
 			continue;
-		rtrs_fence_encode(&h->fence_msg, false, f->uuid, 0);
+		rtrs_fence_encode(&h->fence_msg, false, f->uuid, atomic_load(&f->fence_recon), 0);
 		/* Carried before it goes: the answer may come before fab_send returns. */
 		if (!atomic_compare_exchange_strong(&h->fence_for, &none, f))
 			continue;
@@ -54,6 +54,7 @@ static void fence_send(struct rtrs_clt_sess *s, struct clt_path *f)
 
 void clt_fence_reset(struct clt_path *p)
 {
+	atomic_store(&p->fence_recon, atomic_load(&p->live_recon));
 	atomic_store(&p->fence_err, 0);
 	atomic_store(&p->fence, FENCE_NONE);
 }
@@ -85,12 +86,20 @@ int clt_fence_answered(struct clt_path *carrier, const void *buf, size_t len)
 	struct rtrs_clt_sess *s = carrier->sess;
 	uint8_t uuid[RTRS_UUID_LEN];
 	const char *why = NULL;
+	int32_t recon;
 	int err;
 
-	if (rtrs_fence_decode(buf, len, RTRS_MSG_FENCE_ACK, uuid, &err, &why) || !f ||
+	if (rtrs_fence_decode(buf, len, RTRS_MSG_FENCE_ACK, uuid, &recon, &err, &why) || !f ||
 	    memcmp(uuid, f->uuid, RTRS_UUID_LEN)) {
 		log_err_rl("%s: unexpected message: %s", carrier->name,
 			   why ? why : "stray fence ack");
+		return -EPROTO;
+	}
+	/* A server of this project before incarnations echoes none. */
+	if (recon >= 0 && (!(le16_get(carrier->fence_msg.flags) & RTRS_FENCE_RECON_F) ||
+			   recon != le16_get(carrier->fence_msg.recon_cnt))) {
+		log_err_rl("%s: unexpected message: a fence ack for incarnation %d of %s, not the "
+			   "one fenced", carrier->name, recon, f->name);
 		return -EPROTO;
 	}
 	if (s->inval && clt_path_keys_merge(carrier, (size_t)s->queue_depth * RTRS_RKEY_SLOT))

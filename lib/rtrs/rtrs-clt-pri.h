@@ -209,6 +209,13 @@ struct clt_path {
 	_Atomic(struct clt_path *) fence_for; /* the failed path this one carries a fence for */
 	_Atomic enum clt_fence_state fence; /* this path's own fence, once it failed */
 	atomic_int fence_err;       /* the server's answer, set before FENCE_DONE */
+	/*
+	 * recon_cnt of the last attempt that got through (-1: none yet), and
+	 * the incarnation this path's fence names: the one whose requests
+	 * wait, taken at its failure (a failed attempt after it keeps it).
+	 */
+	atomic_int live_recon;
+	atomic_int fence_recon;
 	atomic_uint_fast64_t stat_reconnects, stat_reconnect_failures, stat_failovers;
 	atomic_uint_fast64_t stat_reads, stat_writes, stat_read_bytes, stat_write_bytes;
 	/* The session's registered regions on this path's fabric (rtrs-clt-mem.c). */

@@ -340,6 +340,8 @@ static int path_init(struct rtrs_clt_sess *s, struct clt_path *p, unsigned idx,
 	p->base.hb.missed_max = s->hb_missed_max;
 	atomic_init(&p->keep_closed, false);
 	atomic_init(&p->verdict, -1);
+	atomic_init(&p->live_recon, -1);
+	atomic_init(&p->fence_recon, -1);
 	return loop_timer_init(s->loop, &p->reconnect_timer, clt_path_reconnect_timer);
 }
 

@@ -260,6 +260,26 @@ struct rtrs_takeover_in {
 
 enum rtrs_takeover_verdict rtrs_takeover_decide(const struct rtrs_takeover_in *in);
 
+/*
+ * A fence the server received (docs/protocol.md section 10): acked at once
+ * (the incarnation it names is gone), refused (a path cannot fence itself)
+ * or the path stopped and drained before the ack.
+ */
+enum rtrs_fence_verdict {
+	RTRS_FENCE_ACK,
+	RTRS_FENCE_SELF,
+	RTRS_FENCE_STOP,
+};
+
+struct rtrs_fence_in {
+	bool found;          /* the session holds a path of that uuid */
+	bool self;           /* ... and it is the path the fence came on */
+	int32_t recon;       /* the incarnation the fence names, -1: any */
+	uint16_t path_recon; /* the held path's: its connection request's recon_cnt */
+};
+
+enum rtrs_fence_verdict rtrs_fence_decide(const struct rtrs_fence_in *in);
+
 /* Splits "host:port", "[v6]:port" or "host" as rtrs_addr_parse does; 0 or -EINVAL. */
 int rtrs_split_hostport(const char *in, uint16_t default_port, char *host, size_t hostlen,
 			char *port, size_t portlen);

@@ -477,16 +477,21 @@ int rtrs_io_rsp_decode(uint32_t payload, uint32_t queue_depth, uint32_t *msg_id,
 	return 0;
 }
 
-void rtrs_fence_encode(struct rtrs_msg_fence *m, bool ack, const uint8_t *uuid, int err)
+void rtrs_fence_encode(struct rtrs_msg_fence *m, bool ack, const uint8_t *uuid, int32_t recon,
+		       int err)
 {
 	memset(m, 0, sizeof(*m));
 	m->type = le16_put(ack ? RTRS_MSG_FENCE_ACK : RTRS_MSG_FENCE);
 	m->errno_ = le16_put((uint16_t)(int16_t)err);
+	if (recon >= 0 && recon <= UINT16_MAX) {
+		m->recon_cnt = le16_put((uint16_t)recon);
+		m->flags = le16_put(RTRS_FENCE_RECON_F);
+	}
 	memcpy(m->path_uuid, uuid, RTRS_UUID_LEN);
 }
 
 int rtrs_fence_decode(const void *buf, size_t len, enum rtrs_msg_type type, uint8_t *uuid,
-		      int *err, const char **why)
+		      int32_t *recon, int *err, const char **why)
 {
 	struct rtrs_msg_fence m;
 
@@ -498,6 +503,7 @@ int rtrs_fence_decode(const void *buf, size_t len, enum rtrs_msg_type type, uint
 	*err = (int16_t)le16_get(m.errno_);
 	if (*err > 0 || (type == RTRS_MSG_FENCE && *err))
 		REJECT(-EPROTO, "fence errno out of place");
+	*recon = le16_get(m.flags) & RTRS_FENCE_RECON_F ? (int32_t)le16_get(m.recon_cnt) : -1;
 	memcpy(uuid, m.path_uuid, RTRS_UUID_LEN);
 	return 0;
 }

@@ -316,16 +316,21 @@ static_assert(sizeof(struct rtrs_msg_rdma_write) == 4, "rtrs_msg_rdma_write");
 
 /*
  * Fence (extension, offered through RTRS_CONN_FENCE / RTRS_MSG_FENCE_F):
- * two-sided on an admin connection. FENCE names a path of the same session;
- * the server stops it and sends FENCE_ACK once every IO it dispatched from
- * that path has been answered, so none of it can land after the ack.
+ * two-sided on an admin connection. FENCE names a path of the same session
+ * and, with RTRS_FENCE_RECON_F, its incarnation: the recon_cnt of the
+ * connection request that made it. The server stops that incarnation and
+ * sends FENCE_ACK once every IO it dispatched from it has been answered, so
+ * none of it can land after the ack; a later incarnation (the path
+ * reconnected before the fence arrived) is left alone. The ack echoes both.
  */
 struct rtrs_msg_fence {
 	struct le16 type;
 	struct le16 errno_;       /* ack: 0 or -errno (two's complement) */
-	uint8_t reserved[4];
+	struct le16 recon_cnt;    /* with RTRS_FENCE_RECON_F: the incarnation */
+	struct le16 flags;        /* RTRS_FENCE_RECON_F; other bits sent 0, ignored */
 	uint8_t path_uuid[RTRS_UUID_LEN];
 } __attribute__((packed));
+#define RTRS_FENCE_RECON_F (1u << 0)
 static_assert(sizeof(struct rtrs_msg_fence) == 24, "rtrs_msg_fence");
 
 /*
@@ -661,10 +666,15 @@ int rtrs_io_rsp_decode(uint32_t payload, uint32_t queue_depth, uint32_t *msg_id,
 		       int *err, const char **why);
 int rtrs_rkey_rsp_decode(const void *buf, size_t len, uint32_t queue_depth,
 			 uint32_t *buf_id, uint32_t *rkey, const char **why);
-void rtrs_fence_encode(struct rtrs_msg_fence *m, bool ack, const uint8_t *uuid, int err);
-/* type is RTRS_MSG_FENCE or RTRS_MSG_FENCE_ACK as expected by the caller. */
+/* recon: the incarnation's recon_cnt (0..65535), or -1 for none (any incarnation). */
+void rtrs_fence_encode(struct rtrs_msg_fence *m, bool ack, const uint8_t *uuid, int32_t recon,
+		       int err);
+/*
+ * type is RTRS_MSG_FENCE or RTRS_MSG_FENCE_ACK as expected by the caller;
+ * *recon as rtrs_fence_encode took it (-1 from a peer that names none).
+ */
 int rtrs_fence_decode(const void *buf, size_t len, enum rtrs_msg_type type, uint8_t *uuid,
-		      int *err, const char **why);
+		      int32_t *recon, int *err, const char **why);
 
 /* The type of a two-sided message (its first le16), or -1 when too short. */
 static inline int rtrs_msg_type(const void *buf, size_t len)

@@ -241,6 +241,18 @@ enum rtrs_takeover_verdict rtrs_takeover_decide(const struct rtrs_takeover_in *i
 	return in->waited_ms >= in->drain_ms ? RTRS_TAKEOVER_RETRY : RTRS_TAKEOVER_WAIT;
 }
 
+/*
+ * A server holds one path per uuid and creates the next only once the
+ * last is freed (drained): a held path of another incarnation than the
+ * fence names came after it, so the one named is gone.
+ */
+enum rtrs_fence_verdict rtrs_fence_decide(const struct rtrs_fence_in *in)
+{
+	if (!in->found || (in->recon >= 0 && in->recon != in->path_recon))
+		return RTRS_FENCE_ACK;
+	return in->self ? RTRS_FENCE_SELF : RTRS_FENCE_STOP;
+}
+
 struct rtrs_srv_sess *srv_name_holder(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,
 				      const char *name)
 {

@@ -106,8 +106,10 @@ struct srv_path {
 	void *info_rsp;
 	size_t info_rsp_len;
 	struct fab_mr info_rsp_mr;
-	/* A fence asked for on this path (its admin connection). */
+	uint16_t recon_cnt;         /* its connection request's: the client's incarnation */
+	/* A fence asked for on this path (its admin connection): the path, its incarnation. */
 	uint8_t fence_uuid[RTRS_UUID_LEN];
+	int32_t fence_recon;
 	atomic_bool fence_pending;
 	struct loop_work fence_work;
 	struct loop_timer fence_timer;

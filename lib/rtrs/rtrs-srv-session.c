@@ -353,12 +353,17 @@ static void srv_con_recv(void *priv, void *buf, size_t len)
 			return;
 		}
 		/* One fence at a time per path: the client waits for each ack. */
-		rc = rtrs_fence_decode(buf, len, RTRS_MSG_FENCE, p->fence_uuid, &err, &why);
+		uint8_t uuid[RTRS_UUID_LEN];
+		int32_t recon;
+
+		rc = rtrs_fence_decode(buf, len, RTRS_MSG_FENCE, uuid, &recon, &err, &why);
 		if (rc || atomic_exchange(&p->fence_pending, true)) {
 			log_err_rl("%s: unexpected message: %s", path_name(p), rc ? why : "second fence");
 			srv_fail_path(p, rc ? rc : -EPROTO);
 			return;
 		}
+		memcpy(p->fence_uuid, uuid, RTRS_UUID_LEN);
+		p->fence_recon = recon;
 		loop_queue(p->sess->ctx->loop, &p->fence_work);
 		return;
 	}
@@ -699,9 +704,18 @@ static void srv_fence_check(struct srv_path *p)
 		return;
 	}
 	t = srv_path_find(p->sess, p->fence_uuid);
-	if (t == p) {
+	switch (rtrs_fence_decide(&(struct rtrs_fence_in){ .found = t != NULL, .self = t == p,
+							   .recon = p->fence_recon,
+							   .path_recon = t ? t->recon_cnt : 0 })) {
+	case RTRS_FENCE_SELF:
 		err = -EINVAL;
-	} else if (t) {
+		break;
+	case RTRS_FENCE_ACK:
+		if (t)
+			log_info("%s: fence for %s's incarnation %d: gone; incarnation %u stays",
+				 path_name(p), path_name(t), p->fence_recon, t->recon_cnt);
+		break;
+	case RTRS_FENCE_STOP:
 		if (atomic_load(&t->base.state) == RTRS_PATH_CONNECTING ||
 		    atomic_load(&t->base.state) == RTRS_PATH_CONNECTED) {
 			log_info("%s: fencing %s for the client", path_name(p), path_name(t));
@@ -711,8 +725,9 @@ static void srv_fence_check(struct srv_path *p)
 			loop_timer_arm(&p->fence_timer, 5, 0);
 			return;
 		}
+		break;
 	}
-	rtrs_fence_encode(&p->fence_ack, true, p->fence_uuid, err);
+	rtrs_fence_encode(&p->fence_ack, true, p->fence_uuid, p->fence_recon, err);
 	rc = 0;
 	if (p->sess->inval) {
 		/*
@@ -1143,6 +1158,7 @@ int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	p->fence_timer.loop = NULL;
 	p->sess = s;
 	memcpy(p->uuid, req->sess_uuid, RTRS_UUID_LEN);
+	p->recon_cnt = req->recon_cnt;
 	snprintf(p->peer, sizeof(p->peer), "%s", peer);
 	srv_peer_host_of(peer, p->peer_host, sizeof(p->peer_host));
 	snprintf(p->name_new, sizeof(p->name_new), "%s/%s", s->name[0] ? s->name : "(new)", peer);

@@ -5,6 +5,7 @@
  * are in rtrs-opts.c).
  */
 #include <errno.h>
+#include <string.h>
 
 #include "rtrs-pri.h"
 
@@ -154,6 +155,22 @@ RTRS_EXPORT
 const char *rtrs_last_error(void)
 {
 	return err_detail_get();
+}
+
+_Static_assert(RTRS_AUTH_WIRE_NAME_MAX == 223, "rtrs_auth_name_check's message says 223");
+
+RTRS_EXPORT
+int rtrs_auth_name_check(const char *name, const char **why)
+{
+	const char *cause = !name || !*name ? "empty" :
+			    strnlen(name, RTRS_AUTH_WIRE_NAME) > RTRS_AUTH_WIRE_NAME_MAX ?
+			    "longer than 223 characters" :
+			    !rtrs_auth_name_valid(name) ? "a blank or a character that is not "
+							  "printable ASCII" : NULL;
+
+	if (why)
+		*why = cause;
+	return cause ? -EINVAL : 0;
 }
 
 RTRS_EXPORT

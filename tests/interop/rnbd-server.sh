@@ -5,7 +5,7 @@
 #            nested config line, a directory or a missing file stop the
 #            server with the file (and line) named, exit status 2, also for
 #            values checked after reading (--qos, --provider, --log-level,
-#            --metrics); a flag the
+#            --metrics, --addr, --dev-search-path, --auth-name); a flag the
 #            file sets is cleared with --no-FLAG; '#' inside a value and a
 #            quoted value with " #" reach the server intact.
 #   control  --control at a regular file, or at a socket a live server
@@ -102,6 +102,21 @@ printf 'port 0\n\n\nmetrics nowhere\n' >"$dir/metrics.conf"
 check "a metrics address without a port: its file and line" \
 	refused metricsline 2 "$dir/metrics.conf:4: metrics nowhere: expected HOST:PORT" -m m:1M \
 	-c "$dir/metrics.conf"
+printf 'port 0\naddr 10.0.0.300\n' >"$dir/addr.conf"
+check "a listen address that is no address: its file and line, at once (not retried)" \
+	refused addrline 2 "$dir/addr.conf:2: addr 10.0.0.300: not an IPv4 or IPv6 address" -m m:1M \
+	-c "$dir/addr.conf"
+check "--addr fe80::1::2: refused at once" \
+	refused addrarg 2 "rnbd-server: --addr fe80::1::2: not an IPv4 or IPv6 address" -m m:1M \
+	--addr fe80::1::2
+printf 'port 0\n# exports\ndev-search-path %s\n' "$dir/none" >"$dir/search.conf"
+check "a search path that does not exist: its file and line" \
+	refused searchline 2 "$dir/search.conf:3: dev-search-path $dir/none: No such file or directory" \
+	-c "$dir/search.conf"
+printf 'port 0\nmem-device m:1M\nauth-name "two words"\n' >"$dir/name.conf"
+check "an authentication name with a blank: its file and line" \
+	refused nameline 2 "$dir/name.conf:3: auth-name two words: a blank or a character" \
+	-c "$dir/name.conf"
 printf 'port 0\n' >"$dir/inner.conf"
 printf '# outer\nconfig %s\n' "$dir/inner.conf" >"$dir/nested.conf"
 check "a config line in a config file: refused" \
@@ -161,13 +176,13 @@ mkfifo "$dir/fifo.conf"
 check "a FIFO as the config file: refused at once, not opened for a writer" \
 	early fifo "config file $dir/fifo.conf: not a regular file (a FIFO)" -c "$dir/fifo.conf"
 check "a search path that does not exist" \
-	early nodir "the device search path $dir/none: No such file or directory" -s "$dir/none"
+	early nodir "rnbd-server: --dev-search-path $dir/none: No such file or directory" -s "$dir/none"
 check "a search path whose fixed part does not exist" \
-	early nodir2 "the device search path $dir/none/%SESSNAME%: $dir/none: No such file" \
+	early nodir2 "--dev-search-path $dir/none/%SESSNAME%: $dir/none: No such file" \
 	-s "$dir/none/%SESSNAME%"
 echo "a file" >"$dir/plain"
 check "a search path that is a file" \
-	early notdir "the device search path $dir/plain: not a directory" -s "$dir/plain"
+	early notdir "rnbd-server: --dev-search-path $dir/plain: not a directory" -s "$dir/plain"
 (umask 077 && : >"$dir/empty.keys" && printf '# nobody yet\n\n' >"$dir/comment.keys")
 echo '* sessions=* migration=*' >"$dir/all.access" # every authenticated host: everything
 check "an empty key file: refused, not refusing every host later" \

@@ -787,6 +787,47 @@ static void failover_nowhere(void)
 }
 
 /*
+ * Path a fails with a request whose response was lost; its fence goes over
+ * b and is held there while a reconnects (the server freed the old a: its
+ * request was answered), and the request goes again once a is up. Then
+ * the fence arrives: it names the incarnation that failed, so the server
+ * acks it at once and leaves the new a up. Before fences named
+ * incarnations the server stopped the new a, which had to reconnect again.
+ */
+static void fence_after_reconnect(void)
+{
+	struct m fence_b = { .dir = TO_SRV, .host = "b", .msg = MSG(RTRS_MSG_FENCE) };
+	static struct io io;
+	struct fake_ev *fb;
+	struct clt c;
+
+	if (!setup(&c, "ab", NULL))
+		return;
+	fake_hold(rsp_a_or_fence, NULL);
+	write_lose_response_on_a(&io, &c, 3 * LEN, 23);
+	CHECK_EQ(fake_advance(1), 0);
+	fb = fake_wait_ev(match, &fence_b, "the fence on b");
+	fake_hold(NULL, NULL);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_wait(reconnected_once, &c, "a's reconnect"), 0);
+	io_done_once(&io, 0);
+	CHECK(clt_path_is(&c, 0, "connected"), "a: %s", clt_path(&c, 0).state);
+	if (fb)
+		CHECK_EQ(fake_deliver(fb), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(fake_delivered(match, &(struct m){ .dir = TO_CLT, .host = "b",
+						    .msg = MSG(RTRS_MSG_FENCE_ACK) }), 1);
+	CHECK(env_logged("gone; incarnation"), "the server took the fence for the new a");
+	CHECK(!env_logged("fencing s/"), "the server stopped a path");
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK(clt_path_is(&c, 0, "connected"), "a: %s", clt_path(&c, 0).state);
+	CHECK_EQ(clt_path(&c, 0).reconnects, 1);
+	CHECK(clt_path_is(&c, 1, "connected"), "b: %s", clt_path(&c, 1).state);
+	CHECK(area_has(3 * LEN, LEN, 23), "the write is in the area");
+	teardown(&c);
+}
+
+/*
  * The only path fails with a request whose response was lost; it
  * reconnects (the reconnect itself tells that the server let go of the
  * old path), and the request goes again on the new connections, once.
@@ -1197,6 +1238,7 @@ static const struct scenario scenarios[] = {
 	{ "failover_lost_response", failover_lost_response },
 	{ "failover_lost_request", failover_lost_request },
 	{ "fence_carrier_fails", fence_carrier_fails },
+	{ "fence_after_reconnect", fence_after_reconnect },
 	{ "fence_ack_races_send", fence_ack_races_send },
 	{ "failover_nowhere", failover_nowhere },
 	{ "failover_same_path", failover_same_path },

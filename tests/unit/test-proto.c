@@ -1477,26 +1477,44 @@ static void test_fence(void)
 	struct rtrs_msg_fence m;
 	uint8_t uuid[RTRS_UUID_LEN], out[RTRS_UUID_LEN];
 	const char *why;
+	int32_t recon;
 	int err;
 
 	for (int i = 0; i < RTRS_UUID_LEN; i++)
 		uuid[i] = (uint8_t)(i * 7 + 1);
-	rtrs_fence_encode(&m, false, uuid, 0);
-	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE, out, &err, &why), 0);
+	rtrs_fence_encode(&m, false, uuid, -1, 0);
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE, out, &recon, &err, &why), 0);
 	CHECK(!memcmp(uuid, out, sizeof(out)) && err == 0);
-	rtrs_fence_encode(&m, true, uuid, -EIO);
-	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE_ACK, out, &err, &why), 0);
+	CHECK_EQ(recon, -1);
+	/* What a peer without incarnations sends: bytes 4..7 zero, any incarnation. */
+	CHECK_EQ(((const uint8_t *)&m)[4] | ((const uint8_t *)&m)[5] | ((const uint8_t *)&m)[6] |
+		 ((const uint8_t *)&m)[7], 0);
+	/* An incarnation: le16 at 4, RTRS_FENCE_RECON_F in the le16 at 6. */
+	rtrs_fence_encode(&m, false, uuid, 0x1234, 0);
+	CHECK(((const uint8_t *)&m)[4] == 0x34 && ((const uint8_t *)&m)[5] == 0x12 &&
+	      ((const uint8_t *)&m)[6] == 0x01 && ((const uint8_t *)&m)[7] == 0);
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE, out, &recon, &err, &why), 0);
+	CHECK_EQ(recon, 0x1234);
+	rtrs_fence_encode(&m, false, uuid, 0, 0); /* incarnation 0 is one: the counter wrapped */
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE, out, &recon, &err, &why), 0);
+	CHECK_EQ(recon, 0);
+	m.flags = le16_put(0x8000); /* other bits: ignored, no incarnation */
+	m.recon_cnt = le16_put(7);
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE, out, &recon, &err, &why), 0);
+	CHECK_EQ(recon, -1);
+	rtrs_fence_encode(&m, true, uuid, -1, -EIO);
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE_ACK, out, &recon, &err, &why), 0);
 	CHECK_EQ(err, -EIO);
 	why = NULL;
-	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE, out, &err, &why), -EPROTO);
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE, out, &recon, &err, &why), -EPROTO);
 	CHECK(why != NULL);
-	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m) - 1, RTRS_MSG_FENCE_ACK, out, &err, &why),
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m) - 1, RTRS_MSG_FENCE_ACK, out, &recon, &err, &why),
 		 -EMSGSIZE);
-	rtrs_fence_encode(&m, false, uuid, -EIO); /* a fence carries no errno */
-	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE, out, &err, &why), -EPROTO);
+	rtrs_fence_encode(&m, false, uuid, -1, -EIO); /* a fence carries no errno */
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE, out, &recon, &err, &why), -EPROTO);
 	m.errno_ = le16_put(5); /* positive */
 	m.type = le16_put(RTRS_MSG_FENCE_ACK);
-	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE_ACK, out, &err, &why), -EPROTO);
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE_ACK, out, &recon, &err, &why), -EPROTO);
 }
 
 /* Authentication names: what the wire carries, and what open/start accept. */

@@ -670,6 +670,39 @@ static void test_admit(void)
  * client; a holder with no path up but requests still at the user is
  * waited for until drain_ms, then the newcomer retries.
  */
+/*
+ * A fence the server received (rtrs_fence_decide): a path it no longer
+ * holds, or holds in another incarnation than the fence names (the client
+ * reconnected it before the fence arrived), is acked at once and left up;
+ * the incarnation named (or any, from a client that names none) is
+ * stopped and drained; the path the fence came on cannot fence itself.
+ */
+static void test_fence_decide(void)
+{
+	CHECK_EQ(rtrs_fence_decide(&(struct rtrs_fence_in){ .found = false, .recon = 3 }),
+		 RTRS_FENCE_ACK);
+	CHECK_EQ(rtrs_fence_decide(&(struct rtrs_fence_in){ .found = false, .recon = -1 }),
+		 RTRS_FENCE_ACK);
+	CHECK_EQ(rtrs_fence_decide(&(struct rtrs_fence_in){ .found = true, .recon = 3,
+							     .path_recon = 3 }), RTRS_FENCE_STOP);
+	CHECK_EQ(rtrs_fence_decide(&(struct rtrs_fence_in){ .found = true, .recon = 3,
+							     .path_recon = 4 }), RTRS_FENCE_ACK);
+	CHECK_EQ(rtrs_fence_decide(&(struct rtrs_fence_in){ .found = true, .recon = 65535,
+							     .path_recon = 0 }), RTRS_FENCE_ACK);
+	CHECK_EQ(rtrs_fence_decide(&(struct rtrs_fence_in){ .found = true, .recon = -1,
+							     .path_recon = 9 }), RTRS_FENCE_STOP);
+	CHECK_EQ(rtrs_fence_decide(&(struct rtrs_fence_in){ .found = true, .self = true,
+							     .recon = 2, .path_recon = 2 }),
+		 RTRS_FENCE_SELF);
+	CHECK_EQ(rtrs_fence_decide(&(struct rtrs_fence_in){ .found = true, .self = true,
+							     .recon = -1, .path_recon = 2 }),
+		 RTRS_FENCE_SELF);
+	/* Its own earlier incarnation: gone, as for any other path. */
+	CHECK_EQ(rtrs_fence_decide(&(struct rtrs_fence_in){ .found = true, .self = true,
+							     .recon = 1, .path_recon = 2 }),
+		 RTRS_FENCE_ACK);
+}
+
 static void test_takeover(void)
 {
 	struct rtrs_takeover_in in = { .live_ms = 3000, .drain_ms = 5000 };
@@ -931,6 +964,7 @@ int main(void)
 	test_admit();
 	test_admit_waiters();
 	test_takeover();
+	test_fence_decide();
 	test_srv_hs();
 	return test_done("state");
 }
