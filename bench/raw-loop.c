@@ -19,9 +19,14 @@
  * carries more than one IO at a time: the floor of bench/scale.sh's
  * constant total load.
  *
- *   raw-loop server [--port N]
+ * With --syscalls a side waits on its ring for readiness (a poll) and then
+ * receives and sends with recv(2) and send(2), as lib/rtrs/rtrs-fabric-tcp.c
+ * does: the two models side by side (bench/raw-vs-rtrs.sh).
+ *
+ *   raw-loop server [--port N] [--syscalls]
  *   raw-loop client --dst HOST:PORT [--mode write|read] [--size BYTES]
  *                   [--queue-depth N] [--connections N] [--duration S] [--json]
+ *                   [--syscalls]
  *
  * The client prints ops and ops/s (--json: {"ops", "ops_per_sec",
  * "errors"}); the server runs until it is killed.
@@ -33,6 +38,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -53,7 +59,7 @@ static struct {
 	const char *dst;
 	uint64_t port, size, qd, duration, cons;
 	unsigned mode;
-	bool json;
+	bool json, syscalls;
 } g = { .port = 0, .size = 4096, .qd = 64, .duration = 5, .cons = 1 };
 
 static const char *const mode_names[] = { "write", "read", NULL };
@@ -70,6 +76,9 @@ static const struct opt options[] = {
 	  .help = "client: connections, each IO on the next" },
 	{ "duration", 't', OPT_UINT, &g.duration, 1, 3600, .arg = "S", .help = "client: seconds" },
 	{ "json", 0, OPT_FLAG, &g.json, .help = "client: the result as JSON" },
+	{ "syscalls", 0, OPT_FLAG, &g.syscalls,
+	  .help = "wait on the ring for readiness (a poll), then recv and send with system "
+		  "calls, as the tcp fabric does" },
 	{ 0 },
 };
 
@@ -83,6 +92,7 @@ struct side {
 	size_t out_len[2], out_cap[2], out_sent;
 	int filling;
 	bool sending, receiving;
+	bool more;          /* --syscalls: the last recv filled the buffer: read again */
 	bool closing;       /* the peer closed: freed once its last send is done */
 	char *payload;      /* what writes and read answers carry */
 };
@@ -203,9 +213,75 @@ static void put(struct side *s, uint32_t slot, uint32_t len, bool with_payload)
 	s->out_len[s->filling] += HDR + (with_payload ? len : 0);
 }
 
+/*
+ * --syscalls: what s has to send goes now with send(2), as far as the
+ * socket takes it; the rest waits for a POLLOUT on the ring.
+ */
+static void side_send_now(struct side *s)
+{
+	int f = s->filling;
+	size_t off = 0;
+
+	while (off < s->out_len[f]) {
+		ssize_t n = send(s->fd, s->out[f] + off, s->out_len[f] - off,
+				 MSG_DONTWAIT | MSG_NOSIGNAL);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			break;
+		if (n < 0)
+			die("send", errno);
+		off += (size_t)n;
+	}
+	memmove(s->out[f], s->out[f] + off, s->out_len[f] - off);
+	s->out_len[f] -= off;
+}
+
+/* --syscalls: one recv(2) into s->in; its bytes (0: the peer closed), -EAGAIN for none. */
+static ssize_t side_recv_now(struct side *s, bool *more)
+{
+	size_t room = s->in_cap - s->in_len;
+	ssize_t n;
+
+	do
+		n = recv(s->fd, s->in + s->in_len, room, MSG_DONTWAIT);
+	while (n < 0 && errno == EINTR);
+	*more = n > 0 && (size_t)n == room;
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		return -EAGAIN;
+	if (n < 0)
+		die("recv", errno);
+	s->in_len += (size_t)n;
+	return n;
+}
+
+static void side_arm_poll(struct side *s)
+{
+	side_send_now(s);
+	if (!s->sending && s->out_len[s->filling]) {
+		struct io_uring_sqe *sqe = sqe_get();
+
+		io_uring_prep_poll_add(sqe, s->fd, POLLOUT);
+		io_uring_sqe_set_data64(sqe, UD(s->idx, UD_SEND));
+		s->sending = true;
+	}
+	if (!s->receiving) {
+		struct io_uring_sqe *sqe = sqe_get();
+
+		io_uring_prep_poll_add(sqe, s->fd, POLLIN);
+		io_uring_sqe_set_data64(sqe, UD(s->idx, UD_RECV));
+		s->receiving = true;
+	}
+}
+
 /* What s has to send (when none is on its way) and its next receive, queued on the ring. */
 static void side_arm(struct side *s)
 {
+	if (g.syscalls) {
+		side_arm_poll(s);
+		return;
+	}
 	if (!s->sending && s->out_len[s->filling]) {
 		struct io_uring_sqe *sqe = sqe_get();
 
@@ -231,6 +307,18 @@ static void side_arm(struct side *s)
  */
 static ssize_t side_complete(struct side *s, unsigned kind, int res)
 {
+	if (g.syscalls) {
+		/* A poll fired: receiving takes what is there, sending goes with the next arm. */
+		bool more;
+
+		if (kind == UD_SEND) {
+			s->sending = false;
+			return -EAGAIN;
+		}
+		s->receiving = false;
+		(void)more;
+		return side_recv_now(s, &s->more);
+	}
 	if (kind == UD_RECV) {
 		s->receiving = false;
 		if (res > 0)
@@ -338,12 +426,21 @@ static void srv_cqe(struct io_uring_cqe *cqe)
 	if (side_complete(s, kind, cqe->res) == 0)
 		s->closing = true;
 	if (s->closing) {
-		if (!s->sending)
+		if (!s->sending || g.syscalls)
 			side_free(s);
 		return;
 	}
 	parse(s, srv_msg);
 	side_arm(s);
+	/* --syscalls: a read that filled the buffer is followed by the next one. */
+	while (g.syscalls && kind == UD_RECV && s->more) {
+		if (side_recv_now(s, &s->more) == 0) {
+			side_free(s);
+			return;
+		}
+		parse(s, srv_msg);
+		side_arm(s);
+	}
 }
 
 static int server(void)
@@ -404,6 +501,12 @@ static void clt_cqe(struct io_uring_cqe *cqe)
 		die("the server closed a connection", ECONNRESET);
 	parse(s, clt_msg);
 	side_arm(s);
+	while (g.syscalls && (ud & 3) == UD_RECV && s->more) {
+		if (side_recv_now(s, &s->more) == 0)
+			die("the server closed a connection", ECONNRESET);
+		parse(s, clt_msg);
+		side_arm(s);
+	}
 }
 
 static int client(void)
