@@ -930,16 +930,28 @@ static const char *origin(const char *name, const char *value)
  * A listen address written as numbers must be one: "10.0.0.300" or
  * "fe80::1::2" is a typo that retrying would never cure. A name is left to
  * the listener, which retries while it does not resolve (DNS may come up
- * after the server).
+ * after the server), and so is an IPv6 address's scope: "fe80::1%eth1"
+ * names an interface that may come up later; the address before it is
+ * checked.
  */
 static int listen_addr_check(const char *addr, char *why, size_t len)
 {
 	struct addrinfo hints = { .ai_flags = AI_PASSIVE | AI_NUMERICHOST }, *res;
 	bool numeric = !*addr || strchr(addr, ':') || strspn(addr, "0123456789.") == strlen(addr);
+	const char *scope = strchr(addr, '%');
+	char bare[INET6_ADDRSTRLEN + 1];
 	int rc;
 
 	if (!numeric)
 		return 0;
+	if (scope) {
+		if ((size_t)(scope - addr) >= sizeof(bare)) {
+			snprintf(why, len, "not an IPv4 or IPv6 address (too long)");
+			return -EINVAL;
+		}
+		snprintf(bare, sizeof(bare), "%.*s", (int)(scope - addr), addr);
+		addr = bare;
+	}
 	rc = getaddrinfo(addr, NULL, &hints, &res);
 	if (rc) {
 		snprintf(why, len, "not an IPv4 or IPv6 address (%s)", gai_strerror(rc));

@@ -121,7 +121,8 @@ int rnbd_srv_opts_init(struct rnbd_srv_opts *opts, size_t size);
  * Whether path can be a server's dev_search_path: absolute, shorter than
  * 4096 bytes, its fixed part (up to the component holding %SESSNAME%) a
  * directory now. 0, or -EINVAL (-ENAMETOOLONG) with the cause in why (len
- * bytes): "not a directory", "/srv/x: No such file or directory". A program
+ * bytes; why may be NULL): "not a directory", "/srv/x: No such file or
+ * directory". A program
  * checks its option with it before rnbd_srv_open, which checks the same.
  */
 int rnbd_search_path_check(const char *path, char *why, size_t len);

@@ -1219,9 +1219,13 @@ int rnbd_search_path_check(const char *search, char *why, size_t len)
 {
 	const char *tok;
 	size_t n;
-	char dir[sizeof(((struct rnbd_srv *)0)->search)];
+	char dir[sizeof(((struct rnbd_srv *)0)->search)], none[1];
 	struct stat st;
 
+	if (!why || !len) {
+		why = none;
+		len = sizeof(none);
+	}
 	if (!search || search[0] != '/') {
 		snprintf(why, len, "not an absolute path");
 		return -EINVAL;

@@ -13,8 +13,12 @@
  * it) -> FENCE_DONE (answered, or implied). A carrier that fails before
  * the answer puts the fence back to FENCE_NONE, and the next pass sends it
  * over another path. Each carrier carries one fence at a time, from its
- * send until its answer (or its own loss), even when the fence was
- * implied meanwhile: the server answers every fence.
+ * send until its answer is taken (or its own loss), even when the fence
+ * was implied meanwhile: the server answers every fence. A fence names
+ * the incarnation of the path whose requests wait (fence_recon); an
+ * answer for an earlier one (the path came back and failed again while
+ * the fence was out) fences nothing that waits now, and is only taken to
+ * free its carrier (fence_acks_take).
  */
 #include <errno.h>
 #include <string.h>
@@ -33,6 +37,7 @@ static void fence_send(struct rtrs_clt_sess *s, struct clt_path *f)
 		    atomic_load(&h->base.state) != RTRS_PATH_CONNECTED)
 			continue;
 		rtrs_fence_encode(&h->fence_msg, false, f->uuid, atomic_load(&f->fence_recon), 0);
+		atomic_store(&h->fence_acked, false); /* one its lost connection got */
 		/* Carried before it goes: the answer may come before fab_send returns. */
 		if (!atomic_compare_exchange_strong(&h->fence_for, &none, f))
 			continue;
@@ -61,10 +66,12 @@ void clt_fence_reset(struct clt_path *p)
 
 void clt_fence_carrier_lost(struct clt_path *carrier)
 {
-	struct clt_path *f = atomic_exchange(&carrier->fence_for, NULL);
+	struct clt_path *f;
 	enum clt_fence_state st = FENCE_SENT;
 
-	/* Its fence will not be answered: out again on the next pass. */
+	atomic_store(&carrier->fence_acked, false);
+	f = atomic_exchange(&carrier->fence_for, NULL);
+	/* Its fence will not be answered (or its answer not taken): out again on the next pass. */
 	if (f)
 		atomic_compare_exchange_strong(&f->fence, &st, FENCE_NONE);
 }
@@ -78,7 +85,8 @@ void clt_fence_implied(struct clt_path *p)
 /*
  * A message on connected carrier's connection 0 (its completion thread):
  * the answer to the fence it carries. With always_invalidate the server
- * wrote the whole key table ahead of it. 0, or -EPROTO for anything else.
+ * wrote the whole key table ahead of it. The loop takes the answer
+ * (fence_acks_take). 0, or -EPROTO for anything else.
  */
 int clt_fence_answered(struct clt_path *carrier, const void *buf, size_t len)
 {
@@ -90,7 +98,7 @@ int clt_fence_answered(struct clt_path *carrier, const void *buf, size_t len)
 	int err;
 
 	if (rtrs_fence_decode(buf, len, RTRS_MSG_FENCE_ACK, uuid, &recon, &err, &why) || !f ||
-	    memcmp(uuid, f->uuid, RTRS_UUID_LEN)) {
+	    memcmp(uuid, f->uuid, RTRS_UUID_LEN) || atomic_load(&carrier->fence_acked)) {
 		log_err_rl("%s: unexpected message: %s", carrier->name,
 			   why ? why : "stray fence ack");
 		return -EPROTO;
@@ -104,16 +112,48 @@ int clt_fence_answered(struct clt_path *carrier, const void *buf, size_t len)
 	}
 	if (s->inval && clt_path_keys_merge(carrier, (size_t)s->queue_depth * RTRS_RKEY_SLOT))
 		return -EPROTO;
-	atomic_store(&f->fence_err, err);
-	atomic_store(&f->fence, FENCE_DONE);
-	/*
-	 * The carrier is free for the next fence only now: a fence made
-	 * moot by its path's reconnect (clt_fence_implied) is still answered,
-	 * and a second fence on the carrier before that would cross it.
-	 */
-	atomic_compare_exchange_strong(&carrier->fence_for, &f, NULL);
+	carrier->fence_ack_err = err;
+	atomic_store(&carrier->fence_acked, true);
 	loop_queue(s->loop, &s->wait_work);
 	return 0;
+}
+
+/* The fence's incarnation as the carrier sent it (-1: none named). */
+static int32_t fence_sent_recon(const struct clt_path *carrier)
+{
+	return le16_get(carrier->fence_msg.flags) & RTRS_FENCE_RECON_F ?
+	       (int32_t)le16_get(carrier->fence_msg.recon_cnt) : -1;
+}
+
+/*
+ * Loop thread: the acks carriers received. An ack fences its path only if
+ * the path still waits on the incarnation the fence named: a path that
+ * came back and failed again meanwhile waits on a later one, which the
+ * ack says nothing of (the server acks a fence for an incarnation it no
+ * longer holds at once), and gets a fence of its own. Then the carrier is
+ * free for the next fence: a fence made moot by its path's reconnect
+ * (clt_fence_implied) is still answered, and a second fence on the
+ * carrier before that would cross it.
+ */
+static void fence_acks_take(struct rtrs_clt_sess *s)
+{
+	for (size_t i = 0; i < s->paths_num; i++) {
+		struct clt_path *h = &s->paths[i];
+		struct clt_path *f = atomic_load(&h->fence_for);
+
+		if (!f || !atomic_load(&h->fence_acked))
+			continue;
+		if (fence_sent_recon(h) == atomic_load(&f->fence_recon)) {
+			atomic_store(&f->fence_err, h->fence_ack_err);
+			atomic_store(&f->fence, FENCE_DONE);
+		} else {
+			log_info("%s: the fence for %s's incarnation %d was answered after that "
+				 "path failed again; fencing incarnation %d", h->name, f->name,
+				 fence_sent_recon(h), atomic_load(&f->fence_recon));
+		}
+		atomic_store(&h->fence_acked, false);
+		atomic_store(&h->fence_for, NULL);
+	}
 }
 
 /*
@@ -129,6 +169,7 @@ void clt_fence_process(struct rtrs_clt_sess *s, uint64_t now, bool may_come)
 	struct clt_req_list go = STAILQ_HEAD_INITIALIZER(go);
 	struct clt_req *req;
 
+	fence_acks_take(s);
 	pthread_mutex_lock(&s->wait_lock);
 	STAILQ_CONCAT(&list, &s->fencing);
 	pthread_mutex_unlock(&s->wait_lock);

@@ -216,6 +216,14 @@ struct clt_path {
 	 */
 	atomic_int live_recon;
 	atomic_int fence_recon;
+	/*
+	 * As a carrier: the ack of the fence it carries came (fence_ack_err,
+	 * written before), for the loop to take (fence_acks_take): only the
+	 * loop, where failures reset fences, can tell whether the ack is for
+	 * the incarnation the fenced path waits on now.
+	 */
+	atomic_bool fence_acked;
+	int fence_ack_err;
 	atomic_uint_fast64_t stat_reconnects, stat_reconnect_failures, stat_failovers;
 	atomic_uint_fast64_t stat_reads, stat_writes, stat_read_bytes, stat_write_bytes;
 	/* The session's registered regions on this path's fabric (rtrs-clt-mem.c). */

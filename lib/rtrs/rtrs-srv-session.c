@@ -744,10 +744,17 @@ static void srv_fence_check(struct srv_path *p)
 		rc = fab_write(p->cons[0].c.fc, &iov, &p->fence_keys_mr.desc, 1, &rma, 1, false, 0,
 			       NULL);
 	}
+	/*
+	 * Free for the next fence before the ack goes: the client may answer
+	 * the ack with its next fence on this path before fab_send returns.
+	 * What that fence's arrival writes (fence_uuid, fence_recon) this
+	 * ack has been encoded from already; its check runs on this thread,
+	 * after this one.
+	 */
+	atomic_store(&p->fence_pending, false);
 	if (!rc)
 		rc = fab_send(p->cons[0].c.fc, &p->fence_ack, sizeof(p->fence_ack),
 			      p->fence_ack_mr.desc, NULL);
-	atomic_store(&p->fence_pending, false);
 	if (rc)
 		srv_fail_path(p, rc);
 }

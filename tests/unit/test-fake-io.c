@@ -827,6 +827,160 @@ static void fence_after_reconnect(void)
 	teardown(&c);
 }
 
+static bool one_deferred(void *arg);
+
+/*
+ * Path a fails (incarnation 1) with a request whose response was lost; its
+ * fence goes over b and is held there. a comes back (incarnation 2) and
+ * the request goes again; then R2 goes on a, the server's user holds it,
+ * and a fails at the client only. Now the fence for incarnation 1
+ * arrives: the server, holding incarnation 2, acks it at once. That ack
+ * says nothing of incarnation 2, whose op the server still holds, so it
+ * must not send R2 again: the client fences incarnation 2 over b, the
+ * server stops it and acks once the op is answered, and only then R2
+ * goes again, once. (Found by a review: the first version took any ack
+ * for a's fence as done, and R2 went out while a's copy was still held.)
+ */
+static void fence_ack_for_earlier_incarnation(void)
+{
+	struct m fence_b = { .dir = TO_SRV, .host = "b", .msg = MSG(RTRS_MSG_FENCE) };
+	static struct io io1, io2;
+	struct fake_ev *fb;
+	unsigned reqs_b;
+	struct clt c;
+	int rc;
+
+	if (!setup(&c, "ab", NULL))
+		return;
+	fake_hold(rsp_a_or_fence, NULL);
+	write_lose_response_on_a(&io1, &c, 0, 43);
+	CHECK_EQ(fake_advance(1), 0);
+	fb = fake_wait_ev(match, &fence_b, "the fence for a's first incarnation");
+	fake_hold(NULL, NULL);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_wait(reconnected_once, &c, "a's reconnect"), 0);
+	io_done_once(&io1, 0);
+	reqs_b = delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM));
+	atomic_store(&srv.defer, true);
+	CHECK_EQ(io_start(&io2, &c, RTRS_WRITE, RTRS_IO_CON, 2 * LEN, LEN, 47), 0);
+	CHECK_EQ(fake_wait(one_deferred, NULL, "the server's user to hold R2"), 0);
+	CHECK_EQ(clt_path(&c, 0).inflight, 1);
+	/* a fails at the client; the server sees nothing of it. */
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, 0), 2);
+	CHECK_EQ(fake_advance(1), 0);
+	if (fb)
+		CHECK_EQ(fake_deliver(fb), 0);
+	CHECK_EQ(fake_advance(1), 0);
+	CHECK(env_logged("answered after that path failed again"),
+	      "the ack for incarnation 1 was taken for incarnation 2");
+	CHECK_EQ(atomic_load(&io2.calls), 0);
+	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), reqs_b);
+	CHECK_EQ(fake_delivered(match, &fence_b), 2);
+	/* The held op is answered (its path is gone); then the server acks. */
+	rc = rtrs_srv_resp_rdma(atomic_load(&srv.deferred[0]), 0);
+	CHECK(rc == 0 || rc == -ENOTCONN, "the held op's answer: %s", strerror(-rc));
+	atomic_store(&srv.defer, false);
+	CHECK_EQ(fake_advance(5), 0);
+	io_done_once(&io2, 0);
+	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), reqs_b + 1);
+	CHECK(!env_logged("still in use"), "R2 met its own held copy at the server");
+	CHECK(clt_path_is(&c, 1, "connected"), "b: %s", clt_path(&c, 1).state);
+	CHECK(area_has(2 * LEN, LEN, 47), "R2 is in the area");
+	teardown(&c);
+}
+
+/*
+ * On the server's loop, inside its fab_send of the ack of the first fence
+ * on b: the key table ahead of it and the ack reach the client, whose loop
+ * sends its next fence on b at once, and that reaches the server before
+ * the server's fab_send has returned.
+ */
+static void first_ack_posted(struct fake_ev *ev, void *arg)
+{
+	struct m fence_b = { .dir = TO_SRV, .host = "b", .msg = MSG(RTRS_MSG_FENCE) };
+	struct fake_ev *next, *w;
+
+	*(bool *)arg = true;
+	w = fake_wait_ev(match, &to_clt_b0, "the key table ahead of the ack");
+	if (w)
+		fake_deliver(w);
+	if (fake_deliver(ev))
+		return;
+	next = fake_wait_ev(match, &fence_b, "the next fence on b");
+	if (next)
+		fake_deliver(next);
+}
+
+static bool b0_or_fence_b(const struct fake_ev *ev, void *arg)
+{
+	return match(ev, &to_clt_b0) ||
+	       match(ev, &(struct m){ .dir = TO_SRV, .host = "b", .msg = MSG(RTRS_MSG_FENCE) });
+}
+
+/*
+ * Three paths; a and c fail, each with a request whose response was lost,
+ * and b carries both fences, one after the other. The client sends the
+ * second as soon as the first is answered, and here it arrives while the
+ * server is still sending that answer: the server takes it, not as a
+ * second fence at once (which failed b with -EPROTO: found by a review).
+ */
+static void fence_answered_then_next(void)
+{
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	struct m ack_b = { .dir = TO_CLT, .host = "b", .msg = MSG(RTRS_MSG_FENCE_ACK) };
+	struct m fence_b = { .dir = TO_SRV, .host = "b", .msg = MSG(RTRS_MSG_FENCE) };
+	static struct io io1, io2, io3;
+	struct fake_ev *ev;
+	bool ran = false;
+	struct clt c;
+
+	if (!setup(&c, "abc", NULL))
+		return;
+	fake_hold(match, &rsp);
+	CHECK_EQ(io_start(&io1, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 51), 0);
+	CHECK_EQ(io_start(&io2, &c, RTRS_WRITE, RTRS_IO_CON, LEN, LEN, 52), 0);
+	CHECK_EQ(io_start(&io3, &c, RTRS_WRITE, RTRS_IO_CON, 2 * LEN, LEN, 53), 0);
+	CHECK(clt_path(&c, 0).inflight == 1 && clt_path(&c, 1).inflight == 1 &&
+	      clt_path(&c, 2).inflight == 1, "one request on each path");
+	/* a's and c's responses are lost, b's arrives. */
+	for (int i = 0; i < 3; i++) {
+		struct fake_ev *r = fake_wait_ev(match, &rsp, "a response");
+
+		if (r && !strcmp(r->host, "b"))
+			CHECK_EQ(fake_deliver(r), 0);
+		else if (r)
+			fake_drop(r);
+	}
+	fake_hold(b0_or_fence_b, NULL);
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_fail("s", "c", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	io_done_once(&io2, 0);
+	fake_on_post(match, &ack_b, first_ack_posted, &ran);
+	CHECK_EQ(fake_advance(1), 0);
+	ev = fake_wait_ev(match, &fence_b, "the first fence on b");
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), 0);
+	CHECK_EQ(fake_settle(), 0);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK(ran, "the first fence was answered over b");
+	/* The second fence's answer: the key table, then the ack. */
+	for (bool ack = false; !ack && (ev = fake_wait_ev(match, &to_clt_b0, "the second ack"));) {
+		ack = match(ev, &(struct m){ .msg = MSG(RTRS_MSG_FENCE_ACK) });
+		CHECK_EQ(fake_deliver(ev), 0);
+	}
+	fake_hold(NULL, NULL);
+	CHECK_EQ(fake_advance(1), 0);
+	io_done_once(&io1, 0);
+	io_done_once(&io3, 0);
+	CHECK(!env_logged("second fence"), "the next fence was taken for a second one at once");
+	CHECK(clt_path_is(&c, 1, "connected"), "b: %s", clt_path(&c, 1).state);
+	CHECK_EQ(fake_delivered(match, &fence_b), 2);
+	CHECK(area_has(0, LEN, 51), "a's request is in the area");
+	CHECK(area_has(2 * LEN, LEN, 53), "c's request is in the area");
+	teardown(&c);
+}
+
 /*
  * The only path fails with a request whose response was lost; it
  * reconnects (the reconnect itself tells that the server let go of the
@@ -1239,6 +1393,8 @@ static const struct scenario scenarios[] = {
 	{ "failover_lost_request", failover_lost_request },
 	{ "fence_carrier_fails", fence_carrier_fails },
 	{ "fence_after_reconnect", fence_after_reconnect },
+	{ "fence_ack_for_earlier_incarnation", fence_ack_for_earlier_incarnation },
+	{ "fence_answered_then_next", fence_answered_then_next },
 	{ "fence_ack_races_send", fence_ack_races_send },
 	{ "failover_nowhere", failover_nowhere },
 	{ "failover_same_path", failover_same_path },

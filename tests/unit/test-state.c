@@ -664,13 +664,6 @@ static void test_admit(void)
  * the place of the entry refused least, seen longest ago.
  */
 /*
- * A session name the server still holds (rtrs_takeover_decide): free, it
- * proceeds; another host's, refused at once; this host's holder with a
- * connected path is waited for until live_ms, then refused as a live
- * client; a holder with no path up but requests still at the user is
- * waited for until drain_ms, then the newcomer retries.
- */
-/*
  * A fence the server received (rtrs_fence_decide): a path it no longer
  * holds, or holds in another incarnation than the fence names (the client
  * reconnected it before the fence arrived), is acked at once and left up;
@@ -703,6 +696,13 @@ static void test_fence_decide(void)
 		 RTRS_FENCE_ACK);
 }
 
+/*
+ * A session name the server still holds (rtrs_takeover_decide): free, it
+ * proceeds; another host's, refused at once; this host's holder with a
+ * connected path is waited for until live_ms, then refused as a live
+ * client; a holder with no path up but requests still at the user is
+ * waited for until drain_ms, then the newcomer retries.
+ */
 static void test_takeover(void)
 {
 	struct rtrs_takeover_in in = { .live_ms = 3000, .drain_ms = 5000 };
