@@ -64,16 +64,24 @@ void clt_fence_reset(struct clt_path *p)
 	atomic_store(&p->fence, FENCE_NONE);
 }
 
+static void fence_ack_take(struct clt_path *h, struct clt_path *f);
+
+/* Loop thread, once the carrier's connections are gone (no answer can come any more). */
 void clt_fence_carrier_lost(struct clt_path *carrier)
 {
-	struct clt_path *f;
+	bool acked = atomic_exchange(&carrier->fence_acked, false);
+	struct clt_path *f = atomic_exchange(&carrier->fence_for, NULL);
 	enum clt_fence_state st = FENCE_SENT;
 
-	atomic_store(&carrier->fence_acked, false);
-	f = atomic_exchange(&carrier->fence_for, NULL);
-	/* Its fence will not be answered (or its answer not taken): out again on the next pass. */
-	if (f)
+	if (!f)
+		return;
+	/* An answer that came before the loss counts; else the fence goes again on the next pass. */
+	if (acked) {
+		fence_ack_take(carrier, f);
+		loop_queue(carrier->sess->loop, &carrier->sess->wait_work);
+	} else {
 		atomic_compare_exchange_strong(&f->fence, &st, FENCE_NONE);
+	}
 }
 
 void clt_fence_implied(struct clt_path *p)
@@ -135,6 +143,18 @@ static int32_t fence_sent_recon(const struct clt_path *carrier)
  * (clt_fence_implied) is still answered, and a second fence on the
  * carrier before that would cross it.
  */
+static void fence_ack_take(struct clt_path *h, struct clt_path *f)
+{
+	if (fence_sent_recon(h) == atomic_load(&f->fence_recon)) {
+		atomic_store(&f->fence_err, h->fence_ack_err);
+		atomic_store(&f->fence, FENCE_DONE);
+	} else {
+		log_info("%s: the fence for %s's incarnation %d was answered after that path "
+			 "failed again; fencing incarnation %d", h->name, f->name,
+			 fence_sent_recon(h), atomic_load(&f->fence_recon));
+	}
+}
+
 static void fence_acks_take(struct rtrs_clt_sess *s)
 {
 	for (size_t i = 0; i < s->paths_num; i++) {
@@ -143,14 +163,7 @@ static void fence_acks_take(struct rtrs_clt_sess *s)
 
 		if (!f || !atomic_load(&h->fence_acked))
 			continue;
-		if (fence_sent_recon(h) == atomic_load(&f->fence_recon)) {
-			atomic_store(&f->fence_err, h->fence_ack_err);
-			atomic_store(&f->fence, FENCE_DONE);
-		} else {
-			log_info("%s: the fence for %s's incarnation %d was answered after that "
-				 "path failed again; fencing incarnation %d", h->name, f->name,
-				 fence_sent_recon(h), atomic_load(&f->fence_recon));
-		}
+		fence_ack_take(h, f);
 		atomic_store(&h->fence_acked, false);
 		atomic_store(&h->fence_for, NULL);
 	}

@@ -883,6 +883,8 @@ static void fence_ack_for_earlier_incarnation(void)
 	CHECK_EQ(fake_advance(5), 0);
 	io_done_once(&io2, 0);
 	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), reqs_b + 1);
+	/* Each request twice at the user: on a, lost there, then once more. */
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 4);
 	CHECK(!env_logged("still in use"), "R2 met its own held copy at the server");
 	CHECK(clt_path_is(&c, 1, "connected"), "b: %s", clt_path(&c, 1).state);
 	CHECK(area_has(2 * LEN, LEN, 47), "R2 is in the area");
@@ -909,6 +911,72 @@ static void first_ack_posted(struct fake_ev *ev, void *arg)
 	next = fake_wait_ev(match, &fence_b, "the next fence on b");
 	if (next)
 		fake_deliver(next);
+}
+
+/*
+ * On the client's loop, inside its fab_send of the fence on b: the fence
+ * arrives, b's IO connection fails (its failure queued on the loop), and
+ * then the key table and the ack arrive on b's connection 0.
+ */
+static struct m down_b1 = { .kind = FAKE_DOWN, .dir = TO_CLT, .host = "b", .cid = CID(1) };
+
+static void fence_posted_then_b_fails(struct fake_ev *ev, void *arg)
+{
+	struct fake_ev *back, *down;
+	bool ack = false;
+
+	*(bool *)arg = true;
+	if (fake_deliver(ev))
+		return;
+	while (!ack && (back = fake_wait_ev(match, &to_clt_b0, "the fence ack"))) {
+		ack = match(back, &(struct m){ .msg = MSG(RTRS_MSG_FENCE_ACK) });
+		if (ack) {
+			CHECK_EQ(fake_fail("s", "b", 1, -ECONNRESET, -ECONNRESET), 1);
+			down = fake_wait_ev(match, &down_b1, "b's IO connection going down");
+			if (down)
+				CHECK_EQ(fake_deliver(down), 0);
+		}
+		fake_deliver(back);
+	}
+}
+
+static bool rsp_a_or_b0_or_down_b1(const struct fake_ev *ev, void *arg)
+{
+	return rsp_a_or_b0(ev, arg) || match(ev, &down_b1);
+}
+
+/*
+ * Three paths. Path a fails with a request whose response was lost; its
+ * fence goes over b, and b's IO connection fails just before the ack
+ * comes in on b's connection 0: the loop stops b before it takes the
+ * ack. The ack counts all the same (the server did fence a): the request
+ * goes on c at once, with no second fence. (Before, the stop threw the
+ * answer away and the fence went again, over c: a review's finding.)
+ */
+static void fence_ack_then_carrier_fails(void)
+{
+	struct m fence_b = { .dir = TO_SRV, .host = "b", .msg = MSG(RTRS_MSG_FENCE) };
+	struct m fence_c = { .dir = TO_SRV, .host = "c", .msg = MSG(RTRS_MSG_FENCE) };
+	static struct io io;
+	bool ran = false;
+	struct clt c;
+
+	if (!setup(&c, "abc", NULL))
+		return;
+	fake_hold(rsp_a_or_b0_or_down_b1, NULL);
+	write_lose_response_on_a(&io, &c, LEN, 59);
+	fake_on_post(match, &fence_b, fence_posted_then_b_fails, &ran);
+	CHECK_EQ(fake_advance(1), 0);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	fake_hold(NULL, NULL);
+	CHECK(ran, "the fence went over b");
+	io_done_once(&io, 0);
+	CHECK(clt_path_is(&c, 1, "reconnecting"), "b: %s", clt_path(&c, 1).state);
+	CHECK_EQ(fake_delivered(match, &fence_c), 0);
+	CHECK_EQ(delivered(TO_SRV, "c", IMM(RTRS_IO_REQ_IMM)), 1);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
+	CHECK(area_has(LEN, LEN, 59), "the write is in the area");
+	teardown(&c);
 }
 
 static bool b0_or_fence_b(const struct fake_ev *ev, void *arg)
@@ -974,6 +1042,9 @@ static void fence_answered_then_next(void)
 	io_done_once(&io1, 0);
 	io_done_once(&io3, 0);
 	CHECK(!env_logged("second fence"), "the next fence was taken for a second one at once");
+	/* Three requests, a's and c's again on b, once each. */
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 5);
+	CHECK_EQ(delivered(TO_SRV, "b", IMM(RTRS_IO_REQ_IMM)), 3);
 	CHECK(clt_path_is(&c, 1, "connected"), "b: %s", clt_path(&c, 1).state);
 	CHECK_EQ(fake_delivered(match, &fence_b), 2);
 	CHECK(area_has(0, LEN, 51), "a's request is in the area");
@@ -1395,6 +1466,7 @@ static const struct scenario scenarios[] = {
 	{ "fence_after_reconnect", fence_after_reconnect },
 	{ "fence_ack_for_earlier_incarnation", fence_ack_for_earlier_incarnation },
 	{ "fence_answered_then_next", fence_answered_then_next },
+	{ "fence_ack_then_carrier_fails", fence_ack_then_carrier_fails },
 	{ "fence_ack_races_send", fence_ack_races_send },
 	{ "failover_nowhere", failover_nowhere },
 	{ "failover_same_path", failover_same_path },
