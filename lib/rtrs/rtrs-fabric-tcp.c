@@ -106,12 +106,23 @@
 /* The memory keys' table starts this small and doubles past one region a bucket. */
 #define TCP_MR_BUCKETS_MIN 16
 /*
- * Deregistered regions kept for the next registration (struct fab.mr_free):
- * a read registers the caller's buffer and an always_invalidate chunk gets
- * a new key on every IO, and malloc's per-thread caches miss when another
- * thread frees what one allocated.
+ * The table's locks: bucket b is under stripe b % TCP_MR_STRIPES (a power
+ * of 2 no larger than TCP_MR_BUCKETS_MIN, so that a key's stripe does not
+ * change when the table doubles). A 4 KiB read takes a stripe three times
+ * (the client's registration, the server's write into it, the
+ * deregistration), an always_invalidate write as often on the server: a
+ * mutex costs a third of a reader-writer lock's pair there (bench/RESULTS.md,
+ * 2026-12-06, second section), and stripes keep the group threads of a
+ * server, each looking up keys for its own connections, off one lock.
  */
-#define TCP_MR_CACHE 64
+#define TCP_MR_STRIPES 16
+/*
+ * Deregistered regions kept for the next registration, per stripe (struct
+ * mr_stripe.free): a read registers the caller's buffer and an
+ * always_invalidate chunk gets a new key on every IO, and malloc's
+ * per-thread caches miss when another thread frees what one allocated.
+ */
+#define TCP_MR_CACHE 8
 #define TCP_ACCEPT_BATCH 256    /* accepts per listener event */
 #define TCP_GROUPS_MAX RTRS_MAX_POLL_GROUPS
 
@@ -145,6 +156,12 @@ struct tcp_mr {
 	struct fab *fab;
 };
 
+struct mr_stripe {
+	pthread_mutex_t lock;          /* its buckets of fab.mr_tab, and free */
+	struct tcp_mr *free;           /* deregistered, no reference left */
+	unsigned nfree;
+} __attribute__((aligned(64)));
+
 struct fab {
 	const struct fab_ops *ops; /* first: struct fab_obj */
 	struct fab_attr attr;
@@ -153,11 +170,11 @@ struct fab {
 	socklen_t addrlen;
 	struct sockaddr_storage src;   /* client: the source, if given */
 	socklen_t srclen;
-	pthread_rwlock_t mr_lock;
-	struct tcp_mr **mr_tab;        /* mr_nb buckets, a power of 2 (mr_lock) */
-	size_t mr_nb, mr_count;
-	struct tcp_mr *mr_free;        /* deregistered, no reference left (mr_lock) */
-	unsigned mr_nfree;
+	struct mr_stripe mr_stripes[TCP_MR_STRIPES];
+	/* mr_nb buckets, a power of 2: read under any stripe, changed under all */
+	struct tcp_mr **mr_tab;
+	atomic_size_t mr_nb;
+	atomic_size_t mr_count;        /* regions in the table */
 	atomic_uint_fast64_t next_key;
 	atomic_uint_fast64_t next_key64;
 	struct keyperm keys;
@@ -553,14 +570,26 @@ static void group_uncork(struct tcp_group *g)
 /* ---- memory regions ------------------------------------------------------------ */
 
 /* Keys are a keyed permutation's output (keyperm.h): their low bits spread evenly. */
-static size_t mr_bucket(const struct fab *f, uint64_t key)
+static size_t mr_hash(uint64_t key)
 {
-	return (size_t)(key ^ (key >> 29)) & (f->mr_nb - 1);
+	return (size_t)(key ^ (key >> 29));
+}
+
+/* The stripe whose lock covers key's bucket, at any table size. */
+static struct mr_stripe *mr_stripe_of(struct fab *f, uint64_t key)
+{
+	return &f->mr_stripes[mr_hash(key) & (TCP_MR_STRIPES - 1)];
+}
+
+/* key's stripe held */
+static struct tcp_mr **mr_chain(struct fab *f, uint64_t key)
+{
+	return &f->mr_tab[mr_hash(key) & (atomic_load_explicit(&f->mr_nb, memory_order_relaxed) - 1)];
 }
 
 static struct tcp_mr *mr_find_locked(struct fab *f, uint64_t key)
 {
-	for (struct tcp_mr *m = f->mr_tab[mr_bucket(f, key)]; m; m = m->next)
+	for (struct tcp_mr *m = *mr_chain(f, key); m; m = m->next)
 		if (m->key == key)
 			return m;
 	return NULL;
@@ -576,9 +605,10 @@ static void mr_put(struct tcp_mr *mr)
 static struct tcp_mr *mr_get_remote(struct fab *f, uint64_t key, uint64_t off, uint64_t len,
 				    const char **why)
 {
+	struct mr_stripe *st = mr_stripe_of(f, key);
 	struct tcp_mr *m;
 
-	pthread_rwlock_rdlock(&f->mr_lock);
+	pthread_mutex_lock(&st->lock);
 	m = mr_find_locked(f, key);
 	if (!m)
 		*why = "write to an unknown key";
@@ -588,38 +618,47 @@ static struct tcp_mr *mr_get_remote(struct fab *f, uint64_t key, uint64_t off, u
 		*why = "write beyond the region of its key";
 	else
 		atomic_fetch_add(&m->refs, 1);
-	pthread_rwlock_unlock(&f->mr_lock);
+	pthread_mutex_unlock(&st->lock);
 	return *why ? NULL : m;
 }
 
 /*
- * Doubles the table (mr_lock held for writing): a server holds every
- * session's chunks in one table, 64,000 regions for 1000 sessions of 64,
- * and a lookup per incoming write must stay one short chain.
+ * Doubles the table, taking every stripe: a server holds every session's
+ * chunks in one table, 64,000 regions for 1000 sessions of 64, and a
+ * lookup per incoming write must stay one short chain.
  */
-static void mr_grow_locked(struct fab *f)
+static void mr_grow(struct fab *f)
 {
-	size_t nb = f->mr_nb * 2;
-	struct tcp_mr **tab = calloc(nb, sizeof(*tab));
+	size_t nb, ob;
+	struct tcp_mr **tab;
 
-	if (!tab)
-		return;
-	for (size_t i = 0; i < f->mr_nb; i++) {
-		for (struct tcp_mr *m = f->mr_tab[i], *n; m; m = n) {
-			size_t b = (size_t)(m->key ^ (m->key >> 29)) & (nb - 1);
+	for (unsigned i = 0; i < TCP_MR_STRIPES; i++)
+		pthread_mutex_lock(&f->mr_stripes[i].lock);
+	ob = atomic_load(&f->mr_nb);
+	nb = ob * 2;
+	/* Another registration may have grown it meanwhile; stays as it is when memory is short. */
+	tab = atomic_load(&f->mr_count) > ob ? calloc(nb, sizeof(*tab)) : NULL;
+	if (tab) {
+		for (size_t i = 0; i < ob; i++) {
+			for (struct tcp_mr *m = f->mr_tab[i], *n; m; m = n) {
+				size_t b = mr_hash(m->key) & (nb - 1);
 
-			n = m->next;
-			m->next = tab[b];
-			tab[b] = m;
+				n = m->next;
+				m->next = tab[b];
+				tab[b] = m;
+			}
 		}
+		free(f->mr_tab);
+		f->mr_tab = tab;
+		atomic_store(&f->mr_nb, nb);
 	}
-	free(f->mr_tab);
-	f->mr_tab = tab;
-	f->mr_nb = nb;
+	for (unsigned i = TCP_MR_STRIPES; i-- > 0;)
+		pthread_mutex_unlock(&f->mr_stripes[i].lock);
 }
 
 static int tcp_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr)
 {
+	struct mr_stripe *st = NULL;
 	struct tcp_mr *m = NULL;
 	uint64_t key = 0;
 	int tries;
@@ -630,47 +669,52 @@ static int tcp_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 	/* Local memory needs nothing: the socket reads and writes it. */
 	if (!(access & FAB_MR_REMOTE_WRITE))
 		return 0;
-	pthread_rwlock_wrlock(&f->mr_lock);
-	if (f->mr_free) {
-		m = f->mr_free;
-		f->mr_free = m->next;
-		f->mr_nfree--;
-	} else {
-		pthread_rwlock_unlock(&f->mr_lock);
-		m = malloc(sizeof(*m));
-		if (!m)
-			return -ENOMEM;
-		pthread_rwlock_wrlock(&f->mr_lock);
-	}
-	m->buf = buf;
-	m->len = len;
-	m->access = access;
-	m->fab = f;
-	atomic_init(&m->refs, 1);
-	atomic_init(&m->active, 0);
-	atomic_init(&m->dead, false);
 	for (tries = 0; tries < 64; tries++) {
 		if (access & FAB_MR_KEY64)
 			key = keyperm_key64(&f->keys, atomic_fetch_add(&f->next_key64, 1));
 		else
 			key = keyperm_key31(&f->keys, (uint32_t)(atomic_fetch_add(&f->next_key, 1) %
 								 KEYPERM_KEY31_MAX));
+		st = mr_stripe_of(f, key);
+		pthread_mutex_lock(&st->lock);
+		if (!m && st->free) {
+			m = st->free;
+			st->free = m->next;
+			st->nfree--;
+		}
+		if (!m) {
+			pthread_mutex_unlock(&st->lock);
+			m = malloc(sizeof(*m));
+			if (!m)
+				return -ENOMEM;
+			pthread_mutex_lock(&st->lock);
+		}
 		if (!mr_find_locked(f, key))
 			break;
+		pthread_mutex_unlock(&st->lock);
 	}
 	if (tries == 64) {
-		pthread_rwlock_unlock(&f->mr_lock);
 		free(m);
 		log_err("tcp: no free memory key after 64 tries");
 		return -ENOSPC;
 	}
+	m->buf = buf;
+	m->len = len;
+	m->access = access;
+	m->fab = f;
 	m->key = key;
-	if (f->mr_count >= f->mr_nb)
-		mr_grow_locked(f); /* stays as it is when memory is short: chains grow */
-	m->next = f->mr_tab[mr_bucket(f, key)];
-	f->mr_tab[mr_bucket(f, key)] = m;
-	f->mr_count++;
-	pthread_rwlock_unlock(&f->mr_lock);
+	atomic_init(&m->refs, 1);
+	atomic_init(&m->active, 0);
+	atomic_init(&m->dead, false);
+	{
+		struct tcp_mr **chain = mr_chain(f, key);
+
+		m->next = *chain;
+		*chain = m;
+	}
+	pthread_mutex_unlock(&st->lock);
+	if (atomic_fetch_add(&f->mr_count, 1) + 1 > atomic_load(&f->mr_nb))
+		mr_grow(f);
 	mr->ops = &fab_tcp_ops;
 	mr->priv = m;
 	mr->key = key;
@@ -681,6 +725,7 @@ static int tcp_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 static void tcp_mr_dereg(struct fab_mr *mr)
 {
 	struct tcp_mr *m = mr->priv, **pp;
+	struct mr_stripe *st;
 	struct fab *f;
 
 	if (!m)
@@ -695,26 +740,27 @@ static void tcp_mr_dereg(struct fab_mr *mr)
 	atomic_store(&m->dead, true);
 	while (atomic_load(&m->active))
 		sched_yield();
-	pthread_rwlock_wrlock(&f->mr_lock);
-	for (pp = &f->mr_tab[mr_bucket(f, m->key)]; *pp; pp = &(*pp)->next) {
+	st = mr_stripe_of(f, m->key);
+	pthread_mutex_lock(&st->lock);
+	for (pp = mr_chain(f, m->key); *pp; pp = &(*pp)->next) {
 		if (*pp == m) {
 			*pp = m->next;
-			f->mr_count--;
+			atomic_fetch_sub(&f->mr_count, 1);
 			break;
 		}
 	}
 	/*
 	 * Out of the table, no connection can take a reference (mr_get_remote
-	 * takes them under the read lock): with none held, it is kept for
+	 * takes them under the stripe's lock): with none held, it is kept for
 	 * the next registration; else the last connection's mr_put frees it.
 	 */
-	if (atomic_load(&m->refs) == 1 && f->mr_nfree < TCP_MR_CACHE) {
-		m->next = f->mr_free;
-		f->mr_free = m;
-		f->mr_nfree++;
+	if (atomic_load(&m->refs) == 1 && st->nfree < TCP_MR_CACHE) {
+		m->next = st->free;
+		st->free = m;
+		st->nfree++;
 		m = NULL;
 	}
-	pthread_rwlock_unlock(&f->mr_lock);
+	pthread_mutex_unlock(&st->lock);
 	mr->priv = NULL;
 	mr->ops = NULL;
 	if (m)
@@ -724,22 +770,24 @@ static void tcp_mr_dereg(struct fab_mr *mr)
 /* With no region registered, the kept ones go back to the heap. */
 static void tcp_trim(struct fab *f)
 {
-	struct tcp_mr *m, *n;
-	unsigned nfree;
+	unsigned nfree = 0;
 
-	pthread_rwlock_wrlock(&f->mr_lock);
-	if (f->mr_count) {
-		pthread_rwlock_unlock(&f->mr_lock);
+	if (atomic_load(&f->mr_count))
 		return;
-	}
-	m = f->mr_free;
-	nfree = f->mr_nfree;
-	f->mr_free = NULL;
-	f->mr_nfree = 0;
-	pthread_rwlock_unlock(&f->mr_lock);
-	for (; m; m = n) {
-		n = m->next;
-		free(m);
+	for (unsigned i = 0; i < TCP_MR_STRIPES; i++) {
+		struct mr_stripe *st = &f->mr_stripes[i];
+		struct tcp_mr *m, *n;
+
+		pthread_mutex_lock(&st->lock);
+		m = st->free;
+		nfree += st->nfree;
+		st->free = NULL;
+		st->nfree = 0;
+		pthread_mutex_unlock(&st->lock);
+		for (; m; m = n) {
+			n = m->next;
+			free(m);
+		}
 	}
 	if (nfree)
 		log_dbg("fabric: tcp trim: %u kept memory regions given back", nfree);
@@ -1394,6 +1442,9 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
 		}
 		/* Read ahead after small frames, or within one; a large one's rest goes in place. */
 		ahead = c->in_payload ? c->fr.len <= TCP_LA_SMALL : c->la_want;
+		/* The payload's last frame of the budget: its rest and the next header, no more. */
+		if (c->in_payload && budget == 1)
+			ahead = false;
 		if (ahead && !ra)
 			ra = rx_ahead_take();
 		ahead = ahead && ra;
@@ -1406,8 +1457,18 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
 			}
 		}
 		bulk = ahead && c->small_run >= TCP_LA_RUN;
-		if (ahead)
-			iov[n++] = (struct iovec){ ra->buf, bulk ? sizeof(ra->buf) : TCP_LA_SHORT };
+		if (ahead) {
+			/*
+			 * No more than the frames the budget still takes, at
+			 * the last frame's size: what a turn reads but cannot
+			 * take is copied to the stash and back.
+			 */
+			size_t want = bulk ? sizeof(ra->buf) : TCP_LA_SHORT;
+			size_t after = budget - (c->in_payload ? 1 : 0);
+			size_t cap = after * (RTRS_TCP_HDR_LEN + (size_t)c->fr.len);
+
+			iov[n++] = (struct iovec){ ra->buf, MIN(want, cap) };
+		}
 		else
 			/* The header, or the next one with the payload's end, in the same call. */
 			iov[n++] = (struct iovec){ c->hdr + c->hdr_got, sizeof(c->hdr) - c->hdr_got };
@@ -2119,9 +2180,10 @@ static int tcp_open(const char *prov, const char *src, const char *node, const c
 	int rc;
 
 	(void)prov;
-	f = calloc(1, sizeof(*f));
-	if (!f)
+	/* Aligned for its lock stripes (one cache line each). */
+	if (posix_memalign((void **)&f, _Alignof(struct fab), sizeof(*f)))
 		return -ENOMEM;
+	memset(f, 0, sizeof(*f));
 	f->ops = &fab_tcp_ops;
 	f->server = server;
 	rc = resolve(node, service ? service : "0", server, &f->addr, &f->addrlen,
@@ -2134,8 +2196,11 @@ static int tcp_open(const char *prov, const char *src, const char *node, const c
 	if (!rc)
 		rc = keyperm_init(&f->keys);
 	if (!rc) {
-		f->mr_nb = TCP_MR_BUCKETS_MIN;
-		f->mr_tab = calloc(f->mr_nb, sizeof(*f->mr_tab));
+		static_assert((TCP_MR_STRIPES & (TCP_MR_STRIPES - 1)) == 0 &&
+			      TCP_MR_STRIPES <= TCP_MR_BUCKETS_MIN, "a key's stripe is fixed");
+		atomic_init(&f->mr_nb, TCP_MR_BUCKETS_MIN);
+		atomic_init(&f->mr_count, 0);
+		f->mr_tab = calloc(TCP_MR_BUCKETS_MIN, sizeof(*f->mr_tab));
 		rc = f->mr_tab ? 0 : -ENOMEM;
 	}
 	if (!rc)
@@ -2146,7 +2211,8 @@ static int tcp_open(const char *prov, const char *src, const char *node, const c
 		free(f);
 		return rc;
 	}
-	pthread_rwlock_init(&f->mr_lock, NULL);
+	for (unsigned i = 0; i < TCP_MR_STRIPES; i++)
+		pthread_mutex_init(&f->mr_stripes[i].lock, NULL);
 	pthread_mutex_init(&f->tls_lock, NULL);
 	atomic_init(&f->next_key, 0);
 	atomic_init(&f->next_key64, KEYPERM_KEY64_MIN);
@@ -2177,11 +2243,13 @@ static void tcp_close(struct fab *f)
 		}
 	if (left)
 		log_warn("fabric: tcp closed with %zu memory regions registered", left);
-	for (struct tcp_mr *m = f->mr_free, *n; m; m = n) {
-		n = m->next;
-		free(m);
+	for (unsigned i = 0; i < TCP_MR_STRIPES; i++) {
+		for (struct tcp_mr *m = f->mr_stripes[i].free, *n; m; m = n) {
+			n = m->next;
+			free(m);
+		}
+		pthread_mutex_destroy(&f->mr_stripes[i].lock);
 	}
-	pthread_rwlock_destroy(&f->mr_lock);
 	keyperm_clear(&f->keys);
 	free(f->mr_tab);
 	if (f->tls)
