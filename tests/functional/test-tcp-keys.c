@@ -12,6 +12,9 @@
  *     immediate into a region the server keeps registered all along: every
  *     write is a look-up of its key in that table by the server's group.
  *
+ * Then REVOKES times, a region is deregistered while a stream of 256 KiB
+ * writes into it arrives (revoke_under_write).
+ *
  * Asserted: no key is handed out while a region still holds it (every
  * live key is kept in a set of the test's own, and a registration that
  * returns one already in it is a failure); every 31-bit key fits 31 bits
@@ -38,6 +41,9 @@
 #define WINDOW 3000
 #define RUN_MS 2000
 #define ROUNDS 10
+#define REVOKES 5
+#define VICTIM (4u << 20)
+#define STREAM_PIECE (256u << 10)
 #define MIN_REGS 20000
 #define PIECE 64
 #define SLOTS 256
@@ -51,6 +57,7 @@ static char target[SLOTS * PIECE];
 static struct fab_mr target_mr;
 static atomic_uint_fast64_t got, bad, regs, dups, bad_keys, churn_errs;
 static uint64_t writes;
+static atomic_int s_err;
 static uint32_t next_imm = 1;  /* the server's group: the next immediate expected */
 
 /* Live keys: open addressing, linear probing, deletion by backward shift. */
@@ -110,9 +117,10 @@ static void on_connected(void *priv, const void *data, size_t len)
 
 static void on_down(void *priv, int err, const void *data, size_t len)
 {
-	(void)err;
 	(void)data;
 	(void)len;
+	if (priv == &scon)
+		atomic_store(&s_err, err);
 	atomic_store(priv == &scon ? &s_down : &c_down, true);
 }
 
@@ -232,6 +240,9 @@ static void *churn_thread(void *arg)
 	return NULL;
 }
 
+
+static pthread_t lt;
+
 static bool wait_flag(atomic_bool *b, unsigned ms)
 {
 	for (unsigned i = 0; i < ms && !atomic_load(b); i++)
@@ -239,14 +250,22 @@ static bool wait_flag(atomic_bool *b, unsigned ms)
 	return atomic_load(b);
 }
 
-/* One round on fresh fabrics: the table starts at its smallest and doubles under use. */
-static void round_run(unsigned r)
+/* A step setup cannot go on without: the test ends here, failed, when it does not hold. */
+static void need(bool ok, const char *what, unsigned r)
 {
-	pthread_t lt, ct[CHURNERS];
-	uint64_t t_end;
-	uint32_t seq = 0;
+	CHECK(ok, "round %u: %s", r, what);
+	if (!ok)
+		exit(test_done("test-tcp-keys"));
+}
+
+/* Fresh fabrics, a listener and one connection, up. */
+static void setup(unsigned r)
+{
+	struct fab_con_cfg cfg = {
+		.ops = &ops, .priv = &ccon, .name = "keys-clt", .tx_depth = 64, .rx_depth = 16,
+		.rx_size = 64,
+	};
 	char port[16];
-	int rc;
 
 	scon = ccon = NULL;
 	atomic_store(&c_up, false);
@@ -256,27 +275,45 @@ static void round_run(unsigned r)
 	atomic_store(&stop, false);
 	atomic_store(&lst_stop, false);
 	atomic_store(&got, 0);
+	atomic_store(&s_err, 0);
 	next_imm = 1;
-	rc = fab_open("tcp", NULL, "127.0.0.1", "0", true, 256, &sfab);
-	CHECK_EQ(rc, 0);
-	if (rc)
-		return;
-	CHECK_EQ(fab_listen(sfab, &lst), 0);
+	need(!fab_open("tcp", NULL, "127.0.0.1", "0", true, 256, &sfab), "server fabric", r);
+	need(!fab_listen(sfab, &lst), "listener", r);
 	snprintf(port, sizeof(port), "%d", fab_lst_port(lst));
-	CHECK_EQ(fab_open("tcp", NULL, "127.0.0.1", port, false, 256, &cfab), 0);
-	CHECK_EQ(fab_mr_reg(sfab, target, sizeof(target), FAB_MR_REMOTE_WRITE, &target_mr), 0);
-	CHECK_EQ(pthread_create(&lt, NULL, lst_thread, NULL), 0);
-	{
-		struct fab_con_cfg cfg = {
-			.ops = &ops, .priv = &ccon, .name = "keys-clt", .tx_depth = 64,
-			.rx_depth = 16, .rx_size = 64,
-		};
+	need(!fab_open("tcp", NULL, "127.0.0.1", port, false, 256, &cfab), "client fabric", r);
+	need(!fab_mr_reg(sfab, target, sizeof(target), FAB_MR_REMOTE_WRITE, &target_mr),
+	     "target region", r);
+	need(!pthread_create(&lt, NULL, lst_thread, NULL), "listener thread", r);
+	need(!fab_con_connect(cfab, &cfg, "k", 1, &ccon), "connect", r);
+	need(wait_flag(&c_up, 5000), "the client's connection is up", r);
+	need(wait_flag(&s_up, 5000), "the server's connection is up", r);
+}
 
-		CHECK_EQ(fab_con_connect(cfab, &cfg, "k", 1, &ccon), 0);
+static void teardown(void)
+{
+	fab_con_shutdown(ccon);
+	fab_con_destroy(ccon);
+	atomic_store(&lst_stop, true);
+	pthread_join(lt, NULL);
+	if (scon) {
+		fab_con_shutdown(scon);
+		fab_con_destroy(scon);
 	}
-	CHECK(wait_flag(&c_up, 5000), "round %u: the client's connection is up", r);
-	CHECK(wait_flag(&s_up, 5000), "round %u: the server's connection is up", r);
+	fab_mr_dereg(&target_mr);
+	fab_lst_close(lst);
+	fab_close(cfab);
+	fab_close(sfab);
+}
 
+/* One round on fresh fabrics: the table starts at its smallest and doubles under use. */
+static void round_run(unsigned r)
+{
+	pthread_t ct[CHURNERS];
+	uint64_t t_end;
+	uint32_t seq = 0;
+	int rc;
+
+	setup(r);
 	for (uintptr_t i = 0; i < CHURNERS; i++)
 		CHECK_EQ(pthread_create(&ct[i], NULL, churn_thread, (void *)(r * CHURNERS + i + 1)),
 			 0);
@@ -313,25 +350,74 @@ static void round_run(unsigned r)
 	      (unsigned long long)atomic_load(&got), seq);
 	CHECK(!atomic_load(&c_down) && !atomic_load(&s_down), "round %u: the connection stayed up",
 	      r);
+	teardown();
+}
 
-	fab_con_shutdown(ccon);
-	fab_con_destroy(ccon);
-	atomic_store(&lst_stop, true);
-	pthread_join(lt, NULL);
-	if (scon) {
-		fab_con_shutdown(scon);
-		fab_con_destroy(scon);
+/* The client's stream of large writes into the victim region, until the connection ends. */
+static void *stream_thread(void *arg)
+{
+	const struct fab_mr *v = arg;
+	static char src[STREAM_PIECE];
+	struct iovec iov = { src, sizeof(src) };
+	void *desc = NULL;
+
+	memset(src, 0xa5, sizeof(src));
+	for (uint64_t n = 0; !atomic_load(&c_down) && !atomic_load(&stop); n++) {
+		struct fab_rma rma = {
+			.addr = v->base + (n % (VICTIM / STREAM_PIECE)) * STREAM_PIECE,
+			.key = v->key, .len = STREAM_PIECE,
+		};
+		int rc = fab_write(ccon, &iov, &desc, 1, &rma, 1, false, 0, NULL);
+
+		if (rc == -EAGAIN)
+			sched_yield();
+		else if (rc)
+			break;
 	}
-	fab_mr_dereg(&target_mr);
-	fab_lst_close(lst);
-	fab_close(cfab);
-	fab_close(sfab);
+	return NULL;
+}
+
+/*
+ * A region deregistered while a stream of large writes into it arrives:
+ * once fab_mr_dereg returns, not one more byte lands in it (it is zeroed
+ * then, and still zero later), and the connection that wrote into it ends
+ * with -EACCES (caught half way through a payload) or -EPROTO (its next
+ * frame named a key no longer registered).
+ */
+static void revoke_under_write(unsigned r)
+{
+	struct fab_mr victim;
+	pthread_t st;
+	char *buf = malloc(VICTIM);
+	size_t dirty = 0;
+
+	need(buf != NULL, "victim buffer", r);
+	setup(r);
+	memset(buf, 0, VICTIM);
+	CHECK_EQ(fab_mr_reg(sfab, buf, VICTIM, FAB_MR_REMOTE_WRITE, &victim), 0);
+	CHECK_EQ(pthread_create(&st, NULL, stream_thread, &victim), 0);
+	usleep(20000 + (r % 7) * 3000); /* writes are arriving by now */
+	fab_mr_dereg(&victim);
+	memset(buf, 0, VICTIM);
+	CHECK(wait_flag(&s_down, 5000), "round %u: the writing connection ended", r);
+	usleep(50000);
+	for (size_t i = 0; i < VICTIM; i++)
+		dirty += buf[i] != 0;
+	CHECK(dirty == 0, "round %u: %zu bytes landed after the deregistration", r, dirty);
+	CHECK(atomic_load(&s_err) == -EACCES || atomic_load(&s_err) == -EPROTO,
+	      "round %u: the connection ended with %d", r, atomic_load(&s_err));
+	atomic_store(&stop, true);
+	pthread_join(st, NULL);
+	teardown();
+	free(buf);
 }
 
 int main(void)
 {
 	for (unsigned r = 0; r < ROUNDS; r++)
 		round_run(r);
+	for (unsigned r = 0; r < REVOKES; r++)
+		revoke_under_write(r);
 	printf("test-tcp-keys: %llu registrations by %u threads (windows of %u) in %u rounds "
 	       "beside %llu writes into a region kept registered: %llu wrong, %llu keys handed "
 	       "out twice\n",
