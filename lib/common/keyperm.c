@@ -82,8 +82,8 @@ uint32_t keyperm_speck32(const struct keyperm *kp, uint32_t block)
  * Cycle walking: the orbit of n under the cipher returns to n, which is in
  * range, so it meets the range again; taking the first value in range is a
  * bijection of the range onto itself. The range is all but 2^-32 of the
- * 64-bit space (one step, almost always) and half the 32-bit space (two
- * steps on average).
+ * 64-bit space, and all of the 32-bit space but 0: one step, almost always.
+ * (A 31-bit range took two steps on average: 2.8 times the time per key.)
  */
 uint64_t keyperm_key64(const struct keyperm *kp, uint64_t n)
 {
@@ -95,14 +95,14 @@ uint64_t keyperm_key64(const struct keyperm *kp, uint64_t n)
 	return v;
 }
 
-uint32_t keyperm_key31(const struct keyperm *kp, uint32_t i)
+uint32_t keyperm_key32(const struct keyperm *kp, uint32_t i)
 {
-	uint32_t v = i;
+	uint32_t v = i + 1;
 
 	do
 		v = keyperm_speck32(kp, v);
-	while (v >= KEYPERM_KEY31_MAX);
-	return v + 1;
+	while (!v);
+	return v;
 }
 
 void keyperm_clear(struct keyperm *kp)

@@ -11,9 +11,9 @@
  *
  * The permutation is Speck (Beaulieu et al., "The SIMON and SPECK Families
  * of Lightweight Block Ciphers", 2013): Speck64/128 for 64-bit keys and
- * Speck32/64 for keys that must fit 31 bits, each narrowed to its range by
+ * Speck32/64 for keys that must fit 32 bits, each narrowed to its range by
  * cycle walking (encrypt again until the value lands in range, which keeps
- * a bijection on the range). A few nanoseconds per key.
+ * a bijection on the range). Tens of nanoseconds per key.
  */
 #ifndef RTRS_COMMON_KEYPERM_H
 #define RTRS_COMMON_KEYPERM_H
@@ -22,7 +22,7 @@
 
 #define KEYPERM_SECRET_LEN 24 /* 16 bytes for Speck64/128, 8 for Speck32/64 */
 #define KEYPERM_KEY64_MIN ((uint64_t)1 << 32)
-#define KEYPERM_KEY31_MAX 0x7fffffffu
+#define KEYPERM_KEY32_MAX 0xffffffffu
 
 struct keyperm {
 	uint32_t rk64[27];
@@ -40,8 +40,8 @@ uint32_t keyperm_speck32(const struct keyperm *kp, uint32_t block);
 
 /* n in [2^32, 2^64) -> a key in [2^32, 2^64), distinct for distinct n. */
 uint64_t keyperm_key64(const struct keyperm *kp, uint64_t n);
-/* i in [0, 2^31 - 2] -> a key in [1, 2^31 - 1], distinct for distinct i. */
-uint32_t keyperm_key31(const struct keyperm *kp, uint32_t i);
+/* i in [0, 2^32 - 2] -> a key in [1, 2^32 - 1], distinct for distinct i. */
+uint32_t keyperm_key32(const struct keyperm *kp, uint32_t i);
 
 /* Wipes the secret. */
 void keyperm_clear(struct keyperm *kp);

@@ -675,8 +675,8 @@ static int tcp_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, str
 		if (access & FAB_MR_KEY64)
 			key = keyperm_key64(&f->keys, atomic_fetch_add(&f->next_key64, 1));
 		else
-			key = keyperm_key31(&f->keys, (uint32_t)(atomic_fetch_add(&f->next_key, 1) %
-								 KEYPERM_KEY31_MAX));
+			key = keyperm_key32(&f->keys, (uint32_t)(atomic_fetch_add(&f->next_key, 1) %
+								 KEYPERM_KEY32_MAX));
 		st = mr_stripe_of(f, key);
 		pthread_mutex_lock(&st->lock);
 		if (!m && st->free) {

@@ -67,7 +67,7 @@ enum fab_mr_access {
 	/*
 	 * The key may use 64 bits: a secret permutation of a counter, at least
 	 * 2^32 and never repeated in the domain (always_invalidate chunk keys).
-	 * Other keys fit 32 bits and stay below 2^31, so the two never meet.
+	 * Other keys fit 32 bits, below 2^32, so the two never meet.
 	 * A provider that picks keys itself (verbs) gives what it gives.
 	 */
 	FAB_MR_KEY64 = 1 << 2,

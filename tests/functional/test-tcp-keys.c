@@ -6,7 +6,7 @@
  *
  *   - CHURNERS threads register regions on the server's fabric, up to
  *     WINDOW each, then deregister them all in a shuffled order, and again,
- *     for RUN_MS; 31-bit and 64-bit keys alternate, so the table doubles
+ *     for RUN_MS; 32-bit and 64-bit keys alternate, so the table doubles
  *     many times while the others register, deregister and look keys up;
  *   - meanwhile a client connection writes 64-byte pieces with an
  *     immediate into a region the server keeps registered all along: every
@@ -17,8 +17,8 @@
  *
  * Asserted: no key is handed out while a region still holds it (every
  * live key is kept in a set of the test's own, and a registration that
- * returns one already in it is a failure); every 31-bit key fits 31 bits
- * and is not 0, every 64-bit key is 2^32 or more; every write arrives, in order, with its bytes in place
+ * returns one already in it is a failure); every 32-bit key is below 2^32
+ * and not 0, every 64-bit key is 2^32 or more; every write arrives, in order, with its bytes in place
  * when its immediate comes; the connection stays up; the churn made
  * at least MIN_REGS registrations.
  */
@@ -214,7 +214,7 @@ static void *churn_thread(void *arg)
 			}
 			atomic_fetch_add(&regs, 1);
 			if (access & FAB_MR_KEY64 ? mrs[n].key < (1ull << 32) :
-						    !mrs[n].key || mrs[n].key > 0x7fffffffu)
+						    !mrs[n].key || mrs[n].key > 0xffffffffu)
 				atomic_fetch_add(&bad_keys, 1);
 			pthread_mutex_lock(&set_lock);
 			if (!set_add(mrs[n].key))

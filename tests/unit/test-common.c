@@ -1505,6 +1505,20 @@ static bool has_dup(uint64_t *a, size_t n)
 	return false;
 }
 
+/* Speck32/64 deciphered, round by round backwards: only to find the block that enciphers to 0. */
+static uint32_t speck32_decipher(const struct keyperm *kp, uint32_t block)
+{
+	uint16_t x = (uint16_t)(block >> 16), y = (uint16_t)block;
+
+	for (int i = 21; i >= 0; i--) {
+		y = (uint16_t)(y ^ x);
+		y = (uint16_t)(y >> 2 | y << 14);
+		x = (uint16_t)((uint16_t)(x ^ kp->rk32[i]) - y);
+		x = (uint16_t)(x << 7 | x >> 9);
+	}
+	return (uint32_t)x << 16 | y;
+}
+
 static void test_keyperm(void)
 {
 	/* The paper's vectors (appendix C), key words most significant first. */
@@ -1517,7 +1531,7 @@ static void test_keyperm(void)
 	static uint64_t k[N];
 	struct keyperm kp, kp2;
 	unsigned bits_total = 0, bits_min = 64, same_as_other = 0;
-	bool in64 = true, in31 = true, adjacent = false;
+	bool in64 = true, in32 = true, adjacent = false;
 
 	keyperm_init_secret(&kp, paper);
 	CHECK_EQ(keyperm_speck64(&kp, 0x3b7265747475432dull), 0x8c6fa548454e028bull);
@@ -1550,21 +1564,35 @@ static void test_keyperm(void)
 	/* The top of the range, where a counter would end. */
 	CHECK(keyperm_key64(&kp, UINT64_MAX) >= KEYPERM_KEY64_MIN);
 
-	/* 31-bit keys: 1 .. 2^31 - 1, distinct, at both ends of the counter. */
+	/* 32-bit keys: 1 .. 2^32 - 1, distinct, at both ends of the counter. */
 	for (uint32_t i = 0; i < N; i++) {
-		uint32_t lo = keyperm_key31(&kp, i);
-		uint32_t hi = keyperm_key31(&kp, KEYPERM_KEY31_MAX - 1 - i);
-
-		in31 &= lo >= 1 && lo <= KEYPERM_KEY31_MAX && hi >= 1 && hi <= KEYPERM_KEY31_MAX;
-		k[i] = lo;
+		k[i] = keyperm_key32(&kp, i);
+		in32 &= k[i] >= 1;
 	}
-	CHECK(in31, "every 31-bit key is in 1 .. 2^31 - 1");
-	CHECK(!has_dup(k, N), "31-bit keys of distinct counters are distinct");
+	CHECK(!has_dup(k, N), "32-bit keys of distinct counters are distinct");
+	for (uint32_t i = 0; i < N; i++) {
+		k[i] = keyperm_key32(&kp, KEYPERM_KEY32_MAX - 1 - i);
+		in32 &= k[i] >= 1;
+	}
+	CHECK(in32, "every 32-bit key is in 1 .. 2^32 - 1");
+	CHECK(!has_dup(k, N), "32-bit keys at the counter's end are distinct");
 
 	/* Counters spread over the upper half of the range (9973 is prime). */
 	for (uint32_t i = 0; i < N; i++)
-		k[i] = keyperm_key31(&kp, 0x40000000u + i * 9973u % 0x3fffffffu);
-	CHECK(!has_dup(k, N), "31-bit keys of scattered counters are distinct");
+		k[i] = keyperm_key32(&kp, 0x80000000u + i * 9973u % 0x7fffffffu);
+	CHECK(!has_dup(k, N), "32-bit keys of scattered counters are distinct");
+
+	/*
+	 * The walk: the counter whose block enciphers to 0 (found by
+	 * deciphering 0) gets the cipher of 0, the next value on its orbit.
+	 */
+	{
+		uint32_t v0 = speck32_decipher(&kp, 0);
+
+		if (v0) /* else 0 is a fixed point (odds 2^-32): no counter reaches it */
+			CHECK_EQ(keyperm_key32(&kp, v0 - 1), keyperm_speck32(&kp, 0));
+		CHECK_EQ(keyperm_speck32(&kp, speck32_decipher(&kp, 0x12345678u)), 0x12345678u);
+	}
 	keyperm_clear(&kp);
 	keyperm_clear(&kp2);
 }
