@@ -5,6 +5,7 @@
  * with a = 8, b = 3, 27 rounds for Speck64/128 and a = 7, b = 2, 22 rounds
  * for Speck32/64; the key schedule runs the same round over the key words.
  */
+#include <assert.h>
 #include <errno.h>
 #include <string.h>
 
@@ -98,6 +99,8 @@ uint64_t keyperm_key64(const struct keyperm *kp, uint64_t n)
 uint32_t keyperm_key32(const struct keyperm *kp, uint32_t i)
 {
 	uint32_t v = i + 1;
+
+	assert(i < KEYPERM_KEY32_MAX); /* v = 0 would share E(0) with the counter D(0) - 1 */
 
 	do
 		v = keyperm_speck32(kp, v);

@@ -49,8 +49,6 @@ struct clt_req {
 	uint32_t data_len;
 	uint32_t hdr_len;           /* user header + rtrs header in the slot */
 	size_t data_cnt;
-	struct iovec data[RTRS_MAX_SEGMENTS];
-	struct fab_mr mrs[RTRS_MAX_SEGMENTS];
 	unsigned nr_mrs;
 	/*
 	 * A read of several vectors from a kernel server, which takes one
@@ -66,6 +64,9 @@ struct clt_req {
 	atomic_bool sent;
 	size_t next_iov;            /* posting progress after -EAGAIN */
 	uint64_t next_off;
+	/* The arrays come after the fields every IO touches: those share the head's lines. */
+	struct iovec data[RTRS_MAX_SEGMENTS];
+	struct fab_mr mrs[RTRS_MAX_SEGMENTS];
 	struct rtrs_pending pend;   /* waits for room in con's send queue */
 	STAILQ_ENTRY(clt_req) wait_link; /* on waiting (path == NULL) or fencing */
 	uint64_t wait_deadline_ms;
