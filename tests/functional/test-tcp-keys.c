@@ -353,26 +353,33 @@ static void round_run(unsigned r)
 	teardown();
 }
 
-/* The client's stream of large writes into the victim region, until the connection ends. */
+/*
+ * The client's stream of large writes into the victim region, until the
+ * connection ends: piece n from source n % 7 (each its own byte, 7 prime to
+ * the region's 16 places), so every place keeps changing while it comes.
+ */
 static void *stream_thread(void *arg)
 {
 	const struct fab_mr *v = arg;
-	static char src[STREAM_PIECE];
-	struct iovec iov = { src, sizeof(src) };
+	static char src[7][STREAM_PIECE];
 	void *desc = NULL;
 
-	memset(src, 0xa5, sizeof(src));
+	for (unsigned i = 0; i < 7; i++)
+		memset(src[i], (int)(0xa1 + i), STREAM_PIECE);
 	for (uint64_t n = 0; !atomic_load(&c_down) && !atomic_load(&stop); n++) {
+		struct iovec iov = { src[n % 7], STREAM_PIECE };
 		struct fab_rma rma = {
 			.addr = v->base + (n % (VICTIM / STREAM_PIECE)) * STREAM_PIECE,
 			.key = v->key, .len = STREAM_PIECE,
 		};
 		int rc = fab_write(ccon, &iov, &desc, 1, &rma, 1, false, 0, NULL);
 
-		if (rc == -EAGAIN)
+		if (rc == -EAGAIN) {
 			sched_yield();
-		else if (rc)
+			n--;
+		} else if (rc) {
 			break;
+		}
 	}
 	return NULL;
 }
