@@ -1689,18 +1689,18 @@ static int mappings_load(struct json_object **out)
 	int fd;
 
 	*out = NULL;
-	/* Without blocking: a FIFO named by mistake must not hang the start. */
-	fd = open(g.mappings, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-	if (fd < 0 && errno == ENOENT) {
+	/* Only a regular file is opened: a FIFO named by mistake is not (open_regular). */
+	fd = open_regular(g.mappings, &st);
+	if (fd == -ENOENT) {
 		dlog(DLOG_INFO, "mappings file %s: none yet (client.save makes it)", g.mappings);
 		return 0;
 	}
-	if (fd < 0 || fstat(fd, &st))
-		snprintf(why, sizeof(why), "cannot be read: %s", strerror(errno));
-	else if (S_ISDIR(st.st_mode))
+	if (fd == -EISDIR)
 		snprintf(why, sizeof(why), "is a directory, not a file");
-	else if (!S_ISREG(st.st_mode))
-		snprintf(why, sizeof(why), "is not a regular file");
+	else if (fd == -EINVAL)
+		snprintf(why, sizeof(why), "is not a regular file (%s)", file_type_name(st.st_mode));
+	else if (fd < 0)
+		snprintf(why, sizeof(why), "cannot be read: %s", strerror(-fd));
 	else if (st.st_size > (64 << 20))
 		snprintf(why, sizeof(why), "is larger than 64 MiB");
 	else if (!(text = malloc((size_t)st.st_size + 1)))

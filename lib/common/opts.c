@@ -708,37 +708,23 @@ int opts_parse_text(const struct opt *t, const char *name, char *text, size_t le
 	return rc;
 }
 
-static const char *file_type(mode_t m)
-{
-	return S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device" :
-	       S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a file";
-}
-
 /* The whole file, NUL-terminated; 0 or a negative errno with why in err. */
 static int read_config(const char *path, char **out, size_t *outlen, char *err, size_t errlen)
 {
-	/* Non-blocking: opening a FIFO (or a device) must not wait for its other end. */
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	/* Only a regular file is opened: a FIFO or a device named by mistake is not. */
 	size_t len = 0, cap = 4096;
 	struct stat st;
 	char *buf = NULL;
-	int rc = 0;
+	int fd = open_regular(path, &st), rc = 0;
 
+	if (fd == -EISDIR)
+		return opts_errorf(err, errlen, -EISDIR, "%s: is a directory, not a config file",
+				   path);
+	if (fd == -EINVAL)
+		return opts_errorf(err, errlen, -EINVAL, "%s: not a regular file (%s), not a "
+				   "config file", path, file_type_name(st.st_mode));
 	if (fd < 0)
-		return opts_errorf(err, errlen, -errno, "%s: %s", path, strerror(errno));
-	if (fstat(fd, &st)) {
-		rc = opts_errorf(err, errlen, -errno, "%s: %s", path, strerror(errno));
-		goto out;
-	}
-	if (S_ISDIR(st.st_mode)) {
-		rc = opts_errorf(err, errlen, -EISDIR, "%s: is a directory, not a config file", path);
-		goto out;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		rc = opts_errorf(err, errlen, -EINVAL, "%s: not a regular file (%s), not a config "
-			       "file", path, file_type(st.st_mode));
-		goto out;
-	}
+		return opts_errorf(err, errlen, fd, "%s: %s", path, strerror(-fd));
 	if (st.st_size > CONFIG_MAX) {
 		rc = opts_errorf(err, errlen, -EFBIG, "%s: larger than %u bytes: not a config file",
 			       path, CONFIG_MAX);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include <pthread.h>
+#include <sys/stat.h>
 
 #include "export.h"
 
@@ -172,5 +173,18 @@ COMMON_EXPORT_VIS int parse_u64(const char *s, uint64_t min, uint64_t max, uint6
 /* Parse a size with optional K/M/G/T suffix (powers of 1024; KiB or KB alike). */
 COMMON_EXPORT_VIS int parse_size(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 	COMMON_LINK_NAME(parse_size);
+/*
+ * Opens path for reading if it is a regular file, and only then: the name
+ * is looked up first (O_PATH, which runs no driver's open), its type
+ * checked, and that very file opened through /proc/self/fd, so that a
+ * config or key file named by mistake as a FIFO, a terminal, a tape or a
+ * watchdog is refused before anything opens it. The descriptor (O_CLOEXEC)
+ * or -errno: -EISDIR for a directory, -EINVAL for another type (*st says
+ * which), else the lookup's or the open's error. *st is the file's.
+ */
+COMMON_EXPORT_VIS int open_regular(const char *path, struct stat *st)
+	COMMON_LINK_NAME(open_regular);
+/* "a FIFO", "a character device" ...: what a mode that is not a regular file is. */
+COMMON_EXPORT_VIS const char *file_type_name(mode_t mode) COMMON_LINK_NAME(file_type_name);
 
 #endif

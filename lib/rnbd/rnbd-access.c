@@ -228,21 +228,15 @@ int rnbd_access_load(const char *path, struct rnbd_access **out, char *err, size
 	int fd, rc;
 
 	*out = NULL;
-	fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+	/* Only a regular file is opened: a FIFO or a device named by mistake is not. */
+	fd = open_regular(path, &st);
+	if (fd == -EINVAL || fd == -EISDIR) {
+		snprintf(err, errlen, "%s: not a regular file (%s)", path, file_type_name(st.st_mode));
+		return -EINVAL;
+	}
 	if (fd < 0) {
-		rc = -errno;
-		snprintf(err, errlen, "%s: %s", path, strerror(-rc));
-		return rc;
-	}
-	if (fstat(fd, &st)) {
-		rc = -errno;
-		snprintf(err, errlen, "%s: %s", path, strerror(-rc));
-		goto out;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		rc = -EINVAL;
-		snprintf(err, errlen, "%s: not a regular file", path);
-		goto out;
+		snprintf(err, errlen, "%s: %s", path, strerror(-fd));
+		return fd;
 	}
 	if (st.st_size > RNBD_ACCESS_FILE_MAX) {
 		rc = -EFBIG;

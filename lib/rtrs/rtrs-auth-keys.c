@@ -331,8 +331,7 @@ int rtrs_auth_key_generate(unsigned hmac_id, size_t len, const uint8_t *secret, 
  * Reads a whole small file into a NUL-terminated buffer that the caller
  * wipes and frees (free_secret). Warns when others may read it. Grows by
  * copying, not realloc, so no stale copy of a secret is left on the heap.
- * Only a regular file: a FIFO or a device would block or have effects on
- * open, so it is opened without blocking and refused before any read.
+ * Only a regular file: a FIFO or a device is refused before it is opened.
  */
 static int read_secret_file(const char *path, char **out, size_t *out_len, const char **why)
 {
@@ -341,24 +340,14 @@ static int read_secret_file(const char *path, char **out, size_t *out_len, const
 	struct stat st;
 	int fd, rc = 0;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-	if (fd < 0) {
-		rc = -errno;
-		REJECT(rc, "cannot open the key file");
-	}
-	if (fstat(fd, &st)) {
-		rc = -errno;
-		close(fd);
-		REJECT(rc, "cannot stat the key file");
-	}
-	if (S_ISDIR(st.st_mode)) {
-		close(fd);
+	/* Only a regular file is opened: a FIFO or a device named by mistake is not. */
+	fd = open_regular(path, &st);
+	if (fd == -EISDIR)
 		REJECT(-EISDIR, "the key file is a directory");
-	}
-	if (!S_ISREG(st.st_mode)) {
-		close(fd);
+	if (fd == -EINVAL)
 		REJECT(-EINVAL, "the key file is not a regular file");
-	}
+	if (fd < 0)
+		REJECT(fd, "cannot open the key file");
 	if (st.st_mode & (S_IRGRP | S_IROTH))
 		log_warn_rl("auth: key file %s is readable by group or others "
 			    "(it holds secrets: chmod 600)", path);

@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/inotify.h>
+#include <sys/sysmacros.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -1610,6 +1612,23 @@ static void write_conf(char *path, const char *text, size_t len)
 	close(fd);
 }
 
+/* Whether anything opened the file inotify fd in watches since the last call. */
+static bool opened_since(int in)
+{
+	char buf[4096] __attribute__((aligned(8)));
+	bool opened = false;
+	ssize_t n;
+
+	while ((n = read(in, buf, sizeof(buf))) > 0)
+		for (char *p = buf; p < buf + n;) {
+			const struct inotify_event *e = (const void *)p;
+
+			opened |= (e->mask & IN_OPEN) != 0;
+			p += sizeof(*e) + e->len;
+		}
+	return opened;
+}
+
 /* Opens path for writing after 1 s, unless told to stop first. */
 struct fifo_writer {
 	const char *path;
@@ -1804,6 +1823,9 @@ static void test_opts_file(void)
 		struct fifo_writer fw = { .path = fifo };
 		pthread_t th;
 
+		int in = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+
+		CHECK(in >= 0 && inotify_add_watch(in, fifo, IN_OPEN) >= 0);
 		CHECK_EQ(pthread_create(&th, NULL, fifo_writer_fn, &fw), 0);
 		t0 = now_ms();
 		capture_begin(&c, 2);
@@ -1811,6 +1833,8 @@ static void test_opts_file(void)
 		CHECK_EQ(opts_parse_file(t, "prog", "/dev/null"), -EINVAL);
 		capture_end(&c, msg, sizeof(msg));
 		CHECK(now_ms() - t0 < 1000, "a FIFO held the parse for %" PRIu64 " ms", now_ms() - t0);
+		CHECK(!opened_since(in), "the refused FIFO was opened");
+		close(in);
 		atomic_store(&fw.stop, true);
 		pthread_join(th, NULL);
 		CHECK(strstr(msg, "not a regular file (a FIFO)") && strstr(msg, fifo), "%s", msg);
@@ -2115,9 +2139,73 @@ static void test_offload_classes(void)
 	CHECK(offload_idle(), "nothing queued or running at the end");
 }
 
+/*
+ * open_regular: a regular file (or a link to one) is opened; a directory,
+ * a FIFO or a character device is refused without being opened (inotify
+ * sees every open but O_PATH's), and a missing file says so.
+ */
+static void test_open_regular(void)
+{
+	const char *dir = test_tmpdir("/tmp", "open-regular");
+	char f[256], fifo[256], chr[256], link[256];
+	struct stat st;
+	int fd, in;
+	char c;
+
+	CHECK(dir != NULL);
+	if (!dir)
+		return;
+	snprintf(f, sizeof(f), "%s/file", dir);
+	snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+	snprintf(chr, sizeof(chr), "%s/chr", dir);
+	snprintf(link, sizeof(link), "%s/link", dir);
+	fd = open(f, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+	CHECK(fd >= 0 && write(fd, "x", 1) == 1);
+	close(fd);
+	CHECK_EQ(symlink(f, link), 0);
+	CHECK_EQ(mkfifo(fifo, 0600), 0);
+
+	fd = open_regular(link, &st);
+	CHECK(fd >= 0, "%s: %s", link, strerror(-fd));
+	CHECK(S_ISREG(st.st_mode) && st.st_size == 1);
+	CHECK(fd >= 0 && read(fd, &c, 1) == 1 && c == 'x');
+	CHECK(fd >= 0 && (fcntl(fd, F_GETFD) & FD_CLOEXEC));
+	if (fd >= 0)
+		close(fd);
+	CHECK_EQ(open_regular(dir, &st), -EISDIR);
+	CHECK_EQ(open_regular("/nonexistent/file", &st), -ENOENT);
+
+	in = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	CHECK(in >= 0);
+	CHECK(inotify_add_watch(in, fifo, IN_OPEN) >= 0);
+	CHECK_EQ(open_regular(fifo, &st), -EINVAL);
+	CHECK(S_ISFIFO(st.st_mode) && !strcmp(file_type_name(st.st_mode), "a FIFO"));
+	CHECK(!opened_since(in), "the refused FIFO was opened");
+	/* The check itself sees an open. */
+	fd = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	CHECK(fd >= 0 && opened_since(in));
+	if (fd >= 0)
+		close(fd);
+	if (geteuid() == 0 && mknod(chr, S_IFCHR | 0600, makedev(1, 3)) == 0) {
+		CHECK(inotify_add_watch(in, chr, IN_OPEN) >= 0);
+		CHECK_EQ(open_regular(chr, &st), -EINVAL);
+		CHECK(!strcmp(file_type_name(st.st_mode), "a character device"));
+		CHECK(!opened_since(in), "the refused character device was opened");
+		unlink(chr);
+	} else {
+		fprintf(stderr, "test-common: no character device case (needs root)\n");
+	}
+	close(in);
+	unlink(link);
+	unlink(fifo);
+	unlink(f);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	test_bits();
+	test_open_regular();
 	test_le();
 	test_parse_u64();
 	test_parse_size();
