@@ -30,7 +30,7 @@ check "librtrs's SONAME is librtrs.so.0" bash -c \
 private="rtrs_common_log_level rtrs_common_log_msg rtrs_common_log_ratelimit_ok
 rtrs_common_log_set_sink rtrs_common_parse_size rtrs_common_parse_u64 rtrs_common_rand_below
 rtrs_common_rand_bytes rtrs_common_err_detail rtrs_common_err_detail_clear
-rtrs_common_err_detail_get"
+rtrs_common_err_detail_get rtrs_common_open_regular rtrs_common_file_type_name"
 
 # The dynamic symbols librtrs.so defines, as "VERSION NAME".
 objdump -T "$lib" | awk '$2 == "g" && $4 != "*UND*" && $(NF-1) ~ /^RTRS_/ && $NF != $(NF-1) {
