@@ -70,6 +70,7 @@ struct rpc_conn {
 	/* RPC_SERVER_THREADED */
 	pthread_cond_t cond;      /* the worker waits for input or gone */
 	bool busy;                /* the worker feeds (a method runs); in[] is its */
+	bool hup;                 /* hung up while busy: not polled until the method ends */
 	bool gone;                /* closed: the worker frees it */
 };
 
@@ -279,6 +280,14 @@ static void conn_serve(struct rpc_server *s, struct rpc_conn *c, short re)
 		conn_read(s, c);
 	else if ((re & (POLLHUP | POLLERR)) && (c->eof || c->ending))
 		c->dead = true; /* nobody reads the rest */
+	else if ((re & (POLLHUP | POLLERR)) && c->busy)
+		/*
+		 * Hung up under a method that runs on (a client that gave up
+		 * waiting): poll reports the hang-up whatever it is asked, so
+		 * the fd is left out until the worker's wake; then what the
+		 * client sent before it went is read as before.
+		 */
+		c->hup = true;
 	/* Feed (here, or by the worker) and write in turns until input or room runs out. */
 	while (!c->dead) {
 		if (threaded(s)) {
@@ -608,8 +617,10 @@ static int serve(struct rpc_server *s, const struct rpc_watch *w, size_t nw)
 			struct rpc_conn *c = s->conns[i];
 
 			pthread_mutex_lock(&c->lock);
+			if (!c->busy)
+				c->hup = false;
 			pfd[n++] = (struct pollfd){
-				.fd = c->fd,
+				.fd = c->hup ? -1 : c->fd,
 				.events = (short)((conn_readable(s, c) ? POLLIN : 0) |
 						  (out_pending(c) ? POLLOUT : 0)),
 			};

@@ -827,6 +827,30 @@ static void server_threaded(void)
 	      "B answered: %s", buf);
 	close(a);
 	close(b);
+	/*
+	 * A client that hangs up while its method runs (it gave up waiting):
+	 * the server does not spin on the hang-up meanwhile (poll reports it
+	 * whatever it is asked), and serves on once the method ends.
+	 */
+	slow_release(false);
+	a = raw_connect();
+	CHECK(a >= 0 && write(a, one, strlen(one)) == (ssize_t)strlen(one));
+	CHECK(slow_wait_for(1), "a slow runs");
+	close(a);
+	{
+		struct timespec c0, c1;
+		uint64_t cpu_ms;
+
+		usleep(50 * 1000);
+		clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+		usleep(500 * 1000);
+		clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+		cpu_ms = (uint64_t)((c1.tv_sec - c0.tv_sec) * 1000 + (c1.tv_nsec - c0.tv_nsec) / 1000000);
+		CHECK(cpu_ms < 150, "the server used %" PRIu64 " ms of CPU in 500 ms while a hung-up "
+		      "client's method ran", cpu_ms);
+	}
+	slow_release(true);
+	CHECK(call_echo_ok("after a hung-up client's method ended"));
 	/* A stop waits for the method in progress, and then is done. */
 	slow_release(false);
 	a = raw_connect();
