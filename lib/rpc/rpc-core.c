@@ -36,6 +36,8 @@ struct rpc_stream {
 	size_t text_bytes, text_cap;
 	uint64_t open_kinds;     /* one bit per open bracket, innermost lowest: 1 '[', 0 '{' */
 	unsigned depth;          /* brackets open */
+	unsigned values;         /* brackets and commas so far: what the parse will allocate */
+	unsigned members;        /* colons: an object's members, each its own name */
 	bool in_string, escaped;
 	int err;                 /* the stream is over: why */
 };
@@ -535,8 +537,23 @@ static ssize_t text_scan(struct rpc_stream *st, const char *buf, size_t n, bool 
 		case '"':
 			st->in_string = true;
 			break;
+		case ':':
+			st->members++;
+			break;
+		case ',':
 		case '{':
 		case '[':
+			/*
+			 * json-c allocates an object per value, hundreds of
+			 * bytes for an object ("[{},{},...]": 1 MiB of it took
+			 * 260 MB): the values are counted before any is.
+			 */
+			if (++st->values > RPC_VALUES_MAX) {
+				*why = "more than " RPC_STR(RPC_VALUES_MAX) " values in one text";
+				return -1;
+			}
+			if (c == ',')
+				break;
 			if (st->depth == RPC_DEPTH_MAX) {
 				*why = "nested deeper than " RPC_STR(RPC_DEPTH_MAX) " levels";
 				return -1;
@@ -559,6 +576,80 @@ static ssize_t text_scan(struct rpc_stream *st, const char *buf, size_t n, bool 
 		}
 	}
 	return (ssize_t)n;
+}
+
+/*
+ * What json-c takes without a word and a request must not carry, in the
+ * whole text: a NUL in a member name ("\\u0000": json-c's keys are C
+ * strings, so "session\\u0000x" would name "session"), and an integer beyond 64
+ * bits (json-c clamps it: an id answered as another, a value refused as
+ * one the client never sent). NULL, or why.
+ */
+static const char *text_check(const char *t, size_t n)
+{
+	bool in_string = false, nul = false;
+
+	for (size_t i = 0; i < n; i++) {
+		if (in_string) {
+			if (t[i] == '"') {
+				size_t k = i + 1;
+
+				in_string = false;
+				while (k < n && strchr(" \t\r\n", t[k]))
+					k++;
+				/* A value's NUL is its parameter's to refuse, by name. */
+				if (nul && k < n && t[k] == ':')
+					return "a member name with a NUL character (\\u0000)";
+			} else if (t[i] == '\\' && i + 1 < n) {
+				nul |= t[i + 1] == 'u' && n - i >= 6 && !memcmp(t + i + 2, "0000", 4);
+				i++;
+			}
+			continue;
+		}
+		nul = false;
+		if (t[i] == '"') {
+			in_string = true;
+		} else if (t[i] == '-' || (t[i] >= '0' && t[i] <= '9')) {
+			bool neg = t[i] == '-';
+			size_t d = i + neg, e = d;
+
+			while (e < n && t[e] >= '0' && t[e] <= '9')
+				e++;
+			if (e < n && (t[e] == '.' || t[e] == 'e' || t[e] == 'E')) {
+				/* A fraction: a double, which json-c keeps as one. */
+				while (e < n && strchr("0123456789.eE+-", t[e]))
+					e++;
+			} else {
+				/* An integer: at most 2^64 - 1, or down to -2^63. */
+				const char *lim = neg ? "9223372036854775808" : "18446744073709551615";
+				size_t len = e - d, ll = strlen(lim);
+
+				while (len > 1 && t[d] == '0')
+					d++, len--;
+				if (len > ll || (len == ll && memcmp(t + d, lim, ll) > 0))
+					return "an integer beyond 64 bits";
+			}
+			i = e - 1;
+		}
+	}
+	return NULL;
+}
+
+/* An object's members, in the value and all it holds. */
+static size_t members_of(struct json_object *v)
+{
+	size_t n = 0;
+
+	if (json_object_is_type(v, json_type_object)) {
+		json_object_object_foreach(v, key, val) {
+			(void)key;
+			n += 1 + members_of(val);
+		}
+	} else if (json_object_is_type(v, json_type_array)) {
+		for (size_t i = 0; i < json_object_array_length(v); i++)
+			n += members_of(json_object_array_get_idx(v, i));
+	}
+	return n;
 }
 
 /* The text received, whole: its value, or NULL and *te why it is none. */
@@ -640,7 +731,18 @@ static int feed(struct rpc_stream *st, const char *buf, size_t len, bool one, si
 			parse_error(st, text ? "invalid UTF-8" : json_tokener_error_desc(te));
 			break;
 		}
+		why = text_check(st->text, st->text_bytes);
+		/* json-c keeps the last of two members of one name: the count shows it. */
+		if (!why && members_of(text) != st->members)
+			why = "a member name given twice in one object";
+		if (why) {
+			json_object_put(text);
+			parse_error(st, why);
+			break;
+		}
 		st->text_bytes = 0;
+		st->values = 0;
+		st->members = 0;
 		st->err = text_run(st, text);
 		json_object_put(text);
 		if (one) {

@@ -44,6 +44,7 @@
 #define RPC_CONN_MAX 64          /* connections at once; more wait in the backlog */
 #define RPC_WATCH_MAX 8          /* watches rpc_serve takes */
 #define RPC_BATCH_MAX 256        /* requests in a batch */
+#define RPC_VALUES_MAX 16384     /* brackets and commas in one request text */
 #define RPC_IDLE_MS 30000        /* a connection with nothing under way, silent: closed */
 #define RPC_REQUEST_MS 10000     /* a request text begun and not complete: closed */
 #define RPC_STALL_MS 10000       /* answers waiting, not one byte of them read: closed */

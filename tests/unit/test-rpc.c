@@ -370,6 +370,21 @@ static void stream_bad_requests(void)
 }
 
 /* Bytes that are not JSON, or a text too large: an error answer, and the stream ends. */
+/* This process's peak resident memory, KiB. */
+static long peak_kib(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long kib = -1;
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmHWM: %ld kB", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kib;
+}
+
 static void stream_garbage(void)
 {
 	static const char *const bad[] = {
@@ -439,6 +454,53 @@ static void stream_garbage(void)
 		CHECK_EQ(err_code(a), extra ? RPC_INVALID_REQUEST : 0);
 		json_object_put(a);
 		rpc_stream_free(st);
+		free(big);
+	}
+	/*
+	 * What json-c takes quietly and a request must not carry: a member
+	 * named twice (json-c keeps the last), a NUL in a name (json-c's keys
+	 * are C strings), an integer beyond 64 bits (json-c clamps it), and
+	 * values enough to cost hundreds of MB ([{},{},...] in 1 MiB).
+	 */
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"a\","
+		     "\"name\":\"b\"},\"id\":1}", "given twice"), RPC_PARSE_ERROR);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"method\":\"note\",\"id\":1}",
+		     "given twice"), RPC_PARSE_ERROR);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\\u0000x\":"
+		     "\"a\"},\"id\":1}", "member name with a NUL"), RPC_PARSE_ERROR);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"a\"},"
+		     "\"id\":18446744073709551616}", "beyond 64 bits"), RPC_PARSE_ERROR);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"a\"},"
+		     "\"id\":-9223372036854775809}", "beyond 64 bits"), RPC_PARSE_ERROR);
+	/* The limits themselves are taken, and an escaped backslash before u0000 is no NUL. */
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"a\\\\u0000\"},"
+		     "\"id\":18446744073709551615}", NULL), 0);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"a\"},"
+		     "\"id\":-9223372036854775808}", NULL), 0);
+	CHECK_EQ(one("{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":\"a\"},"
+		     "\"id\":0.5e300}", NULL), 0);
+	{
+		long before = peak_kib();
+		size_t n = 3, cap = RPC_REQ_MAX - 16;
+
+		big = malloc(cap + 1);
+		memcpy(big, "[{}", 3);
+		while (n + 4 < cap) {
+			memcpy(big + n, ",{}", 3);
+			n += 3;
+		}
+		big[n++] = ']';
+		big[n] = 0;
+		st = stream();
+		CHECK_EQ(feed(st, big), -EPROTO);
+		CHECK_EQ(answers(), 1);
+		a = answer(0);
+		CHECK_EQ(err_code(a), RPC_PARSE_ERROR);
+		CHECK(strstr(err_msg(a), "values in one text"), "%s", err_msg(a));
+		json_object_put(a);
+		rpc_stream_free(st);
+		CHECK(peak_kib() - before < 32 * 1024, "a text of 1 MiB of {} took %ld KiB more at "
+		      "its peak", peak_kib() - before);
 		free(big);
 	}
 	/* Blanks alone are no request: nothing happens, however many. */
