@@ -431,7 +431,8 @@ static struct sess *sess_new(const char *name, struct json_object *params, struc
 
 			if (id < 0 || id == CLT_OPT_SERVER || id == CLT_OPT_SESSION ||
 			    id == CLT_OPT_LOG_LEVEL) {
-				rc = rpc_errf(err, RPC_INVALID_PARAMS, "unknown option %.64s", key);
+				rc = rpc_errf(err, RPC_INVALID_PARAMS, "unknown option %.*s",
+					      rpc_utf8_prefix(key, 64), key);
 				break;
 			}
 			rc = sess_opt(s, (enum clt_opt_id)id, key, val, err);

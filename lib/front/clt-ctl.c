@@ -509,7 +509,8 @@ static int m_reconnect_held(void *priv, struct json_object *params, struct json_
 			char msg[sizeof(err->msg)];
 
 			memcpy(msg, err->msg, sizeof(msg));
-			return rpc_errf(err, rc, "%.400s (or -1: no limit)", msg);
+			return rpc_errf(err, rc, "%.*s (or -1: no limit)", rpc_utf8_prefix(msg, 400),
+					msg);
 		} else {
 			max = (int)attempts;
 		}

@@ -42,15 +42,42 @@ struct rpc_stream {
 	int err;                 /* the stream is over: why */
 };
 
+int rpc_utf8_prefix(const char *s, int max)
+{
+	int n = 0;
+
+	while (n < max && s[n])
+		n++;
+	if (n < max || !s[n])
+		return n;
+	/* Cut: back to the start of the character the cut fell in, if it did. */
+	while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80)
+		n--;
+	return n;
+}
+
 int rpc_errf(struct rpc_err *err, int code, const char *fmt, ...)
 {
 	va_list ap;
+	int n;
 
 	if (err) {
 		err->code = code;
 		va_start(ap, fmt);
-		vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+		n = vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
 		va_end(ap);
+		/* A message cut short is cut between characters: the answer stays UTF-8. */
+		if (n >= (int)sizeof(err->msg)) {
+			size_t len = sizeof(err->msg) - 1, p = len;
+			unsigned char lead;
+
+			while (p && ((unsigned char)err->msg[p - 1] & 0xc0) == 0x80)
+				p--;
+			lead = p ? (unsigned char)err->msg[p - 1] : 0;
+			/* The last character's lead byte at p - 1: whole, or dropped. */
+			if (lead >= 0xc0 && p - 1 + (lead >= 0xf0 ? 4u : lead >= 0xe0 ? 3u : 2u) > len)
+				err->msg[p - 1] = '\0';
+		}
 	}
 	return code;
 }
@@ -70,7 +97,8 @@ int rpc_params_check(struct json_object *params, const char *const *names, struc
 		for (i = 0; names && names[i] && strcmp(names[i], key); i++)
 			;
 		if (!names || !names[i])
-			return rpc_errf(err, RPC_INVALID_PARAMS, "unknown parameter \"%.64s\"", key);
+			return rpc_errf(err, RPC_INVALID_PARAMS, "unknown parameter \"%.*s\"",
+					rpc_utf8_prefix(key, 64), key);
 	}
 	return 0;
 }
@@ -309,8 +337,8 @@ static struct json_object *request_run(struct rpc_stream *st, struct json_object
 		(void)val;
 		if (strcmp(key, "jsonrpc") && strcmp(key, "method") && strcmp(key, "params") &&
 		    strcmp(key, "id")) {
-			rpc_errf(&e, RPC_INVALID_REQUEST, "unknown member \"%.64s\" in the request",
-				 key);
+			rpc_errf(&e, RPC_INVALID_REQUEST, "unknown member \"%.*s\" in the request",
+				 rpc_utf8_prefix(key, 64), key);
 			goto invalid;
 		}
 	}
@@ -346,8 +374,8 @@ static struct json_object *request_run(struct rpc_stream *st, struct json_object
 		for (i = 0; i < st->nr_methods && strcmp(st->methods[i].name, method); i++)
 			;
 		if (i == st->nr_methods) {
-			rpc_errf(&e, RPC_METHOD_NOT_FOUND, "no method \"%.64s\" (rpc.methods lists them)",
-				 method);
+			rpc_errf(&e, RPC_METHOD_NOT_FOUND, "no method \"%.*s\" (rpc.methods lists them)",
+				 rpc_utf8_prefix(method, 64), method);
 			goto answer;
 		}
 		rc = st->methods[i].fn(st->priv, params, &result, &e);

@@ -77,9 +77,14 @@ struct rpc_method {
 	const char *help;        /* for rpc.methods: one line */
 };
 
-/* Sets err (code: a negative errno or an enum rpc_code) and returns code. */
+/*
+ * Sets err (code: a negative errno or an enum rpc_code) and returns code.
+ * A message longer than err->msg is cut between UTF-8 characters.
+ */
 int rpc_errf(struct rpc_err *err, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+/* How many bytes of s, at most max, end on a UTF-8 character's end: for "%.*s". */
+int rpc_utf8_prefix(const char *s, int max);
 
 /*
  * Parameters, checked: each returns 0, or RPC_INVALID_PARAMS with err

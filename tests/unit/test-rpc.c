@@ -1088,6 +1088,51 @@ static void server_caller(void)
 	close(a.efd);
 }
 
+/* Messages cut short are cut between UTF-8 characters (an answer stays UTF-8). */
+static void messages_utf8(void)
+{
+	char name[80], text[700], req[200];
+	struct rpc_err e;
+
+	memset(text, 'a', 509);
+	strcpy(text + 509, "\xc3\xa9tail");
+	rpc_errf(&e, 1, "%s", text);
+	CHECK(strlen(e.msg) == 511 && !strcmp(e.msg + 509, "\xc3\xa9"), "%zu", strlen(e.msg));
+	memset(text, 'a', 510);
+	strcpy(text + 510, "\xc3\xa9tail");
+	rpc_errf(&e, 1, "%s", text);
+	CHECK_EQ(strlen(e.msg), 510);
+	memset(text, 'a', 508);
+	strcpy(text + 508, "\xe2\x82\xac");
+	rpc_errf(&e, 1, "%sx", text);
+	CHECK_EQ(strlen(e.msg), 511);
+	memset(text, 'a', 509);
+	strcpy(text + 509, "\xe2\x82\xac");
+	rpc_errf(&e, 1, "%s", text);
+	CHECK_EQ(strlen(e.msg), 509);
+	CHECK_EQ(rpc_utf8_prefix("ab\xc3\xa9", 3), 2);
+	CHECK_EQ(rpc_utf8_prefix("ab\xc3\xa9", 4), 4);
+	CHECK_EQ(rpc_utf8_prefix("ab", 64), 2);
+	/* An unknown method's name, cut at 64 bytes, inside a two-byte character. */
+	memset(name, 'm', 63);
+	strcpy(name + 63, "\xc3\xa9");
+	snprintf(req, sizeof(req), "{\"jsonrpc\":\"2.0\",\"method\":\"%s\",\"id\":1}", name);
+	CHECK_EQ(one(req, NULL), RPC_METHOD_NOT_FOUND);
+	{
+		struct rpc_stream *st = stream();
+		struct json_object *a;
+		char want[80];
+
+		feed(st, req);
+		a = answer(0);
+		memset(want, 'm', 63);
+		strcpy(want + 63, "\" (rpc");
+		CHECK(strstr(err_msg(a), want), "%s", err_msg(a));
+		json_object_put(a);
+		rpc_stream_free(st);
+	}
+}
+
 int main(void)
 {
 	const char *d = test_tmpdir(NULL, "test-rpc");
@@ -1101,6 +1146,7 @@ int main(void)
 	stream_requests();
 	stream_bad_requests();
 	stream_garbage();
+	messages_utf8();
 	stream_split();
 	server_calls(0);
 	server_calls(RPC_SERVER_THREADED);
