@@ -33,6 +33,7 @@ void clt_ctl_init(struct clt_ctl *c, int (*devices)(void *priv, struct json_obje
 {
 	memset(c, 0, sizeof(*c));
 	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->tune_lock, NULL);
 	pthread_cond_init(&c->cond, NULL);
 	c->devices = devices;
 	c->priv = priv;
@@ -517,19 +518,21 @@ static int m_reconnect_held(void *priv, struct json_object *params, struct json_
 	}
 	if (!(r = sess_param(priv, params, &name, held, err)))
 		return err->code;
+	/* Two changes of different fields at once: both kept, neither undone by the other. */
+	pthread_mutex_lock(&((struct clt_ctl *)priv)->tune_lock);
 	rc = rtrs_clt_get_reconnect(r, &rp);
-	if (rc)
-		return rpc_errf(err, rc, "session %s: reconnect parameters: %s", name,
-				strerror(-rc));
-	for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++) {
+	for (size_t i = 0; !rc && i < sizeof(ms) / sizeof(ms[0]); i++) {
 		if (has[i])
 			*(unsigned *)((char *)&rp + ms[i].off) = (unsigned)val[i];
 		change |= has[i];
 	}
-	if (has_max)
+	if (!rc && has_max)
 		rp.max_attempts = max;
 	change |= has_max;
-	if (change && (rc = rtrs_clt_set_reconnect(r, &rp)))
+	if (!rc && change)
+		rc = rtrs_clt_set_reconnect(r, &rp);
+	pthread_mutex_unlock(&((struct clt_ctl *)priv)->tune_lock);
+	if (rc)
 		return rpc_errf(err, rc, "session %s: reconnect parameters: %s", name,
 				strerror(-rc));
 	*result = reconnect_json(&rp);

@@ -25,6 +25,8 @@
 struct clt_ctl {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;      /* a held session let go */
+	/* Reading, changing and writing back a session's settings (client.reconnect), one at a time. */
+	pthread_mutex_t tune_lock;
 	struct {
 		char name[256];
 		struct rnbd_clt_sess *sess;
