@@ -87,6 +87,10 @@ static int mem_set(const struct opt *o, const char *arg, char *err, size_t errle
 		const char *why = NULL;
 
 		snprintf(name, sizeof(name), "%.*s", (int)(colon - arg), arg);
+		/* The values go to librnbd joined by commas (join_mem): one is one device. */
+		if (strchr(name, ','))
+			return opts_errorf(err, errlen, -EINVAL, "memory device \"%s\": a name with "
+					   "',' (one NAME:SIZE a --mem-device)", name);
 		if (rnbd_dev_name_check(name, &why))
 			return opts_errorf(err, errlen, -EINVAL, "memory device \"%s\": %s", name,
 					   why ? why : "not a device name");
@@ -990,6 +994,22 @@ static int check_options(void)
 		if (rnbd_qos_parse(g.qos.items[i], &kind, name, sizeof(name), &l, &cause)) {
 			fprintf(stderr, "rnbd-server: %s %s: %s\n", origin("qos", g.qos.items[i]),
 				g.qos.items[i], cause ? cause : "not a rate limit");
+			return -EINVAL;
+		}
+		/* One line a name: a second would silently replace the first's limits. */
+		for (unsigned j = 0; j < i; j++) {
+			struct rnbd_qos_limits el;
+			enum rnbd_qos_kind ekind;
+			char ename[256], first[4400];
+
+			if (rnbd_qos_parse(g.qos.items[j], &ekind, ename, sizeof(ename), &el, &cause) ||
+			    ekind != kind || strcmp(ename, name))
+				continue;
+			snprintf(first, sizeof(first), "%s", origin("qos", g.qos.items[j]));
+			fprintf(stderr, "rnbd-server: %s %s: %s %s has its limits already (%s); "
+				"give all of its limits in one line\n", origin("qos", g.qos.items[i]),
+				g.qos.items[i], kind == RNBD_QOS_DEVICE ? "device" : "session", name,
+				first);
 			return -EINVAL;
 		}
 	}

@@ -181,9 +181,10 @@ int rnbd_srv_qos_get(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char *
  * (a program checks its options with it as it reads them):
  * "session:NAME:KEY=VALUE[,KEY=VALUE...]" or "device:NAME:...", keys
  * iops, read_iops, write_iops, bps, read_bps, write_bps (bytes: K, M, G
- * suffixes, powers of 1024); the name is what lies between the first and
- * the last ':'. 0 and *kind, name (namelen bytes), *l; or -EINVAL and why
- * (a static string).
+ * suffixes, powers of 1024), each at most once; the name is what lies
+ * between the first and the last ':', a device's normalized as the server
+ * keeps it ("/vm//a/" is "vm/a"). 0 and *kind, name (namelen bytes), *l;
+ * or -EINVAL and why (a static string).
  */
 int rnbd_qos_parse(const char *spec, enum rnbd_qos_kind *kind, char *name, size_t namelen,
 		   struct rnbd_qos_limits *l, const char **why);

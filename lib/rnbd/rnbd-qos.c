@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "rnbd-export.h"
+#include "rnbd-path.h"
 #include "rnbd-qos.h"
 #include "util.h"
 
@@ -433,6 +434,7 @@ int rnbd_qos_parse(const char *spec, enum rnbd_qos_kind *kind, char *name, size_
 		{ "write_bps", offsetof(struct rnbd_qos_limits, write_bps), true },
 	};
 	const char *c1 = strchr(spec, ':'), *c2 = strrchr(spec, ':'), *p;
+	unsigned seen = 0;
 	size_t n;
 
 	*l = (struct rnbd_qos_limits){ .size = sizeof(*l) };
@@ -455,6 +457,14 @@ int rnbd_qos_parse(const char *spec, enum rnbd_qos_kind *kind, char *name, size_
 	}
 	memcpy(name, c1 + 1, n);
 	name[n] = '\0';
+	if (*kind == RNBD_QOS_DEVICE) {
+		/* As the server keeps device names: "/vm//a/" is "vm/a". */
+		rnbd_dev_name_normalize(name);
+		if (!name[0]) {
+			*why = "a device name of slashes only";
+			return -EINVAL;
+		}
+	}
 	for (p = c2 + 1;;) {
 		const char *comma = strchr(p, ','), *eq = strchr(p, '=');
 		size_t flen = comma ? (size_t)(comma - p) : strlen(p), k;
@@ -475,6 +485,11 @@ int rnbd_qos_parse(const char *spec, enum rnbd_qos_kind *kind, char *name, size_
 			       "write_bps)";
 			return -EINVAL;
 		}
+		if (seen & 1u << k) {
+			*why = "a limit given twice";
+			return -EINVAL;
+		}
+		seen |= 1u << k;
 		n = flen - (size_t)(eq + 1 - p);
 		if (!n || n >= sizeof(val)) {
 			*why = "a limit without a value, or one too long";

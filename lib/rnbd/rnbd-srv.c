@@ -1348,6 +1348,18 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 		const char *why = NULL;
 
 		rc = rnbd_qos_parse(*q, &qkind, name, sizeof(name), &l, &why);
+		/* One spec a name: a second would silently replace the first's limits. */
+		for (const char *const *e = o->qos; !rc && e < q; e++) {
+			struct rnbd_qos_limits el;
+			enum rnbd_qos_kind ekind;
+			char ename[256];
+
+			if (!rnbd_qos_parse(*e, &ekind, ename, sizeof(ename), &el, &why) &&
+			    ekind == qkind && !strcmp(ename, name)) {
+				why = "its name has limits already";
+				rc = -EINVAL;
+			}
+		}
 		if (!rc)
 			rc = rnbd_srv_qos_set(srv, qkind, name, &l);
 		if (rc) {

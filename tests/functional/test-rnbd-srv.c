@@ -254,6 +254,18 @@ static void test_defaults(void)
 
 	o.dev_search_path = NULL;
 	o.mem_devices = "mem0:1M";
+	{
+		/* Two specs for one name (a device written two ways): refused, not the last kept. */
+		static const char *const twice[] = { "device:vm/a:iops=5", "device:/vm//a/:bps=1M",
+						     NULL };
+
+		o.qos = twice;
+		log_clear();
+		CHECK_EQ(rnbd_srv_open(&o, &srv), -EINVAL);
+		CHECK(log_has("device:/vm//a/:bps=1M\": its name has limits already"), "%s",
+		      log_text());
+		o.qos = NULL;
+	}
 	CHECK_EQ(rnbd_srv_open(&o, &srv), 0);
 	port = rnbd_srv_port(srv, 5000);
 	s = sess_open("nosearch");

@@ -90,6 +90,21 @@ printf 'port 0\n# rates\nqos session:a:iops=10\nqos session:b:iop=10\n' >"$dir/q
 check "a rate limit that does not parse: its file and line" \
 	refused qosline 2 "$dir/qos.conf:4: qos session:b:iop=10: an unknown limit" -m m:1M \
 	-c "$dir/qos.conf"
+printf 'port 0\nqos session:hv1:iops=2000\n\nqos session:hv1:bps=100M\n' >"$dir/qos2.conf"
+check "two rate limits for one name: refused with both lines (the second replaced the first)" \
+	refused qostwice 2 "$dir/qos2.conf:4: qos session:hv1:bps=100M: session hv1 has its limits already ($dir/qos2.conf:2: qos)" \
+	-m m:1M -c "$dir/qos2.conf"
+check "one device written two ways: the same name, refused" \
+	refused qosnorm 2 "--qos device:/vm//a/:bps=1M: device vm/a has its limits already" \
+	-m m:1M --port 0 --qos device:vm/a:iops=5 --qos device:/vm//a/:bps=1M
+check "a limit twice in one spec: refused" \
+	refused qoskey 2 "--qos session:s:iops=5,iops=0: a limit given twice" \
+	-m m:1M --port 0 --qos session:s:iops=5,iops=0
+check "a device name of slashes only: refused with the option" \
+	refused qosslash 2 "--qos device:/:iops=5: a device name of slashes only" \
+	-m m:1M --port 0 --qos device:/:iops=5
+check "--mem-device a:4K,b:8K: one option, one device (not two)" \
+	refused memcomma 2 'memory device "a:4K,b": a name with' --port 0 --mem-device a:4K,b:8K
 printf 'port 0\nprovider tpc\n' >"$dir/prov.conf"
 check "an unknown provider: its file and line" \
 	refused provline 2 "$dir/prov.conf:2: provider tpc: expected tcp, verbs or rdma" -m m:1M \

@@ -50,6 +50,9 @@ static void test_parse(void)
 		{ "session:x:iops=1k", "an IO rate that is not a number" },
 		{ "device:d:bps=lots", "a byte rate that is not a size" },
 		{ "device:d:iops=1,", "a limit is not KEY=VALUE" },
+		{ "session:x:iops=5,iops=0", "a limit given twice" },
+		{ "device:d:bps=1M,read_iops=2,bps=2M", "a limit given twice" },
+		{ "device://:iops=1", "a device name of slashes only" },
 	};
 	struct rnbd_qos_limits l;
 	enum rnbd_qos_kind kind;
@@ -62,6 +65,10 @@ static void test_parse(void)
 				sizeof(name), &l, &why), 0);
 	CHECK(kind == RNBD_QOS_DEVICE && !strcmp(name, "vm/a:b.img"), "a name with ':': %s", name);
 	CHECK(l.read_bps == 100 << 20 && l.write_iops == 5 && l.bps == 1ull << 30 && !l.iops);
+	CHECK_EQ(rnbd_qos_parse("device:/vm//a/:iops=1", &kind, name, sizeof(name), &l, &why), 0);
+	CHECK(!strcmp(name, "vm/a"), "a device's name as the server keeps it: %s", name);
+	CHECK_EQ(rnbd_qos_parse("session:/s/:iops=1", &kind, name, sizeof(name), &l, &why), 0);
+	CHECK(!strcmp(name, "/s/"), "a session's name as given: %s", name);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		why = NULL;
 		CHECK(rnbd_qos_parse(bad[i].spec, &kind, name, sizeof(name), &l, &why) == -EINVAL &&
