@@ -290,18 +290,41 @@ static void table_print(struct table *t)
 	free(t->cells);
 }
 
+/*
+ * What an answer holds, read without trusting its shape: a member that is
+ * missing, null or of another type reads as "" (str), 0 (u64) or an empty
+ * array (arr, arr_len), never as a NULL a table would dereference.
+ */
 static const char *str(struct json_object *o, const char *key)
 {
 	struct json_object *v;
+	const char *s;
 
-	return json_object_object_get_ex(o, key, &v) ? json_object_get_string(v) : "";
+	if (!json_object_is_type(o, json_type_object) || !json_object_object_get_ex(o, key, &v))
+		return "";
+	s = json_object_get_string(v);
+	return s ? s : "";
+}
+
+static struct json_object *arr(struct json_object *o, const char *key)
+{
+	struct json_object *v = NULL;
+
+	return json_object_is_type(o, json_type_object) && json_object_object_get_ex(o, key, &v) &&
+	       json_object_is_type(v, json_type_array) ? v : NULL;
+}
+
+static size_t arr_len(struct json_object *a)
+{
+	return json_object_is_type(a, json_type_array) ? json_object_array_length(a) : 0;
 }
 
 static uint64_t u64(struct json_object *o, const char *key)
 {
 	struct json_object *v;
 
-	return json_object_object_get_ex(o, key, &v) ? json_object_get_uint64(v) : 0;
+	return json_object_is_type(o, json_type_object) && json_object_object_get_ex(o, key, &v) ?
+	       json_object_get_uint64(v) : 0;
 }
 
 static bool flag(struct json_object *o, const char *key)
@@ -325,18 +348,20 @@ static void table_sessions(struct json_object *r)
 	struct table t;
 
 	table_init(&t, "lllllrrrl", heads);
-	for (size_t i = 0; i < json_object_array_length(r); i++) {
+	for (size_t i = 0; i < arr_len(r); i++) {
 		struct json_object *s = json_object_array_get_idx(r, i), *paths, *devs;
 		char devices[4096] = "", n[3][21];
 		size_t len = 0;
 
-		json_object_object_get_ex(s, "paths", &paths);
-		json_object_object_get_ex(s, "devices", &devs);
-		for (size_t k = 0; k < json_object_array_length(devs) && len < sizeof(devices); k++)
+		paths = arr(s, "paths");
+		devs = arr(s, "devices");
+		for (size_t k = 0; k < arr_len(devs) && len < sizeof(devices); k++) {
+			const char *d = json_object_get_string(json_object_array_get_idx(devs, k));
+
 			len += (size_t)snprintf(devices + len, sizeof(devices) - len, "%s%s",
-						k ? "," : "",
-						json_object_get_string(json_object_array_get_idx(devs, k)));
-		for (size_t j = 0; j < json_object_array_length(paths); j++) {
+						k ? "," : "", d ? d : "-");
+		}
+		for (size_t j = 0; j < arr_len(paths); j++) {
 			struct json_object *p = json_object_array_get_idx(paths, j);
 			const char *row[] = {
 				str(s, "name")[0] ? str(s, "name") : "(unnamed)",
@@ -360,7 +385,7 @@ static void table_devices(struct json_object *r)
 	struct table t;
 
 	table_init(&t, "llrlrrrrrrl", heads);
-	for (size_t i = 0; i < json_object_array_length(r); i++) {
+	for (size_t i = 0; i < arr_len(r); i++) {
 		struct json_object *d = json_object_array_get_idx(r, i);
 		char n[7][21];
 		const char *row[] = {
@@ -383,13 +408,13 @@ static void table_clt_sessions(struct json_object *r)
 	struct table t;
 
 	table_init(&t, "llrrrl", heads);
-	for (size_t i = 0; i < json_object_array_length(r); i++) {
+	for (size_t i = 0; i < arr_len(r); i++) {
 		struct json_object *s = json_object_array_get_idx(r, i), *paths;
 		char up[48], n[2][21];
 
-		json_object_object_get_ex(s, "paths", &paths);
+		paths = arr(s, "paths");
 		snprintf(up, sizeof(up), "%" PRIu64 "/%zu", u64(s, "paths_up"),
-			 json_object_array_length(paths));
+			 arr_len(paths));
 		const char *row[] = {
 			str(s, "name"), str(s, "server"), up, num(n[0], u64(s, "queue_depth")),
 			num(n[1], u64(s, "max_io_size")), str(s, "policy"),
@@ -408,11 +433,11 @@ static void table_clt_paths(struct json_object *r)
 	struct table t;
 
 	table_init(&t, "lrllrrrrrl", heads);
-	for (size_t i = 0; i < json_object_array_length(r); i++) {
+	for (size_t i = 0; i < arr_len(r); i++) {
 		struct json_object *s = json_object_array_get_idx(r, i), *paths;
 
-		json_object_object_get_ex(s, "paths", &paths);
-		for (size_t j = 0; j < json_object_array_length(paths); j++) {
+		paths = arr(s, "paths");
+		for (size_t j = 0; j < arr_len(paths); j++) {
 			struct json_object *p = json_object_array_get_idx(paths, j);
 			char path[600], n[6][21];
 			const char *name = str(p, "name"), *slash = strchr(name, '/');
@@ -444,7 +469,7 @@ static void table_clt_devices(struct json_object *r)
 	struct table t;
 
 	table_init(&t, "lllrl", heads);
-	for (size_t i = 0; i < json_object_array_length(r); i++) {
+	for (size_t i = 0; i < arr_len(r); i++) {
 		struct json_object *d = json_object_array_get_idx(r, i);
 		char n[21];
 		const char *row[] = {
