@@ -51,7 +51,7 @@ static struct {
 	struct opt_list mem, qos;
 	uint64_t port, queue_depth, chunk_size, threads, hb_ms, busy_poll_us, listen_timeout;
 	uint64_t poll_groups, srq_depth;
-	uint64_t max_sessions, max_sessions_per_peer, max_chunk_mem, max_pending,
+	uint64_t max_sessions, max_sessions_per_peer, max_chunk_mem, max_pending, max_devs,
 		 max_pending_per_peer, handshake_ms;
 	unsigned engine, tls;
 	bool no_ktls;
@@ -61,6 +61,7 @@ static struct {
 	.chunk_size = 128 << 10, .threads = 4, .hb_ms = 1000, .invalidate = true, .inline_writes = true,
 	.max_sessions = RTRS_DEFAULT_MAX_SESSIONS,
 	.max_sessions_per_peer = RTRS_DEFAULT_MAX_SESSIONS_PER_PEER,
+	.max_devs = RNBD_DEFAULT_MAX_DEVS_PER_SESSION,
 	.max_pending = RTRS_DEFAULT_MAX_PENDING, .max_pending_per_peer = RTRS_DEFAULT_MAX_PENDING_PER_PEER,
 	.handshake_ms = RTRS_DEFAULT_HANDSHAKE_TIMEOUT_MS, .srq_depth = RTRS_DEFAULT_SRQ_DEPTH,
 };
@@ -180,6 +181,9 @@ static const struct opt options[] = {
 	  .help = "sessions in all; one more is refused (ENOSPC)" },
 	{ "max-sessions-per-peer", 0, OPT_UINT, &g.max_sessions_per_peer, 1, 100000, .arg = "N",
 	  .help = "sessions of one client address, or with --auth-keys of one host name" },
+	{ "max-devices-per-session", 0, OPT_UINT, &g.max_devs, 1, 65536, .arg = "N",
+	  .help = "devices one session may have open at once; one more OPEN is refused "
+		  "(EMFILE)" },
 	{ "max-chunk-mem", 0, OPT_SIZE, &g.max_chunk_mem, 0, 1ull << 50, .arg = "BYTES",
 	  .help = "chunk memory of all sessions, queue depth x chunk size each (0: a quarter "
 		  "of this machine's memory)" },
@@ -1141,6 +1145,7 @@ int main(int argc, char **argv)
 	o.direct = g.direct;
 	o.buffered_bdev = g.buffered_bdev;
 	o.inline_writes = g.inline_writes;
+	o.max_devs_per_session = (unsigned)g.max_devs;
 
 	/* A control client that leaves early must not kill the server with SIGPIPE. */
 	signal(SIGPIPE, SIG_IGN);

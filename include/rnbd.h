@@ -93,7 +93,16 @@ struct rnbd_srv_opts {
 	 * that does not parse: rnbd_srv_open refuses (-EINVAL), logging it.
 	 */
 	const char *const *qos;
+	/*
+	 * Devices one session may have open at once (each a file descriptor
+	 * but for memory devices): one more OPEN is refused with -EMFILE, so
+	 * that one client cannot take the process's descriptors from the
+	 * others. 0: RNBD_DEFAULT_MAX_DEVS_PER_SESSION.
+	 */
+	unsigned max_devs_per_session;
 };
+
+#define RNBD_DEFAULT_MAX_DEVS_PER_SESSION 1024
 
 /* What a rate limit applies to: every IO of a session, or of a device (all sessions). */
 enum rnbd_qos_kind { RNBD_QOS_SESSION, RNBD_QOS_DEVICE };

@@ -175,14 +175,15 @@ struct rnbd_srv {
 
 static bool access_session(struct rnbd_srv *srv, const char *host, const char *name)
 {
-	bool ok;
+	bool ok, unread;
 
 	pthread_rwlock_rdlock(&srv->access_lock);
 	ok = rnbd_access_session(srv->access, host, name);
+	unread = !srv->access;
 	pthread_rwlock_unlock(&srv->access_lock);
 	if (!ok)
-		log_err("rnbd: session %s refused: host %s may not use that name (%s%s)", name,
-			host, srv->access_file, srv->access ? "" : ", which could not be read");
+		log_err_rl("rnbd: session %s refused: host %s may not use that name (%s%s)", name,
+			   host, srv->access_file, unread ? ", which could not be read" : "");
 	return ok;
 }
 
@@ -190,18 +191,19 @@ static bool access_session(struct rnbd_srv *srv, const char *host, const char *n
 static int access_device(struct rnbd_sess *sess, const struct rnbd_open *o)
 {
 	struct rnbd_srv *srv = sess->srv;
-	bool ok;
+	bool ok, unread;
 
 	if (!srv->access_file[0])
 		return 0;
 	pthread_rwlock_rdlock(&srv->access_lock);
 	ok = rnbd_access_device(srv->access, sess->host, o->dev_name, o->access_mode);
+	unread = !srv->access;
 	pthread_rwlock_unlock(&srv->access_lock);
 	if (ok)
 		return 0;
-	log_err("rnbd: %s: host %s may not open %s (%s): not granted by %s%s", sess->name,
-		sess->host, o->dev_name, rnbd_access_mode_name(o->access_mode), srv->access_file,
-		srv->access ? "" : ", which could not be read");
+	log_err_rl("rnbd: %s: host %s may not open %s (%s): not granted by %s%s", sess->name,
+		   sess->host, o->dev_name, rnbd_access_mode_name(o->access_mode), srv->access_file,
+		   unread ? ", which could not be read" : "");
 	return -EACCES;
 }
 
@@ -571,12 +573,12 @@ static int do_sess_info(struct rnbd_sess *sess, enum rtrs_dir dir, void *data, s
 	int rc;
 
 	if (dir != RTRS_READ || datalen < sizeof(struct rnbd_msg_sess_info)) {
-		log_err("rnbd: %s: SESS_INFO without room for its response", sess->name);
+		log_err_rl("rnbd: %s: SESS_INFO without room for its response", sess->name);
 		return -EINVAL;
 	}
 	rc = rnbd_sess_info_decode(usr, usrlen, false, &peer, &why);
 	if (rc) {
-		log_err("rnbd: %s: bad SESS_INFO: %s", sess->name, why);
+		log_err_rl("rnbd: %s: bad SESS_INFO: %s", sess->name, why);
 		return rc;
 	}
 	atomic_store(&sess->ver, rnbd_version_negotiate(peer));
@@ -593,17 +595,35 @@ static int open_locked(struct rnbd_sess *sess, const struct rnbd_open *req, void
 	uint32_t id;
 	int rc;
 
+	unsigned open = 0, max = sess->srv->o.max_devs_per_session ?
+				 sess->srv->o.max_devs_per_session : RNBD_DEFAULT_MAX_DEVS_PER_SESSION;
+
 	pthread_mutex_lock(&sess->lock);
-	/* The same name again (a remap): the device it has. */
+	/* The same name again (a remap): the device it has, in a mode that covers the new one. */
 	for (id = 0; id < sess->ndevs; id++) {
 		sd = sess->devs[id];
+		open += sd != NULL;
 		if (sd && !sd->forced && !strcmp(sd->name, o.dev_name)) {
+			enum rnbd_access_mode had = sd->mode;
+
+			if (had == RNBD_ACCESS_RO && o.access_mode != RNBD_ACCESS_RO) {
+				pthread_mutex_unlock(&sess->lock);
+				log_err_rl("rnbd: %s: cannot open %s (%s): the session has it open "
+					   "read-only (close it first)", sess->name, o.dev_name,
+					   rnbd_access_mode_name(o.access_mode));
+				return -EBUSY;
+			}
 			open_rsp_fill(data, sd);
 			pthread_mutex_unlock(&sess->lock);
 			return 0;
 		}
 	}
 	pthread_mutex_unlock(&sess->lock);
+	if (open >= max) {
+		log_err_rl("rnbd: %s: cannot open %s: the session has %u devices open, its most "
+			   "(max_devs_per_session)", sess->name, o.dev_name, open);
+		return -EMFILE;
+	}
 
 	sd = calloc(1, sizeof(*sd));
 	if (!sd)
@@ -614,8 +634,8 @@ static int open_locked(struct rnbd_sess *sess, const struct rnbd_open *req, void
 	atomic_init(&sd->refs, 1); /* open */
 	rc = dev_open_store(sess, sd, &why);
 	if (rc) {
-		log_err("rnbd: %s: cannot open %s (%s): %s: %s", sess->name, o.dev_name,
-			rnbd_access_mode_name(o.access_mode), why, strerror(-rc));
+		log_err_rl("rnbd: %s: cannot open %s (%s): %s: %s", sess->name, o.dev_name,
+			   rnbd_access_mode_name(o.access_mode), why, strerror(-rc));
 		free(sd);
 		return rc;
 	}
@@ -668,12 +688,12 @@ static int do_open(struct rnbd_sess *sess, enum rtrs_dir dir, void *data, size_t
 	int rc;
 
 	if (dir != RTRS_READ || datalen < sizeof(struct rnbd_msg_open_rsp)) {
-		log_err("rnbd: %s: OPEN without room for its response", sess->name);
+		log_err_rl("rnbd: %s: OPEN without room for its response", sess->name);
 		return -EINVAL;
 	}
 	rc = rnbd_open_decode(usr, usrlen, &o, &why);
 	if (rc) {
-		log_err("rnbd: %s: OPEN refused: %s", sess->name, why);
+		log_err_rl("rnbd: %s: OPEN refused: %s", sess->name, why);
 		return rc;
 	}
 	memset(data, 0, datalen);
@@ -720,7 +740,7 @@ static int do_close(struct rnbd_sess *sess, struct rtrs_srv_op *op, const void *
 	int rc = rnbd_close_decode(usr, usrlen, &id, &why);
 
 	if (rc) {
-		log_err("rnbd: %s: bad CLOSE: %s", sess->name, why);
+		log_err_rl("rnbd: %s: bad CLOSE: %s", sess->name, why);
 		return rc;
 	}
 	sd = dev_detach(sess, id);
@@ -1070,6 +1090,7 @@ int rnbd_srv_opts_init(struct rnbd_srv_opts *o, size_t size)
 	o->engine = "auto";
 	o->engine_threads = 4;
 	o->inline_writes = 1;
+	o->max_devs_per_session = RNBD_DEFAULT_MAX_DEVS_PER_SESSION;
 	return 0;
 }
 

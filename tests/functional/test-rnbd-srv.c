@@ -827,12 +827,65 @@ out:
 	unlink(keys);
 }
 
+/*
+ * A session's OPENs: one that asks to write a device the session has open
+ * read-only is refused (it would be told it may write, and every write
+ * would fail with EROFS); past max_devs_per_session an OPEN is refused with
+ * -EMFILE until a device is closed; a remap in the same mode is the device
+ * it has.
+ */
+static void test_open_limits(void)
+{
+	struct rnbd_open_rsp r1, r2, r3;
+	struct rnbd_srv_opts o;
+	struct rnbd_srv *srv = NULL;
+	struct rtrs_clt_sess *s;
+
+	rnbd_set_log_fn(log_sink, NULL);
+	rnbd_srv_opts_init(&o, sizeof(o));
+	CHECK_EQ(o.max_devs_per_session, RNBD_DEFAULT_MAX_DEVS_PER_SESSION);
+	o.rtrs.addr = test_addr();
+	o.rtrs.provider = test_provider();
+	o.rtrs.port = 0;
+	o.mem_devices = "m0:64K,m1:64K,m2:64K";
+	o.max_devs_per_session = 2;
+	CHECK_EQ(rnbd_srv_open(&o, &srv), 0);
+	if (!srv)
+		return;
+	port = rnbd_srv_port(srv, 5000);
+	s = sess_open("limits");
+	if (s) {
+		log_clear();
+		CHECK(dev_open(s, "m0", RNBD_ACCESS_RO, &r1) >= 0);
+		CHECK_EQ(dev_open(s, "m0", RNBD_ACCESS_RW, NULL), -EBUSY);
+		CHECK(log_has("limits: cannot open m0 (rw): the session has it open read-only"),
+		      "%s", log_text());
+		CHECK(dev_open(s, "m0", RNBD_ACCESS_RO, &r2) >= 0);
+		CHECK_EQ(r2.device_id, r1.device_id);
+		CHECK(dev_open(s, "m1", RNBD_ACCESS_RW, &r2) >= 0);
+		CHECK(dev_open(s, "m1", RNBD_ACCESS_RO, &r3) >= 0); /* a writer covers a reader */
+		CHECK_EQ(r3.device_id, r2.device_id);
+		CHECK_EQ(dev_open(s, "m2", RNBD_ACCESS_RW, NULL), -EMFILE);
+		CHECK(log_has("limits: cannot open m2: the session has 2 devices open"), "%s",
+		      log_text());
+		CHECK_EQ(dev_close(s, r1.device_id), 0);
+		CHECK(dev_open(s, "m2", RNBD_ACCESS_RW, &r3) >= 0);
+		/* Once closed, the device opens again in any mode. */
+		CHECK_EQ(dev_close(s, r3.device_id), 0);
+		CHECK(dev_open(s, "m0", RNBD_ACCESS_RW, NULL) >= 0);
+		rtrs_clt_close(s);
+	}
+	rnbd_srv_close(srv);
+	rnbd_set_log_fn(NULL, NULL);
+}
+
 int main(void)
 {
 	top = test_tmpdir(NULL, "rnbd-srv-test");
 	if (!top)
 		return 1;
 	test_defaults();
+	test_open_limits();
 	test_all();
 	test_hung_io();
 	test_transport_opts();
