@@ -381,10 +381,12 @@ static void sess_one(void *priv, const struct rtrs_srv_sess_info *si)
 	     put(o, "always_invalidate", json_object_new_boolean(si->always_invalidate)) &&
 	     put(o, "queue_depth", json_object_new_uint64(si->queue_depth)) &&
 	     put(o, "chunk_size", json_object_new_uint64(si->chunk_size)) &&
-	     put(o, "paths_up", json_object_new_uint64(si->paths_up)) &&
-	     put(o, "paths", paths) && put(o, "devices", devs.arr) &&
-	     put_opt(o, "qos", qos_json(atomic_load(&live), RNBD_QOS_SESSION, si->name));
-	paths = devs.arr = NULL; /* put took them, or dropped them */
+	     put(o, "paths_up", json_object_new_uint64(si->paths_up));
+	/* Each put takes its value or drops it: both, whatever came before. */
+	ok = put(o, "paths", paths) && ok;
+	ok = put(o, "devices", devs.arr) && ok;
+	paths = devs.arr = NULL;
+	ok = ok && put_opt(o, "qos", qos_json(atomic_load(&live), RNBD_QOS_SESSION, si->name));
 	if (!ok || json_object_array_add(c->arr, o)) {
 		c->failed = true;
 		goto drop;

@@ -250,8 +250,9 @@ static struct json_object *sess_json(const char *name, struct rnbd_clt_sess *s)
 	     put(o, "paths_up", json_object_new_uint64(a.paths_up)) &&
 	     put(o, "server_sessions", json_object_new_uint64(a.server_sessions)) &&
 	     put(o, "policy", json_object_new_string(pol ? pol : "")) &&
-	     put(o, "reconnect", reconnect_json(&rp)) &&
-	     put(o, "paths", paths);
+	     put(o, "reconnect", reconnect_json(&rp));
+	/* put takes paths or drops it, whatever came before. */
+	ok = put(ok ? o : NULL, "paths", paths) && ok;
 	if (!ok) {
 		json_object_put(o);
 		return NULL;

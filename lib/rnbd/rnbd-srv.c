@@ -110,9 +110,11 @@ struct sess_dev {
  * touched after that: the client may reuse the chunk at once.
  */
 struct srv_io {
-	struct rnbd_breq r;
+	struct rnbd_breq r;          /* the store's: a short transfer moves its offset and len on */
 	struct rtrs_srv_op *op;
 	struct sess_dev *sd;
+	uint64_t offset;             /* the request as the client sent it, for counts and logs */
+	uint32_t len;
 	struct rnbd_qos_item q;      /* while its tokens are awaited */
 };
 
@@ -759,14 +761,14 @@ static void io_done(struct rnbd_breq *r, int err)
 	if (err) {
 		atomic_fetch_add_explicit(&sd->errors, 1, memory_order_relaxed);
 		log_err_rl("rnbd: %s: %s %s at %llu+%u failed: %s", sd->sess->name, sd->name,
-			   rnbd_op_name(r->op), (unsigned long long)r->offset, r->len,
+			   rnbd_op_name(r->op), (unsigned long long)io->offset, io->len,
 			   strerror(-err));
 	} else if (r->op == RNBD_OP_READ) {
 		atomic_fetch_add_explicit(&sd->reads, 1, memory_order_relaxed);
-		atomic_fetch_add_explicit(&sd->read_bytes, r->len, memory_order_relaxed);
+		atomic_fetch_add_explicit(&sd->read_bytes, io->len, memory_order_relaxed);
 	} else if (r->op == RNBD_OP_WRITE) {
 		atomic_fetch_add_explicit(&sd->writes, 1, memory_order_relaxed);
-		atomic_fetch_add_explicit(&sd->write_bytes, r->len, memory_order_relaxed);
+		atomic_fetch_add_explicit(&sd->write_bytes, io->len, memory_order_relaxed);
 	} else {
 		atomic_fetch_add_explicit(&sd->other, 1, memory_order_relaxed);
 	}
@@ -933,6 +935,8 @@ static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir d
 	io = &sess->ios[slot];
 	io->op = op;
 	io->sd = sd;
+	io->offset = m.sector << RNBD_SECTOR_SHIFT;
+	io->len = m.bi_size;
 	io->r = (struct rnbd_breq){
 		.op = m.op, .flags = m.flags, .offset = m.sector << RNBD_SECTOR_SHIFT,
 		.len = m.bi_size, .buf = data, .done = io_done,
