@@ -6,8 +6,8 @@
  * each one to the end with plain system calls. The io_uring engine: reads
  * and writes go to one ring, submitted under a lock from whatever thread
  * the request comes on and reaped by one thread; flushes go to the
- * engine's flusher, one thread that takes every flush queued and makes
- * each store durable with one fdatasync for all of them (io_uring would
+ * engine's flushers, threads that take a store's flushes queued and make
+ * it durable with one fdatasync for all of them, stores side by side (io_uring would
  * hand each fsync to a worker thread of its own, io-wq, up to 8 per
  * submitting thread, one of them kept for the life of the process); a
  * PREFLUSH is a flush stage before the request, a FUA write to the page
@@ -56,12 +56,20 @@ struct rnbd_engine {
 	unsigned started;     /* threads running */
 	unsigned idle;        /* waiting for work */
 	/*
-	 * the flusher (io_uring engines): flushes queued, under lock; its
-	 * thread starts with the first, ends after RNBD_POOL_IDLE_MS without
+	 * the flushers (io_uring engines): flushes queued, under lock. A
+	 * store has one fdatasync running at a time, for all of its flushes
+	 * queued when it began; stores do not wait for each other's (one
+	 * store's slow or hung file system holds its own flushes, no
+	 * other's). Threads start as stores with flushes queued outnumber
+	 * the idle ones, up to RNBD_FLUSHERS_MAX; each ends after
+	 * RNBD_POOL_IDLE_MS with nothing to take.
 	 */
 	STAILQ_HEAD(, rnbd_breq) flushq;
 	pthread_cond_t flush_cond;
-	bool flusher;         /* its thread runs */
+	unsigned flushers;       /* threads running */
+	unsigned flushers_idle;  /* waiting for a store to sync */
+	unsigned flush_syncing;  /* stores whose fdatasync runs (a flusher each) */
+	unsigned flush_ready;    /* stores with flushes queued and no fdatasync running */
 	atomic_uint_fast64_t flushes, flush_syncs; /* flush stages; fdatasync calls for them */
 	/* io_uring */
 	struct io_uring ring;
@@ -87,10 +95,15 @@ struct rnbd_store {
 	pthread_mutex_t lock;
 	pthread_cond_t idle;
 	unsigned inflight;
+	/* under e->lock: its flushes in e->flushq; a flusher's fdatasync of it runs */
+	unsigned flushq_n;
+	bool syncing;
 };
 
 /* A pool thread without work for this long ends. */
 #define RNBD_POOL_IDLE_MS 5000
+/* Flusher threads at most: as many stores' fdatasyncs at once. */
+#define RNBD_FLUSHERS_MAX 32
 
 /* user_data of the NOP that tells the reaper to stop */
 #define REAPER_STOP ((void *)1)
@@ -304,7 +317,7 @@ static void pool_queue(struct rnbd_engine *e, struct rnbd_breq *r)
  */
 enum { STAGE_PREFLUSH = 1, STAGE_MAIN, STAGE_POSTFLUSH };
 
-/* r's current stage is a flush: the flusher's. */
+/* r's current stage is a flush: the flushers'. */
 static bool stage_is_flush(const struct rnbd_breq *r)
 {
 	return r->stage != STAGE_MAIN || r->op == RNBD_OP_FLUSH ||
@@ -394,7 +407,7 @@ static void uring_step(struct rnbd_engine *e, struct rnbd_breq *r, int res)
 			complete(r, 0);
 			return;
 		}
-		/* On the flusher's thread: at once if it can be, as at submission. */
+		/* On a flusher's thread: at once if it can be, as at submission. */
 		if (nowait_try(r->store, r)) {
 			main_done(e, r);
 			return;
@@ -427,13 +440,31 @@ static void uring_step(struct rnbd_engine *e, struct rnbd_breq *r, int res)
 	post_or_pool(e, r);
 }
 
-/* ---- the flusher (io_uring engines) ------------------------------------------- */
+/* ---- the flushers (io_uring engines) ------------------------------------------ */
+
+static int (*_Atomic sync_hook)(void *priv, int fd);
+static void *_Atomic sync_hook_priv;
+
+void rnbd_store_set_sync_hook(int (*fn)(void *priv, int fd), void *priv)
+{
+	sync_hook_priv = priv;
+	atomic_store(&sync_hook, fn);
+}
+
+/* A flusher's fdatasync of s (or the test's hook in its place). */
+static int flusher_sync(struct rnbd_store *s)
+{
+	int (*hook)(void *priv, int fd) = atomic_load(&sync_hook);
+
+	return hook ? hook(sync_hook_priv, s->fd) : datasync(s->fd);
+}
 
 /*
- * Takes every flush queued and makes each store durable with one
- * fdatasync, begun after each of them was queued (after the write that a
- * post-flush follows had completed): it covers them all. Their next
- * stages start from here.
+ * Takes a store's flushes, all that are queued, and makes it durable with
+ * one fdatasync, begun after each of them was queued (after the write
+ * that a post-flush follows had completed): it covers them all. Their
+ * next stages start from here. A store whose fdatasync runs on another
+ * flusher waits for it; other stores do not.
  */
 static void *flusher_thread(void *arg)
 {
@@ -442,44 +473,64 @@ static void *flusher_thread(void *arg)
 	pthread_setname_np(pthread_self(), "rnbd-flush");
 	pthread_mutex_lock(&e->lock);
 	for (;;) {
-		STAILQ_HEAD(, rnbd_breq) batch = STAILQ_HEAD_INITIALIZER(batch);
+		STAILQ_HEAD(, rnbd_breq) mine = STAILQ_HEAD_INITIALIZER(mine);
+		struct rnbd_store *s = NULL;
+		struct rnbd_breq *r, *t;
+		int rc;
 
-		if (STAILQ_EMPTY(&e->flushq)) {
+		if (!e->flush_ready) {
 			struct timespec dl = deadline_ms(RNBD_POOL_IDLE_MS);
-			int rc = 0;
 
-			while (STAILQ_EMPTY(&e->flushq) && !e->stop && rc != ETIMEDOUT)
+			rc = 0;
+			e->flushers_idle++;
+			while (!e->flush_ready && !e->stop && rc != ETIMEDOUT)
 				rc = pthread_cond_timedwait(&e->flush_cond, &e->lock, &dl);
-			if (STAILQ_EMPTY(&e->flushq))
+			e->flushers_idle--;
+			if (!e->flush_ready)
 				break; /* idle or stopping: a flush that comes starts another */
+		}
+		STAILQ_FOREACH(r, &e->flushq, link)
+			if (!r->store->syncing) {
+				s = r->store;
+				break;
+			}
+		for (r = STAILQ_FIRST(&e->flushq); s && r; r = t) {
+			t = STAILQ_NEXT(r, link);
+			if (r->store == s) {
+				STAILQ_REMOVE(&e->flushq, r, rnbd_breq, link);
+				STAILQ_INSERT_TAIL(&mine, r, link);
+			}
+		}
+		if (!s) {
+			/* flush_ready counts such stores: not reached, but never a spin. */
+			e->flush_ready = 0;
 			continue;
 		}
-		STAILQ_CONCAT(&batch, &e->flushq);
+		s->flushq_n = 0;
+		s->syncing = true;
+		e->flush_ready--;
+		e->flush_syncing++;
 		pthread_mutex_unlock(&e->lock);
-		while (!STAILQ_EMPTY(&batch)) {
-			struct rnbd_store *s = STAILQ_FIRST(&batch)->store;
-			STAILQ_HEAD(, rnbd_breq) mine = STAILQ_HEAD_INITIALIZER(mine);
-			struct rnbd_breq *r, *t;
-			int rc = datasync(s->fd);
-
-			atomic_fetch_add_explicit(&e->flush_syncs, 1, memory_order_relaxed);
-			for (r = STAILQ_FIRST(&batch); r; r = t) {
-				t = STAILQ_NEXT(r, link);
-				if (r->store == s) {
-					STAILQ_REMOVE(&batch, r, rnbd_breq, link);
-					STAILQ_INSERT_TAIL(&mine, r, link);
-				}
-			}
-			/* The next stages may queue flushes again: not this batch's. */
-			while ((r = STAILQ_FIRST(&mine))) {
-				STAILQ_REMOVE_HEAD(&mine, link);
-				uring_step(e, r, rc);
-			}
+		rc = flusher_sync(s);
+		atomic_fetch_add_explicit(&e->flush_syncs, 1, memory_order_relaxed);
+		pthread_mutex_lock(&e->lock);
+		/* Before the next stages: the last of them may close the store. */
+		s->syncing = false;
+		e->flush_syncing--;
+		if (s->flushq_n) {
+			e->flush_ready++;
+			pthread_cond_signal(&e->flush_cond);
+		}
+		pthread_mutex_unlock(&e->lock);
+		/* The next stages may queue flushes again: not this sync's. */
+		while ((r = STAILQ_FIRST(&mine))) {
+			STAILQ_REMOVE_HEAD(&mine, link);
+			uring_step(e, r, rc);
 		}
 		pthread_mutex_lock(&e->lock);
 	}
-	/* The last touch of e: rnbd_engine_close waits for flusher false under the lock. */
-	e->flusher = false;
+	/* The last touch of e: rnbd_engine_close waits for no flushers under the lock. */
+	e->flushers--;
 	pthread_cond_broadcast(&e->cond);
 	pthread_mutex_unlock(&e->lock);
 	return NULL;
@@ -487,21 +538,27 @@ static void *flusher_thread(void *arg)
 
 static void flush_queue(struct rnbd_engine *e, struct rnbd_breq *r)
 {
+	struct rnbd_store *s = r->store;
 	bool inline_run = false;
 
 	atomic_fetch_add_explicit(&e->flushes, 1, memory_order_relaxed);
 	pthread_mutex_lock(&e->lock);
 	STAILQ_INSERT_TAIL(&e->flushq, r, link);
-	if (e->flusher) {
+	if (s->flushq_n++ == 0 && !s->syncing)
+		e->flush_ready++;
+	if (e->flushers_idle)
 		pthread_cond_signal(&e->flush_cond);
-	} else {
+	/* Stores waiting for a flusher beyond those free (idle, or about to look): one more. */
+	if (e->flush_ready > e->flushers - e->flush_syncing && e->flushers < RNBD_FLUSHERS_MAX) {
 		int rc = start_detached(flusher_thread, e);
 
 		if (!rc) {
-			e->flusher = true;
-		} else {
+			e->flushers++;
+		} else if (!e->flushers) {
 			log_warn_rl("rnbd: flusher: cannot start a thread: %s", strerror(rc));
 			STAILQ_REMOVE(&e->flushq, r, rnbd_breq, link);
+			if (--s->flushq_n == 0 && !s->syncing)
+				e->flush_ready--;
 			inline_run = true; /* no thread to take it: run it here */
 		}
 	}
@@ -620,7 +677,7 @@ void rnbd_engine_close(struct rnbd_engine *e)
 	e->stop = true;
 	pthread_cond_broadcast(&e->cond);
 	pthread_cond_broadcast(&e->flush_cond);
-	while (e->started || e->flusher)
+	while (e->started || e->flushers)
 		pthread_cond_wait(&e->cond, &e->lock);
 	pthread_mutex_unlock(&e->lock);
 	if (e->reaper_started) {

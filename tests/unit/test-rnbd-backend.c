@@ -24,6 +24,7 @@
 #include "check.h"
 #include "threads.h"
 #include "rnbd-backend.h"
+#include "rnbd-hooks.h"
 #include "util.h"
 
 #define DEV_SIZE (8u << 20)
@@ -587,12 +588,129 @@ static void test_flusher(void)
 	unlink(path);
 }
 
+/* A store's fdatasync held, as a hung file system would hold it (rnbd_store_set_sync_hook). */
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int fd;              /* the held store's */
+	bool release;
+	unsigned inside;     /* syncs of fd running now */
+	unsigned most;       /* the most at once */
+	unsigned calls;      /* syncs of fd in all */
+} held = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, -1, false, 0, 0, 0 };
+
+static int held_sync(void *priv, int fd)
+{
+	(void)priv;
+	if (fd != held.fd)
+		return fdatasync(fd) ? -errno : 0;
+	pthread_mutex_lock(&held.lock);
+	held.calls++;
+	if (++held.inside > held.most)
+		held.most = held.inside;
+	pthread_cond_broadcast(&held.cond);
+	while (!held.release)
+		pthread_cond_wait(&held.cond, &held.lock);
+	held.inside--;
+	pthread_mutex_unlock(&held.lock);
+	return fdatasync(fd) ? -errno : 0;
+}
+
+static bool waiter_within(struct waiter *w, unsigned ms)
+{
+	for (unsigned i = 0; i < ms; i++) {
+		bool done;
+
+		pthread_mutex_lock(&w->lock);
+		done = !w->left;
+		pthread_mutex_unlock(&w->lock);
+		if (done)
+			return true;
+		usleep(1000);
+	}
+	return false;
+}
+
+/*
+ * One store's fdatasync that hangs holds its own flushes and no other
+ * store's: B's flushes complete while A's sync is held; A's flushes
+ * queued meanwhile wait for it (one fdatasync of a store at a time) and
+ * are covered by one more once it ends. (One flusher for all stores
+ * made every tenant's flushes wait behind one slow file system.)
+ */
+static void test_flush_isolation(void)
+{
+	char pa[] = "/var/tmp/rnbd-backend-test.XXXXXX", pb[] = "/var/tmp/rnbd-backend-test.XXXXXX";
+	struct waiter wa = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1 };
+	struct waiter wa2 = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 3 };
+	struct waiter wb = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 8 };
+	static struct req qa[4], qb[8];
+	struct rnbd_engine *e;
+	struct rnbd_store *a, *b;
+	int fa = mkstemp(pa), fb = mkstemp(pb);
+
+	CHECK(fa >= 0 && fb >= 0);
+	CHECK_EQ(ftruncate(fa, 1 << 20), 0);
+	CHECK_EQ(ftruncate(fb, 1 << 20), 0);
+	CHECK_EQ(rnbd_engine_open(RNBD_ENGINE_URING, 2, 0, &e), 0);
+	CHECK_EQ(rnbd_store_fd(e, fa, false, &a), 0);
+	CHECK_EQ(rnbd_store_fd(e, fb, false, &b), 0);
+	held.fd = fa;
+	rnbd_store_set_sync_hook(held_sync, NULL);
+
+	qa[0] = (struct req){ .w = &wa, .err = 1 };
+	qa[0].r = (struct rnbd_breq){ .op = RNBD_OP_FLUSH, .done = req_done };
+	rnbd_store_submit(a, &qa[0].r);
+	pthread_mutex_lock(&held.lock);
+	while (!held.inside)
+		pthread_cond_wait(&held.cond, &held.lock);
+	pthread_mutex_unlock(&held.lock);
+	/* A hangs; more of A's flushes come, and B's. */
+	for (unsigned i = 1; i < 4; i++) {
+		qa[i] = (struct req){ .w = &wa2, .err = 1 };
+		qa[i].r = (struct rnbd_breq){ .op = RNBD_OP_FLUSH, .done = req_done };
+		rnbd_store_submit(a, &qa[i].r);
+	}
+	for (unsigned i = 0; i < 8; i++) {
+		qb[i] = (struct req){ .w = &wb, .err = 1 };
+		qb[i].r = (struct rnbd_breq){ .op = RNBD_OP_FLUSH, .done = req_done };
+		rnbd_store_submit(b, &qb[i].r);
+	}
+	CHECK(waiter_within(&wb, 5000), "B's flushes waited behind A's hung fdatasync");
+	for (unsigned i = 0; i < 8; i++)
+		CHECK_EQ(qb[i].err, 0);
+	CHECK(!waiter_within(&wa, 100), "A's flush completed while its fdatasync hung");
+	CHECK(!waiter_within(&wa2, 1), "A's later flushes completed while its fdatasync hung");
+	pthread_mutex_lock(&held.lock);
+	CHECK_EQ(held.inside, 1u); /* no second fdatasync of A beside the hung one */
+	held.release = true;
+	pthread_cond_broadcast(&held.cond);
+	pthread_mutex_unlock(&held.lock);
+	CHECK(waiter_within(&wa, 5000) && waiter_within(&wa2, 5000), "A's flushes once released");
+	for (unsigned i = 0; i < 4; i++)
+		CHECK_EQ(qa[i].err, 0);
+	pthread_mutex_lock(&held.lock);
+	CHECK_EQ(held.most, 1u);
+	CHECK_EQ(held.calls, 2u); /* the hung one, then one for the three queued behind it */
+	pthread_mutex_unlock(&held.lock);
+	rnbd_store_set_sync_hook(NULL, NULL);
+	rnbd_store_close(a);
+	rnbd_store_close(b);
+	rnbd_engine_close(e);
+	CHECK_EQ(threads_left("rnbd-flush"), 0u);
+	close(fa);
+	close(fb);
+	unlink(pa);
+	unlink(pb);
+}
+
 int main(int argc, char **argv)
 {
 	int rc;
 
 	if (argc > 1 && !strcmp(argv[1], "--blockdev"))
 		return test_blockdev();
+	test_flush_isolation();
 	test_file(RNBD_ENGINE_URING, false, false);
 	test_file(RNBD_ENGINE_URING, false, true);
 	test_file(RNBD_ENGINE_THREADS, false, true);
