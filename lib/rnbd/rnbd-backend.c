@@ -55,6 +55,7 @@ struct rnbd_engine {
 	unsigned nthreads;
 	unsigned started;     /* threads running */
 	unsigned idle;        /* waiting for work */
+	uint64_t pool_taken_ms; /* a pool thread last took a request */
 	/*
 	 * the flushers (io_uring engines): flushes queued, under lock. A
 	 * store has one fdatasync running at a time, for all of its flushes
@@ -102,6 +103,9 @@ struct rnbd_store {
 
 /* A pool thread without work for this long ends. */
 #define RNBD_POOL_IDLE_MS 5000
+/* Pool threads at most, when those it has hang (RNBD_POOL_STUCK_MS without taking one). */
+#define RNBD_POOL_MAX 64
+#define RNBD_POOL_STUCK_MS 1000
 /* Flusher threads at most: as many stores' fdatasyncs at once. */
 #define RNBD_FLUSHERS_MAX 32
 
@@ -152,8 +156,22 @@ static int zero_fill(int fd, uint64_t off, uint64_t len)
 	return 0;
 }
 
+static int (*_Atomic sync_hook)(void *priv, int fd);
+static void *_Atomic sync_hook_priv;
+
+void rnbd_store_set_sync_hook(int (*fn)(void *priv, int fd), void *priv)
+{
+	sync_hook_priv = priv;
+	atomic_store(&sync_hook, fn);
+}
+
+/* fdatasync(fd), or the test's hook in its place (rnbd-hooks.h). */
 static int datasync(int fd)
 {
+	int (*hook)(void *priv, int fd) = atomic_load(&sync_hook);
+
+	if (hook)
+		return hook(sync_hook_priv, fd);
 	return fdatasync(fd) ? -errno : 0;
 }
 
@@ -259,6 +277,7 @@ static void *pool_thread(void *arg)
 			continue;
 		}
 		STAILQ_REMOVE_HEAD(&e->queue, link);
+		e->pool_taken_ms = now_ms();
 		pthread_mutex_unlock(&e->lock);
 		complete(r, exec_sync(r->store, r));
 		pthread_mutex_lock(&e->lock);
@@ -292,9 +311,18 @@ static void pool_queue(struct rnbd_engine *e, struct rnbd_breq *r)
 	STAILQ_INSERT_TAIL(&e->queue, r, link);
 	if (e->idle) {
 		pthread_cond_signal(&e->cond);
-	} else if (e->started < e->nthreads) {
+	} else if (e->started < e->nthreads ||
+		   /*
+		    * Every thread busy and none has taken a request for a
+		    * second: they hang on a store (a hung file system), and
+		    * the other stores' requests get a thread more, at most
+		    * one a second, up to RNBD_POOL_MAX.
+		    */
+		   (e->started < RNBD_POOL_MAX && now_ms() - e->pool_taken_ms >= RNBD_POOL_STUCK_MS)) {
 		int rc = start_detached(pool_thread, e);
 
+		if (e->started >= e->nthreads)
+			e->pool_taken_ms = now_ms();
 		if (!rc)
 			e->started++;
 		else if (!e->started)
@@ -442,23 +470,6 @@ static void uring_step(struct rnbd_engine *e, struct rnbd_breq *r, int res)
 
 /* ---- the flushers (io_uring engines) ------------------------------------------ */
 
-static int (*_Atomic sync_hook)(void *priv, int fd);
-static void *_Atomic sync_hook_priv;
-
-void rnbd_store_set_sync_hook(int (*fn)(void *priv, int fd), void *priv)
-{
-	sync_hook_priv = priv;
-	atomic_store(&sync_hook, fn);
-}
-
-/* A flusher's fdatasync of s (or the test's hook in its place). */
-static int flusher_sync(struct rnbd_store *s)
-{
-	int (*hook)(void *priv, int fd) = atomic_load(&sync_hook);
-
-	return hook ? hook(sync_hook_priv, s->fd) : datasync(s->fd);
-}
-
 /*
  * Takes a store's flushes, all that are queued, and makes it durable with
  * one fdatasync, begun after each of them was queued (after the write
@@ -511,7 +522,7 @@ static void *flusher_thread(void *arg)
 		e->flush_ready--;
 		e->flush_syncing++;
 		pthread_mutex_unlock(&e->lock);
-		rc = flusher_sync(s);
+		rc = datasync(s->fd);
 		atomic_fetch_add_explicit(&e->flush_syncs, 1, memory_order_relaxed);
 		pthread_mutex_lock(&e->lock);
 		/* Before the next stages: the last of them may close the store. */

@@ -29,9 +29,10 @@ struct rnbd_breq;
 void rnbd_store_set_hold_hook(bool (*fn)(void *priv, struct rnbd_breq *r), void *priv);
 void rnbd_store_resume(struct rnbd_breq *r);
 /*
- * io_uring engines: fn(priv, fd) runs in place of a flusher's fdatasync of
- * a store's descriptor fd, and returns what it would (0 or -errno): a test
- * holds one store's sync there, as a hung file system would. NULL removes it.
+ * fn(priv, fd) runs in place of every fdatasync of a store's descriptor fd
+ * (a flusher's, a pool thread's), and returns what it would (0 or -errno):
+ * a test holds one store's syncs there, as a hung file system would. NULL
+ * removes it.
  */
 void rnbd_store_set_sync_hook(int (*fn)(void *priv, int fd), void *priv);
 

@@ -704,6 +704,76 @@ static void test_flush_isolation(void)
 	unlink(pb);
 }
 
+/*
+ * The pool when every thread hangs on one store: requests for another get
+ * a thread more once no request was taken for a second, and complete;
+ * those of the hung store complete when it comes back.
+ */
+static void test_pool_stuck(void)
+{
+	char pa[] = "/var/tmp/rnbd-backend-test.XXXXXX", pb[] = "/var/tmp/rnbd-backend-test.XXXXXX";
+	struct waiter wa = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 2 };
+	struct waiter wb = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 2 };
+	static uint8_t buf[2][4096], back[4096];
+	static struct req qa[2], qb[2];
+	struct rnbd_engine *e;
+	struct rnbd_store *a, *b;
+	int fa = mkstemp(pa), fb = mkstemp(pb);
+
+	CHECK(fa >= 0 && fb >= 0);
+	CHECK_EQ(ftruncate(fa, 1 << 20), 0);
+	CHECK_EQ(ftruncate(fb, 1 << 20), 0);
+	CHECK_EQ(rnbd_engine_open(RNBD_ENGINE_THREADS, 2, 0, &e), 0);
+	CHECK_EQ(rnbd_store_fd(e, fa, false, &a), 0);
+	CHECK_EQ(rnbd_store_fd(e, fb, false, &b), 0);
+	pthread_mutex_lock(&held.lock);
+	held.fd = fa;
+	held.release = false;
+	held.inside = held.most = held.calls = 0;
+	pthread_mutex_unlock(&held.lock);
+	rnbd_store_set_sync_hook(held_sync, NULL);
+	for (unsigned i = 0; i < 2; i++) {
+		qa[i] = (struct req){ .w = &wa, .err = 1 };
+		qa[i].r = (struct rnbd_breq){ .op = RNBD_OP_FLUSH, .done = req_done };
+		rnbd_store_submit(a, &qa[i].r);
+	}
+	pthread_mutex_lock(&held.lock);
+	while (held.inside < 2)
+		pthread_cond_wait(&held.cond, &held.lock);
+	pthread_mutex_unlock(&held.lock);
+	/* Both threads hang on A; B's first write waits, its second comes after a second. */
+	for (unsigned i = 0; i < 2; i++) {
+		memset(buf[i], 0x40 + (int)i, sizeof(buf[i]));
+		qb[i] = (struct req){ .w = &wb, .err = 1 };
+		qb[i].r = (struct rnbd_breq){ .op = RNBD_OP_WRITE, .offset = (uint64_t)i << 12,
+					      .len = sizeof(buf[i]), .buf = buf[i], .done = req_done };
+		rnbd_store_submit(b, &qb[i].r);
+		if (!i)
+			usleep(1200 * 1000);
+	}
+	CHECK(waiter_within(&wb, 5000), "B's writes waited behind a pool hung on A");
+	for (unsigned i = 0; i < 2; i++) {
+		CHECK_EQ(qb[i].err, 0);
+		CHECK_EQ(pread(fb, back, sizeof(back), (off_t)i << 12), (ssize_t)sizeof(back));
+		CHECK(!memcmp(back, buf[i], sizeof(back)), "B's write %u landed", i);
+	}
+	CHECK(!waiter_within(&wa, 1), "A's flushes completed while hung");
+	pthread_mutex_lock(&held.lock);
+	held.release = true;
+	pthread_cond_broadcast(&held.cond);
+	pthread_mutex_unlock(&held.lock);
+	CHECK(waiter_within(&wa, 5000), "A's flushes once released");
+	rnbd_store_set_sync_hook(NULL, NULL);
+	rnbd_store_close(a);
+	rnbd_store_close(b);
+	rnbd_engine_close(e);
+	CHECK_EQ(threads_left("rnbd-pool"), 0u);
+	close(fa);
+	close(fb);
+	unlink(pa);
+	unlink(pb);
+}
+
 int main(int argc, char **argv)
 {
 	int rc;
@@ -711,6 +781,7 @@ int main(int argc, char **argv)
 	if (argc > 1 && !strcmp(argv[1], "--blockdev"))
 		return test_blockdev();
 	test_flush_isolation();
+	test_pool_stuck();
 	test_file(RNBD_ENGINE_URING, false, false);
 	test_file(RNBD_ENGINE_URING, false, true);
 	test_file(RNBD_ENGINE_THREADS, false, true);
