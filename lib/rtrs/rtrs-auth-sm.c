@@ -478,10 +478,17 @@ static enum rtrs_auth_step srv_on_reply(struct rtrs_auth_txn *t, const struct rt
 				 RTRS_AUTH_FAIL_INCORRECT_PAYLOAD, true);
 	if (t->group) {
 		rc = auth_session_key(t, m->dhv, m->dhvlen);
-		if (rc) {
+		if (rc == -EINVAL) {
+			/* The value failed its range or subgroup check: the host's doing. */
 			log_err("%s: host %s sent an unusable DH value", t->log_name, t->host);
 			return auth_fail(t, o, -EPROTO, RTRS_AUTH_FAILURE1,
 					 RTRS_AUTH_FAIL_DHGROUP_UNUSABLE, true);
+		}
+		if (rc) {
+			/* No memory, OpenSSL failing: the server's own (see srv_on_negotiate). */
+			log_err("%s: host %s: the session key could not be made: %s", t->log_name,
+				t->host, strerror(-rc));
+			return auth_fail(t, o, rc, 0, 0, true);
 		}
 	}
 	rc = auth_response(t, &t->hkey, true, t->host, cfg->name, r);

@@ -554,6 +554,14 @@ static void path_auth_keys(struct clt_path *p)
  * DH-HMAC-CHAP on connection 0: the first message out. The server's
  * answers come through clt_con_recv (auth_rx), and CST_AUTH answers them.
  */
+
+/* The next authentication's transaction id: never 0, which marks a path that never authenticated. */
+static uint16_t auth_tid_next(struct clt_path *p)
+{
+	if (!++p->auth_tid)
+		p->auth_tid = 1;
+	return p->auth_tid;
+}
 static int path_auth_begin(struct clt_path *p)
 {
 	struct rtrs_clt_sess *s = p->sess;
@@ -571,7 +579,7 @@ static int path_auth_begin(struct clt_path *p)
 	p->auth_active = true;
 	path_auth_keys(p);
 	p->auth_cfg.scc = p->concat_phase ? RTRS_AUTH_SCC_NEWTLSPSK : RTRS_AUTH_SCC_NONE;
-	rc = rtrs_auth_clt_begin(&p->auth, &p->auth_cfg, p->name, ++p->auth_tid, p->auth_tx,
+	rc = rtrs_auth_clt_begin(&p->auth, &p->auth_cfg, p->name, auth_tid_next(p), p->auth_tx,
 				 sizeof(p->auth_tx), &out_len);
 	if (!rc && out_len)
 		rc = fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL);
@@ -702,7 +710,7 @@ static void path_reauth_work(struct loop_work *w)
 		}
 		log_info("%s: the server asks to authenticate again", p->name);
 		path_auth_keys(p);
-		rc = rtrs_auth_clt_begin(&p->auth, &p->auth_cfg, p->name, ++p->auth_tid, p->auth_tx,
+		rc = rtrs_auth_clt_begin(&p->auth, &p->auth_cfg, p->name, auth_tid_next(p), p->auth_tx,
 					 sizeof(p->auth_tx), &out_len);
 		p->reauth = true;
 		if (!rc && out_len)

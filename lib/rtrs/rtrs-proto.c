@@ -281,8 +281,8 @@ int rtrs_info_rsp_decode(const void *buf, size_t len, const struct rtrs_limits *
 	sg_cnt = le16_get(m.sg_cnt);
 	/* Bytes 4..7 are reserved for a kernel server: only a peer of ours sends a verdict. */
 	err = lim->ext ? (int16_t)le16_get(m.errno_) : 0;
-	if (err > 0)
-		REJECT(-EPROTO, "positive errno in info response");
+	if (err > 0 || err < RTRS_REJ_ERRNO_MIN)
+		REJECT(-EPROTO, "info response errno outside 1..4095");
 	if (err) {
 		if (sg_cnt)
 			REJECT(-EPROTO, "info response with both an errno and descriptors");
@@ -501,8 +501,8 @@ int rtrs_fence_decode(const void *buf, size_t len, enum rtrs_msg_type type, uint
 	if (le16_get(m.type) != type)
 		REJECT(-EPROTO, "not the expected fence message");
 	*err = (int16_t)le16_get(m.errno_);
-	if (*err > 0 || (type == RTRS_MSG_FENCE && *err))
-		REJECT(-EPROTO, "fence errno out of place");
+	if (*err > 0 || *err < RTRS_REJ_ERRNO_MIN || (type == RTRS_MSG_FENCE && *err))
+		REJECT(-EPROTO, "fence errno out of place or outside 1..4095");
 	*recon = le16_get(m.flags) & RTRS_FENCE_RECON_F ? (int32_t)le16_get(m.recon_cnt) : -1;
 	memcpy(uuid, m.path_uuid, RTRS_UUID_LEN);
 	return 0;

@@ -1303,6 +1303,59 @@ static void test_bad_dh(void)
 	}
 }
 
+/* rtrs_auth_dh_shared, wrapped: fails with dh_fail (once set) on the server's side. */
+static int dh_fail;
+static bool dh_fail_srv_only;
+int __real_rtrs_auth_dh_shared(struct rtrs_auth_dh *dh, const uint8_t *peer, size_t peer_len,
+			       uint8_t *out, size_t out_len);
+int __wrap_rtrs_auth_dh_shared(struct rtrs_auth_dh *dh, const uint8_t *peer, size_t peer_len,
+			       uint8_t *out, size_t out_len);
+int __wrap_rtrs_auth_dh_shared(struct rtrs_auth_dh *dh, const uint8_t *peer, size_t peer_len,
+			       uint8_t *out, size_t out_len)
+{
+	if (dh_fail && dh_fail_srv_only)
+		return dh_fail;
+	return __real_rtrs_auth_dh_shared(dh, peer, peer_len, out, out_len);
+}
+
+/*
+ * The server cannot make the session key for a reason of its own (no
+ * memory, OpenSSL failing): no FAILURE1, which the host would take as its
+ * key rejected and never retry; the path just goes and the host
+ * reconnects. Only a value that fails its checks (test_bad_dh) is the
+ * host's doing.
+ */
+static void test_srv_dh_own_failure(void)
+{
+	static const int errs[] = { -ENOMEM, -EIO };
+
+	for (size_t i = 0; i < sizeof(errs) / sizeof(errs[0]); i++) {
+		struct xchg *x = xnew();
+		char what[64];
+
+		snprintf(what, sizeof(what), "the server's DH fails with %d", errs[i]);
+		host_cfg(&x->hc, "sha384", "ffdhe2048", &rb_hk, NULL);
+		srv_cfg(&x->sc, NULL, NULL);
+		{
+			char hs[RTRS_AUTH_KEY_STR_MAX];
+
+			rtrs_auth_key_format(&rb_hk, hs, sizeof(hs));
+			write_keys(hs, NULL);
+		}
+		xstart(x);
+		pump(x, 2); /* NEGOTIATE, CHALLENGE (the host's DH ran), REPLY */
+		dh_fail = errs[i];
+		dh_fail_srv_only = true;
+		run(x);
+		dh_fail = 0;
+		dh_fail_srv_only = false;
+		CHECK_TR(what, x, NEG, CHAL, REPLY);
+		CHECK_END(what, x, CONT, 0, FAIL, errs[i]);
+		CHECK(!x->srv.host_ok);
+		xfree(x);
+	}
+}
+
 /* rtrs_auth_txn_end() leaves nothing secret behind. */
 static void test_txn_end(void)
 {
@@ -1495,6 +1548,7 @@ int main(void)
 	test_reply_lengths();
 	test_challenge_unoffered();
 	test_bad_dh();
+	test_srv_dh_own_failure();
 	test_txn_end();
 	test_log_clean();
 

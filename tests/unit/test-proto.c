@@ -774,6 +774,15 @@ static void test_info_rsp_ext(void)
 	CHECK_ACCEPT(info_rsp_dec_verdict(m, 8, &lim, chunks, &verdict, &dnr, WHY));
 	CHECK_EQ(verdict, -EPERM);
 	CHECK(dnr);
+	/* A verdict stays within 1..4095, as a connection's rejection does. */
+	put16(m, 4, (uint16_t)-4095);
+	CHECK_ACCEPT(info_rsp_dec_verdict(m, 8, &lim, chunks, &verdict, &dnr, WHY));
+	CHECK_EQ(verdict, -4095);
+	put16(m, 4, (uint16_t)-4096);
+	CHECK_REJECT(-EPROTO, info_rsp_dec_verdict(m, 8, &lim, chunks, &verdict, &dnr, WHY));
+	put16(m, 4, (uint16_t)-20000);
+	CHECK_REJECT(-EPROTO, info_rsp_dec_verdict(m, 8, &lim, chunks, &verdict, &dnr, WHY));
+	rtrs_info_rsp_encode_verdict(m, -EPERM, true);
 	/* From a kernel server: sg_cnt 0 is just a broken response. */
 	lim.ext = false;
 	CHECK_REJECT(-EINVAL, info_rsp_dec_verdict(m, 8, &lim, chunks, &verdict, &dnr, WHY));
@@ -1515,6 +1524,11 @@ static void test_fence(void)
 	m.errno_ = le16_put(5); /* positive */
 	m.type = le16_put(RTRS_MSG_FENCE_ACK);
 	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE_ACK, out, &recon, &err, &why), -EPROTO);
+	m.errno_ = le16_put((uint16_t)-4096); /* beyond 1..4095 */
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE_ACK, out, &recon, &err, &why), -EPROTO);
+	m.errno_ = le16_put((uint16_t)-4095);
+	CHECK_EQ(rtrs_fence_decode(&m, sizeof(m), RTRS_MSG_FENCE_ACK, out, &recon, &err, &why), 0);
+	CHECK_EQ(err, -4095);
 }
 
 /* Authentication names: what the wire carries, and what open/start accept. */
