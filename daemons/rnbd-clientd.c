@@ -152,7 +152,7 @@ struct dev {
 	char name[256];
 	enum rnbd_clt_mode mode;
 	bool want_bdev;               /* the map asked for a block device */
-	struct rnbd_clt_dev *d;
+	struct rnbd_clt_dev *d;       /* written under state_lock; NULL while an unmap runs */
 	/* state_lock */
 	struct ublk_dev *ub;          /* its block device, where ublk is */
 	int ub_id;                    /* N of /dev/ublkbN (its record in --runtime-dir) */
@@ -526,7 +526,11 @@ static struct json_object *dev_json(struct dev *d)
 	struct rnbd_clt_dev_info in = { .size = sizeof(in) };
 	struct json_object *o = json_object_new_object();
 
-	rnbd_clt_dev_info(d->d, &in);
+	/* An unmap under way holds the handle (dev_unmap): the device is going. */
+	if (d->d)
+		rnbd_clt_dev_info(d->d, &in);
+	else
+		in.state = "unmapping";
 	if (put(o, "session", json_object_new_string(d->s->name)) &&
 	    put(o, "device", json_object_new_string(d->name)) &&
 	    put(o, "mode", json_object_new_string(mode_names[d->mode])) &&
@@ -837,7 +841,9 @@ static int m_map(void *priv, struct json_object *params, struct json_object **re
  */
 static int dev_unmap(struct dev *d, bool force)
 {
+	struct rnbd_clt_dev *h;
 	struct ublk_dev *ub;
+	int rc;
 
 	pthread_mutex_lock(&state_lock);
 	ub = d->ub;
@@ -854,7 +860,21 @@ static int dev_unmap(struct dev *d, bool force)
 		link_drop(d->s->name, d->name, d->ub_id);
 		force = true; /* with the block device gone, nothing sends IO any more */
 	}
-	return rnbd_clt_unmap(d->d, force);
+	/*
+	 * The handle leaves the list's reach first: client.devices and the
+	 * metrics read it under state_lock, and a successful unmap frees it.
+	 */
+	pthread_mutex_lock(&state_lock);
+	h = d->d;
+	d->d = NULL;
+	pthread_mutex_unlock(&state_lock);
+	rc = rnbd_clt_unmap(h, force);
+	if (rc) {
+		pthread_mutex_lock(&state_lock);
+		d->d = h; /* still mapped */
+		pthread_mutex_unlock(&state_lock);
+	}
+	return rc;
 }
 
 /*
