@@ -231,6 +231,12 @@ static uint64_t sess_epoch(struct rnbd_clt_sess *s)
 
 /* For request(): send whatever the epoch. */
 #define ANY_EPOCH UINT64_MAX
+/*
+ * How long a map or a remap waits for the session to be ready for an OPEN
+ * after a new server session (dev_open_locked): the old IO answered, which
+ * may wait for a path up to fast_io_fail_ms, and SESS_INFO.
+ */
+#define RNBD_OPEN_READY_MS 60000
 
 /*
  * Sends an admin message (SESS_INFO, OPEN, CLOSE: on the admin connection,
@@ -486,10 +492,35 @@ static int dev_open_locked(struct rnbd_clt_dev *d, struct io_list *release)
 {
 	struct rnbd_clt_sess *s = d->sess;
 	void (*hook)(void *priv, const char *dev_name) = atomic_load(&open_hook);
-	uint64_t epoch = s->epoch;
+	uint64_t epoch;
 	struct rnbd_open_rsp r;
 	int rc;
 
+	/*
+	 * A map or a remap waits, as the worker's pass does, until the IO of
+	 * an earlier server session is answered and the current one has had
+	 * SESS_INFO: an OPEN before that may be given an id that a stale
+	 * request still on its way names (a kernel server gives out the
+	 * lowest free id, and takes OPEN before SESS_INFO), so that request
+	 * would land on this device. The worker's own OPENs find it so.
+	 */
+	if (s->on_wire_old || s->info_epoch != s->epoch) {
+		struct timespec dl = deadline_ms(RNBD_OPEN_READY_MS);
+		int w = 0;
+
+		want_pass(s);
+		while ((s->on_wire_old || s->info_epoch != s->epoch) && !s->stop && w != ETIMEDOUT)
+			w = pthread_cond_timedwait(&s->cond, &s->lock, &dl);
+		if (s->stop || s->on_wire_old || s->info_epoch != s->epoch) {
+			rc = s->stop ? -ESHUTDOWN : -ETIMEDOUT;
+			d->opening = false;
+			d->state = DEV_CLOSED;
+			gate_release(d, rc, release);
+			pthread_cond_broadcast(&s->cond);
+			return rc;
+		}
+	}
+	epoch = s->epoch;
 	pthread_mutex_unlock(&s->lock);
 	rc = dev_open_msg(s, epoch, d->name, d->mode, &r);
 	if (hook)
@@ -635,7 +666,7 @@ int rnbd_clt_sess_open(const struct rtrs_clt_opts *opts, struct rnbd_clt_sess **
 		return -ENOMEM;
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_mutex_init(&s->admin_lock, NULL);
-	pthread_cond_init(&s->cond, NULL);
+	cond_init_mono(&s->cond); /* dev_open_locked waits with a deadline */
 	s->up = true; /* rtrs_clt_open connects every path */
 	o = *opts;
 	snprintf(s->name, sizeof(s->name), "%s", o.sessname ? o.sessname : "");
