@@ -1079,11 +1079,26 @@ static int m_resize(void *priv, struct json_object *params, struct json_object *
 		rc = rpc_errf(err, -EOPNOTSUPP, "device %s of session %s: %s keeps its size: this "
 			      "kernel's ublk cannot change a live device's size (UBLK_F_UPDATE_SIZE, "
 			      "Linux 6.16); unmap and map it again", d->name, d->s->name, d->bdev);
-	else if ((rc = rnbd_clt_dev_info(d->d, &old)) || (rc = rnbd_clt_resize(d->d, bytes)))
+	else if ((rc = rnbd_clt_dev_info(d->d, &old)))
+		rpc_errf(err, rc, "device %s of session %s: %s", d->name, d->s->name, strerror(-rc));
+	else if (!bytes || (old.logical_block_size && bytes % old.logical_block_size))
+		rc = rpc_errf(err, -EINVAL, "device %s of session %s: the size must be whole "
+			      "blocks, at least one, at most the server's", d->name, d->s->name);
+	else if (bytes < old.bytes && d->ub && (rc = ublk_dev_resize(d->ub, bytes)))
+		/*
+		 * Shrinking: the block device first, so that no IO the kernel
+		 * sends meanwhile falls between the two sizes and fails.
+		 */
+		rpc_errf(err, rc, "device %s of session %s: %s: ublk UPDATE_SIZE: %s", d->name,
+			 d->s->name, d->bdev, strerror(-rc));
+	else if ((rc = rnbd_clt_resize(d->d, bytes))) {
 		rpc_errf(err, rc, "device %s of session %s: %s", d->name, d->s->name,
 			 rc == -EINVAL ? "the size must be whole blocks, at least one, at most "
 			 "the server's" : strerror(-rc));
-	else if (d->ub && (rc = ublk_dev_resize(d->ub, bytes))) {
+		if (bytes < old.bytes && d->ub)
+			ublk_dev_resize(d->ub, old.bytes); /* back as it was */
+	} else if (bytes > old.bytes && d->ub && (rc = ublk_dev_resize(d->ub, bytes))) {
+		/* Growing: the mapping first, then the block device. */
 		rpc_errf(err, rc, "device %s of session %s: %s: ublk UPDATE_SIZE: %s", d->name,
 			 d->s->name, d->bdev, strerror(-rc));
 		/* The block device keeps its size; so does the mapping. */
@@ -1285,6 +1300,26 @@ static int m_save(void *priv, struct json_object *params, struct json_object **r
 		rc = -errno;
 	if (rc)
 		unlink(tmp);
+	if (!rc) {
+		/* The rename is durable only once its directory is: a power cut would undo it. */
+		char dir[4200];
+		char *slash;
+		int dfd;
+
+		snprintf(dir, sizeof(dir), "%s", g.mappings);
+		slash = strrchr(dir, '/');
+		if (slash == dir)
+			dir[1] = '\0';
+		else if (slash)
+			*slash = '\0';
+		else
+			snprintf(dir, sizeof(dir), ".");
+		dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dfd < 0 || fsync(dfd))
+			rc = -errno;
+		if (dfd >= 0)
+			close(dfd);
+	}
 	pthread_mutex_unlock(&save_lock);
 	if (rc) {
 		json_object_put(arr);

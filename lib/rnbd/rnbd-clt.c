@@ -831,6 +831,27 @@ int rnbd_clt_map(struct rnbd_clt_sess *s, const char *dev_name, enum rnbd_clt_mo
 		free(d);
 		return rc;
 	}
+	if (d->state == DEV_MAPPED && !dev_max_piece(d, RNBD_OP_READ)) {
+		/* Not one block fits the transport's largest IO: nothing could be read or written. */
+		uint32_t id = d->id, lbs = d->rsp.logical_block_size, max_io = s->max_io;
+		uint64_t epoch = s->epoch;
+
+		for (struct rnbd_clt_dev **pp = &s->devs; *pp; pp = &(*pp)->next) {
+			if (*pp == d) {
+				*pp = d->next;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&s->lock);
+		rc = dev_close_msg(s, epoch, id);
+		log_err("rnbd: %s: mapping %s refused: its blocks of %u bytes are larger than the "
+			"transport's largest IO of %u bytes%s", s->name, d->name, lbs, max_io,
+			rc ? " (and its CLOSE failed)" : "");
+		err_detail("blocks of %u bytes, larger than the transport's largest IO of %u bytes",
+			   lbs, max_io);
+		free(d);
+		return -EINVAL;
+	}
 	log_info("rnbd: %s: mapped %s (%s), %llu bytes%s", s->name, d->name,
 		 rnbd_access_mode_name(d->mode), (unsigned long long)d->bytes,
 		 d->state == DEV_MAPPED ? "" : "; the server has a new session since, it is "
@@ -969,9 +990,10 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
 		.physical_block_size = d->rsp.physical_block_size,
 		.max_io = dev_max_piece(d, RNBD_OP_READ),
 		.read_only = d->mode == RNBD_ACCESS_RO,
-		.discard = d->rsp.max_discard_sectors > 0,
-		.write_zeroes = d->rsp.max_write_zeroes_sectors > 0,
-		.secure_erase = d->rsp.secure_discard > 0,
+		/* What a request can carry: none below one block. */
+		.discard = dev_max_piece(d, RNBD_OP_DISCARD) > 0,
+		.write_zeroes = dev_max_piece(d, RNBD_OP_WRITE_ZEROES) > 0,
+		.secure_erase = dev_max_piece(d, RNBD_OP_SECURE_ERASE) > 0,
 		.write_cache = d->rsp.cache_policy & RNBD_WRITEBACK,
 		.fua = (d->rsp.cache_policy & (RNBD_WRITEBACK | RNBD_FUA)) ==
 		       (RNBD_WRITEBACK | RNBD_FUA),
