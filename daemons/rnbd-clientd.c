@@ -600,35 +600,48 @@ static pthread_mutex_t rec_lock;
  * left by a daemon that ended, as the device's block device instead of
  * making one (*recovered: ublk_dev_recover ran, whatever came of it).
  */
-static int map_do(struct json_object *params, int recover_id, bool *recovered,
-		  struct json_object **result, struct rpc_err *err)
+/*
+ * What a mapping (client.map's parameters, an entry of the mappings file)
+ * says, checked without the network: the device, session and mode it
+ * names; 0 or err set.
+ */
+static int map_check(struct json_object *params, const char **name, const char **sname,
+		     int *mode, bool *want_bdev, struct rpc_err *err)
 {
 	static const char *const names[] = { "device", "session", "server", "mode", "options",
 					     "block_device", NULL };
-	const char *name, *sname, *mname = "rw";
+	const char *mname = "rw", *why = NULL;
+	int rc;
+
+	*want_bdev = true;
+	if ((rc = rpc_params_check(params, names, err)) ||
+	    (rc = rpc_param_str(params, "device", true, name, err)) ||
+	    (rc = rpc_param_str(params, "session", true, sname, err)) ||
+	    (rc = rpc_param_str(params, "mode", false, &mname, err)) ||
+	    (rc = rpc_param_bool(params, "block_device", false, want_bdev, err)))
+		return rc;
+	*mode = mode_of(mname);
+	if (*mode < 0)
+		return rpc_errf(err, RPC_INVALID_PARAMS, "mode %s: expected rw, ro or migration",
+				mname);
+	/* Before any session is opened for it. */
+	if (rnbd_dev_name_check(*name, &why))
+		return rpc_errf(err, -EINVAL, "device %s: %s", *name, why);
+	return 0;
+}
+
+static int map_do(struct json_object *params, int recover_id, bool *recovered,
+		  struct json_object **result, struct rpc_err *err)
+{
+	const char *name, *sname;
 	struct sess *s, *fresh = NULL;
 	struct dev *d = NULL;
 	struct json_object *rec = NULL;
-	bool want_bdev = true, undo = false, inserted = false, close_s;
+	bool want_bdev, undo = false, inserted = false, close_s;
 	int rc, mode;
 
-	if ((rc = rpc_params_check(params, names, err)) ||
-	    (rc = rpc_param_str(params, "device", true, &name, err)) ||
-	    (rc = rpc_param_str(params, "session", true, &sname, err)) ||
-	    (rc = rpc_param_str(params, "mode", false, &mname, err)) ||
-	    (rc = rpc_param_bool(params, "block_device", false, &want_bdev, err)))
+	if ((rc = map_check(params, &name, &sname, &mode, &want_bdev, err)))
 		return rc;
-	mode = mode_of(mname);
-	if (mode < 0)
-		return rpc_errf(err, RPC_INVALID_PARAMS, "mode %s: expected rw, ro or migration",
-				mname);
-	{
-		const char *why = NULL;
-
-		/* Before any session is opened for it. */
-		if (rnbd_dev_name_check(name, &why))
-			return rpc_errf(err, -EINVAL, "device %s: %s", name, why);
-	}
 	if (want_bdev && !have_ublk)
 		return rpc_errf(err, -ENODEV, "device %s of session %s: %s; block_device false "
 				"maps it without one", name, sname, ublk_note);
@@ -806,7 +819,7 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 	json_object_put(rec);
 	if (!undo && d && (!rc || rc == -ENOMEM)) {
 		dlog(DLOG_INFO, "device %s of session %s: %s %s; %s", name, sname,
-		     recover_id >= 0 ? "mapped again" : "mapped", mname,
+		     recover_id >= 0 ? "mapped again" : "mapped", mode_names[mode],
 		     d->bdev[0] ? d->bdev : d->note);
 		if (recover_id >= 0)
 			dlog(DLOG_INFO, "ublk: %s taken over: its IO goes on", d->bdev);
@@ -1220,6 +1233,22 @@ static struct json_object *mapping_of(struct dev *d)
 }
 
 /* The mappings now, as client.map takes them (state_lock held). */
+/*
+ * The mappings file's entries that could not be mapped at start (a server
+ * down then, a device not there yet), state_lock: a save keeps them, so
+ * that a mapping is never lost from the file because it failed once.
+ */
+static struct json_object *unrestored;
+
+/* Whether session sname has device name mapped now (state_lock held). */
+static bool mapped_now(const char *sname, const char *name)
+{
+	for (unsigned i = 0; i < DEVS_MAX; i++)
+		if (devs[i] && !strcmp(devs[i]->s->name, sname) && !strcmp(devs[i]->name, name))
+			return true;
+	return false;
+}
+
 static struct json_object *mappings_json(void)
 {
 	struct json_object *arr = json_object_new_array();
@@ -1232,6 +1261,21 @@ static struct json_object *mappings_json(void)
 		o = mapping_of(devs[i]);
 		if (!o || json_object_array_add(arr, o)) {
 			json_object_put(o);
+			json_object_put(arr);
+			return NULL;
+		}
+	}
+	for (size_t i = 0; arr && i < arr_len(unrestored); i++) {
+		struct json_object *m = json_object_array_get_idx(unrestored, i), *v;
+		const char *sname = json_object_object_get_ex(m, "session", &v) ?
+				    json_object_get_string(v) : "";
+		const char *name = json_object_object_get_ex(m, "device", &v) ?
+				   json_object_get_string(v) : "";
+
+		if (mapped_now(sname ? sname : "", name ? name : ""))
+			continue; /* mapped since: it is above, as it is now */
+		if (json_object_array_add(arr, json_object_get(m))) {
+			json_object_put(m);
 			json_object_put(arr);
 			return NULL;
 		}
@@ -1740,6 +1784,8 @@ static int mappings_load(struct json_object **out)
 {
 	struct json_object *arr = NULL;
 	char *text = NULL, why[160] = "";
+	unsigned *lines = NULL;
+	size_t nlines = 0;
 	struct stat st;
 	size_t len = 0;
 	int fd;
@@ -1814,18 +1860,83 @@ static int mappings_load(struct json_object **out)
 				 json_tokener_error_desc(te));
 		}
 	}
+	/* The line each top-level entry starts on, for the checks below. */
+	if (!why[0] && arr) {
+		unsigned line = 1, depth = 0;
+		bool in_str = false, esc = false, want = true;
+
+		lines = calloc(json_object_array_length(arr) + 1, sizeof(*lines));
+		for (size_t i = 0; lines && i < len; i++) {
+			char c = text[i];
+
+			line += c == '\n';
+			if (in_str) {
+				esc = !esc && c == '\\';
+				in_str = esc || c != '"';
+				if (!in_str && depth == 1)
+					want = false;
+				continue;
+			}
+			if (depth == 1 && want && !strchr(" \t\r\n,", c) && nlines <
+			    json_object_array_length(arr)) {
+				lines[nlines++] = line;
+				want = false;
+			}
+			if (c == '"')
+				in_str = true;
+			else if (c == '[' || c == '{')
+				depth++;
+			else if (c == ']' || c == '}')
+				depth--;
+			else if (c == ',' && depth == 1)
+				want = true;
+		}
+	}
 	free(text);
 	if (why[0]) {
 		fprintf(stderr, "rnbd-clientd: %s %s: %s\n", origin("mappings", g.mappings),
 			g.mappings, why);
+		free(lines);
 		return -EINVAL;
 	}
 	if (!json_object_is_type(arr, json_type_array)) {
 		fprintf(stderr, "rnbd-clientd: %s %s: not a JSON array of mappings\n",
 			origin("mappings", g.mappings), g.mappings);
 		json_object_put(arr);
+		free(lines);
 		return -EINVAL;
 	}
+	/*
+	 * Every entry as client.map would take it, before anything is mapped:
+	 * one that is not is a mistake in the file, said with its line, and
+	 * the daemon does not start (it would map the others and leave it).
+	 */
+	for (size_t i = 0; i < json_object_array_length(arr); i++) {
+		struct json_object *m = json_object_array_get_idx(arr, i);
+		struct rpc_err e = { 0 };
+		const char *name, *sname;
+		bool want_bdev;
+		struct sess *sp;
+		int mode, rc;
+
+		if (!json_object_is_type(m, json_type_object))
+			rc = rpc_errf(&e, RPC_INVALID_PARAMS, "not an object (a mapping is "
+				      "{\"device\": ..., \"session\": ..., \"server\": [...]})");
+		else if (!(rc = map_check(m, &name, &sname, &mode, &want_bdev, &e)) &&
+			 (sp = sess_new(sname, m, &e)))
+			sess_destroy(sp);
+		else if (!rc)
+			rc = e.code ? e.code : -EINVAL;
+		if (rc) {
+			fprintf(stderr, "rnbd-clientd: %s %s: line %u: mapping %zu: %s\n",
+				origin("mappings", g.mappings), g.mappings,
+				i < nlines ? lines[i] : 0, i + 1, e.msg[0] ? e.msg : strerror(-rc));
+			json_object_put(arr);
+			free(lines);
+			return -EINVAL;
+		}
+	}
+	free(lines);
 	*out = arr;
 	return 0;
 }
@@ -1893,8 +2004,17 @@ static void *restore_thread(void *arg)
 		}
 		rc = m_map(NULL, m, &r, &e);
 		if (rc)
-			dlog(rc == -ESHUTDOWN ? DLOG_INFO : DLOG_ERR, "mappings file %s: mapping %zu: %s",
-			     g.mappings, i - nr + 1, e.msg[0] ? e.msg : strerror(-rc));
+			dlog(rc == -ESHUTDOWN ? DLOG_INFO : DLOG_ERR, "mappings file %s: mapping %zu: %s%s",
+			     g.mappings, i - nr + 1, e.msg[0] ? e.msg : strerror(-rc),
+			     rc == -ESHUTDOWN ? "" : "; client.save keeps it in the file");
+		if (rc && rc != -ESHUTDOWN) {
+			pthread_mutex_lock(&state_lock);
+			if (!unrestored)
+				unrestored = json_object_new_array();
+			if (unrestored && json_object_array_add(unrestored, json_object_get(m)))
+				json_object_put(m);
+			pthread_mutex_unlock(&state_lock);
+		}
 		json_object_put(r);
 	}
 	pthread_mutex_lock(&state_lock);

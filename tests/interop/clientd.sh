@@ -318,6 +318,22 @@ check "... the server has nothing open" ctl_none "$dir/sctl"
 kill "$daemon_pid"
 wait "$daemon_pid" 2>/dev/null || true
 
+# A mapping that fails at start (its server is not there yet) is kept by a
+# save: the file says what should be mapped, and lost it at the next save.
+printf '[{"device": "mem1", "session": "later", "server": ["127.0.0.1:1"],\n  "block_device": false},\n {"device": "mem0", "session": "now", "server": ["127.0.0.1:%s"], "block_device": false}]\n' \
+	"$port" >"$dir/maps.json"
+daemon_start "$dir/d5.log"
+wait_until 30 grep -q "mapping 1: .*client.save keeps it in the file" "$dir/d5.log" || true
+wait_until 10 mapped_n 1 || true
+check "a mapping whose server is down: kept through a save" bash -c "'$rnbd' --socket \
+	'$dir/cctl' client save >/dev/null && python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert sorted((x[\"session\"], x[\"device\"]) for x in m) == [(\"later\", \"mem1\"), (\"now\", \"mem0\")], m
+' '$dir/maps.json'"
+kill "$daemon_pid"
+wait "$daemon_pid" 2>/dev/null || true
+
 echo '[{"device": "mem0",' >"$dir/bad.json"
 rc=0
 "$clientd" --control "$dir/cctl2" --mappings "$dir/bad.json" >"$dir/d3.log" 2>&1 || rc=$?
@@ -342,5 +358,24 @@ check "an error on line 3: that line" bad_maps line3.json "line 3: not JSON: "
 mkfifo "$dir/fifo.json"
 check "a FIFO: refused at once, not waited on" timeout 5 bash -c "$(declare -f bad_maps); \
 	clientd='$clientd' dir='$dir' bad_maps fifo.json 'is not a regular file'"
+# Every entry is checked before anything is mapped: one that client.map
+# would refuse stops the daemon with its line (it mapped the others and
+# left it, said by its index only).
+printf '[\n {"device": "mem0", "session": "a", "server": ["127.0.0.1:1"]},\n\n {"device": "mem0",\n  "session": "b", "server": ["127.0.0.1:1"], "mode": "rwx"}\n]\n' \
+	>"$dir/mode.json"
+check "an entry with an unknown mode: its line and the cause" bad_maps mode.json \
+	'line 4: mapping 2: mode rwx: expected rw, ro or migration'
+printf '[{"device": "mem0", "session": "a", "server": ["127.0.0.1:1"]}, "x"]\n' >"$dir/str.json"
+check "an entry that is not an object: said so" bad_maps str.json 'line 1: mapping 2: not an object'
+printf '[{"device": "../etc/passwd", "session": "a", "server": ["127.0.0.1:1"]}]\n' >"$dir/name.json"
+check "an entry with a device name leading out: said so" bad_maps name.json \
+	'line 1: mapping 1: device ../etc/passwd: '
+printf '[{"device": "mem0", "session": "a", "server": ["127.0.0.1:1"], "colour": 1}]\n' \
+	>"$dir/member.json"
+check "an entry with an unknown member: said so" bad_maps member.json \
+	'line 1: mapping 1: unknown parameter "colour"'
+printf '[{"device": "mem0", "session": "a", "server": []}]\n' >"$dir/noserver.json"
+check "an entry without a server: said so" bad_maps noserver.json \
+	'line 1: mapping 1: server: at least one path is needed'
 
 finish clientd
