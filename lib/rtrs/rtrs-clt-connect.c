@@ -231,14 +231,32 @@ static int sess_set_limits(struct rtrs_clt_sess *s, const struct rtrs_conn_rsp *
 	s->reqs = calloc(qd, sizeof(*s->reqs));
 	s->permits = calloc(qd, sizeof(*s->permits));
 	s->free_ids = calloc(qd, sizeof(*s->free_ids));
+	s->quar_ids = calloc(qd, sizeof(*s->quar_ids));
 	/* aligned_alloc wants a multiple of the alignment. */
 	s->hdr_area = aligned_alloc(4096, ((size_t)qd * rsp->max_hdr_size + 4095) & ~(size_t)4095);
 	s->rkeys = calloc(qd, sizeof(*s->rkeys));
 	s->rkey_gens = calloc(qd, sizeof(*s->rkey_gens));
 	s->bounce = calloc(qd, sizeof(*s->bounce));
-	if (!s->reqs || !s->permits || !s->free_ids || !s->hdr_area || !s->rkeys || !s->rkey_gens ||
-	    !s->bounce)
+	if (!s->reqs || !s->permits || !s->free_ids || !s->quar_ids || !s->hdr_area || !s->rkeys ||
+	    !s->rkey_gens || !s->bounce) {
+		/* All or none: a later attempt allocates them again. */
+		free(s->reqs);
+		free(s->permits);
+		free(s->free_ids);
+		free(s->quar_ids);
+		free(s->hdr_area);
+		free(s->rkeys);
+		free(s->rkey_gens);
+		free(s->bounce);
+		s->reqs = NULL;
+		s->permits = NULL;
+		s->free_ids = s->quar_ids = NULL;
+		s->hdr_area = NULL;
+		s->rkeys = NULL;
+		s->rkey_gens = NULL;
+		s->bounce = NULL;
 		return -ENOMEM;
+	}
 	for (uint32_t i = 0; i < qd; i++) {
 		s->reqs[i].sess = s;
 		s->reqs[i].id = i;

@@ -170,6 +170,63 @@ static void fence_acks_take(struct rtrs_clt_sess *s)
 }
 
 /*
+ * A request that fails (is completed with an error) after it went out on
+ * path f, which may have delivered it: the server may still hold its
+ * chunk, and under always_invalidate the chunk's key it revoked was
+ * replaced in a response that never came. Its permit, once put back, is
+ * kept from the next request until f is fenced (the ack brings the key
+ * table) or reconnects (its info response does): a request on that chunk
+ * before would be refused, and its connection with it (docs/protocol.md
+ * section 10). A kernel server has no fences and no such chunks.
+ */
+void clt_req_quarantine(struct clt_req *req, struct clt_path *f)
+{
+	if (f && f->srv_fence && !atomic_load(&req->sess->closing))
+		req->quarantine = f;
+}
+
+/*
+ * Loop thread: permits put back while quarantined go back to the free
+ * list once their path is fenced; a path not fenced yet gets its fence
+ * sent, as for the requests that wait on it.
+ */
+static void quarantine_process(struct rtrs_clt_sess *s)
+{
+	struct clt_path *need[RTRS_MAX_PATHS];
+	size_t nneed = 0;
+
+	if (!atomic_load(&s->quar_n))
+		return;
+	pthread_mutex_lock(&s->permit_lock);
+	for (uint32_t i = 0; i < s->nr_quar;) {
+		uint32_t id = s->quar_ids[i];
+		struct clt_path *f = s->reqs[id].quarantine;
+		enum clt_fence_state st = atomic_load(&f->fence);
+
+		if (atomic_load(&s->closing) || (st == FENCE_DONE && !atomic_load(&f->fence_err))) {
+			s->reqs[id].quarantine = NULL;
+			s->free_ids[s->nr_free++] = id;
+			s->quar_ids[i] = s->quar_ids[--s->nr_quar];
+			pthread_cond_signal(&s->permit_cond);
+			continue;
+		}
+		if (st == FENCE_NONE) {
+			size_t k = 0;
+
+			while (k < nneed && need[k] != f)
+				k++;
+			if (k == nneed && nneed < RTRS_MAX_PATHS)
+				need[nneed++] = f;
+		}
+		i++;
+	}
+	atomic_store(&s->quar_n, s->nr_quar);
+	pthread_mutex_unlock(&s->permit_lock);
+	for (size_t k = 0; k < nneed; k++)
+		fence_send(s, need[k]);
+}
+
+/*
  * Loop thread: requests parked after their path failed. Past the deadline
  * they fail; once the path is fenced (or has reconnected) they join the
  * wait list and go out again; otherwise a fence is sent for the path if
@@ -193,11 +250,13 @@ void clt_fence_process(struct rtrs_clt_sess *s, uint64_t now, bool may_come)
 		STAILQ_REMOVE_HEAD(&list, wait_link);
 		if (!may_come || now >= req->wait_deadline_ms) {
 			req->fence_path = NULL;
+			clt_req_quarantine(req, f);
 			clt_req_complete(req, may_come ? -ETIMEDOUT : -ECONNABORTED);
 		} else if (st == FENCE_DONE && atomic_load(&f->fence_err)) {
 			log_warn_rl("%s: the server could not fence the path: %s", f->name,
 				    strerror(-atomic_load(&f->fence_err)));
 			req->fence_path = NULL;
+			clt_req_quarantine(req, f);
 			clt_req_complete(req, -EIO);
 		} else if (st == FENCE_DONE) {
 			req->fence_path = NULL;
@@ -215,4 +274,5 @@ void clt_fence_process(struct rtrs_clt_sess *s, uint64_t now, bool may_come)
 	STAILQ_CONCAT(&go, &s->waiting);
 	STAILQ_CONCAT(&s->waiting, &go);
 	pthread_mutex_unlock(&s->wait_lock);
+	quarantine_process(s);
 }

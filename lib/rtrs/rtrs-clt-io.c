@@ -749,6 +749,35 @@ int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 		slot += usr[i].iov_len;
 	}
 
+	if (req->quarantine) {
+		/*
+		 * The permit of a request that failed after going out on a
+		 * path not yet fenced, used again at once (a retry in conf):
+		 * it waits for that fence as a failed-over request does, and
+		 * goes once its chunk and key are the client's again; the
+		 * fence takes a round trip on a connected path, which it may
+		 * wait for as long as a request waits for a path, and at least
+		 * RTRS_QUARANTINE_WAIT_MS. With no path to wait for it fails
+		 * here, as any request would.
+		 */
+		bool up = false;
+
+		for (size_t i = 0; i < atomic_load(&s->paths_num) && !up; i++)
+			up = atomic_load(&s->paths[i].base.state) == RTRS_PATH_CONNECTED;
+		if (!clt_sess_path_may_come(s) || (!up && !atomic_load(&s->fast_io_fail_ms)))
+			return -ECONNABORTED;
+		req->fence_path = req->quarantine;
+		req->quarantine = NULL;
+		req->path = NULL;
+		req->wait_deadline_ms = now_ms() + MAX(atomic_load(&s->fast_io_fail_ms),
+						       RTRS_QUARANTINE_WAIT_MS);
+		atomic_store(&req->state, REQ_INFLIGHT);
+		pthread_mutex_lock(&s->wait_lock);
+		STAILQ_INSERT_TAIL(&s->fencing, req, wait_link);
+		pthread_mutex_unlock(&s->wait_lock);
+		loop_timer_arm(&s->wait_timer, 1, 50);
+		return 0;
+	}
 	{
 		int rc = clt_req_route(req);
 
@@ -797,6 +826,16 @@ void rtrs_clt_put_permit(struct rtrs_clt_sess *s, struct rtrs_permit *permit)
 		return;
 	}
 	permit->in_use = false;
+	if (s->reqs[permit->id].quarantine && !atomic_load(&s->closing)) {
+		/* Its chunk or key is not ours yet: back once its path is fenced. */
+		s->quar_ids[s->nr_quar++] = permit->id;
+		atomic_store(&s->quar_n, s->nr_quar);
+		pthread_mutex_unlock(&s->permit_lock);
+		if (s->wait_timer_ready)
+			loop_timer_arm(&s->wait_timer, 1, 50);
+		return;
+	}
+	s->reqs[permit->id].quarantine = NULL;
 	s->free_ids[s->nr_free++] = permit->id;
 	pthread_cond_signal(&s->permit_cond);
 	pthread_mutex_unlock(&s->permit_lock);

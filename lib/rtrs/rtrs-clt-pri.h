@@ -36,6 +36,9 @@ enum clt_fence_state {
 	FENCE_DONE,  /* answered (fence_err), or implied by the path's reconnect */
 };
 
+/* A quarantined permit used again waits this long for its fence at least (rtrs_clt_request). */
+#define RTRS_QUARANTINE_WAIT_MS 1000
+
 struct clt_req {
 	struct rtrs_clt_sess *sess;
 	uint32_t id;
@@ -71,6 +74,13 @@ struct clt_req {
 	STAILQ_ENTRY(clt_req) wait_link; /* on waiting (path == NULL) or fencing */
 	uint64_t wait_deadline_ms;
 	struct clt_path *fence_path; /* failed over from it: waits for its fence */
+	/*
+	 * Failed while the server may still hold its chunk, or with its key
+	 * stale (the response that carried the new one lost): its permit is
+	 * not given out again until this path is fenced (clt_req_quarantine).
+	 * Written before the completion, read under permit_lock.
+	 */
+	struct clt_path *quarantine;
 };
 
 struct clt_con {
@@ -260,6 +270,9 @@ struct rtrs_clt_sess {
 	pthread_cond_t permit_cond;
 	uint32_t *free_ids;
 	uint32_t nr_free;
+	uint32_t *quar_ids;         /* permits put back while quarantined (clt_quarantine_process) */
+	uint32_t nr_quar;
+	atomic_uint quar_n;         /* nr_quar, read without permit_lock: keeps the wait timer */
 	unsigned permit_waiters;    /* close waits until they have left */
 	atomic_bool closing;        /* read anywhere; waiters use permit_cond */
 	struct rtrs_permit *permits;
@@ -362,6 +375,7 @@ bool clt_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload);
 
 /* rtrs-clt-fence.c */
 void clt_fence_process(struct rtrs_clt_sess *s, uint64_t now, bool may_come);
+void clt_req_quarantine(struct clt_req *req, struct clt_path *f);
 void clt_fence_reset(struct clt_path *p);
 void clt_fence_carrier_lost(struct clt_path *carrier);
 int clt_fence_answered(struct clt_path *carrier, const void *buf, size_t len);

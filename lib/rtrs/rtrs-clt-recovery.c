@@ -60,7 +60,7 @@ void clt_sess_retry_waiting(struct rtrs_clt_sess *s)
 	/* Still first in line: those that came meanwhile go after them. */
 	STAILQ_CONCAT(&keep, &s->waiting);
 	STAILQ_CONCAT(&s->waiting, &keep);
-	if (STAILQ_EMPTY(&s->waiting) && STAILQ_EMPTY(&s->fencing))
+	if (STAILQ_EMPTY(&s->waiting) && STAILQ_EMPTY(&s->fencing) && !atomic_load(&s->quar_n))
 		loop_timer_arm(&s->wait_timer, 0, 0);
 	pthread_mutex_unlock(&s->wait_lock);
 }
@@ -189,6 +189,7 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 			continue;
 		}
 		if (!fence) {
+			clt_req_quarantine(req, p);
 			failed += clt_req_complete(req, -ECONNABORTED);
 			continue;
 		}

@@ -106,6 +106,7 @@ static void sess_free(struct rtrs_clt_sess *s)
 	free(s->reqs);
 	free(s->permits);
 	free(s->free_ids);
+	free(s->quar_ids);
 	free(s->hdr_area);
 	free(s->rkeys);
 	free(s->rkey_gens);

@@ -786,6 +786,67 @@ static void failover_nowhere(void)
 	teardown(&c);
 }
 
+static void no_wait(struct rtrs_srv_opts *so, struct rtrs_clt_opts *o)
+{
+	(void)so;
+	if (o)
+		o->fast_io_fail_ms = 0;
+}
+
+/* Permits that can be taken now, up to 16 (all put back). */
+static unsigned permits_free(struct clt *c)
+{
+	struct rtrs_permit *p[16];
+	unsigned n = 0;
+
+	while (n < 16 && (p[n] = rtrs_clt_get_permit(c->sess, RTRS_IO_CON, RTRS_PERMIT_NOWAIT)))
+		n++;
+	for (unsigned i = 0; i < n; i++)
+		rtrs_clt_put_permit(c->sess, p[i]);
+	return n;
+}
+
+/*
+ * fast_io_fail_ms 0 (the kernel's way: no waiting for a path): a write on
+ * a whose response (with its chunk's new key, always_invalidate) is lost
+ * fails at once with -ECONNABORTED when a is cut. Its permit is not given
+ * out again until a is fenced: the next writes go on b with other chunks,
+ * whose keys are live, and b stays up. (The same chunk again, with the
+ * key the server revoked, was refused by b's fabric and took b's
+ * connection with it: both paths down for one lost link.) The fence goes
+ * over b at the wait timer's next round, its ack brings the key table,
+ * and the permit comes back.
+ */
+static void abort_quarantines_chunk(void)
+{
+	static struct io io, more[4];
+	struct clt c;
+
+	if (!setup(&c, "ab", no_wait))
+		return;
+	fake_hold(match, &rsp_a);
+	write_lose_response_on_a(&io, &c, 0, 31);
+	io_done_once(&io, -ECONNABORTED);
+	/* Permits are taken last in, first out: the next write would get the failed one's. */
+	for (unsigned i = 0; i < 4; i++) {
+		CHECK_EQ(io_start(&more[i], &c, RTRS_WRITE, RTRS_IO_CON, (i + 1) * LEN, LEN,
+				  (uint8_t)(40 + i)), 0);
+		io_done_once(&more[i], 0);
+		CHECK(area_has((i + 1) * LEN, LEN, (uint8_t)(40 + i)), "write %u is in the area", i);
+	}
+	CHECK(clt_path_is(&c, 1, "connected"), "b: %s", clt_path(&c, 1).state);
+	CHECK_EQ(permits_free(&c), 15u);
+	CHECK_EQ(fake_advance(1), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(fake_delivered(match, &(struct m){ .dir = TO_SRV, .host = "b",
+						    .msg = MSG(RTRS_MSG_FENCE) }), 1);
+	CHECK_EQ(fake_advance(50), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(permits_free(&c), 16u);
+	CHECK(clt_path_is(&c, 1, "connected"), "b: %s", clt_path(&c, 1).state);
+	teardown(&c);
+}
+
 /*
  * Path a fails with a request whose response was lost; its fence goes over
  * b and is held there while a reconnects (the server freed the old a: its
@@ -1469,6 +1530,7 @@ static const struct scenario scenarios[] = {
 	{ "fence_ack_then_carrier_fails", fence_ack_then_carrier_fails },
 	{ "fence_ack_races_send", fence_ack_races_send },
 	{ "failover_nowhere", failover_nowhere },
+	{ "abort_quarantines_chunk", abort_quarantines_chunk },
 	{ "failover_same_path", failover_same_path },
 	{ "reconnect_races_close", reconnect_races_close },
 	{ "close_with_inflight", close_with_inflight },
