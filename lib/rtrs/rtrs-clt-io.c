@@ -664,7 +664,8 @@ int clt_req_route(struct clt_req *req)
 }
 
 /*
- * True while some path is up or on its way (a request may wait for it). A
+ * True while some path is up or on its way (a request may wait for it),
+ * rtrs_clt_add_path's not yet published included. A
  * path that is closing after a failure is on its way too (it reconnects
  * unless its reconnect decision says otherwise); seen from the service
  * loop it is never closing (clt_path_stop runs there), so a request that
@@ -674,6 +675,8 @@ bool clt_sess_path_may_come(struct rtrs_clt_sess *s)
 {
 	if (atomic_load(&s->closing))
 		return false;
+	if (atomic_load(&s->add_pending))
+		return true;
 	for (size_t i = 0; i < s->paths_num; i++) {
 		enum rtrs_path_state st = atomic_load(&s->paths[i].base.state);
 

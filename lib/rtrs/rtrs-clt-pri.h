@@ -357,6 +357,12 @@ struct rtrs_clt_sess {
 	/* The process's sessions, for rtrs_clt_shutdown_all (under its lock, rtrs-clt.c). */
 	struct rtrs_clt_sess *all_next, **all_prev;
 	struct clt_path *adding;    /* a path rtrs_clt_add_path is connecting */
+	/*
+	 * rtrs_clt_add_path is connecting one, not published yet: requests
+	 * may wait for it (clt_sess_path_may_come), since its link events
+	 * (SERVER_SESSION, RECONNECTED) come before it is published.
+	 */
+	atomic_bool add_pending;
 };
 
 /* rtrs-clt-io.c */

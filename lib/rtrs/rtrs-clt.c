@@ -745,6 +745,8 @@ static void path_reconnect_call(void *arg)
 {
 	struct clt_path *p = arg;
 
+	if (atomic_load(&p->removed))
+		return; /* removed after the caller looked: it stays down */
 	atomic_store(&p->keep_closed, false);
 	atomic_store(&p->fail_dnr, false);
 	atomic_store(&p->last_err, 0);
@@ -797,6 +799,7 @@ int rtrs_clt_add_path(struct rtrs_clt_sess *s, const struct rtrs_path_addr *addr
 		pthread_mutex_lock(&all_lock);
 		s->adding = p;
 		pthread_mutex_unlock(&all_lock);
+		atomic_store(&s->add_pending, true);
 		rc = clt_path_open(p, 1);
 		pthread_mutex_lock(&all_lock);
 		s->adding = NULL;
@@ -812,10 +815,12 @@ int rtrs_clt_add_path(struct rtrs_clt_sess *s, const struct rtrs_path_addr *addr
 			loop_call(s->loop, loop_call_nothing, NULL);
 		path_fini(p);
 		memset(p, 0, sizeof(*p));
+		atomic_store(&s->add_pending, false);
 		pthread_mutex_unlock(&s->admin_lock);
 		return rc;
 	}
 	atomic_store(&s->paths_num, n + 1);
+	atomic_store(&s->add_pending, false);
 	pthread_mutex_unlock(&s->admin_lock);
 	log_info("%s: path %zu added", s->name, n);
 	if (idx_out)
@@ -830,13 +835,18 @@ int rtrs_clt_remove_path(struct rtrs_clt_sess *s, unsigned idx)
 
 	if (!s)
 		return -EINVAL;
-	if (idx >= s->paths_num || atomic_load(&s->paths[idx].removed))
+	bool no = false;
+
+	if (idx >= s->paths_num)
+		return -ENOENT;
+	/* Marked first: a reconnect meanwhile sees it, and a second remove is refused. */
+	if (!atomic_compare_exchange_strong(&s->paths[idx].removed, &no, true))
 		return -ENOENT;
 	rc = rtrs_clt_disconnect_path(s, idx);
-	if (!rc) {
-		atomic_store(&s->paths[idx].removed, true);
+	if (rc)
+		atomic_store(&s->paths[idx].removed, false);
+	else
 		atomic_fetch_add(&s->paths_removed, 1);
-	}
 	return rc;
 }
 
