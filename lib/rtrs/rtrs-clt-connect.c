@@ -240,21 +240,7 @@ static int sess_set_limits(struct rtrs_clt_sess *s, const struct rtrs_conn_rsp *
 	if (!s->reqs || !s->permits || !s->free_ids || !s->quar_ids || !s->hdr_area || !s->rkeys ||
 	    !s->rkey_gens || !s->bounce) {
 		/* All or none: a later attempt allocates them again. */
-		free(s->reqs);
-		free(s->permits);
-		free(s->free_ids);
-		free(s->quar_ids);
-		free(s->hdr_area);
-		free(s->rkeys);
-		free(s->rkey_gens);
-		free(s->bounce);
-		s->reqs = NULL;
-		s->permits = NULL;
-		s->free_ids = s->quar_ids = NULL;
-		s->hdr_area = NULL;
-		s->rkeys = NULL;
-		s->rkey_gens = NULL;
-		s->bounce = NULL;
+		clt_sess_tables_free(s);
 		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i < qd; i++) {

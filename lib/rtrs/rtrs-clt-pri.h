@@ -382,6 +382,7 @@ bool clt_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload);
 /* rtrs-clt-fence.c */
 void clt_fence_process(struct rtrs_clt_sess *s, uint64_t now, bool may_come);
 void clt_req_quarantine(struct clt_req *req, struct clt_path *f);
+void clt_sess_tables_free(struct rtrs_clt_sess *s);
 void clt_fence_reset(struct clt_path *p);
 void clt_fence_carrier_lost(struct clt_path *carrier);
 int clt_fence_answered(struct clt_path *carrier, const void *buf, size_t len);

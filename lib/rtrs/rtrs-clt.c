@@ -97,12 +97,12 @@ static int opts_validate(const struct rtrs_clt_opts *o)
 	return 0;
 }
 
-static void sess_free(struct rtrs_clt_sess *s)
+/* The tables of queue_depth entries (sess_set_limits), freed and cleared. */
+void clt_sess_tables_free(struct rtrs_clt_sess *s)
 {
-	for (size_t i = 0; s->paths && i < s->paths_num; i++) {
-		path_fini(&s->paths[i]);
-	}
-	free(s->paths);
+	for (uint32_t i = 0; s->bounce && i < s->queue_depth; i++)
+		free(s->bounce[i]);
+	free(s->bounce);
 	free(s->reqs);
 	free(s->permits);
 	free(s->free_ids);
@@ -110,9 +110,22 @@ static void sess_free(struct rtrs_clt_sess *s)
 	free(s->hdr_area);
 	free(s->rkeys);
 	free(s->rkey_gens);
-	for (uint32_t i = 0; s->bounce && i < s->queue_depth; i++)
-		free(s->bounce[i]);
-	free(s->bounce);
+	s->bounce = NULL;
+	s->reqs = NULL;
+	s->permits = NULL;
+	s->free_ids = s->quar_ids = NULL;
+	s->hdr_area = NULL;
+	s->rkeys = NULL;
+	s->rkey_gens = NULL;
+}
+
+static void sess_free(struct rtrs_clt_sess *s)
+{
+	for (size_t i = 0; s->paths && i < s->paths_num; i++) {
+		path_fini(&s->paths[i]);
+	}
+	free(s->paths);
+	clt_sess_tables_free(s);
 	rtrs_auth_wipe(&s->auth, sizeof(s->auth));
 	free(s->auth_secret_file);
 	free(s->auth_ctrl_file);

@@ -631,6 +631,48 @@ static bool waiter_within(struct waiter *w, unsigned ms)
 	return false;
 }
 
+/* Two stores A and B on 1 MiB files of their own, A's syncs held (held_sync). */
+struct two {
+	char pa[40], pb[40];
+	int fa, fb;
+	struct rnbd_engine *e;
+	struct rnbd_store *a, *b;
+};
+
+static void two_open(struct two *t, enum rnbd_engine_kind kind)
+{
+	snprintf(t->pa, sizeof(t->pa), "/var/tmp/rnbd-backend-test.XXXXXX");
+	snprintf(t->pb, sizeof(t->pb), "/var/tmp/rnbd-backend-test.XXXXXX");
+	t->fa = mkstemp(t->pa);
+	t->fb = mkstemp(t->pb);
+	CHECK(t->fa >= 0 && t->fb >= 0);
+	CHECK_EQ(ftruncate(t->fa, 1 << 20), 0);
+	CHECK_EQ(ftruncate(t->fb, 1 << 20), 0);
+	CHECK_EQ(rnbd_engine_open(kind, 2, 0, &t->e), 0);
+	CHECK_EQ(rnbd_store_fd(t->e, t->fa, false, &t->a), 0);
+	CHECK_EQ(rnbd_store_fd(t->e, t->fb, false, &t->b), 0);
+	pthread_mutex_lock(&held.lock);
+	held.fd = t->fa;
+	held.release = false;
+	held.inside = held.most = held.calls = 0;
+	pthread_mutex_unlock(&held.lock);
+	rnbd_store_set_sync_hook(held_sync, NULL);
+}
+
+/* Closes them; no thread named thread is left. */
+static void two_close(struct two *t, const char *thread)
+{
+	rnbd_store_set_sync_hook(NULL, NULL);
+	rnbd_store_close(t->a);
+	rnbd_store_close(t->b);
+	rnbd_engine_close(t->e);
+	CHECK_EQ(threads_left(thread), 0u);
+	close(t->fa);
+	close(t->fb);
+	unlink(t->pa);
+	unlink(t->pb);
+}
+
 /*
  * One store's fdatasync that hangs holds its own flushes and no other
  * store's: B's flushes complete while A's sync is held; A's flushes
@@ -640,23 +682,16 @@ static bool waiter_within(struct waiter *w, unsigned ms)
  */
 static void test_flush_isolation(void)
 {
-	char pa[] = "/var/tmp/rnbd-backend-test.XXXXXX", pb[] = "/var/tmp/rnbd-backend-test.XXXXXX";
 	struct waiter wa = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1 };
 	struct waiter wa2 = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 3 };
 	struct waiter wb = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 8 };
 	static struct req qa[4], qb[8];
-	struct rnbd_engine *e;
+	static struct two t;
 	struct rnbd_store *a, *b;
-	int fa = mkstemp(pa), fb = mkstemp(pb);
 
-	CHECK(fa >= 0 && fb >= 0);
-	CHECK_EQ(ftruncate(fa, 1 << 20), 0);
-	CHECK_EQ(ftruncate(fb, 1 << 20), 0);
-	CHECK_EQ(rnbd_engine_open(RNBD_ENGINE_URING, 2, 0, &e), 0);
-	CHECK_EQ(rnbd_store_fd(e, fa, false, &a), 0);
-	CHECK_EQ(rnbd_store_fd(e, fb, false, &b), 0);
-	held.fd = fa;
-	rnbd_store_set_sync_hook(held_sync, NULL);
+	two_open(&t, RNBD_ENGINE_URING);
+	a = t.a;
+	b = t.b;
 
 	qa[0] = (struct req){ .w = &wa, .err = 1 };
 	qa[0].r = (struct rnbd_breq){ .op = RNBD_OP_FLUSH, .done = req_done };
@@ -693,15 +728,7 @@ static void test_flush_isolation(void)
 	CHECK_EQ(held.most, 1u);
 	CHECK_EQ(held.calls, 2u); /* the hung one, then one for the three queued behind it */
 	pthread_mutex_unlock(&held.lock);
-	rnbd_store_set_sync_hook(NULL, NULL);
-	rnbd_store_close(a);
-	rnbd_store_close(b);
-	rnbd_engine_close(e);
-	CHECK_EQ(threads_left("rnbd-flush"), 0u);
-	close(fa);
-	close(fb);
-	unlink(pa);
-	unlink(pb);
+	two_close(&t, "rnbd-flush");
 }
 
 /*
@@ -711,27 +738,18 @@ static void test_flush_isolation(void)
  */
 static void test_pool_stuck(void)
 {
-	char pa[] = "/var/tmp/rnbd-backend-test.XXXXXX", pb[] = "/var/tmp/rnbd-backend-test.XXXXXX";
 	struct waiter wa = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 2 };
 	struct waiter wb = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 2 };
 	static uint8_t buf[2][4096], back[4096];
 	static struct req qa[2], qb[2];
-	struct rnbd_engine *e;
+	static struct two t;
 	struct rnbd_store *a, *b;
-	int fa = mkstemp(pa), fb = mkstemp(pb);
+	int fb;
 
-	CHECK(fa >= 0 && fb >= 0);
-	CHECK_EQ(ftruncate(fa, 1 << 20), 0);
-	CHECK_EQ(ftruncate(fb, 1 << 20), 0);
-	CHECK_EQ(rnbd_engine_open(RNBD_ENGINE_THREADS, 2, 0, &e), 0);
-	CHECK_EQ(rnbd_store_fd(e, fa, false, &a), 0);
-	CHECK_EQ(rnbd_store_fd(e, fb, false, &b), 0);
-	pthread_mutex_lock(&held.lock);
-	held.fd = fa;
-	held.release = false;
-	held.inside = held.most = held.calls = 0;
-	pthread_mutex_unlock(&held.lock);
-	rnbd_store_set_sync_hook(held_sync, NULL);
+	two_open(&t, RNBD_ENGINE_THREADS);
+	a = t.a;
+	b = t.b;
+	fb = t.fb;
 	for (unsigned i = 0; i < 2; i++) {
 		qa[i] = (struct req){ .w = &wa, .err = 1 };
 		qa[i].r = (struct rnbd_breq){ .op = RNBD_OP_FLUSH, .done = req_done };
@@ -763,15 +781,7 @@ static void test_pool_stuck(void)
 	pthread_cond_broadcast(&held.cond);
 	pthread_mutex_unlock(&held.lock);
 	CHECK(waiter_within(&wa, 5000), "A's flushes once released");
-	rnbd_store_set_sync_hook(NULL, NULL);
-	rnbd_store_close(a);
-	rnbd_store_close(b);
-	rnbd_engine_close(e);
-	CHECK_EQ(threads_left("rnbd-pool"), 0u);
-	close(fa);
-	close(fb);
-	unlink(pa);
-	unlink(pb);
+	two_close(&t, "rnbd-pool");
 }
 
 int main(int argc, char **argv)
