@@ -93,7 +93,7 @@ void clt_fence_implied(struct clt_path *p)
 /*
  * A message on connected carrier's connection 0 (its completion thread):
  * the answer to the fence it carries. With always_invalidate the server
- * wrote the whole key table ahead of it. The loop takes the answer
+ * wrote the whole key table ahead of it, unless the answer is an error. The loop takes the answer
  * (fence_acks_take). 0, or -EPROTO for anything else.
  */
 int clt_fence_answered(struct clt_path *carrier, const void *buf, size_t len)
@@ -118,7 +118,8 @@ int clt_fence_answered(struct clt_path *carrier, const void *buf, size_t len)
 			   "one fenced", carrier->name, recon, f->name);
 		return -EPROTO;
 	}
-	if (s->inval && clt_path_keys_merge(carrier, (size_t)s->queue_depth * RTRS_RKEY_SLOT))
+	/* An ack with an error comes without the table (docs/protocol.md section 10). */
+	if (s->inval && !err && clt_path_keys_merge(carrier, (size_t)s->queue_depth * RTRS_RKEY_SLOT))
 		return -EPROTO;
 	carrier->fence_ack_err = err;
 	atomic_store(&carrier->fence_acked, true);

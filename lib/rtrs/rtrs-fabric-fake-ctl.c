@@ -139,6 +139,13 @@ void fake_set_windows(unsigned binds)
 	fk_unlock();
 }
 
+void fake_fail_regs(unsigned n)
+{
+	fk_lock();
+	fk_net.fail_regs = n;
+	fk_unlock();
+}
+
 uint64_t fake_local_regs(void)
 {
 	uint64_t n;

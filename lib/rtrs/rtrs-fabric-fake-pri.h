@@ -127,6 +127,7 @@ struct fake_net {
 	bool no_send_imm;           /* fabrics opened from now on lack fab_send_imm (iWARP) */
 	bool mr_local;              /* fabrics opened from now on need local registrations (verbs) */
 	uint64_t local_regs;        /* local registrations made (mr_local) */
+	unsigned fail_regs;         /* the next remote registrations to fail (fake_fail_regs) */
 	unsigned win_binds;         /* fabrics opened from now on have windows */
 	fake_pred hold;
 	void *hold_arg;

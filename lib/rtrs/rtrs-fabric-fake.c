@@ -86,6 +86,13 @@ static int fake_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, st
 	/* As tcp: local memory needs no registration (unless fake_set_mr_local). */
 	if (access == FAB_MR_LOCAL && !f->attr.mr_local)
 		return 0;
+	fk_lock();
+	if (access != FAB_MR_LOCAL && fk_net.fail_regs) {
+		fk_net.fail_regs--;
+		fk_unlock();
+		return -ENOMEM;
+	}
+	fk_unlock();
 	m = calloc(1, sizeof(*m));
 	if (!m)
 		return -ENOMEM;

@@ -108,6 +108,11 @@ void fake_set_send_imm(bool on);
 void fake_set_mr_local(bool on);
 uint64_t fake_local_regs(void);
 /*
+ * The next n registrations for remote access, in any domain, fail with
+ * -ENOMEM (as a device out of memory or past the memlock limit); 0: none.
+ */
+void fake_fail_regs(unsigned n);
+/*
  * Fabrics opened from now on have memory windows taking binds binds each
  * (fab_attr.win_binds; 0: none, the default). A bind takes effect when it
  * is posted, under a key never used in the domain; one with a context

@@ -88,7 +88,8 @@ static int op_post_last(struct rtrs_srv_op *op, struct srv_path *p, struct fab_c
 
 /*
  * An op that ends without a response still gives its chunk a key again:
- * the client learns it with the next fence ack or info response.
+ * the client learns it with the next fence ack or info response. If the
+ * registration fails, srv_keys_repair tries again before either goes out.
  */
 static void op_drop(struct rtrs_srv_op *op, struct srv_path *p)
 {
@@ -99,7 +100,7 @@ static void op_drop(struct rtrs_srv_op *op, struct srv_path *p)
 		int rc = srv_chunk_rekey(s, srv_op_keys(op), op->id, NULL);
 
 		if (rc)
-			log_err_rl("%s: chunk %u keeps no key: %s", s->name, op->id, strerror(-rc));
+			log_err_rl("%s: chunk %u keeps no key for now: %s", s->name, op->id, strerror(-rc));
 		op->rekeyed = true;
 	}
 	op_finish(op, p);

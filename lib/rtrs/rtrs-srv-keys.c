@@ -209,6 +209,39 @@ int srv_chunk_rekey(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id, st
 	return 0;
 }
 
+/*
+ * Loop thread, before the key table goes to a client (a fence's ack, an
+ * info response): chunks left without a key get one. An op that ends
+ * without a response re-keys its chunk (op_drop); when that registration
+ * fails (no memory, the memlock limit), the chunk stays revoked with key
+ * 0, and a client handed 0 for it would fail the path that carries its
+ * next request there. Such a chunk is free (no op holds it) and cannot be
+ * written (its key is dead), so nothing else touches it meanwhile; a
+ * chunk whose op is still at work is that op's to re-key. 0, or the
+ * error of a chunk that still has no key: the table must not go out.
+ */
+int srv_keys_repair(struct rtrs_srv_sess *s, struct srv_keys *k)
+{
+	uint32_t n = 0;
+	int rc;
+
+	for (uint32_t i = 0; i < s->queue_depth; i++) {
+		uint64_t key = srv_chunk_key(s, k, i);
+
+		if (key || !s->ops || atomic_load(&s->ops[i].state) != OP_FREE)
+			continue;
+		rc = srv_chunk_rekey(s, k, i, NULL);
+		if (rc) {
+			log_err_rl("%s: chunk %u still has no key: %s", s->name, i, strerror(-rc));
+			return rc;
+		}
+		n++;
+	}
+	if (n)
+		log_info("%s: %u chunks that had lost their keys have new ones", s->name, n);
+	return 0;
+}
+
 /* The key table as one record per chunk, for an info response or a fence. */
 void srv_chunk_keys_snapshot(struct rtrs_srv_sess *s, const struct srv_keys *k,
 			     struct rtrs_msg_new_rkey *out)

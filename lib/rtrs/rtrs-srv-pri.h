@@ -286,6 +286,7 @@ void srv_keys_release(struct rtrs_srv_sess *s, struct srv_keys *k);
 int srv_chunk_revoke(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id,
 		     struct fab_con *fc, void *ctx);
 int srv_chunk_rekey(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id, struct fab_con *fc);
+int srv_keys_repair(struct rtrs_srv_sess *s, struct srv_keys *k);
 void srv_chunk_keys_snapshot(struct rtrs_srv_sess *s, const struct srv_keys *k,
 			     struct rtrs_msg_new_rkey *out);
 uint64_t srv_chunk_key(struct rtrs_srv_sess *s, const struct srv_keys *k, uint32_t id);

@@ -727,9 +727,12 @@ static void srv_fence_check(struct srv_path *p)
 		}
 		break;
 	}
+	/* A chunk the fenced path's ops left without a key gets one first, or the fence fails. */
+	if (!err && p->sess->inval)
+		err = srv_keys_repair(p->sess, &p->sess->keys);
 	rtrs_fence_encode(&p->fence_ack, true, p->fence_uuid, p->fence_recon, err);
 	rc = 0;
-	if (p->sess->inval) {
+	if (p->sess->inval && !err) {
 		/*
 		 * Keys of chunks whose responses the fenced path lost: the whole
 		 * table, into the client's table area, ahead of the ack
@@ -922,6 +925,9 @@ static int path_info_rsp(struct srv_path *p)
 		};
 	rtrs_info_rsp_encode(p->info_rsp, descs, qd);
 	free(descs);
+	rc = srv_keys_repair(s, &s->keys);
+	if (rc)
+		return rc;
 	srv_chunk_keys_snapshot(s, &s->keys, rtrs_info_rsp_keys(p->info_rsp, qd));
 	rc = fab_mr_reg(ctx->fab, p->info_rsp, p->info_rsp_len, FAB_MR_LOCAL, &p->info_rsp_mr);
 	if (!rc)

@@ -847,6 +847,97 @@ static void abort_quarantines_chunk(void)
 	teardown(&c);
 }
 
+static bool one_deferred(void *arg);
+
+/*
+ * The server holds a write that came on a; a is cut before the answer, so
+ * the op ends without a response and re-keys its chunk on its own, and
+ * that registration fails (the device out of memory). The chunk is then
+ * without a key. The client fences a over b; before the ack hands out the
+ * key table, the server gives the chunk a key (it had handed out key 0,
+ * and the write sent again on b with it was refused and took b down: both
+ * paths lost for one registration that failed). The write goes again on
+ * b, and the chunk serves the next writes.
+ */
+static void dropped_rekey_repaired(void)
+{
+	static struct io io, more[2];
+	struct clt c;
+	int rc;
+
+	if (!setup(&c, "ab", NULL))
+		return;
+	atomic_store(&srv.defer, true);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 53), 0);
+	CHECK_EQ(fake_wait(one_deferred, NULL, "the server to hold the write"), 0);
+	CHECK_EQ(clt_path(&c, 0).inflight, 1);
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	fake_fail_regs(1);
+	rc = rtrs_srv_resp_rdma(atomic_load(&srv.deferred[0]), 0);
+	CHECK_EQ(rc, -ENOTCONN);
+	atomic_store(&srv.defer, false);
+	CHECK(env_logged("keeps no key"), "the op's own re-key failed");
+	/* The wait timer sends the fence on b; the ack brings the table. */
+	CHECK_EQ(fake_advance(1), 0);
+	CHECK_EQ(fake_settle(), 0);
+	io_done_once(&io, 0);
+	CHECK(env_logged("lost their keys have new ones"), "the server re-keyed the chunk");
+	CHECK(area_has(0, LEN, 53), "the write is in the area");
+	/* Permits are taken last in, first out: these use the repaired chunk. */
+	for (unsigned i = 0; i < 2; i++) {
+		CHECK_EQ(io_start(&more[i], &c, RTRS_WRITE, RTRS_IO_CON, (i + 1) * LEN, LEN,
+				  (uint8_t)(54 + i)), 0);
+		io_done_once(&more[i], 0);
+		CHECK(area_has((i + 1) * LEN, LEN, (uint8_t)(54 + i)), "write %u is in the area", i);
+	}
+	CHECK(clt_path_is(&c, 1, "connected"), "b: %s", clt_path(&c, 1).state);
+	CHECK_EQ(fake_delivered(match, &(struct m){ .dir = TO_CLT, .host = "b",
+						    .msg = MSG(RTRS_MSG_FENCE_ACK) }), 1);
+	teardown(&c);
+}
+
+/*
+ * As above, but the server's second try at the chunk's key, before the
+ * fence's ack, fails too: the ack reports the error instead of a table
+ * with key 0 in it. The write fails (-EIO) and b stays up; the chunk's
+ * permit stays out of use until a comes back, whose info response gives
+ * the chunk a key, and then it serves writes again.
+ */
+static void dropped_rekey_fence_fails(void)
+{
+	static struct io io, more;
+	struct clt c;
+
+	if (!setup(&c, "ab", NULL))
+		return;
+	atomic_store(&srv.defer, true);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 57), 0);
+	CHECK_EQ(fake_wait(one_deferred, NULL, "the server to hold the write"), 0);
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	fake_fail_regs(2);
+	CHECK_EQ(rtrs_srv_resp_rdma(atomic_load(&srv.deferred[0]), 0), -ENOTCONN);
+	atomic_store(&srv.defer, false);
+	CHECK_EQ(fake_advance(1), 0);
+	CHECK_EQ(fake_settle(), 0);
+	io_done_once(&io, -EIO);
+	CHECK(env_logged("still has no key"), "the fence's re-key failed");
+	CHECK(clt_path_is(&c, 1, "connected"), "b: %s", clt_path(&c, 1).state);
+	CHECK_EQ(permits_free(&c), 15u);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_wait(reconnected_once, &c, "a's reconnect"), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(env_logged("lost their keys have new ones"), "a's info response re-keyed the chunk");
+	CHECK_EQ(permits_free(&c), 16u);
+	CHECK_EQ(io_start(&more, &c, RTRS_WRITE, RTRS_IO_CON, LEN, LEN, 58), 0);
+	io_done_once(&more, 0);
+	CHECK(area_has(LEN, LEN, 58), "the write is in the area");
+	CHECK(clt_path_is(&c, 0, "connected"), "a: %s", clt_path(&c, 0).state);
+	CHECK(clt_path_is(&c, 1, "connected"), "b: %s", clt_path(&c, 1).state);
+	teardown(&c);
+}
+
 /*
  * Path a fails with a request whose response was lost; its fence goes over
  * b and is held there while a reconnects (the server freed the old a: its
@@ -887,8 +978,6 @@ static void fence_after_reconnect(void)
 	CHECK(area_has(3 * LEN, LEN, 23), "the write is in the area");
 	teardown(&c);
 }
-
-static bool one_deferred(void *arg);
 
 /*
  * Path a fails (incarnation 1) with a request whose response was lost; its
@@ -1531,6 +1620,8 @@ static const struct scenario scenarios[] = {
 	{ "fence_ack_races_send", fence_ack_races_send },
 	{ "failover_nowhere", failover_nowhere },
 	{ "abort_quarantines_chunk", abort_quarantines_chunk },
+	{ "dropped_rekey_repaired", dropped_rekey_repaired },
+	{ "dropped_rekey_fence_fails", dropped_rekey_fence_fails },
 	{ "failover_same_path", failover_same_path },
 	{ "reconnect_races_close", reconnect_races_close },
 	{ "close_with_inflight", close_with_inflight },
