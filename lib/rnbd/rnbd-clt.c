@@ -109,6 +109,16 @@ struct rnbd_clt_sess {
 	unsigned on_wire;            /* IO requests sent in this epoch, not answered yet */
 	unsigned on_wire_old;        /* ... sent in an earlier one */
 	struct clt_io *ios;          /* one slot per RTRS permit */
+	/*
+	 * Devices unmapped while no path was up, still open in the server
+	 * session of their epoch: the worker's next pass sends their CLOSEs
+	 * (closes_send), ahead of any OPEN in that epoch. Under lock.
+	 */
+	struct pending_close {
+		uint32_t id;
+		uint64_t epoch;
+	} *closes;
+	unsigned nr_closes, closes_cap;
 	bool stop;
 	bool ready;                  /* the open is done: passes may start a worker */
 	pthread_t worker;
@@ -356,6 +366,67 @@ static int dev_close_msg(struct rnbd_clt_sess *s, uint64_t epoch, uint32_t id)
 	return request(s, epoch, RTRS_WRITE, &m, sizeof(m), NULL, 0);
 }
 
+/* CLOSEs still to send to the current server session (s->lock held). */
+static bool closes_due(const struct rnbd_clt_sess *s)
+{
+	for (unsigned i = 0; i < s->nr_closes; i++)
+		if (s->closes[i].epoch == s->epoch)
+			return true;
+	return false;
+}
+
+/*
+ * d, open in the server session of epoch, is unmapped while no path is
+ * up (s->lock held): its CLOSE goes with the worker's next pass, once a
+ * path is (the server keeps the device, and its writer slot, until the
+ * client closes it or the session ends). -ENOMEM: it cannot be kept.
+ */
+static int close_later(struct rnbd_clt_sess *s, uint64_t epoch, uint32_t id)
+{
+	if (s->nr_closes == s->closes_cap) {
+		unsigned cap = s->closes_cap ? 2 * s->closes_cap : 8;
+		struct pending_close *c = realloc(s->closes, cap * sizeof(*c));
+
+		if (!c)
+			return -ENOMEM;
+		s->closes = c;
+		s->closes_cap = cap;
+	}
+	s->closes[s->nr_closes++] = (struct pending_close){ .id = id, .epoch = epoch };
+	return 0;
+}
+
+/*
+ * Worker (s->lock held; dropped while a CLOSE is on its way): the pending
+ * CLOSEs of the current server session go, in the order of their unmaps;
+ * those of an earlier one are dropped (that session and its devices are
+ * gone). A CLOSE that fails is not sent again: the server keeps the
+ * device until the session ends.
+ */
+static void closes_send(struct rnbd_clt_sess *s)
+{
+	while (s->nr_closes && !s->stop) {
+		struct pending_close c = s->closes[0];
+		int rc = 0;
+
+		if (c.epoch == s->epoch) {
+			/* Listed until answered: an OPEN waits for it (closes_due). */
+			pthread_mutex_unlock(&s->lock);
+			rc = dev_close_msg(s, c.epoch, c.id);
+			pthread_mutex_lock(&s->lock);
+			if (rc && rc != -ENOTCONN)
+				log_warn("rnbd: %s: closing device %u on the server after its unmap: %s",
+					 s->name, c.id, strerror(-rc));
+			else if (!rc)
+				log_info("rnbd: %s: device %u, unmapped while no path was up, closed on "
+					 "the server", s->name, c.id);
+		}
+		/* Only this thread takes entries: the first is still c. */
+		memmove(s->closes, s->closes + 1, --s->nr_closes * sizeof(*s->closes));
+	}
+	pthread_cond_broadcast(&s->cond);
+}
+
 /* ---- the gate and the reconnect ----------------------------------------------------- */
 
 static void io_conf(void *priv, int err);
@@ -503,15 +574,19 @@ static int dev_open_locked(struct rnbd_clt_dev *d, struct io_list *release)
 	 * request still on its way names (a kernel server gives out the
 	 * lowest free id, and takes OPEN before SESS_INFO), so that request
 	 * would land on this device. The worker's own OPENs find it so.
+	 * Likewise the CLOSEs of devices unmapped while no path was up go
+	 * first (the server would refuse a device still open under the old
+	 * id).
 	 */
-	if (s->on_wire_old || s->info_epoch != s->epoch) {
+	if (s->on_wire_old || s->info_epoch != s->epoch || closes_due(s)) {
 		struct timespec dl = deadline_ms(RNBD_OPEN_READY_MS);
 		int w = 0;
 
 		want_pass(s);
-		while ((s->on_wire_old || s->info_epoch != s->epoch) && !s->stop && w != ETIMEDOUT)
+		while ((s->on_wire_old || s->info_epoch != s->epoch || closes_due(s)) && !s->stop &&
+		       w != ETIMEDOUT)
 			w = pthread_cond_timedwait(&s->cond, &s->lock, &dl);
-		if (s->stop || s->on_wire_old || s->info_epoch != s->epoch) {
+		if (s->stop || s->on_wire_old || s->info_epoch != s->epoch || closes_due(s)) {
 			rc = s->stop ? -ESHUTDOWN : -ETIMEDOUT;
 			d->opening = false;
 			d->state = DEV_CLOSED;
@@ -603,6 +678,10 @@ static void reopen_all(struct rnbd_clt_sess *s)
 	}
 	while (s->info_epoch == epoch && s->epoch == epoch && !s->stop) {
 		struct rnbd_clt_dev *next = NULL;
+
+		closes_send(s); /* unmapped while no path was up: before any OPEN */
+		if (s->epoch != epoch || s->stop)
+			break;
 
 		/* The closed device with the lowest old id not tried in this pass. */
 		for (d = s->devs; d; d = d->next)
@@ -721,6 +800,7 @@ fail_rtrs:
 	rtrs_clt_close(s->rtrs);
 fail:
 	free(s->ios);
+	free(s->closes);
 	pthread_mutex_destroy(&s->lock);
 	pthread_mutex_destroy(&s->admin_lock);
 	pthread_cond_destroy(&s->cond);
@@ -889,13 +969,19 @@ int rnbd_clt_unmap(struct rnbd_clt_dev *d, bool force)
 		pthread_cond_wait(&s->cond, &s->lock);
 	s->inflight_waiters--;
 	/*
-	 * Open in the current server session: CLOSE, unless no path is up
-	 * (it would wait for one; the server forgets the device with the
-	 * session if the path does not come back).
+	 * Open in the current server session: CLOSE. While no path is up it
+	 * would wait for one here: the worker sends it when a path is back
+	 * (if the server session is gone by then, the device went with it).
 	 */
-	open_there = (d->state == DEV_MAPPED ||
-		      (d->state == DEV_SRV_CLOSED && d->closed_epoch == s->epoch)) && s->up;
+	open_there = d->state == DEV_MAPPED ||
+		     (d->state == DEV_SRV_CLOSED && d->closed_epoch == s->epoch);
 	epoch = s->epoch;
+	if (open_there && !s->up) {
+		open_there = false;
+		if (close_later(s, epoch, d->id))
+			log_err("rnbd: %s: %s stays open on the server until its session ends: no "
+				"memory to keep its CLOSE", s->name, d->name);
+	}
 	d->state = DEV_UNMAPPED;
 	for (struct rnbd_clt_dev **pp = &s->devs; *pp; pp = &(*pp)->next) {
 		if (*pp == d) {

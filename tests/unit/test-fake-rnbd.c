@@ -343,11 +343,75 @@ static void rnbd_project_client(void)
 	rnbd_down();
 }
 
+static void dev_count(void *priv, const struct rnbd_srv_dev_stats *st)
+{
+	(void)st;
+	(*(unsigned *)priv)++;
+}
+
+/* Devices the server has open, over all sessions. */
+static unsigned srv_devs(void)
+{
+	unsigned n = 0;
+
+	CHECK(rnbd_srv_list(rsrv, dev_count, &n) >= 0, "rnbd_srv_list");
+	return n;
+}
+
+static bool srv_no_devs(void *arg)
+{
+	(void)arg;
+	return srv_devs() == 0;
+}
+
+/*
+ * Both paths fail at the client, one of them at the client only (the
+ * server keeps it, and so the server session), and the device is
+ * unmapped meanwhile: its CLOSE waits
+ * and goes once a path is back, to the same server session. Before, it
+ * was left out, and the server kept the device (and its writer slot)
+ * open until the session ended. Mapped again, it opens.
+ */
+static void rnbd_unmap_while_down(void)
+{
+	static uint8_t w[4096], r[4096];
+	struct rnbd_clt_sess *s;
+	struct rnbd_clt_dev *d;
+	struct clt c;
+
+	if (!rnbd_up(false))
+		return;
+	clt_init(&c, "u", "ab");
+	c.o.path_ev = NULL; /* its priv is librnbd's */
+	CHECK_EQ(rnbd_clt_sess_open(&c.o, &s), 0);
+	CHECK_EQ(rnbd_clt_map(s, DEV, RNBD_CLT_RW, &d), 0);
+	CHECK_EQ(srv_devs(), 1);
+	CHECK_EQ(fake_fail("u", "a", -1, -ECONNRESET, 0), 2);
+	CHECK_EQ(fake_fail("u", "b", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(rnbd_clt_unmap(d, false), 0);
+	CHECK_EQ(srv_devs(), 1);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_wait(srv_no_devs, NULL, "the server to close the device"), 0);
+	CHECK_EQ(rnbd_clt_map(s, DEV, RNBD_CLT_RW, &d), 0);
+	CHECK(env_logged("unmapped while no path was up, closed on the server"),
+	      "the CLOSE went after the reconnect");
+	CHECK(!env_logged("a new session for us"), "the server session stayed");
+	pattern(w, sizeof(w), 61);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_WRITE, 0, 0, w, sizeof(w)), 0);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_READ, 0, 0, r, sizeof(r)), 0);
+	CHECK(!memcmp(r, w, sizeof(r)), "read back");
+	rnbd_clt_sess_close(s);
+	clt_close(&c);
+	rnbd_down();
+}
+
 static const struct scenario scenarios[] = {
 	{ "rnbd_preflush_kernel_server", rnbd_preflush_kernel_server },
 	{ "rnbd_preflush_project_server", rnbd_preflush_project_server },
 	{ "rnbd_kernel_client", rnbd_kernel_client },
 	{ "rnbd_project_client", rnbd_project_client },
+	{ "rnbd_unmap_while_down", rnbd_unmap_while_down },
 };
 
 int main(int argc, char **argv)
