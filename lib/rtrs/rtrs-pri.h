@@ -234,9 +234,12 @@ void rtrs_admit_waiter_forget(struct rtrs_admit_waiter *w, size_t n, const char 
  * the device after the successor's first IO (the fence of a restart;
  * docs/protocol.md section 10). Verdicts: RTRS_TAKEOVER_WAIT; _PROCEED,
  * no holder; _TAKEN, another host's name, or a holder that still has a
- * connected path after live_ms (a client that is alive: refused, do not
- * retry, -EPERM); _RETRY, a holder still draining after drain_ms (refused,
- * -EAGAIN: the client's open tries again). Pure: rtrs-srv-admit.c.
+ * connected path after live_ms that answers heartbeats (a client that is
+ * alive: refused, do not retry, -EPERM); _RETRY, a holder still draining
+ * after drain_ms, or still connected after live_ms but silent (a kernel
+ * client's path is cut only after RTRS_KERNEL_HB_BUDGET_MS of silence):
+ * refused, -EAGAIN, the client's open tries again. Pure:
+ * rtrs-srv-admit.c.
  */
 #define RTRS_TAKEOVER_POLL_MS 5
 /* A draining holder is waited for this long per attempt (within a client's info timeout, 10 s). */
@@ -254,7 +257,8 @@ struct rtrs_takeover_in {
 	bool same_host;      /* ... of the newcomer's host */
 	unsigned paths_up;   /* its connected paths */
 	uint64_t waited_ms;  /* since the newcomer's path first asked */
-	uint64_t live_ms;    /* a holder connected this long after is alive */
+	uint64_t live_ms;    /* a holder connected this long after is alive... */
+	bool silent;         /* ... unless no path of it answered the last two heartbeats */
 	uint64_t drain_ms;   /* the wait for a draining holder, per attempt */
 };
 

@@ -236,8 +236,11 @@ enum rtrs_takeover_verdict rtrs_takeover_decide(const struct rtrs_takeover_in *i
 		return RTRS_TAKEOVER_PROCEED;
 	if (!in->same_host)
 		return RTRS_TAKEOVER_TAKEN;
-	if (in->paths_up)
-		return in->waited_ms >= in->live_ms ? RTRS_TAKEOVER_TAKEN : RTRS_TAKEOVER_WAIT;
+	if (in->paths_up) {
+		if (in->waited_ms < in->live_ms)
+			return RTRS_TAKEOVER_WAIT;
+		return in->silent ? RTRS_TAKEOVER_RETRY : RTRS_TAKEOVER_TAKEN;
+	}
 	return in->waited_ms >= in->drain_ms ? RTRS_TAKEOVER_RETRY : RTRS_TAKEOVER_WAIT;
 }
 

@@ -959,6 +959,12 @@ static enum rtrs_takeover_verdict srv_takeover_check(struct srv_path *p)
 		in.same_host = ctx->auth_required ? !strcmp(h->auth_host, p->auth_host) :
 			       !strcmp(h->peer_host, p->peer_host);
 		in.paths_up = h->paths_up;
+		/* Its connected paths all left the last two heartbeats unanswered. */
+		in.silent = true;
+		for (struct srv_path *q = h->paths; q; q = q->next)
+			if (atomic_load(&q->base.state) == RTRS_PATH_CONNECTED &&
+			    atomic_load(&q->base.hb.missed) < 2)
+				in.silent = false;
 		if (!p->takeover_since_ms) {
 			p->takeover_since_ms = now ? now : 1;
 			first = true;
@@ -1018,6 +1024,9 @@ static void path_info_work(struct loop_work *w)
 		srv_path_refuse(p, -EACCES, true);
 		return;
 	}
+	/* Another path of the session took the name over while this one waited. */
+	if (s->name[0])
+		p->takeover_since_ms = 0;
 	if (!s->name[0]) {
 		switch (srv_takeover_check(p)) {
 		case RTRS_TAKEOVER_PROCEED:
@@ -1029,9 +1038,9 @@ static void path_info_work(struct loop_work *w)
 			srv_path_refuse(p, -EPERM, true);
 			return;
 		case RTRS_TAKEOVER_RETRY:
-			log_warn("%s: session %s of this host still has requests at the server after "
-				 "%u ms; refused, the client tries again", path_name(p),
-				 p->info.pathname, srv_takeover_drain_ms(ctx));
+			log_warn("%s: session %s of this host is still at the server (a silent path, "
+				 "or requests) after %u ms; refused, the client tries again",
+				 path_name(p), p->info.pathname, srv_takeover_drain_ms(ctx));
 			srv_path_refuse(p, -EAGAIN, false);
 			return;
 		}

@@ -700,7 +700,8 @@ static void test_fence_decide(void)
  * A session name the server still holds (rtrs_takeover_decide): free, it
  * proceeds; another host's, refused at once; this host's holder with a
  * connected path is waited for until live_ms, then refused as a live
- * client; a holder with no path up but requests still at the user is
+ * client, or (its paths silent: a dead kernel client, cut only after 25 s)
+ * the newcomer retries; a holder with no path up but requests still at the user is
  * waited for until drain_ms, then the newcomer retries.
  */
 static void test_takeover(void)
@@ -717,6 +718,11 @@ static void test_takeover(void)
 	CHECK_EQ(rtrs_takeover_decide(&in), RTRS_TAKEOVER_WAIT);
 	in.waited_ms = 3000;
 	CHECK_EQ(rtrs_takeover_decide(&in), RTRS_TAKEOVER_TAKEN);
+	in.silent = true;
+	CHECK_EQ(rtrs_takeover_decide(&in), RTRS_TAKEOVER_RETRY);
+	in.waited_ms = 2999;
+	CHECK_EQ(rtrs_takeover_decide(&in), RTRS_TAKEOVER_WAIT);
+	in.waited_ms = 3000;
 	in.paths_up = 0;
 	CHECK_EQ(rtrs_takeover_decide(&in), RTRS_TAKEOVER_WAIT);
 	in.waited_ms = 5000;
