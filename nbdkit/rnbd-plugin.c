@@ -38,6 +38,7 @@
 #include "metrics.h"
 #include "opts.h"
 #include "rnbd-params.h"
+#include "rnbd-path.h"
 #include "rnbd.h"
 #include "util.h"
 
@@ -298,46 +299,83 @@ static int dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
 	return rnbd_clt_dev_info(d, in);
 }
 
+/*
+ * A device the server closed (force-closed by its admin) is opened again
+ * for a new connection, as a new map would (exports_lock held): the
+ * connections sharing it would otherwise keep failing with -ENOTCONN
+ * until the last of them closed. 0, or the remap's error.
+ */
+static int export_reopen_closed(struct export *e)
+{
+	struct rnbd_clt_dev_info info = { .size = sizeof(info) };
+	int rc = rnbd_clt_dev_info(e->dev, &info);
+
+	if (rc || strcmp(info.state, "closed"))
+		return 0;
+	rc = rnbd_clt_remap(e->dev);
+	if (rc == -EALREADY)
+		return 0;
+	if (!rc)
+		nbdkit_debug("%s: the server had closed it; opened again", e->name);
+	return rc;
+}
+
 static void *rnbd_open(int readonly)
 {
-	const char *name = nbdkit_export_name();
+	const char *asked = nbdkit_export_name();
 	enum rnbd_clt_mode want = readonly ? RNBD_CLT_RO : (enum rnbd_clt_mode)cfg.mode;
 	struct handle *h;
 	struct export *e;
+	char *name;
 	int rc;
 
-	if (!name || !*name)
-		name = cfg.device;
-	if (!name) {
+	if (!asked || !*asked)
+		asked = cfg.device;
+	if (!asked) {
 		nbdkit_error("no export name and no device= default");
 		return NULL;
 	}
+	/* As librnbd names devices: "/vol1", "vol1/" and "vol1" share one mapping. */
+	name = strdup(asked);
 	h = calloc(1, sizeof(*h));
-	if (!h) {
+	if (!h || !name) {
 		nbdkit_error("out of memory");
+		free(h);
+		free(name);
 		return NULL;
 	}
+	rnbd_dev_name_normalize(name);
 	pthread_mutex_lock(&exports_lock);
 	for (e = exports; e && strcmp(e->name, name); e = e->next)
 		;
 	if (e && e->mode == RNBD_CLT_RO && want != RNBD_CLT_RO) {
 		pthread_mutex_unlock(&exports_lock);
 		nbdkit_error("%s is mapped read-only by another connection", name);
+		free(name);
 		free(h);
 		return NULL;
 	}
-	if (!e) {
-		e = calloc(1, sizeof(*e));
-		if (e)
-			e->name = strdup(name);
-		if (!e || !e->name) {
+	if (e) {
+		rc = export_reopen_closed(e);
+		if (rc) {
 			pthread_mutex_unlock(&exports_lock);
-			nbdkit_error("out of memory");
-			if (e)
-				free(e);
+			nbdkit_error("%s: the server closed it, and opening it again failed: %s",
+				     name, why_failed(rc));
+			free(name);
 			free(h);
 			return NULL;
 		}
+		free(name);
+	} else {
+		e = calloc(1, sizeof(*e));
+		if (!e) {
+			pthread_mutex_unlock(&exports_lock);
+			nbdkit_error("out of memory");
+			free(name);
+			free(h);
+			return NULL;
+		}
+		e->name = name;
 		rc = rnbd_clt_map(sess, name, want, &e->dev);
 		if (rc) {
 			pthread_mutex_unlock(&exports_lock);

@@ -19,7 +19,8 @@
 #     exit 1 with the object named; the plugin goes on;
 #   - the server force-closes the export while an NBD client (qemu-io)
 #     holds it: the NBD read fails with EIO (not EINVAL), and client list
-#     devices shows it "closed" (not "mapped"), its metric 0.
+#     devices shows it "closed" (not "mapped"), its metric 0; a new
+#     connection meanwhile (naming it /mem0) opens it again and reads.
 # Usage: client-ctl.sh BUILD_DIR. Exits 77 when a tool is missing.
 set -euo pipefail
 build=$(cd "${1:?usage: client-ctl.sh BUILD_DIR}" && pwd)
@@ -303,7 +304,7 @@ check "... and answers" c list
 # read, a pause, a read): the client lists the device as closed, the NBD
 # read fails with EIO (the device's failure; NBD has no ENOTCONN, and
 # nbdkit would send EINVAL, "your request is wrong"), nbdkit's log names
-# ENOTCONN.
+# ENOTCONN. A new connection meanwhile opens it again.
 if command -v qemu-io >/dev/null; then
 	dev_state() { # STATE: the export's state is STATE
 		c list devices -o json | python3 -c '
@@ -322,6 +323,13 @@ sys.exit(0 if any(x["device"] == "mem0" and x["state"] == sys.argv[1] for x in j
 		wait_until 8 dev_state closed
 	check "... the metric says it is not mapped" bash -c "'$rnbd' --socket '$dir/cctl' client \
 		metrics | grep -q '^rnbd_client_device_mapped{.*device=\"mem0\".*} 0'"
+	# A new connection while the first still holds the closed export: it is
+	# opened again for it (before, it joined the dead mapping and every
+	# request failed until the last connection closed). Named with a
+	# leading slash: the same device, one mapping.
+	check "a new connection to the closed export (as /mem0) reads: opened again" \
+		qemu-io -f raw "nbd+unix:////mem0?socket=$dir/nbd.sock" -c "read 0 4096"
+	check "... and it is listed as mapped" dev_state mapped
 	wait "$qio" || true
 	sed 's/^/  qemu-io: /' "$dir/qio.out" | head -5
 	check "... the read after the close failed with EIO" \
