@@ -93,6 +93,7 @@
 #define RDMA_GROUPS_MAX RTRS_MAX_POLL_GROUPS
 #define RDMA_GCQ_ENTRIES 8192  /* a group's CQ has at least this many entries (a server's twice) */
 #define RDMA_RETRY_MS 1        /* a retry after -EAGAIN comes this soon without completions */
+#define RDMA_CM_POLL_NS 1000000 /* a group that never sleeps reads its CM channel this often */
 #define RDMA_INSERT_WAIT_MS 2000 /* a reused QP number waits this long for its last owner */
 #define RDMA_SRQ_DEFAULT RTRS_DEFAULT_SRQ_DEPTH
 /*
@@ -1360,10 +1361,19 @@ static void tx_complete(struct fab_con *c)
 	atomic_fetch_sub_explicit(&c->tx_posted, covers, memory_order_relaxed);
 }
 
+/* Nothing of the connection reaches its owner any more (fab_con_shutdown, down, destroy). */
+static bool con_quiet(const struct fab_con *c)
+{
+	return atomic_load(&c->destroying) || atomic_load(&c->down) || atomic_load(&c->shutdown);
+}
+
 /*
  * Completions with an error come for unsignalled requests too; they only
  * come once the connection failed, when the send queue's room no longer
- * matters. Nothing of a connection being destroyed reaches its owner.
+ * matters. Nothing of a connection shut down, down or being destroyed
+ * reaches its owner, successful completions included: the rest of a
+ * batch polled before a callback found the peer breaking the protocol
+ * (and shut the connection down) is not delivered.
  */
 static void handle_wc(struct fab_con *c, const struct ibv_wc *wc)
 {
@@ -1371,6 +1381,13 @@ static void handle_wc(struct fab_con *c, const struct ibv_wc *wc)
 	/* Told by its buffer: a failed completion's opcode means nothing. */
 	bool srq_rx = srq_owns(c->srq, wc->wr_id);
 
+	if (wc->status == IBV_WC_SUCCESS && con_quiet(c)) {
+		if (srq_rx)
+			srq_repost(c->srq, wc->wr_id);
+		else if (!recv)
+			tx_complete(c);
+		return;
+	}
 	if (atomic_load(&c->destroying) || wc->status != IBV_WC_SUCCESS) {
 		/* A shared receive serves the other connections whatever became of this one. */
 		if (srq_rx)
@@ -1530,9 +1547,10 @@ static void group_cm(struct rdma_group *g)
 			memcpy(data, ev->param.conn.private_data, len);
 		else
 			len = 0;
-		rdma_ack_cm_event(ev);
+		/* Before the ack: a connection being destroyed may be freed once it is acked. */
 		log_dbg("%s: %s (status %d)%s", c ? con_name(c) : "rdma group", rdma_event_str(type),
 			status, skip ? ", ignored" : "");
+		rdma_ack_cm_event(ev);
 		if (!skip)
 			handle_cm(c, type, status, data, len);
 	}
@@ -1675,7 +1693,7 @@ static bool group_drain_work(struct rdma_group *g, struct ibv_wc *wcs, struct fa
 			g->retry = c;
 			c->in_retry = true;
 		}
-		if ((bits & W_KICK) && !atomic_load(&c->down))
+		if ((bits & W_KICK) && !con_quiet(c))
 			c->cfg.ops->kick(c->cfg.priv);
 	}
 	return true;
@@ -1692,7 +1710,7 @@ static void group_run_retry(struct rdma_group *g)
 
 		list = c->retry_next;
 		c->in_retry = false;
-		if (!atomic_load(&c->down) && !atomic_load(&c->destroying))
+		if (!con_quiet(c))
 			c->cfg.ops->kick(c->cfg.priv);
 	}
 }
@@ -1735,7 +1753,7 @@ static void *group_thread(void *arg)
 	struct ibv_wc wcs[RDMA_CQ_BATCH];
 	struct fab_con *cons[RDMA_CQ_BATCH];
 	char name[16];
-	unsigned laps = 0;
+	uint64_t cm_last = 0;
 	bool cm_due = true;
 
 	tls_group = g;
@@ -1745,9 +1763,16 @@ static void *group_thread(void *arg)
 		bool busy = group_drain_work(g, wcs, cons);
 		int n = group_poll(g, wcs, cons);
 
-		/* A busy group still hears of a disconnect. */
-		if (cm_due || (n > 0 && (++laps & 63) == 0)) {
+		/*
+		 * A busy group still hears of connects and disconnects: one that
+		 * never sleeps (completions, or busy polling that finds them)
+		 * reads its CM channel at least every RDMA_CM_POLL_NS.
+		 */
+		uint64_t now = mono_ns();
+
+		if (cm_due || now - cm_last >= RDMA_CM_POLL_NS) {
 			cm_due = false;
+			cm_last = now;
 			group_cm(g);
 		}
 		if (g->retry && (n > 0 || now_ms() - g->retry_since >= RDMA_RETRY_MS)) {
