@@ -1555,9 +1555,12 @@ static struct json_object *recover_scan(void)
 	}
 	while ((e = readdir(dir))) {
 		struct json_object *rec, *v, *m;
+		const char *mname, *msname;
+		struct rpc_err merr = { 0 };
 		struct ublk_state st;
 		char path[4200], tail[8] = "";
-		int id = -1, rc;
+		int id = -1, rc, mmode;
+		bool mbdev;
 
 		if (sscanf(e->d_name, "ublkb%d%7s", &id, tail) != 2 || strcmp(tail, ".json") ||
 		    id < 0)
@@ -1571,6 +1574,14 @@ static struct json_object *recover_scan(void)
 			dlog(DLOG_ERR, "--runtime-dir %s: %s is no record of /dev/ublkb%d (%s); "
 			     "its device is not taken over", g.runtime_dir, e->d_name, id,
 			     rec ? "not {\"ublk\": N, \"mapping\": {...}}" : json_util_get_last_err());
+			json_object_put(rec);
+			continue;
+		}
+		if (map_check(m, &mname, &msname, &mmode, &mbdev, &merr)) {
+			/* Edited or damaged: left as it is for the admin (nothing of it is used). */
+			dlog(DLOG_ERR, "--runtime-dir %s: %s: its mapping is not one client.map "
+			     "takes (%s); /dev/ublkb%d is not taken over", g.runtime_dir,
+			     e->d_name, merr.msg, id);
 			json_object_put(rec);
 			continue;
 		}

@@ -251,9 +251,14 @@ static void io_done(void *priv, int result)
 	first = !u->done;
 	io->next = u->done;
 	u->done = io;
-	pthread_mutex_unlock(&u->lock);
+	/*
+	 * Under the lock: once it is dropped the queue thread may commit this
+	 * IO, the device's last, and a stop then frees u (its eventfd closed,
+	 * the number perhaps reused) while this thread is still here.
+	 */
 	if (first && queue_of_thread != u && write(u->efd, &one, sizeof(one)) != sizeof(one))
 		abort(); /* an eventfd write cannot fail but by overflow */
+	pthread_mutex_unlock(&u->lock);
 }
 
 static int prep_io_cmd(struct ublk_dev *u, unsigned nr, uint16_t tag, int result)

@@ -288,6 +288,10 @@ restart_cycle() { # SIGNAL: the daemon stopped so, a new one started; the takeov
 	t1=$(date +%s%3N)
 	takeover_ms+=($((t1 - t0)))
 }
+# A damaged record beside the real one (a null device name): each start
+# names it and leaves it; it took the daemon down through a NULL strcmp.
+echo '{"ublk": 999, "pid": 1, "mapping": {"device": null, "session": "rc"}}' \
+	>/tmp/rt/ublkb999.json
 ok=0
 for i in $(seq 20); do
 	sleep "0.$((RANDOM % 9 + 1))$((RANDOM % 10))"
@@ -296,6 +300,10 @@ for i in $(seq 20); do
 	ok=$i
 done
 [ "$ok" -eq 20 ]; check recovery-20-kills-taken-over $? "($ok of 20; ms: ${takeover_ms[*]})"
+grep -q 'ublkb999.json: its mapping is not one client.map takes' "$CLOG" &&
+	[ -e /tmp/rt/ublkb999.json ]
+check recovery-damaged-record-named $? "($(grep ublkb999 "$CLOG" | head -2))"
+rm -f /tmp/rt/ublkb999.json
 R client list sessions -o json >/tmp/rcs.json &&
 	python3 -c 'import json, sys
 s = [x for x in json.load(open(sys.argv[1])) if x["name"] == "rc"]
