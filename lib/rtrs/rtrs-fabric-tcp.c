@@ -315,6 +315,7 @@ struct tcp_raw {
 	int fd;
 	size_t idx;              /* in the listener's list */
 	uint64_t since_ms;
+	uint64_t last_ms;        /* bytes last came (since_ms until then) */
 	bool spoke;              /* bytes have come */
 	bool plain;              /* its first byte was not TLS's */
 	struct rtrs_tls *tls;    /* a TLS handshake, then its records */
@@ -2413,20 +2414,39 @@ static uint64_t tcp_lst_closed(const struct fab_lst *l)
  * read nor waiting in the socket (FIONREAD), and TCP_RAW_GRACE_MS passed
  * since it was accepted: one just accepted is no flood's yet (a storm of
  * clients connecting at once is accepted in a batch, some before they
- * sent). Beyond TCP_RAW_HARD_CAP times max_total silent-or-young ones, the
- * oldest go whatever their age: a connect flood cannot take the fds.
+ * sent). One that spoke and then stalled, no byte for a quarter of the
+ * handshake timeout (raw_stall_ms), is silent too: a byte per connection
+ * does not make a flood's connections exempt. Beyond TCP_RAW_HARD_CAP
+ * times max_total of every kind, the least recently progressing go,
+ * whatever their age: a connect flood cannot take the fds, whatever its
+ * connections send.
  */
 #define TCP_RAW_GRACE_MS 100
 #define TCP_RAW_HARD_CAP 4
 
-static bool raw_silent(const struct tcp_raw *r, uint64_t now)
+static uint64_t raw_stall_ms(const struct fab_lst *l)
 {
-	return !r->spoke && now - r->since_ms >= TCP_RAW_GRACE_MS;
+	unsigned t = l->lim.timeout_ms ? l->lim.timeout_ms / 4 : 1250;
+
+	return t > TCP_RAW_GRACE_MS ? t : TCP_RAW_GRACE_MS;
+}
+
+static bool raw_silent(const struct fab_lst *l, const struct tcp_raw *r, uint64_t now)
+{
+	return r->spoke ? now - r->last_ms >= raw_stall_ms(l) :
+			  now - r->since_ms >= TCP_RAW_GRACE_MS;
+}
+
+/* Bytes of r's request came (or wait in its socket). */
+static void raw_progress(struct tcp_raw *r)
+{
+	r->spoke = true;
+	r->last_ms = now_ms();
 }
 
 /*
  * Whether bytes of r's request wait in its socket (FIONREAD): then it is
- * read next, no flood's, and is marked as having spoken. Asked only of a
+ * read next, no flood's, and is marked as progressing. Asked only of a
  * connection about to be closed for the limits, so that a flood costs a
  * system call per connection it makes, not one per connection held.
  */
@@ -2434,9 +2454,11 @@ static bool raw_has_bytes(struct tcp_raw *r)
 {
 	int ready = 0;
 
-	if (!r->spoke && !ioctl(r->fd, FIONREAD, &ready) && ready > 0)
-		r->spoke = true;
-	return r->spoke;
+	if (!ioctl(r->fd, FIONREAD, &ready) && ready > 0) {
+		raw_progress(r);
+		return true;
+	}
+	return false;
 }
 
 /*
@@ -2479,34 +2501,37 @@ static size_t raw_enforce(struct fab_lst *l, const char *peer)
 
 /*
  * peer NULL: the total limit over every peer. hard: the hard cap, which
- * counts every one that has not spoken, young or not.
+ * counts every one, silent or not, and closes the least recently
+ * progressing first (a legitimate request comes whole and leaves the
+ * list at its first read; a TLS handshake makes progress at every
+ * flight).
  */
 static size_t raw_enforce_peer(struct fab_lst *l, const char *peer, uint64_t now, bool hard)
 {
 	unsigned max = peer ? l->lim.max_per_peer : l->lim.max_total * (hard ? TCP_RAW_HARD_CAP : 1);
 	size_t closed = 0;
 
-	{
-		for (;;) {
-			size_t alive = 0, oldest = SIZE_MAX;
+	for (;;) {
+		size_t counted = 0, oldest = SIZE_MAX;
 
-			for (size_t i = 0; i < l->nr_raw; i++) {
-				struct tcp_raw *r = l->raw[i];
+		for (size_t i = 0; i < l->nr_raw; i++) {
+			struct tcp_raw *r = l->raw[i];
 
-				if ((hard ? r->spoke : !raw_silent(r, now)) ||
-				    (peer && strcmp(r->peer, peer)))
-					continue;
-				alive++;
-				if (oldest == SIZE_MAX || r->since_ms < l->raw[oldest]->since_ms)
-					oldest = i;
-			}
-			if (alive <= max)
-				break;
-			if (raw_has_bytes(l->raw[oldest]))
-				continue; /* it spoke after all: counted no more */
-			raw_free(l, raw_take(l, oldest), true);
-			closed++;
+			if ((!hard && !raw_silent(l, r, now)) || (peer && strcmp(r->peer, peer)))
+				continue;
+			counted++;
+			/* Progress this very millisecond (bytes found waiting below): kept. */
+			if (r->last_ms >= now)
+				continue;
+			if (oldest == SIZE_MAX || r->last_ms < l->raw[oldest]->last_ms)
+				oldest = i;
 		}
+		if (counted <= max || oldest == SIZE_MAX)
+			break;
+		if (raw_has_bytes(l->raw[oldest]))
+			continue; /* bytes wait: progressing, no longer a candidate */
+		raw_free(l, raw_take(l, oldest), true);
+		closed++;
 	}
 	return closed;
 }
@@ -2575,7 +2600,7 @@ static void lst_accept(struct fab_lst *l)
 		}
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		r->fd = fd;
-		r->since_ms = now_ms();
+		r->since_ms = r->last_ms = now_ms();
 		raw_peer(fd, r->peer, sizeof(r->peer));
 		ev.data.ptr = r;
 		if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &ev)) {
@@ -2694,7 +2719,7 @@ static bool raw_tls(struct fab_lst *l, struct tcp_raw *r)
 			raw_free(l, raw_take(l, r->idx), true);
 			return false;
 		}
-		r->spoke = true;
+		raw_progress(r);
 		if (b != 0x16) {
 			/*
 			 * In the clear. A server that requires TLS takes only a
@@ -2716,6 +2741,8 @@ static bool raw_tls(struct fab_lst *l, struct tcp_raw *r)
 			return false;
 		}
 	}
+	/* The handshake's next flight (OpenSSL reads it): progress, as a request's bytes. */
+	raw_has_bytes(r);
 	rc = rtrs_tls_handshake(r->tls, &ww);
 	if (rc == -EAGAIN || (!rc && ww)) {
 		if (ww != r->want_out) {
@@ -2793,7 +2820,7 @@ static void raw_read(struct fab_lst *l, struct tcp_raw *r,
 			raw_free(l, raw_take(l, idx), true);
 			return;
 		}
-		r->spoke = true;
+		raw_progress(r);
 		r->got += (size_t)n;
 	}
 	raw_take(l, idx);

@@ -487,6 +487,53 @@ static void test_exhaustion(void)
 	server_stop();
 }
 
+/*
+ * Raw TCP connections that each send one byte (not a whole request) and
+ * then nothing: once a byte had come a connection no longer counted
+ * against any of the listener's limits, and 1100 of them took every fd
+ * of the server (512 of 512 in a review's run): a new client was closed
+ * at once. Now one that stalls counts as silent, and the hard cap
+ * counts every raw connection.
+ */
+static void test_exhaustion_one_byte(void)
+{
+	enum { RAW = 1100, NOFILE = 1024 };
+	const char *extra[] = { "--auth-keys", keys_path, NULL };
+	static int raw[RAW];
+	int nraw = 0, fds, most_fds = 0;
+
+	write_keys();
+	if (!server_start(NOFILE, extra))
+		return;
+	usleep(200 * 1000);
+	for (int i = 0; i < RAW; i++) {
+		int fd = tcp_connect(srv.port);
+
+		if (fd < 0)
+			break;
+		if (write(fd, "R", 1) != 1) {
+			close(fd);
+			break;
+		}
+		raw[nraw++] = fd;
+		if (i % 100 == 99)
+			most_fds = MAX(most_fds, proc_fds(srv.pid));
+	}
+	CHECK(nraw == RAW, "%d one-byte connections made", nraw);
+	usleep(200 * 1000);
+	fds = proc_fds(srv.pid);
+	most_fds = MAX(most_fds, fds);
+	CHECK(most_fds < 600, "server fds: at most %d under one-byte connections (limit %d)",
+	      most_fds, NOFILE);
+	CHECK(legit_session(srv.port, "legit-one-byte", true, 64),
+	      "an authenticated client among one-byte connections");
+	for (int i = 0; i < nraw; i++)
+		close(raw[i]);
+	fprintf(stderr, "exhaustion, one byte each: %d connections: server at most %d fds\n", nraw,
+		most_fds);
+	server_stop();
+}
+
 /* ---- a heartbeat flood from a client that stops reading -------------------- */
 
 static atomic_bool flood_stop;
@@ -1394,6 +1441,7 @@ int main(int argc, char **argv)
 #endif
 	rtrs_set_log_level(0);
 	test_exhaustion();
+	test_exhaustion_one_byte();
 	test_hb_flood();
 	test_silent_trickle();
 	test_replay();
