@@ -1020,6 +1020,13 @@ static int tx_post(struct fab_con *c, struct iovec *iov, unsigned n, const void 
 			return 0;
 		}
 		if (w > 0 && (size_t)w == total) {
+			/*
+			 * User-space TLS takes the frame whole into its records but
+			 * may not get them all onto the socket: the group sends the
+			 * rest (tx_flush), with a wait for room if need be.
+			 */
+			if (con_tls_pending(c))
+				bits |= W_FLUSH;
 			if (ctx) {
 				rc = dctx_add(c, ctx);
 				bits |= W_DONE;
