@@ -598,7 +598,8 @@ static pthread_mutex_t rec_lock;
 /*
  * client.map, and a restore: recover_id >= 0 takes over /dev/ublkb<recover_id>,
  * left by a daemon that ended, as the device's block device instead of
- * making one (*recovered: ublk_dev_recover ran, whatever came of it).
+ * making one (*recovered: its recovery started, ublk_dev_recover's
+ * *touched: the device is this daemon's, or stopped).
  */
 /*
  * What a mapping (client.map's parameters, an entry of the mappings file)
@@ -630,6 +631,17 @@ static int map_check(struct json_object *params, const char **name, const char *
 	return 0;
 }
 
+/* Whether a stop has begun (ublk_dev_recover stops waiting then). */
+static bool clientd_stopping(void)
+{
+	bool st;
+
+	pthread_mutex_lock(&state_lock);
+	st = stopping;
+	pthread_mutex_unlock(&state_lock);
+	return st;
+}
+
 static int map_do(struct json_object *params, int recover_id, bool *recovered,
 		  struct json_object **result, struct rpc_err *err)
 {
@@ -637,7 +649,7 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 	struct sess *s, *fresh = NULL;
 	struct dev *d = NULL;
 	struct json_object *rec = NULL;
-	bool want_bdev, undo = false, inserted = false, close_s;
+	bool want_bdev, undo = false, inserted = false, close_s, hold;
 	int rc, mode;
 
 	if ((rc = map_check(params, &name, &sname, &mode, &want_bdev, err)))
@@ -743,9 +755,8 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 		int id = recover_id;
 
 		if (recover_id >= 0) {
-			*recovered = true;
-			rc = ublk_dev_recover(s->rnbd, d->d, name, recover_id, RECOVER_WAIT_MS, &d->ub,
-					      why, sizeof(why));
+			rc = ublk_dev_recover(s->rnbd, d->d, name, recover_id, RECOVER_WAIT_MS,
+					      clientd_stopping, recovered, &d->ub, why, sizeof(why));
 		} else {
 			rc = ublk_dev_add(s->rnbd, d->d, name, &d->ub, &id, why, sizeof(why));
 		}
@@ -765,13 +776,20 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 	}
 
 	pthread_mutex_lock(&state_lock);
-	maps_pending--;
 	if (!rc && stopping) {
 		/* Mapped while the stop unmaps everything: undone here. */
 		rc = rpc_errf(err, -ESHUTDOWN, "device %s of session %s: rnbd-clientd is stopping",
 			      name, sname);
 		undo = true;
 	}
+	/*
+	 * A block device handed over below is a map in progress until it is:
+	 * the stop waits for it (idle_within) before the sessions' requests
+	 * fail, which would fail the IO the kernel held for the next daemon.
+	 */
+	hold = undo && d && d->ub && g.on_stop == ON_STOP_HANDOVER;
+	if (!hold)
+		maps_pending--;
 	if (!rc) {
 		/*
 		 * Busy until its record and link are made below, unlocked: an
@@ -789,8 +807,9 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 		ndevs++;
 		s->devs++;
 		*result = dev_json(d);
-		if (!*result)
-			rc = -ENOMEM; /* mapped all the same: the list shows it */
+		/* Mapped all the same (the list shows it); a takeover wants no answer. */
+		if (!*result && recover_id < 0)
+			rc = -ENOMEM;
 	}
 	if (undo && d && d->ub)
 		rec = mapping_of(d); /* for the handover below; else rec_write takes it */
@@ -805,6 +824,10 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 		pthread_mutex_unlock(&rec_lock);
 		rec = NULL;
 		close_s = false; /* its session ends with the process */
+		pthread_mutex_lock(&state_lock);
+		maps_pending--;
+		pthread_cond_broadcast(&state_cond);
+		pthread_mutex_unlock(&state_lock);
 	} else if (undo) {
 		if (d->ub)
 			rec_drop(d->ub_id);
@@ -1676,6 +1699,7 @@ static void recover_one(struct json_object *job)
 		if (!rc)
 			return;
 		tries++;
+		/* Not started (no memory, the kernel not ready): tried again until the timeout. */
 		if (recovered || rc == -ESHUTDOWN || now_ms() - t0 >= g.recover_timeout * 1000) {
 			dlog(rc == -ESHUTDOWN ? DLOG_INFO : DLOG_ERR, "ublk: /dev/ublkb%d: %s",
 			     id, e.msg[0] ? e.msg : strerror(-rc));
@@ -1690,7 +1714,8 @@ static void recover_one(struct json_object *job)
 			break;
 		}
 	}
-	if (rc == -ESHUTDOWN || (recovered && rc == -EBUSY))
+	/* -EBUSY until the end: another daemon still serves it. */
+	if (rc == -ESHUTDOWN || (!recovered && rc == -EBUSY))
 		return; /* left as it is, for the next daemon */
 	if (!recovered) {
 		dlog(DLOG_ERR, "ublk: /dev/ublkb%d: not mapped again after %u tries: removing it "

@@ -849,7 +849,8 @@ int ublk_dev_abandon(int dev_id)
 }
 
 int ublk_dev_recover(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char *name,
-		     int dev_id, unsigned wait_ms, struct ublk_dev **out, char *why, size_t len)
+		     int dev_id, unsigned wait_ms, bool (*stop)(void), bool *touched,
+		     struct ublk_dev **out, char *why, size_t len)
 {
 	struct ublksrv_ctrl_dev_info di = { 0 };
 	struct ublk_params p = { .len = sizeof(p) };
@@ -857,9 +858,10 @@ int ublk_dev_recover(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const c
 	unsigned waited = 0;
 	int rc;
 
+	*touched = false;
 	rc = dev_new(sess, d, name, &u, why, len);
 	if (rc)
-		goto fail;
+		goto fail_nodev;
 	u->dev_id = dev_id;
 	rc = ctrl_cmd(u, UBLK_CMD_GET_DEV_INFO, &di, sizeof(di), 0);
 	if (rc) {
@@ -888,12 +890,20 @@ int ublk_dev_recover(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const c
 	 * released) and the kernel has quiesced the device; -EBUSY until then.
 	 */
 	for (;;) {
+		if (stop && stop()) {
+			rc = -ESHUTDOWN;
+			snprintf(why, len, "the daemon is stopping: /dev/ublkb%d is left for the next",
+				 dev_id);
+			goto fail_nodev;
+		}
 		rc = ctrl_cmd(u, UBLK_CMD_START_USER_RECOVERY, NULL, 0, 0);
 		if (rc != -EBUSY || waited >= wait_ms)
 			break;
 		usleep(20000);
 		waited += 20;
 	}
+	if (!rc)
+		*touched = true;
 	if (rc) {
 		snprintf(why, len, "ublk START_USER_RECOVERY of /dev/ublkb%d: %s%s", dev_id,
 			 strerror(-rc), rc == -EBUSY ? " (another daemon still serves it, or the "
@@ -927,8 +937,10 @@ fail:
 	return rc;
 fail_nodev:
 	/* Nothing done to the device: another try (or daemon) may still recover it. */
-	u->dev_id = -1;
-	dev_free(u);
+	if (u) {
+		u->dev_id = -1;
+		dev_free(u);
+	}
 	return rc;
 }
 

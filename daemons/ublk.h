@@ -72,13 +72,17 @@ int ublk_dev_abandon(int dev_id);
 /*
  * Attaches to /dev/ublkb<dev_id>, left by a daemon that ended, as the
  * block device of d (mapped again by the caller): waits up to wait_ms for
- * the kernel to have let the old daemon go, then serves the device, its
- * held IO first. 0 with *out, or a negative errno with why; the device is
- * left as it was when the kernel refused to start the recovery (-EBUSY:
- * another daemon serves it), else stopped and deleted.
+ * the kernel to have let the old daemon go (-EBUSY after it: another
+ * daemon still serves it; -ESHUTDOWN as soon as stop() says so), then
+ * serves the device, its held IO first. 0 with *out, or a negative errno
+ * with why. *touched says whether the recovery started: on a failure
+ * before (no memory, the kernel refusing START_USER_RECOVERY) the device
+ * is left as it was, its IO held, for another try; after, it is stopped
+ * (its held IO fails).
  */
 int ublk_dev_recover(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char *name,
-		     int dev_id, unsigned wait_ms, struct ublk_dev **out, char *why, size_t len);
+		     int dev_id, unsigned wait_ms, bool (*stop)(void), bool *touched,
+		     struct ublk_dev **out, char *why, size_t len);
 
 /*
  * A planned handover to the next daemon: requests that come from now on
