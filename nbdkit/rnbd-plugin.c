@@ -315,8 +315,19 @@ static int export_reopen_closed(struct export *e)
 	rc = rnbd_clt_remap(e->dev);
 	if (rc == -EALREADY)
 		return 0;
-	if (!rc)
-		nbdkit_debug("%s: the server had closed it; opened again", e->name);
+	if (rc)
+		return rc;
+	nbdkit_debug("%s: the server had closed it; opened again", e->name);
+	/*
+	 * The connections that share it keep the size and mode they were
+	 * told: a device that changed meanwhile is not served to a new one
+	 * under them.
+	 */
+	info.size = sizeof(info);
+	rc = rnbd_clt_dev_info(e->dev, &info);
+	if (!rc && (info.bytes != e->info.bytes || info.read_only != e->info.read_only ||
+		    info.logical_block_size != e->info.logical_block_size))
+		rc = -ESTALE;
 	return rc;
 }
 
@@ -359,8 +370,10 @@ static void *rnbd_open(int readonly)
 		rc = export_reopen_closed(e);
 		if (rc) {
 			pthread_mutex_unlock(&exports_lock);
-			nbdkit_error("%s: the server closed it, and opening it again failed: %s",
-				     name, why_failed(rc));
+			nbdkit_error("%s: the server closed it, and %s", name,
+				     rc == -ESTALE ? "it changed (size, mode or block size) while it "
+				     "was: the connections that share it must close first" :
+				     why_failed(rc));
 			free(name);
 			free(h);
 			return NULL;

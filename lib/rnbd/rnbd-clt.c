@@ -505,7 +505,7 @@ static void link_ev(void *priv, enum rtrs_clt_link_ev ev)
 		 * what that pass could not open.
 		 */
 		s->up = true;
-		if (!s->passing)
+		if (!s->passing || closes_due(s))
 			want_pass(s);
 		break;
 	case RTRS_CLT_LINK_EV_SERVER_SESSION:
@@ -832,6 +832,7 @@ void rnbd_clt_sess_close(struct rnbd_clt_sess *s)
 	rtrs_clt_put_permit(s->rtrs, s->admin_permit);
 	rtrs_clt_close(s->rtrs);
 	free(s->ios);
+	free(s->closes);
 	pthread_mutex_destroy(&s->lock);
 	pthread_mutex_destroy(&s->admin_lock);
 	pthread_cond_destroy(&s->cond);

@@ -2440,7 +2440,8 @@ static uint64_t raw_stall_ms(const struct fab_lst *l)
 
 static bool raw_silent(const struct fab_lst *l, const struct tcp_raw *r, uint64_t now)
 {
-	return r->spoke ? now - r->last_ms >= raw_stall_ms(l) :
+	/* last_ms may be after now: bytes found waiting since now was read. */
+	return r->spoke ? r->last_ms <= now && now - r->last_ms >= raw_stall_ms(l) :
 			  now - r->since_ms >= TCP_RAW_GRACE_MS;
 }
 

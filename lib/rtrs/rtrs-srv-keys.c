@@ -114,20 +114,27 @@ static bool chunk_key_recent(const struct srv_keys *k, uint32_t id, uint64_t key
 	return false;
 }
 
-/* Chunk id's new key, for the client: never one of its last few. */
-static void chunk_key_set(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id, uint64_t key)
+/* chunk_key_set with s->key_lock held. */
+static void chunk_key_set_locked(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id,
+				 uint64_t key)
 {
 	uint64_t *h = &k->hist[(size_t)id * RTRS_KEY_HISTORY];
 
 	memmove(h + 1, h, (RTRS_KEY_HISTORY - 1) * sizeof(*h));
 	h[0] = key;
-	pthread_mutex_lock(&s->key_lock);
 	k->gen[id] = gen_next(k->gen[id]);
 	k->key[id] = key;
 	if (k->msgs)
 		rtrs_new_rkey_encode(&k->msgs[id], id, k->gen[id], key);
-	pthread_mutex_unlock(&s->key_lock);
 	atomic_fetch_add_explicit(&s->ctx->st.key_rotations, 1, memory_order_relaxed);
+}
+
+/* Chunk id's new key, for the client: never one of its last few. */
+static void chunk_key_set(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id, uint64_t key)
+{
+	pthread_mutex_lock(&s->key_lock);
+	chunk_key_set_locked(s, k, id, key);
+	pthread_mutex_unlock(&s->key_lock);
 }
 
 /*
@@ -220,22 +227,72 @@ int srv_chunk_rekey(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id, st
  * chunk whose op is still at work is that op's to re-key. 0, or the
  * error of a chunk that still has no key: the table must not go out.
  */
+/*
+ * Chunk id lost its key and no op holds it: the state read before the key,
+ * both under key_lock (an op sets the chunk's key before it frees the op,
+ * and a request revokes a key, under the lock, only once it holds the
+ * op), so a chunk between an op's revoke and its re-key is not taken for
+ * one. Only a live key lets a request in, so nothing takes the chunk
+ * meanwhile; gen says so again when the new key is put in.
+ */
+static bool chunk_keyless(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id,
+			  uint32_t *gen)
+{
+	bool keyless;
+
+	pthread_mutex_lock(&s->key_lock);
+	keyless = atomic_load(&s->ops[id].state) == OP_FREE && !k->key[id];
+	*gen = k->gen[id];
+	pthread_mutex_unlock(&s->key_lock);
+	return keyless;
+}
+
+/*
+ * Gives a keyless chunk (chunk_keyless) a key never used before: 1, 0 when
+ * it turned out not to be keyless, or the registration's error.
+ */
+static int chunk_repair(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id, uint32_t gen)
+{
+	unsigned access = FAB_MR_REMOTE_WRITE | (k->msgs ? FAB_MR_KEY64 : 0);
+	struct fab_mr mr;
+	int rc, tries = 0;
+
+	for (;;) {
+		rc = fab_mr_reg(s->ctx->fab, s->chunk_bases[id], s->chunk_size, access, &mr);
+		if (rc)
+			return rc == -EAGAIN ? -ENOMEM : rc;
+		if (!chunk_key_recent(k, id, mr.key))
+			break;
+		fab_mr_dereg(&mr);
+		if (++tries == 64)
+			return -EKEYREVOKED;
+	}
+	pthread_mutex_lock(&s->key_lock);
+	if (k->gen[id] != gen || k->key[id] || atomic_load(&s->ops[id].state) != OP_FREE) {
+		pthread_mutex_unlock(&s->key_lock);
+		fab_mr_dereg(&mr); /* not keyless after all */
+		return 0;
+	}
+	k->mrs[id] = mr;
+	chunk_key_set_locked(s, k, id, mr.key);
+	pthread_mutex_unlock(&s->key_lock);
+	return 1;
+}
+
 int srv_keys_repair(struct rtrs_srv_sess *s, struct srv_keys *k)
 {
-	uint32_t n = 0;
+	uint32_t n = 0, gen;
 	int rc;
 
-	for (uint32_t i = 0; i < s->queue_depth; i++) {
-		uint64_t key = srv_chunk_key(s, k, i);
-
-		if (key || !s->ops || atomic_load(&s->ops[i].state) != OP_FREE)
+	for (uint32_t i = 0; s->ops && i < s->queue_depth; i++) {
+		if (!chunk_keyless(s, k, i, &gen))
 			continue;
-		rc = srv_chunk_rekey(s, k, i, NULL);
-		if (rc) {
+		rc = chunk_repair(s, k, i, gen);
+		if (rc < 0) {
 			log_err_rl("%s: chunk %u still has no key: %s", s->name, i, strerror(-rc));
 			return rc;
 		}
-		n++;
+		n += (uint32_t)rc;
 	}
 	if (n)
 		log_info("%s: %u chunks that had lost their keys have new ones", s->name, n);
