@@ -177,6 +177,34 @@ static int chunk_bind(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id,
 }
 
 /*
+ * Registers chunk id's memory for the client under a key that is not one
+ * of the chunk's last few: 0, or -ENOMEM (the device's -EAGAIN too),
+ * -EKEYREVOKED (the device keeps handing revoked keys back), another
+ * registration error.
+ */
+static int chunk_reg_fresh(struct rtrs_srv_sess *s, const struct srv_keys *k, uint32_t id,
+			   struct fab_mr *mr)
+{
+	/* A kernel client's keys are 32 bits: the device's own, as verbs gives them. */
+	unsigned access = FAB_MR_REMOTE_WRITE | (k->msgs ? FAB_MR_KEY64 : 0);
+
+	for (int tries = 0;; tries++) {
+		int rc = fab_mr_reg(s->ctx->fab, s->chunk_bases[id], s->chunk_size, access, mr);
+
+		if (rc)
+			return rc == -EAGAIN ? -ENOMEM : rc;
+		if (!chunk_key_recent(k, id, mr->key))
+			return 0;
+		fab_mr_dereg(mr);
+		if (tries == 63) {
+			log_err_rl("%s: the device keeps handing back revoked keys for chunk %u",
+				   s->name, id);
+			return -EKEYREVOKED;
+		}
+	}
+}
+
+/*
  * Gives chunk id a key never used before and records it for the client:
  * its window bound again by a work request on fc where it has one (fc:
  * the connection the response goes on, -EAGAIN when its send queue is
@@ -184,10 +212,8 @@ static int chunk_bind(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id,
  */
 int srv_chunk_rekey(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id, struct fab_con *fc)
 {
-	/* A kernel client's keys are 32 bits: the device's own, as verbs gives them. */
-	unsigned access = FAB_MR_REMOTE_WRITE | (k->msgs ? FAB_MR_KEY64 : 0);
 	struct fab_mr mr;
-	int rc, tries = 0;
+	int rc;
 
 	if (k->wins && fc) {
 		rc = chunk_bind(s, k, id, fc);
@@ -198,19 +224,9 @@ int srv_chunk_rekey(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id, st
 	}
 	if (k->wins)
 		fab_win_free(&k->wins[id]);
-	for (;;) {
-		rc = fab_mr_reg(s->ctx->fab, s->chunk_bases[id], s->chunk_size, access, &mr);
-		if (rc)
-			return rc == -EAGAIN ? -ENOMEM : rc;
-		if (!chunk_key_recent(k, id, mr.key))
-			break;
-		fab_mr_dereg(&mr);
-		if (++tries == 64) {
-			log_err_rl("%s: the device keeps handing back revoked keys for chunk %u",
-				   s->name, id);
-			return -EKEYREVOKED;
-		}
-	}
+	rc = chunk_reg_fresh(s, k, id, &mr);
+	if (rc)
+		return rc;
 	k->mrs[id] = mr;
 	chunk_key_set(s, k, id, mr.key);
 	return 0;
@@ -253,20 +269,11 @@ static bool chunk_keyless(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t 
  */
 static int chunk_repair(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id, uint32_t gen)
 {
-	unsigned access = FAB_MR_REMOTE_WRITE | (k->msgs ? FAB_MR_KEY64 : 0);
 	struct fab_mr mr;
-	int rc, tries = 0;
+	int rc = chunk_reg_fresh(s, k, id, &mr);
 
-	for (;;) {
-		rc = fab_mr_reg(s->ctx->fab, s->chunk_bases[id], s->chunk_size, access, &mr);
-		if (rc)
-			return rc == -EAGAIN ? -ENOMEM : rc;
-		if (!chunk_key_recent(k, id, mr.key))
-			break;
-		fab_mr_dereg(&mr);
-		if (++tries == 64)
-			return -EKEYREVOKED;
-	}
+	if (rc)
+		return rc;
 	pthread_mutex_lock(&s->key_lock);
 	if (k->gen[id] != gen || k->key[id] || atomic_load(&s->ops[id].state) != OP_FREE) {
 		pthread_mutex_unlock(&s->key_lock);
