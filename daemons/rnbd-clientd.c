@@ -591,7 +591,7 @@ static bool spec_same(struct sess *s, struct json_object *params)
 
 static struct json_object *mapping_of(struct dev *d);
 static void rec_write(int id, uint64_t serial);
-static void rec_write_locked(int id, struct json_object *mapping);
+static void rec_write_locked(int id, struct json_object *mapping, int prev_pid);
 static void rec_drop(int id);
 static pthread_mutex_t rec_lock;
 
@@ -642,7 +642,7 @@ static bool clientd_stopping(void)
 	return st;
 }
 
-static int map_do(struct json_object *params, int recover_id, bool *recovered,
+static int map_do(struct json_object *params, int recover_id, int prev_pid, bool *recovered,
 		  struct json_object **result, struct rpc_err *err)
 {
 	const char *name, *sname;
@@ -755,6 +755,10 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 		int id = recover_id;
 
 		if (recover_id >= 0) {
+			/* Before the kernel names this daemon (END_USER_RECOVERY): either pid goes. */
+			pthread_mutex_lock(&rec_lock);
+			rec_write_locked(recover_id, json_object_get(params), prev_pid);
+			pthread_mutex_unlock(&rec_lock);
 			rc = ublk_dev_recover(s->rnbd, d->d, name, recover_id, RECOVER_WAIT_MS,
 					      clientd_stopping, recovered, &d->ub, why, sizeof(why));
 		} else {
@@ -820,7 +824,7 @@ static int map_do(struct json_object *params, int recover_id, bool *recovered,
 		/* Made or taken over as the daemon stops: it stays, like the others. */
 		ublk_dev_handover(d->ub, STOP_GRACE_MS);
 		pthread_mutex_lock(&rec_lock);
-		rec_write_locked(d->ub_id, rec);
+		rec_write_locked(d->ub_id, rec, 0);
 		pthread_mutex_unlock(&rec_lock);
 		rec = NULL;
 		close_s = false; /* its session ends with the process */
@@ -867,7 +871,7 @@ static int m_map(void *priv, struct json_object *params, struct json_object **re
 	bool recovered = false;
 
 	(void)priv;
-	return map_do(params, -1, &recovered, result, err);
+	return map_do(params, -1, 0, &recovered, result, err);
 }
 
 /*
@@ -1425,7 +1429,7 @@ static void rec_path(int id, char *buf, size_t len)
  * id's record, mapping in it (taken, may be NULL: out of memory), through
  * a temporary file; rec_lock held.
  */
-static void rec_write_locked(int id, struct json_object *mapping)
+static void rec_write_locked(int id, struct json_object *mapping, int prev_pid)
 {
 	struct json_object *o = json_object_new_object();
 	char path[4096], tmp[4200];
@@ -1433,9 +1437,15 @@ static void rec_write_locked(int id, struct json_object *mapping)
 
 	rec_path(id, path, sizeof(path));
 	snprintf(tmp, sizeof(tmp), "%s.new", path);
-	/* The pid: the kernel's record of who serves the device, so that no other's is taken. */
+	/*
+	 * The pid: the kernel's record of who serves the device, so that no
+	 * other's is taken. prev_pid during a takeover: the kernel names the
+	 * old daemon until END_USER_RECOVERY, this one after it, and a
+	 * daemon killed in between leaves a record that either matches.
+	 */
 	if (!mapping || !put(o, "ublk", json_object_new_int(id)) ||
-	    !put(o, "pid", json_object_new_int(getpid()))) {
+	    !put(o, "pid", json_object_new_int(getpid())) ||
+	    (prev_pid > 0 && !put(o, "prev_pid", json_object_new_int(prev_pid)))) {
 		rc = -ENOMEM; /* mapping still ours: dropped below */
 	} else {
 		if (!put(o, "mapping", mapping))
@@ -1485,7 +1495,7 @@ static void rec_write(int id, uint64_t serial)
 	}
 	pthread_mutex_unlock(&state_lock);
 	if (live)
-		rec_write_locked(id, mapping); /* NULL (no memory): said there */
+		rec_write_locked(id, mapping, 0); /* NULL (no memory): said there */
 	pthread_mutex_unlock(&rec_lock);
 }
 
@@ -1610,7 +1620,9 @@ static struct json_object *recover_scan(void)
 		}
 		rc = ublk_dev_state(id, &st);
 		if (!rc && (!json_object_object_get_ex(rec, "pid", &v) ||
-			    json_object_get_int(v) != st.pid)) {
+			    json_object_get_int(v) != st.pid) &&
+		    (!json_object_object_get_ex(rec, "prev_pid", &v) ||
+		     json_object_get_int(v) != st.pid)) {
 			/* The number was given to a device of another program since. */
 			dlog(DLOG_INFO, "ublk: /dev/ublkb%d: served by pid %d, not by the daemon "
 			     "that recorded it; its record goes", id, st.pid);
@@ -1685,16 +1697,21 @@ static void recover_one(struct json_object *job)
 	unsigned tries = 0;
 	int id, rc;
 
+	struct ublk_state st;
+	int prev_pid;
+
 	json_object_object_get_ex(job, "ublk", &v);
 	json_object_object_get_ex(job, "mapping", &m);
 	id = json_object_get_int(v);
+	/* The daemon the kernel names now: the record keeps it until the takeover is done. */
+	prev_pid = !ublk_dev_state(id, &st) ? st.pid : 0;
 	dlog(DLOG_INFO, "ublk: /dev/ublkb%d outlived the previous rnbd-clientd: mapping it again",
 	     id);
 	for (;;) {
 		struct json_object *r = NULL;
 		struct rpc_err e = { 0 };
 
-		rc = map_do(m, id, &recovered, &r, &e);
+		rc = map_do(m, id, prev_pid, &recovered, &r, &e);
 		json_object_put(r);
 		if (!rc)
 			return;
