@@ -139,7 +139,19 @@ struct rnbd_sess {
 	uint32_t ndevs;
 	struct srv_io *ios;          /* one per RTRS chunk (queue depth) */
 	uint32_t nios;
+	/*
+	 * Its devices' open, close and release lines: a burst of 10 per 5 s
+	 * per session, so a client opening and closing in a loop does not
+	 * fill the log while a storm of sessions each still logs its own.
+	 */
+	struct log_ratelimit dev_log_rl;
 };
+
+#define sess_dev_log(sess, ...)                                                       \
+	do {                                                                          \
+		if (LOG_INFO <= g_log_level && log_ratelimit_ok(&(sess)->dev_log_rl)) \
+			log_msg(LOG_INFO, __VA_ARGS__);                              \
+	} while (0)
 
 struct rnbd_srv {
 	struct rnbd_srv_opts o;
@@ -399,7 +411,8 @@ static void *release_thread(void *arg)
 		STAILQ_REMOVE_HEAD(&srv->rel_queue, rel_link);
 		pthread_mutex_unlock(&srv->rel_lock);
 		dev_release(srv, sd);
-		log_info("rnbd: %s: %s (device %u) released", sd->sess->name, sd->name, sd->id);
+		sess_dev_log(sd->sess, "rnbd: %s: %s (device %u) released", sd->sess->name, sd->name,
+			     sd->id);
 		pthread_mutex_lock(&srv->rel_lock);
 		sd->released = true;
 		if (sd->waiter) {
@@ -675,7 +688,7 @@ static int open_locked(struct rnbd_sess *sess, const struct rnbd_open *req, void
 
 	memcpy(name, sd->name, sizeof(name));
 	pthread_mutex_unlock(&sess->lock);
-	log_info("rnbd: %s: opened %s (%s) as device %u, %llu bytes%s%s, %s, %s", sess->name,
+	sess_dev_log(sess, "rnbd: %s: opened %s (%s) as device %u, %llu bytes%s%s, %s, %s", sess->name,
 		 name, rnbd_access_mode_name(mode), id, (unsigned long long)in.size,
 		 in.block_device ? ", block device" : "", in.direct ? ", O_DIRECT" : "",
 		 in.write_cache ? "write cache" : "no write cache", in.fua ? "FUA" : "no FUA");
@@ -748,7 +761,7 @@ static int do_close(struct rnbd_sess *sess, struct rtrs_srv_op *op, const void *
 	sd = dev_detach(sess, id);
 	if (!sd)
 		return -ENOENT;
-	log_info("rnbd: %s: closing %s (device %u)", sess->name, sd->name, id);
+	sess_dev_log(sess, "rnbd: %s: closing %s (device %u)", sess->name, sd->name, id);
 	return dev_detached(sess->srv, sd, op) ? 1 : 0;
 }
 

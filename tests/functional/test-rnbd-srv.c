@@ -879,6 +879,54 @@ static void test_open_limits(void)
 	rnbd_set_log_fn(NULL, NULL);
 }
 
+/*
+ * A client opening and closing a device in a loop: its session's open and
+ * close lines stop after a burst (10 per 5 s), another session's are still
+ * logged.
+ */
+static void test_open_log_limit(void)
+{
+	struct rnbd_open_rsp r;
+	struct rnbd_srv_opts o;
+	struct rnbd_srv *srv = NULL;
+	struct rtrs_clt_sess *a, *b;
+	unsigned opened, closing;
+	size_t mark;
+
+	rnbd_set_log_fn(log_sink, NULL);
+	rnbd_set_log_level(2); /* info */
+	rnbd_srv_opts_init(&o, sizeof(o));
+	o.rtrs.addr = test_addr();
+	o.rtrs.provider = test_provider();
+	o.rtrs.port = 0;
+	o.mem_devices = "m0:64K,m1:64K";
+	CHECK_EQ(rnbd_srv_open(&o, &srv), 0);
+	if (!srv)
+		return;
+	port = rnbd_srv_port(srv, 5000);
+	a = sess_open("looper");
+	b = sess_open("other");
+	if (a && b) {
+		mark = log_mark();
+		for (int i = 0; i < 40; i++) {
+			CHECK_EQ(dev_open(a, "m0", RNBD_ACCESS_RW, &r), 0);
+			CHECK_EQ(dev_close(a, r.device_id), 0);
+		}
+		CHECK(dev_open(b, "m1", RNBD_ACCESS_RW, &r) >= 0);
+		opened = log_count_since(mark, "looper: opened m0");
+		closing = log_count_since(mark, "looper: closing m0");
+		CHECK(opened >= 1 && opened + closing <= 10, "looper's lines: %u opened, %u closing",
+		      opened, closing);
+		CHECK(log_has_since(mark, "other: opened m1"), "%s", log_since(mark));
+	}
+	if (a)
+		rtrs_clt_close(a);
+	if (b)
+		rtrs_clt_close(b);
+	rnbd_srv_close(srv);
+	rnbd_set_log_fn(NULL, NULL);
+}
+
 int main(void)
 {
 	top = test_tmpdir(NULL, "rnbd-srv-test");
@@ -886,6 +934,7 @@ int main(void)
 		return 1;
 	test_defaults();
 	test_open_limits();
+	test_open_log_limit();
 	test_all();
 	test_hung_io();
 	test_transport_opts();
