@@ -50,7 +50,20 @@ static struct clt_ctl ctl;          /* control=: the session and the exports, ma
 static struct rpc_server *ctl_srv;
 static struct metrics_http *mhttp;  /* metrics= */
 
-/* A mapped device and the connections using it. */
+/*
+ * A mapped device and the connections using it. Its map, a remap and its
+ * unmap make round trips to the server (a map may wait for a reconnecting
+ * session): they run without exports_lock, the export listed as busy
+ * meanwhile; another open of the same name waits on exports_cond for it,
+ * opens of other names and client.devices go on.
+ */
+enum export_state {
+	EX_OPENING,   /* the map: dev not set yet */
+	EX_LIVE,
+	EX_REOPENING, /* the server had closed it: opened again for a new connection */
+	EX_CLOSING,   /* the last connection closed: the unmap */
+};
+
 struct export {
 	struct export *next;
 	char *name;
@@ -58,9 +71,11 @@ struct export {
 	enum rnbd_clt_mode mode;
 	struct rnbd_clt_dev_info info;
 	unsigned refs;
+	enum export_state state;
 };
 
 static pthread_mutex_t exports_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t exports_cond = PTHREAD_COND_INITIALIZER;
 static struct export *exports;
 
 struct handle {
@@ -149,9 +164,13 @@ static int ctl_devices(void *priv, struct json_object *arr)
 	pthread_mutex_lock(&exports_lock);
 	for (struct export *e = exports; e && !rc; e = e->next) {
 		struct rnbd_clt_dev_info in = { .size = sizeof(in) };
-		struct json_object *o = json_object_new_object();
+		struct json_object *o;
 		static const char *const modes[] = { "ro", "rw", "migration" };
 
+		/* Mapped, and not going: its device is not freed under this. */
+		if (e->state != EX_LIVE && e->state != EX_REOPENING)
+			continue;
+		o = json_object_new_object();
 		rnbd_clt_dev_info(e->dev, &in);
 		if (!o || json_object_object_add(o, "session",
 						 json_object_new_string(cfg.clt.opts.sessname)) ||
@@ -299,19 +318,25 @@ static int dev_info(struct rnbd_clt_dev *d, struct rnbd_clt_dev_info *in)
 	return rnbd_clt_dev_info(d, in);
 }
 
+/* Whether the server closed e's device (force-closed by its admin); exports_lock held. */
+static bool export_closed(struct export *e)
+{
+	struct rnbd_clt_dev_info info = { .size = sizeof(info) };
+
+	return !rnbd_clt_dev_info(e->dev, &info) && !strcmp(info.state, "closed");
+}
+
 /*
- * A device the server closed (force-closed by its admin) is opened again
- * for a new connection, as a new map would (exports_lock held): the
- * connections sharing it would otherwise keep failing with -ENOTCONN
- * until the last of them closed. 0, or the remap's error.
+ * A device the server closed is opened again for a new connection, as a
+ * new map would (e busy, exports_lock not held): the connections sharing
+ * it would otherwise keep failing with -ENOTCONN until the last of them
+ * closed. 0, or the remap's error.
  */
 static int export_reopen_closed(struct export *e)
 {
 	struct rnbd_clt_dev_info info = { .size = sizeof(info) };
-	int rc = rnbd_clt_dev_info(e->dev, &info);
+	int rc;
 
-	if (rc || strcmp(info.state, "closed"))
-		return 0;
 	rc = rnbd_clt_remap(e->dev);
 	if (rc == -EALREADY)
 		return 0;
@@ -328,6 +353,43 @@ static int export_reopen_closed(struct export *e)
 	if (!rc && (info.bytes != e->info.bytes || info.read_only != e->info.read_only ||
 		    info.logical_block_size != e->info.logical_block_size))
 		rc = -ESTALE;
+	return rc;
+}
+
+static void export_put(struct export *e);
+
+/* e off the list; exports_lock held. */
+static void export_unlist(struct export *e)
+{
+	for (struct export **pp = &exports; *pp; pp = &(*pp)->next) {
+		if (*pp == e) {
+			*pp = e->next;
+			break;
+		}
+	}
+}
+
+/*
+ * e's device mapped (exports_lock not held: round trips), with its info;
+ * 0, or nbdkit_error said why and nothing is left mapped.
+ */
+static int export_map(struct export *e)
+{
+	int rc = rnbd_clt_map(sess, e->name, e->mode, &e->dev);
+
+	if (rc) {
+		nbdkit_error("mapping %s: %s", e->name, why_failed(rc));
+		return rc;
+	}
+	e->info.size = sizeof(e->info);
+	rc = dev_info(e->dev, &e->info);
+	if (rc) {
+		/* Mapped, but unusable without its limits: give it back. */
+		int urc = rnbd_clt_unmap(e->dev, true);
+
+		nbdkit_error("mapping %s: device info: %s%s%s", e->name, strerror(-rc),
+			     urc ? "; unmapping it: " : "", urc ? strerror(-urc) : "");
+	}
 	return rc;
 }
 
@@ -357,8 +419,14 @@ static void *rnbd_open(int readonly)
 	}
 	rnbd_dev_name_normalize(name);
 	pthread_mutex_lock(&exports_lock);
-	for (e = exports; e && strcmp(e->name, name); e = e->next)
-		;
+	for (;;) {
+		for (e = exports; e && strcmp(e->name, name); e = e->next)
+			;
+		if (!e || e->state == EX_LIVE)
+			break;
+		/* Its map, remap or unmap is under way: looked up again after it. */
+		pthread_cond_wait(&exports_cond, &exports_lock);
+	}
 	if (e && e->mode == RNBD_CLT_RO && want != RNBD_CLT_RO) {
 		pthread_mutex_unlock(&exports_lock);
 		nbdkit_error("%s is mapped read-only by another connection", name);
@@ -367,18 +435,28 @@ static void *rnbd_open(int readonly)
 		return NULL;
 	}
 	if (e) {
-		rc = export_reopen_closed(e);
-		if (rc) {
-			pthread_mutex_unlock(&exports_lock);
-			nbdkit_error("%s: the server closed it, and %s", name,
-				     rc == -ESTALE ? "it changed (size, mode or block size) while it "
-				     "was: the connections that share it must close first" :
-				     why_failed(rc));
-			free(name);
-			free(h);
-			return NULL;
-		}
 		free(name);
+		name = NULL;
+		e->refs++;
+		if (export_closed(e)) {
+			e->state = EX_REOPENING;
+			pthread_mutex_unlock(&exports_lock);
+			rc = export_reopen_closed(e);
+			pthread_mutex_lock(&exports_lock);
+			e->state = EX_LIVE;
+			pthread_cond_broadcast(&exports_cond);
+			if (rc) {
+				pthread_mutex_unlock(&exports_lock);
+				nbdkit_error("%s: the server closed it, and %s", e->name,
+					     rc == -ESTALE ? "it changed (size, mode or block size) "
+					     "while it was: the connections that share it must close "
+					     "first" : why_failed(rc));
+				export_put(e); /* the last reference if they closed meanwhile */
+				free(h);
+				return NULL;
+			}
+		}
+		pthread_mutex_unlock(&exports_lock);
 	} else {
 		e = calloc(1, sizeof(*e));
 		if (!e) {
@@ -389,35 +467,27 @@ static void *rnbd_open(int readonly)
 			return NULL;
 		}
 		e->name = name;
-		rc = rnbd_clt_map(sess, name, want, &e->dev);
-		if (rc) {
-			pthread_mutex_unlock(&exports_lock);
-			nbdkit_error("mapping %s: %s", name, why_failed(rc));
-			free(e->name);
-			free(e);
-			free(h);
-			return NULL;
-		}
-		e->info.size = sizeof(e->info);
-		rc = dev_info(e->dev, &e->info);
-		if (rc) {
-			/* Mapped, but unusable without its limits: give it back. */
-			int urc = rnbd_clt_unmap(e->dev, true);
-
-			pthread_mutex_unlock(&exports_lock);
-			nbdkit_error("mapping %s: device info: %s%s%s", name, strerror(-rc),
-				     urc ? "; unmapping it: " : "", urc ? strerror(-urc) : "");
-			free(e->name);
-			free(e);
-			free(h);
-			return NULL;
-		}
 		e->mode = want;
+		e->refs = 1;
+		e->state = EX_OPENING;
 		e->next = exports;
 		exports = e;
+		pthread_mutex_unlock(&exports_lock);
+		rc = export_map(e);
+		pthread_mutex_lock(&exports_lock);
+		if (rc)
+			export_unlist(e);
+		else
+			e->state = EX_LIVE;
+		pthread_cond_broadcast(&exports_cond);
+		pthread_mutex_unlock(&exports_lock);
+		if (rc) {
+			free(e->name);
+			free(e);
+			free(h);
+			return NULL;
+		}
 	}
-	e->refs++;
-	pthread_mutex_unlock(&exports_lock);
 	h->e = e;
 	h->readonly = readonly || e->info.read_only;
 	return h;
@@ -426,22 +496,30 @@ static void *rnbd_open(int readonly)
 static void rnbd_close(void *handle)
 {
 	struct handle *h = handle;
-	struct export *e = h->e;
+
+	export_put(h->e);
+	free(h);
+}
+
+/* A connection's reference to e dropped; the last one unmaps it. */
+static void export_put(struct export *e)
+{
+	bool last;
 
 	pthread_mutex_lock(&exports_lock);
-	if (--e->refs == 0) {
-		for (struct export **pp = &exports; *pp; pp = &(*pp)->next) {
-			if (*pp == e) {
-				*pp = e->next;
-				break;
-			}
-		}
+	last = --e->refs == 0;
+	if (last)
+		e->state = EX_CLOSING; /* an open of its name waits for the unmap */
+	pthread_mutex_unlock(&exports_lock);
+	if (last) {
 		rnbd_clt_unmap(e->dev, true);
+		pthread_mutex_lock(&exports_lock);
+		export_unlist(e);
+		pthread_cond_broadcast(&exports_cond);
+		pthread_mutex_unlock(&exports_lock);
 		free(e->name);
 		free(e);
 	}
-	pthread_mutex_unlock(&exports_lock);
-	free(h);
 }
 
 static int64_t rnbd_get_size(void *handle)

@@ -3191,6 +3191,14 @@ static void tcp_con_local(const struct fab_con *c, char *buf, size_t len)
  * its input to the poller and reads only what is still there a lease
  * later.
  */
+/*
+ * A turn whose budget ran out leaves input in user space (the stash, a
+ * header, OpenSSL's buffer) that no socket poll announces. It is not lost
+ * if the poller stops: bytes were readable, so the group's poll of the
+ * socket either fired (the connection is on the lease list, and the
+ * lease's end reads everything left) or was not armed because a lease or
+ * the ready list already holds the connection.
+ */
 static int tcp_con_poll(struct fab_con *c)
 {
 	unsigned frames = 0;

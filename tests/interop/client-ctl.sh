@@ -340,4 +340,33 @@ else
 	echo "note: no qemu-io: the force-close part is skipped"
 fi
 
+# An open waiting on the server (stopped: its OPEN is not answered) holds
+# only its own export: meanwhile client.devices answers and a second
+# connection to the export already mapped opens (the plugin used to hold
+# one lock across a map's round trips, up to 60 s with a reconnecting
+# session). Then the server goes on and the waiting open fails: there is
+# no such device.
+if command -v qemu-io >/dev/null && command -v nbdinfo >/dev/null; then
+	server_pid=${pids[0]}
+	qemu-io -f raw "$uri" -c "read 0 4096" -c "sleep 6000" >/dev/null 2>&1 &
+	holder=$!
+	wait_until 10 dev_state mapped || true
+	kill -STOP "$server_pid"
+	nbdinfo --size "nbd+unix:///nosuch?socket=$dir/nbd.sock" >/dev/null 2>"$dir/nosuch.err" &
+	waiter=$!
+	sleep 0.5
+	check "an open waiting on a stopped server: client list devices answers meanwhile" \
+		timeout 2 bash -c "'$rnbd' --socket '$dir/cctl' client list devices -o json | \
+		grep -q mem0"
+	check "... and another connection to the mapped export opens" \
+		timeout 2 nbdinfo --size "$uri"
+	kill -CONT "$server_pid"
+	waiter_failed() { ! wait "$waiter"; }
+	check "... the waiting open ends once the server answers: no such device" waiter_failed
+	wait "$holder" || true
+	check "... IO goes on" bash -c "nbdcopy '$uri' '$dir/r.bin' && cmp -s '$dir/w.bin' '$dir/r.bin'"
+else
+	echo "note: no qemu-io or nbdinfo: the waiting-open part is skipped"
+fi
+
 finish client-ctl
