@@ -642,6 +642,62 @@ static bool clientd_stopping(void)
 	return st;
 }
 
+/*
+ * ublk_dev_add's before_start: a new block device's record, written before
+ * the kernel starts it (a daemon killed between START_DEV and the record
+ * would leave a device no record names, its IO held for ever). The map
+ * writes it again once the device is listed.
+ */
+struct rec_early {
+	struct dev *d;
+	int id; /* the device's number once recorded, else -1 */
+};
+
+/*
+ * The numbers of devices recorded and not listed yet (rec_lock): rec_drop
+ * leaves their records, as it does a listed device's (an unmap of an
+ * earlier device of the same number is not theirs to remove).
+ */
+static int early_ids[DEVS_MAX];
+static unsigned n_early;
+
+static bool early_has(int id)
+{
+	for (unsigned i = 0; i < n_early; i++)
+		if (early_ids[i] == id)
+			return true;
+	return false;
+}
+
+/* id listed now, or deleted: off the early set. */
+static void early_done(int id)
+{
+	pthread_mutex_lock(&rec_lock);
+	for (unsigned i = 0; i < n_early; i++) {
+		if (early_ids[i] == id) {
+			early_ids[i] = early_ids[--n_early];
+			break;
+		}
+	}
+	pthread_mutex_unlock(&rec_lock);
+}
+
+static void rec_before_start(void *priv, int id)
+{
+	struct rec_early *e = priv;
+	struct json_object *mapping;
+
+	pthread_mutex_lock(&rec_lock);
+	pthread_mutex_lock(&state_lock);
+	mapping = mapping_of(e->d);
+	pthread_mutex_unlock(&state_lock);
+	rec_write_locked(id, mapping, 0); /* NULL (no memory): said there */
+	if (n_early < DEVS_MAX) /* a map each: maps_pending keeps them below */
+		early_ids[n_early++] = id;
+	pthread_mutex_unlock(&rec_lock);
+	e->id = id;
+}
+
 static int map_do(struct json_object *params, int recover_id, int prev_pid, bool *recovered,
 		  struct json_object **result, struct rpc_err *err)
 {
@@ -650,7 +706,7 @@ static int map_do(struct json_object *params, int recover_id, int prev_pid, bool
 	struct dev *d = NULL;
 	struct json_object *rec = NULL;
 	bool want_bdev, undo = false, inserted = false, close_s, hold;
-	int rc, mode;
+	int rc, mode, early_id = -1;
 
 	if ((rc = map_check(params, &name, &sname, &mode, &want_bdev, err)))
 		return rc;
@@ -762,7 +818,16 @@ static int map_do(struct json_object *params, int recover_id, int prev_pid, bool
 			rc = ublk_dev_recover(s->rnbd, d->d, name, recover_id, RECOVER_WAIT_MS,
 					      clientd_stopping, recovered, &d->ub, why, sizeof(why));
 		} else {
-			rc = ublk_dev_add(s->rnbd, d->d, name, &d->ub, &id, why, sizeof(why));
+			struct rec_early early = { .d = d, .id = -1 };
+
+			rc = ublk_dev_add(s->rnbd, d->d, name, rec_before_start, &early, &d->ub,
+					  &id, why, sizeof(why));
+			early_id = early.id;
+			if (rc && early_id >= 0) {
+				early_done(early_id);
+				rec_drop(early_id); /* the device was deleted */
+				early_id = -1;
+			}
 		}
 		if (rc) {
 			rpc_errf(err, rc, "device %s of session %s: mapped, but no block device: %s",
@@ -820,6 +885,8 @@ static int map_do(struct json_object *params, int recover_id, int prev_pid, bool
 	close_s = sess_release(s);
 	pthread_cond_broadcast(&state_cond);
 	pthread_mutex_unlock(&state_lock);
+	if (early_id >= 0)
+		early_done(early_id); /* listed (rec_drop sees it), or undone below */
 	if (undo && d->ub && g.on_stop == ON_STOP_HANDOVER) {
 		/* Made or taken over as the daemon stops: it stays, like the others. */
 		ublk_dev_handover(d->ub, STOP_GRACE_MS);
@@ -1499,14 +1566,27 @@ static void rec_write(int id, uint64_t serial)
 	pthread_mutex_unlock(&rec_lock);
 }
 
+/*
+ * id's record removed, unless a listed mapping has block device id, or a
+ * map recorded it and has not listed it yet (early_ids): the kernel may
+ * give a number to a new device as soon as the old one is deleted, and
+ * the new one's record is not the old one's to remove.
+ */
 static void rec_drop(int id)
 {
 	char path[4096];
-	int rc;
+	bool taken = false;
+	int rc = 0;
 
 	rec_path(id, path, sizeof(path));
 	pthread_mutex_lock(&rec_lock);
-	rc = unlink(path) && errno != ENOENT ? errno : 0;
+	pthread_mutex_lock(&state_lock);
+	for (unsigned j = 0; j < DEVS_MAX && !taken; j++)
+		taken = devs[j] && devs[j]->ub && devs[j]->ub_id == id;
+	pthread_mutex_unlock(&state_lock);
+	taken = taken || early_has(id);
+	if (!taken)
+		rc = unlink(path) && errno != ENOENT ? errno : 0;
 	pthread_mutex_unlock(&rec_lock);
 	if (rc)
 		dlog(DLOG_WARN, "ublk: /dev/ublkb%d: removing its record %s: %s", id, path,
@@ -1619,7 +1699,9 @@ static struct json_object *recover_scan(void)
 			continue;
 		}
 		rc = ublk_dev_state(id, &st);
-		if (!rc && (!json_object_object_get_ex(rec, "pid", &v) ||
+		/* Dead (stopped, or never started: its daemon died before START_DEV): not served. */
+		if (!rc && st.state != UBLK_S_DEV_DEAD &&
+		    (!json_object_object_get_ex(rec, "pid", &v) ||
 			    json_object_get_int(v) != st.pid) &&
 		    (!json_object_object_get_ex(rec, "prev_pid", &v) ||
 		     json_object_get_int(v) != st.pid)) {

@@ -36,6 +36,7 @@
 #include <linux/ublk_cmd.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -85,6 +86,18 @@ struct poll_claim {
 	struct rnbd_clt_sess *sess;
 	unsigned refs;                 /* devices on sess (claims_lock) */
 	_Atomic(struct ublk_dev *) owner;
+	/*
+	 * The session's IO slots, shared fairly: the devices with requests
+	 * that found no slot free, in the order they found none (wait_lock).
+	 * Only the head takes slots for waiting requests, and a device not
+	 * listed takes none while any is (it lists itself behind them). Each
+	 * completion on the session wakes the head (its eventfd), once until
+	 * it looks (kicked).
+	 */
+	pthread_mutex_t wait_lock;
+	struct ublk_dev *wait_head, *wait_tail;
+	atomic_uint nwaiting;          /* devices listed */
+	atomic_bool kicked;
 };
 
 static pthread_mutex_t claims_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -100,6 +113,7 @@ static struct poll_claim *claim_get(struct rnbd_clt_sess *sess)
 	if (!c && (c = calloc(1, sizeof(*c)))) {
 		c->sess = sess;
 		atomic_init(&c->owner, NULL);
+		pthread_mutex_init(&c->wait_lock, NULL);
 		c->next = claims;
 		claims = c;
 	}
@@ -118,6 +132,7 @@ static void claim_put(struct poll_claim *c)
 		while (*pp != c)
 			pp = &(*pp)->next;
 		*pp = c->next;
+		pthread_mutex_destroy(&c->wait_lock);
 		free(c);
 	}
 	pthread_mutex_unlock(&claims_lock);
@@ -156,6 +171,17 @@ struct ublk_dev {
 	/* The queue thread's start: 1 when every FETCH went in, or a negative errno. */
 	pthread_cond_t cond;
 	int ready;
+	/*
+	 * The queue thread's: requests that found every IO slot of the
+	 * session taken (RNBD_CLT_F_NOWAIT), in order; sent again as slots
+	 * free. The thread never sleeps in the library's slot wait, where a
+	 * handover could not reach it while a server does not answer.
+	 */
+	uint16_t waitq[QD_MAX];
+	unsigned wait_head, nwait;
+	unsigned handed_waiting;       /* dropped from it by a handover: the kernel's again */
+	struct ublk_dev *wait_next;    /* on claim's list (claim->wait_lock) */
+	bool wait_listed;              /* on it (the queue thread's) */
 };
 
 int ublk_probe(char *why, size_t len)
@@ -234,6 +260,83 @@ static int ctrl_cmd_op(struct ublk_dev *u, unsigned op, void *addr, uint16_t len
  */
 static _Thread_local struct ublk_dev *queue_of_thread; /* on a queue thread, its device */
 
+/*
+ * The head of the devices waiting for a slot woken (its eventfd), unless
+ * it was since it last looked. Under wait_lock: a device leaves the list
+ * before its eventfd is closed.
+ */
+static void claim_kick(struct poll_claim *c)
+{
+	uint64_t one = 1;
+
+	if (atomic_exchange(&c->kicked, true))
+		return;
+	pthread_mutex_lock(&c->wait_lock);
+	if (c->wait_head && c->wait_head != queue_of_thread &&
+	    write(c->wait_head->efd, &one, sizeof(one)) != sizeof(one))
+		abort(); /* an eventfd write cannot fail but by overflow */
+	pthread_mutex_unlock(&c->wait_lock);
+}
+
+/* u behind the devices waiting for a slot (the queue thread, u not listed). */
+static void wait_list(struct ublk_dev *u)
+{
+	struct poll_claim *c = u->claim;
+
+	u->wait_listed = true;
+	if (!c)
+		return;
+	pthread_mutex_lock(&c->wait_lock);
+	u->wait_next = NULL;
+	if (c->wait_tail)
+		c->wait_tail->wait_next = u;
+	else
+		c->wait_head = u;
+	c->wait_tail = u;
+	atomic_fetch_add(&c->nwaiting, 1);
+	pthread_mutex_unlock(&c->wait_lock);
+}
+
+/* u off the list (the queue thread: nothing of it waits, or it ends); the next head woken. */
+static void wait_unlist(struct ublk_dev *u)
+{
+	struct poll_claim *c = u->claim;
+
+	if (!u->wait_listed)
+		return;
+	u->wait_listed = false;
+	if (!c)
+		return;
+	pthread_mutex_lock(&c->wait_lock);
+	for (struct ublk_dev **pp = &c->wait_head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->wait_next) {
+		if (*pp == u) {
+			*pp = u->wait_next;
+			if (c->wait_tail == u)
+				c->wait_tail = prev;
+			break;
+		}
+	}
+	atomic_fetch_sub(&c->nwaiting, 1);
+	pthread_mutex_unlock(&c->wait_lock);
+	atomic_store(&c->kicked, false);
+	claim_kick(c);
+}
+
+/* Whether u may take slots for its waiting requests: the head, or no list (no memory). */
+static bool wait_turn(struct ublk_dev *u)
+{
+	struct poll_claim *c = u->claim;
+	bool head;
+
+	if (!c)
+		return true;
+	atomic_store(&c->kicked, false);
+	pthread_mutex_lock(&c->wait_lock);
+	head = c->wait_head == u;
+	pthread_mutex_unlock(&c->wait_lock);
+	return head;
+}
+
 static void io_done(void *priv, int result)
 {
 	/*
@@ -259,6 +362,13 @@ static void io_done(void *priv, int result)
 	if (first && queue_of_thread != u && write(u->efd, &one, sizeof(one)) != sizeof(one))
 		abort(); /* an eventfd write cannot fail but by overflow */
 	pthread_mutex_unlock(&u->lock);
+	/*
+	 * Its slot is free (librnbd puts it back before done): the head of
+	 * those waiting takes it. Were it later, the head would find it at
+	 * its next look (10 ms).
+	 */
+	if (u->claim && atomic_load_explicit(&u->claim->nwaiting, memory_order_relaxed))
+		claim_kick(u->claim);
 }
 
 static int prep_io_cmd(struct ublk_dev *u, unsigned nr, uint16_t tag, int result)
@@ -304,7 +414,11 @@ static int prep_poll(struct ublk_dev *u, int fd)
 	return 0;
 }
 
-/* A request in tag's descriptor: sent to the RNBD device, or answered at once. */
+/*
+ * A request in tag's descriptor: sent to the RNBD device, or answered at
+ * once; 1 when no IO slot of the session is free (nothing done), else 0
+ * or a negative errno (the ring is full: the thread cannot go on).
+ */
 static int serve(struct ublk_dev *u, uint16_t tag)
 {
 	const struct ublksrv_io_desc *iod = &u->descs[tag];
@@ -347,12 +461,56 @@ static int serve(struct ublk_dev *u, uint16_t tag)
 		return prep_io_cmd(u, UBLK_IO_COMMIT_AND_FETCH_REQ, tag, -EIO);
 	io->result = 0;
 	atomic_fetch_add(&u->sent, 1);
-	rc = rnbd_clt_submit(u->d, op, rflags, off, buf, len, io_done, io);
+	rc = rnbd_clt_submit(u->d, op, rflags | RNBD_CLT_F_NOWAIT, off, buf, len, io_done, io);
 	if (rc) {
 		atomic_fetch_sub(&u->sent, 1);
+		if (rc == -EAGAIN)
+			return 1;
 		return prep_io_cmd(u, UBLK_IO_COMMIT_AND_FETCH_REQ, tag, rc);
 	}
 	return 0;
+}
+
+/*
+ * A new request: behind those waiting for a slot (this device's, or any
+ * device's of the session), else served. 0 or a negative errno.
+ */
+static int serve_new(struct ublk_dev *u, uint16_t tag)
+{
+	bool others = u->claim && atomic_load(&u->claim->nwaiting);
+	int rc = u->nwait || others ? 1 : serve(u, tag);
+
+	if (rc == 1) {
+		u->waitq[(u->wait_head + u->nwait++) % QD_MAX] = tag;
+		if (!u->wait_listed)
+			wait_list(u);
+		rc = 0;
+	}
+	return rc;
+}
+
+/*
+ * Those waiting for a slot, in order, while slots are free and it is
+ * this device's turn; off the list once none waits. 0 or a negative errno.
+ */
+static int serve_waiting(struct ublk_dev *u)
+{
+	int rc = 0;
+
+	if (!wait_turn(u))
+		return 0;
+	while (u->nwait) {
+		rc = serve(u, u->waitq[u->wait_head]);
+		if (rc == 1)
+			return 0;
+		u->wait_head = (u->wait_head + 1) % QD_MAX;
+		u->nwait--;
+		if (rc)
+			break;
+	}
+	if (!u->nwait)
+		wait_unlist(u);
+	return rc;
 }
 
 /* The done list: each tag's result committed, its next request fetched. */
@@ -531,7 +689,29 @@ static void *queue_thread(void *arg)
 		}
 		if (stuck)
 			break; /* no room in the ring: cannot go on */
-		rc = io_uring_submit_and_wait(&u->ring, wait);
+		/* A handover leaves those waiting for a slot to the kernel, for the next daemon. */
+		if (u->nwait && atomic_load(&u->draining)) {
+			u->handed_waiting += u->nwait;
+			u->nwait = 0;
+			wait_unlist(u);
+		}
+		if (u->wait_listed && serve_waiting(u))
+			break;
+		if (u->nwait && wait) {
+			/*
+			 * A completion on the session wakes the head (claim_kick);
+			 * a slot freed otherwise (a fence releasing those it held)
+			 * is seen within 10 ms.
+			 */
+			struct __kernel_timespec ts = { .tv_nsec = 10000000 };
+			struct io_uring_cqe *first;
+
+			rc = io_uring_submit_and_wait_timeout(&u->ring, &first, wait, &ts, NULL);
+			if (rc == -ETIME)
+				rc = 0;
+		} else {
+			rc = io_uring_submit_and_wait(&u->ring, wait);
+		}
 		if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
 			break;
 		io_uring_for_each_cqe(&u->ring, head, cqe) {
@@ -550,7 +730,7 @@ static void *queue_thread(void *arg)
 				/* Handing over: the kernel gives it to the next daemon. */
 				if (atomic_load(&u->draining))
 					continue;
-				if (serve(u, (uint16_t)cqe->user_data))
+				if (serve_new(u, (uint16_t)cqe->user_data))
 					aborted = u->qd;
 			} else {
 				/* ABORT (stopping), or a command refused: the tag is done. */
@@ -570,6 +750,7 @@ static void *queue_thread(void *arg)
 	}
 	if (armed)
 		rnbd_clt_poll_wait_end(u->sess);
+	wait_unlist(u); /* before the eventfd closes: others' completions kick the head */
 	poll_give_back(u);
 	return NULL;
 }
@@ -715,7 +896,8 @@ static int queue_start(struct ublk_dev *u, char *why, size_t len)
 }
 
 int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char *name,
-		 struct ublk_dev **out, int *dev_id, char *why, size_t len)
+		 ublk_before_start_fn *before_start, void *priv, struct ublk_dev **out,
+		 int *dev_id, char *why, size_t len)
 {
 	struct ublksrv_ctrl_dev_info di = { 0 };
 	struct ublk_params p = { 0 };
@@ -783,12 +965,19 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
 	rc = queue_start(u, why, len);
 	if (rc)
 		goto fail;
+	if (before_start)
+		before_start(priv, u->dev_id);
 	/* START_DEV waits until every tag is fetched, then adds /dev/ublkbN. */
 	rc = ctrl_cmd(u, UBLK_CMD_START_DEV, NULL, 0, (uint64_t)getpid());
 	if (rc) {
 		snprintf(why, len, "ublk START_DEV: %s", strerror(-rc));
 		goto fail;
 	}
+#ifdef RTRS_FAULT_INJECTION
+	/* Tests (the ublk suite): the daemon killed the instant its device started. */
+	if (getenv("RNBD_CLIENTD_FAULT") && !strcmp(getenv("RNBD_CLIENTD_FAULT"), "kill-after-start"))
+		raise(SIGKILL);
+#endif
 	*out = u;
 	*dev_id = u->dev_id;
 	return 0;
@@ -973,7 +1162,7 @@ unsigned ublk_dev_handover(struct ublk_dev *u, unsigned wait_ms)
 		abort(); /* an eventfd write cannot fail but by overflow */
 	pthread_join(u->thread, NULL);
 	u->thread_up = false;
-	return atomic_load(&u->sent);
+	return atomic_load(&u->sent) + u->handed_waiting;
 }
 
 void ublk_dev_remove(struct ublk_dev *u)

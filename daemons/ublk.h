@@ -30,9 +30,18 @@ int ublk_probe(char *why, size_t len);
  * (/dev/ublkbN) in *dev_id. Its queue thread polls sess for d's
  * completions (rnbd_clt_poll), where the fabric allows. The caller keeps
  * d mapped until ublk_dev_remove returns. 0 or a negative errno with why.
+ *
+ * before_start (may be NULL) is called with priv and N once the kernel has
+ * numbered the device and before it starts (/dev/ublkbN appears, and
+ * with it IO the kernel holds for a next daemon if this one dies): where
+ * the caller records the device, so that no instant exists in which it
+ * lives and nothing names it. If the add fails after it, the device is
+ * deleted and the caller drops its record.
  */
+typedef void ublk_before_start_fn(void *priv, int dev_id);
 int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char *name,
-		 struct ublk_dev **out, int *dev_id, char *why, size_t len);
+		 ublk_before_start_fn *before_start, void *priv, struct ublk_dev **out,
+		 int *dev_id, char *why, size_t len);
 
 /*
  * Stops and deletes the block device: requests still queued fail, those

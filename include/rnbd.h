@@ -262,6 +262,12 @@ enum rnbd_clt_op {
 #define RNBD_CLT_F_FUA (1u << 9)
 #define RNBD_CLT_F_PREFLUSH (1u << 10)
 #define RNBD_CLT_F_NOUNMAP (1u << 11) /* write zeroes: keep the blocks allocated */
+/*
+ * Not sent: rnbd_clt_submit does not wait for an IO slot, it returns
+ * -EAGAIN when none is free (for a caller with other work than waiting:
+ * it submits again once one of its IO completes, or a moment later).
+ */
+#define RNBD_CLT_F_NOWAIT (1u << 31)
 
 /*
  * Opens a session (the RTRS session, shared by the devices mapped through
@@ -361,7 +367,8 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *dev, struct rnbd_clt_dev_info *info);
 
 /*
  * Asynchronous form. Takes one of the session's IO slots (its RTRS queue
- * depth less one permit kept for admin messages), waiting for one to be free; then returns 0, and done(priv,
+ * depth less one permit kept for admin messages), waiting for one to be
+ * free (with RNBD_CLT_F_NOWAIT: -EAGAIN at once when none is); then returns 0, and done(priv,
  * result) is called exactly once, from a library thread (or from this call
  * itself), or returns a negative errno and done is not called. Called from
  * a done callback it does not wait: -EAGAIN when no slot is free (keep at

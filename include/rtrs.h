@@ -274,6 +274,8 @@ enum rtrs_wait { RTRS_PERMIT_NOWAIT, RTRS_PERMIT_WAIT };
 /*
  * Takes a permit (one of queue_depth request slots). NOWAIT returns NULL when
  * none is free; WAIT sleeps until one is free or the session closes (NULL).
+ * With NULL, errno says which: EAGAIN (none free), ECONNABORTED (the
+ * session closes), EINVAL (no session).
  */
 struct rtrs_permit *rtrs_clt_get_permit(struct rtrs_clt_sess *sess,
 					enum rtrs_clt_con_type con_type, enum rtrs_wait wait);

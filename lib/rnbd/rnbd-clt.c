@@ -1279,8 +1279,10 @@ int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags
 	struct rnbd_clt_sess *s;
 	struct rtrs_permit *permit;
 	struct clt_io *io;
+	bool nowait = in_done || (flags & RNBD_CLT_F_NOWAIT);
 	int rc;
 
+	flags &= ~RNBD_CLT_F_NOWAIT; /* the library's, not the wire's */
 	/* What needs no device: the op, its flags (as the server checks them), the buffer. */
 	if (!d || !done || (flags & RNBD_F_SYNC) || rnbd_io_op_check(op, flags, &why) ||
 	    data != (buf != NULL))
@@ -1299,9 +1301,9 @@ int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags
 	if (rc)
 		return rc;
 	permit = rtrs_clt_get_permit(s->rtrs, RTRS_IO_CON,
-				     in_done ? RTRS_PERMIT_NOWAIT : RTRS_PERMIT_WAIT);
+				     nowait ? RTRS_PERMIT_NOWAIT : RTRS_PERMIT_WAIT);
 	if (!permit)
-		return in_done ? -EAGAIN : -ECONNABORTED;
+		return nowait && errno == EAGAIN ? -EAGAIN : -ECONNABORTED;
 	io = &s->ios[rtrs_permit_id(permit)];
 	*io = (struct clt_io){ .d = d, .permit = permit, .ops = { .priv = io, .conf = io_conf },
 			       .op = op, .flags = flags, .flush_first = flush_first,

@@ -799,8 +799,12 @@ struct rtrs_permit *rtrs_clt_get_permit(struct rtrs_clt_sess *s,
 {
 	struct rtrs_permit *permit = NULL;
 
-	if (!s)
+	int err = 0;
+
+	if (!s) {
+		errno = EINVAL;
 		return NULL;
+	}
 	pthread_mutex_lock(&s->permit_lock);
 	s->permit_waiters++;
 	while (!s->nr_free && !s->closing && wait == RTRS_PERMIT_WAIT)
@@ -809,10 +813,14 @@ struct rtrs_permit *rtrs_clt_get_permit(struct rtrs_clt_sess *s,
 		permit = &s->permits[s->free_ids[--s->nr_free]];
 		permit->con_type = con_type;
 		permit->in_use = true;
+	} else {
+		err = s->closing ? ECONNABORTED : EAGAIN;
 	}
 	if (--s->permit_waiters == 0 && s->closing)
 		pthread_cond_broadcast(&s->permit_cond);
 	pthread_mutex_unlock(&s->permit_lock);
+	if (!permit)
+		errno = err;
 	return permit;
 }
 

@@ -90,7 +90,9 @@ int main(void)
 			seen |= 1u << rtrs_permit_id(permits[i]);
 	}
 	CHECK_EQ(seen, (unsigned)((1ull << QD) - 1));
+	errno = 0;
 	CHECK(rtrs_clt_get_permit(sess, RTRS_IO_CON, RTRS_PERMIT_NOWAIT) == NULL);
+	CHECK(errno == EAGAIN, "none free: errno %d, not EAGAIN", errno);
 
 	/* A double put is refused: it must not make a phantom permit. */
 	rtrs_clt_put_permit(sess, permits[0]);

@@ -223,8 +223,15 @@ static void test_async(struct rnbd_clt_dev *d)
 	memset(r, 0, (size_t)AIO_N * AIO_LEN);
 	aio_submit(d, RNBD_CLT_READ, r, in.queue_depth);
 	usleep(300 * 1000); /* the heartbeat sees the server gone; the IO is parked */
+	/* No slot free: RNBD_CLT_F_NOWAIT returns at once, done not called. */
+	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_READ, RNBD_CLT_F_NOWAIT, 0, r, 512, aio_done, NULL),
+		 -EAGAIN);
 	srv_start(port);
 	aio_wait(in.queue_depth);
+	/* With slots free it takes one, and the flag is not sent (the server would refuse it). */
+	memset(r, 0, 512);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_READ, RNBD_CLT_F_NOWAIT, 4u << 20, r, 512), 0);
+	CHECK(!memcmp(w, r, 512), "a NOWAIT read returns the data");
 	CHECK(!memcmp(w, r, (size_t)in.queue_depth * AIO_LEN),
 	      "%u reads parked in every slot across a server restart return the data",
 	      in.queue_depth);

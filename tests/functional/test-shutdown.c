@@ -228,6 +228,10 @@ int main(void)
 	pthread_join(thr_open, NULL);
 	pthread_join(thr_add, NULL);
 	CHECK(waiter_got == NULL, "the permit waiter gets NULL");
+	errno = 0;
+	CHECK(rtrs_clt_get_permit(sess_a, RTRS_IO_CON, RTRS_PERMIT_NOWAIT) == NULL &&
+	      errno == ECONNABORTED, "a NOWAIT get after the shutdown: NULL with ECONNABORTED "
+	      "(errno %d), not EAGAIN: a caller that tries again would try for ever", errno);
 	CHECK(atomic_load(&waiter_ms) - t0 < BOUND_MS, "... after %llu ms",
 	      (unsigned long long)(atomic_load(&waiter_ms) - t0));
 	CHECK(silent_open_rc == -ESHUTDOWN, "the open to the silent listener: %d", silent_open_rc);

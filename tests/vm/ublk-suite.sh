@@ -337,6 +337,99 @@ R client unmap disk.img --session rc >/dev/null; check recovery-unmap $?
 check recovery-unmap-removes-device-record-and-name $?
 kill "$CPID"; wait "$CPID"
 
+# A daemon killed the instant a new block device started, before the map
+# listed it (a test build's RNBD_CLIENTD_FAULT): the device's record was
+# written before START_DEV, so the next daemon takes it over and its IO
+# goes on (written after, there was none: a device no daemon serves).
+export RNBD_CLIENTD_FAULT=kill-after-start
+clientd; check early-record-clientd-started $?
+unset RNBD_CLIENTD_FAULT
+R client map disk.img --session ks --server 198.18.0.1 --provider verbs >/dev/null 2>&1
+wait "$CPID" 2>/dev/null; krc=$?
+kr=$(ls /tmp/rt/ublkb*.json 2>/dev/null | head -n1)
+kd=/dev/$(basename "${kr:-none}" .json)
+[ "$krc" -eq 137 ] && [ -n "$kr" ] && [ -b "$kd" ]
+check early-record-written-before-start $? "(exit $krc; record ${kr:-none}; $(ls /dev/ublkb* 2>/dev/null))"
+printf 'early-record-%.0s' $(seq 400) | head -c 4096 >/tmp/ks.blk
+( dd if=/tmp/ks.blk of="$kd" bs=4096 seek=3 oflag=direct conv=notrunc 2>/tmp/ks.err ) &
+KDD=$!
+clientd; check early-record-clientd-again $?
+wait_for 60 grep -q 'taken over: its IO goes on' "$CLOG" && wait "$KDD" &&
+	dd if="$kd" of=/tmp/ks.dev bs=4096 skip=3 count=1 iflag=direct 2>/dev/null &&
+	dd if=/tmp/exports/disk.img of=/tmp/ks.srv bs=4096 skip=3 count=1 2>/dev/null &&
+	cmp /tmp/ks.dev /tmp/ks.blk && cmp /tmp/ks.srv /tmp/ks.blk
+check early-record-device-taken-over-io-goes-on $? "($(grep -E 'ublkb|ks' "$CLOG" | tail -3 | \
+	tr '\n' ' ') $(cat /tmp/ks.err))"
+R client unmap disk.img --session ks >/dev/null &&
+	[ ! -b "$kd" ] && [ ! -e "$kr" ]
+check early-record-unmap $?
+kill "$CPID"; wait "$CPID"
+
+# A handover while the server does not answer (stopped) and every IO slot
+# of the session is taken (two devices of queue depth 15 on a session of
+# 15 slots, fio at depth 32 on each): the stop ends within its bound (the
+# queue threads never sleep in the library's slot wait; one used to, until
+# fast_io_fail_ms, 60 s here). The server goes on, a new daemon takes
+# both devices over, and fio ends without an error.
+mkdir -p /tmp/exports3
+head -c $((16 << 20)) /dev/zero >/tmp/exports3/h1.img
+head -c $((16 << 20)) /dev/zero >/tmp/exports3/h2.img
+"$B/daemons/rnbd-server" --provider tcp -a 127.0.0.1 -p 1237 -s /tmp/exports3 -q 16 \
+	--log-level info >/tmp/sh.log 2>&1 &
+SHPID=$!
+wait_for 60 grep -q 'listening on port' /tmp/sh.log
+clientd; check slots-clientd-started $?
+R client map h1.img --session hs --server 127.0.0.1:1237 --provider tcp \
+	--fast-io-fail-ms 60000 -o json >/tmp/h1.json &&
+	R client map h2.img --session hs -o json >/tmp/h2.json
+check slots-two-devices-one-session $? "$(cat /tmp/h1.json /tmp/h2.json)"
+h1=$(python3 -c 'import json; print(json.load(open("/tmp/h1.json"))["block_device"] or "")')
+h2=$(python3 -c 'import json; print(json.load(open("/tmp/h2.json"))["block_device"] or "")')
+# The slots shared fairly: both devices at depth 32 on the 15 slots for
+# 5 s, neither starved (each at least a third of the other's IO/s).
+for n in 1 2; do
+	eval "dev=\$h$n"
+	fio --name=f$n --filename="$dev" --rw=randwrite --bs=4k --iodepth=32 --ioengine=libaio \
+		--direct=1 --time_based --runtime=5 --output-format=json --output=/tmp/fair$n.json \
+		>/dev/null 2>&1 &
+	eval "FF$n=\$!"
+done
+wait "$FF1" && wait "$FF2" && python3 -c '
+import json
+a, b = (json.load(open("/tmp/fair%d.json" % n))["jobs"][0]["write"]["iops"] for n in (1, 2))
+print("iops %.0f %.0f" % (a, b))
+assert min(a, b) > 0 and min(a, b) >= max(a, b) / 3' >/tmp/fair.out 2>&1
+check slots-shared-fairly $? "($(tail -n1 /tmp/fair.out))"
+fio --name=a --filename="$h1" --rw=randwrite --bs=4k --iodepth=32 --ioengine=libaio \
+	--direct=1 --time_based --runtime=40 --output=/tmp/fio-h1.out >/dev/null 2>&1 &
+F1=$!
+fio --name=b --filename="$h2" --rw=randwrite --bs=4k --iodepth=32 --ioengine=libaio \
+	--direct=1 --time_based --runtime=40 --output=/tmp/fio-h2.out >/dev/null 2>&1 &
+F2=$!
+sleep 2
+kill -STOP "$SHPID"
+sleep 1
+t0=$(date +%s%3N)
+kill -TERM "$CPID"; wait "$CPID"; crc=$?
+stop_ms=$(($(date +%s%3N) - t0))
+[ "$crc" -eq 0 ] && [ "$stop_ms" -lt 10000 ] && [ -b "$h1" ] && [ -b "$h2" ]
+check slots-full-server-stopped-handover-within-bound $? "(exit $crc after $stop_ms ms; \
+$(grep -E 'handed over|stop' "$CLOG" | tail -2 | tr '\n' ' '))"
+kill -CONT "$SHPID"
+clientd; check slots-clientd-again $?
+wait_for 60 sh -c "[ \$(grep -c 'taken over: its IO goes on' '$CLOG') -eq 2 ]"
+check slots-both-taken-over $? "($(grep -E 'taken over|hs' "$CLOG" | tail -4 | tr '\n' ' '))"
+wait "$F1"; f1=$?
+wait "$F2"; f2=$?
+[ "$f1" -eq 0 ] && [ "$f2" -eq 0 ] && grep -q 'err= 0' /tmp/fio-h1.out &&
+	grep -q 'err= 0' /tmp/fio-h2.out
+check slots-fio-ends-clean $? "(exit $f1 $f2; $(grep -h 'err=' /tmp/fio-h1.out /tmp/fio-h2.out | \
+	tr '\n' ' '))"
+R client unmap h1.img --session hs >/dev/null && R client unmap h2.img --session hs >/dev/null
+check slots-unmap $?
+kill "$CPID"; wait "$CPID"
+kill "$SHPID"; wait "$SHPID"
+
 # Fenced reissue: a slow backend (dm-delay: every write held 500 ms) under
 # rnbd-server over tcp; sixteen writers stamp a block each with generation
 # numbers, each block's next generation written once its last one is done;
@@ -576,7 +669,7 @@ R client unmap leg.img --session mda >/dev/null && R client unmap leg.img --sess
 check md-legs-unmapped $?
 kill "$CPID" "$MD_a" "$MD_b"; wait "$CPID" "$MD_a" "$MD_b" 2>/dev/null
 
-kill "$CPID" "$SPID" "$FIO" "$WATCH" "$S3PID" "$MDFIO" "$MD_a" "$MD_b" 2>/dev/null; wait
+kill "$CPID" "$SPID" "$FIO" "$WATCH" "$S3PID" "$SHPID" "$MDFIO" "$MD_a" "$MD_b" 2>/dev/null; wait
 dmesg | grep -E 'BUG:|Oops|Call Trace' >/tmp/oops; [ ! -s /tmp/oops ]; check kernel-log-clean $?
 # In a sanitizer build, the daemons' reports would be in their logs.
 ! grep -lE 'ERROR: (Address|Leak|Thread)Sanitizer|runtime error:' /tmp/s.log /tmp/s2.log /tmp/c*.log
