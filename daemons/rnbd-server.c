@@ -244,7 +244,13 @@ static bool put_opt(struct json_object *o, const char *key, struct json_object *
 
 struct list_ctx {
 	struct json_object *arr;
-	const char *session;     /* server.sessions: only this session's devices */
+	/*
+	 * server.sessions: every session's device names, by session, from
+	 * one listing of the devices (one per session would copy every
+	 * device of every session once for each session, under the
+	 * server's lock, on each metrics scrape).
+	 */
+	struct json_object *by_sess;
 	bool failed;
 };
 
@@ -296,9 +302,18 @@ static void dev_one(void *priv, const struct rnbd_srv_dev_stats *st)
 
 	if (c->failed)
 		return;
-	if (c->session) {
-		if (!strcmp(st->session, c->session) &&
-		    json_object_array_add(c->arr, json_object_new_string(st->device)))
+	if (c->by_sess) {
+		struct json_object *names;
+
+		if (!json_object_object_get_ex(c->by_sess, st->session, &names)) {
+			names = json_object_new_array();
+			if (!names || json_object_object_add(c->by_sess, st->session, names)) {
+				json_object_put(names);
+				c->failed = true;
+				return;
+			}
+		}
+		if (json_object_array_add(names, json_object_new_string(st->device)))
 			c->failed = true;
 		return;
 	}
@@ -347,7 +362,7 @@ static void sess_one(void *priv, const struct rtrs_srv_sess_info *si)
 {
 	struct list_ctx *c = priv;
 	struct json_object *o = json_object_new_object(), *paths = json_object_new_array();
-	struct list_ctx devs = { .arr = json_object_new_array(), .session = si->name };
+	struct list_ctx devs = { 0 };
 	bool ok;
 
 	if (c->failed)
@@ -374,9 +389,12 @@ static void sess_one(void *priv, const struct rtrs_srv_sess_info *si)
 			goto drop;
 		}
 	}
-	if (si->name[0] && devs.arr)
-		rnbd_srv_list(atomic_load(&live), dev_one, &devs);
-	ok = !devs.failed && put(o, "name", json_object_new_string(si->name)) &&
+	/* Its names from the one listing (shared with it: a reference each). */
+	if (!si->name[0] || !json_object_object_get_ex(c->by_sess, si->name, &devs.arr))
+		devs.arr = json_object_new_array();
+	else
+		json_object_get(devs.arr);
+	ok = devs.arr && put(o, "name", json_object_new_string(si->name)) &&
 	     put(o, "kernel_client", json_object_new_boolean(si->kernel_client)) &&
 	     put(o, "always_invalidate", json_object_new_boolean(si->always_invalidate)) &&
 	     put(o, "queue_depth", json_object_new_uint64(si->queue_depth)) &&
@@ -409,9 +427,16 @@ static int m_sessions(void *priv, struct json_object *params, struct json_object
 		json_object_put(c.arr);
 		return s ? rc : -EAGAIN;
 	}
-	if (!c.arr)
+	c.by_sess = json_object_new_object();
+	if (!c.arr || !c.by_sess) {
+		json_object_put(c.arr);
+		json_object_put(c.by_sess);
 		return -ENOMEM;
-	rc = rtrs_srv_sessions(rnbd_srv_rtrs(s), sess_one, &c);
+	}
+	rc = rnbd_srv_list(s, dev_one, &c);
+	if (rc >= 0 && !c.failed)
+		rc = rtrs_srv_sessions(rnbd_srv_rtrs(s), sess_one, &c);
+	json_object_put(c.by_sess);
 	if (rc < 0 || c.failed) {
 		json_object_put(c.arr);
 		return rc < 0 ? rc : -ENOMEM;
@@ -764,9 +789,10 @@ static int m_access_reload(void *priv, struct json_object *params, struct json_o
 		return -EAGAIN;
 	if ((rc = rpc_params_check(params, no_params, err)))
 		return rc;
+	/* Asked of the daemon: the library's -ENOENT is also a file that went away. */
+	if (!g.access)
+		return rpc_errf(err, -ENOENT, "no access file (--access)");
 	rc = rnbd_srv_reload_access(s, why, sizeof(why));
-	if (rc == -ENOENT)
-		return rpc_errf(err, rc, "no access file (--access)");
 	if (rc)
 		return rpc_errf(err, rc, "access file %s: nothing new is granted until it is fixed",
 				why);

@@ -89,6 +89,35 @@ static bool is_blank(char c)
 	return c == ' ' || c == '\t';
 }
 
+/*
+ * Whether fnmatch reads pattern p[0..n) as written: every '[' closed by a
+ * ']', no '\' at the end (glibc would take either as a plain character,
+ * and the rule would grant something else than the admin meant, or
+ * nothing).
+ */
+static bool acc_pattern_ok(const char *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (p[i] == '\\') {
+			if (++i == n)
+				return false;
+		} else if (p[i] == '[') {
+			size_t j = i + 1;
+
+			if (j < n && (p[j] == '!' || p[j] == '^'))
+				j++;
+			if (j < n && p[j] == ']')
+				j++; /* a ']' first is one of the set */
+			while (j < n && p[j] != ']')
+				j++;
+			if (j == n)
+				return false;
+			i = j;
+		}
+	}
+	return true;
+}
+
 /* One field "kind=pattern[,pattern...]" of a host's line. */
 static int acc_field(struct rnbd_access *a, const char *host, size_t hlen, const char *f,
 		     size_t flen, const char **why)
@@ -118,6 +147,10 @@ static int acc_field(struct rnbd_access *a, const char *host, size_t hlen, const
 		}
 		if ((size_t)(e - p) > ACCESS_PATTERN_MAX) {
 			*why = "a pattern longer than 255 bytes";
+			return -EINVAL;
+		}
+		if (!acc_pattern_ok(p, (size_t)(e - p))) {
+			*why = "a pattern with a '[' not closed by ']' or a '\\' at its end";
 			return -EINVAL;
 		}
 		if (kind != ACC_SESSIONS && *p == '/') {
@@ -163,6 +196,23 @@ static int acc_line(struct rnbd_access *a, const char *l, size_t len, const char
 		*why = "a host name longer than 223 bytes";
 		return -EINVAL;
 	}
+	/* Host names are matched exactly: "*" alone is every host. */
+	if (memchr(host, '=', hlen)) {
+		*why = "a host name with '=' (a line starts with its host, then kind=patterns: "
+		       "is the host missing?)";
+		return -EINVAL;
+	}
+	if (memchr(host, '*', hlen) && hlen != 1) {
+		*why = "a host name with '*' (host names are matched exactly; \"*\" alone is "
+		       "every host)";
+		return -EINVAL;
+	}
+	for (const char *h = host; h < host + hlen; h++)
+		if ((unsigned char)*h >= 0x7f) {
+			*why = "a host name with a byte an authenticated name cannot have "
+			       "(printable ASCII only)";
+			return -EINVAL;
+		}
 	for (;;) {
 		const char *f;
 

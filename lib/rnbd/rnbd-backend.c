@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/vfs.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
@@ -55,6 +56,7 @@ struct rnbd_engine {
 	unsigned nthreads;
 	unsigned started;     /* threads running */
 	unsigned idle;        /* waiting for work */
+	unsigned nqueued;     /* requests in queue */
 	uint64_t pool_taken_ms; /* a pool thread last took a request */
 	/*
 	 * the flushers (io_uring engines): flushes queued, under lock. A
@@ -99,6 +101,24 @@ struct rnbd_store {
 	/* under e->lock: its flushes in e->flushq; a flusher's fdatasync of it runs */
 	unsigned flushq_n;
 	bool syncing;
+	/*
+	 * Pool threads running its requests (taken under e->lock, given back
+	 * before complete): a store takes at most the pool's nthreads, so
+	 * the threads the stuck rule adds serve the other stores, not more
+	 * of a hung one's requests.
+	 */
+	atomic_uint pool_busy;
+	/*
+	 * A block device, or a file on a local disk file system
+	 * (store_local_fs). Only then is a plain buffered write done at once
+	 * on the submitting thread (the engine's inline_writes), and IO put
+	 * on the io_uring ring: on NFS, FUSE, CIFS, Ceph and the like an IO
+	 * can wait on a server for ever, and would hold the network thread
+	 * (with it every connection of its poll group) or the ring's few
+	 * io-wq workers (with them every other store's IO they take); the
+	 * pool, which gives a store at most nthreads threads, takes it.
+	 */
+	bool local;
 };
 
 /* A pool thread without work for this long ends. */
@@ -260,26 +280,47 @@ static void *pool_thread(void *arg)
 	pthread_setname_np(pthread_self(), "rnbd-pool");
 	pthread_mutex_lock(&e->lock);
 	for (;;) {
-		struct rnbd_breq *r = STAILQ_FIRST(&e->queue);
+		struct rnbd_breq *r, *prev = NULL;
+		struct rnbd_store *st;
+		int rc;
 
+		/* The first request of a store that does not hold nthreads of the pool already. */
+		STAILQ_FOREACH(r, &e->queue, link) {
+			if (atomic_load_explicit(&r->store->pool_busy, memory_order_relaxed) <
+			    e->nthreads)
+				break;
+			prev = r;
+		}
 		if (!r) {
+			/*
+			 * Nothing it may take (none queued, or only requests of
+			 * stores at their share): waits for work, looking again
+			 * at each wake-up.
+			 */
 			struct timespec dl = deadline_ms(RNBD_POOL_IDLE_MS);
-			int rc = 0;
 
 			if (e->stop)
 				break;
 			e->idle++;
-			while (STAILQ_EMPTY(&e->queue) && !e->stop && rc != ETIMEDOUT)
-				rc = pthread_cond_timedwait(&e->cond, &e->lock, &dl);
+			rc = pthread_cond_timedwait(&e->cond, &e->lock, &dl);
 			e->idle--;
 			if (rc == ETIMEDOUT && STAILQ_EMPTY(&e->queue))
 				break; /* idle: work that comes starts another */
 			continue;
 		}
-		STAILQ_REMOVE_HEAD(&e->queue, link);
+		if (prev)
+			STAILQ_REMOVE(&e->queue, r, rnbd_breq, link);
+		else
+			STAILQ_REMOVE_HEAD(&e->queue, link);
+		e->nqueued--;
 		e->pool_taken_ms = now_ms();
+		st = r->store;
+		atomic_fetch_add_explicit(&st->pool_busy, 1, memory_order_relaxed);
 		pthread_mutex_unlock(&e->lock);
-		complete(r, exec_sync(r->store, r));
+		rc = exec_sync(st, r);
+		/* Before complete: the store may be closed and freed once its last request is. */
+		atomic_fetch_sub_explicit(&st->pool_busy, 1, memory_order_relaxed);
+		complete(r, rc);
 		pthread_mutex_lock(&e->lock);
 	}
 	/* The last touch of e: rnbd_engine_close waits for started 0 under the lock. */
@@ -309,16 +350,23 @@ static void pool_queue(struct rnbd_engine *e, struct rnbd_breq *r)
 
 	pthread_mutex_lock(&e->lock);
 	STAILQ_INSERT_TAIL(&e->queue, r, link);
-	if (e->idle) {
+	e->nqueued++;
+	/*
+	 * An idle thread looks (it may take this one), and one more starts
+	 * while requests queued outnumber the idle threads: one woken and
+	 * not yet running still counts as idle, and takes the request
+	 * queued before this one.
+	 */
+	if (e->idle)
 		pthread_cond_signal(&e->cond);
-	} else if (e->started < e->nthreads ||
+	if (e->nqueued > e->idle && (e->started < e->nthreads ||
 		   /*
 		    * Every thread busy and none has taken a request for a
 		    * second: they hang on a store (a hung file system), and
 		    * the other stores' requests get a thread more, at most
 		    * one a second, up to RNBD_POOL_MAX.
 		    */
-		   (e->started < RNBD_POOL_MAX && now_ms() - e->pool_taken_ms >= RNBD_POOL_STUCK_MS)) {
+		   (e->started < RNBD_POOL_MAX && now_ms() - e->pool_taken_ms >= RNBD_POOL_STUCK_MS))) {
 		int rc = start_detached(pool_thread, e);
 
 		if (e->started >= e->nthreads)
@@ -330,8 +378,10 @@ static void pool_queue(struct rnbd_engine *e, struct rnbd_breq *r)
 		if (rc)
 			log_warn_rl("rnbd: IO pool: cannot start a thread: %s", strerror(rc));
 	}
-	if (inline_run)
+	if (inline_run) {
 		STAILQ_REMOVE(&e->queue, r, rnbd_breq, link);
+		e->nqueued--;
+	}
 	pthread_mutex_unlock(&e->lock);
 	if (inline_run)
 		complete(r, exec_sync(r->store, r));
@@ -592,10 +642,25 @@ static void *reaper_thread(void *arg)
 	for (;;) {
 		struct io_uring_cqe *cqe;
 		struct rnbd_breq *r;
-		int res, rc = io_uring_wait_cqe(&e->ring, &cqe);
+		/*
+		 * With a deadline: entries a failed submit left on the ring
+		 * (no memory for the kernel) are submitted again below even
+		 * when nothing else completes.
+		 */
+		struct __kernel_timespec ts = { .tv_sec = 1 };
+		int res, rc = io_uring_wait_cqe_timeout(&e->ring, &cqe, &ts);
 
-		if (rc == -EINTR)
+		if (rc == -EINTR || rc == -ETIME || rc == -EBADR) {
+			/* -EBADR: the kernel dropped completions (no memory for its overflow list). */
+			if (rc == -EBADR)
+				log_err_rl("rnbd: io_uring lost completions (no memory): the IO they "
+					   "ended waits for ever");
+			pthread_mutex_lock(&e->sq_lock);
+			if (io_uring_sq_ready(&e->ring))
+				io_uring_submit(&e->ring);
+			pthread_mutex_unlock(&e->sq_lock);
 			continue;
+		}
 		if (rc) {
 			log_err("rnbd: io_uring wait failed: %s", strerror(-rc));
 			break;
@@ -760,6 +825,34 @@ static uint64_t queue_attr(dev_t rdev, const char *name, uint64_t dflt)
 	       v : dflt;
 }
 
+/* Whether fd's file system is a local disk's (or memory's): one a write never waits on a server for. */
+static bool store_local_fs(int fd)
+{
+	static const unsigned long local[] = {
+		0xEF53,     /* ext2, ext3, ext4 */
+		0x58465342, /* xfs */
+		0x9123683E, /* btrfs */
+		0xF2F52010, /* f2fs */
+		0x01021994, /* tmpfs */
+		0x858458f6, /* ramfs */
+		0x2fc12fc1, /* zfs */
+		0x5346544e, /* ntfs (ntfs3) */
+		0x4d44,     /* vfat */
+		0x2011BAB0, /* exfat */
+		0x3153464a, /* jfs */
+		0x52654973, /* reiserfs */
+		0x794c7630, /* overlayfs (containers: its layers on the host's disk) */
+	};
+	struct statfs sf;
+
+	if (fstatfs(fd, &sf))
+		return false;
+	for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++)
+		if ((unsigned long)sf.f_type == local[i])
+			return true;
+	return false;
+}
+
 int rnbd_store_fd(struct rnbd_engine *e, int fd, bool direct, struct rnbd_store **out)
 {
 	struct rnbd_store *s = store_new();
@@ -789,6 +882,7 @@ int rnbd_store_fd(struct rnbd_engine *e, int fd, bool direct, struct rnbd_store 
 		in->block_device = true;
 		in->dev = st.st_rdev;
 		in->ino = 0;
+		s->local = true;
 		if (ioctl(fd, BLKGETSIZE64, &bytes) || ioctl(fd, BLKSSZGET, &lbs) ||
 		    ioctl(fd, BLKPBSZGET, &pbs)) {
 			rc = -errno;
@@ -811,6 +905,7 @@ int rnbd_store_fd(struct rnbd_engine *e, int fd, bool direct, struct rnbd_store 
 				  strcmp(wc, "write through") != 0;
 		in->fua = !direct || queue_attr(st.st_rdev, "fua", 1) != 0;
 	} else if (S_ISREG(st.st_mode)) {
+		s->local = store_local_fs(fd);
 		in->size = (uint64_t)st.st_size;
 		in->logical_block_size = direct ? 4096 : 512;
 		in->physical_block_size = 4096;
@@ -895,6 +990,28 @@ static void mem_copy_in(void *dst, const void *src, size_t len)
 	memcpy(dst, src, len);
 }
 
+/*
+ * Discard, write zeroes, secure erase on a memory device: its whole pages
+ * given back (MADV_DONTNEED: a private anonymous mapping reads zeroes
+ * there again), the partial ones at the edges cleared. A memset would
+ * make every page never written resident: a mkfs that discards the
+ * device would commit all of it.
+ */
+static void mem_zero(void *start, size_t len)
+{
+	char *p = start;
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1);
+	uintptr_t hi = ((uintptr_t)p + len) & ~(page - 1);
+
+	if (hi <= lo || madvise((void *)lo, hi - lo, MADV_DONTNEED)) {
+		memset(p, 0, len);
+		return;
+	}
+	memset(p, 0, lo - (uintptr_t)p);
+	memset((void *)hi, 0, (uintptr_t)p + len - hi);
+}
+
 static int mem_exec(struct rnbd_store *s, struct rnbd_breq *r)
 {
 	switch (r->op) {
@@ -907,7 +1024,7 @@ static int mem_exec(struct rnbd_store *s, struct rnbd_breq *r)
 	case RNBD_OP_FLUSH:
 		break;
 	default:
-		memset(s->mem + r->offset, 0, r->len);
+		mem_zero(s->mem + r->offset, r->len);
 		break;
 	}
 	return 0;
@@ -940,7 +1057,7 @@ static bool nowait_try(struct rnbd_store *s, struct rnbd_breq *r)
 	    ((r->flags & RNBD_F_FUA) && (s->direct || !s->e->uring)))
 		return false;
 	if (!atomic_load_explicit(&s->nowait[w], memory_order_relaxed)) {
-		if (!w || s->direct || !s->e->inline_writes)
+		if (!w || s->direct || !s->e->inline_writes || !s->local)
 			return false;
 		n = pwritev2(s->fd, &iov, 1, (off_t)r->offset, 0);
 		return n == (ssize_t)r->len;
@@ -954,7 +1071,7 @@ static bool nowait_try(struct rnbd_store *s, struct rnbd_breq *r)
 		 * to io_uring, whose worker thread for it (io-wq) would stay.
 		 */
 		atomic_store_explicit(&s->nowait[w], false, memory_order_relaxed);
-		if (w && !s->direct && s->e->inline_writes)
+		if (w && !s->direct && s->e->inline_writes && s->local)
 			n = pwritev2(s->fd, &iov, 1, (off_t)r->offset, 0);
 	}
 	return n == (ssize_t)r->len;
@@ -984,8 +1101,8 @@ static void store_exec(struct rnbd_store *s, struct rnbd_breq *r)
 			complete(r, 0);
 		return;
 	}
-	if (s->e->uring && (r->op == RNBD_OP_READ || r->op == RNBD_OP_WRITE ||
-			    r->op == RNBD_OP_FLUSH))
+	if (s->e->uring && s->local && (r->op == RNBD_OP_READ || r->op == RNBD_OP_WRITE ||
+					r->op == RNBD_OP_FLUSH))
 		uring_start(s->e, r);
 	else
 		pool_queue(s->e, r);

@@ -382,9 +382,10 @@ static struct json_object *request_run(struct rpc_stream *st, struct json_object
 	}
 	if (rc) {
 		json_object_put(result);
-		if (!e.msg[0] || e.code != rc)
-			rpc_errf(&e, rc, "%s", e.msg[0] ? e.msg : rc < 0 && rc > -4096 ?
-				 strerror(-rc) : "error");
+		if (e.msg[0])
+			e.code = rc; /* the method's words, the code it returned */
+		else
+			rpc_errf(&e, rc, "%s", rc < 0 && rc > -4096 ? strerror(-rc) : "error");
 		goto answer;
 	}
 	if (!has_id) {

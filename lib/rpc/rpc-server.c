@@ -709,12 +709,15 @@ int rpc_serve(struct rpc_server *s, const struct rpc_watch *w, size_t n)
 /* Whether something answers on the Unix socket a: 1 yes, 0 no (stale), or a negative errno. */
 static int socket_alive(const struct sockaddr_un *a)
 {
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), rc;
+	/* Non-blocking: a live but stuck program with a full backlog is alive (EAGAIN), not waited for. */
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), rc;
 
 	if (fd < 0)
 		return -errno;
 	rc = connect(fd, (const struct sockaddr *)a, sizeof(*a)) ? -errno : 1;
 	close(fd);
+	if (rc == -EAGAIN || rc == -EINPROGRESS)
+		rc = 1;
 	return rc == -ECONNREFUSED ? 0 : rc;
 }
 

@@ -894,7 +894,7 @@ static void test_open_log_limit(void)
 	size_t mark;
 
 	rnbd_set_log_fn(log_sink, NULL);
-	rnbd_set_log_level(2); /* info */
+	rnbd_set_log_level(2); /* info; warn again at the end */
 	rnbd_srv_opts_init(&o, sizeof(o));
 	o.rtrs.addr = test_addr();
 	o.rtrs.provider = test_provider();
@@ -925,6 +925,74 @@ static void test_open_log_limit(void)
 		rtrs_clt_close(b);
 	rnbd_srv_close(srv);
 	rnbd_set_log_fn(NULL, NULL);
+	rnbd_set_log_level(1);
+}
+
+/* This process's resident memory, in KiB (VmRSS), or 0. */
+static unsigned long rss_kib(void)
+{
+	char line[256];
+	unsigned long kib = 0;
+	FILE *f = fopen("/proc/self/status", "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %lu", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kib;
+}
+
+/*
+ * A memory device discarded whole (as mkfs does) gives its pages back, not
+ * make every page never written resident; the partial pages at the edges
+ * are cleared, the bytes outside the range kept.
+ */
+static void test_mem_discard(void)
+{
+	static uint8_t a[8192], b[8192], r[8192], zero[8192];
+	const uint64_t size = 128u << 20;
+	struct rnbd_open_rsp rsp;
+	struct rnbd_srv_opts o;
+	struct rnbd_srv *srv = NULL;
+	struct rtrs_clt_sess *s;
+	unsigned long before, after;
+	int id;
+
+	rnbd_srv_opts_init(&o, sizeof(o));
+	o.rtrs.addr = test_addr();
+	o.rtrs.provider = test_provider();
+	o.rtrs.port = 0;
+	o.mem_devices = "big:128M";
+	CHECK_EQ(rnbd_srv_open(&o, &srv), 0);
+	if (!srv)
+		return;
+	port = rnbd_srv_port(srv, 5000);
+	s = sess_open("discard");
+	id = s ? dev_open(s, "big", RNBD_ACCESS_RW, &rsp) : -1;
+	CHECK(id >= 0, "open: %d", id);
+	if (id >= 0) {
+		test_fill(a, sizeof(a), 31);
+		test_fill(b, sizeof(b), 32);
+		CHECK_EQ(io(s, (uint32_t)id, RNBD_OP_WRITE, 0, 0, a, sizeof(a)), 0);
+		CHECK_EQ(io(s, (uint32_t)id, RNBD_OP_WRITE, 0, size - sizeof(b), b, sizeof(b)), 0);
+		before = rss_kib();
+		CHECK_EQ(io(s, (uint32_t)id, RNBD_OP_DISCARD, 0, 512, NULL, (uint32_t)(size - 1024)),
+			 0);
+		after = rss_kib();
+		CHECK(after < before + (32u << 10), "a 128 MiB discard made %lu KiB resident",
+		      after > before ? after - before : 0);
+		CHECK_EQ(io(s, (uint32_t)id, RNBD_OP_READ, 0, 0, r, sizeof(r)), 0);
+		CHECK(!memcmp(r, a, 512) && !memcmp(r + 512, zero, sizeof(r) - 512),
+		      "the first page: its first sector kept, the rest zeroes");
+		CHECK_EQ(io(s, (uint32_t)id, RNBD_OP_READ, 0, size - sizeof(r), r, sizeof(r)), 0);
+		CHECK(!memcmp(r, zero, sizeof(r) - 512) &&
+		      !memcmp(r + sizeof(r) - 512, b + sizeof(b) - 512, 512),
+		      "the last page: zeroes, its last sector kept");
+	}
+	if (s)
+		rtrs_clt_close(s);
+	rnbd_srv_close(srv);
 }
 
 int main(void)
@@ -935,6 +1003,7 @@ int main(void)
 	test_defaults();
 	test_open_limits();
 	test_open_log_limit();
+	test_mem_discard();
 	test_all();
 	test_hung_io();
 	test_transport_opts();

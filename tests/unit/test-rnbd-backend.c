@@ -732,16 +732,19 @@ static void test_flush_isolation(void)
 }
 
 /*
- * The pool when every thread hangs on one store: requests for another get
- * a thread more once no request was taken for a second, and complete;
- * those of the hung store complete when it comes back.
+ * The pool when every thread hangs on one store, with more of its requests
+ * queued than the pool has threads: requests for another store get a
+ * thread more once no request was taken for a second, and that thread
+ * takes them, not the next of the hung store's (a store holds at most the
+ * pool's nthreads); those of the hung store complete when it comes back.
  */
+#define STUCK_A 12
 static void test_pool_stuck(void)
 {
-	struct waiter wa = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 2 };
+	struct waiter wa = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, STUCK_A };
 	struct waiter wb = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 2 };
 	static uint8_t buf[2][4096], back[4096];
-	static struct req qa[2], qb[2];
+	static struct req qa[STUCK_A], qb[2];
 	static struct two t;
 	struct rnbd_store *a, *b;
 	int fb;
@@ -750,7 +753,7 @@ static void test_pool_stuck(void)
 	a = t.a;
 	b = t.b;
 	fb = t.fb;
-	for (unsigned i = 0; i < 2; i++) {
+	for (unsigned i = 0; i < STUCK_A; i++) {
 		qa[i] = (struct req){ .w = &wa, .err = 1 };
 		qa[i].r = (struct rnbd_breq){ .op = RNBD_OP_FLUSH, .done = req_done };
 		rnbd_store_submit(a, &qa[i].r);
@@ -777,6 +780,8 @@ static void test_pool_stuck(void)
 	}
 	CHECK(!waiter_within(&wa, 1), "A's flushes completed while hung");
 	pthread_mutex_lock(&held.lock);
+	CHECK(held.inside == 2, "%u of A's flushes hang in the pool, not more than its 2 threads",
+	      held.inside);
 	held.release = true;
 	pthread_cond_broadcast(&held.cond);
 	pthread_mutex_unlock(&held.lock);

@@ -80,11 +80,13 @@ static void test_dev_names(void)
 {
 	static const char *const good[] = {
 		"disk.img", "/dev/sdb", "a//b", "//a", "a/", "..a", "a..", ".hidden", "a/.b/c",
-		"with space", "x/.../y",
+		"with space", "x/.../y", "caf\xc3\xa9.img", "\xe2\x82\xac/\xf0\x9f\x92\xbe",
 	};
 	static const char *const bad[] = {
 		"", "/", "//", ".", "..", "../etc/passwd", "a/../b", "a/..", "./a", "a/./b",
 		"/..", "tab\there", "nl\n", "del\x7f",
+		/* not UTF-8: Latin-1, a cut sequence, overlong '/', a surrogate, past U+10FFFF */
+		"caf\xe9", "x\xc3", "a\xc0\xaf" "b", "\xed\xa0\x80", "\xf4\x90\x80\x80",
 	};
 	char longest[RNBD_DEV_NAME_MAX + 1];
 	const char *why;
@@ -583,6 +585,11 @@ static void test_access_file(void)
 		{ "host-a rw=a,\n", ":1: an empty pattern" },
 		{ "host-a rw=/a.img\n", ":1: a device pattern starting with '/'" },
 		{ "ok ro=x\nhost-a ro=x\x01\n", ":2: a control character" },
+		{ "rw=vm/* ro=images/*\n", ":1: a host name with '='" },
+		{ "hv* ro=x\n", ":1: a host name with '*'" },
+		{ "h\xc3\xa9 ro=x\n", ":1: a host name with a byte" },
+		{ "h ro=images/[ab\n", ":1: a pattern with a '[' not closed" },
+		{ "h ro=a,images\\\n", ":1: a pattern with a '[' not closed by ']' or a '\\' at" },
 	};
 	struct rnbd_access *a = NULL;
 	char err[256], big[300];
@@ -592,6 +599,18 @@ static void test_access_file(void)
 	CHECK(rc == 0 && a, "%s", err);
 	if (!a)
 		return;
+	/* Sets and escapes that fnmatch reads as written pass. */
+	{
+		struct rnbd_access *b = NULL;
+		static const char sets[] = "h ro=[]a]q,[!x]y,[^x]z,a\\*b,[a-c]\n";
+
+		rc = rnbd_access_parse(sets, strlen(sets), "acc", &b, err, sizeof(err));
+		CHECK(rc == 0 && b, "%s", err);
+		CHECK(b && rnbd_access_device(b, "h", "]q", RNBD_ACCESS_RO), "a ']' first in a set");
+		CHECK(b && rnbd_access_device(b, "h", "a*b", RNBD_ACCESS_RO), "an escaped '*'");
+		CHECK(b && !rnbd_access_device(b, "h", "axb", RNBD_ACCESS_RO), "... is no wildcard");
+		rnbd_access_free(b);
+	}
 	CHECK_EQ(rnbd_access_lines(a), 4);
 	CHECK(rnbd_access_session(a, "host-a", "a-1"));
 	CHECK(rnbd_access_session(a, "host-a", "shared"));
