@@ -596,7 +596,7 @@ static int server_qos(const char *sock, int argc, char **argv)
 			json_object_put(p);
 			fprintf(stderr, "rnbd: server qos: %s: %s\n", argv[i],
 				k < 3 ? "not a number of IOs per second up to 100000000" :
-					"not a byte rate up to 1P (100M, 2G)");
+					"not a byte rate up to 1024T (100M, 2G)");
 			return EXIT_USAGE;
 		}
 		if (json_object_object_add(p, keys[k], json_object_new_uint64(v))) {

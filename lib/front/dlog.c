@@ -27,9 +27,23 @@ void dlog_sink(void *priv, int level, const char *line)
 	static const int prio[] = { LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG };
 	struct timespec ts;
 	struct tm tm;
-	char when[32];
+	char when[32], safe[4096];
+	size_t o = 0;
 
 	(void)priv;
+	/*
+	 * One line each: a control character in a name (a newline through a
+	 * JSON request's "\n") is shown as \xNN, never starts a line of its
+	 * own that would pass for the program's.
+	 */
+	for (const unsigned char *p = (const unsigned char *)line; *p && o + 5 < sizeof(safe); p++) {
+		if (*p < 0x20 || *p == 0x7f)
+			o += (size_t)snprintf(safe + o, sizeof(safe) - o, "\\x%02x", *p);
+		else
+			safe[o++] = (char)*p;
+	}
+	safe[o] = '\0';
+	line = safe;
 	if (d.syslog) {
 		/* The journal stamps the time itself. */
 		syslog(prio[level < DLOG_ERR ? DLOG_ERR : level > DLOG_DBG ? DLOG_DBG : level], "%s",

@@ -499,7 +499,7 @@ int rnbd_qos_parse(const char *spec, enum rnbd_qos_kind *kind, char *name, size_
 		val[n] = '\0';
 		if ((keys[k].bytes ? parse_size(val, 0, 1ull << 50, &v) :
 				     parse_u64(val, 0, 100000000, &v))) {
-			*why = keys[k].bytes ? "a byte rate that is not a size up to 1P (100M, 2G)" :
+			*why = keys[k].bytes ? "a byte rate that is not a size up to 1024T (100M, 2G)" :
 					       "an IO rate that is not a number up to 100000000";
 			return -EINVAL;
 		}

@@ -426,6 +426,11 @@ check "the rnbd command: an unknown device, exit 1" \
 	exits 1 ctl "$dir/ctl" server close cli nothing
 check "... and its message names it" grep -q 'session cli has no device nothing open' "$dir/cmd.err"
 check "the rnbd command: bad usage, exit 2" exits 2 ctl "$dir/ctl" server close cli
+# A name with a newline (JSON "\n") cannot forge a log line of its own.
+ctl "$dir/ctl" server close cli $'x\nrnbd-server error: forged' >/dev/null 2>&1 || true
+check "a newline in a name: one log line, the newline shown as \\x0a" bash -c \
+	"grep -q 'close cli x\\\\x0arnbd-server error: forged' '$dir/a.log' &&
+	 ! grep -q '^rnbd-server error: forged' '$dir/a.log'"
 check "the rnbd command: no daemon, exit 3" exits 3 ctl "$dir/nobody" server list
 check "... and the server still answers" \
 	test "$(ctl "$dir/ctl" server list devices -o json)" = "[]"
