@@ -1126,6 +1126,16 @@ static void path_attempt_done(struct clt_path *p)
 	}
 	rtrs_path_wrunlock(&p->base);
 	rtrs_path_hb_arm(&p->base);
+	/*
+	 * A re-authentication the server asked for during the info exchange
+	 * (a key reload then): its message waits in auth_rx, kept for the
+	 * connected path's work, which runs it now.
+	 */
+	pthread_mutex_lock(&p->lock);
+	bool reauth_waits = p->auth_rx_len != 0;
+	pthread_mutex_unlock(&p->lock);
+	if (reauth_waits)
+		loop_queue(s->loop, &p->reauth_work);
 	if (atomic_fetch_add(&s->paths_up, 1) == 0 && s->link_ev && atomic_load(&s->opened))
 		s->link_ev(s->priv, RTRS_CLT_LINK_EV_RECONNECTED);
 	if (s->path_ev && atomic_load(&s->opened))

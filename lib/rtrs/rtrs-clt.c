@@ -519,6 +519,16 @@ static int sess_auth_setup(struct rtrs_clt_sess *s, const struct rtrs_clt_opts *
 			err_detail("TLS concat needs a host secret (auth_secret)");
 			return -ENOKEY;
 		}
+		/*
+		 * Without a controller secret nothing authenticates the server:
+		 * one that took its address makes the same generated PSK (the
+		 * exchange proves only the host). With required, a PSK derived
+		 * from the host secret does; said once per session.
+		 */
+		if (!cfg->ckey.len)
+			log_warn("%s: TLS concat without a controller secret (auth_ctrl_secret): the "
+				 "server is not authenticated, and whoever answers at its address "
+				 "gets this session's IO; give one, or use TLS required", s->name);
 		s->tls_concat = true;
 		s->tls_no_ktls = o->tls_no_ktls;
 	}

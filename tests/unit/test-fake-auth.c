@@ -362,6 +362,64 @@ static void auth_key_rotated(void)
 	teardown(&c);
 }
 
+static bool info_rsp_to_clt(const struct fake_ev *ev, void *arg)
+{
+	(void)arg;
+	return match(ev, &(struct m){ .dir = TO_CLT, .msg = MSG(RTRS_MSG_INFO_RSP) });
+}
+
+static struct m to_clt_reauth = { .dir = TO_CLT, .auth = AUTH(RTRS_AUTH_REAUTH) };
+
+static bool reauth_delivered(void *arg)
+{
+	(void)arg;
+	return fake_delivered(match, &to_clt_reauth) > 0;
+}
+
+static bool two_auths(void *arg)
+{
+	(void)arg;
+	return srv_stats().auth_ok >= 2;
+}
+
+/*
+ * The key file changes while a path's information exchange runs (the
+ * server has it connected; its information response is held): the
+ * server's request to authenticate again reaches the client before the
+ * path is up. Once it is, the client runs that re-authentication (it used
+ * to keep the request unread, and the server closed the path when its
+ * auth timeout ran out).
+ */
+static void auth_reauth_during_info(void)
+{
+	struct clt c;
+	FILE *f;
+
+	if (!auth_setup(&c, KEY_A))
+		return;
+	fake_hold(info_rsp_to_clt, NULL);
+	clt_open_async(&c);
+	CHECK(ev_appears(info_rsp_to_clt, NULL, "the information response"));
+	/* The host's key as it was, a controller secret added: a change of its keys. */
+	f = fopen(srv.keys_path, "w");
+	CHECK(f != NULL);
+	if (f) {
+		fprintf(f, "%s %s %s\n", HOST_NQN, KEY_A, KEY_B);
+		fclose(f);
+	}
+	CHECK_EQ(rtrs_srv_reload_keys(srv.ctx), 0);
+	CHECK_EQ(fake_wait(reauth_delivered, NULL, "the request to authenticate again"), 0);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c), 0);
+	CHECK_EQ(fake_wait(two_auths, NULL, "the re-authentication"), 0);
+	CHECK_EQ(fake_advance(10000 + 1000), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 0, "connected"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(srv_stats().auth_ok, 2);
+	CHECK(io_roundtrip(&c, 0, 77), "IO after the re-authentication");
+	teardown(&c);
+}
+
 /* ---- admission ---------------------------------------------------------------------------------- */
 
 static bool accept_of(const struct fake_ev *ev, void *arg)
@@ -786,6 +844,7 @@ static const struct scenario scenarios[] = {
 	{ "auth_wrong_key", auth_wrong_key },
 	{ "auth_no_key", auth_no_key },
 	{ "auth_key_rotated", auth_key_rotated },
+	{ "auth_reauth_during_info", auth_reauth_during_info },
 	{ "pending_per_peer", pending_per_peer },
 	{ "pending_total", pending_total },
 	{ "pending_proven_host", pending_proven_host },
