@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "rnbd-proto.h"
+#include "utf8.h"
 
 unsigned rnbd_version_negotiate(unsigned peer)
 {
@@ -119,44 +120,6 @@ int rnbd_sess_info_decode(const void *buf, size_t len, bool rsp, unsigned *ver,
 	return 0;
 }
 
-/*
- * Whether s[0..n) is well-formed UTF-8 (no overlong forms, surrogates or
- * code points past U+10FFFF): names are shown in JSON, which takes nothing
- * else.
- */
-static bool utf8_valid(const unsigned char *s, size_t n)
-{
-	for (size_t i = 0; i < n;) {
-		unsigned c = s[i], len;
-		uint32_t cp;
-
-		if (c < 0x80) {
-			i++;
-			continue;
-		}
-		if (c >= 0xc2 && c <= 0xdf)
-			len = 2, cp = c & 0x1f;
-		else if (c >= 0xe0 && c <= 0xef)
-			len = 3, cp = c & 0x0f;
-		else if (c >= 0xf0 && c <= 0xf4)
-			len = 4, cp = c & 0x07;
-		else
-			return false;
-		if (n - i < len)
-			return false;
-		for (unsigned k = 1; k < len; k++) {
-			if ((s[i + k] & 0xc0) != 0x80)
-				return false;
-			cp = cp << 6 | (s[i + k] & 0x3f);
-		}
-		if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-		    (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-			return false;
-		i += len;
-	}
-	return true;
-}
-
 bool rnbd_dev_name_valid(const char *name, const char **why)
 {
 	const char *p = name, *end;
@@ -173,7 +136,7 @@ bool rnbd_dev_name_valid(const char *name, const char **why)
 	for (size_t i = 0; i < len; i++)
 		if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
 			REJECT(false, "control character in device name");
-	if (!utf8_valid((const unsigned char *)name, len))
+	if (!utf8_valid(name, len))
 		REJECT(false, "device name not UTF-8");
 	while (*p) {
 		while (*p == '/')

@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include "rpc.h"
+#include "utf8.h"
 
 #define RPC_STR_(x) #x
 #define RPC_STR(x) RPC_STR_(x)
@@ -482,40 +483,6 @@ static bool only_blanks(const char *p, size_t n)
 	for (size_t i = 0; i < n; i++)
 		if (p[i] != ' ' && p[i] != '\t' && p[i] != '\n' && p[i] != '\r')
 			return false;
-	return true;
-}
-
-/* RFC 3629 UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF. */
-static bool utf8_valid(const unsigned char *p, size_t n)
-{
-	for (size_t i = 0; i < n;) {
-		unsigned c = p[i], len, min;
-		uint32_t cp;
-
-		if (c < 0x80) {
-			i++;
-			continue;
-		}
-		if ((c & 0xe0) == 0xc0) {
-			len = 2, min = 0x80, cp = c & 0x1f;
-		} else if ((c & 0xf0) == 0xe0) {
-			len = 3, min = 0x800, cp = c & 0x0f;
-		} else if ((c & 0xf8) == 0xf0) {
-			len = 4, min = 0x10000, cp = c & 0x07;
-		} else {
-			return false;
-		}
-		if (n - i < len)
-			return false;
-		for (unsigned k = 1; k < len; k++) {
-			if ((p[i + k] & 0xc0) != 0x80)
-				return false;
-			cp = cp << 6 | (p[i + k] & 0x3f);
-		}
-		if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-			return false;
-		i += len;
-	}
 	return true;
 }
 
