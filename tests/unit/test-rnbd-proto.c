@@ -86,7 +86,7 @@ static void test_dev_names(void)
 		"", "/", "//", ".", "..", "../etc/passwd", "a/../b", "a/..", "./a", "a/./b",
 		"/..", "tab\there", "nl\n", "del\x7f",
 		/* not UTF-8: Latin-1, a cut sequence, overlong '/', a surrogate, past U+10FFFF */
-		"caf\xe9", "x\xc3", "a\xc0\xaf" "b", "\xed\xa0\x80", "\xf4\x90\x80\x80",
+		"caf\xe9", "x\xc3", "a\xc0\xaf\x62", "\xed\xa0\x80", "\xf4\x90\x80\x80",
 	};
 	char longest[RNBD_DEV_NAME_MAX + 1];
 	const char *why;
