@@ -28,7 +28,7 @@
 #include "rtrs-auth.h"
 
 /* Key and key files are small; anything bigger is not one. */
-#define AUTH_FILE_MAX (1u << 20)
+#define AUTH_FILE_MAX (16u << 20) /* about 100,000 hosts with controller secrets */
 
 
 bool rtrs_auth_key_len_valid(size_t len)
@@ -563,28 +563,187 @@ static int keyfile_line(const char *l, size_t n, const char *host, size_t host_l
 	return 0;
 }
 
-/* Host names seen so far in a key file, to refuse one listed twice. */
-struct name_set {
-	struct { const char *s; size_t len; } *v;
-	size_t n, cap;
+/*
+ * A key file parsed whole: its host lines in file order (v) and sorted by
+ * name (by_name), so that a lookup is a binary search and a host listed
+ * twice is found by one sort, not by comparing every pair: a NEGOTIATE
+ * costs the same with ten thousand hosts in the file as with ten.
+ */
+struct kf_ent {
+	const char *name;           /* into names, NUL-terminated */
+	size_t len;
+	unsigned line;
+	struct rtrs_auth_key h, c, t;
 };
 
-static int names_add(struct name_set *set, const char *s, size_t len, const char **why)
-{
-	for (size_t i = 0; i < set->n; i++)
-		if (set->v[i].len == len && !memcmp(set->v[i].s, s, len))
-			REJECT(-EINVAL, "host listed twice");
-	if (set->n == set->cap) {
-		size_t cap = set->cap ? 2 * set->cap : 16;
-		void *v = realloc(set->v, cap * sizeof(*set->v));
+struct kf_index {
+	struct kf_ent *v;
+	struct kf_ent **by_name;
+	size_t n;
+	char *names;
+};
 
-		if (!v)
-			REJECT(-ENOMEM, "out of memory");
-		set->v = v;
-		set->cap = cap;
+static void kf_index_free(struct kf_index *ix)
+{
+	if (ix->v) {
+		OPENSSL_cleanse(ix->v, ix->n * sizeof(*ix->v));
+		free(ix->v);
 	}
-	set->v[set->n].s = s;
-	set->v[set->n++].len = len;
+	free(ix->by_name);
+	free(ix->names);
+	memset(ix, 0, sizeof(*ix));
+}
+
+static int name_cmp(const char *a, size_t al, const char *b, size_t bl)
+{
+	int c = memcmp(a, b, al < bl ? al : bl);
+
+	return c ? c : (al > bl) - (al < bl);
+}
+
+/* By name, then by line: a name's later lines follow its first. */
+static int kf_ent_cmp(const void *pa, const void *pb)
+{
+	const struct kf_ent *a = *(const struct kf_ent *const *)pa;
+	const struct kf_ent *b = *(const struct kf_ent *const *)pb;
+	int c = name_cmp(a->name, a->len, b->name, b->len);
+
+	return c ? c : (a->line > b->line) - (a->line < b->line);
+}
+
+/* By name alone: a lookup's probe against the sorted entries. */
+static int kf_ent_cmp_name(const void *pa, const void *pb)
+{
+	const struct kf_ent *a = *(const struct kf_ent *const *)pa;
+	const struct kf_ent *b = *(const struct kf_ent *const *)pb;
+
+	return name_cmp(a->name, a->len, b->name, b->len);
+}
+
+/*
+ * Parses every line of buf[0..len) into ix. On -EINVAL *line is the first
+ * line at fault: one that does not parse, or the second listing of a host.
+ */
+static int kf_index_build(const char *buf, size_t len, struct kf_index *ix, unsigned *line,
+			  const char **why)
+{
+	const char *p = buf, *end = buf + len, *l;
+	struct kf_ent e = { 0 };
+	size_t n, cap = 0, used = 0;
+	unsigned lineno = 0, bad = 0, dup = 0;
+	int rc = 0;
+
+	memset(ix, 0, sizeof(*ix));
+	if (line)
+		*line = 0;
+	/* Each name is followed by a separator in its line: len + 1 holds them all. */
+	ix->names = malloc(len + 1);
+	if (!ix->names)
+		REJECT(-ENOMEM, "out of memory");
+	while ((l = next_line(&p, end, &n))) {
+		const char *name;
+		bool match;
+
+		lineno++;
+		if (!n)
+			continue;
+		rc = keyfile_line(l, n, "", 0, &match, &name, &e.len, &e.h, &e.c, &e.t, why);
+		if (rc) {
+			bad = lineno;
+			break;
+		}
+		if (ix->n == cap) {
+			size_t ncap = cap ? 2 * cap : 16;
+			struct kf_ent *v = malloc(ncap * sizeof(*v));
+
+			if (!v) {
+				rc = -ENOMEM;
+				if (why)
+					*why = "out of memory";
+				break;
+			}
+			if (ix->v) {
+				memcpy(v, ix->v, ix->n * sizeof(*v));
+				OPENSSL_cleanse(ix->v, ix->n * sizeof(*v));
+				free(ix->v);
+			}
+			ix->v = v;
+			cap = ncap;
+		}
+		memcpy(ix->names + used, name, e.len);
+		ix->names[used + e.len] = '\0';
+		e.name = ix->names + used;
+		e.line = lineno;
+		used += e.len + 1;
+		ix->v[ix->n++] = e;
+	}
+	OPENSSL_cleanse(&e, sizeof(e));
+	if (rc != -ENOMEM && ix->n) {
+		ix->by_name = malloc(ix->n * sizeof(*ix->by_name));
+		if (!ix->by_name) {
+			rc = -ENOMEM;
+			if (why)
+				*why = "out of memory";
+		} else {
+			for (size_t i = 0; i < ix->n; i++)
+				ix->by_name[i] = &ix->v[i];
+			qsort(ix->by_name, ix->n, sizeof(*ix->by_name), kf_ent_cmp);
+			for (size_t i = 1; i < ix->n; i++) {
+				const struct kf_ent *x = ix->by_name[i - 1], *y = ix->by_name[i];
+
+				if (!name_cmp(x->name, x->len, y->name, y->len) &&
+				    (!dup || y->line < dup))
+					dup = y->line;
+			}
+		}
+	}
+	/* The lines before a bad one were all read: a host twice among them comes first. */
+	if (dup && rc != -ENOMEM && (!bad || dup < bad)) {
+		rc = -EINVAL;
+		bad = dup;
+		if (why)
+			*why = "host listed twice";
+	}
+	if (rc) {
+		if (line && rc == -EINVAL)
+			*line = bad;
+		kf_index_free(ix);
+	}
+	return rc;
+}
+
+/* host's keys from a built index; host NULL asks only whether it lists any. */
+static int kf_index_find(const struct kf_index *ix, const char *host, struct rtrs_auth_key *hkey,
+			 struct rtrs_auth_key *ckey, const char **why)
+{
+	struct kf_ent key, *kp = &key, **hit;
+
+	memset(hkey, 0, sizeof(*hkey));
+	if (ckey)
+		memset(ckey, 0, sizeof(*ckey));
+	if (!ix->n)
+		REJECT(host ? -ESRCH : -ENOKEY, "the key file lists no host");
+	if (!host)
+		return 0;
+	key.name = host;
+	key.len = strlen(host);
+	key.line = 0;
+	hit = bsearch(&kp, ix->by_name, ix->n, sizeof(*ix->by_name), kf_ent_cmp_name);
+	if (!hit)
+		REJECT(-ESRCH, "host not in the key file");
+	*hkey = (*hit)->h;
+	if (ckey)
+		*ckey = (*hit)->c;
+	return 0;
+}
+
+/* -EINVAL for a host name no key file line can hold. */
+static int host_check(const char *host, const char **why)
+{
+	size_t n = host ? strlen(host) : 0;
+
+	if (host && (!n || n > RTRS_AUTH_NAME_MAX))
+		REJECT(-EINVAL, "bad host name");
 	return 0;
 }
 
@@ -592,13 +751,8 @@ int rtrs_auth_keyfile_parse(const char *buf, size_t len, const char *host,
 			    struct rtrs_auth_key *hkey, struct rtrs_auth_key *ckey, unsigned *line,
 			    const char **why)
 {
-	struct rtrs_auth_key th, tc;
-	struct name_set names = { 0 };
-	const char *p, *end, *l;
-	size_t host_len, n;
-	unsigned lineno = 0;
-	bool found = false;
-	int rc = 0;
+	struct kf_index ix;
+	int rc;
 
 	if (line)
 		*line = 0;
@@ -607,56 +761,19 @@ int rtrs_auth_keyfile_parse(const char *buf, size_t len, const char *host,
 	memset(hkey, 0, sizeof(*hkey));
 	if (ckey)
 		memset(ckey, 0, sizeof(*ckey));
-	host_len = host ? strlen(host) : 0;
-	if (host && (!host_len || host_len > RTRS_AUTH_NAME_MAX))
-		REJECT(-EINVAL, "bad host name");
-	p = buf;
-	end = buf + len;
+	rc = host_check(host, why);
+	if (rc)
+		return rc;
 	/*
 	 * Every line is checked, not just up to the host's: a typo anywhere is
 	 * reported at once rather than when that host first connects, and a
 	 * host listed twice is an error rather than a matter of line order.
 	 */
-	while ((l = next_line(&p, end, &n))) {
-		const char *name;
-		size_t name_len;
-		bool match = false;
-
-		lineno++;
-		if (!n)
-			continue;
-		rc = keyfile_line(l, n, host ? host : "", host_len, &match, &name, &name_len, &th,
-				  &tc, NULL, why);
-		if (!rc)
-			rc = names_add(&names, name, name_len, why);
-		if (rc)
-			break;
-		if (match) {
-			found = true;
-			*hkey = th;
-			if (ckey)
-				*ckey = tc;
-		}
-	}
-	rtrs_auth_wipe(&th, sizeof(th));
-	rtrs_auth_wipe(&tc, sizeof(tc));
-	free(names.v);
-	if (!rc && !names.n) {
-		rc = host ? -ESRCH : -ENOKEY;
-		if (why)
-			*why = "the key file lists no host";
-	} else if (!rc && host && !found) {
-		rc = -ESRCH;
-		if (why)
-			*why = "host not in the key file";
-	}
-	if (rc) {
-		if (line && rc == -EINVAL)
-			*line = lineno;
-		rtrs_auth_wipe(hkey, sizeof(*hkey));
-		if (ckey)
-			rtrs_auth_wipe(ckey, sizeof(*ckey));
-	}
+	rc = kf_index_build(buf, len, &ix, line, why);
+	if (rc)
+		return rc;
+	rc = kf_index_find(&ix, host, hkey, ckey, why);
+	kf_index_free(&ix);
 	return rc;
 }
 
@@ -685,12 +802,9 @@ int rtrs_auth_keyfile_each(const char *path,
 				     const struct rtrs_auth_key *tkey),
 			   void *arg, unsigned *line, const char **why)
 {
-	struct rtrs_auth_key th, tc, tt;
-	struct name_set names = { 0 };
-	const char *p, *end, *l;
-	unsigned lineno = 0;
+	struct kf_index ix;
 	char *buf = NULL;
-	size_t len = 0, n;
+	size_t len = 0;
 	int rc;
 
 	if (line)
@@ -700,33 +814,13 @@ int rtrs_auth_keyfile_each(const char *path,
 	rc = read_secret_file(path, &buf, &len, why);
 	if (rc)
 		return rc;
-	p = buf;
-	end = buf + len;
-	while ((l = next_line(&p, end, &n))) {
-		const char *name;
-		size_t name_len;
-		bool match;
-
-		lineno++;
-		if (!n)
-			continue;
-		rc = keyfile_line(l, n, "", 0, &match, &name, &name_len, &th, &tc, &tt, why);
-		if (!rc)
-			rc = names_add(&names, name, name_len, why);
-		if (rc) {
-			if (line && rc == -EINVAL)
-				*line = lineno;
-			break;
-		}
-		rc = fn(arg, name, name_len, &th, &tt);
-		if (rc)
-			break;
-	}
-	rtrs_auth_wipe(&th, sizeof(th));
-	rtrs_auth_wipe(&tc, sizeof(tc));
-	rtrs_auth_wipe(&tt, sizeof(tt));
-	free(names.v);
+	rc = kf_index_build(buf, len, &ix, line, why);
 	free_secret(buf, len);
+	if (rc)
+		return rc;
+	for (size_t i = 0; i < ix.n && !rc; i++)
+		rc = fn(arg, ix.v[i].name, ix.v[i].len, &ix.v[i].h, &ix.v[i].t);
+	kf_index_free(&ix);
 	return rc;
 }
 
@@ -744,10 +838,12 @@ struct rtrs_keyfile {
 	unsigned refs;              /* the owner's and the reader's */
 	bool stop;
 	uint64_t asked, done;       /* read generations */
-	char *buf;                  /* the last read's text (secrets) */
-	size_t len;
+	struct kf_index ix;         /* the last read, parsed (secrets; its text is wiped) */
 	int err;                    /* ... or why it failed */
+	unsigned line;              /* with -EINVAL: the line at fault */
 	const char *why;
+	bool parsed;                /* ix/err are those of the text whose SHA-256 is sum */
+	uint8_t sum[32];
 	char path[];
 };
 
@@ -760,7 +856,7 @@ static void keyfile_unref(struct rtrs_keyfile *kf)
 	pthread_mutex_unlock(&kf->lock);
 	if (!last)
 		return;
-	free_secret(kf->buf, kf->len);
+	kf_index_free(&kf->ix);
 	pthread_cond_destroy(&kf->cond);
 	pthread_mutex_destroy(&kf->lock);
 	free(kf);
@@ -779,18 +875,44 @@ static void *keyfile_reader(void *arg)
 			break;
 		uint64_t gen = kf->asked;
 		const char *why = NULL;
+		struct kf_index ix = { 0 };
+		unsigned line = 0, sum_len = 0;
+		uint8_t sum[EVP_MAX_MD_SIZE];
+		bool same = false;
 		char *buf = NULL;
 		size_t len = 0;
 		int rc;
 
 		pthread_mutex_unlock(&kf->lock);
+		/*
+		 * Read every time; parsed here, once per read however many lookups
+		 * wait for it, and only when the text changed: a storm of opens
+		 * against a file of thousands of hosts costs a read and a hash each.
+		 */
 		rc = read_secret_file(kf->path, &buf, &len, &why);
+		if (!rc) {
+			if (EVP_Digest(buf, len, sum, &sum_len, EVP_sha256(), NULL) != 1 ||
+			    sum_len != sizeof(kf->sum))
+				sum_len = 0;
+			/* The reader alone writes parsed and sum: no lock to read them. */
+			same = sum_len && kf->parsed && !memcmp(sum, kf->sum, sizeof(kf->sum));
+			if (!same)
+				rc = kf_index_build(buf, len, &ix, &line, &why);
+			free_secret(buf, len);
+		}
 		pthread_mutex_lock(&kf->lock);
-		free_secret(kf->buf, kf->len);
-		kf->buf = buf;
-		kf->len = len;
-		kf->err = rc;
-		kf->why = why;
+		if (!same) {
+			kf_index_free(&kf->ix);
+			kf->ix = ix;
+			kf->err = rc;
+			kf->line = line;
+			kf->why = why;
+			/* A read that failed is not cached: the next one tries again. */
+			kf->parsed = sum_len && (rc == 0 || rc == -EINVAL);
+			if (kf->parsed)
+				memcpy(kf->sum, sum, sizeof(kf->sum));
+		}
+		OPENSSL_cleanse(sum, sizeof(sum));
 		kf->done = gen;
 		pthread_cond_broadcast(&kf->cond);
 	}
@@ -850,13 +972,19 @@ int rtrs_keyfile_lookup(struct rtrs_keyfile *kf, const char *host, struct rtrs_a
 			struct rtrs_auth_key *ckey, unsigned *line, const char **why)
 {
 	struct timespec dl = deadline_ms(RTRS_KEYFILE_WAIT_MS);
-	char *copy = NULL;
-	size_t len = 0;
 	uint64_t want;
 	int rc = 0, w = 0;
 
 	if (line)
 		*line = 0;
+	if (!hkey)
+		REJECT(-EINVAL, "no key to fill");
+	memset(hkey, 0, sizeof(*hkey));
+	if (ckey)
+		memset(ckey, 0, sizeof(*ckey));
+	rc = host_check(host, why);
+	if (rc)
+		return rc;
 	pthread_mutex_lock(&kf->lock);
 	want = ++kf->asked;
 	pthread_cond_broadcast(&kf->cond);
@@ -870,18 +998,11 @@ int rtrs_keyfile_lookup(struct rtrs_keyfile *kf, const char *host, struct rtrs_a
 		rc = kf->err;
 		if (why)
 			*why = kf->why;
+		if (line && rc == -EINVAL)
+			*line = kf->line;
 	} else {
-		len = kf->len;
-		copy = malloc(len + 1);
-		if (copy)
-			memcpy(copy, kf->buf, len + 1);
-		else
-			rc = -ENOMEM;
+		rc = kf_index_find(&kf->ix, host, hkey, ckey, why);
 	}
 	pthread_mutex_unlock(&kf->lock);
-	if (rc)
-		return rc;
-	rc = rtrs_auth_keyfile_parse(copy, len, host, hkey, ckey, line, why);
-	free_secret(copy, len);
 	return rc;
 }

@@ -831,6 +831,135 @@ static void test_keyfile(void)
 /* ---- cross-checks ------------------------------------------------------------------ */
 
 /* nvme-cli 2.x gen-dhchap-key and check-dhchap-key against ours. */
+/* The file's host secret for host i of test_keyfile_many: its bytes all i. */
+static void many_key(unsigned i, struct rtrs_auth_key *k, char *s, size_t n)
+{
+	memset(k, 0, sizeof(*k));
+	k->hmac = 1;
+	k->len = 32;
+	memset(k->key, (int)(i * 7 + 1), 32);
+	CHECK_EQ(rtrs_auth_key_format(k, s, n), 0);
+}
+
+struct each_seen {
+	unsigned n;
+	bool in_order;
+};
+
+static int each_count(void *arg, const char *host, size_t host_len,
+		      const struct rtrs_auth_key *hkey, const struct rtrs_auth_key *tkey)
+{
+	struct each_seen *e = arg;
+	char want[64];
+
+	(void)tkey;
+	snprintf(want, sizeof(want), "nqn.many-%05u", e->n);
+	if (host_len != strlen(want) || memcmp(host, want, host_len) ||
+	    hkey->key[0] != (uint8_t)(e->n * 7 + 1))
+		e->in_order = false;
+	e->n++;
+	return 0;
+}
+
+/*
+ * A key file of many hosts, as a rack's server has: each one found with its
+ * own key (first, middle, last, through the reader thread too), names that
+ * are prefixes of listed ones not found, the first line that lists a host
+ * again named whatever the order, and every host given in file order.
+ */
+static void test_keyfile_many(void)
+{
+	enum { N = 3000 };
+	size_t cap = (size_t)N * 160 + 1024, len = 0;
+	char *text = malloc(cap), path[300], s[RTRS_AUTH_KEY_STR_MAX];
+	struct rtrs_auth_key k, hk, ck;
+	struct rtrs_keyfile *kf = NULL;
+	const char *why = NULL;
+	unsigned line = 0;
+
+	if (!text) {
+		CHECK(0, "out of memory");
+		return;
+	}
+	snprintf(path, sizeof(path), "%s/many", tmpdir);
+	/* In descending order, so that the file's order is not the sorted one. */
+	for (unsigned i = 0; i < N; i++) {
+		unsigned h = N - 1 - i;
+
+		many_key(h, &k, s, sizeof(s));
+		len += (size_t)snprintf(text + len, cap - len, "nqn.many-%05u %s\n", h, s);
+	}
+	write_file(path, 0600, text);
+	CHECK_EQ(rtrs_keyfile_new(path, &kf), 0);
+	static const unsigned probe[] = { 0, 1, N / 2, N - 2, N - 1 };
+	for (unsigned j = 0; j < sizeof(probe) / sizeof(probe[0]); j++) {
+		char host[64];
+
+		snprintf(host, sizeof(host), "nqn.many-%05u", probe[j]);
+		many_key(probe[j], &k, s, sizeof(s));
+		CHECK_EQ(rtrs_auth_keyfile_parse(text, len, host, &hk, &ck, &line, &why), 0);
+		CHECK(hk.len == 32 && !memcmp(hk.key, k.key, 32) && ck.len == 0, "%s", host);
+		if (kf) {
+			memset(&hk, 0xaa, sizeof(hk));
+			CHECK_EQ(rtrs_keyfile_lookup(kf, host, &hk, &ck, &line, &why), 0);
+			CHECK(hk.len == 32 && !memcmp(hk.key, k.key, 32), "%s via the reader", host);
+		}
+	}
+	CHECK_EQ(rtrs_auth_keyfile_parse(text, len, "nqn.many-0000", &hk, &ck, &line, &why), -ESRCH);
+	CHECK_EQ(rtrs_auth_keyfile_parse(text, len, "nqn.many-000000", &hk, &ck, &line, &why),
+		 -ESRCH);
+	CHECK(hk.len == 0);
+	if (kf)
+		CHECK_EQ(rtrs_keyfile_lookup(kf, "nqn.many-9", &hk, &ck, &line, &why), -ESRCH);
+
+	struct each_seen seen = { 0, true };
+
+	/* Ascending for this one: each_count expects host i at position i. */
+	len = 0;
+	for (unsigned i = 0; i < N; i++) {
+		many_key(i, &k, s, sizeof(s));
+		len += (size_t)snprintf(text + len, cap - len, "nqn.many-%05u %s\n", i, s);
+	}
+	write_file(path, 0600, text);
+	CHECK_EQ(rtrs_auth_keyfile_each(path, each_count, &seen, &line, &why), 0);
+	CHECK(seen.n == N && seen.in_order, "each: %u hosts, in order %d", seen.n, seen.in_order);
+
+	/*
+	 * Host 2000 again on line N + 1 and host 17 again on line N + 2: the
+	 * earlier line is named, also with a bad line after both; a bad line
+	 * before them is named instead (the first fault in the file).
+	 */
+	size_t base = len;
+
+	many_key(2000, &k, s, sizeof(s));
+	len += (size_t)snprintf(text + len, cap - len, "nqn.many-02000 %s\n", s);
+	many_key(17, &k, s, sizeof(s));
+	len += (size_t)snprintf(text + len, cap - len, "nqn.many-00017 %s\n", s);
+	CHECK_EQ(rtrs_auth_keyfile_parse(text, len, "nqn.many-00005", &hk, &ck, &line, &why),
+		 -EINVAL);
+	CHECK(line == N + 1 && why && strstr(why, "twice"), "line %u (%s)", line, why ? why : "-");
+	if (kf) {
+		write_file(path, 0600, text);
+		line = 0;
+		CHECK_EQ(rtrs_keyfile_lookup(kf, "nqn.many-00005", &hk, &ck, &line, &why), -EINVAL);
+		CHECK(line == N + 1 && hk.len == 0, "reader: line %u", line);
+	}
+	/* A bad line after the first duplicate: the duplicate's line still. */
+	len += (size_t)snprintf(text + len, cap - len, "nqn.bad\n");
+	CHECK_EQ(rtrs_auth_keyfile_parse(text, len, NULL, &hk, &ck, &line, &why), -EINVAL);
+	CHECK(line == N + 1, "line %u (%s)", line, why ? why : "-");
+	/* The bad line before them: its line. */
+	len = base;
+	len += (size_t)snprintf(text + len, cap - len, "nqn.bad\n");
+	many_key(2000, &k, s, sizeof(s));
+	len += (size_t)snprintf(text + len, cap - len, "nqn.many-02000 %s\n", s);
+	CHECK_EQ(rtrs_auth_keyfile_parse(text, len, NULL, &hk, &ck, &line, &why), -EINVAL);
+	CHECK(line == N + 1 && why && !strstr(why, "twice"), "line %u (%s)", line, why ? why : "-");
+	rtrs_keyfile_free(kf);
+	unlink(path);
+	free(text);
+}
+
 static void test_nvme_cli(void)
 {
 	static const char nqn[] = "nqn.2014-08.org.nvmexpress:uuid:3f1c2b4a-5d6e-4f70-8192-a3b4c5d6e7f8";
@@ -1007,6 +1136,7 @@ int main(void)
 	test_helpers();
 	test_key_load();
 	test_keyfile();
+	test_keyfile_many();
 	if (nvme)
 		test_nvme_cli();
 	if (python)

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# What a DH-HMAC-CHAP NEGOTIATE's key-file lookup costs the server as its
+# key file grows (a rack's hosts, one line each): bench/keyfile-lookup
+# built against the tree as it is and against BASE (a scratch worktree),
+# run alternately, HOSTS lines, THREADS lookups at a time (as NEGOTIATEs of
+# a storm of opens arrive). Prints, per file size, lookups/s and CPU time
+# per lookup for each build (medians of RUNS) and their ratios.
+#
+#   BASE=54851d5 RUNS=5 bench/keyfile-lookup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-5}
+SECONDS_EACH=${SECONDS_EACH:-2}
+THREADS=${THREADS:-4}
+HOSTS=${HOSTS:-100 1000 10000}
+BASE=${BASE:-HEAD~1}
+base_rev=$(git rev-parse --short "$BASE^{commit}") || { echo "$0: no revision $BASE" >&2; exit 2; }
+
+. bench/lib.sh
+
+base_src=$(mktemp -d /var/tmp/rtrs-bench-base.XXXXXX)
+trap 'git worktree remove --force "$base_src" >/dev/null 2>&1 || rm -rf "$base_src"' EXIT
+git worktree add --detach "$base_src" "$base_rev" >/dev/null 2>&1
+meson setup "$base_src/build" "$base_src" -Dbuildtype=release >/dev/null
+meson compile -C "$base_src/build" >/dev/null
+# The program is this tree's, linked with each tree's libraries (the API it
+# uses, rtrs_keyfile_new/lookup, is older than both).
+build_one() { # TREE BUILD OUT
+	cc -O2 -I"$1/include" -I"$1/lib/rtrs" -I"$1/lib/common" bench/keyfile-lookup.c -o "$3" \
+		-Wl,--start-group "$2"/lib/rtrs/*.a "$2"/lib/common/*.a -Wl,--end-group \
+		$(pkg-config --libs libcrypto liburing libibverbs librdmacm) -lpthread
+}
+bin=$(mktemp -d)
+trap 'rm -rf "$bin"; git worktree remove --force "$base_src" >/dev/null 2>&1 || rm -rf "$base_src"' EXIT
+build_one "$base_src" "$base_src/build" "$bin/base"
+build_one "$PWD" "$PWD/build-release" "$bin/new"
+
+echo "# $(machine); BASE $base_rev, new $(git rev-parse --short HEAD)$(git diff --quiet || echo +)"
+echo "# hosts threads | base lookups/s  base CPU us | new lookups/s  new CPU us | lookups/s ratio  CPU ratio"
+for h in $HOSTS; do
+	: >"$bin/base.txt"; : >"$bin/new.txt"
+	for r in $(seq "$RUNS"); do
+		order="base new"; [ $((r % 2)) -eq 0 ] && order="new base"
+		for w in $order; do
+			"$bin/$w" --hosts "$h" --threads "$THREADS" --seconds "$SECONDS_EACH" >>"$bin/$w.txt"
+		done
+	done
+	bo=$(cut -d' ' -f3 "$bin/base.txt" | median); bc=$(cut -d' ' -f4 "$bin/base.txt" | median)
+	no=$(cut -d' ' -f3 "$bin/new.txt" | median); nc=$(cut -d' ' -f4 "$bin/new.txt" | median)
+	awk -v h="$h" -v t="$THREADS" -v bo="$bo" -v bc="$bc" -v no="$no" -v nc="$nc" \
+		'BEGIN { printf "%s %s | %.0f %.1f | %.0f %.1f | %.2fx %.3fx\n", h, t, bo, bc, no, nc, no / bo, nc / bc }'
+done
