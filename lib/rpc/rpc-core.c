@@ -278,6 +278,97 @@ static int stream_send(struct rpc_stream *st, struct json_object *a)
 	return rc;
 }
 
+static size_t answer_len(struct json_object *a)
+{
+	size_t len = 0;
+
+	if (!json_object_to_json_string_length(a, JSON_C_TO_STRING_PLAIN |
+					       JSON_C_TO_STRING_NOSLASHESCAPE, &len))
+		return SIZE_MAX;
+	return len;
+}
+
+/* An EMSGSIZE error answer in place of a (same id): a request whose answer does not fit. */
+static struct json_object *answer_too_big(struct json_object *a, size_t len, bool batch)
+{
+	struct json_object *id = NULL;
+	struct rpc_err e;
+
+	json_object_object_get_ex(a, "id", &id);
+	if (batch)
+		rpc_errf(&e, EMSGSIZE, "the answers to this batch pass %u MiB: ask for less in "
+			 "one batch", RPC_OUT_MAX >> 20);
+	else
+		rpc_errf(&e, EMSGSIZE, "the answer is %zu bytes, more than the %u MiB one "
+			 "request may get", len, RPC_OUT_MAX >> 20);
+	return answer_error(id, &e);
+}
+
+/* A single request's answer, or its EMSGSIZE error when it passes RPC_OUT_MAX. */
+static struct json_object *answer_fit(struct json_object *a)
+{
+	size_t len = answer_len(a);
+	struct json_object *b;
+
+	if (len == SIZE_MAX) {
+		json_object_put(a);
+		return NULL;
+	}
+	if (len < RPC_OUT_MAX) /* and its newline */
+		return a;
+	b = answer_too_big(a, len, false);
+	json_object_put(a);
+	return b;
+}
+
+/*
+ * A batch's answers whose text with its newline would pass RPC_OUT_MAX:
+ * they are kept in order while they and the errors of all after them fit,
+ * and the rest become EMSGSIZE errors, so that every request is answered.
+ */
+static int batch_fit(struct json_object *arr)
+{
+	size_t n = json_object_array_length(arr), total = 2, used = 2;
+	size_t len[RPC_BATCH_MAX], elen[RPC_BATCH_MAX], rest = 0;
+	struct json_object *err[RPC_BATCH_MAX] = { 0 };
+	int rc = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		len[i] = answer_len(json_object_array_get_idx(arr, i));
+		if (len[i] == SIZE_MAX)
+			return -ENOMEM;
+		total += len[i] + 1;
+	}
+	if (total < RPC_OUT_MAX)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		err[i] = answer_too_big(json_object_array_get_idx(arr, i), 0, true);
+		elen[i] = err[i] ? answer_len(err[i]) : SIZE_MAX;
+		if (elen[i] == SIZE_MAX) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		rest += elen[i] + 1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		rest -= elen[i] + 1;
+		if (used + len[i] + 1 + rest < RPC_OUT_MAX) {
+			used += len[i] + 1;
+			continue;
+		}
+		if (json_object_array_put_idx(arr, i, err[i])) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		err[i] = NULL; /* the array's now */
+		used += elen[i] + 1;
+	}
+out:
+	for (size_t i = 0; i < n; i++)
+		json_object_put(err[i]);
+	return rc;
+}
+
 static int send_error(struct rpc_stream *st, int code, const char *msg)
 {
 	struct rpc_err e;
@@ -418,7 +509,9 @@ static int text_run(struct rpc_stream *st, struct json_object *text)
 
 	if (!json_object_is_type(text, json_type_array)) {
 		a = request_run(st, text, &oom);
-		return oom ? -ENOMEM : a ? stream_send(st, a) : 0;
+		if (oom)
+			return -ENOMEM;
+		return a ? stream_send(st, answer_fit(a)) : 0;
 	}
 	n = json_object_array_length(text);
 	if (!n)
@@ -442,6 +535,10 @@ static int text_run(struct rpc_stream *st, struct json_object *text)
 	if (!json_object_array_length(arr)) { /* notifications only */
 		json_object_put(arr);
 		return 0;
+	}
+	if (batch_fit(arr)) {
+		json_object_put(arr);
+		return -ENOMEM;
 	}
 	return stream_send(st, arr);
 }

@@ -10,7 +10,9 @@
  * RPC_OUT_LOW bytes of its answers wait, and fed a text at a time, so a
  * client that does not read its answers stops being served instead of
  * growing them; it is closed when its answers have not moved for
- * stall_ms, or when one text's answers pass RPC_OUT_MAX. A request begun
+ * stall_ms (the stream keeps one text's answers within RPC_OUT_MAX; a
+ * connection whose waiting answers would pass that and RPC_OUT_LOW is
+ * closed as broken). A request begun
  * must be complete within request_ms, a connection with nothing under way
  * is closed after idle_ms, and at RPC_CONN_MAX connections the one that
  * has made no progress for longest (at least RPC_EVICT_MS; never one whose
@@ -132,7 +134,7 @@ static int conn_out(void *priv, const char *text, size_t len)
 	int rc = 0;
 
 	pthread_mutex_lock(&c->lock);
-	if (out_pending(c) + len > RPC_OUT_MAX) {
+	if (out_pending(c) + len > RPC_OUT_MAX + RPC_OUT_LOW) { /* a text's, and what waited */
 		rc = -ENOBUFS;
 		goto out;
 	}
@@ -290,15 +292,16 @@ static void conn_serve(struct rpc_server *s, struct rpc_conn *c, short re)
 		c->hup = true;
 	/* Feed (here, or by the worker) and write in turns until input or room runs out. */
 	while (!c->dead) {
-		if (threaded(s)) {
-			if (conn_feedable(c) && !c->busy)
-				pthread_cond_signal(&c->cond);
-		} else {
+		if (!threaded(s))
 			conn_feed(s, c);
-		}
 		conn_flush(c);
-		if (threaded(s) || c->dead || c->ending || c->in_off == c->in_len ||
-		    out_pending(c))
+		if (threaded(s)) {
+			/* After the flush: answers just written may be what held the input back. */
+			if (!c->dead && conn_feedable(c) && !c->busy)
+				pthread_cond_signal(&c->cond);
+			break;
+		}
+		if (c->dead || c->ending || c->in_off == c->in_len || out_pending(c))
 			break;
 	}
 	if (!c->dead && !c->busy && !out_pending(c) &&

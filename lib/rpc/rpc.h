@@ -13,9 +13,11 @@
  * The server has a thread of its own that serves every connection with
  * poll(): methods run there, never on an IO thread (or, with
  * RPC_SERVER_THREADED, on a thread of each connection). A text larger than
- * RPC_REQ_MAX, bytes that are not JSON, or answers to one text over
- * RPC_OUT_MAX get an error where one can be sent, and the connection is
- * closed; nothing else is affected. A connection is not read while more
+ * RPC_REQ_MAX or bytes that are not JSON get an error where one can be
+ * sent, and the connection is closed; nothing else is affected. An answer
+ * that would take the answers to one text past RPC_OUT_MAX is replaced by
+ * an EMSGSIZE error for its request (in a batch, every answer after the
+ * ones that fit), and the connection goes on. A connection is not read while more
  * than RPC_OUT_LOW of its answers wait, and is closed when they have not
  * moved for RPC_STALL_MS, when a request begun is not complete after
  * RPC_REQUEST_MS, or when it has been idle for RPC_IDLE_MS (never while

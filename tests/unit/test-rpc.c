@@ -90,6 +90,22 @@ static int m_big(void *priv, struct json_object *params, struct json_object **re
 	return *result ? 0 : -ENOMEM;
 }
 
+/* An answer of 17 MiB: more than one request may get (RPC_OUT_MAX). */
+static int m_huge(void *priv, struct json_object *params, struct json_object **result,
+		  struct rpc_err *err)
+{
+	size_t n = RPC_OUT_MAX + (1u << 20);
+	char *t = malloc(n + 1);
+
+	if (!t)
+		return -ENOMEM;
+	memset(t, 'y', n);
+	t[n] = 0;
+	*result = json_object_new_string_len(t, (int)n);
+	free(t);
+	return *result ? 0 : -ENOMEM;
+}
+
 /* "slow": waits until slow_release() (at most 10 s), counting who waits. */
 static pthread_mutex_t slow_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t slow_cond = PTHREAD_COND_INITIALIZER;
@@ -144,7 +160,9 @@ static const struct rpc_method methods[] = {
 	{ "note", m_note, "", "counts" },
 	{ "bare", m_bare, "", "EBUSY" },
 	{ "big", m_big, "", "1 MiB" },
+	{ "huge", m_huge, "", "17 MiB" },
 };
+#define NR_METHODS (sizeof(methods) / sizeof(methods[0]))
 
 /* ---- the stream ---- */
 
@@ -317,7 +335,7 @@ static void stream_requests(void)
 		struct json_object *r;
 
 		CHECK(json_object_object_get_ex(json_object_array_get_idx(a, 2), "result", &r) &&
-		      json_object_array_length(r) == 5, "rpc.methods lists the 5 methods");
+		      json_object_array_length(r) == NR_METHODS, "rpc.methods lists the methods");
 	}
 	json_object_put(a);
 	/* Notifications only: nothing at all. */
@@ -633,6 +651,32 @@ static size_t read_to_close(int fd, char *buf, size_t cap)
 	return n;
 }
 
+/* Reads until lines newlines came (or 5 s without a byte): the bytes read, or -1. */
+static size_t read_lines(int fd, char *buf, size_t cap, unsigned lines)
+{
+	size_t n = 0;
+	unsigned seen = 0;
+
+	while (seen < lines && n < cap - 1) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		ssize_t k;
+
+		if (poll(&p, 1, 5000) <= 0) {
+			fprintf(stderr, "read_lines: nothing for 5 s after %zu bytes, %u lines\n", n,
+				seen);
+			return (size_t)-1;
+		}
+		k = read(fd, buf + n, cap - n - 1);
+		if (k <= 0)
+			break;
+		for (ssize_t i = 0; i < k; i++)
+			seen += buf[n + (size_t)i] == '\n';
+		n += (size_t)k;
+	}
+	buf[n] = 0;
+	return seen == lines ? n : (size_t)-1;
+}
+
 /* Whether the server closed fd within ms (a send then fails with EPIPE; nothing is read). */
 static bool wait_closed(int fd, unsigned ms)
 {
@@ -690,7 +734,7 @@ static void server_calls(unsigned flags)
 	char buf[4096];
 	int fd;
 
-	CHECK_EQ(rpc_server_start_flags(sock, "test", methods, 5, NULL, flags, &s), 0);
+	CHECK_EQ(rpc_server_start_flags(sock, "test", methods, NR_METHODS, NULL, flags, &s), 0);
 	CHECK(!stat(sock, &st) && S_ISSOCK(st.st_mode) && (st.st_mode & 0777) == 0600,
 	      "a socket, mode 0600 (%o)", st.st_mode & 0777);
 	CHECK(call_echo_ok("sp ace \"q\".raw"), "a name with a space and quotes");
@@ -703,13 +747,13 @@ static void server_calls(unsigned flags)
 	CHECK_EQ(rpc_call(sock, "nope", NULL, 5000, &r, &e), -EREMOTEIO);
 	CHECK_EQ(e.code, RPC_METHOD_NOT_FOUND);
 	CHECK_EQ(rpc_call(sock, "rpc.methods", NULL, 5000, &r, &e), 0);
-	CHECK(json_object_is_type(r, json_type_array) && json_object_array_length(r) == 5);
+	CHECK(json_object_is_type(r, json_type_array) && json_object_array_length(r) == NR_METHODS);
 	json_object_put(r);
 	/* A second server on the same socket: refused, the first goes on. */
 	{
 		struct rpc_server *s2 = NULL;
 
-		CHECK_EQ(rpc_server_start(sock, "test2", methods, 5, NULL, &s2), -EADDRINUSE);
+		CHECK_EQ(rpc_server_start(sock, "test2", methods, NR_METHODS, NULL, &s2), -EADDRINUSE);
 	}
 	/* Garbage: an error answer, then the connection closes; others go on. */
 	fd = raw_connect();
@@ -780,21 +824,80 @@ static void server_calls(unsigned flags)
 		CHECK(gone, "clients that do not read their answers are closed");
 		rpc_server_set_times(s, RPC_IDLE_MS, RPC_REQUEST_MS, RPC_STALL_MS);
 	}
-	/* A batch whose answers pass 16 MiB: closed; others go on. */
+	/*
+	 * Answers too large for one text: a single one becomes its request's
+	 * EMSGSIZE error; a batch's are kept in order while they fit and the
+	 * rest get that error, every request answered with its id; the
+	 * connection goes on (an echo on it after each is answered).
+	 */
 	{
-		char batch[64 * 20];
+		size_t cap = RPC_OUT_MAX + (2u << 20), n;
+		char *in = malloc(cap), batch[64 * 20];
+		const char *huge = "{\"jsonrpc\":\"2.0\",\"method\":\"huge\",\"id\":\"h\"}\n"
+				   "{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":"
+				   "\"after\"},\"id\":2}\n";
 		size_t off = 0;
+
+		fd = raw_connect();
+		CHECK(in && fd >= 0 && send(fd, huge, strlen(huge), MSG_NOSIGNAL) > 0);
+		n = in ? read_lines(fd, in, cap, 2) : 0;
+		CHECK(n != (size_t)-1 && n < 4096, "a 17 MiB answer: %zu bytes came", n);
+		if (n != (size_t)-1) {
+			CHECK(strstr(in, "{\"jsonrpc\":\"2.0\",\"id\":\"h\",\"error\":{\"code\":90,") ==
+			      in, "%.300s", in);
+			CHECK(strstr(in, "more than the 16 MiB") && strstr(in, "EMSGSIZE"), "%.300s", in);
+			CHECK(strstr(in, "\"id\":2,\"result\":{\"name\":\"after\""), "%.300s", in);
+		}
+		close(fd);
 
 		off += (size_t)snprintf(batch + off, sizeof(batch) - off, "[");
 		for (int i = 0; i < 20; i++)
 			off += (size_t)snprintf(batch + off, sizeof(batch) - off,
 						"%s{\"jsonrpc\":\"2.0\",\"method\":\"big\",\"id\":%d}",
 						i ? "," : "", i);
-		snprintf(batch + off, sizeof(batch) - off, "]");
+		snprintf(batch + off, sizeof(batch) - off,
+			 "]\n{\"jsonrpc\":\"2.0\",\"method\":\"echo\",\"params\":{\"name\":"
+			 "\"after\"},\"id\":21}\n");
 		fd = raw_connect();
-		CHECK(send(fd, batch, strlen(batch), MSG_NOSIGNAL) > 0);
-		CHECK(wait_closed(fd, 5000), "20 MiB of answers to one batch: closed");
+		CHECK(in && fd >= 0 && send(fd, batch, strlen(batch), MSG_NOSIGNAL) > 0);
+		n = in ? read_lines(fd, in, cap, 2) : 0;
+		CHECK(n != (size_t)-1 && n < RPC_OUT_MAX + 4096, "20 MiB asked in a batch: %zu bytes",
+		      n);
+		if (n != (size_t)-1) {
+			char *nl = strchr(in, '\n');
+			struct json_object *arr = NULL;
+			unsigned results = 0, errors = 0;
+			bool ordered = true;
+
+			if (nl) {
+				*nl = 0;
+				arr = json_tokener_parse(in);
+			}
+			CHECK(arr && json_object_is_type(arr, json_type_array) &&
+			      json_object_array_length(arr) == 20, "the batch's 20 answers");
+			for (size_t i = 0; arr && i < json_object_array_length(arr); i++) {
+				struct json_object *a = json_object_array_get_idx(arr, i), *v, *c;
+
+				if (!json_object_object_get_ex(a, "id", &v) ||
+				    json_object_get_int(v) != (int)i)
+					ordered = false;
+				if (json_object_object_get_ex(a, "result", &v) &&
+				    json_object_get_string_len(v) == (1 << 20) - 1 && !errors)
+					results++;
+				else if (json_object_object_get_ex(a, "error", &v) &&
+					 json_object_object_get_ex(v, "code", &c) &&
+					 json_object_get_int(c) == EMSGSIZE)
+					errors++;
+			}
+			CHECK(ordered && results >= 14 && results + errors == 20,
+			      "%u answers, then %u EMSGSIZE errors, in order %d", results, errors,
+			      ordered);
+			json_object_put(arr);
+			CHECK(nl && strstr(nl + 1, "\"id\":21,\"result\":{\"name\":\"after\""),
+			      "the echo after the batch");
+		}
 		close(fd);
+		free(in);
 		CHECK(call_echo_ok("after a batch too large to answer"));
 	}
 	/* Many connections at once, each answered. */
@@ -939,7 +1042,7 @@ static void server_socket_file(void)
 	fd = open(sock, O_CREAT | O_WRONLY, 0600);
 	CHECK(fd >= 0);
 	close(fd);
-	CHECK_EQ(rpc_server_start(sock, "test", methods, 5, NULL, &s), -EEXIST);
+	CHECK_EQ(rpc_server_start(sock, "test", methods, NR_METHODS, NULL, &s), -EEXIST);
 	CHECK(!access(sock, F_OK), "the file is still there");
 	unlink(sock);
 	/* A stale socket (nobody listens) is. */
@@ -951,10 +1054,10 @@ static void server_socket_file(void)
 		CHECK_EQ(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
 		close(fd);
 	}
-	CHECK_EQ(rpc_server_start(sock, "test", methods, 5, NULL, &s), 0);
+	CHECK_EQ(rpc_server_start(sock, "test", methods, NR_METHODS, NULL, &s), 0);
 	CHECK(call_echo_ok("after a stale socket"));
 	rpc_server_stop(s);
-	CHECK_EQ(rpc_server_start("", "test", methods, 5, NULL, &s), -EINVAL);
+	CHECK_EQ(rpc_server_start("", "test", methods, NR_METHODS, NULL, &s), -EINVAL);
 }
 
 /*
@@ -969,7 +1072,7 @@ static void server_stuck_clients(void)
 	char buf[256];
 	uint64_t t0;
 
-	CHECK_EQ(rpc_server_start(sock, "test", methods, 5, NULL, &s), 0);
+	CHECK_EQ(rpc_server_start(sock, "test", methods, NR_METHODS, NULL, &s), 0);
 	for (int i = 0; i < RPC_CONN_MAX; i++) {
 		fds[i] = raw_connect();
 		CHECK(fds[i] >= 0);
@@ -989,7 +1092,7 @@ static void server_stuck_clients(void)
 	rpc_server_stop(s);
 
 	/* An idle connection and a request never finished: closed after their times. */
-	CHECK_EQ(rpc_server_start(sock, "test", methods, 5, NULL, &s), 0);
+	CHECK_EQ(rpc_server_start(sock, "test", methods, NR_METHODS, NULL, &s), 0);
 	rpc_server_set_times(s, 300, 300, 300);
 	fds[0] = raw_connect();
 	fds[1] = raw_connect();
@@ -1073,10 +1176,10 @@ static void server_caller(void)
 	CHECK_EQ(rpc_serve(NULL, w, 2), 7);
 	CHECK(a.prepared >= 1 && a.ran >= 1, "prepare %u, fn %u", a.prepared, a.ran);
 	/* A server with a thread of its own is not the caller's to serve. */
-	CHECK_EQ(rpc_server_start(sock, "test", methods, 5, NULL, &s), 0);
+	CHECK_EQ(rpc_server_start(sock, "test", methods, NR_METHODS, NULL, &s), 0);
 	CHECK_EQ(rpc_serve(s, w, 2), -EINVAL);
 	rpc_server_stop(s);
-	CHECK_EQ(rpc_server_start_flags(sock, "test", methods, 5, NULL, RPC_SERVER_CALLER, &s), 0);
+	CHECK_EQ(rpc_server_start_flags(sock, "test", methods, NR_METHODS, NULL, RPC_SERVER_CALLER, &s), 0);
 	a.prepared = a.ran = 0;
 	CHECK_EQ(pthread_create(&t, NULL, caller_client, &a), 0);
 	CHECK_EQ(rpc_serve(s, w, 2), 7);
