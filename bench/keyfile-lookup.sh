@@ -7,6 +7,7 @@
 # per lookup for each build (medians of RUNS) and their ratios.
 #
 #   BASE=54851d5 RUNS=5 bench/keyfile-lookup.sh
+#   PLOT=bench/plots/keyfile-lookup.png ...   (also a plot: CPU per lookup against hosts)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
@@ -49,4 +50,25 @@ for h in $HOSTS; do
 	no=$(cut -d' ' -f3 "$bin/new.txt" | median); nc=$(cut -d' ' -f4 "$bin/new.txt" | median)
 	awk -v h="$h" -v t="$THREADS" -v bo="$bo" -v bc="$bc" -v no="$no" -v nc="$nc" \
 		'BEGIN { printf "%s %s | %.0f %.1f | %.0f %.1f | %.2fx %.3fx\n", h, t, bo, bc, no, nc, no / bo, nc / bc }'
+	echo "$h $bc $nc" >>"$bin/rows"
 done
+if [ -n "${PLOT:-}" ]; then
+	dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install ok installed" ||
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			python3-matplotlib >/dev/null
+	/usr/bin/python3 - "$bin/rows" "$PLOT" "$base_rev" <<'PY'
+import sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+rows = [list(map(float, l.split())) for l in open(sys.argv[1])]
+h = [r[0] for r in rows]
+fig, ax = plt.subplots(figsize=(6, 4))
+ax.plot(h, [r[1] for r in rows], "o-", label=f"base {sys.argv[3]}")
+ax.plot(h, [r[2] for r in rows], "s-", label="new")
+ax.set_xscale("log"); ax.set_yscale("log")
+ax.set_xlabel("hosts in the key file"); ax.set_ylabel("CPU us per lookup")
+ax.set_title("A NEGOTIATE's key-file lookup"); ax.legend(); ax.grid(True, which="both", alpha=.3)
+fig.tight_layout(); fig.savefig(sys.argv[2], dpi=90)
+PY
+fi

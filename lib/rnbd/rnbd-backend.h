@@ -94,7 +94,11 @@ const char *rnbd_engine_name(const struct rnbd_engine *e);
  * calls than flushes when several were queued at once.
  */
 void rnbd_engine_flush_stats(struct rnbd_engine *e, uint64_t *flushes, uint64_t *syncs);
-/* Waits for every submitted request to complete, then frees the engine. */
+/*
+ * Stops the engine's pool threads, flushers and reaper and frees it. Close
+ * every store on it first (rnbd_store_close waits for the store's requests
+ * to complete): requests still in flight here are never completed.
+ */
 void rnbd_engine_close(struct rnbd_engine *e);
 
 /*
