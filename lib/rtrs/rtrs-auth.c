@@ -497,6 +497,36 @@ out:
 	return rc ? ossl_err(rc) : 0;
 }
 
+/*
+ * Whether the peer's value y is in the group's prime-order subgroup:
+ * y^q = 1 (mod p), q = (p - 1) / 2 (the FFDHE primes are safe primes).
+ * 0 when it is, -EINVAL when not (the peer's doing), -ENOMEM when the
+ * arithmetic could not be done (ours). Done here rather than left to
+ * OpenSSL's check in EVP_PKEY_derive_set_peer, whose failure does not
+ * tell a bad value from a failing allocation: a host must not be told
+ * its value was refused, which it takes as final, for the server's own
+ * trouble.
+ */
+static int peer_in_subgroup(const struct rtrs_auth_dh *dh, const uint8_t *peer)
+{
+	BN_CTX *bc = BN_CTX_new();
+	BIGNUM *y = BN_bin2bn(peer, (int)dh->len, NULL);
+	BIGNUM *pm1 = BN_bin2bn(dh->pm1, (int)dh->len, NULL);
+	BIGNUM *p = BN_new(), *q = BN_new(), *r = BN_new();
+	int rc = -ENOMEM;
+
+	if (bc && y && pm1 && p && q && r && BN_copy(p, pm1) && BN_add_word(p, 1) &&
+	    BN_rshift1(q, pm1) && BN_mod_exp(r, y, q, p, bc))
+		rc = BN_is_one(r) ? 0 : -EINVAL;
+	BN_free(r);
+	BN_free(q);
+	BN_free(p);
+	BN_free(pm1);
+	BN_free(y);
+	BN_CTX_free(bc);
+	return rc == -ENOMEM ? ossl_err(rc) : rc;
+}
+
 int rtrs_auth_dh_shared(struct rtrs_auth_dh *dh, const uint8_t *peer, size_t peer_len,
 			uint8_t *out, size_t out_len)
 {
@@ -517,19 +547,20 @@ int rtrs_auth_dh_shared(struct rtrs_auth_dh *dh, const uint8_t *peer, size_t pee
 		return -EINVAL;
 	if (memcmp(peer, dh->pm1, dh->len) >= 0)
 		return -EINVAL;
-	rc = peer_key(dh, peer, &pk);
+	rc = peer_in_subgroup(dh, peer);
 	if (rc)
 		return rc;
+	/* The value is checked: whatever fails from here on is ours, not the peer's. */
+	rc = peer_key(dh, peer, &pk);
+	if (rc)
+		return rc == -EINVAL ? -EIO : rc;
 	rc = -ENOMEM;
 	ctx = EVP_PKEY_CTX_new_from_pkey(NULL, dh->key, NULL);
 	if (!ctx)
 		goto out;
 	rc = -EIO;
-	if (EVP_PKEY_derive_init(ctx) <= 0 || EVP_PKEY_CTX_set_dh_pad(ctx, 1) <= 0)
-		goto out;
-	/* OpenSSL checks the peer value too, subgroup membership included. */
-	rc = -EINVAL;
-	if (EVP_PKEY_derive_set_peer(ctx, pk) <= 0)
+	if (EVP_PKEY_derive_init(ctx) <= 0 || EVP_PKEY_CTX_set_dh_pad(ctx, 1) <= 0 ||
+	    EVP_PKEY_derive_set_peer_ex(ctx, pk, 0) <= 0)
 		goto out;
 	rc = -EIO;
 	if (EVP_PKEY_derive(ctx, out, &n) <= 0 || n > dh->len)

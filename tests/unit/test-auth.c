@@ -533,7 +533,7 @@ static void test_dh(void)
 		tmp[len] = 0;
 		CHECK_EQ(rtrs_auth_dh_shared(a, tmp, len + 1, sa, len + 1), -EINVAL);
 		CHECK_EQ(rtrs_auth_dh_shared(a, pb, 0, sa, len), -EINVAL);
-		/* p - 2 is in range but outside the prime-order subgroup: OpenSSL refuses it. */
+		/* p - 2 is in range but outside the prime-order subgroup: refused (y^q != 1). */
 		memcpy(y, p, len);
 		y[len - 1] -= 2;
 		CHECK_EQ(rtrs_auth_dh_shared(a, y, len, sa, len), -EINVAL);
