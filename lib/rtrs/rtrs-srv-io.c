@@ -41,18 +41,20 @@ static void op_handover(struct rtrs_srv_op *op)
 	pthread_mutex_unlock(&s->defer_lock);
 }
 
-static void op_finish(struct rtrs_srv_op *op, struct srv_path *p)
+/*
+ * The responder's end of its take: mine is the state word it left the op
+ * in (RESPONDING or SENT, with its take count). From SENT the op may
+ * already be BUSY with the client's next request: then it is not freed,
+ * and that request's end hands over a request waiting for the chunk.
+ */
+static void op_finish(struct rtrs_srv_op *op, struct srv_path *p, unsigned mine)
 {
 	struct rtrs_srv_ctx *ctx = p->sess->ctx;
-	int expected = OP_RESPONDING;
 	bool closing = atomic_load(&p->base.state) != RTRS_PATH_CONNECTED;
 
-	/* From SENT the op may already be BUSY with the client's next request. */
-	if (!atomic_compare_exchange_strong(&op->state, &expected, OP_FREE) &&
-	    expected == OP_SENT)
-		atomic_compare_exchange_strong(&op->state, &expected, OP_FREE);
 	/* After the state (op_defer stores deferred, then reads the state). */
-	if (atomic_load(&op->deferred))
+	if (atomic_compare_exchange_strong(&op->state, &mine, op_with(mine, OP_FREE)) &&
+	    atomic_load(&op->deferred))
 		op_handover(op);
 	if (atomic_fetch_sub(&p->base.inflight, 1) == 1 && closing)
 		loop_queue(ctx->loop, &ctx->reap_work);
@@ -70,19 +72,20 @@ static void op_finish(struct rtrs_srv_op *op, struct srv_path *p)
 static int op_post_last(struct rtrs_srv_op *op, struct srv_path *p, struct fab_con *fc,
 			const struct fab_wr *wrs, size_t n)
 {
-	int expected = OP_SENT;
+	/* RESPONDING with this take's count: nobody else moves the op from there. */
+	unsigned resp = atomic_load(&op->state), sent = op_with(resp, OP_SENT), expected = sent;
 	int rc;
 
-	atomic_store(&op->state, OP_SENT);
+	atomic_store(&op->state, sent);
 	rc = fab_post(fc, wrs, n, NULL);
 	if (!rc) {
-		op_finish(op, p);
+		op_finish(op, p, sent);
 		return 0;
 	}
-	if (atomic_compare_exchange_strong(&op->state, &expected, OP_RESPONDING))
+	if (atomic_compare_exchange_strong(&op->state, &expected, resp))
 		return rc;
 	log_err_rl("%s: chunk %u reused before its response", path_name(p), op->id);
-	op_finish(op, p);
+	op_finish(op, p, sent);
 	return -EPROTO;
 }
 
@@ -103,7 +106,8 @@ static void op_drop(struct rtrs_srv_op *op, struct srv_path *p)
 			log_err_rl("%s: chunk %u keeps no key for now: %s", s->name, op->id, strerror(-rc));
 		op->rekeyed = true;
 	}
-	op_finish(op, p);
+	/* RESPONDING, this take's: the op is the caller's until it is FREE. */
+	op_finish(op, p, atomic_load(&op->state));
 }
 
 /* A response's operations, built before they are posted. */
@@ -308,13 +312,16 @@ void srv_drop_pending(struct rtrs_con *con, struct rtrs_pending *it, int err)
 RTRS_EXPORT
 int rtrs_srv_resp_rdma(struct rtrs_srv_op *op, int err)
 {
-	int expected = OP_BUSY;
+	unsigned expected;
 	struct srv_path *p;
 	int rc;
 
 	if (!op)
 		return -EINVAL;
-	if (!atomic_compare_exchange_strong(&op->state, &expected, OP_RESPONDING)) {
+	expected = atomic_load(&op->state);
+	if (op_st(expected) != OP_BUSY ||
+	    !atomic_compare_exchange_strong(&op->state, &expected,
+					    op_with(expected, OP_RESPONDING))) {
 		log_err_rl("%s: answer to request %u that is not waiting for one",
 			   op->sess->name, op->id);
 		return -EINVAL;
@@ -376,7 +383,8 @@ static int op_defer(struct rtrs_srv_op *op, struct srv_con *con, uint32_t payloa
 {
 	struct rtrs_srv_sess *s = op->sess;
 	struct srv_path *p = con->path;
-	int state, rc = 0;
+	unsigned state;
+	int rc = 0;
 
 	pthread_mutex_lock(&s->defer_lock);
 	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED) {
@@ -389,7 +397,7 @@ static int op_defer(struct rtrs_srv_op *op, struct srv_con *con, uint32_t payloa
 		op->defer_queued = false;
 		atomic_store(&op->deferred, true);
 		/* After deferred (op_finish stores the state, then reads deferred). */
-		state = atomic_load(&op->state);
+		state = op_st(atomic_load(&op->state));
 		if (state != OP_BUSY && state != OP_RESPONDING) {
 			op_defer_take(op);
 			rc = -EAGAIN;
@@ -435,7 +443,8 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 	struct rtrs_srv_op *op;
 	const char *why = NULL;
 	uint32_t chunk;
-	int state, rc;
+	unsigned state;
+	int rc;
 
 	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED) {
 		log_err_rl("%s: IO before the path is established", path_name(p));
@@ -456,7 +465,7 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 	/* FREE, or SENT (its response is out): both are ours. */
 	for (;;) {
 		state = atomic_load(&op->state);
-		if (state == OP_BUSY || state == OP_RESPONDING) {
+		if (op_st(state) == OP_BUSY || op_st(state) == OP_RESPONDING) {
 			rc = s->ext ? -EPROTO : op_defer(op, con, payload);
 			if (rc == -EAGAIN)
 				continue;
@@ -467,7 +476,9 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 			}
 			return;
 		}
-		if (atomic_compare_exchange_weak(&op->state, &state, OP_BUSY))
+		/* A new take: its count tells its responder's transitions from the last's. */
+		if (atomic_compare_exchange_weak(&op->state, &state,
+						 op_with(state + OP_TAKE_ONE, OP_BUSY)))
 			break;
 	}
 	atomic_fetch_add(&p->base.inflight, 1);
@@ -536,10 +547,12 @@ void srv_ops_abandon(struct srv_path *p)
 		 */
 		if (atomic_load(&op->revoking) && op->path == p &&
 		    atomic_exchange(&op->revoking, false)) {
-			int busy = OP_BUSY;
+			unsigned busy = atomic_load(&op->state);
 
 			/* As an answer would take it: op_finish frees RESPONDING. */
-			atomic_compare_exchange_strong(&op->state, &busy, OP_RESPONDING);
+			if (op_st(busy) == OP_BUSY)
+				atomic_compare_exchange_strong(&op->state, &busy,
+							       op_with(busy, OP_RESPONDING));
 			op_drop(op, p);
 		}
 	}

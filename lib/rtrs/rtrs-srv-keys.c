@@ -257,7 +257,7 @@ static bool chunk_keyless(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t 
 	bool keyless;
 
 	pthread_mutex_lock(&s->key_lock);
-	keyless = atomic_load(&s->ops[id].state) == OP_FREE && !k->key[id];
+	keyless = op_st(atomic_load(&s->ops[id].state)) == OP_FREE && !k->key[id];
 	*gen = k->gen[id];
 	pthread_mutex_unlock(&s->key_lock);
 	return keyless;
@@ -275,7 +275,7 @@ static int chunk_repair(struct rtrs_srv_sess *s, struct srv_keys *k, uint32_t id
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&s->key_lock);
-	if (k->gen[id] != gen || k->key[id] || atomic_load(&s->ops[id].state) != OP_FREE) {
+	if (k->gen[id] != gen || k->key[id] || op_st(atomic_load(&s->ops[id].state)) != OP_FREE) {
 		pthread_mutex_unlock(&s->key_lock);
 		fab_mr_dereg(&mr); /* not keyless after all */
 		return 0;

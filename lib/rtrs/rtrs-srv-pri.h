@@ -14,6 +14,27 @@
 
 enum srv_op_state { OP_FREE, OP_BUSY, OP_RESPONDING, OP_SENT };
 
+/*
+ * An op's state word: the state in the low two bits, above them a count
+ * of the op's takes (srv_handle_req adds one on every FREE/SENT -> BUSY).
+ * A responder's transitions compare the whole word, so they apply to its
+ * own take only: a response still finishing when the client's next
+ * request has taken the chunk (legitimately, once the response arrived)
+ * cannot free that next request's op.
+ */
+#define OP_STATE_MASK 3u
+#define OP_TAKE_ONE 4u
+
+static inline unsigned op_st(unsigned v)
+{
+	return v & OP_STATE_MASK;
+}
+
+static inline unsigned op_with(unsigned v, enum srv_op_state st)
+{
+	return (v & ~OP_STATE_MASK) | (unsigned)st;
+}
+
 struct srv_path;
 
 struct srv_con;
@@ -40,7 +61,7 @@ struct srv_keys {
 struct rtrs_srv_op {
 	struct rtrs_srv_sess *sess;
 	uint32_t id;
-	atomic_int state;
+	atomic_uint state;          /* op_st() and the take count: see OP_STATE_MASK */
 	struct srv_path *path;
 	struct srv_con *con;
 	enum rtrs_dir dir;

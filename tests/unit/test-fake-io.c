@@ -1594,6 +1594,90 @@ static void replay_no_inval(void)
 	replay(false);
 }
 
+/*
+ * The next request for a chunk takes its op while the op's last response
+ * is still being posted (SENT; a client may reuse the chunk once the
+ * response is in): it is answered, and that answer meets a full send queue
+ * and waits (RESPONDING). The first response's post then returns: its end
+ * must not free the op the second request holds. A third request for the
+ * chunk meanwhile breaks the protocol: the path fails (-EPROTO). Before an
+ * op's state carried its take, the first response's end freed the
+ * second's op and the third request was taken beside it.
+ */
+struct reuse_run {
+	struct fake_ev *req2;
+	int rc2;
+	bool ran;
+};
+
+/* On the server's post of the first response, before that post returns. */
+static void first_rsp_posted(struct fake_ev *ev, void *arg)
+{
+	struct reuse_run *r = arg;
+
+	r->ran = true;
+	CHECK_EQ(fake_deliver(ev), 0); /* the client has its response */
+	CHECK_EQ(fake_deliver(r->req2), 0);
+	CHECK_EQ(srv_held(), 2);
+	CHECK_EQ(fake_eagain("s", "a", 1, true, 1), 1);
+	r->rc2 = rtrs_srv_resp_rdma(atomic_load(&srv.deferred[1]), 0);
+}
+
+static bool srv_kick(const struct fake_ev *ev, void *arg)
+{
+	(void)arg;
+	return ev->kind == FAKE_KICK && ev->to_server;
+}
+
+static void reuse_while_responding(void)
+{
+	struct m req = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_IO_REQ_IMM) };
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	struct reuse_run r = { 0 };
+	struct fake_ev *ev, *req3 = NULL;
+	static struct io io;
+	struct clt c;
+
+	if (!setup(&c, "a", no_inval))
+		return;
+	atomic_store(&srv.defer, true);
+	fake_hold(match, &req);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 61), 0);
+	ev = fake_wait_ev(match, &req, "the request");
+	if (ev) {
+		/* Copies of the request: the client's next two for the chunk. */
+		r.req2 = fake_dup(ev);
+		req3 = fake_dup(ev);
+		CHECK_EQ(fake_deliver(ev), 0);
+	}
+	CHECK(r.req2 && req3);
+	CHECK_EQ(fake_wait(one_deferred, NULL, "the server to hold the write"), 0);
+	if (!r.req2 || !req3 || srv_held() != 1) {
+		atomic_store(&srv.defer, false);
+		teardown(&c);
+		return;
+	}
+	/* The second answer's retry waits for its kick until the third request is in. */
+	fake_hold(srv_kick, NULL);
+	fake_on_post(match, &rsp, first_rsp_posted, &r);
+	CHECK_EQ(rtrs_srv_resp_rdma(atomic_load(&srv.deferred[0]), 0), 0);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK(r.ran, "the first response was posted");
+	CHECK_EQ(r.rc2, 0);
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	CHECK_EQ(fake_deliver(req3), 0);
+	CHECK(env_logged("which is still in use"), "the third request is refused");
+	CHECK_EQ(srv_held(), 2);
+	CHECK_EQ(atomic_load(&srv.rdma_evs), 2);
+	atomic_store(&srv.defer, false);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 0, "reconnecting") || clt_path_is(&c, 0, "connected"), "state %s",
+	      clt_path(&c, 0).state);
+	teardown(&c);
+}
+
 static const struct scenario scenarios[] = {
 	{ "io_exact", io_exact },
 	{ "io_split", io_split },
@@ -1632,6 +1716,7 @@ static const struct scenario scenarios[] = {
 	{ "handshake_refused_after_reset", handshake_refused_after_reset },
 	{ "replay_stale_key", replay_stale_key },
 	{ "replay_no_inval", replay_no_inval },
+	{ "reuse_while_responding", reuse_while_responding },
 };
 
 int main(int argc, char **argv)
