@@ -76,6 +76,14 @@ static inline size_t rtrs_clt_io_rx_depth(uint32_t queue_depth)
  */
 extern atomic_bool rtrs_test_kernel_clt;
 extern atomic_bool rtrs_test_kernel_srv;
+/*
+ * Server: op_defer calls the first, with the session's defer_lock held,
+ * after it found the request's path connected and before it records the
+ * request; srv_defers_cancel calls the second when it is done with a
+ * closing path. NULL: none (a scenario sets them, then clears them).
+ */
+extern void (*_Atomic rtrs_test_srv_defer_checked)(void);
+extern void (*_Atomic rtrs_test_srv_defers_cancelled)(void);
 
 /*
  * Path states. The transitions allowed are a table in rtrs.c

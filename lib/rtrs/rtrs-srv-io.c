@@ -392,6 +392,10 @@ static int op_defer(struct rtrs_srv_op *op, struct srv_con *con, uint32_t payloa
 	} else if (op->defer_con) {
 		rc = -EPROTO;
 	} else {
+		void (*hook)(void) = atomic_load(&rtrs_test_srv_defer_checked);
+
+		if (hook)
+			hook();
 		op->defer_con = con;
 		op->defer_payload = payload;
 		op->defer_queued = false;
@@ -419,16 +423,24 @@ void srv_defers_cancel(struct srv_path *p)
 {
 	struct rtrs_srv_sess *s = p->sess;
 
+	/*
+	 * Every op under defer_lock, deferred or not: an op_defer that read
+	 * the path CONNECTED before it went CLOSING may not have stored its
+	 * request yet; the lock orders it before this look (it is seen here)
+	 * or after (it sees CLOSING and does not defer).
+	 */
 	for (uint32_t i = 0; s->ops && i < s->queue_depth; i++) {
 		struct rtrs_srv_op *op = &s->ops[i];
 
-		if (!atomic_load(&op->deferred))
-			continue;
 		pthread_mutex_lock(&s->defer_lock);
 		if (op->defer_con && op->defer_con->path == p && !op->defer_queued)
 			op_defer_take(op);
 		pthread_mutex_unlock(&s->defer_lock);
 	}
+	void (*hook)(void) = atomic_load(&rtrs_test_srv_defers_cancelled);
+
+	if (hook)
+		hook();
 }
 
 static void srv_handle_req(struct srv_con *con, uint32_t payload)

@@ -955,6 +955,163 @@ out:
 }
 
 /*
+ * A kernel client's request that waits for its chunk (op_defer) while the
+ * path it came on closes: op_defer has found the path connected and not yet
+ * recorded the request when the path's stop forgets the requests waiting
+ * on it (srv_defers_cancel). The stop must not miss it: a request recorded
+ * after the stop looked would be handed to the connection the stop is
+ * destroying once the chunk's op ends (a NULL fabric connection, or a
+ * freed one). The hooks hold op_defer at that point until the stop is done
+ * with its waiting requests, or 300 ms; the stop takes the session's
+ * defer_lock for every op, so it waits for op_defer instead.
+ */
+static pthread_mutex_t race_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t race_cond = PTHREAD_COND_INITIALIZER;
+static bool race_in_window, race_cancelled;
+
+static void race_wait(bool *flag, unsigned ms)
+{
+	struct timespec dl;
+
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += ms / 1000;
+	dl.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (dl.tv_nsec >= 1000000000L) {
+		dl.tv_sec++;
+		dl.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&race_lock);
+	while (!*flag && pthread_cond_timedwait(&race_cond, &race_lock, &dl) == 0)
+		;
+	pthread_mutex_unlock(&race_lock);
+}
+
+static void race_set(bool *flag)
+{
+	pthread_mutex_lock(&race_lock);
+	*flag = true;
+	pthread_cond_broadcast(&race_cond);
+	pthread_mutex_unlock(&race_lock);
+}
+
+/* op_defer, defer_lock held: in the window until the stop has looked (or 300 ms). */
+static void race_defer_checked(void)
+{
+	race_set(&race_in_window);
+	race_wait(&race_cancelled, 300);
+}
+
+static void race_defers_cancelled(void)
+{
+	race_set(&race_cancelled);
+}
+
+/* What the scenario below holds: path a's downs, and path b's connection 0 going down. */
+static bool down_a_or_b0(const struct fake_ev *ev, void *arg)
+{
+	struct m down_a = { .kind = FAKE_DOWN, .dir = TO_SRV, .host = "a" };
+	struct m down_b0 = { .kind = FAKE_DOWN, .dir = TO_SRV, .host = "b", .cid = CID(0) };
+
+	(void)arg;
+	return match(ev, &down_a) || match(ev, &down_b0);
+}
+
+static void *advance_50(void *arg)
+{
+	(void)arg;
+	CHECK_EQ(fake_advance(50), 0);
+	return NULL;
+}
+
+static void kernel_client_defer_races_close(void)
+{
+	struct m down_b0 = { .kind = FAKE_DOWN, .dir = TO_SRV, .host = "b", .cid = CID(0) };
+	struct m req_a = { .kind = FAKE_WRITE, .dir = TO_SRV, .host = "a",
+			   .imm = IMM(RTRS_IO_REQ_IMM) };
+	struct rtrs_srv_op *op = NULL;
+	struct fake_ev *ev;
+	static struct io io;
+	int held = 0, rc;
+	bool on_a = false;
+	struct clt c;
+
+	if (!srv_up(false, NULL))
+		return;
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(&c, "k", "ab");
+	c.o.mp_policy = RTRS_MP_POLICY_RR;
+	CHECK_EQ(clt_open(&c), 0);
+	atomic_store(&srv.defer, true);
+	for (int i = 0; i < 4 && !on_a; i++) {
+		unsigned na = fake_delivered(match, &req_a);
+
+		CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 2 * LEN, LEN, 7), 0);
+		CHECK_EQ(fake_wait(deferred_at_least, (void *)(intptr_t)(i + 1), "the user to hold it"),
+			 0);
+		op = atomic_load(&srv.deferred[i]);
+		held = i + 1;
+		on_a = fake_delivered(match, &req_a) > na;
+		if (!on_a) {
+			CHECK_EQ(rtrs_srv_resp_rdma(op, 0), 0);
+			CHECK_EQ(io_wait(&io), 0);
+			io_put(&io);
+		}
+	}
+	CHECK(on_a, "a request went on path a");
+	if (!on_a)
+		goto out;
+	race_in_window = race_cancelled = false;
+	atomic_store(&rtrs_test_srv_defer_checked, race_defer_checked);
+	atomic_store(&rtrs_test_srv_defers_cancelled, race_defers_cancelled);
+	/* Path a ends, unknown to the server: the request goes again on path b. */
+	fake_hold(down_a_or_b0, NULL);
+	CHECK(fake_fail("k", "a", -1, -ECONNRESET, -ECONNRESET) >= 1);
+	CHECK_EQ(fake_wait(failed_over, NULL, "the request to fail over"), 0);
+	/*
+	 * The session's wait timer sends the request on b. fake_advance
+	 * settles, which waits for op_defer's callback: on a thread of its own.
+	 */
+	pthread_t adv;
+	bool adv_started = !pthread_create(&adv, NULL, advance_50, NULL);
+
+	CHECK(adv_started);
+	race_wait(&race_in_window, 5000);
+	CHECK(race_in_window, "the request on path b reached op_defer");
+	/*
+	 * Inside the window (op_defer holds on the pump's thread): path b's
+	 * connection 0 goes down at the server's end, delivered from here, and
+	 * the server stops path b.
+	 */
+	CHECK(fake_fail("k", "b", 0, 0, -ECONNRESET) >= 1);
+	ev = fake_wait_ev(match, &down_b0, "path b's connection 0 going down");
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), 0);
+	race_wait(&race_cancelled, 5000);
+	CHECK(race_cancelled, "path b's stop forgot its waiting requests");
+	atomic_store(&rtrs_test_srv_defer_checked, NULL);
+	atomic_store(&rtrs_test_srv_defers_cancelled, NULL);
+	if (adv_started)
+		pthread_join(adv, NULL);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(fake_settle(), 0);
+	/* The first try ends: nothing waits for its chunk any more. */
+	atomic_store(&srv.defer, false);
+	rc = rtrs_srv_resp_rdma(op, 0);
+	CHECK(rc == 0 || rc == -ENOTCONN, "late answer: %s", strerror(-rc));
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(atomic_load(&srv.nr_deferred), held); /* the user never saw the second try */
+	for (int i = 0; i < 4 && !atomic_load(&io.calls); i++)
+		CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	io_put(&io);
+	all_chunks(&c, 16);
+out:
+	atomic_store(&rtrs_test_srv_defer_checked, NULL);
+	atomic_store(&rtrs_test_srv_defers_cancelled, NULL);
+	CHECK_EQ(env_teardown(&c), 0);
+}
+
+/*
  * The same with always_invalidate and windows, the request's unbind on
  * path a still on its way when path a closes: the server drops that
  * request without handing it to its user (srv_ops_abandon), and its second
@@ -1261,6 +1418,7 @@ static const struct scenario scenarios[] = {
 	{ "kernel_client_inval_stale_win", kernel_client_inval_stale_win },
 	{ "kernel_client_inval_refused", kernel_client_inval_refused },
 	{ "kernel_client_failover_busy", kernel_client_failover_busy },
+	{ "kernel_client_defer_races_close", kernel_client_defer_races_close },
 	{ "kernel_client_inval_cut_unbinding", kernel_client_inval_cut_unbinding },
 	{ "kernel_client_name_taken", kernel_client_name_taken },
 	{ "ext_mismatch", ext_mismatch },
