@@ -76,8 +76,8 @@ struct rtrs_tls_ctx {
 	size_t psk_len;
 	unsigned hash;
 	/* server */
-	struct tls_gen_ent *gen;     /* generated PSKs (lock), gen_n of them */
-	size_t gen_n;
+	struct tls_gen_ent *gen;     /* generated PSKs (lock), gen_n of them in gen_cap */
+	size_t gen_n, gen_cap;
 	char server_name[RTRS_AUTH_NAME_MAX + 1];
 	char *keys_path;
 	pthread_rwlock_t lock;       /* ents */
@@ -443,19 +443,28 @@ static int clt_use_session(SSL *ssl, const EVP_MD *md, const unsigned char **id,
 	return 1;
 }
 
+/* Under t->lock (write): entries [n, gen_n) were copied down or dropped: wiped. */
+static void gen_compacted_locked(struct rtrs_tls_ctx *t, size_t n)
+{
+	if (n < t->gen_n)
+		OPENSSL_cleanse(t->gen + n, (t->gen_n - n) * sizeof(*t->gen));
+	t->gen_n = n;
+}
+
 /* Under t->lock (write): the generated PSKs not used for too long go. */
 static void gen_expire_locked(struct rtrs_tls_ctx *t, uint64_t now)
 {
 	size_t j = 0;
 
 	for (size_t i = 0; i < t->gen_n; i++) {
-		if (now - t->gen[i].used_ms >= RTRS_TLS_GENERATED_IDLE_MS) {
+		/* now is read under the lock: no entry is newer (the test is exact anyway). */
+		if (t->gen[i].used_ms <= now && now - t->gen[i].used_ms >= RTRS_TLS_GENERATED_IDLE_MS) {
 			OPENSSL_cleanse(&t->gen[i].psk, sizeof(t->gen[i].psk));
 			continue;
 		}
 		t->gen[j++] = t->gen[i];
 	}
-	t->gen_n = j;
+	gen_compacted_locked(t, j);
 }
 
 static int srv_find_session(SSL *ssl, const unsigned char *id, size_t idlen, SSL_SESSION **sess)
@@ -522,30 +531,40 @@ static int srv_find_session(SSL *ssl, const unsigned char *id, size_t idlen, SSL
 	else if (kind != RTRS_TLS_DERIVED && key.hmac != hash)
 		set_err(c, "host %s presents a SHA-%s identity, its key is SHA-%s", host,
 			hash == 2 ? "384" : "256", key.hmac == 2 ? "384" : "256");
-	else
-		rc = rtrs_tls_psk(&key, kind, ident, psk, &psk_len);
+	else if ((rc = rtrs_tls_psk(&key, kind, ident, psk, &psk_len)))
+		set_err(c, "host %s: the PSK could not be made: %s", host, strerror(-rc));
 	OPENSSL_cleanse(&key, sizeof(key));
 	if (!rc) {
 		*sess = psk_session(ssl, kind == RTRS_TLS_DERIVED ? 1 : hash, psk, psk_len);
-		if (!*sess)
+		if (!*sess) {
 			set_err(c, "cannot make the TLS session");
-		else
+			rc = -ENOMEM;
+		} else {
 			snprintf(c->peer_host, sizeof(c->peer_host), "%s", host);
+		}
 	}
 	OPENSSL_cleanse(psk, sizeof(psk));
-	return 1;
+	/*
+	 * No key for the identity is a verdict: the handshake goes on without
+	 * a PSK and fails (handshake_failure: final for the host). Our own
+	 * failure to make the PSK or its session is not: 0 ends the handshake
+	 * with internal_error, and the host tries again.
+	 */
+	return rc && rc != -ENOKEY ? 0 : 1;
 }
 
 int rtrs_tls_ctx_add_generated(struct rtrs_tls_ctx *t, const char *host,
 			       const struct rtrs_auth_key *psk, const char *digest)
 {
-	uint64_t now = now_ms();
 	size_t mine = 0, lru = SIZE_MAX, lru_mine = SIZE_MAX;
+	uint64_t now;
 
 	if (!t || !t->server || !host || !name_ok(host, strlen(host)) || !psk || !psk->len ||
 	    (psk->hmac != 1 && psk->hmac != 2) || !digest || !digest_ok(digest, strlen(digest)))
 		return -EINVAL;
 	pthread_rwlock_wrlock(&t->lock);
+	/* After the lock: an entry another thread used meanwhile is not "newer than now". */
+	now = now_ms();
 	gen_expire_locked(t, now);
 	for (size_t i = 0; i < t->gen_n; i++) {
 		if (lru == SIZE_MAX || t->gen[i].used_ms < t->gen[lru].used_ms)
@@ -563,15 +582,22 @@ int rtrs_tls_ctx_add_generated(struct rtrs_tls_ctx *t, const char *host,
 	else if (t->gen_n >= RTRS_TLS_GENERATED_MAX)
 		slot = lru;
 	if (slot == t->gen_n) {
-		if (!(t->gen_n & (t->gen_n - 1)) || !t->gen) {
-			size_t cap = t->gen_n ? 2 * t->gen_n : 8;
-			struct tls_gen_ent *g = realloc(t->gen, cap * sizeof(*g));
+		if (t->gen_n == t->gen_cap) {
+			/* Not realloc: the old block holds PSKs, wiped before it is freed. */
+			size_t cap = t->gen_cap ? 2 * t->gen_cap : 8;
+			struct tls_gen_ent *g = calloc(cap, sizeof(*g));
 
 			if (!g) {
 				pthread_rwlock_unlock(&t->lock);
 				return -ENOMEM;
 			}
+			if (t->gen) {
+				memcpy(g, t->gen, t->gen_n * sizeof(*g));
+				OPENSSL_cleanse(t->gen, t->gen_cap * sizeof(*g));
+				free(t->gen);
+			}
 			t->gen = g;
+			t->gen_cap = cap;
 		}
 		t->gen_n++;
 	}
@@ -697,11 +723,17 @@ static int ents_add(void *arg, const char *host, size_t host_len, const struct r
 	struct ents_build *b = arg;
 
 	if (b->n == b->cap) {
+		/* Not realloc: the old block holds every host's keys, wiped before it is freed. */
 		size_t cap = b->cap ? 2 * b->cap : 16;
-		struct tls_psk_ent *v = realloc(b->v, cap * sizeof(*v));
+		struct tls_psk_ent *v = calloc(cap, sizeof(*v));
 
 		if (!v)
 			return -ENOMEM;
+		if (b->v) {
+			memcpy(v, b->v, b->n * sizeof(*v));
+			OPENSSL_cleanse(b->v, b->cap * sizeof(*v));
+			free(b->v);
+		}
 		b->v = v;
 		b->cap = cap;
 	}
@@ -757,7 +789,7 @@ int rtrs_tls_ctx_reload(struct rtrs_tls_ctx *t, unsigned *line, const char **why
 		}
 		t->gen[j++] = t->gen[i];
 	}
-	t->gen_n = j;
+	gen_compacted_locked(t, j);
 	pthread_rwlock_unlock(&t->lock);
 	ents_free(old, old_n);
 	return 0;
@@ -798,7 +830,7 @@ void rtrs_tls_ctx_put(struct rtrs_tls_ctx *t)
 	SSL_CTX_free(t->ssl);
 	ents_free(t->ents, t->n);
 	if (t->gen)
-		OPENSSL_cleanse(t->gen, t->gen_n * sizeof(*t->gen));
+		OPENSSL_cleanse(t->gen, t->gen_cap * sizeof(*t->gen));
 	free(t->gen);
 	free(t->keys_path);
 	OPENSSL_cleanse(t->psk, sizeof(t->psk));
@@ -1018,6 +1050,63 @@ done:
 		SSL_set_read_ahead(c->ssl, 1);
 }
 
+/*
+ * An OpenSSL error as an errno of the classes a client's reconnect tells
+ * apart. -EKEYREJECTED (final: the client never tries again) only for a
+ * verdict on the keys: the peer's alert saying so (handshake_failure,
+ * decrypt_error, unknown_psk_identity, access_denied, a certificate's;
+ * illegal_parameter too, which OpenSSL sends for a binder that does not
+ * verify: a wrong key),
+ * a binder that does not verify, a handshake left without the PSK (no
+ * cipher or signature to fall back on). Our own trouble (no memory, a PSK
+ * session we could not make, an internal error) and the peer's
+ * internal_error alert are transient (-ENOMEM, -EIO); anything else is a
+ * stream that does not speak our TLS (-EPROTO), also retried.
+ */
+static int ssl_reason_errno(unsigned long le)
+{
+	int r = ERR_GET_REASON(le);
+
+	if (ERR_GET_LIB(le) == ERR_LIB_SSL && r >= SSL_AD_REASON_OFFSET) {
+		switch (r - SSL_AD_REASON_OFFSET) {
+		case SSL_AD_HANDSHAKE_FAILURE:
+		case SSL_AD_ILLEGAL_PARAMETER:
+		case SSL_AD_DECRYPT_ERROR:
+		case SSL_AD_UNKNOWN_PSK_IDENTITY:
+		case SSL_AD_ACCESS_DENIED:
+		case SSL_AD_BAD_CERTIFICATE:
+		case SSL_AD_UNSUPPORTED_CERTIFICATE:
+		case SSL_AD_CERTIFICATE_REVOKED:
+		case SSL_AD_CERTIFICATE_EXPIRED:
+		case SSL_AD_CERTIFICATE_UNKNOWN:
+		case SSL_AD_UNKNOWN_CA:
+		case SSL_AD_CERTIFICATE_REQUIRED:
+			return -EKEYREJECTED;
+		case SSL_AD_INTERNAL_ERROR:
+			return -EIO;
+		default:
+			return -EPROTO;
+		}
+	}
+	if (r == ERR_R_MALLOC_FAILURE)
+		return -ENOMEM;
+	if (r == ERR_R_INTERNAL_ERROR || (ERR_GET_LIB(le) == ERR_LIB_SSL && r == SSL_R_BAD_PSK))
+		return -EIO;
+	if (ERR_GET_LIB(le) == ERR_LIB_SSL) {
+		switch (r) {
+		case SSL_R_BINDER_DOES_NOT_VERIFY:
+		case SSL_R_NO_SHARED_CIPHER:
+		case SSL_R_NO_SUITABLE_SIGNATURE_ALGORITHM:
+		case SSL_R_CERTIFICATE_VERIFY_FAILED:
+		case SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE:
+			return -EKEYREJECTED;
+		default:
+			break;
+		}
+	}
+	return -EPROTO;
+}
+
 /* Why an SSL call failed, as an errno; the reason into c->err. Under c->lock. */
 static int ssl_fail(struct rtrs_tls *c, int r, const char *what)
 {
@@ -1036,7 +1125,7 @@ static int ssl_fail(struct rtrs_tls *c, int r, const char *what)
 		rc = -EPROTO;
 	} else {
 		set_err(c, "%s: %s", what, le ? ERR_reason_error_string(le) : "failed");
-		rc = -EKEYREJECTED;
+		rc = le ? ssl_reason_errno(le) : -EPROTO;
 	}
 	ERR_clear_error();
 	return rc;

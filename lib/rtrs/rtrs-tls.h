@@ -140,9 +140,12 @@ void rtrs_tls_rename(struct rtrs_tls *c, const char *name);
  * One step of the handshake: 0 when it is done (the records are then in
  * the kernel if rtrs_tls_ktls says so), -EAGAIN to be called again when
  * the socket is readable (*want_write false) or writable (true), or the
- * failure: -EKEYREJECTED (the peer refused our key, or we its: an alert,
- * an unknown identity, a failed binder), -ECONNRESET (the stream ended or
- * failed), -EPROTO (not TLS). rtrs_tls_error says why.
+ * failure: -EKEYREJECTED (a verdict on the keys: the peer refused ours,
+ * or we its: its alert saying so, an unknown identity, a failed binder),
+ * -ECONNRESET (the stream ended or failed), -EPROTO (not TLS, or not a
+ * handshake we can follow), -EIO or -ENOMEM (the peer's internal error, or
+ * our own trouble). Only -EKEYREJECTED is final for a client's path.
+ * rtrs_tls_error says why.
  */
 int rtrs_tls_handshake(struct rtrs_tls *c, bool *want_write);
 const char *rtrs_tls_error(const struct rtrs_tls *c);

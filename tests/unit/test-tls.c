@@ -9,7 +9,10 @@
  * channel concatenation): refused until the server has them, bound to
  * their host and digest, the least recently used pushed out.
  */
+#include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -484,6 +487,133 @@ static void test_handshakes(void)
 	}
 }
 
+/*
+ * pthread_rwlock_wrlock of this program, which the library's archive linked
+ * into it calls: for the one thread slow_thread names, 20 ms late (a
+ * thread that read the clock, then waited for the lock).
+ */
+static pthread_t slow_thread;
+static atomic_bool slow_on;
+
+int pthread_rwlock_wrlock(pthread_rwlock_t *l)
+{
+	static int (*_Atomic real)(pthread_rwlock_t *);
+	int (*fn)(pthread_rwlock_t *) = atomic_load(&real);
+
+	if (!fn) {
+		fn = (int (*)(pthread_rwlock_t *))dlsym(RTLD_NEXT, "pthread_rwlock_wrlock");
+		atomic_store(&real, fn);
+	}
+	if (atomic_load(&slow_on) && pthread_equal(pthread_self(), slow_thread))
+		usleep(20 * 1000);
+	return fn(l);
+}
+
+struct gen_add {
+	struct rtrs_tls_ctx *sctx;
+	struct rtrs_auth_key k;
+	char d[RTRS_TLS_DIGEST_LEN + 1];
+};
+
+static void *gen_add_slow(void *arg)
+{
+	struct gen_add *a = arg;
+
+	slow_thread = pthread_self();
+	atomic_store(&slow_on, true);
+	CHECK_EQ(rtrs_tls_ctx_add_generated(a->sctx, "host-a", &a->k, a->d), 0);
+	atomic_store(&slow_on, false);
+	return NULL;
+}
+
+/*
+ * Two concatenated paths' PSKs given to the server at once: the first
+ * reads the clock, then waits for the table's lock while the second adds
+ * its PSK. The first's expiry must not take the second's entry, used
+ * "after" the first's clock, for one unused for ever (the host's next
+ * TLS connection would then be refused as with a wrong key: final).
+ */
+static void test_generated_race(void)
+{
+	struct rtrs_tls_ctx *sctx = NULL;
+	struct gen_add a = { 0 };
+	struct rtrs_auth_key k2;
+	char d2[RTRS_TLS_DIGEST_LEN + 1];
+	uint8_t raw[32];
+	const char *why = NULL;
+	unsigned line = 0;
+	pthread_t t;
+
+	for (int i = 0; i < 32; i++)
+		raw[i] = (uint8_t)(i * 7 + 3);
+	CHECK_EQ(write_keys("host-a " SECRET_A "\nhost-b " SECRET_A "\n"), 0);
+	CHECK_EQ(rtrs_tls_ctx_server("srv", keys_path, true, &sctx, &line, &why), 0);
+	if (!sctx)
+		return;
+	CHECK_EQ(rtrs_tls_generated(raw, 32, 1, "host-a", "srv", &a.k, a.d), 0);
+	raw[0] ^= 1;
+	CHECK_EQ(rtrs_tls_generated(raw, 32, 1, "host-b", "srv", &k2, d2), 0);
+	a.sctx = sctx;
+	CHECK_EQ(pthread_create(&t, NULL, gen_add_slow, &a), 0);
+	usleep(5 * 1000);
+	CHECK_EQ(rtrs_tls_ctx_add_generated(sctx, "host-b", &k2, d2), 0);
+	pthread_join(t, NULL);
+	gen_round(sctx, "host-b", &k2, d2, 0, "added while another add waited for the lock", NULL);
+	gen_round(sctx, "host-a", &a.k, a.d, 0, "the add that waited", NULL);
+	rtrs_tls_ctx_put(sctx);
+}
+
+/*
+ * What the client makes of a peer's answer to its ClientHello: a record
+ * given raw on the socket. Only a verdict on the keys is final
+ * (-EKEYREJECTED); a peer's internal error, or bytes that are TLS records
+ * but not a handshake we can follow, are retried (-EIO, -EPROTO).
+ */
+static int client_meets(const uint8_t *rec, size_t len)
+{
+	struct rtrs_auth_key tk = { 0 }, hk = { 0 };
+	struct rtrs_tls_ctx *cctx = NULL;
+	struct rtrs_tls *c = NULL;
+	const char *why = NULL;
+	bool ww = false;
+	char buf[4096];
+	int fd[2], rc = 0;
+
+	CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, fd), 0);
+	CHECK_EQ(rtrs_tls_key_check(TLS_A, &tk, NULL, NULL, &why), 0);
+	CHECK_EQ(rtrs_tls_ctx_client("host-a", "srv", &tk, &hk, true, &cctx), 0);
+	CHECK_EQ(rtrs_tls_new(cctx, fd[0], false, "client", &c), 0);
+	if (!c)
+		goto out;
+	CHECK_EQ(rtrs_tls_handshake(c, &ww), -EAGAIN);
+	CHECK(read(fd[1], buf, sizeof(buf)) > 0, "the ClientHello");
+	CHECK_EQ(write(fd[1], rec, len), (ssize_t)len);
+	rc = rtrs_tls_handshake(c, &ww);
+out:
+	rtrs_tls_free(c);
+	rtrs_tls_ctx_put(cctx);
+	close(fd[0]);
+	close(fd[1]);
+	return rc;
+}
+
+static void test_client_verdicts(void)
+{
+	/* Alerts: fatal (2), then the description. */
+	static const uint8_t handshake_failure[] = { 0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 40 };
+	static const uint8_t decrypt_error[] = { 0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 51 };
+	static const uint8_t internal_error[] = { 0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 80 };
+	static const uint8_t decode_error[] = { 0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 50 };
+	/* A handshake record whose five bytes are no handshake message. */
+	static const uint8_t garbage[] = { 0x16, 0x03, 0x03, 0x00, 0x05, 'h', 'e', 'l', 'l', 'o' };
+
+	CHECK_EQ(client_meets(handshake_failure, sizeof(handshake_failure)), -EKEYREJECTED);
+	CHECK_EQ(client_meets(decrypt_error, sizeof(decrypt_error)), -EKEYREJECTED);
+	CHECK_EQ(client_meets(internal_error, sizeof(internal_error)), -EIO);
+	CHECK_EQ(client_meets(decode_error, sizeof(decode_error)), -EPROTO);
+	CHECK_EQ(client_meets(garbage, sizeof(garbage)), -EPROTO);
+}
+
 int main(void)
 {
 	int fd;
@@ -499,6 +629,8 @@ int main(void)
 	test_psk();
 	test_handshakes();
 	test_generated();
+	test_generated_race();
+	test_client_verdicts();
 	unlink(keys_path);
 	return test_done("test-tls");
 }
