@@ -501,7 +501,8 @@ static void srv_handle_req(struct srv_con *con, uint32_t payload)
 		atomic_fetch_add_explicit(&p->st.writes, 1, memory_order_relaxed);
 		atomic_fetch_add_explicit(&p->st.write_bytes, req.data_len, memory_order_relaxed);
 	}
-	op->path = p;
+	/* Atomic: srv_ops_abandon of another path may read it meanwhile (and compare only). */
+	__atomic_store_n(&op->path, p, __ATOMIC_RELAXED);
 	op->con = con;
 	op->dir = req.type == RTRS_MSG_READ ? RTRS_READ : RTRS_WRITE;
 	op->data_len = req.data_len;
@@ -554,10 +555,11 @@ void srv_ops_abandon(struct srv_path *p)
 		struct rtrs_srv_op *op = &s->ops[i];
 
 		/*
-		 * Other paths' threads use other ops meanwhile: op->path is read
-		 * only when revoking says its writer is done with it (set before).
+		 * Another path's thread may take an op meanwhile: it stores
+		 * op->path, then revoking, so a revoking seen here comes with
+		 * the path it was set for (both atomic; the exchange decides).
 		 */
-		if (atomic_load(&op->revoking) && op->path == p &&
+		if (atomic_load(&op->revoking) && __atomic_load_n(&op->path, __ATOMIC_RELAXED) == p &&
 		    atomic_exchange(&op->revoking, false)) {
 			unsigned busy = atomic_load(&op->state);
 
