@@ -159,7 +159,9 @@ bool clt_req_map_mem(struct clt_req *req, struct clt_path *p)
 		unsigned i;
 
 		for (i = 0; i < RTRS_CLT_MEM_MAX; i++)
+			/* Its start inside the region (not past its end), then its length. */
 			if (s->mem[i].len && b >= s->mem[i].buf &&
+			    (size_t)(b - s->mem[i].buf) < s->mem[i].len &&
 			    len <= s->mem[i].len - (size_t)(b - s->mem[i].buf))
 				break;
 		if (i == RTRS_CLT_MEM_MAX)

@@ -208,6 +208,25 @@ static void mem_registered(void)
 	io_put(&io);
 	CHECK_EQ(fake_local_regs() - n0, 1);
 	CHECK(!memcmp(srv.area + 21 * LEN, region, LEN), "the write after unregistering landed");
+
+	/*
+	 * A vector that starts beyond a region's end (in memory above it) is
+	 * outside it: registered on its own, not sent with the region's
+	 * descriptor (an RDMA device refuses that: a local protection error,
+	 * on every path the request is tried on).
+	 */
+	static uint8_t big[8 * LEN];
+
+	pattern(big, sizeof(big), 9);
+	CHECK_EQ(rtrs_clt_mem_register(c.sess, big, 4 * LEN), 0);
+	n0 = fake_local_regs();
+	d[0] = (struct iovec){ big + 5 * LEN, LEN };
+	CHECK_EQ(io_startv(&io, &c, RTRS_WRITE, RTRS_IO_CON, 22 * LEN, d, 1), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	CHECK_EQ(fake_local_regs() - n0, 1);
+	CHECK(!memcmp(srv.area + 22 * LEN, big + 5 * LEN, LEN), "the write from above the region");
+	CHECK_EQ(rtrs_clt_mem_unregister(c.sess, big), 0);
 	teardown(&c);
 }
 
