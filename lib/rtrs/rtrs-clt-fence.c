@@ -147,7 +147,16 @@ static int32_t fence_sent_recon(const struct clt_path *carrier)
 static void fence_ack_take(struct clt_path *h, struct clt_path *f)
 {
 	if (fence_sent_recon(h) == atomic_load(&f->fence_recon)) {
+		/*
+		 * Only a fence still out: one its path's reconnect implied
+		 * meanwhile (clt_fence_implied, also on this thread) is done,
+		 * and a late error answer must not undo that.
+		 */
+		if (atomic_load(&f->fence) != FENCE_SENT)
+			return;
 		atomic_store(&f->fence_err, h->fence_ack_err);
+		if (h->fence_ack_err)
+			f->fence_err_ms = loop_now_ms();
 		atomic_store(&f->fence, FENCE_DONE);
 	} else {
 		log_info("%s: the fence for %s's incarnation %d was answered after that path "
@@ -195,14 +204,29 @@ static void quarantine_process(struct rtrs_clt_sess *s)
 {
 	struct clt_path *need[RTRS_MAX_PATHS];
 	size_t nneed = 0;
+	uint64_t now;
 
 	if (!atomic_load(&s->quar_n))
 		return;
+	now = loop_now_ms(); /* the loop's clock: a test steps the retry with its timers */
 	pthread_mutex_lock(&s->permit_lock);
 	for (uint32_t i = 0; i < s->nr_quar;) {
 		uint32_t id = s->quar_ids[i];
 		struct clt_path *f = s->reqs[id].quarantine;
 		enum clt_fence_state st = atomic_load(&f->fence);
+
+		/*
+		 * The server could not fence the path (its re-key failed: no
+		 * memory): the fence goes again a while later, or the permit
+		 * would stay out until the path reconnects, for ever if it
+		 * never does.
+		 */
+		if (st == FENCE_DONE && atomic_load(&f->fence_err) &&
+		    now - f->fence_err_ms >= RTRS_FENCE_RETRY_MS) {
+			atomic_store(&f->fence_err, 0);
+			atomic_store(&f->fence, FENCE_NONE);
+			st = FENCE_NONE;
+		}
 
 		if (atomic_load(&s->closing) || (st == FENCE_DONE && !atomic_load(&f->fence_err))) {
 			s->reqs[id].quarantine = NULL;

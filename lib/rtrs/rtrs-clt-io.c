@@ -581,7 +581,7 @@ static void req_encode_hdr(struct clt_req *req)
 }
 
 /* Posts req on path p; with p->base.post_lock held for reading. */
-static int req_issue(struct clt_req *req, struct clt_path *p)
+static int req_issue(struct clt_req *req, struct clt_path *p, bool accepted)
 {
 	struct rtrs_clt_sess *s = req->sess;
 	unsigned cpu = (unsigned)sched_getcpu();
@@ -616,9 +616,11 @@ static int req_issue(struct clt_req *req, struct clt_path *p)
 		/*
 		 * No immediate went out, so the server never acts on whatever
 		 * pieces reached its chunk: the caller gets the error and conf
-		 * is not called.
+		 * is not called. A request accepted earlier (one that waited
+		 * for a path) stays INFLIGHT: it is still the loop's, and its
+		 * permit's next holder must get -EBUSY meanwhile.
 		 */
-		atomic_store(&req->state, REQ_IDLE);
+		atomic_store(&req->state, accepted ? REQ_INFLIGHT : REQ_IDLE);
 		atomic_fetch_sub(&p->base.inflight, 1);
 		atomic_fetch_sub_explicit(&req->con->inflight, 1, memory_order_relaxed);
 		clt_req_release_mrs(req);
@@ -628,8 +630,11 @@ static int req_issue(struct clt_req *req, struct clt_path *p)
 	return rc;
 }
 
-/* Sends req on a path the policy picks; another if posting there fails. */
-int clt_req_route(struct clt_req *req)
+/*
+ * Sends req on a path the policy picks; another if posting there fails.
+ * accepted: req was taken earlier (it waited); on failure it stays INFLIGHT.
+ */
+int clt_req_route(struct clt_req *req, bool accepted)
 {
 	struct rtrs_clt_sess *s = req->sess;
 	struct rtrs_mp_path snap[RTRS_MAX_PATHS];
@@ -655,7 +660,8 @@ int clt_req_route(struct clt_req *req)
 		snap[i].tried = true;
 		p = &s->paths[i];
 		pthread_rwlock_rdlock(&p->base.post_lock);
-		rc = atomic_load(&p->base.state) == RTRS_PATH_CONNECTED ? req_issue(req, p) : -ECONNABORTED;
+		rc = atomic_load(&p->base.state) == RTRS_PATH_CONNECTED ? req_issue(req, p, accepted) :
+		     -ECONNABORTED;
 		pthread_rwlock_unlock(&p->base.post_lock);
 		if (rc == 0)
 			return 0;
@@ -782,7 +788,7 @@ int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 		return 0;
 	}
 	{
-		int rc = clt_req_route(req);
+		int rc = clt_req_route(req, false);
 
 		if (rc == -ECONNABORTED && atomic_load(&s->fast_io_fail_ms) &&
 		    clt_sess_path_may_come(s)) {
@@ -842,8 +848,16 @@ void rtrs_clt_put_permit(struct rtrs_clt_sess *s, struct rtrs_permit *permit)
 		s->quar_ids[s->nr_quar++] = permit->id;
 		atomic_store(&s->quar_n, s->nr_quar);
 		pthread_mutex_unlock(&s->permit_lock);
-		if (s->wait_timer_ready)
+		if (s->wait_timer_ready) {
+			/*
+			 * Under wait_lock, where the loop reads quar_n and then
+			 * disarms the timer when nothing waits: a disarm that
+			 * read 0 before the store above cannot undo this arm.
+			 */
+			pthread_mutex_lock(&s->wait_lock);
 			loop_timer_arm(&s->wait_timer, 1, 50);
+			pthread_mutex_unlock(&s->wait_lock);
+		}
 		return;
 	}
 	s->reqs[permit->id].quarantine = NULL;

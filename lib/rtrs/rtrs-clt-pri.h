@@ -28,7 +28,9 @@ STAILQ_HEAD(clt_req_list, clt_req);
  * The fence of a failed path whose requests wait to fail over
  * (rtrs-clt-fence.c, docs/protocol.md section 10). Changes are
  * compare-and-swap, except FENCE_DONE, which nothing leaves but the
- * path's next failure (clt_fence_reset, on the loop).
+ * path's next failure (clt_fence_reset, on the loop) and, after an error
+ * answer, the fence's retry RTRS_FENCE_RETRY_MS later (quarantine_process,
+ * on the loop).
  */
 enum clt_fence_state {
 	FENCE_NONE,  /* none out: the next pass sends one over another path */
@@ -36,6 +38,8 @@ enum clt_fence_state {
 	FENCE_DONE,  /* answered (fence_err), or implied by the path's reconnect */
 };
 
+/* A fence the server answered with an error is sent again after this long (quarantined permits). */
+#define RTRS_FENCE_RETRY_MS 1000
 /* A quarantined permit used again waits this long for its fence at least (rtrs_clt_request). */
 #define RTRS_QUARANTINE_WAIT_MS 1000
 
@@ -220,6 +224,7 @@ struct clt_path {
 	_Atomic(struct clt_path *) fence_for; /* the failed path this one carries a fence for */
 	_Atomic enum clt_fence_state fence; /* this path's own fence, once it failed */
 	atomic_int fence_err;       /* the server's answer, set before FENCE_DONE */
+	uint64_t fence_err_ms;      /* ... when it came, if an error (loop thread) */
 	/*
 	 * recon_cnt of the last attempt that got through (-1: none yet), and
 	 * the incarnation this path's fence names: the one whose requests
@@ -375,7 +380,7 @@ void clt_sess_key_update(struct rtrs_clt_sess *s, uint32_t id, uint32_t gen, uin
 int clt_path_keys_merge(struct clt_path *p, size_t off);
 int clt_post_pending(struct rtrs_con *con, struct rtrs_pending *it);
 void clt_req_wait(struct clt_req *req);
-int clt_req_route(struct clt_req *req);
+int clt_req_route(struct clt_req *req, bool accepted);
 bool clt_sess_path_may_come(struct rtrs_clt_sess *s);
 bool clt_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload);
 

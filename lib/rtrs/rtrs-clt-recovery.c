@@ -41,7 +41,7 @@ void clt_sess_retry_waiting(struct rtrs_clt_sess *s)
 			err = -ECONNABORTED;
 		else if (now >= req->wait_deadline_ms)
 			err = -ETIMEDOUT;
-		else if (clt_req_route(req) == 0)
+		else if (clt_req_route(req, true) == 0)
 			continue; /* on its way */
 		if (err) {
 			if (err == -ETIMEDOUT)
@@ -51,9 +51,8 @@ void clt_sess_retry_waiting(struct rtrs_clt_sess *s)
 			clt_req_complete(req, err);
 			continue;
 		}
-		/* A failed try left it IDLE: it still waits, so it is ours again. */
+		/* A failed try left it INFLIGHT: it still waits. */
 		req->path = NULL;
-		atomic_store(&req->state, REQ_INFLIGHT);
 		STAILQ_INSERT_TAIL(&keep, req, wait_link);
 	}
 	pthread_mutex_lock(&s->wait_lock);

@@ -957,6 +957,53 @@ static void dropped_rekey_fence_fails(void)
 	teardown(&c);
 }
 
+static void never_reconnect(struct rtrs_srv_opts *so, struct rtrs_clt_opts *o)
+{
+	if (o)
+		o->max_reconnect_attempts = 0;
+}
+
+/*
+ * As above, but path a never comes back (no reconnect attempts): the fence
+ * the server answered with an error goes again a while later
+ * (RTRS_FENCE_RETRY_MS), and its ack gives the chunk its key and the
+ * permit back. Before, the permit stayed out of use for good.
+ */
+static void fence_error_retried(void)
+{
+	struct m fence = { .kind = FAKE_SEND, .dir = TO_SRV, .host = "b",
+			   .msg = MSG(RTRS_MSG_FENCE) };
+	static struct io io, more;
+	struct clt c;
+
+	if (!setup(&c, "ab", never_reconnect))
+		return;
+	atomic_store(&srv.defer, true);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 57), 0);
+	CHECK_EQ(fake_wait(one_deferred, NULL, "the server to hold the write"), 0);
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	fake_fail_regs(2);
+	CHECK_EQ(rtrs_srv_resp_rdma(atomic_load(&srv.deferred[0]), 0), -ENOTCONN);
+	atomic_store(&srv.defer, false);
+	CHECK_EQ(fake_advance(1), 0);
+	CHECK_EQ(fake_settle(), 0);
+	io_done_once(&io, -EIO);
+	CHECK(env_logged("still has no key"), "the fence's re-key failed");
+	CHECK_EQ(fake_delivered(match, &fence), 1);
+	CHECK_EQ(permits_free(&c), 15u);
+	for (int i = 0; i < 30 && fake_delivered(match, &fence) < 2; i++)
+		CHECK_EQ(fake_advance(100), 0);
+	CHECK_EQ(fake_delivered(match, &fence), 2);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(permits_free(&c), 16u);
+	CHECK(!clt_path_is(&c, 0, "connected"), "a stays down: %s", clt_path(&c, 0).state);
+	CHECK_EQ(io_start(&more, &c, RTRS_WRITE, RTRS_IO_CON, LEN, LEN, 58), 0);
+	io_done_once(&more, 0);
+	CHECK(area_has(LEN, LEN, 58), "the write is in the area");
+	teardown(&c);
+}
+
 /*
  * Path a fails with a request whose response was lost; its fence goes over
  * b and is held there while a reconnects (the server freed the old a: its
@@ -1725,6 +1772,7 @@ static const struct scenario scenarios[] = {
 	{ "abort_quarantines_chunk", abort_quarantines_chunk },
 	{ "dropped_rekey_repaired", dropped_rekey_repaired },
 	{ "dropped_rekey_fence_fails", dropped_rekey_fence_fails },
+	{ "fence_error_retried", fence_error_retried },
 	{ "failover_same_path", failover_same_path },
 	{ "reconnect_races_close", reconnect_races_close },
 	{ "close_with_inflight", close_with_inflight },
