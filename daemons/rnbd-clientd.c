@@ -900,9 +900,10 @@ static int map_do(struct json_object *params, int recover_id, int prev_pid, bool
 		pthread_cond_broadcast(&state_cond);
 		pthread_mutex_unlock(&state_lock);
 	} else if (undo) {
+		/* The device first: a kill during its stop leaves it with its record. */
+		ublk_dev_remove(d->ub);
 		if (d->ub)
 			rec_drop(d->ub_id);
-		ublk_dev_remove(d->ub);
 		rnbd_clt_unmap(d->d, true);
 		free(d);
 	} else if (d && d->ub) {

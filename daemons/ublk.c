@@ -322,6 +322,29 @@ static void wait_unlist(struct ublk_dev *u)
 	claim_kick(c);
 }
 
+/*
+ * u, the head, found no slot for its next waiting request after taking
+ * some: if others wait, it goes behind them. A device whose queue is
+ * deeper than the session's slots (one taken over from a daemon whose
+ * session had more) would otherwise never run out of waiting requests and
+ * keep every slot that frees.
+ */
+static void wait_rotate(struct ublk_dev *u)
+{
+	struct poll_claim *c = u->claim;
+
+	if (!c)
+		return;
+	pthread_mutex_lock(&c->wait_lock);
+	if (c->wait_head == u && u->wait_next) {
+		c->wait_head = u->wait_next;
+		u->wait_next = NULL;
+		c->wait_tail->wait_next = u;
+		c->wait_tail = u;
+	}
+	pthread_mutex_unlock(&c->wait_lock);
+}
+
 /* Whether u may take slots for its waiting requests: the head, or no list (no memory). */
 static bool wait_turn(struct ublk_dev *u)
 {
@@ -361,14 +384,16 @@ static void io_done(void *priv, int result)
 	 */
 	if (first && queue_of_thread != u && write(u->efd, &one, sizeof(one)) != sizeof(one))
 		abort(); /* an eventfd write cannot fail but by overflow */
-	pthread_mutex_unlock(&u->lock);
 	/*
 	 * Its slot is free (librnbd puts it back before done): the head of
 	 * those waiting takes it. Were it later, the head would find it at
-	 * its next look (10 ms).
+	 * its next look (10 ms). Still under u->lock, for the reason above: u
+	 * (and its claim) may be gone once it is dropped. Nothing takes
+	 * u->lock under wait_lock.
 	 */
 	if (u->claim && atomic_load_explicit(&u->claim->nwaiting, memory_order_relaxed))
 		claim_kick(u->claim);
+	pthread_mutex_unlock(&u->lock);
 }
 
 static int prep_io_cmd(struct ublk_dev *u, unsigned nr, uint16_t tag, int result)
@@ -495,14 +520,19 @@ static int serve_new(struct ublk_dev *u, uint16_t tag)
  */
 static int serve_waiting(struct ublk_dev *u)
 {
+	unsigned served = 0;
 	int rc = 0;
 
 	if (!wait_turn(u))
 		return 0;
 	while (u->nwait) {
 		rc = serve(u, u->waitq[u->wait_head]);
-		if (rc == 1)
+		if (rc == 1) {
+			if (served)
+				wait_rotate(u); /* the others' turn: one round of slots each */
 			return 0;
+		}
+		served++;
 		u->wait_head = (u->wait_head + 1) % QD_MAX;
 		u->nwait--;
 		if (rc)
@@ -695,7 +725,14 @@ static void *queue_thread(void *arg)
 			u->nwait = 0;
 			wait_unlist(u);
 		}
-		if (u->wait_listed && serve_waiting(u))
+		/*
+		 * A request sent from the waiting ones may fail at once, on this
+		 * thread (no path, the session closing): no eventfd is written
+		 * for it, and with none left waiting the wait below has no
+		 * timeout. Committed now, or the tag would wait for an
+		 * unrelated request.
+		 */
+		if (u->wait_listed && (serve_waiting(u) || commit_done(u)))
 			break;
 		if (u->nwait && wait) {
 			/*

@@ -427,8 +427,41 @@ check slots-fio-ends-clean $? "(exit $f1 $f2; $(grep -h 'err=' /tmp/fio-h1.out /
 	tr '\n' ' '))"
 R client unmap h1.img --session hs >/dev/null && R client unmap h2.img --session hs >/dev/null
 check slots-unmap $?
+
+# Every slot taken and requests waiting when the server dies, with
+# fast_io_fail_ms 0: the waiting requests, sent as slots free, fail at once
+# on their device's own queue thread. Each must reach the kernel (fio ends
+# with errors within the bound, the devices unmap); one such request was
+# left uncommitted while its thread waited without a timeout, and fio and
+# the unmap hung.
+R client map h1.img --session hz --server 127.0.0.1:1237 --provider tcp \
+	--fast-io-fail-ms 0 --reconnect-delay-ms 60000 -o json >/tmp/z1.json &&
+	R client map h2.img --session hz -o json >/tmp/z2.json
+check slots-no-path-mapped $? "$(cat /tmp/z1.json /tmp/z2.json)"
+z1=$(python3 -c 'import json; print(json.load(open("/tmp/z1.json"))["block_device"] or "")')
+z2=$(python3 -c 'import json; print(json.load(open("/tmp/z2.json"))["block_device"] or "")')
+for n in 1 2; do
+	eval "dev=\$z$n"
+	fio --name=z$n --filename="$dev" --rw=randwrite --bs=4k --iodepth=32 --ioengine=libaio \
+		--direct=1 --time_based --runtime=120 --output=/tmp/fio-z$n.out >/dev/null 2>&1 &
+	eval "FZ$n=\$!"
+done
+sleep 2
+t0=$(date +%s%3N)
+kill -KILL "$SHPID"; wait "$SHPID" 2>/dev/null
+wait_for 20 sh -c "! kill -0 $FZ1 2>/dev/null && ! kill -0 $FZ2 2>/dev/null"
+ended=$?
+end_ms=$(($(date +%s%3N) - t0))
+check slots-no-path-fio-ends-within-bound $ended "($end_ms ms; \
+$(grep -h 'err=' /tmp/fio-z1.out /tmp/fio-z2.out 2>/dev/null | tr '\n' ' '))"
+[ $ended -eq 0 ] || kill -KILL "$FZ1" "$FZ2" 2>/dev/null
+wait "$FZ1" "$FZ2" 2>/dev/null
+timeout 30 "$B/tools/rnbd" --socket /tmp/c.sock --timeout 20000 client unmap h1.img --session hz \
+	--force >/dev/null &&
+	timeout 30 "$B/tools/rnbd" --socket /tmp/c.sock --timeout 20000 client unmap h2.img \
+		--session hz --force >/dev/null
+check slots-no-path-unmap $?
 kill "$CPID"; wait "$CPID"
-kill "$SHPID"; wait "$SHPID"
 
 # Fenced reissue: a slow backend (dm-delay: every write held 500 ms) under
 # rnbd-server over tcp; sixteen writers stamp a block each with generation
