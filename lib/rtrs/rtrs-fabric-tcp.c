@@ -142,6 +142,7 @@ enum {
 	W_RETRY = 1u << 4,   /* ops->kick after the next completion or 1 ms */
 	W_DESTROY = 1u << 5, /* let go of it */
 	W_FAIL = 1u << 6,    /* a send met an error: down */
+	W_LEASE = 1u << 7,   /* a poller's turn left input: read at the lease's end */
 };
 
 struct tcp_mr {
@@ -330,6 +331,7 @@ struct fab_lst {
 	const struct fab_ops *ops;
 	struct fab *fab;
 	int lfd, epfd, port, spare_fd;
+	bool lfd_paused;           /* out of fds with no spare: lfd out of epfd until a sweep */
 	struct fab_lst_limits lim;
 	struct tcp_raw **raw;
 	size_t nr_raw, cap;
@@ -1769,6 +1771,19 @@ static void con_connect_done(struct fab_con *c)
 	con_hello(c);
 }
 
+/* Group thread, under cb_lock: c's input is read here a lease from now, unless already due. */
+static void lease_add(struct fab_con *c)
+{
+	struct tcp_group *g = c->g;
+
+	if (c->on_lease)
+		return;
+	c->on_lease = true;
+	c->lease_at = now_ms() + FAB_POLL_LEASE_MS;
+	c->lease_next = g->lease_head;
+	g->lease_head = c;
+}
+
 static void con_work(struct fab_con *c)
 {
 	unsigned bits = atomic_exchange(&c->work, 0);
@@ -1813,6 +1828,8 @@ static void con_work(struct fab_con *c)
 	}
 	if ((bits & W_KICK) && !con_quiet(c))
 		c->cfg.ops->kick(c->cfg.priv);
+	if ((bits & W_LEASE) && c->state == TC_UP)
+		lease_add(c);
 	pthread_mutex_unlock(&c->cb_lock);
 }
 
@@ -1941,12 +1958,7 @@ static void group_cqe(struct tcp_group *g, struct io_uring_cqe *cqe)
 			con_flush(c);
 	} else if (c->state == TC_UP && poller_active(c)) {
 		/* A poller reads it; after a lease, whatever is left is read here. */
-		if (!c->on_lease) {
-			c->on_lease = true;
-			c->lease_at = now_ms() + FAB_POLL_LEASE_MS;
-			c->lease_next = g->lease_head;
-			g->lease_head = c;
-		}
+		lease_add(c);
 	} else {
 		con_rx(c);
 	}
@@ -2565,6 +2577,9 @@ static void lst_accept(struct fab_lst *l)
 {
 	size_t over = 0;
 
+	/* Lost to a shortage (its reopen failed): tried again. */
+	if (l->spare_fd < 0)
+		l->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	for (int i = 0; i < TCP_ACCEPT_BATCH; i++) {
 		int fd = accept4(l->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP };
@@ -2581,6 +2596,18 @@ static void lst_accept(struct fab_lst *l)
 			log_warn_rl("listener: out of file descriptors: connection closed at once");
 			l->closed++;
 			continue;
+		}
+		if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+			/*
+			 * Out of fds and no spare to take the connection with: the
+			 * listening socket stays readable, and watching it would
+			 * spin the service loop. It is left out until the next
+			 * sweep (tcp_lst_sweep); the connections wait in the backlog.
+			 */
+			if (!epoll_ctl(l->epfd, EPOLL_CTL_DEL, l->lfd, NULL))
+				l->lfd_paused = true;
+			log_warn_rl("listener: out of file descriptors: not accepting for now");
+			break;
 		}
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED &&
@@ -2629,6 +2656,15 @@ static void tcp_lst_sweep(struct fab_lst *l)
 {
 	uint64_t now = now_ms();
 	size_t late = 0;
+
+	if (l->lfd_paused) {
+		struct epoll_event ev = { .events = EPOLLIN };
+
+		if (l->spare_fd < 0)
+			l->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		if (!epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->lfd, &ev))
+			l->lfd_paused = false;
+	}
 
 	for (size_t i = 0; l->lim.timeout_ms && i < l->nr_raw;) {
 		if (now - l->raw[i]->since_ms >= l->lim.timeout_ms) {
@@ -3193,21 +3229,25 @@ static void tcp_con_local(const struct fab_con *c, char *buf, size_t len)
  */
 /*
  * A turn whose budget ran out leaves input in user space (the stash, a
- * header, OpenSSL's buffer) that no socket poll announces. It is not lost
- * if the poller stops: bytes were readable, so the group's poll of the
- * socket either fired (the connection is on the lease list, and the
- * lease's end reads everything left) or was not armed because a lease or
- * the ready list already holds the connection.
+ * header, OpenSSL's buffer) that no socket poll announces: the group puts
+ * the connection on its lease list (W_LEASE), so that if the poller stops
+ * the lease's end reads it. The group's own socket poll may have been
+ * prepared before this turn emptied the socket and submitted after: it
+ * then waits on an empty socket, and without the lease the frames left
+ * here would wait for the peer's next byte.
  */
 static int tcp_con_poll(struct fab_con *c)
 {
+	enum rx_end end = RX_EMPTY;
 	unsigned frames = 0;
 
 	if (atomic_load(&c->destroying) || pthread_mutex_trylock(&c->cb_lock))
 		return 0;
 	if (c->state == TC_UP && !con_quiet(c))
-		rx_frames(c, &frames);
+		end = rx_frames(c, &frames);
 	pthread_mutex_unlock(&c->cb_lock);
+	if (end == RX_BUDGET)
+		queue_work(c, W_LEASE);
 	return (int)frames;
 }
 
