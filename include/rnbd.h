@@ -368,7 +368,9 @@ int rnbd_clt_dev_info(struct rnbd_clt_dev *dev, struct rnbd_clt_dev_info *info);
 /*
  * Asynchronous form. Takes one of the session's IO slots (its RTRS queue
  * depth less one permit kept for admin messages), waiting for one to be
- * free (with RNBD_CLT_F_NOWAIT: -EAGAIN at once when none is); then returns 0, and done(priv,
+ * free (with RNBD_CLT_F_NOWAIT: -EAGAIN at once when none is; while the
+ * session has no path, a slot is waited for only as long as an IO waits
+ * for a path: -ECONNABORTED or -ETIMEDOUT, as rtrs_clt_get_permit); then returns 0, and done(priv,
  * result) is called exactly once, from a library thread (or from this call
  * itself), or returns a negative errno and done is not called. Called from
  * a done callback it does not wait: -EAGAIN when no slot is free (keep at

@@ -274,8 +274,13 @@ enum rtrs_wait { RTRS_PERMIT_NOWAIT, RTRS_PERMIT_WAIT };
 /*
  * Takes a permit (one of queue_depth request slots). NOWAIT returns NULL when
  * none is free; WAIT sleeps until one is free or the session closes (NULL).
- * With NULL, errno says which: EAGAIN (none free), ECONNABORTED (the
- * session closes), EINVAL (no session).
+ * While no path is up, a slot is waited for no longer than a request waits
+ * for a path (the slots of requests that failed with a path may stay taken
+ * until it is fenced or back): with none free, NULL at once when
+ * fast_io_fail_ms is 0 or no path can come, and once fast_io_fail_ms has
+ * passed since the last path went. With NULL, errno says which: EAGAIN
+ * (none free), ECONNABORTED (the session closes; or no path and none to
+ * wait for), ETIMEDOUT (no path for fast_io_fail_ms), EINVAL (no session).
  */
 struct rtrs_permit *rtrs_clt_get_permit(struct rtrs_clt_sess *sess,
 					enum rtrs_clt_con_type con_type, enum rtrs_wait wait);

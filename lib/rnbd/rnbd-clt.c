@@ -1303,7 +1303,8 @@ int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags
 	permit = rtrs_clt_get_permit(s->rtrs, RTRS_IO_CON,
 				     nowait ? RTRS_PERMIT_NOWAIT : RTRS_PERMIT_WAIT);
 	if (!permit)
-		return nowait && errno == EAGAIN ? -EAGAIN : -ECONNABORTED;
+		return nowait && errno == EAGAIN ? -EAGAIN : errno == ETIMEDOUT ? -ETIMEDOUT :
+		       -ECONNABORTED;
 	io = &s->ios[rtrs_permit_id(permit)];
 	*io = (struct clt_io){ .d = d, .permit = permit, .ops = { .priv = io, .conf = io_conf },
 			       .op = op, .flags = flags, .flush_first = flush_first,

@@ -799,6 +799,40 @@ int rtrs_clt_request(struct rtrs_clt_sess *s, enum rtrs_dir dir,
 	}
 }
 
+/*
+ * permit_lock held, no slot free: the errno a slot's taker gets when no
+ * path is up, as a request would (rtrs_clt_request): ECONNABORTED at once
+ * with fast_io_fail_ms 0 or no path to come, ETIMEDOUT once
+ * fast_io_fail_ms passed since the last path went; 0 to go on waiting
+ * (with wait: for a free slot, a path event, or that deadline). Slots of
+ * requests that failed with their path stay quarantined until it is
+ * fenced or back: without this, IO that waits for a slot outlived
+ * fast_io_fail_ms, for ever if the server never came back.
+ */
+static int slot_wait_nopath(struct rtrs_clt_sess *s, bool wait)
+{
+	unsigned ff = atomic_load(&s->fast_io_fail_ms);
+	uint64_t since, now;
+
+	if (atomic_load(&s->paths_up)) {
+		if (wait)
+			pthread_cond_wait(&s->permit_cond, &s->permit_lock);
+		return 0;
+	}
+	if (!ff || !clt_sess_path_may_come(s))
+		return ECONNABORTED;
+	since = atomic_load(&s->no_path_ms);
+	now = now_ms();
+	if (now - since >= ff)
+		return ETIMEDOUT;
+	if (wait) {
+		struct timespec dl = deadline_ms((unsigned)(since + ff - now));
+
+		pthread_cond_timedwait(&s->permit_cond, &s->permit_lock, &dl);
+	}
+	return 0;
+}
+
 RTRS_EXPORT
 struct rtrs_permit *rtrs_clt_get_permit(struct rtrs_clt_sess *s,
 					enum rtrs_clt_con_type con_type, enum rtrs_wait wait)
@@ -813,14 +847,20 @@ struct rtrs_permit *rtrs_clt_get_permit(struct rtrs_clt_sess *s,
 	}
 	pthread_mutex_lock(&s->permit_lock);
 	s->permit_waiters++;
-	while (!s->nr_free && !s->closing && wait == RTRS_PERMIT_WAIT)
-		pthread_cond_wait(&s->permit_cond, &s->permit_lock);
+	while (!s->nr_free && !s->closing) {
+		err = slot_wait_nopath(s, wait == RTRS_PERMIT_WAIT);
+		if (err || wait != RTRS_PERMIT_WAIT)
+			break;
+	}
 	if (s->nr_free && !s->closing) {
 		permit = &s->permits[s->free_ids[--s->nr_free]];
 		permit->con_type = con_type;
 		permit->in_use = true;
-	} else {
-		err = s->closing ? ECONNABORTED : EAGAIN;
+		err = 0;
+	} else if (s->closing) {
+		err = ECONNABORTED;
+	} else if (!err) {
+		err = EAGAIN;
 	}
 	if (--s->permit_waiters == 0 && s->closing)
 		pthread_cond_broadcast(&s->permit_cond);

@@ -288,6 +288,8 @@ struct rtrs_clt_sess {
 	_Atomic size_t paths_num;   /* published paths; slots for all 128 exist */
 	pthread_mutex_t admin_lock; /* add/remove path */
 	atomic_uint paths_up;
+	/* When paths_up last fell to 0 (now_ms): a slot's wait without a path is bounded from it. */
+	_Atomic uint64_t no_path_ms;
 	_Atomic enum rtrs_mp_policy mp_policy;
 	atomic_uint rr_cursor;
 

@@ -582,7 +582,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	s->priv = o->priv;
 	atomic_init(&s->mp_policy, o->mp_policy);
 	pthread_mutex_init(&s->permit_lock, NULL);
-	pthread_cond_init(&s->permit_cond, NULL);
+	cond_init_mono(&s->permit_cond); /* slot waits without a path are timed */
 	pthread_mutex_init(&s->wait_lock, NULL);
 	STAILQ_INIT(&s->waiting);
 	STAILQ_INIT(&s->fencing);
@@ -590,6 +590,7 @@ int rtrs_clt_open(const struct rtrs_clt_opts *o, struct rtrs_clt_sess **out)
 	pthread_mutex_init(&s->rkey_lock, NULL);
 	pthread_rwlock_init(&s->mem_lock, NULL);
 	atomic_init(&s->paths_up, 0);
+	atomic_init(&s->no_path_ms, now_ms());
 	s->fast_io_fail_ms = o->fast_io_fail_ms;
 	s->busy_poll_us = o->busy_poll_us;
 	s->wait_timer.loop = NULL;

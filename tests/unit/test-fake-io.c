@@ -1744,6 +1744,74 @@ static void reuse_while_responding(void)
 	teardown(&c);
 }
 
+static void fail_fast_200(struct rtrs_srv_opts *so, struct rtrs_clt_opts *o)
+{
+	if (o)
+		o->fast_io_fail_ms = 200;
+}
+
+static bool path_a_down(void *arg)
+{
+	return atomic_load(&((struct clt *)arg)->path_down) >= 1;
+}
+
+/*
+ * Every slot taken when the session's only path goes: a slot is then
+ * waited for no longer than a request waits for a path. With
+ * fast_io_fail_ms 0 none is waited for (ECONNABORTED, in both modes); with
+ * 200 ms, NOWAIT says EAGAIN until 200 ms have passed since the path went
+ * (real time, as a request's wait), then ETIMEDOUT, and WAIT returns
+ * ETIMEDOUT by then. Before, the slots of requests failed with their path
+ * stayed quarantined and IO waiting for one outlived fast_io_fail_ms.
+ */
+static void slots_without_path_(bool zero)
+{
+	struct rtrs_permit *p[16], *q;
+	unsigned n = 0;
+	uint64_t t0;
+	struct clt c;
+
+	if (!setup(&c, "a", zero ? no_wait : fail_fast_200))
+		return;
+	while (n < 16 && (p[n] = rtrs_clt_get_permit(c.sess, RTRS_IO_CON, RTRS_PERMIT_NOWAIT)))
+		n++;
+	CHECK_EQ(n, 16u);
+	errno = 0;
+	CHECK(!rtrs_clt_get_permit(c.sess, RTRS_IO_CON, RTRS_PERMIT_NOWAIT) && errno == EAGAIN,
+	      "all taken, the path up: EAGAIN (%s)", strerror(errno));
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_wait(path_a_down, &c, "the path to go"), 0);
+	t0 = now_ms();
+	errno = 0;
+	q = rtrs_clt_get_permit(c.sess, RTRS_IO_CON, RTRS_PERMIT_NOWAIT);
+	CHECK(!q && errno == (zero ? ECONNABORTED : EAGAIN), "NOWAIT, no path: %s",
+	      strerror(errno));
+	errno = 0;
+	q = rtrs_clt_get_permit(c.sess, RTRS_IO_CON, RTRS_PERMIT_WAIT);
+	CHECK(!q && errno == (zero ? ECONNABORTED : ETIMEDOUT), "WAIT, no path: %s",
+	      strerror(errno));
+	if (!zero) {
+		CHECK(now_ms() - t0 >= 150 && now_ms() - t0 < 5000, "WAIT returned after %llu ms",
+		      (unsigned long long)(now_ms() - t0));
+		errno = 0;
+		CHECK(!rtrs_clt_get_permit(c.sess, RTRS_IO_CON, RTRS_PERMIT_NOWAIT) &&
+		      errno == ETIMEDOUT, "NOWAIT after fast_io_fail_ms: %s", strerror(errno));
+	}
+	for (unsigned i = 0; i < n; i++)
+		rtrs_clt_put_permit(c.sess, p[i]);
+	teardown(&c);
+}
+
+static void slots_without_path(void)
+{
+	slots_without_path_(false);
+}
+
+static void slots_without_path_fail_fast(void)
+{
+	slots_without_path_(true);
+}
+
 static const struct scenario scenarios[] = {
 	{ "io_exact", io_exact },
 	{ "io_split", io_split },
@@ -1773,6 +1841,8 @@ static const struct scenario scenarios[] = {
 	{ "dropped_rekey_repaired", dropped_rekey_repaired },
 	{ "dropped_rekey_fence_fails", dropped_rekey_fence_fails },
 	{ "fence_error_retried", fence_error_retried },
+	{ "slots_without_path", slots_without_path },
+	{ "slots_without_path_fail_fast", slots_without_path_fail_fast },
 	{ "failover_same_path", failover_same_path },
 	{ "reconnect_races_close", reconnect_races_close },
 	{ "close_with_inflight", close_with_inflight },

@@ -428,12 +428,12 @@ check slots-fio-ends-clean $? "(exit $f1 $f2; $(grep -h 'err=' /tmp/fio-h1.out /
 R client unmap h1.img --session hs >/dev/null && R client unmap h2.img --session hs >/dev/null
 check slots-unmap $?
 
-# Every slot taken and requests waiting when the server dies, with
-# fast_io_fail_ms 0: the waiting requests, sent as slots free, fail at once
-# on their device's own queue thread. Each must reach the kernel (fio ends
-# with errors within the bound, the devices unmap); one such request was
-# left uncommitted while its thread waited without a timeout, and fio and
-# the unmap hung.
+# Every slot taken and requests waiting for one when the server dies,
+# with fast_io_fail_ms 0: the slots of the requests that failed with the
+# path stay quarantined until it is fenced or back, and the requests
+# waiting for a slot must fail as a request without a path does (fio ends
+# with errors within the bound, the devices unmap). They waited for a slot
+# for as long as the server stayed away, and fio and the unmap hung.
 R client map h1.img --session hz --server 127.0.0.1:1237 --provider tcp \
 	--fast-io-fail-ms 0 --reconnect-delay-ms 60000 -o json >/tmp/z1.json &&
 	R client map h2.img --session hz -o json >/tmp/z2.json
