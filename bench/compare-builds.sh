@@ -33,11 +33,7 @@ base_rev=$(git rev-parse --short "$BASE^{commit}") || { echo "$0: no revision $B
 
 . bench/lib.sh
 
-base_src=$(mktemp -d /var/tmp/rtrs-bench-base.XXXXXX)
-trap 'git worktree remove --force "$base_src" >/dev/null 2>&1 || rm -rf "$base_src"' EXIT
-git worktree add --detach "$base_src" "$base_rev" >/dev/null 2>&1
-meson setup "$base_src/build" "$base_src" -Dbuildtype=release >/dev/null
-meson compile -C "$base_src/build" tools/rtrs-perf >/dev/null
+base_tree "$base_rev" tools/rtrs-perf
 base_perf=$base_src/build/tools/rtrs-perf
 
 # one PERF MODE SIZE QD: "IO/s CPU-us-per-IO" over client and server.

@@ -19,11 +19,7 @@ base_rev=$(git rev-parse --short "$BASE^{commit}") || { echo "$0: no revision $B
 
 . bench/lib.sh
 
-base_src=$(mktemp -d /var/tmp/rtrs-bench-base.XXXXXX)
-trap 'git worktree remove --force "$base_src" >/dev/null 2>&1 || rm -rf "$base_src"' EXIT
-git worktree add --detach "$base_src" "$base_rev" >/dev/null 2>&1
-meson setup "$base_src/build" "$base_src" -Dbuildtype=release >/dev/null
-meson compile -C "$base_src/build" >/dev/null
+base_tree "$base_rev"
 # The program is this tree's, linked with each tree's libraries (the API it
 # uses, rtrs_keyfile_new/lookup, is older than both).
 build_one() { # TREE BUILD OUT
@@ -31,8 +27,8 @@ build_one() { # TREE BUILD OUT
 		-Wl,--start-group "$2"/lib/rtrs/*.a "$2"/lib/common/*.a -Wl,--end-group \
 		$(pkg-config --libs libcrypto liburing libibverbs librdmacm) -lpthread
 }
-bin=$(mktemp -d)
-trap 'rm -rf "$bin"; git worktree remove --force "$base_src" >/dev/null 2>&1 || rm -rf "$base_src"' EXIT
+bin=$base_src/keyfile-bench # goes with the worktree
+mkdir -p "$bin"
 build_one "$base_src" "$base_src/build" "$bin/base"
 build_one "$PWD" "$PWD/build-release" "$bin/new"
 

@@ -10,6 +10,18 @@ cycle=$PWD/build-release/bench/mr-cycle
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
+# base_tree REV [TARGET...]: REV in a scratch worktree, $base_src, with a
+# release build in $base_src/build (TARGETs compiled; all without); the
+# worktree goes when the script exits (its EXIT trap).
+base_tree() {
+	local rev=$1; shift
+	base_src=$(mktemp -d /var/tmp/rtrs-bench-base.XXXXXX)
+	trap 'git worktree remove --force "$base_src" >/dev/null 2>&1 || rm -rf "$base_src"' EXIT
+	git worktree add --detach "$base_src" "$rev" >/dev/null 2>&1
+	meson setup "$base_src/build" "$base_src" -Dbuildtype=release >/dev/null
+	meson compile -C "$base_src/build" "$@" >/dev/null
+}
+
 machine() {
 	echo "$(nproc) vCPU, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), kernel $(uname -r), liburing $(pkg-config --modversion liburing)"
 }

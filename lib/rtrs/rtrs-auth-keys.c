@@ -737,11 +737,22 @@ static int kf_index_find(const struct kf_index *ix, const char *host, struct rtr
 	return 0;
 }
 
-/* -EINVAL for a host name no key file line can hold. */
-static int host_check(const char *host, const char **why)
+/*
+ * A lookup's start: *line 0, the keys zeroed; -EINVAL without a key to
+ * fill or for a host name no key file line can hold.
+ */
+static int lookup_start(const char *host, struct rtrs_auth_key *hkey, struct rtrs_auth_key *ckey,
+			unsigned *line, const char **why)
 {
 	size_t n = host ? strlen(host) : 0;
 
+	if (line)
+		*line = 0;
+	if (!hkey)
+		REJECT(-EINVAL, "no key to fill");
+	memset(hkey, 0, sizeof(*hkey));
+	if (ckey)
+		memset(ckey, 0, sizeof(*ckey));
 	if (host && (!n || n > RTRS_AUTH_NAME_MAX))
 		REJECT(-EINVAL, "bad host name");
 	return 0;
@@ -752,16 +763,8 @@ int rtrs_auth_keyfile_parse(const char *buf, size_t len, const char *host,
 			    const char **why)
 {
 	struct kf_index ix;
-	int rc;
+	int rc = lookup_start(host, hkey, ckey, line, why);
 
-	if (line)
-		*line = 0;
-	if (!hkey)
-		REJECT(-EINVAL, "no key to fill");
-	memset(hkey, 0, sizeof(*hkey));
-	if (ckey)
-		memset(ckey, 0, sizeof(*ckey));
-	rc = host_check(host, why);
 	if (rc)
 		return rc;
 	/*
@@ -973,16 +976,8 @@ int rtrs_keyfile_lookup(struct rtrs_keyfile *kf, const char *host, struct rtrs_a
 {
 	struct timespec dl = deadline_ms(RTRS_KEYFILE_WAIT_MS);
 	uint64_t want;
-	int rc = 0, w = 0;
+	int rc = lookup_start(host, hkey, ckey, line, why), w = 0;
 
-	if (line)
-		*line = 0;
-	if (!hkey)
-		REJECT(-EINVAL, "no key to fill");
-	memset(hkey, 0, sizeof(*hkey));
-	if (ckey)
-		memset(ckey, 0, sizeof(*ckey));
-	rc = host_check(host, why);
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&kf->lock);

@@ -923,15 +923,15 @@ static void dropped_rekey_repaired(void)
  * permit stays out of use until a comes back, whose info response gives
  * the chunk a key, and then it serves writes again.
  */
-static void dropped_rekey_fence_fails(void)
+/*
+ * A write held by the server when path a is cut; the op's own re-key and
+ * the fence's (over b) both fail: the write ends with -EIO, its permit
+ * quarantined.
+ */
+static void rekey_fence_fails(struct clt *c, struct io *io)
 {
-	static struct io io, more;
-	struct clt c;
-
-	if (!setup(&c, "ab", NULL))
-		return;
 	atomic_store(&srv.defer, true);
-	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 57), 0);
+	CHECK_EQ(io_start(io, c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 57), 0);
 	CHECK_EQ(fake_wait(one_deferred, NULL, "the server to hold the write"), 0);
 	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
 	CHECK_EQ(fake_settle(), 0);
@@ -940,8 +940,18 @@ static void dropped_rekey_fence_fails(void)
 	atomic_store(&srv.defer, false);
 	CHECK_EQ(fake_advance(1), 0);
 	CHECK_EQ(fake_settle(), 0);
-	io_done_once(&io, -EIO);
+	io_done_once(io, -EIO);
 	CHECK(env_logged("still has no key"), "the fence's re-key failed");
+}
+
+static void dropped_rekey_fence_fails(void)
+{
+	static struct io io, more;
+	struct clt c;
+
+	if (!setup(&c, "ab", NULL))
+		return;
+	rekey_fence_fails(&c, &io);
 	CHECK(clt_path_is(&c, 1, "connected"), "b: %s", clt_path(&c, 1).state);
 	CHECK_EQ(permits_free(&c), 15u);
 	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
@@ -978,18 +988,7 @@ static void fence_error_retried(void)
 
 	if (!setup(&c, "ab", never_reconnect))
 		return;
-	atomic_store(&srv.defer, true);
-	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 57), 0);
-	CHECK_EQ(fake_wait(one_deferred, NULL, "the server to hold the write"), 0);
-	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
-	CHECK_EQ(fake_settle(), 0);
-	fake_fail_regs(2);
-	CHECK_EQ(rtrs_srv_resp_rdma(atomic_load(&srv.deferred[0]), 0), -ENOTCONN);
-	atomic_store(&srv.defer, false);
-	CHECK_EQ(fake_advance(1), 0);
-	CHECK_EQ(fake_settle(), 0);
-	io_done_once(&io, -EIO);
-	CHECK(env_logged("still has no key"), "the fence's re-key failed");
+	rekey_fence_fails(&c, &io);
 	CHECK_EQ(fake_delivered(match, &fence), 1);
 	CHECK_EQ(permits_free(&c), 15u);
 	for (int i = 0; i < 30 && fake_delivered(match, &fence) < 2; i++)

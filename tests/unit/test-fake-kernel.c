@@ -877,6 +877,43 @@ static void all_chunks(struct clt *c, unsigned qd)
 }
 
 /*
+ * A kernel client's session k over paths a and b (round robin) with a write
+ * on path a that the server's user holds: that op in *op, how many the user
+ * was given in *held. false (and a check failed) if none went on a.
+ */
+static bool kernel_write_held_on_a(struct clt *c, struct io *io, struct rtrs_srv_op **op,
+				   int *held)
+{
+	struct m req_a = { .kind = FAKE_WRITE, .dir = TO_SRV, .host = "a",
+			   .imm = IMM(RTRS_IO_REQ_IMM) };
+	bool on_a = false;
+
+	atomic_store(&rtrs_test_kernel_clt, true);
+	clt_init(c, "k", "ab");
+	c->o.mp_policy = RTRS_MP_POLICY_RR;
+	CHECK_EQ(clt_open(c), 0);
+	CHECK_EQ(rtrs_clt_peer_ext(c->sess), 0);
+	atomic_store(&srv.defer, true);
+	for (int i = 0; i < 4 && !on_a; i++) {
+		unsigned na = fake_delivered(match, &req_a);
+
+		CHECK_EQ(io_start(io, c, RTRS_WRITE, RTRS_IO_CON, 2 * LEN, LEN, 7), 0);
+		CHECK_EQ(fake_wait(deferred_at_least, (void *)(intptr_t)(i + 1), "the user to hold it"),
+			 0);
+		*op = atomic_load(&srv.deferred[i]);
+		*held = i + 1;
+		on_a = fake_delivered(match, &req_a) > na;
+		if (!on_a) {
+			CHECK_EQ(rtrs_srv_resp_rdma(*op, 0), 0);
+			CHECK_EQ(io_wait(io), 0);
+			io_put(io);
+		}
+	}
+	CHECK(on_a, "a request went on path a");
+	return on_a;
+}
+
+/*
  * A kernel client's path fails while the server's user still holds one
  * of its requests, and before the server hears of it: the client sends the
  * request again on path b, for the same chunk. The kernel's server keeps
@@ -887,42 +924,17 @@ static void all_chunks(struct clt *c, unsigned qd)
 static void kernel_client_failover_busy(void)
 {
 	struct m down_a = { .kind = FAKE_DOWN, .dir = TO_SRV, .host = "a" };
-	struct m req_a = { .kind = FAKE_WRITE, .dir = TO_SRV, .host = "a",
-			   .imm = IMM(RTRS_IO_REQ_IMM) };
 	struct rtrs_srv_op *op = NULL;
 	static struct io io;
 	unsigned qd = 16, nb;
 	int held = 0;
-	bool on_a = false;
 	struct clt c;
 	int rc;
 
 	if (!srv_up(false, NULL))
 		return;
-	atomic_store(&rtrs_test_kernel_clt, true);
-	clt_init(&c, "k", "ab");
-	c.o.mp_policy = RTRS_MP_POLICY_RR;
-	CHECK_EQ(clt_open(&c), 0);
-	CHECK_EQ(rtrs_clt_peer_ext(c.sess), 0);
 	/* A request on path a that the server's user holds. */
-	atomic_store(&srv.defer, true);
-	for (int i = 0; i < 4 && !on_a; i++) {
-		unsigned na = fake_delivered(match, &req_a);
-
-		CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 2 * LEN, LEN, 7), 0);
-		CHECK_EQ(fake_wait(deferred_at_least, (void *)(intptr_t)(i + 1), "the user to hold it"),
-			 0);
-		op = atomic_load(&srv.deferred[i]);
-		held = i + 1;
-		on_a = fake_delivered(match, &req_a) > na;
-		if (!on_a) {
-			CHECK_EQ(rtrs_srv_resp_rdma(op, 0), 0);
-			CHECK_EQ(io_wait(&io), 0);
-			io_put(&io);
-		}
-	}
-	CHECK(on_a, "a request went on path a");
-	if (!on_a)
+	if (!kernel_write_held_on_a(&c, &io, &op, &held))
 		goto out;
 	memset(srv.area + 2 * LEN, 0, LEN);
 	/* Path a ends; the server will hear of it only later. */
@@ -966,20 +978,27 @@ out:
  * defer_lock for every op, so it waits for op_defer instead.
  */
 static pthread_mutex_t race_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t race_cond = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t race_cond; /* on CLOCK_MONOTONIC: race_cond_init */
 static bool race_in_window, race_cancelled;
+
+static void race_cond_init(void)
+{
+	cond_init_mono(&race_cond);
+}
+
+static void race_init(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+	pthread_once(&once, race_cond_init);
+}
 
 static void race_wait(bool *flag, unsigned ms)
 {
 	struct timespec dl;
 
-	clock_gettime(CLOCK_REALTIME, &dl);
-	dl.tv_sec += ms / 1000;
-	dl.tv_nsec += (long)(ms % 1000) * 1000000L;
-	if (dl.tv_nsec >= 1000000000L) {
-		dl.tv_sec++;
-		dl.tv_nsec -= 1000000000L;
-	}
+	race_init();
+	dl = deadline_ms(ms);
 	pthread_mutex_lock(&race_lock);
 	while (!*flag && pthread_cond_timedwait(&race_cond, &race_lock, &dl) == 0)
 		;
@@ -988,6 +1007,7 @@ static void race_wait(bool *flag, unsigned ms)
 
 static void race_set(bool *flag)
 {
+	race_init();
 	pthread_mutex_lock(&race_lock);
 	*flag = true;
 	pthread_cond_broadcast(&race_cond);
@@ -1026,39 +1046,15 @@ static void *advance_50(void *arg)
 static void kernel_client_defer_races_close(void)
 {
 	struct m down_b0 = { .kind = FAKE_DOWN, .dir = TO_SRV, .host = "b", .cid = CID(0) };
-	struct m req_a = { .kind = FAKE_WRITE, .dir = TO_SRV, .host = "a",
-			   .imm = IMM(RTRS_IO_REQ_IMM) };
 	struct rtrs_srv_op *op = NULL;
 	struct fake_ev *ev;
 	static struct io io;
 	int held = 0, rc;
-	bool on_a = false;
 	struct clt c;
 
 	if (!srv_up(false, NULL))
 		return;
-	atomic_store(&rtrs_test_kernel_clt, true);
-	clt_init(&c, "k", "ab");
-	c.o.mp_policy = RTRS_MP_POLICY_RR;
-	CHECK_EQ(clt_open(&c), 0);
-	atomic_store(&srv.defer, true);
-	for (int i = 0; i < 4 && !on_a; i++) {
-		unsigned na = fake_delivered(match, &req_a);
-
-		CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 2 * LEN, LEN, 7), 0);
-		CHECK_EQ(fake_wait(deferred_at_least, (void *)(intptr_t)(i + 1), "the user to hold it"),
-			 0);
-		op = atomic_load(&srv.deferred[i]);
-		held = i + 1;
-		on_a = fake_delivered(match, &req_a) > na;
-		if (!on_a) {
-			CHECK_EQ(rtrs_srv_resp_rdma(op, 0), 0);
-			CHECK_EQ(io_wait(&io), 0);
-			io_put(&io);
-		}
-	}
-	CHECK(on_a, "a request went on path a");
-	if (!on_a)
+	if (!kernel_write_held_on_a(&c, &io, &op, &held))
 		goto out;
 	race_in_window = race_cancelled = false;
 	atomic_store(&rtrs_test_srv_defer_checked, race_defer_checked);
