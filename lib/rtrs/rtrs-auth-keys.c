@@ -845,10 +845,31 @@ struct rtrs_keyfile {
 	int err;                    /* ... or why it failed */
 	unsigned line;              /* with -EINVAL: the line at fault */
 	const char *why;
-	bool parsed;                /* ix/err are those of the text whose SHA-256 is sum */
-	uint8_t sum[32];
+	bool parsed;                /* ix/err are those of the text whose text_sum is sum */
+	uint64_t sum[3];
 	char path[];
 };
+
+/*
+ * Whether a key file's text changed since it was parsed: its length and two
+ * unrelated 64-bit hashes (FNV-1a, and a multiply-xorshift one), 2^-128
+ * odds of an edit going unseen. Not OpenSSL's SHA-256: the reader thread
+ * then never touches OpenSSL's per-thread state (an error state that a
+ * detached thread racing the process's exit was reported to leak).
+ */
+static void text_sum(const char *buf, size_t len, uint64_t sum[3])
+{
+	uint64_t a = 0xcbf29ce484222325ull, b = 0x243f6a8885a308d3ull;
+
+	for (size_t i = 0; i < len; i++) {
+		a = (a ^ (uint8_t)buf[i]) * 0x100000001b3ull;
+		b = (b ^ (uint8_t)buf[i]) * 0x9e3779b97f4a7c15ull;
+		b ^= b >> 29;
+	}
+	sum[0] = len;
+	sum[1] = a;
+	sum[2] = b;
+}
 
 static void keyfile_unref(struct rtrs_keyfile *kf)
 {
@@ -879,9 +900,9 @@ static void *keyfile_reader(void *arg)
 		uint64_t gen = kf->asked;
 		const char *why = NULL;
 		struct kf_index ix = { 0 };
-		unsigned line = 0, sum_len = 0;
-		uint8_t sum[EVP_MAX_MD_SIZE];
-		bool same = false;
+		unsigned line = 0;
+		uint64_t sum[3];
+		bool same = false, got = false;
 		char *buf = NULL;
 		size_t len = 0;
 		int rc;
@@ -894,11 +915,10 @@ static void *keyfile_reader(void *arg)
 		 */
 		rc = read_secret_file(kf->path, &buf, &len, &why);
 		if (!rc) {
-			if (EVP_Digest(buf, len, sum, &sum_len, EVP_sha256(), NULL) != 1 ||
-			    sum_len != sizeof(kf->sum))
-				sum_len = 0;
+			got = true;
+			text_sum(buf, len, sum);
 			/* The reader alone writes parsed and sum: no lock to read them. */
-			same = sum_len && kf->parsed && !memcmp(sum, kf->sum, sizeof(kf->sum));
+			same = kf->parsed && !memcmp(sum, kf->sum, sizeof(kf->sum));
 			if (!same)
 				rc = kf_index_build(buf, len, &ix, &line, &why);
 			free_secret(buf, len);
@@ -911,11 +931,10 @@ static void *keyfile_reader(void *arg)
 			kf->line = line;
 			kf->why = why;
 			/* A read that failed is not cached: the next one tries again. */
-			kf->parsed = sum_len && (rc == 0 || rc == -EINVAL);
+			kf->parsed = got && (rc == 0 || rc == -EINVAL);
 			if (kf->parsed)
 				memcpy(kf->sum, sum, sizeof(kf->sum));
 		}
-		OPENSSL_cleanse(sum, sizeof(sum));
 		kf->done = gen;
 		pthread_cond_broadcast(&kf->cond);
 	}
