@@ -169,6 +169,8 @@ struct clt_io {
 	enum rnbd_io_op op;
 	uint32_t flags;
 	bool flush_first;            /* a PREFLUSH for a kernel server: a FLUSH goes first */
+	bool flush_after;            /* a FUA a kernel server cannot take: a FLUSH goes last */
+	bool flushing;               /* the FLUSH of flush_first or flush_after is on the wire */
 	uint64_t offset;
 	uint8_t *buf;
 	uint32_t len;                /* left to do, from offset */
@@ -325,7 +327,12 @@ static uint32_t dev_max_piece(const struct rnbd_clt_dev *d, enum rnbd_io_op op)
 		sectors = d->rsp.secure_discard ? d->rsp.max_discard_sectors : 0;
 		break;
 	case RNBD_OP_WRITE_ZEROES:
-		sectors = d->rsp.max_write_zeroes_sectors;
+		/*
+		 * Only from a server of ours: a kernel server's field was
+		 * max_write_same_sectors before Linux 5.18, and operation 5 WRITE_SAME
+		 * (one block of data, which write zeroes does not carry).
+		 */
+		sectors = d->sess->project_srv ? d->rsp.max_write_zeroes_sectors : 0;
 		break;
 	default:
 		return UINT32_MAX;
@@ -1136,8 +1143,11 @@ static void io_send(struct clt_io *io)
 	struct iovec usr = { &io->msg, sizeof(io->msg) }, iov;
 	int rc;
 
-	if (io->flush_first) {
-		/* For a kernel server, which would drop the PREFLUSH: a FLUSH of its own. */
+	if (io->flushing) {
+		/*
+		 * For a kernel server, which would drop the PREFLUSH (or fail a
+		 * FUA that is not on a write): a FLUSH of its own.
+		 */
 		struct rnbd_io f = { .device_id = io->id, .op = RNBD_OP_FLUSH, .flags = RNBD_F_SYNC };
 
 		io->n = 0;
@@ -1221,15 +1231,21 @@ static void io_conf(void *priv, int err)
 		d->state = DEV_SRV_CLOSED;
 		d->closed_epoch = s->epoch;
 		closed = true;
-	} else if (!err && io->flush_first) {
-		io->flush_first = false; /* flushed: now the IO itself */
+	} else if (!err && io->flushing && io->flush_first) {
+		io->flush_first = io->flushing = false; /* flushed: now the IO itself */
 		route = result = io_route(io);
+	} else if (!err && io->flushing) {
+		io->flushing = false; /* the FLUSH after the last piece: done */
 	} else if (!err && io->len > io->n) {
 		io->offset += io->n;
 		io->len -= io->n;
 		if (io->buf)
 			io->buf += io->n;
 		io->flags &= ~(uint32_t)RNBD_F_PREFLUSH; /* once, before the first piece */
+		route = result = io_route(io);
+	} else if (!err && io->flush_after) {
+		io->flush_after = false; /* the last piece is in: now the FLUSH */
+		io->flushing = true;
 		route = result = io_route(io);
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -1275,6 +1291,7 @@ int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags
 {
 	enum rnbd_io_op op = (enum rnbd_io_op)cop;
 	bool data = op == RNBD_OP_READ || op == RNBD_OP_WRITE, flush_first = false;
+	bool flush_after = false;
 	const char *why = NULL;
 	struct rnbd_clt_sess *s;
 	struct rtrs_permit *permit;
@@ -1289,7 +1306,7 @@ int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags
 		return -EINVAL;
 	s = d->sess;
 	/* What a kernel server cannot keep: PREFLUSH as a FLUSH before, NOUNMAP refused. */
-	if (!s->project_srv && rnbd_io_for_kernel(op, &flags, &flush_first)) {
+	if (!s->project_srv && rnbd_io_for_kernel(op, &flags, &flush_first, &flush_after)) {
 		log_dbg("rnbd: %s: %s: write zeroes that keep the blocks (NOUNMAP) refused: a "
 			"kernel server would drop the flag", s->name, d->name);
 		return -EOPNOTSUPP;
@@ -1308,6 +1325,7 @@ int rnbd_clt_submit(struct rnbd_clt_dev *d, enum rnbd_clt_op cop, uint32_t flags
 	io = &s->ios[rtrs_permit_id(permit)];
 	*io = (struct clt_io){ .d = d, .permit = permit, .ops = { .priv = io, .conf = io_conf },
 			       .op = op, .flags = flags, .flush_first = flush_first,
+			       .flush_after = flush_after, .flushing = flush_first,
 			       .offset = offset, .buf = buf, .len = len, .done = done, .priv = priv };
 	/* ... and again after it, which may have taken a while (an unmap, a reopen). */
 	pthread_mutex_lock(&s->lock);

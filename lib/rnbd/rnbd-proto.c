@@ -230,14 +230,19 @@ int rnbd_io_op_check(enum rnbd_io_op op, uint32_t flags, const char **why)
 	return 0;
 }
 
-int rnbd_io_for_kernel(enum rnbd_io_op op, uint32_t *flags, bool *flush_first)
+int rnbd_io_for_kernel(enum rnbd_io_op op, uint32_t *flags, bool *flush_first,
+		       bool *flush_after)
 {
-	*flush_first = false;
+	*flush_first = *flush_after = false;
 	if (*flags & RNBD_F_NOUNMAP)
 		return -EOPNOTSUPP;
 	if (*flags & RNBD_F_PREFLUSH) {
 		*flags &= ~(uint32_t)RNBD_F_PREFLUSH;
 		*flush_first = op != RNBD_OP_FLUSH;
+	}
+	if ((*flags & RNBD_F_FUA) && op != RNBD_OP_WRITE && op != RNBD_OP_FLUSH) {
+		*flags &= ~(uint32_t)RNBD_F_FUA;
+		*flush_after = true;
 	}
 	return 0;
 }

@@ -208,11 +208,16 @@ int rnbd_io_op_check(enum rnbd_io_op op, uint32_t flags, const char **why);
  * project: a kernel rnbd-server before 7.0 knows only SYNC and FUA, and
  * drops the rest (its rnbd_to_bio_flags). PREFLUSH comes off *flags and
  * goes as a FLUSH of its own before the IO (*flush_first), except on a
- * FLUSH, which is one. NOUNMAP cannot be kept: -EOPNOTSUPP, since such a
- * server may deallocate the blocks the caller wants kept (the caller may
- * write the zeros itself, as nbdkit does). 0 otherwise.
+ * FLUSH, which is one. FUA stays only on a write or a flush: since Linux
+ * 6.3 the block layer fails a FUA discard, secure erase or write zeroes
+ * (submit_bio_noacct takes FUA and PREFLUSH on writes only), so it comes off
+ * those and a FLUSH goes once the IO is done (*flush_after). NOUNMAP cannot
+ * be kept: -EOPNOTSUPP, since such a server may deallocate the blocks the
+ * caller wants kept (the caller may write the zeros itself, as nbdkit
+ * does). 0 otherwise.
  */
-int rnbd_io_for_kernel(enum rnbd_io_op op, uint32_t *flags, bool *flush_first);
+int rnbd_io_for_kernel(enum rnbd_io_op op, uint32_t *flags, bool *flush_first,
+		       bool *flush_after);
 /*
  * An IO message as the server receives it, with data_len bytes of data in
  * the request: reads and writes must carry exactly bi_size bytes; flush,

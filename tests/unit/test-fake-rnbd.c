@@ -4,7 +4,9 @@
  * peers"; librnbd linked with the fabric-level test hooks of rtrs-pri.h).
  * librnbd's client, facing a server that speaks only the kernel's RTRS,
  * sends a PREFLUSH write as a FLUSH and then the write without the flag (a
- * kernel rnbd-server before 7.0 drops it). Its server, facing a kernel
+ * kernel rnbd-server before 7.0 drops it), a FUA discard without the flag
+ * and a FLUSH after it (a kernel's block layer fails it), and never write
+ * zeroes (an old kernel's operation 5 was WRITE_SAME). Its server, facing a kernel
  * client, offers no write zeroes and refuses operation 5, and serves what
  * such a client sends: FUA and SYNC writes, its FLUSH, an empty FUA write
  * (an old kernel's flush), SYNC reads.
@@ -109,11 +111,12 @@ static bool io_called(void *arg)
 }
 
 /*
- * A PREFLUSH write through librnbd, which should take `expect` requests:
- * their IO messages, in order, in rws. How many there were, up to one more.
+ * An IO through librnbd, which should take `expect` requests: their IO
+ * messages, in order, in rws. How many there were, up to one more.
  */
-static unsigned preflush_write(struct rnbd_clt_dev *d, uint8_t *buf, unsigned expect,
-			       int64_t *rws)
+static unsigned submit_seen(struct rnbd_clt_dev *d, enum rnbd_clt_op op, uint32_t flags,
+			    uint64_t offset, uint8_t *buf, uint32_t len, unsigned expect,
+			    int64_t *rws)
 {
 	struct m req = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_IO_REQ_IMM) };
 	struct done dn = { 0 };
@@ -121,8 +124,7 @@ static unsigned preflush_write(struct rnbd_clt_dev *d, uint8_t *buf, unsigned ex
 	unsigned n = 0;
 
 	fake_hold(match, &req);
-	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_WRITE, RNBD_CLT_F_PREFLUSH, 8192, buf, 4096, io_done,
-				 &dn), 0);
+	CHECK_EQ(rnbd_clt_submit(d, op, flags, offset, buf, len, io_done, &dn), 0);
 	while (n < expect && (ev = fake_wait_ev(match, &req, "a request"))) {
 		rws[n++] = req_rw(ev);
 		CHECK_EQ(fake_deliver(ev), 0);
@@ -137,6 +139,13 @@ static unsigned preflush_write(struct rnbd_clt_dev *d, uint8_t *buf, unsigned ex
 	CHECK_EQ(atomic_load(&dn.result), 0);
 	CHECK_EQ(atomic_load(&dn.calls), 1);
 	return n;
+}
+
+/* A PREFLUSH write, as submit_seen. */
+static unsigned preflush_write(struct rnbd_clt_dev *d, uint8_t *buf, unsigned expect,
+			       int64_t *rws)
+{
+	return submit_seen(d, RNBD_CLT_WRITE, RNBD_CLT_F_PREFLUSH, 8192, buf, 4096, expect, rws);
 }
 
 /* librnbd's client on a session to the server; its device mapped read-write. */
@@ -213,6 +222,92 @@ static void rnbd_preflush_project_server(void)
 	CHECK_EQ(preflush_on(false, 32, 1, rws), 1);
 	CHECK_EQ(rws[0] & RNBD_OP_MASK, RNBD_OP_WRITE);
 	CHECK(rws[0] & RNBD_F_PREFLUSH, "PREFLUSH with the write: %#llx", (long long)rws[0]);
+}
+
+/* An OPEN_RSP on its way to the client (the read data of an OPEN). */
+static bool is_open_rsp(const struct fake_ev *ev, void *arg)
+{
+	(void)arg;
+	return ev->kind == FAKE_WRITE && !ev->to_server &&
+	       ev->len >= sizeof(struct rnbd_msg_open_rsp) &&
+	       get16(ev->data, 0) == RNBD_MSG_OPEN_RSP;
+}
+
+/*
+ * The OPEN_RSP as a kernel server before Linux 5.18 sends it for a disk
+ * that does WRITE SAME: bytes 20..23 (max_write_zeroes_sectors to us) are
+ * its max_write_same_sectors.
+ */
+static void offer_write_same(struct fake_ev *ev, void *arg)
+{
+	uint8_t m[sizeof(struct rnbd_msg_open_rsp)];
+
+	memcpy(m, ev->data, sizeof(m));
+	m[20] = 0xff, m[21] = 0xff, m[22] = 0x3f, m[23] = 0;
+	CHECK_EQ(fake_rewrite(ev, m, sizeof(m)), 0);
+	fake_unclaim(ev);
+	*(bool *)arg = true;
+}
+
+/*
+ * FUA on a discard and write zeroes offered, from a server that speaks only
+ * the kernel's RTRS (kernel) or ours. A kernel server's block layer fails a
+ * FUA that is not on a write (Linux 6.3 on), so the discard goes without it
+ * and a FLUSH after it; and its max_write_zeroes_sectors may be an old
+ * kernel's max_write_same_sectors (operation 5 was WRITE_SAME), so write
+ * zeroes are not used with it. A server of ours takes both as they are.
+ */
+static void fua_trim_on(bool kernel)
+{
+	static uint8_t w[4096], r[4096], zero[4096];
+	struct rnbd_clt_dev_info info = { .size = sizeof(info) };
+	int64_t rws[4] = { -1, -1, -1, -1 };
+	struct rnbd_clt_sess *s;
+	struct rnbd_clt_dev *d;
+	bool patched = false;
+	struct clt c;
+
+	if (!rnbd_up(kernel))
+		return;
+	fake_on_post(is_open_rsp, NULL, offer_write_same, &patched);
+	if (!clt_map(&c, &s, &d)) {
+		fake_on_post(NULL, NULL, NULL, NULL);
+		rnbd_down();
+		return;
+	}
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK(patched, "the OPEN_RSP went by");
+	CHECK_EQ(rnbd_clt_dev_info(d, &info), 0);
+	CHECK(info.write_zeroes == !kernel, "write zeroes %s", info.write_zeroes ? "offered" : "not");
+	CHECK(info.discard, "discard offered");
+	if (kernel)
+		CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_WRITE_ZEROES, 0, 0, NULL, 4096), -EOPNOTSUPP);
+	pattern(w, sizeof(w), 71);
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_WRITE, 0, 8192, w, sizeof(w)), 0);
+	CHECK_EQ(submit_seen(d, RNBD_CLT_DISCARD, RNBD_CLT_F_FUA, 8192, NULL, 4096, kernel ? 2 : 1,
+			     rws), kernel ? 2u : 1u);
+	CHECK_EQ(rws[0] & RNBD_OP_MASK, RNBD_OP_DISCARD);
+	CHECK_EQ(rws[0] & ~(int64_t)RNBD_OP_MASK, kernel ? 0 : RNBD_F_FUA);
+	if (kernel) {
+		CHECK_EQ(rws[1] & RNBD_OP_MASK, RNBD_OP_FLUSH);
+		CHECK_EQ(rws[1] & ~(int64_t)RNBD_OP_MASK, RNBD_F_SYNC);
+	}
+	/* The memory device gives discarded blocks back as zeros. */
+	CHECK_EQ(rnbd_clt_io(d, RNBD_CLT_READ, 0, 8192, r, sizeof(r)), 0);
+	CHECK(!memcmp(r, zero, sizeof(r)), "discarded");
+	rnbd_clt_sess_close(s);
+	clt_close(&c);
+	rnbd_down();
+}
+
+static void rnbd_fua_trim_kernel_server(void)
+{
+	fua_trim_on(true);
+}
+
+static void rnbd_fua_trim_project_server(void)
+{
+	fua_trim_on(false);
 }
 
 /* ---- a kernel client, RNBD by hand ------------------------------------------------------ */
@@ -409,6 +504,8 @@ static void rnbd_unmap_while_down(void)
 static const struct scenario scenarios[] = {
 	{ "rnbd_preflush_kernel_server", rnbd_preflush_kernel_server },
 	{ "rnbd_preflush_project_server", rnbd_preflush_project_server },
+	{ "rnbd_fua_trim_kernel_server", rnbd_fua_trim_kernel_server },
+	{ "rnbd_fua_trim_project_server", rnbd_fua_trim_project_server },
 	{ "rnbd_kernel_client", rnbd_kernel_client },
 	{ "rnbd_project_client", rnbd_project_client },
 	{ "rnbd_unmap_while_down", rnbd_unmap_while_down },

@@ -535,35 +535,44 @@ static void test_paths(void)
 /*
  * A kernel rnbd-server before 7.0 drops PREFLUSH and NOUNMAP: PREFLUSH
  * becomes a FLUSH of its own first (a FLUSH needs none), NOUNMAP cannot go.
+ * Its block layer (Linux 6.3 on) fails FUA on anything but a write or a
+ * flush: FUA comes off a discard, secure erase or write zeroes, and a FLUSH
+ * goes after it.
  */
 static void test_io_for_kernel(void)
 {
 	static const enum rnbd_io_op ops[] = { RNBD_OP_WRITE, RNBD_OP_DISCARD,
 					       RNBD_OP_SECURE_ERASE, RNBD_OP_WRITE_ZEROES };
 	uint32_t flags;
-	bool first;
+	bool first, after;
 
 	for (size_t i = 0; i < ARRAY_SIZE(ops); i++) {
+		bool write = ops[i] == RNBD_OP_WRITE;
+
 		flags = RNBD_F_PREFLUSH | RNBD_F_FUA;
-		first = false;
-		CHECK_EQ(rnbd_io_for_kernel(ops[i], &flags, &first), 0);
+		first = after = false;
+		CHECK_EQ(rnbd_io_for_kernel(ops[i], &flags, &first, &after), 0);
 		CHECK(first, "%s: a FLUSH first", rnbd_op_name(ops[i]));
-		CHECK_EQ(flags, RNBD_F_FUA);
+		CHECK(after == !write, "%s: a FLUSH after: %d", rnbd_op_name(ops[i]), after);
+		CHECK_EQ(flags, write ? RNBD_F_FUA : 0);
 		flags = RNBD_F_FUA;
-		CHECK_EQ(rnbd_io_for_kernel(ops[i], &flags, &first), 0);
-		CHECK(!first && flags == RNBD_F_FUA);
+		CHECK_EQ(rnbd_io_for_kernel(ops[i], &flags, &first, &after), 0);
+		CHECK(!first && after == !write && flags == (write ? RNBD_F_FUA : 0u));
+		flags = 0;
+		CHECK_EQ(rnbd_io_for_kernel(ops[i], &flags, &first, &after), 0);
+		CHECK(!first && !after && flags == 0);
 	}
-	flags = RNBD_F_PREFLUSH;
-	first = true;
-	CHECK_EQ(rnbd_io_for_kernel(RNBD_OP_FLUSH, &flags, &first), 0);
-	CHECK(!first && flags == 0, "a FLUSH is one: no second");
+	flags = RNBD_F_PREFLUSH | RNBD_F_FUA;
+	first = after = true;
+	CHECK_EQ(rnbd_io_for_kernel(RNBD_OP_FLUSH, &flags, &first, &after), 0);
+	CHECK(!first && !after && flags == RNBD_F_FUA, "a FLUSH is one: no second");
 	flags = 0;
-	CHECK_EQ(rnbd_io_for_kernel(RNBD_OP_READ, &flags, &first), 0);
-	CHECK(!first && flags == 0);
+	CHECK_EQ(rnbd_io_for_kernel(RNBD_OP_READ, &flags, &first, &after), 0);
+	CHECK(!first && !after && flags == 0);
 	flags = RNBD_F_NOUNMAP;
-	CHECK_EQ(rnbd_io_for_kernel(RNBD_OP_WRITE_ZEROES, &flags, &first), -EOPNOTSUPP);
+	CHECK_EQ(rnbd_io_for_kernel(RNBD_OP_WRITE_ZEROES, &flags, &first, &after), -EOPNOTSUPP);
 	flags = RNBD_F_NOUNMAP | RNBD_F_PREFLUSH;
-	CHECK_EQ(rnbd_io_for_kernel(RNBD_OP_WRITE_ZEROES, &flags, &first), -EOPNOTSUPP);
+	CHECK_EQ(rnbd_io_for_kernel(RNBD_OP_WRITE_ZEROES, &flags, &first, &after), -EOPNOTSUPP);
 }
 
 /* The access file (lib/rnbd/rnbd-access.c): what a text grants, and each refusal with its line. */
