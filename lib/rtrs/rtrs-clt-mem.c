@@ -17,6 +17,16 @@ static struct clt_path *sess_path(struct rtrs_clt_sess *s, size_t i)
 	return &s->paths[i];
 }
 
+/*
+ * Every slot of the session's path array, not just the published ones
+ * (paths_num): a path being added registers the regions when its fabric is
+ * up (clt_path_mem_setup, mem_ready), before rtrs_clt_add_path publishes
+ * it, and a region added or removed meanwhile must reach it too. A slot
+ * that holds no path has mem_ready false and no registrations; slots are
+ * cleared only under mem_lock (rtrs_clt_add_path).
+ */
+#define for_each_slot(s, i) for (size_t i = 0; (s)->paths && i < RTRS_MAX_PATHS; i++)
+
 /* With mem_lock held for writing. */
 static void path_mem_dereg(struct clt_path *p)
 {
@@ -98,16 +108,16 @@ int rtrs_clt_mem_register(struct rtrs_clt_sess *s, void *buf, size_t len)
 	}
 	s->mem[slot].buf = buf;
 	s->mem[slot].len = len;
-	for (size_t i = 0; !rc && i < atomic_load(&s->paths_num); i++) {
+	for_each_slot(s, i) {
 		struct clt_path *p = sess_path(s, i);
 
-		if (p->mem_ready)
+		if (!rc && p->mem_ready)
 			rc = fab_mr_reg(p->fab, buf, len, FAB_MR_LOCAL, &p->mem_mrs[slot]);
 	}
 	if (rc) {
 		log_err("%s: registering %zu bytes of memory failed: %s", s->name, len,
 			strerror(-rc));
-		for (size_t i = 0; i < atomic_load(&s->paths_num); i++)
+		for_each_slot(s, i)
 			fab_mr_dereg(&sess_path(s, i)->mem_mrs[slot]);
 		s->mem[slot].len = 0;
 		goto out;
@@ -129,7 +139,7 @@ int rtrs_clt_mem_unregister(struct rtrs_clt_sess *s, void *buf)
 	for (unsigned i = 0; i < RTRS_CLT_MEM_MAX; i++) {
 		if (!s->mem[i].len || s->mem[i].buf != buf)
 			continue;
-		for (size_t j = 0; j < atomic_load(&s->paths_num); j++)
+		for_each_slot(s, j)
 			fab_mr_dereg(&sess_path(s, j)->mem_mrs[i]);
 		s->mem[i].len = 0;
 		atomic_fetch_sub(&s->nr_mem, 1);

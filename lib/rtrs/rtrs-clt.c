@@ -795,6 +795,14 @@ static void path_reconnect_call(void *arg)
 	}
 }
 
+/* An unpublished path slot emptied, under mem_lock: region (un)registrations look at every slot. */
+static void path_slot_clear(struct rtrs_clt_sess *s, struct clt_path *p)
+{
+	pthread_rwlock_wrlock(&s->mem_lock);
+	memset(p, 0, sizeof(*p));
+	pthread_rwlock_unlock(&s->mem_lock);
+}
+
 RTRS_EXPORT
 int rtrs_clt_add_path(struct rtrs_clt_sess *s, const struct rtrs_path_addr *addr,
 		      unsigned *idx_out)
@@ -816,7 +824,7 @@ int rtrs_clt_add_path(struct rtrs_clt_sess *s, const struct rtrs_path_addr *addr
 		return -ENOSPC;
 	}
 	p = &s->paths[n];
-	memset(p, 0, sizeof(*p));
+	path_slot_clear(s, p);
 	rc = path_init(s, p, (unsigned)n, addr);
 	if (!rc) {
 		/* Seen by a shutdown from here on, or closing is seen by the connect. */
@@ -838,7 +846,7 @@ int rtrs_clt_add_path(struct rtrs_clt_sess *s, const struct rtrs_path_addr *addr
 		while (p->sess && atomic_load(&p->conn_work.queued))
 			loop_call(s->loop, loop_call_nothing, NULL);
 		path_fini(p);
-		memset(p, 0, sizeof(*p));
+		path_slot_clear(s, p);
 		atomic_store(&s->add_pending, false);
 		pthread_mutex_unlock(&s->admin_lock);
 		return rc;

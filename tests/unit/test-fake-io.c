@@ -230,6 +230,86 @@ static void mem_registered(void)
 	teardown(&c);
 }
 
+/* rtrs_clt_add_path of path "b", on a thread of its own. */
+struct adder {
+	struct clt *c;
+	pthread_t t;
+	int rc;
+	unsigned idx;
+	uint8_t *region;     /* registered as the new path's information response goes */
+};
+
+static void *add_b(void *arg)
+{
+	struct adder *a = arg;
+	char dst[64];
+	struct rtrs_path_addr b = { .dst = dst };
+
+	snprintf(dst, sizeof(dst), "b:%d", srv.port);
+	a->rc = rtrs_clt_add_path(a->c->sess, &b, &a->idx);
+	return NULL;
+}
+
+static void register_region(struct fake_ev *ev, void *arg)
+{
+	struct adder *a = arg;
+
+	CHECK_EQ(rtrs_clt_mem_register(a->c->sess, a->region, 4 * LEN), 0);
+	fake_unclaim(ev);
+}
+
+/*
+ * A region registered while a path is being added, after the new path's
+ * fabric came up and before rtrs_clt_add_path published it: the new path
+ * has it too (it was missed, and a write from the region on that path went
+ * with no descriptor). Then unregistered: the new path lets go of it too.
+ */
+static void mem_registered_while_adding(void)
+{
+	static uint8_t region[4 * LEN];
+	struct m info_b = { .dir = TO_CLT, .host = "b", .msg = MSG(RTRS_MSG_INFO_RSP) };
+	static struct io io;
+	struct iovec d[1];
+	struct adder a = { 0 };
+	struct clt c;
+	uint64_t n0;
+
+	fake_set_mr_local(true);
+	if (!setup(&c, "a", NULL))
+		return;
+	pattern(region, sizeof(region), 11);
+	a.c = &c;
+	a.region = region;
+	fake_on_post(match, &info_b, register_region, &a);
+	CHECK_EQ(pthread_create(&a.t, NULL, add_b, &a), 0);
+	pthread_join(a.t, NULL);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK_EQ(a.rc, 0);
+	CHECK_EQ(a.idx, 1);
+	/* Only the new path is left to carry writes. */
+	CHECK_EQ(rtrs_clt_remove_path(c.sess, 0), 0);
+	CHECK_EQ(fake_settle(), 0);
+	n0 = fake_local_regs();
+	for (int i = 0; i < 4; i++) {
+		d[0] = (struct iovec){ region + i * LEN, LEN };
+		CHECK_EQ(io_startv(&io, &c, RTRS_WRITE, RTRS_IO_CON, (uint32_t)(30 + i) * LEN, d, 1),
+			 0);
+		CHECK_EQ(io_wait(&io), 0);
+		io_put(&io);
+		CHECK(!memcmp(srv.area + (30 + i) * LEN, region + i * LEN, LEN),
+		      "write %d from the region landed", i);
+	}
+	CHECK_EQ(fake_local_regs() - n0, 0);
+	CHECK_EQ(rtrs_clt_mem_unregister(c.sess, region), 0);
+	n0 = fake_local_regs();
+	d[0] = (struct iovec){ region, LEN };
+	CHECK_EQ(io_startv(&io, &c, RTRS_WRITE, RTRS_IO_CON, 40 * LEN, d, 1), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	CHECK_EQ(fake_local_regs() - n0, 1);
+	teardown(&c);
+}
+
 /*
  * The next n writes of one end of the IO connection are refused as a full
  * send queue would refuse them: what was posted waits on the connection's
@@ -1816,6 +1896,7 @@ static const struct scenario scenarios[] = {
 	{ "io_split", io_split },
 	{ "poll_unsupported", poll_unsupported },
 	{ "mem_registered", mem_registered },
+	{ "mem_registered_while_adding", mem_registered_while_adding },
 	{ "io_eagain_client", io_eagain_client },
 	{ "io_eagain_server", io_eagain_server },
 	{ "admin_con", admin_con },
