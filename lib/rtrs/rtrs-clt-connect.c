@@ -1170,7 +1170,7 @@ void clt_path_attempt_failed(struct clt_path *p, int rc)
 {
 	struct rtrs_clt_sess *s = p->sess;
 	enum clt_cst st = p->cst;
-	bool again;
+	bool again, lost;
 
 	path_attempt_over(p);
 	if (st == CST_CON)
@@ -1185,7 +1185,8 @@ void clt_path_attempt_failed(struct clt_path *p, int rc)
 	clt_path_open_job_end(p);
 	clt_path_destroy_cons(p);
 	clt_path_release(p);
-	if (rc == -ENODEV) {
+	lost = atomic_exchange(&p->fab_lost, false);
+	if (rc == -ENODEV || lost) {
 		/* The device went: the next attempt opens the fabric anew. */
 		fab_close(p->fab);
 		p->fab = NULL;
@@ -1429,7 +1430,15 @@ void clt_path_attempt_start(struct clt_path *p)
 	 * would hold every session's heartbeats.
 	 */
 	p->cst = CST_IDLE;
+	if (p->fab && atomic_exchange(&p->fab_lost, false)) {
+		/* Its device went while the path was up (clt_path_stop): another fabric. */
+		fab_close(p->fab);
+		p->fab = NULL;
+	}
 	rc = p->fab ? path_fab_ready(p) : CST_OPEN;
+	if (rc < 0 && p->fab)
+		/* A fabric that cannot register a message: the next attempt opens another. */
+		atomic_store(&p->fab_lost, true);
 	if (rc >= 0)
 		rc = path_enter(p, (enum clt_cst)rc);
 	if (rc) {

@@ -156,6 +156,12 @@ struct clt_path {
 	int open_attempt;           /* ... and this is its attempt number, of open_tries */
 	int open_tries;
 	int fab_open_rc;            /* the opener's fab_open failed so (clt_path_open) */
+	/*
+	 * The fabric is no good any more: its device went while the path was
+	 * up (-ENODEV), or an attempt could not register on it. The next
+	 * attempt closes it and opens another (CST_OPEN).
+	 */
+	atomic_bool fab_lost;
 	/* CST_OPEN: a fabric opened again on an offload worker (after its device went). */
 	struct offload_job open_job;
 	struct fab *fab_opened;     /* the job's fabric, until the loop takes it */

@@ -217,6 +217,9 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 		loop_timer_arm(&s->wait_timer, 1, 50);
 	}
 	clt_path_release(p);
+	if (err == -ENODEV)
+		/* Its device went: a registration on its fabric fails from now on (-EIO). */
+		atomic_store(&p->fab_lost, true);
 	if (next == RTRS_PATH_RECONNECTING &&
 	    !clt_path_should_reconnect(p, err, atomic_load(&p->attempts)))
 		next = RTRS_PATH_CLOSED;

@@ -44,6 +44,7 @@ struct fault_set {
 	bool kernel_client;
 	unsigned open_delay_ms;
 	bool down_nodev;
+	bool nodev_dead;
 	struct rtrs_tls_ctx *tls_alt;  /* tls_host's context, or NULL */
 	bool tls_later_only;
 	/* stale_rkey: the first key each chunk id was written with. */
@@ -58,6 +59,7 @@ struct fault_fab {
 	struct fault_set *fs;
 	bool server;
 	unsigned delay_us;         /* this fabric's connections are slow */
+	atomic_bool dead;          /* nodev_dead: a connection went down with -ENODEV */
 	/* tls_alt: what the owner set (fab_set_tls), given to connection 0 with tls_later_only */
 	pthread_mutex_t tls_lock;
 	enum fab_tls_mode tls_mode;
@@ -68,6 +70,7 @@ struct fault_con {
 	const struct fab_ops *ops; /* &fab_fault_ops */
 	struct fab_con *inner;
 	struct fault_set *fs;
+	struct fault_fab *ff;      /* its fabric, which outlives it */
 	bool client;
 	unsigned delay_us;
 	const struct fab_con_ops *user_ops;
@@ -158,6 +161,7 @@ static int fault_set_new(const struct rtrs_fault *f, struct fault_set **out)
 	fs->kernel_client = f->kernel_client;
 	fs->open_delay_ms = f->open_delay_ms;
 	fs->down_nodev = f->down_nodev;
+	fs->nodev_dead = f->down_nodev && f->nodev_dead;
 	if (f->paths_uuid) {
 		fs->set_uuid = true;
 		memcpy(fs->paths_uuid, f->paths_uuid, strlen(f->paths_uuid));
@@ -243,6 +247,8 @@ static void fault_down(void *priv, int err, const void *data, size_t len)
 	if (c->client && c->fs->down_nodev) {
 		atomic_fetch_add(&st_nodev, 1);
 		err = -ENODEV;
+		if (c->fs->nodev_dead)
+			atomic_store(&c->ff->dead, true);
 	}
 	c->user_ops->down(c->user_priv, err, data, len);
 }
@@ -367,6 +373,8 @@ static const struct fab_attr *fault_attr(const struct fab *f)
 
 static int fault_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr)
 {
+	if (atomic_load(&ff_of(f)->dead))
+		return -EIO;
 	return fab_mr_reg(ff_of(f)->inner, buf, len, access, mr);
 }
 
@@ -425,8 +433,13 @@ static int con_open(struct fab *f, struct fab_connreq *req, const struct fab_con
 
 	if (!c)
 		return -ENOMEM;
+	if (atomic_load(&ff->dead)) {
+		free(c);
+		return -EIO;
+	}
 	c->ops = &fab_fault_ops;
 	c->fs = ff->fs;
+	c->ff = ff;
 	atomic_fetch_add(&c->fs->refs, 1);
 	c->client = !ff->server;
 	c->delay_us = ff->delay_us;

@@ -75,6 +75,13 @@ struct rtrs_fault {
 	 */
 	bool down_nodev;
 	/*
+	 * Client, with down_nodev: a fabric that had a connection go down so is
+	 * dead from then on, as an RDMA device's context is once the device is
+	 * removed: its registrations fail with -EIO (not -ENODEV) and so do its
+	 * connects. Only a fabric opened anew works.
+	 */
+	bool nodev_dead;
+	/*
 	 * Client: TLS handshakes present another host's configured PSK:
 	 * tls_key (an NVMeTLSkey-1 string) under the identity of tls_host at
 	 * server tls_server, in place of the session's own; on every

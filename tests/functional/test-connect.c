@@ -643,15 +643,19 @@ out:
  * -ENODEV) opens its fabric again on an offload worker: with the fabric
  * taking 1.5 s to open, the server gone and back, the path reconnects and
  * the client's service loops keep their 5 ms timers meanwhile (on the loop
- * the open would stall them 1.5 s).
+ * the open would stall them 1.5 s). dead: the old fabric is dead from the
+ * connection's -ENODEV on (its registrations fail with -EIO, as an RDMA
+ * device's do once it is removed): the path's first attempt must not
+ * reuse it (it did, failed with -EIO and kept it, for ever).
  */
-static void test_device_gone_reopen(void)
+static void test_device_gone_reopen(bool dead)
 {
+	(void)dead;
 #ifdef RTRS_FAULT_INJECTION
 	enum { OPEN_MS = 1500 };
 	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
 	struct rtrs_path_addr path = { .dst = NULL };
-	struct rtrs_fault f = { .down_nodev = true, .open_delay_ms = OPEN_MS };
+	struct rtrs_fault f = { .down_nodev = true, .nodev_dead = dead, .open_delay_ms = OPEN_MS };
 	struct rtrs_fault_stats fst;
 	struct loop_probe pr[LOOP_SHARED_MAX];
 	struct loop *loops[LOOP_SHARED_MAX];
@@ -693,10 +697,11 @@ static void test_device_gone_reopen(void)
 	gap = probes_stop(pr, loops);
 	rtrs_fault_get_stats(&fst);
 	CHECK_EQ(rtrs_clt_path_stats(s, 0, &st), 0);
-	fprintf(stderr, "device gone: path back after %llu ms, %llu reconnect failures, %llu "
+	fprintf(stderr, "device gone%s: path back after %llu ms, %llu reconnect failures, %llu "
 		"-ENODEV downs, the client loops' longest stall %llu ms\n",
-		(unsigned long long)took, (unsigned long long)st.reconnect_failures,
+		dead ? " (its fabric dead)" : "", (unsigned long long)took, (unsigned long long)st.reconnect_failures,
 		(unsigned long long)fst.nodev, (unsigned long long)gap);
+	CHECK(took > 0, "the path came back");
 	CHECK(took >= OPEN_MS, "the path came back after %llu ms: its fabric was not opened again",
 	      (unsigned long long)took);
 	CHECK(fst.nodev >= 1, "a connection went down with -ENODEV");
@@ -1828,7 +1833,8 @@ int main(void)
 	test_reconnect_threads();
 	test_slow_fabric_open();
 	test_dh_off_loop();
-	test_device_gone_reopen();
+	test_device_gone_reopen(false);
+	test_device_gone_reopen(true);
 	if (tcp)
 		test_unreachable(); /* plain TCP sockets play the peer */
 	if (tcp)
