@@ -469,8 +469,9 @@ int rtrs_clt_get_reconnect(struct rtrs_clt_sess *sess, struct rtrs_reconnect_par
 int rtrs_clt_set_reconnect(struct rtrs_clt_sess *sess, const struct rtrs_reconnect_params *p);
 /*
  * Reconnects path idx now, whatever its state (a connected path is closed
- * first), with a fresh count of attempts. Returns at once; watch the state
- * in rtrs_clt_path_stats().
+ * first), with a fresh count of attempts: max_reconnect_attempts of them,
+ * and one where that is 0 (never by itself). Returns at once; watch the
+ * state in rtrs_clt_path_stats().
  */
 int rtrs_clt_reconnect_path(struct rtrs_clt_sess *sess, unsigned idx);
 

@@ -1156,6 +1156,7 @@ static void path_attempt_done(struct clt_path *p)
 		path_open_finish(p, 0);
 	} else {
 		atomic_store(&p->attempts, 0);
+		atomic_store(&p->by_hand, false);
 		atomic_fetch_add(&p->stat_reconnects, 1);
 		log_info("%s: reconnected", p->name);
 	}

@@ -222,6 +222,11 @@ struct clt_path {
 	atomic_int attempts;        /* failed reconnect attempts in a row */
 	atomic_uint_fast64_t down_since_ms; /* when it last failed (loss timeout) */
 	atomic_bool keep_closed;    /* disconnected by the user */
+	/*
+	 * rtrs_clt_reconnect_path: at least one attempt, even with a budget of
+	 * none (max_reconnect_attempts 0); until the path is up or given up.
+	 */
+	atomic_bool by_hand;
 	atomic_bool removed;        /* rtrs_clt_remove_path: the slot stays, closed */
 	/* Fencing (docs/protocol.md section 10). */
 	bool srv_fence;             /* the server answers fences */

@@ -116,8 +116,13 @@ bool clt_path_should_reconnect(struct clt_path *p, int err, int attempts)
 		.down_ms = now_ms() - atomic_load(&p->down_since_ms),
 		.loss_timeout_ms = atomic_load(&s->reconnect_loss_timeout_ms),
 	};
-	enum rtrs_reconnect_verdict v = rtrs_should_reconnect(&in);
+	enum rtrs_reconnect_verdict v;
 
+	if (in.max_attempts == 0 && atomic_load(&p->by_hand))
+		in.max_attempts = 1; /* "never" by itself; asked by hand: once */
+	v = rtrs_should_reconnect(&in);
+	if (v != RTRS_RECONNECT_RETRY)
+		atomic_store(&p->by_hand, false);
 	if (err)
 		atomic_store(&p->last_err, err);
 	atomic_store(&p->verdict, (int)v);

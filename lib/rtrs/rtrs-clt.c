@@ -776,6 +776,7 @@ static void path_reconnect_call(void *arg)
 	atomic_store(&p->last_err, 0);
 	atomic_store(&p->verdict, -1);
 	atomic_store(&p->attempts, 0);
+	atomic_store(&p->by_hand, true);
 	atomic_store(&p->down_since_ms, now_ms()); /* a fresh loss timeout too */
 	switch (atomic_load(&p->base.state)) {
 	case RTRS_PATH_CONNECTED:

@@ -658,6 +658,11 @@ static bool path_came_up(void *arg)
 	return atomic_load(&((struct clt *)arg)->path_up) == 1;
 }
 
+static bool path_came_up_twice(void *arg)
+{
+	return atomic_load(&((struct clt *)arg)->path_up) == 2;
+}
+
 /* The second schedule: the failed attempt has armed the next one (it logs after arming). */
 static bool attempt_failed(void *arg)
 {
@@ -1475,6 +1480,41 @@ static void disconnect_reconnect(void)
 }
 
 /*
+ * With no reconnects allowed (max_reconnect_attempts 0), a reconnect by hand
+ * still makes one attempt: of a path closed after a failure, and of a path
+ * that is up (it was closed for good instead, and a closed one stayed
+ * closed). A failure after that is not retried by itself.
+ */
+static void reconnect_by_hand_no_budget(void)
+{
+	struct clt c;
+
+	if (!setup(&c, "a", no_reconnect))
+		return;
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 0, "closed"), "state %s", clt_path(&c, 0).state);
+	CHECK_EQ(rtrs_clt_reconnect_path(c.sess, 0), 0);
+	CHECK_EQ(fake_advance(1), 0);
+	CHECK_EQ(fake_wait(path_came_up, &c, "the path to come back"), 0);
+	CHECK(clt_path_is(&c, 0, "connected"), "state %s", clt_path(&c, 0).state);
+	CHECK(io_roundtrip(&c, 0, 47), "IO after the reconnect");
+	/* Up, and reconnected by hand: closed, then connected again. */
+	CHECK_EQ(rtrs_clt_reconnect_path(c.sess, 0), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_wait(path_came_up_twice, &c, "the path to come back again"), 0);
+	CHECK(clt_path_is(&c, 0, "connected"), "state %s", clt_path(&c, 0).state);
+	CHECK(io_roundtrip(&c, 0, 48), "IO after the second reconnect");
+	/* Its budget is none again. */
+	CHECK_EQ(fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(fake_advance(10 * RECONNECT_MS), 0);
+	CHECK(clt_path_is(&c, 0, "closed"), "state %s", clt_path(&c, 0).state);
+	teardown(&c);
+}
+
+/*
  * The server restarts: the client's first attempt finds nobody listening,
  * the second finds the new server, which knows nothing of the session.
  * rtrs_clt_query counts the new server session, and IO goes on.
@@ -1897,6 +1937,7 @@ static const struct scenario scenarios[] = {
 	{ "poll_unsupported", poll_unsupported },
 	{ "mem_registered", mem_registered },
 	{ "mem_registered_while_adding", mem_registered_while_adding },
+	{ "reconnect_by_hand_no_budget", reconnect_by_hand_no_budget },
 	{ "io_eagain_client", io_eagain_client },
 	{ "io_eagain_server", io_eagain_server },
 	{ "admin_con", admin_con },
