@@ -14,6 +14,7 @@
  * (lib/rpc), the methods server.sessions, server.devices, server.close
  * and server.stats, which the rnbd command calls (docs/management.md).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <netdb.h>
@@ -968,8 +969,46 @@ static const char *origin(const char *name, const char *value)
  * the listener, which retries while it does not resolve (DNS may come up
  * after the server), and so is an IPv6 address's scope: "fe80::1%eth1"
  * names an interface that may come up later; the address before it is
- * checked.
+ * checked. A name must be one that could resolve: labels of letters,
+ * digits, '-' and '_' (RFC 1123, with the underscore some sites use), of at
+ * most 63 bytes, 253 in all ("10.0.0.1 10.0.0.2", two addresses on one
+ * line, never resolves: the listener would retry for ever).
  */
+static int host_name_check(const char *name, char *why, size_t len)
+{
+	size_t n = strlen(name), label = 0;
+
+	if (n > 253) {
+		snprintf(why, len, "not an IPv4 or IPv6 address, and too long for a host name");
+		return -EINVAL;
+	}
+	for (size_t i = 0; i <= n; i++) {
+		unsigned char ch = (unsigned char)name[i];
+
+		if (ch == '.' || !ch) {
+			if (!label && (ch || i == 0)) {
+				snprintf(why, len, "not an IPv4 or IPv6 address, and not a host name "
+					 "(an empty label)");
+				return -EINVAL;
+			}
+			label = 0;
+			continue;
+		}
+		if (!isalnum(ch) && ch != '-' && ch != '_') {
+			snprintf(why, len, "not an IPv4 or IPv6 address, and not a host name (%s at "
+				 "byte %zu)", ch == ' ' || ch == '\t' ? "a blank" : "a character a "
+				 "host name does not have", i + 1);
+			return -EINVAL;
+		}
+		if (++label > 63) {
+			snprintf(why, len, "not an IPv4 or IPv6 address, and not a host name (a "
+				 "label over 63 bytes)");
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
 static int listen_addr_check(const char *addr, char *why, size_t len)
 {
 	struct addrinfo hints = { .ai_flags = AI_PASSIVE | AI_NUMERICHOST }, *res;
@@ -979,7 +1018,7 @@ static int listen_addr_check(const char *addr, char *why, size_t len)
 	int rc;
 
 	if (!numeric)
-		return 0;
+		return host_name_check(addr, why, len);
 	if (scope) {
 		if ((size_t)(scope - addr) >= sizeof(bare)) {
 			snprintf(why, len, "not an IPv4 or IPv6 address (too long)");

@@ -124,6 +124,13 @@ check "a listen address that is no address: its file and line, at once (not retr
 check "--addr fe80::1::2: refused at once" \
 	refused addrarg 2 "rnbd-server: --addr fe80::1::2: not an IPv4 or IPv6 address" -m m:1M \
 	--addr fe80::1::2
+printf 'port 0\naddr 10.0.0.1 10.0.0.2\n' >"$dir/addr2.conf"
+check "two addresses on one addr line: its file and line, at once (a name that never resolves)" \
+	refused addrtwo 2 "$dir/addr2.conf:2: addr 10.0.0.1 10.0.0.2: not an IPv4 or IPv6 address, and not a host name (a blank" \
+	-m m:1M -c "$dir/addr2.conf"
+check "--addr a..b: refused at once" \
+	refused addrlabel 2 "rnbd-server: --addr a..b: not an IPv4 or IPv6 address, and not a host name (an empty label)" \
+	-m m:1M --addr a..b
 printf 'port 0\n# exports\ndev-search-path %s\n' "$dir/none" >"$dir/search.conf"
 check "a search path that does not exist: its file and line" \
 	refused searchline 2 "$dir/search.conf:3: dev-search-path $dir/none: No such file or directory" \
