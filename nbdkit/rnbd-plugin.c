@@ -327,6 +327,25 @@ static bool export_closed(struct export *e)
 }
 
 /*
+ * Whether e's device is still what its connections were told when it was
+ * mapped: size, mode and logical block size. A remap (after the server
+ * closed it, or librnbd's after a new server session: a server restarted
+ * with --direct has 4096-byte blocks where it had 512) may have changed
+ * them; the connections that share it keep what they were told, and a new
+ * one is not served under them. 0, -ESTALE, or dev_info's error.
+ */
+static int export_unchanged(struct export *e)
+{
+	struct rnbd_clt_dev_info info = { .size = sizeof(info) };
+	int rc = rnbd_clt_dev_info(e->dev, &info);
+
+	if (!rc && (info.bytes != e->info.bytes || info.read_only != e->info.read_only ||
+		    info.logical_block_size != e->info.logical_block_size))
+		rc = -ESTALE;
+	return rc;
+}
+
+/*
  * A device the server closed is opened again for a new connection, as a
  * new map would (e busy, exports_lock not held): the connections sharing
  * it would otherwise keep failing with -ENOTCONN until the last of them
@@ -334,7 +353,6 @@ static bool export_closed(struct export *e)
  */
 static int export_reopen_closed(struct export *e)
 {
-	struct rnbd_clt_dev_info info = { .size = sizeof(info) };
 	int rc;
 
 	rc = rnbd_clt_remap(e->dev);
@@ -343,17 +361,7 @@ static int export_reopen_closed(struct export *e)
 	if (rc)
 		return rc;
 	nbdkit_debug("%s: the server had closed it; opened again", e->name);
-	/*
-	 * The connections that share it keep the size and mode they were
-	 * told: a device that changed meanwhile is not served to a new one
-	 * under them.
-	 */
-	info.size = sizeof(info);
-	rc = rnbd_clt_dev_info(e->dev, &info);
-	if (!rc && (info.bytes != e->info.bytes || info.read_only != e->info.read_only ||
-		    info.logical_block_size != e->info.logical_block_size))
-		rc = -ESTALE;
-	return rc;
+	return 0;
 }
 
 static void export_put(struct export *e);
@@ -438,25 +446,33 @@ static void *rnbd_open(int readonly)
 		free(name);
 		name = NULL;
 		e->refs++;
-		if (export_closed(e)) {
+		bool closed = export_closed(e);
+
+		rc = 0;
+		if (closed) {
 			e->state = EX_REOPENING;
 			pthread_mutex_unlock(&exports_lock);
 			rc = export_reopen_closed(e);
 			pthread_mutex_lock(&exports_lock);
 			e->state = EX_LIVE;
 			pthread_cond_broadcast(&exports_cond);
-			if (rc) {
-				pthread_mutex_unlock(&exports_lock);
-				nbdkit_error("%s: the server closed it, and %s", e->name,
-					     rc == -ESTALE ? "it changed (size, mode or block size) "
-					     "while it was: the connections that share it must close "
-					     "first" : why_failed(rc));
-				export_put(e); /* the last reference if they closed meanwhile */
-				free(h);
-				return NULL;
-			}
 		}
+		if (!rc)
+			rc = export_unchanged(e);
 		pthread_mutex_unlock(&exports_lock);
+		if (rc) {
+			if (rc == -ESTALE)
+				nbdkit_error("%s: it changed (size, mode or block size) since the "
+					     "connections that share it were told%s: they must close "
+					     "first", e->name,
+					     closed ? " (the server closed it)" : "");
+			else
+				nbdkit_error("%s: %s%s", e->name, closed ? "the server closed it, "
+					     "and " : "", why_failed(rc));
+			export_put(e); /* the last reference if they closed meanwhile */
+			free(h);
+			return NULL;
+		}
 	} else {
 		e = calloc(1, sizeof(*e));
 		if (!e) {

@@ -99,6 +99,18 @@ check "a read after force-close fails" bash -c "! dd if='$dir/mnt/nbd' of=/dev/n
 	count=1 skip=100 iflag=direct status=none 2>'$dir/dd.err'"
 check "... with EIO for the NBD client (not EINVAL)" grep -q "Input/output error" "$dir/dd.err"
 check "... with ENOTCONN in nbdkit's log" grep -q "Transport endpoint is not connected" "$dir/nbdkit.log"
+# The device grows while it is closed and the mount still holds it: a new
+# connection is refused (the mount was told the old size), and so is the
+# one after it, which finds the device opened again by the first; once the
+# mount has gone, a new connection gets the new size.
+truncate -s $((2 * size)) "$dir/disk.img"
+check "grown while closed: a new connection is refused" \
+	bash -c "! nbdinfo --size '$uri' >/dev/null 2>'$dir/grown1.err'"
+check "... and the next one too (not served the old size)" \
+	bash -c "! nbdinfo --size '$uri' >/dev/null 2>'$dir/grown2.err'"
+check "... nbdkit says why" grep -q "it changed (size, mode or block size)" "$dir/nbdkit.log"
 fusermount3 -u "$dir/mnt" 2>/dev/null || umount "$dir/mnt"
+check "the mount gone: a new connection gets the new size" \
+	wait_until 10 bash -c "test \"\$(nbdinfo --size '$uri' 2>/dev/null)\" = $((2 * size))"
 
 finish nbd-tools
