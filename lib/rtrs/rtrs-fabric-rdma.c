@@ -47,6 +47,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -78,6 +79,7 @@
  */
 #define RDMA_SQ_SLACK 32
 #define RDMA_CHAIN_MAX 16      /* work requests in one post (fab_post) */
+#define RDMA_DRAIN_MS 500      /* an SRQ user's QP: how long its release waits for its flush */
 #define RDMA_CHAIN_SGE 48      /* ... and their vectors */
 #define RDMA_IMM_MSG_LEN 4     /* an immediate carried as a message (iWARP) */
 #define RDMA_RX_MIN 64         /* the smallest receive buffer */
@@ -251,6 +253,7 @@ struct fab_con {
 	unsigned cq_reserved;   /* entries of gcq it reserved */
 	bool qp_made;
 	bool qp_gone;           /* destroyed by the group */
+	bool drained;           /* srq_qp_drain's marker came back */
 	uint32_t qpn;           /* its QP's number, kept past the QP */
 	bool in_map;
 	struct fab_rx rx;
@@ -281,6 +284,19 @@ struct fab_con {
 	unsigned tx_head, tx_count;
 	size_t max_inline;      /* granted */
 };
+
+/*
+ * A verbs call's failure as a negative errno within 1..4095: providers
+ * differ (most return the errno; libsiw returns it negated, or -1 with
+ * errno set when the write to its doorbell is refused). err: errno right
+ * after the call.
+ */
+static int verbs_err(int rc, int err)
+{
+	int e = rc > 0 ? rc : rc == -1 && err > 0 ? err : -rc;
+
+	return e > 0 && e < 4096 ? -e : -EIO;
+}
 
 /* The poll groups of this process: started with the first fab, stopped with the last. */
 static struct {
@@ -1033,7 +1049,7 @@ static int srq_post(struct rdma_gsrq *q, char *p, unsigned n)
 		int rc = ibv_post_srq_recv(q->srq, wr, &bad);
 
 		if (rc)
-			return -rc;
+			return verbs_err(rc, errno);
 		n -= k;
 	}
 	return 0;
@@ -1300,7 +1316,9 @@ static int rx_post(struct fab_con *c, size_t i)
 	};
 	struct ibv_recv_wr wr = { .wr_id = sge.addr, .sg_list = &sge, .num_sge = 1 }, *bad;
 
-	return -ibv_post_recv(c->qp, &wr, &bad);
+	int rc = ibv_post_recv(c->qp, &wr, &bad);
+
+	return rc ? verbs_err(rc, errno) : 0;
 }
 
 static bool is_rx_buf(const struct fab_con *c, uint64_t wr_id)
@@ -1380,6 +1398,11 @@ static void handle_wc(struct fab_con *c, const struct ibv_wc *wc)
 	bool recv = wc->opcode & IBV_WC_RECV;
 	/* Told by its buffer: a failed completion's opcode means nothing. */
 	bool srq_rx = srq_owns(c->srq, wc->wr_id);
+
+	if (wc->wr_id == (uintptr_t)&c->drained) {
+		c->drained = true; /* srq_qp_drain's marker */
+		return;
+	}
 
 	if (wc->status == IBV_WC_SUCCESS && con_quiet(c)) {
 		if (srq_rx)
@@ -1541,7 +1564,8 @@ static void group_cm(struct rdma_group *g)
 		enum rdma_cm_event_type type = ev->event;
 		int status = ev->status;
 		size_t len = ev->param.conn.private_data_len;
-		bool skip = !c || atomic_load(&c->destroying) || atomic_load(&c->down);
+		/* After a shutdown nothing more: no connect once routed, no connected(). */
+		bool skip = !c || con_quiet(c);
 
 		if (len && ev->param.conn.private_data)
 			memcpy(data, ev->param.conn.private_data, len);
@@ -1600,6 +1624,47 @@ static int gcq_poll(struct rdma_group *g, struct rdma_gcq *q, struct ibv_wc *wcs
 static void con_free(struct fab_con *c);
 
 /*
+ * Before an SRQ user's QP goes (group thread): some providers (mlx5, mlx4)
+ * take a destroyed QP's completions off the CQ, and with them the shared
+ * receives it had taken, which would be gone from the queue for good (a
+ * few per teardown under load, until the queue ran dry for every
+ * connection of the group). The QP goes to the error state, where it takes
+ * no more of them, a marker send follows, and the CQ is read until the
+ * marker's flush comes (at most RDMA_DRAIN_MS): a device writes the
+ * completions of one QP in order, so what it completed before is read by
+ * then and its receives go back (handle_wc, c being destroyed). The
+ * kernel's ib_drain_qp is the same idea. Without room for the marker, the
+ * CQ is read once as for any QP.
+ */
+static void srq_qp_drain(struct rdma_group *g, struct fab_con *c, struct ibv_wc *wcs,
+			 struct fab_con **cons)
+{
+	struct ibv_qp_attr qa = { .qp_state = IBV_QPS_ERR };
+	struct ibv_send_wr wr = { .wr_id = (uintptr_t)&c->drained, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
+	uint64_t until;
+	int rc;
+
+	if (ibv_modify_qp(c->qp, &qa, IBV_QP_STATE)) {
+		log_warn_rl("%s: moving the QP to the error state before it goes: %s",
+			    con_name(c), strerror(errno));
+		return;
+	}
+	pthread_mutex_lock(&c->tx_lock);
+	rc = ibv_post_send(c->qp, &wr, &bad);
+	pthread_mutex_unlock(&c->tx_lock);
+	if (rc)
+		return;
+	until = now_ms() + RDMA_DRAIN_MS;
+	while (!c->drained && now_ms() < until)
+		if (gcq_poll(g, c->gcq, wcs, cons) <= 0)
+			sched_yield();
+	if (!c->drained)
+		log_warn_rl("%s: the QP's flush did not come within %u ms: shared receives it "
+			    "took may be lost", con_name(c), RDMA_DRAIN_MS);
+}
+
+/*
  * c leaves its group, on the group's thread: its QP goes, the CQ is read
  * until it is empty (what the QP left there is dropped, c being
  * destroyed), its QP number and CQ room are given back. Then the destroyer
@@ -1618,6 +1683,8 @@ static void group_release(struct rdma_group *g, struct fab_con *c, struct ibv_wc
 		c->in_retry = false;
 	}
 	if (c->qp_made && !c->qp_gone) {
+		if (c->srq)
+			srq_qp_drain(g, c, wcs, cons);
 		if (c->fab->iwarp && c->own_id) {
 			/*
 			 * iWARP: the CM id first. siw's destroy_qp waits, asleep
@@ -2435,13 +2502,17 @@ static int post_send(struct fab_con *c, struct ibv_send_wr *first, struct ibv_se
 	bool was_pending;
 	int rc;
 
-	if (!c->fab->sigpipe_guard)
-		return ibv_post_send(c->qp, first, bad);
+	if (!c->fab->sigpipe_guard) {
+		rc = ibv_post_send(c->qp, first, bad);
+		return rc ? verbs_err(rc, errno) : 0;
+	}
 	sigemptyset(&pipe_set);
 	sigaddset(&pipe_set, SIGPIPE);
 	pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
 	was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
 	rc = ibv_post_send(c->qp, first, bad);
+	if (rc)
+		rc = verbs_err(rc, errno); /* before the signal calls below can change errno */
 	if (!was_pending && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE))
 		while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR)
 			;
@@ -2491,17 +2562,16 @@ static int post_chain(struct fab_con *c, struct ibv_send_wr *first, struct ibv_s
 	if (sig)
 		last->send_flags |= IBV_SEND_SIGNALED;
 	rc = post_send(c, first, &bad);
-	if (rc) {
-		for (struct ibv_send_wr *w = bad; w; w = w->next)
-			unposted++;
-		if (!bad)
-			unposted = n;
-	}
+	/*
+	 * The ones from bad on did not go. A failure with no bad (libsiw, when
+	 * its doorbell is refused as the QP closes) has queued them all: their
+	 * completions (flushed) give their room back.
+	 */
+	for (struct ibv_send_wr *w = rc ? bad : NULL; w; w = w->next)
+		unposted++;
 	tx_account(c, n, unposted, sig);
 	pthread_mutex_unlock(&c->tx_lock);
-	if (rc)
-		return rc == ENOMEM ? -EAGAIN : -rc;
-	return 0;
+	return rc == -ENOMEM ? -EAGAIN : rc;
 }
 
 /*
