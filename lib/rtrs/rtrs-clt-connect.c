@@ -146,12 +146,16 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 		return;
 	}
 	if (con->c.cid == 0 && rtrs_msg_type(buf, len) == RTRS_MSG_AUTH) {
-		bool connected = atomic_load(&p->base.state) == RTRS_PATH_CONNECTED;
+		bool connected;
 
 		/*
 		 * For the attempt's next step, which runs the transaction; on a
 		 * connected path, a re-authentication's (the server asks for
-		 * one, or answers it).
+		 * one, or answers it). The state is read once the message is
+		 * stored, under the lock: path_attempt_done makes the path
+		 * CONNECTED and then looks for a stored message under it, so one
+		 * of the two sees the other (read before, a message that came
+		 * as the path connected was kicked to an attempt that was over).
 		 */
 		pthread_mutex_lock(&p->lock);
 		if (p->auth_rx_len || len > sizeof(p->auth_rx)) {
@@ -162,6 +166,7 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 		}
 		memcpy(p->auth_rx, buf, len);
 		p->auth_rx_len = len;
+		connected = atomic_load(&p->base.state) == RTRS_PATH_CONNECTED;
 		pthread_mutex_unlock(&p->lock);
 		if (connected)
 			loop_queue(p->sess->loop, &p->reauth_work);
@@ -1115,6 +1120,15 @@ static void path_attempt_done(struct clt_path *p)
 {
 	struct rtrs_clt_sess *s = p->sess;
 
+	if (atomic_load(&s->closing)) {
+		/*
+		 * Closed or shut down (rtrs_clt_shutdown_all) as the info response
+		 * came: an open or an add fails with -ESHUTDOWN, as the header
+		 * says, instead of returning a path the close then takes away.
+		 */
+		clt_path_attempt_failed(p, -ESHUTDOWN);
+		return;
+	}
 	path_attempt_over(p);
 	clt_path_poll_enroll(p); /* before a request can go out on it */
 	atomic_store(&p->live_recon, p->recon_cnt); /* the incarnation requests go out on */
@@ -1330,8 +1344,12 @@ static void path_step(struct clt_path *p, bool timeout, bool force)
 			clt_path_attempt_failed(p, rc);
 			return;
 		}
+		/*
+		 * force stays for the whole poke: a step it entered (a job
+		 * submitted for CST_AUTH_CALC) is not waited for either, or a
+		 * disconnect returned with the attempt still going.
+		 */
 		timeout = false;
-		force = false;
 	}
 }
 
