@@ -151,22 +151,22 @@ static void clt_con_recv(void *priv, void *buf, size_t len)
 		/*
 		 * For the attempt's next step, which runs the transaction; on a
 		 * connected path, a re-authentication's (the server asks for
-		 * one, or answers it). The state is read once the message is
-		 * stored, under the lock: path_attempt_done makes the path
+		 * one, or answers it). The state is read under the lock that
+		 * stores the message: path_attempt_done makes the path
 		 * CONNECTED and then looks for a stored message under it, so one
 		 * of the two sees the other (read before, a message that came
 		 * as the path connected was kicked to an attempt that was over).
 		 */
 		pthread_mutex_lock(&p->lock);
-		if (p->auth_rx_len || len > sizeof(p->auth_rx)) {
+		connected = atomic_load(&p->base.state) == RTRS_PATH_CONNECTED;
+		if (p->auth_rx_n == (connected ? 2u : 1u) || len > sizeof(p->auth_rx[0])) {
 			pthread_mutex_unlock(&p->lock);
 			log_err_rl("%s: unexpected authentication message", p->name);
 			clt_fail_path(p, -EPROTO);
 			return;
 		}
-		memcpy(p->auth_rx, buf, len);
-		p->auth_rx_len = len;
-		connected = atomic_load(&p->base.state) == RTRS_PATH_CONNECTED;
+		memcpy(p->auth_rx[p->auth_rx_n], buf, len);
+		p->auth_rx_len[p->auth_rx_n++] = len;
 		pthread_mutex_unlock(&p->lock);
 		if (connected)
 			loop_queue(p->sess->loop, &p->reauth_work);
@@ -564,6 +564,25 @@ static void path_auth_keys(struct clt_path *p)
  * answers come through clt_con_recv (auth_rx), and CST_AUTH answers them.
  */
 
+/* The first message waiting in auth_rx to auth_msg; false when none waits. */
+static bool auth_rx_take(struct clt_path *p)
+{
+	bool got;
+
+	pthread_mutex_lock(&p->lock);
+	got = p->auth_rx_n != 0;
+	if (got) {
+		p->auth_msg_len = p->auth_rx_len[0];
+		memcpy(p->auth_msg, p->auth_rx[0], p->auth_rx_len[0]);
+		if (--p->auth_rx_n) {
+			p->auth_rx_len[0] = p->auth_rx_len[1];
+			memcpy(p->auth_rx[0], p->auth_rx[1], p->auth_rx_len[1]);
+		}
+	}
+	pthread_mutex_unlock(&p->lock);
+	return got;
+}
+
 /* The next authentication's transaction id: never 0, which marks a path that never authenticated. */
 static uint16_t auth_tid_next(struct clt_path *p)
 {
@@ -695,15 +714,8 @@ static void path_reauth_work(struct loop_work *w)
 	} else if (st == OFFLOAD_QUEUED || st == OFFLOAD_RUNNING) {
 		return; /* its end queues this again */
 	}
-	pthread_mutex_lock(&p->lock);
-	if (!p->auth_rx_len) {
-		pthread_mutex_unlock(&p->lock);
+	if (!auth_rx_take(p))
 		return;
-	}
-	p->auth_msg_len = p->auth_rx_len;
-	memcpy(p->auth_msg, p->auth_rx, p->auth_rx_len);
-	p->auth_rx_len = 0;
-	pthread_mutex_unlock(&p->lock);
 	rc = rtrs_auth_decode(p->auth_msg, p->auth_msg_len, &m, &why);
 	if (!rc && m.id == RTRS_AUTH_REAUTH) {
 		if (p->reauth) {
@@ -936,17 +948,13 @@ static int cst_con_leave(struct clt_path *p)
 
 static int cst_auth_ready(struct clt_path *p)
 {
-	return p->auth_rx_len ? 1 : p->cons[0].err;
+	return p->auth_rx_n ? 1 : p->cons[0].err;
 }
 
 /* The server's message goes to the worker (CST_AUTH_CALC). */
 static int cst_auth_leave(struct clt_path *p)
 {
-	pthread_mutex_lock(&p->lock);
-	p->auth_msg_len = p->auth_rx_len;
-	memcpy(p->auth_msg, p->auth_rx, p->auth_rx_len);
-	p->auth_rx_len = 0;
-	pthread_mutex_unlock(&p->lock);
+	auth_rx_take(p);
 	return CST_AUTH_CALC;
 }
 
@@ -1146,7 +1154,7 @@ static void path_attempt_done(struct clt_path *p)
 	 * connected path's work, which runs it now.
 	 */
 	pthread_mutex_lock(&p->lock);
-	bool reauth_waits = p->auth_rx_len != 0;
+	bool reauth_waits = p->auth_rx_n != 0;
 	pthread_mutex_unlock(&p->lock);
 	if (reauth_waits)
 		loop_queue(s->loop, &p->reauth_work);
@@ -1407,7 +1415,7 @@ void clt_path_attempt_start(struct clt_path *p)
 	pthread_mutex_lock(&p->lock);
 	p->info_done = false;
 	p->info_err = 0;
-	p->auth_rx_len = 0;
+	p->auth_rx_n = 0;
 	for (unsigned i = 0; i < p->base.nr_cons; i++) {
 		p->cons[i].err = 0;
 		p->cons[i].connected = false;

@@ -184,8 +184,16 @@ struct clt_path {
 	uint16_t auth_tid;
 	char auth_tx[RTRS_AUTH_MSG_MAX];
 	struct fab_mr auth_tx_mr;
-	char auth_rx[RTRS_AUTH_MSG_MAX];
-	size_t auth_rx_len;         /* under lock: a message waits */
+	/*
+	 * Under lock: the server's messages waiting, in order (auth_rx_n).
+	 * An attempt takes one at a time: a second is a protocol error. A
+	 * connected path may have two: a re-authentication's SUCCESS1 and the
+	 * server's next request to authenticate again, sent right after it
+	 * (the key file was reloaded while that transaction ran).
+	 */
+	char auth_rx[2][RTRS_AUTH_MSG_MAX];
+	size_t auth_rx_len[2];
+	unsigned auth_rx_n;
 	/*
 	 * CST_AUTH_CALC: the server's message in auth_msg is answered on an
 	 * offload worker (a DH exchange is too slow for the loop): the job

@@ -166,11 +166,35 @@ static uint64_t srv_admit_stall_ms(const struct rtrs_srv_ctx *ctx)
 }
 
 /*
- * Loop thread: room for one more pending path from host, as
- * rtrs_admit_decide says: the stalled paths it names are closed first.
- * -EBUSY when every pending path in the scope is progressing.
+ * Whether p's handshake waits on the server: an authentication message of
+ * its waits for an offload worker, or is being answered (a DH exchange;
+ * srv_auth_recv stamps progress_ms before it submits the job, and
+ * srv_auth_answer after each answer).
  */
-static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host, const uint8_t uuid[16])
+static bool path_server_busy(struct srv_path *p)
+{
+	int st = atomic_load(&p->auth_job.state);
+
+	return st == OFFLOAD_QUEUED || st == OFFLOAD_RUNNING;
+}
+
+/* What admission decided for a newcomer: the stalled paths to close once it is in. */
+struct srv_admit {
+	struct srv_path *victim[2];
+	struct rtrs_admit_evict evict[2];
+	int n;
+	bool waited;                /* it was refused busy before: forgotten once in */
+};
+
+/*
+ * Loop thread: room for one more pending path from host, as
+ * rtrs_admit_decide says, into *a: the stalled paths it names are closed
+ * only once the newcomer is admitted (pending_evict), so a refusal that
+ * comes after this one costs nobody a place. -EBUSY when every pending
+ * path in the scope is progressing.
+ */
+static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host, const uint8_t uuid[16],
+			 struct srv_admit *a)
 {
 	unsigned waits, most;
 	const struct rtrs_admit_limits lim = {
@@ -178,7 +202,6 @@ static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host, const uint8
 	};
 	struct rtrs_admit_entry *pending;
 	struct srv_path **paths;
-	struct rtrs_admit_evict evict[2];
 	uint64_t now = loop_now_ms(), stall = srv_admit_stall_ms(ctx);
 	size_t n = 0;
 	int rc;
@@ -203,31 +226,44 @@ static int pending_admit(struct rtrs_srv_ctx *ctx, const char *host, const uint8
 
 			pending[n] = (struct rtrs_admit_entry){
 				.host = p->peer_host, .serial = p->serial,
-				.stalled = now > step && now - step >= stall,
+				.stalled = now > step && now - step >= stall && !path_server_busy(p),
 			};
 			paths[n++] = p;
 		}
 	}
-	rc = rtrs_admit_decide(pending, n, host, &lim, evict);
+	rc = rtrs_admit_decide(pending, n, host, &lim, a->evict);
 	rtrs_admit_waits(ctx->waiters, RTRS_ADMIT_WAITERS, host, uuid, now, &waits, &most);
 	rc = rtrs_admit_queue(rc, waits, most);
 	if (rc == -EBUSY)
 		rtrs_admit_waiter_note(ctx->waiters, RTRS_ADMIT_WAITERS, host, uuid, now);
-	else if (rc >= 0 && waits)
-		rtrs_admit_waiter_forget(ctx->waiters, RTRS_ADMIT_WAITERS, host, uuid);
-	for (int i = 0; i < rc; i++) {
-		struct srv_path *oldest = paths[evict[i].idx];
-
-		log_warn("%s: closed to make room for a new connection from %s: no step of its "
-			 "handshake for %llu ms (%u pending%s%s)", path_name(oldest), host,
-			 (unsigned long long)(now - atomic_load(&oldest->progress_ms)), evict[i].count,
-			 evict[i].per_peer ? " from " : " in all", evict[i].per_peer ? host : "");
-		atomic_fetch_add(&ctx->st.pending_evicted, 1);
-		srv_path_stop(oldest, -ETIMEDOUT);
-	}
+	a->n = rc < 0 ? 0 : rc;
+	a->waited = rc >= 0 && waits;
+	for (int i = 0; i < a->n; i++)
+		a->victim[i] = paths[a->evict[i].idx];
 	free(pending);
 	free(paths);
 	return rc < 0 ? rc : 0;
+}
+
+/* Loop thread: the newcomer pending_admit let in is in; the paths it made room from go. */
+static void pending_evict(struct rtrs_srv_ctx *ctx, const char *host, const uint8_t uuid[16],
+			  const struct srv_admit *a)
+{
+	uint64_t now = loop_now_ms();
+
+	if (a->waited)
+		rtrs_admit_waiter_forget(ctx->waiters, RTRS_ADMIT_WAITERS, host, uuid);
+	for (int i = 0; i < a->n; i++) {
+		struct srv_path *oldest = a->victim[i];
+
+		log_warn("%s: closed to make room for a new connection from %s: no step of its "
+			 "handshake for %llu ms (%u pending%s%s)", path_name(oldest), host,
+			 (unsigned long long)(now - atomic_load(&oldest->progress_ms)),
+			 a->evict[i].count, a->evict[i].per_peer ? " from " : " in all",
+			 a->evict[i].per_peer ? host : "");
+		atomic_fetch_add(&ctx->st.pending_evicted, 1);
+		srv_path_stop(oldest, -ETIMEDOUT);
+	}
 }
 
 enum rtrs_takeover_verdict rtrs_takeover_decide(const struct rtrs_takeover_in *in)
@@ -478,8 +514,9 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 	struct rtrs_conn_req req;
 	struct rtrs_srv_sess *s;
 	struct srv_path *p;
+	struct srv_admit admit = { .n = 0 };
 	const char *why = NULL;
-	char peer[64], name[RTRS_NAME_MAX + 96], tls_host[RTRS_AUTH_WIRE_NAME];
+	char peer[64], name[RTRS_NAME_MAX + 96], tls_host[RTRS_AUTH_WIRE_NAME], host[64];
 	int rc;
 
 	fab_connreq_peer(creq, peer, sizeof(peer));
@@ -574,20 +611,19 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 		return;
 	}
 	if (!p) {
-		char host[64];
-
+		/* Refusals that need no room first: nobody is closed for a newcomer refused. */
+		if (s->paths_num >= RTRS_MAX_PATHS) {
+			srv_reject_ext(ctx, creq, peer, -ECONNRESET, false, req.ext,
+				       "too many paths in the session");
+			return;
+		}
 		srv_peer_host_of(peer, host, sizeof(host));
-		rc = pending_admit(ctx, host, req.sess_uuid);
+		rc = pending_admit(ctx, host, req.sess_uuid, &admit);
 		if (rc) {
 			srv_reject_ext(ctx, creq, peer, rc, false, req.ext,
 				       "too many connections still to prove themselves");
 			if (!s->paths)
 				srv_sess_free(s);
-			return;
-		}
-		if (s->paths_num >= RTRS_MAX_PATHS) {
-			srv_reject_ext(ctx, creq, peer, -ECONNRESET, false, req.ext,
-				       "too many paths in the session");
 			return;
 		}
 		rc = srv_path_create(s, &req, peer, &p);
@@ -702,4 +738,7 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 	if (!req.cid)
 		fab_con_local(p->cons[0].c.fc, p->local, sizeof(p->local));
 	p->nr_accepted++;
+	/* A new path is in: the stalled paths admission made room from go now. */
+	if (admit.n || admit.waited)
+		pending_evict(ctx, host, req.sess_uuid, &admit);
 }

@@ -118,8 +118,11 @@ struct srv_path {
 	uint64_t last_connreq_ms;
 	/*
 	 * The last step of its handshake (a connection requested or up, an
-	 * authentication message): admission never evicts a path that made
-	 * one within a quarter of handshake_timeout_ms (srv_admit_stall_ms).
+	 * authentication message or its answer, the information request, a
+	 * poll of a takeover's wait): admission never evicts a path that made
+	 * one within a quarter of handshake_timeout_ms (srv_admit_stall_ms),
+	 * nor one whose authentication message waits for or runs on an
+	 * offload worker (path_server_busy).
 	 */
 	atomic_uint_fast64_t progress_ms;
 	struct rtrs_info_req info;  /* from the admin thread to the loop */
@@ -184,6 +187,16 @@ struct srv_path {
 	atomic_bool reauth;
 	atomic_uint_fast64_t reauth_since_ms;
 	uint8_t auth_digest[32];
+	/*
+	 * ctx->key_epoch as its transaction's NEGOTIATE was answered, before
+	 * the keys were read from the file (srv_auth_answer). A reload since
+	 * (the epoch moved on) may have changed or removed those keys: the
+	 * path is refused at its information request (path_info_work,
+	 * -EAGAIN: it authenticates anew), or a re-authentication that
+	 * completed on them is asked for again (reauth_work).
+	 */
+	atomic_uint_fast64_t auth_epoch;
+	struct loop_work reauth_work;
 	/* A refusal went out (FAILURE1 or a verdict): close once the client had time to read it. */
 	atomic_uint_fast64_t close_at_ms;
 	int close_err;
@@ -278,6 +291,13 @@ struct rtrs_srv_ctx {
 	struct rtrs_admit_waiter waiters[RTRS_ADMIT_WAITERS];
 	struct loop_work srv_verdict_work;
 	bool auth_required;
+	/*
+	 * Reloads of the key file begun: moved on by rtrs_srv_reload_keys on
+	 * the loop thread, in the pass that lists the hosts of live sessions,
+	 * so that path_info_work (the loop too) either connects a path before
+	 * that pass sees it or finds the epoch moved (srv_path.auth_epoch).
+	 */
+	atomic_uint_fast64_t key_epoch;
 	struct rtrs_auth_cfg auth_cfg;
 	char auth_keys_file[4096];
 	struct rtrs_tls_ctx *tls;   /* opts.tls: the PSKs of the key file */

@@ -87,6 +87,12 @@ static void srv_auth_answer(struct srv_path *p)
 			return;
 		}
 	}
+	/*
+	 * A NEGOTIATE reads the host's keys from the file: the epoch before
+	 * that read, so that a reload begun after it is seen (srv_path.auth_epoch).
+	 */
+	if (p->auth.state == AUTH_SRV_WAIT_NEGOTIATE)
+		atomic_store(&p->auth_epoch, atomic_load(&ctx->key_epoch));
 	step = rtrs_auth_srv_step(&p->auth, p->auth_msg, p->auth_msg_len, p->auth_tx,
 				  sizeof(p->auth_tx), &out_len);
 	atomic_store(&p->progress_ms, loop_now_ms());
@@ -160,6 +166,13 @@ static void srv_auth_answer(struct srv_path *p)
 				     "concatenation)" : "");
 		rtrs_auth_txn_end(&p->auth);
 		atomic_store(&p->reauth, false);
+		/*
+		 * The key file was reloaded after this transaction read the
+		 * host's keys: the reload's request found it running and let it
+		 * be, so the path authenticates once more, on the keys of now.
+		 */
+		if (re && atomic_load(&p->auth_epoch) != atomic_load(&ctx->key_epoch))
+			loop_queue(ctx->loop, &p->reauth_work);
 		if (p->concat && !rc) {
 			/* The client closes this connection and comes back with TLS. */
 			p->close_err = -ETIMEDOUT;
@@ -253,6 +266,7 @@ static void srv_info_recv(struct srv_path *p, const void *buf, size_t len)
 		srv_fail_path(p, rc);
 		return;
 	}
+	atomic_store(&p->progress_ms, loop_now_ms());
 	loop_queue(p->sess->ctx->loop, &p->info_work);
 }
 
@@ -609,7 +623,8 @@ void srv_reap_work(struct loop_work *w)
 			pn = p->next;
 			/* Its own work items still queued would run on freed memory. */
 			if (!p->cons_destroyed || atomic_load(&p->base.fail_work.queued) ||
-			    atomic_load(&p->info_work.queued) || atomic_load(&p->fence_work.queued))
+			    atomic_load(&p->info_work.queued) || atomic_load(&p->fence_work.queued) ||
+			    atomic_load(&p->reauth_work.queued))
 				continue;
 			rtrs_path_wrlock(&p->base);
 			idle = atomic_load(&p->base.inflight) == 0;
@@ -861,6 +876,19 @@ void srv_path_probe(struct srv_path *p)
 			 "client answers a heartbeat", path_name(p));
 }
 
+/* Loop thread: a re-authentication that completed on keys a reload may have changed (auth_epoch). */
+static void path_reauth_work(struct loop_work *w)
+{
+	struct srv_path *p = container_of(w, struct srv_path, reauth_work);
+
+	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTED) {
+		/* The reaper skipped this path while this item was queued. */
+		loop_queue(p->sess->ctx->loop, &p->sess->ctx->reap_work);
+		return;
+	}
+	srv_path_reauth(p);
+}
+
 /* The info response: where the chunks are, and with always_invalidate their keys. */
 static int path_info_rsp(struct srv_path *p)
 {
@@ -975,6 +1003,8 @@ static enum rtrs_takeover_verdict srv_takeover_check(struct srv_path *p)
 	}
 	v = rtrs_takeover_decide(&in);
 	if (v == RTRS_TAKEOVER_WAIT) {
+		/* The server's wait, not the client's: admission must not take it for a stall. */
+		atomic_store(&p->progress_ms, now);
 		if (first)
 			log_info("%s: session %s is still held by this host's previous session "
 				 "(%u paths up); waiting until it is gone with all its requests",
@@ -1006,6 +1036,18 @@ static void path_info_work(struct loop_work *w)
 		log_err("%s: info request with %u of %u connections", path_name(p), p->nr_accepted,
 			p->base.nr_cons);
 		srv_path_stop(p, -EPROTO);
+		return;
+	}
+	/*
+	 * The key file was reloaded after this path's transaction read the
+	 * host's keys: they may be gone or changed, and the reload's passes
+	 * saw only connected paths. The client authenticates anew (a retry,
+	 * not a final verdict: its keys may well be the file's).
+	 */
+	if (ctx->auth_required && atomic_load(&p->auth_epoch) != atomic_load(&ctx->key_epoch)) {
+		log_warn("%s: host %s authenticated with the key file as it was before a reload; "
+			 "refused, the client authenticates again", path_name(p), p->auth_host);
+		srv_path_refuse(p, -EAGAIN, false);
 		return;
 	}
 	if (s->name[0] && strcmp(s->name, p->info.pathname)) {
@@ -1231,6 +1273,7 @@ int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	}
 	loop_work_init(&p->info_work, path_info_work);
 	loop_work_init(&p->fence_work, path_fence_work);
+	loop_work_init(&p->reauth_work, path_reauth_work);
 	p->last_connreq_ms = now_ms();
 	p->created_ms = now_ms();
 	atomic_init(&p->progress_ms, loop_now_ms());

@@ -326,6 +326,16 @@ static void sessions_revoke(void *arg)
 {
 	struct revoke_call *c = arg;
 
+	/*
+	 * A path not yet connected is in no list below (its session may have
+	 * no host yet, and its transaction may still be running): it is
+	 * refused at its information request if its keys were read before
+	 * now (srv_path.auth_epoch). Moved here, on the loop, so that a path
+	 * connected before this pass is in the list and one connecting after
+	 * it finds the epoch moved.
+	 */
+	if (c->snap)
+		atomic_fetch_add(&c->ctx->key_epoch, 1);
 	for (struct rtrs_srv_sess *s = c->ctx->sessions; s; s = s->next) {
 		if (!s->auth_host[0])
 			continue;

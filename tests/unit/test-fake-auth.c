@@ -6,16 +6,21 @@
  * the ordering race of srv_auth_recv: the host's proof must be recorded
  * before SUCCESS1 leaves, or the client's next connection, requested the
  * moment SUCCESS1 arrives, is refused), wrong and missing keys, a key
- * rotated under a connected path, and the server's admission decisions:
- * pending paths per peer and in all, proven hosts, the session limit,
- * connections per path, a refusing user and a taken session name.
+ * rotated under a connected path, a key file reloaded while a path's
+ * handshake or re-authentication is under way, and the server's admission
+ * decisions: pending paths per peer and in all, proven hosts, handshakes
+ * that wait on the server, a full session, the session limit, connections
+ * per path, a refusing user and a taken session name.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "fake-main.h"
+#include "loop.h"
 #include "rtrs-pri.h"
+
+#define OTHER_NQN "nqn.2014-08.org.nvmexpress:uuid:7e1d2c9a-0000-4000-8000-00000000f002"
 
 static bool srv_up(const struct rtrs_srv_opts *so)
 {
@@ -420,6 +425,154 @@ static void auth_reauth_during_info(void)
 	teardown(&c);
 }
 
+/* The server's key file: one line, host with key (and ctrl, a controller secret, if not NULL). */
+static void keys_line(const char *host, const char *key, const char *ctrl)
+{
+	FILE *f = fopen(srv.keys_path, "w");
+
+	CHECK(f != NULL);
+	if (!f)
+		return;
+	fprintf(f, "%s %s %s\n", host, key, ctrl ? ctrl : "");
+	fclose(f);
+}
+
+static bool info_req_to_srv(const struct fake_ev *ev, void *arg)
+{
+	(void)arg;
+	return match(ev, &(struct m){ .dir = TO_SRV, .msg = MSG(RTRS_MSG_INFO_REQ) });
+}
+
+/*
+ * The key file is reloaded while the host's first path is still in its
+ * handshake, its keys already read: with revoke, the host is gone from
+ * the file, else its key changed (the client keeps the old one). hold
+ * says where the path waits: its information request (authenticated, its
+ * session without a host yet), or its REPLY (the NEGOTIATE read the old
+ * key, the proof is still to come). The reload's passes see only
+ * connected paths; the path is refused at its information request
+ * (-EAGAIN), and the open's next attempt, authenticated on the file of
+ * now, fails for good. Without the key epoch the path connected on the
+ * keys of before.
+ */
+static void reloaded_in_handshake(bool revoke, fake_pred hold, void *arg, const char *what)
+{
+	struct clt c;
+
+	if (!auth_setup(&c, KEY_A))
+		return;
+	fake_hold(hold, arg);
+	clt_open_async(&c);
+	CHECK(ev_appears(hold, arg, what));
+	if (revoke)
+		keys_line(OTHER_NQN, KEY_A, NULL);
+	else
+		keys_line(HOST_NQN, KEY_B, NULL);
+	CHECK_EQ(rtrs_srv_reload_keys(srv.ctx), 0);
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c), -EKEYREJECTED);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(env_logged("authenticated with the key file as it was before a reload; refused"),
+	      "the path that authenticated before the reload is refused");
+	CHECK(env_logged(revoke ? "is not in" : "failed"), "the next attempt is refused");
+	CHECK_EQ(srv_stats().auth_ok, 1);
+	CHECK_EQ(srv_stats().auth_failed, 1);
+	CHECK_EQ(atomic_load(&srv.link_up), 0);
+	CHECK_EQ(srv_stats().sessions, 0);
+	teardown(&c);
+}
+
+static void auth_revoked_in_handshake(void)
+{
+	reloaded_in_handshake(true, info_req_to_srv, NULL, "the information request");
+}
+
+static void auth_rotated_in_handshake(void)
+{
+	reloaded_in_handshake(false, match, &to_srv_reply, "the client's REPLY");
+}
+
+static struct m to_clt_reauth_req = { .dir = TO_CLT, .auth = AUTH(RTRS_AUTH_REAUTH) };
+
+/* The server's SUCCESS1 and REAUTH to the client. */
+static bool success_or_reauth(const struct fake_ev *ev, void *arg)
+{
+	(void)arg;
+	return match(ev, &to_clt_success1) || match(ev, &to_clt_reauth_req);
+}
+
+/*
+ * On the client's loop, as it sends the REPLY of the re-authentication
+ * the first reload asked for (the NEGOTIATE was answered on the keys of
+ * that reload): the key changes again and the file is reloaded; the REPLY
+ * reaches the server, which answers SUCCESS1 and, as the transaction read
+ * its keys before this reload, asks for another right behind it. Both
+ * reach the client before its loop, held here, has taken the first.
+ */
+static void reply_posted(struct fake_ev *rep, void *arg)
+{
+	struct fake_ev *ok, *again;
+
+	fake_hold(success_or_reauth, NULL);
+	keys_line(HOST_NQN, KEY_B, NULL);
+	CHECK_EQ(rtrs_srv_reload_keys(srv.ctx), 0);
+	CHECK_EQ(fake_deliver(rep), 0);
+	ok = fake_wait_ev(match, &to_clt_success1, "the SUCCESS1");
+	again = fake_wait_ev(match, &to_clt_reauth_req, "the request to authenticate once more");
+	if (ok)
+		CHECK_EQ(fake_deliver(ok), 0);
+	if (again)
+		CHECK_EQ(fake_deliver(again), 0);
+	atomic_store((atomic_bool *)arg, true);
+	fake_notify();
+}
+
+static bool flag_set(void *arg)
+{
+	return atomic_load((atomic_bool *)arg);
+}
+
+/*
+ * A key rotated twice on a connected path: the second reload comes while
+ * the re-authentication the first asked for runs (reply_posted). The
+ * second reload's request finds that transaction running and lets it be;
+ * once it has completed, on the keys of before, the server asks again,
+ * and the client takes SUCCESS1 and that request in turn (one message
+ * waiting used to be all it allowed: it closed the path, -EPROTO, as
+ * unexpected). Having only the old key, it is refused: the path closes
+ * with "key rejected". Without the server's second request the path
+ * stayed up on a key the file no longer has.
+ */
+static void auth_rotated_during_reauth(void)
+{
+	atomic_bool ran = false;
+	struct clt c;
+
+	if (!auth_setup(&c, KEY_A))
+		return;
+	CHECK_EQ(clt_open(&c), 0);
+	if (!c.sess) {
+		teardown(&c);
+		return;
+	}
+	fake_on_post(match, &to_srv_reply, reply_posted, &ran);
+	/* A controller secret added: the keys change, the client's proof stays good. */
+	keys_line(HOST_NQN, KEY_A, KEY_B);
+	CHECK_EQ(rtrs_srv_reload_keys(srv.ctx), 0);
+	CHECK_EQ(fake_wait(flag_set, &ran, "the re-authentication on the first keys"), 0);
+	fake_hold(NULL, NULL);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(clt_path_is(&c, 0, "closed"), "state %s", clt_path(&c, 0).state);
+	CHECK(!strcmp(clt_path(&c, 0).reconnect_verdict, "key rejected"), "verdict %s",
+	      clt_path(&c, 0).reconnect_verdict);
+	CHECK_EQ(srv_stats().auth_ok, 2);
+	CHECK_EQ(srv_stats().auth_failed, 1);
+	CHECK_EQ(env_log_count("key file changed: host"), 2);
+	CHECK(!env_logged("unexpected authentication message"), "the client took both");
+	teardown(&c);
+}
+
 /* ---- admission ---------------------------------------------------------------------------------- */
 
 static bool accept_of(const struct fake_ev *ev, void *arg)
@@ -568,6 +721,217 @@ static void pending_proven_host(void)
 		clt_close(&c[i]);
 	CHECK_EQ(srv_stats().auth_ok, 3);
 	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+static bool busy_or_evicted(void *arg)
+{
+	return refused_busy(arg) || env_logged("closed to make room for a new connection from");
+}
+
+static bool takeover_waits(void *arg)
+{
+	(void)arg;
+	return env_logged("is still held by this host's previous session");
+}
+
+/*
+ * One pending path per peer. A client restarts: its successor's path
+ * ("t" again, a new session) waits at its information request for the
+ * session its predecessor left, still connected, longer than a stall.
+ * That wait is the server's, and the takeover polls count as steps: a
+ * newcomer from the same address ("u") is refused busy, not given the
+ * successor's place. Once the predecessor is gone the successor takes
+ * the name over, and "u" comes in on a later try. Without the polls
+ * counting, the successor was closed as stalled.
+ */
+static void pending_takeover_wait(void)
+{
+	static const char *const names[3] = { "t", "t", "u" };
+	struct rtrs_srv_opts so;
+	struct clt c[3];
+
+	srv_opts(&so);
+	so.max_pending_per_peer = 1;
+	if (!srv_up(&so))
+		return;
+	for (int i = 0; i < 3; i++) {
+		clt_init(&c[i], names[i], "a");
+		clt_src(&c[i], 0, "h1");
+	}
+	CHECK_EQ(clt_open(&c[0]), 0);
+	clt_open_async(&c[1]);
+	CHECK_EQ(fake_wait(takeover_waits, NULL, "the successor waiting for its predecessor"), 0);
+	/* Its first poll armed (the line is logged before), then past a stall. */
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(fake_advance(STALL_MS), 0);
+	clt_open_async(&c[2]);
+	CHECK_EQ(fake_wait(busy_or_evicted, NULL, "u's admission"), 0);
+	CHECK_EQ(srv_stats().pending_evicted, 0);
+	CHECK(refused_busy(NULL), "u refused while the successor waits");
+	clt_close(&c[0]);
+	CHECK_EQ(clt_open_join(&c[1]), 0);
+	CHECK_EQ(clt_open_join(&c[2]), 0);
+	CHECK(env_logged("session t taken over after"), "the successor took the name over");
+	CHECK(c[1].sess && io_roundtrip(&c[1], 0, 84), "IO of the successor");
+	CHECK(c[2].sess && io_roundtrip(&c[2], LEN, 85), "IO of u");
+	for (int i = 0; i < 3; i++)
+		clt_close(&c[i]);
+	CHECK_EQ(srv_stats().pending_evicted, 0);
+	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+/* Holds the offload worker that answers a path's NEGOTIATE inside its send of the CHALLENGE. */
+struct worker_hold {
+	atomic_bool in;
+	bool out;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+};
+
+static void challenge_posted(struct fake_ev *ev, void *arg)
+{
+	struct worker_hold *h = arg;
+
+	atomic_store(&h->in, true);
+	fake_notify();
+	pthread_mutex_lock(&h->lock);
+	while (!h->out)
+		pthread_cond_wait(&h->cond, &h->lock);
+	pthread_mutex_unlock(&h->lock);
+	fake_unclaim(ev);
+}
+
+static bool worker_held(void *arg)
+{
+	return atomic_load(&((struct worker_hold *)arg)->in);
+}
+
+static void worker_release(struct worker_hold *h)
+{
+	pthread_mutex_lock(&h->lock);
+	h->out = true;
+	pthread_cond_broadcast(&h->cond);
+	pthread_mutex_unlock(&h->lock);
+}
+
+/*
+ * One pending path per peer, with authentication. w0's NEGOTIATE is being
+ * answered (the offload worker is held in it, as by a slow DH exchange)
+ * for longer than a stall: the wait is the server's, and a newcomer from
+ * the same address, w1, is refused busy instead of closing w0. Both open
+ * once the worker goes on. Without it, w0 was closed as stalled.
+ */
+static void pending_auth_busy(void)
+{
+	struct worker_hold h = { .lock = PTHREAD_MUTEX_INITIALIZER,
+				 .cond = PTHREAD_COND_INITIALIZER };
+	struct m challenge_w0 = { .dir = TO_CLT, .sess = "w0", .auth = AUTH(RTRS_AUTH_CHALLENGE) };
+	struct rtrs_srv_opts so;
+	struct clt c[2];
+
+	srv_opts_auth(&so, KEY_A);
+	so.max_pending_per_peer = 1;
+	if (!srv_up(&so))
+		return;
+	for (int i = 0; i < 2; i++) {
+		clt_init(&c[i], i ? "w1" : "w0", "a");
+		clt_src(&c[i], 0, "h1");
+		c[i].o.auth_secret = KEY_A;
+	}
+	fake_on_post(match, &challenge_w0, challenge_posted, &h);
+	clt_open_async(&c[0]);
+	CHECK_EQ(fake_wait(worker_held, &h, "w0's NEGOTIATE being answered"), 0);
+	/* Not fake_advance: nothing settles while the worker is held. */
+	loop_test_advance(STALL_MS);
+	clt_open_async(&c[1]);
+	CHECK_EQ(fake_wait(busy_or_evicted, NULL, "w1's admission"), 0);
+	worker_release(&h);
+	CHECK_EQ(srv_stats().pending_evicted, 0);
+	CHECK(refused_busy(NULL), "w1 refused while w0's NEGOTIATE is answered");
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK_EQ(clt_open_join(&c[0]), 0);
+	CHECK_EQ(clt_open_join(&c[1]), 0);
+	CHECK(c[0].sess && io_roundtrip(&c[0], 0, 86), "IO of w0");
+	CHECK(c[1].sess && io_roundtrip(&c[1], LEN, 87), "IO of w1");
+	for (int i = 0; i < 2; i++)
+		clt_close(&c[i]);
+	CHECK_EQ(srv_stats().pending_evicted, 0);
+	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+/* Connections of a client that sends connection requests and nothing else. */
+struct raw {
+	struct fab *f;
+	struct fab_con *fc[RTRS_MAX_PATHS + 1];
+	unsigned n;
+};
+
+static void raw_nop(void *priv) {}
+static void raw_connected(void *priv, const void *data, size_t len) {}
+static void raw_down(void *priv, int err, const void *data, size_t len) {}
+static void raw_imm(void *priv, uint32_t imm) {}
+static void raw_recv(void *priv, void *buf, size_t len) {}
+static void raw_done(void *priv, void *ctx) {}
+
+static const struct fab_con_ops raw_ops = {
+	.connected = raw_connected, .down = raw_down, .imm = raw_imm, .recv = raw_recv,
+	.done = raw_done, .kick = raw_nop,
+};
+
+/* Connection 0 of a new path (uuid n + 1) of the session whose uuid is all 0x5a. */
+static int raw_path(struct raw *r)
+{
+	struct fab_con_cfg cfg = { .ops = &raw_ops, .name = "raw#0", .tx_depth = 4 };
+	struct rtrs_conn_req req = { .cid = 0, .cid_num = 2, .first_conn = true, .ext = true,
+				     .fence = true };
+	struct rtrs_msg_conn_req msg;
+
+	memset(req.paths_uuid, 0x5a, sizeof(req.paths_uuid));
+	memcpy(req.sess_uuid, &(uint32_t){ r->n + 1 }, sizeof(uint32_t));
+	rtrs_conn_req_encode(&msg, &req);
+	return fab_con_connect(r->f, &cfg, &msg, sizeof(msg), &r->fc[r->n++]);
+}
+
+/*
+ * A session with RTRS_MAX_PATHS paths, all pending and stalled, at a
+ * pending limit of as many: a newcomer path of that session is refused
+ * (too many paths) without closing any of them. Admission used to close
+ * the oldest to make room first, then refuse the newcomer anyway.
+ */
+static void pending_full_session(void)
+{
+	struct rtrs_srv_opts so;
+	struct raw r = { 0 };
+	char port[16];
+
+	srv_opts(&so);
+	so.max_pending = RTRS_MAX_PATHS;
+	so.max_pending_per_peer = RTRS_MAX_PATHS;
+	if (!srv_up(&so))
+		return;
+	snprintf(port, sizeof(port), "%d", srv.port);
+	CHECK_EQ(fab_open("fake", "h1", "a", port, false, 16, &r.f), 0);
+	for (unsigned i = 0; r.f && i < RTRS_MAX_PATHS; i++)
+		CHECK_EQ(raw_path(&r), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(srv_stats().sessions, 1);
+	CHECK_EQ(srv_stats().rejects, 0);
+	CHECK_EQ(fake_advance(STALL_MS), 0);
+	if (r.f)
+		CHECK_EQ(raw_path(&r), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(env_logged("too many paths in the session"), "the newcomer is refused");
+	CHECK_EQ(srv_stats().rejects, 1);
+	CHECK_EQ(srv_stats().pending_evicted, 0);
+	CHECK(!env_logged("closed to make room"), "no path was closed for it");
+	for (unsigned i = 0; i < r.n; i++)
+		if (r.fc[i])
+			fab_con_destroy(r.fc[i]);
+	CHECK_EQ(fake_settle(), 0);
+	fab_close(r.f);
 	srv_stop();
 }
 
@@ -845,9 +1209,15 @@ static const struct scenario scenarios[] = {
 	{ "auth_no_key", auth_no_key },
 	{ "auth_key_rotated", auth_key_rotated },
 	{ "auth_reauth_during_info", auth_reauth_during_info },
+	{ "auth_revoked_in_handshake", auth_revoked_in_handshake },
+	{ "auth_rotated_in_handshake", auth_rotated_in_handshake },
+	{ "auth_rotated_during_reauth", auth_rotated_during_reauth },
 	{ "pending_per_peer", pending_per_peer },
 	{ "pending_total", pending_total },
 	{ "pending_proven_host", pending_proven_host },
+	{ "pending_takeover_wait", pending_takeover_wait },
+	{ "pending_auth_busy", pending_auth_busy },
+	{ "pending_full_session", pending_full_session },
 	{ "max_sessions", max_sessions },
 	{ "max_sessions_per_peer", max_sessions_per_peer },
 	{ "max_sessions_per_host", max_sessions_per_host },
