@@ -28,7 +28,10 @@ struct rnbd_qos {
 	/* ctx->lock */
 	struct rnbd_qos_bucket b[RNBD_QOS_NR];
 	uint64_t last_ns;            /* buckets refilled up to */
-	/* IO this group holds back, oldest first: reads [0] and writes [1] apart. */
+	/*
+	 * IO this group holds back, oldest first: reads [0] and writes [1]
+	 * apart, their heads served in the order of their seq (rnbd-qos.h).
+	 */
 	struct qos_queue queue[2];
 	uint64_t delayed, queued, wait_ns;
 };
@@ -38,7 +41,8 @@ struct rnbd_qos_ctx {
 	pthread_cond_t cond;         /* work: a queue, a drop, a new rate, the stop */
 	LIST_HEAD(, rnbd_qos) groups;
 	struct qos_queue dropped;    /* dispatched with -ENOTCONN */
-	unsigned nr_queued;
+	unsigned nr_queued;          /* in a group's queue or dropped, not yet dispatched */
+	uint64_t seq;                /* of the last item queued */
 	bool stop;
 	pthread_t thread;
 	rnbd_qos_dispatch_fn dispatch;
@@ -107,7 +111,7 @@ static void qos_refill(struct rnbd_qos *g, uint64_t now)
 }
 
 /* ns until g has tokens for it (0: now). */
-static uint64_t qos_wait(struct rnbd_qos *g, const struct rnbd_qos_item *it)
+static uint64_t qos_wait(const struct rnbd_qos *g, const struct rnbd_qos_item *it)
 {
 	uint64_t a[RNBD_QOS_NR], w = 0;
 
@@ -132,60 +136,110 @@ static bool qos_live(const struct rnbd_qos *g)
 	return g && atomic_load_explicit(&g->active, memory_order_relaxed);
 }
 
-/* Locked: ns until every live group of it has its tokens (0: now). */
-static uint64_t item_wait(const struct rnbd_qos_item *it, uint64_t now)
-{
-	uint64_t w = 0;
+/* The buckets both directions take from; the others are one direction's. */
+#define QOS_SHARED (1u << RNBD_QOS_IOPS | 1u << RNBD_QOS_BPS)
 
-	for (int i = 0; i < 2; i++) {
-		if (!qos_live(it->g[i]))
-			continue;
-		qos_refill(it->g[i], now);
-		w = MAX(w, qos_wait(it->g[i], it));
-	}
-	return w;
+/* The shared buckets of g that it takes from (a mask of 1 << bucket). */
+static unsigned qos_shared_needs(const struct rnbd_qos *g, const struct rnbd_qos_item *it)
+{
+	uint64_t a[RNBD_QOS_NR];
+	unsigned m = 0;
+
+	qos_amounts(it, a);
+	for (int i = 0; i < RNBD_QOS_NR; i++)
+		if ((QOS_SHARED & 1u << i) && g->b[i].rate && a[i])
+			m |= 1u << i;
+	return m;
 }
 
-static void item_take(const struct rnbd_qos_item *it)
+/*
+ * The shared buckets of g that the head of one of its queues claims: every
+ * one it takes from, unless a bucket of its own direction holds it (then
+ * none: the other direction goes meanwhile). While it waits nothing else
+ * takes from its direction's buckets (the rest of its direction is behind
+ * it), so once it claims, it goes as soon as the claimed buckets fill.
+ */
+static unsigned qos_claims(const struct rnbd_qos *g, const struct rnbd_qos_item *head)
 {
-	for (int i = 0; i < 2; i++)
-		if (qos_live(it->g[i]))
-			qos_take(it->g[i], it);
+	uint64_t a[RNBD_QOS_NR];
+
+	if (!head)
+		return 0;
+	qos_amounts(head, a);
+	for (int i = 0; i < RNBD_QOS_NR; i++)
+		if (!(QOS_SHARED & 1u << i) && !rnbd_qos_can(&g->b[i], a[i]))
+			return 0;
+	return qos_shared_needs(g, head);
 }
 
-bool rnbd_qos_admit(struct rnbd_qos_ctx *ctx, struct rnbd_qos_item *it)
+/* Its queue of a group: reads [0], writes [1]. */
+static int qos_dir(const struct rnbd_qos_item *it)
 {
-	struct rnbd_qos *hold = NULL;
-	uint64_t now;
+	return it->read ? 0 : 1;
+}
 
-	pthread_mutex_lock(&ctx->lock);
-	now = now_ns();
-	for (int i = 0; i < 2 && !hold; i++) {
-		struct rnbd_qos *g = it->g[i];
+/*
+ * Locked, g refilled: must a new item wait at g? Behind what waits of its
+ * direction; behind the other direction's head when that claims a shared
+ * bucket the item takes from; and for its tokens.
+ */
+static bool qos_held(const struct rnbd_qos *g, const struct rnbd_qos_item *it)
+{
+	int d = qos_dir(it);
+
+	return !STAILQ_EMPTY(&g->queue[d]) ||
+	       (qos_claims(g, STAILQ_FIRST(&g->queue[!d])) & qos_shared_needs(g, it)) ||
+	       qos_wait(g, it);
+}
+
+static void qos_enqueue(struct rnbd_qos_ctx *ctx, struct rnbd_qos *g, struct rnbd_qos_item *it,
+			unsigned stage, uint64_t now)
+{
+	it->stage = stage;
+	it->seq = ++ctx->seq;
+	it->queued_ns = now;
+	STAILQ_INSERT_TAIL(&g->queue[qos_dir(it)], it, link);
+	g->delayed++;
+	g->queued++;
+}
+
+/*
+ * Locked: it passes its groups from g[stage] on, taking their tokens, until
+ * one holds it (queued there: false) or none is left (true: it may go).
+ * Once the context stops, nothing holds it.
+ */
+static bool qos_pass(struct rnbd_qos_ctx *ctx, struct rnbd_qos_item *it, unsigned stage,
+		     uint64_t now)
+{
+	for (; stage < 2; stage++) {
+		struct rnbd_qos *g = it->g[stage];
 
 		if (!qos_live(g))
 			continue;
 		qos_refill(g, now);
-		/* Behind what waits already in its direction: its order is kept. */
-		if (!STAILQ_EMPTY(&g->queue[!it->read]) || qos_wait(g, it))
-			hold = g;
+		if (!ctx->stop && qos_held(g, it)) {
+			qos_enqueue(ctx, g, it, stage, now);
+			return false;
+		}
+		qos_take(g, it);
 	}
-	if (!hold) {
-		item_take(it);
-		pthread_mutex_unlock(&ctx->lock);
-		return true;
-	}
-	it->queued_ns = now;
-	STAILQ_INSERT_TAIL(&hold->queue[!it->read], it, link);
-	hold->delayed++;
-	hold->queued++;
-	if (ctx->nr_queued++ == 0 || STAILQ_FIRST(&hold->queue[!it->read]) == it)
-		pthread_cond_signal(&ctx->cond);
-	pthread_mutex_unlock(&ctx->lock);
-	return false;
+	return true;
 }
 
-void rnbd_qos_drop(struct rnbd_qos_ctx *ctx, const void *owner)
+bool rnbd_qos_admit(struct rnbd_qos_ctx *ctx, struct rnbd_qos_item *it)
+{
+	bool go;
+
+	pthread_mutex_lock(&ctx->lock);
+	go = qos_pass(ctx, it, 0, now_ns());
+	if (!go && (ctx->nr_queued++ == 0 ||
+		    STAILQ_FIRST(&it->g[it->stage]->queue[qos_dir(it)]) == it))
+		pthread_cond_signal(&ctx->cond); /* a new head: the thread's wait may change */
+	pthread_mutex_unlock(&ctx->lock);
+	return go;
+}
+
+void rnbd_qos_drop(struct rnbd_qos_ctx *ctx, const void *owner, const void *dev)
 {
 	struct rnbd_qos *g;
 	bool any = false;
@@ -198,7 +252,7 @@ void rnbd_qos_drop(struct rnbd_qos_ctx *ctx, const void *owner)
 
 			while ((it = STAILQ_FIRST(&g->queue[d]))) {
 				STAILQ_REMOVE_HEAD(&g->queue[d], link);
-				if (it->owner == owner) {
+				if (it->owner == owner && (!dev || it->dev == dev)) {
 					g->queued--;
 					STAILQ_INSERT_TAIL(&ctx->dropped, it, link);
 					any = true;
@@ -212,6 +266,54 @@ void rnbd_qos_drop(struct rnbd_qos_ctx *ctx, const void *owner)
 	if (any)
 		pthread_cond_signal(&ctx->cond);
 	pthread_mutex_unlock(&ctx->lock);
+}
+
+/*
+ * Locked: the heads of g's queues pass g while they may, the older head
+ * first; the younger passes before it only when the older claims no shared
+ * bucket the younger takes from. What has passed every group of it goes on
+ * go; what has passed its session's group only queues at its device's.
+ * Returns whether anything passed; *next: the least wait of a head that
+ * waits for tokens.
+ */
+static bool qos_serve(struct rnbd_qos_ctx *ctx, struct rnbd_qos *g, uint64_t now,
+		      struct qos_queue *go, uint64_t *next)
+{
+	bool moved = false;
+
+	qos_refill(g, now);
+	for (;;) {
+		struct rnbd_qos_item *h[2] = { STAILQ_FIRST(&g->queue[0]),
+					       STAILQ_FIRST(&g->queue[1]) }, *it = NULL;
+		int old = !h[0] || (h[1] && h[1]->seq < h[0]->seq), d = old;
+
+		for (int k = 0; k < 2 && !it; k++) {
+			uint64_t w;
+
+			d = old ^ k;
+			if (!h[d])
+				continue;
+			if (k && !ctx->stop && (qos_claims(g, h[old]) & qos_shared_needs(g, h[d])))
+				break; /* behind the older head, which wakes the thread */
+			/* A limit lifted meanwhile lets it go now. */
+			w = ctx->stop ? 0 : qos_wait(g, h[d]);
+			if (w)
+				*next = MIN(*next, w);
+			else
+				it = h[d];
+		}
+		if (!it)
+			return moved;
+		STAILQ_REMOVE_HEAD(&g->queue[d], link);
+		qos_take(g, it);
+		g->queued--;
+		g->wait_ns += now - it->queued_ns;
+		moved = true;
+		if (qos_pass(ctx, it, it->stage + 1, now)) {
+			ctx->nr_queued--;
+			STAILQ_INSERT_TAIL(go, it, link);
+		}
+	}
 }
 
 /*
@@ -231,27 +333,11 @@ static void *qos_thread(void *arg)
 		uint64_t now = now_ns(), next = UINT64_MAX;
 		struct rnbd_qos_item *it;
 		struct rnbd_qos *g;
+		bool moved = false;
 
 		STAILQ_CONCAT(&drop, &ctx->dropped);
-		LIST_FOREACH(g, &ctx->groups, link) {
-			for (int d = 0; d < 2; d++) {
-				while ((it = STAILQ_FIRST(&g->queue[d]))) {
-					/* A limit lifted meanwhile lets it go now. */
-					uint64_t w = ctx->stop ? 0 : item_wait(it, now);
-
-					if (w) {
-						next = MIN(next, w);
-						break;
-					}
-					STAILQ_REMOVE_HEAD(&g->queue[d], link);
-					item_take(it);
-					g->queued--;
-					g->wait_ns += now - it->queued_ns;
-					ctx->nr_queued--;
-					STAILQ_INSERT_TAIL(&go, it, link);
-				}
-			}
-		}
+		LIST_FOREACH(g, &ctx->groups, link)
+			moved |= qos_serve(ctx, g, now, &go, &next);
 		if (!STAILQ_EMPTY(&go) || !STAILQ_EMPTY(&drop)) {
 			pthread_mutex_unlock(&ctx->lock);
 			while ((it = STAILQ_FIRST(&go))) {
@@ -268,6 +354,8 @@ static void *qos_thread(void *arg)
 			pthread_mutex_lock(&ctx->lock);
 			continue;
 		}
+		if (moved)
+			continue; /* queued at a device's group: served from the top */
 		if (next == UINT64_MAX) {
 			pthread_cond_wait(&ctx->cond, &ctx->lock);
 		} else {

@@ -7,10 +7,20 @@
  *
  * An IO of a session with no active group, on a device with none, never
  * comes here (the server checks the two pointers). Otherwise
- * rnbd_qos_admit takes its tokens and lets it go at once, or queues it on
- * the group that holds it back; the thread hands it to the dispatch
- * callback once every group of the IO has tokens for it. Reads and writes
- * queue apart, each in its order: a write limit does not hold reads back.
+ * rnbd_qos_admit lets it go at once when it may, or queues it; the thread
+ * hands it to the dispatch callback once it has passed every group of it.
+ * It passes its session's group first, then its device's, taking each
+ * one's tokens as it passes it: an IO that its session's limit holds
+ * claims nothing of its device meanwhile.
+ *
+ * Fairness, within a group: IO of one direction passes in the order it
+ * came. The shared buckets (iops, bps) serve both directions in the order
+ * they came: an IO that waits for them, held by nothing of its own
+ * direction, keeps every IO that came later from taking the tokens it
+ * needs, so every held IO passes within a bounded time (its own tokens and
+ * those of what waited before it, at the group's rates). An IO held by its
+ * own direction's bucket (read_*, write_*) claims nothing meanwhile: a
+ * write limit does not hold reads back, nor a read limit writes.
  * Groups are made by rnbd_qos_set and live as long as the context.
  *
  * Locks: ctx->lock guards every group's buckets and queue; the dispatch
@@ -57,10 +67,17 @@ struct rnbd_qos_item {
 	bool read;
 	uint32_t bytes;
 	const void *owner;           /* its session, for rnbd_qos_drop */
+	const void *dev;             /* its device, for rnbd_qos_drop */
+	/* The limits' own, under their lock. */
+	unsigned stage;              /* g[stage]'s queue holds it */
+	uint64_t seq;                /* when it came to that queue: the order of both directions */
 	uint64_t queued_ns;
 };
 
-/* The dispatch callback: err 0 (tokens taken: go) or -ENOTCONN (dropped: answer it). */
+/*
+ * The dispatch callback: err 0 (tokens taken: go) or -ENOTCONN (dropped:
+ * answer it). Called without the limits' lock: it may admit IO.
+ */
 typedef void (*rnbd_qos_dispatch_fn)(struct rnbd_qos_item *it, int err);
 
 int rnbd_qos_ctx_open(rnbd_qos_dispatch_fn dispatch, struct rnbd_qos_ctx **out);
@@ -79,7 +96,12 @@ void rnbd_qos_get(struct rnbd_qos_ctx *ctx, const struct rnbd_qos *g, struct rnb
 		  struct rnbd_qos_stats *st);
 /* true: go now, tokens taken; false: queued, dispatched by the thread later. */
 bool rnbd_qos_admit(struct rnbd_qos_ctx *ctx, struct rnbd_qos_item *it);
-/* Every queued item of owner is dispatched with -ENOTCONN, soon, by the thread. */
-void rnbd_qos_drop(struct rnbd_qos_ctx *ctx, const void *owner);
+/*
+ * Every queued item of owner (of owner and dev, unless dev is NULL) is
+ * dispatched with -ENOTCONN, soon, by the thread. Only those queued now:
+ * the caller first stops admitting IO of them, and whoever queued one
+ * without seeing that stop drops it too (rnbd-srv.c's qos_admit).
+ */
+void rnbd_qos_drop(struct rnbd_qos_ctx *ctx, const void *owner, const void *dev);
 
 #endif

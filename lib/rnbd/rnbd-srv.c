@@ -792,23 +792,45 @@ static void io_done(struct rnbd_breq *r, int err)
 
 /* ---- rate limits (rnbd-qos.h) -------------------------------------------------- */
 
-/* May io go now? false: the rate limits hold it, qos_dispatch submits it later. */
+/*
+ * May io go now? false: the rate limits hold it, qos_dispatch submits it
+ * later (or answers it, its device force-closed or its session gone).
+ */
 static bool qos_admit(struct rnbd_sess *sess, struct sess_dev *sd, struct srv_io *io)
 {
 	struct rnbd_qos *gs = atomic_load_explicit(&sess->qos, memory_order_relaxed);
 	struct rnbd_qos *gd = atomic_load_explicit(&sd->qos, memory_order_relaxed);
 	bool moves = io->r.op == RNBD_OP_READ || io->r.op == RNBD_OP_WRITE;
+	bool go, forced;
 
 	if (!rnbd_qos_active(gs) && !rnbd_qos_active(gd))
 		return true;
 	io->q = (struct rnbd_qos_item){
 		.g = { gs, gd }, .read = io->r.op == RNBD_OP_READ,
-		.bytes = moves ? io->r.len : 0, .owner = sess,
+		.bytes = moves ? io->r.len : 0, .owner = sess, .dev = sd,
 	};
-	return rnbd_qos_admit(sess->srv->qos, &io->q);
+	/* Once queued, io and its reference are the limits' thread's: this one keeps sd. */
+	atomic_fetch_add(&sd->refs, 1);
+	go = rnbd_qos_admit(sess->srv->qos, &io->q);
+	if (!go) {
+		/*
+		 * A force-close between do_io's look at `forced` and the queueing
+		 * dropped the device's held IO without this one: dropped here.
+		 */
+		pthread_mutex_lock(&sess->lock);
+		forced = sd->forced;
+		pthread_mutex_unlock(&sess->lock);
+		if (forced)
+			rnbd_qos_drop(sess->srv->qos, sess, sd);
+	}
+	dev_put(sd);
+	return go;
 }
 
-/* The qos thread: io's tokens are there (err 0), or its session went (-ENOTCONN). */
+/*
+ * The qos thread: io's tokens are there (err 0), or its session went or
+ * its device was force-closed (-ENOTCONN).
+ */
 static void qos_dispatch(struct rnbd_qos_item *it, int err)
 {
 	struct srv_io *io = container_of(it, struct srv_io, q);
@@ -1069,7 +1091,7 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 	LIST_REMOVE(sess, link); /* linked when its priv was set */
 	pthread_mutex_unlock(&srv->lock);
 	log_info("rnbd: session %s down, closing its devices", sess->name);
-	rnbd_qos_drop(srv->qos, sess); /* its IO held by rate limits: answered, not done */
+	rnbd_qos_drop(srv->qos, sess, NULL); /* its IO held by rate limits: answered, not done */
 	sess_destroy(sess);
 	return 0;
 }
@@ -1501,6 +1523,13 @@ int rnbd_srv_force_close(struct rnbd_srv *srv, const char *sessname, const char 
 
 			if (sd && !sd->forced && !strcmp(sd->name, dev_name)) {
 				sd->forced = true; /* the id stays taken; IO gets -ENOTCONN */
+				/*
+				 * Its IO held by rate limits: answered, not done, so
+				 * that it does not keep the device (and its writer
+				 * slot) for as long as its tokens take. After `forced`:
+				 * an IO queued later sees it (qos_admit).
+				 */
+				rnbd_qos_drop(srv->qos, sess, sd);
 				found = sd;
 				/* Under the table's lock: a CLOSE cannot free it before. */
 				pthread_mutex_lock(&srv->rel_lock);

@@ -5,9 +5,10 @@
  * byte for byte (also through the file itself), the sharing rules across
  * sessions (second rw refused, ro allowed, migration allows two writers),
  * read-only devices refusing writes, device names that try to leave the
- * search path, force-close (IO then fails with -ENOTCONN), and a memory
- * device; and a backing file whose IO hangs, which holds its own device
- * and nothing else of the server.
+ * search path, force-close (IO then fails with -ENOTCONN; IO held by a
+ * rate limit is answered so), and a memory device; and a backing file
+ * whose IO hangs, which holds its own device and nothing else of the
+ * server.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -704,6 +705,103 @@ out:
 	rnbd_srv_close(srv);
 }
 
+/* ---- rate limits ----------------------------------------------------------------- */
+
+/*
+ * A force-close of a device with writes held by its rate limit (1 byte/s:
+ * after the first write, the others would wait an hour): they are answered
+ * with -ENOTCONN at once and never reach the file, the close completes (0,
+ * not -EINPROGRESS), and another session opens the device for writing at
+ * once: its writer slot is back.
+ */
+static void test_qos_force_close(void)
+{
+	static const char *const qos[] = { "device:qdisk:write_bps=1", NULL };
+	static const uint8_t zero[4096];
+	static struct areq w[5], c;
+	int res[ARRAY_SIZE(w)];
+	struct rnbd_qos_limits l = { .size = sizeof(l) };
+	struct rnbd_qos_stats st = { .size = sizeof(st) };
+	char search[512], path[600];
+	struct rtrs_clt_sess *q1, *q2;
+	struct rnbd_srv_opts so;
+	struct rnbd_srv *srv;
+	int rc = 0, crc = 0, went = 0, dropped = 0;
+
+	for (unsigned i = 0; i < ARRAY_SIZE(w); i++)
+		res[i] = 0; /* nothing sent */
+	snprintf(search, sizeof(search), "%s/qos", top);
+	CHECK_EQ(mkdir(search, 0700), 0);
+	snprintf(path, sizeof(path), "%s/qdisk", search);
+	mkfile(path, DISK_SIZE);
+	rnbd_srv_opts_init(&so, sizeof(so));
+	so.rtrs.addr = test_addr();
+	so.rtrs.provider = test_provider();
+	so.rtrs.port = 0;
+	so.dev_search_path = search;
+	so.rtrs.queue_depth = 32;
+	so.qos = qos;
+	CHECK_EQ(rnbd_srv_open(&so, &srv), 0);
+	port = rnbd_srv_port(srv, 5000);
+	q1 = sess_open("q1");
+	q2 = sess_open("q2");
+	if (!q1 || !q2)
+		goto out;
+	CHECK_EQ(dev_open(q1, "qdisk", RNBD_ACCESS_RW, NULL), 0);
+	for (unsigned i = 0; i < ARRAY_SIZE(w); i++) {
+		res[i] = -EINPROGRESS; /* not collected */
+		awrite(&w[i], q1, 0, i * 4096u);
+	}
+	for (uint64_t end = test_now_ms() + 10000; test_now_ms() < end; usleep(1000)) {
+		rc = rnbd_srv_qos_get(srv, RNBD_QOS_DEVICE, "qdisk", &l, &st);
+		if (rc || st.queued == ARRAY_SIZE(w) - 1)
+			break;
+	}
+	CHECK_EQ(rc, 0);
+	CHECK_EQ(st.queued, ARRAY_SIZE(w) - 1); /* the first took the burst */
+
+	CHECK_EQ(rnbd_srv_force_close(srv, "q1", "qdisk"), 0);
+	for (unsigned i = 0; i < ARRAY_SIZE(w); i++) {
+		rc = res[i] = areq_wait(&w[i], 5000);
+		if (!rc) {
+			went++;
+		} else if (rc == -ENOTCONN) {
+			dropped++;
+			CHECK(test_file_has(path, i * 4096u, zero, sizeof(zero)),
+			      "a write answered -ENOTCONN reached the file");
+		} else {
+			CHECK(false, "write %u: %s", i, strerror(-rc));
+		}
+	}
+	CHECK(went == 1 && dropped == ARRAY_SIZE(w) - 1, "%d went, %d answered -ENOTCONN", went,
+	      dropped);
+	CHECK_EQ(rnbd_srv_qos_get(srv, RNBD_QOS_DEVICE, "qdisk", &l, &st), 0);
+	CHECK_EQ(st.queued, 0);
+	rc = dev_open(q2, "qdisk", RNBD_ACCESS_RW, NULL);
+	CHECK(rc >= 0, "another session opens it for writing: %s", strerror(-rc));
+	/* Answered once the device is released: held IO would hold it back. */
+	aclose(&c, q1, 0);
+	crc = areq_wait(&c, 5000);
+	CHECK_EQ(crc, 0);
+out:
+	if (q1)
+		rtrs_clt_close(q1);
+	/* Without the drop, what is still held: failed by the close (permits gone), collected. */
+	for (unsigned i = 0; i < ARRAY_SIZE(w); i++) {
+		if (res[i] == -EINPROGRESS) {
+			w[i].s = NULL;
+			areq_wait(&w[i], 5000);
+		}
+	}
+	if (crc == -EINPROGRESS) {
+		c.s = NULL;
+		areq_wait(&c, 5000);
+	}
+	if (q2)
+		rtrs_clt_close(q2);
+	rnbd_srv_close(srv);
+}
+
 /* ---- transport options --------------------------------------------------------- */
 
 /* Made with rtrs-key gen, as `nvme gen-dhchap-key` writes them. */
@@ -1006,6 +1104,7 @@ int main(void)
 	test_mem_discard();
 	test_all();
 	test_hung_io();
+	test_qos_force_close();
 	test_transport_opts();
 	return test_done("test-rnbd-srv");
 }

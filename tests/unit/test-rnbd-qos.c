@@ -2,8 +2,9 @@
 /*
  * The rate limits (lib/rnbd/rnbd-qos.c): token bucket arithmetic, the
  * --qos spec parser, and a context whose thread lets held items go at
- * their rate, reads apart from writes, and answers a dropped owner's at
- * once.
+ * their rate, reads apart from writes, and answers a dropped owner's (or
+ * one device of it) at once; both directions served in their order where
+ * they share a bucket (a write amid a flood of reads goes).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -123,7 +124,7 @@ static void test_ctx(void)
 	CHECK(atomic_load(&went) >= 100, "%u went", atomic_load(&went));
 	CHECK(now_ns() - t0 >= 90000000ull, "not before their tokens: %llu ns",
 	      (unsigned long long)(now_ns() - t0));
-	rnbd_qos_drop(ctx, &owner_b);
+	rnbd_qos_drop(ctx, &owner_b, NULL);
 	while (atomic_load(&went) + atomic_load(&dropped) < 200 && now_ns() - t0 < 5000000000ull)
 		usleep(1000);
 	CHECK(atomic_load(&went) + atomic_load(&dropped) == 200, "went %u dropped %u",
@@ -140,10 +141,246 @@ static void test_ctx(void)
 	rnbd_qos_ctx_close(ctx);
 }
 
+/* ---- fairness: a flood of reads and one IO of the other direction -------------- */
+
+enum { FLOOD_DEPTH = 32 };
+
+static struct {
+	struct rnbd_qos_ctx *ctx;
+	atomic_bool stop;            /* reads that go are not admitted again */
+	atomic_uint reads;           /* reads that went */
+	struct rnbd_qos_item *other; /* the one IO watched */
+	atomic_bool other_done;
+	atomic_int other_err;
+	atomic_uint writes;          /* other writes that went */
+	atomic_uint dropped;
+	const void *drop_owner, *drop_dev; /* what rnbd_qos_drop was asked for */
+	atomic_uint dropped_wrong;   /* dropped, and not of those */
+} fl;
+
+/* A read went: admitted again at once (and again while it goes at once). */
+static void flood_read(struct rnbd_qos_item *it)
+{
+	do
+		atomic_fetch_add(&fl.reads, 1);
+	while (!atomic_load(&fl.stop) && rnbd_qos_admit(fl.ctx, it));
+}
+
+static void flood_dispatch(struct rnbd_qos_item *it, int err)
+{
+	if (it == fl.other) {
+		atomic_store(&fl.other_err, err);
+		atomic_store(&fl.other_done, true);
+	} else if (err) {
+		atomic_fetch_add(&fl.dropped, 1);
+		if (err != -ENOTCONN || it->owner != fl.drop_owner || it->dev != fl.drop_dev)
+			atomic_fetch_add(&fl.dropped_wrong, 1);
+	} else if (it->read) {
+		flood_read(it);
+	} else {
+		atomic_fetch_add(&fl.writes, 1);
+	}
+}
+
+/* Waits until *n reaches want or the other IO is done, 60 s at most (a hang, not a timing). */
+static void flood_wait(atomic_uint *n, unsigned want)
+{
+	uint64_t end = now_ns() + 60000000000ull;
+
+	while (atomic_load(n) < want && !atomic_load(&fl.other_done) && now_ns() < end)
+		usleep(200);
+}
+
+/*
+ * A case: FLOOD_DEPTH reads of read_bytes, each admitted again as soon as
+ * it went, on the device's group (limits dev), so that held reads are
+ * always waiting for every token that comes; once warm reads went, the
+ * other IO (its groups, direction and bytes in *other; pre, if any, is
+ * admitted just before it) must go before bound more reads went. The bound
+ * counts reads, not time (a second or two of their rate, whatever the
+ * machine's speed): held behind the reads that came before it (at most
+ * FLOOD_DEPTH), then for its own tokens, which no read takes meanwhile, it
+ * goes long before; starved, it never does.
+ */
+static void flood_case(const char *what, const struct rnbd_qos_limits *dev,
+		       const struct rnbd_qos_limits *sess, uint32_t read_bytes,
+		       struct rnbd_qos_item *pre, struct rnbd_qos_item *other, unsigned warm,
+		       unsigned bound)
+{
+	static struct rnbd_qos_item reads[FLOOD_DEPTH];
+	struct rnbd_qos *gd, *gs = NULL;
+	unsigned r0, n;
+
+	memset(&fl, 0, sizeof(fl));
+	CHECK_EQ(rnbd_qos_ctx_open(flood_dispatch, &fl.ctx), 0);
+	/* The session's group first: the thread meets the device's first. */
+	if (sess)
+		CHECK_EQ(rnbd_qos_set(fl.ctx, RNBD_QOS_SESSION, "s", sess, &gs), 0);
+	CHECK_EQ(rnbd_qos_set(fl.ctx, RNBD_QOS_DEVICE, "d", dev, &gd), 0);
+	for (int i = 0; i < FLOOD_DEPTH; i++) {
+		reads[i] = (struct rnbd_qos_item){ .g = { NULL, gd }, .read = true,
+						   .bytes = read_bytes };
+		if (rnbd_qos_admit(fl.ctx, &reads[i]))
+			flood_read(&reads[i]);
+	}
+	flood_wait(&fl.reads, warm);
+	CHECK(atomic_load(&fl.reads) >= warm, "%s: %u reads went", what, atomic_load(&fl.reads));
+	other->g[0] = gs;
+	other->g[1] = gd;
+	if (pre) {
+		pre->g[0] = gs;
+		pre->g[1] = gd;
+		CHECK(rnbd_qos_admit(fl.ctx, pre), "%s: the first goes at once", what);
+	}
+	fl.other = other;
+	r0 = atomic_load(&fl.reads);
+	if (rnbd_qos_admit(fl.ctx, other))
+		atomic_store(&fl.other_done, true);
+	flood_wait(&fl.reads, r0 + bound);
+	n = atomic_load(&fl.reads) - r0;
+	CHECK(atomic_load(&fl.other_done) && atomic_load(&fl.other_err) == 0,
+	      "%s: not gone after %u reads (bound %u)", what, n, bound);
+	if (atomic_load(&fl.other_done))
+		fprintf(stderr, "%s: went after %u reads (bound %u)\n", what, n, bound);
+	atomic_store(&fl.stop, true);
+	rnbd_qos_ctx_close(fl.ctx); /* lets what waits go */
+	CHECK(atomic_load(&fl.other_done), "%s: gone at the close", what);
+}
+
+/*
+ * Shared buckets serve both directions in the order IO came: a write amid
+ * a read flood that takes every IOPS token as it comes, a 1 MiB write that
+ * needs a full byte bucket amid 4 KiB reads, and a write first held by its
+ * session's own limit, then by its device's byte limit that another
+ * session's reads drain. Each burst holds fewer reads than the flood, or
+ * less than the write needs, so that the reads held take every token even
+ * from a thread that comes late (starved, the write never goes).
+ */
+static void test_fairness(void)
+{
+	struct rnbd_qos_limits dev = { .size = sizeof(dev), .iops = 100 };
+	struct rnbd_qos_limits sess = { .size = sizeof(sess), .write_iops = 10 };
+	struct rnbd_qos_item w = { .read = false, .bytes = 4096 }, pre;
+
+	/*
+	 * 100/s, a burst of 10: it goes after the 32 reads before it and a
+	 * burst; the bound is two seconds of reads.
+	 */
+	flood_case("a write amid reads, iops", &dev, NULL, 4096, NULL, &w, 20, 200);
+
+	/*
+	 * 10 MiB/s (2560 reads/s), a burst of 1 MiB; a write of the whole
+	 * burst goes after the 32 reads before it, then its bucket fills for
+	 * it alone. The bound is half a second of reads.
+	 */
+	dev = (struct rnbd_qos_limits){ .size = sizeof(dev), .bps = 10u << 20 };
+	w = (struct rnbd_qos_item){ .read = false, .bytes = 1u << 20 };
+	flood_case("a 1 MiB write amid 4 KiB reads, bps", &dev, NULL, 4096, NULL, &w, 512, 1280);
+
+	/*
+	 * Its session's write_iops (10/s, a burst of 1) holds it first: pre,
+	 * a write without bytes (write zeroes), takes the token and passes the
+	 * device's byte limit. Then the device's bytes (1 MiB/s: 256 reads/s,
+	 * a burst of 25), which the reads drain: it goes after its session's
+	 * tenth of a second (26 reads and a burst) and the 32 reads before it
+	 * at the device. The bound is two seconds of reads.
+	 */
+	dev = (struct rnbd_qos_limits){ .size = sizeof(dev), .bps = 1u << 20 };
+	w = (struct rnbd_qos_item){ .read = false, .bytes = 4096 };
+	pre = (struct rnbd_qos_item){ .read = false, .bytes = 0 };
+	flood_case("a write held by its session, then amid reads on its device", &dev, &sess, 4096,
+		   &pre, &w, 50, 512);
+}
+
+/*
+ * A read held by its own direction's limit (read_bps) holds no write back:
+ * 50 writes beside a read flood held at 10 reads/s all go before 20 more
+ * reads went (held behind every read before them, they would wait for 32).
+ */
+static void test_direction_apart(void)
+{
+	const struct rnbd_qos_limits dev = { .size = sizeof(dev), .iops = 1000,
+					     .read_bps = 10 * 4096 };
+	static struct rnbd_qos_item reads[FLOOD_DEPTH], writes[50];
+	struct rnbd_qos *gd;
+	unsigned r0;
+
+	memset(&fl, 0, sizeof(fl));
+	CHECK_EQ(rnbd_qos_ctx_open(flood_dispatch, &fl.ctx), 0);
+	CHECK_EQ(rnbd_qos_set(fl.ctx, RNBD_QOS_DEVICE, "d", &dev, &gd), 0);
+	for (int i = 0; i < FLOOD_DEPTH; i++) {
+		reads[i] = (struct rnbd_qos_item){ .g = { NULL, gd }, .read = true, .bytes = 4096 };
+		if (rnbd_qos_admit(fl.ctx, &reads[i]))
+			flood_read(&reads[i]);
+	}
+	r0 = atomic_load(&fl.reads);
+	for (int i = 0; i < 50; i++) {
+		writes[i] = (struct rnbd_qos_item){ .g = { NULL, gd }, .read = false,
+						    .bytes = 4096 };
+		if (rnbd_qos_admit(fl.ctx, &writes[i]))
+			atomic_fetch_add(&fl.writes, 1);
+	}
+	for (uint64_t end = now_ns() + 60000000000ull;
+	     atomic_load(&fl.writes) < 50 && atomic_load(&fl.reads) - r0 < 20 && now_ns() < end;)
+		usleep(1000);
+	CHECK_EQ(atomic_load(&fl.writes), 50);
+	atomic_store(&fl.stop, true);
+	rnbd_qos_ctx_close(fl.ctx);
+}
+
+/*
+ * One device of an owner dropped (a force-close): its items held are
+ * answered with -ENOTCONN at once, not as their tokens come (1/s here),
+ * and only those: the owner's other device and another owner's items on
+ * the device stay held.
+ */
+static void test_drop_dev(void)
+{
+	const struct rnbd_qos_limits l = { .size = sizeof(l), .write_iops = 1 };
+	static struct rnbd_qos_item it[12];
+	struct rnbd_qos_stats st = { .size = sizeof(st) };
+	int owner_a, owner_b, dev_x, dev_y;
+	unsigned held = 0;
+	struct rnbd_qos *g;
+
+	memset(&fl, 0, sizeof(fl));
+	fl.drop_owner = &owner_a;
+	fl.drop_dev = &dev_x;
+	CHECK_EQ(rnbd_qos_ctx_open(flood_dispatch, &fl.ctx), 0);
+	CHECK_EQ(rnbd_qos_set(fl.ctx, RNBD_QOS_DEVICE, "d", &l, &g), 0);
+	for (int i = 0; i < 12; i++) {
+		it[i] = (struct rnbd_qos_item){
+			.g = { NULL, g }, .read = false, .bytes = 4096,
+			.owner = i < 9 ? &owner_a : &owner_b,
+			.dev = i < 6 || i > 8 ? &dev_x : &dev_y,
+		};
+		if (rnbd_qos_admit(fl.ctx, &it[i]))
+			atomic_fetch_add(&fl.writes, 1);
+		else
+			held++;
+	}
+	CHECK_EQ(held, 11); /* the first took the burst */
+	rnbd_qos_drop(fl.ctx, &owner_a, &dev_x);
+	for (uint64_t end = now_ns() + 60000000000ull;
+	     atomic_load(&fl.dropped) < 5 && now_ns() < end;)
+		usleep(1000);
+	CHECK_EQ(atomic_load(&fl.dropped), 5);
+	CHECK_EQ(atomic_load(&fl.dropped_wrong), 0);
+	rnbd_qos_get(fl.ctx, g, NULL, &st);
+	CHECK_EQ(st.queued + atomic_load(&fl.writes), 7); /* 6 held still, or went meanwhile */
+	atomic_store(&fl.stop, true);
+	rnbd_qos_ctx_close(fl.ctx);
+	CHECK_EQ(atomic_load(&fl.dropped), 5);
+	CHECK_EQ(atomic_load(&fl.writes), 7);
+}
+
 int main(void)
 {
 	test_buckets();
 	test_parse();
 	test_ctx();
+	test_fairness();
+	test_direction_apart();
+	test_drop_dev();
 	return test_done("rnbd-qos");
 }
