@@ -232,17 +232,20 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 	if (failed)
 		log_at(err == -ESHUTDOWN ? LOG_INFO : LOG_WARN,
 		       "%s: path closed (%s), %u requests failed", p->name, strerror(-err), failed);
-	if (was_up && s->path_ev && atomic_load(&s->opened))
-		s->path_ev(s->priv, p->idx, 0);
-	if (was_up && atomic_fetch_sub(&s->paths_up, 1) == 1) {
+	/* paths_up before path_ev(down), as path_ev(up) comes after it: a callback sees them agree. */
+	bool last = was_up && atomic_fetch_sub(&s->paths_up, 1) == 1;
+
+	if (last) {
 		/* Those waiting for a slot now wait at most fast_io_fail_ms (rtrs_clt_get_permit). */
 		atomic_store(&s->no_path_ms, now_ms());
 		pthread_mutex_lock(&s->permit_lock);
 		pthread_cond_broadcast(&s->permit_cond);
 		pthread_mutex_unlock(&s->permit_lock);
-		if (s->link_ev && atomic_load(&s->opened))
-			s->link_ev(s->priv, RTRS_CLT_LINK_EV_DISCONNECTED);
 	}
+	if (was_up && s->path_ev && atomic_load(&s->opened))
+		s->path_ev(s->priv, p->idx, 0);
+	if (last && s->link_ev && atomic_load(&s->opened))
+		s->link_ev(s->priv, RTRS_CLT_LINK_EV_DISCONNECTED);
 	if (next == RTRS_PATH_RECONNECTING)
 		clt_path_schedule_reconnect(p, 0);
 }
