@@ -180,9 +180,10 @@ struct srv_path {
 	/*
 	 * Re-authentication of the connected path (srv_path_reauth, after the
 	 * key file changed): reauth while its transaction runs (the same auth,
-	 * auth_job and auth_tx), since when; auth_digest: a digest of the keys
-	 * the path last authenticated with, so that a reload re-authenticates
-	 * only the paths whose keys changed.
+	 * auth_job and auth_tx), since when; auth_digest (under auth_lock: the
+	 * job writes it, a reload's pass reads it on the loop): a digest of the
+	 * keys the path last authenticated with, so that a reload
+	 * re-authenticates only the paths whose keys changed.
 	 */
 	atomic_bool reauth;
 	atomic_uint_fast64_t reauth_since_ms;

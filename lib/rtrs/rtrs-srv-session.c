@@ -143,7 +143,13 @@ static void srv_auth_answer(struct srv_path *p)
 		}
 		srv_hs_step(p, SRV_HS_EV_CONCAT_DONE, &why);
 	} else if (step == RTRS_AUTH_DONE) {
-		srv_auth_digest(&p->auth.hkey, &p->auth.ckey, p->auth_digest);
+		uint8_t digest[32];
+
+		/* Under auth_lock: a reload's pass reads it on the loop (sessions_reauth). */
+		srv_auth_digest(&p->auth.hkey, &p->auth.ckey, digest);
+		pthread_mutex_lock(&p->auth_lock);
+		memcpy(p->auth_digest, digest, sizeof(digest));
+		pthread_mutex_unlock(&p->auth_lock);
 		if (!re) {
 			/* auth_host before the state that shows it (path_snap). */
 			snprintf(p->auth_host, sizeof(p->auth_host), "%s", p->auth.host);

@@ -308,9 +308,16 @@ static void sessions_reauth(void *arg)
 			;
 		if (k == c->nr_kept)
 			continue;
-		for (struct srv_path *p = s->paths; p; p = p->next)
-			if (memcmp(p->auth_digest, c->digest[k], 32) && srv_path_reauth(p))
+		for (struct srv_path *p = s->paths; p; p = p->next) {
+			bool changed;
+
+			/* Written by the path's authentication job, under auth_lock. */
+			pthread_mutex_lock(&p->auth_lock);
+			changed = memcmp(p->auth_digest, c->digest[k], 32) != 0;
+			pthread_mutex_unlock(&p->auth_lock);
+			if (changed && srv_path_reauth(p))
 				c->reauth++;
+		}
 	}
 }
 

@@ -96,7 +96,7 @@ static void test_ctx(void)
 	struct rnbd_qos_stats st = { .size = sizeof(st) };
 	struct rnbd_qos_ctx *ctx;
 	struct rnbd_qos *g;
-	unsigned now_go = 0, fast_reads = 0;
+	unsigned now_go = 0, fast_reads = 0, held, refilled;
 	uint64_t t0;
 	int owner_a, owner_b;
 
@@ -111,7 +111,15 @@ static void test_ctx(void)
 						   .owner = i < 200 ? &owner_a : &owner_b };
 		now_go += rnbd_qos_admit(ctx, &items[i]);
 	}
-	CHECK(now_go == 100, "the burst goes at once: %u", now_go);
+	/*
+	 * The burst (a second's worth, 100) goes at once, and whatever tokens
+	 * came while the loop ran (1 a ms: a sanitizer build on a loaded
+	 * machine takes more than one for these 300).
+	 */
+	refilled = (unsigned)((now_ns() - t0) / 1000000) + 1;
+	CHECK(now_go >= 100 && now_go <= 100 + refilled, "the burst goes at once: %u (%u ms of "
+	      "refill)", now_go, refilled);
+	held = N - now_go;
 	/* Reads are not held by a write limit, nor behind the held writes. */
 	for (int i = 0; i < 10; i++) {
 		reads[i] = (struct rnbd_qos_item){ .g = { NULL, g }, .read = true, .bytes = 4096 };
@@ -125,13 +133,13 @@ static void test_ctx(void)
 	CHECK(now_ns() - t0 >= 90000000ull, "not before their tokens: %llu ns",
 	      (unsigned long long)(now_ns() - t0));
 	rnbd_qos_drop(ctx, &owner_b, NULL);
-	while (atomic_load(&went) + atomic_load(&dropped) < 200 && now_ns() - t0 < 5000000000ull)
+	while (atomic_load(&went) + atomic_load(&dropped) < held && now_ns() - t0 < 5000000000ull)
 		usleep(1000);
-	CHECK(atomic_load(&went) + atomic_load(&dropped) == 200, "went %u dropped %u",
-	      atomic_load(&went), atomic_load(&dropped));
+	CHECK(atomic_load(&went) + atomic_load(&dropped) == held, "went %u dropped %u of %u",
+	      atomic_load(&went), atomic_load(&dropped), held);
 	CHECK(atomic_load(&dropped) > 0 && atomic_load(&dropped) <= 100);
 	rnbd_qos_get(ctx, g, &l, &st);
-	CHECK(l.write_iops == 1000 && st.delayed == 200 && st.queued == 0, "delayed %llu queued %llu",
+	CHECK(l.write_iops == 1000 && st.delayed == held && st.queued == 0, "delayed %llu queued %llu",
 	      (unsigned long long)st.delayed, (unsigned long long)st.queued);
 	/* Lifted: inactive, items go at once. */
 	l = (struct rnbd_qos_limits){ .size = sizeof(l) };
