@@ -254,6 +254,22 @@ void offload_cancel(struct offload_job *j)
 	pthread_mutex_unlock(&pool.lock);
 }
 
+bool offload_cancel_nowait(struct offload_job *j)
+{
+	bool out;
+
+	pthread_mutex_lock(&pool.lock);
+	if (atomic_load(&j->state) == OFFLOAD_QUEUED)
+		queue_remove(j);
+	out = atomic_load(&j->state) != OFFLOAD_RUNNING;
+	if (out)
+		atomic_store(&j->state, OFFLOAD_IDLE);
+	else
+		j->again = false;
+	pthread_mutex_unlock(&pool.lock);
+	return out;
+}
+
 bool offload_idle(void)
 {
 	bool idle;

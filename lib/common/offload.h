@@ -12,9 +12,10 @@
  * notify runs (queue the owner's loop work: it must not block or call into
  * this module). Once it is marked done the worker reads nothing of the job
  * (notify gets its address), so once offload_take saw it done, or
- * offload_cancel returned, the owner may reuse or free the job and what fn
- * worked on; a notify still running holds the pool's lock, which
- * offload_submit and offload_cancel wait for. A job submitted again while fn runs (fn handed its result
+ * offload_cancel returned (offload_cancel_nowait: true), the owner may
+ * reuse or free the job and what fn worked on; a notify still running
+ * holds the pool's lock, which offload_submit and both cancels wait for.
+ * A job submitted again while fn runs (fn handed its result
  * over itself, and the next input came) runs again once fn returns, without
  * a notify in between.
  *
@@ -95,6 +96,13 @@ bool offload_take(struct offload_job *j);
  * started, waited for if it runs. Any thread but a worker.
  */
 void offload_cancel(struct offload_job *j);
+/*
+ * The same without waiting (but for the pool's lock): true when j is out
+ * of the pool (taken off the queue, or not in it); false while fn runs,
+ * which it then finishes without running again: its notify says when.
+ * For an owner that must not wait a DH exchange out (a service loop).
+ */
+bool offload_cancel_nowait(struct offload_job *j);
 /* No job queued or running (the fake fabric's tests: nothing is still to come). */
 bool offload_idle(void);
 /*

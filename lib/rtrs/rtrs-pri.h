@@ -84,6 +84,12 @@ extern atomic_bool rtrs_test_kernel_srv;
  */
 extern void (*_Atomic rtrs_test_srv_defer_checked)(void);
 extern void (*_Atomic rtrs_test_srv_defers_cancelled)(void);
+/*
+ * Server: srv_auth_answer calls it on the offload worker before each step
+ * of a transaction (the key file read, the DH exchange), as a slow key
+ * file or DH exchange would hold the job there. NULL: none.
+ */
+extern void (*_Atomic rtrs_test_srv_auth_step)(void);
 
 /*
  * Path states. The transitions allowed are a table in rtrs.c

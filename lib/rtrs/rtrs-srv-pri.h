@@ -153,8 +153,9 @@ struct srv_path {
 	 * auth_in (under auth_lock; a client sends one and waits, so a third
 	 * waiting is a protocol error) and an offload worker answers them in
 	 * order (auth_job, srv_auth_job: a DH exchange is too slow for a poll
-	 * group); the job owns auth, auth_msg and auth_tx. srv_path_stop waits
-	 * for it before the connections go.
+	 * group); the job owns auth, auth_msg and auth_tx. srv_path_stop does
+	 * not wait for it (auth_stopped); srv_reap_work frees the path only
+	 * once it is done (srv_auth_job_done queues the reaper).
 	 */
 	struct rtrs_auth_txn auth;
 	char auth_host[RTRS_AUTH_WIRE_NAME]; /* who, once authenticated */
@@ -170,9 +171,11 @@ struct srv_path {
 	} auth_in[2];
 	unsigned auth_in_n;
 	/*
-	 * srv_path_stop ran (under auth_lock): nothing more is queued and a
-	 * job that runs after it (one a completion submitted as the path
-	 * stopped) answers nothing, so none sends on a connection gone.
+	 * srv_path_stop ran (under auth_lock): nothing more is queued, a job
+	 * that runs after it (one a completion submitted as the path stopped)
+	 * answers nothing, and a job still answering sends nothing: its sends
+	 * check this under the lock (srv_auth_send), so none reaches a
+	 * connection gone.
 	 */
 	bool auth_stopped;
 	char auth_msg[RTRS_AUTH_MSG_MAX]; /* the one being answered */

@@ -65,6 +65,24 @@ static int srv_concat_keep(struct srv_path *p)
 }
 
 /*
+ * Offload worker: auth_tx's first len bytes on connection 0, unless the
+ * path stopped. srv_path_stop does not wait for the job: it sets
+ * auth_stopped under auth_lock and then destroys the connections, so a
+ * send is either over when the stop has the lock or never starts. 0 when
+ * stopped: the stop is the path's outcome, nothing is left to tell.
+ */
+static int srv_auth_send(struct srv_path *p, size_t len)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&p->auth_lock);
+	if (!p->auth_stopped)
+		rc = fab_send(p->cons[0].c.fc, p->auth_tx, len, p->auth_tx_mr.desc, NULL);
+	pthread_mutex_unlock(&p->auth_lock);
+	return rc;
+}
+
+/*
  * Offload worker: answers the authentication message in p->auth_msg (the
  * crypto, a DH exchange too, runs here: on a poll group it would hold every
  * other connection of the group).
@@ -73,6 +91,7 @@ static void srv_auth_answer(struct srv_path *p)
 {
 	struct rtrs_srv_ctx *ctx = p->sess->ctx;
 	bool re = atomic_load(&p->reauth);
+	void (*hook)(void) = atomic_load(&rtrs_test_srv_auth_step);
 	enum rtrs_auth_step step;
 	const char *why;
 	size_t out_len = 0;
@@ -93,6 +112,8 @@ static void srv_auth_answer(struct srv_path *p)
 	 */
 	if (p->auth.state == AUTH_SRV_WAIT_NEGOTIATE)
 		atomic_store(&p->auth_epoch, atomic_load(&ctx->key_epoch));
+	if (hook)
+		hook();
 	step = rtrs_auth_srv_step(&p->auth, p->auth_msg, p->auth_msg_len, p->auth_tx,
 				  sizeof(p->auth_tx), &out_len);
 	atomic_store(&p->progress_ms, loop_now_ms());
@@ -108,8 +129,7 @@ static void srv_auth_answer(struct srv_path *p)
 		srv_hs_step(p, SRV_HS_EV_AUTH_FAILED, &why);
 		/* FAILURE1 first: the client's verdict is then final. */
 		out_len = rtrs_auth_encode(p->auth_tx, sizeof(p->auth_tx), &f);
-		if (out_len && !fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc,
-					 NULL)) {
+		if (out_len && !srv_auth_send(p, out_len)) {
 			p->close_err = -EKEYREJECTED;
 			atomic_store(&p->close_at_ms, now_ms() + 1000);
 		} else {
@@ -158,7 +178,7 @@ static void srv_auth_answer(struct srv_path *p)
 	} else if (step == RTRS_AUTH_FAILED && !re) {
 		srv_hs_step(p, SRV_HS_EV_AUTH_FAILED, &why);
 	}
-	rc = out_len ? fab_send(p->cons[0].c.fc, p->auth_tx, out_len, p->auth_tx_mr.desc, NULL) : 0;
+	rc = out_len ? srv_auth_send(p, out_len) : 0;
 	switch (step) {
 	case RTRS_AUTH_CONTINUE:
 		break;
@@ -297,6 +317,19 @@ static void srv_auth_job(struct offload_job *j)
 		else
 			srv_info_recv(p, p->auth_msg, p->auth_msg_len);
 	}
+}
+
+/*
+ * The job is done (an offload worker, under the pool's lock: queueing only).
+ * The reaper skipped a stopped path while its job ran: it looks again.
+ */
+static void srv_auth_job_done(struct offload_job *j)
+{
+	struct srv_path *p = container_of(j, struct srv_path, auth_job);
+	int st = atomic_load(&p->base.state);
+
+	if (st == RTRS_PATH_CLOSING || st == RTRS_PATH_CLOSED)
+		loop_queue(p->sess->ctx->loop, &p->sess->ctx->reap_work);
 }
 
 /*
@@ -624,13 +657,20 @@ void srv_reap_work(struct loop_work *w)
 	for (s = ctx->sessions; s; s = sn) {
 		sn = s->next;
 		for (p = s->paths; p; p = pn) {
+			int job = atomic_load(&p->auth_job.state);
 			bool idle;
 
 			pn = p->next;
-			/* Its own work items still queued would run on freed memory. */
+			/*
+			 * Its own work items still queued would run on freed
+			 * memory, and so would its authentication job, which
+			 * the stop did not wait for: its done queues this again
+			 * (srv_auth_job_done).
+			 */
 			if (!p->cons_destroyed || atomic_load(&p->base.fail_work.queued) ||
 			    atomic_load(&p->info_work.queued) || atomic_load(&p->fence_work.queued) ||
-			    atomic_load(&p->reauth_work.queued))
+			    atomic_load(&p->reauth_work.queued) || job == OFFLOAD_QUEUED ||
+			    job == OFFLOAD_RUNNING)
 				continue;
 			rtrs_path_wrlock(&p->base);
 			idle = atomic_load(&p->base.inflight) == 0;
@@ -664,20 +704,26 @@ void srv_path_stop(struct srv_path *p, int err)
 	/* Requests waiting on this path for a busy chunk: the client's path fails them. */
 	srv_defers_cancel(p);
 	/*
-	 * An authentication answer being computed finishes first (it sends on
-	 * connection 0): at most one DH exchange of waiting, on this loop.
-	 * After auth_stopped nothing is answered: a message that a completion
-	 * thread queues as the path stops (it passed its state check before
-	 * CLOSING) is dropped, and a job it submits after this cancel does
-	 * nothing (path_fini's cancel waits for it before the path is freed).
+	 * An authentication answer being computed is not waited for: this
+	 * loop serves every session, and a job may take a key file's read
+	 * and a DH exchange. After auth_stopped nothing is queued or answered
+	 * and the job sends nothing (srv_auth_send): taking auth_lock waits
+	 * out at most a send of its under way, so the connections can go. A
+	 * message that a completion thread queues as the path stops (it passed
+	 * its state check before CLOSING) is dropped.
 	 */
 	pthread_mutex_lock(&p->auth_lock);
 	p->auth_stopped = true;
 	p->auth_in_n = 0;
 	pthread_mutex_unlock(&p->auth_lock);
-	offload_cancel(&p->auth_job);
 	/* Responses that never got out are dropped: the client's path fails them. */
 	rtrs_path_destroy_cons(&p->base);
+	/*
+	 * No completion thread submits the job any more: one queued leaves
+	 * the queue; one running is left to finish, and the reaper waits for
+	 * its done (srv_auth_job_done) before it frees the path.
+	 */
+	offload_cancel_nowait(&p->auth_job);
 	srv_ops_abandon(p);
 	p->cons_destroyed = true;
 	srv_path_change_state(p, RTRS_PATH_CLOSED);
@@ -1192,7 +1238,12 @@ static const struct rtrs_path_ops srv_path_ops = {
 /* Undoes srv_path_create, whole or in part (fence_timer not live: the base is not set up). */
 static void path_fini(struct srv_path *p)
 {
-	offload_cancel(&p->auth_job); /* first: the job uses what follows */
+	/*
+	 * First: the job uses what follows. It is not running here (the
+	 * reaper waited for its done; a path that failed to be created never
+	 * submitted it): this waits only for a done still holding the pool.
+	 */
+	offload_cancel(&p->auth_job);
 	if (loop_timer_live(&p->fence_timer)) {
 		loop_timer_fini(&p->fence_timer);
 		rtrs_path_fini(&p->base);
@@ -1233,7 +1284,7 @@ int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	srv_peer_host_of(peer, p->peer_host, sizeof(p->peer_host));
 	snprintf(p->name_new, sizeof(p->name_new), "%s/%s", s->name[0] ? s->name : "(new)", peer);
 	atomic_init(&p->hs, rtrs_srv_hs_initial(ctx->auth_required));
-	offload_job_init(&p->auth_job, srv_auth_job, NULL);
+	offload_job_init(&p->auth_job, srv_auth_job, srv_auth_job_done);
 	/* A host's handshakes take turns with other hosts' (offload.h). */
 	offload_job_class(&p->auth_job, offload_class_of(p->peer_host));
 	pthread_mutex_init(&p->auth_lock, NULL);

@@ -13,6 +13,7 @@ atomic_bool rtrs_test_kernel_clt;
 atomic_bool rtrs_test_kernel_srv;
 void (*_Atomic rtrs_test_srv_defer_checked)(void);
 void (*_Atomic rtrs_test_srv_defers_cancelled)(void);
+void (*_Atomic rtrs_test_srv_auth_step)(void);
 
 static const char *const path_state_names[RTRS_PATH_NUM_STATES] = {
 	[RTRS_PATH_CONNECTING] = "connecting",

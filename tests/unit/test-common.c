@@ -2140,6 +2140,51 @@ static void test_offload_classes(void)
 }
 
 /*
+ * offload_cancel_nowait: a job that runs is not waited for; it finishes
+ * without running again (it was submitted again while it ran) and its
+ * notify says when. A job out of the pool is simply out.
+ */
+struct nowait {
+	struct gate g;
+	atomic_int runs, notified;
+};
+
+static void nowait_fn(struct offload_job *j)
+{
+	struct nowait *n = (struct nowait *)j;
+
+	atomic_fetch_add(&n->runs, 1);
+	gate_fn(j);
+}
+
+static void nowait_notify(struct offload_job *j)
+{
+	atomic_fetch_add(&((struct nowait *)j)->notified, 1);
+}
+
+static void test_offload_cancel_nowait(void)
+{
+	struct nowait n = { 0 };
+
+	offload_job_init(&n.g.j, nowait_fn, nowait_notify);
+	CHECK(offload_cancel_nowait(&n.g.j), "an idle job is out of the pool");
+	CHECK(offload_submit(&n.g.j) == 0, "queued");
+	for (int i = 0; i < 5000 && !atomic_load(&n.g.in); i++)
+		sleep_ms(1);
+	CHECK(atomic_load(&n.g.in), "running");
+	CHECK(offload_submit(&n.g.j) == 0, "submitted again while it runs");
+	CHECK(!offload_cancel_nowait(&n.g.j), "a running job is not waited for");
+	CHECK(atomic_load(&n.notified) == 0, "not done yet");
+	atomic_store(&n.g.open, true);
+	for (int i = 0; i < 5000 && !atomic_load(&n.notified); i++)
+		sleep_ms(1);
+	CHECK(atomic_load(&n.notified) == 1, "its notify once it is done");
+	offload_cancel(&n.g.j); /* waits out the notify's hold of the pool */
+	CHECK(atomic_load(&n.runs) == 1, "not run again: %d runs", atomic_load(&n.runs));
+	CHECK(offload_idle(), "nothing queued or running at the end");
+}
+
+/*
  * open_regular: a regular file (or a link to one) is opened; a directory,
  * a FIFO or a character device is refused without being opened (inotify
  * sees every open but O_PATH's), and a missing file says so.
@@ -2228,5 +2273,6 @@ int main(void)
 	test_loop_timer_heap();
 	test_loop_destroy();
 	test_offload_classes();
+	test_offload_cancel_nowait();
 	return test_done("common");
 }

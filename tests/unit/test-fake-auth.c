@@ -573,6 +573,116 @@ static void auth_rotated_during_reauth(void)
 	teardown(&c);
 }
 
+/* Holds the server's first authentication step on its offload worker (rtrs_test_srv_auth_step). */
+static struct {
+	atomic_int steps;
+	atomic_bool in;
+	bool out;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+} step_hold = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+static void first_step_held(void)
+{
+	if (atomic_fetch_add(&step_hold.steps, 1))
+		return;
+	atomic_store(&step_hold.in, true);
+	fake_notify();
+	pthread_mutex_lock(&step_hold.lock);
+	while (!step_hold.out)
+		pthread_cond_wait(&step_hold.cond, &step_hold.lock);
+	pthread_mutex_unlock(&step_hold.lock);
+}
+
+static bool first_step_in(void *arg)
+{
+	(void)arg;
+	return atomic_load(&step_hold.in);
+}
+
+static void first_step_release(void)
+{
+	pthread_mutex_lock(&step_hold.lock);
+	step_hold.out = true;
+	pthread_cond_broadcast(&step_hold.cond);
+	pthread_mutex_unlock(&step_hold.lock);
+}
+
+static bool srv_path_closed(void *arg)
+{
+	(void)arg;
+	return env_logged(": path closed: ");
+}
+
+static bool clt_opened(void *arg)
+{
+	return atomic_load(&((struct clt *)arg)->opened);
+}
+
+static void flag_posted(struct fake_ev *ev, void *arg)
+{
+	atomic_store((atomic_bool *)arg, true);
+	fake_unclaim(ev);
+}
+
+/*
+ * The path's connection 0 is cut while the server answers its NEGOTIATE
+ * (the job held before the step, as by a slow key file or DH exchange).
+ * The stop does not wait for the job: the path closes while it is held,
+ * and the loop goes on serving (a key reload, another session's whole
+ * open). The job, released, sends nothing on the stopped path (no
+ * CHALLENGE), and only then is the path freed, with its session; the
+ * client's next attempt opens. Before, srv_path_stop waited for the job
+ * (offload_cancel) on the loop, every session's stalled behind it.
+ */
+static void auth_stop_while_answering(void)
+{
+	struct m challenge_s = { .dir = TO_CLT, .sess = "s", .auth = AUTH(RTRS_AUTH_CHALLENGE) };
+	atomic_bool challenged = false;
+	struct fake_ev *neg;
+	struct clt c, t;
+	bool closed;
+
+	if (!auth_setup(&c, KEY_A))
+		return;
+	clt_init(&t, "t", "a");
+	t.o.auth_secret = KEY_A;
+	atomic_store(&step_hold.steps, 0);
+	atomic_store(&step_hold.in, false);
+	step_hold.out = false;
+	atomic_store(&rtrs_test_srv_auth_step, first_step_held);
+	neg = open_step_to(&c, match, &to_srv_negotiate, "the client's NEGOTIATE");
+	fake_on_post(match, &challenge_s, flag_posted, &challenged);
+	if (neg)
+		CHECK_EQ(fake_deliver(neg), 0);
+	CHECK_EQ(fake_wait(first_step_in, NULL, "the NEGOTIATE being answered"), 0);
+	CHECK_EQ(fake_fail("s", NULL, 0, -ECONNRESET, -ECONNRESET), 1);
+	/* Not fake_settle: nothing settles while the job is held. */
+	fake_hold(NULL, NULL);
+	closed = !fake_wait(srv_path_closed, NULL, "the server's path to close");
+	CHECK(closed, "the path closed while its authentication job runs");
+	if (closed) {
+		CHECK_EQ(rtrs_srv_reload_keys(srv.ctx), 0);
+		clt_open_async(&t);
+		CHECK_EQ(fake_wait(clt_opened, &t, "another session's open"), 0);
+		CHECK_EQ(env_log_count("path freed"), 0);
+		CHECK_EQ(srv_stats().sessions, 2);
+	}
+	first_step_release();
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(!atomic_load(&challenged), "nothing sent on the stopped path");
+	fake_on_post(NULL, NULL, NULL, NULL);
+	atomic_store(&rtrs_test_srv_auth_step, NULL);
+	CHECK_EQ(env_log_count("path freed"), 1);
+	CHECK_EQ(srv_stats().sessions, 1);
+	CHECK_EQ(clt_open_join(&t), 0);
+	CHECK_EQ(clt_open_join(&c), 0);
+	CHECK(c.sess && io_roundtrip(&c, 0, 88), "IO of the next attempt");
+	CHECK(t.sess && io_roundtrip(&t, LEN, 89), "IO of the other session");
+	clt_close(&t);
+	teardown(&c);
+}
+
 /* ---- admission ---------------------------------------------------------------------------------- */
 
 static bool accept_of(const struct fake_ev *ev, void *arg)
@@ -1212,6 +1322,7 @@ static const struct scenario scenarios[] = {
 	{ "auth_revoked_in_handshake", auth_revoked_in_handshake },
 	{ "auth_rotated_in_handshake", auth_rotated_in_handshake },
 	{ "auth_rotated_during_reauth", auth_rotated_during_reauth },
+	{ "auth_stop_while_answering", auth_stop_while_answering },
 	{ "pending_per_peer", pending_per_peer },
 	{ "pending_total", pending_total },
 	{ "pending_proven_host", pending_proven_host },
