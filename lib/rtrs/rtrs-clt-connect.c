@@ -781,25 +781,8 @@ struct clt_cst_def {
 	int (*leave)(struct clt_path *p);  /* the next step, or < 0: the attempt fails */
 };
 
-static int path_fab_open(struct clt_path *p, struct fab **out);
 static int path_fab_open_plain(struct clt_path *p, struct fab **out);
 static int path_gave_up(struct clt_path *p);
-
-/* Offload worker: a name or an RDMA address to resolve may take seconds. */
-static void path_open_job(struct offload_job *j)
-{
-	struct clt_path *p = container_of(j, struct clt_path, open_job);
-
-	p->fab_opened = NULL;
-	p->open_rc = path_fab_open(p, &p->fab_opened);
-	if (p->open_rc)
-		p->fab_opened = NULL;
-}
-
-static void path_open_job_done(struct offload_job *j)
-{
-	clt_path_kick(container_of(j, struct clt_path, open_job));
-}
 
 /* j to an offload worker; with none to be had, run here (its result is the loop's next step). */
 static int path_offload(struct clt_path *p, struct offload_job *j)
@@ -815,15 +798,166 @@ static int path_offload(struct clt_path *p, struct offload_job *j)
 	return rc;
 }
 
-static int cst_open_enter(struct clt_path *p)
+/*
+ * A path's fabric opened again on an offload worker (CST_OPEN). Resolving
+ * a name or an RDMA address may take seconds, and a device that is gone
+ * longer, so nothing on the loop waits for the job: it works on copies of
+ * what it opens with, and the path and the worker each hold it (refs). An
+ * attempt ended by force lets go (wanted false): the worker closes the
+ * fabric it opens then. The path keeps the job while it runs, so that its
+ * next attempt waits for this one instead of starting another
+ * (open_job_want); a path freed meanwhile lets go of it whole (p NULL).
+ */
+struct clt_open_job {
+	struct offload_job job;
+	pthread_mutex_t lock;       /* what follows; the path's lock before it */
+	struct clt_path *p;         /* kicked when done; NULL: the path let go */
+	unsigned refs;              /* the path's and the worker's */
+	bool wanted;                /* an attempt waits for the fabric; else it is closed */
+	bool done;                  /* fn returned: fab or rc */
+	struct fab *fab;            /* opened for an attempt, until it takes it */
+	int rc;
+	struct rtrs_tls_ctx *tls;   /* the session's when submitted (referenced), or NULL */
+	char prov[32], src[256], host[256], port[8], name[528];
+};
+
+static void open_job_unref(struct clt_open_job *oj)
 {
-	return path_offload(p, &p->open_job);
+	bool last;
+
+	pthread_mutex_lock(&oj->lock);
+	last = --oj->refs == 0;
+	pthread_mutex_unlock(&oj->lock);
+	if (!last)
+		return;
+	if (oj->tls)
+		rtrs_tls_ctx_put(oj->tls);
+	pthread_mutex_destroy(&oj->lock);
+	free(oj);
 }
 
-/* Waited for whatever else happens (path_step): the job holds the fabric it opens. */
+/* Offload worker. */
+static void open_job_fn(struct offload_job *j)
+{
+	struct clt_open_job *oj = container_of(j, struct clt_open_job, job);
+	struct fab *f = NULL;
+	bool keep;
+	int rc;
+
+	rc = fab_open(oj->prov, oj->src[0] ? oj->src : NULL, oj->host, oj->port, false,
+		      RTRS_CLT_QUEUE_HINT, &f);
+	if (!rc && oj->tls) {
+		rc = fab_set_tls(f, FAB_TLS_REQUIRED, oj->tls);
+		if (rc) {
+			fab_close(f);
+			f = NULL;
+		}
+	}
+	if (rc)
+		f = NULL;
+	pthread_mutex_lock(&oj->lock);
+	oj->done = true;
+	keep = oj->wanted;
+	if (keep) {
+		oj->fab = f;
+		oj->rc = rc;
+	}
+	pthread_mutex_unlock(&oj->lock);
+	if (!keep && f) {
+		log_info("%s: the fabric opened after its attempt ended is closed", oj->name);
+		fab_close(f);
+	}
+}
+
+/* On the worker, under the pool's lock (or on the loop, cst_open_enter): the attempt takes it. */
+static void open_job_notify(struct offload_job *j)
+{
+	struct clt_open_job *oj = container_of(j, struct clt_open_job, job);
+
+	pthread_mutex_lock(&oj->lock);
+	if (oj->p && oj->wanted)
+		clt_path_kick(oj->p);
+	pthread_mutex_unlock(&oj->lock);
+	open_job_unref(oj);
+}
+
+/*
+ * The path's job, if one is under way (an attempt ended by force left it
+ * running), is wanted again: true, and this attempt waits for it. A job
+ * that is done opened nothing for the path (nobody wanted it) and goes.
+ */
+static bool open_job_want(struct clt_path *p)
+{
+	struct clt_open_job *oj = p->open_job;
+	bool running;
+
+	if (!oj)
+		return false;
+	pthread_mutex_lock(&oj->lock);
+	running = !oj->done;
+	if (running)
+		oj->wanted = true;
+	pthread_mutex_unlock(&oj->lock);
+	if (!running)
+		clt_path_open_job_end(p, true);
+	return running;
+}
+
+static int cst_open_enter(struct clt_path *p)
+{
+	struct rtrs_clt_sess *s = p->sess;
+	struct clt_open_job *oj;
+	int rc;
+
+	if (open_job_want(p)) {
+		log_info("%s: waits for the fabric an earlier attempt is opening", p->name);
+		return 0;
+	}
+	oj = calloc(1, sizeof(*oj));
+	if (!oj)
+		return -ENOMEM;
+	pthread_mutex_init(&oj->lock, NULL);
+	offload_job_init(&oj->job, open_job_fn, open_job_notify);
+	oj->p = p;
+	oj->refs = 2;
+	oj->wanted = true;
+	snprintf(oj->prov, sizeof(oj->prov), "%s", s->provider);
+	snprintf(oj->src, sizeof(oj->src), "%s", p->src);
+	snprintf(oj->host, sizeof(oj->host), "%s", p->host);
+	snprintf(oj->port, sizeof(oj->port), "%s", p->port);
+	snprintf(oj->name, sizeof(oj->name), "%s", p->name);
+	pthread_mutex_lock(&s->auth_lock);
+	oj->tls = s->tls;
+	if (oj->tls)
+		rtrs_tls_ctx_get(oj->tls);
+	pthread_mutex_unlock(&s->auth_lock);
+	p->open_job = oj;
+	rc = offload_submit(&oj->job);
+	if (rc == -EAGAIN) {
+		/* No worker to be had: here (its result is the loop's next step). */
+		open_job_fn(&oj->job);
+		open_job_notify(&oj->job);
+		rc = 0;
+	}
+	if (rc) {
+		oj->done = true; /* it never runs: not waited for again */
+		open_job_unref(oj); /* the worker's */
+	}
+	return rc;
+}
+
+/* Waited for whatever else happens, but for a forced end (path_step). */
 static int cst_open_ready(struct clt_path *p)
 {
-	return atomic_load(&p->open_job.state) == OFFLOAD_DONE;
+	struct clt_open_job *oj = p->open_job;
+	bool done;
+
+	if (!oj)
+		return -EIO;
+	pthread_mutex_lock(&oj->lock);
+	done = oj->done;
+	pthread_mutex_unlock(&oj->lock);
+	return done;
 }
 
 /* The fence message's registration, then connection 0. */
@@ -842,17 +976,22 @@ static int path_fab_ready(struct clt_path *p)
 static int cst_open_leave(struct clt_path *p)
 {
 	struct rtrs_clt_sess *s = p->sess;
+	struct clt_open_job *oj = p->open_job;
+	struct fab *f;
 	int rc;
 
-	if (!offload_take(&p->open_job))
-		return -EIO; /* ready said done */
-	if (p->open_rc) {
+	pthread_mutex_lock(&oj->lock);
+	f = oj->fab;
+	rc = oj->rc;
+	oj->fab = NULL;
+	pthread_mutex_unlock(&oj->lock);
+	clt_path_open_job_end(p, true);
+	if (rc) {
 		log_err("%s: cannot resolve %s:%s with provider %s: %s", p->name, p->host, p->port,
-			s->provider, strerror(-p->open_rc));
-		return p->open_rc;
+			s->provider, strerror(-rc));
+		return rc;
 	}
-	p->fab = p->fab_opened;
-	p->fab_opened = NULL;
+	p->fab = f;
 	rc = path_gave_up(p);
 	return rc ? rc : path_fab_ready(p);
 }
@@ -1102,13 +1241,33 @@ static void path_open_finish(struct clt_path *p, int rc)
 	pthread_mutex_unlock(&p->lock);
 }
 
-/* A fabric the open job made and the attempt did not take is closed (any thread but a worker). */
-void clt_path_open_job_end(struct clt_path *p)
+/*
+ * The open job's fabric, if it is done and the attempt did not take it, is
+ * closed; one still running is not waited for: it closes what it opens
+ * (wanted false). The path keeps a running job for its next attempt
+ * (open_job_want) unless last (path_fini: the path goes). Loop thread, or
+ * the path's last user.
+ */
+void clt_path_open_job_end(struct clt_path *p, bool last)
 {
-	offload_cancel(&p->open_job);
-	if (p->fab_opened) {
-		fab_close(p->fab_opened);
-		p->fab_opened = NULL;
+	struct clt_open_job *oj = p->open_job;
+	struct fab *f;
+	bool done;
+
+	if (!oj)
+		return;
+	pthread_mutex_lock(&oj->lock);
+	oj->wanted = false;
+	f = oj->fab;
+	oj->fab = NULL;
+	done = oj->done;
+	if (done || last)
+		oj->p = NULL; /* never kicked again: the path may go */
+	pthread_mutex_unlock(&oj->lock);
+	fab_close(f);
+	if (done || last) {
+		p->open_job = NULL;
+		open_job_unref(oj);
 	}
 }
 
@@ -1205,7 +1364,7 @@ void clt_path_attempt_failed(struct clt_path *p, int rc)
 	else if (st == CST_INFO)
 		log_err("%s: info exchange failed: %s", p->name, strerror(-rc));
 	path_auth_end(p, rc);
-	clt_path_open_job_end(p);
+	clt_path_open_job_end(p, false);
 	clt_path_destroy_cons(p);
 	clt_path_release(p);
 	lost = atomic_exchange(&p->fab_lost, false);
@@ -1326,6 +1485,8 @@ static void path_step(struct clt_path *p, bool timeout, bool force)
 		 * what an authentication answer makes of a FAILURE1 tells more
 		 * than the failure that followed it, and a fabric being opened
 		 * is the job's until it is done (its own resolution bounds it).
+		 * A forced end waits for neither: the open job is let go of
+		 * (clt_path_open_job_end) and closes the fabric it opens.
 		 */
 		bool wait_job = !force && (p->cst == CST_OPEN ||
 					   (p->cst == CST_AUTH_CALC && !timeout));
@@ -1392,7 +1553,6 @@ int clt_path_conn_init(struct clt_path *p)
 	offload_job_init(&p->auth_job, path_auth_job, path_auth_job_done);
 	offload_job_init(&p->reauth_job, path_reauth_job, path_reauth_job_done);
 	loop_work_init(&p->reauth_work, path_reauth_work);
-	offload_job_init(&p->open_job, path_open_job, path_open_job_done);
 	return loop_timer_init(p->sess->loop, &p->conn_timer, path_conn_timer);
 }
 

@@ -109,6 +109,8 @@ struct clt_con {
 	atomic_uint inflight;
 };
 
+struct clt_open_job;
+
 struct clt_path {
 	struct rtrs_path base;       /* state, post lock, heartbeat, failure, cons */
 	struct rtrs_clt_sess *sess;
@@ -162,10 +164,14 @@ struct clt_path {
 	 * attempt closes it and opens another (CST_OPEN).
 	 */
 	atomic_bool fab_lost;
-	/* CST_OPEN: a fabric opened again on an offload worker (after its device went). */
-	struct offload_job open_job;
-	struct fab *fab_opened;     /* the job's fabric, until the loop takes it */
-	int open_rc;
+	/*
+	 * CST_OPEN: a fabric opened again on an offload worker (after its
+	 * device went), shared with the worker (rtrs-clt-connect.c). An attempt
+	 * ended by force lets go of it without waiting; the path keeps it
+	 * while it runs, so that the next attempt waits for it, not for a
+	 * second one. NULL: none. Loop thread, and path_fini.
+	 */
+	struct clt_open_job *open_job;
 	bool attempt_counted;       /* a reconnect in clt_reconnects_running */
 	bool conn_done;             /* the opener's verdict, conn_rc, is in */
 	int conn_rc;
@@ -442,7 +448,8 @@ void clt_path_kick(struct clt_path *p);
 void clt_path_attempt_start(struct clt_path *p);
 void clt_path_attempt_poke(struct clt_path *p);
 void clt_path_attempt_failed(struct clt_path *p, int rc);
-void clt_path_open_job_end(struct clt_path *p);
+/* The attempt lets go of its fabric's open (last: the path is freed); never waits. */
+void clt_path_open_job_end(struct clt_path *p, bool last);
 int clt_path_open_begin(struct clt_path *p, int tries);
 int clt_path_open_wait(struct clt_path *p);
 int clt_path_open(struct clt_path *p, int tries);

@@ -370,7 +370,7 @@ static void path_fini(struct clt_path *p)
 	offload_cancel(&p->auth_job);
 	offload_cancel(&p->reauth_job);
 	rtrs_auth_wipe(&p->auth_cfg, sizeof(p->auth_cfg));
-	clt_path_open_job_end(p);
+	clt_path_open_job_end(p, true); /* a job still opening closes its fabric itself */
 	rtrs_path_fini(&p->base);
 	clt_path_release_mrs(p);
 	fab_close(p->fab);

@@ -60,6 +60,7 @@ struct fault_fab {
 	bool server;
 	unsigned delay_us;         /* this fabric's connections are slow */
 	atomic_bool dead;          /* nodev_dead: a connection went down with -ENODEV */
+	bool late;                 /* opened open_delay_ms late: counted at its close */
 	/* tls_alt: what the owner set (fab_set_tls), given to connection 0 with tls_later_only */
 	pthread_mutex_t tls_lock;
 	enum fab_tls_mode tls_mode;
@@ -83,7 +84,7 @@ struct fault_con {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fault_set *g_set;
 static atomic_uint_fast64_t st_eagain, st_delayed, st_stale, st_uuids, st_kernel, st_nodev;
-static atomic_uint_fast64_t st_tls;
+static atomic_uint_fast64_t st_tls, st_late_opens, st_late_closes;
 
 static struct fault_fab *ff_of(struct fab *f)
 {
@@ -218,6 +219,8 @@ RTRS_EXPORT void rtrs_fault_get_stats(struct rtrs_fault_stats *st)
 	st->kernel_reqs = atomic_load(&st_kernel);
 	st->nodev = atomic_load(&st_nodev);
 	st->tls_swaps = atomic_load(&st_tls);
+	st->late_opens = atomic_load(&st_late_opens);
+	st->late_closes = atomic_load(&st_late_closes);
 }
 
 /* ---- connection callbacks: the owner's, with the faults in between ---------- */
@@ -319,9 +322,10 @@ static int fault_open(const char *prov, const char *src, const char *node, const
 			;
 	}
 	slow = fs && fault_slow(fs, src);
+	/* A fabric opened late is wrapped too: its close is counted. */
 	client_faults = fs && !server &&
 			(fs->stale_rkey || fs->set_uuid || fs->kernel_client || fs->down_nodev ||
-			 fs->tls_alt);
+			 fs->tls_alt || fs->open_delay_ms);
 	if (!fs || (!fs->eagain_every && !slow && !client_faults)) {
 		fault_set_put(fs);
 		return fab_impl(prov)->open(prov, src, node, service, server, queue, out);
@@ -342,14 +346,18 @@ static int fault_open(const char *prov, const char *src, const char *node, const
 	ff->server = server;
 	pthread_mutex_init(&ff->tls_lock, NULL);
 	ff->delay_us = slow ? fs->delay_us : 0;
-	log_warn("fault injection: %s %s:%s:%s%s%s%s%s%s%s", server ? "listening on" : "connecting to",
+	ff->late = client_faults && fs->open_delay_ms;
+	if (ff->late)
+		atomic_fetch_add(&st_late_opens, 1);
+	log_warn("fault injection: %s %s:%s:%s%s%s%s%s%s%s%s", server ? "listening on" : "connecting to",
 		 node ? node : "*", service ? service : "*",
 		 fs->eagain_every ? " every write may be refused" : "",
 		 slow ? " slow" : "", client_faults && fs->stale_rkey ? " stale keys" : "",
 		 client_faults && fs->set_uuid ? " claimed session uuid" : "",
 		 client_faults && fs->kernel_client ? " as a kernel client" : "",
 		 client_faults && fs->down_nodev ? " downs as a removed device" : "",
-		 client_faults && fs->tls_alt ? " another host's TLS key" : "");
+		 client_faults && fs->tls_alt ? " another host's TLS key" : "",
+		 client_faults && fs->open_delay_ms ? " opened late" : "");
 	*out = (struct fab *)(void *)ff;
 	return 0;
 }
@@ -359,6 +367,8 @@ static void fault_close(struct fab *f)
 	struct fault_fab *ff = ff_of(f);
 
 	fab_close(ff->inner);
+	if (ff->late)
+		atomic_fetch_add(&st_late_closes, 1);
 	fault_set_put(ff->fs);
 	if (ff->tls_own)
 		rtrs_tls_ctx_put(ff->tls_own);

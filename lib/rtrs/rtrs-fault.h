@@ -64,7 +64,8 @@ struct rtrs_fault {
 	/*
 	 * Client: fab_open takes this many milliseconds longer (a name or an
 	 * RDMA address slow to resolve), on whatever thread calls it. 0: off;
-	 * at most 10000.
+	 * at most 10000. The fabrics opened so are counted, and their closes
+	 * (late_opens, late_closes): a test proves none was left open.
 	 */
 	unsigned open_delay_ms;
 	/*
@@ -110,6 +111,8 @@ struct rtrs_fault_stats {
 	uint64_t kernel_reqs; /* connection requests sent as a kernel client's */
 	uint64_t nodev;       /* connections reported down with -ENODEV (down_nodev) */
 	uint64_t tls_swaps;   /* connections made with the tls_host's PSK */
+	uint64_t late_opens;  /* fabrics opened open_delay_ms late */
+	uint64_t late_closes; /* ... and closed */
 };
 
 void rtrs_fault_get_stats(struct rtrs_fault_stats *st);

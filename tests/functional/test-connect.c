@@ -20,7 +20,8 @@
  *     client's service loops keep their timers and, on one poll group, an
  *     open session keeps its IO going meanwhile;
  *   - a path whose device went opens its fabric again on an offload worker:
- *     the service loops keep their timers meanwhile;
+ *     the service loops keep their timers meanwhile; a disconnect or close
+ *     meanwhile returns at once, and the fabric opened late is closed;
  *   - the paths after the first open together: two that are slow to
  *     connect (a proxy) come up in the time of one, two silent ones cost
  *     one connect timeout.
@@ -711,6 +712,168 @@ static void test_device_gone_reopen(bool dead)
 	rtrs_clt_close(s);
 out:
 	CHECK_EQ(rtrs_fault_set(NULL), 0);
+	rtrs_srv_close(srv);
+#endif
+}
+
+#ifdef RTRS_FAULT_INJECTION
+/* The session's path is up (or not) within ms. */
+static bool wait_up(struct rtrs_clt_sess *s, unsigned ms)
+{
+	for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < ms; usleep(10 * 1000)) {
+		struct rtrs_attrs a = { .size = sizeof(a) };
+
+		if (rtrs_clt_query(s, &a) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* A log line with s after mark within ms. */
+static bool wait_log_since(size_t mark, const char *s, unsigned ms)
+{
+	for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < ms; usleep(5 * 1000))
+		if (log_has_since(mark, s))
+			return true;
+	return log_has_since(mark, s);
+}
+#endif
+
+/*
+ * A path whose fabric is being opened again (its device went; fault
+ * injection: the open takes 3 s) is ended by force: a disconnect and a
+ * session close return at once, not when the open does, while two other
+ * sessions (one on each shared service loop) keep their requests going and
+ * the loops their 5 ms timers. The path reconnected by hand meanwhile
+ * waits for the open under way instead of starting a second one, and the
+ * fabric opened for the closed session is closed when its open ends.
+ * With the open waited for on the loop (offload_cancel), each took the
+ * rest of the 3 s and stalled every session on that loop.
+ */
+static void test_open_abandoned(void)
+{
+#ifdef RTRS_FAULT_INJECTION
+	/* The bounds are far below the open's 3 s, which a wait for it would cost. */
+	enum { OPEN_MS = 3000, END_MAX_MS = 500, STALL_MAX_MS = 1000 };
+	struct rtrs_srv_ops ops = { .rdma_ev = srv_rdma_ev };
+	struct rtrs_path_addr path = { .dst = NULL }, bpath = { .dst = NULL };
+	struct rtrs_fault nodev = { .down_nodev = true };
+	struct rtrs_fault slow = { .down_nodev = true, .open_delay_ms = OPEN_MS };
+	struct rtrs_fault_stats f0, f1;
+	struct loop_probe pr[LOOP_SHARED_MAX];
+	struct loop *loops[LOOP_SHARED_MAX];
+	struct io_probe io[2] = {
+		{ .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER },
+		{ .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER },
+	};
+	struct rtrs_clt_sess *a[2] = { NULL, NULL }, *b = NULL;
+	struct rtrs_srv_opts so, sob;
+	struct rtrs_clt_opts o, ob;
+	struct rtrs_srv_ctx *srv, *srvb;
+	char dst[96], bdst[96];
+	pthread_t t[2];
+	uint64_t t0, gap, disc_ms = 0, close_ms = 0;
+	size_t mark;
+	int port, bport, rc;
+
+	rtrs_fault_get_stats(&f0);
+	srv = srv_and_clt(&ops, &so, &o, &path, dst, sizeof(dst), &port);
+	o.sessname = "bystander-0";
+	CHECK_EQ(rtrs_clt_open(&o, &a[0]), 0);
+	o.sessname = "bystander-1";
+	CHECK_EQ(rtrs_clt_open(&o, &a[1]), 0);
+	if (!a[0] || !a[1])
+		goto out_a;
+	/* The path to end: its own server, whose close downs it as a removed device. */
+	srvb = srv_and_clt(&ops, &sob, &ob, &bpath, bdst, sizeof(bdst), &bport);
+	ob.sessname = "open-abandoned";
+	ob.reconnect_delay_ms = 100;
+	ob.reconnect_jitter_ms = 0;
+	ob.max_reconnect_attempts = -1;
+	CHECK_EQ(rtrs_fault_set(&nodev), 0);
+	rc = rtrs_clt_open(&ob, &b);
+	CHECK(rc == 0, "open: %s", strerror(-rc));
+	CHECK_EQ(rtrs_fault_set(&slow), 0);
+	if (rc)
+		goto out_b;
+	probes_start(pr, loops);
+	for (unsigned i = 0; i < 2; i++) {
+		io[i].s = a[i];
+		CHECK_EQ(pthread_create(&t[i], NULL, io_probe_run, &io[i]), 0);
+	}
+
+	/* 1. Disconnected while its fabric opens again, then reconnected by hand. */
+	mark = log_mark();
+	rtrs_srv_close(srvb);
+	CHECK(wait_log_since(mark, "opening a fabric to", 3000), "the path opens its fabric again");
+	t0 = test_now_ms();
+	CHECK_EQ(rtrs_clt_disconnect_path(b, 0), 0);
+	disc_ms = test_now_ms() - t0;
+	CHECK(disc_ms < END_MAX_MS, "a disconnect took %llu ms while the path's fabric opened",
+	      (unsigned long long)disc_ms);
+	sob.port = (uint16_t)bport;
+	srvb = srv_start(&ops, &sob, &bport);
+	CHECK_EQ(rtrs_clt_reconnect_path(b, 0), 0);
+	CHECK(wait_up(b, OPEN_MS + 3000), "the path came back");
+	CHECK(log_has_since(mark, "waits for the fabric an earlier attempt is opening"),
+	      "the reconnect waited for the open under way");
+	CHECK(log_count_since(mark, "opening a fabric to") == 1,
+	      "the path opened its fabric %u times: the reconnect did not take the open under way",
+	      log_count_since(mark, "opening a fabric to"));
+
+	/* 2. The session closed while its fabric opens again. */
+	mark = log_mark();
+	rtrs_srv_close(srvb);
+	srvb = NULL;
+	CHECK(wait_log_since(mark, "opening a fabric to", 3000), "the path opens its fabric again");
+	t0 = test_now_ms();
+	rtrs_clt_close(b);
+	close_ms = test_now_ms() - t0;
+	CHECK(close_ms < END_MAX_MS, "closing the session took %llu ms while its path's fabric "
+	      "opened", (unsigned long long)close_ms);
+	/* The fabric opened after the close (the second opened late) is closed when its open ends. */
+	t0 = test_now_ms();
+	do {
+		usleep(20 * 1000);
+		rtrs_fault_get_stats(&f1);
+	} while ((f1.late_opens - f0.late_opens < 2 ||
+		  f1.late_closes - f0.late_closes < f1.late_opens - f0.late_opens) &&
+		 test_now_ms() - t0 < OPEN_MS + 2000);
+	CHECK(wait_log_since(mark, "the fabric opened after its attempt ended is closed", 1000),
+	      "the abandoned open's fabric was closed");
+	gap = probes_stop(pr, loops);
+	for (unsigned i = 0; i < 2; i++) {
+		atomic_store(&io[i].stop, true);
+		pthread_join(t[i], NULL);
+	}
+	rtrs_fault_get_stats(&f1);
+	fprintf(stderr, "open abandoned: disconnect in %llu ms, close in %llu ms; %llu fabrics "
+		"opened late, %llu closed; the client loops' longest stall %llu ms; the other "
+		"sessions' slowest requests %llu and %llu ms (%llu and %llu requests)\n",
+		(unsigned long long)disc_ms, (unsigned long long)close_ms,
+		(unsigned long long)(f1.late_opens - f0.late_opens),
+		(unsigned long long)(f1.late_closes - f0.late_closes), (unsigned long long)gap,
+		(unsigned long long)atomic_load(&io[0].max_ms),
+		(unsigned long long)atomic_load(&io[1].max_ms),
+		(unsigned long long)atomic_load(&io[0].done),
+		(unsigned long long)atomic_load(&io[1].done));
+	CHECK(f1.late_opens - f0.late_opens == 2, "%llu fabrics opened late (2 expected)",
+	      (unsigned long long)(f1.late_opens - f0.late_opens));
+	CHECK(f1.late_closes - f0.late_closes == f1.late_opens - f0.late_opens,
+	      "a fabric opened late was left open");
+	CHECK(gap < STALL_MAX_MS, "a client loop stalled %llu ms", (unsigned long long)gap);
+	for (unsigned i = 0; i < 2; i++)
+		CHECK(atomic_load(&io[i].done) >= 10 && atomic_load(&io[i].max_ms) < STALL_MAX_MS,
+		      "session %u: the slowest of %llu requests took %llu ms", i,
+		      (unsigned long long)atomic_load(&io[i].done),
+		      (unsigned long long)atomic_load(&io[i].max_ms));
+out_b:
+	CHECK_EQ(rtrs_fault_set(NULL), 0);
+	if (srvb)
+		rtrs_srv_close(srvb);
+out_a:
+	rtrs_clt_close(a[0]);
+	rtrs_clt_close(a[1]);
 	rtrs_srv_close(srv);
 #endif
 }
@@ -1835,6 +1998,7 @@ int main(void)
 	test_dh_off_loop();
 	test_device_gone_reopen(false);
 	test_device_gone_reopen(true);
+	test_open_abandoned();
 	if (tcp)
 		test_unreachable(); /* plain TCP sockets play the peer */
 	if (tcp)
