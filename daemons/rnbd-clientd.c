@@ -71,7 +71,7 @@
 #define DEVS_MAX 256
 #define STOP_GRACE_MS 2000   /* a stop waits this long for servers to answer */
 #define STOP_ABORT_MS 2500   /* ... then this long for what is left to fail and end */
-#define RESTORE_THREADS 16   /* mappings restored at once */
+#define RESTORE_THREADS 16   /* the mappings file's mappings restored at once */
 #define RECOVER_WAIT_MS 10000 /* for the kernel to let a dead daemon's block device go */
 #define LOCK_WAIT_MS 30000   /* for the previous daemon of --runtime-dir to end */
 
@@ -159,7 +159,7 @@ struct dev {
 	char bdev[32];                /* "/dev/ublkbN", or "" */
 	char note[200];               /* why there is none */
 	bool busy;                    /* a map's last steps, an unmap or a remap run on it */
-	bool unmapping;               /* busy with an unmap: a handover leaves it to it */
+	bool unmapping;               /* busy with an unmap (listed as "unmapping") */
 	bool handed;                  /* its block device is handed over: a stop leaves it */
 	uint64_t serial;              /* this mapping's own number: ub_id comes round again */
 };
@@ -1711,6 +1711,24 @@ static struct json_object *recover_scan(void)
 			     "that recorded it; its record goes", id, st.pid);
 			rc = -ENODEV;
 		}
+		/*
+		 * Dead with the recording daemon's pid: that daemon added it
+		 * (ADD_DEV carries the adder's pid, START_DEV replaces it and a
+		 * stop makes it -1) and died before it started, so it never
+		 * was a block device and nobody else can hold it: deleted, or
+		 * it kept its number and its character device for good.
+		 */
+		if (!rc && st.state == UBLK_S_DEV_DEAD && st.pid > 0 &&
+		    json_object_object_get_ex(rec, "pid", &v) && json_object_get_int(v) == st.pid) {
+			int drc = ublk_dev_abandon(id);
+
+			dlog(drc ? DLOG_ERR : DLOG_INFO, "ublk: /dev/ublkb%d: added by pid %d, which "
+			     "died before starting it: %s%s; its record goes", id, st.pid,
+			     drc ? "not deleted: " : "deleted", drc ? strerror(-drc) : "");
+			unlink(path);
+			json_object_put(rec);
+			continue;
+		}
 		if (rc == -ENODEV || (!rc && (!st.recoverable || st.state == UBLK_S_DEV_DEAD))) {
 			dlog(DLOG_INFO, "ublk: /dev/ublkb%d: %s; its record goes", id,
 			     rc ? "not ours" : "not to be taken over");
@@ -2191,7 +2209,11 @@ static unsigned spawn(void *(*fn)(void *), void *arg, unsigned n)
 
 /* ---- stopping ---- */
 
-/* A stop thread: the devices of one session unmapped (each by force), then the session closed. */
+/*
+ * A stop thread: the devices of one session unmapped (each by force), then
+ * the session closed; in a handover, a block device that a request kept
+ * from handover_all is handed over instead, and its session stays.
+ */
 static void *stop_sess_thread(void *arg)
 {
 	struct sess *s = arg;
@@ -2214,6 +2236,21 @@ static void *stop_sess_thread(void *arg)
 			break;
 		if (!d) {
 			pthread_cond_wait(&state_cond, &state_lock);
+			continue;
+		}
+		if (d->ub && g.on_stop == ON_STOP_HANDOVER) {
+			/*
+			 * A block device handover_all could not wait for (a
+			 * request held it past the grace, and refused its
+			 * unmap since): handed over too, never removed by a
+			 * stop that promises to keep it.
+			 */
+			d->handed = true;
+			pthread_mutex_unlock(&state_lock);
+			ublk_dev_handover(d->ub, STOP_GRACE_MS);
+			dlog(DLOG_INFO, "device %s of session %s: handed over after its request",
+			     d->name, s->name);
+			pthread_mutex_lock(&state_lock);
 			continue;
 		}
 		d->busy = true;
@@ -2327,15 +2364,15 @@ static unsigned handover_all(unsigned *left, bool *ended)
 	pthread_mutex_lock(&state_lock);
 	stopping = true;
 	/*
-	 * A remap (or a map's last steps) ends first: its device is handed
-	 * over like the others, not left to the stop, which removes what it
-	 * finds. One being unmapped is left to its unmap.
+	 * A remap, an unmap (or a map's last steps) ends first: a device it
+	 * leaves is handed over like the others (an unmap refused because the
+	 * device is in use leaves it; the stop would have removed it).
 	 */
 	for (;;) {
 		bool wait = false;
 
 		for (unsigned i = 0; i < DEVS_MAX; i++)
-			wait |= devs[i] && devs[i]->ub && devs[i]->busy && !devs[i]->unmapping;
+			wait |= devs[i] && devs[i]->ub && devs[i]->busy;
 		if (!wait || now_ms() >= end)
 			break;
 		struct timespec dl = state_deadline(end - now_ms());
@@ -2480,7 +2517,16 @@ int main(int argc, char **argv)
 		if (n - nr)
 			dlog(DLOG_INFO, "mappings file %s: restoring %zu mapping%s", g.mappings, n - nr,
 			     n - nr == 1 ? "" : "s");
-		unsigned want = n < RESTORE_THREADS ? (unsigned)n : RESTORE_THREADS, got;
+		/*
+		 * A block device to take over has a thread of its own: one whose
+		 * server stays away retries for up to --recover-timeout with its
+		 * IO held, and none may wait behind another's retries (16 such
+		 * legs of mirrors on a dead server held every other takeover,
+		 * and the file's mappings, for the whole timeout). The file's
+		 * mappings share RESTORE_THREADS.
+		 */
+		unsigned want = (unsigned)(MIN(nr, (size_t)DEVS_MAX) +
+					   MIN(n - nr, (size_t)RESTORE_THREADS)), got;
 		bool last;
 
 		pthread_mutex_lock(&state_lock);

@@ -60,6 +60,7 @@
 
 #define CTRL_OP(nr) _IOWR('u', (nr), struct ublksrv_ctrl_cmd)
 #define CTRL_GET_FEATURES _IOR('u', 0x13, struct ublksrv_ctrl_cmd)
+#define CTRL_DEL_DEV_ASYNC _IOR('u', 0x14, struct ublksrv_ctrl_cmd)
 #define CTRL_UPDATE_SIZE _IOWR('u', 0x15, struct ublksrv_ctrl_cmd)
 #define IO_OP(nr) _IOWR('u', (nr), struct ublksrv_io_cmd)
 
@@ -206,6 +207,23 @@ static int ctrl_cmd_op(struct ublk_dev *u, unsigned op, void *addr, uint16_t len
 static int ctrl_cmd(struct ublk_dev *u, unsigned nr, void *addr, uint16_t len, uint64_t data0)
 {
 	return ctrl_cmd_op(u, CTRL_OP(nr), addr, len, data0);
+}
+
+/*
+ * Deletes the device. DEL_DEV waits until the device is freed, which is
+ * when the last opener of /dev/ublkbN closes it: a forced unmap of a
+ * mounted device, or of one qemu holds, would wait for the unmount or
+ * the close (its request, and a daemon's stop behind it, for good).
+ * DEL_DEV_ASYNC (Linux 6.5) deletes it the same and does not wait: the
+ * device's number stays taken until that close. Older kernels wait.
+ */
+static int ctrl_del_dev(struct ublk_dev *u)
+{
+	int rc = ctrl_cmd_op(u, CTRL_DEL_DEV_ASYNC, NULL, 0, 0);
+
+	if (rc == -EOPNOTSUPP || rc == -EINVAL || rc == -ENOTTY)
+		rc = ctrl_cmd(u, UBLK_CMD_DEL_DEV, NULL, 0, 0);
+	return rc;
 }
 
 /* The kernel's ublk features (GET_FEATURES, Linux 6.5); 0 where it cannot say. */
@@ -805,7 +823,7 @@ static void dev_free(struct ublk_dev *u)
 	if (u->ring.ring_fd > 0)
 		io_uring_queue_exit(&u->ring);
 	if (u->dev_id >= 0)
-		ctrl_cmd(u, UBLK_CMD_DEL_DEV, NULL, 0, 0);
+		ctrl_del_dev(u);
 	if (u->ctrl.ring_fd > 0)
 		io_uring_queue_exit(&u->ctrl);
 	if (u->ctrl_fd >= 0)
@@ -956,6 +974,11 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
 	di.queue_depth = (uint16_t)u->qd;
 	di.max_io_buf_bytes = BUF_BYTES;
 	di.dev_id = UINT32_MAX;
+	/*
+	 * Ours until START_DEV sets the serving pid: a device whose daemon
+	 * died before starting it is known by this (rnbd-clientd's recover_scan).
+	 */
+	di.ublksrv_pid = getpid();
 	di.flags = UBLK_F_CMD_IOCTL_ENCODE | UBLK_F_USER_RECOVERY | UBLK_F_USER_RECOVERY_REISSUE;
 	/* Where the kernel can change a live device's size, client.resize reaches it. */
 	if (features(u) & UBLK_F_UPDATE_SIZE)
@@ -1004,6 +1027,11 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
 		goto fail;
 	if (before_start)
 		before_start(priv, u->dev_id);
+#ifdef RTRS_FAULT_INJECTION
+	/* Tests (the ublk suite): the daemon killed between its record and START_DEV. */
+	if (getenv("RNBD_CLIENTD_FAULT") && !strcmp(getenv("RNBD_CLIENTD_FAULT"), "kill-before-start"))
+		raise(SIGKILL);
+#endif
 	/* START_DEV waits until every tag is fetched, then adds /dev/ublkbN. */
 	rc = ctrl_cmd(u, UBLK_CMD_START_DEV, NULL, 0, (uint64_t)getpid());
 	if (rc) {
@@ -1067,7 +1095,7 @@ int ublk_dev_abandon(int dev_id)
 	if (!rc) {
 		rc = ctrl_cmd(&u, UBLK_CMD_STOP_DEV, NULL, 0, 0);
 		if (!rc)
-			rc = ctrl_cmd(&u, UBLK_CMD_DEL_DEV, NULL, 0, 0);
+			rc = ctrl_del_dev(&u);
 		io_uring_queue_exit(&u.ctrl);
 	}
 	close(u.ctrl_fd);

@@ -12,7 +12,9 @@
 #     started again under the mounted file system: IO resumes (more files),
 #     every file intact; unmount, fsck -n clean;
 #   - a normal unmap of a mounted device is refused (EBUSY), and of one
-#     that a process has open (an ordinary open, no O_EXCL);
+#     that a process has open (an ordinary open, no O_EXCL); a forced one
+#     of the open device is done at once, its character device freed at
+#     the close;
 #   - client save, rnbd-clientd stopped (its devices go) and started again:
 #     the mapping is restored (after its socket is up), the file system
 #     mounts and its files are intact; unmap removes /dev/ublkbN;
@@ -29,7 +31,10 @@
 #     (/dev/rnbd/SESSION/DEVICE) never go, fio ends with no error or bad
 #     block, fsck is clean; a path added before the kills is in the
 #     record and in the session of every daemon that takes over; unmap
-#     removes device, record and name;
+#     removes device, record and name; a daemon killed between a new
+#     device's record and its START_DEV: the next one deletes the device
+#     that never started, and its record; a handover stop while an unmap
+#     of an open device is refused hands that device over too;
 #   - fenced reissue: a slow backend (dm-delay, writes held 500 ms),
 #     sixteen writers stamping generation numbers, the daemon killed with
 #     writes held, 20 runs: no block reads back older than its last
@@ -173,9 +178,20 @@ exec 7<"$dev" # an ordinary open (no O_EXCL), as qemu or dd has it
 R client unmap disk.img 2>/tmp/unmap.err
 [ $? -eq 1 ] && grep -q 'is open in process' /tmp/unmap.err
 check unmap-of-open-refused $? "($(cat /tmp/unmap.err))"
+# Forced while still open: done at once (ublk's DEL_DEV waits for the last
+# close; the asynchronous delete does not), the block device gone; its
+# character device goes with the close.
+cid=$(basename "$dev")
+cid=${cid#ublkb}
+t0=$(date +%s%3N)
+"$B/tools/rnbd" --socket /tmp/c.sock --timeout 15000 client unmap disk.img --force >/dev/null
+urc=$?
+unmap_ms=$(($(date +%s%3N) - t0))
+[ "$urc" -eq 0 ] && [ ! -b "$dev" ]
+check unmap-force-of-open-device $? "(exit $urc after $unmap_ms ms)"
 exec 7<&-
-R client unmap disk.img >/dev/null; check unmap $?
-[ ! -b "$dev" ]; check unmap-removes-block-device $?
+wait_for 20 sh -c "[ ! -e /sys/class/ublk-char/ublkc$cid ]"
+check unmap-force-device-freed-at-close $? "($(ls /sys/class/ublk-char 2>&1))"
 
 # Polled completions (tcp on loopback; soft-RoCE above has none): two
 # devices of one session, each with its own ublk queue, written and read
@@ -363,6 +379,54 @@ check early-record-device-taken-over-io-goes-on $? "($(grep -E 'ublkb|ks' "$CLOG
 R client unmap disk.img --session ks >/dev/null &&
 	[ ! -b "$kd" ] && [ ! -e "$kr" ]
 check early-record-unmap $?
+kill "$CPID"; wait "$CPID"
+
+# A daemon killed after its new device's record and before START_DEV: the
+# device was added and never started (no block device; its ADD_DEV carried
+# the daemon's pid). The next daemon deletes it with its record: left, it
+# kept its number and its character device for good.
+export RNBD_CLIENTD_FAULT=kill-before-start
+clientd; check never-started-clientd-started $?
+unset RNBD_CLIENTD_FAULT
+R client map disk.img --session ns --server 198.18.0.1 --provider verbs >/dev/null 2>&1
+wait "$CPID" 2>/dev/null; nrc=$?
+nr=$(ls /tmp/rt/ublkb*.json 2>/dev/null | head -n1)
+nid=$(basename "${nr:-none}" .json)
+nid=${nid#ublkb}
+[ "$nrc" -eq 137 ] && [ -n "$nr" ] && [ -e "/sys/class/ublk-char/ublkc$nid" ] &&
+	[ ! -b "/dev/ublkb$nid" ]
+check never-started-device-left $? "(exit $nrc; record ${nr:-none}; $(ls /sys/class/ublk-char 2>&1))"
+clientd; check never-started-clientd-again $?
+grep -q "ublkb$nid: added by pid [0-9]*, which died before starting it: deleted" "$CLOG" &&
+	[ ! -e "/sys/class/ublk-char/ublkc$nid" ] && [ ! -e "$nr" ]
+check never-started-device-deleted $? "($(grep "ublkb$nid" "$CLOG" | tail -2 | tr '\n' ' ') \
+$(ls /sys/class/ublk-char 2>&1))"
+kill "$CPID"; wait "$CPID"
+
+# A handover stop while an unmap of an open block device is under way: the
+# unmap is refused (the device is open), and the stop hands the device
+# over like the others (it waited for the request; it used to remove the
+# device once the refused unmap let go of it). The next daemon takes it.
+clientd; check unmap-stop-clientd-started $?
+R client map disk.img --session us --server 198.18.0.1 --provider verbs -o json >/tmp/us.json
+check unmap-stop-map $? "$(cat /tmp/us.json)"
+ud=$(python3 -c 'import json; print(json.load(open("/tmp/us.json"))["block_device"] or "")')
+exec 8<"$ud"
+R client unmap disk.img --session us >/dev/null 2>/tmp/us.err &
+UPID=$!
+sleep 0.3
+kill -TERM "$CPID"; wait "$CPID"; crc=$?
+wait "$UPID"; urc=$?
+[ "$crc" -eq 0 ] && [ "$urc" -ne 0 ] && [ -b "$ud" ] && [ -e "/tmp/rt/$(basename "$ud").json" ]
+check unmap-stop-device-handed-over $? "(stop $crc, unmap $urc: $(cat /tmp/us.err); \
+$(grep -E 'us|handed' "$CLOG" | tail -3 | tr '\n' ' '))"
+exec 8<&-
+clientd; check unmap-stop-clientd-again $?
+wait_for 60 grep -q 'taken over: its IO goes on' "$CLOG" &&
+	dd if="$ud" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null
+check unmap-stop-device-taken-over $? "($(grep -E "$(basename "$ud")" "$CLOG" | tail -2 | tr '\n' ' '))"
+R client unmap disk.img --session us >/dev/null && [ ! -b "$ud" ]
+check unmap-stop-unmap $?
 kill "$CPID"; wait "$CPID"
 
 # A handover while the server does not answer (stopped) and every IO slot
