@@ -2478,6 +2478,8 @@ int main(int argc, char **argv)
 	rnbd_set_log_fn(dlog_sink, NULL);
 	probe_ublk();
 	clt_ctl_init(&ctl, devices_fn, NULL);
+	/* A session's paths are saved (client.save, the records) and opened again by sess_new. */
+	ctl.max_paths = CLT_MAX_PATHS;
 	nr_methods = methods_make();
 	/* Read before the socket (a file that cannot be read stops the daemon), mapped after it. */
 	if (g.mappings && mappings_load(&restoring))

@@ -55,6 +55,7 @@ int clt_ctl_add(struct clt_ctl *c, const char *name, struct rnbd_clt_sess *sess)
 		snprintf(c->sess[c->nr_sess].name, sizeof(c->sess[0].name), "%s", name);
 		c->sess[c->nr_sess].sess = sess;
 		c->sess[c->nr_sess].refs = 0;
+		c->sess[c->nr_sess].adding = 0;
 		c->sess[c->nr_sess++].leaving = false;
 	}
 	pthread_mutex_unlock(&c->lock);
@@ -332,6 +333,51 @@ static int m_devices(void *priv, struct json_object *params, struct json_object 
 	return 0;
 }
 
+/*
+ * A path add may go on (c->max_paths): the session's paths not removed,
+ * and those other adds are connecting, below the limit; counted in until
+ * path_unreserve. 0, or -E2BIG with err set.
+ */
+static int path_reserve(struct clt_ctl *c, struct rnbd_clt_sess *sess, struct rtrs_clt_sess *r,
+			const char *name, struct rpc_err *err)
+{
+	struct rtrs_attrs a = { .size = sizeof(a) };
+	__typeof__(c->sess[0]) *e;
+	unsigned live = 0;
+	int rc = 0;
+
+	if (!c->max_paths)
+		return 0;
+	pthread_mutex_lock(&c->lock);
+	rtrs_clt_query(r, &a); /* paths_num, connected or not (-ECOMM: none is) */
+	for (unsigned i = 0; i < a.paths_num; i++) {
+		struct rtrs_path_stats st = { .size = sizeof(st) };
+
+		live += !rtrs_clt_path_stats(r, i, &st) && !st.removed;
+	}
+	e = entry_of(c, sess);
+	if (e && live + e->adding >= c->max_paths)
+		rc = rpc_errf(err, -E2BIG, "session %s: at most %u paths (not removed) per "
+			      "session: client.path.remove one first", name, c->max_paths);
+	else if (e)
+		e->adding++;
+	pthread_mutex_unlock(&c->lock);
+	return rc;
+}
+
+static void path_unreserve(struct clt_ctl *c, struct rnbd_clt_sess *sess)
+{
+	__typeof__(c->sess[0]) *e;
+
+	if (!c->max_paths)
+		return;
+	pthread_mutex_lock(&c->lock);
+	e = entry_of(c, sess);
+	if (e)
+		e->adding--;
+	pthread_mutex_unlock(&c->lock);
+}
+
 static int m_path_add_held(void *priv, struct json_object *params, struct json_object **result,
 			   struct rpc_err *err, struct rnbd_clt_sess **held)
 {
@@ -352,8 +398,11 @@ static int m_path_add_held(void *priv, struct json_object *params, struct json_o
 		return rpc_errf(err, RPC_INVALID_PARAMS, "server %s: %s", server, why);
 	if (!(r = sess_param(priv, params, &name, held, err)))
 		return err->code;
+	if ((rc = path_reserve(priv, *held, r, name, err)))
+		return rc;
 	rtrs_addr_path(&a, &pa);
 	rc = rtrs_clt_add_path(r, &pa, &idx);
+	path_unreserve(priv, *held);
 	if (rc)
 		return rpc_errf(err, rc, "session %s: adding a path to %s: %s", name, server,
 				strerror(-rc));

@@ -31,9 +31,17 @@ struct clt_ctl {
 		char name[256];
 		struct rnbd_clt_sess *sess;
 		unsigned refs;    /* methods using it */
+		unsigned adding;  /* client.path.add calls connecting a path */
 		bool leaving;     /* clt_ctl_del waits for refs to drop */
 	} sess[CLT_CTL_SESS_MAX];
 	unsigned nr_sess;
+	/*
+	 * The paths (not removed) a session may have: client.path.add past it
+	 * fails with -E2BIG. 0: librtrs's limit. A program that opens sessions
+	 * from a list of paths sets its list's limit, so that a session it
+	 * writes down (rnbd-clientd's client.save) can be opened again.
+	 */
+	unsigned max_paths;
 	/*
 	 * The program's devices, for client.devices: appends an object per
 	 * device to arr ("session", "device" and what else it knows); 0 or a

@@ -10,7 +10,8 @@
 #   - client save writes the mappings; a restarted daemon maps them again
 #     (once its socket is up), and only then sends READY=1 to NOTIFY_SOCKET;
 #   - run-time changes (reconnect-params, path add and remove, policy) are
-#     what client save writes, and what a restarted daemon restores;
+#     what client save writes, and what a restarted daemon restores; a
+#     path add past 16 paths (the limit of a map) is refused;
 #     resize and remap;
 #   - unmapping the last device closes the session;
 #   - metrics scraped over HTTP parse with Prometheus's parser;
@@ -315,6 +316,33 @@ check "unmap mem0" c unmap mem0
 check "unmap mem1 (the last): the session closes" c unmap mem1 --session cd
 check "... no session left" test "$(c list -o json)" = "[]"
 check "... the server has nothing open" ctl_none "$dir/sctl"
+
+# A session has at most 16 paths (not removed), the limit of client.map and
+# of the mappings file: client.path.add refuses a 17th, so that what
+# client.save writes can be mapped again.
+check "a session of 16 paths: mapped over one, 15 added" bash -c "
+	'$rnbd' --socket '$dir/cctl' client map mem0 --session many --server 127.0.0.1:$port \
+		--no-block-device >/dev/null &&
+	for i in \$(seq 2 16); do
+		'$rnbd' --socket '$dir/cctl' client path add many 127.0.0.\$i:$port >/dev/null || exit 1
+	done"
+check "... a 17th path: refused, exit 1, the limit named" fails 1 \
+	"session many: at most 16 paths (not removed) per session" \
+	c path add many "127.0.0.17:$port"
+check "... one removed, a path may be added again" bash -c "
+	'$rnbd' --socket '$dir/cctl' client path remove many 15 >/dev/null &&
+	'$rnbd' --socket '$dir/cctl' client path add many 127.0.0.17:$port >/dev/null"
+check "... saved" c save
+kill "$daemon_pid"
+wait "$daemon_pid" 2>/dev/null || true
+daemon_start "$dir/d6.log"
+wait_until 20 mapped_n 1 || true
+check "restarted: the session of 16 paths mapped again" bash -c "'$rnbd' --socket '$dir/cctl' \
+	client list -o json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+assert len(s) == 1 and s[0][\"name\"] == \"many\" and s[0][\"paths_up\"] == 16, s'"
+check "... unmapped" c unmap mem0 --session many
 kill "$daemon_pid"
 wait "$daemon_pid" 2>/dev/null || true
 
