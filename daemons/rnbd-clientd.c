@@ -2004,7 +2004,7 @@ static int mappings_load(struct json_object **out)
 			json_object_put(arr);
 			arr = NULL;
 		}
-		if (!arr && !why[0]) {
+		if (!arr && !why[0] && te != json_tokener_success) {
 			unsigned line = 1;
 
 			for (size_t i = 0; i < end && i < len; i++)
@@ -2012,6 +2012,12 @@ static int mappings_load(struct json_object **out)
 			snprintf(why, sizeof(why), "line %u: not JSON: %s", line,
 				 te == json_tokener_continue ? "it ends too early" :
 				 json_tokener_error_desc(te));
+		}
+		/* Before any array call: json-c asserts the type (an object here aborted). */
+		if (!why[0] && !json_object_is_type(arr, json_type_array)) {
+			snprintf(why, sizeof(why), "not a JSON array of mappings");
+			json_object_put(arr);
+			arr = NULL;
 		}
 	}
 	/* The line each top-level entry starts on, for the checks below. */
@@ -2050,13 +2056,6 @@ static int mappings_load(struct json_object **out)
 	if (why[0]) {
 		fprintf(stderr, "rnbd-clientd: %s %s: %s\n", origin("mappings", g.mappings),
 			g.mappings, why);
-		free(lines);
-		return -EINVAL;
-	}
-	if (!json_object_is_type(arr, json_type_array)) {
-		fprintf(stderr, "rnbd-clientd: %s %s: not a JSON array of mappings\n",
-			origin("mappings", g.mappings), g.mappings);
-		json_object_put(arr);
 		free(lines);
 		return -EINVAL;
 	}

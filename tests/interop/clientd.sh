@@ -379,6 +379,10 @@ check "... the line and json-c's reason, not its state word" \
 	bad_maps bad.json "line 2: not JSON: it ends too early"
 : >"$dir/empty.json"
 check "an empty mappings file: said so" bad_maps empty.json 'is empty: a mappings file is a JSON array'
+printf '{"device": "mem0", "session": "a", "server": ["127.0.0.1:1"]}\n' >"$dir/object.json"
+check "a mapping, not an array of them: said so" bad_maps object.json 'not a JSON array of mappings'
+echo null >"$dir/null.json"
+check "null: said so" bad_maps null.json 'not a JSON array of mappings'
 mkdir "$dir/dir.json"
 check "a directory: said so" bad_maps dir.json "is a directory, not a file"
 printf '[\n {"device": "mem0",\n  "session" 1}\n]\n' >"$dir/line3.json"
