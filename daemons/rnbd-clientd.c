@@ -1369,7 +1369,13 @@ static struct json_object *mappings_json(void)
 
 		if (mapped_now(sname ? sname : "", name ? name : ""))
 			continue; /* mapped since: it is above, as it is now */
-		if (json_object_array_add(arr, json_object_get(m))) {
+		/*
+		 * A copy: the caller drops arr unlocked, and a reference on m
+		 * would be counted down there while another save counts it up
+		 * here (json-c's counts are not atomic).
+		 */
+		m = copy(m);
+		if (!m || json_object_array_add(arr, m)) {
 			json_object_put(m);
 			json_object_put(arr);
 			return NULL;
@@ -2164,7 +2170,9 @@ static void *restore_thread(void *arg)
 			pthread_mutex_lock(&state_lock);
 			if (!unrestored)
 				unrestored = json_object_new_array();
-			if (unrestored && json_object_array_add(unrestored, json_object_get(m)))
+			/* A copy: unrestored shares nothing with restoring, which main drops. */
+			m = copy(m);
+			if (!unrestored || !m || json_object_array_add(unrestored, m))
 				json_object_put(m);
 			pthread_mutex_unlock(&state_lock);
 		}
