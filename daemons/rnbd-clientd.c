@@ -21,10 +21,11 @@
  * --on-stop remove.
  *
  * --mappings FILE: a JSON array of mappings, each as client.map takes
- * them; read at start (a file that cannot be read or parsed stops the
- * daemon with the file and the reason), mapped once the control socket is
- * up, several at once (a mapping that fails is logged and kept), written
- * by client.save (whole, through a temporary file renamed into place).
+ * them; read at start as strictly as a request (a file that cannot be
+ * read or parsed stops the daemon with the file, the line and the
+ * reason), mapped once the control socket is up, several at once (a
+ * mapping that fails is logged and kept), written by client.save (whole,
+ * through a temporary file renamed into place).
  *
  * Threads: the control socket's methods run on a thread per connection
  * (RPC_SERVER_THREADED), so a map waiting for a server that does not
@@ -1945,7 +1946,7 @@ static int mappings_load(struct json_object **out)
 	struct json_object *arr = NULL;
 	char *text = NULL, why[160] = "";
 	unsigned *lines = NULL;
-	size_t nlines = 0;
+	size_t *starts = NULL, nlines = 0;
 	struct stat st;
 	size_t len = 0;
 	int fd;
@@ -1992,6 +1993,8 @@ static int mappings_load(struct json_object **out)
 		if (!tok) {
 			snprintf(why, sizeof(why), "out of memory");
 		} else {
+			/* As a request: no comments, trailing commas, single quotes, 01. */
+			json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
 			arr = json_tokener_parse_ex(tok, text, (int)len);
 			te = json_tokener_get_error(tok);
 			end = json_tokener_get_parse_end(tok);
@@ -2026,13 +2029,16 @@ static int mappings_load(struct json_object **out)
 			arr = NULL;
 		}
 	}
-	/* The line each top-level entry starts on, for the checks below. */
+	/* The line and offset each top-level entry starts at, for the checks below. */
 	if (!why[0] && arr) {
 		unsigned line = 1, depth = 0;
 		bool in_str = false, esc = false, want = true;
 
 		lines = calloc(json_object_array_length(arr) + 1, sizeof(*lines));
-		for (size_t i = 0; lines && i < len; i++) {
+		starts = calloc(json_object_array_length(arr) + 1, sizeof(*starts));
+		if (!lines || !starts)
+			snprintf(why, sizeof(why), "out of memory");
+		for (size_t i = 0; !why[0] && i < len; i++) {
 			char c = text[i];
 
 			line += c == '\n';
@@ -2045,6 +2051,7 @@ static int mappings_load(struct json_object **out)
 			}
 			if (depth == 1 && want && !strchr(" \t\r\n,", c) && nlines <
 			    json_object_array_length(arr)) {
+				starts[nlines] = i;
 				lines[nlines++] = line;
 				want = false;
 			}
@@ -2058,11 +2065,13 @@ static int mappings_load(struct json_object **out)
 				want = true;
 		}
 	}
-	free(text);
 	if (why[0]) {
 		fprintf(stderr, "rnbd-clientd: %s %s: %s\n", origin("mappings", g.mappings),
 			g.mappings, why);
+		json_object_put(arr);
+		free(text);
 		free(lines);
+		free(starts);
 		return -EINVAL;
 	}
 	/*
@@ -2072,13 +2081,17 @@ static int mappings_load(struct json_object **out)
 	 */
 	for (size_t i = 0; i < json_object_array_length(arr); i++) {
 		struct json_object *m = json_object_array_get_idx(arr, i);
+		/* Its text: to the next entry's, the last's to the end. */
+		size_t from = i < nlines ? starts[i] : len, to = i + 1 < nlines ? starts[i + 1] : len;
+		const char *name, *sname, *bad = rpc_text_check(text + from, to - from, m);
 		struct rpc_err e = { 0 };
-		const char *name, *sname;
 		bool want_bdev;
 		struct sess *sp;
 		int mode, rc;
 
-		if (!json_object_is_type(m, json_type_object))
+		if (bad)
+			rc = rpc_errf(&e, RPC_INVALID_PARAMS, "%s", bad);
+		else if (!json_object_is_type(m, json_type_object))
 			rc = rpc_errf(&e, RPC_INVALID_PARAMS, "not an object (a mapping is "
 				      "{\"device\": ..., \"session\": ..., \"server\": [...]})");
 		else if (!(rc = map_check(m, &name, &sname, &mode, &want_bdev, &e)) &&
@@ -2091,11 +2104,15 @@ static int mappings_load(struct json_object **out)
 				origin("mappings", g.mappings), g.mappings,
 				i < nlines ? lines[i] : 0, i + 1, e.msg[0] ? e.msg : strerror(-rc));
 			json_object_put(arr);
+			free(text);
 			free(lines);
+			free(starts);
 			return -EINVAL;
 		}
 	}
+	free(text);
 	free(lines);
+	free(starts);
 	*out = arr;
 	return 0;
 }

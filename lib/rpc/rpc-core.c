@@ -38,7 +38,6 @@ struct rpc_stream {
 	uint64_t open_kinds;     /* one bit per open bracket, innermost lowest: 1 '[', 0 '{' */
 	unsigned depth;          /* brackets open */
 	unsigned values;         /* brackets and commas so far: what the parse will allocate */
-	unsigned members;        /* colons: an object's members, each its own name */
 	bool in_string, escaped;
 	int err;                 /* the stream is over: why */
 };
@@ -630,9 +629,6 @@ static ssize_t text_scan(struct rpc_stream *st, const char *buf, size_t n, bool 
 		case '"':
 			st->in_string = true;
 			break;
-		case ':':
-			st->members++;
-			break;
 		case ',':
 		case '{':
 		case '[':
@@ -676,11 +672,14 @@ static ssize_t text_scan(struct rpc_stream *st, const char *buf, size_t n, bool 
  * whole text: a NUL in a member name ("\\u0000": json-c's keys are C
  * strings, so "session\\u0000x" would name "session"), and an integer beyond 64
  * bits (json-c clamps it: an id answered as another, a value refused as
- * one the client never sent). NULL, or why.
+ * one the client never sent). NULL, or why; *colons: the colons outside
+ * strings, an object's members each.
  */
-static const char *text_check(const char *t, size_t n)
+static const char *text_check(const char *t, size_t n, size_t *colons)
 {
 	bool in_string = false, nul = false;
+
+	*colons = 0;
 
 	for (size_t i = 0; i < n; i++) {
 		if (in_string) {
@@ -702,6 +701,8 @@ static const char *text_check(const char *t, size_t n)
 		nul = false;
 		if (t[i] == '"') {
 			in_string = true;
+		} else if (t[i] == ':') {
+			(*colons)++;
 		} else if (t[i] == '-' || (t[i] >= '0' && t[i] <= '9')) {
 			bool neg = t[i] == '-';
 			size_t d = i + neg, e = d;
@@ -743,6 +744,17 @@ static size_t members_of(struct json_object *v)
 			n += members_of(json_object_array_get_idx(v, i));
 	}
 	return n;
+}
+
+const char *rpc_text_check(const char *text, size_t n, struct json_object *v)
+{
+	size_t colons;
+	const char *why = text_check(text, n, &colons);
+
+	/* json-c keeps the last of two members of one name: the count shows it. */
+	if (!why && members_of(v) != colons)
+		why = "a member name given twice in one object";
+	return why;
 }
 
 /* The text received, whole: its value, or NULL and *te why it is none. */
@@ -824,10 +836,7 @@ static int feed(struct rpc_stream *st, const char *buf, size_t len, bool one, si
 			parse_error(st, text ? "invalid UTF-8" : json_tokener_error_desc(te));
 			break;
 		}
-		why = text_check(st->text, st->text_bytes);
-		/* json-c keeps the last of two members of one name: the count shows it. */
-		if (!why && members_of(text) != st->members)
-			why = "a member name given twice in one object";
+		why = rpc_text_check(st->text, st->text_bytes, text);
 		if (why) {
 			json_object_put(text);
 			parse_error(st, why);
@@ -835,7 +844,6 @@ static int feed(struct rpc_stream *st, const char *buf, size_t len, bool one, si
 		}
 		st->text_bytes = 0;
 		st->values = 0;
-		st->members = 0;
 		st->err = text_run(st, text);
 		json_object_put(text);
 		if (one) {

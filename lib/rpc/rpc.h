@@ -105,6 +105,15 @@ int rpc_param_bool(struct json_object *params, const char *name, bool required, 
 int rpc_param_strs(struct json_object *params, const char *name, bool required,
 		   struct json_object **out, struct rpc_err *err);
 
+/*
+ * What json-c takes without a word and a text must not carry, checked in
+ * text (n bytes, parsed whole with JSON_TOKENER_STRICT as v): a member name
+ * given twice in one object (json-c keeps the last), a NUL in a member
+ * name, an integer beyond 64 bits (json-c clamps it). NULL, or why. The
+ * stream engine checks every request so; rnbd-clientd its mappings file.
+ */
+const char *rpc_text_check(const char *text, size_t n, struct json_object *v);
+
 /* ---- the stream engine (no sockets: the server and the fuzzer use it) ---- */
 
 struct rpc_stream;

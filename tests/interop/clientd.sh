@@ -368,10 +368,11 @@ rc=0
 check "a mappings file that is not JSON stops the daemon, naming the file" \
 	bash -c "[ $rc -eq 1 ] && grep -q -- '--mappings $dir/bad.json' '$dir/d3.log'"
 check "... and no socket is left" test ! -e "$dir/cctl2"
-# bad_maps NAME REASON: the daemon stops, exit 1, naming the file and the reason.
+# bad_maps NAME REASON: the daemon stops, exit 1, naming the file and the reason
+# (one that takes the file and runs is stopped: exit 124).
 bad_maps() {
 	local rc=0
-	"$clientd" --control "$dir/cctl2" --mappings "$dir/$1" >"$dir/d4.log" 2>&1 || rc=$?
+	timeout 10 "$clientd" --control "$dir/cctl2" --mappings "$dir/$1" >"$dir/d4.log" 2>&1 || rc=$?
 	[ "$rc" -eq 1 ] && grep -qF -- "--mappings $dir/$1: $2" "$dir/d4.log" && [ ! -e "$dir/cctl2" ] ||
 		{ echo "  exit $rc: $(cat "$dir/d4.log")"; return 1; }
 }
@@ -387,6 +388,22 @@ mkdir "$dir/dir.json"
 check "a directory: said so" bad_maps dir.json "is a directory, not a file"
 printf '[\n {"device": "mem0",\n  "session" 1}\n]\n' >"$dir/line3.json"
 check "an error on line 3: that line" bad_maps line3.json "line 3: not JSON: "
+# Parsed as strictly as a request: what json-c takes by default is refused,
+# with its line.
+printf '[\n {"device": "mem0", "session": "a", "server": ["127.0.0.1:1"],\n  "mode": "ro", "mode": "rw"}\n]\n' \
+	>"$dir/dupkey.json"
+check "a member given twice (json-c keeps the last): refused, its entry's line" bad_maps \
+	dupkey.json 'line 2: mapping 1: a member name given twice in one object'
+printf '[\n {"device": "mem0", "session": "a", "server": ["127.0.0.1:1"]},\n]\n' >"$dir/comma.json"
+check "a trailing comma: refused, its line" bad_maps comma.json 'line 3: not JSON: '
+printf '[\n // the disks\n {"device": "mem0", "session": "a", "server": ["127.0.0.1:1"]}\n]\n' \
+	>"$dir/comment.json"
+check "a comment: refused, its line" bad_maps comment.json 'line 2: not JSON: '
+printf "[{'device': 'mem0', 'session': 'a', 'server': ['127.0.0.1:1']}]\n" >"$dir/quote.json"
+check "single quotes: refused" bad_maps quote.json 'line 1: not JSON: '
+printf '[{"device": "mem0", "session": "a", "server": ["127.0.0.1:1"],\n  "options": {"io_connections": 01}}]\n' \
+	>"$dir/zero.json"
+check "a number with a leading zero: refused, its line" bad_maps zero.json 'line 2: not JSON: '
 mkfifo "$dir/fifo.json"
 check "a FIFO: refused at once, not waited on" timeout 5 bash -c "$(declare -f bad_maps); \
 	clientd='$clientd' dir='$dir' bad_maps fifo.json 'is not a regular file'"
