@@ -402,8 +402,11 @@ static int sess_opt(struct sess *s, enum clt_opt_id id, const char *key, struct 
  * A new session named name from params' "server" (an array) and "options"
  * (an object of the client front ends' keys, as the nbdkit plugin takes
  * them), checked, not opened yet (sess_connect). NULL with err set.
+ * need_server false: "server" may be left out (what a map through an open
+ * session gives, parsed to compare: spec_same).
  */
-static struct sess *sess_new(const char *name, struct json_object *params, struct rpc_err *err)
+static struct sess *sess_new(const char *name, struct json_object *params, bool need_server,
+			     struct rpc_err *err)
 {
 	struct json_object *servers = NULL, *opts = NULL;
 	struct sess *s = calloc(1, sizeof(*s));
@@ -415,8 +418,8 @@ static struct sess *sess_new(const char *name, struct json_object *params, struc
 	}
 	snprintf(s->name, sizeof(s->name), "%s", name);
 	clt_cfg_init(&s->cfg, CLT_MAX_PATHS);
-	rc = rpc_param_strs(params, "server", true, &servers, err);
-	if (!rc && !json_object_array_length(servers))
+	rc = rpc_param_strs(params, "server", need_server, &servers, err);
+	if (!rc && servers && !json_object_array_length(servers))
 		rc = rpc_errf(err, RPC_INVALID_PARAMS, "server: at least one path is needed");
 	if (!rc && json_object_object_get_ex(params, "options", &opts) &&
 	    !json_object_is_type(opts, json_type_object))
@@ -424,7 +427,7 @@ static struct sess *sess_new(const char *name, struct json_object *params, struc
 	if (!rc)
 		rc = sess_opt(s, CLT_OPT_SESSION, "session", json_object_object_get(params, "session"),
 			      err);
-	for (size_t i = 0; !rc && i < json_object_array_length(servers); i++)
+	for (size_t i = 0; !rc && i < arr_len(servers); i++)
 		rc = sess_opt(s, CLT_OPT_SERVER, "server", json_object_array_get_idx(servers, i), err);
 	if (!rc && opts) {
 		json_object_object_foreach(opts, key, val) {
@@ -446,7 +449,7 @@ static struct sess *sess_new(const char *name, struct json_object *params, struc
 		s->cfg.opts.poll_groups = (unsigned)g.poll_groups; /* the daemon's, for every session */
 		s->spec = json_object_new_object();
 		if (!s->spec ||
-		    !put(s->spec, "server", copy(servers)) ||
+		    (servers && !put(s->spec, "server", copy(servers))) ||
 		    (opts && !put(s->spec, "options", copy(opts))))
 			rc = rpc_errf(err, -ENOMEM, "session %s: out of memory", name);
 	}
@@ -573,21 +576,23 @@ static int devices_fn(void *priv, struct json_object *arr)
 	return rc;
 }
 
-/* params' server and options, where given, are the session's (a saved mapping's are). */
-static bool spec_same(struct sess *s, struct json_object *params)
+/*
+ * params' server and options, where given, are the session's (state_lock
+ * held): compared as parsed (req: params through sess_new; NULL when they
+ * give neither), each side with the front ends' defaults, so that a port
+ * or a default written out or left out, 7 or "7", makes no difference. A
+ * restored session was parsed from its saved mapping, which writes them
+ * all out: the map that made it matches it as it did before the restart.
+ */
+static bool spec_same(struct sess *s, struct json_object *params, struct sess *req)
 {
-	static const char *const keys[] = { "server", "options" };
-
-	for (unsigned i = 0; i < 2; i++) {
-		struct json_object *given, *had = NULL;
-
-		if (!json_object_object_get_ex(params, keys[i], &given))
-			continue;
-		json_object_object_get_ex(s->spec, keys[i], &had);
-		if (!json_object_equal(given, had))
-			return false;
-	}
-	return true;
+	if (!req)
+		return true;
+	if (json_object_object_get_ex(params, "server", NULL) &&
+	    !clt_cfg_same_paths(&s->cfg, &req->cfg))
+		return false;
+	return !json_object_object_get_ex(params, "options", NULL) ||
+	       clt_cfg_same_opts(&s->cfg, &req->cfg);
 }
 
 static struct json_object *mapping_of(struct dev *d);
@@ -703,7 +708,7 @@ static int map_do(struct json_object *params, int recover_id, int prev_pid, bool
 		  struct json_object **result, struct rpc_err *err)
 {
 	const char *name, *sname;
-	struct sess *s, *fresh = NULL;
+	struct sess *s, *fresh = NULL, *req = NULL;
 	struct dev *d = NULL;
 	struct json_object *rec = NULL;
 	bool want_bdev, undo = false, inserted = false, close_s, hold;
@@ -714,14 +719,23 @@ static int map_do(struct json_object *params, int recover_id, int prev_pid, bool
 	if (want_bdev && !have_ublk)
 		return rpc_errf(err, -ENODEV, "device %s of session %s: %s; block_device false "
 				"maps it without one", name, sname, ublk_note);
+	/* The servers and options it gives, parsed unlocked (no network), for spec_same. */
+	if (json_object_object_get_ex(params, "server", NULL) ||
+	    json_object_object_get_ex(params, "options", NULL)) {
+		req = sess_new(sname, params, false, err);
+		if (!req)
+			return err->code;
+	}
 	pthread_mutex_lock(&state_lock);
 	s = sess_find(sname);
 	if (!s && !stopping && ndevs + maps_pending < DEVS_MAX) {
 		/* A new one: checked unlocked (no network), then listed unless another came. */
 		pthread_mutex_unlock(&state_lock);
-		fresh = sess_new(sname, params, err);
-		if (!fresh)
+		fresh = sess_new(sname, params, true, err);
+		if (!fresh) {
+			sess_destroy(req);
 			return err->code;
+		}
 		pthread_mutex_lock(&state_lock);
 		s = sess_find(sname);
 	}
@@ -730,7 +744,7 @@ static int map_do(struct json_object *params, int recover_id, int prev_pid, bool
 			      name, sname);
 	else if (ndevs + maps_pending >= DEVS_MAX)
 		rc = rpc_errf(err, -ENOSPC, "no room for another device (at most %u)", DEVS_MAX);
-	else if (s && recover_id < 0 && !spec_same(s, params))
+	else if (s && recover_id < 0 && !spec_same(s, params, req))
 		rc = rpc_errf(err, -EEXIST, "session %s is open already with other servers or "
 			      "options: map through it without them (client.path.add adds paths)",
 			      sname);
@@ -740,9 +754,10 @@ static int map_do(struct json_object *params, int recover_id, int prev_pid, bool
 	if (rc) {
 		pthread_mutex_unlock(&state_lock);
 		sess_destroy(fresh);
+		sess_destroy(req);
 		return rc;
 	}
-	if (s && recover_id >= 0 && !spec_same(s, params))
+	if (s && recover_id >= 0 && !spec_same(s, params, req))
 		/*
 		 * A block device taken over joins its session as the last
 		 * daemon had it: records written before a path was added or a
@@ -751,6 +766,8 @@ static int map_do(struct json_object *params, int recover_id, int prev_pid, bool
 		dlog(DLOG_INFO, "device %s of session %s: its record names other servers or "
 		     "options than the session has now; it is taken over through the session",
 		     name, sname);
+	/* Destroyed under state_lock: never opened, so no network and no clt_ctl. */
+	sess_destroy(req);
 	if (s) {
 		sess_destroy(fresh); /* another request listed it meanwhile (not opened: no network) */
 		fresh = NULL;
@@ -2095,7 +2112,7 @@ static int mappings_load(struct json_object **out)
 			rc = rpc_errf(&e, RPC_INVALID_PARAMS, "not an object (a mapping is "
 				      "{\"device\": ..., \"session\": ..., \"server\": [...]})");
 		else if (!(rc = map_check(m, &name, &sname, &mode, &want_bdev, &e)) &&
-			 (sp = sess_new(sname, m, &e)))
+			 (sp = sess_new(sname, m, true, &e)))
 			sess_destroy(sp);
 		else if (!rc)
 			rc = e.code ? e.code : -EINVAL;

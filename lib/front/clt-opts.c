@@ -340,6 +340,49 @@ void clt_opt_show(const struct clt_cfg *c, enum clt_opt_id id, char *buf, size_t
 	}
 }
 
+/* A path's port: its own, else the session's opts.port (add_path parses with 0). */
+static uint16_t path_port(const struct clt_cfg *c, unsigned i)
+{
+	return c->addrs[i].has_port ? c->addrs[i].port : c->opts.port;
+}
+
+bool clt_cfg_same_paths(const struct clt_cfg *a, const struct clt_cfg *b)
+{
+	if (a->opts.paths_num != b->opts.paths_num)
+		return false;
+	for (unsigned i = 0; i < a->opts.paths_num; i++)
+		if (strcmp(a->addrs[i].src, b->addrs[i].src) ||
+		    strcmp(a->addrs[i].host, b->addrs[i].host) || path_port(a, i) != path_port(b, i))
+			return false;
+	return true;
+}
+
+bool clt_cfg_same_opts(const struct clt_cfg *a, const struct clt_cfg *b)
+{
+	for (unsigned id = 0; id < CLT_OPT_NR; id++) {
+		const struct clt_def *d = &defs[id];
+		char va[RTRS_NAME_MAX + 1], vb[RTRS_NAME_MAX + 1];
+
+		if (id == CLT_OPT_SERVER || id == CLT_OPT_SESSION || id == CLT_OPT_PORT ||
+		    id == CLT_OPT_LOG_LEVEL || id == CLT_OPT_POLL_GROUPS)
+			continue;
+		if (d->type == CT_STRING || d->type == CT_SECRET) {
+			/* By text: clt_opt_show hides secrets. */
+			const char *sa = *(const char *const *)((const char *)a + d->off);
+			const char *sb = *(const char *const *)((const char *)b + d->off);
+
+			if (strcmp(sa ? sa : "", sb ? sb : ""))
+				return false;
+			continue;
+		}
+		clt_opt_show(a, (enum clt_opt_id)id, va, sizeof(va));
+		clt_opt_show(b, (enum clt_opt_id)id, vb, sizeof(vb));
+		if (strcmp(va, vb))
+			return false;
+	}
+	return true;
+}
+
 /*
  * Names the front ends' command lines had before each option got one name
  * (with its unit) everywhere: refused, with the name to use. Those that

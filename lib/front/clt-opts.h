@@ -101,6 +101,17 @@ int clt_opt_by_key(const char *key);
 /* Its value in c as --help shows a default ("" for none: paths, secrets, unset). */
 void clt_opt_show(const struct clt_cfg *c, enum clt_opt_id id, char *buf, size_t len);
 
+/*
+ * Whether a and b (each after clt_cfg_finish) set up the same session,
+ * however their values were written (a port given or the default, 7 or
+ * "7", a default given or left out): clt_cfg_same_paths, the same paths
+ * in order (source, host, port); clt_cfg_same_opts, every other option but
+ * the session's name, the port (a default for paths), the log level and
+ * poll_groups (the process's).
+ */
+bool clt_cfg_same_paths(const struct clt_cfg *a, const struct clt_cfg *b);
+bool clt_cfg_same_opts(const struct clt_cfg *a, const struct clt_cfg *b);
+
 /* A command-line option from the table: a short letter, more help. */
 struct clt_opt_pick {
 	enum clt_opt_id id;

@@ -343,6 +343,26 @@ import json, sys
 s = json.load(sys.stdin)
 assert len(s) == 1 and s[0][\"name\"] == \"many\" and s[0][\"paths_up\"] == 16, s'"
 check "... unmapped" c unmap mem0 --session many
+
+# A map through an open session with the servers and options it was opened
+# with is taken, before a restart and after it (the session then comes
+# from the saved mapping, which writes out the port and every default).
+s1=(--session s1 --server "127.0.0.1:$port" --io-connections 1 --no-block-device)
+check "the same map command twice through one session: both taken" bash -c \
+	"'$rnbd' --socket '$dir/cctl' client map mem0 ${s1[*]} >/dev/null &&
+	'$rnbd' --socket '$dir/cctl' client map mem1 ${s1[*]} >/dev/null"
+check "... mem1 unmapped, saved" bash -c "'$rnbd' --socket '$dir/cctl' client unmap mem1 \
+	>/dev/null && '$rnbd' --socket '$dir/cctl' client save >/dev/null"
+kill "$daemon_pid"
+wait "$daemon_pid" 2>/dev/null || true
+daemon_start "$dir/d7.log"
+wait_until 20 mapped_n 1 || true
+check "restarted: other options through the restored session are refused" fails 1 \
+	"session s1 is open already with other servers or options" \
+	c map mem1 --session s1 --server "127.0.0.1:$port" --io-connections 2 --no-block-device
+check "... the same command as before the restart is taken" c map mem1 "${s1[@]}"
+check "... both unmapped" bash -c "'$rnbd' --socket '$dir/cctl' client unmap mem0 >/dev/null &&
+	'$rnbd' --socket '$dir/cctl' client unmap mem1 >/dev/null"
 kill "$daemon_pid"
 wait "$daemon_pid" 2>/dev/null || true
 
