@@ -1425,6 +1425,30 @@ static void rec_refresh(void)
 		rec_write(ids[i], serials[i]);
 }
 
+/*
+ * o's text written to fd: 0, or a negative errno (-ENOSPC for a full
+ * disk). Not json_object_to_fd, which answers -1 for any failure, its
+ * errno not kept past its own message.
+ */
+static int json_write(int fd, struct json_object *o, int flags)
+{
+	size_t len = 0, done = 0;
+	const char *text = json_object_to_json_string_length(o, flags, &len);
+
+	if (!text)
+		return -ENOMEM;
+	while (done < len) {
+		ssize_t n = write(fd, text + done, len - done);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		done += (size_t)n;
+	}
+	return 0;
+}
+
 static int m_save(void *priv, struct json_object *params, struct json_object **result,
 		  struct rpc_err *err)
 {
@@ -1452,9 +1476,8 @@ static int m_save(void *priv, struct json_object *params, struct json_object **r
 	snprintf(tmp, sizeof(tmp), "%s.new", g.mappings);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	rc = fd < 0 ? -errno : 0;
-	if (!rc && json_object_to_fd(fd, arr, JSON_C_TO_STRING_PRETTY |
-				     JSON_C_TO_STRING_NOSLASHESCAPE))
-		rc = -EIO;
+	if (!rc)
+		rc = json_write(fd, arr, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE);
 	if (fd >= 0 && !rc && fsync(fd))
 		rc = -errno;
 	if (fd >= 0)
@@ -1548,8 +1571,8 @@ static void rec_write_locked(int id, struct json_object *mapping, int prev_pid)
 		fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 		rc = fd < 0 ? -errno : 0;
 	}
-	if (!rc && json_object_to_fd(fd, o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE))
-		rc = -EIO;
+	if (!rc)
+		rc = json_write(fd, o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
 	if (fd >= 0 && !rc && fsync(fd))
 		rc = -errno;
 	if (fd >= 0)

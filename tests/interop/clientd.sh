@@ -379,6 +379,12 @@ import json, sys
 m = json.load(open(sys.argv[1]))
 assert sorted((x[\"session\"], x[\"device\"]) for x in m) == [(\"later\", \"mem1\"), (\"now\", \"mem0\")], m
 ' '$dir/maps.json'"
+# A write that fails says why: its temporary file on a full disk (/dev/full).
+cp "$dir/maps.json" "$dir/maps.before"
+ln -s /dev/full "$dir/maps.json.new"
+check "client save on a full disk: ENOSPC said, not EIO" fails 1 \
+	"saving the mappings to $dir/maps.json: No space left on device" c save
+check "... the file as it was" cmp -s "$dir/maps.json" "$dir/maps.before"
 kill "$daemon_pid"
 wait "$daemon_pid" 2>/dev/null || true
 
