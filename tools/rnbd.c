@@ -50,6 +50,20 @@
 #define EXIT_FAILED 1
 #define EXIT_USAGE 2
 #define EXIT_UNREACHABLE 3
+#define EXIT_NO_ANSWER 4   /* the request was sent; no answer within --timeout */
+
+/*
+ * The default --timeout: longer than a map takes the daemon at worst with
+ * the defaults (a session's paths connect within RTRS_DEFAULT_CONNECT_TIMEOUT_MS,
+ * 10 s; an open or OPEN message then waits for a path for up to
+ * CLT_FAST_IO_FAIL_MS, 30 s, if the one it had drops meanwhile), so that a
+ * map that succeeds is not reported as unanswered. Longer waits (a larger
+ * fast_io_fail_ms, the 60 s a remap may wait after a server restart) end
+ * with EXIT_NO_ANSWER, which says the request may still complete.
+ */
+#define TIMEOUT_MS 60000
+_Static_assert(TIMEOUT_MS > RTRS_DEFAULT_CONNECT_TIMEOUT_MS + CLT_FAST_IO_FAIL_MS,
+	       "the default timeout covers a map's connect and a wait for a path");
 
 static const char *const output_names[] = { "table", "json", NULL };
 
@@ -91,7 +105,7 @@ static struct {
 	struct opt_list servers;
 	bool force, block_device;
 	struct clt_cfg check;             /* where the values are checked (the table's checks) */
-} g = { .timeout_ms = 10000, .block_device = true };
+} g = { .timeout_ms = TIMEOUT_MS, .block_device = true };
 
 /* --server and the session options: checked by the front ends' table, kept as given. */
 static int sess_opt_set(const struct opt *o, const char *arg, char *err, size_t errlen)
@@ -143,7 +157,8 @@ static const struct opt options[] = {
 	{ "output", 'o', OPT_CHOICE, &g.output, .choices = output_names, .arg = "FORMAT",
 	  .help = "table (for people) or json (for scripts)" },
 	{ "timeout", 0, OPT_UINT, &g.timeout_ms, 1, 3600000, .arg = "MS",
-	  .help = "wait this long for the daemon's answer" },
+	  .help = "wait this long for the daemon's answer (longer than a map takes with the "
+		  "default connect timeout and fast_io_fail_ms)" },
 	{ "session", 's', OPT_CUSTOM, .set = session_set, .arg = "NAME",
 	  .help = "client map/unmap: the RTRS session (the server's %SESSNAME%)" },
 	{ "mode", 0, OPT_STRING, &g.mode, .arg = "rw|ro|migration",
@@ -519,6 +534,18 @@ static int run(const char *sock, const char *method, struct json_object *params,
 	if (rc == -EREMOTEIO) {
 		fprintf(stderr, "rnbd: %s: %s\n", method, e.msg);
 		return EXIT_FAILED;
+	}
+	if (rc == -ETIMEDOUT) {
+		/* Sent: the daemon may be working on it still, and may yet succeed. */
+		const char *check = !strcmp(method, "client.map") || !strcmp(method, "client.unmap") ||
+				    !strcmp(method, "client.remap") || !strcmp(method, "client.resize") ?
+				    ": check `rnbd client list devices`" :
+				    !strncmp(method, "client.path.", 12) ?
+				    ": check `rnbd client list paths`" : "";
+
+		fprintf(stderr, "rnbd: %s: the daemon did not answer within %llu ms; the request "
+			"may still complete%s\n", method, (unsigned long long)g.timeout_ms, check);
+		return EXIT_NO_ANSWER;
 	}
 	if (rc) {
 		fprintf(stderr, "rnbd: %s\n", e.msg[0] ? e.msg : strerror(-rc));

@@ -156,6 +156,12 @@ int rpc_call(const char *path, const char *method, struct json_object *params,
 	rc = text ? send_all(fd, text, len, deadline) : -ENOMEM;
 	if (!rc)
 		rc = send_all(fd, "\n", 1, deadline);
+	if (rc == -ETIMEDOUT) {
+		/* Not all of it: the server cannot run it. ETIMEDOUT is for a request sent. */
+		rc = rpc_errf(err, -EAGAIN, "%s: sending the request: the server did not take it "
+			      "within %u ms", path, timeout_ms);
+		goto out;
+	}
 	if (rc) {
 		rpc_errf(err, rc, "%s: sending the request: %s", path, strerror(-rc));
 		goto out;

@@ -214,9 +214,11 @@ void rpc_server_set_times(struct rpc_server *s, unsigned idle_ms, unsigned reque
  * Calls method with params (an object, or NULL; not consumed) on the
  * server at path, waiting at most timeout_ms for the whole exchange. 0
  * with *result (a new reference, possibly NULL for null); -EREMOTEIO when
- * the server answered with an error (in err); another negative errno when
- * the call did not happen or its answer was not understood (err says
- * why).
+ * the server answered with an error (in err); -ETIMEDOUT when the whole
+ * request was sent and no answer came in time (the method may still run
+ * to its end); another negative errno when the call did not happen
+ * (-EAGAIN: the server took not all of the request in time) or its answer
+ * was not understood (err says why).
  */
 int rpc_call(const char *path, const char *method, struct json_object *params,
 	     unsigned timeout_ms, struct json_object **result, struct rpc_err *err);

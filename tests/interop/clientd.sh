@@ -15,6 +15,7 @@
 #     resize and remap;
 #   - unmapping the last device closes the session;
 #   - metrics scraped over HTTP parse with Prometheus's parser;
+#   - a map that outlasts --timeout: exit 4, saying it may still complete;
 #   - bad input: an unknown option, device or session, a bad mode, garbage
 #     and a request over 1 MiB on the socket, and bad input on every method
 #     of both daemons (rpc-every-method.py): errors naming the object, exit
@@ -284,6 +285,19 @@ check "reconnect-params: an unknown session, exit 1" fails 1 "no session nope" \
 	c reconnect-params nope --reconnect-delay-ms 1000
 check "resize: a size that is not one, exit 2" fails 2 "SIZE: bytes, or with K, M, G or T" \
 	c resize mem0 lots
+# A server that takes the connection and never answers (never accepted):
+# the map waits for the connect timeout (10 s), longer than --timeout.
+python3 -c 'import socket, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(8)
+print(s.getsockname()[1], flush=True); time.sleep(300)' >"$dir/hole.port" &
+pids+=($!)
+wait_until 10 test -s "$dir/hole.port" || true
+check "no answer within --timeout to a map sent: exit 4, it may still complete" fails 4 \
+	"rnbd: client.map: the daemon did not answer within 500 ms; the request may still complete: check \`rnbd client list devices\`" \
+	c map mem0 --session hole --server "127.0.0.1:$(cat "$dir/hole.port")" --no-block-device \
+	--timeout 500
+check "the default --timeout is longer than such a map (60 s)" \
+	bash -c "'$rnbd' --help | grep -q -- '--timeout MS .*(default 60000)'"
 check "bad input on every method (rnbd-clientd): JSON-RPC errors naming the cause" \
 	python3 "$(dirname "$0")/rpc-every-method.py" "$dir/cctl"
 check "bad input on every method (rnbd-server)" \
