@@ -18,6 +18,9 @@
  *     value leaves it as it was, with the exact reason (the same text every
  *     front end prints after its own "--NAME VALUE: " or "KEY=VALUE: ");
  *   - paths go through rtrs_addr_parse up to the front end's limit;
+ *   - clt_cfg_same_paths and clt_cfg_same_opts compare values, not texts:
+ *     a port or a default written out or left out is the same, another
+ *     host, port, order, option value or secret is not;
  *   - as a command line (lib/common/opts.c): picks add short letters and
  *     help, the front end's own options follow, --help shows the
  *     defaults, a refused secret is not repeated, and in a config file
@@ -397,6 +400,52 @@ static void test_renamed(void)
 	renamed("-- --dst", false, NULL);
 }
 
+/* A finished cfg from NULL-terminated pairs of option and value. */
+static void cfg_of(struct clt_cfg *c, const enum clt_opt_id *ids, const char *const *values,
+		   size_t n)
+{
+	clt_cfg_init(c, CLT_MAX_PATHS);
+	for (size_t i = 0; i < n; i++)
+		set_ok(c, ids[i], values[i]);
+	clt_cfg_finish(c);
+}
+
+static void test_same(void)
+{
+	static const enum clt_opt_id given_ids[] = { CLT_OPT_SERVER, CLT_OPT_IO_CONS };
+	static const char *const given[] = { "127.0.0.1", "1" };
+	/* As rnbd-clientd saves a session: ports and every live value written out. */
+	static const enum clt_opt_id saved_ids[] = {
+		CLT_OPT_SERVER, CLT_OPT_IO_CONS, CLT_OPT_POLICY, CLT_OPT_FAST_IO_FAIL,
+		CLT_OPT_RECONNECT_DELAY, CLT_OPT_RECONNECT_JITTER, CLT_OPT_MAX_RECONNECTS,
+		CLT_OPT_LOSS_TIMEOUT };
+	static const char *const saved[] = { "127.0.0.1:1234", "01", "min-inflight", "30000",
+					     "1000", "500", "-1", "0" };
+	static struct clt_cfg a, b; /* large: not on the stack */
+
+	cfg_of(&a, given_ids, given, 2);
+	cfg_of(&b, saved_ids, saved, sizeof(saved) / sizeof(saved[0]));
+	CHECK(clt_cfg_same_paths(&a, &b) && clt_cfg_same_opts(&a, &b),
+	      "defaults and the default port written out differ");
+	set_ok(&b, CLT_OPT_POLICY, "round-robin");
+	CHECK(clt_cfg_same_paths(&a, &b) && !clt_cfg_same_opts(&a, &b), "another policy");
+	cfg_of(&b, given_ids, given, 2);
+	set_ok(&b, CLT_OPT_SECRET, "@/nowhere");
+	CHECK(!clt_cfg_same_opts(&a, &b), "a secret given");
+	cfg_of(&b, given_ids, given, 2);
+	set_ok(&b, CLT_OPT_PORT, "4000");
+	CHECK(!clt_cfg_same_paths(&a, &b) && clt_cfg_same_opts(&a, &b),
+	      "a path without a port takes opts.port");
+	cfg_of(&b, given_ids, (const char *const[]){ "127.0.0.1:1235", "1" }, 2);
+	CHECK(!clt_cfg_same_paths(&a, &b), "another port");
+	cfg_of(&b, given_ids, (const char *const[]){ "10.0.0.1@127.0.0.1", "1" }, 2);
+	CHECK(!clt_cfg_same_paths(&a, &b), "a source address");
+	set_ok(&a, CLT_OPT_SERVER, "127.0.0.2");
+	cfg_of(&b, (const enum clt_opt_id[]){ CLT_OPT_SERVER, CLT_OPT_SERVER },
+	       (const char *const[]){ "127.0.0.2", "127.0.0.1" }, 2);
+	CHECK(!clt_cfg_same_paths(&a, &b), "the same paths in another order");
+}
+
 int main(void)
 {
 	test_table();
@@ -404,6 +453,7 @@ int main(void)
 	test_defaults();
 	test_values();
 	test_paths();
+	test_same();
 	test_cli();
 	return test_done("test-clt-opts");
 }
