@@ -23,6 +23,9 @@
  *     channel); its thread sleeps in epoll on those and on an eventfd
  *     for work (kicks, retries, destroys), and runs every callback of its
  *     connections. A completion is its connection's by the QP number;
+ *   - nothing on a group's thread waits on the network: iWARP's
+ *     rdma_connect, which makes a TCP connection before it returns, runs on
+ *     a connect thread (con_connect_run);
  *   - a connection leaves its group on the group's thread: its QP is
  *     destroyed there, the CQ is read until it is empty once more (what
  *     the QP left in it is dropped), and only then can its QP number mean
@@ -97,6 +100,9 @@
 #define RDMA_RETRY_MS 1        /* a retry after -EAGAIN comes this soon without completions */
 #define RDMA_CM_POLL_NS 1000000 /* a group that never sleeps reads its CM channel this often */
 #define RDMA_INSERT_WAIT_MS 2000 /* a reused QP number waits this long for its last owner */
+/* iWARP's connect threads (con_connect_run): at most this many, each ends this long idle. */
+#define RDMA_CONNECT_THREADS_MAX 64
+#define RDMA_CONNECT_IDLE_MS 5000
 #define RDMA_SRQ_DEFAULT RTRS_DEFAULT_SRQ_DEPTH
 /*
  * The wait a peer's RNR NAK asks for when a shared receive queue is empty
@@ -120,6 +126,12 @@ struct fab {
 	bool sigpipe_guard;        /* siw: posting can raise SIGPIPE (below) */
 	bool siw;                  /* holds a siw_plug reference */
 	bool server;
+	/*
+	 * The owner's reference and one per connect handed to a connect
+	 * thread (con_connect_run): fab_close frees the fabric when the last
+	 * goes, since such a connection's QP and CM id hold its PD and groups.
+	 */
+	atomic_uint refs;
 	struct sockaddr_storage src, dst; /* client: where from and to */
 	bool has_src;
 	/* Server: the bound id and its channel, handed to fab_listen. */
@@ -229,7 +241,14 @@ struct rdma_group {
 enum {
 	W_KICK = 1u << 0,       /* ops->kick */
 	W_RETRY = 1u << 1,      /* ops->kick after a completion or RDMA_RETRY_MS */
+	W_CONNECTED = 1u << 2,  /* the connect thread's result (connect_rc) */
 	W_DESTROY = 1u << 3,    /* leave the group (destroy) */
+};
+
+/* A destroyer's wait (con_destroy); keep: the connect thread frees the connection. */
+struct con_dw {
+	struct fab_done done;
+	bool keep;
 };
 
 struct fab_con {
@@ -263,7 +282,18 @@ struct fab_con {
 	atomic_uint work;       /* W_* bits for the group */
 	struct fab_con *work_next, *retry_next;
 	bool in_retry;          /* group thread only */
-	struct fab_done *dw; /* the destroyer waiting, if any */
+	struct con_dw *dw;      /* the destroyer waiting, if any */
+	/*
+	 * iWARP: rdma_connect runs on a connect thread (con_connect_run)
+	 * while connecting (waiting for one, or running); its result in
+	 * connect_rc. A connection destroyed meanwhile is orphaned: the group
+	 * leaves its id and QP alone and the connect thread, once
+	 * rdma_connect returned, destroys it. Under g->lock.
+	 */
+	bool connecting;
+	bool orphaned;
+	int connect_rc;
+	struct fab_con *connect_next; /* waiting for a connect thread (cpool, its lock) */
 	atomic_bool destroying; /* no callback runs any more */
 	atomic_bool down;       /* down() was called (or the owner shut us down) */
 	atomic_bool shutdown;   /* fab_con_shutdown() was called */
@@ -314,6 +344,7 @@ static __thread struct rdma_group *tls_group;
 
 static int nat_con_rx_setup(struct fab_con *c, size_t count, size_t size);
 static int con_connect_routed(struct fab_con *c);
+static void con_connected_rc(struct fab_con *c);
 static int groups_get(void);
 static void groups_put(void);
 
@@ -585,6 +616,7 @@ static int nat_open(const char *prov, const char *src, const char *node, const c
 		return -ENOMEM;
 	f->ops = &fab_rdma_ops;
 	f->server = server;
+	atomic_init(&f->refs, 1);
 	ch = channel_open();
 	if (!ch) {
 		rc = errno ? -errno : -ENOMEM;
@@ -663,9 +695,10 @@ fail:
 	return rc;
 }
 
-static void nat_close(struct fab *f)
+/* The last reference to f (fab_close, or the last connect thread) frees it. */
+static void fab_put(struct fab *f)
 {
-	if (!f)
+	if (atomic_fetch_sub(&f->refs, 1) != 1)
 		return;
 	if (f->lid && !f->listening)
 		rdma_destroy_id(f->lid);
@@ -677,6 +710,17 @@ static void nat_close(struct fab *f)
 		siw_plug_put();
 	free(f);
 	groups_put();
+}
+
+/*
+ * An iWARP connect thread still in rdma_connect (its connection destroyed)
+ * keeps the fabric until it returns: its QP is on the PD, its id on a
+ * group's channel.
+ */
+static void nat_close(struct fab *f)
+{
+	if (f)
+		fab_put(f);
 }
 
 static const struct fab_attr *nat_attr(const struct fab *f)
@@ -1682,6 +1726,27 @@ static void group_release(struct rdma_group *g, struct fab_con *c, struct ibv_wc
 		}
 		c->in_retry = false;
 	}
+	pthread_mutex_lock(&g->lock);
+	if (c->connecting) {
+		/*
+		 * Its rdma_connect runs, or waits for a connect thread
+		 * (con_connect_run): destroying its id or QP now could wait in
+		 * the kernel for the connect. That thread finishes the release
+		 * once the connect returned (or skips it); the destroyer does not
+		 * wait for that, nor free c.
+		 */
+		struct con_dw *dw = c->dw;
+
+		c->orphaned = true;
+		c->dw = NULL;
+		if (dw)
+			dw->keep = true;
+		pthread_mutex_unlock(&g->lock);
+		if (dw)
+			fab_done_signal(&dw->done);
+		return;
+	}
+	pthread_mutex_unlock(&g->lock);
 	if (c->qp_made && !c->qp_gone) {
 		if (c->srq)
 			srq_qp_drain(g, c, wcs, cons);
@@ -1721,10 +1786,10 @@ static void group_release(struct rdma_group *g, struct fab_con *c, struct ibv_wc
 		qpmap_del(&c->gcq->map, c->qpn);
 	c->in_map = false;
 	gcq_unreserve(c);
-	struct fab_done *dw = c->dw;
+	struct con_dw *dw = c->dw;
 	pthread_mutex_unlock(&g->lock);
 	if (dw) {
-		fab_done_signal(dw);
+		fab_done_signal(&dw->done);
 	} else {
 		con_free(c);
 	}
@@ -1753,6 +1818,8 @@ static bool group_drain_work(struct rdma_group *g, struct ibv_wc *wcs, struct fa
 		}
 		if (atomic_load(&c->destroying))
 			continue; /* its W_DESTROY is on its way */
+		if (bits & W_CONNECTED)
+			con_connected_rc(c);
 		if ((bits & W_RETRY) && !c->in_retry) {
 			if (!g->retry)
 				g->retry_since = now_ms();
@@ -2081,11 +2148,12 @@ static void con_free(struct fab_con *c)
  * its connect on), leaves its group on the group's thread (group_release):
  * from any other thread this waits for that; from its group's thread (a
  * callback of another of its connections) it is handed over and freed
- * there.
+ * there. One whose rdma_connect still runs on its connect thread (iWARP)
+ * is left to that thread: this returns at once, nothing of it runs.
  */
 static void con_destroy(struct fab_con *c)
 {
-	struct fab_done dw;
+	struct con_dw dw = { .keep = false };
 
 	atomic_store(&c->destroying, true);
 	if (!c->qp_made && !c->on_group) {
@@ -2097,13 +2165,14 @@ static void con_destroy(struct fab_con *c)
 		queue_work(c, W_DESTROY);
 		return;
 	}
-	fab_done_init(&dw);
+	fab_done_init(&dw.done);
 	pthread_mutex_lock(&c->g->lock);
 	c->dw = &dw;
 	pthread_mutex_unlock(&c->g->lock);
 	queue_work(c, W_DESTROY);
-	fab_done_wait(&dw);
-	con_free(c);
+	fab_done_wait(&dw.done);
+	if (!dw.keep) /* else its connect thread frees it */
+		con_free(c);
 }
 
 /* A connection object on a poll group; no id, CQ or QP yet. */
@@ -2243,24 +2312,9 @@ static int con_qp(struct fab_con *c)
 	return rc;
 }
 
-/*
- * A client's connection, on its group's thread from the resolved route on
- * (handle_cm): the QP, then the connect request with the private data kept
- * since nat_con_connect. 0, or the error the owner hears as down().
- */
-static int con_connect_routed(struct fab_con *c)
+/* rdma_connect's failure, logged as the owner hears it (on the group's thread). */
+static int con_connect_failed(struct fab_con *c, int rc)
 {
-	struct rdma_conn_param param = {
-		.private_data = c->pdata, .private_data_len = c->pdata_len,
-		.retry_count = 7, .rnr_retry_count = 7,
-	};
-	int rc = con_qp(c);
-
-	if (rc)
-		return rc;
-	if (!rdma_connect(c->id, &param))
-		return 0;
-	rc = -errno;
 	if (rc == -ECONNREFUSED) {
 		/* iWARP connects the TCP socket here: nobody listening is said at once. */
 		char local[64];
@@ -2281,6 +2335,192 @@ static int con_connect_routed(struct fab_con *c)
 		log_err("%s: rdma_connect: %s", con_name(c), strerror(-rc));
 	}
 	return rc;
+}
+
+static int con_connect_call(struct fab_con *c)
+{
+	struct rdma_conn_param param = {
+		.private_data = c->pdata, .private_data_len = c->pdata_len,
+		.retry_count = 7, .rnr_retry_count = 7,
+	};
+
+	return rdma_connect(c->id, &param) ? -errno : 0;
+}
+
+/*
+ * iWARP's connect threads: made as connects need them, up to
+ * RDMA_CONNECT_THREADS_MAX, kept RDMA_CONNECT_IDLE_MS after their last,
+ * so that connects that come in a storm (sessions reconnecting) reuse them;
+ * past the limit connects wait in FIFO order for one to be free.
+ */
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;     /* a connect was queued */
+	struct fab_con *head, *tail;
+	unsigned queued;         /* on that list */
+	unsigned threads, idle;  /* idle: waiting for one (queued of them are promised) */
+} cpool = { .lock = PTHREAD_MUTEX_INITIALIZER };
+static pthread_once_t cpool_once = PTHREAD_ONCE_INIT;
+
+static void cpool_init(void)
+{
+	cond_init_mono(&cpool.cond);
+}
+
+/*
+ * One connect: iWARP's rdma_connect makes the TCP connection before it
+ * returns (siw: a blocking connect of its kernel socket), which to a peer
+ * that drops SYNs takes the kernel's TCP connect timeout, minutes. So it
+ * runs on a connect thread, never on the group's (every connection of the
+ * group would wait) nor on an offload worker (a few per process, which
+ * DH-HMAC-CHAP needs). Its result goes back to the group (W_CONNECTED); a
+ * connection destroyed meanwhile (orphaned) is released from here, and
+ * one destroyed while it waited for a thread is not connected at all.
+ */
+static void con_connect_run(struct fab_con *c)
+{
+	struct rdma_group *g = c->g;
+	struct fab *f = c->fab;
+	bool orphaned;
+	int rc;
+
+	pthread_mutex_lock(&g->lock);
+	orphaned = c->orphaned;
+	pthread_mutex_unlock(&g->lock);
+	rc = orphaned ? -ECANCELED : con_connect_call(c);
+	pthread_mutex_lock(&g->lock);
+	c->connecting = false;
+	c->connect_rc = rc;
+	orphaned = c->orphaned;
+	/* queue_work's hand-over, under the lock: c may go as soon as it is released. */
+	if (!orphaned && !atomic_fetch_or(&c->work, W_CONNECTED)) {
+		c->work_next = g->work;
+		g->work = c;
+	}
+	pthread_mutex_unlock(&g->lock);
+	if (orphaned)
+		con_destroy(c); /* now without waiting on the kernel */
+	else
+		group_wake(g);
+	fab_put(f); /* last: the fabric holds the group */
+}
+
+static void *con_connect_thread(void *arg)
+{
+	struct fab_con *c = arg;
+
+	pthread_setname_np(pthread_self(), "rtrs-rdma-conn");
+	for (;;) {
+		struct timespec dl;
+		int rc = 0;
+
+		con_connect_run(c);
+		dl = deadline_ms(RDMA_CONNECT_IDLE_MS);
+		pthread_mutex_lock(&cpool.lock);
+		cpool.idle++;
+		while (!cpool.head && rc != ETIMEDOUT)
+			rc = pthread_cond_timedwait(&cpool.cond, &cpool.lock, &dl);
+		cpool.idle--;
+		c = cpool.head;
+		if (!c) {
+			cpool.threads--;
+			pthread_mutex_unlock(&cpool.lock);
+			return NULL;
+		}
+		cpool.head = c->connect_next;
+		if (!cpool.head)
+			cpool.tail = NULL;
+		cpool.queued--;
+		pthread_mutex_unlock(&cpool.lock);
+	}
+}
+
+/* The connect thread's result, on the group's thread: as a synchronous rdma_connect's. */
+static void con_connected_rc(struct fab_con *c)
+{
+	if (!c->connect_rc) {
+		/* A shutdown while it ran left the disconnect to be done (nat_con_shutdown). */
+		if (atomic_load(&c->shutdown))
+			rdma_disconnect(c->id);
+		return;
+	}
+	if (!con_quiet(c))
+		con_down(c, con_connect_failed(c, c->connect_rc), NULL, 0);
+}
+
+/* rdma_connect on a connect thread (con_connect_run); 0 when it is handed over. */
+static int con_connect_start(struct fab_con *c)
+{
+	pthread_attr_t attr;
+	sigset_t all, old;
+	pthread_t t;
+	int rc;
+
+	pthread_mutex_lock(&c->g->lock);
+	/* Checked with the flag set under the lock: a shutdown disconnects, or finds it. */
+	if (atomic_load(&c->shutdown)) {
+		pthread_mutex_unlock(&c->g->lock);
+		return 0; /* the owner knows; nothing to connect */
+	}
+	c->connecting = true;
+	pthread_mutex_unlock(&c->g->lock);
+	atomic_fetch_add(&c->fab->refs, 1);
+	pthread_once(&cpool_once, cpool_init);
+	pthread_mutex_lock(&cpool.lock);
+	if (cpool.idle > cpool.queued || cpool.threads >= RDMA_CONNECT_THREADS_MAX) {
+		/* An idle thread no other connect was promised takes it, or the next free. */
+		c->connect_next = NULL;
+		cpool.queued++;
+		if (cpool.tail)
+			cpool.tail->connect_next = c;
+		else
+			cpool.head = c;
+		cpool.tail = c;
+		pthread_cond_signal(&cpool.cond);
+		pthread_mutex_unlock(&cpool.lock);
+		return 0;
+	}
+	cpool.threads++;
+	pthread_mutex_unlock(&cpool.lock);
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 256 * 1024);
+	/* No signal of the process's interrupts a connect, or runs there. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	rc = -pthread_create(&t, &attr, con_connect_thread, c);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&attr);
+	if (!rc)
+		return 0;
+	pthread_mutex_lock(&cpool.lock);
+	cpool.threads--;
+	pthread_mutex_unlock(&cpool.lock);
+	pthread_mutex_lock(&c->g->lock);
+	c->connecting = false;
+	pthread_mutex_unlock(&c->g->lock);
+	atomic_fetch_sub(&c->fab->refs, 1); /* the owner's is still held */
+	log_warn_rl("%s: no thread for rdma_connect (%s): connecting on the poll group's",
+		    con_name(c), strerror(-rc));
+	return -EAGAIN;
+}
+
+/*
+ * A client's connection, on its group's thread from the resolved route on
+ * (handle_cm): the QP, then the connect request with the private data kept
+ * since nat_con_connect; on iWARP the connect runs on a connect thread
+ * (con_connect_run). 0, or the error the owner hears as down().
+ */
+static int con_connect_routed(struct fab_con *c)
+{
+	int rc = con_qp(c);
+
+	if (rc)
+		return rc;
+	if (c->fab->iwarp && con_connect_start(c) == 0)
+		return 0;
+	rc = con_connect_call(c);
+	return rc ? con_connect_failed(c, rc) : 0;
 }
 
 /*
@@ -2451,10 +2691,20 @@ static void nat_con_kick(struct fab_con *c)
 
 static void nat_con_shutdown(struct fab_con *c)
 {
+	bool connecting;
+
 	if (!c || atomic_exchange(&c->shutdown, true))
 		return;
+	/*
+	 * Not while its connect thread is in rdma_connect, which holds the id
+	 * in the kernel: the group disconnects once it returned
+	 * (con_connected_rc).
+	 */
+	pthread_mutex_lock(&c->g->lock);
+	connecting = c->connecting;
+	pthread_mutex_unlock(&c->g->lock);
 	/* Flushes the queue pair; the peer sees a disconnect. */
-	if (c->id)
+	if (c->id && !connecting)
 		rdma_disconnect(c->id);
 }
 

@@ -12,11 +12,17 @@
  *     policy switches at run time; paths are added and removed at run time;
  *   - min-latency avoids a path made slow by fault injection (rtrs-fault.h:
  *     builds with -Dfault_injection=true; elsewhere that part is skipped
- *     and the test ends with 77).
+ *     and the test ends with 77);
+ *   - a connect that hangs (RTRS_TEST_DEAD_ADDR: an address whose SYNs
+ *     vanish, which verbs-suite.sh makes in its guests) stalls no other
+ *     connection of its poll group, and closing its session returns at
+ *     once: on siw, rdma_connect makes the TCP connection before it returns.
+ *     Without the variable (tcp, the host's suite) that part is not run.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,6 +155,155 @@ static void part_min_latency(struct rtrs_clt_opts *o)
 #else
 	SKIP_PART("min-latency with a slow path: built without -Dfault_injection=true");
 #endif
+}
+
+/* Verified IO on one session, one at a time, timing the gaps between completions. */
+struct io_loop {
+	struct rtrs_clt_sess *sess;
+	atomic_bool stop;
+	unsigned n, bad;
+	uint64_t max_gap_ms;
+};
+
+static void *io_loop_thread(void *arg)
+{
+	struct io_loop *l = arg;
+	static uint8_t wbuf[IO_SIZE], rbuf[IO_SIZE];
+	uint64_t last = test_now_ms();
+
+	while (!atomic_load(&l->stop)) {
+		struct test_hdr h = { .magic = TEST_MAGIC, .op = TEST_OP_IO,
+				      .offset = (uint64_t)(l->n % 64) * IO_SIZE, .len = IO_SIZE };
+		int rc;
+
+		test_fill(wbuf, IO_SIZE, l->n);
+		for (int read = 0; read < 2; read++) {
+			rc = test_request(l->sess, read ? RTRS_READ : RTRS_WRITE, &h, sizeof(h),
+					  read ? rbuf : wbuf, IO_SIZE);
+			uint64_t now = test_now_ms();
+
+			if (now - last > l->max_gap_ms)
+				l->max_gap_ms = now - last;
+			last = now;
+			if (rc)
+				break;
+		}
+		if (rc || memcmp(wbuf, rbuf, IO_SIZE))
+			l->bad++;
+		l->n++;
+	}
+	return NULL;
+}
+
+struct add_dead {
+	struct rtrs_clt_sess *sess;
+	struct rtrs_path_addr addr;
+	int rc;
+};
+
+static void *add_dead_thread(void *arg)
+{
+	struct add_dead *a = arg;
+	unsigned idx;
+
+	a->rc = rtrs_clt_add_path(a->sess, &a->addr, &idx);
+	return NULL;
+}
+
+/*
+ * A path to an address whose SYNs vanish (a host that died with its
+ * neighbour entry still cached): its connect hangs until the kernel's TCP
+ * connect timeout (siw connects its socket inside rdma_connect). One poll
+ * group for the process, so every connection shares it: session a's IO
+ * goes on throughout (every request within a second, the server holding
+ * each 100 ms), while a's own new path to there fails at its connect
+ * timeout, and while session b's new path is stuck connecting; then the
+ * process shuts down, and b's add and both closes return at once. Last:
+ * the shutdown is for good.
+ */
+static void part_blocked_connect(struct rtrs_clt_opts *o, const char *dst)
+{
+	const char *dead = getenv("RTRS_TEST_DEAD_ADDR");
+	struct rtrs_path_addr pa = { .src = test_addr_n(1), .dst = dst };
+	struct rtrs_path_addr pb = { .src = test_addr_n(2), .dst = dst };
+	struct io_loop l = { 0 };
+	struct add_dead ad = { 0 };
+	struct rtrs_clt_sess *a, *b;
+	const char *colon = strrchr(dst, ':');
+	char dead_dst[96];
+	pthread_t io, add;
+	uint64_t t0, took;
+	int rc;
+
+	if (!dead || !*dead) {
+		printf("# blocked connect: not run (RTRS_TEST_DEAD_ADDR, an address whose SYNs "
+		       "vanish, is made only in verbs-suite.sh's guests)\n");
+		return;
+	}
+	snprintf(dead_dst, sizeof(dead_dst), "%s%s", dead, colon ? colon : ":1234");
+	o->mp_policy = RTRS_MP_POLICY_MIN_INFLIGHT;
+	o->hb_interval_ms = 1000;
+	o->poll_groups = 1; /* every session here is closed: the groups start anew, one */
+	o->paths = &pa;
+	o->paths_num = 1;
+	o->connect_timeout_ms = 3000;
+	o->sessname = "test-multipath-a";
+	rc = rtrs_clt_open(o, &a);
+	CHECK(rc == 0, "open a: %s", strerror(-rc));
+	if (rc)
+		return;
+	o->paths = &pb;
+	o->connect_timeout_ms = 20000;
+	o->sessname = "test-multipath-b";
+	rc = rtrs_clt_open(o, &b);
+	CHECK(rc == 0, "open b: %s", strerror(-rc));
+	if (rc) {
+		rtrs_clt_close(a);
+		return;
+	}
+	l.sess = a;
+	CHECK_EQ(pthread_create(&io, NULL, io_loop_thread, &l), 0);
+	usleep(500 * 1000);
+
+	/* a's own path to there: fails at a's connect timeout; a's IO goes on. */
+	struct rtrs_path_addr da = { .src = test_addr_n(1), .dst = dead_dst };
+	unsigned idx;
+
+	t0 = test_now_ms();
+	rc = rtrs_clt_add_path(a, &da, &idx);
+	took = test_now_ms() - t0;
+	CHECK(rc < 0, "a path to %s connected", dead_dst);
+	CHECK(took < 3000 + 5000, "adding the path to %s took %llu ms (connect timeout 3000)",
+	      dead_dst, (unsigned long long)took);
+
+	/*
+	 * b's path to there, stuck connecting (20 s connect timeout): a's IO
+	 * goes on; then the process shuts down (rtrs_clt_shutdown_all: the
+	 * add fails at once) and both sessions close, at once.
+	 */
+	ad = (struct add_dead){ .sess = b, .addr = { .src = test_addr_n(2), .dst = dead_dst } };
+	CHECK_EQ(pthread_create(&add, NULL, add_dead_thread, &ad), 0);
+	usleep(2500 * 1000);
+	atomic_store(&l.stop, true);
+	pthread_join(io, NULL);
+	printf("# blocked connect: %u round trips, the longest gap %llu ms\n", l.n,
+	       (unsigned long long)l.max_gap_ms);
+	CHECK_EQ(l.bad, 0);
+	CHECK(l.n >= 10, "%u round trips", l.n);
+	CHECK(l.max_gap_ms < 1000, "session a's IO stalled %llu ms while a connect hung",
+	      (unsigned long long)l.max_gap_ms);
+	t0 = test_now_ms();
+	rtrs_clt_shutdown_all();
+	pthread_join(add, NULL);
+	took = test_now_ms() - t0;
+	CHECK(ad.rc < 0, "b's path to %s: %d", dead_dst, ad.rc);
+	CHECK(took < 2000, "adding a path connecting to %s went on %llu ms after the shutdown",
+	      dead_dst, (unsigned long long)took);
+	t0 = test_now_ms();
+	rtrs_clt_close(b);
+	rtrs_clt_close(a);
+	took = test_now_ms() - t0;
+	CHECK(took < 2000, "closing the sessions took %llu ms", (unsigned long long)took);
 }
 
 int main(void)
@@ -338,6 +493,7 @@ int main(void)
 	rtrs_clt_close(sess);
 
 	part_min_latency(&o);
+	part_blocked_connect(&o, dst);
 out:
 	rc = proc_signal(&srv, SIGTERM, true);
 	CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "server exit status %d", rc);

@@ -7,6 +7,9 @@
 #     client and server through the guest's own RDMA device; test-multipath
 #     and test-fence with their paths from three addresses of that device's
 #     netdev (198.18.0.1, .11, .12: RTRS_TEST_ADDR, RTRS_TEST_ADDR2 and 3);
+#     198.18.0.99 is a dead host (RTRS_TEST_DEAD_ADDR: a permanent neighbour
+#     entry with a MAC nobody has, so its SYNs vanish), where test-multipath
+#     connects while other connections of its poll group work;
 #     then verbs-scale.sh: 50 rtrs-perf sessions of 4 connections, verified,
 #     with the server's and the client's threads within the guest's CPUs + 4;
 #   - two guests on a virtual cable: rtrs-test-server in guest A, test-io in
@@ -62,6 +65,8 @@ for dev in "${devices[@]}"; do
 		out=$("$vm" run --rdma "$dev" --timeout 1200 --ip 198.18.0.1/24,198.18.0.11/24,198.18.0.12/24 --share-ro "$here" \
 			--share "$build" -- bash -c "$env_common RTRS_TEST_RDMA_DEV=$dev RTRS_TEST_ADDR=198.18.0.1 \
 				RTRS_TEST_ADDR2=198.18.0.11 RTRS_TEST_ADDR3=198.18.0.12
+			ip neigh replace 198.18.0.99 lladdr 02:00:00:00:00:99 dev eth0 nud permanent &&
+				export RTRS_TEST_DEAD_ADDR=198.18.0.99
 			for t in ${one_guest[*]}; do
 				for try in 1 2; do
 					s=\$SECONDS
