@@ -313,32 +313,11 @@ static void test_thread_names(void)
  */
 static unsigned threads_but_connects(unsigned *connects)
 {
-	DIR *d = opendir("/proc/self/task");
-	struct dirent *de;
-	unsigned n = 0;
+	static const char *const p[] = { "rtrs-rdma-conn", "rtrs-rdma-g", NULL };
+	unsigned c[2], n = threads_scan(p, c);
 
-	*connects = 0;
-	while (d && (de = readdir(d))) {
-		char path[64], comm[32] = "";
-		FILE *f;
-
-		if (de->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "/proc/self/task/%.20s/comm", de->d_name);
-		f = fopen(path, "r");
-		if (!f)
-			continue; /* it ended meanwhile */
-		if (fgets(comm, sizeof(comm), f)) {
-			if (!strncmp(comm, "rtrs-rdma-conn", 14))
-				(*connects)++;
-			else if (strncmp(comm, "rtrs-rdma-g", 11))
-				n++;
-		}
-		fclose(f);
-	}
-	if (d)
-		closedir(d);
-	return n;
+	*connects = c[0];
+	return n - c[0] - c[1];
 }
 
 /*

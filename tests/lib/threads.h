@@ -8,13 +8,19 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Threads of this process whose name starts with prefix ("" for all). */
-static inline unsigned threads_named(const char *prefix)
+/*
+ * One pass over this process's threads: counts[i] of those whose name
+ * starts with prefixes[i] (the first that matches; NULL ends the list).
+ * Returns how many threads there are in all.
+ */
+static inline unsigned threads_scan(const char *const *prefixes, unsigned *counts)
 {
 	DIR *d = opendir("/proc/self/task");
 	struct dirent *de;
 	unsigned n = 0;
 
+	for (unsigned i = 0; prefixes[i]; i++)
+		counts[i] = 0;
 	while (d && (de = readdir(d))) {
 		char path[64], comm[32] = "";
 		FILE *f;
@@ -25,13 +31,30 @@ static inline unsigned threads_named(const char *prefix)
 		f = fopen(path, "r");
 		if (!f)
 			continue; /* it ended meanwhile */
-		if (fgets(comm, sizeof(comm), f))
-			n += !strncmp(comm, prefix, strlen(prefix));
+		if (fgets(comm, sizeof(comm), f)) {
+			n++;
+			for (unsigned i = 0; prefixes[i]; i++) {
+				if (!strncmp(comm, prefixes[i], strlen(prefixes[i]))) {
+					counts[i]++;
+					break;
+				}
+			}
+		}
 		fclose(f);
 	}
 	if (d)
 		closedir(d);
 	return n;
+}
+
+/* Threads of this process whose name starts with prefix ("" for all). */
+static inline unsigned threads_named(const char *prefix)
+{
+	const char *const p[] = { prefix, NULL };
+	unsigned c[1];
+
+	threads_scan(p, c);
+	return c[0];
 }
 
 /*
