@@ -270,6 +270,20 @@ bool offload_cancel_nowait(struct offload_job *j)
 	return out;
 }
 
+bool offload_dequeue(struct offload_job *j)
+{
+	bool out = false;
+
+	pthread_mutex_lock(&pool.lock);
+	if (atomic_load(&j->state) == OFFLOAD_QUEUED) {
+		queue_remove(j);
+		atomic_store(&j->state, OFFLOAD_IDLE);
+		out = true;
+	}
+	pthread_mutex_unlock(&pool.lock);
+	return out;
+}
+
 bool offload_idle(void)
 {
 	bool idle;
@@ -291,6 +305,20 @@ unsigned offload_workers(void)
 
 	pthread_mutex_lock(&pool.lock);
 	n = pool.workers;
+	pthread_mutex_unlock(&pool.lock);
+	return n;
+}
+
+unsigned offload_queued(void)
+{
+	unsigned n = 0;
+
+	pthread_mutex_lock(&pool.lock);
+	for (const struct offload_job *l = pool.head; l; l = l->next) {
+		n++;
+		for (const struct offload_job *m = l->more; m; m = m->next)
+			n++;
+	}
 	pthread_mutex_unlock(&pool.lock);
 	return n;
 }

@@ -103,6 +103,13 @@ void offload_cancel(struct offload_job *j);
  * For an owner that must not wait a DH exchange out (a service loop).
  */
 bool offload_cancel_nowait(struct offload_job *j);
+/*
+ * j taken off the queue if it had not started: true, and it never runs
+ * (no notify either: what it held for its worker is the caller's to let
+ * go). False when it runs, is done, or was never queued. Any thread but a
+ * worker.
+ */
+bool offload_dequeue(struct offload_job *j);
 /* No job queued or running (the fake fabric's tests: nothing is still to come). */
 bool offload_idle(void);
 /*
@@ -112,5 +119,7 @@ bool offload_idle(void);
 void offload_idle_hook(void (*fn)(void));
 /* Workers alive now, for tests. */
 unsigned offload_workers(void);
+/* Jobs queued and not started, for tests. */
+unsigned offload_queued(void);
 
 #endif

@@ -1243,8 +1243,8 @@ static void path_open_finish(struct clt_path *p, int rc)
 
 /*
  * The open job's fabric, if it is done and the attempt did not take it, is
- * closed; one still running is not waited for: it closes what it opens
- * (wanted false). The path keeps a running job for its next attempt
+ * closed; one still queued is taken off the queue (it never runs); one
+ * running is not waited for: it closes what it opens (wanted false). The path keeps a running job for its next attempt
  * (open_job_want) unless last (path_fini: the path goes). Loop thread, or
  * the path's last user.
  */
@@ -1256,6 +1256,13 @@ void clt_path_open_job_end(struct clt_path *p, bool last)
 
 	if (!oj)
 		return;
+	/* Not started yet: it never runs, and its worker's reference is ours. */
+	if (offload_dequeue(&oj->job)) {
+		pthread_mutex_lock(&oj->lock);
+		oj->done = true;
+		pthread_mutex_unlock(&oj->lock);
+		open_job_unref(oj);
+	}
 	pthread_mutex_lock(&oj->lock);
 	oj->wanted = false;
 	f = oj->fab;

@@ -762,6 +762,117 @@ static bool wait_log_since(size_t mark, const char *s, unsigned ms)
  * With the open waited for on the loop (offload_cancel), each took the
  * rest of the 3 s and stalled every session on that loop.
  */
+#ifdef RTRS_FAULT_INJECTION
+/* Jobs that hold the offload workers until let go. */
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unsigned started;
+	bool go;
+} blockers = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false };
+
+static void blocker_fn(struct offload_job *j)
+{
+	pthread_mutex_lock(&blockers.lock);
+	blockers.started++;
+	pthread_cond_broadcast(&blockers.cond);
+	while (!blockers.go)
+		pthread_cond_wait(&blockers.cond, &blockers.lock);
+	pthread_mutex_unlock(&blockers.lock);
+}
+
+static void blocker_notify(struct offload_job *j) {}
+
+/*
+ * 3. The session closed while its fabric's open is still queued (every
+ * worker busy): the job is taken off the queue and never runs; no fabric
+ * is opened for nobody once the workers are free.
+ */
+static void open_abandoned_queued(struct rtrs_srv_ops *ops, struct rtrs_srv_opts *sob,
+				  struct rtrs_clt_opts *ob, int bport, struct rtrs_fault nodev,
+				  struct rtrs_fault slow)
+{
+	struct offload_job bl[OFFLOAD_WORKERS_MAX];
+	struct rtrs_fault_stats f0, f1;
+	struct rtrs_srv_ctx *srvb;
+	struct rtrs_clt_sess *b = NULL;
+	unsigned queued = 0, started;
+	uint64_t t0;
+	size_t mark;
+	int rc;
+
+	sob->port = (uint16_t)bport;
+	srvb = srv_start(ops, sob, &bport);
+	CHECK_EQ(rtrs_fault_set(&nodev), 0);
+	rc = rtrs_clt_open(ob, &b);
+	CHECK(rc == 0, "open: %s", strerror(-rc));
+	CHECK_EQ(rtrs_fault_set(&slow), 0);
+	if (rc) {
+		rtrs_srv_close(srvb);
+		return;
+	}
+	/* Every worker there can be, busy; the blockers beyond them wait in the queue. */
+	blockers.started = 0;
+	blockers.go = false;
+	for (unsigned i = 0; i < OFFLOAD_WORKERS_MAX; i++) {
+		offload_job_init(&bl[i], blocker_fn, blocker_notify);
+		CHECK_EQ(offload_submit(&bl[i]), 0);
+	}
+	t0 = test_now_ms();
+	pthread_mutex_lock(&blockers.lock);
+	for (;;) {
+		started = blockers.started;
+		if (started && started == offload_workers() &&
+		    started + offload_queued() == OFFLOAD_WORKERS_MAX)
+			break;
+		pthread_mutex_unlock(&blockers.lock);
+		usleep(5 * 1000);
+		pthread_mutex_lock(&blockers.lock);
+		if (test_now_ms() - t0 > 5000)
+			break;
+	}
+	pthread_mutex_unlock(&blockers.lock);
+	CHECK(started && started + offload_queued() == OFFLOAD_WORKERS_MAX,
+	      "%u blockers running on %u workers, %u queued", started, offload_workers(),
+	      offload_queued());
+	rtrs_fault_get_stats(&f0);
+	mark = log_mark();
+	rtrs_srv_close(srvb);
+	/* The path's next attempt queues its open behind the blockers. */
+	t0 = test_now_ms();
+	while ((queued = offload_queued()) < OFFLOAD_WORKERS_MAX - started + 1 &&
+	       test_now_ms() - t0 < 5000)
+		usleep(5 * 1000);
+	CHECK(queued == OFFLOAD_WORKERS_MAX - started + 1,
+	      "the path's open never queued (%u jobs queued)", queued);
+	rtrs_clt_close(b);
+	CHECK(offload_queued() == OFFLOAD_WORKERS_MAX - started,
+	      "the closed session's open is still queued");
+	pthread_mutex_lock(&blockers.lock);
+	blockers.go = true;
+	pthread_cond_broadcast(&blockers.cond);
+	pthread_mutex_unlock(&blockers.lock);
+	t0 = test_now_ms();
+	while (!offload_idle() && test_now_ms() - t0 < 5000)
+		usleep(5 * 1000);
+	CHECK(offload_idle(), "the offload workers never went idle");
+	/* Without the dequeue the job runs now: a fabric opened open_delay_ms late, for nobody. */
+	t0 = test_now_ms();
+	do {
+		usleep(20 * 1000);
+		rtrs_fault_get_stats(&f1);
+	} while (f1.late_closes - f0.late_closes < f1.late_opens - f0.late_opens &&
+		 test_now_ms() - t0 < slow.open_delay_ms + 2000);
+	CHECK(f1.late_opens == f0.late_opens && !log_has_since(mark, "opening a fabric to"),
+	      "a queued open ran after its session closed (%llu fabrics opened late)",
+	      (unsigned long long)(f1.late_opens - f0.late_opens));
+	CHECK(f1.late_closes - f0.late_closes == f1.late_opens - f0.late_opens,
+	      "a fabric opened late was left open");
+	for (unsigned i = 0; i < OFFLOAD_WORKERS_MAX; i++)
+		(void)offload_take(&bl[i]);
+}
+#endif
+
 static void test_open_abandoned(void)
 {
 #ifdef RTRS_FAULT_INJECTION
@@ -879,6 +990,7 @@ static void test_open_abandoned(void)
 		      "session %u: the slowest of %llu requests took %llu ms", i,
 		      (unsigned long long)atomic_load(&io[i].done),
 		      (unsigned long long)atomic_load(&io[i].max_ms));
+	open_abandoned_queued(&ops, &sob, &ob, bport, nodev, slow);
 out_b:
 	CHECK_EQ(rtrs_fault_set(NULL), 0);
 	if (srvb)
