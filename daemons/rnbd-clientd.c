@@ -1430,6 +1430,21 @@ static void rec_refresh(void)
  * disk). Not json_object_to_fd, which answers -1 for any failure, its
  * errno not kept past its own message.
  */
+/*
+ * A temporary file made anew for a write that a rename then puts in place:
+ * whatever is at path (a file a crash left, or a link planted there) is
+ * removed, never followed or written through. The fd, or a negative errno.
+ */
+static int tmp_create(const char *path)
+{
+	int fd;
+
+	if (unlink(path) && errno != ENOENT)
+		return -errno;
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	return fd < 0 ? -errno : fd;
+}
+
 static int json_write(int fd, struct json_object *o, int flags)
 {
 	size_t len = 0, done = 0;
@@ -1474,8 +1489,8 @@ static int m_save(void *priv, struct json_object *params, struct json_object **r
 	}
 	rec_refresh();
 	snprintf(tmp, sizeof(tmp), "%s.new", g.mappings);
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	rc = fd < 0 ? -errno : 0;
+	fd = tmp_create(tmp);
+	rc = fd < 0 ? fd : 0;
 	if (!rc)
 		rc = json_write(fd, arr, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE);
 	if (fd >= 0 && !rc && fsync(fd))
@@ -1568,8 +1583,8 @@ static void rec_write_locked(int id, struct json_object *mapping, int prev_pid)
 		mapping = NULL; /* o's, or dropped by put */
 	}
 	if (!rc) {
-		fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		rc = fd < 0 ? -errno : 0;
+		fd = tmp_create(tmp);
+		rc = fd < 0 ? fd : 0;
 	}
 	if (!rc)
 		rc = json_write(fd, o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);

@@ -34,7 +34,7 @@ done
 
 . "$(dirname "$0")/../lib/common.sh"
 dir=$(mktemp -d /var/tmp/rnbd-clientd.XXXXXX)
-trap 'kill_pids; rm -rf "$dir"' EXIT
+trap 'kill_pids; umount "$dir/full" 2>/dev/null || true; rm -rf "$dir"' EXIT
 
 rnbd_server_start "$dir/server.log" -- --port 0 --mem-device "mem0:$((16 << 20))" \
 	--mem-device "mem1:$((8 << 20))" --control "$dir/sctl" || exit 1
@@ -393,14 +393,38 @@ import json, sys
 m = json.load(open(sys.argv[1]))
 assert sorted((x[\"session\"], x[\"device\"]) for x in m) == [(\"later\", \"mem1\"), (\"now\", \"mem0\")], m
 ' '$dir/maps.json'"
-# A write that fails says why: its temporary file on a full disk (/dev/full).
-cp "$dir/maps.json" "$dir/maps.before"
-ln -s /dev/full "$dir/maps.json.new"
-check "client save on a full disk: ENOSPC said, not EIO" fails 1 \
-	"saving the mappings to $dir/maps.json: No space left on device" c save
-check "... the file as it was" cmp -s "$dir/maps.json" "$dir/maps.before"
+# A link planted where the temporary file goes is removed, not written through.
+echo keep >"$dir/victim"
+ln -s "$dir/victim" "$dir/maps.json.new"
+check "client save with a link planted at its temporary file" c save
+check "... the link's target untouched" grep -qx keep "$dir/victim"
+check "... the mappings file is a file of its own" bash -c "[ -f '$dir/maps.json' ] && \
+	[ ! -L '$dir/maps.json' ] && [ ! -e '$dir/maps.json.new' ]"
 kill "$daemon_pid"
 wait "$daemon_pid" 2>/dev/null || true
+
+# A write that fails says why: the mappings file on a full file system (a
+# tmpfs of 64 KiB, filled up).
+if [ "$(id -u)" -eq 0 ]; then
+	mkdir "$dir/full"
+	mount -t tmpfs -o size=64k rnbd-test "$dir/full"
+	cp "$dir/maps.json" "$dir/full/maps.json"
+	"$clientd" --control "$dir/cctl" --mappings "$dir/full/maps.json" --log-level info \
+		>"$dir/d7.log" 2>&1 &
+	pids+=($!)
+	daemon_pid=$!
+	wait_until 30 grep -q 'rnbd-clientd ready' "$dir/d7.log" || true
+	cp "$dir/full/maps.json" "$dir/maps.before"
+	dd if=/dev/zero of="$dir/full/fill" bs=4k 2>/dev/null || true
+	check "client save on a full disk: ENOSPC said, not EIO" fails 1 \
+		"saving the mappings to $dir/full/maps.json: No space left on device" c save
+	check "... the file as it was" cmp -s "$dir/full/maps.json" "$dir/maps.before"
+	kill "$daemon_pid"
+	wait "$daemon_pid" 2>/dev/null || true
+	umount "$dir/full"
+else
+	echo "not root: the full-disk check needs a tmpfs mount; left out"
+fi
 
 echo '[{"device": "mem0",' >"$dir/bad.json"
 rc=0
