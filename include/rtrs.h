@@ -509,7 +509,8 @@ struct rtrs_srv_ops {
 	 * client wrote; for RTRS_READ, fill data (datalen bytes) before
 	 * answering. Answer later with rtrs_srv_resp_rdma(), from any thread,
 	 * exactly once; or return a negative errno and the library answers
-	 * with it at once.
+	 * with it at once (not if the request was answered already: a slip
+	 * that is logged, never a second answer).
 	 */
 	int (*rdma_ev)(void *priv, struct rtrs_srv_op *id, enum rtrs_dir dir,
 		       void *data, size_t datalen, const void *usr, size_t usrlen);

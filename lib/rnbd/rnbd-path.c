@@ -68,8 +68,16 @@ int rnbd_dev_open(const char *root, const char *dev_name, int flags, int *fd, co
 		rc = -errno;
 		REJECT(rc, "cannot open the search path");
 	}
-	path = (int)syscall(SYS_openat2, dir, dev_name, &how, sizeof(how));
-	rc = path < 0 ? -errno : 0;
+	/*
+	 * EAGAIN: a rename or mount somewhere raced a ".." of the walk (a
+	 * link below the root may hold one); the kernel asks to try again.
+	 */
+	for (int tries = 0;; tries++) {
+		path = (int)syscall(SYS_openat2, dir, dev_name, &how, sizeof(how));
+		rc = path < 0 ? -errno : 0;
+		if (rc != -EAGAIN || tries == 7)
+			break;
+	}
 	close(dir);
 	if (rc == -EXDEV)
 		REJECT(-EACCES, "device path leads out of the search path");

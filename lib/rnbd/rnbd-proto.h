@@ -116,6 +116,8 @@ struct rnbd_msg_open_rsp {
 } __attribute__((packed));
 static_assert(sizeof(struct rnbd_msg_open_rsp) == 56, "rnbd_msg_open_rsp");
 static_assert(offsetof(struct rnbd_msg_open_rsp, nsectors) == 8, "open_rsp nsectors");
+/* The largest block size OPEN_RSP's 16-bit fields carry (a power of two). */
+#define RNBD_MAX_BLOCK_SIZE 32768u
 static_assert(offsetof(struct rnbd_msg_open_rsp, physical_block_size) == 36, "open_rsp pbs");
 static_assert(offsetof(struct rnbd_msg_open_rsp, cache_policy) == 45, "open_rsp cache_policy");
 

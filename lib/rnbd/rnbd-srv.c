@@ -29,7 +29,8 @@
  * serialises a session's OPENs (a name opened twice at once is one device);
  * sess->lock guards the session's device table and each device's `forced`;
  * srv->rel_lock guards the release queue and what becomes of a device once
- * released. Order: srv->lock, sess->open_lock, sess->lock, srv->rel_lock.
+ * released. Order: sess->open_lock (an OPEN takes the writer table under
+ * it), srv->lock, sess->lock, srv->rel_lock.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -533,6 +534,13 @@ static int dev_open_store(struct rnbd_sess *sess, struct sess_dev *sd, const cha
 			*why = "not a file or block device";
 			return rc;
 		}
+		/* OPEN_RSP has 16 bits for it (as the kernel's): 32768 at most. */
+		if (rnbd_store_info(sd->store)->logical_block_size > RNBD_MAX_BLOCK_SIZE) {
+			rnbd_store_close(sd->store);
+			sd->store = NULL;
+			*why = "its logical block size is beyond the protocol's 32768 bytes";
+			return -EOPNOTSUPP;
+		}
 		sd->own_store = true;
 		dev = rnbd_store_info(sd->store)->dev;
 		ino = rnbd_store_info(sd->store)->ino;
@@ -561,7 +569,8 @@ static void open_rsp_fill(struct rnbd_msg_open_rsp *m, const struct sess_dev *sd
 		.max_write_zeroes_sectors = zeroes ? UINT32_MAX >> RNBD_SECTOR_SHIFT : 0,
 		.max_discard_sectors = in->discard ? UINT32_MAX >> RNBD_SECTOR_SHIFT : 0,
 		.discard_granularity = in->discard ? MAX(lbs, 4096u) : 0,
-		.physical_block_size = (uint16_t)in->physical_block_size,
+		/* A hint: one beyond 16 bits goes as the largest power of two that fits. */
+		.physical_block_size = (uint16_t)MIN(in->physical_block_size, RNBD_MAX_BLOCK_SIZE),
 		.logical_block_size = (uint16_t)lbs,
 		/*
 		 * No segment limit here (a request lands in one chunk): the
@@ -976,7 +985,9 @@ static int do_io(struct rnbd_sess *sess, struct rtrs_srv_op *op, enum rtrs_dir d
 		.op = m.op, .flags = m.flags, .offset = m.sector << RNBD_SECTOR_SHIFT,
 		.len = m.bi_size, .buf = data, .done = io_done,
 	};
-	if (m.op != RNBD_OP_FLUSH && !qos_admit(sess, sd, io))
+	/* A flush is never held: an empty write (PREFLUSH or FUA) is one too. */
+	if (m.op != RNBD_OP_FLUSH && !(m.op == RNBD_OP_WRITE && !m.bi_size) &&
+	    !qos_admit(sess, sd, io))
 		return 0; /* qos_dispatch submits it once its tokens are there */
 	rnbd_store_submit(sd->store, &io->r);
 	return 0;
@@ -1018,8 +1029,13 @@ static int srv_rdma_ev(void *priv, struct rtrs_srv_op *op, enum rtrs_dir dir, vo
 		log_err_rl("rnbd: %s: a response type sent as a request", sess->name);
 		return -EINVAL;
 	}
-	/* Done here: answered now (an error is answered by the library). */
-	return rc ? rc : rtrs_srv_resp_rdma(op, 0);
+	/*
+	 * Done here: answered now, or an error the library answers. Never the
+	 * answer's own result: a failed answer has ended the request already.
+	 */
+	if (!rc)
+		rtrs_srv_resp_rdma(op, 0);
+	return rc;
 }
 
 /* ---- sessions ------------------------------------------------------------------ */

@@ -309,16 +309,15 @@ void srv_drop_pending(struct rtrs_con *con, struct rtrs_pending *it, int err)
 	}
 }
 
-RTRS_EXPORT
-int rtrs_srv_resp_rdma(struct rtrs_srv_op *op, int err)
+/*
+ * The answer to op's take whose state word is expected (OP_BUSY): only
+ * that take's, never a later one's (a later request of the chunk).
+ */
+static int op_respond(struct rtrs_srv_op *op, unsigned expected, int err)
 {
-	unsigned expected;
 	struct srv_path *p;
 	int rc;
 
-	if (!op)
-		return -EINVAL;
-	expected = atomic_load(&op->state);
 	if (op_st(expected) != OP_BUSY ||
 	    !atomic_compare_exchange_strong(&op->state, &expected,
 					    op_with(expected, OP_RESPONDING))) {
@@ -354,17 +353,39 @@ int rtrs_srv_resp_rdma(struct rtrs_srv_op *op, int err)
 	return rc;
 }
 
-/* Hands op's request to the user, the chunk's data now the server's alone. */
+RTRS_EXPORT
+int rtrs_srv_resp_rdma(struct rtrs_srv_op *op, int err)
+{
+	if (!op)
+		return -EINVAL;
+	return op_respond(op, atomic_load(&op->state), err);
+}
+
+/*
+ * Hands op's request to the user, the chunk's data now the server's alone.
+ * An error it returns is answered for it, but only while its take is still
+ * unanswered: a user that answered and also returned an error (the answer's
+ * own, say, when the path had gone) is not answered twice, which once its
+ * op was dropped and taken by the client's next request for the chunk (a
+ * retry on another path) would have answered that request instead.
+ */
 static void op_deliver(struct rtrs_srv_op *op)
 {
 	struct rtrs_srv_ctx *ctx = op->sess->ctx;
 	char *base = op->sess->chunk_bases[op->id];
+	unsigned taken = atomic_load(&op->state);
 	int rc;
 
 	rc = ctx->ops.rdma_ev(ctx->ops.priv, op, op->dir, base, op->data_len,
 			      base + op->data_len, op->usr_len);
-	if (rc)
-		rtrs_srv_resp_rdma(op, rc < 0 ? rc : -rc);
+	if (!rc)
+		return;
+	if (atomic_load(&op->state) != taken) {
+		log_err_rl("%s: request %u was answered, and its handler also returned %s: "
+			   "not answered again", op->sess->name, op->id, strerror(rc < 0 ? -rc : rc));
+		return;
+	}
+	op_respond(op, taken, rc < 0 ? rc : -rc);
 }
 
 /*

@@ -397,6 +397,15 @@ static int awrite(struct areq *a, struct rtrs_clt_sess *s, uint32_t id, uint64_t
 	return areq_send(a, s, RTRS_WRITE, sizeof(a->msg.io), a->data, sizeof(a->data));
 }
 
+/* An empty write with flags (PREFLUSH, FUA): a flush as a kernel client sends one. */
+static int aflush(struct areq *a, struct rtrs_clt_sess *s, uint32_t id, uint32_t flags)
+{
+	struct rnbd_io i = { .device_id = id, .op = RNBD_OP_WRITE, .flags = flags };
+
+	rnbd_io_encode(&a->msg.io, &i);
+	return areq_send(a, s, RTRS_WRITE, sizeof(a->msg.io), NULL, 0);
+}
+
 /*
  * Requests of the "hang" file are held in the store (rnbd-hooks.h) as a
  * backing file system that does not answer would hold them.
@@ -759,6 +768,20 @@ static void test_qos_force_close(void)
 	}
 	CHECK_EQ(rc, 0);
 	CHECK_EQ(st.queued, ARRAY_SIZE(w) - 1); /* the first took the burst */
+	/* A flush is never held, nor an empty write with PREFLUSH or FUA, which is one. */
+	{
+		static struct areq f[2];
+		const uint32_t fl[2] = { RNBD_F_PREFLUSH, RNBD_F_FUA };
+
+		for (unsigned i = 0; i < 2; i++) {
+			CHECK_EQ(aflush(&f[i], q1, 0, fl[i]), 0);
+			rc = areq_wait(&f[i], 2000);
+			CHECK(rc == 0, "an empty write with %s behind held writes: %s",
+			      i ? "FUA" : "PREFLUSH", rc == -EINPROGRESS ? "held" : strerror(-rc));
+			if (rc == -EINPROGRESS)
+				f[i].s = NULL; /* failed by the close below, never collected */
+		}
+	}
 
 	CHECK_EQ(rnbd_srv_force_close(srv, "q1", "qdisk"), 0);
 	for (unsigned i = 0; i < ARRAY_SIZE(w); i++) {

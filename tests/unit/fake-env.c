@@ -110,6 +110,10 @@ static int srv_rdma_ev(void *priv, struct rtrs_srv_op *op, enum rtrs_dir dir, vo
 			return 0;
 		}
 	}
+	if (atomic_load(&srv.answer_then_fail)) {
+		rtrs_srv_resp_rdma(op, 0);
+		return atomic_load(&srv.answer_then_fail);
+	}
 	return rtrs_srv_resp_rdma(op, 0);
 }
 

@@ -46,6 +46,7 @@ struct srv_env {
 	atomic_bool defer;
 	struct rtrs_srv_op *_Atomic deferred[16];
 	atomic_int nr_deferred;       /* counted before the slot is filled: see srv_held() */
+	atomic_int answer_then_fail;  /* rdma_ev answers 0, then returns this (a buggy user) */
 	char keys_path[256];
 };
 

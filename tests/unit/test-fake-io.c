@@ -550,6 +550,31 @@ static void dup_response(void)
 	teardown(&c);
 }
 
+/*
+ * A server user that answers a request and returns an error as well (as
+ * rnbd-srv did with its answer's own result): the request is answered
+ * once, with the answer it gave, and the library does not answer it
+ * again (which, had the op been taken by a next request meanwhile, would
+ * have answered that one).
+ */
+static void answered_and_failed(void)
+{
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	atomic_store(&srv.answer_then_fail, -EIO);
+	CHECK_EQ(io_sync(&c, RTRS_WRITE, 0, LEN, 7), 0);
+	CHECK_EQ(io_sync(&c, RTRS_READ, 0, LEN, 7), 0);
+	atomic_store(&srv.answer_then_fail, 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(!env_logged("that is not waiting for one"), "a request was answered twice");
+	CHECK(env_logged("was answered, and its handler also returned"), "the user's slip is logged");
+	CHECK(io_roundtrip(&c, 2 * LEN, 8), "the chunks serve the next requests");
+	CHECK(clt_path_is(&c, 0, "connected"), "state %s", clt_path(&c, 0).state);
+	teardown(&c);
+}
+
 static atomic_bool hold_to_srv;
 
 /* Responses and the client's kicks; and, once hold_to_srv, everything to the server. */
@@ -1946,6 +1971,7 @@ static const struct scenario scenarios[] = {
 	{ "hb_reorder_response", hb_reorder_response },
 	{ "hb_ack_completion_delayed", hb_ack_completion_delayed },
 	{ "dup_response", dup_response },
+	{ "answered_and_failed", answered_and_failed },
 	{ "rsp_before_post", rsp_before_post },
 	{ "hb_on_io_con", hb_on_io_con },
 	{ "unknown_imm", unknown_imm },
