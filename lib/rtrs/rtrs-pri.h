@@ -200,6 +200,22 @@ int rtrs_admit_decide(const struct rtrs_admit_entry *pending, size_t n, const ch
 		      const struct rtrs_admit_limits *lim, struct rtrs_admit_evict evict[2]);
 
 /*
+ * Admission of a path whose host has just proven itself (with
+ * authentication), by the host's name: held[] are the paths the server
+ * holds proven but not connected yet (their host names, order, stall),
+ * of any host; those of host count against max_held, from whatever
+ * addresses they came. Below it the path is in (0); at it the oldest
+ * stalled one of host goes to make room (1, named in *evict: a host that
+ * left half-open paths behind, a client that restarted, gets in at once);
+ * when all of them are progressing the newcomer is refused (-EBUSY, the
+ * client tries again): a host's progressing handshakes are never cut
+ * short, and another host's paths never count. A limit of 0 refuses
+ * every one. Pure: rtrs-srv-admit.c.
+ */
+int rtrs_admit_held_decide(const struct rtrs_admit_entry *held, size_t n, const char *host,
+			   unsigned max_held, struct rtrs_admit_evict *evict);
+
+/*
  * Who waited goes first. A path refused -EBUSY is remembered by its
  * peer's host and its uuid (which a client keeps across the attempts of
  * one open and its reconnects) with how many times it was refused. While

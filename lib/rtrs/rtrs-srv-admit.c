@@ -7,6 +7,7 @@
  * retry" is held open until the client has read it (the verdicts).
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,16 +24,38 @@ unsigned srv_sessions_named(const struct rtrs_srv_ctx *ctx)
 	return n;
 }
 
+/* A path of s that admission holds for its proven host, not connected yet (srv_held_admit). */
+static const struct srv_path *sess_held_path(const struct rtrs_srv_sess *s,
+					     const struct srv_path *except)
+{
+	for (const struct srv_path *p = s->paths; p; p = p->next)
+		if (p != except && p->held && atomic_load(&p->base.state) == RTRS_PATH_CONNECTING)
+			return p;
+	return NULL;
+}
+
 /*
- * Named sessions of one owner: with authentication the host name its
- * first path proved, else the address that path came from.
+ * Sessions of one owner but self: with authentication, those its first
+ * path named for the host name it proved and those still in their
+ * handshake that a path proven as that host holds (a place taken at the
+ * proof, srv_held_admit); without, the named ones whose first path came
+ * from that address (the others' paths are pending, within those limits).
  */
-unsigned srv_sessions_of(const struct rtrs_srv_ctx *ctx, const char *owner)
+unsigned srv_sessions_of(const struct rtrs_srv_ctx *ctx, const char *owner,
+			 const struct rtrs_srv_sess *self)
 {
 	unsigned n = 0;
 
-	for (const struct rtrs_srv_sess *s = ctx->sessions; s; s = s->next)
-		n += s->name[0] && !strcmp(ctx->auth_required ? s->auth_host : s->peer_host, owner);
+	for (const struct rtrs_srv_sess *s = ctx->sessions; s; s = s->next) {
+		const struct srv_path *h;
+
+		if (s == self)
+			continue;
+		if (s->name[0])
+			n += !strcmp(ctx->auth_required ? s->auth_host : s->peer_host, owner);
+		else if (ctx->auth_required && (h = sess_held_path(s, NULL)))
+			n += !strcmp(h->held_host, owner);
+	}
 	return n;
 }
 
@@ -63,6 +86,19 @@ int rtrs_admit_decide(const struct rtrs_admit_entry *pending, size_t n, const ch
 							       .count = count };
 	}
 	return nr_evict;
+}
+
+int rtrs_admit_held_decide(const struct rtrs_admit_entry *held, size_t n, const char *host,
+			   unsigned max_held, struct rtrs_admit_evict *evict)
+{
+	/* The host's scope alone: a total no count reaches (a host needs a key). */
+	const struct rtrs_admit_limits lim = { .max_total = UINT_MAX, .max_per_peer = max_held };
+	struct rtrs_admit_evict ev[2];
+	int rc = rtrs_admit_decide(held, n, host, &lim, ev);
+
+	if (rc > 0)
+		*evict = ev[0];
+	return rc;
 }
 
 static bool waiter_is(const struct rtrs_admit_waiter *w, const char *host, const uint8_t uuid[16])
@@ -160,7 +196,7 @@ static bool path_pending(const struct srv_path *p)
  * timeout (1250 ms by default). A client connects one connection after
  * another, each a round trip, so a live one steps far more often.
  */
-static uint64_t srv_admit_stall_ms(const struct rtrs_srv_ctx *ctx)
+uint64_t srv_admit_stall_ms(const struct rtrs_srv_ctx *ctx)
 {
 	return MAX(ctx->opts.handshake_timeout_ms / 4, 20u);
 }
@@ -263,6 +299,102 @@ static void pending_evict(struct rtrs_srv_ctx *ctx, const char *host, const uint
 			 a->evict[i].per_peer ? host : "");
 		atomic_fetch_add(&ctx->st.pending_evicted, 1);
 		srv_path_stop(oldest, -ETIMEDOUT);
+	}
+}
+
+/*
+ * Loop thread: p's host has just proven itself (srv_auth_answer queued
+ * this once, with the name in held_host). A path proven but not connected
+ * is no longer pending, but it may hold up to max_cons_per_path
+ * connections until connect_timeout_ms, and make a session: a host with
+ * a key holds at most max_pending_per_peer of them, from whatever
+ * addresses (rtrs_admit_held_decide: its oldest stalled one goes for the
+ * newcomer, a progressing one never), and at most max_sessions_per_peer
+ * sessions, those still in their handshake counted (srv_sessions_of). A
+ * path refused keeps admit_err: its next connection request or its
+ * information request is refused with it (no DNR: the client tries
+ * again), and it is closed if it makes neither within a stall
+ * (path_handshake_deadlines). Its address and uuid go to the waiters, so
+ * that it is let in first when it comes back.
+ */
+void srv_held_admit_work(struct loop_work *w)
+{
+	struct srv_path *p = container_of(w, struct srv_path, admit_work), *victim = NULL;
+	struct rtrs_srv_sess *s = p->sess;
+	struct rtrs_srv_ctx *ctx = s->ctx;
+	struct rtrs_admit_entry *held;
+	struct srv_path **paths;
+	struct rtrs_admit_evict ev = { 0 };
+	uint64_t now = loop_now_ms(), stall = srv_admit_stall_ms(ctx);
+	const char *host = p->held_host;
+	unsigned sessions = 0, mine = 0;
+	size_t n = 0;
+	int rc;
+
+	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTING || p->held || p->admit_err) {
+		/* The reaper skipped this path while this item was queued. */
+		loop_queue(ctx->loop, &ctx->reap_work);
+		return;
+	}
+	for (struct rtrs_srv_sess *t = ctx->sessions; t; t = t->next)
+		for (struct srv_path *q = t->paths; q; q = q->next)
+			n += q->held && atomic_load(&q->base.state) == RTRS_PATH_CONNECTING;
+	held = calloc(n + 1, sizeof(*held));
+	paths = calloc(n + 1, sizeof(*paths));
+	if (!held || !paths) {
+		free(held);
+		free(paths);
+		srv_path_stop(p, -ENOMEM);
+		return;
+	}
+	n = 0;
+	for (struct rtrs_srv_sess *t = ctx->sessions; t; t = t->next) {
+		for (struct srv_path *q = t->paths; q; q = q->next) {
+			if (!q->held || atomic_load(&q->base.state) != RTRS_PATH_CONNECTING)
+				continue;
+			uint64_t step = atomic_load(&q->progress_ms);
+
+			held[n] = (struct rtrs_admit_entry){
+				.host = q->held_host, .serial = q->serial,
+				.stalled = now > step && now - step >= stall && !path_server_busy(q),
+			};
+			paths[n++] = q;
+			mine += !strcmp(q->held_host, host);
+		}
+	}
+	rc = rtrs_admit_held_decide(held, n, host, ctx->opts.max_pending_per_peer, &ev);
+	if (rc > 0)
+		victim = paths[ev.idx];
+	free(held);
+	free(paths);
+	/* A session still to be named takes one of its host's places now. */
+	if (rc >= 0 && !s->name[0] && !sess_held_path(s, p)) {
+		sessions = srv_sessions_of(ctx, host, s);
+		if (sessions >= ctx->opts.max_sessions_per_peer)
+			rc = -ENOSPC;
+	}
+	if (rc < 0) {
+		p->admit_err = rc;
+		p->admit_err_ms = now;
+		atomic_fetch_add(&ctx->st.limit_refusals, 1);
+		if (rc == -ENOSPC)
+			log_rl(LOG_WARN, "%s: refused: host %s has %u sessions already, those in "
+			       "their handshake counted (max_sessions_per_peer); the client may try "
+			       "again", path_name(p), host, sessions);
+		else
+			log_rl(LOG_WARN, "%s: refused: host %s holds %u paths not connected yet, "
+			       "none of them stalled (max_pending_per_peer); the client tries again",
+			       path_name(p), host, mine);
+		rtrs_admit_waiter_note(ctx->waiters, RTRS_ADMIT_WAITERS, p->peer_host, p->uuid, now);
+		return;
+	}
+	p->held = true;
+	if (victim) {
+		log_warn("%s: closed to make room for a new path of host %s: no step of its "
+			 "handshake for %llu ms (%u paths of the host not connected)", path_name(victim),
+			 host, (unsigned long long)(now - atomic_load(&victim->progress_ms)), ev.count);
+		atomic_fetch_add(&ctx->st.pending_evicted, 1);
+		srv_path_stop(victim, -ETIMEDOUT);
 	}
 }
 
@@ -674,6 +806,15 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 		if (atomic_load(&p->base.state) == RTRS_PATH_CONNECTING &&
 		    now_ms() - p->last_connreq_ms > p->sess->ctx->opts.connect_timeout_ms)
 			srv_path_stop(p, -ETIMEDOUT);
+		return;
+	}
+	if (req.cid && p->admit_err) {
+		/* Refused when its host proved itself (srv_held_admit_work); no DNR. */
+		srv_reject_ext(ctx, creq, peer, p->admit_err, false, req.ext,
+			       p->admit_err == -ENOSPC ?
+			       "its host has as many sessions as it may (max_sessions_per_peer)" :
+			       "its host holds as many paths not connected yet as it may "
+			       "(max_pending_per_peer)");
 		return;
 	}
 	if (req.cid && (rc = srv_hs_step(p, SRV_HS_EV_CONNREQ, &why))) {

@@ -159,6 +159,23 @@ struct srv_path {
 	 */
 	struct rtrs_auth_txn auth;
 	char auth_host[RTRS_AUTH_WIRE_NAME]; /* who, once authenticated */
+	/*
+	 * Admission by the host's name once it is proven (srv_held_admit,
+	 * docs/security.md section 8): the job that proves it stores the
+	 * name in held_host and queues admit_work once (admit_asked); the
+	 * loop then counts the path among its host's held paths (held: proven,
+	 * not connected, at most max_pending_per_peer of one host), or refuses
+	 * it (admit_err, since admit_err_ms): its next connection request or
+	 * its information request is refused with that errno, no DNR, and a
+	 * path that makes neither within a stall is closed. Loop only, but
+	 * held_host and admit_asked.
+	 */
+	char held_host[RTRS_AUTH_WIRE_NAME];
+	atomic_bool admit_asked;
+	struct loop_work admit_work;
+	bool held;
+	int admit_err;
+	uint64_t admit_err_ms;
 	char tls_host[RTRS_AUTH_WIRE_NAME];  /* connection 0's TLS identity said this host ("": none) */
 	bool concat;                /* a secure channel concatenation's path (RTRS_CONN_CONCAT) */
 	char auth_tx[RTRS_AUTH_MSG_MAX];
@@ -343,7 +360,12 @@ static inline struct srv_keys *srv_op_keys(const struct rtrs_srv_op *op)
 }
 
 /* rtrs-srv-admit.c */
-unsigned srv_sessions_of(const struct rtrs_srv_ctx *ctx, const char *owner);
+unsigned srv_sessions_of(const struct rtrs_srv_ctx *ctx, const char *owner,
+			 const struct rtrs_srv_sess *self);
+/* Loop thread: p's host proved itself (admit_work): held, or refused. */
+void srv_held_admit_work(struct loop_work *w);
+/* How long a path may go without a step of its handshake before it counts as stalled. */
+uint64_t srv_admit_stall_ms(const struct rtrs_srv_ctx *ctx);
 unsigned srv_sessions_named(const struct rtrs_srv_ctx *ctx);
 /* The session named name, other than self; NULL when none is. */
 struct rtrs_srv_sess *srv_name_holder(struct rtrs_srv_ctx *ctx, const struct rtrs_srv_sess *self,

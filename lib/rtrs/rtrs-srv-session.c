@@ -153,6 +153,12 @@ static void srv_auth_answer(struct srv_path *p)
 	 */
 	if (!re && p->auth.host_ok && step != RTRS_AUTH_FAILED)
 		srv_hs_step(p, SRV_HS_EV_HOST_OK, &why);
+	/* Admission by the host's name, on the loop (srv_held_admit_work), once. */
+	if (!re && rtrs_srv_hs_host_proven(atomic_load(&p->hs)) &&
+	    !atomic_exchange(&p->admit_asked, true)) {
+		snprintf(p->held_host, sizeof(p->held_host), "%s", p->auth.host);
+		loop_queue(ctx->loop, &p->admit_work);
+	}
 	if (step == RTRS_AUTH_DONE && !re && p->concat) {
 		/* The PSK is kept before the answer goes: the client connects with it at once. */
 		rc = srv_concat_keep(p);
@@ -669,7 +675,8 @@ void srv_reap_work(struct loop_work *w)
 			 */
 			if (!p->cons_destroyed || atomic_load(&p->base.fail_work.queued) ||
 			    atomic_load(&p->info_work.queued) || atomic_load(&p->fence_work.queued) ||
-			    atomic_load(&p->reauth_work.queued) || job == OFFLOAD_QUEUED ||
+			    atomic_load(&p->reauth_work.queued) ||
+			    atomic_load(&p->admit_work.queued) || job == OFFLOAD_QUEUED ||
 			    job == OFFLOAD_RUNNING)
 				continue;
 			rtrs_path_wrlock(&p->base);
@@ -867,6 +874,11 @@ static void path_handshake_deadlines(struct srv_path *p)
 			ctx->opts.auth_timeout_ms);
 		atomic_fetch_add(&ctx->st.auth_timeouts, 1);
 		srv_path_stop(p, -ETIMEDOUT);
+		return;
+	}
+	/* Refused at its host's proof, and silent since: it takes no more steps. */
+	if (p->admit_err && !close_at && loop_now_ms() >= p->admit_err_ms + srv_admit_stall_ms(ctx)) {
+		srv_path_stop(p, p->admit_err);
 		return;
 	}
 	/* A path the client never finished would hold its chunks forever. */
@@ -1084,6 +1096,11 @@ static void path_info_work(struct loop_work *w)
 		loop_queue(ctx->loop, &ctx->reap_work);
 		return;
 	}
+	if (p->admit_err) {
+		/* Refused when its host proved itself (srv_held_admit_work): told now. */
+		srv_path_refuse(p, p->admit_err, false);
+		return;
+	}
 	if (p->nr_accepted != p->base.nr_cons) {
 		log_err("%s: info request with %u of %u connections", path_name(p), p->nr_accepted,
 			p->base.nr_cons);
@@ -1147,7 +1164,8 @@ static void path_info_work(struct loop_work *w)
 		}
 		const char *owner = ctx->auth_required ? p->auth_host : p->peer_host;
 
-		if (srv_sessions_of(ctx, owner) >= ctx->opts.max_sessions_per_peer) {
+		/* Those in their handshake count, as at the proof: this one took its place then. */
+		if (srv_sessions_of(ctx, owner, s) >= ctx->opts.max_sessions_per_peer) {
 			log_err("%s: session %s refused: %s %s has %u sessions already "
 				"(max_sessions_per_peer)", path_name(p), p->info.pathname,
 				ctx->auth_required ? "host" : "address", owner,
@@ -1331,6 +1349,7 @@ int srv_path_create(struct rtrs_srv_sess *s, const struct rtrs_conn_req *req,
 	loop_work_init(&p->info_work, path_info_work);
 	loop_work_init(&p->fence_work, path_fence_work);
 	loop_work_init(&p->reauth_work, path_reauth_work);
+	loop_work_init(&p->admit_work, srv_held_admit_work);
 	p->last_connreq_ms = now_ms();
 	p->created_ms = now_ms();
 	atomic_init(&p->progress_ms, loop_now_ms());

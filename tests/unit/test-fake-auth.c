@@ -437,6 +437,18 @@ static void keys_line(const char *host, const char *key, const char *ctrl)
 	fclose(f);
 }
 
+/* The server's key file: HOST_NQN with KEY_A and OTHER_NQN with KEY_B. */
+static void keys_two_hosts(void)
+{
+	FILE *f = fopen(srv.keys_path, "w");
+
+	CHECK(f != NULL);
+	if (!f)
+		return;
+	fprintf(f, "%s %s\n%s %s\n", HOST_NQN, KEY_A, OTHER_NQN, KEY_B);
+	fclose(f);
+}
+
 static bool info_req_to_srv(const struct fake_ev *ev, void *arg)
 {
 	(void)arg;
@@ -786,9 +798,12 @@ static bool negotiate_of_v1(const struct fake_ev *ev, void *arg)
 }
 
 /*
- * One pending path per peer, with authentication. v0's host has proven
- * itself and v0 waits before its information request: not pending any
- * more, so v1 from the same peer is let in without closing it. v1 waits
+ * One pending path per peer, with authentication. v0's host (another
+ * host than v1's and v2's: one of their own proven paths would count
+ * against their host's limit, also max_pending_per_peer, and go once
+ * stalled for v2, pending_held_per_host) has proven itself and v0 waits
+ * before its information request: not pending any more, so v1 from the
+ * same peer is let in without closing it. v1 waits
  * before authenticating: pending and progressing, so v2 is refused and
  * tries again; once v1 has stalled, v2 closes it, never v0, and opens.
  * v0 finishes; v1, dropped, tries again and opens too.
@@ -803,12 +818,15 @@ static void pending_proven_host(void)
 	so.max_pending_per_peer = 1;
 	if (!srv_up(&so))
 		return;
+	keys_two_hosts();
 	fake_hold(proven_hold, NULL);
 	for (int i = 0; i < 3; i++) {
 		clt_init(&c[i], names[i], "a");
 		clt_src(&c[i], 0, "h1");
 		c[i].o.auth_secret = KEY_A;
 	}
+	c[0].o.auth_host_name = OTHER_NQN;
+	c[0].o.auth_secret = KEY_B;
 	clt_open_async(&c[0]);
 	CHECK(ev_appears(info_req_of_v0, NULL, "v0's information request"));
 	clt_open_async(&c[1]);
@@ -830,6 +848,177 @@ static void pending_proven_host(void)
 	for (int i = 0; i < 3; i++)
 		clt_close(&c[i]);
 	CHECK_EQ(srv_stats().auth_ok, 3);
+	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+/* The information requests of the sessions named in arg (a NULL-ended list), held. */
+static bool info_req_of(const struct fake_ev *ev, void *arg)
+{
+	if (!match(ev, &(struct m){ .dir = TO_SRV, .msg = MSG(RTRS_MSG_INFO_REQ) }))
+		return false;
+	for (const char *const *n = arg; *n; n++)
+		if (!strcmp(ev->sess, *n))
+			return true;
+	return false;
+}
+
+static const char *const held_a01[] = { "a0", "a1", NULL };
+
+static bool info_req_a0(const struct fake_ev *ev, void *arg)
+{
+	return info_req_of(ev, (void *)held_a01) && !strcmp(ev->sess, "a0");
+}
+
+static bool info_req_a1(const struct fake_ev *ev, void *arg)
+{
+	return info_req_of(ev, (void *)held_a01) && !strcmp(ev->sess, "a1");
+}
+
+static bool logged(void *arg)
+{
+	return env_logged(arg);
+}
+
+static bool two_held_refusals(void *arg)
+{
+	return env_log_count("holds 2 paths not connected yet") >= 2;
+}
+
+/*
+ * A host with a key holds paths proven but not connected: each may hold
+ * many connections until connect_timeout_ms, and make a session. At most
+ * max_pending_per_peer (2 here) of one host, from whatever addresses:
+ * a0 and a1 (host A, from h1 and h2) wait before their information
+ * requests; another host's session (b0) opens and moves data meanwhile,
+ * and holds the only chunk memory (A's paths in their handshake have
+ * none). A's third and fourth paths, from addresses of their own, are
+ * refused when their host proves itself (-EBUSY at their next connection
+ * request, no DNR), and none of a0, a1 is cut: once they are let go all
+ * four open and move data. Before, A's paths were not counted once
+ * proven: a2 and a3 came in too, and so would any number more.
+ */
+static void pending_held_per_host(void)
+{
+	struct rtrs_srv_opts so;
+	struct clt a[4], b;
+	const size_t sess_bytes = 16 * 16384;
+
+	srv_opts_auth(&so, KEY_A);
+	so.max_pending_per_peer = 2;
+	so.max_chunk_mem = 5 * sess_bytes;
+	if (!srv_up(&so))
+		return;
+	keys_two_hosts();
+	fake_hold(info_req_of, (void *)held_a01);
+	static const char *const names[4] = { "a0", "a1", "a2", "a3" };
+	static const char *const srcs[4] = { "h1", "h2", "h3", "h4" };
+
+	for (int i = 0; i < 4; i++) {
+		clt_init(&a[i], names[i], "a");
+		clt_src(&a[i], 0, srcs[i]);
+		a[i].o.auth_secret = KEY_A;
+	}
+	clt_init(&b, "b0", "a");
+	clt_src(&b, 0, "h9");
+	b.o.auth_host_name = OTHER_NQN;
+	b.o.auth_secret = KEY_B;
+	clt_open_async(&a[0]);
+	CHECK(ev_appears(info_req_a0, NULL, "a0's information request"));
+	clt_open_async(&a[1]);
+	CHECK(ev_appears(info_req_a1, NULL, "a1's information request"));
+	/* Another host is not held to A's share. */
+	CHECK_EQ(clt_open(&b), 0);
+	CHECK(b.sess && io_roundtrip(&b, 0, 61), "IO of the other host's session");
+	CHECK_EQ(srv_stats().chunk_bytes, sess_bytes);
+	clt_open_async(&a[2]);
+	clt_open_async(&a[3]);
+	CHECK_EQ(fake_wait(two_held_refusals, NULL, "a2 and a3 refused at their host's proof"), 0);
+	/*
+	 * At its connection 1's request, or at its information request if
+	 * that one came before the loop took the proof: busy either way.
+	 */
+	CHECK_EQ(fake_wait(logged, (char *)"a2/a:1234: the server refused the path (Device or "
+			   "resource busy)", "a2 told busy"), 0);
+	CHECK_EQ(fake_wait(logged, (char *)"a3/a:1234: the server refused the path (Device or "
+			   "resource busy)", "a3 told busy"), 0);
+	CHECK_EQ(srv_stats().pending_evicted, 0);
+	CHECK_EQ(srv_stats().chunk_bytes, sess_bytes);
+	CHECK(io_roundtrip(&b, LEN, 62), "the other host's IO goes on");
+	fake_hold(NULL, NULL);
+	for (int i = 0; i < 4; i++)
+		CHECK_EQ(clt_open_join(&a[i]), 0);
+	for (int i = 0; i < 4; i++)
+		CHECK(a[i].sess && io_roundtrip(&a[i], (uint32_t)(i + 2) * LEN, (uint8_t)(63 + i)),
+		      "IO of a%d", i);
+	CHECK_EQ(srv_stats().pending_evicted, 0);
+	CHECK_EQ(srv_stats().chunk_bytes, 5 * sess_bytes);
+	for (int i = 0; i < 4; i++)
+		clt_close(&a[i]);
+	clt_close(&b);
+	CHECK_EQ(fake_settle(), 0);
+	srv_stop();
+}
+
+static const char *const held_s1[] = { "s1", NULL };
+
+static bool held_session_refused(void *arg)
+{
+	return env_logged("has 2 sessions already, those in their handshake counted");
+}
+
+/*
+ * Sessions of one host, those in their handshake counted (two allowed):
+ * s0 is connected, s1's path is proven and waits before its information
+ * request (it took the host's second place). s2 is refused when its host
+ * proves itself (-ENOSPC at its next connection request, no DNR: it
+ * tries RTRS_OPEN_TRIES times), while another host opens. Once s1 is let
+ * go it opens (its place was taken at the proof), s2 stays refused. Before,
+ * s2 was named first (one named session then) and opened, and s1 was
+ * refused at its information request.
+ */
+static void sessions_held_per_host(void)
+{
+	struct rtrs_srv_opts so;
+	struct clt c[3], b;
+
+	srv_opts_auth(&so, KEY_A);
+	so.max_sessions_per_peer = 2;
+	if (!srv_up(&so))
+		return;
+	keys_two_hosts();
+	static const char *const names[3] = { "s0", "s1", "s2" };
+
+	for (int i = 0; i < 3; i++) {
+		clt_init(&c[i], names[i], "a");
+		clt_src(&c[i], 0, i == 2 ? "h2" : "h1");
+		c[i].o.auth_secret = KEY_A;
+		c[i].o.reconnect_delay_ms = 0;
+	}
+	clt_init(&b, "b0", "a");
+	clt_src(&b, 0, "h9");
+	b.o.auth_host_name = OTHER_NQN;
+	b.o.auth_secret = KEY_B;
+	CHECK_EQ(clt_open(&c[0]), 0);
+	fake_hold(info_req_of, (void *)held_s1);
+	clt_open_async(&c[1]);
+	CHECK(ev_appears(info_req_of, (void *)held_s1, "s1's information request"));
+	clt_open_async(&c[2]);
+	CHECK_EQ(fake_wait(held_session_refused, NULL, "s2 refused at its host's proof"), 0);
+	CHECK_EQ(fake_wait(logged, (char *)"s2/a:1234: the server refused the path (No space left "
+			   "on device)", "s2 told"), 0);
+	CHECK_EQ(clt_open(&b), 0);
+	CHECK(b.sess && io_roundtrip(&b, 0, 71), "IO of the other host's session");
+	fake_hold(NULL, NULL);
+	CHECK_EQ(clt_open_join(&c[1]), 0);
+	CHECK_EQ(clt_open_join(&c[2]), -ENOSPC);
+	CHECK_EQ(srv_stats().limit_refusals, RTRS_OPEN_TRIES);
+	for (int i = 0; i < 2; i++)
+		CHECK(c[i].sess && io_roundtrip(&c[i], (uint32_t)(i + 1) * LEN, (uint8_t)(72 + i)),
+		      "IO of s%d", i);
+	for (int i = 0; i < 3; i++)
+		clt_close(&c[i]);
+	clt_close(&b);
 	CHECK_EQ(fake_settle(), 0);
 	srv_stop();
 }
@@ -1326,6 +1515,8 @@ static const struct scenario scenarios[] = {
 	{ "pending_per_peer", pending_per_peer },
 	{ "pending_total", pending_total },
 	{ "pending_proven_host", pending_proven_host },
+	{ "pending_held_per_host", pending_held_per_host },
+	{ "sessions_held_per_host", sessions_held_per_host },
 	{ "pending_takeover_wait", pending_takeover_wait },
 	{ "pending_auth_busy", pending_auth_busy },
 	{ "pending_full_session", pending_full_session },

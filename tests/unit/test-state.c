@@ -655,6 +655,45 @@ static void test_admit(void)
 }
 
 /*
+ * Admission by a proven host's name (rtrs_admit_held_decide): only that
+ * host's held paths count, from any address; below the limit the path is
+ * in; at it the host's oldest stalled one goes (never another host's,
+ * however stalled, never a progressing one); with all of the host's
+ * progressing, the newcomer is refused (-EBUSY); a limit of 0 refuses all.
+ */
+static void test_admit_held(void)
+{
+	struct rtrs_admit_entry h[] = {
+		{ "hostA", 100, false }, { "hostB", 50, true }, { "hostA", 300, false },
+		{ "hostB", 60, true }, { "hostA", 200, false },
+	};
+	struct rtrs_admit_evict ev = { .idx = 99 };
+
+	/* hostA holds 3: below 4 it is in; hostB's 2 stalled ones do not count for it. */
+	CHECK_EQ(rtrs_admit_held_decide(h, 5, "hostA", 4, &ev), 0);
+	CHECK_EQ(ev.idx, 99u);
+	CHECK_EQ(rtrs_admit_held_decide(h, 5, "hostC", 1, &ev), 0);
+	/* At 3, all of hostA's progressing: refused, nothing goes (hostB's stalled ones stay). */
+	CHECK_EQ(rtrs_admit_held_decide(h, 5, "hostA", 3, &ev), -EBUSY);
+	CHECK_EQ(rtrs_admit_held_decide(h, 5, "hostA", 2, &ev), -EBUSY);
+	/* One of hostA's stalls: the oldest stalled one of hostA goes (300, then 200). */
+	h[2].stalled = true;
+	CHECK_EQ(rtrs_admit_held_decide(h, 5, "hostA", 3, &ev), 1);
+	CHECK(ev.idx == 2 && ev.per_peer && ev.count == 3, "evicted %zu (%d, %u)", ev.idx,
+	      ev.per_peer, ev.count);
+	h[4].stalled = true;
+	CHECK_EQ(rtrs_admit_held_decide(h, 5, "hostA", 3, &ev), 1);
+	CHECK_EQ(ev.idx, 4u);
+	/* hostB at its limit: its own oldest stalled one (50). */
+	CHECK_EQ(rtrs_admit_held_decide(h, 5, "hostB", 2, &ev), 1);
+	CHECK_EQ(ev.idx, 1u);
+	/* However many entries in all: no total limit applies. */
+	CHECK_EQ(rtrs_admit_held_decide(h, 5, "hostB", 3, &ev), 0);
+	/* A limit of 0: refused. */
+	CHECK_EQ(rtrs_admit_held_decide(h, 0, "hostA", 0, &ev), -EBUSY);
+}
+
+/*
  * Who waited goes first (rtrs_admit_waits, rtrs_admit_queue, the waiters'
  * table): while its host has a live waiter, a newcomer never refused
  * takes neither a free place nor a stalled path's, and one that comes
@@ -968,6 +1007,7 @@ int main(void)
 	test_should_reconnect();
 	test_reconnect_verdict_names();
 	test_admit();
+	test_admit_held();
 	test_admit_waiters();
 	test_takeover();
 	test_fence_decide();
