@@ -303,8 +303,11 @@ static void pending_evict(struct rtrs_srv_ctx *ctx, const char *host, const uint
 }
 
 /*
- * Loop thread: p's host has just proven itself (srv_auth_answer queued
- * this once, with the name in held_host). A path proven but not connected
+ * Loop thread: p's host has proven itself (srv_auth_answer stored the name
+ * in held_host, then admit_asked, and queued admit_work), and admission by
+ * that name has not decided yet: now. Run from the work, and before the
+ * path's next connection request or information request is taken, which a
+ * busy loop may serve before its queued work. A path proven but not connected
  * is no longer pending, but it may hold up to max_cons_per_path
  * connections until connect_timeout_ms, and make a session: a host with
  * a key holds at most max_pending_per_peer of them, from whatever
@@ -317,9 +320,9 @@ static void pending_evict(struct rtrs_srv_ctx *ctx, const char *host, const uint
  * (path_handshake_deadlines). Its address and uuid go to the waiters, so
  * that it is let in first when it comes back.
  */
-void srv_held_admit_work(struct loop_work *w)
+void srv_held_admit(struct srv_path *p)
 {
-	struct srv_path *p = container_of(w, struct srv_path, admit_work), *victim = NULL;
+	struct srv_path *victim = NULL;
 	struct rtrs_srv_sess *s = p->sess;
 	struct rtrs_srv_ctx *ctx = s->ctx;
 	struct rtrs_admit_entry *held;
@@ -331,11 +334,9 @@ void srv_held_admit_work(struct loop_work *w)
 	size_t n = 0;
 	int rc;
 
-	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTING || p->held || p->admit_err) {
-		/* The reaper skipped this path while this item was queued. */
-		loop_queue(ctx->loop, &ctx->reap_work);
+	if (!atomic_load(&p->admit_asked) || p->held || p->admit_err ||
+	    atomic_load(&p->base.state) != RTRS_PATH_CONNECTING)
 		return;
-	}
 	for (struct rtrs_srv_sess *t = ctx->sessions; t; t = t->next)
 		for (struct srv_path *q = t->paths; q; q = q->next)
 			n += q->held && atomic_load(&q->base.state) == RTRS_PATH_CONNECTING;
@@ -396,6 +397,18 @@ void srv_held_admit_work(struct loop_work *w)
 		atomic_fetch_add(&ctx->st.pending_evicted, 1);
 		srv_path_stop(victim, -ETIMEDOUT);
 	}
+}
+
+void srv_held_admit_work(struct loop_work *w)
+{
+	struct srv_path *p = container_of(w, struct srv_path, admit_work);
+
+	if (atomic_load(&p->base.state) != RTRS_PATH_CONNECTING) {
+		/* The reaper skipped this path while this item was queued. */
+		loop_queue(p->sess->ctx->loop, &p->sess->ctx->reap_work);
+		return;
+	}
+	srv_held_admit(p);
 }
 
 enum rtrs_takeover_verdict rtrs_takeover_decide(const struct rtrs_takeover_in *in)
@@ -808,6 +821,8 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 			srv_path_stop(p, -ETIMEDOUT);
 		return;
 	}
+	if (req.cid)
+		srv_held_admit(p);
 	if (req.cid && p->admit_err) {
 		/* Refused when its host proved itself (srv_held_admit_work); no DNR. */
 		srv_reject_ext(ctx, creq, peer, p->admit_err, false, req.ext,

@@ -162,13 +162,14 @@ struct srv_path {
 	/*
 	 * Admission by the host's name once it is proven (srv_held_admit,
 	 * docs/security.md section 8): the job that proves it stores the
-	 * name in held_host and queues admit_work once (admit_asked); the
-	 * loop then counts the path among its host's held paths (held: proven,
-	 * not connected, at most max_pending_per_peer of one host), or refuses
-	 * it (admit_err, since admit_err_ms): its next connection request or
-	 * its information request is refused with that errno, no DNR, and a
-	 * path that makes neither within a stall is closed. Loop only, but
-	 * held_host and admit_asked.
+	 * name in held_host, then admit_asked, and queues admit_work once;
+	 * the loop then (at the latest at the path's next connection request
+	 * or information request) counts the path among its host's held
+	 * paths (held: proven, not connected, at most max_pending_per_peer of
+	 * one host), or refuses it (admit_err, since admit_err_ms): its next
+	 * connection request or its information request is refused with that
+	 * errno, no DNR, and a path that makes neither within a stall is
+	 * closed. Loop only, but held_host and admit_asked.
 	 */
 	char held_host[RTRS_AUTH_WIRE_NAME];
 	atomic_bool admit_asked;
@@ -363,6 +364,7 @@ static inline struct srv_keys *srv_op_keys(const struct rtrs_srv_op *op)
 unsigned srv_sessions_of(const struct rtrs_srv_ctx *ctx, const char *owner,
 			 const struct rtrs_srv_sess *self);
 /* Loop thread: p's host proved itself (admit_work): held, or refused. */
+void srv_held_admit(struct srv_path *p);
 void srv_held_admit_work(struct loop_work *w);
 /* How long a path may go without a step of its handshake before it counts as stalled. */
 uint64_t srv_admit_stall_ms(const struct rtrs_srv_ctx *ctx);

@@ -153,10 +153,14 @@ static void srv_auth_answer(struct srv_path *p)
 	 */
 	if (!re && p->auth.host_ok && step != RTRS_AUTH_FAILED)
 		srv_hs_step(p, SRV_HS_EV_HOST_OK, &why);
-	/* Admission by the host's name, on the loop (srv_held_admit_work), once. */
-	if (!re && rtrs_srv_hs_host_proven(atomic_load(&p->hs)) &&
-	    !atomic_exchange(&p->admit_asked, true)) {
+	/*
+	 * Admission by the host's name, on the loop (srv_held_admit), once:
+	 * the name before admit_asked, which the loop reads first. Only this
+	 * job writes them, one message at a time.
+	 */
+	if (!re && rtrs_srv_hs_host_proven(atomic_load(&p->hs)) && !atomic_load(&p->admit_asked)) {
 		snprintf(p->held_host, sizeof(p->held_host), "%s", p->auth.host);
+		atomic_store(&p->admit_asked, true);
 		loop_queue(ctx->loop, &p->admit_work);
 	}
 	if (step == RTRS_AUTH_DONE && !re && p->concat) {
@@ -1096,8 +1100,9 @@ static void path_info_work(struct loop_work *w)
 		loop_queue(ctx->loop, &ctx->reap_work);
 		return;
 	}
+	srv_held_admit(p);
 	if (p->admit_err) {
-		/* Refused when its host proved itself (srv_held_admit_work): told now. */
+		/* Refused when its host proved itself (srv_held_admit): told now. */
 		srv_path_refuse(p, p->admit_err, false);
 		return;
 	}
