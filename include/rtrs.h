@@ -580,12 +580,17 @@ struct rtrs_srv_opts {
 	 * for a quarter of handshake_timeout_ms); when all of them are
 	 * progressing, the new one is refused (EBUSY, the client tries
 	 * again). A TCP connection that sends no request within
-	 * handshake_timeout_ms (5000) is closed. max_sessions (256)
-	 * connected sessions, at most max_sessions_per_peer (64) of them
-	 * from one address (with authentication: of one host name), and
-	 * max_chunk_mem bytes of chunk memory for all of them (default a
-	 * quarter of the machine's memory): a session beyond any is refused
-	 * (ENOSPC, the client may retry).
+	 * handshake_timeout_ms (5000) is closed. With authentication, a path
+	 * whose host has proven itself but that is not connected yet is held
+	 * for that host name: at most max_pending_per_peer of one host, from
+	 * whatever addresses (the host's oldest stalled one closes for a new
+	 * one, else EBUSY). max_sessions (256) connected sessions, at most
+	 * max_sessions_per_peer (64) of them from one address (with
+	 * authentication: of one host name, those still in their handshake
+	 * counted, ENOSPC when the host proves itself), and max_chunk_mem
+	 * bytes of chunk memory for all of them (default a quarter of the
+	 * machine's memory): a session beyond any is refused (ENOSPC, the
+	 * client may retry).
 	 */
 	unsigned max_pending;
 	unsigned max_pending_per_peer;
@@ -644,9 +649,10 @@ struct rtrs_srv_stats {
 	uint64_t sessions;         /* sessions now, established or not */
 	uint64_t chunk_bytes;      /* chunk memory now mapped: only sessions whose path
 				      asked for its chunks (after authentication) have any */
-	uint64_t pending_evicted;  /* pending paths closed to make room for newer ones */
+	uint64_t pending_evicted;  /* pending (or a host's held) paths closed for newer ones */
 	uint64_t raw_closed;       /* TCP connections closed before their request */
-	uint64_t limit_refusals;   /* sessions refused for max_sessions / max_chunk_mem */
+	/* sessions refused for max_sessions(_per_peer) or max_chunk_mem, paths for their host's */
+	uint64_t limit_refusals;
 };
 
 int rtrs_srv_get_stats(struct rtrs_srv_ctx *ctx, struct rtrs_srv_stats *st);
