@@ -343,9 +343,11 @@ void srv_held_admit(struct srv_path *p)
 	held = calloc(n + 1, sizeof(*held));
 	paths = calloc(n + 1, sizeof(*paths));
 	if (!held || !paths) {
+		/* Refused like the others (its callers carry on with p), and tried again. */
 		free(held);
 		free(paths);
-		srv_path_stop(p, -ENOMEM);
+		p->admit_err = -ENOMEM;
+		p->admit_err_ms = now;
 		return;
 	}
 	n = 0;
@@ -824,12 +826,13 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 	if (req.cid)
 		srv_held_admit(p);
 	if (req.cid && p->admit_err) {
-		/* Refused when its host proved itself (srv_held_admit_work); no DNR. */
+		/* Refused when its host proved itself (srv_held_admit); no DNR. */
 		srv_reject_ext(ctx, creq, peer, p->admit_err, false, req.ext,
 			       p->admit_err == -ENOSPC ?
 			       "its host has as many sessions as it may (max_sessions_per_peer)" :
+			       p->admit_err == -EBUSY ?
 			       "its host holds as many paths not connected yet as it may "
-			       "(max_pending_per_peer)");
+			       "(max_pending_per_peer)" : "cannot admit the path for its host");
 		return;
 	}
 	if (req.cid && (rc = srv_hs_step(p, SRV_HS_EV_CONNREQ, &why))) {
