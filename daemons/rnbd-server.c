@@ -182,7 +182,8 @@ static const struct opt options[] = {
 	  .help = "sessions in all; one more is refused (ENOSPC)" },
 	{ "max-sessions-per-peer", 0, OPT_UINT, &g.max_sessions_per_peer, 1, 100000, .arg = "N",
 	  .help = "sessions of one client address, or with --auth-keys of one host name (those "
-		  "still in their handshake counted)" },
+		  "still in their handshake counted), and as many paths of that host proven but "
+		  "not connected yet" },
 	{ "max-devices-per-session", 0, OPT_UINT, &g.max_devs, 1, 65536, .arg = "N",
 	  .help = "devices one session may have open at once; one more OPEN is refused "
 		  "(EMFILE)" },
@@ -192,8 +193,7 @@ static const struct opt options[] = {
 	{ "max-pending", 0, OPT_UINT, &g.max_pending, 1, 100000, .arg = "N",
 	  .help = "connections still in their handshake, in all" },
 	{ "max-pending-per-peer", 0, OPT_UINT, &g.max_pending_per_peer, 1, 100000, .arg = "N",
-	  .help = "connections still in their handshake from one address; with --auth-keys also "
-		  "paths of one host name, proven but not connected yet" },
+	  .help = "connections still in their handshake from one address" },
 	{ "handshake-timeout", 0, OPT_UINT, &g.handshake_ms, 100, 600000, .arg = "MS",
 	  .help = "close a connection that sends no connection request in MS; a handshake that "
 		  "makes no step in a quarter of it may be closed for a newcomer" },

@@ -582,7 +582,7 @@ struct rtrs_srv_opts {
 	 * again). A TCP connection that sends no request within
 	 * handshake_timeout_ms (5000) is closed. With authentication, a path
 	 * whose host has proven itself but that is not connected yet is held
-	 * for that host name: at most max_pending_per_peer of one host, from
+	 * for that host name: at most max_sessions_per_peer of one host, from
 	 * whatever addresses (the host's oldest stalled one closes for a new
 	 * one, else EBUSY). max_sessions (256) connected sessions, at most
 	 * max_sessions_per_peer (64) of them from one address (with

@@ -310,8 +310,11 @@ static void pending_evict(struct rtrs_srv_ctx *ctx, const char *host, const uint
  * busy loop may serve before its queued work. A path proven but not connected
  * is no longer pending, but it may hold up to max_cons_per_path
  * connections until connect_timeout_ms, and make a session: a host with
- * a key holds at most max_pending_per_peer of them, from whatever
- * addresses (rtrs_admit_held_decide: its oldest stalled one goes for the
+ * a key holds at most max_sessions_per_peer of them, from whatever
+ * addresses (what its sessions may hold connected: a storm of one host's
+ * sessions, a reconnect after a server restart, meets this only at the
+ * session limit; the per-address pending limit, 8, refused such storms
+ * until their opens gave up) (rtrs_admit_held_decide: its oldest stalled one goes for the
  * newcomer, a progressing one never), and at most max_sessions_per_peer
  * sessions, those still in their handshake counted (srv_sessions_of). A
  * path refused keeps admit_err: its next connection request or its
@@ -365,7 +368,7 @@ void srv_held_admit(struct srv_path *p)
 			mine += !strcmp(q->held_host, host);
 		}
 	}
-	rc = rtrs_admit_held_decide(held, n, host, ctx->opts.max_pending_per_peer, &ev);
+	rc = rtrs_admit_held_decide(held, n, host, ctx->opts.max_sessions_per_peer, &ev);
 	if (rc > 0)
 		victim = paths[ev.idx];
 	free(held);
@@ -386,7 +389,7 @@ void srv_held_admit(struct srv_path *p)
 			       "again", path_name(p), host, sessions);
 		else
 			log_rl(LOG_WARN, "%s: refused: host %s holds %u paths not connected yet, "
-			       "none of them stalled (max_pending_per_peer); the client tries again",
+			       "none of them stalled (max_sessions_per_peer); the client tries again",
 			       path_name(p), host, mine);
 		rtrs_admit_waiter_note(ctx->waiters, RTRS_ADMIT_WAITERS, p->peer_host, p->uuid, now);
 		return;
@@ -832,7 +835,7 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 			       "its host has as many sessions as it may (max_sessions_per_peer)" :
 			       p->admit_err == -EBUSY ?
 			       "its host holds as many paths not connected yet as it may "
-			       "(max_pending_per_peer)" : "cannot admit the path for its host");
+			       "(max_sessions_per_peer)" : "cannot admit the path for its host");
 		return;
 	}
 	if (req.cid && (rc = srv_hs_step(p, SRV_HS_EV_CONNREQ, &why))) {
