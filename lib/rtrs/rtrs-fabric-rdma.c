@@ -103,6 +103,16 @@
 /* iWARP's connect threads (con_connect_run): at most this many, each ends this long idle. */
 #define RDMA_CONNECT_THREADS_MAX 64
 #define RDMA_CONNECT_IDLE_MS 5000
+/*
+ * ... and at most this many of them in rdma_connect to one destination
+ * (address and port), so that a dead host (each connect stuck for the
+ * kernel's TCP connect timeout) holds no more than this of the pool: 16
+ * dead hosts at once before live ones wait. 4: a live host's connect
+ * returns within a round trip, so one path's connections (1 + its IO
+ * connections, connected together) to a live server lose little to the
+ * queue, while one lost SYN (a second's retransmit) leaves three going.
+ */
+#define RDMA_CONNECT_PER_DEST_MAX 4
 #define RDMA_SRQ_DEFAULT RTRS_DEFAULT_SRQ_DEPTH
 /*
  * The wait a peer's RNR NAK asks for when a shared receive queue is empty
@@ -127,9 +137,11 @@ struct fab {
 	bool siw;                  /* holds a siw_plug reference */
 	bool server;
 	/*
-	 * The owner's reference and one per connect handed to a connect
-	 * thread (con_connect_run): fab_close frees the fabric when the last
-	 * goes, since such a connection's QP and CM id hold its PD and groups.
+	 * The owner's reference and one per connect handed to the connect
+	 * threads (con_connect_start: waiting for its destination or a thread,
+	 * or running, until con_connect_run's end): fab_close frees the
+	 * fabric when the last goes, since such a connection's QP and CM id
+	 * hold its PD and groups.
 	 */
 	atomic_uint refs;
 	struct sockaddr_storage src, dst; /* client: where from and to */
@@ -293,7 +305,16 @@ struct fab_con {
 	bool connecting;
 	bool orphaned;
 	int connect_rc;
-	struct fab_con *connect_next; /* waiting for a connect thread (cpool, its lock) */
+	/*
+	 * Its place in the connect threads' pool (cpool), under cpool.lock:
+	 * waiting for its destination (CS_WAIT, on cdest's list), for a
+	 * thread (CS_READY, on the pool's list), or taken by one (CS_RUN);
+	 * cslot: counted in cdest->running.
+	 */
+	struct fab_con *connect_next;
+	struct cdest *cdest;
+	uint8_t cstate;
+	bool cslot;
 	atomic_bool destroying; /* no callback runs any more */
 	atomic_bool down;       /* down() was called (or the owner shut us down) */
 	atomic_bool shutdown;   /* fab_con_shutdown() was called */
@@ -344,6 +365,7 @@ static __thread struct rdma_group *tls_group;
 
 static int nat_con_rx_setup(struct fab_con *c, size_t count, size_t size);
 static int con_connect_routed(struct fab_con *c);
+static void cpool_cancel(struct fab_con *c);
 static void con_connected_rc(struct fab_con *c);
 static int groups_get(void);
 static void groups_put(void);
@@ -1742,6 +1764,7 @@ static void group_release(struct rdma_group *g, struct fab_con *c, struct ibv_wc
 		if (dw)
 			dw->keep = true;
 		pthread_mutex_unlock(&g->lock);
+		cpool_cancel(c); /* one still queued gives up its place, and goes soon */
 		if (dw)
 			fab_done_signal(&dw->done);
 		return;
@@ -2350,21 +2373,164 @@ static int con_connect_call(struct fab_con *c)
 /*
  * iWARP's connect threads: made as connects need them, up to
  * RDMA_CONNECT_THREADS_MAX, kept RDMA_CONNECT_IDLE_MS after their last,
- * so that connects that come in a storm (sessions reconnecting) reuse them;
- * past the limit connects wait in FIFO order for one to be free.
+ * so that connects that come in a storm (sessions reconnecting) reuse
+ * them. At most RDMA_CONNECT_PER_DEST_MAX connects to one destination
+ * (cdest: the fab's address and port) hold a place: the next ones wait on
+ * its list in FIFO order, and the first there takes the place of each
+ * that ends. A connect with a place is ready: idle threads, new ones, or
+ * with RDMA_CONNECT_THREADS_MAX busy the next one free, take the ready in
+ * FIFO order. A connection destroyed while it waits (cpool_cancel) gives
+ * its place, or its turn on its destination's list, up at once and goes
+ * first among the ready, where a thread drops it without connecting
+ * (con_connect_run). cpool.lock and a group's lock are never held
+ * together.
  */
+struct cdest {
+	struct sockaddr_storage addr;
+	unsigned running;            /* connects holding a place (fab_con.cslot) */
+	struct fab_con *head, *tail; /* waiting for one (CS_WAIT) */
+	struct cdest *next;
+};
+
+enum { CS_NONE, CS_WAIT, CS_READY, CS_RUN };
+
 static struct {
 	pthread_mutex_t lock;
-	pthread_cond_t cond;     /* a connect was queued */
-	struct fab_con *head, *tail;
-	unsigned queued;         /* on that list */
-	unsigned threads, idle;  /* idle: waiting for one (queued of them are promised) */
+	pthread_cond_t cond;         /* a connect is ready */
+	struct fab_con *head, *tail; /* ready (CS_READY) */
+	unsigned ready;              /* on that list */
+	unsigned threads;
+	unsigned idle;               /* waiting for a ready connect */
+	unsigned starting;           /* made for the ready, not yet waiting */
+	unsigned max;                /* RDMA_CONNECT_THREADS_MAX (a test's fewer) */
+	struct cdest *dests;         /* those with a connect holding a place */
 } cpool = { .lock = PTHREAD_MUTEX_INITIALIZER };
 static pthread_once_t cpool_once = PTHREAD_ONCE_INIT;
 
 static void cpool_init(void)
 {
 	cond_init_mono(&cpool.cond);
+	cpool.max = RDMA_CONNECT_THREADS_MAX;
+#ifdef RTRS_FAULT_INJECTION
+	/* Test builds: a test fills the pool with a few connects that hang. */
+	const char *e = getenv("RTRS_TEST_RDMA_CONNECT_THREADS");
+	int n = e ? atoi(e) : 0;
+
+	if (n > 0 && n < RDMA_CONNECT_THREADS_MAX)
+		cpool.max = (unsigned)n;
+#endif
+}
+
+static bool dest_same(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	if (a->ss_family != b->ss_family)
+		return false;
+	if (a->ss_family == AF_INET) {
+		const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+
+		return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+	}
+	if (a->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+
+		return x->sin6_port == y->sin6_port && x->sin6_scope_id == y->sin6_scope_id &&
+		       !memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr));
+	}
+	return !memcmp(a, b, sizeof(*a));
+}
+
+/* dst's entry, made if it has none; NULL without memory (its connects go unbounded). */
+static struct cdest *cdest_get(const struct sockaddr_storage *dst)
+{
+	struct cdest *d;
+
+	for (d = cpool.dests; d; d = d->next)
+		if (dest_same(&d->addr, dst))
+			return d;
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return NULL;
+	d->addr = *dst;
+	d->next = cpool.dests;
+	cpool.dests = d;
+	return d;
+}
+
+static void clist_add(struct fab_con **head, struct fab_con **tail, struct fab_con *c, bool first)
+{
+	if (first) {
+		c->connect_next = *head;
+		*head = c;
+		if (!*tail)
+			*tail = c;
+		return;
+	}
+	c->connect_next = NULL;
+	if (*tail)
+		(*tail)->connect_next = c;
+	else
+		*head = c;
+	*tail = c;
+}
+
+static void clist_del(struct fab_con **head, struct fab_con **tail, struct fab_con *c)
+{
+	struct fab_con *prev = NULL;
+
+	for (struct fab_con **p = head; *p; prev = *p, p = &(*p)->connect_next) {
+		if (*p == c) {
+			*p = c->connect_next;
+			if (*tail == c)
+				*tail = prev;
+			return;
+		}
+	}
+}
+
+static void cpool_ready(struct fab_con *c, bool first)
+{
+	c->cstate = CS_READY;
+	clist_add(&cpool.head, &cpool.tail, c, first);
+	cpool.ready++;
+}
+
+/* A connect to d gave its place back: the first waiting there takes it. */
+static void cdest_release(struct cdest *d)
+{
+	struct fab_con *w = d->head;
+
+	if (w) {
+		d->head = w->connect_next;
+		if (!d->head)
+			d->tail = NULL;
+		w->cslot = true;
+		cpool_ready(w, false);
+		return;
+	}
+	if (--d->running)
+		return;
+	for (struct cdest **p = &cpool.dests; *p; p = &(*p)->next) {
+		if (*p == d) {
+			*p = d->next;
+			break;
+		}
+	}
+	free(d);
+}
+
+/* Wakes the idle threads for the ready; returns how many threads to make (counted). */
+static unsigned cpool_wake(void)
+{
+	unsigned n = 0;
+
+	if (cpool.idle)
+		pthread_cond_broadcast(&cpool.cond);
+	while (cpool.ready > cpool.idle + cpool.starting && cpool.threads < cpool.max) {
+		cpool.threads++;
+		cpool.starting++;
+		n++;
+	}
+	return n;
 }
 
 /*
@@ -2405,18 +2571,19 @@ static void con_connect_run(struct fab_con *c)
 	fab_put(f); /* last: the fabric holds the group */
 }
 
+/* Takes the ready connects in turn; its place at its destination goes back once it is done. */
 static void *con_connect_thread(void *arg)
 {
-	struct fab_con *c = arg;
-
+	(void)arg;
 	pthread_setname_np(pthread_self(), "rtrs-rdma-conn");
+	pthread_mutex_lock(&cpool.lock);
+	cpool.starting--;
 	for (;;) {
-		struct timespec dl;
+		struct timespec dl = deadline_ms(RDMA_CONNECT_IDLE_MS);
+		struct fab_con *c;
+		struct cdest *d;
 		int rc = 0;
 
-		con_connect_run(c);
-		dl = deadline_ms(RDMA_CONNECT_IDLE_MS);
-		pthread_mutex_lock(&cpool.lock);
 		cpool.idle++;
 		while (!cpool.head && rc != ETIMEDOUT)
 			rc = pthread_cond_timedwait(&cpool.cond, &cpool.lock, &dl);
@@ -2427,12 +2594,84 @@ static void *con_connect_thread(void *arg)
 			pthread_mutex_unlock(&cpool.lock);
 			return NULL;
 		}
-		cpool.head = c->connect_next;
-		if (!cpool.head)
-			cpool.tail = NULL;
-		cpool.queued--;
+		clist_del(&cpool.head, &cpool.tail, c);
+		cpool.ready--;
+		c->cstate = CS_RUN;
+		d = c->cslot ? c->cdest : NULL;
+		pthread_mutex_unlock(&cpool.lock);
+		con_connect_run(c); /* c may be freed once it returns */
+		pthread_mutex_lock(&cpool.lock);
+		if (d)
+			cdest_release(d);
+	}
+}
+
+/* Makes n connect threads (counted by cpool_wake); 0, or the first failure's error. */
+static int cpool_spawn(unsigned n)
+{
+	pthread_attr_t attr;
+	sigset_t all, old;
+	int rc = 0;
+
+	if (!n)
+		return 0;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 256 * 1024);
+	/* No signal of the process's interrupts a connect, or runs there. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	for (; n && !rc; n--) {
+		pthread_t t;
+
+		rc = -pthread_create(&t, &attr, con_connect_thread, NULL);
+		if (!rc)
+			continue;
+		pthread_mutex_lock(&cpool.lock);
+		cpool.threads -= n;
+		cpool.starting -= n;
 		pthread_mutex_unlock(&cpool.lock);
 	}
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&attr);
+	return rc;
+}
+
+/*
+ * c was orphaned while connecting (group_release): if it still waits, for
+ * its destination or for a thread, it holds no place there from now on
+ * and goes first among the ready, so that the next thread free (an idle
+ * one, or a new one) drops it (con_connect_run), and its CM id and QP go,
+ * without waiting for connects to its destination that hang. One a thread
+ * took is that thread's already.
+ */
+static void cpool_cancel(struct fab_con *c)
+{
+	struct cdest *d;
+	unsigned n;
+	int rc;
+
+	pthread_mutex_lock(&cpool.lock);
+	d = c->cdest;
+	if (c->cstate == CS_WAIT) {
+		clist_del(&d->head, &d->tail, c);
+	} else if (c->cstate == CS_READY && c->cslot) {
+		c->cslot = false;
+		cdest_release(d);
+		clist_del(&cpool.head, &cpool.tail, c);
+		cpool.ready--;
+	} else {
+		pthread_mutex_unlock(&cpool.lock);
+		return;
+	}
+	c->cdest = NULL;
+	cpool_ready(c, true);
+	n = cpool_wake();
+	pthread_mutex_unlock(&cpool.lock);
+	rc = cpool_spawn(n);
+	if (rc)
+		log_warn_rl("%s: no thread to drop its connect (%s): it waits for one to be free",
+			    con_name(c), strerror(-rc));
 }
 
 /* The connect thread's result, on the group's thread: as a synchronous rdma_connect's. */
@@ -2451,9 +2690,8 @@ static void con_connected_rc(struct fab_con *c)
 /* rdma_connect on a connect thread (con_connect_run); 0 when it is handed over. */
 static int con_connect_start(struct fab_con *c)
 {
-	pthread_attr_t attr;
-	sigset_t all, old;
-	pthread_t t;
+	struct cdest *d;
+	unsigned n;
 	int rc;
 
 	pthread_mutex_lock(&c->g->lock);
@@ -2467,34 +2705,46 @@ static int con_connect_start(struct fab_con *c)
 	atomic_fetch_add(&c->fab->refs, 1);
 	pthread_once(&cpool_once, cpool_init);
 	pthread_mutex_lock(&cpool.lock);
-	if (cpool.idle > cpool.queued || cpool.threads >= RDMA_CONNECT_THREADS_MAX) {
-		/* An idle thread no other connect was promised takes it, or the next free. */
-		c->connect_next = NULL;
-		cpool.queued++;
-		if (cpool.tail)
-			cpool.tail->connect_next = c;
-		else
-			cpool.head = c;
-		cpool.tail = c;
-		pthread_cond_signal(&cpool.cond);
+	d = cdest_get(&c->fab->dst);
+	c->cdest = d;
+	c->cslot = false;
+	if (d && d->running >= RDMA_CONNECT_PER_DEST_MAX) {
+		/* Its destination has its fill of connects: the next to end gives it its place. */
+		c->cstate = CS_WAIT;
+		clist_add(&d->head, &d->tail, c, false);
 		pthread_mutex_unlock(&cpool.lock);
 		return 0;
 	}
-	cpool.threads++;
+	if (d) {
+		d->running++;
+		c->cslot = true;
+	}
+	cpool_ready(c, false);
+	n = cpool_wake();
 	pthread_mutex_unlock(&cpool.lock);
-	pthread_attr_init(&attr);
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	pthread_attr_setstacksize(&attr, 256 * 1024);
-	/* No signal of the process's interrupts a connect, or runs there. */
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	rc = -pthread_create(&t, &attr, con_connect_thread, c);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	pthread_attr_destroy(&attr);
+	rc = cpool_spawn(n);
 	if (!rc)
 		return 0;
 	pthread_mutex_lock(&cpool.lock);
-	cpool.threads--;
+	if (c->cstate != CS_READY || cpool.threads) {
+		/* A thread took it, or one will once free. */
+		pthread_mutex_unlock(&cpool.lock);
+		log_warn_rl("%s: no new thread for rdma_connect (%s): it waits for one to be free",
+			    con_name(c), strerror(-rc));
+		return 0;
+	}
+	/*
+	 * No thread at all: it connects here, on the poll group's, as it would
+	 * with no pool; one waiting for d that takes its place waits for the
+	 * next thread made.
+	 */
+	clist_del(&cpool.head, &cpool.tail, c);
+	cpool.ready--;
+	c->cstate = CS_NONE;
+	if (c->cslot)
+		cdest_release(d);
+	c->cslot = false;
+	c->cdest = NULL;
 	pthread_mutex_unlock(&cpool.lock);
 	pthread_mutex_lock(&c->g->lock);
 	c->connecting = false;
