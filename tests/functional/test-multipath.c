@@ -18,6 +18,12 @@
  *     connection of its poll group, and closing its session returns at
  *     once: on siw, rdma_connect makes the TCP connection before it returns.
  *     Without the variable (tcp, the host's suite) that part is not run.
+ *   - before that, with the same address: connects to the dead host that
+ *     outnumber the per-destination bound of iWARP's connect threads
+ *     (RDMA_CONNECT_PER_DEST_MAX, 4): no more than 4 hang in rdma_connect
+ *     at once, and a session to the live server opens within 5 s while
+ *     they hang, the pool being made small (RTRS_TEST_RDMA_CONNECT_THREADS
+ *     6, read by test builds) so that without the bound it would be full.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -27,12 +33,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 
 #include "rtrs.h"
 #include "check.h"
 #include "harness.h"
 #include "test-proto-hdr.h"
+#include "threads.h"
 #ifdef RTRS_FAULT_INJECTION
 #include "rtrs-fault.h"
 #endif
@@ -195,6 +204,169 @@ static void *io_loop_thread(void *arg)
 	return NULL;
 }
 
+/*
+ * Connects to a dead host that outnumber its share of the connect threads
+ * (part_dead_storm): RDMA_CONNECT_PER_DEST_MAX of rtrs-fabric-rdma.c, and
+ * the pool's size that main sets for this process (test builds:
+ * RTRS_TEST_RDMA_CONNECT_THREADS).
+ */
+#define DEAD_PER_DEST_MAX 4
+#define DEAD_POOL_MAX "6"
+#define DEAD_OPENS 8
+
+struct dead_open {
+	struct rtrs_clt_opts o;
+	struct rtrs_path_addr pa;
+	char name[32];
+	uint64_t took;
+	int rc;
+};
+
+static void *dead_open_thread(void *arg)
+{
+	struct dead_open *d = arg;
+	struct rtrs_clt_sess *s = NULL;
+	uint64_t t0 = test_now_ms();
+
+	d->rc = rtrs_clt_open(&d->o, &s);
+	d->took = test_now_ms() - t0;
+	if (!d->rc)
+		rtrs_clt_close(s);
+	return NULL;
+}
+
+/* Sockets of this host's network namespace in SYN_SENT to addr (IPv4): siw's too. */
+static unsigned syn_sent_to(const char *addr)
+{
+	struct in_addr in;
+	char want[16], line[256];
+	unsigned n = 0;
+	FILE *f;
+
+	if (inet_pton(AF_INET, addr, &in) != 1)
+		return 0;
+	snprintf(want, sizeof(want), "%08X:", (unsigned)in.s_addr); /* as /proc/net/tcp prints it */
+	f = fopen("/proc/net/tcp", "r");
+	while (f && fgets(line, sizeof(line), f)) {
+		char loc[64], rem[64], st[8];
+
+		if (sscanf(line, "%*s %63s %63s %7s", loc, rem, st) == 3 && !strcmp(st, "02") &&
+		    !strncmp(rem, want, strlen(want)))
+			n++;
+	}
+	if (f)
+		fclose(f);
+	return n;
+}
+
+struct dead_watch {
+	const char *dead;
+	atomic_bool stop, live; /* live: a live host's connects may be in rdma_connect too */
+	unsigned max_in_connect, max_syn;
+};
+
+/* Samples, every 10 ms, connect threads in rdma_connect (write(2) on the CM's channel). */
+static void *dead_watch_thread(void *arg)
+{
+	struct dead_watch *w = arg;
+
+	while (!atomic_load(&w->stop)) {
+		unsigned c = threads_in_syscall("rtrs-rdma-conn", SYS_write);
+		unsigned s = syn_sent_to(w->dead);
+
+		if (!atomic_load(&w->live) && c > w->max_in_connect)
+			w->max_in_connect = c;
+		if (s > w->max_syn)
+			w->max_syn = s;
+		usleep(10000);
+	}
+	return NULL;
+}
+
+/*
+ * Many connects to a dead host at once (DEAD_OPENS sessions opening to it,
+ * each giving up at its 2 s connect timeout; on siw each connect hangs in
+ * rdma_connect for the kernel's TCP connect timeout, about two minutes):
+ * no more than DEAD_PER_DEST_MAX of them may be in rdma_connect at any
+ * time, and those past that, destroyed while they waited, are dropped.
+ * Then, while those hang, a session to the live server opens within 5 s:
+ * the pool (DEAD_POOL_MAX threads here) had threads left for it. The
+ * connect threads for the dead host go on after this part (the next one,
+ * part_blocked_connect, expects that; its groups are these: one).
+ */
+static void part_dead_storm(struct rtrs_clt_opts *o, const char *dst)
+{
+	const char *dead = getenv("RTRS_TEST_DEAD_ADDR");
+	const char *dev = getenv("RTRS_TEST_RDMA_DEV");
+	bool iwarp = dev && !strcmp(dev, "siw");
+	struct rtrs_path_addr pa = { .src = test_addr_n(1), .dst = dst };
+	struct dead_watch w = { .dead = dead };
+	static struct dead_open d[DEAD_OPENS];
+	pthread_t t[DEAD_OPENS], wt;
+	const char *colon = strrchr(dst, ':');
+	struct rtrs_clt_sess *live;
+	char dead_dst[96];
+	uint64_t t0, took;
+	int rc;
+
+	if (!dead || !*dead) {
+		printf("# dead storm: not run (RTRS_TEST_DEAD_ADDR, an address whose SYNs "
+		       "vanish, is made only in verbs-suite.sh's guests)\n");
+		return;
+	}
+	snprintf(dead_dst, sizeof(dead_dst), "%s%s", dead, colon ? colon : ":1234");
+	o->poll_groups = 1; /* every session is closed: the groups start anew, one */
+	o->mp_policy = RTRS_MP_POLICY_MIN_INFLIGHT;
+	o->hb_interval_ms = 1000;
+	o->paths_num = 1;
+	CHECK_EQ(pthread_create(&wt, NULL, dead_watch_thread, &w), 0);
+	for (int i = 0; i < DEAD_OPENS; i++) {
+		d[i].o = *o;
+		d[i].pa = (struct rtrs_path_addr){ .src = test_addr_n(1), .dst = dead_dst };
+		snprintf(d[i].name, sizeof(d[i].name), "test-multipath-dead%d", i);
+		d[i].o.sessname = d[i].name;
+		d[i].o.paths = &d[i].pa;
+		d[i].o.connect_timeout_ms = 2000;
+		CHECK_EQ(pthread_create(&t[i], NULL, dead_open_thread, &d[i]), 0);
+	}
+	for (int i = 0; i < DEAD_OPENS; i++) {
+		pthread_join(t[i], NULL);
+		CHECK(d[i].rc < 0, "a session to %s opened", dead_dst);
+		CHECK(d[i].took < 2000 + 5000, "opening a session to %s took %llu ms "
+		      "(connect timeout 2000)", dead_dst, (unsigned long long)d[i].took);
+	}
+	usleep(500 * 1000); /* those that waited are dropped */
+
+	atomic_store(&w.live, true);
+	o->paths = &pa;
+	o->connect_timeout_ms = 10000;
+	o->sessname = "test-multipath-live";
+	t0 = test_now_ms();
+	rc = rtrs_clt_open(o, &live);
+	took = test_now_ms() - t0;
+	CHECK(rc == 0, "open a session to %s while connects to %s hang: %s", dst, dead_dst,
+	      strerror(-rc));
+	CHECK(took < 5000, "opening a session to %s took %llu ms while connects to %s hang", dst,
+	      (unsigned long long)took, dead_dst);
+	if (!rc)
+		rtrs_clt_close(live);
+	atomic_store(&w.live, false);
+	usleep(300 * 1000);
+	atomic_store(&w.stop, true);
+	pthread_join(wt, NULL);
+	printf("# dead storm: %u connect threads at most in rdma_connect, %u SYN_SENT to %s at "
+	       "most, a session to %s opened in %llu ms\n", w.max_in_connect, w.max_syn, dead,
+	       dst, (unsigned long long)took);
+	CHECK(w.max_syn <= DEAD_PER_DEST_MAX, "%u connects to %s at once (at most %u)", w.max_syn,
+	      dead, DEAD_PER_DEST_MAX);
+	if (!iwarp)
+		return; /* no connect threads: IB's CM connects without waiting */
+	CHECK(w.max_in_connect <= DEAD_PER_DEST_MAX, "%u connect threads in rdma_connect to %s "
+	      "at once (at most %u)", w.max_in_connect, dead, DEAD_PER_DEST_MAX);
+	CHECK(w.max_in_connect >= DEAD_PER_DEST_MAX, "only %u connects to %s hung at once (the "
+	      "part needs %u)", w.max_in_connect, dead, DEAD_PER_DEST_MAX);
+}
+
 struct add_dead {
 	struct rtrs_clt_sess *sess;
 	struct rtrs_path_addr addr;
@@ -319,6 +491,8 @@ int main(void)
 	char dst[96];
 	int rc;
 
+	/* Before any connect: the connect threads' pool is this small here (part_dead_storm). */
+	setenv("RTRS_TEST_RDMA_CONNECT_THREADS", DEAD_POOL_MAX, 1);
 	if (proc_spawn_server(argv, &srv))
 		return 1;
 	proc_dst(&srv, dst, sizeof(dst));
@@ -493,6 +667,7 @@ int main(void)
 	rtrs_clt_close(sess);
 
 	part_min_latency(&o);
+	part_dead_storm(&o, dst);
 	part_blocked_connect(&o, dst);
 out:
 	rc = proc_signal(&srv, SIGTERM, true);

@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -55,6 +56,47 @@ static inline unsigned threads_named(const char *prefix)
 
 	threads_scan(p, c);
 	return c[0];
+}
+
+/*
+ * Threads whose name starts with prefix that are in system call nr now
+ * (the first field of /proc/self/task/N/syscall; "running" and -1, not in
+ * one, are neither). A thread blocked in the kernel shows the call it
+ * blocks in.
+ */
+static inline unsigned threads_in_syscall(const char *prefix, long nr)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *de;
+	unsigned n = 0;
+
+	while (d && (de = readdir(d))) {
+		char path[64], comm[32] = "", sc[32] = "";
+		FILE *f;
+
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%.20s/comm", de->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		if (!fgets(comm, sizeof(comm), f) || strncmp(comm, prefix, strlen(prefix))) {
+			fclose(f);
+			continue;
+		}
+		fclose(f);
+		snprintf(path, sizeof(path), "/proc/self/task/%.20s/syscall", de->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		if (fscanf(f, "%31s", sc) == 1 && sc[0] >= '0' && sc[0] <= '9' &&
+		    strtol(sc, NULL, 10) == nr)
+			n++;
+		fclose(f);
+	}
+	if (d)
+		closedir(d);
+	return n;
 }
 
 /*
