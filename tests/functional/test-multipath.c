@@ -288,7 +288,8 @@ static void *dead_watch_thread(void *arg)
  * each giving up at its 2 s connect timeout; on siw each connect hangs in
  * rdma_connect for the kernel's TCP connect timeout, about two minutes):
  * no more than DEAD_PER_DEST_MAX of them may be in rdma_connect at any
- * time, and those past that, destroyed while they waited, are dropped.
+ * time, and those past that, destroyed while they waited, are dropped
+ * (threads beyond the hung ones took them).
  * Then, while those hang, a session to the live server opens within 5 s:
  * the pool (DEAD_POOL_MAX threads here) had threads left for it. The
  * connect threads for the dead host go on after this part (the next one,
@@ -336,6 +337,15 @@ static void part_dead_storm(struct rtrs_clt_opts *o, const char *dst)
 		      "(connect timeout 2000)", dead_dst, (unsigned long long)d[i].took);
 	}
 	usleep(500 * 1000); /* those that waited are dropped */
+	/*
+	 * Those beyond the bound waited (no thread of their own) and were
+	 * destroyed at their connect timeout: a thread more than the hung
+	 * ones took them, to drop them, not waiting two minutes for a place.
+	 */
+	unsigned conn_threads = threads_named("rtrs-rdma-conn");
+
+	CHECK(!iwarp || conn_threads > DEAD_PER_DEST_MAX, "%u connect threads: the connects "
+	      "destroyed while they waited for %s were not dropped", conn_threads, dead);
 
 	atomic_store(&w.live, true);
 	o->paths = &pa;
@@ -355,8 +365,9 @@ static void part_dead_storm(struct rtrs_clt_opts *o, const char *dst)
 	atomic_store(&w.stop, true);
 	pthread_join(wt, NULL);
 	printf("# dead storm: %u connect threads at most in rdma_connect, %u SYN_SENT to %s at "
-	       "most, a session to %s opened in %llu ms\n", w.max_in_connect, w.max_syn, dead,
-	       dst, (unsigned long long)took);
+	       "most, %u connect threads once the opens failed, a session to %s opened in "
+	       "%llu ms\n", w.max_in_connect, w.max_syn, dead, conn_threads, dst,
+	       (unsigned long long)took);
 	CHECK(w.max_syn <= DEAD_PER_DEST_MAX, "%u connects to %s at once (at most %u)", w.max_syn,
 	      dead, DEAD_PER_DEST_MAX);
 	if (!iwarp)
