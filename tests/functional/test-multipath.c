@@ -235,11 +235,16 @@ static void *dead_open_thread(void *arg)
 	return NULL;
 }
 
-/* Sockets of this host's network namespace in SYN_SENT to addr (IPv4): siw's too. */
-static unsigned syn_sent_to(const char *addr)
+/*
+ * Sockets of this host's network namespace in SYN_SENT to addr (IPv4):
+ * siw's too. By their local address and port: a table that changes while
+ * it is read may show a socket twice.
+ */
+static unsigned syn_sent_to(const char *addr, char *lines, size_t size)
 {
+	enum { SEEN_MAX = 64 };
+	char want[16], line[256], seen[SEEN_MAX][64];
 	struct in_addr in;
-	char want[16], line[256];
 	unsigned n = 0;
 	FILE *f;
 
@@ -249,10 +254,17 @@ static unsigned syn_sent_to(const char *addr)
 	f = fopen("/proc/net/tcp", "r");
 	while (f && fgets(line, sizeof(line), f)) {
 		char loc[64], rem[64], st[8];
+		unsigned i;
 
-		if (sscanf(line, "%*s %63s %63s %7s", loc, rem, st) == 3 && !strcmp(st, "02") &&
-		    !strncmp(rem, want, strlen(want)))
-			n++;
+		if (sscanf(line, "%*s %63s %63s %7s", loc, rem, st) != 3 || strcmp(st, "02") ||
+		    strncmp(rem, want, strlen(want)))
+			continue;
+		for (i = 0; i < n && strcmp(seen[i], loc); i++)
+			;
+		if (i == n && n < SEEN_MAX)
+			snprintf(seen[n++], sizeof(seen[0]), "%s", loc);
+		if (lines && strlen(lines) + strlen(line) < size)
+			strcat(lines, line);
 	}
 	if (f)
 		fclose(f);
@@ -263,6 +275,7 @@ struct dead_watch {
 	const char *dead;
 	atomic_bool stop, live; /* live: a live host's connects may be in rdma_connect too */
 	unsigned max_in_connect, max_syn;
+	char syn_lines[4096]; /* /proc/net/tcp's lines when max_syn was seen */
 };
 
 /* Samples, every 10 ms, connect threads in rdma_connect (write(2) on the CM's channel). */
@@ -272,12 +285,15 @@ static void *dead_watch_thread(void *arg)
 
 	while (!atomic_load(&w->stop)) {
 		unsigned c = threads_in_syscall("rtrs-rdma-conn", SYS_write);
-		unsigned s = syn_sent_to(w->dead);
+		char lines[sizeof(w->syn_lines)] = "";
+		unsigned s = syn_sent_to(w->dead, lines, sizeof(lines));
 
 		if (!atomic_load(&w->live) && c > w->max_in_connect)
 			w->max_in_connect = c;
-		if (s > w->max_syn)
+		if (s > w->max_syn) {
 			w->max_syn = s;
+			memcpy(w->syn_lines, lines, sizeof(lines));
+		}
 		usleep(10000);
 	}
 	return NULL;
@@ -370,6 +386,8 @@ static void part_dead_storm(struct rtrs_clt_opts *o, const char *dst)
 	       (unsigned long long)took);
 	CHECK(w.max_syn <= DEAD_PER_DEST_MAX, "%u connects to %s at once (at most %u)", w.max_syn,
 	      dead, DEAD_PER_DEST_MAX);
+	if (w.max_syn > DEAD_PER_DEST_MAX)
+		printf("# dead storm: SYN_SENT to %s then:\n%s", dead, w.syn_lines);
 	if (!iwarp)
 		return; /* no connect threads: IB's CM connects without waiting */
 	CHECK(w.max_in_connect <= DEAD_PER_DEST_MAX, "%u connect threads in rdma_connect to %s "
