@@ -198,10 +198,14 @@ static int fault_set_new(const struct rtrs_fault *f, struct fault_set **out)
 RTRS_EXPORT int rtrs_fault_set(const struct rtrs_fault *f)
 {
 	struct fault_set *fs, *old;
-	int rc = fault_set_new(f, &fs);
+	int rc;
 
+	if (f && f->rdma_connect_threads > 64)
+		return -EINVAL;
+	rc = fault_set_new(f, &fs);
 	if (rc)
 		return rc;
+	fab_rdma_connect_threads(f ? f->rdma_connect_threads : 0);
 	pthread_mutex_lock(&g_lock);
 	old = g_set;
 	g_set = fs;

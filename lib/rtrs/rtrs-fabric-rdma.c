@@ -2404,22 +2404,23 @@ static struct {
 	unsigned starting;           /* made for the ready, not yet waiting */
 	unsigned max;                /* RDMA_CONNECT_THREADS_MAX (a test's fewer) */
 	struct cdest *dests;         /* those with a connect holding a place */
-} cpool = { .lock = PTHREAD_MUTEX_INITIALIZER };
+} cpool = { .lock = PTHREAD_MUTEX_INITIALIZER, .max = RDMA_CONNECT_THREADS_MAX };
 static pthread_once_t cpool_once = PTHREAD_ONCE_INIT;
 
 static void cpool_init(void)
 {
 	cond_init_mono(&cpool.cond);
-	cpool.max = RDMA_CONNECT_THREADS_MAX;
-#ifdef RTRS_FAULT_INJECTION
-	/* Test builds: a test fills the pool with a few connects that hang. */
-	const char *e = getenv("RTRS_TEST_RDMA_CONNECT_THREADS");
-	int n = e ? atoi(e) : 0;
-
-	if (n > 0 && n < RDMA_CONNECT_THREADS_MAX)
-		cpool.max = (unsigned)n;
-#endif
 }
+
+#ifdef RTRS_FAULT_INJECTION
+/* Test builds (rtrs_fault_set): a test fills the pool with a few connects that hang. */
+void fab_rdma_connect_threads(unsigned n)
+{
+	pthread_mutex_lock(&cpool.lock);
+	cpool.max = n && n < RDMA_CONNECT_THREADS_MAX ? n : RDMA_CONNECT_THREADS_MAX;
+	pthread_mutex_unlock(&cpool.lock);
+}
+#endif
 
 static bool dest_same(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
 {

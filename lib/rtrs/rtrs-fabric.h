@@ -293,6 +293,8 @@ const struct fab_ops *fab_impl(const char *prov);
  * implementation (fab_impl) and injects the faults set with rtrs_fault_set() (rtrs-fabric-fault.c).
  */
 extern const struct fab_ops fab_fault_ops;
+/* iWARP's connect threads are at most n from now on (0: RDMA_CONNECT_THREADS_MAX); rtrs_fault_set. */
+void fab_rdma_connect_threads(unsigned n);
 #endif
 
 /*

@@ -93,12 +93,21 @@ struct rtrs_fault {
 	const char *tls_server;
 	const char *tls_key;
 	bool tls_later_only;
+	/*
+	 * Process-wide, not per fabric: the rdma fabric's iWARP connect
+	 * threads (rtrs-fabric-rdma.c, RDMA_CONNECT_THREADS_MAX, 64) are at
+	 * most this many while it is set (1..64; 0: 64), so that a test fills
+	 * the pool with a few connects that hang. Threads beyond it that run
+	 * go on; none is made past it.
+	 */
+	unsigned rdma_connect_threads;
 };
 
 /*
  * Sets the faults for fabrics opened from now on (a copy is kept; NULL or
- * all zero: none). 0, or -EINVAL for eagain_every 1, a delay over 10 s, a
- * delay_src over 255 bytes or a paths_uuid over 16 bytes.
+ * all zero: none), and rdma_connect_threads at once. 0, or -EINVAL for
+ * eagain_every 1, a delay over 10 s, a delay_src over 255 bytes, a
+ * paths_uuid over 16 bytes or rdma_connect_threads over 64.
  */
 int rtrs_fault_set(const struct rtrs_fault *f);
 

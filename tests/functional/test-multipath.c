@@ -21,9 +21,10 @@
  *   - before that, with the same address: connects to the dead host that
  *     outnumber the per-destination bound of iWARP's connect threads
  *     (RDMA_CONNECT_PER_DEST_MAX, 4): no more than 4 hang in rdma_connect
- *     at once, and a session to the live server opens within 5 s while
- *     they hang, the pool being made small (RTRS_TEST_RDMA_CONNECT_THREADS
- *     6, read by test builds) so that without the bound it would be full.
+ *     at once, those destroyed while they waited are dropped, and a
+ *     session to the live server opens within 5 s while they hang, the
+ *     pool being made small (fault injection: rdma_connect_threads 6) so
+ *     that without the bound it would be full.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -207,11 +208,10 @@ static void *io_loop_thread(void *arg)
 /*
  * Connects to a dead host that outnumber its share of the connect threads
  * (part_dead_storm): RDMA_CONNECT_PER_DEST_MAX of rtrs-fabric-rdma.c, and
- * the pool's size that main sets for this process (test builds:
- * RTRS_TEST_RDMA_CONNECT_THREADS).
+ * the pool's size for that part (test builds: rtrs_fault.rdma_connect_threads).
  */
 #define DEAD_PER_DEST_MAX 4
-#define DEAD_POOL_MAX "6"
+#define DEAD_POOL_MAX 6
 #define DEAD_OPENS 8
 
 struct dead_open {
@@ -263,8 +263,10 @@ static unsigned syn_sent_to(const char *addr, char *lines, size_t size)
 			;
 		if (i == n && n < SEEN_MAX)
 			snprintf(seen[n++], sizeof(seen[0]), "%s", loc);
-		if (lines && strlen(lines) + strlen(line) < size)
+		if (lines && strlen(lines) + strlen(line) + 2 < size) {
+			strcat(lines, "# ");
 			strcat(lines, line);
+		}
 	}
 	if (f)
 		fclose(f);
@@ -332,6 +334,14 @@ static void part_dead_storm(struct rtrs_clt_opts *o, const char *dst)
 		return;
 	}
 	snprintf(dead_dst, sizeof(dead_dst), "%s%s", dead, colon ? colon : ":1234");
+#ifdef RTRS_FAULT_INJECTION
+	struct rtrs_fault pool = { .rdma_connect_threads = DEAD_POOL_MAX };
+
+	CHECK_EQ(rtrs_fault_set(&pool), 0);
+#else
+	printf("# dead storm: the connect threads' pool is not made small (built without "
+	       "-Dfault_injection=true): a live host's connects would find threads anyway\n");
+#endif
 	o->poll_groups = 1; /* every session is closed: the groups start anew, one */
 	o->mp_policy = RTRS_MP_POLICY_MIN_INFLIGHT;
 	o->hb_interval_ms = 1000;
@@ -377,6 +387,9 @@ static void part_dead_storm(struct rtrs_clt_opts *o, const char *dst)
 	if (!rc)
 		rtrs_clt_close(live);
 	atomic_store(&w.live, false);
+#ifdef RTRS_FAULT_INJECTION
+	rtrs_fault_set(NULL);
+#endif
 	usleep(300 * 1000);
 	atomic_store(&w.stop, true);
 	pthread_join(wt, NULL);
@@ -520,8 +533,6 @@ int main(void)
 	char dst[96];
 	int rc;
 
-	/* Before any connect: the connect threads' pool is this small here (part_dead_storm). */
-	setenv("RTRS_TEST_RDMA_CONNECT_THREADS", DEAD_POOL_MAX, 1);
 	if (proc_spawn_server(argv, &srv))
 		return 1;
 	proc_dst(&srv, dst, sizeof(dst));
