@@ -1713,6 +1713,54 @@ static int runtime_open(void)
 }
 
 /*
+ * Devices an rnbd-clientd added and died before recording (between ADD_DEV
+ * and its record: SET_PARAMS, the queue's start), which no record names:
+ * left, each kept its number and its character device for good. At start,
+ * before this daemon adds anything: a device is deleted when it is dead
+ * (never started: no block device), marked as an rnbd-clientd's of this
+ * pid namespace (ublk_mark; any other program's device is not), has no
+ * record here (one with a record is recover_scan's), and the pid its
+ * ADD_DEV carried is gone (ESRCH; this daemon's own pid counts as gone, it
+ * added nothing yet). A device whose adder runs, an rnbd-clientd of another
+ * --runtime-dir in the middle of its add, is left; so is one whose pid was
+ * given to another process since (left, never deleted wrongly), and a
+ * stopped one (the kernel names pid -1).
+ */
+static void orphan_scan(void)
+{
+	DIR *dir = opendir("/sys/class/ublk-char");
+	struct dirent *e;
+
+	if (!dir)
+		return; /* no devices (ublk_drv makes the class with the first) */
+	while ((e = readdir(dir))) {
+		struct ublk_state st;
+		char path[4200], tail[2];
+		int id, drc;
+
+		if (sscanf(e->d_name, "ublkc%d%1s", &id, tail) != 1 || id < 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/ublkb%d.json", g.runtime_dir, id);
+		if (!access(path, F_OK) || errno != ENOENT)
+			continue;
+		if (ublk_dev_state(id, &st) || st.state != UBLK_S_DEV_DEAD || !st.marked ||
+		    st.pid <= 0)
+			continue;
+		if (st.pid != getpid() && (!kill(st.pid, 0) || errno != ESRCH)) {
+			dlog(DLOG_INFO, "ublk: /dev/ublkb%d: added by pid %d and not started, not "
+			     "recorded here; pid %d runs (another rnbd-clientd adding it, or the "
+			     "pid was reused): left", id, st.pid, st.pid);
+			continue;
+		}
+		drc = ublk_dev_abandon(id);
+		dlog(drc ? DLOG_ERR : DLOG_INFO, "ublk: /dev/ublkb%d: added by pid %d, which died "
+		     "before recording and starting it: %s%s", id, st.pid,
+		     drc ? "not deleted: " : "deleted", drc ? strerror(-drc) : "");
+	}
+	closedir(dir);
+}
+
+/*
  * The block devices a previous daemon left: a JSON array of its records
  * whose devices wait for a daemon ({"ublk": N, "mapping": {...}}). A record
  * whose device is gone is removed; one that cannot be read is logged and
@@ -2566,6 +2614,8 @@ int main(int argc, char **argv)
 	/* Block devices only: where ublk is not, there is nothing to hand over. */
 	if (have_ublk && runtime_open())
 		return 1;
+	if (have_ublk)
+		orphan_scan();
 	recovering = have_ublk ? recover_scan() : NULL;
 	rc = rpc_server_start_flags(g.control, "rnbd-clientd control", methods, nr_methods, &ctl,
 				    RPC_SERVER_THREADED, &srv);

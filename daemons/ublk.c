@@ -45,6 +45,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dlog.h"
@@ -950,6 +951,33 @@ static int queue_start(struct ublk_dev *u, char *why, size_t len)
 	return rc;
 }
 
+static pthread_once_t mark_once = PTHREAD_ONCE_INIT;
+static uint64_t mark;
+
+static void mark_init(void)
+{
+	struct stat sb;
+
+	if (!stat("/proc/self/ns/pid", &sb) && (uint32_t)sb.st_ino)
+		mark = UBLK_MARK_MAGIC | (uint32_t)sb.st_ino;
+}
+
+uint64_t ublk_mark(void)
+{
+	pthread_once(&mark_once, mark_init);
+	return mark;
+}
+
+#ifdef RTRS_FAULT_INJECTION
+/* Tests (the ublk suite): RNBD_CLIENTD_FAULT is what. */
+static bool fault_is(const char *what)
+{
+	const char *f = getenv("RNBD_CLIENTD_FAULT");
+
+	return f && !strcmp(f, what);
+}
+#endif
+
 int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char *name,
 		 ublk_before_start_fn *before_start, void *priv, struct ublk_dev **out,
 		 int *dev_id, char *why, size_t len)
@@ -976,9 +1004,17 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
 	di.dev_id = UINT32_MAX;
 	/*
 	 * Ours until START_DEV sets the serving pid: a device whose daemon
-	 * died before starting it is known by this (rnbd-clientd's recover_scan).
+	 * died before starting it is known by this (rnbd-clientd's
+	 * recover_scan, and where it died before its record, orphan_scan by
+	 * the mark, which the kernel keeps and GET_DEV_INFO returns).
 	 */
 	di.ublksrv_pid = getpid();
+	di.ublksrv_flags = ublk_mark();
+#ifdef RTRS_FAULT_INJECTION
+	/* Tests (the ublk suite): a device as another program adds it, unmarked. */
+	if (fault_is("kill-after-add-foreign"))
+		di.ublksrv_flags = 0;
+#endif
 	di.flags = UBLK_F_CMD_IOCTL_ENCODE | UBLK_F_USER_RECOVERY | UBLK_F_USER_RECOVERY_REISSUE;
 	/* Where the kernel can change a live device's size, client.resize reaches it. */
 	if (features(u) & UBLK_F_UPDATE_SIZE)
@@ -990,6 +1026,16 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
 	}
 	u->dev_id = (int)di.dev_id;
 	u->can_resize = di.flags & UBLK_F_UPDATE_SIZE;
+#ifdef RTRS_FAULT_INJECTION
+	/*
+	 * Tests (the ublk suite): the daemon killed (or stopped, as a live
+	 * one in the middle of an add) between ADD_DEV and its record.
+	 */
+	if (fault_is("kill-after-add") || fault_is("kill-after-add-foreign"))
+		raise(SIGKILL);
+	if (fault_is("stop-after-add"))
+		raise(SIGSTOP);
+#endif
 	/* SET_PARAMS: the device's size, blocks, largest IO and what it offers. */
 	max_io = u->info.max_io < di.max_io_buf_bytes ? u->info.max_io : di.max_io_buf_bytes;
 	p.len = sizeof(p);
@@ -1029,7 +1075,7 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
 		before_start(priv, u->dev_id);
 #ifdef RTRS_FAULT_INJECTION
 	/* Tests (the ublk suite): the daemon killed between its record and START_DEV. */
-	if (getenv("RNBD_CLIENTD_FAULT") && !strcmp(getenv("RNBD_CLIENTD_FAULT"), "kill-before-start"))
+	if (fault_is("kill-before-start"))
 		raise(SIGKILL);
 #endif
 	/* START_DEV waits until every tag is fetched, then adds /dev/ublkbN. */
@@ -1040,7 +1086,7 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
 	}
 #ifdef RTRS_FAULT_INJECTION
 	/* Tests (the ublk suite): the daemon killed the instant its device started. */
-	if (getenv("RNBD_CLIENTD_FAULT") && !strcmp(getenv("RNBD_CLIENTD_FAULT"), "kill-after-start"))
+	if (fault_is("kill-after-start"))
 		raise(SIGKILL);
 #endif
 	*out = u;
@@ -1080,6 +1126,7 @@ int ublk_dev_state(int dev_id, struct ublk_state *st)
 	st->recoverable = di.flags & UBLK_F_USER_RECOVERY;
 	st->pid = di.ublksrv_pid;
 	st->queue_depth = di.queue_depth;
+	st->marked = ublk_mark() && di.ublksrv_flags == ublk_mark();
 	return 0;
 }
 

@@ -70,7 +70,19 @@ struct ublk_state {
 	bool recoverable;   /* made with user recovery */
 	int pid;            /* the daemon that serves (served) it */
 	unsigned queue_depth;
+	bool marked;        /* added by an rnbd-clientd of this pid namespace (ublk_mark) */
 };
+
+/*
+ * The mark each device's ADD_DEV carries in ublksrv_flags (which the
+ * kernel keeps and GET_DEV_INFO returns, and which no ublk driver reads):
+ * UBLK_MARK_MAGIC ("RNBD" in the high half) and, in the low half, the
+ * inode of the adder's pid namespace, so that a pid the device names is a
+ * pid of this namespace. 0 (devices unmarked, none ever found ours) where
+ * the namespace cannot be known.
+ */
+#define UBLK_MARK_MAGIC 0x524e424400000000ULL
+uint64_t ublk_mark(void);
 
 /* Device N's state: 0, -ENODEV when there is none, or another negative errno. */
 int ublk_dev_state(int dev_id, struct ublk_state *st);

@@ -33,8 +33,13 @@
 #     record and in the session of every daemon that takes over; unmap
 #     removes device, record and name; a daemon killed between a new
 #     device's record and its START_DEV: the next one deletes the device
-#     that never started, and its record; a handover stop while an unmap
-#     of an open device is refused hands that device over too;
+#     that never started, and its record; one killed right after ADD_DEV
+#     (no record): the next one deletes the device by its mark and its
+#     dead adder, and a map works after; a device whose adder (a daemon
+#     of another runtime dir, stopped mid-add) lives is left until that
+#     one dies, and an unmarked one (another program's) is left alone; a
+#     handover stop while an unmap of an open device is refused hands
+#     that device over too;
 #   - fenced reissue: a slow backend (dm-delay, writes held 500 ms),
 #     sixteen writers stamping generation numbers, the daemon killed with
 #     writes held, 20 runs: no block reads back older than its last
@@ -401,6 +406,85 @@ grep -q "ublkb$nid: added by pid [0-9]*, which died before starting it: deleted"
 	[ ! -e "/sys/class/ublk-char/ublkc$nid" ] && [ ! -e "$nr" ]
 check never-started-device-deleted $? "($(grep "ublkb$nid" "$CLOG" | tail -2 | tr '\n' ' ') \
 $(ls /sys/class/ublk-char 2>&1))"
+kill "$CPID"; wait "$CPID"
+
+# A daemon killed right after ADD_DEV, before its record (during
+# SET_PARAMS or the queue's start): a device never started that no record
+# names. The next daemon finds it by its mark (ublksrv_flags) and by the
+# adder's pid, which is gone, and deletes it; a map afterwards works.
+ublkc_new() { # the number of a ublk character device listed now and not in $1
+	local c
+	for c in $(ls /sys/class/ublk-char 2>/dev/null); do
+		case " $1 " in *" $c "*) ;; *) echo "${c#ublkc}"; return ;; esac
+	done
+}
+ub0=$(ls /sys/class/ublk-char 2>/dev/null | tr '\n' ' ')
+export RNBD_CLIENTD_FAULT=kill-after-add
+clientd; check unrecorded-clientd-started $?
+unset RNBD_CLIENTD_FAULT
+R client map disk.img --session ua --server 198.18.0.1 --provider verbs >/dev/null 2>&1
+wait "$CPID" 2>/dev/null; arc=$?
+aid=$(ublkc_new "$ub0")
+[ "$arc" -eq 137 ] && [ -n "$aid" ] && [ ! -e "/tmp/rt/ublkb$aid.json" ] && [ ! -b "/dev/ublkb$aid" ]
+check unrecorded-device-left $? "(exit $arc; ublkc${aid:-none}; $(ls /sys/class/ublk-char /tmp/rt 2>&1 | \
+	tr '\n' ' '))"
+clientd; check unrecorded-clientd-again $?
+grep -q "ublkb$aid: added by pid [0-9]*, which died before recording and starting it: deleted" \
+	"$CLOG" && wait_for 5 sh -c "[ ! -e /sys/class/ublk-char/ublkc$aid ] && [ ! -e /dev/ublkc$aid ]"
+check unrecorded-device-deleted $? "($(grep "ublkb$aid" "$CLOG" | tail -2 | tr '\n' ' ') \
+$(ls /sys/class/ublk-char 2>&1 | tr '\n' ' '))"
+R client map disk.img --session ua --server 198.18.0.1 --provider verbs -o json >/tmp/ua.json
+check unrecorded-map-after $? "$(cat /tmp/ua.json)"
+uad=$(python3 -c 'import json; print(json.load(open("/tmp/ua.json"))["block_device"] or "")')
+[ -b "$uad" ] && dd if="$uad" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null &&
+	R client unmap disk.img --session ua >/dev/null && [ ! -b "$uad" ]
+check unrecorded-map-after-works $? "($uad)"
+kill "$CPID"; wait "$CPID"
+
+# An rnbd-clientd of another --runtime-dir (its own socket) stopped in the
+# middle of an add (SIGSTOP right after ADD_DEV): its device is dead and
+# recorded nowhere here, but its adder lives, so a daemon starting now
+# leaves it. Once the adder is killed, the next daemon deletes it.
+ub0=$(ls /sys/class/ublk-char 2>/dev/null | tr '\n' ' ')
+RNBD_CLIENTD_FAULT=stop-after-add "$B/daemons/rnbd-clientd" --control /tmp/c2.sock \
+	--runtime-dir /tmp/rt2 --log-level info >/tmp/c2.log 2>&1 &
+C2=$!
+wait_for 60 grep -q 'rnbd-clientd ready' /tmp/c2.log; check live-adder-clientd-started $?
+"$B/tools/rnbd" --socket /tmp/c2.sock --timeout 120000 client map disk.img --session la \
+	--server 198.18.0.1 --provider verbs >/dev/null 2>&1 &
+LMAP=$!
+wait_for 30 grep -q '^State:.T' "/proc/$C2/status"
+lid=$(ublkc_new "$ub0")
+[ -n "$lid" ]; check live-adder-device-added $? "($(grep State "/proc/$C2/status"); \
+$(ls /sys/class/ublk-char 2>&1 | tr '\n' ' '))"
+clientd; check live-adder-clientd-here $?
+[ -e "/sys/class/ublk-char/ublkc$lid" ] &&
+	grep -q "ublkb$lid: added by pid $C2 and not started, not recorded here; pid $C2 runs" "$CLOG"
+check live-adder-device-left $? "($(grep "ublkb$lid" "$CLOG" | tail -2 | tr '\n' ' '))"
+kill "$CPID"; wait "$CPID"
+kill -KILL "$C2"; wait "$C2" 2>/dev/null; wait "$LMAP" 2>/dev/null
+clientd; check live-adder-clientd-after $?
+grep -q "ublkb$lid: added by pid $C2, which died before recording and starting it: deleted" \
+	"$CLOG" && wait_for 5 sh -c "[ ! -e /sys/class/ublk-char/ublkc$lid ]"
+check live-adder-device-deleted-after-its-death $? "($(grep "ublkb$lid" "$CLOG" | tail -2 | \
+	tr '\n' ' '))"
+kill "$CPID"; wait "$CPID"
+
+# A device of another program (added unmarked, ublksrv_flags 0, by a
+# daemon killed right after ADD_DEV: dead, never started, its adder gone)
+# is left alone; it stays until the guest ends.
+ub0=$(ls /sys/class/ublk-char 2>/dev/null | tr '\n' ' ')
+export RNBD_CLIENTD_FAULT=kill-after-add-foreign
+clientd; check foreign-clientd-started $?
+unset RNBD_CLIENTD_FAULT
+R client map disk.img --session fa --server 198.18.0.1 --provider verbs >/dev/null 2>&1
+wait "$CPID" 2>/dev/null; frc=$?
+fid=$(ublkc_new "$ub0")
+clientd; check foreign-clientd-again $?
+[ "$frc" -eq 137 ] && [ -n "$fid" ] && [ -e "/sys/class/ublk-char/ublkc$fid" ] &&
+	! grep -q "ublkb$fid" "$CLOG"
+check foreign-device-left-alone $? "(exit $frc; ublkc${fid:-none}; $(grep "ublkb$fid" "$CLOG" | \
+	tail -2 | tr '\n' ' '))"
 kill "$CPID"; wait "$CPID"
 
 # A handover stop while an unmap of an open block device is under way: the
