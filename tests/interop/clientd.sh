@@ -410,14 +410,18 @@ if [ "$(id -u)" -eq 0 ]; then
 	mount -t tmpfs -o size=64k rnbd-test "$dir/full"
 	cp "$dir/maps.json" "$dir/full/maps.json"
 	"$clientd" --control "$dir/cctl" --mappings "$dir/full/maps.json" --log-level info \
-		>"$dir/d7.log" 2>&1 &
+		>"$dir/dfull.log" 2>&1 &
 	pids+=($!)
 	daemon_pid=$!
-	wait_until 30 grep -q 'rnbd-clientd ready' "$dir/d7.log" || true
+	wait_until 30 grep -q 'rnbd-clientd ready' "$dir/dfull.log" ||
+		{ echo "  the daemon did not start:"; sed 's/^/    /' "$dir/dfull.log"; }
 	cp "$dir/full/maps.json" "$dir/maps.before"
 	dd if=/dev/zero of="$dir/full/fill" bs=4k 2>/dev/null || true
+	f0=$fails
 	check "client save on a full disk: ENOSPC said, not EIO" fails 1 \
 		"saving the mappings to $dir/full/maps.json: No space left on device" c save
+	[ "$fails" -eq "$f0" ] ||
+		{ echo "  its log:"; sed 's/^/    /' "$dir/dfull.log"; }
 	check "... the file as it was" cmp -s "$dir/full/maps.json" "$dir/maps.before"
 	kill "$daemon_pid"
 	wait "$daemon_pid" 2>/dev/null || true
