@@ -76,6 +76,7 @@ struct io {
 	unsigned *outstanding;
 	atomic_int calls;
 	int err;
+	enum rtrs_dir dir;
 };
 
 static void io_conf(void *priv, int err)
@@ -103,6 +104,7 @@ static int io_start(struct io *io, enum rtrs_dir dir, uint32_t op, uint64_t off,
 				     .len = (uint32_t)len, .errno_ = errno_ };
 	io->ops = (struct rtrs_clt_req_ops){ .priv = io, .conf = io_conf };
 	io->err = 1;
+	io->dir = dir;
 	pthread_mutex_lock(io->lock);
 	(*io->outstanding)++;
 	pthread_mutex_unlock(io->lock);
@@ -116,12 +118,44 @@ static int io_start(struct io *io, enum rtrs_dir dir, uint32_t op, uint64_t off,
 }
 
 /*
- * Waits for every request of a batch. A completion that never comes (a
- * frame lost or misread) fails the test after WAIT_MAX_S instead of
- * hanging it: the requests still point into this stack, so it exits.
+ * What a request that never completed says of itself and of the session's
+ * paths, so that the log tells a request the client lost from one whose
+ * answer never came on a path that stayed up.
+ */
+static void report_lost(const struct io *ios, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		if (atomic_load(&ios[i].calls))
+			continue;
+		fprintf(stderr, "  without a completion: slot %u, %s of %u bytes at %llu\n", i,
+			ios[i].dir == RTRS_WRITE ? "write" : "read", ios[i].hdr.len,
+			(unsigned long long)ios[i].hdr.offset);
+	}
+	for (unsigned p = 0;; p++) {
+		struct rtrs_path_stats st = { .size = sizeof(st) };
+
+		if (rtrs_clt_path_stats(sess, p, &st))
+			break;
+		fprintf(stderr, "  path %s: %s, inflight %u, reads %llu, writes %llu, "
+			"reconnects %llu (failed %llu), failovers %llu, last error %d, "
+			"heartbeat %llu ns\n", st.name, st.state, st.inflight,
+			(unsigned long long)st.reads, (unsigned long long)st.writes,
+			(unsigned long long)st.reconnects,
+			(unsigned long long)st.reconnect_failures,
+			(unsigned long long)st.failovers, st.last_error,
+			(unsigned long long)st.hb_latency_ns);
+	}
+}
+
+/*
+ * Waits for every request of a batch (ios[0 .. n)). A completion that
+ * never comes (a frame lost or misread) fails the test after WAIT_MAX_S
+ * instead of hanging it: the requests still point into this stack, so it
+ * exits.
  */
 #define WAIT_MAX_S 90
-static void wait_all(pthread_mutex_t *lock, pthread_cond_t *cond, unsigned *outstanding)
+static void wait_all(pthread_mutex_t *lock, pthread_cond_t *cond, unsigned *outstanding,
+		     const struct io *ios, unsigned n)
 {
 	struct timespec until;
 
@@ -132,6 +166,7 @@ static void wait_all(pthread_mutex_t *lock, pthread_cond_t *cond, unsigned *outs
 		if (pthread_cond_timedwait(cond, lock, &until) == ETIMEDOUT && *outstanding) {
 			CHECK(0, "%u requests still without a completion after %d s", *outstanding,
 			      WAIT_MAX_S);
+			report_lost(ios, n);
 			exit(test_done("test-io"));
 		}
 	}
@@ -153,7 +188,7 @@ static int io_sync(enum rtrs_dir dir, uint32_t op, uint64_t off, const struct io
 	io.permit = rtrs_clt_get_permit(sess, sync_con_type, RTRS_PERMIT_WAIT);
 	rc = io_start(&io, dir, op, off, data, cnt, errno_);
 	if (!rc) {
-		wait_all(&lock, &cond, &outstanding);
+		wait_all(&lock, &cond, &outstanding, &io, 1);
 		rc = io.err;
 		CHECK_EQ(atomic_load(&io.calls), 1);
 	}
@@ -251,7 +286,7 @@ static void *qd_worker(void *arg)
 				fprintf(stderr, "qd thread %u: submit: %s\n", t->idx, strerror(-rc));
 			}
 		}
-		wait_all(&lock, &cond, &outstanding);
+		wait_all(&lock, &cond, &outstanding, ios, t->slots);
 		for (unsigned i = 0; i < t->slots; i++)
 			if (ios[i].err)
 				t->errors++;
