@@ -206,6 +206,7 @@ RTRS_EXPORT int rtrs_fault_set(const struct rtrs_fault *f)
 	if (rc)
 		return rc;
 	fab_rdma_connect_threads(f ? f->rdma_connect_threads : 0);
+	fab_rdma_post_fail_at(f ? f->rdma_post_fail_at : 0);
 	pthread_mutex_lock(&g_lock);
 	old = g_set;
 	g_set = fs;
@@ -225,6 +226,7 @@ RTRS_EXPORT void rtrs_fault_get_stats(struct rtrs_fault_stats *st)
 	st->tls_swaps = atomic_load(&st_tls);
 	st->late_opens = atomic_load(&st_late_opens);
 	st->late_closes = atomic_load(&st_late_closes);
+	st->posts_failed = fab_rdma_posts_failed();
 }
 
 /* ---- connection callbacks: the owner's, with the faults in between ---------- */

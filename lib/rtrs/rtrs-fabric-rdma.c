@@ -2996,6 +2996,38 @@ static int tx_reserve(struct fab_con *c, unsigned n)
  * signal is blocked around the post and a SIGPIPE the post raised is
  * taken before the mask is restored; the post's error tells the rest.
  */
+#ifdef RTRS_FAULT_INJECTION
+static atomic_uint post_fail_at, post_count;
+static atomic_uint_fast64_t posts_failed;
+
+void fab_rdma_post_fail_at(unsigned n)
+{
+	atomic_store(&post_count, 0);
+	atomic_store(&post_fail_at, n);
+}
+
+uint64_t fab_rdma_posts_failed(void)
+{
+	return atomic_load(&posts_failed);
+}
+
+/* A successful post that is to be reported failed after queuing (rtrs_fault.rdma_post_fail_at). */
+static int post_fault(int rc)
+{
+	unsigned at = atomic_load_explicit(&post_fail_at, memory_order_relaxed);
+
+	if (rc || !at || atomic_fetch_add(&post_count, 1) + 1 != at)
+		return rc;
+	atomic_fetch_add(&posts_failed, 1);
+	return -ENOMEM;
+}
+#else
+static inline int post_fault(int rc)
+{
+	return rc;
+}
+#endif
+
 static int post_send(struct fab_con *c, struct ibv_send_wr *first, struct ibv_send_wr **bad)
 {
 	static const struct timespec zero;
@@ -3005,7 +3037,7 @@ static int post_send(struct fab_con *c, struct ibv_send_wr *first, struct ibv_se
 
 	if (!c->fab->sigpipe_guard) {
 		rc = ibv_post_send(c->qp, first, bad);
-		return rc ? verbs_err(rc, errno) : 0;
+		return post_fault(rc ? verbs_err(rc, errno) : 0);
 	}
 	sigemptyset(&pipe_set);
 	sigaddset(&pipe_set, SIGPIPE);
@@ -3018,7 +3050,7 @@ static int post_send(struct fab_con *c, struct ibv_send_wr *first, struct ibv_se
 		while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR)
 			;
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	return rc;
+	return post_fault(rc);
 }
 
 /* Under tx_lock: whether the next post of n requests is to be signalled. */
@@ -3063,11 +3095,28 @@ static int post_chain(struct fab_con *c, struct ibv_send_wr *first, struct ibv_s
 	if (sig)
 		last->send_flags |= IBV_SEND_SIGNALED;
 	rc = post_send(c, first, &bad);
-	/*
-	 * The ones from bad on did not go. A failure with no bad (libsiw, when
-	 * its doorbell is refused as the QP closes) has queued them all: their
-	 * completions (flushed) give their room back.
-	 */
+	if (rc && !bad) {
+		/*
+		 * A failure that names no request has queued them all: the
+		 * provider's doorbell failed after they went into the queue
+		 * (libsiw's as the QP closes, rxe's write to the device's file
+		 * that failed). They may still go, at the next doorbell, so
+		 * they are posted: a retry would send them twice, and the
+		 * server would answer a request twice (the second answer
+		 * completing whatever request holds the permit by then). So
+		 * that they cannot wait for a doorbell that never comes, the
+		 * QP goes to the error state: they complete flushed, the
+		 * connection fails, and its requests are recovered with the
+		 * path's. Their completions give their room back.
+		 */
+		struct ibv_qp_attr qa = { .qp_state = IBV_QPS_ERR };
+
+		log_err_rl("%s: posting failed after the requests were queued (%s): closing the "
+			   "connection", con_name(c), strerror(-rc));
+		ibv_modify_qp(c->qp, &qa, IBV_QP_STATE);
+		rc = 0;
+	}
+	/* The ones from bad on did not go. */
 	for (struct ibv_send_wr *w = rc ? bad : NULL; w; w = w->next)
 		unposted++;
 	tx_account(c, n, unposted, sig);

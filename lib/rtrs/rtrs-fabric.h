@@ -295,6 +295,10 @@ const struct fab_ops *fab_impl(const char *prov);
 extern const struct fab_ops fab_fault_ops;
 /* iWARP's connect threads are at most n from now on (0: RDMA_CONNECT_THREADS_MAX); rtrs_fault_set. */
 void fab_rdma_connect_threads(unsigned n);
+/* The nth post of the process from now on fails after queuing (0: none); rtrs_fault_set. */
+void fab_rdma_post_fail_at(unsigned n);
+/* How many posts fab_rdma_post_fail_at made fail. */
+uint64_t fab_rdma_posts_failed(void);
 #endif
 
 /*

@@ -101,6 +101,14 @@ struct rtrs_fault {
 	 * go on; none is made past it.
 	 */
 	unsigned rdma_connect_threads;
+	/*
+	 * Process-wide, rdma fabric only: the Nth post of send work requests
+	 * from now on (1..; 0: off) queues them and then reports -ENOMEM with
+	 * no failed request named, as rxe's provider does when its doorbell
+	 * (a write to the device's file) fails after the requests went into
+	 * the queue. Once per rtrs_fault_set.
+	 */
+	unsigned rdma_post_fail_at;
 };
 
 /*
@@ -122,6 +130,7 @@ struct rtrs_fault_stats {
 	uint64_t tls_swaps;   /* connections made with the tls_host's PSK */
 	uint64_t late_opens;  /* fabrics opened open_delay_ms late */
 	uint64_t late_closes; /* ... and closed */
+	uint64_t posts_failed; /* rdma posts reported failed after queuing (rdma_post_fail_at) */
 };
 
 void rtrs_fault_get_stats(struct rtrs_fault_stats *st);

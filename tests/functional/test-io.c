@@ -14,6 +14,13 @@
  * sides: the pending lists and kicks carry the load (rtrs-fault.h; a build
  * without -Dfault_injection=true skips it).
  *
+ * test-io --fault-post-fail N (verbs only; the guests' verbs suite) runs the
+ * same with the Nth post of send work requests reported failed after it
+ * queued them, as rxe's provider does when its doorbell fails: nothing may
+ * go twice (a request answered twice fails its path with EPROTO, or
+ * completes the permit's next request with the first's answer); the
+ * connection fails, its path reconnects and its requests go again once.
+ *
  * test-io --resegment (the test test-io-resegment; tcp only) runs the same
  * through a proxy that passes each direction's bytes on in pieces of
  * random sizes (1 byte to 9 KiB, a third of them under 40 bytes, with
@@ -499,8 +506,29 @@ int main(int argc, char **argv)
 	char dst[64];
 	int rc, status;
 	bool resegment = false;
+	unsigned post_fail = 0;
 
-	if (argc == 3 && !strcmp(argv[1], a_every)) {
+	if (argc == 3 && !strcmp(argv[1], "--fault-post-fail")) {
+		char *end;
+		unsigned long n = strtoul(argv[2], &end, 10);
+
+		if (*end || n < 1 || n > 1000000) {
+			fprintf(stderr, "test-io: --fault-post-fail %s: expected 1 to 1000000\n",
+				argv[2]);
+			return 2;
+		}
+		if (strcmp(test_provider(), "verbs"))
+			SKIP("--fault-post-fail: the rdma fabric's posts (provider %s)",
+			     test_provider());
+#ifdef RTRS_FAULT_INJECTION
+		struct rtrs_fault f = { .rdma_post_fail_at = (unsigned)n };
+
+		CHECK_EQ(rtrs_fault_set(&f), 0);
+		post_fail = (unsigned)n;
+#else
+		SKIP("--fault-post-fail: built without -Dfault_injection=true");
+#endif
+	} else if (argc == 3 && !strcmp(argv[1], a_every)) {
 		char *end;
 		unsigned long n = strtoul(argv[2], &end, 10);
 
@@ -523,7 +551,8 @@ int main(int argc, char **argv)
 			SKIP("--resegment: a tcp server of its own only (provider %s)", test_provider());
 		resegment = true;
 	} else if (argc != 1) {
-		fprintf(stderr, "usage: test-io [%s N | --resegment]\n", a_every);
+		fprintf(stderr, "usage: test-io [%s N | --fault-post-fail N | --resegment]\n",
+			a_every);
 		return 2;
 	}
 	snprintf(qd, sizeof(qd), "%u", 512);
@@ -566,6 +595,26 @@ int main(int argc, char **argv)
 	part_errno();
 	part_refusals();
 	part_queue_depths();
+	if (post_fail) {
+#ifdef RTRS_FAULT_INJECTION
+		struct rtrs_fault_stats st;
+		struct rtrs_path_stats ps = { .size = sizeof(ps) };
+
+		rtrs_fault_get_stats(&st);
+		CHECK(st.posts_failed == 1, "posts reported failed after queuing: %llu",
+		      (unsigned long long)st.posts_failed);
+		CHECK_EQ(rtrs_clt_path_stats(sess, 0, &ps), 0);
+		/* The connection failed for the fault, not for a request answered twice. */
+		CHECK(ps.reconnects >= 1, "reconnects after the failed post: %llu",
+		      (unsigned long long)ps.reconnects);
+		CHECK(ps.last_error != -EPROTO, "the path failed with %s",
+		      strerror(-ps.last_error));
+		printf("post %u failed after queuing: the path failed with %s, reconnected %llu "
+		       "time(s)\n", post_fail, strerror(-ps.last_error),
+		       (unsigned long long)ps.reconnects);
+		rtrs_fault_set(NULL);
+#endif
+	}
 	rtrs_clt_close(sess);
 	if (every[0]) {
 #ifdef RTRS_FAULT_INJECTION

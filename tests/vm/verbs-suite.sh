@@ -3,7 +3,9 @@
 # "verbs"), on soft-RoCE (rxe)
 # and soft-iWARP (siw), in QEMU guests made by rtrs-vm:
 #   - one guest: test-io, test-close, test-peer-death, test-connect,
-#     test-reconnect, test-auth, and RNBD's test-rnbd-srv and test-rnbd,
+#     test-reconnect, test-auth, and RNBD's test-rnbd-srv and test-rnbd;
+#     test-io-post-fail (test-io --fault-post-fail 3000: a post the
+#     provider reports failed after queuing its requests goes only once),
 #     client and server through the guest's own RDMA device; test-multipath
 #     and test-fence with their paths from three addresses of that device's
 #     netdev (198.18.0.1, .11, .12: RTRS_TEST_ADDR, RTRS_TEST_ADDR2 and 3);
@@ -51,7 +53,7 @@ fi
 
 env_common="cd $build && export RTRS_TEST_PROVIDER=verbs RTRS_TEST_SERVER=$build/tests/functional/rtrs-test-server RTRS_PERF=$build/tools/rtrs-perf"
 one_guest=(test-io test-close test-peer-death test-connect test-reconnect test-multipath test-fence test-poll
-	test-auth test-rnbd-srv test-rnbd)
+	test-auth test-rnbd-srv test-rnbd test-io-post-fail)
 
 for dev in "${devices[@]}"; do
 	# One guest: each test in turn; the guest reports one status per test.
@@ -68,9 +70,11 @@ for dev in "${devices[@]}"; do
 			ip neigh replace 198.18.0.99 lladdr 02:00:00:00:00:99 dev eth0 nud permanent &&
 				export RTRS_TEST_DEAD_ADDR=198.18.0.99
 			for t in ${one_guest[*]}; do
+				cmd=./tests/functional/\$t
+				[ \$t != test-io-post-fail ] || cmd='./tests/functional/test-io --fault-post-fail 3000'
 				for try in 1 2; do
 					s=\$SECONDS
-					$here/run-bounded 240 ./tests/functional/\$t >/tmp/\$t.log 2>&1
+					$here/run-bounded 240 \$cmd >/tmp/\$t.log 2>&1
 					rc=\$?
 					[ \$rc -eq 124 ] || break
 					echo \"TIMEOUT \$t (try \$try): where it hung\"
