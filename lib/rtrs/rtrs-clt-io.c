@@ -63,10 +63,12 @@ void rtrs_clt_poll_wake(struct rtrs_clt_sess *s)
 	atomic_store(&s->poll_wake_set, true);
 }
 
-void clt_req_release_mrs(struct clt_req *req)
+void clt_req_release_mrs(struct clt_req *req, struct fab_con *fc)
 {
+	if (req->dir != RTRS_WRITE)
+		fc = NULL;
 	for (unsigned i = 0; i < req->nr_mrs; i++)
-		fab_mr_dereg(&req->mrs[i]);
+		fab_mr_dereg_after(fc, &req->mrs[i]);
 	req->nr_mrs = 0;
 }
 
@@ -91,7 +93,8 @@ bool clt_req_complete(struct clt_req *req, int err)
 	if (!atomic_compare_exchange_strong(&req->state, &expected, REQ_DONE))
 		return false;
 	tsan_acquire(req); /* everything up to its post (req_post) */
-	clt_req_release_mrs(req);
+	/* From the path's teardown its connections are gone (fc NULL): at once. */
+	clt_req_release_mrs(req, p ? req->con->c.fc : NULL);
 	if (req->bounced && !err)
 		req_unbounce(req);
 	ops = req->ops;
@@ -425,6 +428,15 @@ int clt_path_keys_merge(struct clt_path *p, size_t off)
 	return 0;
 }
 
+/*
+ * The context the last write of a request that registered its data asks
+ * for (req_post): its send's completion comes then, not with some later
+ * signalled send, which an idle connection may never post, and with it
+ * the regions' deregistration (clt_req_release_mrs). Its done() does
+ * nothing: rtrs_con_done takes only a heartbeat ack's context.
+ */
+static char req_sent_ctx;
+
 static char *req_hdr_slot(const struct clt_req *req)
 {
 	return req->sess->hdr_area + (size_t)req->id * req->sess->max_hdr_size;
@@ -444,6 +456,8 @@ static int req_post(struct clt_req *req)
 	struct iovec iov[RTRS_MAX_SEGMENTS + 1];
 	void *desc[RTRS_MAX_SEGMENTS + 1];
 	const struct rtrs_desc *chunk = &p->rbufs[req->id];
+	/* Its data registered per IO (not copies of the session's regions' descriptors). */
+	bool own_mrs = req->dir == RTRS_WRITE && req->nr_mrs && req->mrs[0].ops;
 	size_t n = 0;
 	uint32_t imm;
 
@@ -479,7 +493,8 @@ static int req_post(struct clt_req *req)
 			atomic_store(&req->sent, true);
 			tsan_release(req); /* clt_req_complete's acquire; req is not read after */
 		}
-		rc = fab_write(fc, &iov[first], &desc[first], cnt, &rma, 1, last, imm, NULL);
+		rc = fab_write(fc, &iov[first], &desc[first], cnt, &rma, 1, last, imm,
+			       last && own_mrs ? &req_sent_ctx : NULL);
 		if (rc) {
 			if (last)
 				atomic_store(&req->sent, false);
@@ -549,7 +564,7 @@ static int req_map(struct clt_req *req, struct clt_path *p)
 				    &req->mrs[i]);
 
 		if (rc) {
-			clt_req_release_mrs(req);
+			clt_req_release_mrs(req, NULL);
 			return rc;
 		}
 		req->nr_mrs++;
@@ -623,7 +638,8 @@ static int req_issue(struct clt_req *req, struct clt_path *p, bool accepted)
 		atomic_store(&req->state, accepted ? REQ_INFLIGHT : REQ_IDLE);
 		atomic_fetch_sub(&p->base.inflight, 1);
 		atomic_fetch_sub_explicit(&req->con->inflight, 1, memory_order_relaxed);
-		clt_req_release_mrs(req);
+		/* Its first writes may have gone. */
+		clt_req_release_mrs(req, req->con->c.fc);
 		log_err_rl("%s: posting a request failed: %s", p->name, strerror(-rc));
 		(void)s;
 	}

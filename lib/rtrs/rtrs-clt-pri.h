@@ -398,7 +398,13 @@ struct rtrs_clt_sess {
 };
 
 /* rtrs-clt-io.c */
-void clt_req_release_mrs(struct clt_req *req);
+/*
+ * Deregisters what req registered for its data: a write's regions once the
+ * sends posted on fc so far have completed (fab_mr_dereg_after: the device
+ * may send the write again from them after its response came), a read's,
+ * and any with fc NULL (nothing posted, or the connection gone), at once.
+ */
+void clt_req_release_mrs(struct clt_req *req, struct fab_con *fc);
 bool clt_req_complete(struct clt_req *req, int err);
 /* rtrs-clt-io.c: a connected path's IO connections into the poll set, and out. */
 void clt_path_poll_enroll(struct clt_path *p);

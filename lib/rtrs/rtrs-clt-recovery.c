@@ -185,8 +185,9 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 
 		if (atomic_load(&req->state) != REQ_INFLIGHT || req->path != p)
 			continue;
+		/* Its connections are gone: nothing reads its regions any more. */
 		if (unfenced) {
-			clt_req_release_mrs(req);
+			clt_req_release_mrs(req, NULL);
 			atomic_fetch_sub(&p->base.inflight, 1);
 			clt_req_wait(req);
 			resent++;
@@ -198,7 +199,7 @@ void clt_path_stop(struct clt_path *p, int err, enum rtrs_path_state next)
 			continue;
 		}
 		/* Failover: after the server fences this path, same permit and chunk. */
-		clt_req_release_mrs(req);
+		clt_req_release_mrs(req, NULL);
 		atomic_fetch_sub(&p->base.inflight, 1);
 		req->path = NULL;
 		req->fence_path = p;

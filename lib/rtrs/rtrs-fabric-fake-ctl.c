@@ -132,6 +132,13 @@ void fake_set_mr_local(bool on)
 	fk_unlock();
 }
 
+void fake_set_late_ack(bool on)
+{
+	fk_lock();
+	fk_net.late_ack = on;
+	fk_unlock();
+}
+
 void fake_set_windows(unsigned binds)
 {
 	fk_lock();
@@ -275,6 +282,7 @@ void fake_drop(struct fake_ev *ev)
 	if (!zombie_take(ev)) {
 		fk_ev_unlink(ev);
 		fk_ev_uncount(ev);
+		fk_con_sent(ev->from);
 		fk_net.st.dropped++;
 		pthread_cond_broadcast(&fk_net.cond);
 	}
@@ -299,6 +307,8 @@ struct fake_ev *fake_dup(const struct fake_ev *ev)
 	d->len = 0;
 	d->counted = false;
 	d->claimed = true;
+	d->lvec = NULL; /* a copy on the wire, not a send of ours */
+	d->nr_lvec = 0;
 	if (fk_ev_set_data(d, ev->data, ev->len)) {
 		fk_unlock();
 		free(d);

@@ -56,6 +56,24 @@ struct fake_mr {
 	uint64_t key;
 };
 
+/* A registration fab_mr_dereg_after left to go once the sends posted before it completed. */
+struct fake_defer {
+	struct fake_defer *next;
+	struct fake_mr *mr;
+	size_t len;
+	uint64_t seq;                  /* fk_net.seq then: the last event posted before it */
+};
+
+/* late_ack: a write of ours that arrived and whose send has not completed. */
+struct fake_ack {
+	struct fake_ack *next;
+	uint64_t seq;                  /* the write's */
+	uint64_t after;                /* fk_net.seq at its arrival: completes after a later word */
+	void *ctx;                     /* its done()'s */
+	struct fake_lvec *lvec;        /* owned */
+	size_t nr_lvec;
+};
+
 struct fab {
 	const struct fab_ops *ops;     /* first: struct fab_obj */
 	struct fab *next;
@@ -109,6 +127,8 @@ struct fab_con {
 	char *rx_buf;
 	size_t rx_count, rx_size, rx_next;
 	unsigned blocked_gen;          /* the pump's scan: an earlier event for us waits */
+	struct fake_defer *defer;      /* fk_con_sent frees them */
+	struct fake_ack *acks;         /* late_ack, oldest first */
 };
 
 struct fake_net {
@@ -126,6 +146,7 @@ struct fake_net {
 	size_t iov_limit, rma_iov_limit;
 	bool no_send_imm;           /* fabrics opened from now on lack fab_send_imm (iWARP) */
 	bool mr_local;              /* fabrics opened from now on need local registrations (verbs) */
+	bool late_ack;              /* fake_set_late_ack */
 	uint64_t local_regs;        /* local registrations made (mr_local) */
 	unsigned fail_regs;         /* the next remote registrations to fail (fake_fail_regs) */
 	unsigned win_binds;         /* fabrics opened from now on have windows */
@@ -169,6 +190,17 @@ bool fk_ev_ready(const struct fake_ev *ev);
 void fk_ev_run(struct fake_ev *ev);
 void fk_con_tell_peer(struct fab_con *c);
 void fk_con_purge_to(struct fab_con *c);
+
+/* Registrations (rtrs-fabric-fake.c); lock held. */
+/* Whether [buf, buf + len) lies in desc, a live registration. */
+bool fk_local_live(const void *buf, size_t len, const void *desc);
+/*
+ * A send of c completed, or will not (delivered, acknowledged, dropped):
+ * the registrations deferred behind the sends that all have go.
+ */
+void fk_con_sent(struct fab_con *c);
+/* c is gone: what it deferred goes, its writes' late completions never come. */
+void fk_con_sent_all(struct fab_con *c);
 
 /* Posting (lock held on entry, released on return). */
 void fk_queue_and_hook(struct fake_ev *ev);

@@ -112,6 +112,7 @@ void fk_ev_unlink(struct fake_ev *ev)
 void fk_ev_free(struct fake_ev *ev)
 {
 	free(ev->buf);
+	free(ev->lvec);
 	free(ev);
 }
 
@@ -209,6 +210,7 @@ void fk_ev_discard(struct fake_ev *ev)
 {
 	fk_ev_unlink(ev);
 	fk_ev_uncount(ev);
+	fk_con_sent(ev->from);
 	if (ev->claimed) {
 		ev->to = ev->from = NULL;
 		ev->next = fk_net.zombies;
@@ -391,16 +393,76 @@ static void ev_record(const struct fake_ev *ev)
 	r->ev.data = r->head;
 }
 
-/* The poster asked for a completion: it comes once the operation has arrived. */
-static void post_done(const struct fake_ev *ev)
+/* done(ctx) for c, which asked for it: unless c is shut down or down. */
+static void post_done_to(struct fab_con *c, void *ctx)
 {
 	struct fake_ev *done;
 
-	if (!ev->ctx || !ev->from || ev->from->shutdown || ev->from->down)
+	if (!ctx || !c || c->shutdown || c->down)
 		return;
-	done = fk_ev_post_local(FAKE_DONE, ev->from, 0, NULL, 0);
+	done = fk_ev_post_local(FAKE_DONE, c, 0, NULL, 0);
 	if (done)
-		done->ctx = ev->ctx;
+		done->ctx = ctx;
+}
+
+/*
+ * The poster asked for a completion: it comes once the operation has
+ * arrived, or with late_ack, for a client's write from local
+ * registrations, once its acknowledgement does (acks_run): the write is
+ * kept on its connection until then.
+ */
+static void post_done(struct fake_ev *ev)
+{
+	struct fab_con *from = ev->from;
+	struct fake_ack *a, **tail;
+
+	if (!fk_net.late_ack || ev->kind != FAKE_WRITE || !ev->nr_lvec || !from || from->server ||
+	    from->shutdown || from->down || !(a = calloc(1, sizeof(*a)))) {
+		post_done_to(from, ev->ctx);
+		return;
+	}
+	a->seq = ev->seq;
+	a->after = fk_net.seq;
+	a->ctx = ev->ctx;
+	a->lvec = ev->lvec;
+	a->nr_lvec = ev->nr_lvec;
+	ev->lvec = NULL;
+	ev->nr_lvec = 0;
+	for (tail = &from->acks; *tail; tail = &(*tail)->next)
+		;
+	*tail = a;
+}
+
+/*
+ * late_ack: a word of c's peer (ev, a write or a message) was delivered to
+ * c: the writes of c that arrived before the peer posted it complete now,
+ * in order. A device that had not seen their acknowledgement sends them
+ * again from their local vectors: each must still lie in its live
+ * registration, or the connection fails as a local protection error
+ * fails it, and what else it had on its way is flushed.
+ */
+static void acks_run(struct fab_con *c, const struct fake_ev *ev)
+{
+	while (c->acks && c->acks->after < ev->seq) {
+		struct fake_ack *a = c->acks;
+		bool live = true;
+
+		c->acks = a->next;
+		for (size_t i = 0; live && i < a->nr_lvec; i++)
+			live = fk_local_live(a->lvec[i].buf, a->lvec[i].len, a->lvec[i].desc);
+		free(a->lvec);
+		if (!live && !c->shutdown && !c->down && !c->failed) {
+			fk_net.st.local_prot_errs++;
+			fk_log(LOG_ERR, "fake: %s: a write's send completed after its local "
+			       "registration went: local protection error", c->name);
+			c->failed = true;
+			fk_ev_post_local(FAKE_DOWN, c, -EFAULT, NULL, 0);
+		}
+		if (live)
+			post_done_to(c, a->ctx);
+		free(a);
+	}
+	fk_con_sent(c);
 }
 
 /*
@@ -433,6 +495,7 @@ void fk_ev_run(struct fake_ev *ev)
 			goto drop;
 		fk_net.st.writes++;
 		post_done(ev);
+		fk_con_sent(from);
 		if (!ev->with_imm) {
 			ev_record(ev);
 			fk_ev_free(ev);
@@ -452,6 +515,7 @@ void fk_ev_run(struct fake_ev *ev)
 		memcpy(rx, ev->data, ev->len);
 		fk_net.st.sends++;
 		post_done(ev);
+		fk_con_sent(from);
 		break;
 	case FAKE_REJECT:
 	case FAKE_DOWN:
@@ -501,12 +565,15 @@ void fk_ev_run(struct fake_ev *ev)
 	}
 	fk_lock();
 	to->in_cb = false;
+	if (to->acks && (ev->kind == FAKE_WRITE || ev->kind == FAKE_SEND))
+		acks_run(to, ev);
 	pthread_cond_broadcast(&fk_net.cond);
 	fk_ev_free(ev);
 	return;
 
 drop:
 	fk_net.st.dropped++;
+	fk_con_sent(from);
 	fk_ev_free(ev);
 }
 

@@ -117,30 +117,111 @@ static int fake_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, st
 	return 0;
 }
 
-static void fake_mr_dereg(struct fab_mr *mr)
+/* Lock held: m leaves its domain and is freed; false when no domain holds it. */
+static bool mr_free_locked(struct fake_mr *m, size_t len)
 {
-	struct fake_mr *m = mr->priv;
-
-	if (!m)
-		return;
-	fk_lock();
 	for (struct fab *f = fk_net.fabs; f; f = f->next) {
 		for (struct fake_mr **pm = &f->mrs; *pm; pm = &(*pm)->next) {
 			if (*pm == m) {
 				*pm = m->next;
-				goto found;
+				free(m);
+				return true;
 			}
 		}
 	}
 	/* Its domain was closed under it (and said so): freed with the domain. */
-	fk_log(LOG_ERR, "fake: deregistering %zu bytes that no domain holds", mr->len);
+	fk_log(LOG_ERR, "fake: deregistering %zu bytes that no domain holds", len);
+	return false;
+}
+
+static void fake_mr_dereg(struct fab_mr *mr)
+{
+	if (!mr->priv)
+		return;
+	fk_lock();
+	mr_free_locked(mr->priv, mr->len);
 	fk_unlock();
 	mr->priv = NULL;
 	mr->ops = NULL;
-	return;
-found:
+}
+
+bool fk_local_live(const void *buf, size_t len, const void *desc)
+{
+	const char *b = buf;
+
+	for (struct fab *f = fk_net.fabs; desc && f; f = f->next)
+		for (const struct fake_mr *x = f->mrs; x; x = x->next)
+			if (x == desc)
+				return b >= x->buf && (size_t)(b - x->buf) <= x->len &&
+				       len <= x->len - (size_t)(b - x->buf);
+	return false;
+}
+
+void fk_con_sent(struct fab_con *c)
+{
+	uint64_t first = UINT64_MAX; /* the oldest of c's sends not completed */
+
+	if (!c || !c->defer)
+		return;
+	for (struct fake_ev *ev = fk_net.head; ev; ev = ev->next) {
+		if (ev->from == c && (ev->kind == FAKE_WRITE || ev->kind == FAKE_SEND)) {
+			first = ev->seq; /* the queue is in posting order */
+			break;
+		}
+	}
+	for (struct fake_ack *a = c->acks; a; a = a->next)
+		first = MIN(first, a->seq);
+	for (struct fake_defer **pd = &c->defer; *pd;) {
+		struct fake_defer *d = *pd;
+
+		if (d->seq >= first) {
+			pd = &d->next;
+			continue;
+		}
+		*pd = d->next;
+		mr_free_locked(d->mr, d->len);
+		free(d);
+	}
+}
+
+void fk_con_sent_all(struct fab_con *c)
+{
+	while (c->acks) {
+		struct fake_ack *a = c->acks;
+
+		c->acks = a->next;
+		free(a->lvec);
+		free(a);
+	}
+	while (c->defer) {
+		struct fake_defer *d = c->defer;
+
+		c->defer = d->next;
+		mr_free_locked(d->mr, d->len);
+		free(d);
+	}
+}
+
+/* Kept until the sends c posted so far have completed (fk_con_sent), or c goes. */
+static void fake_mr_dereg_after(struct fab_con *c, struct fab_mr *mr)
+{
+	struct fake_defer *d;
+
+	if (!mr->priv)
+		return;
+	d = malloc(sizeof(*d));
+	if (!d) {
+		fake_mr_dereg(mr);
+		return;
+	}
+	d->mr = mr->priv;
+	d->len = mr->len;
+	fk_lock();
+	d->seq = fk_net.seq;
+	d->next = c->defer;
+	c->defer = d;
+	fk_con_sent(c);
 	fk_unlock();
-	free(m);
 	mr->priv = NULL;
 	mr->ops = NULL;
 }
@@ -493,6 +574,7 @@ static void fake_con_destroy(struct fab_con *c)
 	}
 	if (c->peer)
 		c->peer->peer = NULL;
+	fk_con_sent_all(c);
 	pthread_cond_broadcast(&fk_net.cond);
 	fk_unlock();
 	free(c->rx_buf);
@@ -532,9 +614,9 @@ static void fake_con_local(const struct fab_con *c, char *buf, size_t len)
  * Posts a write: the bytes are taken now (the fabric's copy is on the
  * wire) and placed when it is delivered.
  */
-static int post_write(struct fab_con *c, const struct iovec *iov, size_t iov_cnt,
-		      const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
-		      void *ctx)
+static int post_write(struct fab_con *c, const struct iovec *iov, void *const *desc,
+		      size_t iov_cnt, const struct fab_rma *rma, size_t rma_cnt, bool with_imm,
+		      uint32_t imm, void *ctx)
 {
 	uint64_t local = 0, remote = 0;
 	struct fake_ev *ev;
@@ -562,6 +644,17 @@ static int post_write(struct fab_con *c, const struct iovec *iov, size_t iov_cnt
 	for (size_t i = 0, off = 0; i < iov_cnt; off += iov[i].iov_len, i++)
 		if (iov[i].iov_len)
 			memcpy((char *)ev->buf + off, iov[i].iov_base, iov[i].iov_len);
+	if (desc && iov_cnt && c->fab->attr.mr_local) {
+		/* What a late completion checks (fake_set_late_ack). */
+		ev->lvec = calloc(iov_cnt, sizeof(*ev->lvec));
+		if (!ev->lvec) {
+			fk_ev_free(ev);
+			return -ENOMEM;
+		}
+		for (size_t i = 0; i < iov_cnt; i++)
+			ev->lvec[i] = (struct fake_lvec){ iov[i].iov_base, iov[i].iov_len, desc[i] };
+		ev->nr_lvec = iov_cnt;
+	}
 	p = ev->buf;
 	ev->data = p;
 	ev->len = local;
@@ -579,17 +672,9 @@ static int check_local(struct fab_con *c, const struct iovec *iov, void *const *
 	int rc = 0;
 
 	fk_lock();
-	for (size_t i = 0; !rc && i < cnt; i++) {
-		const struct fake_mr *m = desc ? desc[i] : NULL, *live = NULL;
-		const char *b = iov[i].iov_base;
-
-		for (struct fab *f = fk_net.fabs; m && f && !live; f = f->next)
-			for (const struct fake_mr *x = f->mrs; x && !live; x = x->next)
-				if (x == m)
-					live = x;
-		if (!live || b < live->buf || iov[i].iov_len > live->len - (size_t)(b - live->buf))
+	for (size_t i = 0; !rc && i < cnt; i++)
+		if (!fk_local_live(iov[i].iov_base, iov[i].iov_len, desc ? desc[i] : NULL))
 			rc = -EFAULT;
-	}
 	fk_unlock();
 	if (rc)
 		fk_log(LOG_ERR, "fake: %s: a write from memory that is not registered", c->name);
@@ -605,7 +690,7 @@ static int fake_write(struct fab_con *c, const struct iovec *iov, void *const *d
 	if (rma_cnt > ARRAY_SIZE(((struct fake_ev *)0)->rma) ||
 	    rma_cnt > c->fab->attr.rma_iov_limit || iov_cnt > c->fab->attr.iov_limit)
 		return -EINVAL;
-	return post_write(c, iov, iov_cnt, rma, rma_cnt, with_imm, imm, ctx);
+	return post_write(c, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm, ctx);
 }
 
 static int fake_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
@@ -617,7 +702,7 @@ static int fake_write_imm(struct fab_con *c, const void *buf, size_t len, uint64
 	if (len > c->fab->attr.inject_size)
 		return -EMSGSIZE;
 	/* Even an empty write names a region it must be allowed into, as on tcp. */
-	return post_write(c, &iov, len ? 1 : 0, &rma, 1, true, imm, ctx);
+	return post_write(c, &iov, NULL, len ? 1 : 0, &rma, 1, true, imm, ctx);
 }
 
 static int fake_send(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx)
@@ -751,6 +836,7 @@ const struct fab_ops fab_fake_ops = {
 	.attr = fake_attr,
 	.mr_reg = fake_mr_reg,
 	.mr_dereg = fake_mr_dereg,
+	.mr_dereg_after = fake_mr_dereg_after,
 	.listen = fake_listen,
 	.lst_close = fake_lst_close,
 	.lst_fd = fake_lst_fd,

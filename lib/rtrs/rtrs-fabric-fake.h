@@ -73,6 +73,8 @@ struct fake_ev {
 	/* The fake's own. */
 	struct fake_ev *prev, *next;
 	struct fab_con *to, *from;
+	struct fake_lvec *lvec;  /* mr_local writes: the local vectors and descriptors, owned */
+	size_t nr_lvec;
 	void *ctx;           /* FAKE_DONE: the poster's; writes and sends: asked for */
 	struct fab_rma rma[8];
 	size_t rma_cnt;
@@ -80,6 +82,12 @@ struct fake_ev {
 	bool claimed;        /* a test holds a pointer to it: the pump leaves it alone */
 	bool queued;         /* in the queue (else: a zombie, its connection gone) */
 	void *buf;           /* data, owned */
+};
+
+struct fake_lvec {
+	const char *buf;
+	size_t len;
+	const void *desc;
 };
 
 typedef bool (*fake_pred)(const struct fake_ev *ev, void *arg);
@@ -107,6 +115,18 @@ void fake_set_send_imm(bool on);
  */
 void fake_set_mr_local(bool on);
 uint64_t fake_local_regs(void);
+/*
+ * Whether a client's writes from local registrations complete late from
+ * now on, as when their acknowledgement is lost or late on RC (default:
+ * no, at their delivery): such a write's send completes (its done(), and
+ * the deregistrations fab_mr_dereg_after put behind it) only once a write
+ * or message its peer posted after it arrived has been delivered, and
+ * then, as a device sending it again reads them, its local vectors must
+ * still lie in the live registrations of their descriptors; else the
+ * connection fails as a local protection error fails it (down(-EFAULT),
+ * logged), counted in local_prot_errs. Needs fake_set_mr_local.
+ */
+void fake_set_late_ack(bool on);
 /*
  * The next n registrations for remote access, in any domain, fail with
  * -ENOMEM (as a device out of memory or past the memlock limit); 0: none.
@@ -210,6 +230,7 @@ struct fake_stats {
 	uint64_t accepts, rejects;
 	uint64_t writes, sends; /* delivered */
 	uint64_t bad_writes; /* writes refused for their key or range */
+	uint64_t local_prot_errs; /* late_ack: a write completed from a registration gone */
 	uint64_t dropped;    /* events dropped: by a test, or lost with their connection */
 	uint64_t chains;     /* fab_post calls that posted more than one operation */
 	uint64_t regs;       /* registrations with a remote key (fab_mr_reg) */

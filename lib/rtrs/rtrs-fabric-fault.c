@@ -394,6 +394,12 @@ static int fault_mr_reg(struct fab *f, void *buf, size_t len, unsigned access, s
 	return fab_mr_reg(ff_of(f)->inner, buf, len, access, mr);
 }
 
+/* The registration is the inner fabric's; the sends it waits for are the inner connection's. */
+static void fault_mr_dereg_after(struct fab_con *c, struct fab_mr *mr)
+{
+	fab_mr_dereg_after(fc_of(c)->inner, mr);
+}
+
 static void fault_trim(struct fab *f)
 {
 	fab_trim(ff_of(f)->inner);
@@ -722,6 +728,7 @@ const struct fab_ops fab_fault_ops = {
 	.close = fault_close,
 	.attr = fault_attr,
 	.mr_reg = fault_mr_reg,
+	.mr_dereg_after = fault_mr_dereg_after,
 	.trim = fault_trim,
 	.listen = fault_listen,
 	.con_connect = fault_con_connect,

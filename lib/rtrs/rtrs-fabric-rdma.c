@@ -257,6 +257,14 @@ enum {
 	W_DESTROY = 1u << 3,    /* leave the group (destroy) */
 };
 
+/* A registration whose deregistration waits for the sends posted before it (nat_mr_dereg_after). */
+struct rdma_defer {
+	struct rdma_defer *next;
+	struct ibv_mr *mr;
+	size_t len;
+	uint64_t seq;           /* the connection's tx_seq when it was deferred */
+};
+
 /* A destroyer's wait (con_destroy); keep: the connect thread frees the connection. */
 struct con_dw {
 	struct fab_done done;
@@ -333,6 +341,14 @@ struct fab_con {
 	unsigned tx_sig_every;
 	unsigned *tx_fifo;      /* tx_max entries */
 	unsigned tx_head, tx_count;
+	/*
+	 * Work requests posted (tx_account) and completed (tx_complete) so
+	 * far, and the registrations that wait for tx_done to reach the
+	 * tx_seq of their deferral (nat_mr_dereg_after), oldest first: all
+	 * under tx_lock. What is left goes when the connection is freed.
+	 */
+	uint64_t tx_seq, tx_done;
+	struct rdma_defer *defer, **defer_tail;
 	size_t max_inline;      /* granted */
 };
 
@@ -1426,9 +1442,71 @@ static int wc_errno(enum ibv_wc_status s)
 	}
 }
 
-/* A signalled send completed: the room of the requests it covers comes back. */
+/* Under tx_lock: the deferred registrations whose sends have all completed, taken off c. */
+static struct rdma_defer *defer_due(struct fab_con *c)
+{
+	struct rdma_defer *due = c->defer, **tail = &c->defer;
+
+	while (*tail && (*tail)->seq <= c->tx_done)
+		tail = &(*tail)->next;
+	if (tail == &c->defer)
+		return NULL;
+	c->defer = *tail;
+	*tail = NULL;
+	if (!c->defer)
+		c->defer_tail = &c->defer;
+	return due;
+}
+
+/* Deregisters a list of deferred registrations (not under tx_lock: system calls). */
+static void defer_free(struct rdma_defer *d)
+{
+	while (d) {
+		struct rdma_defer *next = d->next;
+
+		if (ibv_dereg_mr(d->mr))
+			log_warn("fabric: deregistering %zu bytes failed: %s", d->len,
+				 strerror(errno));
+		free(d);
+		d = next;
+	}
+}
+
+/*
+ * fab_mr_dereg_after: mr goes once tx_done reaches the work requests
+ * posted on c so far (an RC send queue completes in order), or with c
+ * (con_free, after its QP). Without memory for the record, at once.
+ */
+static void nat_mr_dereg_after(struct fab_con *c, struct fab_mr *mr)
+{
+	struct rdma_defer *d = mr->priv ? malloc(sizeof(*d)) : NULL, *due;
+
+	if (!d) {
+		if (mr->priv)
+			log_warn_rl("%s: no memory to defer a deregistration: deregistered at once",
+				    con_name(c));
+		nat_mr_dereg(mr);
+		return;
+	}
+	*d = (struct rdma_defer){ .mr = mr->priv, .len = mr->len };
+	pthread_mutex_lock(&c->tx_lock);
+	d->seq = c->tx_seq;
+	*c->defer_tail = d;
+	c->defer_tail = &d->next;
+	due = defer_due(c);
+	pthread_mutex_unlock(&c->tx_lock);
+	defer_free(due);
+	mr->priv = NULL;
+	mr->ops = NULL;
+}
+
+/*
+ * A signalled send completed: the room of the requests it covers comes
+ * back, and the registrations deferred until they completed go.
+ */
 static void tx_complete(struct fab_con *c)
 {
+	struct rdma_defer *due = NULL;
 	unsigned covers = 0;
 
 	pthread_mutex_lock(&c->tx_lock);
@@ -1436,8 +1514,12 @@ static void tx_complete(struct fab_con *c)
 		covers = c->tx_fifo[c->tx_head];
 		c->tx_head = (c->tx_head + 1) % c->tx_max;
 		c->tx_count--;
+		c->tx_done += covers;
+		if (c->defer)
+			due = defer_due(c);
 	}
 	pthread_mutex_unlock(&c->tx_lock);
+	defer_free(due);
 	if (!covers) {
 		log_err_rl("%s: a send completion that no signalled request accounts for", con_name(c));
 		return;
@@ -2149,6 +2231,8 @@ static void con_free(struct fab_con *c)
 		rdma_destroy_qp(c->id);
 	if (c->id && c->own_id)
 		rdma_destroy_id(c->id);
+	/* Its QP is gone: nothing reads the deferred registrations any more. */
+	defer_free(c->defer);
 	if (c->rx.mr)
 		ibv_dereg_mr(c->rx.mr);
 	free(c->rx.buf);
@@ -2212,6 +2296,7 @@ static int con_new(struct fab *f, const struct fab_con_cfg *cfg, struct fab_con 
 	fab_con_name_init(&c->name, cfg->name);
 	pthread_mutex_init(&c->rx_lock, NULL);
 	pthread_mutex_init(&c->tx_lock, NULL);
+	c->defer_tail = &c->defer;
 	c->g = group_pick();
 	if (!c->g) {
 		con_free(c);
@@ -3066,6 +3151,7 @@ static bool tx_sig_due(const struct fab_con *c, bool ctx, unsigned n)
  */
 static void tx_account(struct fab_con *c, unsigned n, unsigned unposted, bool sig)
 {
+	c->tx_seq += n - unposted;
 	if (!unposted && sig) {
 		c->tx_fifo[(c->tx_head + c->tx_count) % c->tx_max] = c->tx_unsig + n;
 		c->tx_count++;
@@ -3419,6 +3505,7 @@ const struct fab_ops fab_rdma_ops = {
 	.attr = nat_attr,
 	.mr_reg = nat_mr_reg,
 	.mr_dereg = nat_mr_dereg,
+	.mr_dereg_after = nat_mr_dereg_after,
 	.listen = nat_listen,
 	.lst_close = nat_lst_close,
 	.lst_fd = nat_lst_fd,

@@ -188,6 +188,8 @@ struct fab_ops {
 	const struct fab_attr *(*attr)(const struct fab *f);
 	int (*mr_reg)(struct fab *f, void *buf, size_t len, unsigned access, struct fab_mr *mr);
 	void (*mr_dereg)(struct fab_mr *mr);
+	/* Optional (NULL: fab_mr_dereg at once). */
+	void (*mr_dereg_after)(struct fab_con *c, struct fab_mr *mr);
 	void (*trim)(struct fab *f);
 	int (*listen)(struct fab *f, struct fab_lst **out);
 	void (*lst_close)(struct fab_lst *l);
@@ -386,6 +388,31 @@ static inline void fab_mr_dereg(struct fab_mr *mr)
 {
 	if (mr && mr->ops)
 		mr->ops->mr_dereg(mr);
+}
+
+/*
+ * Deregisters mr, a registration of c's fab that sends posted on c may
+ * read, once every send posted on c so far has completed, or c is
+ * destroyed; mr is empty on return, as after fab_mr_dereg. A response
+ * does not tell that a write's send completed: its acknowledgement may
+ * still be lost or late, and the device then sends the write again from
+ * the local buffer, through the key, after the peer answered it;
+ * deregistered meanwhile, that is a local protection error and the
+ * connection fails. A send posted without a context may be seen to
+ * complete only with a later one, so a caller asks for a completion on
+ * its last send that reads mr, or the release may wait for the
+ * connection's next. Any thread, until fab_con_destroy(c) begins. c
+ * NULL (gone), or a fabric without local registration (tcp) or without
+ * the operation: at once.
+ */
+static inline void fab_mr_dereg_after(struct fab_con *c, struct fab_mr *mr)
+{
+	if (!mr || !mr->ops)
+		return;
+	if (c && fab_ops_of(c)->mr_dereg_after)
+		fab_ops_of(c)->mr_dereg_after(c, mr);
+	else
+		fab_mr_dereg(mr);
 }
 
 /*

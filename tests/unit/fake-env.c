@@ -78,6 +78,7 @@ void env_reset(void)
 	fake_set_limits(4, 4);
 	fake_set_send_imm(true);
 	fake_set_mr_local(false);
+	fake_set_late_ack(false);
 }
 
 /* ---- the server ------------------------------------------------------------------------------- */

@@ -6,10 +6,11 @@
  * missed and reordered, duplicated and forged immediates, failover after a
  * fence with a response lost, a path failing while it carries a fence,
  * parked requests sent again exactly once, reconnects racing a close,
- * connections failing mid-handshake, a server restart, and a stale chunk
- * key refused under always_invalidate. Each step is an event the scenario
- * delivers, drops, duplicates or holds, and timers fire only when the
- * scenario moves the loops' clock: no sleeps, no timing luck.
+ * connections failing mid-handshake, a server restart, a stale chunk key
+ * refused under always_invalidate, and writes registered per IO whose
+ * acknowledgement comes after their response. Each step is an event the
+ * scenario delivers, drops, duplicates or holds, and timers fire only when
+ * the scenario moves the loops' clock: no sleeps, no timing luck.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -227,6 +228,80 @@ static void mem_registered(void)
 	CHECK_EQ(fake_local_regs() - n0, 1);
 	CHECK(!memcmp(srv.area + 22 * LEN, big + 5 * LEN, LEN), "the write from above the region");
 	CHECK_EQ(rtrs_clt_mem_unregister(c.sess, big), 0);
+	teardown(&c);
+}
+
+/* After a late-acknowledged write: no local protection error, the path up. */
+static bool late_ack_clean(struct clt *c, const char *what)
+{
+	struct fake_stats st;
+	bool ok;
+
+	CHECK_EQ(fake_settle(), 0);
+	fake_get_stats(&st);
+	ok = !st.local_prot_errs && clt_path_is(c, 0, "connected");
+	CHECK(ok, "after %s: %llu local protection errors, the path %s (last error %d)", what,
+	      (unsigned long long)st.local_prot_errs, clt_path(c, 0).state,
+	      clt_path(c, 0).last_error);
+	return ok;
+}
+
+/*
+ * Writes registered per IO on a fabric that needs local registrations
+ * (verbs), each completing late, as when its acknowledgement is lost or
+ * late on RC (fake_set_late_ack): the response comes while the device may
+ * still send the write again from its vectors, through their
+ * registrations. Those are kept until the write's send completed: no
+ * local protection error, no path failure, and every byte lands; one
+ * request in two writes (two local vectors a write) too.
+ */
+static void mem_late_ack(void)
+{
+	static uint8_t out[3][LEN], in[LEN];
+	static struct io io;
+	struct iovec d[3];
+	struct clt c;
+	uint64_t n0;
+
+	fake_set_limits(2, 2);
+	fake_set_mr_local(true);
+	fake_set_late_ack(true);
+	if (!setup(&c, "a", NULL))
+		return;
+	n0 = fake_local_regs();
+	for (int i = 0; i < 4; i++) {
+		pattern(out[0], LEN, (uint8_t)(60 + i));
+		d[0] = (struct iovec){ out[0], LEN };
+		CHECK_EQ(io_startv(&io, &c, RTRS_WRITE, RTRS_IO_CON, (uint32_t)i * LEN, d, 1), 0);
+		CHECK_EQ(io_wait(&io), 0);
+		io_put(&io);
+		CHECK(area_has((uint32_t)i * LEN, LEN, (uint8_t)(60 + i)), "write %d landed", i);
+		if (!late_ack_clean(&c, "a write"))
+			goto out;
+	}
+	/* Three vectors and the header: two writes, the first of two registered vectors. */
+	for (int i = 0; i < 3; i++) {
+		pattern(out[i], LEN, (uint8_t)(70 + i));
+		d[i] = (struct iovec){ out[i], LEN };
+	}
+	CHECK_EQ(io_startv(&io, &c, RTRS_WRITE, RTRS_IO_CON, 8 * LEN, d, 3), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	for (int i = 0; i < 3; i++)
+		CHECK(area_has((uint32_t)(8 + i) * LEN, LEN, (uint8_t)(70 + i)),
+		      "vector %d of the split write landed", i);
+	if (!late_ack_clean(&c, "the split write"))
+		goto out;
+	CHECK_EQ(fake_local_regs() - n0, 7);
+	d[0] = (struct iovec){ in, LEN };
+	CHECK_EQ(io_startv(&io, &c, RTRS_READ, RTRS_IO_CON, 9 * LEN, d, 1), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	CHECK(!memcmp(in, out[1], LEN), "read back");
+	late_ack_clean(&c, "the read");
+	CHECK_EQ(clt_path(&c, 0).reconnects, 0);
+	CHECK(!env_logged("local protection error"), "no local protection error logged");
+out:
 	teardown(&c);
 }
 
@@ -1962,6 +2037,7 @@ static const struct scenario scenarios[] = {
 	{ "poll_unsupported", poll_unsupported },
 	{ "mem_registered", mem_registered },
 	{ "mem_registered_while_adding", mem_registered_while_adding },
+	{ "mem_late_ack", mem_late_ack },
 	{ "reconnect_by_hand_no_budget", reconnect_by_hand_no_budget },
 	{ "io_eagain_client", io_eagain_client },
 	{ "io_eagain_server", io_eagain_server },
