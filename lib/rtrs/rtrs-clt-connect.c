@@ -286,6 +286,7 @@ static int path_connect_con(struct clt_path *p, unsigned cid)
 		.rx_size = cid && s->kinval ? sizeof(struct rtrs_msg_rkey_rsp) : 0,
 		.rx_queue = cid ? 0 : RTRS_CLT_ADMIN_RX_QUEUE,
 		.poll_us = cid ? s->busy_poll_us : 0,
+		.live_ms = rtrs_live_ms(s->hb_interval_ms, s->hb_missed_max),
 	};
 
 	snprintf(name, sizeof(name), "%s#%u", s->name, cid);

@@ -1741,6 +1741,16 @@ static void con_tls_step(struct fab_con *c, bool readable)
 }
 
 /* Client: the TCP connect finished (POLLOUT on the socket). */
+/* fab_con_cfg.live_ms on c's socket, once its TCP connection exists. */
+static void con_set_live(struct fab_con *c)
+{
+	unsigned ms = c->cfg.live_ms;
+
+	if (ms && setsockopt(c->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms)))
+		log_warn("%s: TCP_USER_TIMEOUT %u ms: %s (a lost connection then fails only "
+			 "after the system's retransmissions)", con_name(c), ms, strerror(errno));
+}
+
 static void con_connect_done(struct fab_con *c)
 {
 	int err = 0;
@@ -1753,6 +1763,7 @@ static void con_connect_done(struct fab_con *c)
 		con_fail(c, err == ECONNREFUSED ? -ECONNREFUSED : -err, NULL, 0);
 		return;
 	}
+	con_set_live(c);
 	if (c->fab->tls_mode != FAB_TLS_OFF) {
 		int rc;
 
@@ -3004,6 +3015,8 @@ static int con_create(struct fab *f, int fd, const struct fab_con_cfg *cfg, bool
 			return rc;
 		}
 	}
+	if (server) /* accepted: connected already */
+		con_set_live(c);
 	c->g = group_pick();
 	*out = c;
 	return 0;

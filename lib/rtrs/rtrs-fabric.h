@@ -540,6 +540,17 @@ struct fab_con_cfg {
 			      pool set up later with fab_con_rx_setup */
 	size_t rx_size;    /* bytes per receive buffer (0: imm only) */
 	unsigned poll_us;  /* busy-poll an empty queue this long before sleeping */
+	/*
+	 * A connection whose sent bytes stay unacknowledged this long fails
+	 * (down, -ETIMEDOUT): one of a path's IO connections that the network
+	 * lost (a flow an ECMP or LAG member drops) while its connection 0,
+	 * the only one with heartbeats, goes on. tcp: TCP_USER_TIMEOUT once
+	 * the TCP connection exists (a peer that is alive but not reading
+	 * acknowledges the window probes, and is not failed). rdma: the
+	 * device's retry budget does this. 0: the system's (tcp: about 15
+	 * minutes of retransmissions).
+	 */
+	unsigned live_ms;
 };
 
 /*

@@ -383,6 +383,25 @@ static inline bool rtrs_hb_done(struct rtrs_hb *hb, void *ctx)
 #define RTRS_KERNEL_HB_BUDGET_MS 25000u
 
 /*
+ * How long a connection's sent bytes may go unacknowledged before it fails
+ * (fab_con_cfg.live_ms): twice the path's heartbeat budget, so that the
+ * heartbeats still decide for connection 0 and the path, at least
+ * RTRS_LIVE_MIN_MS (a few retransmissions: one lost segment is never
+ * fatal), at most RTRS_LIVE_MAX_MS; 0 without heartbeats.
+ */
+#define RTRS_LIVE_MIN_MS 2000u
+#define RTRS_LIVE_MAX_MS 600000u
+static inline unsigned rtrs_live_ms(unsigned hb_interval_ms, unsigned hb_missed_max)
+{
+	uint64_t ms = 2ull * hb_interval_ms * hb_missed_max;
+
+	if (!ms)
+		return 0;
+	return ms < RTRS_LIVE_MIN_MS ? RTRS_LIVE_MIN_MS : ms > RTRS_LIVE_MAX_MS ? RTRS_LIVE_MAX_MS :
+	       (unsigned)ms;
+}
+
+/*
  * Heartbeats received on a connection (its completion thread only). A peer
  * beats at most every 10 ms, and answers ours: more than
  * RTRS_HB_RX_BURST in any 100 ms is a flood, and fails the path (a

@@ -876,6 +876,7 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 			    req.cid ? 0 : RTRS_ADMIN_RX_DEPTH,
 		.rx_size = req.cid ? 0 : RTRS_ADMIN_MSG_SIZE,
 		.poll_us = req.cid ? ctx->opts.busy_poll_us : 0,
+		.live_ms = rtrs_live_ms(ctx->opts.hb_interval_ms, ctx->opts.hb_missed_max),
 	};
 
 	snprintf(name, sizeof(name), "%s#%u", path_name(p), req.cid);
