@@ -3107,10 +3107,7 @@ static int post_fault(int rc)
 	return -ENOMEM;
 }
 #else
-static inline int post_fault(int rc)
-{
-	return rc;
-}
+#define post_fault(rc) (rc)
 #endif
 
 static int post_send(struct fab_con *c, struct ibv_send_wr *first, struct ibv_send_wr **bad)

@@ -494,6 +494,31 @@ static int rs_start(const char *host, int port, char *dst, size_t len)
 	return 0;
 }
 
+/*
+ * --fault-post-fail: the post failed once, and the path failed for it, not
+ * for a request answered twice (EPROTO), and came back.
+ */
+static __attribute__((noinline)) void post_fail_check(unsigned at)
+{
+#ifdef RTRS_FAULT_INJECTION
+	struct rtrs_fault_stats st;
+	struct rtrs_path_stats ps = { .size = sizeof(ps) };
+
+	rtrs_fault_get_stats(&st);
+	CHECK(st.posts_failed == 1, "posts reported failed after queuing: %llu",
+	      (unsigned long long)st.posts_failed);
+	CHECK_EQ(rtrs_clt_path_stats(sess, 0, &ps), 0);
+	CHECK(ps.reconnects >= 1, "reconnects after the failed post: %llu",
+	      (unsigned long long)ps.reconnects);
+	CHECK(ps.last_error != -EPROTO, "the path failed with %s", strerror(-ps.last_error));
+	printf("post %u failed after queuing: the path failed with %s, reconnected %llu time(s)\n",
+	       at, strerror(-ps.last_error), (unsigned long long)ps.reconnects);
+	rtrs_fault_set(NULL);
+#else
+	(void)at;
+#endif
+}
+
 int main(int argc, char **argv)
 {
 	char qd[16], store[32], a_port[] = "--port", a_zero[] = "0", a_qd[] = "--queue-depth";
@@ -595,26 +620,8 @@ int main(int argc, char **argv)
 	part_errno();
 	part_refusals();
 	part_queue_depths();
-	if (post_fail) {
-#ifdef RTRS_FAULT_INJECTION
-		struct rtrs_fault_stats st;
-		struct rtrs_path_stats ps = { .size = sizeof(ps) };
-
-		rtrs_fault_get_stats(&st);
-		CHECK(st.posts_failed == 1, "posts reported failed after queuing: %llu",
-		      (unsigned long long)st.posts_failed);
-		CHECK_EQ(rtrs_clt_path_stats(sess, 0, &ps), 0);
-		/* The connection failed for the fault, not for a request answered twice. */
-		CHECK(ps.reconnects >= 1, "reconnects after the failed post: %llu",
-		      (unsigned long long)ps.reconnects);
-		CHECK(ps.last_error != -EPROTO, "the path failed with %s",
-		      strerror(-ps.last_error));
-		printf("post %u failed after queuing: the path failed with %s, reconnected %llu "
-		       "time(s)\n", post_fail, strerror(-ps.last_error),
-		       (unsigned long long)ps.reconnects);
-		rtrs_fault_set(NULL);
-#endif
-	}
+	if (post_fail)
+		post_fail_check(post_fail);
 	rtrs_clt_close(sess);
 	if (every[0]) {
 #ifdef RTRS_FAULT_INJECTION
