@@ -25,14 +25,7 @@ done
 . "$here/lib.sh"
 . "$here/../lib/common.sh"
 
-dir=$(mktemp -d /var/tmp/rnbd-blackhole.XXXXXX)
-cleanup() {
-	kill_pids
-	netns_cleanup
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-netns_setup || { echo "FAIL: cannot set up the namespaces"; exit 1; }
+netns_test_begin blackhole
 
 truncate -s 64M "$dir/disk.img"
 rnbd_server_start "$dir/server.log" ip netns exec "$S" -- --port 1234 --dev-search-path "$dir" || exit 1

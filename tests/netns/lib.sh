@@ -24,3 +24,13 @@ netns_cleanup() {
 		ip netns del "$ns" 2>/dev/null
 	done
 }
+
+# netns_test_begin NAME: a test's scratch directory ($dir, under /var/tmp),
+# the namespaces, and an EXIT trap that kills the test's processes
+# (common.sh's pids) and removes both. Exits 1 when the namespaces cannot be
+# made.
+netns_test_begin() {
+	dir=$(mktemp -d "/var/tmp/rnbd-$1.XXXXXX")
+	trap 'kill_pids; netns_cleanup; rm -rf "$dir"' EXIT
+	netns_setup || { echo "FAIL: cannot set up the namespaces"; exit 1; }
+}

@@ -18,14 +18,7 @@ fio --enghelp 2>/dev/null | grep -qw nbd || { echo "SKIP: fio has no nbd engine"
 . "$here/lib.sh"
 . "$here/../lib/common.sh"
 
-dir=$(mktemp -d /var/tmp/rnbd-linkcut.XXXXXX)
-cleanup() {
-	kill_pids
-	netns_cleanup
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-netns_setup || { echo "FAIL: cannot set up the namespaces"; exit 1; }
+netns_test_begin linkcut
 
 truncate -s 256M "$dir/disk.img"
 rnbd_server_start "$dir/server.log" ip netns exec "$S" -- --port 1234 --dev-search-path "$dir" \
