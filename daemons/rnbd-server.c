@@ -163,8 +163,9 @@ static const struct opt options[] = {
 	{ "no-ktls", 0, OPT_FLAG, &g.no_ktls,
 	  .help = "keep TLS records in user space where the kernel could take them" },
 	{ "qos", 0, OPT_LIST, &g.qos, .arg = "KIND:NAME:LIMITS",
-	  .help = "rate limits of a session or device name, repeatable: "
-		  "session:hv1:iops=2000 or device:vm/a.img:read_bps=100M,write_iops=500 "
+	  .help = "rate limits of a session name, an authenticated host or a device name, "
+		  "repeatable: session:hv1:iops=2000, host:NQN:bps=1G or "
+		  "device:vm/a.img:read_bps=100M,write_iops=500 "
 		  "(iops, read_iops, write_iops, bps, read_bps, write_bps; rnbd server qos at run time)" },
 	{ "access", 0, OPT_STRING, &g.access, .arg = "FILE",
 	  .help = "which host may use which session names and open which devices in which "
@@ -408,6 +409,11 @@ static void sess_one(void *priv, const struct rtrs_srv_sess_info *si)
 	ok = put(o, "devices", devs.arr) && ok;
 	paths = devs.arr = NULL;
 	ok = ok && put_opt(o, "qos", qos_json(atomic_load(&live), RNBD_QOS_SESSION, si->name));
+	/* Its host's, shared with the host's other sessions. */
+	if (ok && si->paths_num && si->paths[0].auth_host[0])
+		ok = put(o, "host", json_object_new_string(si->paths[0].auth_host)) &&
+		     put_opt(o, "host_qos", qos_json(atomic_load(&live), RNBD_QOS_HOST,
+						     si->paths[0].auth_host));
 	if (!ok || json_object_array_add(c->arr, o)) {
 		c->failed = true;
 		goto drop;
@@ -697,7 +703,7 @@ static int m_metrics(void *priv, struct json_object *params, struct json_object 
 }
 
 /*
- * Rate limits of a session or device name: without limits, what is set;
+ * Rate limits of a session, host or device name: without limits, what is set;
  * with some, those set (the others stay), at once.
  */
 static int m_qos(void *priv, struct json_object *params, struct json_object **result,
@@ -730,9 +736,15 @@ static int m_qos(void *priv, struct json_object *params, struct json_object **re
 			return rc;
 		has[i] = set = true;
 	}
-	if (strcmp(kstr, "session") && strcmp(kstr, "device"))
-		return rpc_errf(err, RPC_INVALID_PARAMS, "kind %s: not session or device", kstr);
-	kind = !strcmp(kstr, "session") ? RNBD_QOS_SESSION : RNBD_QOS_DEVICE;
+	if (!strcmp(kstr, "session"))
+		kind = RNBD_QOS_SESSION;
+	else if (!strcmp(kstr, "host"))
+		kind = RNBD_QOS_HOST;
+	else if (!strcmp(kstr, "device"))
+		kind = RNBD_QOS_DEVICE;
+	else
+		return rpc_errf(err, RPC_INVALID_PARAMS, "kind %s: not session, host or device",
+				kstr);
 	rc = rnbd_srv_qos_get(s, kind, name, &l, NULL);
 	if (rc == -EINVAL)
 		return rpc_errf(err, RPC_INVALID_PARAMS, "name: not a %s name (empty, or longer "
@@ -744,6 +756,9 @@ static int m_qos(void *priv, struct json_object *params, struct json_object **re
 			*qos_field(&l, i) = *qos_field(&given, i);
 	if (set) {
 		rc = rnbd_srv_qos_set(s, kind, name, &l);
+		if (rc == -EOPNOTSUPP)
+			return rpc_errf(err, rc, "host %s: a host's limits need authentication (a "
+					"key file): without it a session has no host", name);
 		if (rc)
 			return rpc_errf(err, rc, "%s %s: %s", kstr, name, strerror(-rc));
 		dlog(DLOG_INFO, "control: rate limits of %s %s set", kstr, name);
@@ -812,7 +827,7 @@ static const struct rpc_method methods[] = {
 	{ "server.stats", m_stats, "",
 	  "the transport's counters: connection requests, rejects, authentications, keys" },
 	{ "server.qos", m_qos,
-	  "kind: string (session or device), name: string, iops, read_iops, write_iops, bps, "
+	  "kind: string (session, host or device), name: string, iops, read_iops, write_iops, bps, "
 	  "read_bps, write_bps: integer (optional)",
 	  "a session's or device's rate limits: those given set (0: none), all shown" },
 	{ "server.keys.reload", m_keys_reload, "",
@@ -1069,6 +1084,12 @@ static int check_options(void)
 				g.qos.items[i], cause ? cause : "not a rate limit");
 			return -EINVAL;
 		}
+		if (kind == RNBD_QOS_HOST && !g.auth_keys) {
+			fprintf(stderr, "rnbd-server: %s %s: a host's limits need authentication "
+				"(--auth-keys): without it a session has no host\n",
+				origin("qos", g.qos.items[i]), g.qos.items[i]);
+			return -EINVAL;
+		}
 		/* One line a name: a second would silently replace the first's limits. */
 		for (unsigned j = 0; j < i; j++) {
 			struct rnbd_qos_limits el;
@@ -1081,7 +1102,9 @@ static int check_options(void)
 			snprintf(first, sizeof(first), "%s", origin("qos", g.qos.items[j]));
 			fprintf(stderr, "rnbd-server: %s %s: %s %s has its limits already (%s); "
 				"give all of its limits in one line\n", origin("qos", g.qos.items[i]),
-				g.qos.items[i], kind == RNBD_QOS_DEVICE ? "device" : "session", name,
+				g.qos.items[i],
+				kind == RNBD_QOS_DEVICE ? "device" :
+				kind == RNBD_QOS_HOST ? "host" : "session", name,
 				first);
 			return -EINVAL;
 		}

@@ -87,10 +87,12 @@ struct rnbd_srv_opts {
 	const char *access_file;
 	/*
 	 * Rate limits at start (docs/rnbd.md section 2.7): NULL, or a
-	 * NULL-terminated list of "session:NAME:LIMITS" and
-	 * "device:NAME:LIMITS", LIMITS being KEY=VALUE[,KEY=VALUE...] with the
+	 * NULL-terminated list of "session:NAME:LIMITS", "host:NAME:LIMITS"
+	 * and "device:NAME:LIMITS", LIMITS being KEY=VALUE[,KEY=VALUE...] with the
 	 * keys of struct rnbd_qos_limits (iops=2000,write_bps=100M). A spec
-	 * that does not parse: rnbd_srv_open refuses (-EINVAL), logging it.
+	 * that does not parse, or a host's on a server without authentication
+	 * (rtrs.auth_keys_file: its sessions have no host), makes rnbd_srv_open
+	 * refuse (-EINVAL), logging it.
 	 */
 	const char *const *qos;
 	/*
@@ -104,8 +106,13 @@ struct rnbd_srv_opts {
 
 #define RNBD_DEFAULT_MAX_DEVS_PER_SESSION 1024
 
-/* What a rate limit applies to: every IO of a session, or of a device (all sessions). */
-enum rnbd_qos_kind { RNBD_QOS_SESSION, RNBD_QOS_DEVICE };
+/*
+ * What a rate limit applies to: every IO of a session; of a device (all
+ * sessions); of a host, all of the sessions it authenticated (a tenant
+ * cannot escape its limits by opening more sessions). An IO passes its
+ * session's limits, then its host's, then its device's.
+ */
+enum rnbd_qos_kind { RNBD_QOS_SESSION, RNBD_QOS_DEVICE, RNBD_QOS_HOST };
 
 /*
  * Limits per second; 0: none. IOPS count reads (reads, read_iops) and
@@ -175,10 +182,11 @@ int rnbd_srv_reload_keys(struct rnbd_srv *srv);
  */
 int rnbd_srv_reload_access(struct rnbd_srv *srv, char *err, size_t errlen);
 /*
- * Sets the rate limits of a session name or a device name (all zero:
- * none), at once for its IO from now on, whether or not it is connected
- * or open; IO waiting already goes at the new rate. 0, or -EINVAL (a name
- * empty or longer than 255 bytes, l->size too small), -ENOMEM.
+ * Sets the rate limits of a session name, a host name or a device name
+ * (all zero: none), at once for its IO from now on, whether or not it is
+ * connected or open; IO waiting already goes at the new rate. 0, or
+ * -EINVAL (a name empty or longer than 255 bytes, l->size too small),
+ * -EOPNOTSUPP (a host's, on a server without authentication), -ENOMEM.
  */
 int rnbd_srv_qos_set(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char *name,
 		     const struct rnbd_qos_limits *l);
@@ -188,7 +196,8 @@ int rnbd_srv_qos_get(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char *
 /*
  * A rate limit as rnbd_srv_opts.qos takes it, checked without a server
  * (a program checks its options with it as it reads them):
- * "session:NAME:KEY=VALUE[,KEY=VALUE...]" or "device:NAME:...", keys
+ * "session:NAME:KEY=VALUE[,KEY=VALUE...]", "host:NAME:..." (NAME as the
+ * host authenticates, e.g. its NQN) or "device:NAME:...", keys
  * iops, read_iops, write_iops, bps, read_bps, write_bps (bytes: K, M, G
  * suffixes, powers of 1024), each at most once; the name is what lies
  * between the first and the last ':', a device's normalized as the server

@@ -24,7 +24,7 @@
  *   rnbd [options] server metrics
  *   rnbd [options] server access reload
  *   rnbd [options] server keys reload
- *   rnbd [options] server qos session|device NAME [KEY=VALUE...]
+ *   rnbd [options] server qos session|host|device NAME [KEY=VALUE...]
  *   rnbd [options] call METHOD [PARAMS-JSON]
  *
  * The session options of client map are the client front ends' (one table,
@@ -212,7 +212,7 @@ static const char usage[] =
 	"       client stats reset SESSION [PATH] | client metrics |\n"
 	"       server list [sessions|devices] | server close SESSION DEVICE | server stats |\n"
 	"       server metrics | server access reload | server keys reload |\n"
-	"       server qos session|device NAME [iops|read_iops|write_iops|bps|read_bps|write_bps=N...] |\n"
+	"       server qos session|host|device NAME [iops|read_iops|write_iops|bps|read_bps|write_bps=N...] |\n"
 	"       call METHOD [PARAMS-JSON]";
 
 /*
@@ -587,7 +587,7 @@ static int bad_usage(const char *why)
 }
 
 /*
- * server qos session|device NAME [KEY=VALUE...]: server.qos; IO rates are
+ * server qos session|host|device NAME [KEY=VALUE...]: server.qos; IO rates are
  * numbers, byte rates sizes (100M).
  */
 static int server_qos(const char *sock, int argc, char **argv)
@@ -596,8 +596,9 @@ static int server_qos(const char *sock, int argc, char **argv)
 					    "write_bps", NULL };
 	struct json_object *p;
 
-	if (argc < 3 || (strcmp(argv[1], "session") && strcmp(argv[1], "device")))
-		return bad_usage("server qos needs session|device NAME [KEY=VALUE...]");
+	if (argc < 3 ||
+	    (strcmp(argv[1], "session") && strcmp(argv[1], "host") && strcmp(argv[1], "device")))
+		return bad_usage("server qos needs session|host|device NAME [KEY=VALUE...]");
 	p = params2("kind", argv[1], "name", argv[2]);
 	if (!p) {
 		json_object_put(p);

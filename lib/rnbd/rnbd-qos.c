@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Rate limits: token buckets per session or device name, and the thread
+ * Rate limits: token buckets per session, host or device name, and the thread
  * that lets queued IO go (rnbd-qos.h; docs/rnbd.md section 2.7).
  */
 #include <errno.h>
@@ -211,7 +211,7 @@ static void qos_enqueue(struct rnbd_qos_ctx *ctx, struct rnbd_qos *g, struct rnb
 static bool qos_pass(struct rnbd_qos_ctx *ctx, struct rnbd_qos_item *it, unsigned stage,
 		     uint64_t now)
 {
-	for (; stage < 2; stage++) {
+	for (; stage < RNBD_QOS_STAGES; stage++) {
 		struct rnbd_qos *g = it->g[stage];
 
 		if (!qos_live(g))
@@ -272,7 +272,8 @@ void rnbd_qos_drop(struct rnbd_qos_ctx *ctx, const void *owner, const void *dev)
  * Locked: the heads of g's queues pass g while they may, the older head
  * first; the younger passes before it only when the older claims no shared
  * bucket the younger takes from. What has passed every group of it goes on
- * go; what has passed its session's group only queues at its device's.
+ * go; what has passed g but not its later groups queues at the next that
+ * holds it.
  * Returns whether anything passed; *next: the least wait of a head that
  * waits for tokens.
  */
@@ -355,7 +356,7 @@ static void *qos_thread(void *arg)
 			continue;
 		}
 		if (moved)
-			continue; /* queued at a device's group: served from the top */
+			continue; /* queued at a later group: served from the top */
 		if (next == UINT64_MAX) {
 			pthread_cond_wait(&ctx->cond, &ctx->lock);
 		} else {
@@ -450,7 +451,7 @@ int rnbd_qos_set(struct rnbd_qos_ctx *ctx, enum rnbd_qos_kind kind, const char *
 	bool active = false;
 
 	if (!name[0] || strlen(name) > QOS_NAME_MAX ||
-	    (kind != RNBD_QOS_SESSION && kind != RNBD_QOS_DEVICE))
+	    (kind != RNBD_QOS_SESSION && kind != RNBD_QOS_DEVICE && kind != RNBD_QOS_HOST))
 		return -EINVAL;
 	pthread_mutex_lock(&ctx->lock);
 	g = qos_find_locked(ctx, kind, name);
@@ -527,15 +528,17 @@ int rnbd_qos_parse(const char *spec, enum rnbd_qos_kind *kind, char *name, size_
 
 	*l = (struct rnbd_qos_limits){ .size = sizeof(*l) };
 	if (!c1 || c1 == c2) {
-		*why = "not KIND:NAME:LIMITS (session:hv1:iops=2000)";
+		*why = "not KIND:NAME:LIMITS (session:hv1:iops=2000, host:NQN:bps=1G)";
 		return -EINVAL;
 	}
 	if ((size_t)(c1 - spec) == 7 && !strncmp(spec, "session", 7)) {
 		*kind = RNBD_QOS_SESSION;
 	} else if ((size_t)(c1 - spec) == 6 && !strncmp(spec, "device", 6)) {
 		*kind = RNBD_QOS_DEVICE;
+	} else if ((size_t)(c1 - spec) == 4 && !strncmp(spec, "host", 4)) {
+		*kind = RNBD_QOS_HOST;
 	} else {
-		*why = "the kind is not session or device";
+		*why = "the kind is not session, host or device";
 		return -EINVAL;
 	}
 	n = (size_t)(c2 - c1 - 1);

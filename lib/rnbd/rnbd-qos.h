@@ -1,17 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Rate limits of the server (docs/rnbd.md section 2.7): a limit group per
- * session name or device name, each with six token buckets (IOPS and
- * bytes per second; all, reads, writes), and one thread that lets queued
- * IO go as tokens come.
+ * session name, host name or device name, each with six token buckets
+ * (IOPS and bytes per second; all, reads, writes), and one thread that
+ * lets queued IO go as tokens come.
  *
- * An IO of a session with no active group, on a device with none, never
- * comes here (the server checks the two pointers). Otherwise
- * rnbd_qos_admit lets it go at once when it may, or queues it; the thread
- * hands it to the dispatch callback once it has passed every group of it.
- * It passes its session's group first, then its device's, taking each
- * one's tokens as it passes it: an IO that its session's limit holds
- * claims nothing of its device meanwhile.
+ * An IO of a session and host with no active group, on a device with
+ * none, never comes here (the server checks the three pointers).
+ * Otherwise rnbd_qos_admit lets it go at once when it may, or queues it;
+ * the thread hands it to the dispatch callback once it has passed every
+ * group of it. It passes its session's group first, then its host's, then
+ * its device's, taking each one's tokens as it passes it: an IO that its
+ * session's limit holds claims nothing of its host or device meanwhile,
+ * nor one its host's limit holds of its device.
  *
  * Fairness, within a group: IO of one direction passes in the order it
  * came. The shared buckets (iops, bps) serve both directions in the order
@@ -60,10 +61,13 @@ uint64_t rnbd_qos_wait_ns(const struct rnbd_qos_bucket *b, uint64_t amount);
 struct rnbd_qos;
 struct rnbd_qos_ctx;
 
+/* The groups an IO passes, in order: its session's, its host's, its device's. */
+#define RNBD_QOS_STAGES 3
+
 /* An IO on its way: in the server's request slot. */
 struct rnbd_qos_item {
 	STAILQ_ENTRY(rnbd_qos_item) link;
-	struct rnbd_qos *g[2];       /* its groups (session's, device's), NULL where none */
+	struct rnbd_qos *g[RNBD_QOS_STAGES]; /* its groups (session's, host's, device's), NULL where none */
 	bool read;
 	uint32_t bytes;
 	const void *owner;           /* its session, for rnbd_qos_drop */

@@ -125,6 +125,7 @@ struct rnbd_sess {
 	char name[RNBD_SESSNAME_MAX];
 	char host[RNBD_SESSNAME_MAX]; /* the host it authenticated as; "" without authentication */
 	struct rnbd_qos *_Atomic qos; /* its name's rate limits; NULL: none ever set */
+	struct rnbd_qos *_Atomic host_qos; /* its host's; NULL: none ever set, or no host */
 	atomic_uint ver;             /* negotiated; 0 before SESS_INFO */
 	/*
 	 * The client speaks only the kernel's RTRS (rtrs_srv_sess_peer_ext):
@@ -808,14 +809,15 @@ static void io_done(struct rnbd_breq *r, int err)
 static bool qos_admit(struct rnbd_sess *sess, struct sess_dev *sd, struct srv_io *io)
 {
 	struct rnbd_qos *gs = atomic_load_explicit(&sess->qos, memory_order_relaxed);
+	struct rnbd_qos *gh = atomic_load_explicit(&sess->host_qos, memory_order_relaxed);
 	struct rnbd_qos *gd = atomic_load_explicit(&sd->qos, memory_order_relaxed);
 	bool moves = io->r.op == RNBD_OP_READ || io->r.op == RNBD_OP_WRITE;
 	bool go, forced;
 
-	if (!rnbd_qos_active(gs) && !rnbd_qos_active(gd))
+	if (!rnbd_qos_active(gs) && !rnbd_qos_active(gh) && !rnbd_qos_active(gd))
 		return true;
 	io->q = (struct rnbd_qos_item){
-		.g = { gs, gd }, .read = io->r.op == RNBD_OP_READ,
+		.g = { gs, gh, gd }, .read = io->r.op == RNBD_OP_READ,
 		.bytes = moves ? io->r.len : 0, .owner = sess, .dev = sd,
 	};
 	/* Once queued, io and its reference are the limits' thread's: this one keeps sd. */
@@ -866,6 +868,11 @@ static void qos_attach(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char
 				atomic_store(&sess->qos, g);
 			continue;
 		}
+		if (kind == RNBD_QOS_HOST) {
+			if (!strcmp(sess->host, name))
+				atomic_store(&sess->host_qos, g);
+			continue;
+		}
 		pthread_mutex_lock(&sess->lock);
 		for (uint32_t id = 0; id < sess->ndevs; id++)
 			if (sess->devs[id] && !strcmp(sess->devs[id]->name, name))
@@ -873,6 +880,11 @@ static void qos_attach(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char
 		pthread_mutex_unlock(&sess->lock);
 	}
 	pthread_mutex_unlock(&srv->lock);
+}
+
+static const char *qos_kind_name(enum rnbd_qos_kind kind)
+{
+	return kind == RNBD_QOS_SESSION ? "session" : kind == RNBD_QOS_HOST ? "host" : "device";
 }
 
 /* A name as the server keeps it: a device's normalized. -EINVAL if empty or too long. */
@@ -896,6 +908,9 @@ int rnbd_srv_qos_set(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char *
 
 	if (!srv || !l || l->size < sizeof(*l))
 		return -EINVAL;
+	/* Sessions have a host only where they authenticate (the access file comes with it). */
+	if (kind == RNBD_QOS_HOST && !srv->access_file[0])
+		return -EOPNOTSUPP;
 	rc = qos_name(kind, name, n, sizeof(n));
 	if (!rc)
 		rc = rnbd_qos_set(srv->qos, kind, n, l, &g);
@@ -903,7 +918,7 @@ int rnbd_srv_qos_set(struct rnbd_srv *srv, enum rnbd_qos_kind kind, const char *
 		return rc;
 	qos_attach(srv, kind, n, g);
 	log_info("rnbd: rate limits of %s %s: iops %llu (read %llu, write %llu), bytes/s %llu "
-		 "(read %llu, write %llu)", kind == RNBD_QOS_SESSION ? "session" : "device", n,
+		 "(read %llu, write %llu)", qos_kind_name(kind), n,
 		 (unsigned long long)l->iops, (unsigned long long)l->read_iops,
 		 (unsigned long long)l->write_iops, (unsigned long long)l->bps,
 		 (unsigned long long)l->read_bps, (unsigned long long)l->write_bps);
@@ -1092,6 +1107,9 @@ static int srv_link_ev(struct rtrs_srv_sess *rs, enum rtrs_srv_link_ev ev, void 
 		pthread_mutex_lock(&srv->lock);
 		/* Under srv->lock: a limit set meanwhile finds it listed, or is found here. */
 		atomic_store(&sess->qos, rnbd_qos_find(srv->qos, RNBD_QOS_SESSION, name));
+		if (sess->host[0])
+			atomic_store(&sess->host_qos,
+				     rnbd_qos_find(srv->qos, RNBD_QOS_HOST, sess->host));
 		LIST_INSERT_HEAD(&srv->sessions, sess, link);
 		pthread_mutex_unlock(&srv->lock);
 		rtrs_srv_set_sess_priv(rs, sess);
@@ -1438,6 +1456,9 @@ int rnbd_srv_open(const struct rnbd_srv_opts *o, struct rnbd_srv **out)
 		}
 		if (!rc)
 			rc = rnbd_srv_qos_set(srv, qkind, name, &l);
+		if (rc == -EOPNOTSUPP)
+			why = "a host's limits need authentication (a key file): without it a "
+			      "session has no host";
 		if (rc) {
 			log_err("rnbd: rate limit \"%s\": %s", *q, why ? why : strerror(-rc));
 			srv_free(srv);

@@ -13,7 +13,13 @@
 #     reads to 8 MiB/s +- 10 %;
 #   - a client killed with IO held by a limit: the server answers that IO
 #     (not done) and the session's name is free again at once;
-#   - a bad --qos stops the server with the spec and the cause.
+#   - a bad --qos stops the server with the spec and the cause;
+#   - a host's limit (--qos host:NAME:iops=2000, with authentication) is
+#     shared by its sessions: two of them together get 2000 +- 10 %, a
+#     third with another host's key beside them runs far above it;
+#     server.sessions shows each session's host and its host's limit; a
+#     host's limit without authentication is refused at start and at run
+#     time.
 # Usage: qos.sh BUILD_DIR.
 set -euo pipefail
 build=$(cd "${1:?usage: qos.sh BUILD_DIR}" && pwd)
@@ -136,5 +142,64 @@ check "... and the name is free again at once" \
 	"$client" info --server "127.0.0.1:$port" --session held --device m1
 check "... (within 2 s)" test $(( ($(date +%s%N) - t0) / 1000000 )) -lt 2000
 check "the server is still up" kill -0 "$server_pid"
+
+# ---- a host's limit ---------------------------------------------------------------
+
+rc=0
+timeout 10 "$build/daemons/rnbd-server" --port 0 -m m:1M --qos host:h:iops=5 \
+	>"$dir/nohost.log" 2>&1 || rc=$?
+check "a host's limit without --auth-keys: refused at start with the cause" \
+	bash -c "[ $rc -eq 2 ] && grep -qF -- 'host:h:iops=5: a host'\''s limits need authentication' '$dir/nohost.log'"
+rc=0
+ctl "$dir/ctl" server qos host h iops=5 >/dev/null 2>"$dir/nohost.err" || rc=$?
+check "... and at run time (exit 1, the cause)" \
+	bash -c "[ $rc -eq 1 ] && grep -qF 'need authentication' '$dir/nohost.err'"
+
+(
+	umask 077
+	for h in a b; do "$build/tools/rtrs-key" gen --hmac 1 >"$dir/$h.key"; done
+	printf 'host-a %s\nhost-b %s\n' "$(cat "$dir/a.key")" "$(cat "$dir/b.key")" >"$dir/keys"
+)
+printf 'host-a sessions=a-* rw=h*\nhost-b sessions=b-* rw=h*\n' >"$dir/access"
+rnbd_server_start "$dir/auth.log" -- --port 0 --control "$dir/actl" --auth-keys "$dir/keys" \
+	--access "$dir/access" -m "h1:64M" -m "h2:64M" -m "h3:64M" \
+	--qos host:host-a:iops=2000 || exit 1
+# hperf NAME HOST SESSION DEVICE: 6 s of randrw as that host.
+hperf() {
+	perf "$1" "$3" "$4" 6 --rw randrw --host-name "host-$2" --secret "@$dir/$2.key"
+}
+hperf ha1 a a-1 h1 &
+p1=$!
+hperf ha2 a a-2 h2 &
+p2=$!
+sleep 3
+ctl "$dir/actl" server list -o json >"$dir/hsessions.json"
+wait "$p1" "$p2"
+hperf hb b b-1 h3
+sum=$(python3 -c "print($(val ha1 iops) + $(val ha2 iops))")
+echo "  host-a: sessions a-1 $(val ha1 iops), a-2 $(val ha2 iops) IOPS together; host-b \
+alone: $(val hb iops)"
+check "host-a's two sessions together get 2000 IOPS +- 10 %" within "$sum" 2000 10
+check "... each a share of it (over 500)" \
+	python3 -c "import sys; sys.exit(min($(val ha1 iops), $(val ha2 iops)) < 500)"
+check "... no IO failed" test "$(val ha1 errors)" -eq 0 -a "$(val ha2 errors)" -eq 0
+check "host-b's session is not held by it (over 4000)" \
+	python3 -c "import sys; sys.exit(float('$(val hb iops)') < 4000)"
+check "server.sessions shows each session's host and the host's limit" \
+	python3 - "$dir/hsessions.json" <<'PY'
+import json, sys
+s = {x["name"]: x for x in json.load(open(sys.argv[1]))}
+for n in ("a-1", "a-2"):
+    assert s[n]["host"] == "host-a", s[n]
+    q = s[n]["host_qos"]
+    assert q["limits"]["iops"] == 2000 and q["delayed"] > 0, q
+    assert "qos" not in s[n], s[n]
+PY
+host_shown() {
+	ctl "$dir/actl" server qos host host-a -o json | python3 -c 'import json, sys
+j = json.load(sys.stdin)
+sys.exit(not (j["kind"] == "host" and j["limits"]["iops"] == 2000 and j["delayed"] > 0))'
+}
+check "rnbd server qos host host-a shows it" host_shown
 
 finish qos

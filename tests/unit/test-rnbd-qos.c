@@ -43,7 +43,9 @@ static void test_parse(void)
 	static const struct { const char *spec, *why; } bad[] = {
 		{ "session", "not KIND:NAME:LIMITS" },
 		{ "session:x", "not KIND:NAME:LIMITS" },
-		{ "volume:x:iops=1", "the kind is not session or device" },
+		{ "volume:x:iops=1", "the kind is not session, host or device" },
+		{ "hosts:x:iops=1", "the kind is not session, host or device" },
+		{ "host::iops=1", "an empty name" },
 		{ "session::iops=1", "an empty name" },
 		{ "session:x:iops", "a limit is not KEY=VALUE" },
 		{ "session:x:speed=1", "an unknown limit" },
@@ -70,6 +72,10 @@ static void test_parse(void)
 	CHECK(!strcmp(name, "vm/a"), "a device's name as the server keeps it: %s", name);
 	CHECK_EQ(rnbd_qos_parse("session:/s/:iops=1", &kind, name, sizeof(name), &l, &why), 0);
 	CHECK(!strcmp(name, "/s/"), "a session's name as given: %s", name);
+	CHECK_EQ(rnbd_qos_parse("host:nqn.2014-08.org.nvmexpress:uuid:1b4e28ba-2fa1:bps=1G", &kind,
+				name, sizeof(name), &l, &why), 0);
+	CHECK(kind == RNBD_QOS_HOST && !strcmp(name, "nqn.2014-08.org.nvmexpress:uuid:1b4e28ba-2fa1") &&
+	      l.bps == 1ull << 30, "a host's NQN, its ':' kept: %s", name);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		why = NULL;
 		CHECK(rnbd_qos_parse(bad[i].spec, &kind, name, sizeof(name), &l, &why) == -EINVAL &&
@@ -107,7 +113,7 @@ static void test_ctx(void)
 	CHECK(rnbd_qos_find(ctx, RNBD_QOS_SESSION, "d") == NULL, "kinds apart");
 	t0 = now_ns();
 	for (int i = 0; i < N; i++) {
-		items[i] = (struct rnbd_qos_item){ .g = { NULL, g }, .read = false,
+		items[i] = (struct rnbd_qos_item){ .g = { NULL, NULL, g }, .read = false,
 						   .owner = i < 200 ? &owner_a : &owner_b };
 		now_go += rnbd_qos_admit(ctx, &items[i]);
 	}
@@ -122,7 +128,7 @@ static void test_ctx(void)
 	held = N - now_go;
 	/* Reads are not held by a write limit, nor behind the held writes. */
 	for (int i = 0; i < 10; i++) {
-		reads[i] = (struct rnbd_qos_item){ .g = { NULL, g }, .read = true, .bytes = 4096 };
+		reads[i] = (struct rnbd_qos_item){ .g = { NULL, NULL, g }, .read = true, .bytes = 4096 };
 		fast_reads += rnbd_qos_admit(ctx, &reads[i]);
 	}
 	CHECK_EQ(fast_reads, 10);
@@ -226,7 +232,7 @@ static void flood_case(const char *what, const struct rnbd_qos_limits *dev,
 		CHECK_EQ(rnbd_qos_set(fl.ctx, RNBD_QOS_SESSION, "s", sess, &gs), 0);
 	CHECK_EQ(rnbd_qos_set(fl.ctx, RNBD_QOS_DEVICE, "d", dev, &gd), 0);
 	for (int i = 0; i < FLOOD_DEPTH; i++) {
-		reads[i] = (struct rnbd_qos_item){ .g = { NULL, gd }, .read = true,
+		reads[i] = (struct rnbd_qos_item){ .g = { NULL, NULL, gd }, .read = true,
 						   .bytes = read_bytes };
 		if (rnbd_qos_admit(fl.ctx, &reads[i]))
 			flood_read(&reads[i]);
@@ -234,10 +240,10 @@ static void flood_case(const char *what, const struct rnbd_qos_limits *dev,
 	flood_wait(&fl.reads, warm);
 	CHECK(atomic_load(&fl.reads) >= warm, "%s: %u reads went", what, atomic_load(&fl.reads));
 	other->g[0] = gs;
-	other->g[1] = gd;
+	other->g[2] = gd;
 	if (pre) {
 		pre->g[0] = gs;
-		pre->g[1] = gd;
+		pre->g[2] = gd;
 		CHECK(rnbd_qos_admit(fl.ctx, pre), "%s: the first goes at once", what);
 	}
 	fl.other = other;
@@ -317,13 +323,13 @@ static void test_direction_apart(void)
 	CHECK_EQ(rnbd_qos_ctx_open(flood_dispatch, &fl.ctx), 0);
 	CHECK_EQ(rnbd_qos_set(fl.ctx, RNBD_QOS_DEVICE, "d", &dev, &gd), 0);
 	for (int i = 0; i < FLOOD_DEPTH; i++) {
-		reads[i] = (struct rnbd_qos_item){ .g = { NULL, gd }, .read = true, .bytes = 4096 };
+		reads[i] = (struct rnbd_qos_item){ .g = { NULL, NULL, gd }, .read = true, .bytes = 4096 };
 		if (rnbd_qos_admit(fl.ctx, &reads[i]))
 			flood_read(&reads[i]);
 	}
 	r0 = atomic_load(&fl.reads);
 	for (int i = 0; i < 50; i++) {
-		writes[i] = (struct rnbd_qos_item){ .g = { NULL, gd }, .read = false,
+		writes[i] = (struct rnbd_qos_item){ .g = { NULL, NULL, gd }, .read = false,
 						    .bytes = 4096 };
 		if (rnbd_qos_admit(fl.ctx, &writes[i]))
 			atomic_fetch_add(&fl.writes, 1);
@@ -358,7 +364,7 @@ static void test_drop_dev(void)
 	CHECK_EQ(rnbd_qos_set(fl.ctx, RNBD_QOS_DEVICE, "d", &l, &g), 0);
 	for (int i = 0; i < 12; i++) {
 		it[i] = (struct rnbd_qos_item){
-			.g = { NULL, g }, .read = false, .bytes = 4096,
+			.g = { NULL, NULL, g }, .read = false, .bytes = 4096,
 			.owner = i < 9 ? &owner_a : &owner_b,
 			.dev = i < 6 || i > 8 ? &dev_x : &dev_y,
 		};
@@ -382,6 +388,71 @@ static void test_drop_dev(void)
 	CHECK_EQ(atomic_load(&fl.writes), 7);
 }
 
+/*
+ * A host's limit is shared by its sessions: what one session took, the
+ * other cannot; a session held by its own limit claims none of its host's
+ * tokens meanwhile; another host's sessions do not wait for it. The host
+ * allows 300/s (a burst of 30); session s1 1 write/s (a burst of 1).
+ */
+static void test_host(void)
+{
+	const struct rnbd_qos_limits lh = { .size = sizeof(lh), .iops = 300 };
+	const struct rnbd_qos_limits ls1 = { .size = sizeof(ls1), .write_iops = 1 };
+	const struct rnbd_qos_limits lh2 = { .size = sizeof(lh2), .iops = 100000 };
+	static struct rnbd_qos_item s1[50], s2[120], other[100];
+	struct rnbd_qos_stats st = { .size = sizeof(st) };
+	struct rnbd_qos *gh, *gs1, *gh2;
+	unsigned go1 = 0, go2 = 0, go3 = 0, refilled;
+	uint64_t t0;
+	int a, b, c;
+
+	memset(&fl, 0, sizeof(fl));
+	CHECK_EQ(rnbd_qos_ctx_open(flood_dispatch, &fl.ctx), 0);
+	CHECK_EQ(rnbd_qos_set(fl.ctx, RNBD_QOS_HOST, "nqn.h1", &lh, &gh), 0);
+	CHECK_EQ(rnbd_qos_set(fl.ctx, RNBD_QOS_SESSION, "s1", &ls1, &gs1), 0);
+	CHECK_EQ(rnbd_qos_set(fl.ctx, RNBD_QOS_HOST, "nqn.h2", &lh2, &gh2), 0);
+	CHECK(rnbd_qos_find(fl.ctx, RNBD_QOS_HOST, "nqn.h1") == gh &&
+	      rnbd_qos_find(fl.ctx, RNBD_QOS_SESSION, "nqn.h1") == NULL, "kinds apart");
+	t0 = now_ns();
+	/* s1's writes: its own burst of 1 goes; the rest wait for s1, not for the host. */
+	for (int i = 0; i < 50; i++) {
+		s1[i] = (struct rnbd_qos_item){ .g = { gs1, gh, NULL }, .bytes = 4096, .owner = &a };
+		go1 += rnbd_qos_admit(fl.ctx, &s1[i]);
+	}
+	/* s2, unlimited itself, gets what is left of its host's burst: 29. */
+	for (int i = 0; i < 120; i++) {
+		s2[i] = (struct rnbd_qos_item){ .g = { NULL, gh, NULL }, .bytes = 4096, .owner = &b };
+		go2 += rnbd_qos_admit(fl.ctx, &s2[i]);
+	}
+	/* Another host's session: none of it waits. */
+	for (int i = 0; i < 100; i++) {
+		other[i] = (struct rnbd_qos_item){ .g = { NULL, gh2, NULL }, .read = true,
+						   .bytes = 4096, .owner = &c };
+		go3 += rnbd_qos_admit(fl.ctx, &other[i]);
+	}
+	refilled = (unsigned)((now_ns() - t0) * 300 / 1000000000ull) + 1;
+	CHECK(go1 >= 1 && go1 <= 1 + refilled / 300 + 1, "s1: its burst goes: %u", go1);
+	CHECK(go2 >= 29 && go2 <= 29 + refilled, "s2: the host's burst less s1's one: %u (%u of "
+	      "refill)", go2, refilled);
+	CHECK_EQ(go3, 100);
+	/* s2's held ones pass at the host's rate (about 0.3 s); s1's stay held by s1. */
+	atomic_store(&fl.writes, 0);
+	for (uint64_t end = now_ns() + 60000000000ull;
+	     atomic_load(&fl.writes) < 120 - go2 && now_ns() < end;)
+		usleep(1000);
+	CHECK(atomic_load(&fl.writes) >= 120 - go2, "s2's held writes went: %u of %u",
+	      atomic_load(&fl.writes), 120 - go2);
+	CHECK(now_ns() - t0 >= (120 - go2 - 30) * 1000000000ull / 300,
+	      "not before the host's tokens: %llu ns", (unsigned long long)(now_ns() - t0));
+	rnbd_qos_get(fl.ctx, gh, NULL, &st);
+	CHECK(st.delayed >= 120 - go2 && st.delayed < 120 - go2 + 50,
+	      "the host delayed s2's held ones (and none of s1's at the host yet): %llu",
+	      (unsigned long long)st.delayed);
+	rnbd_qos_drop(fl.ctx, &a, NULL);
+	atomic_store(&fl.stop, true);
+	rnbd_qos_ctx_close(fl.ctx);
+}
+
 int main(void)
 {
 	test_buckets();
@@ -390,5 +461,6 @@ int main(void)
 	test_fairness();
 	test_direction_apart();
 	test_drop_dev();
+	test_host();
 	return test_done("rnbd-qos");
 }
