@@ -517,7 +517,7 @@ static int m_stats(void *priv, struct json_object *params, struct json_object **
 
 /* ---- metrics (Prometheus) ---------------------------------------------------------- */
 
-enum { SRC_STATS, SRC_SESSIONS, SRC_DEVICES, SRC_NR };
+enum { SRC_STATS, SRC_SESSIONS, SRC_DEVICES, SRC_HOSTS, SRC_NR };
 
 #define STAT(n, t, f, h) { .name = "rnbd_server_" n, .type = t, .help = h, .src = SRC_STATS, \
 			   .shape = METRICS_OBJ, .field = f }
@@ -580,6 +580,14 @@ static const struct metrics_def metric_defs[] = {
 	  .help = "IOs of the session waiting for its rate limits now", .src = SRC_SESSIONS,
 	  .shape = METRICS_ARRAY, .labels = { { "session", "name", false } },
 	  .field = "qos.queued" },
+	{ .name = "rnbd_server_host_qos_delayed_total", .type = "counter",
+	  .help = "IOs of the host's sessions that waited for its rate limits", .src = SRC_HOSTS,
+	  .shape = METRICS_ARRAY, .labels = { { "host", "host", false } },
+	  .field = "host_qos.delayed" },
+	{ .name = "rnbd_server_host_qos_queued_requests", .type = "gauge",
+	  .help = "IOs of the host's sessions waiting for its rate limits now", .src = SRC_HOSTS,
+	  .shape = METRICS_ARRAY, .labels = { { "host", "host", false } },
+	  .field = "host_qos.queued" },
 };
 
 static int m_sessions(void *priv, struct json_object *params, struct json_object **result,
@@ -665,6 +673,33 @@ static int metrics_paths(struct json_object *sessions)
 	return 0;
 }
 
+/*
+ * The hosts with limits, once each, from server.sessions' rows (the same
+ * host_qos object in every session of a host): a new array, or NULL.
+ */
+static struct json_object *metrics_hosts(struct json_object *sessions)
+{
+	struct json_object *hosts = json_object_new_array(), *seen = json_object_new_object();
+
+	for (size_t i = 0; hosts && seen && i < json_object_array_length(sessions); i++) {
+		struct json_object *so = json_object_array_get_idx(sessions, i), *q;
+		const char *host = jfield(so, "host");
+
+		if (!host[0] || !json_object_object_get_ex(so, "host_qos", &q) ||
+		    json_object_object_get_ex(seen, host, NULL))
+			continue;
+		if (!put(seen, host, json_object_new_boolean(true)) ||
+		    json_object_array_add(hosts, json_object_get(so))) {
+			if (json_object_object_get_ex(seen, host, NULL))
+				json_object_put(so); /* the add failed: its reference is ours */
+			json_object_put(hosts);
+			hosts = NULL;
+		}
+	}
+	json_object_put(seen);
+	return hosts;
+}
+
 /* The exposition, from what server.stats, server.sessions and server.devices answer. */
 static char *metrics_text(void *priv)
 {
@@ -675,7 +710,8 @@ static char *metrics_text(void *priv)
 	if (!m_stats(NULL, NULL, &srcs[SRC_STATS], &err) &&
 	    !m_sessions(NULL, NULL, &srcs[SRC_SESSIONS], &err) &&
 	    !metrics_paths(srcs[SRC_SESSIONS]) &&
-	    !m_devices(NULL, NULL, &srcs[SRC_DEVICES], &err))
+	    !m_devices(NULL, NULL, &srcs[SRC_DEVICES], &err) &&
+	    (srcs[SRC_HOSTS] = metrics_hosts(srcs[SRC_SESSIONS])))
 		text = metrics_render(metric_defs, sizeof(metric_defs) / sizeof(metric_defs[0]), srcs,
 				      SRC_NR);
 	for (int i = 0; i < SRC_NR; i++)

@@ -17,7 +17,8 @@
 #   - a host's limit (--qos host:NAME:iops=2000, with authentication) is
 #     shared by its sessions: two of them together get 2000 +- 10 %, a
 #     third with another host's key beside them runs far above it;
-#     server.sessions shows each session's host and its host's limit; a
+#     server.sessions and the metrics show each session's host and its
+#     host's limit; a
 #     host's limit without authentication is refused at start and at run
 #     time.
 # Usage: qos.sh BUILD_DIR.
@@ -161,7 +162,8 @@ check "... and at run time (exit 1, the cause)" \
 	printf 'host-a %s\nhost-b %s\n' "$(cat "$dir/a.key")" "$(cat "$dir/b.key")" >"$dir/keys"
 )
 printf 'host-a sessions=a-* rw=h*\nhost-b sessions=b-* rw=h*\n' >"$dir/access"
-rnbd_server_start "$dir/auth.log" -- --port 0 --control "$dir/actl" --auth-keys "$dir/keys" \
+rnbd_server_start "$dir/auth.log" -- --port 0 --control "$dir/actl" --metrics 127.0.0.1:0 \
+	--auth-keys "$dir/keys" \
 	--access "$dir/access" -m "h1:64M" -m "h2:64M" -m "h3:64M" \
 	--qos host:host-a:iops=2000 || exit 1
 # hperf NAME HOST SESSION DEVICE: 6 s of randrw as that host.
@@ -174,6 +176,8 @@ hperf ha2 a a-2 h2 &
 p2=$!
 sleep 3
 ctl "$dir/actl" server list -o json >"$dir/hsessions.json"
+hmetrics_port=$(grep -o 'metrics on port [0-9]*' "$dir/auth.log" | grep -o '[0-9]*$')
+curl -s "http://127.0.0.1:$hmetrics_port/metrics" >"$dir/hmetrics.txt"
 wait "$p1" "$p2"
 hperf hb b b-1 h3
 sum=$(python3 -c "print($(val ha1 iops) + $(val ha2 iops))")
@@ -201,5 +205,7 @@ j = json.load(sys.stdin)
 sys.exit(not (j["kind"] == "host" and j["limits"]["iops"] == 2000 and j["delayed"] > 0))'
 }
 check "rnbd server qos host host-a shows it" host_shown
+check "the metrics carry the host's counters once" \
+	test "$(grep -Ec '^rnbd_server_host_qos_delayed_total\{host="host-a"\} [1-9]' "$dir/hmetrics.txt")" -eq 1
 
 finish qos
