@@ -855,6 +855,8 @@ void srv_on_connreq(void *priv, struct fab_connreq *creq, const void *data, size
 	}
 	p->last_connreq_ms = now_ms();
 	atomic_store(&p->progress_ms, loop_now_ms());
+	if (!req.cid)
+		p->sess_id_told = s->sess_id;
 
 	/* For a kernel client the encoder leaves out everything of ours. */
 	struct rtrs_conn_rsp rsp = {

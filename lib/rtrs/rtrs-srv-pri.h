@@ -144,6 +144,12 @@ struct srv_path {
 	bool cons_destroyed;
 	bool was_connected;
 	/*
+	 * The session's incarnation its connection 0 was told (sess_id): a
+	 * link that went down meanwhile gave the session a new one, and the
+	 * path is refused at its information request (srv_relinked).
+	 */
+	uint64_t sess_id_told;
+	/*
 	 * The handshake (enum rtrs_srv_hs_state), moved by srv_hs_step from
 	 * the loop and from connection 0's completion thread.
 	 */

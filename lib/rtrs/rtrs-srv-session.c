@@ -744,6 +744,19 @@ void srv_path_stop(struct srv_path *p, int err)
 		s->link_up = false;
 		if (s->ctx->ops.link_ev)
 			s->ctx->ops.link_ev(s, RTRS_SRV_LINK_EV_DISCONNECTED, s->ctx->ops.priv);
+		/*
+		 * The user forgot the session (RNBD its open devices); a path
+		 * that links it up again makes a new one of it (CONNECTED). The
+		 * session object may outlive the link (a path still in its
+		 * handshake, or a closed one whose requests the user holds), so
+		 * it takes a new incarnation: a client that joins it sees a new
+		 * server session and sets its state up again, as after a restart
+		 * (docs/protocol.md section 10). Only sessions of this project's
+		 * clients compare it; a kernel client sets up again after every
+		 * reconnect anyway.
+		 */
+		if (rand_bytes(&s->sess_id, sizeof(s->sess_id)))
+			s->sess_id++;
 	}
 	loop_queue(s->ctx->loop, &s->ctx->reap_work);
 }
@@ -1121,6 +1134,19 @@ static void path_info_work(struct loop_work *w)
 	if (ctx->auth_required && atomic_load(&p->auth_epoch) != atomic_load(&ctx->key_epoch)) {
 		log_warn("%s: host %s authenticated with the key file as it was before a reload; "
 			 "refused, the client authenticates again", path_name(p), p->auth_host);
+		srv_path_refuse(p, -EAGAIN, false);
+		return;
+	}
+	/*
+	 * Its connection 0 was told an incarnation that ended since (the
+	 * session's link went down, srv_path_stop): linked up now, it would
+	 * give the user a new session under the id its client knows, and
+	 * the client would never set its state up again. It tries again and
+	 * is told the new one.
+	 */
+	if (p->sess_id_told != s->sess_id) {
+		log_info("%s: the session's link went down during the path's handshake; refused, "
+			 "the client connects to the session's new incarnation", path_name(p));
 		srv_path_refuse(p, -EAGAIN, false);
 		return;
 	}

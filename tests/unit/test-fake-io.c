@@ -2031,6 +2031,97 @@ static void slots_without_path_fail_fast(void)
 	slots_without_path_(true);
 }
 
+/*
+ * A session's link goes down at the server while the session object stays
+ * (its user holds a request of a closed path): the user forgot the
+ * session (DISCONNECTED), and the path that links it up again gives the
+ * user a new one (CONNECTED). The client must hear of a new server
+ * session then, as after a restart, or its user (RNBD) would go on with
+ * state the server's user no longer has.
+ */
+static bool link_up_twice(void *arg)
+{
+	(void)arg;
+	return atomic_load(&srv.link_up) >= 2;
+}
+
+static void relink_same_session(void)
+{
+	struct rtrs_attrs at = { .size = sizeof(at) };
+	static struct io io;
+	struct clt c;
+
+	if (!setup(&c, "ab", NULL))
+		return;
+	atomic_store(&srv.defer, true);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 37), 0);
+	CHECK_EQ(fake_wait(one_deferred, NULL, "the server to hold the request"), 0);
+	atomic_store(&srv.defer, false);
+	fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET);
+	fake_fail("s", "b", -1, -ECONNRESET, -ECONNRESET);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(atomic_load(&srv.link_down) == 1 && srv_stats().sessions == 1,
+	      "the link down, the session kept for its held request: %d, %llu",
+	      atomic_load(&srv.link_down), (unsigned long long)srv_stats().sessions);
+	for (int i = 0; i < 30 && !link_up_twice(NULL); i++)
+		CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(rtrs_clt_query(c.sess, &at), 0);
+	CHECK(atomic_load(&srv.link_up) == 2 && at.server_sessions == 2,
+	      "the server's user saw the session linked up again (%d) and the client was told of "
+	      "a new server session (%u)", atomic_load(&srv.link_up), (unsigned)at.server_sessions);
+	rtrs_srv_resp_rdma(atomic_load(&srv.deferred[0]), 0);
+	CHECK_EQ(fake_settle(), 0);
+	for (int i = 0; i < 10; i++)
+		CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	io_wait(&io);
+	io_put(&io);
+	teardown(&c);
+}
+
+/*
+ * The same with no request held: b goes down while a's reconnect waits for
+ * its information response. a's connection 0 was told the session's old
+ * incarnation: it is refused (-EAGAIN, a retry) and reconnects to the new
+ * one, which its client takes for a new server session.
+ */
+static bool a_connected(void *arg)
+{
+	return !strcmp(clt_path((struct clt *)arg, 0).state, "connected");
+}
+
+static void relink_during_handshake(void)
+{
+	struct rtrs_attrs at = { .size = sizeof(at) };
+	struct m info_a = { .kind = FAKE_SEND, .dir = TO_SRV, .host = "a",
+			    .msg = MSG(RTRS_MSG_INFO_REQ) };
+	struct fake_ev *ev;
+	struct clt c;
+
+	if (!setup(&c, "ab", NULL))
+		return;
+	fake_hold(match, &info_a);
+	fake_fail("s", "a", -1, -ECONNRESET, -ECONNRESET);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(fake_advance(2 * RECONNECT_MS), 0);
+	ev = fake_wait_ev(match, &info_a, "a's information request");
+	fake_fail("s", "b", -1, -ECONNRESET, -ECONNRESET);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(atomic_load(&srv.link_down), 1);
+	fake_hold(NULL, NULL);
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), 0);
+	CHECK_EQ(fake_settle(), 0);
+	for (int i = 0; i < 30 && !(a_connected(&c) && link_up_twice(NULL)); i++)
+		CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(rtrs_clt_query(c.sess, &at), 0);
+	CHECK(atomic_load(&srv.link_up) == 2 && at.server_sessions == 2,
+	      "the server's user saw the session linked up again (%d) and the client was told of "
+	      "a new server session (%u)", atomic_load(&srv.link_up), (unsigned)at.server_sessions);
+	teardown(&c);
+}
+
 static const struct scenario scenarios[] = {
 	{ "io_exact", io_exact },
 	{ "io_split", io_split },
@@ -2077,6 +2168,8 @@ static const struct scenario scenarios[] = {
 	{ "replay_stale_key", replay_stale_key },
 	{ "replay_no_inval", replay_no_inval },
 	{ "reuse_while_responding", reuse_while_responding },
+	{ "relink_during_handshake", relink_during_handshake },
+	{ "relink_same_session", relink_same_session },
 };
 
 int main(int argc, char **argv)

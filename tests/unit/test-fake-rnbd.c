@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "fake-main.h"
+#include "rnbd-hooks.h"
 #include "rnbd-proto.h"
 #include "rnbd.h"
 #include "rtrs-pri.h"
@@ -501,6 +502,153 @@ static void rnbd_unmap_while_down(void)
 	rnbd_down();
 }
 
+/*
+ * Both paths go down at the server while its store holds a write: the
+ * RTRS session stays for that request, the RNBD session and its devices
+ * are gone (DISCONNECTED). The path that links the session up again makes
+ * a new RNBD session of it; the client hears of a new server session and
+ * opens its device again, so its IO goes on (without it, every request
+ * failed with EPROTO for good: "request before SESS_INFO").
+ */
+static struct rnbd_breq *_Atomic held_r;
+
+static bool hold_first(void *priv, struct rnbd_breq *r)
+{
+	struct rnbd_breq *none = NULL;
+	bool took = atomic_compare_exchange_strong(&held_r, &none, r);
+
+	(void)priv;
+	if (took)
+		fake_notify();
+	return took;
+}
+
+static bool req_held(void *arg)
+{
+	(void)arg;
+	return atomic_load(&held_r) != NULL;
+}
+
+/* An IO after the paths went down: the fake clock moves while it waits. */
+struct relink_io {
+	struct rnbd_clt_dev *d;
+	enum rnbd_clt_op op;
+	uint64_t off;
+	uint8_t *buf;
+	atomic_int rc;
+	atomic_bool done;
+};
+
+static void *relink_io_fn(void *arg)
+{
+	struct relink_io *r = arg;
+
+	atomic_store(&r->rc, rnbd_clt_io(r->d, r->op, 0, r->off, r->buf, 4096));
+	atomic_store(&r->done, true);
+	fake_notify();
+	return NULL;
+}
+
+static int relink_io(struct rnbd_clt_dev *d, enum rnbd_clt_op op, uint64_t off, uint8_t *buf)
+{
+	struct relink_io r = { .d = d, .op = op, .off = off, .buf = buf };
+	pthread_t t;
+
+	CHECK_EQ(pthread_create(&t, NULL, relink_io_fn, &r), 0);
+	for (int i = 0; i < 100 && !atomic_load(&r.done); i++) {
+		CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+		CHECK_EQ(fake_settle(), 0);
+	}
+	pthread_join(t, NULL);
+	return atomic_load(&r.rc);
+}
+
+static void rnbd_relink_forgets_devices(void)
+{
+	static uint8_t w[4096], w2[4096], r[4096];
+	struct rnbd_clt_sess *s;
+	struct rnbd_clt_dev *d;
+	struct done dn = { 0 };
+	struct clt c;
+
+	if (!rnbd_up(false))
+		return;
+	clt_init(&c, "v", "ab");
+	c.o.path_ev = NULL;
+	CHECK_EQ(rnbd_clt_sess_open(&c.o, &s), 0);
+	CHECK_EQ(rnbd_clt_map(s, DEV, RNBD_CLT_RW, &d), 0);
+	pattern(w, sizeof(w), 7);
+	pattern(w2, sizeof(w2), 8);
+	atomic_store(&held_r, NULL);
+	rnbd_store_set_hold_hook(hold_first, NULL);
+	CHECK_EQ(rnbd_clt_submit(d, RNBD_CLT_WRITE, 0, 0, w, sizeof(w), io_done, &dn), 0);
+	CHECK_EQ(fake_wait(req_held, NULL, "the store to hold the write"), 0);
+	rnbd_store_set_hold_hook(NULL, NULL);
+	CHECK_EQ(fake_fail("v", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_fail("v", "b", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	/* b links the session up again while the write is held (a waits for it). */
+	for (int i = 0; i < 10; i++)
+		CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+	CHECK_EQ(fake_settle(), 0);
+	/* The held write goes (the device's reopening waits for it, as for any old IO). */
+	rnbd_store_resume(atomic_load(&held_r));
+	for (int i = 0; i < 100 && !io_called(&dn); i++) {
+		CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+		CHECK_EQ(fake_settle(), 0);
+	}
+	CHECK(io_called(&dn) && atomic_load(&dn.result) == 0, "the held write completed: %d",
+	      atomic_load(&dn.result));
+	CHECK_EQ(relink_io(d, RNBD_CLT_WRITE, 16384, w2), 0);
+	CHECK_EQ(relink_io(d, RNBD_CLT_READ, 16384, r), 0);
+	CHECK(!memcmp(r, w2, sizeof(r)), "the bytes written after the relink read back");
+	CHECK_EQ(relink_io(d, RNBD_CLT_READ, 0, r), 0);
+	CHECK(!memcmp(r, w, sizeof(r)), "the held write's bytes are there");
+	CHECK_EQ(srv_devs(), 1);
+	CHECK_EQ(fake_settle(), 0);
+	rnbd_clt_sess_close(s);
+	clt_close(&c);
+	rnbd_down();
+}
+
+/* b goes down while a's reconnect is in its handshake; no IO in flight. */
+static void rnbd_relink_during_handshake(void)
+{
+	static uint8_t w[4096], r[4096];
+	struct m info_a = { .kind = FAKE_SEND, .dir = TO_SRV, .host = "a",
+			    .msg = MSG(RTRS_MSG_INFO_REQ) };
+	struct rnbd_clt_sess *s;
+	struct rnbd_clt_dev *d;
+	struct fake_ev *ev;
+	struct clt c;
+
+	if (!rnbd_up(false))
+		return;
+	clt_init(&c, "h", "ab");
+	c.o.path_ev = NULL;
+	CHECK_EQ(rnbd_clt_sess_open(&c.o, &s), 0);
+	CHECK_EQ(rnbd_clt_map(s, DEV, RNBD_CLT_RW, &d), 0);
+	fake_hold(match, &info_a);
+	CHECK_EQ(fake_fail("h", "a", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(fake_advance(2 * RECONNECT_MS), 0);
+	ev = fake_wait_ev(match, &info_a, "a's information request");
+	CHECK_EQ(fake_fail("h", "b", -1, -ECONNRESET, -ECONNRESET), 2);
+	CHECK_EQ(fake_settle(), 0);
+	fake_hold(NULL, NULL);
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), 0);
+	CHECK_EQ(fake_settle(), 0);
+	pattern(w, sizeof(w), 9);
+	CHECK_EQ(relink_io(d, RNBD_CLT_WRITE, 8192, w), 0);
+	CHECK_EQ(relink_io(d, RNBD_CLT_READ, 8192, r), 0);
+	CHECK(!memcmp(r, w, sizeof(r)), "the bytes written after the relink read back");
+	CHECK_EQ(srv_devs(), 1);
+	rnbd_clt_sess_close(s);
+	clt_close(&c);
+	rnbd_down();
+}
+
 static const struct scenario scenarios[] = {
 	{ "rnbd_preflush_kernel_server", rnbd_preflush_kernel_server },
 	{ "rnbd_preflush_project_server", rnbd_preflush_project_server },
@@ -509,6 +657,8 @@ static const struct scenario scenarios[] = {
 	{ "rnbd_kernel_client", rnbd_kernel_client },
 	{ "rnbd_project_client", rnbd_project_client },
 	{ "rnbd_unmap_while_down", rnbd_unmap_while_down },
+	{ "rnbd_relink_during_handshake", rnbd_relink_during_handshake },
+	{ "rnbd_relink_forgets_devices", rnbd_relink_forgets_devices },
 };
 
 int main(int argc, char **argv)
