@@ -217,7 +217,7 @@ static const struct fab_con_ops clt_con_ops = {
 	.down = clt_con_down,
 	.imm = rtrs_con_imm,
 	.recv = clt_con_recv,
-	.done = rtrs_con_done,
+	.done = clt_con_done,
 	.kick = rtrs_con_kick,
 };
 

@@ -433,9 +433,42 @@ int clt_path_keys_merge(struct clt_path *p, size_t off)
  * for (req_post): its send's completion comes then, not with some later
  * signalled send, which an idle connection may never post, and with it
  * the regions' deregistration (clt_req_release_mrs). Its done() does
- * nothing: rtrs_con_done takes only a heartbeat ack's context.
+ * nothing: clt_con_done hands it to rtrs_con_done, which takes only a
+ * heartbeat ack's context.
  */
 static char req_sent_ctx;
+
+/*
+ * req's data has left (req_post's fab_write_left, or its done()): if its
+ * response came already, this completes it, with the response's errno.
+ * Until its data has left, a write is not complete whatever its response
+ * says: the fabric still reads the caller's buffers, which the caller may
+ * free or fill anew once it is told (an honest server answers only what
+ * it has received, so only a lying one meets this wait).
+ */
+static void req_tx_left(struct clt_req *req)
+{
+	unsigned old = atomic_fetch_or(&req->tx_state, REQ_TX_LEFT);
+
+	if (old & REQ_TX_RSP)
+		clt_req_complete(req, -(int)(old >> REQ_TX_ERR_SHIFT));
+}
+
+/* The client's connections' done(): a write's data left (req_tx_left), or the heartbeat's. */
+void clt_con_done(void *priv, void *ctx)
+{
+	struct rtrs_con *c = priv;
+	struct rtrs_clt_sess *s = container_of(c, struct clt_con, c)->path->sess;
+	uintptr_t off = (uintptr_t)ctx - (uintptr_t)s->reqs;
+
+	if ((uintptr_t)ctx >= (uintptr_t)s->reqs &&
+	    off < (uintptr_t)s->queue_depth * sizeof(*s->reqs) &&
+	    off % sizeof(*s->reqs) == offsetof(struct clt_req, tx_ctx)) {
+		req_tx_left(&s->reqs[off / sizeof(*s->reqs)]);
+		return;
+	}
+	rtrs_con_done(priv, ctx);
+}
 
 static char *req_hdr_slot(const struct clt_req *req)
 {
@@ -458,6 +491,8 @@ static int req_post(struct clt_req *req)
 	const struct rtrs_desc *chunk = &p->rbufs[req->id];
 	/* Its data registered per IO (not copies of the session's regions' descriptors). */
 	bool own_mrs = req->dir == RTRS_WRITE && req->nr_mrs && req->mrs[0].ops;
+	/* A fabric that reads the data after the post only while it waits (tcp): req_tx_left. */
+	bool wait_left = req->dir == RTRS_WRITE && !own_mrs && fab_has_write_left(req->con->c.fc);
 	size_t n = 0;
 	uint32_t imm;
 
@@ -490,11 +525,22 @@ static int req_post(struct clt_req *req)
 			rma.len += iov[first + i].iov_len;
 		if (last) {
 			/* Before the post: its response may come before fab_write returns. */
+			req->wait_left = wait_left;
+			atomic_store_explicit(&req->tx_state, 0, memory_order_relaxed);
 			atomic_store(&req->sent, true);
 			tsan_release(req); /* clt_req_complete's acquire; req is not read after */
 		}
-		rc = fab_write(fc, &iov[first], &desc[first], cnt, &rma, 1, last, imm,
-			       last && own_mrs ? &req_sent_ctx : NULL);
+		if (last && wait_left) {
+			bool left;
+
+			rc = fab_write_left(fc, &iov[first], &desc[first], cnt, &rma, 1, true, imm,
+					    &req->tx_ctx, &left);
+			if (!rc && left)
+				req_tx_left(req); /* else done(&req->tx_ctx) tells */
+		} else {
+			rc = fab_write(fc, &iov[first], &desc[first], cnt, &rma, 1, last, imm,
+				       last && own_mrs ? &req_sent_ctx : NULL);
+		}
 		if (rc) {
 			if (last)
 				atomic_store(&req->sent, false);
@@ -974,6 +1020,20 @@ static void clt_handle_rsp(struct clt_con *con, uint32_t payload)
 		con->rkey_buf_id = UINT32_MAX;
 		/* Read by the next poster on this chunk, after the permit went round. */
 		__atomic_store_n(&p->rbufs[id].key, con->rkey, __ATOMIC_RELAXED);
+	}
+	if (req->wait_left) {
+		unsigned old = atomic_load(&req->tx_state), nw;
+
+		do {
+			if (old & REQ_TX_RSP) {
+				log_err_rl("%s: a second response for request %u", p->name, id);
+				clt_fail_path(p, -EPROTO);
+				return;
+			}
+			nw = old | REQ_TX_RSP | (unsigned)-err << REQ_TX_ERR_SHIFT;
+		} while (!atomic_compare_exchange_weak(&req->tx_state, &old, nw));
+		if (!(old & REQ_TX_LEFT))
+			return; /* completed once its data has left (req_tx_left) */
 	}
 	clt_req_complete(req, err);
 }

@@ -69,6 +69,17 @@ struct clt_req {
 	 * room in its send queue is the server's error, not a completion.
 	 */
 	atomic_bool sent;
+	/*
+	 * A write posted with fab_write_left (tcp): the response completes
+	 * it only once its data has left (REQ_TX_LEFT, from the poster or
+	 * from done(&tx_ctx)), as the fabric reads the caller's buffers until
+	 * then; whichever of the two comes second completes it, with the
+	 * response's errno kept in the word (REQ_TX_ERR_SHIFT). Set before
+	 * sent.
+	 */
+	bool wait_left;
+	atomic_uint tx_state;
+	char tx_ctx;                /* its address: the write's completion context */
 	size_t next_iov;            /* posting progress after -EAGAIN */
 	uint64_t next_off;
 	/* The arrays come after the fields every IO touches: those share the head's lines. */
@@ -86,6 +97,10 @@ struct clt_req {
 	 */
 	struct clt_path *quarantine;
 };
+
+#define REQ_TX_RSP 1u        /* its response came */
+#define REQ_TX_LEFT 2u       /* its data left */
+#define REQ_TX_ERR_SHIFT 8   /* the response's -errno, above the bits */
 
 struct clt_con {
 	struct rtrs_con c;
@@ -416,6 +431,7 @@ void clt_req_wait(struct clt_req *req);
 int clt_req_route(struct clt_req *req, bool accepted);
 bool clt_sess_path_may_come(struct rtrs_clt_sess *s);
 bool clt_io_imm(struct rtrs_con *c, unsigned type, uint32_t payload);
+void clt_con_done(void *priv, void *ctx);
 
 /* rtrs-clt-fence.c */
 void clt_fence_process(struct rtrs_clt_sess *s, uint64_t now, bool may_come);

@@ -139,6 +139,13 @@ void fake_set_late_ack(bool on)
 	fk_unlock();
 }
 
+void fake_set_tx_queued(bool on)
+{
+	fk_lock();
+	fk_net.tx_queued = on;
+	fk_unlock();
+}
+
 void fake_set_windows(unsigned binds)
 {
 	fk_lock();

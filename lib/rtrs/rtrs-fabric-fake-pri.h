@@ -147,6 +147,7 @@ struct fake_net {
 	bool no_send_imm;           /* fabrics opened from now on lack fab_send_imm (iWARP) */
 	bool mr_local;              /* fabrics opened from now on need local registrations (verbs) */
 	bool late_ack;              /* fake_set_late_ack */
+	bool tx_queued;             /* fake_set_tx_queued */
 	uint64_t local_regs;        /* local registrations made (mr_local) */
 	unsigned fail_regs;         /* the next remote registrations to fail (fake_fail_regs) */
 	unsigned win_binds;         /* fabrics opened from now on have windows */

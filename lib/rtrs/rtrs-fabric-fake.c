@@ -693,6 +693,17 @@ static int fake_write(struct fab_con *c, const struct iovec *iov, void *const *d
 	return post_write(c, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm, ctx);
 }
 
+/* As tcp's: at once (*left), or queued until it arrives (fake_set_tx_queued). */
+static int fake_write_left(struct fab_con *c, const struct iovec *iov, void *const *desc,
+			   size_t iov_cnt, const struct fab_rma *rma, size_t rma_cnt, bool with_imm,
+			   uint32_t imm, void *ctx, bool *left)
+{
+	fk_lock();
+	*left = !fk_net.tx_queued;
+	fk_unlock();
+	return fake_write(c, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm, *left ? NULL : ctx);
+}
+
 static int fake_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
 			  uint64_t key, uint32_t imm, void *ctx)
 {
@@ -856,6 +867,7 @@ const struct fab_ops fab_fake_ops = {
 	.con_destroy = fake_con_destroy,
 	.con_local = fake_con_local,
 	.write = fake_write,
+	.write_left = fake_write_left,
 	.write_imm = fake_write_imm,
 	.send = fake_send,
 	.send_imm = fake_send_imm,

@@ -128,6 +128,13 @@ uint64_t fake_local_regs(void);
  */
 void fake_set_late_ack(bool on);
 /*
+ * Whether fab_write_left says a write waits in a queue from now on (as the
+ * tcp fabric's does when its socket is full), so that its done() comes
+ * once it has arrived; default: no, every byte left at once (*left true,
+ * no completion).
+ */
+void fake_set_tx_queued(bool on);
+/*
  * The next n registrations for remote access, in any domain, fail with
  * -ENOMEM (as a device out of memory or past the memlock limit); 0: none.
  */

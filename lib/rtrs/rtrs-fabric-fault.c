@@ -646,9 +646,10 @@ static int stale_key(struct fault_con *c, bool with_imm, uint32_t imm, uint64_t 
 	return 0;
 }
 
-static int fault_write(struct fab_con *c, const struct iovec *iov, void *const *desc,
-		       size_t iov_cnt, const struct fab_rma *rma, size_t rma_cnt, bool with_imm,
-		       uint32_t imm, void *ctx)
+/* fab_write, or fab_write_left where left is not NULL. */
+static int fault_write_any(struct fab_con *c, const struct iovec *iov, void *const *desc,
+			   size_t iov_cnt, const struct fab_rma *rma, size_t rma_cnt, bool with_imm,
+			   uint32_t imm, void *ctx, bool *left)
 {
 	struct fault_con *wc = fc_of(c);
 	struct fab_rma stale;
@@ -667,7 +668,25 @@ static int fault_write(struct fab_con *c, const struct iovec *iov, void *const *
 			return rc;
 		rma = &stale;
 	}
+	if (left)
+		return fab_write_left(wc->inner, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm,
+				      ctx, left);
 	return fab_write(wc->inner, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm, ctx);
+}
+
+static int fault_write(struct fab_con *c, const struct iovec *iov, void *const *desc,
+		       size_t iov_cnt, const struct fab_rma *rma, size_t rma_cnt, bool with_imm,
+		       uint32_t imm, void *ctx)
+{
+	return fault_write_any(c, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm, ctx, NULL);
+}
+
+static int fault_write_left(struct fab_con *c, const struct iovec *iov, void *const *desc,
+			    size_t iov_cnt, const struct fab_rma *rma, size_t rma_cnt,
+			    bool with_imm, uint32_t imm, void *ctx, bool *left)
+{
+	*left = false;
+	return fault_write_any(c, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm, ctx, left);
 }
 
 static int fault_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
@@ -746,6 +765,7 @@ const struct fab_ops fab_fault_ops = {
 	.con_rename = fault_con_rename,
 	.set_tls = fault_set_tls,
 	.write = fault_write,
+	.write_left = fault_write_left,
 	.write_imm = fault_write_imm,
 	.send = fault_send,
 	.send_imm = fault_send_imm,

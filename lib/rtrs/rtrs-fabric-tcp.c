@@ -969,6 +969,9 @@ static int txq_add(struct fab_con *c, const struct iovec *iov, unsigned n, unsig
  * the group. 0 also when the connection is broken or shut down: the frames
  * are dropped, as a QP in error drops what is posted to it, and the owner
  * hears of it through down(). -EAGAIN when tx_depth entries are queued.
+ * left (fab_write_left), when not NULL: set true when every byte went
+ * inline, and then no completion comes for ctx; false when some wait in
+ * the queue (or were dropped), and ctx completes once they have left.
  */
 /* The socket's sendmsg, or OpenSSL's records. */
 static ssize_t con_sendv(struct fab_con *c, struct iovec *iov, unsigned n)
@@ -987,13 +990,15 @@ static bool con_tls_pending(struct fab_con *c)
 }
 
 static int tx_post(struct fab_con *c, struct iovec *iov, unsigned n, const void *keep,
-		   size_t keep_len, bool copy_all, void *ctx)
+		   size_t keep_len, bool copy_all, void *ctx, bool *left)
 {
 	unsigned cur = 0;
 	unsigned bits = 0;
 	bool partial = false;
 	int rc = 0;
 
+	if (left)
+		*left = false;
 	pthread_mutex_lock(&c->tx_lock);
 	if (c->tx_dead) {
 		pthread_mutex_unlock(&c->tx_lock);
@@ -1029,7 +1034,9 @@ static int tx_post(struct fab_con *c, struct iovec *iov, unsigned n, const void 
 			 */
 			if (con_tls_pending(c))
 				bits |= W_FLUSH;
-			if (ctx) {
+			if (left) {
+				*left = true; /* TLS copied it into its records */
+			} else if (ctx) {
 				rc = dctx_add(c, ctx);
 				bits |= W_DONE;
 			}
@@ -3346,9 +3353,9 @@ static int write_frames(const struct iovec *iov, size_t iov_cnt, const struct fa
 	return n;
 }
 
-static int tcp_write(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
-		     const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
-		     void *ctx)
+static int tcp_write_left(struct fab_con *c, const struct iovec *iov, void *const *desc,
+			  size_t iov_cnt, const struct fab_rma *rma, size_t rma_cnt, bool with_imm,
+			  uint32_t imm, void *ctx, bool *left)
 {
 	struct rtrs_tcp_hdr hdrs[TCP_RMA_LIMIT];
 	struct iovec out[TCP_RMA_LIMIT * (TCP_IOV_LIMIT + 1)];
@@ -3360,7 +3367,14 @@ static int tcp_write(struct fab_con *c, const struct iovec *iov, void *const *de
 	n = write_frames(iov, iov_cnt, rma, rma_cnt, with_imm, imm, hdrs, out);
 	if (n < 0)
 		return n;
-	return tx_post(c, out, (unsigned)n, hdrs, sizeof(hdrs), false, ctx);
+	return tx_post(c, out, (unsigned)n, hdrs, sizeof(hdrs), false, ctx, left);
+}
+
+static int tcp_write(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
+		     const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
+		     void *ctx)
+{
+	return tcp_write_left(c, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm, ctx, NULL);
 }
 
 static int tcp_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
@@ -3374,7 +3388,7 @@ static int tcp_write_imm(struct fab_con *c, const void *buf, size_t len, uint64_
 	if (len > TCP_INJECT)
 		return -EMSGSIZE;
 	rtrs_tcp_hdr_encode(&h, &f);
-	return tx_post(c, iov, len ? 2 : 1, NULL, 0, true, ctx);
+	return tx_post(c, iov, len ? 2 : 1, NULL, 0, true, ctx, NULL);
 }
 
 static int send_frame(struct fab_con *c, const void *buf, size_t len, bool has_imm, uint32_t imm,
@@ -3395,7 +3409,7 @@ static int send_frame(struct fab_con *c, const void *buf, size_t len, bool has_i
 	for (int tries = 0;; tries++) {
 		struct iovec iov[2] = { { &h, sizeof(h) }, { (void *)buf, len } };
 
-		rc = tx_post(c, iov, 2, NULL, 0, true, ctx);
+		rc = tx_post(c, iov, 2, NULL, 0, true, ctx, NULL);
 		if (rc != -EAGAIN || tries == 1000 || on_group_thread(c))
 			return rc;
 		usleep(1000);
@@ -3445,6 +3459,7 @@ const struct fab_ops fab_tcp_ops = {
 	.set_tls = tcp_set_tls,
 	.connreq_tls_host = tcp_connreq_tls_host,
 	.write = tcp_write,
+	.write_left = tcp_write_left,
 	.write_imm = tcp_write_imm,
 	.send = tcp_send,
 	.send_imm = tcp_send_imm,

@@ -217,6 +217,10 @@ struct fab_ops {
 	int (*write)(struct fab_con *c, const struct iovec *iov, void *const *desc, size_t iov_cnt,
 		     const struct fab_rma *rma, size_t rma_cnt, bool with_imm, uint32_t imm,
 		     void *ctx);
+	/* Optional: fab_write_left. */
+	int (*write_left)(struct fab_con *c, const struct iovec *iov, void *const *desc,
+			  size_t iov_cnt, const struct fab_rma *rma, size_t rma_cnt, bool with_imm,
+			  uint32_t imm, void *ctx, bool *left);
 	int (*write_imm)(struct fab_con *c, const void *buf, size_t len, uint64_t addr,
 			 uint64_t key, uint32_t imm, void *ctx);
 	int (*send)(struct fab_con *c, const void *buf, size_t len, void *desc, void *ctx);
@@ -710,6 +714,35 @@ static inline int fab_write(struct fab_con *c, const struct iovec *iov, void *co
 	      void *ctx)
 {
 	return fab_ops_of(c)->write(c, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm, ctx);
+}
+/*
+ * fab_write, on a fabric whose sends read the caller's buffers after the
+ * post has returned only while they wait in the connection's queue (tcp,
+ * whose queue holds them when the socket has no room, or until the group's
+ * pass ends when its own thread posts): *left true when every byte has
+ * left (tcp: handed to the kernel) and no completion comes for ctx; false
+ * when some of it waits, and done(ctx) comes once all of it has left, or
+ * never, if the connection goes down first (down() comes then). The peer
+ * cannot have seen what has not left: an answer to it before then is the
+ * peer's lie, which must not free the buffers (rtrs-clt-io.c). Fabrics
+ * without it (fab_has_write_left false): fab_write without ctx, *left
+ * true.
+ */
+static inline bool fab_has_write_left(const struct fab_con *c)
+{
+	return fab_ops_of(c)->write_left != NULL;
+}
+static inline int fab_write_left(struct fab_con *c, const struct iovec *iov, void *const *desc,
+				 size_t iov_cnt, const struct fab_rma *rma, size_t rma_cnt,
+				 bool with_imm, uint32_t imm, void *ctx, bool *left)
+{
+	if (!fab_ops_of(c)->write_left) {
+		*left = true;
+		return fab_ops_of(c)->write(c, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm,
+					    NULL);
+	}
+	return fab_ops_of(c)->write_left(c, iov, desc, iov_cnt, rma, rma_cnt, with_imm, imm, ctx,
+					 left);
 }
 /* Empty write with immediate data to (addr, key): responses, heartbeats. */
 static inline int fab_write_imm(struct fab_con *c, uint64_t addr, uint64_t key, uint32_t imm)

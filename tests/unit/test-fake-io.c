@@ -2122,6 +2122,73 @@ static void relink_during_handshake(void)
 	teardown(&c);
 }
 
+/*
+ * On a fabric that reads a write's data after its post while it waits in a
+ * queue (tcp: fab_write_left), a response that comes before the data has
+ * left does not complete the write: its caller would free or fill the
+ * buffers the fabric still sends from, and the server would get whatever
+ * they hold then. Only a lying server answers so; here a copy of the
+ * response to an earlier write of the same chunk, delivered while the
+ * write is held. The write completes once its data has arrived (the
+ * fake's done()); the server's own response then is one too many, and
+ * the path fails (-EPROTO).
+ */
+static void early_response_waits_for_data(void)
+{
+	struct m req = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_IO_REQ_IMM) };
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	static struct io io;
+	struct fake_ev *ev, *lie = NULL;
+	struct clt c;
+
+	if (!setup(&c, "a", no_inval))
+		return;
+	fake_set_tx_queued(true);
+	fake_hold(match, &rsp);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 71), 0);
+	ev = fake_wait_ev(match, &rsp, "the first response");
+	if (ev) {
+		lie = fake_dup(ev);
+		CHECK_EQ(fake_deliver(ev), 0);
+	}
+	CHECK_EQ(io_wait(&io), 0);
+	io_put(&io);
+	fake_hold(match, &req);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 72), 0);
+	ev = fake_wait_ev(match, &req, "the second write");
+	CHECK(lie != NULL);
+	if (lie)
+		CHECK_EQ(fake_deliver(lie), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(atomic_load(&io.calls) == 0, "the write completed before its data left");
+	fake_hold(NULL, NULL);
+	if (ev)
+		CHECK_EQ(fake_deliver(ev), 0);
+	CHECK_EQ(io_wait(&io), 0);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	io_put(&io);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK(area_has(0, LEN, 72), "the second write's data is in the area");
+	CHECK_EQ(clt_path(&c, 0).last_error, -EPROTO);
+	fake_set_tx_queued(false);
+	teardown(&c);
+}
+
+/* The same data path with the fabric's queue in the way and honest answers: nothing changes. */
+static void queued_writes_complete(void)
+{
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	fake_set_tx_queued(true);
+	for (uint8_t i = 0; i < 20; i++)
+		CHECK(io_roundtrip(&c, (uint32_t)(i % 4) * LEN, (uint8_t)(80 + i)));
+	CHECK(clt_path_is(&c, 0, "connected"), "state %s", clt_path(&c, 0).state);
+	fake_set_tx_queued(false);
+	teardown(&c);
+}
+
 static const struct scenario scenarios[] = {
 	{ "io_exact", io_exact },
 	{ "io_split", io_split },
@@ -2170,6 +2237,8 @@ static const struct scenario scenarios[] = {
 	{ "reuse_while_responding", reuse_while_responding },
 	{ "relink_during_handshake", relink_during_handshake },
 	{ "relink_same_session", relink_same_session },
+	{ "early_response_waits_for_data", early_response_waits_for_data },
+	{ "queued_writes_complete", queued_writes_complete },
 };
 
 int main(int argc, char **argv)
