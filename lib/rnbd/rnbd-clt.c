@@ -249,6 +249,13 @@ static uint64_t sess_epoch(struct rnbd_clt_sess *s)
  * may wait for a path up to fast_io_fail_ms, and SESS_INFO.
  */
 #define RNBD_OPEN_READY_MS 60000
+/*
+ * An OPEN answered -EBUSY (the device's writer at the server is closing
+ * with IO in flight) is sent again every RNBD_OPEN_BUSY_RETRY_MS for up
+ * to RNBD_OPEN_BUSY_MS.
+ */
+#define RNBD_OPEN_BUSY_MS 5000
+#define RNBD_OPEN_BUSY_RETRY_MS 50
 
 /*
  * Sends an admin message (SESS_INFO, OPEN, CLOSE: on the admin connection,
@@ -355,8 +362,20 @@ static int dev_open_msg(struct rnbd_clt_sess *s, uint64_t epoch, const char *nam
 
 	snprintf(o.dev_name, sizeof(o.dev_name), "%s", name);
 	rnbd_open_encode(&m, &o);
-	memset(&rsp, 0, sizeof(rsp));
-	rc = request(s, epoch, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
+	/*
+	 * -EBUSY: the device's writer at the server is closing with IO in
+	 * flight (say our own, from a server session that went away while a
+	 * write of it was still in the backing store), and its slot comes
+	 * back when that IO is done. Asked again for a while; then the error
+	 * stands.
+	 */
+	for (uint64_t end = now_ms() + RNBD_OPEN_BUSY_MS;;) {
+		memset(&rsp, 0, sizeof(rsp));
+		rc = request(s, epoch, RTRS_READ, &m, sizeof(m), &rsp, sizeof(rsp));
+		if (rc != -EBUSY || now_ms() >= end)
+			break;
+		usleep(RNBD_OPEN_BUSY_RETRY_MS * 1000);
+	}
 	if (rc)
 		return rc;
 	rc = rnbd_open_rsp_decode(&rsp, sizeof(rsp), out, &why);

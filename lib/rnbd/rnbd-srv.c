@@ -74,6 +74,8 @@ struct writers {
 	dev_t dev;
 	ino_t ino;
 	unsigned count;
+	/* Of count, devices closing: their slots come back once their IO is done. */
+	atomic_uint releasing;
 };
 
 /* One force-close waiting for its device's release. */
@@ -94,6 +96,7 @@ struct sess_dev {
 	/* One while open (until `closing`), one per IO in flight; the last releases. */
 	atomic_uint refs;
 	atomic_bool closing;
+	bool w_releasing;            /* counted in w->releasing (dev_closing) */
 	/* srv->rel_lock */
 	bool detached;               /* out of its table: freed once released */
 	bool released;               /* store and writer slot given back */
@@ -323,14 +326,25 @@ static void dev_put(struct sess_dev *sd)
 		release_queue(sd->sess->srv, sd);
 }
 
+/* sd began closing (its open reference is about to go): its writer slot is on its way back. */
+static void dev_closing(struct sess_dev *sd)
+{
+	if (sd->w) {
+		sd->w_releasing = true;
+		atomic_fetch_add(&sd->w->releasing, 1);
+	}
+}
+
 /*
  * Starts closing sd: drops its open reference, once. IO in flight keeps it
  * until it completes; then a release thread releases it. Waits for nothing.
  */
 static void dev_close_start(struct sess_dev *sd)
 {
-	if (!atomic_exchange(&sd->closing, true))
+	if (!atomic_exchange(&sd->closing, true)) {
+		dev_closing(sd);
 		dev_put(sd);
+	}
 }
 
 /*
@@ -359,8 +373,10 @@ static bool dev_detached(struct rnbd_srv *srv, struct sess_dev *sd, struct rtrs_
 		dev_free(srv, sd);
 		return false;
 	}
-	if (put)
+	if (put) {
+		dev_closing(sd);
 		dev_put(sd);
+	}
 	return op != NULL;
 }
 
@@ -371,6 +387,8 @@ static void dev_release(struct rnbd_srv *srv, struct sess_dev *sd)
 		rnbd_store_close(sd->store);
 	sd->store = NULL;
 	pthread_mutex_lock(&srv->lock);
+	if (sd->w && sd->w_releasing)
+		atomic_fetch_sub(&sd->w->releasing, 1);
 	if (sd->w && --sd->w->count == 0) {
 		LIST_REMOVE(sd->w, link);
 		free(sd->w);
@@ -449,6 +467,10 @@ static int writers_take(struct rnbd_srv *srv, dev_t dev, ino_t ino,
 		if (w->dev == dev && w->ino == ino)
 			break;
 	rc = rnbd_access_admit(mode, w ? w->count : 0);
+	/* Refused only for writers that are closing: -EBUSY, the caller waits for them. */
+	if (rc == -EPERM && w && atomic_load(&w->releasing) &&
+	    !rnbd_access_admit(mode, w->count - atomic_load(&w->releasing)))
+		return -EBUSY;
 	if (rc || mode == RNBD_ACCESS_RO)
 		return rc;
 	if (!w) {
@@ -549,8 +571,21 @@ static int dev_open_store(struct rnbd_sess *sess, struct sess_dev *sd, const cha
 	pthread_mutex_lock(&srv->lock);
 	rc = writers_take(srv, dev, ino, sd->mode, &sd->w);
 	pthread_mutex_unlock(&srv->lock);
+	/*
+	 * The writers in the way are closing (a CLOSE, a force-close or their
+	 * session gone, with IO still in flight: say a client whose session
+	 * came back opens its device again while the old one drains). Their
+	 * slots come back at their release: a client of this project is told
+	 * -EBUSY and tries again a while (this thread, a poll group's, does
+	 * not wait); a kernel client gets the rule's -EPERM, as from the
+	 * kernel's server.
+	 */
+	if (rc == -EBUSY && sd->sess->kernel_clt)
+		rc = -EPERM;
 	if (rc) {
-		*why = rc == -EPERM ? "access mode refused by the sharing rule" : "no memory";
+		*why = rc == -EPERM ? "access mode refused by the sharing rule" :
+		       rc == -EBUSY ? "its writer is still closing (IO in flight); try again" :
+				      "no memory";
 		if (sd->own_store)
 			rnbd_store_close(sd->store);
 		sd->store = NULL;

@@ -529,6 +529,21 @@ static bool req_held(void *arg)
 	return atomic_load(&held_r) != NULL;
 }
 
+/*
+ * The fake clock moves on (reconnect delays, heartbeats) until pred holds,
+ * for up to 30 s of real time: what it waits for may also take real time
+ * (a release thread, an OPEN asked again after -EBUSY).
+ */
+static bool advance_until(bool (*pred)(void *arg), void *arg)
+{
+	for (uint64_t end = now_ms() + 30000; !pred(arg) && now_ms() < end;) {
+		CHECK_EQ(fake_advance(RECONNECT_MS), 0);
+		CHECK_EQ(fake_settle(), 0);
+		usleep(5000);
+	}
+	return pred(arg);
+}
+
 /* An IO after the paths went down: the fake clock moves while it waits. */
 struct relink_io {
 	struct rnbd_clt_dev *d;
@@ -549,16 +564,18 @@ static void *relink_io_fn(void *arg)
 	return NULL;
 }
 
+static bool relink_io_done(void *arg)
+{
+	return atomic_load(&((struct relink_io *)arg)->done);
+}
+
 static int relink_io(struct rnbd_clt_dev *d, enum rnbd_clt_op op, uint64_t off, uint8_t *buf)
 {
 	struct relink_io r = { .d = d, .op = op, .off = off, .buf = buf };
 	pthread_t t;
 
 	CHECK_EQ(pthread_create(&t, NULL, relink_io_fn, &r), 0);
-	for (int i = 0; i < 100 && !atomic_load(&r.done); i++) {
-		CHECK_EQ(fake_advance(RECONNECT_MS), 0);
-		CHECK_EQ(fake_settle(), 0);
-	}
+	advance_until(relink_io_done, &r);
 	pthread_join(t, NULL);
 	return atomic_load(&r.rc);
 }
@@ -593,12 +610,9 @@ static void rnbd_relink_forgets_devices(void)
 	CHECK_EQ(fake_settle(), 0);
 	/* The held write goes (the device's reopening waits for it, as for any old IO). */
 	rnbd_store_resume(atomic_load(&held_r));
-	for (int i = 0; i < 100 && !io_called(&dn); i++) {
-		CHECK_EQ(fake_advance(RECONNECT_MS), 0);
-		CHECK_EQ(fake_settle(), 0);
-	}
-	CHECK(io_called(&dn) && atomic_load(&dn.result) == 0, "the held write completed: %d",
-	      atomic_load(&dn.result));
+	CHECK(advance_until(io_called, &dn) && atomic_load(&dn.result) == 0,
+	      "the held write completed: %d (%d calls)", atomic_load(&dn.result),
+	      atomic_load(&dn.calls));
 	CHECK_EQ(relink_io(d, RNBD_CLT_WRITE, 16384, w2), 0);
 	CHECK_EQ(relink_io(d, RNBD_CLT_READ, 16384, r), 0);
 	CHECK(!memcmp(r, w2, sizeof(r)), "the bytes written after the relink read back");
