@@ -439,8 +439,10 @@ int clt_path_keys_merge(struct clt_path *p, size_t off)
 static char req_sent_ctx;
 
 /*
- * req's data has left (req_post's fab_write_left, or its done()): if its
- * response came already, this completes it, with the response's errno.
+ * req's data has left (its done(), on the connection's completion
+ * thread or poller): if its response came already, this completes it,
+ * with the response's errno (req_post does the same for data that left at
+ * once, through clt_post_pending).
  * Until its data has left, a write is not complete whatever its response
  * says: the fabric still reads the caller's buffers, which the caller may
  * free or fill anew once it is told (an honest server answers only what
@@ -526,6 +528,7 @@ static int req_post(struct clt_req *req)
 		if (last) {
 			/* Before the post: its response may come before fab_write returns. */
 			req->wait_left = wait_left;
+			req->complete_due = false;
 			atomic_store_explicit(&req->tx_state, 0, memory_order_relaxed);
 			atomic_store(&req->sent, true);
 			tsan_release(req); /* clt_req_complete's acquire; req is not read after */
@@ -535,8 +538,19 @@ static int req_post(struct clt_req *req)
 
 			rc = fab_write_left(fc, &iov[first], &desc[first], cnt, &rma, 1, true, imm,
 					    &req->tx_ctx, &left);
-			if (!rc && left)
-				req_tx_left(req); /* else done(&req->tx_ctx) tells */
+			/*
+			 * Left at once (else done(&req->tx_ctx) tells). A response
+			 * that came first (its server answered as the last bytes
+			 * went) makes this thread the one to complete it, but conf
+			 * does not run inside rtrs_clt_request: the connection's
+			 * pending queue completes it where completions run.
+			 */
+			if (!rc && left &&
+			    (atomic_fetch_or(&req->tx_state, REQ_TX_LEFT) & REQ_TX_RSP)) {
+				req->complete_due = true;
+				req->pend.id = req->id;
+				rtrs_con_queue(&req->con->c, &req->pend);
+			}
 		} else {
 			rc = fab_write(fc, &iov[first], &desc[first], cnt, &rma, 1, last, imm,
 				       last && own_mrs ? &req_sent_ctx : NULL);
@@ -554,10 +568,21 @@ static int req_post(struct clt_req *req)
 	return 0;
 }
 
-/* Completion thread (kick): what is left of a request that met a full send queue. */
+/*
+ * Completion thread (kick): what is left of a request that met a full send
+ * queue; or the completion of one whose response came before its poster
+ * saw its data leave (complete_due).
+ */
 int clt_post_pending(struct rtrs_con *con, struct rtrs_pending *it)
 {
-	return req_post(&container_of(con, struct clt_con, c)->path->sess->reqs[it->id]);
+	struct clt_req *req = &container_of(con, struct clt_con, c)->path->sess->reqs[it->id];
+
+	if (req->complete_due) {
+		req->complete_due = false;
+		clt_req_complete(req, -(int)(atomic_load(&req->tx_state) >> REQ_TX_ERR_SHIFT));
+		return 0;
+	}
+	return req_post(req);
 }
 
 /*
@@ -656,6 +681,7 @@ static int req_issue(struct clt_req *req, struct clt_path *p, bool accepted)
 	req->con = req->con_type == RTRS_ADMIN_CON ? &p->cons[0] :
 		   &p->cons[1 + (cpu % (p->base.nr_cons - 1))];
 	req->next_iov = 0;
+	req->complete_due = false;
 	atomic_store(&req->sent, false);
 	atomic_fetch_add(&p->base.inflight, 1);
 	atomic_fetch_add_explicit(&req->con->inflight, 1, memory_order_relaxed);

@@ -78,6 +78,12 @@ struct clt_req {
 	 * sent.
 	 */
 	bool wait_left;
+	/*
+	 * Its response came before its poster saw the data leave: completed
+	 * from the connection's pending queue (clt_post_pending), where
+	 * completions run, not inside rtrs_clt_request.
+	 */
+	bool complete_due;
 	atomic_uint tx_state;
 	char tx_ctx;                /* its address: the write's completion context */
 	size_t next_iov;            /* posting progress after -EAGAIN */

@@ -2189,6 +2189,69 @@ static void queued_writes_complete(void)
 	teardown(&c);
 }
 
+/*
+ * The response to a write comes while the write's post has not returned
+ * yet (its server answered as its last bytes went; here the fake delivers
+ * the write and the response on the posting thread, inside the post): the
+ * poster, which then sees its data left, is the one to complete it, but
+ * conf must not run inside rtrs_clt_request. It runs from the
+ * connection's pending queue (a kick, held here until the request call
+ * has returned), once, with the response's result.
+ */
+static bool clt_kick(const struct fake_ev *ev, void *arg)
+{
+	(void)arg;
+	return ev->kind == FAKE_KICK && !ev->to_server;
+}
+
+struct early_post {
+	struct io *io;
+	bool ran;
+	int calls_in_post;
+};
+
+static void write_posted(struct fake_ev *ev, void *arg)
+{
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	struct early_post *e = arg;
+	struct fake_ev *r;
+
+	e->ran = true;
+	CHECK_EQ(fake_deliver(ev), 0); /* the server takes it and answers */
+	r = fake_wait_ev(match, &rsp, "the response");
+	if (r)
+		CHECK_EQ(fake_deliver(r), 0);
+	e->calls_in_post = atomic_load(&e->io->calls);
+}
+
+static void response_before_post_returns(void)
+{
+	struct m req = { .kind = FAKE_WRITE, .dir = TO_SRV, .imm = IMM(RTRS_IO_REQ_IMM) };
+	struct m rsp = { .kind = FAKE_WRITE, .dir = TO_CLT, .imm = IMM(RTRS_IO_RSP_IMM) };
+	static struct io io;
+	struct early_post e = { .io = &io };
+	struct clt c;
+
+	if (!setup(&c, "a", NULL))
+		return;
+	fake_hold(match, &rsp);
+	fake_hold(clt_kick, NULL);
+	fake_on_post(match, &req, write_posted, &e);
+	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 91), 0);
+	fake_on_post(NULL, NULL, NULL, NULL);
+	CHECK(e.ran, "the write was posted");
+	CHECK_EQ(e.calls_in_post, 0);
+	CHECK(atomic_load(&io.calls) == 0, "conf ran inside rtrs_clt_request");
+	fake_hold(NULL, NULL);
+	CHECK_EQ(io_wait(&io), 0);
+	CHECK_EQ(fake_settle(), 0);
+	CHECK_EQ(atomic_load(&io.calls), 1);
+	io_put(&io);
+	CHECK(area_has(0, LEN, 91), "the write's data is in the area");
+	CHECK(io_roundtrip(&c, LEN, 92), "the path goes on");
+	teardown(&c);
+}
+
 static const struct scenario scenarios[] = {
 	{ "io_exact", io_exact },
 	{ "io_split", io_split },
@@ -2239,6 +2302,7 @@ static const struct scenario scenarios[] = {
 	{ "relink_same_session", relink_same_session },
 	{ "early_response_waits_for_data", early_response_waits_for_data },
 	{ "queued_writes_complete", queued_writes_complete },
+	{ "response_before_post_returns", response_before_post_returns },
 };
 
 int main(int argc, char **argv)
