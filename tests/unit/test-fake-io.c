@@ -2198,11 +2198,6 @@ static void queued_writes_complete(void)
  * connection's pending queue (a kick, held here until the request call
  * has returned), once, with the response's result.
  */
-static bool clt_kick(const struct fake_ev *ev, void *arg)
-{
-	(void)arg;
-	return ev->kind == FAKE_KICK && !ev->to_server;
-}
 
 struct early_post {
 	struct io *io;
@@ -2234,8 +2229,8 @@ static void response_before_post_returns(void)
 
 	if (!setup(&c, "a", NULL))
 		return;
-	fake_hold(match, &rsp);
-	fake_hold(clt_kick, NULL);
+	atomic_store(&hold_to_srv, false);
+	fake_hold(rsp_or_clt_kick, &rsp);
 	fake_on_post(match, &req, write_posted, &e);
 	CHECK_EQ(io_start(&io, &c, RTRS_WRITE, RTRS_IO_CON, 0, LEN, 91), 0);
 	fake_on_post(NULL, NULL, NULL, NULL);
