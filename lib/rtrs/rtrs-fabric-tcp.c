@@ -76,6 +76,7 @@
  * always_invalidate reads (bench/RESULTS.md, 2026-12-04).
  */
 #define TCP_FLUSH_IOV 256
+#define TCP_STOP_DRAIN_MS 2000 /* a stopping group waits for its releases this long */
 /*
  * Read-ahead. After a frame whose payload was at most TCP_LA_SMALL bytes,
  * the next read takes up to TCP_RX_AHEAD bytes into the reading thread's
@@ -198,6 +199,8 @@ struct tcp_group {
 	atomic_uint nr_cons;
 	atomic_bool stop;
 	/* The group thread's own */
+	unsigned releasing;                       /* released, polls still to come back */
+	uint64_t stop_by;                         /* stopping: give up on them then */
 	struct fab_con *ready_head, *ready_tail;  /* readable, budget spent */
 	struct fab_con *retry_head;               /* retry_later */
 	struct fab_con *lease_head;               /* readable while a poller has them */
@@ -1594,6 +1597,7 @@ static void con_release(struct fab_con *c)
 	struct io_uring_sqe *sqe;
 
 	c->released = true;
+	g->releasing++;
 	cork_forget(c);
 	if (c->on_ready) {
 		struct fab_con **pp = &g->ready_head, *prev = NULL;
@@ -1983,6 +1987,34 @@ static void group_cqe(struct tcp_group *g, struct io_uring_cqe *cqe)
 	pthread_mutex_unlock(&c->cb_lock);
 }
 
+/*
+ * A group stops when its fabrics are all closed, but not before the work
+ * handed to it is done and the connections it released are freed: a
+ * connection destroyed from a callback just before the last close is
+ * queued (W_DESTROY) and its polls are still to come back. A connection
+ * nobody destroyed is the caller's leak (groups_put says so); the thread
+ * waits for the others at most TCP_STOP_DRAIN_MS.
+ */
+static bool group_stopped(struct tcp_group *g)
+{
+	bool work;
+
+	if (!atomic_load(&g->stop))
+		return false;
+	pthread_mutex_lock(&g->lock);
+	work = g->work_head != NULL;
+	pthread_mutex_unlock(&g->lock);
+	if (!work && !g->releasing)
+		return true;
+	if (!g->stop_by)
+		g->stop_by = now_ms() + TCP_STOP_DRAIN_MS;
+	if (now_ms() < g->stop_by)
+		return false;
+	log_warn("tcp group %u: stopped with %s%u connections still being released", g->idx,
+		 work ? "work queued and " : "", g->releasing);
+	return true;
+}
+
 static void *group_thread(void *arg)
 {
 	struct tcp_group *g = arg;
@@ -2000,7 +2032,7 @@ static void *group_thread(void *arg)
 			log_err("tcp group %u: enabling its ring: %s", g->idx, strerror(errno));
 	}
 	efd_arm(g);
-	while (!atomic_load(&g->stop)) {
+	while (!group_stopped(g)) {
 		struct io_uring_cqe *cqe;
 		unsigned head, seen = 0;
 		int rc;
@@ -2136,13 +2168,13 @@ static void groups_put(void)
 	for (unsigned i = 0; i < grp.n; i++) {
 		struct tcp_group *g = &grp.g[i];
 
-		if (atomic_load(&g->nr_cons))
-			log_warn("tcp group %u: stopped with %u connections", i,
-				 atomic_load(&g->nr_cons));
 		atomic_store(&g->stop, true);
 		atomic_store(&g->woken, false);
 		group_wake(g);
 		pthread_join(g->thread, NULL);
+		if (atomic_load(&g->nr_cons))
+			log_warn("tcp group %u: stopped with %u connections", i,
+				 atomic_load(&g->nr_cons));
 		io_uring_queue_exit(&g->ring);
 		close(g->efd);
 		pthread_mutex_destroy(&g->lock);
@@ -3033,6 +3065,9 @@ static void con_free(struct fab_con *c)
 {
 	struct fab_done *dw = c->dw;
 	struct tcp_group *g = c->g;
+
+	if (c->released)
+		g->releasing--;
 
 	/*
 	 * Work queued before its W_DESTROY was taken with earlier bits (the
