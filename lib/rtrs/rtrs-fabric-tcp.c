@@ -200,7 +200,6 @@ struct tcp_group {
 	atomic_bool stop;
 	/* The group thread's own */
 	unsigned releasing;                       /* released, polls still to come back */
-	uint64_t stop_by;                         /* stopping: give up on them then */
 	struct fab_con *ready_head, *ready_tail;  /* readable, budget spent */
 	struct fab_con *retry_head;               /* retry_later */
 	struct fab_con *lease_head;               /* readable while a poller has them */
@@ -215,6 +214,7 @@ static struct {
 	pthread_mutex_t lock;
 	unsigned users;        /* open tcp fabs */
 	unsigned want;         /* fab_tcp_groups(); 0: one per CPU */
+	uint32_t feat_mask;    /* fab_tcp_features_mask() */
 	unsigned n;
 	struct tcp_group *g;
 } grp = { .lock = PTHREAD_MUTEX_INITIALIZER };
@@ -382,6 +382,13 @@ void fab_tcp_groups(unsigned n)
 {
 	pthread_mutex_lock(&grp.lock);
 	grp.want = MIN(n, TCP_GROUPS_MAX);
+	pthread_mutex_unlock(&grp.lock);
+}
+
+void fab_tcp_features_mask(uint32_t features)
+{
+	pthread_mutex_lock(&grp.lock);
+	grp.feat_mask = features;
 	pthread_mutex_unlock(&grp.lock);
 }
 
@@ -1537,8 +1544,9 @@ static enum rx_end rx_frames(struct fab_con *c, unsigned *frames)
 		 * sendmsg, not at the turn's end: the peer's next requests
 		 * need not wait for the rest of the turn.
 		 */
-		if ((bulk || *frames - flushed >= TCP_RX_FLUSH) && c->on_cork &&
-		    on_group_thread(c)) {
+		/* on_cork is the group thread's: looked at only there. */
+		if ((bulk || *frames - flushed >= TCP_RX_FLUSH) && on_group_thread(c) &&
+		    c->on_cork) {
 			flushed = *frames;
 			cork_forget(c);
 			con_flush(c);
@@ -1955,7 +1963,12 @@ static void group_cqe(struct tcp_group *g, struct io_uring_cqe *cqe)
 		atomic_store(&g->woken, false);
 		return;
 	}
-	if (ud == UD_IGNORE)
+	/*
+	 * liburing's own timeout (io_uring_submit_and_wait_timeout on a
+	 * kernel without IORING_FEAT_EXT_ARG, before 5.11): skipped by it
+	 * only at the head of the queue.
+	 */
+	if (ud == UD_IGNORE || ud == LIBURING_UDATA_TIMEOUT)
 		return;
 	if ((ud & TAG_MASK) == TAG_RX)
 		c->rx_armed = false;
@@ -1988,31 +2001,66 @@ static void group_cqe(struct tcp_group *g, struct io_uring_cqe *cqe)
 }
 
 /*
- * A group stops when its fabrics are all closed, but not before the work
- * handed to it is done and the connections it released are freed: a
- * connection destroyed from a callback just before the last close is
- * queued (W_DESTROY) and its polls are still to come back. A connection
- * nobody destroyed is the caller's leak (groups_put says so); the thread
- * waits for the others at most TCP_STOP_DRAIN_MS.
+ * A group stops when its fabrics are all closed (their memory freed), but
+ * first frees the connections whose destroy was handed to it: one queued
+ * by a callback just before the last close (W_DESTROY), or released with
+ * its polls still to come back. Nothing else is run then: any other work,
+ * or a poll's completion, of a connection nobody destroyed (the caller's
+ * leak, groups_put says so) would reach its freed fabric. It waits for
+ * the polls at most TCP_STOP_DRAIN_MS.
  */
-static bool group_stopped(struct tcp_group *g)
+static void group_stop_drain(struct tcp_group *g)
 {
-	bool work;
+	uint64_t end = now_ms() + TCP_STOP_DRAIN_MS;
 
-	if (!atomic_load(&g->stop))
-		return false;
-	pthread_mutex_lock(&g->lock);
-	work = g->work_head != NULL;
-	pthread_mutex_unlock(&g->lock);
-	if (!work && !g->releasing)
-		return true;
-	if (!g->stop_by)
-		g->stop_by = now_ms() + TCP_STOP_DRAIN_MS;
-	if (now_ms() < g->stop_by)
-		return false;
-	log_warn("tcp group %u: stopped with %s%u connections still being released", g->idx,
-		 work ? "work queued and " : "", g->releasing);
-	return true;
+	for (;;) {
+		struct io_uring_cqe *cqe;
+		unsigned head, seen = 0;
+
+		for (;;) {
+			struct fab_con *c;
+
+			pthread_mutex_lock(&g->lock);
+			c = g->work_head;
+			if (c) {
+				g->work_head = c->work_next;
+				if (!g->work_head)
+					g->work_tail = NULL;
+				c->on_work = false;
+			}
+			pthread_mutex_unlock(&g->lock);
+			if (!c)
+				break;
+			if ((atomic_exchange(&c->work, 0) & W_DESTROY) && !c->released)
+				con_release(c);
+		}
+		if (!g->releasing)
+			return;
+		if (now_ms() >= end) {
+			log_warn("tcp group %u: stopped with %u connections still being released",
+				 g->idx, g->releasing);
+			return;
+		}
+		struct __kernel_timespec ts = { .tv_nsec = 1000000 };
+
+		io_uring_submit_and_wait_timeout(&g->ring, &cqe, 1, &ts, NULL);
+		io_uring_for_each_cqe(&g->ring, head, cqe) {
+			uint64_t ud = io_uring_cqe_get_data64(cqe);
+			struct fab_con *c = (struct fab_con *)(uintptr_t)(ud & ~(uint64_t)TAG_MASK);
+
+			seen++;
+			if (ud == UD_EFD || ud == UD_IGNORE || ud == LIBURING_UDATA_TIMEOUT ||
+			    !c->released)
+				continue;
+			if ((ud & TAG_MASK) == TAG_RX)
+				c->rx_armed = false;
+			else
+				c->tx_armed = false;
+			if (!c->rx_armed && !c->tx_armed)
+				con_free(c);
+		}
+		io_uring_cq_advance(&g->ring, seen);
+	}
 }
 
 static void *group_thread(void *arg)
@@ -2032,7 +2080,7 @@ static void *group_thread(void *arg)
 			log_err("tcp group %u: enabling its ring: %s", g->idx, strerror(errno));
 	}
 	efd_arm(g);
-	while (!group_stopped(g)) {
+	while (!atomic_load(&g->stop)) {
 		struct io_uring_cqe *cqe;
 		unsigned head, seen = 0;
 		int rc;
@@ -2069,6 +2117,7 @@ static void *group_thread(void *arg)
 		}
 		io_uring_cq_advance(&g->ring, seen);
 	}
+	group_stop_drain(g);
 	return NULL;
 }
 
@@ -2121,6 +2170,8 @@ static int groups_get(void)
 
 			rc = io_uring_queue_init_params(TCP_RING_SQ, &g->ring, &p);
 			g->r_disabled = !rc && (tries[t] & IORING_SETUP_R_DISABLED);
+			if (!rc)
+				g->ring.features &= ~grp.feat_mask;
 		}
 		if (rc) {
 			log_err("tcp: io_uring_queue_init: %s", strerror(-rc));

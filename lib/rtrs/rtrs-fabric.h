@@ -255,6 +255,13 @@ extern const struct fab_ops fab_tcp_ops;
  * one per CPU); they start with the first tcp fab and stop with the last.
  */
 void fab_tcp_groups(unsigned n);
+/*
+ * io_uring features (IORING_FEAT_*) the next start's rings act as if the
+ * kernel lacked: tests run the paths of older kernels (IORING_FEAT_EXT_ARG,
+ * before Linux 5.11: liburing's waits with a timeout queue a timeout of
+ * their own, whose completion the group then meets).
+ */
+void fab_tcp_features_mask(uint32_t features);
 /* Group threads running now (0 when no tcp fab is open). */
 unsigned fab_tcp_groups_running(void);
 /* What a poll group did so far, for tests and statistics. */
