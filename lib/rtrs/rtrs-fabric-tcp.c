@@ -1863,6 +1863,23 @@ static void con_work(struct fab_con *c)
 	pthread_mutex_unlock(&c->cb_lock);
 }
 
+/* The head of the group's work list, taken off it; NULL when empty. */
+static struct fab_con *work_pop(struct tcp_group *g)
+{
+	struct fab_con *c;
+
+	pthread_mutex_lock(&g->lock);
+	c = g->work_head;
+	if (c) {
+		g->work_head = c->work_next;
+		if (!g->work_head)
+			g->work_tail = NULL;
+		c->on_work = false;
+	}
+	pthread_mutex_unlock(&g->lock);
+	return c;
+}
+
 static void group_drain_work(struct tcp_group *g)
 {
 	/*
@@ -1870,22 +1887,8 @@ static void group_drain_work(struct tcp_group *g)
 	 * connection of the group, which must then be found listed (its
 	 * W_DESTROY waits its turn), never freed under this loop.
 	 */
-	for (;;) {
-		struct fab_con *c;
-
-		pthread_mutex_lock(&g->lock);
-		c = g->work_head;
-		if (c) {
-			g->work_head = c->work_next;
-			if (!g->work_head)
-				g->work_tail = NULL;
-			c->on_work = false;
-		}
-		pthread_mutex_unlock(&g->lock);
-		if (!c)
-			break;
+	for (struct fab_con *c; (c = work_pop(g));)
 		con_work(c);
-	}
 }
 
 /* Each connection on the ready list at the start gets one more budget; ones that use it up again go behind. */
@@ -2017,23 +2020,9 @@ static void group_stop_drain(struct tcp_group *g)
 		struct io_uring_cqe *cqe;
 		unsigned head, seen = 0;
 
-		for (;;) {
-			struct fab_con *c;
-
-			pthread_mutex_lock(&g->lock);
-			c = g->work_head;
-			if (c) {
-				g->work_head = c->work_next;
-				if (!g->work_head)
-					g->work_tail = NULL;
-				c->on_work = false;
-			}
-			pthread_mutex_unlock(&g->lock);
-			if (!c)
-				break;
+		for (struct fab_con *c; (c = work_pop(g));)
 			if ((atomic_exchange(&c->work, 0) & W_DESTROY) && !c->released)
 				con_release(c);
-		}
 		if (!g->releasing)
 			return;
 		if (now_ms() >= end) {
