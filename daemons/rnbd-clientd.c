@@ -162,6 +162,7 @@ struct dev {
 	bool busy;                    /* a map's last steps, an unmap or a remap run on it */
 	bool unmapping;               /* busy with an unmap (listed as "unmapping") */
 	bool handed;                  /* its block device is handed over: a stop leaves it */
+	bool handing;                 /* stop_sess_thread's handover of it runs (state_lock) */
 	uint64_t serial;              /* this mapping's own number: ub_id comes round again */
 };
 
@@ -201,14 +202,15 @@ static void probe_ublk(void)
  */
 static bool link_path(const char *sname, const char *dname, char *buf, size_t len)
 {
+	char norm[256];
 	int n;
 
 	if (!sname[0] || strchr(sname, '/') || !strcmp(sname, ".") || !strcmp(sname, "..") ||
 	    rnbd_dev_name_check(dname, NULL))
 		return false;
-	while (*dname == '/')
-		dname++;
-	n = snprintf(buf, len, "%s/%s/%s", g.dev_links, sname, dname);
+	snprintf(norm, sizeof(norm), "%s", dname);
+	rnbd_dev_name_normalize(norm);
+	n = snprintf(buf, len, "%s/%s/%s", g.dev_links, sname, norm);
 	return n > 0 && (size_t)n < len;
 }
 
@@ -285,6 +287,32 @@ static struct json_object *copy(struct json_object *v)
 static size_t arr_len(struct json_object *a)
 {
 	return json_object_is_type(a, json_type_array) ? json_object_array_length(a) : 0;
+}
+
+/*
+ * Whether device names a and b name one device: "/a//b" and "a/b" do, as
+ * for a server and rnbd_clt_map (rnbd_dev_name_normalize).
+ */
+static bool dev_name_same(const char *a, const char *b)
+{
+	char na[256], nb[256];
+
+	snprintf(na, sizeof(na), "%s", a ? a : "");
+	snprintf(nb, sizeof(nb), "%s", b ? b : "");
+	rnbd_dev_name_normalize(na);
+	rnbd_dev_name_normalize(nb);
+	return !strcmp(na, nb);
+}
+
+/* Whether mapping m (client.map's parameters, a record's or the file's) names device name of session sname. */
+static bool mapping_names(struct json_object *m, const char *sname, const char *name)
+{
+	struct json_object *d, *s;
+
+	return json_object_object_get_ex(m, "device", &d) &&
+	       json_object_object_get_ex(m, "session", &s) &&
+	       !strcmp(json_object_get_string(s) ? json_object_get_string(s) : "", sname) &&
+	       dev_name_same(json_object_get_string(d), name);
 }
 
 /* Adds v to o as key (v's reference is o's, or dropped): false on failure. */
@@ -497,7 +525,7 @@ static struct dev *dev_param(struct json_object *params, struct rpc_err *err)
 	for (unsigned i = 0; i < DEVS_MAX; i++) {
 		struct dev *d = devs[i];
 
-		if (d && !strcmp(d->name, name) && (!sname || !strcmp(d->s->name, sname))) {
+		if (d && dev_name_same(d->name, name) && (!sname || !strcmp(d->s->name, sname))) {
 			found = d;
 			n++;
 		}
@@ -704,18 +732,26 @@ static void rec_before_start(void *priv, int id)
 	e->id = id;
 }
 
+static bool taking_over(const char *sname, const char *name, int *id);
+static void unrestored_forget(const char *sname, const char *name);
+
 static int map_do(struct json_object *params, int recover_id, int prev_pid, bool *recovered,
 		  struct json_object **result, struct rpc_err *err)
 {
 	const char *name, *sname;
+	char nname[256];
 	struct sess *s, *fresh = NULL, *req = NULL;
 	struct dev *d = NULL;
 	struct json_object *rec = NULL;
 	bool want_bdev, undo = false, inserted = false, close_s, hold;
-	int rc, mode, early_id = -1;
+	int rc, mode, early_id = -1, taken_id = -1;
 
 	if ((rc = map_check(params, &name, &sname, &mode, &want_bdev, err)))
 		return rc;
+	/* Kept as the server and rnbd_clt_map take it: one device, one name here too. */
+	snprintf(nname, sizeof(nname), "%s", name);
+	rnbd_dev_name_normalize(nname);
+	name = nname;
 	if (want_bdev && !have_ublk)
 		return rpc_errf(err, -ENODEV, "device %s of session %s: %s; block_device false "
 				"maps it without one", name, sname, ublk_note);
@@ -742,6 +778,24 @@ static int map_do(struct json_object *params, int recover_id, int prev_pid, bool
 	if (stopping)
 		rc = rpc_errf(err, -ESHUTDOWN, "device %s of session %s: rnbd-clientd is stopping",
 			      name, sname);
+	else if (recover_id < 0 && taking_over(sname, name, &taken_id))
+		/*
+		 * Its block device outlived the last daemon and is being taken
+		 * over, its IO held: a second one for the same device would
+		 * make the takeover fail (mapped already) and its IO with it.
+		 */
+		rc = rpc_errf(err, -EBUSY, "device %s of session %s: /dev/ublkb%d, left by the "
+			      "previous rnbd-clientd, is being taken over; it is mapped when that "
+			      "is done", name, sname, taken_id);
+	else if (s && recover_id >= 0 && req && json_object_object_get_ex(params, "server", NULL) &&
+		 !clt_cfg_share_path(&s->cfg, &req->cfg))
+		/*
+		 * Its record names servers the session, opened meanwhile for
+		 * another mapping, has none of: the device's data is elsewhere.
+		 */
+		rc = rpc_errf(err, -EEXIST, "device %s of session %s: its record names servers "
+			      "the session, open already, has none of: not taken over through it",
+			      name, sname);
 	else if (ndevs + maps_pending >= DEVS_MAX)
 		rc = rpc_errf(err, -ENOSPC, "no room for another device (at most %u)", DEVS_MAX);
 	else if (s && recover_id < 0 && !spec_same(s, params, req))
@@ -759,11 +813,12 @@ static int map_do(struct json_object *params, int recover_id, int prev_pid, bool
 	}
 	if (s && recover_id >= 0 && !spec_same(s, params, req))
 		/*
-		 * A block device taken over joins its session as the last
-		 * daemon had it: records written before a path was added or a
-		 * parameter changed say what the session was then.
+		 * A block device taken over joins its session, which shares a
+		 * server address with its record (above): a record written
+		 * before a path was added or a parameter changed says what the
+		 * session was then.
 		 */
-		dlog(DLOG_INFO, "device %s of session %s: its record names other servers or "
+		dlog(DLOG_INFO, "device %s of session %s: its record names other paths or "
 		     "options than the session has now; it is taken over through the session",
 		     name, sname);
 	/* Destroyed under state_lock: never opened, so no network and no clt_ctl. */
@@ -820,6 +875,13 @@ static int map_do(struct json_object *params, int recover_id, int prev_pid, bool
 				 rc == -EINVAL ? "the server refused the name (Invalid argument: below "
 				 "its search path there is no such regular file or block device, or the "
 				 "name leads out of it)" : strerror(-rc));
+			/*
+			 * A takeover's -EBUSY means the kernel's: another daemon
+			 * serves the device (recover_one leaves it be). The
+			 * server's (its last writer still closing) is a retry.
+			 */
+			if (recover_id >= 0 && rc == -EBUSY)
+				rc = err->code = -EAGAIN;
 			free(d);
 			d = NULL;
 		}
@@ -1127,6 +1189,8 @@ static int m_unmap(void *priv, struct json_object *params, struct json_object **
 	d->busy = false;
 	d->unmapping = false;
 	s = d->s;
+	if (!rc)
+		unrestored_forget(sname, dname);
 	close_s = !rc && dev_drop(d);
 	pthread_cond_broadcast(&state_cond);
 	pthread_mutex_unlock(&state_lock);
@@ -1347,17 +1411,27 @@ static struct json_object *mapping_of(struct dev *d)
 
 /* The mappings now, as client.map takes them (state_lock held). */
 /*
- * The mappings file's entries that could not be mapped at start (a server
- * down then, a device not there yet), state_lock: a save keeps them, so
- * that a mapping is never lost from the file because it failed once.
+ * The mappings file's entries as read at start, state_lock: a save keeps
+ * those not mapped now (a server down at start, a device not there yet, a
+ * mapping or takeover still in progress), so that a mapping is never lost
+ * from the file because it failed once or was not done yet. An unmap
+ * forgets the device's (unrestored_forget): the admin took it away.
  */
 static struct json_object *unrestored;
+
+/* An unmap of device name of session sname (state_lock held). */
+static void unrestored_forget(const char *sname, const char *name)
+{
+	for (size_t i = arr_len(unrestored); i-- > 0;)
+		if (mapping_names(json_object_array_get_idx(unrestored, i), sname, name))
+			json_object_array_del_idx(unrestored, i, 1);
+}
 
 /* Whether session sname has device name mapped now (state_lock held). */
 static bool mapped_now(const char *sname, const char *name)
 {
 	for (unsigned i = 0; i < DEVS_MAX; i++)
-		if (devs[i] && !strcmp(devs[i]->s->name, sname) && !strcmp(devs[i]->name, name))
+		if (devs[i] && !strcmp(devs[i]->s->name, sname) && dev_name_same(devs[i]->name, name))
 			return true;
 	return false;
 }
@@ -1867,13 +1941,10 @@ static bool recovering_has(struct json_object *jobs, struct json_object *m)
 	if (!json_object_object_get_ex(m, "device", &d) || !json_object_object_get_ex(m, "session", &s))
 		return false;
 	for (size_t i = 0; i < arr_len(jobs); i++) {
-		struct json_object *jm, *jd, *js;
+		struct json_object *jm;
 
 		json_object_object_get_ex(json_object_array_get_idx(jobs, i), "mapping", &jm);
-		if (json_object_object_get_ex(jm, "device", &jd) &&
-		    json_object_object_get_ex(jm, "session", &js) &&
-		    !strcmp(json_object_get_string(jd), json_object_get_string(d)) &&
-		    !strcmp(json_object_get_string(js), json_object_get_string(s)))
+		if (mapping_names(jm, json_object_get_string(s), json_object_get_string(d)))
 			return true;
 	}
 	return false;
@@ -1900,7 +1971,7 @@ static bool nap(unsigned ms)
  * while its session cannot be opened (its IO waits in the kernel
  * meanwhile); then given up: the block device is removed and its IO fails.
  */
-static void recover_one(struct json_object *job)
+static void recover_job(struct json_object *job)
 {
 	struct json_object *v, *m;
 	uint64_t t0 = now_ms();
@@ -1958,6 +2029,37 @@ static void recover_one(struct json_object *job)
 		    json_object_object_get_ex(m, "session", &sn))
 			link_drop(json_object_get_string(sn), json_object_get_string(dn), id);
 	}
+}
+
+static struct json_object *recovering; /* the block devices a previous daemon left */
+static bool *recover_busy;             /* recovering[i] is being taken over (state_lock) */
+
+/*
+ * Whether device name of session sname is a block device being taken over
+ * (state_lock held); *id its /dev/ublkb number.
+ */
+static bool taking_over(const char *sname, const char *name, int *id)
+{
+	for (size_t i = 0; recover_busy && i < arr_len(recovering); i++) {
+		struct json_object *job = json_object_array_get_idx(recovering, i), *m, *v;
+
+		if (!recover_busy[i] || !json_object_object_get_ex(job, "mapping", &m) ||
+		    !mapping_names(m, sname, name))
+			continue;
+		*id = json_object_object_get_ex(job, "ublk", &v) ? json_object_get_int(v) : -1;
+		return true;
+	}
+	return false;
+}
+
+/* recovering[i] taken over, or given up. */
+static void recover_one(size_t i)
+{
+	recover_job(json_object_array_get_idx(recovering, i));
+	pthread_mutex_lock(&state_lock);
+	if (recover_busy)
+		recover_busy[i] = false;
+	pthread_mutex_unlock(&state_lock);
 }
 
 static struct rpc_method methods[64];
@@ -2221,7 +2323,6 @@ static int mappings_load(struct json_object **out)
 }
 
 static struct json_object *restoring;  /* the file's mappings */
-static struct json_object *recovering; /* the block devices a previous daemon left */
 static size_t restore_next;            /* the next one to map (state_lock) */
 static unsigned restorers;             /* restore threads still running (state_lock) */
 
@@ -2272,7 +2373,7 @@ static void *restore_thread(void *arg)
 		if (i == n)
 			break;
 		if (i < nr) {
-			recover_one(json_object_array_get_idx(recovering, i));
+			recover_one(i);
 			continue;
 		}
 		m = json_object_array_get_idx(restoring, i - nr);
@@ -2281,21 +2382,12 @@ static void *restore_thread(void *arg)
 			     "rnbd-clientd", g.mappings, i - nr + 1);
 			continue;
 		}
+		/* Failed, it stays in unrestored: a save keeps it. */
 		rc = m_map(NULL, m, &r, &e);
 		if (rc)
 			dlog(rc == -ESHUTDOWN ? DLOG_INFO : DLOG_ERR, "mappings file %s: mapping %zu: %s%s",
 			     g.mappings, i - nr + 1, e.msg[0] ? e.msg : strerror(-rc),
 			     rc == -ESHUTDOWN ? "" : "; client.save keeps it in the file");
-		if (rc && rc != -ESHUTDOWN) {
-			pthread_mutex_lock(&state_lock);
-			if (!unrestored)
-				unrestored = json_object_new_array();
-			/* A copy: unrestored shares nothing with restoring, which main drops. */
-			m = copy(m);
-			if (!unrestored || !m || json_object_array_add(unrestored, m))
-				json_object_put(m);
-			pthread_mutex_unlock(&state_lock);
-		}
 		json_object_put(r);
 	}
 	pthread_mutex_lock(&state_lock);
@@ -2373,11 +2465,14 @@ static void *stop_sess_thread(void *arg)
 			 * stop that promises to keep it.
 			 */
 			d->handed = true;
+			d->handing = true;
 			pthread_mutex_unlock(&state_lock);
 			ublk_dev_handover(d->ub, STOP_GRACE_MS);
 			dlog(DLOG_INFO, "device %s of session %s: handed over after its request",
 			     d->name, s->name);
 			pthread_mutex_lock(&state_lock);
+			d->handing = false;
+			pthread_cond_broadcast(&state_cond); /* stop_all waits for it */
 			continue;
 		}
 		d->busy = true;
@@ -2436,7 +2531,7 @@ static bool idle_within(unsigned ms)
 static bool stop_all(void)
 {
 	struct sess *open[CLT_CTL_SESS_MAX];
-	unsigned n = 0;
+	unsigned n = 0, unhanded;
 	bool idle;
 
 	pthread_mutex_lock(&state_lock);
@@ -2460,6 +2555,34 @@ static bool stop_all(void)
 	if (!idle)
 		dlog(DLOG_WARN, "a server does not answer within %u ms (or a map is in progress): "
 		     "not waiting for it any more", STOP_GRACE_MS);
+	/*
+	 * A handover stop never fails a block device's IO: one still busy
+	 * (a remap past the grace) has not been handed over, and failing
+	 * the sessions' requests would commit errors to the kernel for it.
+	 * It is waited for (stop_sess_thread hands it over once its
+	 * request ends), at most STOP_ABORT_MS, then left to the process's
+	 * end, which the next daemon takes over as after a crash (the kernel
+	 * holds its requests).
+	 */
+	pthread_mutex_lock(&state_lock);
+	for (uint64_t end = now_ms() + STOP_ABORT_MS;;) {
+		struct timespec dl;
+
+		unhanded = 0;
+		for (unsigned i = 0; g.on_stop == ON_STOP_HANDOVER && i < DEVS_MAX; i++)
+			unhanded += devs[i] && devs[i]->ub && (!devs[i]->handed || devs[i]->handing);
+		if (!unhanded || now_ms() >= end)
+			break;
+		dl = state_deadline(end - now_ms());
+		pthread_cond_timedwait(&state_cond, &state_lock, &dl);
+	}
+	pthread_mutex_unlock(&state_lock);
+	if (unhanded) {
+		dlog(DLOG_WARN, "%u block device%s not handed over yet (a request holds %s): "
+		     "left to the process's end, for the next daemon", unhanded,
+		     unhanded == 1 ? "" : "s", unhanded == 1 ? "it" : "them");
+		return false;
+	}
 	/* Whatever is left, or comes (a method still running), fails at once from here on. */
 	rtrs_clt_shutdown_all();
 	pthread_mutex_lock(&state_lock);
@@ -2611,12 +2734,26 @@ int main(int argc, char **argv)
 	/* Read before the socket (a file that cannot be read stops the daemon), mapped after it. */
 	if (g.mappings && mappings_load(&restoring))
 		return 1;
+	/* A copy: unrestored shares nothing with restoring, which main drops. */
+	if (restoring && !(unrestored = copy(restoring))) {
+		fprintf(stderr, "rnbd-clientd: mappings file %s: out of memory\n", g.mappings);
+		return 1;
+	}
 	/* Block devices only: where ublk is not, there is nothing to hand over. */
 	if (have_ublk && runtime_open())
 		return 1;
 	if (have_ublk)
 		orphan_scan();
 	recovering = have_ublk ? recover_scan() : NULL;
+	if (arr_len(recovering)) {
+		recover_busy = malloc(arr_len(recovering) * sizeof(*recover_busy));
+		if (!recover_busy) {
+			fprintf(stderr, "rnbd-clientd: out of memory\n");
+			return 1;
+		}
+		for (size_t i = 0; i < arr_len(recovering); i++)
+			recover_busy[i] = true;
+	}
 	rc = rpc_server_start_flags(g.control, "rnbd-clientd control", methods, nr_methods, &ctl,
 				    RPC_SERVER_THREADED, &srv);
 	if (rc) {

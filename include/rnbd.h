@@ -307,6 +307,12 @@ struct rtrs_clt_sess *rnbd_clt_rtrs(struct rnbd_clt_sess *sess);
  */
 int rnbd_dev_name_check(const char *dev_name, const char **why);
 /*
+ * A device name in its one spelling, in place: leading, trailing and
+ * repeated '/' dropped ("/a//b/" -> "a/b"), as a server and rnbd_clt_map
+ * take it, so that names a caller keeps compare as the devices they name.
+ */
+void rnbd_dev_name_normalize(char *name);
+/*
  * Maps device dev_name (a path below the server's search path) in mode.
  * -EPERM: the server's sharing rule refused the mode; -EEXIST: this
  * session has mapped that name already; -EINVAL for a name

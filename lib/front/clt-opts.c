@@ -357,6 +357,16 @@ bool clt_cfg_same_paths(const struct clt_cfg *a, const struct clt_cfg *b)
 	return true;
 }
 
+bool clt_cfg_share_path(const struct clt_cfg *a, const struct clt_cfg *b)
+{
+	for (unsigned i = 0; i < a->opts.paths_num; i++)
+		for (unsigned j = 0; j < b->opts.paths_num; j++)
+			if (!strcmp(a->addrs[i].host, b->addrs[j].host) &&
+			    path_port(a, i) == path_port(b, j))
+				return true;
+	return false;
+}
+
 bool clt_cfg_same_opts(const struct clt_cfg *a, const struct clt_cfg *b)
 {
 	for (unsigned id = 0; id < CLT_OPT_NR; id++) {

@@ -111,6 +111,8 @@ void clt_opt_show(const struct clt_cfg *c, enum clt_opt_id id, char *buf, size_t
  */
 bool clt_cfg_same_paths(const struct clt_cfg *a, const struct clt_cfg *b);
 bool clt_cfg_same_opts(const struct clt_cfg *a, const struct clt_cfg *b);
+/* Whether a and b name one server address at least (host and port; any source). */
+bool clt_cfg_share_path(const struct clt_cfg *a, const struct clt_cfg *b);
 
 /* A command-line option from the table: a short letter, more help. */
 struct clt_opt_pick {

@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "rnbd-export.h"
 #include "rnbd-path.h"
 #include "rnbd-proto.h"
 
@@ -113,6 +114,7 @@ int rnbd_dev_open(const char *root, const char *dev_name, int flags, int *fd, co
 	return 0;
 }
 
+RNBD_EXPORT
 void rnbd_dev_name_normalize(char *name)
 {
 	char *w = name;

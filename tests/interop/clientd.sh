@@ -403,6 +403,45 @@ check "... the mappings file is a file of its own" bash -c "[ -f '$dir/maps.json
 kill "$daemon_pid"
 wait "$daemon_pid" 2>/dev/null || true
 
+# A save while the file's mappings are still being made keeps them: a server
+# that takes the connection and never answers holds one mapping's map (the
+# save wrote [] while it hung); an unmap forgets the file's mapping of its
+# device, even when the file spelled its name otherwise ("/mem0//").
+python3 -c '
+import socket, sys, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(64)
+print(s.getsockname()[1], flush=True)
+held = []
+while True:
+    held.append(s.accept()[0])
+' >"$dir/mute.port" &
+pids+=($!)
+mute_pid=$!
+wait_until 10 test -s "$dir/mute.port" || true
+mport_mute=$(cat "$dir/mute.port")
+printf '[{"device": "mem1", "session": "mute", "server": ["127.0.0.1:%s"],\n  "block_device": false},\n {"device": "/mem0//", "session": "now", "server": ["127.0.0.1:%s"], "block_device": false}]\n' \
+	"$mport_mute" "$port" >"$dir/maps.json"
+daemon_start "$dir/d8.log"
+wait_until 10 mapped_n 1 || true
+check "a save while a mapping of the file is still being made: both kept" bash -c "'$rnbd' \
+	--socket '$dir/cctl' client save >/dev/null && python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert sorted((x[\"session\"], x[\"device\"]) for x in m) == [(\"mute\", \"mem1\"), (\"now\", \"mem0\")], m
+' '$dir/maps.json'"
+check "... mem0 unmapped (by its one name) and saved: the file's mapping of it is gone" bash -c \
+	"'$rnbd' --socket '$dir/cctl' client unmap mem0 --session now >/dev/null &&
+	'$rnbd' --socket '$dir/cctl' client save >/dev/null && python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert [(x[\"session\"], x[\"device\"]) for x in m] == [(\"mute\", \"mem1\")], m
+' '$dir/maps.json'"
+kill "$daemon_pid"
+wait "$daemon_pid" 2>/dev/null || true
+kill "$mute_pid" 2>/dev/null || true
+
 # A write that fails says why: the mappings file on a full file system (a
 # tmpfs of 64 KiB, filled up).
 if [ "$(id -u)" -eq 0 ]; then

@@ -850,6 +850,64 @@ R client unmap leg.img --session mda >/dev/null && R client unmap leg.img --sess
 check md-legs-unmapped $?
 kill "$CPID" "$MD_a" "$MD_b"; wait "$CPID" "$MD_a" "$MD_b" 2>/dev/null
 
+# A takeover is the device's own. A block device whose daemon was killed
+# while its server is down (tcp, 127.0.0.1:1238) waits for it:
+#   - a client.map of that device meanwhile is refused (it made a second
+#     block device, and the takeover then failed "mapped already" and
+#     removed the first, its IO failing); the server back, the takeover
+#     ends and the device reads the server's bytes;
+#   - killed again, and its session opened meanwhile for another device on
+#     another server (1239, which has a t.img of its own): the takeover
+#     does not join that session (it did: the device then read and wrote
+#     the other server's t.img), and after --recover-timeout the block
+#     device goes; the other server's t.img is never written.
+mkdir -p /tmp/exports4 /tmp/exports5
+head -c $((16 << 20)) /dev/urandom >/tmp/exports4/t.img
+head -c $((16 << 20)) /dev/urandom >/tmp/exports5/t.img
+head -c $((16 << 20)) /dev/zero >/tmp/exports5/other.img
+cp /tmp/exports5/t.img /tmp/t5.orig
+srv4() {
+	"$B/daemons/rnbd-server" --provider tcp -a 127.0.0.1 -p 1238 -s /tmp/exports4 \
+		--log-level info >>/tmp/s4.log 2>&1 &
+	S4PID=$!
+	wait_for 60 sh -c "[ \$(grep -c 'listening on port' /tmp/s4.log) -ge $1 ]"
+}
+srv4 1
+"$B/daemons/rnbd-server" --provider tcp -a 127.0.0.1 -p 1239 -s /tmp/exports5 \
+	--log-level info >/tmp/s5.log 2>&1 &
+S5PID=$!
+wait_for 60 grep -q 'listening on port' /tmp/s5.log
+rm -f /tmp/maps.json
+clientd --recover-timeout 8; check own-clientd-started $?
+R client map t.img --session tk --server 127.0.0.1:1238 --provider tcp -o json >/tmp/tk.json
+check own-map $? "$(cat /tmp/tk.json)"
+dt=$(python3 -c 'import json; print(json.load(open("/tmp/tk.json"))["block_device"] or "")')
+kill "$S4PID"; wait "$S4PID" 2>/dev/null
+kill -KILL "$CPID"; wait "$CPID" 2>/dev/null
+clientd --recover-timeout 60; check own-clientd-again $?
+wait_for 30 grep -q 'mapping it again (try 1)' "$CLOG"
+R client map t.img --session tk --server 127.0.0.1:1238 --provider tcp >/dev/null 2>/tmp/tk.err
+mrc=$?
+[ "$mrc" -ne 0 ] && grep -q 'is being taken over' /tmp/tk.err && [ -b "$dt" ]
+check own-map-during-takeover-refused $? "(exit $mrc: $(cat /tmp/tk.err))"
+srv4 2
+wait_for 60 grep -q 'taken over: its IO goes on' "$CLOG" &&
+	cmp -n 65536 "$dt" /tmp/exports4/t.img
+check own-takeover-done-reads-its-server $? "($(grep -E 'ublkb|tk' "$CLOG" | tail -3 | tr '\n' ' '))"
+kill "$S4PID"; wait "$S4PID" 2>/dev/null
+kill -KILL "$CPID"; wait "$CPID" 2>/dev/null
+clientd --recover-timeout 8; check own-clientd-third $?
+wait_for 30 R client map other.img --session tk --server 127.0.0.1:1239 --provider tcp \
+	--no-block-device >/dev/null 2>&1
+check own-other-server-opens-session $?
+wait_for 40 bash -c "[ ! -b '$dt' ]"
+[ ! -b "$dt" ] && grep -q 'has none of: not taken over' "$CLOG" &&
+	! grep -q 'taken over: its IO goes on' "$CLOG" && cmp -s /tmp/exports5/t.img /tmp/t5.orig
+check own-takeover-never-joins-other-server $? "($(grep -E 'ublkb|tk' "$CLOG" | tail -3 | \
+	tr '\n' ' '))"
+R client unmap other.img --session tk >/dev/null; check own-unmap-other $?
+kill "$CPID" "$S5PID"; wait "$CPID" "$S5PID" 2>/dev/null
+
 kill "$CPID" "$SPID" "$FIO" "$WATCH" "$S3PID" "$SHPID" "$MDFIO" "$MD_a" "$MD_b" 2>/dev/null; wait
 dmesg | grep -E 'BUG:|Oops|Call Trace' >/tmp/oops; [ ! -s /tmp/oops ]; check kernel-log-clean $?
 # In a sanitizer build, the daemons' reports would be in their logs.
