@@ -20,6 +20,7 @@
 #include <linux/falloc.h>
 #include <linux/fs.h>
 #include <liburing.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -98,6 +99,14 @@ struct rnbd_store {
 	pthread_mutex_t lock;
 	pthread_cond_t idle;
 	unsigned inflight;
+	/*
+	 * The first error a sync of it met (an fdatasync, or a FUA write's
+	 * RWF_DSYNC that failed with EIO), given to every later flush: the
+	 * kernel reports a lost write-back to one sync only, and a later
+	 * fdatasync succeeds with acknowledged writes lost (store_sync).
+	 */
+	atomic_int sync_err;
+	char name[64];                /* for the log (rnbd_store_set_name) */
 	/* under e->lock: its flushes in e->flushq; a flusher's fdatasync of it runs */
 	unsigned flushq_n;
 	bool syncing;
@@ -147,10 +156,22 @@ static void store_put(struct rnbd_store *s)
 	pthread_mutex_unlock(&s->lock);
 }
 
+static void sync_failed(struct rnbd_store *s, int err)
+{
+	int none = 0;
+
+	if (atomic_compare_exchange_strong(&s->sync_err, &none, err))
+		log_err("rnbd: %s: a sync failed (%s): every later flush of it fails so until it "
+			"is opened again (writes acknowledged before may be lost)",
+			s->name[0] ? s->name : "a store", strerror(-err));
+}
+
 static void complete(struct rnbd_breq *r, int err)
 {
 	struct rnbd_store *s = r->store;
 
+	if (err == -EIO && r->op == RNBD_OP_WRITE && (r->flags & RNBD_F_FUA) && s->e)
+		sync_failed(s, err); /* its RWF_DSYNC may have taken an earlier write-back's error */
 	r->done(r, err);
 	store_put(s);
 }
@@ -179,6 +200,13 @@ static int zero_fill(int fd, uint64_t off, uint64_t len)
 static int (*_Atomic sync_hook)(void *priv, int fd);
 static void *_Atomic sync_hook_priv;
 
+static _Atomic uint32_t feat_mask;
+
+void rnbd_engine_set_features_mask(uint32_t features)
+{
+	atomic_store(&feat_mask, features);
+}
+
 void rnbd_store_set_sync_hook(int (*fn)(void *priv, int fd), void *priv)
 {
 	sync_hook_priv = priv;
@@ -193,6 +221,19 @@ static int datasync(int fd)
 	if (hook)
 		return hook(sync_hook_priv, fd);
 	return fdatasync(fd) ? -errno : 0;
+}
+
+/* Makes s durable: 0, or the first error a sync of it met (sync_err). */
+static int store_sync(struct rnbd_store *s)
+{
+	int rc = atomic_load(&s->sync_err);
+
+	if (rc)
+		return rc;
+	rc = datasync(s->fd);
+	if (rc)
+		sync_failed(s, rc);
+	return rc;
 }
 
 static int rw_all(struct rnbd_store *s, struct rnbd_breq *r)
@@ -234,7 +275,7 @@ static int exec_sync(struct rnbd_store *s, struct rnbd_breq *r)
 	int rc = 0;
 
 	if (r->flags & RNBD_F_PREFLUSH) {
-		rc = datasync(s->fd);
+		rc = store_sync(s);
 		if (rc)
 			return rc;
 	}
@@ -243,10 +284,10 @@ static int exec_sync(struct rnbd_store *s, struct rnbd_breq *r)
 	case RNBD_OP_WRITE:
 		rc = r->len ? rw_all(s, r) : 0;
 		if (!rc && r->op == RNBD_OP_WRITE && !r->len && (r->flags & RNBD_F_FUA))
-			rc = datasync(s->fd); /* an empty FUA write: a flush */
+			rc = store_sync(s); /* an empty FUA write: a flush */
 		return rc;
 	case RNBD_OP_FLUSH:
-		return datasync(s->fd);
+		return store_sync(s);
 	case RNBD_OP_DISCARD:
 		rc = bdev ? range_ioctl(s->fd, BLKDISCARD, r->offset, r->len)
 			  : (fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
@@ -269,7 +310,7 @@ static int exec_sync(struct rnbd_store *s, struct rnbd_breq *r)
 		break;
 	}
 	if (!rc && (r->flags & RNBD_F_FUA))
-		rc = datasync(s->fd);
+		rc = store_sync(s);
 	return rc;
 }
 
@@ -572,7 +613,7 @@ static void *flusher_thread(void *arg)
 		e->flush_ready--;
 		e->flush_syncing++;
 		pthread_mutex_unlock(&e->lock);
-		rc = datasync(s->fd);
+		rc = store_sync(s);
 		atomic_fetch_add_explicit(&e->flush_syncs, 1, memory_order_relaxed);
 		pthread_mutex_lock(&e->lock);
 		/* Before the next stages: the last of them may close the store. */
@@ -625,13 +666,38 @@ static void flush_queue(struct rnbd_engine *e, struct rnbd_breq *r)
 	}
 	pthread_mutex_unlock(&e->lock);
 	if (inline_run)
-		uring_step(e, r, datasync(r->store->fd));
+		uring_step(e, r, store_sync(r->store));
 }
 
 void rnbd_engine_flush_stats(struct rnbd_engine *e, uint64_t *flushes, uint64_t *syncs)
 {
 	*flushes = atomic_load(&e->flushes);
 	*syncs = atomic_load(&e->flush_syncs);
+}
+
+/*
+ * The reaper's wait for a completion, at most 1 s. Before Linux 5.11 (no
+ * IORING_FEAT_EXT_ARG) liburing times its wait with a timeout request it
+ * puts on the submission queue itself, beside the submitters and without
+ * their sq_lock, and the wait then returns the count it submitted: there
+ * readiness comes from poll(2) on the ring instead.
+ */
+static int reaper_wait(struct rnbd_engine *e, struct io_uring_cqe **cqe)
+{
+	struct __kernel_timespec ts = { .tv_sec = 1 };
+	struct pollfd p = { .fd = e->ring.ring_fd, .events = POLLIN };
+	int rc;
+
+	if (e->ring.features & IORING_FEAT_EXT_ARG)
+		return io_uring_wait_cqe_timeout(&e->ring, cqe, &ts);
+	rc = io_uring_peek_cqe(&e->ring, cqe);
+	if (rc != -EAGAIN)
+		return rc;
+	rc = poll(&p, 1, 1000);
+	if (rc < 0)
+		return -errno;
+	rc = io_uring_peek_cqe(&e->ring, cqe);
+	return rc == -EAGAIN ? -ETIME : rc;
 }
 
 static void *reaper_thread(void *arg)
@@ -647,8 +713,7 @@ static void *reaper_thread(void *arg)
 		 * (no memory for the kernel) are submitted again below even
 		 * when nothing else completes.
 		 */
-		struct __kernel_timespec ts = { .tv_sec = 1 };
-		int res, rc = io_uring_wait_cqe_timeout(&e->ring, &cqe, &ts);
+		int res, rc = reaper_wait(e, &cqe);
 
 		if (rc == -EINTR || rc == -ETIME || rc == -EBADR) {
 			/* -EBADR: the kernel dropped completions (no memory for its overflow list). */
@@ -705,6 +770,8 @@ int rnbd_engine_open(enum rnbd_engine_kind kind, unsigned threads, unsigned dept
 			return rc;
 		}
 		e->uring = rc == 0;
+		if (e->uring)
+			e->ring.features &= ~atomic_load(&feat_mask);
 	}
 	if (e->uring) {
 		/*
@@ -927,6 +994,11 @@ fail:
 	close(fd);
 	free(s);
 	return rc;
+}
+
+void rnbd_store_set_name(struct rnbd_store *s, const char *name)
+{
+	snprintf(s->name, sizeof(s->name), "%s", name);
 }
 
 int rnbd_store_memory(uint64_t size, struct rnbd_store **out)

@@ -107,6 +107,8 @@ void rnbd_engine_close(struct rnbd_engine *e);
  * offsets must then be aligned to the logical block size).
  */
 int rnbd_store_fd(struct rnbd_engine *e, int fd, bool direct, struct rnbd_store **out);
+/* The device name the store's log lines give (its export's; unset: "a store"). */
+void rnbd_store_set_name(struct rnbd_store *s, const char *name);
 /* A store in memory, size bytes of zeros (benchmarks, tests). */
 int rnbd_store_memory(uint64_t size, struct rnbd_store **out);
 

@@ -9,6 +9,7 @@
 #define RNBD_HOOKS_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 /*
  * Client: fn(priv, dev_name) runs on the thread that sent an OPEN (a map, a
@@ -35,5 +36,12 @@ void rnbd_store_resume(struct rnbd_breq *r);
  * removes it.
  */
 void rnbd_store_set_sync_hook(int (*fn)(void *priv, int fd), void *priv);
+
+/*
+ * io_uring features (IORING_FEAT_*) the next engines' rings act as if the
+ * kernel lacked: a test runs the paths of older kernels (IORING_FEAT_EXT_ARG,
+ * before Linux 5.11). 0 (the default) masks none.
+ */
+void rnbd_engine_set_features_mask(uint32_t features);
 
 #endif

@@ -557,6 +557,7 @@ static int dev_open_store(struct rnbd_sess *sess, struct sess_dev *sd, const cha
 			*why = "not a file or block device";
 			return rc;
 		}
+		rnbd_store_set_name(sd->store, sd->name);
 		/* OPEN_RSP has 16 bits for it (as the kernel's): 32768 at most. */
 		if (rnbd_store_info(sd->store)->logical_block_size > RNBD_MAX_BLOCK_SIZE) {
 			rnbd_store_close(sd->store);
