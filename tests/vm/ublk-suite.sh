@@ -917,18 +917,21 @@ echo "--- clientd logs"; tail -n 8 /tmp/c1.log "$CLOG"
 GUEST
 
 # The build folder too: a guest has its own /tmp, where a checkout may be.
-# A guest whose kernel locks up (an RCU stall under TCG, its vCPUs starved
-# by the host's load: seen twice, in the middle of different sections) is
-# reported with its console and run once more, as the verbs suite does; a
-# second lockup fails.
-for attempt in 1 2; do
+# A guest whose kernel locks up (an RCU stall under TCG: seen in the middle
+# of different sections, and on 2026-12-07 in 3 of 5 runs on one host, in
+# the kill-and-takeover section, with the build of 2026-12-06 as with the
+# day's) or panics (once, in ip_local_deliver under the md section) is
+# reported with its console and run again, up to three runs; a third
+# lockup fails.
+for attempt in 1 2 3; do
 	out=$("$vm" run --bpo --rdma rxe --timeout 900 --mem 1536 --share-ro "$logs" \
 		--share-ro "$build" -- bash "$logs/guest.sh" "$build" 2>&1)
 	rc=$?
-	if [ "$attempt" -eq 1 ] && [ "$rc" -eq 125 ] && grep -q 'guest: kernel lockup' <<<"$out"; then
+	if [ "$attempt" -lt 3 ] && [ "$rc" -eq 125 ] &&
+		grep -qE 'guest: kernel lockup|console: .*Kernel panic' <<<"$out"; then
 		grep -E 'kernel lockup|console: ' <<<"$out" | sed 's/^/  /'
-		echo "  ublk: the guest's kernel locked up after $(grep -c '^CHECK ' <<<"$out") checks" \
-			"(above): running the guest again"
+		echo "  ublk: the guest's kernel locked up or panicked after" \
+			"$(grep -c '^CHECK ' <<<"$out") checks (above): running the guest again"
 		continue
 	fi
 	break
