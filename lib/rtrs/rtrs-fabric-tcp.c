@@ -140,7 +140,7 @@ enum {
 	W_FLUSH = 1u << 1,   /* the send queue has frames */
 	W_DONE = 1u << 2,    /* completions to deliver */
 	W_KICK = 1u << 3,    /* ops->kick */
-	W_RETRY = 1u << 4,   /* ops->kick after the next completion or 1 ms */
+	W_RETRY = 1u << 4,   /* ops->kick after the next completion, room, or 1 ms */
 	W_DESTROY = 1u << 5, /* let go of it */
 	W_FAIL = 1u << 6,    /* a send met an error: down */
 	W_LEASE = 1u << 7,   /* a poller's turn left input: read at the lease's end */
@@ -1096,7 +1096,7 @@ static int tx_post(struct fab_con *c, struct iovec *iov, unsigned n, const void 
 static bool tx_flush(struct fab_con *c, bool *delivered, int *err)
 {
 	struct iovec iov[TCP_FLUSH_IOV];
-	bool empty;
+	bool empty, room = false;
 
 	*err = 0;
 	pthread_mutex_lock(&c->tx_lock);
@@ -1142,6 +1142,7 @@ static bool tx_flush(struct fab_con *c, bool *delivered, int *err)
 			c->txq_head = t->next;
 			if (!c->txq_head)
 				c->txq_tail = NULL;
+			room |= t->counted;
 			c->tx_n -= t->counted;
 			if (t->ctx && !dctx_add(c, t->ctx)) {
 				*delivered = true;
@@ -1155,6 +1156,13 @@ static bool tx_flush(struct fab_con *c, bool *delivered, int *err)
 	}
 	empty = !c->txq_head && !con_tls_pending(c);
 	pthread_mutex_unlock(&c->tx_lock);
+	/*
+	 * Room made in the queue: a post refused for tx_depth
+	 * (con_retry_later) is due now, not at the next tick; frames without
+	 * a completion (a server's responses) make room only here.
+	 */
+	if (room && c->on_retry)
+		c->retry_at = 0;
 	return empty && !*err;
 }
 

@@ -608,7 +608,8 @@ static inline void fab_con_kick(struct fab_con *c)
 }
 /*
  * From ops->kick after -EAGAIN: call kick again after the next completion
- * or 1 ms, rather than spin while the send queue is full.
+ * (tcp: or room made in the send queue) or 1 ms, rather than spin while
+ * the send queue is full.
  */
 static inline void fab_con_retry_later(struct fab_con *c)
 {
