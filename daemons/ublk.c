@@ -695,8 +695,12 @@ static void *queue_thread(void *arg)
 	 * poll fired, so the next lap polls.
 	 */
 	bool poll_queued = false, may_poll = true, armed = false, poll_due = false;
+	char tname[16];
 	int rc;
 
+	/* Its own name, not its creator's (a kernel report names the thread). */
+	snprintf(tname, sizeof(tname), "ublkq%d", u->dev_id);
+	pthread_setname_np(pthread_self(), tname);
 	queue_of_thread = u;
 
 	for (uint16_t t = 0; t < u->qd; t++) {
