@@ -1797,16 +1797,24 @@ static int runtime_open(void)
  * ADD_DEV carried is gone (ESRCH; this daemon's own pid counts as gone, it
  * added nothing yet). A device whose adder runs, an rnbd-clientd of another
  * --runtime-dir in the middle of its add, is left; so is one whose pid was
- * given to another process since (left, never deleted wrongly), and a
- * stopped one (the kernel names pid -1).
+ * given to another process since (left, never deleted wrongly). One whose
+ * pid the kernel gives as -1 is deleted while the scan holds the add lock
+ * (ublk_add_lock: no add is in progress): stopped and not deleted, or (a
+ * kernel that names only live processes, which names none before
+ * START_DEV) its adder is gone; without the lock it is left.
  */
+/* How long the scan waits for the add lock (ublk_add_lock) of a daemon in the middle of an add. */
+#define ORPHAN_LOCK_WAIT_MS 2000
+
 static void orphan_scan(void)
 {
 	DIR *dir = opendir("/sys/class/ublk-char");
 	struct dirent *e;
+	int lk;
 
 	if (!dir)
 		return; /* no devices (ublk_drv makes the class with the first) */
+	lk = ublk_add_lock(ORPHAN_LOCK_WAIT_MS);
 	while ((e = readdir(dir))) {
 		struct ublk_state st;
 		char path[4200], tail[2];
@@ -1818,8 +1826,29 @@ static void orphan_scan(void)
 		if (!access(path, F_OK) || errno != ENOENT)
 			continue;
 		if (ublk_dev_state(id, &st) || st.state != UBLK_S_DEV_DEAD || !st.marked ||
-		    st.pid <= 0)
+		    (st.pid <= 0 && st.pid != -1))
 			continue;
+		if (st.pid == -1 && lk < 0) {
+			dlog(DLOG_INFO, "ublk: /dev/ublkb%d: not started, not recorded here, and the "
+			     "kernel names no pid for its adder; the add lock is held (%s: an add "
+			     "in progress): left", id, strerror(-lk));
+			continue;
+		}
+		if (st.pid == -1) {
+			/*
+			 * The kernel names no pid: a kernel that names only live
+			 * processes (newer ones; as it does for an adder that
+			 * still runs, before START_DEV) for an adder that is
+			 * gone, or one stopped (STOP_DEV) and not deleted. With
+			 * the add lock held no add is in progress: dead either way.
+			 */
+			drc = ublk_dev_abandon(id);
+			dlog(drc ? DLOG_ERR : DLOG_INFO, "ublk: /dev/ublkb%d: added by a process the "
+			     "kernel no longer names (gone), which died before recording and "
+			     "starting it: %s%s", id, drc ? "not deleted: " : "deleted",
+			     drc ? strerror(-drc) : "");
+			continue;
+		}
 		if (st.pid != getpid() && (!kill(st.pid, 0) || errno != ESRCH)) {
 			dlog(DLOG_INFO, "ublk: /dev/ublkb%d: added by pid %d and not started, not "
 			     "recorded here; pid %d runs (another rnbd-clientd adding it, or the "
@@ -1832,6 +1861,7 @@ static void orphan_scan(void)
 		     drc ? "not deleted: " : "deleted", drc ? strerror(-drc) : "");
 	}
 	closedir(dir);
+	ublk_add_unlock(lk);
 }
 
 /*
@@ -1857,8 +1887,8 @@ static struct json_object *recover_scan(void)
 		struct rpc_err merr = { 0 };
 		struct ublk_state st;
 		char path[4200], tail[8] = "";
-		int id = -1, rc, mmode;
-		bool mbdev;
+		int id = -1, rc, mmode, rec_pid;
+		bool mbdev, pid_ours;
 
 		if (sscanf(e->d_name, "ublkb%d%7s", &id, tail) != 2 || strcmp(tail, ".json") ||
 		    id < 0)
@@ -1884,12 +1914,22 @@ static struct json_object *recover_scan(void)
 			continue;
 		}
 		rc = ublk_dev_state(id, &st);
+		rec_pid = json_object_object_get_ex(rec, "pid", &v) ? json_object_get_int(v) : 0;
+		/*
+		 * Whether the kernel's pid is the recording daemon's (or, in
+		 * the middle of a takeover, the one it took over from). A
+		 * kernel that names only live processes (newer ones, Debian's
+		 * 7.3 among them: the pid as seen from the caller's namespace,
+		 * -1 once that process is gone) says -1 for a device whose daemon died:
+		 * then the device is this record's when it carries the mark
+		 * of an rnbd-clientd of this pid namespace.
+		 */
+		pid_ours = (st.pid > 0 && st.pid == rec_pid) ||
+			   (st.pid > 0 && json_object_object_get_ex(rec, "prev_pid", &v) &&
+			    json_object_get_int(v) == st.pid) ||
+			   (st.pid == -1 && st.marked);
 		/* Dead (stopped, or never started: its daemon died before START_DEV): not served. */
-		if (!rc && st.state != UBLK_S_DEV_DEAD &&
-		    (!json_object_object_get_ex(rec, "pid", &v) ||
-			    json_object_get_int(v) != st.pid) &&
-		    (!json_object_object_get_ex(rec, "prev_pid", &v) ||
-		     json_object_get_int(v) != st.pid)) {
+		if (!rc && st.state != UBLK_S_DEV_DEAD && !pid_ours) {
 			/* The number was given to a device of another program since. */
 			dlog(DLOG_INFO, "ublk: /dev/ublkb%d: served by pid %d, not by the daemon "
 			     "that recorded it; its record goes", id, st.pid);
@@ -1900,14 +1940,17 @@ static struct json_object *recover_scan(void)
 		 * (ADD_DEV carries the adder's pid, START_DEV replaces it and a
 		 * stop makes it -1) and died before it started, so it never
 		 * was a block device and nobody else can hold it: deleted, or
-		 * it kept its number and its character device for good.
+		 * it kept its number and its character device for good. Dead
+		 * at -1 with the mark (a kernel that names only live
+		 * processes, or one stopped and not deleted): this record's
+		 * device, never to be served again, deleted too.
 		 */
-		if (!rc && st.state == UBLK_S_DEV_DEAD && st.pid > 0 &&
-		    json_object_object_get_ex(rec, "pid", &v) && json_object_get_int(v) == st.pid) {
+		if (!rc && st.state == UBLK_S_DEV_DEAD && rec_pid > 0 &&
+		    (st.pid == rec_pid || (st.pid == -1 && st.marked))) {
 			int drc = ublk_dev_abandon(id);
 
 			dlog(drc ? DLOG_ERR : DLOG_INFO, "ublk: /dev/ublkb%d: added by pid %d, which "
-			     "died before starting it: %s%s; its record goes", id, st.pid,
+			     "died before starting it: %s%s; its record goes", id, rec_pid,
 			     drc ? "not deleted: " : "deleted", drc ? strerror(-drc) : "");
 			unlink(path);
 			json_object_put(rec);

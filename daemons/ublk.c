@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -982,6 +983,44 @@ static bool fault_is(const char *what)
 }
 #endif
 
+int ublk_add_lock(unsigned wait_ms)
+{
+	int fd = open("/dev/ublk-control", O_RDWR | O_CLOEXEC);
+
+	if (fd < 0)
+		return -errno;
+	for (unsigned waited = 0;; waited += 20) {
+		if (!flock(fd, LOCK_EX | LOCK_NB))
+			return fd;
+		if (errno != EWOULDBLOCK && errno != EINTR) {
+			int rc = -errno;
+
+			close(fd);
+			return rc;
+		}
+		if (waited >= wait_ms) {
+			close(fd);
+			return -EWOULDBLOCK;
+		}
+		usleep(20000);
+	}
+}
+
+void ublk_add_unlock(int fd)
+{
+	if (fd >= 0)
+		close(fd); /* the lock goes with the last descriptor of its open file */
+}
+
+/*
+ * How long an add waits for the add lock: others hold it for an add's
+ * few steps or a start's scan. One that is stopped (SIGSTOP) or stuck
+ * holds it for good; the add then goes on without it, which costs it
+ * only the scan's protection (a daemon starting meanwhile may delete the
+ * device before it starts, and the map fails).
+ */
+#define ADD_LOCK_WAIT_MS 10000
+
 int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char *name,
 		 ublk_before_start_fn *before_start, void *priv, struct ublk_dev **out,
 		 int *dev_id, char *why, size_t len)
@@ -990,8 +1029,12 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
 	struct ublk_params p = { 0 };
 	struct ublk_dev *u;
 	uint32_t max_io;
-	int rc;
+	int rc, lk;
 
+	lk = ublk_add_lock(ADD_LOCK_WAIT_MS);
+	if (lk < 0)
+		dlog(DLOG_WARN, "ublk: adding %s without the add lock (%s): another process "
+		     "holds it", name, strerror(-lk));
 	rc = dev_new(sess, d, name, &u, why, len);
 	if (rc)
 		goto fail;
@@ -1093,6 +1136,7 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
 	if (fault_is("kill-after-start"))
 		raise(SIGKILL);
 #endif
+	ublk_add_unlock(lk);
 	*out = u;
 	*dev_id = u->dev_id;
 	return 0;
@@ -1104,6 +1148,7 @@ fail:
 	}
 	if (u)
 		dev_free(u);
+	ublk_add_unlock(lk);
 	return rc;
 }
 

@@ -84,6 +84,19 @@ struct ublk_state {
 #define UBLK_MARK_MAGIC 0x524e424400000000ULL
 uint64_t ublk_mark(void);
 
+/*
+ * The add lock: an flock on /dev/ublk-control (so every rnbd-clientd that
+ * sees the same devices meets it, whatever its --runtime-dir) held by
+ * ublk_dev_add from before ADD_DEV until START_DEV has returned, and by
+ * rnbd-clientd's orphan_scan while it deletes dead devices no record
+ * names: with it held, no such device is in the middle of an add, even
+ * where the kernel names no pid for the adder. Waits up to wait_ms for
+ * it: a file descriptor to give ublk_add_unlock, or a negative errno
+ * (-EWOULDBLOCK: another process held it all that time).
+ */
+int ublk_add_lock(unsigned wait_ms);
+void ublk_add_unlock(int fd);
+
 /* Device N's state: 0, -ENODEV when there is none, or another negative errno. */
 int ublk_dev_state(int dev_id, struct ublk_state *st);
 
