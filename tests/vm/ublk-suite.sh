@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The ublk suite: rnbd-clientd's mapped devices as real block devices, in a
 # QEMU guest booted with Debian's 6.12 backports kernel and ublk_drv
-# ('rtrs-vm image --bpo'), rnbd-server in the same guest over soft-RoCE
+# ('rtrs-vm image --bpo'; RTRS_VM_BPO=trixie-backports runs it on Linux 7.x),
+# rnbd-server in the same guest over soft-RoCE
 # (the native RDMA fabric):
 #   - map a 64 MiB file export: /dev/ublkbN of 64 MiB, its block size and
 #     largest IO from the server's answer;
@@ -65,7 +66,7 @@ logs=$(mktemp -d /tmp/ublk-suite.XXXXXX)
 trap 'rm -rf "$logs"' EXIT
 if ! "$vm" image --bpo >"$logs/image.log" 2>&1; then
 	cat "$logs/image.log"
-	echo "ublk: cannot build the 6.12 guest image"
+	echo "ublk: cannot build the guest image (rtrs-vm image --bpo)"
 	echo "0 passed, 1 failed, 0 skipped"
 	exit 1
 fi
