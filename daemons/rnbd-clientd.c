@@ -1638,6 +1638,7 @@ static void rec_write_locked(int id, struct json_object *mapping, int prev_pid)
 	struct json_object *o = json_object_new_object();
 	char path[4096], tmp[4200];
 	int fd = -1, rc = 0;
+	uint64_t ident;
 
 	rec_path(id, path, sizeof(path));
 	snprintf(tmp, sizeof(tmp), "%s.new", path);
@@ -1646,9 +1647,13 @@ static void rec_write_locked(int id, struct json_object *mapping, int prev_pid)
 	 * other's is taken. prev_pid during a takeover: the kernel names the
 	 * old daemon until END_USER_RECOVERY, this one after it, and a
 	 * daemon killed in between leaves a record that either matches.
+	 * ident: this instance of the device, for a kernel that names no
+	 * pid once its daemon is gone (recover_scan).
 	 */
+	ident = ublk_dev_ident(id);
 	if (!mapping || !put(o, "ublk", json_object_new_int(id)) ||
 	    !put(o, "pid", json_object_new_int(getpid())) ||
+	    (ident && !put(o, "ident", json_object_new_int64((int64_t)ident))) ||
 	    (prev_pid > 0 && !put(o, "prev_pid", json_object_new_int(prev_pid)))) {
 		rc = -ENOMEM; /* mapping still ours: dropped below */
 	} else {
@@ -1830,8 +1835,9 @@ static void orphan_scan(void)
 			continue;
 		if (st.pid == -1 && lk < 0) {
 			dlog(DLOG_INFO, "ublk: /dev/ublkb%d: not started, not recorded here, and the "
-			     "kernel names no pid for its adder; the add lock is held (%s: an add "
-			     "in progress): left", id, strerror(-lk));
+			     "kernel names no pid for its adder; the add lock is not ours (%s): "
+			     "left", id, lk == -EWOULDBLOCK ? "another process holds it: an add in "
+			     "progress" : strerror(-lk));
 			continue;
 		}
 		if (st.pid == -1) {
@@ -1888,7 +1894,8 @@ static struct json_object *recover_scan(void)
 		struct ublk_state st;
 		char path[4200], tail[8] = "";
 		int id = -1, rc, mmode, rec_pid;
-		bool mbdev, pid_ours;
+		uint64_t rec_ident;
+		bool mbdev, pid_ours, ident_ours;
 
 		if (sscanf(e->d_name, "ublkb%d%7s", &id, tail) != 2 || strcmp(tail, ".json") ||
 		    id < 0)
@@ -1915,19 +1922,25 @@ static struct json_object *recover_scan(void)
 		}
 		rc = ublk_dev_state(id, &st);
 		rec_pid = json_object_object_get_ex(rec, "pid", &v) ? json_object_get_int(v) : 0;
+		rec_ident = json_object_object_get_ex(rec, "ident", &v) ?
+			    (uint64_t)json_object_get_int64(v) : 0;
 		/*
 		 * Whether the kernel's pid is the recording daemon's (or, in
 		 * the middle of a takeover, the one it took over from). A
 		 * kernel that names only live processes (newer ones, Debian's
 		 * 7.3 among them: the pid as seen from the caller's namespace,
-		 * -1 once that process is gone) says -1 for a device whose daemon died:
-		 * then the device is this record's when it carries the mark
-		 * of an rnbd-clientd of this pid namespace.
+		 * -1 once that process is gone) says -1 for a device whose
+		 * daemon died: then the device is this record's when it
+		 * carries the mark of an rnbd-clientd of this pid namespace
+		 * and is the instance the record names (ident: a number
+		 * reused since, by an rnbd-clientd of another --runtime-dir,
+		 * is another instance). A record without it (an older
+		 * daemon's) proves nothing at -1.
 		 */
+		ident_ours = st.pid == -1 && st.marked && rec_ident && rec_ident == st.ident;
 		pid_ours = (st.pid > 0 && st.pid == rec_pid) ||
 			   (st.pid > 0 && json_object_object_get_ex(rec, "prev_pid", &v) &&
-			    json_object_get_int(v) == st.pid) ||
-			   (st.pid == -1 && st.marked);
+			    json_object_get_int(v) == st.pid) || ident_ours;
 		/* Dead (stopped, or never started: its daemon died before START_DEV): not served. */
 		if (!rc && st.state != UBLK_S_DEV_DEAD && !pid_ours) {
 			/* The number was given to a device of another program since. */
@@ -1941,12 +1954,12 @@ static struct json_object *recover_scan(void)
 		 * stop makes it -1) and died before it started, so it never
 		 * was a block device and nobody else can hold it: deleted, or
 		 * it kept its number and its character device for good. Dead
-		 * at -1 with the mark (a kernel that names only live
-		 * processes, or one stopped and not deleted): this record's
-		 * device, never to be served again, deleted too.
+		 * at -1, this record's instance (a kernel that names only
+		 * live processes, or one stopped and not deleted): never to
+		 * be served again, deleted too.
 		 */
 		if (!rc && st.state == UBLK_S_DEV_DEAD && rec_pid > 0 &&
-		    (st.pid == rec_pid || (st.pid == -1 && st.marked))) {
+		    (st.pid == rec_pid || ident_ours)) {
 			int drc = ublk_dev_abandon(id);
 
 			dlog(drc ? DLOG_ERR : DLOG_INFO, "ublk: /dev/ublkb%d: added by pid %d, which "

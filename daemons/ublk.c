@@ -983,33 +983,65 @@ static bool fault_is(const char *what)
 }
 #endif
 
+static pthread_mutex_t add_lock_mu = PTHREAD_MUTEX_INITIALIZER;
+static int add_lock_fd = -1;      /* the flock's descriptor while add_lock_users > 0 */
+static unsigned add_lock_users;
+
 int ublk_add_lock(unsigned wait_ms)
 {
-	int fd = open("/dev/ublk-control", O_RDWR | O_CLOEXEC);
+	int fd, rc = 0;
 
-	if (fd < 0)
-		return -errno;
+	pthread_mutex_lock(&add_lock_mu);
+	if (add_lock_users) {
+		add_lock_users++;
+		goto out;
+	}
+	fd = open("/dev/ublk-control", O_RDWR | O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		goto out;
+	}
 	for (unsigned waited = 0;; waited += 20) {
-		if (!flock(fd, LOCK_EX | LOCK_NB))
-			return fd;
+		if (!flock(fd, LOCK_EX | LOCK_NB)) {
+			add_lock_fd = fd;
+			add_lock_users = 1;
+			goto out;
+		}
 		if (errno != EWOULDBLOCK && errno != EINTR) {
-			int rc = -errno;
-
-			close(fd);
-			return rc;
+			rc = -errno;
+			break;
 		}
 		if (waited >= wait_ms) {
-			close(fd);
-			return -EWOULDBLOCK;
+			rc = -EWOULDBLOCK;
+			break;
 		}
 		usleep(20000);
 	}
+	close(fd);
+out:
+	pthread_mutex_unlock(&add_lock_mu);
+	return rc;
 }
 
-void ublk_add_unlock(int fd)
+void ublk_add_unlock(int taken)
 {
-	if (fd >= 0)
-		close(fd); /* the lock goes with the last descriptor of its open file */
+	if (taken < 0)
+		return;
+	pthread_mutex_lock(&add_lock_mu);
+	if (add_lock_users && !--add_lock_users) {
+		close(add_lock_fd); /* the lock goes with the last descriptor of its open file */
+		add_lock_fd = -1;
+	}
+	pthread_mutex_unlock(&add_lock_mu);
+}
+
+uint64_t ublk_dev_ident(int dev_id)
+{
+	char path[64];
+	struct stat sb;
+
+	snprintf(path, sizeof(path), "/sys/class/ublk-char/ublkc%d", dev_id);
+	return dev_id >= 0 && !stat(path, &sb) ? (uint64_t)sb.st_ino : 0;
 }
 
 /*
@@ -1033,8 +1065,8 @@ int ublk_dev_add(struct rnbd_clt_sess *sess, struct rnbd_clt_dev *d, const char 
 
 	lk = ublk_add_lock(ADD_LOCK_WAIT_MS);
 	if (lk < 0)
-		dlog(DLOG_WARN, "ublk: adding %s without the add lock (%s): another process "
-		     "holds it", name, strerror(-lk));
+		dlog(DLOG_WARN, "ublk: adding %s without the add lock: %s", name,
+		     lk == -EWOULDBLOCK ? "another process held it for 10 s" : strerror(-lk));
 	rc = dev_new(sess, d, name, &u, why, len);
 	if (rc)
 		goto fail;
@@ -1176,6 +1208,7 @@ int ublk_dev_state(int dev_id, struct ublk_state *st)
 	st->pid = di.ublksrv_pid;
 	st->queue_depth = di.queue_depth;
 	st->marked = ublk_mark() && di.ublksrv_flags == ublk_mark();
+	st->ident = ublk_dev_ident(dev_id);
 	return 0;
 }
 

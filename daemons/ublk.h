@@ -71,7 +71,15 @@ struct ublk_state {
 	int pid;            /* the daemon that serves (served) it */
 	unsigned queue_depth;
 	bool marked;        /* added by an rnbd-clientd of this pid namespace (ublk_mark) */
+	uint64_t ident;     /* this instance of the device (ublk_dev_ident), 0 unknown */
 };
+
+/*
+ * What tells this instance of device N from a later one of the same number:
+ * the inode of its /sys/class/ublk-char/ublkcN (the kernel's sysfs node,
+ * made anew, with a new number, for every device it adds). 0 when unknown.
+ */
+uint64_t ublk_dev_ident(int dev_id);
 
 /*
  * The mark each device's ADD_DEV carries in ublksrv_flags (which the
@@ -90,12 +98,14 @@ uint64_t ublk_mark(void);
  * ublk_dev_add from before ADD_DEV until START_DEV has returned, and by
  * rnbd-clientd's orphan_scan while it deletes dead devices no record
  * names: with it held, no such device is in the middle of an add, even
- * where the kernel names no pid for the adder. Waits up to wait_ms for
- * it: a file descriptor to give ublk_add_unlock, or a negative errno
- * (-EWOULDBLOCK: another process held it all that time).
+ * where the kernel names no pid for the adder. The threads of one process
+ * share it (the flock is taken by the first and let go by the last), so
+ * only processes exclude each other. Waits up to wait_ms for it: 0, to
+ * give ublk_add_unlock, or a negative errno (-EWOULDBLOCK: another process
+ * held it all that time).
  */
 int ublk_add_lock(unsigned wait_ms);
-void ublk_add_unlock(int fd);
+void ublk_add_unlock(int taken);
 
 /* Device N's state: 0, -ENODEV when there is none, or another negative errno. */
 int ublk_dev_state(int dev_id, struct ublk_state *st);

@@ -199,13 +199,13 @@ kill "$WATCH" 2>/dev/null; wait "$WATCH" 2>/dev/null
 umount /tmp/mnt; check recovery-umount $?
 fsck.ext4 -n "$dr" >/tmp/fsck2.log 2>&1; check recovery-fsck-clean $? "($(tail -n1 /tmp/fsck2.log))"
 echo "takeover-ms ${takeover_ms[*]}"
-# A kernel whose ublk cannot change a live device's size (6.12) refuses the
-# resize by name and the device keeps its 64 MiB; one that can (6.16 on)
-# takes it to 32 MiB and back.
+# A kernel whose ublk cannot change a live device's size (before 6.16:
+# 6.12) refuses the resize by name and the device keeps its 64 MiB; one
+# that can (UBLK_F_UPDATE_SIZE) takes it to 32 MiB and back.
 R client resize disk.img 32M --session rc >/dev/null 2>/tmp/resize.err; rrc=$?
 rsz=$(blockdev --getsize64 "$dr")
-if [ $rrc -eq 1 ] && grep -q 'UBLK_F_UPDATE_SIZE' /tmp/resize.err; then
-	[ "$rsz" -eq 67108864 ]
+if [ "$(uname -r | awk -F. '{print $1 * 1000 + $2}')" -lt 6016 ]; then
+	[ $rrc -eq 1 ] && grep -q 'UBLK_F_UPDATE_SIZE' /tmp/resize.err && [ "$rsz" -eq 67108864 ]
 else
 	[ $rrc -eq 0 ] && [ "$rsz" -eq 33554432 ] &&
 		R client resize disk.img 64M --session rc >/dev/null 2>>/tmp/resize.err &&
@@ -488,7 +488,7 @@ lid=$(ublkc_new "$ub0")
 $(ls /sys/class/ublk-char 2>&1 | tr '\n' ' '))"
 clientd; check live-adder-clientd-here $?
 [ -e "/sys/class/ublk-char/ublkc$lid" ] &&
-	grep -qE "ublkb$lid: (added by pid $C2 and not started, not recorded here; pid $C2 runs|not started, not recorded here, and the kernel names no pid for its adder; the add lock is held)" "$CLOG"
+	grep -qE "ublkb$lid: (added by pid $C2 and not started, not recorded here; pid $C2 runs|not started, not recorded here, and the kernel names no pid for its adder; the add lock is not ours \(another process holds it)" "$CLOG"
 check live-adder-device-left $? "($(grep "ublkb$lid" "$CLOG" | tail -2 | tr '\n' ' '))"
 kill "$CPID"; wait "$CPID"
 kill -KILL "$C2"; wait "$C2" 2>/dev/null; wait "$LMAP" 2>/dev/null
